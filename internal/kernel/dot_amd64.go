@@ -1,0 +1,18 @@
+//go:build !purego
+
+package kernel
+
+import "golang.org/x/sys/cpu"
+
+// useAVX2 selects the assembly dot products; the plain-Go loops remain the
+// specification they are tested against.
+var useAVX2 = cpu.X86.HasAVX2 && cpu.X86.HasFMA
+
+//go:noescape
+func dot4BF16AVX2(x *float32, w *uint16, stride, n int, out *[4]float32)
+
+//go:noescape
+func dot4F32AVX2(x *float32, w *float32, stride, n int, out *[4]float32)
+
+//go:noescape
+func sumAVX2(x *float32, n int) float32

@@ -1,0 +1,174 @@
+//go:build !purego
+
+#include "textflag.h"
+
+// func dot4BF16AVX2(x *float32, w *uint16, stride, n int, out *[4]float32)
+// out[r] = sum_{i<n} x[i] * bf16(w[r*stride+i]) for r = 0..3; n % 16 == 0.
+// Weights widen in registers (zero-extend to 32 bits, shift left 16), so a
+// bf16 weight costs two bytes of bandwidth and no scalar work.
+TEXT ·dot4BF16AVX2(SB), NOSPLIT, $0-40
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ stride+16(FP), BX
+	SHLQ $1, BX
+	MOVQ n+24(FP), CX
+	MOVQ out+32(FP), DX
+	LEAQ (DI)(BX*1), R8
+	LEAQ (R8)(BX*1), R9
+	LEAQ (R9)(BX*1), R10
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+	XORQ AX, AX
+
+loop:
+	CMPQ CX, $16
+	JL   done
+	VMOVUPS (SI)(AX*4), Y4
+	VMOVUPS 32(SI)(AX*4), Y12
+	VPMOVZXWD (DI)(AX*2), Y5
+	VPMOVZXWD 16(DI)(AX*2), Y13
+	VPSLLD $16, Y5, Y5
+	VPSLLD $16, Y13, Y13
+	VFMADD231PS Y4, Y5, Y0
+	VFMADD231PS Y12, Y13, Y8
+	VPMOVZXWD (R8)(AX*2), Y6
+	VPMOVZXWD 16(R8)(AX*2), Y14
+	VPSLLD $16, Y6, Y6
+	VPSLLD $16, Y14, Y14
+	VFMADD231PS Y4, Y6, Y1
+	VFMADD231PS Y12, Y14, Y9
+	VPMOVZXWD (R9)(AX*2), Y7
+	VPMOVZXWD 16(R9)(AX*2), Y15
+	VPSLLD $16, Y7, Y7
+	VPSLLD $16, Y15, Y15
+	VFMADD231PS Y4, Y7, Y2
+	VFMADD231PS Y12, Y15, Y10
+	VPMOVZXWD (R10)(AX*2), Y5
+	VPMOVZXWD 16(R10)(AX*2), Y13
+	VPSLLD $16, Y5, Y5
+	VPSLLD $16, Y13, Y13
+	VFMADD231PS Y4, Y5, Y3
+	VFMADD231PS Y12, Y13, Y11
+	ADDQ $16, AX
+	SUBQ $16, CX
+	JMP  loop
+
+done:
+	VADDPS Y8, Y0, Y0
+	VADDPS Y9, Y1, Y1
+	VADDPS Y10, Y2, Y2
+	VADDPS Y11, Y3, Y3
+	// Reduce each accumulator to one float.
+	VEXTRACTF128 $1, Y0, X4
+	VADDPS X4, X0, X0
+	VEXTRACTF128 $1, Y1, X5
+	VADDPS X5, X1, X1
+	VEXTRACTF128 $1, Y2, X6
+	VADDPS X6, X2, X2
+	VEXTRACTF128 $1, Y3, X7
+	VADDPS X7, X3, X3
+	VHADDPS X1, X0, X0 // [a0+a1, a2+a3, b0+b1, b2+b3]
+	VHADDPS X3, X2, X2 // [c.., d..]
+	VHADDPS X2, X0, X0 // [a, b, c, d]
+	VMOVUPS X0, (DX)
+	VZEROUPPER
+	RET
+
+// func dot4F32AVX2(x *float32, w *float32, stride, n int, out *[4]float32)
+// The float32-weight twin of dot4BF16AVX2; n % 16 == 0.
+TEXT ·dot4F32AVX2(SB), NOSPLIT, $0-40
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ stride+16(FP), BX
+	SHLQ $2, BX
+	MOVQ n+24(FP), CX
+	MOVQ out+32(FP), DX
+	LEAQ (DI)(BX*1), R8
+	LEAQ (R8)(BX*1), R9
+	LEAQ (R9)(BX*1), R10
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+	XORQ AX, AX
+
+floop:
+	CMPQ CX, $16
+	JL   fdone
+	VMOVUPS (SI)(AX*4), Y4
+	VMOVUPS 32(SI)(AX*4), Y12
+	VFMADD231PS (DI)(AX*4), Y4, Y0
+	VFMADD231PS 32(DI)(AX*4), Y12, Y8
+	VFMADD231PS (R8)(AX*4), Y4, Y1
+	VFMADD231PS 32(R8)(AX*4), Y12, Y9
+	VFMADD231PS (R9)(AX*4), Y4, Y2
+	VFMADD231PS 32(R9)(AX*4), Y12, Y10
+	VFMADD231PS (R10)(AX*4), Y4, Y3
+	VFMADD231PS 32(R10)(AX*4), Y12, Y11
+	ADDQ $16, AX
+	SUBQ $16, CX
+	JMP  floop
+
+fdone:
+	VADDPS Y8, Y0, Y0
+	VADDPS Y9, Y1, Y1
+	VADDPS Y10, Y2, Y2
+	VADDPS Y11, Y3, Y3
+	VEXTRACTF128 $1, Y0, X4
+	VADDPS X4, X0, X0
+	VEXTRACTF128 $1, Y1, X5
+	VADDPS X5, X1, X1
+	VEXTRACTF128 $1, Y2, X6
+	VADDPS X6, X2, X2
+	VEXTRACTF128 $1, Y3, X7
+	VADDPS X7, X3, X3
+	VHADDPS X1, X0, X0
+	VHADDPS X3, X2, X2
+	VHADDPS X2, X0, X0
+	VMOVUPS X0, (DX)
+	VZEROUPPER
+	RET
+
+// func sumAVX2(x *float32, n int) float32
+// The STREAM-style read probe: sums n floats (n % 32 == 0) with enough
+// independent accumulators that memory, not the adder, is the limit.
+TEXT ·sumAVX2(SB), NOSPLIT, $0-20
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+sloop:
+	CMPQ CX, $32
+	JL   sdone
+	VADDPS (SI), Y0, Y0
+	VADDPS 32(SI), Y1, Y1
+	VADDPS 64(SI), Y2, Y2
+	VADDPS 96(SI), Y3, Y3
+	ADDQ $128, SI
+	SUBQ $32, CX
+	JMP  sloop
+
+sdone:
+	VADDPS Y1, Y0, Y0
+	VADDPS Y3, Y2, Y2
+	VADDPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VHADDPS X0, X0, X0
+	VHADDPS X0, X0, X0
+	MOVSS X0, ret+16(FP)
+	VZEROUPPER
+	RET

@@ -1,0 +1,15 @@
+//go:build !amd64 || purego
+
+package kernel
+
+const useAVX2 = false
+
+func dot4BF16AVX2(x *float32, w *uint16, stride, n int, out *[4]float32) {
+	panic("kernel: no assembly on this platform")
+}
+
+func dot4F32AVX2(x *float32, w *float32, stride, n int, out *[4]float32) {
+	panic("kernel: no assembly on this platform")
+}
+
+func sumAVX2(x *float32, n int) float32 { panic("kernel: no assembly on this platform") }

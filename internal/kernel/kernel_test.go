@@ -1,0 +1,250 @@
+package kernel
+
+import (
+	"math"
+	"math/rand/v2"
+	"sort"
+	"testing"
+)
+
+func randSlice(r *rand.Rand, n int) []float32 {
+	s := make([]float32, n)
+	for i := range s {
+		s[i] = float32(r.NormFloat64())
+	}
+	return s
+}
+
+func TestMatMulShapes(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	p := NewPool(0)
+	defer p.Close()
+	for _, m := range []int{1, 2, 3, 8} {
+		for _, n := range []int{1, 3, 4, 5, 17, 64} {
+			for _, k := range []int{1, 15, 16, 17, 31, 63, 65, 130} {
+				x, w := randSlice(r, m*k), randSlice(r, n*k)
+				wb := make([]uint16, len(w))
+				for i, v := range w {
+					wb[i] = uint16(math.Float32bits(v) >> 16) // truncation: exact in both paths
+					w[i] = math.Float32frombits(uint32(wb[i]) << 16)
+				}
+				got, gotB := make([]float32, m*n), make([]float32, m*n)
+				p.MatMul(got, x, w, m, n, k)
+				p.MatMulBF16(gotB, x, wb, m, n, k)
+				for i := 0; i < m; i++ {
+					for j := 0; j < n; j++ {
+						var want, mag float64
+						for q := 0; q < k; q++ {
+							want += float64(x[i*k+q]) * float64(w[j*k+q])
+							mag += math.Abs(float64(x[i*k+q]) * float64(w[j*k+q]))
+						}
+						tol := 1e-6*mag + 1e-7
+						if d := math.Abs(float64(got[i*n+j]) - want); d > tol {
+							t.Fatalf("f32 m=%d n=%d k=%d (%d,%d): %g want %g", m, n, k, i, j, got[i*n+j], want)
+						}
+						if d := math.Abs(float64(gotB[i*n+j]) - want); d > tol {
+							t.Fatalf("bf16 m=%d n=%d k=%d (%d,%d): %g want %g", m, n, k, i, j, gotB[i*n+j], want)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestMatMulUnalignedStart(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	p := NewPool(2)
+	defer p.Close()
+	k, n := 37, 9
+	buf := randSlice(r, n*k+1)
+	w := buf[1:] // start one float past the allocation's alignment
+	x := randSlice(r, k)
+	got := make([]float32, n)
+	p.MatMul(got, x, w, 1, n, k)
+	for j := 0; j < n; j++ {
+		var want float64
+		for q := 0; q < k; q++ {
+			want += float64(x[q]) * float64(w[j*k+q])
+		}
+		if math.Abs(float64(got[j])-want) > 1e-4 {
+			t.Fatalf("row %d: %g want %g", j, got[j], want)
+		}
+	}
+}
+
+func TestMatMulNoAlloc(t *testing.T) {
+	p := NewPool(0)
+	defer p.Close()
+	x, w, y := make([]float32, 256), make([]float32, 256*512), make([]float32, 512)
+	wb := make([]uint16, len(w))
+	if n := testing.AllocsPerRun(20, func() {
+		p.MatMul(y, x, w, 1, 512, 256)
+		p.MatMulBF16(y, x, wb, 1, 512, 256)
+	}); n != 0 {
+		t.Errorf("MatMul allocates %v times per call", n)
+	}
+}
+
+func TestNorms(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	d := 24
+	x, w, b := randSlice(r, 3*d), randSlice(r, d), randSlice(r, d)
+	rms, ln := make([]float32, len(x)), make([]float32, len(x))
+	RMSNorm(rms, x, w, d, 1e-5)
+	LayerNorm(ln, x, w, b, d, 1e-6)
+	for row := 0; row < 3; row++ {
+		v := x[row*d : (row+1)*d]
+		var ss, mean, vr float64
+		for _, e := range v {
+			ss += float64(e) * float64(e)
+			mean += float64(e)
+		}
+		mean /= float64(d)
+		for _, e := range v {
+			vr += (float64(e) - mean) * (float64(e) - mean)
+		}
+		vr /= float64(d)
+		for i := range v {
+			want := float64(v[i]) / math.Sqrt(ss/float64(d)+1e-5) * float64(w[i])
+			if math.Abs(float64(rms[row*d+i])-want) > 1e-5 {
+				t.Fatalf("rmsnorm %d,%d: %g want %g", row, i, rms[row*d+i], want)
+			}
+			want = (float64(v[i])-mean)/math.Sqrt(vr+1e-6)*float64(w[i]) + float64(b[i])
+			if math.Abs(float64(ln[row*d+i])-want) > 1e-5 {
+				t.Fatalf("layernorm %d,%d: %g want %g", row, i, ln[row*d+i], want)
+			}
+		}
+	}
+}
+
+func TestActivations(t *testing.T) {
+	for _, x := range []float64{-100, -20, -1, -1e-3, 0, 0.5, 3, 25, 100} {
+		sig := 1 / (1 + math.Exp(-x))
+		if math.Abs(float64(Sigmoid(float32(x)))-sig) > 1e-7 {
+			t.Errorf("sigmoid(%g) = %g", x, Sigmoid(float32(x)))
+		}
+		if math.Abs(float64(SiLU(float32(x)))-x*sig) > 1e-5*math.Max(1, math.Abs(x)) {
+			t.Errorf("silu(%g) = %g", x, SiLU(float32(x)))
+		}
+		sp := math.Log1p(math.Exp(x))
+		if x > 20 {
+			sp = x
+		}
+		if math.Abs(float64(Softplus(float32(x)))-sp) > 1e-5*math.Max(1, sp) {
+			t.Errorf("softplus(%g) = %g", x, Softplus(float32(x)))
+		}
+	}
+	g, u := []float32{-3, 0.5, 40}, []float32{2, -30, 100}
+	dst := make([]float32, 3)
+	SiTU(dst, g, u, 4, 25)
+	for i := range g {
+		gg, uu := float64(g[i]), float64(u[i])
+		want := 4 * math.Tanh(gg/4) / (1 + math.Exp(-gg)) * 25 * math.Tanh(uu/25)
+		if math.Abs(float64(dst[i])-want) > 1e-4*math.Max(1, math.Abs(want)) {
+			t.Errorf("situ(%g,%g) = %g want %g", g[i], u[i], dst[i], want)
+		}
+	}
+	s := []float32{1000, 999, float32(math.Inf(-1))}
+	Softmax(s)
+	if math.Abs(float64(s[0])-1/(1+math.Exp(-1))) > 1e-6 || s[2] != 0 {
+		t.Errorf("softmax %v", s)
+	}
+	allInf := []float32{float32(math.Inf(-1)), float32(math.Inf(-1))}
+	Softmax(allInf)
+	if allInf[0] != 0 || allInf[1] != 0 {
+		t.Errorf("softmax of -Inf row %v", allInf)
+	}
+}
+
+func TestTopK(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	nan := float32(math.NaN())
+	negZero := float32(math.Copysign(0, -1))
+	for trial := 0; trial < 300; trial++ {
+		n := r.IntN(70)
+		x := make([]float32, n)
+		for i := range x {
+			switch r.IntN(6) {
+			case 0:
+				x[i] = 0
+			case 1:
+				x[i] = negZero
+			case 2:
+				x[i] = float32(r.IntN(3))
+			case 3:
+				if trial%5 == 0 {
+					x[i] = nan
+				} else {
+					x[i] = float32(math.Inf(-1))
+				}
+			default:
+				x[i] = float32(r.NormFloat64())
+			}
+		}
+		k := r.IntN(20)
+		order := make([]int32, n)
+		for i := range order {
+			order[i] = int32(i)
+		}
+		sort.SliceStable(order, func(a, b int) bool {
+			va, vb := x[order[a]], x[order[b]]
+			if va != va || vb != vb {
+				return vb != vb && va == va
+			}
+			return va > vb
+		})
+		idx := make([]int32, k)
+		vals := make([]float32, k)
+		got := TopK(idx, vals, x, k)
+		if got != min(k, n) {
+			t.Fatalf("count %d want %d", got, min(k, n))
+		}
+		for i := 0; i < got; i++ {
+			if idx[i] != order[i] {
+				t.Fatalf("trial %d: x=%v k=%d got %v want %v", trial, x, k, idx[:got], order[:got])
+			}
+			if vals[i] != x[idx[i]] && vals[i] == vals[i] {
+				t.Fatalf("vals mismatch")
+			}
+		}
+	}
+	idx := make([]int32, 4)
+	if n := testing.AllocsPerRun(10, func() { TopK(idx, nil, make([]float32, 0), 4) }); n != 0 {
+		t.Errorf("TopK allocates")
+	}
+}
+
+func TestPoolCoversRange(t *testing.T) {
+	p := NewPool(3)
+	defer p.Close()
+	for _, n := range []int{0, 1, 5, 16, 17, 100, 1000} {
+		for _, grain := range []int{1, 4, 16} {
+			hits := make([]float32, n)
+			p.Run(func(a *Args, lo, hi int) {
+				for i := lo; i < hi; i++ {
+					a.Dst[i]++
+				}
+			}, Args{Dst: hits}, n, grain)
+			for i, h := range hits {
+				if h != 1 {
+					t.Fatalf("n=%d grain=%d: element %d visited %v times", n, grain, i, h)
+				}
+			}
+		}
+	}
+}
+
+func TestSum(t *testing.T) {
+	for _, n := range []int{0, 1, 31, 32, 33, 1000} {
+		x := make([]float32, n)
+		var want float32
+		for i := range x {
+			x[i] = float32(i % 7)
+			want += x[i]
+		}
+		if got := Sum(x); got != want {
+			t.Errorf("Sum n=%d: %g want %g", n, got, want)
+		}
+	}
+}

@@ -1,0 +1,171 @@
+package kernel
+
+import "math"
+
+// bf16 widens one bfloat16 weight.
+func bf16(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+
+// Dot returns sum x[i]*y[i].
+func Dot(x, y []float32) float32 {
+	y = y[:len(x)]
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(x); i += 4 {
+		s0 += x[i] * y[i]
+		s1 += x[i+1] * y[i+1]
+		s2 += x[i+2] * y[i+2]
+		s3 += x[i+3] * y[i+3]
+	}
+	for ; i < len(x); i++ {
+		s0 += x[i] * y[i]
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+// MatMul computes dst[m,n] = sum_k x[m,k] * w[n,k] (y = x W^T, the Linear
+// layout) for x [M,K], w [N,K], dst [M,N]. Every weight row is read once per
+// call, for all M rows of x, so a decode batch costs one pass over W.
+func (p *Pool) MatMul(dst, x, w []float32, m, n, k int) {
+	checkMatMul(len(dst), len(x), len(w), m, n, k)
+	p.Run(matMulRange, Args{Dst: dst, X: x, W: w, M: m, N: n, K: k}, n, 16)
+}
+
+// MatMulBF16 is MatMul with bfloat16 weights, widened in registers.
+func (p *Pool) MatMulBF16(dst, x []float32, w []uint16, m, n, k int) {
+	checkMatMul(len(dst), len(x), len(w), m, n, k)
+	p.Run(matMulBF16Range, Args{Dst: dst, X: x, WB: w, M: m, N: n, K: k}, n, 16)
+}
+
+func checkMatMul(nd, nx, nw, m, n, k int) {
+	if nd < m*n || nx < m*k || nw < n*k {
+		panic("kernel: MatMul operand too short")
+	}
+}
+
+// matMulRange computes output columns [lo, hi): four weight rows at a time
+// against one or two rows of x, so each loaded weight feeds several FMAs.
+func matMulRange(a *Args, lo, hi int) {
+	k, n := a.K, a.N
+	j := lo
+	for ; j+4 <= hi; j += 4 {
+		w0, w1, w2, w3 := a.W[j*k:(j+1)*k], a.W[(j+1)*k:(j+2)*k], a.W[(j+2)*k:(j+3)*k], a.W[(j+3)*k:(j+4)*k]
+		for r := 0; r < a.M; r++ {
+			x := a.X[r*k : (r+1)*k]
+			var d [4]float32
+			done := 0
+			if useAVX2 && k >= 16 {
+				done = k &^ 15
+				dot4F32AVX2(&x[0], &w0[0], k, done, &d)
+			}
+			if done < k {
+				d0, d1, d2, d3 := dot4(x[done:], w0[done:], w1[done:], w2[done:], w3[done:])
+				d[0], d[1], d[2], d[3] = d[0]+d0, d[1]+d1, d[2]+d2, d[3]+d3
+			}
+			copy(a.Dst[r*n+j:r*n+j+4], d[:])
+		}
+	}
+	for ; j < hi; j++ {
+		w := a.W[j*k : (j+1)*k]
+		for r := 0; r < a.M; r++ {
+			a.Dst[r*n+j] = Dot(a.X[r*k:(r+1)*k], w)
+		}
+	}
+}
+
+func dot4(x, w0, w1, w2, w3 []float32) (float32, float32, float32, float32) {
+	w0, w1, w2, w3 = w0[:len(x)], w1[:len(x)], w2[:len(x)], w3[:len(x)]
+	var a0, a1, a2, a3, b0, b1, b2, b3 float32
+	i := 0
+	for ; i+2 <= len(x); i += 2 {
+		x0, x1 := x[i], x[i+1]
+		a0 += x0 * w0[i]
+		a1 += x0 * w1[i]
+		a2 += x0 * w2[i]
+		a3 += x0 * w3[i]
+		b0 += x1 * w0[i+1]
+		b1 += x1 * w1[i+1]
+		b2 += x1 * w2[i+1]
+		b3 += x1 * w3[i+1]
+	}
+	if i < len(x) {
+		x0 := x[i]
+		a0 += x0 * w0[i]
+		a1 += x0 * w1[i]
+		a2 += x0 * w2[i]
+		a3 += x0 * w3[i]
+	}
+	return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+}
+
+func matMulBF16Range(a *Args, lo, hi int) {
+	k, n := a.K, a.N
+	j := lo
+	for ; j+4 <= hi; j += 4 {
+		w0, w1, w2, w3 := a.WB[j*k:(j+1)*k], a.WB[(j+1)*k:(j+2)*k], a.WB[(j+2)*k:(j+3)*k], a.WB[(j+3)*k:(j+4)*k]
+		for r := 0; r < a.M; r++ {
+			x := a.X[r*k : (r+1)*k]
+			var d [4]float32
+			done := 0
+			if useAVX2 && k >= 16 {
+				done = k &^ 15
+				dot4BF16AVX2(&x[0], &w0[0], k, done, &d)
+			}
+			if done < k {
+				d0, d1, d2, d3 := dot4BF16(x[done:], w0[done:], w1[done:], w2[done:], w3[done:])
+				d[0], d[1], d[2], d[3] = d[0]+d0, d[1]+d1, d[2]+d2, d[3]+d3
+			}
+			copy(a.Dst[r*n+j:r*n+j+4], d[:])
+		}
+	}
+	for ; j < hi; j++ {
+		w := a.WB[j*k : (j+1)*k]
+		for r := 0; r < a.M; r++ {
+			a.Dst[r*n+j] = dotBF16(a.X[r*k:(r+1)*k], w)
+		}
+	}
+}
+
+func dotBF16(x []float32, w []uint16) float32 {
+	w = w[:len(x)]
+	var s0, s1 float32
+	i := 0
+	for ; i+2 <= len(x); i += 2 {
+		s0 += x[i] * bf16(w[i])
+		s1 += x[i+1] * bf16(w[i+1])
+	}
+	if i < len(x) {
+		s0 += x[i] * bf16(w[i])
+	}
+	return s0 + s1
+}
+
+func dot4BF16(x []float32, w0, w1, w2, w3 []uint16) (float32, float32, float32, float32) {
+	w0, w1, w2, w3 = w0[:len(x)], w1[:len(x)], w2[:len(x)], w3[:len(x)]
+	var a0, a1, a2, a3, b0, b1, b2, b3 float32
+	i := 0
+	for ; i+2 <= len(x); i += 2 {
+		// Two adjacent bf16 weights load as one 32-bit word: the low one
+		// widens by a shift, the high one by a mask.
+		x0, x1 := x[i], x[i+1]
+		u0 := uint32(w0[i]) | uint32(w0[i+1])<<16
+		u1 := uint32(w1[i]) | uint32(w1[i+1])<<16
+		u2 := uint32(w2[i]) | uint32(w2[i+1])<<16
+		u3 := uint32(w3[i]) | uint32(w3[i+1])<<16
+		a0 += x0 * math.Float32frombits(u0<<16)
+		a1 += x0 * math.Float32frombits(u1<<16)
+		a2 += x0 * math.Float32frombits(u2<<16)
+		a3 += x0 * math.Float32frombits(u3<<16)
+		b0 += x1 * math.Float32frombits(u0&0xffff0000)
+		b1 += x1 * math.Float32frombits(u1&0xffff0000)
+		b2 += x1 * math.Float32frombits(u2&0xffff0000)
+		b3 += x1 * math.Float32frombits(u3&0xffff0000)
+	}
+	if i < len(x) {
+		x0 := x[i]
+		a0 += x0 * bf16(w0[i])
+		a1 += x0 * bf16(w1[i])
+		a2 += x0 * bf16(w2[i])
+		a3 += x0 * bf16(w3[i])
+	}
+	return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+}

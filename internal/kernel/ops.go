@@ -1,0 +1,158 @@
+package kernel
+
+import "math"
+
+// RMSNorm writes dst[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w for each row
+// of width d; w may be nil (no weight). dst may alias x.
+func RMSNorm(dst, x, w []float32, d int, eps float32) {
+	for r := 0; r+d <= len(x); r += d {
+		row, out := x[r:r+d], dst[r:r+d]
+		var ss float64
+		for _, v := range row {
+			ss += float64(v) * float64(v)
+		}
+		inv := float32(1 / math.Sqrt(ss/float64(d)+float64(eps)))
+		if w == nil {
+			for i, v := range row {
+				out[i] = v * inv
+			}
+			continue
+		}
+		w := w[:d]
+		for i, v := range row {
+			out[i] = v * inv * w[i]
+		}
+	}
+}
+
+// LayerNorm writes dst[r] = (x[r] - mean) / sqrt(var + eps) * w + b for each
+// row of width d (biased variance). dst may alias x.
+func LayerNorm(dst, x, w, b []float32, d int, eps float32) {
+	for r := 0; r+d <= len(x); r += d {
+		row, out := x[r:r+d], dst[r:r+d]
+		var sum float64
+		for _, v := range row {
+			sum += float64(v)
+		}
+		mean := sum / float64(d)
+		var ss float64
+		for _, v := range row {
+			dv := float64(v) - mean
+			ss += dv * dv
+		}
+		inv := 1 / math.Sqrt(ss/float64(d)+float64(eps))
+		for i, v := range row {
+			out[i] = float32((float64(v)-mean)*inv)*w[i] + b[i]
+		}
+	}
+}
+
+// Sigmoid returns 1/(1+e^-x), without overflow for large |x|.
+func Sigmoid(x float32) float32 {
+	if x >= 0 {
+		return float32(1 / (1 + math.Exp(-float64(x))))
+	}
+	e := math.Exp(float64(x))
+	return float32(e / (1 + e))
+}
+
+// SiLU returns x * sigmoid(x).
+func SiLU(x float32) float32 { return x * Sigmoid(x) }
+
+// Softplus returns log(1 + e^x), the identity above 20 as in PyTorch.
+func Softplus(x float32) float32 {
+	if x > 20 {
+		return x
+	}
+	return float32(math.Log1p(math.Exp(float64(x))))
+}
+
+// SiLUInPlace applies SiLU to every element.
+func SiLUInPlace(x []float32) {
+	for i, v := range x {
+		x[i] = SiLU(v)
+	}
+}
+
+// SigmoidInPlace applies the logistic function to every element.
+func SigmoidInPlace(x []float32) {
+	for i, v := range x {
+		x[i] = Sigmoid(v)
+	}
+}
+
+// SwiGLU writes dst[i] = silu(gate[i]) * up[i].
+func SwiGLU(dst, gate, up []float32) {
+	up = up[:len(gate)]
+	for i, g := range gate {
+		dst[i] = SiLU(g) * up[i]
+	}
+}
+
+// SiTU writes dst[i] = beta*tanh(g/beta)*sigmoid(g) * linBeta*tanh(u/linBeta),
+// Kimi K3's gated activation; linBeta 0 leaves the up branch unclipped.
+func SiTU(dst, gate, up []float32, beta, linBeta float32) {
+	up = up[:len(gate)]
+	for i, g := range gate {
+		a := beta * float32(math.Tanh(float64(g/beta))) * Sigmoid(g)
+		u := up[i]
+		if linBeta != 0 {
+			u = linBeta * float32(math.Tanh(float64(u/linBeta)))
+		}
+		dst[i] = a * u
+	}
+}
+
+// Softmax replaces x by softmax(x), subtracting the maximum first. A row of
+// all -Inf becomes all zeros.
+func Softmax(x []float32) {
+	m := float32(math.Inf(-1))
+	for _, v := range x {
+		m = max(m, v)
+	}
+	if math.IsInf(float64(m), -1) {
+		clear(x)
+		return
+	}
+	var s float64
+	for i, v := range x {
+		e := float32(math.Exp(float64(v - m)))
+		x[i] = e
+		s += float64(e)
+	}
+	inv := float32(1 / s)
+	for i := range x {
+		x[i] *= inv
+	}
+}
+
+// Add writes dst[i] = a[i] + b[i].
+func Add(dst, a, b []float32) {
+	b = b[:len(a)]
+	for i, v := range a {
+		dst[i] = v + b[i]
+	}
+}
+
+// Mul writes dst[i] = a[i] * b[i].
+func Mul(dst, a, b []float32) {
+	b = b[:len(a)]
+	for i, v := range a {
+		dst[i] = v * b[i]
+	}
+}
+
+// Scale multiplies every element of x by s.
+func Scale(x []float32, s float32) {
+	for i := range x {
+		x[i] *= s
+	}
+}
+
+// Axpy adds a*x to y.
+func Axpy(y []float32, a float32, x []float32) {
+	x = x[:len(y)]
+	for i := range y {
+		y[i] += a * x[i]
+	}
+}

@@ -1,0 +1,47 @@
+package kernel
+
+import "time"
+
+// Sum returns the sum of x. It is the body of the read-bandwidth probe.
+func Sum(x []float32) float32 {
+	var s float32
+	done := 0
+	if useAVX2 && len(x) >= 32 {
+		done = len(x) &^ 31
+		s = sumAVX2(&x[0], done)
+	}
+	var s0, s1, s2, s3 float32
+	i := done
+	for ; i+4 <= len(x); i += 4 {
+		s0 += x[i]
+		s1 += x[i+1]
+		s2 += x[i+2]
+		s3 += x[i+3]
+	}
+	for ; i < len(x); i++ {
+		s0 += x[i]
+	}
+	return s + (s0 + s1) + (s2 + s3)
+}
+
+func sumRange(a *Args, lo, hi int) { a.Dst[lo/a.K] = Sum(a.X[lo:hi]) }
+
+// ReadBandwidth measures the STREAM-style read bandwidth of buf on the
+// pool's goroutines: the best of reps full passes, in bytes per second. buf
+// should be several times larger than the last-level cache. Matrix-vector
+// products only read their weights, so this is their roofline.
+func (p *Pool) ReadBandwidth(buf []float32, reps int) float64 {
+	parts := p.Size()
+	per := (len(buf) + parts - 1) / parts
+	per = (per + 31) &^ 31
+	partial := make([]float32, parts+1)
+	best := 0.0
+	for r := 0; r < reps; r++ {
+		start := time.Now()
+		p.Run(sumRange, Args{Dst: partial, X: buf, K: per}, len(buf), per)
+		if bw := float64(4*len(buf)) / time.Since(start).Seconds(); bw > best {
+			best = bw
+		}
+	}
+	return best
+}
