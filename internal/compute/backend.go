@@ -1,0 +1,243 @@
+package compute
+
+// Backend runs k3's operations on one device (or the host). Methods that
+// take a destination write into it; shapes are checked and reported as
+// errors wrapping ErrShape. A Backend is safe for concurrent use.
+type Backend interface {
+	// Name identifies the backend ("go", "ascend").
+	Name() string
+
+	// Alloc returns a zeroed tensor.
+	Alloc(dt DType, dims ...int) (Tensor, error)
+	// FromHost makes a tensor from little-endian host bytes of dtype src,
+	// converted to dt. A host backend may alias data instead of copying it
+	// (weights memory-mapped from a checkpoint), so data must stay valid
+	// and unmodified while the tensor lives.
+	FromHost(dt DType, src DType, data []byte, dims ...int) (Tensor, error)
+	// Write copies host values (a []float32 or []int32 of dst.Len()
+	// elements) into dst.
+	Write(dst Tensor, src any) error
+	// Read copies dst.Len() elements of src to the host (dst is a []float32
+	// or an []int32).
+	Read(dst any, src Tensor) error
+	// Free releases a tensor made by Alloc or FromHost; views are not freed.
+	Free(t Tensor)
+
+	// MatMul computes dst[M,N] = x[M,K] · w[N,K]ᵀ (the Linear layout);
+	// w may be F32 or BF16, x and dst are F32.
+	MatMul(dst, x, w Tensor) error
+	// RMSNorm normalises each row of x (last dimension) and multiplies by w
+	// (zero w: no weight). dst may be x.
+	RMSNorm(dst, x, w Tensor, eps float32) error
+	// LayerNorm normalises each row to zero mean and unit variance, then
+	// applies weight w and bias b.
+	LayerNorm(dst, x, w, b Tensor, eps float32) error
+	// Unary applies op elementwise. dst may be x.
+	Unary(op UnaryOp, dst, x Tensor) error
+	// Binary applies op elementwise; b has a's shape or is one row that
+	// broadcasts over a's rows. dst may be a.
+	Binary(op BinaryOp, dst, a, b Tensor) error
+	// GatedAct computes dst = act(gate) * up, the SwiGLU/SiTU feed-forward core.
+	GatedAct(act Activation, dst, gate, up Tensor) error
+	// Embedding gathers rows of table (F32 or BF16) for the I32 ids.
+	Embedding(dst, table, ids Tensor) error
+	// Copy copies src into dst (same element count and dtype).
+	Copy(dst, src Tensor) error
+
+	// KDAChunk runs Kimi Delta Attention's core over packed sequences,
+	// chunked (FlashKDA's token-parallel then sequential split) or token by
+	// token; see KDAArgs.
+	KDAChunk(a *KDAArgs) error
+	// KDAStep runs one whole KDA layer (MegaKDA) for one token per sequence.
+	KDAStep(a *KDAStepArgs) error
+	// LightningIndexer scores past positions and selects the top K.
+	LightningIndexer(a *IndexerArgs) error
+	// Attention is dense or index-sparse attention over a KV cache, in
+	// MLA-MQA (absorbed latent) or multi-head/GQA form.
+	Attention(a *AttnArgs) error
+	// AttnResPrepare is Block AttnRes phase 1: all queries of a block
+	// against the committed blocks in one pass.
+	AttnResPrepare(a *AttnResPrepareArgs) error
+	// AttnResUpdate is phase 2: add the sublayer delta to the partial sum
+	// and merge it with the phase-1 statistics (online softmax).
+	AttnResUpdate(a *AttnResUpdateArgs) error
+	// MoERoute selects experts and their weights from router logits.
+	MoERoute(a *RouteArgs) error
+	// MoEExperts runs the selected experts, grouped by expert so that each
+	// active expert's weights are read once per batch.
+	MoEExperts(a *ExpertArgs) error
+
+	// Close releases the backend's resources.
+	Close() error
+}
+
+// UnaryOp is an elementwise function.
+type UnaryOp uint8
+
+const (
+	SiLU UnaryOp = iota + 1
+	Sigmoid
+	Softplus
+)
+
+// BinaryOp is an elementwise operation of two tensors.
+type BinaryOp uint8
+
+const (
+	Add BinaryOp = iota + 1
+	Mul
+)
+
+// Activation selects the gated feed-forward activation.
+type Activation struct {
+	Kind ActKind
+	// SiTU parameters: gate branch Beta·tanh(g/Beta)·sigmoid(g), up branch
+	// LinearBeta·tanh(u/LinearBeta) (LinearBeta 0: unclipped).
+	Beta, LinearBeta float32
+}
+
+// ActKind names a gated activation.
+type ActKind uint8
+
+const (
+	SwiGLU ActKind = iota + 1
+	SiTU
+)
+
+// KDAGate selects how KDAArgs.G becomes the log decay g.
+type KDAGate uint8
+
+const (
+	// GateGiven: G already holds g (<= 0, natural log).
+	GateGiven KDAGate = iota
+	// GateSoftplus (Kimi Linear): g = -exp(A_log[h]) · softplus(G + dt_bias).
+	GateSoftplus
+	// GateLowerBound (Kimi K3): g = LowerBound · sigmoid(exp(A_log[h]) · (G + dt_bias)).
+	GateLowerBound
+)
+
+// KDAArgs are the operands of KDAChunk. Tokens of several sequences are
+// packed along T; CuSeqlens (host, N+1 prefix sums) separates them, nil
+// meaning one sequence. Layouts: Q, K [T,H,Dk]; V, Out [T,H,Dv]; G [T,H,Dk];
+// Beta [T,H]; State [N,H,Dk,Dv] (K-first), read as the initial state and
+// overwritten with the final one.
+type KDAArgs struct {
+	Q, K, V, G, Beta Tensor
+	ALog, DTBias     Tensor // [H], [H*Dk]; used by the gate modes that need them
+	Gate             KDAGate
+	LowerBound       float32
+	// Preprocess applies the in-kernel steps of the released models: L2
+	// norm of q and k (eps 1e-6 inside the root) and beta = sigmoid(Beta).
+	Preprocess bool
+	Scale      float32
+	CuSeqlens  []int32
+	State, Out Tensor
+	// ChunkSize is the chunk length of the WY form (16 or 64); 0 runs the
+	// recurrence token by token.
+	ChunkSize int
+}
+
+// KDAWeights are one KDA layer's weights in Hugging Face layout.
+type KDAWeights struct {
+	QProj, KProj, VProj     Tensor // [H*D, hidden]
+	QConv, KConv, VConv     Tensor // [H*D, W]
+	FA, FB                  Tensor // [D, hidden], [H*D, D]
+	B                       Tensor // [H, hidden]
+	G                       Tensor // full-rank output gate [H*D, hidden], or zero
+	GA, GB                  Tensor // low-rank output gate [D, hidden], [H*D, D]
+	ONorm, OProj            Tensor // [D], [hidden, H*D]
+	ALog, DTBias            Tensor // [H], [H*D]
+	NumHeads, HeadDim, Conv int
+	Gate                    KDAGate
+	LowerBound, Eps         float32
+}
+
+// KDAStepArgs are the operands of KDAStep: X and Y [B, hidden], Conv
+// [B, Conv-1, 3*H*D] (raw projections of the last tokens, q|k|v), State
+// [B, H, D, D]; Conv and State are updated in place.
+type KDAStepArgs struct {
+	W              *KDAWeights
+	X, Conv, State Tensor
+	Y              Tensor
+}
+
+// IndexerArgs are the operands of LightningIndexer. Query row t (at
+// position QPos[t] of its sequence) scores keys s <= QPos[t] of its
+// sequence: I[t,s] = Σ_h W[t,h] · ReLU(Q[t,h]·K[s]). The top TopK by score
+// (ties to the lower position) go to Indices [T, TopK] (I32, -1 padded,
+// positions local to the sequence) and their number to Counts [T] (I32).
+// Scores [T, maxL] is optional (-Inf where invisible).
+type IndexerArgs struct {
+	Q                      Tensor // [T, HI, DI]
+	K                      Tensor // [L, DI], packed over sequences
+	W                      Tensor // [T, HI]
+	QPos                   []int32
+	CuSeqlensQ, CuSeqlensK []int32 // host prefix sums; nil: one sequence
+	TopK                   int
+	Indices, Counts        Tensor
+	Scores                 Tensor
+}
+
+// AttnArgs are the operands of Attention. Keys are [L, Hkv, Dk] plus an
+// optional shared rope part KRope [L, Dr]; queries [T, Hq, Dk] plus QRope
+// [T, Hq, Dr]; query head h uses kv head h/(Hq/Hkv). For MLA in MQA form K
+// and V are the same latent cache viewed [L, 1, Dc]. Indices [T, Hkv, Kn]
+// (I32) restricts each row to the listed positions (-1 and out-of-range
+// entries skipped; with Causal, entries beyond QPos[t] too); the zero
+// Indices means dense causal attention over 0..QPos[t]. Out [T, Hq, Dv];
+// LSE [T, Hq] optional (natural log; -Inf for a row with nothing to attend).
+type AttnArgs struct {
+	Q, QRope, K, KRope, V Tensor
+	Indices               Tensor
+	QPos                  []int32
+	KVLen                 int
+	Causal                bool
+	Scale                 float32
+	Out, LSE              Tensor
+}
+
+// AttnResPrepareArgs: Blocks are the committed block representations
+// ([T, D] each), Queries [S, D] the fused pseudo-queries w·g of a block's
+// sublayers. Outputs per query and token: Num [S, T, D] (Σ e^{z-m} b),
+// Max [S, T] and Sum [S, T] (Σ e^{z-m}); with no blocks, Num = 0,
+// Max = lowest finite float32, Sum = 0.
+type AttnResPrepareArgs struct {
+	Blocks        []Tensor
+	Queries       Tensor
+	Eps           float32
+	Num, Max, Sum Tensor
+}
+
+// AttnResUpdateArgs: Partial [T, D] (zero: none yet) gains Delta (zero:
+// nothing to add) and is merged with one query's phase-1 statistics Num
+// [T, D], Max [T], Sum [T] into H [T, D].
+type AttnResUpdateArgs struct {
+	Partial, Delta Tensor
+	Query          Tensor // [D], fused w·g
+	Eps            float32
+	Num, Max, Sum  Tensor
+	H              Tensor
+}
+
+// RouteArgs: sigmoid scores of Logits [T, E], plus Bias [E] for selection
+// only; group-limited top-k; weights from the unbiased scores, optionally
+// renormalised, times Scale. Indices [T, TopK] I32 and Weights [T, TopK].
+type RouteArgs struct {
+	Logits, Bias         Tensor
+	TopK                 int
+	NumGroups, TopKGroup int
+	Renormalize          bool
+	Scale                float32
+	Indices, Weights     Tensor
+}
+
+// ExpertArgs: Out [T, Din] = Σ_k Weights[t,k] · expert_{Indices[t,k]}(X[t])
+// with expert e(x) = (act(x W1[e]ᵀ) * (x W3[e]ᵀ)) W2[e]ᵀ; W1[e], W3[e]
+// [I, Din], W2[e] [Din, I]. Out is overwritten.
+type ExpertArgs struct {
+	X                Tensor
+	Indices, Weights Tensor
+	W1, W3, W2       []Tensor
+	Act              Activation
+	Out              Tensor
+}

@@ -1,0 +1,230 @@
+// Package cpu is the pure-Go compute backend: the executable specification
+// of every operation in the compute seam, and the backend k3 uses when no
+// device is chosen. It needs no cgo. Kernels run on a fixed worker pool;
+// weights may stay bfloat16 and are widened in registers.
+package cpu
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"unsafe"
+
+	"k3/internal/compute"
+	"k3/internal/floatx"
+	"k3/internal/kernel"
+)
+
+// buffer is the storage behind a tensor: exactly one slice is set.
+type buffer struct {
+	f32 []float32
+	u16 []uint16
+	i32 []int32
+}
+
+// Backend is the pure-Go backend.
+type Backend struct {
+	pool *kernel.Pool
+}
+
+var _ compute.Backend = (*Backend)(nil)
+
+// New returns a backend running kernels on threads goroutines (0: GOMAXPROCS).
+func New(threads int) *Backend { return &Backend{pool: kernel.NewPool(threads)} }
+
+// Name returns "go".
+func (b *Backend) Name() string { return "go" }
+
+// Close stops the worker pool.
+func (b *Backend) Close() error { b.pool.Close(); return nil }
+
+// Pool exposes the worker pool to the layer packages' CPU kernels.
+func (b *Backend) Pool() *kernel.Pool { return b.pool }
+
+func shapeErr(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", compute.ErrShape, fmt.Sprintf(format, args...))
+}
+
+// Alloc returns a zeroed tensor.
+func (b *Backend) Alloc(dt compute.DType, dims ...int) (compute.Tensor, error) {
+	n := 1
+	for _, d := range dims {
+		if d < 0 {
+			return compute.Tensor{}, shapeErr("negative dimension in %v", dims)
+		}
+		n *= d
+	}
+	if len(dims) > compute.MaxRank {
+		return compute.Tensor{}, shapeErr("rank %d above %d", len(dims), compute.MaxRank)
+	}
+	buf := &buffer{}
+	switch dt {
+	case compute.F32:
+		buf.f32 = make([]float32, n)
+	case compute.BF16, compute.F16:
+		buf.u16 = make([]uint16, n)
+	case compute.I32:
+		buf.i32 = make([]int32, n)
+	default:
+		return compute.Tensor{}, fmt.Errorf("cpu: alloc %v: %w", dt, compute.ErrUnsupported)
+	}
+	return compute.NewTensor(buf, 0, dt, dims...), nil
+}
+
+func aligned(p []byte, n uintptr) bool {
+	return len(p) == 0 || uintptr(unsafe.Pointer(&p[0]))%n == 0
+}
+
+// FromHost makes a read-only tensor from host bytes. Same-dtype data that is
+// suitably aligned is aliased, not copied (little-endian hosts only).
+func (b *Backend) FromHost(dt, src compute.DType, data []byte, dims ...int) (compute.Tensor, error) {
+	n := 1
+	for _, d := range dims {
+		n *= d
+	}
+	if src.Size() == 0 || len(data) != n*src.Size() {
+		return compute.Tensor{}, shapeErr("%d bytes of %v for shape %v", len(data), src, dims)
+	}
+	buf := &buffer{}
+	switch {
+	case dt == compute.F32 && src == compute.F32:
+		if aligned(data, 4) && n > 0 {
+			buf.f32 = unsafe.Slice((*float32)(unsafe.Pointer(&data[0])), n)
+		} else {
+			buf.f32 = make([]float32, n)
+			for i := range buf.f32 {
+				buf.f32[i] = math.Float32frombits(binary.LittleEndian.Uint32(data[4*i:]))
+			}
+		}
+	case dt == compute.I32 && src == compute.I32:
+		if aligned(data, 4) && n > 0 {
+			buf.i32 = unsafe.Slice((*int32)(unsafe.Pointer(&data[0])), n)
+		} else {
+			buf.i32 = make([]int32, n)
+			for i := range buf.i32 {
+				buf.i32[i] = int32(binary.LittleEndian.Uint32(data[4*i:]))
+			}
+		}
+	case dt == src && (dt == compute.BF16 || dt == compute.F16):
+		if aligned(data, 2) && n > 0 {
+			buf.u16 = unsafe.Slice((*uint16)(unsafe.Pointer(&data[0])), n)
+		} else {
+			buf.u16 = make([]uint16, n)
+			for i := range buf.u16 {
+				buf.u16[i] = binary.LittleEndian.Uint16(data[2*i:])
+			}
+		}
+	case dt == compute.F32 && (src == compute.BF16 || src == compute.F16):
+		buf.f32 = make([]float32, n)
+		for i := range buf.f32 {
+			h := binary.LittleEndian.Uint16(data[2*i:])
+			if src == compute.BF16 {
+				buf.f32[i] = floatx.FromBF16(h)
+			} else {
+				buf.f32[i] = floatx.FromF16(h)
+			}
+		}
+	case dt == compute.BF16 && src == compute.F32:
+		buf.u16 = make([]uint16, n)
+		for i := range buf.u16 {
+			buf.u16[i] = floatx.BF16(math.Float32frombits(binary.LittleEndian.Uint32(data[4*i:])))
+		}
+	default:
+		return compute.Tensor{}, fmt.Errorf("cpu: %v from %v: %w", dt, src, compute.ErrUnsupported)
+	}
+	return compute.NewTensor(buf, 0, dt, dims...), nil
+}
+
+// Free drops the backend's reference; the garbage collector reclaims memory.
+func (b *Backend) Free(t compute.Tensor) {}
+
+// F32 returns the float32 elements of t (a view of its storage).
+func F32(t compute.Tensor) []float32 {
+	buf, ok := t.Mem.(*buffer)
+	if !ok || buf.f32 == nil {
+		return nil
+	}
+	return buf.f32[t.Off : t.Off+t.Len()]
+}
+
+// U16 returns the 16-bit elements of a BF16 or F16 tensor.
+func U16(t compute.Tensor) []uint16 {
+	buf, ok := t.Mem.(*buffer)
+	if !ok || buf.u16 == nil {
+		return nil
+	}
+	return buf.u16[t.Off : t.Off+t.Len()]
+}
+
+// I32 returns the int32 elements of t.
+func I32(t compute.Tensor) []int32 {
+	buf, ok := t.Mem.(*buffer)
+	if !ok || buf.i32 == nil {
+		return nil
+	}
+	return buf.i32[t.Off : t.Off+t.Len()]
+}
+
+func f32Of(name string, t compute.Tensor) ([]float32, error) {
+	if t.DType != compute.F32 {
+		return nil, shapeErr("%s is %v, want f32", name, t)
+	}
+	v := F32(t)
+	if v == nil {
+		return nil, fmt.Errorf("cpu: %s is not a tensor of this backend", name)
+	}
+	return v, nil
+}
+
+// Write copies host values into dst.
+func (b *Backend) Write(dst compute.Tensor, src any) error {
+	switch s := src.(type) {
+	case []float32:
+		d, err := f32Of("dst", dst)
+		if err != nil {
+			return err
+		}
+		if len(s) != len(d) {
+			return shapeErr("writing %d values into %v", len(s), dst)
+		}
+		copy(d, s)
+	case []int32:
+		d := I32(dst)
+		if dst.DType != compute.I32 || d == nil || len(s) != len(d) {
+			return shapeErr("writing %d int32s into %v", len(s), dst)
+		}
+		copy(d, s)
+	default:
+		return fmt.Errorf("cpu: write from %T: %w", src, compute.ErrUnsupported)
+	}
+	return nil
+}
+
+// Read copies src to host memory.
+func (b *Backend) Read(dst any, src compute.Tensor) error {
+	switch d := dst.(type) {
+	case []float32:
+		if len(d) != src.Len() {
+			return shapeErr("reading %v into %d values", src, len(d))
+		}
+		switch src.DType {
+		case compute.F32:
+			copy(d, F32(src))
+		case compute.BF16:
+			floatx.BF16ToF32(d, U16(src))
+		case compute.F16:
+			floatx.F16ToF32(d, U16(src))
+		default:
+			return shapeErr("reading %v as float32", src)
+		}
+	case []int32:
+		s := I32(src)
+		if s == nil || len(d) != len(s) {
+			return shapeErr("reading %v into %d int32s", src, len(d))
+		}
+		copy(d, s)
+	default:
+		return fmt.Errorf("cpu: read into %T: %w", dst, compute.ErrUnsupported)
+	}
+	return nil
+}

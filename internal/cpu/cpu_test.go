@@ -1,0 +1,80 @@
+package cpu
+
+import (
+	"errors"
+	"math"
+	"testing"
+
+	"k3/internal/compute"
+	"k3/internal/safetensors"
+)
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+func TestPlainOps(t *testing.T) {
+	b := New(2)
+	defer b.Close()
+	x := must(b.Alloc(compute.F32, 2, 3))
+	if err := b.Write(x, []float32{1, 2, 3, -1, 0, 4}); err != nil {
+		t.Fatal(err)
+	}
+	wt := safetensors.F32Tensor("w", []int{2, 3}, []float32{1, 0, -1, 0.5, 0.5, 0.5})
+	w := must(b.FromHost(compute.F32, compute.F32, wt.Data, 2, 3))
+	wbf := must(b.FromHost(compute.BF16, compute.F32, wt.Data, 2, 3))
+	y := must(b.Alloc(compute.F32, 2, 2))
+	for _, weight := range []compute.Tensor{w, wbf} {
+		if err := b.MatMul(y, x, weight); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]float32, 4)
+		must(0, b.Read(got, y))
+		want := []float32{-2, 3, -5, 1.5}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("matmul %v: %v want %v", weight.DType, got, want)
+			}
+		}
+	}
+	if err := b.MatMul(y, x, must(b.Alloc(compute.F32, 2, 4))); !errors.Is(err, compute.ErrShape) {
+		t.Errorf("mismatched matmul: %v", err)
+	}
+
+	n := must(b.Alloc(compute.F32, 2, 3))
+	if err := b.RMSNorm(n, x, compute.Tensor{}, 1e-6); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, 6)
+	must(0, b.Read(got, n))
+	if r := 1 / math.Sqrt(14.0/3+1e-6); math.Abs(float64(got[0])-r) > 1e-6 {
+		t.Errorf("rmsnorm %v", got)
+	}
+	if err := b.Binary(compute.Add, n, x, x.Rows(0, 1).Reshape(3)); err != nil {
+		t.Fatal(err)
+	}
+	must(0, b.Read(got, n))
+	if got[3] != 0 || got[5] != 7 {
+		t.Errorf("broadcast add %v", got)
+	}
+	ids := must(b.Alloc(compute.I32, 2))
+	must(0, b.Write(ids, []int32{1, 0}))
+	e := must(b.Alloc(compute.F32, 2, 3))
+	if err := b.Embedding(e, wbf, ids); err != nil {
+		t.Fatal(err)
+	}
+	must(0, b.Read(got, e))
+	if got[0] != 0.5 || got[3] != 1 {
+		t.Errorf("embedding %v", got)
+	}
+	must(0, b.Write(ids, []int32{2, 0}))
+	if err := b.Embedding(e, wbf, ids); err == nil {
+		t.Error("out-of-vocabulary id accepted")
+	}
+	if err := b.KDAChunk(&compute.KDAArgs{}); !errors.Is(err, compute.ErrUnsupported) {
+		t.Errorf("KDAChunk: %v", err)
+	}
+}

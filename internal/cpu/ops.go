@@ -1,0 +1,268 @@
+package cpu
+
+import (
+	"fmt"
+
+	"k3/internal/compute"
+	"k3/internal/floatx"
+	"k3/internal/kernel"
+)
+
+// MatMul computes dst = x · wᵀ for F32 or BF16 weights.
+func (b *Backend) MatMul(dst, x, w compute.Tensor) error {
+	if w.Rank != 2 {
+		return shapeErr("matmul weight %v is not a matrix", w)
+	}
+	n, k := w.Dims[0], w.Dims[1]
+	if x.Rank == 0 || x.Dim(-1) != k {
+		return shapeErr("matmul input %v does not end in %d (weight %v)", x, k, w)
+	}
+	m := x.Len() / k
+	if dst.Len() != m*n || dst.Dim(-1) != n {
+		return shapeErr("matmul output %v, want %d rows of %d", dst, m, n)
+	}
+	xs, err := f32Of("matmul input", x)
+	if err != nil {
+		return err
+	}
+	ds, err := f32Of("matmul output", dst)
+	if err != nil {
+		return err
+	}
+	switch w.DType {
+	case compute.F32:
+		b.pool.MatMul(ds, xs, F32(w), m, n, k)
+	case compute.BF16:
+		b.pool.MatMulBF16(ds, xs, U16(w), m, n, k)
+	default:
+		return fmt.Errorf("cpu: matmul with %v weights: %w", w.DType, compute.ErrUnsupported)
+	}
+	return nil
+}
+
+// RMSNorm normalises rows of x.
+func (b *Backend) RMSNorm(dst, x, w compute.Tensor, eps float32) error {
+	xs, err := f32Of("rmsnorm input", x)
+	if err != nil {
+		return err
+	}
+	ds, err := f32Of("rmsnorm output", dst)
+	if err != nil {
+		return err
+	}
+	d := x.Dim(-1)
+	if len(ds) != len(xs) {
+		return shapeErr("rmsnorm output %v for input %v", dst, x)
+	}
+	var ws []float32
+	if !w.IsZero() {
+		if ws, err = f32Of("rmsnorm weight", w); err != nil {
+			return err
+		}
+		if len(ws) != d {
+			return shapeErr("rmsnorm weight %v for rows of %d", w, d)
+		}
+	}
+	kernel.RMSNorm(ds, xs, ws, d, eps)
+	return nil
+}
+
+// LayerNorm normalises rows of x with weight and bias.
+func (b *Backend) LayerNorm(dst, x, w, bias compute.Tensor, eps float32) error {
+	xs, err := f32Of("layernorm input", x)
+	if err != nil {
+		return err
+	}
+	ds, err := f32Of("layernorm output", dst)
+	if err != nil {
+		return err
+	}
+	ws, err := f32Of("layernorm weight", w)
+	if err != nil {
+		return err
+	}
+	bs, err := f32Of("layernorm bias", bias)
+	if err != nil {
+		return err
+	}
+	d := x.Dim(-1)
+	if len(ds) != len(xs) || len(ws) != d || len(bs) != d {
+		return shapeErr("layernorm x %v dst %v w %v b %v", x, dst, w, bias)
+	}
+	kernel.LayerNorm(ds, xs, ws, bs, d, eps)
+	return nil
+}
+
+// Unary applies an elementwise function.
+func (b *Backend) Unary(op compute.UnaryOp, dst, x compute.Tensor) error {
+	xs, err := f32Of("unary input", x)
+	if err != nil {
+		return err
+	}
+	ds, err := f32Of("unary output", dst)
+	if err != nil {
+		return err
+	}
+	if len(ds) != len(xs) {
+		return shapeErr("unary output %v for input %v", dst, x)
+	}
+	var f func(float32) float32
+	switch op {
+	case compute.SiLU:
+		f = kernel.SiLU
+	case compute.Sigmoid:
+		f = kernel.Sigmoid
+	case compute.Softplus:
+		f = kernel.Softplus
+	default:
+		return fmt.Errorf("cpu: unary op %d: %w", op, compute.ErrUnsupported)
+	}
+	for i, v := range xs {
+		ds[i] = f(v)
+	}
+	return nil
+}
+
+// Binary applies an elementwise operation with row broadcasting of b.
+func (b *Backend) Binary(op compute.BinaryOp, dst, x, y compute.Tensor) error {
+	xs, err := f32Of("binary a", x)
+	if err != nil {
+		return err
+	}
+	ys, err := f32Of("binary b", y)
+	if err != nil {
+		return err
+	}
+	ds, err := f32Of("binary output", dst)
+	if err != nil {
+		return err
+	}
+	if len(ds) != len(xs) || len(ys) == 0 || len(xs)%len(ys) != 0 || (len(ys) != len(xs) && len(ys) != x.Dim(-1)) {
+		return shapeErr("binary a %v, b %v, dst %v", x, y, dst)
+	}
+	for r := 0; r < len(xs); r += len(ys) {
+		switch op {
+		case compute.Add:
+			kernel.Add(ds[r:r+len(ys)], xs[r:r+len(ys)], ys)
+		case compute.Mul:
+			kernel.Mul(ds[r:r+len(ys)], xs[r:r+len(ys)], ys)
+		default:
+			return fmt.Errorf("cpu: binary op %d: %w", op, compute.ErrUnsupported)
+		}
+	}
+	return nil
+}
+
+// GatedAct computes act(gate) * up.
+func (b *Backend) GatedAct(act compute.Activation, dst, gate, up compute.Tensor) error {
+	gs, err := f32Of("gate", gate)
+	if err != nil {
+		return err
+	}
+	us, err := f32Of("up", up)
+	if err != nil {
+		return err
+	}
+	ds, err := f32Of("gated output", dst)
+	if err != nil {
+		return err
+	}
+	if len(gs) != len(us) || len(ds) != len(gs) {
+		return shapeErr("gate %v, up %v, dst %v", gate, up, dst)
+	}
+	switch act.Kind {
+	case compute.SwiGLU:
+		kernel.SwiGLU(ds, gs, us)
+	case compute.SiTU:
+		kernel.SiTU(ds, gs, us, act.Beta, act.LinearBeta)
+	default:
+		return fmt.Errorf("cpu: activation %d: %w", act.Kind, compute.ErrUnsupported)
+	}
+	return nil
+}
+
+// Embedding gathers table rows.
+func (b *Backend) Embedding(dst, table, ids compute.Tensor) error {
+	if table.Rank != 2 {
+		return shapeErr("embedding table %v is not a matrix", table)
+	}
+	vocab, d := table.Dims[0], table.Dims[1]
+	is := I32(ids)
+	ds, err := f32Of("embedding output", dst)
+	if err != nil {
+		return err
+	}
+	if ids.DType != compute.I32 || len(ds) != len(is)*d {
+		return shapeErr("embedding of ids %v into %v (width %d)", ids, dst, d)
+	}
+	for i, id := range is {
+		if id < 0 || int(id) >= vocab {
+			return fmt.Errorf("cpu: embedding: token id %d outside the vocabulary 0..%d", id, vocab-1)
+		}
+		out := ds[i*d : (i+1)*d]
+		switch table.DType {
+		case compute.F32:
+			copy(out, F32(table)[int(id)*d:])
+		case compute.BF16:
+			src := U16(table)[int(id)*d:]
+			for j := range out {
+				out[j] = floatx.FromBF16(src[j])
+			}
+		default:
+			return fmt.Errorf("cpu: embedding table %v: %w", table.DType, compute.ErrUnsupported)
+		}
+	}
+	return nil
+}
+
+// Copy copies src into dst.
+func (b *Backend) Copy(dst, src compute.Tensor) error {
+	if dst.DType != src.DType || dst.Len() != src.Len() {
+		return shapeErr("copy %v into %v", src, dst)
+	}
+	switch src.DType {
+	case compute.F32:
+		copy(F32(dst), F32(src))
+	case compute.I32:
+		copy(I32(dst), I32(src))
+	default:
+		copy(U16(dst), U16(src))
+	}
+	return nil
+}
+
+func unsupported(op, issue string) error {
+	return fmt.Errorf("cpu: %s: %w (not implemented yet; tracked by the %s issue)", op, compute.ErrUnsupported, issue)
+}
+
+// KDAChunk is not implemented yet.
+func (b *Backend) KDAChunk(a *compute.KDAArgs) error { return unsupported("KDAChunk", "kda") }
+
+// KDAStep is not implemented yet.
+func (b *Backend) KDAStep(a *compute.KDAStepArgs) error { return unsupported("KDAStep", "kda") }
+
+// LightningIndexer is not implemented yet.
+func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
+	return unsupported("LightningIndexer", "dsa")
+}
+
+// Attention is not implemented yet.
+func (b *Backend) Attention(a *compute.AttnArgs) error { return unsupported("Attention", "dsa") }
+
+// AttnResPrepare is not implemented yet.
+func (b *Backend) AttnResPrepare(a *compute.AttnResPrepareArgs) error {
+	return unsupported("AttnResPrepare", "attnres")
+}
+
+// AttnResUpdate is not implemented yet.
+func (b *Backend) AttnResUpdate(a *compute.AttnResUpdateArgs) error {
+	return unsupported("AttnResUpdate", "attnres")
+}
+
+// MoERoute is not implemented yet.
+func (b *Backend) MoERoute(a *compute.RouteArgs) error { return unsupported("MoERoute", "attnres/MoE") }
+
+// MoEExperts is not implemented yet.
+func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
+	return unsupported("MoEExperts", "attnres/MoE")
+}
