@@ -1,0 +1,74 @@
+// Command k3 is the command line of the k3 SDK: it proves backends against
+// the golden vectors (conform), inspects checkpoints and golden files
+// (inspect) and runs benchmarks.
+//
+// Usage:
+//
+//	k3 conform [-backend go] [-v] DIR|FILE...
+//	k3 inspect PATH
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+)
+
+type command struct {
+	name, usage string
+	run         func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+var commands = []command{
+	{"conform", "conform [-backend go] DIR|FILE...   run the golden-vector conformance suite", runConform},
+	{"inspect", "inspect PATH                        list a checkpoint's or golden file's tensors and config", runInspect},
+}
+
+// errFailed reports a command that printed its own failure.
+var errFailed = errors.New("failed")
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		usage(stderr)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	for _, c := range commands {
+		if c.name == args[0] {
+			err := c.run(ctx, args[1:], stdout, stderr)
+			switch {
+			case err == nil:
+				return 0
+			case errors.Is(err, errFailed):
+				return 1
+			case errors.Is(err, errUsage):
+				return 2
+			}
+			fmt.Fprintf(stderr, "k3 %s: %v\n", c.name, err)
+			return 1
+		}
+	}
+	fmt.Fprintf(stderr, "k3: unknown command %q\n", args[0])
+	usage(stderr)
+	return 2
+}
+
+var errUsage = errors.New("usage")
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: k3 <command> [arguments]\n\ncommands:")
+	for _, c := range commands {
+		fmt.Fprintln(w, "  k3", c.usage)
+	}
+}
