@@ -208,15 +208,20 @@ type AttnResPrepareArgs struct {
 	Num, Max, Sum Tensor
 }
 
-// AttnResUpdateArgs: Partial [T, D] (zero: none yet) gains Delta (zero:
-// nothing to add) and is merged with one query's phase-1 statistics Num
-// [T, D], Max [T], Sum [T] into H [T, D].
+// AttnResUpdateArgs: Partial [T, D] is the running partial sum of the
+// block (valid only when HasPartial). A non-zero Delta (the previous
+// sublayer's output) is first added to it (or becomes it when there is no
+// partial yet), and HasPartial is set. Then the partial is merged with one
+// query's phase-1 statistics Num [T, D], Max [T], Sum [T] into H [T, D];
+// without a partial, H = Num / Sum.
 type AttnResUpdateArgs struct {
-	Partial, Delta Tensor
-	Query          Tensor // [D], fused w·g
-	Eps            float32
-	Num, Max, Sum  Tensor
-	H              Tensor
+	Partial       Tensor
+	HasPartial    bool
+	Delta         Tensor
+	Query         Tensor // [D], fused w·g
+	Eps           float32
+	Num, Max, Sum Tensor
+	H             Tensor
 }
 
 // RouteArgs: sigmoid scores of Logits [T, E], plus Bias [E] for selection

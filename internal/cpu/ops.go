@@ -248,21 +248,3 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 
 // Attention is not implemented yet.
 func (b *Backend) Attention(a *compute.AttnArgs) error { return unsupported("Attention", "dsa") }
-
-// AttnResPrepare is not implemented yet.
-func (b *Backend) AttnResPrepare(a *compute.AttnResPrepareArgs) error {
-	return unsupported("AttnResPrepare", "attnres")
-}
-
-// AttnResUpdate is not implemented yet.
-func (b *Backend) AttnResUpdate(a *compute.AttnResUpdateArgs) error {
-	return unsupported("AttnResUpdate", "attnres")
-}
-
-// MoERoute is not implemented yet.
-func (b *Backend) MoERoute(a *compute.RouteArgs) error { return unsupported("MoERoute", "attnres/MoE") }
-
-// MoEExperts is not implemented yet.
-func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
-	return unsupported("MoEExperts", "attnres/MoE")
-}

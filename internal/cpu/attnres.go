@@ -1,0 +1,168 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+
+	"k3/internal/compute"
+	"k3/internal/kernel"
+)
+
+// lowestFinite is phase 1's running maximum over an empty history.
+const lowestFinite = -math.MaxFloat32
+
+// AttnResPrepare computes, for every fused query and token, the unnormalised
+// softmax-weighted sum of the blocks and its statistics. Each block row is
+// normalised once and read once for all queries.
+func (b *Backend) AttnResPrepare(a *compute.AttnResPrepareArgs) error {
+	q, err := f32Of("attnres queries", a.Queries)
+	if err != nil {
+		return err
+	}
+	if a.Queries.Rank != 2 {
+		return shapeErr("attnres queries %v, want [S, D]", a.Queries)
+	}
+	s, d := a.Queries.Dims[0], a.Queries.Dims[1]
+	num, err := f32Of("attnres numerator", a.Num)
+	if err != nil {
+		return err
+	}
+	mx, err := f32Of("attnres max", a.Max)
+	if err != nil {
+		return err
+	}
+	sum, err := f32Of("attnres sum", a.Sum)
+	if err != nil {
+		return err
+	}
+	t := len(mx) / max(s, 1)
+	if len(num) != s*t*d || len(mx) != s*t || len(sum) != s*t {
+		return shapeErr("attnres outputs num %v max %v sum %v for %d queries of width %d", a.Num, a.Max, a.Sum, s, d)
+	}
+	blocks := make([][]float32, len(a.Blocks))
+	for i, bt := range a.Blocks {
+		v, err := f32Of("attnres block", bt)
+		if err != nil {
+			return err
+		}
+		if len(v) != t*d {
+			return shapeErr("attnres block %d is %v, want [%d, %d]", i, bt, t, d)
+		}
+		blocks[i] = v
+	}
+	clear(num)
+	for i := range mx {
+		mx[i], sum[i] = lowestFinite, 0
+	}
+	for n, blk := range blocks {
+		for tok := 0; tok < t; tok++ {
+			row := blk[tok*d : (tok+1)*d]
+			inv := rmsInv(row, a.Eps)
+			for qi := 0; qi < s; qi++ {
+				z := kernel.Dot(q[qi*d:(qi+1)*d], row) * inv
+				o := qi*t + tok
+				acc := num[o*d : (o+1)*d]
+				// Online softmax: rescale what was accumulated when the
+				// maximum grows, so no exponent is ever positive.
+				if n == 0 || z > mx[o] {
+					scale := float32(0)
+					if n > 0 {
+						scale = float32(math.Exp(float64(mx[o] - z)))
+					}
+					kernel.Scale(acc, scale)
+					sum[o] *= scale
+					mx[o] = z
+				}
+				e := float32(math.Exp(float64(z - mx[o])))
+				sum[o] += e
+				kernel.Axpy(acc, e, row)
+			}
+		}
+	}
+	return nil
+}
+
+func rmsInv(row []float32, eps float32) float32 {
+	var ss float64
+	for _, v := range row {
+		ss += float64(v) * float64(v)
+	}
+	return float32(1 / math.Sqrt(ss/float64(len(row))+float64(eps)))
+}
+
+// AttnResUpdate adds the sublayer delta to the partial and merges it with
+// one query's phase-1 statistics.
+func (b *Backend) AttnResUpdate(a *compute.AttnResUpdateArgs) error {
+	q, err := f32Of("attnres query", a.Query)
+	if err != nil {
+		return err
+	}
+	d := len(q)
+	h, err := f32Of("attnres output", a.H)
+	if err != nil {
+		return err
+	}
+	num, err := f32Of("attnres numerator", a.Num)
+	if err != nil {
+		return err
+	}
+	mx, err := f32Of("attnres max", a.Max)
+	if err != nil {
+		return err
+	}
+	sum, err := f32Of("attnres sum", a.Sum)
+	if err != nil {
+		return err
+	}
+	t := len(mx)
+	if len(h) != t*d || len(num) != t*d || len(sum) != t {
+		return shapeErr("attnres update: h %v num %v max %v sum %v for query width %d", a.H, a.Num, a.Max, a.Sum, d)
+	}
+	var p []float32
+	if !a.Partial.IsZero() {
+		if p, err = f32Of("attnres partial", a.Partial); err != nil {
+			return err
+		}
+		if len(p) != t*d {
+			return shapeErr("attnres partial %v, want [%d, %d]", a.Partial, t, d)
+		}
+	}
+	if !a.Delta.IsZero() {
+		delta, err := f32Of("attnres delta", a.Delta)
+		if err != nil {
+			return err
+		}
+		if p == nil || len(delta) != t*d {
+			return shapeErr("attnres delta %v needs a partial buffer of [%d, %d]", a.Delta, t, d)
+		}
+		if a.HasPartial {
+			kernel.Add(p, p, delta)
+		} else {
+			copy(p, delta)
+			a.HasPartial = true
+		}
+	}
+	for tok := 0; tok < t; tok++ {
+		out, n := h[tok*d:(tok+1)*d], num[tok*d:(tok+1)*d]
+		if !a.HasPartial {
+			if sum[tok] == 0 {
+				return fmt.Errorf("cpu: attnres update: no sources for token %d (empty history and no partial)", tok)
+			}
+			inv := 1 / sum[tok]
+			for i := range out {
+				out[i] = n[i] * inv
+			}
+			continue
+		}
+		row := p[tok*d : (tok+1)*d]
+		s := kernel.Dot(q, row) * rmsInv(row, a.Eps)
+		m := max(mx[tok], s)
+		e1 := float32(math.Exp(float64(mx[tok] - m)))
+		e2 := float32(math.Exp(float64(s - m)))
+		inv := 1 / (sum[tok]*e1 + e2)
+		for i := range out {
+			out[i] = (n[i]*e1 + row[i]*e2) * inv
+		}
+	}
+	return nil
+}

@@ -1,0 +1,208 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"sync"
+
+	"k3/internal/compute"
+	"k3/internal/kernel"
+)
+
+// MoERoute selects experts by biased sigmoid score, group-limited, and
+// weights them by the unbiased scores.
+func (b *Backend) MoERoute(a *compute.RouteArgs) error {
+	logits, err := f32Of("router logits", a.Logits)
+	if err != nil {
+		return err
+	}
+	if a.Logits.Rank != 2 {
+		return shapeErr("router logits %v, want [T, E]", a.Logits)
+	}
+	t, e := a.Logits.Dims[0], a.Logits.Dims[1]
+	k, g, kg := a.TopK, max(a.NumGroups, 1), max(a.TopKGroup, 1)
+	switch {
+	case k <= 0 || k > e:
+		return fmt.Errorf("cpu: router: top_k %d outside 1..%d experts", k, e)
+	case e%g != 0:
+		return fmt.Errorf("cpu: router: num_expert_group %d does not divide %d experts", g, e)
+	case kg > g:
+		return fmt.Errorf("cpu: router: topk_group %d > num_expert_group %d", kg, g)
+	case g > 1 && e/g < 2:
+		return fmt.Errorf("cpu: router: groups of %d experts (need 2 for the group score)", e/g)
+	case k > kg*(e/g):
+		return fmt.Errorf("cpu: router: top_k %d exceeds the %d experts of topk_group groups", k, kg*(e/g))
+	}
+	var bias []float32
+	if !a.Bias.IsZero() {
+		if bias, err = f32Of("router bias", a.Bias); err != nil {
+			return err
+		}
+		if len(bias) != e {
+			return shapeErr("router bias %v for %d experts", a.Bias, e)
+		}
+	}
+	idx, wts := I32(a.Indices), F32(a.Weights)
+	if a.Indices.DType != compute.I32 || len(idx) != t*k || len(wts) != t*k {
+		return shapeErr("router outputs indices %v weights %v, want [%d, %d]", a.Indices, a.Weights, t, k)
+	}
+	sc := moeScratchPool.Get().(*moeScratch)
+	defer moeScratchPool.Put(sc)
+	sc.x = grow(sc.x, 2*e+2*g)
+	scratch := sc.x
+	if cap(sc.rows) < g {
+		sc.rows = make([]int32, g)
+	}
+	gidx := sc.rows[:g]
+	for tok := 0; tok < t; tok++ {
+		scores, sel := scratch[:e], scratch[e:2*e]
+		for i, l := range logits[tok*e : (tok+1)*e] {
+			scores[i] = kernel.Sigmoid(l)
+			sel[i] = scores[i]
+			if bias != nil {
+				sel[i] += bias[i]
+			}
+		}
+		if g > 1 {
+			gs := scratch[2*e : 2*e+g]
+			per := e / g
+			var top2 [2]int32
+			for gi := 0; gi < g; gi++ {
+				kernel.TopK(top2[:], nil, sel[gi*per:(gi+1)*per], 2)
+				gs[gi] = sel[gi*per+int(top2[0])] + sel[gi*per+int(top2[1])]
+			}
+			kernel.TopK(gidx, nil, gs, kg)
+			keep := scratch[2*e+g : 2*e+2*g]
+			clear(keep)
+			for _, gi := range gidx[:kg] {
+				keep[gi] = 1
+			}
+			for gi := 0; gi < g; gi++ {
+				if keep[gi] == 0 {
+					for i := gi * per; i < (gi+1)*per; i++ {
+						sel[i] = float32(math.Inf(-1))
+					}
+				}
+			}
+		}
+		ti, tw := idx[tok*k:(tok+1)*k], wts[tok*k:(tok+1)*k]
+		kernel.TopK(ti, nil, sel, k)
+		var total float32
+		for i, ex := range ti {
+			tw[i] = scores[ex]
+			total += tw[i]
+		}
+		scale := a.Scale
+		if a.Renormalize {
+			scale /= total
+		}
+		kernel.Scale(tw, scale)
+	}
+	return nil
+}
+
+// moeScratch holds the gathered rows of one expert's tokens.
+type moeScratch struct {
+	x, gate, up, out []float32
+	rows             []int32
+	w                []float32
+}
+
+var moeScratchPool = sync.Pool{New: func() any { return new(moeScratch) }}
+
+func grow(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}
+
+// MoEExperts runs each selected expert once over all tokens routed to it.
+func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
+	x, err := f32Of("expert input", a.X)
+	if err != nil {
+		return err
+	}
+	out, err := f32Of("expert output", a.Out)
+	if err != nil {
+		return err
+	}
+	if a.X.Rank != 2 {
+		return shapeErr("expert input %v, want [T, D]", a.X)
+	}
+	t, din := a.X.Dims[0], a.X.Dims[1]
+	idx, wts := I32(a.Indices), F32(a.Weights)
+	if a.Indices.DType != compute.I32 || a.Indices.Rank != 2 || a.Indices.Dims[0] != t || len(wts) != len(idx) || len(out) != t*din {
+		return shapeErr("experts: x %v indices %v weights %v out %v", a.X, a.Indices, a.Weights, a.Out)
+	}
+	ne := len(a.W1)
+	if len(a.W3) != ne || len(a.W2) != ne {
+		return shapeErr("experts: %d w1, %d w3, %d w2 tensors", len(a.W1), len(a.W3), len(a.W2))
+	}
+	k := a.Indices.Dims[1]
+	sc := moeScratchPool.Get().(*moeScratch)
+	defer moeScratchPool.Put(sc)
+	clear(out)
+	for e := 0; e < ne; e++ {
+		sc.rows, sc.w = sc.rows[:0], sc.w[:0]
+		for i, ex := range idx {
+			if ex < 0 || int(ex) >= ne {
+				return fmt.Errorf("cpu: experts: expert index %d outside 0..%d", ex, ne-1)
+			}
+			if int(ex) == e {
+				sc.rows = append(sc.rows, int32(i/k))
+				sc.w = append(sc.w, wts[i])
+			}
+		}
+		n := len(sc.rows)
+		if n == 0 {
+			continue
+		}
+		w1, w3, w2 := a.W1[e], a.W3[e], a.W2[e]
+		if w1.Rank != 2 || w1.Dims[1] != din || w3.Dims != w1.Dims || w2.Rank != 2 || w2.Dims[0] != din || w2.Dims[1] != w1.Dims[0] {
+			return shapeErr("expert %d: w1 %v w3 %v w2 %v for input width %d", e, w1, w3, w2, din)
+		}
+		inter := w1.Dims[0]
+		sc.x = grow(sc.x, n*din)
+		sc.gate, sc.up = grow(sc.gate, n*inter), grow(sc.up, n*inter)
+		sc.out = grow(sc.out, n*din)
+		for r, row := range sc.rows {
+			copy(sc.x[r*din:(r+1)*din], x[int(row)*din:])
+		}
+		if err := b.matmulHost(sc.gate, sc.x, w1, n); err != nil {
+			return err
+		}
+		if err := b.matmulHost(sc.up, sc.x, w3, n); err != nil {
+			return err
+		}
+		switch a.Act.Kind {
+		case compute.SwiGLU:
+			kernel.SwiGLU(sc.gate, sc.gate, sc.up)
+		case compute.SiTU:
+			kernel.SiTU(sc.gate, sc.gate, sc.up, a.Act.Beta, a.Act.LinearBeta)
+		default:
+			return fmt.Errorf("cpu: experts: activation %d: %w", a.Act.Kind, compute.ErrUnsupported)
+		}
+		if err := b.matmulHost(sc.out, sc.gate, w2, n); err != nil {
+			return err
+		}
+		for r, row := range sc.rows {
+			kernel.Axpy(out[int(row)*din:(int(row)+1)*din], sc.w[r], sc.out[r*din:(r+1)*din])
+		}
+	}
+	return nil
+}
+
+// matmulHost computes dst[m, N] = x[m, K] · wᵀ on host slices.
+func (b *Backend) matmulHost(dst, x []float32, w compute.Tensor, m int) error {
+	n, k := w.Dims[0], w.Dims[1]
+	switch w.DType {
+	case compute.F32:
+		b.pool.MatMul(dst, x, F32(w), m, n, k)
+	case compute.BF16:
+		b.pool.MatMulBF16(dst, x, U16(w), m, n, k)
+	default:
+		return fmt.Errorf("cpu: matmul with %v weights: %w", w.DType, compute.ErrUnsupported)
+	}
+	return nil
+}

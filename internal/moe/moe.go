@@ -1,0 +1,216 @@
+// Package moe implements the feed-forward sublayers of the Kimi and
+// DeepSeek models on the compute seam: the dense gated MLP (SwiGLU or
+// SiTU), and the mixture of experts with the sigmoid "noaux_tc" router,
+// shared experts and Kimi K3's latent experts.
+package moe
+
+import (
+	"fmt"
+
+	"k3/internal/compute"
+)
+
+// MLP is a gated feed-forward: down(act(gate(x)) * up(x)).
+type MLP struct {
+	Gate, Up, Down compute.Tensor // [I, D], [I, D], [D, I]
+	Act            compute.Activation
+}
+
+// buffers are per-call scratch tensors sized for up to maxT tokens.
+type buffers struct {
+	maxT int
+	b    compute.Backend
+	list []compute.Tensor
+	err  error
+}
+
+func (bf *buffers) alloc(dt compute.DType, dims ...int) compute.Tensor {
+	if bf.err != nil {
+		return compute.Tensor{}
+	}
+	t, err := bf.b.Alloc(dt, dims...)
+	bf.err = err
+	bf.list = append(bf.list, t)
+	return t
+}
+
+// MLPRunner runs an MLP with preallocated intermediates.
+type MLPRunner struct {
+	m        *MLP
+	b        compute.Backend
+	gate, up compute.Tensor // [maxT, I]
+}
+
+// NewMLPRunner allocates intermediates for up to maxT tokens.
+func NewMLPRunner(b compute.Backend, m *MLP, maxT int) (*MLPRunner, error) {
+	if m.Gate.Rank != 2 || m.Up.Dims != m.Gate.Dims || m.Down.Rank != 2 || m.Down.Dims[1] != m.Gate.Dims[0] || m.Down.Dims[0] != m.Gate.Dims[1] {
+		return nil, fmt.Errorf("moe: MLP weights gate %v up %v down %v disagree", m.Gate, m.Up, m.Down)
+	}
+	bf := buffers{b: b, maxT: maxT}
+	r := &MLPRunner{m: m, b: b, gate: bf.alloc(compute.F32, maxT, m.Gate.Dims[0]), up: bf.alloc(compute.F32, maxT, m.Gate.Dims[0])}
+	return r, bf.err
+}
+
+// Forward writes the MLP of x [T, D] to out [T, D].
+func (r *MLPRunner) Forward(x, out compute.Tensor) error {
+	t := x.Dim(0)
+	if t > r.gate.Dims[0] {
+		return fmt.Errorf("moe: %d tokens, runner sized for %d", t, r.gate.Dims[0])
+	}
+	g, u := r.gate.Rows(0, t), r.up.Rows(0, t)
+	if err := r.b.MatMul(g, x, r.m.Gate); err != nil {
+		return fmt.Errorf("moe: gate_proj: %w", err)
+	}
+	if err := r.b.MatMul(u, x, r.m.Up); err != nil {
+		return fmt.Errorf("moe: up_proj: %w", err)
+	}
+	if err := r.b.GatedAct(r.m.Act, g, g, u); err != nil {
+		return err
+	}
+	if err := r.b.MatMul(out, g, r.m.Down); err != nil {
+		return fmt.Errorf("moe: down_proj: %w", err)
+	}
+	return nil
+}
+
+// Router holds the router configuration.
+type Router struct {
+	TopK, NumGroups, TopKGroup int
+	Renormalize                bool
+	Scale                      float32
+}
+
+// Weights are one MoE layer's tensors.
+type Weights struct {
+	Gate, Bias compute.Tensor   // [E, D], [E]
+	W1, W3, W2 []compute.Tensor // per expert: [I, Din], [I, Din], [Din, I]
+	Shared     *MLP             // nil: no shared experts
+	// Latent MoE (K3): experts work at width Dlat between these projections.
+	LatentDown, LatentNorm, LatentUp compute.Tensor // [Dlat, D], [Dlat] (may be zero), [D, Dlat]
+	Act                              compute.Activation
+	Eps                              float32 // of the latent norm
+}
+
+// Layer runs one MoE feed-forward with preallocated intermediates.
+type Layer struct {
+	w      *Weights
+	r      Router
+	b      compute.Backend
+	shared *MLPRunner
+	logits compute.Tensor // [maxT, E]
+	idx    compute.Tensor // [maxT, k] I32
+	wts    compute.Tensor // [maxT, k]
+	lat    compute.Tensor // [maxT, Dlat]
+	routed compute.Tensor // [maxT, Din]
+	sh     compute.Tensor // [maxT, D]
+	route  compute.RouteArgs
+	exp    compute.ExpertArgs
+}
+
+// NewLayer checks the weights and allocates intermediates for maxT tokens.
+func NewLayer(b compute.Backend, w *Weights, r Router, maxT int) (*Layer, error) {
+	if w.Gate.Rank != 2 {
+		return nil, fmt.Errorf("moe: router gate %v is not [E, D]", w.Gate)
+	}
+	e, d := w.Gate.Dims[0], w.Gate.Dims[1]
+	if r.TopK <= 0 || r.TopK > e {
+		return nil, fmt.Errorf("moe: num_experts_per_token %d outside 1..%d", r.TopK, e)
+	}
+	if len(w.W1) != e || len(w.W3) != e || len(w.W2) != e {
+		return nil, fmt.Errorf("moe: %d experts in the router, %d/%d/%d expert weights", e, len(w.W1), len(w.W3), len(w.W2))
+	}
+	din := d
+	if !w.LatentDown.IsZero() {
+		if w.LatentDown.Rank != 2 || w.LatentDown.Dims[1] != d || w.LatentUp.Rank != 2 || w.LatentUp.Dims[0] != d || w.LatentUp.Dims[1] != w.LatentDown.Dims[0] {
+			return nil, fmt.Errorf("moe: latent projections down %v up %v for hidden %d", w.LatentDown, w.LatentUp, d)
+		}
+		din = w.LatentDown.Dims[0]
+	}
+	for i := range w.W1 {
+		if w.W1[i].Rank != 2 || w.W1[i].Dims[1] != din {
+			return nil, fmt.Errorf("moe: expert %d w1 %v does not take width %d", i, w.W1[i], din)
+		}
+	}
+	l := &Layer{w: w, r: r, b: b}
+	bf := buffers{b: b, maxT: maxT}
+	l.logits = bf.alloc(compute.F32, maxT, e)
+	l.idx = bf.alloc(compute.I32, maxT, r.TopK)
+	l.wts = bf.alloc(compute.F32, maxT, r.TopK)
+	l.routed = bf.alloc(compute.F32, maxT, din)
+	l.sh = bf.alloc(compute.F32, maxT, d)
+	if din != d {
+		l.lat = bf.alloc(compute.F32, maxT, din)
+	}
+	if bf.err != nil {
+		return nil, bf.err
+	}
+	if w.Shared != nil {
+		var err error
+		if l.shared, err = NewMLPRunner(b, w.Shared, maxT); err != nil {
+			return nil, err
+		}
+	}
+	return l, nil
+}
+
+// Routing returns the last Forward's expert indices [T, k] and weights.
+func (l *Layer) Routing(t int) (idx, wts compute.Tensor) { return l.idx.Rows(0, t), l.wts.Rows(0, t) }
+
+// Forward writes the MoE of x [T, D] to out [T, D]; routedOut and
+// sharedOut, when not zero, receive the two parts (tests, conformance).
+func (l *Layer) Forward(x, out, routedOut, sharedOut compute.Tensor) error {
+	t := x.Dim(0)
+	if t > l.logits.Dims[0] {
+		return fmt.Errorf("moe: %d tokens, layer sized for %d", t, l.logits.Dims[0])
+	}
+	logits, idx, wts := l.logits.Rows(0, t), l.idx.Rows(0, t), l.wts.Rows(0, t)
+	if err := l.b.MatMul(logits, x, l.w.Gate); err != nil {
+		return fmt.Errorf("moe: router gate: %w", err)
+	}
+	l.route = compute.RouteArgs{Logits: logits, Bias: l.w.Bias, TopK: l.r.TopK, NumGroups: l.r.NumGroups, TopKGroup: l.r.TopKGroup,
+		Renormalize: l.r.Renormalize, Scale: l.r.Scale, Indices: idx, Weights: wts}
+	if err := l.b.MoERoute(&l.route); err != nil {
+		return fmt.Errorf("moe: router: %w", err)
+	}
+	in, routed := x, l.routed.Rows(0, t)
+	if !l.lat.IsZero() {
+		in = l.lat.Rows(0, t)
+		if err := l.b.MatMul(in, x, l.w.LatentDown); err != nil {
+			return fmt.Errorf("moe: routed_expert_down_proj: %w", err)
+		}
+	}
+	l.exp = compute.ExpertArgs{X: in, Indices: idx, Weights: wts, W1: l.w.W1, W3: l.w.W3, W2: l.w.W2, Act: l.w.Act, Out: routed}
+	if err := l.b.MoEExperts(&l.exp); err != nil {
+		return fmt.Errorf("moe: experts: %w", err)
+	}
+	if !l.lat.IsZero() {
+		if !l.w.LatentNorm.IsZero() {
+			if err := l.b.RMSNorm(routed, routed, l.w.LatentNorm, l.w.Eps); err != nil {
+				return fmt.Errorf("moe: routed_expert_norm: %w", err)
+			}
+		}
+		if err := l.b.MatMul(out, routed, l.w.LatentUp); err != nil {
+			return fmt.Errorf("moe: routed_expert_up_proj: %w", err)
+		}
+	} else if err := l.b.Copy(out, routed); err != nil {
+		return err
+	}
+	if !routedOut.IsZero() {
+		if err := l.b.Copy(routedOut, out); err != nil {
+			return err
+		}
+	}
+	if l.shared == nil {
+		return nil
+	}
+	sh := l.sh.Rows(0, t)
+	if err := l.shared.Forward(x, sh); err != nil {
+		return fmt.Errorf("moe: shared experts: %w", err)
+	}
+	if !sharedOut.IsZero() {
+		if err := l.b.Copy(sharedOut, sh); err != nil {
+			return err
+		}
+	}
+	return l.b.Binary(compute.Add, out, out, sh)
+}
