@@ -235,9 +235,6 @@ func unsupported(op, issue string) error {
 	return fmt.Errorf("cpu: %s: %w (not implemented yet; tracked by the %s issue)", op, compute.ErrUnsupported, issue)
 }
 
-// KDAChunk is not implemented yet.
-func (b *Backend) KDAChunk(a *compute.KDAArgs) error { return unsupported("KDAChunk", "kda") }
-
 // KDAStep is not implemented yet.
 func (b *Backend) KDAStep(a *compute.KDAStepArgs) error { return unsupported("KDAStep", "kda") }
 

@@ -18,6 +18,9 @@ type Args struct {
 	WB           []uint16 // bfloat16 weights
 	M, N, K      int
 	F            float32
+	// Job carries a larger kernel's own argument struct (a pointer, so
+	// storing it allocates nothing).
+	Job any
 }
 
 type job struct {

@@ -1,0 +1,371 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"sync"
+
+	"k3/internal/compute"
+	"k3/internal/kernel"
+)
+
+// kdaJob is one KDAChunk call, split over (sequence, head) items.
+type kdaJob struct {
+	a                 *compute.KDAArgs
+	q, k, v, g, beta  []float32
+	alog, dtb         []float32
+	state, out        []float32
+	cu                []int32
+	h, dk, dv, nseq   int
+	chunk             int
+	scale, lowerBound float32
+}
+
+// kdaScratch holds one (sequence, head) item's working set.
+type kdaScratch struct {
+	q, k, v, g, beta []float32 // the item's tokens, preprocessed, contiguous
+	u, o, r          []float32 // per chunk: [C, V]
+	kd, qd           []float32 // decayed keys/queries [C, K]
+	ka, kb, qa       []float32 // factorised decays [C, K]
+	lm, mqk          []float32 // [C, C]
+	unsafe           []int32
+	tmp              []float32
+}
+
+var kdaScratchPool = sync.Pool{New: func() any { return new(kdaScratch) }}
+
+// safeSpan bounds the decay span of a chunk channel over which the
+// factorised form e^{G_i-G_0}·e^{G_0-G_j} is used; beyond it e^{G_0-G_j}
+// could overflow float32, and that channel's terms are exponentiated pair
+// by pair instead (only differences G_i - G_j with i >= j).
+const safeSpan = 60
+
+// KDAChunk runs the KDA core over packed sequences.
+func (b *Backend) KDAChunk(a *compute.KDAArgs) error {
+	j, err := b.kdaPrepare(a)
+	if err != nil {
+		return err
+	}
+	b.pool.Run(kdaRange, kernel.Args{Job: j}, j.nseq*j.h, 1)
+	return nil
+}
+
+func (b *Backend) kdaPrepare(a *compute.KDAArgs) (*kdaJob, error) {
+	if a.Q.Rank != 3 {
+		return nil, shapeErr("kda q %v, want [T, H, K]", a.Q)
+	}
+	t, h, dk := a.Q.Dims[0], a.Q.Dims[1], a.Q.Dims[2]
+	if a.V.Rank != 3 || a.V.Dims[0] != t || a.V.Dims[1] != h {
+		return nil, shapeErr("kda v %v for q %v", a.V, a.Q)
+	}
+	dv := a.V.Dims[2]
+	j := &kdaJob{a: a, h: h, dk: dk, dv: dv, chunk: a.ChunkSize, scale: a.Scale, lowerBound: a.LowerBound}
+	var err error
+	get := func(name string, x compute.Tensor, dims ...int) []float32 {
+		if err != nil {
+			return nil
+		}
+		if err = compute.CheckShape("kda "+name, x, compute.F32, dims...); err != nil {
+			return nil
+		}
+		return F32(x)
+	}
+	j.q = get("q", a.Q, t, h, dk)
+	j.k = get("k", a.K, t, h, dk)
+	j.v = get("v", a.V, t, h, dv)
+	j.g = get("g", a.G, t, h, dk)
+	j.beta = get("beta", a.Beta, t, h)
+	j.out = get("out", a.Out, t, h, dv)
+	if err != nil {
+		return nil, err
+	}
+	j.cu = a.CuSeqlens
+	if j.cu == nil {
+		j.cu = []int32{0, int32(t)}
+	}
+	j.nseq = len(j.cu) - 1
+	if j.nseq < 1 || j.cu[0] != 0 || int(j.cu[j.nseq]) != t {
+		return nil, shapeErr("kda cu_seqlens %v for %d tokens", j.cu, t)
+	}
+	for i := 0; i < j.nseq; i++ {
+		if j.cu[i+1] < j.cu[i] {
+			return nil, shapeErr("kda cu_seqlens %v decreases", j.cu)
+		}
+	}
+	j.state = get("state", a.State, j.nseq, h, dk, dv)
+	if a.Gate != compute.GateGiven {
+		j.alog = get("A_log", a.ALog, h)
+		j.dtb = get("dt_bias", a.DTBias, h*dk)
+	}
+	if err != nil {
+		return nil, err
+	}
+	switch a.Gate {
+	case compute.GateGiven, compute.GateSoftplus:
+	case compute.GateLowerBound:
+		if !(a.LowerBound < 0) {
+			return nil, fmt.Errorf("cpu: kda: gate lower bound %g must be negative", a.LowerBound)
+		}
+	default:
+		return nil, fmt.Errorf("cpu: kda: gate mode %d: %w", a.Gate, compute.ErrUnsupported)
+	}
+	if j.chunk < 0 {
+		return nil, fmt.Errorf("cpu: kda: chunk size %d", j.chunk)
+	}
+	return j, nil
+}
+
+func grow32(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}
+
+func kdaRange(args *kernel.Args, lo, hi int) {
+	j := args.Job.(*kdaJob)
+	sc := kdaScratchPool.Get().(*kdaScratch)
+	defer kdaScratchPool.Put(sc)
+	for item := lo; item < hi; item++ {
+		n, hd := item/j.h, item%j.h
+		t0, t1 := int(j.cu[n]), int(j.cu[n+1])
+		if t1 == t0 {
+			continue
+		}
+		j.load(sc, hd, t0, t1)
+		st := j.state[(n*j.h+hd)*j.dk*j.dv : (n*j.h+hd+1)*j.dk*j.dv]
+		if j.chunk == 0 {
+			j.recurrent(sc, st, hd, t0, t1)
+		} else {
+			for c0 := 0; c0 < t1-t0; c0 += j.chunk {
+				j.chunkStep(sc, st, hd, t0, c0, min(c0+j.chunk, t1-t0))
+			}
+		}
+	}
+}
+
+// load gathers head hd of tokens [t0, t1) and applies the token-parallel
+// preprocessing: L2 norm of q and k, the decay gate, sigmoid of beta, and
+// the output scale folded into q.
+func (j *kdaJob) load(sc *kdaScratch, hd, t0, t1 int) {
+	n, dk, dv := t1-t0, j.dk, j.dv
+	sc.q, sc.k, sc.g = grow32(sc.q, n*dk), grow32(sc.k, n*dk), grow32(sc.g, n*dk)
+	sc.v, sc.beta = grow32(sc.v, n*dv), grow32(sc.beta, n)
+	pre := j.a.Preprocess
+	for i := 0; i < n; i++ {
+		tok := t0 + i
+		src := (tok*j.h + hd) * dk
+		q, k, g := sc.q[i*dk:(i+1)*dk], sc.k[i*dk:(i+1)*dk], sc.g[i*dk:(i+1)*dk]
+		copy(q, j.q[src:src+dk])
+		copy(k, j.k[src:src+dk])
+		copy(sc.v[i*dv:(i+1)*dv], j.v[(tok*j.h+hd)*dv:])
+		beta := j.beta[tok*j.h+hd]
+		if pre {
+			l2norm(q)
+			l2norm(k)
+			beta = kernel.Sigmoid(beta)
+		}
+		kernel.Scale(q, j.scale)
+		sc.beta[i] = beta
+		raw := j.g[src : src+dk]
+		switch j.a.Gate {
+		case compute.GateGiven:
+			copy(g, raw)
+		case compute.GateSoftplus:
+			rate := -float32(math.Exp(float64(j.alog[hd])))
+			for c := range g {
+				g[c] = rate * kernel.Softplus(raw[c]+j.dtb[hd*dk+c])
+			}
+		case compute.GateLowerBound:
+			rate := float32(math.Exp(float64(j.alog[hd])))
+			for c := range g {
+				g[c] = j.lowerBound * kernel.Sigmoid(rate*(raw[c]+j.dtb[hd*dk+c]))
+			}
+		}
+	}
+}
+
+func l2norm(x []float32) {
+	var ss float64
+	for _, v := range x {
+		ss += float64(v) * float64(v)
+	}
+	kernel.Scale(x, float32(1/math.Sqrt(ss+1e-6)))
+}
+
+// recurrent runs the delta rule token by token (the oracle of the chunked
+// form and the decode step): decay, read, write, output in two passes over
+// the state.
+func (j *kdaJob) recurrent(sc *kdaScratch, st []float32, hd, t0, t1 int) {
+	dk, dv := j.dk, j.dv
+	sc.tmp = grow32(sc.tmp, 2*dv)
+	kv, o := sc.tmp[:dv], sc.tmp[dv:]
+	for i := 0; i < t1-t0; i++ {
+		q, k, g := sc.q[i*dk:(i+1)*dk], sc.k[i*dk:(i+1)*dk], sc.g[i*dk:(i+1)*dk]
+		v := sc.v[i*dv : (i+1)*dv]
+		kdaToken(st, q, k, g, v, sc.beta[i], kv, o, dk, dv)
+		copy(j.out[((t0+i)*j.h+hd)*dv:], o)
+	}
+}
+
+// kdaToken advances state st [dk, dv] by one token and writes the output
+// (q already scaled) to o; kv is scratch of length dv.
+func kdaToken(st, q, k, g, v []float32, beta float32, kv, o []float32, dk, dv int) {
+	clear(kv)
+	for c := 0; c < dk; c++ {
+		row := st[c*dv : (c+1)*dv]
+		kernel.Scale(row, float32(math.Exp(float64(g[c]))))
+		kernel.Axpy(kv, k[c], row)
+	}
+	for i := range kv {
+		kv[i] = beta * (v[i] - kv[i]) // u
+	}
+	clear(o)
+	for c := 0; c < dk; c++ {
+		row := st[c*dv : (c+1)*dv]
+		kernel.Axpy(row, k[c], kv)
+		kernel.Axpy(o, q[c], row)
+	}
+}
+
+// chunkStep processes tokens [c0, c1) of the item (a chunk) in the WY form:
+// the chunk-local stage (cumulative gates, the strictly lower L and the
+// inclusive Mqk, decayed keys and queries) needs no state; the state stage
+// then solves (I + L) U = β(V - S0ᵀ(k e^G)) by forward substitution,
+// outputs O = S0ᵀ(q e^G) + Mqk U and advances
+// S1 = diag(e^{G_last}) S0 + Σ_j (k_j e^{G_last-G_j}) u_jᵀ.
+func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
+	dk, dv, c := j.dk, j.dv, c1-c0
+	sc.kd, sc.qd = grow32(sc.kd, c*dk), grow32(sc.qd, c*dk)
+	sc.ka, sc.kb, sc.qa = grow32(sc.ka, c*dk), grow32(sc.kb, c*dk), grow32(sc.qa, c*dk)
+	sc.lm, sc.mqk = grow32(sc.lm, c*c), grow32(sc.mqk, c*c)
+	sc.u, sc.o = grow32(sc.u, c*dv), grow32(sc.o, c*dv)
+	sc.tmp = grow32(sc.tmp, 2*dk)
+	G := sc.tmp[:dk]     // running cumulative gate
+	gLast := sc.tmp[dk:] // cumulative gate of the chunk's last token
+	q, k, g := sc.q[c0*dk:c1*dk], sc.k[c0*dk:c1*dk], sc.g[c0*dk:c1*dk]
+	v, beta := sc.v[c0*dv:c1*dv], sc.beta[c0:c1]
+
+	// Chunk-local stage. Cumulative gates stay in log space (kept in kb
+	// until the factors are formed).
+	clear(G)
+	for i := 0; i < c; i++ {
+		for ch := 0; ch < dk; ch++ {
+			G[ch] += g[i*dk+ch]
+			sc.kb[i*dk+ch] = G[ch] // G_i
+		}
+	}
+	copy(gLast, G)
+	sc.unsafe = sc.unsafe[:0]
+	for ch := 0; ch < dk; ch++ {
+		if sc.kb[ch]-gLast[ch] > safeSpan {
+			sc.unsafe = append(sc.unsafe, int32(ch))
+		}
+	}
+	for i := 0; i < c; i++ {
+		for ch := 0; ch < dk; ch++ {
+			gi := sc.kb[i*dk+ch]
+			e := float32(math.Exp(float64(gi))) // e^{G_i} <= 1, relative to the chunk start
+			sc.kd[i*dk+ch] = k[i*dk+ch] * e
+			sc.qd[i*dk+ch] = q[i*dk+ch] * e
+		}
+	}
+	// Factorised decays for safe channels, anchored at the first token:
+	// ka_i = k_i e^{G_i - G_0}, qa_i = q_i e^{G_i - G_0}, kb_j = k_j e^{G_0 - G_j}.
+	for i := c - 1; i >= 0; i-- {
+		for ch := 0; ch < dk; ch++ {
+			d := sc.kb[i*dk+ch] - sc.kb[ch] // G_i - G_0 <= 0
+			ea := float32(math.Exp(float64(d)))
+			eb := float32(math.Exp(float64(-d)))
+			sc.ka[i*dk+ch] = k[i*dk+ch] * ea
+			sc.qa[i*dk+ch] = q[i*dk+ch] * ea
+			if i == 0 {
+				eb = 1
+			}
+			sc.kb[i*dk+ch] = k[i*dk+ch] * eb
+		}
+	}
+	// kb[0] was overwritten last, so G_0 stayed readable throughout. Zero
+	// the unsafe channels of the factors; their terms are added exactly.
+	for _, ch := range sc.unsafe {
+		for i := 0; i < c; i++ {
+			sc.ka[i*dk+int(ch)], sc.qa[i*dk+int(ch)], sc.kb[i*dk+int(ch)] = 0, 0, 0
+		}
+	}
+	for i := 0; i < c; i++ {
+		for jj := 0; jj <= i; jj++ {
+			l := kernel.Dot(sc.ka[i*dk:(i+1)*dk], sc.kb[jj*dk:(jj+1)*dk])
+			m := kernel.Dot(sc.qa[i*dk:(i+1)*dk], sc.kb[jj*dk:(jj+1)*dk])
+			sc.lm[i*c+jj], sc.mqk[i*c+jj] = l*beta[i], m
+		}
+	}
+	if len(sc.unsafe) > 0 {
+		j.unsafeTerms(sc, hd, t0, c0, c1)
+	}
+
+	// State stage: P = S0ᵀ(k e^G) into u, O = S0ᵀ(q e^G) into o, one pass
+	// over the state rows.
+	clear(sc.u)
+	clear(sc.o)
+	for ch := 0; ch < dk; ch++ {
+		row := st[ch*dv : (ch+1)*dv]
+		for i := 0; i < c; i++ {
+			kernel.Axpy(sc.u[i*dv:(i+1)*dv], sc.kd[i*dk+ch], row)
+			kernel.Axpy(sc.o[i*dv:(i+1)*dv], sc.qd[i*dk+ch], row)
+		}
+	}
+	for i := 0; i < c; i++ {
+		ui := sc.u[i*dv : (i+1)*dv]
+		vi := v[i*dv : (i+1)*dv]
+		for x := range ui {
+			ui[x] = beta[i] * (vi[x] - ui[x])
+		}
+		for jj := 0; jj < i; jj++ {
+			kernel.Axpy(ui, -sc.lm[i*c+jj], sc.u[jj*dv:(jj+1)*dv])
+		}
+		oi := sc.o[i*dv : (i+1)*dv]
+		for jj := 0; jj <= i; jj++ {
+			kernel.Axpy(oi, sc.mqk[i*c+jj], sc.u[jj*dv:(jj+1)*dv])
+		}
+		copy(j.out[((t0+c0+i)*j.h+hd)*dv:], oi)
+	}
+	// k_j e^{G_last - G_j}, with G_last - G_j = Σ_{m>j} g_m built backwards
+	// (e^{G_j} alone may have underflowed, so it is not derived from kd).
+	clear(G)
+	for i := c - 1; i >= 0; i-- {
+		for ch := 0; ch < dk; ch++ {
+			sc.kd[i*dk+ch] = k[i*dk+ch] * float32(math.Exp(float64(G[ch])))
+			G[ch] += g[i*dk+ch]
+		}
+	}
+	for ch := 0; ch < dk; ch++ {
+		row := st[ch*dv : (ch+1)*dv]
+		kernel.Scale(row, float32(math.Exp(float64(gLast[ch]))))
+		for i := 0; i < c; i++ {
+			kernel.Axpy(row, sc.kd[i*dk+ch], sc.u[i*dv:(i+1)*dv])
+		}
+	}
+}
+
+// unsafeTerms adds to L and Mqk the contributions of channels whose decay
+// span is too wide for the factorised form, one exponential per pair.
+func (j *kdaJob) unsafeTerms(sc *kdaScratch, hd, t0, c0, c1 int) {
+	dk, c := j.dk, c1-c0
+	q, k, g := sc.q[c0*dk:c1*dk], sc.k[c0*dk:c1*dk], sc.g[c0*dk:c1*dk]
+	beta := sc.beta[c0:c1]
+	for _, ch32 := range sc.unsafe {
+		ch := int(ch32)
+		for i := 0; i < c; i++ {
+			// span = G_i - G_j accumulated backwards from j = i.
+			var span float64
+			for jj := i; jj >= 0; jj-- {
+				if jj < i {
+					span += float64(g[(jj+1)*dk+ch])
+				}
+				e := float32(math.Exp(span))
+				sc.lm[i*c+jj] += beta[i] * k[i*dk+ch] * k[jj*dk+ch] * e
+				sc.mqk[i*c+jj] += q[i*dk+ch] * k[jj*dk+ch] * e
+			}
+		}
+	}
+}
