@@ -50,6 +50,9 @@ type Backend interface {
 	KDAChunk(a *KDAArgs) error
 	// KDAStep runs one whole KDA layer (MegaKDA) for one token per sequence.
 	KDAStep(a *KDAStepArgs) error
+	// CausalConv is KDA's short depthwise causal convolution with SiLU over
+	// packed sequences, reading and updating each sequence's conv cache.
+	CausalConv(a *ConvArgs) error
 	// LightningIndexer scores past positions and selects the top K.
 	LightningIndexer(a *IndexerArgs) error
 	// Attention is dense or index-sparse attention over a KV cache, in
@@ -123,9 +126,12 @@ const (
 // overwritten with the final one.
 type KDAArgs struct {
 	Q, K, V, G, Beta Tensor
-	ALog, DTBias     Tensor // [H], [H*Dk]; used by the gate modes that need them
-	Gate             KDAGate
-	LowerBound       float32
+	// QKV, when set, replaces Q, K and V (Dk = Dv = D): [T, 3·H·D] rows
+	// ordered q | k | v, the short conv's output as the layer produces it.
+	QKV          Tensor
+	ALog, DTBias Tensor // [H], [H*Dk]; used by the gate modes that need them
+	Gate         KDAGate
+	LowerBound   float32
 	// Preprocess applies the in-kernel steps of the released models: L2
 	// norm of q and k (eps 1e-6 inside the root) and beta = sigmoid(Beta).
 	Preprocess bool
@@ -137,28 +143,42 @@ type KDAArgs struct {
 	ChunkSize int
 }
 
-// KDAWeights are one KDA layer's weights in Hugging Face layout.
+// KDAWeights are one KDA layer's weights. The q, k and v projections and
+// their conv taps are stacked at load so that one product and one conv
+// serve all three (channels ordered q | k | v, as in the conv cache).
 type KDAWeights struct {
-	QProj, KProj, VProj     Tensor // [H*D, hidden]
-	QConv, KConv, VConv     Tensor // [H*D, W]
-	FA, FB                  Tensor // [D, hidden], [H*D, D]
-	B                       Tensor // [H, hidden]
-	G                       Tensor // full-rank output gate [H*D, hidden], or zero
-	GA, GB                  Tensor // low-rank output gate [D, hidden], [H*D, D]
-	ONorm, OProj            Tensor // [D], [hidden, H*D]
-	ALog, DTBias            Tensor // [H], [H*D]
-	NumHeads, HeadDim, Conv int
-	Gate                    KDAGate
-	LowerBound, Eps         float32
+	QKV          Tensor // [3*H*D, hidden]
+	Conv         Tensor // [3*H*D, W]
+	FA, FB       Tensor // [D, hidden], [H*D, D]
+	B            Tensor // [H, hidden]
+	G            Tensor // full-rank output gate [H*D, hidden], or zero
+	GA, GB       Tensor // low-rank output gate [D, hidden], [H*D, D]
+	ONorm, OProj Tensor // [D], [hidden, H*D]
+	ALog, DTBias Tensor // [H], [H*D]
+	NumHeads     int
+	HeadDim      int
+	Gate         KDAGate
+	LowerBound   float32
+	Eps          float32 // of the output RMSNorm
 }
 
 // KDAStepArgs are the operands of KDAStep: X and Y [B, hidden], Conv
-// [B, Conv-1, 3*H*D] (raw projections of the last tokens, q|k|v), State
-// [B, H, D, D]; Conv and State are updated in place.
+// [B, W-1, 3*H*D] (raw projections of the last tokens, q|k|v, oldest
+// first), State [B, H, D, D] (K-first); Conv and State are updated in place.
 type KDAStepArgs struct {
 	W              *KDAWeights
 	X, Conv, State Tensor
 	Y              Tensor
+}
+
+// ConvArgs are the operands of CausalConv: X and Out [T, C] packed over
+// sequences (CuSeqlens, nil: one), Weight [C, W], State [N, W-1, C] holding
+// the raw inputs of each sequence's previous W-1 tokens (oldest first),
+// updated to the last W-1 rows of [State; X]. Out = SiLU(depthwise causal
+// convolution), tap W-1 being the current token.
+type ConvArgs struct {
+	X, Weight, State, Out Tensor
+	CuSeqlens             []int32
 }
 
 // IndexerArgs are the operands of LightningIndexer. Query row t (at

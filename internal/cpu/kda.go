@@ -17,6 +17,7 @@ type kdaJob struct {
 	state, out        []float32
 	cu                []int32
 	h, dk, dv, nseq   int
+	qStride, vStride  int // elements per token of q and k, and of v
 	chunk             int
 	scale, lowerBound float32
 }
@@ -51,15 +52,25 @@ func (b *Backend) KDAChunk(a *compute.KDAArgs) error {
 }
 
 func (b *Backend) kdaPrepare(a *compute.KDAArgs) (*kdaJob, error) {
-	if a.Q.Rank != 3 {
+	var t, h, dk, dv int
+	switch {
+	case !a.QKV.IsZero():
+		if a.G.Rank != 3 || a.QKV.Rank != 2 || a.QKV.Dims[1] != 3*a.G.Dims[1]*a.G.Dims[2] {
+			return nil, shapeErr("kda qkv %v for gate %v, want [T, 3·H·D]", a.QKV, a.G)
+		}
+		t, h, dk = a.G.Dims[0], a.G.Dims[1], a.G.Dims[2]
+		dv = dk
+	case a.Q.Rank != 3:
 		return nil, shapeErr("kda q %v, want [T, H, K]", a.Q)
+	default:
+		t, h, dk = a.Q.Dims[0], a.Q.Dims[1], a.Q.Dims[2]
+		if a.V.Rank != 3 || a.V.Dims[0] != t || a.V.Dims[1] != h {
+			return nil, shapeErr("kda v %v for q %v", a.V, a.Q)
+		}
+		dv = a.V.Dims[2]
 	}
-	t, h, dk := a.Q.Dims[0], a.Q.Dims[1], a.Q.Dims[2]
-	if a.V.Rank != 3 || a.V.Dims[0] != t || a.V.Dims[1] != h {
-		return nil, shapeErr("kda v %v for q %v", a.V, a.Q)
-	}
-	dv := a.V.Dims[2]
-	j := &kdaJob{a: a, h: h, dk: dk, dv: dv, chunk: a.ChunkSize, scale: a.Scale, lowerBound: a.LowerBound}
+	j := &kdaJob{a: a, h: h, dk: dk, dv: dv, chunk: a.ChunkSize, scale: a.Scale, lowerBound: a.LowerBound,
+		qStride: h * dk, vStride: h * dv}
 	var err error
 	get := func(name string, x compute.Tensor, dims ...int) []float32 {
 		if err != nil {
@@ -70,9 +81,18 @@ func (b *Backend) kdaPrepare(a *compute.KDAArgs) (*kdaJob, error) {
 		}
 		return F32(x)
 	}
-	j.q = get("q", a.Q, t, h, dk)
-	j.k = get("k", a.K, t, h, dk)
-	j.v = get("v", a.V, t, h, dv)
+	if !a.QKV.IsZero() {
+		all := get("qkv", a.QKV, t, 3*h*dk)
+		if all != nil {
+			hd := h * dk
+			j.q, j.k, j.v = all, all[hd:], all[2*hd:]
+			j.qStride, j.vStride = 3*hd, 3*hd
+		}
+	} else {
+		j.q = get("q", a.Q, t, h, dk)
+		j.k = get("k", a.K, t, h, dk)
+		j.v = get("v", a.V, t, h, dv)
+	}
 	j.g = get("g", a.G, t, h, dk)
 	j.beta = get("beta", a.Beta, t, h)
 	j.out = get("out", a.Out, t, h, dv)
@@ -155,10 +175,11 @@ func (j *kdaJob) load(sc *kdaScratch, hd, t0, t1 int) {
 	for i := 0; i < n; i++ {
 		tok := t0 + i
 		src := (tok*j.h + hd) * dk
+		qk := tok*j.qStride + hd*dk
 		q, k, g := sc.q[i*dk:(i+1)*dk], sc.k[i*dk:(i+1)*dk], sc.g[i*dk:(i+1)*dk]
-		copy(q, j.q[src:src+dk])
-		copy(k, j.k[src:src+dk])
-		copy(sc.v[i*dv:(i+1)*dv], j.v[(tok*j.h+hd)*dv:])
+		copy(q, j.q[qk:qk+dk])
+		copy(k, j.k[qk:qk+dk])
+		copy(sc.v[i*dv:(i+1)*dv], j.v[tok*j.vStride+hd*dv:])
 		beta := j.beta[tok*j.h+hd]
 		if pre {
 			l2norm(q)

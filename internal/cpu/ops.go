@@ -235,9 +235,6 @@ func unsupported(op, issue string) error {
 	return fmt.Errorf("cpu: %s: %w (not implemented yet; tracked by the %s issue)", op, compute.ErrUnsupported, issue)
 }
 
-// KDAStep is not implemented yet.
-func (b *Backend) KDAStep(a *compute.KDAStepArgs) error { return unsupported("KDAStep", "kda") }
-
 // LightningIndexer is not implemented yet.
 func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 	return unsupported("LightningIndexer", "dsa")

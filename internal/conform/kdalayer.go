@@ -1,0 +1,259 @@
+package conform
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"k3/internal/compute"
+	"k3/internal/safetensors"
+	"k3/kda"
+)
+
+func init() {
+	handlers["kda.layer"] = runKDALayer
+	handlers["kda.layer_decode"] = runKDALayerDecode
+}
+
+const kdaLayerAtol, kdaLayerRtol = 1e-5, 1e-4
+
+func kdaLayerConfig(f *caseFile) (kda.Config, error) {
+	var c kda.Config
+	var err error
+	if c.Hidden, err = f.metaInt("hidden"); err != nil {
+		return c, err
+	}
+	if c.NumHeads, err = f.metaInt("num_heads"); err != nil {
+		return c, err
+	}
+	if c.HeadDim, err = f.metaInt("head_dim"); err != nil {
+		return c, err
+	}
+	if c.ConvKernel, err = f.metaInt("conv_kernel"); err != nil {
+		return c, err
+	}
+	eps, err := f.metaFloat("rms_eps")
+	if err != nil {
+		return c, err
+	}
+	c.Eps = float32(eps)
+	c.FullRankGate = f.Metadata()["full_rank_gate"] == "true"
+	if lb := f.Metadata()["lower_bound"]; lb != "none" {
+		v, err := strconv.ParseFloat(lb, 64)
+		if err != nil {
+			return c, fmt.Errorf("%s: metadata lower_bound %q: %v", f.Name(), lb, err)
+		}
+		c.LowerBound = float32(v)
+	}
+	return c, nil
+}
+
+// fileSource serves layer weights from a golden file.
+func fileSource(f *caseFile) kda.Source {
+	return func(name string) (compute.DType, []int, []byte, error) {
+		b, ti, err := f.Bytes(name)
+		if err != nil {
+			return 0, nil, nil, err
+		}
+		dt, ok := map[safetensors.DType]compute.DType{safetensors.F32: compute.F32, safetensors.BF16: compute.BF16, safetensors.F16: compute.F16}[ti.DType]
+		if !ok {
+			return 0, nil, nil, fmt.Errorf("%s: tensor %s has dtype %s", f.Name(), name, ti.DType)
+		}
+		return dt, ti.Shape, b, nil
+	}
+}
+
+func runKDALayer(ctx context.Context, b compute.Backend, path string, chk *checker) error {
+	f, err := openCase(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	cfg, err := kdaLayerConfig(f)
+	if err != nil {
+		return err
+	}
+	x, xs, err := f.f32("x", -1, -1, cfg.Hidden)
+	if err != nil {
+		return err
+	}
+	bsz, t := xs[0], xs[1]
+	hd := cfg.NumHeads * cfg.HeadDim
+	w, err := kda.LoadWeights(b, cfg, fileSource(f))
+	if err != nil {
+		return err
+	}
+	wantY, _, err := f.f32("y", bsz, t, cfg.Hidden)
+	if err != nil {
+		return err
+	}
+	wantConv, _, err := f.f32("final_conv_state", bsz, cfg.ConvKernel-1, 3*hd)
+	if err != nil {
+		return err
+	}
+	wantS, _, err := f.f32("final_state", bsz, cfg.NumHeads, cfg.HeadDim, cfg.HeadDim)
+	if err != nil {
+		return err
+	}
+	initConv, _, err := f.f32("initial_conv_state", bsz, cfg.ConvKernel-1, 3*hd)
+	if err != nil && f.has("initial_conv_state") {
+		return err
+	}
+	initS, _, err := f.f32("initial_state", bsz, cfg.NumHeads, cfg.HeadDim, cfg.HeadDim)
+	if err != nil && f.has("initial_state") {
+		return err
+	}
+	// Packed batch: all sequences in one call, with every execution path.
+	cu := make([]int32, bsz+1)
+	for i := range cu {
+		cu[i] = int32(i * t)
+	}
+	for _, chunk := range KDAChunkSizes {
+		cfg.ChunkSize = chunk
+		layer, err := kda.NewLayer(b, cfg, w, bsz*t)
+		if err != nil {
+			return err
+		}
+		st, err := kda.NewState(b, cfg, bsz)
+		if err != nil {
+			return err
+		}
+		if initConv != nil {
+			if err := b.Write(st.Conv, initConv); err != nil {
+				return err
+			}
+		}
+		if initS != nil {
+			if err := b.Write(st.S, initS); err != nil {
+				return err
+			}
+		}
+		xt, err := upload(b, x, bsz*t, cfg.Hidden)
+		if err != nil {
+			return err
+		}
+		y, _ := b.Alloc(compute.F32, bsz*t, cfg.Hidden)
+		if err := layer.Prefill(xt, cu, st, y); err != nil {
+			return err
+		}
+		for _, c := range []struct {
+			name string
+			t    compute.Tensor
+			want []float32
+		}{{"y", y, wantY}, {"final_conv_state", st.Conv, wantConv}, {"final_state", st.S, wantS}} {
+			got, err := download(b, c.t)
+			if err != nil {
+				return err
+			}
+			chk.close(fmt.Sprintf("%s(chunk %d)", c.name, chunk), got, c.want, kdaLayerAtol, kdaLayerRtol)
+		}
+	}
+	return nil
+}
+
+func runKDALayerDecode(ctx context.Context, b compute.Backend, path string, chk *checker) error {
+	f, err := openCase(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	cfg, err := kdaLayerConfig(f)
+	if err != nil {
+		return err
+	}
+	cfg.ChunkSize = 16
+	xp, xs, err := f.f32("x_prefill", -1, -1, cfg.Hidden)
+	if err != nil {
+		return err
+	}
+	bsz, t := xs[0], xs[1]
+	hd := cfg.NumHeads * cfg.HeadDim
+	xd, ds, err := f.f32("x_decode", bsz, -1, cfg.Hidden)
+	if err != nil {
+		return err
+	}
+	steps := ds[1]
+	w, err := kda.LoadWeights(b, cfg, fileSource(f))
+	if err != nil {
+		return err
+	}
+	layer, err := kda.NewLayer(b, cfg, w, bsz*t)
+	if err != nil {
+		return err
+	}
+	st, err := kda.NewState(b, cfg, bsz)
+	if err != nil {
+		return err
+	}
+	cu := make([]int32, bsz+1)
+	for i := range cu {
+		cu[i] = int32(i * t)
+	}
+	xt, err := upload(b, xp, bsz*t, cfg.Hidden)
+	if err != nil {
+		return err
+	}
+	y, _ := b.Alloc(compute.F32, bsz*t, cfg.Hidden)
+	if err := layer.Prefill(xt, cu, st, y); err != nil {
+		return err
+	}
+	for _, c := range []struct {
+		name string
+		t    compute.Tensor
+	}{{"y_prefill", y}, {"conv_state_after_prefill", st.Conv}, {"state_after_prefill", st.S}} {
+		got, err := download(b, c.t)
+		if err != nil {
+			return err
+		}
+		want, _, err := f.f32(c.name)
+		if err != nil {
+			return err
+		}
+		chk.close(c.name, got, want, kdaLayerAtol, kdaLayerRtol)
+	}
+	wantY, _, err := f.f32("y_decode", bsz, steps, cfg.Hidden)
+	if err != nil {
+		return err
+	}
+	wantConv, _, err := f.f32("conv_state_after_step", bsz, steps, cfg.ConvKernel-1, 3*hd)
+	if err != nil {
+		return err
+	}
+	wantS, _, err := f.f32("state_after_step", bsz, steps, cfg.NumHeads, cfg.HeadDim, cfg.HeadDim)
+	if err != nil {
+		return err
+	}
+	xstep, _ := b.Alloc(compute.F32, bsz, cfg.Hidden)
+	ystep, _ := b.Alloc(compute.F32, bsz, cfg.Hidden)
+	pick := func(all []float32, s, per int) []float32 {
+		out := make([]float32, 0, bsz*per)
+		for bi := 0; bi < bsz; bi++ {
+			out = append(out, all[(bi*steps+s)*per:(bi*steps+s+1)*per]...)
+		}
+		return out
+	}
+	for s := 0; s < steps; s++ {
+		if err := b.Write(xstep, pick(xd, s, cfg.Hidden)); err != nil {
+			return err
+		}
+		if err := layer.Decode(xstep, st, ystep); err != nil {
+			return err
+		}
+		for _, c := range []struct {
+			name string
+			t    compute.Tensor
+			want []float32
+		}{
+			{"y_decode", ystep, pick(wantY, s, cfg.Hidden)},
+			{"conv_state_after_step", st.Conv, pick(wantConv, s, (cfg.ConvKernel-1)*3*hd)},
+			{"state_after_step", st.S, pick(wantS, s, cfg.NumHeads*cfg.HeadDim*cfg.HeadDim)},
+		} {
+			got, err := download(b, c.t)
+			if err != nil {
+				return err
+			}
+			chk.close(fmt.Sprintf("%s[step %d]", c.name, s), got, c.want, kdaLayerAtol, kdaLayerRtol)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,187 @@
+package cpu
+
+import (
+	"math"
+	"sync"
+
+	"k3/internal/compute"
+	"k3/internal/kernel"
+)
+
+// CausalConv runs the depthwise causal conv with SiLU over packed sequences.
+func (b *Backend) CausalConv(a *compute.ConvArgs) error {
+	if a.X.Rank != 2 || a.Weight.Rank != 2 || a.Weight.Dims[0] != a.X.Dims[1] {
+		return shapeErr("conv input %v, weight %v", a.X, a.Weight)
+	}
+	t, ch, w := a.X.Dims[0], a.X.Dims[1], a.Weight.Dims[1]
+	if w < 1 {
+		return shapeErr("conv width %d", w)
+	}
+	cu := a.CuSeqlens
+	if cu == nil {
+		cu = []int32{0, int32(t)}
+	}
+	n := len(cu) - 1
+	if n < 1 || cu[0] != 0 || int(cu[n]) != t {
+		return shapeErr("conv cu_seqlens %v for %d tokens", cu, t)
+	}
+	if err := compute.CheckShape("conv state", a.State, compute.F32, n, w-1, ch); err != nil {
+		return err
+	}
+	if err := compute.CheckShape("conv output", a.Out, compute.F32, t, ch); err != nil {
+		return err
+	}
+	x, wt, st, out := F32(a.X), F32(a.Weight), F32(a.State), F32(a.Out)
+	if x == nil || wt == nil {
+		return shapeErr("conv operands must be f32: x %v weight %v", a.X, a.Weight)
+	}
+	for s := 0; s < n; s++ {
+		t0, t1 := int(cu[s]), int(cu[s+1])
+		if t1 < t0 {
+			return shapeErr("conv cu_seqlens %v decreases", cu)
+		}
+		state := st[s*(w-1)*ch : (s+1)*(w-1)*ch]
+		convSeq(out[t0*ch:t1*ch], x[t0*ch:t1*ch], wt, state, t1-t0, ch, w)
+	}
+	return nil
+}
+
+// convSeq convolves one sequence: input row j of the virtual sequence
+// [state; x] is state row j for j < W-1, else x row j-(W-1).
+func convSeq(out, x, wt, state []float32, t, ch, w int) {
+	row := func(j int) []float32 {
+		if j < w-1 {
+			return state[j*ch : (j+1)*ch]
+		}
+		return x[(j-w+1)*ch : (j-w+2)*ch]
+	}
+	for i := 0; i < t; i++ {
+		o := out[i*ch : (i+1)*ch]
+		clear(o)
+		for tap := 0; tap < w; tap++ {
+			r := row(i + tap) // virtual index of token i's tap
+			for c := range o {
+				o[c] += wt[c*w+tap] * r[c]
+			}
+		}
+		kernel.SiLUInPlace(o)
+	}
+	// New state: the last W-1 rows of [state; x].
+	if w == 1 {
+		return
+	}
+	if t >= w-1 {
+		copy(state, x[(t-w+1)*ch:t*ch])
+		return
+	}
+	copy(state, state[t*ch:])
+	copy(state[(w-1-t)*ch:], x[:t*ch])
+}
+
+// stepScratch holds KDAStep's intermediates for one call.
+type stepScratch struct {
+	raw, conv, fa, graw, braw, gate, ga, core, tmp []float32
+}
+
+var stepScratchPool = sync.Pool{New: func() any { return new(stepScratch) }}
+
+// KDAStep runs a whole KDA layer for one token per sequence: every weight
+// is read once per call for the whole batch, and nothing is allocated once
+// the scratch pool is warm.
+func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
+	w := a.W
+	if w == nil || w.QKV.Rank != 2 || w.Conv.Rank != 2 {
+		return shapeErr("kda step: missing or malformed weights")
+	}
+	h, d := w.NumHeads, w.HeadDim
+	hd := h * d
+	hidden := w.QKV.Dims[1]
+	width := w.Conv.Dims[1]
+	if a.X.Rank != 2 || a.X.Dims[1] != hidden {
+		return shapeErr("kda step input %v, want [B, %d]", a.X, hidden)
+	}
+	bsz := a.X.Dims[0]
+	if err := compute.CheckShape("kda step output", a.Y, compute.F32, bsz, hidden); err != nil {
+		return err
+	}
+	if err := compute.CheckShape("kda step conv state", a.Conv, compute.F32, bsz, width-1, 3*hd); err != nil {
+		return err
+	}
+	if err := compute.CheckShape("kda step state", a.State, compute.F32, bsz, h, d, d); err != nil {
+		return err
+	}
+	if w.QKV.Dims[0] != 3*hd || w.Conv.Dims[0] != 3*hd {
+		return shapeErr("kda step: qkv %v conv %v for %d heads of %d", w.QKV, w.Conv, h, d)
+	}
+	sc := stepScratchPool.Get().(*stepScratch)
+	defer stepScratchPool.Put(sc)
+	sc.raw, sc.conv = grow32(sc.raw, bsz*3*hd), grow32(sc.conv, bsz*3*hd)
+	sc.fa, sc.graw, sc.braw = grow32(sc.fa, bsz*d), grow32(sc.graw, bsz*hd), grow32(sc.braw, bsz*h)
+	sc.gate, sc.core, sc.tmp = grow32(sc.gate, bsz*hd), grow32(sc.core, bsz*hd), grow32(sc.tmp, 2*d+3*d)
+	x := F32(a.X)
+	mm := func(dst, src []float32, wt compute.Tensor, m int) error { return b.matmulHost(dst, src, wt, m) }
+	if err := mm(sc.raw, x, w.QKV, bsz); err != nil {
+		return err
+	}
+	if err := mm(sc.fa, x, w.FA, bsz); err != nil {
+		return err
+	}
+	if err := mm(sc.graw, sc.fa, w.FB, bsz); err != nil {
+		return err
+	}
+	if err := mm(sc.braw, x, w.B, bsz); err != nil {
+		return err
+	}
+	if !w.G.IsZero() {
+		if err := mm(sc.gate, x, w.G, bsz); err != nil {
+			return err
+		}
+	} else {
+		sc.ga = grow32(sc.ga, bsz*d)
+		if err := mm(sc.ga, x, w.GA, bsz); err != nil {
+			return err
+		}
+		if err := mm(sc.gate, sc.ga, w.GB, bsz); err != nil {
+			return err
+		}
+	}
+	conv, state, wt := F32(a.Conv), F32(a.State), F32(w.Conv)
+	alog, dtb, onorm := F32(w.ALog), F32(w.DTBias), F32(w.ONorm)
+	if wt == nil || len(alog) < h || len(dtb) != hd || len(onorm) != d {
+		return shapeErr("kda step: conv %v, A_log %v, dt_bias %v, o_norm %v must be f32 for %d heads of %d", w.Conv, w.ALog, w.DTBias, w.ONorm, h, d)
+	}
+	for s := 0; s < bsz; s++ {
+		convSeq(sc.conv[s*3*hd:(s+1)*3*hd], sc.raw[s*3*hd:(s+1)*3*hd], wt, conv[s*(width-1)*3*hd:(s+1)*(width-1)*3*hd], 1, 3*hd, width)
+		qkv := sc.conv[s*3*hd : (s+1)*3*hd]
+		for hh := 0; hh < h; hh++ {
+			q, k, g := sc.tmp[:d], sc.tmp[d:2*d], sc.tmp[2*d:3*d]
+			kv, o := sc.tmp[3*d:4*d], sc.tmp[4*d:5*d]
+			copy(q, qkv[hh*d:(hh+1)*d])
+			copy(k, qkv[hd+hh*d:hd+(hh+1)*d])
+			v := qkv[2*hd+hh*d : 2*hd+(hh+1)*d]
+			l2norm(q)
+			l2norm(k)
+			kernel.Scale(q, float32(1/math.Sqrt(float64(d))))
+			raw := sc.graw[s*hd+hh*d : s*hd+(hh+1)*d]
+			rate := float32(math.Exp(float64(alog[hh])))
+			for c := range g {
+				xg := raw[c] + dtb[hh*d+c]
+				if w.Gate == compute.GateLowerBound {
+					g[c] = w.LowerBound * kernel.Sigmoid(rate*xg)
+				} else {
+					g[c] = -rate * kernel.Softplus(xg)
+				}
+			}
+			beta := kernel.Sigmoid(sc.braw[s*h+hh])
+			st := state[(s*h+hh)*d*d : (s*h+hh+1)*d*d]
+			kdaToken(st, q, k, g, v, beta, kv, o, d, d)
+			out := sc.core[s*hd+hh*d : s*hd+(hh+1)*d]
+			kernel.RMSNorm(out, o, onorm, d, w.Eps)
+			gate := sc.gate[s*hd+hh*d : s*hd+(hh+1)*d]
+			for c := range out {
+				out[c] *= kernel.Sigmoid(gate[c])
+			}
+		}
+	}
+	return mm(F32(a.Y), sc.core, w.OProj, bsz)
+}

@@ -1,0 +1,300 @@
+package kda
+
+import (
+	"fmt"
+	"math"
+
+	"k3/internal/compute"
+)
+
+// Config describes a KDA layer.
+type Config struct {
+	Hidden     int
+	NumHeads   int
+	HeadDim    int // key and value head size
+	ConvKernel int
+	// FullRankGate selects K3's g_proj output gate; otherwise Kimi Linear's
+	// low-rank g_a_proj/g_b_proj.
+	FullRankGate bool
+	// LowerBound, when negative, selects K3's bounded decay gate
+	// lb·sigmoid(exp(A_log)·x); zero selects Kimi Linear's softplus gate.
+	LowerBound float32
+	Eps        float32 // output RMSNorm epsilon (rms_norm_eps)
+	// ChunkSize of the chunked prefill (16 or 64; 0 runs token by token).
+	ChunkSize int
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Hidden <= 0:
+		return fmt.Errorf("kda: hidden size %d", c.Hidden)
+	case c.NumHeads <= 0 || c.HeadDim <= 0:
+		return fmt.Errorf("kda: %d heads of %d", c.NumHeads, c.HeadDim)
+	case c.ConvKernel <= 0:
+		return fmt.Errorf("kda: short_conv_kernel_size %d must be positive", c.ConvKernel)
+	case c.LowerBound > 0:
+		return fmt.Errorf("kda: gate lower bound %g must be negative", c.LowerBound)
+	case c.ChunkSize < 0:
+		return fmt.Errorf("kda: chunk size %d", c.ChunkSize)
+	}
+	return nil
+}
+
+// Source returns a layer tensor by its checkpoint name relative to the
+// layer's attention prefix ("q_proj.weight", "A_log", ...), in host bytes.
+type Source func(name string) (dt compute.DType, shape []int, data []byte, err error)
+
+// LoadWeights builds a layer's weights on b from src, checking every shape
+// against cfg; errors name the tensor and both shapes. Matrices keep their
+// stored dtype (F32 or BF16); the small per-channel tensors become F32.
+func LoadWeights(b compute.Backend, cfg Config, src Source) (*compute.KDAWeights, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	h, d, hid, w := cfg.NumHeads, cfg.HeadDim, cfg.Hidden, cfg.ConvKernel
+	hd := h * d
+	var firstErr error
+	load := func(name string, asF32 bool, want ...int) compute.Tensor {
+		if firstErr != nil {
+			return compute.Tensor{}
+		}
+		dt, shape, data, err := src(name)
+		if err != nil {
+			firstErr = err
+			return compute.Tensor{}
+		}
+		n := 1
+		for _, s := range shape {
+			n *= s
+		}
+		wn := 1
+		for _, s := range want {
+			wn *= s
+		}
+		if n != wn || (len(shape) == len(want) && fmt.Sprint(shape) != fmt.Sprint(want)) {
+			firstErr = fmt.Errorf("kda: tensor %s has shape %v, want %v", name, shape, want)
+			return compute.Tensor{}
+		}
+		target := dt
+		if asF32 || dt == compute.F16 {
+			target = compute.F32
+		}
+		t, err := b.FromHost(target, dt, data, want...)
+		if err != nil {
+			firstErr = fmt.Errorf("kda: tensor %s: %w", name, err)
+		}
+		return t
+	}
+	kw := &compute.KDAWeights{NumHeads: h, HeadDim: d, Eps: cfg.Eps, LowerBound: cfg.LowerBound, Gate: compute.GateSoftplus}
+	if cfg.LowerBound < 0 {
+		kw.Gate = compute.GateLowerBound
+	}
+	q := load("q_proj.weight", false, hd, hid)
+	k := load("k_proj.weight", false, hd, hid)
+	v := load("v_proj.weight", false, hd, hid)
+	qc := load("q_conv1d.weight", true, hd, w)
+	kc := load("k_conv1d.weight", true, hd, w)
+	vc := load("v_conv1d.weight", true, hd, w)
+	kw.FA = load("f_a_proj.weight", false, d, hid)
+	kw.FB = load("f_b_proj.weight", false, hd, d)
+	kw.B = load("b_proj.weight", false, h, hid)
+	if cfg.FullRankGate {
+		kw.G = load("g_proj.weight", false, hd, hid)
+	} else {
+		kw.GA = load("g_a_proj.weight", false, d, hid)
+		kw.GB = load("g_b_proj.weight", false, hd, d)
+	}
+	kw.ONorm = load("o_norm.weight", true, d)
+	kw.OProj = load("o_proj.weight", false, hid, hd)
+	kw.DTBias = load("dt_bias", true, hd)
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	// A_log is stored [H], padded (K3 keeps 128 values for 96 heads), or
+	// [1,1,H,1] (Kimi Linear): flatten and keep the first H.
+	dt, shape, data, err := src("A_log")
+	if err != nil {
+		return nil, err
+	}
+	n := 1
+	for _, s := range shape {
+		n *= s
+	}
+	if n < h || dt.Size() == 0 {
+		return nil, fmt.Errorf("kda: tensor A_log has shape %v, need at least %d values", shape, h)
+	}
+	if kw.ALog, err = b.FromHost(compute.F32, dt, data[:h*dt.Size()], h); err != nil {
+		return nil, fmt.Errorf("kda: tensor A_log: %w", err)
+	}
+	// Stack q|k|v projections and conv taps (one product and one conv).
+	if kw.QKV, err = b.Alloc(q.DType, 3*hd, hid); err != nil {
+		return nil, err
+	}
+	if kw.Conv, err = b.Alloc(compute.F32, 3*hd, w); err != nil {
+		return nil, err
+	}
+	for i, part := range []compute.Tensor{q, k, v} {
+		if part.DType != q.DType {
+			return nil, fmt.Errorf("kda: q/k/v projections have different dtypes %v, %v", q.DType, part.DType)
+		}
+		if err := b.Copy(kw.QKV.Rows(i*hd, (i+1)*hd), part); err != nil {
+			return nil, err
+		}
+	}
+	for i, part := range []compute.Tensor{qc, kc, vc} {
+		if err := b.Copy(kw.Conv.Rows(i*hd, (i+1)*hd), part); err != nil {
+			return nil, err
+		}
+	}
+	return kw, nil
+}
+
+// State is the per-sequence state of one KDA layer for N sequences: the
+// conv cache [N, W-1, 3·H·D] (raw q|k|v projections of the last W-1 tokens)
+// and the recurrent state [N, H, D, D], K-first (S[k][v], o = Sᵀq).
+type State struct {
+	Conv, S compute.Tensor
+}
+
+// NewState allocates zeroed state for n sequences.
+func NewState(b compute.Backend, cfg Config, n int) (*State, error) {
+	conv, err := b.Alloc(compute.F32, n, cfg.ConvKernel-1, 3*cfg.NumHeads*cfg.HeadDim)
+	if err != nil {
+		return nil, err
+	}
+	s, err := b.Alloc(compute.F32, n, cfg.NumHeads, cfg.HeadDim, cfg.HeadDim)
+	if err != nil {
+		return nil, err
+	}
+	return &State{Conv: conv, S: s}, nil
+}
+
+// Layer runs one KDA layer with preallocated intermediates for up to maxT
+// tokens per call.
+type Layer struct {
+	cfg  Config
+	W    *compute.KDAWeights
+	b    compute.Backend
+	maxT int
+
+	raw, conv, fa, graw, beta, gate, ga, core compute.Tensor
+	convArgs                                  compute.ConvArgs
+	chunkArgs                                 compute.KDAArgs
+	stepArgs                                  compute.KDAStepArgs
+}
+
+// NewLayer prepares a layer for calls of up to maxT tokens.
+func NewLayer(b compute.Backend, cfg Config, w *compute.KDAWeights, maxT int) (*Layer, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	hd := cfg.NumHeads * cfg.HeadDim
+	l := &Layer{cfg: cfg, W: w, b: b, maxT: maxT}
+	var err error
+	alloc := func(dims ...int) compute.Tensor {
+		if err != nil {
+			return compute.Tensor{}
+		}
+		var t compute.Tensor
+		t, err = b.Alloc(compute.F32, dims...)
+		return t
+	}
+	l.raw, l.conv = alloc(maxT, 3*hd), alloc(maxT, 3*hd)
+	l.fa, l.graw = alloc(maxT, cfg.HeadDim), alloc(maxT, hd)
+	l.beta, l.gate = alloc(maxT, cfg.NumHeads), alloc(maxT, hd)
+	l.core = alloc(maxT, hd)
+	if !cfg.FullRankGate {
+		l.ga = alloc(maxT, cfg.HeadDim)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// Prefill runs the layer over x [T, hidden] holding packed sequences
+// (cuSeqlens, N+1 prefix sums; nil: one sequence), each continuing from its
+// row of st, and writes y [T, hidden]. st is advanced.
+func (l *Layer) Prefill(x compute.Tensor, cuSeqlens []int32, st *State, y compute.Tensor) error {
+	t := x.Dim(0)
+	if t > l.maxT {
+		return fmt.Errorf("kda: %d tokens, layer sized for %d", t, l.maxT)
+	}
+	if t == 0 {
+		return nil
+	}
+	h, d := l.cfg.NumHeads, l.cfg.HeadDim
+	raw, conv := l.raw.Rows(0, t), l.conv.Rows(0, t)
+	b := l.b
+	if err := b.MatMul(raw, x, l.W.QKV); err != nil {
+		return fmt.Errorf("kda: q/k/v projection: %w", err)
+	}
+	l.convArgs = compute.ConvArgs{X: raw, Weight: l.W.Conv, State: st.Conv, Out: conv, CuSeqlens: cuSeqlens}
+	if err := b.CausalConv(&l.convArgs); err != nil {
+		return fmt.Errorf("kda: short conv: %w", err)
+	}
+	fa, graw, beta, gate := l.fa.Rows(0, t), l.graw.Rows(0, t), l.beta.Rows(0, t), l.gate.Rows(0, t)
+	if err := b.MatMul(fa, x, l.W.FA); err != nil {
+		return fmt.Errorf("kda: f_a_proj: %w", err)
+	}
+	if err := b.MatMul(graw, fa, l.W.FB); err != nil {
+		return fmt.Errorf("kda: f_b_proj: %w", err)
+	}
+	if err := b.MatMul(beta, x, l.W.B); err != nil {
+		return fmt.Errorf("kda: b_proj: %w", err)
+	}
+	if err := l.outputGate(x, gate, t); err != nil {
+		return err
+	}
+	core := l.core.Rows(0, t)
+	l.chunkArgs = compute.KDAArgs{
+		QKV: conv, G: graw.Reshape(t, h, d), Beta: beta,
+		ALog: l.W.ALog, DTBias: l.W.DTBias, Gate: l.W.Gate, LowerBound: l.W.LowerBound,
+		Preprocess: true, Scale: float32(1 / math.Sqrt(float64(d))), CuSeqlens: cuSeqlens,
+		State: st.S, Out: core.Reshape(t, h, d), ChunkSize: l.cfg.ChunkSize,
+	}
+	if err := b.KDAChunk(&l.chunkArgs); err != nil {
+		return fmt.Errorf("kda: core: %w", err)
+	}
+	rows := core.Reshape(t*h, d)
+	if err := b.RMSNorm(rows, rows, l.W.ONorm, l.W.Eps); err != nil {
+		return fmt.Errorf("kda: o_norm: %w", err)
+	}
+	if err := b.Unary(compute.Sigmoid, gate, gate); err != nil {
+		return err
+	}
+	if err := b.Binary(compute.Mul, core, core, gate); err != nil {
+		return err
+	}
+	if err := b.MatMul(y, core, l.W.OProj); err != nil {
+		return fmt.Errorf("kda: o_proj: %w", err)
+	}
+	return nil
+}
+
+func (l *Layer) outputGate(x, gate compute.Tensor, t int) error {
+	if !l.W.G.IsZero() {
+		if err := l.b.MatMul(gate, x, l.W.G); err != nil {
+			return fmt.Errorf("kda: g_proj: %w", err)
+		}
+		return nil
+	}
+	ga := l.ga.Rows(0, t)
+	if err := l.b.MatMul(ga, x, l.W.GA); err != nil {
+		return fmt.Errorf("kda: g_a_proj: %w", err)
+	}
+	if err := l.b.MatMul(gate, ga, l.W.GB); err != nil {
+		return fmt.Errorf("kda: g_b_proj: %w", err)
+	}
+	return nil
+}
+
+// Decode runs the fused single-token step for x [B, hidden] (one token per
+// sequence, B = the state's sequences) and writes y [B, hidden].
+func (l *Layer) Decode(x compute.Tensor, st *State, y compute.Tensor) error {
+	l.stepArgs = compute.KDAStepArgs{W: l.W, X: x, Conv: st.Conv, State: st.S, Y: y}
+	if err := l.b.KDAStep(&l.stepArgs); err != nil {
+		return fmt.Errorf("kda: decode step: %w", err)
+	}
+	return nil
+}
