@@ -114,7 +114,7 @@ func (t *Tensor) Shape() []int { return t.Dims[:t.Rank] }
 // Rows returns the view of rows [lo, hi) along the first dimension.
 func (t Tensor) Rows(lo, hi int) Tensor {
 	if t.Rank == 0 || lo < 0 || hi < lo || hi > t.Dims[0] {
-		panic(fmt.Sprintf("compute: rows [%d, %d) of %v", lo, hi, t.Dims[:t.Rank]))
+		panic(fmt.Sprintf("compute: rows [%d, %d) of %s", lo, hi, dimString(t.Dims, t.Rank)))
 	}
 	row := t.Len() / max(t.Dims[0], 1)
 	t.Off += lo * row
@@ -140,22 +140,35 @@ func (t Tensor) Reshape(dims ...int) Tensor {
 		out.Dims[infer] = t.Len() / n
 	}
 	if out.Len() != t.Len() || len(dims) > MaxRank {
-		panic(fmt.Sprintf("compute: reshape %v to %v", t.Dims[:t.Rank], dims))
+		var want [MaxRank]int
+		copy(want[:], dims)
+		panic(fmt.Sprintf("compute: reshape %s to %s", dimString(t.Dims, t.Rank), dimString(want, min(len(dims), MaxRank))))
 	}
 	return out
 }
 
-func (t Tensor) String() string { return fmt.Sprintf("%s%v", t.DType, t.Dims[:t.Rank]) }
+func (t Tensor) String() string { return t.DType.String() + dimString(t.Dims, t.Rank) }
+
+// dimString formats dimensions from an array value, so that formatting a
+// Tensor in an error path never forces the Tensor itself onto the heap.
+func dimString(d [MaxRank]int, rank int) string {
+	return fmt.Sprint(append([]int(nil), d[:rank]...))
+}
 
 // CheckShape returns an error wrapping ErrShape unless t has dtype dt and
-// the given dimensions; name is the operand's name in the message.
+// the given dimensions; name is the operand's name in the message. It does
+// not allocate when the shape matches.
 func CheckShape(name string, t Tensor, dt DType, dims ...int) error {
 	ok := t.DType == dt && t.Rank == len(dims)
 	for i := 0; ok && i < len(dims); i++ {
 		ok = t.Dims[i] == dims[i]
 	}
-	if !ok {
-		return fmt.Errorf("%w: %s is %v, want %s%v", ErrShape, name, t, dt, dims)
+	if ok {
+		return nil
 	}
-	return nil
+	// Format from a copy so that dims does not escape (and allocate) on
+	// the success path.
+	want := make([]int, len(dims))
+	copy(want, dims)
+	return fmt.Errorf("%w: %s is %v, want %s%v", ErrShape, name, t, dt, want)
 }

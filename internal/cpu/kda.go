@@ -235,7 +235,7 @@ func kdaToken(st, q, k, g, v []float32, beta float32, kv, o []float32, dk, dv in
 	clear(kv)
 	for c := 0; c < dk; c++ {
 		row := st[c*dv : (c+1)*dv]
-		kernel.Scale(row, float32(math.Exp(float64(g[c]))))
+		kernel.Scale(row, kernel.Exp(g[c]))
 		kernel.Axpy(kv, k[c], row)
 	}
 	for i := range kv {
@@ -286,7 +286,7 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
 	for i := 0; i < c; i++ {
 		for ch := 0; ch < dk; ch++ {
 			gi := sc.kb[i*dk+ch]
-			e := float32(math.Exp(float64(gi))) // e^{G_i} <= 1, relative to the chunk start
+			e := kernel.Exp(gi) // e^{G_i} <= 1, relative to the chunk start
 			sc.kd[i*dk+ch] = k[i*dk+ch] * e
 			sc.qd[i*dk+ch] = q[i*dk+ch] * e
 		}
@@ -296,8 +296,8 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
 	for i := c - 1; i >= 0; i-- {
 		for ch := 0; ch < dk; ch++ {
 			d := sc.kb[i*dk+ch] - sc.kb[ch] // G_i - G_0 <= 0
-			ea := float32(math.Exp(float64(d)))
-			eb := float32(math.Exp(float64(-d)))
+			ea := kernel.Exp(d)
+			eb := kernel.Exp(-d)
 			sc.ka[i*dk+ch] = k[i*dk+ch] * ea
 			sc.qa[i*dk+ch] = q[i*dk+ch] * ea
 			if i == 0 {
@@ -355,13 +355,13 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
 	clear(G)
 	for i := c - 1; i >= 0; i-- {
 		for ch := 0; ch < dk; ch++ {
-			sc.kd[i*dk+ch] = k[i*dk+ch] * float32(math.Exp(float64(G[ch])))
+			sc.kd[i*dk+ch] = k[i*dk+ch] * kernel.Exp(G[ch])
 			G[ch] += g[i*dk+ch]
 		}
 	}
 	for ch := 0; ch < dk; ch++ {
 		row := st[ch*dv : (ch+1)*dv]
-		kernel.Scale(row, float32(math.Exp(float64(gLast[ch]))))
+		kernel.Scale(row, kernel.Exp(gLast[ch]))
 		for i := 0; i < c; i++ {
 			kernel.Axpy(row, sc.kd[i*dk+ch], sc.u[i*dv:(i+1)*dv])
 		}
@@ -383,7 +383,7 @@ func (j *kdaJob) unsafeTerms(sc *kdaScratch, hd, t0, c0, c1 int) {
 				if jj < i {
 					span += float64(g[(jj+1)*dk+ch])
 				}
-				e := float32(math.Exp(span))
+				e := kernel.Exp(float32(span))
 				sc.lm[i*c+jj] += beta[i] * k[i*dk+ch] * k[jj*dk+ch] * e
 				sc.mqk[i*c+jj] += q[i*dk+ch] * k[jj*dk+ch] * e
 			}

@@ -16,3 +16,12 @@ func dot4F32AVX2(x *float32, w *float32, stride, n int, out *[4]float32)
 
 //go:noescape
 func sumAVX2(x *float32, n int) float32
+
+//go:noescape
+func fmaLoopAVX2(n int)
+
+//go:noescape
+func axpyAVX2(y *float32, a float32, x *float32, n int)
+
+//go:noescape
+func dotAVX2(x, y *float32, n int) float32

@@ -13,3 +13,9 @@ func dot4F32AVX2(x *float32, w *float32, stride, n int, out *[4]float32) {
 }
 
 func sumAVX2(x *float32, n int) float32 { panic("kernel: no assembly on this platform") }
+
+func fmaLoopAVX2(n int) { panic("kernel: no assembly on this platform") }
+
+func axpyAVX2(y *float32, a float32, x *float32, n int) { panic("kernel: no assembly on this platform") }
+
+func dotAVX2(x, y *float32, n int) float32 { panic("kernel: no assembly on this platform") }

@@ -248,3 +248,47 @@ func TestSum(t *testing.T) {
 		}
 	}
 }
+
+func TestExp(t *testing.T) {
+	worst := 0.0
+	for x := float32(-87); x <= 88.5; x += 0.000731 {
+		want := math.Exp(float64(x))
+		got := float64(Exp(x))
+		if rel := math.Abs(got-want) / want; rel > worst {
+			worst = rel
+		}
+	}
+	if worst > 3e-7 {
+		t.Errorf("Exp relative error %g", worst)
+	}
+	if Exp(-100) != 0 || !math.IsInf(float64(Exp(100)), 1) || Exp(0) != 1 {
+		t.Errorf("Exp edge values %g %g %g", Exp(-100), Exp(100), Exp(0))
+	}
+	if v := Exp(float32(math.NaN())); v == v {
+		t.Error("Exp(NaN) is not NaN")
+	}
+}
+
+func TestDotAxpy(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 9))
+	for _, n := range []int{0, 1, 7, 8, 9, 31, 32, 33, 100, 257} {
+		for off := 0; off < 2; off++ {
+			x, y := randSlice(r, n+off)[off:], randSlice(r, n+off)[off:]
+			var want, mag float64
+			for i := range x {
+				want += float64(x[i]) * float64(y[i])
+				mag += math.Abs(float64(x[i]) * float64(y[i]))
+			}
+			if got := Dot(x, y); math.Abs(float64(got)-want) > 1e-6*mag+1e-7 {
+				t.Errorf("Dot n=%d: %g want %g", n, got, want)
+			}
+			y2 := append([]float32(nil), y...)
+			Axpy(y2, 0.5, x)
+			for i := range y2 {
+				if w := y[i] + 0.5*x[i]; math.Abs(float64(y2[i]-w)) > 1e-6*math.Abs(float64(w))+1e-7 {
+					t.Fatalf("Axpy n=%d [%d]: %g want %g", n, i, y2[i], w)
+				}
+			}
+		}
+	}
+}

@@ -10,6 +10,10 @@ func Dot(x, y []float32) float32 {
 	y = y[:len(x)]
 	var s0, s1, s2, s3 float32
 	i := 0
+	if useAVX2 && len(x) >= 8 {
+		i = len(x) &^ 7
+		s0 = dotAVX2(&x[0], &y[0], i)
+	}
 	for ; i+4 <= len(x); i += 4 {
 		s0 += x[i] * y[i]
 		s1 += x[i+1] * y[i+1]

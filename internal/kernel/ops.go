@@ -50,10 +50,10 @@ func LayerNorm(dst, x, w, b []float32, d int, eps float32) {
 // Sigmoid returns 1/(1+e^-x), without overflow for large |x|.
 func Sigmoid(x float32) float32 {
 	if x >= 0 {
-		return float32(1 / (1 + math.Exp(-float64(x))))
+		return 1 / (1 + Exp(-x))
 	}
-	e := math.Exp(float64(x))
-	return float32(e / (1 + e))
+	e := Exp(x)
+	return e / (1 + e)
 }
 
 // SiLU returns x * sigmoid(x).
@@ -64,7 +64,7 @@ func Softplus(x float32) float32 {
 	if x > 20 {
 		return x
 	}
-	return float32(math.Log1p(math.Exp(float64(x))))
+	return float32(math.Log1p(float64(Exp(x))))
 }
 
 // SiLUInPlace applies SiLU to every element.
@@ -116,7 +116,7 @@ func Softmax(x []float32) {
 	}
 	var s float64
 	for i, v := range x {
-		e := float32(math.Exp(float64(v - m)))
+		e := Exp(v - m)
 		x[i] = e
 		s += float64(e)
 	}
@@ -152,7 +152,12 @@ func Scale(x []float32, s float32) {
 // Axpy adds a*x to y.
 func Axpy(y []float32, a float32, x []float32) {
 	x = x[:len(y)]
-	for i := range y {
+	i := 0
+	if useAVX2 && len(y) >= 8 {
+		i = len(y) &^ 7
+		axpyAVX2(&y[0], a, &x[0], i)
+	}
+	for ; i < len(y); i++ {
 		y[i] += a * x[i]
 	}
 }

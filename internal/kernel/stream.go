@@ -45,3 +45,26 @@ func (p *Pool) ReadBandwidth(buf []float32, reps int) float64 {
 	}
 	return best
 }
+
+func fmaRange(a *Args, lo, hi int) { fmaLoopAVX2(a.K) }
+
+// PeakFLOPS measures the fp32 FMA peak of the pool's goroutines with an
+// AVX2 register-only loop (the best of a few runs, in FLOP/s); 0 where the
+// assembly is not available. Compute-bound benchmarks report their rate as
+// a share of it.
+func (p *Pool) PeakFLOPS() float64 {
+	if !useAVX2 {
+		return 0
+	}
+	const iters = 20_000_000
+	parts := p.Size()
+	best := 0.0
+	for r := 0; r < 3; r++ {
+		start := time.Now()
+		p.Run(fmaRange, Args{K: iters}, parts, 1)
+		if f := float64(parts) * iters * 192 / time.Since(start).Seconds(); f > best {
+			best = f
+		}
+	}
+	return best
+}
