@@ -152,4 +152,3 @@ func TestBadInput(t *testing.T) {
 		t.Errorf("cu_seqlens beyond T: %v", err)
 	}
 }
-

@@ -74,7 +74,7 @@ func TestPlainOps(t *testing.T) {
 	if err := b.Embedding(e, wbf, ids); err == nil {
 		t.Error("out-of-vocabulary id accepted")
 	}
-	if err := b.KDAChunk(&compute.KDAArgs{}); !errors.Is(err, compute.ErrUnsupported) {
+	if err := b.KDAChunk(&compute.KDAArgs{}); !errors.Is(err, compute.ErrShape) {
 		t.Errorf("KDAChunk: %v", err)
 	}
 }

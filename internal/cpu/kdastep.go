@@ -80,7 +80,61 @@ func convSeq(out, x, wt, state []float32, t, ch, w int) {
 
 // stepScratch holds KDAStep's intermediates for one call.
 type stepScratch struct {
-	raw, conv, fa, graw, braw, gate, ga, core, tmp []float32
+	raw, conv, fa, graw, braw, gate, ga, core []float32
+	job                                       stepJob
+}
+
+// stepJob is the per-head part of KDAStep.
+type stepJob struct {
+	w                       *compute.KDAWeights
+	sc                      *stepScratch
+	state, alog, dtb, onorm []float32
+	h, d                    int
+}
+
+// headScratch is one worker's q, k, g, kv and o vectors.
+type headScratch struct{ v []float32 }
+
+var headScratchPool = sync.Pool{New: func() any { return new(headScratch) }}
+
+func stepHeads(args *kernel.Args, lo, hi int) {
+	j := args.Job.(*stepJob)
+	w, sc, h, d := j.w, j.sc, j.h, j.d
+	hd := h * d
+	hs := headScratchPool.Get().(*headScratch)
+	defer headScratchPool.Put(hs)
+	hs.v = grow32(hs.v, 5*d)
+	q, k, g := hs.v[:d], hs.v[d:2*d], hs.v[2*d:3*d]
+	kv, o := hs.v[3*d:4*d], hs.v[4*d:5*d]
+	for item := lo; item < hi; item++ {
+		s, hh := item/h, item%h
+		qkv := sc.conv[s*3*hd : (s+1)*3*hd]
+		copy(q, qkv[hh*d:(hh+1)*d])
+		copy(k, qkv[hd+hh*d:hd+(hh+1)*d])
+		v := qkv[2*hd+hh*d : 2*hd+(hh+1)*d]
+		l2norm(q)
+		l2norm(k)
+		kernel.Scale(q, float32(1/math.Sqrt(float64(d))))
+		raw := sc.graw[s*hd+hh*d : s*hd+(hh+1)*d]
+		rate := float32(math.Exp(float64(j.alog[hh])))
+		for c := range g {
+			xg := raw[c] + j.dtb[hh*d+c]
+			if w.Gate == compute.GateLowerBound {
+				g[c] = w.LowerBound * kernel.Sigmoid(rate*xg)
+			} else {
+				g[c] = -rate * kernel.Softplus(xg)
+			}
+		}
+		beta := kernel.Sigmoid(sc.braw[s*h+hh])
+		st := j.state[(s*h+hh)*d*d : (s*h+hh+1)*d*d]
+		kdaToken(st, q, k, g, v, beta, kv, o, d, d)
+		out := sc.core[s*hd+hh*d : s*hd+(hh+1)*d]
+		kernel.RMSNorm(out, o, j.onorm, d, w.Eps)
+		gate := sc.gate[s*hd+hh*d : s*hd+(hh+1)*d]
+		for c := range out {
+			out[c] *= kernel.Sigmoid(gate[c])
+		}
+	}
 }
 
 var stepScratchPool = sync.Pool{New: func() any { return new(stepScratch) }}
@@ -117,7 +171,7 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 	defer stepScratchPool.Put(sc)
 	sc.raw, sc.conv = grow32(sc.raw, bsz*3*hd), grow32(sc.conv, bsz*3*hd)
 	sc.fa, sc.graw, sc.braw = grow32(sc.fa, bsz*d), grow32(sc.graw, bsz*hd), grow32(sc.braw, bsz*h)
-	sc.gate, sc.core, sc.tmp = grow32(sc.gate, bsz*hd), grow32(sc.core, bsz*hd), grow32(sc.tmp, 2*d+3*d)
+	sc.gate, sc.core = grow32(sc.gate, bsz*hd), grow32(sc.core, bsz*hd)
 	x := F32(a.X)
 	mm := func(dst, src []float32, wt compute.Tensor, m int) error { return b.matmulHost(dst, src, wt, m) }
 	if err := mm(sc.raw, x, w.QKV, bsz); err != nil {
@@ -152,36 +206,9 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 	}
 	for s := 0; s < bsz; s++ {
 		convSeq(sc.conv[s*3*hd:(s+1)*3*hd], sc.raw[s*3*hd:(s+1)*3*hd], wt, conv[s*(width-1)*3*hd:(s+1)*(width-1)*3*hd], 1, 3*hd, width)
-		qkv := sc.conv[s*3*hd : (s+1)*3*hd]
-		for hh := 0; hh < h; hh++ {
-			q, k, g := sc.tmp[:d], sc.tmp[d:2*d], sc.tmp[2*d:3*d]
-			kv, o := sc.tmp[3*d:4*d], sc.tmp[4*d:5*d]
-			copy(q, qkv[hh*d:(hh+1)*d])
-			copy(k, qkv[hd+hh*d:hd+(hh+1)*d])
-			v := qkv[2*hd+hh*d : 2*hd+(hh+1)*d]
-			l2norm(q)
-			l2norm(k)
-			kernel.Scale(q, float32(1/math.Sqrt(float64(d))))
-			raw := sc.graw[s*hd+hh*d : s*hd+(hh+1)*d]
-			rate := float32(math.Exp(float64(alog[hh])))
-			for c := range g {
-				xg := raw[c] + dtb[hh*d+c]
-				if w.Gate == compute.GateLowerBound {
-					g[c] = w.LowerBound * kernel.Sigmoid(rate*xg)
-				} else {
-					g[c] = -rate * kernel.Softplus(xg)
-				}
-			}
-			beta := kernel.Sigmoid(sc.braw[s*h+hh])
-			st := state[(s*h+hh)*d*d : (s*h+hh+1)*d*d]
-			kdaToken(st, q, k, g, v, beta, kv, o, d, d)
-			out := sc.core[s*hd+hh*d : s*hd+(hh+1)*d]
-			kernel.RMSNorm(out, o, onorm, d, w.Eps)
-			gate := sc.gate[s*hd+hh*d : s*hd+(hh+1)*d]
-			for c := range out {
-				out[c] *= kernel.Sigmoid(gate[c])
-			}
-		}
 	}
+	// The recurrence, norm and gate of every (sequence, head) in parallel.
+	sc.job = stepJob{w: w, sc: sc, state: state, alog: alog, dtb: dtb, onorm: onorm, h: h, d: d}
+	b.pool.Run(stepHeads, kernel.Args{Job: &sc.job}, bsz*h, 1)
 	return mm(F32(a.Y), sc.core, w.OProj, bsz)
 }

@@ -25,3 +25,6 @@ func axpyAVX2(y *float32, a float32, x *float32, n int)
 
 //go:noescape
 func dotAVX2(x, y *float32, n int) float32
+
+//go:noescape
+func scaleAVX2(x *float32, a float32, n int)

@@ -302,3 +302,23 @@ ddone:
 	MOVSS X0, ret+24(FP)
 	VZEROUPPER
 	RET
+
+// func scaleAVX2(x *float32, a float32, n int)
+// x[i] *= a for n % 8 == 0.
+TEXT ·scaleAVX2(SB), NOSPLIT, $0-24
+	MOVQ x+0(FP), DI
+	VBROADCASTSS a+8(FP), Y0
+	MOVQ n+16(FP), CX
+
+sloop8:
+	CMPQ CX, $8
+	JL   sdone8
+	VMULPS (DI), Y0, Y1
+	VMOVUPS Y1, (DI)
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JMP  sloop8
+
+sdone8:
+	VZEROUPPER
+	RET

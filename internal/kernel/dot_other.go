@@ -16,6 +16,10 @@ func sumAVX2(x *float32, n int) float32 { panic("kernel: no assembly on this pla
 
 func fmaLoopAVX2(n int) { panic("kernel: no assembly on this platform") }
 
-func axpyAVX2(y *float32, a float32, x *float32, n int) { panic("kernel: no assembly on this platform") }
+func axpyAVX2(y *float32, a float32, x *float32, n int) {
+	panic("kernel: no assembly on this platform")
+}
 
 func dotAVX2(x, y *float32, n int) float32 { panic("kernel: no assembly on this platform") }
+
+func scaleAVX2(x *float32, a float32, n int) { panic("kernel: no assembly on this platform") }

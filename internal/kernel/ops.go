@@ -144,7 +144,12 @@ func Mul(dst, a, b []float32) {
 
 // Scale multiplies every element of x by s.
 func Scale(x []float32, s float32) {
-	for i := range x {
+	i := 0
+	if useAVX2 && len(x) >= 8 {
+		i = len(x) &^ 7
+		scaleAVX2(&x[0], s, i)
+	}
+	for ; i < len(x); i++ {
 		x[i] *= s
 	}
 }
