@@ -26,6 +26,9 @@ type Backend interface {
 	// MatMul computes dst[M,N] = x[M,K] · w[N,K]ᵀ (the Linear layout);
 	// w may be F32 or BF16, x and dst are F32.
 	MatMul(dst, x, w Tensor) error
+	// HeadMatMul is a per-head product: dst[t,h,:] = x[t,h,:] · w[h]ᵀ for
+	// x [T, H, K], w [H, N, K], dst [T, H, N] (MLA's absorbed W_UK and W_UV).
+	HeadMatMul(dst, x, w Tensor) error
 	// RMSNorm normalises each row of x (last dimension) and multiplies by w
 	// (zero w: no weight). dst may be x.
 	RMSNorm(dst, x, w Tensor, eps float32) error

@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"sync"
 
 	"k3/internal/compute"
 	"k3/internal/floatx"
@@ -235,10 +236,41 @@ func unsupported(op, issue string) error {
 	return fmt.Errorf("cpu: %s: %w (not implemented yet; tracked by the %s issue)", op, compute.ErrUnsupported, issue)
 }
 
-// LightningIndexer is not implemented yet.
-func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
-	return unsupported("LightningIndexer", "dsa")
-}
+// headMMScratch holds one head's gathered rows for HeadMatMul.
+type headMMScratch struct{ x, y []float32 }
 
-// Attention is not implemented yet.
-func (b *Backend) Attention(a *compute.AttnArgs) error { return unsupported("Attention", "dsa") }
+var headMMPool = sync.Pool{New: func() any { return new(headMMScratch) }}
+
+// HeadMatMul multiplies each head's rows by that head's matrix: the head's
+// rows are gathered so that each head matrix is read once per call.
+func (b *Backend) HeadMatMul(dst, x, w compute.Tensor) error {
+	if x.Rank != 3 || w.Rank != 3 || dst.Rank != 3 || w.Dims[0] != x.Dims[1] || w.Dims[2] != x.Dims[2] ||
+		dst.Dims[0] != x.Dims[0] || dst.Dims[1] != x.Dims[1] || dst.Dims[2] != w.Dims[1] {
+		return shapeErr("head matmul x %v, w %v, dst %v; want [T,H,K], [H,N,K], [T,H,N]", x, w, dst)
+	}
+	t, h, k, n := x.Dims[0], x.Dims[1], x.Dims[2], w.Dims[1]
+	xs, err := f32Of("head matmul input", x)
+	if err != nil {
+		return err
+	}
+	ds, err := f32Of("head matmul output", dst)
+	if err != nil {
+		return err
+	}
+	sc := headMMPool.Get().(*headMMScratch)
+	defer headMMPool.Put(sc)
+	sc.x, sc.y = grow32(sc.x, t*k), grow32(sc.y, t*n)
+	for hh := 0; hh < h; hh++ {
+		for r := 0; r < t; r++ {
+			copy(sc.x[r*k:(r+1)*k], xs[(r*h+hh)*k:])
+		}
+		wh := w.Rows(hh, hh+1).Reshape(n, k)
+		if err := b.matmulHost(sc.y, sc.x, wh, t); err != nil {
+			return err
+		}
+		for r := 0; r < t; r++ {
+			copy(ds[(r*h+hh)*n:(r*h+hh+1)*n], sc.y[r*n:(r+1)*n])
+		}
+	}
+	return nil
+}

@@ -292,3 +292,29 @@ func TestDotAxpy(t *testing.T) {
 		}
 	}
 }
+
+// TestMatMulPositionIndependent checks that equal weight rows give
+// bit-equal outputs wherever they sit (tile slot or leftover row).
+func TestMatMulPositionIndependent(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	p := NewPool(2)
+	defer p.Close()
+	for _, k := range []int{5, 16, 32, 37, 128} {
+		n := 23
+		row := randSlice(r, k)
+		w := randSlice(r, n*k)
+		for _, j := range []int{0, 5, 10, 19, 21, 22} {
+			copy(w[j*k:], row)
+		}
+		x := randSlice(r, 3*k)
+		y := make([]float32, 3*n)
+		p.MatMul(y, x, w, 3, n, k)
+		for m := 0; m < 3; m++ {
+			for _, j := range []int{5, 10, 19, 21, 22} {
+				if y[m*n+j] != y[m*n] {
+					t.Fatalf("k=%d row %d: %v != %v", k, j, y[m*n+j], y[m*n])
+				}
+			}
+		}
+	}
+}

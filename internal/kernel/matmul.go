@@ -47,32 +47,59 @@ func checkMatMul(nd, nx, nw, m, n, k int) {
 }
 
 // matMulRange computes output columns [lo, hi): four weight rows at a time
-// against one or two rows of x, so each loaded weight feeds several FMAs.
+// against each row of x, so each loaded input feeds several FMAs. A
+// leftover weight row goes through the same tile with its row repeated, so
+// every output element is computed with the same arithmetic wherever its
+// row falls: equal rows give bit-equal results, which keeps exact ties
+// exact (top-k selection depends on it).
 func matMulRange(a *Args, lo, hi int) {
 	k, n := a.K, a.N
-	j := lo
-	for ; j+4 <= hi; j += 4 {
-		w0, w1, w2, w3 := a.W[j*k:(j+1)*k], a.W[(j+1)*k:(j+2)*k], a.W[(j+2)*k:(j+3)*k], a.W[(j+3)*k:(j+4)*k]
+	var d [4]float32
+	for j := lo; j < hi; j += 4 {
+		rows := min(4, hi-j)
 		for r := 0; r < a.M; r++ {
 			x := a.X[r*k : (r+1)*k]
-			var d [4]float32
-			done := 0
-			if useAVX2 && k >= 16 {
-				done = k &^ 15
-				dot4F32AVX2(&x[0], &w0[0], k, done, &d)
+			if rows < 4 {
+				for c := 0; c < rows; c++ {
+					dot4F32(x, a.W[(j+c)*k:(j+c+1)*k], 0, &d)
+					a.Dst[r*n+j+c] = d[0]
+				}
+				continue
 			}
-			if done < k {
-				d0, d1, d2, d3 := dot4(x[done:], w0[done:], w1[done:], w2[done:], w3[done:])
-				d[0], d[1], d[2], d[3] = d[0]+d0, d[1]+d1, d[2]+d2, d[3]+d3
-			}
+			dot4F32(x, a.W[j*k:(j+4)*k], k, &d)
 			copy(a.Dst[r*n+j:r*n+j+4], d[:])
 		}
 	}
-	for ; j < hi; j++ {
-		w := a.W[j*k : (j+1)*k]
-		for r := 0; r < a.M; r++ {
-			a.Dst[r*n+j] = Dot(a.X[r*k:(r+1)*k], w)
-		}
+}
+
+// dot4F32 computes the dot products of x with the four rows w[i*stride:]
+// (stride 0: one row four times).
+func dot4F32(x, w []float32, stride int, d *[4]float32) {
+	k := len(x)
+	*d = [4]float32{}
+	done := 0
+	if useAVX2 && k >= 16 {
+		done = k &^ 15
+		dot4F32AVX2(&x[0], &w[0], stride, done, d)
+	}
+	if done < k {
+		d0, d1, d2, d3 := dot4(x[done:], w[done:], w[stride+done:], w[2*stride+done:], w[3*stride+done:])
+		d[0], d[1], d[2], d[3] = d[0]+d0, d[1]+d1, d[2]+d2, d[3]+d3
+	}
+}
+
+// dot4BF16W is dot4F32 for bfloat16 weights.
+func dot4BF16W(x []float32, w []uint16, stride int, d *[4]float32) {
+	k := len(x)
+	*d = [4]float32{}
+	done := 0
+	if useAVX2 && k >= 16 {
+		done = k &^ 15
+		dot4BF16AVX2(&x[0], &w[0], stride, done, d)
+	}
+	if done < k {
+		d0, d1, d2, d3 := dot4BF16(x[done:], w[done:], w[stride+done:], w[2*stride+done:], w[3*stride+done:])
+		d[0], d[1], d[2], d[3] = d[0]+d0, d[1]+d1, d[2]+d2, d[3]+d3
 	}
 }
 
@@ -103,44 +130,22 @@ func dot4(x, w0, w1, w2, w3 []float32) (float32, float32, float32, float32) {
 
 func matMulBF16Range(a *Args, lo, hi int) {
 	k, n := a.K, a.N
-	j := lo
-	for ; j+4 <= hi; j += 4 {
-		w0, w1, w2, w3 := a.WB[j*k:(j+1)*k], a.WB[(j+1)*k:(j+2)*k], a.WB[(j+2)*k:(j+3)*k], a.WB[(j+3)*k:(j+4)*k]
+	var d [4]float32
+	for j := lo; j < hi; j += 4 {
+		rows := min(4, hi-j)
 		for r := 0; r < a.M; r++ {
 			x := a.X[r*k : (r+1)*k]
-			var d [4]float32
-			done := 0
-			if useAVX2 && k >= 16 {
-				done = k &^ 15
-				dot4BF16AVX2(&x[0], &w0[0], k, done, &d)
+			if rows < 4 {
+				for c := 0; c < rows; c++ {
+					dot4BF16W(x, a.WB[(j+c)*k:(j+c+1)*k], 0, &d)
+					a.Dst[r*n+j+c] = d[0]
+				}
+				continue
 			}
-			if done < k {
-				d0, d1, d2, d3 := dot4BF16(x[done:], w0[done:], w1[done:], w2[done:], w3[done:])
-				d[0], d[1], d[2], d[3] = d[0]+d0, d[1]+d1, d[2]+d2, d[3]+d3
-			}
+			dot4BF16W(x, a.WB[j*k:(j+4)*k], k, &d)
 			copy(a.Dst[r*n+j:r*n+j+4], d[:])
 		}
 	}
-	for ; j < hi; j++ {
-		w := a.WB[j*k : (j+1)*k]
-		for r := 0; r < a.M; r++ {
-			a.Dst[r*n+j] = dotBF16(a.X[r*k:(r+1)*k], w)
-		}
-	}
-}
-
-func dotBF16(x []float32, w []uint16) float32 {
-	w = w[:len(x)]
-	var s0, s1 float32
-	i := 0
-	for ; i+2 <= len(x); i += 2 {
-		s0 += x[i] * bf16(w[i])
-		s1 += x[i+1] * bf16(w[i+1])
-	}
-	if i < len(x) {
-		s0 += x[i] * bf16(w[i])
-	}
-	return s0 + s1
 }
 
 func dot4BF16(x []float32, w0, w1, w2, w3 []uint16) (float32, float32, float32, float32) {

@@ -1,0 +1,332 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"sync"
+
+	"k3/internal/compute"
+	"k3/internal/kernel"
+)
+
+// indexerScratch holds one LightningIndexer call's head scores.
+type indexerScratch struct {
+	hs, row []float32
+}
+
+var indexerScratchPool = sync.Pool{New: func() any { return new(indexerScratch) }}
+
+// seqOf returns the sequence of query row t under prefix sums cu.
+func seqOf(cu []int32, t int) int {
+	s := 0
+	for s+1 < len(cu)-1 && int(cu[s+1]) <= t {
+		s++
+	}
+	return s
+}
+
+// LightningIndexer scores every visible key for every query row and keeps
+// the top K. Head scores come from one matrix product per query row over
+// the key cache (each key read once for all index heads), so the cost is
+// linear in the context; selection keeps a K-entry heap.
+func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
+	if a.Q.Rank != 3 || a.K.Rank != 2 || a.Q.Dims[2] != a.K.Dims[1] {
+		return shapeErr("indexer q %v and keys %v, want [T, H, D] and [L, D]", a.Q, a.K)
+	}
+	t, hi, di := a.Q.Dims[0], a.Q.Dims[1], a.Q.Dims[2]
+	l := a.K.Dims[0]
+	if err := compute.CheckShape("indexer weights", a.W, compute.F32, t, hi); err != nil {
+		return err
+	}
+	if len(a.QPos) != t {
+		return fmt.Errorf("cpu: indexer: %d query positions for %d rows", len(a.QPos), t)
+	}
+	if a.TopK <= 0 {
+		return fmt.Errorf("cpu: indexer: top-k %d must be positive", a.TopK)
+	}
+	cuQ, cuK := a.CuSeqlensQ, a.CuSeqlensK
+	if cuQ == nil {
+		cuQ = []int32{0, int32(t)}
+	}
+	if cuK == nil {
+		cuK = []int32{0, int32(l)}
+	}
+	if len(cuQ) != len(cuK) || cuQ[0] != 0 || cuK[0] != 0 || int(cuQ[len(cuQ)-1]) != t || int(cuK[len(cuK)-1]) != l {
+		return shapeErr("indexer cu_seqlens q %v k %v for %d queries and %d keys", cuQ, cuK, t, l)
+	}
+	if err := compute.CheckShape("indexer indices", a.Indices, compute.I32, t, a.TopK); err != nil {
+		return err
+	}
+	var counts []int32
+	if !a.Counts.IsZero() {
+		if err := compute.CheckShape("indexer counts", a.Counts, compute.I32, t); err != nil {
+			return err
+		}
+		counts = I32(a.Counts)
+	}
+	var scores []float32
+	width := 0
+	if !a.Scores.IsZero() {
+		if a.Scores.Rank != 2 || a.Scores.Dims[0] != t {
+			return shapeErr("indexer scores %v for %d rows", a.Scores, t)
+		}
+		width = a.Scores.Dims[1]
+		scores = F32(a.Scores)
+	}
+	q, k, w := F32(a.Q), F32(a.K), F32(a.W)
+	if q == nil || k == nil {
+		return shapeErr("indexer q %v and keys %v must be f32", a.Q, a.K)
+	}
+	idx := I32(a.Indices)
+	sc := indexerScratchPool.Get().(*indexerScratch)
+	defer indexerScratchPool.Put(sc)
+	for row := 0; row < t; row++ {
+		s := seqOf(cuQ, row)
+		k0, k1 := int(cuK[s]), int(cuK[s+1])
+		pos := int(a.QPos[row])
+		if pos < 0 {
+			return fmt.Errorf("cpu: indexer: query row %d at negative position %d", row, pos)
+		}
+		vis := min(pos+1, k1-k0)
+		sc.hs = grow32(sc.hs, hi*max(vis, 1))
+		sc.row = grow32(sc.row, max(vis, 1))
+		if vis > 0 {
+			// hs[h, s] = q[row, h] · k[s]
+			b.pool.MatMul(sc.hs[:hi*vis], q[row*hi*di:(row+1)*hi*di], k[k0*di:(k0+vis)*di], hi, vis, di)
+		}
+		sr := sc.row[:vis]
+		clear(sr)
+		for h := 0; h < hi; h++ {
+			wh := w[row*hi+h]
+			for j, v := range sc.hs[h*vis : (h+1)*vis] {
+				if v > 0 {
+					sr[j] += wh * v
+				}
+			}
+		}
+		out := idx[row*a.TopK : (row+1)*a.TopK]
+		n := kernel.TopK(out, nil, sr, a.TopK)
+		for i := n; i < len(out); i++ {
+			out[i] = -1
+		}
+		if counts != nil {
+			counts[row] = int32(n)
+		}
+		if scores != nil {
+			dst := scores[row*width : (row+1)*width]
+			copy(dst, sr[:min(vis, width)])
+			for i := min(vis, width); i < width; i++ {
+				dst[i] = float32(math.Inf(-1))
+			}
+		}
+	}
+	return nil
+}
+
+// attnJob is one Attention call split over (row, kv head, part) items.
+type attnJob struct {
+	a                  *compute.AttnArgs
+	q, qr, k, kr, v    []float32
+	idx                []int32
+	t, hq, hkv, dk, dr int
+	dv, kn, parts      int
+	scale              float32
+	// partial results per item and query head: max, sum, then dv values.
+	part []float32
+}
+
+type attnScratch struct {
+	pos []int32
+	z   []float32
+}
+
+var attnScratchPool = sync.Pool{New: func() any { return new(attnScratch) }}
+
+// Attention runs dense causal or index-sparse attention. Work is split over
+// query rows and kv heads, and for short batches also over the positions
+// (flash-decoding), so that one decode step uses every worker while each
+// cached row is read once for all the query heads that share it.
+func (b *Backend) Attention(a *compute.AttnArgs) error {
+	if a.Q.Rank != 3 || a.K.Rank != 3 || a.V.Rank != 3 {
+		return shapeErr("attention q %v k %v v %v, want rank 3", a.Q, a.K, a.V)
+	}
+	j := &attnJob{a: a, t: a.Q.Dims[0], hq: a.Q.Dims[1], dk: a.Q.Dims[2], hkv: a.K.Dims[1], dv: a.V.Dims[2], scale: a.Scale}
+	l := a.K.Dims[0]
+	if a.K.Dims[2] != j.dk || a.V.Dims[0] != l || a.V.Dims[1] != j.hkv || j.hkv == 0 || j.hq%j.hkv != 0 {
+		return shapeErr("attention q %v k %v v %v", a.Q, a.K, a.V)
+	}
+	if a.KVLen < 0 || a.KVLen > l {
+		return fmt.Errorf("cpu: attention: kv length %d outside the cache of %d", a.KVLen, l)
+	}
+	if len(a.QPos) != j.t {
+		return fmt.Errorf("cpu: attention: %d query positions for %d rows", len(a.QPos), j.t)
+	}
+	j.q, j.k, j.v = F32(a.Q), F32(a.K), F32(a.V)
+	if j.q == nil || j.k == nil || j.v == nil {
+		return shapeErr("attention operands must be f32")
+	}
+	if !a.QRope.IsZero() {
+		if a.QRope.Rank != 3 || a.QRope.Dims[0] != j.t || a.QRope.Dims[1] != j.hq || a.KRope.Rank != 2 || a.KRope.Dims[0] != l || a.KRope.Dims[1] != a.QRope.Dims[2] {
+			return shapeErr("attention rope parts q %v k %v", a.QRope, a.KRope)
+		}
+		j.dr, j.qr, j.kr = a.QRope.Dims[2], F32(a.QRope), F32(a.KRope)
+	}
+	if err := compute.CheckShape("attention output", a.Out, compute.F32, j.t, j.hq, j.dv); err != nil {
+		return err
+	}
+	if !a.LSE.IsZero() {
+		if err := compute.CheckShape("attention lse", a.LSE, compute.F32, j.t, j.hq); err != nil {
+			return err
+		}
+	}
+	if !a.Indices.IsZero() {
+		if a.Indices.Rank != 3 || a.Indices.Dims[0] != j.t || a.Indices.Dims[1] != j.hkv || a.Indices.DType != compute.I32 {
+			return shapeErr("attention indices %v, want [%d, %d, K]", a.Indices, j.t, j.hkv)
+		}
+		j.kn, j.idx = a.Indices.Dims[2], I32(a.Indices)
+	}
+	items := j.t * j.hkv
+	j.parts = 1
+	if items < b.pool.Size() {
+		j.parts = b.pool.Size()
+	}
+	hg := j.hq / j.hkv
+	need := items * j.parts * hg * (j.dv + 2)
+	sc := attnScratchPool.Get().(*attnScratch)
+	defer attnScratchPool.Put(sc)
+	sc.z = grow32(sc.z, need)
+	j.part = sc.z
+	b.pool.Run(attnRange, kernel.Args{Job: j}, items*j.parts, 1)
+	// Merge the parts of every (row, query head).
+	out := F32(a.Out)
+	var lse []float32
+	if !a.LSE.IsZero() {
+		lse = F32(a.LSE)
+	}
+	for item := 0; item < items; item++ {
+		row, g := item/j.hkv, item%j.hkv
+		for hh := 0; hh < hg; hh++ {
+			h := g*hg + hh
+			o := out[(row*j.hq+h)*j.dv : (row*j.hq+h+1)*j.dv]
+			m := float32(math.Inf(-1))
+			for p := 0; p < j.parts; p++ {
+				m = max(m, j.part[j.partOff(item, p, hh)])
+			}
+			clear(o)
+			var sum float32
+			if !math.IsInf(float64(m), -1) {
+				for p := 0; p < j.parts; p++ {
+					off := j.partOff(item, p, hh)
+					pm, pl := j.part[off], j.part[off+1]
+					if pl == 0 {
+						continue
+					}
+					e := kernel.Exp(pm - m)
+					sum += pl * e
+					kernel.Axpy(o, e, j.part[off+2:off+2+j.dv])
+				}
+			}
+			if sum > 0 {
+				kernel.Scale(o, 1/sum)
+			}
+			if lse != nil {
+				if sum > 0 {
+					lse[row*j.hq+h] = m + float32(math.Log(float64(sum)))
+				} else {
+					lse[row*j.hq+h] = float32(math.Inf(-1))
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func (j *attnJob) partOff(item, p, hh int) int {
+	hg := j.hq / j.hkv
+	return ((item*j.parts+p)*hg + hh) * (j.dv + 2)
+}
+
+// positions lists the cache rows that query row and kv head g attend to.
+func (j *attnJob) positions(dst []int32, row, g int) []int32 {
+	a := j.a
+	limit := a.KVLen // exclusive
+	qpos := int(a.QPos[row])
+	if j.idx == nil {
+		n := min(qpos+1, limit)
+		for s := 0; s < n; s++ {
+			dst = append(dst, int32(s))
+		}
+		return dst
+	}
+	for _, s := range j.idx[(row*j.hkv+g)*j.kn : (row*j.hkv+g+1)*j.kn] {
+		if s < 0 || int(s) >= limit || (a.Causal && int(s) > qpos) {
+			continue
+		}
+		dst = append(dst, s)
+	}
+	return dst
+}
+
+func attnRange(args *kernel.Args, lo, hi int) {
+	j := args.Job.(*attnJob)
+	sc := attnScratchPool.Get().(*attnScratch)
+	defer attnScratchPool.Put(sc)
+	hg := j.hq / j.hkv
+	const block = 64
+	for it := lo; it < hi; it++ {
+		item, p := it/j.parts, it%j.parts
+		row, g := item/j.hkv, item%j.hkv
+		sc.pos = j.positions(sc.pos[:0], row, g)
+		n := len(sc.pos)
+		per := (n + j.parts - 1) / j.parts
+		pos := sc.pos[min(p*per, n):min((p+1)*per, n)]
+		sc.z = grow32(sc.z, hg*block)
+		for hh := 0; hh < hg; hh++ {
+			off := j.partOff(item, p, hh)
+			j.part[off], j.part[off+1] = float32(math.Inf(-1)), 0
+			clear(j.part[off+2 : off+2+j.dv])
+		}
+		for b0 := 0; b0 < len(pos); b0 += block {
+			blk := pos[b0:min(b0+block, len(pos))]
+			// Logits of every head of the group over the block; each key
+			// row is loaded once for all of them.
+			for bi, s := range blk {
+				krow := j.k[(int(s)*j.hkv+g)*j.dk : (int(s)*j.hkv+g+1)*j.dk]
+				var kr []float32
+				if j.qr != nil {
+					kr = j.kr[int(s)*j.dr : (int(s)+1)*j.dr]
+				}
+				for hh := 0; hh < hg; hh++ {
+					h := g*hg + hh
+					z := kernel.Dot(j.q[(row*j.hq+h)*j.dk:(row*j.hq+h+1)*j.dk], krow)
+					if kr != nil {
+						z += kernel.Dot(j.qr[(row*j.hq+h)*j.dr:(row*j.hq+h+1)*j.dr], kr)
+					}
+					sc.z[hh*block+bi] = z * j.scale
+				}
+			}
+			for hh := 0; hh < hg; hh++ {
+				off := j.partOff(item, p, hh)
+				z := sc.z[hh*block : hh*block+len(blk)]
+				m := j.part[off]
+				for _, v := range z {
+					m = max(m, v)
+				}
+				acc := j.part[off+2 : off+2+j.dv]
+				if m > j.part[off] {
+					if !math.IsInf(float64(j.part[off]), -1) {
+						r := kernel.Exp(j.part[off] - m)
+						kernel.Scale(acc, r)
+						j.part[off+1] *= r
+					}
+					j.part[off] = m
+				}
+				for bi, s := range blk {
+					e := kernel.Exp(z[bi] - m)
+					j.part[off+1] += e
+					kernel.Axpy(acc, e, j.v[(int(s)*j.hkv+g)*j.dv:(int(s)*j.hkv+g+1)*j.dv])
+				}
+			}
+		}
+	}
+}
