@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"k3/internal/compute"
+	"k3/internal/weights"
 )
 
 // Config describes a KDA layer.
@@ -40,9 +41,9 @@ func (c Config) validate() error {
 	return nil
 }
 
-// Source returns a layer tensor by its checkpoint name relative to the
-// layer's attention prefix ("q_proj.weight", "A_log", ...), in host bytes.
-type Source func(name string) (dt compute.DType, shape []int, data []byte, err error)
+// Source serves a layer's tensors by their checkpoint names relative to
+// the layer's attention prefix ("q_proj.weight", "A_log", ...).
+type Source = weights.Source
 
 // LoadWeights builds a layer's weights on b from src, checking every shape
 // against cfg; errors name the tensor and both shapes. Matrices keep their
@@ -53,68 +54,37 @@ func LoadWeights(b compute.Backend, cfg Config, src Source) (*compute.KDAWeights
 	}
 	h, d, hid, w := cfg.NumHeads, cfg.HeadDim, cfg.Hidden, cfg.ConvKernel
 	hd := h * d
-	var firstErr error
-	load := func(name string, asF32 bool, want ...int) compute.Tensor {
-		if firstErr != nil {
-			return compute.Tensor{}
-		}
-		dt, shape, data, err := src(name)
-		if err != nil {
-			firstErr = err
-			return compute.Tensor{}
-		}
-		n := 1
-		for _, s := range shape {
-			n *= s
-		}
-		wn := 1
-		for _, s := range want {
-			wn *= s
-		}
-		if n != wn || (len(shape) == len(want) && fmt.Sprint(shape) != fmt.Sprint(want)) {
-			firstErr = fmt.Errorf("kda: tensor %s has shape %v, want %v", name, shape, want)
-			return compute.Tensor{}
-		}
-		target := dt
-		if asF32 || dt == compute.F16 {
-			target = compute.F32
-		}
-		t, err := b.FromHost(target, dt, data, want...)
-		if err != nil {
-			firstErr = fmt.Errorf("kda: tensor %s: %w", name, err)
-		}
-		return t
-	}
+	ld := &weights.Loader{B: b, Src: src}
 	kw := &compute.KDAWeights{NumHeads: h, HeadDim: d, Eps: cfg.Eps, LowerBound: cfg.LowerBound, Gate: compute.GateSoftplus}
 	if cfg.LowerBound < 0 {
 		kw.Gate = compute.GateLowerBound
 	}
-	q := load("q_proj.weight", false, hd, hid)
-	k := load("k_proj.weight", false, hd, hid)
-	v := load("v_proj.weight", false, hd, hid)
-	qc := load("q_conv1d.weight", true, hd, w)
-	kc := load("k_conv1d.weight", true, hd, w)
-	vc := load("v_conv1d.weight", true, hd, w)
-	kw.FA = load("f_a_proj.weight", false, d, hid)
-	kw.FB = load("f_b_proj.weight", false, hd, d)
-	kw.B = load("b_proj.weight", false, h, hid)
+	q := ld.Matrix("q_proj.weight", hd, hid)
+	k := ld.Matrix("k_proj.weight", hd, hid)
+	v := ld.Matrix("v_proj.weight", hd, hid)
+	qc := ld.F32("q_conv1d.weight", hd, w)
+	kc := ld.F32("k_conv1d.weight", hd, w)
+	vc := ld.F32("v_conv1d.weight", hd, w)
+	kw.FA = ld.Matrix("f_a_proj.weight", d, hid)
+	kw.FB = ld.Matrix("f_b_proj.weight", hd, d)
+	kw.B = ld.Matrix("b_proj.weight", h, hid)
 	if cfg.FullRankGate {
-		kw.G = load("g_proj.weight", false, hd, hid)
+		kw.G = ld.Matrix("g_proj.weight", hd, hid)
 	} else {
-		kw.GA = load("g_a_proj.weight", false, d, hid)
-		kw.GB = load("g_b_proj.weight", false, hd, d)
+		kw.GA = ld.Matrix("g_a_proj.weight", d, hid)
+		kw.GB = ld.Matrix("g_b_proj.weight", hd, d)
 	}
-	kw.ONorm = load("o_norm.weight", true, d)
-	kw.OProj = load("o_proj.weight", false, hid, hd)
-	kw.DTBias = load("dt_bias", true, hd)
-	if firstErr != nil {
-		return nil, firstErr
+	kw.ONorm = ld.F32("o_norm.weight", d)
+	kw.OProj = ld.Matrix("o_proj.weight", hid, hd)
+	kw.DTBias = ld.F32("dt_bias", hd)
+	if ld.Err != nil {
+		return nil, fmt.Errorf("kda: %w", ld.Err)
 	}
 	// A_log is stored [H], padded (K3 keeps 128 values for 96 heads), or
 	// [1,1,H,1] (Kimi Linear): flatten and keep the first H.
 	dt, shape, data, err := src("A_log")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("kda: %w", err)
 	}
 	n := 1
 	for _, s := range shape {

@@ -42,6 +42,8 @@ type Backend interface {
 	Binary(op BinaryOp, dst, a, b Tensor) error
 	// GatedAct computes dst = act(gate) * up, the SwiGLU/SiTU feed-forward core.
 	GatedAct(act Activation, dst, gate, up Tensor) error
+	// RoPE rotates the leading dimensions of every row of X in place.
+	RoPE(a *RopeArgs) error
 	// Embedding gathers rows of table (F32 or BF16) for the I32 ids.
 	Embedding(dst, table, ids Tensor) error
 	// Copy copies src into dst (same element count and dtype).
@@ -268,4 +270,17 @@ type ExpertArgs struct {
 	W1, W3, W2       []Tensor
 	Act              Activation
 	Out              Tensor
+}
+
+// RopeArgs: X [T, ...] is rotated in place; every row of its last
+// dimension (D wide) rotates its first Dims entries (0: all D) by the
+// angles Pos[t]·Theta^(-2i/Dims), pairing (2i, 2i+1) when Interleaved (MLA)
+// or (i, i+Dims/2) otherwise (the Lightning Indexer's layout). Pos has one
+// host position per first-dimension row.
+type RopeArgs struct {
+	X           Tensor
+	Pos         []int32
+	Dims        int
+	Theta       float64
+	Interleaved bool
 }

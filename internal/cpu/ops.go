@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"math"
 	"sync"
 
 	"k3/internal/compute"
@@ -270,6 +271,43 @@ func (b *Backend) HeadMatMul(dst, x, w compute.Tensor) error {
 		}
 		for r := 0; r < t; r++ {
 			copy(ds[(r*h+hh)*n:(r*h+hh+1)*n], sc.y[r*n:(r+1)*n])
+		}
+	}
+	return nil
+}
+
+// RoPE rotates rows of X in place.
+func (b *Backend) RoPE(a *compute.RopeArgs) error {
+	x, err := f32Of("rope input", a.X)
+	if err != nil {
+		return err
+	}
+	if a.X.Rank < 2 || len(a.Pos) != a.X.Dims[0] {
+		return shapeErr("rope input %v with %d positions", a.X, len(a.Pos))
+	}
+	d := a.X.Dim(-1)
+	r := a.Dims
+	if r == 0 {
+		r = d
+	}
+	if r > d || r%2 != 0 || !(a.Theta > 0) {
+		return fmt.Errorf("cpu: rope over %d of %d dims with theta %g", r, d, a.Theta)
+	}
+	perRow := len(x) / a.X.Dims[0]
+	for t, p := range a.Pos {
+		rows := x[t*perRow : (t+1)*perRow]
+		for i := 0; i < r/2; i++ {
+			ang := float64(p) * math.Pow(a.Theta, -2*float64(i)/float64(r))
+			sin, cos := math.Sincos(ang)
+			s, c := float32(sin), float32(cos)
+			for off := 0; off < len(rows); off += d {
+				i0, i1 := off+i, off+i+r/2
+				if a.Interleaved {
+					i0, i1 = off+2*i, off+2*i+1
+				}
+				u, v := rows[i0], rows[i1]
+				rows[i0], rows[i1] = u*c-v*s, u*s+v*c
+			}
 		}
 	}
 	return nil

@@ -1,0 +1,447 @@
+package dsa
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"k3/internal/compute"
+	"k3/internal/weights"
+)
+
+// Config describes an MLA layer and, for DSA, its Lightning Indexer.
+type Config struct {
+	Hidden     int
+	NumHeads   int
+	QLoRARank  int // 0: no query LoRA (q_proj)
+	KVLoRARank int // Dc
+	NopeDim    int // dn
+	RopeDim    int // dr
+	VDim       int // dv
+	NoPE       bool
+	OutputGate bool
+	RopeTheta  float64
+	// Indexer, when set, makes the layer DSA.
+	Indexer *IndexerConfig
+}
+
+// IndexerConfig holds the Lightning Indexer's sizes.
+type IndexerConfig struct {
+	NumHeads, HeadDim, TopK int
+}
+
+// latentEps is the epsilon of q_a_layernorm and kv_a_layernorm (1e-6 in the
+// Kimi and DeepSeek code, independent of rms_norm_eps), and of the
+// indexer's key LayerNorm.
+const latentEps = 1e-6
+
+func (c Config) validate() error {
+	switch {
+	case c.Hidden <= 0 || c.NumHeads <= 0 || c.KVLoRARank <= 0 || c.NopeDim <= 0 || c.VDim <= 0:
+		return fmt.Errorf("dsa: config %+v has a non-positive size", c)
+	case c.RopeDim < 0 || c.RopeDim%2 != 0:
+		return fmt.Errorf("dsa: qk_rope_head_dim %d must be even", c.RopeDim)
+	case c.Indexer != nil && (c.Indexer.NumHeads <= 0 || c.Indexer.HeadDim <= 0 || c.Indexer.TopK <= 0):
+		return fmt.Errorf("dsa: indexer %+v has a non-positive size", *c.Indexer)
+	case c.Indexer != nil && !c.NoPE && c.Indexer.HeadDim < c.RopeDim:
+		return fmt.Errorf("dsa: index_head_dim %d smaller than the rope dims %d", c.Indexer.HeadDim, c.RopeDim)
+	}
+	return nil
+}
+
+// Weights are one MLA/DSA layer's tensors, with the load-time transforms
+// applied: the query projection split into its nope and rope rows, the
+// latent projection into latent and rope rows, kv_b_proj into the absorbed
+// W_UKᵀ and the lift W_UV, and the indexer head weights pre-scaled.
+type Weights struct {
+	QA, QANorm       compute.Tensor // [q_lora, D], [q_lora]; zero without q-LoRA
+	QNope, QRope     compute.Tensor // [H·dn, q_lora or D], [H·dr, ...]
+	KVA, KVANorm     compute.Tensor // [Dc, D], [Dc]
+	KRope            compute.Tensor // [dr, D]
+	UKT, UV          compute.Tensor // [H, Dc, dn], [H, dv, Dc]
+	G, O             compute.Tensor // [H·dv, D] (zero without the gate), [D, H·dv]
+	IWq, IWk         compute.Tensor // [HI·DI, q_lora or D], [DI, D]
+	IKNormW, IKNormB compute.Tensor
+	IWeights         compute.Tensor // [HI, D], times HI^-1/2·DI^-1/2
+}
+
+// LoadWeights loads a layer's tensors (names relative to "self_attn.").
+func LoadWeights(b compute.Backend, cfg Config, src weights.Source) (*Weights, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	ld := &weights.Loader{B: b, Src: src}
+	h, d, dn, dr, dv, dc := cfg.NumHeads, cfg.Hidden, cfg.NopeDim, cfg.RopeDim, cfg.VDim, cfg.KVLoRARank
+	w := &Weights{}
+	qin := d
+	var q []float32
+	if cfg.QLoRARank > 0 {
+		qin = cfg.QLoRARank
+		w.QA = ld.Matrix("q_a_proj.weight", qin, d)
+		w.QANorm = ld.F32("q_a_layernorm.weight", qin)
+		q = ld.Host("q_b_proj.weight", h*(dn+dr)*qin)
+	} else {
+		q = ld.Host("q_proj.weight", h*(dn+dr)*qin)
+	}
+	if ld.Err != nil {
+		return nil, fmt.Errorf("dsa: %w", ld.Err)
+	}
+	// Query rows are grouped per head as [dn nope; dr rope].
+	nope, rope := make([]float32, 0, h*dn*qin), make([]float32, 0, h*dr*qin)
+	for hh := 0; hh < h; hh++ {
+		base := hh * (dn + dr) * qin
+		nope = append(nope, q[base:base+dn*qin]...)
+		rope = append(rope, q[base+dn*qin:base+(dn+dr)*qin]...)
+	}
+	w.QNope = ld.Upload(nope, h*dn, qin)
+	if dr > 0 {
+		w.QRope = ld.Upload(rope, h*dr, qin)
+	}
+	kva := ld.Host("kv_a_proj_with_mqa.weight", (dc+dr)*d)
+	if ld.Err != nil {
+		return nil, fmt.Errorf("dsa: %w", ld.Err)
+	}
+	w.KVA = ld.Upload(kva[:dc*d], dc, d)
+	if dr > 0 {
+		w.KRope = ld.Upload(kva[dc*d:], dr, d)
+	}
+	w.KVANorm = ld.F32("kv_a_layernorm.weight", dc)
+	kvb := ld.Host("kv_b_proj.weight", h*(dn+dv)*dc)
+	if ld.Err != nil {
+		return nil, fmt.Errorf("dsa: %w", ld.Err)
+	}
+	ukT, uv, err := SplitKVB(kvb, h, dn, dv, dc)
+	if err != nil {
+		return nil, err
+	}
+	w.UKT, w.UV = ld.Upload(ukT, h, dc, dn), ld.Upload(uv, h, dv, dc)
+	if cfg.OutputGate {
+		w.G = ld.Matrix("g_proj.weight", h*dv, d)
+	}
+	w.O = ld.Matrix("o_proj.weight", d, h*dv)
+	if ix := cfg.Indexer; ix != nil {
+		w.IWq = ld.Matrix("indexer.wq_b.weight", ix.NumHeads*ix.HeadDim, qin)
+		w.IWk = ld.Matrix("indexer.wk.weight", ix.HeadDim, d)
+		w.IKNormW = ld.F32("indexer.k_norm.weight", ix.HeadDim)
+		w.IKNormB = ld.F32("indexer.k_norm.bias", ix.HeadDim)
+		iw := ld.Host("indexer.weights_proj.weight", ix.NumHeads*d)
+		scale := float32(1 / math.Sqrt(float64(ix.NumHeads)*float64(ix.HeadDim)))
+		for i := range iw {
+			iw[i] *= scale
+		}
+		w.IWeights = ld.Upload(iw, ix.NumHeads, d)
+	}
+	if ld.Err != nil {
+		return nil, fmt.Errorf("dsa: %w", ld.Err)
+	}
+	return w, nil
+}
+
+// ErrCacheFull is returned when appending beyond a cache's limit.
+var ErrCacheFull = errors.New("dsa: cache full")
+
+// Cache is one sequence's per-layer cache: the normed latent (Dc), the rope
+// key (dr, rotated when RoPE is on) and, for DSA, the index key (DI), one
+// row per position. It grows by doubling up to Limit and truncates in O(1).
+type Cache struct {
+	b          compute.Backend
+	KV, PE, IK compute.Tensor // [cap, Dc], [cap, dr], [cap, DI]
+	dc, dr, di int
+	Len, Limit int
+}
+
+// NewCache makes an empty cache with room for capacity positions, growable
+// to limit (the model's context length).
+func NewCache(b compute.Backend, cfg Config, capacity, limit int) (*Cache, error) {
+	c := &Cache{b: b, dc: cfg.KVLoRARank, dr: cfg.RopeDim, Limit: limit}
+	if cfg.Indexer != nil {
+		c.di = cfg.Indexer.HeadDim
+	}
+	if capacity <= 0 || limit < capacity {
+		return nil, fmt.Errorf("dsa: cache capacity %d with limit %d", capacity, limit)
+	}
+	return c, c.realloc(capacity)
+}
+
+func (c *Cache) realloc(n int) error {
+	kv, err := c.b.Alloc(compute.F32, n, c.dc)
+	if err != nil {
+		return err
+	}
+	pe, err := c.b.Alloc(compute.F32, n, max(c.dr, 1))
+	if err != nil {
+		return err
+	}
+	var ik compute.Tensor
+	if c.di > 0 {
+		if ik, err = c.b.Alloc(compute.F32, n, c.di); err != nil {
+			return err
+		}
+	}
+	if c.Len > 0 {
+		if err := c.b.Copy(kv.Rows(0, c.Len), c.KV.Rows(0, c.Len)); err != nil {
+			return err
+		}
+		if err := c.b.Copy(pe.Rows(0, c.Len), c.PE.Rows(0, c.Len)); err != nil {
+			return err
+		}
+		if c.di > 0 {
+			if err := c.b.Copy(ik.Rows(0, c.Len), c.IK.Rows(0, c.Len)); err != nil {
+				return err
+			}
+		}
+		c.b.Free(c.KV)
+		c.b.Free(c.PE)
+		if c.di > 0 {
+			c.b.Free(c.IK)
+		}
+	}
+	c.KV, c.PE, c.IK = kv, pe, ik
+	return nil
+}
+
+// Cap returns the allocated capacity in positions.
+func (c *Cache) Cap() int { return c.KV.Dims[0] }
+
+// reserve makes room for n more positions.
+func (c *Cache) reserve(n int) error {
+	need := c.Len + n
+	if need > c.Limit {
+		return fmt.Errorf("%w: %d positions exceed the limit of %d", ErrCacheFull, need, c.Limit)
+	}
+	if need <= c.Cap() {
+		return nil
+	}
+	return c.realloc(min(max(need, 2*c.Cap()), c.Limit))
+}
+
+// Truncate drops every position from n on (speculative decoding rolls back
+// this way).
+func (c *Cache) Truncate(n int) error {
+	if n < 0 || n > c.Len {
+		return fmt.Errorf("dsa: truncate to %d of %d positions", n, c.Len)
+	}
+	c.Len = n
+	return nil
+}
+
+// Bytes returns the memory the cache holds.
+func (c *Cache) Bytes() int64 {
+	return int64(c.Cap()) * int64(c.dc+max(c.dr, 1)+c.di) * 4
+}
+
+// Layer runs one MLA or DSA layer with intermediates for up to maxT tokens.
+type Layer struct {
+	cfg  Config
+	W    *Weights
+	b    compute.Backend
+	maxT int
+
+	cq, qn, qr, qa, ol, o, g compute.Tensor
+	kv, kr                   compute.Tensor
+	iq, ik, iw               compute.Tensor
+	idx                      compute.Tensor
+	pos                      []int32
+	attn                     compute.AttnArgs
+	ixArgs                   compute.IndexerArgs
+	rope                     compute.RopeArgs
+}
+
+// NewLayer prepares a layer for calls of up to maxT tokens.
+func NewLayer(b compute.Backend, cfg Config, w *Weights, maxT int) (*Layer, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	l := &Layer{cfg: cfg, W: w, b: b, maxT: maxT, pos: make([]int32, maxT)}
+	var err error
+	alloc := func(dt compute.DType, dims ...int) compute.Tensor {
+		if err != nil {
+			return compute.Tensor{}
+		}
+		var t compute.Tensor
+		t, err = b.Alloc(dt, dims...)
+		return t
+	}
+	h := cfg.NumHeads
+	if cfg.QLoRARank > 0 {
+		l.cq = alloc(compute.F32, maxT, cfg.QLoRARank)
+	}
+	l.qn = alloc(compute.F32, maxT, h, cfg.NopeDim)
+	l.qr = alloc(compute.F32, maxT, h, max(cfg.RopeDim, 1))
+	l.qa = alloc(compute.F32, maxT, h, cfg.KVLoRARank)
+	l.ol = alloc(compute.F32, maxT, h, cfg.KVLoRARank)
+	l.o = alloc(compute.F32, maxT, h, cfg.VDim)
+	if cfg.OutputGate {
+		l.g = alloc(compute.F32, maxT, h*cfg.VDim)
+	}
+	if ix := cfg.Indexer; ix != nil {
+		l.iq = alloc(compute.F32, maxT, ix.NumHeads, ix.HeadDim)
+		l.ik = alloc(compute.F32, maxT, ix.HeadDim)
+		l.iw = alloc(compute.F32, maxT, ix.NumHeads)
+		l.idx = alloc(compute.I32, maxT, 1, ix.TopK)
+	}
+	return l, err
+}
+
+// Indices returns the positions the indexer selected in the last Forward
+// ([T, TopK], -1 padded); zero for a dense layer.
+func (l *Layer) Indices(t int) compute.Tensor {
+	if l.idx.IsZero() {
+		return compute.Tensor{}
+	}
+	return l.idx.Rows(0, t).Reshape(t, l.cfg.Indexer.TopK)
+}
+
+// Forward runs the layer for x [T, D], the tokens at positions
+// cache.Len .. cache.Len+T-1 of one sequence (a prefill chunk or one decode
+// token), appends them to the cache and writes y [T, D].
+func (l *Layer) Forward(x compute.Tensor, cache *Cache, y compute.Tensor) error {
+	t := x.Dim(0)
+	if t > l.maxT {
+		return fmt.Errorf("dsa: %d tokens, layer sized for %d", t, l.maxT)
+	}
+	if t == 0 {
+		return nil
+	}
+	cfg, w, b := l.cfg, l.W, l.b
+	h, dc, dr := cfg.NumHeads, cfg.KVLoRARank, cfg.RopeDim
+	if err := cache.reserve(t); err != nil {
+		return err
+	}
+	p0 := cache.Len
+	pos := l.pos[:t]
+	for i := range pos {
+		pos[i] = int32(p0 + i)
+	}
+	// Query: the latent c_q (q-LoRA) or x itself feeds the heads.
+	qin := x
+	if cfg.QLoRARank > 0 {
+		qin = l.cq.Rows(0, t)
+		if err := b.MatMul(qin, x, w.QA); err != nil {
+			return fmt.Errorf("dsa: q_a_proj: %w", err)
+		}
+		if err := b.RMSNorm(qin, qin, w.QANorm, latentEps); err != nil {
+			return err
+		}
+	}
+	qn := l.qn.Rows(0, t)
+	if err := b.MatMul(qn.Reshape(t, h*cfg.NopeDim), qin, w.QNope); err != nil {
+		return fmt.Errorf("dsa: query projection: %w", err)
+	}
+	var qr compute.Tensor
+	if dr > 0 {
+		qr = l.qr.Rows(0, t)
+		if err := b.MatMul(qr.Reshape(t, h*dr), qin, w.QRope); err != nil {
+			return fmt.Errorf("dsa: query rope projection: %w", err)
+		}
+	}
+	// Latent and rope key of the new tokens, written into the cache.
+	kv := cache.KV.Rows(p0, p0+t)
+	if err := b.MatMul(kv, x, w.KVA); err != nil {
+		return fmt.Errorf("dsa: kv_a_proj_with_mqa: %w", err)
+	}
+	if err := b.RMSNorm(kv, kv, w.KVANorm, latentEps); err != nil {
+		return err
+	}
+	if dr > 0 {
+		kr := cache.PE.Rows(p0, p0+t)
+		if err := b.MatMul(kr, x, w.KRope); err != nil {
+			return fmt.Errorf("dsa: kv_a_proj_with_mqa rope rows: %w", err)
+		}
+		if !cfg.NoPE {
+			if err := l.rotate(qr, pos, dr, true); err != nil {
+				return err
+			}
+			if err := l.rotate(kr, pos, dr, true); err != nil {
+				return err
+			}
+		}
+	}
+	var indices compute.Tensor
+	if cfg.Indexer != nil {
+		var err error
+		if indices, err = l.index(x, qin, cache, pos); err != nil {
+			return err
+		}
+	}
+	cache.Len = p0 + t
+	qa := l.qa.Rows(0, t)
+	if err := b.HeadMatMul(qa, qn, w.UKT); err != nil {
+		return fmt.Errorf("dsa: absorbed query: %w", err)
+	}
+	ol := l.ol.Rows(0, t)
+	n := cache.Len
+	lat := cache.KV.Rows(0, n).Reshape(n, 1, dc)
+	l.attn = compute.AttnArgs{Q: qa, K: lat, V: lat, Indices: indices, QPos: pos, KVLen: n, Causal: true,
+		Scale: float32(1 / math.Sqrt(float64(cfg.NopeDim+dr))), Out: ol}
+	if dr > 0 {
+		l.attn.QRope, l.attn.KRope = qr, cache.PE.Rows(0, n)
+	}
+	if err := b.Attention(&l.attn); err != nil {
+		return fmt.Errorf("dsa: attention: %w", err)
+	}
+	o := l.o.Rows(0, t)
+	if err := b.HeadMatMul(o, ol, w.UV); err != nil {
+		return fmt.Errorf("dsa: value lift: %w", err)
+	}
+	o2 := o.Reshape(t, h*cfg.VDim)
+	if cfg.OutputGate {
+		g := l.g.Rows(0, t)
+		if err := b.MatMul(g, x, w.G); err != nil {
+			return fmt.Errorf("dsa: g_proj: %w", err)
+		}
+		if err := b.Unary(compute.Sigmoid, g, g); err != nil {
+			return err
+		}
+		if err := b.Binary(compute.Mul, o2, o2, g); err != nil {
+			return err
+		}
+	}
+	if err := b.MatMul(y, o2, w.O); err != nil {
+		return fmt.Errorf("dsa: o_proj: %w", err)
+	}
+	return nil
+}
+
+func (l *Layer) rotate(x compute.Tensor, pos []int32, dims int, interleaved bool) error {
+	l.rope = compute.RopeArgs{X: x, Pos: pos, Dims: dims, Theta: l.cfg.RopeTheta, Interleaved: interleaved}
+	return l.b.RoPE(&l.rope)
+}
+
+// index runs the Lightning Indexer for the new tokens: their index keys go
+// into the cache, then every new query selects its top K among positions
+// up to its own.
+func (l *Layer) index(x, qin compute.Tensor, cache *Cache, pos []int32) (compute.Tensor, error) {
+	cfg, w, b := l.cfg, l.W, l.b
+	ix := cfg.Indexer
+	t, p0 := x.Dim(0), int(pos[0])
+	iq := l.iq.Rows(0, t)
+	if err := b.MatMul(iq.Reshape(t, ix.NumHeads*ix.HeadDim), qin, w.IWq); err != nil {
+		return compute.Tensor{}, fmt.Errorf("dsa: indexer.wq_b: %w", err)
+	}
+	ik := cache.IK.Rows(p0, p0+t)
+	if err := b.MatMul(ik, x, w.IWk); err != nil {
+		return compute.Tensor{}, fmt.Errorf("dsa: indexer.wk: %w", err)
+	}
+	if err := b.LayerNorm(ik, ik, w.IKNormW, w.IKNormB, latentEps); err != nil {
+		return compute.Tensor{}, err
+	}
+	if !cfg.NoPE && cfg.RopeDim > 0 {
+		if err := l.rotate(iq, pos, cfg.RopeDim, false); err != nil {
+			return compute.Tensor{}, err
+		}
+		if err := l.rotate(ik, pos, cfg.RopeDim, false); err != nil {
+			return compute.Tensor{}, err
+		}
+	}
+	iw := l.iw.Rows(0, t)
+	if err := b.MatMul(iw, x, w.IWeights); err != nil {
+		return compute.Tensor{}, fmt.Errorf("dsa: indexer.weights_proj: %w", err)
+	}
+	idx := l.idx.Rows(0, t).Reshape(t, ix.TopK)
+	l.ixArgs = compute.IndexerArgs{Q: iq, K: cache.IK.Rows(0, p0+t), W: iw, QPos: pos, TopK: ix.TopK, Indices: idx}
+	if err := b.LightningIndexer(&l.ixArgs); err != nil {
+		return compute.Tensor{}, fmt.Errorf("dsa: indexer: %w", err)
+	}
+	return l.idx.Rows(0, t), nil
+}

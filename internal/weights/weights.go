@@ -1,0 +1,105 @@
+// Package weights moves checkpoint tensors onto a backend with their shapes
+// checked: the one place where layer packages turn names into tensors.
+package weights
+
+import (
+	"fmt"
+	"slices"
+
+	"k3/internal/compute"
+)
+
+// Source returns a tensor by its name relative to a layer prefix, as host
+// bytes in dtype dt. Loaders read checkpoints through it; tests and the
+// conformance runner serve golden files through it.
+type Source func(name string) (dt compute.DType, shape []int, data []byte, err error)
+
+// Loader loads tensors from a Source onto a backend and remembers the first
+// error, so that a layer's loading code reads as a list of names.
+type Loader struct {
+	B      compute.Backend
+	Src    Source
+	Prefix string // for error messages ("model.layers.3.self_attn.")
+	Err    error
+}
+
+// Matrix loads a weight kept in its stored dtype (F32 or BF16; F16 is
+// widened to F32), checking its shape.
+func (l *Loader) Matrix(name string, dims ...int) compute.Tensor { return l.load(name, false, dims) }
+
+// F32 loads a tensor converted to float32 (norm weights, biases, gates).
+func (l *Loader) F32(name string, dims ...int) compute.Tensor { return l.load(name, true, dims) }
+
+// Host returns a tensor's values on the host as float32 (for load-time
+// transforms), checking the element count.
+func (l *Loader) Host(name string, n int) []float32 {
+	if l.Err != nil {
+		return nil
+	}
+	t := l.load(name, true, []int{n})
+	if l.Err != nil {
+		return nil
+	}
+	v := make([]float32, n)
+	if err := l.B.Read(v, t); err != nil {
+		l.Err = err
+	}
+	l.B.Free(t)
+	return v
+}
+
+// Upload makes a float32 tensor from host values computed at load time.
+func (l *Loader) Upload(v []float32, dims ...int) compute.Tensor {
+	if l.Err != nil {
+		return compute.Tensor{}
+	}
+	t, err := l.B.Alloc(compute.F32, dims...)
+	if err == nil {
+		err = l.B.Write(t, v)
+	}
+	l.Err = err
+	return t
+}
+
+func (l *Loader) load(name string, asF32 bool, dims []int) compute.Tensor {
+	if l.Err != nil {
+		return compute.Tensor{}
+	}
+	dt, shape, data, err := l.Src(name)
+	if err != nil {
+		l.Err = err
+		return compute.Tensor{}
+	}
+	n, wn := 1, 1
+	for _, s := range shape {
+		n *= s
+	}
+	for _, s := range dims {
+		wn *= s
+	}
+	// Shapes must match exactly, except that singleton dimensions may be
+	// dropped ([H*D, 1, W] conv taps, [1, D] AttnRes queries).
+	if n != wn || !slices.Equal(squeeze(shape), squeeze(dims)) {
+		l.Err = fmt.Errorf("tensor %s%s has shape %v, want %v", l.Prefix, name, shape, dims)
+		return compute.Tensor{}
+	}
+	target := dt
+	if asF32 || dt == compute.F16 {
+		target = compute.F32
+	}
+	t, err := l.B.FromHost(target, dt, data, dims...)
+	if err != nil {
+		l.Err = fmt.Errorf("tensor %s%s: %w", l.Prefix, name, err)
+	}
+	return t
+}
+
+func squeeze(s []int) []int {
+	out := make([]int, 0, len(s))
+	for _, d := range s {
+		if d != 1 {
+			out = append(out, d)
+		}
+	}
+	return out
+}
