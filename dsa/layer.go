@@ -79,9 +79,9 @@ func LoadWeights(b compute.Backend, cfg Config, src weights.Source) (*Weights, e
 		qin = cfg.QLoRARank
 		w.QA = ld.Matrix("q_a_proj.weight", qin, d)
 		w.QANorm = ld.F32("q_a_layernorm.weight", qin)
-		q = ld.Host("q_b_proj.weight", h*(dn+dr)*qin)
+		q = ld.Host("q_b_proj.weight", h*(dn+dr), qin)
 	} else {
-		q = ld.Host("q_proj.weight", h*(dn+dr)*qin)
+		q = ld.Host("q_proj.weight", h*(dn+dr), qin)
 	}
 	if ld.Err != nil {
 		return nil, fmt.Errorf("dsa: %w", ld.Err)
@@ -97,7 +97,7 @@ func LoadWeights(b compute.Backend, cfg Config, src weights.Source) (*Weights, e
 	if dr > 0 {
 		w.QRope = ld.Upload(rope, h*dr, qin)
 	}
-	kva := ld.Host("kv_a_proj_with_mqa.weight", (dc+dr)*d)
+	kva := ld.Host("kv_a_proj_with_mqa.weight", dc+dr, d)
 	if ld.Err != nil {
 		return nil, fmt.Errorf("dsa: %w", ld.Err)
 	}
@@ -106,7 +106,7 @@ func LoadWeights(b compute.Backend, cfg Config, src weights.Source) (*Weights, e
 		w.KRope = ld.Upload(kva[dc*d:], dr, d)
 	}
 	w.KVANorm = ld.F32("kv_a_layernorm.weight", dc)
-	kvb := ld.Host("kv_b_proj.weight", h*(dn+dv)*dc)
+	kvb := ld.Host("kv_b_proj.weight", h*(dn+dv), dc)
 	if ld.Err != nil {
 		return nil, fmt.Errorf("dsa: %w", ld.Err)
 	}
@@ -124,7 +124,7 @@ func LoadWeights(b compute.Backend, cfg Config, src weights.Source) (*Weights, e
 		w.IWk = ld.Matrix("indexer.wk.weight", ix.HeadDim, d)
 		w.IKNormW = ld.F32("indexer.k_norm.weight", ix.HeadDim)
 		w.IKNormB = ld.F32("indexer.k_norm.bias", ix.HeadDim)
-		iw := ld.Host("indexer.weights_proj.weight", ix.NumHeads*d)
+		iw := ld.Host("indexer.weights_proj.weight", ix.NumHeads, d)
 		scale := float32(1 / math.Sqrt(float64(ix.NumHeads)*float64(ix.HeadDim)))
 		for i := range iw {
 			iw[i] *= scale

@@ -29,7 +29,7 @@ func runAll(t *testing.T, roots ...string) []Result {
 // TestImplementedAreas runs the areas whose ops the go backend implements;
 // each later area joins this list when it lands.
 func TestImplementedAreas(t *testing.T) {
-	for _, area := range []string{"attnres", "dsa", "kda", "moe"} {
+	for _, area := range []string{"attnres", "dsa", "kda", "model", "moe"} {
 		res := runAll(t, filepath.Join("../../testdata", area))
 		if len(res) == 0 {
 			t.Fatalf("%s: no cases", area)

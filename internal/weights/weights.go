@@ -31,16 +31,16 @@ func (l *Loader) Matrix(name string, dims ...int) compute.Tensor { return l.load
 func (l *Loader) F32(name string, dims ...int) compute.Tensor { return l.load(name, true, dims) }
 
 // Host returns a tensor's values on the host as float32 (for load-time
-// transforms), checking the element count.
-func (l *Loader) Host(name string, n int) []float32 {
+// transforms), checking its shape.
+func (l *Loader) Host(name string, dims ...int) []float32 {
 	if l.Err != nil {
 		return nil
 	}
-	t := l.load(name, true, []int{n})
+	t := l.load(name, true, dims)
 	if l.Err != nil {
 		return nil
 	}
-	v := make([]float32, n)
+	v := make([]float32, t.Len())
 	if err := l.B.Read(v, t); err != nil {
 		l.Err = err
 	}

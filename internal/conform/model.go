@@ -1,0 +1,172 @@
+package conform
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+
+	"k3/internal/compute"
+	"k3/k3"
+)
+
+func init() { handlers["model.forward"] = runModel }
+
+// Tolerances from testdata/model/README.md: logits within 1e-3 absolute,
+// hidden states within 1e-4 relative to their largest magnitude; tokens and
+// index lists exact.
+const logitAtol = 1e-3
+
+func maxAbs(v []float32) float64 {
+	m := 0.0
+	for _, x := range v {
+		m = max(m, float64(x), -float64(x))
+	}
+	return m
+}
+
+func argmax(row []float32) int32 {
+	best := 0
+	for i, v := range row {
+		if v > row[best] {
+			best = i
+		}
+	}
+	return int32(best)
+}
+
+func runModel(ctx context.Context, b compute.Backend, dir string, chk *checker) error {
+	if b.Name() != "go" {
+		return fmt.Errorf("model.forward runs on the backend k3.Load opens; only the go backend is wired: %w", compute.ErrUnsupported)
+	}
+	f, err := openCase(filepath.Join(dir, "expected.safetensors"))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	m, err := k3.Load(ctx, dir)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	cfg := m.Config
+	ids, _, err := f.i32("input_ids", -1)
+	if err != nil {
+		return err
+	}
+	t, v, d := len(ids), cfg.VocabSize, cfg.HiddenSize
+	s, err := m.NewSession()
+	if err != nil {
+		return err
+	}
+	var tr k3.Trace
+	logits, err := s.Forward(ctx, ids, &tr)
+	if err != nil {
+		return err
+	}
+	want, _, err := f.f32("prefill_logits", t, v)
+	if err != nil {
+		return err
+	}
+	chk.close("prefill_logits", logits, want, logitAtol, 0)
+	hidden := func(name string, got [][]float32) error {
+		if !f.has(name) {
+			return nil
+		}
+		want, _, err := f.f32(name, len(got), t, d)
+		if err != nil {
+			return err
+		}
+		for l, g := range got {
+			w := want[l*t*d : (l+1)*t*d]
+			chk.close(fmt.Sprintf("%s[%d]", name, l), g, w, 1e-4*maxAbs(w), 0)
+		}
+		return nil
+	}
+	for _, c := range []struct {
+		name string
+		got  [][]float32
+	}{{"hidden_after_layer", tr.HiddenAfterLayer}, {"attn_input", tr.AttnInput}, {"mlp_input", tr.MLPInput},
+		{"attn_output", tr.AttnOutput}, {"mlp_output", tr.MLPOutput}} {
+		if err := hidden(c.name, c.got); err != nil {
+			return err
+		}
+	}
+	wantFH, _, err := f.f32("final_hidden", t, d)
+	if err != nil {
+		return err
+	}
+	chk.close("final_hidden", tr.FinalHidden, wantFH, 1e-4*maxAbs(wantFH), 0)
+	if f.has("dsa_topk_indices") {
+		want, _, err := f.i32("dsa_topk_indices", len(tr.DSAIndices), t, -1)
+		if err != nil {
+			return err
+		}
+		chk.exact("dsa_topk_indices", concatI(tr.DSAIndices), want)
+	}
+	if f.has("moe_topk_idx") {
+		want, _, err := f.i32("moe_topk_idx", len(tr.MoEIndices), t, -1)
+		if err != nil {
+			return err
+		}
+		chk.exact("moe_topk_idx", concatI(tr.MoEIndices), want)
+		wantW, _, err := f.f32("moe_topk_weight", len(tr.MoEWeights), t, -1)
+		if err != nil {
+			return err
+		}
+		chk.close("moe_topk_weight", concatF(tr.MoEWeights), wantW, 1e-4, 1e-4)
+	}
+	// Greedy continuation with caches, one token per step.
+	gen, _, err := f.i32("generated_ids", -1)
+	if err != nil {
+		return err
+	}
+	steps := len(gen)
+	wantD, _, err := f.f32("decode_logits", steps, v)
+	if err != nil {
+		return err
+	}
+	var wantIdx []int32
+	var nDSA int
+	if f.has("decode_dsa_topk_indices") {
+		var ds []int
+		if wantIdx, ds, err = f.i32("decode_dsa_topk_indices", steps, -1, -1); err != nil {
+			return err
+		}
+		nDSA = ds[1]
+	}
+	got := make([]int32, steps)
+	got[0] = argmax(logits[(t-1)*v:])
+	for i := 0; i < steps; i++ {
+		var dtr k3.Trace
+		row, err := s.Forward(ctx, []int32{gen[i]}, &dtr)
+		if err != nil {
+			return err
+		}
+		chk.close(fmt.Sprintf("decode_logits[%d]", i), row, wantD[i*v:(i+1)*v], logitAtol, 0)
+		if i+1 < steps {
+			got[i+1] = argmax(row)
+		}
+		if wantIdx != nil {
+			k := len(wantIdx) / (steps * nDSA)
+			chk.exact(fmt.Sprintf("decode_dsa_topk_indices[%d]", i), concatI(dtr.DSAIndices), wantIdx[i*nDSA*k:(i+1)*nDSA*k])
+		}
+	}
+	chk.exact("generated_ids", got, gen)
+	return nil
+}
+
+func concatI(v [][]int32) []int32 {
+	var out []int32
+	for _, x := range v {
+		out = append(out, x...)
+	}
+	return out
+}
+
+func concatF(v [][]float32) []float32 {
+	var out []float32
+	for _, x := range v {
+		out = append(out, x...)
+	}
+	return out
+}

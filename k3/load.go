@@ -1,0 +1,364 @@
+package k3
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"k3/attnres"
+	"k3/dsa"
+	"k3/internal/backends"
+	"k3/internal/compute"
+	"k3/internal/config"
+	"k3/internal/floatx"
+	"k3/internal/moe"
+	"k3/internal/safetensors"
+	"k3/internal/weights"
+	"k3/kda"
+)
+
+// ErrCheckpoint is wrapped by errors about a checkpoint's tensors: missing,
+// unexpected or mis-shaped weights.
+var ErrCheckpoint = errors.New("checkpoint")
+
+// Option configures Load.
+type Option func(*options)
+
+type options struct {
+	backend  string
+	be       compute.Backend
+	progress func(done, total int)
+	chunk    int
+}
+
+// WithBackend selects the compute backend by name ("go", the default, or
+// "ascend").
+func WithBackend(name string) Option { return func(o *options) { o.backend = name } }
+
+// WithProgress receives the number of layers loaded so far and the total.
+func WithProgress(f func(done, total int)) Option { return func(o *options) { o.progress = f } }
+
+// WithPrefillChunk sets how many prompt tokens one forward pass takes at
+// most (default 256): longer prompts run in chunks, bounding memory.
+func WithPrefillChunk(n int) Option { return func(o *options) { o.chunk = n } }
+
+// Model is a loaded checkpoint. It is safe for concurrent use by many
+// sessions; each Session holds one sequence's state.
+type Model struct {
+	Config *Config
+	b      compute.Backend
+	ownB   bool
+	ck     *safetensors.Checkpoint
+	chunk  int
+
+	embed, norm, lmHead compute.Tensor
+	layers              []*layer
+	// AttnRes: fused queries of every sublayer [2L, D] and the output's [D].
+	resQueries, outQuery compute.Tensor
+	act                  compute.Activation
+}
+
+// layer holds one decoder layer's weights.
+type layer struct {
+	kind              config.LayerKind
+	attnNorm, mlpNorm compute.Tensor
+	kda               *compute.KDAWeights
+	kdaCfg            kda.Config
+	mla               *dsa.Weights
+	mlaCfg            dsa.Config
+	mlp               *moe.MLP
+	moe               *moe.Weights
+	router            moe.Router
+}
+
+// Load reads a checkpoint directory: config.json and the safetensors
+// weights (one file or shards with model.safetensors.index.json; F32, BF16,
+// F16, and F8_E4M3 with 128×128 block scales). Weights used in their stored
+// dtype are mapped, not copied. Every expected tensor must be present with
+// its shape, and no unexpected tensor may be left over.
+func Load(ctx context.Context, dir string, opts ...Option) (*Model, error) {
+	o := options{backend: "go", chunk: 256}
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.chunk <= 0 {
+		return nil, fmt.Errorf("k3: prefill chunk %d must be positive", o.chunk)
+	}
+	cfg, err := config.Load(dir)
+	if err != nil {
+		return nil, fmt.Errorf("k3: %w", err)
+	}
+	ck, err := safetensors.OpenCheckpoint(dir)
+	if err != nil {
+		return nil, fmt.Errorf("k3: %w", err)
+	}
+	m := &Model{Config: cfg, ck: ck, chunk: o.chunk, b: o.be}
+	if m.b == nil {
+		if m.b, err = backends.Open(o.backend); err != nil {
+			ck.Close()
+			return nil, fmt.Errorf("k3: %w", err)
+		}
+		m.ownB = true
+	}
+	if err := m.load(ctx, o.progress); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+// Close releases the weights' mapping and the backend.
+func (m *Model) Close() error {
+	var err error
+	if m.ownB && m.b != nil {
+		err = m.b.Close()
+	}
+	if m.ck != nil {
+		if cerr := m.ck.Close(); err == nil {
+			err = cerr
+		}
+	}
+	return err
+}
+
+// source serves checkpoint tensors relative to a prefix, records what was
+// used, and dequantises fp8 block-scaled weights.
+type source struct {
+	ck    *safetensors.Checkpoint
+	strip string // "language_model." for Kimi K3 checkpoints
+	used  map[string]bool
+}
+
+func (s *source) name(n string) string { return s.strip + n }
+
+func (s *source) get(full string) (compute.DType, []int, []byte, error) {
+	name := s.name(full)
+	data, ti, err := s.ck.Bytes(name)
+	if err != nil {
+		return 0, nil, nil, fmt.Errorf("%w: missing tensor %s", ErrCheckpoint, name)
+	}
+	s.used[name] = true
+	switch ti.DType {
+	case safetensors.F32:
+		return compute.F32, ti.Shape, data, nil
+	case safetensors.BF16:
+		return compute.BF16, ti.Shape, data, nil
+	case safetensors.F16:
+		return compute.F16, ti.Shape, data, nil
+	case safetensors.F8E4M3:
+		return s.dequant(name, ti, data)
+	}
+	return 0, nil, nil, fmt.Errorf("%w: tensor %s has dtype %s, which k3 cannot use", ErrCheckpoint, name, ti.DType)
+}
+
+// dequant expands an fp8 weight with its weight_scale_inv (DeepSeek's
+// 128×128 blocks) to bf16.
+func (s *source) dequant(name string, ti safetensors.TensorInfo, data []byte) (compute.DType, []int, []byte, error) {
+	if len(ti.Shape) != 2 {
+		return 0, nil, nil, fmt.Errorf("%w: fp8 tensor %s has shape %v, want a matrix", ErrCheckpoint, name, ti.Shape)
+	}
+	scaleName := name + "_scale_inv"
+	sb, si, err := s.ck.Bytes(scaleName)
+	if err != nil {
+		return 0, nil, nil, fmt.Errorf("%w: fp8 tensor %s has no %s", ErrCheckpoint, name, scaleName)
+	}
+	s.used[scaleName] = true
+	scale, err := safetensors.DecodeFloat32(si.DType, sb)
+	if err != nil {
+		return 0, nil, nil, fmt.Errorf("%w: %s: %v", ErrCheckpoint, scaleName, err)
+	}
+	rows, cols := ti.Shape[0], ti.Shape[1]
+	f := make([]float32, rows*cols)
+	if err := floatx.DequantE4M3Weight(f, data, scale, rows, cols, floatx.WeightBlock); err != nil {
+		return 0, nil, nil, fmt.Errorf("%w: %s: %v", ErrCheckpoint, name, err)
+	}
+	out := make([]byte, 2*len(f))
+	for i, v := range f {
+		h := floatx.BF16(v)
+		out[2*i], out[2*i+1] = byte(h), byte(h>>8)
+	}
+	return compute.BF16, ti.Shape, out, nil
+}
+
+func (s *source) prefixed(prefix string) weights.Source {
+	return func(name string) (compute.DType, []int, []byte, error) { return s.get(prefix + name) }
+}
+
+func (m *Model) load(ctx context.Context, progress func(done, total int)) error {
+	cfg := m.Config
+	src := &source{ck: m.ck, used: map[string]bool{}}
+	if _, _, ok := m.ck.Tensor("language_model.model.embed_tokens.weight"); ok {
+		src.strip = "language_model."
+	}
+	d, v := cfg.HiddenSize, cfg.VocabSize
+	top := &weights.Loader{B: m.b, Src: src.prefixed("")}
+	m.embed = top.Matrix("model.embed_tokens.weight", v, d)
+	m.norm = top.F32("model.norm.weight", d)
+	if cfg.TieWordEmbeddings {
+		m.lmHead = m.embed
+	} else {
+		m.lmHead = top.Matrix("lm_head.weight", v, d)
+	}
+	m.act = compute.Activation{Kind: compute.SwiGLU}
+	if cfg.HiddenAct == "situ" {
+		m.act = compute.Activation{Kind: compute.SiTU, Beta: float32(cfg.SiTUBeta), LinearBeta: float32(cfg.SiTULinearBeta)}
+	}
+	var resQ []float32
+	if cfg.AttnResBlockSize > 0 {
+		w := top.Host("model.output_attn_res_proj.weight", d)
+		g := top.Host("model.output_attn_res_norm.weight", d)
+		if top.Err == nil {
+			q := make([]float32, d)
+			attnres.FuseQuery(q, w, g)
+			m.outQuery = top.Upload(q, d)
+		}
+		resQ = make([]float32, 0, 2*cfg.NumLayers*d)
+	}
+	if top.Err != nil {
+		return fmt.Errorf("k3: %w", top.Err)
+	}
+	for l := range cfg.Layers {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		ly, q, err := m.loadLayer(src, l)
+		if err != nil {
+			return fmt.Errorf("k3: layer %d: %w", l, err)
+		}
+		m.layers = append(m.layers, ly)
+		resQ = append(resQ, q...)
+		if progress != nil {
+			progress(l+1, cfg.NumLayers)
+		}
+	}
+	if cfg.AttnResBlockSize > 0 {
+		ld := &weights.Loader{B: m.b}
+		m.resQueries = ld.Upload(resQ, 2*cfg.NumLayers, d)
+		if ld.Err != nil {
+			return ld.Err
+		}
+	}
+	var extra []string
+	for _, name := range m.ck.Names() {
+		if !src.used[name] {
+			extra = append(extra, name)
+		}
+	}
+	if len(extra) > 0 {
+		sort.Strings(extra)
+		if len(extra) > 5 {
+			extra = append(extra[:5], fmt.Sprintf("and %d more", len(extra)-5))
+		}
+		return fmt.Errorf("k3: %w: unexpected tensors %s", ErrCheckpoint, strings.Join(extra, ", "))
+	}
+	return nil
+}
+
+func (m *Model) loadLayer(src *source, l int) (*layer, []float32, error) {
+	cfg := m.Config
+	d := cfg.HiddenSize
+	prefix := fmt.Sprintf("model.layers.%d.", l)
+	ld := &weights.Loader{B: m.b, Src: src.prefixed(prefix), Prefix: src.strip + prefix}
+	ly := &layer{kind: cfg.Layers[l]}
+	ly.attnNorm = ld.F32("input_layernorm.weight", d)
+	ly.mlpNorm = ld.F32("post_attention_layernorm.weight", d)
+	var resQ []float32
+	if cfg.AttnResBlockSize > 0 {
+		for _, side := range []string{"self_attention_res", "mlp_res"} {
+			w := ld.Host(side+"_proj.weight", d)
+			g := ld.Host(side+"_norm.weight", d)
+			if ld.Err == nil {
+				q := make([]float32, d)
+				attnres.FuseQuery(q, w, g)
+				resQ = append(resQ, q...)
+			}
+		}
+	}
+	if ld.Err != nil {
+		return nil, nil, ld.Err
+	}
+	attn := src.prefixed(prefix + "self_attn.")
+	var err error
+	switch ly.kind {
+	case config.KDA:
+		k := cfg.KDA
+		ly.kdaCfg = kda.Config{Hidden: d, NumHeads: k.NumHeads, HeadDim: k.HeadDim, ConvKernel: k.ConvKernel,
+			FullRankGate: k.FullRankGate, Eps: float32(cfg.RMSNormEps), ChunkSize: 16}
+		if k.GateLowerBound != nil {
+			ly.kdaCfg.LowerBound = float32(*k.GateLowerBound)
+		}
+		if ly.kda, err = kda.LoadWeights(m.b, ly.kdaCfg, attn); err != nil {
+			return nil, nil, err
+		}
+	default:
+		c := cfg.MLA
+		ly.mlaCfg = dsa.Config{Hidden: d, NumHeads: c.NumHeads, QLoRARank: c.QLoRARank, KVLoRARank: c.KVLoRARank,
+			NopeDim: c.QKNopeHeadDim, RopeDim: c.QKRopeHeadDim, VDim: c.VHeadDim, NoPE: c.UseNoPE, OutputGate: c.OutputGate,
+			RopeTheta: c.RopeTheta}
+		if ly.kind == config.DSA {
+			ix := cfg.Indexer
+			ly.mlaCfg.Indexer = &dsa.IndexerConfig{NumHeads: ix.NumHeads, HeadDim: ix.HeadDim, TopK: ix.TopK}
+		}
+		if ly.mla, err = dsa.LoadWeights(m.b, ly.mlaCfg, attn); err != nil {
+			return nil, nil, err
+		}
+	}
+	if cfg.IsMoELayer(l) {
+		ly.moe, ly.router, err = m.loadMoE(src, prefix+"block_sparse_moe.")
+	} else {
+		ly.mlp, err = m.loadMLP(src, prefix+"mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", cfg.IntermediateSize)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return ly, resQ, nil
+}
+
+func (m *Model) loadMLP(src *source, prefix, gate, up, down string, inter int) (*moe.MLP, error) {
+	d := m.Config.HiddenSize
+	ld := &weights.Loader{B: m.b, Src: src.prefixed(prefix), Prefix: src.strip + prefix}
+	mlp := &moe.MLP{Act: m.act}
+	mlp.Gate = ld.Matrix(gate, inter, d)
+	mlp.Up = ld.Matrix(up, inter, d)
+	mlp.Down = ld.Matrix(down, d, inter)
+	return mlp, ld.Err
+}
+
+func (m *Model) loadMoE(src *source, prefix string) (*moe.Weights, moe.Router, error) {
+	cfg := m.Config
+	mc := cfg.MoE
+	d := cfg.HiddenSize
+	ld := &weights.Loader{B: m.b, Src: src.prefixed(prefix), Prefix: src.strip + prefix}
+	w := &moe.Weights{Act: m.act, Eps: float32(cfg.RMSNormEps)}
+	w.Gate = ld.Matrix("gate.weight", mc.NumExperts, d)
+	w.Bias = ld.F32("gate.e_score_correction_bias", mc.NumExperts)
+	din := d
+	if mc.LatentSize > 0 {
+		din = mc.LatentSize
+		w.LatentDown = ld.Matrix("routed_expert_down_proj.weight", din, d)
+		if mc.LatentNorm {
+			w.LatentNorm = ld.F32("routed_expert_norm.weight", din)
+		}
+		w.LatentUp = ld.Matrix("routed_expert_up_proj.weight", d, din)
+	}
+	for e := 0; e < mc.NumExperts; e++ {
+		p := fmt.Sprintf("experts.%d.", e)
+		w.W1 = append(w.W1, ld.Matrix(p+"w1.weight", mc.IntermediateSize, din))
+		w.W3 = append(w.W3, ld.Matrix(p+"w3.weight", mc.IntermediateSize, din))
+		w.W2 = append(w.W2, ld.Matrix(p+"w2.weight", din, mc.IntermediateSize))
+	}
+	if ld.Err != nil {
+		return nil, moe.Router{}, ld.Err
+	}
+	if mc.NumShared > 0 {
+		sh, err := m.loadMLP(src, prefix+"shared_experts.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", mc.IntermediateSize*mc.NumShared)
+		if err != nil {
+			return nil, moe.Router{}, err
+		}
+		w.Shared = sh
+	}
+	r := moe.Router{TopK: mc.TopK, NumGroups: mc.NumGroups, TopKGroup: mc.TopKGroup, Renormalize: mc.Renormalize, Scale: float32(mc.ScalingFactor)}
+	return w, r, nil
+}
