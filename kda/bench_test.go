@@ -3,7 +3,6 @@ package kda
 import (
 	"math"
 	"math/rand/v2"
-	"sync"
 	"testing"
 
 	"k3/internal/compute"
@@ -12,17 +11,7 @@ import (
 	"k3/internal/kernel"
 )
 
-// Machine limits measured once per benchmark run, so that every figure is
-// reported as a share of a limit taken in the same run.
-var limits = sync.OnceValues(func() (bw, peak float64) {
-	p := kernel.NewPool(0)
-	defer p.Close()
-	buf := make([]float32, 256<<20)
-	for i := range buf {
-		buf[i] = 1
-	}
-	return p.ReadBandwidth(buf, 5), p.PeakFLOPS()
-})
+var limits = kernel.Limits
 
 // prefillFLOPs is the per-token, per-head FLOP count of the reference
 // (shared/reference/kda.md §4): 7d² token by token, 6d² + 10Cd + C²/3 chunked.

@@ -2,23 +2,10 @@ package kernel
 
 import (
 	"math/rand/v2"
-	"sync"
 	"testing"
 )
 
-// streamBandwidth measures the read bandwidth over 1 GiB, far larger than
-// the last-level cache, on the pool's goroutines. Benchmarks report their
-// rates as a share of it so that figures from different machines or noisy
-// hosts compare.
-var streamBandwidth = sync.OnceValue(func() float64 {
-	buf := make([]float32, 256<<20)
-	for i := range buf {
-		buf[i] = 1
-	}
-	p := NewPool(0)
-	defer p.Close()
-	return p.ReadBandwidth(buf, 5)
-})
+func streamBandwidth() float64 { bw, _ := Limits(); return bw }
 
 func BenchmarkStreamRead(b *testing.B) {
 	for i := 0; i < b.N; i++ {

@@ -1,6 +1,10 @@
 package kernel
 
-import "time"
+import (
+	"slices"
+	"sync"
+	"time"
+)
 
 // Sum returns the sum of x. It is the body of the read-bandwidth probe.
 func Sum(x []float32) float32 {
@@ -27,23 +31,25 @@ func Sum(x []float32) float32 {
 func sumRange(a *Args, lo, hi int) { a.Dst[lo/a.K] = Sum(a.X[lo:hi]) }
 
 // ReadBandwidth measures the STREAM-style read bandwidth of buf on the
-// pool's goroutines: the best of reps full passes, in bytes per second. buf
-// should be several times larger than the last-level cache. Matrix-vector
-// products only read their weights, so this is their roofline.
+// pool's goroutines: the median of reps full passes, in bytes per second.
+// buf should be several times larger than the last-level cache. Matrix-vector
+// products only read their weights, so this is their roofline. The median,
+// not the best pass, because on shared hosts the attainable bandwidth
+// fluctuates (here 32-60 GB/s between passes a second apart); the best pass
+// would compare a kernel's average with the host's luckiest moment.
 func (p *Pool) ReadBandwidth(buf []float32, reps int) float64 {
 	parts := p.Size()
 	per := (len(buf) + parts - 1) / parts
 	per = (per + 31) &^ 31
 	partial := make([]float32, parts+1)
-	best := 0.0
+	rates := make([]float64, 0, reps)
 	for r := 0; r < reps; r++ {
 		start := time.Now()
 		p.Run(sumRange, Args{Dst: partial, X: buf, K: per}, len(buf), per)
-		if bw := float64(4*len(buf)) / time.Since(start).Seconds(); bw > best {
-			best = bw
-		}
+		rates = append(rates, float64(4*len(buf))/time.Since(start).Seconds())
 	}
-	return best
+	slices.Sort(rates)
+	return rates[len(rates)/2]
 }
 
 func fmaRange(a *Args, lo, hi int) { fmaLoopAVX2(a.K) }
@@ -68,3 +74,16 @@ func (p *Pool) PeakFLOPS() float64 {
 	}
 	return best
 }
+
+// Limits measures, once per process, the read bandwidth (over 1 GiB, far
+// past the last-level cache) and the FMA peak of a default pool. Benchmarks
+// report their figures as shares of these, measured in the same run.
+var Limits = sync.OnceValues(func() (bandwidth, peakFLOPS float64) {
+	p := NewPool(0)
+	defer p.Close()
+	buf := make([]float32, 256<<20)
+	for i := range buf {
+		buf[i] = 1
+	}
+	return p.ReadBandwidth(buf, 9), p.PeakFLOPS()
+})
