@@ -6,6 +6,7 @@
 //
 //	k3 conform [-backend go] [-v] DIR|FILE...
 //	k3 inspect PATH
+//	k3 bench dsa [-contexts 4096,16384,65536,131072] [-iters 3] [-out dsa_decode]
 package main
 
 import (
@@ -25,6 +26,7 @@ type command struct {
 var commands = []command{
 	{"conform", "conform [-backend go] DIR|FILE...   run the golden-vector conformance suite", runConform},
 	{"inspect", "inspect PATH                        list a checkpoint's or golden file's tensors and config", runInspect},
+	{"bench", "bench dsa [-contexts L,...] [-out F] time sparse against dense DSA decode; table and plot", runBench},
 }
 
 // errFailed reports a command that printed its own failure.

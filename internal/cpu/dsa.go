@@ -3,6 +3,7 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 
 	"k3/internal/compute"
@@ -52,7 +53,8 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 		cuK = []int32{0, int32(l)}
 	}
 	if len(cuQ) != len(cuK) || cuQ[0] != 0 || cuK[0] != 0 || int(cuQ[len(cuQ)-1]) != t || int(cuK[len(cuK)-1]) != l {
-		return shapeErr("indexer cu_seqlens q %v k %v for %d queries and %d keys", cuQ, cuK, t, l)
+		// Clones keep the slices from escaping on the success path.
+		return shapeErr("indexer cu_seqlens q %v k %v for %d queries and %d keys", slices.Clone(cuQ), slices.Clone(cuK), t, l)
 	}
 	if err := compute.CheckShape("indexer indices", a.Indices, compute.I32, t, a.TopK); err != nil {
 		return err
@@ -84,8 +86,8 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 		s := seqOf(cuQ, row)
 		k0, k1 := int(cuK[s]), int(cuK[s+1])
 		pos := int(a.QPos[row])
-		if pos < 0 {
-			return fmt.Errorf("cpu: indexer: query row %d at negative position %d", row, pos)
+		if pos < 0 || pos >= k1-k0 {
+			return fmt.Errorf("cpu: indexer: query row %d at position %d, outside its sequence's %d cached keys", row, pos, k1-k0)
 		}
 		vis := min(pos+1, k1-k0)
 		sc.hs = grow32(sc.hs, hi*max(vis, 1))
@@ -138,6 +140,7 @@ type attnJob struct {
 type attnScratch struct {
 	pos []int32
 	z   []float32
+	job attnJob
 }
 
 var attnScratchPool = sync.Pool{New: func() any { return new(attnScratch) }}
@@ -150,7 +153,12 @@ func (b *Backend) Attention(a *compute.AttnArgs) error {
 	if a.Q.Rank != 3 || a.K.Rank != 3 || a.V.Rank != 3 {
 		return shapeErr("attention q %v k %v v %v, want rank 3", a.Q, a.K, a.V)
 	}
-	j := &attnJob{a: a, t: a.Q.Dims[0], hq: a.Q.Dims[1], dk: a.Q.Dims[2], hkv: a.K.Dims[1], dv: a.V.Dims[2], scale: a.Scale}
+	// The job lives in pooled scratch: a fresh one would escape to the
+	// workers and allocate on every decode step.
+	sc := attnScratchPool.Get().(*attnScratch)
+	defer attnScratchPool.Put(sc)
+	sc.job = attnJob{a: a, t: a.Q.Dims[0], hq: a.Q.Dims[1], dk: a.Q.Dims[2], hkv: a.K.Dims[1], dv: a.V.Dims[2], scale: a.Scale}
+	j := &sc.job
 	l := a.K.Dims[0]
 	if a.K.Dims[2] != j.dk || a.V.Dims[0] != l || a.V.Dims[1] != j.hkv || j.hkv == 0 || j.hq%j.hkv != 0 {
 		return shapeErr("attention q %v k %v v %v", a.Q, a.K, a.V)
@@ -179,11 +187,23 @@ func (b *Backend) Attention(a *compute.AttnArgs) error {
 			return err
 		}
 	}
+	for row, p := range a.QPos {
+		if p < 0 || int(p) >= a.KVLen {
+			return fmt.Errorf("cpu: attention: query row %d at position %d beyond the cache length %d", row, p, a.KVLen)
+		}
+	}
 	if !a.Indices.IsZero() {
 		if a.Indices.Rank != 3 || a.Indices.Dims[0] != j.t || a.Indices.Dims[1] != j.hkv || a.Indices.DType != compute.I32 {
 			return shapeErr("attention indices %v, want [%d, %d, K]", a.Indices, j.t, j.hkv)
 		}
 		j.kn, j.idx = a.Indices.Dims[2], I32(a.Indices)
+		// -1 pads and entries not yet written (>= KVLen) are skipped; an
+		// index past the cache itself is a caller bug.
+		for i, s := range j.idx {
+			if int(s) >= l {
+				return fmt.Errorf("cpu: attention: index %d (entry %d) outside the cache of %d rows", s, i, l)
+			}
+		}
 	}
 	items := j.t * j.hkv
 	j.parts = 1
@@ -192,8 +212,6 @@ func (b *Backend) Attention(a *compute.AttnArgs) error {
 	}
 	hg := j.hq / j.hkv
 	need := items * j.parts * hg * (j.dv + 2)
-	sc := attnScratchPool.Get().(*attnScratch)
-	defer attnScratchPool.Put(sc)
 	sc.z = grow32(sc.z, need)
 	j.part = sc.z
 	b.pool.Run(attnRange, kernel.Args{Job: j}, items*j.parts, 1)

@@ -135,9 +135,12 @@ func (b *Backend) kdaPrepare(a *compute.KDAArgs) (*kdaJob, error) {
 	return j, nil
 }
 
+// grow32 returns s resized to n, reallocating with room to spare so that
+// a buffer that grows with the context (one more key per decode step)
+// reallocates only logarithmically often.
 func grow32(s []float32, n int) []float32 {
 	if cap(s) < n {
-		return make([]float32, n)
+		return make([]float32, n, max(n, 2*cap(s)))
 	}
 	return s[:n]
 }

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+
+	"k3/internal/bench"
+	"k3/internal/cpu"
+)
+
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, "usage: k3 bench dsa [-contexts 4096,16384,65536,131072] [-iters 3] [-out dsa_decode]")
+		return errUsage
+	}
+	switch args[0] {
+	case "dsa":
+		return benchDSA(ctx, args[1:], stdout, stderr)
+	}
+	fmt.Fprintf(stderr, "k3 bench: unknown benchmark %q (have: dsa)\n", args[0])
+	return errUsage
+}
+
+func benchDSA(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench dsa", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	ctxs := fs.String("contexts", "4096,16384,65536,131072", "context lengths, comma separated")
+	iters := fs.Int("iters", 3, "decode steps timed per context (median)")
+	out := fs.String("out", "dsa_decode", "write OUT.txt (the table) and OUT.png (latency against context); empty: neither")
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	var lens []int
+	for _, f := range strings.Split(*ctxs, ",") {
+		var n int
+		if _, err := fmt.Sscan(f, &n); err != nil || n <= 0 {
+			return fmt.Errorf("bad context length %q", f)
+		}
+		lens = append(lens, n)
+	}
+	if *iters <= 0 {
+		return fmt.Errorf("-iters %d must be positive", *iters)
+	}
+	b := cpu.New(0)
+	defer b.Close()
+	s := bench.K31Pro
+	var table strings.Builder
+	tw := tabwriter.NewWriter(&table, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(&table, "DSA decode step, attention core, K3.1 Pro shape (%d heads, latent %d + rope %d, indexer %d x %d, top-%d), go backend\n",
+		s.Heads, s.Latent, s.Rope, s.IndexHeads, s.IndexDim, s.TopK)
+	fmt.Fprintln(tw, "context\tsparse ms\tindexer ms\tindexer share\tdense ms\tmeasured ratio\tFLOP ratio\tsparse MB read\tdense MB read\t")
+	sparse, dense := make(plotter.XYs, 0), make(plotter.XYs, 0)
+	for _, l := range lens {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		r, err := bench.DSADecode(b, s, l, *iters)
+		if err != nil {
+			return err
+		}
+		ms := func(d interface{ Seconds() float64 }) float64 { return d.Seconds() * 1e3 }
+		fmt.Fprintf(tw, "%d\t%.2f\t%.2f\t%.0f%%\t%.2f\t%.2fx\t%.2fx\t%.1f\t%.1f\t\n", l, ms(r.Sparse), ms(r.Indexer),
+			100*float64(r.Indexer)/float64(r.Sparse), ms(r.Dense), float64(r.Dense)/float64(r.Sparse),
+			s.DenseFLOPs(l)/s.SparseFLOPs(l), s.SparseBytes(l)/1e6, s.DenseBytes(l)/1e6)
+		sparse = append(sparse, plotter.XY{X: float64(l) / 1024, Y: ms(r.Sparse)})
+		dense = append(dense, plotter.XY{X: float64(l) / 1024, Y: ms(r.Dense)})
+	}
+	tw.Flush()
+	fmt.Fprint(stdout, table.String())
+	if *out == "" {
+		return nil
+	}
+	if err := os.WriteFile(*out+".txt", []byte(table.String()), 0o644); err != nil {
+		return err
+	}
+	p := plot.New()
+	p.Title.Text = "DSA decode step (K3.1 Pro shape, go backend)"
+	p.X.Label.Text = "context (K tokens)"
+	p.Y.Label.Text = "latency (ms)"
+	p.Add(plotter.NewGrid())
+	for i, c := range []struct {
+		name string
+		xy   plotter.XYs
+	}{{"sparse (indexer + top-k + attention)", sparse}, {"dense MLA", dense}} {
+		line, points, err := plotter.NewLinePoints(c.xy)
+		if err != nil {
+			return err
+		}
+		line.Color = plotter.DefaultLineStyle.Color
+		if i == 1 {
+			line.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+		}
+		p.Add(line, points)
+		p.Legend.Add(c.name, line, points)
+	}
+	p.Legend.Top, p.Legend.Left = true, true
+	if err := p.Save(6*vg.Inch, 4*vg.Inch, *out+".png"); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %s.txt and %s.png\n", *out, *out)
+	return nil
+}

@@ -1,0 +1,161 @@
+package dsa
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"k3/internal/compute"
+	"k3/internal/cpu"
+	"k3/internal/weights"
+)
+
+func testConfig() Config {
+	return Config{Hidden: 32, NumHeads: 4, QLoRARank: 24, KVLoRARank: 16, NopeDim: 8, RopeDim: 8, VDim: 8,
+		NoPE: false, OutputGate: true, RopeTheta: 10000, Indexer: &IndexerConfig{NumHeads: 2, HeadDim: 16, TopK: 4}}
+}
+
+// randomSource serves random weights of the requested shapes.
+func randomSource(cfg Config, seed uint64) weights.Source {
+	r := rand.New(rand.NewPCG(seed, 1))
+	h, d, qin := cfg.NumHeads, cfg.Hidden, cfg.QLoRARank
+	shapes := map[string][]int{
+		"q_a_proj.weight": {qin, d}, "q_a_layernorm.weight": {qin}, "q_b_proj.weight": {h * (cfg.NopeDim + cfg.RopeDim), qin},
+		"kv_a_proj_with_mqa.weight": {cfg.KVLoRARank + cfg.RopeDim, d}, "kv_a_layernorm.weight": {cfg.KVLoRARank},
+		"kv_b_proj.weight": {h * (cfg.NopeDim + cfg.VDim), cfg.KVLoRARank}, "g_proj.weight": {h * cfg.VDim, d},
+		"o_proj.weight": {d, h * cfg.VDim}, "indexer.wq_b.weight": {cfg.Indexer.NumHeads * cfg.Indexer.HeadDim, qin},
+		"indexer.wk.weight": {cfg.Indexer.HeadDim, d}, "indexer.k_norm.weight": {cfg.Indexer.HeadDim},
+		"indexer.k_norm.bias": {cfg.Indexer.HeadDim}, "indexer.weights_proj.weight": {cfg.Indexer.NumHeads, d},
+	}
+	return func(name string) (compute.DType, []int, []byte, error) {
+		shape, ok := shapes[name]
+		if !ok {
+			return 0, nil, nil, errors.New("no tensor " + name)
+		}
+		n := 1
+		for _, s := range shape {
+			n *= s
+		}
+		data := make([]byte, 4*n)
+		for i := 0; i < n; i++ {
+			v := math.Float32bits(float32(r.NormFloat64() * 0.3))
+			data[4*i], data[4*i+1], data[4*i+2], data[4*i+3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
+		}
+		return compute.F32, shape, data, nil
+	}
+}
+
+// TestIncrementalEqualsPrefill checks that decoding token by token with
+// the cache (which grows past its initial capacity) gives the outputs of
+// one prefill, and that truncating and re-running reproduces them.
+func TestIncrementalEqualsPrefill(t *testing.T) {
+	b := cpu.New(2)
+	defer b.Close()
+	cfg := testConfig()
+	w, err := LoadWeights(b, cfg, randomSource(cfg, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 13
+	r := rand.New(rand.NewPCG(2, 2))
+	xs := make([]float32, n*cfg.Hidden)
+	for i := range xs {
+		xs[i] = float32(r.NormFloat64())
+	}
+	x, _ := b.Alloc(compute.F32, n, cfg.Hidden)
+	b.Write(x, xs)
+	full, _ := NewLayer(b, cfg, w, n)
+	c1, _ := NewCache(b, cfg, n, 64)
+	y1, _ := b.Alloc(compute.F32, n, cfg.Hidden)
+	if err := full.Forward(x, c1, y1); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]float32, n*cfg.Hidden)
+	b.Read(want, y1)
+
+	step, _ := NewLayer(b, cfg, w, 1)
+	c2, _ := NewCache(b, cfg, 2, 64) // grows 2 -> 4 -> 8 -> 16
+	y2, _ := b.Alloc(compute.F32, 1, cfg.Hidden)
+	got := make([]float32, cfg.Hidden)
+	check := func(from int) {
+		for i := from; i < n; i++ {
+			if err := step.Forward(x.Rows(i, i+1), c2, y2); err != nil {
+				t.Fatal(err)
+			}
+			b.Read(got, y2)
+			for j := range got {
+				if w := want[i*cfg.Hidden+j]; math.Abs(float64(got[j]-w)) > 1e-4*(1+math.Abs(float64(w))) {
+					t.Fatalf("token %d channel %d: %g, prefill %g", i, j, got[j], w)
+				}
+			}
+		}
+	}
+	check(0)
+	if c2.Len != n || c2.Cap() < n || c2.Bytes() <= 0 {
+		t.Fatalf("cache len %d cap %d bytes %d", c2.Len, c2.Cap(), c2.Bytes())
+	}
+	if err := c2.Truncate(5); err != nil {
+		t.Fatal(err)
+	}
+	check(5)
+	if err := c2.Truncate(n + 1); err == nil {
+		t.Error("truncate beyond the length accepted")
+	}
+	// No allocation per decode token once the cache has room.
+	c3, _ := NewCache(b, cfg, 64, 64)
+	if allocs := testing.AllocsPerRun(10, func() { step.Forward(x.Rows(0, 1), c3, y2) }); allocs != 0 {
+		t.Errorf("decode step allocates %v times", allocs)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	b := cpu.New(1)
+	defer b.Close()
+	cfg := testConfig()
+	if _, err := NewCache(b, cfg, 2, 3); err == nil || !strings.Contains(err.Error(), "index_topk 4") {
+		t.Errorf("top-k beyond the cache limit: %v", err)
+	}
+	w, _ := LoadWeights(b, cfg, randomSource(cfg, 3))
+	l, _ := NewLayer(b, cfg, w, 4)
+	c, _ := NewCache(b, cfg, 4, 5)
+	x, _ := b.Alloc(compute.F32, 3, cfg.Hidden)
+	y, _ := b.Alloc(compute.F32, 3, cfg.Hidden)
+	if err := l.Forward(x, c, y); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Forward(x, c, y); !errors.Is(err, ErrCacheFull) {
+		t.Errorf("overflowing the cache limit: %v", err)
+	}
+	// Attention-level checks.
+	q, _ := b.Alloc(compute.F32, 1, 2, 8)
+	k, _ := b.Alloc(compute.F32, 6, 1, 8)
+	out, _ := b.Alloc(compute.F32, 1, 2, 8)
+	idx, _ := b.Alloc(compute.I32, 1, 1, 2)
+	b.Write(idx, []int32{1, 9})
+	a := compute.AttnArgs{Q: q, K: k, V: k, Indices: idx, QPos: []int32{4}, KVLen: 6, Causal: true, Scale: 1, Out: out}
+	if err := b.Attention(&a); err == nil || !strings.Contains(err.Error(), "outside the cache") {
+		t.Errorf("index outside the cache: %v", err)
+	}
+	b.Write(idx, []int32{1, 2})
+	a.QPos = []int32{6}
+	if err := b.Attention(&a); err == nil || !strings.Contains(err.Error(), "beyond the cache length") {
+		t.Errorf("query beyond the cache: %v", err)
+	}
+	k7, _ := b.Alloc(compute.F32, 6, 1, 7)
+	a.QPos, a.K = []int32{4}, k7
+	if err := b.Attention(&a); !errors.Is(err, compute.ErrShape) {
+		t.Errorf("mismatched head dims: %v", err)
+	}
+	bad := randomSource(cfg, 4)
+	wrong := func(name string) (compute.DType, []int, []byte, error) {
+		if name == "kv_b_proj.weight" {
+			return compute.F32, []int{3, 3}, make([]byte, 36), nil
+		}
+		return bad(name)
+	}
+	if _, err := LoadWeights(b, cfg, wrong); err == nil || !strings.Contains(err.Error(), "kv_b_proj.weight") {
+		t.Errorf("mis-shaped kv_b_proj: %v", err)
+	}
+}
