@@ -299,4 +299,3 @@ func (s *Session) step(tokens []int32, tr *Trace, allLogits bool) error {
 	s.pos += t
 	return nil
 }
-

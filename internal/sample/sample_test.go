@@ -1,0 +1,141 @@
+package sample
+
+import (
+	"errors"
+	"math"
+	"testing"
+)
+
+func TestGreedyAndPenalties(t *testing.T) {
+	s, err := New(Params{}, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Sample([]float32{1, 3, 3, 2}); got != 1 {
+		t.Errorf("greedy picked %d, want 1 (tie to the lower id)", got)
+	}
+	s, _ = New(Params{RepetitionPenalty: 2}, 3)
+	s.Observe(0)
+	if got := s.Sample([]float32{3, 2, 0}); got != 1 {
+		t.Errorf("repetition penalty: picked %d, want 1", got)
+	}
+	s, _ = New(Params{PresencePenalty: 0.5, FrequencyPenalty: 1}, 3)
+	s.Observe(0, 0)
+	if got := s.Sample([]float32{3, 0.6, 0}); got != 1 { // 3 - 0.5 - 2 = 0.5 < 0.6
+		t.Errorf("presence/frequency penalty: picked %d, want 1", got)
+	}
+	s, _ = New(Params{LogitBias: map[int32]float32{2: 10}}, 3)
+	if got := s.Sample([]float32{3, 2, 0}); got != 2 {
+		t.Errorf("logit bias: picked %d, want 2", got)
+	}
+}
+
+// TestDistribution draws many samples and checks the frequencies against
+// the filtered softmax with a chi-square bound.
+func TestDistribution(t *testing.T) {
+	logits := []float32{2, 1.5, 1, 0.2, -1, -3}
+	cases := []struct {
+		p    Params
+		want []float64
+	}{
+		{Params{Temperature: 1}, nil},
+		{Params{Temperature: 0.7, TopK: 3}, nil},
+		{Params{Temperature: 1, TopP: 0.6}, nil},
+		{Params{Temperature: 1, MinP: 0.3}, nil},
+	}
+	for ci, c := range cases {
+		// Expected distribution, computed directly.
+		w := make([]float64, len(logits))
+		for i, l := range logits {
+			w[i] = math.Exp(float64(l) / float64(c.p.Temperature))
+		}
+		keep := make([]bool, len(w))
+		for i := range keep {
+			keep[i] = true
+		}
+		if c.p.TopK > 0 {
+			for i := c.p.TopK; i < len(w); i++ {
+				keep[i] = false
+			}
+		}
+		if c.p.MinP > 0 {
+			for i := range w {
+				if w[i] < float64(c.p.MinP)*w[0] {
+					keep[i] = false
+				}
+			}
+		}
+		if c.p.TopP > 0 {
+			var total, acc float64
+			for _, v := range w {
+				total += v
+			}
+			for i := range w {
+				if acc >= float64(c.p.TopP)*total {
+					keep[i] = false
+				}
+				acc += w[i]
+			}
+		}
+		var z float64
+		for i := range w {
+			if !keep[i] {
+				w[i] = 0
+			}
+			z += w[i]
+		}
+		c.p.Seed = uint64(ci + 1)
+		s, err := New(c.p, len(logits))
+		if err != nil {
+			t.Fatal(err)
+		}
+		const n = 40000
+		counts := make([]float64, len(logits))
+		for i := 0; i < n; i++ {
+			counts[s.Sample(logits)]++
+			s.Reset() // keep the distribution fixed
+		}
+		var chi float64
+		dof := -1
+		for i := range w {
+			exp := w[i] / z * n
+			if exp == 0 {
+				if counts[i] != 0 {
+					t.Errorf("case %d: token %d has probability 0 but was drawn %v times", ci, i, counts[i])
+				}
+				continue
+			}
+			chi += (counts[i] - exp) * (counts[i] - exp) / exp
+			dof++
+		}
+		// 99.99th percentile of chi-square with <= 5 degrees of freedom is about 25.7.
+		if chi > 25.7 {
+			t.Errorf("case %d: chi-square %.1f over %d dof; counts %v, want proportions %v", ci, chi, dof, counts, w)
+		}
+	}
+}
+
+func TestSeedReproducible(t *testing.T) {
+	logits := []float32{1, 1, 1, 1, 1}
+	a, _ := New(Params{Temperature: 1, Seed: 42}, 5)
+	b, _ := New(Params{Temperature: 1, Seed: 42}, 5)
+	for i := 0; i < 50; i++ {
+		if x, y := a.Sample(logits), b.Sample(logits); x != y {
+			t.Fatalf("draw %d: %d != %d with the same seed", i, x, y)
+		}
+	}
+}
+
+func TestValidate(t *testing.T) {
+	for _, p := range []Params{{Temperature: -1}, {TopP: 1.5}, {TopP: -0.1}, {MinP: 2}, {TopK: -1},
+		{RepetitionPenalty: -1}, {LogitBias: map[int32]float32{99: 1}}} {
+		if _, err := New(p, 10); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%+v accepted: %v", p, err)
+		}
+	}
+	s, _ := New(Params{Temperature: 0.8, TopK: 2, Seed: 1}, 1000)
+	logits := make([]float32, 1000)
+	if n := testing.AllocsPerRun(20, func() { s.Sample(logits) }); n != 0 {
+		t.Errorf("Sample allocates %v times", n)
+	}
+}
