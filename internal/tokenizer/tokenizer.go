@@ -1,0 +1,346 @@
+// Package tokenizer implements the tokenizers of the Kimi models: the
+// tiktoken byte-pair encoder the released checkpoints ship (a tiktoken.model
+// rank file plus special tokens from tokenizer_config.json), a byte-level
+// tokenizer for tiny test models, streaming decoding that never splits a
+// UTF-8 sequence, and the Kimi chat template.
+package tokenizer
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// ErrFormat is wrapped by errors about malformed tokenizer files.
+var ErrFormat = errors.New("malformed tokenizer file")
+
+// Tokenizer maps text to token ids and back.
+type Tokenizer interface {
+	// Encode tokenizes text. With allowSpecial, special-token strings in
+	// the text ("<|im_end|>") become their ids; otherwise they are plain text.
+	Encode(text string, allowSpecial bool) []int32
+	// TokenBytes returns the bytes a token stands for (special tokens: their
+	// name); nil for an unknown id.
+	TokenBytes(id int32) []byte
+	// Special returns the id of a special token by name.
+	Special(name string) (int32, bool)
+	// IsSpecial reports whether id is a special token.
+	IsSpecial(id int32) bool
+	// VocabSize is one past the largest id.
+	VocabSize() int
+}
+
+// Decode concatenates the bytes of ids; bytes that are not valid UTF-8
+// become U+FFFD (see ToValid).
+func Decode(t Tokenizer, ids []int32) string {
+	var b []byte
+	for _, id := range ids {
+		b = append(b, t.TokenBytes(id)...)
+	}
+	return ToValid(b)
+}
+
+// specials holds the special tokens of a vocabulary.
+type specials struct {
+	byName map[string]int32
+	byID   map[int32]string
+	names  []string // longest first, for matching in text
+}
+
+func newSpecials(m map[string]int32) specials {
+	s := specials{byName: m, byID: map[int32]string{}}
+	for name, id := range m {
+		s.byID[id] = name
+		s.names = append(s.names, name)
+	}
+	sort.Slice(s.names, func(i, j int) bool {
+		if len(s.names[i]) != len(s.names[j]) {
+			return len(s.names[i]) > len(s.names[j])
+		}
+		return s.names[i] < s.names[j]
+	})
+	return s
+}
+
+// split calls plain for the text between special tokens and special for
+// each special token found (leftmost, longest).
+func (s *specials) split(text string, plain func(string), special func(int32)) {
+	for len(text) > 0 {
+		at, name := -1, ""
+		for _, n := range s.names {
+			if i := strings.Index(text, n); i >= 0 && (at < 0 || i < at) {
+				at, name = i, n
+			}
+		}
+		if at < 0 {
+			plain(text)
+			return
+		}
+		if at > 0 {
+			plain(text[:at])
+		}
+		special(s.byName[name])
+		text = text[at+len(name):]
+	}
+}
+
+// BPE is a tiktoken byte-pair encoder.
+type BPE struct {
+	ranks   map[string]int32
+	decoder [][]byte
+	sp      specials
+	vocab   int
+	pieces  []string // scratch
+}
+
+// NewBPE builds an encoder from mergeable ranks (token bytes → id) and
+// special tokens.
+func NewBPE(ranks map[string]int32, special map[string]int32) (*BPE, error) {
+	t := &BPE{ranks: ranks, sp: newSpecials(special)}
+	for _, id := range ranks {
+		t.vocab = max(t.vocab, int(id)+1)
+	}
+	for _, id := range special {
+		t.vocab = max(t.vocab, int(id)+1)
+	}
+	t.decoder = make([][]byte, t.vocab)
+	for tok, id := range ranks {
+		if t.decoder[id] != nil {
+			return nil, fmt.Errorf("%w: rank %d used twice", ErrFormat, id)
+		}
+		t.decoder[id] = []byte(tok)
+	}
+	for name, id := range special {
+		if t.decoder[id] != nil {
+			return nil, fmt.Errorf("%w: special token %q reuses id %d", ErrFormat, name, id)
+		}
+		t.decoder[id] = []byte(name)
+	}
+	for b := 0; b < 256; b++ {
+		if _, ok := ranks[string([]byte{byte(b)})]; !ok {
+			return nil, fmt.Errorf("%w: byte %#02x has no rank, so some text could not be encoded", ErrFormat, b)
+		}
+	}
+	return t, nil
+}
+
+// ReadRanks parses a tiktoken rank file: one "base64-token rank" per line.
+func ReadRanks(r io.Reader, name string) (map[string]int32, error) {
+	ranks := map[string]int32{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for line := 1; sc.Scan(); line++ {
+		f := bytes.Fields(sc.Bytes())
+		if len(f) == 0 {
+			continue
+		}
+		if len(f) != 2 {
+			return nil, fmt.Errorf("%w: %s line %d: want \"base64-token rank\"", ErrFormat, name, line)
+		}
+		tok, err := base64.StdEncoding.DecodeString(string(f[0]))
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s line %d: %v", ErrFormat, name, line, err)
+		}
+		rank, err := strconv.ParseInt(string(f[1]), 10, 32)
+		if err != nil || rank < 0 {
+			return nil, fmt.Errorf("%w: %s line %d: rank %q", ErrFormat, name, line, f[1])
+		}
+		if _, dup := ranks[string(tok)]; dup {
+			return nil, fmt.Errorf("%w: %s line %d: token listed twice", ErrFormat, name, line)
+		}
+		ranks[string(tok)] = int32(rank)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return ranks, nil
+}
+
+// Encode implements Tokenizer.
+func (t *BPE) Encode(text string, allowSpecial bool) []int32 {
+	var out []int32
+	plain := func(s string) {
+		SplitKimi(s, func(piece string) { out = t.encodePiece(out, piece) })
+	}
+	if !allowSpecial {
+		plain(text)
+		return out
+	}
+	t.sp.split(text, plain, func(id int32) { out = append(out, id) })
+	return out
+}
+
+// encodePiece merges the lowest-ranked adjacent pair until none remains.
+func (t *BPE) encodePiece(out []int32, piece string) []int32 {
+	if id, ok := t.ranks[piece]; ok {
+		return append(out, id)
+	}
+	// parts[i] is the byte offset where part i starts.
+	parts := make([]int, len(piece)+1)
+	for i := range parts {
+		parts[i] = i
+	}
+	for len(parts) > 2 {
+		best, at := int32(-1), -1
+		for i := 0; i+2 < len(parts); i++ {
+			if r, ok := t.ranks[piece[parts[i]:parts[i+2]]]; ok && (best < 0 || r < best) {
+				best, at = r, i
+			}
+		}
+		if at < 0 {
+			break
+		}
+		parts = append(parts[:at+1], parts[at+2:]...)
+	}
+	for i := 0; i+1 < len(parts); i++ {
+		out = append(out, t.ranks[piece[parts[i]:parts[i+1]]])
+	}
+	return out
+}
+
+// TokenBytes implements Tokenizer.
+func (t *BPE) TokenBytes(id int32) []byte {
+	if id < 0 || int(id) >= len(t.decoder) {
+		return nil
+	}
+	return t.decoder[id]
+}
+
+// Special implements Tokenizer.
+func (t *BPE) Special(name string) (int32, bool) { id, ok := t.sp.byName[name]; return id, ok }
+
+// IsSpecial implements Tokenizer.
+func (t *BPE) IsSpecial(id int32) bool { _, ok := t.sp.byID[id]; return ok }
+
+// VocabSize implements Tokenizer.
+func (t *BPE) VocabSize() int { return t.vocab }
+
+// ByteLevel maps every byte b to id Offset+b, with special tokens at ids of
+// their own: the tokenizer of k3's tiny random-weight models.
+type ByteLevel struct {
+	Offset int32
+	sp     specials
+	vocab  int
+}
+
+// NewByteLevel makes a byte tokenizer; specials must not overlap the 256
+// byte ids.
+func NewByteLevel(offset int32, special map[string]int32, vocab int) (*ByteLevel, error) {
+	if offset < 0 || int(offset)+256 > vocab {
+		return nil, fmt.Errorf("%w: byte offset %d does not fit a vocabulary of %d", ErrFormat, offset, vocab)
+	}
+	for name, id := range special {
+		if id >= offset && id < offset+256 || id < 0 || int(id) >= vocab {
+			return nil, fmt.Errorf("%w: special token %q at id %d collides with the bytes or leaves the vocabulary", ErrFormat, name, id)
+		}
+	}
+	return &ByteLevel{Offset: offset, sp: newSpecials(special), vocab: vocab}, nil
+}
+
+// Encode implements Tokenizer.
+func (t *ByteLevel) Encode(text string, allowSpecial bool) []int32 {
+	out := make([]int32, 0, len(text))
+	plain := func(s string) {
+		for i := 0; i < len(s); i++ {
+			out = append(out, t.Offset+int32(s[i]))
+		}
+	}
+	if !allowSpecial {
+		plain(text)
+		return out
+	}
+	t.sp.split(text, plain, func(id int32) { out = append(out, id) })
+	return out
+}
+
+// TokenBytes implements Tokenizer.
+func (t *ByteLevel) TokenBytes(id int32) []byte {
+	if id >= t.Offset && id < t.Offset+256 {
+		return []byte{byte(id - t.Offset)}
+	}
+	if name, ok := t.sp.byID[id]; ok {
+		return []byte(name)
+	}
+	return nil
+}
+
+// Special implements Tokenizer.
+func (t *ByteLevel) Special(name string) (int32, bool) { id, ok := t.sp.byName[name]; return id, ok }
+
+// IsSpecial implements Tokenizer.
+func (t *ByteLevel) IsSpecial(id int32) bool { _, ok := t.sp.byID[id]; return ok }
+
+// VocabSize implements Tokenizer.
+func (t *ByteLevel) VocabSize() int { return t.vocab }
+
+// Config is the part of tokenizer_config.json k3 reads.
+type Config struct {
+	TokenizerClass string `json:"tokenizer_class"`
+	// ByteOffset is k3's own field for byte-level tokenizers.
+	ByteOffset  *int32 `json:"byte_offset"`
+	AddedTokens map[string]struct {
+		Content string `json:"content"`
+		Special bool   `json:"special"`
+	} `json:"added_tokens_decoder"`
+	ChatTemplate any `json:"chat_template"`
+}
+
+// ByteLevelClass is the tokenizer_class k3 writes for byte-level models.
+const ByteLevelClass = "K3ByteLevelTokenizer"
+
+// Load reads the tokenizer of a checkpoint directory: tiktoken.model with
+// tokenizer_config.json, or a byte-level tokenizer_config.json. A directory
+// with neither gets a byte-level tokenizer with bytes at ids 3..258 (ids 0-2
+// left to pad, bos and eos), so the tiny test checkpoints can take text.
+func Load(dir string, vocab int) (Tokenizer, error) {
+	var cfg Config
+	cfgPath := filepath.Join(dir, "tokenizer_config.json")
+	if b, err := os.ReadFile(cfgPath); err == nil {
+		if err := json.Unmarshal(b, &cfg); err != nil {
+			return nil, fmt.Errorf("%w: %s: %v", ErrFormat, cfgPath, err)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	special := map[string]int32{}
+	for idStr, tok := range cfg.AddedTokens {
+		id, err := strconv.ParseInt(idStr, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: added token id %q", ErrFormat, cfgPath, idStr)
+		}
+		special[tok.Content] = int32(id)
+	}
+	rankPath := filepath.Join(dir, "tiktoken.model")
+	if f, err := os.Open(rankPath); err == nil {
+		defer f.Close()
+		ranks, err := ReadRanks(f, rankPath)
+		if err != nil {
+			return nil, err
+		}
+		t, err := NewBPE(ranks, special)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", rankPath, err)
+		}
+		if t.VocabSize() > vocab {
+			return nil, fmt.Errorf("%w: %s has ids up to %d, beyond the model's vocabulary of %d", ErrFormat, rankPath, t.VocabSize()-1, vocab)
+		}
+		return t, nil
+	}
+	offset := int32(3)
+	if cfg.ByteOffset != nil {
+		offset = *cfg.ByteOffset
+	}
+	if cfg.TokenizerClass != "" && cfg.TokenizerClass != ByteLevelClass {
+		return nil, fmt.Errorf("%w: %s: tokenizer_class %q needs tiktoken.model, which is missing", ErrFormat, cfgPath, cfg.TokenizerClass)
+	}
+	return NewByteLevel(offset, special, vocab)
+}

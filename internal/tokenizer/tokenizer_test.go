@@ -1,0 +1,149 @@
+package tokenizer
+
+import (
+	"bytes"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// testRanks: every byte, then a few merges in rank order.
+func testRanks() map[string]int32 {
+	ranks := map[string]int32{}
+	for b := 0; b < 256; b++ {
+		ranks[string([]byte{byte(b)})] = int32(b)
+	}
+	for i, m := range []string{"he", "ll", "llo", "hello", " w", "or", " wor", "ld", " world", "\xe4\xb8", "\xe4\xb8\xad"} {
+		ranks[m] = int32(256 + i)
+	}
+	return ranks
+}
+
+func TestBPE(t *testing.T) {
+	tok, err := NewBPE(testRanks(), map[string]int32{"<|im_end|>": 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// "hello" is one piece and one token; " world" likewise; "!" a byte.
+	got := tok.Encode("hello world!", false)
+	want := []int32{259, 264, '!'}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("hello world!: %v want %v", got, want)
+	}
+	// "helo": h,e,l,o -> "he" (rank 256), then no merge for "he"+"l".
+	if got := tok.Encode("helo", false); fmt.Sprint(got) != fmt.Sprint([]int32{256, 'l', 'o'}) {
+		t.Errorf("helo: %v", got)
+	}
+	// "中" = e4 b8 ad: merges e4b8 then e4b8ad.
+	if got := tok.Encode("中", false); fmt.Sprint(got) != "[266]" {
+		t.Errorf("中: %v", got)
+	}
+	if got := tok.Encode("a<|im_end|>b", true); fmt.Sprint(got) != "[97 300 98]" {
+		t.Errorf("special: %v", got)
+	}
+	if got := tok.Encode("a<|im_end|>b", false); len(got) < 5 {
+		t.Errorf("special as text: %v", got)
+	}
+	for _, s := range []string{"hello world", "naïve 日本語 👍🏽 x\xff\xfe", "", "\n\n  \t"} {
+		if got := Decode(tok, tok.Encode(s, false)); got != ToValid([]byte(s)) {
+			t.Errorf("round trip %q -> %q", s, got)
+		}
+		var raw []byte
+		for _, id := range tok.Encode(s, false) {
+			raw = append(raw, tok.TokenBytes(id)...)
+		}
+		if !bytes.Equal(raw, []byte(s)) {
+			t.Errorf("bytes of %q not preserved: %q", s, raw)
+		}
+	}
+	missing := testRanks()
+	delete(missing, "\x00")
+	if _, err := NewBPE(missing, nil); err == nil {
+		t.Error("rank table without byte 0 accepted")
+	}
+}
+
+func TestReadRanksAndLoad(t *testing.T) {
+	dir := t.TempDir()
+	var b strings.Builder
+	for tokStr, id := range testRanks() {
+		fmt.Fprintf(&b, "%s %d\n", base64.StdEncoding.EncodeToString([]byte(tokStr)), id)
+	}
+	os.WriteFile(filepath.Join(dir, "tiktoken.model"), []byte(b.String()), 0o644)
+	os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(`{"added_tokens_decoder":{"300":{"content":"<|im_end|>","special":true}}}`), 0o644)
+	tok, err := Load(dir, 512)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id, ok := tok.Special("<|im_end|>"); !ok || id != 300 || !tok.IsSpecial(300) {
+		t.Errorf("special <|im_end|> = %d %v", id, ok)
+	}
+	if _, err := Load(dir, 100); err == nil {
+		t.Error("rank file larger than the vocabulary accepted")
+	}
+	for _, bad := range []string{"notbase64! 1\n", "YQ== x\n", "YQ== 1 2\n", "YQ== 1\nYQ== 2\n"} {
+		if _, err := ReadRanks(strings.NewReader(bad), "bad.model"); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	empty := t.TempDir()
+	bl, err := Load(empty, 512)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := bl.Encode("A", false); got[0] != 3+'A' {
+		t.Errorf("default byte tokenizer: %v", got)
+	}
+}
+
+func TestByteLevel(t *testing.T) {
+	sp := map[string]int32{"<|im_end|>": 1, "<|im_user|>": 300}
+	tok, err := NewByteLevel(4, sp, 512)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := tok.Encode("hi<|im_end|>", true)
+	if fmt.Sprint(ids) != fmt.Sprint([]int32{4 + 'h', 4 + 'i', 1}) {
+		t.Errorf("encode %v", ids)
+	}
+	if _, err := NewByteLevel(4, map[string]int32{"x": 10}, 512); err == nil {
+		t.Error("special inside the byte range accepted")
+	}
+	if _, err := NewByteLevel(300, nil, 512); err == nil {
+		t.Error("bytes beyond the vocabulary accepted")
+	}
+}
+
+// TestStreamNeverSplitsUTF8 feeds multilingual text byte by byte (the worst
+// tokenization) and checks every emitted chunk is valid UTF-8 and the
+// concatenation is the text.
+func TestStreamNeverSplitsUTF8(t *testing.T) {
+	tok, _ := NewByteLevel(0, nil, 256)
+	for _, s := range []string{"naïve café 日本語 中文 😀👍🏽 Ελληνικά עברית", "plain ascii", "x\xff\xc3(\xe2\x82"} {
+		d := NewStreamDecoder(tok)
+		var got strings.Builder
+		for _, id := range tok.Encode(s, false) {
+			chunk := d.Next(id)
+			if !utf8.ValidString(chunk) {
+				t.Fatalf("%q: emitted invalid chunk %q", s, chunk)
+			}
+			got.WriteString(chunk)
+		}
+		got.WriteString(d.Flush())
+		if want := ToValid([]byte(s)); got.String() != want {
+			t.Errorf("stream of %q gave %q, want %q", s, got.String(), want)
+		}
+	}
+}
+
+func TestChat(t *testing.T) {
+	got := Chat([]Message{{"system", "Be brief."}, {"user", "Hi"}}, true)
+	want := "<|im_system|>system<|im_middle|>Be brief.<|im_end|><|im_user|>user<|im_middle|>Hi<|im_end|><|im_assistant|>assistant<|im_middle|>"
+	if got != want {
+		t.Errorf("chat:\n%s\nwant\n%s", got, want)
+	}
+}
