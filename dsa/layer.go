@@ -448,3 +448,30 @@ func (l *Layer) index(x, qin compute.Tensor, cache *Cache, pos []int32) (compute
 	}
 	return l.idx.Rows(0, t), nil
 }
+
+// CopyFrom makes c hold the same positions as src (same layer shape).
+func (c *Cache) CopyFrom(src *Cache) error {
+	if c.dc != src.dc || c.dr != src.dr || c.di != src.di {
+		return fmt.Errorf("dsa: copying a cache of another layer shape")
+	}
+	if src.Len > c.Cap() {
+		c.Len = 0
+		if err := c.realloc(src.Len); err != nil {
+			return err
+		}
+	}
+	c.Len = src.Len
+	if c.Len == 0 {
+		return nil
+	}
+	if err := c.b.Copy(c.KV.Rows(0, c.Len), src.KV.Rows(0, c.Len)); err != nil {
+		return err
+	}
+	if err := c.b.Copy(c.PE.Rows(0, c.Len), src.PE.Rows(0, c.Len)); err != nil {
+		return err
+	}
+	if c.di > 0 {
+		return c.b.Copy(c.IK.Rows(0, c.Len), src.IK.Rows(0, c.Len))
+	}
+	return nil
+}

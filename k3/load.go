@@ -15,6 +15,7 @@ import (
 	"k3/internal/floatx"
 	"k3/internal/moe"
 	"k3/internal/safetensors"
+	"k3/internal/tokenizer"
 	"k3/internal/weights"
 	"k3/kda"
 )
@@ -58,6 +59,7 @@ type Model struct {
 	// AttnRes: fused queries of every sublayer [2L, D] and the output's [D].
 	resQueries, outQuery compute.Tensor
 	act                  compute.Activation
+	tok                  tokenizer.Tokenizer
 }
 
 // layer holds one decoder layer's weights.
@@ -105,6 +107,10 @@ func Load(ctx context.Context, dir string, opts ...Option) (*Model, error) {
 	if err := m.load(ctx, o.progress); err != nil {
 		m.Close()
 		return nil, err
+	}
+	if m.tok, err = tokenizer.Load(dir, cfg.VocabSize); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("k3: %w", err)
 	}
 	return m, nil
 }
@@ -189,8 +195,12 @@ func (s *source) prefixed(prefix string) weights.Source {
 func (m *Model) load(ctx context.Context, progress func(done, total int)) error {
 	cfg := m.Config
 	src := &source{ck: m.ck, used: map[string]bool{}}
-	if _, _, ok := m.ck.Tensor("language_model.model.embed_tokens.weight"); ok {
-		src.strip = "language_model."
+	// Kimi K3 checkpoints prefix the text model's tensors.
+	for _, name := range m.ck.Names() {
+		if strings.HasPrefix(name, "language_model.") {
+			src.strip = "language_model."
+			break
+		}
 	}
 	d, v := cfg.HiddenSize, cfg.VocabSize
 	top := &weights.Loader{B: m.b, Src: src.prefixed("")}

@@ -38,6 +38,10 @@ type Session struct {
 	logits                            compute.Tensor // [chunk, V]
 	pos                               int
 	limit                             int
+
+	tokens []int32   // every token fed so far
+	last   []float32 // logits after the last token (nil before any)
+	broken error     // set when a forward pass failed halfway
 }
 
 // NewSession starts an empty sequence.
@@ -126,9 +130,22 @@ type Trace struct {
 // new position ([len(tokens)][vocab], row-major). Long inputs run in chunks;
 // ctx is checked between chunks. tr, when not nil, receives intermediates.
 func (s *Session) Forward(ctx context.Context, tokens []int32, tr *Trace) ([]float32, error) {
+	return s.run(ctx, tokens, true, tr)
+}
+
+// Tokens returns the tokens the session holds.
+func (s *Session) Tokens() []int32 { return append([]int32(nil), s.tokens...) }
+
+// run feeds tokens and keeps the last position's logits; with all it also
+// returns every position's logits. Inputs are checked before any state
+// changes, so bad input leaves the session as it was.
+func (s *Session) run(ctx context.Context, tokens []int32, all bool, tr ...*Trace) ([]float32, error) {
+	if s.broken != nil {
+		return nil, fmt.Errorf("k3: session unusable after an earlier failure (Reset or Truncate it): %w", s.broken)
+	}
 	v := s.m.Config.VocabSize
 	if len(tokens) == 0 {
-		return nil, errors.New("k3: no tokens to run")
+		return nil, ErrEmptyPrompt
 	}
 	for i, t := range tokens {
 		if t < 0 || int(t) >= v {
@@ -138,20 +155,128 @@ func (s *Session) Forward(ctx context.Context, tokens []int32, tr *Trace) ([]flo
 	if s.pos+len(tokens) > s.limit {
 		return nil, fmt.Errorf("%w: %d tokens after %d exceed %d", ErrContextFull, len(tokens), s.pos, s.limit)
 	}
-	out := make([]float32, len(tokens)*v)
+	var trace *Trace
+	if len(tr) > 0 {
+		trace = tr[0]
+	}
+	var out []float32
+	if all {
+		out = make([]float32, len(tokens)*v)
+	}
+	if s.last == nil {
+		s.last = make([]float32, v)
+	}
 	for c0 := 0; c0 < len(tokens); c0 += s.m.chunk {
 		if err := ctx.Err(); err != nil {
+			// Between chunks the state is consistent: it holds c0 tokens.
 			return nil, err
 		}
 		c1 := min(c0+s.m.chunk, len(tokens))
-		if err := s.step(tokens[c0:c1], tr, true); err != nil {
+		if err := s.step(tokens[c0:c1], trace, all); err != nil {
+			s.broken = err
 			return nil, err
 		}
-		if err := s.m.b.Read(out[c0*v:c1*v], s.logits.Rows(0, c1-c0)); err != nil {
+		s.tokens = append(s.tokens, tokens[c0:c1]...)
+		rows := 1
+		if all {
+			rows = c1 - c0
+			if err := s.m.b.Read(out[c0*v:c1*v], s.logits.Rows(0, rows)); err != nil {
+				return nil, err
+			}
+			copy(s.last, out[(c1-1)*v:c1*v])
+		} else if err := s.m.b.Read(s.last, s.logits.Rows(0, 1)); err != nil {
 			return nil, err
 		}
 	}
 	return out, nil
+}
+
+// Reset empties the session.
+func (s *Session) Reset() error {
+	for _, st := range s.kdaSt {
+		if st == nil {
+			continue
+		}
+		if err := s.m.b.Write(st.Conv, make([]float32, st.Conv.Len())); err != nil {
+			return err
+		}
+		if err := s.m.b.Write(st.S, make([]float32, st.S.Len())); err != nil {
+			return err
+		}
+	}
+	for _, c := range s.caches {
+		if c != nil {
+			c.Truncate(0)
+		}
+	}
+	s.pos, s.tokens, s.last, s.broken = 0, s.tokens[:0], nil, nil
+	return nil
+}
+
+// Truncate keeps the first n tokens. Attention caches truncate in place;
+// the KDA recurrent state cannot be rewound without checkpoints, so the
+// session is rebuilt by running the kept tokens again (cost: a prefill of
+// n tokens).
+func (s *Session) Truncate(ctx context.Context, n int) error {
+	if n < 0 || n > len(s.tokens) {
+		return fmt.Errorf("k3: truncate to %d of %d tokens", n, len(s.tokens))
+	}
+	keep := append([]int32(nil), s.tokens[:n]...)
+	if err := s.Reset(); err != nil {
+		return err
+	}
+	if n == 0 {
+		return nil
+	}
+	_, err := s.run(ctx, keep, false)
+	return err
+}
+
+// Clone returns an independent copy of the session (fork a conversation).
+func (s *Session) Clone() (*Session, error) {
+	if s.broken != nil {
+		return nil, fmt.Errorf("k3: cannot clone a failed session: %w", s.broken)
+	}
+	c, err := s.m.NewSession()
+	if err != nil {
+		return nil, err
+	}
+	b := s.m.b
+	for l := range s.kdaSt {
+		if st := s.kdaSt[l]; st != nil {
+			if err := b.Copy(c.kdaSt[l].Conv, st.Conv); err != nil {
+				return nil, err
+			}
+			if err := b.Copy(c.kdaSt[l].S, st.S); err != nil {
+				return nil, err
+			}
+		}
+		if src := s.caches[l]; src != nil {
+			if err := c.caches[l].CopyFrom(src); err != nil {
+				return nil, err
+			}
+		}
+	}
+	c.pos, c.tokens = s.pos, append([]int32(nil), s.tokens...)
+	if s.last != nil {
+		c.last = append([]float32(nil), s.last...)
+	}
+	return c, nil
+}
+
+// StateBytes returns the memory the session's per-sequence state holds:
+// KDA states and conv caches, attention caches and scratch.
+func (s *Session) StateBytes() int64 {
+	var n int64
+	for l := range s.kdaSt {
+		if st := s.kdaSt[l]; st != nil {
+			n += 4 * int64(st.Conv.Len()+st.S.Len())
+		}
+		if c := s.caches[l]; c != nil {
+			n += c.Bytes()
+		}
+	}
+	return n
 }
 
 func (s *Session) readF32(t compute.Tensor) []float32 {
@@ -168,6 +293,9 @@ func (s *Session) readI32(t compute.Tensor) []int32 {
 
 // step runs one forward pass over at most chunk tokens.
 func (s *Session) step(tokens []int32, tr *Trace, allLogits bool) error {
+	if s.pos+len(tokens) > s.limit {
+		return fmt.Errorf("%w: %d tokens after %d exceed %d", ErrContextFull, len(tokens), s.pos, s.limit)
+	}
 	m, b := s.m, s.m.b
 	cfg := m.Config
 	t := len(tokens)
