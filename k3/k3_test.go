@@ -163,6 +163,7 @@ func TestBadInput(t *testing.T) {
 	}
 	// A cancelled context stops generation with its error.
 	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	n := 0
 	for _, err := range s.Generate(cctx, "hello", WithMaxTokens(50), WithoutDefaultStops()) {
 		if err != nil {

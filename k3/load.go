@@ -2,8 +2,10 @@ package k3
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"sort"
 	"strings"
 
@@ -81,13 +83,6 @@ type layer struct {
 // dtype are mapped, not copied. Every expected tensor must be present with
 // its shape, and no unexpected tensor may be left over.
 func Load(ctx context.Context, dir string, opts ...Option) (*Model, error) {
-	o := options{backend: "go", chunk: 256}
-	for _, f := range opts {
-		f(&o)
-	}
-	if o.chunk <= 0 {
-		return nil, fmt.Errorf("k3: prefill chunk %d must be positive", o.chunk)
-	}
 	cfg, err := config.Load(dir)
 	if err != nil {
 		return nil, fmt.Errorf("k3: %w", err)
@@ -96,8 +91,78 @@ func Load(ctx context.Context, dir string, opts ...Option) (*Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("k3: %w", err)
 	}
-	m := &Model{Config: cfg, ck: ck, chunk: o.chunk, b: o.be}
+	tok, err := tokenizer.Load(dir, cfg.VocabSize)
+	if err != nil {
+		ck.Close()
+		return nil, fmt.Errorf("k3: %w", err)
+	}
+	return newModel(ctx, cfg, ck, tok, opts)
+}
+
+// LoadFS reads a checkpoint from a file system (for instance one embedded
+// in the program), reading the weights into memory. name labels errors.
+func LoadFS(ctx context.Context, fsys fs.FS, name string, opts ...Option) (*Model, error) {
+	raw, err := fs.ReadFile(fsys, "config.json")
+	if err != nil {
+		return nil, fmt.Errorf("k3: %s: %w", name, err)
+	}
+	cfg, err := config.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("k3: %s/config.json: %w", name, err)
+	}
+	shards := []string{"model.safetensors"}
+	if idx, err := fs.ReadFile(fsys, safetensors.IndexName); err == nil {
+		var m struct {
+			WeightMap map[string]string `json:"weight_map"`
+		}
+		if err := json.Unmarshal(idx, &m); err != nil {
+			return nil, fmt.Errorf("k3: %s/%s: %w", name, safetensors.IndexName, err)
+		}
+		seen := map[string]bool{}
+		shards = shards[:0]
+		for _, f := range m.WeightMap {
+			if !seen[f] {
+				seen[f] = true
+				shards = append(shards, f)
+			}
+		}
+		sort.Strings(shards)
+	}
+	var files []*safetensors.File
+	for _, sh := range shards {
+		b, err := fs.ReadFile(fsys, sh)
+		if err != nil {
+			return nil, fmt.Errorf("k3: %s: %w", name, err)
+		}
+		f, err := safetensors.FromBytes(name+"/"+sh, b)
+		if err != nil {
+			return nil, fmt.Errorf("k3: %w", err)
+		}
+		files = append(files, f)
+	}
+	ck, err := safetensors.NewCheckpoint(name, files...)
+	if err != nil {
+		return nil, fmt.Errorf("k3: %w", err)
+	}
+	tok, err := tokenizer.LoadFS(fsys, name, cfg.VocabSize)
+	if err != nil {
+		return nil, fmt.Errorf("k3: %w", err)
+	}
+	return newModel(ctx, cfg, ck, tok, opts)
+}
+
+func newModel(ctx context.Context, cfg *config.Config, ck *safetensors.Checkpoint, tok tokenizer.Tokenizer, opts []Option) (*Model, error) {
+	o := options{backend: "go", chunk: 256}
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.chunk <= 0 {
+		ck.Close()
+		return nil, fmt.Errorf("k3: prefill chunk %d must be positive", o.chunk)
+	}
+	m := &Model{Config: cfg, ck: ck, chunk: o.chunk, b: o.be, tok: tok}
 	if m.b == nil {
+		var err error
 		if m.b, err = backends.Open(o.backend); err != nil {
 			ck.Close()
 			return nil, fmt.Errorf("k3: %w", err)
@@ -107,10 +172,6 @@ func Load(ctx context.Context, dir string, opts ...Option) (*Model, error) {
 	if err := m.load(ctx, o.progress); err != nil {
 		m.Close()
 		return nil, err
-	}
-	if m.tok, err = tokenizer.Load(dir, cfg.VocabSize); err != nil {
-		m.Close()
-		return nil, fmt.Errorf("k3: %w", err)
 	}
 	return m, nil
 }

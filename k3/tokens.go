@@ -1,6 +1,11 @@
 package k3
 
-import "k3/internal/tokenizer"
+import (
+	"context"
+
+	"k3/internal/tinymodel"
+	"k3/internal/tokenizer"
+)
 
 // Tokenizer maps text to token ids and back: the tiktoken encoder of the
 // released Kimi models, or the byte-level one of tiny test models.
@@ -21,3 +26,23 @@ func (m *Model) Decode(ids []int32) string { return tokenizer.Decode(m.tok, ids)
 // ChatPrompt renders a conversation in the Kimi chat format, ending with an
 // open assistant turn for the model to complete.
 func (m *Model) ChatPrompt(msgs []Message) string { return tokenizer.Chat(msgs, true) }
+
+// LoadTiny loads the tiny K3.1 Pro-shaped checkpoint embedded in the SDK
+// (about 0.4M parameters, bf16). Its weights are random: it exercises every
+// layer kind, but its output is not language.
+func LoadTiny(ctx context.Context, opts ...Option) (*Model, error) {
+	return LoadFS(ctx, tinymodel.FS(), "embedded:tiny-k31pro", opts...)
+}
+
+// TinyLabel describes the embedded model for user-facing output.
+const TinyLabel = "embedded tiny K3.1 Pro-shaped model with RANDOM weights (output is not language)"
+
+// WeightBytes returns the size of the checkpoint's tensors as stored.
+func (m *Model) WeightBytes() int64 {
+	var n int64
+	for _, name := range m.ck.Names() {
+		t, _, _ := m.ck.Tensor(name)
+		n += t.Size
+	}
+	return n
+}

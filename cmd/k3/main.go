@@ -4,7 +4,10 @@
 //
 // Usage:
 //
-//	k3 conform [-backend go] [-v] DIR|FILE...
+//	k3 run [-model DIR] [-prompt TEXT] [-max-tokens N] [-temperature T] ...
+//	k3 chat [-model DIR] [-system TEXT]
+//	k3 new-tiny -preset k31pro|k3|kimi_linear|k31pro-100m -out DIR
+//	k3 conform [-backend go] DIR|FILE...
 //	k3 inspect PATH
 //	k3 bench dsa [-contexts 4096,16384,65536,131072] [-iters 3] [-out dsa_decode]
 package main
@@ -24,6 +27,9 @@ type command struct {
 }
 
 var commands = []command{
+	{"run", "run [-model DIR] [-prompt TEXT] [-chat] ...  generate from a prompt, streaming, then speed and memory", runRun},
+	{"chat", "chat [-model DIR] [-system TEXT] ...           interactive multi-turn chat", runChat},
+	{"new-tiny", "new-tiny -preset NAME -out DIR               write a random-weight checkpoint", runNewTiny},
 	{"conform", "conform [-backend go] DIR|FILE...   run the golden-vector conformance suite", runConform},
 	{"inspect", "inspect PATH                        list a checkpoint's or golden file's tensors and config", runInspect},
 	{"bench", "bench dsa [-contexts L,...] [-out F] time sparse against dense DSA decode; table and plot", runBench},

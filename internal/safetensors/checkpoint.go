@@ -94,6 +94,22 @@ func OpenCheckpoint(dir string) (*Checkpoint, error) {
 	return c, nil
 }
 
+// NewCheckpoint joins open files (for instance read from an fs.FS with
+// FromBytes) into one namespace; a tensor name in two files is an error.
+func NewCheckpoint(name string, files ...*File) (*Checkpoint, error) {
+	c := &Checkpoint{Dir: name, byName: map[string]*File{}}
+	for _, f := range files {
+		c.Files = append(c.Files, f)
+		for _, t := range f.Tensors() {
+			if other, dup := c.byName[t.Name]; dup {
+				return nil, fmt.Errorf("safetensors: %w: tensor %q is in both %s and %s", ErrInvalid, t.Name, other.Name(), f.Name())
+			}
+			c.byName[t.Name] = f
+		}
+	}
+	return c, nil
+}
+
 // Tensor returns the description of a tensor and the file holding it.
 func (c *Checkpoint) Tensor(name string) (TensorInfo, *File, bool) {
 	f, ok := c.byName[name]

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -301,14 +302,17 @@ const ByteLevelClass = "K3ByteLevelTokenizer"
 // tokenizer_config.json, or a byte-level tokenizer_config.json. A directory
 // with neither gets a byte-level tokenizer with bytes at ids 3..258 (ids 0-2
 // left to pad, bos and eos), so the tiny test checkpoints can take text.
-func Load(dir string, vocab int) (Tokenizer, error) {
+func Load(dir string, vocab int) (Tokenizer, error) { return LoadFS(os.DirFS(dir), dir, vocab) }
+
+// LoadFS is Load reading from fsys; name is used in error messages.
+func LoadFS(fsys fs.FS, name string, vocab int) (Tokenizer, error) {
 	var cfg Config
-	cfgPath := filepath.Join(dir, "tokenizer_config.json")
-	if b, err := os.ReadFile(cfgPath); err == nil {
+	cfgPath := filepath.Join(name, "tokenizer_config.json")
+	if b, err := fs.ReadFile(fsys, "tokenizer_config.json"); err == nil {
 		if err := json.Unmarshal(b, &cfg); err != nil {
 			return nil, fmt.Errorf("%w: %s: %v", ErrFormat, cfgPath, err)
 		}
-	} else if !errors.Is(err, os.ErrNotExist) {
+	} else if !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
 	special := map[string]int32{}
@@ -319,8 +323,8 @@ func Load(dir string, vocab int) (Tokenizer, error) {
 		}
 		special[tok.Content] = int32(id)
 	}
-	rankPath := filepath.Join(dir, "tiktoken.model")
-	if f, err := os.Open(rankPath); err == nil {
+	rankPath := filepath.Join(name, "tiktoken.model")
+	if f, err := fsys.Open("tiktoken.model"); err == nil {
 		defer f.Close()
 		ranks, err := ReadRanks(f, rankPath)
 		if err != nil {
