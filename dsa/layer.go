@@ -245,6 +245,7 @@ type Layer struct {
 	iq, ik, iw               compute.Tensor
 	idx                      compute.Tensor
 	pos                      []int32
+	one                      [1]int32
 	attn                     compute.AttnArgs
 	ixArgs                   compute.IndexerArgs
 	rope                     compute.RopeArgs
@@ -383,27 +384,7 @@ func (l *Layer) Forward(x compute.Tensor, cache *Cache, y compute.Tensor) error 
 	if err := b.Attention(&l.attn); err != nil {
 		return fmt.Errorf("dsa: attention: %w", err)
 	}
-	o := l.o.Rows(0, t)
-	if err := b.HeadMatMul(o, ol, w.UV); err != nil {
-		return fmt.Errorf("dsa: value lift: %w", err)
-	}
-	o2 := o.Reshape(t, h*cfg.VDim)
-	if cfg.OutputGate {
-		g := l.g.Rows(0, t)
-		if err := b.MatMul(g, x, w.G); err != nil {
-			return fmt.Errorf("dsa: g_proj: %w", err)
-		}
-		if err := b.Unary(compute.Sigmoid, g, g); err != nil {
-			return err
-		}
-		if err := b.Binary(compute.Mul, o2, o2, g); err != nil {
-			return err
-		}
-	}
-	if err := b.MatMul(y, o2, w.O); err != nil {
-		return fmt.Errorf("dsa: o_proj: %w", err)
-	}
-	return nil
+	return l.output(x, t, y)
 }
 
 func (l *Layer) rotate(x compute.Tensor, pos []int32, dims int, interleaved bool) error {
@@ -472,6 +453,159 @@ func (c *Cache) CopyFrom(src *Cache) error {
 	}
 	if c.di > 0 {
 		return c.b.Copy(c.IK.Rows(0, c.Len), src.IK.Rows(0, c.Len))
+	}
+	return nil
+}
+
+// ForwardBatch runs one decode token for each of B sequences: x [B, D], row
+// i continuing caches[i]. The projections read every weight once for the
+// batch; the cache appends, the indexer and the attention run per sequence
+// over its own cache. Each row's result equals a Forward of that row alone.
+func (l *Layer) ForwardBatch(x compute.Tensor, caches []*Cache, y compute.Tensor) error {
+	t := x.Dim(0)
+	if t > l.maxT || len(caches) != t {
+		return fmt.Errorf("dsa: batch of %d rows for %d caches (layer sized for %d)", t, len(caches), l.maxT)
+	}
+	for _, c := range caches {
+		if err := c.reserve(1); err != nil {
+			return err
+		}
+	}
+	cfg, w, b := l.cfg, l.W, l.b
+	h, dc, dr := cfg.NumHeads, cfg.KVLoRARank, cfg.RopeDim
+	qin := x
+	if cfg.QLoRARank > 0 {
+		qin = l.cq.Rows(0, t)
+		if err := b.MatMul(qin, x, w.QA); err != nil {
+			return fmt.Errorf("dsa: q_a_proj: %w", err)
+		}
+		if err := b.RMSNorm(qin, qin, w.QANorm, latentEps); err != nil {
+			return err
+		}
+	}
+	qn := l.qn.Rows(0, t)
+	if err := b.MatMul(qn.Reshape(t, h*cfg.NopeDim), qin, w.QNope); err != nil {
+		return fmt.Errorf("dsa: query projection: %w", err)
+	}
+	var qr compute.Tensor
+	if dr > 0 {
+		qr = l.qr.Rows(0, t)
+		if err := b.MatMul(qr.Reshape(t, h*dr), qin, w.QRope); err != nil {
+			return fmt.Errorf("dsa: query rope projection: %w", err)
+		}
+	}
+	qa := l.qa.Rows(0, t)
+	if err := b.HeadMatMul(qa, qn, w.UKT); err != nil {
+		return fmt.Errorf("dsa: absorbed query: %w", err)
+	}
+	for i, c := range caches {
+		xi, p := x.Rows(i, i+1), c.Len
+		l.one[0] = int32(p)
+		pos := l.one[:]
+		kv := c.KV.Rows(p, p+1)
+		if err := b.MatMul(kv, xi, w.KVA); err != nil {
+			return fmt.Errorf("dsa: kv_a_proj_with_mqa: %w", err)
+		}
+		if err := b.RMSNorm(kv, kv, w.KVANorm, latentEps); err != nil {
+			return err
+		}
+		var qri compute.Tensor
+		if dr > 0 {
+			qri = qr.Rows(i, i+1)
+			kr := c.PE.Rows(p, p+1)
+			if err := b.MatMul(kr, xi, w.KRope); err != nil {
+				return fmt.Errorf("dsa: kv_a_proj_with_mqa rope rows: %w", err)
+			}
+			if !cfg.NoPE {
+				if err := l.rotate(qri, pos, dr, true); err != nil {
+					return err
+				}
+				if err := l.rotate(kr, pos, dr, true); err != nil {
+					return err
+				}
+			}
+		}
+		var indices compute.Tensor
+		if cfg.Indexer != nil {
+			var err error
+			if indices, err = l.indexRow(xi, qin.Rows(i, i+1), c, pos, i); err != nil {
+				return err
+			}
+		}
+		c.Len = p + 1
+		lat := c.KV.Rows(0, c.Len).Reshape(c.Len, 1, dc)
+		l.attn = compute.AttnArgs{Q: qa.Rows(i, i+1), K: lat, V: lat, Indices: indices, QPos: pos, KVLen: c.Len, Causal: true,
+			Scale: float32(1 / math.Sqrt(float64(cfg.NopeDim+dr))), Out: l.ol.Rows(i, i+1)}
+		if dr > 0 {
+			l.attn.QRope, l.attn.KRope = qri, c.PE.Rows(0, c.Len)
+		}
+		if err := b.Attention(&l.attn); err != nil {
+			return fmt.Errorf("dsa: attention: %w", err)
+		}
+	}
+	return l.output(x, t, y)
+}
+
+// indexRow runs the indexer for one decode row (row i of the batch
+// buffers) over its sequence's cache.
+func (l *Layer) indexRow(x, qin compute.Tensor, c *Cache, pos []int32, i int) (compute.Tensor, error) {
+	cfg, w, b := l.cfg, l.W, l.b
+	ix := cfg.Indexer
+	p := int(pos[0])
+	iq := l.iq.Rows(i, i+1)
+	if err := b.MatMul(iq.Reshape(1, ix.NumHeads*ix.HeadDim), qin, w.IWq); err != nil {
+		return compute.Tensor{}, fmt.Errorf("dsa: indexer.wq_b: %w", err)
+	}
+	ik := c.IK.Rows(p, p+1)
+	if err := b.MatMul(ik, x, w.IWk); err != nil {
+		return compute.Tensor{}, fmt.Errorf("dsa: indexer.wk: %w", err)
+	}
+	if err := b.LayerNorm(ik, ik, w.IKNormW, w.IKNormB, latentEps); err != nil {
+		return compute.Tensor{}, err
+	}
+	if !cfg.NoPE && cfg.RopeDim > 0 {
+		if err := l.rotate(iq, pos, cfg.RopeDim, false); err != nil {
+			return compute.Tensor{}, err
+		}
+		if err := l.rotate(ik, pos, cfg.RopeDim, false); err != nil {
+			return compute.Tensor{}, err
+		}
+	}
+	iw := l.iw.Rows(i, i+1)
+	if err := b.MatMul(iw, x, w.IWeights); err != nil {
+		return compute.Tensor{}, fmt.Errorf("dsa: indexer.weights_proj: %w", err)
+	}
+	idx := l.idx.Rows(i, i+1).Reshape(1, ix.TopK)
+	l.ixArgs = compute.IndexerArgs{Q: iq, K: c.IK.Rows(0, p+1), W: iw, QPos: pos, TopK: ix.TopK, Indices: idx}
+	if err := b.LightningIndexer(&l.ixArgs); err != nil {
+		return compute.Tensor{}, fmt.Errorf("dsa: indexer: %w", err)
+	}
+	return l.idx.Rows(i, i+1), nil
+}
+
+// output lifts the attended latents of t rows, applies the gate and o_proj.
+func (l *Layer) output(x compute.Tensor, t int, y compute.Tensor) error {
+	cfg, w, b := l.cfg, l.W, l.b
+	h := cfg.NumHeads
+	o := l.o.Rows(0, t)
+	if err := b.HeadMatMul(o, l.ol.Rows(0, t), w.UV); err != nil {
+		return fmt.Errorf("dsa: value lift: %w", err)
+	}
+	o2 := o.Reshape(t, h*cfg.VDim)
+	if cfg.OutputGate {
+		g := l.g.Rows(0, t)
+		if err := b.MatMul(g, x, w.G); err != nil {
+			return fmt.Errorf("dsa: g_proj: %w", err)
+		}
+		if err := b.Unary(compute.Sigmoid, g, g); err != nil {
+			return err
+		}
+		if err := b.Binary(compute.Mul, o2, o2, g); err != nil {
+			return err
+		}
+	}
+	if err := b.MatMul(y, o2, w.O); err != nil {
+		return fmt.Errorf("dsa: o_proj: %w", err)
 	}
 	return nil
 }

@@ -151,6 +151,7 @@ type Layer struct {
 	convArgs                                  compute.ConvArgs
 	chunkArgs                                 compute.KDAArgs
 	stepArgs                                  compute.KDAStepArgs
+	convs, states                             []compute.Tensor
 }
 
 // NewLayer prepares a layer for calls of up to maxT tokens.
@@ -263,6 +264,25 @@ func (l *Layer) outputGate(x, gate compute.Tensor, t int) error {
 // sequence, B = the state's sequences) and writes y [B, hidden].
 func (l *Layer) Decode(x compute.Tensor, st *State, y compute.Tensor) error {
 	l.stepArgs = compute.KDAStepArgs{W: l.W, X: x, Conv: st.Conv, State: st.S, Y: y}
+	if err := l.b.KDAStep(&l.stepArgs); err != nil {
+		return fmt.Errorf("kda: decode step: %w", err)
+	}
+	return nil
+}
+
+// DecodeBatch runs the fused step for x [B, hidden], one token for each of
+// B sequences whose states live apart (one State per session), reading
+// every weight once for the whole batch.
+func (l *Layer) DecodeBatch(x compute.Tensor, states []*State, y compute.Tensor) error {
+	l.convs, l.states = l.convs[:0], l.states[:0]
+	for _, st := range states {
+		if st.S.Dims[0] != 1 {
+			return fmt.Errorf("kda: batched decode takes single-sequence states, got %v", st.S)
+		}
+		l.convs = append(l.convs, st.Conv.Reshape(st.Conv.Dims[1], st.Conv.Dims[2]))
+		l.states = append(l.states, st.S.Reshape(st.S.Dims[1], st.S.Dims[2], st.S.Dims[3]))
+	}
+	l.stepArgs = compute.KDAStepArgs{W: l.W, X: x, Y: y, Convs: l.convs, States: l.states}
 	if err := l.b.KDAStep(&l.stepArgs); err != nil {
 		return fmt.Errorf("kda: decode step: %w", err)
 	}

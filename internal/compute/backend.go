@@ -174,6 +174,10 @@ type KDAStepArgs struct {
 	W              *KDAWeights
 	X, Conv, State Tensor
 	Y              Tensor
+	// Convs and States, when set, replace Conv and State with one tensor
+	// per sequence ([W-1, 3*H*D] and [H, D, D]): sessions batched for one
+	// step keep their own state in place.
+	Convs, States []Tensor
 }
 
 // ConvArgs are the operands of CausalConv: X and Out [T, C] packed over

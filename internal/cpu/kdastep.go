@@ -81,15 +81,16 @@ func convSeq(out, x, wt, state []float32, t, ch, w int) {
 // stepScratch holds KDAStep's intermediates for one call.
 type stepScratch struct {
 	raw, conv, fa, graw, braw, gate, ga, core []float32
+	convs, states                             [][]float32 // per sequence
 	job                                       stepJob
 }
 
 // stepJob is the per-head part of KDAStep.
 type stepJob struct {
-	w                       *compute.KDAWeights
-	sc                      *stepScratch
-	state, alog, dtb, onorm []float32
-	h, d                    int
+	w                *compute.KDAWeights
+	sc               *stepScratch
+	alog, dtb, onorm []float32
+	h, d             int
 }
 
 // headScratch is one worker's q, k, g, kv and o vectors.
@@ -126,7 +127,7 @@ func stepHeads(args *kernel.Args, lo, hi int) {
 			}
 		}
 		beta := kernel.Sigmoid(sc.braw[s*h+hh])
-		st := j.state[(s*h+hh)*d*d : (s*h+hh+1)*d*d]
+		st := sc.states[s][hh*d*d : (hh+1)*d*d]
 		kdaToken(st, q, k, g, v, beta, kv, o, d, d)
 		out := sc.core[s*hd+hh*d : s*hd+(hh+1)*d]
 		kernel.RMSNorm(out, o, j.onorm, d, w.Eps)
@@ -158,17 +159,38 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 	if err := compute.CheckShape("kda step output", a.Y, compute.F32, bsz, hidden); err != nil {
 		return err
 	}
-	if err := compute.CheckShape("kda step conv state", a.Conv, compute.F32, bsz, width-1, 3*hd); err != nil {
-		return err
-	}
-	if err := compute.CheckShape("kda step state", a.State, compute.F32, bsz, h, d, d); err != nil {
-		return err
+	sc := stepScratchPool.Get().(*stepScratch)
+	defer stepScratchPool.Put(sc)
+	sc.convs, sc.states = sc.convs[:0], sc.states[:0]
+	if a.States != nil {
+		if len(a.States) != bsz || len(a.Convs) != bsz {
+			return shapeErr("kda step: %d states and %d conv states for %d sequences", len(a.States), len(a.Convs), bsz)
+		}
+		for i := range a.States {
+			if err := compute.CheckShape("kda step conv state", a.Convs[i], compute.F32, width-1, 3*hd); err != nil {
+				return err
+			}
+			if err := compute.CheckShape("kda step state", a.States[i], compute.F32, h, d, d); err != nil {
+				return err
+			}
+			sc.convs, sc.states = append(sc.convs, F32(a.Convs[i])), append(sc.states, F32(a.States[i]))
+		}
+	} else {
+		if err := compute.CheckShape("kda step conv state", a.Conv, compute.F32, bsz, width-1, 3*hd); err != nil {
+			return err
+		}
+		if err := compute.CheckShape("kda step state", a.State, compute.F32, bsz, h, d, d); err != nil {
+			return err
+		}
+		conv, state := F32(a.Conv), F32(a.State)
+		for i := 0; i < bsz; i++ {
+			sc.convs = append(sc.convs, conv[i*(width-1)*3*hd:(i+1)*(width-1)*3*hd])
+			sc.states = append(sc.states, state[i*h*d*d:(i+1)*h*d*d])
+		}
 	}
 	if w.QKV.Dims[0] != 3*hd || w.Conv.Dims[0] != 3*hd {
 		return shapeErr("kda step: qkv %v conv %v for %d heads of %d", w.QKV, w.Conv, h, d)
 	}
-	sc := stepScratchPool.Get().(*stepScratch)
-	defer stepScratchPool.Put(sc)
 	sc.raw, sc.conv = grow32(sc.raw, bsz*3*hd), grow32(sc.conv, bsz*3*hd)
 	sc.fa, sc.graw, sc.braw = grow32(sc.fa, bsz*d), grow32(sc.graw, bsz*hd), grow32(sc.braw, bsz*h)
 	sc.gate, sc.core = grow32(sc.gate, bsz*hd), grow32(sc.core, bsz*hd)
@@ -199,16 +221,16 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 			return err
 		}
 	}
-	conv, state, wt := F32(a.Conv), F32(a.State), F32(w.Conv)
+	wt := F32(w.Conv)
 	alog, dtb, onorm := F32(w.ALog), F32(w.DTBias), F32(w.ONorm)
 	if wt == nil || len(alog) < h || len(dtb) != hd || len(onorm) != d {
 		return shapeErr("kda step: conv %v, A_log %v, dt_bias %v, o_norm %v must be f32 for %d heads of %d", w.Conv, w.ALog, w.DTBias, w.ONorm, h, d)
 	}
 	for s := 0; s < bsz; s++ {
-		convSeq(sc.conv[s*3*hd:(s+1)*3*hd], sc.raw[s*3*hd:(s+1)*3*hd], wt, conv[s*(width-1)*3*hd:(s+1)*(width-1)*3*hd], 1, 3*hd, width)
+		convSeq(sc.conv[s*3*hd:(s+1)*3*hd], sc.raw[s*3*hd:(s+1)*3*hd], wt, sc.convs[s], 1, 3*hd, width)
 	}
 	// The recurrence, norm and gate of every (sequence, head) in parallel.
-	sc.job = stepJob{w: w, sc: sc, state: state, alog: alog, dtb: dtb, onorm: onorm, h: h, d: d}
+	sc.job = stepJob{w: w, sc: sc, alog: alog, dtb: dtb, onorm: onorm, h: h, d: d}
 	b.pool.Run(stepHeads, kernel.Args{Job: &sc.job}, bsz*h, 1)
 	return mm(F32(a.Y), sc.core, w.OProj, bsz)
 }
