@@ -2,6 +2,7 @@ package k3
 
 import (
 	"context"
+	"fmt"
 	"testing"
 )
 
@@ -60,5 +61,58 @@ func TestBatchEqualsSolo(t *testing.T) {
 			}
 		}
 		m.Close()
+	}
+}
+
+// TestBatcherMatchesSolo runs concurrent generations through the batcher
+// and checks each against the same generation run alone.
+func TestBatcherMatchesSolo(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m := load(t)
+	bat, err := m.NewBatcher(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go bat.Run(ctx)
+	prompts := []string{"alpha", "be", "gamma ray", "delta", "epsilon!", "z"}
+	want := make([][]int32, len(prompts))
+	for i, p := range prompts {
+		want[i] = collect(t, m.Generate(ctx, p, WithMaxTokens(6+i), WithoutDefaultStops()))
+	}
+	got := make([][]int32, len(prompts))
+	errs := make(chan error, len(prompts))
+	done := make(chan int)
+	for i, p := range prompts {
+		go func() {
+			s, err := m.NewSession()
+			if err != nil {
+				errs <- err
+				done <- i
+				return
+			}
+			for tok, err := range bat.Generate(ctx, s, p, WithMaxTokens(6+i), WithoutDefaultStops()) {
+				if err != nil {
+					errs <- err
+					break
+				}
+				if tok.ID >= 0 {
+					got[i] = append(got[i], tok.ID)
+				}
+			}
+			done <- i
+		}()
+	}
+	for range prompts {
+		<-done
+	}
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for i := range prompts {
+		if fmt.Sprint(got[i]) != fmt.Sprint(want[i]) {
+			t.Errorf("prompt %q: batched %v, alone %v", prompts[i], got[i], want[i])
+		}
 	}
 }

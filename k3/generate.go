@@ -17,7 +17,10 @@ var ErrInvalidOption = sample.ErrInvalid
 // ErrEmptyPrompt is returned when generation has no prompt and no history.
 var ErrEmptyPrompt = errors.New("k3: empty prompt")
 
-// Token is one generated token.
+// Token is one generated token. The last Token of a generation may have
+// ID -1: it carries text held back until the end (the bytes of an
+// unfinished character, shown as U+FFFD, or the start of a stop string that
+// never completed).
 type Token struct {
 	ID int32
 	// Text is the text this token completes. It is empty while a character
@@ -243,25 +246,37 @@ func (s *Session) startGeneration(ctx context.Context, prompt []int32, opts []Ge
 // (so the session always holds everything generated), and returns it with
 // the text it releases.
 func (g *generation) next(ctx context.Context) (Token, bool, error) {
-	if g.stopped || g.n >= g.o.maxTokens {
-		return Token{}, true, nil
-	}
-	if err := ctx.Err(); err != nil {
+	tok, feed, done, err := g.pick(ctx)
+	if err != nil {
 		return Token{}, false, err
 	}
-	id := g.sampler.Sample(g.s.last)
-	feed := func() error {
-		if g.s.pos >= g.s.limit {
-			g.stopped = true
-			return nil
+	if feed {
+		if _, err := g.s.run(ctx, []int32{tok.ID}, false); err != nil {
+			return Token{}, false, err
 		}
-		_, err := g.s.run(ctx, []int32{id}, false)
-		return err
+	}
+	return tok, done, nil
+}
+
+// pick samples the next token. feed says whether it must be fed to the
+// session (every sampled token is, while the context has room); done ends
+// the generation without yielding tok.
+func (g *generation) pick(ctx context.Context) (tok Token, feed, done bool, err error) {
+	if g.stopped || g.n >= g.o.maxTokens {
+		return Token{}, false, true, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return Token{}, false, false, err
+	}
+	id := g.sampler.Sample(g.s.last)
+	feed = g.s.pos < g.s.limit
+	if !feed {
+		g.stopped = true
 	}
 	for _, st := range g.o.stopTokens {
 		if id == st {
 			g.stopped = true
-			return Token{}, true, feed()
+			return Token{ID: id}, feed, true, nil
 		}
 	}
 	g.n++
@@ -273,10 +288,7 @@ func (g *generation) next(ctx context.Context) (Token, bool, error) {
 			g.stopped = true
 		}
 	}
-	if err := feed(); err != nil {
-		return Token{}, false, err
-	}
-	return Token{ID: id, Text: text}, false, nil
+	return Token{ID: id, Text: text}, feed, false, nil
 }
 
 // flush releases text held back: an unfinished character, or the start of
@@ -289,7 +301,7 @@ func (g *generation) flush() Token {
 			text = text[:i]
 		}
 	}
-	return Token{Text: text}
+	return Token{ID: -1, Text: text}
 }
 
 func indexAny(text string, subs []string) int {
