@@ -34,7 +34,13 @@ type options struct {
 	be       compute.Backend
 	progress func(done, total int)
 	chunk    int
+	dense    bool
 }
+
+// WithDenseAttention runs DSA layers as dense MLA: every query attends to
+// every earlier position and the Lightning Indexer is skipped (its weights
+// are still checked). For comparisons; K3.1 Pro was trained sparse.
+func WithDenseAttention() Option { return func(o *options) { o.dense = true } }
 
 // WithBackend selects the compute backend by name ("go", the default, or
 // "ascend").
@@ -62,6 +68,7 @@ type Model struct {
 	resQueries, outQuery compute.Tensor
 	act                  compute.Activation
 	tok                  tokenizer.Tokenizer
+	dense                bool // run DSA layers densely
 }
 
 // layer holds one decoder layer's weights.
@@ -160,7 +167,7 @@ func newModel(ctx context.Context, cfg *config.Config, ck *safetensors.Checkpoin
 		ck.Close()
 		return nil, fmt.Errorf("k3: prefill chunk %d must be positive", o.chunk)
 	}
-	m := &Model{Config: cfg, ck: ck, chunk: o.chunk, b: o.be, tok: tok}
+	m := &Model{Config: cfg, ck: ck, chunk: o.chunk, b: o.be, tok: tok, dense: o.dense}
 	if m.b == nil {
 		var err error
 		if m.b, err = backends.Open(o.backend); err != nil {
@@ -374,6 +381,9 @@ func (m *Model) loadLayer(src *source, l int) (*layer, []float32, error) {
 		}
 		if ly.mla, err = dsa.LoadWeights(m.b, ly.mlaCfg, attn); err != nil {
 			return nil, nil, err
+		}
+		if m.dense {
+			ly.mlaCfg.Indexer = nil
 		}
 	}
 	if cfg.IsMoELayer(l) {
