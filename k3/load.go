@@ -443,3 +443,7 @@ func (m *Model) loadMoE(src *source, prefix string) (*moe.Weights, moe.Router, e
 	r := moe.Router{TopK: mc.TopK, NumGroups: mc.NumGroups, TopKGroup: mc.TopKGroup, Renormalize: mc.Renormalize, Scale: float32(mc.ScalingFactor)}
 	return w, r, nil
 }
+
+// WithComputeBackend runs the model on b, which the caller owns (Close on
+// the model does not close it). For custom or instrumented backends.
+func WithComputeBackend(b compute.Backend) Option { return func(o *options) { o.be = b } }

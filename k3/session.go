@@ -427,3 +427,15 @@ func (s *Session) step(tokens []int32, tr *Trace, allLogits bool) error {
 	s.pos += t
 	return nil
 }
+
+// KDAStateBytes returns the bytes of the session's KDA recurrent states and
+// conv caches, which every decode step reads and writes.
+func (s *Session) KDAStateBytes() int64 {
+	var n int64
+	for _, st := range s.kdaSt {
+		if st != nil {
+			n += 4 * int64(st.Conv.Len()+st.S.Len())
+		}
+	}
+	return n
+}

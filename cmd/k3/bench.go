@@ -15,18 +15,26 @@ import (
 
 	"k3/internal/bench"
 	"k3/internal/cpu"
+	"k3/internal/modelbench"
 )
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: k3 bench dsa [-contexts 4096,16384,65536,131072] [-iters 3] [-out dsa_decode]")
+		fmt.Fprintln(stderr, "usage: k3 bench dsa [-contexts 4096,16384,65536,131072] [-iters 3] [-out dsa_decode]\n       k3 bench model")
 		return errUsage
 	}
 	switch args[0] {
 	case "dsa":
 		return benchDSA(ctx, args[1:], stdout, stderr)
+	case "model":
+		r, err := modelbench.Run(ctx, func(s string) { fmt.Fprintln(stderr, s) })
+		if err != nil {
+			return err
+		}
+		fmt.Fprint(stdout, r.Table())
+		return nil
 	}
-	fmt.Fprintf(stderr, "k3 bench: unknown benchmark %q (have: dsa)\n", args[0])
+	fmt.Fprintf(stderr, "k3 bench: unknown benchmark %q (have: dsa, model)\n", args[0])
 	return errUsage
 }
 

@@ -28,3 +28,12 @@ func dotAVX2(x, y *float32, n int) float32
 
 //go:noescape
 func scaleAVX2(x *float32, a float32, n int)
+
+//go:noescape
+func dot4x2BF16AVX2(x *float32, xstride int, w *uint16, stride, n int, out *[8]float32)
+
+//go:noescape
+func dot4x1BF16AVX2(x *float32, w *uint16, stride, n int, out *[4]float32)
+
+//go:noescape
+func widenBF16AVX2(dst *float32, src *uint16, n int)

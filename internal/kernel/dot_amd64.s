@@ -322,3 +322,175 @@ sloop8:
 sdone8:
 	VZEROUPPER
 	RET
+
+// func dot4x2BF16AVX2(x *float32, xstride int, w *uint16, stride, n int, out *[8]float32)
+// out[r*4+c] = sum_{i<n} x[r*xstride+i] * bf16(w[c*stride+i]) for two rows
+// r of x and four weight rows c; n % 8 == 0. Each weight is widened once
+// for both rows, so a batch pays the widening half as often.
+TEXT ·dot4x2BF16AVX2(SB), NOSPLIT, $0-48
+	MOVQ x+0(FP), SI
+	MOVQ xstride+8(FP), R11
+	SHLQ $2, R11
+	LEAQ (SI)(R11*1), R11
+	MOVQ w+16(FP), DI
+	MOVQ stride+24(FP), BX
+	SHLQ $1, BX
+	MOVQ n+32(FP), CX
+	MOVQ out+40(FP), DX
+	LEAQ (DI)(BX*1), R8
+	LEAQ (R8)(BX*1), R9
+	LEAQ (R9)(BX*1), R10
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ AX, AX
+
+x2loop:
+	CMPQ CX, $8
+	JL   x2done
+	VMOVUPS (SI)(AX*4), Y12
+	VMOVUPS (R11)(AX*4), Y13
+	VPMOVZXWD (DI)(AX*2), Y8
+	VPMOVZXWD (R8)(AX*2), Y9
+	VPMOVZXWD (R9)(AX*2), Y10
+	VPMOVZXWD (R10)(AX*2), Y11
+	VPSLLD $16, Y8, Y8
+	VPSLLD $16, Y9, Y9
+	VPSLLD $16, Y10, Y10
+	VPSLLD $16, Y11, Y11
+	VFMADD231PS Y12, Y8, Y0
+	VFMADD231PS Y12, Y9, Y1
+	VFMADD231PS Y12, Y10, Y2
+	VFMADD231PS Y12, Y11, Y3
+	VFMADD231PS Y13, Y8, Y4
+	VFMADD231PS Y13, Y9, Y5
+	VFMADD231PS Y13, Y10, Y6
+	VFMADD231PS Y13, Y11, Y7
+	ADDQ $8, AX
+	SUBQ $8, CX
+	JMP  x2loop
+
+x2done:
+	// Row 0: Y0..Y3 -> out[0..3]; row 1: Y4..Y7 -> out[4..7].
+	VEXTRACTF128 $1, Y0, X8
+	VADDPS X8, X0, X0
+	VEXTRACTF128 $1, Y1, X9
+	VADDPS X9, X1, X1
+	VEXTRACTF128 $1, Y2, X10
+	VADDPS X10, X2, X2
+	VEXTRACTF128 $1, Y3, X11
+	VADDPS X11, X3, X3
+	VHADDPS X1, X0, X0
+	VHADDPS X3, X2, X2
+	VHADDPS X2, X0, X0
+	VMOVUPS X0, (DX)
+	VEXTRACTF128 $1, Y4, X8
+	VADDPS X8, X4, X4
+	VEXTRACTF128 $1, Y5, X9
+	VADDPS X9, X5, X5
+	VEXTRACTF128 $1, Y6, X10
+	VADDPS X10, X6, X6
+	VEXTRACTF128 $1, Y7, X11
+	VADDPS X11, X7, X7
+	VHADDPS X5, X4, X4
+	VHADDPS X7, X6, X6
+	VHADDPS X6, X4, X4
+	VMOVUPS X4, 16(DX)
+	VZEROUPPER
+	RET
+
+// func dot4x1BF16AVX2(x *float32, w *uint16, stride, n int, out *[4]float32)
+// Row 0 of dot4x2BF16AVX2 alone, with the same arithmetic (one 8-wide
+// accumulator per weight row, reduced the same way), for a lone x row.
+TEXT ·dot4x1BF16AVX2(SB), NOSPLIT, $0-40
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ stride+16(FP), BX
+	SHLQ $1, BX
+	MOVQ n+24(FP), CX
+	MOVQ out+32(FP), DX
+	LEAQ (DI)(BX*1), R8
+	LEAQ (R8)(BX*1), R9
+	LEAQ (R9)(BX*1), R10
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ AX, AX
+
+x1loop:
+	CMPQ CX, $8
+	JL   x1done
+	VMOVUPS (SI)(AX*4), Y12
+	VPMOVZXWD (DI)(AX*2), Y8
+	VPMOVZXWD (R8)(AX*2), Y9
+	VPMOVZXWD (R9)(AX*2), Y10
+	VPMOVZXWD (R10)(AX*2), Y11
+	VPSLLD $16, Y8, Y8
+	VPSLLD $16, Y9, Y9
+	VPSLLD $16, Y10, Y10
+	VPSLLD $16, Y11, Y11
+	VFMADD231PS Y12, Y8, Y0
+	VFMADD231PS Y12, Y9, Y1
+	VFMADD231PS Y12, Y10, Y2
+	VFMADD231PS Y12, Y11, Y3
+	ADDQ $8, AX
+	SUBQ $8, CX
+	JMP  x1loop
+
+x1done:
+	VEXTRACTF128 $1, Y0, X8
+	VADDPS X8, X0, X0
+	VEXTRACTF128 $1, Y1, X9
+	VADDPS X9, X1, X1
+	VEXTRACTF128 $1, Y2, X10
+	VADDPS X10, X2, X2
+	VEXTRACTF128 $1, Y3, X11
+	VADDPS X11, X3, X3
+	VHADDPS X1, X0, X0
+	VHADDPS X3, X2, X2
+	VHADDPS X2, X0, X0
+	VMOVUPS X0, (DX)
+	VZEROUPPER
+	RET
+
+// func widenBF16AVX2(dst *float32, src *uint16, n int)
+// dst[i] = float32 of bf16 src[i], for n % 8 == 0.
+TEXT ·widenBF16AVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+
+wloop:
+	CMPQ CX, $16
+	JL   wloop8
+	VPMOVZXWD (SI), Y0
+	VPMOVZXWD 16(SI), Y1
+	VPSLLD $16, Y0, Y0
+	VPSLLD $16, Y1, Y1
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	ADDQ $32, SI
+	ADDQ $64, DI
+	SUBQ $16, CX
+	JMP  wloop
+
+wloop8:
+	CMPQ CX, $8
+	JL   wdone
+	VPMOVZXWD (SI), Y0
+	VPSLLD $16, Y0, Y0
+	VMOVUPS Y0, (DI)
+	ADDQ $16, SI
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JMP  wloop8
+
+wdone:
+	VZEROUPPER
+	RET

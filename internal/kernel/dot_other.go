@@ -23,3 +23,13 @@ func axpyAVX2(y *float32, a float32, x *float32, n int) {
 func dotAVX2(x, y *float32, n int) float32 { panic("kernel: no assembly on this platform") }
 
 func scaleAVX2(x *float32, a float32, n int) { panic("kernel: no assembly on this platform") }
+
+func dot4x2BF16AVX2(x *float32, xstride int, w *uint16, stride, n int, out *[8]float32) {
+	panic("kernel: no assembly on this platform")
+}
+
+func dot4x1BF16AVX2(x *float32, w *uint16, stride, n int, out *[4]float32) {
+	panic("kernel: no assembly on this platform")
+}
+
+func widenBF16AVX2(dst *float32, src *uint16, n int) { panic("kernel: no assembly on this platform") }

@@ -88,21 +88,6 @@ func dot4F32(x, w []float32, stride int, d *[4]float32) {
 	}
 }
 
-// dot4BF16W is dot4F32 for bfloat16 weights.
-func dot4BF16W(x []float32, w []uint16, stride int, d *[4]float32) {
-	k := len(x)
-	*d = [4]float32{}
-	done := 0
-	if useAVX2 && k >= 16 {
-		done = k &^ 15
-		dot4BF16AVX2(&x[0], &w[0], stride, done, d)
-	}
-	if done < k {
-		d0, d1, d2, d3 := dot4BF16(x[done:], w[done:], w[stride+done:], w[2*stride+done:], w[3*stride+done:])
-		d[0], d[1], d[2], d[3] = d[0]+d0, d[1]+d1, d[2]+d2, d[3]+d3
-	}
-}
-
 func dot4(x, w0, w1, w2, w3 []float32) (float32, float32, float32, float32) {
 	w0, w1, w2, w3 = w0[:len(x)], w1[:len(x)], w2[:len(x)], w3[:len(x)]
 	var a0, a1, a2, a3, b0, b1, b2, b3 float32
@@ -128,22 +113,76 @@ func dot4(x, w0, w1, w2, w3 []float32) (float32, float32, float32, float32) {
 	return a0 + b0, a1 + b1, a2 + b2, a3 + b3
 }
 
+// WidenBF16 widens bfloat16 values to float32.
+func WidenBF16(dst []float32, src []uint16) {
+	src = src[:len(dst)]
+	i := 0
+	if useAVX2 && len(dst) >= 8 {
+		i = len(dst) &^ 7
+		widenBF16AVX2(&dst[0], &src[0], i)
+	}
+	for ; i < len(dst); i++ {
+		dst[i] = bf16(src[i])
+	}
+}
+
+// matMulBF16Range computes output columns [lo, hi) for bf16 weights: a
+// tile of four weight rows against two rows of x at a time, each weight
+// widened once per pair of rows (and, streaming from memory, overlapping
+// the loads with the arithmetic). A lone last x row goes through a kernel
+// with the same per-row arithmetic, and a leftover weight row through the
+// tile with its row repeated, so every output element gets the same
+// arithmetic whatever the batch: a session's logits do not depend on who it
+// is batched with.
 func matMulBF16Range(a *Args, lo, hi int) {
 	k, n := a.K, a.N
-	var d [4]float32
+	var d [8]float32
 	for j := lo; j < hi; j += 4 {
 		rows := min(4, hi-j)
-		for r := 0; r < a.M; r++ {
-			x := a.X[r*k : (r+1)*k]
+		for r := 0; r < a.M; r += 2 {
+			xs := k
+			if r+1 >= a.M {
+				xs = 0 // a lone row
+			}
+			x := a.X[r*k : r*k+xs+k]
 			if rows < 4 {
 				for c := 0; c < rows; c++ {
-					dot4BF16W(x, a.WB[(j+c)*k:(j+c+1)*k], 0, &d)
+					dot4x2BF16(x, xs, a.WB[(j+c)*k:(j+c+1)*k], 0, k, &d)
 					a.Dst[r*n+j+c] = d[0]
+					if xs != 0 {
+						a.Dst[(r+1)*n+j+c] = d[4]
+					}
 				}
 				continue
 			}
-			dot4BF16W(x, a.WB[j*k:(j+4)*k], k, &d)
-			copy(a.Dst[r*n+j:r*n+j+4], d[:])
+			dot4x2BF16(x, xs, a.WB[j*k:(j+4)*k], k, k, &d)
+			copy(a.Dst[r*n+j:r*n+j+4], d[:4])
+			if xs != 0 {
+				copy(a.Dst[(r+1)*n+j:(r+1)*n+j+4], d[4:])
+			}
+		}
+	}
+}
+
+// dot4x2BF16 computes the dot products of two rows of x (x[0:k] and
+// x[xs:xs+k]; xs 0: one row) with four bf16 weight rows w[c*stride:] into
+// d[r*4+c].
+func dot4x2BF16(x []float32, xs int, w []uint16, stride, k int, d *[8]float32) {
+	*d = [8]float32{}
+	done := 0
+	if useAVX2 && k >= 8 {
+		done = k &^ 7
+		if xs == 0 {
+			dot4x1BF16AVX2(&x[0], &w[0], stride, done, (*[4]float32)(d[:4]))
+		} else {
+			dot4x2BF16AVX2(&x[0], xs, &w[0], stride, done, d)
+		}
+	}
+	if done < k {
+		for r := 0; r < 2; r++ {
+			xr := x[r*xs+done : r*xs+k]
+			d0, d1, d2, d3 := dot4BF16(xr, w[done:], w[stride+done:], w[2*stride+done:], w[3*stride+done:])
+			d[r*4], d[r*4+1], d[r*4+2], d[r*4+3] = d[r*4]+d0, d[r*4+1]+d1, d[r*4+2]+d2, d[r*4+3]+d3
 		}
 	}
 }

@@ -1,0 +1,162 @@
+// Package modelbench measures a whole model: prefill, decode at batch 1
+// and 8, and decode against the bandwidth roofline. It is shared by `k3
+// bench model` and the go test benchmark of package k3.
+package modelbench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"k3/internal/config"
+	"k3/internal/kernel"
+	"k3/internal/tiny"
+	"k3/k3"
+)
+
+// ModelResult holds `k3 bench model`'s figures.
+type ModelResult struct {
+	Params               int64
+	WeightBytes          int64
+	PrefillTokens        int
+	PrefillTokPerSec     float64
+	Decode1TokPerSec     float64
+	Decode8TokPerSec     float64 // aggregate over the batch
+	StepBytes            float64 // bytes one batch-1 decode step must read
+	Bandwidth            float64 // read bandwidth measured in the same run
+	RooflineShare        float64 // batch-1 decode time at the bandwidth limit / measured
+	StateBytesPerSession int64
+}
+
+// activeBytes estimates what one batch-1 decode step reads: every weight
+// except the experts a token does not route to (top-k of each MoE layer's
+// experts are read), the lm_head, and the KDA states read and written.
+func activeBytes(cfg *config.Config, dir string, weightBytes int64, stateBytes int64) float64 {
+	var expertBytes, total float64
+	total = float64(weightBytes)
+	if cfg.MoE != nil {
+		// Expert tensors of one layer: NumExperts × 3 matrices.
+		din := cfg.HiddenSize
+		if cfg.MoE.LatentSize > 0 {
+			din = cfg.MoE.LatentSize
+		}
+		per := float64(3*din*cfg.MoE.IntermediateSize) * 2 // bf16
+		moeLayers := 0
+		for l := range cfg.Layers {
+			if cfg.IsMoELayer(l) {
+				moeLayers++
+			}
+		}
+		expertBytes = per * float64(moeLayers) * float64(cfg.MoE.NumExperts-cfg.MoE.TopK)
+	}
+	// The embedding table is read one row per token.
+	embed := float64(cfg.VocabSize*cfg.HiddenSize) * 2
+	if cfg.TieWordEmbeddings {
+		embed = 0
+	}
+	return total - expertBytes - embed + 2*float64(stateBytes)
+}
+
+// Run builds the ~100M-parameter K3.1 Pro-shaped checkpoint (bf16), then
+// times prefill, decode at batch 1 and at batch 8.
+func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
+	dir, err := os.MkdirTemp("", "k3-bench-model-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	log("writing the k31pro-100m random-weight checkpoint (bf16)...")
+	if err := tiny.Write(dir, "k31pro-100m", tiny.Options{Seed: 1, BF16: true}); err != nil {
+		return nil, err
+	}
+	m, err := k3.Load(ctx, dir)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	r := &ModelResult{Params: m.Config.NumParams(), WeightBytes: m.WeightBytes()}
+	log("measuring bandwidth...")
+	r.Bandwidth, _ = kernel.Limits()
+
+	// Prefill.
+	r.PrefillTokens = 512
+	prompt := make([]int32, r.PrefillTokens)
+	for i := range prompt {
+		prompt[i] = int32(3 + (i*31)%256)
+	}
+	s, err := m.NewSession()
+	if err != nil {
+		return nil, err
+	}
+	log("prefill...")
+	start := time.Now()
+	if _, err := s.Forward(ctx, prompt, nil); err != nil {
+		return nil, err
+	}
+	r.PrefillTokPerSec = float64(len(prompt)) / time.Since(start).Seconds()
+	r.StateBytesPerSession = s.StateBytes()
+
+	// Batch-1 decode from a 32-token context.
+	log("decode, batch 1...")
+	s1, _ := m.NewSession()
+	if _, err := s1.Forward(ctx, prompt[:32], nil); err != nil {
+		return nil, err
+	}
+	const steps = 48
+	start = time.Now()
+	for i := 0; i < steps; i++ {
+		if _, err := s1.Forward(ctx, []int32{int32(3 + i%200)}, nil); err != nil {
+			return nil, err
+		}
+	}
+	dt1 := time.Since(start).Seconds() / steps
+	r.Decode1TokPerSec = 1 / dt1
+	r.StepBytes = activeBytes(m.Config, dir, r.WeightBytes, stateKDABytes(s1))
+	r.RooflineShare = r.StepBytes / r.Bandwidth / dt1
+
+	// Batch-8 decode.
+	log("decode, batch 8...")
+	bt, err := m.NewBatch(8)
+	if err != nil {
+		return nil, err
+	}
+	var ss []*k3.Session
+	for i := 0; i < 8; i++ {
+		si, _ := m.NewSession()
+		if _, err := si.Forward(ctx, prompt[i:i+32], nil); err != nil {
+			return nil, err
+		}
+		ss = append(ss, si)
+	}
+	toks := make([]int32, 8)
+	start = time.Now()
+	for i := 0; i < steps; i++ {
+		for j := range toks {
+			toks[j] = int32(3 + (i+j)%200)
+		}
+		if err := bt.Step(ctx, ss, toks); err != nil {
+			return nil, err
+		}
+	}
+	r.Decode8TokPerSec = 8 * steps / time.Since(start).Seconds()
+	return r, nil
+}
+
+// stateKDABytes is the session's recurrent state (read and written each step).
+func stateKDABytes(s *k3.Session) int64 { return s.KDAStateBytes() }
+
+// Table formats the result.
+func (r *ModelResult) Table() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "k3 bench model: K3.1 Pro-shaped preset k31pro-100m (%.1fM parameters, bf16 weights %.1f MB), go backend\n",
+		float64(r.Params)/1e6, float64(r.WeightBytes)/1e6)
+	fmt.Fprintf(&b, "  prefill (%d tokens):        %8.1f tokens/s\n", r.PrefillTokens, r.PrefillTokPerSec)
+	fmt.Fprintf(&b, "  decode, batch 1:            %8.1f tokens/s  (%.1f MB read per step; roofline share %.0f%% of %.1f GB/s read bandwidth)\n",
+		r.Decode1TokPerSec, r.StepBytes/1e6, 100*r.RooflineShare, r.Bandwidth/1e9)
+	fmt.Fprintf(&b, "  decode, batch 8 (aggregate): %7.1f tokens/s  (%.2fx batch 1)\n", r.Decode8TokPerSec, r.Decode8TokPerSec/r.Decode1TokPerSec)
+	fmt.Fprintf(&b, "  resident memory: weights %.1f MB + %.2f MB state per session (after a 512-token prompt)\n",
+		float64(r.WeightBytes)/1e6, float64(r.StateBytesPerSession)/1e6)
+	return b.String()
+}

@@ -1,0 +1,106 @@
+package modelbench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"testing"
+	"time"
+
+	"k3/internal/compute"
+	"k3/internal/cpu"
+	"k3/internal/tiny"
+	"k3/k3"
+)
+
+type timed struct {
+	compute.Backend
+	t map[string]time.Duration
+	n map[string]int
+}
+
+func (b *timed) rec(name string, start time.Time) { b.t[name] += time.Since(start); b.n[name]++ }
+func (b *timed) MatMul(d, x, w compute.Tensor) error {
+	defer b.rec(fmt.Sprintf("MatMul M=%d", x.Len()/x.Dim(-1)), time.Now())
+	return b.Backend.MatMul(d, x, w)
+}
+func (b *timed) HeadMatMul(d, x, w compute.Tensor) error {
+	defer b.rec("HeadMatMul", time.Now())
+	return b.Backend.HeadMatMul(d, x, w)
+}
+func (b *timed) KDAStep(a *compute.KDAStepArgs) error {
+	defer b.rec("KDAStep", time.Now())
+	return b.Backend.KDAStep(a)
+}
+func (b *timed) Attention(a *compute.AttnArgs) error {
+	defer b.rec("Attention", time.Now())
+	return b.Backend.Attention(a)
+}
+func (b *timed) LightningIndexer(a *compute.IndexerArgs) error {
+	defer b.rec("Indexer", time.Now())
+	return b.Backend.LightningIndexer(a)
+}
+func (b *timed) MoEExperts(a *compute.ExpertArgs) error {
+	defer b.rec("MoEExperts", time.Now())
+	return b.Backend.MoEExperts(a)
+}
+func (b *timed) MoERoute(a *compute.RouteArgs) error {
+	defer b.rec("MoERoute", time.Now())
+	return b.Backend.MoERoute(a)
+}
+func (b *timed) AttnResUpdate(a *compute.AttnResUpdateArgs) error {
+	defer b.rec("AttnResUpdate", time.Now())
+	return b.Backend.AttnResUpdate(a)
+}
+func (b *timed) AttnResPrepare(a *compute.AttnResPrepareArgs) error {
+	defer b.rec("AttnResPrepare", time.Now())
+	return b.Backend.AttnResPrepare(a)
+}
+func (b *timed) RMSNorm(d, x, w compute.Tensor, e float32) error {
+	defer b.rec("RMSNorm", time.Now())
+	return b.Backend.RMSNorm(d, x, w, e)
+}
+
+func TestProfileDecode(t *testing.T) {
+	if os.Getenv("K3_PROFILE") == "" {
+		t.Skip("set K3_PROFILE=1")
+	}
+	dir := t.TempDir()
+	tiny.Write(dir, "k31pro-100m", tiny.Options{Seed: 1, BF16: true})
+	tb := &timed{Backend: cpu.New(0), t: map[string]time.Duration{}, n: map[string]int{}}
+	ctx := context.Background()
+	m, err := k3.Load(ctx, dir, k3.WithComputeBackend(tb))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bsz := range []int{1, 8} {
+		bt, _ := m.NewBatch(bsz)
+		var ss []*k3.Session
+		for i := 0; i < bsz; i++ {
+			s, _ := m.NewSession()
+			s.Forward(ctx, []int32{1, 2, 3, 4, 5, 6, 7, 8}, nil)
+			ss = append(ss, s)
+		}
+		clear(tb.t)
+		clear(tb.n)
+		toks := make([]int32, bsz)
+		start := time.Now()
+		const steps = 20
+		for i := 0; i < steps; i++ {
+			bt.Step(ctx, ss, toks)
+		}
+		total := time.Since(start)
+		var names []string
+		var sum time.Duration
+		for k, v := range tb.t {
+			names = append(names, k)
+			sum += v
+		}
+		sort.Slice(names, func(i, j int) bool { return tb.t[names[i]] > tb.t[names[j]] })
+		t.Logf("batch %d: %v per step; ops account for %v", bsz, total/steps, sum/steps)
+		for _, k := range names {
+			t.Logf("  %-16s %8v per step (%d calls)", k, tb.t[k]/steps, tb.n[k]/steps)
+		}
+	}
+}
