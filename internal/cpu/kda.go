@@ -233,22 +233,21 @@ func (j *kdaJob) recurrent(sc *kdaScratch, st []float32, hd, t0, t1 int) {
 }
 
 // kdaToken advances state st [dk, dv] by one token and writes the output
-// (q already scaled) to o; kv is scratch of length dv.
+// (q already scaled) to o; kv is scratch of length dv. Two passes over the
+// state: a read-only one for S_decayedᵀk, then one that decays, writes the
+// delta-rule update and reads the output together.
 func kdaToken(st, q, k, g, v []float32, beta float32, kv, o []float32, dk, dv int) {
 	clear(kv)
 	for c := 0; c < dk; c++ {
-		row := st[c*dv : (c+1)*dv]
-		kernel.Scale(row, kernel.Exp(g[c]))
-		kernel.Axpy(kv, k[c], row)
+		e := kernel.Exp(g[c])
+		kernel.Axpy(kv, k[c]*e, st[c*dv:(c+1)*dv])
 	}
 	for i := range kv {
 		kv[i] = beta * (v[i] - kv[i]) // u
 	}
 	clear(o)
 	for c := 0; c < dk; c++ {
-		row := st[c*dv : (c+1)*dv]
-		kernel.Axpy(row, k[c], kv)
-		kernel.Axpy(o, q[c], row)
+		kernel.RowUpdate(st[c*dv:(c+1)*dv], kv, o, kernel.Exp(g[c]), k[c], q[c])
 	}
 }
 

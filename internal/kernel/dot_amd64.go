@@ -37,3 +37,6 @@ func dot4x1BF16AVX2(x *float32, w *uint16, stride, n int, out *[4]float32)
 
 //go:noescape
 func widenBF16AVX2(dst *float32, src *uint16, n int)
+
+//go:noescape
+func rowUpdateAVX2(row, u, o *float32, a, b, c float32, n int)

@@ -494,3 +494,34 @@ wloop8:
 wdone:
 	VZEROUPPER
 	RET
+
+// func rowUpdateAVX2(row, u, o *float32, a, b, c float32, n int)
+// row = a*row + b*u; o += c*row, for n % 8 == 0: one pass over a KDA state
+// row for the decay, the delta-rule write and the output read.
+TEXT ·rowUpdateAVX2(SB), NOSPLIT, $0-48
+	MOVQ row+0(FP), DI
+	MOVQ u+8(FP), SI
+	MOVQ o+16(FP), DX
+	VBROADCASTSS a+24(FP), Y13
+	VBROADCASTSS b+28(FP), Y14
+	VBROADCASTSS c+32(FP), Y15
+	MOVQ n+40(FP), CX
+
+rloop:
+	CMPQ CX, $8
+	JL   rdone
+	VMULPS (SI), Y14, Y1
+	VFMADD231PS (DI), Y13, Y1
+	VMOVUPS Y1, (DI)
+	VMOVUPS (DX), Y2
+	VFMADD231PS Y1, Y15, Y2
+	VMOVUPS Y2, (DX)
+	ADDQ $32, DI
+	ADDQ $32, SI
+	ADDQ $32, DX
+	SUBQ $8, CX
+	JMP  rloop
+
+rdone:
+	VZEROUPPER
+	RET

@@ -318,3 +318,21 @@ func TestMatMulPositionIndependent(t *testing.T) {
 		}
 	}
 }
+
+func TestRowUpdate(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	for _, n := range []int{1, 7, 8, 9, 128, 131} {
+		row, u, o := randSlice(r, n), randSlice(r, n), randSlice(r, n)
+		wantRow, wantO := make([]float32, n), make([]float32, n)
+		for i := range row {
+			wantRow[i] = 0.9*row[i] + 0.3*u[i]
+			wantO[i] = o[i] + 0.7*wantRow[i]
+		}
+		RowUpdate(row, u, o, 0.9, 0.3, 0.7)
+		for i := range row {
+			if math.Abs(float64(row[i]-wantRow[i])) > 1e-6 || math.Abs(float64(o[i]-wantO[i])) > 1e-6 {
+				t.Fatalf("n=%d [%d]: row %g want %g, o %g want %g", n, i, row[i], wantRow[i], o[i], wantO[i])
+			}
+		}
+	}
+}

@@ -166,3 +166,19 @@ func Axpy(y []float32, a float32, x []float32) {
 		y[i] += a * x[i]
 	}
 }
+
+// RowUpdate sets row = a*row + b*u and adds c*row (the new row) to o, in
+// one pass: a KDA state row's decay, delta-rule write and output read.
+func RowUpdate(row, u, o []float32, a, b, c float32) {
+	u, o = u[:len(row)], o[:len(row)]
+	i := 0
+	if useAVX2 && len(row) >= 8 {
+		i = len(row) &^ 7
+		rowUpdateAVX2(&row[0], &u[0], &o[0], a, b, c, i)
+	}
+	for ; i < len(row); i++ {
+		r := a*row[i] + b*u[i]
+		row[i] = r
+		o[i] += c * r
+	}
+}

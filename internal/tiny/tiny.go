@@ -74,7 +74,7 @@ func Config(preset string) (map[string]any, error) {
 		text["hidden_size"], text["intermediate_size"], text["num_hidden_layers"] = 768, 2048, 12
 		text["num_attention_heads"], text["num_key_value_heads"] = 6, 6
 		text["q_lora_rank"], text["kv_lora_rank"], text["qk_nope_head_dim"], text["qk_rope_head_dim"], text["v_head_dim"] = 384, 256, 64, 32, 64
-		text["num_experts"], text["num_experts_per_token"], text["moe_intermediate_size"] = 64, 4, 128
+		text["num_experts"], text["num_experts_per_token"], text["moe_intermediate_size"] = 64, 4, 64
 		text["routed_expert_hidden_size"] = 384
 		text["index_n_heads"], text["index_head_dim"], text["index_topk"] = 8, 64, 256
 		text["attn_res_block_size"] = 4
