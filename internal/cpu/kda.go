@@ -233,21 +233,22 @@ func (j *kdaJob) recurrent(sc *kdaScratch, st []float32, hd, t0, t1 int) {
 }
 
 // kdaToken advances state st [dk, dv] by one token and writes the output
-// (q already scaled) to o; kv is scratch of length dv. Two passes over the
+// (q already scaled) to o; kv is scratch of length dv. g is the log decay;
+// it is overwritten with the decay factors. Two passes over the
 // state: a read-only one for S_decayedᵀk, then one that decays, writes the
 // delta-rule update and reads the output together.
 func kdaToken(st, q, k, g, v []float32, beta float32, kv, o []float32, dk, dv int) {
 	clear(kv)
 	for c := 0; c < dk; c++ {
-		e := kernel.Exp(g[c])
-		kernel.Axpy(kv, k[c]*e, st[c*dv:(c+1)*dv])
+		g[c] = kernel.Exp(g[c]) // the decay factor, kept for the second pass
+		kernel.Axpy(kv, k[c]*g[c], st[c*dv:(c+1)*dv])
 	}
 	for i := range kv {
 		kv[i] = beta * (v[i] - kv[i]) // u
 	}
 	clear(o)
 	for c := 0; c < dk; c++ {
-		kernel.RowUpdate(st[c*dv:(c+1)*dv], kv, o, kernel.Exp(g[c]), k[c], q[c])
+		kernel.RowUpdate(st[c*dv:(c+1)*dv], kv, o, g[c], k[c], q[c])
 	}
 }
 

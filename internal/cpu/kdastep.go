@@ -90,7 +90,8 @@ type stepJob struct {
 	w                *compute.KDAWeights
 	sc               *stepScratch
 	alog, dtb, onorm []float32
-	h, d             int
+	wt               []float32 // conv taps [3·H·D, width]
+	h, d, width      int
 }
 
 // headScratch is one worker's q, k, g, kv and o vectors.
@@ -110,6 +111,10 @@ func stepHeads(args *kernel.Args, lo, hi int) {
 	for item := lo; item < hi; item++ {
 		s, hh := item/h, item%h
 		qkv := sc.conv[s*3*hd : (s+1)*3*hd]
+		for part := 0; part < 3; part++ {
+			c0 := part*hd + hh*d
+			convStep(qkv, sc.raw[s*3*hd:(s+1)*3*hd], j.wt, sc.convs[s], 3*hd, j.width, c0, c0+d)
+		}
 		copy(q, qkv[hh*d:(hh+1)*d])
 		copy(k, qkv[hd+hh*d:hd+(hh+1)*d])
 		v := qkv[2*hd+hh*d : 2*hd+(hh+1)*d]
@@ -226,11 +231,29 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 	if wt == nil || len(alog) < h || len(dtb) != hd || len(onorm) != d {
 		return shapeErr("kda step: conv %v, A_log %v, dt_bias %v, o_norm %v must be f32 for %d heads of %d", w.Conv, w.ALog, w.DTBias, w.ONorm, h, d)
 	}
-	for s := 0; s < bsz; s++ {
-		convSeq(sc.conv[s*3*hd:(s+1)*3*hd], sc.raw[s*3*hd:(s+1)*3*hd], wt, sc.convs[s], 1, 3*hd, width)
-	}
-	// The recurrence, norm and gate of every (sequence, head) in parallel.
-	sc.job = stepJob{w: w, sc: sc, alog: alog, dtb: dtb, onorm: onorm, h: h, d: d}
+	// The short conv (each head's q, k and v channels), the recurrence, the
+	// norm and the gate of every (sequence, head) in parallel.
+	sc.job = stepJob{w: w, sc: sc, alog: alog, dtb: dtb, onorm: onorm, h: h, d: d, wt: wt, width: width}
 	b.pool.Run(stepHeads, kernel.Args{Job: &sc.job}, bsz*h, 1)
 	return mm(F32(a.Y), sc.core, w.OProj, bsz)
+}
+
+// convStep convolves one token for channels [c0, c1) of rows ch wide and
+// shifts those channels of the conv state (W-1 rows, oldest first).
+func convStep(out, x, wt, state []float32, ch, w, c0, c1 int) {
+	for c := c0; c < c1; c++ {
+		taps := wt[c*w : (c+1)*w]
+		var y float32 // same order as convSeq: oldest tap first
+		for t := 0; t < w-1; t++ {
+			y += taps[t] * state[t*ch+c]
+		}
+		y += taps[w-1] * x[c]
+		out[c] = kernel.SiLU(y)
+		for t := 0; t+1 < w-1; t++ {
+			state[t*ch+c] = state[(t+1)*ch+c]
+		}
+		if w > 1 {
+			state[(w-2)*ch+c] = x[c]
+		}
+	}
 }
