@@ -105,7 +105,7 @@ func TestIncrementalEqualsPrefill(t *testing.T) {
 	}
 	// No allocation per decode token once the cache has room.
 	c3, _ := NewCache(b, cfg, 64, 64)
-	if allocs := testing.AllocsPerRun(10, func() { step.Forward(x.Rows(0, 1), c3, y2) }); allocs != 0 {
+	if allocs := testing.AllocsPerRun(10, func() { step.Forward(x.Rows(0, 1), c3, y2) }); allocs != 0 && !raceEnabled {
 		t.Errorf("decode step allocates %v times", allocs)
 	}
 }
