@@ -22,6 +22,14 @@ import (
 	"k3/kda"
 )
 
+// kdaPrefillChunk is the chunk size of KDA prefill. On the go backend the
+// token-by-token recurrence (0) is currently the faster path: its fused row
+// update streams the state once per token, while the chunked form's state
+// stage still runs on vector kernels rather than register-blocked ones. The
+// chunked form is tested against the same golden vectors and is what a
+// device backend maps to FlashKDA.
+const kdaPrefillChunk = 0
+
 // ErrCheckpoint is wrapped by errors about a checkpoint's tensors: missing,
 // unexpected or mis-shaped weights.
 var ErrCheckpoint = errors.New("checkpoint")
@@ -363,7 +371,7 @@ func (m *Model) loadLayer(src *source, l int) (*layer, []float32, error) {
 	case config.KDA:
 		k := cfg.KDA
 		ly.kdaCfg = kda.Config{Hidden: d, NumHeads: k.NumHeads, HeadDim: k.HeadDim, ConvKernel: k.ConvKernel,
-			FullRankGate: k.FullRankGate, Eps: float32(cfg.RMSNormEps), ChunkSize: 16}
+			FullRankGate: k.FullRankGate, Eps: float32(cfg.RMSNormEps), ChunkSize: kdaPrefillChunk}
 		if k.GateLowerBound != nil {
 			ly.kdaCfg.LowerBound = float32(*k.GateLowerBound)
 		}
