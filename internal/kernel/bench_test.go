@@ -66,3 +66,39 @@ func BenchmarkMatVecF32_4096x4096(b *testing.B)  { benchMatVec(b, 4096, 4096, fa
 func BenchmarkMatVecF32_2048x8192(b *testing.B)  { benchMatVec(b, 2048, 8192, false) }
 func BenchmarkMatVecBF16_4096x4096(b *testing.B) { benchMatVec(b, 4096, 4096, true) }
 func BenchmarkMatVecBF16_2048x8192(b *testing.B) { benchMatVec(b, 2048, 8192, true) }
+
+// benchMatMul times C = A·Bᵀ (the Linear layout) and reports GFLOP/s and
+// the share of the FMA peak measured in the same run.
+func benchMatMul(b *testing.B, m, n, k int, bf16w bool) {
+	_, peak := Limits()
+	p := NewPool(0)
+	defer p.Close()
+	x := make([]float32, m*k)
+	for i := range x {
+		x[i] = float32(i%13) / 13
+	}
+	y := make([]float32, m*n)
+	w := make([]float32, n*k)
+	wb := make([]uint16, n*k)
+	for i := range w {
+		w[i] = float32(i%7) / 7
+		wb[i] = 0x3f80 + uint16(i&63)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if bf16w {
+			p.MatMulBF16(y, x, wb, m, n, k)
+		} else {
+			p.MatMul(y, x, w, m, n, k)
+		}
+	}
+	flops := 2 * float64(m) * float64(n) * float64(k) * float64(b.N) / b.Elapsed().Seconds()
+	b.ReportMetric(flops/1e9, "GFLOP/s")
+	if peak > 0 {
+		b.ReportMetric(flops/peak, "of_peak")
+	}
+}
+
+func BenchmarkMatMulF32_256x2048x2048(b *testing.B)  { benchMatMul(b, 256, 2048, 2048, false) }
+func BenchmarkMatMulF32_1024x1024x1024(b *testing.B) { benchMatMul(b, 1024, 1024, 1024, false) }
+func BenchmarkMatMulBF16_256x2048x2048(b *testing.B) { benchMatMul(b, 256, 2048, 2048, true) }
