@@ -159,3 +159,76 @@ func TestBadInput(t *testing.T) {
 		t.Errorf("mis-shaped kv_b_proj: %v", err)
 	}
 }
+
+// TestMHAEqualsAbsorbed runs the same prefill in both attention forms.
+func TestMHAEqualsAbsorbed(t *testing.T) {
+	b := cpu.New(2)
+	defer b.Close()
+	for _, nope := range []bool{false, true} {
+		cfg := testConfig()
+		cfg.NoPE = nope
+		cfg.Yarn = &Yarn{Factor: 4, OriginalMaxPositions: 8, MaxPositions: 64, BetaFast: 32, BetaSlow: 1, MScale: 1, MScaleAllDim: 0.7}
+		w, err := LoadWeights(b, cfg, randomSource(cfg, 9))
+		if err != nil {
+			t.Fatal(err)
+		}
+		const n = 20
+		r := rand.New(rand.NewPCG(4, 4))
+		xs := make([]float32, n*cfg.Hidden)
+		for i := range xs {
+			xs[i] = float32(r.NormFloat64())
+		}
+		x, _ := b.Alloc(compute.F32, n, cfg.Hidden)
+		b.Write(x, xs)
+		var outs [2][]float32
+		for i, mhaMin := range []int{1, n + 1} {
+			l, _ := NewLayer(b, cfg, w, n)
+			l.MHAMin = mhaMin
+			c, _ := NewCache(b, cfg, n, 64)
+			y, _ := b.Alloc(compute.F32, n, cfg.Hidden)
+			// Two chunks, so the second attends to the first's cache too.
+			if err := l.Forward(x.Rows(0, 7), c, y.Rows(0, 7)); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Forward(x.Rows(7, n), c, y.Rows(7, n)); err != nil {
+				t.Fatal(err)
+			}
+			outs[i] = make([]float32, n*cfg.Hidden)
+			b.Read(outs[i], y)
+		}
+		for i := range outs[0] {
+			if d := math.Abs(float64(outs[0][i] - outs[1][i])); d > 1e-4*(1+math.Abs(float64(outs[1][i]))) {
+				t.Fatalf("nope=%v element %d: MHA %g, absorbed %g", nope, i, outs[0][i], outs[1][i])
+			}
+		}
+	}
+}
+
+func TestYarnFrequencies(t *testing.T) {
+	plain := Config{RopeTheta: 10000}
+	cfg := plain
+	cfg.Yarn = &Yarn{Factor: 40, OriginalMaxPositions: 4096, MaxPositions: 163840, BetaFast: 32, BetaSlow: 1, MScale: 1, MScaleAllDim: 1}
+	base, scaled := plain.ropeFreqs(64), cfg.ropeFreqs(64)
+	// Pairs that turn more than beta_fast times over the original context
+	// keep their frequency; those turning less than beta_slow times are
+	// divided by the factor; the ones between are interpolated.
+	for i := range base {
+		turns := base[i] * 4096 / (2 * math.Pi)
+		switch {
+		case turns > 32 && scaled[i] != base[i]:
+			t.Errorf("pair %d (%.1f turns) changed: %g -> %g", i, turns, base[i], scaled[i])
+		case turns < 1 && math.Abs(scaled[i]-base[i]/40) > 1e-12*base[i]:
+			t.Errorf("pair %d (%.2f turns) not divided by the factor: %g -> %g", i, turns, base[i], scaled[i])
+		case scaled[i] > base[i] || scaled[i] < base[i]/40*(1-1e-12):
+			t.Errorf("pair %d outside [f/40, f]: %g", i, scaled[i])
+		}
+	}
+	rope, sm := cfg.yarnScales()
+	if want := (0.1*math.Log(40) + 1) * (0.1*math.Log(40) + 1); rope != 1 || math.Abs(sm-want) > 1e-12 {
+		t.Errorf("scales rope %g softmax %g, want 1 and %g", rope, sm, want)
+	}
+	cfg.Yarn.MaxPositions = 4096 // no extension: no scaling
+	if f := cfg.ropeFreqs(64); f[31] != base[31] {
+		t.Error("scaling applied without a longer context")
+	}
+}

@@ -23,6 +23,64 @@ type Config struct {
 	RopeTheta  float64
 	// Indexer, when set, makes the layer DSA.
 	Indexer *IndexerConfig
+	// Yarn, when set, scales the rotary frequencies (DeepSeek-style
+	// configs with rope_scaling type yarn).
+	Yarn *Yarn
+}
+
+// Yarn holds YaRN rope scaling. It applies when MaxPositions exceeds
+// OriginalMaxPositions, as in DeepSeek's reference code.
+type Yarn struct {
+	Factor                             float64
+	OriginalMaxPositions, MaxPositions int
+	BetaFast, BetaSlow                 float64
+	MScale, MScaleAllDim               float64
+}
+
+// yarnMScale is YaRN's attention temperature factor.
+func yarnMScale(factor, m float64) float64 {
+	if factor <= 1 {
+		return 1
+	}
+	return 0.1*m*math.Log(factor) + 1
+}
+
+// ropeFreqs returns the rotary frequency of each of the dims/2 pairs, with
+// YaRN's interpolation between the original and the scaled frequencies
+// over the dimensions whose wavelength crosses the original context.
+func (c Config) ropeFreqs(dims int) []float64 {
+	f := make([]float64, dims/2)
+	for i := range f {
+		f[i] = math.Pow(c.RopeTheta, -2*float64(i)/float64(dims))
+	}
+	y := c.Yarn
+	if y == nil || y.MaxPositions <= y.OriginalMaxPositions || y.Factor <= 1 {
+		return f
+	}
+	corr := func(rot float64) float64 {
+		return float64(dims) * math.Log(float64(y.OriginalMaxPositions)/(rot*2*math.Pi)) / (2 * math.Log(c.RopeTheta))
+	}
+	low := max(math.Floor(corr(y.BetaFast)), 0)
+	high := min(math.Ceil(corr(y.BetaSlow)), float64(dims-1))
+	if low == high {
+		high += 0.001
+	}
+	for i := range f {
+		ramp := min(max((float64(i)-low)/(high-low), 0), 1)
+		smooth := 1 - ramp
+		f[i] = f[i]/y.Factor*(1-smooth) + f[i]*smooth
+	}
+	return f
+}
+
+// yarnScales returns the multiplier of cos/sin and of the softmax scale.
+func (c Config) yarnScales() (rope, softmax float64) {
+	y := c.Yarn
+	if y == nil || y.MaxPositions <= y.OriginalMaxPositions || y.Factor <= 1 {
+		return 1, 1
+	}
+	all := yarnMScale(y.Factor, y.MScaleAllDim)
+	return yarnMScale(y.Factor, y.MScale) / all, all * all
 }
 
 // IndexerConfig holds the Lightning Indexer's sizes.
@@ -59,6 +117,7 @@ type Weights struct {
 	KVA, KVANorm     compute.Tensor // [Dc, D], [Dc]
 	KRope            compute.Tensor // [dr, D]
 	UKT, UV          compute.Tensor // [H, Dc, dn], [H, dv, Dc]
+	UK               compute.Tensor // [H·dn, Dc]: W_UK untransposed, for prefill in MHA form
 	G, O             compute.Tensor // [H·dv, D] (zero without the gate), [D, H·dv]
 	IWq, IWk         compute.Tensor // [HI·DI, q_lora or D], [DI, D]
 	IKNormW, IKNormB compute.Tensor
@@ -115,6 +174,11 @@ func LoadWeights(b compute.Backend, cfg Config, src weights.Source) (*Weights, e
 		return nil, err
 	}
 	w.UKT, w.UV = ld.Upload(ukT, h, dc, dn), ld.Upload(uv, h, dv, dc)
+	uk := make([]float32, 0, h*dn*dc)
+	for hh := 0; hh < h; hh++ {
+		uk = append(uk, kvb[hh*(dn+dv)*dc:(hh*(dn+dv)+dn)*dc]...)
+	}
+	w.UK = ld.Upload(uk, h*dn, dc)
 	if cfg.OutputGate {
 		w.G = ld.Matrix("g_proj.weight", h*dv, d)
 	}
@@ -241,14 +305,22 @@ type Layer struct {
 	maxT int
 
 	cq, qn, qr, qa, ol, o, g compute.Tensor
-	kv, kr                   compute.Tensor
-	iq, ik, iw               compute.Tensor
-	idx                      compute.Tensor
-	pos                      []int32
-	one                      [1]int32
-	attn                     compute.AttnArgs
-	ixArgs                   compute.IndexerArgs
-	rope                     compute.RopeArgs
+	kn, vn                   compute.Tensor // MHA-form prefill: decompressed keys and values
+	freqs                    []float64
+	ropeScale, scale         float64
+	// MHAMin is the prefill length from which attention runs in MHA form
+	// (keys and values decompressed from the latent once per pass, cheaper
+	// than the absorbed form when many queries share them); decode and
+	// shorter passes use the absorbed form. Both compute the same values.
+	MHAMin     int
+	kv, kr     compute.Tensor
+	iq, ik, iw compute.Tensor
+	idx        compute.Tensor
+	pos        []int32
+	one        [1]int32
+	attn       compute.AttnArgs
+	ixArgs     compute.IndexerArgs
+	rope       compute.RopeArgs
 }
 
 // NewLayer prepares a layer for calls of up to maxT tokens.
@@ -256,7 +328,13 @@ func NewLayer(b compute.Backend, cfg Config, w *Weights, maxT int) (*Layer, erro
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	l := &Layer{cfg: cfg, W: w, b: b, maxT: maxT, pos: make([]int32, maxT)}
+	l := &Layer{cfg: cfg, W: w, b: b, maxT: maxT, pos: make([]int32, maxT), MHAMin: 16}
+	if cfg.RopeDim > 0 {
+		l.freqs = cfg.ropeFreqs(cfg.RopeDim)
+	}
+	var smScale float64
+	l.ropeScale, smScale = cfg.yarnScales()
+	l.scale = smScale / math.Sqrt(float64(cfg.NopeDim+cfg.RopeDim))
 	var err error
 	alloc := func(dt compute.DType, dims ...int) compute.Tensor {
 		if err != nil {
@@ -369,6 +447,9 @@ func (l *Layer) Forward(x compute.Tensor, cache *Cache, y compute.Tensor) error 
 		}
 	}
 	cache.Len = p0 + t
+	if t >= l.MHAMin {
+		return l.forwardMHA(x, qn, qr, cache, pos, indices, y)
+	}
 	qa := l.qa.Rows(0, t)
 	if err := b.HeadMatMul(qa, qn, w.UKT); err != nil {
 		return fmt.Errorf("dsa: absorbed query: %w", err)
@@ -377,7 +458,7 @@ func (l *Layer) Forward(x compute.Tensor, cache *Cache, y compute.Tensor) error 
 	n := cache.Len
 	lat := cache.KV.Rows(0, n).Reshape(n, 1, dc)
 	l.attn = compute.AttnArgs{Q: qa, K: lat, V: lat, Indices: indices, QPos: pos, KVLen: n, Causal: true,
-		Scale: float32(1 / math.Sqrt(float64(cfg.NopeDim+dr))), Out: ol}
+		Scale: float32(l.scale), Out: ol}
 	if dr > 0 {
 		l.attn.QRope, l.attn.KRope = qr, cache.PE.Rows(0, n)
 	}
@@ -387,8 +468,52 @@ func (l *Layer) Forward(x compute.Tensor, cache *Cache, y compute.Tensor) error 
 	return l.output(x, t, y)
 }
 
+// forwardMHA attends in multi-head form: the keys' nope part and the
+// values of every cached position are decompressed from the latent once
+// (c·W_UKᵀ, c·W_UVᵀ), and each head attends over them directly. For a long
+// prefill this costs H·(dn+dr+dv) per query-key pair instead of the
+// absorbed form's H·(2·Dc+dr); the results are the same.
+func (l *Layer) forwardMHA(x, qn, qr compute.Tensor, cache *Cache, pos []int32, indices, y compute.Tensor) error {
+	cfg, w, b := l.cfg, l.W, l.b
+	h, dn, dv, n, t := cfg.NumHeads, cfg.NopeDim, cfg.VDim, cache.Len, x.Dim(0)
+	if l.kn.IsZero() || l.kn.Dims[0] < n {
+		// Decompressed keys and values grow with the context; they are
+		// prefill scratch, reallocated by doubling.
+		size := max(n, 2*l.kn.Dim(0))
+		if !l.kn.IsZero() {
+			b.Free(l.kn)
+			b.Free(l.vn)
+		}
+		var err error
+		if l.kn, err = b.Alloc(compute.F32, size, h, dn); err != nil {
+			return err
+		}
+		if l.vn, err = b.Alloc(compute.F32, size, h, dv); err != nil {
+			return err
+		}
+	}
+	lat := cache.KV.Rows(0, n)
+	kn, vn := l.kn.Rows(0, n), l.vn.Rows(0, n)
+	if err := b.MatMul(kn.Reshape(n, h*dn), lat, w.UK); err != nil {
+		return fmt.Errorf("dsa: key decompression: %w", err)
+	}
+	if err := b.MatMul(vn.Reshape(n, h*dv), lat, w.UV.Reshape(h*dv, cfg.KVLoRARank)); err != nil {
+		return fmt.Errorf("dsa: value decompression: %w", err)
+	}
+	o := l.o.Rows(0, t)
+	l.attn = compute.AttnArgs{Q: qn, K: kn, V: vn, Indices: indices, QPos: pos, KVLen: n, Causal: true,
+		Scale: float32(l.scale), Out: o}
+	if cfg.RopeDim > 0 {
+		l.attn.QRope, l.attn.KRope = qr, cache.PE.Rows(0, n)
+	}
+	if err := b.Attention(&l.attn); err != nil {
+		return fmt.Errorf("dsa: attention: %w", err)
+	}
+	return l.gateAndProject(x, t, y)
+}
+
 func (l *Layer) rotate(x compute.Tensor, pos []int32, dims int, interleaved bool) error {
-	l.rope = compute.RopeArgs{X: x, Pos: pos, Dims: dims, Theta: l.cfg.RopeTheta, Interleaved: interleaved}
+	l.rope = compute.RopeArgs{X: x, Pos: pos, Dims: dims, Freqs: l.freqs, Scale: l.ropeScale, Interleaved: interleaved}
 	return l.b.RoPE(&l.rope)
 }
 
@@ -535,7 +660,7 @@ func (l *Layer) ForwardBatch(x compute.Tensor, caches []*Cache, y compute.Tensor
 		c.Len = p + 1
 		lat := c.KV.Rows(0, c.Len).Reshape(c.Len, 1, dc)
 		l.attn = compute.AttnArgs{Q: qa.Rows(i, i+1), K: lat, V: lat, Indices: indices, QPos: pos, KVLen: c.Len, Causal: true,
-			Scale: float32(1 / math.Sqrt(float64(cfg.NopeDim+dr))), Out: l.ol.Rows(i, i+1)}
+			Scale: float32(l.scale), Out: l.ol.Rows(i, i+1)}
 		if dr > 0 {
 			l.attn.QRope, l.attn.KRope = qri, c.PE.Rows(0, c.Len)
 		}
@@ -585,13 +710,17 @@ func (l *Layer) indexRow(x, qin compute.Tensor, c *Cache, pos []int32, i int) (c
 
 // output lifts the attended latents of t rows, applies the gate and o_proj.
 func (l *Layer) output(x compute.Tensor, t int, y compute.Tensor) error {
-	cfg, w, b := l.cfg, l.W, l.b
-	h := cfg.NumHeads
-	o := l.o.Rows(0, t)
-	if err := b.HeadMatMul(o, l.ol.Rows(0, t), w.UV); err != nil {
+	if err := l.b.HeadMatMul(l.o.Rows(0, t), l.ol.Rows(0, t), l.W.UV); err != nil {
 		return fmt.Errorf("dsa: value lift: %w", err)
 	}
-	o2 := o.Reshape(t, h*cfg.VDim)
+	return l.gateAndProject(x, t, y)
+}
+
+// gateAndProject applies the output gate to the head outputs in l.o and
+// projects them with o_proj.
+func (l *Layer) gateAndProject(x compute.Tensor, t int, y compute.Tensor) error {
+	cfg, w, b := l.cfg, l.W, l.b
+	o2 := l.o.Rows(0, t).Reshape(t, cfg.NumHeads*cfg.VDim)
 	if cfg.OutputGate {
 		g := l.g.Rows(0, t)
 		if err := b.MatMul(g, x, w.G); err != nil {

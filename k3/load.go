@@ -383,6 +383,11 @@ func (m *Model) loadLayer(src *source, l int) (*layer, []float32, error) {
 		ly.mlaCfg = dsa.Config{Hidden: d, NumHeads: c.NumHeads, QLoRARank: c.QLoRARank, KVLoRARank: c.KVLoRARank,
 			NopeDim: c.QKNopeHeadDim, RopeDim: c.QKRopeHeadDim, VDim: c.VHeadDim, NoPE: c.UseNoPE, OutputGate: c.OutputGate,
 			RopeTheta: c.RopeTheta}
+		if rs := c.RopeScaling; rs != nil {
+			ly.mlaCfg.Yarn = &dsa.Yarn{Factor: rs.Factor, OriginalMaxPositions: rs.OriginalMaxPositionEmbeddings,
+				MaxPositions: cfg.MaxPositionEmbeddings, BetaFast: rs.BetaFast, BetaSlow: rs.BetaSlow,
+				MScale: rs.MScale, MScaleAllDim: rs.MScaleAllDim}
+		}
 		if ly.kind == config.DSA {
 			ix := cfg.Indexer
 			ly.mlaCfg.Indexer = &dsa.IndexerConfig{NumHeads: ix.NumHeads, HeadDim: ix.HeadDim, TopK: ix.TopK}

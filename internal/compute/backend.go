@@ -212,7 +212,8 @@ type IndexerArgs struct {
 // [T, Hq, Dr]; query head h uses kv head h/(Hq/Hkv). For MLA in MQA form K
 // and V are the same latent cache viewed [L, 1, Dc]. Indices [T, Hkv, Kn]
 // (I32) restricts each row to the listed positions (-1 and out-of-range
-// entries skipped; with Causal, entries beyond QPos[t] too); the zero
+// entries skipped; with Causal, entries beyond QPos[t] too); Indices
+// [T, 1, Kn] shares one list among all kv heads; the zero
 // Indices means dense causal attention over 0..QPos[t]. Out [T, Hq, Dv];
 // LSE [T, Hq] optional (natural log; -Inf for a row with nothing to attend).
 type AttnArgs struct {
@@ -287,4 +288,8 @@ type RopeArgs struct {
 	Dims        int
 	Theta       float64
 	Interleaved bool
+	// Freqs, when set, replaces Theta: the angle of pair i is Pos[t]·Freqs[i]
+	// (YaRN-scaled frequencies). Scale, when not 0, multiplies cos and sin.
+	Freqs []float64
+	Scale float64
 }

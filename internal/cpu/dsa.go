@@ -130,6 +130,7 @@ type attnJob struct {
 	a                  *compute.AttnArgs
 	q, qr, k, kr, v    []float32
 	idx                []int32
+	idxHeads           int // kv heads the index lists cover (1: shared)
 	t, hq, hkv, dk, dr int
 	dv, kn, parts      int
 	scale              float32
@@ -193,10 +194,10 @@ func (b *Backend) Attention(a *compute.AttnArgs) error {
 		}
 	}
 	if !a.Indices.IsZero() {
-		if a.Indices.Rank != 3 || a.Indices.Dims[0] != j.t || a.Indices.Dims[1] != j.hkv || a.Indices.DType != compute.I32 {
-			return shapeErr("attention indices %v, want [%d, %d, K]", a.Indices, j.t, j.hkv)
+		if a.Indices.Rank != 3 || a.Indices.Dims[0] != j.t || (a.Indices.Dims[1] != j.hkv && a.Indices.Dims[1] != 1) || a.Indices.DType != compute.I32 {
+			return shapeErr("attention indices %v, want [%d, %d or 1, K]", a.Indices, j.t, j.hkv)
 		}
-		j.kn, j.idx = a.Indices.Dims[2], I32(a.Indices)
+		j.kn, j.idx, j.idxHeads = a.Indices.Dims[2], I32(a.Indices), a.Indices.Dims[1]
 		// -1 pads and entries not yet written (>= KVLen) are skipped; an
 		// index past the cache itself is a caller bug.
 		for i, s := range j.idx {
@@ -276,7 +277,10 @@ func (j *attnJob) positions(dst []int32, row, g int) []int32 {
 		}
 		return dst
 	}
-	for _, s := range j.idx[(row*j.hkv+g)*j.kn : (row*j.hkv+g+1)*j.kn] {
+	if j.idxHeads == 1 {
+		g = 0
+	}
+	for _, s := range j.idx[(row*j.idxHeads+g)*j.kn : (row*j.idxHeads+g+1)*j.kn] {
 		if s < 0 || int(s) >= limit || (a.Causal && int(s) > qpos) {
 			continue
 		}

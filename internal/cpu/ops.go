@@ -290,16 +290,25 @@ func (b *Backend) RoPE(a *compute.RopeArgs) error {
 	if r == 0 {
 		r = d
 	}
-	if r > d || r%2 != 0 || !(a.Theta > 0) {
-		return fmt.Errorf("cpu: rope over %d of %d dims with theta %g", r, d, a.Theta)
+	if r > d || r%2 != 0 || (a.Freqs == nil && !(a.Theta > 0)) || (a.Freqs != nil && len(a.Freqs) != r/2) {
+		return fmt.Errorf("cpu: rope over %d of %d dims with theta %g and %d frequencies", r, d, a.Theta, len(a.Freqs))
+	}
+	scale := a.Scale
+	if scale == 0 {
+		scale = 1
 	}
 	perRow := len(x) / a.X.Dims[0]
 	for t, p := range a.Pos {
 		rows := x[t*perRow : (t+1)*perRow]
 		for i := 0; i < r/2; i++ {
-			ang := float64(p) * math.Pow(a.Theta, -2*float64(i)/float64(r))
+			var ang float64
+			if a.Freqs != nil {
+				ang = float64(p) * a.Freqs[i]
+			} else {
+				ang = float64(p) * math.Pow(a.Theta, -2*float64(i)/float64(r))
+			}
 			sin, cos := math.Sincos(ang)
-			s, c := float32(sin), float32(cos)
+			s, c := float32(sin*scale), float32(cos*scale)
 			for off := 0; off < len(rows); off += d {
 				i0, i1 := off+i, off+i+r/2
 				if a.Interleaved {
