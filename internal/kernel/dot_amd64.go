@@ -40,3 +40,6 @@ func widenBF16AVX2(dst *float32, src *uint16, n int)
 
 //go:noescape
 func rowUpdateAVX2(row, u, o *float32, a, b, c float32, n int)
+
+//go:noescape
+func tiles4x1BF16AVX2(x *float32, w *uint16, k, tiles int, out *float32)

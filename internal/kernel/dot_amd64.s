@@ -92,6 +92,7 @@ TEXT ·dot4F32AVX2(SB), NOSPLIT, $0-40
 	LEAQ (DI)(BX*1), R8
 	LEAQ (R8)(BX*1), R9
 	LEAQ (R9)(BX*1), R10
+	LEAQ (R10)(BX*1), R13
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -105,6 +106,12 @@ TEXT ·dot4F32AVX2(SB), NOSPLIT, $0-40
 floop:
 	CMPQ CX, $16
 	JL   fdone
+	// The next tile (four rows) streams in at four times this step's rate.
+	PREFETCHT1 (R13)
+	PREFETCHT1 64(R13)
+	PREFETCHT1 128(R13)
+	PREFETCHT1 192(R13)
+	ADDQ $256, R13
 	VMOVUPS (SI)(AX*4), Y4
 	VMOVUPS 32(SI)(AX*4), Y12
 	VFMADD231PS (DI)(AX*4), Y4, Y0
@@ -153,6 +160,9 @@ TEXT ·sumAVX2(SB), NOSPLIT, $0-20
 sloop:
 	CMPQ CX, $32
 	JL   sdone
+	// Prefetch as the kernels do, so that the probe is a true upper bound.
+	PREFETCHT1 2048(SI)
+	PREFETCHT1 2112(SI)
 	VADDPS (SI), Y0, Y0
 	VADDPS 32(SI), Y1, Y1
 	VADDPS 64(SI), Y2, Y2
@@ -340,6 +350,7 @@ TEXT ·dot4x2BF16AVX2(SB), NOSPLIT, $0-48
 	LEAQ (DI)(BX*1), R8
 	LEAQ (R8)(BX*1), R9
 	LEAQ (R9)(BX*1), R10
+	LEAQ (R10)(BX*1), R13
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -353,6 +364,7 @@ TEXT ·dot4x2BF16AVX2(SB), NOSPLIT, $0-48
 x2loop:
 	CMPQ CX, $8
 	JL   x2done
+	PREFETCHT1 (R13)(AX*8)
 	VMOVUPS (SI)(AX*4), Y12
 	VMOVUPS (R11)(AX*4), Y13
 	VPMOVZXWD (DI)(AX*2), Y8
@@ -523,5 +535,74 @@ rloop:
 	JMP  rloop
 
 rdone:
+	VZEROUPPER
+	RET
+
+// func tiles4x1BF16AVX2(x *float32, w *uint16, k, tiles int, out *float32)
+// For each of tiles groups of four consecutive weight rows (each k long,
+// k % 8 == 0): out[4t+c] = dot4x1BF16AVX2's result. Looping over tiles here
+// saves the per-tile call and bookkeeping, which dominate short rows.
+TEXT ·tiles4x1BF16AVX2(SB), NOSPLIT, $0-40
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ k+16(FP), BX
+	SHLQ $1, BX              // row bytes
+	MOVQ tiles+24(FP), R12
+	MOVQ out+32(FP), DX
+
+t1tile:
+	TESTQ R12, R12
+	JZ    t1end
+	LEAQ (DI)(BX*1), R8
+	LEAQ (R8)(BX*1), R9
+	LEAQ (R9)(BX*1), R10
+	LEAQ (R10)(BX*1), R13     // the next tile, prefetched a tile ahead
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ AX, AX
+	MOVQ k+16(FP), CX
+
+t1loop:
+	CMPQ CX, $8
+	JL   t1red
+	PREFETCHT1 (R13)(AX*8)    // four rows of the next tile: 4x the bytes of this step
+	VMOVUPS (SI)(AX*4), Y12
+	VPMOVZXWD (DI)(AX*2), Y8
+	VPMOVZXWD (R8)(AX*2), Y9
+	VPMOVZXWD (R9)(AX*2), Y10
+	VPMOVZXWD (R10)(AX*2), Y11
+	VPSLLD $16, Y8, Y8
+	VPSLLD $16, Y9, Y9
+	VPSLLD $16, Y10, Y10
+	VPSLLD $16, Y11, Y11
+	VFMADD231PS Y12, Y8, Y0
+	VFMADD231PS Y12, Y9, Y1
+	VFMADD231PS Y12, Y10, Y2
+	VFMADD231PS Y12, Y11, Y3
+	ADDQ $8, AX
+	SUBQ $8, CX
+	JMP  t1loop
+
+t1red:
+	VEXTRACTF128 $1, Y0, X8
+	VADDPS X8, X0, X0
+	VEXTRACTF128 $1, Y1, X9
+	VADDPS X9, X1, X1
+	VEXTRACTF128 $1, Y2, X10
+	VADDPS X10, X2, X2
+	VEXTRACTF128 $1, Y3, X11
+	VADDPS X11, X3, X3
+	VHADDPS X1, X0, X0
+	VHADDPS X3, X2, X2
+	VHADDPS X2, X0, X0
+	VMOVUPS X0, (DX)
+	ADDQ $16, DX
+	LEAQ (R10)(BX*1), DI     // next tile starts after row 3
+	DECQ R12
+	JMP  t1tile
+
+t1end:
 	VZEROUPPER
 	RET

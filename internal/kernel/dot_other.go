@@ -37,3 +37,7 @@ func widenBF16AVX2(dst *float32, src *uint16, n int) { panic("kernel: no assembl
 func rowUpdateAVX2(row, u, o *float32, a, b, c float32, n int) {
 	panic("kernel: no assembly on this platform")
 }
+
+func tiles4x1BF16AVX2(x *float32, w *uint16, k, tiles int, out *float32) {
+	panic("kernel: no assembly on this platform")
+}

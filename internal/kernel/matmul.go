@@ -137,6 +137,15 @@ func WidenBF16(dst []float32, src []uint16) {
 func matMulBF16Range(a *Args, lo, hi int) {
 	k, n := a.K, a.N
 	var d [8]float32
+	if a.M == 1 && useAVX2 && k%8 == 0 && k > 0 {
+		// One row of x: whole tiles in one assembly call (same arithmetic
+		// as dot4x1BF16AVX2), then the leftover rows below.
+		full := (hi - lo) / 4
+		if full > 0 {
+			tiles4x1BF16AVX2(&a.X[0], &a.WB[lo*k], k, full, &a.Dst[lo])
+		}
+		lo += 4 * full
+	}
 	for j := lo; j < hi; j += 4 {
 		rows := min(4, hi-j)
 		for r := 0; r < a.M; r += 2 {
