@@ -101,23 +101,47 @@ func (b *Backend) MoERoute(a *compute.RouteArgs) error {
 	return nil
 }
 
-// moeScratch holds the gathered rows of one expert's tokens.
+// moeScratch holds one MoEExperts call's grouping and intermediates.
 type moeScratch struct {
-	x, gate, up, out []float32
-	rows             []int32
-	w                []float32
+	x, h, out []float32 // per (expert, token) row: gathered input, hidden, output
+	rows      []int32   // token of each grouped row
+	w         []float32 // routing weight of each grouped row
+	start     []int32   // first grouped row of each expert (E+1)
+	cur       []int32   // placement cursor per expert
+	active    []int32   // experts with rows
+	job       expertJob
 }
 
 var moeScratchPool = sync.Pool{New: func() any { return new(moeScratch) }}
 
 func grow(s []float32, n int) []float32 {
 	if cap(s) < n {
-		return make([]float32, n)
+		return make([]float32, n, max(n, 2*cap(s)))
 	}
 	return s[:n]
 }
 
+func growI(s []int32, n int) []int32 {
+	if cap(s) < n {
+		return make([]int32, n, max(n, 2*cap(s)))
+	}
+	return s[:n]
+}
+
+// expertJob runs whole experts on the workers.
+type expertJob struct {
+	a          *compute.ExpertArgs
+	sc         *moeScratch
+	din, inter int
+	err        error
+	errMu      sync.Mutex
+}
+
 // MoEExperts runs each selected expert once over all tokens routed to it.
+// Tokens are grouped by expert on the caller; then every worker takes
+// whole experts (gather, gate and up products, activation, down product),
+// so each active expert's weights are read once per call and small experts
+// cost no dispatch of their own.
 func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 	x, err := f32Of("expert input", a.X)
 	if err != nil {
@@ -136,59 +160,109 @@ func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 		return shapeErr("experts: x %v indices %v weights %v out %v", a.X, a.Indices, a.Weights, a.Out)
 	}
 	ne := len(a.W1)
-	if len(a.W3) != ne || len(a.W2) != ne {
+	if len(a.W3) != ne || len(a.W2) != ne || ne == 0 {
 		return shapeErr("experts: %d w1, %d w3, %d w2 tensors", len(a.W1), len(a.W3), len(a.W2))
 	}
+	inter := a.W1[0].Dim(0)
 	k := a.Indices.Dims[1]
 	sc := moeScratchPool.Get().(*moeScratch)
 	defer moeScratchPool.Put(sc)
-	clear(out)
+	// Counting sort of the (token, slot) pairs by expert.
+	sc.start = growI(sc.start, ne+1)
+	clear(sc.start)
+	for _, ex := range idx {
+		if ex < 0 || int(ex) >= ne {
+			return fmt.Errorf("cpu: experts: expert index %d outside 0..%d", ex, ne-1)
+		}
+		sc.start[ex+1]++
+	}
+	sc.active = sc.active[:0]
 	for e := 0; e < ne; e++ {
-		sc.rows, sc.w = sc.rows[:0], sc.w[:0]
-		for i, ex := range idx {
-			if ex < 0 || int(ex) >= ne {
-				return fmt.Errorf("cpu: experts: expert index %d outside 0..%d", ex, ne-1)
-			}
-			if int(ex) == e {
-				sc.rows = append(sc.rows, int32(i/k))
-				sc.w = append(sc.w, wts[i])
+		if sc.start[e+1] > 0 {
+			sc.active = append(sc.active, int32(e))
+			w1, w3, w2 := a.W1[e], a.W3[e], a.W2[e]
+			if w1.Rank != 2 || w1.Dims[1] != din || w1.Dims[0] != inter || w3.Dims != w1.Dims || w2.Rank != 2 || w2.Dims[0] != din || w2.Dims[1] != inter {
+				return shapeErr("expert %d: w1 %v w3 %v w2 %v for input width %d", e, w1, w3, w2, din)
 			}
 		}
-		n := len(sc.rows)
-		if n == 0 {
-			continue
+		sc.start[e+1] += sc.start[e]
+	}
+	n := len(idx)
+	sc.rows, sc.w = growI(sc.rows, n), grow(sc.w, n)
+	// Place the pairs in expert order, token order within an expert.
+	sc.cur = growI(sc.cur, ne)
+	copy(sc.cur, sc.start[:ne])
+	for i, ex := range idx {
+		p := sc.cur[ex]
+		sc.cur[ex]++
+		sc.rows[p] = int32(i / k)
+		sc.w[p] = wts[i]
+	}
+	sc.x, sc.h, sc.out = grow(sc.x, n*din), grow(sc.h, 2*n*inter), grow(sc.out, n*din)
+	sc.job = expertJob{a: a, sc: sc, din: din, inter: inter}
+	b.pool.Run(expertRange, kernel.Args{Job: &sc.job, X: x}, len(sc.active), 1)
+	if sc.job.err != nil {
+		return sc.job.err
+	}
+	clear(out)
+	for p := 0; p < n; p++ {
+		r := int(sc.rows[p])
+		kernel.Axpy(out[r*din:(r+1)*din], sc.w[p], sc.out[p*din:(p+1)*din])
+	}
+	return nil
+}
+
+func expertRange(args *kernel.Args, lo, hi int) {
+	j := args.Job.(*expertJob)
+	sc, a, din, inter := j.sc, j.a, j.din, j.inter
+	x := args.X
+	for _, e := range sc.active[lo:hi] {
+		r0, r1 := int(sc.start[e]), int(sc.start[e+1])
+		m := r1 - r0
+		xs := sc.x[r0*din : r1*din]
+		for i, r := range sc.rows[r0:r1] {
+			copy(xs[i*din:(i+1)*din], x[int(r)*din:(int(r)+1)*din])
 		}
-		w1, w3, w2 := a.W1[e], a.W3[e], a.W2[e]
-		if w1.Rank != 2 || w1.Dims[1] != din || w3.Dims != w1.Dims || w2.Rank != 2 || w2.Dims[0] != din || w2.Dims[1] != w1.Dims[0] {
-			return shapeErr("expert %d: w1 %v w3 %v w2 %v for input width %d", e, w1, w3, w2, din)
+		gate := sc.h[2*r0*inter : 2*r0*inter+m*inter]
+		up := sc.h[2*r0*inter+m*inter : 2*r1*inter]
+		err := serialMatMul(gate, xs, a.W1[e], m)
+		if err == nil {
+			err = serialMatMul(up, xs, a.W3[e], m)
 		}
-		inter := w1.Dims[0]
-		sc.x = grow(sc.x, n*din)
-		sc.gate, sc.up = grow(sc.gate, n*inter), grow(sc.up, n*inter)
-		sc.out = grow(sc.out, n*din)
-		for r, row := range sc.rows {
-			copy(sc.x[r*din:(r+1)*din], x[int(row)*din:])
+		if err == nil {
+			switch a.Act.Kind {
+			case compute.SwiGLU:
+				kernel.SwiGLU(gate, gate, up)
+			case compute.SiTU:
+				kernel.SiTU(gate, gate, up, a.Act.Beta, a.Act.LinearBeta)
+			default:
+				err = fmt.Errorf("cpu: experts: activation %d: %w", a.Act.Kind, compute.ErrUnsupported)
+			}
 		}
-		if err := b.matmulHost(sc.gate, sc.x, w1, n); err != nil {
-			return err
+		if err == nil {
+			err = serialMatMul(sc.out[r0*din:r1*din], gate, a.W2[e], m)
 		}
-		if err := b.matmulHost(sc.up, sc.x, w3, n); err != nil {
-			return err
+		if err != nil {
+			j.errMu.Lock()
+			if j.err == nil {
+				j.err = err
+			}
+			j.errMu.Unlock()
+			return
 		}
-		switch a.Act.Kind {
-		case compute.SwiGLU:
-			kernel.SwiGLU(sc.gate, sc.gate, sc.up)
-		case compute.SiTU:
-			kernel.SiTU(sc.gate, sc.gate, sc.up, a.Act.Beta, a.Act.LinearBeta)
-		default:
-			return fmt.Errorf("cpu: experts: activation %d: %w", a.Act.Kind, compute.ErrUnsupported)
-		}
-		if err := b.matmulHost(sc.out, sc.gate, w2, n); err != nil {
-			return err
-		}
-		for r, row := range sc.rows {
-			kernel.Axpy(out[int(row)*din:(int(row)+1)*din], sc.w[r], sc.out[r*din:(r+1)*din])
-		}
+	}
+}
+
+// serialMatMul computes dst[m, N] = x[m, K] · wᵀ on the calling goroutine.
+func serialMatMul(dst, x []float32, w compute.Tensor, m int) error {
+	n, k := w.Dims[0], w.Dims[1]
+	switch w.DType {
+	case compute.F32:
+		kernel.MatMulSerial(dst, x, F32(w), m, n, k)
+	case compute.BF16:
+		kernel.MatMulBF16Serial(dst, x, U16(w), m, n, k)
+	default:
+		return fmt.Errorf("cpu: matmul with %v weights: %w", w.DType, compute.ErrUnsupported)
 	}
 	return nil
 }

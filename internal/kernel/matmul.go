@@ -226,3 +226,18 @@ func dot4BF16(x []float32, w0, w1, w2, w3 []uint16) (float32, float32, float32, 
 	}
 	return a0 + b0, a1 + b1, a2 + b2, a3 + b3
 }
+
+// MatMulSerial is MatMul on the calling goroutine alone, for callers that
+// already run in parallel (one expert per worker).
+func MatMulSerial(dst, x, w []float32, m, n, k int) {
+	checkMatMul(len(dst), len(x), len(w), m, n, k)
+	a := Args{Dst: dst, X: x, W: w, M: m, N: n, K: k}
+	matMulRange(&a, 0, n)
+}
+
+// MatMulBF16Serial is MatMulBF16 on the calling goroutine alone.
+func MatMulBF16Serial(dst, x []float32, w []uint16, m, n, k int) {
+	checkMatMul(len(dst), len(x), len(w), m, n, k)
+	a := Args{Dst: dst, X: x, WB: w, M: m, N: n, K: k}
+	matMulBF16Range(&a, 0, n)
+}
