@@ -203,8 +203,10 @@ func (j *kdaJob) load(sc *kdaScratch, hd, t0, t1 int) {
 		case compute.GateLowerBound:
 			rate := float32(math.Exp(float64(j.alog[hd])))
 			for c := range g {
-				g[c] = j.lowerBound * kernel.Sigmoid(rate*(raw[c]+j.dtb[hd*dk+c]))
+				g[c] = rate * (raw[c] + j.dtb[hd*dk+c])
 			}
+			kernel.SigmoidSlice(g)
+			kernel.Scale(g, j.lowerBound)
 		}
 	}
 }
@@ -239,8 +241,8 @@ func (j *kdaJob) recurrent(sc *kdaScratch, st []float32, hd, t0, t1 int) {
 // delta-rule update and reads the output together.
 func kdaToken(st, q, k, g, v []float32, beta float32, kv, o []float32, dk, dv int) {
 	clear(kv)
+	kernel.ExpSlice(g) // the decay factors, used by both passes
 	for c := 0; c < dk; c++ {
-		g[c] = kernel.Exp(g[c]) // the decay factor, kept for the second pass
 		kernel.Axpy(kv, k[c]*g[c], st[c*dv:(c+1)*dv])
 	}
 	for i := range kv {

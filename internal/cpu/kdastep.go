@@ -123,12 +123,15 @@ func stepHeads(args *kernel.Args, lo, hi int) {
 		kernel.Scale(q, float32(1/math.Sqrt(float64(d))))
 		raw := sc.graw[s*hd+hh*d : s*hd+(hh+1)*d]
 		rate := float32(math.Exp(float64(j.alog[hh])))
-		for c := range g {
-			xg := raw[c] + j.dtb[hh*d+c]
-			if w.Gate == compute.GateLowerBound {
-				g[c] = w.LowerBound * kernel.Sigmoid(rate*xg)
-			} else {
-				g[c] = -rate * kernel.Softplus(xg)
+		if w.Gate == compute.GateLowerBound {
+			for c := range g {
+				g[c] = rate * (raw[c] + j.dtb[hh*d+c])
+			}
+			kernel.SigmoidSlice(g)
+			kernel.Scale(g, w.LowerBound)
+		} else {
+			for c := range g {
+				g[c] = -rate * kernel.Softplus(raw[c]+j.dtb[hh*d+c])
 			}
 		}
 		beta := kernel.Sigmoid(sc.braw[s*h+hh])
@@ -137,9 +140,8 @@ func stepHeads(args *kernel.Args, lo, hi int) {
 		out := sc.core[s*hd+hh*d : s*hd+(hh+1)*d]
 		kernel.RMSNorm(out, o, j.onorm, d, w.Eps)
 		gate := sc.gate[s*hd+hh*d : s*hd+(hh+1)*d]
-		for c := range out {
-			out[c] *= kernel.Sigmoid(gate[c])
-		}
+		kernel.SigmoidSlice(gate)
+		kernel.Mul(out, out, gate)
 	}
 }
 
@@ -248,7 +250,7 @@ func convStep(out, x, wt, state []float32, ch, w, c0, c1 int) {
 			y += taps[t] * state[t*ch+c]
 		}
 		y += taps[w-1] * x[c]
-		out[c] = kernel.SiLU(y)
+		out[c] = y
 		for t := 0; t+1 < w-1; t++ {
 			state[t*ch+c] = state[(t+1)*ch+c]
 		}
@@ -256,4 +258,5 @@ func convStep(out, x, wt, state []float32, ch, w, c0, c1 int) {
 			state[(w-2)*ch+c] = x[c]
 		}
 	}
+	kernel.SiLUInPlace(out[c0:c1])
 }

@@ -108,19 +108,19 @@ func (b *Backend) Unary(op compute.UnaryOp, dst, x compute.Tensor) error {
 	if len(ds) != len(xs) {
 		return shapeErr("unary output %v for input %v", dst, x)
 	}
-	var f func(float32) float32
 	switch op {
 	case compute.SiLU:
-		f = kernel.SiLU
+		copy(ds, xs)
+		kernel.SiLUInPlace(ds)
 	case compute.Sigmoid:
-		f = kernel.Sigmoid
+		copy(ds, xs)
+		kernel.SigmoidSlice(ds)
 	case compute.Softplus:
-		f = kernel.Softplus
+		for i, v := range xs {
+			ds[i] = kernel.Softplus(v)
+		}
 	default:
 		return fmt.Errorf("cpu: unary op %d: %w", op, compute.ErrUnsupported)
-	}
-	for i, v := range xs {
-		ds[i] = f(v)
 	}
 	return nil
 }

@@ -43,3 +43,13 @@ func rowUpdateAVX2(row, u, o *float32, a, b, c float32, n int)
 
 //go:noescape
 func tiles4x1BF16AVX2(x *float32, w *uint16, k, tiles int, out *float32)
+
+//go:noescape
+func expAVX2(x *float32, n int, k *[16]float32)
+
+//go:noescape
+func sigmoidAVX2(x *float32, n int, k *[16]float32)
+
+// expBody is the shared vector exponential called by expAVX2 and
+// sigmoidAVX2 (register calling convention of its own; not callable from Go).
+func expBody()

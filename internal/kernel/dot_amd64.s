@@ -606,3 +606,124 @@ t1red:
 t1end:
 	VZEROUPPER
 	RET
+
+// Register use of the vector exponential (expBody):
+//   Y0 x in, result out; Y1-Y7 temporaries; Y8-Y15 constants.
+// Constants table (func args k): 0 low, 4 high, 8 log2e, 12 ln2hi,
+// 16 ln2lo, 20 c7, 24 c6, 28 c5, 32 c4, 36 c3, 40 c2, 44 c1, 48 c0, 52 +Inf, 56 2.
+
+// func expAVX2(x *float32, n int, k *[16]float32)
+// x[i] = Exp(x[i]) for n % 8 == 0, bit for bit as the Go function.
+TEXT ·expAVX2(SB), NOSPLIT, $0-24
+	MOVQ x+0(FP), DI
+	MOVQ n+8(FP), CX
+	MOVQ k+16(FP), R8
+
+eloop:
+	CMPQ CX, $8
+	JL   edone
+	VMOVUPS (DI), Y0
+	CALL ·expBody(SB)
+	VMOVUPS Y0, (DI)
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JMP  eloop
+
+edone:
+	VZEROUPPER
+	RET
+
+// func sigmoidAVX2(x *float32, n int, k *[16]float32)
+// x[i] = Sigmoid(x[i]): e = Exp(-|x|), then 1/(1+e) for x >= 0 and
+// e/(1+e) below, as the Go function computes it.
+TEXT ·sigmoidAVX2(SB), NOSPLIT, $0-24
+	MOVQ x+0(FP), DI
+	MOVQ n+8(FP), CX
+	MOVQ k+16(FP), R8
+
+gloop:
+	CMPQ CX, $8
+	JL   gdone
+	VMOVUPS (DI), Y13            // x
+	VXORPS Y14, Y14, Y14
+	VCMPPS $0x0d, Y14, Y13, Y15  // x >= 0 (GE_OS)
+	VSUBPS Y13, Y14, Y0          // -x
+	VMINPS Y13, Y0, Y0           // -|x| = min(x, -x)
+	CALL ·expBody(SB)            // Y0 = e
+	VBROADCASTSS 48(R8), Y1      // 1
+	VADDPS Y1, Y0, Y2            // 1 + e
+	VBLENDVPS Y15, Y1, Y0, Y3    // x >= 0 ? 1 : e
+	VDIVPS Y2, Y3, Y0
+	VMOVUPS Y0, (DI)
+	ADDQ $32, DI
+	SUBQ $8, CX
+	JMP  gloop
+
+gdone:
+	VZEROUPPER
+	RET
+
+// expBody computes Y0 = Exp(Y0) lane-wise with the constants at (R8);
+// clobbers Y1-Y12.
+TEXT ·expBody(SB), NOSPLIT|NOFRAME, $0-0
+	VBROADCASTSS 0(R8), Y8
+	VBROADCASTSS 4(R8), Y9
+	VCMPPS $0x11, Y8, Y0, Y10    // x < low (LT_OQ): result 0
+	VCMPPS $0x1e, Y9, Y0, Y11    // x > high (GT_OQ): result +Inf
+	VCMPPS $0x03, Y0, Y0, Y12    // NaN lanes (UNORD_Q)
+	VMOVAPS Y0, Y7               // keep x for NaN lanes
+	VMAXPS Y8, Y0, Y0            // clamp, so the rest stays finite
+	VMINPS Y9, Y0, Y0
+	VBROADCASTSS 8(R8), Y1
+	VMULPS Y1, Y0, Y1            // x·log2e
+	VROUNDPS $0, Y1, Y1          // n, to nearest even
+	VBROADCASTSS 12(R8), Y2
+	VMULPS Y1, Y2, Y2
+	VSUBPS Y2, Y0, Y3            // r = x - n·ln2hi
+	VBROADCASTSS 16(R8), Y2
+	VMULPS Y1, Y2, Y2
+	VSUBPS Y2, Y3, Y3            // r -= n·ln2lo
+	VBROADCASTSS 20(R8), Y4      // c7
+	VMULPS Y3, Y4, Y4
+	VBROADCASTSS 24(R8), Y2
+	VADDPS Y2, Y4, Y4            // c6 + r·c7
+	VMULPS Y3, Y4, Y4
+	VBROADCASTSS 28(R8), Y2
+	VADDPS Y2, Y4, Y4
+	VMULPS Y3, Y4, Y4
+	VBROADCASTSS 32(R8), Y2
+	VADDPS Y2, Y4, Y4
+	VMULPS Y3, Y4, Y4
+	VBROADCASTSS 36(R8), Y2
+	VADDPS Y2, Y4, Y4
+	VMULPS Y3, Y4, Y4
+	VBROADCASTSS 40(R8), Y2
+	VADDPS Y2, Y4, Y4
+	VMULPS Y3, Y4, Y4
+	VBROADCASTSS 44(R8), Y2
+	VADDPS Y2, Y4, Y4
+	VMULPS Y3, Y4, Y4
+	VBROADCASTSS 48(R8), Y2
+	VADDPS Y2, Y4, Y4            // p
+	// 2^n: lanes with n > 127 use 2·2^(n-1).
+	VCVTPS2DQ Y1, Y5             // n as int32 (exact: n is integral)
+	MOVL $127, AX
+	VMOVD AX, X6
+	VPBROADCASTD X6, Y6
+	VPCMPGTD Y6, Y5, Y6          // n > 127: all ones (-1) there
+	MOVL $127, AX
+	VMOVD AX, X2
+	VPBROADCASTD X2, Y2
+	VPADDD Y6, Y2, Y2            // exponent bias: 127, or 126 where n > 127
+	VPADDD Y2, Y5, Y5
+	VPSLLD $23, Y5, Y5           // 2^n (or 2^(n-1))
+	VBROADCASTSS 56(R8), Y2      // 2
+	VMULPS Y2, Y4, Y2            // p·2
+	VBLENDVPS Y6, Y2, Y4, Y4     // p, or p·2 where n > 127
+	VMULPS Y5, Y4, Y0
+	// Special lanes: 0 below low, +Inf above high, NaN stays.
+	VANDNPS Y0, Y10, Y0
+	VBROADCASTSS 52(R8), Y2
+	VBLENDVPS Y11, Y2, Y0, Y0
+	VBLENDVPS Y12, Y7, Y0, Y0
+	RET

@@ -41,3 +41,6 @@ func rowUpdateAVX2(row, u, o *float32, a, b, c float32, n int) {
 func tiles4x1BF16AVX2(x *float32, w *uint16, k, tiles int, out *float32) {
 	panic("kernel: no assembly on this platform")
 }
+
+func expAVX2(x *float32, n int, k *[16]float32)     { panic("kernel: no assembly on this platform") }
+func sigmoidAVX2(x *float32, n int, k *[16]float32) { panic("kernel: no assembly on this platform") }

@@ -67,25 +67,38 @@ func Softplus(x float32) float32 {
 	return float32(math.Log1p(float64(Exp(x))))
 }
 
-// SiLUInPlace applies SiLU to every element.
+// SiLUInPlace applies SiLU to every element (vectorised; the same values
+// as SiLU).
 func SiLUInPlace(x []float32) {
-	for i, v := range x {
-		x[i] = SiLU(v)
+	var buf [256]float32
+	for len(x) > 0 {
+		n := min(len(x), len(buf))
+		s := buf[:n]
+		copy(s, x[:n])
+		SigmoidSlice(s)
+		for i := range s {
+			x[i] *= s[i]
+		}
+		x = x[n:]
 	}
 }
 
 // SigmoidInPlace applies the logistic function to every element.
-func SigmoidInPlace(x []float32) {
-	for i, v := range x {
-		x[i] = Sigmoid(v)
-	}
-}
+func SigmoidInPlace(x []float32) { SigmoidSlice(x) }
 
-// SwiGLU writes dst[i] = silu(gate[i]) * up[i].
+// SwiGLU writes dst[i] = silu(gate[i]) * up[i]; dst may be gate.
 func SwiGLU(dst, gate, up []float32) {
 	up = up[:len(gate)]
-	for i, g := range gate {
-		dst[i] = SiLU(g) * up[i]
+	var buf [256]float32
+	for off := 0; off < len(gate); off += len(buf) {
+		n := min(len(gate)-off, len(buf))
+		s := buf[:n]
+		copy(s, gate[off:off+n])
+		SigmoidSlice(s)
+		for i := range s {
+			g := gate[off+i]
+			dst[off+i] = g * s[i] * up[off+i]
+		}
 	}
 }
 
