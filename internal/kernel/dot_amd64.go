@@ -53,3 +53,6 @@ func sigmoidAVX2(x *float32, n int, k *[16]float32)
 // expBody is the shared vector exponential called by expAVX2 and
 // sigmoidAVX2 (register calling convention of its own; not callable from Go).
 func expBody()
+
+//go:noescape
+func dot2x4BF16AVX2(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int)

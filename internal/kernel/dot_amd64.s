@@ -727,3 +727,93 @@ TEXT ·expBody(SB), NOSPLIT|NOFRAME, $0-0
 	VBLENDVPS Y11, Y2, Y0, Y0
 	VBLENDVPS Y12, Y7, Y0, Y0
 	RET
+
+// func dot2x4BF16AVX2(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int)
+// Two consecutive bf16 weight rows (k long, k % 8 == 0) against four rows
+// of x (xstride floats apart): out[r*ostride+c] = x_r · w_c. Each weight is
+// widened once for four rows; each accumulator sums exactly as
+// dot4x1BF16AVX2's do, so results do not depend on the batch.
+TEXT ·dot2x4BF16AVX2(SB), NOSPLIT, $0-56
+	MOVQ x+0(FP), SI
+	MOVQ xstride+8(FP), R11
+	SHLQ $2, R11
+	LEAQ (SI)(R11*1), R12
+	LEAQ (R12)(R11*1), R13
+	LEAQ (R13)(R11*1), R14
+	MOVQ w+16(FP), DI
+	MOVQ wstride+24(FP), BX
+	SHLQ $1, BX
+	MOVQ k+32(FP), CX
+	LEAQ (DI)(BX*1), R8      // weight row 1 (row 0 again when wstride is 0)
+	MOVQ CX, R9
+	SHLQ $2, R9
+	LEAQ (DI)(R9*1), R9      // the next pair, prefetched
+	MOVQ out+40(FP), DX
+	MOVQ ostride+48(FP), R10
+	SHLQ $2, R10
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ AX, AX
+
+x4loop:
+	CMPQ CX, $8
+	JL   x4done
+	PREFETCHT1 (R9)(AX*4)
+	VPMOVZXWD (DI)(AX*2), Y8
+	VPMOVZXWD (R8)(AX*2), Y9
+	VPSLLD $16, Y8, Y8
+	VPSLLD $16, Y9, Y9
+	VMOVUPS (SI)(AX*4), Y10
+	VFMADD231PS Y10, Y8, Y0
+	VFMADD231PS Y10, Y9, Y1
+	VMOVUPS (R12)(AX*4), Y11
+	VFMADD231PS Y11, Y8, Y2
+	VFMADD231PS Y11, Y9, Y3
+	VMOVUPS (R13)(AX*4), Y10
+	VFMADD231PS Y10, Y8, Y4
+	VFMADD231PS Y10, Y9, Y5
+	VMOVUPS (R14)(AX*4), Y11
+	VFMADD231PS Y11, Y8, Y6
+	VFMADD231PS Y11, Y9, Y7
+	ADDQ $8, AX
+	SUBQ $8, CX
+	JMP  x4loop
+
+x4done:
+	VEXTRACTF128 $1, Y0, X8
+	VADDPS X8, X0, X0
+	VEXTRACTF128 $1, Y1, X8
+	VADDPS X8, X1, X1
+	VEXTRACTF128 $1, Y2, X8
+	VADDPS X8, X2, X2
+	VEXTRACTF128 $1, Y3, X8
+	VADDPS X8, X3, X3
+	VEXTRACTF128 $1, Y4, X8
+	VADDPS X8, X4, X4
+	VEXTRACTF128 $1, Y5, X8
+	VADDPS X8, X5, X5
+	VEXTRACTF128 $1, Y6, X8
+	VADDPS X8, X6, X6
+	VEXTRACTF128 $1, Y7, X8
+	VADDPS X8, X7, X7
+	VHADDPS X1, X0, X0
+	VHADDPS X3, X2, X2
+	VHADDPS X2, X0, X0       // [x0·w0, x0·w1, x1·w0, x1·w1]
+	VHADDPS X5, X4, X4
+	VHADDPS X7, X6, X6
+	VHADDPS X6, X4, X4       // [x2·w0, x2·w1, x3·w0, x3·w1]
+	VMOVLPS X0, (DX)
+	ADDQ R10, DX
+	VMOVHPS X0, (DX)
+	ADDQ R10, DX
+	VMOVLPS X4, (DX)
+	ADDQ R10, DX
+	VMOVHPS X4, (DX)
+	VZEROUPPER
+	RET

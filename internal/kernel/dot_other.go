@@ -44,3 +44,7 @@ func tiles4x1BF16AVX2(x *float32, w *uint16, k, tiles int, out *float32) {
 
 func expAVX2(x *float32, n int, k *[16]float32)     { panic("kernel: no assembly on this platform") }
 func sigmoidAVX2(x *float32, n int, k *[16]float32) { panic("kernel: no assembly on this platform") }
+
+func dot2x4BF16AVX2(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int) {
+	panic("kernel: no assembly on this platform")
+}

@@ -146,9 +146,32 @@ func matMulBF16Range(a *Args, lo, hi int) {
 		}
 		lo += 4 * full
 	}
+	// Decode batches of 4 to 16 rows: pairs of weight rows against groups of
+	// four x rows, each weight widened once per group. (Larger M is prefill:
+	// there the four-row tiles below keep x traffic lower until a blocked
+	// GEMM replaces both.)
+	r4 := 0
+	if useAVX2 && k%8 == 0 && k > 0 && a.M >= 4 && a.M <= 16 {
+		r4 = a.M &^ 3
+		for j := lo; j+2 <= hi; j += 2 {
+			for r := 0; r < r4; r += 4 {
+				dot2x4BF16AVX2(&a.X[r*k], k, &a.WB[j*k], k, k, &a.Dst[r*n+j], n)
+			}
+		}
+		if (hi-lo)%2 == 1 { // a last single weight row: the tile with itself
+			j := hi - 1
+			var pair [8]float32
+			for r := 0; r < r4; r += 4 {
+				dot2x4BF16AVX2(&a.X[r*k], k, &a.WB[j*k], 0, k, &pair[0], 2)
+				for q := 0; q < 4; q++ {
+					a.Dst[(r+q)*n+j] = pair[2*q]
+				}
+			}
+		}
+	}
 	for j := lo; j < hi; j += 4 {
 		rows := min(4, hi-j)
-		for r := 0; r < a.M; r += 2 {
+		for r := r4; r < a.M; r += 2 {
 			xs := k
 			if r+1 >= a.M {
 				xs = 0 // a lone row
