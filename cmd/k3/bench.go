@@ -20,12 +20,15 @@ import (
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: k3 bench dsa [-contexts 4096,16384,65536,131072] [-iters 3] [-out dsa_decode]\n       k3 bench model")
+		fmt.Fprintln(stderr, "usage: k3 bench dsa [-contexts 4096,16384,65536,131072] [-iters 3] [-out dsa_decode]\n       k3 bench kernels\n       k3 bench model")
 		return errUsage
 	}
 	switch args[0] {
 	case "dsa":
 		return benchDSA(ctx, args[1:], stdout, stderr)
+	case "kernels":
+		bench.Kernels(stdout)
+		return nil
 	case "model":
 		r, err := modelbench.Run(ctx, func(s string) { fmt.Fprintln(stderr, s) })
 		if err != nil {
@@ -34,7 +37,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprint(stdout, r.Table())
 		return nil
 	}
-	fmt.Fprintf(stderr, "k3 bench: unknown benchmark %q (have: dsa, model)\n", args[0])
+	fmt.Fprintf(stderr, "k3 bench: unknown benchmark %q (have: dsa, kernels, model)\n", args[0])
 	return errUsage
 }
 

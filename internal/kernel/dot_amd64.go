@@ -9,12 +9,6 @@ import "golang.org/x/sys/cpu"
 var useAVX2 = cpu.X86.HasAVX2 && cpu.X86.HasFMA
 
 //go:noescape
-func dot4BF16AVX2(x *float32, w *uint16, stride, n int, out *[4]float32)
-
-//go:noescape
-func dot4F32AVX2(x *float32, w *float32, stride, n int, out *[4]float32)
-
-//go:noescape
 func sumAVX2(x *float32, n int) float32
 
 //go:noescape
@@ -56,3 +50,12 @@ func expBody()
 
 //go:noescape
 func dot2x4BF16AVX2(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int)
+
+//go:noescape
+func triadAVX2(a, b, c *float32, s float32, n int)
+
+//go:noescape
+func dot4x2F32AVX2(x *float32, xstride int, w *float32, stride, n int, out *[8]float32)
+
+//go:noescape
+func tiles4x1F32AVX2(x *float32, w *float32, k, tiles int, out *float32)

@@ -2,149 +2,7 @@
 
 #include "textflag.h"
 
-// func dot4BF16AVX2(x *float32, w *uint16, stride, n int, out *[4]float32)
-// out[r] = sum_{i<n} x[i] * bf16(w[r*stride+i]) for r = 0..3; n % 16 == 0.
-// Weights widen in registers (zero-extend to 32 bits, shift left 16), so a
-// bf16 weight costs two bytes of bandwidth and no scalar work.
-TEXT ·dot4BF16AVX2(SB), NOSPLIT, $0-40
-	MOVQ x+0(FP), SI
-	MOVQ w+8(FP), DI
-	MOVQ stride+16(FP), BX
-	SHLQ $1, BX
-	MOVQ n+24(FP), CX
-	MOVQ out+32(FP), DX
-	LEAQ (DI)(BX*1), R8
-	LEAQ (R8)(BX*1), R9
-	LEAQ (R9)(BX*1), R10
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y8, Y8, Y8
-	VXORPS Y9, Y9, Y9
-	VXORPS Y10, Y10, Y10
-	VXORPS Y11, Y11, Y11
-	XORQ AX, AX
 
-loop:
-	CMPQ CX, $16
-	JL   done
-	VMOVUPS (SI)(AX*4), Y4
-	VMOVUPS 32(SI)(AX*4), Y12
-	VPMOVZXWD (DI)(AX*2), Y5
-	VPMOVZXWD 16(DI)(AX*2), Y13
-	VPSLLD $16, Y5, Y5
-	VPSLLD $16, Y13, Y13
-	VFMADD231PS Y4, Y5, Y0
-	VFMADD231PS Y12, Y13, Y8
-	VPMOVZXWD (R8)(AX*2), Y6
-	VPMOVZXWD 16(R8)(AX*2), Y14
-	VPSLLD $16, Y6, Y6
-	VPSLLD $16, Y14, Y14
-	VFMADD231PS Y4, Y6, Y1
-	VFMADD231PS Y12, Y14, Y9
-	VPMOVZXWD (R9)(AX*2), Y7
-	VPMOVZXWD 16(R9)(AX*2), Y15
-	VPSLLD $16, Y7, Y7
-	VPSLLD $16, Y15, Y15
-	VFMADD231PS Y4, Y7, Y2
-	VFMADD231PS Y12, Y15, Y10
-	VPMOVZXWD (R10)(AX*2), Y5
-	VPMOVZXWD 16(R10)(AX*2), Y13
-	VPSLLD $16, Y5, Y5
-	VPSLLD $16, Y13, Y13
-	VFMADD231PS Y4, Y5, Y3
-	VFMADD231PS Y12, Y13, Y11
-	ADDQ $16, AX
-	SUBQ $16, CX
-	JMP  loop
-
-done:
-	VADDPS Y8, Y0, Y0
-	VADDPS Y9, Y1, Y1
-	VADDPS Y10, Y2, Y2
-	VADDPS Y11, Y3, Y3
-	// Reduce each accumulator to one float.
-	VEXTRACTF128 $1, Y0, X4
-	VADDPS X4, X0, X0
-	VEXTRACTF128 $1, Y1, X5
-	VADDPS X5, X1, X1
-	VEXTRACTF128 $1, Y2, X6
-	VADDPS X6, X2, X2
-	VEXTRACTF128 $1, Y3, X7
-	VADDPS X7, X3, X3
-	VHADDPS X1, X0, X0 // [a0+a1, a2+a3, b0+b1, b2+b3]
-	VHADDPS X3, X2, X2 // [c.., d..]
-	VHADDPS X2, X0, X0 // [a, b, c, d]
-	VMOVUPS X0, (DX)
-	VZEROUPPER
-	RET
-
-// func dot4F32AVX2(x *float32, w *float32, stride, n int, out *[4]float32)
-// The float32-weight twin of dot4BF16AVX2; n % 16 == 0.
-TEXT ·dot4F32AVX2(SB), NOSPLIT, $0-40
-	MOVQ x+0(FP), SI
-	MOVQ w+8(FP), DI
-	MOVQ stride+16(FP), BX
-	SHLQ $2, BX
-	MOVQ n+24(FP), CX
-	MOVQ out+32(FP), DX
-	LEAQ (DI)(BX*1), R8
-	LEAQ (R8)(BX*1), R9
-	LEAQ (R9)(BX*1), R10
-	LEAQ (R10)(BX*1), R13
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y8, Y8, Y8
-	VXORPS Y9, Y9, Y9
-	VXORPS Y10, Y10, Y10
-	VXORPS Y11, Y11, Y11
-	XORQ AX, AX
-
-floop:
-	CMPQ CX, $16
-	JL   fdone
-	// The next tile (four rows) streams in at four times this step's rate.
-	PREFETCHT1 (R13)
-	PREFETCHT1 64(R13)
-	PREFETCHT1 128(R13)
-	PREFETCHT1 192(R13)
-	ADDQ $256, R13
-	VMOVUPS (SI)(AX*4), Y4
-	VMOVUPS 32(SI)(AX*4), Y12
-	VFMADD231PS (DI)(AX*4), Y4, Y0
-	VFMADD231PS 32(DI)(AX*4), Y12, Y8
-	VFMADD231PS (R8)(AX*4), Y4, Y1
-	VFMADD231PS 32(R8)(AX*4), Y12, Y9
-	VFMADD231PS (R9)(AX*4), Y4, Y2
-	VFMADD231PS 32(R9)(AX*4), Y12, Y10
-	VFMADD231PS (R10)(AX*4), Y4, Y3
-	VFMADD231PS 32(R10)(AX*4), Y12, Y11
-	ADDQ $16, AX
-	SUBQ $16, CX
-	JMP  floop
-
-fdone:
-	VADDPS Y8, Y0, Y0
-	VADDPS Y9, Y1, Y1
-	VADDPS Y10, Y2, Y2
-	VADDPS Y11, Y3, Y3
-	VEXTRACTF128 $1, Y0, X4
-	VADDPS X4, X0, X0
-	VEXTRACTF128 $1, Y1, X5
-	VADDPS X5, X1, X1
-	VEXTRACTF128 $1, Y2, X6
-	VADDPS X6, X2, X2
-	VEXTRACTF128 $1, Y3, X7
-	VADDPS X7, X3, X3
-	VHADDPS X1, X0, X0
-	VHADDPS X3, X2, X2
-	VHADDPS X2, X0, X0
-	VMOVUPS X0, (DX)
-	VZEROUPPER
-	RET
 
 // func sumAVX2(x *float32, n int) float32
 // The STREAM-style read probe: sums n floats (n % 32 == 0) with enough
@@ -815,5 +673,181 @@ x4done:
 	VMOVLPS X4, (DX)
 	ADDQ R10, DX
 	VMOVHPS X4, (DX)
+	VZEROUPPER
+	RET
+
+// func triadAVX2(a, b, c *float32, s float32, n int)
+// a[i] = b[i] + s*c[i] for n % 8 == 0, with non-temporal stores: the STREAM
+// triad, moving 12 bytes per element.
+TEXT ·triadAVX2(SB), NOSPLIT, $0-40
+	MOVQ a+0(FP), DI
+	MOVQ b+8(FP), SI
+	MOVQ c+16(FP), DX
+	VBROADCASTSS s+24(FP), Y0
+	MOVQ n+32(FP), CX
+
+tloop:
+	CMPQ CX, $8
+	JL   tdone
+	PREFETCHT1 2048(SI)
+	PREFETCHT1 2048(DX)
+	VMOVUPS (SI), Y1
+	VFMADD231PS (DX), Y0, Y1
+	VMOVNTPS Y1, (DI)
+	ADDQ $32, DI
+	ADDQ $32, SI
+	ADDQ $32, DX
+	SUBQ $8, CX
+	JMP  tloop
+
+tdone:
+	SFENCE
+	VZEROUPPER
+	RET
+
+// func dot4x2F32AVX2(x *float32, xstride int, w *float32, stride, n int, out *[8]float32)
+// The float32-weight twin of dot4x2BF16AVX2, with the same arithmetic.
+TEXT ·dot4x2F32AVX2(SB), NOSPLIT, $0-48
+	MOVQ x+0(FP), SI
+	MOVQ xstride+8(FP), R11
+	SHLQ $2, R11
+	LEAQ (SI)(R11*1), R11
+	MOVQ w+16(FP), DI
+	MOVQ stride+24(FP), BX
+	SHLQ $2, BX
+	MOVQ n+32(FP), CX
+	MOVQ out+40(FP), DX
+	LEAQ (DI)(BX*1), R8
+	LEAQ (R8)(BX*1), R9
+	LEAQ (R9)(BX*1), R10
+	LEAQ (R10)(BX*1), R13
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ AX, AX
+
+f2loop:
+	CMPQ CX, $8
+	JL   f2done
+	PREFETCHT1 (R13)
+	PREFETCHT1 64(R13)
+	ADDQ $128, R13
+	VMOVUPS (SI)(AX*4), Y12
+	VMOVUPS (R11)(AX*4), Y13
+	VMOVUPS (DI)(AX*4), Y8
+	VMOVUPS (R8)(AX*4), Y9
+	VMOVUPS (R9)(AX*4), Y10
+	VMOVUPS (R10)(AX*4), Y11
+	VFMADD231PS Y12, Y8, Y0
+	VFMADD231PS Y12, Y9, Y1
+	VFMADD231PS Y12, Y10, Y2
+	VFMADD231PS Y12, Y11, Y3
+	VFMADD231PS Y13, Y8, Y4
+	VFMADD231PS Y13, Y9, Y5
+	VFMADD231PS Y13, Y10, Y6
+	VFMADD231PS Y13, Y11, Y7
+	ADDQ $8, AX
+	SUBQ $8, CX
+	JMP  f2loop
+
+f2done:
+	// Row 0: Y0..Y3 -> out[0..3]; row 1: Y4..Y7 -> out[4..7].
+	VEXTRACTF128 $1, Y0, X8
+	VADDPS X8, X0, X0
+	VEXTRACTF128 $1, Y1, X9
+	VADDPS X9, X1, X1
+	VEXTRACTF128 $1, Y2, X10
+	VADDPS X10, X2, X2
+	VEXTRACTF128 $1, Y3, X11
+	VADDPS X11, X3, X3
+	VHADDPS X1, X0, X0
+	VHADDPS X3, X2, X2
+	VHADDPS X2, X0, X0
+	VMOVUPS X0, (DX)
+	VEXTRACTF128 $1, Y4, X8
+	VADDPS X8, X4, X4
+	VEXTRACTF128 $1, Y5, X9
+	VADDPS X9, X5, X5
+	VEXTRACTF128 $1, Y6, X10
+	VADDPS X10, X6, X6
+	VEXTRACTF128 $1, Y7, X11
+	VADDPS X11, X7, X7
+	VHADDPS X5, X4, X4
+	VHADDPS X7, X6, X6
+	VHADDPS X6, X4, X4
+	VMOVUPS X4, 16(DX)
+	VZEROUPPER
+	RET
+
+
+
+// func tiles4x1F32AVX2(x *float32, w *float32, k, tiles int, out *float32)
+// The float32-weight twin of tiles4x1BF16AVX2, with the same arithmetic as
+// dot4x2F32AVX2's rows.
+TEXT ·tiles4x1F32AVX2(SB), NOSPLIT, $0-40
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ k+16(FP), BX
+	SHLQ $2, BX              // row bytes
+	MOVQ tiles+24(FP), R12
+	MOVQ out+32(FP), DX
+
+u1tile:
+	TESTQ R12, R12
+	JZ    u1end
+	LEAQ (DI)(BX*1), R8
+	LEAQ (R8)(BX*1), R9
+	LEAQ (R9)(BX*1), R10
+	LEAQ (R10)(BX*1), R13     // the next tile, prefetched a tile ahead
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ AX, AX
+	MOVQ k+16(FP), CX
+
+u1loop:
+	CMPQ CX, $8
+	JL   u1red
+	PREFETCHT1 (R13)          // the next tile streams in at four times this step's rate
+	PREFETCHT1 64(R13)
+	ADDQ $128, R13
+	VMOVUPS (SI)(AX*4), Y12
+	VMOVUPS (DI)(AX*4), Y8
+	VMOVUPS (R8)(AX*4), Y9
+	VMOVUPS (R9)(AX*4), Y10
+	VMOVUPS (R10)(AX*4), Y11
+	VFMADD231PS Y12, Y8, Y0
+	VFMADD231PS Y12, Y9, Y1
+	VFMADD231PS Y12, Y10, Y2
+	VFMADD231PS Y12, Y11, Y3
+	ADDQ $8, AX
+	SUBQ $8, CX
+	JMP  u1loop
+
+u1red:
+	VEXTRACTF128 $1, Y0, X8
+	VADDPS X8, X0, X0
+	VEXTRACTF128 $1, Y1, X9
+	VADDPS X9, X1, X1
+	VEXTRACTF128 $1, Y2, X10
+	VADDPS X10, X2, X2
+	VEXTRACTF128 $1, Y3, X11
+	VADDPS X11, X3, X3
+	VHADDPS X1, X0, X0
+	VHADDPS X3, X2, X2
+	VHADDPS X2, X0, X0
+	VMOVUPS X0, (DX)
+	ADDQ $16, DX
+	LEAQ (R10)(BX*1), DI     // next tile starts after row 3
+	DECQ R12
+	JMP  u1tile
+
+u1end:
 	VZEROUPPER
 	RET

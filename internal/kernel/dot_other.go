@@ -4,14 +4,6 @@ package kernel
 
 const useAVX2 = false
 
-func dot4BF16AVX2(x *float32, w *uint16, stride, n int, out *[4]float32) {
-	panic("kernel: no assembly on this platform")
-}
-
-func dot4F32AVX2(x *float32, w *float32, stride, n int, out *[4]float32) {
-	panic("kernel: no assembly on this platform")
-}
-
 func sumAVX2(x *float32, n int) float32 { panic("kernel: no assembly on this platform") }
 
 func fmaLoopAVX2(n int) { panic("kernel: no assembly on this platform") }
@@ -46,5 +38,15 @@ func expAVX2(x *float32, n int, k *[16]float32)     { panic("kernel: no assembly
 func sigmoidAVX2(x *float32, n int, k *[16]float32) { panic("kernel: no assembly on this platform") }
 
 func dot2x4BF16AVX2(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func triadAVX2(a, b, c *float32, s float32, n int) { panic("kernel: no assembly on this platform") }
+
+func dot4x2F32AVX2(x *float32, xstride int, w *float32, stride, n int, out *[8]float32) {
+	panic("kernel: no assembly on this platform")
+}
+
+func tiles4x1F32AVX2(x *float32, w *float32, k, tiles int, out *float32) {
 	panic("kernel: no assembly on this platform")
 }

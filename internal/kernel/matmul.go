@@ -46,45 +46,60 @@ func checkMatMul(nd, nx, nw, m, n, k int) {
 	}
 }
 
-// matMulRange computes output columns [lo, hi): four weight rows at a time
-// against each row of x, so each loaded input feeds several FMAs. A
-// leftover weight row goes through the same tile with its row repeated, so
-// every output element is computed with the same arithmetic wherever its
-// row falls: equal rows give bit-equal results, which keeps exact ties
-// exact (top-k selection depends on it).
+// matMulRange computes output columns [lo, hi) for float32 weights, with
+// the structure and arithmetic of matMulBF16Range (see there): four-row
+// weight tiles against pairs of x rows, whole-tile runs for a single row.
 func matMulRange(a *Args, lo, hi int) {
 	k, n := a.K, a.N
-	var d [4]float32
+	var d [8]float32
+	if a.M == 1 && useAVX2 && k%8 == 0 && k > 0 {
+		full := (hi - lo) / 4
+		if full > 0 {
+			tiles4x1F32AVX2(&a.X[0], &a.W[lo*k], k, full, &a.Dst[lo])
+		}
+		lo += 4 * full
+	}
 	for j := lo; j < hi; j += 4 {
 		rows := min(4, hi-j)
-		for r := 0; r < a.M; r++ {
-			x := a.X[r*k : (r+1)*k]
+		for r := 0; r < a.M; r += 2 {
+			xs := k
+			if r+1 >= a.M {
+				xs = 0 // a lone row: paired with itself
+			}
+			x := a.X[r*k : r*k+xs+k]
 			if rows < 4 {
 				for c := 0; c < rows; c++ {
-					dot4F32(x, a.W[(j+c)*k:(j+c+1)*k], 0, &d)
+					dot4x2F32(x, xs, a.W[(j+c)*k:(j+c+1)*k], 0, k, &d)
 					a.Dst[r*n+j+c] = d[0]
+					if xs != 0 {
+						a.Dst[(r+1)*n+j+c] = d[4]
+					}
 				}
 				continue
 			}
-			dot4F32(x, a.W[j*k:(j+4)*k], k, &d)
-			copy(a.Dst[r*n+j:r*n+j+4], d[:])
+			dot4x2F32(x, xs, a.W[j*k:(j+4)*k], k, k, &d)
+			copy(a.Dst[r*n+j:r*n+j+4], d[:4])
+			if xs != 0 {
+				copy(a.Dst[(r+1)*n+j:(r+1)*n+j+4], d[4:])
+			}
 		}
 	}
 }
 
-// dot4F32 computes the dot products of x with the four rows w[i*stride:]
-// (stride 0: one row four times).
-func dot4F32(x, w []float32, stride int, d *[4]float32) {
-	k := len(x)
-	*d = [4]float32{}
+// dot4x2F32 is dot4x2BF16 for float32 weights.
+func dot4x2F32(x []float32, xs int, w []float32, stride, k int, d *[8]float32) {
+	*d = [8]float32{}
 	done := 0
-	if useAVX2 && k >= 16 {
-		done = k &^ 15
-		dot4F32AVX2(&x[0], &w[0], stride, done, d)
+	if useAVX2 && k >= 8 {
+		done = k &^ 7
+		dot4x2F32AVX2(&x[0], xs, &w[0], stride, done, d)
 	}
 	if done < k {
-		d0, d1, d2, d3 := dot4(x[done:], w[done:], w[stride+done:], w[2*stride+done:], w[3*stride+done:])
-		d[0], d[1], d[2], d[3] = d[0]+d0, d[1]+d1, d[2]+d2, d[3]+d3
+		for r := 0; r < 2; r++ {
+			xr := x[r*xs+done : r*xs+k]
+			d0, d1, d2, d3 := dot4(xr, w[done:], w[stride+done:], w[2*stride+done:], w[3*stride+done:])
+			d[r*4], d[r*4+1], d[r*4+2], d[r*4+3] = d[r*4]+d0, d[r*4+1]+d1, d[r*4+2]+d2, d[r*4+3]+d3
+		}
 	}
 }
 

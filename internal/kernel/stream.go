@@ -4,6 +4,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unsafe"
 )
 
 // Sum returns the sum of x. It is the body of the read-bandwidth probe.
@@ -87,3 +88,30 @@ var Limits = sync.OnceValues(func() (bandwidth, peakFLOPS float64) {
 	}
 	return p.ReadBandwidth(buf, 9), p.PeakFLOPS()
 })
+
+func triadRange(a *Args, lo, hi int) {
+	x, y, z := a.Dst[lo:hi], a.X[lo:hi], a.Y[lo:hi]
+	i := 0
+	if useAVX2 && len(x) >= 8 && uintptr(unsafe.Pointer(&x[0]))%32 == 0 {
+		i = len(x) &^ 7
+		triadAVX2(&x[0], &y[0], &z[0], a.F, i)
+	}
+	for ; i < len(x); i++ {
+		x[i] = y[i] + a.F*z[i]
+	}
+}
+
+// Triad measures the STREAM triad a = b + s·c over the three arrays (equal
+// lengths, far larger than the cache) on the pool: the median of reps
+// passes, in bytes per second (12 bytes per element, as STREAM counts).
+func (p *Pool) Triad(a, b, c []float32, reps int) float64 {
+	per := ((len(a)+p.Size()-1)/p.Size() + 7) &^ 7
+	rates := make([]float64, 0, reps)
+	for r := 0; r < reps; r++ {
+		start := time.Now()
+		p.Run(triadRange, Args{Dst: a, X: b, Y: c, F: 3}, len(a), per)
+		rates = append(rates, float64(12*len(a))/time.Since(start).Seconds())
+	}
+	slices.Sort(rates)
+	return rates[len(rates)/2]
+}

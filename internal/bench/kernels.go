@@ -1,0 +1,112 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"k3/internal/kernel"
+	"k3/internal/openblas"
+)
+
+// best runs f reps times and returns the shortest duration.
+func best(reps int, f func()) time.Duration {
+	var b time.Duration
+	for i := 0; i < reps; i++ {
+		start := time.Now()
+		f()
+		if d := time.Since(start); i == 0 || d < b {
+			b = d
+		}
+	}
+	return b
+}
+
+// Kernels prints k3's GEMM and matrix-vector figures beside OpenBLAS's (when
+// built with -tags openblas) and the machine limits, all measured in this
+// run: `k3 bench kernels`.
+func Kernels(w io.Writer) {
+	p := kernel.NewPool(0)
+	defer p.Close()
+	threads := p.Size()
+	openblas.SetThreads(threads)
+	// Limits: a STREAM triad and read over arrays far past the cache, the
+	// FMA peak.
+	const big = 64 << 20
+	a, b, c := make([]float32, big), make([]float32, big), make([]float32, big)
+	for i := range b {
+		b[i], c[i] = 1, 2
+	}
+	triad := p.Triad(a, b, c, 5)
+	read := p.ReadBandwidth(b, 5)
+	peak := p.PeakFLOPS()
+	fmt.Fprintf(w, "machine limits measured now: STREAM triad %.1f GB/s, read %.1f GB/s, FMA peak %.0f GFLOP/s (%d threads)\n",
+		triad/1e9, read/1e9, peak/1e9, threads)
+	if openblas.Available {
+		fmt.Fprintf(w, "OpenBLAS core: %s (set OPENBLAS_CORETYPE=SkylakeX if it says Prescott)\n", openblas.CoreName())
+	} else {
+		fmt.Fprintln(w, "OpenBLAS: not built in (go run -tags openblas ./cmd/k3 bench kernels, with libopenblas-dev)")
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "GEMM C=A·Bᵀ\tk3 f32 GF/s\tk3 bf16-weight GF/s\tOpenBLAS GF/s\tk3 f32 / OpenBLAS\tk3 f32 / peak\t")
+	for _, s := range [][3]int{{256, 2048, 2048}, {1024, 1024, 1024}} {
+		m, n, k := s[0], s[1], s[2]
+		x, wt, y := make([]float32, m*k), make([]float32, n*k), make([]float32, m*n)
+		wb := make([]uint16, n*k)
+		for i := range x {
+			x[i] = float32(i%13) / 13
+		}
+		for i := range wt {
+			wt[i] = float32(i%7) / 7
+			wb[i] = 0x3f80 + uint16(i&63)
+		}
+		flops := 2 * float64(m*n*k)
+		tk := best(5, func() { p.MatMul(y, x, wt, m, n, k) })
+		tb := best(5, func() { p.MatMulBF16(y, x, wb, m, n, k) })
+		ob, ratio := "-", "-"
+		if openblas.Available {
+			to := best(5, func() { openblas.Sgemm(y, x, wt, m, n, k) })
+			ob = fmt.Sprintf("%.1f", flops/to.Seconds()/1e9)
+			ratio = fmt.Sprintf("%.0f%%", 100*to.Seconds()/tk.Seconds())
+		}
+		fmt.Fprintf(tw, "%dx%dx%d\t%.1f\t%.1f\t%s\t%s\t%.0f%%\t\n", m, n, k, flops/tk.Seconds()/1e9, flops/tb.Seconds()/1e9, ob, ratio,
+			100*flops/tk.Seconds()/peak)
+	}
+	tw.Flush()
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "matrix-vector (cold weights)\tGB/s\t/ triad\t/ read\tG weights/s\t")
+	for _, s := range [][2]int{{4096, 4096}, {2048, 8192}} {
+		rows, cols := s[0], s[1]
+		copies := (768 << 20) / (4 * rows * cols)
+		var wf [][]float32
+		var wb [][]uint16
+		for i := 0; i < copies; i++ {
+			f := make([]float32, rows*cols)
+			h := make([]uint16, rows*cols)
+			for j := range f {
+				f[j] = float32(j&63) / 64
+				h[j] = 0x3f80 + uint16(j&63)
+			}
+			wf, wb = append(wf, f), append(wb, h)
+		}
+		x, y := make([]float32, cols), make([]float32, rows)
+		const iters = 60
+		row := func(name string, bytesPer float64, f func(i int)) {
+			start := time.Now()
+			for i := 0; i < iters; i++ {
+				f(i)
+			}
+			sec := time.Since(start).Seconds() / iters
+			bytes := float64(rows*cols) * bytesPer
+			fmt.Fprintf(tw, "%s %dx%d\t%.1f\t%.0f%%\t%.0f%%\t%.1f\t\n", name, rows, cols, bytes/sec/1e9, 100*bytes/sec/triad,
+				100*bytes/sec/read, float64(rows*cols)/sec/1e9)
+		}
+		row("k3 f32", 4, func(i int) { p.MatMul(y, x, wf[i%copies], 1, rows, cols) })
+		row("k3 bf16", 2, func(i int) { p.MatMulBF16(y, x, wb[i%copies], 1, rows, cols) })
+		if openblas.Available {
+			row("OpenBLAS f32", 4, func(i int) { openblas.Sgemv(y, wf[i%copies], x, rows, cols) })
+		}
+	}
+	tw.Flush()
+}
