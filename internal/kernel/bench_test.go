@@ -58,8 +58,8 @@ func benchMatVec(b *testing.B, rows, cols int, bf16w bool) {
 	bytes := float64(rows * cols * elem)
 	gbs := bytes * float64(b.N) / b.Elapsed().Seconds()
 	b.ReportMetric(gbs/1e9, "GB/s")
-	b.ReportMetric(gbs/bw, "of_stream")
-	b.ReportMetric(bw/1e9, "stream_GB/s")
+	b.ReportMetric(gbs/bw, "of_bandwidth")
+	b.ReportMetric(bw/1e9, "bandwidth_GB/s")
 }
 
 func BenchmarkMatVecF32_4096x4096(b *testing.B)  { benchMatVec(b, 4096, 4096, false) }
