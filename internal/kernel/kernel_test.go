@@ -362,3 +362,21 @@ func TestVectorExpMatchesScalar(t *testing.T) {
 		}
 	}
 }
+
+func TestTriadValues(t *testing.T) {
+	p := NewPool(2)
+	defer p.Close()
+	n := 1000
+	a, b, c := make([]float32, n), make([]float32, n), make([]float32, n)
+	for i := range b {
+		b[i], c[i] = float32(i), float32(2*i)
+	}
+	if bw := p.Triad(a, b, c, 1); !(bw > 0) {
+		t.Errorf("bandwidth %v", bw)
+	}
+	for i := range a {
+		if a[i] != b[i]+3*c[i] {
+			t.Fatalf("a[%d] = %v, want %v", i, a[i], b[i]+3*c[i])
+		}
+	}
+}
