@@ -386,7 +386,7 @@ func (l *Layer) Forward(x compute.Tensor, cache *Cache, y compute.Tensor) error 
 		return nil
 	}
 	cfg, w, b := l.cfg, l.W, l.b
-	h, dc, dr := cfg.NumHeads, cfg.KVLoRARank, cfg.RopeDim
+	dc, dr := cfg.KVLoRARank, cfg.RopeDim
 	if err := cache.reserve(t); err != nil {
 		return err
 	}
@@ -395,27 +395,9 @@ func (l *Layer) Forward(x compute.Tensor, cache *Cache, y compute.Tensor) error 
 	for i := range pos {
 		pos[i] = int32(p0 + i)
 	}
-	// Query: the latent c_q (q-LoRA) or x itself feeds the heads.
-	qin := x
-	if cfg.QLoRARank > 0 {
-		qin = l.cq.Rows(0, t)
-		if err := b.MatMul(qin, x, w.QA); err != nil {
-			return fmt.Errorf("dsa: q_a_proj: %w", err)
-		}
-		if err := b.RMSNorm(qin, qin, w.QANorm, latentEps); err != nil {
-			return err
-		}
-	}
-	qn := l.qn.Rows(0, t)
-	if err := b.MatMul(qn.Reshape(t, h*cfg.NopeDim), qin, w.QNope); err != nil {
-		return fmt.Errorf("dsa: query projection: %w", err)
-	}
-	var qr compute.Tensor
-	if dr > 0 {
-		qr = l.qr.Rows(0, t)
-		if err := b.MatMul(qr.Reshape(t, h*dr), qin, w.QRope); err != nil {
-			return fmt.Errorf("dsa: query rope projection: %w", err)
-		}
+	qin, qn, qr, err := l.query(x)
+	if err != nil {
+		return err
 	}
 	// Latent and rope key of the new tokens, written into the cache.
 	kv := cache.KV.Rows(p0, p0+t)
@@ -512,6 +494,34 @@ func (l *Layer) forwardMHA(x, qn, qr compute.Tensor, cache *Cache, pos []int32, 
 	return l.gateAndProject(x, t, y)
 }
 
+// query projects x [T, D] to the query latent (x itself without q-LoRA)
+// and the per-head nope and rope parts.
+func (l *Layer) query(x compute.Tensor) (qin, qn, qr compute.Tensor, err error) {
+	cfg, w, b := l.cfg, l.W, l.b
+	t, h, dr := x.Dim(0), cfg.NumHeads, cfg.RopeDim
+	qin = x
+	if cfg.QLoRARank > 0 {
+		qin = l.cq.Rows(0, t)
+		if err = b.MatMul(qin, x, w.QA); err != nil {
+			return qin, qn, qr, fmt.Errorf("dsa: q_a_proj: %w", err)
+		}
+		if err = b.RMSNorm(qin, qin, w.QANorm, latentEps); err != nil {
+			return qin, qn, qr, err
+		}
+	}
+	qn = l.qn.Rows(0, t)
+	if err = b.MatMul(qn.Reshape(t, h*cfg.NopeDim), qin, w.QNope); err != nil {
+		return qin, qn, qr, fmt.Errorf("dsa: query projection: %w", err)
+	}
+	if dr > 0 {
+		qr = l.qr.Rows(0, t)
+		if err = b.MatMul(qr.Reshape(t, h*dr), qin, w.QRope); err != nil {
+			return qin, qn, qr, fmt.Errorf("dsa: query rope projection: %w", err)
+		}
+	}
+	return qin, qn, qr, nil
+}
+
 func (l *Layer) rotate(x compute.Tensor, pos []int32, dims int, interleaved bool) error {
 	l.rope = compute.RopeArgs{X: x, Pos: pos, Dims: dims, Freqs: l.freqs, Scale: l.ropeScale, Interleaved: interleaved}
 	return l.b.RoPE(&l.rope)
@@ -597,27 +607,10 @@ func (l *Layer) ForwardBatch(x compute.Tensor, caches []*Cache, y compute.Tensor
 		}
 	}
 	cfg, w, b := l.cfg, l.W, l.b
-	h, dc, dr := cfg.NumHeads, cfg.KVLoRARank, cfg.RopeDim
-	qin := x
-	if cfg.QLoRARank > 0 {
-		qin = l.cq.Rows(0, t)
-		if err := b.MatMul(qin, x, w.QA); err != nil {
-			return fmt.Errorf("dsa: q_a_proj: %w", err)
-		}
-		if err := b.RMSNorm(qin, qin, w.QANorm, latentEps); err != nil {
-			return err
-		}
-	}
-	qn := l.qn.Rows(0, t)
-	if err := b.MatMul(qn.Reshape(t, h*cfg.NopeDim), qin, w.QNope); err != nil {
-		return fmt.Errorf("dsa: query projection: %w", err)
-	}
-	var qr compute.Tensor
-	if dr > 0 {
-		qr = l.qr.Rows(0, t)
-		if err := b.MatMul(qr.Reshape(t, h*dr), qin, w.QRope); err != nil {
-			return fmt.Errorf("dsa: query rope projection: %w", err)
-		}
+	dc, dr := cfg.KVLoRARank, cfg.RopeDim
+	qin, qn, qr, err := l.query(x)
+	if err != nil {
+		return err
 	}
 	qa := l.qa.Rows(0, t)
 	if err := b.HeadMatMul(qa, qn, w.UKT); err != nil {

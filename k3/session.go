@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 
-	"k3/attnres"
 	"k3/dsa"
 	"k3/internal/compute"
 	"k3/internal/config"
-	"k3/internal/moe"
 	"k3/kda"
 )
 
@@ -29,15 +27,12 @@ type Session struct {
 	caches []*dsa.Cache
 	kdaL   []*kda.Layer
 	mlaL   []*dsa.Layer
-	moeL   []*moe.Layer
-	mlpL   []*moe.MLPRunner
-	stream *attnres.Stream
-
-	ids                               compute.Tensor // [chunk] I32
-	x, h, normed, attnOut, mlpOut, fh compute.Tensor // [chunk, D]
-	logits                            compute.Tensor // [chunk, V]
-	pos                               int
-	limit                             int
+	p      *pass
+	mix    mixer // s.mixLayer, bound once
+	trace  *Trace
+	t      int // rows in the current pass
+	pos    int
+	limit  int
 
 	tokens []int32   // every token fed so far
 	last   []float32 // logits after the last token (nil before any)
@@ -51,24 +46,13 @@ func (m *Model) NewSession() (*Session, error) {
 	if s.limit <= 0 {
 		s.limit = 1 << 20
 	}
-	n, b, d := m.chunk, m.b, cfg.HiddenSize
+	n, b := m.chunk, m.b
 	var err error
-	alloc := func(dt compute.DType, dims ...int) compute.Tensor {
-		if err != nil {
-			return compute.Tensor{}
-		}
-		var t compute.Tensor
-		t, err = b.Alloc(dt, dims...)
-		return t
-	}
-	s.ids = alloc(compute.I32, n)
-	s.x, s.h, s.normed = alloc(compute.F32, n, d), alloc(compute.F32, n, d), alloc(compute.F32, n, d)
-	s.attnOut, s.mlpOut, s.fh = alloc(compute.F32, n, d), alloc(compute.F32, n, d), alloc(compute.F32, n, d)
-	s.logits = alloc(compute.F32, n, cfg.VocabSize)
-	if err != nil {
+	if s.p, err = newPass(m, n); err != nil {
 		return nil, err
 	}
-	for l, ly := range m.layers {
+	s.mix = s.mixLayer
+	for _, ly := range m.layers {
 		var ks *kda.State
 		var kl *kda.Layer
 		var c *dsa.Cache
@@ -91,21 +75,6 @@ func (m *Model) NewSession() (*Session, error) {
 		}
 		s.kdaSt, s.kdaL = append(s.kdaSt, ks), append(s.kdaL, kl)
 		s.caches, s.mlaL = append(s.caches, c), append(s.mlaL, ml)
-		var me *moe.Layer
-		var mr *moe.MLPRunner
-		if ly.moe != nil {
-			if me, err = moe.NewLayer(b, ly.moe, ly.router, n); err != nil {
-				return nil, fmt.Errorf("k3: layer %d: %w", l, err)
-			}
-		} else if mr, err = moe.NewMLPRunner(b, ly.mlp, n); err != nil {
-			return nil, fmt.Errorf("k3: layer %d: %w", l, err)
-		}
-		s.moeL, s.mlpL = append(s.moeL, me), append(s.mlpL, mr)
-	}
-	if cfg.AttnResBlockSize > 0 {
-		if s.stream, err = attnres.NewStream(b, m.resQueries, m.outQuery, 2*cfg.AttnResBlockSize, n, float32(cfg.RMSNormEps)); err != nil {
-			return nil, err
-		}
 	}
 	return s, nil
 }
@@ -180,11 +149,11 @@ func (s *Session) run(ctx context.Context, tokens []int32, all bool, tr ...*Trac
 		rows := 1
 		if all {
 			rows = c1 - c0
-			if err := s.m.b.Read(out[c0*v:c1*v], s.logits.Rows(0, rows)); err != nil {
+			if err := s.m.b.Read(out[c0*v:c1*v], s.p.logits.Rows(0, rows)); err != nil {
 				return nil, err
 			}
 			copy(s.last, out[(c1-1)*v:c1*v])
-		} else if err := s.m.b.Read(s.last, s.logits.Rows(0, 1)); err != nil {
+		} else if err := s.m.b.Read(s.last, s.p.logits.Rows(0, 1)); err != nil {
 			return nil, err
 		}
 	}
@@ -279,152 +248,36 @@ func (s *Session) StateBytes() int64 {
 	return n
 }
 
-func (s *Session) readF32(t compute.Tensor) []float32 {
-	v := make([]float32, t.Len())
-	s.m.b.Read(v, t)
-	return v
-}
-
-func (s *Session) readI32(t compute.Tensor) []int32 {
-	v := make([]int32, t.Len())
-	s.m.b.Read(v, t)
-	return v
-}
-
 // step runs one forward pass over at most chunk tokens.
 func (s *Session) step(tokens []int32, tr *Trace, allLogits bool) error {
 	if s.pos+len(tokens) > s.limit {
 		return fmt.Errorf("%w: %d tokens after %d exceed %d", ErrContextFull, len(tokens), s.pos, s.limit)
 	}
-	m, b := s.m, s.m.b
-	cfg := m.Config
-	t := len(tokens)
-	eps := float32(cfg.RMSNormEps)
-	ids := s.ids.Rows(0, t)
-	if err := b.Write(ids, tokens); err != nil {
+	s.trace, s.t = tr, len(tokens)
+	err := s.p.run(tokens, s.mix, tr, allLogits)
+	s.trace = nil
+	if err != nil {
 		return err
 	}
-	x, h, normed := s.x.Rows(0, t), s.h.Rows(0, t), s.normed.Rows(0, t)
-	attnOut, mlpOut := s.attnOut.Rows(0, t), s.mlpOut.Rows(0, t)
-	if err := b.Embedding(x, m.embed, ids); err != nil {
+	s.pos += len(tokens)
+	return nil
+}
+
+// mixLayer runs layer l's token mixer for the session's rows.
+func (s *Session) mixLayer(l int, normed, out compute.Tensor) error {
+	if kl := s.kdaL[l]; kl != nil {
+		if s.t == 1 {
+			return kl.Decode(normed, s.kdaSt[l], out)
+		}
+		return kl.Prefill(normed, nil, s.kdaSt[l], out)
+	}
+	ml := s.mlaL[l]
+	if err := ml.Forward(normed, s.caches[l], out); err != nil {
 		return err
 	}
-	useRes := s.stream != nil
-	if useRes {
-		if err := s.stream.Begin(x); err != nil {
-			return err
-		}
+	if s.trace != nil && s.m.layers[l].kind == config.DSA {
+		s.trace.DSAIndices = append(s.trace.DSAIndices, s.p.readI32(ml.Indices(s.t)))
 	}
-	var prev compute.Tensor // the previous sublayer's output (AttnRes)
-	for l, ly := range m.layers {
-		// Attention sublayer.
-		in := x
-		if useRes {
-			if err := s.stream.Next(prev, h); err != nil {
-				return fmt.Errorf("k3: layer %d attnres: %w", l, err)
-			}
-			in = h
-		}
-		if tr != nil && useRes {
-			tr.AttnInput = append(tr.AttnInput, s.readF32(in))
-		}
-		if err := b.RMSNorm(normed, in, ly.attnNorm, eps); err != nil {
-			return err
-		}
-		var err error
-		switch ly.kind {
-		case config.KDA:
-			if t == 1 {
-				err = s.kdaL[l].Decode(normed, s.kdaSt[l], attnOut)
-			} else {
-				err = s.kdaL[l].Prefill(normed, nil, s.kdaSt[l], attnOut)
-			}
-		default:
-			err = s.mlaL[l].Forward(normed, s.caches[l], attnOut)
-			if err == nil && tr != nil && ly.kind == config.DSA {
-				tr.DSAIndices = append(tr.DSAIndices, s.readI32(s.mlaL[l].Indices(t)))
-			}
-		}
-		if err != nil {
-			return fmt.Errorf("k3: layer %d attention: %w", l, err)
-		}
-		if tr != nil {
-			tr.AttnOutput = append(tr.AttnOutput, s.readF32(attnOut))
-		}
-		// MLP sublayer.
-		if useRes {
-			if err := s.stream.Next(attnOut, h); err != nil {
-				return fmt.Errorf("k3: layer %d attnres: %w", l, err)
-			}
-			in = h
-			if tr != nil {
-				tr.MLPInput = append(tr.MLPInput, s.readF32(in))
-			}
-		} else {
-			if err := b.Binary(compute.Add, x, x, attnOut); err != nil {
-				return err
-			}
-		}
-		if err := b.RMSNorm(normed, in, ly.mlpNorm, eps); err != nil {
-			return err
-		}
-		if me := s.moeL[l]; me != nil {
-			err = me.Forward(normed, mlpOut, compute.Tensor{}, compute.Tensor{})
-			if err == nil && tr != nil {
-				idx, wts := me.Routing(t)
-				tr.MoEIndices = append(tr.MoEIndices, s.readI32(idx))
-				tr.MoEWeights = append(tr.MoEWeights, s.readF32(wts))
-			}
-		} else {
-			err = s.mlpL[l].Forward(normed, mlpOut)
-		}
-		if err != nil {
-			return fmt.Errorf("k3: layer %d feed-forward: %w", l, err)
-		}
-		if tr != nil {
-			tr.MLPOutput = append(tr.MLPOutput, s.readF32(mlpOut))
-		}
-		if useRes {
-			prev = mlpOut
-			if tr != nil {
-				p, _ := s.stream.Partial()
-				after := s.readF32(p)
-				for i, v := range s.readF32(mlpOut) {
-					after[i] += v
-				}
-				tr.HiddenAfterLayer = append(tr.HiddenAfterLayer, after)
-			}
-		} else {
-			if err := b.Binary(compute.Add, x, x, mlpOut); err != nil {
-				return err
-			}
-			if tr != nil {
-				tr.HiddenAfterLayer = append(tr.HiddenAfterLayer, s.readF32(x))
-			}
-		}
-	}
-	final := x
-	if useRes {
-		if err := s.stream.Final(prev, h); err != nil {
-			return err
-		}
-		final = h
-	}
-	fh := s.fh.Rows(0, t)
-	if err := b.RMSNorm(fh, final, m.norm, eps); err != nil {
-		return err
-	}
-	if tr != nil {
-		tr.FinalHidden = append(tr.FinalHidden, s.readF32(fh)...)
-	}
-	rows := fh
-	if !allLogits {
-		rows = fh.Rows(t-1, t)
-	}
-	if err := b.MatMul(s.logits.Rows(0, rows.Dim(0)), rows, m.lmHead); err != nil {
-		return err
-	}
-	s.pos += t
 	return nil
 }
 

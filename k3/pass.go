@@ -1,0 +1,200 @@
+package k3
+
+import (
+	"fmt"
+
+	"k3/attnres"
+	"k3/internal/compute"
+	"k3/internal/moe"
+)
+
+// pass holds the activations, the feed-forward runners and the AttnRes
+// stream of a forward pass over up to max rows. Sessions and batches each
+// own one; the token mixers (KDA, MLA/DSA), which carry per-sequence state,
+// stay with them and plug in as a mixer.
+type pass struct {
+	m      *Model
+	max    int
+	moeL   []*moe.Layer
+	mlpL   []*moe.MLPRunner
+	stream *attnres.Stream
+
+	ids                           compute.Tensor // [max] I32
+	x, h, normed, attnOut, mlpOut compute.Tensor // [max, D]
+	fh                            compute.Tensor // [max, D]
+	logits                        compute.Tensor // [max, V]
+}
+
+// mixer runs layer l's token mixer on normed [T, D] into out [T, D].
+type mixer func(l int, normed, out compute.Tensor) error
+
+func newPass(m *Model, max int) (*pass, error) {
+	cfg, b := m.Config, m.b
+	p := &pass{m: m, max: max}
+	var err error
+	alloc := func(dt compute.DType, dims ...int) compute.Tensor {
+		if err != nil {
+			return compute.Tensor{}
+		}
+		var t compute.Tensor
+		t, err = b.Alloc(dt, dims...)
+		return t
+	}
+	d := cfg.HiddenSize
+	p.ids = alloc(compute.I32, max)
+	p.x, p.h, p.normed = alloc(compute.F32, max, d), alloc(compute.F32, max, d), alloc(compute.F32, max, d)
+	p.attnOut, p.mlpOut, p.fh = alloc(compute.F32, max, d), alloc(compute.F32, max, d), alloc(compute.F32, max, d)
+	p.logits = alloc(compute.F32, max, cfg.VocabSize)
+	if err != nil {
+		return nil, err
+	}
+	for l, ly := range m.layers {
+		var me *moe.Layer
+		var mr *moe.MLPRunner
+		if ly.moe != nil {
+			me, err = moe.NewLayer(b, ly.moe, ly.router, max)
+		} else {
+			mr, err = moe.NewMLPRunner(b, ly.mlp, max)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("k3: layer %d: %w", l, err)
+		}
+		p.moeL, p.mlpL = append(p.moeL, me), append(p.mlpL, mr)
+	}
+	if cfg.AttnResBlockSize > 0 {
+		if p.stream, err = attnres.NewStream(b, m.resQueries, m.outQuery, 2*cfg.AttnResBlockSize, max, float32(cfg.RMSNormEps)); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+func (p *pass) readF32(t compute.Tensor) []float32 {
+	v := make([]float32, t.Len())
+	p.m.b.Read(v, t)
+	return v
+}
+
+func (p *pass) readI32(t compute.Tensor) []int32 {
+	v := make([]int32, t.Len())
+	p.m.b.Read(v, t)
+	return v
+}
+
+// run embeds tokens (one row each), runs every decoder layer — AttnRes or
+// the plain residual, the pre-norms, the mixer and the feed-forward — then
+// the final norm and lm_head into p.logits (every row with all, else the
+// last row only, into row 0). tr, when not nil, receives intermediates.
+func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool) error {
+	m, b := p.m, p.m.b
+	cfg := m.Config
+	t := len(tokens)
+	eps := float32(cfg.RMSNormEps)
+	ids := p.ids.Rows(0, t)
+	if err := b.Write(ids, tokens); err != nil {
+		return err
+	}
+	x, h, normed := p.x.Rows(0, t), p.h.Rows(0, t), p.normed.Rows(0, t)
+	attnOut, mlpOut := p.attnOut.Rows(0, t), p.mlpOut.Rows(0, t)
+	if err := b.Embedding(x, m.embed, ids); err != nil {
+		return err
+	}
+	useRes := p.stream != nil
+	if useRes {
+		if err := p.stream.Begin(x); err != nil {
+			return err
+		}
+	}
+	var prev compute.Tensor // the previous sublayer's output (AttnRes)
+	for l, ly := range m.layers {
+		// Attention sublayer.
+		in := x
+		if useRes {
+			if err := p.stream.Next(prev, h); err != nil {
+				return fmt.Errorf("k3: layer %d attnres: %w", l, err)
+			}
+			in = h
+			if tr != nil {
+				tr.AttnInput = append(tr.AttnInput, p.readF32(in))
+			}
+		}
+		if err := b.RMSNorm(normed, in, ly.attnNorm, eps); err != nil {
+			return err
+		}
+		if err := mix(l, normed, attnOut); err != nil {
+			return fmt.Errorf("k3: layer %d attention: %w", l, err)
+		}
+		if tr != nil {
+			tr.AttnOutput = append(tr.AttnOutput, p.readF32(attnOut))
+		}
+		// Feed-forward sublayer.
+		if useRes {
+			if err := p.stream.Next(attnOut, h); err != nil {
+				return fmt.Errorf("k3: layer %d attnres: %w", l, err)
+			}
+			in = h
+			if tr != nil {
+				tr.MLPInput = append(tr.MLPInput, p.readF32(in))
+			}
+		} else if err := b.Binary(compute.Add, x, x, attnOut); err != nil {
+			return err
+		}
+		if err := b.RMSNorm(normed, in, ly.mlpNorm, eps); err != nil {
+			return err
+		}
+		var err error
+		if me := p.moeL[l]; me != nil {
+			err = me.Forward(normed, mlpOut, compute.Tensor{}, compute.Tensor{})
+			if err == nil && tr != nil {
+				idx, wts := me.Routing(t)
+				tr.MoEIndices = append(tr.MoEIndices, p.readI32(idx))
+				tr.MoEWeights = append(tr.MoEWeights, p.readF32(wts))
+			}
+		} else {
+			err = p.mlpL[l].Forward(normed, mlpOut)
+		}
+		if err != nil {
+			return fmt.Errorf("k3: layer %d feed-forward: %w", l, err)
+		}
+		if tr != nil {
+			tr.MLPOutput = append(tr.MLPOutput, p.readF32(mlpOut))
+		}
+		if useRes {
+			prev = mlpOut
+			if tr != nil {
+				part, _ := p.stream.Partial()
+				after := p.readF32(part)
+				for i, v := range p.readF32(mlpOut) {
+					after[i] += v
+				}
+				tr.HiddenAfterLayer = append(tr.HiddenAfterLayer, after)
+			}
+		} else {
+			if err := b.Binary(compute.Add, x, x, mlpOut); err != nil {
+				return err
+			}
+			if tr != nil {
+				tr.HiddenAfterLayer = append(tr.HiddenAfterLayer, p.readF32(x))
+			}
+		}
+	}
+	final := x
+	if useRes {
+		if err := p.stream.Final(prev, h); err != nil {
+			return err
+		}
+		final = h
+	}
+	fh := p.fh.Rows(0, t)
+	if err := b.RMSNorm(fh, final, m.norm, eps); err != nil {
+		return err
+	}
+	if tr != nil {
+		tr.FinalHidden = append(tr.FinalHidden, p.readF32(fh)...)
+	}
+	rows := fh
+	if !all {
+		rows = fh.Rows(t-1, t)
+	}
+	return b.MatMul(p.logits.Rows(0, rows.Dim(0)), rows, m.lmHead)
+}
