@@ -65,7 +65,7 @@ func runCore(t *testing.T, b compute.Backend, c coreCase, seed uint64, chunk int
 		Beta: upload(t, b, randn(r, tt*c.h, 2), tt, c.h), ALog: upload(t, b, randn(r, c.h, 0.5), c.h),
 		DTBias: upload(t, b, randn(r, c.h*c.dk, 0.5), c.h*c.dk), Gate: c.gate, LowerBound: -5, Preprocess: true,
 		Scale: float32(1 / math.Sqrt(float64(c.dk))), CuSeqlens: cu, ChunkSize: chunk,
-		State: upload(t, b, randn(r, n*c.h*c.dk*c.dv, 0.3), n, c.h, c.dk, c.dv),
+		State: upload(t, b, randn(r, n*c.h*c.dk*c.dv, 0.3), n, c.h, c.dv, c.dk),
 	}
 	var err error
 	if a.Out, err = b.Alloc(compute.F32, tt, c.h, c.dv); err != nil {

@@ -121,7 +121,9 @@ func LoadWeights(b compute.Backend, cfg Config, src Source) (*compute.KDAWeights
 
 // State is the per-sequence state of one KDA layer for N sequences: the
 // conv cache [N, W-1, 3·H·D] (raw q|k|v projections of the last W-1 tokens)
-// and the recurrent state [N, H, D, D], K-first (S[k][v], o = Sᵀq).
+// and the recurrent state [N, H, D, D], V-first: element [v][k] is S[k][v]
+// of the equations (o = Sᵀq). The conformance files store it K-first;
+// TransposeState converts.
 type State struct {
 	Conv, S compute.Tensor
 }
@@ -287,4 +289,18 @@ func (l *Layer) DecodeBatch(x compute.Tensor, states []*State, y compute.Tensor)
 		return fmt.Errorf("kda: decode step: %w", err)
 	}
 	return nil
+}
+
+// TransposeState converts n states of d1×d2 (row-major) to d2×d1: between
+// the K-first layout of the reference equations and files ([.., K, V]) and
+// the V-first layout k3 keeps ([.., V, K]).
+func TransposeState(dst, src []float32, n, d1, d2 int) {
+	for s := 0; s < n; s++ {
+		a, b := src[s*d1*d2:(s+1)*d1*d2], dst[s*d1*d2:(s+1)*d1*d2]
+		for i := 0; i < d1; i++ {
+			for j := 0; j < d2; j++ {
+				b[j*d1+i] = a[i*d2+j]
+			}
+		}
+	}
 }

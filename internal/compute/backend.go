@@ -169,7 +169,8 @@ type KDAWeights struct {
 
 // KDAStepArgs are the operands of KDAStep: X and Y [B, hidden], Conv
 // [B, W-1, 3*H*D] (raw projections of the last tokens, q|k|v, oldest
-// first), State [B, H, D, D] (K-first); Conv and State are updated in place.
+// first), State [B, H, D, D] (V-first, as in KDAArgs); Conv and State are
+// updated in place.
 type KDAStepArgs struct {
 	W              *KDAWeights
 	X, Conv, State Tensor

@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"k3/internal/compute"
+	"k3/kda"
 )
 
 func init() {
@@ -146,7 +147,10 @@ func (c *kdaCase) run(b compute.Backend, chunk int, b0, b1, t0, t1 int, state []
 			return
 		}
 	}
-	if a.State, err = upload(b, state, nst, c.h, c.dk, c.dv); err != nil {
+	// The files keep states K-first; k3 keeps them V-first.
+	vf := make([]float32, len(state))
+	kda.TransposeState(vf, state, nst*c.h, c.dk, c.dv)
+	if a.State, err = upload(b, vf, nst, c.h, c.dv, c.dk); err != nil {
 		return
 	}
 	if a.Out, err = b.Alloc(compute.F32, tt, c.h, c.dv); err != nil {
@@ -158,7 +162,12 @@ func (c *kdaCase) run(b compute.Backend, chunk int, b0, b1, t0, t1 int, state []
 	if out, err = download(b, a.Out); err != nil {
 		return
 	}
-	final, err = download(b, a.State)
+	vf, err = download(b, a.State)
+	if err != nil {
+		return
+	}
+	final = make([]float32, len(vf))
+	kda.TransposeState(final, vf, nst*c.h, c.dv, c.dk)
 	return
 }
 

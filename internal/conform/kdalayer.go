@@ -124,7 +124,7 @@ func runKDALayer(ctx context.Context, b compute.Backend, path string, chk *check
 			}
 		}
 		if initS != nil {
-			if err := b.Write(st.S, initS); err != nil {
+			if err := b.Write(st.S, vFirst(initS, bsz*cfg.NumHeads, cfg.HeadDim)); err != nil {
 				return err
 			}
 		}
@@ -144,6 +144,9 @@ func runKDALayer(ctx context.Context, b compute.Backend, path string, chk *check
 			got, err := download(b, c.t)
 			if err != nil {
 				return err
+			}
+			if c.name == "final_state" {
+				got = vFirst(got, bsz*cfg.NumHeads, cfg.HeadDim)
 			}
 			chk.close(fmt.Sprintf("%s(chunk %d)", c.name, chunk), got, c.want, kdaLayerAtol, kdaLayerRtol)
 		}
@@ -205,6 +208,9 @@ func runKDALayerDecode(ctx context.Context, b compute.Backend, path string, chk 
 		if err != nil {
 			return err
 		}
+		if c.name == "state_after_prefill" {
+			got = vFirst(got, bsz*cfg.NumHeads, cfg.HeadDim)
+		}
 		want, _, err := f.f32(c.name)
 		if err != nil {
 			return err
@@ -252,8 +258,18 @@ func runKDALayerDecode(ctx context.Context, b compute.Backend, path string, chk 
 			if err != nil {
 				return err
 			}
+			if c.name == "state_after_step" {
+				got = vFirst(got, bsz*cfg.NumHeads, cfg.HeadDim)
+			}
 			chk.close(fmt.Sprintf("%s[step %d]", c.name, s), got, c.want, kdaLayerAtol, kdaLayerRtol)
 		}
 	}
 	return nil
+}
+
+// vFirst transposes n square d×d states (K-first <-> V-first).
+func vFirst(x []float32, n, d int) []float32 {
+	out := make([]float32, len(x))
+	kda.TransposeState(out, x, n, d, d)
+	return out
 }

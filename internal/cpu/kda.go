@@ -29,6 +29,7 @@ type kdaScratch struct {
 	kd, qd           []float32 // decayed keys/queries [C, K]
 	ka, kb, qa       []float32 // factorised decays [C, K]
 	lm, mqk          []float32 // [C, C]
+	ut, kwt, upd     []float32 // state update: uᵀ, kwᵀ, their product
 	unsafe           []int32
 	tmp              []float32
 }
@@ -112,7 +113,7 @@ func (b *Backend) kdaPrepare(a *compute.KDAArgs) (*kdaJob, error) {
 			return nil, shapeErr("kda cu_seqlens %v decreases", j.cu)
 		}
 	}
-	j.state = get("state", a.State, j.nseq, h, dk, dv)
+	j.state = get("state", a.State, j.nseq, h, dv, dk)
 	if a.Gate != compute.GateGiven {
 		j.alog = get("A_log", a.ALog, h)
 		j.dtb = get("dt_bias", a.DTBias, h*dk)
@@ -224,33 +225,30 @@ func l2norm(x []float32) {
 // the state.
 func (j *kdaJob) recurrent(sc *kdaScratch, st []float32, hd, t0, t1 int) {
 	dk, dv := j.dk, j.dv
-	sc.tmp = grow32(sc.tmp, 2*dv)
-	kv, o := sc.tmp[:dv], sc.tmp[dv:]
+	sc.tmp = grow32(sc.tmp, 2*dv+dk)
+	kv, o, ke := sc.tmp[:dv], sc.tmp[dv:2*dv], sc.tmp[2*dv:]
 	for i := 0; i < t1-t0; i++ {
 		q, k, g := sc.q[i*dk:(i+1)*dk], sc.k[i*dk:(i+1)*dk], sc.g[i*dk:(i+1)*dk]
 		v := sc.v[i*dv : (i+1)*dv]
-		kdaToken(st, q, k, g, v, sc.beta[i], kv, o, dk, dv)
+		kdaToken(st, q, k, g, v, sc.beta[i], kv, o, ke, dk, dv)
 		copy(j.out[((t0+i)*j.h+hd)*dv:], o)
 	}
 }
 
-// kdaToken advances state st [dk, dv] by one token and writes the output
-// (q already scaled) to o; kv is scratch of length dv. g is the log decay;
-// it is overwritten with the decay factors. Two passes over the
-// state: a read-only one for S_decayedᵀk, then one that decays, writes the
-// delta-rule update and reads the output together.
-func kdaToken(st, q, k, g, v []float32, beta float32, kv, o []float32, dk, dv int) {
-	clear(kv)
-	kernel.ExpSlice(g) // the decay factors, used by both passes
-	for c := 0; c < dk; c++ {
-		kernel.Axpy(kv, k[c]*g[c], st[c*dv:(c+1)*dv])
-	}
+// kdaToken advances state st (V-first: row v holds S[:, v] over the key
+// channels) by one token and writes the output (q already scaled) to o. kv
+// is scratch of dv, ke of dk; g is the log decay and is overwritten with the
+// decay factors. Pass one is a matrix-vector product (Sᵀ(k⊙e)); pass two
+// decays, writes the delta-rule update and reads the output row by row.
+func kdaToken(st, q, k, g, v []float32, beta float32, kv, o, ke []float32, dk, dv int) {
+	kernel.ExpSlice(g)
+	kernel.Mul(ke, k, g)
+	kernel.MatMulSerial(kv, ke, st, 1, dv, dk)
 	for i := range kv {
 		kv[i] = beta * (v[i] - kv[i]) // u
 	}
-	clear(o)
-	for c := 0; c < dk; c++ {
-		kernel.RowUpdate(st[c*dv:(c+1)*dv], kv, o, g[c], k[c], q[c])
+	for r := 0; r < dv; r++ {
+		o[r] = kernel.RowUpdateDot(st[r*dk:(r+1)*dk], g, k, q, kv[r])
 	}
 }
 
@@ -329,17 +327,10 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
 		j.unsafeTerms(sc, hd, t0, c0, c1)
 	}
 
-	// State stage: P = S0ᵀ(k e^G) into u, O = S0ᵀ(q e^G) into o, one pass
-	// over the state rows.
-	clear(sc.u)
-	clear(sc.o)
-	for ch := 0; ch < dk; ch++ {
-		row := st[ch*dv : (ch+1)*dv]
-		for i := 0; i < c; i++ {
-			kernel.Axpy(sc.u[i*dv:(i+1)*dv], sc.kd[i*dk+ch], row)
-			kernel.Axpy(sc.o[i*dv:(i+1)*dv], sc.qd[i*dk+ch], row)
-		}
-	}
+	// State stage (state V-first, row v = S[:, v]): P = (k e^G)·S into u
+	// and O = (q e^G)·S into o, as matrix products over the state rows.
+	kernel.MatMulSerial(sc.u, sc.kd, st, c, dv, dk)
+	kernel.MatMulSerial(sc.o, sc.qd, st, c, dv, dk)
 	for i := 0; i < c; i++ {
 		ui := sc.u[i*dv : (i+1)*dv]
 		vi := v[i*dv : (i+1)*dv]
@@ -364,12 +355,25 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
 			G[ch] += g[i*dk+ch]
 		}
 	}
-	for ch := 0; ch < dk; ch++ {
-		row := st[ch*dv : (ch+1)*dv]
-		kernel.Scale(row, kernel.Exp(gLast[ch]))
-		for i := 0; i < c; i++ {
-			kernel.Axpy(row, sc.kd[i*dk+ch], sc.u[i*dv:(i+1)*dv])
+	// S1 = diag(e^{G_last}) S0 + Σ_j (k_j e^{G_last-G_j}) u_jᵀ; V-first:
+	// row v = row v ⊙ e^{G_last} + Σ_j u_j[v] kw_j, the sum a matrix product
+	// of uᵀ [dv, C] and kwᵀ [dk, C].
+	sc.ut, sc.kwt = grow32(sc.ut, dv*c), grow32(sc.kwt, dk*c)
+	sc.upd = grow32(sc.upd, dv*dk)
+	for i := 0; i < c; i++ {
+		for r := 0; r < dv; r++ {
+			sc.ut[r*c+i] = sc.u[i*dv+r]
 		}
+		for ch := 0; ch < dk; ch++ {
+			sc.kwt[ch*c+i] = sc.kd[i*dk+ch]
+		}
+	}
+	kernel.MatMulSerial(sc.upd, sc.ut, sc.kwt, dv, dk, c)
+	kernel.ExpSlice(gLast)
+	for r := 0; r < dv; r++ {
+		row := st[r*dk : (r+1)*dk]
+		kernel.Mul(row, row, gLast)
+		kernel.Add(row, row, sc.upd[r*dk:(r+1)*dk])
 	}
 }
 

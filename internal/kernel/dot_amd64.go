@@ -59,3 +59,6 @@ func dot4x2F32AVX2(x *float32, xstride int, w *float32, stride, n int, out *[8]f
 
 //go:noescape
 func tiles4x1F32AVX2(x *float32, w *float32, k, tiles int, out *float32)
+
+//go:noescape
+func rowUpdateDotAVX2(row, e, k, q *float32, a float32, n int) float32

@@ -851,3 +851,55 @@ u1red:
 u1end:
 	VZEROUPPER
 	RET
+
+// func rowUpdateDotAVX2(row, e, k, q *float32, a float32, n int) float32
+// row = row ⊙ e + a·k, returning row · q, for n % 8 == 0: one pass over a
+// V-first KDA state row for the decay, the delta-rule write and the output.
+TEXT ·rowUpdateDotAVX2(SB), NOSPLIT, $0-52
+	MOVQ row+0(FP), DI
+	MOVQ e+8(FP), SI
+	MOVQ k+16(FP), DX
+	MOVQ q+24(FP), R8
+	VBROADCASTSS a+32(FP), Y15
+	MOVQ n+40(FP), CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+
+vloop:
+	CMPQ CX, $16
+	JL   vtail
+	VMOVUPS (DI), Y2
+	VMOVUPS 32(DI), Y3
+	VMULPS (SI), Y2, Y2
+	VMULPS 32(SI), Y3, Y3
+	VFMADD231PS (DX), Y15, Y2
+	VFMADD231PS 32(DX), Y15, Y3
+	VMOVUPS Y2, (DI)
+	VMOVUPS Y3, 32(DI)
+	VFMADD231PS (R8), Y2, Y0
+	VFMADD231PS 32(R8), Y3, Y1
+	ADDQ $64, DI
+	ADDQ $64, SI
+	ADDQ $64, DX
+	ADDQ $64, R8
+	SUBQ $16, CX
+	JMP  vloop
+
+vtail:
+	CMPQ CX, $8
+	JL   vdone
+	VMOVUPS (DI), Y2
+	VMULPS (SI), Y2, Y2
+	VFMADD231PS (DX), Y15, Y2
+	VMOVUPS Y2, (DI)
+	VFMADD231PS (R8), Y2, Y0
+
+vdone:
+	VADDPS Y1, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VHADDPS X0, X0, X0
+	VHADDPS X0, X0, X0
+	MOVSS X0, ret+48(FP)
+	VZEROUPPER
+	RET

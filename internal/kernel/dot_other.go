@@ -50,3 +50,7 @@ func dot4x2F32AVX2(x *float32, xstride int, w *float32, stride, n int, out *[8]f
 func tiles4x1F32AVX2(x *float32, w *float32, k, tiles int, out *float32) {
 	panic("kernel: no assembly on this platform")
 }
+
+func rowUpdateDotAVX2(row, e, k, q *float32, a float32, n int) float32 {
+	panic("kernel: no assembly on this platform")
+}

@@ -380,3 +380,25 @@ func TestTriadValues(t *testing.T) {
 		}
 	}
 }
+
+func TestRowUpdateDot(t *testing.T) {
+	r := rand.New(rand.NewPCG(31, 32))
+	for _, n := range []int{1, 8, 9, 16, 24, 128, 131} {
+		row, e, k, q := randSlice(r, n), randSlice(r, n), randSlice(r, n), randSlice(r, n)
+		want := make([]float32, n)
+		var dot float64
+		for i := range row {
+			want[i] = row[i]*e[i] + 0.3*k[i]
+			dot += float64(want[i]) * float64(q[i])
+		}
+		got := RowUpdateDot(row, e, k, q, 0.3)
+		for i := range row {
+			if math.Abs(float64(row[i]-want[i])) > 1e-6 {
+				t.Fatalf("n=%d row[%d] = %g want %g", n, i, row[i], want[i])
+			}
+		}
+		if math.Abs(float64(got)-dot) > 1e-5*float64(n) {
+			t.Fatalf("n=%d dot %g want %g", n, got, dot)
+		}
+	}
+}

@@ -195,3 +195,21 @@ func RowUpdate(row, u, o []float32, a, b, c float32) {
 		o[i] += c * r
 	}
 }
+
+// RowUpdateDot sets row = row ⊙ e + a·k and returns the new row · q, in one
+// pass: a V-first KDA state row's decay, delta-rule write and output.
+func RowUpdateDot(row, e, k, q []float32, a float32) float32 {
+	e, k, q = e[:len(row)], k[:len(row)], q[:len(row)]
+	var s float32
+	i := 0
+	if useAVX2 && len(row) >= 8 {
+		i = len(row) &^ 7
+		s = rowUpdateDotAVX2(&row[0], &e[0], &k[0], &q[0], a, i)
+	}
+	for ; i < len(row); i++ {
+		r := row[i]*e[i] + a*k[i]
+		row[i] = r
+		s += r * q[i]
+	}
+	return s
+}
