@@ -30,6 +30,7 @@ type kdaScratch struct {
 	ka, kb, qa       []float32 // factorised decays [C, K]
 	lm, mqk          []float32 // [C, C]
 	ut, kwt, upd     []float32 // state update: uᵀ, kwᵀ, their product
+	cg, e            []float32 // cumulative gates, exponentials [C, K]
 	unsafe           []int32
 	tmp              []float32
 }
@@ -270,58 +271,53 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
 	q, k, g := sc.q[c0*dk:c1*dk], sc.k[c0*dk:c1*dk], sc.g[c0*dk:c1*dk]
 	v, beta := sc.v[c0*dv:c1*dv], sc.beta[c0:c1]
 
-	// Chunk-local stage. Cumulative gates stay in log space (kept in kb
-	// until the factors are formed).
+	// Chunk-local stage. Cumulative gates stay in log space; every factor
+	// is an exponential of a difference, computed eight at a time.
+	sc.cg, sc.e = grow32(sc.cg, c*dk), grow32(sc.e, c*dk)
 	clear(G)
 	for i := 0; i < c; i++ {
 		for ch := 0; ch < dk; ch++ {
 			G[ch] += g[i*dk+ch]
-			sc.kb[i*dk+ch] = G[ch] // G_i
 		}
+		copy(sc.cg[i*dk:(i+1)*dk], G)
 	}
 	copy(gLast, G)
 	sc.unsafe = sc.unsafe[:0]
 	for ch := 0; ch < dk; ch++ {
-		if sc.kb[ch]-gLast[ch] > safeSpan {
+		if sc.cg[ch]-gLast[ch] > safeSpan {
 			sc.unsafe = append(sc.unsafe, int32(ch))
 		}
 	}
-	for i := 0; i < c; i++ {
-		for ch := 0; ch < dk; ch++ {
-			gi := sc.kb[i*dk+ch]
-			e := kernel.Exp(gi) // e^{G_i} <= 1, relative to the chunk start
-			sc.kd[i*dk+ch] = k[i*dk+ch] * e
-			sc.qd[i*dk+ch] = q[i*dk+ch] * e
-		}
-	}
+	// e^{G_i} <= 1, relative to the chunk start.
+	copy(sc.e, sc.cg)
+	kernel.ExpSlice(sc.e)
+	kernel.Mul(sc.kd, k, sc.e)
+	kernel.Mul(sc.qd, q, sc.e)
 	// Factorised decays for safe channels, anchored at the first token:
 	// ka_i = k_i e^{G_i - G_0}, qa_i = q_i e^{G_i - G_0}, kb_j = k_j e^{G_0 - G_j}.
-	for i := c - 1; i >= 0; i-- {
-		for ch := 0; ch < dk; ch++ {
-			d := sc.kb[i*dk+ch] - sc.kb[ch] // G_i - G_0 <= 0
-			ea := kernel.Exp(d)
-			eb := kernel.Exp(-d)
-			sc.ka[i*dk+ch] = k[i*dk+ch] * ea
-			sc.qa[i*dk+ch] = q[i*dk+ch] * ea
-			if i == 0 {
-				eb = 1
-			}
-			sc.kb[i*dk+ch] = k[i*dk+ch] * eb
-		}
+	for i := 0; i < c; i++ {
+		kernel.Sub(sc.e[i*dk:(i+1)*dk], sc.cg[i*dk:(i+1)*dk], sc.cg[:dk])
 	}
-	// kb[0] was overwritten last, so G_0 stayed readable throughout. Zero
-	// the unsafe channels of the factors; their terms are added exactly.
+	kernel.ExpSlice(sc.e)
+	kernel.Mul(sc.ka, k, sc.e)
+	kernel.Mul(sc.qa, q, sc.e)
+	for i := 0; i < c; i++ {
+		kernel.Sub(sc.e[i*dk:(i+1)*dk], sc.cg[:dk], sc.cg[i*dk:(i+1)*dk])
+	}
+	kernel.ExpSlice(sc.e)
+	kernel.Mul(sc.kb, k, sc.e)
+	// Zero the unsafe channels of the factors; their terms are added exactly.
 	for _, ch := range sc.unsafe {
 		for i := 0; i < c; i++ {
 			sc.ka[i*dk+int(ch)], sc.qa[i*dk+int(ch)], sc.kb[i*dk+int(ch)] = 0, 0, 0
 		}
 	}
+	// L (strictly lower part used) and Mqk (lower with the diagonal) as
+	// full products: the unused upper halves cost less than pairwise dots.
+	kernel.MatMulSerial(sc.lm, sc.ka, sc.kb, c, c, dk)
+	kernel.MatMulSerial(sc.mqk, sc.qa, sc.kb, c, c, dk)
 	for i := 0; i < c; i++ {
-		for jj := 0; jj <= i; jj++ {
-			l := kernel.Dot(sc.ka[i*dk:(i+1)*dk], sc.kb[jj*dk:(jj+1)*dk])
-			m := kernel.Dot(sc.qa[i*dk:(i+1)*dk], sc.kb[jj*dk:(jj+1)*dk])
-			sc.lm[i*c+jj], sc.mqk[i*c+jj] = l*beta[i], m
-		}
+		kernel.Scale(sc.lm[i*c:i*c+i+1], beta[i])
 	}
 	if len(sc.unsafe) > 0 {
 		j.unsafeTerms(sc, hd, t0, c0, c1)
@@ -346,15 +342,13 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
 		}
 		copy(j.out[((t0+c0+i)*j.h+hd)*dv:], oi)
 	}
-	// k_j e^{G_last - G_j}, with G_last - G_j = Σ_{m>j} g_m built backwards
-	// (e^{G_j} alone may have underflowed, so it is not derived from kd).
-	clear(G)
-	for i := c - 1; i >= 0; i-- {
-		for ch := 0; ch < dk; ch++ {
-			sc.kd[i*dk+ch] = k[i*dk+ch] * kernel.Exp(G[ch])
-			G[ch] += g[i*dk+ch]
-		}
+	// k_j e^{G_last - G_j} (e^{G_j} alone may have underflowed, so it is not
+	// derived from kd).
+	for i := 0; i < c; i++ {
+		kernel.Sub(sc.e[i*dk:(i+1)*dk], gLast, sc.cg[i*dk:(i+1)*dk])
 	}
+	kernel.ExpSlice(sc.e)
+	kernel.Mul(sc.kd, k, sc.e)
 	// S1 = diag(e^{G_last}) S0 + Σ_j (k_j e^{G_last-G_j}) u_jᵀ; V-first:
 	// row v = row v ⊙ e^{G_last} + Σ_j u_j[v] kw_j, the sum a matrix product
 	// of uᵀ [dv, C] and kwᵀ [dk, C].

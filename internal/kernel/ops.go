@@ -213,3 +213,11 @@ func RowUpdateDot(row, e, k, q []float32, a float32) float32 {
 	}
 	return s
 }
+
+// Sub writes dst[i] = a[i] - b[i].
+func Sub(dst, a, b []float32) {
+	b = b[:len(a)]
+	for i, v := range a {
+		dst[i] = v - b[i]
+	}
+}
