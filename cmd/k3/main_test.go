@@ -58,3 +58,29 @@ func TestInspectCommand(t *testing.T) {
 		t.Errorf("malformed file: exit %d, stderr %q", code, errOut)
 	}
 }
+
+func TestNewTinyAndRun(t *testing.T) {
+	dir := t.TempDir()
+	for _, preset := range []string{"k31pro", "k3", "kimi_linear"} {
+		out := filepath.Join(dir, preset)
+		if code, _, errOut := runCLI("new-tiny", "-preset", preset, "-out", out, "-bf16"); code != 0 {
+			t.Fatalf("new-tiny %s: exit %d: %s", preset, code, errOut)
+		}
+		code, stdout, stderr := runCLI("run", "-model", out, "-prompt", "Hi", "-max-tokens", "5", "-temperature", "0.8", "-seed", "1")
+		if code != 0 || !strings.Contains(stderr, "decode:") || !strings.Contains(stderr, "memory:") || stdout == "" {
+			t.Errorf("run %s: exit %d\nstdout %q\nstderr %q", preset, code, stdout, stderr)
+		}
+	}
+	if code, _, stderr := runCLI("run", "-prompt", "Hi", "-max-tokens", "3"); code != 0 || !strings.Contains(stderr, "RANDOM weights") {
+		t.Errorf("run with the embedded model: exit %d, stderr %q", code, stderr)
+	}
+	if code, _, _ := runCLI("run", "-model", filepath.Join(dir, "missing")); code == 0 {
+		t.Error("run with a missing model succeeded")
+	}
+	if code, _, _ := runCLI("run", "-top-p", "1.5"); code == 0 {
+		t.Error("run with top-p 1.5 succeeded")
+	}
+	if code, _, _ := runCLI("new-tiny", "-preset", "nope", "-out", filepath.Join(dir, "x")); code == 0 {
+		t.Error("unknown preset accepted")
+	}
+}
