@@ -190,9 +190,10 @@ func (s *Stream) commit() error {
 	if err := s.b.Copy(blk, s.partial.Rows(0, s.t)); err != nil {
 		return err
 	}
+	// Begin starts a pass with nblocks = 0, so views holds exactly this
+	// pass's blocks (their row count follows the pass's T).
+	s.views = append(s.views[:s.nblocks], blk)
 	s.nblocks++
-	s.views = append(s.views[:0], s.views[:s.nblocks-1]...)
-	s.views = append(s.views, blk)
 	s.has = false
 	return nil
 }
