@@ -88,6 +88,10 @@ type IndexerConfig struct {
 	NumHeads, HeadDim, TopK int
 }
 
+// mhaBudget bounds, in floats, the keys and values MHA-form prefill
+// decompresses (256 MiB); longer contexts use the absorbed form.
+const mhaBudget = 64 << 20
+
 // latentEps is the epsilon of q_a_layernorm and kv_a_layernorm (1e-6 in the
 // Kimi and DeepSeek code, independent of rms_norm_eps), and of the
 // indexer's key LayerNorm.
@@ -304,23 +308,35 @@ type Layer struct {
 	b    compute.Backend
 	maxT int
 
-	cq, qn, qr, qa, ol, o, g compute.Tensor
-	kn, vn                   compute.Tensor // MHA-form prefill: decompressed keys and values
-	freqs                    []float64
-	ropeScale, scale         float64
+	*scratch
+	freqs            []float64
+	ropeScale, scale float64
 	// MHAMin is the prefill length from which attention runs in MHA form
 	// (keys and values decompressed from the latent once per pass, cheaper
 	// than the absorbed form when many queries share them); decode and
 	// shorter passes use the absorbed form. Both compute the same values.
-	MHAMin     int
-	kv, kr     compute.Tensor
-	iq, ik, iw compute.Tensor
-	idx        compute.Tensor
-	pos        []int32
-	one        [1]int32
-	attn       compute.AttnArgs
-	ixArgs     compute.IndexerArgs
-	rope       compute.RopeArgs
+	MHAMin int
+	pos    []int32
+	one    [1]int32
+	attn   compute.AttnArgs
+	ixArgs compute.IndexerArgs
+	rope   compute.RopeArgs
+}
+
+// scratch holds a layer's intermediates; layers of one shape that run one
+// after another share one.
+type scratch struct {
+	cq, qn, qr, qa, ol, o, g compute.Tensor
+	kn, vn                   compute.Tensor // MHA-form prefill: decompressed keys and values
+	iq, ik, iw, idx          compute.Tensor
+}
+
+// Share returns a layer with weights w that uses l's intermediates (w must
+// have l's shape): the layers of one session run one after another.
+func (l *Layer) Share(w *Weights) *Layer {
+	c := *l
+	c.W = w
+	return &c
 }
 
 // NewLayer prepares a layer for calls of up to maxT tokens.
@@ -328,7 +344,7 @@ func NewLayer(b compute.Backend, cfg Config, w *Weights, maxT int) (*Layer, erro
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	l := &Layer{cfg: cfg, W: w, b: b, maxT: maxT, pos: make([]int32, maxT), MHAMin: 16}
+	l := &Layer{cfg: cfg, W: w, b: b, maxT: maxT, pos: make([]int32, maxT), MHAMin: 16, scratch: &scratch{}}
 	if cfg.RopeDim > 0 {
 		l.freqs = cfg.ropeFreqs(cfg.RopeDim)
 	}
@@ -429,7 +445,9 @@ func (l *Layer) Forward(x compute.Tensor, cache *Cache, y compute.Tensor) error 
 		}
 	}
 	cache.Len = p0 + t
-	if t >= l.MHAMin {
+	// MHA form decompresses every cached position: worth it for long passes,
+	// and only while the decompressed keys and values stay within budget.
+	if t >= l.MHAMin && cache.Len*cfg.NumHeads*(cfg.NopeDim+cfg.VDim) <= mhaBudget {
 		return l.forwardMHA(x, qn, qr, cache, pos, indices, y)
 	}
 	qa := l.qa.Rows(0, t)

@@ -39,13 +39,22 @@ func (m *Model) NewBatch(max int) (*Batch, error) {
 		return nil, err
 	}
 	bt.mix = bt.mixLayer
+	var firstKDA *kda.Layer
+	firstAttn := map[config.LayerKind]*dsa.Layer{}
 	for _, ly := range m.layers {
 		var kl *kda.Layer
 		var ml *dsa.Layer
-		if ly.kind == config.KDA {
+		switch {
+		case ly.kind == config.KDA && firstKDA != nil:
+			kl = firstKDA.Share(ly.kda)
+		case ly.kind == config.KDA:
 			kl, err = kda.NewLayer(m.b, ly.kdaCfg, ly.kda, 1)
-		} else {
+			firstKDA = kl
+		case firstAttn[ly.kind] != nil:
+			ml = firstAttn[ly.kind].Share(ly.mla)
+		default:
 			ml, err = dsa.NewLayer(m.b, ly.mlaCfg, ly.mla, max)
+			firstAttn[ly.kind] = ml
 		}
 		if err != nil {
 			return nil, err

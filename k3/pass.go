@@ -48,13 +48,23 @@ func newPass(m *Model, max int) (*pass, error) {
 	if err != nil {
 		return nil, err
 	}
+	// One set of intermediates per layer shape: layers run one after another.
+	var firstMoE *moe.Layer
+	var firstMLP *moe.MLPRunner
 	for l, ly := range m.layers {
 		var me *moe.Layer
 		var mr *moe.MLPRunner
-		if ly.moe != nil {
+		switch {
+		case ly.moe != nil && firstMoE != nil:
+			me = firstMoE.Share(ly.moe)
+		case ly.moe != nil:
 			me, err = moe.NewLayer(b, ly.moe, ly.router, max)
-		} else {
+			firstMoE = me
+		case firstMLP != nil:
+			mr = firstMLP.Share(ly.mlp)
+		default:
 			mr, err = moe.NewMLPRunner(b, ly.mlp, max)
+			firstMLP = mr
 		}
 		if err != nil {
 			return nil, fmt.Errorf("k3: layer %d: %w", l, err)

@@ -52,6 +52,9 @@ func (m *Model) NewSession() (*Session, error) {
 		return nil, err
 	}
 	s.mix = s.mixLayer
+	// One set of intermediates per layer shape (see kda.Layer.Share).
+	var firstKDA *kda.Layer
+	firstAttn := map[config.LayerKind]*dsa.Layer{}
 	for _, ly := range m.layers {
 		var ks *kda.State
 		var kl *kda.Layer
@@ -62,16 +65,22 @@ func (m *Model) NewSession() (*Session, error) {
 			if ks, err = kda.NewState(b, ly.kdaCfg, 1); err != nil {
 				return nil, err
 			}
-			if kl, err = kda.NewLayer(b, ly.kdaCfg, ly.kda, n); err != nil {
+			if firstKDA != nil {
+				kl = firstKDA.Share(ly.kda)
+			} else if kl, err = kda.NewLayer(b, ly.kdaCfg, ly.kda, n); err != nil {
 				return nil, err
 			}
+			firstKDA = kl
 		default:
 			if c, err = dsa.NewCache(b, ly.mlaCfg, min(s.limit, max(n, 64)), s.limit); err != nil {
 				return nil, err
 			}
-			if ml, err = dsa.NewLayer(b, ly.mlaCfg, ly.mla, n); err != nil {
+			if first := firstAttn[ly.kind]; first != nil {
+				ml = first.Share(ly.mla)
+			} else if ml, err = dsa.NewLayer(b, ly.mlaCfg, ly.mla, n); err != nil {
 				return nil, err
 			}
+			firstAttn[ly.kind] = ml
 		}
 		s.kdaSt, s.kdaL = append(s.kdaSt, ks), append(s.kdaL, kl)
 		s.caches, s.mlaL = append(s.caches, c), append(s.mlaL, ml)

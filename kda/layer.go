@@ -149,11 +149,26 @@ type Layer struct {
 	b    compute.Backend
 	maxT int
 
+	*scratch
+	convArgs      compute.ConvArgs
+	chunkArgs     compute.KDAArgs
+	stepArgs      compute.KDAStepArgs
+	convs, states []compute.Tensor
+}
+
+// scratch holds a layer's intermediates; layers of one shape that run one
+// after another (the layers of one session) share one.
+type scratch struct {
 	raw, conv, fa, graw, beta, gate, ga, core compute.Tensor
-	convArgs                                  compute.ConvArgs
-	chunkArgs                                 compute.KDAArgs
-	stepArgs                                  compute.KDAStepArgs
-	convs, states                             []compute.Tensor
+}
+
+// Share returns a layer with weights w that uses l's intermediates (w must
+// have l's shape). The layers of one session run one after another, so
+// one set of buffers serves them all.
+func (l *Layer) Share(w *compute.KDAWeights) *Layer {
+	c := *l
+	c.W, c.convs, c.states = w, nil, nil
+	return &c
 }
 
 // NewLayer prepares a layer for calls of up to maxT tokens.
@@ -162,7 +177,7 @@ func NewLayer(b compute.Backend, cfg Config, w *compute.KDAWeights, maxT int) (*
 		return nil, err
 	}
 	hd := cfg.NumHeads * cfg.HeadDim
-	l := &Layer{cfg: cfg, W: w, b: b, maxT: maxT}
+	l := &Layer{cfg: cfg, W: w, b: b, maxT: maxT, scratch: &scratch{}}
 	var err error
 	alloc := func(dims ...int) compute.Tensor {
 		if err != nil {

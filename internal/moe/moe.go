@@ -214,3 +214,22 @@ func (l *Layer) Forward(x, out, routedOut, sharedOut compute.Tensor) error {
 	}
 	return l.b.Binary(compute.Add, out, out, sh)
 }
+
+// Share returns a runner for the MLP m (of r's shape) that uses r's
+// intermediates: the layers of one session run one after another.
+func (r *MLPRunner) Share(m *MLP) *MLPRunner {
+	c := *r
+	c.m = m
+	return &c
+}
+
+// Share returns a layer with weights w (of l's shape and router) that uses
+// l's intermediates.
+func (l *Layer) Share(w *Weights) *Layer {
+	c := *l
+	c.w = w
+	if c.shared != nil && w.Shared != nil {
+		c.shared = c.shared.Share(w.Shared)
+	}
+	return &c
+}
