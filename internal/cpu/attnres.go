@@ -83,10 +83,7 @@ func (b *Backend) AttnResPrepare(a *compute.AttnResPrepareArgs) error {
 }
 
 func rmsInv(row []float32, eps float32) float32 {
-	var ss float64
-	for _, v := range row {
-		ss += float64(v) * float64(v)
-	}
+	ss := float64(kernel.Dot(row, row))
 	return float32(1 / math.Sqrt(ss/float64(len(row))+float64(eps)))
 }
 

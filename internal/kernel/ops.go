@@ -7,21 +7,15 @@ import "math"
 func RMSNorm(dst, x, w []float32, d int, eps float32) {
 	for r := 0; r+d <= len(x); r += d {
 		row, out := x[r:r+d], dst[r:r+d]
-		var ss float64
-		for _, v := range row {
-			ss += float64(v) * float64(v)
-		}
+		ss := float64(Dot(row, row))
 		inv := float32(1 / math.Sqrt(ss/float64(d)+float64(eps)))
 		if w == nil {
-			for i, v := range row {
-				out[i] = v * inv
-			}
+			copy(out, row)
+			Scale(out, inv)
 			continue
 		}
-		w := w[:d]
-		for i, v := range row {
-			out[i] = v * inv * w[i]
-		}
+		Mul(out, row, w[:d])
+		Scale(out, inv)
 	}
 }
 
