@@ -99,12 +99,7 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 		sr := sc.row[:vis]
 		clear(sr)
 		for h := 0; h < hi; h++ {
-			wh := w[row*hi+h]
-			for j, v := range sc.hs[h*vis : (h+1)*vis] {
-				if v > 0 {
-					sr[j] += wh * v
-				}
-			}
+			kernel.ReLUAxpy(sr, w[row*hi+h], sc.hs[h*vis:(h+1)*vis])
 		}
 		out := idx[row*a.TopK : (row+1)*a.TopK]
 		n := kernel.TopK(out, nil, sr, a.TopK)

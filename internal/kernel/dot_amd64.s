@@ -903,3 +903,46 @@ vdone:
 	MOVSS X0, ret+48(FP)
 	VZEROUPPER
 	RET
+
+// func reluAxpyAVX2(y *float32, a float32, x *float32, n int)
+// y[i] += a*max(x[i], 0) for n % 8 == 0: one index head's contribution to
+// the Lightning Indexer's scores. Multiply and add stay separate (no FMA) so
+// every lane rounds exactly like the scalar tail: keys that are exact copies
+// must keep exactly tied scores wherever they fall.
+TEXT ·reluAxpyAVX2(SB), NOSPLIT, $0-32
+	MOVQ y+0(FP), DI
+	VBROADCASTSS a+8(FP), Y0
+	MOVQ x+16(FP), SI
+	MOVQ n+24(FP), CX
+	VXORPS Y5, Y5, Y5
+
+raloop:
+	CMPQ CX, $16
+	JL   ratail
+	VMAXPS (SI), Y5, Y1
+	VMAXPS 32(SI), Y5, Y2
+	VMOVUPS (DI), Y3
+	VMOVUPS 32(DI), Y4
+	VMULPS Y0, Y1, Y1
+	VMULPS Y0, Y2, Y2
+	VADDPS Y1, Y3, Y3
+	VADDPS Y2, Y4, Y4
+	VMOVUPS Y3, (DI)
+	VMOVUPS Y4, 32(DI)
+	ADDQ $64, DI
+	ADDQ $64, SI
+	SUBQ $16, CX
+	JMP  raloop
+
+ratail:
+	CMPQ CX, $8
+	JL   radone
+	VMAXPS (SI), Y5, Y1
+	VMOVUPS (DI), Y3
+	VMULPS Y0, Y1, Y1
+	VADDPS Y1, Y3, Y3
+	VMOVUPS Y3, (DI)
+
+radone:
+	VZEROUPPER
+	RET

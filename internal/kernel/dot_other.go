@@ -54,3 +54,7 @@ func tiles4x1F32AVX2(x *float32, w *float32, k, tiles int, out *float32) {
 func rowUpdateDotAVX2(row, e, k, q *float32, a float32, n int) float32 {
 	panic("kernel: no assembly on this platform")
 }
+
+func reluAxpyAVX2(y *float32, a float32, x *float32, n int) {
+	panic("kernel: no assembly on this platform")
+}

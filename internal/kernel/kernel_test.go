@@ -402,3 +402,26 @@ func TestRowUpdateDot(t *testing.T) {
 		}
 	}
 }
+
+func TestReLUAxpy(t *testing.T) {
+	// Lanes must round exactly like the scalar loop (no FMA): the indexer
+	// relies on equal keys giving bit-identical scores for its tie rule.
+	r := rand.New(rand.NewPCG(41, 42))
+	for _, a := range []float32{0.7, -1.3} {
+		for _, n := range []int{0, 3, 8, 17, 64, 100} {
+			x, y := randSlice(r, n), randSlice(r, n)
+			want := append([]float32(nil), y...)
+			for i := range want {
+				if x[i] > 0 {
+					want[i] += float32(a * x[i])
+				}
+			}
+			ReLUAxpy(y, a, x)
+			for i := range y {
+				if y[i] != want[i] {
+					t.Fatalf("a=%g n=%d [%d]: %g want %g (bitwise)", a, n, i, y[i], want[i])
+				}
+			}
+		}
+	}
+}

@@ -215,3 +215,20 @@ func Sub(dst, a, b []float32) {
 		dst[i] = v - b[i]
 	}
 }
+
+// ReLUAxpy adds a·max(x, 0) to y: one index head's term of the Lightning
+// Indexer's score. Results are bit-identical to the scalar loop whatever the
+// length, so exactly tied keys stay tied.
+func ReLUAxpy(y []float32, a float32, x []float32) {
+	x = x[:len(y)]
+	i := 0
+	if useAVX2 && len(y) >= 8 {
+		i = len(y) &^ 7
+		reluAxpyAVX2(&y[0], a, &x[0], i)
+	}
+	for ; i < len(y); i++ {
+		if v := x[i]; v > 0 {
+			y[i] += float32(a * v) // the conversion forbids fusing into an FMA
+		}
+	}
+}
