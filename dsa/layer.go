@@ -328,6 +328,7 @@ type Layer struct {
 type scratch struct {
 	cq, qn, qr, qa, ol, o, g compute.Tensor
 	kn, vn                   compute.Tensor // MHA-form prefill: decompressed keys and values
+	kvNew, peNew             compute.Tensor // batched decode: new latent and rope rows before they enter each cache
 	iq, ik, iw, idx          compute.Tensor
 }
 
@@ -369,6 +370,8 @@ func NewLayer(b compute.Backend, cfg Config, w *Weights, maxT int) (*Layer, erro
 	l.qa = alloc(compute.F32, maxT, h, cfg.KVLoRARank)
 	l.ol = alloc(compute.F32, maxT, h, cfg.KVLoRARank)
 	l.o = alloc(compute.F32, maxT, h, cfg.VDim)
+	l.kvNew = alloc(compute.F32, maxT, cfg.KVLoRARank)
+	l.peNew = alloc(compute.F32, maxT, max(cfg.RopeDim, 1))
 	if cfg.OutputGate {
 		l.g = alloc(compute.F32, maxT, h*cfg.VDim)
 	}
@@ -611,9 +614,10 @@ func (c *Cache) CopyFrom(src *Cache) error {
 }
 
 // ForwardBatch runs one decode token for each of B sequences: x [B, D], row
-// i continuing caches[i]. The projections read every weight once for the
-// batch; the cache appends, the indexer and the attention run per sequence
-// over its own cache. Each row's result equals a Forward of that row alone.
+// i continuing caches[i]. Every projection reads its weight once for the
+// whole batch; the cache appends, the indexer's selection and the attention
+// run per sequence over its own cache. Each row's result equals a Forward of
+// that row alone.
 func (l *Layer) ForwardBatch(x compute.Tensor, caches []*Cache, y compute.Tensor) error {
 	t := x.Dim(0)
 	if t > l.maxT || len(caches) != t {
@@ -634,23 +638,36 @@ func (l *Layer) ForwardBatch(x compute.Tensor, caches []*Cache, y compute.Tensor
 	if err := b.HeadMatMul(qa, qn, w.UKT); err != nil {
 		return fmt.Errorf("dsa: absorbed query: %w", err)
 	}
+	kvNew := l.kvNew.Rows(0, t)
+	if err := b.MatMul(kvNew, x, w.KVA); err != nil {
+		return fmt.Errorf("dsa: kv_a_proj_with_mqa: %w", err)
+	}
+	var peNew compute.Tensor
+	if dr > 0 {
+		peNew = l.peNew.Rows(0, t)
+		if err := b.MatMul(peNew, x, w.KRope); err != nil {
+			return fmt.Errorf("dsa: kv_a_proj_with_mqa rope rows: %w", err)
+		}
+	}
+	if cfg.Indexer != nil {
+		if err := l.indexProject(x, qin, t); err != nil {
+			return err
+		}
+	}
 	for i, c := range caches {
-		xi, p := x.Rows(i, i+1), c.Len
+		p := c.Len
 		l.one[0] = int32(p)
 		pos := l.one[:]
 		kv := c.KV.Rows(p, p+1)
-		if err := b.MatMul(kv, xi, w.KVA); err != nil {
-			return fmt.Errorf("dsa: kv_a_proj_with_mqa: %w", err)
-		}
-		if err := b.RMSNorm(kv, kv, w.KVANorm, latentEps); err != nil {
+		if err := b.RMSNorm(kv, kvNew.Rows(i, i+1), w.KVANorm, latentEps); err != nil {
 			return err
 		}
 		var qri compute.Tensor
 		if dr > 0 {
 			qri = qr.Rows(i, i+1)
 			kr := c.PE.Rows(p, p+1)
-			if err := b.MatMul(kr, xi, w.KRope); err != nil {
-				return fmt.Errorf("dsa: kv_a_proj_with_mqa rope rows: %w", err)
+			if err := b.Copy(kr, peNew.Rows(i, i+1)); err != nil {
+				return err
 			}
 			if !cfg.NoPE {
 				if err := l.rotate(qri, pos, dr, true); err != nil {
@@ -664,7 +681,7 @@ func (l *Layer) ForwardBatch(x compute.Tensor, caches []*Cache, y compute.Tensor
 		var indices compute.Tensor
 		if cfg.Indexer != nil {
 			var err error
-			if indices, err = l.indexRow(xi, qin.Rows(i, i+1), c, pos, i); err != nil {
+			if indices, err = l.indexRow(c, pos, i); err != nil {
 				return err
 			}
 		}
@@ -682,21 +699,32 @@ func (l *Layer) ForwardBatch(x compute.Tensor, caches []*Cache, y compute.Tensor
 	return l.output(x, t, y)
 }
 
-// indexRow runs the indexer for one decode row (row i of the batch
-// buffers) over its sequence's cache.
-func (l *Layer) indexRow(x, qin compute.Tensor, c *Cache, pos []int32, i int) (compute.Tensor, error) {
+// indexProject runs the indexer's projections for t decode rows at once:
+// queries into l.iq, raw keys into l.ik, head weights into l.iw.
+func (l *Layer) indexProject(x, qin compute.Tensor, t int) error {
+	w, b, ix := l.W, l.b, l.cfg.Indexer
+	if err := b.MatMul(l.iq.Rows(0, t).Reshape(t, ix.NumHeads*ix.HeadDim), qin, w.IWq); err != nil {
+		return fmt.Errorf("dsa: indexer.wq_b: %w", err)
+	}
+	if err := b.MatMul(l.ik.Rows(0, t), x, w.IWk); err != nil {
+		return fmt.Errorf("dsa: indexer.wk: %w", err)
+	}
+	if err := b.MatMul(l.iw.Rows(0, t), x, w.IWeights); err != nil {
+		return fmt.Errorf("dsa: indexer.weights_proj: %w", err)
+	}
+	return nil
+}
+
+// indexRow finishes the indexer for decode row i (projected by
+// indexProject): the key is normalised into the cache, query and key are
+// rotated, and the row selects its top K over its sequence's cache.
+func (l *Layer) indexRow(c *Cache, pos []int32, i int) (compute.Tensor, error) {
 	cfg, w, b := l.cfg, l.W, l.b
 	ix := cfg.Indexer
 	p := int(pos[0])
 	iq := l.iq.Rows(i, i+1)
-	if err := b.MatMul(iq.Reshape(1, ix.NumHeads*ix.HeadDim), qin, w.IWq); err != nil {
-		return compute.Tensor{}, fmt.Errorf("dsa: indexer.wq_b: %w", err)
-	}
 	ik := c.IK.Rows(p, p+1)
-	if err := b.MatMul(ik, x, w.IWk); err != nil {
-		return compute.Tensor{}, fmt.Errorf("dsa: indexer.wk: %w", err)
-	}
-	if err := b.LayerNorm(ik, ik, w.IKNormW, w.IKNormB, latentEps); err != nil {
+	if err := b.LayerNorm(ik, l.ik.Rows(i, i+1), w.IKNormW, w.IKNormB, latentEps); err != nil {
 		return compute.Tensor{}, err
 	}
 	if !cfg.NoPE && cfg.RopeDim > 0 {
@@ -707,12 +735,8 @@ func (l *Layer) indexRow(x, qin compute.Tensor, c *Cache, pos []int32, i int) (c
 			return compute.Tensor{}, err
 		}
 	}
-	iw := l.iw.Rows(i, i+1)
-	if err := b.MatMul(iw, x, w.IWeights); err != nil {
-		return compute.Tensor{}, fmt.Errorf("dsa: indexer.weights_proj: %w", err)
-	}
 	idx := l.idx.Rows(i, i+1).Reshape(1, ix.TopK)
-	l.ixArgs = compute.IndexerArgs{Q: iq, K: c.IK.Rows(0, p+1), W: iw, QPos: pos, TopK: ix.TopK, Indices: idx}
+	l.ixArgs = compute.IndexerArgs{Q: iq, K: c.IK.Rows(0, p+1), W: l.iw.Rows(i, i+1), QPos: pos, TopK: ix.TopK, Indices: idx}
 	if err := b.LightningIndexer(&l.ixArgs); err != nil {
 		return compute.Tensor{}, fmt.Errorf("dsa: indexer: %w", err)
 	}

@@ -222,34 +222,34 @@ func l2norm(x []float32) {
 }
 
 // recurrent runs the delta rule token by token (the oracle of the chunked
-// form and the decode step): decay, read, write, output in two passes over
-// the state.
+// form and the decode step): decay, read, write and output, one pass over
+// the state per token.
 func (j *kdaJob) recurrent(sc *kdaScratch, st []float32, hd, t0, t1 int) {
 	dk, dv := j.dk, j.dv
-	sc.tmp = grow32(sc.tmp, 2*dv+dk)
-	kv, o, ke := sc.tmp[:dv], sc.tmp[dv:2*dv], sc.tmp[2*dv:]
+	sc.tmp = grow32(sc.tmp, dv+dk)
+	o, ke := sc.tmp[:dv], sc.tmp[dv:]
 	for i := 0; i < t1-t0; i++ {
 		q, k, g := sc.q[i*dk:(i+1)*dk], sc.k[i*dk:(i+1)*dk], sc.g[i*dk:(i+1)*dk]
 		v := sc.v[i*dv : (i+1)*dv]
-		kdaToken(st, q, k, g, v, sc.beta[i], kv, o, ke, dk, dv)
+		kdaToken(st, q, k, g, v, sc.beta[i], o, ke, dk, dv)
 		copy(j.out[((t0+i)*j.h+hd)*dv:], o)
 	}
 }
 
 // kdaToken advances state st (V-first: row v holds S[:, v] over the key
-// channels) by one token and writes the output (q already scaled) to o. kv
-// is scratch of dv, ke of dk; g is the log decay and is overwritten with the
-// decay factors. Pass one is a matrix-vector product (Sᵀ(k⊙e)); pass two
-// decays, writes the delta-rule update and reads the output row by row.
-func kdaToken(st, q, k, g, v []float32, beta float32, kv, o, ke []float32, dk, dv int) {
+// channels) by one token and writes the output (q already scaled) to o. ke
+// is scratch of dk; g is the log decay and is overwritten with the decay
+// factors.
+func kdaToken(st, q, k, g, v []float32, beta float32, o, ke []float32, dk, dv int) {
 	kernel.ExpSlice(g)
 	kernel.Mul(ke, k, g)
-	kernel.MatMulSerial(kv, ke, st, 1, dv, dk)
-	for i := range kv {
-		kv[i] = beta * (v[i] - kv[i]) // u
-	}
+	// Row by row, so each state row comes from memory once: its read for
+	// (S e^g)ᵀk and its update both hit L1. The state of a batch of sessions
+	// outgrows the caches, and this is the traffic that decode pays for it.
 	for r := 0; r < dv; r++ {
-		o[r] = kernel.RowUpdateDot(st[r*dk:(r+1)*dk], g, k, q, kv[r])
+		row := st[r*dk : (r+1)*dk]
+		u := beta * (v[r] - kernel.Dot(row, ke))
+		o[r] = kernel.RowUpdateDot(row, g, k, q, u)
 	}
 }
 

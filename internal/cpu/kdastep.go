@@ -94,7 +94,7 @@ type stepJob struct {
 	h, d, width      int
 }
 
-// headScratch is one worker's q, k, g, kv and o vectors.
+// headScratch is one worker's q, k, g, o and decayed-key vectors.
 type headScratch struct{ v []float32 }
 
 var headScratchPool = sync.Pool{New: func() any { return new(headScratch) }}
@@ -105,9 +105,9 @@ func stepHeads(args *kernel.Args, lo, hi int) {
 	hd := h * d
 	hs := headScratchPool.Get().(*headScratch)
 	defer headScratchPool.Put(hs)
-	hs.v = grow32(hs.v, 6*d)
+	hs.v = grow32(hs.v, 5*d)
 	q, k, g := hs.v[:d], hs.v[d:2*d], hs.v[2*d:3*d]
-	kv, o, ke := hs.v[3*d:4*d], hs.v[4*d:5*d], hs.v[5*d:6*d]
+	o, ke := hs.v[3*d:4*d], hs.v[4*d:5*d]
 	for item := lo; item < hi; item++ {
 		s, hh := item/h, item%h
 		qkv := sc.conv[s*3*hd : (s+1)*3*hd]
@@ -136,7 +136,7 @@ func stepHeads(args *kernel.Args, lo, hi int) {
 		}
 		beta := kernel.Sigmoid(sc.braw[s*h+hh])
 		st := sc.states[s][hh*d*d : (hh+1)*d*d]
-		kdaToken(st, q, k, g, v, beta, kv, o, ke, d, d)
+		kdaToken(st, q, k, g, v, beta, o, ke, d, d)
 		out := sc.core[s*hd+hh*d : s*hd+(hh+1)*d]
 		kernel.RMSNorm(out, o, j.onorm, d, w.Eps)
 		gate := sc.gate[s*hd+hh*d : s*hd+(hh+1)*d]
