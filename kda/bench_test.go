@@ -1,6 +1,7 @@
 package kda
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -55,10 +56,16 @@ func BenchmarkPrefillRecurrent(b *testing.B) { benchPrefill(b, 0) }
 
 // BenchmarkDecodeStep times one fused decode step of a Kimi-Linear-shaped
 // layer (hidden 2304, 32 heads of 128, low-rank gates, bf16 weights) for one
-// sequence, rotating over enough layers that weights come from DRAM, and
-// reports the step as a share of its bandwidth bound: bf16 weights read
-// once, fp32 state read and written once.
+// and for eight sequences, rotating over enough layers that weights come
+// from DRAM, and reports the step as a share of its bandwidth bound: bf16
+// weights read once, each sequence's fp32 state read and written once.
 func BenchmarkDecodeStep(b *testing.B) {
+	for _, bsz := range []int{1, 8} {
+		b.Run(fmt.Sprintf("batch=%d", bsz), func(b *testing.B) { benchDecodeStep(b, bsz) })
+	}
+}
+
+func benchDecodeStep(b *testing.B, bsz int) {
 	const hidden, h, d, w = 2304, 32, 128, 4
 	hd := h * d
 	be := cpu.New(0)
@@ -97,20 +104,20 @@ func BenchmarkDecodeStep(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		l, err := NewLayer(be, cfg, kw, 1)
+		l, err := NewLayer(be, cfg, kw, bsz)
 		if err != nil {
 			b.Fatal(err)
 		}
-		st, err := NewState(be, cfg, 1)
+		st, err := NewState(be, cfg, bsz)
 		if err != nil {
 			b.Fatal(err)
 		}
 		layers, states = append(layers, l), append(states, st)
 	}
 	weightBytes /= copies
-	stateBytes := int64(2 * h * d * d * 4)
-	x := upload(b, be, randn(r, hidden, 1), 1, hidden)
-	y, _ := be.Alloc(compute.F32, 1, hidden)
+	stateBytes := int64(2*h*d*d*4) * int64(bsz)
+	x := upload(b, be, randn(r, bsz*hidden, 1), bsz, hidden)
+	y, _ := be.Alloc(compute.F32, bsz, hidden)
 	bw, _ := limits()
 	for c := range layers { // warm the scratch pools
 		layers[c].Decode(x, states[c], y)
@@ -125,6 +132,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 	sec := b.Elapsed().Seconds() / float64(b.N)
 	bound := float64(weightBytes+stateBytes) / bw
 	b.ReportMetric(sec*1e6, "us/step")
+	b.ReportMetric(sec*1e6/float64(bsz), "us/token")
 	b.ReportMetric(bound/sec, "of_bw_bound")
 	b.ReportMetric(float64(weightBytes+stateBytes)/sec/1e9, "GB/s")
 	b.ReportMetric(allocs, "allocs/step")

@@ -8,6 +8,11 @@ import "golang.org/x/sys/cpu"
 // specification they are tested against.
 var useAVX2 = cpu.X86.HasAVX2 && cpu.X86.HasFMA
 
+// useAVX512 selects kernels that need AVX-512VL's 32 vector registers. They
+// keep the 256-bit lanes of the AVX2 kernels, so results do not depend on
+// which set runs.
+var useAVX512 = useAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL
+
 //go:noescape
 func sumAVX2(x *float32, n int) float32
 
@@ -65,3 +70,8 @@ func rowUpdateDotAVX2(row, e, k, q *float32, a float32, n int) float32
 
 //go:noescape
 func reluAxpyAVX2(y *float32, a float32, x *float32, n int)
+
+//go:noescape
+func dot2x8BF16AVX512(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int)
+
+func reduce2x4()

@@ -4,6 +4,8 @@ package kernel
 
 const useAVX2 = false
 
+const useAVX512 = false
+
 func sumAVX2(x *float32, n int) float32 { panic("kernel: no assembly on this platform") }
 
 func fmaLoopAVX2(n int) { panic("kernel: no assembly on this platform") }
@@ -56,5 +58,9 @@ func rowUpdateDotAVX2(row, e, k, q *float32, a float32, n int) float32 {
 }
 
 func reluAxpyAVX2(y *float32, a float32, x *float32, n int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func dot2x8BF16AVX512(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int) {
 	panic("kernel: no assembly on this platform")
 }

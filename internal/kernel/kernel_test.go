@@ -19,7 +19,7 @@ func TestMatMulShapes(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	p := NewPool(0)
 	defer p.Close()
-	for _, m := range []int{1, 2, 3, 8} {
+	for _, m := range []int{1, 2, 3, 8, 12, 16} {
 		for _, n := range []int{1, 3, 4, 5, 17, 64} {
 			for _, k := range []int{1, 15, 16, 17, 31, 63, 65, 130} {
 				x, w := randSlice(r, m*k), randSlice(r, n*k)
@@ -420,6 +420,38 @@ func TestReLUAxpy(t *testing.T) {
 			for i := range y {
 				if y[i] != want[i] {
 					t.Fatalf("a=%g n=%d [%d]: %g want %g (bitwise)", a, n, i, y[i], want[i])
+				}
+			}
+		}
+	}
+}
+
+// TestMatMulBF16BatchInvariant checks that each output row of a bf16
+// product is bit-identical whatever the batch it is computed in: batched
+// decoding promises each session the logits it would get alone, and the
+// row-group kernels (2x4, 2x8, 4x2, 4x1 tiles) must agree to the bit.
+func TestMatMulBF16BatchInvariant(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	p := NewPool(2)
+	defer p.Close()
+	for _, m := range []int{2, 4, 5, 8, 9, 12, 15, 16} {
+		for _, n := range []int{1, 3, 17, 64} {
+			for _, k := range []int{8, 24, 136} {
+				x := randSlice(r, m*k)
+				wb := make([]uint16, n*k)
+				for i := range wb {
+					wb[i] = uint16(math.Float32bits(float32(r.NormFloat64())) >> 16)
+				}
+				got := make([]float32, m*n)
+				p.MatMulBF16(got, x, wb, m, n, k)
+				one := make([]float32, n)
+				for i := 0; i < m; i++ {
+					p.MatMulBF16(one, x[i*k:(i+1)*k], wb, 1, n, k)
+					for j := range one {
+						if got[i*n+j] != one[j] {
+							t.Fatalf("m=%d n=%d k=%d row %d col %d: batched %g, alone %g", m, n, k, i, j, got[i*n+j], one[j])
+						}
+					}
 				}
 			}
 		}

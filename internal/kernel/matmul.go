@@ -168,8 +168,15 @@ func matMulBF16Range(a *Args, lo, hi int) {
 	r4 := 0
 	if useAVX2 && k%8 == 0 && k > 0 && a.M >= 4 && a.M <= 16 {
 		r4 = a.M &^ 3
+		r8 := 0 // rows done eight at a time (same arithmetic as four)
+		if useAVX512 {
+			r8 = a.M &^ 7
+		}
 		for j := lo; j+2 <= hi; j += 2 {
-			for r := 0; r < r4; r += 4 {
+			for r := 0; r < r8; r += 8 {
+				dot2x8BF16AVX512(&a.X[r*k], k, &a.WB[j*k], k, k, &a.Dst[r*n+j], n)
+			}
+			for r := r8; r < r4; r += 4 {
 				dot2x4BF16AVX2(&a.X[r*k], k, &a.WB[j*k], k, k, &a.Dst[r*n+j], n)
 			}
 		}

@@ -142,6 +142,11 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 		ss = append(ss, si)
 	}
 	toks := make([]int32, 8)
+	// One untimed step sizes the batch's scratch; the timed steps are the
+	// steady state.
+	if err := bt.Step(ctx, ss, toks); err != nil {
+		return nil, err
+	}
 	start = time.Now()
 	for i := 0; i < steps; i++ {
 		for j := range toks {
