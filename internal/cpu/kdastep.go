@@ -36,46 +36,74 @@ func (b *Backend) CausalConv(a *compute.ConvArgs) error {
 		return shapeErr("conv operands must be f32: x %v weight %v", a.X, a.Weight)
 	}
 	for s := 0; s < n; s++ {
-		t0, t1 := int(cu[s]), int(cu[s+1])
-		if t1 < t0 {
+		if cu[s+1] < cu[s] {
 			return shapeErr("conv cu_seqlens %v decreases", cu)
 		}
-		state := st[s*(w-1)*ch : (s+1)*(w-1)*ch]
-		convSeq(out[t0*ch:t1*ch], x[t0*ch:t1*ch], wt, state, t1-t0, ch, w)
+	}
+	sc := convScratchPool.Get().(*convScratch)
+	defer convScratchPool.Put(sc)
+	// Taps transposed to [W, ch], so each tap is a vector over channels.
+	sc.wT = grow32(sc.wT, w*ch)
+	for c := 0; c < ch; c++ {
+		for tap := 0; tap < w; tap++ {
+			sc.wT[tap*ch+c] = wt[c*w+tap]
+		}
+	}
+	for s := 0; s < n; s++ {
+		t0, t1 := int(cu[s]), int(cu[s+1])
+		sc.job = convJob{out: out[t0*ch : t1*ch], x: x[t0*ch : t1*ch], wT: sc.wT,
+			state: st[s*(w-1)*ch : (s+1)*(w-1)*ch], t: t1 - t0, ch: ch, w: w}
+		b.pool.Run(convChannels, kernel.Args{Job: &sc.job}, (ch+convBlock-1)/convBlock, 1)
 	}
 	return nil
 }
 
-// convSeq convolves one sequence: input row j of the virtual sequence
-// [state; x] is state row j for j < W-1, else x row j-(W-1).
-func convSeq(out, x, wt, state []float32, t, ch, w int) {
-	row := func(j int) []float32 {
-		if j < w-1 {
-			return state[j*ch : (j+1)*ch]
+// convBlock is the channel block each worker convolves: channels are
+// independent, so blocks run in parallel.
+const convBlock = 64
+
+type convJob struct {
+	out, x, wT, state []float32
+	t, ch, w          int
+}
+
+type convScratch struct {
+	wT  []float32
+	job convJob
+}
+
+var convScratchPool = sync.Pool{New: func() any { return new(convScratch) }}
+
+func convChannels(args *kernel.Args, lo, hi int) {
+	j := args.Job.(*convJob)
+	convSeq(j, lo*convBlock, min(hi*convBlock, j.ch))
+}
+
+// convSeq convolves channels [c0, c1) of one sequence: input row i of the
+// virtual sequence [state; x] is state row i for i < W-1, else x row
+// i-(W-1). Each output sums its taps oldest first, like convStep, with
+// products rounded before the sum.
+func convSeq(j *convJob, c0, c1 int) {
+	ch, w, state, x := j.ch, j.w, j.state, j.x
+	row := func(i int) []float32 {
+		if i < w-1 {
+			return state[i*ch+c0 : i*ch+c1]
 		}
-		return x[(j-w+1)*ch : (j-w+2)*ch]
+		return x[(i-w+1)*ch+c0 : (i-w+1)*ch+c1]
 	}
-	for i := 0; i < t; i++ {
-		o := out[i*ch : (i+1)*ch]
+	for i := 0; i < j.t; i++ {
+		o := j.out[i*ch+c0 : i*ch+c1]
 		clear(o)
 		for tap := 0; tap < w; tap++ {
-			r := row(i + tap) // virtual index of token i's tap
-			for c := range o {
-				o[c] += wt[c*w+tap] * r[c]
-			}
+			kernel.MulAdd(o, j.wT[tap*ch+c0:tap*ch+c1], row(i+tap))
 		}
 		kernel.SiLUInPlace(o)
 	}
-	// New state: the last W-1 rows of [state; x].
-	if w == 1 {
-		return
+	// New state: the last W-1 rows of [state; x]. Row r takes virtual row
+	// t+r; going up in r never reads a row already overwritten.
+	for r := 0; r < w-1; r++ {
+		copy(state[r*ch+c0:r*ch+c1], row(j.t+r))
 	}
-	if t >= w-1 {
-		copy(state, x[(t-w+1)*ch:t*ch])
-		return
-	}
-	copy(state, state[t*ch:])
-	copy(state[(w-1-t)*ch:], x[:t*ch])
 }
 
 // stepScratch holds KDAStep's intermediates for one call.
@@ -245,11 +273,11 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 func convStep(out, x, wt, state []float32, ch, w, c0, c1 int) {
 	for c := c0; c < c1; c++ {
 		taps := wt[c*w : (c+1)*w]
-		var y float32 // same order as convSeq: oldest tap first
+		var y float32 // same order and rounding as convSeq: oldest tap first
 		for t := 0; t < w-1; t++ {
-			y += taps[t] * state[t*ch+c]
+			y += float32(taps[t] * state[t*ch+c])
 		}
-		y += taps[w-1] * x[c]
+		y += float32(taps[w-1] * x[c])
 		out[c] = y
 		for t := 0; t+1 < w-1; t++ {
 			state[t*ch+c] = state[(t+1)*ch+c]

@@ -75,3 +75,6 @@ func reluAxpyAVX2(y *float32, a float32, x *float32, n int)
 func dot2x8BF16AVX512(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int)
 
 func reduce2x4()
+
+//go:noescape
+func mulAddAVX2(y, a, b *float32, n int)

@@ -1078,3 +1078,41 @@ TEXT ·reduce2x4(SB), NOSPLIT|NOFRAME, $0-0
 	ADDQ R10, DX
 	VMOVHPS X4, (DX)
 	RET
+
+// func mulAddAVX2(y, a, b *float32, n int)
+// y[i] += a[i]*b[i] for n % 8 == 0, multiply and add rounded separately
+// (no FMA) so every lane matches the scalar loop bit for bit.
+TEXT ·mulAddAVX2(SB), NOSPLIT, $0-32
+	MOVQ y+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), DX
+	MOVQ n+24(FP), CX
+
+maloop:
+	CMPQ CX, $16
+	JL   matail
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMULPS (DX), Y0, Y0
+	VMULPS 32(DX), Y1, Y1
+	VADDPS (DI), Y0, Y0
+	VADDPS 32(DI), Y1, Y1
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	ADDQ $64, DI
+	ADDQ $64, SI
+	ADDQ $64, DX
+	SUBQ $16, CX
+	JMP  maloop
+
+matail:
+	CMPQ CX, $8
+	JL   madone
+	VMOVUPS (SI), Y0
+	VMULPS (DX), Y0, Y0
+	VADDPS (DI), Y0, Y0
+	VMOVUPS Y0, (DI)
+
+madone:
+	VZEROUPPER
+	RET

@@ -64,3 +64,5 @@ func reluAxpyAVX2(y *float32, a float32, x *float32, n int) {
 func dot2x8BF16AVX512(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int) {
 	panic("kernel: no assembly on this platform")
 }
+
+func mulAddAVX2(y, a, b *float32, n int) { panic("kernel: no assembly on this platform") }

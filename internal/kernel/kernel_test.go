@@ -457,3 +457,22 @@ func TestMatMulBF16BatchInvariant(t *testing.T) {
 		}
 	}
 }
+
+func TestMulAdd(t *testing.T) {
+	r := rand.New(rand.NewPCG(43, 44))
+	for _, n := range []int{0, 1, 7, 8, 15, 16, 17, 63, 65, 100} {
+		for _, off := range []int{0, 1} { // unaligned starts too
+			a, b, y := randSlice(r, n+off)[off:], randSlice(r, n+off)[off:], randSlice(r, n+off)[off:]
+			want := append([]float32(nil), y...)
+			for i := range want {
+				want[i] += float32(a[i] * b[i])
+			}
+			MulAdd(y, a, b)
+			for i := range y {
+				if y[i] != want[i] {
+					t.Fatalf("n=%d off=%d [%d]: %g want %g (bitwise)", n, off, i, y[i], want[i])
+				}
+			}
+		}
+	}
+}

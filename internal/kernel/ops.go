@@ -232,3 +232,17 @@ func ReLUAxpy(y []float32, a float32, x []float32) {
 		}
 	}
 }
+
+// MulAdd adds a[i]·b[i] to y[i], rounding the product before the sum (no
+// fused multiply-add), so results are the same on every path and length.
+func MulAdd(y, a, b []float32) {
+	a, b = a[:len(y)], b[:len(y)]
+	i := 0
+	if useAVX2 && len(y) >= 8 {
+		i = len(y) &^ 7
+		mulAddAVX2(&y[0], &a[0], &b[0], i)
+	}
+	for ; i < len(y); i++ {
+		y[i] += float32(a[i] * b[i])
+	}
+}

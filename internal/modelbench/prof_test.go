@@ -16,18 +16,39 @@ import (
 
 type timed struct {
 	compute.Backend
-	t map[string]time.Duration
-	n map[string]int
+	t     map[string]time.Duration
+	n     map[string]int
+	flops map[string]float64
 }
 
 func (b *timed) rec(name string, start time.Time) { b.t[name] += time.Since(start); b.n[name]++ }
 func (b *timed) MatMul(d, x, w compute.Tensor) error {
-	defer b.rec(fmt.Sprintf("MatMul M=%d", x.Len()/x.Dim(-1)), time.Now())
+	name := fmt.Sprintf("MatMul M=%d", x.Len()/x.Dim(-1))
+	if b.flops != nil {
+		b.flops[name] += 2 * float64(x.Len()) * float64(w.Dim(0))
+	}
+	defer b.rec(name, time.Now())
 	return b.Backend.MatMul(d, x, w)
 }
 func (b *timed) HeadMatMul(d, x, w compute.Tensor) error {
 	defer b.rec("HeadMatMul", time.Now())
 	return b.Backend.HeadMatMul(d, x, w)
+}
+func (b *timed) KDAChunk(a *compute.KDAArgs) error {
+	defer b.rec("KDAChunk", time.Now())
+	return b.Backend.KDAChunk(a)
+}
+func (b *timed) CausalConv(a *compute.ConvArgs) error {
+	defer b.rec("CausalConv", time.Now())
+	return b.Backend.CausalConv(a)
+}
+func (b *timed) Binary(op compute.BinaryOp, d, x, y compute.Tensor) error {
+	defer b.rec("Binary", time.Now())
+	return b.Backend.Binary(op, d, x, y)
+}
+func (b *timed) Unary(op compute.UnaryOp, d, x compute.Tensor) error {
+	defer b.rec("Unary", time.Now())
+	return b.Backend.Unary(op, d, x)
 }
 func (b *timed) KDAStep(a *compute.KDAStepArgs) error {
 	defer b.rec("KDAStep", time.Now())
@@ -102,5 +123,51 @@ func TestProfileDecode(t *testing.T) {
 		for _, k := range names {
 			t.Logf("  %-16s %8v per step (%d calls)", k, tb.t[k]/steps, tb.n[k]/steps)
 		}
+	}
+}
+
+// TestProfilePrefill prints where a 512-token prefill of the 100M preset
+// spends its time, per backend operation.
+func TestProfilePrefill(t *testing.T) {
+	if os.Getenv("K3_PROFILE") == "" {
+		t.Skip("set K3_PROFILE=1")
+	}
+	dir := t.TempDir()
+	tiny.Write(dir, "k31pro-100m", tiny.Options{Seed: 1, BF16: true})
+	tb := &timed{Backend: cpu.New(0), t: map[string]time.Duration{}, n: map[string]int{}, flops: map[string]float64{}}
+	ctx := context.Background()
+	m, err := k3.Load(ctx, dir, k3.WithComputeBackend(tb))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := make([]int32, 512)
+	for i := range prompt {
+		prompt[i] = int32(3 + (i*31)%256)
+	}
+	s, _ := m.NewSession()
+	s.Forward(ctx, prompt[:16], nil) // sizes the scratch
+	s.Reset()
+	clear(tb.t)
+	clear(tb.n)
+	clear(tb.flops)
+	start := time.Now()
+	if _, err := s.Forward(ctx, prompt, nil); err != nil {
+		t.Fatal(err)
+	}
+	total := time.Since(start)
+	var names []string
+	var sum time.Duration
+	for k, v := range tb.t {
+		names = append(names, k)
+		sum += v
+	}
+	sort.Slice(names, func(i, j int) bool { return tb.t[names[i]] > tb.t[names[j]] })
+	t.Logf("prefill of %d tokens: %v (%.0f tokens/s); ops account for %v", len(prompt), total, float64(len(prompt))/total.Seconds(), sum)
+	for _, k := range names {
+		gf := ""
+		if f := tb.flops[k]; f > 0 {
+			gf = fmt.Sprintf(", %.1f GFLOP/s", f/tb.t[k].Seconds()/1e9)
+		}
+		t.Logf("  %-16s %8v (%d calls%s)", k, tb.t[k], tb.n[k], gf)
 	}
 }
