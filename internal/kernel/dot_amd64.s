@@ -966,8 +966,8 @@ TEXT ·dot2x8BF16AVX512(SB), NOSPLIT, $0-56
 	MOVQ k+32(FP), CX
 	LEAQ (DI)(BX*1), R8      // weight row 1 (row 0 again when wstride is 0)
 	MOVQ CX, R9
-	SHLQ $2, R9
-	ADDQ DI, R9              // the next pair, prefetched
+	SHLQ $3, R9
+	ADDQ DI, R9              // the pair after next, prefetched
 	MOVQ out+40(FP), DX
 	MOVQ ostride+48(FP), R10
 	SHLQ $2, R10

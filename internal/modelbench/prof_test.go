@@ -89,7 +89,7 @@ func TestProfileDecode(t *testing.T) {
 	}
 	dir := t.TempDir()
 	tiny.Write(dir, "k31pro-100m", tiny.Options{Seed: 1, BF16: true})
-	tb := &timed{Backend: cpu.New(0), t: map[string]time.Duration{}, n: map[string]int{}}
+	tb := &timed{Backend: cpu.New(0), t: map[string]time.Duration{}, n: map[string]int{}, flops: map[string]float64{}}
 	ctx := context.Background()
 	m, err := k3.Load(ctx, dir, k3.WithComputeBackend(tb))
 	if err != nil {
@@ -103,9 +103,11 @@ func TestProfileDecode(t *testing.T) {
 			s.Forward(ctx, []int32{1, 2, 3, 4, 5, 6, 7, 8}, nil)
 			ss = append(ss, s)
 		}
+		toks := make([]int32, bsz)
+		bt.Step(ctx, ss, toks) // sizes the batch's scratch
 		clear(tb.t)
 		clear(tb.n)
-		toks := make([]int32, bsz)
+		clear(tb.flops)
 		start := time.Now()
 		const steps = 20
 		for i := 0; i < steps; i++ {
@@ -121,7 +123,11 @@ func TestProfileDecode(t *testing.T) {
 		sort.Slice(names, func(i, j int) bool { return tb.t[names[i]] > tb.t[names[j]] })
 		t.Logf("batch %d: %v per step; ops account for %v", bsz, total/steps, sum/steps)
 		for _, k := range names {
-			t.Logf("  %-16s %8v per step (%d calls)", k, tb.t[k]/steps, tb.n[k]/steps)
+			gf := ""
+			if f := tb.flops[k]; f > 0 {
+				gf = fmt.Sprintf(", %.1f GFLOP/s", f/tb.t[k].Seconds()/1e9)
+			}
+			t.Logf("  %-16s %8v per step (%d calls%s)", k, tb.t[k]/steps, tb.n[k]/steps, gf)
 		}
 	}
 }
