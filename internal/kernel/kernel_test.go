@@ -434,7 +434,7 @@ func TestMatMulBF16BatchInvariant(t *testing.T) {
 	r := rand.New(rand.NewPCG(13, 14))
 	p := NewPool(2)
 	defer p.Close()
-	for _, m := range []int{2, 4, 5, 8, 9, 12, 15, 16} {
+	for _, m := range []int{2, 4, 5, 8, 9, 12, 15, 16, 19, 33} {
 		for _, n := range []int{1, 3, 17, 64} {
 			for _, k := range []int{8, 24, 136} {
 				x := randSlice(r, m*k)

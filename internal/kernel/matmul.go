@@ -161,29 +161,49 @@ func matMulBF16Range(a *Args, lo, hi int) {
 		}
 		lo += 4 * full
 	}
-	// Decode batches of 4 to 16 rows: pairs of weight rows against groups of
-	// four x rows, each weight widened once per group. (Larger M is prefill:
-	// there the four-row tiles below keep x traffic lower until a blocked
-	// GEMM replaces both.)
-	r4 := 0
-	if useAVX2 && k%8 == 0 && k > 0 && a.M >= 4 && a.M <= 16 {
-		r4 = a.M &^ 3
-		r8 := 0 // rows done eight at a time (same arithmetic as four)
-		if useAVX512 {
+	// Rows [0, rTile) go through tiles of two weight rows against eight
+	// (AVX-512VL registers) or four rows of x, each weight widened once per
+	// group; the rest through the four-by-two tiles below. Decode batches
+	// of 4 to 16 rows always take the tiles; longer (prefill) products take
+	// them only when the eight-row tile exists, walking the weights in
+	// blocks of tileCols rows so that a block stays in L2 while the eight x
+	// rows stay in L1.
+	rTile, r8 := 0, 0
+	if useAVX2 && k%8 == 0 && k > 0 {
+		if useAVX512 && a.M >= 8 {
 			r8 = a.M &^ 7
 		}
-		for j := lo; j+2 <= hi; j += 2 {
+		rTile = r8
+		if a.M >= 4 && a.M <= 16 {
+			rTile = a.M &^ 3
+		}
+	}
+	if rTile > 0 {
+		const tileCols = 64
+		pairsHi := lo + (hi-lo)&^1
+		for jb := lo; jb < pairsHi; jb += tileCols {
+			je := min(jb+tileCols, pairsHi)
 			for r := 0; r < r8; r += 8 {
-				dot2x8BF16AVX512(&a.X[r*k], k, &a.WB[j*k], k, k, &a.Dst[r*n+j], n)
+				for j := jb; j < je; j += 2 {
+					dot2x8BF16AVX512(&a.X[r*k], k, &a.WB[j*k], k, k, &a.Dst[r*n+j], n)
+				}
 			}
-			for r := r8; r < r4; r += 4 {
-				dot2x4BF16AVX2(&a.X[r*k], k, &a.WB[j*k], k, k, &a.Dst[r*n+j], n)
+			for r := r8; r < rTile; r += 4 {
+				for j := jb; j < je; j += 2 {
+					dot2x4BF16AVX2(&a.X[r*k], k, &a.WB[j*k], k, k, &a.Dst[r*n+j], n)
+				}
 			}
 		}
 		if (hi-lo)%2 == 1 { // a last single weight row: the tile with itself
 			j := hi - 1
-			var pair [8]float32
-			for r := 0; r < r4; r += 4 {
+			var pair [16]float32
+			for r := 0; r < r8; r += 8 {
+				dot2x8BF16AVX512(&a.X[r*k], k, &a.WB[j*k], 0, k, &pair[0], 2)
+				for q := 0; q < 8; q++ {
+					a.Dst[(r+q)*n+j] = pair[2*q]
+				}
+			}
+			for r := r8; r < rTile; r += 4 {
 				dot2x4BF16AVX2(&a.X[r*k], k, &a.WB[j*k], 0, k, &pair[0], 2)
 				for q := 0; q < 4; q++ {
 					a.Dst[(r+q)*n+j] = pair[2*q]
@@ -193,7 +213,7 @@ func matMulBF16Range(a *Args, lo, hi int) {
 	}
 	for j := lo; j < hi; j += 4 {
 		rows := min(4, hi-j)
-		for r := r4; r < a.M; r += 2 {
+		for r := rTile; r < a.M; r += 2 {
 			xs := k
 			if r+1 >= a.M {
 				xs = 0 // a lone row

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strconv"
 	"testing"
 	"time"
 
@@ -109,7 +110,10 @@ func TestProfileDecode(t *testing.T) {
 		clear(tb.n)
 		clear(tb.flops)
 		start := time.Now()
-		const steps = 20
+		steps := 20
+		if v, err := strconv.Atoi(os.Getenv("K3_PROFILE_STEPS")); err == nil {
+			steps = v
+		}
 		for i := 0; i < steps; i++ {
 			bt.Step(ctx, ss, toks)
 		}
@@ -121,13 +125,13 @@ func TestProfileDecode(t *testing.T) {
 			sum += v
 		}
 		sort.Slice(names, func(i, j int) bool { return tb.t[names[i]] > tb.t[names[j]] })
-		t.Logf("batch %d: %v per step; ops account for %v", bsz, total/steps, sum/steps)
+		t.Logf("batch %d: %v per step; ops account for %v", bsz, total/time.Duration(steps), sum/time.Duration(steps))
 		for _, k := range names {
 			gf := ""
 			if f := tb.flops[k]; f > 0 {
 				gf = fmt.Sprintf(", %.1f GFLOP/s", f/tb.t[k].Seconds()/1e9)
 			}
-			t.Logf("  %-16s %8v per step (%d calls%s)", k, tb.t[k]/steps, tb.n[k]/steps, gf)
+			t.Logf("  %-16s %8v per step (%d calls%s)", k, tb.t[k]/time.Duration(steps), tb.n[k]/steps, gf)
 		}
 	}
 }
