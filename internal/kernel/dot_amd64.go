@@ -78,3 +78,6 @@ func reduce2x4()
 
 //go:noescape
 func mulAddAVX2(y, a, b *float32, n int)
+
+//go:noescape
+func dot2x8F32AVX512(x *float32, xstride int, w *float32, wstride, k int, out *float32, ostride int)

@@ -1044,6 +1044,100 @@ x8done:
 	VZEROUPPER
 	RET
 
+// func dot2x8F32AVX512(x *float32, xstride int, w *float32, wstride, k int, out *float32, ostride int)
+// dot2x8BF16AVX512 for float32 weights: per output the lanes and the
+// reduction of dot4x2F32AVX2, so results do not depend on the tile.
+TEXT ·dot2x8F32AVX512(SB), NOSPLIT, $0-56
+	MOVQ x+0(FP), SI
+	MOVQ xstride+8(FP), R11
+	SHLQ $2, R11
+	LEAQ (SI)(R11*2), R12
+	ADDQ R11, R12            // row 3
+	LEAQ (R12)(R11*2), R13
+	ADDQ R11, R13            // row 6
+	MOVQ w+16(FP), DI
+	MOVQ wstride+24(FP), BX
+	SHLQ $2, BX
+	MOVQ k+32(FP), CX
+	LEAQ (DI)(BX*1), R8      // weight row 1 (row 0 again when wstride is 0)
+	MOVQ CX, R9
+	SHLQ $4, R9
+	ADDQ DI, R9              // the pair after next, prefetched
+	MOVQ out+40(FP), DX
+	MOVQ ostride+48(FP), R10
+	SHLQ $2, R10
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VPXORD Y16, Y16, Y16
+	VPXORD Y17, Y17, Y17
+	VPXORD Y18, Y18, Y18
+	VPXORD Y19, Y19, Y19
+	VPXORD Y20, Y20, Y20
+	VPXORD Y21, Y21, Y21
+	VPXORD Y22, Y22, Y22
+	VPXORD Y23, Y23, Y23
+
+xf8loop:
+	CMPQ CX, $8
+	JL   xf8done
+	PREFETCHT1 (R9)
+	VMOVUPS (DI), Y8
+	VMOVUPS (R8), Y9
+	VMOVUPS (SI), Y10
+	VMOVUPS (SI)(R11*1), Y11
+	VMOVUPS (SI)(R11*2), Y12
+	VMOVUPS (R12), Y13
+	VFMADD231PS Y10, Y8, Y0
+	VFMADD231PS Y10, Y9, Y1
+	VFMADD231PS Y11, Y8, Y2
+	VFMADD231PS Y11, Y9, Y3
+	VFMADD231PS Y12, Y8, Y4
+	VFMADD231PS Y12, Y9, Y5
+	VFMADD231PS Y13, Y8, Y6
+	VFMADD231PS Y13, Y9, Y7
+	VMOVUPS (SI)(R11*4), Y10
+	VMOVUPS (R12)(R11*2), Y11
+	VMOVUPS (R13), Y12
+	VMOVUPS (R13)(R11*1), Y13
+	VFMADD231PS Y10, Y8, Y16
+	VFMADD231PS Y10, Y9, Y17
+	VFMADD231PS Y11, Y8, Y18
+	VFMADD231PS Y11, Y9, Y19
+	VFMADD231PS Y12, Y8, Y20
+	VFMADD231PS Y12, Y9, Y21
+	VFMADD231PS Y13, Y8, Y22
+	VFMADD231PS Y13, Y9, Y23
+	ADDQ $32, SI
+	ADDQ $32, R12
+	ADDQ $32, R13
+	ADDQ $32, DI
+	ADDQ $32, R8
+	PREFETCHT1 32(R9)
+	ADDQ $64, R9
+	SUBQ $8, CX
+	JMP  xf8loop
+
+xf8done:
+	CALL ·reduce2x4(SB)
+	ADDQ R10, DX
+	VMOVAPS Y16, Y0
+	VMOVAPS Y17, Y1
+	VMOVAPS Y18, Y2
+	VMOVAPS Y19, Y3
+	VMOVAPS Y20, Y4
+	VMOVAPS Y21, Y5
+	VMOVAPS Y22, Y6
+	VMOVAPS Y23, Y7
+	CALL ·reduce2x4(SB)
+	VZEROUPPER
+	RET
+
 // reduce2x4 reduces accumulators Y0-Y7 (x row r against weight row c in
 // Y(2r+c)) exactly as dot2x4BF16AVX2 does and stores the four output rows
 // from DX, R10 bytes apart; DX is left at the last row.

@@ -66,3 +66,7 @@ func dot2x8BF16AVX512(x *float32, xstride int, w *uint16, wstride, k int, out *f
 }
 
 func mulAddAVX2(y, a, b *float32, n int) { panic("kernel: no assembly on this platform") }
+
+func dot2x8F32AVX512(x *float32, xstride int, w *float32, wstride, k int, out *float32, ostride int) {
+	panic("kernel: no assembly on this platform")
+}

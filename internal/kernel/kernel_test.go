@@ -426,10 +426,10 @@ func TestReLUAxpy(t *testing.T) {
 	}
 }
 
-// TestMatMulBF16BatchInvariant checks that each output row of a bf16
-// product is bit-identical whatever the batch it is computed in: batched
-// decoding promises each session the logits it would get alone, and the
-// row-group kernels (2x4, 2x8, 4x2, 4x1 tiles) must agree to the bit.
+// TestMatMulBF16BatchInvariant checks that each output row of a product is
+// bit-identical whatever the batch it is computed in: batched decoding
+// promises each session the logits it would get alone, and the row-group
+// kernels (2x4, 2x8, 4x2, 4x1 tiles, f32 and bf16) must agree to the bit.
 func TestMatMulBF16BatchInvariant(t *testing.T) {
 	r := rand.New(rand.NewPCG(13, 14))
 	p := NewPool(2)
@@ -442,14 +442,24 @@ func TestMatMulBF16BatchInvariant(t *testing.T) {
 				for i := range wb {
 					wb[i] = uint16(math.Float32bits(float32(r.NormFloat64())) >> 16)
 				}
-				got := make([]float32, m*n)
+				w := make([]float32, n*k)
+				WidenBF16(w, wb)
+				got, gotF := make([]float32, m*n), make([]float32, m*n)
 				p.MatMulBF16(got, x, wb, m, n, k)
-				one := make([]float32, n)
+				p.MatMul(gotF, x, w, m, n, k)
+				one, oneF := make([]float32, n), make([]float32, n)
 				for i := 0; i < m; i++ {
 					p.MatMulBF16(one, x[i*k:(i+1)*k], wb, 1, n, k)
+					p.MatMul(oneF, x[i*k:(i+1)*k], w, 1, n, k)
 					for j := range one {
 						if got[i*n+j] != one[j] {
-							t.Fatalf("m=%d n=%d k=%d row %d col %d: batched %g, alone %g", m, n, k, i, j, got[i*n+j], one[j])
+							t.Fatalf("bf16 m=%d n=%d k=%d row %d col %d: batched %g, alone %g", m, n, k, i, j, got[i*n+j], one[j])
+						}
+						if gotF[i*n+j] != oneF[j] {
+							t.Fatalf("f32 m=%d n=%d k=%d row %d col %d: batched %g, alone %g", m, n, k, i, j, gotF[i*n+j], oneF[j])
+						}
+						if one[j] != oneF[j] {
+							t.Fatalf("m=%d n=%d k=%d col %d: bf16 weights %g, the same weights widened %g", m, n, k, j, one[j], oneF[j])
 						}
 					}
 				}

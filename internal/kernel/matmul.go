@@ -59,9 +59,36 @@ func matMulRange(a *Args, lo, hi int) {
 		}
 		lo += 4 * full
 	}
+	// Groups of eight x rows on the 2x8 tile (AVX-512VL registers), the
+	// weights walked in L2-sized blocks; same per-output arithmetic as the
+	// four-by-two tiles that take the remaining rows.
+	r8 := 0
+	if useAVX512 && k%8 == 0 && k > 0 && a.M >= 8 {
+		r8 = a.M &^ 7
+		const tileCols = 32
+		pairsHi := lo + (hi-lo)&^1
+		for jb := lo; jb < pairsHi; jb += tileCols {
+			je := min(jb+tileCols, pairsHi)
+			for r := 0; r < r8; r += 8 {
+				for j := jb; j < je; j += 2 {
+					dot2x8F32AVX512(&a.X[r*k], k, &a.W[j*k], k, k, &a.Dst[r*n+j], n)
+				}
+			}
+		}
+		if (hi-lo)%2 == 1 {
+			j := hi - 1
+			var pair [16]float32
+			for r := 0; r < r8; r += 8 {
+				dot2x8F32AVX512(&a.X[r*k], k, &a.W[j*k], 0, k, &pair[0], 2)
+				for q := 0; q < 8; q++ {
+					a.Dst[(r+q)*n+j] = pair[2*q]
+				}
+			}
+		}
+	}
 	for j := lo; j < hi; j += 4 {
 		rows := min(4, hi-j)
-		for r := 0; r < a.M; r += 2 {
+		for r := r8; r < a.M; r += 2 {
 			xs := k
 			if r+1 >= a.M {
 				xs = 0 // a lone row: paired with itself
