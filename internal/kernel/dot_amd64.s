@@ -414,7 +414,8 @@ t1tile:
 	LEAQ (DI)(BX*1), R8
 	LEAQ (R8)(BX*1), R9
 	LEAQ (R9)(BX*1), R10
-	LEAQ (R10)(BX*1), R13     // the next tile, prefetched a tile ahead
+	LEAQ (R10)(BX*1), R13
+	LEAQ (R13)(BX*4), R13     // two tiles ahead: short rows outrun one tile of lead
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -803,7 +804,8 @@ u1tile:
 	LEAQ (DI)(BX*1), R8
 	LEAQ (R8)(BX*1), R9
 	LEAQ (R9)(BX*1), R10
-	LEAQ (R10)(BX*1), R13     // the next tile, prefetched a tile ahead
+	LEAQ (R10)(BX*1), R13
+	LEAQ (R13)(BX*4), R13     // two tiles ahead: short rows outrun one tile of lead
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
