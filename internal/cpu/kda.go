@@ -26,10 +26,11 @@ type kdaJob struct {
 type kdaScratch struct {
 	q, k, v, g, beta []float32 // the item's tokens, preprocessed, contiguous
 	u, o, r          []float32 // per chunk: [C, V]
-	kd, qd           []float32 // decayed keys/queries [C, K]
+	kd, qd           []float32 // decayed keys/queries [C, K], views of kq
+	kq, uo           []float32 // [kd; qd] [2C, K] and its product with the state [2C, V]
 	ka, kb, qa       []float32 // factorised decays [C, K]
 	lm, mqk          []float32 // [C, C]
-	ut, kwt, upd     []float32 // state update: uᵀ, kwᵀ, their product
+	ut               []float32 // state update: uᵀ [V, C]
 	cg, e            []float32 // cumulative gates, exponentials [C, K]
 	unsafe           []int32
 	tmp              []float32
@@ -261,7 +262,8 @@ func kdaToken(st, q, k, g, v []float32, beta float32, o, ke []float32, dk, dv in
 // S1 = diag(e^{G_last}) S0 + Σ_j (k_j e^{G_last-G_j}) u_jᵀ.
 func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
 	dk, dv, c := j.dk, j.dv, c1-c0
-	sc.kd, sc.qd = grow32(sc.kd, c*dk), grow32(sc.qd, c*dk)
+	sc.kq, sc.uo = grow32(sc.kq, 2*c*dk), grow32(sc.uo, 2*c*dv)
+	sc.kd, sc.qd = sc.kq[:c*dk], sc.kq[c*dk:2*c*dk]
 	sc.ka, sc.kb, sc.qa = grow32(sc.ka, c*dk), grow32(sc.kb, c*dk), grow32(sc.qa, c*dk)
 	sc.lm, sc.mqk = grow32(sc.lm, c*c), grow32(sc.mqk, c*c)
 	sc.u, sc.o = grow32(sc.u, c*dv), grow32(sc.o, c*dv)
@@ -324,9 +326,11 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
 	}
 
 	// State stage (state V-first, row v = S[:, v]): P = (k e^G)·S into u
-	// and O = (q e^G)·S into o, as matrix products over the state rows.
-	kernel.MatMulSerial(sc.u, sc.kd, st, c, dv, dk)
-	kernel.MatMulSerial(sc.o, sc.qd, st, c, dv, dk)
+	// and O = (q e^G)·S into o, one matrix product over the state rows
+	// for both, so the state is read once.
+	kernel.MatMulSerial(sc.uo, sc.kq, st, 2*c, dv, dk)
+	copy(sc.u, sc.uo[:c*dv])
+	copy(sc.o, sc.uo[c*dv:2*c*dv])
 	for i := 0; i < c; i++ {
 		ui := sc.u[i*dv : (i+1)*dv]
 		vi := v[i*dv : (i+1)*dv]
@@ -350,24 +354,17 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
 	kernel.ExpSlice(sc.e)
 	kernel.Mul(sc.kd, k, sc.e)
 	// S1 = diag(e^{G_last}) S0 + Σ_j (k_j e^{G_last-G_j}) u_jᵀ; V-first:
-	// row v = row v ⊙ e^{G_last} + Σ_j u_j[v] kw_j, the sum a matrix product
-	// of uᵀ [dv, C] and kwᵀ [dk, C].
-	sc.ut, sc.kwt = grow32(sc.ut, dv*c), grow32(sc.kwt, dk*c)
-	sc.upd = grow32(sc.upd, dv*dk)
+	// row v = row v ⊙ e^{G_last} + Σ_j u_j[v] kw_j, a rank-C update of each
+	// row with the row held in registers.
+	sc.ut = grow32(sc.ut, dv*c)
 	for i := 0; i < c; i++ {
 		for r := 0; r < dv; r++ {
 			sc.ut[r*c+i] = sc.u[i*dv+r]
 		}
-		for ch := 0; ch < dk; ch++ {
-			sc.kwt[ch*c+i] = sc.kd[i*dk+ch]
-		}
 	}
-	kernel.MatMulSerial(sc.upd, sc.ut, sc.kwt, dv, dk, c)
 	kernel.ExpSlice(gLast)
 	for r := 0; r < dv; r++ {
-		row := st[r*dk : (r+1)*dk]
-		kernel.Mul(row, row, gLast)
-		kernel.Add(row, row, sc.upd[r*dk:(r+1)*dk])
+		kernel.RankUpdate(st[r*dk:(r+1)*dk], gLast, sc.ut[r*c:(r+1)*c], sc.kd, dk)
 	}
 }
 

@@ -81,3 +81,6 @@ func mulAddAVX2(y, a, b *float32, n int)
 
 //go:noescape
 func dot2x8F32AVX512(x *float32, xstride int, w *float32, wstride, k int, out *float32, ostride int)
+
+//go:noescape
+func rankUpdateAVX2(row, e, a, b *float32, ldb, c, n int)

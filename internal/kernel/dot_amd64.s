@@ -1212,3 +1212,76 @@ matail:
 madone:
 	VZEROUPPER
 	RET
+
+// func rankUpdateAVX2(row, e, a, b *float32, ldb, c, n int)
+// row[x] = row[x]*e[x] + Σ_{i<c} a[i]*b[i*ldb+x] for x < n, n % 64 == 0:
+// a KDA chunk's state update, one state row at a time, the row held in
+// eight registers while the chunk's c keys stream past.
+TEXT ·rankUpdateAVX2(SB), NOSPLIT, $0-56
+	MOVQ row+0(FP), DI
+	MOVQ e+8(FP), SI
+	MOVQ a+16(FP), R8
+	MOVQ b+24(FP), R9
+	MOVQ ldb+32(FP), R10
+	SHLQ $2, R10
+	MOVQ c+40(FP), R11
+	MOVQ n+48(FP), CX
+
+rublock:
+	CMPQ CX, $64
+	JL   rudone
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VMOVUPS 128(DI), Y5
+	VMOVUPS 160(DI), Y6
+	VMOVUPS 192(DI), Y7
+	VMOVUPS 224(DI), Y8
+	VMULPS (SI), Y0, Y0
+	VMULPS 32(SI), Y1, Y1
+	VMULPS 64(SI), Y2, Y2
+	VMULPS 96(SI), Y3, Y3
+	VMULPS 128(SI), Y5, Y5
+	VMULPS 160(SI), Y6, Y6
+	VMULPS 192(SI), Y7, Y7
+	VMULPS 224(SI), Y8, Y8
+	MOVQ R9, BX
+	MOVQ R8, DX
+	MOVQ R11, R12
+
+ruterm:
+	TESTQ R12, R12
+	JZ    rustore
+	VBROADCASTSS (DX), Y4
+	VFMADD231PS (BX), Y4, Y0
+	VFMADD231PS 32(BX), Y4, Y1
+	VFMADD231PS 64(BX), Y4, Y2
+	VFMADD231PS 96(BX), Y4, Y3
+	VFMADD231PS 128(BX), Y4, Y5
+	VFMADD231PS 160(BX), Y4, Y6
+	VFMADD231PS 192(BX), Y4, Y7
+	VFMADD231PS 224(BX), Y4, Y8
+	ADDQ $4, DX
+	ADDQ R10, BX
+	DECQ R12
+	JMP  ruterm
+
+rustore:
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y5, 128(DI)
+	VMOVUPS Y6, 160(DI)
+	VMOVUPS Y7, 192(DI)
+	VMOVUPS Y8, 224(DI)
+	ADDQ $256, DI
+	ADDQ $256, SI
+	ADDQ $256, R9
+	SUBQ $64, CX
+	JMP  rublock
+
+rudone:
+	VZEROUPPER
+	RET

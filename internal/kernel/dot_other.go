@@ -70,3 +70,7 @@ func mulAddAVX2(y, a, b *float32, n int) { panic("kernel: no assembly on this pl
 func dot2x8F32AVX512(x *float32, xstride int, w *float32, wstride, k int, out *float32, ostride int) {
 	panic("kernel: no assembly on this platform")
 }
+
+func rankUpdateAVX2(row, e, a, b *float32, ldb, c, n int) {
+	panic("kernel: no assembly on this platform")
+}

@@ -486,3 +486,26 @@ func TestMulAdd(t *testing.T) {
 		}
 	}
 }
+
+func TestRankUpdate(t *testing.T) {
+	r := rand.New(rand.NewPCG(45, 46))
+	for _, n := range []int{1, 17, 64, 65, 128, 130} {
+		for _, c := range []int{0, 1, 5, 16} {
+			ldb := n + 3
+			row, e, a, b := randSlice(r, n), randSlice(r, n), randSlice(r, c), randSlice(r, c*ldb)
+			want := make([]float64, n)
+			for x := range want {
+				want[x] = float64(row[x]) * float64(e[x])
+				for i := 0; i < c; i++ {
+					want[x] += float64(a[i]) * float64(b[i*ldb+x])
+				}
+			}
+			RankUpdate(row, e, a, b, ldb)
+			for x := range row {
+				if d := math.Abs(float64(row[x]) - want[x]); d > 1e-5*(1+math.Abs(want[x])) {
+					t.Fatalf("n=%d c=%d [%d]: %g want %g", n, c, x, row[x], want[x])
+				}
+			}
+		}
+	}
+}

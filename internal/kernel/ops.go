@@ -246,3 +246,26 @@ func MulAdd(y, a, b []float32) {
 		y[i] += float32(a[i] * b[i])
 	}
 }
+
+// RankUpdate sets row = row ⊙ e + Σ_i a[i]·b[i·ldb : i·ldb+len(row)]: one
+// state row's decay and its chunk of delta-rule writes (KDA's chunked
+// form), with the row kept in registers while the len(a) rows of b pass.
+func RankUpdate(row, e, a, b []float32, ldb int) {
+	n, c := len(row), len(a)
+	e = e[:n]
+	if c > 0 {
+		_ = b[(c-1)*ldb+n-1]
+	}
+	x0 := 0
+	if useAVX2 && n >= 64 && c > 0 {
+		x0 = n &^ 63
+		rankUpdateAVX2(&row[0], &e[0], &a[0], &b[0], ldb, c, x0)
+	}
+	for x := x0; x < n; x++ {
+		acc := row[x] * e[x]
+		for i, ai := range a {
+			acc += ai * b[i*ldb+x]
+		}
+		row[x] = acc
+	}
+}
