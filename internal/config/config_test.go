@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -117,4 +118,31 @@ func TestInvalid(t *testing.T) {
 	if _, err := Parse([]byte(`{` + base + `,` + kda + `,` + moe + `}`)); err != nil {
 		t.Errorf("valid base config rejected: %v", err)
 	}
+}
+
+// FuzzParse feeds config.json variants to Parse: it must return a config
+// or an error, never panic, and every error must wrap ErrInvalid.
+func FuzzParse(f *testing.F) {
+	for _, dir := range []string{"tiny_k31pro", "tiny_k3", "tiny_kimi_linear", "tiny_rope_dsa"} {
+		data, err := os.ReadFile(filepath.Join("..", "..", "testdata", "model", dir, "config.json"))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	f.Add([]byte(`{"text_config": null}`))
+	f.Add([]byte(`{"hidden_size": -1}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := Parse(data)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v does not wrap ErrInvalid", err)
+			}
+			return
+		}
+		if c == nil {
+			t.Fatal("nil config without an error")
+		}
+		_ = c.NumParams()
+	})
 }

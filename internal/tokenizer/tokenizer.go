@@ -108,10 +108,21 @@ type BPE struct {
 func NewBPE(ranks map[string]int32, special map[string]int32) (*BPE, error) {
 	t := &BPE{ranks: ranks, sp: newSpecials(special)}
 	for _, id := range ranks {
+		if id < 0 {
+			return nil, fmt.Errorf("%w: rank %d is negative", ErrFormat, id)
+		}
 		t.vocab = max(t.vocab, int(id)+1)
 	}
 	for _, id := range special {
+		if id < 0 {
+			return nil, fmt.Errorf("%w: special token id %d is negative", ErrFormat, id)
+		}
 		t.vocab = max(t.vocab, int(id)+1)
+	}
+	// Ids index the decoder table: a stray huge rank must be an error, not
+	// a multi-gigabyte allocation. Real vocabularies are dense.
+	if n := len(ranks) + len(special); t.vocab > 2*n+1024 {
+		return nil, fmt.Errorf("%w: ids reach %d for %d tokens; ranks must be dense", ErrFormat, t.vocab-1, n)
 	}
 	t.decoder = make([][]byte, t.vocab)
 	for tok, id := range ranks {

@@ -147,3 +147,31 @@ func TestChat(t *testing.T) {
 		t.Errorf("chat:\n%s\nwant\n%s", got, want)
 	}
 }
+
+// FuzzReadRanks feeds rank files to ReadRanks and NewBPE: an error or a
+// tokenizer, never a panic; a tokenizer that builds must round-trip text.
+func FuzzReadRanks(f *testing.F) {
+	var full bytes.Buffer
+	for tok, rank := range testRanks() {
+		fmt.Fprintf(&full, "%s %d\n", base64.StdEncoding.EncodeToString([]byte(tok)), rank)
+	}
+	f.Add(full.Bytes())
+	f.Add([]byte("aGVsbG8= 0\n"))
+	f.Add([]byte("!!! 1\n"))
+	f.Add([]byte("aGk= -3\n"))
+	f.Add([]byte("aGk= 2147483647\n")) // once a 48 GB decoder table
+	f.Fuzz(func(t *testing.T, data []byte) {
+		ranks, err := ReadRanks(bytes.NewReader(data), "fuzz.model")
+		if err != nil {
+			return
+		}
+		bpe, err := NewBPE(ranks, nil)
+		if err != nil {
+			return
+		}
+		const text = "hello world, 中文 ok"
+		if got := Decode(bpe, bpe.Encode(text, false)); got != text {
+			t.Fatalf("round trip: %q", got)
+		}
+	})
+}
