@@ -61,7 +61,9 @@ func newSpecials(m map[string]int32) specials {
 	s := specials{byName: m, byID: map[int32]string{}}
 	for name, id := range m {
 		s.byID[id] = name
-		s.names = append(s.names, name)
+		if name != "" { // an empty name would match everywhere; constructors reject it
+			s.names = append(s.names, name)
+		}
 	}
 	sort.Slice(s.names, func(i, j int) bool {
 		if len(s.names[i]) != len(s.names[j]) {
@@ -106,6 +108,9 @@ type BPE struct {
 // NewBPE builds an encoder from mergeable ranks (token bytes → id) and
 // special tokens.
 func NewBPE(ranks map[string]int32, special map[string]int32) (*BPE, error) {
+	if err := checkSpecialNames(special); err != nil {
+		return nil, err
+	}
 	t := &BPE{ranks: ranks, sp: newSpecials(special)}
 	for _, id := range ranks {
 		if id < 0 {
@@ -247,6 +252,9 @@ type ByteLevel struct {
 // NewByteLevel makes a byte tokenizer; specials must not overlap the 256
 // byte ids.
 func NewByteLevel(offset int32, special map[string]int32, vocab int) (*ByteLevel, error) {
+	if err := checkSpecialNames(special); err != nil {
+		return nil, err
+	}
 	if offset < 0 || int(offset)+256 > vocab {
 		return nil, fmt.Errorf("%w: byte offset %d does not fit a vocabulary of %d", ErrFormat, offset, vocab)
 	}
@@ -358,4 +366,13 @@ func LoadFS(fsys fs.FS, name string, vocab int) (Tokenizer, error) {
 		return nil, fmt.Errorf("%w: %s: tokenizer_class %q needs tiktoken.model, which is missing", ErrFormat, cfgPath, cfg.TokenizerClass)
 	}
 	return NewByteLevel(offset, special, vocab)
+}
+
+// checkSpecialNames rejects a special token with empty content: it would
+// match at every position of every text.
+func checkSpecialNames(special map[string]int32) error {
+	if id, ok := special[""]; ok {
+		return fmt.Errorf("%w: special token id %d has empty content", ErrFormat, id)
+	}
+	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/fstest"
 	"unicode/utf8"
 )
 
@@ -173,5 +174,36 @@ func FuzzReadRanks(f *testing.F) {
 		if got := Decode(bpe, bpe.Encode(text, false)); got != text {
 			t.Fatalf("round trip: %q", got)
 		}
+	})
+}
+
+// FuzzLoadFS feeds a tokenizer_config.json and, optionally, a tiktoken.model
+// to LoadFS: an error or a tokenizer, never a panic; a tokenizer that loads
+// must encode and decode within the model's vocabulary.
+func FuzzLoadFS(f *testing.F) {
+	var ranks bytes.Buffer
+	for tok, rank := range testRanks() {
+		fmt.Fprintf(&ranks, "%s %d\n", base64.StdEncoding.EncodeToString([]byte(tok)), rank)
+	}
+	f.Add([]byte(`{"added_tokens_decoder": {"300": {"content": "<|im_end|>"}}}`), ranks.Bytes())
+	f.Add([]byte(`{"byte_offset": 3, "added_tokens_decoder": {"1": {"content": "<s>"}}}`), []byte(nil))
+	f.Add([]byte(`{"tokenizer_class": "TikTokenTokenizer"}`), []byte(nil))
+	f.Add([]byte(`{"added_tokens_decoder": {"-5": {"content": "x"}}}`), ranks.Bytes())
+	f.Fuzz(func(t *testing.T, cfg, rankFile []byte) {
+		fsys := fstest.MapFS{"tokenizer_config.json": {Data: cfg}}
+		if rankFile != nil {
+			fsys["tiktoken.model"] = &fstest.MapFile{Data: rankFile}
+		}
+		const vocab = 1024
+		tok, err := LoadFS(fsys, "fuzz", vocab)
+		if err != nil {
+			return
+		}
+		for _, id := range tok.Encode("hello <|im_end|> 中文", true) {
+			if id < 0 || int(id) >= vocab {
+				t.Fatalf("id %d outside the vocabulary of %d", id, vocab)
+			}
+		}
+		_ = Decode(tok, []int32{0, 1, 2, 300, vocab - 1})
 	})
 }
