@@ -137,14 +137,17 @@ func LoadWeights(b compute.Backend, cfg Config, src weights.Source) (*Weights, e
 	h, d, dn, dr, dv, dc := cfg.NumHeads, cfg.Hidden, cfg.NopeDim, cfg.RopeDim, cfg.VDim, cfg.KVLoRARank
 	w := &Weights{}
 	qin := d
+	// Rearranged weights go back in their stored dtype (UploadAs): a bf16
+	// checkpoint's q_b, kv_a and kv_b stay bf16 in memory.
 	var q []float32
+	var qdt compute.DType
 	if cfg.QLoRARank > 0 {
 		qin = cfg.QLoRARank
 		w.QA = ld.Matrix("q_a_proj.weight", qin, d)
 		w.QANorm = ld.F32("q_a_layernorm.weight", qin)
-		q = ld.Host("q_b_proj.weight", h*(dn+dr), qin)
+		q, qdt = ld.HostStored("q_b_proj.weight", h*(dn+dr), qin)
 	} else {
-		q = ld.Host("q_proj.weight", h*(dn+dr), qin)
+		q, qdt = ld.HostStored("q_proj.weight", h*(dn+dr), qin)
 	}
 	if ld.Err != nil {
 		return nil, fmt.Errorf("dsa: %w", ld.Err)
@@ -156,20 +159,20 @@ func LoadWeights(b compute.Backend, cfg Config, src weights.Source) (*Weights, e
 		nope = append(nope, q[base:base+dn*qin]...)
 		rope = append(rope, q[base+dn*qin:base+(dn+dr)*qin]...)
 	}
-	w.QNope = ld.Upload(nope, h*dn, qin)
+	w.QNope = ld.UploadAs(qdt, nope, h*dn, qin)
 	if dr > 0 {
-		w.QRope = ld.Upload(rope, h*dr, qin)
+		w.QRope = ld.UploadAs(qdt, rope, h*dr, qin)
 	}
-	kva := ld.Host("kv_a_proj_with_mqa.weight", dc+dr, d)
+	kva, kvadt := ld.HostStored("kv_a_proj_with_mqa.weight", dc+dr, d)
 	if ld.Err != nil {
 		return nil, fmt.Errorf("dsa: %w", ld.Err)
 	}
-	w.KVA = ld.Upload(kva[:dc*d], dc, d)
+	w.KVA = ld.UploadAs(kvadt, kva[:dc*d], dc, d)
 	if dr > 0 {
-		w.KRope = ld.Upload(kva[dc*d:], dr, d)
+		w.KRope = ld.UploadAs(kvadt, kva[dc*d:], dr, d)
 	}
 	w.KVANorm = ld.F32("kv_a_layernorm.weight", dc)
-	kvb := ld.Host("kv_b_proj.weight", h*(dn+dv), dc)
+	kvb, kvbdt := ld.HostStored("kv_b_proj.weight", h*(dn+dv), dc)
 	if ld.Err != nil {
 		return nil, fmt.Errorf("dsa: %w", ld.Err)
 	}
@@ -177,12 +180,12 @@ func LoadWeights(b compute.Backend, cfg Config, src weights.Source) (*Weights, e
 	if err != nil {
 		return nil, err
 	}
-	w.UKT, w.UV = ld.Upload(ukT, h, dc, dn), ld.Upload(uv, h, dv, dc)
+	w.UKT, w.UV = ld.UploadAs(kvbdt, ukT, h, dc, dn), ld.UploadAs(kvbdt, uv, h, dv, dc)
 	uk := make([]float32, 0, h*dn*dc)
 	for hh := 0; hh < h; hh++ {
 		uk = append(uk, kvb[hh*(dn+dv)*dc:(hh*(dn+dv)+dn)*dc]...)
 	}
-	w.UK = ld.Upload(uk, h*dn, dc)
+	w.UK = ld.UploadAs(kvbdt, uk, h*dn, dc)
 	if cfg.OutputGate {
 		w.G = ld.Matrix("g_proj.weight", h*dv, d)
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"k3/internal/compute"
+	"k3/internal/floatx"
 )
 
 // Source returns a tensor by its name relative to a layer prefix, as host
@@ -33,19 +34,53 @@ func (l *Loader) F32(name string, dims ...int) compute.Tensor { return l.load(na
 // Host returns a tensor's values on the host as float32 (for load-time
 // transforms), checking its shape.
 func (l *Loader) Host(name string, dims ...int) []float32 {
+	v, _ := l.HostStored(name, dims...)
+	return v
+}
+
+// HostStored is Host that also reports the dtype the tensor is stored in,
+// so that a rearranged copy can go back in that dtype (UploadAs).
+func (l *Loader) HostStored(name string, dims ...int) ([]float32, compute.DType) {
 	if l.Err != nil {
-		return nil
+		return nil, 0
+	}
+	dt, _, _, err := l.Src(name)
+	if err != nil {
+		l.Err = err
+		return nil, 0
 	}
 	t := l.load(name, true, dims)
 	if l.Err != nil {
-		return nil
+		return nil, 0
 	}
 	v := make([]float32, t.Len())
 	if err := l.B.Read(v, t); err != nil {
 		l.Err = err
 	}
 	l.B.Free(t)
-	return v
+	return v, dt
+}
+
+// UploadAs is Upload for values that were read from a tensor stored in dt
+// and only rearranged: BF16 values go back as BF16 (exactly: every value is
+// a bfloat16 already), so a rearranged weight keeps its stored size and the
+// products that read it give the same results. Other dtypes upload as F32.
+func (l *Loader) UploadAs(dt compute.DType, v []float32, dims ...int) compute.Tensor {
+	if l.Err != nil || dt != compute.BF16 {
+		return l.Upload(v, dims...)
+	}
+	data := make([]byte, 2*len(v))
+	for i, f := range v {
+		h := floatx.BF16(f)
+		if floatx.FromBF16(h) != f && f == f {
+			l.Err = fmt.Errorf("weights: %v is not a bfloat16 value; UploadAs takes rearranged values only", f)
+			return compute.Tensor{}
+		}
+		data[2*i], data[2*i+1] = byte(h), byte(h>>8)
+	}
+	t, err := l.B.FromHost(compute.BF16, compute.BF16, data, dims...)
+	l.Err = err
+	return t
 }
 
 // Upload makes a float32 tensor from host values computed at load time.
