@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -28,6 +29,23 @@ type ModelResult struct {
 	Bandwidth            float64 // read bandwidth measured in the same run
 	RooflineShare        float64 // batch-1 decode time at the bandwidth limit / measured
 	StateBytesPerSession int64
+	// RSSGrowth is how much the process's resident memory grew from before
+	// Load to after the first prefill (weights mapped and touched, load-time
+	// copies, one session and its scratch); 0 where /proc is missing.
+	RSSGrowth int64
+}
+
+// rss returns the process's resident set size from /proc/self/statm, or 0.
+func rss() int64 {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0
+	}
+	var size, resident int64
+	if _, err := fmt.Sscan(string(b), &size, &resident); err != nil {
+		return 0
+	}
+	return resident * int64(os.Getpagesize())
 }
 
 // activeBytes estimates what one batch-1 decode step reads: every weight
@@ -71,26 +89,14 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 	if err := tiny.Write(dir, "k31pro-100m", tiny.Options{Seed: 1, BF16: true}); err != nil {
 		return nil, err
 	}
+	debug.FreeOSMemory() // the writer's garbage must not count, or hide, the model's memory
+	rss0 := rss()
 	m, err := k3.Load(ctx, dir)
 	if err != nil {
 		return nil, err
 	}
 	defer m.Close()
 	r := &ModelResult{Params: m.Config.NumParams(), WeightBytes: m.WeightBytes()}
-	// The host's bandwidth drifts (32-60 GB/s seen here); it is measured
-	// right before and after the decode runs, and the higher value is the
-	// roofline, so the share reported is a lower bound.
-	log("measuring bandwidth...")
-	probe := kernel.NewPool(0)
-	defer probe.Close()
-	const n = 64 << 20
-	pa, pb, pc := make([]float32, n), make([]float32, n), make([]float32, n)
-	for i := range pb {
-		pb[i], pc[i] = 1, 2
-	}
-	measure := func() float64 { return max(probe.ReadBandwidth(pb, 5), probe.Triad(pa, pb, pc, 5)) }
-	r.Bandwidth = measure()
-
 	// Prefill.
 	r.PrefillTokens = 512
 	prompt := make([]int32, r.PrefillTokens)
@@ -108,6 +114,23 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 	}
 	r.PrefillTokPerSec = float64(len(prompt)) / time.Since(start).Seconds()
 	r.StateBytesPerSession = s.StateBytes()
+	if r0, r1 := rss0, rss(); r0 > 0 && r1 > r0 {
+		r.RSSGrowth = r1 - r0
+	}
+
+	// The host's bandwidth drifts (32-60 GB/s seen here); it is measured
+	// right before and after the decode runs, and the higher value is the
+	// roofline, so the share reported is a lower bound.
+	log("measuring bandwidth...")
+	probe := kernel.NewPool(0)
+	defer probe.Close()
+	const n = 64 << 20
+	pa, pb, pc := make([]float32, n), make([]float32, n), make([]float32, n)
+	for i := range pb {
+		pb[i], pc[i] = 1, 2
+	}
+	measure := func() float64 { return max(probe.ReadBandwidth(pb, 5), probe.Triad(pa, pb, pc, 5)) }
+	r.Bandwidth = measure()
 
 	// Batch-1 decode from a 32-token context.
 	log("decode, batch 1...")
@@ -176,7 +199,11 @@ func (r *ModelResult) Table() string {
 	fmt.Fprintf(&b, "  decode, batch 1:            %8.1f tokens/s  (%.1f MB read per step; %.0f%% of the roofline at %.1f GB/s, the highest bandwidth probed before and after)\n",
 		r.Decode1TokPerSec, r.StepBytes/1e6, 100*r.RooflineShare, r.Bandwidth/1e9)
 	fmt.Fprintf(&b, "  decode, batch 8 (aggregate): %7.1f tokens/s  (%.2fx batch 1)\n", r.Decode8TokPerSec, r.Decode8TokPerSec/r.Decode1TokPerSec)
-	fmt.Fprintf(&b, "  resident memory: weights %.1f MB + %.2f MB state per session (after a 512-token prompt)\n",
+	fmt.Fprintf(&b, "  memory: weights %.1f MB in the checkpoint + %.2f MB state per session (after a 512-token prompt)\n",
 		float64(r.WeightBytes)/1e6, float64(r.StateBytesPerSession)/1e6)
+	if r.RSSGrowth > 0 {
+		fmt.Fprintf(&b, "  process RSS grew %.1f MB from before Load to after the first prefill (weights touched, load-time copies, one session with its scratch)\n",
+			float64(r.RSSGrowth)/1e6)
+	}
 	return b.String()
 }
