@@ -137,6 +137,8 @@ type attnScratch struct {
 	pos []int32
 	z   []float32
 	job attnJob
+	// dense blocked path (attnDenseRange)
+	qb, qrb, kb, krb, zb, e, rv, acc, m, l []float32
 }
 
 var attnScratchPool = sync.Pool{New: func() any { return new(attnScratch) }}
@@ -200,6 +202,9 @@ func (b *Backend) Attention(a *compute.AttnArgs) error {
 				return fmt.Errorf("cpu: attention: index %d (entry %d) outside the cache of %d rows", s, i, l)
 			}
 		}
+	}
+	if j.idx == nil && j.t >= attnDenseMin {
+		return b.attnDense(j)
 	}
 	items := j.t * j.hkv
 	j.parts = 1
@@ -343,6 +348,122 @@ func attnRange(args *kernel.Args, lo, hi int) {
 					j.part[off+1] += e
 					kernel.Axpy(acc, e, j.v[(int(s)*j.hkv+g)*j.dv:(int(s)*j.hkv+g+1)*j.dv])
 				}
+			}
+		}
+	}
+}
+
+// denseRows is the query block of dense attention: rows that share a head
+// share each gathered key and value block.
+const denseRows = 8
+
+// attnDenseMin is the pass length from which dense attention takes the
+// blocked path; tests raise it to compare with the row-by-row path.
+var attnDenseMin = denseRows
+
+// attnDense runs dense causal attention for passes of at least denseRows
+// query rows (prefill): work items are (head, block of rows), so that the
+// logits of a row block against a key block are one matrix product and each
+// row's accumulator takes the block's values as one rank update.
+func (b *Backend) attnDense(j *attnJob) error {
+	nb := (j.t + denseRows - 1) / denseRows
+	// Head-major items: each worker's contiguous share holds whole heads,
+	// so the causal triangle's cost splits evenly.
+	b.pool.Run(attnDenseRange, kernel.Args{Job: j}, j.hq*nb, 1)
+	return nil
+}
+
+func attnDenseRange(args *kernel.Args, lo, hi int) {
+	const block = 64
+	j := args.Job.(*attnJob)
+	a := j.a
+	sc := attnScratchPool.Get().(*attnScratch)
+	defer attnScratchPool.Put(sc)
+	nb := (j.t + denseRows - 1) / denseRows
+	hg := j.hq / j.hkv
+	dk, dr, dv := j.dk, j.dr, j.dv
+	sc.qb, sc.qrb = grow32(sc.qb, denseRows*dk), grow32(sc.qrb, denseRows*max(dr, 1))
+	sc.kb, sc.krb = grow32(sc.kb, block*dk), grow32(sc.krb, block*max(dr, 1))
+	sc.zb, sc.e, sc.rv = grow32(sc.zb, 2*denseRows*block), grow32(sc.e, block), grow32(sc.rv, dv)
+	sc.acc, sc.m, sc.l = grow32(sc.acc, denseRows*dv), grow32(sc.m, denseRows), grow32(sc.l, denseRows)
+	out := F32(a.Out)
+	var lse []float32
+	if !a.LSE.IsZero() {
+		lse = F32(a.LSE)
+	}
+	for it := lo; it < hi; it++ {
+		h, rb := it/nb, it%nb
+		g := h / hg
+		r0, r1 := rb*denseRows, min((rb+1)*denseRows, j.t)
+		nr := r1 - r0
+		last := 0 // the last position any row of the block sees
+		for r := r0; r < r1; r++ {
+			copy(sc.qb[(r-r0)*dk:(r-r0+1)*dk], j.q[(r*j.hq+h)*dk:])
+			if dr > 0 {
+				copy(sc.qrb[(r-r0)*dr:(r-r0+1)*dr], j.qr[(r*j.hq+h)*dr:])
+			}
+			last = max(last, min(int(a.QPos[r]), a.KVLen-1))
+			sc.m[r-r0], sc.l[r-r0] = float32(math.Inf(-1)), 0
+		}
+		acc := sc.acc[:nr*dv]
+		clear(acc)
+		for s0 := 0; s0 <= last; s0 += block {
+			nk := min(block, last+1-s0)
+			for i := 0; i < nk; i++ {
+				s := s0 + i
+				copy(sc.kb[i*dk:(i+1)*dk], j.k[(s*j.hkv+g)*dk:])
+				if dr > 0 {
+					copy(sc.krb[i*dr:(i+1)*dr], j.kr[s*dr:(s+1)*dr])
+				}
+			}
+			z := sc.zb[:nr*nk]
+			kernel.MatMulSerial(z, sc.qb[:nr*dk], sc.kb[:nk*dk], nr, nk, dk)
+			if dr > 0 {
+				zr := sc.zb[nr*nk : 2*nr*nk]
+				kernel.MatMulSerial(zr, sc.qrb[:nr*dr], sc.krb[:nk*dr], nr, nk, dr)
+				kernel.Add(z, z, zr)
+			}
+			kernel.Scale(z, j.scale)
+			for r := r0; r < r1; r++ {
+				i := r - r0
+				n := min(nk, min(int(a.QPos[r]), a.KVLen-1)-s0+1) // causal: keys up to the row's position
+				if n <= 0 {
+					continue
+				}
+				zr := z[i*nk : i*nk+n]
+				m := sc.m[i]
+				for _, v := range zr {
+					m = max(m, v)
+				}
+				rr := float32(1)
+				if !math.IsInf(float64(sc.m[i]), -1) && m > sc.m[i] {
+					rr = kernel.Exp(sc.m[i] - m)
+				}
+				sc.m[i] = m
+				e := sc.e[:n]
+				for x, v := range zr {
+					e[x] = v - m
+				}
+				kernel.ExpSlice(e)
+				sum := sc.l[i] * rr
+				for _, w := range e {
+					sum += w
+				}
+				sc.l[i] = sum
+				rv := sc.rv[:dv]
+				for x := range rv {
+					rv[x] = rr
+				}
+				kernel.RankUpdate(acc[i*dv:(i+1)*dv], rv, e, j.v[(s0*j.hkv+g)*dv:], j.hkv*dv)
+			}
+		}
+		for r := r0; r < r1; r++ {
+			i := r - r0
+			o := out[(r*j.hq+h)*dv : (r*j.hq+h+1)*dv]
+			copy(o, acc[i*dv:(i+1)*dv])
+			kernel.Scale(o, 1/sc.l[i])
+			if lse != nil {
+				lse[r*j.hq+h] = sc.m[i] + float32(math.Log(float64(sc.l[i])))
 			}
 		}
 	}

@@ -1,0 +1,116 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"k3/internal/compute"
+)
+
+type attnCase struct {
+	t, l, hq, hkv, dk, dr, dv int
+}
+
+// runAttn runs dense causal attention for queries at the last t of l
+// positions and returns the output and lse.
+func runAttn(tb testing.TB, b *Backend, c attnCase, seed uint64) ([]float32, []float32) {
+	a := attnArgs(tb, b, c, seed)
+	if err := b.Attention(a); err != nil {
+		tb.Fatal(err)
+	}
+	out, lse := make([]float32, c.t*c.hq*c.dv), make([]float32, c.t*c.hq)
+	must(0, b.Read(out, a.Out))
+	must(0, b.Read(lse, a.LSE))
+	return out, lse
+}
+
+func attnArgs(tb testing.TB, b *Backend, c attnCase, seed uint64) *compute.AttnArgs {
+	r := rand.New(rand.NewPCG(seed, 7))
+	rnd := func(n int) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(r.NormFloat64())
+		}
+		return v
+	}
+	up := func(v []float32, dims ...int) compute.Tensor {
+		t := must(b.Alloc(compute.F32, dims...))
+		must(0, b.Write(t, v))
+		return t
+	}
+	pos := make([]int32, c.t)
+	for i := range pos {
+		pos[i] = int32(c.l - c.t + i)
+	}
+	a := compute.AttnArgs{
+		Q: up(rnd(c.t*c.hq*c.dk), c.t, c.hq, c.dk), K: up(rnd(c.l*c.hkv*c.dk), c.l, c.hkv, c.dk),
+		V: up(rnd(c.l*c.hkv*c.dv), c.l, c.hkv, c.dv), QPos: pos, KVLen: c.l, Causal: true, Scale: 0.125,
+		Out: must(b.Alloc(compute.F32, c.t, c.hq, c.dv)), LSE: must(b.Alloc(compute.F32, c.t, c.hq)),
+	}
+	if c.dr > 0 {
+		a.QRope, a.KRope = up(rnd(c.t*c.hq*c.dr), c.t, c.hq, c.dr), up(rnd(c.l*c.dr), c.l, c.dr)
+	}
+	return &a
+}
+
+// TestAttnDenseBlocked compares the blocked dense path (row blocks, matrix
+// logits, rank updates) with the row-by-row path on shapes that cover
+// partial row and key blocks, grouped heads and rope parts.
+func TestAttnDenseBlocked(t *testing.T) {
+	b := New(2)
+	defer b.Close()
+	defer func(v int) { attnDenseMin = v }(attnDenseMin)
+	for i, c := range []attnCase{
+		{t: 8, l: 8, hq: 1, hkv: 1, dk: 16, dv: 16},
+		{t: 13, l: 13, hq: 4, hkv: 2, dk: 24, dv: 16},
+		{t: 70, l: 150, hq: 6, hkv: 6, dk: 64, dr: 32, dv: 64},
+		{t: 33, l: 200, hq: 4, hkv: 1, dk: 40, dr: 8, dv: 40},
+		{t: 130, l: 130, hq: 2, hkv: 2, dk: 128, dv: 130},
+	} {
+		attnDenseMin = denseRows
+		got, gotL := runAttn(t, b, c, uint64(i))
+		attnDenseMin = math.MaxInt
+		want, wantL := runAttn(t, b, c, uint64(i))
+		for k := range want {
+			if d := math.Abs(float64(got[k] - want[k])); d > 1e-5+1e-5*math.Abs(float64(want[k])) {
+				t.Fatalf("case %+v: out[%d] = %g, row path %g", c, k, got[k], want[k])
+			}
+		}
+		for k := range wantL {
+			if d := math.Abs(float64(gotL[k] - wantL[k])); d > 1e-5+1e-5*math.Abs(float64(wantL[k])) {
+				t.Fatalf("case %+v: lse[%d] = %g, row path %g", c, k, gotL[k], wantL[k])
+			}
+		}
+	}
+}
+
+// BenchmarkAttnDense times a 512-token MHA-form prefill pass (6 heads,
+// 64+32 key dims, 64 value dims) on the blocked path and the row path.
+func BenchmarkAttnDense(b *testing.B) {
+	be := New(0)
+	defer be.Close()
+	c := attnCase{t: 512, l: 512, hq: 6, hkv: 6, dk: 64, dr: 32, dv: 64}
+	flops := 0.0
+	for r := 0; r < c.t; r++ {
+		flops += 2 * float64((r+1)*c.hq*(c.dk+c.dr+c.dv))
+	}
+	defer func(v int) { attnDenseMin = v }(attnDenseMin)
+	for _, path := range []struct {
+		name string
+		min  int
+	}{{"blocked", denseRows}, {"rows", math.MaxInt}} {
+		b.Run(fmt.Sprint(path.name), func(b *testing.B) {
+			attnDenseMin = path.min
+			a := attnArgs(b, be, c, 1)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if err := be.Attention(a); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
+}
