@@ -114,3 +114,92 @@ func BenchmarkAttnDense(b *testing.B) {
 		})
 	}
 }
+
+// TestAttnGroupedHeads compares the grouped-head path (a gathered key block
+// scored for all heads of a kv head at once) with the key-by-key path on
+// index-sparse attention: unsorted lists with -1 padding, future entries,
+// MLA's MQA form (keys and values one tensor) with rope parts, and GQA.
+func TestAttnGroupedHeads(t *testing.T) {
+	b := New(2)
+	defer b.Close()
+	defer func(v int) { attnGroupMin = v }(attnGroupMin)
+	for ci, c := range []struct {
+		t, l, hq, hkv, dk, dr, dv, k int
+		mqa                          bool
+	}{
+		{t: 3, l: 300, hq: 16, hkv: 1, dk: 64, dr: 16, dv: 64, k: 100, mqa: true},
+		{t: 2, l: 90, hq: 8, hkv: 2, dk: 24, dv: 16, k: 70},
+		{t: 5, l: 40, hq: 4, hkv: 1, dk: 33, dr: 5, dv: 33, k: 16, mqa: true},
+	} {
+		r := rand.New(rand.NewPCG(uint64(ci), 9))
+		rnd := func(n int) []float32 {
+			v := make([]float32, n)
+			for i := range v {
+				v[i] = float32(r.NormFloat64())
+			}
+			return v
+		}
+		up := func(v []float32, dims ...int) compute.Tensor {
+			x := must(b.Alloc(compute.F32, dims...))
+			must(0, b.Write(x, v))
+			return x
+		}
+		pos := make([]int32, c.t)
+		for i := range pos {
+			pos[i] = int32(c.l - c.t + i)
+		}
+		idx := make([]int32, c.t*c.hkv*c.k)
+		for i := range idx {
+			switch x := r.IntN(10); {
+			case x == 0:
+				idx[i] = -1
+			default:
+				idx[i] = int32(r.IntN(c.l)) // may repeat across lists, never within one below
+			}
+		}
+		for l := 0; l < c.t*c.hkv; l++ { // distinct entries per list
+			seen := map[int32]bool{}
+			for i := l * c.k; i < (l+1)*c.k; i++ {
+				for idx[i] >= 0 && seen[idx[i]] {
+					idx[i] = int32(r.IntN(c.l))
+				}
+				seen[idx[i]] = true
+			}
+		}
+		k := up(rnd(c.l*c.hkv*c.dk), c.l, c.hkv, c.dk)
+		v := k
+		if !c.mqa {
+			v = up(rnd(c.l*c.hkv*c.dv), c.l, c.hkv, c.dv)
+		}
+		ix := must(b.Alloc(compute.I32, c.t, c.hkv, c.k))
+		must(0, b.Write(ix, idx))
+		a := compute.AttnArgs{Q: up(rnd(c.t*c.hq*c.dk), c.t, c.hq, c.dk), K: k, V: v, Indices: ix, QPos: pos,
+			KVLen: c.l, Causal: true, Scale: 0.1, Out: must(b.Alloc(compute.F32, c.t, c.hq, c.dv)),
+			LSE: must(b.Alloc(compute.F32, c.t, c.hq))}
+		if c.dr > 0 {
+			a.QRope, a.KRope = up(rnd(c.t*c.hq*c.dr), c.t, c.hq, c.dr), up(rnd(c.l*c.dr), c.l, c.dr)
+		}
+		run := func(min int) ([]float32, []float32) {
+			attnGroupMin = min
+			if err := b.Attention(&a); err != nil {
+				t.Fatal(err)
+			}
+			out, lse := make([]float32, c.t*c.hq*c.dv), make([]float32, c.t*c.hq)
+			must(0, b.Read(out, a.Out))
+			must(0, b.Read(lse, a.LSE))
+			return out, lse
+		}
+		got, gotL := run(4)
+		want, wantL := run(math.MaxInt)
+		for i := range want {
+			if d := math.Abs(float64(got[i] - want[i])); d > 1e-5+1e-5*math.Abs(float64(want[i])) {
+				t.Fatalf("case %d: out[%d] = %g, key-by-key %g", ci, i, got[i], want[i])
+			}
+		}
+		for i := range wantL {
+			if d := math.Abs(float64(gotL[i] - wantL[i])); d > 1e-5+1e-5*math.Abs(float64(wantL[i])) {
+				t.Fatalf("case %d: lse[%d] = %g, key-by-key %g", ci, i, gotL[i], wantL[i])
+			}
+		}
+	}
+}

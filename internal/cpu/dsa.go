@@ -137,8 +137,9 @@ type attnScratch struct {
 	pos []int32
 	z   []float32
 	job attnJob
-	// dense blocked path (attnDenseRange)
-	qb, qrb, kb, krb, zb, e, rv, acc, m, l []float32
+	// dense blocked path (attnDenseRange), and gathered blocks of the
+	// grouped-head path of attnRange
+	qb, qrb, kb, krb, vb, zb, e, rv, acc, m, l []float32
 }
 
 var attnScratchPool = sync.Pool{New: func() any { return new(attnScratch) }}
@@ -310,6 +311,10 @@ func attnRange(args *kernel.Args, lo, hi int) {
 		}
 		for b0 := 0; b0 < len(pos); b0 += block {
 			blk := pos[b0:min(b0+block, len(pos))]
+			if hg >= attnGroupMin {
+				j.groupBlock(sc, item, p, row, g, blk)
+				continue
+			}
 			// Logits of every head of the group over the block; each key
 			// row is loaded once for all of them.
 			for bi, s := range blk {
@@ -466,5 +471,82 @@ func attnDenseRange(args *kernel.Args, lo, hi int) {
 				lse[r*j.hq+h] = sc.m[i] + float32(math.Log(float64(sc.l[i])))
 			}
 		}
+	}
+}
+
+// attnGroupMin is the number of query heads per kv head from which a key
+// block is gathered once and scored for all of them with the matrix
+// kernel (MLA in MQA form: every head shares the latent); tests raise it to
+// compare with the key-by-key path.
+var attnGroupMin = 4
+
+// groupBlock runs one block of positions for the hg query heads that share
+// kv head g in query row row: keys (and values) are gathered into
+// contiguous blocks, the logits of all heads are one matrix product, and
+// each head's accumulator takes the values as one rank update.
+func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) {
+	hg, dk, dr, dv, nk := j.hq/j.hkv, j.dk, j.dr, j.dv, len(blk)
+	// Scratch is sized for a whole block, so that blocks growing with the
+	// cache do not reallocate it step after step.
+	const most = 64 // attnRange's block
+	sc.kb, sc.zb = grow32(sc.kb, most*dk), grow32(sc.zb, 2*hg*most)
+	sc.e, sc.rv = grow32(sc.e, most), grow32(sc.rv, dv)
+	// MLA's MQA form reads the latent as both key and value.
+	shared := dk == dv && &j.k[0] == &j.v[0]
+	if !shared {
+		sc.vb = grow32(sc.vb, most*dv)
+	}
+	if dr > 0 {
+		sc.krb = grow32(sc.krb, most*dr)
+	}
+	for bi, s := range blk {
+		copy(sc.kb[bi*dk:(bi+1)*dk], j.k[(int(s)*j.hkv+g)*dk:])
+		if !shared {
+			copy(sc.vb[bi*dv:(bi+1)*dv], j.v[(int(s)*j.hkv+g)*dv:])
+		}
+		if dr > 0 {
+			copy(sc.krb[bi*dr:(bi+1)*dr], j.kr[int(s)*dr:(int(s)+1)*dr])
+		}
+	}
+	vb := sc.vb
+	if shared {
+		vb = sc.kb
+	}
+	q0 := row*j.hq + g*hg // the group's first query head
+	z := sc.zb[:hg*nk]
+	kernel.MatMulSerial(z, j.q[q0*dk:(q0+hg)*dk], sc.kb[:nk*dk], hg, nk, dk)
+	if dr > 0 {
+		zr := sc.zb[hg*nk : 2*hg*nk]
+		kernel.MatMulSerial(zr, j.qr[q0*dr:(q0+hg)*dr], sc.krb[:nk*dr], hg, nk, dr)
+		kernel.Add(z, z, zr)
+	}
+	kernel.Scale(z, j.scale)
+	for hh := 0; hh < hg; hh++ {
+		off := j.partOff(item, p, hh)
+		zh := z[hh*nk : (hh+1)*nk]
+		m := j.part[off]
+		for _, v := range zh {
+			m = max(m, v)
+		}
+		r := float32(1)
+		if !math.IsInf(float64(j.part[off]), -1) && m > j.part[off] {
+			r = kernel.Exp(j.part[off] - m)
+		}
+		j.part[off] = m
+		e := sc.e[:nk]
+		for x, v := range zh {
+			e[x] = v - m
+		}
+		kernel.ExpSlice(e)
+		sum := j.part[off+1] * r
+		for _, w := range e {
+			sum += w
+		}
+		j.part[off+1] = sum
+		rv := sc.rv[:dv]
+		for x := range rv {
+			rv[x] = r
+		}
+		kernel.RankUpdate(j.part[off+2:off+2+dv], rv, e, vb[:nk*dv], dv)
 	}
 }
