@@ -125,8 +125,10 @@ func TestAttnGroupedHeads(t *testing.T) {
 	defer func(v int) { attnGroupMin = v }(attnGroupMin)
 	for ci, c := range []struct {
 		t, l, hq, hkv, dk, dr, dv, k int
-		mqa                          bool
+		mqa, dense                   bool // dense: no index lists (contiguous blocks read in place)
 	}{
+		{t: 1, l: 150, hq: 8, hkv: 1, dk: 32, dr: 8, dv: 32, mqa: true, dense: true},
+		{t: 3, l: 70, hq: 8, hkv: 2, dk: 16, dv: 24, dense: true},
 		{t: 3, l: 300, hq: 16, hkv: 1, dk: 64, dr: 16, dv: 64, k: 100, mqa: true},
 		{t: 2, l: 90, hq: 8, hkv: 2, dk: 24, dv: 16, k: 70},
 		{t: 5, l: 40, hq: 4, hkv: 1, dk: 33, dr: 5, dv: 33, k: 16, mqa: true},
@@ -148,7 +150,7 @@ func TestAttnGroupedHeads(t *testing.T) {
 		for i := range pos {
 			pos[i] = int32(c.l - c.t + i)
 		}
-		idx := make([]int32, c.t*c.hkv*c.k)
+		idx := make([]int32, c.t*c.hkv*max(c.k, 1))
 		for i := range idx {
 			switch x := r.IntN(10); {
 			case x == 0:
@@ -171,8 +173,11 @@ func TestAttnGroupedHeads(t *testing.T) {
 		if !c.mqa {
 			v = up(rnd(c.l*c.hkv*c.dv), c.l, c.hkv, c.dv)
 		}
-		ix := must(b.Alloc(compute.I32, c.t, c.hkv, c.k))
-		must(0, b.Write(ix, idx))
+		var ix compute.Tensor
+		if !c.dense {
+			ix = must(b.Alloc(compute.I32, c.t, c.hkv, c.k))
+			must(0, b.Write(ix, idx))
+		}
 		a := compute.AttnArgs{Q: up(rnd(c.t*c.hq*c.dk), c.t, c.hq, c.dk), K: k, V: v, Indices: ix, QPos: pos,
 			KVLen: c.l, Causal: true, Scale: 0.1, Out: must(b.Alloc(compute.F32, c.t, c.hq, c.dv)),
 			LSE: must(b.Alloc(compute.F32, c.t, c.hq))}

@@ -499,25 +499,40 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 	if dr > 0 {
 		sc.krb = grow32(sc.krb, most*dr)
 	}
+	kb, krb, vb := sc.kb, sc.krb, sc.vb
+	contiguous := j.hkv == 1
 	for bi, s := range blk {
-		copy(sc.kb[bi*dk:(bi+1)*dk], j.k[(int(s)*j.hkv+g)*dk:])
-		if !shared {
-			copy(sc.vb[bi*dv:(bi+1)*dv], j.v[(int(s)*j.hkv+g)*dv:])
-		}
-		if dr > 0 {
-			copy(sc.krb[bi*dr:(bi+1)*dr], j.kr[int(s)*dr:(int(s)+1)*dr])
+		if s != blk[0]+int32(bi) {
+			contiguous = false
+			break
 		}
 	}
-	vb := sc.vb
-	if shared {
-		vb = sc.kb
+	if contiguous { // a run of one kv head's cache rows: read in place
+		s0 := int(blk[0])
+		kb, vb = j.k[s0*dk:(s0+nk)*dk], j.v[s0*dv:(s0+nk)*dv]
+		if dr > 0 {
+			krb = j.kr[s0*dr : (s0+nk)*dr]
+		}
+	} else {
+		for bi, s := range blk {
+			copy(kb[bi*dk:(bi+1)*dk], j.k[(int(s)*j.hkv+g)*dk:])
+			if !shared {
+				copy(vb[bi*dv:(bi+1)*dv], j.v[(int(s)*j.hkv+g)*dv:])
+			}
+			if dr > 0 {
+				copy(krb[bi*dr:(bi+1)*dr], j.kr[int(s)*dr:(int(s)+1)*dr])
+			}
+		}
+		if shared {
+			vb = kb
+		}
 	}
 	q0 := row*j.hq + g*hg // the group's first query head
 	z := sc.zb[:hg*nk]
-	kernel.MatMulSerial(z, j.q[q0*dk:(q0+hg)*dk], sc.kb[:nk*dk], hg, nk, dk)
+	kernel.MatMulSerial(z, j.q[q0*dk:(q0+hg)*dk], kb[:nk*dk], hg, nk, dk)
 	if dr > 0 {
 		zr := sc.zb[hg*nk : 2*hg*nk]
-		kernel.MatMulSerial(zr, j.qr[q0*dr:(q0+hg)*dr], sc.krb[:nk*dr], hg, nk, dr)
+		kernel.MatMulSerial(zr, j.qr[q0*dr:(q0+hg)*dr], krb[:nk*dr], hg, nk, dr)
 		kernel.Add(z, z, zr)
 	}
 	kernel.Scale(z, j.scale)
