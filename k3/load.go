@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"sort"
 	"strings"
+	"sync"
 
 	"k3/attnres"
 	"k3/dsa"
@@ -77,6 +78,9 @@ type Model struct {
 	act                  compute.Activation
 	tok                  tokenizer.Tokenizer
 	dense                bool // run DSA layers densely
+
+	wsMu   sync.Mutex
+	wsFree []*workspace // scratch for session runs, lent one per run
 }
 
 // layer holds one decoder layer's weights.

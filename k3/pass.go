@@ -20,6 +20,7 @@ type pass struct {
 	stream *attnres.Stream
 
 	ids                           compute.Tensor // [max] I32
+	idsHost                       []int32        // the pass's token ids on the host
 	x, h, normed, attnOut, mlpOut compute.Tensor // [max, D]
 	fh                            compute.Tensor // [max, D]
 	logits                        compute.Tensor // [max, V]
@@ -101,7 +102,10 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool) error {
 	t := len(tokens)
 	eps := float32(cfg.RMSNormEps)
 	ids := p.ids.Rows(0, t)
-	if err := b.Write(ids, tokens); err != nil {
+	// Through a pass-owned slice, passed by pointer: boxing the caller's
+	// slice in the interface would allocate on every step.
+	p.idsHost = append(p.idsHost[:0], tokens...)
+	if err := b.Write(ids, &p.idsHost); err != nil {
 		return err
 	}
 	x, h, normed := p.x.Rows(0, t), p.h.Rows(0, t), p.normed.Rows(0, t)

@@ -25,10 +25,8 @@ type Session struct {
 	m      *Model
 	kdaSt  []*kda.State
 	caches []*dsa.Cache
-	kdaL   []*kda.Layer
-	mlaL   []*dsa.Layer
-	p      *pass
-	mix    mixer // s.mixLayer, bound once
+	ws     *workspace // borrowed from the model for the length of a run
+	mix    mixer      // s.mixLayer, bound once
 	trace  *Trace
 	t      int // rows in the current pass
 	pos    int
@@ -46,44 +44,23 @@ func (m *Model) NewSession() (*Session, error) {
 	if s.limit <= 0 {
 		s.limit = 1 << 20
 	}
-	n, b := m.chunk, m.b
-	var err error
-	if s.p, err = newPass(m, n); err != nil {
-		return nil, err
-	}
+	b := m.b
 	s.mix = s.mixLayer
-	// One set of intermediates per layer shape (see kda.Layer.Share).
-	var firstKDA *kda.Layer
-	firstAttn := map[config.LayerKind]*dsa.Layer{}
 	for _, ly := range m.layers {
 		var ks *kda.State
-		var kl *kda.Layer
 		var c *dsa.Cache
-		var ml *dsa.Layer
+		var err error
 		switch ly.kind {
 		case config.KDA:
 			if ks, err = kda.NewState(b, ly.kdaCfg, 1); err != nil {
 				return nil, err
 			}
-			if firstKDA != nil {
-				kl = firstKDA.Share(ly.kda)
-			} else if kl, err = kda.NewLayer(b, ly.kdaCfg, ly.kda, n); err != nil {
-				return nil, err
-			}
-			firstKDA = kl
 		default:
-			if c, err = dsa.NewCache(b, ly.mlaCfg, min(s.limit, max(n, 64)), s.limit); err != nil {
+			if c, err = dsa.NewCache(b, ly.mlaCfg, min(s.limit, max(m.chunk, 64)), s.limit); err != nil {
 				return nil, err
 			}
-			if first := firstAttn[ly.kind]; first != nil {
-				ml = first.Share(ly.mla)
-			} else if ml, err = dsa.NewLayer(b, ly.mlaCfg, ly.mla, n); err != nil {
-				return nil, err
-			}
-			firstAttn[ly.kind] = ml
 		}
-		s.kdaSt, s.kdaL = append(s.kdaSt, ks), append(s.kdaL, kl)
-		s.caches, s.mlaL = append(s.caches, c), append(s.mlaL, ml)
+		s.kdaSt, s.caches = append(s.kdaSt, ks), append(s.caches, c)
 	}
 	return s, nil
 }
@@ -137,6 +114,12 @@ func (s *Session) run(ctx context.Context, tokens []int32, all bool, tr ...*Trac
 	if len(tr) > 0 {
 		trace = tr[0]
 	}
+	ws, err := s.m.workspace()
+	if err != nil {
+		return nil, err
+	}
+	s.ws = ws
+	defer func() { s.ws = nil; s.m.release(ws) }()
 	var out []float32
 	if all {
 		out = make([]float32, len(tokens)*v)
@@ -158,11 +141,11 @@ func (s *Session) run(ctx context.Context, tokens []int32, all bool, tr ...*Trac
 		rows := 1
 		if all {
 			rows = c1 - c0
-			if err := s.m.b.Read(out[c0*v:c1*v], s.p.logits.Rows(0, rows)); err != nil {
+			if err := s.m.b.Read(out[c0*v:c1*v], ws.p.logits.Rows(0, rows)); err != nil {
 				return nil, err
 			}
 			copy(s.last, out[(c1-1)*v:c1*v])
-		} else if err := s.m.b.Read(s.last, s.p.logits.Rows(0, 1)); err != nil {
+		} else if err := s.m.b.Read(&s.last, ws.p.logits.Rows(0, 1)); err != nil { // by pointer: no allocation
 			return nil, err
 		}
 	}
@@ -243,7 +226,9 @@ func (s *Session) Clone() (*Session, error) {
 }
 
 // StateBytes returns the memory the session's per-sequence state holds:
-// KDA states and conv caches, attention caches and scratch.
+// KDA states and conv caches and attention caches. Scratch is not the
+// session's: runs borrow it from the model (one set per pass running at
+// once).
 func (s *Session) StateBytes() int64 {
 	var n int64
 	for l := range s.kdaSt {
@@ -263,7 +248,7 @@ func (s *Session) step(tokens []int32, tr *Trace, allLogits bool) error {
 		return fmt.Errorf("%w: %d tokens after %d exceed %d", ErrContextFull, len(tokens), s.pos, s.limit)
 	}
 	s.trace, s.t = tr, len(tokens)
-	err := s.p.run(tokens, s.mix, tr, allLogits)
+	err := s.ws.p.run(tokens, s.mix, tr, allLogits)
 	s.trace = nil
 	if err != nil {
 		return err
@@ -274,18 +259,18 @@ func (s *Session) step(tokens []int32, tr *Trace, allLogits bool) error {
 
 // mixLayer runs layer l's token mixer for the session's rows.
 func (s *Session) mixLayer(l int, normed, out compute.Tensor) error {
-	if kl := s.kdaL[l]; kl != nil {
+	if kl := s.ws.kdaL[l]; kl != nil {
 		if s.t == 1 {
 			return kl.Decode(normed, s.kdaSt[l], out)
 		}
 		return kl.Prefill(normed, nil, s.kdaSt[l], out)
 	}
-	ml := s.mlaL[l]
+	ml := s.ws.mlaL[l]
 	if err := ml.Forward(normed, s.caches[l], out); err != nil {
 		return err
 	}
 	if s.trace != nil && s.m.layers[l].kind == config.DSA {
-		s.trace.DSAIndices = append(s.trace.DSAIndices, s.p.readI32(ml.Indices(s.t)))
+		s.trace.DSAIndices = append(s.trace.DSAIndices, s.ws.p.readI32(ml.Indices(s.t)))
 	}
 	return nil
 }
@@ -300,4 +285,68 @@ func (s *Session) KDAStateBytes() int64 {
 		}
 	}
 	return n
+}
+
+// A workspace holds the intermediates of one forward pass: the layers'
+// scratch, sized for the prefill chunk, and the pass's buffers. Sessions
+// borrow one for each run and give it back, so memory grows with the
+// number of passes running at once, not with the number of sessions.
+type workspace struct {
+	p    *pass
+	kdaL []*kda.Layer // nil at attention layers
+	mlaL []*dsa.Layer // nil at KDA layers
+}
+
+func (m *Model) newWorkspace() (*workspace, error) {
+	n, b := m.chunk, m.b
+	w := &workspace{}
+	var err error
+	if w.p, err = newPass(m, n); err != nil {
+		return nil, err
+	}
+	// One set of intermediates per layer shape (see kda.Layer.Share).
+	var firstKDA *kda.Layer
+	firstAttn := map[config.LayerKind]*dsa.Layer{}
+	for _, ly := range m.layers {
+		var kl *kda.Layer
+		var ml *dsa.Layer
+		switch ly.kind {
+		case config.KDA:
+			if firstKDA != nil {
+				kl = firstKDA.Share(ly.kda)
+			} else if kl, err = kda.NewLayer(b, ly.kdaCfg, ly.kda, n); err != nil {
+				return nil, err
+			}
+			firstKDA = kl
+		default:
+			if first := firstAttn[ly.kind]; first != nil {
+				ml = first.Share(ly.mla)
+			} else if ml, err = dsa.NewLayer(b, ly.mlaCfg, ly.mla, n); err != nil {
+				return nil, err
+			}
+			firstAttn[ly.kind] = ml
+		}
+		w.kdaL, w.mlaL = append(w.kdaL, kl), append(w.mlaL, ml)
+	}
+	return w, nil
+}
+
+// workspace lends a free workspace, making one when all are in use.
+func (m *Model) workspace() (*workspace, error) {
+	m.wsMu.Lock()
+	if n := len(m.wsFree); n > 0 {
+		w := m.wsFree[n-1]
+		m.wsFree = m.wsFree[:n-1]
+		m.wsMu.Unlock()
+		return w, nil
+	}
+	m.wsMu.Unlock()
+	return m.newWorkspace()
+}
+
+// release returns a workspace for the next run.
+func (m *Model) release(w *workspace) {
+	m.wsMu.Lock()
+	m.wsFree = append(m.wsFree, w)
+	m.wsMu.Unlock()
 }

@@ -15,10 +15,11 @@ type Backend interface {
 	// and unmodified while the tensor lives.
 	FromHost(dt DType, src DType, data []byte, dims ...int) (Tensor, error)
 	// Write copies host values (a []float32 or []int32 of dst.Len()
-	// elements) into dst.
+	// elements, or a pointer to one: boxing a pointer allocates nothing,
+	// which keeps a decode step allocation-free) into dst.
 	Write(dst Tensor, src any) error
 	// Read copies dst.Len() elements of src to the host (dst is a []float32
-	// or an []int32).
+	// or an []int32, or a pointer to one).
 	Read(dst any, src Tensor) error
 	// Free releases a tensor made by Alloc or FromHost; views are not freed.
 	Free(t Tensor)

@@ -3,6 +3,7 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"sync"
 
 	"k3/internal/compute"
 	"k3/internal/kernel"
@@ -39,7 +40,10 @@ func (b *Backend) AttnResPrepare(a *compute.AttnResPrepareArgs) error {
 	if len(num) != s*t*d || len(mx) != s*t || len(sum) != s*t {
 		return shapeErr("attnres outputs num %v max %v sum %v for %d queries of width %d", a.Num, a.Max, a.Sum, s, d)
 	}
-	blocks := make([][]float32, len(a.Blocks))
+	bp := blockListPool.Get().(*[][]float32)
+	defer blockListPool.Put(bp)
+	blocks := append((*bp)[:0], make([][]float32, len(a.Blocks))...)
+	*bp = blocks
 	for i, bt := range a.Blocks {
 		v, err := f32Of("attnres block", bt)
 		if err != nil {
@@ -163,3 +167,7 @@ func (b *Backend) AttnResUpdate(a *compute.AttnResUpdateArgs) error {
 	}
 	return nil
 }
+
+// blockListPool holds AttnResPrepare's list of block views, so that a
+// decode step allocates nothing.
+var blockListPool = sync.Pool{New: func() any { return new([][]float32) }}

@@ -180,23 +180,35 @@ func f32Of(name string, t compute.Tensor) ([]float32, error) {
 func (b *Backend) Write(dst compute.Tensor, src any) error {
 	switch s := src.(type) {
 	case []float32:
-		d, err := f32Of("dst", dst)
-		if err != nil {
-			return err
-		}
-		if len(s) != len(d) {
-			return shapeErr("writing %d values into %v", len(s), dst)
-		}
-		copy(d, s)
+		return writeF32(dst, s)
+	case *[]float32:
+		return writeF32(dst, *s)
 	case []int32:
-		d := I32(dst)
-		if dst.DType != compute.I32 || d == nil || len(s) != len(d) {
-			return shapeErr("writing %d int32s into %v", len(s), dst)
-		}
-		copy(d, s)
-	default:
-		return fmt.Errorf("cpu: write from %T: %w", src, compute.ErrUnsupported)
+		return writeI32(dst, s)
+	case *[]int32:
+		return writeI32(dst, *s)
 	}
+	return fmt.Errorf("cpu: write from %T: %w", src, compute.ErrUnsupported)
+}
+
+func writeF32(dst compute.Tensor, s []float32) error {
+	d, err := f32Of("dst", dst)
+	if err != nil {
+		return err
+	}
+	if len(s) != len(d) {
+		return shapeErr("writing %d values into %v", len(s), dst)
+	}
+	copy(d, s)
+	return nil
+}
+
+func writeI32(dst compute.Tensor, s []int32) error {
+	d := I32(dst)
+	if dst.DType != compute.I32 || d == nil || len(s) != len(d) {
+		return shapeErr("writing %d int32s into %v", len(s), dst)
+	}
+	copy(d, s)
 	return nil
 }
 
@@ -204,27 +216,39 @@ func (b *Backend) Write(dst compute.Tensor, src any) error {
 func (b *Backend) Read(dst any, src compute.Tensor) error {
 	switch d := dst.(type) {
 	case []float32:
-		if len(d) != src.Len() {
-			return shapeErr("reading %v into %d values", src, len(d))
-		}
-		switch src.DType {
-		case compute.F32:
-			copy(d, F32(src))
-		case compute.BF16:
-			floatx.BF16ToF32(d, U16(src))
-		case compute.F16:
-			floatx.F16ToF32(d, U16(src))
-		default:
-			return shapeErr("reading %v as float32", src)
-		}
+		return readF32(d, src)
+	case *[]float32:
+		return readF32(*d, src)
 	case []int32:
-		s := I32(src)
-		if s == nil || len(d) != len(s) {
-			return shapeErr("reading %v into %d int32s", src, len(d))
-		}
-		copy(d, s)
-	default:
-		return fmt.Errorf("cpu: read into %T: %w", dst, compute.ErrUnsupported)
+		return readI32(d, src)
+	case *[]int32:
+		return readI32(*d, src)
 	}
+	return fmt.Errorf("cpu: read into %T: %w", dst, compute.ErrUnsupported)
+}
+
+func readF32(d []float32, src compute.Tensor) error {
+	if len(d) != src.Len() {
+		return shapeErr("reading %v into %d values", src, len(d))
+	}
+	switch src.DType {
+	case compute.F32:
+		copy(d, F32(src))
+	case compute.BF16:
+		floatx.BF16ToF32(d, U16(src))
+	case compute.F16:
+		floatx.F16ToF32(d, U16(src))
+	default:
+		return shapeErr("reading %v as float32", src)
+	}
+	return nil
+}
+
+func readI32(d []int32, src compute.Tensor) error {
+	s := I32(src)
+	if s == nil || len(d) != len(s) {
+		return shapeErr("reading %v into %d int32s", src, len(d))
+	}
+	copy(d, s)
 	return nil
 }

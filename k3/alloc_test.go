@@ -1,0 +1,38 @@
+package k3
+
+import (
+	"context"
+	"testing"
+)
+
+// TestDecodeAllocations checks that a decode step of a warm session, the
+// hot path of generation, allocates nothing beyond the amortised growth of
+// the session's token history (the race detector's instrumentation
+// allocates, so it is skipped there).
+func TestDecodeAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	ctx := context.Background()
+	m, err := LoadTiny(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	s, err := m.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.run(ctx, []int32{1, 2, 3, 4}, false); err != nil {
+		t.Fatal(err)
+	}
+	tok := []int32{5}
+	allocs := testing.AllocsPerRun(200, func() {
+		if _, err := s.run(ctx, tok, false); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs > 0 {
+		t.Errorf("a decode step allocates %v times", allocs)
+	}
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package k3
+
+const raceEnabled = false
