@@ -202,7 +202,7 @@ func (r *ModelResult) Table() string {
 	fmt.Fprintf(&b, "  memory: weights %.1f MB in the checkpoint + %.2f MB state per session (after a 512-token prompt)\n",
 		float64(r.WeightBytes)/1e6, float64(r.StateBytesPerSession)/1e6)
 	if r.RSSGrowth > 0 {
-		fmt.Fprintf(&b, "  process RSS grew %.1f MB from before Load to after the first prefill (weights touched, load-time copies, one session with its scratch)\n",
+		fmt.Fprintf(&b, "  process RSS grew %.1f MB from before Load to after the first prefill (weights touched, load-time copies, one pass's scratch)\n",
 			float64(r.RSSGrowth)/1e6)
 	}
 	return b.String()
