@@ -36,3 +36,43 @@ func TestDecodeAllocations(t *testing.T) {
 		t.Errorf("a decode step allocates %v times", allocs)
 	}
 }
+
+// TestBatchStepAllocations checks the same for a batched decode step.
+func TestBatchStepAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	ctx := context.Background()
+	m, err := LoadTiny(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	bt, err := m.NewBatch(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ss []*Session
+	for i := 0; i < 3; i++ {
+		s, err := m.NewSession()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Forward(ctx, []int32{1, int32(2 + i)}, nil); err != nil {
+			t.Fatal(err)
+		}
+		ss = append(ss, s)
+	}
+	toks := []int32{5, 6, 7}
+	if err := bt.Step(ctx, ss, toks); err != nil {
+		t.Fatal(err)
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		if err := bt.Step(ctx, ss, toks); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs > 0 {
+		t.Errorf("a batched decode step allocates %v times", allocs)
+	}
+}

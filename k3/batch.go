@@ -107,7 +107,7 @@ func (bt *Batch) Step(ctx context.Context, sessions []*Session, tokens []int32) 
 		if s.last == nil {
 			s.last = make([]float32, v)
 		}
-		if err := b.Read(s.last, bt.p.logits.Rows(i, i+1)); err != nil {
+		if err := b.Read(&s.last, bt.p.logits.Rows(i, i+1)); err != nil { // by pointer: no allocation
 			return err
 		}
 		s.pos++
