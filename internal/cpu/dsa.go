@@ -372,8 +372,9 @@ var attnDenseMin = denseRows
 // row's accumulator takes the block's values as one rank update.
 func (b *Backend) attnDense(j *attnJob) error {
 	nb := (j.t + denseRows - 1) / denseRows
-	// Head-major items: each worker's contiguous share holds whole heads,
-	// so the causal triangle's cost splits evenly.
+	// Head-major items: with as many heads as workers or more, each
+	// worker's contiguous share is made of whole heads, so the causal
+	// triangle's cost splits evenly.
 	b.pool.Run(attnDenseRange, kernel.Args{Job: j}, j.hq*nb, 1)
 	return nil
 }
