@@ -98,11 +98,12 @@ func (s *specials) split(text string, plain func(string), special func(int32)) {
 
 // BPE is a tiktoken byte-pair encoder.
 type BPE struct {
-	ranks   map[string]int32
-	decoder [][]byte
-	sp      specials
-	vocab   int
-	pieces  []string // scratch
+	ranks        map[string]int32
+	decoder      [][]byte         // by rank
+	specialBytes map[int32][]byte // special tokens' text by id
+	sp           specials
+	vocab        int
+	pieces       []string // scratch
 }
 
 // NewBPE builds an encoder from mergeable ranks (token bytes → id) and
@@ -111,25 +112,22 @@ func NewBPE(ranks map[string]int32, special map[string]int32) (*BPE, error) {
 	if err := checkSpecialNames(special); err != nil {
 		return nil, err
 	}
-	t := &BPE{ranks: ranks, sp: newSpecials(special)}
+	t := &BPE{ranks: ranks, sp: newSpecials(special), specialBytes: map[int32][]byte{}}
+	nRanks := 0
 	for _, id := range ranks {
 		if id < 0 {
 			return nil, fmt.Errorf("%w: rank %d is negative", ErrFormat, id)
 		}
-		t.vocab = max(t.vocab, int(id)+1)
+		nRanks = max(nRanks, int(id)+1)
 	}
-	for _, id := range special {
-		if id < 0 {
-			return nil, fmt.Errorf("%w: special token id %d is negative", ErrFormat, id)
-		}
-		t.vocab = max(t.vocab, int(id)+1)
+	// Ranks index the decoder table: a stray huge rank must be an error, not
+	// a multi-gigabyte allocation. Tiktoken ranks are dense; special tokens
+	// may sit anywhere above them and are kept in a map.
+	if nRanks > 2*len(ranks)+1024 {
+		return nil, fmt.Errorf("%w: ranks reach %d for %d tokens; ranks must be dense", ErrFormat, nRanks-1, len(ranks))
 	}
-	// Ids index the decoder table: a stray huge rank must be an error, not
-	// a multi-gigabyte allocation. Real vocabularies are dense.
-	if n := len(ranks) + len(special); t.vocab > 2*n+1024 {
-		return nil, fmt.Errorf("%w: ids reach %d for %d tokens; ranks must be dense", ErrFormat, t.vocab-1, n)
-	}
-	t.decoder = make([][]byte, t.vocab)
+	t.vocab = nRanks
+	t.decoder = make([][]byte, nRanks)
 	for tok, id := range ranks {
 		if t.decoder[id] != nil {
 			return nil, fmt.Errorf("%w: rank %d used twice", ErrFormat, id)
@@ -137,10 +135,14 @@ func NewBPE(ranks map[string]int32, special map[string]int32) (*BPE, error) {
 		t.decoder[id] = []byte(tok)
 	}
 	for name, id := range special {
-		if t.decoder[id] != nil {
+		if id < 0 {
+			return nil, fmt.Errorf("%w: special token id %d is negative", ErrFormat, id)
+		}
+		if int(id) < nRanks && t.decoder[id] != nil || t.specialBytes[id] != nil {
 			return nil, fmt.Errorf("%w: special token %q reuses id %d", ErrFormat, name, id)
 		}
-		t.decoder[id] = []byte(name)
+		t.specialBytes[id] = []byte(name)
+		t.vocab = max(t.vocab, int(id)+1)
 	}
 	for b := 0; b < 256; b++ {
 		if _, ok := ranks[string([]byte{byte(b)})]; !ok {
@@ -226,10 +228,10 @@ func (t *BPE) encodePiece(out []int32, piece string) []int32 {
 
 // TokenBytes implements Tokenizer.
 func (t *BPE) TokenBytes(id int32) []byte {
-	if id < 0 || int(id) >= len(t.decoder) {
-		return nil
+	if id >= 0 && int(id) < len(t.decoder) && t.decoder[id] != nil {
+		return t.decoder[id]
 	}
-	return t.decoder[id]
+	return t.specialBytes[id]
 }
 
 // Special implements Tokenizer.

@@ -207,3 +207,28 @@ func FuzzLoadFS(f *testing.F) {
 		_ = Decode(tok, []int32{0, 1, 2, 300, vocab - 1})
 	})
 }
+
+// TestSpecialsAboveRanks: Kimi's special tokens sit far above a small rank
+// table (ids from 163584); they must load without a table of that size.
+func TestSpecialsAboveRanks(t *testing.T) {
+	bpe, err := NewBPE(testRanks(), map[string]int32{"<|im_end|>": 163586, "<|im_user|>": 163587})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := bpe.VocabSize(); got != 163588 {
+		t.Fatalf("vocab size %d, want 163588", got)
+	}
+	ids := bpe.Encode("hello<|im_end|>", true)
+	if len(ids) == 0 || ids[len(ids)-1] != 163586 {
+		t.Fatalf("encode: %v", ids)
+	}
+	if got := string(bpe.TokenBytes(163587)); got != "<|im_user|>" {
+		t.Fatalf("token bytes %q", got)
+	}
+	if got := Decode(bpe, ids); got != "hello<|im_end|>" {
+		t.Fatalf("decode %q", got)
+	}
+	if _, err := NewBPE(testRanks(), map[string]int32{"<x>": 3}); err == nil {
+		t.Fatal("a special token reusing rank 3 was accepted")
+	}
+}
