@@ -509,3 +509,35 @@ func TestRankUpdate(t *testing.T) {
 		}
 	}
 }
+
+// TestSiTUAccuracy sweeps SiTU's gate and up inputs (tiny, around the
+// series/exponential switch, large, both signs) against float64, with and
+// without the up branch's clip, on lengths that leave partial rounds.
+func TestSiTUAccuracy(t *testing.T) {
+	r := rand.New(rand.NewPCG(47, 48))
+	var g, u []float32
+	for _, v := range []float32{0, 1e-30, -1e-6, 1e-3, 0.29, 0.3, 0.31, -1.2, 1.19, 1.21, 3, -7, 40, 100, -200, 1e4} {
+		for _, w := range []float32{0, -1e-5, 0.5, 7.4, 7.6, -30, 500} {
+			g, u = append(g, v), append(u, w)
+		}
+	}
+	for i := 0; i < 1000; i++ {
+		g = append(g, float32(r.NormFloat64()*5))
+		u = append(u, float32(r.NormFloat64()*30))
+	}
+	for _, lin := range []float32{25, 0} {
+		dst := make([]float32, len(g))
+		SiTU(dst, g, u, 4, lin)
+		for i := range g {
+			gg, uu := float64(g[i]), float64(u[i])
+			up := uu
+			if lin != 0 {
+				up = float64(lin) * math.Tanh(uu/float64(lin))
+			}
+			want := 4 * math.Tanh(gg/4) / (1 + math.Exp(-gg)) * up
+			if d := math.Abs(float64(dst[i]) - want); d > 4e-7*math.Abs(want)+1e-30 {
+				t.Fatalf("lin %g: situ(%g, %g) = %g, want %g (rel err %.2g)", lin, g[i], u[i], dst[i], want, d/math.Abs(want))
+			}
+		}
+	}
+}

@@ -98,17 +98,55 @@ func SwiGLU(dst, gate, up []float32) {
 
 // SiTU writes dst[i] = beta*tanh(g/beta)*sigmoid(g) * linBeta*tanh(u/linBeta),
 // Kimi K3's gated activation; linBeta 0 leaves the up branch unclipped.
+// The exponentials run eight at a time (ExpSlice, SigmoidSlice), 64
+// elements per round in stack buffers, so the activation costs little next
+// to the expert products it sits between.
 func SiTU(dst, gate, up []float32, beta, linBeta float32) {
-	up = up[:len(gate)]
-	for i, g := range gate {
-		a := beta * float32(math.Tanh(float64(g/beta))) * Sigmoid(g)
-		u := up[i]
-		if linBeta != 0 {
-			u = linBeta * float32(math.Tanh(float64(u/linBeta)))
+	up, dst = up[:len(gate)], dst[:len(gate)]
+	var sg, eg, eu [64]float32
+	for i0 := 0; i0 < len(gate); i0 += len(sg) {
+		c := min(len(sg), len(gate)-i0)
+		g, u := gate[i0:i0+c], up[i0:i0+c]
+		for i, v := range g {
+			sg[i] = v
+			eg[i] = 2 * abs32(v/beta)
 		}
-		dst[i] = a * u
+		SigmoidSlice(sg[:c])
+		ExpSlice(eg[:c])
+		if linBeta != 0 {
+			for i, v := range u {
+				eu[i] = 2 * abs32(v/linBeta)
+			}
+			ExpSlice(eu[:c])
+		}
+		for i, v := range g {
+			a := beta * tanhExp(v/beta, eg[i]) * sg[i]
+			w := u[i]
+			if linBeta != 0 {
+				w = linBeta * tanhExp(w/linBeta, eu[i])
+			}
+			dst[i0+i] = a * w
+		}
 	}
 }
+
+// tanhExp returns tanh(x) given e2 = exp(2|x|): 1 - 2/(e2+1) with the sign
+// of x, and near zero, where that form cancels, the Taylor series (its
+// first omitted term is below 2e-8 relative for |x| < 0.3).
+func tanhExp(x, e2 float32) float32 {
+	ax := abs32(x)
+	if ax < 0.3 {
+		x2 := x * x
+		return x * (1 + x2*(-1.0/3+x2*(2.0/15+x2*(-17.0/315+x2*(62.0/2835)))))
+	}
+	t := 1 - 2/(e2+1) // e2 = +Inf gives 1
+	if x < 0 {
+		return -t
+	}
+	return t
+}
+
+func abs32(x float32) float32 { return math.Float32frombits(math.Float32bits(x) &^ (1 << 31)) }
 
 // Softmax replaces x by softmax(x), subtracting the maximum first. A row of
 // all -Inf becomes all zeros.
