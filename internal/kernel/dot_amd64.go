@@ -84,3 +84,12 @@ func dot2x8F32AVX512(x *float32, xstride int, w *float32, wstride, k int, out *f
 
 //go:noescape
 func rankUpdateAVX2(row, e, a, b *float32, ldb, c, n int)
+
+//go:noescape
+func addAVX2(dst, a, b *float32, n int)
+
+//go:noescape
+func mulAVX2(dst, a, b *float32, n int)
+
+//go:noescape
+func subAVX2(dst, a, b *float32, n int)

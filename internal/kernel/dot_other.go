@@ -74,3 +74,7 @@ func dot2x8F32AVX512(x *float32, xstride int, w *float32, wstride, k int, out *f
 func rankUpdateAVX2(row, e, a, b *float32, ldb, c, n int) {
 	panic("kernel: no assembly on this platform")
 }
+
+func addAVX2(dst, a, b *float32, n int) { panic("kernel: no assembly on this platform") }
+func mulAVX2(dst, a, b *float32, n int) { panic("kernel: no assembly on this platform") }
+func subAVX2(dst, a, b *float32, n int) { panic("kernel: no assembly on this platform") }

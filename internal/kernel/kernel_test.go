@@ -541,3 +541,37 @@ func TestSiTUAccuracy(t *testing.T) {
 		}
 	}
 }
+
+// TestElementwise checks Add, Sub and Mul bitwise against the scalar loops,
+// on lengths with partial vectors and with dst aliasing an operand.
+func TestElementwise(t *testing.T) {
+	r := rand.New(rand.NewPCG(49, 50))
+	ops := []struct {
+		name string
+		f    func(dst, a, b []float32)
+		want func(a, b float32) float32
+	}{
+		{"add", Add, func(a, b float32) float32 { return a + b }},
+		{"sub", Sub, func(a, b float32) float32 { return a - b }},
+		{"mul", Mul, func(a, b float32) float32 { return a * b }},
+	}
+	for _, op := range ops {
+		for _, n := range []int{0, 1, 7, 8, 31, 32, 33, 100} {
+			a, b := randSlice(r, n), randSlice(r, n)
+			dst := make([]float32, n)
+			op.f(dst, a, b)
+			for i := range dst {
+				if dst[i] != op.want(a[i], b[i]) {
+					t.Fatalf("%s n=%d [%d]: %g", op.name, n, i, dst[i])
+				}
+			}
+			in := append([]float32(nil), a...)
+			op.f(in, in, b) // in place
+			for i := range in {
+				if in[i] != dst[i] {
+					t.Fatalf("%s in place n=%d [%d]: %g want %g", op.name, n, i, in[i], dst[i])
+				}
+			}
+		}
+	}
+}

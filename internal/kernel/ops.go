@@ -171,19 +171,29 @@ func Softmax(x []float32) {
 	}
 }
 
-// Add writes dst[i] = a[i] + b[i].
+// Add writes dst[i] = a[i] + b[i]; dst may be a or b.
 func Add(dst, a, b []float32) {
-	b = b[:len(a)]
-	for i, v := range a {
-		dst[i] = v + b[i]
+	b, dst = b[:len(a)], dst[:len(a)]
+	i := 0
+	if useAVX2 && len(a) >= 8 {
+		i = len(a) &^ 7
+		addAVX2(&dst[0], &a[0], &b[0], i)
+	}
+	for ; i < len(a); i++ {
+		dst[i] = a[i] + b[i]
 	}
 }
 
-// Mul writes dst[i] = a[i] * b[i].
+// Mul writes dst[i] = a[i] * b[i]; dst may be a or b.
 func Mul(dst, a, b []float32) {
-	b = b[:len(a)]
-	for i, v := range a {
-		dst[i] = v * b[i]
+	b, dst = b[:len(a)], dst[:len(a)]
+	i := 0
+	if useAVX2 && len(a) >= 8 {
+		i = len(a) &^ 7
+		mulAVX2(&dst[0], &a[0], &b[0], i)
+	}
+	for ; i < len(a); i++ {
+		dst[i] = a[i] * b[i]
 	}
 }
 
@@ -246,11 +256,16 @@ func RowUpdateDot(row, e, k, q []float32, a float32) float32 {
 	return s
 }
 
-// Sub writes dst[i] = a[i] - b[i].
+// Sub writes dst[i] = a[i] - b[i]; dst may be a or b.
 func Sub(dst, a, b []float32) {
-	b = b[:len(a)]
-	for i, v := range a {
-		dst[i] = v - b[i]
+	b, dst = b[:len(a)], dst[:len(a)]
+	i := 0
+	if useAVX2 && len(a) >= 8 {
+		i = len(a) &^ 7
+		subAVX2(&dst[0], &a[0], &b[0], i)
+	}
+	for ; i < len(a); i++ {
+		dst[i] = a[i] - b[i]
 	}
 }
 
