@@ -449,6 +449,13 @@ func (l *Layer) Forward(x compute.Tensor, cache *Cache, y compute.Tensor) error 
 		if indices, err = l.index(x, qin, cache, pos); err != nil {
 			return err
 		}
+		// While no row sees more than K positions, the top K of every row is
+		// all it sees, so attention is dense (the same sum in another
+		// order), and the dense path is the faster one. The index lists
+		// stay in place for Indices.
+		if p0+t <= cfg.Indexer.TopK {
+			indices = compute.Tensor{}
+		}
 	}
 	cache.Len = p0 + t
 	// MHA form decompresses every cached position: worth it for long passes,
@@ -686,6 +693,9 @@ func (l *Layer) ForwardBatch(x compute.Tensor, caches []*Cache, y compute.Tensor
 			var err error
 			if indices, err = l.indexRow(c, pos, i); err != nil {
 				return err
+			}
+			if p+1 <= cfg.Indexer.TopK { // dense while it is, as in Forward
+				indices = compute.Tensor{}
 			}
 		}
 		c.Len = p + 1
