@@ -149,10 +149,8 @@ func (b *Backend) AttnResUpdate(a *compute.AttnResUpdateArgs) error {
 			if sum[tok] == 0 {
 				return fmt.Errorf("cpu: attnres update: no sources for token %d (empty history and no partial)", tok)
 			}
-			inv := 1 / sum[tok]
-			for i := range out {
-				out[i] = n[i] * inv
-			}
+			copy(out, n)
+			kernel.Scale(out, 1/sum[tok])
 			continue
 		}
 		row := p[tok*d : (tok+1)*d]
@@ -161,9 +159,7 @@ func (b *Backend) AttnResUpdate(a *compute.AttnResUpdateArgs) error {
 		e1 := float32(math.Exp(float64(mx[tok] - m)))
 		e2 := float32(math.Exp(float64(s - m)))
 		inv := 1 / (sum[tok]*e1 + e2)
-		for i := range out {
-			out[i] = (n[i]*e1 + row[i]*e2) * inv
-		}
+		kernel.Mix(out, n, row, e1, e2, inv)
 	}
 	return nil
 }

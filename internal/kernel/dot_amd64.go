@@ -93,3 +93,6 @@ func mulAVX2(dst, a, b *float32, n int)
 
 //go:noescape
 func subAVX2(dst, a, b *float32, n int)
+
+//go:noescape
+func mixAVX2(out, x, y *float32, a, b, c float32, n int)

@@ -1420,3 +1420,33 @@ vstail:
 vsdone:
 	VZEROUPPER
 	RET
+
+// func mixAVX2(out, x, y *float32, a, b, c float32, n int)
+// out[i] = (x[i]*a + y[i]*b) * c for n % 8 == 0, every product and sum
+// rounded on its own (no FMA), as the scalar loop computes it.
+TEXT ·mixAVX2(SB), NOSPLIT, $0-48
+	MOVQ out+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ y+16(FP), DX
+	VBROADCASTSS a+24(FP), Y5
+	VBROADCASTSS b+28(FP), Y6
+	VBROADCASTSS c+32(FP), Y7
+	MOVQ n+40(FP), CX
+
+mxloop:
+	CMPQ CX, $8
+	JL   mxdone
+	VMULPS (SI), Y5, Y0
+	VMULPS (DX), Y6, Y1
+	VADDPS Y1, Y0, Y0
+	VMULPS Y7, Y0, Y0
+	VMOVUPS Y0, (DI)
+	ADDQ $32, DI
+	ADDQ $32, SI
+	ADDQ $32, DX
+	SUBQ $8, CX
+	JMP  mxloop
+
+mxdone:
+	VZEROUPPER
+	RET

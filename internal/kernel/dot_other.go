@@ -78,3 +78,7 @@ func rankUpdateAVX2(row, e, a, b *float32, ldb, c, n int) {
 func addAVX2(dst, a, b *float32, n int) { panic("kernel: no assembly on this platform") }
 func mulAVX2(dst, a, b *float32, n int) { panic("kernel: no assembly on this platform") }
 func subAVX2(dst, a, b *float32, n int) { panic("kernel: no assembly on this platform") }
+
+func mixAVX2(out, x, y *float32, a, b, c float32, n int) {
+	panic("kernel: no assembly on this platform")
+}

@@ -575,3 +575,18 @@ func TestElementwise(t *testing.T) {
 		}
 	}
 }
+
+func TestMix(t *testing.T) {
+	r := rand.New(rand.NewPCG(51, 52))
+	for _, n := range []int{0, 1, 7, 8, 9, 100} {
+		x, y := randSlice(r, n), randSlice(r, n)
+		out := make([]float32, n)
+		a, b, c := float32(0.3), float32(1.7), float32(0.41)
+		Mix(out, x, y, a, b, c)
+		for i := range out {
+			if want := float32(float32(float32(x[i]*a)+float32(y[i]*b)) * c); out[i] != want {
+				t.Fatalf("n=%d [%d]: %g want %g (bitwise)", n, i, out[i], want)
+			}
+		}
+	}
+}

@@ -322,3 +322,18 @@ func RankUpdate(row, e, a, b []float32, ldb int) {
 		row[x] = acc
 	}
 }
+
+// Mix writes out[i] = (x[i]·a + y[i]·b)·c, each product and sum rounded on
+// its own (no fused multiply-add) on every path: the merge of an AttnRes
+// partial into its running softmax.
+func Mix(out, x, y []float32, a, b, c float32) {
+	x, y = x[:len(out)], y[:len(out)]
+	i := 0
+	if useAVX2 && len(out) >= 8 {
+		i = len(out) &^ 7
+		mixAVX2(&out[0], &x[0], &y[0], a, b, c, i)
+	}
+	for ; i < len(out); i++ {
+		out[i] = float32(float32(float32(x[i]*a)+float32(y[i]*b)) * c)
+	}
+}
