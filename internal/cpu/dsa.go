@@ -12,7 +12,41 @@ import (
 
 // indexerScratch holds one LightningIndexer call's head scores.
 type indexerScratch struct {
-	hs, row []float32
+	row []float32
+	job indexerJob
+}
+
+// indexerJob scores one query row's visible keys, a block of keys per work
+// item: the block's per-head scores stay in cache between the product that
+// makes them and the ReLU-weighted sum that reads them.
+type indexerJob struct {
+	q, k, w, sr []float32 // the row's queries [H·D], its keys [vis·D], head weights [H], scores [vis]
+	hi, di, vis int
+}
+
+// indexerBlock is the keys per work item (hi·indexerBlock scores in flight).
+const indexerBlock = 512
+
+var indexerBlockPool = sync.Pool{New: func() any { return new([]float32) }}
+
+func indexerRange(args *kernel.Args, lo, hi int) {
+	j := args.Job.(*indexerJob)
+	bp := indexerBlockPool.Get().(*[]float32)
+	defer indexerBlockPool.Put(bp)
+	*bp = grow32(*bp, j.hi*indexerBlock)
+	for blk := lo; blk < hi; blk++ {
+		s0, s1 := blk*indexerBlock, min((blk+1)*indexerBlock, j.vis)
+		nb := s1 - s0
+		hs := (*bp)[:j.hi*nb]
+		// hs[h, s] = q[h] · k[s]: the same arithmetic per score as one
+		// product over all keys, so exact ties stay exact.
+		kernel.MatMulSerial(hs, j.q, j.k[s0*j.di:s1*j.di], j.hi, nb, j.di)
+		sr := j.sr[s0:s1]
+		clear(sr)
+		for h := 0; h < j.hi; h++ {
+			kernel.ReLUAxpy(sr, j.w[h], hs[h*nb:(h+1)*nb])
+		}
+	}
 }
 
 var indexerScratchPool = sync.Pool{New: func() any { return new(indexerScratch) }}
@@ -90,17 +124,11 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 			return fmt.Errorf("cpu: indexer: query row %d at position %d, outside its sequence's %d cached keys", row, pos, k1-k0)
 		}
 		vis := min(pos+1, k1-k0)
-		sc.hs = grow32(sc.hs, hi*max(vis, 1))
 		sc.row = grow32(sc.row, max(vis, 1))
-		if vis > 0 {
-			// hs[h, s] = q[row, h] · k[s]
-			b.pool.MatMul(sc.hs[:hi*vis], q[row*hi*di:(row+1)*hi*di], k[k0*di:(k0+vis)*di], hi, vis, di)
-		}
 		sr := sc.row[:vis]
-		clear(sr)
-		for h := 0; h < hi; h++ {
-			kernel.ReLUAxpy(sr, w[row*hi+h], sc.hs[h*vis:(h+1)*vis])
-		}
+		sc.job = indexerJob{q: q[row*hi*di : (row+1)*hi*di], k: k[k0*di : (k0+vis)*di], w: w[row*hi : (row+1)*hi],
+			sr: sr, hi: hi, di: di, vis: vis}
+		b.pool.Run(indexerRange, kernel.Args{Job: &sc.job}, (vis+indexerBlock-1)/indexerBlock, 1)
 		out := idx[row*a.TopK : (row+1)*a.TopK]
 		n := kernel.TopK(out, nil, sr, a.TopK)
 		for i := n; i < len(out); i++ {
