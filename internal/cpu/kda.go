@@ -200,9 +200,9 @@ func (j *kdaJob) load(sc *kdaScratch, hd, t0, t1 int) {
 			copy(g, raw)
 		case compute.GateSoftplus:
 			rate := -float32(math.Exp(float64(j.alog[hd])))
-			for c := range g {
-				g[c] = rate * kernel.Softplus(raw[c]+j.dtb[hd*dk+c])
-			}
+			kernel.Add(g, raw, j.dtb[hd*dk:(hd+1)*dk])
+			kernel.SoftplusSlice(g)
+			kernel.Scale(g, rate)
 		case compute.GateLowerBound:
 			rate := float32(math.Exp(float64(j.alog[hd])))
 			for c := range g {

@@ -158,9 +158,9 @@ func stepHeads(args *kernel.Args, lo, hi int) {
 			kernel.SigmoidSlice(g)
 			kernel.Scale(g, w.LowerBound)
 		} else {
-			for c := range g {
-				g[c] = -rate * kernel.Softplus(raw[c]+j.dtb[hh*d+c])
-			}
+			kernel.Add(g, raw, j.dtb[hh*d:(hh+1)*d])
+			kernel.SoftplusSlice(g)
+			kernel.Scale(g, -rate)
 		}
 		beta := kernel.Sigmoid(sc.braw[s*h+hh])
 		st := sc.states[s][hh*d*d : (hh+1)*d*d]

@@ -116,9 +116,8 @@ func (b *Backend) Unary(op compute.UnaryOp, dst, x compute.Tensor) error {
 		copy(ds, xs)
 		kernel.SigmoidSlice(ds)
 	case compute.Softplus:
-		for i, v := range xs {
-			ds[i] = kernel.Softplus(v)
-		}
+		copy(ds, xs)
+		kernel.SoftplusSlice(ds)
 	default:
 		return fmt.Errorf("cpu: unary op %d: %w", op, compute.ErrUnsupported)
 	}

@@ -590,3 +590,28 @@ func TestMix(t *testing.T) {
 		}
 	}
 }
+
+// TestSoftplusAccuracy sweeps Softplus against float64 and checks that
+// SoftplusSlice gives the same bits.
+func TestSoftplusAccuracy(t *testing.T) {
+	r := rand.New(rand.NewPCG(53, 54))
+	xs := []float32{0, 1e-30, -1e-7, 1e-3, -0.5, 0.5, 1, -1, 5, -5, 15, 20, 21, 40, -40, -87, -88, -103, -200, 100, 1e4}
+	for i := 0; i < 2000; i++ {
+		xs = append(xs, float32(r.NormFloat64()*12))
+	}
+	got := append([]float32(nil), xs...)
+	SoftplusSlice(got)
+	for i, x := range xs {
+		want := math.Log1p(math.Exp(float64(x)))
+		if x > 30 {
+			want = float64(x) + math.Exp(-float64(x))
+		}
+		s := Softplus(x)
+		if d := math.Abs(float64(s) - want); d > 3e-7*want+1.2e-38 { // below float32's normal range, exp flushes to 0
+			t.Fatalf("softplus(%g) = %g, want %g (rel err %.2g)", x, s, want, d/want)
+		}
+		if got[i] != s {
+			t.Fatalf("SoftplusSlice(%g) = %g, Softplus %g", x, got[i], s)
+		}
+	}
+}

@@ -55,10 +55,40 @@ func SiLU(x float32) float32 { return x * Sigmoid(x) }
 
 // Softplus returns log(1 + e^x), the identity above 20 as in PyTorch.
 func Softplus(x float32) float32 {
-	if x > 20 {
-		return x
+	return max(x, 0) + log1pUnit(Exp(-abs32(x)))
+}
+
+// SoftplusSlice applies Softplus to every element, the exponentials eight
+// at a time; the results equal Softplus's bit for bit.
+func SoftplusSlice(x []float32) {
+	var e [64]float32
+	for i0 := 0; i0 < len(x); i0 += len(e) {
+		c := min(len(e), len(x)-i0)
+		v := x[i0 : i0+c]
+		for i, xv := range v {
+			e[i] = -abs32(xv)
+		}
+		ExpSlice(e[:c])
+		for i, xv := range v {
+			v[i] = max(xv, 0) + log1pUnit(e[i])
+		}
 	}
-	return float32(math.Log1p(float64(Exp(x))))
+}
+
+// log1pUnit returns log(1+y) for y in [0, 1] as 2·atanh(y/(2+y)) by its
+// odd series; with s <= 1/3 the first omitted term is below 2e-8 relative.
+// Softplus needs no more: log(1+e^x) = max(x, 0) + log(1+e^-|x|).
+func log1pUnit(y float32) float32 {
+	s := y / (2 + y)
+	s2 := s * s
+	p := float32(1.0 / 13)
+	p = 1.0/11 + s2*p
+	p = 1.0/9 + s2*p
+	p = 1.0/7 + s2*p
+	p = 1.0/5 + s2*p
+	p = 1.0/3 + s2*p
+	p = 1 + s2*p
+	return 2 * s * p
 }
 
 // SiLUInPlace applies SiLU to every element (vectorised; the same values
