@@ -215,10 +215,7 @@ func (j *kdaJob) load(sc *kdaScratch, hd, t0, t1 int) {
 }
 
 func l2norm(x []float32) {
-	var ss float64
-	for _, v := range x {
-		ss += float64(v) * float64(v)
-	}
+	ss := float64(kernel.Dot(x, x))
 	kernel.Scale(x, float32(1/math.Sqrt(ss+1e-6)))
 }
 
@@ -266,7 +263,6 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
 	sc.kd, sc.qd = sc.kq[:c*dk], sc.kq[c*dk:2*c*dk]
 	sc.ka, sc.kb, sc.qa = grow32(sc.ka, c*dk), grow32(sc.kb, c*dk), grow32(sc.qa, c*dk)
 	sc.lm, sc.mqk = grow32(sc.lm, c*c), grow32(sc.mqk, c*c)
-	sc.u, sc.o = grow32(sc.u, c*dv), grow32(sc.o, c*dv)
 	sc.tmp = grow32(sc.tmp, 2*dk)
 	G := sc.tmp[:dk]     // running cumulative gate
 	gLast := sc.tmp[dk:] // cumulative gate of the chunk's last token
@@ -329,8 +325,7 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
 	// and O = (q e^G)·S into o, one matrix product over the state rows
 	// for both, so the state is read once.
 	kernel.MatMulSerial(sc.uo, sc.kq, st, 2*c, dv, dk)
-	copy(sc.u, sc.uo[:c*dv])
-	copy(sc.o, sc.uo[c*dv:2*c*dv])
+	sc.u, sc.o = sc.uo[:c*dv], sc.uo[c*dv:2*c*dv] // views: u and o are updated in place below
 	for i := 0; i < c; i++ {
 		ui := sc.u[i*dv : (i+1)*dv]
 		vi := v[i*dv : (i+1)*dv]
