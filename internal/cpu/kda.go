@@ -205,9 +205,8 @@ func (j *kdaJob) load(sc *kdaScratch, hd, t0, t1 int) {
 			kernel.Scale(g, rate)
 		case compute.GateLowerBound:
 			rate := float32(math.Exp(float64(j.alog[hd])))
-			for c := range g {
-				g[c] = rate * (raw[c] + j.dtb[hd*dk+c])
-			}
+			kernel.Add(g, raw, j.dtb[hd*dk:(hd+1)*dk])
+			kernel.Scale(g, rate)
 			kernel.SigmoidSlice(g)
 			kernel.Scale(g, j.lowerBound)
 		}

@@ -152,9 +152,8 @@ func stepHeads(args *kernel.Args, lo, hi int) {
 		raw := sc.graw[s*hd+hh*d : s*hd+(hh+1)*d]
 		rate := float32(math.Exp(float64(j.alog[hh])))
 		if w.Gate == compute.GateLowerBound {
-			for c := range g {
-				g[c] = rate * (raw[c] + j.dtb[hh*d+c])
-			}
+			kernel.Add(g, raw, j.dtb[hh*d:(hh+1)*d])
+			kernel.Scale(g, rate)
 			kernel.SigmoidSlice(g)
 			kernel.Scale(g, w.LowerBound)
 		} else {
