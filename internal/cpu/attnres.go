@@ -58,32 +58,60 @@ func (b *Backend) AttnResPrepare(a *compute.AttnResPrepareArgs) error {
 	for i := range mx {
 		mx[i], sum[i] = lowestFinite, 0
 	}
-	for n, blk := range blocks {
-		for tok := 0; tok < t; tok++ {
+	job := &prepareJob{q: q, num: num, mx: mx, sum: sum, blocks: blocks, s: s, t: t, d: d, eps: a.Eps}
+	if t < 16 { // decode: not worth a dispatch
+		prepareTokens(job, 0, t)
+		return nil
+	}
+	sc := prepareJobPool.Get().(*prepareJob)
+	defer prepareJobPool.Put(sc)
+	*sc = *job
+	b.pool.Run(prepareRange, kernel.Args{Job: sc}, t, 4)
+	return nil
+}
+
+// prepareJob is AttnResPrepare's work: tokens are independent, so a long
+// pass splits over the pool by token.
+type prepareJob struct {
+	q, num, mx, sum []float32
+	blocks          [][]float32
+	s, t, d         int
+	eps             float32
+}
+
+var prepareJobPool = sync.Pool{New: func() any { return new(prepareJob) }}
+
+func prepareRange(args *kernel.Args, lo, hi int) { prepareTokens(args.Job.(*prepareJob), lo, hi) }
+
+// prepareTokens computes phase one for tokens [lo, hi): every query's
+// online softmax over the committed blocks, in block order.
+func prepareTokens(j *prepareJob, lo, hi int) {
+	s, t, d := j.s, j.t, j.d
+	for tok := lo; tok < hi; tok++ {
+		for n, blk := range j.blocks {
 			row := blk[tok*d : (tok+1)*d]
-			inv := rmsInv(row, a.Eps)
+			inv := rmsInv(row, j.eps)
 			for qi := 0; qi < s; qi++ {
-				z := kernel.Dot(q[qi*d:(qi+1)*d], row) * inv
+				z := kernel.Dot(j.q[qi*d:(qi+1)*d], row) * inv
 				o := qi*t + tok
-				acc := num[o*d : (o+1)*d]
+				acc := j.num[o*d : (o+1)*d]
 				// Online softmax: rescale what was accumulated when the
 				// maximum grows, so no exponent is ever positive.
-				if n == 0 || z > mx[o] {
+				if n == 0 || z > j.mx[o] {
 					scale := float32(0)
 					if n > 0 {
-						scale = float32(math.Exp(float64(mx[o] - z)))
+						scale = float32(math.Exp(float64(j.mx[o] - z)))
 					}
 					kernel.Scale(acc, scale)
-					sum[o] *= scale
-					mx[o] = z
+					j.sum[o] *= scale
+					j.mx[o] = z
 				}
-				e := float32(math.Exp(float64(z - mx[o])))
-				sum[o] += e
+				e := float32(math.Exp(float64(z - j.mx[o])))
+				j.sum[o] += e
 				kernel.Axpy(acc, e, row)
 			}
 		}
 	}
-	return nil
 }
 
 func rmsInv(row []float32, eps float32) float32 {
