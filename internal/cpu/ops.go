@@ -65,8 +65,30 @@ func (b *Backend) RMSNorm(dst, x, w compute.Tensor, eps float32) error {
 			return shapeErr("rmsnorm weight %v for rows of %d", w, d)
 		}
 	}
-	kernel.RMSNorm(ds, xs, ws, d, eps)
+	rows := len(xs) / max(d, 1)
+	if rows < 32 { // decode: not worth a dispatch
+		kernel.RMSNorm(ds, xs, ws, d, eps)
+		return nil
+	}
+	j := normJobPool.Get().(*normJob)
+	defer normJobPool.Put(j)
+	*j = normJob{dst: ds, x: xs, w: ws, d: d, eps: eps}
+	b.pool.Run(rmsRows, kernel.Args{Job: j}, rows, 8)
 	return nil
+}
+
+// normJob is a row-split RMSNorm: rows are independent.
+type normJob struct {
+	dst, x, w []float32
+	d         int
+	eps       float32
+}
+
+var normJobPool = sync.Pool{New: func() any { return new(normJob) }}
+
+func rmsRows(args *kernel.Args, lo, hi int) {
+	j := args.Job.(*normJob)
+	kernel.RMSNorm(j.dst[lo*j.d:hi*j.d], j.x[lo*j.d:hi*j.d], j.w, j.d, j.eps)
 }
 
 // LayerNorm normalises rows of x with weight and bias.
