@@ -51,7 +51,6 @@ func checkMatMul(nd, nx, nw, m, n, k int) {
 // weight tiles against pairs of x rows, whole-tile runs for a single row.
 func matMulRange(a *Args, lo, hi int) {
 	k, n := a.K, a.N
-	var d [8]float32
 	if a.M == 1 && useAVX2 && k%8 == 0 && k > 0 {
 		full := (hi - lo) / 4
 		if full > 0 {
@@ -71,46 +70,15 @@ func matMulRange(a *Args, lo, hi int) {
 			je := min(jb+tileCols, pairsHi)
 			for r := 0; r < r8; r += 8 {
 				for j := jb; j < je; j += 2 {
-					dot2x8F32AVX512(&a.X[r*k], k, &a.W[j*k], k, k, &a.Dst[r*n+j], n)
+					tile2x8(a, r, j, k, &a.Dst[r*n+j], n)
 				}
 			}
 		}
 		if (hi-lo)%2 == 1 {
-			j := hi - 1
-			var pair [16]float32
-			for r := 0; r < r8; r += 8 {
-				dot2x8F32AVX512(&a.X[r*k], k, &a.W[j*k], 0, k, &pair[0], 2)
-				for q := 0; q < 8; q++ {
-					a.Dst[(r+q)*n+j] = pair[2*q]
-				}
-			}
+			loneWeightRow(a, hi-1, r8, r8)
 		}
 	}
-	for j := lo; j < hi; j += 4 {
-		rows := min(4, hi-j)
-		for r := r8; r < a.M; r += 2 {
-			xs := k
-			if r+1 >= a.M {
-				xs = 0 // a lone row: paired with itself
-			}
-			x := a.X[r*k : r*k+xs+k]
-			if rows < 4 {
-				for c := 0; c < rows; c++ {
-					dot4x2F32(x, xs, a.W[(j+c)*k:(j+c+1)*k], 0, k, &d)
-					a.Dst[r*n+j+c] = d[0]
-					if xs != 0 {
-						a.Dst[(r+1)*n+j+c] = d[4]
-					}
-				}
-				continue
-			}
-			dot4x2F32(x, xs, a.W[j*k:(j+4)*k], k, k, &d)
-			copy(a.Dst[r*n+j:r*n+j+4], d[:4])
-			if xs != 0 {
-				copy(a.Dst[(r+1)*n+j:(r+1)*n+j+4], d[4:])
-			}
-		}
-	}
+	tiles4x2(a, lo, hi, r8)
 }
 
 // dot4x2F32 is dot4x2BF16 for float32 weights.
@@ -178,7 +146,6 @@ func WidenBF16(dst []float32, src []uint16) {
 // is batched with.
 func matMulBF16Range(a *Args, lo, hi int) {
 	k, n := a.K, a.N
-	var d [8]float32
 	if a.M == 1 && useAVX2 && k%8 == 0 && k > 0 {
 		// One row of x: whole tiles in one assembly call (same arithmetic
 		// as dot4x1BF16AVX2), then the leftover rows below.
@@ -212,7 +179,7 @@ func matMulBF16Range(a *Args, lo, hi int) {
 			je := min(jb+tileCols, pairsHi)
 			for r := 0; r < r8; r += 8 {
 				for j := jb; j < je; j += 2 {
-					dot2x8BF16AVX512(&a.X[r*k], k, &a.WB[j*k], k, k, &a.Dst[r*n+j], n)
+					tile2x8(a, r, j, k, &a.Dst[r*n+j], n)
 				}
 			}
 			for r := r8; r < rTile; r += 4 {
@@ -221,48 +188,11 @@ func matMulBF16Range(a *Args, lo, hi int) {
 				}
 			}
 		}
-		if (hi-lo)%2 == 1 { // a last single weight row: the tile with itself
-			j := hi - 1
-			var pair [16]float32
-			for r := 0; r < r8; r += 8 {
-				dot2x8BF16AVX512(&a.X[r*k], k, &a.WB[j*k], 0, k, &pair[0], 2)
-				for q := 0; q < 8; q++ {
-					a.Dst[(r+q)*n+j] = pair[2*q]
-				}
-			}
-			for r := r8; r < rTile; r += 4 {
-				dot2x4BF16AVX2(&a.X[r*k], k, &a.WB[j*k], 0, k, &pair[0], 2)
-				for q := 0; q < 4; q++ {
-					a.Dst[(r+q)*n+j] = pair[2*q]
-				}
-			}
+		if (hi-lo)%2 == 1 {
+			loneWeightRow(a, hi-1, r8, rTile)
 		}
 	}
-	for j := lo; j < hi; j += 4 {
-		rows := min(4, hi-j)
-		for r := rTile; r < a.M; r += 2 {
-			xs := k
-			if r+1 >= a.M {
-				xs = 0 // a lone row
-			}
-			x := a.X[r*k : r*k+xs+k]
-			if rows < 4 {
-				for c := 0; c < rows; c++ {
-					dot4x2BF16(x, xs, a.WB[(j+c)*k:(j+c+1)*k], 0, k, &d)
-					a.Dst[r*n+j+c] = d[0]
-					if xs != 0 {
-						a.Dst[(r+1)*n+j+c] = d[4]
-					}
-				}
-				continue
-			}
-			dot4x2BF16(x, xs, a.WB[j*k:(j+4)*k], k, k, &d)
-			copy(a.Dst[r*n+j:r*n+j+4], d[:4])
-			if xs != 0 {
-				copy(a.Dst[(r+1)*n+j:(r+1)*n+j+4], d[4:])
-			}
-		}
-	}
+	tiles4x2(a, lo, hi, rTile)
 }
 
 // dot4x2BF16 computes the dot products of two rows of x (x[0:k] and
@@ -332,4 +262,81 @@ func MatMulBF16Serial(dst, x []float32, w []uint16, m, n, k int) {
 	checkMatMul(len(dst), len(x), len(w), m, n, k)
 	a := Args{Dst: dst, X: x, WB: w, M: m, N: n, K: k}
 	matMulBF16Range(&a, 0, n)
+}
+
+// tile2x8 runs the eight-row tile for the product's weights (f32 or bf16)
+// on x rows [r, r+8) and weight rows j and j+wstride (wstride 0: row j
+// twice), writing out[q*ostride+c].
+func tile2x8(a *Args, r, j, wstride int, out *float32, ostride int) {
+	k := a.K
+	if a.WB != nil {
+		dot2x8BF16AVX512(&a.X[r*k], k, &a.WB[j*k], wstride, k, out, ostride)
+	} else {
+		dot2x8F32AVX512(&a.X[r*k], k, &a.W[j*k], wstride, k, out, ostride)
+	}
+}
+
+// loneWeightRow computes column j, the last of an odd count, for x rows
+// [0, rTile): the two-row tiles run with the row taken twice, eight x rows
+// at a time below r8 and four (bf16 only) from there, so the column gets the
+// same arithmetic as its neighbours.
+func loneWeightRow(a *Args, j, r8, rTile int) {
+	k, n := a.K, a.N
+	var pair [16]float32
+	for r := 0; r < r8; r += 8 {
+		tile2x8(a, r, j, 0, &pair[0], 2)
+		for q := 0; q < 8; q++ {
+			a.Dst[(r+q)*n+j] = pair[2*q]
+		}
+	}
+	for r := r8; r < rTile; r += 4 {
+		dot2x4BF16AVX2(&a.X[r*k], k, &a.WB[j*k], 0, k, &pair[0], 2)
+		for q := 0; q < 4; q++ {
+			a.Dst[(r+q)*n+j] = pair[2*q]
+		}
+	}
+}
+
+// tiles4x2 computes columns [lo, hi) for x rows [r0, M) with the four-by-two
+// tile: pairs of x rows (a lone last row with itself) against four weight
+// rows, the last columns one weight row at a time.
+func tiles4x2(a *Args, lo, hi, r0 int) {
+	k, n := a.K, a.N
+	var d [8]float32
+	for j := lo; j < hi; j += 4 {
+		rows := min(4, hi-j)
+		for r := r0; r < a.M; r += 2 {
+			xs := k
+			if r+1 >= a.M {
+				xs = 0 // a lone row: paired with itself
+			}
+			x := a.X[r*k : r*k+xs+k]
+			if rows < 4 {
+				for c := 0; c < rows; c++ {
+					dot4x2(a, x, xs, j+c, 0, &d)
+					a.Dst[r*n+j+c] = d[0]
+					if xs != 0 {
+						a.Dst[(r+1)*n+j+c] = d[4]
+					}
+				}
+				continue
+			}
+			dot4x2(a, x, xs, j, k, &d)
+			copy(a.Dst[r*n+j:r*n+j+4], d[:4])
+			if xs != 0 {
+				copy(a.Dst[(r+1)*n+j:(r+1)*n+j+4], d[4:])
+			}
+		}
+	}
+}
+
+// dot4x2 runs dot4x2BF16 or dot4x2F32, by the product's weights, on weight
+// rows from j, stride apart.
+func dot4x2(a *Args, x []float32, xs, j, stride int, d *[8]float32) {
+	k := a.K
+	if a.WB != nil {
+		dot4x2BF16(x, xs, a.WB[j*k:], stride, k, d)
+	} else {
+		dot4x2F32(x, xs, a.W[j*k:], stride, k, d)
+	}
 }
