@@ -84,17 +84,57 @@ func (b *timed) RMSNorm(d, x, w compute.Tensor, e float32) error {
 	return b.Backend.RMSNorm(d, x, w, e)
 }
 
-func TestProfileDecode(t *testing.T) {
+// loadTimed writes the 100M preset and loads it on a timed go backend;
+// the test is skipped unless K3_PROFILE is set.
+func loadTimed(t *testing.T) (*k3.Model, *timed) {
 	if os.Getenv("K3_PROFILE") == "" {
 		t.Skip("set K3_PROFILE=1")
 	}
 	dir := t.TempDir()
-	tiny.Write(dir, "k31pro-100m", tiny.Options{Seed: 1, BF16: true})
+	if err := tiny.Write(dir, "k31pro-100m", tiny.Options{Seed: 1, BF16: true}); err != nil {
+		t.Fatal(err)
+	}
 	tb := &timed{Backend: cpu.New(0), t: map[string]time.Duration{}, n: map[string]int{}, flops: map[string]float64{}}
-	ctx := context.Background()
-	m, err := k3.Load(ctx, dir, k3.WithComputeBackend(tb))
+	m, err := k3.Load(context.Background(), dir, k3.WithComputeBackend(tb))
 	if err != nil {
 		t.Fatal(err)
+	}
+	return m, tb
+}
+
+func (b *timed) reset() {
+	clear(b.t)
+	clear(b.n)
+	clear(b.flops)
+}
+
+// report logs every operation's time divided by runs, slowest first, after
+// a header naming what ran and how long it took in all.
+func (b *timed) report(t *testing.T, header string, total time.Duration, runs int) {
+	var names []string
+	var sum time.Duration
+	for k, v := range b.t {
+		names = append(names, k)
+		sum += v
+	}
+	sort.Slice(names, func(i, j int) bool { return b.t[names[i]] > b.t[names[j]] })
+	per := time.Duration(runs)
+	t.Logf("%s: %v per run; ops account for %v", header, total/per, sum/per)
+	for _, k := range names {
+		gf := ""
+		if f := b.flops[k]; f > 0 {
+			gf = fmt.Sprintf(", %.1f GFLOP/s", f/b.t[k].Seconds()/1e9)
+		}
+		t.Logf("  %-16s %8v per run (%d calls%s)", k, b.t[k]/per, b.n[k]/runs, gf)
+	}
+}
+
+func TestProfileDecode(t *testing.T) {
+	m, tb := loadTimed(t)
+	ctx := context.Background()
+	steps := 20
+	if v, err := strconv.Atoi(os.Getenv("K3_PROFILE_STEPS")); err == nil {
+		steps = v
 	}
 	for _, bsz := range []int{1, 8} {
 		bt, _ := m.NewBatch(bsz)
@@ -106,50 +146,20 @@ func TestProfileDecode(t *testing.T) {
 		}
 		toks := make([]int32, bsz)
 		bt.Step(ctx, ss, toks) // sizes the batch's scratch
-		clear(tb.t)
-		clear(tb.n)
-		clear(tb.flops)
+		tb.reset()
 		start := time.Now()
-		steps := 20
-		if v, err := strconv.Atoi(os.Getenv("K3_PROFILE_STEPS")); err == nil {
-			steps = v
-		}
 		for i := 0; i < steps; i++ {
 			bt.Step(ctx, ss, toks)
 		}
-		total := time.Since(start)
-		var names []string
-		var sum time.Duration
-		for k, v := range tb.t {
-			names = append(names, k)
-			sum += v
-		}
-		sort.Slice(names, func(i, j int) bool { return tb.t[names[i]] > tb.t[names[j]] })
-		t.Logf("batch %d: %v per step; ops account for %v", bsz, total/time.Duration(steps), sum/time.Duration(steps))
-		for _, k := range names {
-			gf := ""
-			if f := tb.flops[k]; f > 0 {
-				gf = fmt.Sprintf(", %.1f GFLOP/s", f/tb.t[k].Seconds()/1e9)
-			}
-			t.Logf("  %-16s %8v per step (%d calls%s)", k, tb.t[k]/time.Duration(steps), tb.n[k]/steps, gf)
-		}
+		tb.report(t, fmt.Sprintf("decode step, batch %d", bsz), time.Since(start), steps)
 	}
 }
 
 // TestProfilePrefill prints where a 512-token prefill of the 100M preset
 // spends its time, per backend operation.
 func TestProfilePrefill(t *testing.T) {
-	if os.Getenv("K3_PROFILE") == "" {
-		t.Skip("set K3_PROFILE=1")
-	}
-	dir := t.TempDir()
-	tiny.Write(dir, "k31pro-100m", tiny.Options{Seed: 1, BF16: true})
-	tb := &timed{Backend: cpu.New(0), t: map[string]time.Duration{}, n: map[string]int{}, flops: map[string]float64{}}
+	m, tb := loadTimed(t)
 	ctx := context.Background()
-	m, err := k3.Load(ctx, dir, k3.WithComputeBackend(tb))
-	if err != nil {
-		t.Fatal(err)
-	}
 	prompt := make([]int32, 512)
 	for i := range prompt {
 		prompt[i] = int32(3 + (i*31)%256)
@@ -157,27 +167,11 @@ func TestProfilePrefill(t *testing.T) {
 	s, _ := m.NewSession()
 	s.Forward(ctx, prompt[:16], nil) // sizes the scratch
 	s.Reset()
-	clear(tb.t)
-	clear(tb.n)
-	clear(tb.flops)
+	tb.reset()
 	start := time.Now()
 	if _, err := s.Forward(ctx, prompt, nil); err != nil {
 		t.Fatal(err)
 	}
 	total := time.Since(start)
-	var names []string
-	var sum time.Duration
-	for k, v := range tb.t {
-		names = append(names, k)
-		sum += v
-	}
-	sort.Slice(names, func(i, j int) bool { return tb.t[names[i]] > tb.t[names[j]] })
-	t.Logf("prefill of %d tokens: %v (%.0f tokens/s); ops account for %v", len(prompt), total, float64(len(prompt))/total.Seconds(), sum)
-	for _, k := range names {
-		gf := ""
-		if f := tb.flops[k]; f > 0 {
-			gf = fmt.Sprintf(", %.1f GFLOP/s", f/tb.t[k].Seconds()/1e9)
-		}
-		t.Logf("  %-16s %8v (%d calls%s)", k, tb.t[k], tb.n[k], gf)
-	}
+	tb.report(t, fmt.Sprintf("prefill of %d tokens (%.0f tokens/s)", len(prompt), float64(len(prompt))/total.Seconds()), total, 1)
 }
