@@ -9,12 +9,16 @@ import (
 	"k3/internal/compute"
 )
 
+// attnCase is one attention problem: t query rows at the last t of l
+// positions; k > 0 gives every (row, kv head) an index list of k entries
+// (unsorted, some -1, some in the future), k == 0 dense causal attention;
+// mqa makes keys and values one tensor (MLA's MQA form, dk == dv).
 type attnCase struct {
-	t, l, hq, hkv, dk, dr, dv int
+	t, l, hq, hkv, dk, dr, dv, k int
+	mqa                          bool
 }
 
-// runAttn runs dense causal attention for queries at the last t of l
-// positions and returns the output and lse.
+// runAttn runs the case's attention and returns the output and lse.
 func runAttn(tb testing.TB, b *Backend, c attnCase, seed uint64) ([]float32, []float32) {
 	a := attnArgs(tb, b, c, seed)
 	if err := b.Attention(a); err != nil {
@@ -44,15 +48,46 @@ func attnArgs(tb testing.TB, b *Backend, c attnCase, seed uint64) *compute.AttnA
 	for i := range pos {
 		pos[i] = int32(c.l - c.t + i)
 	}
+	k := up(rnd(c.l*c.hkv*c.dk), c.l, c.hkv, c.dk)
+	v := k
+	if !c.mqa {
+		v = up(rnd(c.l*c.hkv*c.dv), c.l, c.hkv, c.dv)
+	}
 	a := compute.AttnArgs{
-		Q: up(rnd(c.t*c.hq*c.dk), c.t, c.hq, c.dk), K: up(rnd(c.l*c.hkv*c.dk), c.l, c.hkv, c.dk),
-		V: up(rnd(c.l*c.hkv*c.dv), c.l, c.hkv, c.dv), QPos: pos, KVLen: c.l, Causal: true, Scale: 0.125,
+		Q: up(rnd(c.t*c.hq*c.dk), c.t, c.hq, c.dk), K: k, V: v, QPos: pos, KVLen: c.l, Causal: true, Scale: 0.125,
 		Out: must(b.Alloc(compute.F32, c.t, c.hq, c.dv)), LSE: must(b.Alloc(compute.F32, c.t, c.hq)),
 	}
 	if c.dr > 0 {
 		a.QRope, a.KRope = up(rnd(c.t*c.hq*c.dr), c.t, c.hq, c.dr), up(rnd(c.l*c.dr), c.l, c.dr)
 	}
+	if c.k > 0 {
+		idx := make([]int32, c.t*c.hkv*c.k)
+		for l := 0; l < c.t*c.hkv; l++ { // distinct entries within a list, one in ten -1
+			seen := map[int32]bool{}
+			for i := l * c.k; i < (l+1)*c.k; i++ {
+				if r.IntN(10) == 0 {
+					idx[i] = -1
+					continue
+				}
+				for idx[i] = int32(r.IntN(c.l)); seen[idx[i]]; idx[i] = int32(r.IntN(c.l)) {
+				}
+				seen[idx[i]] = true
+			}
+		}
+		a.Indices = must(b.Alloc(compute.I32, c.t, c.hkv, c.k))
+		must(0, b.Write(a.Indices, idx))
+	}
 	return &a
+}
+
+// assertClose fails unless got matches want within 1e-5 abs + 1e-5 rel.
+func assertClose(t *testing.T, what string, got, want []float32) {
+	t.Helper()
+	for i := range want {
+		if d := math.Abs(float64(got[i] - want[i])); d > 1e-5+1e-5*math.Abs(float64(want[i])) {
+			t.Fatalf("%s[%d] = %g, want %g", what, i, got[i], want[i])
+		}
+	}
 }
 
 // TestAttnDenseBlocked compares the blocked dense path (row blocks, matrix
@@ -73,16 +108,8 @@ func TestAttnDenseBlocked(t *testing.T) {
 		got, gotL := runAttn(t, b, c, uint64(i))
 		attnDenseMin = math.MaxInt
 		want, wantL := runAttn(t, b, c, uint64(i))
-		for k := range want {
-			if d := math.Abs(float64(got[k] - want[k])); d > 1e-5+1e-5*math.Abs(float64(want[k])) {
-				t.Fatalf("case %+v: out[%d] = %g, row path %g", c, k, got[k], want[k])
-			}
-		}
-		for k := range wantL {
-			if d := math.Abs(float64(gotL[k] - wantL[k])); d > 1e-5+1e-5*math.Abs(float64(wantL[k])) {
-				t.Fatalf("case %+v: lse[%d] = %g, row path %g", c, k, gotL[k], wantL[k])
-			}
-		}
+		assertClose(t, fmt.Sprintf("case %+v: out (row path as want)", c), got, want)
+		assertClose(t, fmt.Sprintf("case %+v: lse (row path as want)", c), gotL, wantL)
 	}
 }
 
@@ -123,88 +150,18 @@ func TestAttnGroupedHeads(t *testing.T) {
 	b := New(2)
 	defer b.Close()
 	defer func(v int) { attnGroupMin = v }(attnGroupMin)
-	for ci, c := range []struct {
-		t, l, hq, hkv, dk, dr, dv, k int
-		mqa, dense                   bool // dense: no index lists (contiguous blocks read in place)
-	}{
-		{t: 1, l: 150, hq: 8, hkv: 1, dk: 32, dr: 8, dv: 32, mqa: true, dense: true},
-		{t: 3, l: 70, hq: 8, hkv: 2, dk: 16, dv: 24, dense: true},
+	for ci, c := range []attnCase{
+		{t: 1, l: 150, hq: 8, hkv: 1, dk: 32, dr: 8, dv: 32, mqa: true}, // dense: contiguous blocks read in place
+		{t: 3, l: 70, hq: 8, hkv: 2, dk: 16, dv: 24},
 		{t: 3, l: 300, hq: 16, hkv: 1, dk: 64, dr: 16, dv: 64, k: 100, mqa: true},
 		{t: 2, l: 90, hq: 8, hkv: 2, dk: 24, dv: 16, k: 70},
 		{t: 5, l: 40, hq: 4, hkv: 1, dk: 33, dr: 5, dv: 33, k: 16, mqa: true},
 	} {
-		r := rand.New(rand.NewPCG(uint64(ci), 9))
-		rnd := func(n int) []float32 {
-			v := make([]float32, n)
-			for i := range v {
-				v[i] = float32(r.NormFloat64())
-			}
-			return v
-		}
-		up := func(v []float32, dims ...int) compute.Tensor {
-			x := must(b.Alloc(compute.F32, dims...))
-			must(0, b.Write(x, v))
-			return x
-		}
-		pos := make([]int32, c.t)
-		for i := range pos {
-			pos[i] = int32(c.l - c.t + i)
-		}
-		idx := make([]int32, c.t*c.hkv*max(c.k, 1))
-		for i := range idx {
-			switch x := r.IntN(10); {
-			case x == 0:
-				idx[i] = -1
-			default:
-				idx[i] = int32(r.IntN(c.l)) // may repeat across lists, never within one below
-			}
-		}
-		for l := 0; l < c.t*c.hkv; l++ { // distinct entries per list
-			seen := map[int32]bool{}
-			for i := l * c.k; i < (l+1)*c.k; i++ {
-				for idx[i] >= 0 && seen[idx[i]] {
-					idx[i] = int32(r.IntN(c.l))
-				}
-				seen[idx[i]] = true
-			}
-		}
-		k := up(rnd(c.l*c.hkv*c.dk), c.l, c.hkv, c.dk)
-		v := k
-		if !c.mqa {
-			v = up(rnd(c.l*c.hkv*c.dv), c.l, c.hkv, c.dv)
-		}
-		var ix compute.Tensor
-		if !c.dense {
-			ix = must(b.Alloc(compute.I32, c.t, c.hkv, c.k))
-			must(0, b.Write(ix, idx))
-		}
-		a := compute.AttnArgs{Q: up(rnd(c.t*c.hq*c.dk), c.t, c.hq, c.dk), K: k, V: v, Indices: ix, QPos: pos,
-			KVLen: c.l, Causal: true, Scale: 0.1, Out: must(b.Alloc(compute.F32, c.t, c.hq, c.dv)),
-			LSE: must(b.Alloc(compute.F32, c.t, c.hq))}
-		if c.dr > 0 {
-			a.QRope, a.KRope = up(rnd(c.t*c.hq*c.dr), c.t, c.hq, c.dr), up(rnd(c.l*c.dr), c.l, c.dr)
-		}
-		run := func(min int) ([]float32, []float32) {
-			attnGroupMin = min
-			if err := b.Attention(&a); err != nil {
-				t.Fatal(err)
-			}
-			out, lse := make([]float32, c.t*c.hq*c.dv), make([]float32, c.t*c.hq)
-			must(0, b.Read(out, a.Out))
-			must(0, b.Read(lse, a.LSE))
-			return out, lse
-		}
-		got, gotL := run(4)
-		want, wantL := run(math.MaxInt)
-		for i := range want {
-			if d := math.Abs(float64(got[i] - want[i])); d > 1e-5+1e-5*math.Abs(float64(want[i])) {
-				t.Fatalf("case %d: out[%d] = %g, key-by-key %g", ci, i, got[i], want[i])
-			}
-		}
-		for i := range wantL {
-			if d := math.Abs(float64(gotL[i] - wantL[i])); d > 1e-5+1e-5*math.Abs(float64(wantL[i])) {
-				t.Fatalf("case %d: lse[%d] = %g, key-by-key %g", ci, i, gotL[i], wantL[i])
-			}
-		}
+		attnGroupMin = 4
+		got, gotL := runAttn(t, b, c, uint64(ci))
+		attnGroupMin = math.MaxInt
+		want, wantL := runAttn(t, b, c, uint64(ci))
+		assertClose(t, fmt.Sprintf("case %d: out (key-by-key as want)", ci), got, want)
+		assertClose(t, fmt.Sprintf("case %d: lse (key-by-key as want)", ci), gotL, wantL)
 	}
 }
