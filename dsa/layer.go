@@ -449,13 +449,7 @@ func (l *Layer) Forward(x compute.Tensor, cache *Cache, y compute.Tensor) error 
 		if indices, err = l.index(x, qin, cache, pos); err != nil {
 			return err
 		}
-		// While no row sees more than K positions, the top K of every row is
-		// all it sees, so attention is dense (the same sum in another
-		// order), and the dense path is the faster one. The index lists
-		// stay in place for Indices.
-		if p0+t <= cfg.Indexer.TopK {
-			indices = compute.Tensor{}
-		}
+		indices = l.attnIndices(indices, p0+t)
 	}
 	cache.Len = p0 + t
 	// MHA form decompresses every cached position: worth it for long passes,
@@ -694,9 +688,7 @@ func (l *Layer) ForwardBatch(x compute.Tensor, caches []*Cache, y compute.Tensor
 			if indices, err = l.indexRow(c, pos, i); err != nil {
 				return err
 			}
-			if p+1 <= cfg.Indexer.TopK { // dense while it is, as in Forward
-				indices = compute.Tensor{}
-			}
+			indices = l.attnIndices(indices, p+1)
 		}
 		c.Len = p + 1
 		lat := c.KV.Rows(0, c.Len).Reshape(c.Len, 1, dc)
@@ -785,4 +777,17 @@ func (l *Layer) gateAndProject(x compute.Tensor, t int, y compute.Tensor) error 
 		return fmt.Errorf("dsa: o_proj: %w", err)
 	}
 	return nil
+}
+
+// attnIndices returns the index lists attention should use when the
+// furthest row of a pass sees seen positions: none while seen <= K, since
+// every row's top K is then all it sees, so attention is dense (the same
+// sum in another order) and the dense paths are the faster ones. Forward
+// and ForwardBatch both ask here, which keeps batched rows bit-identical to
+// solo ones. The lists stay in place for Indices.
+func (l *Layer) attnIndices(indices compute.Tensor, seen int) compute.Tensor {
+	if seen <= l.cfg.Indexer.TopK {
+		return compute.Tensor{}
+	}
+	return indices
 }
