@@ -195,20 +195,10 @@ func (j *kdaJob) load(sc *kdaScratch, hd, t0, t1 int) {
 		kernel.Scale(q, j.scale)
 		sc.beta[i] = beta
 		raw := j.g[src : src+dk]
-		switch j.a.Gate {
-		case compute.GateGiven:
+		if j.a.Gate == compute.GateGiven {
 			copy(g, raw)
-		case compute.GateSoftplus:
-			rate := -float32(math.Exp(float64(j.alog[hd])))
-			kernel.Add(g, raw, j.dtb[hd*dk:(hd+1)*dk])
-			kernel.SoftplusSlice(g)
-			kernel.Scale(g, rate)
-		case compute.GateLowerBound:
-			rate := float32(math.Exp(float64(j.alog[hd])))
-			kernel.Add(g, raw, j.dtb[hd*dk:(hd+1)*dk])
-			kernel.Scale(g, rate)
-			kernel.SigmoidSlice(g)
-			kernel.Scale(g, j.lowerBound)
+		} else {
+			decayGate(g, raw, j.dtb[hd*dk:(hd+1)*dk], j.alog[hd], j.a.Gate, j.lowerBound)
 		}
 	}
 }
@@ -383,4 +373,21 @@ func (j *kdaJob) unsafeTerms(sc *kdaScratch, hd, t0, c0, c1 int) {
 			}
 		}
 	}
+}
+
+// decayGate writes one head's log decay for one token from the raw gate
+// projection: Kimi Linear's -exp(A_log)·softplus(raw + dt_bias), or K3's
+// lowerBound·sigmoid(exp(A_log)·(raw + dt_bias)). Prefill and the decode
+// step share it, so both paths decay alike.
+func decayGate(g, raw, dtBias []float32, aLog float32, gate compute.KDAGate, lowerBound float32) {
+	rate := float32(math.Exp(float64(aLog)))
+	kernel.Add(g, raw, dtBias)
+	if gate == compute.GateLowerBound {
+		kernel.Scale(g, rate)
+		kernel.SigmoidSlice(g)
+		kernel.Scale(g, lowerBound)
+		return
+	}
+	kernel.SoftplusSlice(g)
+	kernel.Scale(g, -rate)
 }

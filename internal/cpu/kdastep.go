@@ -149,18 +149,7 @@ func stepHeads(args *kernel.Args, lo, hi int) {
 		l2norm(q)
 		l2norm(k)
 		kernel.Scale(q, float32(1/math.Sqrt(float64(d))))
-		raw := sc.graw[s*hd+hh*d : s*hd+(hh+1)*d]
-		rate := float32(math.Exp(float64(j.alog[hh])))
-		if w.Gate == compute.GateLowerBound {
-			kernel.Add(g, raw, j.dtb[hh*d:(hh+1)*d])
-			kernel.Scale(g, rate)
-			kernel.SigmoidSlice(g)
-			kernel.Scale(g, w.LowerBound)
-		} else {
-			kernel.Add(g, raw, j.dtb[hh*d:(hh+1)*d])
-			kernel.SoftplusSlice(g)
-			kernel.Scale(g, -rate)
-		}
+		decayGate(g, sc.graw[s*hd+hh*d:s*hd+(hh+1)*d], j.dtb[hh*d:(hh+1)*d], j.alog[hh], w.Gate, w.LowerBound)
 		beta := kernel.Sigmoid(sc.braw[s*h+hh])
 		st := sc.states[s][hh*d*d : (hh+1)*d*d]
 		kdaToken(st, q, k, g, v, beta, o, ke, d, d)
