@@ -96,22 +96,29 @@ func (bt *Batch) Step(ctx context.Context, sessions []*Session, tokens []int32) 
 			}
 		}
 	}
-	if err := bt.forward(sessions, tokens); err != nil {
-		for _, s := range sessions {
-			s.broken = err
-		}
-		return err
-	}
-	v := cfg.VocabSize
-	for i, s := range sessions {
-		if s.last == nil {
-			s.last = make([]float32, v)
-		}
-		if err := b.Read(&s.last, bt.p.logits.Rows(i, i+1)); err != nil { // by pointer: no allocation
+	// A backend promises row-count-independent results only up to
+	// compute.InvariantRows rows, so larger batches run in groups: each
+	// session still gets exactly its solo logits, and the weights are read
+	// once per group (by then the step is bound by arithmetic, not reads).
+	for len(sessions) > 0 {
+		g := min(len(sessions), compute.InvariantRows)
+		if err := bt.forward(sessions[:g], tokens[:g]); err != nil {
+			for _, s := range sessions {
+				s.broken = err
+			}
 			return err
 		}
-		s.pos++
-		s.tokens = append(s.tokens, tokens[i])
+		for i, s := range sessions[:g] {
+			if s.last == nil {
+				s.last = make([]float32, cfg.VocabSize)
+			}
+			if err := b.Read(&s.last, bt.p.logits.Rows(i, i+1)); err != nil { // by pointer: no allocation
+				return err
+			}
+			s.pos++
+			s.tokens = append(s.tokens, tokens[i])
+		}
+		sessions, tokens = sessions[g:], tokens[g:]
 	}
 	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"testing"
+
+	"k3/internal/compute"
 )
 
 // TestBatchEqualsSolo decodes sessions at different positions together and
@@ -113,6 +115,48 @@ func TestBatcherMatchesSolo(t *testing.T) {
 	for i := range prompts {
 		if fmt.Sprint(got[i]) != fmt.Sprint(want[i]) {
 			t.Errorf("prompt %q: batched %v, alone %v", prompts[i], got[i], want[i])
+		}
+	}
+}
+
+// TestLargeBatchEqualsSolo steps more sessions than compute.InvariantRows
+// (and than the CPU backend's packed-product threshold) at once: every
+// session must still get its solo logits to the bit.
+func TestLargeBatchEqualsSolo(t *testing.T) {
+	ctx := context.Background()
+	m, err := Load(ctx, tinyDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	const n = 2*compute.InvariantRows + 7
+	var batched, solo []*Session
+	toks := make([]int32, n)
+	for i := range n {
+		s, _ := m.NewSession()
+		if _, err := s.Forward(ctx, []int32{1, int32(10 + i%50)}, nil); err != nil {
+			t.Fatal(err)
+		}
+		c, _ := s.Clone()
+		batched, solo = append(batched, s), append(solo, c)
+		toks[i] = int32(100 + 3*i)
+	}
+	bt, err := m.NewBatch(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bt.Step(ctx, batched, toks); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		want, err := solo[i].Forward(ctx, toks[i:i+1], nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j, w := range want {
+			if batched[i].last[j] != w {
+				t.Fatalf("session %d: logit %d = %v batched, %v alone", i, j, batched[i].last[j], w)
+			}
 		}
 	}
 }

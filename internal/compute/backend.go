@@ -25,7 +25,8 @@ type Backend interface {
 	Free(t Tensor)
 
 	// MatMul computes dst[M,N] = x[M,K] · w[N,K]ᵀ (the Linear layout);
-	// w may be F32 or BF16, x and dst are F32.
+	// w may be F32 or BF16, x and dst are F32. For M <= InvariantRows a
+	// row's result must not depend on M or on the other rows.
 	MatMul(dst, x, w Tensor) error
 	// HeadMatMul is a per-head product: dst[t,h,:] = x[t,h,:] · w[h]ᵀ for
 	// x [T, H, K], w [H, N, K], dst [T, H, N] (MLA's absorbed W_UK and W_UV).

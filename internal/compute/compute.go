@@ -20,6 +20,12 @@ import (
 	"fmt"
 )
 
+// InvariantRows is the largest row count for which every operation of a
+// backend gives each row (token) the result it gets alone: a decode batch
+// of up to InvariantRows sessions is bit-identical to decoding each session
+// by itself. Longer products (prefill) may use another summation order.
+const InvariantRows = 32
+
 // ErrUnsupported is returned by a backend for an operation, dtype or
 // parameter combination it does not implement.
 var ErrUnsupported = errors.New("unsupported by this backend")

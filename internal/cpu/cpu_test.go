@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"k3/internal/compute"
+	"k3/internal/kernel"
 	"k3/internal/safetensors"
 )
 
@@ -76,5 +77,14 @@ func TestPlainOps(t *testing.T) {
 	}
 	if err := b.KDAChunk(&compute.KDAArgs{}); !errors.Is(err, compute.ErrShape) {
 		t.Errorf("KDAChunk: %v", err)
+	}
+}
+
+// TestInvariantRows holds the backend to the seam's promise: products of up
+// to compute.InvariantRows rows must stay on the kernels whose results do
+// not depend on the row count.
+func TestInvariantRows(t *testing.T) {
+	if kernel.PackedMinRows <= compute.InvariantRows {
+		t.Fatalf("the packed GEMM starts at %d rows, inside compute.InvariantRows = %d", kernel.PackedMinRows, compute.InvariantRows)
 	}
 }

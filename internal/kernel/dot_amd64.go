@@ -96,3 +96,6 @@ func subAVX2(dst, a, b *float32, n int)
 
 //go:noescape
 func mixAVX2(out, x, y *float32, a, b, c float32, n int)
+
+//go:noescape
+func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load int)

@@ -82,3 +82,7 @@ func subAVX2(dst, a, b *float32, n int) { panic("kernel: no assembly on this pla
 func mixAVX2(out, x, y *float32, a, b, c float32, n int) {
 	panic("kernel: no assembly on this platform")
 }
+
+func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load int) {
+	panic("kernel: no assembly on this platform")
+}

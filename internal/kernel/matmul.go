@@ -31,12 +31,20 @@ func Dot(x, y []float32) float32 {
 // call, for all M rows of x, so a decode batch costs one pass over W.
 func (p *Pool) MatMul(dst, x, w []float32, m, n, k int) {
 	checkMatMul(len(dst), len(x), len(w), m, n, k)
+	if usePacked(m, k) {
+		p.matMulPacked(dst, x, w, nil, m, n, k)
+		return
+	}
 	p.Run(matMulRange, Args{Dst: dst, X: x, W: w, M: m, N: n, K: k}, n, 16)
 }
 
 // MatMulBF16 is MatMul with bfloat16 weights, widened in registers.
 func (p *Pool) MatMulBF16(dst, x []float32, w []uint16, m, n, k int) {
 	checkMatMul(len(dst), len(x), len(w), m, n, k)
+	if usePacked(m, k) {
+		p.matMulPacked(dst, x, nil, w, m, n, k)
+		return
+	}
 	p.Run(matMulBF16Range, Args{Dst: dst, X: x, WB: w, M: m, N: n, K: k}, n, 16)
 }
 

@@ -53,6 +53,7 @@ type Pool struct {
 	args    Args
 	workers []*worker
 	closed  atomic.Bool
+	gemm    gemmJob
 }
 
 // NewPool starts a pool of n workers in all (the caller counts as one);

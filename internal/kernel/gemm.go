@@ -1,0 +1,178 @@
+package kernel
+
+import "sync"
+
+// The packed GEMM serves long products (prefill): x is packed once into
+// panels of sixteen interleaved rows, and a register tile of sixteen x rows
+// by six weight rows runs over k in blocks, so that a panel's block stays in
+// L1 while the tiles of a weight block use it, and the weights are read in
+// their own layout (bf16 blocks widened once per worker). Every output is
+// one FMA chain over k in order, whatever the blocking and whichever rows
+// share its tile, so equal rows of x give equal outputs; it is not the
+// summation order of the dot-form tiles that decode uses, which is why the
+// switch between the two depends only on the row count (PackedMinRows).
+const (
+	gemmPanel = 16  // x rows per packed panel (two vectors)
+	gemmTileW = 6   // weight rows per register tile
+	gemmKC    = 256 // k block: a panel block is 16 KB
+	gemmNB    = 48  // weight rows per block (their results stay in a tile buffer)
+)
+
+// PackedMinRows is the row count from which MatMul and MatMulBF16 use the
+// packed GEMM (for k >= packedMinK). Products with fewer rows (decode,
+// batches of fewer sessions) use the dot-form tiles, whose results do not
+// depend on the row count.
+const PackedMinRows = 64
+
+// packedMinK is the depth from which the packed GEMM beats the dot-form
+// tiles: below it the tiles' eight x rows (8·k floats) fit in L1 and run at
+// 90% of the FMA peak, while the packed GEMM pays for packing and for its
+// transposed stores (BenchmarkPackedVsTiles: crossover at k 1024).
+const packedMinK = 1024
+
+// usePacked reports whether an m×k by k×n product takes the packed GEMM.
+func usePacked(m, k int) bool { return useAVX2 && m >= PackedMinRows && k >= packedMinK }
+
+// gemmJob holds a packed product's operands and buffers. The pool owns one
+// and reuses its buffers, so a warm product allocates nothing.
+type gemmJob struct {
+	mu      sync.Mutex // held for the whole product: the buffers outlive one Run
+	dst, x  []float32
+	w       []float32
+	wb      []uint16
+	m, n, k int
+	parts   int
+	xp      []float32   // packed x: [panel][k][16], missing rows zero
+	wide    [][]float32 // per part: a weight block widened or padded
+}
+
+func (p *Pool) matMulPacked(dst, x, w []float32, wb []uint16, m, n, k int) {
+	g := &p.gemm
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	panels := (m + gemmPanel - 1) / gemmPanel
+	g.dst, g.x, g.w, g.wb, g.m, g.n, g.k = dst, x, w, wb, m, n, k
+	g.parts = min(p.Size(), (n+gemmTileW-1)/gemmTileW)
+	g.xp = grow(g.xp, panels*gemmPanel*k)
+	for len(g.wide) < g.parts {
+		g.wide = append(g.wide, nil)
+	}
+	for i := range g.parts {
+		g.wide[i] = grow(g.wide[i], gemmNB*k)
+	}
+	p.Run(packPanels, Args{Job: g}, panels, 1)
+	p.Run(gemmParts, Args{Job: g}, g.parts, 1)
+	g.dst, g.x, g.w, g.wb = nil, nil, nil, nil
+}
+
+func grow(b []float32, n int) []float32 {
+	if cap(b) < n {
+		return make([]float32, n)
+	}
+	return b[:n]
+}
+
+// packPanels packs panels [lo, hi) of x: xp[(panel*k+p)*16+i] = x[panel*16+i][p].
+func packPanels(a *Args, lo, hi int) {
+	g := a.Job.(*gemmJob)
+	k := g.k
+	for ip := lo; ip < hi; ip++ {
+		xp := g.xp[ip*gemmPanel*k : (ip+1)*gemmPanel*k]
+		for i := range gemmPanel {
+			r := ip*gemmPanel + i
+			if r >= g.m {
+				for p := range k {
+					xp[p*gemmPanel+i] = 0
+				}
+				continue
+			}
+			row := g.x[r*k : r*k+k]
+			for p, v := range row {
+				xp[p*gemmPanel+i] = v
+			}
+		}
+	}
+}
+
+// gemmParts computes parts [lo, hi) of the output columns, each a run of
+// whole register tiles.
+func gemmParts(a *Args, lo, hi int) {
+	g := a.Job.(*gemmJob)
+	tiles := (g.n + gemmTileW - 1) / gemmTileW
+	per := (tiles + g.parts - 1) / g.parts * gemmTileW
+	for part := lo; part < hi; part++ {
+		g.columns(g.wide[part], part*per, min((part+1)*per, g.n))
+	}
+}
+
+// columns computes output columns [c0, c1) for all rows, using wide (gemmNB
+// rows of k) for widened or padded weight blocks.
+func (g *gemmJob) columns(wide []float32, c0, c1 int) {
+	m, n, k := g.m, g.n, g.k
+	var tile [gemmNB * gemmPanel]float32 // tile[j*16+i]: weight row j, panel row i
+	for jb := c0; jb < c1; jb += gemmNB {
+		nb := min(gemmNB, c1-jb)
+		tiles := (nb + gemmTileW - 1) / gemmTileW
+		wblk := wide
+		switch {
+		case g.wb != nil:
+			WidenBF16(wide[:nb*k], g.wb[jb*k:(jb+nb)*k])
+			clear(wide[nb*k : tiles*gemmTileW*k])
+		case nb%gemmTileW != 0:
+			copy(wide, g.w[jb*k:(jb+nb)*k])
+			clear(wide[nb*k : tiles*gemmTileW*k])
+		default:
+			wblk = g.w[jb*k : (jb+nb)*k]
+		}
+		for r0 := 0; r0 < m; r0 += gemmPanel {
+			xp := g.xp[r0*k : (r0+gemmPanel)*k]
+			for pc := 0; pc < k; pc += gemmKC {
+				kc := min(gemmKC, k-pc)
+				for t := range tiles {
+					gemmTile(xp[pc*gemmPanel:], wblk[t*gemmTileW*k+pc:], k, kc, tile[t*gemmTileW*gemmPanel:], pc > 0)
+				}
+			}
+			for i := range min(gemmPanel, m-r0) {
+				d := g.dst[(r0+i)*n+jb : (r0+i)*n+jb+nb]
+				for j := range d {
+					d[j] = tile[j*gemmPanel+i]
+				}
+			}
+		}
+	}
+}
+
+// gemmTile runs the register tile: out[r*16+i] (+)= sum_p<kc w[r*wstride+p]
+// * xp[p*16+i] for r < 6, i < 16.
+func gemmTile(xp, w []float32, wstride, kc int, out []float32, load bool) {
+	_ = out[gemmTileW*gemmPanel-1]
+	_ = w[(gemmTileW-1)*wstride+kc-1]
+	_ = xp[kc*gemmPanel-1]
+	if useAVX2 {
+		l := 0
+		if load {
+			l = 1
+		}
+		gemm16x6AVX2(&xp[0], &w[0], wstride, kc, &out[0], l)
+		return
+	}
+	gemmTileGo(xp, w, wstride, kc, out, load)
+}
+
+// gemmTileGo is gemmTile in Go (separate roundings where the assembly
+// fuses the multiply-add).
+func gemmTileGo(xp, w []float32, wstride, kc int, out []float32, load bool) {
+	for r := range gemmTileW {
+		wr := w[r*wstride : r*wstride+kc]
+		for i := range gemmPanel {
+			var s float32
+			if load {
+				s = out[r*gemmPanel+i]
+			}
+			for p, v := range wr {
+				s += v * xp[p*gemmPanel+i]
+			}
+			out[r*gemmPanel+i] = s
+		}
+	}
+}

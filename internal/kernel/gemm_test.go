@@ -1,0 +1,161 @@
+package kernel
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// checkProduct compares dst = x·wᵀ with a float64 reference, within the
+// rounding bound of a k-term float32 sum (k·2⁻²³ of the sum of magnitudes).
+func checkProduct(t *testing.T, name string, got, x, w []float32, m, n, k int) {
+	t.Helper()
+	for i := range m {
+		for j := range n {
+			var want, mag float64
+			for q := range k {
+				p := float64(x[i*k+q]) * float64(w[j*k+q])
+				want, mag = want+p, mag+math.Abs(p)
+			}
+			tol := float64(k)*0x1p-23*mag + 1e-30
+			if d := math.Abs(float64(got[i*n+j]) - want); d > tol || math.IsNaN(d) {
+				t.Fatalf("%s m=%d n=%d k=%d (%d,%d): %g want %g", name, m, n, k, i, j, got[i*n+j], want)
+			}
+		}
+	}
+}
+
+// randBF16 returns bf16 weights and the same weights widened.
+func randBF16(r *rand.Rand, n int) ([]uint16, []float32) {
+	wb := make([]uint16, n)
+	for i := range wb {
+		wb[i] = uint16(math.Float32bits(float32(r.NormFloat64())) >> 16)
+	}
+	w := make([]float32, n)
+	WidenBF16(w, wb)
+	return wb, w
+}
+
+// TestMatMulPacked runs the packed GEMM on edge shapes (partial panels,
+// tiles and weight blocks; k around the block size) for pools of one to
+// three parts, f32 and bf16 weights, from unaligned starts.
+func TestMatMulPacked(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 22))
+	for _, parts := range []int{1, 2, 3} {
+		p := NewPool(parts)
+		for _, m := range []int{1, 15, 16, 17, 63, 65} {
+			for _, n := range []int{1, 5, 6, 7, 47, 48, 49, 97} {
+				for _, k := range []int{1, 15, 17, 63, 255, 256, 257, 520} {
+					x := randSlice(r, m*k+1)[1:]
+					wb, w := randBF16(r, n*k+1)
+					wb, w = wb[1:], w[1:]
+					got, gotB := make([]float32, m*n), make([]float32, m*n)
+					p.matMulPacked(got, x, w, nil, m, n, k)
+					p.matMulPacked(gotB, x, nil, wb, m, n, k)
+					checkProduct(t, "f32", got, x, w, m, n, k)
+					for i := range got {
+						if got[i] != gotB[i] {
+							t.Fatalf("m=%d n=%d k=%d: bf16 weights give %g, the same weights widened %g", m, n, k, gotB[i], got[i])
+						}
+					}
+				}
+			}
+		}
+		p.Close()
+	}
+}
+
+// TestMatMulPackedRowInvariant checks that an output depends only on its
+// x row and weight row: the rows of x reversed give the rows of the
+// product reversed, to the bit, although every row lands in another panel
+// slot and the panels fill differently.
+func TestMatMulPackedRowInvariant(t *testing.T) {
+	r := rand.New(rand.NewPCG(23, 24))
+	p := NewPool(2)
+	defer p.Close()
+	m, n, k := 71, 29, 300
+	x, w := randSlice(r, m*k), randSlice(r, n*k)
+	rev := make([]float32, m*k)
+	for i := range m {
+		copy(rev[(m-1-i)*k:(m-i)*k], x[i*k:(i+1)*k])
+	}
+	a, b := make([]float32, m*n), make([]float32, m*n)
+	p.matMulPacked(a, x, w, nil, m, n, k)
+	p.matMulPacked(b, rev, w, nil, m, n, k)
+	for i := range m {
+		for j := range n {
+			if a[i*n+j] != b[(m-1-i)*n+j] {
+				t.Fatalf("row %d col %d: %g, reversed %g", i, j, a[i*n+j], b[(m-1-i)*n+j])
+			}
+		}
+	}
+}
+
+// TestGemmTile compares the assembly register tile with its Go twin, from
+// zero and continuing partial sums.
+func TestGemmTile(t *testing.T) {
+	if !useAVX2 {
+		t.Skip("no assembly tile in this build")
+	}
+	r := rand.New(rand.NewPCG(25, 26))
+	for _, kc := range []int{1, 2, 7, 64, 256} {
+		for _, load := range []bool{false, true} {
+			stride := kc + 3
+			xp, w := randSlice(r, kc*gemmPanel), randSlice(r, gemmTileW*stride)
+			got, want := randSlice(r, gemmTileW*gemmPanel), make([]float32, gemmTileW*gemmPanel)
+			copy(want, got)
+			gemmTile(xp, w, stride, kc, got, load)
+			gemmTileGo(xp, w, stride, kc, want, load)
+			for i := range got {
+				if d := math.Abs(float64(got[i] - want[i])); d > 1e-5*float64(kc)*math.Max(1, math.Abs(float64(want[i]))) {
+					t.Fatalf("kc=%d load=%v out[%d]: %g, Go %g", kc, load, i, got[i], want[i])
+				}
+			}
+		}
+	}
+}
+
+func TestMatMulPackedNoAlloc(t *testing.T) {
+	p := NewPool(0)
+	defer p.Close()
+	m, n, k := PackedMinRows, 100, 96
+	x, w, y := make([]float32, m*k), make([]float32, n*k), make([]float32, m*n)
+	wb := make([]uint16, len(w))
+	p.matMulPacked(y, x, w, nil, m, n, k) // the buffers grow once
+	if a := testing.AllocsPerRun(20, func() {
+		p.matMulPacked(y, x, w, nil, m, n, k)
+		p.matMulPacked(y, x, nil, wb, m, n, k)
+	}); a != 0 && !raceEnabled {
+		t.Errorf("packed MatMul allocates %v times per call", a)
+	}
+}
+
+// BenchmarkPackedVsTiles runs the packed GEMM and the dot-form tiles side
+// by side on bf16 weights (n 2048) by row count and depth: where the two
+// cross is where PackedMinRows and packedMinK belong.
+func BenchmarkPackedVsTiles(b *testing.B) {
+	p := NewPool(0)
+	defer p.Close()
+	n := 2048
+	r := rand.New(rand.NewPCG(1, 1))
+	for _, k := range []int{512, 768, 1024, 1536, 2048} {
+		wb, _ := randBF16(r, n*k)
+		for _, m := range []int{32, 64, 256} {
+			x, y := randSlice(r, m*k), make([]float32, m*n)
+			flop := 2 * float64(m*n*k)
+			b.Run(fmt.Sprintf("k%d/m%d/packed", k, m), func(b *testing.B) {
+				for range b.N {
+					p.matMulPacked(y, x, nil, wb, m, n, k)
+				}
+				b.ReportMetric(flop*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			})
+			b.Run(fmt.Sprintf("k%d/m%d/tiles", k, m), func(b *testing.B) {
+				for range b.N {
+					p.Run(matMulBF16Range, Args{Dst: y, X: x, WB: wb, M: m, N: n, K: k}, n, 16)
+				}
+				b.ReportMetric(flop*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			})
+		}
+	}
+}
