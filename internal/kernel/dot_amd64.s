@@ -813,6 +813,9 @@ u1tile:
 	XORQ AX, AX
 	MOVQ k+16(FP), CX
 
+	CMPQ BX, $4096
+	JGE  u1long
+
 u1loop:
 	CMPQ CX, $8
 	JL   u1red
@@ -831,6 +834,30 @@ u1loop:
 	ADDQ $8, AX
 	SUBQ $8, CX
 	JMP  u1loop
+
+// Rows of 4 KB and more: each row prefetched 1.5 KB ahead of itself, so
+// the four streams run like one STREAM read each (measured 90-100% of the
+// read probe against 75% for the tile-ahead prefetch; short rows need that
+// one, whose lead does not depend on the row length).
+u1long:
+	CMPQ CX, $8
+	JL   u1red
+	PREFETCHT1 1536(DI)(AX*4)
+	PREFETCHT1 1536(R8)(AX*4)
+	PREFETCHT1 1536(R9)(AX*4)
+	PREFETCHT1 1536(R10)(AX*4)
+	VMOVUPS (SI)(AX*4), Y12
+	VMOVUPS (DI)(AX*4), Y8
+	VMOVUPS (R8)(AX*4), Y9
+	VMOVUPS (R9)(AX*4), Y10
+	VMOVUPS (R10)(AX*4), Y11
+	VFMADD231PS Y12, Y8, Y0
+	VFMADD231PS Y12, Y9, Y1
+	VFMADD231PS Y12, Y10, Y2
+	VFMADD231PS Y12, Y11, Y3
+	ADDQ $8, AX
+	SUBQ $8, CX
+	JMP  u1long
 
 u1red:
 	VEXTRACTF128 $1, Y0, X8
