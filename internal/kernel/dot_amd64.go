@@ -99,3 +99,6 @@ func mixAVX2(out, x, y *float32, a, b, c float32, n int)
 
 //go:noescape
 func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load int)
+
+//go:noescape
+func read4AVX2(x *float32, n int) float32

@@ -86,3 +86,5 @@ func mixAVX2(out, x, y *float32, a, b, c float32, n int) {
 func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load int) {
 	panic("kernel: no assembly on this platform")
 }
+
+func read4AVX2(x *float32, n int) float32 { panic("kernel: no assembly on this platform") }

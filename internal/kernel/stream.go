@@ -29,7 +29,15 @@ func Sum(x []float32) float32 {
 	return s + (s0 + s1) + (s2 + s3)
 }
 
-func sumRange(a *Args, lo, hi int) { a.Dst[lo/a.K] = Sum(a.X[lo:hi]) }
+func sumRange(a *Args, lo, hi int) {
+	x := a.X[lo:hi]
+	if useAVX2 && len(x) >= 128 {
+		n := len(x) &^ 127
+		a.Dst[lo/a.K] = read4AVX2(&x[0], n) + Sum(x[n:])
+		return
+	}
+	a.Dst[lo/a.K] = Sum(x)
+}
 
 // ReadBandwidth measures the STREAM-style read bandwidth of buf on the
 // pool's goroutines: the median of reps full passes, in bytes per second.
