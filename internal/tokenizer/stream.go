@@ -116,7 +116,11 @@ type Message struct {
 // Chat renders messages in the Kimi chat format:
 // <|im_system|>system<|im_middle|>…<|im_end|><|im_user|>user<|im_middle|>…<|im_end|>
 // and, with generation, opens an assistant turn for the model to complete.
-// Roles other than user and assistant use the system marker.
+// Roles other than user and assistant use the system marker. This is the
+// rendering of the released Kimi chat templates (K2, Kimi-VL, Moonlight);
+// those templates also insert a default system turn ("You are Kimi, an AI
+// assistant created by Moonshot AI.") when the first message is not a
+// system one, which Chat leaves to the caller.
 func Chat(msgs []Message, generation bool) string {
 	var b strings.Builder
 	for _, m := range msgs {
