@@ -40,10 +40,11 @@ func Kernels(w io.Writer) {
 		b[i], c[i] = 1, 2
 	}
 	triad := p.Triad(a, b, c, 5)
+	triadNT := p.TriadNT(a, b, c, 5)
 	read := p.ReadBandwidth(b, 5)
 	peak := p.PeakFLOPS()
-	fmt.Fprintf(w, "machine limits measured now: STREAM triad %.1f GB/s, read %.1f GB/s, FMA peak %.0f GFLOP/s (%d threads)\n",
-		triad/1e9, read/1e9, peak/1e9, threads)
+	fmt.Fprintf(w, "machine limits measured now: STREAM triad %.1f GB/s (with non-temporal stores %.1f), read %.1f GB/s, FMA peak %.0f GFLOP/s (%d threads)\n",
+		triad/1e9, triadNT/1e9, read/1e9, peak/1e9, threads)
 	if openblas.Available {
 		fmt.Fprintf(w, "OpenBLAS core: %s (set OPENBLAS_CORETYPE=SkylakeX if it says Prescott)\n", openblas.CoreName())
 	} else {
@@ -77,7 +78,7 @@ func Kernels(w io.Writer) {
 	}
 	tw.Flush()
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "matrix-vector (cold weights)\tGB/s\t/ triad\t/ read\tG weights/s\t")
+	fmt.Fprintln(tw, "matrix-vector (cold weights)\tGB/s\t/ triad\t/ NT triad\t/ read\tG weights/s\t")
 	for _, s := range [][2]int{{4096, 4096}, {2048, 8192}} {
 		rows, cols := s[0], s[1]
 		copies := (768 << 20) / (4 * rows * cols)
@@ -94,16 +95,17 @@ func Kernels(w io.Writer) {
 		}
 		x, y := make([]float32, cols), make([]float32, rows)
 		// The host's bandwidth drifts from second to second, so each
-		// measurement of the kernel sits between a triad and a read pass
-		// and is divided by them: the ratios are medians of those
-		// neighbouring pairs, not of the kernel against a probe taken at
-		// another moment.
+		// measurement of the kernel sits among a triad, a non-temporal
+		// triad and a read pass and is divided by them: the ratios are
+		// medians of those neighbouring pairs, not of the kernel against a
+		// probe taken at another moment.
 		const reps, iters = 11, 12
 		row := func(name string, bytesPer float64, after func(), f func(i int)) {
 			bytes := float64(rows*cols) * bytesPer
-			var rate, toTriad, toRead []float64
+			var rate, toTriad, toNT, toRead []float64
 			for r := 0; r < reps; r++ {
 				tr := p.Triad(a, b, c, 1)
+				nt := p.TriadNT(a, b, c, 1)
 				start := time.Now()
 				for i := 0; i < iters; i++ {
 					f(r*iters + i)
@@ -112,10 +114,10 @@ func Kernels(w io.Writer) {
 				after()
 				rd := p.ReadBandwidth(b, 1)
 				rate = append(rate, k)
-				toTriad, toRead = append(toTriad, k/tr), append(toRead, k/max(rd, 1))
+				toTriad, toNT, toRead = append(toTriad, k/tr), append(toNT, k/nt), append(toRead, k/rd)
 			}
-			fmt.Fprintf(tw, "%s %dx%d\t%.1f\t%.0f%%\t%.0f%%\t%.1f\t\n", name, rows, cols, medianOf(rate)/1e9, 100*medianOf(toTriad),
-				100*medianOf(toRead), medianOf(rate)/bytesPer/1e9)
+			fmt.Fprintf(tw, "%s %dx%d\t%.1f\t%.0f%%\t%.0f%%\t%.0f%%\t%.1f\t\n", name, rows, cols, medianOf(rate)/1e9, 100*medianOf(toTriad),
+				100*medianOf(toNT), 100*medianOf(toRead), medianOf(rate)/bytesPer/1e9)
 		}
 		row("k3 f32", 4, func() {}, func(i int) { p.MatMul(y, x, wf[i%copies], 1, rows, cols) })
 		row("k3 bf16", 2, func() {}, func(i int) { p.MatMulBF16(y, x, wb[i%copies], 1, rows, cols) })

@@ -102,3 +102,6 @@ func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load i
 
 //go:noescape
 func read4AVX2(x *float32, n int) float32
+
+//go:noescape
+func triadPlainAVX2(a, b, c *float32, s float32, n int)

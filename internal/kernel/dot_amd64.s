@@ -1522,3 +1522,32 @@ r4done:
 	MOVSS X0, ret+16(FP)
 	VZEROUPPER
 	RET
+
+// func triadPlainAVX2(a, b, c *float32, s float32, n int)
+// The STREAM triad with ordinary stores, as STREAM's own code does: the
+// stores allocate their lines, so the bus moves 16 bytes per element while
+// STREAM counts 12.
+TEXT ·triadPlainAVX2(SB), NOSPLIT, $0-40
+	MOVQ a+0(FP), DI
+	MOVQ b+8(FP), SI
+	MOVQ c+16(FP), DX
+	VBROADCASTSS s+24(FP), Y0
+	MOVQ n+32(FP), CX
+
+tploop:
+	CMPQ CX, $8
+	JL   tpdone
+	PREFETCHT1 2048(SI)
+	PREFETCHT1 2048(DX)
+	VMOVUPS (SI), Y1
+	VFMADD231PS (DX), Y0, Y1
+	VMOVUPS Y1, (DI)
+	ADDQ $32, DI
+	ADDQ $32, SI
+	ADDQ $32, DX
+	SUBQ $8, CX
+	JMP  tploop
+
+tpdone:
+	VZEROUPPER
+	RET

@@ -88,3 +88,7 @@ func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load i
 }
 
 func read4AVX2(x *float32, n int) float32 { panic("kernel: no assembly on this platform") }
+
+func triadPlainAVX2(a, b, c *float32, s float32, n int) {
+	panic("kernel: no assembly on this platform")
+}

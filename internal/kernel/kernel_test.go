@@ -371,12 +371,15 @@ func TestTriadValues(t *testing.T) {
 	for i := range b {
 		b[i], c[i] = float32(i), float32(2*i)
 	}
-	if bw := p.Triad(a, b, c, 1); !(bw > 0) {
-		t.Errorf("bandwidth %v", bw)
-	}
-	for i := range a {
-		if a[i] != b[i]+3*c[i] {
-			t.Fatalf("a[%d] = %v, want %v", i, a[i], b[i]+3*c[i])
+	for _, triad := range []func(a, b, c []float32, reps int) float64{p.Triad, p.TriadNT} {
+		clear(a)
+		if bw := triad(a, b, c, 1); !(bw > 0) {
+			t.Errorf("bandwidth %v", bw)
+		}
+		for i := range a {
+			if a[i] != b[i]+3*c[i] {
+				t.Fatalf("a[%d] = %v, want %v", i, a[i], b[i]+3*c[i])
+			}
 		}
 	}
 }

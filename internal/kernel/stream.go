@@ -86,10 +86,8 @@ func (p *Pool) PeakFLOPS() float64 {
 
 // Limits measures, once per process, the memory bandwidth (the higher of a
 // STREAM-style read and a STREAM triad over arrays far past the last-level
-// cache: neither alone is an upper bound on this host, where the kernels
-// sometimes beat the read probe) and the FMA peak of a default pool.
-// Benchmarks report their figures as shares of these, measured in the same
-// run.
+// cache) and the FMA peak of a default pool. Benchmarks report their
+// figures as shares of these, measured in the same run.
 var Limits = sync.OnceValues(func() (bandwidth, peakFLOPS float64) {
 	p := NewPool(0)
 	defer p.Close()
@@ -105,7 +103,12 @@ var Limits = sync.OnceValues(func() (bandwidth, peakFLOPS float64) {
 func triadRange(a *Args, lo, hi int) {
 	x, y, z := a.Dst[lo:hi], a.X[lo:hi], a.Y[lo:hi]
 	i := 0
-	if useAVX2 && len(x) >= 8 && uintptr(unsafe.Pointer(&x[0]))%32 == 0 {
+	switch {
+	case !useAVX2 || len(x) < 8:
+	case a.K == 0:
+		i = len(x) &^ 7
+		triadPlainAVX2(&x[0], &y[0], &z[0], a.F, i)
+	case uintptr(unsafe.Pointer(&x[0]))%32 == 0:
 		i = len(x) &^ 7
 		triadAVX2(&x[0], &y[0], &z[0], a.F, i)
 	}
@@ -116,13 +119,26 @@ func triadRange(a *Args, lo, hi int) {
 
 // Triad measures the STREAM triad a = b + s·c over the three arrays (equal
 // lengths, far larger than the cache) on the pool: the median of reps
-// passes, in bytes per second (12 bytes per element, as STREAM counts).
-func (p *Pool) Triad(a, b, c []float32, reps int) float64 {
+// passes, in bytes per second. Like STREAM's own code it stores through the
+// cache and counts 12 bytes per element, although the bus also reads each
+// line of a before it is written (16 bytes an element).
+func (p *Pool) Triad(a, b, c []float32, reps int) float64 { return p.triad(a, b, c, reps, false) }
+
+// TriadNT is Triad with non-temporal stores, which skip reading a: on some
+// hosts (the development VM) it moves a third more bytes per second than
+// any read-only stream, so it bounds mixed traffic, not reads.
+func (p *Pool) TriadNT(a, b, c []float32, reps int) float64 { return p.triad(a, b, c, reps, true) }
+
+func (p *Pool) triad(a, b, c []float32, reps int, nt bool) float64 {
 	per := ((len(a)+p.Size()-1)/p.Size() + 7) &^ 7
+	mode := 0 // Args.K selects the stores: 0 plain, 1 non-temporal
+	if nt {
+		mode = 1
+	}
 	rates := make([]float64, 0, reps)
 	for r := 0; r < reps; r++ {
 		start := time.Now()
-		p.Run(triadRange, Args{Dst: a, X: b, Y: c, F: 3}, len(a), per)
+		p.Run(triadRange, Args{Dst: a, X: b, Y: c, F: 3, K: mode}, len(a), per)
 		rates = append(rates, float64(12*len(a))/time.Since(start).Seconds())
 	}
 	slices.Sort(rates)
