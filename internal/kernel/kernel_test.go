@@ -439,7 +439,7 @@ func TestMatMulBF16BatchInvariant(t *testing.T) {
 	defer p.Close()
 	for _, m := range []int{2, 4, 5, 8, 9, 12, 15, 16, 19, 33} {
 		for _, n := range []int{1, 3, 17, 64} {
-			for _, k := range []int{8, 24, 136} {
+			for _, k := range []int{8, 24, 136, 1024, 2056} {
 				x := randSlice(r, m*k)
 				wb := make([]uint16, n*k)
 				for i := range wb {

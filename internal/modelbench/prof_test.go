@@ -136,7 +136,11 @@ func TestProfileDecode(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("K3_PROFILE_STEPS")); err == nil {
 		steps = v
 	}
-	for _, bsz := range []int{1, 8} {
+	sizes := []int{1, 8}
+	if v, err := strconv.Atoi(os.Getenv("K3_PROFILE_BATCH")); err == nil {
+		sizes = []int{v}
+	}
+	for _, bsz := range sizes {
 		bt, _ := m.NewBatch(bsz)
 		var ss []*k3.Session
 		for i := 0; i < bsz; i++ {
