@@ -5,8 +5,15 @@
 // the final norm and lm_head), sessions (one sequence's caches), sampling,
 // streaming generation, batching and the tokenizer.
 //
-// Status: the model assembly is not implemented yet. The configuration
-// types are available now.
+// A program loads a Model once (Load, LoadFS, or LoadTiny for the embedded
+// random-weight model), then runs one Session per conversation: Generate
+// streams tokens as an iter.Seq2, Forward returns logits. Sessions can be
+// cloned and truncated. Batch steps many sessions in one pass over the
+// weights, with each session's results equal to decoding it alone, and
+// Batcher serves concurrent Generate calls with continuous batching.
+// Errors name the problem and wrap sentinels (ErrBadToken, ErrContextFull,
+// ErrEmptyPrompt, ErrInvalidOption, ErrInvalidConfig, ErrCheckpoint) for
+// errors.Is; bad input leaves the model and the session usable.
 package k3
 
 import "k3/internal/config"
