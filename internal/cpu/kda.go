@@ -25,7 +25,7 @@ type kdaJob struct {
 // kdaScratch holds one (sequence, head) item's working set.
 type kdaScratch struct {
 	q, k, v, g, beta []float32 // the item's tokens, preprocessed, contiguous
-	u, o, r          []float32 // per chunk: [C, V]
+	u, o             []float32 // per chunk: [C, V]
 	kd, qd           []float32 // decayed keys/queries [C, K], views of kq
 	kq, uo           []float32 // [kd; qd] [2C, K] and its product with the state [2C, V]
 	ka, kb, qa       []float32 // factorised decays [C, K]

@@ -254,10 +254,6 @@ func (b *Backend) Copy(dst, src compute.Tensor) error {
 	return nil
 }
 
-func unsupported(op, issue string) error {
-	return fmt.Errorf("cpu: %s: %w (not implemented yet; tracked by the %s issue)", op, compute.ErrUnsupported, issue)
-}
-
 // headMMScratch holds one head's gathered rows for HeadMatMul.
 type headMMScratch struct{ x, y []float32 }
 

@@ -103,7 +103,6 @@ type BPE struct {
 	specialBytes map[int32][]byte // special tokens' text by id
 	sp           specials
 	vocab        int
-	pieces       []string // scratch
 }
 
 // NewBPE builds an encoder from mergeable ranks (token bytes → id) and
