@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"sync"
 	"unsafe"
 
 	"k3/internal/compute"
@@ -25,6 +26,14 @@ type buffer struct {
 // Backend is the pure-Go backend.
 type Backend struct {
 	pool *kernel.Pool
+
+	tapsMu sync.Mutex
+	taps   map[tapsKey][]float32 // conv taps transposed, by weight (convTaps)
+}
+
+type tapsKey struct {
+	mem any
+	off int
 }
 
 var _ compute.Backend = (*Backend)(nil)

@@ -42,16 +42,10 @@ func (b *Backend) CausalConv(a *compute.ConvArgs) error {
 	}
 	sc := convScratchPool.Get().(*convScratch)
 	defer convScratchPool.Put(sc)
-	// Taps transposed to [W, ch], so each tap is a vector over channels.
-	sc.wT = grow32(sc.wT, w*ch)
-	for c := 0; c < ch; c++ {
-		for tap := 0; tap < w; tap++ {
-			sc.wT[tap*ch+c] = wt[c*w+tap]
-		}
-	}
+	wT := b.convTaps(a.Weight, wt, ch, w)
 	for s := 0; s < n; s++ {
 		t0, t1 := int(cu[s]), int(cu[s+1])
-		sc.job = convJob{out: out[t0*ch : t1*ch], x: x[t0*ch : t1*ch], wT: sc.wT,
+		sc.job = convJob{out: out[t0*ch : t1*ch], x: x[t0*ch : t1*ch], wT: wT,
 			state: st[s*(w-1)*ch : (s+1)*(w-1)*ch], t: t1 - t0, ch: ch, w: w}
 		b.pool.Run(convChannels, kernel.Args{Job: &sc.job}, (ch+convBlock-1)/convBlock, 1)
 	}
@@ -67,9 +61,30 @@ type convJob struct {
 	t, ch, w          int
 }
 
-type convScratch struct {
-	wT  []float32
-	job convJob
+type convScratch struct{ job convJob }
+
+// convTaps returns the conv taps wt ([ch, w], the checkpoint's layout)
+// transposed to [w, ch], so that each tap is a vector over channels. The
+// transpose is kept per weight tensor: weights do not change after loading,
+// and a decode step would otherwise redo it for every token.
+func (b *Backend) convTaps(t compute.Tensor, wt []float32, ch, w int) []float32 {
+	b.tapsMu.Lock()
+	defer b.tapsMu.Unlock()
+	key := tapsKey{t.Mem, t.Off}
+	if v, ok := b.taps[key]; ok && len(v) == w*ch {
+		return v
+	}
+	v := make([]float32, w*ch)
+	for c := 0; c < ch; c++ {
+		for tap := 0; tap < w; tap++ {
+			v[tap*ch+c] = wt[c*w+tap]
+		}
+	}
+	if b.taps == nil {
+		b.taps = map[tapsKey][]float32{}
+	}
+	b.taps[key] = v
+	return v
 }
 
 var convScratchPool = sync.Pool{New: func() any { return new(convScratch) }}
@@ -118,7 +133,7 @@ type stepJob struct {
 	w                *compute.KDAWeights
 	sc               *stepScratch
 	alog, dtb, onorm []float32
-	wt               []float32 // conv taps [3·H·D, width]
+	wt               []float32 // conv taps transposed, [width, 3·H·D]
 	h, d, width      int
 }
 
@@ -249,6 +264,7 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 	if wt == nil || len(alog) < h || len(dtb) != hd || len(onorm) != d {
 		return shapeErr("kda step: conv %v, A_log %v, dt_bias %v, o_norm %v must be f32 for %d heads of %d", w.Conv, w.ALog, w.DTBias, w.ONorm, h, d)
 	}
+	wt = b.convTaps(w.Conv, wt, 3*hd, width)
 	// The short conv (each head's q, k and v channels), the recurrence, the
 	// norm and the gate of every (sequence, head) in parallel.
 	sc.job = stepJob{w: w, sc: sc, alog: alog, dtb: dtb, onorm: onorm, h: h, d: d, wt: wt, width: width}
@@ -257,22 +273,21 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 }
 
 // convStep convolves one token for channels [c0, c1) of rows ch wide and
-// shifts those channels of the conv state (W-1 rows, oldest first).
-func convStep(out, x, wt, state []float32, ch, w, c0, c1 int) {
-	for c := c0; c < c1; c++ {
-		taps := wt[c*w : (c+1)*w]
-		var y float32 // same order and rounding as convSeq: oldest tap first
-		for t := 0; t < w-1; t++ {
-			y += float32(taps[t] * state[t*ch+c])
-		}
-		y += float32(taps[w-1] * x[c])
-		out[c] = y
-		for t := 0; t+1 < w-1; t++ {
-			state[t*ch+c] = state[(t+1)*ch+c]
-		}
-		if w > 1 {
-			state[(w-2)*ch+c] = x[c]
-		}
+// shifts those channels of the conv state (W-1 rows, oldest first). wT holds
+// the taps as [W, ch]. Same order and rounding as convSeq: oldest tap
+// first, each product rounded before the sum.
+func convStep(out, x, wT, state []float32, ch, w, c0, c1 int) {
+	o := out[c0:c1]
+	clear(o)
+	for t := 0; t < w-1; t++ {
+		kernel.MulAdd(o, wT[t*ch+c0:t*ch+c1], state[t*ch+c0:t*ch+c1])
 	}
-	kernel.SiLUInPlace(out[c0:c1])
+	kernel.MulAdd(o, wT[(w-1)*ch+c0:(w-1)*ch+c1], x[c0:c1])
+	for t := 0; t+1 < w-1; t++ {
+		copy(state[t*ch+c0:t*ch+c1], state[(t+1)*ch+c0:(t+1)*ch+c1])
+	}
+	if w > 1 {
+		copy(state[(w-2)*ch+c0:(w-2)*ch+c1], x[c0:c1])
+	}
+	kernel.SiLUInPlace(o)
 }
