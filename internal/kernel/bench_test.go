@@ -69,8 +69,9 @@ func BenchmarkMatVecBF16_2048x8192(b *testing.B) { benchMatVec(b, 2048, 8192, tr
 
 // Small decode products (a 100M model's shared expert): per-call costs and
 // prefetch distance matter more than the inner loop.
-func BenchmarkMatVecBF16_768x384(b *testing.B) { benchMatVec(b, 768, 384, true) }
-func BenchmarkMatVecBF16_384x768(b *testing.B) { benchMatVec(b, 384, 768, true) }
+func BenchmarkMatVecBF16_768x384(b *testing.B)  { benchMatVec(b, 768, 384, true) }
+func BenchmarkMatVecBF16_384x768(b *testing.B)  { benchMatVec(b, 384, 768, true) }
+func BenchmarkMatVecBF16_2304x768(b *testing.B) { benchMatVec(b, 2304, 768, true) }
 
 // benchMatMul times C = A·Bᵀ (the Linear layout) and reports GFLOP/s and
 // the share of the FMA peak measured in the same run.
