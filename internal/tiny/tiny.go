@@ -93,6 +93,10 @@ type Options struct {
 	Seed  uint64
 	BF16  bool // store matrices as bf16 (norms, biases and gates stay f32)
 	Scale float64
+	// Edit, when set, changes the preset's text config (the fields of
+	// config.json's text_config, or of the whole file for Kimi Linear)
+	// before it is written: tests use it for shapes no preset has.
+	Edit func(text map[string]any)
 }
 
 // Write creates dir with a checkpoint of the preset.
@@ -100,6 +104,13 @@ func Write(dir, preset string, o Options) error {
 	cfgJSON, err := Config(preset)
 	if err != nil {
 		return err
+	}
+	if o.Edit != nil {
+		text := cfgJSON
+		if tc, ok := cfgJSON["text_config"].(map[string]any); ok {
+			text = tc
+		}
+		o.Edit(text)
 	}
 	raw, err := json.MarshalIndent(cfgJSON, "", "  ")
 	if err != nil {
