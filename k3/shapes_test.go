@@ -12,7 +12,8 @@ import (
 // head and rank sizes that are not multiples of the vector width, grouped
 // routing, a top-K smaller than the prompt, a short conv of width 3)
 // through prefill, decode and batching: a prompt prefilled in chunks of 7
-// must give the logits of one pass (within float32 rounding), and a batch
+// must give the logits of one pass (within float32 rounding; at 70 tokens
+// and width 1032 the one pass runs the packed GEMM), and a batch
 // must give each session its solo logits to the bit.
 func TestShapes(t *testing.T) {
 	odd := func(text map[string]any) {
@@ -44,9 +45,14 @@ func TestShapes(t *testing.T) {
 			text["num_experts"], text["num_experts_per_token"] = 8, 2
 			text["num_expert_group"], text["topk_group"] = 4, 2
 		}},
+		// Wide enough (k >= 1024) that a 70-token pass takes the packed
+		// GEMM while chunks of 7 take the dot-form tiles.
+		{"k31pro-wide", "k31pro", func(text map[string]any) {
+			text["hidden_size"] = 1032
+		}},
 	}
 	ctx := context.Background()
-	prompt := make([]int32, 37)
+	prompt := make([]int32, 70)
 	for i := range prompt {
 		prompt[i] = int32(3 + (i*37)%200)
 	}
