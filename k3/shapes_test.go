@@ -45,6 +45,10 @@ func TestShapes(t *testing.T) {
 			text["num_experts"], text["num_experts_per_token"] = 8, 2
 			text["num_expert_group"], text["topk_group"] = 4, 2
 		}},
+		{"k31pro-yarn", "k31pro", func(text map[string]any) {
+			text["rope_scaling"] = map[string]any{"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 512,
+				"beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+		}},
 		// Wide enough (k >= 1024) that a 70-token pass takes the packed
 		// GEMM while chunks of 7 take the dot-form tiles.
 		{"k31pro-wide", "k31pro", func(text map[string]any) {
