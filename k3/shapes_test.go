@@ -10,8 +10,8 @@ import (
 
 // TestShapes runs checkpoints of shapes no golden file has (odd widths,
 // head and rank sizes that are not multiples of the vector width, grouped
-// routing, a top-K smaller than the prompt, a short conv of width 3)
-// through prefill, decode and batching: a prompt prefilled in chunks of 7
+// routing, a top-K smaller than the prompt, a short conv of width 3, YaRN
+// rope scaling) through prefill, decode and batching: a prompt prefilled in chunks of 7
 // must give the logits of one pass (within float32 rounding; at 70 tokens
 // and width 1032 the one pass runs the packed GEMM), and a batch
 // must give each session its solo logits to the bit.
