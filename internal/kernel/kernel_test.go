@@ -249,6 +249,29 @@ func TestSum(t *testing.T) {
 	}
 }
 
+// TestReadProbe checks that the read probe's four streams cover every
+// element once (small integers: the sum is exact in any order).
+func TestReadProbe(t *testing.T) {
+	p := NewPool(2)
+	defer p.Close()
+	for _, n := range []int{1, 127, 128, 129, 1000, 4096 + 8} {
+		x := make([]float32, n)
+		var want float32
+		for i := range x {
+			x[i] = float32(i % 7)
+			want += x[i]
+		}
+		parts := make([]float32, 2)
+		sumRange(&Args{Dst: parts, X: x, K: n}, 0, n)
+		if parts[0] != want {
+			t.Errorf("n=%d: probe sum %g, want %g", n, parts[0], want)
+		}
+		if bw := p.ReadBandwidth(x, 1); !(bw > 0) {
+			t.Errorf("n=%d: bandwidth %v", n, bw)
+		}
+	}
+}
+
 func TestExp(t *testing.T) {
 	worst := 0.0
 	for x := float32(-87); x <= 88.5; x += 0.000731 {
