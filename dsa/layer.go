@@ -128,6 +128,12 @@ type Weights struct {
 	IWeights         compute.Tensor // [HI, D], times HI^-1/2·DI^-1/2
 }
 
+// CopiedTensors names the tensors LoadWeights only reads to build
+// rearranged copies (those a checkpoint has): their stored bytes are not
+// read again once it returns, so a loader may release them.
+var CopiedTensors = [...]string{"q_b_proj.weight", "q_proj.weight", "kv_a_proj_with_mqa.weight",
+	"kv_b_proj.weight", "indexer.weights_proj.weight"}
+
 // LoadWeights loads a layer's tensors (names relative to "self_attn.").
 func LoadWeights(b compute.Backend, cfg Config, src weights.Source) (*Weights, error) {
 	if err := cfg.validate(); err != nil {

@@ -265,7 +265,18 @@ func (s *source) dequant(name string, ti safetensors.TensorInfo, data []byte) (c
 		h := floatx.BF16(v)
 		out[2*i], out[2*i+1] = byte(h), byte(h>>8)
 	}
+	s.ck.Release(name) // the bf16 copy is what the model reads
+	s.ck.Release(scaleName)
 	return compute.BF16, ti.Shape, out, nil
+}
+
+// release drops the mapped pages of tensors (names relative to prefix)
+// that loading only copied; the copies are what the model reads. Names the
+// checkpoint lacks are skipped.
+func (s *source) release(prefix string, names ...string) {
+	for _, n := range names {
+		s.ck.Release(s.name(prefix + n))
+	}
 }
 
 func (s *source) prefixed(prefix string) weights.Source {
@@ -382,6 +393,7 @@ func (m *Model) loadLayer(src *source, l int) (*layer, []float32, error) {
 		if ly.kda, err = kda.LoadWeights(m.b, ly.kdaCfg, attn); err != nil {
 			return nil, nil, err
 		}
+		src.release(prefix+"self_attn.", kda.CopiedTensors[:]...)
 	default:
 		c := cfg.MLA
 		ly.mlaCfg = dsa.Config{Hidden: d, NumHeads: c.NumHeads, QLoRARank: c.QLoRARank, KVLoRARank: c.KVLoRARank,
@@ -399,6 +411,7 @@ func (m *Model) loadLayer(src *source, l int) (*layer, []float32, error) {
 		if ly.mla, err = dsa.LoadWeights(m.b, ly.mlaCfg, attn); err != nil {
 			return nil, nil, err
 		}
+		src.release(prefix+"self_attn.", dsa.CopiedTensors[:]...)
 		if m.dense {
 			ly.mlaCfg.Indexer = nil
 		}

@@ -45,6 +45,12 @@ func (c Config) validate() error {
 // the layer's attention prefix ("q_proj.weight", "A_log", ...).
 type Source = weights.Source
 
+// CopiedTensors names the tensors LoadWeights only copies (stacking the
+// q|k|v projections and their conv taps): their stored bytes are not read
+// again once it returns, so a loader may release them.
+var CopiedTensors = [...]string{"q_proj.weight", "k_proj.weight", "v_proj.weight",
+	"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"}
+
 // LoadWeights builds a layer's weights on b from src, checking every shape
 // against cfg; errors name the tensor and both shapes. Matrices keep their
 // stored dtype (F32 or BF16); the small per-channel tensors become F32.

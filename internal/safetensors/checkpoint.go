@@ -139,6 +139,13 @@ func (c *Checkpoint) Bytes(name string) ([]byte, TensorInfo, error) {
 	return f.Bytes(name)
 }
 
+// Release releases a tensor's pages (see File.Release).
+func (c *Checkpoint) Release(name string) {
+	if f, ok := c.byName[name]; ok {
+		f.Release(name)
+	}
+}
+
 // Close closes every file.
 func (c *Checkpoint) Close() error {
 	var first error

@@ -224,6 +224,7 @@ type File struct {
 	data   []byte      // the whole file when mapped or read into memory
 	ra     io.ReaderAt // used when data is nil
 	close  func() error
+	mapped bool // data is a read-only file mapping (see Release)
 }
 
 // Open opens and validates a safetensors file, memory-mapping it.
@@ -248,13 +249,15 @@ func Open(path string) (*File, error) {
 		f.Close()
 		return nil, err
 	}
-	return newFile(path, h, data, nil, func() error {
+	file := newFile(path, h, data, nil, func() error {
 		err := unmap()
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}
 		return err
-	}), nil
+	})
+	file.mapped = mapsFiles && len(data) > 0
+	return file, nil
 }
 
 // NewReader reads a safetensors file of the given size from r. Tensor data
@@ -337,6 +340,26 @@ func (f *File) Bytes(name string) ([]byte, TensorInfo, error) {
 		return nil, t, fmt.Errorf("safetensors: %s: tensor %q: %w", f.name, name, err)
 	}
 	return b, t, nil
+}
+
+// Release tells a memory-mapped file that the named tensor's bytes were
+// needed only while loading (copied, rearranged or converted): the whole
+// pages inside them leave the process's resident memory. Reading the tensor
+// again still works, the pages come back from the file. For files that are
+// not mapped (read into memory, or read on demand) it does nothing.
+func (f *File) Release(name string) {
+	t, ok := f.Tensor(name)
+	if !ok || !f.mapped || f.data == nil {
+		return
+	}
+	// The mapping starts on a page boundary, so offsets into it are
+	// page-aligned exactly when addresses are.
+	page := int64(os.Getpagesize())
+	lo := (t.Offset + page - 1) / page * page
+	hi := (t.Offset + t.Size) / page * page
+	if lo < hi {
+		dropPages(f.data[lo:hi])
+	}
 }
 
 // Close releases the mapping and the file.

@@ -223,3 +223,53 @@ func FuzzParseHeader(f *testing.F) {
 		}
 	})
 }
+
+// TestRelease drops a mapped tensor's pages and reads it again: the values
+// come back from the file. An in-memory file is left untouched (dropping
+// pages of ordinary memory would zero them).
+func TestRelease(t *testing.T) {
+	n := 3 * os.Getpagesize() // several whole pages inside the tensor
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(i%1000) + 0.5
+	}
+	var buf bytes.Buffer
+	if err := Write(&buf, []Tensor{F32Tensor("a", []int{n}, v), F32Tensor("b", []int{2}, []float32{7, 8})}, nil); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "r.safetensors")
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mapped, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mapped.Close()
+	mem, err := FromBytes("mem", bytes.Clone(buf.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []*File{mapped, mem} {
+		if _, _, err := f.Float32s("a"); err != nil { // touch the pages
+			t.Fatal(err)
+		}
+		f.Release("a")
+		f.Release("missing") // no-op
+		for _, name := range []string{"a", "b"} {
+			got, _, err := f.Float32s(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := v
+			if name == "b" {
+				want = []float32{7, 8}
+			}
+			for i := range want {
+				if got[i] != want[i] {
+					t.Fatalf("%s: %s[%d] = %v after Release, want %v", f.Name(), name, i, got[i], want[i])
+				}
+			}
+		}
+	}
+}
