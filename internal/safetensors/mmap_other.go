@@ -16,6 +16,4 @@ func mapFile(f *os.File, size int64) ([]byte, func() error, error) {
 	return b, func() error { return nil }, nil
 }
 
-func dropPages(b []byte) {}
-
 const mapsFiles = false
