@@ -475,5 +475,7 @@ func (m *Model) loadMoE(src *source, prefix string) (*moe.Weights, moe.Router, e
 }
 
 // WithComputeBackend runs the model on b, which the caller owns (Close on
-// the model does not close it). For custom or instrumented backends.
+// the model does not close it). The seam is internal to k3, so this is for
+// k3's own tools (the per-operation profiler wraps the Go backend with it);
+// applications choose a backend by name with WithBackend.
 func WithComputeBackend(b compute.Backend) Option { return func(o *options) { o.be = b } }
