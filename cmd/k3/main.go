@@ -19,6 +19,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
+	"text/tabwriter"
 )
 
 type command struct {
@@ -27,12 +29,13 @@ type command struct {
 }
 
 var commands = []command{
-	{"run", "run [-model DIR] [-prompt TEXT] [-chat] ...  generate from a prompt, streaming, then speed and memory", runRun},
-	{"chat", "chat [-model DIR] [-system TEXT] ...           interactive multi-turn chat", runChat},
-	{"new-tiny", "new-tiny -preset NAME -out DIR               write a random-weight checkpoint", runNewTiny},
-	{"conform", "conform [-backend go] DIR|FILE...   run the golden-vector conformance suite", runConform},
-	{"inspect", "inspect PATH                        list a checkpoint's or golden file's tensors and config", runInspect},
-	{"bench", "bench dsa [-contexts L,...] [-out F] time sparse against dense DSA decode; table and plot", runBench},
+	{"run", "run [-model DIR] [-prompt TEXT] [-chat] ...\tgenerate from a prompt, streaming, then speed and memory", runRun},
+	{"chat", "chat [-model DIR] [-system TEXT] ...\tinteractive multi-turn chat", runChat},
+	{"new-tiny", "new-tiny -preset NAME -out DIR\twrite a random-weight checkpoint", runNewTiny},
+	{"conform", "conform [-backend go] DIR|FILE...\trun the golden-vector conformance suite", runConform},
+	{"inspect", "inspect PATH\tlist a checkpoint's or golden file's tensors and config", runInspect},
+	{"bench", "bench dsa|kernels|model\tsparse vs dense DSA decode; GEMM and matrix-vector against the machine's\n" +
+		"\tlimits (and OpenBLAS, built with -tags openblas); whole-model speed", runBench},
 }
 
 // errFailed reports a command that printed its own failure.
@@ -76,7 +79,15 @@ var errUsage = errors.New("usage")
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: k3 <command> [arguments]\n\ncommands:")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	for _, c := range commands {
-		fmt.Fprintln(w, "  k3", c.usage)
+		// Continuation lines start with a tab: they go under the help column.
+		for i, line := range strings.Split(c.usage, "\n") {
+			if i == 0 {
+				line = "k3 " + line
+			}
+			fmt.Fprintln(tw, "  "+line)
+		}
 	}
+	tw.Flush()
 }
