@@ -41,9 +41,6 @@ func widenBF16AVX2(dst *float32, src *uint16, n int)
 func rowUpdateAVX2(row, u, o *float32, a, b, c float32, n int)
 
 //go:noescape
-func tiles4x1BF16AVX2(x *float32, w *uint16, k, tiles int, out *float32)
-
-//go:noescape
 func expAVX2(x *float32, n int, k *[16]float32)
 
 //go:noescape
@@ -61,9 +58,6 @@ func triadAVX2(a, b, c *float32, s float32, n int)
 
 //go:noescape
 func dot4x2F32AVX2(x *float32, xstride int, w *float32, stride, n int, out *[8]float32)
-
-//go:noescape
-func tiles4x1F32AVX2(x *float32, w *float32, k, tiles int, out *float32)
 
 //go:noescape
 func rowUpdateDotAVX2(row, e, k, q *float32, a float32, n int) float32
@@ -105,3 +99,9 @@ func read4AVX2(x *float32, n int) float32
 
 //go:noescape
 func triadPlainAVX2(a, b, c *float32, s float32, n int)
+
+//go:noescape
+func streams4x1BF16AVX2(x *float32, w *uint16, k, rows, gap int, out *float32)
+
+//go:noescape
+func streams4x1F32AVX2(x *float32, w *float32, k, rows, gap int, out *float32)

@@ -396,76 +396,6 @@ rdone:
 	VZEROUPPER
 	RET
 
-// func tiles4x1BF16AVX2(x *float32, w *uint16, k, tiles int, out *float32)
-// For each of tiles groups of four consecutive weight rows (each k long,
-// k % 8 == 0): out[4t+c] = dot4x1BF16AVX2's result. Looping over tiles here
-// saves the per-tile call and bookkeeping, which dominate short rows.
-TEXT ·tiles4x1BF16AVX2(SB), NOSPLIT, $0-40
-	MOVQ x+0(FP), SI
-	MOVQ w+8(FP), DI
-	MOVQ k+16(FP), BX
-	SHLQ $1, BX              // row bytes
-	MOVQ tiles+24(FP), R12
-	MOVQ out+32(FP), DX
-
-t1tile:
-	TESTQ R12, R12
-	JZ    t1end
-	LEAQ (DI)(BX*1), R8
-	LEAQ (R8)(BX*1), R9
-	LEAQ (R9)(BX*1), R10
-	LEAQ (R10)(BX*1), R13
-	LEAQ (R13)(BX*4), R13     // two tiles ahead: short rows outrun one tile of lead
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	XORQ AX, AX
-	MOVQ k+16(FP), CX
-
-t1loop:
-	CMPQ CX, $8
-	JL   t1red
-	PREFETCHT1 (R13)(AX*8)    // four rows of the next tile: 4x the bytes of this step
-	VMOVUPS (SI)(AX*4), Y12
-	VPMOVZXWD (DI)(AX*2), Y8
-	VPMOVZXWD (R8)(AX*2), Y9
-	VPMOVZXWD (R9)(AX*2), Y10
-	VPMOVZXWD (R10)(AX*2), Y11
-	VPSLLD $16, Y8, Y8
-	VPSLLD $16, Y9, Y9
-	VPSLLD $16, Y10, Y10
-	VPSLLD $16, Y11, Y11
-	VFMADD231PS Y12, Y8, Y0
-	VFMADD231PS Y12, Y9, Y1
-	VFMADD231PS Y12, Y10, Y2
-	VFMADD231PS Y12, Y11, Y3
-	ADDQ $8, AX
-	SUBQ $8, CX
-	JMP  t1loop
-
-t1red:
-	VEXTRACTF128 $1, Y0, X8
-	VADDPS X8, X0, X0
-	VEXTRACTF128 $1, Y1, X9
-	VADDPS X9, X1, X1
-	VEXTRACTF128 $1, Y2, X10
-	VADDPS X10, X2, X2
-	VEXTRACTF128 $1, Y3, X11
-	VADDPS X11, X3, X3
-	VHADDPS X1, X0, X0
-	VHADDPS X3, X2, X2
-	VHADDPS X2, X0, X0
-	VMOVUPS X0, (DX)
-	ADDQ $16, DX
-	LEAQ (R10)(BX*1), DI     // next tile starts after row 3
-	DECQ R12
-	JMP  t1tile
-
-t1end:
-	VZEROUPPER
-	RET
-
 // Register use of the vector exponential (expBody):
 //   Y0 x in, result out; Y1-Y7 temporaries; Y8-Y15 constants.
 // Constants table (func args k): 0 low, 4 high, 8 log2e, 12 ln2hi,
@@ -786,100 +716,6 @@ f2done:
 	RET
 
 
-
-// func tiles4x1F32AVX2(x *float32, w *float32, k, tiles int, out *float32)
-// The float32-weight twin of tiles4x1BF16AVX2, with the same arithmetic as
-// dot4x2F32AVX2's rows.
-TEXT ·tiles4x1F32AVX2(SB), NOSPLIT, $0-40
-	MOVQ x+0(FP), SI
-	MOVQ w+8(FP), DI
-	MOVQ k+16(FP), BX
-	SHLQ $2, BX              // row bytes
-	MOVQ tiles+24(FP), R12
-	MOVQ out+32(FP), DX
-
-u1tile:
-	TESTQ R12, R12
-	JZ    u1end
-	LEAQ (DI)(BX*1), R8
-	LEAQ (R8)(BX*1), R9
-	LEAQ (R9)(BX*1), R10
-	LEAQ (R10)(BX*1), R13
-	LEAQ (R13)(BX*4), R13     // two tiles ahead: short rows outrun one tile of lead
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	XORQ AX, AX
-	MOVQ k+16(FP), CX
-
-	CMPQ BX, $4096
-	JGE  u1long
-
-u1loop:
-	CMPQ CX, $8
-	JL   u1red
-	PREFETCHT1 (R13)          // the next tile streams in at four times this step's rate
-	PREFETCHT1 64(R13)
-	ADDQ $128, R13
-	VMOVUPS (SI)(AX*4), Y12
-	VMOVUPS (DI)(AX*4), Y8
-	VMOVUPS (R8)(AX*4), Y9
-	VMOVUPS (R9)(AX*4), Y10
-	VMOVUPS (R10)(AX*4), Y11
-	VFMADD231PS Y12, Y8, Y0
-	VFMADD231PS Y12, Y9, Y1
-	VFMADD231PS Y12, Y10, Y2
-	VFMADD231PS Y12, Y11, Y3
-	ADDQ $8, AX
-	SUBQ $8, CX
-	JMP  u1loop
-
-// Rows of 4 KB and more: each row prefetched 1.5 KB ahead of itself, so
-// the four streams run like one STREAM read each (measured 90-100% of the
-// read probe against 75% for the tile-ahead prefetch; short rows need that
-// one, whose lead does not depend on the row length).
-u1long:
-	CMPQ CX, $8
-	JL   u1red
-	PREFETCHT1 1536(DI)(AX*4)
-	PREFETCHT1 1536(R8)(AX*4)
-	PREFETCHT1 1536(R9)(AX*4)
-	PREFETCHT1 1536(R10)(AX*4)
-	VMOVUPS (SI)(AX*4), Y12
-	VMOVUPS (DI)(AX*4), Y8
-	VMOVUPS (R8)(AX*4), Y9
-	VMOVUPS (R9)(AX*4), Y10
-	VMOVUPS (R10)(AX*4), Y11
-	VFMADD231PS Y12, Y8, Y0
-	VFMADD231PS Y12, Y9, Y1
-	VFMADD231PS Y12, Y10, Y2
-	VFMADD231PS Y12, Y11, Y3
-	ADDQ $8, AX
-	SUBQ $8, CX
-	JMP  u1long
-
-u1red:
-	VEXTRACTF128 $1, Y0, X8
-	VADDPS X8, X0, X0
-	VEXTRACTF128 $1, Y1, X9
-	VADDPS X9, X1, X1
-	VEXTRACTF128 $1, Y2, X10
-	VADDPS X10, X2, X2
-	VEXTRACTF128 $1, Y3, X11
-	VADDPS X11, X3, X3
-	VHADDPS X1, X0, X0
-	VHADDPS X3, X2, X2
-	VHADDPS X2, X0, X0
-	VMOVUPS X0, (DX)
-	ADDQ $16, DX
-	LEAQ (R10)(BX*1), DI     // next tile starts after row 3
-	DECQ R12
-	JMP  u1tile
-
-u1end:
-	VZEROUPPER
-	RET
 
 // func rowUpdateDotAVX2(row, e, k, q *float32, a float32, n int) float32
 // row = row ⊙ e + a·k, returning row · q, for n % 8 == 0: one pass over a
@@ -1549,5 +1385,169 @@ tploop:
 	JMP  tploop
 
 tpdone:
+	VZEROUPPER
+	RET
+
+// func streams4x1BF16AVX2(x *float32, w *uint16, k, rows, gap int, out *float32)
+// The single-row product over four streams: for i < rows, weight rows
+// w[i], w[gap+i], w[2gap+i], w[3gap+i] (each k long, k % 8 == 0) against x,
+// written to out[i], out[gap+i], ... . Each output gets the arithmetic of
+// dot4x1BF16AVX2; the rows a tile takes are a quarter of the range apart,
+// so memory is read as four long sequential streams, each row prefetched
+// 1.5 KB ahead of itself.
+TEXT ·streams4x1BF16AVX2(SB), NOSPLIT, $0-48
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ k+16(FP), BX
+	SHLQ $1, BX              // row bytes
+	MOVQ rows+24(FP), R12
+	MOVQ gap+32(FP), R11
+	MOVQ R11, R13
+	IMULQ BX, R13            // bytes between streams
+	MOVQ out+40(FP), DX
+	SHLQ $2, R11             // bytes between outputs of one tile
+
+s4row:
+	TESTQ R12, R12
+	JZ    s4end
+	LEAQ (DI)(R13*1), R8
+	LEAQ (R8)(R13*1), R9
+	LEAQ (R9)(R13*1), R10
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ AX, AX
+	MOVQ k+16(FP), CX
+
+s4loop:
+	CMPQ CX, $8
+	JL   s4red
+	PREFETCHT1 1536(DI)(AX*2)
+	PREFETCHT1 1536(R8)(AX*2)
+	PREFETCHT1 1536(R9)(AX*2)
+	PREFETCHT1 1536(R10)(AX*2)
+	VMOVUPS (SI)(AX*4), Y12
+	VPMOVZXWD (DI)(AX*2), Y8
+	VPMOVZXWD (R8)(AX*2), Y9
+	VPMOVZXWD (R9)(AX*2), Y10
+	VPMOVZXWD (R10)(AX*2), Y11
+	VPSLLD $16, Y8, Y8
+	VPSLLD $16, Y9, Y9
+	VPSLLD $16, Y10, Y10
+	VPSLLD $16, Y11, Y11
+	VFMADD231PS Y12, Y8, Y0
+	VFMADD231PS Y12, Y9, Y1
+	VFMADD231PS Y12, Y10, Y2
+	VFMADD231PS Y12, Y11, Y3
+	ADDQ $8, AX
+	SUBQ $8, CX
+	JMP  s4loop
+
+s4red:
+	VEXTRACTF128 $1, Y0, X8
+	VADDPS X8, X0, X0
+	VEXTRACTF128 $1, Y1, X9
+	VADDPS X9, X1, X1
+	VEXTRACTF128 $1, Y2, X10
+	VADDPS X10, X2, X2
+	VEXTRACTF128 $1, Y3, X11
+	VADDPS X11, X3, X3
+	VHADDPS X1, X0, X0
+	VHADDPS X3, X2, X2
+	VHADDPS X2, X0, X0
+	VMOVSS X0, (DX)
+	VPSRLDQ $4, X0, X0
+	VMOVSS X0, (DX)(R11*1)
+	VPSRLDQ $4, X0, X0
+	LEAQ (DX)(R11*2), CX
+	VMOVSS X0, (CX)
+	VPSRLDQ $4, X0, X0
+	ADDQ R11, CX
+	VMOVSS X0, (CX)
+	ADDQ $4, DX
+	ADDQ BX, DI
+	DECQ R12
+	JMP  s4row
+
+s4end:
+	VZEROUPPER
+	RET
+
+// func streams4x1F32AVX2(x *float32, w *float32, k, rows, gap int, out *float32)
+// streams4x1BF16AVX2 for float32 weights (each output with the arithmetic of the
+// four-by-two f32 tiles for a lone row).
+TEXT ·streams4x1F32AVX2(SB), NOSPLIT, $0-48
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ k+16(FP), BX
+	SHLQ $2, BX              // row bytes
+	MOVQ rows+24(FP), R12
+	MOVQ gap+32(FP), R11
+	MOVQ R11, R13
+	IMULQ BX, R13            // bytes between streams
+	MOVQ out+40(FP), DX
+	SHLQ $2, R11             // bytes between outputs of one tile
+
+f4row:
+	TESTQ R12, R12
+	JZ    f4end
+	LEAQ (DI)(R13*1), R8
+	LEAQ (R8)(R13*1), R9
+	LEAQ (R9)(R13*1), R10
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ AX, AX
+	MOVQ k+16(FP), CX
+
+f4loop:
+	CMPQ CX, $8
+	JL   f4red
+	PREFETCHT1 1536(DI)(AX*4)
+	PREFETCHT1 1536(R8)(AX*4)
+	PREFETCHT1 1536(R9)(AX*4)
+	PREFETCHT1 1536(R10)(AX*4)
+	VMOVUPS (SI)(AX*4), Y12
+	VMOVUPS (DI)(AX*4), Y8
+	VMOVUPS (R8)(AX*4), Y9
+	VMOVUPS (R9)(AX*4), Y10
+	VMOVUPS (R10)(AX*4), Y11
+	VFMADD231PS Y12, Y8, Y0
+	VFMADD231PS Y12, Y9, Y1
+	VFMADD231PS Y12, Y10, Y2
+	VFMADD231PS Y12, Y11, Y3
+	ADDQ $8, AX
+	SUBQ $8, CX
+	JMP  f4loop
+
+f4red:
+	VEXTRACTF128 $1, Y0, X8
+	VADDPS X8, X0, X0
+	VEXTRACTF128 $1, Y1, X9
+	VADDPS X9, X1, X1
+	VEXTRACTF128 $1, Y2, X10
+	VADDPS X10, X2, X2
+	VEXTRACTF128 $1, Y3, X11
+	VADDPS X11, X3, X3
+	VHADDPS X1, X0, X0
+	VHADDPS X3, X2, X2
+	VHADDPS X2, X0, X0
+	VMOVSS X0, (DX)
+	VPSRLDQ $4, X0, X0
+	VMOVSS X0, (DX)(R11*1)
+	VPSRLDQ $4, X0, X0
+	LEAQ (DX)(R11*2), CX
+	VMOVSS X0, (CX)
+	VPSRLDQ $4, X0, X0
+	ADDQ R11, CX
+	VMOVSS X0, (CX)
+	ADDQ $4, DX
+	ADDQ BX, DI
+	DECQ R12
+	JMP  f4row
+
+f4end:
 	VZEROUPPER
 	RET

@@ -32,10 +32,6 @@ func rowUpdateAVX2(row, u, o *float32, a, b, c float32, n int) {
 	panic("kernel: no assembly on this platform")
 }
 
-func tiles4x1BF16AVX2(x *float32, w *uint16, k, tiles int, out *float32) {
-	panic("kernel: no assembly on this platform")
-}
-
 func expAVX2(x *float32, n int, k *[16]float32)     { panic("kernel: no assembly on this platform") }
 func sigmoidAVX2(x *float32, n int, k *[16]float32) { panic("kernel: no assembly on this platform") }
 
@@ -46,10 +42,6 @@ func dot2x4BF16AVX2(x *float32, xstride int, w *uint16, wstride, k int, out *flo
 func triadAVX2(a, b, c *float32, s float32, n int) { panic("kernel: no assembly on this platform") }
 
 func dot4x2F32AVX2(x *float32, xstride int, w *float32, stride, n int, out *[8]float32) {
-	panic("kernel: no assembly on this platform")
-}
-
-func tiles4x1F32AVX2(x *float32, w *float32, k, tiles int, out *float32) {
 	panic("kernel: no assembly on this platform")
 }
 
@@ -90,5 +82,13 @@ func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load i
 func read4AVX2(x *float32, n int) float32 { panic("kernel: no assembly on this platform") }
 
 func triadPlainAVX2(a, b, c *float32, s float32, n int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func streams4x1BF16AVX2(x *float32, w *uint16, k, rows, gap int, out *float32) {
+	panic("kernel: no assembly on this platform")
+}
+
+func streams4x1F32AVX2(x *float32, w *float32, k, rows, gap int, out *float32) {
 	panic("kernel: no assembly on this platform")
 }

@@ -60,11 +60,11 @@ func checkMatMul(nd, nx, nw, m, n, k int) {
 func matMulRange(a *Args, lo, hi int) {
 	k, n := a.K, a.N
 	if a.M == 1 && useAVX2 && k%8 == 0 && k > 0 {
-		full := (hi - lo) / 4
-		if full > 0 {
-			tiles4x1F32AVX2(&a.X[0], &a.W[lo*k], k, full, &a.Dst[lo])
+		gap := (hi - lo) / 4
+		if gap > 0 {
+			streams4x1F32AVX2(&a.X[0], &a.W[lo*k], k, gap, gap, &a.Dst[lo])
 		}
-		lo += 4 * full
+		lo += 4 * gap
 	}
 	// Groups of eight x rows on the 2x8 tile (AVX-512VL registers), the
 	// weights walked in L2-sized blocks; same per-output arithmetic as the
@@ -155,13 +155,14 @@ func WidenBF16(dst []float32, src []uint16) {
 func matMulBF16Range(a *Args, lo, hi int) {
 	k, n := a.K, a.N
 	if a.M == 1 && useAVX2 && k%8 == 0 && k > 0 {
-		// One row of x: whole tiles in one assembly call (same arithmetic
-		// as dot4x1BF16AVX2), then the leftover rows below.
-		full := (hi - lo) / 4
-		if full > 0 {
-			tiles4x1BF16AVX2(&a.X[0], &a.WB[lo*k], k, full, &a.Dst[lo])
+		// One row of x: the range's rows as four long streams (same
+		// arithmetic as dot4x1BF16AVX2 and the tiles), then the leftover
+		// rows below.
+		gap := (hi - lo) / 4
+		if gap > 0 {
+			streams4x1BF16AVX2(&a.X[0], &a.WB[lo*k], k, gap, gap, &a.Dst[lo])
 		}
-		lo += 4 * full
+		lo += 4 * gap
 	}
 	// Rows [0, rTile) go through tiles of two weight rows against eight
 	// (AVX-512VL registers) or four rows of x, each weight widened once per
