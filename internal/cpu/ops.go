@@ -275,22 +275,50 @@ func (b *Backend) HeadMatMul(dst, x, w compute.Tensor) error {
 	if err != nil {
 		return err
 	}
+	if w.DType != compute.F32 && w.DType != compute.BF16 {
+		return fmt.Errorf("cpu: head matmul with %v weights: %w", w.DType, compute.ErrUnsupported)
+	}
+	// One work item per head: a decode step's heads are small products, and
+	// one dispatch for all of them costs less than one per head.
+	j := headJobPool.Get().(*headJob)
+	defer headJobPool.Put(j)
+	*j = headJob{xs: xs, ds: ds, w: w, t: t, h: h, k: k, n: n}
+	b.pool.Run(headHeads, kernel.Args{Job: j}, h, 1)
+	return nil
+}
+
+// headJob is one HeadMatMul call, shared by the workers.
+type headJob struct {
+	xs, ds     []float32
+	w          compute.Tensor
+	t, h, k, n int
+}
+
+var headJobPool = sync.Pool{New: func() any { return new(headJob) }}
+
+// headHeads computes heads [lo, hi): each head's rows gathered, one serial
+// product (the arithmetic of MatMul: results do not depend on how the
+// heads are spread), the outputs scattered.
+func headHeads(args *kernel.Args, lo, hi int) {
+	j := args.Job.(*headJob)
+	t, h, k, n := j.t, j.h, j.k, j.n
 	sc := headMMPool.Get().(*headMMScratch)
 	defer headMMPool.Put(sc)
 	sc.x, sc.y = grow32(sc.x, t*k), grow32(sc.y, t*n)
-	for hh := 0; hh < h; hh++ {
+	for hh := lo; hh < hi; hh++ {
 		for r := 0; r < t; r++ {
-			copy(sc.x[r*k:(r+1)*k], xs[(r*h+hh)*k:])
+			copy(sc.x[r*k:(r+1)*k], j.xs[(r*h+hh)*k:])
 		}
-		wh := w.Rows(hh, hh+1).Reshape(n, k)
-		if err := b.matmulHost(sc.y, sc.x, wh, t); err != nil {
-			return err
+		wh := j.w.Rows(hh, hh+1).Reshape(n, k)
+		if j.w.DType == compute.BF16 {
+			kernel.MatMulBF16Serial(sc.y, sc.x, U16(wh), t, n, k)
+		} else {
+			kernel.MatMulSerial(sc.y, sc.x, F32(wh), t, n, k)
 		}
 		for r := 0; r < t; r++ {
-			copy(ds[(r*h+hh)*n:(r*h+hh+1)*n], sc.y[r*n:(r+1)*n])
+			copy(j.ds[(r*h+hh)*n:(r*h+hh+1)*n], sc.y[r*n:(r+1)*n])
 		}
 	}
-	return nil
 }
 
 // RoPE rotates rows of X in place.

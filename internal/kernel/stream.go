@@ -144,3 +144,30 @@ func (p *Pool) triad(a, b, c []float32, reps int, nt bool) float64 {
 	slices.Sort(rates)
 	return rates[len(rates)/2]
 }
+
+// nowProbe holds BandwidthNow's arrays and pool, made on first use.
+var nowProbe = sync.OnceValue(func() *struct {
+	p       *Pool
+	a, b, c []float32
+} {
+	const n = 32 << 20 // 128 MB an array: four times the largest L3 seen here
+	pr := &struct {
+		p       *Pool
+		a, b, c []float32
+	}{p: NewPool(0), a: make([]float32, n), b: make([]float32, n), c: make([]float32, n)}
+	for i := range pr.b {
+		pr.b[i], pr.c[i] = 1, 2
+	}
+	return pr
+})
+
+// BandwidthNow measures the memory bandwidth at this moment: the higher of
+// one read pass and one STREAM triad over arrays far past the cache (made
+// on the first call and kept). Benchmarks call it right before and after
+// their timed loop and divide by the higher value, because on a shared
+// host the bandwidth drifts from one second to the next and a probe taken
+// at another moment (Limits) can be off by a factor of two.
+func BandwidthNow() float64 {
+	pr := nowProbe()
+	return max(pr.p.ReadBandwidth(pr.b, 1), pr.p.Triad(pr.a, pr.b, pr.c, 1))
+}
