@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"time"
+	"unicode"
 
 	"k3/internal/tiny"
 	"k3/k3"
@@ -89,7 +90,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			first = time.Since(start)
 		}
 		n++
-		fmt.Fprint(stdout, tok.Text)
+		fmt.Fprint(stdout, g.shown(tok.Text))
 	}
 	total := time.Since(start)
 	fmt.Fprintln(stdout)
@@ -143,10 +144,25 @@ func runChat(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			if err != nil {
 				return err
 			}
-			fmt.Fprint(stdout, tok.Text)
+			fmt.Fprint(stdout, g.shown(tok.Text))
 		}
 		fmt.Fprintln(stdout)
 	}
+}
+
+// shown is the text to print for a token: the embedded model's random
+// weights emit arbitrary bytes, so its control characters (other than
+// newline and tab) print as dots and cannot upset the terminal.
+func (g *genFlags) shown(text string) string {
+	if g.model != "" {
+		return text
+	}
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) && r != '\n' && r != '\t' {
+			return '.'
+		}
+		return r
+	}, text)
 }
 
 func runNewTiny(ctx context.Context, args []string, stdout, stderr io.Writer) error {

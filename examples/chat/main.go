@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"strings"
+	"unicode"
 
 	"k3/k3"
 )
@@ -23,11 +25,13 @@ func main() {
 	flag.Parse()
 	ctx := context.Background()
 
-	m, err := k3.LoadTiny(ctx)
-	if *model != "" {
-		m, err = k3.Load(ctx, *model)
-	} else {
+	var m *k3.Model
+	var err error
+	if *model == "" {
 		fmt.Fprintln(os.Stderr, "using the", k3.TinyLabel)
+		m, err = k3.LoadTiny(ctx)
+	} else {
+		m, err = k3.Load(ctx, *model)
 	}
 	if err != nil {
 		log.Fatal(err)
@@ -69,8 +73,21 @@ func main() {
 			if err != nil {
 				log.Fatal(err)
 			}
+			if *model == "" {
+				// Random weights emit arbitrary bytes, control characters
+				// included: show those as dots so the terminal stays sane.
+				tok.Text = strings.Map(visible, tok.Text)
+			}
 			fmt.Print(tok.Text)
 		}
 		fmt.Printf("\n(session holds %d tokens)\n\n", s.Len())
 	}
+}
+
+// visible replaces control characters other than newline and tab.
+func visible(r rune) rune {
+	if unicode.IsControl(r) && r != '\n' && r != '\t' {
+		return '.'
+	}
+	return r
 }

@@ -12,6 +12,8 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"strings"
+	"unicode"
 
 	"k3/k3"
 )
@@ -44,7 +46,20 @@ func main() {
 		if err != nil {
 			log.Fatal(err)
 		}
+		if *model == "" {
+			// Random weights emit arbitrary bytes, control characters
+			// included: show those as dots so the terminal stays sane.
+			tok.Text = strings.Map(visible, tok.Text)
+		}
 		fmt.Print(tok.Text)
 	}
 	fmt.Println()
+}
+
+// visible replaces control characters other than newline and tab.
+func visible(r rune) rune {
+	if unicode.IsControl(r) && r != '\n' && r != '\t' {
+		return '.'
+	}
+	return r
 }
