@@ -8,9 +8,11 @@ import "sync"
 // L1 while the tiles of a weight block use it, and the weights are read in
 // their own layout (bf16 blocks widened once per worker). Every output is
 // one FMA chain over k in order, whatever the blocking and whichever rows
-// share its tile, so equal rows of x give equal outputs; it is not the
-// summation order of the dot-form tiles that decode uses, which is why the
-// switch between the two depends only on the row count (PackedMinRows).
+// share its tile, so equal rows of x give equal outputs. It is not the
+// summation order of the dot-form tiles that decode uses, so the switch
+// between the two depends only on the product's shape (usePacked), and
+// never below PackedMinRows rows: products of up to compute.InvariantRows
+// rows (decode batches) must give each row the result it gets alone.
 const (
 	gemmPanel = 16  // x rows per packed panel (two vectors)
 	gemmTileW = 6   // weight rows per register tile
