@@ -45,6 +45,9 @@ func Kernels(w io.Writer) {
 	peak := p.PeakFLOPS()
 	fmt.Fprintf(w, "machine limits measured now: STREAM triad %.1f GB/s (with non-temporal stores %.1f), read %.1f GB/s, FMA peak %.0f GFLOP/s (%d threads)\n",
 		triad/1e9, triadNT/1e9, read/1e9, peak/1e9, threads)
+	if bf := p.PeakBF16DotFLOPS(); bf > 0 {
+		fmt.Fprintf(w, "bf16 dot-product peak (VDPBF16PS, unused: it takes bf16 activations): %.0f GFLOP/s, %.2fx the FMA peak\n", bf/1e9, bf/peak)
+	}
 	if openblas.Available {
 		fmt.Fprintf(w, "OpenBLAS core: %s (set OPENBLAS_CORETYPE=SkylakeX if it says Prescott)\n", openblas.CoreName())
 	} else {

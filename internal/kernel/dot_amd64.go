@@ -13,6 +13,10 @@ var useAVX2 = cpu.X86.HasAVX2 && cpu.X86.HasFMA
 // which set runs.
 var useAVX512 = useAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL
 
+// hasBF16Dot reports AVX512_BF16 (VDPBF16PS), measured by PeakBF16DotFLOPS;
+// no product kernel uses it (it would round activations to bfloat16).
+var hasBF16Dot = useAVX512 && cpu.X86.HasAVX512BF16
+
 //go:noescape
 func sumAVX2(x *float32, n int) float32
 
@@ -105,3 +109,6 @@ func streams4x1BF16AVX2(x *float32, w *uint16, k, rows, gap int, out *float32)
 
 //go:noescape
 func streams4x1F32AVX2(x *float32, w *float32, k, rows, gap int, out *float32)
+
+//go:noescape
+func dpbf16LoopAVX512(n int)

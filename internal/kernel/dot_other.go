@@ -6,6 +6,8 @@ const useAVX2 = false
 
 const useAVX512 = false
 
+const hasBF16Dot = false
+
 func sumAVX2(x *float32, n int) float32 { panic("kernel: no assembly on this platform") }
 
 func fmaLoopAVX2(n int) { panic("kernel: no assembly on this platform") }
@@ -92,3 +94,5 @@ func streams4x1BF16AVX2(x *float32, w *uint16, k, rows, gap int, out *float32) {
 func streams4x1F32AVX2(x *float32, w *float32, k, rows, gap int, out *float32) {
 	panic("kernel: no assembly on this platform")
 }
+
+func dpbf16LoopAVX512(n int) { panic("kernel: no assembly on this platform") }

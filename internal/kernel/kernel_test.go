@@ -641,3 +641,13 @@ func TestSoftplusAccuracy(t *testing.T) {
 		}
 	}
 }
+
+// TestPeakBF16Dot runs the bf16 dot-product probe where the CPU has it.
+func TestPeakBF16Dot(t *testing.T) {
+	p := NewPool(1)
+	defer p.Close()
+	f := p.PeakBF16DotFLOPS()
+	if hasBF16Dot != (f > 0) {
+		t.Fatalf("AVX512_BF16 %v, probe %g FLOP/s", hasBF16Dot, f)
+	}
+}

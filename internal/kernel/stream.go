@@ -84,6 +84,30 @@ func (p *Pool) PeakFLOPS() float64 {
 	return best
 }
 
+func dpbf16Range(a *Args, lo, hi int) { dpbf16LoopAVX512(a.K) }
+
+// PeakBF16DotFLOPS measures the bf16 dot-product peak of the pool's
+// goroutines (VDPBF16PS, AVX512_BF16; the best of a few runs, in FLOP/s),
+// or 0 where the instruction is missing. No product kernel uses it, since
+// it takes activations in bfloat16; `k3 bench kernels` prints it beside
+// the FMA peak as the ceiling a bf16-activation mode would have.
+func (p *Pool) PeakBF16DotFLOPS() float64 {
+	if !hasBF16Dot {
+		return 0
+	}
+	const iters = 20_000_000
+	parts := p.Size()
+	best := 0.0
+	for r := 0; r < 3; r++ {
+		start := time.Now()
+		p.Run(dpbf16Range, Args{K: iters}, parts, 1)
+		if f := float64(parts) * iters * 12 * 32 / time.Since(start).Seconds(); f > best {
+			best = f
+		}
+	}
+	return best
+}
+
 // Limits measures, once per process, the memory bandwidth (the higher of a
 // STREAM-style read and a STREAM triad over arrays far past the last-level
 // cache) and the FMA peak of a default pool. Benchmarks report their
