@@ -320,10 +320,11 @@ type Layer struct {
 	*scratch
 	freqs            []float64
 	ropeScale, scale float64
-	// MHAMin is the prefill length from which attention runs in MHA form
-	// (keys and values decompressed from the latent once per pass, cheaper
-	// than the absorbed form when many queries share them); decode and
-	// shorter passes use the absorbed form. Both compute the same values.
+	// MHAMin is the prefill length from which dense attention runs in MHA
+	// form (keys and values decompressed from the latent once per pass,
+	// cheaper than the absorbed form when many queries share them); decode,
+	// shorter passes and index-sparse passes use the absorbed form. Both
+	// compute the same values.
 	MHAMin int
 	pos    []int32
 	one    [1]int32
@@ -458,9 +459,12 @@ func (l *Layer) Forward(x compute.Tensor, cache *Cache, y compute.Tensor) error 
 		indices = l.attnIndices(indices, p0+t)
 	}
 	cache.Len = p0 + t
-	// MHA form decompresses every cached position: worth it for long passes,
-	// and only while the decompressed keys and values stay within budget.
-	if t >= l.MHAMin && cache.Len*cfg.NumHeads*(cfg.NopeDim+cfg.VDim) <= mhaBudget {
+	// MHA form decompresses every cached position: worth it for long dense
+	// passes, and only while the decompressed keys and values stay within
+	// budget. Index-sparse passes stay absorbed: every head then reads the
+	// same selected latent rows, which the backend can gather once for all
+	// heads, while in MHA form each head reads keys of its own.
+	if t >= l.MHAMin && indices.IsZero() && cache.Len*cfg.NumHeads*(cfg.NopeDim+cfg.VDim) <= mhaBudget {
 		return l.forwardMHA(x, qn, qr, cache, pos, indices, y)
 	}
 	qa := l.qa.Rows(0, t)
