@@ -7,11 +7,13 @@ import (
 	"k3/internal/tiny"
 )
 
-// BenchmarkPrefillSparse prefills 4096 tokens through a two-layer K3.1
+// BenchmarkPrefillLong prefills 4096 tokens through a two-layer K3.1
 // Pro-shaped checkpoint with wide attention (32 heads, nope/rope/value dims
 // 128/64/128, latent 512, indexer 16×64 keeping the top 512), in chunks of
-// 512: from the second chunk on every row attends to a sparse selection.
-func BenchmarkPrefillSparse(b *testing.B) {
+// 512: sparse (from the second chunk on every row attends to its top 512)
+// and dense (WithDenseAttention: every row attends to every earlier
+// position, in MHA form).
+func BenchmarkPrefillLong(b *testing.B) {
 	dir := b.TempDir()
 	edit := func(text map[string]any) {
 		text["hidden_size"], text["intermediate_size"], text["num_hidden_layers"] = 1024, 256, 2
@@ -31,24 +33,31 @@ func BenchmarkPrefillSparse(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	m, err := Load(ctx, dir, WithPrefillChunk(512))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer m.Close()
 	prompt := make([]int32, 4096)
 	for i := range prompt {
 		prompt[i] = int32(3 + (i*37)%400)
 	}
-	b.ResetTimer()
-	for range b.N {
-		s, err := m.NewSession()
-		if err != nil {
-			b.Fatal(err)
-		}
-		if _, err := s.Forward(ctx, prompt, nil); err != nil {
-			b.Fatal(err)
-		}
+	for _, c := range []struct {
+		name string
+		opts []Option
+	}{{"sparse", nil}, {"dense", []Option{WithDenseAttention()}}} {
+		b.Run(c.name, func(b *testing.B) {
+			m, err := Load(ctx, dir, append(c.opts, WithPrefillChunk(512))...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer m.Close()
+			b.ResetTimer()
+			for range b.N {
+				s, err := m.NewSession()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := s.Forward(ctx, prompt, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(len(prompt)*b.N)/b.Elapsed().Seconds(), "tokens/s")
+		})
 	}
-	b.ReportMetric(float64(len(prompt)*b.N)/b.Elapsed().Seconds(), "tokens/s")
 }

@@ -168,6 +168,10 @@ type attnScratch struct {
 	// dense blocked path (attnDenseRange), and gathered blocks of the
 	// grouped-head path of attnRange
 	qb, qrb, kb, krb, vb, zb, e, rv, acc, m, l []float32
+	// attnDenseRange: the keys of one kv head, gathered contiguous for the
+	// positions [0, khLen) (khHead -1: none yet), and a vector of ones.
+	kh, ones      []float32
+	khHead, khLen int
 }
 
 var attnScratchPool = sync.Pool{New: func() any { return new(attnScratch) }}
@@ -417,9 +421,18 @@ func attnDenseRange(args *kernel.Args, lo, hi int) {
 	hg := j.hq / j.hkv
 	dk, dr, dv := j.dk, j.dr, j.dv
 	sc.qb, sc.qrb = grow32(sc.qb, denseRows*dk), grow32(sc.qrb, denseRows*max(dr, 1))
-	sc.kb, sc.krb = grow32(sc.kb, block*dk), grow32(sc.krb, block*max(dr, 1))
 	sc.zb, sc.e, sc.rv = grow32(sc.zb, 2*denseRows*block), grow32(sc.e, block), grow32(sc.rv, dv)
 	sc.acc, sc.m, sc.l = grow32(sc.acc, denseRows*dv), grow32(sc.m, denseRows), grow32(sc.l, denseRows)
+	if len(sc.ones) != dv {
+		sc.ones = grow32(sc.ones, dv)
+		for x := range sc.ones {
+			sc.ones[x] = 1
+		}
+	}
+	// Items are head-major, so a worker's row blocks of one kv head come
+	// in a row: its keys are gathered once, as far as the blocks reach,
+	// instead of once per row block.
+	sc.khHead, sc.khLen = -1, 0
 	out := F32(a.Out)
 	var lse []float32
 	if !a.LSE.IsZero() {
@@ -441,20 +454,25 @@ func attnDenseRange(args *kernel.Args, lo, hi int) {
 		}
 		acc := sc.acc[:nr*dv]
 		clear(acc)
+		if sc.khHead != g {
+			sc.khHead, sc.khLen = g, 0
+		}
+		if need := last + 1; sc.khLen < need {
+			sc.kh = growKeep(sc.kh, need*dk)
+			for s := sc.khLen; s < need; s++ {
+				copy(sc.kh[s*dk:(s+1)*dk], j.k[(s*j.hkv+g)*dk:])
+			}
+			sc.khLen = need
+		}
 		for s0 := 0; s0 <= last; s0 += block {
 			nk := min(block, last+1-s0)
-			for i := 0; i < nk; i++ {
-				s := s0 + i
-				copy(sc.kb[i*dk:(i+1)*dk], j.k[(s*j.hkv+g)*dk:])
-				if dr > 0 {
-					copy(sc.krb[i*dr:(i+1)*dr], j.kr[s*dr:(s+1)*dr])
-				}
-			}
 			z := sc.zb[:nr*nk]
-			kernel.MatMulSerial(z, sc.qb[:nr*dk], sc.kb[:nk*dk], nr, nk, dk)
+			kernel.MatMulSerial(z, sc.qb[:nr*dk], sc.kh[s0*dk:(s0+nk)*dk], nr, nk, dk)
 			if dr > 0 {
+				// The rope keys are one row per position, shared by
+				// every head: already contiguous.
 				zr := sc.zb[nr*nk : 2*nr*nk]
-				kernel.MatMulSerial(zr, sc.qrb[:nr*dr], sc.krb[:nk*dr], nr, nk, dr)
+				kernel.MatMulSerial(zr, sc.qrb[:nr*dr], j.kr[s0*dr:(s0+nk)*dr], nr, nk, dr)
 				kernel.Add(z, z, zr)
 			}
 			kernel.Scale(z, j.scale)
@@ -465,10 +483,7 @@ func attnDenseRange(args *kernel.Args, lo, hi int) {
 					continue
 				}
 				zr := z[i*nk : i*nk+n]
-				m := sc.m[i]
-				for _, v := range zr {
-					m = max(m, v)
-				}
+				m := max(sc.m[i], maxOf(zr))
 				rr := float32(1)
 				if !math.IsInf(float64(sc.m[i]), -1) && m > sc.m[i] {
 					rr = kernel.Exp(sc.m[i] - m)
@@ -484,9 +499,12 @@ func attnDenseRange(args *kernel.Args, lo, hi int) {
 					sum += w
 				}
 				sc.l[i] = sum
-				rv := sc.rv[:dv]
-				for x := range rv {
-					rv[x] = rr
+				rv := sc.ones // the running maximum held: no rescaling (times 1 is exact)
+				if rr != 1 {
+					rv = sc.rv[:dv]
+					for x := range rv {
+						rv[x] = rr
+					}
 				}
 				kernel.RankUpdate(acc[i*dv:(i+1)*dv], rv, e, j.v[(s0*j.hkv+g)*dv:], j.hkv*dv)
 			}
@@ -593,4 +611,42 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 		}
 		kernel.RankUpdate(j.part[off+2:off+2+dv], rv, e, vb[:nk*dv], dv)
 	}
+}
+
+// maxOf returns the largest of x (at least one element; no NaNs), four
+// lanes at a time: the same value as a running max, which is exact.
+func maxOf(x []float32) float32 {
+	m0 := x[0]
+	m1, m2, m3 := m0, m0, m0
+	i := 0
+	for ; i+4 <= len(x); i += 4 {
+		if x[i] > m0 {
+			m0 = x[i]
+		}
+		if x[i+1] > m1 {
+			m1 = x[i+1]
+		}
+		if x[i+2] > m2 {
+			m2 = x[i+2]
+		}
+		if x[i+3] > m3 {
+			m3 = x[i+3]
+		}
+	}
+	for ; i < len(x); i++ {
+		if x[i] > m0 {
+			m0 = x[i]
+		}
+	}
+	return max(m0, m1, m2, m3)
+}
+
+// growKeep is grow32 that keeps the contents when it reallocates.
+func growKeep(b []float32, n int) []float32 {
+	if cap(b) >= n {
+		return b[:n]
+	}
+	nb := make([]float32, n, max(n, 2*cap(b)))
+	copy(nb, b)
+	return nb
 }
