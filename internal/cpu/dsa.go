@@ -538,6 +538,12 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 	const most = 64 // attnRange's block
 	sc.kb, sc.zb = grow32(sc.kb, most*dk), grow32(sc.zb, 2*hg*most)
 	sc.e, sc.rv = grow32(sc.e, most), grow32(sc.rv, dv)
+	if len(sc.ones) != dv {
+		sc.ones = grow32(sc.ones, dv)
+		for x := range sc.ones {
+			sc.ones[x] = 1
+		}
+	}
 	// MLA's MQA form reads the latent as both key and value.
 	shared := dk == dv && &j.k[0] == &j.v[0]
 	if !shared {
@@ -586,10 +592,7 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 	for hh := 0; hh < hg; hh++ {
 		off := j.partOff(item, p, hh)
 		zh := z[hh*nk : (hh+1)*nk]
-		m := j.part[off]
-		for _, v := range zh {
-			m = max(m, v)
-		}
+		m := max(j.part[off], maxOf(zh))
 		r := float32(1)
 		if !math.IsInf(float64(j.part[off]), -1) && m > j.part[off] {
 			r = kernel.Exp(j.part[off] - m)
@@ -605,9 +608,12 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 			sum += w
 		}
 		j.part[off+1] = sum
-		rv := sc.rv[:dv]
-		for x := range rv {
-			rv[x] = r
+		rv := sc.ones // the running maximum held: no rescaling (times 1 is exact)
+		if r != 1 {
+			rv = sc.rv[:dv]
+			for x := range rv {
+				rv[x] = r
+			}
 		}
 		kernel.RankUpdate(j.part[off+2:off+2+dv], rv, e, vb[:nk*dv], dv)
 	}
