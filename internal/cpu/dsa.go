@@ -172,6 +172,7 @@ type attnScratch struct {
 	// positions [0, khLen) (khHead -1: none yet), and a vector of ones.
 	kh, ones      []float32
 	khHead, khLen int
+	eAll, macc    []float32 // groupBlock: every head's weights, MatAccumulate's scratch
 }
 
 var attnScratchPool = sync.Pool{New: func() any { return new(attnScratch) }}
@@ -589,6 +590,14 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 		kernel.Add(z, z, zr)
 	}
 	kernel.Scale(z, j.scale)
+	// With many heads the values go in as one product for all of them
+	// (each value loaded once per six heads), after each head's rescale;
+	// the arithmetic is RankUpdate's either way.
+	together := hg >= attnValuesTogether
+	if together {
+		sc.eAll = grow32(sc.eAll, hg*most)
+		sc.macc = grow32(sc.macc, kernel.MatAccumulateScratch(most))
+	}
 	for hh := 0; hh < hg; hh++ {
 		off := j.partOff(item, p, hh)
 		zh := z[hh*nk : (hh+1)*nk]
@@ -599,6 +608,9 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 		}
 		j.part[off] = m
 		e := sc.e[:nk]
+		if together {
+			e = sc.eAll[hh*nk : (hh+1)*nk]
+		}
 		for x, v := range zh {
 			e[x] = v - m
 		}
@@ -608,6 +620,12 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 			sum += w
 		}
 		j.part[off+1] = sum
+		if together {
+			if r != 1 {
+				kernel.Scale(j.part[off+2:off+2+dv], r)
+			}
+			continue
+		}
 		rv := sc.ones // the running maximum held: no rescaling (times 1 is exact)
 		if r != 1 {
 			rv = sc.rv[:dv]
@@ -617,7 +635,16 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 		}
 		kernel.RankUpdate(j.part[off+2:off+2+dv], rv, e, vb[:nk*dv], dv)
 	}
+	if together {
+		off := j.partOff(item, p, 0)
+		kernel.MatAccumulate(j.part[off+2:], dv+2, sc.eAll[:hg*nk], vb, dv, hg, dv, nk, sc.macc)
+	}
 }
+
+// attnValuesTogether is the number of heads sharing a kv head from which
+// the grouped path adds a block's values with one product for all of them
+// (kernel.MatAccumulate) instead of one rank update per head.
+const attnValuesTogether = 6
 
 // maxOf returns the largest of x (at least one element; no NaNs), four
 // lanes at a time: the same value as a running max, which is exact.

@@ -178,3 +178,61 @@ func gemmTileGo(xp, w []float32, wstride, kc int, out []float32, load bool) {
 		}
 	}
 }
+
+// MatAccumulateScratch is the scratch MatAccumulate needs for depth k.
+func MatAccumulateScratch(k int) int { return k*gemmPanel + gemmTileW*k + gemmTileW*gemmPanel }
+
+// MatAccumulate adds a·b to m rows of c: c[r·ldc+x] becomes the FMA chain
+// over i < k of a[r·k+i]·b[i·ldb+x], in i order, starting from its value,
+// for x < n: per output exactly what RankUpdate does with e = 1 (dimensions
+// past the last whole 64 take its plain-Go tail, as it does). It runs the
+// packed GEMM's register tile with the rows of a broadcast, so each element
+// of b is loaded once for six rows instead of once per row (attention's
+// values: one block of positions for all the heads that share it).
+// scratch holds at least MatAccumulateScratch(k) floats.
+func MatAccumulate(c []float32, ldc int, a, b []float32, ldb, m, n, k int, scratch []float32) {
+	if m == 0 || n == 0 || k == 0 {
+		return
+	}
+	_ = c[(m-1)*ldc+n-1]
+	_ = a[m*k-1]
+	_ = b[(k-1)*ldb+n-1]
+	xp := scratch[:k*gemmPanel]
+	wpad := scratch[k*gemmPanel : k*gemmPanel+gemmTileW*k]
+	out := scratch[k*gemmPanel+gemmTileW*k : k*gemmPanel+gemmTileW*k+gemmTileW*gemmPanel]
+	xv := 0
+	if useAVX2 {
+		xv = n &^ 63 // RankUpdate's assembly part
+	}
+	for x0 := 0; x0 < xv; x0 += gemmPanel {
+		for p := range k {
+			copy(xp[p*gemmPanel:(p+1)*gemmPanel], b[p*ldb+x0:])
+		}
+		for r0 := 0; r0 < m; r0 += gemmTileW {
+			rows := min(gemmTileW, m-r0)
+			w := a[r0*k:]
+			if rows < gemmTileW {
+				copy(wpad, a[r0*k:(r0+rows)*k])
+				clear(wpad[rows*k:])
+				w = wpad
+			}
+			for r := range rows {
+				copy(out[r*gemmPanel:(r+1)*gemmPanel], c[(r0+r)*ldc+x0:])
+			}
+			gemmTile(xp, w, k, k, out, true)
+			for r := range rows {
+				copy(c[(r0+r)*ldc+x0:(r0+r)*ldc+x0+gemmPanel], out[r*gemmPanel:])
+			}
+		}
+	}
+	for r := range m {
+		ar := a[r*k : (r+1)*k]
+		for x := xv; x < n; x++ {
+			acc := c[r*ldc+x]
+			for i, ai := range ar {
+				acc += ai * b[i*ldb+x]
+			}
+			c[r*ldc+x] = acc
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -156,6 +157,36 @@ func BenchmarkPackedVsTiles(b *testing.B) {
 				}
 				b.ReportMetric(flop*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 			})
+		}
+	}
+}
+
+// TestMatAccumulate checks MatAccumulate against RankUpdate row by row, to
+// the bit: the grouped attention path may use either.
+func TestMatAccumulate(t *testing.T) {
+	r := rand.New(rand.NewPCG(27, 28))
+	for _, m := range []int{1, 5, 6, 7, 13, 32} {
+		for _, n := range []int{1, 17, 64, 100, 128, 512} {
+			for _, k := range []int{1, 7, 64} {
+				ldb, ldc := n+3, n+2
+				a, b := randSlice(r, m*k), randSlice(r, k*ldb)
+				c := randSlice(r, m*ldc)
+				want := slices.Clone(c)
+				ones := make([]float32, n)
+				for i := range ones {
+					ones[i] = 1
+				}
+				for row := range m {
+					RankUpdate(want[row*ldc:row*ldc+n], ones, a[row*k:(row+1)*k], b, ldb)
+				}
+				scratch := make([]float32, MatAccumulateScratch(k))
+				MatAccumulate(c, ldc, a, b, ldb, m, n, k, scratch)
+				for i := range c {
+					if c[i] != want[i] {
+						t.Fatalf("m=%d n=%d k=%d: c[%d] = %v, RankUpdate %v", m, n, k, i, c[i], want[i])
+					}
+				}
+			}
 		}
 	}
 }
