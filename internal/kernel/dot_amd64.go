@@ -96,7 +96,7 @@ func subAVX2(dst, a, b *float32, n int)
 func mixAVX2(out, x, y *float32, a, b, c float32, n int)
 
 //go:noescape
-func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load int)
+func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride int)
 
 //go:noescape
 func read4AVX2(x *float32, n int) float32

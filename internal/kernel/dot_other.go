@@ -77,7 +77,7 @@ func mixAVX2(out, x, y *float32, a, b, c float32, n int) {
 	panic("kernel: no assembly on this platform")
 }
 
-func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load int) {
+func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride int) {
 	panic("kernel: no assembly on this platform")
 }
 

@@ -131,7 +131,7 @@ func (g *gemmJob) columns(wide []float32, c0, c1 int) {
 			for pc := 0; pc < k; pc += gemmKC {
 				kc := min(gemmKC, k-pc)
 				for t := range tiles {
-					gemmTile(xp[pc*gemmPanel:], wblk[t*gemmTileW*k+pc:], k, kc, tile[t*gemmTileW*gemmPanel:], pc > 0)
+					gemmTile(xp[pc*gemmPanel:], wblk[t*gemmTileW*k+pc:], gemmPanel, k, kc, tile[t*gemmTileW*gemmPanel:], pc > 0)
 				}
 			}
 			for i := range min(gemmPanel, m-r0) {
@@ -145,25 +145,25 @@ func (g *gemmJob) columns(wide []float32, c0, c1 int) {
 }
 
 // gemmTile runs the register tile: out[r*16+i] (+)= sum_p<kc w[r*wstride+p]
-// * xp[p*16+i] for r < 6, i < 16.
-func gemmTile(xp, w []float32, wstride, kc int, out []float32, load bool) {
+// * xp[p*xstride+i] for r < 6, i < 16.
+func gemmTile(xp, w []float32, xstride, wstride, kc int, out []float32, load bool) {
 	_ = out[gemmTileW*gemmPanel-1]
 	_ = w[(gemmTileW-1)*wstride+kc-1]
-	_ = xp[kc*gemmPanel-1]
+	_ = xp[(kc-1)*xstride+gemmPanel-1]
 	if useAVX2 {
 		l := 0
 		if load {
 			l = 1
 		}
-		gemm16x6AVX2(&xp[0], &w[0], wstride, kc, &out[0], l)
+		gemm16x6AVX2(&xp[0], &w[0], wstride, kc, &out[0], l, xstride)
 		return
 	}
-	gemmTileGo(xp, w, wstride, kc, out, load)
+	gemmTileGo(xp, w, xstride, wstride, kc, out, load)
 }
 
 // gemmTileGo is gemmTile in Go (separate roundings where the assembly
 // fuses the multiply-add).
-func gemmTileGo(xp, w []float32, wstride, kc int, out []float32, load bool) {
+func gemmTileGo(xp, w []float32, xstride, wstride, kc int, out []float32, load bool) {
 	for r := range gemmTileW {
 		wr := w[r*wstride : r*wstride+kc]
 		for i := range gemmPanel {
@@ -172,7 +172,7 @@ func gemmTileGo(xp, w []float32, wstride, kc int, out []float32, load bool) {
 				s = out[r*gemmPanel+i]
 			}
 			for p, v := range wr {
-				s += v * xp[p*gemmPanel+i]
+				s += v * xp[p*xstride+i]
 			}
 			out[r*gemmPanel+i] = s
 		}
@@ -180,16 +180,16 @@ func gemmTileGo(xp, w []float32, wstride, kc int, out []float32, load bool) {
 }
 
 // MatAccumulateScratch is the scratch MatAccumulate needs for depth k.
-func MatAccumulateScratch(k int) int { return k*gemmPanel + gemmTileW*k + gemmTileW*gemmPanel }
+func MatAccumulateScratch(k int) int { return gemmTileW*k + gemmTileW*gemmPanel }
 
 // MatAccumulate adds a·b to m rows of c: c[r·ldc+x] becomes the FMA chain
 // over i < k of a[r·k+i]·b[i·ldb+x], in i order, starting from its value,
 // for x < n: per output exactly what RankUpdate does with e = 1 (dimensions
 // past the last whole 64 take its plain-Go tail, as it does). It runs the
-// packed GEMM's register tile with the rows of a broadcast, so each element
-// of b is loaded once for six rows instead of once per row (attention's
-// values: one block of positions for all the heads that share it).
-// scratch holds at least MatAccumulateScratch(k) floats.
+// packed GEMM's register tile on b in place, with the rows of a broadcast,
+// so each element of b is loaded once for six rows instead of once per row
+// (attention's values: one block of positions for all the heads that share
+// it). scratch holds at least MatAccumulateScratch(k) floats.
 func MatAccumulate(c []float32, ldc int, a, b []float32, ldb, m, n, k int, scratch []float32) {
 	if m == 0 || n == 0 || k == 0 {
 		return
@@ -197,29 +197,25 @@ func MatAccumulate(c []float32, ldc int, a, b []float32, ldb, m, n, k int, scrat
 	_ = c[(m-1)*ldc+n-1]
 	_ = a[m*k-1]
 	_ = b[(k-1)*ldb+n-1]
-	xp := scratch[:k*gemmPanel]
-	wpad := scratch[k*gemmPanel : k*gemmPanel+gemmTileW*k]
-	out := scratch[k*gemmPanel+gemmTileW*k : k*gemmPanel+gemmTileW*k+gemmTileW*gemmPanel]
+	wpad := scratch[:gemmTileW*k]
+	out := scratch[gemmTileW*k : gemmTileW*k+gemmTileW*gemmPanel]
 	xv := 0
 	if useAVX2 {
 		xv = n &^ 63 // RankUpdate's assembly part
 	}
-	for x0 := 0; x0 < xv; x0 += gemmPanel {
-		for p := range k {
-			copy(xp[p*gemmPanel:(p+1)*gemmPanel], b[p*ldb+x0:])
+	for r0 := 0; r0 < m; r0 += gemmTileW {
+		rows := min(gemmTileW, m-r0)
+		w := a[r0*k:]
+		if rows < gemmTileW {
+			copy(wpad, a[r0*k:(r0+rows)*k])
+			clear(wpad[rows*k:])
+			w = wpad
 		}
-		for r0 := 0; r0 < m; r0 += gemmTileW {
-			rows := min(gemmTileW, m-r0)
-			w := a[r0*k:]
-			if rows < gemmTileW {
-				copy(wpad, a[r0*k:(r0+rows)*k])
-				clear(wpad[rows*k:])
-				w = wpad
-			}
+		for x0 := 0; x0 < xv; x0 += gemmPanel {
 			for r := range rows {
 				copy(out[r*gemmPanel:(r+1)*gemmPanel], c[(r0+r)*ldc+x0:])
 			}
-			gemmTile(xp, w, k, k, out, true)
+			gemmTile(b[x0:], w, ldb, k, k, out, true)
 			for r := range rows {
 				copy(c[(r0+r)*ldc+x0:(r0+r)*ldc+x0+gemmPanel], out[r*gemmPanel:])
 			}

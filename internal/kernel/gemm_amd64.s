@@ -2,13 +2,14 @@
 
 #include "textflag.h"
 
-// func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load int)
+// func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride int)
 // The packed GEMM's register tile: out[r*16+i] (+)= sum_p w[r*wstride+p] *
-// xp[p*16+i] for six weight rows r and sixteen x rows i, one FMA chain per
-// output in p order. xp is a packed x panel (sixteen rows interleaved), so
-// x comes in as two vectors per p and each weight is broadcast; load != 0
+// xp[p*xstride+i] for six weight rows r and sixteen x columns i, one FMA
+// chain per output in p order. xp is a packed x panel (sixteen rows
+// interleaved, xstride 16) or any rows of sixteen contiguous values, so x
+// comes in as two vectors per p and each weight is broadcast; load != 0
 // continues the chains from out (exact: the partial sums are float32).
-TEXT ·gemm16x6AVX2(SB), NOSPLIT, $0-48
+TEXT ·gemm16x6AVX2(SB), NOSPLIT, $0-56
 	MOVQ xp+0(FP), SI
 	MOVQ w+8(FP), DI
 	MOVQ wstride+16(FP), R11
@@ -17,6 +18,8 @@ TEXT ·gemm16x6AVX2(SB), NOSPLIT, $0-48
 	ADDQ R11, R12            // weight row 3
 	MOVQ kc+24(FP), CX
 	MOVQ out+32(FP), DX
+	MOVQ xstride+48(FP), R13
+	SHLQ $2, R13
 	MOVQ load+40(FP), AX
 	TESTQ AX, AX
 	JZ   gzero
@@ -71,7 +74,7 @@ gloop:
 	VBROADCASTSS (R12)(R11*2), Y3
 	VFMADD231PS Y3, Y0, Y14
 	VFMADD231PS Y3, Y1, Y15
-	ADDQ $64, SI
+	ADDQ R13, SI
 	ADDQ $4, DI
 	ADDQ $4, R12
 	DECQ CX

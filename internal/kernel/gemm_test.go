@@ -102,15 +102,17 @@ func TestGemmTile(t *testing.T) {
 	r := rand.New(rand.NewPCG(25, 26))
 	for _, kc := range []int{1, 2, 7, 64, 256} {
 		for _, load := range []bool{false, true} {
-			stride := kc + 3
-			xp, w := randSlice(r, kc*gemmPanel), randSlice(r, gemmTileW*stride)
-			got, want := randSlice(r, gemmTileW*gemmPanel), make([]float32, gemmTileW*gemmPanel)
-			copy(want, got)
-			gemmTile(xp, w, stride, kc, got, load)
-			gemmTileGo(xp, w, stride, kc, want, load)
-			for i := range got {
-				if d := math.Abs(float64(got[i] - want[i])); d > 1e-5*float64(kc)*math.Max(1, math.Abs(float64(want[i]))) {
-					t.Fatalf("kc=%d load=%v out[%d]: %g, Go %g", kc, load, i, got[i], want[i])
+			for _, xstride := range []int{gemmPanel, 21} {
+				stride := kc + 3
+				xp, w := randSlice(r, kc*xstride+gemmPanel), randSlice(r, gemmTileW*stride)
+				got, want := randSlice(r, gemmTileW*gemmPanel), make([]float32, gemmTileW*gemmPanel)
+				copy(want, got)
+				gemmTile(xp, w, xstride, stride, kc, got, load)
+				gemmTileGo(xp, w, xstride, stride, kc, want, load)
+				for i := range got {
+					if d := math.Abs(float64(got[i] - want[i])); d > 1e-5*float64(kc)*math.Max(1, math.Abs(float64(want[i]))) {
+						t.Fatalf("kc=%d load=%v xstride=%d out[%d]: %g, Go %g", kc, load, xstride, i, got[i], want[i])
+					}
 				}
 			}
 		}
