@@ -233,11 +233,7 @@ func kdaToken(st, q, k, g, v []float32, beta float32, o, ke []float32, dk, dv in
 	// Row by row, so each state row comes from memory once: its read for
 	// (S e^g)ᵀk and its update both hit L1. The state of a batch of sessions
 	// outgrows the caches, and this is the traffic that decode pays for it.
-	for r := 0; r < dv; r++ {
-		row := st[r*dk : (r+1)*dk]
-		u := beta * (v[r] - kernel.Dot(row, ke))
-		o[r] = kernel.RowUpdateDot(row, g, k, q, u)
-	}
+	kernel.KDARows(st[:dv*dk], ke[:dk], g[:dk], k[:dk], q[:dk], v[:dv], o[:dv], beta)
 }
 
 // chunkStep processes tokens [c0, c1) of the item (a chunk) in the WY form:

@@ -112,3 +112,6 @@ func streams4x1F32AVX2(x *float32, w *float32, k, rows, gap int, out *float32)
 
 //go:noescape
 func dpbf16LoopAVX512(n int)
+
+//go:noescape
+func kdaRowsAVX2(st, ke, e, k, q, v, o *float32, beta float32, dk, dv int)

@@ -1591,3 +1591,119 @@ dploop:
 	JNZ  dploop
 	VZEROUPPER
 	RET
+
+// func kdaRowsAVX2(st, ke, e, k, q, v, o *float32, beta float32, dk, dv int)
+// KDA's decode pass over one head's state, every row in one call: for each
+// of dv rows of dk (dk % 8 == 0), s = row·ke with dotAVX2's arithmetic,
+// u = beta·(v[r] - s), then row = row ⊙ e + u·k and o[r] = row·q with
+// rowUpdateDotAVX2's. The same results as the two calls per row it
+// replaces, whose overhead was much of a short row's cost.
+TEXT ·kdaRowsAVX2(SB), NOSPLIT, $0-80
+	MOVQ st+0(FP), DI
+	MOVQ ke+8(FP), R8
+	MOVQ e+16(FP), R9
+	MOVQ k+24(FP), R10
+	MOVQ q+32(FP), R11
+	MOVQ v+40(FP), R12
+	MOVQ o+48(FP), R13
+	MOVSS beta+56(FP), X14
+	MOVQ dk+64(FP), BX
+	MOVQ dv+72(FP), DX
+
+krow:
+	TESTQ DX, DX
+	JZ    kend
+	// s = row·ke (dotAVX2)
+	XORQ AX, AX
+	MOVQ BX, CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+
+kdot32:
+	CMPQ CX, $32
+	JL   kdot8
+	VMOVUPS (DI)(AX*1), Y4
+	VMOVUPS 32(DI)(AX*1), Y5
+	VMOVUPS 64(DI)(AX*1), Y6
+	VMOVUPS 96(DI)(AX*1), Y7
+	VFMADD231PS (R8)(AX*1), Y4, Y0
+	VFMADD231PS 32(R8)(AX*1), Y5, Y1
+	VFMADD231PS 64(R8)(AX*1), Y6, Y2
+	VFMADD231PS 96(R8)(AX*1), Y7, Y3
+	ADDQ $128, AX
+	SUBQ $32, CX
+	JMP  kdot32
+
+kdot8:
+	CMPQ CX, $8
+	JL   kdotdone
+	VMOVUPS (DI)(AX*1), Y4
+	VFMADD231PS (R8)(AX*1), Y4, Y0
+	ADDQ $32, AX
+	SUBQ $8, CX
+	JMP  kdot8
+
+kdotdone:
+	VADDPS Y1, Y0, Y0
+	VADDPS Y3, Y2, Y2
+	VADDPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VHADDPS X0, X0, X0
+	VHADDPS X0, X0, X0
+	// u = beta·(v[r] - s)
+	MOVSS (R12), X5
+	SUBSS X0, X5
+	MULSS X14, X5
+	VBROADCASTSS X5, Y15
+	// row = row ⊙ e + u·k, o[r] = row·q (rowUpdateDotAVX2)
+	XORQ AX, AX
+	MOVQ BX, CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+
+kupd16:
+	CMPQ CX, $16
+	JL   kupd8
+	VMOVUPS (DI)(AX*1), Y2
+	VMOVUPS 32(DI)(AX*1), Y3
+	VMULPS (R9)(AX*1), Y2, Y2
+	VMULPS 32(R9)(AX*1), Y3, Y3
+	VFMADD231PS (R10)(AX*1), Y15, Y2
+	VFMADD231PS 32(R10)(AX*1), Y15, Y3
+	VMOVUPS Y2, (DI)(AX*1)
+	VMOVUPS Y3, 32(DI)(AX*1)
+	VFMADD231PS (R11)(AX*1), Y2, Y0
+	VFMADD231PS 32(R11)(AX*1), Y3, Y1
+	ADDQ $64, AX
+	SUBQ $16, CX
+	JMP  kupd16
+
+kupd8:
+	CMPQ CX, $8
+	JL   kupddone
+	VMOVUPS (DI)(AX*1), Y2
+	VMULPS (R9)(AX*1), Y2, Y2
+	VFMADD231PS (R10)(AX*1), Y15, Y2
+	VMOVUPS Y2, (DI)(AX*1)
+	VFMADD231PS (R11)(AX*1), Y2, Y0
+
+kupddone:
+	VADDPS Y1, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VHADDPS X0, X0, X0
+	VHADDPS X0, X0, X0
+	MOVSS X0, (R13)
+	// next row
+	LEAQ (DI)(BX*4), DI
+	ADDQ $4, R12
+	ADDQ $4, R13
+	DECQ DX
+	JMP  krow
+
+kend:
+	VZEROUPPER
+	RET

@@ -3,6 +3,7 @@ package kernel
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"testing"
 )
@@ -649,5 +650,35 @@ func TestPeakBF16Dot(t *testing.T) {
 	f := p.PeakBF16DotFLOPS()
 	if hasBF16Dot != (f > 0) {
 		t.Fatalf("AVX512_BF16 %v, probe %g FLOP/s", hasBF16Dot, f)
+	}
+}
+
+// TestKDARows checks the one-call state pass against Dot and RowUpdateDot
+// row by row, to the bit.
+func TestKDARows(t *testing.T) {
+	r := rand.New(rand.NewPCG(41, 42))
+	for _, dk := range []int{1, 8, 16, 24, 40, 64, 128, 136} {
+		for _, dv := range []int{1, 3, 64} {
+			st, ke, e := randSlice(r, dv*dk), randSlice(r, dk), randSlice(r, dk)
+			k, q, v := randSlice(r, dk), randSlice(r, dk), randSlice(r, dv)
+			want, wantO := slices.Clone(st), make([]float32, dv)
+			for row := range dv {
+				rw := want[row*dk : (row+1)*dk]
+				u := float32(0.7) * (v[row] - Dot(rw, ke))
+				wantO[row] = RowUpdateDot(rw, e, k, q, u)
+			}
+			o := make([]float32, dv)
+			KDARows(st, ke, e, k, q, v, o, 0.7)
+			for i := range st {
+				if st[i] != want[i] {
+					t.Fatalf("dk=%d dv=%d: state[%d] = %v, want %v", dk, dv, i, st[i], want[i])
+				}
+			}
+			for i := range o {
+				if o[i] != wantO[i] {
+					t.Fatalf("dk=%d dv=%d: o[%d] = %v, want %v", dk, dv, i, o[i], wantO[i])
+				}
+			}
+		}
 	}
 }
