@@ -63,6 +63,8 @@ func (p *Pool) ReadBandwidth(buf []float32, reps int) float64 {
 
 func fmaRange(a *Args, lo, hi int) { fmaLoopAVX2(a.K) }
 
+func dpbf16Range(a *Args, lo, hi int) { dpbf16LoopAVX512(a.K) }
+
 // PeakFLOPS measures the fp32 FMA peak of the pool's goroutines with an
 // AVX2 register-only loop (the best of a few runs, in FLOP/s); 0 where the
 // assembly is not available. Compute-bound benchmarks report their rate as
@@ -71,20 +73,8 @@ func (p *Pool) PeakFLOPS() float64 {
 	if !useAVX2 {
 		return 0
 	}
-	const iters = 20_000_000
-	parts := p.Size()
-	best := 0.0
-	for r := 0; r < 3; r++ {
-		start := time.Now()
-		p.Run(fmaRange, Args{K: iters}, parts, 1)
-		if f := float64(parts) * iters * 192 / time.Since(start).Seconds(); f > best {
-			best = f
-		}
-	}
-	return best
+	return p.peak(fmaRange, 12*16)
 }
-
-func dpbf16Range(a *Args, lo, hi int) { dpbf16LoopAVX512(a.K) }
 
 // PeakBF16DotFLOPS measures the bf16 dot-product peak of the pool's
 // goroutines (VDPBF16PS, AVX512_BF16; the best of a few runs, in FLOP/s),
@@ -95,13 +85,19 @@ func (p *Pool) PeakBF16DotFLOPS() float64 {
 	if !hasBF16Dot {
 		return 0
 	}
+	return p.peak(dpbf16Range, 12*32)
+}
+
+// peak runs a register-only loop of flops per iteration on every goroutine
+// of the pool and returns the best FLOP/s of three runs.
+func (p *Pool) peak(loop func(a *Args, lo, hi int), flops float64) float64 {
 	const iters = 20_000_000
 	parts := p.Size()
 	best := 0.0
 	for r := 0; r < 3; r++ {
 		start := time.Now()
-		p.Run(dpbf16Range, Args{K: iters}, parts, 1)
-		if f := float64(parts) * iters * 12 * 32 / time.Since(start).Seconds(); f > best {
+		p.Run(loop, Args{K: iters}, parts, 1)
+		if f := float64(parts) * iters * flops / time.Since(start).Seconds(); f > best {
 			best = f
 		}
 	}
