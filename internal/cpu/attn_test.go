@@ -156,6 +156,9 @@ func TestAttnGroupedHeads(t *testing.T) {
 		{t: 3, l: 300, hq: 16, hkv: 1, dk: 64, dr: 16, dv: 64, k: 100, mqa: true},
 		{t: 2, l: 90, hq: 8, hkv: 2, dk: 24, dv: 16, k: 70},
 		{t: 5, l: 40, hq: 4, hkv: 1, dk: 33, dr: 5, dv: 33, k: 16, mqa: true},
+		// 13 heads: two full six-head tiles and one of one in the values
+		// product; 130 value dims: two 64-wide vector parts and a tail.
+		{t: 2, l: 200, hq: 13, hkv: 1, dk: 130, dr: 8, dv: 130, k: 64, mqa: true},
 	} {
 		attnGroupMin = 4
 		got, gotL := runAttn(t, b, c, uint64(ci))
