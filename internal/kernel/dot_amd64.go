@@ -74,6 +74,10 @@ func dot2x8BF16AVX512(x *float32, xstride int, w *uint16, wstride, k int, out *f
 
 func reduce2x4()
 
+// store4x1 is the stream kernels' shared reduction and store (own register
+// convention; not callable from Go).
+func store4x1()
+
 //go:noescape
 func mulAddAVX2(y, a, b *float32, n int)
 

@@ -120,12 +120,18 @@ var Limits = sync.OnceValues(func() (bandwidth, peakFLOPS float64) {
 	return bw, p.PeakFLOPS()
 })
 
-func triadRange(a *Args, lo, hi int) {
+// triadRange runs the triad with ordinary stores, triadNTRange with
+// non-temporal ones (on 32-byte aligned ranges); both finish in Go.
+func triadRange(a *Args, lo, hi int) { triadPart(a, lo, hi, false) }
+
+func triadNTRange(a *Args, lo, hi int) { triadPart(a, lo, hi, true) }
+
+func triadPart(a *Args, lo, hi int, nt bool) {
 	x, y, z := a.Dst[lo:hi], a.X[lo:hi], a.Y[lo:hi]
 	i := 0
 	switch {
 	case !useAVX2 || len(x) < 8:
-	case a.K == 0:
+	case !nt:
 		i = len(x) &^ 7
 		triadPlainAVX2(&x[0], &y[0], &z[0], a.F, i)
 	case uintptr(unsafe.Pointer(&x[0]))%32 == 0:
@@ -142,23 +148,21 @@ func triadRange(a *Args, lo, hi int) {
 // passes, in bytes per second. Like STREAM's own code it stores through the
 // cache and counts 12 bytes per element, although the bus also reads each
 // line of a before it is written (16 bytes an element).
-func (p *Pool) Triad(a, b, c []float32, reps int) float64 { return p.triad(a, b, c, reps, false) }
+func (p *Pool) Triad(a, b, c []float32, reps int) float64 { return p.triad(triadRange, a, b, c, reps) }
 
 // TriadNT is Triad with non-temporal stores, which skip reading a: on some
 // hosts (the development VM) it moves a third more bytes per second than
 // any read-only stream, so it bounds mixed traffic, not reads.
-func (p *Pool) TriadNT(a, b, c []float32, reps int) float64 { return p.triad(a, b, c, reps, true) }
+func (p *Pool) TriadNT(a, b, c []float32, reps int) float64 {
+	return p.triad(triadNTRange, a, b, c, reps)
+}
 
-func (p *Pool) triad(a, b, c []float32, reps int, nt bool) float64 {
+func (p *Pool) triad(part func(a *Args, lo, hi int), a, b, c []float32, reps int) float64 {
 	per := ((len(a)+p.Size()-1)/p.Size() + 7) &^ 7
-	mode := 0 // Args.K selects the stores: 0 plain, 1 non-temporal
-	if nt {
-		mode = 1
-	}
 	rates := make([]float64, 0, reps)
 	for r := 0; r < reps; r++ {
 		start := time.Now()
-		p.Run(triadRange, Args{Dst: a, X: b, Y: c, F: 3, K: mode}, len(a), per)
+		p.Run(part, Args{Dst: a, X: b, Y: c, F: 3}, len(a), per)
 		rates = append(rates, float64(12*len(a))/time.Since(start).Seconds())
 	}
 	slices.Sort(rates)
