@@ -119,3 +119,13 @@ func dpbf16LoopAVX512(n int)
 
 //go:noescape
 func kdaRowsAVX2(st, ke, e, k, q, v, o *float32, beta float32, dk, dv int)
+
+//go:noescape
+func rows8BF16AVX2(x *float32, xstride int, w *uint16, rows, k int, out *float32, ostride int)
+
+//go:noescape
+func rows8F32AVX2(x *float32, xstride int, w *float32, rows, k int, out *float32, ostride int)
+
+// reduce8x1 is rows8's reduction and store (own register convention; not
+// callable from Go).
+func reduce8x1()

@@ -1694,3 +1694,176 @@ TEXT ·store4x1(SB), NOSPLIT|NOFRAME, $0-0
 	VMOVSS X0, (CX)
 	ADDQ $4, DX
 	RET
+
+// func rows8BF16AVX2(x *float32, xstride int, w *uint16, rows, k int, out *float32, ostride int)
+// Eight rows of x against `rows` consecutive bf16 weight rows, for CPUs
+// without AVX-512's extra registers: each widened weight vector serves all
+// eight x rows (read as memory operands of the FMAs), so a weight row is
+// read and widened once per group of eight. Per output the lanes and the
+// reduction of dot2x4BF16AVX2 (reduce2x4), so results do not depend on
+// the tile. Output of x row q and weight row j goes to out[q*ostride+j].
+TEXT ·rows8BF16AVX2(SB), NOSPLIT, $0-56
+	MOVQ x+0(FP), SI
+	MOVQ xstride+8(FP), AX
+	SHLQ $2, AX
+	LEAQ (SI)(AX*1), BX      // row 1
+	LEAQ (BX)(AX*1), R8      // row 2
+	LEAQ (R8)(AX*1), R9      // row 3
+	LEAQ (R9)(AX*1), R11     // row 4
+	LEAQ (R11)(AX*1), R12    // row 5
+	LEAQ (R12)(AX*1), R13    // row 6
+	LEAQ (R13)(AX*1), R14    // row 7
+	MOVQ w+16(FP), DI
+	MOVQ rows+24(FP), R15
+	MOVQ k+32(FP), CX
+	MOVQ out+40(FP), DX
+	MOVQ ostride+48(FP), R10
+	SHLQ $2, R10
+
+r8row:
+	TESTQ R15, R15
+	JZ    r8end
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ AX, AX
+
+r8loop:
+	CMPQ AX, CX
+	JGE  r8red
+	// The weights are one stream (rows are consecutive): prefetch it 4 KB
+	// ahead, past the row at hand.
+	PREFETCHT0 4096(DI)(AX*2)
+	VPMOVZXWD (DI)(AX*2), Y8
+	VPSLLD $16, Y8, Y8
+	VFMADD231PS (SI)(AX*4), Y8, Y0
+	VFMADD231PS (BX)(AX*4), Y8, Y1
+	VFMADD231PS (R8)(AX*4), Y8, Y2
+	VFMADD231PS (R9)(AX*4), Y8, Y3
+	VFMADD231PS (R11)(AX*4), Y8, Y4
+	VFMADD231PS (R12)(AX*4), Y8, Y5
+	VFMADD231PS (R13)(AX*4), Y8, Y6
+	VFMADD231PS (R14)(AX*4), Y8, Y7
+	ADDQ $8, AX
+	JMP  r8loop
+
+r8red:
+	CALL ·reduce8x1(SB)
+	ADDQ $4, DX
+	LEAQ (DI)(CX*2), DI
+	DECQ R15
+	JMP  r8row
+
+r8end:
+	VZEROUPPER
+	RET
+
+// func rows8F32AVX2(x *float32, xstride int, w *float32, rows, k int, out *float32, ostride int)
+// rows8BF16AVX2 for float32 weights (per output the arithmetic of
+// dot4x2F32AVX2).
+TEXT ·rows8F32AVX2(SB), NOSPLIT, $0-56
+	MOVQ x+0(FP), SI
+	MOVQ xstride+8(FP), AX
+	SHLQ $2, AX
+	LEAQ (SI)(AX*1), BX
+	LEAQ (BX)(AX*1), R8
+	LEAQ (R8)(AX*1), R9
+	LEAQ (R9)(AX*1), R11
+	LEAQ (R11)(AX*1), R12
+	LEAQ (R12)(AX*1), R13
+	LEAQ (R13)(AX*1), R14
+	MOVQ w+16(FP), DI
+	MOVQ rows+24(FP), R15
+	MOVQ k+32(FP), CX
+	MOVQ out+40(FP), DX
+	MOVQ ostride+48(FP), R10
+	SHLQ $2, R10
+
+rf8row:
+	TESTQ R15, R15
+	JZ    rf8end
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ AX, AX
+
+rf8loop:
+	CMPQ AX, CX
+	JGE  rf8red
+	PREFETCHT0 4096(DI)(AX*4)
+	VMOVUPS (DI)(AX*4), Y8
+	VFMADD231PS (SI)(AX*4), Y8, Y0
+	VFMADD231PS (BX)(AX*4), Y8, Y1
+	VFMADD231PS (R8)(AX*4), Y8, Y2
+	VFMADD231PS (R9)(AX*4), Y8, Y3
+	VFMADD231PS (R11)(AX*4), Y8, Y4
+	VFMADD231PS (R12)(AX*4), Y8, Y5
+	VFMADD231PS (R13)(AX*4), Y8, Y6
+	VFMADD231PS (R14)(AX*4), Y8, Y7
+	ADDQ $8, AX
+	JMP  rf8loop
+
+rf8red:
+	CALL ·reduce8x1(SB)
+	ADDQ $4, DX
+	LEAQ (DI)(CX*4), DI
+	DECQ R15
+	JMP  rf8row
+
+rf8end:
+	VZEROUPPER
+	RET
+
+// reduce8x1 reduces accumulators Y0-Y7 (x row q in Yq, one weight row)
+// with reduce2x4's per-accumulator arithmetic and stores output q at
+// DX + q*R10. Clobbers AX and X8.
+TEXT ·reduce8x1(SB), NOSPLIT|NOFRAME, $0-0
+	VEXTRACTF128 $1, Y0, X8
+	VADDPS X8, X0, X0
+	VEXTRACTF128 $1, Y1, X8
+	VADDPS X8, X1, X1
+	VEXTRACTF128 $1, Y2, X8
+	VADDPS X8, X2, X2
+	VEXTRACTF128 $1, Y3, X8
+	VADDPS X8, X3, X3
+	VEXTRACTF128 $1, Y4, X8
+	VADDPS X8, X4, X4
+	VEXTRACTF128 $1, Y5, X8
+	VADDPS X8, X5, X5
+	VEXTRACTF128 $1, Y6, X8
+	VADDPS X8, X6, X6
+	VEXTRACTF128 $1, Y7, X8
+	VADDPS X8, X7, X7
+	VHADDPS X1, X0, X0
+	VHADDPS X3, X2, X2
+	VHADDPS X2, X0, X0       // rows 0-3
+	VHADDPS X5, X4, X4
+	VHADDPS X7, X6, X6
+	VHADDPS X6, X4, X4       // rows 4-7
+	MOVQ DX, AX
+	VMOVSS X0, (AX)
+	ADDQ R10, AX
+	VEXTRACTPS $1, X0, (AX)
+	ADDQ R10, AX
+	VEXTRACTPS $2, X0, (AX)
+	ADDQ R10, AX
+	VEXTRACTPS $3, X0, (AX)
+	ADDQ R10, AX
+	VMOVSS X4, (AX)
+	ADDQ R10, AX
+	VEXTRACTPS $1, X4, (AX)
+	ADDQ R10, AX
+	VEXTRACTPS $2, X4, (AX)
+	ADDQ R10, AX
+	VEXTRACTPS $3, X4, (AX)
+	RET

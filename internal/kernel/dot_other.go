@@ -100,3 +100,11 @@ func dpbf16LoopAVX512(n int) { panic("kernel: no assembly on this platform") }
 func kdaRowsAVX2(st, ke, e, k, q, v, o *float32, beta float32, dk, dv int) {
 	panic("kernel: no assembly on this platform")
 }
+
+func rows8BF16AVX2(x *float32, xstride int, w *uint16, rows, k int, out *float32, ostride int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func rows8F32AVX2(x *float32, xstride int, w *float32, rows, k int, out *float32, ostride int) {
+	panic("kernel: no assembly on this platform")
+}

@@ -20,9 +20,9 @@ func TestMatMulShapes(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	p := NewPool(0)
 	defer p.Close()
-	for _, m := range []int{1, 2, 3, 8, 12, 16} {
+	for _, m := range []int{1, 2, 3, 8, 12, 16, 24, 41, 70} {
 		for _, n := range []int{1, 3, 4, 5, 17, 64} {
-			for _, k := range []int{1, 15, 16, 17, 31, 63, 65, 130} {
+			for _, k := range []int{1, 15, 16, 17, 31, 63, 64, 65, 130, 136} {
 				x, w := randSlice(r, m*k), randSlice(r, n*k)
 				wb := make([]uint16, len(w))
 				for i, v := range w {

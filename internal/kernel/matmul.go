@@ -58,7 +58,7 @@ func checkMatMul(nd, nx, nw, m, n, k int) {
 // the structure and arithmetic of matMulBF16Range (see there): four-row
 // weight tiles against pairs of x rows, whole-tile runs for a single row.
 func matMulRange(a *Args, lo, hi int) {
-	k, n := a.K, a.N
+	k := a.K
 	if a.M == 1 && useAVX2 && k%8 == 0 && k > 0 {
 		gap := (hi - lo) / 4
 		if gap > 0 {
@@ -66,24 +66,21 @@ func matMulRange(a *Args, lo, hi int) {
 		}
 		lo += 4 * gap
 	}
-	// Groups of eight x rows on the 2x8 tile (AVX-512VL registers), the
-	// weights walked in L2-sized blocks; same per-output arithmetic as the
-	// four-by-two tiles that take the remaining rows.
+	// Groups of eight x rows on the eight-row tiles (2x8 with AVX-512VL
+	// registers; without them, rows8 for prefill-sized products only, as
+	// for bf16 weights), the weights walked in L2-sized blocks; same
+	// per-output arithmetic as the four-by-two tiles that take the
+	// remaining rows.
 	r8 := 0
-	if useAVX512 && k%8 == 0 && k > 0 && a.M >= 8 {
+	if useAVX2 && k%8 == 0 && k > 0 && a.M >= 8 && (useAVX512 || a.M > 16) {
 		r8 = a.M &^ 7
 		const tileCols = 32
 		pairsHi := lo + (hi-lo)&^1
-		for jb := lo; jb < pairsHi; jb += tileCols {
-			je := min(jb+tileCols, pairsHi)
-			for r := 0; r < r8; r += 8 {
-				for j := jb; j < je; j += 2 {
-					tile2x8(a, r, j, k, &a.Dst[r*n+j], n)
-				}
-			}
+		for jb := lo; jb < hi; jb += tileCols {
+			tiles8(a, jb, min(jb+tileCols, hi), pairsHi, r8)
 		}
-		if (hi-lo)%2 == 1 {
-			loneWeightRow(a, hi-1, r8, r8)
+		if useAVX512 && (hi-lo)%2 == 1 {
+			loneWeightRow(a, hi-1, 0, r8, r8)
 		}
 	}
 	tiles4x2(a, lo, hi, r8)
@@ -164,41 +161,58 @@ func matMulBF16Range(a *Args, lo, hi int) {
 		}
 		lo += 4 * gap
 	}
-	// Rows [0, rTile) go through tiles of two weight rows against eight
-	// (AVX-512VL registers) or four rows of x, each weight widened once per
-	// group; the rest through the four-by-two tiles below. Decode batches
-	// of 4 to 16 rows always take the tiles; longer (prefill) products take
-	// them only when the eight-row tile exists, walking the weights in
-	// blocks of tileCols rows so that a block stays in L2 while the eight x
-	// rows stay in L1.
+	// Rows [0, rTile) go through tiles that widen each weight once per
+	// group of x rows: two weight rows against eight (AVX-512VL registers)
+	// or four rows of x, or, without AVX-512 and for prefill-sized
+	// products, one weight row against eight (rows8: the x rows are memory
+	// operands, which bounds it by loads, so decode batches keep the 2x4
+	// tile); the rest through the four-by-two tiles below. Decode batches
+	// of 4 to 16 rows always take the tiles; longer (prefill) products
+	// walk the weights in blocks of tileCols rows so that a block stays in
+	// L2 while the eight x rows stay in L1.
 	rTile, r8 := 0, 0
+	decode := a.M >= 4 && a.M <= 16
 	if useAVX2 && k%8 == 0 && k > 0 {
-		if useAVX512 && a.M >= 8 {
+		if a.M >= 8 && (useAVX512 || !decode) {
 			r8 = a.M &^ 7
 		}
 		rTile = r8
-		if a.M >= 4 && a.M <= 16 {
+		if decode {
 			rTile = a.M &^ 3
 		}
 	}
-	if rTile > 0 {
+	if rTile > 0 && r8 == 0 {
+		// A decode batch without the 2x8 tile: each weight pair meets every
+		// group of four x rows while it is in L1, so the weights stream from
+		// memory without pause (a block walked once per group would leave
+		// memory idle while the later groups reread it from L2).
+		pairsHi := lo + (hi-lo)&^1
+		for j := lo; j < pairsHi; j += 2 {
+			for r := 0; r < rTile; r += 4 {
+				dot2x4BF16AVX2(&a.X[r*k], k, &a.WB[j*k], k, k, &a.Dst[r*n+j], n)
+			}
+		}
+		if (hi-lo)%2 == 1 {
+			loneWeightRow(a, hi-1, 0, 0, rTile)
+		}
+	} else if rTile > 0 {
 		const tileCols = 64
 		pairsHi := lo + (hi-lo)&^1
-		for jb := lo; jb < pairsHi; jb += tileCols {
-			je := min(jb+tileCols, pairsHi)
-			for r := 0; r < r8; r += 8 {
-				for j := jb; j < je; j += 2 {
-					tile2x8(a, r, j, k, &a.Dst[r*n+j], n)
-				}
-			}
+		for jb := lo; jb < hi; jb += tileCols {
+			je := min(jb+tileCols, hi)
+			tiles8(a, jb, je, pairsHi, r8)
 			for r := r8; r < rTile; r += 4 {
-				for j := jb; j < je; j += 2 {
+				for j := jb; j < min(je, pairsHi); j += 2 {
 					dot2x4BF16AVX2(&a.X[r*k], k, &a.WB[j*k], k, k, &a.Dst[r*n+j], n)
 				}
 			}
 		}
 		if (hi-lo)%2 == 1 {
-			loneWeightRow(a, hi-1, r8, rTile)
+			r0 := r8 // the eight-row tiles without AVX-512 took the odd column
+			if useAVX512 {
+				r0 = 0
+			}
+			loneWeightRow(a, hi-1, r0, r8, rTile)
 		}
 	}
 	tiles4x2(a, lo, hi, rTile)
@@ -285,14 +299,35 @@ func tile2x8(a *Args, r, j, wstride int, out *float32, ostride int) {
 	}
 }
 
+// tiles8 computes columns [jb, je) for x rows [0, r8) (r8 a multiple of
+// eight) with the eight-row tiles: with AVX-512VL the 2x8 tile on the
+// column pairs below pairsHi (loneWeightRow takes an odd last column),
+// else rows8, one weight row at a time against all eight x rows.
+func tiles8(a *Args, jb, je, pairsHi, r8 int) {
+	k, n := a.K, a.N
+	for r := 0; r < r8; r += 8 {
+		if !useAVX512 {
+			if a.WB != nil {
+				rows8BF16AVX2(&a.X[r*k], k, &a.WB[jb*k], je-jb, k, &a.Dst[r*n+jb], n)
+			} else {
+				rows8F32AVX2(&a.X[r*k], k, &a.W[jb*k], je-jb, k, &a.Dst[r*n+jb], n)
+			}
+			continue
+		}
+		for j := jb; j < min(je, pairsHi); j += 2 {
+			tile2x8(a, r, j, k, &a.Dst[r*n+j], n)
+		}
+	}
+}
+
 // loneWeightRow computes column j, the last of an odd count, for x rows
-// [0, rTile): the two-row tiles run with the row taken twice, eight x rows
+// [r0, rTile): the two-row tiles run with the row taken twice, eight x rows
 // at a time below r8 and four (bf16 only) from there, so the column gets the
 // same arithmetic as its neighbours.
-func loneWeightRow(a *Args, j, r8, rTile int) {
+func loneWeightRow(a *Args, j, r0, r8, rTile int) {
 	k, n := a.K, a.N
 	var pair [16]float32
-	for r := 0; r < r8; r += 8 {
+	for r := r0; r < r8; r += 8 {
 		tile2x8(a, r, j, 0, &pair[0], 2)
 		for q := 0; q < 8; q++ {
 			a.Dst[(r+q)*n+j] = pair[2*q]

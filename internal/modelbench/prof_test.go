@@ -148,12 +148,20 @@ func TestProfileDecode(t *testing.T) {
 			s.Forward(ctx, []int32{1, 2, 3, 4, 5, 6, 7, 8}, nil)
 			ss = append(ss, s)
 		}
+		// Distinct tokens per session, as in `k3 bench model`: the same
+		// token everywhere would route every row to the same experts.
 		toks := make([]int32, bsz)
-		bt.Step(ctx, ss, toks) // sizes the batch's scratch
+		feed := func(i int) {
+			for j := range toks {
+				toks[j] = int32(3 + (i+j*7)%200)
+			}
+			bt.Step(ctx, ss, toks)
+		}
+		feed(0) // sizes the batch's scratch
 		tb.reset()
 		start := time.Now()
 		for i := 0; i < steps; i++ {
-			bt.Step(ctx, ss, toks)
+			feed(i + 1)
 		}
 		tb.report(t, fmt.Sprintf("decode step, batch %d", bsz), time.Since(start), steps)
 	}
