@@ -154,10 +154,6 @@ func stepHeads(args *kernel.Args, lo, hi int) {
 	for item := lo; item < hi; item++ {
 		s, hh := item/h, item%h
 		qkv := sc.conv[s*3*hd : (s+1)*3*hd]
-		for part := 0; part < 3; part++ {
-			c0 := part*hd + hh*d
-			convStep(qkv, sc.raw[s*3*hd:(s+1)*3*hd], j.wt, sc.convs[s], 3*hd, j.width, c0, c0+d)
-		}
 		copy(q, qkv[hh*d:(hh+1)*d])
 		copy(k, qkv[hd+hh*d:hd+(hh+1)*d])
 		v := qkv[2*hd+hh*d : 2*hd+(hh+1)*d]
@@ -173,6 +169,19 @@ func stepHeads(args *kernel.Args, lo, hi int) {
 		gate := sc.gate[s*hd+hh*d : s*hd+(hh+1)*d]
 		kernel.SigmoidSlice(gate)
 		kernel.Mul(out, out, gate)
+	}
+}
+
+// stepConv runs the short conv of items [lo, hi), an item being one of
+// the q, k and v parts of one sequence: whole parts, so that each reads
+// its conv state rows as long runs (per head, a row's 512-byte pieces lie
+// kilobytes apart and each came from memory on its own).
+func stepConv(args *kernel.Args, lo, hi int) {
+	j := args.Job.(*stepJob)
+	sc, hd := j.sc, j.h*j.d
+	for item := lo; item < hi; item++ {
+		s, part := item/3, item%3
+		convStep(sc.conv[s*3*hd:(s+1)*3*hd], sc.raw[s*3*hd:(s+1)*3*hd], j.wt, sc.convs[s], 3*hd, j.width, part*hd, (part+1)*hd)
 	}
 }
 
@@ -265,9 +274,10 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 		return shapeErr("kda step: conv %v, A_log %v, dt_bias %v, o_norm %v must be f32 for %d heads of %d", w.Conv, w.ALog, w.DTBias, w.ONorm, h, d)
 	}
 	wt = b.convTaps(w.Conv, wt, 3*hd, width)
-	// The short conv (each head's q, k and v channels), the recurrence, the
-	// norm and the gate of every (sequence, head) in parallel.
+	// The short conv, then the recurrence, the norm and the gate of every
+	// (sequence, head) in parallel.
 	sc.job = stepJob{w: w, sc: sc, alog: alog, dtb: dtb, onorm: onorm, h: h, d: d, wt: wt, width: width}
+	b.pool.Run(stepConv, kernel.Args{Job: &sc.job}, bsz*3, 1)
 	b.pool.Run(stepHeads, kernel.Args{Job: &sc.job}, bsz*h, 1)
 	return mm(F32(a.Y), sc.core, w.OProj, bsz)
 }

@@ -25,6 +25,9 @@ type timed struct {
 func (b *timed) rec(name string, start time.Time) { b.t[name] += time.Since(start); b.n[name]++ }
 func (b *timed) MatMul(d, x, w compute.Tensor) error {
 	name := fmt.Sprintf("MatMul M=%d", x.Len()/x.Dim(-1))
+	if os.Getenv("K3_PROFILE_SHAPES") != "" {
+		name += fmt.Sprintf(" %dx%d", w.Dim(0), w.Dim(1))
+	}
 	if b.flops != nil {
 		b.flops[name] += 2 * float64(x.Len()) * float64(w.Dim(0))
 	}
