@@ -37,7 +37,7 @@ sdone:
 	VADDPS X1, X0, X0
 	VHADDPS X0, X0, X0
 	VHADDPS X0, X0, X0
-	MOVSS X0, ret+16(FP)
+	VMOVSS X0, ret+16(FP)
 	VZEROUPPER
 	RET
 
@@ -167,7 +167,7 @@ ddone:
 	VADDPS X1, X0, X0
 	VHADDPS X0, X0, X0
 	VHADDPS X0, X0, X0
-	MOVSS X0, ret+24(FP)
+	VMOVSS X0, ret+24(FP)
 	VZEROUPPER
 	RET
 
@@ -765,7 +765,7 @@ vdone:
 	VADDPS X1, X0, X0
 	VHADDPS X0, X0, X0
 	VHADDPS X0, X0, X0
-	MOVSS X0, ret+48(FP)
+	VMOVSS X0, ret+48(FP)
 	VZEROUPPER
 	RET
 
@@ -1355,7 +1355,7 @@ r4done:
 	VADDPS X1, X0, X0
 	VHADDPS X0, X0, X0
 	VHADDPS X0, X0, X0
-	MOVSS X0, ret+16(FP)
+	VMOVSS X0, ret+16(FP)
 	VZEROUPPER
 	RET
 
@@ -1566,7 +1566,7 @@ TEXT ·kdaRowsAVX2(SB), NOSPLIT, $0-80
 	MOVQ q+32(FP), R11
 	MOVQ v+40(FP), R12
 	MOVQ o+48(FP), R13
-	MOVSS beta+56(FP), X14
+	VMOVSS beta+56(FP), X14
 	MOVQ dk+64(FP), BX
 	MOVQ dv+72(FP), DX
 
@@ -1614,9 +1614,9 @@ kdotdone:
 	VHADDPS X0, X0, X0
 	VHADDPS X0, X0, X0
 	// u = beta·(v[r] - s)
-	MOVSS (R12), X5
-	SUBSS X0, X5
-	MULSS X14, X5
+	VMOVSS (R12), X5
+	VSUBSS X0, X5, X5
+	VMULSS X14, X5, X5
 	VBROADCASTSS X5, Y15
 	// row = row ⊙ e + u·k, o[r] = row·q (rowUpdateDotAVX2)
 	XORQ AX, AX
@@ -1656,7 +1656,7 @@ kupddone:
 	VADDPS X1, X0, X0
 	VHADDPS X0, X0, X0
 	VHADDPS X0, X0, X0
-	MOVSS X0, (R13)
+	VMOVSS X0, (R13)
 	// next row
 	LEAQ (DI)(BX*4), DI
 	ADDQ $4, R12
