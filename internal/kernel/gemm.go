@@ -27,13 +27,28 @@ const (
 const PackedMinRows = 64
 
 // packedMinK is the depth from which the packed GEMM beats the dot-form
-// tiles: below it the tiles' eight x rows (8·k floats) fit in L1 and run at
-// 90% of the FMA peak, while the packed GEMM pays for packing and for its
-// transposed stores (BenchmarkPackedVsTiles: crossover at k 1024).
-const packedMinK = 1024
+// tiles at any width. Below it the eight-row tiles' x rows (8·k floats)
+// fit in L1: with AVX-512VL the 2x8 tile then runs at 90% of the FMA peak
+// and wins (BenchmarkPackedVsTiles on the Zen 4 machine: crossover at
+// k 1024), while the packed GEMM pays for packing x and for its
+// transposed stores. Without AVX-512 the eight-row tile is rows8, bound
+// by loads, and the packed GEMM already wins from k 256 once there are
+// packedMinN columns to spread its packing over (on the Zen 3 machine, at
+// m 256: k 768 n 2048 151-166 against 124-143 GFLOP/s, n 512 144-155
+// against 148, n 256 134 against 149, n 64 76 against 129; k 384 n 768
+// 163 against 149).
+const (
+	packedMinK = 1024
+	packedMinN = 512
+)
 
 // usePacked reports whether an m×k by k×n product takes the packed GEMM.
-func usePacked(m, k int) bool { return useAVX2 && m >= PackedMinRows && k >= packedMinK }
+func usePacked(m, n, k int) bool {
+	if !useAVX2 || m < PackedMinRows {
+		return false
+	}
+	return k >= packedMinK || !useAVX512 && k >= 256 && n >= packedMinN
+}
 
 // gemmJob holds a packed product's operands and buffers. The pool owns one
 // and reuses its buffers, so a warm product allocates nothing.

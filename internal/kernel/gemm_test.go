@@ -135,25 +135,27 @@ func TestMatMulPackedNoAlloc(t *testing.T) {
 }
 
 // BenchmarkPackedVsTiles runs the packed GEMM and the dot-form tiles side
-// by side on bf16 weights (n 2048) by row count and depth: where the two
-// cross is where PackedMinRows and packedMinK belong.
+// by side on bf16 weights by row count, depth and (for a few depths) width:
+// where the two cross is where PackedMinRows, packedMinK and packedMinN
+// belong.
 func BenchmarkPackedVsTiles(b *testing.B) {
 	p := NewPool(0)
 	defer p.Close()
-	n := 2048
 	r := rand.New(rand.NewPCG(1, 1))
-	for _, k := range []int{512, 768, 1024, 1536, 2048} {
+	for _, nk := range [][2]int{{2048, 64}, {2048, 128}, {2048, 256}, {2048, 384}, {2048, 512}, {2048, 768},
+		{2048, 1024}, {2048, 1536}, {2048, 2048}, {64, 768}, {128, 768}, {256, 768}, {512, 768}, {512, 384}, {768, 384}, {64, 2048}, {256, 2048}} {
+		n, k := nk[0], nk[1]
 		wb, _ := randBF16(r, n*k)
 		for _, m := range []int{32, 64, 256} {
 			x, y := randSlice(r, m*k), make([]float32, m*n)
 			flop := 2 * float64(m*n*k)
-			b.Run(fmt.Sprintf("k%d/m%d/packed", k, m), func(b *testing.B) {
+			b.Run(fmt.Sprintf("n%d/k%d/m%d/packed", n, k, m), func(b *testing.B) {
 				for range b.N {
 					p.matMulPacked(y, x, nil, wb, m, n, k)
 				}
 				b.ReportMetric(flop*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 			})
-			b.Run(fmt.Sprintf("k%d/m%d/tiles", k, m), func(b *testing.B) {
+			b.Run(fmt.Sprintf("n%d/k%d/m%d/tiles", n, k, m), func(b *testing.B) {
 				for range b.N {
 					p.Run(matMulBF16Range, Args{Dst: y, X: x, WB: wb, M: m, N: n, K: k}, n, 16)
 				}

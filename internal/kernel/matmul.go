@@ -31,7 +31,7 @@ func Dot(x, y []float32) float32 {
 // call, for all M rows of x, so a decode batch costs one pass over W.
 func (p *Pool) MatMul(dst, x, w []float32, m, n, k int) {
 	checkMatMul(len(dst), len(x), len(w), m, n, k)
-	if usePacked(m, k) {
+	if usePacked(m, n, k) {
 		p.matMulPacked(dst, x, w, nil, m, n, k)
 		return
 	}
@@ -41,7 +41,7 @@ func (p *Pool) MatMul(dst, x, w []float32, m, n, k int) {
 // MatMulBF16 is MatMul with bfloat16 weights, widened in registers.
 func (p *Pool) MatMulBF16(dst, x []float32, w []uint16, m, n, k int) {
 	checkMatMul(len(dst), len(x), len(w), m, n, k)
-	if usePacked(m, k) {
+	if usePacked(m, n, k) {
 		p.matMulPacked(dst, x, nil, w, m, n, k)
 		return
 	}
