@@ -47,14 +47,13 @@ func (b *Backend) CausalConv(a *compute.ConvArgs) error {
 		t0, t1 := int(cu[s]), int(cu[s+1])
 		sc.job = convJob{out: out[t0*ch : t1*ch], x: x[t0*ch : t1*ch], wT: wT,
 			state: st[s*(w-1)*ch : (s+1)*(w-1)*ch], t: t1 - t0, ch: ch, w: w}
-		b.pool.Run(convChannels, kernel.Args{Job: &sc.job}, (ch+convBlock-1)/convBlock, 1)
+		// Channels are independent: each worker takes one contiguous range
+		// (whole vectors), so every call of the vector kernels below covers
+		// that range (per-call costs dominated with 64-channel blocks).
+		b.pool.Run(convChannels, kernel.Args{Job: &sc.job}, ch, 8)
 	}
 	return nil
 }
-
-// convBlock is the channel block each worker convolves: channels are
-// independent, so blocks run in parallel.
-const convBlock = 64
 
 type convJob struct {
 	out, x, wT, state []float32
@@ -90,8 +89,7 @@ func (b *Backend) convTaps(t compute.Tensor, wt []float32, ch, w int) []float32 
 var convScratchPool = sync.Pool{New: func() any { return new(convScratch) }}
 
 func convChannels(args *kernel.Args, lo, hi int) {
-	j := args.Job.(*convJob)
-	convSeq(j, lo*convBlock, min(hi*convBlock, j.ch))
+	convSeq(args.Job.(*convJob), lo, hi)
 }
 
 // convSeq convolves channels [c0, c1) of one sequence: input row i of the
