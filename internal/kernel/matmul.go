@@ -67,12 +67,13 @@ func matMulRange(a *Args, lo, hi int) {
 		lo += 4 * gap
 	}
 	// Groups of eight x rows on the eight-row tiles (2x8 with AVX-512VL
-	// registers; without them, rows8 for prefill-sized products only, as
-	// for bf16 weights), the weights walked in L2-sized blocks; same
-	// per-output arithmetic as the four-by-two tiles that take the
-	// remaining rows.
+	// registers, else rows8, which for f32 weights beats the four-by-two
+	// tiles from eight rows: attention's blocks of 8 query rows against 64
+	// keys, BenchmarkAttnDense 39-40 -> 46-48 GFLOP/s), the weights walked
+	// in L2-sized blocks; same per-output arithmetic as the four-by-two
+	// tiles that take the remaining rows.
 	r8 := 0
-	if useAVX2 && k%8 == 0 && k > 0 && a.M >= 8 && (useAVX512 || a.M > 16) {
+	if useAVX2 && k%8 == 0 && k > 0 && a.M >= 8 {
 		r8 = a.M &^ 7
 		const tileCols = 32
 		pairsHi := lo + (hi-lo)&^1
