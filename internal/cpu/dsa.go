@@ -484,7 +484,7 @@ func attnDenseRange(args *kernel.Args, lo, hi int) {
 					continue
 				}
 				zr := z[i*nk : i*nk+n]
-				m := max(sc.m[i], maxOf(zr))
+				m := max(sc.m[i], kernel.Max(zr))
 				rr := float32(1)
 				if !math.IsInf(float64(sc.m[i]), -1) && m > sc.m[i] {
 					rr = kernel.Exp(sc.m[i] - m)
@@ -601,7 +601,7 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 	for hh := 0; hh < hg; hh++ {
 		off := j.partOff(item, p, hh)
 		zh := z[hh*nk : (hh+1)*nk]
-		m := max(j.part[off], maxOf(zh))
+		m := max(j.part[off], kernel.Max(zh))
 		r := float32(1)
 		if !math.IsInf(float64(j.part[off]), -1) && m > j.part[off] {
 			r = kernel.Exp(j.part[off] - m)
@@ -645,34 +645,6 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 // the grouped path adds a block's values with one product for all of them
 // (kernel.MatAccumulate) instead of one rank update per head.
 const attnValuesTogether = 6
-
-// maxOf returns the largest of x (at least one element; no NaNs), four
-// lanes at a time: the same value as a running max, which is exact.
-func maxOf(x []float32) float32 {
-	m0 := x[0]
-	m1, m2, m3 := m0, m0, m0
-	i := 0
-	for ; i+4 <= len(x); i += 4 {
-		if x[i] > m0 {
-			m0 = x[i]
-		}
-		if x[i+1] > m1 {
-			m1 = x[i+1]
-		}
-		if x[i+2] > m2 {
-			m2 = x[i+2]
-		}
-		if x[i+3] > m3 {
-			m3 = x[i+3]
-		}
-	}
-	for ; i < len(x); i++ {
-		if x[i] > m0 {
-			m0 = x[i]
-		}
-	}
-	return max(m0, m1, m2, m3)
-}
 
 // growKeep is grow32 that keeps the contents when it reallocates.
 func growKeep(b []float32, n int) []float32 {

@@ -129,3 +129,6 @@ func rows8F32AVX2(x *float32, xstride int, w *float32, rows, k int, out *float32
 // reduce8x1 is rows8's reduction and store (own register convention; not
 // callable from Go).
 func reduce8x1()
+
+//go:noescape
+func maxAVX2(x *float32, n int) float32

@@ -1867,3 +1867,41 @@ TEXT ·reduce8x1(SB), NOSPLIT|NOFRAME, $0-0
 	ADDQ R10, AX
 	VEXTRACTPS $3, X4, (AX)
 	RET
+
+// func maxAVX2(x *float32, n int) float32
+// The largest of n floats (n % 8 == 0, n >= 8; no NaNs), eight lanes in
+// each of two accumulators. A max rounds nothing, so the value is the
+// running max's (the sign of a zero may differ, which no caller sees).
+TEXT ·maxAVX2(SB), NOSPLIT, $0-20
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+	VMOVUPS (SI), Y0
+	VMOVAPS Y0, Y1
+	ADDQ $32, SI
+	SUBQ $8, CX
+
+mx16:
+	CMPQ CX, $16
+	JL   mx8
+	VMAXPS (SI), Y0, Y0
+	VMAXPS 32(SI), Y1, Y1
+	ADDQ $64, SI
+	SUBQ $16, CX
+	JMP  mx16
+
+mx8:
+	CMPQ CX, $8
+	JL   mxdone
+	VMAXPS (SI), Y0, Y0
+
+mxdone:
+	VMAXPS Y1, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VMAXPS X1, X0, X0
+	VPERMILPS $0x4e, X0, X1
+	VMAXPS X1, X0, X0
+	VPERMILPS $0xb1, X0, X1
+	VMAXPS X1, X0, X0
+	VMOVSS X0, ret+16(FP)
+	VZEROUPPER
+	RET

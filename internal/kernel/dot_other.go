@@ -108,3 +108,5 @@ func rows8BF16AVX2(x *float32, xstride int, w *uint16, rows, k int, out *float32
 func rows8F32AVX2(x *float32, xstride int, w *float32, rows, k int, out *float32, ostride int) {
 	panic("kernel: no assembly on this platform")
 }
+
+func maxAVX2(x *float32, n int) float32 { panic("kernel: no assembly on this platform") }

@@ -682,3 +682,28 @@ func TestKDARows(t *testing.T) {
 		}
 	}
 }
+
+// TestMax checks Max against a running max at every length through two
+// vector widths and a tail, with the maximum at every position.
+func TestMax(t *testing.T) {
+	r := rand.New(rand.NewPCG(51, 52))
+	for n := 1; n <= 70; n++ {
+		x := randSlice(r, n)
+		for i := range x {
+			x[i] -= 3 // all negative, so a zero start would be wrong
+		}
+		for at := 0; at < n; at++ {
+			y := slices.Clone(x)
+			y[at] = 1 + float32(at)
+			want := y[0]
+			for _, v := range y {
+				if v > want {
+					want = v
+				}
+			}
+			if got := Max(y); got != want {
+				t.Fatalf("n=%d max at %d: got %g want %g", n, at, got, want)
+			}
+		}
+	}
+}

@@ -385,3 +385,21 @@ func KDARows(st, ke, e, k, q, v, o []float32, beta float32) {
 		o[r] = RowUpdateDot(row, e, k, q, u)
 	}
 }
+
+// Max returns the largest element of x (at least one; no NaNs): the value
+// a running max gives, since a max rounds nothing (a zero's sign may
+// differ).
+func Max(x []float32) float32 {
+	m := x[0]
+	i := 0
+	if useAVX2 && len(x) >= 8 {
+		i = len(x) &^ 7
+		m = maxAVX2(&x[0], i)
+	}
+	for ; i < len(x); i++ {
+		if x[i] > m {
+			m = x[i]
+		}
+	}
+	return m
+}
