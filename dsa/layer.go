@@ -237,9 +237,6 @@ func NewCache(b compute.Backend, cfg Config, capacity, limit int) (*Cache, error
 	if capacity <= 0 || limit < capacity {
 		return nil, fmt.Errorf("dsa: cache capacity %d with limit %d", capacity, limit)
 	}
-	if cfg.Indexer != nil && cfg.Indexer.TopK > limit {
-		return nil, fmt.Errorf("dsa: index_topk %d exceeds the cache limit of %d positions", cfg.Indexer.TopK, limit)
-	}
 	return c, c.realloc(capacity)
 }
 
