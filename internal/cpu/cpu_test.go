@@ -88,3 +88,45 @@ func TestInvariantRows(t *testing.T) {
 		t.Fatalf("the packed GEMM starts at %d rows, inside compute.InvariantRows = %d", kernel.PackedMinRows, compute.InvariantRows)
 	}
 }
+
+// TestGatedActParallel checks that GatedAct on the pool (past
+// gatedParallel elements, split at any multiple of 64) gives the serial
+// kernels' values to the bit, for both activations.
+func TestGatedActParallel(t *testing.T) {
+	b := New(3)
+	defer b.Close()
+	const n = 3*gatedParallel + 37
+	g, u := make([]float32, n), make([]float32, n)
+	for i := range g {
+		g[i] = float32(math.Sin(float64(i))) * 9
+		u[i] = float32(math.Cos(float64(i)*0.7)) * 40
+	}
+	gt, ut := must(b.Alloc(compute.F32, n)), must(b.Alloc(compute.F32, n))
+	if err := b.Write(gt, g); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Write(ut, u); err != nil {
+		t.Fatal(err)
+	}
+	for _, act := range []compute.Activation{{Kind: compute.SwiGLU}, {Kind: compute.SiTU, Beta: 4, LinearBeta: 25}, {Kind: compute.SiTU, Beta: 4}} {
+		dt := must(b.Alloc(compute.F32, n))
+		if err := b.GatedAct(act, dt, gt, ut); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]float32, n)
+		if err := b.Read(got, dt); err != nil {
+			t.Fatal(err)
+		}
+		want := make([]float32, n)
+		if act.Kind == compute.SwiGLU {
+			kernel.SwiGLU(want, g, u)
+		} else {
+			kernel.SiTU(want, g, u, act.Beta, act.LinearBeta)
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("%+v element %d: %v on the pool, %v serial", act, i, got[i], want[i])
+			}
+		}
+	}
+}

@@ -193,15 +193,39 @@ func (b *Backend) GatedAct(act compute.Activation, dst, gate, up compute.Tensor)
 	if len(gs) != len(us) || len(ds) != len(gs) {
 		return shapeErr("gate %v, up %v, dst %v", gate, up, dst)
 	}
-	switch act.Kind {
-	case compute.SwiGLU:
-		kernel.SwiGLU(ds, gs, us)
-	case compute.SiTU:
-		kernel.SiTU(ds, gs, us, act.Beta, act.LinearBeta)
-	default:
+	if act.Kind != compute.SwiGLU && act.Kind != compute.SiTU {
 		return fmt.Errorf("cpu: activation %d: %w", act.Kind, compute.ErrUnsupported)
 	}
+	if len(gs) < gatedParallel {
+		gated(act, ds, gs, us)
+		return nil
+	}
+	// Elementwise, so the pool splits it anywhere: a prefill chunk's dense
+	// MLP (256 × 2048 and more) cost milliseconds on one core.
+	j := gatedJobPool.Get().(*gatedJob)
+	defer gatedJobPool.Put(j)
+	j.act = act
+	b.pool.Run(gatedRange, kernel.Args{Dst: ds, X: gs, Y: us, Job: j}, len(gs), 64)
 	return nil
+}
+
+// gatedParallel is the element count from which GatedAct runs on the pool.
+const gatedParallel = 8192
+
+type gatedJob struct{ act compute.Activation }
+
+var gatedJobPool = sync.Pool{New: func() any { return new(gatedJob) }}
+
+func gatedRange(a *kernel.Args, lo, hi int) {
+	gated(a.Job.(*gatedJob).act, a.Dst[lo:hi], a.X[lo:hi], a.Y[lo:hi])
+}
+
+func gated(act compute.Activation, dst, gate, up []float32) {
+	if act.Kind == compute.SwiGLU {
+		kernel.SwiGLU(dst, gate, up)
+		return
+	}
+	kernel.SiTU(dst, gate, up, act.Beta, act.LinearBeta)
 }
 
 // Embedding gathers table rows.
