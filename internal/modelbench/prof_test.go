@@ -82,6 +82,26 @@ func (b *timed) AttnResPrepare(a *compute.AttnResPrepareArgs) error {
 	defer b.rec("AttnResPrepare", time.Now())
 	return b.Backend.AttnResPrepare(a)
 }
+func (b *timed) GatedAct(act compute.Activation, d, g, u compute.Tensor) error {
+	defer b.rec("GatedAct", time.Now())
+	return b.Backend.GatedAct(act, d, g, u)
+}
+func (b *timed) Copy(d, s compute.Tensor) error {
+	defer b.rec("Copy", time.Now())
+	return b.Backend.Copy(d, s)
+}
+func (b *timed) RoPE(a *compute.RopeArgs) error {
+	defer b.rec("RoPE", time.Now())
+	return b.Backend.RoPE(a)
+}
+func (b *timed) LayerNorm(d, x, w, bias compute.Tensor, e float32) error {
+	defer b.rec("LayerNorm", time.Now())
+	return b.Backend.LayerNorm(d, x, w, bias, e)
+}
+func (b *timed) Embedding(d, table, ids compute.Tensor) error {
+	defer b.rec("Embedding", time.Now())
+	return b.Backend.Embedding(d, table, ids)
+}
 func (b *timed) RMSNorm(d, x, w compute.Tensor, e float32) error {
 	defer b.rec("RMSNorm", time.Now())
 	return b.Backend.RMSNorm(d, x, w, e)
