@@ -51,3 +51,7 @@ func BenchmarkBatch8BF16_2304x768Cold(b *testing.B) { benchBatchBF16(b, 8, 2304,
 
 func BenchmarkPrefillBF16_512x2304x768(b *testing.B) { benchMatMul(b, 512, 2304, 768, true) }
 func BenchmarkPrefillF32_512x2304x768(b *testing.B)  { benchMatMul(b, 512, 2304, 768, false) }
+
+// A real K3 width: eight x rows of 7168 floats outgrow L1.
+func BenchmarkBatch8BF16_2048x7168Cold(b *testing.B) { benchBatchBF16(b, 8, 2048, 7168, true) }
+func BenchmarkBatch8BF16_768x2048Cold(b *testing.B)  { benchBatchBF16(b, 8, 768, 2048, true) }
