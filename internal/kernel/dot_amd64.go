@@ -132,3 +132,10 @@ func reduce8x1()
 
 //go:noescape
 func maxAVX2(x *float32, n int) float32
+
+//go:noescape
+func situAVX2(dst, gate, up, sg, eg, eu *float32, n int, c *[16]float32)
+
+// tanhBody is situAVX2's vector tanhExp (own register convention; not
+// callable from Go).
+func tanhBody()

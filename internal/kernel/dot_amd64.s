@@ -1905,3 +1905,92 @@ mxdone:
 	VMOVSS X0, ret+16(FP)
 	VZEROUPPER
 	RET
+
+// func situAVX2(dst, gate, up, sg, eg, eu *float32, n int, c *[16]float32)
+// SiTU's last step for n elements (n % 8 == 0), eight at a time, with the
+// operations of the scalar loop in SiTU in the same order and rounding
+// (no FMA): a = (beta·tanh(g/beta))·sg, w = linBeta·tanh(u/linBeta) (or u
+// when linBeta is 0), dst = a·w, where tanh(x) given e2 = exp(2|x|) is the
+// Taylor polynomial below |x| 0.3 and ±(1 - 2/(e2+1)) above (tanhExp).
+// c holds beta, linBeta (0: none), 0.3, 1, 2 and the four polynomial
+// coefficients 62/2835, -17/315, 2/15, -1/3.
+TEXT ·situAVX2(SB), NOSPLIT, $0-64
+	MOVQ dst+0(FP), DI
+	MOVQ gate+8(FP), SI
+	MOVQ up+16(FP), R8
+	MOVQ sg+24(FP), R9
+	MOVQ eg+32(FP), R10
+	MOVQ eu+40(FP), R11
+	MOVQ n+48(FP), CX
+	MOVQ c+56(FP), DX
+	VBROADCASTSS 0(DX), Y15  // beta
+	VBROADCASTSS 4(DX), Y14  // linBeta
+	MOVL 4(DX), BX           // linBeta's bits: 0 leaves u as it is
+	XORQ AX, AX
+
+stloop:
+	CMPQ AX, CX
+	JGE  stdone
+	VMOVUPS (SI)(AX*4), Y0
+	VDIVPS Y15, Y0, Y0       // x = g/beta
+	VMOVUPS (R10)(AX*4), Y1  // e2
+	CALL ·tanhBody(SB)       // Y2 = tanh(x)
+	VMULPS Y2, Y15, Y2       // beta·tanh
+	VMULPS (R9)(AX*4), Y2, Y3 // ·sigmoid(g)
+	VMOVUPS (R8)(AX*4), Y4   // w = u
+	TESTL BX, BX
+	JZ    stnolin
+	VDIVPS Y14, Y4, Y0       // x = u/linBeta
+	VMOVUPS (R11)(AX*4), Y1
+	CALL ·tanhBody(SB)
+	VMULPS Y2, Y14, Y4       // linBeta·tanh
+
+stnolin:
+	VMULPS Y4, Y3, Y3
+	VMOVUPS Y3, (DI)(AX*4)
+	ADDQ $8, AX
+	JMP  stloop
+
+stdone:
+	VZEROUPPER
+	RET
+
+// tanhBody sets Y2 = tanh(Y0) given Y1 = exp(2|Y0|) as tanhExp does, with
+// the constants at DX (situAVX2's c). Clobbers Y5-Y9; own register
+// convention, not callable from Go.
+TEXT ·tanhBody(SB), NOSPLIT|NOFRAME, $0-0
+	// Above 0.3: t = 1 - 2/(e2+1), negated for x < 0.
+	VBROADCASTSS 12(DX), Y5  // 1
+	VADDPS Y5, Y1, Y6        // e2+1
+	VBROADCASTSS 16(DX), Y7  // 2
+	VDIVPS Y6, Y7, Y6        // 2/(e2+1)
+	VSUBPS Y6, Y5, Y6        // t
+	VXORPS Y7, Y7, Y7
+	VCMPPS $1, Y7, Y0, Y8    // x < 0
+	VPCMPEQD Y9, Y9, Y9
+	VPSLLD $31, Y9, Y9       // sign bit
+	VXORPS Y9, Y6, Y9        // -t
+	VBLENDVPS Y8, Y9, Y6, Y6
+	// Below 0.3: x·(1 + x²(-1/3 + x²(2/15 + x²(-17/315 + x²·62/2835)))).
+	VMULPS Y0, Y0, Y7        // x²
+	VBROADCASTSS 20(DX), Y8
+	VMULPS Y8, Y7, Y8        // x²·62/2835
+	VBROADCASTSS 24(DX), Y9
+	VADDPS Y8, Y9, Y8        // -17/315 + ...
+	VMULPS Y8, Y7, Y8
+	VBROADCASTSS 28(DX), Y9
+	VADDPS Y8, Y9, Y8        // 2/15 + ...
+	VMULPS Y8, Y7, Y8
+	VBROADCASTSS 32(DX), Y9
+	VADDPS Y8, Y9, Y8        // -1/3 + ...
+	VMULPS Y8, Y7, Y8
+	VADDPS Y8, Y5, Y8        // 1 + ...
+	VMULPS Y8, Y0, Y8        // x·(...)
+	// |x| < 0.3 picks the polynomial.
+	VBROADCASTSS 8(DX), Y9   // 0.3
+	VPCMPEQD Y7, Y7, Y7
+	VPSRLD $1, Y7, Y7        // abs mask
+	VANDPS Y7, Y0, Y7        // |x|
+	VCMPPS $1, Y9, Y7, Y7    // |x| < 0.3
+	VBLENDVPS Y7, Y8, Y6, Y2
+	RET

@@ -110,3 +110,7 @@ func rows8F32AVX2(x *float32, xstride int, w *float32, rows, k int, out *float32
 }
 
 func maxAVX2(x *float32, n int) float32 { panic("kernel: no assembly on this platform") }
+
+func situAVX2(dst, gate, up, sg, eg, eu *float32, n int, c *[16]float32) {
+	panic("kernel: no assembly on this platform")
+}

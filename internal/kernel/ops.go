@@ -149,7 +149,14 @@ func SiTU(dst, gate, up []float32, beta, linBeta float32) {
 			}
 			ExpSlice(eu[:c])
 		}
-		for i, v := range g {
+		done := 0
+		if useAVX2 && c >= 8 {
+			done = c &^ 7
+			k := situConsts(beta, linBeta)
+			situAVX2(&dst[i0], &g[0], &u[0], &sg[0], &eg[0], &eu[0], done, &k)
+		}
+		for i := done; i < c; i++ {
+			v := g[i]
 			a := beta * tanhExp(v/beta, eg[i]) * sg[i]
 			w := u[i]
 			if linBeta != 0 {
@@ -158,6 +165,12 @@ func SiTU(dst, gate, up []float32, beta, linBeta float32) {
 			dst[i0+i] = a * w
 		}
 	}
+}
+
+// situConsts lays out situAVX2's constants: beta, linBeta, then those of
+// tanhExp, each rounded to float32 as the scalar expressions round them.
+func situConsts(beta, linBeta float32) [16]float32 {
+	return [16]float32{beta, linBeta, 0.3, 1, 2, 62.0 / 2835, -17.0 / 315, 2.0 / 15, -1.0 / 3}
 }
 
 // tanhExp returns tanh(x) given e2 = exp(2|x|): 1 - 2/(e2+1) with the sign
