@@ -129,11 +129,13 @@ func SwiGLU(dst, gate, up []float32) {
 // SiTU writes dst[i] = beta*tanh(g/beta)*sigmoid(g) * linBeta*tanh(u/linBeta),
 // Kimi K3's gated activation; linBeta 0 leaves the up branch unclipped.
 // The exponentials run eight at a time (ExpSlice, SigmoidSlice), 64
-// elements per round in stack buffers, so the activation costs little next
-// to the expert products it sits between.
+// elements per round in stack buffers, and so does the last step where
+// there is assembly (situAVX2, bitwise the scalar loop), so the activation
+// costs little next to the expert products it sits between.
 func SiTU(dst, gate, up []float32, beta, linBeta float32) {
 	up, dst = up[:len(gate)], dst[:len(gate)]
 	var sg, eg, eu [64]float32
+	k := situConsts(beta, linBeta)
 	for i0 := 0; i0 < len(gate); i0 += len(sg) {
 		c := min(len(sg), len(gate)-i0)
 		g, u := gate[i0:i0+c], up[i0:i0+c]
@@ -152,7 +154,6 @@ func SiTU(dst, gate, up []float32, beta, linBeta float32) {
 		done := 0
 		if useAVX2 && c >= 8 {
 			done = c &^ 7
-			k := situConsts(beta, linBeta)
 			situAVX2(&dst[i0], &g[0], &u[0], &sg[0], &eg[0], &eu[0], done, &k)
 		}
 		for i := done; i < c; i++ {
