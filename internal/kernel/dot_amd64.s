@@ -2,6 +2,31 @@
 
 #include "textflag.h"
 
+// The rows8 kernels' shared parts. ROWS8_ARGS loads their arguments: the
+// eight x rows in SI, BX, R8, R9, R11-R14, the weights in DI, the row count
+// in R15, k in CX, out in DX and its row stride in bytes in R10.
+// ROWS8_ZERO clears the accumulators Y0-Y7 and the element index AX;
+// ROWS8_FMA adds the widened weights in Y8 times each x row's eight
+// elements at AX into its accumulator.
+#define ROWS8_ARGS \
+	MOVQ x+0(FP), SI; MOVQ xstride+8(FP), AX; SHLQ $2, AX; \
+	LEAQ (SI)(AX*1), BX; LEAQ (BX)(AX*1), R8; LEAQ (R8)(AX*1), R9; \
+	LEAQ (R9)(AX*1), R11; LEAQ (R11)(AX*1), R12; LEAQ (R12)(AX*1), R13; \
+	LEAQ (R13)(AX*1), R14; \
+	MOVQ w+16(FP), DI; MOVQ rows+24(FP), R15; MOVQ k+32(FP), CX; \
+	MOVQ out+40(FP), DX; MOVQ ostride+48(FP), R10; SHLQ $2, R10
+
+#define ROWS8_ZERO \
+	VXORPS Y0, Y0, Y0; VXORPS Y1, Y1, Y1; VXORPS Y2, Y2, Y2; VXORPS Y3, Y3, Y3; \
+	VXORPS Y4, Y4, Y4; VXORPS Y5, Y5, Y5; VXORPS Y6, Y6, Y6; VXORPS Y7, Y7, Y7; \
+	XORQ AX, AX
+
+#define ROWS8_FMA \
+	VFMADD231PS (SI)(AX*4), Y8, Y0; VFMADD231PS (BX)(AX*4), Y8, Y1; \
+	VFMADD231PS (R8)(AX*4), Y8, Y2; VFMADD231PS (R9)(AX*4), Y8, Y3; \
+	VFMADD231PS (R11)(AX*4), Y8, Y4; VFMADD231PS (R12)(AX*4), Y8, Y5; \
+	VFMADD231PS (R13)(AX*4), Y8, Y6; VFMADD231PS (R14)(AX*4), Y8, Y7
+
 // HSUM8 reduces each of Y0-Y7 to one float with the reduction every
 // dot-form tile shares (lanes i and i+4, then ((0+1)+(2+3))): the sums of
 // Y0-Y3 land in X0's lanes, those of Y4-Y7 in X4's. Clobbers X1-X3, X5-X8.
@@ -1677,35 +1702,12 @@ TEXT ·store4x1(SB), NOSPLIT|NOFRAME, $0-0
 // reduction of dot2x4BF16AVX2 (reduce2x4), so results do not depend on
 // the tile. Output of x row q and weight row j goes to out[q*ostride+j].
 TEXT ·rows8BF16AVX2(SB), NOSPLIT, $0-56
-	MOVQ x+0(FP), SI
-	MOVQ xstride+8(FP), AX
-	SHLQ $2, AX
-	LEAQ (SI)(AX*1), BX      // row 1
-	LEAQ (BX)(AX*1), R8      // row 2
-	LEAQ (R8)(AX*1), R9      // row 3
-	LEAQ (R9)(AX*1), R11     // row 4
-	LEAQ (R11)(AX*1), R12    // row 5
-	LEAQ (R12)(AX*1), R13    // row 6
-	LEAQ (R13)(AX*1), R14    // row 7
-	MOVQ w+16(FP), DI
-	MOVQ rows+24(FP), R15
-	MOVQ k+32(FP), CX
-	MOVQ out+40(FP), DX
-	MOVQ ostride+48(FP), R10
-	SHLQ $2, R10
+	ROWS8_ARGS
 
 r8row:
 	TESTQ R15, R15
 	JZ    r8end
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
-	XORQ AX, AX
+	ROWS8_ZERO
 
 r8loop:
 	CMPQ AX, CX
@@ -1715,14 +1717,7 @@ r8loop:
 	PREFETCHT0 4096(DI)(AX*2)
 	VPMOVZXWD (DI)(AX*2), Y8
 	VPSLLD $16, Y8, Y8
-	VFMADD231PS (SI)(AX*4), Y8, Y0
-	VFMADD231PS (BX)(AX*4), Y8, Y1
-	VFMADD231PS (R8)(AX*4), Y8, Y2
-	VFMADD231PS (R9)(AX*4), Y8, Y3
-	VFMADD231PS (R11)(AX*4), Y8, Y4
-	VFMADD231PS (R12)(AX*4), Y8, Y5
-	VFMADD231PS (R13)(AX*4), Y8, Y6
-	VFMADD231PS (R14)(AX*4), Y8, Y7
+	ROWS8_FMA
 	ADDQ $8, AX
 	JMP  r8loop
 
@@ -1741,49 +1736,19 @@ r8end:
 // rows8BF16AVX2 for float32 weights (per output the arithmetic of
 // dot4x2F32AVX2).
 TEXT ·rows8F32AVX2(SB), NOSPLIT, $0-56
-	MOVQ x+0(FP), SI
-	MOVQ xstride+8(FP), AX
-	SHLQ $2, AX
-	LEAQ (SI)(AX*1), BX
-	LEAQ (BX)(AX*1), R8
-	LEAQ (R8)(AX*1), R9
-	LEAQ (R9)(AX*1), R11
-	LEAQ (R11)(AX*1), R12
-	LEAQ (R12)(AX*1), R13
-	LEAQ (R13)(AX*1), R14
-	MOVQ w+16(FP), DI
-	MOVQ rows+24(FP), R15
-	MOVQ k+32(FP), CX
-	MOVQ out+40(FP), DX
-	MOVQ ostride+48(FP), R10
-	SHLQ $2, R10
+	ROWS8_ARGS
 
 rf8row:
 	TESTQ R15, R15
 	JZ    rf8end
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
-	XORQ AX, AX
+	ROWS8_ZERO
 
 rf8loop:
 	CMPQ AX, CX
 	JGE  rf8red
 	PREFETCHT0 4096(DI)(AX*4)
 	VMOVUPS (DI)(AX*4), Y8
-	VFMADD231PS (SI)(AX*4), Y8, Y0
-	VFMADD231PS (BX)(AX*4), Y8, Y1
-	VFMADD231PS (R8)(AX*4), Y8, Y2
-	VFMADD231PS (R9)(AX*4), Y8, Y3
-	VFMADD231PS (R11)(AX*4), Y8, Y4
-	VFMADD231PS (R12)(AX*4), Y8, Y5
-	VFMADD231PS (R13)(AX*4), Y8, Y6
-	VFMADD231PS (R14)(AX*4), Y8, Y7
+	ROWS8_FMA
 	ADDQ $8, AX
 	JMP  rf8loop
 
