@@ -33,6 +33,10 @@ func (m *Model) NewBatch(max int) (*Batch, error) {
 	if max <= 0 {
 		return nil, fmt.Errorf("k3: batch size %d must be positive", max)
 	}
+	if err := m.life.enter(); err != nil {
+		return nil, err
+	}
+	defer m.life.exit()
 	bt := &Batch{m: m, max: max}
 	var err error
 	if bt.p, err = newPass(m, max); err != nil {
@@ -75,6 +79,10 @@ func (bt *Batch) Step(ctx context.Context, sessions []*Session, tokens []int32) 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := bt.m.life.enter(); err != nil {
+		return err
+	}
+	defer bt.m.life.exit()
 	m, b := bt.m, bt.m.b
 	cfg := m.Config
 	for i, s := range sessions {

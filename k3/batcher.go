@@ -70,8 +70,9 @@ func (b *Batcher) Generate(ctx context.Context, s *Session, prompt string, opts 
 	}
 }
 
-// Run serves requests until ctx is cancelled; then pending requests fail
-// with ErrBatcherClosed.
+// Run serves requests until ctx is cancelled (pending requests then fail
+// with ErrBatcherClosed) or the model is closed (they fail with ErrClosed,
+// and so does Run).
 func (b *Batcher) Run(ctx context.Context) error {
 	defer close(b.done)
 	var active []*batchReq
@@ -104,6 +105,8 @@ func (b *Batcher) Run(ctx context.Context) error {
 				join(r)
 			case <-ctx.Done():
 				return ctx.Err()
+			case <-b.m.life.closing:
+				return ErrClosed
 			}
 		}
 	admit:

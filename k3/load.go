@@ -81,6 +81,8 @@ type Model struct {
 
 	wsMu   sync.Mutex
 	wsFree []*workspace // scratch for session runs, lent one per run
+
+	life life // open operations, for Close
 }
 
 // layer holds one decoder layer's weights.
@@ -180,6 +182,7 @@ func newModel(ctx context.Context, cfg *config.Config, ck *safetensors.Checkpoin
 		return nil, fmt.Errorf("k3: prefill chunk %d must be positive", o.chunk)
 	}
 	m := &Model{Config: cfg, ck: ck, chunk: o.chunk, b: o.be, tok: tok, dense: o.dense}
+	m.life.init()
 	if m.b == nil {
 		var err error
 		if m.b, err = backends.Open(o.backend); err != nil {
@@ -195,8 +198,14 @@ func newModel(ctx context.Context, cfg *config.Config, ck *safetensors.Checkpoin
 	return m, nil
 }
 
-// Close releases the weights' mapping and the backend.
+// Close releases the weights' mapping and the backend. It waits for the
+// forward passes already running, then every operation on the model (and
+// every generation still streaming, within one decode step or prefill
+// chunk) fails with ErrClosed. Close is idempotent: later calls return nil.
 func (m *Model) Close() error {
+	if !m.life.shut() {
+		return nil
+	}
 	var err error
 	if m.ownB && m.b != nil {
 		err = m.b.Close()

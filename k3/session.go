@@ -39,6 +39,10 @@ type Session struct {
 
 // NewSession starts an empty sequence.
 func (m *Model) NewSession() (*Session, error) {
+	if err := m.life.enter(); err != nil {
+		return nil, err
+	}
+	defer m.life.exit()
 	cfg := m.Config
 	s := &Session{m: m, limit: cfg.MaxPositionEmbeddings}
 	if s.limit <= 0 {
@@ -95,6 +99,10 @@ func (s *Session) Tokens() []int32 { return append([]int32(nil), s.tokens...) }
 // returns every position's logits. Inputs are checked before any state
 // changes, so bad input leaves the session as it was.
 func (s *Session) run(ctx context.Context, tokens []int32, all bool, tr ...*Trace) ([]float32, error) {
+	if err := s.m.life.enter(); err != nil {
+		return nil, err
+	}
+	defer s.m.life.exit()
 	if s.broken != nil {
 		return nil, fmt.Errorf("k3: session unusable after an earlier failure (Reset or Truncate it): %w", s.broken)
 	}
@@ -128,9 +136,12 @@ func (s *Session) run(ctx context.Context, tokens []int32, all bool, tr ...*Trac
 		s.last = make([]float32, v)
 	}
 	for c0 := 0; c0 < len(tokens); c0 += s.m.chunk {
+		// Between chunks the state is consistent: it holds c0 tokens.
 		if err := ctx.Err(); err != nil {
-			// Between chunks the state is consistent: it holds c0 tokens.
 			return nil, err
+		}
+		if c0 > 0 && s.m.life.isClosed() {
+			return nil, ErrClosed
 		}
 		c1 := min(c0+s.m.chunk, len(tokens))
 		if err := s.step(tokens[c0:c1], trace, all); err != nil {
@@ -154,6 +165,10 @@ func (s *Session) run(ctx context.Context, tokens []int32, all bool, tr ...*Trac
 
 // Reset empties the session.
 func (s *Session) Reset() error {
+	if err := s.m.life.enter(); err != nil {
+		return err
+	}
+	defer s.m.life.exit()
 	for _, st := range s.kdaSt {
 		if st == nil {
 			continue
@@ -195,6 +210,10 @@ func (s *Session) Truncate(ctx context.Context, n int) error {
 
 // Clone returns an independent copy of the session (fork a conversation).
 func (s *Session) Clone() (*Session, error) {
+	if err := s.m.life.enter(); err != nil {
+		return nil, err
+	}
+	defer s.m.life.exit()
 	if s.broken != nil {
 		return nil, fmt.Errorf("k3: cannot clone a failed session: %w", s.broken)
 	}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"testing"
+	"time"
 )
 
 func randSlice(r *rand.Rand, n int) []float32 {
@@ -754,6 +755,34 @@ func TestSiTUVectorMatchesScalar(t *testing.T) {
 					t.Fatalf("lin %g n %d: situ(%g, %g) = %g (%#x), scalar %g (%#x)", lin, n, g[i], u[i], got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
 				}
 			}
+		}
+	}
+}
+
+// TestPoolRunAfterClose: a kernel run on a closed pool runs on the caller
+// instead of waiting forever for workers that have stopped.
+func TestPoolRunAfterClose(t *testing.T) {
+	p := NewPool(3)
+	p.Close()
+	p.Close()
+	var covered [100]int
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.Run(func(a *Args, lo, hi int) {
+			for i := lo; i < hi; i++ {
+				covered[i]++
+			}
+		}, Args{}, len(covered), 1)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run on a closed pool did not return")
+	}
+	for i, c := range covered {
+		if c != 1 {
+			t.Fatalf("element %d covered %d times", i, c)
 		}
 	}
 }

@@ -114,8 +114,11 @@ func (w *worker) post(fn func(a *Args, lo, hi int), lo, hi int) {
 // Size returns the number of goroutines a kernel runs on.
 func (p *Pool) Size() int { return len(p.workers) + 1 }
 
-// Close stops the workers. Kernels must not be run after Close.
+// Close stops the workers once the running kernel, if any, has finished.
+// Kernels run after Close run on the calling goroutine alone.
 func (p *Pool) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.closed.Swap(true) {
 		return
 	}
@@ -141,7 +144,7 @@ func (p *Pool) Run(fn func(a *Args, lo, hi int), a Args, n, grain int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.args = a
-	if parts <= 1 {
+	if parts <= 1 || p.closed.Load() {
 		fn(&p.args, 0, n)
 		return
 	}
