@@ -114,3 +114,17 @@ func TestCloseWhileGenerating(t *testing.T) {
 		assert.Error(t, err)
 	}
 }
+
+func TestTruncateOutOfRange(t *testing.T) {
+	m := load(t)
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	_, err = s.Forward(context.Background(), []int32{5, 6, 7}, nil)
+	require.NoError(t, err)
+	for _, n := range []int{-1, 4} {
+		err := s.Truncate(context.Background(), n)
+		assert.ErrorIs(t, err, ErrOutOfRange, "Truncate(%d)", n)
+		assert.ErrorContains(t, err, "out of range")
+	}
+	assert.Equal(t, 3, s.Len(), "a rejected Truncate changes nothing")
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"path"
 	"sort"
 	"strings"
 	"sync"
@@ -31,9 +32,29 @@ import (
 // 60 nats over 64 tokens, so most channels take the exact pairwise path.
 const kdaPrefillChunk = 16
 
-// ErrCheckpoint is wrapped by errors about a checkpoint's tensors: missing,
-// unexpected or mis-shaped weights.
-var ErrCheckpoint = errors.New("checkpoint")
+// ErrCheckpoint is wrapped by every error about a checkpoint's files other
+// than config.json (which wraps ErrInvalidConfig): missing, unexpected or
+// mis-shaped tensors, unusable dtypes, malformed or truncated safetensors
+// files, missing shards, malformed tokenizer files, and a tokenizer that
+// does not fit the config's vocabulary.
+var ErrCheckpoint = errors.New("k3: bad checkpoint")
+
+// badCheckpoint wraps a loading error with ErrCheckpoint (once).
+func badCheckpoint(err error) error {
+	if err == nil || errors.Is(err, ErrCheckpoint) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrCheckpoint, err)
+}
+
+// tokenizerErr names config.json beside the tokenizer file when the two
+// disagree about the vocabulary.
+func tokenizerErr(dir string, vocab int, err error) error {
+	if errors.Is(err, tokenizer.ErrVocabMismatch) {
+		return fmt.Errorf("%w: config/tokenizer mismatch: %s gives vocab_size %d: %w", ErrCheckpoint, path.Join(dir, "config.json"), vocab, err)
+	}
+	return badCheckpoint(err)
+}
 
 // Option configures Load.
 type Option func(*options)
@@ -110,12 +131,12 @@ func Load(ctx context.Context, dir string, opts ...Option) (*Model, error) {
 	}
 	ck, err := safetensors.OpenCheckpoint(dir)
 	if err != nil {
-		return nil, fmt.Errorf("k3: %w", err)
+		return nil, badCheckpoint(err)
 	}
 	tok, err := tokenizer.Load(dir, cfg.VocabSize)
 	if err != nil {
 		ck.Close()
-		return nil, fmt.Errorf("k3: %w", err)
+		return nil, tokenizerErr(dir, cfg.VocabSize, err)
 	}
 	return newModel(ctx, cfg, ck, tok, opts)
 }
@@ -137,7 +158,10 @@ func LoadFS(ctx context.Context, fsys fs.FS, name string, opts ...Option) (*Mode
 			WeightMap map[string]string `json:"weight_map"`
 		}
 		if err := json.Unmarshal(idx, &m); err != nil {
-			return nil, fmt.Errorf("k3: %s/%s: %w", name, safetensors.IndexName, err)
+			return nil, fmt.Errorf("%w: %s/%s: %w", ErrCheckpoint, name, safetensors.IndexName, err)
+		}
+		if len(m.WeightMap) == 0 {
+			return nil, fmt.Errorf("%w: %s/%s: empty weight_map", ErrCheckpoint, name, safetensors.IndexName)
 		}
 		seen := map[string]bool{}
 		shards = shards[:0]
@@ -153,21 +177,21 @@ func LoadFS(ctx context.Context, fsys fs.FS, name string, opts ...Option) (*Mode
 	for _, sh := range shards {
 		b, err := fs.ReadFile(fsys, sh)
 		if err != nil {
-			return nil, fmt.Errorf("k3: %s: %w", name, err)
+			return nil, fmt.Errorf("%w: %s: shard %s: %w", ErrCheckpoint, name, sh, err)
 		}
 		f, err := safetensors.FromBytes(name+"/"+sh, b)
 		if err != nil {
-			return nil, fmt.Errorf("k3: %w", err)
+			return nil, badCheckpoint(err)
 		}
 		files = append(files, f)
 	}
 	ck, err := safetensors.NewCheckpoint(name, files...)
 	if err != nil {
-		return nil, fmt.Errorf("k3: %w", err)
+		return nil, badCheckpoint(err)
 	}
 	tok, err := tokenizer.LoadFS(fsys, name, cfg.VocabSize)
 	if err != nil {
-		return nil, fmt.Errorf("k3: %w", err)
+		return nil, tokenizerErr(name, cfg.VocabSize, err)
 	}
 	return newModel(ctx, cfg, ck, tok, opts)
 }
@@ -232,7 +256,7 @@ func (s *source) get(full string) (compute.DType, []int, []byte, error) {
 	name := s.name(full)
 	data, ti, err := s.ck.Bytes(name)
 	if err != nil {
-		return 0, nil, nil, fmt.Errorf("%w: missing tensor %s", ErrCheckpoint, name)
+		return 0, nil, nil, fmt.Errorf("missing tensor %s", name)
 	}
 	s.used[name] = true
 	switch ti.DType {
@@ -245,29 +269,29 @@ func (s *source) get(full string) (compute.DType, []int, []byte, error) {
 	case safetensors.F8E4M3:
 		return s.dequant(name, ti, data)
 	}
-	return 0, nil, nil, fmt.Errorf("%w: tensor %s has dtype %s, which k3 cannot use", ErrCheckpoint, name, ti.DType)
+	return 0, nil, nil, fmt.Errorf("tensor %s has dtype %s, which k3 cannot use", name, ti.DType)
 }
 
 // dequant expands an fp8 weight with its weight_scale_inv (DeepSeek's
 // 128×128 blocks) to bf16.
 func (s *source) dequant(name string, ti safetensors.TensorInfo, data []byte) (compute.DType, []int, []byte, error) {
 	if len(ti.Shape) != 2 {
-		return 0, nil, nil, fmt.Errorf("%w: fp8 tensor %s has shape %v, want a matrix", ErrCheckpoint, name, ti.Shape)
+		return 0, nil, nil, fmt.Errorf("fp8 tensor %s has shape %v, want a matrix", name, ti.Shape)
 	}
 	scaleName := name + "_scale_inv"
 	sb, si, err := s.ck.Bytes(scaleName)
 	if err != nil {
-		return 0, nil, nil, fmt.Errorf("%w: fp8 tensor %s has no %s", ErrCheckpoint, name, scaleName)
+		return 0, nil, nil, fmt.Errorf("fp8 tensor %s has no %s", name, scaleName)
 	}
 	s.used[scaleName] = true
 	scale, err := safetensors.DecodeFloat32(si.DType, sb)
 	if err != nil {
-		return 0, nil, nil, fmt.Errorf("%w: %s: %v", ErrCheckpoint, scaleName, err)
+		return 0, nil, nil, fmt.Errorf("%s: %w", scaleName, err)
 	}
 	rows, cols := ti.Shape[0], ti.Shape[1]
 	f := make([]float32, rows*cols)
 	if err := floatx.DequantE4M3Weight(f, data, scale, rows, cols, floatx.WeightBlock); err != nil {
-		return 0, nil, nil, fmt.Errorf("%w: %s: %v", ErrCheckpoint, name, err)
+		return 0, nil, nil, fmt.Errorf("%s: %w", name, err)
 	}
 	out := make([]byte, 2*len(f))
 	for i, v := range f {
@@ -303,7 +327,7 @@ func (m *Model) load(ctx context.Context, progress func(done, total int)) error 
 		}
 	}
 	d, v := cfg.HiddenSize, cfg.VocabSize
-	top := &weights.Loader{B: m.b, Src: src.prefixed("")}
+	top := &weights.Loader{B: m.b, Src: src.prefixed(""), Prefix: src.strip}
 	m.embed = top.Matrix("model.embed_tokens.weight", v, d)
 	m.norm = top.F32("model.norm.weight", d)
 	if cfg.TieWordEmbeddings {
@@ -324,10 +348,11 @@ func (m *Model) load(ctx context.Context, progress func(done, total int)) error 
 			attnres.FuseQuery(q, w, g)
 			m.outQuery = top.Upload(q, d)
 		}
-		resQ = make([]float32, 0, 2*cfg.NumLayers*d)
+		// resQ grows as layers load: sizing it from the config up front
+		// would allocate before any tensor has confirmed the config.
 	}
 	if top.Err != nil {
-		return fmt.Errorf("k3: %w", top.Err)
+		return fmt.Errorf("%w: %s: %w", ErrCheckpoint, m.ck.Dir, top.Err)
 	}
 	for l := range cfg.Layers {
 		if err := ctx.Err(); err != nil {
@@ -335,7 +360,7 @@ func (m *Model) load(ctx context.Context, progress func(done, total int)) error 
 		}
 		ly, q, err := m.loadLayer(src, l)
 		if err != nil {
-			return fmt.Errorf("k3: layer %d: %w", l, err)
+			return fmt.Errorf("%w: %s: layer %d: %w", ErrCheckpoint, m.ck.Dir, l, err)
 		}
 		m.layers = append(m.layers, ly)
 		resQ = append(resQ, q...)
@@ -361,7 +386,7 @@ func (m *Model) load(ctx context.Context, progress func(done, total int)) error 
 		if len(extra) > 5 {
 			extra = append(extra[:5], fmt.Sprintf("and %d more", len(extra)-5))
 		}
-		return fmt.Errorf("k3: %w: unexpected tensors %s", ErrCheckpoint, strings.Join(extra, ", "))
+		return fmt.Errorf("%w: %s: unexpected tensors %s", ErrCheckpoint, m.ck.Dir, strings.Join(extra, ", "))
 	}
 	return nil
 }
@@ -463,7 +488,9 @@ func (m *Model) loadMoE(src *source, prefix string) (*moe.Weights, moe.Router, e
 		}
 		w.LatentUp = ld.Matrix("routed_expert_up_proj.weight", d, din)
 	}
-	for e := 0; e < mc.NumExperts; e++ {
+	// The loop stops at the first bad tensor: the expert count is the
+	// config's word until the checkpoint confirms it.
+	for e := 0; e < mc.NumExperts && ld.Err == nil; e++ {
 		p := fmt.Sprintf("experts.%d.", e)
 		w.W1 = append(w.W1, ld.Matrix(p+"w1.weight", mc.IntermediateSize, din))
 		w.W3 = append(w.W3, ld.Matrix(p+"w3.weight", mc.IntermediateSize, din))

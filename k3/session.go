@@ -14,6 +14,10 @@ import (
 // ErrContextFull is returned when a session has no room for more tokens.
 var ErrContextFull = errors.New("k3: context length exceeded")
 
+// ErrOutOfRange is wrapped when a position lies outside the session
+// (Truncate beyond its length).
+var ErrOutOfRange = errors.New("k3: out of range")
+
 // ErrBadToken is wrapped when a token id lies outside the vocabulary.
 var ErrBadToken = errors.New("k3: token id outside the vocabulary")
 
@@ -195,7 +199,7 @@ func (s *Session) Reset() error {
 // n tokens).
 func (s *Session) Truncate(ctx context.Context, n int) error {
 	if n < 0 || n > len(s.tokens) {
-		return fmt.Errorf("k3: truncate to %d of %d tokens", n, len(s.tokens))
+		return fmt.Errorf("%w: truncate to %d tokens, the session holds %d", ErrOutOfRange, n, len(s.tokens))
 	}
 	keep := append([]int32(nil), s.tokens[:n]...)
 	if err := s.Reset(); err != nil {

@@ -140,6 +140,9 @@ func (c *Config) IsMoELayer(l int) bool {
 // Load reads and validates dir/config.json.
 func Load(dir string) (*Config, error) {
 	path := filepath.Join(dir, "config.json")
+	if st, err := os.Stat(path); err == nil && st.Size() > MaxFileSize {
+		return nil, fmt.Errorf("%s: config: %w: %d bytes, more than the %d k3 reads", path, ErrInvalid, st.Size(), MaxFileSize)
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
@@ -226,6 +229,9 @@ type rawRopeScaling struct {
 // Parse decodes and validates a config.json. Model fields are read from
 // text_config when present, else from the top level.
 func Parse(data []byte) (*Config, error) {
+	if len(data) > MaxFileSize {
+		return nil, fmt.Errorf("config: %w: %d bytes, more than the %d k3 reads", ErrInvalid, len(data), MaxFileSize)
+	}
 	var outer struct {
 		ModelType     string          `json:"model_type"`
 		Architectures []string        `json:"architectures"`
@@ -263,12 +269,34 @@ func missing(field string) error {
 	return fmt.Errorf("config: %w: field %s is required", ErrInvalid, field)
 }
 
+// Bounds on sizes, far above any released model, so that a corrupt or
+// hostile config is an error before anything sized by it is allocated.
+const (
+	// MaxDim bounds every width, head count, vocabulary and expert count.
+	MaxDim = 1 << 24
+	// MaxLayers bounds num_hidden_layers.
+	MaxLayers = 1 << 12
+	// MaxPositions bounds max_position_embeddings.
+	MaxPositions = 1 << 30
+	// MaxParams bounds the parameter count the sizes imply together.
+	MaxParams = 1 << 43
+	// MaxFileSize bounds config.json itself (a real one is a few KB).
+	MaxFileSize = 1 << 20
+)
+
 func positive(field string, p *int) (int, error) {
+	return positiveBelow(field, p, MaxDim)
+}
+
+func positiveBelow(field string, p *int, limit int) (int, error) {
 	if p == nil {
 		return 0, missing(field)
 	}
 	if *p <= 0 {
 		return 0, fieldErr(field, *p, "must be positive")
+	}
+	if *p > limit {
+		return 0, fieldErr(field, *p, "larger than %d, the most k3 accepts", limit)
 	}
 	return *p, nil
 }
@@ -297,7 +325,7 @@ func (c *Config) fill(r *rawText) error {
 	if c.HiddenSize, err = positive("hidden_size", r.HiddenSize); err != nil {
 		return err
 	}
-	if c.NumLayers, err = positive("num_hidden_layers", r.NumLayers); err != nil {
+	if c.NumLayers, err = positiveBelow("num_hidden_layers", r.NumLayers, MaxLayers); err != nil {
 		return err
 	}
 	if c.IntermediateSize, err = positive("intermediate_size", r.IntermediateSize); err != nil {
@@ -323,7 +351,9 @@ func (c *Config) fill(r *rawText) error {
 		return fieldErr("hidden_act", c.HiddenAct, `want "silu" or "situ"`)
 	}
 	c.TieWordEmbeddings = or(r.Tie, false)
-	c.MaxPositionEmbeddings = or(r.MaxPos, 0)
+	if c.MaxPositionEmbeddings, err = positiveBelow("max_position_embeddings", r.MaxPos, MaxPositions); err != nil {
+		return err
+	}
 	c.BOSTokenID = or(r.BOS, 0)
 	if len(r.EOS) > 0 && string(r.EOS) != "null" {
 		var one int
@@ -348,10 +378,12 @@ func (c *Config) fill(r *rawText) error {
 		return err
 	}
 	if r.AttnResBlock != nil {
-		if *r.AttnResBlock <= 0 {
-			return fieldErr("attn_res_block_size", *r.AttnResBlock, "must be positive or null")
+		if c.AttnResBlockSize, err = positiveBelow("attn_res_block_size", r.AttnResBlock, MaxLayers); err != nil {
+			return err
 		}
-		c.AttnResBlockSize = *r.AttnResBlock
+	}
+	if n := c.numParams(); n > MaxParams {
+		return fmt.Errorf("config: %w: the sizes imply %.3g parameters, more than the %.3g k3 accepts", ErrInvalid, n, float64(MaxParams))
 	}
 	return nil
 }
@@ -515,8 +547,8 @@ func (c *Config) fillMoE(r *rawText) error {
 		return err
 	}
 	m.NumShared = or(firstSet(r.NumShared, r.NShared), 0)
-	if m.NumShared < 0 {
-		return fieldErr("num_shared_experts", m.NumShared, "must not be negative")
+	if m.NumShared < 0 || m.NumShared > MaxDim {
+		return fieldErr("num_shared_experts", m.NumShared, "must be in 0..%d", MaxDim)
 	}
 	if m.IntermediateSize, err = positive("moe_intermediate_size", r.MoEInter); err != nil {
 		return err
@@ -566,9 +598,13 @@ func (c *Config) fillMoE(r *rawText) error {
 
 // NumParams counts the parameters the config implies (embedding and lm_head
 // included once each; an untied lm_head counts separately).
-func (c *Config) NumParams() int64 {
-	d := int64(c.HiddenSize)
-	n := int64(c.VocabSize) * d
+func (c *Config) NumParams() int64 { return int64(c.numParams()) }
+
+// numParams counts in float64, exact below 2^53, so that validation can
+// bound the count of sizes whose integer product would overflow.
+func (c *Config) numParams() float64 {
+	d := float64(c.HiddenSize)
+	n := float64(c.VocabSize) * d
 	if !c.TieWordEmbeddings {
 		n *= 2
 	}
@@ -581,48 +617,48 @@ func (c *Config) NumParams() int64 {
 		switch kind {
 		case KDA:
 			k := c.KDA
-			hd := int64(k.NumHeads * k.HeadDim)
-			n += 3*hd*d + 3*hd*int64(k.ConvKernel) + int64(k.HeadDim)*d + hd*int64(k.HeadDim) + hd + int64(k.NumHeads) + int64(k.NumHeads)*d + int64(k.HeadDim) + d*hd
+			hd := float64(k.NumHeads * k.HeadDim)
+			n += 3*hd*d + 3*hd*float64(k.ConvKernel) + float64(k.HeadDim)*d + hd*float64(k.HeadDim) + hd + float64(k.NumHeads) + float64(k.NumHeads)*d + float64(k.HeadDim) + d*hd
 			if k.FullRankGate {
 				n += hd * d
 			} else {
-				n += int64(k.HeadDim)*d + hd*int64(k.HeadDim)
+				n += float64(k.HeadDim)*d + hd*float64(k.HeadDim)
 			}
 		default:
 			m := c.MLA
-			h := int64(m.NumHeads)
-			qk := int64(m.QKNopeHeadDim + m.QKRopeHeadDim)
+			h := float64(m.NumHeads)
+			qk := float64(m.QKNopeHeadDim + m.QKRopeHeadDim)
 			if m.QLoRARank > 0 {
-				n += int64(m.QLoRARank)*d + int64(m.QLoRARank) + h*qk*int64(m.QLoRARank)
+				n += float64(m.QLoRARank)*d + float64(m.QLoRARank) + h*qk*float64(m.QLoRARank)
 			} else {
 				n += h * qk * d
 			}
-			n += int64(m.KVLoRARank+m.QKRopeHeadDim)*d + int64(m.KVLoRARank) + h*int64(m.QKNopeHeadDim+m.VHeadDim)*int64(m.KVLoRARank)
-			n += d * h * int64(m.VHeadDim)
+			n += float64(m.KVLoRARank+m.QKRopeHeadDim)*d + float64(m.KVLoRARank) + h*float64(m.QKNopeHeadDim+m.VHeadDim)*float64(m.KVLoRARank)
+			n += d * h * float64(m.VHeadDim)
 			if m.OutputGate {
-				n += h * int64(m.VHeadDim) * d
+				n += h * float64(m.VHeadDim) * d
 			}
 			if kind == DSA {
 				ix := c.Indexer
 				qin := d
 				if m.QLoRARank > 0 {
-					qin = int64(m.QLoRARank)
+					qin = float64(m.QLoRARank)
 				}
-				n += int64(ix.NumHeads*ix.HeadDim)*qin + int64(ix.HeadDim)*d + 2*int64(ix.HeadDim) + int64(ix.NumHeads)*d
+				n += float64(ix.NumHeads*ix.HeadDim)*qin + float64(ix.HeadDim)*d + 2*float64(ix.HeadDim) + float64(ix.NumHeads)*d
 			}
 		}
 		if c.IsMoELayer(l) {
 			m := c.MoE
 			in := d
 			if m.LatentSize > 0 {
-				in = int64(m.LatentSize)
+				in = float64(m.LatentSize)
 				n += 2*in*d + in
 			}
-			n += int64(m.NumExperts)*d + int64(m.NumExperts)
-			n += int64(m.NumExperts) * 3 * in * int64(m.IntermediateSize)
-			n += 3 * d * int64(m.IntermediateSize*m.NumShared)
+			n += float64(m.NumExperts)*d + float64(m.NumExperts)
+			n += float64(m.NumExperts) * 3 * in * float64(m.IntermediateSize)
+			n += 3 * d * float64(m.IntermediateSize*m.NumShared)
 		} else {
-			n += 3 * d * int64(c.IntermediateSize)
+			n += 3 * d * float64(c.IntermediateSize)
 		}
 	}
 	if c.AttnResBlockSize > 0 {

@@ -75,7 +75,7 @@ func TestDeepSeekV32(t *testing.T) {
 	"num_hidden_layers":61,"num_attention_heads":128,"q_lora_rank":1536,"kv_lora_rank":512,"qk_nope_head_dim":128,
 	"qk_rope_head_dim":64,"v_head_dim":128,"n_routed_experts":256,"num_experts_per_tok":8,"n_shared_experts":1,
 	"moe_intermediate_size":2048,"n_group":8,"topk_group":4,"routed_scaling_factor":2.5,"first_k_dense_replace":3,
-	"norm_topk_prob":true,"scoring_func":"sigmoid","topk_method":"noaux_tc","rms_norm_eps":1e-6,
+	"norm_topk_prob":true,"scoring_func":"sigmoid","topk_method":"noaux_tc","rms_norm_eps":1e-6,"max_position_embeddings":163840,
 	"index_n_heads":64,"index_head_dim":128,"index_topk":2048,"rope_theta":10000,
 	"rope_scaling":{"type":"yarn","factor":40,"original_max_position_embeddings":4096,"beta_fast":32,"beta_slow":1,"mscale":1.0,"mscale_all_dim":1.0},
 	"bos_token_id":0,"eos_token_id":1,"some_future_field":{"x":1}}`))
@@ -89,7 +89,8 @@ func TestDeepSeekV32(t *testing.T) {
 
 func TestInvalid(t *testing.T) {
 	base := `"vocab_size":100,"hidden_size":16,"intermediate_size":32,"num_hidden_layers":2,"num_attention_heads":2,
-	"kv_lora_rank":8,"qk_nope_head_dim":4,"qk_rope_head_dim":4,"v_head_dim":4,"mla_use_nope":true`
+	"kv_lora_rank":8,"qk_nope_head_dim":4,"qk_rope_head_dim":4,"v_head_dim":4,"mla_use_nope":true,
+	"max_position_embeddings":64`
 	kda := `"linear_attn_config":{"kda_layers":[1],"num_heads":2,"head_dim":8,"short_conv_kernel_size":4}`
 	moe := `"num_experts":8,"num_experts_per_token":2,"moe_intermediate_size":8`
 	cases := []struct{ json, field string }{
@@ -107,6 +108,12 @@ func TestInvalid(t *testing.T) {
 		{`{"text_config":{"vocab_size":1,"hidden_size":-4}}`, "hidden_size = -4"},
 		{`{` + base + `,"hidden_act":"situ"}`, "activation_situ_beta"},
 		{`{"vocab_size":"many"}`, "invalid config"},
+		{`{` + strings.Replace(base, `"hidden_size":16`, `"hidden_size":1099511627776`, 1) + `}`, "hidden_size = 1099511627776"},
+		{`{` + strings.Replace(base, `"num_hidden_layers":2`, `"num_hidden_layers":1099511627776`, 1) + `}`, "num_hidden_layers = 1099511627776"},
+		{`{` + strings.Replace(base, `"max_position_embeddings":64`, `"max_position_embeddings":0`, 1) + `}`, "max_position_embeddings = 0"},
+		{`{` + strings.Replace(base, `"max_position_embeddings":64`, `"unused":0`, 1) + `}`, "max_position_embeddings is required"},
+		// Each size within bounds, their product beyond: 2^24 experts of 2^24 x 2^24.
+		{`{` + base + `,"num_experts":16777216,"num_experts_per_token":2,"moe_intermediate_size":16777216,"routed_expert_hidden_size":16777216}`, "parameters"},
 		{`not json`, "invalid config"},
 	}
 	for _, tc := range cases {

@@ -108,14 +108,14 @@ func ParseHeader(name string, prefix []byte, fileSize int64) (*Header, error) {
 		return fmt.Errorf("safetensors: %s: %w: %s", name, ErrInvalid, fmt.Sprintf(format, args...))
 	}
 	if fileSize < 8 || len(prefix) < 8 {
-		return nil, bad("file is %d bytes, shorter than the 8-byte header length", fileSize)
+		return nil, bad("not a safetensors file: %d bytes, shorter than the 8-byte header length", fileSize)
 	}
 	hlen := binary.LittleEndian.Uint64(prefix[:8])
 	if hlen > MaxHeaderSize {
-		return nil, bad("header length %d exceeds the %d-byte limit", hlen, MaxHeaderSize)
+		return nil, bad("not a safetensors file: its first 8 bytes give a header length of %d, above the %d-byte limit", hlen, MaxHeaderSize)
 	}
 	if int64(hlen) > fileSize-8 {
-		return nil, bad("header length %d past end of file (%d bytes)", hlen, fileSize)
+		return nil, bad("header length %d past end of file (%d bytes): truncated, or not a safetensors file", hlen, fileSize)
 	}
 	if int64(len(prefix)) < 8+int64(hlen) {
 		return nil, bad("header truncated: have %d of %d bytes", len(prefix)-8, hlen)
@@ -128,10 +128,10 @@ func ParseHeader(name string, prefix []byte, fileSize int64) (*Header, error) {
 	dec.UseNumber()
 	tok, err := dec.Token()
 	if err != nil {
-		return nil, bad("header JSON: %v", err)
+		return nil, bad("not a safetensors file: the header is not JSON: %v", err)
 	}
 	if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return nil, bad("header JSON is not an object")
+		return nil, bad("not a safetensors file: the header is not a JSON object")
 	}
 	seen := map[string]bool{}
 	for dec.More() {

@@ -95,10 +95,10 @@ func TestMalformed(t *testing.T) {
 	}{
 		{"short", []byte{1, 2, 3}, "shorter than the 8-byte header length"},
 		{"header past end", rawFile(`{}`, nil)[:9], "past end of file"},
-		{"huge header", append([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f}, make([]byte, 8)...), "exceeds"},
+		{"huge header", append([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f}, make([]byte, 8)...), "above the"},
 		{"bad json", rawFile(`{"a":`, nil), `tensor "a": EOF`},
 		{"bad json key", rawFile(`{"__metadata__":{},`, nil), "header JSON"},
-		{"not object", rawFile(`[1,2]`, nil), "not an object"},
+		{"not object", rawFile(`[1,2]`, nil), "not a JSON object"},
 		{"unknown dtype", rawFile(`{"a":{"dtype":"Q4","shape":[1],"data_offsets":[0,4]}}`, f4), `unknown dtype "Q4"`},
 		{"offsets out of range", rawFile(`{"a":{"dtype":"F32","shape":[8],"data_offsets":[0,32]}}`, f4), "out of range"},
 		{"negative offset", rawFile(`{"a":{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}}`, f4), "out of range"},

@@ -24,6 +24,10 @@ import (
 // ErrFormat is wrapped by errors about malformed tokenizer files.
 var ErrFormat = errors.New("malformed tokenizer file")
 
+// ErrVocabMismatch is wrapped when the tokenizer's ids do not fit the
+// model's vocabulary (vocab_size in config.json).
+var ErrVocabMismatch = errors.New("tokenizer does not fit the vocabulary")
+
 // Tokenizer maps text to token ids and back.
 type Tokenizer interface {
 	// Encode tokenizes text. With allowSpecial, special-token strings in
@@ -257,11 +261,14 @@ func NewByteLevel(offset int32, special map[string]int32, vocab int) (*ByteLevel
 		return nil, err
 	}
 	if offset < 0 || int(offset)+256 > vocab {
-		return nil, fmt.Errorf("%w: byte offset %d does not fit a vocabulary of %d", ErrFormat, offset, vocab)
+		return nil, fmt.Errorf("%w: byte offset %d does not fit a vocabulary of %d", ErrVocabMismatch, offset, vocab)
 	}
 	for name, id := range special {
-		if id >= offset && id < offset+256 || id < 0 || int(id) >= vocab {
-			return nil, fmt.Errorf("%w: special token %q at id %d collides with the bytes or leaves the vocabulary", ErrFormat, name, id)
+		if id >= offset && id < offset+256 || id < 0 {
+			return nil, fmt.Errorf("%w: special token %q at id %d collides with the bytes", ErrFormat, name, id)
+		}
+		if int(id) >= vocab {
+			return nil, fmt.Errorf("%w: special token %q at id %d is outside a vocabulary of %d", ErrVocabMismatch, name, id, vocab)
 		}
 	}
 	return &ByteLevel{Offset: offset, sp: newSpecials(special), vocab: vocab}, nil
@@ -355,7 +362,7 @@ func LoadFS(fsys fs.FS, name string, vocab int) (Tokenizer, error) {
 			return nil, fmt.Errorf("%s: %w", rankPath, err)
 		}
 		if t.VocabSize() > vocab {
-			return nil, fmt.Errorf("%w: %s has ids up to %d, beyond the model's vocabulary of %d", ErrFormat, rankPath, t.VocabSize()-1, vocab)
+			return nil, fmt.Errorf("%w: %s has ids up to %d, beyond the model's vocabulary of %d", ErrVocabMismatch, rankPath, t.VocabSize()-1, vocab)
 		}
 		return t, nil
 	}
@@ -366,7 +373,11 @@ func LoadFS(fsys fs.FS, name string, vocab int) (Tokenizer, error) {
 	if cfg.TokenizerClass != "" && cfg.TokenizerClass != ByteLevelClass {
 		return nil, fmt.Errorf("%w: %s: tokenizer_class %q needs tiktoken.model, which is missing", ErrFormat, cfgPath, cfg.TokenizerClass)
 	}
-	return NewByteLevel(offset, special, vocab)
+	t, err := NewByteLevel(offset, special, vocab)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", cfgPath, err)
+	}
+	return t, nil
 }
 
 // checkSpecialNames rejects a special token with empty content: it would
