@@ -123,7 +123,7 @@ func TestCheckpointErrors(t *testing.T) {
 		{"shape overflow", map[string][]byte{"model.safetensors": rawSafetensors(
 			`{"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,4]}}`, make([]byte, 4))}, []string{"model.safetensors", "overflows"}},
 		{"missing shard", map[string][]byte{
-			safetensors.IndexName: []byte(`{"weight_map":{"x":"model-00001-of-00002.safetensors","y":"model-00002-of-00002.safetensors"}}`),
+			safetensors.IndexName:              []byte(`{"weight_map":{"x":"model-00001-of-00002.safetensors","y":"model-00002-of-00002.safetensors"}}`),
 			"model-00001-of-00002.safetensors": encodeTensors(t, ts),
 		}, []string{"model-00002-of-00002.safetensors"}},
 		{"bad index", map[string][]byte{safetensors.IndexName: []byte(`{"weight_map":`)}, []string{safetensors.IndexName}},
