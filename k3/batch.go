@@ -73,8 +73,13 @@ func (m *Model) NewBatch(max int) (*Batch, error) {
 // through Logits).
 func (bt *Batch) Step(ctx context.Context, sessions []*Session, tokens []int32) error {
 	n := len(sessions)
-	if n == 0 || n != len(tokens) || n > bt.max {
-		return fmt.Errorf("k3: batch step with %d sessions and %d tokens (batch size %d)", n, len(tokens), bt.max)
+	switch {
+	case n == 0:
+		return errors.New("k3: batch step with no sessions")
+	case n != len(tokens):
+		return fmt.Errorf("k3: batch step with %d sessions but %d tokens (one token per session)", n, len(tokens))
+	case n > bt.max:
+		return fmt.Errorf("k3: batch step with %d sessions, more than the batch's limit of %d (NewBatch(%d))", n, bt.max, bt.max)
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -86,6 +91,9 @@ func (bt *Batch) Step(ctx context.Context, sessions []*Session, tokens []int32) 
 	m, b := bt.m, bt.m.b
 	cfg := m.Config
 	for i, s := range sessions {
+		if s == nil {
+			return fmt.Errorf("k3: batch step: session %d is nil", i)
+		}
 		if s.m != m {
 			return errors.New("k3: batch step with a session of another model")
 		}

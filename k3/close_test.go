@@ -2,6 +2,7 @@ package k3
 
 import (
 	"context"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -127,4 +128,47 @@ func TestTruncateOutOfRange(t *testing.T) {
 		assert.ErrorContains(t, err, "out of range")
 	}
 	assert.Equal(t, 3, s.Len(), "a rejected Truncate changes nothing")
+}
+
+func TestBadSamplingAndBatchInput(t *testing.T) {
+	m := load(t)
+	ctx := context.Background()
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	for name, opt := range map[string]GenerateOption{
+		"presence NaN": WithPresencePenalty(nan), "presence Inf": WithPresencePenalty(inf),
+		"frequency NaN": WithFrequencyPenalty(nan), "frequency -Inf": WithFrequencyPenalty(-inf),
+		"bias NaN": WithLogitBias(map[int32]float32{5: nan}), "bias -Inf": WithLogitBias(map[int32]float32{5: -inf}),
+	} {
+		for _, err := range s.Generate(ctx, "x", opt) {
+			assert.ErrorIs(t, err, ErrInvalidOption, name)
+			break
+		}
+	}
+	// Every token seen, so the presence penalty and the bias together push
+	// every logit past float32's range: an error, not a silent id.
+	all := map[int32]float32{}
+	var every []int32
+	for id := range int32(m.Config.VocabSize) {
+		all[id] = -math.MaxFloat32
+		every = append(every, id)
+	}
+	for tok, err := range s.GenerateTokens(ctx, every, WithLogitBias(all), WithPresencePenalty(math.MaxFloat32)) {
+		if err != nil {
+			assert.ErrorIs(t, err, ErrInvalidOption)
+			assert.ErrorContains(t, err, "no token with a finite logit")
+			break
+		}
+		t.Errorf("token %d sampled with every token masked", tok.ID)
+	}
+
+	bt, err := m.NewBatch(2)
+	require.NoError(t, err)
+	s2, err := m.NewSession()
+	require.NoError(t, err)
+	assert.ErrorContains(t, bt.Step(ctx, []*Session{s, nil}, []int32{1, 2}), "session 1 is nil")
+	assert.ErrorContains(t, bt.Step(ctx, []*Session{s, s2, s2}, []int32{1, 2, 3}), "limit of 2")
+	assert.ErrorContains(t, bt.Step(ctx, []*Session{s}, []int32{1, 2}), "1 sessions but 2 tokens")
+	assert.Error(t, bt.Step(ctx, nil, nil))
 }

@@ -268,7 +268,10 @@ func (g *generation) pick(ctx context.Context) (tok Token, feed, done bool, err 
 	if err := ctx.Err(); err != nil {
 		return Token{}, false, false, err
 	}
-	id := g.sampler.Sample(g.s.last)
+	id, err := g.sampler.Sample(g.s.last)
+	if err != nil {
+		return Token{}, false, false, err
+	}
 	feed = g.s.pos < g.s.limit
 	if !feed {
 		g.stopped = true

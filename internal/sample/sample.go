@@ -47,19 +47,29 @@ func (p *Params) Validate(vocab int) error {
 		return bad("top_p", p.TopP, "in (0, 1]")
 	case p.MinP < 0 || p.MinP > 1 || p.MinP != p.MinP:
 		return bad("min_p", p.MinP, "in [0, 1]")
-	case p.RepetitionPenalty < 0 || p.RepetitionPenalty != p.RepetitionPenalty:
+	case p.RepetitionPenalty < 0 || !finite(p.RepetitionPenalty):
 		return bad("repetition_penalty", p.RepetitionPenalty, "> 0")
+	case !finite(p.PresencePenalty):
+		return bad("presence_penalty", p.PresencePenalty, "a finite number")
+	case !finite(p.FrequencyPenalty):
+		return bad("frequency_penalty", p.FrequencyPenalty, "a finite number")
 	}
 	for id, b := range p.LogitBias {
 		if id < 0 || int(id) >= vocab {
 			return bad("logit_bias token", id, fmt.Sprintf("in 0..%d", vocab-1))
 		}
-		if b != b {
-			return bad("logit_bias value", b, "a number")
+		if !finite(b) {
+			return bad(fmt.Sprintf("logit_bias[%d]", id), b, "a finite number")
 		}
 	}
 	return nil
 }
+
+func finite(v float32) bool { return !math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0) }
+
+// ErrNoToken is wrapped when penalties and biases leave no token with a
+// finite logit, so there is nothing to sample from.
+var ErrNoToken = fmt.Errorf("%w: penalties and logit bias leave no token with a finite logit", ErrInvalid)
 
 // Sampler draws tokens for one sequence.
 type Sampler struct {
@@ -102,7 +112,9 @@ func (s *Sampler) Reset() {
 }
 
 // Sample picks the next token from logits (left unchanged) and observes it.
-func (s *Sampler) Sample(logits []float32) int32 {
+// It fails with ErrNoToken when the adjusted logits are all -Inf or NaN
+// (finite biases and penalties can overflow float32).
+func (s *Sampler) Sample(logits []float32) (int32, error) {
 	p := &s.p
 	x := s.buf[:len(logits)]
 	copy(x, logits)
@@ -125,14 +137,16 @@ func (s *Sampler) Sample(logits []float32) int32 {
 	for id, b := range p.LogitBias {
 		x[id] += b
 	}
-	var tok int32
-	if p.Temperature == 0 {
-		tok = int32(argmax(x))
-	} else {
+	best := argmax(x)
+	if !finite(x[best]) {
+		return 0, ErrNoToken
+	}
+	tok := int32(best)
+	if p.Temperature != 0 {
 		tok = s.draw(x)
 	}
 	s.Observe(tok)
-	return tok
+	return tok, nil
 }
 
 func argmax(x []float32) int {

@@ -11,21 +11,21 @@ func TestGreedyAndPenalties(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := s.Sample([]float32{1, 3, 3, 2}); got != 1 {
+	if got := must(s.Sample([]float32{1, 3, 3, 2})); got != 1 {
 		t.Errorf("greedy picked %d, want 1 (tie to the lower id)", got)
 	}
 	s, _ = New(Params{RepetitionPenalty: 2}, 3)
 	s.Observe(0)
-	if got := s.Sample([]float32{3, 2, 0}); got != 1 {
+	if got := must(s.Sample([]float32{3, 2, 0})); got != 1 {
 		t.Errorf("repetition penalty: picked %d, want 1", got)
 	}
 	s, _ = New(Params{PresencePenalty: 0.5, FrequencyPenalty: 1}, 3)
 	s.Observe(0, 0)
-	if got := s.Sample([]float32{3, 0.6, 0}); got != 1 { // 3 - 0.5 - 2 = 0.5 < 0.6
+	if got := must(s.Sample([]float32{3, 0.6, 0})); got != 1 { // 3 - 0.5 - 2 = 0.5 < 0.6
 		t.Errorf("presence/frequency penalty: picked %d, want 1", got)
 	}
 	s, _ = New(Params{LogitBias: map[int32]float32{2: 10}}, 3)
-	if got := s.Sample([]float32{3, 2, 0}); got != 2 {
+	if got := must(s.Sample([]float32{3, 2, 0})); got != 2 {
 		t.Errorf("logit bias: picked %d, want 2", got)
 	}
 }
@@ -92,7 +92,7 @@ func TestDistribution(t *testing.T) {
 		const n = 40000
 		counts := make([]float64, len(logits))
 		for i := 0; i < n; i++ {
-			counts[s.Sample(logits)]++
+			counts[must(s.Sample(logits))]++
 			s.Reset() // keep the distribution fixed
 		}
 		var chi float64
@@ -120,7 +120,7 @@ func TestSeedReproducible(t *testing.T) {
 	a, _ := New(Params{Temperature: 1, Seed: 42}, 5)
 	b, _ := New(Params{Temperature: 1, Seed: 42}, 5)
 	for i := 0; i < 50; i++ {
-		if x, y := a.Sample(logits), b.Sample(logits); x != y {
+		if x, y := must(a.Sample(logits)), must(b.Sample(logits)); x != y {
 			t.Fatalf("draw %d: %d != %d with the same seed", i, x, y)
 		}
 	}
@@ -128,14 +128,51 @@ func TestSeedReproducible(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	for _, p := range []Params{{Temperature: -1}, {TopP: 1.5}, {TopP: -0.1}, {MinP: 2}, {TopK: -1},
-		{RepetitionPenalty: -1}, {LogitBias: map[int32]float32{99: 1}}} {
+		{RepetitionPenalty: -1}, {LogitBias: map[int32]float32{99: 1}},
+		{PresencePenalty: nan}, {PresencePenalty: inf}, {FrequencyPenalty: nan}, {FrequencyPenalty: -inf},
+		{LogitBias: map[int32]float32{3: nan}}, {LogitBias: map[int32]float32{3: -inf}}, {LogitBias: map[int32]float32{3: inf}}} {
 		if _, err := New(p, 10); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%+v accepted: %v", p, err)
 		}
 	}
 	s, _ := New(Params{Temperature: 0.8, TopK: 2, Seed: 1}, 1000)
 	logits := make([]float32, 1000)
-	if n := testing.AllocsPerRun(20, func() { s.Sample(logits) }); n != 0 && !raceEnabled {
+	if n := testing.AllocsPerRun(20, func() { must(s.Sample(logits)) }); n != 0 && !raceEnabled {
 		t.Errorf("Sample allocates %v times", n)
+	}
+}
+
+// must unwraps Sample's result; a test whose sampling fails stops there.
+func must(id int32, err error) int32 {
+	if err != nil {
+		panic(err)
+	}
+	return id
+}
+
+var (
+	nan = float32(math.NaN())
+	inf = float32(math.Inf(1))
+)
+
+// TestNoToken: biases that push every logit past float32's range leave
+// nothing to sample; that is an error, not a silent id.
+func TestNoToken(t *testing.T) {
+	bias := map[int32]float32{}
+	for id := range int32(4) {
+		bias[id] = -math.MaxFloat32
+	}
+	for _, temp := range []float32{0, 1} {
+		s, err := New(Params{Temperature: temp, LogitBias: bias}, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Sample([]float32{-math.MaxFloat32, -3e38, -math.MaxFloat32, -math.MaxFloat32}); !errors.Is(err, ErrNoToken) || !errors.Is(err, ErrInvalid) {
+			t.Errorf("temperature %v: every token masked: %v", temp, err)
+		}
+		// One token left finite is what gets picked.
+		if id := must(s.Sample([]float32{-math.MaxFloat32, 1, -math.MaxFloat32, -math.MaxFloat32})); id != 1 {
+			t.Errorf("temperature %v: picked %d, want the only finite token 1", temp, id)
+		}
 	}
 }
