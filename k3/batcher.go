@@ -128,47 +128,47 @@ func (b *Batcher) Run(ctx context.Context) error {
 		ending = ending[:0] // finished, but their last token is still to be fed
 		kept := active[:0]
 		for _, r := range active {
-			tok, feed, done, err := r.g.pick(r.ctx)
+			st, err := r.g.advance(r.ctx)
 			abandoned := false
-			select {
-			case <-r.stop:
-				abandoned = true
-			default:
+			for _, tok := range st.ready {
+				select {
+				case r.out <- batchItem{tok: tok}:
+				case <-r.stop:
+					abandoned = true
+				}
+				if abandoned {
+					break
+				}
 			}
 			switch {
 			case err != nil || abandoned:
 				finish(r, err)
 				continue
-			case done:
-				if t := r.g.flush(); t.Text != "" {
-					r.out <- batchItem{tok: t}
-				}
-				if feed {
-					sessions, tokens = append(sessions, r.s), append(tokens, tok.ID)
+			case st.done:
+				if st.feed {
+					sessions, tokens = append(sessions, r.s), append(tokens, st.id)
 					ending = append(ending, r)
 				} else {
 					finish(r, nil)
 				}
 				continue
 			}
-			select {
-			case r.out <- batchItem{tok: tok}:
-			case <-r.stop:
-				finish(r, nil)
-				continue
-			}
-			if feed {
-				sessions, tokens = append(sessions, r.s), append(tokens, tok.ID)
+			if st.feed {
+				sessions, tokens = append(sessions, r.s), append(tokens, st.id)
 			}
 			kept = append(kept, r)
 		}
 		active = kept
 		if len(sessions) > 0 {
 			if err := b.batch.Step(ctx, sessions, tokens); err != nil {
+				err = fmt.Errorf("k3: batched step: %w", err)
 				for _, r := range active {
-					finish(r, fmt.Errorf("k3: batched step: %w", err))
+					finish(r, err)
 				}
-				active = active[:0]
+				for _, r := range ending {
+					finish(r, err)
+				}
+				active, ending = active[:0], ending[:0]
 			}
 		}
 		// Only now do the finished sessions belong to their callers again.

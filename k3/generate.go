@@ -17,16 +17,49 @@ var ErrInvalidOption = sample.ErrInvalid
 // ErrEmptyPrompt is returned when generation has no prompt and no history.
 var ErrEmptyPrompt = errors.New("k3: empty prompt")
 
-// Token is one generated token. The last Token of a generation may have
-// ID -1: it carries text held back until the end (the bytes of an
-// unfinished character, shown as U+FFFD, or the start of a stop string that
-// never completed).
+// Token is one generated token.
 type Token struct {
 	ID int32
 	// Text is the text this token completes. It is empty while a character
 	// spans several tokens, and never holds part of a UTF-8 sequence or of
-	// a stop string still being matched.
+	// a stop string still being matched; text held back that way arrives
+	// with a later token, and at the end with the last one (the bytes of an
+	// unfinished character as U+FFFD, the start of a stop string that never
+	// completed).
 	Text string
+	// Finish is set on the last token of a generation and says why it
+	// ended; it is FinishNone on every other token.
+	Finish FinishReason
+}
+
+// FinishReason says why a generation ended. Cancellation is not among
+// them: a cancelled generation ends with ctx's error instead.
+type FinishReason uint8
+
+const (
+	FinishNone       FinishReason = iota // not the last token
+	FinishStop                           // the model produced a stop token (not yielded)
+	FinishStopString                     // the text reached a stop string (cut before it)
+	FinishLength                         // WithMaxTokens tokens were generated
+	FinishContext                        // the session reached the model's context length
+)
+
+// String returns the reason as OpenAI's API names it where it has a name
+// ("stop", "length"), else "stop_string" or "context_full".
+func (f FinishReason) String() string {
+	switch f {
+	case FinishNone:
+		return ""
+	case FinishStop:
+		return "stop"
+	case FinishStopString:
+		return "stop_string"
+	case FinishLength:
+		return "length"
+	case FinishContext:
+		return "context_full"
+	}
+	return fmt.Sprintf("FinishReason(%d)", uint8(f))
 }
 
 // GenerateOption configures Generate.
@@ -145,9 +178,15 @@ func (m *Model) genOptions(opts []GenerateOption) (*genOptions, error) {
 
 // Generate appends prompt to the session (it may be empty to continue from
 // the session's history) and yields generated tokens until a stop token or
-// string, the token limit, the context limit or cancellation. Cancelling ctx
-// stops within one decode step, or between prefill chunks; the error is then
-// ctx's. Special-token strings in the prompt are honoured.
+// string, the token limit, the context limit or cancellation. Every Token
+// yielded is one generated token and the last one carries Finish, with one
+// exception: a generation whose first draw is a stop token yields a single
+// Token with ID -1, no text and Finish set. Cancelling ctx stops within one
+// decode step, or between prefill chunks; the error is then ctx's. The
+// session holds every token yielded (and, after the last, the stop token
+// that ended the generation); a caller that stops iterating early leaves
+// the session at the last token it received. Special-token strings in the
+// prompt are honoured.
 func (s *Session) Generate(ctx context.Context, prompt string, opts ...GenerateOption) iter.Seq2[Token, error] {
 	return s.GenerateTokens(ctx, s.m.tok.Encode(prompt, true), opts...)
 }
@@ -161,18 +200,28 @@ func (s *Session) GenerateTokens(ctx context.Context, prompt []int32, opts ...Ge
 			return
 		}
 		for {
-			tok, done, err := g.next(ctx)
+			st, err := g.advance(ctx)
+			for _, tok := range st.ready {
+				if !yield(tok, nil) {
+					if tok.Finish == FinishNone {
+						return // the session holds what the caller received
+					}
+					// The caller has the last token; the session still
+					// takes the final feed below, but hears no more.
+					yield = func(Token, error) bool { return false }
+				}
+			}
 			if err != nil {
 				yield(Token{}, err)
 				return
 			}
-			if done {
-				if t := g.flush(); t.Text != "" {
-					yield(t, nil)
+			if st.feed {
+				if _, err := s.run(ctx, []int32{st.id}, false); err != nil {
+					yield(Token{}, err)
+					return
 				}
-				return
 			}
-			if !yield(tok, nil) {
+			if st.done {
 				return
 			}
 		}
@@ -209,15 +258,30 @@ func (m *Model) Generate(ctx context.Context, prompt string, opts ...GenerateOpt
 	}
 }
 
-// generation is the state of one Generate call.
+// generation is the state of one Generate call. It yields each token one
+// draw late: only the next draw tells whether a token was the last (the
+// next one may be a stop token), and the next draw needs the token's own
+// forward pass first, which the token used to wait for anyway.
 type generation struct {
 	s       *Session
 	o       *genOptions
 	sampler *sample.Sampler
 	dec     *tokenizer.StreamDecoder
 	held    string // text held back while it may be the start of a stop string
-	n       int
-	stopped bool
+	n       int    // tokens generated
+	prev    Token  // the last token drawn, not yielded yet (valid when hasPrev)
+	hasPrev bool
+	done    bool
+}
+
+// stepResult is one advance of a generation: the tokens to yield now (the
+// last of them final when done), and the token to feed to the session
+// afterwards, if any.
+type stepResult struct {
+	ready []Token
+	id    int32
+	feed  bool
+	done  bool
 }
 
 func (s *Session) startGeneration(ctx context.Context, prompt []int32, opts []GenerateOption) (*generation, error) {
@@ -242,69 +306,90 @@ func (s *Session) startGeneration(ctx context.Context, prompt []int32, opts []Ge
 	return &generation{s: s, o: o, sampler: sm, dec: tokenizer.NewStreamDecoder(s.m.tok)}, nil
 }
 
-// next samples one token from the session's last logits, feeds it back
-// (so the session always holds everything generated), and returns it with
-// the text it releases.
-func (g *generation) next(ctx context.Context) (Token, bool, error) {
-	tok, feed, done, err := g.pick(ctx)
-	if err != nil {
-		return Token{}, false, err
-	}
-	if feed {
-		if _, err := g.s.run(ctx, []int32{tok.ID}, false); err != nil {
-			return Token{}, false, err
-		}
-	}
-	return tok, done, nil
-}
-
-// pick samples the next token. feed says whether it must be fed to the
-// session (every sampled token is, while the context has room); done ends
-// the generation without yielding tok.
-func (g *generation) pick(ctx context.Context) (tok Token, feed, done bool, err error) {
-	if g.stopped || g.n >= g.o.maxTokens {
-		return Token{}, false, true, nil
+// advance draws the next token from the session's last logits (the
+// session must hold every token fed so far) and says what to yield and
+// what to feed. On error the tokens in ready are still to be yielded.
+func (g *generation) advance(ctx context.Context) (stepResult, error) {
+	var r stepResult
+	if g.done {
+		r.done = true
+		return r, nil
 	}
 	if err := ctx.Err(); err != nil {
-		return Token{}, false, false, err
+		g.done = true
+		if g.hasPrev {
+			r.ready = append(r.ready, g.prev)
+		}
+		return r, err
 	}
 	id, err := g.sampler.Sample(g.s.last)
 	if err != nil {
-		return Token{}, false, false, err
+		g.done = true
+		if g.hasPrev {
+			r.ready = append(r.ready, g.prev)
+		}
+		return r, err
 	}
-	feed = g.s.pos < g.s.limit
-	if !feed {
-		g.stopped = true
-	}
+	room := g.s.pos < g.s.limit
 	for _, st := range g.o.stopTokens {
 		if id == st {
-			g.stopped = true
-			return Token{ID: id}, feed, true, nil
+			// The stop token ends the turn: the session holds it (a chat's
+			// <|im_end|>), but it is not yielded.
+			last := Token{ID: -1}
+			if g.hasPrev {
+				last = g.prev
+			}
+			last.Text += g.flush()
+			last.Finish = FinishStop
+			r.ready = append(r.ready, last)
+			r.id, r.feed, r.done, g.done = id, room, true, true
+			return r, nil
 		}
+	}
+	if g.hasPrev {
+		r.ready = append(r.ready, g.prev)
 	}
 	g.n++
 	text := g.held + g.dec.Next(id)
 	g.held = ""
+	tok := Token{ID: id}
+	stop := false
 	if len(g.o.stopStrings) > 0 {
-		var stop bool
-		if text, g.held, stop = cutStop(text, g.o.stopStrings); stop {
-			g.stopped = true
-		}
+		text, g.held, stop = cutStop(text, g.o.stopStrings)
 	}
-	return Token{ID: id, Text: text}, feed, false, nil
+	tok.Text = text
+	switch {
+	case stop:
+		tok.Finish = FinishStopString
+	case g.n >= g.o.maxTokens:
+		tok.Finish = FinishLength
+	case !room:
+		tok.Finish = FinishContext
+	}
+	if tok.Finish != FinishNone {
+		if !stop {
+			tok.Text += g.flush()
+		}
+		r.ready = append(r.ready, tok)
+		g.hasPrev, g.done, r.done = false, true, true
+	} else {
+		g.prev, g.hasPrev = tok, true
+	}
+	r.id, r.feed = id, room
+	return r, nil
 }
 
 // flush releases text held back: an unfinished character, or the start of
 // a stop string that never completed.
-func (g *generation) flush() Token {
+func (g *generation) flush() string {
 	text := g.held + g.dec.Flush()
-	if len(g.o.stopStrings) > 0 {
-		text, _, _ = cutStop(text, g.o.stopStrings)
-		if i := indexAny(text, g.o.stopStrings); i >= 0 {
-			text = text[:i]
-		}
+	g.held = ""
+	// Nothing follows, so a held start of a stop string is plain text now;
+	// only a complete stop string (the flushed bytes may finish one) cuts.
+	if i := indexAny(text, g.o.stopStrings); i >= 0 {
+		text = text[:i]
 	}
-	return Token{ID: -1, Text: text}
+	return text
 }
 
 func indexAny(text string, subs []string) int {

@@ -105,7 +105,7 @@ func TestConfigVariants(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					if tok.ID >= 0 { // not the flush of held-back text
+					if tok.ID >= 0 { // not the reason-only item of a generation that drew a stop token first
 						n++
 					}
 				}
