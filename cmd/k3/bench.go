@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 
@@ -18,18 +19,39 @@ import (
 	"k3/internal/modelbench"
 )
 
+const benchUsage = `usage: k3 bench dsa|kernels|model [flags]
+
+  dsa      sparse against dense DSA decode at several context lengths: a table and a plot
+  kernels  GEMM and matrix-vector products against the machine's probed limits
+           (and OpenBLAS, in a build with -tags openblas)
+  model    whole-model prefill and decode of the 100M K3.1 Pro-shaped preset
+
+"k3 bench NAME -h" lists a benchmark's flags.`
+
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: k3 bench dsa [-contexts 4096,16384,65536,131072] [-iters 3] [-out dsa_decode]\n       k3 bench kernels\n       k3 bench model")
+		fmt.Fprintln(stderr, benchUsage)
 		return errUsage
+	}
+	if isHelp(args[0]) || args[0] == "help" {
+		fmt.Fprintln(stdout, benchUsage)
+		return errHelp
 	}
 	switch args[0] {
 	case "dsa":
 		return benchDSA(ctx, args[1:], stdout, stderr)
 	case "kernels":
+		fs := flag.NewFlagSet("bench kernels", flag.ContinueOnError)
+		if err := parseFlags(fs, "bench kernels\n\nGEMM and matrix-vector products against the probed FLOP peak and bandwidth (a minute or two).", args[1:], stdout, stderr); err != nil {
+			return err
+		}
 		bench.Kernels(stdout)
 		return nil
 	case "model":
+		fs := flag.NewFlagSet("bench model", flag.ContinueOnError)
+		if err := parseFlags(fs, "bench model\n\nWhole-model prefill and decode of the 100M K3.1 Pro-shaped preset, written on the fly (a few minutes).", args[1:], stdout, stderr); err != nil {
+			return err
+		}
 		r, err := modelbench.Run(ctx, func(s string) { fmt.Fprintln(stderr, s) })
 		if err != nil {
 			return err
@@ -37,17 +59,21 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprint(stdout, r.Table())
 		return nil
 	}
-	fmt.Fprintf(stderr, "k3 bench: unknown benchmark %q (have: dsa, kernels, model)\n", args[0])
+	fmt.Fprintf(stderr, "k3 bench: unknown benchmark %q\n%s\n", args[0], benchUsage)
 	return errUsage
 }
 
 func benchDSA(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench dsa", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	ctxs := fs.String("contexts", "4096,16384,65536,131072", "context lengths, comma separated")
 	iters := fs.Int("iters", 3, "decode steps timed per context (median)")
-	out := fs.String("out", "dsa_decode", "write OUT.txt (the table) and OUT.png (latency against context); empty: neither")
-	if err := fs.Parse(args); err != nil {
+	out := fs.String("out", "", "write OUT.txt (the table) and OUT.png (latency against context) (default: dsa_decode.* in a new temporary directory)")
+	noFiles := fs.Bool("no-files", false, "print the table only")
+	if err := parseFlags(fs, "bench dsa [-contexts N,N,...] [-iters N] [-out PATH | -no-files]", args, stdout, stderr); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fs.Usage()
 		return errUsage
 	}
 	var lens []int
@@ -87,8 +113,15 @@ func benchDSA(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	tw.Flush()
 	fmt.Fprint(stdout, table.String())
-	if *out == "" {
+	if *noFiles {
 		return nil
+	}
+	if *out == "" {
+		dir, err := os.MkdirTemp("", "k3-bench-dsa-")
+		if err != nil {
+			return err
+		}
+		*out = filepath.Join(dir, "dsa_decode")
 	}
 	if err := os.WriteFile(*out+".txt", []byte(table.String()), 0o644); err != nil {
 		return err

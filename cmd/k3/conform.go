@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 
 	"k3/internal/backends"
 	"k3/internal/conform"
@@ -12,14 +13,9 @@ import (
 
 func runConform(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("conform", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	backend := fs.String("backend", "go", "compute backend: "+backends.Names())
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: k3 conform [-backend name] DIR|FILE...")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return errUsage
+	if err := parseFlags(fs, "conform [-backend NAME] DIR|FILE...", args, stdout, stderr); err != nil {
+		return err
 	}
 	if fs.NArg() == 0 {
 		fs.Usage()
@@ -33,6 +29,9 @@ func runConform(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	cases, err := conform.Discover(fs.Args()...)
 	if err != nil {
 		return err
+	}
+	if len(cases) == 0 {
+		return fmt.Errorf("no conformance cases in %s (a case is a golden .safetensors file, or a model directory with expected.safetensors)", strings.Join(fs.Args(), ", "))
 	}
 	passed, failed := 0, 0
 	for r := range conform.Run(ctx, b, cases) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -15,11 +16,16 @@ import (
 )
 
 func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) != 1 {
-		fmt.Fprintln(stderr, "usage: k3 inspect PATH (a .safetensors file or a checkpoint directory)")
+	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
+	synopsis := "inspect PATH\n\nPATH is a .safetensors file (a checkpoint shard or a golden file) or a checkpoint directory."
+	if err := parseFlags(fs, synopsis, args, stdout, stderr); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
 		return errUsage
 	}
-	path := args[0]
+	path := fs.Arg(0)
 	st, err := os.Stat(path)
 	if err != nil {
 		return err

@@ -15,6 +15,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -48,18 +49,19 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+	if len(args) == 0 {
 		usage(stderr)
-		if len(args) == 0 {
-			return 2
-		}
+		return 2
+	}
+	if isHelp(args[0]) || args[0] == "help" {
+		usage(stdout)
 		return 0
 	}
 	for _, c := range commands {
 		if c.name == args[0] {
 			err := c.run(ctx, args[1:], stdout, stderr)
 			switch {
-			case err == nil:
+			case err == nil, errors.Is(err, errHelp):
 				return 0
 			case errors.Is(err, errFailed):
 				return 1
@@ -75,7 +77,47 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 2
 }
 
-var errUsage = errors.New("usage")
+var (
+	errUsage = errors.New("usage") // bad arguments; the usage went to stderr
+	errHelp  = errors.New("help")  // help was asked for and printed on stdout
+)
+
+func isHelp(arg string) bool { return arg == "-h" || arg == "-help" || arg == "--help" }
+
+// parseFlags parses a subcommand's flags. Asked for help (-h, -help or
+// --help anywhere before the arguments), it prints the usage on stdout and
+// returns errHelp; on a bad flag the usage goes to stderr with errUsage.
+// usageLine is the synopsis printed above the flags.
+func parseFlags(fs *flag.FlagSet, usageLine string, args []string, stdout, stderr io.Writer) error {
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: k3 "+usageLine)
+		if hasFlags(fs) {
+			fmt.Fprintln(fs.Output(), "\nflags:")
+			fs.PrintDefaults()
+		}
+	}
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		if isHelp(a) {
+			fs.SetOutput(stdout)
+			fs.Usage()
+			return errHelp
+		}
+	}
+	fs.SetOutput(stderr)
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	return nil
+}
+
+func hasFlags(fs *flag.FlagSet) bool {
+	n := 0
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	return n > 0
+}
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: k3 <command> [arguments]\n\ncommands:")

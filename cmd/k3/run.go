@@ -3,10 +3,12 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"strings"
 	"time"
 	"unicode"
@@ -19,26 +21,47 @@ type genFlags struct {
 	model                           string
 	maxTokens                       int
 	temperature, topP, minP, repPen float64
+	presence, frequency             float64
 	topK                            int
 	seed                            uint64
+	stops                           stringList
+	noDefaultStops                  bool
 	backend                         string
 }
 
-func (g *genFlags) register(fs *flag.FlagSet) {
+// stringList is a flag that may be given several times.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ", ") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
+
+func (g *genFlags) register(fs *flag.FlagSet, maxTokens int) {
 	fs.StringVar(&g.model, "model", "", "checkpoint directory (default: the embedded tiny model with random weights)")
-	fs.IntVar(&g.maxTokens, "max-tokens", 64, "most tokens to generate")
+	fs.IntVar(&g.maxTokens, "max-tokens", maxTokens, "most tokens to generate")
 	fs.Float64Var(&g.temperature, "temperature", 0, "sampling temperature (0: greedy)")
 	fs.IntVar(&g.topK, "top-k", 0, "keep the k most likely tokens (0: all)")
 	fs.Float64Var(&g.topP, "top-p", 1, "nucleus sampling mass, in (0, 1]")
 	fs.Float64Var(&g.minP, "min-p", 0, "drop tokens below min-p times the most likely")
 	fs.Float64Var(&g.repPen, "repetition-penalty", 1, "penalty for tokens already seen (1: off)")
+	fs.Float64Var(&g.presence, "presence-penalty", 0, "subtracted from the logit of every token already seen")
+	fs.Float64Var(&g.frequency, "frequency-penalty", 0, "subtracted from a token's logit once per earlier occurrence")
+	fs.Var(&g.stops, "stop", "stop when the text reaches this string (repeatable)")
+	fs.BoolVar(&g.noDefaultStops, "no-default-stops", false, "do not stop at the model's end-of-sequence tokens")
 	fs.Uint64Var(&g.seed, "seed", 0, "random seed (reproducible sampling)")
 	fs.StringVar(&g.backend, "backend", "go", "compute backend")
 }
 
 func (g *genFlags) options() []k3.GenerateOption {
-	return []k3.GenerateOption{k3.WithMaxTokens(g.maxTokens), k3.WithTemperature(float32(g.temperature)), k3.WithTopK(g.topK),
-		k3.WithTopP(float32(g.topP)), k3.WithMinP(float32(g.minP)), k3.WithRepetitionPenalty(float32(g.repPen)), k3.WithSeed(g.seed)}
+	opts := []k3.GenerateOption{k3.WithMaxTokens(g.maxTokens), k3.WithTemperature(float32(g.temperature)), k3.WithTopK(g.topK),
+		k3.WithTopP(float32(g.topP)), k3.WithMinP(float32(g.minP)), k3.WithRepetitionPenalty(float32(g.repPen)),
+		k3.WithPresencePenalty(float32(g.presence)), k3.WithFrequencyPenalty(float32(g.frequency)), k3.WithSeed(g.seed)}
+	if len(g.stops) > 0 {
+		opts = append(opts, k3.WithStopStrings(g.stops...))
+	}
+	if g.noDefaultStops {
+		opts = append(opts, k3.WithoutDefaultStops())
+	}
+	return opts
 }
 
 func (g *genFlags) load(ctx context.Context, stderr io.Writer) (*k3.Model, error) {
@@ -49,14 +72,37 @@ func (g *genFlags) load(ctx context.Context, stderr io.Writer) (*k3.Model, error
 	return k3.Load(ctx, g.model, k3.WithBackend(g.backend))
 }
 
+// finishText describes why a generation ended, for people.
+func finishText(f k3.FinishReason, err error, maxTokens int) string {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return "interrupted"
+	case err != nil:
+		return "error"
+	case f == k3.FinishStop:
+		return "end-of-sequence token"
+	case f == k3.FinishStopString:
+		return "stop string"
+	case f == k3.FinishLength:
+		return fmt.Sprintf("token limit (-max-tokens %d)", maxTokens)
+	case f == k3.FinishContext:
+		return "context full"
+	}
+	return "unknown"
+}
+
 func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var g genFlags
-	g.register(fs)
+	g.register(fs, 64)
 	prompt := fs.String("prompt", "Hello", `prompt text ("-": read stdin)`)
 	chat := fs.Bool("chat", false, "wrap the prompt as one user turn of the chat format")
-	if err := fs.Parse(args); err != nil {
+	synopsis := "run [-model DIR] [-prompt TEXT] [-chat] [sampling flags]\n\nStreams a completion to stdout, then prints why it stopped, the token counts, speed and memory on stderr."
+	if err := parseFlags(fs, synopsis, args, stdout, stderr); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "k3 run: unexpected argument %q (the prompt goes in -prompt)\n", fs.Arg(0))
 		return errUsage
 	}
 	m, err := g.load(ctx, stderr)
@@ -79,74 +125,171 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
+	promptToks := len(m.Encode(text))
 	start := time.Now()
 	var first time.Duration
 	n := 0
+	var finish k3.FinishReason
+	var genErr error
 	for tok, err := range s.Generate(ctx, text, g.options()...) {
 		if err != nil {
-			return err
+			genErr = err
+			break
 		}
 		if n == 0 {
 			first = time.Since(start)
 		}
-		n++
+		if tok.ID >= 0 {
+			n++
+		}
+		finish = tok.Finish
 		fmt.Fprint(stdout, g.shown(tok.Text))
 	}
 	total := time.Since(start)
-	fmt.Fprintln(stdout)
-	promptToks := s.Len() - n
-	fmt.Fprintf(stderr, "prefill: %d tokens in %v (%.1f tokens/s, includes the first token)\n", promptToks, first.Round(time.Microsecond), float64(promptToks)/first.Seconds())
+	if n > 0 {
+		fmt.Fprintln(stdout)
+	}
+	if genErr != nil && !errors.Is(genErr, context.Canceled) {
+		return genErr
+	}
+	fmt.Fprintf(stderr, "stopped: %s\n", finishText(finish, genErr, g.maxTokens))
+	if first > 0 {
+		fmt.Fprintf(stderr, "prefill: %d tokens in %v (%.1f tokens/s, includes the first token)\n", promptToks, first.Round(time.Microsecond), float64(promptToks)/first.Seconds())
+	}
 	if n > 1 {
 		dec := total - first
-		fmt.Fprintf(stderr, "decode: %d tokens in %v (%.1f tokens/s)\n", n-1, dec.Round(time.Microsecond), float64(n-1)/dec.Seconds())
+		fmt.Fprintf(stderr, "decode: %d more tokens in %v (%.1f tokens/s); %d generated in all\n", n-1, dec.Round(time.Microsecond), float64(n-1)/dec.Seconds(), n)
+	} else {
+		fmt.Fprintf(stderr, "decode: %d tokens generated\n", n)
 	}
 	fmt.Fprintf(stderr, "memory: weights %s, session state %s\n", humanBytes(m.WeightBytes()), humanBytes(s.StateBytes()))
 	return nil
 }
 
+const chatHelp = `Type a message and press Enter. Commands:
+  /help    this text
+  /reset   forget the conversation (keeps the system message)
+  /exit    leave (so do /quit, Ctrl-D and Ctrl-C at the prompt)
+Ctrl-C while the model answers stops the answer.`
+
 func runChat(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("chat", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var g genFlags
-	g.register(fs)
+	g.register(fs, 512)
 	system := fs.String("system", "You are a helpful assistant.", "system message")
-	if err := fs.Parse(args); err != nil {
-		return errUsage
+	if err := parseFlags(fs, "chat [-model DIR] [-system TEXT] [sampling flags]\n\nInteractive multi-turn chat on stdin and stdout.", args, stdout, stderr); err != nil {
+		return err
 	}
+	// Ctrl-C is the chat's own: it stops an answer, or leaves at the prompt.
+	interrupts := make(chan os.Signal, 1)
+	signal.Notify(interrupts, os.Interrupt)
+	defer signal.Stop(interrupts)
+	ctx = context.WithoutCancel(ctx)
 	m, err := g.load(ctx, stderr)
 	if err != nil {
 		return err
 	}
 	defer m.Close()
+	label := g.model
+	if label == "" {
+		label = "the embedded tiny model (random weights: its answers are not language)"
+	}
+	fmt.Fprintf(stdout, "k3 chat with %s; /help for commands.\n", label)
+	return chatLoop(ctx, m, &g, *system, os.Stdin, stdout, interrupts)
+}
+
+// chatLoop runs the conversation: lines from in, answers to out. A value
+// on interrupts stops the answer being generated, or ends the chat when
+// it arrives at the prompt.
+func chatLoop(ctx context.Context, m *k3.Model, g *genFlags, system string, in io.Reader, out io.Writer, interrupts <-chan os.Signal) error {
 	s, err := m.NewSession()
 	if err != nil {
 		return err
 	}
+	endTurn, hasEnd := m.Tokenizer().Special("<|im_end|>")
+	lines := make(chan string)
+	readErr := make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(in)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		readErr <- sc.Err()
+		close(lines)
+	}()
 	// The session keeps the conversation: each turn sends only what is new.
-	pending := []k3.Message{{Role: "system", Content: *system}}
-	in := bufio.NewScanner(os.Stdin)
+	pending := []k3.Message{{Role: "system", Content: system}}
 	for {
-		fmt.Fprint(stdout, "> ")
-		if !in.Scan() {
-			fmt.Fprintln(stdout)
-			return in.Err()
-		}
-		line := strings.TrimSpace(in.Text())
-		if line == "" {
-			continue
-		}
-		if line == "/exit" || line == "/quit" {
+		fmt.Fprint(out, "> ")
+		var line string
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				fmt.Fprintln(out)
+				return <-readErr
+			}
+			line = strings.TrimSpace(l)
+		case <-interrupts:
+			fmt.Fprintln(out)
 			return nil
+		}
+		switch line {
+		case "":
+			continue
+		case "/exit", "/quit":
+			return nil
+		case "/help":
+			fmt.Fprintln(out, chatHelp)
+			continue
+		case "/reset":
+			if err := s.Reset(); err != nil {
+				return err
+			}
+			pending = []k3.Message{{Role: "system", Content: system}}
+			fmt.Fprintln(out, "(conversation cleared)")
+			continue
 		}
 		prompt := m.ChatPrompt(append(pending, k3.Message{Role: "user", Content: line}))
 		pending = nil
-		for tok, err := range s.Generate(ctx, prompt, g.options()...) {
-			if err != nil {
-				return err
+		turn, cancel := context.WithCancel(ctx)
+		stopWatch := make(chan struct{})
+		go func() {
+			select {
+			case <-interrupts:
+				cancel()
+			case <-stopWatch:
 			}
-			fmt.Fprint(stdout, g.shown(tok.Text))
+		}()
+		var finish k3.FinishReason
+		var genErr error
+		for tok, err := range s.Generate(turn, prompt, g.options()...) {
+			if err != nil {
+				genErr = err
+				break
+			}
+			finish = tok.Finish
+			fmt.Fprint(out, g.shown(tok.Text))
 		}
-		fmt.Fprintln(stdout)
+		close(stopWatch)
+		cancel()
+		fmt.Fprintln(out)
+		if genErr != nil && !errors.Is(genErr, context.Canceled) {
+			return genErr
+		}
+		if finish != k3.FinishStop {
+			// The answer did not end its turn itself (interrupted, token
+			// limit, stop string): close it so the next turn is well formed.
+			if errors.Is(genErr, context.Canceled) {
+				fmt.Fprintln(out, "(answer stopped)")
+			} else if finish == k3.FinishLength {
+				fmt.Fprintf(out, "(answer cut at %d tokens)\n", g.maxTokens)
+			}
+			if hasEnd {
+				if _, err := s.Forward(ctx, []int32{endTurn}, nil); err != nil {
+					return err
+				}
+			}
+		}
 	}
 }
 
@@ -167,16 +310,15 @@ func (g *genFlags) shown(text string) string {
 
 func runNewTiny(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("new-tiny", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	preset := fs.String("preset", "k31pro", "layout: "+strings.Join(tiny.Presets, ", "))
 	out := fs.String("out", "", "directory to write")
 	seed := fs.Uint64("seed", 1, "random seed")
 	bf16 := fs.Bool("bf16", false, "store matrices as bf16")
-	if err := fs.Parse(args); err != nil {
-		return errUsage
+	if err := parseFlags(fs, "new-tiny -preset "+strings.Join(tiny.Presets, "|")+" -out DIR [-seed N] [-bf16]", args, stdout, stderr); err != nil {
+		return err
 	}
-	if *out == "" {
-		fmt.Fprintln(stderr, "usage: k3 new-tiny -preset k31pro|k3|kimi_linear|k31pro-100m -out DIR [-seed N] [-bf16]")
+	if *out == "" || fs.NArg() > 0 {
+		fs.Usage()
 		return errUsage
 	}
 	if err := tiny.Write(*out, *preset, tiny.Options{Seed: *seed, BF16: *bf16}); err != nil {

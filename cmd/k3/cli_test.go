@@ -1,0 +1,128 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"k3/k3"
+)
+
+// TestHelp: every subcommand answers -h, -help and --help with its usage on
+// stdout and exit 0, and runs nothing.
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{
+		{"-h"}, {"--help"}, {"help"},
+		{"run", "-h"}, {"chat", "--help"}, {"new-tiny", "-help"}, {"conform", "-h"}, {"inspect", "-h"},
+		{"bench", "-h"}, {"bench", "dsa", "-h"}, {"bench", "kernels", "-h"}, {"bench", "model", "--help"},
+		{"run", "-max-tokens", "3", "-h"},
+	} {
+		code, out, errOut := runCLI(args...)
+		assert.Equal(t, 0, code, "%v", args)
+		assert.Contains(t, out, "usage: k3", "%v", args)
+		assert.Empty(t, errOut, "%v", args)
+	}
+	// Without -h, bad use still goes to stderr with exit 2.
+	for _, args := range [][]string{{}, {"bench"}, {"bench", "nope"}, {"inspect"}, {"run", "-nope"}, {"bench", "kernels", "-x"}} {
+		code, out, errOut := runCLI(args...)
+		assert.Equal(t, 2, code, "%v", args)
+		assert.Empty(t, out, "%v", args)
+		assert.Contains(t, errOut, "usage", "%v", args)
+	}
+}
+
+func TestRunCommand(t *testing.T) {
+	code, out, errOut := runCLI("run", "-prompt", "abc", "-max-tokens", "7", "-presence-penalty", "0.5",
+		"-frequency-penalty", "0.25", "-stop", "\x00\x01never", "-no-default-stops")
+	require.Equal(t, 0, code, errOut)
+	assert.NotEmpty(t, out)
+	assert.Contains(t, errOut, "stopped: token limit (-max-tokens 7)")
+	assert.Contains(t, errOut, "prefill: 3 tokens")
+	assert.Contains(t, errOut, "decode: 6 more tokens")
+	assert.Contains(t, errOut, "7 generated in all")
+
+	code, _, errOut = runCLI("run", "-prompt", "abc", "-frequency-penalty", "NaN")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, "frequency_penalty = NaN")
+}
+
+func TestConformNoCases(t *testing.T) {
+	code, _, errOut := runCLI("conform", t.TempDir())
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, "no conformance cases")
+}
+
+// interruptingWriter sends an interrupt the first time answer text
+// arrives, as Ctrl-C during a reply would.
+type interruptingWriter struct {
+	mu        sync.Mutex
+	buf       bytes.Buffer
+	prompts   int
+	sent      bool
+	interrupt chan os.Signal
+}
+
+func (w *interruptingWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if string(p) == "> " {
+		w.prompts++
+	} else if w.prompts == 1 && !w.sent && len(p) > 0 && string(p) != "\n" {
+		w.sent = true
+		w.interrupt <- os.Interrupt
+	}
+	return w.buf.Write(p)
+}
+
+func TestChatInterrupt(t *testing.T) {
+	ctx := context.Background()
+	m, err := k3.LoadTiny(ctx)
+	require.NoError(t, err)
+	defer m.Close()
+	g := &genFlags{maxTokens: 100000, noDefaultStops: true, topP: 1, repPen: 1}
+
+	// Ctrl-C during the first answer stops it; the chat goes on.
+	out := &interruptingWriter{interrupt: make(chan os.Signal, 1)}
+	done := make(chan error, 1)
+	go func() {
+		done <- chatLoop(ctx, m, g, "sys", strings.NewReader("hello\n/help\n/exit\n"), out, out.interrupt)
+	}()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("Ctrl-C did not stop the answer")
+	}
+	text := out.buf.String()
+	assert.Contains(t, text, "(answer stopped)")
+	assert.Contains(t, text, "/reset", "the /help text after the stopped answer")
+
+	// Ctrl-C at the prompt leaves cleanly.
+	in, w := io.Pipe()
+	defer w.Close()
+	interrupts := make(chan os.Signal, 1)
+	var buf bytes.Buffer
+	go func() { done <- chatLoop(ctx, m, g, "sys", in, &buf, interrupts) }()
+	time.Sleep(50 * time.Millisecond)
+	interrupts <- os.Interrupt
+	select {
+	case err := <-done:
+		assert.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Ctrl-C at the prompt did not end the chat")
+	}
+
+	// An answer cut by the token limit closes its turn and says so.
+	g = &genFlags{maxTokens: 3, noDefaultStops: true, topP: 1, repPen: 1}
+	buf.Reset()
+	require.NoError(t, chatLoop(ctx, m, g, "sys", strings.NewReader("a\nb\n"), &buf, make(chan os.Signal)))
+	assert.Equal(t, 2, strings.Count(buf.String(), "(answer cut at 3 tokens)"))
+}
