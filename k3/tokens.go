@@ -46,3 +46,10 @@ func (m *Model) WeightBytes() int64 {
 	}
 	return n
 }
+
+// ContextLength returns the most tokens a session can hold
+// (max_position_embeddings).
+func (m *Model) ContextLength() int { return m.Config.MaxPositionEmbeddings }
+
+// VocabSize returns the number of token ids the model scores.
+func (m *Model) VocabSize() int { return m.Config.VocabSize }

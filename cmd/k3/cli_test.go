@@ -125,4 +125,10 @@ func TestChatInterrupt(t *testing.T) {
 	buf.Reset()
 	require.NoError(t, chatLoop(ctx, m, g, "sys", strings.NewReader("a\nb\n"), &buf, make(chan os.Signal)))
 	assert.Equal(t, 2, strings.Count(buf.String(), "(answer cut at 3 tokens)"))
+
+	// An answer that fills the context says so and the chat goes on.
+	g = &genFlags{maxTokens: 100000, noDefaultStops: true, topP: 1, repPen: 1}
+	buf.Reset()
+	require.NoError(t, chatLoop(ctx, m, g, "sys", strings.NewReader("a\nb\n/reset\nc\n"), &buf, make(chan os.Signal)))
+	assert.Equal(t, 3, strings.Count(buf.String(), "fills the model's context"), buf.String()[max(0, buf.Len()-300):])
 }

@@ -273,6 +273,10 @@ func chatLoop(ctx context.Context, m *k3.Model, g *genFlags, system string, in i
 		close(stopWatch)
 		cancel()
 		fmt.Fprintln(out)
+		if errors.Is(genErr, k3.ErrContextFull) || finish == k3.FinishContext {
+			fmt.Fprintf(out, "(the conversation fills the model's context of %d tokens: /reset to start over)\n", m.ContextLength())
+			continue
+		}
 		if genErr != nil && !errors.Is(genErr, context.Canceled) {
 			return genErr
 		}
