@@ -167,3 +167,21 @@ func TestCheckpointErrors(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, m.Close())
 }
+
+// TestProgress: WithProgress counts bytes, rising to the checkpoint's size.
+func TestProgress(t *testing.T) {
+	var calls [][2]int64
+	m, err := LoadFS(context.Background(), tinyFS(t), "ck", WithProgress(func(done, total int64) {
+		calls = append(calls, [2]int64{done, total})
+	}))
+	require.NoError(t, err)
+	defer m.Close()
+	require.Len(t, calls, m.Config.NumLayers)
+	for i, c := range calls {
+		assert.Equal(t, m.WeightBytes(), c[1], "total")
+		if i > 0 {
+			assert.Greater(t, c[0], calls[i-1][0], "call %d", i)
+		}
+	}
+	assert.Equal(t, m.WeightBytes(), calls[len(calls)-1][0], "the last call is complete")
+}

@@ -16,9 +16,10 @@
 // errors.Is; bad input leaves the model and the session usable.
 package k3
 
-import "k3/internal/config"
+import "k3/config"
 
-// Config is a parsed and validated model configuration (config.json).
+// Config is a parsed and validated model configuration (config.json): an
+// alias of config.Config, whose fields "go doc k3/config.Config" lists.
 type Config = config.Config
 
 // LoadConfig reads and validates dir/config.json.

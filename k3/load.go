@@ -12,10 +12,10 @@ import (
 	"sync"
 
 	"k3/attnres"
+	"k3/config"
 	"k3/dsa"
 	"k3/internal/backends"
 	"k3/internal/compute"
-	"k3/internal/config"
 	"k3/internal/floatx"
 	"k3/internal/moe"
 	"k3/internal/safetensors"
@@ -62,7 +62,7 @@ type Option func(*options)
 type options struct {
 	backend  string
 	be       compute.Backend
-	progress func(done, total int)
+	progress func(done, total int64)
 	chunk    int
 	dense    bool
 }
@@ -76,8 +76,11 @@ func WithDenseAttention() Option { return func(o *options) { o.dense = true } }
 // "ascend").
 func WithBackend(name string) Option { return func(o *options) { o.backend = name } }
 
-// WithProgress receives the number of layers loaded so far and the total.
-func WithProgress(f func(done, total int)) Option { return func(o *options) { o.progress = f } }
+// WithProgress receives, after each layer, the bytes of checkpoint tensors
+// read so far (mapped in place or copied) and the checkpoint's total, so a
+// large checkpoint's progress moves with the work. The last call has
+// done == total.
+func WithProgress(f func(done, total int64)) Option { return func(o *options) { o.progress = f } }
 
 // WithPrefillChunk sets how many prompt tokens one forward pass takes at
 // most (default 256): longer prompts run in chunks, bounding memory.
@@ -248,6 +251,15 @@ type source struct {
 	ck    *safetensors.Checkpoint
 	strip string // "language_model." for Kimi K3 checkpoints
 	used  map[string]bool
+
+	usedBytes, total int64 // for WithProgress
+}
+
+func (s *source) markUsed(name string, size int64) {
+	if !s.used[name] {
+		s.used[name] = true
+		s.usedBytes += size
+	}
 }
 
 func (s *source) name(n string) string { return s.strip + n }
@@ -258,7 +270,7 @@ func (s *source) get(full string) (compute.DType, []int, []byte, error) {
 	if err != nil {
 		return 0, nil, nil, fmt.Errorf("missing tensor %s", name)
 	}
-	s.used[name] = true
+	s.markUsed(name, ti.Size)
 	switch ti.DType {
 	case safetensors.F32:
 		return compute.F32, ti.Shape, data, nil
@@ -283,7 +295,7 @@ func (s *source) dequant(name string, ti safetensors.TensorInfo, data []byte) (c
 	if err != nil {
 		return 0, nil, nil, fmt.Errorf("fp8 tensor %s has no %s", name, scaleName)
 	}
-	s.used[scaleName] = true
+	s.markUsed(scaleName, si.Size)
 	scale, err := safetensors.DecodeFloat32(si.DType, sb)
 	if err != nil {
 		return 0, nil, nil, fmt.Errorf("%s: %w", scaleName, err)
@@ -316,9 +328,9 @@ func (s *source) prefixed(prefix string) weights.Source {
 	return func(name string) (compute.DType, []int, []byte, error) { return s.get(prefix + name) }
 }
 
-func (m *Model) load(ctx context.Context, progress func(done, total int)) error {
+func (m *Model) load(ctx context.Context, progress func(done, total int64)) error {
 	cfg := m.Config
-	src := &source{ck: m.ck, used: map[string]bool{}}
+	src := &source{ck: m.ck, used: map[string]bool{}, total: m.WeightBytes()}
 	// Kimi K3 checkpoints prefix the text model's tensors.
 	for _, name := range m.ck.Names() {
 		if strings.HasPrefix(name, "language_model.") {
@@ -365,7 +377,7 @@ func (m *Model) load(ctx context.Context, progress func(done, total int)) error 
 		m.layers = append(m.layers, ly)
 		resQ = append(resQ, q...)
 		if progress != nil {
-			progress(l+1, cfg.NumLayers)
+			progress(src.usedBytes, src.total)
 		}
 	}
 	if cfg.AttnResBlockSize > 0 {

@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 
+	"k3/config"
 	"k3/dsa"
 	"k3/internal/compute"
-	"k3/internal/config"
 	"k3/kda"
 )
 
@@ -372,4 +372,14 @@ func (m *Model) release(w *workspace) {
 	m.wsMu.Lock()
 	m.wsFree = append(m.wsFree, w)
 	m.wsMu.Unlock()
+}
+
+// Logits returns a copy of the session's next-token logits (after its last
+// token, [vocab]); nil before the session holds a token. Batch.Step leaves
+// each session's logits here. Sampler.Next reads them without the copy.
+func (s *Session) Logits() []float32 {
+	if s.last == nil {
+		return nil
+	}
+	return append([]float32(nil), s.last...)
 }

@@ -8,11 +8,28 @@ import (
 )
 
 // Tokenizer maps text to token ids and back: the tiktoken encoder of the
-// released Kimi models, or the byte-level one of tiny test models.
-type Tokenizer = tokenizer.Tokenizer
+// released Kimi models (tiktoken.model with the Kimi pre-tokenizer), or the
+// byte-level one of tiny test models.
+type Tokenizer interface {
+	// Encode tokenizes text. With allowSpecial, special-token strings in
+	// the text ("<|im_end|>") become their ids; otherwise they are plain text.
+	Encode(text string, allowSpecial bool) []int32
+	// TokenBytes returns the bytes a token stands for (special tokens: their
+	// name); nil for an unknown id. A token may end inside a UTF-8 character.
+	TokenBytes(id int32) []byte
+	// Special returns the id of a special token by name ("<|im_end|>").
+	Special(name string) (int32, bool)
+	// IsSpecial reports whether id is a special token.
+	IsSpecial(id int32) bool
+	// VocabSize is one past the largest id the tokenizer produces.
+	VocabSize() int
+}
 
 // Message is one turn of a conversation.
-type Message = tokenizer.Message
+type Message struct {
+	Role    string // "system", "user", "assistant" or "tool"
+	Content string
+}
 
 // Tokenizer returns the model's tokenizer.
 func (m *Model) Tokenizer() Tokenizer { return m.tok }
@@ -25,7 +42,13 @@ func (m *Model) Decode(ids []int32) string { return tokenizer.Decode(m.tok, ids)
 
 // ChatPrompt renders a conversation in the Kimi chat format, ending with an
 // open assistant turn for the model to complete.
-func (m *Model) ChatPrompt(msgs []Message) string { return tokenizer.Chat(msgs, true) }
+func (m *Model) ChatPrompt(msgs []Message) string {
+	turns := make([]tokenizer.Message, len(msgs))
+	for i, msg := range msgs {
+		turns[i] = tokenizer.Message(msg)
+	}
+	return tokenizer.Chat(turns, true)
+}
 
 // LoadTiny loads the tiny K3.1 Pro-shaped checkpoint embedded in the SDK
 // (about 0.4M parameters, bf16). Its weights are random: it exercises every

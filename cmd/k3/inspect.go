@@ -11,7 +11,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"k3/internal/config"
+	"k3/config"
 	"k3/internal/safetensors"
 )
 

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"k3/internal/config"
+	"k3/config"
 	"k3/internal/kernel"
 	"k3/internal/tiny"
 	"k3/k3"

@@ -14,7 +14,7 @@ import (
 	"path/filepath"
 	"sort"
 
-	"k3/internal/config"
+	"k3/config"
 	"k3/internal/floatx"
 	"k3/internal/safetensors"
 	"k3/internal/tokenizer"

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"k3/internal/config"
+	"k3/config"
 	"k3/internal/safetensors"
 )
 

@@ -4,6 +4,10 @@
 // adds DeepSeek-V3.2-style indexer fields), and DeepSeek-V3.2
 // (model_type deepseek_v32). Unknown fields are ignored; every validation
 // error names the field and the value and wraps ErrInvalid.
+//
+// Applications meet its Config as k3.Config (Model.Config, k3.LoadConfig);
+// the package is public so that the fields are documented and a config can
+// be checked without loading weights.
 package config
 
 import (
