@@ -33,7 +33,7 @@ func TestGoldenConfigs(t *testing.T) {
 		}},
 	}
 	for _, tc := range cases {
-		dir := filepath.Join("../../testdata/model", tc.dir)
+		dir := filepath.Join("../testdata/model", tc.dir)
 		c, err := Load(dir)
 		if err != nil {
 			t.Fatal(err)
@@ -131,7 +131,7 @@ func TestInvalid(t *testing.T) {
 // or an error, never panic, and every error must wrap ErrInvalid.
 func FuzzParse(f *testing.F) {
 	for _, dir := range []string{"tiny_k31pro", "tiny_k3", "tiny_kimi_linear", "tiny_rope_dsa"} {
-		data, err := os.ReadFile(filepath.Join("..", "..", "testdata", "model", dir, "config.json"))
+		data, err := os.ReadFile(filepath.Join("..", "testdata", "model", dir, "config.json"))
 		if err != nil {
 			f.Fatal(err)
 		}
