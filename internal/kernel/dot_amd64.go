@@ -52,6 +52,7 @@ func sigmoidAVX2(x *float32, n int, k *[16]float32)
 
 // expBody is the shared vector exponential called by expAVX2 and
 // sigmoidAVX2 (register calling convention of its own; not callable from Go).
+//
 //lint:ignore U1000 called only from assembly (CALL from other TEXT blocks), which staticcheck does not see
 func expBody()
 
@@ -75,11 +76,13 @@ func dot2x8BF16AVX512(x *float32, xstride int, w *uint16, wstride, k int, out *f
 
 // reduce2x4 is the 2x4 tiles' reduction and store, as dot2x4BF16AVX2 does it (own register
 // convention; not callable from Go).
+//
 //lint:ignore U1000 called only from assembly (CALL from other TEXT blocks), which staticcheck does not see
 func reduce2x4()
 
 // store4x1 is the stream kernels' shared reduction and store (own register
 // convention; not callable from Go).
+//
 //lint:ignore U1000 called only from assembly (CALL from other TEXT blocks), which staticcheck does not see
 func store4x1()
 
@@ -133,6 +136,7 @@ func rows8F32AVX2(x *float32, xstride int, w *float32, rows, k int, out *float32
 
 // reduce8x1 is rows8's reduction and store (own register convention; not
 // callable from Go).
+//
 //lint:ignore U1000 called only from assembly (CALL from other TEXT blocks), which staticcheck does not see
 func reduce8x1()
 
@@ -144,5 +148,6 @@ func situAVX2(dst, gate, up, sg, eg, eu *float32, n int, c *[16]float32)
 
 // tanhBody is situAVX2's vector tanhExp (own register convention; not
 // callable from Go).
+//
 //lint:ignore U1000 called only from assembly (CALL from other TEXT blocks), which staticcheck does not see
 func tanhBody()
