@@ -25,11 +25,13 @@ func main() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
-	m, err := k3.LoadTiny(ctx)
+	var m *k3.Model
+	var err error
 	if *model != "" {
 		m, err = k3.Load(ctx, *model)
 	} else {
 		fmt.Fprintln(os.Stderr, "using the", k3.TinyLabel)
+		m, err = k3.LoadTiny(ctx)
 	}
 	if err != nil {
 		log.Fatal(err)
@@ -55,11 +57,13 @@ func main() {
 				log.Fatal(err)
 			}
 			count := 0
-			for _, err := range b.Generate(ctx, s, fmt.Sprintf("request %d:", i), k3.WithMaxTokens(32), k3.WithTemperature(0.8), k3.WithSeed(uint64(i))) {
+			for tok, err := range b.Generate(ctx, s, fmt.Sprintf("request %d:", i), k3.WithMaxTokens(32), k3.WithTemperature(0.8), k3.WithSeed(uint64(i))) {
 				if err != nil {
 					log.Fatal(err)
 				}
-				count++
+				if tok.ID >= 0 { // ID -1: a reply that ended before its first token
+					count++
+				}
 			}
 			mu.Lock()
 			total += count
