@@ -25,11 +25,10 @@ import (
 )
 
 // kdaPrefillChunk is the chunk size of KDA prefill: the chunked (WY) form,
-// which on the go backend is now faster than the token-by-token recurrence
-// (kda benchmarks: 26.5-34.2k against 23.7-26.5k tokens/s at T=4096, H=16;
-// 50 against 64 ms in a 512-token prefill of the 100M preset). Chunk 64
-// is slower here: K3's bounded gates span more than the factorised form's
-// 60 nats over 64 tokens, so most channels take the exact pairwise path.
+// which on the go backend is at least as fast as the token-by-token
+// recurrence (docs/bench/README.md, "KDA prefill chunk"). Chunk 64 is
+// slower: K3's bounded gates span more than the factorised form's 60 nats
+// over 64 tokens, so most channels take the exact pairwise path.
 const kdaPrefillChunk = 16
 
 // ErrCheckpoint is wrapped by every error about a checkpoint's files other

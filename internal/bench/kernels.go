@@ -133,8 +133,8 @@ func Kernels(w io.Writer) {
 
 // settle waits for OpenBLAS's threads to stop spinning: they busy-wait
 // for about 2^28 cycles after a call (its THREAD_TIMEOUT), and a kernel timed
-// meanwhile shares its cores with them (k3's 1024³ GEMM measured 135
-// instead of 200 GFLOP/s right after an OpenBLAS call).
+// meanwhile shares its cores with them and loses about a third of its
+// rate.
 func settle() { time.Sleep(300 * time.Millisecond) }
 
 func medianOf(v []float64) float64 {

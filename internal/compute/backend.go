@@ -129,8 +129,9 @@ const (
 // KDAArgs are the operands of KDAChunk. Tokens of several sequences are
 // packed along T; CuSeqlens (host, N+1 prefix sums) separates them, nil
 // meaning one sequence. Layouts: Q, K [T,H,Dk]; V, Out [T,H,Dv]; G [T,H,Dk];
-// Beta [T,H]; State [N,H,Dk,Dv] (K-first), read as the initial state and
-// overwritten with the final one.
+// Beta [T,H]; State [N,H,Dv,Dk] (V-first: element [v][k] is S[k][v] of the
+// equations, so o = Sᵀq reads contiguous rows), read as the initial state
+// and overwritten with the final one.
 type KDAArgs struct {
 	Q, K, V, G, Beta Tensor
 	// QKV, when set, replaces Q, K and V (Dk = Dv = D): [T, 3·H·D] rows

@@ -28,15 +28,12 @@ const PackedMinRows = 64
 
 // packedMinK is the depth from which the packed GEMM beats the dot-form
 // tiles at any width. Below it the eight-row tiles' x rows (8·k floats)
-// fit in L1: with AVX-512VL the 2x8 tile then runs at 90% of the FMA peak
-// and wins (BenchmarkPackedVsTiles on the Zen 4 machine: crossover at
-// k 1024), while the packed GEMM pays for packing x and for its
-// transposed stores. Without AVX-512 the eight-row tile is rows8, bound
-// by loads, and the packed GEMM already wins from k 256 once there are
-// packedMinN columns to spread its packing over (on the Zen 3 machine, at
-// m 256: k 768 n 2048 151-166 against 124-143 GFLOP/s, n 512 144-155
-// against 148, n 256 134 against 149, n 64 76 against 129; k 384 n 768
-// 163 against 149).
+// fit in L1: with AVX-512VL the 2x8 tile then runs near the FMA peak and
+// wins, while the packed GEMM pays for packing x and for its transposed
+// stores. Without AVX-512 the eight-row tile is rows8, bound by loads, and
+// the packed GEMM already wins from k 256 once there are packedMinN
+// columns to spread its packing over. BenchmarkPackedVsTiles measures both
+// crossovers (by depth and by width); docs/bench/README.md has the figures.
 const (
 	packedMinK = 1024
 	packedMinN = 512

@@ -69,7 +69,7 @@ func matMulRange(a *Args, lo, hi int) {
 	// Groups of eight x rows on the eight-row tiles (2x8 with AVX-512VL
 	// registers, else rows8, which for f32 weights beats the four-by-two
 	// tiles from eight rows: attention's blocks of 8 query rows against 64
-	// keys, BenchmarkAttnDense 39-40 -> 46-48 GFLOP/s), the weights walked
+	// keys, BenchmarkAttnDense), the weights walked
 	// in L2-sized blocks; same per-output arithmetic as the four-by-two
 	// tiles that take the remaining rows.
 	r8 := 0

@@ -44,7 +44,7 @@ func sumRange(a *Args, lo, hi int) {
 // buf should be several times larger than the last-level cache. Matrix-vector
 // products only read their weights, so this is their roofline. The median,
 // not the best pass, because on shared hosts the attainable bandwidth
-// fluctuates (here 32-60 GB/s between passes a second apart); the best pass
+// fluctuates between passes a second apart; the best pass
 // would compare a kernel's average with the host's luckiest moment.
 func (p *Pool) ReadBandwidth(buf []float32, reps int) float64 {
 	parts := p.Size()
@@ -151,8 +151,8 @@ func triadPart(a *Args, lo, hi int, nt bool) {
 func (p *Pool) Triad(a, b, c []float32, reps int) float64 { return p.triad(triadRange, a, b, c, reps) }
 
 // TriadNT is Triad with non-temporal stores, which skip reading a: on some
-// hosts (the development VM) it moves a third more bytes per second than
-// any read-only stream, so it bounds mixed traffic, not reads.
+// hosts it moves more bytes per second than any read-only stream, so it
+// bounds mixed traffic, not reads.
 func (p *Pool) TriadNT(a, b, c []float32, reps int) float64 {
 	return p.triad(triadNTRange, a, b, c, reps)
 }

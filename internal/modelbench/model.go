@@ -143,8 +143,8 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 		r.PrefillTokPerSec = max(r.PrefillTokPerSec, float64(len(prompt))/time.Since(start).Seconds())
 	}
 
-	// The host's bandwidth drifts (32-60 GB/s seen here, from one second to
-	// the next), so the decode runs in short stretches, alternating batch 1
+	// A shared host's bandwidth drifts from one second to the next (by up
+	// to 2x on the machines in docs/bench), so the decode runs in short stretches, alternating batch 1
 	// and batch 8, each batch-1 stretch between a read pass and a STREAM
 	// triad (and a triad with non-temporal stores, reported beside it);
 	// every figure is the median over the stretches of a ratio between
