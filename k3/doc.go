@@ -10,10 +10,13 @@
 // streams tokens as an iter.Seq2, Forward returns logits. Sessions can be
 // cloned and truncated. Batch steps many sessions in one pass over the
 // weights, with each session's results equal to decoding it alone, and
-// Batcher serves concurrent Generate calls with continuous batching.
-// Errors name the problem and wrap sentinels (ErrBadToken, ErrContextFull,
-// ErrEmptyPrompt, ErrInvalidOption, ErrInvalidConfig, ErrCheckpoint) for
-// errors.Is; bad input leaves the model and the session usable.
+// Batcher serves concurrent Generate calls with continuous batching; a
+// Sampler applies the generation options to logits a program drives
+// itself. Close waits for running passes; afterwards every call fails with
+// ErrClosed. Errors name the problem and wrap sentinels (ErrBadToken,
+// ErrContextFull, ErrEmptyPrompt, ErrInvalidOption, ErrInvalidConfig,
+// ErrCheckpoint, ErrOutOfRange, ErrClosed) for errors.Is; bad input leaves
+// the model and the session usable.
 package k3
 
 import "k3/config"
