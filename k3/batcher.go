@@ -50,6 +50,14 @@ func (m *Model) NewBatcher(max int) (*Batcher, error) {
 // elsewhere until the sequence ends) and yields its tokens.
 func (b *Batcher) Generate(ctx context.Context, s *Session, prompt string, opts ...GenerateOption) iter.Seq2[Token, error] {
 	return func(yield func(Token, error) bool) {
+		switch {
+		case s == nil:
+			yield(Token{}, errors.New("k3: batcher: nil session"))
+			return
+		case s.m != b.m:
+			yield(Token{}, errors.New("k3: batcher: the session belongs to another model"))
+			return
+		}
 		r := &batchReq{ctx: ctx, s: s, prompt: b.m.tok.Encode(prompt, true), opts: opts,
 			out: make(chan batchItem, 64), stop: make(chan struct{})}
 		defer close(r.stop)

@@ -172,3 +172,25 @@ func TestBadSamplingAndBatchInput(t *testing.T) {
 	assert.ErrorContains(t, bt.Step(ctx, []*Session{s}, []int32{1, 2}), "1 sessions but 2 tokens")
 	assert.Error(t, bt.Step(ctx, nil, nil))
 }
+
+func TestBatcherBadSession(t *testing.T) {
+	m := load(t)
+	other := load(t)
+	br, err := m.NewBatcher(2)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go br.Run(ctx)
+	for _, err := range br.Generate(ctx, nil, "x") {
+		assert.ErrorContains(t, err, "nil session")
+	}
+	s, err := other.NewSession()
+	require.NoError(t, err)
+	for _, err := range br.Generate(ctx, s, "x") {
+		assert.ErrorContains(t, err, "another model")
+	}
+	// The batcher still serves.
+	good, err := m.NewSession()
+	require.NoError(t, err)
+	assert.Len(t, collect(t, br.Generate(ctx, good, "x", WithMaxTokens(3), WithoutDefaultStops())), 3)
+}
