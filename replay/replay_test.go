@@ -77,7 +77,7 @@ func step(s Shape, state, conv []float32, t token) (Record, []float32) {
 
 var shapes = []Shape{
 	{Heads: 2, DK: 16, DV: 16, ConvChannels: 96, ConvWidth: 4},
-	{Heads: 3, DK: 8, DV: 5, ConvChannels: 7, ConvWidth: 2}, // DV != DK, one-row window
+	{Heads: 3, DK: 8, DV: 5, ConvChannels: 7, ConvWidth: 2},  // DV != DK, one-row window
 	{Heads: 1, DK: 13, DV: 9, ConvChannels: 0, ConvWidth: 0}, // no conv; DK not a multiple of 8
 }
 
