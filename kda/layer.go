@@ -293,6 +293,22 @@ func (l *Layer) Decode(x compute.Tensor, st *State, y compute.Tensor) error {
 	return nil
 }
 
+// RecordLen is the length of one token's replay record of a layer of cfg
+// (compute.KDAStepArgs.Records): key, decay factors and corrected values
+// of every head, then the raw q|k|v projection.
+func RecordLen(cfg Config) int { return 6 * cfg.NumHeads * cfg.HeadDim }
+
+// DecodeRecorded is Decode that also writes each sequence's replay record
+// of the step into records [B, RecordLen] (see compute.KDAStepArgs.Records),
+// the input of a ReplaySSM log. The step's arithmetic is Decode's.
+func (l *Layer) DecodeRecorded(x compute.Tensor, st *State, records, y compute.Tensor) error {
+	l.stepArgs = compute.KDAStepArgs{W: l.W, X: x, Conv: st.Conv, State: st.S, Y: y, Records: records}
+	if err := l.b.KDAStep(&l.stepArgs); err != nil {
+		return fmt.Errorf("kda: decode step: %w", err)
+	}
+	return nil
+}
+
 // DecodeBatch runs the fused step for x [B, hidden], one token for each of
 // B sequences whose states live apart (one State per session), reading
 // every weight once for the whole batch.

@@ -182,6 +182,12 @@ type KDAStepArgs struct {
 	// per sequence ([W-1, 3*H*D] and [H, D, D]): sessions batched for one
 	// step keep their own state in place.
 	Convs, States []Tensor
+	// Records, when set, receives each sequence's replay record of the
+	// step, [B, 6*H*D] F32: the key as the update used it (L2-normed), the
+	// decay factors α = exp(g), the corrected values u = β(v - (Diag(α)S)ᵀk)
+	// (each [H*D], head-major) and the raw q|k|v projection that entered
+	// the conv window ([3*H*D]): the layout of replay.Record.
+	Records Tensor
 }
 
 // ConvArgs are the operands of CausalConv: X and Out [T, C] packed over

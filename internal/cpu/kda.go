@@ -213,27 +213,27 @@ func l2norm(x []float32) {
 // the state per token.
 func (j *kdaJob) recurrent(sc *kdaScratch, st []float32, hd, t0, t1 int) {
 	dk, dv := j.dk, j.dv
-	sc.tmp = grow32(sc.tmp, dv+dk)
-	o, ke := sc.tmp[:dv], sc.tmp[dv:]
+	sc.tmp = grow32(sc.tmp, 2*dv+dk)
+	o, u, ke := sc.tmp[:dv], sc.tmp[dv:2*dv], sc.tmp[2*dv:]
 	for i := 0; i < t1-t0; i++ {
 		q, k, g := sc.q[i*dk:(i+1)*dk], sc.k[i*dk:(i+1)*dk], sc.g[i*dk:(i+1)*dk]
 		v := sc.v[i*dv : (i+1)*dv]
-		kdaToken(st, q, k, g, v, sc.beta[i], o, ke, dk, dv)
+		kdaToken(st, q, k, g, v, sc.beta[i], o, u, ke, dk, dv)
 		copy(j.out[((t0+i)*j.h+hd)*dv:], o)
 	}
 }
 
 // kdaToken advances state st (V-first: row v holds S[:, v] over the key
-// channels) by one token and writes the output (q already scaled) to o. ke
-// is scratch of dk; g is the log decay and is overwritten with the decay
-// factors.
-func kdaToken(st, q, k, g, v []float32, beta float32, o, ke []float32, dk, dv int) {
+// channels) by one token and writes the output (q already scaled) to o and
+// the corrected values β(v - (Diag(α)S)ᵀk) to u. ke is scratch of dk; g is
+// the log decay and is overwritten with the decay factors α.
+func kdaToken(st, q, k, g, v []float32, beta float32, o, u, ke []float32, dk, dv int) {
 	kernel.ExpSlice(g)
 	kernel.Mul(ke, k, g)
 	// Row by row, so each state row comes from memory once: its read for
 	// (S e^g)ᵀk and its update both hit L1. The state of a batch of sessions
 	// outgrows the caches, and this is the traffic that decode pays for it.
-	kernel.KDARows(st[:dv*dk], ke[:dk], g[:dk], k[:dk], q[:dk], v[:dv], o[:dv], beta)
+	kernel.KDARows(st[:dv*dk], ke[:dk], g[:dk], k[:dk], q[:dk], v[:dv], o[:dv], u[:dv], beta)
 }
 
 // chunkStep processes tokens [c0, c1) of the item (a chunk) in the WY form:

@@ -123,6 +123,7 @@ func convSeq(j *convJob, c0, c1 int) {
 type stepScratch struct {
 	raw, conv, fa, graw, braw, gate, ga, core []float32
 	convs, states                             [][]float32 // per sequence
+	records                                   []float32   // [B, 6·H·D] or nil
 	job                                       stepJob
 }
 
@@ -146,9 +147,9 @@ func stepHeads(args *kernel.Args, lo, hi int) {
 	hd := h * d
 	hs := headScratchPool.Get().(*headScratch)
 	defer headScratchPool.Put(hs)
-	hs.v = grow32(hs.v, 5*d)
+	hs.v = grow32(hs.v, 6*d)
 	q, k, g := hs.v[:d], hs.v[d:2*d], hs.v[2*d:3*d]
-	o, ke := hs.v[3*d:4*d], hs.v[4*d:5*d]
+	o, ke, u := hs.v[3*d:4*d], hs.v[4*d:5*d], hs.v[5*d:6*d]
 	for item := lo; item < hi; item++ {
 		s, hh := item/h, item%h
 		qkv := sc.conv[s*3*hd : (s+1)*3*hd]
@@ -161,7 +162,16 @@ func stepHeads(args *kernel.Args, lo, hi int) {
 		decayGate(g, sc.graw[s*hd+hh*d:s*hd+(hh+1)*d], j.dtb[hh*d:(hh+1)*d], j.alog[hh], w.Gate, w.LowerBound)
 		beta := kernel.Sigmoid(sc.braw[s*h+hh])
 		st := sc.states[s][hh*d*d : (hh+1)*d*d]
-		kdaToken(st, q, k, g, v, beta, o, ke, d, d)
+		var rec []float32
+		if sc.records != nil {
+			rec = sc.records[s*6*hd : (s+1)*6*hd]
+			u = rec[2*hd+hh*d : 2*hd+(hh+1)*d]
+		}
+		kdaToken(st, q, k, g, v, beta, o, u, ke, d, d)
+		if rec != nil {
+			copy(rec[hh*d:(hh+1)*d], k)
+			copy(rec[hd+hh*d:hd+(hh+1)*d], g) // now the decay factors
+		}
 		out := sc.core[s*hd+hh*d : s*hd+(hh+1)*d]
 		kernel.RMSNorm(out, o, j.onorm, d, w.Eps)
 		gate := sc.gate[s*hd+hh*d : s*hd+(hh+1)*d]
@@ -243,6 +253,16 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 	mm := func(dst, src []float32, wt compute.Tensor, m int) error { return b.matmulHost(dst, src, wt, m) }
 	if err := mm(sc.raw, x, w.QKV, bsz); err != nil {
 		return err
+	}
+	sc.records = nil
+	if !a.Records.IsZero() {
+		if err := compute.CheckShape("kda step records", a.Records, compute.F32, bsz, 6*hd); err != nil {
+			return err
+		}
+		sc.records = F32(a.Records)
+		for i := range bsz {
+			copy(sc.records[i*6*hd+3*hd:(i+1)*6*hd], sc.raw[i*3*hd:(i+1)*3*hd])
+		}
 	}
 	if err := mm(sc.fa, x, w.FA, bsz); err != nil {
 		return err

@@ -126,7 +126,7 @@ func streams4x1F32AVX2(x *float32, w *float32, k, rows, gap int, out *float32)
 func dpbf16LoopAVX512(n int)
 
 //go:noescape
-func kdaRowsAVX2(st, ke, e, k, q, v, o *float32, beta float32, dk, dv int)
+func kdaRowsAVX2(st, ke, e, k, q, v, o, u *float32, beta float32, dk, dv int)
 
 //go:noescape
 func rows8BF16AVX2(x *float32, xstride int, w *uint16, rows, k int, out *float32, ostride int)

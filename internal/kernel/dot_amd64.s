@@ -1551,13 +1551,13 @@ dploop:
 	VZEROUPPER
 	RET
 
-// func kdaRowsAVX2(st, ke, e, k, q, v, o *float32, beta float32, dk, dv int)
+// func kdaRowsAVX2(st, ke, e, k, q, v, o, u *float32, beta float32, dk, dv int)
 // KDA's decode pass over one head's state, every row in one call: for each
 // of dv rows of dk (dk % 8 == 0), s = row·ke with dotAVX2's arithmetic,
-// u = beta·(v[r] - s), then row = row ⊙ e + u·k and o[r] = row·q with
+// u[r] = beta·(v[r] - s), then row = row ⊙ e + u·k and o[r] = row·q with
 // rowUpdateDotAVX2's. The same results as the two calls per row it
 // replaces, whose overhead was much of a short row's cost.
-TEXT ·kdaRowsAVX2(SB), NOSPLIT, $0-80
+TEXT ·kdaRowsAVX2(SB), NOSPLIT, $0-88
 	MOVQ st+0(FP), DI
 	MOVQ ke+8(FP), R8
 	MOVQ e+16(FP), R9
@@ -1565,9 +1565,10 @@ TEXT ·kdaRowsAVX2(SB), NOSPLIT, $0-80
 	MOVQ q+32(FP), R11
 	MOVQ v+40(FP), R12
 	MOVQ o+48(FP), R13
-	VMOVSS beta+56(FP), X14
-	MOVQ dk+64(FP), BX
-	MOVQ dv+72(FP), DX
+	MOVQ u+56(FP), SI
+	VMOVSS beta+64(FP), X14
+	MOVQ dk+72(FP), BX
+	MOVQ dv+80(FP), DX
 
 krow:
 	TESTQ DX, DX
@@ -1616,6 +1617,7 @@ kdotdone:
 	VMOVSS (R12), X5
 	VSUBSS X0, X5, X5
 	VMULSS X14, X5, X5
+	VMOVSS X5, (SI)
 	VBROADCASTSS X5, Y15
 	// row = row ⊙ e + u·k, o[r] = row·q (rowUpdateDotAVX2)
 	XORQ AX, AX
@@ -1660,6 +1662,7 @@ kupddone:
 	LEAQ (DI)(BX*4), DI
 	ADDQ $4, R12
 	ADDQ $4, R13
+	ADDQ $4, SI
 	DECQ DX
 	JMP  krow
 

@@ -21,12 +21,12 @@ func BenchmarkKDARowsCold(b *testing.B) {
 	for i := range vec {
 		vec[i] = 0.5
 	}
-	o := make([]float32, heads*d)
+	o, u := make([]float32, heads*d), make([]float32, heads*d)
 	var base int
 	job := func(a *Args, lo, hi int) {
 		for h := lo; h < hi; h++ {
 			s := st[base+h*d*d : base+(h+1)*d*d]
-			KDARows(s, vec[:d], vec[d:2*d], vec[2*d:3*d], vec[3*d:4*d], vec[4*d:], o[h*d:(h+1)*d], 0.5)
+			KDARows(s, vec[:d], vec[d:2*d], vec[2*d:3*d], vec[3*d:4*d], vec[4*d:], o[h*d:(h+1)*d], u[h*d:(h+1)*d], 0.5)
 		}
 	}
 	bw := BandwidthNow()

@@ -662,14 +662,17 @@ func TestKDARows(t *testing.T) {
 		for _, dv := range []int{1, 3, 64} {
 			st, ke, e := randSlice(r, dv*dk), randSlice(r, dk), randSlice(r, dk)
 			k, q, v := randSlice(r, dk), randSlice(r, dk), randSlice(r, dv)
-			want, wantO := slices.Clone(st), make([]float32, dv)
+			want, wantO, wantU := slices.Clone(st), make([]float32, dv), make([]float32, dv)
 			for row := range dv {
 				rw := want[row*dk : (row+1)*dk]
-				u := float32(0.7) * (v[row] - Dot(rw, ke))
-				wantO[row] = RowUpdateDot(rw, e, k, q, u)
+				wantU[row] = float32(0.7) * (v[row] - Dot(rw, ke))
+				wantO[row] = RowUpdateDot(rw, e, k, q, wantU[row])
 			}
-			o := make([]float32, dv)
-			KDARows(st, ke, e, k, q, v, o, 0.7)
+			o, u := make([]float32, dv), make([]float32, dv)
+			KDARows(st, ke, e, k, q, v, o, u, 0.7)
+			if !slices.Equal(u, wantU) {
+				t.Fatalf("dk=%d dv=%d: u = %v, want %v", dk, dv, u, wantU)
+			}
 			for i := range st {
 				if st[i] != want[i] {
 					t.Fatalf("dk=%d dv=%d: state[%d] = %v, want %v", dk, dv, i, st[i], want[i])

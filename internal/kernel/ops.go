@@ -383,20 +383,21 @@ func Mix(out, x, y []float32, a, b, c float32) {
 }
 
 // KDARows runs KDA's decode pass over one head's V-first state st
-// ([dv][dk]): for each row r, u = beta·(v[r] - row·ke), then
-// row = row ⊙ e + u·k and o[r] = row·q. Each row gets exactly the
+// ([dv][dk]): for each row r, u[r] = beta·(v[r] - row·ke), then
+// row = row ⊙ e + u[r]·k and o[r] = row·q. Each row gets exactly the
 // arithmetic of Dot followed by RowUpdateDot; the rows go in one call.
-func KDARows(st, ke, e, k, q, v, o []float32, beta float32) {
+// u receives the corrected values, the records ReplaySSM replays from.
+func KDARows(st, ke, e, k, q, v, o, u []float32, beta float32) {
 	dk, dv := len(ke), len(o)
-	st, e, k, q, v = st[:dv*dk], e[:dk], k[:dk], q[:dk], v[:dv]
+	st, e, k, q, v, u = st[:dv*dk], e[:dk], k[:dk], q[:dk], v[:dv], u[:dv]
 	if useAVX2 && dk >= 8 && dk%8 == 0 && dv > 0 {
-		kdaRowsAVX2(&st[0], &ke[0], &e[0], &k[0], &q[0], &v[0], &o[0], beta, dk, dv)
+		kdaRowsAVX2(&st[0], &ke[0], &e[0], &k[0], &q[0], &v[0], &o[0], &u[0], beta, dk, dv)
 		return
 	}
 	for r := range dv {
 		row := st[r*dk : (r+1)*dk]
-		u := beta * (v[r] - Dot(row, ke))
-		o[r] = RowUpdateDot(row, e, k, q, u)
+		u[r] = beta * (v[r] - Dot(row, ke))
+		o[r] = RowUpdateDot(row, e, k, q, u[r])
 	}
 }
 
