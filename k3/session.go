@@ -280,16 +280,28 @@ func (s *Session) step(tokens []int32, tr *Trace, allLogits bool) error {
 	return nil
 }
 
+// ExactTokens is the longest run of new tokens that one forward pass
+// computes with the decode arithmetic, token after token: its logits and
+// states are bitwise those of as many single-token steps (what verifying
+// drafted tokens needs). Longer runs are prefill chunks, which take the
+// chunked KDA form and the blocked attention paths: faster, and within the
+// conformance tolerance of the decode arithmetic.
+const ExactTokens = 16
+
 // mixLayer runs layer l's token mixer for the session's rows.
 func (s *Session) mixLayer(l int, normed, out compute.Tensor) error {
 	if kl := s.ws.kdaL[l]; kl != nil {
-		if s.t == 1 {
-			return kl.Decode(normed, s.kdaSt[l], out)
+		if s.t <= ExactTokens {
+			return kl.DecodeTokens(normed, s.kdaSt[l], compute.Tensor{}, out)
 		}
 		return kl.Prefill(normed, nil, s.kdaSt[l], out)
 	}
 	ml := s.ws.mlaL[l]
-	if err := ml.Forward(normed, s.caches[l], out); err != nil {
+	forward := ml.Forward
+	if s.t > 1 && s.t <= ExactTokens {
+		forward = ml.ForwardExact
+	}
+	if err := forward(normed, s.caches[l], out); err != nil {
 		return err
 	}
 	if s.trace != nil && s.m.layers[l].kind == config.DSA {

@@ -73,7 +73,7 @@ func TestDecodeRecordsReplay(t *testing.T) {
 		gotS, gotConv := make([]float32, shape.StateLen()), make([]float32, shape.ConvLen())
 		for step := range 11 {
 			xt := upload(t, b, randn(r, hidden, 1), 1, hidden)
-			require.NoError(t, l.DecodeRecorded(xt, st, recT, y1))
+			require.NoError(t, l.DecodeTokens(xt, st, recT, y1))
 			require.NoError(t, l.Decode(xt, plain, y2))
 			require.Equal(t, read(t, b, y2), read(t, b, y1), "recording changed the output (step %d)", step)
 			rec := read(t, b, recT)
@@ -84,6 +84,28 @@ func TestDecodeRecordsReplay(t *testing.T) {
 			require.Equal(t, read(t, b, st.Conv), gotConv, "conv window after decode step %d", step)
 		}
 		assert.Greater(t, log.Base(), 5, "the checkpoint moved forward")
+
+		// T tokens in one call equal T single steps, bitwise, records too.
+		for _, T := range []int{2, 7, 16} {
+			xs := randn(r, T*hidden, 1)
+			many, err := NewState(b, cfg, 1)
+			require.NoError(t, err)
+			require.NoError(t, b.Copy(many.S, st.S))
+			require.NoError(t, b.Copy(many.Conv, st.Conv))
+			recs, _ := b.Alloc(compute.F32, T, RecordLen(cfg))
+			ys, _ := b.Alloc(compute.F32, T, hidden)
+			require.NoError(t, l.DecodeTokens(upload(t, b, xs, T, hidden), many, recs, ys))
+			var wantY, wantRec []float32
+			for i := range T {
+				require.NoError(t, l.DecodeTokens(upload(t, b, xs[i*hidden:(i+1)*hidden], 1, hidden), st, recT, y1))
+				wantY = append(wantY, read(t, b, y1)...)
+				wantRec = append(wantRec, read(t, b, recT)...)
+			}
+			require.Equal(t, wantY, read(t, b, ys), "T=%d outputs", T)
+			require.Equal(t, wantRec, read(t, b, recs), "T=%d records", T)
+			require.Equal(t, read(t, b, st.S), read(t, b, many.S), "T=%d state", T)
+			require.Equal(t, read(t, b, st.Conv), read(t, b, many.Conv), "T=%d conv window", T)
+		}
 		b.Close()
 	}
 }

@@ -170,20 +170,28 @@ type KDAWeights struct {
 	Eps          float32 // of the output RMSNorm
 }
 
-// KDAStepArgs are the operands of KDAStep: X and Y [B, hidden], Conv
-// [B, W-1, 3*H*D] (raw projections of the last tokens, q|k|v, oldest
-// first), State [B, H, D, D] (V-first, as in KDAArgs); Conv and State are
-// updated in place.
+// KDAStepArgs are the operands of KDAStep: X and Y [B·T, hidden] (T
+// tokens per sequence, sequence-major), Conv [B, W-1, 3*H*D] (raw
+// projections of the last tokens, q|k|v, oldest first), State [B, H, D, D]
+// (V-first, as in KDAArgs); Conv and State are updated in place.
+//
+// A sequence's T tokens go through the recurrence one after another with
+// the arithmetic of T single-token steps, so the states and outputs are
+// bitwise those of T calls with Tokens 1 (the projections, over all rows
+// at once, keep that as long as B·T is at most InvariantRows): a
+// verification pass over drafted tokens is exact.
 type KDAStepArgs struct {
 	W              *KDAWeights
 	X, Conv, State Tensor
 	Y              Tensor
+	// Tokens is T, the tokens per sequence; 0 means 1.
+	Tokens int
 	// Convs and States, when set, replace Conv and State with one tensor
 	// per sequence ([W-1, 3*H*D] and [H, D, D]): sessions batched for one
 	// step keep their own state in place.
 	Convs, States []Tensor
-	// Records, when set, receives each sequence's replay record of the
-	// step, [B, 6*H*D] F32: the key as the update used it (L2-normed), the
+	// Records, when set, receives each token's replay record of the step,
+	// [B·T, 6*H*D] F32: the key as the update used it (L2-normed), the
 	// decay factors α = exp(g), the corrected values u = β(v - (Diag(α)S)ᵀk)
 	// (each [H*D], head-major) and the raw q|k|v projection that entered
 	// the conv window ([3*H*D]): the layout of replay.Record.

@@ -134,6 +134,7 @@ type stepJob struct {
 	alog, dtb, onorm []float32
 	wt               []float32 // conv taps transposed, [width, 3·H·D]
 	h, d, width      int
+	tokens, t        int // tokens per sequence, and the one being stepped
 }
 
 // headScratch is one worker's q, k, g, o and decayed-key vectors.
@@ -152,19 +153,20 @@ func stepHeads(args *kernel.Args, lo, hi int) {
 	o, ke, u := hs.v[3*d:4*d], hs.v[4*d:5*d], hs.v[5*d:6*d]
 	for item := lo; item < hi; item++ {
 		s, hh := item/h, item%h
-		qkv := sc.conv[s*3*hd : (s+1)*3*hd]
+		row := s*j.tokens + j.t
+		qkv := sc.conv[row*3*hd : (row+1)*3*hd]
 		copy(q, qkv[hh*d:(hh+1)*d])
 		copy(k, qkv[hd+hh*d:hd+(hh+1)*d])
 		v := qkv[2*hd+hh*d : 2*hd+(hh+1)*d]
 		l2norm(q)
 		l2norm(k)
 		kernel.Scale(q, float32(1/math.Sqrt(float64(d))))
-		decayGate(g, sc.graw[s*hd+hh*d:s*hd+(hh+1)*d], j.dtb[hh*d:(hh+1)*d], j.alog[hh], w.Gate, w.LowerBound)
-		beta := kernel.Sigmoid(sc.braw[s*h+hh])
+		decayGate(g, sc.graw[row*hd+hh*d:row*hd+(hh+1)*d], j.dtb[hh*d:(hh+1)*d], j.alog[hh], w.Gate, w.LowerBound)
+		beta := kernel.Sigmoid(sc.braw[row*h+hh])
 		st := sc.states[s][hh*d*d : (hh+1)*d*d]
 		var rec []float32
 		if sc.records != nil {
-			rec = sc.records[s*6*hd : (s+1)*6*hd]
+			rec = sc.records[row*6*hd : (row+1)*6*hd]
 			u = rec[2*hd+hh*d : 2*hd+(hh+1)*d]
 		}
 		kdaToken(st, q, k, g, v, beta, o, u, ke, d, d)
@@ -172,9 +174,9 @@ func stepHeads(args *kernel.Args, lo, hi int) {
 			copy(rec[hh*d:(hh+1)*d], k)
 			copy(rec[hd+hh*d:hd+(hh+1)*d], g) // now the decay factors
 		}
-		out := sc.core[s*hd+hh*d : s*hd+(hh+1)*d]
+		out := sc.core[row*hd+hh*d : row*hd+(hh+1)*d]
 		kernel.RMSNorm(out, o, j.onorm, d, w.Eps)
-		gate := sc.gate[s*hd+hh*d : s*hd+(hh+1)*d]
+		gate := sc.gate[row*hd+hh*d : row*hd+(hh+1)*d]
 		kernel.SigmoidSlice(gate)
 		kernel.Mul(out, out, gate)
 	}
@@ -189,15 +191,16 @@ func stepConv(args *kernel.Args, lo, hi int) {
 	sc, hd := j.sc, j.h*j.d
 	for item := lo; item < hi; item++ {
 		s, part := item/3, item%3
-		convStep(sc.conv[s*3*hd:(s+1)*3*hd], sc.raw[s*3*hd:(s+1)*3*hd], j.wt, sc.convs[s], 3*hd, j.width, part*hd, (part+1)*hd)
+		row := s*j.tokens + j.t
+		convStep(sc.conv[row*3*hd:(row+1)*3*hd], sc.raw[row*3*hd:(row+1)*3*hd], j.wt, sc.convs[s], 3*hd, j.width, part*hd, (part+1)*hd)
 	}
 }
 
 var stepScratchPool = sync.Pool{New: func() any { return new(stepScratch) }}
 
-// KDAStep runs a whole KDA layer for one token per sequence: every weight
-// is read once per call for the whole batch, and nothing is allocated once
-// the scratch pool is warm.
+// KDAStep runs a whole KDA layer for T tokens per sequence, stepped one
+// after another: every weight is read once per call for all rows, and
+// nothing is allocated once the scratch pool is warm.
 func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 	w := a.W
 	if w == nil || w.QKV.Rank != 2 || w.Conv.Rank != 2 {
@@ -207,11 +210,13 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 	hd := h * d
 	hidden := w.QKV.Dims[1]
 	width := w.Conv.Dims[1]
-	if a.X.Rank != 2 || a.X.Dims[1] != hidden {
-		return shapeErr("kda step input %v, want [B, %d]", a.X, hidden)
+	tokens := max(a.Tokens, 1)
+	if a.X.Rank != 2 || a.X.Dims[1] != hidden || a.X.Dims[0]%tokens != 0 {
+		return shapeErr("kda step input %v, want [B·%d, %d]", a.X, tokens, hidden)
 	}
-	bsz := a.X.Dims[0]
-	if err := compute.CheckShape("kda step output", a.Y, compute.F32, bsz, hidden); err != nil {
+	rows := a.X.Dims[0]
+	bsz := rows / tokens
+	if err := compute.CheckShape("kda step output", a.Y, compute.F32, rows, hidden); err != nil {
 		return err
 	}
 	sc := stepScratchPool.Get().(*stepScratch)
@@ -246,43 +251,43 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 	if w.QKV.Dims[0] != 3*hd || w.Conv.Dims[0] != 3*hd {
 		return shapeErr("kda step: qkv %v conv %v for %d heads of %d", w.QKV, w.Conv, h, d)
 	}
-	sc.raw, sc.conv = grow32(sc.raw, bsz*3*hd), grow32(sc.conv, bsz*3*hd)
-	sc.fa, sc.graw, sc.braw = grow32(sc.fa, bsz*d), grow32(sc.graw, bsz*hd), grow32(sc.braw, bsz*h)
-	sc.gate, sc.core = grow32(sc.gate, bsz*hd), grow32(sc.core, bsz*hd)
+	sc.raw, sc.conv = grow32(sc.raw, rows*3*hd), grow32(sc.conv, rows*3*hd)
+	sc.fa, sc.graw, sc.braw = grow32(sc.fa, rows*d), grow32(sc.graw, rows*hd), grow32(sc.braw, rows*h)
+	sc.gate, sc.core = grow32(sc.gate, rows*hd), grow32(sc.core, rows*hd)
 	x := F32(a.X)
 	mm := func(dst, src []float32, wt compute.Tensor, m int) error { return b.matmulHost(dst, src, wt, m) }
-	if err := mm(sc.raw, x, w.QKV, bsz); err != nil {
+	if err := mm(sc.raw, x, w.QKV, rows); err != nil {
 		return err
 	}
 	sc.records = nil
 	if !a.Records.IsZero() {
-		if err := compute.CheckShape("kda step records", a.Records, compute.F32, bsz, 6*hd); err != nil {
+		if err := compute.CheckShape("kda step records", a.Records, compute.F32, rows, 6*hd); err != nil {
 			return err
 		}
 		sc.records = F32(a.Records)
-		for i := range bsz {
+		for i := range rows {
 			copy(sc.records[i*6*hd+3*hd:(i+1)*6*hd], sc.raw[i*3*hd:(i+1)*3*hd])
 		}
 	}
-	if err := mm(sc.fa, x, w.FA, bsz); err != nil {
+	if err := mm(sc.fa, x, w.FA, rows); err != nil {
 		return err
 	}
-	if err := mm(sc.graw, sc.fa, w.FB, bsz); err != nil {
+	if err := mm(sc.graw, sc.fa, w.FB, rows); err != nil {
 		return err
 	}
-	if err := mm(sc.braw, x, w.B, bsz); err != nil {
+	if err := mm(sc.braw, x, w.B, rows); err != nil {
 		return err
 	}
 	if !w.G.IsZero() {
-		if err := mm(sc.gate, x, w.G, bsz); err != nil {
+		if err := mm(sc.gate, x, w.G, rows); err != nil {
 			return err
 		}
 	} else {
-		sc.ga = grow32(sc.ga, bsz*d)
-		if err := mm(sc.ga, x, w.GA, bsz); err != nil {
+		sc.ga = grow32(sc.ga, rows*d)
+		if err := mm(sc.ga, x, w.GA, rows); err != nil {
 			return err
 		}
-		if err := mm(sc.gate, sc.ga, w.GB, bsz); err != nil {
+		if err := mm(sc.gate, sc.ga, w.GB, rows); err != nil {
 			return err
 		}
 	}
@@ -294,10 +299,13 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 	wt = b.convTaps(w.Conv, wt, 3*hd, width)
 	// The short conv, then the recurrence, the norm and the gate of every
 	// (sequence, head) in parallel.
-	sc.job = stepJob{w: w, sc: sc, alog: alog, dtb: dtb, onorm: onorm, h: h, d: d, wt: wt, width: width}
-	b.pool.Run(stepConv, kernel.Args{Job: &sc.job}, bsz*3, 1)
-	b.pool.Run(stepHeads, kernel.Args{Job: &sc.job}, bsz*h, 1)
-	return mm(F32(a.Y), sc.core, w.OProj, bsz)
+	sc.job = stepJob{w: w, sc: sc, alog: alog, dtb: dtb, onorm: onorm, h: h, d: d, wt: wt, width: width, tokens: tokens}
+	for t := range tokens {
+		sc.job.t = t
+		b.pool.Run(stepConv, kernel.Args{Job: &sc.job}, bsz*3, 1)
+		b.pool.Run(stepHeads, kernel.Args{Job: &sc.job}, bsz*h, 1)
+	}
+	return mm(F32(a.Y), sc.core, w.OProj, rows)
 }
 
 // convStep convolves one token for channels [c0, c1) of rows ch wide and
