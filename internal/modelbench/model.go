@@ -37,8 +37,8 @@ type ModelResult struct {
 	// Verify8Ratio is the time of one session's 8-token exact pass (a
 	// verification of 7 drafts plus the bonus position) over a batch-1
 	// decode step, median over neighbouring stretches.
-	Verify8Ratio float64
-	StateBytesPerSession  int64
+	Verify8Ratio         float64
+	StateBytesPerSession int64
 	// RSSGrowth is how much the process's resident memory grew from before
 	// Load to after the first prefill (weights mapped and touched, load-time
 	// copies, one session and its scratch); 0 where /proc is missing.
