@@ -18,8 +18,8 @@
 // States are V-first, as k3 keeps them: [heads, DV, DK], row v of a head is
 // column v of the equations' S. Replay updates each row with
 // kernel.RowUpdateDot, the arithmetic of the decode step's state pass
-// (kernel.KDARows), so a replayed state is bitwise the state the decode
-// steps produced.
+// (kernel.KDARows) through kernel.ReplayRows, so a replayed state is
+// bitwise the state the decode steps produced.
 package replay
 
 import (
@@ -90,13 +90,14 @@ type Log struct {
 	interval int
 	capacity int // records the ring holds
 
-	base      int       // position of the checkpoint
-	ckState   []float32 // [StateLen]
-	ckConv    []float32 // [ConvLen]
-	recs      []float32 // capacity records of RecordLen floats, oldest first
-	n         int       // records held (committed + speculative)
-	committed int
-	zeros     []float32 // [DK], the q of RowUpdateDot when only the update is wanted
+	base    int       // position of the checkpoint
+	ckState []float32 // [StateLen]
+	ckConv  []float32 // [ConvLen]
+	// The ring, oldest record first, one array per field so that replay
+	// reads a head's keys and decays at a short stride.
+	k, a, u, x []float32
+	n          int // records held (committed + speculative)
+	committed  int
 }
 
 // NewLog returns a Log whose checkpoint is the zero state at position 0.
@@ -117,7 +118,8 @@ func NewLog(shape Shape, cfg Config) (*Log, error) {
 	return &Log{
 		shape: shape, interval: cfg.Interval, capacity: capacity,
 		ckState: make([]float32, shape.StateLen()), ckConv: make([]float32, shape.ConvLen()),
-		recs: make([]float32, capacity*shape.RecordLen()), zeros: make([]float32, shape.DK),
+		k: make([]float32, capacity*shape.Heads*shape.DK), a: make([]float32, capacity*shape.Heads*shape.DK),
+		u: make([]float32, capacity*shape.Heads*shape.DV), x: make([]float32, capacity*shape.ConvChannels),
 	}, nil
 }
 
@@ -136,7 +138,7 @@ func (l *Log) Speculative() int { return l.n - l.committed }
 
 // Bytes is the memory the Log holds: the checkpoint and the ring.
 func (l *Log) Bytes() int64 {
-	return 4 * int64(len(l.ckState)+len(l.ckConv)+len(l.recs)+len(l.zeros))
+	return 4 * int64(len(l.ckState)+len(l.ckConv)+len(l.k)+len(l.a)+len(l.u)+len(l.x))
 }
 
 // Reset empties the Log: a zero checkpoint at position 0, no records.
@@ -165,9 +167,8 @@ func (l *Log) Checkpoint() (state, conv []float32, pos int) { return l.ckState, 
 
 func (l *Log) record(i int) Record {
 	s := l.shape
-	r := l.recs[i*s.RecordLen() : (i+1)*s.RecordLen()]
-	hk, hv := s.Heads*s.DK, s.Heads*s.DV
-	return Record{K: r[:hk], A: r[hk : 2*hk], U: r[2*hk : 2*hk+hv], X: r[2*hk+hv:]}
+	hk, hv, c := s.Heads*s.DK, s.Heads*s.DV, s.ConvChannels
+	return Record{K: l.k[i*hk : (i+1)*hk], A: l.a[i*hk : (i+1)*hk], U: l.u[i*hv : (i+1)*hv], X: l.x[i*c : (i+1)*c]}
 }
 
 // Append adds a speculative record for the token at position
@@ -223,8 +224,13 @@ func (l *Log) Rewind(pos int) error {
 // the speculative ones, which then start the ring.
 func (l *Log) flush() {
 	l.replay(l.ckState, l.ckConv, l.committed)
-	rl := l.shape.RecordLen()
-	copy(l.recs, l.recs[l.committed*rl:l.n*rl])
+	s := l.shape
+	for _, f := range []struct {
+		buf []float32
+		w   int
+	}{{l.k, s.Heads * s.DK}, {l.a, s.Heads * s.DK}, {l.u, s.Heads * s.DV}, {l.x, s.ConvChannels}} {
+		copy(f.buf, f.buf[l.committed*f.w:l.n*f.w])
+	}
 	l.base += l.committed
 	l.n -= l.committed
 	l.committed = 0
@@ -251,14 +257,15 @@ func (l *Log) StateAt(pos int, state, conv []float32) error {
 func (l *Log) replay(state, conv []float32, n int) {
 	s := l.shape
 	// A state row's updates depend only on that row, so each row takes all
-	// n records while it sits in L1 (the records of a head are small);
-	// the order of rows changes no result.
-	for h := range s.Heads {
-		for v := range s.DV {
-			row := state[(h*s.DV+v)*s.DK : (h*s.DV+v+1)*s.DK]
-			for i := range n {
-				r := l.record(i)
-				kernel.RowUpdateDot(row, r.A[h*s.DK:(h+1)*s.DK], r.K[h*s.DK:(h+1)*s.DK], l.zeros, r.U[h*s.DV+v])
+	// n records while it sits in registers (kernel.ReplayRows); the order
+	// of rows changes no result.
+	hk, hv := s.Heads*s.DK, s.Heads*s.DV
+	if n > 0 {
+		for h := range s.Heads {
+			k, a := l.k[h*s.DK:], l.a[h*s.DK:]
+			for v := range s.DV {
+				row := state[(h*s.DV+v)*s.DK : (h*s.DV+v+1)*s.DK]
+				kernel.ReplayRows(row, a, k, hk, l.u[h*s.DV+v:], hv, n)
 			}
 		}
 	}

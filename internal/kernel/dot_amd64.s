@@ -1915,3 +1915,73 @@ TEXT ·tanhBody(SB), NOSPLIT|NOFRAME, $0-0
 	VCMPPS $1, Y9, Y7, Y7    // |x| < 0.3
 	VBLENDVPS Y7, Y8, Y6, Y2
 	RET
+
+// func replayRowsAVX2(row, a, k, u *float32, n, stride, ustride, vecs int)
+// Applies n replay records to one V-first KDA state row part of vecs
+// vectors (vecs is 4 or 1): for record i, row = row ⊙ a_i + u_i·k_i with
+// a_i = a + i·stride floats, k_i likewise and the scalar u_i at u +
+// i·ustride floats. Each element gets rowUpdateDotAVX2's arithmetic (a
+// product, then one FMA), and the part stays in registers across records.
+TEXT ·replayRowsAVX2(SB), NOSPLIT, $0-64
+	MOVQ row+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ k+16(FP), DX
+	MOVQ u+24(FP), R8
+	MOVQ n+32(FP), CX
+	MOVQ stride+40(FP), R9
+	SHLQ $2, R9
+	MOVQ ustride+48(FP), R11
+	SHLQ $2, R11
+	MOVQ vecs+56(FP), R10
+	CMPQ R10, $4
+	JNE  rone
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+
+rfour:
+	TESTQ CX, CX
+	JZ    rfourdone
+	VBROADCASTSS (R8), Y15
+	VMULPS (SI), Y0, Y0
+	VMULPS 32(SI), Y1, Y1
+	VMULPS 64(SI), Y2, Y2
+	VMULPS 96(SI), Y3, Y3
+	VFMADD231PS (DX), Y15, Y0
+	VFMADD231PS 32(DX), Y15, Y1
+	VFMADD231PS 64(DX), Y15, Y2
+	VFMADD231PS 96(DX), Y15, Y3
+	ADDQ R9, SI
+	ADDQ R9, DX
+	ADDQ R11, R8
+	DECQ CX
+	JMP  rfour
+
+rfourdone:
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VZEROUPPER
+	RET
+
+rone:
+	VMOVUPS (DI), Y0
+
+roneloop:
+	TESTQ CX, CX
+	JZ    ronedone
+	VBROADCASTSS (R8), Y15
+	VMULPS (SI), Y0, Y0
+	VFMADD231PS (DX), Y15, Y0
+	ADDQ R9, SI
+	ADDQ R9, DX
+	ADDQ R11, R8
+	DECQ CX
+	JMP  roneloop
+
+ronedone:
+	VMOVUPS Y0, (DI)
+	VZEROUPPER
+	RET

@@ -97,6 +97,10 @@ func streams4x1F32AVX2(x *float32, w *float32, k, rows, gap int, out *float32) {
 
 func dpbf16LoopAVX512(n int) { panic("kernel: no assembly on this platform") }
 
+func replayRowsAVX2(row, a, k, u *float32, n, stride, ustride, vecs int) {
+	panic("kernel: no assembly on this platform")
+}
+
 func kdaRowsAVX2(st, ke, e, k, q, v, o, u *float32, beta float32, dk, dv int) {
 	panic("kernel: no assembly on this platform")
 }

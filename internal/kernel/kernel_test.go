@@ -789,3 +789,28 @@ func TestPoolRunAfterClose(t *testing.T) {
 		}
 	}
 }
+
+// TestReplayRows checks ReplayRows against one RowUpdateDot per record, to
+// the bit, at lengths through both vector widths and a tail.
+func TestReplayRows(t *testing.T) {
+	r := rand.New(rand.NewPCG(61, 62))
+	for _, dk := range []int{1, 7, 8, 13, 16, 24, 32, 40, 64, 100, 128, 136} {
+		for _, n := range []int{0, 1, 3, 17} {
+			stride := 3*dk + 5
+			recs := randSlice(r, max(n, 1)*stride)
+			a, k := recs[:], recs[dk+2:]
+			const ustride = 3
+			u := randSlice(r, max(n, 1)*ustride)
+			row := randSlice(r, dk)
+			want := slices.Clone(row)
+			q := make([]float32, dk)
+			for i := range n {
+				RowUpdateDot(want, a[i*stride:i*stride+dk], k[i*stride:i*stride+dk], q, u[i*ustride])
+			}
+			ReplayRows(row, a, k, stride, u, ustride, n)
+			if !slices.Equal(row, want) {
+				t.Fatalf("dk=%d n=%d: %v, want %v", dk, n, row, want)
+			}
+		}
+	}
+}

@@ -401,6 +401,46 @@ func KDARows(st, ke, e, k, q, v, o, u []float32, beta float32) {
 	}
 }
 
+// ReplayRows applies n ReplaySSM records to one V-first KDA state row:
+// for record i, row = row ⊙ a_i + u_i·k_i, where a_i and k_i are the dk
+// floats at a[i·stride:] and k[i·stride:] and u_i is u[i·ustride]. Every
+// element gets RowUpdateDot's arithmetic, so the row ends bitwise as n
+// RowUpdateDot calls (and so n decode steps, KDARows) leave it; the row
+// stays in registers across the records.
+func ReplayRows(row, a, k []float32, stride int, u []float32, ustride, n int) {
+	dk := len(row)
+	if n == 0 || dk == 0 {
+		return
+	}
+	_ = a[(n-1)*stride+dk-1]
+	_ = k[(n-1)*stride+dk-1]
+	_ = u[(n-1)*ustride]
+	i := 0
+	if useAVX2 {
+		for ; i+32 <= dk; i += 32 {
+			replayRowsAVX2(&row[i], &a[i], &k[i], &u[0], n, stride, ustride, 4)
+		}
+		for ; i+8 <= dk; i += 8 {
+			replayRowsAVX2(&row[i], &a[i], &k[i], &u[0], n, stride, ustride, 1)
+		}
+	}
+	if i == dk {
+		return
+	}
+	// The rest, as RowUpdateDot does it: its vector part where it has one,
+	// the scalar loop after.
+	q := zeros[:]
+	if dk-i > len(q) {
+		q = make([]float32, dk-i)
+	}
+	for r := range n {
+		RowUpdateDot(row[i:], a[r*stride+i:r*stride+dk], k[r*stride+i:r*stride+dk], q[:dk-i], u[r*ustride])
+	}
+}
+
+// zeros is ReplayRows' q for RowUpdateDot (the dot is not wanted).
+var zeros [1024]float32
+
 // Max returns the largest element of x (at least one; no NaNs): the value
 // a running max gives, since a max rounds nothing (a zero's sign may
 // differ).
