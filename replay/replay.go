@@ -77,6 +77,11 @@ type Config struct {
 	// committed ones at once (a verification pass of K drafts appends K+1);
 	// default 8.
 	MaxSpeculative int
+	// Keep is how many of the newest committed records stay in the ring
+	// when the checkpoint moves forward, so that the state that many
+	// positions back stays one replay away (Rewind, StateAt). Less than
+	// Interval; default 0.
+	Keep int
 }
 
 // Log is one sequence's ReplaySSM state for one KDA layer: a checkpoint
@@ -88,6 +93,7 @@ type Config struct {
 type Log struct {
 	shape    Shape
 	interval int
+	keep     int
 	capacity int // records the ring holds
 
 	base    int       // position of the checkpoint
@@ -111,12 +117,13 @@ func NewLog(shape Shape, cfg Config) (*Log, error) {
 	if cfg.MaxSpeculative == 0 {
 		cfg.MaxSpeculative = 8
 	}
-	if cfg.Interval < 1 || cfg.MaxSpeculative < 1 {
-		return nil, fmt.Errorf("replay: interval %d and max speculative %d must be positive", cfg.Interval, cfg.MaxSpeculative)
+	if cfg.Interval < 1 || cfg.MaxSpeculative < 1 || cfg.Keep < 0 || cfg.Keep >= cfg.Interval {
+		return nil, fmt.Errorf("replay: interval %d, max speculative %d and keep %d: want interval and max speculative positive, keep in [0, interval)",
+			cfg.Interval, cfg.MaxSpeculative, cfg.Keep)
 	}
 	capacity := cfg.Interval + cfg.MaxSpeculative
 	return &Log{
-		shape: shape, interval: cfg.Interval, capacity: capacity,
+		shape: shape, interval: cfg.Interval, keep: cfg.Keep, capacity: capacity,
 		ckState: make([]float32, shape.StateLen()), ckConv: make([]float32, shape.ConvLen()),
 		k: make([]float32, capacity*shape.Heads*shape.DK), a: make([]float32, capacity*shape.Heads*shape.DK),
 		u: make([]float32, capacity*shape.Heads*shape.DV), x: make([]float32, capacity*shape.ConvChannels),
@@ -180,7 +187,7 @@ func (l *Log) Append(r Record) error {
 		return fmt.Errorf("replay: record of %d+%d+%d+%d floats, want %d+%d+%d+%d",
 			len(r.K), len(r.A), len(r.U), len(r.X), s.Heads*s.DK, s.Heads*s.DK, s.Heads*s.DV, s.ConvChannels)
 	}
-	// Commit keeps fewer than Interval records committed, so a ring of
+	// Commit leaves fewer than Interval records committed, so a ring of
 	// Interval+MaxSpeculative always has room below this bound.
 	if l.n-l.committed >= l.capacity-l.interval {
 		return fmt.Errorf("%w: %d speculative records", ErrFull, l.n-l.committed)
@@ -196,7 +203,7 @@ func (l *Log) Append(r Record) error {
 
 // Commit keeps the first n speculative records, as part of the sequence,
 // and drops the others: a cursor move. Once Interval records are
-// committed, the checkpoint moves forward over them.
+// committed, the checkpoint moves forward over all but the newest Keep.
 func (l *Log) Commit(n int) error {
 	if n < 0 || n > l.n-l.committed {
 		return fmt.Errorf("%w: commit %d of %d speculative records", ErrRange, n, l.n-l.committed)
@@ -220,20 +227,65 @@ func (l *Log) Rewind(pos int) error {
 	return nil
 }
 
-// flush moves the checkpoint forward over the committed records and keeps
-// the speculative ones, which then start the ring.
+// flush moves the checkpoint forward over the committed records but the
+// newest keep of them; those and the speculative ones then start the ring.
 func (l *Log) flush() {
-	l.replay(l.ckState, l.ckConv, l.committed)
+	m := l.committed - l.keep
+	if m <= 0 {
+		return
+	}
+	l.replay(l.ckState, l.ckConv, m)
 	s := l.shape
 	for _, f := range []struct {
 		buf []float32
 		w   int
 	}{{l.k, s.Heads * s.DK}, {l.a, s.Heads * s.DK}, {l.u, s.Heads * s.DV}, {l.x, s.ConvChannels}} {
-		copy(f.buf, f.buf[l.committed*f.w:l.n*f.w])
+		copy(f.buf, f.buf[m*f.w:l.n*f.w])
 	}
-	l.base += l.committed
-	l.n -= l.committed
-	l.committed = 0
+	l.base += m
+	l.n -= m
+	l.committed -= m
+}
+
+// Rebase replaces the checkpoint with the state at pos, which fill writes
+// into the checkpoint's buffers (the caller's live state, say, after a
+// prefill the log has no records for), and drops every record.
+func (l *Log) Rebase(pos int, fill func(state, conv []float32) error) error {
+	if pos < 0 {
+		return fmt.Errorf("%w: rebase to %d", ErrRange, pos)
+	}
+	if err := fill(l.ckState, l.ckConv); err != nil {
+		return err
+	}
+	l.base, l.n, l.committed = pos, 0, 0
+	return nil
+}
+
+// CopyFrom makes l hold src's checkpoint and records (same shape and
+// configuration), for a forked sequence.
+func (l *Log) CopyFrom(src *Log) error {
+	if l.shape != src.shape || l.capacity != src.capacity || l.interval != src.interval || l.keep != src.keep {
+		return errors.New("replay: CopyFrom between logs of different shapes or configurations")
+	}
+	copy(l.ckState, src.ckState)
+	copy(l.ckConv, src.ckConv)
+	copy(l.k, src.k)
+	copy(l.a, src.a)
+	copy(l.u, src.u)
+	copy(l.x, src.x)
+	l.base, l.n, l.committed = src.base, src.n, src.committed
+	return nil
+}
+
+// AppendFlat is Append for a record laid out as one slice, K | A | U | X:
+// the layout compute.KDAStepArgs.Records writes.
+func (l *Log) AppendFlat(rec []float32) error {
+	s := l.shape
+	hk, hv := s.Heads*s.DK, s.Heads*s.DV
+	if len(rec) != s.RecordLen() {
+		return fmt.Errorf("replay: flat record of %d floats, want %d", len(rec), s.RecordLen())
+	}
+	return l.Append(Record{K: rec[:hk], A: rec[hk : 2*hk], U: rec[2*hk : 2*hk+hv], X: rec[2*hk+hv:]})
 }
 
 // StateAt writes the state and conv window after the token at position

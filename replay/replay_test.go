@@ -285,3 +285,42 @@ func BenchmarkReplay16(b *testing.B) {
 		l.StateAt(16, state, conv)
 	}
 }
+
+// TestKeep: with Keep, the newest Keep positions stay one replay away
+// after every move of the checkpoint; Rebase and CopyFrom carry state.
+func TestKeep(t *testing.T) {
+	s := shapes[0]
+	r := rand.New(rand.NewPCG(13, 13))
+	const keep = 5
+	l, err := NewLog(s, Config{Interval: 9, MaxSpeculative: 2, Keep: keep})
+	require.NoError(t, err)
+	state, conv := make([]float32, s.StateLen()), make([]float32, s.ConvLen())
+	states := [][]float32{append([]float32(nil), state...)}
+	got, gotConv := make([]float32, s.StateLen()), make([]float32, s.ConvLen())
+	for pos := 1; pos <= 40; pos++ {
+		rec, _ := step(s, state, conv, randToken(r, s))
+		flat := append(append(append(append([]float32(nil), rec.K...), rec.A...), rec.U...), rec.X...)
+		require.NoError(t, l.AppendFlat(flat))
+		require.NoError(t, l.Commit(1))
+		states = append(states, append([]float32(nil), state...))
+		require.LessOrEqual(t, l.Base(), max(pos-keep, 0), "position %d: base %d", pos, l.Base())
+		for p := max(pos-keep, 0); p <= pos; p++ {
+			require.NoError(t, l.StateAt(p, got, gotConv))
+			require.Equal(t, states[p], got, "position %d, state at %d", pos, p)
+		}
+	}
+	c, err := NewLog(s, Config{Interval: 9, MaxSpeculative: 2, Keep: keep})
+	require.NoError(t, err)
+	require.NoError(t, c.CopyFrom(l))
+	require.NoError(t, c.StateAt(38, got, gotConv))
+	assert.Equal(t, states[38], got)
+	other, _ := NewLog(s, Config{})
+	assert.Error(t, other.CopyFrom(l))
+
+	require.NoError(t, l.Rebase(40, func(st, cv []float32) error { copy(st, state); copy(cv, conv); return nil }))
+	assert.Equal(t, 40, l.Pos())
+	require.NoError(t, l.StateAt(40, got, gotConv))
+	assert.Equal(t, state, got)
+	_, err = NewLog(s, Config{Interval: 4, Keep: 4})
+	assert.Error(t, err, "keep must be below the interval")
+}
