@@ -26,6 +26,7 @@ type Batch struct {
 	cur    []*Session // the sessions of the running step
 	states []*kda.State
 	caches []*dsa.Cache
+	rec    *recorder
 }
 
 // NewBatch prepares a batch of up to max sessions.
@@ -43,6 +44,9 @@ func (m *Model) NewBatch(max int) (*Batch, error) {
 		return nil, err
 	}
 	bt.mix = bt.mixLayer
+	if bt.rec, err = m.newRecorder(max); err != nil {
+		return nil, err
+	}
 	var firstKDA *kda.Layer
 	firstAttn := map[config.LayerKind]*dsa.Layer{}
 	for _, ly := range m.layers {
@@ -133,6 +137,10 @@ func (bt *Batch) Step(ctx context.Context, sessions []*Session, tokens []int32) 
 			}
 			s.pos++
 			s.tokens = append(s.tokens, tokens[i])
+			if err := s.commitLogs(1); err != nil {
+				s.broken = err
+				return err
+			}
 		}
 		sessions, tokens = sessions[g:], tokens[g:]
 	}
@@ -154,7 +162,11 @@ func (bt *Batch) mixLayer(l int, normed, out compute.Tensor) error {
 		for _, s := range bt.cur {
 			bt.states = append(bt.states, s.kdaSt[l])
 		}
-		return kl.DecodeBatch(normed, bt.states, out)
+		n := len(bt.cur)
+		if err := kl.DecodeBatch(normed, bt.states, bt.rec.rows(n), out); err != nil {
+			return err
+		}
+		return bt.rec.appendEach(bt.m.b, bt.cur, l)
 	}
 	bt.caches = bt.caches[:0]
 	for _, s := range bt.cur {

@@ -64,6 +64,7 @@ type options struct {
 	progress func(done, total int64)
 	chunk    int
 	dense    bool
+	rollback int
 }
 
 // WithDenseAttention runs DSA layers as dense MLA: every query attends to
@@ -101,6 +102,7 @@ type Model struct {
 	act                  compute.Activation
 	tok                  tokenizer.Tokenizer
 	dense                bool // run DSA layers densely
+	rollback             int  // tokens back the sessions' replay logs reach (0: no logs)
 
 	wsMu   sync.Mutex
 	wsFree []*workspace // scratch for session runs, lent one per run
@@ -199,7 +201,7 @@ func LoadFS(ctx context.Context, fsys fs.FS, name string, opts ...Option) (*Mode
 }
 
 func newModel(ctx context.Context, cfg *config.Config, ck *safetensors.Checkpoint, tok tokenizer.Tokenizer, opts []Option) (*Model, error) {
-	o := options{backend: "go", chunk: 256}
+	o := options{backend: "go", chunk: 256, rollback: ExactTokens}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -207,7 +209,11 @@ func newModel(ctx context.Context, cfg *config.Config, ck *safetensors.Checkpoin
 		ck.Close()
 		return nil, fmt.Errorf("k3: prefill chunk %d must be positive", o.chunk)
 	}
-	m := &Model{Config: cfg, ck: ck, chunk: o.chunk, b: o.be, tok: tok, dense: o.dense}
+	if o.rollback < 0 {
+		ck.Close()
+		return nil, fmt.Errorf("k3: rollback depth %d must not be negative", o.rollback)
+	}
+	m := &Model{Config: cfg, ck: ck, chunk: o.chunk, b: o.be, tok: tok, dense: o.dense, rollback: o.rollback}
 	m.life.init()
 	if m.b == nil {
 		var err error

@@ -9,6 +9,7 @@ import (
 	"k3/dsa"
 	"k3/internal/compute"
 	"k3/kda"
+	"k3/replay"
 )
 
 // ErrContextFull is returned when a session has no room for more tokens.
@@ -39,6 +40,9 @@ type Session struct {
 	tokens []int32   // every token fed so far
 	last   []float32 // logits after the last token (nil before any)
 	broken error     // set when a forward pass failed halfway
+
+	logs               []*replay.Log // per layer: the KDA layers' rollback logs (nil: none kept)
+	scratchS, scratchC []float32     // rollback's host copy of one layer's state
 }
 
 // NewSession starts an empty sequence.
@@ -54,10 +58,13 @@ func (m *Model) NewSession() (*Session, error) {
 	}
 	b := m.b
 	s.mix = s.mixLayer
+	var err error
+	if s.logs, err = m.newLogs(); err != nil {
+		return nil, err
+	}
 	for _, ly := range m.layers {
 		var ks *kda.State
 		var c *dsa.Cache
-		var err error
 		switch ly.kind {
 		case config.KDA:
 			if ks, err = kda.NewState(b, ly.kdaCfg, 1); err != nil {
@@ -189,17 +196,38 @@ func (s *Session) Reset() error {
 			c.Truncate(0)
 		}
 	}
+	for _, lg := range s.logs {
+		if lg != nil {
+			lg.Reset()
+		}
+	}
 	s.pos, s.tokens, s.last, s.broken = 0, s.tokens[:0], nil, nil
 	return nil
 }
 
-// Truncate keeps the first n tokens. Attention caches truncate in place;
-// the KDA recurrent state cannot be rewound without checkpoints, so the
-// session is rebuilt by running the kept tokens again (cost: a prefill of
-// n tokens).
+// Truncate keeps the first n tokens. Attention caches truncate in place.
+// Within the rollback depth (WithRollback) the KDA states come back from
+// their replay logs, and the last kept token runs once more for its
+// logits: about one decode step. Further back, the session is rebuilt by
+// running the kept tokens again (a prefill of n tokens).
 func (s *Session) Truncate(ctx context.Context, n int) error {
 	if n < 0 || n > len(s.tokens) {
 		return fmt.Errorf("%w: truncate to %d tokens, the session holds %d", ErrOutOfRange, n, len(s.tokens))
+	}
+	if n == len(s.tokens) && s.broken == nil {
+		return nil
+	}
+	if n > 0 && s.broken == nil {
+		last := s.tokens[n-1]
+		ok, err := s.rollback(n - 1)
+		if err != nil {
+			s.broken = err
+			return err
+		}
+		if ok {
+			_, err := s.run(ctx, []int32{last}, false)
+			return err
+		}
 	}
 	keep := append([]int32(nil), s.tokens[:n]...)
 	if err := s.Reset(); err != nil {
@@ -241,6 +269,13 @@ func (s *Session) Clone() (*Session, error) {
 			}
 		}
 	}
+	for l, lg := range s.logs {
+		if lg != nil {
+			if err := c.logs[l].CopyFrom(lg); err != nil {
+				return nil, err
+			}
+		}
+	}
 	c.pos, c.tokens = s.pos, append([]int32(nil), s.tokens...)
 	if s.last != nil {
 		c.last = append([]float32(nil), s.last...)
@@ -261,6 +296,9 @@ func (s *Session) StateBytes() int64 {
 		if c := s.caches[l]; c != nil {
 			n += c.Bytes()
 		}
+		if s.logs != nil && s.logs[l] != nil {
+			n += s.logs[l].Bytes()
+		}
 	}
 	return n
 }
@@ -277,7 +315,7 @@ func (s *Session) step(tokens []int32, tr *Trace, allLogits bool) error {
 		return err
 	}
 	s.pos += len(tokens)
-	return nil
+	return s.commitLogs(len(tokens))
 }
 
 // ExactTokens is the longest run of new tokens that one forward pass
@@ -292,7 +330,14 @@ const ExactTokens = 16
 func (s *Session) mixLayer(l int, normed, out compute.Tensor) error {
 	if kl := s.ws.kdaL[l]; kl != nil {
 		if s.t <= ExactTokens {
-			return kl.DecodeTokens(normed, s.kdaSt[l], compute.Tensor{}, out)
+			rec := s.ws.rec
+			if err := kl.DecodeTokens(normed, s.kdaSt[l], rec.rows(s.t), out); err != nil {
+				return err
+			}
+			if s.logs == nil {
+				return nil
+			}
+			return rec.appendTo(s.m.b, s.t, s.logs[l])
 		}
 		return kl.Prefill(normed, nil, s.kdaSt[l], out)
 	}
@@ -328,6 +373,7 @@ func (s *Session) KDAStateBytes() int64 {
 // number of passes running at once, not with the number of sessions.
 type workspace struct {
 	p    *pass
+	rec  *recorder // the KDA layers' replay records of an exact pass
 	kdaL []*kda.Layer // nil at attention layers
 	mlaL []*dsa.Layer // nil at KDA layers
 }
@@ -337,6 +383,9 @@ func (m *Model) newWorkspace() (*workspace, error) {
 	w := &workspace{}
 	var err error
 	if w.p, err = newPass(m, n); err != nil {
+		return nil, err
+	}
+	if w.rec, err = m.newRecorder(ExactTokens); err != nil {
 		return nil, err
 	}
 	// One set of intermediates per layer shape (see kda.Layer.Share).

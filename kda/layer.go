@@ -319,8 +319,9 @@ func (l *Layer) DecodeTokens(x compute.Tensor, st *State, records, y compute.Ten
 
 // DecodeBatch runs the fused step for x [B, hidden], one token for each of
 // B sequences whose states live apart (one State per session), reading
-// every weight once for the whole batch.
-func (l *Layer) DecodeBatch(x compute.Tensor, states []*State, y compute.Tensor) error {
+// every weight once for the whole batch. Records, when not the zero
+// Tensor, receives each sequence's replay record [B, RecordLen].
+func (l *Layer) DecodeBatch(x compute.Tensor, states []*State, records, y compute.Tensor) error {
 	l.convs, l.states = l.convs[:0], l.states[:0]
 	for _, st := range states {
 		if st.S.Dims[0] != 1 {
@@ -329,7 +330,7 @@ func (l *Layer) DecodeBatch(x compute.Tensor, states []*State, y compute.Tensor)
 		l.convs = append(l.convs, st.Conv.Reshape(st.Conv.Dims[1], st.Conv.Dims[2]))
 		l.states = append(l.states, st.S.Reshape(st.S.Dims[1], st.S.Dims[2], st.S.Dims[3]))
 	}
-	l.stepArgs = compute.KDAStepArgs{W: l.W, X: x, Y: y, Convs: l.convs, States: l.states}
+	l.stepArgs = compute.KDAStepArgs{W: l.W, X: x, Y: y, Convs: l.convs, States: l.states, Records: records}
 	if err := l.b.KDAStep(&l.stepArgs); err != nil {
 		return fmt.Errorf("kda: decode step: %w", err)
 	}

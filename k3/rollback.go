@@ -1,0 +1,208 @@
+package k3
+
+import (
+	"fmt"
+
+	"k3/config"
+	"k3/internal/compute"
+	"k3/kda"
+	"k3/replay"
+)
+
+// WithRollback sets how many tokens back Session.Truncate stays cheap: the
+// KDA layers keep ReplaySSM logs (a checkpoint plus per-token records) that
+// reach n tokens behind the newest, so rolling back within them replays
+// records instead of the whole history (default ExactTokens; 0 turns the
+// logs off). Each KDA layer of each session then holds one more state and
+// n+2·ExactTokens records (see Session.StateBytes).
+func WithRollback(n int) Option { return func(o *options) { o.rollback = n } }
+
+// replayConfig is the logs' configuration for a rollback depth: the
+// checkpoint moves every ExactTokens committed tokens beyond the depth,
+// and a pass may append up to ExactTokens records before it commits.
+func replayConfig(rollback int) replay.Config {
+	return replay.Config{Interval: rollback + ExactTokens, MaxSpeculative: ExactTokens, Keep: rollback}
+}
+
+func replayShape(c kda.Config) replay.Shape {
+	return replay.Shape{Heads: c.NumHeads, DK: c.HeadDim, DV: c.HeadDim, ConvChannels: 3 * c.NumHeads * c.HeadDim, ConvWidth: c.ConvKernel}
+}
+
+// recorder carries the replay records of a pass's KDA rows from the
+// backend to the logs: a device tensor the step writes and a host copy.
+type recorder struct {
+	dev        compute.Tensor // [rows, RecordLen]
+	host, view []float32
+	rl         int
+}
+
+// newRecorder sizes a recorder for passes of up to rows rows of the
+// model's KDA layers; it is the zero recorder when the model keeps no logs.
+func (m *Model) newRecorder(rows int) (*recorder, error) {
+	if m.rollback == 0 {
+		return &recorder{}, nil
+	}
+	for _, ly := range m.layers {
+		if ly.kind != config.KDA {
+			continue
+		}
+		rl := kda.RecordLen(ly.kdaCfg)
+		t, err := m.b.Alloc(compute.F32, rows, rl)
+		if err != nil {
+			return nil, err
+		}
+		return &recorder{dev: t, host: make([]float32, rows*rl), rl: rl}, nil
+	}
+	return &recorder{}, nil
+}
+
+// rows returns the device rows a step of n rows writes (the zero Tensor
+// when the model keeps no logs).
+func (r *recorder) rows(n int) compute.Tensor {
+	if r.dev.IsZero() {
+		return compute.Tensor{}
+	}
+	return r.dev.Rows(0, n)
+}
+
+// read brings n rows of records to the host, or nil when the model keeps
+// no logs.
+func (r *recorder) read(b compute.Backend, n int) ([]float32, error) {
+	if r.dev.IsZero() {
+		return nil, nil
+	}
+	// Through a field, passed by pointer: a local's address would move it
+	// to the heap on every step.
+	r.view = r.host[:n*r.rl]
+	if err := b.Read(&r.view, r.dev.Rows(0, n)); err != nil {
+		return nil, err
+	}
+	return r.view, nil
+}
+
+// appendTo appends n rows of records, all of one sequence, to lg.
+func (r *recorder) appendTo(b compute.Backend, n int, lg *replay.Log) error {
+	h, err := r.read(b, n)
+	if h == nil || err != nil {
+		return err
+	}
+	for i := range n {
+		if err := lg.AppendFlat(h[i*r.rl : (i+1)*r.rl]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// appendEach appends row i of the records to sessions[i]'s log of layer l.
+func (r *recorder) appendEach(b compute.Backend, sessions []*Session, l int) error {
+	h, err := r.read(b, len(sessions))
+	if h == nil || err != nil {
+		return err
+	}
+	for i, s := range sessions {
+		if err := s.logs[l].AppendFlat(h[i*r.rl : (i+1)*r.rl]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// newLogs makes a session's logs, one per KDA layer (nil elsewhere), or nil
+// when the model keeps none.
+func (m *Model) newLogs() ([]*replay.Log, error) {
+	if m.rollback == 0 {
+		return nil, nil
+	}
+	logs := make([]*replay.Log, len(m.layers))
+	for l, ly := range m.layers {
+		if ly.kind != config.KDA {
+			continue
+		}
+		lg, err := replay.NewLog(replayShape(ly.kdaCfg), replayConfig(m.rollback))
+		if err != nil {
+			return nil, err
+		}
+		logs[l] = lg
+	}
+	return logs, nil
+}
+
+// commitLogs records a successful pass of t tokens: exact passes commit
+// the records they appended; prefill chunks, which append none, move each
+// checkpoint to the live state.
+func (s *Session) commitLogs(t int) error {
+	for l, lg := range s.logs {
+		if lg == nil {
+			continue
+		}
+		if t <= ExactTokens {
+			if err := lg.Commit(t); err != nil {
+				return err
+			}
+			continue
+		}
+		st := s.kdaSt[l]
+		err := lg.Rebase(s.pos, func(state, conv []float32) error {
+			if err := s.m.b.Read(&state, st.S); err != nil {
+				return err
+			}
+			return s.m.b.Read(&conv, st.Conv)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rollback restores every KDA layer's state to position pos from its log
+// and truncates the attention caches; it reports false, changing nothing,
+// when some log no longer reaches pos.
+func (s *Session) rollback(pos int) (bool, error) {
+	if s.logs == nil || pos < 0 {
+		return false, nil
+	}
+	for _, lg := range s.logs {
+		if lg != nil && (pos < lg.Base() || pos > lg.Pos()) {
+			return false, nil
+		}
+	}
+	b := s.m.b
+	for l, lg := range s.logs {
+		if lg == nil {
+			continue
+		}
+		sh := lg.Shape()
+		s.scratchS = grow(s.scratchS, sh.StateLen())
+		s.scratchC = grow(s.scratchC, sh.ConvLen())
+		if err := lg.StateAt(pos, s.scratchS, s.scratchC); err != nil {
+			return false, err
+		}
+		if err := b.Write(s.kdaSt[l].S, s.scratchS); err != nil {
+			return false, err
+		}
+		if err := b.Write(s.kdaSt[l].Conv, s.scratchC); err != nil {
+			return false, err
+		}
+		if err := lg.Rewind(pos); err != nil {
+			return false, err
+		}
+	}
+	for _, c := range s.caches {
+		if c != nil {
+			if err := c.Truncate(pos); err != nil {
+				return false, fmt.Errorf("k3: truncate cache: %w", err)
+			}
+		}
+	}
+	s.pos, s.tokens, s.last = pos, s.tokens[:pos], nil
+	return true, nil
+}
+
+func grow(v []float32, n int) []float32 {
+	if cap(v) < n {
+		return make([]float32, n)
+	}
+	return v[:n]
+}

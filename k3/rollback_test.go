@@ -1,0 +1,155 @@
+package k3
+
+import (
+	"context"
+	"math/rand/v2"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func kdaStates(t *testing.T, s *Session) [][]float32 {
+	t.Helper()
+	var out [][]float32
+	for _, st := range s.kdaSt {
+		if st == nil {
+			continue
+		}
+		v := make([]float32, st.S.Len()+st.Conv.Len())
+		require.NoError(t, s.m.b.Read(v[:st.S.Len()], st.S))
+		require.NoError(t, s.m.b.Read(v[st.S.Len():], st.Conv))
+		out = append(out, v)
+	}
+	return out
+}
+
+// TestSpeculativeLoop: 200 rounds of drafting a random number of tokens,
+// verifying them in one exact pass and keeping a random prefix (Truncate
+// within the rollback depth) leave logits and KDA states bitwise equal to
+// feeding the kept tokens one at a time, on every testdata model.
+func TestSpeculativeLoop(t *testing.T) {
+	dirs, err := filepath.Glob("../testdata/model/*/config.json")
+	require.NoError(t, err)
+	ctx := context.Background()
+	for _, cfgPath := range dirs {
+		dir := filepath.Dir(cfgPath)
+		m, err := Load(ctx, dir)
+		require.NoError(t, err)
+		r := rand.New(rand.NewPCG(21, uint64(len(dir))))
+		v := int32(m.VocabSize())
+		prompt := make([]int32, 24)
+		for i := range prompt {
+			prompt[i] = r.Int32N(v)
+		}
+		spec, err := m.NewSession()
+		require.NoError(t, err)
+		base, err := m.NewSession()
+		require.NoError(t, err)
+		_, err = spec.Forward(ctx, prompt, nil)
+		require.NoError(t, err)
+		_, err = base.Forward(ctx, prompt, nil)
+		require.NoError(t, err)
+		fast := 0
+		rounds := 200
+		if testing.Short() {
+			rounds = 40
+		}
+		for round := range rounds {
+			if spec.Len()+8 > m.ContextLength() {
+				break
+			}
+			k := 1 + r.IntN(7)
+			drafts := make([]int32, k)
+			for i := range drafts {
+				drafts[i] = r.Int32N(v)
+			}
+			p := spec.Len()
+			_, err := spec.Forward(ctx, drafts, nil)
+			require.NoError(t, err)
+			a := r.IntN(k + 1)
+			require.NoError(t, spec.Truncate(ctx, p+a))
+			if minBase(spec) < p+a {
+				fast++
+			}
+			for _, d := range drafts[:a] {
+				_, err := base.Forward(ctx, []int32{d}, nil)
+				require.NoError(t, err)
+			}
+			if a == 0 { // nothing kept: the baseline's logits are from before the drafts
+				require.Equal(t, base.Len(), spec.Len())
+			}
+			require.Equal(t, base.Tokens(), spec.Tokens(), "round %d", round)
+			require.Equal(t, base.Logits(), spec.Logits(), "%s round %d: k %d kept %d", filepath.Base(dir), round, k, a)
+			if round%25 == 0 {
+				require.Equal(t, kdaStates(t, base), kdaStates(t, spec), "round %d states", round)
+			}
+		}
+		assert.Greater(t, fast, 10, "%s: rollbacks that replayed from the logs", filepath.Base(dir))
+		m.Close()
+	}
+}
+
+// minBase is the oldest checkpoint of the session's logs (its position
+// when there are none): a Truncate that replays leaves it below the
+// truncation point, a rebuild moves it up to it.
+func minBase(s *Session) int {
+	b := s.Len()
+	for _, lg := range s.logs {
+		if lg != nil {
+			b = min(b, lg.Base())
+		}
+	}
+	return b
+}
+
+// TestTruncateDepth: within the rollback depth Truncate replays, beyond it
+// it rebuilds; both give what never going further gives; WithRollback(0)
+// keeps no logs and still truncates correctly.
+func TestTruncateDepth(t *testing.T) {
+	ctx := context.Background()
+	for _, depth := range []int{0, 4, ExactTokens, 40} {
+		m, err := Load(ctx, tinyDir, WithRollback(depth))
+		require.NoError(t, err)
+		prompt := m.Encode("func main() {")
+		full, _ := m.NewSession()
+		gen := collect(t, full.GenerateTokens(ctx, prompt, WithMaxTokens(50), WithoutDefaultStops()))
+		require.Len(t, gen, 50)
+		for _, back := range []int{1, 3, depth, depth + 1, 30} {
+			if back < 1 || back > 45 {
+				continue
+			}
+			s, err := full.Clone()
+			require.NoError(t, err)
+			n := s.Len() - back
+			require.NoError(t, s.Truncate(ctx, n))
+			ref, _ := m.NewSession()
+			_, err = ref.Forward(ctx, s.Tokens(), nil)
+			require.NoError(t, err)
+			// A chunked prefill of the kept tokens may differ in rounding:
+			// compare it within the tolerance, and the rollback against
+			// token-by-token feeding exactly.
+			one, _ := m.NewSession()
+			_, err = one.Forward(ctx, prompt, nil)
+			require.NoError(t, err)
+			for _, tok := range s.Tokens()[len(prompt):] {
+				_, err := one.Forward(ctx, []int32{tok}, nil)
+				require.NoError(t, err)
+			}
+			assert.Equal(t, n, s.Len())
+			replayed := minBase(s) < n
+			if depth > 0 && back <= depth {
+				assert.True(t, replayed, "depth %d back %d: expected a replay", depth, back)
+			}
+			if replayed {
+				assert.Equal(t, one.Logits(), s.Logits(), "depth %d back %d", depth, back)
+			}
+			closeLogits(t, "truncated against a fresh prefill", ref.Logits(), s.Logits())
+		}
+		assert.ErrorIs(t, full.Truncate(ctx, full.Len()+1), ErrOutOfRange)
+		m.Close()
+	}
+	_, err := Load(ctx, tinyDir, WithRollback(-1))
+	assert.Error(t, err)
+}
