@@ -373,7 +373,7 @@ func (s *Session) KDAStateBytes() int64 {
 // number of passes running at once, not with the number of sessions.
 type workspace struct {
 	p    *pass
-	rec  *recorder // the KDA layers' replay records of an exact pass
+	rec  *recorder    // the KDA layers' replay records of an exact pass
 	kdaL []*kda.Layer // nil at attention layers
 	mlaL []*dsa.Layer // nil at KDA layers
 }
