@@ -201,7 +201,7 @@ func LoadFS(ctx context.Context, fsys fs.FS, name string, opts ...Option) (*Mode
 }
 
 func newModel(ctx context.Context, cfg *config.Config, ck *safetensors.Checkpoint, tok tokenizer.Tokenizer, opts []Option) (*Model, error) {
-	o := options{backend: "go", chunk: 256, rollback: ExactTokens}
+	o := options{backend: "go", chunk: 256}
 	for _, f := range opts {
 		f(&o)
 	}

@@ -12,9 +12,11 @@ import (
 // WithRollback sets how many tokens back Session.Truncate stays cheap: the
 // KDA layers keep ReplaySSM logs (a checkpoint plus per-token records) that
 // reach n tokens behind the newest, so rolling back within them replays
-// records instead of the whole history (default ExactTokens; 0 turns the
-// logs off). Each KDA layer of each session then holds one more state and
-// n+2·ExactTokens records (see Session.StateBytes).
+// records instead of the whole history. The default, 0, keeps no logs:
+// each KDA layer of each session would hold one more state and
+// n+2·ExactTokens records (Session.StateBytes counts them), and every
+// decode step would copy its records. Speculative decoding, which rolls
+// back every step, wants at least ExactTokens.
 func WithRollback(n int) Option { return func(o *options) { o.rollback = n } }
 
 // replayConfig is the logs' configuration for a rollback depth: the

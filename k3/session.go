@@ -206,10 +206,11 @@ func (s *Session) Reset() error {
 }
 
 // Truncate keeps the first n tokens. Attention caches truncate in place.
-// Within the rollback depth (WithRollback) the KDA states come back from
-// their replay logs, and the last kept token runs once more for its
-// logits: about one decode step. Further back, the session is rebuilt by
-// running the kept tokens again (a prefill of n tokens).
+// Within the model's rollback depth (WithRollback) the KDA states come back
+// from their replay logs, and the last kept token runs once more for its
+// logits: about one decode step. Further back, or with no logs, the
+// session is rebuilt by running the kept tokens again (a prefill of n
+// tokens).
 func (s *Session) Truncate(ctx context.Context, n int) error {
 	if n < 0 || n > len(s.tokens) {
 		return fmt.Errorf("%w: truncate to %d tokens, the session holds %d", ErrOutOfRange, n, len(s.tokens))

@@ -37,8 +37,15 @@ type ModelResult struct {
 	// Verify8Ratio is the time of one session's 8-token exact pass (a
 	// verification of 7 drafts plus the bonus position) over a batch-1
 	// decode step, median over neighbouring stretches.
-	Verify8Ratio         float64
-	StateBytesPerSession int64
+	Verify8Ratio float64
+	// Truncate's costs at position TruncateAt, in decode steps at that
+	// position, on a model loaded with WithRollback(TruncateDepth): back
+	// TruncateShort tokens and back 100; and back 100 without logs (the
+	// default: a rebuild). TruncateStateBytes is a session's state there.
+	TruncateAt, TruncateShort, TruncateDepth                    int
+	TruncateShortSteps, Truncate100Steps, Truncate100NoLogSteps float64
+	TruncateStateBytes                                          int64
+	StateBytesPerSession                                        int64
 	// RSSGrowth is how much the process's resident memory grew from before
 	// Load to after the first prefill (weights mapped and touched, load-time
 	// copies, one session and its scratch); 0 where /proc is missing.
@@ -252,7 +259,82 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 	r.Decode1TokPerSec, r.Decode8TokPerSec, r.Batch8Gain = median(tok1), median(tok8), median(gain)
 	r.RooflineShare, r.NTRooflineShare, r.Bandwidth = median(share), median(shareNT), median(bws)
 	r.Verify8Ratio = median(verify)
+	if err := truncateCost(ctx, m, dir, r, log); err != nil {
+		return nil, err
+	}
 	return r, nil
+}
+
+// truncateCost times Truncate on a session at about 2,000 positions
+// against decode steps at that position: on m (no logs) back 100, and on
+// the same checkpoint loaded with WithRollback back 10 and back 100.
+func truncateCost(ctx context.Context, m *k3.Model, dir string, r *ModelResult, log func(string)) error {
+	log("truncate at 2,000 positions...")
+	r.TruncateAt, r.TruncateShort, r.TruncateDepth = 2000, 10, 128
+	hist := make([]int32, r.TruncateAt)
+	for i := range hist {
+		hist[i] = int32(3 + (i*37)%250)
+	}
+	plain, err := m.NewSession()
+	if err != nil {
+		return err
+	}
+	if _, err := plain.Forward(ctx, hist, nil); err != nil {
+		return err
+	}
+	start := time.Now()
+	if err := plain.Truncate(ctx, plain.Len()-100); err != nil {
+		return err
+	}
+	rebuild := time.Since(start).Seconds()
+	mr, err := k3.Load(ctx, dir, k3.WithRollback(r.TruncateDepth))
+	if err != nil {
+		return err
+	}
+	defer mr.Close()
+	s, err := mr.NewSession()
+	if err != nil {
+		return err
+	}
+	if _, err := s.Forward(ctx, hist[:r.TruncateAt-200], nil); err != nil {
+		return err
+	}
+	for _, tok := range hist[r.TruncateAt-200 : r.TruncateAt-40] { // records for the last 200 positions
+		if _, err := s.Forward(ctx, []int32{tok}, nil); err != nil {
+			return err
+		}
+	}
+	var steps []float64
+	for _, tok := range hist[r.TruncateAt-40:] {
+		start := time.Now()
+		if _, err := s.Forward(ctx, []int32{tok}, nil); err != nil {
+			return err
+		}
+		steps = append(steps, time.Since(start).Seconds())
+	}
+	step := median(steps)
+	var short []float64
+	for range 5 {
+		start := time.Now()
+		if err := s.Truncate(ctx, s.Len()-r.TruncateShort); err != nil {
+			return err
+		}
+		short = append(short, time.Since(start).Seconds()/step)
+		for _, tok := range hist[s.Len():] {
+			if _, err := s.Forward(ctx, []int32{tok}, nil); err != nil {
+				return err
+			}
+		}
+	}
+	r.TruncateShortSteps = median(short)
+	r.TruncateStateBytes = s.StateBytes()
+	start = time.Now()
+	if err := s.Truncate(ctx, s.Len()-100); err != nil {
+		return err
+	}
+	r.Truncate100Steps = time.Since(start).Seconds() / step
+	r.Truncate100NoLogSteps = rebuild / step
+	return nil
 }
 
 // stateKDABytes is the session's recurrent state (read and written each step).
@@ -270,6 +352,8 @@ func (r *ModelResult) Table() string {
 		r.Decode8TokPerSec, r.Batch8Gain, r.Step8Bytes/1e6, 8*r.StepBytes/r.Step8Bytes)
 	fmt.Fprintf(&b, "  verification pass, 8 tokens of one session: %.1fx a batch-1 decode step (weights read once; the 8 tokens route to more experts, about %.1f MB read against %.1f)\n",
 		r.Verify8Ratio, r.Step8Bytes/1e6, r.StepBytes/1e6)
+	fmt.Fprintf(&b, "  truncate at %d positions, WithRollback(%d): back %d tokens %.1f decode steps, back 100 tokens %.1f (replayed from the KDA logs; state per session %.1f MB); without logs (the default) back 100 tokens %.0f decode steps (the kept tokens are prefilled again)\n",
+		r.TruncateAt, r.TruncateDepth, r.TruncateShort, r.TruncateShortSteps, r.Truncate100Steps, float64(r.TruncateStateBytes)/1e6, r.Truncate100NoLogSteps)
 	fmt.Fprintf(&b, "  memory: weights %.1f MB in the checkpoint + %.2f MB state per session (after a 512-token prompt)\n",
 		float64(r.WeightBytes)/1e6, float64(r.StateBytesPerSession)/1e6)
 	if r.RSSGrowth > 0 {
