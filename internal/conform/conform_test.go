@@ -2,6 +2,10 @@ package conform
 
 import (
 	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
 	"os"
 	"path/filepath"
 	"strings"
@@ -106,6 +110,189 @@ func TestDetectsWrongValues(t *testing.T) {
 		}
 		if strings.HasSuffix(r.Path, "bad_weight.safetensors") && !strings.Contains(r.Reason, "topk_weight") {
 			t.Errorf("corrupted weight reason: %s", r.Reason)
+		}
+	}
+}
+
+// TestModelMinimalCase: a model case holding only input_ids,
+// prefill_logits, generated_ids, decode_positions and decode_logits
+// passes; one whose decode logits are wrong fails.
+func TestModelMinimalCase(t *testing.T) {
+	src := "../../testdata/model/tiny_k31pro"
+	f, err := safetensors.Open(filepath.Join(src, "expected.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keep []safetensors.Tensor
+	for _, ti := range f.Tensors() {
+		switch ti.Name {
+		case "input_ids", "prefill_logits", "generated_ids", "decode_positions", "decode_logits":
+			b, _, err := f.Bytes(ti.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			keep = append(keep, safetensors.Tensor{Name: ti.Name, DType: ti.DType, Shape: ti.Shape, Data: append([]byte(nil), b...)})
+		}
+	}
+	meta := f.Metadata()
+	f.Close()
+	if len(keep) != 5 {
+		t.Fatalf("kept %d tensors", len(keep))
+	}
+	for _, corrupt := range []bool{false, true} {
+		dir := t.TempDir()
+		for _, name := range []string{"config.json", "model.safetensors"} {
+			b, err := os.ReadFile(filepath.Join(src, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			os.WriteFile(filepath.Join(dir, name), b, 0o644)
+		}
+		ts := keep
+		if corrupt {
+			ts = append([]safetensors.Tensor(nil), keep...)
+			for i := range ts {
+				if ts[i].Name == "decode_logits" {
+					d := append([]byte(nil), ts[i].Data...)
+					d[len(d)-1] ^= 0x40 // the last logit's exponent
+					ts[i].Data = d
+				}
+			}
+		}
+		if err := safetensors.WriteFile(filepath.Join(dir, "expected.safetensors"), ts, meta); err != nil {
+			t.Fatal(err)
+		}
+		res := runAll(t, dir)
+		if len(res) != 1 || res[0].Pass == corrupt {
+			t.Errorf("corrupt=%v: %v", corrupt, res)
+		}
+	}
+}
+
+// TestDSADecodeSeveralRows: a dsa.decode case with several query rows at
+// the last positions (a verification pass) runs, checked against a float64
+// reference of the indexer and of sparse and dense latent attention
+// computed here from the equations; a corrupted expectation fails.
+func TestDSADecodeSeveralRows(t *testing.T) {
+	const sq, l, hi, di, h, dc, dr, topK = 3, 24, 2, 8, 2, 8, 4, 6
+	const scale = 0.3
+	r := rand.New(rand.NewPCG(5, 6))
+	rnd := func(n int) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(r.NormFloat64())
+		}
+		return v
+	}
+	qi, ki, wi := rnd(sq*hi*di), rnd(l*di), rnd(sq*hi)
+	ql, qp, kv, kp := rnd(sq*h*dc), rnd(sq*h*dr), rnd(l*dc), rnd(l*dr)
+	scores := make([]float32, sq*l)
+	picks := make([]int32, sq*topK)
+	counts := make([]int32, sq)
+	for t0 := range sq {
+		pos := l - sq + t0
+		type cand struct {
+			s     int
+			score float32
+		}
+		var cs []cand
+		for s := range l {
+			if s > pos {
+				scores[t0*l+s] = float32(math.Inf(-1))
+				continue
+			}
+			var sum float64
+			for hh := range hi {
+				var dot float64
+				for d := range di {
+					dot += float64(qi[(t0*hi+hh)*di+d]) * float64(ki[s*di+d])
+				}
+				sum += float64(wi[t0*hi+hh]) * max(dot, 0)
+			}
+			scores[t0*l+s] = float32(sum)
+			cs = append(cs, cand{s, float32(sum)})
+		}
+		sort.SliceStable(cs, func(a, b int) bool { return cs[a].score > cs[b].score })
+		n := min(topK, len(cs))
+		counts[t0] = int32(n)
+		for i := range topK {
+			picks[t0*topK+i] = -1
+			if i < n {
+				picks[t0*topK+i] = int32(cs[i].s)
+			}
+		}
+	}
+	attend := func(sparse bool) (out, lse []float32) {
+		out, lse = make([]float32, sq*h*dc), make([]float32, sq*h)
+		for t0 := range sq {
+			pos := l - sq + t0
+			var keys []int
+			if sparse {
+				for _, p := range picks[t0*topK : (t0+1)*topK] {
+					if p >= 0 {
+						keys = append(keys, int(p))
+					}
+				}
+			} else {
+				for s := 0; s <= pos; s++ {
+					keys = append(keys, s)
+				}
+			}
+			for hh := range h {
+				logits := make([]float64, len(keys))
+				mx := math.Inf(-1)
+				for i, s := range keys {
+					var dot float64
+					for d := range dc {
+						dot += float64(ql[(t0*h+hh)*dc+d]) * float64(kv[s*dc+d])
+					}
+					for d := range dr {
+						dot += float64(qp[(t0*h+hh)*dr+d]) * float64(kp[s*dr+d])
+					}
+					logits[i] = dot * scale
+					mx = max(mx, logits[i])
+				}
+				var z float64
+				acc := make([]float64, dc)
+				for i, s := range keys {
+					e := math.Exp(logits[i] - mx)
+					z += e
+					for d := range dc {
+						acc[d] += e * float64(kv[s*dc+d])
+					}
+				}
+				for d := range dc {
+					out[(t0*h+hh)*dc+d] = float32(acc[d] / z)
+				}
+				lse[t0*h+hh] = float32(mx + math.Log(z))
+			}
+		}
+		return out, lse
+	}
+	ol, lse := attend(true)
+	old, lsed := attend(false)
+	for _, corrupt := range []bool{false, true} {
+		if corrupt {
+			ol = append([]float32(nil), ol...)
+			ol[sq*h*dc-1] += 0.1 // the last row's output
+		}
+		ts := []safetensors.Tensor{
+			safetensors.F32Tensor("q_index", []int{sq, hi, di}, qi), safetensors.F32Tensor("k_index", []int{l, di}, ki),
+			safetensors.F32Tensor("w_index", []int{sq, hi}, wi), safetensors.F32Tensor("scores", []int{sq, l}, scores),
+			safetensors.I32Tensor("topk_indices", []int{sq, topK}, picks), safetensors.I32Tensor("topk_count", []int{sq}, counts),
+			safetensors.F32Tensor("q_latent", []int{sq, h, dc}, ql), safetensors.F32Tensor("q_pe", []int{sq, h, dr}, qp),
+			safetensors.F32Tensor("kv_c", []int{l, dc}, kv), safetensors.F32Tensor("k_pe", []int{l, dr}, kp),
+			safetensors.F32Tensor("softmax_scale", []int{1}, []float32{scale}),
+			safetensors.F32Tensor("o_latent", []int{sq, h, dc}, ol), safetensors.F32Tensor("lse", []int{sq, h}, lse),
+			safetensors.F32Tensor("o_latent_dense", []int{sq, h, dc}, old), safetensors.F32Tensor("lse_dense", []int{sq, h}, lsed),
+		}
+		path := filepath.Join(t.TempDir(), "dsa_decode_rows.safetensors")
+		if err := safetensors.WriteFile(path, ts, map[string]string{"op": "dsa.decode", "K": fmt.Sprint(topK)}); err != nil {
+			t.Fatal(err)
+		}
+		res := runAll(t, path)
+		if len(res) != 1 || res[0].Pass == corrupt {
+			t.Errorf("corrupt=%v: %v", corrupt, res)
 		}
 	}
 }

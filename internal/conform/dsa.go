@@ -312,17 +312,22 @@ func runDSADecode(ctx context.Context, b compute.Backend, path string, chk *chec
 		return err
 	}
 	defer f.Close()
-	qi, qs, err := f.f32("q_index", 1, -1, -1)
+	// s_q query rows at the last positions (several when a verification
+	// pass scores drafted tokens): row i sits at l - s_q + i.
+	qi, qs, err := f.f32("q_index", -1, -1, -1)
 	if err != nil {
 		return err
 	}
-	hi, di := qs[1], qs[2]
+	sq, hi, di := qs[0], qs[1], qs[2]
 	ki, ks, err := f.f32("k_index", -1, di)
 	if err != nil {
 		return err
 	}
 	l := ks[0]
-	wi, _, err := f.f32("w_index", 1, hi)
+	if sq < 1 || sq > l {
+		return fmt.Errorf("%s: %d query rows for %d keys", path, sq, l)
+	}
+	wi, _, err := f.f32("w_index", sq, hi)
 	if err != nil {
 		return err
 	}
@@ -330,17 +335,20 @@ func runDSADecode(ctx context.Context, b compute.Backend, path string, chk *chec
 	if err != nil {
 		return err
 	}
-	qpos := []int32{int32(l - 1)}
-	picks, err := indexer(b, chk, f, "", qi, ki, wi, 1, hi, di, l, topK, qpos, nil, nil)
+	qpos := make([]int32, sq)
+	for i := range qpos {
+		qpos[i] = int32(l - sq + i)
+	}
+	picks, err := indexer(b, chk, f, "", qi, ki, wi, sq, hi, di, l, topK, qpos, nil, nil)
 	if err != nil {
 		return err
 	}
-	ql, qls, err := f.f32("q_latent", 1, -1, -1)
+	ql, qls, err := f.f32("q_latent", sq, -1, -1)
 	if err != nil {
 		return err
 	}
 	h, dc := qls[1], qls[2]
-	qp, ps, err := f.f32("q_pe", 1, h, -1)
+	qp, ps, err := f.f32("q_pe", sq, h, -1)
 	if err != nil {
 		return err
 	}
@@ -358,10 +366,10 @@ func runDSADecode(ctx context.Context, b compute.Backend, path string, chk *chec
 		return err
 	}
 	a := compute.AttnArgs{QPos: qpos, KVLen: l, Causal: true, Scale: sc[0]}
-	if a.Q, err = upload(b, ql, 1, h, dc); err != nil {
+	if a.Q, err = upload(b, ql, sq, h, dc); err != nil {
 		return err
 	}
-	if a.QRope, err = upload(b, qp, 1, h, dr); err != nil {
+	if a.QRope, err = upload(b, qp, sq, h, dr); err != nil {
 		return err
 	}
 	lat, err := upload(b, kv, l, 1, dc)
@@ -376,13 +384,13 @@ func runDSADecode(ctx context.Context, b compute.Backend, path string, chk *chec
 		a.Indices = compute.Tensor{}
 		suffix := "_dense"
 		if sparse {
-			if a.Indices, err = upload(b, picks, 1, 1, topK); err != nil {
+			if a.Indices, err = upload(b, picks, sq, 1, topK); err != nil {
 				return err
 			}
 			suffix = ""
 		}
-		a.Out, _ = b.Alloc(compute.F32, 1, h, dc)
-		a.LSE, _ = b.Alloc(compute.F32, 1, h)
+		a.Out, _ = b.Alloc(compute.F32, sq, h, dc)
+		a.LSE, _ = b.Alloc(compute.F32, sq, h)
 		if err := b.Attention(&a); err != nil {
 			return err
 		}
