@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"sort"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 
