@@ -267,18 +267,34 @@ func (c *Cache) realloc(n int) error {
 				return err
 			}
 		}
-		c.b.Free(c.KV)
-		c.b.Free(c.PE)
-		if c.di > 0 {
-			c.b.Free(c.IK)
-		}
 	}
+	c.freeTensors()
 	c.KV, c.PE, c.IK = kv, pe, ik
 	return nil
 }
 
+// Free returns the cache's tensors to the backend; the cache is empty and
+// holds nothing afterwards.
+func (c *Cache) Free() {
+	c.freeTensors()
+	c.KV, c.PE, c.IK, c.Len = compute.Tensor{}, compute.Tensor{}, compute.Tensor{}, 0
+}
+
+func (c *Cache) freeTensors() {
+	for _, t := range []compute.Tensor{c.KV, c.PE, c.IK} {
+		if !t.IsZero() {
+			c.b.Free(t)
+		}
+	}
+}
+
 // Cap returns the allocated capacity in positions.
-func (c *Cache) Cap() int { return c.KV.Dims[0] }
+func (c *Cache) Cap() int {
+	if c.KV.IsZero() {
+		return 0
+	}
+	return c.KV.Dims[0]
+}
 
 // reserve makes room for n more positions.
 func (c *Cache) reserve(n int) error {

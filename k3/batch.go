@@ -101,6 +101,9 @@ func (bt *Batch) Step(ctx context.Context, sessions []*Session, tokens []int32) 
 		if s.m != m {
 			return errors.New("k3: batch step with a session of another model")
 		}
+		if s.closed {
+			return fmt.Errorf("k3: batch step: session %d: %w", i, ErrSessionClosed)
+		}
 		if s.broken != nil {
 			return fmt.Errorf("k3: session %d unusable after an earlier failure: %w", i, s.broken)
 		}

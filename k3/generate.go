@@ -285,6 +285,9 @@ type stepResult struct {
 }
 
 func (s *Session) startGeneration(ctx context.Context, prompt []int32, opts []GenerateOption) (*generation, error) {
+	if err := s.usable(); err != nil {
+		return nil, err
+	}
 	o, err := s.m.genOptions(opts)
 	if err != nil {
 		return nil, err

@@ -15,6 +15,10 @@ import (
 // ErrContextFull is returned when a session has no room for more tokens.
 var ErrContextFull = errors.New("k3: context length exceeded")
 
+// ErrSessionClosed is returned by every operation on a Session after its
+// Close.
+var ErrSessionClosed = errors.New("k3: session closed")
+
 // ErrOutOfRange is wrapped when a position lies outside the session
 // (Truncate beyond its length).
 var ErrOutOfRange = errors.New("k3: out of range")
@@ -43,6 +47,39 @@ type Session struct {
 
 	logs               []*replay.Log // per layer: the KDA layers' rollback logs (nil: none kept)
 	scratchS, scratchC []float32     // rollback's host copy of one layer's state
+	closed             bool
+}
+
+// Close returns the session's state (KDA states, attention caches, replay
+// logs) to the backend. Every later call on the session fails with
+// ErrSessionClosed; Close itself is idempotent. A Session that is not
+// closed is reclaimed by the garbage collector on the Go backend, but a
+// device backend's memory comes back only through Close.
+func (s *Session) Close() error {
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	for _, st := range s.kdaSt {
+		if st != nil {
+			st.Free(s.m.b)
+		}
+	}
+	for _, c := range s.caches {
+		if c != nil {
+			c.Free()
+		}
+	}
+	s.logs, s.last, s.tokens, s.scratchS, s.scratchC = nil, nil, nil, nil, nil
+	return nil
+}
+
+// usable reports why the session cannot run, if it cannot.
+func (s *Session) usable() error {
+	if s.closed {
+		return ErrSessionClosed
+	}
+	return nil
 }
 
 // NewSession starts an empty sequence.
@@ -110,6 +147,9 @@ func (s *Session) Tokens() []int32 { return append([]int32(nil), s.tokens...) }
 // returns every position's logits. Inputs are checked before any state
 // changes, so bad input leaves the session as it was.
 func (s *Session) run(ctx context.Context, tokens []int32, all bool, tr ...*Trace) ([]float32, error) {
+	if err := s.usable(); err != nil {
+		return nil, err
+	}
 	if err := s.m.life.enter(); err != nil {
 		return nil, err
 	}
@@ -176,6 +216,9 @@ func (s *Session) run(ctx context.Context, tokens []int32, all bool, tr ...*Trac
 
 // Reset empties the session.
 func (s *Session) Reset() error {
+	if err := s.usable(); err != nil {
+		return err
+	}
 	if err := s.m.life.enter(); err != nil {
 		return err
 	}
@@ -212,6 +255,9 @@ func (s *Session) Reset() error {
 // session is rebuilt by running the kept tokens again (a prefill of n
 // tokens).
 func (s *Session) Truncate(ctx context.Context, n int) error {
+	if err := s.usable(); err != nil {
+		return err
+	}
 	if n < 0 || n > len(s.tokens) {
 		return fmt.Errorf("%w: truncate to %d tokens, the session holds %d", ErrOutOfRange, n, len(s.tokens))
 	}
@@ -243,6 +289,9 @@ func (s *Session) Truncate(ctx context.Context, n int) error {
 
 // Clone returns an independent copy of the session (fork a conversation).
 func (s *Session) Clone() (*Session, error) {
+	if err := s.usable(); err != nil {
+		return nil, err
+	}
 	if err := s.m.life.enter(); err != nil {
 		return nil, err
 	}

@@ -134,6 +134,13 @@ type State struct {
 	Conv, S compute.Tensor
 }
 
+// Free returns the state's tensors to b.
+func (st *State) Free(b compute.Backend) {
+	b.Free(st.Conv)
+	b.Free(st.S)
+	st.Conv, st.S = compute.Tensor{}, compute.Tensor{}
+}
+
 // NewState allocates zeroed state for n sequences.
 func NewState(b compute.Backend, cfg Config, n int) (*State, error) {
 	conv, err := b.Alloc(compute.F32, n, cfg.ConvKernel-1, 3*cfg.NumHeads*cfg.HeadDim)
