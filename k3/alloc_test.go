@@ -58,7 +58,7 @@ func TestBatchStepAllocations(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Forward(ctx, []int32{1, int32(2 + i)}, nil); err != nil {
+		if _, err := s.Forward(ctx, []int32{1, int32(2 + i)}); err != nil {
 			t.Fatal(err)
 		}
 		ss = append(ss, s)

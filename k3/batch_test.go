@@ -22,7 +22,7 @@ func TestBatchEqualsSolo(t *testing.T) {
 		var batched, solo []*Session
 		for _, p := range prompts {
 			s, _ := m.NewSession()
-			if _, err := s.Forward(ctx, p, nil); err != nil {
+			if _, err := s.Forward(ctx, p); err != nil {
 				t.Fatal(err)
 			}
 			c, _ := s.Clone()
@@ -51,7 +51,7 @@ func TestBatchEqualsSolo(t *testing.T) {
 				t.Fatal(err)
 			}
 			for k, i := range active {
-				want, err := solo[i].Forward(ctx, []int32{toks[k]}, nil)
+				want, err := solo[i].Forward(ctx, []int32{toks[k]})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -134,7 +134,7 @@ func TestLargeBatchEqualsSolo(t *testing.T) {
 	toks := make([]int32, n)
 	for i := range n {
 		s, _ := m.NewSession()
-		if _, err := s.Forward(ctx, []int32{1, int32(10 + i%50)}, nil); err != nil {
+		if _, err := s.Forward(ctx, []int32{1, int32(10 + i%50)}); err != nil {
 			t.Fatal(err)
 		}
 		c, _ := s.Clone()
@@ -149,7 +149,7 @@ func TestLargeBatchEqualsSolo(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range n {
-		want, err := solo[i].Forward(ctx, toks[i:i+1], nil)
+		want, err := solo[i].Forward(ctx, toks[i:i+1])
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -33,7 +33,7 @@ func TestExactAlongTime(t *testing.T) {
 		copy(prompt[20:], prompt[:10]) // repeats: ties for NoPE indexers
 		base, err := m.NewSession()
 		require.NoError(t, err)
-		_, err = base.Forward(ctx, prompt, nil)
+		_, err = base.Forward(ctx, prompt)
 		require.NoError(t, err)
 		for _, T := range []int{2, 3, 8, ExactTokens} {
 			toks := make([]int32, T)
@@ -46,17 +46,17 @@ func TestExactAlongTime(t *testing.T) {
 			require.NoError(t, err)
 			var want []float32
 			for _, tok := range toks {
-				l, err := one.Forward(ctx, []int32{tok}, nil)
+				l, err := one.Forward(ctx, []int32{tok})
 				require.NoError(t, err)
 				want = append(want, l...)
 			}
-			got, err := many.Forward(ctx, toks, nil)
+			got, err := many.Forward(ctx, toks)
 			require.NoError(t, err)
 			require.Equal(t, want, got, "%s: %d tokens in one pass against %d steps", filepath.Base(dir), T, T)
 			next := []int32{prompt[3]}
-			a, err := one.Forward(ctx, next, nil)
+			a, err := one.Forward(ctx, next)
 			require.NoError(t, err)
-			b, err := many.Forward(ctx, next, nil)
+			b, err := many.Forward(ctx, next)
 			require.NoError(t, err)
 			require.Equal(t, a, b, "%s: the step after %d tokens", filepath.Base(dir), T)
 		}

@@ -250,6 +250,7 @@ func (m *Model) Generate(ctx context.Context, prompt string, opts ...GenerateOpt
 			yield(Token{}, err)
 			return
 		}
+		defer s.Close()
 		for t, err := range s.Generate(ctx, prompt, opts...) {
 			if !yield(t, err) {
 				return

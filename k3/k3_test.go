@@ -73,7 +73,7 @@ func TestCloneAndTruncate(t *testing.T) {
 	m := load(t)
 	ctx := context.Background()
 	a, _ := m.NewSession()
-	if _, err := a.Forward(ctx, prompt[:20], nil); err != nil {
+	if _, err := a.Forward(ctx, prompt[:20]); err != nil {
 		t.Fatal(err)
 	}
 	b, err := a.Clone()
@@ -139,10 +139,10 @@ func TestBadInput(t *testing.T) {
 	m := load(t)
 	ctx := context.Background()
 	s, _ := m.NewSession()
-	if _, err := s.Forward(ctx, []int32{1, 99999}, nil); !errors.Is(err, ErrBadToken) {
+	if _, err := s.Forward(ctx, []int32{1, 99999}); !errors.Is(err, ErrBadToken) {
 		t.Errorf("token outside the vocabulary: %v", err)
 	}
-	if _, err := s.Forward(ctx, nil, nil); !errors.Is(err, ErrEmptyPrompt) {
+	if _, err := s.Forward(ctx, nil); !errors.Is(err, ErrEmptyPrompt) {
 		t.Errorf("empty prompt: %v", err)
 	}
 	for _, opt := range []GenerateOption{WithTemperature(-1), WithTopP(0), WithTopP(1.5), WithMaxTokens(0), WithStopStrings("")} {
@@ -154,11 +154,11 @@ func TestBadInput(t *testing.T) {
 		}
 	}
 	long := make([]int32, m.Config.MaxPositionEmbeddings+1)
-	if _, err := s.Forward(ctx, long, nil); !errors.Is(err, ErrContextFull) {
+	if _, err := s.Forward(ctx, long); !errors.Is(err, ErrContextFull) {
 		t.Errorf("prompt beyond the context: %v", err)
 	}
 	// The session is still usable after rejected input.
-	if _, err := s.Forward(ctx, []int32{1, 5, 6}, nil); err != nil {
+	if _, err := s.Forward(ctx, []int32{1, 5, 6}); err != nil {
 		t.Errorf("session unusable after bad input: %v", err)
 	}
 	// A cancelled context stops generation with its error.

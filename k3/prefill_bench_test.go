@@ -53,7 +53,7 @@ func BenchmarkPrefillLong(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if _, err := s.Forward(ctx, prompt, nil); err != nil {
+				if _, err := s.Forward(ctx, prompt); err != nil {
 					b.Fatal(err)
 				}
 			}

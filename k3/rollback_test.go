@@ -47,9 +47,9 @@ func TestSpeculativeLoop(t *testing.T) {
 		require.NoError(t, err)
 		base, err := m.NewSession()
 		require.NoError(t, err)
-		_, err = spec.Forward(ctx, prompt, nil)
+		_, err = spec.Forward(ctx, prompt)
 		require.NoError(t, err)
-		_, err = base.Forward(ctx, prompt, nil)
+		_, err = base.Forward(ctx, prompt)
 		require.NoError(t, err)
 		fast := 0
 		rounds := 200
@@ -66,7 +66,7 @@ func TestSpeculativeLoop(t *testing.T) {
 				drafts[i] = r.Int32N(v)
 			}
 			p := spec.Len()
-			_, err := spec.Forward(ctx, drafts, nil)
+			_, err := spec.Forward(ctx, drafts)
 			require.NoError(t, err)
 			a := r.IntN(k + 1)
 			require.NoError(t, spec.Truncate(ctx, p+a))
@@ -74,7 +74,7 @@ func TestSpeculativeLoop(t *testing.T) {
 				fast++
 			}
 			for _, d := range drafts[:a] {
-				_, err := base.Forward(ctx, []int32{d}, nil)
+				_, err := base.Forward(ctx, []int32{d})
 				require.NoError(t, err)
 			}
 			if a == 0 { // nothing kept: the baseline's logits are from before the drafts
@@ -125,16 +125,16 @@ func TestTruncateDepth(t *testing.T) {
 			n := s.Len() - back
 			require.NoError(t, s.Truncate(ctx, n))
 			ref, _ := m.NewSession()
-			_, err = ref.Forward(ctx, s.Tokens(), nil)
+			_, err = ref.Forward(ctx, s.Tokens())
 			require.NoError(t, err)
 			// A chunked prefill of the kept tokens may differ in rounding:
 			// compare it within the tolerance, and the rollback against
 			// token-by-token feeding exactly.
 			one, _ := m.NewSession()
-			_, err = one.Forward(ctx, prompt, nil)
+			_, err = one.Forward(ctx, prompt)
 			require.NoError(t, err)
 			for _, tok := range s.Tokens()[len(prompt):] {
-				_, err := one.Forward(ctx, []int32{tok}, nil)
+				_, err := one.Forward(ctx, []int32{tok})
 				require.NoError(t, err)
 			}
 			assert.Equal(t, n, s.Len())

@@ -33,7 +33,7 @@ func TestSamplerWithBatch(t *testing.T) {
 		sessions[i], err = m.NewSession()
 		require.NoError(t, err)
 		ids := m.Encode(p)
-		_, err = sessions[i].Forward(ctx, ids, nil)
+		_, err = sessions[i].Forward(ctx, ids)
 		require.NoError(t, err)
 		samplers[i], err = m.NewSampler(opts(i)...)
 		require.NoError(t, err)

@@ -134,10 +134,22 @@ type Trace struct {
 }
 
 // Forward appends tokens to the sequence and returns the logits of every
-// new position ([len(tokens)][vocab], row-major). Long inputs run in chunks;
-// ctx is checked between chunks. tr, when not nil, receives intermediates.
-func (s *Session) Forward(ctx context.Context, tokens []int32, tr *Trace) ([]float32, error) {
+// new position ([len(tokens)][vocab], row-major). Up to ExactTokens tokens
+// are computed as that many single steps would be, bitwise; longer inputs
+// run as prefill chunks, with ctx checked between chunks. A Trace attached
+// to ctx with WithTrace receives the pass's intermediates.
+func (s *Session) Forward(ctx context.Context, tokens []int32) ([]float32, error) {
+	tr, _ := ctx.Value(traceKey{}).(*Trace)
 	return s.run(ctx, tokens, true, tr)
+}
+
+type traceKey struct{}
+
+// WithTrace returns a context that makes Session.Forward record the
+// intermediates of its passes into tr (as net/http/httptrace attaches its
+// hooks), for debugging and the conformance runner.
+func WithTrace(ctx context.Context, tr *Trace) context.Context {
+	return context.WithValue(ctx, traceKey{}, tr)
 }
 
 // Tokens returns the tokens the session holds.

@@ -58,7 +58,7 @@ func TestSessionClose(t *testing.T) {
 		require.NoError(t, err)
 		warm, err := m.NewSession() // the model's own scratch comes into being here
 		require.NoError(t, err)
-		_, err = warm.Forward(ctx, make([]int32, 300), nil)
+		_, err = warm.Forward(ctx, make([]int32, 300))
 		require.NoError(t, err)
 		require.NoError(t, warm.Close())
 		base := be.bytes()
@@ -69,7 +69,7 @@ func TestSessionClose(t *testing.T) {
 			if i%50 == 0 {
 				n = 70 // past the caches' first capacity
 			}
-			_, err = s.Forward(ctx, make([]int32, n), nil)
+			_, err = s.Forward(ctx, make([]int32, n))
 			require.NoError(t, err)
 			if i%10 == 0 {
 				c, err := s.Clone()
@@ -84,7 +84,7 @@ func TestSessionClose(t *testing.T) {
 		s, err := m.NewSession()
 		require.NoError(t, err)
 		require.NoError(t, s.Close())
-		_, err = s.Forward(ctx, []int32{1}, nil)
+		_, err = s.Forward(ctx, []int32{1})
 		assert.ErrorIs(t, err, ErrSessionClosed)
 		assert.ErrorIs(t, s.Reset(), ErrSessionClosed)
 		assert.ErrorIs(t, s.Truncate(ctx, 0), ErrSessionClosed)

@@ -79,22 +79,22 @@ func TestShapes(t *testing.T) {
 
 			a, _ := whole.NewSession()
 			b, _ := chunked.NewSession()
-			la, err := a.Forward(ctx, prompt, nil)
+			la, err := a.Forward(ctx, prompt)
 			if err != nil {
 				t.Fatal(err)
 			}
-			lb, err := b.Forward(ctx, prompt, nil)
+			lb, err := b.Forward(ctx, prompt)
 			if err != nil {
 				t.Fatal(err)
 			}
 			closeLogits(t, "prefill, one pass vs chunks of 7", la, lb)
 			for step := range 3 {
 				tok := []int32{int32(11 + 5*step)}
-				la, err = a.Forward(ctx, tok, nil)
+				la, err = a.Forward(ctx, tok)
 				if err != nil {
 					t.Fatal(err)
 				}
-				lb, err = b.Forward(ctx, tok, nil)
+				lb, err = b.Forward(ctx, tok)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -105,7 +105,7 @@ func TestShapes(t *testing.T) {
 			var batched, solo []*Session
 			for i := range 3 {
 				s, _ := whole.NewSession()
-				if _, err := s.Forward(ctx, prompt[:10+9*i], nil); err != nil {
+				if _, err := s.Forward(ctx, prompt[:10+9*i]); err != nil {
 					t.Fatal(err)
 				}
 				cl, err := s.Clone()
@@ -124,7 +124,7 @@ func TestShapes(t *testing.T) {
 					t.Fatal(err)
 				}
 				for i, s := range solo {
-					want, err := s.Forward(ctx, toks[i:i+1], nil)
+					want, err := s.Forward(ctx, toks[i:i+1])
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -86,14 +86,14 @@ func TestConfigVariants(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				want, err := chunked.Forward(ctx, prompt, nil)
+				want, err := chunked.Forward(ctx, prompt)
 				if err != nil {
 					t.Fatal(err)
 				}
 				stepped, _ := m.NewSession()
 				var got []float32
 				for _, tok := range prompt {
-					if got, err = stepped.Forward(ctx, []int32{tok}, nil); err != nil {
+					if got, err = stepped.Forward(ctx, []int32{tok}); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -127,14 +127,14 @@ func TestConfigVariants(t *testing.T) {
 					t.Fatal(err)
 				}
 				again, _ := m.NewSession()
-				if _, err := again.Forward(ctx, prompt[:3], nil); err != nil {
+				if _, err := again.Forward(ctx, prompt[:3]); err != nil {
 					t.Fatal(err)
 				}
-				l1, err := c.Forward(ctx, prompt[3:5], nil)
+				l1, err := c.Forward(ctx, prompt[3:5])
 				if err != nil {
 					t.Fatal(err)
 				}
-				l2, err := again.Forward(ctx, prompt[3:5], nil)
+				l2, err := again.Forward(ctx, prompt[3:5])
 				if err != nil {
 					t.Fatal(err)
 				}

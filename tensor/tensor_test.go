@@ -17,7 +17,7 @@ func TestLogits(t *testing.T) {
 	s, err := m.NewSession()
 	require.NoError(t, err)
 	assert.Nil(t, Logits(s), "before any token")
-	out, err := s.Forward(context.Background(), []int32{1, 2, 3}, nil)
+	out, err := s.Forward(context.Background(), []int32{1, 2, 3})
 	require.NoError(t, err)
 	v := m.VocabSize()
 	lt := Logits(s)

@@ -289,7 +289,7 @@ func chatLoop(ctx context.Context, m *k3.Model, g *genFlags, system string, in i
 				fmt.Fprintf(out, "(answer cut at %d tokens)\n", g.maxTokens)
 			}
 			if hasEnd {
-				if _, err := s.Forward(ctx, []int32{endTurn}, nil); err != nil {
+				if _, err := s.Forward(ctx, []int32{endTurn}); err != nil {
 					return err
 				}
 			}

@@ -55,7 +55,7 @@ func main() {
 			log.Fatal(err)
 		}
 		start := time.Now()
-		if _, err := s.Forward(ctx, prompt, nil); err != nil {
+		if _, err := s.Forward(ctx, prompt); err != nil {
 			log.Fatal(err)
 		}
 		prefill := time.Since(start)

@@ -59,7 +59,7 @@ func runModel(ctx context.Context, b compute.Backend, dir string, chk *checker) 
 		return err
 	}
 	var tr k3.Trace
-	logits, err := s.Forward(ctx, ids, &tr)
+	logits, err := s.Forward(k3.WithTrace(ctx, &tr), ids)
 	if err != nil {
 		return err
 	}
@@ -154,7 +154,7 @@ func runModel(ctx context.Context, b compute.Backend, dir string, chk *checker) 
 	got[0] = argmax(logits[(t-1)*v:])
 	for i := 0; i < steps; i++ {
 		var dtr k3.Trace
-		row, err := s.Forward(ctx, []int32{gen[i]}, &dtr)
+		row, err := s.Forward(k3.WithTrace(ctx, &dtr), []int32{gen[i]})
 		if err != nil {
 			return err
 		}

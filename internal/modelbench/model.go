@@ -134,7 +134,7 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 	// The first prefill also faults the mapped weights in; it is reported
 	// apart from the steady state, the best of three more on new sessions.
 	start := time.Now()
-	if _, err := s.Forward(ctx, prompt, nil); err != nil {
+	if _, err := s.Forward(ctx, prompt); err != nil {
 		return nil, err
 	}
 	r.FirstPrefillTokPerSec = float64(len(prompt)) / time.Since(start).Seconds()
@@ -148,7 +148,7 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 			return nil, err
 		}
 		start = time.Now()
-		if _, err := sw.Forward(ctx, prompt, nil); err != nil {
+		if _, err := sw.Forward(ctx, prompt); err != nil {
 			return nil, err
 		}
 		r.PrefillTokPerSec = max(r.PrefillTokPerSec, float64(len(prompt))/time.Since(start).Seconds())
@@ -170,7 +170,7 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 		pb[i], pc[i] = 1, 2
 	}
 	s1, _ := m.NewSession()
-	if _, err := s1.Forward(ctx, prompt[:32], nil); err != nil {
+	if _, err := s1.Forward(ctx, prompt[:32]); err != nil {
 		return nil, err
 	}
 	bt, err := m.NewBatch(8)
@@ -180,14 +180,14 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 	var ss []*k3.Session
 	for i := 0; i < 8; i++ {
 		si, _ := m.NewSession()
-		if _, err := si.Forward(ctx, prompt[i:i+32], nil); err != nil {
+		if _, err := si.Forward(ctx, prompt[i:i+32]); err != nil {
 			return nil, err
 		}
 		ss = append(ss, si)
 	}
 	toks := make([]int32, 8)
 	step1 := func(i int) error {
-		_, err := s1.Forward(ctx, []int32{int32(3 + i%200)}, nil)
+		_, err := s1.Forward(ctx, []int32{int32(3 + i%200)})
 		return err
 	}
 	step8 := func(i int) error {
@@ -200,7 +200,7 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 	// tokens a pass (a few hundred positions over the run: attention's
 	// share stays small).
 	sv, _ := m.NewSession()
-	if _, err := sv.Forward(ctx, prompt[:32], nil); err != nil {
+	if _, err := sv.Forward(ctx, prompt[:32]); err != nil {
 		return nil, err
 	}
 	vtoks := make([]int32, 8)
@@ -208,7 +208,7 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 		for j := range vtoks {
 			vtoks[j] = int32(3 + (i*8+j)%200)
 		}
-		_, err := sv.Forward(ctx, vtoks, nil)
+		_, err := sv.Forward(ctx, vtoks)
 		return err
 	}
 	// One untimed step each sizes the scratch; the timed steps are the
@@ -279,7 +279,7 @@ func truncateCost(ctx context.Context, m *k3.Model, dir string, r *ModelResult, 
 	if err != nil {
 		return err
 	}
-	if _, err := plain.Forward(ctx, hist, nil); err != nil {
+	if _, err := plain.Forward(ctx, hist); err != nil {
 		return err
 	}
 	start := time.Now()
@@ -296,18 +296,18 @@ func truncateCost(ctx context.Context, m *k3.Model, dir string, r *ModelResult, 
 	if err != nil {
 		return err
 	}
-	if _, err := s.Forward(ctx, hist[:r.TruncateAt-200], nil); err != nil {
+	if _, err := s.Forward(ctx, hist[:r.TruncateAt-200]); err != nil {
 		return err
 	}
 	for _, tok := range hist[r.TruncateAt-200 : r.TruncateAt-40] { // records for the last 200 positions
-		if _, err := s.Forward(ctx, []int32{tok}, nil); err != nil {
+		if _, err := s.Forward(ctx, []int32{tok}); err != nil {
 			return err
 		}
 	}
 	var steps []float64
 	for _, tok := range hist[r.TruncateAt-40:] {
 		start := time.Now()
-		if _, err := s.Forward(ctx, []int32{tok}, nil); err != nil {
+		if _, err := s.Forward(ctx, []int32{tok}); err != nil {
 			return err
 		}
 		steps = append(steps, time.Since(start).Seconds())
@@ -321,7 +321,7 @@ func truncateCost(ctx context.Context, m *k3.Model, dir string, r *ModelResult, 
 		}
 		short = append(short, time.Since(start).Seconds()/step)
 		for _, tok := range hist[s.Len():] {
-			if _, err := s.Forward(ctx, []int32{tok}, nil); err != nil {
+			if _, err := s.Forward(ctx, []int32{tok}); err != nil {
 				return err
 			}
 		}

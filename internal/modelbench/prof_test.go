@@ -168,7 +168,7 @@ func TestProfileDecode(t *testing.T) {
 		var ss []*k3.Session
 		for i := 0; i < bsz; i++ {
 			s, _ := m.NewSession()
-			s.Forward(ctx, []int32{1, 2, 3, 4, 5, 6, 7, 8}, nil)
+			s.Forward(ctx, []int32{1, 2, 3, 4, 5, 6, 7, 8})
 			ss = append(ss, s)
 		}
 		// Distinct tokens per session, as in `k3 bench model`: the same
@@ -200,11 +200,11 @@ func TestProfilePrefill(t *testing.T) {
 		prompt[i] = int32(3 + (i*31)%256)
 	}
 	s, _ := m.NewSession()
-	s.Forward(ctx, prompt[:16], nil) // sizes the scratch
+	s.Forward(ctx, prompt[:16]) // sizes the scratch
 	s.Reset()
 	tb.reset()
 	start := time.Now()
-	if _, err := s.Forward(ctx, prompt, nil); err != nil {
+	if _, err := s.Forward(ctx, prompt); err != nil {
 		t.Fatal(err)
 	}
 	total := time.Since(start)
