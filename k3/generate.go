@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"math"
 	"strings"
+
+	"k3/internal/kernel"
 
 	"k3/internal/sample"
 	"k3/internal/tokenizer"
@@ -30,6 +33,28 @@ type Token struct {
 	// Finish is set on the last token of a generation and says why it
 	// ended; it is FinishNone on every other token.
 	Finish FinishReason
+	// Logprob is the natural log of the token's probability under the
+	// model's distribution (softmax of the raw logits, before penalties,
+	// bias and temperature); set with WithLogprobs, else 0.
+	Logprob float32
+	// Top holds the most likely tokens at this position with their log
+	// probabilities, most likely first (WithLogprobs(n), n > 0).
+	Top []TokenLogprob
+	// Usage is set on the last token: what the generation consumed.
+	Usage *Usage
+}
+
+// TokenLogprob is a token id with its log probability.
+type TokenLogprob struct {
+	ID      int32
+	Logprob float32
+}
+
+// Usage counts a generation's tokens.
+type Usage struct {
+	PromptTokens    int // tokens of the prompt this generation fed
+	CachedTokens    int // tokens the session already held, not computed again
+	GeneratedTokens int // tokens yielded (the stop token that ended it is not counted)
 }
 
 // FinishReason says why a generation ended. Cancellation is not among
@@ -71,6 +96,8 @@ type genOptions struct {
 	stopTokens  []int32
 	stopStrings []string
 	noDefault   bool
+	logprobs    bool
+	topLogprobs int
 	err         error // the first invalid option
 }
 
@@ -136,6 +163,18 @@ func WithStopTokens(ids ...int32) GenerateOption {
 // text yielded stops before it.
 func WithStopStrings(s ...string) GenerateOption {
 	return func(o *genOptions) { o.stopStrings = append(o.stopStrings, s...) }
+}
+
+// WithLogprobs makes every Token carry its log probability (Token.Logprob)
+// and the top most likely alternatives (Token.Top, at most 20). Computing
+// them costs a pass over the vocabulary per token.
+func WithLogprobs(top int) GenerateOption {
+	return func(o *genOptions) {
+		if top < 0 || top > 20 {
+			o.fail("top_logprobs = %d, want in 0..20", top)
+		}
+		o.logprobs, o.topLogprobs = true, top
+	}
 }
 
 // WithoutDefaultStops disables stopping at the model's end-of-sequence tokens.
@@ -273,6 +312,8 @@ type generation struct {
 	prev    Token  // the last token drawn, not yielded yet (valid when hasPrev)
 	hasPrev bool
 	done    bool
+	usage   Usage
+	scratch []float32 // WithLogprobs: the exponentials of one row of logits
 }
 
 // stepResult is one advance of a generation: the tokens to yield now (the
@@ -302,12 +343,13 @@ func (s *Session) startGeneration(ctx context.Context, prompt []int32, opts []Ge
 	}
 	sm.Observe(s.tokens...)
 	sm.Observe(prompt...)
+	usage := Usage{PromptTokens: len(prompt), CachedTokens: s.pos}
 	if len(prompt) > 0 {
 		if _, err := s.run(ctx, prompt, false); err != nil {
 			return nil, err
 		}
 	}
-	return &generation{s: s, o: o, sampler: sm, dec: tokenizer.NewStreamDecoder(s.m.tok)}, nil
+	return &generation{s: s, o: o, sampler: sm, dec: tokenizer.NewStreamDecoder(s.m.tok), usage: usage}, nil
 }
 
 // advance draws the next token from the session's last logits (the
@@ -345,6 +387,7 @@ func (g *generation) advance(ctx context.Context) (stepResult, error) {
 			}
 			last.Text += g.flush()
 			last.Finish = FinishStop
+			g.finish(&last)
 			r.ready = append(r.ready, last)
 			r.id, r.feed, r.done, g.done = id, room, true, true
 			return r, nil
@@ -357,6 +400,9 @@ func (g *generation) advance(ctx context.Context) (stepResult, error) {
 	text := g.held + g.dec.Next(id)
 	g.held = ""
 	tok := Token{ID: id}
+	if g.o.logprobs {
+		g.logprobs(&tok)
+	}
 	stop := false
 	if len(g.o.stopStrings) > 0 {
 		text, g.held, stop = cutStop(text, g.o.stopStrings)
@@ -374,6 +420,7 @@ func (g *generation) advance(ctx context.Context) (stepResult, error) {
 		if !stop {
 			tok.Text += g.flush()
 		}
+		g.finish(&tok)
 		r.ready = append(r.ready, tok)
 		g.hasPrev, g.done, r.done = false, true, true
 	} else {
@@ -381,6 +428,42 @@ func (g *generation) advance(ctx context.Context) (stepResult, error) {
 	}
 	r.id, r.feed = id, room
 	return r, nil
+}
+
+// finish completes the last token: the generation's usage.
+func (g *generation) finish(t *Token) {
+	u := g.usage
+	u.GeneratedTokens = g.n
+	t.Usage = &u
+}
+
+// logprobs sets t's log probability and alternatives from the logits it
+// was drawn from (the session's last logits, not yet replaced).
+func (g *generation) logprobs(t *Token) {
+	x := g.s.last
+	mx := kernel.Max(x)
+	if cap(g.scratch) < len(x) {
+		g.scratch = make([]float32, len(x))
+	}
+	e := g.scratch[:len(x)]
+	for i, v := range x {
+		e[i] = v - mx
+	}
+	kernel.ExpSlice(e)
+	var z float64
+	for _, v := range e {
+		z += float64(v)
+	}
+	lse := float64(mx) + math.Log(z)
+	t.Logprob = float32(float64(x[t.ID]) - lse)
+	if k := g.o.topLogprobs; k > 0 {
+		idx := make([]int32, k)
+		kernel.TopK(idx, nil, x, k)
+		t.Top = make([]TokenLogprob, k)
+		for i, id := range idx {
+			t.Top[i] = TokenLogprob{ID: id, Logprob: float32(float64(x[id]) - lse)}
+		}
+	}
 }
 
 // flush releases text held back: an unfinished character, or the start of

@@ -2,6 +2,7 @@ package k3
 
 import (
 	"context"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -75,7 +76,7 @@ func TestFinishReasons(t *testing.T) {
 	// A stop token at the first draw: one item with ID -1 carrying the reason.
 	s, _ = m.NewSession()
 	got = tokensOf(t, s.GenerateTokens(ctx, prompt, WithoutDefaultStops(), WithStopTokens(ids[0])))
-	assert.Equal(t, []Token{{ID: -1, Finish: FinishStop}}, got)
+	assert.Equal(t, []Token{{ID: -1, Finish: FinishStop, Usage: &Usage{PromptTokens: len(prompt)}}}, got)
 
 	// The context fills: with two positions left, two tokens are fed and a
 	// third is drawn from the last logits, then the generation ends.
@@ -136,5 +137,57 @@ func TestFinishReasons(t *testing.T) {
 		got := tokensOf(t, br.Generate(ctx, bs, "func main() {", opts...))
 		assert.Equal(t, want, got)
 		assert.Equal(t, solo.Len(), bs.Len())
+	}
+}
+
+// TestUsageAndLogprobs: the last token carries usage (prompt, cached and
+// generated tokens); with WithLogprobs each token carries its log
+// probability and the top alternatives, checked against a float64
+// log-softmax of the logits Forward returns for the same positions.
+func TestUsageAndLogprobs(t *testing.T) {
+	m := load(t)
+	ctx := context.Background()
+	prompt := m.Encode("abc")
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	toks := tokensOf(t, s.GenerateTokens(ctx, prompt, WithMaxTokens(6), WithoutDefaultStops(), WithLogprobs(3)))
+	require.Len(t, toks, 6)
+	for _, tok := range toks[:5] {
+		assert.Nil(t, tok.Usage)
+	}
+	assert.Equal(t, &Usage{PromptTokens: len(prompt), CachedTokens: 0, GeneratedTokens: 6}, toks[5].Usage)
+	// A second turn on the same session reuses what it holds.
+	more := tokensOf(t, s.GenerateTokens(ctx, m.Encode("d"), WithMaxTokens(2), WithoutDefaultStops()))
+	assert.Equal(t, &Usage{PromptTokens: 1, CachedTokens: len(prompt) + 6, GeneratedTokens: 2}, more[len(more)-1].Usage)
+
+	ref, err := m.NewSession()
+	require.NoError(t, err)
+	seq := append(append([]int32(nil), prompt...), idsOf(toks)...)
+	logits, err := ref.Forward(ctx, seq)
+	require.NoError(t, err)
+	v := m.VocabSize()
+	for i, tok := range toks {
+		row := logits[(len(prompt)-1+i)*v : (len(prompt)+i)*v]
+		mx := math.Inf(-1)
+		for _, x := range row {
+			mx = max(mx, float64(x))
+		}
+		var z float64
+		for _, x := range row {
+			z += math.Exp(float64(x) - mx)
+		}
+		lse := mx + math.Log(z)
+		assert.InDelta(t, float64(row[tok.ID])-lse, float64(tok.Logprob), 1e-4, "token %d", i)
+		require.Len(t, tok.Top, 3)
+		assert.Equal(t, tok.ID, tok.Top[0].ID, "greedy: the token is the most likely")
+		for j, alt := range tok.Top {
+			assert.InDelta(t, float64(row[alt.ID])-lse, float64(alt.Logprob), 1e-4)
+			if j > 0 {
+				assert.GreaterOrEqual(t, tok.Top[j-1].Logprob, alt.Logprob)
+			}
+		}
+	}
+	for _, err := range s.Generate(ctx, "x", WithLogprobs(21)) {
+		assert.ErrorIs(t, err, ErrInvalidOption)
 	}
 }
