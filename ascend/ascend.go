@@ -11,7 +11,7 @@ package ascend
 import (
 	"errors"
 
-	"k3/internal/compute"
+	"k3/compute"
 )
 
 // ErrNotBuilt is returned by Open while the Ascend backend is not implemented.

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"math"
 
-	"k3/internal/compute"
+	"k3/compute"
 )
 
 // FuseQuery writes dst = w * g: the logit w·(RMSNorm(v)·g) only needs the

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"k3/internal/compute"
+	"k3/compute"
 	"k3/internal/cpu"
 	"k3/kda"
 )

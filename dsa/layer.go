@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"math"
 
-	"k3/internal/compute"
+	"k3/compute"
 	"k3/internal/weights"
 )
 
@@ -135,7 +135,7 @@ var CopiedTensors = [...]string{"q_b_proj.weight", "q_proj.weight", "kv_a_proj_w
 	"kv_b_proj.weight", "indexer.weights_proj.weight"}
 
 // LoadWeights loads a layer's tensors (names relative to "self_attn.").
-func LoadWeights(b compute.Backend, cfg Config, src weights.Source) (*Weights, error) {
+func LoadWeights(b compute.Backend, cfg Config, src compute.Source) (*Weights, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"testing"
 
-	"k3/internal/compute"
+	"k3/compute"
 )
 
 // TestBatchEqualsSolo decodes sessions at different positions together and

@@ -194,3 +194,15 @@ func TestBatcherBadSession(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, collect(t, br.Generate(ctx, good, "x", WithMaxTokens(3), WithoutDefaultStops())), 3)
 }
+
+func TestOpenBackend(t *testing.T) {
+	b, err := OpenBackend("go")
+	require.NoError(t, err)
+	defer b.Close()
+	m, err := Load(context.Background(), tinyDir, WithComputeBackend(b))
+	require.NoError(t, err)
+	require.NoError(t, m.Close())
+	assert.Equal(t, "go", b.Name(), "the model does not close a backend it was given")
+	_, err = OpenBackend("nope")
+	assert.ErrorContains(t, err, "nope")
+}

@@ -12,10 +12,10 @@ import (
 	"sync"
 
 	"k3/attnres"
+	"k3/compute"
 	"k3/config"
 	"k3/dsa"
 	"k3/internal/backends"
-	"k3/internal/compute"
 	"k3/internal/floatx"
 	"k3/internal/moe"
 	"k3/internal/safetensors"
@@ -528,7 +528,18 @@ func (m *Model) loadMoE(src *source, prefix string) (*moe.Weights, moe.Router, e
 }
 
 // WithComputeBackend runs the model on b, which the caller owns (Close on
-// the model does not close it). The seam is internal to k3, so this is for
-// k3's own tools (the per-operation profiler wraps the Go backend with it);
-// applications choose a backend by name with WithBackend.
+// the model does not close it): a backend from OpenBackend, shared by
+// several models, or one that wraps another (k3's per-operation profiler
+// wraps the Go backend this way). WithBackend chooses one by name instead.
 func WithComputeBackend(b compute.Backend) Option { return func(o *options) { o.be = b } }
+
+// OpenBackend opens a compute backend by name ("go" or "ascend"), for
+// WithComputeBackend and for running the layer packages (kda, dsa,
+// attnres) directly. The caller closes it.
+func OpenBackend(name string) (compute.Backend, error) {
+	b, err := backends.Open(name)
+	if err != nil {
+		return nil, fmt.Errorf("k3: %w", err)
+	}
+	return b, nil
+}

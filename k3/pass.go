@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"k3/attnres"
-	"k3/internal/compute"
+	"k3/compute"
 	"k3/internal/moe"
 )
 

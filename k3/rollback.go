@@ -3,8 +3,8 @@ package k3
 import (
 	"fmt"
 
+	"k3/compute"
 	"k3/config"
-	"k3/internal/compute"
 	"k3/kda"
 	"k3/replay"
 )

@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 
+	"k3/compute"
 	"k3/config"
 	"k3/dsa"
-	"k3/internal/compute"
 	"k3/kda"
 	"k3/replay"
 )

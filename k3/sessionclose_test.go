@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"k3/internal/compute"
+	"k3/compute"
 	"k3/internal/cpu"
 )
 

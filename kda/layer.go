@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"math"
 
-	"k3/internal/compute"
+	"k3/compute"
 	"k3/internal/weights"
 )
 
@@ -43,7 +43,7 @@ func (c Config) validate() error {
 
 // Source serves a layer's tensors by their checkpoint names relative to
 // the layer's attention prefix ("q_proj.weight", "A_log", ...).
-type Source = weights.Source
+type Source = compute.Source
 
 // CopiedTensors names the tensors LoadWeights only copies (stacking the
 // q|k|v projections and their conv taps): their stored bytes are not read

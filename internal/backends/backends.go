@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"k3/ascend"
-	"k3/internal/compute"
+	"k3/compute"
 	"k3/internal/cpu"
 )
 

@@ -9,7 +9,7 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"k3/internal/compute"
+	"k3/compute"
 )
 
 // DSAShape is the attention core of a DSA layer at decode.

@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"k3/attnres"
-	"k3/internal/compute"
+	"k3/compute"
 )
 
 func init() {

@@ -19,7 +19,7 @@ import (
 	"sort"
 	"strings"
 
-	"k3/internal/compute"
+	"k3/compute"
 	"k3/internal/safetensors"
 )
 

@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"k3/compute"
 	"k3/dsa"
-	"k3/internal/compute"
 )
 
 func init() {

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"math"
 
-	"k3/internal/compute"
+	"k3/compute"
 )
 
 func init() { handlers["dsa.indexer_module"] = runIndexerModule }

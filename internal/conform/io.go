@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"strconv"
 
-	"k3/internal/compute"
+	"k3/compute"
 	"k3/internal/safetensors"
 )
 

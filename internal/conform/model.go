@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 
-	"k3/internal/compute"
+	"k3/compute"
 	"k3/k3"
 )
 

@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"k3/internal/compute"
+	"k3/compute"
 	"k3/internal/moe"
 )
 

@@ -6,7 +6,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"k3/internal/compute"
+	"k3/compute"
 )
 
 // attnCase is one attention problem: t query rows at the last t of l

@@ -5,7 +5,7 @@ import (
 	"math"
 	"sync"
 
-	"k3/internal/compute"
+	"k3/compute"
 	"k3/internal/kernel"
 )
 

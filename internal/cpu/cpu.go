@@ -11,7 +11,7 @@ import (
 	"sync"
 	"unsafe"
 
-	"k3/internal/compute"
+	"k3/compute"
 	"k3/internal/floatx"
 	"k3/internal/kernel"
 )

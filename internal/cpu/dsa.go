@@ -6,7 +6,7 @@ import (
 	"slices"
 	"sync"
 
-	"k3/internal/compute"
+	"k3/compute"
 	"k3/internal/kernel"
 )
 

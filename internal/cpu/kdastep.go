@@ -4,7 +4,7 @@ import (
 	"math"
 	"sync"
 
-	"k3/internal/compute"
+	"k3/compute"
 	"k3/internal/kernel"
 )
 

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"k3/internal/compute"
+	"k3/compute"
 	"k3/internal/cpu"
 	"k3/internal/tiny"
 	"k3/k3"

@@ -4,7 +4,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"k3/internal/compute"
+	"k3/compute"
 	"k3/internal/cpu"
 	"k3/internal/kernel"
 )

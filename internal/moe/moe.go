@@ -7,7 +7,7 @@ package moe
 import (
 	"fmt"
 
-	"k3/internal/compute"
+	"k3/compute"
 )
 
 // MLP is a gated feed-forward: down(act(gate(x)) * up(x)).

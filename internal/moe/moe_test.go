@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"k3/internal/compute"
+	"k3/compute"
 	"k3/internal/cpu"
 )
 

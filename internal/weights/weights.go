@@ -6,14 +6,14 @@ import (
 	"fmt"
 	"slices"
 
-	"k3/internal/compute"
+	"k3/compute"
 	"k3/internal/floatx"
 )
 
-// Source returns a tensor by its name relative to a layer prefix, as host
-// bytes in dtype dt. Loaders read checkpoints through it; tests and the
+// Source is compute.Source: a tensor by its name relative to a layer
+// prefix, as host bytes. Loaders read checkpoints through it; tests and the
 // conformance runner serve golden files through it.
-type Source func(name string) (dt compute.DType, shape []int, data []byte, err error)
+type Source = compute.Source
 
 // Loader loads tensors from a Source onto a backend and remembers the first
 // error, so that a layer's loading code reads as a list of names.

@@ -178,3 +178,8 @@ func CheckShape(name string, t Tensor, dt DType, dims ...int) error {
 	copy(want, dims)
 	return fmt.Errorf("%w: %s is %v, want %s%v", ErrShape, name, t, dt, want)
 }
+
+// Source returns a tensor by its name relative to a layer prefix, as host
+// bytes in dtype dt with its shape: how the layer packages' LoadWeights
+// read a checkpoint (or a golden file) without depending on its format.
+type Source func(name string) (dt DType, shape []int, data []byte, err error)
