@@ -186,6 +186,11 @@ type KDAStepArgs struct {
 	Y              Tensor
 	// Tokens is T, the tokens per sequence; 0 means 1.
 	Tokens int
+	// CuSeqlens, when set, replaces Tokens with a count per sequence: B+1
+	// row offsets into X (host), sequence s owning rows CuSeqlens[s] to
+	// CuSeqlens[s+1]-1, each at least one; every sequence's rows are
+	// stepped in order with the single-step arithmetic, as with Tokens.
+	CuSeqlens []int32
 	// Convs and States, when set, replace Conv and State with one tensor
 	// per sequence ([W-1, 3*H*D] and [H, D, D]): sessions batched for one
 	// step keep their own state in place.

@@ -642,20 +642,28 @@ func (c *Cache) CopyFrom(src *Cache) error {
 	return nil
 }
 
-// ForwardBatch runs one decode token for each of B sequences: x [B, D], row
-// i continuing caches[i]. Every projection reads its weight once for the
-// whole batch; the cache appends, the indexer's selection and the attention
-// run per sequence over its own cache. Each row's result equals a Forward of
-// that row alone.
+// ForwardBatch runs x [R, D], row i continuing caches[i]: one decode token
+// for each of R sequences, or several consecutive rows of one sequence
+// naming its cache once each (a ragged batch of exact runs). Every
+// projection reads its weight once for all rows; the cache appends, the
+// indexer's selection and the attention run row by row over the row's
+// sequence, so each row's result equals a single-token Forward of it.
 func (l *Layer) ForwardBatch(x compute.Tensor, caches []*Cache, y compute.Tensor) error {
 	t := x.Dim(0)
 	if t > l.maxT || len(caches) != t {
 		return fmt.Errorf("dsa: batch of %d rows for %d caches (layer sized for %d)", t, len(caches), l.maxT)
 	}
-	for _, c := range caches {
-		if err := c.reserve(1); err != nil {
+	// A sequence's rows are consecutive: each run of one cache reserves
+	// its length.
+	for i := 0; i < len(caches); {
+		j := i + 1
+		for j < len(caches) && caches[j] == caches[i] {
+			j++
+		}
+		if err := caches[i].reserve(j - i); err != nil {
 			return err
 		}
+		i = j
 	}
 	return l.forwardRows(x, caches, y)
 }
@@ -675,14 +683,11 @@ func (l *Layer) ForwardExact(x compute.Tensor, cache *Cache, y compute.Tensor) e
 	if t == 0 {
 		return nil
 	}
-	if err := cache.reserve(t); err != nil {
-		return err
-	}
 	l.rowCaches = l.rowCaches[:0]
 	for range t {
 		l.rowCaches = append(l.rowCaches, cache)
 	}
-	return l.forwardRows(x, l.rowCaches, y)
+	return l.ForwardBatch(x, l.rowCaches, y)
 }
 
 // forwardRows runs row i of x against caches[i], one row after another;

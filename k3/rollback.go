@@ -96,15 +96,18 @@ func (r *recorder) appendTo(b compute.Backend, n int, lg *replay.Log) error {
 	return nil
 }
 
-// appendEach appends row i of the records to sessions[i]'s log of layer l.
-func (r *recorder) appendEach(b compute.Backend, sessions []*Session, l int) error {
-	h, err := r.read(b, len(sessions))
+// appendRuns appends the records of rows cu[i] to cu[i+1]-1 to
+// sessions[i]'s log of layer l.
+func (r *recorder) appendRuns(b compute.Backend, sessions []*Session, cu []int32, l int) error {
+	h, err := r.read(b, int(cu[len(cu)-1]))
 	if h == nil || err != nil {
 		return err
 	}
 	for i, s := range sessions {
-		if err := s.logs[l].AppendFlat(h[i*r.rl : (i+1)*r.rl]); err != nil {
-			return err
+		for row := cu[i]; row < cu[i+1]; row++ {
+			if err := s.logs[l].AppendFlat(h[int(row)*r.rl : int(row+1)*r.rl]); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -324,11 +324,13 @@ func (l *Layer) DecodeTokens(x compute.Tensor, st *State, records, y compute.Ten
 	return nil
 }
 
-// DecodeBatch runs the fused step for x [B, hidden], one token for each of
-// B sequences whose states live apart (one State per session), reading
-// every weight once for the whole batch. Records, when not the zero
-// Tensor, receives each sequence's replay record [B, RecordLen].
-func (l *Layer) DecodeBatch(x compute.Tensor, states []*State, records, y compute.Tensor) error {
+// DecodeBatch runs the fused step for x [R, hidden] over sequences whose
+// states live apart (one State per session), reading every weight once for
+// all rows: one token per sequence when cu is nil, else sequence s owns
+// rows cu[s] to cu[s+1]-1 (B+1 offsets), stepped in order with the
+// single-step arithmetic. Records, when not the zero Tensor, receives each
+// row's replay record [R, RecordLen].
+func (l *Layer) DecodeBatch(x compute.Tensor, states []*State, cu []int32, records, y compute.Tensor) error {
 	l.convs, l.states = l.convs[:0], l.states[:0]
 	for _, st := range states {
 		if st.S.Dims[0] != 1 {
@@ -337,7 +339,7 @@ func (l *Layer) DecodeBatch(x compute.Tensor, states []*State, records, y comput
 		l.convs = append(l.convs, st.Conv.Reshape(st.Conv.Dims[1], st.Conv.Dims[2]))
 		l.states = append(l.states, st.S.Reshape(st.S.Dims[1], st.S.Dims[2], st.S.Dims[3]))
 	}
-	l.stepArgs = compute.KDAStepArgs{W: l.W, X: x, Y: y, Convs: l.convs, States: l.states, Records: records}
+	l.stepArgs = compute.KDAStepArgs{W: l.W, X: x, Y: y, Convs: l.convs, States: l.states, Records: records, CuSeqlens: cu}
 	if err := l.b.KDAStep(&l.stepArgs); err != nil {
 		return fmt.Errorf("kda: decode step: %w", err)
 	}

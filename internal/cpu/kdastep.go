@@ -123,7 +123,8 @@ func convSeq(j *convJob, c0, c1 int) {
 type stepScratch struct {
 	raw, conv, fa, graw, braw, gate, ga, core []float32
 	convs, states                             [][]float32 // per sequence
-	records                                   []float32   // [B, 6·H·D] or nil
+	records                                   []float32   // [rows, 6·H·D] or nil
+	cu                                        []int32     // row offsets when the call gives a uniform count
 	job                                       stepJob
 }
 
@@ -134,7 +135,8 @@ type stepJob struct {
 	alog, dtb, onorm []float32
 	wt               []float32 // conv taps transposed, [width, 3·H·D]
 	h, d, width      int
-	tokens, t        int // tokens per sequence, and the one being stepped
+	cu               []int32 // row offsets per sequence
+	t                int     // the token being stepped
 }
 
 // headScratch is one worker's q, k, g, o and decayed-key vectors.
@@ -153,7 +155,10 @@ func stepHeads(args *kernel.Args, lo, hi int) {
 	o, ke, u := hs.v[3*d:4*d], hs.v[4*d:5*d], hs.v[5*d:6*d]
 	for item := lo; item < hi; item++ {
 		s, hh := item/h, item%h
-		row := s*j.tokens + j.t
+		row := int(j.cu[s]) + j.t
+		if row >= int(j.cu[s+1]) {
+			continue // this sequence has fewer tokens
+		}
 		qkv := sc.conv[row*3*hd : (row+1)*3*hd]
 		copy(q, qkv[hh*d:(hh+1)*d])
 		copy(k, qkv[hd+hh*d:hd+(hh+1)*d])
@@ -191,7 +196,10 @@ func stepConv(args *kernel.Args, lo, hi int) {
 	sc, hd := j.sc, j.h*j.d
 	for item := lo; item < hi; item++ {
 		s, part := item/3, item%3
-		row := s*j.tokens + j.t
+		row := int(j.cu[s]) + j.t
+		if row >= int(j.cu[s+1]) {
+			continue
+		}
 		convStep(sc.conv[row*3*hd:(row+1)*3*hd], sc.raw[row*3*hd:(row+1)*3*hd], j.wt, sc.convs[s], 3*hd, j.width, part*hd, (part+1)*hd)
 	}
 }
@@ -210,17 +218,39 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 	hd := h * d
 	hidden := w.QKV.Dims[1]
 	width := w.Conv.Dims[1]
-	tokens := max(a.Tokens, 1)
-	if a.X.Rank != 2 || a.X.Dims[1] != hidden || a.X.Dims[0]%tokens != 0 {
-		return shapeErr("kda step input %v, want [B·%d, %d]", a.X, tokens, hidden)
+	if a.X.Rank != 2 || a.X.Dims[1] != hidden {
+		return shapeErr("kda step input %v, want [rows, %d]", a.X, hidden)
 	}
 	rows := a.X.Dims[0]
-	bsz := rows / tokens
+	sc := stepScratchPool.Get().(*stepScratch)
+	defer stepScratchPool.Put(sc)
+	cu := a.CuSeqlens
+	if cu == nil {
+		tokens := max(a.Tokens, 1)
+		if rows%tokens != 0 {
+			return shapeErr("kda step input %v, want [B·%d, %d]", a.X, tokens, hidden)
+		}
+		sc.cu = sc.cu[:0]
+		for r := 0; r <= rows; r += tokens {
+			sc.cu = append(sc.cu, int32(r))
+		}
+		cu = sc.cu
+	}
+	bsz := len(cu) - 1
+	maxT := 0
+	for s := range bsz {
+		n := int(cu[s+1] - cu[s])
+		if n < 1 || cu[0] != 0 {
+			return shapeErr("kda step cu_seqlens %v: every sequence needs a token", cu)
+		}
+		maxT = max(maxT, n)
+	}
+	if bsz < 1 || int(cu[bsz]) != rows {
+		return shapeErr("kda step cu_seqlens %v for %d rows", cu, rows)
+	}
 	if err := compute.CheckShape("kda step output", a.Y, compute.F32, rows, hidden); err != nil {
 		return err
 	}
-	sc := stepScratchPool.Get().(*stepScratch)
-	defer stepScratchPool.Put(sc)
 	sc.convs, sc.states = sc.convs[:0], sc.states[:0]
 	if a.States != nil {
 		if len(a.States) != bsz || len(a.Convs) != bsz {
@@ -299,8 +329,8 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 	wt = b.convTaps(w.Conv, wt, 3*hd, width)
 	// The short conv, then the recurrence, the norm and the gate of every
 	// (sequence, head) in parallel.
-	sc.job = stepJob{w: w, sc: sc, alog: alog, dtb: dtb, onorm: onorm, h: h, d: d, wt: wt, width: width, tokens: tokens}
-	for t := range tokens {
+	sc.job = stepJob{w: w, sc: sc, alog: alog, dtb: dtb, onorm: onorm, h: h, d: d, wt: wt, width: width, cu: cu}
+	for t := range maxT {
 		sc.job.t = t
 		b.pool.Run(stepConv, kernel.Args{Job: &sc.job}, bsz*3, 1)
 		b.pool.Run(stepHeads, kernel.Args{Job: &sc.job}, bsz*h, 1)
