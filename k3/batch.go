@@ -207,6 +207,10 @@ func (bt *Batch) run(ctx context.Context, sessions []*Session, cu, ids []int32, 
 				s.broken = err
 				return err
 			}
+			if err := s.takeSnapshot(); err != nil {
+				s.broken = err
+				return err
+			}
 		}
 		first = last
 	}

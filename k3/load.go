@@ -65,6 +65,8 @@ type options struct {
 	chunk    int
 	dense    bool
 	rollback int
+
+	snapInterval, snapKeep int
 }
 
 // WithDenseAttention runs DSA layers as dense MLA: every query attends to
@@ -103,6 +105,8 @@ type Model struct {
 	tok                  tokenizer.Tokenizer
 	dense                bool // run DSA layers densely
 	rollback             int  // tokens back the sessions' replay logs reach (0: no logs)
+	snapInterval         int  // tokens between the sessions' state snapshots (0: none)
+	snapKeep             int  // snapshots a session keeps
 
 	wsMu   sync.Mutex
 	wsFree []*workspace // scratch for session runs, lent one per run
@@ -213,7 +217,12 @@ func newModel(ctx context.Context, cfg *config.Config, ck *safetensors.Checkpoin
 		ck.Close()
 		return nil, fmt.Errorf("k3: rollback depth %d must not be negative", o.rollback)
 	}
-	m := &Model{Config: cfg, ck: ck, chunk: o.chunk, b: o.be, tok: tok, dense: o.dense, rollback: o.rollback}
+	if o.snapInterval < 0 || (o.snapInterval > 0 && o.snapKeep < 1) {
+		ck.Close()
+		return nil, fmt.Errorf("k3: snapshots every %d tokens, keeping %d: want a positive interval and count, or interval 0", o.snapInterval, o.snapKeep)
+	}
+	m := &Model{Config: cfg, ck: ck, chunk: o.chunk, b: o.be, tok: tok, dense: o.dense, rollback: o.rollback,
+		snapInterval: o.snapInterval, snapKeep: o.snapKeep}
 	m.life.init()
 	if m.b == nil {
 		var err error

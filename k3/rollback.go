@@ -211,3 +211,117 @@ func grow(v []float32, n int) []float32 {
 	}
 	return v[:n]
 }
+
+// WithSnapshots makes every session copy its KDA states every interval
+// tokens (at the end of the pass that reaches the next multiple), keeping
+// the newest keep copies: Truncate further back than the replay logs reach
+// then restores the newest snapshot before the cut and runs the tokens
+// after it again, at most about one interval, instead of the whole
+// history. Each snapshot holds one copy of every KDA layer's state and
+// conv window (Session.StateBytes counts them). interval 0, the default,
+// takes none.
+func WithSnapshots(interval, keep int) Option {
+	return func(o *options) { o.snapInterval, o.snapKeep = interval, keep }
+}
+
+// snapshot is a copy of every KDA layer's state and conv window at pos.
+type snapshot struct {
+	pos  int
+	data [][]float32 // per layer (nil at attention layers): state, then conv window
+}
+
+// takeSnapshot records the KDA states when the session has passed its
+// next snapshot position.
+func (s *Session) takeSnapshot() error {
+	iv := s.m.snapInterval
+	if iv == 0 || s.pos < s.nextSnap {
+		return nil
+	}
+	s.nextSnap = (s.pos/iv + 1) * iv
+	var sn *snapshot
+	if len(s.snaps) >= s.m.snapKeep {
+		sn = s.snaps[0] // the oldest gives its buffers
+		s.snaps = append(s.snaps[:0], s.snaps[1:]...)
+	} else {
+		sn = &snapshot{data: make([][]float32, len(s.kdaSt))}
+	}
+	sn.pos = s.pos
+	for l, st := range s.kdaSt {
+		if st == nil {
+			continue
+		}
+		ns, nc := st.S.Len(), st.Conv.Len()
+		sn.data[l] = grow(sn.data[l], ns+nc)
+		v := sn.data[l]
+		if err := s.m.b.Read(v[:ns], st.S); err != nil {
+			return err
+		}
+		if err := s.m.b.Read(v[ns:], st.Conv); err != nil {
+			return err
+		}
+	}
+	s.snaps = append(s.snaps, sn)
+	return nil
+}
+
+// restoreSnapshot rewinds the session to its newest snapshot at or before
+// pos; it reports false, changing nothing, when there is none.
+func (s *Session) restoreSnapshot(pos int) (bool, error) {
+	k := -1
+	for i, sn := range s.snaps {
+		if sn.pos <= pos {
+			k = i
+		}
+	}
+	if k < 0 {
+		return false, nil
+	}
+	sn := s.snaps[k]
+	s.snaps = s.snaps[:k+1]
+	b := s.m.b
+	for l, st := range s.kdaSt {
+		if st == nil {
+			continue
+		}
+		ns := st.S.Len()
+		if err := b.Write(st.S, sn.data[l][:ns]); err != nil {
+			return false, err
+		}
+		if err := b.Write(st.Conv, sn.data[l][ns:]); err != nil {
+			return false, err
+		}
+		if s.logs != nil && s.logs[l] != nil {
+			lg := s.logs[l]
+			v := sn.data[l]
+			err := lg.Rebase(sn.pos, func(state, conv []float32) error {
+				copy(state, v[:ns])
+				copy(conv, v[ns:])
+				return nil
+			})
+			if err != nil {
+				return false, err
+			}
+		}
+	}
+	for _, c := range s.caches {
+		if c != nil {
+			if err := c.Truncate(sn.pos); err != nil {
+				return false, fmt.Errorf("k3: truncate cache: %w", err)
+			}
+		}
+	}
+	s.pos, s.tokens, s.last = sn.pos, s.tokens[:sn.pos], nil
+	s.nextSnap = (sn.pos/s.m.snapInterval + 1) * s.m.snapInterval
+	return true, nil
+}
+
+// snapshotBytes is the memory the session's snapshots hold.
+func (s *Session) snapshotBytes() int64 {
+	var n int64
+	for _, sn := range s.snaps {
+		for _, v := range sn.data {
+			n += 4 * int64(len(v))
+		}
+	}
+	return n
+}

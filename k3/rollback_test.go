@@ -153,3 +153,75 @@ func TestTruncateDepth(t *testing.T) {
 	_, err := Load(ctx, tinyDir, WithRollback(-1))
 	assert.Error(t, err)
 }
+
+// TestSnapshots: with snapshots every 16 tokens (the newest 4 kept) and no
+// replay logs, Truncate restores the newest snapshot before the cut and
+// reruns at most an interval; bitwise what decoding the kept tokens one by
+// one gives when the rerun fits one exact pass, and a rebuild (within the
+// prefill tolerance) when the cut is older than every snapshot kept.
+func TestSnapshots(t *testing.T) {
+	ctx := context.Background()
+	m, err := Load(ctx, tinyDir, WithSnapshots(16, 4))
+	require.NoError(t, err)
+	defer m.Close()
+	prompt := m.Encode("0123456789")
+	decoded := func() *Session { // the prompt, then 100 tokens one step at a time
+		s, _ := m.NewSession()
+		gen := collect(t, s.GenerateTokens(ctx, prompt, WithMaxTokens(100), WithoutDefaultStops()))
+		require.Len(t, gen, 100)
+		return s
+	}
+	s := decoded()
+	var pos []int
+	for _, sn := range s.snaps {
+		pos = append(pos, sn.pos)
+	}
+	require.Equal(t, []int{48, 64, 80, 96}, pos, "snapshot positions (the last pass ends at 110)")
+	plain, _ := m.NewSession()
+	assert.Greater(t, s.StateBytes(), plain.StateBytes(), "snapshots count in the state")
+
+	reference := func(n int) *Session {
+		r, _ := m.NewSession()
+		_, err := r.Forward(ctx, prompt)
+		require.NoError(t, err)
+		for _, tok := range s.Tokens()[len(prompt):n] {
+			_, err := r.Forward(ctx, []int32{tok})
+			require.NoError(t, err)
+		}
+		return r
+	}
+	for _, n := range []int{105, 90, 81} { // snapshots at 96, 80, 80: reruns of 9, 10 and 1
+		c := decoded()
+		require.NoError(t, c.Truncate(ctx, n))
+		assert.Equal(t, reference(n).Logits(), c.Logits(), "truncate to %d", n)
+	}
+	// Older than every snapshot kept: a rebuild.
+	require.NoError(t, s.Truncate(ctx, 30))
+	closeLogits(t, "rebuilt", reference(30).Logits(), s.Logits())
+	_, err = Load(ctx, tinyDir, WithSnapshots(16, 0))
+	assert.Error(t, err)
+}
+
+// TestSnapshotsWithLogs: a snapshot restore rebases the replay logs, and
+// rollbacks within their depth work from there.
+func TestSnapshotsWithLogs(t *testing.T) {
+	ctx := context.Background()
+	m, err := Load(ctx, tinyDir, WithSnapshots(16, 4), WithRollback(4))
+	require.NoError(t, err)
+	defer m.Close()
+	prompt := m.Encode("0123456789")
+	s, _ := m.NewSession()
+	collect(t, s.GenerateTokens(ctx, prompt, WithMaxTokens(100), WithoutDefaultStops()))
+	toks := s.Tokens()
+	require.NoError(t, s.Truncate(ctx, 90)) // logs reach 4 back: the snapshot at 80
+	require.NoError(t, s.Truncate(ctx, 88)) // within the logs again
+	r, _ := m.NewSession()
+	_, err = r.Forward(ctx, prompt)
+	require.NoError(t, err)
+	for _, tok := range toks[len(prompt):88] {
+		_, err := r.Forward(ctx, []int32{tok})
+		require.NoError(t, err)
+	}
+	assert.Equal(t, r.Logits(), s.Logits())
+	assert.Equal(t, kdaStates(t, r), kdaStates(t, s))
+}

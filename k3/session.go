@@ -47,6 +47,8 @@ type Session struct {
 
 	logs               []*replay.Log // per layer: the KDA layers' rollback logs (nil: none kept)
 	scratchS, scratchC []float32     // rollback's host copy of one layer's state
+	snaps              []*snapshot   // oldest first (WithSnapshots)
+	nextSnap           int           // the position from which the next snapshot is due
 	closed             bool
 }
 
@@ -70,7 +72,7 @@ func (s *Session) Close() error {
 			c.Free()
 		}
 	}
-	s.logs, s.last, s.tokens, s.scratchS, s.scratchC = nil, nil, nil, nil, nil
+	s.logs, s.last, s.tokens, s.scratchS, s.scratchC, s.snaps = nil, nil, nil, nil, nil, nil
 	return nil
 }
 
@@ -257,15 +259,16 @@ func (s *Session) Reset() error {
 		}
 	}
 	s.pos, s.tokens, s.last, s.broken = 0, s.tokens[:0], nil, nil
+	s.snaps, s.nextSnap = s.snaps[:0], 0
 	return nil
 }
 
 // Truncate keeps the first n tokens. Attention caches truncate in place.
 // Within the model's rollback depth (WithRollback) the KDA states come back
 // from their replay logs, and the last kept token runs once more for its
-// logits: about one decode step. Further back, or with no logs, the
-// session is rebuilt by running the kept tokens again (a prefill of n
-// tokens).
+// logits: about one decode step. Further back, the newest snapshot before
+// the cut (WithSnapshots) is restored and the tokens after it run again;
+// with neither, the session is rebuilt by running all n kept tokens.
 func (s *Session) Truncate(ctx context.Context, n int) error {
 	if err := s.usable(); err != nil {
 		return err
@@ -285,6 +288,15 @@ func (s *Session) Truncate(ctx context.Context, n int) error {
 		}
 		if ok {
 			_, err := s.run(ctx, []int32{last}, false)
+			return err
+		}
+		rest := append([]int32(nil), s.tokens[:n]...)
+		if ok, err = s.restoreSnapshot(n - 1); err != nil {
+			s.broken = err
+			return err
+		}
+		if ok {
+			_, err := s.run(ctx, rest[s.pos:], false)
 			return err
 		}
 	}
@@ -362,7 +374,7 @@ func (s *Session) StateBytes() int64 {
 			n += s.logs[l].Bytes()
 		}
 	}
-	return n
+	return n + s.snapshotBytes()
 }
 
 // step runs one forward pass over at most chunk tokens.
@@ -377,7 +389,10 @@ func (s *Session) step(tokens []int32, tr *Trace, allLogits bool) error {
 		return err
 	}
 	s.pos += len(tokens)
-	return s.commitLogs(len(tokens))
+	if err := s.commitLogs(len(tokens)); err != nil {
+		return err
+	}
+	return s.takeSnapshot()
 }
 
 // ExactTokens is the longest run of new tokens that one forward pass
