@@ -45,7 +45,12 @@ type ModelResult struct {
 	TruncateAt, TruncateShort, TruncateDepth                    int
 	TruncateShortSteps, Truncate100Steps, Truncate100NoLogSteps float64
 	TruncateStateBytes                                          int64
-	StateBytesPerSession                                        int64
+	// Truncate100SnapSteps is back 100 on a model with snapshots every
+	// TruncateSnapInterval tokens (the newest 8 kept) and no logs.
+	TruncateSnapInterval   int
+	Truncate100SnapSteps   float64
+	TruncateSnapStateBytes int64
+	StateBytesPerSession   int64
 	// RSSGrowth is how much the process's resident memory grew from before
 	// Load to after the first prefill (weights mapped and touched, load-time
 	// copies, one session and its scratch); 0 where /proc is missing.
@@ -334,6 +339,28 @@ func truncateCost(ctx context.Context, m *k3.Model, dir string, r *ModelResult, 
 	}
 	r.Truncate100Steps = time.Since(start).Seconds() / step
 	r.Truncate100NoLogSteps = rebuild / step
+
+	r.TruncateSnapInterval = 64
+	ms, err := k3.Load(ctx, dir, k3.WithSnapshots(r.TruncateSnapInterval, 8))
+	if err != nil {
+		return err
+	}
+	defer ms.Close()
+	ss, err := ms.NewSession()
+	if err != nil {
+		return err
+	}
+	for c := 0; c < r.TruncateAt; c += 64 { // a chat's turns, so snapshots land where they would
+		if _, err := ss.Forward(ctx, hist[c:min(c+64, r.TruncateAt)]); err != nil {
+			return err
+		}
+	}
+	r.TruncateSnapStateBytes = ss.StateBytes()
+	start = time.Now()
+	if err := ss.Truncate(ctx, ss.Len()-100); err != nil {
+		return err
+	}
+	r.Truncate100SnapSteps = time.Since(start).Seconds() / step
 	return nil
 }
 
@@ -354,6 +381,8 @@ func (r *ModelResult) Table() string {
 		r.Verify8Ratio, r.Step8Bytes/1e6, r.StepBytes/1e6)
 	fmt.Fprintf(&b, "  truncate at %d positions, WithRollback(%d): back %d tokens %.1f decode steps, back 100 tokens %.1f (replayed from the KDA logs; state per session %.1f MB); without logs (the default) back 100 tokens %.0f decode steps (the kept tokens are prefilled again)\n",
 		r.TruncateAt, r.TruncateDepth, r.TruncateShort, r.TruncateShortSteps, r.Truncate100Steps, float64(r.TruncateStateBytes)/1e6, r.Truncate100NoLogSteps)
+	fmt.Fprintf(&b, "  truncate at %d positions, WithSnapshots(%d, 8) and no logs: back 100 tokens %.1f decode steps (the newest snapshot before the cut, then up to %d tokens again; state per session %.1f MB)\n",
+		r.TruncateAt, r.TruncateSnapInterval, r.Truncate100SnapSteps, r.TruncateSnapInterval, float64(r.TruncateSnapStateBytes)/1e6)
 	fmt.Fprintf(&b, "  memory: weights %.1f MB in the checkpoint + %.2f MB state per session (after a 512-token prompt)\n",
 		float64(r.WeightBytes)/1e6, float64(r.StateBytesPerSession)/1e6)
 	if r.RSSGrowth > 0 {
