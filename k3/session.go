@@ -26,10 +26,12 @@ var ErrOutOfRange = errors.New("k3: out of range")
 // ErrBadToken is wrapped when a token id lies outside the vocabulary.
 var ErrBadToken = errors.New("k3: token id outside the vocabulary")
 
-// Session holds one sequence's state: KDA conv and recurrent states and the
-// latent KV and index-key caches of the MLA/DSA layers (the scratch of a
-// forward pass is borrowed from the model for the pass). A Session is not
-// safe for concurrent use; run many sessions for many conversations.
+// Session holds one sequence's state: KDA conv and recurrent states, the
+// latent KV and index-key caches of the MLA/DSA layers, and, when the model
+// keeps them, the KDA layers' replay logs (WithRollback) and snapshots
+// (WithSnapshots). The scratch of a forward pass is borrowed from the model
+// for the pass. Close returns the state; a Session is not safe for
+// concurrent use: run many sessions for many conversations.
 type Session struct {
 	m      *Model
 	kdaSt  []*kda.State
