@@ -28,8 +28,11 @@ type Batch struct {
 	states []*kda.State
 	caches []*dsa.Cache // one per row
 	rec    *recorder
-	cu     []int32 // the running group's row offsets per session
+	cu     []int32 // the running pass's row offsets per session
 	cuAll  []int32 // Step's offsets: one row per session
+	ids    []int32 // the running pass's tokens
+	nExact int     // sessions of the running pass that are exact runs
+	passes []batchPass
 }
 
 // NewBatch prepares a batch of up to max rows per pass: max sessions a
@@ -60,7 +63,7 @@ func (m *Model) NewBatch(max int) (*Batch, error) {
 		case ly.kind == config.KDA && firstKDA != nil:
 			kl = firstKDA.Share(ly.kda)
 		case ly.kind == config.KDA:
-			kl, err = kda.NewLayer(m.b, ly.kdaCfg, ly.kda, 1)
+			kl, err = kda.NewLayer(m.b, ly.kdaCfg, ly.kda, max) // prefill chunks use its scratch
 			firstKDA = kl
 		case firstAttn[ly.kind] != nil:
 			ml = firstAttn[ly.kind].Share(ly.mla)
@@ -84,6 +87,9 @@ func (bt *Batch) Step(ctx context.Context, sessions []*Session, tokens []int32) 
 	if n != len(tokens) {
 		return fmt.Errorf("k3: batch step with %d sessions but %d tokens (one token per session)", n, len(tokens))
 	}
+	if n > bt.max {
+		return fmt.Errorf("k3: batch step with %d sessions, more than the batch's limit of %d (NewBatch(%d))", n, bt.max, bt.max)
+	}
 	bt.cuAll = bt.cuAll[:0]
 	for i := range n + 1 {
 		bt.cuAll = append(bt.cuAll, int32(i))
@@ -91,13 +97,17 @@ func (bt *Batch) Step(ctx context.Context, sessions []*Session, tokens []int32) 
 	return bt.run(ctx, sessions, bt.cuAll, tokens, nil)
 }
 
-// Forward feeds tokens[i] (at least one, at most ExactTokens) to
-// sessions[i] for every i in one ragged pass and returns the logits of
-// every new position, session after session ([Σ len(tokens[i])][vocab]).
-// Each session's rows are computed with the single-step arithmetic, so
-// the logits and states are bitwise those of each session's tokens fed one
-// by one alone; this is how drafted tokens of many sequences are verified
-// together. The rows of one call must fit the batch (NewBatch's limit).
+// Forward feeds tokens[i] to sessions[i] for every i in one ragged pass
+// (more when the rows outgrow a group; see below) and returns the logits
+// of every new position, session after session ([Σ len(tokens[i])][vocab]).
+// A session with at most ExactTokens tokens is computed with the
+// single-step arithmetic: its logits and states are bitwise those of its
+// tokens fed one by one alone, which is how drafted tokens of many
+// sequences are verified together. Longer runs are prefill chunks in the
+// same pass, after the exact rows, with the products split between the
+// two so the exact rows keep their arithmetic; a chunk's results are
+// within the conformance tolerance of decoding it. Each session's tokens
+// must fit the batch (NewBatch's limit).
 func (bt *Batch) Forward(ctx context.Context, sessions []*Session, tokens [][]int32) ([]float32, error) {
 	if len(sessions) != len(tokens) {
 		return nil, fmt.Errorf("k3: batch forward with %d sessions but %d token lists", len(sessions), len(tokens))
@@ -105,8 +115,8 @@ func (bt *Batch) Forward(ctx context.Context, sessions []*Session, tokens [][]in
 	cu := []int32{0}
 	var flat []int32
 	for i, ts := range tokens {
-		if len(ts) == 0 || len(ts) > ExactTokens {
-			return nil, fmt.Errorf("k3: batch forward: session %d has %d tokens, want 1..%d", i, len(ts), ExactTokens)
+		if len(ts) == 0 || len(ts) > bt.max {
+			return nil, fmt.Errorf("k3: batch forward: session %d has %d tokens, want 1..%d (the batch's limit)", i, len(ts), bt.max)
 		}
 		flat = append(flat, ts...)
 		cu = append(cu, int32(len(flat)))
@@ -119,15 +129,13 @@ func (bt *Batch) Forward(ctx context.Context, sessions []*Session, tokens [][]in
 }
 
 // run feeds sessions[i] the tokens ids[cu[i]:cu[i+1]], and writes every
-// row's logits to out when it is not nil.
+// row's logits to out when it is not nil. Exact sessions go in groups of
+// at most compute.InvariantRows rows, one pass each; prefill sessions join
+// the last pass while the rows fit the batch, else passes of their own.
 func (bt *Batch) run(ctx context.Context, sessions []*Session, cu, ids []int32, out []float32) error {
 	n := len(sessions)
-	rows := len(ids)
-	switch {
-	case n == 0:
+	if n == 0 {
 		return errors.New("k3: batch step with no sessions")
-	case rows > bt.max:
-		return fmt.Errorf("k3: batch step with %d rows, more than the batch's limit of %d (NewBatch(%d))", rows, bt.max, bt.max)
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -151,12 +159,16 @@ func (bt *Batch) run(ctx context.Context, sessions []*Session, cu, ids []int32, 
 		if s.broken != nil {
 			return fmt.Errorf("k3: session %d unusable after an earlier failure: %w", i, s.broken)
 		}
+		k := int(cu[i+1] - cu[i])
+		if k > bt.max {
+			return fmt.Errorf("k3: batch step: session %d has %d tokens, more than the batch's limit of %d (NewBatch(%d))", i, k, bt.max, bt.max)
+		}
 		for _, t := range ids[cu[i]:cu[i+1]] {
 			if t < 0 || int(t) >= cfg.VocabSize {
 				return fmt.Errorf("%w: token %d for session %d", ErrBadToken, t, i)
 			}
 		}
-		if k := int(cu[i+1] - cu[i]); s.pos+k > s.limit {
+		if s.pos+k > s.limit {
 			return fmt.Errorf("%w: session %d holds %d tokens, %d more exceed %d", ErrContextFull, i, s.pos, k, s.limit)
 		}
 		for j := 0; j < i; j++ {
@@ -165,44 +177,42 @@ func (bt *Batch) run(ctx context.Context, sessions []*Session, cu, ids []int32, 
 			}
 		}
 	}
-	// A backend promises row-count-independent results only up to
-	// compute.InvariantRows rows, so larger batches run in groups of
-	// sessions: each session still gets exactly its solo logits, and the
-	// weights are read once per group (by then the step is bound by
-	// arithmetic, not reads).
-	for first := 0; first < n; {
-		last := first + 1
-		for last < n && cu[last+1]-cu[first] <= compute.InvariantRows {
-			last++
+	bt.plan(cu)
+	v := cfg.VocabSize
+	for _, ps := range bt.passes {
+		bt.cur, bt.cu, bt.ids = bt.cur[:0], append(bt.cu[:0], 0), bt.ids[:0]
+		for _, i := range ps.sessions {
+			bt.cur = append(bt.cur, sessions[i])
+			bt.ids = append(bt.ids, ids[cu[i]:cu[i+1]]...)
+			bt.cu = append(bt.cu, int32(len(bt.ids)))
 		}
-		r0, r1 := int(cu[first]), int(cu[last])
-		bt.cu = bt.cu[:0]
-		for i := first; i <= last; i++ {
-			bt.cu = append(bt.cu, cu[i]-cu[first])
-		}
-		if err := bt.forward(sessions[first:last], ids[r0:r1]); err != nil {
-			for _, s := range sessions {
+		bt.nExact = ps.exact
+		bt.p.split = int(bt.cu[ps.exact])
+		err := bt.p.run(bt.ids, bt.mix, nil, true)
+		bt.p.split = 0
+		if err != nil {
+			for _, s := range bt.cur {
 				s.broken = err
 			}
 			return err
 		}
-		v := cfg.VocabSize
-		if out != nil {
-			if err := b.Read(out[r0*v:r1*v], bt.p.logits.Rows(0, r1-r0)); err != nil {
-				return err
+		for j, i := range ps.sessions {
+			s := sessions[i]
+			r0, r1 := int(bt.cu[j]), int(bt.cu[j+1])
+			if out != nil {
+				if err := b.Read(out[int(cu[i])*v:int(cu[i+1])*v], bt.p.logits.Rows(r0, r1)); err != nil {
+					return err
+				}
 			}
-		}
-		for i, s := range sessions[first:last] {
-			end := int(bt.cu[i+1])
 			if s.last == nil {
 				s.last = make([]float32, v)
 			}
-			if err := b.Read(&s.last, bt.p.logits.Rows(end-1, end)); err != nil { // by pointer: no allocation
+			if err := b.Read(&s.last, bt.p.logits.Rows(r1-1, r1)); err != nil { // by pointer: no allocation
 				return err
 			}
-			k := int(bt.cu[i+1] - bt.cu[i])
+			k := r1 - r0
 			s.pos += k
-			s.tokens = append(s.tokens, ids[r0+int(bt.cu[i]):r0+end]...)
+			s.tokens = append(s.tokens, ids[cu[i]:cu[i+1]]...)
 			if err := s.commitLogs(k); err != nil {
 				s.broken = err
 				return err
@@ -212,37 +222,108 @@ func (bt *Batch) run(ctx context.Context, sessions []*Session, cu, ids []int32, 
 				return err
 			}
 		}
-		first = last
 	}
+	bt.cur = bt.cur[:0]
 	return nil
 }
 
-func (bt *Batch) forward(sessions []*Session, tokens []int32) error {
-	bt.cur = sessions
-	err := bt.p.run(tokens, bt.mix, nil, true)
-	bt.cur = nil
-	return err
+// batchPass is one pass of a batch step: sessions (indices into the
+// call's), the exact ones first.
+type batchPass struct {
+	sessions []int
+	exact    int
 }
 
-// mixLayer runs layer l's token mixer for the rows of every session, each
-// against its own state.
-func (bt *Batch) mixLayer(l int, normed, out compute.Tensor) error {
-	rows := int(bt.cu[len(bt.cu)-1])
-	if kl := bt.kdaL[l]; kl != nil {
-		bt.states = bt.states[:0]
-		for _, s := range bt.cur {
-			bt.states = append(bt.states, s.kdaSt[l])
+// plan splits a call's sessions (row offsets cu) into passes.
+func (bt *Batch) plan(cu []int32) {
+	n := len(cu) - 1
+	for i := range bt.passes {
+		bt.passes[i].sessions = bt.passes[i].sessions[:0]
+	}
+	bt.passes = bt.passes[:0]
+	next := func() *batchPass {
+		if len(bt.passes) < cap(bt.passes) {
+			bt.passes = bt.passes[:len(bt.passes)+1]
+		} else {
+			bt.passes = append(bt.passes, batchPass{})
 		}
-		if err := kl.DecodeBatch(normed, bt.states, bt.cu, bt.rec.rows(rows), out); err != nil {
+		p := &bt.passes[len(bt.passes)-1]
+		p.sessions, p.exact = p.sessions[:0], 0
+		return p
+	}
+	rows := func(p *batchPass) int {
+		r := 0
+		for _, i := range p.sessions {
+			r += int(cu[i+1] - cu[i])
+		}
+		return r
+	}
+	limit := min(bt.max, compute.InvariantRows)
+	var cur *batchPass
+	for i := range n {
+		if k := int(cu[i+1] - cu[i]); k <= ExactTokens {
+			if cur == nil || rows(cur)+k > limit {
+				cur = next()
+			}
+			cur.sessions = append(cur.sessions, i)
+			cur.exact++
+		}
+	}
+	for i := range n {
+		if k := int(cu[i+1] - cu[i]); k > ExactTokens {
+			if cur == nil || rows(cur)+k > bt.max {
+				cur = next()
+			}
+			cur.sessions = append(cur.sessions, i)
+		}
+	}
+}
+
+// mixLayer runs layer l's token mixer for the rows of every session of the
+// pass, each against its own state: the exact sessions' rows together (one
+// read of every weight, the single-step arithmetic), then each prefill
+// chunk.
+func (bt *Batch) mixLayer(l int, normed, out compute.Tensor) error {
+	ne := bt.nExact
+	e := int(bt.cu[ne])
+	if kl := bt.kdaL[l]; kl != nil {
+		if ne > 0 {
+			bt.states = bt.states[:0]
+			for _, s := range bt.cur[:ne] {
+				bt.states = append(bt.states, s.kdaSt[l])
+			}
+			if err := kl.DecodeBatch(normed.Rows(0, e), bt.states, bt.cu[:ne+1], bt.rec.rows(e), out.Rows(0, e)); err != nil {
+				return err
+			}
+			if err := bt.rec.appendRuns(bt.m.b, bt.cur[:ne], bt.cu[:ne+1], l); err != nil {
+				return err
+			}
+		}
+		for j := ne; j < len(bt.cur); j++ {
+			r0, r1 := int(bt.cu[j]), int(bt.cu[j+1])
+			if err := kl.Prefill(normed.Rows(r0, r1), nil, bt.cur[j].kdaSt[l], out.Rows(r0, r1)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	ml := bt.mlaL[l]
+	if ne > 0 {
+		bt.caches = bt.caches[:0]
+		for i, s := range bt.cur[:ne] {
+			for range bt.cu[i+1] - bt.cu[i] {
+				bt.caches = append(bt.caches, s.caches[l])
+			}
+		}
+		if err := ml.ForwardBatch(normed.Rows(0, e), bt.caches, out.Rows(0, e)); err != nil {
 			return err
 		}
-		return bt.rec.appendRuns(bt.m.b, bt.cur, bt.cu, l)
 	}
-	bt.caches = bt.caches[:0]
-	for i, s := range bt.cur {
-		for range bt.cu[i+1] - bt.cu[i] {
-			bt.caches = append(bt.caches, s.caches[l])
+	for j := ne; j < len(bt.cur); j++ {
+		r0, r1 := int(bt.cu[j]), int(bt.cu[j+1])
+		if err := ml.Forward(normed.Rows(r0, r1), bt.cur[j].caches[l], out.Rows(r0, r1)); err != nil {
+			return err
 		}
 	}
-	return bt.mlaL[l].ForwardBatch(normed, bt.caches, out)
+	return nil
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"k3/internal/tiny"
 )
 
 // TestExactAlongTime: T new tokens in one Forward give logits bitwise equal
@@ -120,10 +122,88 @@ func TestRaggedBatchEqualsAlone(t *testing.T) {
 				require.Equal(t, alone[i].Logits(), batched[i].Logits(), "session %d after a rollback", i)
 			}
 		}
-		_, err = bt.Forward(ctx, batched[:1], [][]int32{make([]int32, ExactTokens+1)})
-		assert.Error(t, err)
+		_, err = bt.Forward(ctx, batched[:1], [][]int32{make([]int32, 65)})
+		assert.ErrorContains(t, err, "want 1..64")
 		_, err = bt.Forward(ctx, batched[:1], [][]int32{nil})
 		assert.Error(t, err)
+		m.Close()
+	}
+}
+
+// TestMixedBatch: prefill chunks and exact runs share Batch.Forward calls;
+// the exact sessions stay bitwise what they get alone whatever the chunks
+// beside them, and each chunk is within the prefill tolerance of its
+// session prefilled alone; the next decode step agrees too.
+func TestMixedBatch(t *testing.T) {
+	dirs, err := filepath.Glob("../testdata/model/*/config.json")
+	require.NoError(t, err)
+	// And a model wide enough (hidden 1032) that a pass of 64 rows or more
+	// takes the packed GEMM: without the split between exact and prefill
+	// rows, the exact sessions' arithmetic would change.
+	wide := t.TempDir()
+	require.NoError(t, tiny.Write(wide, "k31pro", tiny.Options{Seed: 7, BF16: true, Edit: func(text map[string]any) {
+		text["hidden_size"] = 1032
+	}}))
+	dirs = append(dirs, filepath.Join(wide, "config.json"))
+	ctx := context.Background()
+	counts := []int{1, 3, 100, ExactTokens, 40, 17, 2} // the first pass: 22 exact rows and the 100-token chunk
+	for _, cfgPath := range dirs {
+		dir := filepath.Dir(cfgPath)
+		m, err := Load(ctx, dir, WithRollback(4))
+		require.NoError(t, err)
+		r := rand.New(rand.NewPCG(23, uint64(len(dir))))
+		v := int32(m.VocabSize())
+		var batched, alone []*Session
+		var lists [][]int32
+		var want []float32
+		for i, c := range counts {
+			prompt := make([]int32, 5+i)
+			for j := range prompt {
+				prompt[j] = r.Int32N(v)
+			}
+			a, err := m.NewSession()
+			require.NoError(t, err)
+			_, err = a.Forward(ctx, prompt)
+			require.NoError(t, err)
+			b, err := a.Clone()
+			require.NoError(t, err)
+			toks := make([]int32, c)
+			for j := range toks {
+				toks[j] = r.Int32N(v)
+			}
+			l, err := a.Forward(ctx, toks)
+			require.NoError(t, err)
+			want = append(want, l...)
+			alone, batched, lists = append(alone, a), append(batched, b), append(lists, toks)
+		}
+		bt, err := m.NewBatch(128)
+		require.NoError(t, err)
+		got, err := bt.Forward(ctx, batched, lists)
+		require.NoError(t, err)
+		vv, row := m.VocabSize(), 0
+		for i, c := range counts {
+			w, g := want[row*vv:(row+c)*vv], got[row*vv:(row+c)*vv]
+			if c <= ExactTokens {
+				require.Equal(t, w, g, "%s: exact session %d beside prefill chunks", filepath.Base(dir), i)
+			} else {
+				closeLogits(t, "prefill chunk in a batch", w, g)
+			}
+			row += c
+		}
+		next := make([]int32, len(counts))
+		for i := range next {
+			next[i] = r.Int32N(v)
+		}
+		require.NoError(t, bt.Step(ctx, batched, next))
+		for i, c := range counts {
+			_, err := alone[i].Forward(ctx, next[i:i+1])
+			require.NoError(t, err)
+			if c <= ExactTokens {
+				require.Equal(t, alone[i].Logits(), batched[i].Logits(), "session %d, the step after", i)
+			} else {
+				closeLogits(t, "the step after a batched chunk", alone[i].Logits(), batched[i].Logits())
+			}
+		}
 		m.Close()
 	}
 }

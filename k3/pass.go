@@ -24,6 +24,13 @@ type pass struct {
 	x, h, normed, attnOut, mlpOut compute.Tensor // [max, D]
 	fh                            compute.Tensor // [max, D]
 	logits                        compute.Tensor // [max, V]
+
+	// split, when inside (0, rows), marks where a pass's exact rows end and
+	// its prefill rows begin: products run on the two ranges apart, so the
+	// exact rows stay in the row-count-invariant kernels whatever the
+	// prefill rows number (compute.InvariantRows).
+	split    int
+	rangeBuf [][2]int
 }
 
 // mixer runs layer l's token mixer on normed [T, D] into out [T, D].
@@ -157,15 +164,21 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool) error {
 			return err
 		}
 		var err error
-		if me := p.moeL[l]; me != nil {
-			err = me.Forward(normed, mlpOut, compute.Tensor{}, compute.Tensor{})
-			if err == nil && tr != nil {
-				idx, wts := me.Routing(t)
-				tr.MoEIndices = append(tr.MoEIndices, p.readI32(idx))
-				tr.MoEWeights = append(tr.MoEWeights, p.readF32(wts))
+		for _, r := range p.ranges(t) {
+			in, o := normed.Rows(r[0], r[1]), mlpOut.Rows(r[0], r[1])
+			if me := p.moeL[l]; me != nil {
+				err = me.Forward(in, o, compute.Tensor{}, compute.Tensor{})
+				if err == nil && tr != nil {
+					idx, wts := me.Routing(t)
+					tr.MoEIndices = append(tr.MoEIndices, p.readI32(idx))
+					tr.MoEWeights = append(tr.MoEWeights, p.readF32(wts))
+				}
+			} else {
+				err = p.mlpL[l].Forward(in, o)
 			}
-		} else {
-			err = p.mlpL[l].Forward(normed, mlpOut)
+			if err != nil {
+				break
+			}
 		}
 		if err != nil {
 			return fmt.Errorf("k3: layer %d feed-forward: %w", l, err)
@@ -206,9 +219,25 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool) error {
 	if tr != nil {
 		tr.FinalHidden = append(tr.FinalHidden, p.readF32(fh)...)
 	}
-	rows := fh
 	if !all {
-		rows = fh.Rows(t-1, t)
+		return b.MatMul(p.logits.Rows(0, 1), fh.Rows(t-1, t), m.lmHead)
 	}
-	return b.MatMul(p.logits.Rows(0, rows.Dim(0)), rows, m.lmHead)
+	for _, r := range p.ranges(t) {
+		if err := b.MatMul(p.logits.Rows(r[0], r[1]), fh.Rows(r[0], r[1]), m.lmHead); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ranges returns the row ranges a pass of t rows runs its products on:
+// the whole pass, or the exact rows and the prefill rows apart.
+func (p *pass) ranges(t int) [][2]int {
+	p.rangeBuf = p.rangeBuf[:0]
+	if p.split > 0 && p.split < t {
+		p.rangeBuf = append(p.rangeBuf, [2]int{0, p.split}, [2]int{p.split, t})
+	} else {
+		p.rangeBuf = append(p.rangeBuf, [2]int{0, t})
+	}
+	return p.rangeBuf
 }
