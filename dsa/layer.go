@@ -341,11 +341,9 @@ type Layer struct {
 	MHAMin int
 	pos    []int32
 	one    [1]int32
-	// rowCaches is ForwardExact's list of one cache per row.
-	rowCaches []*Cache
-	attn      compute.AttnArgs
-	ixArgs    compute.IndexerArgs
-	rope      compute.RopeArgs
+	attn   compute.AttnArgs
+	ixArgs compute.IndexerArgs
+	rope   compute.RopeArgs
 }
 
 // scratch holds a layer's intermediates; layers of one shape that run one
@@ -361,7 +359,7 @@ type scratch struct {
 // have l's shape): the layers of one session run one after another.
 func (l *Layer) Share(w *Weights) *Layer {
 	c := *l
-	c.W, c.rowCaches = w, nil
+	c.W = w
 	return &c
 }
 
@@ -666,28 +664,6 @@ func (l *Layer) ForwardBatch(x compute.Tensor, caches []*Cache, y compute.Tensor
 		i = j
 	}
 	return l.forwardRows(x, caches, y)
-}
-
-// ForwardExact runs x [T, D], the tokens at positions cache.Len ..
-// cache.Len+T-1 of one sequence, with the decode arithmetic row by row:
-// each row takes its own indexer selection and attention exactly as a
-// single-token Forward would, so T tokens in one call are bitwise T
-// single-token calls (the projections, over all T rows at once, keep that
-// while T is at most compute.InvariantRows). Verification of drafted
-// tokens needs this; prefill chunks take Forward's faster paths.
-func (l *Layer) ForwardExact(x compute.Tensor, cache *Cache, y compute.Tensor) error {
-	t := x.Dim(0)
-	if t > l.maxT {
-		return fmt.Errorf("dsa: %d tokens, layer sized for %d", t, l.maxT)
-	}
-	if t == 0 {
-		return nil
-	}
-	l.rowCaches = l.rowCaches[:0]
-	for range t {
-		l.rowCaches = append(l.rowCaches, cache)
-	}
-	return l.ForwardBatch(x, l.rowCaches, y)
 }
 
 // forwardRows runs row i of x against caches[i], one row after another;

@@ -33,6 +33,7 @@ type Batch struct {
 	ids    []int32 // the running pass's tokens
 	nExact int     // sessions of the running pass that are exact runs
 	passes []batchPass
+	trace  *Trace // a single session's trace, while it runs
 }
 
 // NewBatch prepares a batch of up to max rows per pass: max sessions a
@@ -45,6 +46,12 @@ func (m *Model) NewBatch(max int) (*Batch, error) {
 		return nil, err
 	}
 	defer m.life.exit()
+	return m.newBatch(max)
+}
+
+// newBatch builds a batch of up to max rows per pass; sessions' workspaces
+// are batches too.
+func (m *Model) newBatch(max int) (*Batch, error) {
 	bt := &Batch{m: m, max: max}
 	var err error
 	if bt.p, err = newPass(m, max); err != nil {
@@ -144,7 +151,7 @@ func (bt *Batch) run(ctx context.Context, sessions []*Session, cu, ids []int32, 
 		return err
 	}
 	defer bt.m.life.exit()
-	m, b := bt.m, bt.m.b
+	m := bt.m
 	cfg := m.Config
 	for i, s := range sessions {
 		if s == nil {
@@ -177,8 +184,17 @@ func (bt *Batch) run(ctx context.Context, sessions []*Session, cu, ids []int32, 
 			}
 		}
 	}
+	return bt.execute(sessions, cu, ids, out, nil, true)
+}
+
+// execute runs the passes of a call whose input is valid. With all false
+// (one session only) the last row alone gets logits; tr, when not nil (one
+// session only), receives the intermediates.
+func (bt *Batch) execute(sessions []*Session, cu, ids []int32, out []float32, tr *Trace, all bool) error {
+	b, v := bt.m.b, bt.m.Config.VocabSize
 	bt.plan(cu)
-	v := cfg.VocabSize
+	bt.trace = tr
+	defer func() { bt.trace = nil }()
 	for _, ps := range bt.passes {
 		bt.cur, bt.cu, bt.ids = bt.cur[:0], append(bt.cu[:0], 0), bt.ids[:0]
 		for _, i := range ps.sessions {
@@ -188,7 +204,7 @@ func (bt *Batch) run(ctx context.Context, sessions []*Session, cu, ids []int32, 
 		}
 		bt.nExact = ps.exact
 		bt.p.split = int(bt.cu[ps.exact])
-		err := bt.p.run(bt.ids, bt.mix, nil, true)
+		err := bt.p.run(bt.ids, bt.mix, tr, all)
 		bt.p.split = 0
 		if err != nil {
 			for _, s := range bt.cur {
@@ -207,7 +223,11 @@ func (bt *Batch) run(ctx context.Context, sessions []*Session, cu, ids []int32, 
 			if s.last == nil {
 				s.last = make([]float32, v)
 			}
-			if err := b.Read(&s.last, bt.p.logits.Rows(r1-1, r1)); err != nil { // by pointer: no allocation
+			last := r1 - 1
+			if !all {
+				last = 0 // the pass computed the last row's logits alone
+			}
+			if err := b.Read(&s.last, bt.p.logits.Rows(last, last+1)); err != nil { // by pointer: no allocation
 				return err
 			}
 			k := r1 - r0
@@ -318,12 +338,21 @@ func (bt *Batch) mixLayer(l int, normed, out compute.Tensor) error {
 		if err := ml.ForwardBatch(normed.Rows(0, e), bt.caches, out.Rows(0, e)); err != nil {
 			return err
 		}
+		bt.traceIndices(l, ml, e)
 	}
 	for j := ne; j < len(bt.cur); j++ {
 		r0, r1 := int(bt.cu[j]), int(bt.cu[j+1])
 		if err := ml.Forward(normed.Rows(r0, r1), bt.cur[j].caches[l], out.Rows(r0, r1)); err != nil {
 			return err
 		}
+		bt.traceIndices(l, ml, r1-r0)
 	}
 	return nil
+}
+
+// traceIndices records a DSA layer's selections of t rows in the trace.
+func (bt *Batch) traceIndices(l int, ml *dsa.Layer, t int) {
+	if bt.trace != nil && bt.m.layers[l].kind == config.DSA {
+		bt.trace.DSAIndices = append(bt.trace.DSAIndices, bt.p.readI32(ml.Indices(t)))
+	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"k3/compute"
 	"k3/config"
 	"k3/dsa"
 	"k3/kda"
@@ -37,11 +36,12 @@ type Session struct {
 	kdaSt  []*kda.State
 	caches []*dsa.Cache
 	ws     *workspace // borrowed from the model for the length of a run
-	mix    mixer      // s.mixLayer, bound once
-	trace  *Trace
-	t      int // rows in the current pass
-	pos    int
-	limit  int
+	// one and cuOne describe the session as a batch of one for its passes
+	// (fields, so a step allocates nothing).
+	one   [1]*Session
+	cuOne [2]int32
+	pos   int
+	limit int
 
 	tokens []int32   // every token fed so far
 	last   []float32 // logits after the last token (nil before any)
@@ -98,7 +98,6 @@ func (m *Model) NewSession() (*Session, error) {
 		s.limit = 1 << 20
 	}
 	b := m.b
-	s.mix = s.mixLayer
 	var err error
 	if s.logs, err = m.newLogs(); err != nil {
 		return nil, err
@@ -215,16 +214,13 @@ func (s *Session) run(ctx context.Context, tokens []int32, all bool, tr ...*Trac
 			s.broken = err
 			return nil, err
 		}
-		s.tokens = append(s.tokens, tokens[c0:c1]...)
 		rows := 1
 		if all {
 			rows = c1 - c0
-			if err := s.m.b.Read(out[c0*v:c1*v], ws.p.logits.Rows(0, rows)); err != nil {
+			if err := s.m.b.Read(out[c0*v:c1*v], ws.bt.p.logits.Rows(0, rows)); err != nil {
 				return nil, err
 			}
 			copy(s.last, out[(c1-1)*v:c1*v])
-		} else if err := s.m.b.Read(&s.last, ws.p.logits.Rows(0, 1)); err != nil { // by pointer: no allocation
-			return nil, err
 		}
 	}
 	return out, nil
@@ -379,22 +375,14 @@ func (s *Session) StateBytes() int64 {
 	return n + s.snapshotBytes()
 }
 
-// step runs one forward pass over at most chunk tokens.
+// step runs one forward pass over at most chunk tokens, through the
+// workspace's batch: the one forward path sessions and batches share.
 func (s *Session) step(tokens []int32, tr *Trace, allLogits bool) error {
 	if s.pos+len(tokens) > s.limit {
 		return fmt.Errorf("%w: %d tokens after %d exceed %d", ErrContextFull, len(tokens), s.pos, s.limit)
 	}
-	s.trace, s.t = tr, len(tokens)
-	err := s.ws.p.run(tokens, s.mix, tr, allLogits)
-	s.trace = nil
-	if err != nil {
-		return err
-	}
-	s.pos += len(tokens)
-	if err := s.commitLogs(len(tokens)); err != nil {
-		return err
-	}
-	return s.takeSnapshot()
+	s.one[0], s.cuOne[0], s.cuOne[1] = s, 0, int32(len(tokens))
+	return s.ws.bt.execute(s.one[:], s.cuOne[:], tokens, nil, tr, allLogits)
 }
 
 // ExactTokens is the longest run of new tokens that one forward pass
@@ -404,35 +392,6 @@ func (s *Session) step(tokens []int32, tr *Trace, allLogits bool) error {
 // chunked KDA form and the blocked attention paths: faster, and within the
 // conformance tolerance of the decode arithmetic.
 const ExactTokens = 16
-
-// mixLayer runs layer l's token mixer for the session's rows.
-func (s *Session) mixLayer(l int, normed, out compute.Tensor) error {
-	if kl := s.ws.kdaL[l]; kl != nil {
-		if s.t <= ExactTokens {
-			rec := s.ws.rec
-			if err := kl.DecodeTokens(normed, s.kdaSt[l], rec.rows(s.t), out); err != nil {
-				return err
-			}
-			if s.logs == nil {
-				return nil
-			}
-			return rec.appendTo(s.m.b, s.t, s.logs[l])
-		}
-		return kl.Prefill(normed, nil, s.kdaSt[l], out)
-	}
-	ml := s.ws.mlaL[l]
-	forward := ml.Forward
-	if s.t > 1 && s.t <= ExactTokens {
-		forward = ml.ForwardExact
-	}
-	if err := forward(normed, s.caches[l], out); err != nil {
-		return err
-	}
-	if s.trace != nil && s.m.layers[l].kind == config.DSA {
-		s.trace.DSAIndices = append(s.trace.DSAIndices, s.ws.p.readI32(ml.Indices(s.t)))
-	}
-	return nil
-}
 
 // KDAStateBytes returns the bytes of the session's KDA recurrent states and
 // conv caches, which every decode step reads and writes.
@@ -446,52 +405,20 @@ func (s *Session) KDAStateBytes() int64 {
 	return n
 }
 
-// A workspace holds the intermediates of one forward pass: the layers'
-// scratch, sized for the prefill chunk, and the pass's buffers. Sessions
-// borrow one for each run and give it back, so memory grows with the
-// number of passes running at once, not with the number of sessions.
+// A workspace holds the intermediates of one forward pass: a batch sized
+// for the prefill chunk. Sessions borrow one for each run and give it
+// back, so memory grows with the number of passes running at once, not
+// with the number of sessions.
 type workspace struct {
-	p    *pass
-	rec  *recorder    // the KDA layers' replay records of an exact pass
-	kdaL []*kda.Layer // nil at attention layers
-	mlaL []*dsa.Layer // nil at KDA layers
+	bt *Batch
 }
 
 func (m *Model) newWorkspace() (*workspace, error) {
-	n, b := m.chunk, m.b
-	w := &workspace{}
-	var err error
-	if w.p, err = newPass(m, n); err != nil {
+	bt, err := m.newBatch(max(m.chunk, ExactTokens))
+	if err != nil {
 		return nil, err
 	}
-	if w.rec, err = m.newRecorder(ExactTokens); err != nil {
-		return nil, err
-	}
-	// One set of intermediates per layer shape (see kda.Layer.Share).
-	var firstKDA *kda.Layer
-	firstAttn := map[config.LayerKind]*dsa.Layer{}
-	for _, ly := range m.layers {
-		var kl *kda.Layer
-		var ml *dsa.Layer
-		switch ly.kind {
-		case config.KDA:
-			if firstKDA != nil {
-				kl = firstKDA.Share(ly.kda)
-			} else if kl, err = kda.NewLayer(b, ly.kdaCfg, ly.kda, n); err != nil {
-				return nil, err
-			}
-			firstKDA = kl
-		default:
-			if first := firstAttn[ly.kind]; first != nil {
-				ml = first.Share(ly.mla)
-			} else if ml, err = dsa.NewLayer(b, ly.mlaCfg, ly.mla, n); err != nil {
-				return nil, err
-			}
-			firstAttn[ly.kind] = ml
-		}
-		w.kdaL, w.mlaL = append(w.kdaL, kl), append(w.mlaL, ml)
-	}
-	return w, nil
+	return &workspace{bt: bt}, nil
 }
 
 // workspace lends a free workspace, making one when all are in use.

@@ -305,25 +305,6 @@ func (l *Layer) Decode(x compute.Tensor, st *State, y compute.Tensor) error {
 // of every head, then the raw q|k|v projection.
 func RecordLen(cfg Config) int { return 6 * cfg.NumHeads * cfg.HeadDim }
 
-// DecodeTokens runs the decode step's arithmetic over T tokens of each of
-// the state's B sequences, x and y [B·T, hidden] sequence-major, one token
-// after another: states and outputs are bitwise those of T Decode calls
-// while B·T is at most compute.InvariantRows, with every weight read once.
-// Records, when not the zero Tensor, receives each token's replay record
-// [B·T, RecordLen] (see compute.KDAStepArgs.Records), the input of a
-// ReplaySSM log.
-func (l *Layer) DecodeTokens(x compute.Tensor, st *State, records, y compute.Tensor) error {
-	n := st.S.Dims[0]
-	if n == 0 || x.Dim(0)%n != 0 {
-		return fmt.Errorf("kda: %d rows for %d sequences", x.Dim(0), n)
-	}
-	l.stepArgs = compute.KDAStepArgs{W: l.W, X: x, Conv: st.Conv, State: st.S, Y: y, Records: records, Tokens: x.Dim(0) / n}
-	if err := l.b.KDAStep(&l.stepArgs); err != nil {
-		return fmt.Errorf("kda: decode step: %w", err)
-	}
-	return nil
-}
-
 // DecodeBatch runs the fused step for x [R, hidden] over sequences whose
 // states live apart (one State per session), reading every weight once for
 // all rows: one token per sequence when cu is nil, else sequence s owns

@@ -73,7 +73,7 @@ func TestDecodeRecordsReplay(t *testing.T) {
 		gotS, gotConv := make([]float32, shape.StateLen()), make([]float32, shape.ConvLen())
 		for step := range 11 {
 			xt := upload(t, b, randn(r, hidden, 1), 1, hidden)
-			require.NoError(t, l.DecodeTokens(xt, st, recT, y1))
+			require.NoError(t, l.DecodeBatch(xt, []*State{st}, nil, recT, y1))
 			require.NoError(t, l.Decode(xt, plain, y2))
 			require.Equal(t, read(t, b, y2), read(t, b, y1), "recording changed the output (step %d)", step)
 			rec := read(t, b, recT)
@@ -94,10 +94,10 @@ func TestDecodeRecordsReplay(t *testing.T) {
 			require.NoError(t, b.Copy(many.Conv, st.Conv))
 			recs, _ := b.Alloc(compute.F32, T, RecordLen(cfg))
 			ys, _ := b.Alloc(compute.F32, T, hidden)
-			require.NoError(t, l.DecodeTokens(upload(t, b, xs, T, hidden), many, recs, ys))
+			require.NoError(t, l.DecodeBatch(upload(t, b, xs, T, hidden), []*State{many}, []int32{0, int32(T)}, recs, ys))
 			var wantY, wantRec []float32
 			for i := range T {
-				require.NoError(t, l.DecodeTokens(upload(t, b, xs[i*hidden:(i+1)*hidden], 1, hidden), st, recT, y1))
+				require.NoError(t, l.DecodeBatch(upload(t, b, xs[i*hidden:(i+1)*hidden], 1, hidden), []*State{st}, nil, recT, y1))
 				wantY = append(wantY, read(t, b, y1)...)
 				wantRec = append(wantRec, read(t, b, recT)...)
 			}
