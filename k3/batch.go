@@ -194,7 +194,7 @@ func (bt *Batch) execute(sessions []*Session, cu, ids []int32, out []float32, tr
 	b, v := bt.m.b, bt.m.Config.VocabSize
 	bt.plan(cu)
 	bt.trace = tr
-	defer func() { bt.trace = nil }()
+	defer func() { bt.trace = nil; bt.forget() }()
 	for _, ps := range bt.passes {
 		bt.cur, bt.cu, bt.ids = bt.cur[:0], append(bt.cu[:0], 0), bt.ids[:0]
 		for _, i := range ps.sessions {
@@ -243,8 +243,16 @@ func (bt *Batch) execute(sessions []*Session, cu, ids []int32, out []float32, tr
 			}
 		}
 	}
-	bt.cur = bt.cur[:0]
 	return nil
+}
+
+// forget drops the batch's references to the sessions of the last call,
+// so that a workspace kept by the model holds no closed session alive.
+func (bt *Batch) forget() {
+	clear(bt.cur[:cap(bt.cur)])
+	clear(bt.states[:cap(bt.states)])
+	clear(bt.caches[:cap(bt.caches)])
+	bt.cur, bt.states, bt.caches = bt.cur[:0], bt.states[:0], bt.caches[:0]
 }
 
 // batchPass is one pass of a batch step: sessions (indices into the
