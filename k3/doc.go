@@ -15,8 +15,8 @@
 // itself. Close waits for running passes; afterwards every call fails with
 // ErrClosed. Errors name the problem and wrap sentinels (ErrBadToken,
 // ErrContextFull, ErrEmptyPrompt, ErrInvalidOption, ErrInvalidConfig,
-// ErrCheckpoint, ErrOutOfRange, ErrClosed) for errors.Is; bad input leaves
-// the model and the session usable.
+// ErrCheckpoint, ErrOutOfRange, ErrClosed, ErrSessionClosed) for
+// errors.Is; bad input leaves the model and the session usable.
 package k3
 
 import "k3/config"
