@@ -82,20 +82,6 @@ func (r *recorder) read(b compute.Backend, n int) ([]float32, error) {
 	return r.view, nil
 }
 
-// appendTo appends n rows of records, all of one sequence, to lg.
-func (r *recorder) appendTo(b compute.Backend, n int, lg *replay.Log) error {
-	h, err := r.read(b, n)
-	if h == nil || err != nil {
-		return err
-	}
-	for i := range n {
-		if err := lg.AppendFlat(h[i*r.rl : (i+1)*r.rl]); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // appendRuns appends the records of rows cu[i] to cu[i+1]-1 to
 // sessions[i]'s log of layer l.
 func (r *recorder) appendRuns(b compute.Backend, sessions []*Session, cu []int32, l int) error {
