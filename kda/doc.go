@@ -5,6 +5,9 @@
 // It owns the layer (projections, short conv, gates, recurrence, output norm
 // and gate, output projection) written against the compute seam, the state
 // layout, and the two execution paths over the same state: chunked prefill
-// (FlashKDA's split into a token-parallel chunk stage and a sequential
-// inter-chunk stage) and the fused single-token decode step (MegaKDA).
+// (Prefill: FlashKDA's split into a token-parallel chunk stage and a
+// sequential inter-chunk stage) and the fused decode step (MegaKDA:
+// Decode, and DecodeBatch for many sequences with one or more tokens each,
+// stepped with the single-token arithmetic and optionally emitting the
+// ReplaySSM records of package replay).
 package kda
