@@ -2,6 +2,9 @@ package k3
 
 import (
 	"fmt"
+	"runtime"
+
+	"golang.org/x/sync/errgroup"
 
 	"k3/compute"
 	"k3/config"
@@ -159,26 +162,42 @@ func (s *Session) rollback(pos int) (bool, error) {
 			return false, nil
 		}
 	}
+	// The layers replay independently: one goroutine per core, each with
+	// its own host copy of a state.
 	b := s.m.b
+	workers := min(runtime.GOMAXPROCS(0), len(s.logs))
+	for len(s.scratch) < workers {
+		s.scratch = append(s.scratch, [2][]float32{})
+	}
+	free := make(chan int, workers)
+	for w := range workers {
+		free <- w
+	}
+	var g errgroup.Group
 	for l, lg := range s.logs {
 		if lg == nil {
 			continue
 		}
-		sh := lg.Shape()
-		s.scratchS = grow(s.scratchS, sh.StateLen())
-		s.scratchC = grow(s.scratchC, sh.ConvLen())
-		if err := lg.StateAt(pos, s.scratchS, s.scratchC); err != nil {
-			return false, err
-		}
-		if err := b.Write(s.kdaSt[l].S, s.scratchS); err != nil {
-			return false, err
-		}
-		if err := b.Write(s.kdaSt[l].Conv, s.scratchC); err != nil {
-			return false, err
-		}
-		if err := lg.Rewind(pos); err != nil {
-			return false, err
-		}
+		g.Go(func() error {
+			w := <-free
+			defer func() { free <- w }()
+			sh := lg.Shape()
+			st, cv := grow(s.scratch[w][0], sh.StateLen()), grow(s.scratch[w][1], sh.ConvLen())
+			s.scratch[w] = [2][]float32{st, cv}
+			if err := lg.StateAt(pos, st, cv); err != nil {
+				return err
+			}
+			if err := b.Write(s.kdaSt[l].S, st); err != nil {
+				return err
+			}
+			if err := b.Write(s.kdaSt[l].Conv, cv); err != nil {
+				return err
+			}
+			return lg.Rewind(pos)
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return false, err
 	}
 	for _, c := range s.caches {
 		if c != nil {

@@ -47,11 +47,11 @@ type Session struct {
 	last   []float32 // logits after the last token (nil before any)
 	broken error     // set when a forward pass failed halfway
 
-	logs               []*replay.Log // per layer: the KDA layers' rollback logs (nil: none kept)
-	scratchS, scratchC []float32     // rollback's host copy of one layer's state
-	snaps              []*snapshot   // oldest first (WithSnapshots)
-	nextSnap           int           // the position from which the next snapshot is due
-	closed             bool
+	logs     []*replay.Log  // per layer: the KDA layers' rollback logs (nil: none kept)
+	scratch  [][2][]float32 // rollback's host copies of a state and conv window, one per worker
+	snaps    []*snapshot    // oldest first (WithSnapshots)
+	nextSnap int            // the position from which the next snapshot is due
+	closed   bool
 }
 
 // Close returns the session's state (KDA states, attention caches, replay
@@ -74,7 +74,7 @@ func (s *Session) Close() error {
 			c.Free()
 		}
 	}
-	s.logs, s.last, s.tokens, s.scratchS, s.scratchC, s.snaps = nil, nil, nil, nil, nil, nil
+	s.logs, s.last, s.tokens, s.scratch, s.snaps = nil, nil, nil, nil, nil
 	return nil
 }
 
