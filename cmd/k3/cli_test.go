@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"k3/internal/tiny"
 	"k3/k3"
 )
 
@@ -126,9 +127,17 @@ func TestChatInterrupt(t *testing.T) {
 	require.NoError(t, chatLoop(ctx, m, g, "sys", strings.NewReader("a\nb\n"), &buf, make(chan os.Signal)))
 	assert.Equal(t, 2, strings.Count(buf.String(), "(answer cut at 3 tokens)"))
 
-	// An answer that fills the context says so and the chat goes on.
+	// An answer that fills the context says so and the chat goes on (on a
+	// copy of the tiny model with a 96-token context, to stay quick).
+	dir := t.TempDir()
+	require.NoError(t, tiny.Write(dir, "k31pro", tiny.Options{Seed: 1, BF16: true, Edit: func(text map[string]any) {
+		text["max_position_embeddings"] = 96
+	}}))
+	short, err := k3.Load(ctx, dir)
+	require.NoError(t, err)
+	defer short.Close()
 	g = &genFlags{maxTokens: 100000, noDefaultStops: true, topP: 1, repPen: 1}
 	buf.Reset()
-	require.NoError(t, chatLoop(ctx, m, g, "sys", strings.NewReader("a\nb\n/reset\nc\n"), &buf, make(chan os.Signal)))
+	require.NoError(t, chatLoop(ctx, short, g, "sys", strings.NewReader("a\nb\n/reset\nc\n"), &buf, make(chan os.Signal)))
 	assert.Equal(t, 3, strings.Count(buf.String(), "fills the model's context"), buf.String()[max(0, buf.Len()-300):])
 }
