@@ -314,11 +314,12 @@ type generation struct {
 	done    bool
 	usage   Usage
 	scratch []float32 // WithLogprobs: the exponentials of one row of logits
+	ready   [2]Token  // the backing of each advance's ready tokens
 }
 
 // stepResult is one advance of a generation: the tokens to yield now (the
-// last of them final when done), and the token to feed to the session
-// afterwards, if any.
+// last of them final when done; valid until the next advance), and the
+// token to feed to the session afterwards, if any.
 type stepResult struct {
 	ready []Token
 	id    int32
@@ -356,7 +357,9 @@ func (s *Session) startGeneration(ctx context.Context, prompt []int32, opts []Ge
 // session must hold every token fed so far) and says what to yield and
 // what to feed. On error the tokens in ready are still to be yielded.
 func (g *generation) advance(ctx context.Context) (stepResult, error) {
-	var r stepResult
+	// The caller yields the ready tokens before the next advance, so one
+	// buffer serves every step.
+	r := stepResult{ready: g.ready[:0]}
 	if g.done {
 		r.done = true
 		return r, nil
