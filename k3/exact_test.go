@@ -81,30 +81,7 @@ func TestRaggedBatchEqualsAlone(t *testing.T) {
 		m, err := Load(ctx, dir, WithRollback(ExactTokens))
 		require.NoError(t, err)
 		r := rand.New(rand.NewPCG(17, uint64(len(dir))))
-		v := int32(m.VocabSize())
-		var batched, alone []*Session
-		var lists [][]int32
-		var want []float32
-		for i, c := range counts {
-			prompt := make([]int32, 12+i)
-			for j := range prompt {
-				prompt[j] = r.Int32N(v)
-			}
-			a, err := m.NewSession()
-			require.NoError(t, err)
-			_, err = a.Forward(ctx, prompt)
-			require.NoError(t, err)
-			b, err := a.Clone()
-			require.NoError(t, err)
-			toks := make([]int32, c)
-			for j := range toks {
-				toks[j] = r.Int32N(v)
-			}
-			l, err := a.Forward(ctx, toks)
-			require.NoError(t, err)
-			want = append(want, l...)
-			alone, batched, lists = append(alone, a), append(batched, b), append(lists, toks)
-		}
+		alone, batched, lists, want := pairedSessions(t, m, r, counts, 12)
 		bt, err := m.NewBatch(64)
 		require.NoError(t, err)
 		got, err := bt.Forward(ctx, batched, lists)
@@ -152,30 +129,7 @@ func TestMixedBatch(t *testing.T) {
 		m, err := Load(ctx, dir, WithRollback(4))
 		require.NoError(t, err)
 		r := rand.New(rand.NewPCG(23, uint64(len(dir))))
-		v := int32(m.VocabSize())
-		var batched, alone []*Session
-		var lists [][]int32
-		var want []float32
-		for i, c := range counts {
-			prompt := make([]int32, 5+i)
-			for j := range prompt {
-				prompt[j] = r.Int32N(v)
-			}
-			a, err := m.NewSession()
-			require.NoError(t, err)
-			_, err = a.Forward(ctx, prompt)
-			require.NoError(t, err)
-			b, err := a.Clone()
-			require.NoError(t, err)
-			toks := make([]int32, c)
-			for j := range toks {
-				toks[j] = r.Int32N(v)
-			}
-			l, err := a.Forward(ctx, toks)
-			require.NoError(t, err)
-			want = append(want, l...)
-			alone, batched, lists = append(alone, a), append(batched, b), append(lists, toks)
-		}
+		alone, batched, lists, want := pairedSessions(t, m, r, counts, 5)
 		bt, err := m.NewBatch(128)
 		require.NoError(t, err)
 		got, err := bt.Forward(ctx, batched, lists)
@@ -192,7 +146,7 @@ func TestMixedBatch(t *testing.T) {
 		}
 		next := make([]int32, len(counts))
 		for i := range next {
-			next[i] = r.Int32N(v)
+			next[i] = r.Int32N(int32(m.VocabSize()))
 		}
 		require.NoError(t, bt.Step(ctx, batched, next))
 		for i, c := range counts {
@@ -206,4 +160,35 @@ func TestMixedBatch(t *testing.T) {
 		}
 		m.Close()
 	}
+}
+
+// pairedSessions makes, for each count c, a session with a random prompt
+// (base+i tokens) fed c more random tokens alone, and a clone taken before
+// those tokens; it returns both, the tokens, and the lone sessions' logits
+// for them, session after session.
+func pairedSessions(t *testing.T, m *Model, r *rand.Rand, counts []int, base int) (alone, batched []*Session, lists [][]int32, want []float32) {
+	t.Helper()
+	ctx := context.Background()
+	v := int32(m.VocabSize())
+	for i, c := range counts {
+		prompt := make([]int32, base+i)
+		for j := range prompt {
+			prompt[j] = r.Int32N(v)
+		}
+		a, err := m.NewSession()
+		require.NoError(t, err)
+		_, err = a.Forward(ctx, prompt)
+		require.NoError(t, err)
+		b, err := a.Clone()
+		require.NoError(t, err)
+		toks := make([]int32, c)
+		for j := range toks {
+			toks[j] = r.Int32N(v)
+		}
+		l, err := a.Forward(ctx, toks)
+		require.NoError(t, err)
+		want = append(want, l...)
+		alone, batched, lists = append(alone, a), append(batched, b), append(lists, toks)
+	}
+	return alone, batched, lists, want
 }
