@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // ErrInvalid is wrapped by every validation error.
@@ -72,6 +73,24 @@ type Config struct {
 	// AttnResBlockSize is attn_res_block_size in decoder layers; 0 means a
 	// plain residual stream.
 	AttnResBlockSize int
+
+	// Draft is the checkpoint's DSpark draft module (dspark_config), nil
+	// when it has none.
+	Draft *DraftConfig
+}
+
+// DraftConfig holds dspark_config: a draft module that reads the target's
+// hidden states at TargetLayers (0-based; the input of each layer's MLP
+// sublayer) and proposes BlockSize tokens in one pass. Its tensors are
+// named TensorPrefix + the module's own names (docs/ARCHITECTURE.md lists
+// them).
+type DraftConfig struct {
+	TargetLayers     []int
+	BlockSize        int
+	MarkovRank       int
+	NumLayers        int
+	IntermediateSize int
+	TensorPrefix     string
 }
 
 // KDAConfig holds linear_attn_config.
@@ -217,6 +236,16 @@ type rawText struct {
 	TopKMethod       *string         `json:"topk_method"`
 	AttnResBlock     *int            `json:"attn_res_block_size"`
 	Linear           *rawLinear      `json:"linear_attn_config"`
+	Draft            *rawDraft       `json:"dspark_config"`
+}
+
+type rawDraft struct {
+	TargetLayers     []int   `json:"target_layers"`
+	BlockSize        *int    `json:"block_size"`
+	MarkovRank       *int    `json:"markov_rank"`
+	NumLayers        *int    `json:"num_layers"`
+	IntermediateSize *int    `json:"intermediate_size"`
+	TensorPrefix     *string `json:"tensor_prefix"`
 }
 
 type rawRopeScaling struct {
@@ -386,10 +415,48 @@ func (c *Config) fill(r *rawText) error {
 			return err
 		}
 	}
+	if r.Draft != nil {
+		if c.Draft, err = c.fillDraft(r.Draft); err != nil {
+			return err
+		}
+	}
 	if n := c.numParams(); n > MaxParams {
 		return fmt.Errorf("config: %w: the sizes imply %.3g parameters, more than the %.3g k3 accepts", ErrInvalid, n, float64(MaxParams))
 	}
 	return nil
+}
+
+// MaxDraftBlock bounds dspark_config.block_size.
+const MaxDraftBlock = 64
+
+func (c *Config) fillDraft(r *rawDraft) (*DraftConfig, error) {
+	d := &DraftConfig{TensorPrefix: or(r.TensorPrefix, "dspark.")}
+	var err error
+	if len(r.TargetLayers) == 0 {
+		return nil, missing("dspark_config.target_layers")
+	}
+	for _, l := range r.TargetLayers {
+		if l < 0 || l >= c.NumLayers {
+			return nil, fieldErr("dspark_config.target_layers", l, "outside 0..%d (the list is 0-based)", c.NumLayers-1)
+		}
+	}
+	d.TargetLayers = append([]int(nil), r.TargetLayers...)
+	if d.BlockSize, err = positiveBelow("dspark_config.block_size", r.BlockSize, MaxDraftBlock); err != nil {
+		return nil, err
+	}
+	if d.MarkovRank, err = positive("dspark_config.markov_rank", r.MarkovRank); err != nil {
+		return nil, err
+	}
+	if d.NumLayers, err = positiveBelow("dspark_config.num_layers", r.NumLayers, MaxLayers); err != nil {
+		return nil, err
+	}
+	if d.IntermediateSize, err = positive("dspark_config.intermediate_size", r.IntermediateSize); err != nil {
+		return nil, err
+	}
+	if d.TensorPrefix == "" || !strings.HasSuffix(d.TensorPrefix, ".") {
+		return nil, fieldErr("dspark_config.tensor_prefix", d.TensorPrefix, `must end in "."`)
+	}
+	return d, nil
 }
 
 func (c *Config) fillLayers(r *rawText) error {

@@ -93,6 +93,7 @@ func TestInvalid(t *testing.T) {
 	"max_position_embeddings":64`
 	kda := `"linear_attn_config":{"kda_layers":[1],"num_heads":2,"head_dim":8,"short_conv_kernel_size":4}`
 	moe := `"num_experts":8,"num_experts_per_token":2,"moe_intermediate_size":8`
+	draft := `,"dspark_config":{"target_layers":[0,1],"block_size":7,"markov_rank":8,"num_layers":1,"intermediate_size":16}`
 	cases := []struct{ json, field string }{
 		{`{` + base + `,"linear_attn_config":{"kda_layers":[3],"num_heads":2,"head_dim":8,"short_conv_kernel_size":4}}`, "kda_layers = 3"},
 		{`{` + base + `,"linear_attn_config":{"kda_layers":[1,1],"num_heads":2,"head_dim":8,"short_conv_kernel_size":4}}`, "kda_layers = 1"},
@@ -115,6 +116,11 @@ func TestInvalid(t *testing.T) {
 		// Each size within bounds, their product beyond: 2^24 experts of 2^24 x 2^24.
 		{`{` + base + `,"num_experts":16777216,"num_experts_per_token":2,"moe_intermediate_size":16777216,"routed_expert_hidden_size":16777216}`, "parameters"},
 		{`not json`, "invalid config"},
+		{`{` + base + strings.Replace(draft, `[0,1]`, `[2]`, 1) + `}`, "dspark_config.target_layers = 2"},
+		{`{` + base + strings.Replace(draft, `[0,1]`, `[]`, 1) + `}`, "dspark_config.target_layers is required"},
+		{`{` + base + strings.Replace(draft, `"block_size":7`, `"block_size":65`, 1) + `}`, "dspark_config.block_size = 65"},
+		{`{` + base + strings.Replace(draft, `"markov_rank":8`, `"markov_rank":0`, 1) + `}`, "dspark_config.markov_rank = 0"},
+		{`{` + base + strings.Replace(draft, `}`, `,"tensor_prefix":"draft"}`, 1) + `}`, "dspark_config.tensor_prefix = draft"},
 	}
 	for _, tc := range cases {
 		_, err := Parse([]byte(tc.json))
@@ -124,6 +130,10 @@ func TestInvalid(t *testing.T) {
 	}
 	if _, err := Parse([]byte(`{` + base + `,` + kda + `,` + moe + `}`)); err != nil {
 		t.Errorf("valid base config rejected: %v", err)
+	}
+	c, err := Parse([]byte(`{` + base + draft + `}`))
+	if err != nil || c.Draft == nil || c.Draft.TensorPrefix != "dspark." || c.Draft.BlockSize != 7 || len(c.Draft.TargetLayers) != 2 {
+		t.Errorf("dspark_config: got %+v, %v", c.Draft, err)
 	}
 }
 

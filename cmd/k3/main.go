@@ -6,6 +6,7 @@
 //
 //	k3 run [-model DIR] [-prompt TEXT] [-max-tokens N] [-temperature T] ...
 //	k3 chat [-model DIR] [-system TEXT]
+//	k3 eval [-model DIR] [-window N] FILE...
 //	k3 new-tiny -preset k31pro|k3|kimi_linear|k31pro-100m -out DIR
 //	k3 conform [-backend go] DIR|FILE...
 //	k3 inspect PATH
@@ -32,6 +33,7 @@ type command struct {
 var commands = []command{
 	{"run", "run [-model DIR] [-prompt TEXT] [-chat] ...\tgenerate from a prompt, streaming, then speed and memory", runRun},
 	{"chat", "chat [-model DIR] [-system TEXT] ...\tinteractive multi-turn chat", runChat},
+	{"eval", "eval [-model DIR] FILE...\tscore files: bits per token and per byte", runEval},
 	{"new-tiny", "new-tiny -preset NAME -out DIR\twrite a random-weight checkpoint", runNewTiny},
 	{"conform", "conform [-backend go] DIR|FILE...\trun the golden-vector conformance suite", runConform},
 	{"inspect", "inspect PATH\tlist a checkpoint's or golden file's tensors and config", runInspect},

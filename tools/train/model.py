@@ -1,0 +1,400 @@
+"""A K3.1 Pro-shaped language model in PyTorch, written from the published
+equations (the layer descriptions in testdata/model/README.md and
+testdata/kda/README.md of the k3 repository): KDA and DSA token mixers,
+Block AttnRes over depth, and sigmoid-routed latent MoE with a shared
+expert. Tensor names are the Hugging Face ones, so the state dict is the
+checkpoint.
+
+KDA runs in chunks of 16 tokens (the WY form: a unit lower-triangular solve
+per chunk) so that training is not a Python loop over every token.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+
+def linear(i, o):
+    return nn.Linear(i, o, bias=False)
+
+
+def act(cfg, g, u):
+    if cfg["hidden_act"] == "silu":
+        return F.silu(g) * u
+    b, lb = cfg["activation_situ_beta"], cfg["activation_situ_linear_beta"]
+    a = b * torch.tanh(g / b) * torch.sigmoid(g)
+    if lb is not None:
+        u = lb * torch.tanh(u / lb)
+    return a * u
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg, d, width):
+        super().__init__()
+        self.cfg = cfg
+        self.gate_proj, self.up_proj, self.down_proj = linear(d, width), linear(d, width), linear(width, d)
+
+    def forward(self, x):
+        return self.down_proj(act(self.cfg, self.gate_proj(x), self.up_proj(x)))
+
+
+class Expert(nn.Module):
+    def __init__(self, cfg, d, width):
+        super().__init__()
+        self.cfg = cfg
+        self.w1, self.w3, self.w2 = linear(d, width), linear(d, width), linear(width, d)
+
+    def forward(self, x):
+        return self.w2(act(self.cfg, self.w1(x), self.w3(x)))
+
+
+class Gate(nn.Module):
+    def __init__(self, d, e):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(e, d))
+        self.register_buffer("e_score_correction_bias", torch.zeros(e))
+
+
+class LatentMoE(nn.Module):
+    """Router on x; experts at the latent width on z = x W_down; the routed
+    sum is RMS-normed and lifted back; the shared expert works on x."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        d, lat = cfg["hidden_size"], cfg["routed_expert_hidden_size"]
+        self.cfg = cfg
+        self.gate = Gate(d, cfg["num_experts"])
+        self.experts = nn.ModuleList(Expert(cfg, lat, cfg["moe_intermediate_size"]) for _ in range(cfg["num_experts"]))
+        self.routed_expert_down_proj = linear(d, lat)
+        self.routed_expert_norm = RMSNorm(lat)
+        self.routed_expert_up_proj = linear(lat, d)
+        self.shared_experts = MLP(cfg, d, cfg["moe_intermediate_size"] * cfg["num_shared_experts"])
+        self.load = None  # tokens per expert in the last forward (training only)
+
+    def forward(self, x):
+        cfg = self.cfg
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        scores = torch.sigmoid(F.linear(x, self.gate.weight))
+        sel = scores + self.gate.e_score_correction_bias
+        k = cfg["num_experts_per_token"]
+        if self.training:
+            idx = sel.topk(k, dim=-1).indices
+        else:
+            # descending, ties to the lower expert id
+            idx = torch.sort(sel, dim=-1, descending=True, stable=True).indices[:, :k]
+        w = scores.gather(-1, idx)
+        if cfg["moe_renormalize"]:
+            w = w / w.sum(-1, keepdim=True)
+        w = w * cfg["routed_scaling_factor"]
+        z = self.routed_expert_down_proj(x)
+        # Every expert runs on every row and the unpicked ones weigh zero: at
+        # these widths one batched product beats gathering rows per expert.
+        dense = torch.zeros_like(scores).scatter(-1, idx, w)  # [N, E]
+        w1 = torch.stack([e.w1.weight for e in self.experts])  # [E, I, Dlat]
+        w3 = torch.stack([e.w3.weight for e in self.experts])
+        w2 = torch.stack([e.w2.weight for e in self.experts])  # [E, Dlat, I]
+        hcat = act(cfg, torch.einsum("nd,eid->eni", z, w1), torch.einsum("nd,eid->eni", z, w3))
+        hcat = hcat * dense.t()[:, :, None]
+        routed = torch.einsum("eni,edi->nd", hcat, w2)
+        self.load = torch.bincount(idx.flatten(), minlength=cfg["num_experts"]).float()
+        routed = rms_norm(routed, self.routed_expert_norm.weight, cfg["rms_norm_eps"])
+        out = self.routed_expert_up_proj(routed) + self.shared_experts(x)
+        return out.reshape(shape)
+
+
+def kda_chunked(q, k, v, g, beta, chunk):
+    """Gated delta rule from a zero state, o_t = S_t^T q_t with
+    S_t = Diag(exp g_t) S_{t-1} + k_t u_t^T and
+    u_t = beta_t (v_t - (Diag(exp g_t) S_{t-1})^T k_t).
+    q, k, g: [B,H,T,K]; v: [B,H,T,V]; beta: [B,H,T]. q carries the scale.
+
+    Within a chunk, with G_t the cumulative log decay from the chunk start
+    and S0 the state before it, the u_t solve the unit lower-triangular
+    system u_t + sum_{j<t} beta_t (k_t e^{G_t - G_m} . k_j e^{G_m - G_j}) u_j =
+    beta_t (v_t - S0^T (k_t e^{G_t})), G_m the chunk's middle row. Every gate
+    is above the lower bound b, so |G_t - G_m| < chunk |b| / 2: with chunk 16
+    and b = -5 the factors stay far inside float32's range."""
+    B, H, T, K = k.shape
+    V = v.shape[-1]
+    pad = (-T) % chunk
+    if pad:
+        q, k, v, g = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v, g))
+        beta = F.pad(beta, (0, pad))
+    N = (T + pad) // chunk
+    q, k, v, g = (t.reshape(B, H, N, chunk, -1) for t in (q, k, v, g))
+    beta = beta.reshape(B, H, N, chunk, 1)
+    G = g.cumsum(3)
+    Gm = G[:, :, :, chunk // 2 : chunk // 2 + 1, :]
+    eG = G.exp()
+    kng = (k * (Gm - G).exp()).transpose(-1, -2)
+    kg, qg = k * eG, q * eG
+    A = torch.tril(beta * ((k * (G - Gm).exp()) @ kng), -1)
+    QK = torch.tril((q * (G - Gm).exp()) @ kng)
+    L = torch.eye(chunk) + A
+    # T^-1 applied once for every chunk: U = U0 - W S0.
+    U0 = torch.linalg.solve_triangular(L, beta * v, upper=False, unitriangular=True)
+    W = torch.linalg.solve_triangular(L, beta * kg, upper=False, unitriangular=True)
+    kend = (k * (G[:, :, :, -1:, :] - G).exp()).transpose(-1, -2)  # k_j e^{G_C - G_j}
+    decay = eG[:, :, :, -1, :, None]
+    S = q.new_zeros(B, H, K, V)
+    outs = []
+    # unbind, not indexing: the gradient of x[:, :, n] is a zero tensor of
+    # x's full size per chunk.
+    for u0, w, qgn, qk, dec, ke in zip(*(t.unbind(2) for t in (U0, W, qg, QK, decay, kend))):
+        U = u0 - w @ S
+        outs.append(qgn @ S + qk @ U)
+        S = dec * S + ke @ U
+    o = torch.stack(outs, 2).reshape(B, H, N * chunk, V)
+    return o[:, :, :T]
+
+
+class KDA(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        la = cfg["linear_attn_config"]
+        d, H, D, W = cfg["hidden_size"], la["num_heads"], la["head_dim"], la["short_conv_kernel_size"]
+        self.cfg, self.H, self.D, self.W = cfg, H, D, W
+        self.q_proj, self.k_proj, self.v_proj = linear(d, H * D), linear(d, H * D), linear(d, H * D)
+        self.q_conv1d = nn.Conv1d(H * D, H * D, W, groups=H * D, bias=False)
+        self.k_conv1d = nn.Conv1d(H * D, H * D, W, groups=H * D, bias=False)
+        self.v_conv1d = nn.Conv1d(H * D, H * D, W, groups=H * D, bias=False)
+        self.f_a_proj, self.f_b_proj = linear(d, D), linear(D, H * D)
+        self.b_proj = linear(d, H)
+        self.g_proj = linear(d, H * D)
+        self.o_norm = RMSNorm(D)
+        self.o_proj = linear(H * D, d)
+        self.A_log = nn.Parameter(torch.zeros(H))
+        self.dt_bias = nn.Parameter(torch.zeros(H * D))
+        self.chunk = 16
+
+    def conv(self, conv, x):  # causal depthwise conv over time, then SiLU
+        y = conv(F.pad(x.transpose(1, 2), (self.W - 1, 0)))
+        return F.silu(y.transpose(1, 2))
+
+    def heads(self, t):
+        B, T, _ = t.shape
+        return t.reshape(B, T, self.H, -1).transpose(1, 2)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        la = self.cfg["linear_attn_config"]
+        q = self.heads(self.conv(self.q_conv1d, self.q_proj(x)))
+        k = self.heads(self.conv(self.k_conv1d, self.k_proj(x)))
+        v = self.heads(self.conv(self.v_conv1d, self.v_proj(x)))
+        q = q * torch.rsqrt(q.pow(2).sum(-1, keepdim=True) + 1e-6) * self.D ** -0.5
+        k = k * torch.rsqrt(k.pow(2).sum(-1, keepdim=True) + 1e-6)
+        graw = self.heads(self.f_b_proj(self.f_a_proj(x)) + self.dt_bias)
+        a = self.A_log.exp()[None, :, None, None]
+        if la.get("gate_lower_bound") is not None:
+            g = la["gate_lower_bound"] * torch.sigmoid(a * graw)
+        else:
+            g = -a * F.softplus(graw)
+        beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)
+        o = kda_chunked(q, k, v, g, beta, self.chunk)  # [B,H,T,D]
+        o = rms_norm(o, self.o_norm.weight, self.cfg["rms_norm_eps"])
+        o = o * torch.sigmoid(self.heads(self.g_proj(x)))
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+
+
+class Indexer(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        d, HI, DI = cfg["hidden_size"], cfg["index_n_heads"], cfg["index_head_dim"]
+        self.HI, self.DI = HI, DI
+        self.wq_b = linear(cfg["q_lora_rank"], HI * DI)
+        self.wk = linear(d, DI)
+        self.k_norm = nn.LayerNorm(DI, eps=1e-6)
+        self.weights_proj = linear(d, HI)
+
+    def scores(self, x, cq):
+        """score[b,t,s] = sum_j w[t,j] relu(q_I[t,j] . k_I[s])"""
+        B, T, _ = x.shape
+        qI = self.wq_b(cq).reshape(B, T, self.HI, self.DI)
+        kI = self.k_norm(self.wk(x))
+        w = self.weights_proj(x) * (self.HI ** -0.5 * self.DI ** -0.5)
+        dots = torch.einsum("bthd,bsd->bhts", qI, kI).relu()
+        return torch.einsum("bth,bhts->bts", w, dots)
+
+
+class DSA(nn.Module):
+    """MLA (NoPE: the rope half of query and key is used unrotated) where
+    each query attends only to the index_topk positions the indexer scores
+    highest. dense=True attends to every visible position (the warm-up)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        d, H = cfg["hidden_size"], cfg["num_attention_heads"]
+        dn, dr, dv, Dc, ql = (cfg[k] for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank", "q_lora_rank"))
+        self.cfg, self.H, self.dn, self.dr, self.dv, self.Dc = cfg, H, dn, dr, dv, Dc
+        self.q_a_proj = linear(d, ql)
+        self.q_a_layernorm = RMSNorm(ql)
+        self.q_b_proj = linear(ql, H * (dn + dr))
+        self.kv_a_proj_with_mqa = linear(d, Dc + dr)
+        self.kv_a_layernorm = RMSNorm(Dc)
+        self.kv_b_proj = linear(Dc, H * (dn + dv))
+        self.g_proj = linear(d, H * dv)
+        self.o_proj = linear(H * dv, d)
+        self.indexer = Indexer(cfg)
+        self.dense = False
+        self.index_loss = None
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        H, dn, dr, dv = self.H, self.dn, self.dr, self.dv
+        cq = rms_norm(self.q_a_proj(x), self.q_a_layernorm.weight, 1e-6)
+        q = self.q_b_proj(cq).reshape(B, T, H, dn + dr)
+        kv = self.kv_a_proj_with_mqa(x)
+        c = rms_norm(kv[..., :self.Dc], self.kv_a_layernorm.weight, 1e-6)
+        krope = kv[..., self.Dc:]
+        kvb = self.kv_b_proj(c).reshape(B, T, H, dn + dv)
+        knope, vv = kvb[..., :dn], kvb[..., dn:]
+        logits = (torch.einsum("bthd,bshd->bhts", q[..., :dn], knope) +
+                  torch.einsum("bthd,bsd->bhts", q[..., dn:], krope)) * (dn + dr) ** -0.5
+        causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+        K = self.cfg["index_topk"]
+        # The indexer learns from the main attention but does not steer the
+        # main model's gradients: its inputs are detached.
+        score = self.indexer.scores(x.detach(), cq.detach()).masked_fill(~causal, float("-inf"))
+        if self.dense or K >= T:
+            keep = causal
+        elif self.training:  # ties in any order: the rule matters only for inference
+            keep = torch.zeros_like(score, dtype=torch.bool).scatter(-1, score.topk(K, dim=-1).indices, True) & causal
+        else:
+            keep = topk_mask(score, K) & causal
+        if self.training:
+            with torch.no_grad():
+                target = logits.masked_fill(~causal, float("-inf")).softmax(-1).mean(1)
+            self.index_loss = -(target * score.log_softmax(-1).masked_fill(~causal, 0)).sum(-1).mean()
+        p = logits.masked_fill(~keep[:, None] if keep.dim() == 3 else ~keep, float("-inf")).softmax(-1)
+        o = torch.einsum("bhts,bshd->bthd", p, vv).reshape(B, T, H * dv)
+        o = o * torch.sigmoid(self.g_proj(x))
+        return self.o_proj(o)
+
+
+def topk_mask(score, K):
+    """Keeps the K best scores of each row: descending, equal scores by lower
+    position first (a stable sort of the scores in position order)."""
+    idx = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., :K]
+    keep = torch.zeros_like(score, dtype=torch.bool)
+    return keep.scatter(-1, idx, True)
+
+
+class AttnResWeights(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.proj = linear(d, 1)
+        self.norm = RMSNorm(d)
+
+
+def attn_res(srcs, w, eps):
+    """softmax over sources of w . g . RMSNorm(v_i), mixing the raw v_i."""
+    if len(srcs) == 1:
+        return srcs[0]
+    V = torch.stack(srcs, 0)
+    logit = (rms_norm(V, 1.0, eps) * w.norm.weight * w.proj.weight[0]).sum(-1)
+    a = logit.softmax(0)
+    return (a[..., None] * V).sum(0)
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg, l):
+        super().__init__()
+        d = cfg["hidden_size"]
+        kda = (l + 1) in cfg["linear_attn_config"]["kda_layers"]
+        self.self_attn = KDA(cfg) if kda else DSA(cfg)
+        self.input_layernorm, self.post_attention_layernorm = RMSNorm(d), RMSNorm(d)
+        self.moe = l >= cfg["first_k_dense_replace"] and l % cfg["moe_layer_freq"] == 0
+        if self.moe:
+            self.block_sparse_moe = LatentMoE(cfg)
+        else:
+            self.mlp = MLP(cfg, d, cfg["intermediate_size"])
+        self.self_attention_res = AttnResWeights(d)
+        self.mlp_res = AttnResWeights(d)
+
+
+class Model(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        d = cfg["hidden_size"]
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg["vocab_size"], d)
+        self.layers = nn.ModuleList(Layer(cfg, l) for l in range(cfg["num_hidden_layers"]))
+        self.norm = RMSNorm(d)
+        self.output_attn_res = AttnResWeights(d)
+
+
+class LM(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.model = Model(cfg)
+        self.lm_head = linear(cfg["hidden_size"], cfg["vocab_size"])
+
+    def forward(self, ids, taps=()):
+        """Returns (logits, hidden) where hidden[l] is the input of layer l's
+        MLP sublayer for l in taps (what the draft module reads)."""
+        cfg, eps = self.cfg, self.cfg["rms_norm_eps"]
+        S = cfg["attn_res_block_size"]
+        h = self.model.embed_tokens(ids)
+        blocks, p = [], h
+        hidden = {}
+        for l, layer in enumerate(self.model.layers):
+            x = attn_res(blocks + [p], layer.self_attention_res, eps)
+            if l % S == 0:
+                blocks, p = blocks + [p], None
+            a = layer.self_attn(rms_norm(x, layer.input_layernorm.weight, eps))
+            p = a if p is None else p + a
+            x = attn_res(blocks + [p], layer.mlp_res, eps)
+            if l in taps:
+                hidden[l] = x
+            xn = rms_norm(x, layer.post_attention_layernorm.weight, eps)
+            p = p + (layer.block_sparse_moe(xn) if layer.moe else layer.mlp(xn))
+        out = attn_res(blocks + [p], self.model.output_attn_res, eps)
+        out = rms_norm(out, self.model.norm.weight, eps)
+        return self.lm_head(out), hidden
+
+
+def hf_state_dict(lm):
+    """The checkpoint's tensor names: AttnRes weights flattened to
+    self_attention_res_proj / _norm, the buffer bias included."""
+    out = {}
+    for name, t in lm.state_dict().items():
+        name = (name.replace("self_attention_res.proj", "self_attention_res_proj")
+                .replace("self_attention_res.norm", "self_attention_res_norm")
+                .replace("mlp_res.proj", "mlp_res_proj").replace("mlp_res.norm", "mlp_res_norm")
+                .replace("output_attn_res.proj", "output_attn_res_proj")
+                .replace("output_attn_res.norm", "output_attn_res_norm"))
+        out[name] = t
+    return out
+
+
+def load_hf_state_dict(lm, sd):
+    inv = {}
+    for name in lm.state_dict():
+        inv[(name.replace("self_attention_res.proj", "self_attention_res_proj")
+             .replace("self_attention_res.norm", "self_attention_res_norm")
+             .replace("mlp_res.proj", "mlp_res_proj").replace("mlp_res.norm", "mlp_res_norm")
+             .replace("output_attn_res.proj", "output_attn_res_proj")
+             .replace("output_attn_res.norm", "output_attn_res_norm"))] = name
+    mine = {}
+    for k, v in sd.items():
+        k = k.removeprefix("language_model.")
+        if k in inv:
+            mine[inv[k]] = v
+    missing = set(lm.state_dict()) - set(mine)
+    if missing:
+        raise KeyError(f"missing tensors: {sorted(missing)[:5]}")
+    lm.load_state_dict(mine)
