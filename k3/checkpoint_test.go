@@ -23,7 +23,7 @@ import (
 func tinyFS(t testing.TB) fstest.MapFS {
 	t.Helper()
 	out := fstest.MapFS{}
-	src := tinymodel.FS()
+	src := tinymodel.Random()
 	entries, err := fs.ReadDir(src, ".")
 	require.NoError(t, err)
 	for _, e := range entries {
@@ -37,7 +37,7 @@ func tinyFS(t testing.TB) fstest.MapFS {
 // tinyTensors returns the embedded checkpoint's tensors (copies).
 func tinyTensors(t testing.TB) []safetensors.Tensor {
 	t.Helper()
-	b, err := fs.ReadFile(tinymodel.FS(), "model.safetensors")
+	b, err := fs.ReadFile(tinymodel.Random(), "model.safetensors")
 	require.NoError(t, err)
 	f, err := safetensors.FromBytes("tiny", b)
 	require.NoError(t, err)

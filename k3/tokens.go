@@ -50,15 +50,16 @@ func (m *Model) ChatPrompt(msgs []Message) string {
 	return tokenizer.Chat(turns, true)
 }
 
-// LoadTiny loads the tiny K3.1 Pro-shaped checkpoint embedded in the SDK
-// (about 0.4M parameters, bf16). Its weights are random: it exercises every
-// layer kind, but its output is not language.
+// LoadTiny loads the model embedded in the SDK: a tiny K3.1 Pro-shaped
+// model (KDA and DSA layers, Block AttnRes, latent MoE; 5M parameters,
+// bf16) trained on the Go standard library source, with a 4,096-token BPE
+// tokenizer. It completes Go code; it knows nothing else.
 func LoadTiny(ctx context.Context, opts ...Option) (*Model, error) {
-	return LoadFS(ctx, tinymodel.FS(), "embedded:tiny-k31pro", opts...)
+	return LoadFS(ctx, tinymodel.Default(), "embedded:k3-tiny-go", opts...)
 }
 
 // TinyLabel describes the embedded model for user-facing output.
-const TinyLabel = "embedded tiny K3.1 Pro-shaped model with RANDOM weights (output is not language)"
+const TinyLabel = "embedded tiny K3.1 Pro-shaped model trained on Go source (it completes Go code)"
 
 // WeightBytes returns the size of the checkpoint's tensors as stored.
 func (m *Model) WeightBytes() int64 {

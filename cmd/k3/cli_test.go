@@ -41,12 +41,13 @@ func TestHelp(t *testing.T) {
 }
 
 func TestRunCommand(t *testing.T) {
-	code, out, errOut := runCLI("run", "-prompt", "abc", "-max-tokens", "7", "-presence-penalty", "0.5",
+	// "func" is one token of the embedded model's vocabulary.
+	code, out, errOut := runCLI("run", "-prompt", "func", "-max-tokens", "7", "-presence-penalty", "0.5",
 		"-frequency-penalty", "0.25", "-stop", "\x00\x01never", "-no-default-stops")
 	require.Equal(t, 0, code, errOut)
 	assert.NotEmpty(t, out)
 	assert.Contains(t, errOut, "stopped: token limit (-max-tokens 7)")
-	assert.Contains(t, errOut, "prefill: 3 tokens")
+	assert.Contains(t, errOut, "prefill: 1 tokens")
 	assert.Contains(t, errOut, "decode: 6 more tokens")
 	assert.Contains(t, errOut, "7 generated in all")
 

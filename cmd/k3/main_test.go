@@ -71,7 +71,7 @@ func TestNewTinyAndRun(t *testing.T) {
 			t.Errorf("run %s: exit %d\nstdout %q\nstderr %q", preset, code, stdout, stderr)
 		}
 	}
-	if code, _, stderr := runCLI("run", "-prompt", "Hi", "-max-tokens", "3"); code != 0 || !strings.Contains(stderr, "RANDOM weights") {
+	if code, _, stderr := runCLI("run", "-prompt", "Hi", "-max-tokens", "3"); code != 0 || !strings.Contains(stderr, "trained on Go source") {
 		t.Errorf("run with the embedded model: exit %d, stderr %q", code, stderr)
 	}
 	if code, _, _ := runCLI("run", "-model", filepath.Join(dir, "missing")); code == 0 {

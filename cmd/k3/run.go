@@ -11,7 +11,6 @@ import (
 	"os/signal"
 	"strings"
 	"time"
-	"unicode"
 
 	"k3/internal/tiny"
 	"k3/k3"
@@ -36,7 +35,7 @@ func (l *stringList) String() string     { return strings.Join(*l, ", ") }
 func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
 func (g *genFlags) register(fs *flag.FlagSet, maxTokens int) {
-	fs.StringVar(&g.model, "model", "", "checkpoint directory (default: the embedded tiny model with random weights)")
+	fs.StringVar(&g.model, "model", "", "checkpoint directory (default: the embedded tiny model, trained on Go source)")
 	fs.IntVar(&g.maxTokens, "max-tokens", maxTokens, "most tokens to generate")
 	fs.Float64Var(&g.temperature, "temperature", 0, "sampling temperature (0: greedy)")
 	fs.IntVar(&g.topK, "top-k", 0, "keep the k most likely tokens (0: all)")
@@ -143,7 +142,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			n++
 		}
 		finish = tok.Finish
-		fmt.Fprint(stdout, g.shown(tok.Text))
+		fmt.Fprint(stdout, tok.Text)
 	}
 	total := time.Since(start)
 	if n > 0 {
@@ -192,7 +191,7 @@ func runChat(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	defer m.Close()
 	label := g.model
 	if label == "" {
-		label = "the embedded tiny model (random weights: its answers are not language)"
+		label = "the embedded tiny model (trained on Go source, not on conversations: its answers continue code)"
 	}
 	fmt.Fprintf(stdout, "k3 chat with %s; /help for commands.\n", label)
 	return chatLoop(ctx, m, &g, *system, os.Stdin, stdout, interrupts)
@@ -268,7 +267,7 @@ func chatLoop(ctx context.Context, m *k3.Model, g *genFlags, system string, in i
 				break
 			}
 			finish = tok.Finish
-			fmt.Fprint(out, g.shown(tok.Text))
+			fmt.Fprint(out, tok.Text)
 		}
 		close(stopWatch)
 		cancel()
@@ -295,21 +294,6 @@ func chatLoop(ctx context.Context, m *k3.Model, g *genFlags, system string, in i
 			}
 		}
 	}
-}
-
-// shown is the text to print for a token: the embedded model's random
-// weights emit arbitrary bytes, so its control characters (other than
-// newline and tab) print as dots and cannot upset the terminal.
-func (g *genFlags) shown(text string) string {
-	if g.model != "" {
-		return text
-	}
-	return strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) && r != '\n' && r != '\t' {
-			return '.'
-		}
-		return r
-	}, text)
 }
 
 func runNewTiny(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -13,8 +13,6 @@ import (
 	"fmt"
 	"log"
 	"os"
-	"strings"
-	"unicode"
 
 	"k3/k3"
 )
@@ -73,21 +71,8 @@ func main() {
 			if err != nil {
 				log.Fatal(err)
 			}
-			if *model == "" {
-				// Random weights emit arbitrary bytes, control characters
-				// included: show those as dots so the terminal stays sane.
-				tok.Text = strings.Map(visible, tok.Text)
-			}
 			fmt.Print(tok.Text)
 		}
 		fmt.Printf("\n(session holds %d tokens)\n\n", s.Len())
 	}
-}
-
-// visible replaces control characters other than newline and tab.
-func visible(r rune) rune {
-	if unicode.IsControl(r) && r != '\n' && r != '\t' {
-		return '.'
-	}
-	return r
 }

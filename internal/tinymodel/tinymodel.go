@@ -1,7 +1,13 @@
-// Package tinymodel embeds one tiny K3.1 Pro-shaped checkpoint with random
-// weights (written by `k3 new-tiny -preset k31pro -seed 1 -bf16`), so that
-// the SDK's examples and `k3 run` work with no download. Its output is not
-// language.
+// Package tinymodel embeds the SDK's two tiny checkpoints, so that the
+// examples, `k3 run` and the tests work with no download:
+//
+//   - gocode, the default: a K3.1 Pro-shaped model trained on the Go
+//     standard library source by tools/train (its README gives the
+//     commands and the figures), with its BPE tokenizer and DSpark draft
+//     module.
+//   - k31pro: random weights (written by `k3 new-tiny -preset k31pro -seed 1
+//     -bf16`), smaller, for tests that exercise loading and layer kinds;
+//     its output is not language.
 package tinymodel
 
 import (
@@ -9,19 +15,24 @@ import (
 	"io/fs"
 )
 
-//go:embed k31pro
+//go:embed k31pro gocode
 var files embed.FS
 
-// FS returns the checkpoint directory.
-func FS() fs.FS {
-	sub, err := fs.Sub(files, "k31pro")
+// Default returns the trained checkpoint directory.
+func Default() fs.FS { return sub("gocode") }
+
+// Random returns the random-weight checkpoint directory.
+func Random() fs.FS { return sub("k31pro") }
+
+func sub(dir string) fs.FS {
+	s, err := fs.Sub(files, dir)
 	if err != nil {
-		panic(err) // the embedded directory is part of the build
+		panic(err) // the embedded directories are part of the build
 	}
-	return sub
+	return s
 }
 
-// Preset and Seed are how the embedded checkpoint was generated.
+// Preset and Seed are how the random-weight checkpoint was generated.
 const (
 	Preset = "k31pro"
 	Seed   = 1

@@ -10,7 +10,7 @@ import (
 	"k3/internal/tiny"
 )
 
-// TestEmbeddedIsReproducible regenerates the embedded checkpoint and
+// TestEmbeddedIsReproducible regenerates the embedded random-weight checkpoint and
 // compares every file, so the committed bytes and the generator never drift.
 func TestEmbeddedIsReproducible(t *testing.T) {
 	dir := t.TempDir()
@@ -22,7 +22,7 @@ func TestEmbeddedIsReproducible(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := fs.ReadFile(FS(), name)
+		got, err := fs.ReadFile(Random(), name)
 		if err != nil {
 			t.Fatal(err)
 		}

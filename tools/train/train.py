@@ -324,7 +324,7 @@ def fixture(path, lm, tok, held, n_prompt, n_decode):
                     "generated_ids": torch.tensor(gen, dtype=torch.int32),
                     "decode_positions": torch.arange(T, T + n_decode, dtype=torch.int32),
                     "decode_logits": torch.stack(dec)},
-             metadata={"op": "model.forward", "description": f"held-out prefix of {held[0][0]} scored by tools/train (PyTorch {torch.__version__}, float32, bf16 weights)"})
+             metadata={"format": "the model.forward tensors of testdata/model/README.md; read by k3/trained_test.go", "description": f"held-out prefix of {held[0][0]} scored by tools/train (PyTorch {torch.__version__}, float32, bf16 weights)"})
 
 
 def main():
