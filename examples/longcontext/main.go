@@ -16,8 +16,9 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"os/exec"
 	"path/filepath"
-	"runtime"
+	"strings"
 	"time"
 
 	"k3/k3"
@@ -84,7 +85,11 @@ func main() {
 // longPrompt tokenizes Go source until it has n tokens.
 func longPrompt(m *k3.Model, n int) []int32 {
 	defer m.Close()
-	text, err := os.ReadFile(filepath.Join(runtime.GOROOT(), "src", "fmt", "print.go"))
+	text := []byte(nil)
+	goroot, err := exec.Command("go", "env", "GOROOT").Output()
+	if err == nil {
+		text, err = os.ReadFile(filepath.Join(strings.TrimSpace(string(goroot)), "src", "fmt", "print.go"))
+	}
 	if err != nil {
 		text = []byte("package main\n\nfunc main() {\n\tprintln(\"hello\")\n}\n")
 	}
