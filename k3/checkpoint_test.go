@@ -108,6 +108,9 @@ func TestCheckpointErrors(t *testing.T) {
 		{"unexpected tensor", map[string][]byte{"model.safetensors": with(func(c []safetensors.Tensor) []safetensors.Tensor {
 			return append(c, safetensors.F32Tensor("language_model.model.layers.0.bogus.weight", []int{1}, []float32{1}))
 		})}, []string{"unexpected", "bogus"}},
+		{"draft tensors without dspark_config", map[string][]byte{"model.safetensors": with(func(c []safetensors.Tensor) []safetensors.Tensor {
+			return append(c, safetensors.F32Tensor("language_model.dspark.fc.weight", []int{1}, []float32{1}))
+		})}, []string{"unexpected", "dspark.fc.weight"}},
 		{"unusable dtype", map[string][]byte{"model.safetensors": with(func(c []safetensors.Tensor) []safetensors.Tensor {
 			c[norm].DType = safetensors.I32
 			return c
