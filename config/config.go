@@ -453,7 +453,7 @@ func (c *Config) fillDraft(r *rawDraft) (*DraftConfig, error) {
 	if d.IntermediateSize, err = positive("dspark_config.intermediate_size", r.IntermediateSize); err != nil {
 		return nil, err
 	}
-	if d.TensorPrefix == "" || !strings.HasSuffix(d.TensorPrefix, ".") {
+	if !strings.HasSuffix(d.TensorPrefix, ".") {
 		return nil, fieldErr("dspark_config.tensor_prefix", d.TensorPrefix, `must end in "."`)
 	}
 	return d, nil

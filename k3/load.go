@@ -404,7 +404,7 @@ func (m *Model) load(ctx context.Context, progress func(done, total int64)) erro
 	var extra []string
 	for _, name := range m.ck.Names() {
 		// The draft module's tensors belong to a drafter, not to this model.
-		if d := cfg.Draft; d != nil && strings.HasPrefix(strings.TrimPrefix(name, "language_model."), d.TensorPrefix) {
+		if d := cfg.Draft; d != nil && strings.HasPrefix(name, src.name(d.TensorPrefix)) {
 			continue
 		}
 		if !src.used[name] {

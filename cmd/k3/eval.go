@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -81,24 +80,19 @@ func (s score) String() string {
 	return fmt.Sprintf("%d tokens, %.4f bits/token, %.4f bits/byte", s.Tokens, perTok, perByte)
 }
 
-var errNoBOS = errors.New("the model's config has no bos_token_id inside its vocabulary")
-
 // scoreText tokenizes text as plain text (special-token strings are not
 // special here) and scores every token, window tokens at a time: each
 // window is a fresh sequence [BOS, t_0 .. t_{n-2}] whose logits predict
 // t_0 .. t_{n-1}.
 func scoreText(ctx context.Context, m *k3.Model, text string, window int) (score, error) {
-	bos := m.Config.BOSTokenID
-	if bos < 0 || bos >= m.VocabSize() {
-		return score{}, errNoBOS
-	}
+	bos := int32(m.Config.BOSTokenID) // config.Parse keeps it inside the vocabulary
 	ids := m.Tokenizer().Encode(text, false)
 	sc := score{Tokens: len(ids), Bytes: len(text)}
 	v := m.VocabSize()
 	in := make([]int32, 0, window)
 	for a := 0; a < len(ids); a += window {
 		w := ids[a:min(a+window, len(ids))]
-		in = append(append(in[:0], int32(bos)), w[:len(w)-1]...)
+		in = append(append(in[:0], bos), w[:len(w)-1]...)
 		s, err := m.NewSession()
 		if err != nil {
 			return score{}, err

@@ -18,7 +18,6 @@ is the token drafted at k-1, so B_k costs one row of W_out W_in per token.
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from model import act, rms_norm
 

@@ -9,7 +9,6 @@ KDA runs in chunks of 16 tokens (the WY form: a unit lower-triangular solve
 per chunk) so that training is not a Python loop over every token.
 """
 
-import math
 
 import torch
 import torch.nn as nn

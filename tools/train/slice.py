@@ -7,9 +7,7 @@ every file (k3 must tokenize it identically and score it within 1%).
 
 import argparse
 import json
-import math
 import os
-import shutil
 
 import torch
 

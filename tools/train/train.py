@@ -12,8 +12,6 @@ import hashlib
 import json
 import math
 import os
-import subprocess
-import sys
 import time
 
 import torch
@@ -50,7 +48,7 @@ def log(*a):
     print(time.strftime("%H:%M:%S"), *a, flush=True)
 
 
-def prepare(args, out):
+def prepare(args):
     goroot, version = data.go_info()
     train, held = data.corpus(goroot)
     log(f"corpus {version}: {len(train)} training files, {len(held)} held out")
@@ -355,7 +353,7 @@ def main():
     gen = torch.Generator().manual_seed(args.seed)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
-    tok, stream, held, info = prepare(args, args.out)
+    tok, stream, held, info = prepare(args)
     for _, text in held:
         assert tok.decode_bytes(tok.encode(text)) == text.encode(), "tokenizer round trip"
     lm = train_model(args, stream, gen)
