@@ -63,6 +63,7 @@ func BenchmarkDecodeOverhead(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	one := &kda.Seqs{Cu: []int32{0, 1}, States: []*kda.State{st}, Exact: 1}
 	x, _ := be.Alloc(compute.F32, 1, d)
 	y, _ := be.Alloc(compute.F32, 1, d)
 
@@ -94,12 +95,12 @@ func BenchmarkDecodeOverhead(b *testing.B) {
 	upd := compute.AttnResUpdateArgs{Partial: partial, HasPartial: true, Delta: delta, Query: queries.Rows(0, 1).Reshape(d), Eps: 1e-5,
 		Num: num.Rows(0, 1).Reshape(1, d), Max: mx.Rows(0, 1).Reshape(1), Sum: sum.Rows(0, 1).Reshape(1), H: hout}
 
-	layer.Decode(x, st, y)
+	layer.Forward(x, one, y)
 	b.ResetTimer()
 	var tLayer, tRes time.Duration
 	for i := 0; i < b.N; i++ {
 		start := time.Now()
-		if err := layer.Decode(x, st, y); err != nil {
+		if err := layer.Forward(x, one, y); err != nil {
 			b.Fatal(err)
 		}
 		tLayer += time.Since(start)

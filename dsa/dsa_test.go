@@ -25,9 +25,14 @@ func randomSource(cfg Config, seed uint64) weights.Source {
 		"q_a_proj.weight": {qin, d}, "q_a_layernorm.weight": {qin}, "q_b_proj.weight": {h * (cfg.NopeDim + cfg.RopeDim), qin},
 		"kv_a_proj_with_mqa.weight": {cfg.KVLoRARank + cfg.RopeDim, d}, "kv_a_layernorm.weight": {cfg.KVLoRARank},
 		"kv_b_proj.weight": {h * (cfg.NopeDim + cfg.VDim), cfg.KVLoRARank}, "g_proj.weight": {h * cfg.VDim, d},
-		"o_proj.weight": {d, h * cfg.VDim}, "indexer.wq_b.weight": {cfg.Indexer.NumHeads * cfg.Indexer.HeadDim, qin},
-		"indexer.wk.weight": {cfg.Indexer.HeadDim, d}, "indexer.k_norm.weight": {cfg.Indexer.HeadDim},
-		"indexer.k_norm.bias": {cfg.Indexer.HeadDim}, "indexer.weights_proj.weight": {cfg.Indexer.NumHeads, d},
+		"o_proj.weight": {d, h * cfg.VDim},
+	}
+	if ix := cfg.Indexer; ix != nil {
+		shapes["indexer.wq_b.weight"] = []int{ix.NumHeads * ix.HeadDim, qin}
+		shapes["indexer.wk.weight"] = []int{ix.HeadDim, d}
+		shapes["indexer.k_norm.weight"] = []int{ix.HeadDim}
+		shapes["indexer.k_norm.bias"] = []int{ix.HeadDim}
+		shapes["indexer.weights_proj.weight"] = []int{ix.NumHeads, d}
 	}
 	return func(name string) (compute.DType, []int, []byte, error) {
 		shape, ok := shapes[name]
@@ -69,7 +74,7 @@ func TestIncrementalEqualsPrefill(t *testing.T) {
 	full, _ := NewLayer(b, cfg, w, n)
 	c1, _ := NewCache(b, cfg, n, 64)
 	y1, _ := b.Alloc(compute.F32, n, cfg.Hidden)
-	if err := full.Forward(x, c1, y1); err != nil {
+	if err := full.Forward(x, chunkOf(c1, n), y1); err != nil {
 		t.Fatal(err)
 	}
 	want := make([]float32, n*cfg.Hidden)
@@ -81,7 +86,7 @@ func TestIncrementalEqualsPrefill(t *testing.T) {
 	got := make([]float32, cfg.Hidden)
 	check := func(from int) {
 		for i := from; i < n; i++ {
-			if err := step.Forward(x.Rows(i, i+1), c2, y2); err != nil {
+			if err := step.Forward(x.Rows(i, i+1), stepOf(c2, 1), y2); err != nil {
 				t.Fatal(err)
 			}
 			b.Read(got, y2)
@@ -105,7 +110,8 @@ func TestIncrementalEqualsPrefill(t *testing.T) {
 	}
 	// No allocation per decode token once the cache has room.
 	c3, _ := NewCache(b, cfg, 64, 64)
-	if allocs := testing.AllocsPerRun(10, func() { step.Forward(x.Rows(0, 1), c3, y2) }); allocs != 0 && !raceEnabled {
+	s3 := stepOf(c3, 1)
+	if allocs := testing.AllocsPerRun(10, func() { step.Forward(x.Rows(0, 1), s3, y2) }); allocs != 0 && !raceEnabled {
 		t.Errorf("decode step allocates %v times", allocs)
 	}
 }
@@ -123,17 +129,29 @@ func TestBadInput(t *testing.T) {
 	}
 	x3, _ := b.Alloc(compute.F32, 3, cfg.Hidden)
 	y3, _ := b.Alloc(compute.F32, 3, cfg.Hidden)
-	if err := l.Forward(x3, small, y3); err != nil {
+	if err := l.Forward(x3, chunkOf(small, 3), y3); err != nil {
 		t.Fatalf("3 tokens into a cache of limit 3 with top-k %d: %v", cfg.Indexer.TopK, err)
 	}
 	c, _ := NewCache(b, cfg, 4, 5)
 	x, _ := b.Alloc(compute.F32, 3, cfg.Hidden)
 	y, _ := b.Alloc(compute.F32, 3, cfg.Hidden)
-	if err := l.Forward(x, c, y); err != nil {
+	if err := l.Forward(x, chunkOf(c, 3), y); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Forward(x, c, y); !errors.Is(err, ErrCacheFull) {
+	if err := l.Forward(x, chunkOf(c, 3), y); !errors.Is(err, ErrCacheFull) {
 		t.Errorf("overflowing the cache limit: %v", err)
+	}
+	for _, bad := range []*Seqs{
+		{Cu: []int32{0, 3}},
+		{Cu: []int32{0, 2}, Caches: []*Cache{c}},
+		{Cu: []int32{0, 3}, Caches: []*Cache{c}, Exact: 2},
+		{Cu: []int32{0, 0, 3}, Caches: []*Cache{c, small}},
+		{Cu: []int32{0, 1, 3}, Caches: []*Cache{c, c}},
+		{Cu: []int32{0, 3}, Caches: []*Cache{nil}},
+	} {
+		if err := l.Forward(x, bad, y); err == nil {
+			t.Errorf("Forward accepted %+v", *bad)
+		}
 	}
 	// Attention-level checks.
 	q, _ := b.Alloc(compute.F32, 1, 2, 8)
@@ -194,10 +212,10 @@ func TestMHAEqualsAbsorbed(t *testing.T) {
 			c, _ := NewCache(b, cfg, n, 64)
 			y, _ := b.Alloc(compute.F32, n, cfg.Hidden)
 			// Two chunks, so the second attends to the first's cache too.
-			if err := l.Forward(x.Rows(0, 7), c, y.Rows(0, 7)); err != nil {
+			if err := l.Forward(x.Rows(0, 7), chunkOf(c, 7), y.Rows(0, 7)); err != nil {
 				t.Fatal(err)
 			}
-			if err := l.Forward(x.Rows(7, n), c, y.Rows(7, n)); err != nil {
+			if err := l.Forward(x.Rows(7, n), chunkOf(c, n-7), y.Rows(7, n)); err != nil {
 				t.Fatal(err)
 			}
 			outs[i] = make([]float32, n*cfg.Hidden)
@@ -238,4 +256,14 @@ func TestYarnFrequencies(t *testing.T) {
 	if f := cfg.ropeFreqs(64); f[31] != base[31] {
 		t.Error("scaling applied without a longer context")
 	}
+}
+
+// chunkOf describes n new rows of one sequence as a prefill chunk.
+func chunkOf(c *Cache, n int) *Seqs {
+	return &Seqs{Cu: []int32{0, int32(n)}, Caches: []*Cache{c}}
+}
+
+// stepOf describes n new rows of one sequence as an exact run.
+func stepOf(c *Cache, n int) *Seqs {
+	return &Seqs{Cu: []int32{0, int32(n)}, Caches: []*Cache{c}, Exact: 1}
 }

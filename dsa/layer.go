@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"k3/compute"
 	"k3/internal/weights"
@@ -338,12 +339,14 @@ type Layer struct {
 	// cheaper than the absorbed form when many queries share them); decode,
 	// shorter passes and index-sparse passes use the absorbed form. Both
 	// compute the same values.
-	MHAMin int
-	pos    []int32
-	one    [1]int32
-	attn   compute.AttnArgs
-	ixArgs compute.IndexerArgs
-	rope   compute.RopeArgs
+	MHAMin    int
+	pos       []int32
+	one       [1]int32
+	rowCaches []*Cache // an exact pass's cache per row
+	mha       []bool   // a chunk pass's choice of form per chunk
+	attn      compute.AttnArgs
+	ixArgs    compute.IndexerArgs
+	rope      compute.RopeArgs
 }
 
 // scratch holds a layer's intermediates; layers of one shape that run one
@@ -407,105 +410,233 @@ func NewLayer(b compute.Backend, cfg Config, w *Weights, maxT int) (*Layer, erro
 	return l, err
 }
 
-// Indices returns the positions the indexer selected in the last Forward
-// ([T, TopK], -1 padded); zero for a dense layer.
+// Indices returns the positions the indexer selected for the first t rows
+// of the last Forward ([T, TopK], -1 padded); zero for a dense layer.
 func (l *Layer) Indices(t int) compute.Tensor {
 	if l.idx.IsZero() {
 		return compute.Tensor{}
 	}
-	return l.idx.Rows(0, t).Reshape(t, l.cfg.Indexer.TopK)
+	return l.idxRows(0, t).Reshape(t, l.cfg.Indexer.TopK)
 }
 
-// Forward runs the layer for x [T, D], the tokens at positions
-// cache.Len .. cache.Len+T-1 of one sequence (a prefill chunk or one decode
-// token), appends them to the cache and writes y [T, D].
-func (l *Layer) Forward(x compute.Tensor, cache *Cache, y compute.Tensor) error {
+// idxRows returns rows r0 to r1-1 of the selection scratch ([n, 1, TopK]);
+// zero for a dense layer.
+func (l *Layer) idxRows(r0, r1 int) compute.Tensor {
+	if l.idx.IsZero() {
+		return compute.Tensor{}
+	}
+	return l.idx.Rows(r0, r1)
+}
+
+// Seqs describes the sequences whose new tokens a Forward call packs:
+// sequence s owns rows Cu[s] to Cu[s+1]-1 of x (at least one), the tokens
+// at positions Caches[s].Len onwards of its sequence.
+//
+// The first Exact sequences are exact runs: each row gets the arithmetic of
+// a single-token step (its own indexer selection and attention over its
+// sequence up to itself), so its output is bitwise that of feeding the
+// tokens one by one, alone or beside any other rows (as long as the exact
+// rows number at most compute.InvariantRows). The remaining sequences are
+// prefill chunks: blocked attention over the whole chunk, the MHA form when
+// dense and long, within the conformance tolerance of the exact arithmetic.
+type Seqs struct {
+	Cu     []int32
+	Caches []*Cache
+	Exact  int
+}
+
+// Forward runs the layer over x [R, D], the packed new tokens of the
+// sequences s describes, appends them to the caches and writes y [R, D].
+// Every projection reads its weight once for the exact rows and once for
+// the chunk rows, whatever the number of sequences: the two kinds are kept
+// apart because a product over both would give the exact rows another
+// summation order once the chunk rows make it long.
+func (l *Layer) Forward(x compute.Tensor, s *Seqs, y compute.Tensor) error {
+	n := len(s.Caches)
 	t := x.Dim(0)
-	if t > l.maxT {
+	switch {
+	case len(s.Cu) != n+1 || s.Cu[0] != 0 || int(s.Cu[n]) != t:
+		return fmt.Errorf("dsa: %d rows with row offsets %v for %d sequences", t, s.Cu, n)
+	case s.Exact < 0 || s.Exact > n:
+		return fmt.Errorf("dsa: %d exact sequences of %d", s.Exact, n)
+	case t > l.maxT:
 		return fmt.Errorf("dsa: %d tokens, layer sized for %d", t, l.maxT)
 	}
-	if t == 0 {
-		return nil
+	for i, c := range s.Caches {
+		if s.Cu[i+1] <= s.Cu[i] {
+			return fmt.Errorf("dsa: sequence %d has no rows (offsets %v)", i, s.Cu)
+		}
+		if c == nil {
+			return fmt.Errorf("dsa: sequence %d has no cache", i)
+		}
+		for _, d := range s.Caches[:i] {
+			if d == c {
+				return fmt.Errorf("dsa: sequences %d and %d share a cache", i, slices.Index(s.Caches, c))
+			}
+		}
+		if err := c.reserve(int(s.Cu[i+1] - s.Cu[i])); err != nil {
+			return err
+		}
 	}
+	e := int(s.Cu[s.Exact])
+	if s.Exact > 0 {
+		l.rowCaches = l.rowCaches[:0]
+		for i, c := range s.Caches[:s.Exact] {
+			for range s.Cu[i+1] - s.Cu[i] {
+				l.rowCaches = append(l.rowCaches, c)
+			}
+		}
+		err := l.forwardRows(x.Rows(0, e), l.rowCaches, y.Rows(0, e))
+		clear(l.rowCaches)
+		if err != nil {
+			return err
+		}
+	}
+	if e < t {
+		return l.chunks(x.Rows(e, t), s.Caches[s.Exact:], s.Cu[s.Exact:], l.idxRows(e, t), y.Rows(e, t))
+	}
+	return nil
+}
+
+// chunks runs prefill rows x [T, D]: sequence i owns rows cu[i]-cu[0] to
+// cu[i+1]-cu[0]-1 and continues caches[i] (each with room for them). The
+// projections run over all rows at once; each chunk then appends its keys,
+// selects (DSA) and attends over its own sequence; the value lift runs
+// once per run of absorbed chunks, the gate and o_proj once. Selections go
+// to idx [T, TopK].
+func (l *Layer) chunks(x compute.Tensor, caches []*Cache, cu []int32, idx, y compute.Tensor) error {
+	t := x.Dim(0)
 	cfg, w, b := l.cfg, l.W, l.b
 	dc, dr := cfg.KVLoRARank, cfg.RopeDim
-	if err := cache.reserve(t); err != nil {
-		return err
-	}
-	p0 := cache.Len
-	pos := l.pos[:t]
-	for i := range pos {
-		pos[i] = int32(p0 + i)
-	}
 	qin, qn, qr, err := l.query(x)
 	if err != nil {
 		return err
 	}
-	// Latent and rope key of the new tokens, written into the cache.
-	kv := cache.KV.Rows(p0, p0+t)
-	if err := b.MatMul(kv, x, w.KVA); err != nil {
+	kvNew := l.kvNew.Rows(0, t)
+	if err := b.MatMul(kvNew, x, w.KVA); err != nil {
 		return fmt.Errorf("dsa: kv_a_proj_with_mqa: %w", err)
 	}
-	if err := b.RMSNorm(kv, kv, w.KVANorm, latentEps); err != nil {
-		return err
-	}
+	var peNew compute.Tensor
 	if dr > 0 {
-		kr := cache.PE.Rows(p0, p0+t)
-		if err := b.MatMul(kr, x, w.KRope); err != nil {
+		peNew = l.peNew.Rows(0, t)
+		if err := b.MatMul(peNew, x, w.KRope); err != nil {
 			return fmt.Errorf("dsa: kv_a_proj_with_mqa rope rows: %w", err)
 		}
-		if !cfg.NoPE {
-			if err := l.rotate(qr, pos, dr, true); err != nil {
-				return err
-			}
-			if err := l.rotate(kr, pos, dr, true); err != nil {
-				return err
-			}
-		}
 	}
-	var indices compute.Tensor
 	if cfg.Indexer != nil {
-		var err error
-		if indices, err = l.index(x, qin, cache, pos); err != nil {
+		if err := l.indexProject(x, qin, t); err != nil {
 			return err
 		}
-		indices = l.attnIndices(indices, p0+t)
 	}
-	cache.Len = p0 + t
-	// MHA form decompresses every cached position: worth it for long dense
-	// passes, and only while the decompressed keys and values stay within
-	// budget. Index-sparse passes stay absorbed: every head then reads the
-	// same selected latent rows, which the backend can gather once for all
-	// heads, while in MHA form each head reads keys of its own.
-	if t >= l.MHAMin && indices.IsZero() && cache.Len*cfg.NumHeads*(cfg.NopeDim+cfg.VDim) <= mhaBudget {
-		return l.forwardMHA(x, qn, qr, cache, pos, indices, y)
+	// Which chunks attend in MHA form is known before any runs (it depends
+	// on lengths only), so the absorbed ones can share the weight products.
+	l.mha = l.mha[:0]
+	for i, c := range caches {
+		n := int(cu[i+1] - cu[i])
+		seen := c.Len + n
+		dense := cfg.Indexer == nil || seen <= cfg.Indexer.TopK
+		l.mha = append(l.mha, n >= l.MHAMin && dense && seen*cfg.NumHeads*(cfg.NopeDim+cfg.VDim) <= mhaBudget)
 	}
 	qa := l.qa.Rows(0, t)
-	if err := b.HeadMatMul(qa, qn, w.UKT); err != nil {
-		return fmt.Errorf("dsa: absorbed query: %w", err)
+	if err := l.absorbedRuns(cu, func(r0, r1 int) error {
+		if err := b.HeadMatMul(qa.Rows(r0, r1), qn.Rows(r0, r1), w.UKT); err != nil {
+			return fmt.Errorf("dsa: absorbed query: %w", err)
+		}
+		return nil
+	}); err != nil {
+		return err
 	}
-	ol := l.ol.Rows(0, t)
-	n := cache.Len
-	lat := cache.KV.Rows(0, n).Reshape(n, 1, dc)
-	l.attn = compute.AttnArgs{Q: qa, K: lat, V: lat, Indices: indices, QPos: pos, KVLen: n, Causal: true,
-		Scale: float32(l.scale), Out: ol}
-	if dr > 0 {
-		l.attn.QRope, l.attn.KRope = qr, cache.PE.Rows(0, n)
+	for i, c := range caches {
+		r0, r1 := int(cu[i]-cu[0]), int(cu[i+1]-cu[0])
+		n, p0 := r1-r0, c.Len
+		pos := l.pos[r0:r1]
+		for j := range pos {
+			pos[j] = int32(p0 + j)
+		}
+		if err := b.RMSNorm(c.KV.Rows(p0, p0+n), kvNew.Rows(r0, r1), w.KVANorm, latentEps); err != nil {
+			return err
+		}
+		var qri compute.Tensor
+		if dr > 0 {
+			qri = qr.Rows(r0, r1)
+			kr := c.PE.Rows(p0, p0+n)
+			if err := b.Copy(kr, peNew.Rows(r0, r1)); err != nil {
+				return err
+			}
+			if !cfg.NoPE {
+				if err := l.rotate(qri, pos, dr, true); err != nil {
+					return err
+				}
+				if err := l.rotate(kr, pos, dr, true); err != nil {
+					return err
+				}
+			}
+		}
+		var indices compute.Tensor
+		if cfg.Indexer != nil {
+			sel := idx.Rows(r0, r1)
+			if err := l.indexRun(c, pos, r0, sel); err != nil {
+				return err
+			}
+			indices = l.attnIndices(sel, p0+n)
+		}
+		c.Len = p0 + n
+		if l.mha[i] {
+			if err := l.attendMHA(qn.Rows(r0, r1), qri, c, pos, l.o.Rows(r0, r1)); err != nil {
+				return err
+			}
+			continue
+		}
+		lat := c.KV.Rows(0, c.Len).Reshape(c.Len, 1, dc)
+		l.attn = compute.AttnArgs{Q: qa.Rows(r0, r1), K: lat, V: lat, Indices: indices, QPos: pos, KVLen: c.Len, Causal: true,
+			Scale: float32(l.scale), Out: l.ol.Rows(r0, r1)}
+		if dr > 0 {
+			l.attn.QRope, l.attn.KRope = qri, c.PE.Rows(0, c.Len)
+		}
+		if err := b.Attention(&l.attn); err != nil {
+			return fmt.Errorf("dsa: attention: %w", err)
+		}
 	}
-	if err := b.Attention(&l.attn); err != nil {
-		return fmt.Errorf("dsa: attention: %w", err)
+	if err := l.absorbedRuns(cu, func(r0, r1 int) error {
+		if err := b.HeadMatMul(l.o.Rows(r0, r1), l.ol.Rows(r0, r1), w.UV); err != nil {
+			return fmt.Errorf("dsa: value lift: %w", err)
+		}
+		return nil
+	}); err != nil {
+		return err
 	}
-	return l.output(x, t, y)
+	return l.gateAndProject(x, t, y)
 }
 
-// forwardMHA attends in multi-head form: the keys' nope part and the
-// values of every cached position are decompressed from the latent once
-// (c·W_UKᵀ, c·W_UVᵀ), and each head attends over them directly. For a long
-// prefill this costs H·(dn+dr+dv) per query-key pair instead of the
+// absorbedRuns calls f on each maximal run of rows (relative to cu[0])
+// whose chunks attend in the absorbed form (l.mha false).
+func (l *Layer) absorbedRuns(cu []int32, f func(r0, r1 int) error) error {
+	for i := 0; i < len(l.mha); {
+		if l.mha[i] {
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(l.mha) && !l.mha[j] {
+			j++
+		}
+		if err := f(int(cu[i]-cu[0]), int(cu[j]-cu[0])); err != nil {
+			return err
+		}
+		i = j
+	}
+	return nil
+}
+
+// attendMHA attends in multi-head form for one chunk's rows (queries qn,
+// qr at positions pos, already in cache) into o: the keys' nope part and
+// the values of every cached position are decompressed from the latent
+// once (c·W_UKᵀ, c·W_UVᵀ), and each head attends over them directly. For a
+// long prefill this costs H·(dn+dr+dv) per query-key pair instead of the
 // absorbed form's H·(2·Dc+dr); the results are the same.
-func (l *Layer) forwardMHA(x, qn, qr compute.Tensor, cache *Cache, pos []int32, indices, y compute.Tensor) error {
+func (l *Layer) attendMHA(qn, qr compute.Tensor, cache *Cache, pos []int32, o compute.Tensor) error {
 	cfg, w, b := l.cfg, l.W, l.b
-	h, dn, dv, n, t := cfg.NumHeads, cfg.NopeDim, cfg.VDim, cache.Len, x.Dim(0)
+	h, dn, dv, n := cfg.NumHeads, cfg.NopeDim, cfg.VDim, cache.Len
 	if l.kn.IsZero() || l.kn.Dims[0] < n {
 		// Decompressed keys and values grow with the context; they are
 		// prefill scratch, reallocated by doubling.
@@ -530,8 +661,7 @@ func (l *Layer) forwardMHA(x, qn, qr compute.Tensor, cache *Cache, pos []int32, 
 	if err := b.MatMul(vn.Reshape(n, h*dv), lat, w.UV.Reshape(h*dv, cfg.KVLoRARank)); err != nil {
 		return fmt.Errorf("dsa: value decompression: %w", err)
 	}
-	o := l.o.Rows(0, t)
-	l.attn = compute.AttnArgs{Q: qn, K: kn, V: vn, Indices: indices, QPos: pos, KVLen: n, Causal: true,
+	l.attn = compute.AttnArgs{Q: qn, K: kn, V: vn, QPos: pos, KVLen: n, Causal: true,
 		Scale: float32(l.scale), Out: o}
 	if cfg.RopeDim > 0 {
 		l.attn.QRope, l.attn.KRope = qr, cache.PE.Rows(0, n)
@@ -539,7 +669,7 @@ func (l *Layer) forwardMHA(x, qn, qr compute.Tensor, cache *Cache, pos []int32, 
 	if err := b.Attention(&l.attn); err != nil {
 		return fmt.Errorf("dsa: attention: %w", err)
 	}
-	return l.gateAndProject(x, t, y)
+	return nil
 }
 
 // query projects x [T, D] to the query latent (x itself without q-LoRA)
@@ -575,42 +705,33 @@ func (l *Layer) rotate(x compute.Tensor, pos []int32, dims int, interleaved bool
 	return l.b.RoPE(&l.rope)
 }
 
-// index runs the Lightning Indexer for the new tokens: their index keys go
-// into the cache, then every new query selects its top K among positions
-// up to its own.
-func (l *Layer) index(x, qin compute.Tensor, cache *Cache, pos []int32) (compute.Tensor, error) {
+// indexRun finishes the indexer for one chunk's rows, starting at row r of
+// the projections indexProject made: the keys are normalised into the
+// cache, queries and keys are rotated, and every row selects its top K
+// among the positions up to its own into idx.
+func (l *Layer) indexRun(c *Cache, pos []int32, r int, idx compute.Tensor) error {
 	cfg, w, b := l.cfg, l.W, l.b
 	ix := cfg.Indexer
-	t, p0 := x.Dim(0), int(pos[0])
-	iq := l.iq.Rows(0, t)
-	if err := b.MatMul(iq.Reshape(t, ix.NumHeads*ix.HeadDim), qin, w.IWq); err != nil {
-		return compute.Tensor{}, fmt.Errorf("dsa: indexer.wq_b: %w", err)
-	}
-	ik := cache.IK.Rows(p0, p0+t)
-	if err := b.MatMul(ik, x, w.IWk); err != nil {
-		return compute.Tensor{}, fmt.Errorf("dsa: indexer.wk: %w", err)
-	}
-	if err := b.LayerNorm(ik, ik, w.IKNormW, w.IKNormB, latentEps); err != nil {
-		return compute.Tensor{}, err
+	t, p0 := len(pos), int(pos[0])
+	iq := l.iq.Rows(r, r+t)
+	ik := c.IK.Rows(p0, p0+t)
+	if err := b.LayerNorm(ik, l.ik.Rows(r, r+t), w.IKNormW, w.IKNormB, latentEps); err != nil {
+		return err
 	}
 	if !cfg.NoPE && cfg.RopeDim > 0 {
 		if err := l.rotate(iq, pos, cfg.RopeDim, false); err != nil {
-			return compute.Tensor{}, err
+			return err
 		}
 		if err := l.rotate(ik, pos, cfg.RopeDim, false); err != nil {
-			return compute.Tensor{}, err
+			return err
 		}
 	}
-	iw := l.iw.Rows(0, t)
-	if err := b.MatMul(iw, x, w.IWeights); err != nil {
-		return compute.Tensor{}, fmt.Errorf("dsa: indexer.weights_proj: %w", err)
-	}
-	idx := l.idx.Rows(0, t).Reshape(t, ix.TopK)
-	l.ixArgs = compute.IndexerArgs{Q: iq, K: cache.IK.Rows(0, p0+t), W: iw, QPos: pos, TopK: ix.TopK, Indices: idx}
+	l.ixArgs = compute.IndexerArgs{Q: iq, K: c.IK.Rows(0, p0+t), W: l.iw.Rows(r, r+t), QPos: pos, TopK: ix.TopK,
+		Indices: idx.Reshape(t, ix.TopK)}
 	if err := b.LightningIndexer(&l.ixArgs); err != nil {
-		return compute.Tensor{}, fmt.Errorf("dsa: indexer: %w", err)
+		return fmt.Errorf("dsa: indexer: %w", err)
 	}
-	return l.idx.Rows(0, t), nil
+	return nil
 }
 
 // CopyFrom makes c hold the same positions as src (same layer shape).
@@ -638,32 +759,6 @@ func (c *Cache) CopyFrom(src *Cache) error {
 		return c.b.Copy(c.IK.Rows(0, c.Len), src.IK.Rows(0, c.Len))
 	}
 	return nil
-}
-
-// ForwardBatch runs x [R, D], row i continuing caches[i]: one decode token
-// for each of R sequences, or several consecutive rows of one sequence
-// naming its cache once each (a ragged batch of exact runs). Every
-// projection reads its weight once for all rows; the cache appends, the
-// indexer's selection and the attention run row by row over the row's
-// sequence, so each row's result equals a single-token Forward of it.
-func (l *Layer) ForwardBatch(x compute.Tensor, caches []*Cache, y compute.Tensor) error {
-	t := x.Dim(0)
-	if t > l.maxT || len(caches) != t {
-		return fmt.Errorf("dsa: batch of %d rows for %d caches (layer sized for %d)", t, len(caches), l.maxT)
-	}
-	// A sequence's rows are consecutive: each run of one cache reserves
-	// its length.
-	for i := 0; i < len(caches); {
-		j := i + 1
-		for j < len(caches) && caches[j] == caches[i] {
-			j++
-		}
-		if err := caches[i].reserve(j - i); err != nil {
-			return err
-		}
-		i = j
-	}
-	return l.forwardRows(x, caches, y)
 }
 
 // forwardRows runs row i of x against caches[i], one row after another;
@@ -723,11 +818,11 @@ func (l *Layer) forwardRows(x compute.Tensor, caches []*Cache, y compute.Tensor)
 		}
 		var indices compute.Tensor
 		if cfg.Indexer != nil {
-			var err error
-			if indices, err = l.indexRow(c, pos, i); err != nil {
+			sel := l.idxRows(i, i+1)
+			if err := l.indexRun(c, pos, i, sel); err != nil {
 				return err
 			}
-			indices = l.attnIndices(indices, p+1)
+			indices = l.attnIndices(sel, p+1)
 		}
 		c.Len = p + 1
 		lat := c.KV.Rows(0, c.Len).Reshape(c.Len, 1, dc)
@@ -757,34 +852,6 @@ func (l *Layer) indexProject(x, qin compute.Tensor, t int) error {
 		return fmt.Errorf("dsa: indexer.weights_proj: %w", err)
 	}
 	return nil
-}
-
-// indexRow finishes the indexer for decode row i (projected by
-// indexProject): the key is normalised into the cache, query and key are
-// rotated, and the row selects its top K over its sequence's cache.
-func (l *Layer) indexRow(c *Cache, pos []int32, i int) (compute.Tensor, error) {
-	cfg, w, b := l.cfg, l.W, l.b
-	ix := cfg.Indexer
-	p := int(pos[0])
-	iq := l.iq.Rows(i, i+1)
-	ik := c.IK.Rows(p, p+1)
-	if err := b.LayerNorm(ik, l.ik.Rows(i, i+1), w.IKNormW, w.IKNormB, latentEps); err != nil {
-		return compute.Tensor{}, err
-	}
-	if !cfg.NoPE && cfg.RopeDim > 0 {
-		if err := l.rotate(iq, pos, cfg.RopeDim, false); err != nil {
-			return compute.Tensor{}, err
-		}
-		if err := l.rotate(ik, pos, cfg.RopeDim, false); err != nil {
-			return compute.Tensor{}, err
-		}
-	}
-	idx := l.idx.Rows(i, i+1).Reshape(1, ix.TopK)
-	l.ixArgs = compute.IndexerArgs{Q: iq, K: c.IK.Rows(0, p+1), W: l.iw.Rows(i, i+1), QPos: pos, TopK: ix.TopK, Indices: idx}
-	if err := b.LightningIndexer(&l.ixArgs); err != nil {
-		return compute.Tensor{}, fmt.Errorf("dsa: indexer: %w", err)
-	}
-	return l.idx.Rows(i, i+1), nil
 }
 
 // output lifts the attended latents of t rows, applies the gate and o_proj.
@@ -821,9 +888,9 @@ func (l *Layer) gateAndProject(x compute.Tensor, t int, y compute.Tensor) error 
 // attnIndices returns the index lists attention should use when the
 // furthest row of a pass sees seen positions: none while seen <= K, since
 // every row's top K is then all it sees, so attention is dense (the same
-// sum in another order) and the dense paths are the faster ones. Forward
-// and ForwardBatch both ask here, which keeps batched rows bit-identical to
-// solo ones. The lists stay in place for Indices.
+// sum in another order) and the dense paths are the faster ones. Exact rows
+// and chunks both ask here, which keeps batched rows bit-identical to solo
+// ones. The lists stay in place for Indices.
 func (l *Layer) attnIndices(indices compute.Tensor, seen int) compute.Tensor {
 	if seen <= l.cfg.Indexer.TopK {
 		return compute.Tensor{}

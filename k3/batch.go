@@ -18,22 +18,24 @@ import (
 // each session alone, bitwise. Sessions may differ from one Step to
 // the next (continuous batching). A Batch is not safe for concurrent use.
 type Batch struct {
-	m      *Model
-	max    int
-	kdaL   []*kda.Layer
-	mlaL   []*dsa.Layer
-	p      *pass
-	mix    mixer
-	cur    []*Session // the sessions of the running step
-	states []*kda.State
-	caches []*dsa.Cache // one per row
-	rec    *recorder
-	cu     []int32 // the running pass's row offsets per session
-	cuAll  []int32 // Step's offsets: one row per session
-	ids    []int32 // the running pass's tokens
-	nExact int     // sessions of the running pass that are exact runs
-	passes []batchPass
-	trace  *Trace // a single session's trace, while it runs
+	m       *Model
+	max     int
+	kdaL    []*kda.Layer
+	mlaL    []*dsa.Layer
+	p       *pass
+	mix     mixer
+	cur     []*Session // the sessions of the running step
+	states  []*kda.State
+	caches  []*dsa.Cache // one per session of the running pass
+	kdaSeqs kda.Seqs
+	dsaSeqs dsa.Seqs
+	rec     *recorder
+	cu      []int32 // the running pass's row offsets per session
+	cuAll   []int32 // Step's offsets: one row per session
+	ids     []int32 // the running pass's tokens
+	nExact  int     // sessions of the running pass that are exact runs
+	passes  []batchPass
+	trace   *Trace // a single session's trace, while it runs
 }
 
 // NewBatch prepares a batch of up to max rows per pass: max sessions a
@@ -249,6 +251,7 @@ func (bt *Batch) execute(sessions []*Session, cu, ids []int32, out []float32, tr
 // forget drops the batch's references to the sessions of the last call,
 // so that a workspace kept by the model holds no closed session alive.
 func (bt *Batch) forget() {
+	bt.kdaSeqs, bt.dsaSeqs = kda.Seqs{}, dsa.Seqs{}
 	clear(bt.cur[:cap(bt.cur)])
 	clear(bt.states[:cap(bt.states)])
 	clear(bt.caches[:cap(bt.caches)])
@@ -307,60 +310,41 @@ func (bt *Batch) plan(cu []int32) {
 	}
 }
 
-// mixLayer runs layer l's token mixer for the rows of every session of the
-// pass, each against its own state: the exact sessions' rows together (one
-// read of every weight, the single-step arithmetic), then each prefill
-// chunk.
+// mixLayer runs layer l's token mixer over the rows of every session of
+// the pass, each against its own state, in one call: the exact sessions'
+// rows with the single-step arithmetic, then the prefill chunks, each
+// kind reading every weight once.
 func (bt *Batch) mixLayer(l int, normed, out compute.Tensor) error {
 	ne := bt.nExact
 	e := int(bt.cu[ne])
 	if kl := bt.kdaL[l]; kl != nil {
-		if ne > 0 {
-			bt.states = bt.states[:0]
-			for _, s := range bt.cur[:ne] {
-				bt.states = append(bt.states, s.kdaSt[l])
-			}
-			if err := kl.DecodeBatch(normed.Rows(0, e), bt.states, bt.cu[:ne+1], bt.rec.rows(e), out.Rows(0, e)); err != nil {
-				return err
-			}
-			if err := bt.rec.appendRuns(bt.m.b, bt.cur[:ne], bt.cu[:ne+1], l); err != nil {
-				return err
-			}
+		bt.states = bt.states[:0]
+		for _, s := range bt.cur {
+			bt.states = append(bt.states, s.kdaSt[l])
 		}
-		for j := ne; j < len(bt.cur); j++ {
-			r0, r1 := int(bt.cu[j]), int(bt.cu[j+1])
-			if err := kl.Prefill(normed.Rows(r0, r1), nil, bt.cur[j].kdaSt[l], out.Rows(r0, r1)); err != nil {
-				return err
-			}
+		bt.kdaSeqs = kda.Seqs{Cu: bt.cu, States: bt.states, Exact: ne}
+		if ne > 0 {
+			bt.kdaSeqs.Records = bt.rec.rows(e)
+		}
+		if err := kl.Forward(normed, &bt.kdaSeqs, out); err != nil {
+			return err
+		}
+		if ne > 0 {
+			return bt.rec.appendRuns(bt.m.b, bt.cur[:ne], bt.cu[:ne+1], l)
 		}
 		return nil
 	}
 	ml := bt.mlaL[l]
-	if ne > 0 {
-		bt.caches = bt.caches[:0]
-		for i, s := range bt.cur[:ne] {
-			for range bt.cu[i+1] - bt.cu[i] {
-				bt.caches = append(bt.caches, s.caches[l])
-			}
-		}
-		if err := ml.ForwardBatch(normed.Rows(0, e), bt.caches, out.Rows(0, e)); err != nil {
-			return err
-		}
-		bt.traceIndices(l, ml, e)
+	bt.caches = bt.caches[:0]
+	for _, s := range bt.cur {
+		bt.caches = append(bt.caches, s.caches[l])
 	}
-	for j := ne; j < len(bt.cur); j++ {
-		r0, r1 := int(bt.cu[j]), int(bt.cu[j+1])
-		if err := ml.Forward(normed.Rows(r0, r1), bt.cur[j].caches[l], out.Rows(r0, r1)); err != nil {
-			return err
-		}
-		bt.traceIndices(l, ml, r1-r0)
+	bt.dsaSeqs = dsa.Seqs{Cu: bt.cu, Caches: bt.caches, Exact: ne}
+	if err := ml.Forward(normed, &bt.dsaSeqs, out); err != nil {
+		return err
+	}
+	if bt.trace != nil && bt.m.layers[l].kind == config.DSA {
+		bt.trace.DSAIndices = append(bt.trace.DSAIndices, bt.p.readI32(ml.Indices(normed.Dim(0))))
 	}
 	return nil
-}
-
-// traceIndices records a DSA layer's selections of t rows in the trace.
-func (bt *Batch) traceIndices(l int, ml *dsa.Layer, t int) {
-	if bt.trace != nil && bt.m.layers[l].kind == config.DSA {
-		bt.trace.DSAIndices = append(bt.trace.DSAIndices, bt.p.readI32(ml.Indices(t)))
-	}
 }

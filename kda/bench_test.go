@@ -118,14 +118,25 @@ func benchDecodeStep(b *testing.B, bsz int) {
 	stateBytes := int64(2*h*d*d*4) * int64(bsz)
 	x := upload(b, be, randn(r, bsz*hidden, 1), bsz, hidden)
 	y, _ := be.Alloc(compute.F32, bsz, hidden)
-	for c := range layers { // warm the scratch pools
-		layers[c].Decode(x, states[c], y)
+	rows := make([]int32, bsz+1)
+	for i := range rows {
+		rows[i] = int32(i)
 	}
-	allocs := testing.AllocsPerRun(5, func() { layers[0].Decode(x, states[0], y) })
+	seqs := make([]*Seqs, copies)
+	for c, st := range states {
+		seqs[c] = &Seqs{Cu: rows, Exact: bsz}
+		for i := range bsz {
+			seqs[c].States = append(seqs[c].States, st.Seq(i))
+		}
+	}
+	for c := range layers { // warm the scratch pools
+		layers[c].Forward(x, seqs[c], y)
+	}
+	allocs := testing.AllocsPerRun(5, func() { layers[0].Forward(x, seqs[0], y) })
 	bw := kernel.BandwidthNow()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := layers[i%copies].Decode(x, states[i%copies], y); err != nil {
+		if err := layers[i%copies].Forward(x, seqs[i%copies], y); err != nil {
 			b.Fatal(err)
 		}
 	}

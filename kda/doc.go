@@ -4,10 +4,11 @@
 //
 // It owns the layer (projections, short conv, gates, recurrence, output norm
 // and gate, output projection) written against the compute seam, the state
-// layout, and the two execution paths over the same state: chunked prefill
-// (Prefill: FlashKDA's split into a token-parallel chunk stage and a
-// sequential inter-chunk stage) and the fused decode step (MegaKDA:
-// Decode, and DecodeBatch for many sequences with one or more tokens each,
+// layout, and one entry point, Layer.Forward, over the packed new tokens of
+// many sequences. It serves each sequence by one of two execution paths
+// over the same state: the fused decode step (MegaKDA) for exact runs,
 // stepped with the single-token arithmetic and optionally emitting the
-// ReplaySSM records of package replay).
+// ReplaySSM records of package replay, and chunked prefill (FlashKDA's
+// split into a token-parallel chunk stage and a sequential inter-chunk
+// stage) for the rest.
 package kda

@@ -141,6 +141,12 @@ func (st *State) Free(b compute.Backend) {
 	st.Conv, st.S = compute.Tensor{}, compute.Tensor{}
 }
 
+// Seq returns a view of sequence i of a state of several: it shares the
+// memory (Free the whole state, not the view).
+func (st *State) Seq(i int) *State {
+	return &State{Conv: st.Conv.Rows(i, i+1), S: st.S.Rows(i, i+1)}
+}
+
 // NewState allocates zeroed state for n sequences.
 func NewState(b compute.Backend, cfg Config, n int) (*State, error) {
 	conv, err := b.Alloc(compute.F32, n, cfg.ConvKernel-1, 3*cfg.NumHeads*cfg.HeadDim)
@@ -213,26 +219,87 @@ func NewLayer(b compute.Backend, cfg Config, w *compute.KDAWeights, maxT int) (*
 	return l, nil
 }
 
-// Prefill runs the layer over x [T, hidden] holding packed sequences
-// (cuSeqlens, N+1 prefix sums; nil: one sequence), each continuing from its
-// row of st, and writes y [T, hidden]. st is advanced.
-func (l *Layer) Prefill(x compute.Tensor, cuSeqlens []int32, st *State, y compute.Tensor) error {
+// Seqs describes the sequences whose new tokens a Forward call packs:
+// sequence s owns rows Cu[s] to Cu[s+1]-1 of x (at least one) and
+// continues States[s], a single-sequence state.
+//
+// The first Exact sequences are exact runs: their rows go through the
+// fused decode step, each sequence's tokens one after another with the
+// single-token arithmetic, so their outputs and states are bitwise those
+// of as many single-token calls, alone or beside any other rows (as long
+// as the exact rows number at most compute.InvariantRows). The remaining
+// sequences are prefill chunks: chunked KDA, within the conformance
+// tolerance of the exact arithmetic and faster for long runs.
+type Seqs struct {
+	Cu     []int32
+	States []*State
+	Exact  int
+	// Records, when not the zero Tensor, receives each exact row's replay
+	// record ([rows of the exact sequences, RecordLen]); chunks have none.
+	Records compute.Tensor
+}
+
+// Forward runs the layer over x [R, hidden], the packed new tokens of the
+// sequences s describes, advances their states and writes y [R, hidden].
+// Every weight is read once for the exact rows and once for the chunk
+// rows, whatever the number of sequences: the two kinds are kept apart
+// because a product over both would give the exact rows another summation
+// order once the chunk rows make it long.
+func (l *Layer) Forward(x compute.Tensor, s *Seqs, y compute.Tensor) error {
+	n := len(s.States)
 	t := x.Dim(0)
-	if t > l.maxT {
-		return fmt.Errorf("kda: %d tokens, layer sized for %d", t, l.maxT)
+	switch {
+	case len(s.Cu) != n+1 || s.Cu[0] != 0 || int(s.Cu[n]) != t:
+		return fmt.Errorf("kda: %d rows with row offsets %v for %d sequences", t, s.Cu, n)
+	case s.Exact < 0 || s.Exact > n:
+		return fmt.Errorf("kda: %d exact sequences of %d", s.Exact, n)
+	case t-int(s.Cu[s.Exact]) > l.maxT: // the fused step needs no scratch
+		return fmt.Errorf("kda: %d prefill tokens, layer sized for %d", t-int(s.Cu[s.Exact]), l.maxT)
 	}
-	if t == 0 {
-		return nil
+	for i, st := range s.States {
+		if s.Cu[i+1] <= s.Cu[i] {
+			return fmt.Errorf("kda: sequence %d has no rows (offsets %v)", i, s.Cu)
+		}
+		if st == nil || st.S.Rank != 4 || st.S.Dims[0] != 1 || st.Conv.Rank != 3 || st.Conv.Dims[0] != 1 {
+			return fmt.Errorf("kda: sequence %d: want a single-sequence state", i)
+		}
 	}
+	e := int(s.Cu[s.Exact])
+	if s.Exact > 0 {
+		if err := l.step(x.Rows(0, e), s.States[:s.Exact], s.Cu[:s.Exact+1], s.Records, y.Rows(0, e)); err != nil {
+			return err
+		}
+	}
+	if e < t {
+		return l.chunks(x.Rows(e, t), s.States[s.Exact:], s.Cu[s.Exact:], y.Rows(e, t))
+	}
+	return nil
+}
+
+// step runs the fused decode step over the exact rows.
+func (l *Layer) step(x compute.Tensor, states []*State, cu []int32, records, y compute.Tensor) error {
+	l.convs, l.states = l.convs[:0], l.states[:0]
+	for _, st := range states {
+		l.convs = append(l.convs, st.Conv.Reshape(st.Conv.Dims[1], st.Conv.Dims[2]))
+		l.states = append(l.states, st.S.Reshape(st.S.Dims[1], st.S.Dims[2], st.S.Dims[3]))
+	}
+	l.stepArgs = compute.KDAStepArgs{W: l.W, X: x, Y: y, Convs: l.convs, States: l.states, Records: records, CuSeqlens: cu}
+	if err := l.b.KDAStep(&l.stepArgs); err != nil {
+		return fmt.Errorf("kda: decode step: %w", err)
+	}
+	return nil
+}
+
+// chunks runs the chunked form over prefill rows x [T, hidden]: every
+// projection over all rows at once, the short conv and the recurrence per
+// sequence (rows cu[i]-cu[0] to cu[i+1]-cu[0]-1, continuing states[i]).
+func (l *Layer) chunks(x compute.Tensor, states []*State, cu []int32, y compute.Tensor) error {
+	t := x.Dim(0)
 	h, d := l.cfg.NumHeads, l.cfg.HeadDim
 	raw, conv := l.raw.Rows(0, t), l.conv.Rows(0, t)
 	b := l.b
 	if err := b.MatMul(raw, x, l.W.QKV); err != nil {
 		return fmt.Errorf("kda: q/k/v projection: %w", err)
-	}
-	l.convArgs = compute.ConvArgs{X: raw, Weight: l.W.Conv, State: st.Conv, Out: conv, CuSeqlens: cuSeqlens}
-	if err := b.CausalConv(&l.convArgs); err != nil {
-		return fmt.Errorf("kda: short conv: %w", err)
 	}
 	fa, graw, beta, gate := l.fa.Rows(0, t), l.graw.Rows(0, t), l.beta.Rows(0, t), l.gate.Rows(0, t)
 	if err := b.MatMul(fa, x, l.W.FA); err != nil {
@@ -248,14 +315,23 @@ func (l *Layer) Prefill(x compute.Tensor, cuSeqlens []int32, st *State, y comput
 		return err
 	}
 	core := l.core.Rows(0, t)
-	l.chunkArgs = compute.KDAArgs{
-		QKV: conv, G: graw.Reshape(t, h, d), Beta: beta,
-		ALog: l.W.ALog, DTBias: l.W.DTBias, Gate: l.W.Gate, LowerBound: l.W.LowerBound,
-		Preprocess: true, Scale: float32(1 / math.Sqrt(float64(d))), CuSeqlens: cuSeqlens,
-		State: st.S, Out: core.Reshape(t, h, d), ChunkSize: l.cfg.ChunkSize,
-	}
-	if err := b.KDAChunk(&l.chunkArgs); err != nil {
-		return fmt.Errorf("kda: core: %w", err)
+	scale := float32(1 / math.Sqrt(float64(d)))
+	for i, st := range states {
+		r0, r1 := int(cu[i]-cu[0]), int(cu[i+1]-cu[0])
+		l.convArgs = compute.ConvArgs{X: raw.Rows(r0, r1), Weight: l.W.Conv, State: st.Conv, Out: conv.Rows(r0, r1)}
+		if err := b.CausalConv(&l.convArgs); err != nil {
+			return fmt.Errorf("kda: short conv: %w", err)
+		}
+		n := r1 - r0
+		l.chunkArgs = compute.KDAArgs{
+			QKV: conv.Rows(r0, r1), G: graw.Rows(r0, r1).Reshape(n, h, d), Beta: beta.Rows(r0, r1),
+			ALog: l.W.ALog, DTBias: l.W.DTBias, Gate: l.W.Gate, LowerBound: l.W.LowerBound,
+			Preprocess: true, Scale: scale,
+			State: st.S, Out: core.Rows(r0, r1).Reshape(n, h, d), ChunkSize: l.cfg.ChunkSize,
+		}
+		if err := b.KDAChunk(&l.chunkArgs); err != nil {
+			return fmt.Errorf("kda: core: %w", err)
+		}
 	}
 	rows := core.Reshape(t*h, d)
 	if err := b.RMSNorm(rows, rows, l.W.ONorm, l.W.Eps); err != nil {
@@ -290,42 +366,10 @@ func (l *Layer) outputGate(x, gate compute.Tensor, t int) error {
 	return nil
 }
 
-// Decode runs the fused single-token step for x [B, hidden] (one token per
-// sequence, B = the state's sequences) and writes y [B, hidden].
-func (l *Layer) Decode(x compute.Tensor, st *State, y compute.Tensor) error {
-	l.stepArgs = compute.KDAStepArgs{W: l.W, X: x, Conv: st.Conv, State: st.S, Y: y}
-	if err := l.b.KDAStep(&l.stepArgs); err != nil {
-		return fmt.Errorf("kda: decode step: %w", err)
-	}
-	return nil
-}
-
 // RecordLen is the length of one token's replay record of a layer of cfg
 // (compute.KDAStepArgs.Records): key, decay factors and corrected values
 // of every head, then the raw q|k|v projection.
 func RecordLen(cfg Config) int { return 6 * cfg.NumHeads * cfg.HeadDim }
-
-// DecodeBatch runs the fused step for x [R, hidden] over sequences whose
-// states live apart (one State per session), reading every weight once for
-// all rows: one token per sequence when cu is nil, else sequence s owns
-// rows cu[s] to cu[s+1]-1 (B+1 offsets), stepped in order with the
-// single-step arithmetic. Records, when not the zero Tensor, receives each
-// row's replay record [R, RecordLen].
-func (l *Layer) DecodeBatch(x compute.Tensor, states []*State, cu []int32, records, y compute.Tensor) error {
-	l.convs, l.states = l.convs[:0], l.states[:0]
-	for _, st := range states {
-		if st.S.Dims[0] != 1 {
-			return fmt.Errorf("kda: batched decode takes single-sequence states, got %v", st.S)
-		}
-		l.convs = append(l.convs, st.Conv.Reshape(st.Conv.Dims[1], st.Conv.Dims[2]))
-		l.states = append(l.states, st.S.Reshape(st.S.Dims[1], st.S.Dims[2], st.S.Dims[3]))
-	}
-	l.stepArgs = compute.KDAStepArgs{W: l.W, X: x, Y: y, Convs: l.convs, States: l.states, Records: records, CuSeqlens: cu}
-	if err := l.b.KDAStep(&l.stepArgs); err != nil {
-		return fmt.Errorf("kda: decode step: %w", err)
-	}
-	return nil
-}
 
 // TransposeState converts n states of d1×d2 (row-major) to d2×d1: between
 // the K-first layout of the reference equations and files ([.., K, V]) and

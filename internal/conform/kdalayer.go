@@ -133,7 +133,7 @@ func runKDALayer(ctx context.Context, b compute.Backend, path string, chk *check
 			return err
 		}
 		y, _ := b.Alloc(compute.F32, bsz*t, cfg.Hidden)
-		if err := layer.Prefill(xt, cu, st, y); err != nil {
+		if err := layer.Forward(xt, kdaSeqs(st, cu, 0), y); err != nil {
 			return err
 		}
 		for _, c := range []struct {
@@ -197,7 +197,7 @@ func runKDALayerDecode(ctx context.Context, b compute.Backend, path string, chk 
 		return err
 	}
 	y, _ := b.Alloc(compute.F32, bsz*t, cfg.Hidden)
-	if err := layer.Prefill(xt, cu, st, y); err != nil {
+	if err := layer.Forward(xt, kdaSeqs(st, cu, 0), y); err != nil {
 		return err
 	}
 	for _, c := range []struct {
@@ -238,11 +238,16 @@ func runKDALayerDecode(ctx context.Context, b compute.Backend, path string, chk 
 		}
 		return out
 	}
+	stepRows := make([]int32, bsz+1)
+	for i := range stepRows {
+		stepRows[i] = int32(i)
+	}
+	steps1 := kdaSeqs(st, stepRows, bsz)
 	for s := 0; s < steps; s++ {
 		if err := b.Write(xstep, pick(xd, s, cfg.Hidden)); err != nil {
 			return err
 		}
-		if err := layer.Decode(xstep, st, ystep); err != nil {
+		if err := layer.Forward(xstep, steps1, ystep); err != nil {
 			return err
 		}
 		for _, c := range []struct {
@@ -272,4 +277,14 @@ func vFirst(x []float32, n, d int) []float32 {
 	out := make([]float32, len(x))
 	kda.TransposeState(out, x, n, d, d)
 	return out
+}
+
+// kdaSeqs describes the sequences of a multi-sequence state st as a
+// layer's Forward takes them: rows cu, the first exact of them exact runs.
+func kdaSeqs(st *kda.State, cu []int32, exact int) *kda.Seqs {
+	s := &kda.Seqs{Cu: cu, Exact: exact}
+	for i := range len(cu) - 1 {
+		s.States = append(s.States, st.Seq(i))
+	}
+	return s
 }
