@@ -38,6 +38,16 @@ type ModelResult struct {
 	// verification of 7 drafts plus the bonus position) over a batch-1
 	// decode step, median over neighbouring stretches.
 	Verify8Ratio float64
+	// The verification pass's bound: it reads VerifyBytes (the experts its
+	// 8 tokens route to, load-balanced estimate, and the state once) and
+	// does VerifyFLOPs of products (2 per active parameter and token);
+	// VerifyBoundRatio is the larger of bytes over the probed bandwidth
+	// and arithmetic over the probed FMA peak, over the batch-1 step's
+	// bytes over the bandwidth: the lowest Verify8Ratio this machine
+	// allows a pass and a step that both run at their bounds.
+	// VerifyShare is that bound over the pass's measured time.
+	VerifyBytes, VerifyFLOPs, Peak float64
+	VerifyBoundRatio, VerifyShare  float64
 	// Truncate's costs at position TruncateAt, in decode steps at that
 	// position, on a model loaded with WithRollback(TruncateDepth): back
 	// TruncateShort tokens and back 100; and back 100 without logs (the
@@ -236,10 +246,17 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 		}
 		return time.Since(start).Seconds() / float64(steps), nil
 	}
-	r.StepBytes = stepBytes(m.Config, r.WeightBytes, stateKDABytes(s1), 1)
-	r.Step8Bytes = stepBytes(m.Config, r.WeightBytes, stateKDABytes(s1), 8)
+	state := stateKDABytes(s1)
+	r.StepBytes = stepBytes(m.Config, r.WeightBytes, state, 1)
+	r.Step8Bytes = stepBytes(m.Config, r.WeightBytes, state, 8)
+	// One sequence's 8 tokens read its state once (a layer's state stays
+	// in cache from token to token) and, token for token, multiply by the
+	// weights a batch-1 step reads.
+	r.VerifyBytes = r.Step8Bytes - 2*7*float64(state)
+	r.VerifyFLOPs = 8 * (r.StepBytes - 2*float64(state))
+	r.Peak = probe.PeakFLOPS()
 	const stretches, steps = 9, 12
-	var tok1, tok8, gain, share, shareNT, bws, verify []float64
+	var tok1, tok8, gain, share, shareNT, bws, verify, vbound, vshare []float64
 	for k := 0; k < stretches; k++ {
 		rd := probe.ReadBandwidth(pb, 1)
 		dt1, err := timed(steps, k*steps, step1)
@@ -258,12 +275,19 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 		}
 		verify = append(verify, dtv/dt1)
 		bw := max(rd, tr)
+		if r.Peak > 0 {
+			bound := max(r.VerifyBytes/bw, r.VerifyFLOPs/r.Peak)
+			vbound, vshare = append(vbound, bound/(r.StepBytes/bw)), append(vshare, bound/dtv)
+		}
 		tok1, tok8, gain = append(tok1, 1/dt1), append(tok8, 8/dt8), append(gain, 8*dt1/dt8)
 		share, shareNT, bws = append(share, r.StepBytes/bw/dt1), append(shareNT, r.StepBytes/nt/dt1), append(bws, bw)
 	}
 	r.Decode1TokPerSec, r.Decode8TokPerSec, r.Batch8Gain = median(tok1), median(tok8), median(gain)
 	r.RooflineShare, r.NTRooflineShare, r.Bandwidth = median(share), median(shareNT), median(bws)
 	r.Verify8Ratio = median(verify)
+	if len(vbound) > 0 {
+		r.VerifyBoundRatio, r.VerifyShare = median(vbound), median(vshare)
+	}
 	if err := truncateCost(ctx, m, dir, r, log); err != nil {
 		return nil, err
 	}
@@ -378,7 +402,11 @@ func (r *ModelResult) Table() string {
 	fmt.Fprintf(&b, "  decode, batch 8 (aggregate): %7.1f tokens/s  (%.2fx batch 1, stretch by stretch; a step reads about %.1f MB, so a batch-8 step as bandwidth-efficient as batch 1 gains at most %.2fx)\n",
 		r.Decode8TokPerSec, r.Batch8Gain, r.Step8Bytes/1e6, 8*r.StepBytes/r.Step8Bytes)
 	fmt.Fprintf(&b, "  verification pass, 8 tokens of one session: %.1fx a batch-1 decode step (weights read once; the 8 tokens route to more experts, about %.1f MB read against %.1f)\n",
-		r.Verify8Ratio, r.Step8Bytes/1e6, r.StepBytes/1e6)
+		r.Verify8Ratio, r.VerifyBytes/1e6, r.StepBytes/1e6)
+	if r.VerifyBoundRatio > 0 {
+		fmt.Fprintf(&b, "    its bound: %.1fx a batch-1 step's (the larger of %.1f MB at the probed bandwidth and %.2f GFLOP at the %.0f GFLOP/s FMA peak); the pass runs at %.0f%% of its bound\n",
+			r.VerifyBoundRatio, r.VerifyBytes/1e6, r.VerifyFLOPs/1e9, r.Peak/1e9, 100*r.VerifyShare)
+	}
 	fmt.Fprintf(&b, "  truncate at %d positions, WithRollback(%d): back %d tokens %.1f decode steps, back 100 tokens %.1f (replayed from the KDA logs; state per session %.1f MB); without logs (the default) back 100 tokens %.0f decode steps (the kept tokens are prefilled again)\n",
 		r.TruncateAt, r.TruncateDepth, r.TruncateShort, r.TruncateShortSteps, r.Truncate100Steps, float64(r.TruncateStateBytes)/1e6, r.Truncate100NoLogSteps)
 	fmt.Fprintf(&b, "  truncate at %d positions, WithSnapshots(%d, 8) and no logs: back 100 tokens %.1f decode steps (the newest snapshot before the cut, then up to %d tokens again; state per session %.1f MB)\n",

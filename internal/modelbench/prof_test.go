@@ -190,6 +190,35 @@ func TestProfileDecode(t *testing.T) {
 	}
 }
 
+// TestProfileVerify prints where an 8-token exact pass of one session
+// (a verification of 7 drafts) spends its time, beside a single step.
+func TestProfileVerify(t *testing.T) {
+	m, tb := loadTimed(t)
+	ctx := context.Background()
+	steps := 20
+	if v, err := strconv.Atoi(os.Getenv("K3_PROFILE_STEPS")); err == nil {
+		steps = v
+	}
+	for _, k := range []int{1, 8} {
+		s, _ := m.NewSession()
+		s.Forward(ctx, []int32{1, 2, 3, 4, 5, 6, 7, 8})
+		toks := make([]int32, k)
+		feed := func(i int) {
+			for j := range toks {
+				toks[j] = int32(3 + (i*k+j)%200)
+			}
+			s.Forward(ctx, toks)
+		}
+		feed(0)
+		tb.reset()
+		start := time.Now()
+		for i := 0; i < steps; i++ {
+			feed(i + 1)
+		}
+		tb.report(t, fmt.Sprintf("exact pass of %d tokens, one session", k), time.Since(start), steps)
+	}
+}
+
 // TestProfilePrefill prints where a 512-token prefill of the 100M preset
 // spends its time, per backend operation.
 func TestProfilePrefill(t *testing.T) {
