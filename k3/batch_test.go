@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"k3/compute"
 )
 
@@ -76,7 +78,7 @@ func TestBatcherMatchesSolo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go bat.Run(ctx)
+	require.NoError(t, bat.Start(ctx))
 	prompts := []string{"alpha", "be", "gamma ray", "delta", "epsilon!", "z"}
 	want := make([][]int32, len(prompts))
 	for i, p := range prompts {

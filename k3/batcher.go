@@ -5,30 +5,56 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"sync/atomic"
 )
 
 // ErrBatcherClosed is returned for requests a stopped Batcher cannot serve.
 var ErrBatcherClosed = errors.New("k3: batcher stopped")
 
+// ErrBatcherNotRunning is returned by Generate on a Batcher whose Run has
+// not started: the request fails at once rather than waiting for a loop
+// that may never come.
+var ErrBatcherNotRunning = errors.New("k3: batcher not running (call Start or Run first)")
+
 // Batcher serves Generate calls from many goroutines with continuous
 // batching: requests join the running batch as they arrive (after their
 // prompt is prefilled), leave when they finish, and every decode step runs
 // all active sessions in one pass over the weights.
+//
+// A consumer that stops reading its stream holds up only its own
+// sequence: once its buffer of tokens is full, the sequence pauses (it
+// takes no part in the passes) until the consumer reads again, while the
+// other sequences go on.
 type Batcher struct {
-	m     *Model
-	batch *Batch
-	reqs  chan *batchReq
-	done  chan struct{}
+	m       *Model
+	batch   *Batch
+	reqs    chan *batchReq
+	done    chan struct{}
+	wake    chan struct{} // a paused sequence's consumer has read
+	state   atomic.Int32  // batcherNew, batcherRunning, batcherStopped
+	started chan struct{}
+	err     error // Run's result, once done is closed
 }
 
+const (
+	batcherNew int32 = iota
+	batcherRunning
+	batcherStopped
+)
+
+// streamBuffer is how many tokens a stream holds for a consumer that is
+// slower than the decode loop before its sequence pauses.
+const streamBuffer = 64
+
 type batchReq struct {
-	ctx    context.Context
-	s      *Session
-	prompt []int32
-	opts   []GenerateOption
-	out    chan batchItem
-	stop   chan struct{} // closed by the consumer to abandon the request
-	g      *generation
+	ctx     context.Context
+	s       *Session
+	prompt  []int32
+	opts    []GenerateOption
+	out     chan batchItem
+	stop    chan struct{} // closed by the consumer to abandon the request
+	g       *generation
+	pending []Token // ready tokens the full stream could not take yet
 }
 
 type batchItem struct {
@@ -37,17 +63,38 @@ type batchItem struct {
 }
 
 // NewBatcher makes a batcher for up to max concurrent generations; call
-// Run to serve.
+// Start (or Run) to serve.
 func (m *Model) NewBatcher(max int) (*Batcher, error) {
 	bt, err := m.NewBatch(max)
 	if err != nil {
 		return nil, err
 	}
-	return &Batcher{m: m, batch: bt, reqs: make(chan *batchReq), done: make(chan struct{})}, nil
+	return &Batcher{m: m, batch: bt, reqs: make(chan *batchReq), done: make(chan struct{}),
+		wake: make(chan struct{}, 1), started: make(chan struct{})}, nil
+}
+
+// Start runs the batcher's loop in a goroutine of its own and returns once
+// it serves; Wait returns its result. Serving ends when ctx is cancelled
+// or the model is closed.
+func (b *Batcher) Start(ctx context.Context) error {
+	if !b.state.CompareAndSwap(batcherNew, batcherRunning) {
+		return errors.New("k3: batcher already started")
+	}
+	go b.serve(ctx)
+	return nil
+}
+
+// Wait blocks until the batcher stops and returns why (the ctx error, or
+// ErrClosed when the model was closed).
+func (b *Batcher) Wait() error {
+	<-b.done
+	return b.err
 }
 
 // Generate submits a generation for session s (which must not be used
-// elsewhere until the sequence ends) and yields its tokens.
+// elsewhere until the sequence ends) and yields its tokens. It fails at
+// once with ErrBatcherNotRunning before the batcher starts and with
+// ErrBatcherClosed after it stops.
 func (b *Batcher) Generate(ctx context.Context, s *Session, prompt string, opts ...GenerateOption) iter.Seq2[Token, error] {
 	return func(yield func(Token, error) bool) {
 		switch {
@@ -57,9 +104,12 @@ func (b *Batcher) Generate(ctx context.Context, s *Session, prompt string, opts 
 		case s.m != b.m:
 			yield(Token{}, errors.New("k3: batcher: the session belongs to another model"))
 			return
+		case b.state.Load() == batcherNew:
+			yield(Token{}, ErrBatcherNotRunning)
+			return
 		}
 		r := &batchReq{ctx: ctx, s: s, prompt: b.m.tok.Encode(prompt, true), opts: opts,
-			out: make(chan batchItem, 64), stop: make(chan struct{})}
+			out: make(chan batchItem, streamBuffer), stop: make(chan struct{})}
 		defer close(r.stop)
 		select {
 		case b.reqs <- r:
@@ -71,6 +121,11 @@ func (b *Batcher) Generate(ctx context.Context, s *Session, prompt string, opts 
 			return
 		}
 		for it := range r.out {
+			// A read may make room for a paused sequence: tell the loop.
+			select {
+			case b.wake <- struct{}{}:
+			default:
+			}
 			if !yield(it.tok, it.err) || it.err != nil {
 				return
 			}
@@ -80,21 +135,80 @@ func (b *Batcher) Generate(ctx context.Context, s *Session, prompt string, opts 
 
 // Run serves requests until ctx is cancelled (pending requests then fail
 // with ErrBatcherClosed) or the model is closed (they fail with ErrClosed,
-// and so does Run).
+// and so does Run). Generate calls made before Run has begun fail with
+// ErrBatcherNotRunning; Start has no such window.
 func (b *Batcher) Run(ctx context.Context) error {
-	defer close(b.done)
+	if !b.state.CompareAndSwap(batcherNew, batcherRunning) {
+		return errors.New("k3: batcher already started")
+	}
+	return b.serve(ctx)
+}
+
+// serve is the batcher's loop; its result is also kept for Wait.
+func (b *Batcher) serve(ctx context.Context) (err error) {
+	defer func() {
+		b.err = err
+		b.state.Store(batcherStopped)
+		close(b.done)
+	}()
 	var active []*batchReq
 	var sessions []*Session
 	var tokens []int32
 	var ending []*batchReq
-	finish := func(r *batchReq, err error) {
-		if err != nil {
+	// send hands a token to r's stream without blocking; it reports false
+	// when the consumer abandoned the request. A full stream keeps the
+	// token in r.pending.
+	send := func(r *batchReq, tok Token) bool {
+		if len(r.pending) > 0 {
+			r.pending = append(r.pending, tok)
+			return true
+		}
+		select {
+		case r.out <- batchItem{tok: tok}:
+		case <-r.stop:
+			return false
+		default:
+			r.pending = append(r.pending, tok)
+		}
+		return true
+	}
+	// flush moves r's pending tokens into its stream while there is room;
+	// false when the consumer abandoned the request.
+	flush := func(r *batchReq) bool {
+		for len(r.pending) > 0 {
 			select {
-			case r.out <- batchItem{err: err}:
+			case r.out <- batchItem{tok: r.pending[0]}:
+				r.pending = r.pending[1:]
 			case <-r.stop:
+				return false
+			default:
+				return true
 			}
 		}
-		close(r.out)
+		r.pending = nil
+		return true
+	}
+	// finish ends r's stream: its pending tokens, then err if any. The
+	// sequence is done, so this may wait for the consumer (or for it to
+	// abandon the request) without holding up any pass.
+	finish := func(r *batchReq, err error) {
+		go func() {
+			for _, tok := range r.pending {
+				select {
+				case r.out <- batchItem{tok: tok}:
+				case <-r.stop:
+					close(r.out)
+					return
+				}
+			}
+			if err != nil {
+				select {
+				case r.out <- batchItem{err: err}:
+				case <-r.stop:
+				}
+			}
+			close(r.out)
+		}()
 	}
 	join := func(r *batchReq) {
 		g, err := r.s.startGeneration(r.ctx, r.prompt, r.opts)
@@ -105,15 +219,24 @@ func (b *Batcher) Run(ctx context.Context) error {
 		r.g = g
 		active = append(active, r)
 	}
+	paused := 0 // active sequences whose streams were full in the last round
 	for {
-		// Wait for work when idle; otherwise take whoever is waiting.
-		if len(active) == 0 {
+		// Wait for work when idle or when every sequence is paused;
+		// otherwise take whoever is waiting.
+		if len(active) == 0 || paused == len(active) {
 			select {
 			case r := <-b.reqs:
 				join(r)
+			case <-b.wake:
 			case <-ctx.Done():
+				for _, r := range active {
+					finish(r, ErrBatcherClosed)
+				}
 				return ctx.Err()
 			case <-b.m.life.closing:
+				for _, r := range active {
+					finish(r, ErrClosed)
+				}
 				return ErrClosed
 			}
 		}
@@ -135,16 +258,23 @@ func (b *Batcher) Run(ctx context.Context) error {
 		sessions, tokens = sessions[:0], tokens[:0]
 		ending = ending[:0] // finished, but their last token is still to be fed
 		kept := active[:0]
+		paused = 0
 		for _, r := range active {
+			if !flush(r) {
+				finish(r, nil)
+				continue
+			}
+			if len(r.pending) > 0 {
+				// The consumer is behind: this sequence sits the pass out.
+				paused++
+				kept = append(kept, r)
+				continue
+			}
 			st, err := r.g.advance(r.ctx)
 			abandoned := false
 			for _, tok := range st.ready {
-				select {
-				case r.out <- batchItem{tok: tok}:
-				case <-r.stop:
+				if !send(r, tok) {
 					abandoned = true
-				}
-				if abandoned {
 					break
 				}
 			}
@@ -177,6 +307,7 @@ func (b *Batcher) Run(ctx context.Context) error {
 					finish(r, err)
 				}
 				active, ending = active[:0], ending[:0]
+				paused = 0
 			}
 		}
 		// Only now do the finished sessions belong to their callers again.

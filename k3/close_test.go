@@ -97,7 +97,8 @@ func TestCloseWhileGenerating(t *testing.T) {
 	br, err := m.NewBatcher(2)
 	require.NoError(t, err)
 	runErr := make(chan error, 1)
-	go func() { runErr <- br.Run(ctx) }()
+	require.NoError(t, br.Start(ctx))
+	go func() { runErr <- br.Wait() }()
 
 	started.Wait()
 	require.NoError(t, m.Close())
@@ -180,7 +181,7 @@ func TestBatcherBadSession(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go br.Run(ctx)
+	require.NoError(t, br.Start(ctx))
 	for _, err := range br.Generate(ctx, nil, "x") {
 		assert.ErrorContains(t, err, "nil session")
 	}

@@ -42,7 +42,9 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	go b.Run(ctx) // serves until ctx is cancelled
+	if err := b.Start(ctx); err != nil { // serves until ctx is cancelled
+		log.Fatal(err)
+	}
 
 	start := time.Now()
 	var wg sync.WaitGroup
