@@ -33,6 +33,7 @@ type Batch struct {
 	cu      []int32 // the running pass's row offsets per session
 	cuAll   []int32 // Step's offsets: one row per session
 	ids     []int32 // the running pass's tokens
+	picked  []int32 // the running pass's rows that get logits, without all
 	nExact  int     // sessions of the running pass that are exact runs
 	passes  []batchPass
 	trace   *Trace // a single session's trace, while it runs
@@ -186,12 +187,13 @@ func (bt *Batch) run(ctx context.Context, sessions []*Session, cu, ids []int32, 
 			}
 		}
 	}
-	return bt.execute(sessions, cu, ids, out, nil, true)
+	return bt.execute(sessions, cu, ids, out, nil, out != nil)
 }
 
-// execute runs the passes of a call whose input is valid. With all false
-// (one session only) the last row alone gets logits; tr, when not nil (one
-// session only), receives the intermediates.
+// execute runs the passes of a call whose input is valid. With all every
+// row gets logits (and out, when not nil, receives them), else each
+// session's last row alone; tr, when not nil (one session only), receives
+// the intermediates.
 func (bt *Batch) execute(sessions []*Session, cu, ids []int32, out []float32, tr *Trace, all bool) error {
 	b, v := bt.m.b, bt.m.Config.VocabSize
 	bt.plan(cu)
@@ -206,7 +208,11 @@ func (bt *Batch) execute(sessions []*Session, cu, ids []int32, out []float32, tr
 		}
 		bt.nExact = ps.exact
 		bt.p.split = int(bt.cu[ps.exact])
-		err := bt.p.run(bt.ids, bt.mix, tr, all)
+		bt.picked = bt.picked[:0]
+		for j := range bt.cur {
+			bt.picked = append(bt.picked, bt.cu[j+1]-1)
+		}
+		err := bt.p.run(bt.ids, bt.mix, tr, all, bt.picked)
 		bt.p.split = 0
 		if err != nil {
 			for _, s := range bt.cur {
@@ -227,7 +233,7 @@ func (bt *Batch) execute(sessions []*Session, cu, ids []int32, out []float32, tr
 			}
 			last := r1 - 1
 			if !all {
-				last = 0 // the pass computed the last row's logits alone
+				last = j // the pass computed the last rows' logits alone
 			}
 			if err := b.Read(&s.last, bt.p.logits.Rows(last, last+1)); err != nil { // by pointer: no allocation
 				return err

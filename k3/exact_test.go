@@ -192,3 +192,69 @@ func pairedSessions(t *testing.T, m *Model, r *rand.Rand, counts []int, base int
 	}
 	return alone, batched, lists, want
 }
+
+// TestOneChunkBesideExactRows: a pass that holds exact runs and one
+// prefill chunk, and wants only each session's next-token logits (as the
+// scheduler's passes do), gives every session, the chunk's included, the
+// logits and states it gets alone, bitwise: the chunk's products run on
+// its rows alone and its last row meets lm_head among at most
+// InvariantRows rows. The wide model makes the chunk take the packed GEMM.
+func TestOneChunkBesideExactRows(t *testing.T) {
+	wide := t.TempDir()
+	require.NoError(t, tiny.Write(wide, "k31pro", tiny.Options{Seed: 8, BF16: true, Edit: func(text map[string]any) {
+		text["hidden_size"] = 1032
+	}}))
+	ctx := context.Background()
+	for _, dir := range []string{wide, tinyDir, "../testdata/model/tiny_kimi_linear"} {
+		m, err := Load(ctx, dir)
+		require.NoError(t, err)
+		r := rand.New(rand.NewPCG(29, 1))
+		v := int32(m.VocabSize())
+		counts := []int{1, 3, 100, ExactTokens, 2}
+		var alone, batched []*Session
+		var lists [][]int32
+		for i, c := range counts {
+			s, err := m.NewSession()
+			require.NoError(t, err)
+			prompt := make([]int32, 4+i)
+			for j := range prompt {
+				prompt[j] = r.Int32N(v)
+			}
+			_, err = s.Forward(ctx, prompt)
+			require.NoError(t, err)
+			cl, err := s.Clone()
+			require.NoError(t, err)
+			toks := make([]int32, c)
+			for j := range toks {
+				toks[j] = r.Int32N(v)
+			}
+			_, err = s.run(ctx, toks, false)
+			require.NoError(t, err)
+			alone, batched, lists = append(alone, s), append(batched, cl), append(lists, toks)
+		}
+		bt, err := m.NewBatch(128)
+		require.NoError(t, err)
+		cu := []int32{0}
+		var flat []int32
+		for _, l := range lists {
+			flat = append(flat, l...)
+			cu = append(cu, int32(len(flat)))
+		}
+		require.NoError(t, bt.run(ctx, batched, cu, flat, nil))
+		require.Len(t, bt.passes, 1, "one pass")
+		for i := range counts {
+			require.Equal(t, alone[i].Logits(), batched[i].Logits(), "%s: session %d (%d tokens)", filepath.Base(dir), i, counts[i])
+		}
+		next := make([]int32, len(counts))
+		for i := range next {
+			next[i] = r.Int32N(v)
+		}
+		require.NoError(t, bt.Step(ctx, batched, next))
+		for i := range counts {
+			_, err := alone[i].run(ctx, next[i:i+1], false)
+			require.NoError(t, err)
+			require.Equal(t, alone[i].Logits(), batched[i].Logits(), "%s: session %d, the step after", filepath.Base(dir), i)
+		}
+		m.Close()
+	}
+}

@@ -23,6 +23,7 @@ type pass struct {
 	idsHost                       []int32        // the pass's token ids on the host
 	x, h, normed, attnOut, mlpOut compute.Tensor // [max, D]
 	fh                            compute.Tensor // [max, D]
+	picked                        compute.Tensor // [max, D]: the final rows whose logits a pass wants
 	logits                        compute.Tensor // [max, V]
 
 	// split, when inside (0, rows), marks where a pass's exact rows end and
@@ -52,6 +53,7 @@ func newPass(m *Model, max int) (*pass, error) {
 	p.ids = alloc(compute.I32, max)
 	p.x, p.h, p.normed = alloc(compute.F32, max, d), alloc(compute.F32, max, d), alloc(compute.F32, max, d)
 	p.attnOut, p.mlpOut, p.fh = alloc(compute.F32, max, d), alloc(compute.F32, max, d), alloc(compute.F32, max, d)
+	p.picked = alloc(compute.F32, max, d)
 	p.logits = alloc(compute.F32, max, cfg.VocabSize)
 	if err != nil {
 		return nil, err
@@ -101,9 +103,12 @@ func (p *pass) readI32(t compute.Tensor) []int32 {
 
 // run embeds tokens (one row each), runs every decoder layer — AttnRes or
 // the plain residual, the pre-norms, the mixer and the feed-forward — then
-// the final norm and lm_head into p.logits (every row with all, else the
-// last row only, into row 0). tr, when not nil, receives intermediates.
-func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool) error {
+// the final norm and lm_head into p.logits: every row with all, else rows
+// picked[i] into row i. Picked rows go through lm_head in groups of at
+// most compute.InvariantRows, so each gets the logits it would get alone
+// however long the pass (a prefill chunk's last row among them). tr, when
+// not nil, receives intermediates.
+func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int32) error {
 	m, b := p.m, p.m.b
 	cfg := m.Config
 	t := len(tokens)
@@ -220,7 +225,21 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool) error {
 		tr.FinalHidden = append(tr.FinalHidden, p.readF32(fh)...)
 	}
 	if !all {
-		return b.MatMul(p.logits.Rows(0, 1), fh.Rows(t-1, t), m.lmHead)
+		if len(picked) == 1 {
+			return b.MatMul(p.logits.Rows(0, 1), fh.Rows(int(picked[0]), int(picked[0])+1), m.lmHead)
+		}
+		for i, r := range picked {
+			if err := b.Copy(p.picked.Rows(i, i+1), fh.Rows(int(r), int(r)+1)); err != nil {
+				return err
+			}
+		}
+		for lo := 0; lo < len(picked); lo += compute.InvariantRows {
+			hi := min(lo+compute.InvariantRows, len(picked))
+			if err := b.MatMul(p.logits.Rows(lo, hi), p.picked.Rows(lo, hi), m.lmHead); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	for _, r := range p.ranges(t) {
 		if err := b.MatMul(p.logits.Rows(r[0], r[1]), fh.Rows(r[0], r[1]), m.lmHead); err != nil {
