@@ -17,23 +17,24 @@ var ErrBatcherClosed = errors.New("k3: batcher stopped")
 var ErrBatcherNotRunning = errors.New("k3: batcher not running (call Start or Run first)")
 
 // Batcher serves Generate calls from many goroutines with continuous
-// batching: requests join the running batch as they arrive (after their
-// prompt is prefilled), leave when they finish, and every decode step runs
-// all active sessions in one pass over the weights.
+// batching: requests join as they arrive, their prompts prefill in chunks
+// inside the decode passes, they leave when they finish, and every pass
+// runs all active sequences over the weights once.
 //
 // A consumer that stops reading its stream holds up only its own
 // sequence: once its buffer of tokens is full, the sequence pauses (it
 // takes no part in the passes) until the consumer reads again, while the
 // other sequences go on.
 type Batcher struct {
-	m       *Model
-	batch   *Batch
-	reqs    chan *batchReq
-	done    chan struct{}
-	wake    chan struct{} // a paused sequence's consumer has read
-	state   atomic.Int32  // batcherNew, batcherRunning, batcherStopped
-	started chan struct{}
-	err     error // Run's result, once done is closed
+	m     *Model
+	batch *Batch
+	max   int // sequences at once
+	chunk int // prompt tokens per pass
+	reqs  chan *batchReq
+	done  chan struct{}
+	wake  chan struct{} // a paused sequence's consumer has read
+	state atomic.Int32  // batcherNew, batcherRunning, batcherStopped
+	err   error         // Run's result, once done is closed
 }
 
 const (
@@ -54,6 +55,7 @@ type batchReq struct {
 	out     chan batchItem
 	stop    chan struct{} // closed by the consumer to abandon the request
 	g       *generation
+	fed     int     // prompt tokens fed so far; the prompt is in prefill until all are
 	pending []Token // ready tokens the full stream could not take yet
 }
 
@@ -62,15 +64,47 @@ type batchItem struct {
 	err error
 }
 
+// BatcherOption configures a Batcher.
+type BatcherOption func(*batcherOptions)
+
+type batcherOptions struct{ budget int }
+
+// WithTokenBudget bounds the rows of one pass: a decode row for each
+// running sequence plus one prompt chunk. The chunk is the model's prefill
+// chunk (WithPrefillChunk) or, when the budget leaves less room beside the
+// batcher's sequences, that room; the default budget has room for the
+// whole chunk. Smaller chunks shorten the passes that carry them, which
+// bounds the running sequences' inter-token latency while a long prompt
+// prefills.
+func WithTokenBudget(n int) BatcherOption { return func(o *batcherOptions) { o.budget = n } }
+
 // NewBatcher makes a batcher for up to max concurrent generations; call
 // Start (or Run) to serve.
-func (m *Model) NewBatcher(max int) (*Batcher, error) {
-	bt, err := m.NewBatch(max)
+//
+// Every pass decodes all running sequences and prefills one chunk of at
+// most one waiting prompt (oldest first), so a long prompt no longer
+// stalls the streams: it arrives chunk by chunk between their tokens.
+// Each sequence's chunks are cut at the same places whatever else runs,
+// and a pass keeps each kind of rows' arithmetic apart, so a sequence's
+// tokens and log-probabilities do not depend on the other traffic; with
+// the default budget they are bitwise those of Session.Generate.
+func (m *Model) NewBatcher(max int, opts ...BatcherOption) (*Batcher, error) {
+	if max <= 0 {
+		return nil, fmt.Errorf("k3: batcher for %d sequences", max)
+	}
+	o := batcherOptions{budget: max + m.chunk}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.budget <= max {
+		return nil, fmt.Errorf("k3: token budget %d leaves no room for a prompt chunk beside %d sequences", o.budget, max)
+	}
+	bt, err := m.NewBatch(o.budget)
 	if err != nil {
 		return nil, err
 	}
-	return &Batcher{m: m, batch: bt, reqs: make(chan *batchReq), done: make(chan struct{}),
-		wake: make(chan struct{}, 1), started: make(chan struct{})}, nil
+	return &Batcher{m: m, batch: bt, max: max, chunk: min(m.chunk, o.budget-max), reqs: make(chan *batchReq),
+		done: make(chan struct{}), wake: make(chan struct{}, 1)}, nil
 }
 
 // Start runs the batcher's loop in a goroutine of its own and returns once
@@ -154,6 +188,7 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 	var active []*batchReq
 	var sessions []*Session
 	var tokens []int32
+	var cu []int32
 	var ending []*batchReq
 	// send hands a token to r's stream without blocking; it reports false
 	// when the consumer abandoned the request. A full stream keeps the
@@ -211,7 +246,7 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 		}()
 	}
 	join := func(r *batchReq) {
-		g, err := r.s.startGeneration(r.ctx, r.prompt, r.opts)
+		g, err := r.s.prepareGeneration(r.prompt, r.opts)
 		if err != nil {
 			finish(r, err)
 			return
@@ -241,7 +276,7 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 			}
 		}
 	admit:
-		for len(active) < b.batch.max {
+		for len(active) < b.max {
 			select {
 			case r := <-b.reqs:
 				join(r)
@@ -255,11 +290,24 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 			}
 			return err
 		}
-		sessions, tokens = sessions[:0], tokens[:0]
+		sessions, tokens, cu = sessions[:0], tokens[:0], append(cu[:0], 0)
 		ending = ending[:0] // finished, but their last token is still to be fed
 		kept := active[:0]
 		paused = 0
+		var chunkReq *batchReq // the prompt that prefills a chunk in this pass
 		for _, r := range active {
+			if r.fed < len(r.prompt) {
+				// Still prefilling: the oldest such prompt takes a chunk.
+				if err := r.ctx.Err(); err != nil {
+					finish(r, err)
+					continue
+				}
+				if chunkReq == nil {
+					chunkReq = r
+				}
+				kept = append(kept, r)
+				continue
+			}
 			if !flush(r) {
 				finish(r, nil)
 				continue
@@ -285,6 +333,7 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 			case st.done:
 				if st.feed {
 					sessions, tokens = append(sessions, r.s), append(tokens, st.id)
+					cu = append(cu, int32(len(tokens)))
 					ending = append(ending, r)
 				} else {
 					finish(r, nil)
@@ -293,12 +342,23 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 			}
 			if st.feed {
 				sessions, tokens = append(sessions, r.s), append(tokens, st.id)
+				cu = append(cu, int32(len(tokens)))
 			}
 			kept = append(kept, r)
 		}
 		active = kept
+		chunkLen := 0
+		if chunkReq != nil {
+			// The chunk starts where the last one ended and has the
+			// batcher's size whatever else runs: its arithmetic does not
+			// depend on the other sequences.
+			chunkLen = min(b.chunk, len(chunkReq.prompt)-chunkReq.fed)
+			sessions = append(sessions, chunkReq.s)
+			tokens = append(tokens, chunkReq.prompt[chunkReq.fed:chunkReq.fed+chunkLen]...)
+			cu = append(cu, int32(len(tokens)))
+		}
 		if len(sessions) > 0 {
-			if err := b.batch.Step(ctx, sessions, tokens); err != nil {
+			if err := b.batch.run(ctx, sessions, cu, tokens, nil); err != nil {
 				err = fmt.Errorf("k3: batched step: %w", err)
 				for _, r := range active {
 					finish(r, err)
@@ -308,6 +368,8 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 				}
 				active, ending = active[:0], ending[:0]
 				paused = 0
+			} else if chunkReq != nil {
+				chunkReq.fed += chunkLen
 			}
 		}
 		// Only now do the finished sessions belong to their callers again.

@@ -2,7 +2,14 @@ package k3
 
 import (
 	"context"
+	"fmt"
+	"iter"
+	"math/rand/v2"
+	"path/filepath"
 	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -104,4 +111,128 @@ func TestBatcherSlowConsumer(t *testing.T) {
 		buf := make([]byte, 1<<20)
 		t.Errorf("%d goroutines left, %d before an abandoned stream:\n%s", n, before, buf[:runtime.Stack(buf, true)])
 	}
+}
+
+// TestSchedulerEqualsAlone: generations through the batcher, arriving in
+// random orders beside each other, give bitwise the tokens and
+// log-probabilities each gets from Session.Generate alone; their prompts
+// span several chunks, so prefill chunks share passes with decode rows.
+func TestSchedulerEqualsAlone(t *testing.T) {
+	for _, dir := range []string{tinyDir, "../testdata/model/tiny_kimi_linear"} {
+		m, err := Load(context.Background(), dir, WithPrefillChunk(24))
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		br, err := m.NewBatcher(4)
+		require.NoError(t, err)
+		require.NoError(t, br.Start(ctx))
+		r := rand.New(rand.NewPCG(31, 3))
+		type req struct {
+			prompt string
+			opts   []GenerateOption
+		}
+		var reqs []req
+		for i := range 7 {
+			words := make([]string, 5+r.IntN(40))
+			for j := range words {
+				words[j] = fmt.Sprintf("w%d", r.IntN(1000))
+			}
+			opts := []GenerateOption{WithMaxTokens(4 + r.IntN(12)), WithoutDefaultStops(), WithLogprobs(2)}
+			if i%2 == 1 {
+				opts = append(opts, WithTemperature(0.9), WithSeed(uint64(i)))
+			}
+			reqs = append(reqs, req{strings.Join(words, " "), opts})
+		}
+		run := func(seq iter.Seq2[Token, error]) ([]Token, error) {
+			var out []Token
+			for tok, err := range seq {
+				if err != nil {
+					return out, err
+				}
+				out = append(out, tok)
+			}
+			return out, nil
+		}
+		want := make([][]Token, len(reqs))
+		for i, q := range reqs {
+			want[i], err = run(m.Generate(ctx, q.prompt, q.opts...))
+			require.NoError(t, err)
+		}
+		for round := range 3 {
+			got := make([][]Token, len(reqs))
+			errs := make([]error, len(reqs))
+			var wg sync.WaitGroup
+			for _, i := range r.Perm(len(reqs)) {
+				wg.Add(1)
+				delay := time.Duration(r.IntN(3000)) * time.Microsecond
+				go func() {
+					defer wg.Done()
+					time.Sleep(delay)
+					s, err := m.NewSession()
+					if err != nil {
+						errs[i] = err
+						return
+					}
+					defer s.Close()
+					got[i], errs[i] = run(br.Generate(ctx, s, reqs[i].prompt, reqs[i].opts...))
+				}()
+			}
+			wg.Wait()
+			for i := range reqs {
+				require.NoError(t, errs[i])
+				require.Equal(t, want[i], got[i], "%s round %d request %d", filepath.Base(dir), round, i)
+			}
+		}
+		cancel()
+		br.Wait()
+		m.Close()
+	}
+}
+
+// TestLongPromptDoesNotStall: while a prompt of many chunks prefills, a
+// running generation keeps getting a token every pass.
+func TestLongPromptDoesNotStall(t *testing.T) {
+	m, err := Load(context.Background(), tinyDir, WithPrefillChunk(20))
+	require.NoError(t, err)
+	defer m.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	br, err := m.NewBatcher(2)
+	require.NoError(t, err)
+	require.NoError(t, br.Start(ctx))
+	var order atomic.Int64 // a global sequence number for every yielded token
+	var streamTicks []int64
+	first := make(chan struct{})
+	streamDone := make(chan error, 1)
+	go func() {
+		s, _ := m.NewSession()
+		for _, err := range br.Generate(ctx, s, "running", WithMaxTokens(400), WithoutDefaultStops()) {
+			if err != nil {
+				streamDone <- err
+				return
+			}
+			streamTicks = append(streamTicks, order.Add(1))
+			if len(streamTicks) == 1 {
+				close(first)
+			}
+		}
+		streamDone <- nil
+	}()
+	<-first
+	long := strings.Repeat("a long prompt ", 120) // a few hundred tokens: many chunks of 20
+	s, _ := m.NewSession()
+	submitted := order.Load()
+	var firstLong int64
+	for _, err := range br.Generate(ctx, s, long, WithMaxTokens(1), WithoutDefaultStops()) {
+		require.NoError(t, err)
+		firstLong = order.Add(1)
+	}
+	require.NoError(t, <-streamDone)
+	between := 0
+	for _, tick := range streamTicks {
+		if tick > submitted && tick < firstLong {
+			between++
+		}
+	}
+	chunks := (len(m.Encode(long)) + 19) / 20
+	assert.GreaterOrEqual(t, between, chunks-2, "the running stream's tokens while %d prompt chunks prefilled", chunks)
 }

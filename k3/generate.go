@@ -328,6 +328,22 @@ type stepResult struct {
 }
 
 func (s *Session) startGeneration(ctx context.Context, prompt []int32, opts []GenerateOption) (*generation, error) {
+	g, err := s.prepareGeneration(prompt, opts)
+	if err != nil {
+		return nil, err
+	}
+	if len(prompt) > 0 {
+		if _, err := s.run(ctx, prompt, false); err != nil {
+			return nil, err
+		}
+	}
+	return g, nil
+}
+
+// prepareGeneration checks a generation's options and prompt and sets up
+// its sampler, without feeding the prompt: the caller feeds it (the
+// Batcher, chunk by chunk, inside its passes) before the first advance.
+func (s *Session) prepareGeneration(prompt []int32, opts []GenerateOption) (*generation, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
 	}
@@ -338,6 +354,12 @@ func (s *Session) startGeneration(ctx context.Context, prompt []int32, opts []Ge
 	if len(prompt) == 0 && s.last == nil {
 		return nil, ErrEmptyPrompt
 	}
+	if s.broken != nil {
+		return nil, fmt.Errorf("k3: session unusable after an earlier failure (Reset or Truncate it): %w", s.broken)
+	}
+	if s.pos+len(prompt) > s.limit {
+		return nil, fmt.Errorf("%w: %d prompt tokens after %d exceed %d", ErrContextFull, len(prompt), s.pos, s.limit)
+	}
 	sm, err := sample.New(o.Params, s.m.Config.VocabSize)
 	if err != nil {
 		return nil, err
@@ -345,11 +367,6 @@ func (s *Session) startGeneration(ctx context.Context, prompt []int32, opts []Ge
 	sm.Observe(s.tokens...)
 	sm.Observe(prompt...)
 	usage := Usage{PromptTokens: len(prompt), CachedTokens: s.pos}
-	if len(prompt) > 0 {
-		if _, err := s.run(ctx, prompt, false); err != nil {
-			return nil, err
-		}
-	}
 	return &generation{s: s, o: o, sampler: sm, dec: tokenizer.NewStreamDecoder(s.m.tok), usage: usage}, nil
 }
 
