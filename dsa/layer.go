@@ -319,6 +319,63 @@ func (c *Cache) Truncate(n int) error {
 	return nil
 }
 
+// RowLen is the floats one position takes across the cache's tensors
+// (latent, rope key, index key), as ReadRows lays them out.
+func (c *Cache) RowLen() int { return c.dc + max(c.dr, 1) + c.di }
+
+// ReadRows copies positions [lo, hi) into dst ((hi-lo)·RowLen floats):
+// their latent rows, then their rope-key rows, then their index-key rows.
+func (c *Cache) ReadRows(dst []float32, lo, hi int) error {
+	if lo < 0 || hi < lo || hi > c.Len || len(dst) != (hi-lo)*c.RowLen() {
+		return fmt.Errorf("dsa: read positions [%d, %d) of %d into %d floats", lo, hi, c.Len, len(dst))
+	}
+	n := hi - lo
+	if n == 0 {
+		return nil
+	}
+	a, b := n*c.dc, n*(c.dc+max(c.dr, 1))
+	kv, pe, ik := dst[:a], dst[a:b], dst[b:]
+	if err := c.b.Read(&kv, c.KV.Rows(lo, hi)); err != nil {
+		return err
+	}
+	if err := c.b.Read(&pe, c.PE.Rows(lo, hi)); err != nil {
+		return err
+	}
+	if c.di > 0 {
+		return c.b.Read(&ik, c.IK.Rows(lo, hi))
+	}
+	return nil
+}
+
+// AppendRows appends positions laid out as ReadRows gives them
+// (len(src)/RowLen of them).
+func (c *Cache) AppendRows(src []float32) error {
+	rl := c.RowLen()
+	if len(src)%rl != 0 {
+		return fmt.Errorf("dsa: %d floats are not whole positions of %d", len(src), rl)
+	}
+	n := len(src) / rl
+	if err := c.reserve(n); err != nil {
+		return err
+	}
+	lo := c.Len
+	a, b := n*c.dc, n*(c.dc+max(c.dr, 1))
+	kv, pe, ik := src[:a], src[a:b], src[b:]
+	if err := c.b.Write(c.KV.Rows(lo, lo+n), &kv); err != nil {
+		return err
+	}
+	if err := c.b.Write(c.PE.Rows(lo, lo+n), &pe); err != nil {
+		return err
+	}
+	if c.di > 0 {
+		if err := c.b.Write(c.IK.Rows(lo, lo+n), &ik); err != nil {
+			return err
+		}
+	}
+	c.Len = lo + n
+	return nil
+}
+
 // Bytes returns the memory the cache holds.
 func (c *Cache) Bytes() int64 {
 	return int64(c.Cap()) * int64(c.dc+max(c.dr, 1)+c.di) * 4

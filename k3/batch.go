@@ -249,6 +249,10 @@ func (bt *Batch) execute(sessions []*Session, cu, ids []int32, out []float32, tr
 				s.broken = err
 				return err
 			}
+			if err := s.trackTurn(); err != nil {
+				s.broken = err
+				return err
+			}
 		}
 	}
 	return nil

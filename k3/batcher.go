@@ -56,6 +56,8 @@ type batchReq struct {
 	stop    chan struct{} // closed by the consumer to abandon the request
 	g       *generation
 	fed     int     // prompt tokens fed so far; the prompt is in prefill until all are
+	base    int     // the position of the prompt's first token
+	pts     []int   // the prompt's snapshot points (WithPrefixCache)
 	pending []Token // ready tokens the full stream could not take yet
 }
 
@@ -251,6 +253,17 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 			finish(r, err)
 			return
 		}
+		r.base = r.s.pos
+		if len(r.prompt) > 0 && b.m.prefix != nil {
+			held, matched, err := r.s.resume(r.prompt)
+			if err != nil {
+				finish(r, err)
+				return
+			}
+			r.fed = held
+			g.usage.CachedTokens += held
+			r.pts = prefillPoints(r.s.pos, r.base+len(r.prompt), matched)
+		}
 		r.g = g
 		active = append(active, r)
 	}
@@ -336,6 +349,7 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 					cu = append(cu, int32(len(tokens)))
 					ending = append(ending, r)
 				} else {
+					r.s.endTurn()
 					finish(r, nil)
 				}
 				continue
@@ -352,7 +366,8 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 			// The chunk starts where the last one ended and has the
 			// batcher's size whatever else runs: its arithmetic does not
 			// depend on the other sequences.
-			chunkLen = min(b.chunk, len(chunkReq.prompt)-chunkReq.fed)
+			end := chunkReq.base + len(chunkReq.prompt)
+			chunkLen = chunkReq.s.nextCut(chunkReq.s.pos, end, b.chunk, chunkReq.pts) - chunkReq.s.pos
 			sessions = append(sessions, chunkReq.s)
 			tokens = append(tokens, chunkReq.prompt[chunkReq.fed:chunkReq.fed+chunkLen]...)
 			cu = append(cu, int32(len(tokens)))
@@ -370,10 +385,13 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 				paused = 0
 			} else if chunkReq != nil {
 				chunkReq.fed += chunkLen
+				// An error costs only the cache a block; the sequence goes on.
+				_ = chunkReq.s.atPoint(chunkReq.pts)
 			}
 		}
 		// Only now do the finished sessions belong to their callers again.
 		for _, r := range ending {
+			r.s.endTurn()
 			finish(r, nil)
 		}
 	}

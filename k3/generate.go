@@ -238,6 +238,7 @@ func (s *Session) GenerateTokens(ctx context.Context, prompt []int32, opts ...Ge
 			yield(Token{}, err)
 			return
 		}
+		defer s.endTurn()
 		for {
 			st, err := g.advance(ctx)
 			for _, tok := range st.ready {
@@ -336,6 +337,7 @@ func (s *Session) startGeneration(ctx context.Context, prompt []int32, opts []Ge
 		if _, err := s.run(ctx, prompt, false); err != nil {
 			return nil, err
 		}
+		g.usage.CachedTokens += s.resumed
 	}
 	return g, nil
 }

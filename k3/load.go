@@ -67,6 +67,7 @@ type options struct {
 	rollback int
 
 	snapInterval, snapKeep int
+	prefixBytes            int64
 }
 
 // WithDenseAttention runs DSA layers as dense MLA: every query attends to
@@ -103,10 +104,11 @@ type Model struct {
 	resQueries, outQuery compute.Tensor
 	act                  compute.Activation
 	tok                  tokenizer.Tokenizer
-	dense                bool // run DSA layers densely
-	rollback             int  // tokens back the sessions' replay logs reach (0: no logs)
-	snapInterval         int  // tokens between the sessions' state snapshots (0: none)
-	snapKeep             int  // snapshots a session keeps
+	dense                bool         // run DSA layers densely
+	rollback             int          // tokens back the sessions' replay logs reach (0: no logs)
+	snapInterval         int          // tokens between the sessions' state snapshots (0: none)
+	snapKeep             int          // snapshots a session keeps
+	prefix               *prefixCache // nil without WithPrefixCache
 
 	wsMu   sync.Mutex
 	wsFree []*workspace // scratch for session runs, lent one per run
@@ -221,8 +223,15 @@ func newModel(ctx context.Context, cfg *config.Config, ck *safetensors.Checkpoin
 		ck.Close()
 		return nil, fmt.Errorf("k3: snapshots every %d tokens, keeping %d: want a positive interval and count, or interval 0", o.snapInterval, o.snapKeep)
 	}
+	if o.prefixBytes < 0 {
+		ck.Close()
+		return nil, fmt.Errorf("k3: prefix cache of %d bytes", o.prefixBytes)
+	}
 	m := &Model{Config: cfg, ck: ck, chunk: o.chunk, b: o.be, tok: tok, dense: o.dense, rollback: o.rollback,
 		snapInterval: o.snapInterval, snapKeep: o.snapKeep}
+	if o.prefixBytes > 0 {
+		m.prefix = newPrefixCache(o.prefixBytes)
+	}
 	m.life.init()
 	if m.b == nil {
 		var err error

@@ -51,6 +51,8 @@ type Session struct {
 	scratch  [][2][]float32 // rollback's host copies of a state and conv window, one per worker
 	snaps    []*snapshot    // oldest first (WithSnapshots)
 	nextSnap int            // the position from which the next snapshot is due
+	turn     *snapshot      // the KDA state at the last block end passed (WithPrefixCache)
+	resumed  int            // prompt tokens the last run took from the prefix cache
 	closed   bool
 }
 
@@ -198,18 +200,33 @@ func (s *Session) run(ctx context.Context, tokens []int32, all bool, tr ...*Trac
 	if all {
 		out = make([]float32, len(tokens)*v)
 	}
+	// With the prefix cache a new session's prompt may resume from a
+	// cached state (not when every position's logits are wanted), and
+	// every run is cut at the cache's fixed positions.
+	s.resumed = 0
+	var pts []int
+	if s.m.prefix != nil {
+		matched := 0
+		if !all {
+			if s.resumed, matched, err = s.resume(tokens); err != nil {
+				return nil, err
+			}
+		}
+		pts = prefillPoints(s.pos, s.pos-s.resumed+len(tokens), matched)
+	}
 	if s.last == nil {
 		s.last = make([]float32, v)
 	}
-	for c0 := 0; c0 < len(tokens); c0 += s.m.chunk {
+	base := s.pos - s.resumed // the position of tokens[0]
+	for c0 := s.resumed; c0 < len(tokens); {
 		// Between chunks the state is consistent: it holds c0 tokens.
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		if c0 > 0 && s.m.life.isClosed() {
+		if c0 > s.resumed && s.m.life.isClosed() {
 			return nil, ErrClosed
 		}
-		c1 := min(c0+s.m.chunk, len(tokens))
+		c1 := s.nextCut(s.pos, base+len(tokens), s.m.chunk, pts) - base
 		if err := s.step(tokens[c0:c1], trace, all); err != nil {
 			s.broken = err
 			return nil, err
@@ -222,6 +239,10 @@ func (s *Session) run(ctx context.Context, tokens []int32, all bool, tr ...*Trac
 			}
 			copy(s.last, out[(c1-1)*v:c1*v])
 		}
+		if err := s.atPoint(pts); err != nil {
+			return nil, err
+		}
+		c0 = c1
 	}
 	return out, nil
 }
@@ -257,7 +278,7 @@ func (s *Session) Reset() error {
 		}
 	}
 	s.pos, s.tokens, s.last, s.broken = 0, s.tokens[:0], nil, nil
-	s.snaps, s.nextSnap = s.snaps[:0], 0
+	s.snaps, s.nextSnap, s.turn = s.snaps[:0], 0, nil
 	return nil
 }
 
@@ -276,6 +297,9 @@ func (s *Session) Truncate(ctx context.Context, n int) error {
 	}
 	if n == len(s.tokens) && s.broken == nil {
 		return nil
+	}
+	if s.turn != nil && s.turn.pos > n {
+		s.turn = nil // the tokens before it may change
 	}
 	if n > 0 && s.broken == nil {
 		last := s.tokens[n-1]

@@ -61,6 +61,9 @@ type ModelResult struct {
 	Truncate100SnapSteps   float64
 	TruncateSnapStateBytes int64
 	StateBytesPerSession   int64
+	// Schedule holds a long prompt arriving beside 8 streams, at two
+	// chunk sizes: the trade between their latency and its first token.
+	Schedule []*ScheduleResult
 	// RSSGrowth is how much the process's resident memory grew from before
 	// Load to after the first prefill (weights mapped and touched, load-time
 	// copies, one session and its scratch); 0 where /proc is missing.
@@ -291,6 +294,14 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 	if err := truncateCost(ctx, m, dir, r, log); err != nil {
 		return nil, err
 	}
+	for _, chunk := range []int{10, 32} {
+		log(fmt.Sprintf("scheduler: 8 streams and a 4,096-token prompt in chunks of %d...", chunk))
+		sr, err := Schedule(ctx, m, 8, 4096, chunk)
+		if err != nil {
+			return nil, err
+		}
+		r.Schedule = append(r.Schedule, sr)
+	}
 	return r, nil
 }
 
@@ -411,6 +422,9 @@ func (r *ModelResult) Table() string {
 		r.TruncateAt, r.TruncateDepth, r.TruncateShort, r.TruncateShortSteps, r.Truncate100Steps, float64(r.TruncateStateBytes)/1e6, r.Truncate100NoLogSteps)
 	fmt.Fprintf(&b, "  truncate at %d positions, WithSnapshots(%d, 8) and no logs: back 100 tokens %.1f decode steps (the newest snapshot before the cut, then up to %d tokens again; state per session %.1f MB)\n",
 		r.TruncateAt, r.TruncateSnapInterval, r.Truncate100SnapSteps, r.TruncateSnapInterval, float64(r.TruncateSnapStateBytes)/1e6)
+	for _, sr := range r.Schedule {
+		b.WriteString(sr.Line())
+	}
 	fmt.Fprintf(&b, "  memory: weights %.1f MB in the checkpoint + %.2f MB state per session (after a 512-token prompt)\n",
 		float64(r.WeightBytes)/1e6, float64(r.StateBytesPerSession)/1e6)
 	if r.RSSGrowth > 0 {

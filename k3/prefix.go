@@ -1,0 +1,396 @@
+package k3
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+)
+
+// PrefixBlock is the prefix cache's granularity: sequences share state in
+// whole blocks of this many tokens from their start.
+const PrefixBlock = 16
+
+// prefixInterior is the spacing of the snapshots a long prompt leaves
+// inside itself, so that prompts sharing only a long head (a system
+// prompt) still find one. A snapshot holds every KDA layer's state, far
+// more than a block's attention rows, so they are sparse.
+const prefixInterior = 512
+
+// WithPrefixCache makes the model keep, in up to bytes of host memory,
+// the state of sequences it has run: the attention rows of every block of
+// PrefixBlock tokens, and KDA snapshots at some block ends (the last
+// block before a prompt's end, every 512 tokens inside long prompts, the
+// point where a prompt was found to part from the cached ones, the last
+// block before the end of each finished generation). A new session whose
+// prompt starts with cached blocks resumes from the deepest snapshot among
+// them instead of prefilling those tokens; Usage.CachedTokens counts them.
+// Its logits are within the conformance tolerance of a cold prefill's,
+// and bitwise equal where the cold prefill would have cut a chunk at the
+// snapshot too: with the cache on, every run is cut at absolute positions
+// (multiples of the prefill chunk, and its own snapshot points). Least
+// recently used blocks go first when the cache is full. bytes 0, the
+// default, keeps none; Model.PrefixCacheStats reports the counters.
+func WithPrefixCache(bytes int64) Option { return func(o *options) { o.prefixBytes = bytes } }
+
+// PrefixStats are the prefix cache's counters.
+type PrefixStats struct {
+	Lookups      int64 // prompts looked up (new sessions' generations)
+	Hits         int64 // lookups that resumed from a snapshot
+	ReusedTokens int64 // prompt tokens not computed again
+	Bytes        int64 // host memory the cache holds
+	Blocks       int   // cached blocks
+	Snapshots    int   // cached KDA snapshots
+}
+
+// PrefixCacheStats returns the prefix cache's counters (zero without
+// WithPrefixCache).
+func (m *Model) PrefixCacheStats() PrefixStats {
+	c := m.prefix
+	if c == nil {
+		return PrefixStats{}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stats
+}
+
+// prefixCache is a tree of token blocks: a node is the block of tokens
+// [pos-PrefixBlock, pos) of every sequence whose first pos tokens are its
+// path from the root.
+type prefixCache struct {
+	mu     sync.Mutex
+	budget int64
+	root   prefixNode
+	clock  uint64
+	stats  PrefixStats
+}
+
+type prefixNode struct {
+	parent *prefixNode
+	kids   map[uint64]*prefixNode
+	toks   [PrefixBlock]int32
+	pos    int
+	rows   [][]float32 // per layer: the block's attention rows (dsa.Cache.ReadRows), nil at KDA layers
+	snap   [][]float32 // per layer: the KDA state then conv window at pos; nil without a snapshot
+	used   uint64
+}
+
+func newPrefixCache(budget int64) *prefixCache {
+	return &prefixCache{budget: budget}
+}
+
+// blockKey hashes a block's tokens (FNV-1a); a match is confirmed
+// against the tokens themselves.
+func blockKey(toks []int32) uint64 {
+	h := uint64(14695981039346656037)
+	for _, t := range toks {
+		for range 4 {
+			h ^= uint64(byte(t))
+			h *= 1099511628211
+			t >>= 8
+		}
+	}
+	return h
+}
+
+func (n *prefixNode) child(toks []int32) *prefixNode {
+	c := n.kids[blockKey(toks)]
+	if c != nil && slices.Equal(c.toks[:], toks) {
+		return c
+	}
+	return nil
+}
+
+func floats(v [][]float32) int64 {
+	var n int64
+	for _, x := range v {
+		n += int64(len(x))
+	}
+	return 4 * n
+}
+
+// lookup walks the blocks of tokens (a new sequence's prompt) and returns
+// the deepest cached node with a snapshot whose position leaves at least
+// one token to run (nil: a miss), and the position of the deepest
+// matching block (where the prompt parts from what is cached). The nodes
+// of a hit are marked used.
+func (c *prefixCache) lookup(tokens []int32) (hit *prefixNode, matched int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stats.Lookups++
+	n := &c.root
+	for p := PrefixBlock; p <= len(tokens); p += PrefixBlock {
+		next := n.child(tokens[p-PrefixBlock : p])
+		if next == nil {
+			break
+		}
+		n, matched = next, p
+		if n.snap != nil && p < len(tokens) {
+			hit = n
+		}
+	}
+	if hit != nil {
+		c.clock++
+		for m := hit; m != &c.root; m = m.parent {
+			m.used = c.clock
+		}
+		c.stats.Hits++
+		c.stats.ReusedTokens += int64(hit.pos)
+	}
+	return hit, matched
+}
+
+// restore puts the cached state of hit's path into s (an empty session):
+// its attention rows, its KDA snapshot, its tokens.
+func (c *prefixCache) restore(s *Session, hit *prefixNode) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var path []*prefixNode
+	for m := hit; m != &c.root; m = m.parent {
+		path = append(path, m)
+	}
+	slices.Reverse(path)
+	for l, ca := range s.caches {
+		if ca == nil {
+			continue
+		}
+		for _, m := range path {
+			if err := ca.AppendRows(m.rows[l]); err != nil {
+				return fmt.Errorf("k3: prefix cache: %w", err)
+			}
+		}
+	}
+	b := s.m.b
+	for l, st := range s.kdaSt {
+		if st == nil {
+			continue
+		}
+		v := hit.snap[l]
+		ns := st.S.Len()
+		if err := b.Write(st.S, v[:ns]); err != nil {
+			return err
+		}
+		if err := b.Write(st.Conv, v[ns:]); err != nil {
+			return err
+		}
+		if s.logs != nil && s.logs[l] != nil {
+			if err := s.logs[l].Rebase(hit.pos, func(state, conv []float32) error {
+				copy(state, v[:ns])
+				copy(conv, v[ns:])
+				return nil
+			}); err != nil {
+				return err
+			}
+		}
+	}
+	s.tokens = s.tokens[:0]
+	for _, m := range path {
+		s.tokens = append(s.tokens, m.toks[:]...)
+	}
+	s.pos, s.last = hit.pos, nil
+	if iv := s.m.snapInterval; iv > 0 {
+		s.nextSnap = (s.pos/iv + 1) * iv
+	}
+	return nil
+}
+
+// insert caches s's blocks up to upto (a multiple of PrefixBlock, at most
+// s.pos) and, when snap is not nil, the KDA snapshot at upto, taking snap
+// over. Then it evicts down to the budget.
+func (c *prefixCache) insert(s *Session, upto int, snap [][]float32) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.clock++
+	n := &c.root
+	for p := PrefixBlock; p <= upto; p += PrefixBlock {
+		toks := s.tokens[p-PrefixBlock : p]
+		next := n.child(toks)
+		if next == nil {
+			next = &prefixNode{parent: n, pos: p, rows: make([][]float32, len(s.caches))}
+			copy(next.toks[:], toks)
+			for l, ca := range s.caches {
+				if ca == nil {
+					continue
+				}
+				next.rows[l] = make([]float32, PrefixBlock*ca.RowLen())
+				if err := ca.ReadRows(next.rows[l], p-PrefixBlock, p); err != nil {
+					return fmt.Errorf("k3: prefix cache: %w", err)
+				}
+			}
+			if n.kids == nil {
+				n.kids = map[uint64]*prefixNode{}
+			}
+			// A colliding key keeps the older block; the new one is not
+			// cached (and neither is anything after it).
+			if _, taken := n.kids[blockKey(toks)]; taken {
+				return nil
+			}
+			n.kids[blockKey(toks)] = next
+			c.stats.Blocks++
+			c.stats.Bytes += floats(next.rows)
+		}
+		next.used = c.clock
+		n = next
+	}
+	if snap != nil && upto > 0 && n.snap == nil {
+		n.snap = snap
+		c.stats.Snapshots++
+		c.stats.Bytes += floats(snap)
+	}
+	c.evict()
+	return nil
+}
+
+// evict drops least recently used leaf blocks until the cache fits its
+// budget: a block's descendants need its attention rows, so leaves go
+// first.
+func (c *prefixCache) evict() {
+	for c.stats.Bytes > c.budget {
+		var lru *prefixNode
+		var walk func(n *prefixNode)
+		walk = func(n *prefixNode) {
+			for _, k := range n.kids {
+				if len(k.kids) == 0 {
+					if lru == nil || k.used < lru.used {
+						lru = k
+					}
+				} else {
+					walk(k)
+				}
+			}
+		}
+		walk(&c.root)
+		if lru == nil {
+			return
+		}
+		delete(lru.parent.kids, blockKey(lru.toks[:]))
+		c.stats.Blocks--
+		c.stats.Bytes -= floats(lru.rows)
+		if lru.snap != nil {
+			c.stats.Snapshots--
+			c.stats.Bytes -= floats(lru.snap)
+		}
+	}
+}
+
+// snapshotState copies every KDA layer's state and conv window of s.
+func (s *Session) snapshotState(into [][]float32) ([][]float32, error) {
+	if into == nil {
+		into = make([][]float32, len(s.kdaSt))
+	}
+	for l, st := range s.kdaSt {
+		if st == nil {
+			continue
+		}
+		ns, nc := st.S.Len(), st.Conv.Len()
+		into[l] = grow(into[l], ns+nc)
+		v := into[l]
+		if err := s.m.b.Read(v[:ns], st.S); err != nil {
+			return nil, err
+		}
+		if err := s.m.b.Read(v[ns:], st.Conv); err != nil {
+			return nil, err
+		}
+	}
+	return into, nil
+}
+
+// prefillPoints returns the snapshot points of a prompt run over
+// positions [start, end): every prefixInterior tokens, the last block end
+// before end, and matched (where the prompt parted from the cache) when it
+// lies inside; ascending.
+func prefillPoints(start, end, matched int) []int {
+	var pts []int
+	for p := (start/prefixInterior + 1) * prefixInterior; p < end; p += prefixInterior {
+		pts = append(pts, p)
+	}
+	if last := (end - 1) / PrefixBlock * PrefixBlock; last > start {
+		pts = append(pts, last)
+	}
+	if matched > start && matched < end {
+		pts = append(pts, matched)
+	}
+	slices.Sort(pts)
+	return slices.Compact(pts)
+}
+
+// nextCut returns where the chunk that starts at pos ends, for a run to
+// end: with the prefix cache at the next multiple of chunk or snapshot
+// point (absolute positions, so a resumed run cuts where a cold one
+// does), else chunk tokens on.
+func (s *Session) nextCut(pos, end, chunk int, pts []int) int {
+	if s.m.prefix == nil {
+		return min(end, pos+chunk)
+	}
+	c := min(end, (pos/chunk+1)*chunk)
+	for _, p := range pts {
+		if p > pos && p < c {
+			return p
+		}
+	}
+	return c
+}
+
+// atPoint caches s's blocks and KDA snapshot when s stands at one of the
+// snapshot points pts.
+func (s *Session) atPoint(pts []int) error {
+	if s.m.prefix == nil || !slices.Contains(pts, s.pos) {
+		return nil
+	}
+	snap, err := s.snapshotState(nil)
+	if err != nil {
+		return err
+	}
+	return s.m.prefix.insert(s, s.pos, snap)
+}
+
+// resume looks up a new session's prompt in the prefix cache and restores
+// the hit; it returns how many prompt tokens the session now holds and
+// the position where the prompt parts from the cache.
+func (s *Session) resume(prompt []int32) (held, matched int, err error) {
+	if s.m.prefix == nil || s.pos != 0 {
+		return 0, 0, nil
+	}
+	hit, matched := s.m.prefix.lookup(prompt)
+	if hit == nil {
+		return 0, matched, nil
+	}
+	if err := s.m.prefix.restore(s, hit); err != nil {
+		s.broken = err
+		return 0, 0, err
+	}
+	return hit.pos, matched, nil
+}
+
+// trackTurn keeps the session's KDA state at the last block end it
+// stood at, for endTurn.
+func (s *Session) trackTurn() error {
+	if s.m.prefix == nil || s.pos%PrefixBlock != 0 || s.pos == 0 {
+		return nil
+	}
+	var into [][]float32
+	if s.turn != nil {
+		into = s.turn.data
+	} else {
+		s.turn = &snapshot{}
+	}
+	data, err := s.snapshotState(into)
+	if err != nil {
+		return err
+	}
+	s.turn.pos, s.turn.data = s.pos, data
+	return nil
+}
+
+// endTurn caches the session's blocks up to the last block end of the
+// generation that just ended, with its KDA snapshot, so that the next turn
+// of the conversation, sent as a new prompt, resumes there.
+func (s *Session) endTurn() {
+	if s.m.prefix == nil || s.turn == nil || s.broken != nil || s.closed || s.turn.pos > s.pos {
+		return
+	}
+	t := s.turn
+	s.turn = nil
+	// An error only means the blocks are not cached.
+	_ = s.m.prefix.insert(s, t.pos, t.data)
+}

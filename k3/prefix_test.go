@@ -1,0 +1,245 @@
+package k3
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// genTokens runs a generation and returns its tokens.
+func genTokens(t *testing.T, m *Model, prompt string, opts ...GenerateOption) []Token {
+	t.Helper()
+	var out []Token
+	for tok, err := range m.Generate(context.Background(), prompt, opts...) {
+		require.NoError(t, err)
+		out = append(out, tok)
+	}
+	return out
+}
+
+// sameGeneration checks two generations give the same tokens, with
+// log-probabilities within the conformance tolerance (bitwise with exact).
+func sameGeneration(t *testing.T, want, got []Token, exact bool, msg string) {
+	t.Helper()
+	require.Equal(t, len(want), len(got), "%s: generated %d tokens, want %d", msg, len(got), len(want))
+	for i := range want {
+		require.Equal(t, want[i].ID, got[i].ID, "%s: token %d", msg, i)
+		if exact {
+			require.Equal(t, want[i].Logprob, got[i].Logprob, "%s: token %d log-probability", msg, i)
+		} else {
+			require.InDelta(t, want[i].Logprob, got[i].Logprob, 1e-4, "%s: token %d log-probability", msg, i)
+		}
+	}
+}
+
+func words(n int, tag string) string {
+	w := make([]string, n)
+	for i := range w {
+		w[i] = fmt.Sprintf("%s%d", tag, (i*7919)%997)
+	}
+	return strings.Join(w, " ")
+}
+
+// TestPrefixHitEqualsCold: the second run of a prompt resumes from the
+// cache, and its tokens and log-probabilities equal the cold run's
+// bitwise (the snapshot sits where the cold run cut), and those of a model
+// without the cache within the tolerance.
+func TestPrefixHitEqualsCold(t *testing.T) {
+	dirs, err := filepath.Glob("../testdata/model/*/config.json")
+	require.NoError(t, err)
+	ctx := context.Background()
+	for _, cfg := range dirs {
+		dir := filepath.Dir(cfg)
+		plain, err := Load(ctx, dir, WithPrefillChunk(32))
+		require.NoError(t, err)
+		cached, err := Load(ctx, dir, WithPrefillChunk(32), WithPrefixCache(256<<20))
+		require.NoError(t, err)
+		for _, n := range []int{3, 20, 70} { // byte-level prompts of about 15, 100 and 350 tokens
+			prompt := words(n, fmt.Sprintf("p%d-", n))
+			opts := []GenerateOption{WithMaxTokens(8), WithoutDefaultStops(), WithLogprobs(1)}
+			if n%2 == 0 {
+				opts = append(opts, WithTemperature(0.8), WithSeed(uint64(n)))
+			}
+			want := genTokens(t, plain, prompt, opts...)
+			before := cached.PrefixCacheStats()
+			cold := genTokens(t, cached, prompt, opts...)
+			hit := genTokens(t, cached, prompt, opts...)
+			after := cached.PrefixCacheStats()
+			name := fmt.Sprintf("%s, %d words", filepath.Base(dir), n)
+			sameGeneration(t, cold, hit, true, name+": hit against the cold run")
+			sameGeneration(t, want, cold, false, name+": cached model against the plain one")
+			l := len(cached.Encode(prompt))
+			if l > PrefixBlock {
+				assert.Equal(t, before.Hits+1, after.Hits, "%s: one hit", name)
+				assert.Equal(t, int64((l-1)/PrefixBlock*PrefixBlock), after.ReusedTokens-before.ReusedTokens, "%s: reused tokens", name)
+				assert.Equal(t, (l-1)/PrefixBlock*PrefixBlock, hit[len(hit)-1].Usage.CachedTokens, "%s: usage", name)
+			}
+		}
+		plain.Close()
+		cached.Close()
+	}
+}
+
+// TestPrefixSilentMisses reproduces the cases in which hybrid prefix
+// caches are reported to miss silently, and shows a hit wherever one is
+// possible.
+func TestPrefixSilentMisses(t *testing.T) {
+	ctx := context.Background()
+	m, err := Load(ctx, tinyDir, WithPrefillChunk(32), WithPrefixCache(256<<20))
+	require.NoError(t, err)
+	defer m.Close()
+	opts := []GenerateOption{WithMaxTokens(2), WithoutDefaultStops()}
+	delta := func(f func()) PrefixStats {
+		a := m.PrefixCacheStats()
+		f()
+		b := m.PrefixCacheStats()
+		return PrefixStats{Lookups: b.Lookups - a.Lookups, Hits: b.Hits - a.Hits, ReusedTokens: b.ReusedTokens - a.ReusedTokens}
+	}
+
+	// A prompt shorter than a block cannot hit, and the counters say so.
+	short := "tiny"
+	genTokens(t, m, short, opts...)
+	d := delta(func() { genTokens(t, m, short, opts...) })
+	assert.Equal(t, PrefixStats{Lookups: 1}, d, "a prompt shorter than a block")
+	// Identical prompts hit at their last block end.
+	same := words(8, "s") // about 40 tokens
+	genTokens(t, m, same, opts...)
+	d = delta(func() { genTokens(t, m, same, opts...) })
+	l := len(m.Encode(same))
+	assert.Equal(t, PrefixStats{Lookups: 1, Hits: 1, ReusedTokens: int64((l - 1) / PrefixBlock * PrefixBlock)}, d, "identical prompts")
+
+	// The only snapshot of the first prompt lies in its own tokens: the
+	// second, sharing a 100-token head, misses, but leaves a snapshot where
+	// the two part, so the third hits there.
+	head := words(20, "h")
+	tail := " and a tail of its own, long enough to hold blocks of its own"
+	genTokens(t, m, head+" first"+tail, opts...)
+	d = delta(func() { genTokens(t, m, head+" second"+tail, opts...) })
+	assert.Equal(t, int64(0), d.Hits, "the second prompt: no snapshot in the shared head yet")
+	d = delta(func() { genTokens(t, m, head+" third"+tail, opts...) })
+	shared := sharedBlocks(m.Encode(head+" second"+tail), m.Encode(head+" third"+tail))
+	assert.Equal(t, PrefixStats{Lookups: 1, Hits: 1, ReusedTokens: int64(shared)}, d, "the third prompt hits where the first two parted")
+
+	// A long shared head (a system prompt) leaves interior snapshots: the
+	// second prompt already hits.
+	system := words(130, "sys") // about 650 tokens
+	genTokens(t, m, system+" alpha beta gamma delta epsilon zeta eta theta", opts...)
+	d = delta(func() { genTokens(t, m, system+" omega psi chi phi upsilon tau sigma rho", opts...) })
+	assert.Equal(t, int64(1), d.Hits, "a long shared head")
+	assert.Equal(t, int64(prefixInterior), d.ReusedTokens, "resumed at the interior snapshot")
+}
+
+// sharedBlocks is the whole blocks two token lists share from the start.
+func sharedBlocks(a, b []int32) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n / PrefixBlock * PrefixBlock
+}
+
+// TestPrefixChatTurns: the second turn of a conversation, sent as a new
+// prompt holding the first turn and its answer, resumes at the last block
+// end of the first generation, and matches a cold run within tolerance.
+func TestPrefixChatTurns(t *testing.T) {
+	ctx := context.Background()
+	plain, err := Load(ctx, tinyDir)
+	require.NoError(t, err)
+	defer plain.Close()
+	m, err := Load(ctx, tinyDir, WithPrefixCache(256<<20))
+	require.NoError(t, err)
+	defer m.Close()
+	opts := []GenerateOption{WithMaxTokens(40), WithoutDefaultStops(), WithLogprobs(1)}
+	// The second turn is built from token ids, as a server keeps a
+	// conversation: re-encoding generated text need not give its ids back.
+	gen := func(m *Model, prompt []int32) []Token {
+		s, err := m.NewSession()
+		require.NoError(t, err)
+		defer s.Close()
+		var out []Token
+		for tok, err := range s.GenerateTokens(ctx, prompt, opts...) {
+			require.NoError(t, err)
+			out = append(out, tok)
+		}
+		return out
+	}
+	turn1 := m.Encode(words(30, "q"))
+	var turn2 []int32
+	turn2 = append(turn2, turn1...)
+	for _, tok := range gen(m, turn1) {
+		turn2 = append(turn2, tok.ID)
+	}
+	first := len(turn2)
+	turn2 = append(turn2, m.Encode(" and then?")...)
+	want := gen(plain, turn2)
+	d0 := m.PrefixCacheStats()
+	got := gen(m, turn2)
+	d1 := m.PrefixCacheStats()
+	sameGeneration(t, want, got, false, "the second turn")
+	require.Equal(t, d0.Hits+1, d1.Hits)
+	reused := int(d1.ReusedTokens - d0.ReusedTokens)
+	t.Logf("first turn %d tokens, resumed at %d", first, reused)
+	assert.GreaterOrEqual(t, reused, first-PrefixBlock, "resumed near the end of the first turn (%d tokens)", first)
+	assert.LessOrEqual(t, reused, first)
+}
+
+// TestPrefixEviction: the cache stays within its budget, dropping the
+// least recently used blocks, and a dropped prompt misses.
+func TestPrefixEviction(t *testing.T) {
+	ctx := context.Background()
+	probe, err := Load(ctx, tinyDir, WithPrefixCache(1<<30))
+	require.NoError(t, err)
+	genTokens(t, probe, words(20, "a"), WithMaxTokens(1), WithoutDefaultStops())
+	one := probe.PrefixCacheStats().Bytes // one prompt's blocks and snapshot
+	probe.Close()
+	require.Positive(t, one)
+	m, err := Load(ctx, tinyDir, WithPrefixCache(3*one))
+	require.NoError(t, err)
+	defer m.Close()
+	for i := range 6 {
+		genTokens(t, m, words(20, fmt.Sprintf("x%d-", i)), WithMaxTokens(1), WithoutDefaultStops())
+		assert.LessOrEqual(t, m.PrefixCacheStats().Bytes, 3*one, "after prompt %d", i)
+	}
+	a := m.PrefixCacheStats()
+	genTokens(t, m, words(20, "x5-"), WithMaxTokens(1), WithoutDefaultStops()) // the newest: kept
+	genTokens(t, m, words(20, "x0-"), WithMaxTokens(1), WithoutDefaultStops()) // the oldest: gone
+	b := m.PrefixCacheStats()
+	assert.Equal(t, a.Hits+1, b.Hits, "the newest prompt hits, the oldest misses")
+	_, err = Load(ctx, tinyDir, WithPrefixCache(-1))
+	assert.ErrorContains(t, err, "prefix cache")
+	assert.False(t, math.IsNaN(float64(b.Bytes)))
+}
+
+// TestBatcherPrefixHit: the batcher resumes prompts from the prefix cache
+// too, with the tokens Generate gets from the same hit.
+func TestBatcherPrefixHit(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m, err := Load(ctx, tinyDir, WithPrefillChunk(32), WithPrefixCache(256<<20))
+	require.NoError(t, err)
+	defer m.Close()
+	br, err := m.NewBatcher(3)
+	require.NoError(t, err)
+	require.NoError(t, br.Start(ctx))
+	opts := []GenerateOption{WithMaxTokens(6), WithoutDefaultStops(), WithLogprobs(1)}
+	prompt := words(40, "b")
+	genTokens(t, m, prompt, opts...)       // cold: fills the cache
+	want := genTokens(t, m, prompt, opts...) // a hit
+	before := m.PrefixCacheStats()
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	var got []Token
+	for tok, err := range br.Generate(ctx, s, prompt, opts...) {
+		require.NoError(t, err)
+		got = append(got, tok)
+	}
+	assert.Equal(t, before.Hits+1, m.PrefixCacheStats().Hits, "the batcher's lookup hit")
+	sameGeneration(t, want, got, true, "the batcher against Generate, both resumed")
+	assert.Equal(t, want[len(want)-1].Usage, got[len(got)-1].Usage)
+}
