@@ -3,7 +3,6 @@ package k3
 import (
 	"context"
 	"fmt"
-	"math"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -213,7 +212,6 @@ func TestPrefixEviction(t *testing.T) {
 	assert.Equal(t, a.Hits+1, b.Hits, "the newest prompt hits, the oldest misses")
 	_, err = Load(ctx, tinyDir, WithPrefixCache(-1))
 	assert.ErrorContains(t, err, "prefix cache")
-	assert.False(t, math.IsNaN(float64(b.Bytes)))
 }
 
 // TestBatcherPrefixHit: the batcher resumes prompts from the prefix cache
@@ -229,7 +227,7 @@ func TestBatcherPrefixHit(t *testing.T) {
 	require.NoError(t, br.Start(ctx))
 	opts := []GenerateOption{WithMaxTokens(6), WithoutDefaultStops(), WithLogprobs(1)}
 	prompt := words(40, "b")
-	genTokens(t, m, prompt, opts...)       // cold: fills the cache
+	genTokens(t, m, prompt, opts...)         // cold: fills the cache
 	want := genTokens(t, m, prompt, opts...) // a hit
 	before := m.PrefixCacheStats()
 	s, err := m.NewSession()
