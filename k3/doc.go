@@ -6,11 +6,14 @@
 // streaming generation, batching and the tokenizer.
 //
 // A program loads a Model once (Load, LoadFS, or LoadTiny for the embedded
-// random-weight model), then runs one Session per conversation: Generate
+// model trained on Go source), then runs one Session per conversation: Generate
 // streams tokens as an iter.Seq2, Forward returns logits. Sessions can be
 // cloned and truncated. Batch steps many sessions in one pass over the
 // weights, with each session's results equal to decoding it alone, and
-// Batcher serves concurrent Generate calls with continuous batching; a
+// Batcher serves concurrent Generate calls with continuous batching,
+// prefilling prompts in chunks between the running streams' tokens.
+// WithPrefixCache lets new sessions resume from the state of prompts run
+// before (a chat's earlier turns, a shared system prompt). A
 // Sampler applies the generation options to logits a program drives
 // itself. Close waits for running passes; afterwards every call fails with
 // ErrClosed. Errors name the problem and wrap sentinels (ErrBadToken,

@@ -61,9 +61,10 @@ type ModelResult struct {
 	Truncate100SnapSteps   float64
 	TruncateSnapStateBytes int64
 	StateBytesPerSession   int64
-	// Schedule holds a long prompt arriving beside 8 streams, at two
+	// Schedule holds a long prompt arriving beside 8 streams, at three
 	// chunk sizes: the trade between their latency and its first token.
 	Schedule []*ScheduleResult
+	Chat     *ChatResult
 	// RSSGrowth is how much the process's resident memory grew from before
 	// Load to after the first prefill (weights mapped and touched, load-time
 	// copies, one session and its scratch); 0 where /proc is missing.
@@ -294,7 +295,11 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 	if err := truncateCost(ctx, m, dir, r, log); err != nil {
 		return nil, err
 	}
-	for _, chunk := range []int{10, 32} {
+	log("chat: two turns with the prefix cache...")
+	if r.Chat, err = Chat(ctx, dir, 1000, 64, 24); err != nil {
+		return nil, err
+	}
+	for _, chunk := range []int{8, 10, 32} {
 		log(fmt.Sprintf("scheduler: 8 streams and a 4,096-token prompt in chunks of %d...", chunk))
 		sr, err := Schedule(ctx, m, 8, 4096, chunk)
 		if err != nil {
@@ -424,6 +429,9 @@ func (r *ModelResult) Table() string {
 		r.TruncateAt, r.TruncateSnapInterval, r.Truncate100SnapSteps, r.TruncateSnapInterval, float64(r.TruncateSnapStateBytes)/1e6)
 	for _, sr := range r.Schedule {
 		b.WriteString(sr.Line())
+	}
+	if r.Chat != nil {
+		b.WriteString(r.Chat.Line())
 	}
 	fmt.Fprintf(&b, "  memory: weights %.1f MB in the checkpoint + %.2f MB state per session (after a 512-token prompt)\n",
 		float64(r.WeightBytes)/1e6, float64(r.StateBytesPerSession)/1e6)

@@ -146,3 +146,69 @@ func Schedule(ctx context.Context, m *k3.Model, n, promptLen, chunk int) (*Sched
 	}
 	return r, nil
 }
+
+// ChatResult is a conversation's second turn against its first: the
+// second prompt holds the first turn, its answer and a new question, and
+// resumes from the prefix cache.
+type ChatResult struct {
+	History, Answer, Question int
+	First, Second             time.Duration // time to first token
+	Reused                    int
+}
+
+// Line formats the result as `k3 bench model` prints it.
+func (r *ChatResult) Line() string {
+	return fmt.Sprintf("  chat with the prefix cache: a %d-token first turn reaches its first token in %.0f ms; the second turn (%d tokens of history, %d new) in %.0f ms, %.3fx the first (%d tokens resumed from the cache)\n",
+		r.History, ms(r.First), r.History+r.Answer, r.Question, ms(r.Second), float64(r.Second)/float64(r.First), r.Reused)
+}
+
+// Chat times the first token of two turns of a conversation on a model
+// loaded from dir with a prefix cache: a history-token first prompt, an
+// answer of answer tokens, then a second prompt of the whole conversation
+// and question more tokens, each turn a new session as a server runs it.
+func Chat(ctx context.Context, dir string, history, answer, question int) (*ChatResult, error) {
+	m, err := k3.Load(ctx, dir, k3.WithPrefixCache(1<<30))
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	r := &ChatResult{History: history, Answer: answer, Question: question}
+	turn := func(prompt []int32, max int) ([]int32, time.Duration, error) {
+		s, err := m.NewSession()
+		if err != nil {
+			return nil, 0, err
+		}
+		defer s.Close()
+		start := time.Now()
+		var ttft time.Duration
+		var out []int32
+		for tok, err := range s.GenerateTokens(ctx, prompt, k3.WithMaxTokens(max), k3.WithoutDefaultStops()) {
+			if err != nil {
+				return nil, 0, err
+			}
+			if ttft == 0 {
+				ttft = time.Since(start)
+			}
+			out = append(out, tok.ID)
+		}
+		return out, ttft, nil
+	}
+	// A first run of another text faults the weights in, so the first
+	// turn's time is the warm one.
+	if _, _, err := turn(m.Encode(strings.Repeat("warm ", 64)), 1); err != nil {
+		return nil, err
+	}
+	first := m.Encode(strings.Repeat("The user asks about Go. ", history)[:history])
+	ans, ttft1, err := turn(first, answer)
+	if err != nil {
+		return nil, err
+	}
+	r.First = ttft1
+	second := append(append(first, ans...), m.Encode(strings.Repeat("?", question))...)
+	before := m.PrefixCacheStats()
+	if _, r.Second, err = turn(second, 1); err != nil {
+		return nil, err
+	}
+	r.Reused = int(m.PrefixCacheStats().ReusedTokens - before.ReusedTokens)
+	return r, nil
+}
