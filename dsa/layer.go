@@ -309,6 +309,17 @@ func (c *Cache) reserve(n int) error {
 	return c.realloc(min(max(need, 2*c.Cap()), c.Limit))
 }
 
+// GrowthBytes returns the memory a cache allocates more to take n more
+// positions (0 when it has room).
+func (c *Cache) GrowthBytes(n int) int64 {
+	need := c.Len + n
+	if need <= c.Cap() || need > c.Limit {
+		return 0
+	}
+	grown := min(max(need, 2*c.Cap()), c.Limit)
+	return int64(grown-c.Cap()) * int64(c.RowLen()) * 4
+}
+
 // Truncate drops every position from n on (speculative decoding rolls back
 // this way).
 func (c *Cache) Truncate(n int) error {

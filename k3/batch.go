@@ -187,6 +187,21 @@ func (bt *Batch) run(ctx context.Context, sessions []*Session, cu, ids []int32, 
 			}
 		}
 	}
+	// The state the call will grow by is reserved first: past the budget
+	// the call fails before anything changes.
+	var grow int64
+	for i, s := range sessions {
+		grow += s.growth(int(cu[i+1] - cu[i]))
+	}
+	if err := bt.m.mem.take(grow, "a batch pass"); err != nil {
+		return err
+	}
+	defer func() {
+		bt.m.mem.add(-grow)
+		for _, s := range sessions {
+			s.charge()
+		}
+	}()
 	return bt.execute(sessions, cu, ids, out, nil, out != nil)
 }
 

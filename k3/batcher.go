@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"slices"
 	"sync/atomic"
 )
 
@@ -58,6 +59,7 @@ type batchReq struct {
 	fed     int     // prompt tokens fed so far; the prompt is in prefill until all are
 	base    int     // the position of the prompt's first token
 	pts     []int   // the prompt's snapshot points (WithPrefixCache)
+	held    bool    // the prompt waits this pass: its chunk does not fit the memory budget
 	pending []Token // ready tokens the full stream could not take yet
 }
 
@@ -303,6 +305,7 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 			}
 			return err
 		}
+		active = b.fitMemory(active, finish)
 		sessions, tokens, cu = sessions[:0], tokens[:0], append(cu[:0], 0)
 		ending = ending[:0] // finished, but their last token is still to be fed
 		kept := active[:0]
@@ -315,7 +318,7 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 					finish(r, err)
 					continue
 				}
-				if chunkReq == nil {
+				if chunkReq == nil && !r.held {
 					chunkReq = r
 				}
 				kept = append(kept, r)
@@ -393,6 +396,57 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 		for _, r := range ending {
 			r.s.endTurn()
 			finish(r, nil)
+		}
+	}
+}
+
+// fitMemory makes the next pass fit the model's memory budget: the
+// prompt whose chunk would run next waits (held) while the pass does not
+// fit with it; when the running sequences' next tokens alone do not fit,
+// the newest of them fails with ErrMemoryBudget, its state staying with
+// its session, and so does a prompt that cannot fit with nothing else
+// running. It returns the requests that go on.
+func (b *Batcher) fitMemory(active []*batchReq, finish func(*batchReq, error)) []*batchReq {
+	for _, r := range active {
+		r.held = false
+	}
+	if b.m.mem.budget <= 0 {
+		return active
+	}
+	for {
+		var need int64
+		var prompt *batchReq
+		decoding := -1 // the newest decoding request
+		for i, r := range active {
+			if r.fed < len(r.prompt) {
+				if prompt == nil && !r.held {
+					prompt = r
+				}
+				continue
+			}
+			need += r.s.growth(1)
+			decoding = i
+		}
+		if prompt != nil {
+			end := prompt.base + len(prompt.prompt)
+			need += prompt.s.growth(prompt.s.nextCut(prompt.s.pos, end, b.chunk, prompt.pts) - prompt.s.pos)
+		}
+		if b.m.mem.take(need, "a pass") == nil {
+			b.m.mem.add(-need)
+			return active
+		}
+		switch {
+		case prompt != nil && decoding >= 0:
+			prompt.held = true
+		case decoding >= 0:
+			r := active[decoding]
+			finish(r, fmt.Errorf("%w: the running sequences' next tokens need %d bytes", ErrMemoryBudget, need))
+			active = append(active[:decoding], active[decoding+1:]...)
+		case prompt != nil:
+			finish(prompt, fmt.Errorf("%w: a prompt chunk needs %d bytes with nothing else running", ErrMemoryBudget, need))
+			active = slices.DeleteFunc(active, func(r *batchReq) bool { return r == prompt })
+		default:
+			return active
 		}
 	}
 }

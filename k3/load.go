@@ -68,6 +68,7 @@ type options struct {
 
 	snapInterval, snapKeep int
 	prefixBytes            int64
+	budget                 int64
 }
 
 // WithDenseAttention runs DSA layers as dense MLA: every query attends to
@@ -109,6 +110,7 @@ type Model struct {
 	snapInterval         int          // tokens between the sessions' state snapshots (0: none)
 	snapKeep             int          // snapshots a session keeps
 	prefix               *prefixCache // nil without WithPrefixCache
+	mem                  ledger       // all sequence state against WithMemoryBudget
 
 	wsMu   sync.Mutex
 	wsFree []*workspace // scratch for session runs, lent one per run
@@ -223,14 +225,20 @@ func newModel(ctx context.Context, cfg *config.Config, ck *safetensors.Checkpoin
 		ck.Close()
 		return nil, fmt.Errorf("k3: snapshots every %d tokens, keeping %d: want a positive interval and count, or interval 0", o.snapInterval, o.snapKeep)
 	}
+	if o.budget < 0 {
+		ck.Close()
+		return nil, fmt.Errorf("k3: memory budget of %d bytes", o.budget)
+	}
 	if o.prefixBytes < 0 {
 		ck.Close()
 		return nil, fmt.Errorf("k3: prefix cache of %d bytes", o.prefixBytes)
 	}
 	m := &Model{Config: cfg, ck: ck, chunk: o.chunk, b: o.be, tok: tok, dense: o.dense, rollback: o.rollback,
 		snapInterval: o.snapInterval, snapKeep: o.snapKeep}
+	m.mem.budget = o.budget
 	if o.prefixBytes > 0 {
-		m.prefix = newPrefixCache(o.prefixBytes)
+		m.prefix = newPrefixCache(o.prefixBytes, &m.mem)
+		m.mem.spare = m.prefix.spare
 	}
 	m.life.init()
 	if m.b == nil {

@@ -60,6 +60,7 @@ func (m *Model) PrefixCacheStats() PrefixStats {
 type prefixCache struct {
 	mu     sync.Mutex
 	budget int64
+	mem    *ledger // the model's: the cache's bytes count there too
 	root   prefixNode
 	clock  uint64
 	stats  PrefixStats
@@ -75,8 +76,16 @@ type prefixNode struct {
 	used   uint64
 }
 
-func newPrefixCache(budget int64) *prefixCache {
-	return &prefixCache{budget: budget}
+func newPrefixCache(budget int64, mem *ledger) *prefixCache {
+	return &prefixCache{budget: budget, mem: mem}
+}
+
+// spare evicts at least n bytes if the cache holds them, for sessions
+// that need the memory (the ledger calls it).
+func (c *prefixCache) spare(n int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.evictTo(max(0, c.stats.Bytes-n))
 }
 
 // blockKey hashes a block's tokens (FNV-1a); a match is confirmed
@@ -113,7 +122,7 @@ func floats(v [][]float32) int64 {
 // the deepest cached node with a snapshot whose position leaves at least
 // one token to run (nil: a miss), and the position of the deepest
 // matching block (where the prompt parts from what is cached). The nodes
-// of a hit are marked used.
+// of a hit are marked used; restore counts the hit.
 func (c *prefixCache) lookup(tokens []int32) (hit *prefixNode, matched int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -134,8 +143,6 @@ func (c *prefixCache) lookup(tokens []int32) (hit *prefixNode, matched int) {
 		for m := hit; m != &c.root; m = m.parent {
 			m.used = c.clock
 		}
-		c.stats.Hits++
-		c.stats.ReusedTokens += int64(hit.pos)
 	}
 	return hit, matched
 }
@@ -145,6 +152,8 @@ func (c *prefixCache) lookup(tokens []int32) (hit *prefixNode, matched int) {
 func (c *prefixCache) restore(s *Session, hit *prefixNode) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.stats.Hits++
+	c.stats.ReusedTokens += int64(hit.pos)
 	var path []*prefixNode
 	for m := hit; m != &c.root; m = m.parent {
 		path = append(path, m)
@@ -228,6 +237,7 @@ func (c *prefixCache) insert(s *Session, upto int, snap [][]float32) error {
 			n.kids[blockKey(toks)] = next
 			c.stats.Blocks++
 			c.stats.Bytes += floats(next.rows)
+			c.mem.add(floats(next.rows))
 		}
 		next.used = c.clock
 		n = next
@@ -236,16 +246,23 @@ func (c *prefixCache) insert(s *Session, upto int, snap [][]float32) error {
 		n.snap = snap
 		c.stats.Snapshots++
 		c.stats.Bytes += floats(snap)
+		c.mem.add(floats(snap))
 	}
-	c.evict()
+	// The cache fits its own budget, and yields to sessions when the
+	// model's is exceeded.
+	limit := c.budget
+	if over := c.mem.over(); over > 0 {
+		limit = min(limit, c.stats.Bytes-over)
+	}
+	c.evictTo(limit)
 	return nil
 }
 
-// evict drops least recently used leaf blocks until the cache fits its
-// budget: a block's descendants need its attention rows, so leaves go
-// first.
-func (c *prefixCache) evict() {
-	for c.stats.Bytes > c.budget {
+// evictTo drops least recently used leaf blocks until the cache holds at
+// most limit bytes: a block's descendants need its attention rows, so
+// leaves go first.
+func (c *prefixCache) evictTo(limit int64) {
+	for c.stats.Bytes > limit {
 		var lru *prefixNode
 		var walk func(n *prefixNode)
 		walk = func(n *prefixNode) {
@@ -264,12 +281,14 @@ func (c *prefixCache) evict() {
 			return
 		}
 		delete(lru.parent.kids, blockKey(lru.toks[:]))
+		freed := floats(lru.rows)
 		c.stats.Blocks--
-		c.stats.Bytes -= floats(lru.rows)
 		if lru.snap != nil {
 			c.stats.Snapshots--
-			c.stats.Bytes -= floats(lru.snap)
+			freed += floats(lru.snap)
 		}
+		c.stats.Bytes -= freed
+		c.mem.add(-freed)
 	}
 }
 
@@ -354,6 +373,16 @@ func (s *Session) resume(prompt []int32) (held, matched int, err error) {
 	hit, matched := s.m.prefix.lookup(prompt)
 	if hit == nil {
 		return 0, matched, nil
+	}
+	if !s.reserving {
+		grow := s.growth(hit.pos)
+		if err := s.m.mem.take(grow, "a prefix-cache hit"); err != nil {
+			return 0, matched, nil // resumed by prefilling instead
+		}
+		defer func() {
+			s.m.mem.add(-grow)
+			s.charge()
+		}()
 	}
 	if err := s.m.prefix.restore(s, hit); err != nil {
 		s.broken = err

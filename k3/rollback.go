@@ -320,11 +320,17 @@ func (s *Session) restoreSnapshot(pos int) (bool, error) {
 	return true, nil
 }
 
-// snapshotBytes is the memory the session's snapshots hold.
+// snapshotBytes is the memory the session's snapshots hold (the prefix
+// cache's turn snapshot included).
 func (s *Session) snapshotBytes() int64 {
 	var n int64
 	for _, sn := range s.snaps {
 		for _, v := range sn.data {
+			n += 4 * int64(len(v))
+		}
+	}
+	if s.turn != nil {
+		for _, v := range s.turn.data {
 			n += 4 * int64(len(v))
 		}
 	}

@@ -47,13 +47,15 @@ type Session struct {
 	last   []float32 // logits after the last token (nil before any)
 	broken error     // set when a forward pass failed halfway
 
-	logs     []*replay.Log  // per layer: the KDA layers' rollback logs (nil: none kept)
-	scratch  [][2][]float32 // rollback's host copies of a state and conv window, one per worker
-	snaps    []*snapshot    // oldest first (WithSnapshots)
-	nextSnap int            // the position from which the next snapshot is due
-	turn     *snapshot      // the KDA state at the last block end passed (WithPrefixCache)
-	resumed  int            // prompt tokens the last run took from the prefix cache
-	closed   bool
+	logs      []*replay.Log  // per layer: the KDA layers' rollback logs (nil: none kept)
+	scratch   [][2][]float32 // rollback's host copies of a state and conv window, one per worker
+	snaps     []*snapshot    // oldest first (WithSnapshots)
+	nextSnap  int            // the position from which the next snapshot is due
+	turn      *snapshot      // the KDA state at the last block end passed (WithPrefixCache)
+	resumed   int            // prompt tokens the last run took from the prefix cache
+	charged   int64          // the bytes the model's ledger counts for the session
+	reserving bool           // a run has reserved the memory it grows by
+	closed    bool
 }
 
 // Close returns the session's state (KDA states, attention caches, replay
@@ -76,7 +78,9 @@ func (s *Session) Close() error {
 			c.Free()
 		}
 	}
-	s.logs, s.last, s.tokens, s.scratch, s.snaps = nil, nil, nil, nil, nil
+	s.logs, s.last, s.tokens, s.scratch, s.snaps, s.turn = nil, nil, nil, nil, nil, nil
+	s.m.mem.add(-s.charged)
+	s.charged = 0
 	return nil
 }
 
@@ -104,21 +108,31 @@ func (m *Model) NewSession() (*Session, error) {
 	if s.logs, err = m.newLogs(); err != nil {
 		return nil, err
 	}
+	fail := func(err error) (*Session, error) {
+		s.Close() // what was allocated goes back
+		return nil, err
+	}
 	for _, ly := range m.layers {
 		var ks *kda.State
 		var c *dsa.Cache
 		switch ly.kind {
 		case config.KDA:
 			if ks, err = kda.NewState(b, ly.kdaCfg, 1); err != nil {
-				return nil, err
+				return fail(err)
 			}
 		default:
 			if c, err = dsa.NewCache(b, ly.mlaCfg, min(s.limit, max(m.chunk, 64)), s.limit); err != nil {
-				return nil, err
+				return fail(err)
 			}
 		}
 		s.kdaSt, s.caches = append(s.kdaSt, ks), append(s.caches, c)
 	}
+	n := s.StateBytes()
+	if err := m.mem.take(n, "a new session"); err != nil {
+		s.Close()
+		return nil, err
+	}
+	s.charged = n
 	return s, nil
 }
 
@@ -190,6 +204,19 @@ func (s *Session) run(ctx context.Context, tokens []int32, all bool, tr ...*Trac
 	if len(tr) > 0 {
 		trace = tr[0]
 	}
+	// The whole run's growth is reserved first (a prefix-cache hit only
+	// grows the caches to the same length): past the budget the run fails
+	// before anything changes.
+	grow := s.growth(len(tokens))
+	if err := s.m.mem.take(grow, "the session's tokens"); err != nil {
+		return nil, err
+	}
+	s.reserving = true
+	defer func() {
+		s.reserving = false
+		s.m.mem.add(-grow)
+		s.charge()
+	}()
 	ws, err := s.m.workspace()
 	if err != nil {
 		return nil, err
@@ -279,6 +306,7 @@ func (s *Session) Reset() error {
 	}
 	s.pos, s.tokens, s.last, s.broken = 0, s.tokens[:0], nil, nil
 	s.snaps, s.nextSnap, s.turn = s.snaps[:0], 0, nil
+	s.charge()
 	return nil
 }
 

@@ -1,0 +1,130 @@
+package k3
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// ErrMemoryBudget is wrapped by errors of calls that would take the
+// model's sequence state past its budget (WithMemoryBudget). Nothing has
+// changed when it is returned: the session is as it was.
+var ErrMemoryBudget = errors.New("k3: memory budget exceeded")
+
+// WithMemoryBudget bounds the memory of all sequence state: sessions' KDA
+// states, attention caches, replay logs and snapshots, and the prefix
+// cache, which gives up its least recently used blocks before a session
+// is refused. A call that would pass the budget fails with
+// ErrMemoryBudget before it changes anything; the Batcher holds prompts
+// back instead, and fails a running sequence only when the others cannot
+// go on without its memory. bytes 0, the default, sets no bound;
+// Model.MemoryUsage reports the use either way.
+func WithMemoryBudget(bytes int64) Option { return func(o *options) { o.budget = bytes } }
+
+// MemoryUsage is the sequence state a model holds against its budget.
+type MemoryUsage struct {
+	Used   int64 // bytes of sessions' state and the prefix cache
+	Budget int64 // 0: no bound
+}
+
+// Fraction is Used over Budget (0 without a budget).
+func (u MemoryUsage) Fraction() float64 {
+	if u.Budget <= 0 {
+		return 0
+	}
+	return float64(u.Used) / float64(u.Budget)
+}
+
+// MemoryUsage reports the model's sequence state against its budget.
+func (m *Model) MemoryUsage() MemoryUsage {
+	m.mem.mu.Lock()
+	defer m.mem.mu.Unlock()
+	return MemoryUsage{Used: m.mem.used, Budget: m.mem.budget}
+}
+
+// ledger counts the bytes of all sequence state against the budget.
+type ledger struct {
+	mu     sync.Mutex
+	used   int64
+	budget int64
+	// spare, when set, frees reclaimable memory (the prefix cache) of at
+	// least n bytes if it can; called without mu held.
+	spare func(n int64)
+}
+
+// take reserves n bytes, first asking spare for room; it fails, taking
+// nothing, when they do not fit.
+func (l *ledger) take(n int64, what string) error {
+	if n <= 0 {
+		return nil
+	}
+	for try := 0; ; try++ {
+		l.mu.Lock()
+		if l.budget <= 0 || l.used+n <= l.budget {
+			l.used += n
+			l.mu.Unlock()
+			return nil
+		}
+		short := l.used + n - l.budget
+		used, budget := l.used, l.budget
+		l.mu.Unlock()
+		if try > 0 || l.spare == nil {
+			return fmt.Errorf("%w: %s needs %d bytes, %d of %d in use", ErrMemoryBudget, what, n, used, budget)
+		}
+		l.spare(short)
+	}
+}
+
+// add counts n bytes (negative: gives them back) without a check: memory
+// that is already held.
+func (l *ledger) add(n int64) {
+	l.mu.Lock()
+	l.used += n
+	l.mu.Unlock()
+}
+
+// over returns how far the count is past the budget (0 within it).
+func (l *ledger) over() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.budget <= 0 {
+		return 0
+	}
+	return max(0, l.used-l.budget)
+}
+
+// charge brings the ledger's count of s to its state's bytes now.
+func (s *Session) charge() {
+	n := s.StateBytes()
+	s.m.mem.add(n - s.charged)
+	s.charged = n
+}
+
+// growth returns the bytes s's state grows by when it takes n more
+// tokens: cache reallocations, and a first snapshot buffer.
+func (s *Session) growth(n int) int64 {
+	var g int64
+	for _, c := range s.caches {
+		if c != nil {
+			g += c.GrowthBytes(n)
+		}
+	}
+	if iv := s.m.snapInterval; iv > 0 && s.pos+n >= s.nextSnap && len(s.snaps) < s.m.snapKeep {
+		g += s.kdaBytes()
+	}
+	if s.m.prefix != nil && s.turn == nil && (s.pos+n)/PrefixBlock > s.pos/PrefixBlock {
+		g += s.kdaBytes()
+	}
+	return g
+}
+
+// kdaBytes is one copy of the session's KDA states and conv windows.
+func (s *Session) kdaBytes() int64 {
+	var n int64
+	for _, st := range s.kdaSt {
+		if st != nil {
+			n += 4 * int64(st.S.Len()+st.Conv.Len())
+		}
+	}
+	return n
+}

@@ -1,0 +1,171 @@
+package k3
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// baseBytes is a fresh session's state on the tiny model.
+func baseBytes(t *testing.T) int64 {
+	m := load(t)
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	assert.Equal(t, s.StateBytes(), m.MemoryUsage().Used, "the ledger counts a new session")
+	return s.StateBytes()
+}
+
+// TestMemoryBudget: sessions are refused past the budget with
+// ErrMemoryBudget, a refused pass changes nothing, closing gives the
+// memory back, and the ledger returns to zero after many sessions.
+func TestMemoryBudget(t *testing.T) {
+	ctx := context.Background()
+	base := baseBytes(t)
+	m := load(t, WithMemoryBudget(base*5/2))
+	a, err := m.NewSession()
+	require.NoError(t, err)
+	b, err := m.NewSession()
+	require.NoError(t, err)
+	_, err = m.NewSession()
+	require.ErrorIs(t, err, ErrMemoryBudget, "a third session")
+	assert.Equal(t, 2*base, m.MemoryUsage().Used)
+	assert.InDelta(t, 0.8, m.MemoryUsage().Fraction(), 1e-9)
+	require.NoError(t, b.Close())
+	assert.Equal(t, base, m.MemoryUsage().Used, "closing gives the state back")
+
+	// A prompt that grows the caches past the budget fails before it
+	// changes anything; a shorter one then runs.
+	_, err = a.Forward(ctx, []int32{1, 2, 3})
+	require.NoError(t, err)
+	want := a.Logits()
+	long := make([]int32, 2000)
+	for i := range long {
+		long[i] = int32(1 + i%50)
+	}
+	_, err = a.Forward(ctx, long)
+	require.ErrorIs(t, err, ErrMemoryBudget, "a prompt whose caches do not fit")
+	assert.Equal(t, 3, a.Len(), "the refused prompt left the session as it was")
+	assert.Equal(t, want, a.Logits())
+	_, err = a.Forward(ctx, []int32{4})
+	require.NoError(t, err, "the session goes on")
+	assert.Equal(t, a.StateBytes(), m.MemoryUsage().Used)
+	require.NoError(t, a.Close())
+	assert.Zero(t, m.MemoryUsage().Used)
+
+	// Many sessions, forks and closes from several goroutines: the ledger
+	// comes back to zero.
+	free := load(t, WithMemoryBudget(1<<40))
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 250 {
+				s, err := free.NewSession()
+				if !assert.NoError(t, err) {
+					return
+				}
+				s.Forward(ctx, []int32{int32(1 + g), int32(2 + i%7)})
+				c, err := s.Clone()
+				if assert.NoError(t, err) {
+					c.Forward(ctx, []int32{5})
+					c.Close()
+				}
+				s.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Zero(t, free.MemoryUsage().Used, "1,000 sessions and their clones opened and closed")
+}
+
+// TestMemoryBudgetPrefixYields: the prefix cache gives up blocks when a
+// session needs the memory.
+func TestMemoryBudgetPrefixYields(t *testing.T) {
+	base := baseBytes(t)
+	m := load(t, WithMemoryBudget(4*base), WithPrefixCache(1<<30))
+	for i := range 3 {
+		genTokens(t, m, words(60, string(rune('a'+i))), WithMaxTokens(2), WithoutDefaultStops())
+	}
+	filled := m.PrefixCacheStats().Bytes
+	require.Positive(t, filled)
+	var held []*Session
+	for range 3 {
+		s, err := m.NewSession()
+		require.NoError(t, err, "the cache should make room")
+		held = append(held, s)
+	}
+	assert.Less(t, m.PrefixCacheStats().Bytes, filled, "the cache gave up blocks")
+	assert.LessOrEqual(t, m.MemoryUsage().Used, 4*base)
+	for _, s := range held {
+		s.Close()
+	}
+	assert.Equal(t, m.PrefixCacheStats().Bytes, m.MemoryUsage().Used, "what is left is the cache's")
+}
+
+// TestBatcherMemoryBudget: under a budget that holds the running
+// sequences but not every prompt at once, prompts wait instead of failing
+// and every generation completes as it would alone.
+func TestBatcherMemoryBudget(t *testing.T) {
+	base := baseBytes(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	plain := load(t)
+	prompts := []string{words(90, "m"), words(5, "n"), words(60, "o"), words(30, "p")}
+	opts := []GenerateOption{WithMaxTokens(30), WithoutDefaultStops()}
+	// Room for every session's base state and one long prompt's caches.
+	probe, err := plain.NewSession()
+	require.NoError(t, err)
+	for range probe.Generate(ctx, prompts[0], opts...) {
+	}
+	budget := 4*base + (probe.StateBytes() - base)
+	m := load(t, WithMemoryBudget(budget), WithPrefillChunk(64))
+	br, err := m.NewBatcher(4)
+	require.NoError(t, err)
+	require.NoError(t, br.Start(ctx))
+	var wg sync.WaitGroup
+	got := make([][]int32, len(prompts))
+	errs := make([]error, len(prompts))
+	for i, p := range prompts {
+		s, err := m.NewSession()
+		require.NoError(t, err)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer s.Close()
+			for tok, err := range br.Generate(ctx, s, p, opts...) {
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				got[i] = append(got[i], tok.ID)
+			}
+		}()
+	}
+	wg.Wait()
+	for i, p := range prompts {
+		if errs[i] != nil {
+			// Only a sequence the others could not go on beside may fail,
+			// and only with the budget's error.
+			require.True(t, errors.Is(errs[i], ErrMemoryBudget), "request %d: %v", i, errs[i])
+			continue
+		}
+		var want []int32
+		for _, tok := range genTokens(t, plain, p, opts...) {
+			want = append(want, tok.ID)
+		}
+		assert.Equal(t, want, got[i], "request %d", i)
+	}
+	assert.LessOrEqual(t, m.MemoryUsage().Used, budget)
+	done := 0
+	for _, err := range errs {
+		if err == nil {
+			done++
+		}
+	}
+	assert.GreaterOrEqual(t, done, 2, "generations that completed")
+}
