@@ -55,6 +55,7 @@ type batchReq struct {
 	opts    []GenerateOption
 	out     chan batchItem
 	stop    chan struct{} // closed by the consumer to abandon the request
+	dropped chan struct{} // closed by the loop once it no longer uses the session
 	g       *generation
 	fed     int     // prompt tokens fed so far; the prompt is in prefill until all are
 	base    int     // the position of the prompt's first token
@@ -129,8 +130,10 @@ func (b *Batcher) Wait() error {
 	return b.err
 }
 
-// Generate submits a generation for session s (which must not be used
-// elsewhere until the sequence ends) and yields its tokens. It fails at
+// Generate submits a generation for session s and yields its tokens. The
+// session belongs to the batcher until the iteration returns, however it
+// ends (the last token, an error, or a loop body that breaks out early):
+// then the batcher has let go of it. It fails at
 // once with ErrBatcherNotRunning before the batcher starts and with
 // ErrBatcherClosed after it stops.
 func (b *Batcher) Generate(ctx context.Context, s *Session, prompt string, opts ...GenerateOption) iter.Seq2[Token, error] {
@@ -147,10 +150,19 @@ func (b *Batcher) Generate(ctx context.Context, s *Session, prompt string, opts 
 			return
 		}
 		r := &batchReq{ctx: ctx, s: s, prompt: b.m.tok.Encode(prompt, true), opts: opts,
-			out: make(chan batchItem, streamBuffer), stop: make(chan struct{})}
-		defer close(r.stop)
+			out: make(chan batchItem, streamBuffer), stop: make(chan struct{}), dropped: make(chan struct{})}
 		select {
 		case b.reqs <- r:
+			// However the consumer leaves, the session is its own again
+			// only once the loop has let go of it.
+			defer func() {
+				close(r.stop)
+				select {
+				case b.wake <- struct{}{}: // a paused loop notices at once
+				default:
+				}
+				<-r.dropped
+			}()
 		case <-b.done:
 			yield(Token{}, ErrBatcherClosed)
 			return
@@ -231,6 +243,7 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 	// sequence is done, so this may wait for the consumer (or for it to
 	// abandon the request) without holding up any pass.
 	finish := func(r *batchReq, err error) {
+		close(r.dropped)
 		go func() {
 			for _, tok := range r.pending {
 				select {
