@@ -65,6 +65,9 @@ type ModelResult struct {
 	// chunk sizes: the trade between their latency and its first token.
 	Schedule []*ScheduleResult
 	Chat     *ChatResult
+	// The model's memory ledger before and after 1,000 sessions, each
+	// prefilled, forked, both decoded a token, and closed.
+	LedgerBefore, LedgerAfter, LedgerPeak int64
 	// RSSGrowth is how much the process's resident memory grew from before
 	// Load to after the first prefill (weights mapped and touched, load-time
 	// copies, one session and its scratch); 0 where /proc is missing.
@@ -295,6 +298,10 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 	if err := truncateCost(ctx, m, dir, r, log); err != nil {
 		return nil, err
 	}
+	log("1,000 forked and closed sessions...")
+	if err := churn(ctx, m, r); err != nil {
+		return nil, err
+	}
 	log("chat: two turns with the prefix cache...")
 	if r.Chat, err = Chat(ctx, dir, 1000, 64, 24); err != nil {
 		return nil, err
@@ -433,6 +440,8 @@ func (r *ModelResult) Table() string {
 	if r.Chat != nil {
 		b.WriteString(r.Chat.Line())
 	}
+	fmt.Fprintf(&b, "  sequence state: the memory ledger holds %.1f MB before and %.1f MB after 1,000 sessions were prefilled, forked, decoded and closed (%.1f MB at the peak, one session and its fork)\n",
+		float64(r.LedgerBefore)/1e6, float64(r.LedgerAfter)/1e6, float64(r.LedgerPeak)/1e6)
 	fmt.Fprintf(&b, "  memory: weights %.1f MB in the checkpoint + %.2f MB state per session (after a 512-token prompt)\n",
 		float64(r.WeightBytes)/1e6, float64(r.StateBytesPerSession)/1e6)
 	if r.RSSGrowth > 0 {
@@ -446,4 +455,37 @@ func median(v []float64) float64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// churn opens 1,000 sessions one after another, each prefilled with 16
+// tokens and forked, decodes a token in both, and closes them.
+func churn(ctx context.Context, m *k3.Model, r *ModelResult) error {
+	r.LedgerBefore = m.MemoryUsage().Used
+	for i := range 1000 {
+		s, err := m.NewSession()
+		if err != nil {
+			return err
+		}
+		prompt := make([]int32, 16)
+		for j := range prompt {
+			prompt[j] = int32(3 + (i+j)%200)
+		}
+		if _, err := s.Forward(ctx, prompt); err != nil {
+			return err
+		}
+		f, err := s.Clone()
+		if err != nil {
+			return err
+		}
+		for _, x := range []*k3.Session{s, f} {
+			if _, err := x.Forward(ctx, []int32{int32(3 + i%100)}); err != nil {
+				return err
+			}
+		}
+		r.LedgerPeak = max(r.LedgerPeak, m.MemoryUsage().Used)
+		f.Close()
+		s.Close()
+	}
+	r.LedgerAfter = m.MemoryUsage().Used
+	return nil
 }
