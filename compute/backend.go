@@ -220,9 +220,14 @@ type ConvArgs struct {
 // positions local to the sequence) and their number to Counts [T] (I32).
 // Scores [T, maxL] is optional (-Inf where invisible).
 type IndexerArgs struct {
-	Q                      Tensor // [T, HI, DI]
-	K                      Tensor // [L, DI], packed over sequences
-	W                      Tensor // [T, HI]
+	Q Tensor // [T, HI, DI]
+	K Tensor // [L, DI], packed over sequences
+	W Tensor // [T, HI]
+	// KPages, when set, replaces K for one sequence's paged cache: key s
+	// is row s%PageSize of KPages[s/PageSize] ([PageSize, DI]); the keys
+	// are the pages' first L = KLen rows.
+	KPages                 []Tensor
+	PageSize, KLen         int
 	QPos                   []int32
 	CuSeqlensQ, CuSeqlensK []int32 // host prefix sums; nil: one sequence
 	TopK                   int
@@ -239,14 +244,22 @@ type IndexerArgs struct {
 // [T, 1, Kn] shares one list among all kv heads; the zero
 // Indices means dense causal attention over 0..QPos[t]. Out [T, Hq, Dv];
 // LSE [T, Hq] optional (natural log; -Inf for a row with nothing to attend).
+//
+// A paged cache leaves K, V and KRope zero and sets KPages: position s is
+// row s%PageSize of page s/PageSize, KPages[i] [PageSize, Hkv, Dk],
+// VPages[i] [PageSize, Hkv, Dv] (VPages nil: the values are the keys, as
+// in MLA's MQA form) and KRopePages[i] [PageSize, Dr]. PageSize is a
+// multiple of 64; the pages hold KVLen positions or more.
 type AttnArgs struct {
-	Q, QRope, K, KRope, V Tensor
-	Indices               Tensor
-	QPos                  []int32
-	KVLen                 int
-	Causal                bool
-	Scale                 float32
-	Out, LSE              Tensor
+	Q, QRope, K, KRope, V      Tensor
+	KPages, VPages, KRopePages []Tensor
+	PageSize                   int
+	Indices                    Tensor
+	QPos                       []int32
+	KVLen                      int
+	Causal                     bool
+	Scale                      float32
+	Out, LSE                   Tensor
 }
 
 // AttnResPrepareArgs: Blocks are the committed block representations

@@ -12,8 +12,9 @@ import (
 
 // indexerScratch holds one LightningIndexer call's head scores.
 type indexerScratch struct {
-	row []float32
-	job indexerJob
+	row   []float32
+	job   indexerJob
+	pages [][]float32
 }
 
 // indexerJob scores one query row's visible keys, a block of keys per work
@@ -22,6 +23,28 @@ type indexerScratch struct {
 type indexerJob struct {
 	q, k, w, sr []float32 // the row's queries [H·D], its keys [vis·D], head weights [H], scores [vis]
 	hi, di, vis int
+	pages       [][]float32 // a paged cache's pages (IndexerArgs.KPages) instead of k
+	pshift      uint
+}
+
+// pagesOf returns the host rows of pages (f32, [size, width] each) in
+// dst, or an error naming what is wrong; size must be a power of two.
+func pagesOf(dst [][]float32, pages []compute.Tensor, size, width int, what string) ([][]float32, uint, error) {
+	if size <= 0 || size&(size-1) != 0 {
+		return nil, 0, fmt.Errorf("cpu: %s: page size %d is not a power of two", what, size)
+	}
+	dst = dst[:0]
+	for i, p := range pages {
+		if p.DType != compute.F32 || p.Len() != size*width {
+			return nil, 0, shapeErr("%s page %d is %v, want %d f32 rows of %d", what, i, p, size, width)
+		}
+		dst = append(dst, F32(p))
+	}
+	shift := uint(0)
+	for 1<<shift < size {
+		shift++
+	}
+	return dst, shift, nil
 }
 
 // indexerBlock is the keys per work item (hi·indexerBlock scores in flight).
@@ -39,12 +62,27 @@ func indexerRange(args *kernel.Args, lo, hi int) {
 		nb := s1 - s0
 		hs := (*bp)[:j.hi*nb]
 		// hs[h, s] = q[h] · k[s]: the same arithmetic per score as one
-		// product over all keys, so exact ties stay exact.
-		kernel.MatMulSerial(hs, j.q, j.k[s0*j.di:s1*j.di], j.hi, nb, j.di)
-		sr := j.sr[s0:s1]
-		clear(sr)
-		for h := 0; h < j.hi; h++ {
-			kernel.ReLUAxpy(sr, j.w[h], hs[h*nb:(h+1)*nb])
+		// product over all keys, so exact ties stay exact; a paged cache
+		// goes page by page, each score summed over the heads in the same
+		// order.
+		clear(j.sr[s0:s1])
+		for a := s0; a < s1; {
+			e, keys := s1, j.k
+			if j.pages != nil {
+				e = min(s1, (a>>j.pshift+1)<<j.pshift)
+				off := a &^ (1<<j.pshift - 1)
+				keys = j.pages[a>>j.pshift][:(e-off)*j.di]
+				keys = keys[(a-off)*j.di:]
+			} else {
+				keys = keys[a*j.di : e*j.di]
+			}
+			n := e - a
+			kernel.MatMulSerial(hs[:j.hi*n], j.q, keys, j.hi, n, j.di)
+			sr := j.sr[a:e]
+			for h := 0; h < j.hi; h++ {
+				kernel.ReLUAxpy(sr, j.w[h], hs[h*n:(h+1)*n])
+			}
+			a = e
 		}
 	}
 }
@@ -65,11 +103,20 @@ func seqOf(cu []int32, t int) int {
 // the key cache (each key read once for all index heads), so the cost is
 // linear in the context; selection keeps a K-entry heap.
 func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
-	if a.Q.Rank != 3 || a.K.Rank != 2 || a.Q.Dims[2] != a.K.Dims[1] {
+	paged := a.KPages != nil
+	if a.Q.Rank != 3 || (!paged && (a.K.Rank != 2 || a.Q.Dims[2] != a.K.Dims[1])) {
 		return shapeErr("indexer q %v and keys %v, want [T, H, D] and [L, D]", a.Q, a.K)
 	}
 	t, hi, di := a.Q.Dims[0], a.Q.Dims[1], a.Q.Dims[2]
-	l := a.K.Dims[0]
+	var l int
+	if paged {
+		if a.KLen < 0 || a.KLen > len(a.KPages)*a.PageSize || a.CuSeqlensK != nil {
+			return fmt.Errorf("cpu: indexer: %d keys in %d pages of %d (one sequence)", a.KLen, len(a.KPages), a.PageSize)
+		}
+		l = a.KLen
+	} else {
+		l = a.K.Dims[0]
+	}
 	if err := compute.CheckShape("indexer weights", a.W, compute.F32, t, hi); err != nil {
 		return err
 	}
@@ -110,12 +157,21 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 		scores = F32(a.Scores)
 	}
 	q, k, w := F32(a.Q), F32(a.K), F32(a.W)
-	if q == nil || k == nil {
+	if q == nil || (k == nil && !paged) {
 		return shapeErr("indexer q %v and keys %v must be f32", a.Q, a.K)
 	}
 	idx := I32(a.Indices)
 	sc := indexerScratchPool.Get().(*indexerScratch)
 	defer indexerScratchPool.Put(sc)
+	var pages [][]float32
+	var shift uint
+	if paged {
+		var err error
+		if pages, shift, err = pagesOf(sc.pages, a.KPages, a.PageSize, di, "indexer keys"); err != nil {
+			return err
+		}
+		sc.pages = pages
+	}
 	for row := 0; row < t; row++ {
 		s := seqOf(cuQ, row)
 		k0, k1 := int(cuK[s]), int(cuK[s+1])
@@ -126,8 +182,11 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 		vis := min(pos+1, k1-k0)
 		sc.row = grow32(sc.row, max(vis, 1))
 		sr := sc.row[:vis]
-		sc.job = indexerJob{q: q[row*hi*di : (row+1)*hi*di], k: k[k0*di : (k0+vis)*di], w: w[row*hi : (row+1)*hi],
-			sr: sr, hi: hi, di: di, vis: vis}
+		sc.job = indexerJob{q: q[row*hi*di : (row+1)*hi*di], w: w[row*hi : (row+1)*hi],
+			sr: sr, hi: hi, di: di, vis: vis, pages: pages, pshift: shift}
+		if !paged {
+			sc.job.k = k[k0*di : (k0+vis)*di]
+		}
 		b.pool.Run(indexerRange, kernel.Args{Job: &sc.job}, (vis+indexerBlock-1)/indexerBlock, 1)
 		out := idx[row*a.TopK : (row+1)*a.TopK]
 		n := kernel.TopK(out, nil, sr, a.TopK)
@@ -159,7 +218,38 @@ type attnJob struct {
 	scale              float32
 	// partial results per item and query head: max, sum, then dv values.
 	part []float32
+	// A paged cache (AttnArgs.KPages): the pages' rows, nil otherwise;
+	// vShared: the values are the keys.
+	kp, vp, krp [][]float32
+	pshift      uint
+	vShared     bool
 }
+
+// run returns the rows of positions [s, s+n) of a cache of width floats a
+// position, contiguous or paged (the run within one page).
+func (j *attnJob) run(flat []float32, pages [][]float32, s, n, width int) []float32 {
+	if pages == nil {
+		return flat[s*width : (s+n)*width]
+	}
+	o := s & (1<<j.pshift - 1)
+	return pages[s>>j.pshift][o*width : (o+n)*width]
+}
+
+// keyRow, valRow and ropeRow return position s's key and value of kv head
+// g and its rope key.
+func (j *attnJob) keyRow(s, g int) []float32 {
+	return j.run(j.k, j.kp, s, 1, j.hkv*j.dk)[g*j.dk : (g+1)*j.dk]
+}
+
+func (j *attnJob) valRow(s, g int) []float32 {
+	return j.run(j.v, j.vp, s, 1, j.hkv*j.dv)[g*j.dv : (g+1)*j.dv]
+}
+
+func (j *attnJob) ropeRow(s int) []float32 { return j.run(j.kr, j.krp, s, 1, j.dr) }
+
+// samePage reports whether positions s and e lie in one page (always,
+// for a contiguous cache).
+func (j *attnJob) samePage(s, e int) bool { return j.kp == nil || s>>j.pshift == e>>j.pshift }
 
 type attnScratch struct {
 	pos []int32
@@ -173,6 +263,7 @@ type attnScratch struct {
 	kh, ones      []float32
 	khHead, khLen int
 	eAll, macc    []float32 // groupBlock: every head's weights, MatAccumulate's scratch
+	kp, vp, krp   [][]float32
 }
 
 var attnScratchPool = sync.Pool{New: func() any { return new(attnScratch) }}
@@ -182,6 +273,9 @@ var attnScratchPool = sync.Pool{New: func() any { return new(attnScratch) }}
 // (flash-decoding), so that one decode step uses every worker while each
 // cached row is read once for all the query heads that share it.
 func (b *Backend) Attention(a *compute.AttnArgs) error {
+	if a.KPages != nil {
+		return b.pagedAttention(a)
+	}
 	if a.Q.Rank != 3 || a.K.Rank != 3 || a.V.Rank != 3 {
 		return shapeErr("attention q %v k %v v %v, want rank 3", a.Q, a.K, a.V)
 	}
@@ -195,21 +289,81 @@ func (b *Backend) Attention(a *compute.AttnArgs) error {
 	if a.K.Dims[2] != j.dk || a.V.Dims[0] != l || a.V.Dims[1] != j.hkv || j.hkv == 0 || j.hq%j.hkv != 0 {
 		return shapeErr("attention q %v k %v v %v", a.Q, a.K, a.V)
 	}
-	if a.KVLen < 0 || a.KVLen > l {
-		return fmt.Errorf("cpu: attention: kv length %d outside the cache of %d", a.KVLen, l)
-	}
-	if len(a.QPos) != j.t {
-		return fmt.Errorf("cpu: attention: %d query positions for %d rows", len(a.QPos), j.t)
-	}
 	j.q, j.k, j.v = F32(a.Q), F32(a.K), F32(a.V)
 	if j.q == nil || j.k == nil || j.v == nil {
 		return shapeErr("attention operands must be f32")
 	}
+	j.vShared = j.dk == j.dv && &j.k[0] == &j.v[0]
 	if !a.QRope.IsZero() {
 		if a.QRope.Rank != 3 || a.QRope.Dims[0] != j.t || a.QRope.Dims[1] != j.hq || a.KRope.Rank != 2 || a.KRope.Dims[0] != l || a.KRope.Dims[1] != a.QRope.Dims[2] {
 			return shapeErr("attention rope parts q %v k %v", a.QRope, a.KRope)
 		}
 		j.dr, j.qr, j.kr = a.QRope.Dims[2], F32(a.QRope), F32(a.KRope)
+	}
+	return b.attend(sc, l)
+}
+
+// pagedAttention checks a paged cache's operands and runs the same paths
+// over its pages.
+func (b *Backend) pagedAttention(a *compute.AttnArgs) error {
+	if a.Q.Rank != 3 || len(a.KPages) == 0 || a.KPages[0].Rank != 3 {
+		return shapeErr("attention q %v, want rank 3, and rank-3 key pages", a.Q)
+	}
+	if a.PageSize%64 != 0 {
+		return fmt.Errorf("cpu: attention: page size %d is not a multiple of 64", a.PageSize)
+	}
+	sc := attnScratchPool.Get().(*attnScratch)
+	defer attnScratchPool.Put(sc)
+	kd := a.KPages[0].Dims
+	dv := kd[2]
+	if a.VPages != nil {
+		if len(a.VPages) != len(a.KPages) || a.VPages[0].Rank != 3 || a.VPages[0].Dims[1] != kd[1] {
+			return shapeErr("attention value pages for %d key pages of %v", len(a.KPages), a.KPages[0])
+		}
+		dv = a.VPages[0].Dims[2]
+	}
+	sc.job = attnJob{a: a, t: a.Q.Dims[0], hq: a.Q.Dims[1], dk: a.Q.Dims[2], hkv: kd[1], dv: dv, scale: a.Scale}
+	j := &sc.job
+	if kd[2] != j.dk || j.hkv == 0 || j.hq%j.hkv != 0 {
+		return shapeErr("attention q %v and key pages %v", a.Q, a.KPages[0])
+	}
+	var err error
+	if sc.kp, j.pshift, err = pagesOf(sc.kp, a.KPages, a.PageSize, j.hkv*j.dk, "attention keys"); err != nil {
+		return err
+	}
+	j.kp, j.vp, j.vShared = sc.kp, sc.kp, true
+	if a.VPages != nil {
+		if sc.vp, _, err = pagesOf(sc.vp, a.VPages, a.PageSize, j.hkv*j.dv, "attention values"); err != nil {
+			return err
+		}
+		j.vp, j.vShared = sc.vp, false
+	}
+	if !a.QRope.IsZero() {
+		if a.QRope.Rank != 3 || a.QRope.Dims[0] != j.t || a.QRope.Dims[1] != j.hq || len(a.KRopePages) != len(a.KPages) {
+			return shapeErr("attention rope parts q %v and %d rope pages", a.QRope, len(a.KRopePages))
+		}
+		j.dr, j.qr = a.QRope.Dims[2], F32(a.QRope)
+		if sc.krp, _, err = pagesOf(sc.krp, a.KRopePages, a.PageSize, j.dr, "attention rope keys"); err != nil {
+			return err
+		}
+		j.krp = sc.krp
+	}
+	if j.q = F32(a.Q); j.q == nil {
+		return shapeErr("attention operands must be f32")
+	}
+	return b.attend(sc, len(a.KPages)*a.PageSize)
+}
+
+// attend checks the rest of the operands against a cache of l positions
+// and runs the job in sc.
+func (b *Backend) attend(sc *attnScratch, l int) error {
+	j := &sc.job
+	a := j.a
+	if a.KVLen < 0 || a.KVLen > l {
+		return fmt.Errorf("cpu: attention: kv length %d outside the cache of %d", a.KVLen, l)
+	}
+	if len(a.QPos) != j.t {
+		return fmt.Errorf("cpu: attention: %d query positions for %d rows", len(a.QPos), j.t)
 	}
 	if err := compute.CheckShape("attention output", a.Out, compute.F32, j.t, j.hq, j.dv); err != nil {
 		return err
@@ -351,10 +505,10 @@ func attnRange(args *kernel.Args, lo, hi int) {
 			// Logits of every head of the group over the block; each key
 			// row is loaded once for all of them.
 			for bi, s := range blk {
-				krow := j.k[(int(s)*j.hkv+g)*j.dk : (int(s)*j.hkv+g+1)*j.dk]
+				krow := j.keyRow(int(s), g)
 				var kr []float32
 				if j.qr != nil {
-					kr = j.kr[int(s)*j.dr : (int(s)+1)*j.dr]
+					kr = j.ropeRow(int(s))
 				}
 				for hh := 0; hh < hg; hh++ {
 					h := g*hg + hh
@@ -384,7 +538,7 @@ func attnRange(args *kernel.Args, lo, hi int) {
 				for bi, s := range blk {
 					e := kernel.Exp(z[bi] - m)
 					j.part[off+1] += e
-					kernel.Axpy(acc, e, j.v[(int(s)*j.hkv+g)*j.dv:(int(s)*j.hkv+g+1)*j.dv])
+					kernel.Axpy(acc, e, j.valRow(int(s), g))
 				}
 			}
 		}
@@ -461,7 +615,7 @@ func attnDenseRange(args *kernel.Args, lo, hi int) {
 		if need := last + 1; sc.khLen < need {
 			sc.kh = growKeep(sc.kh, need*dk)
 			for s := sc.khLen; s < need; s++ {
-				copy(sc.kh[s*dk:(s+1)*dk], j.k[(s*j.hkv+g)*dk:])
+				copy(sc.kh[s*dk:(s+1)*dk], j.keyRow(s, g))
 			}
 			sc.khLen = need
 		}
@@ -473,7 +627,7 @@ func attnDenseRange(args *kernel.Args, lo, hi int) {
 				// The rope keys are one row per position, shared by
 				// every head: already contiguous.
 				zr := sc.zb[nr*nk : 2*nr*nk]
-				kernel.MatMulSerial(zr, sc.qrb[:nr*dr], j.kr[s0*dr:(s0+nk)*dr], nr, nk, dr)
+				kernel.MatMulSerial(zr, sc.qrb[:nr*dr], j.run(j.kr, j.krp, s0, nk, dr), nr, nk, dr)
 				kernel.Add(z, z, zr)
 			}
 			kernel.Scale(z, j.scale)
@@ -507,7 +661,8 @@ func attnDenseRange(args *kernel.Args, lo, hi int) {
 						rv[x] = rr
 					}
 				}
-				kernel.RankUpdate(acc[i*dv:(i+1)*dv], rv, e, j.v[(s0*j.hkv+g)*dv:], j.hkv*dv)
+				// A block of 64 positions lies within one page.
+				kernel.RankUpdate(acc[i*dv:(i+1)*dv], rv, e, j.run(j.v, j.vp, s0, nk, j.hkv*dv)[g*dv:], j.hkv*dv)
 			}
 		}
 		for r := r0; r < r1; r++ {
@@ -546,7 +701,7 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 		}
 	}
 	// MLA's MQA form reads the latent as both key and value.
-	shared := dk == dv && &j.k[0] == &j.v[0]
+	shared := j.vShared
 	if !shared {
 		sc.vb = grow32(sc.vb, most*dv)
 	}
@@ -561,20 +716,20 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 			break
 		}
 	}
-	if contiguous { // a run of one kv head's cache rows: read in place
+	if contiguous && j.samePage(int(blk[0]), int(blk[nk-1])) { // a run of one kv head's cache rows: read in place
 		s0 := int(blk[0])
-		kb, vb = j.k[s0*dk:(s0+nk)*dk], j.v[s0*dv:(s0+nk)*dv]
+		kb, vb = j.run(j.k, j.kp, s0, nk, dk), j.run(j.v, j.vp, s0, nk, dv)
 		if dr > 0 {
-			krb = j.kr[s0*dr : (s0+nk)*dr]
+			krb = j.run(j.kr, j.krp, s0, nk, dr)
 		}
 	} else {
 		for bi, s := range blk {
-			copy(kb[bi*dk:(bi+1)*dk], j.k[(int(s)*j.hkv+g)*dk:])
+			copy(kb[bi*dk:(bi+1)*dk], j.keyRow(int(s), g))
 			if !shared {
-				copy(vb[bi*dv:(bi+1)*dv], j.v[(int(s)*j.hkv+g)*dv:])
+				copy(vb[bi*dv:(bi+1)*dv], j.valRow(int(s), g))
 			}
 			if dr > 0 {
-				copy(krb[bi*dr:(bi+1)*dr], j.kr[int(s)*dr:(int(s)+1)*dr])
+				copy(krb[bi*dr:(bi+1)*dr], j.ropeRow(int(s)))
 			}
 		}
 		if shared {
