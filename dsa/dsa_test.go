@@ -72,7 +72,7 @@ func TestIncrementalEqualsPrefill(t *testing.T) {
 	x, _ := b.Alloc(compute.F32, n, cfg.Hidden)
 	b.Write(x, xs)
 	full, _ := NewLayer(b, cfg, w, n)
-	c1, _ := NewCache(b, cfg, n, 64)
+	c1, _ := NewCache(NewPool(b, cfg), 64)
 	y1, _ := b.Alloc(compute.F32, n, cfg.Hidden)
 	if err := full.Forward(x, chunkOf(c1, n), y1); err != nil {
 		t.Fatal(err)
@@ -81,7 +81,7 @@ func TestIncrementalEqualsPrefill(t *testing.T) {
 	b.Read(want, y1)
 
 	step, _ := NewLayer(b, cfg, w, 1)
-	c2, _ := NewCache(b, cfg, 2, 64) // grows 2 -> 4 -> 8 -> 16
+	c2, _ := NewCache(NewPool(b, cfg), 64) // grows 2 -> 4 -> 8 -> 16
 	y2, _ := b.Alloc(compute.F32, 1, cfg.Hidden)
 	got := make([]float32, cfg.Hidden)
 	check := func(from int) {
@@ -109,7 +109,7 @@ func TestIncrementalEqualsPrefill(t *testing.T) {
 		t.Error("truncate beyond the length accepted")
 	}
 	// No allocation per decode token once the cache has room.
-	c3, _ := NewCache(b, cfg, 64, 64)
+	c3, _ := NewCache(NewPool(b, cfg), 64)
 	s3 := stepOf(c3, 1)
 	if allocs := testing.AllocsPerRun(10, func() { step.Forward(x.Rows(0, 1), s3, y2) }); allocs != 0 && !raceEnabled {
 		t.Errorf("decode step allocates %v times", allocs)
@@ -123,7 +123,7 @@ func TestBadInput(t *testing.T) {
 	w, _ := LoadWeights(b, cfg, randomSource(cfg, 3))
 	l, _ := NewLayer(b, cfg, w, 4)
 	// A top-K beyond the context is no error: every row keeps all it sees.
-	small, err := NewCache(b, cfg, 2, 3)
+	small, err := NewCache(NewPool(b, cfg), 3)
 	if err != nil {
 		t.Fatalf("top-k %d beyond a cache limit of 3: %v", cfg.Indexer.TopK, err)
 	}
@@ -132,7 +132,7 @@ func TestBadInput(t *testing.T) {
 	if err := l.Forward(x3, chunkOf(small, 3), y3); err != nil {
 		t.Fatalf("3 tokens into a cache of limit 3 with top-k %d: %v", cfg.Indexer.TopK, err)
 	}
-	c, _ := NewCache(b, cfg, 4, 5)
+	c, _ := NewCache(NewPool(b, cfg), 5)
 	x, _ := b.Alloc(compute.F32, 3, cfg.Hidden)
 	y, _ := b.Alloc(compute.F32, 3, cfg.Hidden)
 	if err := l.Forward(x, chunkOf(c, 3), y); err != nil {
@@ -209,7 +209,7 @@ func TestMHAEqualsAbsorbed(t *testing.T) {
 		for i, mhaMin := range []int{1, n + 1} {
 			l, _ := NewLayer(b, cfg, w, n)
 			l.MHAMin = mhaMin
-			c, _ := NewCache(b, cfg, n, 64)
+			c, _ := NewCache(NewPool(b, cfg), 64)
 			y, _ := b.Alloc(compute.F32, n, cfg.Hidden)
 			// Two chunks, so the second attends to the first's cache too.
 			if err := l.Forward(x.Rows(0, 7), chunkOf(c, 7), y.Rows(0, 7)); err != nil {

@@ -218,180 +218,6 @@ func LoadWeights(b compute.Backend, cfg Config, src compute.Source) (*Weights, e
 // ErrCacheFull is returned when appending beyond a cache's limit.
 var ErrCacheFull = errors.New("dsa: cache full")
 
-// Cache is one sequence's per-layer cache: the normed latent (Dc), the rope
-// key (dr, rotated when RoPE is on) and, for DSA, the index key (DI), one
-// row per position. It grows by doubling up to Limit and truncates in O(1).
-type Cache struct {
-	b          compute.Backend
-	KV, PE, IK compute.Tensor // [cap, Dc], [cap, dr], [cap, DI]
-	dc, dr, di int
-	Len, Limit int
-}
-
-// NewCache makes an empty cache with room for capacity positions, growable
-// to limit (the model's context length).
-func NewCache(b compute.Backend, cfg Config, capacity, limit int) (*Cache, error) {
-	c := &Cache{b: b, dc: cfg.KVLoRARank, dr: cfg.RopeDim, Limit: limit}
-	if cfg.Indexer != nil {
-		c.di = cfg.Indexer.HeadDim
-	}
-	if capacity <= 0 || limit < capacity {
-		return nil, fmt.Errorf("dsa: cache capacity %d with limit %d", capacity, limit)
-	}
-	return c, c.realloc(capacity)
-}
-
-func (c *Cache) realloc(n int) error {
-	kv, err := c.b.Alloc(compute.F32, n, c.dc)
-	if err != nil {
-		return err
-	}
-	pe, err := c.b.Alloc(compute.F32, n, max(c.dr, 1))
-	if err != nil {
-		return err
-	}
-	var ik compute.Tensor
-	if c.di > 0 {
-		if ik, err = c.b.Alloc(compute.F32, n, c.di); err != nil {
-			return err
-		}
-	}
-	if c.Len > 0 {
-		if err := c.b.Copy(kv.Rows(0, c.Len), c.KV.Rows(0, c.Len)); err != nil {
-			return err
-		}
-		if err := c.b.Copy(pe.Rows(0, c.Len), c.PE.Rows(0, c.Len)); err != nil {
-			return err
-		}
-		if c.di > 0 {
-			if err := c.b.Copy(ik.Rows(0, c.Len), c.IK.Rows(0, c.Len)); err != nil {
-				return err
-			}
-		}
-	}
-	c.freeTensors()
-	c.KV, c.PE, c.IK = kv, pe, ik
-	return nil
-}
-
-// Free returns the cache's tensors to the backend; the cache is empty and
-// holds nothing afterwards.
-func (c *Cache) Free() {
-	c.freeTensors()
-	c.KV, c.PE, c.IK, c.Len = compute.Tensor{}, compute.Tensor{}, compute.Tensor{}, 0
-}
-
-func (c *Cache) freeTensors() {
-	for _, t := range []compute.Tensor{c.KV, c.PE, c.IK} {
-		if !t.IsZero() {
-			c.b.Free(t)
-		}
-	}
-}
-
-// Cap returns the allocated capacity in positions.
-func (c *Cache) Cap() int {
-	if c.KV.IsZero() {
-		return 0
-	}
-	return c.KV.Dims[0]
-}
-
-// reserve makes room for n more positions.
-func (c *Cache) reserve(n int) error {
-	need := c.Len + n
-	if need > c.Limit {
-		return fmt.Errorf("%w: %d positions exceed the limit of %d", ErrCacheFull, need, c.Limit)
-	}
-	if need <= c.Cap() {
-		return nil
-	}
-	return c.realloc(min(max(need, 2*c.Cap()), c.Limit))
-}
-
-// GrowthBytes returns the memory a cache allocates more to take n more
-// positions (0 when it has room).
-func (c *Cache) GrowthBytes(n int) int64 {
-	need := c.Len + n
-	if need <= c.Cap() || need > c.Limit {
-		return 0
-	}
-	grown := min(max(need, 2*c.Cap()), c.Limit)
-	return int64(grown-c.Cap()) * int64(c.RowLen()) * 4
-}
-
-// Truncate drops every position from n on (speculative decoding rolls back
-// this way).
-func (c *Cache) Truncate(n int) error {
-	if n < 0 || n > c.Len {
-		return fmt.Errorf("dsa: truncate to %d of %d positions", n, c.Len)
-	}
-	c.Len = n
-	return nil
-}
-
-// RowLen is the floats one position takes across the cache's tensors
-// (latent, rope key, index key), as ReadRows lays them out.
-func (c *Cache) RowLen() int { return c.dc + max(c.dr, 1) + c.di }
-
-// ReadRows copies positions [lo, hi) into dst ((hi-lo)·RowLen floats):
-// their latent rows, then their rope-key rows, then their index-key rows.
-func (c *Cache) ReadRows(dst []float32, lo, hi int) error {
-	if lo < 0 || hi < lo || hi > c.Len || len(dst) != (hi-lo)*c.RowLen() {
-		return fmt.Errorf("dsa: read positions [%d, %d) of %d into %d floats", lo, hi, c.Len, len(dst))
-	}
-	n := hi - lo
-	if n == 0 {
-		return nil
-	}
-	a, b := n*c.dc, n*(c.dc+max(c.dr, 1))
-	kv, pe, ik := dst[:a], dst[a:b], dst[b:]
-	if err := c.b.Read(&kv, c.KV.Rows(lo, hi)); err != nil {
-		return err
-	}
-	if err := c.b.Read(&pe, c.PE.Rows(lo, hi)); err != nil {
-		return err
-	}
-	if c.di > 0 {
-		return c.b.Read(&ik, c.IK.Rows(lo, hi))
-	}
-	return nil
-}
-
-// AppendRows appends positions laid out as ReadRows gives them
-// (len(src)/RowLen of them).
-func (c *Cache) AppendRows(src []float32) error {
-	rl := c.RowLen()
-	if len(src)%rl != 0 {
-		return fmt.Errorf("dsa: %d floats are not whole positions of %d", len(src), rl)
-	}
-	n := len(src) / rl
-	if err := c.reserve(n); err != nil {
-		return err
-	}
-	lo := c.Len
-	a, b := n*c.dc, n*(c.dc+max(c.dr, 1))
-	kv, pe, ik := src[:a], src[a:b], src[b:]
-	if err := c.b.Write(c.KV.Rows(lo, lo+n), &kv); err != nil {
-		return err
-	}
-	if err := c.b.Write(c.PE.Rows(lo, lo+n), &pe); err != nil {
-		return err
-	}
-	if c.di > 0 {
-		if err := c.b.Write(c.IK.Rows(lo, lo+n), &ik); err != nil {
-			return err
-		}
-	}
-	c.Len = lo + n
-	return nil
-}
-
-// Bytes returns the memory the cache holds.
-func (c *Cache) Bytes() int64 {
-	return int64(c.Cap()) * int64(c.dc+max(c.dr, 1)+c.di) * 4
-}
-
 // Layer runs one MLA or DSA layer with intermediates for up to maxT tokens.
 type Layer struct {
 	cfg  Config
@@ -422,6 +248,7 @@ type Layer struct {
 type scratch struct {
 	cq, qn, qr, qa, ol, o, g compute.Tensor
 	kn, vn                   compute.Tensor // MHA-form prefill: decompressed keys and values
+	latAll, peAll            compute.Tensor // MHA-form prefill: the cache's latent and rope keys, gathered
 	kvNew, peNew             compute.Tensor // batched decode: new latent and rope rows before they enter each cache
 	iq, ik, iw, idx          compute.Tensor
 }
@@ -575,7 +402,7 @@ func (l *Layer) Forward(x compute.Tensor, s *Seqs, y compute.Tensor) error {
 func (l *Layer) chunks(x compute.Tensor, caches []*Cache, cu []int32, idx, y compute.Tensor) error {
 	t := x.Dim(0)
 	cfg, w, b := l.cfg, l.W, l.b
-	dc, dr := cfg.KVLoRARank, cfg.RopeDim
+	dr := cfg.RopeDim
 	qin, qn, qr, err := l.query(x)
 	if err != nil {
 		return err
@@ -621,45 +448,28 @@ func (l *Layer) chunks(x compute.Tensor, caches []*Cache, cu []int32, idx, y com
 		for j := range pos {
 			pos[j] = int32(p0 + j)
 		}
-		if err := b.RMSNorm(c.KV.Rows(p0, p0+n), kvNew.Rows(r0, r1), w.KVANorm, latentEps); err != nil {
+		qri, err := l.appendRun(c, pos, r0, qr, kvNew, peNew)
+		if err != nil {
 			return err
-		}
-		var qri compute.Tensor
-		if dr > 0 {
-			qri = qr.Rows(r0, r1)
-			kr := c.PE.Rows(p0, p0+n)
-			if err := b.Copy(kr, peNew.Rows(r0, r1)); err != nil {
-				return err
-			}
-			if !cfg.NoPE {
-				if err := l.rotate(qri, pos, dr, true); err != nil {
-					return err
-				}
-				if err := l.rotate(kr, pos, dr, true); err != nil {
-					return err
-				}
-			}
 		}
 		var indices compute.Tensor
 		if cfg.Indexer != nil {
 			sel := idx.Rows(r0, r1)
-			if err := l.indexRun(c, pos, r0, sel); err != nil {
+			if err := l.indexSelect(c, pos, r0, sel); err != nil {
 				return err
 			}
 			indices = l.attnIndices(sel, p0+n)
 		}
-		c.Len = p0 + n
 		if l.mha[i] {
 			if err := l.attendMHA(qn.Rows(r0, r1), qri, c, pos, l.o.Rows(r0, r1)); err != nil {
 				return err
 			}
 			continue
 		}
-		lat := c.KV.Rows(0, c.Len).Reshape(c.Len, 1, dc)
-		l.attn = compute.AttnArgs{Q: qa.Rows(r0, r1), K: lat, V: lat, Indices: indices, QPos: pos, KVLen: c.Len, Causal: true,
-			Scale: float32(l.scale), Out: l.ol.Rows(r0, r1)}
+		l.attn = compute.AttnArgs{Q: qa.Rows(r0, r1), KPages: c.lat, PageSize: PageSize, Indices: indices, QPos: pos, KVLen: c.Len,
+			Causal: true, Scale: float32(l.scale), Out: l.ol.Rows(r0, r1)}
 		if dr > 0 {
-			l.attn.QRope, l.attn.KRope = qri, c.PE.Rows(0, c.Len)
+			l.attn.QRope, l.attn.KRopePages = qri, c.pe
 		}
 		if err := b.Attention(&l.attn); err != nil {
 			return fmt.Errorf("dsa: attention: %w", err)
@@ -706,22 +516,35 @@ func (l *Layer) attendMHA(qn, qr compute.Tensor, cache *Cache, pos []int32, o co
 	cfg, w, b := l.cfg, l.W, l.b
 	h, dn, dv, n := cfg.NumHeads, cfg.NopeDim, cfg.VDim, cache.Len
 	if l.kn.IsZero() || l.kn.Dims[0] < n {
-		// Decompressed keys and values grow with the context; they are
-		// prefill scratch, reallocated by doubling.
+		// Decompressed keys and values, and the latent and rope keys
+		// gathered from the pages, grow with the context; they are prefill
+		// scratch, reallocated by doubling.
 		size := max(n, 2*l.kn.Dim(0))
-		if !l.kn.IsZero() {
-			b.Free(l.kn)
-			b.Free(l.vn)
+		for _, t := range []compute.Tensor{l.kn, l.vn, l.latAll, l.peAll} {
+			if !t.IsZero() {
+				b.Free(t)
+			}
 		}
 		var err error
-		if l.kn, err = b.Alloc(compute.F32, size, h, dn); err != nil {
-			return err
+		alloc := func(dims ...int) compute.Tensor {
+			if err != nil {
+				return compute.Tensor{}
+			}
+			var t compute.Tensor
+			t, err = b.Alloc(compute.F32, dims...)
+			return t
 		}
-		if l.vn, err = b.Alloc(compute.F32, size, h, dv); err != nil {
+		l.kn, l.vn = alloc(size, h, dn), alloc(size, h, dv)
+		l.latAll, l.peAll = alloc(size, cfg.KVLoRARank), alloc(size, max(cfg.RopeDim, 1))
+		if err != nil {
 			return err
 		}
 	}
-	lat := cache.KV.Rows(0, n)
+	// One product over all positions, as from a contiguous cache.
+	lat := l.latAll.Rows(0, n)
+	if err := cache.gather(lat, 0, n); err != nil {
+		return err
+	}
 	kn, vn := l.kn.Rows(0, n), l.vn.Rows(0, n)
 	if err := b.MatMul(kn.Reshape(n, h*dn), lat, w.UK); err != nil {
 		return fmt.Errorf("dsa: key decompression: %w", err)
@@ -732,7 +555,11 @@ func (l *Layer) attendMHA(qn, qr compute.Tensor, cache *Cache, pos []int32, o co
 	l.attn = compute.AttnArgs{Q: qn, K: kn, V: vn, QPos: pos, KVLen: n, Causal: true,
 		Scale: float32(l.scale), Out: o}
 	if cfg.RopeDim > 0 {
-		l.attn.QRope, l.attn.KRope = qr, cache.PE.Rows(0, n)
+		pe := l.peAll.Rows(0, n)
+		if err := cache.gather(pe, 1, n); err != nil {
+			return err
+		}
+		l.attn.QRope, l.attn.KRope = qr, pe
 	}
 	if err := b.Attention(&l.attn); err != nil {
 		return fmt.Errorf("dsa: attention: %w", err)
@@ -773,58 +600,62 @@ func (l *Layer) rotate(x compute.Tensor, pos []int32, dims int, interleaved bool
 	return l.b.RoPE(&l.rope)
 }
 
-// indexRun finishes the indexer for one chunk's rows, starting at row r of
-// the projections indexProject made: the keys are normalised into the
-// cache, queries and keys are rotated, and every row selects its top K
-// among the positions up to its own into idx.
-func (l *Layer) indexRun(c *Cache, pos []int32, r int, idx compute.Tensor) error {
+// appendRun finishes the new keys of one run of rows (from row r of the
+// projections: t = len(pos) rows, at positions pos of cache c) and appends
+// them to c: the latent normed, query and key rope parts rotated, and for
+// DSA the index keys normed and rotated with their queries. It returns
+// the run's rope queries.
+func (l *Layer) appendRun(c *Cache, pos []int32, r int, qr, kvNew, peNew compute.Tensor) (compute.Tensor, error) {
 	cfg, w, b := l.cfg, l.W, l.b
-	ix := cfg.Indexer
-	t, p0 := len(pos), int(pos[0])
-	iq := l.iq.Rows(r, r+t)
-	ik := c.IK.Rows(p0, p0+t)
-	if err := b.LayerNorm(ik, l.ik.Rows(r, r+t), w.IKNormW, w.IKNormB, latentEps); err != nil {
-		return err
+	t, dr := len(pos), cfg.RopeDim
+	kv := kvNew.Rows(r, r+t)
+	if err := b.RMSNorm(kv, kv, w.KVANorm, latentEps); err != nil {
+		return compute.Tensor{}, err
 	}
-	if !cfg.NoPE && cfg.RopeDim > 0 {
-		if err := l.rotate(iq, pos, cfg.RopeDim, false); err != nil {
-			return err
+	var qri, pe compute.Tensor
+	if dr > 0 {
+		qri, pe = qr.Rows(r, r+t), peNew.Rows(r, r+t)
+		if !cfg.NoPE {
+			if err := l.rotate(qri, pos, dr, true); err != nil {
+				return qri, err
+			}
+			if err := l.rotate(pe, pos, dr, true); err != nil {
+				return qri, err
+			}
 		}
-		if err := l.rotate(ik, pos, cfg.RopeDim, false); err != nil {
-			return err
+	}
+	var ik compute.Tensor
+	if cfg.Indexer != nil {
+		ik = l.ik.Rows(r, r+t)
+		if err := b.LayerNorm(ik, ik, w.IKNormW, w.IKNormB, latentEps); err != nil {
+			return qri, err
+		}
+		if !cfg.NoPE && cfg.RopeDim > 0 {
+			if err := l.rotate(l.iq.Rows(r, r+t), pos, cfg.RopeDim, false); err != nil {
+				return qri, err
+			}
+			if err := l.rotate(ik, pos, cfg.RopeDim, false); err != nil {
+				return qri, err
+			}
 		}
 	}
-	l.ixArgs = compute.IndexerArgs{Q: iq, K: c.IK.Rows(0, p0+t), W: l.iw.Rows(r, r+t), QPos: pos, TopK: ix.TopK,
-		Indices: idx.Reshape(t, ix.TopK)}
-	if err := b.LightningIndexer(&l.ixArgs); err != nil {
-		return fmt.Errorf("dsa: indexer: %w", err)
+	if err := c.write(kv, pe, ik, t); err != nil {
+		return qri, err
 	}
-	return nil
+	c.Len += t
+	return qri, nil
 }
 
-// CopyFrom makes c hold the same positions as src (same layer shape).
-func (c *Cache) CopyFrom(src *Cache) error {
-	if c.dc != src.dc || c.dr != src.dr || c.di != src.di {
-		return fmt.Errorf("dsa: copying a cache of another layer shape")
-	}
-	if src.Len > c.Cap() {
-		c.Len = 0
-		if err := c.realloc(src.Len); err != nil {
-			return err
-		}
-	}
-	c.Len = src.Len
-	if c.Len == 0 {
-		return nil
-	}
-	if err := c.b.Copy(c.KV.Rows(0, c.Len), src.KV.Rows(0, c.Len)); err != nil {
-		return err
-	}
-	if err := c.b.Copy(c.PE.Rows(0, c.Len), src.PE.Rows(0, c.Len)); err != nil {
-		return err
-	}
-	if c.di > 0 {
-		return c.b.Copy(c.IK.Rows(0, c.Len), src.IK.Rows(0, c.Len))
+// indexSelect lets each of one run's rows (from row r of the indexer's
+// projections, at positions pos, already in cache c) select its top K
+// among the positions up to its own into idx.
+func (l *Layer) indexSelect(c *Cache, pos []int32, r int, idx compute.Tensor) error {
+	ix := l.cfg.Indexer
+	t := len(pos)
+	l.ixArgs = compute.IndexerArgs{Q: l.iq.Rows(r, r+t), KPages: c.ik, PageSize: PageSize, KLen: c.Len,
+		W: l.iw.Rows(r, r+t), QPos: pos, TopK: ix.TopK, Indices: idx.Reshape(t, ix.TopK)}
+	if err := l.b.LightningIndexer(&l.ixArgs); err != nil {
+		return fmt.Errorf("dsa: indexer: %w", err)
 	}
 	return nil
 }
@@ -835,7 +666,7 @@ func (c *Cache) CopyFrom(src *Cache) error {
 func (l *Layer) forwardRows(x compute.Tensor, caches []*Cache, y compute.Tensor) error {
 	t := x.Dim(0)
 	cfg, w, b := l.cfg, l.W, l.b
-	dc, dr := cfg.KVLoRARank, cfg.RopeDim
+	dr := cfg.RopeDim
 	qin, qn, qr, err := l.query(x)
 	if err != nil {
 		return err
@@ -864,40 +695,22 @@ func (l *Layer) forwardRows(x compute.Tensor, caches []*Cache, y compute.Tensor)
 		p := c.Len
 		l.one[0] = int32(p)
 		pos := l.one[:]
-		kv := c.KV.Rows(p, p+1)
-		if err := b.RMSNorm(kv, kvNew.Rows(i, i+1), w.KVANorm, latentEps); err != nil {
+		qri, err := l.appendRun(c, pos, i, qr, kvNew, peNew)
+		if err != nil {
 			return err
-		}
-		var qri compute.Tensor
-		if dr > 0 {
-			qri = qr.Rows(i, i+1)
-			kr := c.PE.Rows(p, p+1)
-			if err := b.Copy(kr, peNew.Rows(i, i+1)); err != nil {
-				return err
-			}
-			if !cfg.NoPE {
-				if err := l.rotate(qri, pos, dr, true); err != nil {
-					return err
-				}
-				if err := l.rotate(kr, pos, dr, true); err != nil {
-					return err
-				}
-			}
 		}
 		var indices compute.Tensor
 		if cfg.Indexer != nil {
 			sel := l.idxRows(i, i+1)
-			if err := l.indexRun(c, pos, i, sel); err != nil {
+			if err := l.indexSelect(c, pos, i, sel); err != nil {
 				return err
 			}
 			indices = l.attnIndices(sel, p+1)
 		}
-		c.Len = p + 1
-		lat := c.KV.Rows(0, c.Len).Reshape(c.Len, 1, dc)
-		l.attn = compute.AttnArgs{Q: qa.Rows(i, i+1), K: lat, V: lat, Indices: indices, QPos: pos, KVLen: c.Len, Causal: true,
-			Scale: float32(l.scale), Out: l.ol.Rows(i, i+1)}
+		l.attn = compute.AttnArgs{Q: qa.Rows(i, i+1), KPages: c.lat, PageSize: PageSize, Indices: indices, QPos: pos, KVLen: c.Len,
+			Causal: true, Scale: float32(l.scale), Out: l.ol.Rows(i, i+1)}
 		if dr > 0 {
-			l.attn.QRope, l.attn.KRope = qri, c.PE.Rows(0, c.Len)
+			l.attn.QRope, l.attn.KRopePages = qri, c.pe
 		}
 		if err := b.Attention(&l.attn); err != nil {
 			return fmt.Errorf("dsa: attention: %w", err)

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"iter"
-	"slices"
 	"sync/atomic"
+	"time"
 )
 
 // ErrBatcherClosed is returned for requests a stopped Batcher cannot serve.
@@ -60,7 +60,6 @@ type batchReq struct {
 	fed     int     // prompt tokens fed so far; the prompt is in prefill until all are
 	base    int     // the position of the prompt's first token
 	pts     []int   // the prompt's snapshot points (WithPrefixCache)
-	held    bool    // the prompt waits this pass: its chunk does not fit the memory budget
 	pending []Token // ready tokens the full stream could not take yet
 }
 
@@ -282,43 +281,81 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 		r.g = g
 		active = append(active, r)
 	}
+	// admit moves waiting requests into the batch, oldest first, while
+	// the memory budget holds what every admitted sequence may still grow
+	// by; a request that cannot fit even alone fails at once.
+	var waiting []*batchReq
+	admit := func() {
+		for len(waiting) > 0 && len(active) < b.max {
+			r := waiting[0]
+			if err := r.ctx.Err(); err != nil {
+				waiting = waiting[1:]
+				finish(r, err)
+				continue
+			}
+			need := b.worstGrowth(r)
+			if b.m.mem.budget > 0 {
+				for _, a := range active {
+					need += b.worstGrowth(a)
+				}
+				if worst := b.worstGrowth(r); worst+r.s.charged > b.m.mem.budget {
+					waiting = waiting[1:]
+					finish(r, fmt.Errorf("%w: the request may grow by %d bytes, past the budget of %d", ErrMemoryBudget, worst, b.m.mem.budget))
+					continue
+				}
+				if b.m.mem.take(need, "admission") != nil {
+					return // it waits for memory to come back
+				}
+				b.m.mem.add(-need)
+			}
+			waiting = waiting[1:]
+			join(r)
+		}
+	}
 	paused := 0 // active sequences whose streams were full in the last round
 	for {
 		// Wait for work when idle or when every sequence is paused;
 		// otherwise take whoever is waiting.
 		if len(active) == 0 || paused == len(active) {
+			var retry <-chan time.Time
+			if len(waiting) > 0 {
+				// Memory comes back when callers close their sessions,
+				// which nothing here hears of: look again soon.
+				retry = time.After(5 * time.Millisecond)
+			}
 			select {
 			case r := <-b.reqs:
-				join(r)
+				waiting = append(waiting, r)
+			case <-retry:
 			case <-b.wake:
 			case <-ctx.Done():
-				for _, r := range active {
+				for _, r := range append(active, waiting...) {
 					finish(r, ErrBatcherClosed)
 				}
 				return ctx.Err()
 			case <-b.m.life.closing:
-				for _, r := range active {
+				for _, r := range append(active, waiting...) {
 					finish(r, ErrClosed)
 				}
 				return ErrClosed
 			}
 		}
-	admit:
-		for len(active) < b.max {
+	receive:
+		for {
 			select {
 			case r := <-b.reqs:
-				join(r)
+				waiting = append(waiting, r)
 			default:
-				break admit
+				break receive
 			}
 		}
+		admit()
 		if err := ctx.Err(); err != nil {
-			for _, r := range active {
+			for _, r := range append(active, waiting...) {
 				finish(r, ErrBatcherClosed)
 			}
 			return err
 		}
-		active = b.fitMemory(active, finish)
 		sessions, tokens, cu = sessions[:0], tokens[:0], append(cu[:0], 0)
 		ending = ending[:0] // finished, but their last token is still to be fed
 		kept := active[:0]
@@ -331,7 +368,7 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 					finish(r, err)
 					continue
 				}
-				if chunkReq == nil && !r.held {
+				if chunkReq == nil {
 					chunkReq = r
 				}
 				kept = append(kept, r)
@@ -413,53 +450,14 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 	}
 }
 
-// fitMemory makes the next pass fit the model's memory budget: the
-// prompt whose chunk would run next waits (held) while the pass does not
-// fit with it; when the running sequences' next tokens alone do not fit,
-// the newest of them fails with ErrMemoryBudget, its state staying with
-// its session, and so does a prompt that cannot fit with nothing else
-// running. It returns the requests that go on.
-func (b *Batcher) fitMemory(active []*batchReq, finish func(*batchReq, error)) []*batchReq {
-	for _, r := range active {
-		r.held = false
+// worstGrowth is what r's session may still grow by: its prompt's rest
+// and every token it may still generate.
+func (b *Batcher) worstGrowth(r *batchReq) int64 {
+	n := len(r.prompt) - r.fed
+	if r.g != nil {
+		n += r.g.o.maxTokens - r.g.n
+	} else if o, err := b.m.genOptions(r.opts); err == nil {
+		n += o.maxTokens
 	}
-	if b.m.mem.budget <= 0 {
-		return active
-	}
-	for {
-		var need int64
-		var prompt *batchReq
-		decoding := -1 // the newest decoding request
-		for i, r := range active {
-			if r.fed < len(r.prompt) {
-				if prompt == nil && !r.held {
-					prompt = r
-				}
-				continue
-			}
-			need += r.s.growth(1)
-			decoding = i
-		}
-		if prompt != nil {
-			end := prompt.base + len(prompt.prompt)
-			need += prompt.s.growth(prompt.s.nextCut(prompt.s.pos, end, b.chunk, prompt.pts) - prompt.s.pos)
-		}
-		if b.m.mem.take(need, "a pass") == nil {
-			b.m.mem.add(-need)
-			return active
-		}
-		switch {
-		case prompt != nil && decoding >= 0:
-			prompt.held = true
-		case decoding >= 0:
-			r := active[decoding]
-			finish(r, fmt.Errorf("%w: the running sequences' next tokens need %d bytes", ErrMemoryBudget, need))
-			active = append(active[:decoding], active[decoding+1:]...)
-		case prompt != nil:
-			finish(prompt, fmt.Errorf("%w: a prompt chunk needs %d bytes with nothing else running", ErrMemoryBudget, need))
-			active = slices.DeleteFunc(active, func(r *batchReq) bool { return r == prompt })
-		default:
-			return active
-		}
-	}
+	return r.s.growth(max(0, min(n, r.s.limit-r.s.pos)))
 }

@@ -126,6 +126,7 @@ type layer struct {
 	kdaCfg            kda.Config
 	mla               *dsa.Weights
 	mlaCfg            dsa.Config
+	pages             *dsa.Pool // the layer's cache pages, shared by its sessions
 	mlp               *moe.MLP
 	moe               *moe.Weights
 	router            moe.Router
@@ -238,8 +239,8 @@ func newModel(ctx context.Context, cfg *config.Config, ck *safetensors.Checkpoin
 	m.mem.budget = o.budget
 	if o.prefixBytes > 0 {
 		m.prefix = newPrefixCache(o.prefixBytes, &m.mem)
-		m.mem.spare = m.prefix.spare
 	}
+	m.mem.spare = m.spare
 	m.life.init()
 	if m.b == nil {
 		var err error
@@ -496,6 +497,8 @@ func (m *Model) loadLayer(src *source, l int) (*layer, []float32, error) {
 		if m.dense {
 			ly.mlaCfg.Indexer = nil
 		}
+		ly.pages = dsa.NewPool(m.b, ly.mlaCfg)
+		ly.pages.Account = m.mem.add
 	}
 	if cfg.IsMoELayer(l) {
 		ly.moe, ly.router, err = m.loadMoE(src, prefix+"block_sparse_moe.")

@@ -23,8 +23,12 @@ func WithMemoryBudget(bytes int64) Option { return func(o *options) { o.budget =
 
 // MemoryUsage is the sequence state a model holds against its budget.
 type MemoryUsage struct {
-	Used   int64 // bytes of sessions' state and the prefix cache
+	Used   int64 // bytes of sessions' state, the prefix cache and free pages
 	Budget int64 // 0: no bound
+	// Of Used, what can be given back for sessions: the prefix cache, and
+	// attention-cache pages released and kept for reuse (dsa.MaxFree a
+	// layer at most).
+	PrefixCache, FreePages int64
 }
 
 // Fraction is Used over Budget (0 without a budget).
@@ -37,9 +41,17 @@ func (u MemoryUsage) Fraction() float64 {
 
 // MemoryUsage reports the model's sequence state against its budget.
 func (m *Model) MemoryUsage() MemoryUsage {
+	u := MemoryUsage{PrefixCache: m.PrefixCacheStats().Bytes}
+	for _, ly := range m.layers {
+		if ly.pages != nil {
+			_, free := ly.pages.Pages()
+			u.FreePages += int64(free) * ly.pages.PageBytes()
+		}
+	}
 	m.mem.mu.Lock()
 	defer m.mem.mu.Unlock()
-	return MemoryUsage{Used: m.mem.used, Budget: m.mem.budget}
+	u.Used, u.Budget = m.mem.used, m.mem.budget
+	return u
 }
 
 // ledger counts the bytes of all sequence state against the budget.
@@ -83,6 +95,19 @@ func (l *ledger) add(n int64) {
 	l.mu.Unlock()
 }
 
+// spare frees reclaimable memory for sessions that need n bytes: the
+// pools' free pages first, then the prefix cache's blocks.
+func (m *Model) spare(n int64) {
+	for _, ly := range m.layers {
+		if ly.pages != nil && n > 0 {
+			n -= ly.pages.Trim(n)
+		}
+	}
+	if n > 0 && m.prefix != nil {
+		m.prefix.spare(n)
+	}
+}
+
 // over returns how far the count is past the budget (0 within it).
 func (l *ledger) over() int64 {
 	l.mu.Lock()
@@ -93,9 +118,16 @@ func (l *ledger) over() int64 {
 	return max(0, l.used-l.budget)
 }
 
-// charge brings the ledger's count of s to its state's bytes now.
+// charge brings the ledger's count of s to its state's bytes now, but for
+// its attention-cache pages, which their pools count (once, however many
+// forks share them).
 func (s *Session) charge() {
 	n := s.StateBytes()
+	for _, c := range s.caches {
+		if c != nil {
+			n -= c.Bytes()
+		}
+	}
 	s.m.mem.add(n - s.charged)
 	s.charged = n
 }

@@ -2,12 +2,13 @@ package k3
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"k3/dsa"
 )
 
 // baseBytes is a fresh session's state on the tiny model.
@@ -54,7 +55,8 @@ func TestMemoryBudget(t *testing.T) {
 	require.NoError(t, err, "the session goes on")
 	assert.Equal(t, a.StateBytes(), m.MemoryUsage().Used)
 	require.NoError(t, a.Close())
-	assert.Zero(t, m.MemoryUsage().Used)
+	u := m.MemoryUsage()
+	assert.Equal(t, u.FreePages, u.Used, "only free pages are left")
 
 	// Many sessions, forks and closes from several goroutines: the ledger
 	// comes back to zero.
@@ -80,35 +82,49 @@ func TestMemoryBudget(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	assert.Zero(t, free.MemoryUsage().Used, "1,000 sessions and their clones opened and closed")
+	u = free.MemoryUsage()
+	assert.Equal(t, u.FreePages, u.Used, "1,000 sessions and their clones opened and closed")
+	for _, ly := range free.layers {
+		if ly.pages != nil {
+			live, n := ly.pages.Pages()
+			assert.Zero(t, live, "pages held after every session closed")
+			assert.LessOrEqual(t, n, dsa.MaxFree)
+		}
+	}
 }
 
 // TestMemoryBudgetPrefixYields: the prefix cache gives up blocks when a
 // session needs the memory.
 func TestMemoryBudgetPrefixYields(t *testing.T) {
 	base := baseBytes(t)
-	m := load(t, WithMemoryBudget(4*base), WithPrefixCache(1<<30))
+	m := load(t, WithMemoryBudget(64*base), WithPrefixCache(1<<30))
 	for i := range 3 {
 		genTokens(t, m, words(60, string(rune('a'+i))), WithMaxTokens(2), WithoutDefaultStops())
 	}
 	filled := m.PrefixCacheStats().Bytes
 	require.Positive(t, filled)
+	u := m.MemoryUsage()
+	require.Equal(t, filled+u.FreePages, u.Used, "only the cache and free pages hold memory")
+	// Sessions until the budget is used up: the cache makes room for them.
 	var held []*Session
-	for range 3 {
+	for int64(len(held)+1)*base <= 64*base {
 		s, err := m.NewSession()
-		require.NoError(t, err, "the cache should make room")
+		require.NoError(t, err, "the cache should make room for session %d", len(held))
 		held = append(held, s)
 	}
 	assert.Less(t, m.PrefixCacheStats().Bytes, filled, "the cache gave up blocks")
-	assert.LessOrEqual(t, m.MemoryUsage().Used, 4*base)
+	assert.LessOrEqual(t, m.MemoryUsage().Used, 64*base)
+	_, err := m.NewSession()
+	assert.ErrorIs(t, err, ErrMemoryBudget, "past the budget with the cache empty")
 	for _, s := range held {
 		s.Close()
 	}
-	assert.Equal(t, m.PrefixCacheStats().Bytes, m.MemoryUsage().Used, "what is left is the cache's")
+	u = m.MemoryUsage()
+	assert.Equal(t, u.PrefixCache+u.FreePages, u.Used, "what is left is the cache's and free pages")
 }
 
-// TestBatcherMemoryBudget: under a budget that holds the running
-// sequences but not every prompt at once, prompts wait instead of failing
+// TestBatcherMemoryBudget: under a budget that holds one long request's
+// growth beside the sessions, requests wait for memory instead of failing
 // and every generation completes as it would alone.
 func TestBatcherMemoryBudget(t *testing.T) {
 	base := baseBytes(t)
@@ -148,12 +164,7 @@ func TestBatcherMemoryBudget(t *testing.T) {
 	}
 	wg.Wait()
 	for i, p := range prompts {
-		if errs[i] != nil {
-			// Only a sequence the others could not go on beside may fail,
-			// and only with the budget's error.
-			require.True(t, errors.Is(errs[i], ErrMemoryBudget), "request %d: %v", i, errs[i])
-			continue
-		}
+		require.NoError(t, errs[i], "request %d waits for memory instead of failing", i)
 		var want []int32
 		for _, tok := range genTokens(t, plain, p, opts...) {
 			want = append(want, tok.ID)
@@ -161,11 +172,10 @@ func TestBatcherMemoryBudget(t *testing.T) {
 		assert.Equal(t, want, got[i], "request %d", i)
 	}
 	assert.LessOrEqual(t, m.MemoryUsage().Used, budget)
-	done := 0
-	for _, err := range errs {
-		if err == nil {
-			done++
-		}
+	// A request that could never fit fails at once.
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	for _, err := range br.Generate(ctx, s, words(90, "m"), WithMaxTokens(4000), WithoutDefaultStops()) {
+		require.ErrorIs(t, err, ErrMemoryBudget)
 	}
-	assert.GreaterOrEqual(t, done, 2, "generations that completed")
 }

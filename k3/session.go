@@ -121,13 +121,13 @@ func (m *Model) NewSession() (*Session, error) {
 				return fail(err)
 			}
 		default:
-			if c, err = dsa.NewCache(b, ly.mlaCfg, min(s.limit, max(m.chunk, 64)), s.limit); err != nil {
+			if c, err = dsa.NewCache(ly.pages, s.limit); err != nil {
 				return fail(err)
 			}
 		}
 		s.kdaSt, s.caches = append(s.kdaSt, ks), append(s.caches, c)
 	}
-	n := s.StateBytes()
+	n := s.StateBytes() // a new session's caches hold no pages yet
 	if err := m.mem.take(n, "a new session"); err != nil {
 		s.Close()
 		return nil, err
@@ -388,7 +388,7 @@ func (s *Session) Clone() (*Session, error) {
 			}
 		}
 		if src := s.caches[l]; src != nil {
-			if err := c.caches[l].CopyFrom(src); err != nil {
+			if err := c.caches[l].Fork(src); err != nil {
 				return nil, err
 			}
 		}

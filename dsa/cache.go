@@ -1,0 +1,404 @@
+package dsa
+
+import (
+	"fmt"
+	"sync"
+
+	"k3/compute"
+)
+
+// PageSize is the positions one cache page holds: a multiple of the
+// attention kernels' 64-position block, so that no block straddles pages.
+const PageSize = 64
+
+// Pool hands out the cache pages of one layer shape: each holds PageSize
+// positions of the normed latent, the rope key and the index key. A page
+// is reference-counted: a Fork shares its parent's full pages, and a
+// shared page is copied before anything writes into it.
+type Pool struct {
+	b          compute.Backend
+	dc, dr, di int
+	// Account, when set, is told every page allocation (+bytes) and
+	// release (-bytes): the owner's memory ledger.
+	Account func(delta int64)
+
+	mu   sync.Mutex
+	live int     // pages held by caches
+	free []*page // released pages kept for reuse, at most MaxFree
+}
+
+// MaxFree is the released pages a pool keeps for reuse, so that decoding
+// in steady state takes its new pages without allocating. They stay
+// counted by Account until Trim gives them back.
+const MaxFree = 64
+
+// NewPool makes a pool of pages for layers of cfg on b.
+func NewPool(b compute.Backend, cfg Config) *Pool {
+	p := &Pool{b: b, dc: cfg.KVLoRARank, dr: cfg.RopeDim}
+	if cfg.Indexer != nil {
+		p.di = cfg.Indexer.HeadDim
+	}
+	return p
+}
+
+// PageBytes is the memory of one page.
+func (p *Pool) PageBytes() int64 { return int64(PageSize) * int64(p.rowLen()) * 4 }
+
+// Pages returns the pages caches hold, and the free pages kept for reuse.
+func (p *Pool) Pages() (live, free int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.live, len(p.free)
+}
+
+// Trim gives free pages back to the backend until at least n bytes are
+// released or none are left, and returns the bytes released.
+func (p *Pool) Trim(n int64) int64 {
+	var done int64
+	for done < n {
+		p.mu.Lock()
+		if len(p.free) == 0 {
+			p.mu.Unlock()
+			break
+		}
+		pg := p.free[len(p.free)-1]
+		p.free[len(p.free)-1] = nil
+		p.free = p.free[:len(p.free)-1]
+		p.mu.Unlock()
+		p.destroy(pg)
+		done += p.PageBytes()
+	}
+	return done
+}
+
+func (p *Pool) destroy(pg *page) {
+	p.b.Free(pg.buf)
+	if p.Account != nil {
+		p.Account(-p.PageBytes())
+	}
+}
+
+func (p *Pool) rowLen() int { return p.dc + max(p.dr, 1) + p.di }
+
+// page is one page: PageSize rows of each kind, views into one buffer,
+// and who holds it.
+type page struct {
+	buf, kv, pe, ik compute.Tensor
+	refs            int // caches holding the page; guarded by the pool's mu
+}
+
+func (p *Pool) alloc() (*page, error) {
+	p.mu.Lock()
+	if n := len(p.free); n > 0 {
+		pg := p.free[n-1]
+		p.free[n-1] = nil
+		p.free = p.free[:n-1]
+		pg.refs = 1
+		p.live++
+		p.mu.Unlock()
+		return pg, nil
+	}
+	p.mu.Unlock()
+	pg := &page{refs: 1}
+	var err error
+	if pg.buf, err = p.b.Alloc(compute.F32, PageSize*p.rowLen()); err != nil {
+		return nil, err
+	}
+	// Kind after kind, each PageSize rows: the latent, the rope key, the
+	// index key.
+	a, b := PageSize*p.dc, PageSize*(p.dc+max(p.dr, 1))
+	pg.kv = pg.buf.Rows(0, a).Reshape(PageSize, p.dc)
+	pg.pe = pg.buf.Rows(a, b).Reshape(PageSize, max(p.dr, 1))
+	if p.di > 0 {
+		pg.ik = pg.buf.Rows(b, PageSize*p.rowLen()).Reshape(PageSize, p.di)
+	}
+	p.mu.Lock()
+	p.live++
+	p.mu.Unlock()
+	if p.Account != nil {
+		p.Account(p.PageBytes())
+	}
+	return pg, nil
+}
+
+// share adds a holder to pg.
+func (p *Pool) share(pg *page) {
+	p.mu.Lock()
+	pg.refs++
+	p.mu.Unlock()
+}
+
+// release drops a holder of pg, freeing it with the last.
+func (p *Pool) release(pg *page) {
+	p.mu.Lock()
+	pg.refs--
+	last := pg.refs == 0
+	if last {
+		p.live--
+		if len(p.free) < MaxFree {
+			p.free = append(p.free, pg)
+			last = false
+		}
+	}
+	p.mu.Unlock()
+	if last {
+		p.destroy(pg)
+	}
+}
+
+func (p *Pool) shared(pg *page) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return pg.refs > 1
+}
+
+// Cache is one sequence's per-layer cache: the normed latent (Dc), the rope
+// key (dr, rotated when RoPE is on) and, for DSA, the index key (DI), one
+// row per position, in pages of PageSize positions from a Pool. It grows a
+// page at a time up to Limit and truncates in O(1).
+type Cache struct {
+	pool       *Pool
+	pages      []*page
+	pe, ik     []compute.Tensor // the pages' tensors, as the seam takes them
+	lat        []compute.Tensor // the pages' latents viewed [PageSize, 1, Dc], attention's key pages
+	Len, Limit int
+}
+
+// NewCache makes an empty cache of pages from pool, growable to limit
+// positions (the model's context length).
+func NewCache(pool *Pool, limit int) (*Cache, error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("dsa: cache limit %d", limit)
+	}
+	// Room for four pages' entries before the slices grow.
+	return &Cache{pool: pool, Limit: limit, pages: make([]*page, 0, 4), pe: make([]compute.Tensor, 0, 4),
+		ik: make([]compute.Tensor, 0, 4), lat: make([]compute.Tensor, 0, 4)}, nil
+}
+
+// Free releases the cache's pages; the cache is empty afterwards.
+func (c *Cache) Free() {
+	for _, pg := range c.pages {
+		c.pool.release(pg)
+	}
+	clear(c.pages)
+	c.pages, c.pe, c.ik, c.lat, c.Len = c.pages[:0], c.pe[:0], c.ik[:0], c.lat[:0], 0
+}
+
+// Cap returns the positions the cache's pages hold.
+func (c *Cache) Cap() int { return len(c.pages) * PageSize }
+
+// Pages returns the pages the cache holds (shared ones included).
+func (c *Cache) Pages() int { return len(c.pages) }
+
+func (c *Cache) push(pg *page) {
+	c.pages = append(c.pages, pg)
+	c.pe, c.ik = append(c.pe, pg.pe), append(c.ik, pg.ik)
+	c.lat = append(c.lat, pg.kv.Reshape(PageSize, 1, c.pool.dc))
+}
+
+// reserve makes room for n more positions: pages up to Len+n, and the page
+// the next position falls in copied first if another cache shares it.
+func (c *Cache) reserve(n int) error {
+	need := c.Len + n
+	if need > c.Limit {
+		return fmt.Errorf("%w: %d positions exceed the limit of %d", ErrCacheFull, need, c.Limit)
+	}
+	if n == 0 {
+		return nil
+	}
+	if i := c.Len / PageSize; i < len(c.pages) && c.pool.shared(c.pages[i]) {
+		if err := c.unshare(i); err != nil {
+			return err
+		}
+	}
+	for c.Cap() < need {
+		pg, err := c.pool.alloc()
+		if err != nil {
+			return err
+		}
+		c.push(pg)
+	}
+	return nil
+}
+
+// unshare replaces page i by a copy of its first rows (up to Len).
+func (c *Cache) unshare(i int) error {
+	pg, err := c.pool.alloc()
+	if err != nil {
+		return err
+	}
+	old := c.pages[i]
+	n := min(PageSize, c.Len-i*PageSize)
+	b := c.pool.b
+	for _, t := range [][2]compute.Tensor{{pg.kv, old.kv}, {pg.pe, old.pe}, {pg.ik, old.ik}} {
+		if !t[0].IsZero() && n > 0 {
+			if err := b.Copy(t[0].Rows(0, n), t[1].Rows(0, n)); err != nil {
+				c.pool.release(pg)
+				return err
+			}
+		}
+	}
+	c.pool.release(old)
+	c.pages[i], c.pe[i], c.ik[i] = pg, pg.pe, pg.ik
+	c.lat[i] = pg.kv.Reshape(PageSize, 1, c.pool.dc)
+	return nil
+}
+
+// GrowthBytes returns the memory the pool allocates for the cache to take
+// n more positions: new pages, and a copy of a shared page it writes into.
+func (c *Cache) GrowthBytes(n int) int64 {
+	need := c.Len + n
+	if n <= 0 || need > c.Limit {
+		return 0
+	}
+	pages := max(0, (need+PageSize-1)/PageSize-len(c.pages))
+	if i := c.Len / PageSize; i < len(c.pages) && c.pool.shared(c.pages[i]) {
+		pages++
+	}
+	return int64(pages) * c.pool.PageBytes()
+}
+
+// Truncate drops every position from n on (speculative decoding rolls back
+// this way); pages past n go back to the pool.
+func (c *Cache) Truncate(n int) error {
+	if n < 0 || n > c.Len {
+		return fmt.Errorf("dsa: truncate to %d of %d positions", n, c.Len)
+	}
+	c.Len = n
+	keep := (n + PageSize - 1) / PageSize
+	for _, pg := range c.pages[keep:] {
+		c.pool.release(pg)
+	}
+	clear(c.pages[keep:])
+	c.pages, c.pe, c.ik, c.lat = c.pages[:keep], c.pe[:keep], c.ik[:keep], c.lat[:keep]
+	return nil
+}
+
+// Fork makes c (empty) hold src's positions: the full pages are shared,
+// the partial last page is copied.
+func (c *Cache) Fork(src *Cache) error {
+	if c.pool != src.pool || c.Len != 0 || len(c.pages) != 0 {
+		return fmt.Errorf("dsa: forking into a cache of another pool or one in use")
+	}
+	for _, pg := range src.pages[:(src.Len+PageSize-1)/PageSize] {
+		c.pool.share(pg)
+		c.push(pg)
+	}
+	c.Len = src.Len
+	if i := c.Len / PageSize; i < len(c.pages) && c.Len%PageSize != 0 {
+		return c.unshare(i)
+	}
+	return nil
+}
+
+// Bytes returns the memory of the pages the cache holds (a page shared
+// with forks counts in each).
+func (c *Cache) Bytes() int64 { return int64(len(c.pages)) * c.pool.PageBytes() }
+
+// RowLen is the floats one position takes across the cache's tensors
+// (latent, rope key, index key), as ReadRows lays them out.
+func (c *Cache) RowLen() int { return c.pool.rowLen() }
+
+// segment calls f for each run of positions [a, e) of [lo, hi) within one
+// page, with the page's index and the run's first row in it.
+func segment(lo, hi int, f func(a, e, page, row int) error) error {
+	for a := lo; a < hi; {
+		e := min(hi, (a/PageSize+1)*PageSize)
+		if err := f(a, e, a/PageSize, a%PageSize); err != nil {
+			return err
+		}
+		a = e
+	}
+	return nil
+}
+
+// ReadRows copies positions [lo, hi) into dst ((hi-lo)·RowLen floats):
+// their latent rows, then their rope-key rows, then their index-key rows.
+func (c *Cache) ReadRows(dst []float32, lo, hi int) error {
+	if lo < 0 || hi < lo || hi > c.Len || len(dst) != (hi-lo)*c.RowLen() {
+		return fmt.Errorf("dsa: read positions [%d, %d) of %d into %d floats", lo, hi, c.Len, len(dst))
+	}
+	n, p := hi-lo, c.pool
+	kv, pe, ik := dst[:n*p.dc], dst[n*p.dc:n*(p.dc+max(p.dr, 1))], dst[n*(p.dc+max(p.dr, 1)):]
+	return segment(lo, hi, func(a, e, pg, r int) error {
+		m, o := e-a, a-lo
+		part := kv[o*p.dc : (o+m)*p.dc]
+		if err := p.b.Read(&part, c.pages[pg].kv.Rows(r, r+m)); err != nil {
+			return err
+		}
+		part = pe[o*max(p.dr, 1) : (o+m)*max(p.dr, 1)]
+		if err := p.b.Read(&part, c.pe[pg].Rows(r, r+m)); err != nil {
+			return err
+		}
+		if p.di > 0 {
+			part = ik[o*p.di : (o+m)*p.di]
+			return p.b.Read(&part, c.ik[pg].Rows(r, r+m))
+		}
+		return nil
+	})
+}
+
+// AppendRows appends positions laid out as ReadRows gives them
+// (len(src)/RowLen of them).
+func (c *Cache) AppendRows(src []float32) error {
+	rl, p := c.RowLen(), c.pool
+	if len(src)%rl != 0 {
+		return fmt.Errorf("dsa: %d floats are not whole positions of %d", len(src), rl)
+	}
+	n := len(src) / rl
+	if err := c.reserve(n); err != nil {
+		return err
+	}
+	lo := c.Len
+	kv, pe, ik := src[:n*p.dc], src[n*p.dc:n*(p.dc+max(p.dr, 1))], src[n*(p.dc+max(p.dr, 1)):]
+	err := segment(lo, lo+n, func(a, e, pg, r int) error {
+		m, o := e-a, a-lo
+		part := kv[o*p.dc : (o+m)*p.dc]
+		if err := p.b.Write(c.pages[pg].kv.Rows(r, r+m), &part); err != nil {
+			return err
+		}
+		part = pe[o*max(p.dr, 1) : (o+m)*max(p.dr, 1)]
+		if err := p.b.Write(c.pe[pg].Rows(r, r+m), &part); err != nil {
+			return err
+		}
+		if p.di > 0 {
+			part = ik[o*p.di : (o+m)*p.di]
+			return p.b.Write(c.ik[pg].Rows(r, r+m), &part)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	c.Len = lo + n
+	return nil
+}
+
+// write stores rows of the new positions [c.Len, c.Len+n) from contiguous
+// tensors (any of them zero is skipped): kv [n, Dc], pe [n, dr], ik [n, DI].
+// The cache has room for them (reserve).
+func (c *Cache) write(kv, pe, ik compute.Tensor, n int) error {
+	b, lo := c.pool.b, c.Len
+	return segment(lo, lo+n, func(a, e, pg, r int) error {
+		for _, t := range [][2]compute.Tensor{{c.pages[pg].kv, kv}, {c.pe[pg], pe}, {c.ik[pg], ik}} {
+			if !t[1].IsZero() && !t[0].IsZero() {
+				if err := b.Copy(t[0].Rows(r, r+e-a), t[1].Rows(a-lo, e-lo)); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// gather copies positions [0, n) of one kind (0 latent, 1 rope key) into
+// dst [n, width], contiguous.
+func (c *Cache) gather(dst compute.Tensor, kind, n int) error {
+	return segment(0, n, func(a, e, pg, r int) error {
+		src := c.pages[pg].kv
+		if kind == 1 {
+			src = c.pe[pg]
+		}
+		return c.pool.b.Copy(dst.Rows(a, e), src.Rows(r, r+e-a))
+	})
+}
