@@ -24,7 +24,7 @@ type Pool struct {
 
 	mu   sync.Mutex
 	live int     // pages held by caches
-	free []*page // released pages kept for reuse, at most MaxFree
+	free []*Page // released pages kept for reuse, at most MaxFree
 }
 
 // MaxFree is the released pages a pool keeps for reuse, so that decoding
@@ -71,7 +71,7 @@ func (p *Pool) Trim(n int64) int64 {
 	return done
 }
 
-func (p *Pool) destroy(pg *page) {
+func (p *Pool) destroy(pg *Page) {
 	p.b.Free(pg.buf)
 	if p.Account != nil {
 		p.Account(-p.PageBytes())
@@ -80,14 +80,14 @@ func (p *Pool) destroy(pg *page) {
 
 func (p *Pool) rowLen() int { return p.dc + max(p.dr, 1) + p.di }
 
-// page is one page: PageSize rows of each kind, views into one buffer,
+// Page is one page: PageSize rows of each kind, views into one buffer,
 // and who holds it.
-type page struct {
+type Page struct {
 	buf, kv, pe, ik compute.Tensor
 	refs            int // caches holding the page; guarded by the pool's mu
 }
 
-func (p *Pool) alloc() (*page, error) {
+func (p *Pool) alloc() (*Page, error) {
 	p.mu.Lock()
 	if n := len(p.free); n > 0 {
 		pg := p.free[n-1]
@@ -99,7 +99,7 @@ func (p *Pool) alloc() (*page, error) {
 		return pg, nil
 	}
 	p.mu.Unlock()
-	pg := &page{refs: 1}
+	pg := &Page{refs: 1}
 	var err error
 	if pg.buf, err = p.b.Alloc(compute.F32, PageSize*p.rowLen()); err != nil {
 		return nil, err
@@ -122,14 +122,14 @@ func (p *Pool) alloc() (*page, error) {
 }
 
 // share adds a holder to pg.
-func (p *Pool) share(pg *page) {
+func (p *Pool) share(pg *Page) {
 	p.mu.Lock()
 	pg.refs++
 	p.mu.Unlock()
 }
 
 // release drops a holder of pg, freeing it with the last.
-func (p *Pool) release(pg *page) {
+func (p *Pool) release(pg *Page) {
 	p.mu.Lock()
 	pg.refs--
 	last := pg.refs == 0
@@ -146,7 +146,7 @@ func (p *Pool) release(pg *page) {
 	}
 }
 
-func (p *Pool) shared(pg *page) bool {
+func (p *Pool) shared(pg *Page) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return pg.refs > 1
@@ -158,7 +158,7 @@ func (p *Pool) shared(pg *page) bool {
 // page at a time up to Limit and truncates in O(1).
 type Cache struct {
 	pool       *Pool
-	pages      []*page
+	pages      []*Page
 	pe, ik     []compute.Tensor // the pages' tensors, as the seam takes them
 	lat        []compute.Tensor // the pages' latents viewed [PageSize, 1, Dc], attention's key pages
 	Len, Limit int
@@ -171,7 +171,7 @@ func NewCache(pool *Pool, limit int) (*Cache, error) {
 		return nil, fmt.Errorf("dsa: cache limit %d", limit)
 	}
 	// Room for four pages' entries before the slices grow.
-	return &Cache{pool: pool, Limit: limit, pages: make([]*page, 0, 4), pe: make([]compute.Tensor, 0, 4),
+	return &Cache{pool: pool, Limit: limit, pages: make([]*Page, 0, 4), pe: make([]compute.Tensor, 0, 4),
 		ik: make([]compute.Tensor, 0, 4), lat: make([]compute.Tensor, 0, 4)}, nil
 }
 
@@ -190,7 +190,7 @@ func (c *Cache) Cap() int { return len(c.pages) * PageSize }
 // Pages returns the pages the cache holds (shared ones included).
 func (c *Cache) Pages() int { return len(c.pages) }
 
-func (c *Cache) push(pg *page) {
+func (c *Cache) push(pg *Page) {
 	c.pages = append(c.pages, pg)
 	c.pe, c.ik = append(c.pe, pg.pe), append(c.ik, pg.ik)
 	c.lat = append(c.lat, pg.kv.Reshape(PageSize, 1, c.pool.dc))
@@ -338,42 +338,6 @@ func (c *Cache) ReadRows(dst []float32, lo, hi int) error {
 	})
 }
 
-// AppendRows appends positions laid out as ReadRows gives them
-// (len(src)/RowLen of them).
-func (c *Cache) AppendRows(src []float32) error {
-	rl, p := c.RowLen(), c.pool
-	if len(src)%rl != 0 {
-		return fmt.Errorf("dsa: %d floats are not whole positions of %d", len(src), rl)
-	}
-	n := len(src) / rl
-	if err := c.reserve(n); err != nil {
-		return err
-	}
-	lo := c.Len
-	kv, pe, ik := src[:n*p.dc], src[n*p.dc:n*(p.dc+max(p.dr, 1))], src[n*(p.dc+max(p.dr, 1)):]
-	err := segment(lo, lo+n, func(a, e, pg, r int) error {
-		m, o := e-a, a-lo
-		part := kv[o*p.dc : (o+m)*p.dc]
-		if err := p.b.Write(c.pages[pg].kv.Rows(r, r+m), &part); err != nil {
-			return err
-		}
-		part = pe[o*max(p.dr, 1) : (o+m)*max(p.dr, 1)]
-		if err := p.b.Write(c.pe[pg].Rows(r, r+m), &part); err != nil {
-			return err
-		}
-		if p.di > 0 {
-			part = ik[o*p.di : (o+m)*p.di]
-			return p.b.Write(c.ik[pg].Rows(r, r+m), &part)
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	c.Len = lo + n
-	return nil
-}
-
 // write stores rows of the new positions [c.Len, c.Len+n) from contiguous
 // tensors (any of them zero is skipped): kv [n, Dc], pe [n, dr], ik [n, DI].
 // The cache has room for them (reserve).
@@ -401,4 +365,38 @@ func (c *Cache) gather(dst compute.Tensor, kind, n int) error {
 		}
 		return c.pool.b.Copy(dst.Rows(a, e), src.Rows(r, r+e-a))
 	})
+}
+
+// Hold returns the page that holds position pos, with a reference the
+// caller gives back with Pool.Release: positions of it before the
+// cache's length then stay as they are, whatever the cache does (a cache
+// that writes into a held page copies it first).
+func (c *Cache) Hold(pos int) (*Page, error) {
+	if pos < 0 || pos >= c.Len {
+		return nil, fmt.Errorf("dsa: hold position %d of %d", pos, c.Len)
+	}
+	pg := c.pages[pos/PageSize]
+	c.pool.share(pg)
+	return pg, nil
+}
+
+// Release gives back a reference Hold took.
+func (p *Pool) Release(pg *Page) { p.release(pg) }
+
+// Adopt makes c (empty) hold n positions from pages (held, in order,
+// page i holding positions i·PageSize onwards, each valid up to n): the
+// full pages are shared, the partial last one is copied.
+func (c *Cache) Adopt(pages []*Page, n int) error {
+	if c.Len != 0 || len(c.pages) != 0 || n > c.Limit || len(pages) != (n+PageSize-1)/PageSize {
+		return fmt.Errorf("dsa: adopt %d positions from %d pages into a cache of %d", n, len(pages), c.Len)
+	}
+	for _, pg := range pages {
+		c.pool.share(pg)
+		c.push(pg)
+	}
+	c.Len = n
+	if n%PageSize != 0 {
+		return c.unshare(len(c.pages) - 1)
+	}
+	return nil
 }

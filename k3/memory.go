@@ -25,9 +25,10 @@ func WithMemoryBudget(bytes int64) Option { return func(o *options) { o.budget =
 type MemoryUsage struct {
 	Used   int64 // bytes of sessions' state, the prefix cache and free pages
 	Budget int64 // 0: no bound
-	// Of Used, what can be given back for sessions: the prefix cache, and
-	// attention-cache pages released and kept for reuse (dsa.MaxFree a
-	// layer at most).
+	// Of Used, what can be given back for sessions: the prefix cache (its
+	// snapshots and the pages its blocks hold, each page once, though
+	// sessions may hold some of them too), and attention-cache pages
+	// released and kept for reuse (dsa.MaxFree a layer at most).
 	PrefixCache, FreePages int64
 }
 
@@ -41,7 +42,10 @@ func (u MemoryUsage) Fraction() float64 {
 
 // MemoryUsage reports the model's sequence state against its budget.
 func (m *Model) MemoryUsage() MemoryUsage {
-	u := MemoryUsage{PrefixCache: m.PrefixCacheStats().Bytes}
+	var u MemoryUsage
+	if m.prefix != nil {
+		u.PrefixCache = m.prefix.footprint()
+	}
 	for _, ly := range m.layers {
 		if ly.pages != nil {
 			_, free := ly.pages.Pages()
@@ -70,7 +74,7 @@ func (l *ledger) take(n int64, what string) error {
 	if n <= 0 {
 		return nil
 	}
-	for try := 0; ; try++ {
+	for {
 		l.mu.Lock()
 		if l.budget <= 0 || l.used+n <= l.budget {
 			l.used += n
@@ -80,10 +84,16 @@ func (l *ledger) take(n int64, what string) error {
 		short := l.used + n - l.budget
 		used, budget := l.used, l.budget
 		l.mu.Unlock()
-		if try > 0 || l.spare == nil {
-			return fmt.Errorf("%w: %s needs %d bytes, %d of %d in use", ErrMemoryBudget, what, n, used, budget)
+		if l.spare != nil {
+			l.spare(short)
+			l.mu.Lock()
+			freed := l.used < used
+			l.mu.Unlock()
+			if freed {
+				continue // look again: the room may do now
+			}
 		}
-		l.spare(short)
+		return fmt.Errorf("%w: %s needs %d bytes, %d of %d in use", ErrMemoryBudget, what, n, used, budget)
 	}
 }
 
@@ -96,15 +106,26 @@ func (l *ledger) add(n int64) {
 }
 
 // spare frees reclaimable memory for sessions that need n bytes: the
-// pools' free pages first, then the prefix cache's blocks.
+// pools' free pages first, then the prefix cache's blocks, least recently
+// used first, with the pages they leave free.
 func (m *Model) spare(n int64) {
-	for _, ly := range m.layers {
-		if ly.pages != nil && n > 0 {
-			n -= ly.pages.Trim(n)
-		}
+	used := func() int64 {
+		m.mem.mu.Lock()
+		defer m.mem.mu.Unlock()
+		return m.mem.used
 	}
-	if n > 0 && m.prefix != nil {
-		m.prefix.spare(n)
+	target := used() - n
+	for {
+		for _, ly := range m.layers {
+			if ly.pages != nil {
+				if short := used() - target; short > 0 {
+					ly.pages.Trim(short)
+				}
+			}
+		}
+		if used() <= target || m.prefix == nil || !m.prefix.evictOne() {
+			return
+		}
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+
+	"k3/dsa"
 )
 
 // PrefixBlock is the prefix cache's granularity: sequences share state in
@@ -16,9 +18,10 @@ const PrefixBlock = 16
 // more than a block's attention rows, so they are sparse.
 const prefixInterior = 512
 
-// WithPrefixCache makes the model keep, in up to bytes of host memory,
-// the state of sequences it has run: the attention rows of every block of
-// PrefixBlock tokens, and KDA snapshots at some block ends (the last
+// WithPrefixCache makes the model keep, in up to bytes of memory, the
+// state of sequences it has run: the attention-cache pages of every block
+// of PrefixBlock tokens (references, shared with the sessions that made
+// them), and KDA snapshots at some block ends (the last
 // block before a prompt's end, every 512 tokens inside long prompts, the
 // point where a prompt was found to part from the cached ones, the last
 // block before the end of each finished generation). A new session whose
@@ -37,9 +40,12 @@ type PrefixStats struct {
 	Lookups      int64 // prompts looked up (new sessions' generations)
 	Hits         int64 // lookups that resumed from a snapshot
 	ReusedTokens int64 // prompt tokens not computed again
-	Bytes        int64 // host memory the cache holds
-	Blocks       int   // cached blocks
-	Snapshots    int   // cached KDA snapshots
+	// Bytes is the cache's memory: its snapshots, and its blocks' shares
+	// of the attention pages they hold (pages that sessions hold too
+	// free only when the last holder lets go).
+	Bytes     int64
+	Blocks    int // cached blocks
+	Snapshots int // cached KDA snapshots
 }
 
 // PrefixCacheStats returns the prefix cache's counters (zero without
@@ -71,21 +77,28 @@ type prefixNode struct {
 	kids   map[uint64]*prefixNode
 	toks   [PrefixBlock]int32
 	pos    int
-	rows   [][]float32 // per layer: the block's attention rows (dsa.Cache.ReadRows), nil at KDA layers
+	pages  []*dsa.Page // per layer: the page holding the block, held (nil at KDA layers)
+	share  int64       // the block's share of its pages' bytes, counted as the cache's
 	snap   [][]float32 // per layer: the KDA state then conv window at pos; nil without a snapshot
 	used   uint64
+	model  *Model
 }
 
 func newPrefixCache(budget int64, mem *ledger) *prefixCache {
 	return &prefixCache{budget: budget, mem: mem}
 }
 
-// spare evicts at least n bytes if the cache holds them, for sessions
-// that need the memory (the ledger calls it).
-func (c *prefixCache) spare(n int64) {
+// evictOne drops the least recently used leaf block, reporting false
+// when the cache is empty (the model's ledger calls it for sessions that
+// need the memory).
+func (c *prefixCache) evictOne() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.evictTo(max(0, c.stats.Bytes-n))
+	if c.stats.Blocks == 0 {
+		return false
+	}
+	c.evictTo(c.stats.Bytes - 1)
+	return true
 }
 
 // blockKey hashes a block's tokens (FNV-1a); a match is confirmed
@@ -148,7 +161,8 @@ func (c *prefixCache) lookup(tokens []int32) (hit *prefixNode, matched int) {
 }
 
 // restore puts the cached state of hit's path into s (an empty session):
-// its attention rows, its KDA snapshot, its tokens.
+// its attention pages (shared; the partial last one copied), its KDA
+// snapshot, its tokens.
 func (c *prefixCache) restore(s *Session, hit *prefixNode) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -163,10 +177,17 @@ func (c *prefixCache) restore(s *Session, hit *prefixNode) error {
 		if ca == nil {
 			continue
 		}
-		for _, m := range path {
-			if err := ca.AppendRows(m.rows[l]); err != nil {
-				return fmt.Errorf("k3: prefix cache: %w", err)
+		// Page j's rows are valid up to the deepest block of the path in
+		// it: that block's page (a holder may have copied the page since
+		// an earlier block took it).
+		pages := make([]*dsa.Page, 0, (hit.pos+dsa.PageSize-1)/dsa.PageSize)
+		for i, m := range path {
+			if (i+1)*PrefixBlock%dsa.PageSize == 0 || i == len(path)-1 {
+				pages = append(pages, m.pages[l])
 			}
+		}
+		if err := ca.Adopt(pages, hit.pos); err != nil {
+			return fmt.Errorf("k3: prefix cache: %w", err)
 		}
 	}
 	b := s.m.b
@@ -215,17 +236,6 @@ func (c *prefixCache) insert(s *Session, upto int, snap [][]float32) error {
 		toks := s.tokens[p-PrefixBlock : p]
 		next := n.child(toks)
 		if next == nil {
-			next = &prefixNode{parent: n, pos: p, rows: make([][]float32, len(s.caches))}
-			copy(next.toks[:], toks)
-			for l, ca := range s.caches {
-				if ca == nil {
-					continue
-				}
-				next.rows[l] = make([]float32, PrefixBlock*ca.RowLen())
-				if err := ca.ReadRows(next.rows[l], p-PrefixBlock, p); err != nil {
-					return fmt.Errorf("k3: prefix cache: %w", err)
-				}
-			}
 			if n.kids == nil {
 				n.kids = map[uint64]*prefixNode{}
 			}
@@ -234,10 +244,23 @@ func (c *prefixCache) insert(s *Session, upto int, snap [][]float32) error {
 			if _, taken := n.kids[blockKey(toks)]; taken {
 				return nil
 			}
+			next = &prefixNode{parent: n, pos: p, pages: make([]*dsa.Page, len(s.caches)), model: s.m}
+			copy(next.toks[:], toks)
+			for l, ca := range s.caches {
+				if ca == nil {
+					continue
+				}
+				pg, err := ca.Hold(p - 1)
+				if err != nil {
+					next.release()
+					return fmt.Errorf("k3: prefix cache: %w", err)
+				}
+				next.pages[l] = pg
+				next.share += s.m.layers[l].pages.PageBytes() * PrefixBlock / dsa.PageSize
+			}
 			n.kids[blockKey(toks)] = next
 			c.stats.Blocks++
-			c.stats.Bytes += floats(next.rows)
-			c.mem.add(floats(next.rows))
+			c.stats.Bytes += next.share
 		}
 		next.used = c.clock
 		n = next
@@ -281,14 +304,14 @@ func (c *prefixCache) evictTo(limit int64) {
 			return
 		}
 		delete(lru.parent.kids, blockKey(lru.toks[:]))
-		freed := floats(lru.rows)
+		lru.release()
 		c.stats.Blocks--
+		c.stats.Bytes -= lru.share
 		if lru.snap != nil {
 			c.stats.Snapshots--
-			freed += floats(lru.snap)
+			c.stats.Bytes -= floats(lru.snap)
+			c.mem.add(-floats(lru.snap))
 		}
-		c.stats.Bytes -= freed
-		c.mem.add(-freed)
 	}
 }
 
@@ -422,4 +445,39 @@ func (s *Session) endTurn() {
 	s.turn = nil
 	// An error only means the blocks are not cached.
 	_ = s.m.prefix.insert(s, t.pos, t.data)
+}
+
+// release gives back the pages n holds (their pools free a page with
+// its last holder).
+func (n *prefixNode) release() {
+	for l, pg := range n.pages {
+		if pg != nil {
+			n.model.layers[l].pages.Release(pg)
+			n.pages[l] = nil
+		}
+	}
+}
+
+// footprint is the memory the cache's snapshots and the pages its blocks
+// hold take, each page counted once.
+func (c *prefixCache) footprint() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	seen := map[*dsa.Page]bool{}
+	var n int64
+	var walk func(x *prefixNode)
+	walk = func(x *prefixNode) {
+		for _, k := range x.kids {
+			n += floats(k.snap)
+			for l, pg := range k.pages {
+				if pg != nil && !seen[pg] {
+					seen[pg] = true
+					n += k.model.layers[l].pages.PageBytes()
+				}
+			}
+			walk(k)
+		}
+	}
+	walk(&c.root)
+	return n
 }
