@@ -163,21 +163,10 @@ func (s *Session) growth(n int) int64 {
 		}
 	}
 	if iv := s.m.snapInterval; iv > 0 && s.pos+n >= s.nextSnap && len(s.snaps) < s.m.snapKeep {
-		g += s.kdaBytes()
+		g += s.KDAStateBytes()
 	}
 	if s.m.prefix != nil && s.turn == nil && (s.pos+n)/PrefixBlock > s.pos/PrefixBlock {
-		g += s.kdaBytes()
+		g += s.KDAStateBytes()
 	}
 	return g
-}
-
-// kdaBytes is one copy of the session's KDA states and conv windows.
-func (s *Session) kdaBytes() int64 {
-	var n int64
-	for _, st := range s.kdaSt {
-		if st != nil {
-			n += 4 * int64(st.S.Len()+st.Conv.Len())
-		}
-	}
-	return n
 }
