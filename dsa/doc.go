@@ -6,5 +6,6 @@
 // It owns the MLA query and latent paths (with or without q-LoRA, NoPE or
 // RoPE), the indexer, top-K selection with a defined tie order, sparse and
 // dense attention in the absorbed (MQA) form, and the per-layer latent KV
-// and index-key caches.
+// and index-key caches: pages of PageSize positions from a Pool,
+// reference-counted so that forks and a prefix cache share them.
 package dsa
