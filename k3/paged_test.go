@@ -66,7 +66,7 @@ func TestForkSharesPages(t *testing.T) {
 		_, err = a.Forward(ctx, prompt)
 		require.NoError(t, err)
 		before := livePages(m)
-		f, err := a.Clone()
+		f, err := a.Fork()
 		require.NoError(t, err)
 		assert.Equal(t, before+attnLayers(m), livePages(m), "%s: a fork copies one page a layer", filepath.Base(dir))
 

@@ -361,7 +361,14 @@ func (s *Session) Truncate(ctx context.Context, n int) error {
 	return err
 }
 
-// Clone returns an independent copy of the session (fork a conversation).
+// Fork returns a session that continues from where s stands, independent
+// of it from then on (a conversation's branch, n completions of one
+// prompt): the KDA states are copied, the attention caches share every
+// full page with s and copy only the partial last one, and either
+// session copies a shared page before it writes into it.
+func (s *Session) Fork() (*Session, error) { return s.Clone() }
+
+// Clone is Fork, by its older name.
 func (s *Session) Clone() (*Session, error) {
 	if err := s.usable(); err != nil {
 		return nil, err
