@@ -293,12 +293,13 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 				finish(r, err)
 				continue
 			}
-			need := b.worstGrowth(r)
 			if b.m.mem.budget > 0 {
+				worst := b.worstGrowth(r)
+				need := worst
 				for _, a := range active {
 					need += b.worstGrowth(a)
 				}
-				if worst := b.worstGrowth(r); worst+r.s.charged > b.m.mem.budget {
+				if worst+r.s.charged > b.m.mem.budget {
 					waiting = waiting[1:]
 					finish(r, fmt.Errorf("%w: the request may grow by %d bytes, past the budget of %d", ErrMemoryBudget, worst, b.m.mem.budget))
 					continue

@@ -190,28 +190,8 @@ func (c *prefixCache) restore(s *Session, hit *prefixNode) error {
 			return fmt.Errorf("k3: prefix cache: %w", err)
 		}
 	}
-	b := s.m.b
-	for l, st := range s.kdaSt {
-		if st == nil {
-			continue
-		}
-		v := hit.snap[l]
-		ns := st.S.Len()
-		if err := b.Write(st.S, v[:ns]); err != nil {
-			return err
-		}
-		if err := b.Write(st.Conv, v[ns:]); err != nil {
-			return err
-		}
-		if s.logs != nil && s.logs[l] != nil {
-			if err := s.logs[l].Rebase(hit.pos, func(state, conv []float32) error {
-				copy(state, v[:ns])
-				copy(conv, v[ns:])
-				return nil
-			}); err != nil {
-				return err
-			}
-		}
+	if err := s.loadState(hit.pos, hit.snap); err != nil {
+		return err
 	}
 	s.tokens = s.tokens[:0]
 	for _, m := range path {
@@ -241,7 +221,8 @@ func (c *prefixCache) insert(s *Session, upto int, snap [][]float32) error {
 			}
 			// A colliding key keeps the older block; the new one is not
 			// cached (and neither is anything after it).
-			if _, taken := n.kids[blockKey(toks)]; taken {
+			key := blockKey(toks)
+			if _, taken := n.kids[key]; taken {
 				return nil
 			}
 			next = &prefixNode{parent: n, pos: p, pages: make([]*dsa.Page, len(s.caches)), model: s.m}
@@ -258,7 +239,7 @@ func (c *prefixCache) insert(s *Session, upto int, snap [][]float32) error {
 				next.pages[l] = pg
 				next.share += s.m.layers[l].pages.PageBytes() * PrefixBlock / dsa.PageSize
 			}
-			n.kids[blockKey(toks)] = next
+			n.kids[key] = next
 			c.stats.Blocks++
 			c.stats.Bytes += next.share
 		}
@@ -313,28 +294,6 @@ func (c *prefixCache) evictTo(limit int64) {
 			c.mem.add(-floats(lru.snap))
 		}
 	}
-}
-
-// snapshotState copies every KDA layer's state and conv window of s.
-func (s *Session) snapshotState(into [][]float32) ([][]float32, error) {
-	if into == nil {
-		into = make([][]float32, len(s.kdaSt))
-	}
-	for l, st := range s.kdaSt {
-		if st == nil {
-			continue
-		}
-		ns, nc := st.S.Len(), st.Conv.Len()
-		into[l] = grow(into[l], ns+nc)
-		v := into[l]
-		if err := s.m.b.Read(v[:ns], st.S); err != nil {
-			return nil, err
-		}
-		if err := s.m.b.Read(v[ns:], st.Conv); err != nil {
-			return nil, err
-		}
-	}
-	return into, nil
 }
 
 // prefillPoints returns the snapshot points of a prompt run over

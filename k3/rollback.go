@@ -251,21 +251,62 @@ func (s *Session) takeSnapshot() error {
 		sn = &snapshot{data: make([][]float32, len(s.kdaSt))}
 	}
 	sn.pos = s.pos
+	if _, err := s.snapshotState(sn.data); err != nil {
+		return err
+	}
+	s.snaps = append(s.snaps, sn)
+	return nil
+}
+
+// snapshotState copies every KDA layer's state and conv window of s into
+// into (reusing its buffers; nil: new ones) and returns it.
+func (s *Session) snapshotState(into [][]float32) ([][]float32, error) {
+	if into == nil {
+		into = make([][]float32, len(s.kdaSt))
+	}
 	for l, st := range s.kdaSt {
 		if st == nil {
 			continue
 		}
 		ns, nc := st.S.Len(), st.Conv.Len()
-		sn.data[l] = grow(sn.data[l], ns+nc)
-		v := sn.data[l]
+		into[l] = grow(into[l], ns+nc)
+		v := into[l]
 		if err := s.m.b.Read(v[:ns], st.S); err != nil {
-			return err
+			return nil, err
 		}
 		if err := s.m.b.Read(v[ns:], st.Conv); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	s.snaps = append(s.snaps, sn)
+	return into, nil
+}
+
+// loadState puts a snapshotState copy taken at pos back into the KDA
+// states, and rebases the replay logs on it.
+func (s *Session) loadState(pos int, data [][]float32) error {
+	b := s.m.b
+	for l, st := range s.kdaSt {
+		if st == nil {
+			continue
+		}
+		v, ns := data[l], st.S.Len()
+		if err := b.Write(st.S, v[:ns]); err != nil {
+			return err
+		}
+		if err := b.Write(st.Conv, v[ns:]); err != nil {
+			return err
+		}
+		if s.logs != nil && s.logs[l] != nil {
+			err := s.logs[l].Rebase(pos, func(state, conv []float32) error {
+				copy(state, v[:ns])
+				copy(conv, v[ns:])
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+	}
 	return nil
 }
 
@@ -283,30 +324,8 @@ func (s *Session) restoreSnapshot(pos int) (bool, error) {
 	}
 	sn := s.snaps[k]
 	s.snaps = s.snaps[:k+1]
-	b := s.m.b
-	for l, st := range s.kdaSt {
-		if st == nil {
-			continue
-		}
-		ns := st.S.Len()
-		if err := b.Write(st.S, sn.data[l][:ns]); err != nil {
-			return false, err
-		}
-		if err := b.Write(st.Conv, sn.data[l][ns:]); err != nil {
-			return false, err
-		}
-		if s.logs != nil && s.logs[l] != nil {
-			lg := s.logs[l]
-			v := sn.data[l]
-			err := lg.Rebase(sn.pos, func(state, conv []float32) error {
-				copy(state, v[:ns])
-				copy(conv, v[ns:])
-				return nil
-			})
-			if err != nil {
-				return false, err
-			}
-		}
+	if err := s.loadState(sn.pos, sn.data); err != nil {
+		return false, err
 	}
 	for _, c := range s.caches {
 		if c != nil {
