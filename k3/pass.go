@@ -250,10 +250,13 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int3
 }
 
 // ranges returns the row ranges a pass of t rows runs its products on:
-// the whole pass, or the exact rows and the prefill rows apart.
+// the whole pass, or the exact rows and the prefill rows apart. A pass of
+// at most compute.InvariantRows rows stays whole: every row of such a
+// product gets its result alone, so the two kinds share one read of the
+// weights.
 func (p *pass) ranges(t int) [][2]int {
 	p.rangeBuf = p.rangeBuf[:0]
-	if p.split > 0 && p.split < t {
+	if p.split > 0 && p.split < t && t > compute.InvariantRows {
 		p.rangeBuf = append(p.rangeBuf, [2]int{0, p.split}, [2]int{p.split, t})
 	} else {
 		p.rangeBuf = append(p.rangeBuf, [2]int{0, t})

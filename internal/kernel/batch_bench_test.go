@@ -1,6 +1,11 @@
 package kernel
 
-import "testing"
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+)
 
 // benchBatchBF16 times a decode batch's product, m rows of x against bf16
 // weights [n, k], warm (one matrix, cache-resident after the first call)
@@ -55,3 +60,89 @@ func BenchmarkPrefillF32_512x2304x768(b *testing.B)  { benchMatMul(b, 512, 2304,
 // A real K3 width: eight x rows of 7168 floats outgrow L1.
 func BenchmarkBatch8BF16_2048x7168Cold(b *testing.B) { benchBatchBF16(b, 8, 2048, 7168, true) }
 func BenchmarkBatch8BF16_768x2048Cold(b *testing.B)  { benchBatchBF16(b, 8, 768, 2048, true) }
+
+// BenchmarkTiles4x3 runs the four-by-three tiles against the tiles they
+// replaced (rows8 and the 2x4 decode tile) on one product shape, cold
+// (weights rotated over 512 MB), in alternating batches of 20 so that a
+// shared host's drift hits both alike, and reports the old tiles' median
+// time over the new ones' (above 1: the new tiles are faster).
+func BenchmarkTiles4x3(b *testing.B) {
+	if !useAVX2 || useAVX512 {
+		b.Skip("the four-by-three tiles run on AVX2 CPUs without AVX-512VL")
+	}
+	p := NewPool(0)
+	defer p.Close()
+	for _, sh := range [][3]int{{8, 2304, 768}, {10, 2304, 768}, {18, 2304, 768}, {40, 2304, 768}, {8, 768, 2048}, {18, 768, 2048}} {
+		m, n, k := sh[0], sh[1], sh[2]
+		b.Run(fmt.Sprintf("bf16_%dx%dx%d", m, n, k), func(b *testing.B) {
+			copies := max(2, (512<<20)/(n*k*2))
+			ws := make([][]uint16, copies)
+			for c := range ws {
+				ws[c] = make([]uint16, n*k)
+				for i := range ws[c] {
+					ws[c][i] = 0x3f80 + uint16((i+c)&63)
+				}
+			}
+			x := make([]float32, m*k)
+			for i := range x {
+				x[i] = float32(i%13) / 13
+			}
+			y := make([]float32, m*n)
+			var times [2][]float64
+			it := 0
+			b.ResetTimer()
+			for b.Loop() {
+				for mode := range 2 {
+					tiles43Off = mode == 1
+					start := time.Now()
+					for range 20 {
+						p.MatMulBF16(y, x, ws[it%copies], m, n, k)
+						it++
+					}
+					times[mode] = append(times[mode], float64(time.Since(start)))
+				}
+			}
+			tiles43Off = false
+			b.StopTimer()
+			slices.Sort(times[0])
+			slices.Sort(times[1])
+			b.ReportMetric(times[1][len(times[1])/2]/times[0][len(times[0])/2], "old/new")
+		})
+	}
+}
+
+// BenchmarkTiles4x3F32 is BenchmarkTiles4x3 for float32 weights that stay
+// in cache, as attention's score and value blocks use them (eight query
+// rows against a block of keys, all rows of a chunk against them).
+func BenchmarkTiles4x3F32(b *testing.B) {
+	if !useAVX2 || useAVX512 {
+		b.Skip("the four-by-three tiles run on AVX2 CPUs without AVX-512VL")
+	}
+	for _, sh := range [][3]int{{8, 64, 96}, {8, 64, 288}, {32, 64, 288}, {8, 96, 64}} {
+		m, n, k := sh[0], sh[1], sh[2]
+		b.Run(fmt.Sprintf("f32_%dx%dx%d", m, n, k), func(b *testing.B) {
+			w, x, y := make([]float32, n*k), make([]float32, m*k), make([]float32, m*n)
+			for i := range w {
+				w[i] = float32(i%7) / 7
+			}
+			for i := range x {
+				x[i] = float32(i%13) / 13
+			}
+			var times [2][]float64
+			for b.Loop() {
+				for mode := range 2 {
+					tiles43Off = mode == 1
+					start := time.Now()
+					for range 200 {
+						MatMulSerial(y, x, w, m, n, k)
+					}
+					times[mode] = append(times[mode], float64(time.Since(start)))
+				}
+			}
+			tiles43Off = false
+			slices.Sort(times[0])
+			slices.Sort(times[1])
+			b.ReportMetric(times[1][len(times[1])/2]/times[0][len(times[0])/2], "old/new")
+		})
+	}
+}

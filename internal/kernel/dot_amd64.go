@@ -154,3 +154,15 @@ func situAVX2(dst, gate, up, sg, eg, eu *float32, n int, c *[16]float32)
 //
 //lint:ignore U1000 called only from assembly (CALL from other TEXT blocks), which staticcheck does not see
 func tanhBody()
+
+//go:noescape
+func tile4x3BF16AVX2(x *float32, xstride, rows int, w *uint16, triples, k int, out *float32, ostride int)
+
+//go:noescape
+func tile4x3F32AVX2(x *float32, xstride, rows int, w *float32, triples, k int, out *float32, ostride int)
+
+// store4x3 is the four-by-three tiles' reduction and store (own register
+// convention; not callable from Go).
+//
+//lint:ignore U1000 called only from assembly (CALL from other TEXT blocks), which staticcheck does not see
+func store4x3()

@@ -459,10 +459,18 @@ func TestReLUAxpy(t *testing.T) {
 // promises each session the logits it would get alone, and the row-group
 // kernels (2x4, 2x8, 4x2, 4x1 tiles, f32 and bf16) must agree to the bit.
 func TestMatMulBF16BatchInvariant(t *testing.T) {
+	for _, off := range []bool{false, true} {
+		tiles43Off = off
+		testMatMulBF16BatchInvariant(t)
+	}
+	tiles43Off = false
+}
+
+func testMatMulBF16BatchInvariant(t *testing.T) {
 	r := rand.New(rand.NewPCG(13, 14))
 	p := NewPool(2)
 	defer p.Close()
-	for _, m := range []int{2, 4, 5, 8, 9, 12, 15, 16, 19, 33} {
+	for _, m := range []int{2, 4, 5, 6, 8, 9, 10, 12, 15, 16, 19, 33, 63} {
 		for _, n := range []int{1, 3, 17, 64} {
 			for _, k := range []int{8, 24, 136, 1024, 2056} {
 				x := randSlice(r, m*k)
