@@ -16,16 +16,20 @@ import (
 // prompt's time to its first token against prefilling it alone.
 type ScheduleResult struct {
 	Streams, PromptTokens, Chunk int
-	BaseP50, BaseP99             time.Duration // inter-token latency, streams alone
+	BaseP50, BaseP99             time.Duration // inter-token latency, streams alone (before and after the prompt)
 	P50, P99                     time.Duration // while the prompt prefills
-	TTFT, Alone                  time.Duration // the prompt's first token; Session.Forward of it alone
+	TTFT                         time.Duration // the prompt's first token
+	// Alone is the mean of two lone Session.Forward runs of the prompt,
+	// AloneBefore the streams start and AloneAfter they end: a shared
+	// host's speed drifts over the minute the measurement takes.
+	Alone, AloneBefore, AloneAfter time.Duration
 }
 
 // Line formats the result as `k3 bench model` prints it.
 func (r *ScheduleResult) Line() string {
-	return fmt.Sprintf("  scheduler, %d streams and a %d-token prompt arriving (chunks of %d): inter-token latency p50 %.1f ms, p99 %.1f ms (%.1fx the streams' p50 of %.1f ms alone, p99 %.1f); the prompt's first token after %.2f s, %.2fx prefilling it alone (%.2f s)\n",
+	return fmt.Sprintf("  scheduler, %d streams and a %d-token prompt arriving (chunks of %d): inter-token latency p50 %.1f ms, p99 %.1f ms (%.1fx the streams' p50 of %.1f ms alone, p99 %.1f); the prompt's first token after %.2f s, %.2fx prefilling it alone (%.2f s, the mean of %.2f before and %.2f after)\n",
 		r.Streams, r.PromptTokens, r.Chunk, ms(r.P50), ms(r.P99), float64(r.P99)/float64(r.BaseP50), ms(r.BaseP50), ms(r.BaseP99),
-		r.TTFT.Seconds(), float64(r.TTFT)/float64(r.Alone), r.Alone.Seconds())
+		r.TTFT.Seconds(), float64(r.TTFT)/float64(r.Alone), r.Alone.Seconds(), r.AloneBefore.Seconds(), r.AloneAfter.Seconds())
 }
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
@@ -34,23 +38,31 @@ func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 // prompt chunks of chunk tokens, measures their inter-token latency, then
 // submits a prompt of promptLen tokens (the byte-level tokenizer: one
 // byte a token) and measures the latency again while it prefills, and its
-// time to first token against a lone Session.Forward of it.
+// time to first token against a lone Session.Forward of it. The streams'
+// baseline latency is taken on both sides of the prompt, and the lone
+// prefill before and after the streams, so that a drift of the host's
+// speed during the minute this takes moves both sides of each ratio.
 func Schedule(ctx context.Context, m *k3.Model, n, promptLen, chunk int) (*ScheduleResult, error) {
 	r := &ScheduleResult{Streams: n, PromptTokens: promptLen, Chunk: chunk}
 	long := strings.Repeat("x", promptLen)
 	if got := len(m.Encode(long)); got != promptLen {
 		return nil, fmt.Errorf("modelbench: the prompt encodes to %d tokens, want %d", got, promptLen)
 	}
-	alone, err := m.NewSession()
-	if err != nil {
+	outer := ctx // the streams' context below is cancelled before the second lone prefill
+	prefillAlone := func() (time.Duration, error) {
+		alone, err := m.NewSession()
+		if err != nil {
+			return 0, err
+		}
+		defer alone.Close()
+		start := time.Now()
+		_, err = alone.Forward(outer, m.Encode(long))
+		return time.Since(start), err
+	}
+	var err error
+	if r.AloneBefore, err = prefillAlone(); err != nil {
 		return nil, err
 	}
-	start := time.Now()
-	if _, err := alone.Forward(ctx, m.Encode(long)); err != nil {
-		return nil, err
-	}
-	r.Alone = time.Since(start)
-	alone.Close()
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -115,7 +127,6 @@ func Schedule(ctx context.Context, m *k3.Model, n, promptLen, chunk int) (*Sched
 	t0 := time.Now()
 	time.Sleep(2 * time.Second)
 	base := gaps(t0, time.Now())
-	r.BaseP50, r.BaseP99 = pct(base, 0.5), pct(base, 0.99)
 	// The long prompt arrives.
 	s, err := m.NewSession()
 	if err != nil {
@@ -135,12 +146,24 @@ func Schedule(ctx context.Context, m *k3.Model, n, promptLen, chunk int) (*Sched
 	r.TTFT = t2.Sub(t1)
 	during := gaps(t1, t2)
 	r.P50, r.P99 = pct(during, 0.5), pct(during, 0.99)
+	// The streams alone again for two seconds: the baseline pools both
+	// stretches, on either side of the prompt.
+	time.Sleep(time.Second)
+	t3 := time.Now()
+	time.Sleep(2 * time.Second)
+	base = append(base, gaps(t3, time.Now())...)
+	slices.Sort(base)
+	r.BaseP50, r.BaseP99 = pct(base, 0.5), pct(base, 0.99)
 	cancel()
 	wg.Wait()
 	close(errs)
 	for err := range errs {
 		return nil, err
 	}
+	if r.AloneAfter, err = prefillAlone(); err != nil {
+		return nil, err
+	}
+	r.Alone = (r.AloneBefore + r.AloneAfter) / 2
 	if len(base) == 0 || len(during) == 0 {
 		return nil, fmt.Errorf("modelbench: no inter-token gaps measured (%d alone, %d during the prompt)", len(base), len(during))
 	}
