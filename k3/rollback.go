@@ -207,7 +207,27 @@ func (s *Session) rollback(pos int) (bool, error) {
 		}
 	}
 	s.pos, s.tokens, s.last = pos, s.tokens[:pos], nil
+	s.forgetAfter(pos)
 	return true, nil
+}
+
+// forgetAfter drops what described tokens past pos, which a rollback took
+// back: the snapshots taken after it (a later Truncate beyond the logs
+// would restore tokens the session no longer holds) and the prefix
+// cache's turn state; the next snapshot comes at the next multiple of the
+// interval after pos again.
+func (s *Session) forgetAfter(pos int) {
+	k := len(s.snaps)
+	for k > 0 && s.snaps[k-1].pos > pos {
+		k--
+	}
+	s.snaps = s.snaps[:k]
+	if iv := s.m.snapInterval; iv > 0 {
+		s.nextSnap = (pos/iv + 1) * iv
+	}
+	if s.turn != nil && s.turn.pos > pos {
+		s.turn = nil
+	}
 }
 
 func grow(v []float32, n int) []float32 {

@@ -225,3 +225,32 @@ func TestSnapshotsWithLogs(t *testing.T) {
 	assert.Equal(t, r.Logits(), s.Logits())
 	assert.Equal(t, kdaStates(t, r), kdaStates(t, s))
 }
+
+// TestRollbackDropsLaterSnapshots: a snapshot taken after the position a
+// rollback within the logs returns to holds tokens the session no longer
+// has; a later Truncate beyond the logs must not restore it.
+func TestRollbackDropsLaterSnapshots(t *testing.T) {
+	ctx := context.Background()
+	m, err := Load(ctx, tinyDir, WithSnapshots(8, 8), WithRollback(16))
+	require.NoError(t, err)
+	defer m.Close()
+	s, _ := m.NewSession()
+	first := m.Encode("abcdefghijklmnopqrst") // 20 tokens: snapshots at 8 and 16
+	for _, tok := range first {
+		_, err := s.Forward(ctx, []int32{tok})
+		require.NoError(t, err)
+	}
+	require.NoError(t, s.Truncate(ctx, 12)) // within the logs: the snapshot at 16 is stale now
+	second := m.Encode("ABCDEFGHIJKLMNOPQRSTUVWXYZABCDEFGHIJKLMNOPQRSTUVWXYZ")
+	for _, tok := range second {
+		_, err := s.Forward(ctx, []int32{tok})
+		require.NoError(t, err)
+	}
+	want := s.Tokens()[:18]
+	require.NoError(t, s.Truncate(ctx, 18)) // beyond the logs: restores a snapshot at or before 17
+	r, _ := m.NewSession()
+	_, err = r.Forward(ctx, want)
+	require.NoError(t, err)
+	assert.Equal(t, want, s.Tokens())
+	assert.InDeltaSlice(t, r.Logits(), s.Logits(), 1e-4)
+}
