@@ -263,6 +263,9 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 	}
 	join := func(r *batchReq) {
 		g, err := r.s.prepareGeneration(r.prompt, r.opts)
+		if err == nil && g.spec != nil {
+			err = fmt.Errorf("%w: the Batcher does not speculate yet (use Session.Generate)", ErrInvalidOption)
+		}
 		if err != nil {
 			finish(r, err)
 			return

@@ -12,6 +12,7 @@ import (
 
 	"k3/internal/sample"
 	"k3/internal/tokenizer"
+	"k3/specdec"
 )
 
 // ErrInvalidOption is wrapped by errors about generation options.
@@ -55,6 +56,9 @@ type Usage struct {
 	PromptTokens    int // tokens of the prompt this generation fed
 	CachedTokens    int // tokens the session already held, not computed again
 	GeneratedTokens int // tokens yielded (the stop token that ended it is not counted)
+	// DraftTokens counts the tokens a speculating generation's drafter
+	// proposed (WithSpeculation), AcceptedTokens those its draws kept.
+	DraftTokens, AcceptedTokens int
 }
 
 // FinishReason says why a generation ended. Cancellation is not among
@@ -98,6 +102,8 @@ type genOptions struct {
 	noDefault   bool
 	logprobs    bool
 	topLogprobs int
+	drafter     specdec.Drafter // WithSpeculation
+	depth       int
 	err         error // the first invalid option
 }
 
@@ -212,6 +218,9 @@ func (m *Model) genOptions(opts []GenerateOption) (*genOptions, error) {
 			return nil, fmt.Errorf("%w: empty stop string", ErrInvalidOption)
 		}
 	}
+	if err := m.checkSpeculation(o); err != nil {
+		return nil, err
+	}
 	return o, nil
 }
 
@@ -239,6 +248,10 @@ func (s *Session) GenerateTokens(ctx context.Context, prompt []int32, opts ...Ge
 			return
 		}
 		defer s.endTurn()
+		// Drafts past what the caller received leave the session
+		// (cancellation, an early stop of the loop); a failure there marks
+		// the session broken, which its next use reports.
+		defer g.settle()
 		for {
 			st, err := g.advance(ctx)
 			for _, tok := range st.ready {
@@ -256,7 +269,7 @@ func (s *Session) GenerateTokens(ctx context.Context, prompt []int32, opts ...Ge
 				return
 			}
 			if st.feed {
-				if _, err := s.run(ctx, []int32{st.id}, false); err != nil {
+				if err := g.feed(ctx, st.id, st.done); err != nil {
 					yield(Token{}, err)
 					return
 				}
@@ -316,6 +329,7 @@ type generation struct {
 	usage   Usage
 	scratch []float32 // WithLogprobs: the exponentials of one row of logits
 	ready   [2]Token  // the backing of each advance's ready tokens
+	spec    *speculation
 }
 
 // stepResult is one advance of a generation: the tokens to yield now (the
@@ -369,7 +383,11 @@ func (s *Session) prepareGeneration(prompt []int32, opts []GenerateOption) (*gen
 	sm.Observe(s.tokens...)
 	sm.Observe(prompt...)
 	usage := Usage{PromptTokens: len(prompt), CachedTokens: s.pos}
-	return &generation{s: s, o: o, sampler: sm, dec: tokenizer.NewStreamDecoder(s.m.tok), usage: usage}, nil
+	g := &generation{s: s, o: o, sampler: sm, dec: tokenizer.NewStreamDecoder(s.m.tok), usage: usage}
+	if o.drafter != nil {
+		g.spec = &speculation{drafter: o.drafter, depth: o.depth}
+	}
+	return g, nil
 }
 
 // advance draws the next token from the session's last logits (the

@@ -178,38 +178,58 @@ func (s *Session) Tokens() []int32 { return append([]int32(nil), s.tokens...) }
 // returns every position's logits. Inputs are checked before any state
 // changes, so bad input leaves the session as it was.
 func (s *Session) run(ctx context.Context, tokens []int32, all bool, tr ...*Trace) ([]float32, error) {
-	if err := s.usable(); err != nil {
-		return nil, err
-	}
-	if err := s.m.life.enter(); err != nil {
-		return nil, err
-	}
-	defer s.m.life.exit()
-	if s.broken != nil {
-		return nil, fmt.Errorf("k3: session unusable after an earlier failure (Reset or Truncate it): %w", s.broken)
-	}
-	v := s.m.Config.VocabSize
-	if len(tokens) == 0 {
-		return nil, ErrEmptyPrompt
-	}
-	for i, t := range tokens {
-		if t < 0 || int(t) >= v {
-			return nil, fmt.Errorf("%w: token %d at index %d (vocabulary %d)", ErrBadToken, t, i, v)
-		}
-	}
-	if s.pos+len(tokens) > s.limit {
-		return nil, fmt.Errorf("%w: %d tokens after %d exceed %d", ErrContextFull, len(tokens), s.pos, s.limit)
+	var out []float32
+	if all {
+		out = make([]float32, len(tokens)*s.m.Config.VocabSize)
 	}
 	var trace *Trace
 	if len(tr) > 0 {
 		trace = tr[0]
+	}
+	if err := s.runTo(ctx, tokens, out, trace); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// runInto is run with every position's logits written to out
+// (len(tokens)·vocab floats), which the caller owns and reuses.
+func (s *Session) runInto(ctx context.Context, tokens []int32, out []float32) error {
+	return s.runTo(ctx, tokens, out, nil)
+}
+
+// runTo feeds tokens, keeps the last position's logits and, when out is
+// not nil, writes every position's logits to it.
+func (s *Session) runTo(ctx context.Context, tokens []int32, out []float32, trace *Trace) error {
+	all := out != nil
+	if err := s.usable(); err != nil {
+		return err
+	}
+	if err := s.m.life.enter(); err != nil {
+		return err
+	}
+	defer s.m.life.exit()
+	if s.broken != nil {
+		return fmt.Errorf("k3: session unusable after an earlier failure (Reset or Truncate it): %w", s.broken)
+	}
+	v := s.m.Config.VocabSize
+	if len(tokens) == 0 {
+		return ErrEmptyPrompt
+	}
+	for i, t := range tokens {
+		if t < 0 || int(t) >= v {
+			return fmt.Errorf("%w: token %d at index %d (vocabulary %d)", ErrBadToken, t, i, v)
+		}
+	}
+	if s.pos+len(tokens) > s.limit {
+		return fmt.Errorf("%w: %d tokens after %d exceed %d", ErrContextFull, len(tokens), s.pos, s.limit)
 	}
 	// The whole run's growth is reserved first (a prefix-cache hit only
 	// grows the caches to the same length): past the budget the run fails
 	// before anything changes.
 	grow := s.growth(len(tokens))
 	if err := s.m.mem.take(grow, "the session's tokens"); err != nil {
-		return nil, err
+		return err
 	}
 	s.reserving = true
 	defer func() {
@@ -219,13 +239,12 @@ func (s *Session) run(ctx context.Context, tokens []int32, all bool, tr ...*Trac
 	}()
 	ws, err := s.m.workspace()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	s.ws = ws
 	defer func() { s.ws = nil; s.m.release(ws) }()
-	var out []float32
-	if all {
-		out = make([]float32, len(tokens)*v)
+	if all && len(out) < len(tokens)*v {
+		return fmt.Errorf("k3: %d floats for the logits of %d tokens", len(out), len(tokens))
 	}
 	// With the prefix cache a new session's prompt may resume from a
 	// cached state (not when every position's logits are wanted), and
@@ -236,7 +255,7 @@ func (s *Session) run(ctx context.Context, tokens []int32, all bool, tr ...*Trac
 		matched := 0
 		if !all {
 			if s.resumed, matched, err = s.resume(tokens); err != nil {
-				return nil, err
+				return err
 			}
 		}
 		pts = prefillPoints(s.pos, s.pos-s.resumed+len(tokens), matched)
@@ -248,30 +267,30 @@ func (s *Session) run(ctx context.Context, tokens []int32, all bool, tr ...*Trac
 	for c0 := s.resumed; c0 < len(tokens); {
 		// Between chunks the state is consistent: it holds c0 tokens.
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return err
 		}
 		if c0 > s.resumed && s.m.life.isClosed() {
-			return nil, ErrClosed
+			return ErrClosed
 		}
 		c1 := s.nextCut(s.pos, base+len(tokens), s.m.chunk, pts) - base
 		if err := s.step(tokens[c0:c1], trace, all); err != nil {
 			s.broken = err
-			return nil, err
+			return err
 		}
 		rows := 1
 		if all {
 			rows = c1 - c0
 			if err := s.m.b.Read(out[c0*v:c1*v], ws.bt.p.logits.Rows(0, rows)); err != nil {
-				return nil, err
+				return err
 			}
 			copy(s.last, out[(c1-1)*v:c1*v])
 		}
 		if err := s.atPoint(pts); err != nil {
-			return nil, err
+			return err
 		}
 		c0 = c1
 	}
-	return out, nil
+	return nil
 }
 
 // Reset empties the session.

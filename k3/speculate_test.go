@@ -1,0 +1,251 @@
+package k3
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"k3/specdec"
+)
+
+// genIDs runs a generation and returns its token ids and final usage.
+func genIDs(t *testing.T, s *Session, prompt []int32, opts ...GenerateOption) ([]int32, Usage) {
+	t.Helper()
+	var ids []int32
+	var u Usage
+	for tok, err := range s.GenerateTokens(context.Background(), prompt, opts...) {
+		require.NoError(t, err)
+		ids = append(ids, tok.ID)
+		if tok.Usage != nil {
+			u = *tok.Usage
+		}
+	}
+	return ids, u
+}
+
+// oracle proposes the continuation a plain run produced (then a wrong
+// token), so that speculation meets long accepted runs and rejections.
+type oracle struct{ want []int32 }
+
+func (o oracle) Draft(history []int32, n int, dst []int32) []int32 {
+	for i := 0; i < n; i++ {
+		p := len(history) + i
+		if p < len(o.want) && i < n-1 {
+			dst = append(dst, o.want[p])
+		} else {
+			dst = append(dst, 3)
+		}
+	}
+	return dst
+}
+
+// speculationModels are the testdata checkpoints and the embedded model,
+// loaded with the replay logs speculation needs.
+func speculationModels(t *testing.T) map[string]*Model {
+	t.Helper()
+	ctx := context.Background()
+	dirs, err := filepath.Glob("../testdata/model/*/config.json")
+	require.NoError(t, err)
+	require.NotEmpty(t, dirs)
+	models := map[string]*Model{}
+	for _, c := range dirs {
+		m, err := Load(ctx, filepath.Dir(c), WithRollback(8))
+		require.NoError(t, err)
+		models[filepath.Base(filepath.Dir(c))] = m
+		t.Cleanup(func() { m.Close() })
+	}
+	m, err := LoadTiny(ctx, WithRollback(8))
+	require.NoError(t, err)
+	t.Cleanup(func() { m.Close() })
+	models["embedded"] = m
+	return models
+}
+
+// TestSpeculationGreedyEqualsPlain: greedy speculative decoding gives the
+// tokens of plain greedy decoding, and leaves the session with the same
+// tokens, logits and KDA states, for depths 1 to 8, with the n-gram
+// drafter and with drafts that are partly right, on every testdata model
+// and the embedded one.
+func TestSpeculationGreedyEqualsPlain(t *testing.T) {
+	for name, m := range speculationModels(t) {
+		t.Run(name, func(t *testing.T) {
+			prompt := m.Encode("abcabcabcabc the cat the cat the cat, abcabc")
+			opts := []GenerateOption{WithMaxTokens(40), WithoutDefaultStops()}
+			plain, _ := m.NewSession()
+			defer plain.Close()
+			want, _ := genIDs(t, plain, prompt, opts...)
+			accepted := 0
+			for depth := 1; depth <= 8; depth++ {
+				for _, d := range []specdec.Drafter{specdec.NGram{}, oracle{append(append([]int32(nil), prompt...), want...)}} {
+					s, _ := m.NewSession()
+					got, u := genIDs(t, s, prompt, append(opts, WithSpeculation(d, depth))...)
+					require.Equal(t, want, got, "depth %d, %T", depth, d)
+					require.Equal(t, plain.Tokens(), s.Tokens(), "depth %d, %T: the session's tokens", depth, d)
+					require.Equal(t, plain.Logits(), s.Logits(), "depth %d, %T: the session's logits", depth, d)
+					require.Equal(t, kdaStates(t, plain), kdaStates(t, s), "depth %d, %T: KDA states", depth, d)
+					require.LessOrEqual(t, u.AcceptedTokens, u.DraftTokens)
+					accepted += u.AcceptedTokens
+					s.Close()
+				}
+			}
+			assert.Positive(t, accepted, "no draft was ever accepted: the test did not exercise acceptance")
+		})
+	}
+}
+
+// TestSpeculationSamplingEqualsPlain: with sampling (temperature, top-k,
+// top-p, min-p and penalties) a speculating generation draws the tokens
+// plain sampling draws with the same seed, over 1,000 seeds.
+func TestSpeculationSamplingEqualsPlain(t *testing.T) {
+	ctx := context.Background()
+	m, err := Load(ctx, tinyDir, WithRollback(8))
+	require.NoError(t, err)
+	defer m.Close()
+	prompt := m.Encode("abab abab abab")
+	seeds := 1000
+	if testing.Short() || raceEnabled {
+		seeds = 100 // the race run covers the loop's concurrency, not its statistics
+	}
+	accepted := 0
+	for seed := range seeds {
+		opts := []GenerateOption{WithMaxTokens(12), WithoutDefaultStops(), WithSeed(uint64(seed)),
+			WithTemperature(0.9), WithTopK(40), WithTopP(0.95), WithMinP(0.01), WithPresencePenalty(0.2), WithFrequencyPenalty(0.1)}
+		plain, _ := m.NewSession()
+		want, _ := genIDs(t, plain, prompt, opts...)
+		plain.Close()
+		s, _ := m.NewSession()
+		got, u := genIDs(t, s, prompt, append(opts, WithSpeculation(specdec.NGram{}, 1+seed%6))...)
+		s.Close()
+		require.Equal(t, want, got, "seed %d", seed)
+		accepted += u.AcceptedTokens
+	}
+	assert.Positive(t, accepted)
+}
+
+// TestSpeculationLeavesSessionExact: a generation cancelled between a
+// verify pass and the draws that would confirm its drafts, or stopped
+// early by its caller, leaves the session holding exactly the tokens it
+// yielded (the drafts in flight dropped), usable as if it had never
+// speculated.
+func TestSpeculationLeavesSessionExact(t *testing.T) {
+	ctx := context.Background()
+	m, err := Load(ctx, tinyDir, WithRollback(8))
+	require.NoError(t, err)
+	defer m.Close()
+	prompt := m.Encode("one two one two one two")
+	opts := []GenerateOption{WithMaxTokens(30), WithoutDefaultStops()}
+	plain, _ := m.NewSession()
+	want, _ := genIDs(t, plain, prompt, opts...)
+	plain.Close()
+	// Drafts right but for their last token: some are always in flight.
+	drafter := oracle{append(append([]int32(nil), prompt...), want...)}
+	check := func(t *testing.T, s *Session, yielded []int32) {
+		t.Helper()
+		require.Equal(t, append(append([]int32(nil), prompt...), yielded...), s.Tokens())
+		r, _ := m.NewSession()
+		defer r.Close()
+		_, err := r.Forward(ctx, prompt) // as the generation fed it: one prefill pass
+		require.NoError(t, err)
+		for _, tok := range yielded {
+			_, err := r.Forward(ctx, []int32{tok})
+			require.NoError(t, err)
+		}
+		require.Equal(t, r.Logits(), s.Logits())
+		require.Equal(t, kdaStates(t, r), kdaStates(t, s))
+		// And it goes on like a session that never speculated.
+		a, _ := genIDs(t, s, nil, WithMaxTokens(8), WithoutDefaultStops())
+		b, _ := genIDs(t, r, nil, WithMaxTokens(8), WithoutDefaultStops())
+		require.Equal(t, b, a)
+	}
+	for stop := 1; stop <= 8; stop++ {
+		t.Run(fmt.Sprintf("cancelled after %d", stop), func(t *testing.T) {
+			cctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			s, _ := m.NewSession()
+			defer s.Close()
+			var yielded []int32
+			var gotErr error
+			for tok, err := range s.GenerateTokens(cctx, prompt, append(opts, WithSpeculation(drafter, 4))...) {
+				if err != nil {
+					gotErr = err
+					break
+				}
+				yielded = append(yielded, tok.ID)
+				if len(yielded) == stop {
+					cancel()
+				}
+			}
+			require.ErrorIs(t, gotErr, context.Canceled)
+			check(t, s, yielded)
+		})
+		t.Run(fmt.Sprintf("caller stops after %d", stop), func(t *testing.T) {
+			s, _ := m.NewSession()
+			defer s.Close()
+			var yielded []int32
+			for tok, err := range s.GenerateTokens(ctx, prompt, append(opts, WithSpeculation(drafter, 4))...) {
+				require.NoError(t, err)
+				yielded = append(yielded, tok.ID)
+				if len(yielded) == stop {
+					break
+				}
+			}
+			check(t, s, yielded)
+		})
+	}
+}
+
+type badDrafter struct{}
+
+func (badDrafter) Draft(history []int32, n int, dst []int32) []int32 { return append(dst, 1<<20) }
+
+func TestSpeculationErrors(t *testing.T) {
+	ctx := context.Background()
+	plain, err := Load(ctx, tinyDir)
+	require.NoError(t, err)
+	defer plain.Close()
+	m, err := Load(ctx, tinyDir, WithRollback(4))
+	require.NoError(t, err)
+	defer m.Close()
+	prompt := m.Encode("hello")
+	run := func(m *Model, opts ...GenerateOption) error {
+		s, _ := m.NewSession()
+		defer s.Close()
+		for _, err := range s.GenerateTokens(ctx, prompt, append(opts, WithMaxTokens(4))...) {
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	err = run(plain, WithSpeculation(specdec.NGram{}, 2))
+	require.ErrorIs(t, err, ErrInvalidOption)
+	assert.ErrorContains(t, err, "WithRollback(2)")
+	err = run(m, WithSpeculation(specdec.NGram{}, 5))
+	assert.ErrorContains(t, err, "WithRollback(5)")
+	assert.ErrorIs(t, run(m, WithSpeculation(specdec.NGram{}, 0)), ErrInvalidOption)
+	assert.ErrorIs(t, run(m, WithSpeculation(specdec.NGram{}, ExactTokens)), ErrInvalidOption)
+	assert.ErrorIs(t, run(m, WithSpeculation(nil, 2)), ErrInvalidOption)
+	err = run(m, WithSpeculation(badDrafter{}, 2))
+	assert.ErrorContains(t, err, "outside the vocabulary")
+
+	br, err := m.NewBatcher(2)
+	require.NoError(t, err)
+	bctx, cancel := context.WithCancel(ctx)
+	require.NoError(t, br.Start(bctx))
+	s, _ := m.NewSession()
+	var berr error
+	for _, err := range br.Generate(ctx, s, "hi", WithSpeculation(specdec.NGram{}, 2)) {
+		if err != nil {
+			berr = err
+			break
+		}
+	}
+	cancel()
+	br.Wait()
+	assert.True(t, errors.Is(berr, ErrInvalidOption), "batcher: %v", berr)
+}
