@@ -19,12 +19,13 @@ import (
 	"k3/internal/modelbench"
 )
 
-const benchUsage = `usage: k3 bench dsa|kernels|model [flags]
+const benchUsage = `usage: k3 bench dsa|kernels|model|spec [flags]
 
   dsa      sparse against dense DSA decode at several context lengths: a table and a plot
   kernels  GEMM and matrix-vector products against the machine's probed limits
            (and OpenBLAS, in a build with -tags openblas)
   model    whole-model prefill and decode of the 100M K3.1 Pro-shaped preset
+  spec     speculative decoding on the 100M preset at controlled acceptance, against theory
 
 "k3 bench NAME -h" lists a benchmark's flags.`
 
@@ -58,6 +59,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		fmt.Fprint(stdout, r.Table())
 		return nil
+	case "spec":
+		return benchSpec(ctx, args[1:], stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "k3 bench: unknown benchmark %q\n%s\n", args[0], benchUsage)
 	return errUsage
@@ -151,5 +154,40 @@ func benchDSA(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	fmt.Fprintf(stdout, "wrote %s.txt and %s.png\n", *out, *out)
+	return nil
+}
+
+func benchSpec(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench spec", flag.ContinueOnError)
+	alphas := fs.String("alpha", "0.5,0.7,0.9", "acceptance rates, comma separated, each in [0, 1)")
+	depths := fs.String("depth", "1,2,3,4,5,6,7", "draft depths, comma separated, each in 1..15")
+	tokens := fs.Int("tokens", 96, "tokens generated per run")
+	if err := parseFlags(fs, "bench spec [-alpha A,A,...] [-depth K,K,...] [-tokens N]\n\nSpeculative greedy decoding of the 100M preset with drafts of controlled acceptance, against plain decoding and theory (a minute or two).", args, stdout, stderr); err != nil {
+		return err
+	}
+	var as []float64
+	for _, f := range strings.Split(*alphas, ",") {
+		var a float64
+		if _, err := fmt.Sscan(f, &a); err != nil || a < 0 || a >= 1 {
+			return fmt.Errorf("-alpha: %q is not a rate in [0, 1)", f)
+		}
+		as = append(as, a)
+	}
+	var ks []int
+	for _, f := range strings.Split(*depths, ",") {
+		var k int
+		if _, err := fmt.Sscan(f, &k); err != nil || k < 1 || k > 15 {
+			return fmt.Errorf("-depth: %q is not a depth in 1..15", f)
+		}
+		ks = append(ks, k)
+	}
+	if *tokens < 8 {
+		return fmt.Errorf("-tokens %d: want at least 8", *tokens)
+	}
+	r, err := modelbench.Spec(ctx, as, ks, *tokens, func(s string) { fmt.Fprintln(stderr, s) })
+	if err != nil {
+		return err
+	}
+	fmt.Fprint(stdout, r.Table())
 	return nil
 }

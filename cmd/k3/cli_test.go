@@ -23,7 +23,7 @@ func TestHelp(t *testing.T) {
 	for _, args := range [][]string{
 		{"-h"}, {"--help"}, {"help"},
 		{"run", "-h"}, {"chat", "--help"}, {"new-tiny", "-help"}, {"conform", "-h"}, {"inspect", "-h"},
-		{"bench", "-h"}, {"bench", "dsa", "-h"}, {"bench", "kernels", "-h"}, {"bench", "model", "--help"},
+		{"bench", "-h"}, {"bench", "dsa", "-h"}, {"bench", "kernels", "-h"}, {"bench", "model", "--help"}, {"bench", "spec", "-h"},
 		{"run", "-max-tokens", "3", "-h"},
 	} {
 		code, out, errOut := runCLI(args...)
@@ -141,4 +141,20 @@ func TestChatInterrupt(t *testing.T) {
 	buf.Reset()
 	require.NoError(t, chatLoop(ctx, short, g, "sys", strings.NewReader("a\nb\n/reset\nc\n"), &buf, make(chan os.Signal)))
 	assert.Equal(t, 3, strings.Count(buf.String(), "fills the model's context"), buf.String()[max(0, buf.Len()-300):])
+}
+
+func TestBenchSpecFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "spec", "-alpha", "1.5"}, "-alpha"},
+		{[]string{"bench", "spec", "-depth", "0"}, "-depth"},
+		{[]string{"bench", "spec", "-depth", "3,x"}, "-depth"},
+		{[]string{"bench", "spec", "-tokens", "2"}, "-tokens"},
+	} {
+		code, _, errOut := runCLI(c.args...)
+		assert.NotEqual(t, 0, code, "%v", c.args)
+		assert.Contains(t, errOut, c.want, "%v", c.args)
+	}
 }

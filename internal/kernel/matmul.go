@@ -401,17 +401,25 @@ func dot4x2(a *Args, x []float32, xs, j, stride int, d *[8]float32) {
 // last group overlapping the one before when the rows are not a multiple
 // of four (its shared rows get the same values again), the last one or two
 // columns through the four-by-two tiles. It takes f32 products of four
-// rows or more and bf16 ones of more than sixteen (a decode batch's
-// weights stream from memory, where the 2x4 tile does as well); on the
-// prefill-chunk sizes beside a decode batch (18 and 40 rows) it runs 1.15
-// to 1.4 times as fast as rows8 did (BenchmarkTiles4x3, docs/bench). While
+// rows or more, bf16 ones of more than sixteen and bf16 ones of an odd
+// number of rows from five (see below); on the prefill-chunk sizes beside
+// a decode batch (18 and 40 rows) it runs 1.1 to 1.5 times as fast as
+// rows8 did, and on odd verify passes 1.07 to 1.2 times as fast as the
+// 2x4 tile (BenchmarkTiles4x3, docs/bench). While
 // the x rows fit in L2 every triple meets all the groups in one call, so
 // the weights stream from memory once and without pause; larger products
 // walk the weights in blocks that stay in L2 while each group of x rows
 // runs over them from L1.
 func tiles4x3(a *Args, lo, hi int) bool {
 	k, n, m := a.K, a.N, a.M
-	if !useAVX2 || useAVX512 || k%8 != 0 || k == 0 || m < 4 || tiles43Off || a.WB != nil && m <= 16 {
+	if !useAVX2 || useAVX512 || k%8 != 0 || k == 0 || m < 4 || tiles43Off {
+		return false
+	}
+	if a.WB != nil && m <= 16 && (m%2 == 0 || k > 1024) {
+		// Even decode batches keep the 2x4 tile, which streams their
+		// weights as well; odd ones gain (the 2x4 tile's lone last row
+		// costs a pass of its own), at the widths where the x rows stay
+		// near L1 (BenchmarkTiles4x3).
 		return false
 	}
 	run := func(r, rows, j, triples int) {

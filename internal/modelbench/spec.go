@@ -1,0 +1,195 @@
+package modelbench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"k3/internal/tiny"
+	"k3/k3"
+)
+
+// SpecRow is one depth at one acceptance rate: speculative greedy decoding
+// against plain greedy decoding of the same tokens, run side by side.
+type SpecRow struct {
+	Alpha float64 // the probability that a draft is the target's own token
+	K     int     // the draft depth
+	// C is the verify pass's cost per draft, measured: a pass of K+1
+	// tokens costs (C·K + 1) decode steps.
+	C       float64
+	Theory  float64 // (1 - α^(K+1)) / ((1 - α)(C·K + 1))
+	Speedup float64 // plain decoding's time over speculative decoding's
+	Tau     float64 // tokens per verify pass, measured
+}
+
+// SpecResult is `k3 bench spec`'s table.
+type SpecResult struct {
+	Tokens int // generated per run
+	StepMS float64
+	Rows   []SpecRow
+}
+
+// corrupted proposes the target's own greedy continuation (want, indexed
+// by absolute position), each draft replaced by another token with
+// probability 1 - alpha: a drafter of controlled acceptance.
+type corrupted struct {
+	want  []int32
+	alpha float64
+	vocab int32
+	rng   *rand.Rand
+}
+
+func (c *corrupted) Draft(history []int32, n int, dst []int32) []int32 {
+	for i := range n {
+		p := len(history) + i
+		if p >= len(c.want) {
+			break
+		}
+		tok := c.want[p]
+		if c.rng.Float64() >= c.alpha {
+			tok = (tok + 1 + c.rng.Int32N(c.vocab-1)) % c.vocab
+		}
+		dst = append(dst, tok)
+	}
+	return dst
+}
+
+// Spec measures speculative decoding on the 100M preset at controlled
+// acceptance: for each alpha and depth, a plain greedy generation and a
+// speculative one of the same tokens alternate (the ratio of neighbours
+// survives a shared host's drift), next to the theory with the verify
+// pass's cost measured in the same run.
+func Spec(ctx context.Context, alphas []float64, depths []int, tokens int, log func(string)) (*SpecResult, error) {
+	dir, err := os.MkdirTemp("", "k3-bench-spec-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	log("writing the k31pro-100m random-weight checkpoint (bf16)...")
+	if err := tiny.Write(dir, "k31pro-100m", tiny.Options{Seed: 1, BF16: true}); err != nil {
+		return nil, err
+	}
+	m, err := k3.Load(ctx, dir, k3.WithRollback(slices.Max(depths)))
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	prompt := make([]int32, 64)
+	for i := range prompt {
+		prompt[i] = int32(3 + (i*31)%256)
+	}
+	base, err := m.NewSession()
+	if err != nil {
+		return nil, err
+	}
+	defer base.Close()
+	if _, err := base.Forward(ctx, prompt); err != nil {
+		return nil, err
+	}
+	opts := []k3.GenerateOption{k3.WithMaxTokens(tokens), k3.WithoutDefaultStops()}
+	// gen times a greedy generation from the prompt on a fork of base.
+	gen := func(extra ...k3.GenerateOption) ([]int32, k3.Usage, time.Duration, error) {
+		s, err := base.Fork()
+		if err != nil {
+			return nil, k3.Usage{}, 0, err
+		}
+		defer s.Close()
+		var out []int32
+		var u k3.Usage
+		start := time.Now()
+		for tok, err := range s.GenerateTokens(ctx, nil, append(opts, extra...)...) {
+			if err != nil {
+				return nil, u, 0, err
+			}
+			out = append(out, tok.ID)
+			if tok.Usage != nil {
+				u = *tok.Usage
+			}
+		}
+		return out, u, time.Since(start), nil
+	}
+	log("plain greedy decoding (warm-up and the target's tokens)...")
+	want, _, _, err := gen()
+	if err != nil {
+		return nil, err
+	}
+	full := append(append([]int32(nil), prompt...), want...)
+	// A verify pass of n tokens against a decode step, on forks of base.
+	pass := func(n int) (time.Duration, error) {
+		var ts []time.Duration
+		for range 7 {
+			s, err := base.Fork()
+			if err != nil {
+				return 0, err
+			}
+			start := time.Now()
+			_, err = s.Forward(ctx, full[len(prompt):len(prompt)+n])
+			ts = append(ts, time.Since(start))
+			s.Close()
+			if err != nil {
+				return 0, err
+			}
+		}
+		slices.Sort(ts)
+		return ts[len(ts)/2], nil
+	}
+	step, err := pass(1)
+	if err != nil {
+		return nil, err
+	}
+	r := &SpecResult{Tokens: tokens, StepMS: float64(step) / 1e6}
+	cost := map[int]float64{}
+	for _, k := range depths {
+		t, err := pass(k + 1)
+		if err != nil {
+			return nil, err
+		}
+		cost[k] = (float64(t)/float64(step) - 1) / float64(k)
+	}
+	for _, a := range alphas {
+		for _, k := range depths {
+			log(fmt.Sprintf("alpha %.1f, depth %d...", a, k))
+			var ratios, taus []float64
+			for rep := range 3 {
+				_, _, plain, err := gen()
+				if err != nil {
+					return nil, err
+				}
+				d := &corrupted{want: full, alpha: a, vocab: int32(m.VocabSize()), rng: rand.New(rand.NewPCG(uint64(k), uint64(rep)))}
+				got, u, spec, err := gen(k3.WithSpeculation(d, k))
+				if err != nil {
+					return nil, err
+				}
+				if !slices.Equal(got, want) {
+					return nil, fmt.Errorf("modelbench: speculative decoding (alpha %.1f, depth %d) gave other tokens than plain decoding", a, k)
+				}
+				ratios = append(ratios, float64(plain)/float64(spec))
+				taus = append(taus, float64(len(got))/float64(len(got)-u.AcceptedTokens))
+			}
+			c := cost[k]
+			r.Rows = append(r.Rows, SpecRow{Alpha: a, K: k, C: c, Speedup: median(ratios), Tau: median(taus),
+				Theory: (1 - math.Pow(a, float64(k+1))) / ((1 - a) * (c*float64(k) + 1))})
+		}
+	}
+	return r, nil
+}
+
+// Table formats the result as `k3 bench spec` prints it.
+func (r *SpecResult) Table() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "speculative greedy decoding, 100M preset, %d tokens a run, drafts of controlled acceptance alpha (the target's own tokens, each replaced with probability 1-alpha); decode step %.2f ms\n", r.Tokens, r.StepMS)
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "alpha\tdepth\tc\ttokens/pass\ttheory\tspeedup\tof theory\t")
+	for _, row := range r.Rows {
+		fmt.Fprintf(tw, "%.1f\t%d\t%.3f\t%.2f\t%.2fx\t%.2fx\t%.0f%%\t\n", row.Alpha, row.K, row.C, row.Tau, row.Theory, row.Speedup, 100*row.Speedup/row.Theory)
+	}
+	tw.Flush()
+	b.WriteString("c: a verify pass of K+1 tokens costs (c·K + 1) decode steps (medians of 7, on forks of one session); theory (1 - alpha^(K+1)) / ((1 - alpha)(c·K + 1)); speedup: the median of 3 plain/speculative pairs run back to back\n")
+	return b.String()
+}
