@@ -161,7 +161,7 @@ func benchSpec(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("bench spec", flag.ContinueOnError)
 	alphas := fs.String("alpha", "0.5,0.7,0.9", "acceptance rates, comma separated, each in [0, 1)")
 	depths := fs.String("depth", "1,2,3,4,5,6,7", "draft depths, comma separated, each in 1..15")
-	tokens := fs.Int("tokens", 96, "tokens generated per run")
+	tokens := fs.Int("tokens", 192, "tokens generated per run")
 	if err := parseFlags(fs, "bench spec [-alpha A,A,...] [-depth K,K,...] [-tokens N]\n\nSpeculative greedy decoding of the 100M preset with drafts of controlled acceptance, against plain decoding and theory (a minute or two).", args, stdout, stderr); err != nil {
 		return err
 	}
