@@ -158,3 +158,25 @@ func TestBenchSpecFlags(t *testing.T) {
 		assert.Contains(t, errOut, c.want, "%v", c.args)
 	}
 }
+
+func TestRunSpeculate(t *testing.T) {
+	code, out, errOut := runCLI("run", "-prompt", "x := 1\nx := 1\nx := 1\n", "-max-tokens", "24", "-no-default-stops", "-speculate", "ngram", "-draft-depth", "3")
+	require.Equal(t, 0, code, errOut)
+	assert.NotEmpty(t, out)
+	assert.Contains(t, errOut, "speculation (ngram, depth 3):")
+	assert.Contains(t, errOut, "plain decoding of the same 24 tokens")
+
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "-speculate", "nope"}, `-speculate "nope"`},
+		{[]string{"run", "-speculate", "dspark"}, "not built yet"},
+		{[]string{"run", "-speculate", "ngram", "-draft-depth", "0"}, "-draft-depth 0"},
+		{[]string{"run", "-speculate", "ngram", "-draft-depth", "16"}, "-draft-depth 16"},
+	} {
+		code, _, errOut := runCLI(c.args...)
+		assert.Equal(t, 1, code, "%v", c.args)
+		assert.Contains(t, errOut, c.want, "%v", c.args)
+	}
+}

@@ -9,11 +9,13 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"time"
 
 	"k3/internal/tiny"
 	"k3/k3"
+	"k3/specdec"
 )
 
 type genFlags struct {
@@ -26,6 +28,8 @@ type genFlags struct {
 	stops                           stringList
 	noDefaultStops                  bool
 	backend                         string
+	speculate                       string
+	draftDepth                      int
 }
 
 // stringList is a flag that may be given several times.
@@ -48,6 +52,24 @@ func (g *genFlags) register(fs *flag.FlagSet, maxTokens int) {
 	fs.BoolVar(&g.noDefaultStops, "no-default-stops", false, "do not stop at the model's end-of-sequence tokens")
 	fs.Uint64Var(&g.seed, "seed", 0, "random seed (reproducible sampling)")
 	fs.StringVar(&g.backend, "backend", "go", "compute backend")
+	fs.StringVar(&g.speculate, "speculate", "", "speculative decoding with this drafter: ngram (prompt lookup); the output is plain decoding's")
+	fs.IntVar(&g.draftDepth, "draft-depth", 4, "drafts per verify pass with -speculate, 1..15")
+}
+
+// drafter returns the -speculate drafter (nil without the flag).
+func (g *genFlags) drafter() (specdec.Drafter, error) {
+	switch g.speculate {
+	case "":
+		return nil, nil
+	case "ngram":
+		if g.draftDepth < 1 || g.draftDepth >= k3.ExactTokens {
+			return nil, fmt.Errorf("-draft-depth %d: want 1..%d", g.draftDepth, k3.ExactTokens-1)
+		}
+		return specdec.NGram{}, nil
+	case "self", "model", "dspark":
+		return nil, fmt.Errorf("-speculate %s: that drafter is not built yet (ngram is)", g.speculate)
+	}
+	return nil, fmt.Errorf("-speculate %q: want ngram", g.speculate)
 }
 
 func (g *genFlags) options() []k3.GenerateOption {
@@ -60,15 +82,26 @@ func (g *genFlags) options() []k3.GenerateOption {
 	if g.noDefaultStops {
 		opts = append(opts, k3.WithoutDefaultStops())
 	}
+	if d, _ := g.drafter(); d != nil {
+		opts = append(opts, k3.WithSpeculation(d, g.draftDepth))
+	}
 	return opts
 }
 
 func (g *genFlags) load(ctx context.Context, stderr io.Writer) (*k3.Model, error) {
+	d, err := g.drafter()
+	if err != nil {
+		return nil, err
+	}
+	opts := []k3.Option{k3.WithBackend(g.backend)}
+	if d != nil {
+		opts = append(opts, k3.WithRollback(g.draftDepth)) // speculation rolls back through the replay logs
+	}
 	if g.model == "" {
 		fmt.Fprintln(stderr, "k3: using the", k3.TinyLabel)
-		return k3.LoadTiny(ctx, k3.WithBackend(g.backend))
+		return k3.LoadTiny(ctx, opts...)
 	}
-	return k3.Load(ctx, g.model, k3.WithBackend(g.backend))
+	return k3.Load(ctx, g.model, opts...)
 }
 
 // finishText describes why a generation ended, for people.
@@ -96,7 +129,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	g.register(fs, 64)
 	prompt := fs.String("prompt", "Hello", `prompt text ("-": read stdin)`)
 	chat := fs.Bool("chat", false, "wrap the prompt as one user turn of the chat format")
-	synopsis := "run [-model DIR] [-prompt TEXT] [-chat] [sampling flags]\n\nStreams a completion to stdout, then prints why it stopped, the token counts, speed and memory on stderr."
+	synopsis := "run [-model DIR] [-prompt TEXT] [-chat] [-speculate ngram [-draft-depth K]] [sampling flags]\n\nStreams a completion to stdout, then prints why it stopped, the token counts, speed and memory on stderr; with -speculate also the drafts' acceptance and the speed of the same generation without speculation."
 	if err := parseFlags(fs, synopsis, args, stdout, stderr); err != nil {
 		return err
 	}
@@ -130,6 +163,8 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	n := 0
 	var finish k3.FinishReason
 	var genErr error
+	var usage k3.Usage
+	var ids []int32
 	for tok, err := range s.Generate(ctx, text, g.options()...) {
 		if err != nil {
 			genErr = err
@@ -140,6 +175,10 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		if tok.ID >= 0 {
 			n++
+			ids = append(ids, tok.ID)
+		}
+		if tok.Usage != nil {
+			usage = *tok.Usage
 		}
 		finish = tok.Finish
 		fmt.Fprint(stdout, tok.Text)
@@ -162,6 +201,49 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stderr, "decode: %d tokens generated\n", n)
 	}
 	fmt.Fprintf(stderr, "memory: weights %s, session state %s\n", humanBytes(m.WeightBytes()), humanBytes(s.StateBytes()))
+	if g.speculate != "" && genErr == nil && n > 1 {
+		return compareSpeculation(ctx, m, text, g, ids, usage, total-first, stderr)
+	}
+	return nil
+}
+
+// compareSpeculation prints a speculative run's acceptance, then runs the
+// same generation without speculation to time it against.
+func compareSpeculation(ctx context.Context, m *k3.Model, text string, g genFlags, ids []int32, u k3.Usage, spec time.Duration, stderr io.Writer) error {
+	passes := len(ids) - u.AcceptedTokens // every verify pass yields its accepted drafts and one token more
+	share := 0.0
+	if u.DraftTokens > 0 {
+		share = 100 * float64(u.AcceptedTokens) / float64(u.DraftTokens)
+	}
+	fmt.Fprintf(stderr, "speculation (%s, depth %d): %d drafts, %d accepted (%.0f%%), %.2f tokens a pass\n",
+		g.speculate, g.draftDepth, u.DraftTokens, u.AcceptedTokens, share, float64(len(ids))/float64(max(passes, 1)))
+	plainFlags := g
+	plainFlags.speculate = ""
+	s, err := m.NewSession()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	var plain []int32
+	var first time.Duration
+	start := time.Now()
+	for tok, err := range s.Generate(ctx, text, plainFlags.options()...) {
+		if err != nil {
+			return err
+		}
+		if len(plain) == 0 {
+			first = time.Since(start)
+		}
+		if tok.ID >= 0 {
+			plain = append(plain, tok.ID)
+		}
+	}
+	dec := time.Since(start) - first
+	if !slices.Equal(plain, ids) {
+		return fmt.Errorf("k3 run: speculative decoding gave other tokens than plain decoding (a bug; please report it)")
+	}
+	fmt.Fprintf(stderr, "plain decoding of the same %d tokens: %.1f tokens/s after the first; speculation %.2fx as fast\n",
+		len(plain), float64(len(plain)-1)/dec.Seconds(), dec.Seconds()/spec.Seconds())
 	return nil
 }
 
