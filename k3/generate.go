@@ -104,6 +104,7 @@ type genOptions struct {
 	topLogprobs int
 	drafter     specdec.Drafter // WithSpeculation
 	depth       int
+	adaptive    bool // WithAdaptiveSpeculation
 	err         error // the first invalid option
 }
 
@@ -385,7 +386,7 @@ func (s *Session) prepareGeneration(prompt []int32, opts []GenerateOption) (*gen
 	usage := Usage{PromptTokens: len(prompt), CachedTokens: s.pos}
 	g := &generation{s: s, o: o, sampler: sm, dec: tokenizer.NewStreamDecoder(s.m.tok), usage: usage}
 	if o.drafter != nil {
-		g.spec = &speculation{drafter: o.drafter, depth: o.depth}
+		g.spec = &speculation{drafter: o.drafter, depth: o.depth, adaptive: o.adaptive}
 	}
 	return g, nil
 }
@@ -415,6 +416,9 @@ func (g *generation) advance(ctx context.Context) (stepResult, error) {
 			r.ready = append(r.ready, g.prev)
 		}
 		return r, err
+	}
+	if g.spec != nil {
+		g.spec.drew(id, &g.usage)
 	}
 	room := g.s.pos < g.s.limit
 	for _, st := range g.o.stopTokens {

@@ -21,6 +21,7 @@ import (
 	"k3/internal/safetensors"
 	"k3/internal/tokenizer"
 	"k3/internal/weights"
+	"k3/specdec"
 	"k3/kda"
 )
 
@@ -114,6 +115,9 @@ type Model struct {
 
 	wsMu   sync.Mutex
 	wsFree []*workspace // scratch for session runs, lent one per run
+
+	specMu    sync.Mutex
+	specCosts specdec.Costs // SpeculationCosts, measured once
 
 	life life // open operations, for Close
 }

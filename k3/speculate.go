@@ -2,7 +2,10 @@ package k3
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
+	"time"
 
 	"k3/specdec"
 )
@@ -29,6 +32,118 @@ func WithSpeculation(d specdec.Drafter, depth int) GenerateOption {
 	}
 }
 
+// WithAdaptiveSpeculation is WithSpeculation with the depth chosen before
+// every verify pass, from 0 (a plain decode step) to maxDepth: the depth
+// that maximises the expected tokens per unit of cost, from the drafts'
+// acceptance so far (specdec.Acceptance) and the verify passes' costs
+// measured on this machine (Model.SpeculationCosts, at first use). It
+// speculates only where that promises at least specdec.MinGain over plain
+// decoding. While it decodes plainly it still asks the drafter for one
+// token after each and compares it with the next draw, so the estimate
+// follows the drafts without a verify pass (free for the n-gram drafter,
+// one draft for a model drafter).
+func WithAdaptiveSpeculation(d specdec.Drafter, maxDepth int) GenerateOption {
+	return func(o *genOptions) {
+		WithSpeculation(d, maxDepth)(o)
+		o.adaptive = true
+	}
+}
+
+// SpeculationCosts measures, once per model, what verify passes of 1 to
+// n+1 tokens cost on this machine relative to a decode step (n the
+// model's WithRollback depth, at most ExactTokens-1: the deepest a
+// speculation can go), and
+// what a rollback of rejected drafts adds (medians of three rounds on a
+// scratch session whose logs hold as many records as a speculating
+// session's do on average); WithAdaptiveSpeculation chooses its depths by
+// them. It needs the model loaded WithRollback.
+func (m *Model) SpeculationCosts(ctx context.Context) (specdec.Costs, error) {
+	m.specMu.Lock()
+	defer m.specMu.Unlock()
+	if m.specCosts.Pass != nil {
+		return m.specCosts, nil
+	}
+	if m.rollback == 0 {
+		return specdec.Costs{}, fmt.Errorf("%w: measuring speculation costs needs the model loaded WithRollback", ErrInvalidOption)
+	}
+	s, err := m.NewSession()
+	if err != nil {
+		return specdec.Costs{}, err
+	}
+	defer s.Close()
+	v := m.Config.VocabSize
+	// A prompt, then as many single steps as the logs hold records on
+	// average in a speculating generation (their checkpoint moves every
+	// rollback+ExactTokens tokens, keeping rollback), so that a rollback
+	// replays what it replays there.
+	fed := 32 + m.rollback + ExactTokens/2
+	toks := make([]int32, fed+ExactTokens)
+	for i := range toks {
+		toks[i] = int32((i*7 + 3) % v)
+	}
+	if _, err := s.run(ctx, toks[:32], false); err != nil {
+		return specdec.Costs{}, err
+	}
+	for _, t := range toks[32:fed] {
+		if _, err := s.run(ctx, []int32{t}, false); err != nil {
+			return specdec.Costs{}, err
+		}
+	}
+	toks = toks[fed:]
+	out := make([]float32, ExactTokens*v)
+	pos := s.pos
+	// Each pass runs on a fork of s (its logs copied) and rolls back to
+	// its first token, as the loop's passes do.
+	const rounds = 3
+	maxN := min(ExactTokens, m.rollback+1) // the logs reach back rollback tokens
+	times := make([][]float64, maxN+1)
+	var rollbacks []float64
+	for r := 0; r <= rounds; r++ { // round 0 warms up
+		for n := 1; n <= maxN; n++ {
+			f, err := s.Fork()
+			if err != nil {
+				return specdec.Costs{}, err
+			}
+			start := time.Now()
+			err = f.runInto(ctx, toks[:n], out[:n*v])
+			t := time.Since(start)
+			if err == nil && n > 1 {
+				start = time.Now()
+				var ok bool
+				if ok, err = f.rollback(pos + 1); err == nil && !ok {
+					err = errors.New("the logs do not reach back a pass")
+				}
+				if r > 0 {
+					rollbacks = append(rollbacks, float64(time.Since(start)))
+				}
+			}
+			f.Close()
+			if err != nil {
+				return specdec.Costs{}, fmt.Errorf("k3: measuring speculation costs: %w", err)
+			}
+			if r > 0 {
+				times[n] = append(times[n], float64(t))
+			}
+		}
+	}
+	step := medianOf(times[1])
+	c := specdec.Costs{Pass: make([]float64, maxN+1), Rollback: 0}
+	if len(rollbacks) > 0 {
+		c.Rollback = medianOf(rollbacks) / step
+	}
+	for n := 1; n <= maxN; n++ {
+		c.Pass[n] = medianOf(times[n]) / step
+	}
+	m.specCosts = c
+	return c, nil
+}
+
+func medianOf(v []float64) float64 {
+	v = slices.Clone(v)
+	slices.Sort(v)
+	return v[len(v)/2]
+}
+
 // speculation is a generation's drafts in flight: tokens the session
 // already holds past the last token drawn, with the logits after each.
 type speculation struct {
@@ -40,6 +155,15 @@ type speculation struct {
 	hist    []int32   // scratch: the history handed to the drafter
 	pass    []int32   // scratch: the verify pass's tokens
 	out     []float32 // scratch: the verify pass's logits
+
+	// WithAdaptiveSpeculation: the depth is chosen per pass from acc and
+	// costs; a plain step keeps the drafter's next token as probe, to
+	// compare with the next draw.
+	adaptive bool
+	acc      specdec.Acceptance
+	costs    specdec.Costs
+	probe    int32
+	hasProbe bool
 }
 
 // checkSpeculation reports whether the model can run o's speculation.
@@ -70,7 +194,6 @@ func (g *generation) feed(ctx context.Context, id int32, done bool) error {
 		if sp.drafts[sp.next] == id {
 			copy(s.last, sp.rows[sp.next*v:(sp.next+1)*v])
 			sp.next++
-			g.usage.AcceptedTokens++
 			if done {
 				return g.settle()
 			}
@@ -90,6 +213,24 @@ func (g *generation) feed(ctx context.Context, id int32, done bool) error {
 	return g.verify(ctx, id)
 }
 
+// drew records a draw against the drafts: the acceptance estimate learns
+// whether the next draft (or the probe of a plain step) was right, and
+// the usage counts a confirmed draft, before the draw's token can carry
+// the generation's last Usage.
+func (sp *speculation) drew(id int32, u *Usage) {
+	if sp.hasProbe {
+		sp.acc.Observe(sp.probe == id)
+		sp.hasProbe = false
+	}
+	if sp.next < len(sp.drafts) {
+		ok := sp.drafts[sp.next] == id
+		sp.acc.Observe(ok)
+		if ok {
+			u.AcceptedTokens++
+		}
+	}
+}
+
 // verify feeds id, the token just drawn, with up to depth drafts after it
 // in one exact pass (one decode step when the drafter proposes none); the
 // pass's first row becomes the session's logits and the others wait in
@@ -99,10 +240,30 @@ func (g *generation) verify(ctx context.Context, id int32) error {
 	v := s.m.Config.VocabSize
 	n := min(sp.depth, s.limit-s.pos-1, g.o.maxTokens-g.n)
 	sp.drafts, sp.next = sp.drafts[:0], 0
+	probe := false
+	if sp.adaptive && n > 0 {
+		if sp.costs.Pass == nil {
+			c, err := s.m.SpeculationCosts(ctx)
+			if err != nil {
+				return err
+			}
+			sp.costs = c
+		}
+		if k := specdec.BestDepth(sp.acc.Rate(), n, sp.costs); k > 0 {
+			n = k
+		} else {
+			n, probe = 1, true
+		}
+	}
 	if n > 0 {
 		sp.hist = append(append(sp.hist[:0], s.tokens...), id)
 		sp.drafts = sp.drafter.Draft(sp.hist, n, sp.drafts)
 		sp.drafts = sp.drafts[:min(len(sp.drafts), n)]
+	}
+	if probe && len(sp.drafts) > 0 {
+		// Plain decoding; the draft only feeds the estimate.
+		sp.probe, sp.hasProbe = sp.drafts[0], true
+		sp.drafts = sp.drafts[:0]
 	}
 	if len(sp.drafts) == 0 {
 		_, err := s.run(ctx, []int32{id}, false)

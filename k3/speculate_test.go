@@ -44,6 +44,94 @@ func (o oracle) Draft(history []int32, n int, dst []int32) []int32 {
 	return dst
 }
 
+// perfect proposes exactly the continuation a plain run produced.
+type perfect struct{ want []int32 }
+
+func (p perfect) Draft(history []int32, n int, dst []int32) []int32 {
+	for i := 0; i < n && len(history)+i < len(p.want); i++ {
+		dst = append(dst, p.want[len(history)+i])
+	}
+	return dst
+}
+
+// wrong proposes tokens a plain run never draws at those positions.
+type wrong struct {
+	want  []int32
+	vocab int32
+}
+
+func (w wrong) Draft(history []int32, n int, dst []int32) []int32 {
+	for i := 0; i < n && len(history)+i < len(w.want); i++ {
+		dst = append(dst, (w.want[len(history)+i]+1)%w.vocab)
+	}
+	return dst
+}
+
+// TestAdaptiveSpeculation: the adaptive depth never verifies the drafts
+// of a drafter that is always wrong (its estimate stays at 0: plain
+// decoding, with the drafts only compared to the draws), and soon
+// speculates deep with one that is always right; the tokens are plain
+// decoding's either way.
+func TestAdaptiveSpeculation(t *testing.T) {
+	ctx := context.Background()
+	m, err := Load(ctx, "../testdata/model/tiny_k31pro", WithRollback(8))
+	require.NoError(t, err)
+	defer m.Close()
+	// The depth choice must not hang on this machine's timing: a cost
+	// table as the 100M preset measures one (passes of 1 + 0.2 steps a
+	// draft, rollbacks of 0.2).
+	m.specCosts = specdec.Costs{Pass: make([]float64, ExactTokens+1), Rollback: 0.2}
+	for n := 1; n <= ExactTokens; n++ {
+		m.specCosts.Pass[n] = 1 + 0.2*float64(n-1)
+	}
+	prompt := m.Encode("the adaptive depth")
+	opts := []GenerateOption{WithMaxTokens(60), WithoutDefaultStops()}
+	plain, _ := m.NewSession()
+	want, _ := genIDs(t, plain, prompt, opts...)
+	plain.Close()
+	full := append(append([]int32(nil), prompt...), want...)
+
+	s, _ := m.NewSession()
+	got, u := genIDs(t, s, prompt, append(opts, WithAdaptiveSpeculation(wrong{full, int32(m.VocabSize())}, 8))...)
+	s.Close()
+	assert.Equal(t, want, got)
+	assert.Zero(t, u.DraftTokens, "an always-wrong drafter's drafts were verified")
+
+	s, _ = m.NewSession()
+	got, u = genIDs(t, s, prompt, append(opts, WithAdaptiveSpeculation(perfect{full}, 8))...)
+	s.Close()
+	assert.Equal(t, want, got)
+	assert.Equal(t, u.DraftTokens, u.AcceptedTokens)
+	assert.Greater(t, u.AcceptedTokens, len(want)/2, "a perfect drafter's drafts were not used")
+}
+
+func TestSpeculationCosts(t *testing.T) {
+	ctx := context.Background()
+	plain, err := Load(ctx, tinyDir)
+	require.NoError(t, err)
+	defer plain.Close()
+	_, err = plain.SpeculationCosts(ctx)
+	require.ErrorIs(t, err, ErrInvalidOption)
+
+	m, err := Load(ctx, tinyDir, WithRollback(4))
+	require.NoError(t, err)
+	defer m.Close()
+	c, err := m.SpeculationCosts(ctx)
+	require.NoError(t, err)
+	require.Len(t, c.Pass, 4+2) // passes of 1 to WithRollback(4)+1 tokens
+	assert.Equal(t, 1.0, c.Pass[1])
+	for n := 2; n < len(c.Pass); n++ {
+		assert.Positive(t, c.Pass[n], "pass of %d", n)
+	}
+	assert.GreaterOrEqual(t, c.Rollback, 0.0)
+	again, err := m.SpeculationCosts(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, c, again, "measured once per model")
+	// The scratch session is gone: what the ledger holds is free pages.
+	u := m.MemoryUsage()
+	assert.Equal(t, u.FreePages, u.Used)
+}
+
 // speculationModels are the testdata checkpoints and the embedded model,
 // loaded with the replay logs speculation needs.
 func speculationModels(t *testing.T) map[string]*Model {
@@ -81,13 +169,16 @@ func TestSpeculationGreedyEqualsPlain(t *testing.T) {
 			want, _ := genIDs(t, plain, prompt, opts...)
 			accepted := 0
 			for depth := 1; depth <= 8; depth++ {
-				for _, d := range []specdec.Drafter{specdec.NGram{}, oracle{append(append([]int32(nil), prompt...), want...)}} {
+				full := append(append([]int32(nil), prompt...), want...)
+				for i, spec := range []GenerateOption{WithSpeculation(specdec.NGram{}, depth), WithSpeculation(oracle{full}, depth),
+					WithAdaptiveSpeculation(perfect{full}, depth), WithAdaptiveSpeculation(oracle{full}, depth)} {
+					d := fmt.Sprint("speculation ", i)
 					s, _ := m.NewSession()
-					got, u := genIDs(t, s, prompt, append(opts, WithSpeculation(d, depth))...)
-					require.Equal(t, want, got, "depth %d, %T", depth, d)
-					require.Equal(t, plain.Tokens(), s.Tokens(), "depth %d, %T: the session's tokens", depth, d)
-					require.Equal(t, plain.Logits(), s.Logits(), "depth %d, %T: the session's logits", depth, d)
-					require.Equal(t, kdaStates(t, plain), kdaStates(t, s), "depth %d, %T: KDA states", depth, d)
+					got, u := genIDs(t, s, prompt, append(opts, spec)...)
+					require.Equal(t, want, got, "depth %d, %s", depth, d)
+					require.Equal(t, plain.Tokens(), s.Tokens(), "depth %d, %s: the session's tokens", depth, d)
+					require.Equal(t, plain.Logits(), s.Logits(), "depth %d, %s: the session's logits", depth, d)
+					require.Equal(t, kdaStates(t, plain), kdaStates(t, s), "depth %d, %s: KDA states", depth, d)
 					require.LessOrEqual(t, u.AcceptedTokens, u.DraftTokens)
 					accepted += u.AcceptedTokens
 					s.Close()

@@ -83,3 +83,63 @@ func Residual(dst, p, q []float64) {
 		dst[i] /= total
 	}
 }
+
+// Costs are measured costs of verify passes on the running machine, in
+// units of a one-token decode step: Pass[n] is a pass of n tokens (Pass[1]
+// is 1; Pass[0] is unused) and Rollback what dropping rejected drafts
+// adds to a pass.
+type Costs struct {
+	Pass     []float64
+	Rollback float64
+}
+
+// MinGain is the least expected speedup over plain decoding for which
+// BestDepth speculates at all: below it, the estimates' noise could make
+// speculation slower than not speculating.
+const MinGain = 1.15
+
+// BestDepth returns the draft depth in [0, max] that maximises the
+// expected tokens per unit of cost when each draft is accepted with
+// probability alpha given that the ones before it were: a pass of depth
+// K yields 1 + α + ... + α^K tokens and costs Pass[K+1], plus Rollback
+// unless every draft is kept (probability α^K). It returns 0, plain
+// decoding, unless some depth is expected to be at least MinGain times
+// as fast. Depths beyond the costs measured are not considered.
+func BestDepth(alpha float64, max int, c Costs) int {
+	best, bestRate := 0, MinGain
+	tokens, keepAll := 1.0, 1.0
+	for k := 1; k <= max && k+1 < len(c.Pass); k++ {
+		keepAll *= alpha
+		tokens += keepAll
+		cost := c.Pass[k+1] + c.Rollback*(1-keepAll)
+		if rate := tokens / cost; rate > bestRate {
+			best, bestRate = k, rate
+		}
+	}
+	return best
+}
+
+// Acceptance estimates the probability that a draft is accepted given
+// that the drafts before it were: an exponential moving average of the
+// outcomes observed, starting from 0 so that a drafter earns speculation
+// by its record.
+type Acceptance struct {
+	rate float64
+}
+
+// acceptanceDecay is the weight an estimate keeps per observation (DSpark's
+// scheduler uses 0.9 for its survival estimates).
+const acceptanceDecay = 0.9
+
+// Observe records whether a draft whose predecessors were all accepted
+// was accepted itself.
+func (a *Acceptance) Observe(accepted bool) {
+	v := 0.0
+	if accepted {
+		v = 1
+	}
+	a.rate = acceptanceDecay*a.rate + (1-acceptanceDecay)*v
+}
+
+// Rate returns the current estimate.
+func (a *Acceptance) Rate() float64 { return a.rate }

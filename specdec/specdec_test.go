@@ -117,3 +117,65 @@ func TestRejectionSamplingDistribution(t *testing.T) {
 // chiSquare1e4[k] is the chi-square critical value at alpha 1e-4 for k
 // degrees of freedom.
 var chiSquare1e4 = map[int]float64{1: 15.137, 2: 18.421, 7: 29.878, 9: 33.720}
+
+func TestBestDepth(t *testing.T) {
+	linear := func(c float64) Costs {
+		p := make([]float64, 17)
+		for n := 1; n < len(p); n++ {
+			p[n] = 1 + c*float64(n-1)
+		}
+		return Costs{Pass: p, Rollback: 0.2}
+	}
+	// Cheap passes and good drafts: deep; poor drafts or costly passes: none.
+	assert.Equal(t, 15, BestDepth(0.99, 15, linear(0.01)))
+	assert.Equal(t, 7, BestDepth(0.99, 7, linear(0.01)), "capped by max")
+	assert.Equal(t, 0, BestDepth(0.1, 15, linear(0.1)))
+	assert.Equal(t, 0, BestDepth(0.9, 15, linear(1)), "a pass costs as many steps as tokens: never worth it")
+	assert.Equal(t, 0, BestDepth(0.9, 0, linear(0.01)))
+	// Depths beyond the measured costs are not considered.
+	assert.Equal(t, 2, BestDepth(0.99, 15, Costs{Pass: []float64{0, 1, 1.01, 1.02}}))
+	// The choice maximises the expected rate: check against brute force.
+	for _, a := range []float64{0.3, 0.5, 0.7, 0.8, 0.9, 0.95} {
+		for _, c := range []float64{0.05, 0.15, 0.3} {
+			costs := linear(c)
+			k := BestDepth(a, 15, costs)
+			rate := func(k int) float64 {
+				if k == 0 {
+					return 1
+				}
+				tok := (1 - math.Pow(a, float64(k+1))) / (1 - a)
+				return tok / (costs.Pass[k+1] + costs.Rollback*(1-math.Pow(a, float64(k))))
+			}
+			for j := 1; j <= 15; j++ {
+				if rate(j) > MinGain {
+					assert.GreaterOrEqual(t, rate(k)+1e-12, rate(j), "alpha %.2f c %.2f: depth %d beats the chosen %d", a, c, j, k)
+				}
+			}
+			if k > 0 {
+				assert.Greater(t, rate(k), MinGain)
+			}
+		}
+	}
+}
+
+func TestAcceptance(t *testing.T) {
+	var a Acceptance
+	assert.Zero(t, a.Rate())
+	for range 100 {
+		a.Observe(true)
+	}
+	assert.InDelta(t, 1, a.Rate(), 1e-4)
+	for range 100 {
+		a.Observe(false)
+	}
+	assert.InDelta(t, 0, a.Rate(), 1e-4)
+	r := rand.New(rand.NewPCG(3, 4))
+	var sum float64
+	for i := range 20000 {
+		a.Observe(r.Float64() < 0.7)
+		if i >= 100 {
+			sum += a.Rate()
+		}
+	}
+	assert.InDelta(t, 0.7, sum/19900, 0.01)
+}

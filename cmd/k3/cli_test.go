@@ -165,6 +165,9 @@ func TestRunSpeculate(t *testing.T) {
 	assert.NotEmpty(t, out)
 	assert.Contains(t, errOut, "speculation (ngram, depth 3):")
 	assert.Contains(t, errOut, "plain decoding of the same 24 tokens")
+	code, _, errOut = runCLI("run", "-prompt", "x := 1\nx := 1\n", "-max-tokens", "12", "-no-default-stops", "-speculate", "ngram")
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, errOut, "speculation (ngram, depth auto):")
 
 	for _, c := range []struct {
 		args []string
@@ -173,6 +176,7 @@ func TestRunSpeculate(t *testing.T) {
 		{[]string{"run", "-speculate", "nope"}, `-speculate "nope"`},
 		{[]string{"run", "-speculate", "dspark"}, "not built yet"},
 		{[]string{"run", "-speculate", "ngram", "-draft-depth", "0"}, "-draft-depth 0"},
+		{[]string{"run", "-speculate", "ngram", "-draft-depth", "many"}, "-draft-depth many"},
 		{[]string{"run", "-speculate", "ngram", "-draft-depth", "16"}, "-draft-depth 16"},
 	} {
 		code, _, errOut := runCLI(c.args...)

@@ -29,7 +29,7 @@ type genFlags struct {
 	noDefaultStops                  bool
 	backend                         string
 	speculate                       string
-	draftDepth                      int
+	draftDepth                      string
 }
 
 // stringList is a flag that may be given several times.
@@ -53,7 +53,23 @@ func (g *genFlags) register(fs *flag.FlagSet, maxTokens int) {
 	fs.Uint64Var(&g.seed, "seed", 0, "random seed (reproducible sampling)")
 	fs.StringVar(&g.backend, "backend", "go", "compute backend")
 	fs.StringVar(&g.speculate, "speculate", "", "speculative decoding with this drafter: ngram (prompt lookup); the output is plain decoding's")
-	fs.IntVar(&g.draftDepth, "draft-depth", 4, "drafts per verify pass with -speculate, 1..15")
+	fs.StringVar(&g.draftDepth, "draft-depth", "auto", "drafts per verify pass with -speculate: 1..15, or auto (chosen per pass from the drafts' acceptance and this machine's measured pass costs, up to 7)")
+}
+
+// autoDepth is the deepest -draft-depth auto goes.
+const autoDepth = 7
+
+// depth parses -draft-depth: the depth (the most, with auto) and whether
+// it adapts.
+func (g *genFlags) depth() (int, bool, error) {
+	if g.draftDepth == "auto" {
+		return autoDepth, true, nil
+	}
+	var k int
+	if _, err := fmt.Sscan(g.draftDepth, &k); err != nil || k < 1 || k >= k3.ExactTokens {
+		return 0, false, fmt.Errorf("-draft-depth %s: want 1..%d or auto", g.draftDepth, k3.ExactTokens-1)
+	}
+	return k, false, nil
 }
 
 // drafter returns the -speculate drafter (nil without the flag).
@@ -62,8 +78,8 @@ func (g *genFlags) drafter() (specdec.Drafter, error) {
 	case "":
 		return nil, nil
 	case "ngram":
-		if g.draftDepth < 1 || g.draftDepth >= k3.ExactTokens {
-			return nil, fmt.Errorf("-draft-depth %d: want 1..%d", g.draftDepth, k3.ExactTokens-1)
+		if _, _, err := g.depth(); err != nil {
+			return nil, err
 		}
 		return specdec.NGram{}, nil
 	case "self", "model", "dspark":
@@ -83,7 +99,12 @@ func (g *genFlags) options() []k3.GenerateOption {
 		opts = append(opts, k3.WithoutDefaultStops())
 	}
 	if d, _ := g.drafter(); d != nil {
-		opts = append(opts, k3.WithSpeculation(d, g.draftDepth))
+		k, auto, _ := g.depth()
+		if auto {
+			opts = append(opts, k3.WithAdaptiveSpeculation(d, k))
+		} else {
+			opts = append(opts, k3.WithSpeculation(d, k))
+		}
 	}
 	return opts
 }
@@ -95,7 +116,8 @@ func (g *genFlags) load(ctx context.Context, stderr io.Writer) (*k3.Model, error
 	}
 	opts := []k3.Option{k3.WithBackend(g.backend)}
 	if d != nil {
-		opts = append(opts, k3.WithRollback(g.draftDepth)) // speculation rolls back through the replay logs
+		k, _, _ := g.depth()
+		opts = append(opts, k3.WithRollback(k)) // speculation rolls back through the replay logs
 	}
 	if g.model == "" {
 		fmt.Fprintln(stderr, "k3: using the", k3.TinyLabel)
@@ -129,7 +151,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	g.register(fs, 64)
 	prompt := fs.String("prompt", "Hello", `prompt text ("-": read stdin)`)
 	chat := fs.Bool("chat", false, "wrap the prompt as one user turn of the chat format")
-	synopsis := "run [-model DIR] [-prompt TEXT] [-chat] [-speculate ngram [-draft-depth K]] [sampling flags]\n\nStreams a completion to stdout, then prints why it stopped, the token counts, speed and memory on stderr; with -speculate also the drafts' acceptance and the speed of the same generation without speculation."
+	synopsis := "run [-model DIR] [-prompt TEXT] [-chat] [-speculate ngram [-draft-depth K|auto]] [sampling flags]\n\nStreams a completion to stdout, then prints why it stopped, the token counts, speed and memory on stderr; with -speculate also the drafts' acceptance and the speed of the same generation without speculation."
 	if err := parseFlags(fs, synopsis, args, stdout, stderr); err != nil {
 		return err
 	}
@@ -215,7 +237,7 @@ func compareSpeculation(ctx context.Context, m *k3.Model, text string, g genFlag
 	if u.DraftTokens > 0 {
 		share = 100 * float64(u.AcceptedTokens) / float64(u.DraftTokens)
 	}
-	fmt.Fprintf(stderr, "speculation (%s, depth %d): %d drafts, %d accepted (%.0f%%), %.2f tokens a pass\n",
+	fmt.Fprintf(stderr, "speculation (%s, depth %s): %d drafts, %d accepted (%.0f%%), %.2f tokens a pass\n",
 		g.speculate, g.draftDepth, u.DraftTokens, u.AcceptedTokens, share, float64(len(ids))/float64(max(passes, 1)))
 	plainFlags := g
 	plainFlags.speculate = ""

@@ -19,7 +19,7 @@ import (
 // against plain greedy decoding of the same tokens, run side by side.
 type SpecRow struct {
 	Alpha float64 // the probability that a draft is the target's own token
-	K     int     // the draft depth
+	K     int     // the draft depth; 0: the adaptive depth
 	// C is the verify pass's cost per draft, measured: a pass of K+1
 	// tokens costs (C·K + 1) decode steps.
 	C       float64
@@ -164,7 +164,8 @@ func Spec(ctx context.Context, alphas []float64, depths []int, tokens int, log f
 	}
 	r.StepMS = median(steps)
 	for _, a := range alphas {
-		for _, k := range depths {
+		for _, k := range append(slices.Clone(depths), 0) { // 0: the adaptive depth, up to the deepest
+
 			log(fmt.Sprintf("alpha %.1f, depth %d...", a, k))
 			var ratios, taus []float64
 			for rep := range 3 {
@@ -173,7 +174,11 @@ func Spec(ctx context.Context, alphas []float64, depths []int, tokens int, log f
 					return nil, err
 				}
 				d := &corrupted{want: full, alpha: a, vocab: int32(m.VocabSize()), rng: rand.New(rand.NewPCG(uint64(k), uint64(rep)))}
-				got, u, spec, err := gen(k3.WithSpeculation(d, k))
+				opt := k3.WithSpeculation(d, k)
+				if k == 0 {
+					opt = k3.WithAdaptiveSpeculation(d, slices.Max(depths))
+				}
+				got, u, spec, err := gen(opt)
 				if err != nil {
 					return nil, err
 				}
@@ -183,9 +188,12 @@ func Spec(ctx context.Context, alphas []float64, depths []int, tokens int, log f
 				ratios = append(ratios, float64(plain)/float64(spec))
 				taus = append(taus, float64(len(got))/float64(len(got)-u.AcceptedTokens))
 			}
-			c := cost[k]
-			r.Rows = append(r.Rows, SpecRow{Alpha: a, K: k, C: c, Speedup: median(ratios), Tau: median(taus),
-				Theory: (1 - math.Pow(a, float64(k+1))) / ((1 - a) * (c*float64(k) + 1))})
+			row := SpecRow{Alpha: a, K: k, Speedup: median(ratios), Tau: median(taus)}
+			if k > 0 {
+				row.C = cost[k]
+				row.Theory = (1 - math.Pow(a, float64(k+1))) / ((1 - a) * (row.C*float64(k) + 1))
+			}
+			r.Rows = append(r.Rows, row)
 		}
 	}
 	return r, nil
@@ -198,9 +206,13 @@ func (r *SpecResult) Table() string {
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "alpha\tdepth\tc\ttokens/pass\ttheory\tspeedup\tof theory\t")
 	for _, row := range r.Rows {
+		if row.K == 0 {
+			fmt.Fprintf(tw, "%.1f\tauto\t\t%.2f\t\t%.2fx\t\t\n", row.Alpha, row.Tau, row.Speedup)
+			continue
+		}
 		fmt.Fprintf(tw, "%.1f\t%d\t%.3f\t%.2f\t%.2fx\t%.2fx\t%.0f%%\t\n", row.Alpha, row.K, row.C, row.Tau, row.Theory, row.Speedup, 100*row.Speedup/row.Theory)
 	}
 	tw.Flush()
-	b.WriteString("c: a verify pass of K+1 tokens costs (c·K + 1) decode steps (medians of 7 of each, alternating, on one session); theory (1 - alpha^(K+1)) / ((1 - alpha)(c·K + 1)); speedup: the median of 3 plain/speculative pairs run back to back\n")
+	b.WriteString("c: a verify pass of K+1 tokens costs (c·K + 1) decode steps (medians of 7 of each, alternating, on one session); theory (1 - alpha^(K+1)) / ((1 - alpha)(c·K + 1)); speedup: the median of 3 plain/speculative pairs run back to back; auto: WithAdaptiveSpeculation up to the deepest depth, its costs measured by Model.SpeculationCosts\n")
 	return b.String()
 }
