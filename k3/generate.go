@@ -104,7 +104,7 @@ type genOptions struct {
 	topLogprobs int
 	drafter     specdec.Drafter // WithSpeculation
 	depth       int
-	adaptive    bool // WithAdaptiveSpeculation
+	adaptive    bool  // WithAdaptiveSpeculation
 	err         error // the first invalid option
 }
 

@@ -21,8 +21,8 @@ import (
 	"k3/internal/safetensors"
 	"k3/internal/tokenizer"
 	"k3/internal/weights"
-	"k3/specdec"
 	"k3/kda"
+	"k3/specdec"
 )
 
 // kdaPrefillChunk is the chunk size of KDA prefill: the chunked (WY) form,
