@@ -61,6 +61,19 @@
 	LEAQ (R11)(BX*1), R12; LEAQ (R12)(BX*1), R13; LEAQ (R13)(BX*1), R14; \
 	T43_ZERO
 
+// T43_NEXT moves to the next group of four x rows (R11, DX, R15: rows
+// left) and jumps to group, or to next when none is left. With fewer than
+// four rows left the last group ends at the last row, recomputing (to the
+// same values) some rows of the one before.
+#define T43_NEXT(group, next) \
+	SUBQ $4, R15; JLE next; \
+	LEAQ (R14)(BX*1), R11; \
+	CMPQ R15, $4; JGE group; \
+	MOVQ $4, AX; SUBQ R15, AX; \
+	MOVQ AX, R12; IMULQ BX, R12; SUBQ R12, R11; \
+	IMULQ R10, AX; SUBQ AX, DX; \
+	MOVQ $4, R15; JMP group
+
 // func tile4x3BF16AVX2(x *float32, xstride, rows int, w *uint16, triples, k int, out *float32, ostride int)
 // rows rows of x (rows >= 4, xstride floats apart) against triples·3
 // consecutive bf16 weight rows (k long, k % 8 == 0): out[r*ostride+j] =
@@ -122,22 +135,7 @@ b43loop:
 b43red:
 
 	CALL ·store4x3(SB)
-	SUBQ $4, R15
-	JLE  b43next
-	LEAQ (R14)(BX*1), R11
-	CMPQ R15, $4
-	JGE  b43group
-	// Fewer than four rows left: the last group ends at the last row,
-	// recomputing (to the same values) some rows of the one before.
-	MOVQ $4, AX
-	SUBQ R15, AX
-	MOVQ AX, R12
-	IMULQ BX, R12
-	SUBQ R12, R11
-	IMULQ R10, AX
-	SUBQ AX, DX
-	MOVQ $4, R15
-	JMP  b43group
+	T43_NEXT(b43group, b43next)
 
 b43next:
 	LEAQ (R9)(CX*2), DI
@@ -179,22 +177,7 @@ f43loop:
 	JL   f43loop
 
 	CALL ·store4x3(SB)
-	SUBQ $4, R15
-	JLE  f43next
-	LEAQ (R14)(BX*1), R11
-	CMPQ R15, $4
-	JGE  f43group
-	// Fewer than four rows left: the last group ends at the last row,
-	// recomputing (to the same values) some rows of the one before.
-	MOVQ $4, AX
-	SUBQ R15, AX
-	MOVQ AX, R12
-	IMULQ BX, R12
-	SUBQ R12, R11
-	IMULQ R10, AX
-	SUBQ AX, DX
-	MOVQ $4, R15
-	JMP  f43group
+	T43_NEXT(f43group, f43next)
 
 f43next:
 	LEAQ (R9)(CX*4), DI

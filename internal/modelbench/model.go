@@ -122,18 +122,29 @@ func stepBytes(cfg *config.Config, weightBytes, stateBytes int64, batch int) flo
 	return total + 2*float64(batch)*float64(stateBytes)
 }
 
+// writePreset writes the 100M preset's random-weight checkpoint (bf16)
+// into a new temporary directory, which the caller removes.
+func writePreset(log func(string)) (string, error) {
+	dir, err := os.MkdirTemp("", "k3-bench-")
+	if err != nil {
+		return "", err
+	}
+	log("writing the k31pro-100m random-weight checkpoint (bf16)...")
+	if err := tiny.Write(dir, "k31pro-100m", tiny.Options{Seed: 1, BF16: true}); err != nil {
+		os.RemoveAll(dir)
+		return "", err
+	}
+	return dir, nil
+}
+
 // Run builds the ~100M-parameter K3.1 Pro-shaped checkpoint (bf16), then
 // times prefill, decode at batch 1 and at batch 8.
 func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
-	dir, err := os.MkdirTemp("", "k3-bench-model-")
+	dir, err := writePreset(log)
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	log("writing the k31pro-100m random-weight checkpoint (bf16)...")
-	if err := tiny.Write(dir, "k31pro-100m", tiny.Options{Seed: 1, BF16: true}); err != nil {
-		return nil, err
-	}
 	debug.FreeOSMemory() // the writer's garbage must not count, or hide, the model's memory
 	rss0 := rss()
 	m, err := k3.Load(ctx, dir)

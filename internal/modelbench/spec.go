@@ -11,7 +11,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"k3/internal/tiny"
 	"k3/k3"
 )
 
@@ -66,15 +65,11 @@ func (c *corrupted) Draft(history []int32, n int, dst []int32) []int32 {
 // survives a shared host's drift), next to the theory with the verify
 // pass's cost measured in the same run.
 func Spec(ctx context.Context, alphas []float64, depths []int, tokens int, log func(string)) (*SpecResult, error) {
-	dir, err := os.MkdirTemp("", "k3-bench-spec-")
+	dir, err := writePreset(log)
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	log("writing the k31pro-100m random-weight checkpoint (bf16)...")
-	if err := tiny.Write(dir, "k31pro-100m", tiny.Options{Seed: 1, BF16: true}); err != nil {
-		return nil, err
-	}
 	m, err := k3.Load(ctx, dir, k3.WithRollback(slices.Max(depths)))
 	if err != nil {
 		return nil, err
