@@ -420,7 +420,7 @@ func (g *generation) advance(ctx context.Context) (stepResult, error) {
 	if g.spec != nil {
 		g.spec.drew(id, &g.usage)
 	}
-	room := g.s.pos < g.s.limit
+	room := g.holds() < g.s.limit
 	for _, st := range g.o.stopTokens {
 		if id == st {
 			// The stop token ends the turn: the session holds it (a chat's
@@ -472,6 +472,16 @@ func (g *generation) advance(ctx context.Context) (stepResult, error) {
 	}
 	r.id, r.feed = id, room
 	return r, nil
+}
+
+// holds is the number of tokens the session holds for the generation:
+// its position without the drafts still in flight.
+func (g *generation) holds() int {
+	p := g.s.pos
+	if sp := g.spec; sp != nil {
+		p -= len(sp.drafts) - sp.next
+	}
+	return p
 }
 
 // finish completes the last token: the generation's usage.

@@ -348,3 +348,38 @@ func TestSpeculationErrors(t *testing.T) {
 	br.Wait()
 	assert.True(t, errors.Is(berr, ErrInvalidOption), "batcher: %v", berr)
 }
+
+// TestSpeculationAtTheContextLimit: near the end of the context, drafts
+// in flight do not count as held tokens: the generation ends where plain
+// decoding ends, with the same reason.
+func TestSpeculationAtTheContextLimit(t *testing.T) {
+	ctx := context.Background()
+	m, err := Load(ctx, tinyDir, WithRollback(8))
+	require.NoError(t, err)
+	defer m.Close()
+	limit := m.ContextLength()
+	prompt := make([]int32, limit-12)
+	for i := range prompt {
+		prompt[i] = int32(3 + i%5)
+	}
+	run := func(opts ...GenerateOption) ([]int32, FinishReason) {
+		s, _ := m.NewSession()
+		defer s.Close()
+		var ids []int32
+		var f FinishReason
+		for tok, err := range s.GenerateTokens(ctx, prompt, append(opts, WithMaxTokens(40), WithoutDefaultStops())...) {
+			require.NoError(t, err)
+			ids, f = append(ids, tok.ID), tok.Finish
+		}
+		require.LessOrEqual(t, s.Len(), limit)
+		return ids, f
+	}
+	want, wantFinish := run()
+	require.Equal(t, FinishContext, wantFinish)
+	full := append(append([]int32(nil), prompt...), want...)
+	for depth := 1; depth <= 8; depth++ {
+		got, f := run(WithSpeculation(perfect{full}, depth))
+		assert.Equal(t, want, got, "depth %d", depth)
+		assert.Equal(t, wantFinish, f, "depth %d", depth)
+	}
+}
