@@ -118,3 +118,11 @@ func maxAVX2(x *float32, n int) float32 { panic("kernel: no assembly on this pla
 func situAVX2(dst, gate, up, sg, eg, eu *float32, n int, c *[16]float32) {
 	panic("kernel: no assembly on this platform")
 }
+
+func tile4x3BF16AVX2(x *float32, xstride, rows int, w *uint16, triples, k int, out *float32, ostride int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func tile4x3F32AVX2(x *float32, xstride, rows int, w *float32, triples, k int, out *float32, ostride int) {
+	panic("kernel: no assembly on this platform")
+}
