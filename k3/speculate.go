@@ -28,7 +28,7 @@ func WithSpeculation(d specdec.Drafter, depth int) GenerateOption {
 		case depth < 1 || depth > ExactTokens-1:
 			o.fail("speculation depth %d, want 1..%d", depth, ExactTokens-1)
 		}
-		o.drafter, o.depth = d, depth
+		o.drafter, o.depth, o.adaptive = d, depth, false
 	}
 }
 

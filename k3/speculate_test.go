@@ -107,6 +107,14 @@ func TestAdaptiveSpeculation(t *testing.T) {
 	assert.Equal(t, want, got)
 	assert.Zero(t, u.DraftTokens, "an always-wrong drafter's drafts were verified")
 
+	// The last speculation option wins: a fixed depth verifies every draft.
+	s, _ = m.NewSession()
+	got, u = genIDs(t, s, prompt, append(opts, WithAdaptiveSpeculation(wrong{full, int32(m.VocabSize())}, 8), WithSpeculation(wrong{full, int32(m.VocabSize())}, 2))...)
+	s.Close()
+	assert.Equal(t, want, got)
+	assert.Positive(t, u.DraftTokens)
+	assert.Zero(t, u.AcceptedTokens)
+
 	s, _ = m.NewSession()
 	got, u = genIDs(t, s, prompt, append(opts, WithAdaptiveSpeculation(perfect{full}, 8))...)
 	s.Close()
