@@ -152,7 +152,7 @@ type speculation struct {
 	drafts  []int32   // fed, not yet confirmed by a draw
 	rows    []float32 // rows[i*vocab:]: the logits after drafts[i]
 	next    int       // drafts[:next] are confirmed
-	hist    []int32   // scratch: the history handed to the drafter
+	hist    []int32   // the history handed to the drafter (the session's tokens and id)
 	pass    []int32   // scratch: the verify pass's tokens
 	out     []float32 // scratch: the verify pass's logits
 
@@ -256,7 +256,17 @@ func (g *generation) verify(ctx context.Context, id int32) error {
 		}
 	}
 	if n > 0 {
-		sp.hist = append(append(sp.hist[:0], s.tokens...), id)
+		// The history handed out last time (the tokens then, and the token
+		// fed after them) is a prefix of the session's tokens now: every
+		// change since went through feed, which rolls back no further than
+		// the tokens drawn. So it grows by the new tokens alone, not a copy
+		// of the whole context per pass.
+		if h := len(sp.hist); h <= len(s.tokens) {
+			sp.hist = append(sp.hist, s.tokens[h:]...)
+		} else {
+			sp.hist = append(sp.hist[:0], s.tokens...)
+		}
+		sp.hist = append(sp.hist, id)
 		sp.drafts = sp.drafter.Draft(sp.hist, n, sp.drafts)
 		sp.drafts = sp.drafts[:min(len(sp.drafts), n)]
 	}
@@ -277,7 +287,7 @@ func (g *generation) verify(ctx context.Context, id int32) error {
 	}
 	g.usage.DraftTokens += len(sp.drafts)
 	sp.pass = append(append(sp.pass[:0], id), sp.drafts...)
-	sp.out = growLogits(sp.out, len(sp.pass)*v)
+	sp.out = grow(sp.out, len(sp.pass)*v)
 	if err := s.runInto(ctx, sp.pass, sp.out); err != nil {
 		sp.drafts = sp.drafts[:0]
 		return err
@@ -315,11 +325,4 @@ func (g *generation) settle() error {
 	s.last = last
 	s.charge()
 	return nil
-}
-
-func growLogits(v []float32, n int) []float32 {
-	if cap(v) < n {
-		return make([]float32, n)
-	}
-	return v[:n]
 }
