@@ -36,6 +36,21 @@ type Batcher struct {
 	wake  chan struct{} // a paused sequence's consumer has read
 	state atomic.Int32  // batcherNew, batcherRunning, batcherStopped
 	err   error         // Run's result, once done is closed
+	// What Stats reports: sequences in the loop's passes, requests the
+	// loop holds back, and requests not yet handed to the loop.
+	running, waiting, sending atomic.Int64
+}
+
+// BatcherStats is what a Batcher holds at one moment.
+type BatcherStats struct {
+	Running int // sequences admitted into the passes (paused ones too)
+	Waiting int // requests submitted and not yet admitted
+}
+
+// Stats reports the batcher's running and waiting requests, as a server's
+// metrics export them for a router.
+func (b *Batcher) Stats() BatcherStats {
+	return BatcherStats{Running: int(b.running.Load()), Waiting: int(b.waiting.Load() + b.sending.Load())}
 }
 
 const (
@@ -56,6 +71,7 @@ type batchReq struct {
 	out     chan batchItem
 	stop    chan struct{} // closed by the consumer to abandon the request
 	dropped chan struct{} // closed by the loop once it no longer uses the session
+	prefill bool          // feed the prompt only (Batcher.Prefill)
 	g       *generation
 	fed     int     // prompt tokens fed so far; the prompt is in prefill until all are
 	base    int     // the position of the prompt's first token
@@ -136,6 +152,36 @@ func (b *Batcher) Wait() error {
 // once with ErrBatcherNotRunning before the batcher starts and with
 // ErrBatcherClosed after it stops.
 func (b *Batcher) Generate(ctx context.Context, s *Session, prompt string, opts ...GenerateOption) iter.Seq2[Token, error] {
+	return b.GenerateTokens(ctx, s, b.m.tok.Encode(prompt, true), opts...)
+}
+
+// GenerateTokens is Generate with a tokenized prompt.
+func (b *Batcher) GenerateTokens(ctx context.Context, s *Session, prompt []int32, opts ...GenerateOption) iter.Seq2[Token, error] {
+	return b.submit(ctx, s, prompt, false, opts)
+}
+
+// Prefill feeds prompt to session s in the batcher's passes, chunk by
+// chunk beside the running sequences, and generates nothing: the session
+// then holds the prompt and its next-token logits, ready to Fork into
+// several generations that share the prompt's state. It returns how many
+// of the prompt's tokens came from the prefix cache (WithPrefixCache)
+// rather than being computed.
+func (b *Batcher) Prefill(ctx context.Context, s *Session, prompt []int32) (cached int, err error) {
+	if len(prompt) == 0 {
+		return 0, ErrEmptyPrompt
+	}
+	for tok, err := range b.submit(ctx, s, prompt, true, []GenerateOption{WithMaxTokens(1)}) {
+		if err != nil {
+			return 0, err
+		}
+		if tok.Usage != nil {
+			cached = tok.Usage.CachedTokens
+		}
+	}
+	return cached, nil
+}
+
+func (b *Batcher) submit(ctx context.Context, s *Session, prompt []int32, prefill bool, opts []GenerateOption) iter.Seq2[Token, error] {
 	return func(yield func(Token, error) bool) {
 		switch {
 		case s == nil:
@@ -148,10 +194,18 @@ func (b *Batcher) Generate(ctx context.Context, s *Session, prompt string, opts 
 			yield(Token{}, ErrBatcherNotRunning)
 			return
 		}
-		r := &batchReq{ctx: ctx, s: s, prompt: b.m.tok.Encode(prompt, true), opts: opts,
+		for _, id := range prompt {
+			if id < 0 || int(id) >= b.m.Config.VocabSize {
+				yield(Token{}, fmt.Errorf("%w: prompt token %d (vocabulary %d)", ErrBadToken, id, b.m.Config.VocabSize))
+				return
+			}
+		}
+		r := &batchReq{ctx: ctx, s: s, prompt: prompt, opts: opts, prefill: prefill,
 			out: make(chan batchItem, streamBuffer), stop: make(chan struct{}), dropped: make(chan struct{})}
+		b.sending.Add(1)
 		select {
 		case b.reqs <- r:
+			b.sending.Add(-1)
 			// However the consumer leaves, the session is its own again
 			// only once the loop has let go of it.
 			defer func() {
@@ -163,9 +217,11 @@ func (b *Batcher) Generate(ctx context.Context, s *Session, prompt string, opts 
 				<-r.dropped
 			}()
 		case <-b.done:
+			b.sending.Add(-1)
 			yield(Token{}, ErrBatcherClosed)
 			return
 		case <-ctx.Done():
+			b.sending.Add(-1)
 			yield(Token{}, ctx.Err())
 			return
 		}
@@ -197,6 +253,8 @@ func (b *Batcher) Run(ctx context.Context) error {
 func (b *Batcher) serve(ctx context.Context) (err error) {
 	defer func() {
 		b.err = err
+		b.running.Store(0)
+		b.waiting.Store(0)
 		b.state.Store(batcherStopped)
 		close(b.done)
 	}()
@@ -318,6 +376,8 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 	}
 	paused := 0 // active sequences whose streams were full in the last round
 	for {
+		b.running.Store(int64(len(active)))
+		b.waiting.Store(int64(len(waiting)))
 		// Wait for work when idle or when every sequence is paused;
 		// otherwise take whoever is waiting.
 		if len(active) == 0 || paused == len(active) {
@@ -354,6 +414,8 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 			}
 		}
 		admit()
+		b.running.Store(int64(len(active)))
+		b.waiting.Store(int64(len(waiting)))
 		if err := ctx.Err(); err != nil {
 			for _, r := range append(active, waiting...) {
 				finish(r, ErrBatcherClosed)
@@ -376,6 +438,13 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 					chunkReq = r
 				}
 				kept = append(kept, r)
+				continue
+			}
+			if r.prefill {
+				// The prompt is in: the session goes back with its logits.
+				u := r.g.usage
+				send(r, Token{ID: -1, Finish: FinishLength, Usage: &u})
+				finish(r, nil)
 				continue
 			}
 			if !flush(r) {

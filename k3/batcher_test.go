@@ -292,3 +292,106 @@ func TestBatcherChurn(t *testing.T) {
 	u := m.MemoryUsage()
 	assert.Equal(t, u.PrefixCache+u.FreePages, u.Used, "every session's state came back")
 }
+
+// TestBatcherPrefillForks: a prompt prefilled once through the batcher and
+// forked into several seeded generations gives each fork the tokens and
+// log-probabilities of Session.Generate of the whole prompt alone, bitwise.
+func TestBatcherPrefillForks(t *testing.T) {
+	m := load(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	br, err := m.NewBatcher(4)
+	require.NoError(t, err)
+	require.NoError(t, br.Start(ctx))
+	prompt := m.Encode("func main() { fmt.Println(")
+	opts := func(seed uint64) []GenerateOption {
+		return []GenerateOption{WithMaxTokens(12), WithoutDefaultStops(), WithTemperature(0.9), WithSeed(seed), WithLogprobs(2)}
+	}
+	base, err := m.NewSession()
+	require.NoError(t, err)
+	defer base.Close()
+	cached, err := br.Prefill(ctx, base, prompt)
+	require.NoError(t, err)
+	assert.Zero(t, cached)
+	require.Equal(t, prompt, base.Tokens())
+
+	var wg sync.WaitGroup
+	got := make([][]Token, 3)
+	for i := range got {
+		f, err := base.Fork()
+		require.NoError(t, err)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer f.Close()
+			for tok, err := range br.GenerateTokens(ctx, f, nil, opts(uint64(i))...) {
+				if !assert.NoError(t, err) {
+					return
+				}
+				tok.Usage = nil
+				got[i] = append(got[i], tok)
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range got {
+		s, err := m.NewSession()
+		require.NoError(t, err)
+		var want []Token
+		for tok, err := range s.GenerateTokens(ctx, prompt, opts(uint64(i))...) {
+			require.NoError(t, err)
+			tok.Usage = nil
+			want = append(want, tok)
+		}
+		require.NoError(t, s.Close())
+		assert.Equal(t, want, got[i], "fork %d", i)
+	}
+	assert.NotEqual(t, got[0], got[1], "different seeds drew the same tokens")
+
+	_, err = br.Prefill(ctx, base, nil)
+	assert.ErrorIs(t, err, ErrEmptyPrompt)
+	_, err = br.Prefill(ctx, base, []int32{int32(m.VocabSize())})
+	assert.ErrorIs(t, err, ErrBadToken)
+}
+
+// TestBatcherStats: Stats counts the sequences in the passes and those
+// held back, and both return to zero when the requests end.
+func TestBatcherStats(t *testing.T) {
+	m := load(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	br, err := m.NewBatcher(1)
+	require.NoError(t, err)
+	require.NoError(t, br.Start(ctx))
+	assert.Equal(t, BatcherStats{}, br.Stats())
+
+	first := make(chan struct{})
+	release := make(chan struct{})
+	done := make(chan struct{}, 2)
+	for i := range 2 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			s, _ := m.NewSession()
+			defer s.Close()
+			n := 0
+			for _, err := range br.Generate(ctx, s, "x", WithMaxTokens(200), WithoutDefaultStops()) {
+				if err != nil {
+					return
+				}
+				if n++; n == 1 && i == 0 {
+					close(first)
+					<-release // hold the batcher's only slot
+				}
+			}
+		}()
+		if i == 0 {
+			<-first
+		}
+	}
+	require.Eventually(t, func() bool { return br.Stats() == BatcherStats{Running: 1, Waiting: 1} },
+		10*time.Second, time.Millisecond, "stats %+v", br.Stats())
+	close(release)
+	<-done
+	<-done
+	require.Eventually(t, func() bool { return br.Stats() == BatcherStats{} }, 10*time.Second, time.Millisecond)
+}

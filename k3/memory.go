@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+
+	"k3/dsa"
 )
 
 // ErrMemoryBudget is wrapped by errors of calls that would take the
@@ -30,6 +32,11 @@ type MemoryUsage struct {
 	// sessions may hold some of them too), and attention-cache pages
 	// released and kept for reuse (dsa.MaxFree a layer at most).
 	PrefixCache, FreePages int64
+	// PageTokens is the attention caches' page size in tokens, PageBytes
+	// the memory of one page in every attention layer: what a sequence's
+	// attention state grows by each PageTokens tokens.
+	PageTokens int
+	PageBytes  int64
 }
 
 // Fraction is Used over Budget (0 without a budget).
@@ -50,6 +57,8 @@ func (m *Model) MemoryUsage() MemoryUsage {
 		if ly.pages != nil {
 			_, free := ly.pages.Pages()
 			u.FreePages += int64(free) * ly.pages.PageBytes()
+			u.PageBytes += ly.pages.PageBytes()
+			u.PageTokens = dsa.PageSize
 		}
 	}
 	m.mem.mu.Lock()
