@@ -8,6 +8,7 @@
 //	k3 chat [-model DIR] [-system TEXT]
 //	k3 eval [-model DIR] [-window N] FILE...
 //	k3 new-tiny -preset k31pro|k3|kimi_linear|k31pro-100m -out DIR
+//	k3 serve [-model DIR] [-addr 127.0.0.1:8080] [-api-key KEY]
 //	k3 conform [-backend go] DIR|FILE...
 //	k3 inspect PATH
 //	k3 bench dsa [-contexts 4096,16384,65536,131072] [-iters 3] [-out dsa_decode]
@@ -22,6 +23,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 )
 
@@ -35,6 +37,7 @@ var commands = []command{
 	{"chat", "chat [-model DIR] [-system TEXT] ...\tinteractive multi-turn chat", runChat},
 	{"eval", "eval [-model DIR] FILE...\tscore files: bits per token and per byte", runEval},
 	{"new-tiny", "new-tiny -preset NAME -out DIR\twrite a random-weight checkpoint", runNewTiny},
+	{"serve", "serve [-model DIR] [-addr 127.0.0.1:8080] ...\tthe OpenAI-compatible HTTP server (docs/SERVING.md)", runServe},
 	{"conform", "conform [-backend go] DIR|FILE...\trun the golden-vector conformance suite", runConform},
 	{"inspect", "inspect PATH\tlist a checkpoint's or golden file's tensors and config", runInspect},
 	{"bench", "bench dsa|kernels|model\tsparse vs dense DSA decode; GEMM and matrix-vector against the machine's\n" +
@@ -45,7 +48,7 @@ var commands = []command{
 var errFailed = errors.New("failed")
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
 }

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	"k3/k3"
+	"k3/k3/serve"
+)
+
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	model := fs.String("model", "", "checkpoint directory (default: the embedded tiny model)")
+	addr := fs.String("addr", "127.0.0.1:8080", "listen address (loopback unless told otherwise)")
+	name := fs.String("name", "", `model id served (default "k3-tiny", or the checkpoint directory's name)`)
+	backend := fs.String("backend", "go", "compute backend")
+	apiKey := fs.String("api-key", "", "bearer token every /v1 request must carry (default $K3_API_KEY)")
+	seqs := fs.Int("sequences", 16, "sequences decoded together")
+	queue := fs.Int("queue", 0, "sequences that may wait beyond -sequences before requests get 429 (default 4 x -sequences)")
+	maxTokens := fs.Int("max-tokens", 2048, "the most tokens a request may generate")
+	memory := fs.Int64("memory-mb", 2048, "sequence-state budget in MiB (attention pages, KDA states, the prefix cache)")
+	prefix := fs.Int64("prefix-cache-mb", 512, "prefix-cache memory in MiB (0: no prefix cache)")
+	maxBody := fs.Int64("max-body-kb", 4096, "largest request body in KiB")
+	drain := fs.Duration("drain", 30*time.Second, "how long shutdown waits for running requests")
+	synopsis := "serve [-model DIR] [-addr 127.0.0.1:8080] [-api-key KEY] ...\n\nServes the OpenAI-compatible API (/v1/chat/completions, /v1/completions,\n/v1/models, /tokenize, /detokenize, /health, /metrics) until interrupted;\nsee docs/SERVING.md."
+	if err := parseFlags(fs, synopsis, args, stdout, stderr); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "k3 serve: unexpected argument %q\n", fs.Arg(0))
+		return errUsage
+	}
+	if *memory <= 0 || *prefix < 0 || *prefix >= *memory {
+		return fmt.Errorf("-memory-mb %d and -prefix-cache-mb %d: want 0 <= prefix < memory", *memory, *prefix)
+	}
+	key := *apiKey
+	if key == "" {
+		key = os.Getenv("K3_API_KEY")
+	}
+	cfg := serve.Config{Name: *name, MaxSequences: *seqs, MaxQueue: *queue, MaxTokens: *maxTokens, MaxBodyBytes: *maxBody << 10, APIKey: key}
+	if cfg.Name == "" {
+		cfg.Name = "k3-tiny"
+		if *model != "" {
+			cfg.Name = filepath.Base(filepath.Clean(*model))
+		}
+	}
+
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	// The listener answers from the start; until the model is in, every
+	// route (/health included) says 503.
+	var ready atomic.Pointer[serve.Server]
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s := ready.Load(); s != nil {
+			s.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintln(w, `{"error":{"message":"the model is loading","type":"server_error","param":null,"code":null}}`)
+	})
+	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(ln) }()
+	fmt.Fprintf(stderr, "k3 serve: listening on http://%s (model %q loading)\n", ln.Addr(), cfg.Name)
+
+	opts := []k3.Option{k3.WithBackend(*backend), k3.WithMemoryBudget(*memory << 20)}
+	if *prefix > 0 {
+		opts = append(opts, k3.WithPrefixCache(*prefix<<20))
+	}
+	var m *k3.Model
+	if *model == "" {
+		m, err = k3.LoadTiny(ctx, opts...)
+	} else {
+		m, err = k3.Load(ctx, *model, opts...)
+	}
+	if err != nil {
+		hs.Close()
+		return err
+	}
+	defer m.Close()
+	srv, err := serve.New(m, cfg)
+	if err != nil {
+		hs.Close()
+		return err
+	}
+	defer srv.Close()
+	ready.Store(srv)
+	fmt.Fprintf(stderr, "k3 serve: ready (%s, context %d tokens)\n", cfg.Name, m.ContextLength())
+
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	fmt.Fprintln(stderr, "k3 serve: shutting down; waiting for running requests")
+	sctx, cancel := context.WithTimeout(context.Background(), *drain)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return srv.Close()
+}

@@ -1,0 +1,481 @@
+package serve
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"iter"
+	"net/http"
+	"sync"
+	"time"
+
+	"k3/k3"
+)
+
+func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
+	var req chatRequest
+	if !s.decode(w, r, &req) {
+		return
+	}
+	j, err := s.chatJob(&req)
+	if err != nil {
+		s.met.failed("rejected")
+		writeError(w, err)
+		return
+	}
+	s.complete(w, r, j)
+}
+
+func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+	var req completionRequest
+	if !s.decode(w, r, &req) {
+		return
+	}
+	j, err := s.completionJob(&req)
+	if err != nil {
+		s.met.failed("rejected")
+		writeError(w, err)
+		return
+	}
+	s.complete(w, r, j)
+}
+
+// event is one step of one choice: a token or the error that ended it.
+type event struct {
+	choice int
+	tok    k3.Token
+	err    error
+}
+
+// complete runs a validated request: it takes room in the queue, starts
+// the choices' generations in the batcher and answers as one JSON object
+// or as a stream of events.
+func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
+	start := time.Now()
+	if !s.sem.TryAcquire(int64(j.n)) {
+		s.met.failed("rejected")
+		writeError(w, &apiError{status: 429, typ: "rate_limit_error",
+			msg: fmt.Sprintf("server busy: %d sequences decode at once and %d may wait; try again", s.cfg.MaxSequences, s.cfg.MaxQueue)})
+		return
+	}
+	defer s.sem.Release(int64(j.n))
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+
+	var sessions []*k3.Session
+	defer func() {
+		for _, ss := range sessions {
+			ss.Close()
+		}
+	}()
+	newSession := func() (*k3.Session, error) {
+		ss, err := s.m.NewSession()
+		if err == nil {
+			sessions = append(sessions, ss)
+		}
+		return ss, err
+	}
+	seqs := make([]iter.Seq2[k3.Token, error], j.n)
+	cached := -1 // taken from the last token's usage unless the prompt was prefilled here
+	if j.n == 1 {
+		ss, err := newSession()
+		if err != nil {
+			s.fail(w, err)
+			return
+		}
+		seqs[0] = s.b.GenerateTokens(ctx, ss, j.prompt, j.choiceOpts(0)...)
+	} else {
+		// The prompt prefills once; the choices fork its state.
+		base, err := newSession()
+		if err != nil {
+			s.fail(w, err)
+			return
+		}
+		if cached, err = s.b.Prefill(ctx, base, j.prompt); err != nil {
+			s.fail(w, err)
+			return
+		}
+		for i := range seqs {
+			f, err := base.Fork()
+			if err != nil {
+				s.fail(w, err)
+				return
+			}
+			sessions = append(sessions, f)
+			seqs[i] = s.b.GenerateTokens(ctx, f, nil, j.choiceOpts(i)...)
+		}
+	}
+
+	events := make(chan event, 4*j.n)
+	var wg sync.WaitGroup
+	for i, seq := range seqs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for tok, err := range seq {
+				select {
+				case events <- event{choice: i, tok: tok, err: err}:
+				case <-ctx.Done():
+					return
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	go func() {
+		wg.Wait()
+		close(events)
+	}()
+	// The sessions close (deferred above) only once every generation has
+	// let go of them: cancel, then wait.
+	defer wg.Wait()
+	defer cancel()
+
+	a := &answer{j: j, s: s, id: newID(j.chat), created: time.Now().Unix(), start: start,
+		choices: make([]choice, j.n), cached: cached}
+	if j.stream {
+		a.stream(ctx, w, events)
+	} else {
+		a.whole(w, events)
+	}
+}
+
+func (s *Server) fail(w http.ResponseWriter, err error) {
+	s.abandoned(err)
+	writeError(w, err)
+}
+
+func newID(chat bool) string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	if chat {
+		return "chatcmpl-" + hex.EncodeToString(b[:])
+	}
+	return "cmpl-" + hex.EncodeToString(b[:])
+}
+
+// answer gathers a request's choices as their tokens arrive.
+type answer struct {
+	j       *job
+	s       *Server
+	id      string
+	created int64
+	start   time.Time
+	choices []choice
+	cached  int
+	first   bool // a token has arrived
+	prompt  int
+	done    int // choices finished
+}
+
+type choice struct {
+	text      []byte
+	finish    string
+	generated int
+	cached    int
+	last      time.Time
+	lps       []tokenLogprob // chat
+	offsets   int            // completions: bytes of text so far, for text_offset
+	legacy    legacyLogprobs // completions
+}
+
+// tokenLogprob is one entry of a chat choice's logprobs.content.
+type tokenLogprob struct {
+	Token       string         `json:"token"`
+	Logprob     float32        `json:"logprob"`
+	Bytes       []int          `json:"bytes"`
+	TopLogprobs []topLogprobEn `json:"top_logprobs"`
+}
+
+type topLogprobEn struct {
+	Token   string  `json:"token"`
+	Logprob float32 `json:"logprob"`
+	Bytes   []int   `json:"bytes"`
+}
+
+// legacyLogprobs is a completion choice's logprobs.
+type legacyLogprobs struct {
+	Tokens        []string             `json:"tokens"`
+	TokenLogprobs []float32            `json:"token_logprobs"`
+	TopLogprobs   []map[string]float32 `json:"top_logprobs"`
+	TextOffset    []int                `json:"text_offset"`
+}
+
+func (a *answer) tokenBytes(id int32) []byte { return a.s.m.Tokenizer().TokenBytes(id) }
+
+func byteList(b []byte) []int {
+	out := make([]int, len(b))
+	for i, c := range b {
+		out[i] = int(c)
+	}
+	return out
+}
+
+// take records ev's token in its choice and returns the pieces a stream
+// chunk carries: the text and, with logprobs, the token's entries.
+func (a *answer) take(ev event) (text string, lp []tokenLogprob, legacy *legacyLogprobs) {
+	c := &a.choices[ev.choice]
+	tok := ev.tok
+	now := time.Now()
+	if tok.ID >= 0 {
+		if !a.first {
+			a.first = true
+			a.s.met.ttft.observe(now.Sub(a.start).Seconds())
+		}
+		if !c.last.IsZero() {
+			a.s.met.itl.observe(now.Sub(c.last).Seconds())
+		}
+		c.last = now
+		if a.j.logprobs {
+			b := a.tokenBytes(tok.ID)
+			if a.j.chat {
+				e := tokenLogprob{Token: string(b), Logprob: tok.Logprob, Bytes: byteList(b), TopLogprobs: []topLogprobEn{}}
+				for _, t := range tok.Top {
+					tb := a.tokenBytes(t.ID)
+					e.TopLogprobs = append(e.TopLogprobs, topLogprobEn{Token: string(tb), Logprob: t.Logprob, Bytes: byteList(tb)})
+				}
+				c.lps = append(c.lps, e)
+				lp = []tokenLogprob{e}
+			} else {
+				top := make(map[string]float32, len(tok.Top))
+				for _, t := range tok.Top {
+					top[string(a.tokenBytes(t.ID))] = t.Logprob
+				}
+				l := &c.legacy
+				l.Tokens = append(l.Tokens, string(b))
+				l.TokenLogprobs = append(l.TokenLogprobs, tok.Logprob)
+				l.TopLogprobs = append(l.TopLogprobs, top)
+				l.TextOffset = append(l.TextOffset, c.offsets)
+				c.offsets += len(b)
+				legacy = &legacyLogprobs{Tokens: []string{string(b)}, TokenLogprobs: []float32{tok.Logprob},
+					TopLogprobs: []map[string]float32{top}, TextOffset: []int{c.offsets - len(b)}}
+			}
+		}
+	}
+	c.text = append(c.text, tok.Text...)
+	if tok.Finish != k3.FinishNone {
+		c.finish = finishReason(tok.Finish)
+		a.done++
+		if u := tok.Usage; u != nil {
+			c.generated, c.cached = u.GeneratedTokens, u.CachedTokens
+			a.prompt = len(a.j.prompt)
+			a.s.met.generated.Add(int64(u.GeneratedTokens))
+		}
+		a.s.met.finished(c.finish)
+		a.s.met.e2e.observe(now.Sub(a.start).Seconds())
+	}
+	return tok.Text, lp, legacy
+}
+
+func finishReason(f k3.FinishReason) string {
+	switch f {
+	case k3.FinishLength, k3.FinishContext:
+		return "length"
+	}
+	return "stop"
+}
+
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+	Details          struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+func (a *answer) usage() *usage {
+	u := &usage{PromptTokens: len(a.j.prompt)}
+	for _, c := range a.choices {
+		u.CompletionTokens += c.generated
+	}
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	u.Details.CachedTokens = a.cached
+	if a.cached < 0 {
+		u.Details.CachedTokens = a.choices[0].cached
+	}
+	a.s.met.promptTokens(u.PromptTokens, u.Details.CachedTokens)
+	return u
+}
+
+// whole answers once every choice has finished.
+func (a *answer) whole(w http.ResponseWriter, events <-chan event) {
+	for ev := range events {
+		if ev.err != nil {
+			a.s.abandoned(ev.err)
+			writeError(w, ev.err)
+			return
+		}
+		a.take(ev)
+	}
+	if a.done < len(a.choices) {
+		a.s.met.failed("abort")
+		return // the client went away
+	}
+	u := a.usage()
+	choices := make([]map[string]any, len(a.choices))
+	for i, c := range a.choices {
+		ch := map[string]any{"index": i, "finish_reason": c.finish, "logprobs": nil}
+		if a.j.chat {
+			ch["message"] = map[string]any{"role": "assistant", "content": string(c.text)}
+			if a.j.logprobs {
+				if c.lps == nil {
+					c.lps = []tokenLogprob{}
+				}
+				ch["logprobs"] = map[string]any{"content": c.lps}
+			}
+		} else {
+			ch["text"] = string(c.text)
+			if a.j.logprobs {
+				ch["logprobs"] = c.legacy
+			}
+		}
+		choices[i] = ch
+	}
+	obj := "text_completion"
+	if a.j.chat {
+		obj = "chat.completion"
+	}
+	writeJSON(w, 200, map[string]any{"id": a.id, "object": obj, "created": a.created, "model": a.s.cfg.Name,
+		"choices": choices, "usage": u})
+}
+
+// abandoned counts a request that ended with err before it finished.
+func (s *Server) abandoned(err error) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		s.met.failed("abort")
+	} else {
+		s.met.failed("error")
+	}
+}
+
+// stream answers with server-sent events. The status line waits for the
+// first event, so a request that fails before its first token still gets
+// an HTTP error.
+func (a *answer) stream(ctx context.Context, w http.ResponseWriter, events <-chan event) {
+	flusher, _ := w.(http.Flusher)
+	started := false
+	send := func(v any) bool {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return false
+		}
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
+			return false
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+		return true
+	}
+	begin := func() bool {
+		if started {
+			return true
+		}
+		started = true
+		h := w.Header()
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "no-cache")
+		h.Set("X-Accel-Buffering", "no")
+		w.WriteHeader(200)
+		if a.j.chat {
+			for i := range a.choices {
+				if !send(a.chunk(i, map[string]any{"role": "assistant", "content": ""}, nil, nil, "")) {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	for ev := range events {
+		if ev.err != nil {
+			a.s.abandoned(ev.err)
+			if ctx.Err() != nil {
+				return // the client went away
+			}
+			if !started {
+				writeError(w, ev.err)
+				return
+			}
+			send(asAPIError(ev.err).body())
+			return
+		}
+		if !begin() {
+			a.s.met.failed("abort")
+			return
+		}
+		text, lp, legacy := a.take(ev)
+		c := a.choices[ev.choice]
+		if text == "" && lp == nil && legacy == nil && c.finish == "" {
+			continue
+		}
+		var delta any
+		if a.j.chat {
+			d := map[string]any{}
+			if text != "" || c.finish == "" {
+				d["content"] = text
+			}
+			delta = d
+		}
+		if !send(a.chunk(ev.choice, delta, lp, legacy, text)) {
+			a.s.met.failed("abort")
+			return
+		}
+	}
+	if a.done < len(a.choices) {
+		a.s.met.failed("abort")
+		return
+	}
+	if !begin() {
+		return
+	}
+	if a.j.includeUsage {
+		obj := "text_completion"
+		if a.j.chat {
+			obj = "chat.completion.chunk"
+		}
+		if !send(map[string]any{"id": a.id, "object": obj, "created": a.created, "model": a.s.cfg.Name,
+			"choices": []any{}, "usage": a.usage()}) {
+			return
+		}
+	} else {
+		a.usage() // the counters
+	}
+	fmt.Fprint(w, "data: [DONE]\n\n")
+	if flusher != nil {
+		flusher.Flush()
+	}
+}
+
+// chunk is one streamed event of choice i.
+func (a *answer) chunk(i int, delta any, lp []tokenLogprob, legacy *legacyLogprobs, text string) map[string]any {
+	c := a.choices[i]
+	var finish any
+	if c.finish != "" {
+		finish = c.finish
+	}
+	ch := map[string]any{"index": i, "finish_reason": finish, "logprobs": nil}
+	obj := "text_completion"
+	if a.j.chat {
+		obj = "chat.completion.chunk"
+		ch["delta"] = delta
+		if lp != nil {
+			ch["logprobs"] = map[string]any{"content": lp}
+		}
+	} else {
+		ch["text"] = text
+		if legacy != nil {
+			ch["logprobs"] = legacy
+		}
+	}
+	out := map[string]any{"id": a.id, "object": obj, "created": a.created, "model": a.s.cfg.Name, "choices": []any{ch}}
+	if a.j.includeUsage {
+		out["usage"] = nil
+	}
+	return out
+}

@@ -1,0 +1,78 @@
+package serve
+
+import (
+	"context"
+	"encoding/json"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"k3/k3"
+)
+
+// FuzzRequests: no request body crashes the server or gets an answer
+// outside the API's statuses, and every error is OpenAI's error object.
+func FuzzRequests(f *testing.F) {
+	m, err := k3.LoadTiny(context.Background(), k3.WithMemoryBudget(64<<20))
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer m.Close()
+	s, err := New(m, Config{MaxTokens: 3, MaxN: 2, MaxBodyBytes: 1 << 14})
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer s.Close()
+	for _, seed := range []string{
+		`{"messages":[{"role":"user","content":"hi"}]}`,
+		`{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}],"stream":true,"n":2,"logprobs":true,"top_logprobs":3}`,
+		`{"prompt":"func","stop":["\n"],"logit_bias":{"5":-100},"seed":-1,"temperature":0.5,"top_p":0.9}`,
+		`{"prompt":[1,2,3],"max_tokens":2,"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"prompt":[[1,2]],"logprobs":2,"presence_penalty":1,"frequency_penalty":-1}`,
+		`{"messages":[{"role":"assistant","content":null}],"tools":[]}`,
+		`{"prompt":"x","max_tokens":1e9}`, `{"prompt":{}}`, `[]`, `null`, `{"messages":"x"}`, `{`,
+	} {
+		f.Add("/v1/chat/completions", seed)
+		f.Add("/v1/completions", seed)
+	}
+	f.Add("/tokenize", `{"prompt":"a b c"}`)
+	f.Add("/detokenize", `{"tokens":[1,2]}`)
+	f.Fuzz(func(t *testing.T, path, body string) {
+		switch path {
+		case "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize":
+		default:
+			path = "/v1/completions"
+		}
+		w := httptest.NewRecorder()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			s.ServeHTTP(w, httptest.NewRequest("POST", path, strings.NewReader(body)))
+		}()
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			t.Fatalf("no answer in a minute to %s %q", path, body)
+		}
+		switch w.Code {
+		case 200:
+			if strings.HasPrefix(w.Header().Get("Content-Type"), "text/event-stream") {
+				if !strings.HasSuffix(w.Body.String(), "data: [DONE]\n\n") && !strings.Contains(w.Body.String(), `"error"`) {
+					t.Fatalf("stream without [DONE]: %q", w.Body.String())
+				}
+				return
+			}
+			if !json.Valid(w.Body.Bytes()) {
+				t.Fatalf("200 with a body that is not JSON: %q", w.Body.String())
+			}
+		case 400, 404, 413:
+			var e errorBody
+			if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || e.Error.Message == "" || e.Error.Type == "" {
+				t.Fatalf("status %d with body %q", w.Code, w.Body.String())
+			}
+		default:
+			t.Fatalf("status %d for %s %q: %s", w.Code, path, body, w.Body.String())
+		}
+	})
+}

@@ -1,0 +1,206 @@
+package serve
+
+import (
+	"bufio"
+	"fmt"
+	"math"
+	"net/http"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+)
+
+// metrics are the server's counters and histograms; gauges are read from
+// the model and the batcher when scraped.
+type metrics struct {
+	model                string
+	generated            atomic.Int64
+	prompt, promptCached atomic.Int64
+	mu                   sync.Mutex
+	finishes             map[string]int64 // finished_reason -> requests
+	failures             map[string]int64 // rejected, abort, error -> requests
+	ttft, itl, e2e       *histogram
+}
+
+func newMetrics(model string) *metrics {
+	return &metrics{model: model, finishes: map[string]int64{}, failures: map[string]int64{},
+		ttft: newHistogram(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80),
+		itl:  newHistogram(0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 10),
+		e2e:  newHistogram(0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960)}
+}
+
+func (m *metrics) finished(reason string) {
+	m.mu.Lock()
+	m.finishes[reason]++
+	m.mu.Unlock()
+}
+
+func (m *metrics) failed(reason string) {
+	m.mu.Lock()
+	m.failures[reason]++
+	m.mu.Unlock()
+}
+
+func (m *metrics) promptTokens(n, cached int) {
+	m.prompt.Add(int64(n))
+	m.promptCached.Add(int64(cached))
+}
+
+// histogram is a Prometheus histogram with fixed upper bounds.
+type histogram struct {
+	mu     sync.Mutex
+	bounds []float64
+	counts []int64 // counts[i]: observations <= bounds[i] and > bounds[i-1]; the last is +Inf
+	sum    float64
+	n      int64
+}
+
+func newHistogram(bounds ...float64) *histogram {
+	return &histogram{bounds: bounds, counts: make([]int64, len(bounds)+1)}
+}
+
+func (h *histogram) observe(v float64) {
+	i := sort.SearchFloat64s(h.bounds, v) // the first bound >= v
+	h.mu.Lock()
+	h.counts[i]++
+	h.sum += v
+	h.n++
+	h.mu.Unlock()
+}
+
+// promWriter writes the Prometheus text exposition format (version 0.0.4).
+type promWriter struct {
+	w     *bufio.Writer
+	model string
+}
+
+func (p *promWriter) head(name, typ, help string) {
+	fmt.Fprintf(p.w, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
+}
+
+// sample writes one line; labels alternate names and values.
+func (p *promWriter) sample(name string, v float64, labels ...string) {
+	p.w.WriteString(name)
+	p.w.WriteString(`{model_name="`)
+	p.w.WriteString(escapeLabel(p.model))
+	p.w.WriteByte('"')
+	for i := 0; i+1 < len(labels); i += 2 {
+		fmt.Fprintf(p.w, `,%s="%s"`, labels[i], escapeLabel(labels[i+1]))
+	}
+	p.w.WriteString("} ")
+	p.w.WriteString(formatFloat(v))
+	p.w.WriteByte('\n')
+}
+
+func (p *promWriter) gauge(name, help string, v float64, labels ...string) {
+	p.head(name, "gauge", help)
+	p.sample(name, v, labels...)
+}
+
+func (p *promWriter) counter(name, help string, v float64) {
+	p.head(name, "counter", help)
+	p.sample(name, v)
+}
+
+func (p *promWriter) histogram(name, help string, h *histogram) {
+	h.mu.Lock()
+	counts := append([]int64(nil), h.counts...)
+	sum, n := h.sum, h.n
+	h.mu.Unlock()
+	p.head(name, "histogram", help)
+	var cum int64
+	for i, b := range h.bounds {
+		cum += counts[i]
+		p.sample(name+"_bucket", float64(cum), "le", formatFloat(b))
+	}
+	p.sample(name+"_bucket", float64(n), "le", "+Inf")
+	p.sample(name+"_sum", sum)
+	p.sample(name+"_count", float64(n))
+}
+
+func formatFloat(v float64) string {
+	switch {
+	case math.IsInf(v, 1):
+		return "+Inf"
+	case math.IsInf(v, -1):
+		return "-Inf"
+	case math.IsNaN(v):
+		return "NaN"
+	}
+	return strconv.FormatFloat(v, 'g', -1, 64)
+}
+
+func escapeLabel(s string) string {
+	out := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '\\':
+			out = append(out, '\\', '\\')
+		case '"':
+			out = append(out, '\\', '"')
+		case '\n':
+			out = append(out, '\\', 'n')
+		default:
+			out = append(out, c)
+		}
+	}
+	return string(out)
+}
+
+// metrics answers a Prometheus scrape. The names an inference gateway's
+// endpoint picker reads by default are vLLM's; the rest follow them.
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	p := &promWriter{w: bufio.NewWriter(w), model: s.cfg.Name}
+	defer p.w.Flush()
+	st := s.b.Stats()
+	mem := s.m.MemoryUsage()
+	p.gauge("vllm:num_requests_running", "Sequences in the scheduler's passes.", float64(st.Running))
+	p.gauge("vllm:num_requests_waiting", "Sequences submitted and waiting for a place in the passes.", float64(st.Waiting))
+	usage := 0.0
+	blocks := int64(0)
+	if mem.Budget > 0 {
+		usage = float64(mem.Used-mem.FreePages) / float64(mem.Budget)
+		if mem.PageBytes > 0 {
+			blocks = mem.Budget / mem.PageBytes
+		}
+	}
+	p.gauge("vllm:kv_cache_usage_perc", "Fraction of the sequence-state budget held (attention pages, KDA states and snapshots, the prefix cache); 0 without a budget.", usage)
+	p.gauge("vllm:cache_config_info", "The state store's layout: block_size is the attention page in tokens, num_gpu_blocks the pages (of every attention layer) the budget holds.", 1,
+		"block_size", strconv.Itoa(mem.PageTokens), "num_gpu_blocks", strconv.FormatInt(blocks, 10))
+	p.gauge("k3:memory_used_bytes", "Bytes of sequence state held.", float64(mem.Used))
+	p.gauge("k3:memory_budget_bytes", "The sequence-state budget in bytes (0: none).", float64(mem.Budget))
+	p.counter("vllm:prompt_tokens_total", "Prompt tokens of finished requests.", float64(s.met.prompt.Load()))
+	p.counter("vllm:generation_tokens_total", "Tokens generated by finished requests.", float64(s.met.generated.Load()))
+	p.counter("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", float64(s.met.prompt.Load()))
+	p.counter("vllm:prefix_cache_hits_total", "Prompt tokens resumed from the prefix cache rather than computed.", float64(s.met.promptCached.Load()))
+	ps := s.m.PrefixCacheStats()
+	p.counter("k3:prefix_cache_lookups_total", "Prompts looked up in the prefix cache.", float64(ps.Lookups))
+	p.counter("k3:prefix_cache_hit_lookups_total", "Prompt lookups that resumed from a cached KDA snapshot.", float64(ps.Hits))
+	p.gauge("k3:prefix_cache_bytes", "Bytes the prefix cache holds.", float64(ps.Bytes))
+
+	s.met.mu.Lock()
+	finishes := copyCounts(s.met.finishes)
+	failures := copyCounts(s.met.failures)
+	s.met.mu.Unlock()
+	p.head("vllm:request_success_total", "counter", "Requests that finished, by finish reason.")
+	for _, reason := range []string{"stop", "length"} {
+		p.sample("vllm:request_success_total", float64(finishes[reason]), "finished_reason", reason)
+	}
+	p.head("k3:request_failures_total", "counter", "Requests that did not finish: rejected (bad or over the queue), abort (the client left), error.")
+	for _, reason := range []string{"abort", "error", "rejected"} {
+		p.sample("k3:request_failures_total", float64(failures[reason]), "reason", reason)
+	}
+	p.histogram("vllm:time_to_first_token_seconds", "Time from a request's arrival to its first token.", s.met.ttft)
+	p.histogram("vllm:inter_token_latency_seconds", "Time between a choice's consecutive tokens.", s.met.itl)
+	p.histogram("vllm:e2e_request_latency_seconds", "Time from a request's arrival to each choice's last token.", s.met.e2e)
+}
+
+func copyCounts(m map[string]int64) map[string]int64 {
+	out := make(map[string]int64, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}

@@ -1,0 +1,315 @@
+// Package serve is an OpenAI-compatible HTTP front end for a k3 model: an
+// http.Handler that an application mounts on its own mux, and what the
+// `k3 serve` command runs.
+//
+// Routes: POST /v1/chat/completions and /v1/completions (streaming as
+// server-sent events), GET /v1/models, POST /tokenize and /detokenize,
+// GET /health and GET /metrics (Prometheus text format, under the names an
+// inference gateway's endpoint picker reads). Every generation goes
+// through one k3.Batcher, so concurrent requests share forward passes. A
+// client that disconnects ends its generation at the next pass.
+//
+// Prompts are tokenized with special tokens honoured, so a message that
+// contains "<|im_end|>" ends its turn; a server facing untrusted users
+// should filter such strings before they reach it.
+package serve
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/semaphore"
+
+	"k3/k3"
+)
+
+// Config sets a Server's limits. The zero value of each field selects its
+// default.
+type Config struct {
+	// Name is the model id that requests name in "model" and /v1/models
+	// lists (default "k3"). A request naming another model gets 404; one
+	// naming none is served.
+	Name string
+	// MaxSequences is how many sequences decode together (the Batcher's
+	// size; default 16).
+	MaxSequences int
+	// MaxQueue is how many more sequences may wait for a place; a request
+	// past it is answered 429 at once (default 4 x MaxSequences).
+	MaxQueue int
+	// TokenBudget bounds the rows of a pass (k3.WithTokenBudget; default
+	// the Batcher's).
+	TokenBudget int
+	// MaxTokens caps a request's max_tokens, and is what a request that
+	// sets none gets, within the context (default 2048).
+	MaxTokens int
+	// MaxN caps n, the choices per request (default 8).
+	MaxN int
+	// MaxBodyBytes caps a request body; a larger one gets 413 (default 4 MiB).
+	MaxBodyBytes int64
+	// APIKey, when set, is the bearer token every request to /v1/*,
+	// /tokenize and /detokenize must carry (Authorization: Bearer KEY).
+	// /health and /metrics stay open for probes and scrapers.
+	APIKey string
+}
+
+func (c *Config) defaults() {
+	if c.Name == "" {
+		c.Name = "k3"
+	}
+	if c.MaxSequences <= 0 {
+		c.MaxSequences = 16
+	}
+	if c.MaxQueue <= 0 {
+		c.MaxQueue = 4 * c.MaxSequences
+	}
+	if c.MaxTokens <= 0 {
+		c.MaxTokens = 2048
+	}
+	if c.MaxN <= 0 {
+		c.MaxN = 8
+	}
+	if c.MaxBodyBytes <= 0 {
+		c.MaxBodyBytes = 4 << 20
+	}
+}
+
+// Server serves one model over HTTP. Create it with New; Close it after
+// the http.Server that carries it has shut down.
+type Server struct {
+	m       *k3.Model
+	cfg     Config
+	b       *k3.Batcher
+	stop    context.CancelFunc
+	sem     *semaphore.Weighted // sequences running or queued
+	mux     *http.ServeMux
+	met     *metrics
+	closed  atomic.Bool
+	created int64
+}
+
+// New starts serving m: it starts the scheduler (a k3.Batcher), which
+// runs until Close. m stays the caller's; close it after the Server.
+func New(m *k3.Model, cfg Config) (*Server, error) {
+	if m == nil {
+		return nil, errors.New("serve: nil model")
+	}
+	cfg.defaults()
+	var bopts []k3.BatcherOption
+	if cfg.TokenBudget > 0 {
+		bopts = append(bopts, k3.WithTokenBudget(cfg.TokenBudget))
+	}
+	b, err := m.NewBatcher(cfg.MaxSequences, bopts...)
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	if err := b.Start(ctx); err != nil {
+		stop()
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	s := &Server{m: m, cfg: cfg, b: b, stop: stop, sem: semaphore.NewWeighted(int64(cfg.MaxSequences + cfg.MaxQueue)),
+		mux: http.NewServeMux(), met: newMetrics(cfg.Name), created: time.Now().Unix()}
+	s.mux.HandleFunc("POST /v1/chat/completions", s.authorized(s.chatCompletions))
+	s.mux.HandleFunc("POST /v1/completions", s.authorized(s.completions))
+	s.mux.HandleFunc("GET /v1/models", s.authorized(s.models))
+	s.mux.HandleFunc("GET /v1/models/{id...}", s.authorized(s.model))
+	s.mux.HandleFunc("POST /tokenize", s.authorized(s.tokenize))
+	s.mux.HandleFunc("POST /detokenize", s.authorized(s.detokenize))
+	s.mux.HandleFunc("GET /health", s.health)
+	s.mux.HandleFunc("GET /metrics", s.metrics)
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &apiError{status: 404, typ: "invalid_request_error", msg: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)})
+	})
+	return s, nil
+}
+
+// ServeHTTP serves the routes in the package doc.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// Close stops the scheduler: requests still running end with an error
+// and /health reports 503. Shut the http.Server down first to let running
+// requests finish. Close is idempotent.
+func (s *Server) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	s.stop()
+	if err := s.b.Wait(); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+func (s *Server) authorized(h http.HandlerFunc) http.HandlerFunc {
+	if s.cfg.APIKey == "" {
+		return h
+	}
+	want := []byte("Bearer " + s.cfg.APIKey)
+	return func(w http.ResponseWriter, r *http.Request) {
+		got := []byte(r.Header.Get("Authorization"))
+		if subtle.ConstantTimeCompare(got, want) != 1 {
+			writeError(w, &apiError{status: 401, typ: "invalid_request_error", code: "invalid_api_key",
+				msg: "missing or wrong API key (send Authorization: Bearer KEY)"})
+			return
+		}
+		h(w, r)
+	}
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	if s.closed.Load() {
+		writeError(w, &apiError{status: 503, typ: "server_error", msg: "shutting down"})
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+type modelCard struct {
+	ID          string `json:"id"`
+	Object      string `json:"object"`
+	Created     int64  `json:"created"`
+	OwnedBy     string `json:"owned_by"`
+	MaxModelLen int    `json:"max_model_len"`
+}
+
+func (s *Server) card() modelCard {
+	return modelCard{ID: s.cfg.Name, Object: "model", Created: s.created, OwnedBy: "k3", MaxModelLen: s.m.ContextLength()}
+}
+
+func (s *Server) models(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, 200, map[string]any{"object": "list", "data": []modelCard{s.card()}})
+}
+
+func (s *Server) model(w http.ResponseWriter, r *http.Request) {
+	if id := r.PathValue("id"); id != s.cfg.Name {
+		writeError(w, &apiError{status: 404, typ: "invalid_request_error", param: "model", code: "model_not_found",
+			msg: fmt.Sprintf("the model %q does not exist (this server has %q)", id, s.cfg.Name)})
+		return
+	}
+	writeJSON(w, 200, s.card())
+}
+
+// tokenize takes vLLM's shape: {"prompt": text} or {"messages": [...]}
+// (rendered in the chat format, ending with the assistant's turn).
+func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Model    string        `json:"model"`
+		Prompt   *string       `json:"prompt"`
+		Messages []chatMessage `json:"messages"`
+	}
+	if !s.decode(w, r, &req) {
+		return
+	}
+	if req.Model != "" && req.Model != s.cfg.Name {
+		writeError(w, &apiError{status: 404, typ: "invalid_request_error", param: "model", code: "model_not_found",
+			msg: fmt.Sprintf("the model %q does not exist (this server has %q)", req.Model, s.cfg.Name)})
+		return
+	}
+	var ids []int32
+	switch {
+	case req.Prompt != nil && req.Messages != nil:
+		writeError(w, badParam("prompt", "give prompt or messages, not both"))
+		return
+	case req.Prompt != nil:
+		ids = s.m.Encode(*req.Prompt)
+	case req.Messages != nil:
+		j, err := s.chatJob(&chatRequest{Messages: req.Messages})
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		ids = j.prompt
+	default:
+		writeError(w, badParam("prompt", "prompt (or messages) is missing"))
+		return
+	}
+	if ids == nil {
+		ids = []int32{}
+	}
+	writeJSON(w, 200, map[string]any{"count": len(ids), "max_model_len": s.m.ContextLength(), "tokens": ids})
+}
+
+func (s *Server) detokenize(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Tokens []int64 `json:"tokens"`
+	}
+	if !s.decode(w, r, &req) {
+		return
+	}
+	ids, err := s.tokenIDs(req.Tokens, "tokens")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, 200, map[string]string{"prompt": s.m.Decode(ids)})
+}
+
+// decode reads r's JSON body into v, answering the error itself when it
+// cannot. The Content-Type is not checked: curl -d sends a form type.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err := dec.Decode(v); err != nil {
+		writeError(w, decodeError(err))
+		return false
+	}
+	return true
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+type errorBody struct {
+	Error errorObject `json:"error"`
+}
+
+type errorObject struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    *string `json:"code"`
+}
+
+func (e *apiError) body() errorBody {
+	b := errorBody{Error: errorObject{Message: e.msg, Type: e.typ}}
+	if e.param != "" {
+		b.Error.Param = &e.param
+	}
+	if e.code != "" {
+		b.Error.Code = &e.code
+	}
+	return b
+}
+
+// asAPIError maps an error from the SDK to what the client sees.
+func asAPIError(err error) *apiError {
+	var ae *apiError
+	switch {
+	case errors.As(err, &ae):
+		return ae
+	case errors.Is(err, k3.ErrInvalidOption), errors.Is(err, k3.ErrBadToken), errors.Is(err, k3.ErrContextFull),
+		errors.Is(err, k3.ErrEmptyPrompt):
+		return &apiError{status: 400, typ: "invalid_request_error", msg: err.Error()}
+	case errors.Is(err, k3.ErrMemoryBudget):
+		return &apiError{status: 503, typ: "server_error", msg: err.Error()}
+	case errors.Is(err, k3.ErrBatcherClosed), errors.Is(err, k3.ErrClosed):
+		return &apiError{status: 503, typ: "server_error", msg: "the server is shutting down"}
+	}
+	return &apiError{status: 500, typ: "server_error", msg: err.Error()}
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	ae := asAPIError(err)
+	if ae.status == 429 || ae.status == 503 {
+		w.Header().Set("Retry-After", "1")
+	}
+	writeJSON(w, ae.status, ae.body())
+}
