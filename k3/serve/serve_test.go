@@ -202,7 +202,7 @@ func TestStopString(t *testing.T) {
 func TestChatLogprobs(t *testing.T) {
 	_, hs, m := newTestServer(t, Config{})
 	code, out := post(t, hs.URL+"/v1/chat/completions", map[string]any{
-		"messages": []map[string]any{{"role": "system", "content": "Go."}, {"role": "user", "content": "x :="}},
+		"messages":   []map[string]any{{"role": "system", "content": "Go."}, {"role": "user", "content": "x :="}},
 		"max_tokens": 8, "temperature": 0, "logprobs": true, "top_logprobs": 2})
 	require.Equal(t, 200, code, "%v", out)
 	prompt := m.Encode(m.ChatPrompt([]k3.Message{{Role: "system", Content: "Go."}, {Role: "user", Content: "x :="}}))
