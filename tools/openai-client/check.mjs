@@ -1,0 +1,133 @@
+// Drives a running `k3 serve` with the official openai npm client, the way
+// an application would. .ci/run starts the server and runs this with
+// K3_URL (the server's base URL) and K3_API_KEY set. Each check throws on a
+// wrong answer; the process exits non-zero on the first failure.
+import assert from "node:assert/strict";
+import OpenAI from "openai";
+import { VERSION } from "openai/version";
+
+const base = process.env.K3_URL ?? "http://127.0.0.1:8080";
+const apiKey = process.env.K3_API_KEY ?? "none";
+const client = new OpenAI({ baseURL: `${base}/v1`, apiKey, maxRetries: 0, timeout: 60_000 });
+const messages = [
+  { role: "system", content: "You complete Go code." },
+  { role: "user", content: "func main() {" },
+];
+
+async function metric(name) {
+  const text = await (await fetch(`${base}/metrics`)).text();
+  const line = text.split("\n").find((l) => l.startsWith(name + "{") || l.startsWith(name + " "));
+  assert.ok(line, `no ${name} in /metrics`);
+  return Number(line.slice(line.lastIndexOf(" ") + 1));
+}
+
+const checks = {
+  async models() {
+    const list = await client.models.list();
+    assert.ok(list.data.length === 1, "one model listed");
+    return list.data[0].id;
+  },
+
+  async chat(model) {
+    const r = await client.chat.completions.create({ model, messages, max_tokens: 24, temperature: 0 });
+    const c = r.choices[0];
+    assert.equal(c.message.role, "assistant");
+    assert.equal(typeof c.message.content, "string");
+    assert.ok(["stop", "length"].includes(c.finish_reason), c.finish_reason);
+    assert.ok(r.usage.completion_tokens > 0 && r.usage.prompt_tokens > 0);
+    assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
+    return c.message.content;
+  },
+
+  async stream(model, whole) {
+    const stream = await client.chat.completions.create({
+      model, messages, max_tokens: 24, temperature: 0, stream: true, stream_options: { include_usage: true },
+    });
+    let text = "", finish = null, usage = null;
+    for await (const chunk of stream) {
+      if (chunk.usage) usage = chunk.usage;
+      for (const c of chunk.choices) {
+        text += c.delta.content ?? "";
+        finish = c.finish_reason ?? finish;
+      }
+    }
+    assert.equal(text, whole, "the stream's text is the greedy whole answer's");
+    assert.ok(finish, "a finish_reason");
+    assert.ok(usage && usage.completion_tokens > 0, "the usage chunk");
+  },
+
+  async stop(model, whole) {
+    // A stop string the greedy answer is known to contain.
+    const cut = whole.length >= 8 ? whole.slice(4, 7) : whole.slice(0, 1);
+    assert.ok(cut.length > 0, `answer too short to cut: ${JSON.stringify(whole)}`);
+    const r = await client.chat.completions.create({ model, messages, max_tokens: 24, temperature: 0, stop: [cut] });
+    assert.equal(r.choices[0].message.content, whole.slice(0, whole.indexOf(cut)));
+    assert.equal(r.choices[0].finish_reason, "stop");
+  },
+
+  async logprobs(model) {
+    const r = await client.chat.completions.create({
+      model, messages, max_tokens: 8, temperature: 0, logprobs: true, top_logprobs: 3,
+    });
+    const content = r.choices[0].logprobs.content;
+    assert.equal(content.length, r.usage.completion_tokens);
+    for (const t of content) {
+      assert.ok(t.logprob <= 0, `logprob ${t.logprob}`);
+      assert.equal(t.top_logprobs.length, 3);
+      assert.ok(t.top_logprobs[0].logprob >= t.logprob, "the top alternative is at least as likely");
+      assert.ok(Array.isArray(t.bytes));
+    }
+  },
+
+  async completions(model) {
+    const r = await client.completions.create({ model, prompt: "package main\n\nimport \"", max_tokens: 8, temperature: 0, logprobs: 2 });
+    const c = r.choices[0];
+    assert.equal(typeof c.text, "string");
+    assert.equal(c.logprobs.tokens.length, r.usage.completion_tokens);
+    assert.equal(c.logprobs.tokens.join(""), c.text, "the tokens spell the text");
+  },
+
+  async choices(model) {
+    const r = await client.chat.completions.create({ model, messages, max_tokens: 12, temperature: 1, seed: 3, n: 3 });
+    assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
+    const again = await client.chat.completions.create({ model, messages, max_tokens: 12, temperature: 1, seed: 3, n: 3 });
+    assert.deepEqual(again.choices.map((c) => c.message.content), r.choices.map((c) => c.message.content), "a seed repeats");
+  },
+
+  async abort(model) {
+    const stream = await client.chat.completions.create({
+      model, messages, max_tokens: 2000, temperature: 0, stream: true, ignore_eos: true,
+    });
+    let n = 0;
+    for await (const chunk of stream) {
+      if (++n === 3) break; // leaving the loop aborts the request
+    }
+    const deadline = Date.now() + 10_000;
+    while ((await metric("vllm:num_requests_running")) !== 0) {
+      assert.ok(Date.now() < deadline, "the aborted stream still runs after 10 s");
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  },
+
+  async invalid(model) {
+    await assert.rejects(
+      client.chat.completions.create({ model, messages, temperature: 5 }),
+      (err) => err instanceof OpenAI.BadRequestError && err.status === 400 && /temperature/.test(err.message),
+    );
+    await assert.rejects(
+      client.chat.completions.create({ model: "no-such-model", messages }),
+      (err) => err instanceof OpenAI.NotFoundError && err.status === 404,
+    );
+    const bad = new OpenAI({ baseURL: `${base}/v1`, apiKey: "wrong", maxRetries: 0 });
+    await assert.rejects(bad.models.list(), (err) => err instanceof OpenAI.AuthenticationError);
+  },
+};
+
+const model = await checks.models();
+const whole = await checks.chat(model);
+for (const [name, check] of Object.entries(checks)) {
+  if (name === "models" || name === "chat") continue;
+  await check(model, whole);
+  console.log(`ok  ${name}`);
+}
+console.log(`openai ${VERSION} client: all checks passed against ${base} (model ${model})`);
