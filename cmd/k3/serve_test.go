@@ -1,0 +1,102 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// lockedBuffer is a strings.Builder safe for the server's goroutine to
+// write while the test reads.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestServeDrains: k3 serve answers on the port it printed, and an
+// interrupt lets a running stream finish before the command exits 0.
+func TestServeDrains(t *testing.T) {
+	ctx, interrupt := context.WithCancel(context.Background())
+	defer interrupt()
+	var stderr lockedBuffer
+	exited := make(chan int, 1)
+	go func() { exited <- run(ctx, []string{"serve", "-addr", "127.0.0.1:0"}, io.Discard, &stderr) }()
+	addr := regexp.MustCompile(`http://127\.0\.0\.1:[0-9]+`)
+	var url string
+	require.Eventually(t, func() bool {
+		url = addr.FindString(stderr.String())
+		return url != "" && strings.Contains(stderr.String(), "ready")
+	}, 30*time.Second, 10*time.Millisecond, "stderr: %s", stderr.String())
+	resp, err := http.Get(url + "/health")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, 200, resp.StatusCode)
+
+	resp, err = http.Post(url+"/v1/completions", "application/json",
+		strings.NewReader(`{"prompt":"func","max_tokens":300,"ignore_eos":true,"stream":true}`))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, 200, resp.StatusCode)
+	br := bufio.NewReader(resp.Body)
+	_, err = br.ReadString('\n')
+	require.NoError(t, err)
+	interrupt() // SIGINT, as far as the command can tell
+	rest, err := io.ReadAll(br)
+	require.NoError(t, err)
+	assert.True(t, strings.HasSuffix(string(rest), "data: [DONE]\n\n"), "the running stream was cut: %q", tail(string(rest)))
+	assert.Equal(t, 300, strings.Count(string(rest), `"text"`)+1, "tokens after the first")
+	select {
+	case code := <-exited:
+		assert.Equal(t, 0, code, "stderr: %s", stderr.String())
+	case <-time.After(30 * time.Second):
+		t.Fatal("k3 serve did not exit after the interrupt")
+	}
+	assert.Contains(t, stderr.String(), "shutting down")
+	_, err = http.Get(url + "/health")
+	assert.Error(t, err, "still listening after exit")
+}
+
+func tail(s string) string {
+	if len(s) > 200 {
+		return s[len(s)-200:]
+	}
+	return s
+}
+
+// TestServeFlags: bad flags are usage errors; a bad model directory fails
+// with its name.
+func TestServeFlags(t *testing.T) {
+	code, _, errOut := runCLI("serve", "-nope")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errOut, "usage")
+	code, _, errOut = runCLI("serve", "-addr", "127.0.0.1:0", "-memory-mb", "10", "-prefix-cache-mb", "20")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, "-prefix-cache-mb")
+	code, _, errOut = runCLI("serve", "-addr", "127.0.0.1:0", "-model", "/no/such/dir")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, "/no/such/dir")
+	code, out, _ := runCLI("serve", "-h")
+	assert.Equal(t, 0, code)
+	assert.Contains(t, out, "-api-key")
+}
