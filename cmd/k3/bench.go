@@ -19,13 +19,14 @@ import (
 	"k3/internal/modelbench"
 )
 
-const benchUsage = `usage: k3 bench dsa|kernels|model|spec [flags]
+const benchUsage = `usage: k3 bench dsa|kernels|model|spec|serve [flags]
 
   dsa      sparse against dense DSA decode at several context lengths: a table and a plot
   kernels  GEMM and matrix-vector products against the machine's probed limits
            (and OpenBLAS, in a build with -tags openblas)
   model    whole-model prefill and decode of the 100M K3.1 Pro-shaped preset
   spec     speculative decoding on the 100M preset at controlled acceptance, against theory
+  serve    k3 serve under 1, 8 and 32 streaming clients on loopback, against the engine alone
 
 "k3 bench NAME -h" lists a benchmark's flags.`
 
@@ -61,6 +62,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return nil
 	case "spec":
 		return benchSpec(ctx, args[1:], stdout, stderr)
+	case "serve":
+		return benchServe(ctx, args[1:], stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "k3 bench: unknown benchmark %q\n%s\n", args[0], benchUsage)
 	return errUsage
