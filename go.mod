@@ -3,6 +3,7 @@ module k3
 go 1.26.0
 
 require (
+	github.com/klauspost/compress v1.18.0
 	github.com/stretchr/testify v1.12.1
 	golang.org/x/sync v0.25.0
 	golang.org/x/sys v0.50.0

@@ -338,6 +338,40 @@ func (c *Cache) ReadRows(dst []float32, lo, hi int) error {
 	})
 }
 
+// AppendRows appends n positions from src (n·RowLen floats in ReadRows'
+// layout: their latent rows, then rope-key rows, then index-key rows), as
+// a saved sequence comes back.
+func (c *Cache) AppendRows(src []float32, n int) error {
+	p := c.pool
+	if n < 0 || len(src) != n*c.RowLen() {
+		return fmt.Errorf("dsa: append %d positions from %d floats (want %d)", n, len(src), n*c.RowLen())
+	}
+	if err := c.reserve(n); err != nil {
+		return err
+	}
+	dr := max(p.dr, 1)
+	kv, pe, ik := src[:n*p.dc], src[n*p.dc:n*(p.dc+dr)], src[n*(p.dc+dr):]
+	lo := c.Len
+	err := segment(lo, lo+n, func(a, e, pg, r int) error {
+		m, o := e-a, a-lo
+		if err := p.b.Write(c.pages[pg].kv.Rows(r, r+m), kv[o*p.dc:(o+m)*p.dc]); err != nil {
+			return err
+		}
+		if err := p.b.Write(c.pe[pg].Rows(r, r+m), pe[o*dr:(o+m)*dr]); err != nil {
+			return err
+		}
+		if p.di > 0 {
+			return p.b.Write(c.ik[pg].Rows(r, r+m), ik[o*p.di:(o+m)*p.di])
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	c.Len += n
+	return nil
+}
+
 // write stores rows of the new positions [c.Len, c.Len+n) from contiguous
 // tensors (any of them zero is skipped): kv [n, Dc], pe [n, dr], ik [n, DI].
 // The cache has room for them (reserve).

@@ -98,6 +98,8 @@ type Model struct {
 	b      compute.Backend
 	ownB   bool
 	ck     *safetensors.Checkpoint
+	fpOnce sync.Once // fingerprint, for saved sessions
+	fp     [32]byte
 	chunk  int
 
 	embed, norm, lmHead compute.Tensor

@@ -333,3 +333,20 @@ func (l *Log) replay(state, conv []float32, n int) {
 		copy(conv[(keep+j)*c:(keep+j+1)*c], l.record(n-(w-keep)+j).X)
 	}
 }
+
+// FlatRecord copies committed record i (0 is the token at Base) into dst
+// in AppendFlat's layout, K | A | U | X: with Checkpoint, what a saved
+// sequence needs to rebuild the Log.
+func (l *Log) FlatRecord(i int, dst []float32) error {
+	s := l.shape
+	if i < 0 || i >= l.committed || len(dst) != s.RecordLen() {
+		return fmt.Errorf("%w: record %d of %d committed into %d floats (want %d)", ErrRange, i, l.committed, len(dst), s.RecordLen())
+	}
+	r := l.record(i)
+	hk, hv := s.Heads*s.DK, s.Heads*s.DV
+	copy(dst[:hk], r.K)
+	copy(dst[hk:2*hk], r.A)
+	copy(dst[2*hk:2*hk+hv], r.U)
+	copy(dst[2*hk+hv:], r.X)
+	return nil
+}

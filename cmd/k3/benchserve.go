@@ -119,7 +119,7 @@ func benchServe(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		p.Add(line)
 		p.Legend.Add(name, line)
 	}
-	p.Legend.Top, p.Legend.Left = true, true
+	p.Legend.Top, p.Legend.Left = false, false // bottom right, clear of the rising lines
 	if err := p.Save(6*vg.Inch, 4*vg.Inch, *out+".png"); err != nil {
 		return err
 	}

@@ -1,0 +1,186 @@
+package k3
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// savedSession prefills and decodes a session, then saves it.
+func savedSession(t *testing.T, m *Model, seed uint64) (*Session, []byte) {
+	t.Helper()
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	prompt := make([]int32, 70+rng.IntN(90)) // past a page, a partial last one
+	for i := range prompt {
+		prompt[i] = int32(rng.IntN(m.VocabSize()))
+	}
+	genIDs(t, s, prompt, WithMaxTokens(9), WithoutDefaultStops())
+	var buf bytes.Buffer
+	require.NoError(t, s.Save(&buf))
+	return s, buf.Bytes()
+}
+
+// TestSaveLoadContinues: a loaded session holds the saved one's tokens,
+// logits and KDA states, and continues bitwise as the original does:
+// sampled generation, and (with replay logs) a rollback followed by
+// generation, on every testdata model and the embedded one.
+func TestSaveLoadContinues(t *testing.T) {
+	dirs, err := filepath.Glob("../testdata/model/*/config.json")
+	require.NoError(t, err)
+	require.NotEmpty(t, dirs)
+	type named struct {
+		name string
+		open func() (*Model, error)
+	}
+	var models []named
+	for _, d := range dirs {
+		dir := filepath.Dir(d)
+		for _, rb := range []int{0, 4} {
+			models = append(models, named{filepath.Base(dir) + map[int]string{0: "", 4: "+rollback"}[rb], func() (*Model, error) {
+				return Load(context.Background(), dir, WithRollback(rb))
+			}})
+		}
+	}
+	models = append(models, named{"embedded+rollback", func() (*Model, error) { return LoadTiny(context.Background(), WithRollback(6)) }})
+	for i, tc := range models {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := tc.open()
+			require.NoError(t, err)
+			defer m.Close()
+			orig, data := savedSession(t, m, uint64(i))
+			defer orig.Close()
+			got, err := m.LoadSession(bytes.NewReader(data))
+			require.NoError(t, err)
+			defer got.Close()
+			require.Equal(t, orig.Tokens(), got.Tokens())
+			require.Equal(t, orig.Logits(), got.Logits())
+			require.Equal(t, kdaStates(t, orig), kdaStates(t, got))
+			require.Equal(t, orig.StateBytes(), got.StateBytes())
+
+			opts := []GenerateOption{WithMaxTokens(12), WithoutDefaultStops(), WithTemperature(0.8), WithSeed(5)}
+			if m.rollback > 0 {
+				back := orig.Len() - m.rollback
+				require.NoError(t, orig.Truncate(context.Background(), back))
+				require.NoError(t, got.Truncate(context.Background(), back))
+				require.Equal(t, kdaStates(t, orig), kdaStates(t, got), "after rolling back")
+			}
+			a, _ := genIDs(t, orig, []int32{3}, opts...)
+			b, _ := genIDs(t, got, []int32{3}, opts...)
+			assert.Equal(t, a, b)
+			assert.Equal(t, orig.Logits(), got.Logits())
+			assert.Equal(t, kdaStates(t, orig), kdaStates(t, got))
+		})
+	}
+}
+
+// TestLoadSessionRejects: a corrupted, truncated, foreign or mislabelled
+// file is an error wrapping ErrSessionFile, never a session.
+func TestLoadSessionRejects(t *testing.T) {
+	m := load(t, WithRollback(4))
+	s, data := savedSession(t, m, 1)
+	defer s.Close()
+	held := func() int64 { u := m.MemoryUsage(); return u.Used - u.FreePages }
+	before := held()
+
+	try := func(what string, b []byte) error {
+		t.Helper()
+		got, err := m.LoadSession(bytes.NewReader(b))
+		if got != nil {
+			got.Close()
+		}
+		require.Error(t, err, what)
+		require.ErrorIs(t, err, ErrSessionFile, what)
+		require.Nil(t, got, what)
+		return err
+	}
+	// Every byte flipped somewhere in the file: a sample of positions,
+	// the header's included.
+	rng := rand.New(rand.NewPCG(2, 3))
+	for range 60 {
+		i := rng.IntN(len(data))
+		b := bytes.Clone(data)
+		b[i] ^= byte(1 + rng.IntN(255))
+		try("a flipped byte", b)
+	}
+	for _, n := range []int{0, 5, 10, 11, 40, len(data) / 3, len(data) / 2, len(data) - 5, len(data) - 1} {
+		try("truncated", data[:n])
+	}
+	assert.Contains(t, try("magic", append([]byte("GGUF\x00\x00\x00\x00"), data[8:]...)).Error(), "not a k3 session")
+	v := bytes.Clone(data)
+	v[8] = 9
+	assert.Contains(t, try("version", v).Error(), "version 9")
+	assert.Contains(t, try("trailing", append(bytes.Clone(data), data[10:]...)).Error(), "after the checksum")
+
+	other, err := LoadTiny(context.Background())
+	require.NoError(t, err)
+	defer other.Close()
+	os2, odata := savedSession(t, other, 1)
+	defer os2.Close()
+	assert.Contains(t, try("foreign", odata).Error(), "another model")
+
+	assert.Equal(t, before, held(), "memory back after the failures")
+	ok, err := m.LoadSession(bytes.NewReader(data))
+	require.NoError(t, err, "the file itself still loads")
+	require.NoError(t, ok.Close())
+}
+
+// TestLoadSessionBudget: a loaded session counts against the memory
+// budget; past it, loading fails with ErrMemoryBudget and takes nothing.
+func TestLoadSessionBudget(t *testing.T) {
+	m := load(t)
+	s, data := savedSession(t, m, 4)
+	need := s.StateBytes()
+	require.NoError(t, s.Close())
+	small := load(t, WithMemoryBudget(need/2+need/4))
+	_, err := small.LoadSession(bytes.NewReader(data))
+	require.ErrorIs(t, err, ErrMemoryBudget)
+	assert.Zero(t, small.MemoryUsage().Used-small.MemoryUsage().FreePages)
+}
+
+// FuzzLoadSession: no input crashes LoadSession; what it does not load is
+// an ErrSessionFile, and what it loads is a usable session.
+func FuzzLoadSession(f *testing.F) {
+	m, err := Load(context.Background(), tinyDir)
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer m.Close()
+	s, err := m.NewSession()
+	if err != nil {
+		f.Fatal(err)
+	}
+	if _, err := s.Forward(context.Background(), []int32{1, 2, 3}); err != nil {
+		f.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := s.Save(&buf); err != nil {
+		f.Fatal(err)
+	}
+	f.Add(buf.Bytes())
+	f.Add(buf.Bytes()[:len(buf.Bytes())/2])
+	f.Add([]byte(sessionMagic + "\x01\x00"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, err := m.LoadSession(bytes.NewReader(b))
+		if err != nil {
+			if got != nil {
+				t.Fatal("a session with an error")
+			}
+			if !errors.Is(err, ErrSessionFile) && !errors.Is(err, ErrMemoryBudget) {
+				t.Fatalf("error not wrapping ErrSessionFile: %v", err)
+			}
+			return
+		}
+		defer got.Close()
+		if _, err := got.Forward(context.Background(), []int32{1}); err != nil {
+			t.Fatalf("a loaded session cannot run: %v", err)
+		}
+	})
+}
