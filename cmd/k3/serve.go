@@ -31,6 +31,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	prefix := fs.Int64("prefix-cache-mb", 512, "prefix-cache memory in MiB (0: no prefix cache)")
 	maxBody := fs.Int64("max-body-kb", 4096, "largest request body in KiB")
 	drain := fs.Duration("drain", 30*time.Second, "how long shutdown waits for running requests")
+	sessionDir := fs.String("session-dir", "", "park idle kept sessions (K3-Session header) in this directory, and resume them after a restart")
+	sessionIdle := fs.Duration("session-idle", 5*time.Minute, "how long a kept session stays in memory unused")
 	synopsis := "serve [-model DIR] [-addr 127.0.0.1:8080] [-api-key KEY] ...\n\nServes the OpenAI-compatible API (/v1/chat/completions, /v1/completions,\n/v1/models, /tokenize, /detokenize, /health, /metrics) until interrupted;\nsee docs/SERVING.md."
 	if err := parseFlags(fs, synopsis, args, stdout, stderr); err != nil {
 		return err
@@ -46,7 +48,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if key == "" {
 		key = os.Getenv("K3_API_KEY")
 	}
-	cfg := serve.Config{Name: *name, MaxSequences: *seqs, MaxQueue: *queue, MaxTokens: *maxTokens, MaxBodyBytes: *maxBody << 10, APIKey: key}
+	cfg := serve.Config{Name: *name, MaxSequences: *seqs, MaxQueue: *queue, MaxTokens: *maxTokens, MaxBodyBytes: *maxBody << 10, APIKey: key,
+		SessionDir: *sessionDir, SessionIdle: *sessionIdle}
 	if cfg.Name == "" {
 		cfg.Name = "k3-tiny"
 		if *model != "" {

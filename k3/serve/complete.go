@@ -10,6 +10,7 @@ import (
 	"iter"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k3/k3"
@@ -79,8 +80,30 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 		return ss, err
 	}
 	seqs := make([]iter.Seq2[k3.Token, error], j.n)
-	cached := -1 // taken from the last token's usage unless the prompt was prefilled here
-	if j.n == 1 {
+	cached := -1           // taken from the last token's usage unless the prompt was prefilled here
+	var failed atomic.Bool // a generation failed: a kept session may be unusable
+	if id := r.Header.Get(SessionHeader); id != "" {
+		if j.n > 1 {
+			s.met.failed("rejected")
+			writeError(w, badParam("n", "n = %d with %s: a kept session holds one conversation, so n must be 1", j.n, SessionHeader))
+			return
+		}
+		ss, err := s.store.take(id)
+		if err != nil {
+			s.fail(w, err)
+			return
+		}
+		// Given back once the generation has let go of it (deferred
+		// before the wait below, so it runs after).
+		defer func() { s.store.put(id, ss, !failed.Load()) }()
+		feed, err := continueFrom(ctx, ss, j.prompt)
+		if err != nil {
+			failed.Store(true)
+			s.fail(w, err)
+			return
+		}
+		seqs[0] = s.b.GenerateTokens(ctx, ss, feed, j.choiceOpts(0)...)
+	} else if j.n == 1 {
 		ss, err := newSession()
 		if err != nil {
 			s.fail(w, err)
@@ -116,6 +139,9 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 		go func() {
 			defer wg.Done()
 			for tok, err := range seq {
+				if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+					failed.Store(true)
+				}
 				select {
 				case events <- event{choice: i, tok: tok, err: err}:
 				case <-ctx.Done():

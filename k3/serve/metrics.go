@@ -180,6 +180,9 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	p.counter("k3:prefix_cache_hit_lookups_total", "Prompt lookups that resumed from a cached KDA snapshot.", float64(ps.Hits))
 	p.gauge("k3:prefix_cache_bytes", "Bytes the prefix cache holds.", float64(ps.Bytes))
 
+	live, parked := s.store.counts()
+	p.gauge("k3:sessions_live", "Sessions kept in memory for requests that name one (K3-Session).", float64(live))
+	p.counter("k3:sessions_parked_total", "Idle kept sessions saved to the session directory.", float64(parked))
 	s.met.mu.Lock()
 	finishes := copyCounts(s.met.finishes)
 	failures := copyCounts(s.met.failures)

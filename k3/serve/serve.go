@@ -56,6 +56,15 @@ type Config struct {
 	// /tokenize and /detokenize must carry (Authorization: Bearer KEY).
 	// /health and /metrics stay open for probes and scrapers.
 	APIKey string
+	// A request with the K3-Session header keeps its session on the
+	// server. SessionIdle is how long an unused one stays in memory
+	// (default 5 minutes); then, and when more than MaxSessions are live
+	// (default 64), it is parked in SessionDir (Session.Save) or, without
+	// a directory, dropped. Parked sessions come back on their next
+	// request, after a restart too; Close parks the live ones.
+	SessionDir  string
+	SessionIdle time.Duration
+	MaxSessions int
 }
 
 func (c *Config) defaults() {
@@ -77,6 +86,12 @@ func (c *Config) defaults() {
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = 4 << 20
 	}
+	if c.SessionIdle <= 0 {
+		c.SessionIdle = 5 * time.Minute
+	}
+	if c.MaxSessions <= 0 {
+		c.MaxSessions = 64
+	}
 }
 
 // Server serves one model over HTTP. Create it with New; Close it after
@@ -89,6 +104,7 @@ type Server struct {
 	sem     *semaphore.Weighted // sequences running or queued
 	mux     *http.ServeMux
 	met     *metrics
+	store   *sessionStore
 	closed  atomic.Bool
 	created int64
 }
@@ -108,19 +124,25 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
+	store, err := newSessionStore(m, cfg.SessionDir, cfg.SessionIdle, cfg.MaxSessions)
+	if err != nil {
+		return nil, err
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	if err := b.Start(ctx); err != nil {
 		stop()
+		store.close()
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	s := &Server{m: m, cfg: cfg, b: b, stop: stop, sem: semaphore.NewWeighted(int64(cfg.MaxSequences + cfg.MaxQueue)),
-		mux: http.NewServeMux(), met: newMetrics(cfg.Name), created: time.Now().Unix()}
+		mux: http.NewServeMux(), met: newMetrics(cfg.Name), store: store, created: time.Now().Unix()}
 	s.mux.HandleFunc("POST /v1/chat/completions", s.authorized(s.chatCompletions))
 	s.mux.HandleFunc("POST /v1/completions", s.authorized(s.completions))
 	s.mux.HandleFunc("GET /v1/models", s.authorized(s.models))
 	s.mux.HandleFunc("GET /v1/models/{id...}", s.authorized(s.model))
 	s.mux.HandleFunc("POST /tokenize", s.authorized(s.tokenize))
 	s.mux.HandleFunc("POST /detokenize", s.authorized(s.detokenize))
+	s.mux.HandleFunc("DELETE /v1/sessions/{id}", s.authorized(s.deleteSession))
 	s.mux.HandleFunc("GET /health", s.health)
 	s.mux.HandleFunc("GET /metrics", s.metrics)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -133,13 +155,15 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
 // Close stops the scheduler: requests still running end with an error
-// and /health reports 503. Shut the http.Server down first to let running
-// requests finish. Close is idempotent.
+// and /health reports 503; kept sessions are parked (SessionDir) or
+// dropped. Shut the http.Server down first to let running requests
+// finish. Close is idempotent.
 func (s *Server) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
 	s.stop()
+	defer s.store.close()
 	if err := s.b.Wait(); err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}

@@ -1,0 +1,255 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"time"
+
+	"k3/k3"
+)
+
+// SessionHeader names the request header that keeps a conversation's
+// state on the server between requests: a request carrying it continues
+// the session of that id (its tokens are reused up to where the new
+// prompt departs from them), and the session stays after the answer.
+const SessionHeader = "K3-Session"
+
+var sessionID = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// sessionStore keeps the sessions of requests that named one: live in
+// memory while in use or recently used, parked on disk (Session.Save)
+// once idle when a directory is configured, dropped otherwise.
+type sessionStore struct {
+	m    *k3.Model
+	dir  string        // where idle sessions are parked ("" : dropped instead)
+	idle time.Duration // how long a session stays live unused
+	max  int           // live sessions at most; past it the oldest idle one leaves
+
+	mu     sync.Mutex
+	live   map[string]*keptSession
+	parked int // sessions parked this run (a counter for /metrics)
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+type keptSession struct {
+	s    *k3.Session
+	busy bool
+	used time.Time
+}
+
+var errSessionBusy = &apiError{status: 409, typ: "invalid_request_error", param: SessionHeader,
+	msg: "the session is answering another request; send one request per session at a time"}
+
+func newSessionStore(m *k3.Model, dir string, idle time.Duration, max int) (*sessionStore, error) {
+	if dir != "" {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("serve: session directory: %w", err)
+		}
+	}
+	st := &sessionStore{m: m, dir: dir, idle: idle, max: max, live: map[string]*keptSession{},
+		stop: make(chan struct{}), done: make(chan struct{})}
+	go st.sweep()
+	return st, nil
+}
+
+func (st *sessionStore) path(id string) string { return filepath.Join(st.dir, id+".k3session") }
+
+// take returns id's session for one request: live, loaded from where it
+// was parked, or new.
+func (st *sessionStore) take(id string) (*k3.Session, error) {
+	if !sessionID.MatchString(id) {
+		return nil, badParam(SessionHeader, "%s = %q, want 1 to 64 letters, digits, '-' or '_'", SessionHeader, id)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if k, ok := st.live[id]; ok {
+		if k.busy {
+			return nil, errSessionBusy
+		}
+		k.busy = true
+		return k.s, nil
+	}
+	var s *k3.Session
+	if st.dir != "" {
+		f, err := os.Open(st.path(id))
+		switch {
+		case err == nil:
+			s, err = st.m.LoadSession(f)
+			f.Close()
+			if err != nil {
+				return nil, fmt.Errorf("serve: session %s: %w", id, err)
+			}
+			os.Remove(st.path(id))
+		case !errors.Is(err, os.ErrNotExist):
+			return nil, err
+		}
+	}
+	if s == nil {
+		var err error
+		if s, err = st.m.NewSession(); err != nil {
+			return nil, err
+		}
+	}
+	st.evictLocked()
+	st.live[id] = &keptSession{s: s, busy: true}
+	return s, nil
+}
+
+// put gives id's session back after a request; a session left unusable
+// (a failed pass) is dropped.
+func (st *sessionStore) put(id string, s *k3.Session, usable bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	k := st.live[id]
+	if !usable {
+		delete(st.live, id)
+		s.Close()
+		return
+	}
+	k.busy, k.used = false, time.Now()
+}
+
+// drop forgets id's session, live or parked.
+func (st *sessionStore) drop(id string) (bool, error) {
+	if !sessionID.MatchString(id) {
+		return false, badParam("id", "session id %q, want 1 to 64 letters, digits, '-' or '_'", id)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	found := false
+	if k, ok := st.live[id]; ok {
+		if k.busy {
+			return false, errSessionBusy
+		}
+		k.s.Close()
+		delete(st.live, id)
+		found = true
+	}
+	if st.dir != "" {
+		if err := os.Remove(st.path(id)); err == nil {
+			found = true
+		}
+	}
+	return found, nil
+}
+
+// evictLocked makes room for one more live session: past max, the least
+// recently used idle one is parked (or dropped).
+func (st *sessionStore) evictLocked() {
+	for len(st.live) >= st.max {
+		var oldest string
+		for id, k := range st.live {
+			if !k.busy && (oldest == "" || k.used.Before(st.live[oldest].used)) {
+				oldest = id
+			}
+		}
+		if oldest == "" {
+			return // all busy: the memory budget is the bound then
+		}
+		st.parkLocked(oldest)
+	}
+}
+
+// parkLocked saves id's idle session to the directory (when there is one)
+// and closes it. A session that fails to save is dropped; the next request
+// for it starts afresh.
+func (st *sessionStore) parkLocked(id string) {
+	k := st.live[id]
+	delete(st.live, id)
+	defer k.s.Close()
+	if st.dir == "" {
+		return
+	}
+	tmp := st.path(id) + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return
+	}
+	err = k.s.Save(f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, st.path(id)) // a crash mid-save leaves the old file
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return
+	}
+	st.parked++
+}
+
+// sweep parks sessions idle past st.idle.
+func (st *sessionStore) sweep() {
+	defer close(st.done)
+	t := time.NewTicker(max(st.idle/4, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-st.stop:
+			return
+		case now := <-t.C:
+			st.mu.Lock()
+			for id, k := range st.live {
+				if !k.busy && now.Sub(k.used) >= st.idle {
+					st.parkLocked(id)
+				}
+			}
+			st.mu.Unlock()
+		}
+	}
+}
+
+// close parks every live session (the server is stopping: with a
+// directory, they resume after a restart).
+func (st *sessionStore) close() {
+	close(st.stop)
+	<-st.done
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for id := range st.live {
+		st.parkLocked(id)
+	}
+}
+
+func (st *sessionStore) counts() (live, parked int) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return len(st.live), st.parked
+}
+
+// continueFrom cuts s back to where prompt departs from its tokens and
+// returns the part of prompt still to feed.
+func continueFrom(ctx context.Context, s *k3.Session, prompt []int32) ([]int32, error) {
+	held := s.Tokens()
+	k := 0
+	for k < len(held) && k < len(prompt) && held[k] == prompt[k] {
+		k++
+	}
+	if k < len(held) {
+		if err := s.Truncate(ctx, k); err != nil {
+			return nil, err
+		}
+	}
+	return prompt[k:], nil
+}
+
+func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request) {
+	found, err := s.store.drop(r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if !found {
+		writeError(w, &apiError{status: 404, typ: "invalid_request_error", param: "id", msg: fmt.Sprintf("no session %q", r.PathValue("id"))})
+		return
+	}
+	writeJSON(w, 200, map[string]any{"id": r.PathValue("id"), "deleted": true})
+}

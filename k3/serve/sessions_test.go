@@ -1,0 +1,146 @@
+package serve
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"k3/k3"
+)
+
+func postSession(t *testing.T, url, id string, body any) (int, map[string]any) {
+	t.Helper()
+	b, err := json.Marshal(body)
+	require.NoError(t, err)
+	req, err := http.NewRequest("POST", url, bytes.NewReader(b))
+	require.NoError(t, err)
+	if id != "" {
+		req.Header.Set(SessionHeader, id)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	var out map[string]any
+	require.NoError(t, json.Unmarshal(raw, &out), "%s", raw)
+	return resp.StatusCode, out
+}
+
+func cachedTokens(out map[string]any) float64 {
+	return out["usage"].(map[string]any)["prompt_tokens_details"].(map[string]any)["cached_tokens"].(float64)
+}
+
+func text(out map[string]any) string {
+	return out["choices"].([]any)[0].(map[string]any)["text"].(string)
+}
+
+// TestKeptSession: a second request on a kept session feeds only what its
+// prompt adds, and answers what a cold run of the whole prompt answers.
+func TestKeptSession(t *testing.T) {
+	_, hs, m := newTestServer(t, Config{})
+	url := hs.URL + "/v1/completions"
+	p1 := "func (r *Reader) Read(p []byte) (n int, err error) {"
+	code, out := postSession(t, url, "conv-1", map[string]any{"prompt": p1, "max_tokens": 10, "temperature": 0, "ignore_eos": true})
+	require.Equal(t, 200, code, "%v", out)
+	assert.Zero(t, cachedTokens(out))
+	p2 := p1 + text(out) + "\n}\n\nfunc main() {"
+	code, out = postSession(t, url, "conv-1", map[string]any{"prompt": p2, "max_tokens": 10, "temperature": 0, "ignore_eos": true})
+	require.Equal(t, 200, code, "%v", out)
+	held := len(m.Encode(p1)) + 10
+	assert.GreaterOrEqual(t, cachedTokens(out), float64(held-2), "the second request reused the session's tokens")
+	want, _ := direct(t, m, m.Encode(p2), k3.WithMaxTokens(10), k3.WithoutDefaultStops())
+	assert.Equal(t, want, text(out))
+
+	code, out = postSession(t, url, "bad/../id", map[string]any{"prompt": "x"})
+	assert.Equal(t, 400, code, "%v", out)
+	code, out = postSession(t, url, "conv-1", map[string]any{"prompt": "x", "n": 2})
+	assert.Equal(t, 400, code, "%v", out)
+
+	req, _ := http.NewRequest("DELETE", hs.URL+"/v1/sessions/conv-1", nil)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, 200, resp.StatusCode)
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, 404, resp.StatusCode)
+}
+
+// TestKeptSessionBusy: a second request on a session that is answering
+// gets 409 at once.
+func TestKeptSessionBusy(t *testing.T) {
+	_, hs, _ := newTestServer(t, Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b, _ := json.Marshal(map[string]any{"prompt": "x", "max_tokens": 2000, "ignore_eos": true, "stream": true})
+	req, _ := http.NewRequestWithContext(ctx, "POST", hs.URL+"/v1/completions", bytes.NewReader(b))
+	req.Header.Set(SessionHeader, "busy")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, 200, resp.StatusCode)
+	code, out := postSession(t, hs.URL+"/v1/completions", "busy", map[string]any{"prompt": "y", "max_tokens": 2})
+	assert.Equal(t, 409, code, "%v", out)
+}
+
+// TestParkedSessions: an idle session is parked on disk and comes back on
+// its next request; Close parks the live ones, and another server on the
+// same directory resumes them.
+func TestParkedSessions(t *testing.T) {
+	dir := t.TempDir()
+	m, err := k3.LoadTiny(context.Background(), k3.WithMemoryBudget(testBudget))
+	require.NoError(t, err)
+	defer m.Close()
+	s, err := New(m, Config{SessionDir: dir, SessionIdle: 30 * time.Millisecond})
+	require.NoError(t, err)
+	hs := httptest.NewServer(s)
+	url := hs.URL + "/v1/completions"
+	p1 := "package io\n\n// Reader is the interface that wraps the basic Read method."
+	code, out := postSession(t, url, "a", map[string]any{"prompt": p1, "max_tokens": 6, "temperature": 0, "ignore_eos": true})
+	require.Equal(t, 200, code, "%v", out)
+	file := filepath.Join(dir, "a.k3session")
+	require.Eventually(t, func() bool { _, err := os.Stat(file); return err == nil }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { live, _ := s.store.counts(); return live == 0 }, 10*time.Second, 5*time.Millisecond)
+	assert.Positive(t, scrape(t, hs.URL)["k3:sessions_parked_total"])
+
+	p2 := p1 + text(out) + "\ntype Writer interface {"
+	code, out = postSession(t, url, "a", map[string]any{"prompt": p2, "max_tokens": 6, "temperature": 0, "ignore_eos": true})
+	require.Equal(t, 200, code, "%v", out)
+	assert.GreaterOrEqual(t, cachedTokens(out), float64(len(m.Encode(p1))+6-2), "the parked session came back")
+	want, _ := direct(t, m, m.Encode(p2), k3.WithMaxTokens(6), k3.WithoutDefaultStops())
+	assert.Equal(t, want, text(out))
+
+	// A restart: Close parks the live session, a new server resumes it.
+	s2cfg := Config{SessionDir: dir, SessionIdle: time.Hour}
+	hs.Close()
+	require.NoError(t, s.Close())
+	_, err = os.Stat(file)
+	require.NoError(t, err, "Close parked the session")
+	s2, err := New(m, s2cfg)
+	require.NoError(t, err)
+	defer s2.Close()
+	hs2 := httptest.NewServer(s2)
+	defer hs2.Close()
+	p3 := p2 + text(out) + "\n}"
+	code, out = postSession(t, hs2.URL+"/v1/completions", "a", map[string]any{"prompt": p3, "max_tokens": 3, "temperature": 0})
+	require.Equal(t, 200, code, "%v", out)
+	assert.GreaterOrEqual(t, cachedTokens(out), float64(len(m.Encode(p2))+6-2))
+
+	// A parked file that is corrupted is an error naming the problem.
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "broken.k3session"), []byte("K3SESSN\n\x01\x00garbage"), 0o600))
+	code, out = postSession(t, hs2.URL+"/v1/completions", "broken", map[string]any{"prompt": "x", "max_tokens": 2})
+	assert.Equal(t, 500, code)
+	assert.Contains(t, out["error"].(map[string]any)["message"], "bad session file")
+}
