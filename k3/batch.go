@@ -104,7 +104,7 @@ func (bt *Batch) Step(ctx context.Context, sessions []*Session, tokens []int32) 
 	for i := range n + 1 {
 		bt.cuAll = append(bt.cuAll, int32(i))
 	}
-	return bt.run(ctx, sessions, bt.cuAll, tokens, nil)
+	return bt.run(ctx, sessions, bt.cuAll, tokens, nil, nil)
 }
 
 // Forward feeds tokens[i] to sessions[i] for every i in one ragged pass
@@ -132,7 +132,7 @@ func (bt *Batch) Forward(ctx context.Context, sessions []*Session, tokens [][]in
 		cu = append(cu, int32(len(flat)))
 	}
 	out := make([]float32, len(flat)*bt.m.Config.VocabSize)
-	if err := bt.run(ctx, sessions, cu, flat, out); err != nil {
+	if err := bt.run(ctx, sessions, cu, flat, out, nil); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -142,7 +142,7 @@ func (bt *Batch) Forward(ctx context.Context, sessions []*Session, tokens [][]in
 // row's logits to out when it is not nil. Exact sessions go in groups of
 // at most compute.InvariantRows rows, one pass each; prefill sessions join
 // the last pass while the rows fit the batch, else passes of their own.
-func (bt *Batch) run(ctx context.Context, sessions []*Session, cu, ids []int32, out []float32) error {
+func (bt *Batch) run(ctx context.Context, sessions []*Session, cu, ids []int32, out []float32, rows [][]float32) error {
 	n := len(sessions)
 	if n == 0 {
 		return errors.New("k3: batch step with no sessions")
@@ -202,14 +202,16 @@ func (bt *Batch) run(ctx context.Context, sessions []*Session, cu, ids []int32, 
 			s.charge()
 		}
 	}()
-	return bt.execute(sessions, cu, ids, out, nil, out != nil)
+	return bt.execute(sessions, cu, ids, out, rows, nil, out != nil)
 }
 
 // execute runs the passes of a call whose input is valid. With all every
 // row gets logits (and out, when not nil, receives them), else each
-// session's last row alone; tr, when not nil (one session only), receives
-// the intermediates.
-func (bt *Batch) execute(sessions []*Session, cu, ids []int32, out []float32, tr *Trace, all bool) error {
+// session's last row alone, but for sessions whose rows[i] is not nil:
+// those get every row's logits, into rows[i] (a verify pass beside other
+// sequences). tr, when not nil (one session only), receives the
+// intermediates.
+func (bt *Batch) execute(sessions []*Session, cu, ids []int32, out []float32, rows [][]float32, tr *Trace, all bool) error {
 	b, v := bt.m.b, bt.m.Config.VocabSize
 	bt.plan(cu)
 	bt.trace = tr
@@ -224,9 +226,16 @@ func (bt *Batch) execute(sessions []*Session, cu, ids []int32, out []float32, tr
 		bt.nExact = ps.exact
 		bt.p.split = int(bt.cu[ps.exact])
 		bt.picked = bt.picked[:0]
-		for j := range bt.cur {
-			bt.picked = append(bt.picked, bt.cu[j+1]-1)
+		for j, i := range ps.sessions {
+			lo := bt.cu[j+1] - 1
+			if rows != nil && rows[i] != nil {
+				lo = bt.cu[j]
+			}
+			for r := lo; r < bt.cu[j+1]; r++ {
+				bt.picked = append(bt.picked, r)
+			}
 		}
+		picks := 0 // the picked rows of the sessions before this one
 		err := bt.p.run(bt.ids, bt.mix, tr, all, bt.picked)
 		bt.p.split = 0
 		if err != nil {
@@ -248,7 +257,16 @@ func (bt *Batch) execute(sessions []*Session, cu, ids []int32, out []float32, tr
 			}
 			last := r1 - 1
 			if !all {
-				last = j // the pass computed the last rows' logits alone
+				// The pass computed the picked rows' logits alone.
+				if rows != nil && rows[i] != nil {
+					if err := b.Read(rows[i][:(r1-r0)*v], bt.p.logits.Rows(picks, picks+r1-r0)); err != nil {
+						return err
+					}
+					picks += r1 - r0
+				} else {
+					picks++
+				}
+				last = picks - 1
 			}
 			if err := b.Read(&s.last, bt.p.logits.Rows(last, last+1)); err != nil { // by pointer: no allocation
 				return err

@@ -263,6 +263,8 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 	var tokens []int32
 	var cu []int32
 	var ending []*batchReq
+	var rowsOut [][]float32   // per session of the pass: where a verify pass's rows go (nil: last row only)
+	var verifying []*batchReq // sequences whose verify pass is in this pass
 	// send hands a token to r's stream without blocking; it reports false
 	// when the consumer abandoned the request. A full stream keeps the
 	// token in r.pending.
@@ -300,6 +302,12 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 	// sequence is done, so this may wait for the consumer (or for it to
 	// abandon the request) without holding up any pass.
 	finish := func(r *batchReq, err error) {
+		if r.g != nil && r.s.broken == nil {
+			// Drafts past the draws leave the session before it goes back
+			// (a failure marks the session broken, which its next use
+			// reports).
+			_ = r.g.settle()
+		}
 		close(r.dropped)
 		go func() {
 			for _, tok := range r.pending {
@@ -321,9 +329,6 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 	}
 	join := func(r *batchReq) {
 		g, err := r.s.prepareGeneration(r.prompt, r.opts)
-		if err == nil && g.spec != nil {
-			err = fmt.Errorf("%w: the Batcher does not speculate yet (use Session.Generate)", ErrInvalidOption)
-		}
 		if err != nil {
 			finish(r, err)
 			return
@@ -423,6 +428,7 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 			return err
 		}
 		sessions, tokens, cu = sessions[:0], tokens[:0], append(cu[:0], 0)
+		rowsOut, verifying = rowsOut[:0], verifying[:0]
 		ending = ending[:0] // finished, but their last token is still to be fed
 		kept := active[:0]
 		paused = 0
@@ -457,11 +463,26 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 				kept = append(kept, r)
 				continue
 			}
-			st, err := r.g.advance(r.ctx)
+			// Draw, then find the pass that feeds the draw. A speculating
+			// sequence whose draw confirms a draft needs none, so it draws
+			// again at once, until a draw needs a pass (or its stream is
+			// full, or it ends).
+			var st stepResult
+			var pass []int32
+			var err error
 			abandoned := false
-			for _, tok := range st.ready {
-				if !send(r, tok) {
-					abandoned = true
+			for {
+				st, err = r.g.advance(r.ctx)
+				for _, tok := range st.ready {
+					if !send(r, tok) {
+						abandoned = true
+						break
+					}
+				}
+				if err != nil || abandoned || !st.feed {
+					break
+				}
+				if pass, err = r.g.feedPass(r.ctx, st.id, st.done); err != nil || pass != nil || st.done || len(r.pending) > 0 {
 					break
 				}
 			}
@@ -470,9 +491,10 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 				finish(r, err)
 				continue
 			case st.done:
-				if st.feed {
-					sessions, tokens = append(sessions, r.s), append(tokens, st.id)
+				if pass != nil {
+					sessions, tokens = append(sessions, r.s), append(tokens, pass...)
 					cu = append(cu, int32(len(tokens)))
+					rowsOut = append(rowsOut, nil)
 					ending = append(ending, r)
 				} else {
 					r.s.endTurn()
@@ -480,9 +502,17 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 				}
 				continue
 			}
-			if st.feed {
-				sessions, tokens = append(sessions, r.s), append(tokens, st.id)
+			if pass != nil {
+				sessions, tokens = append(sessions, r.s), append(tokens, pass...)
 				cu = append(cu, int32(len(tokens)))
+				if len(pass) > 1 {
+					// A verify pass: every row's logits, for the draws
+					// that may confirm its drafts.
+					rowsOut = append(rowsOut, r.g.spec.out)
+					verifying = append(verifying, r)
+				} else {
+					rowsOut = append(rowsOut, nil)
+				}
 			}
 			kept = append(kept, r)
 		}
@@ -497,9 +527,14 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 			sessions = append(sessions, chunkReq.s)
 			tokens = append(tokens, chunkReq.prompt[chunkReq.fed:chunkReq.fed+chunkLen]...)
 			cu = append(cu, int32(len(tokens)))
+			rowsOut = append(rowsOut, nil)
 		}
 		if len(sessions) > 0 {
-			if err := b.batch.run(ctx, sessions, cu, tokens, nil); err != nil {
+			rows := rowsOut
+			if len(verifying) == 0 {
+				rows = nil
+			}
+			if err := b.batch.run(ctx, sessions, cu, tokens, nil, rows); err != nil {
 				err = fmt.Errorf("k3: batched step: %w", err)
 				for _, r := range active {
 					finish(r, err)
@@ -509,10 +544,15 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 				}
 				active, ending = active[:0], ending[:0]
 				paused = 0
-			} else if chunkReq != nil {
-				chunkReq.fed += chunkLen
-				// An error costs only the cache a block; the sequence goes on.
-				_ = chunkReq.s.atPoint(chunkReq.pts)
+			} else {
+				for _, r := range verifying {
+					r.g.landed()
+				}
+				if chunkReq != nil {
+					chunkReq.fed += chunkLen
+					// An error costs only the cache a block; the sequence goes on.
+					_ = chunkReq.s.atPoint(chunkReq.pts)
+				}
 			}
 		}
 		// Only now do the finished sessions belong to their callers again.

@@ -240,7 +240,7 @@ func TestOneChunkBesideExactRows(t *testing.T) {
 			flat = append(flat, l...)
 			cu = append(cu, int32(len(flat)))
 		}
-		require.NoError(t, bt.run(ctx, batched, cu, flat, nil))
+		require.NoError(t, bt.run(ctx, batched, cu, flat, nil, nil))
 		require.Len(t, bt.passes, 1, "one pass")
 		for i := range counts {
 			require.Equal(t, alone[i].Logits(), batched[i].Logits(), "%s: session %d (%d tokens)", filepath.Base(dir), i, counts[i])

@@ -330,6 +330,7 @@ type generation struct {
 	usage   Usage
 	scratch []float32 // WithLogprobs: the exponentials of one row of logits
 	ready   [2]Token  // the backing of each advance's ready tokens
+	one     [1]int32  // the backing of a one-token pass (feedPass)
 	spec    *speculation
 }
 

@@ -460,7 +460,7 @@ func (s *Session) step(tokens []int32, tr *Trace, allLogits bool) error {
 		return fmt.Errorf("%w: %d tokens after %d exceed %d", ErrContextFull, len(tokens), s.pos, s.limit)
 	}
 	s.one[0], s.cuOne[0], s.cuOne[1] = s, 0, int32(len(tokens))
-	return s.ws.bt.execute(s.one[:], s.cuOne[:], tokens, nil, tr, allLogits)
+	return s.ws.bt.execute(s.one[:], s.cuOne[:], tokens, nil, nil, tr, allLogits)
 }
 
 // ExactTokens is the longest run of new tokens that one forward pass

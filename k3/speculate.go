@@ -19,7 +19,8 @@ import (
 // tokens for the same seed), in fewer passes when drafts are accepted.
 // The rollback uses the sessions' replay logs, so the model must be
 // loaded WithRollback(n) with n >= depth; depth is at most ExactTokens-1.
-// The Batcher does not speculate yet and refuses the option.
+// The Batcher speculates too, each sequence at its own depth, the verify
+// rows of several sequences in one pass.
 func WithSpeculation(d specdec.Drafter, depth int) GenerateOption {
 	return func(o *genOptions) {
 		switch {
@@ -178,16 +179,36 @@ func (m *Model) checkSpeculation(o *genOptions) error {
 }
 
 // feed gives the session the token just drawn (done: the generation's
-// last). Without speculation it is one decode step. With it, a draw equal
-// to the next draft is already in the session: its row becomes the next
-// logits. Otherwise the drafts still in flight are dropped, and the token
-// goes in with new drafts in one exact pass whose first row becomes the
-// next logits.
+// last) in a pass of its own, the pass feedPass says.
 func (g *generation) feed(ctx context.Context, id int32, done bool) error {
-	s, sp := g.s, g.spec
-	if sp == nil {
-		_, err := s.run(ctx, []int32{id}, false)
+	pass, err := g.feedPass(ctx, id, done)
+	if err != nil || pass == nil {
 		return err
+	}
+	s := g.s
+	if len(pass) == 1 {
+		_, err := s.run(ctx, pass, false)
+		return err
+	}
+	if err := s.runInto(ctx, pass, g.spec.out); err != nil {
+		g.spec.drafts = g.spec.drafts[:0]
+		return err
+	}
+	g.landed()
+	return nil
+}
+
+// feedPass says which tokens a pass must feed after the draw id: without
+// speculation id alone, a decode step. With it, a draw equal to the next
+// draft is already in the session and its row becomes the next logits: no
+// pass (nil). Otherwise the drafts still in flight are dropped, and id
+// goes in with new drafts in one exact pass, after which landed takes the
+// rows. The slice is valid until the next call.
+func (g *generation) feedPass(ctx context.Context, id int32, done bool) ([]int32, error) {
+	s, sp := g.s, g.spec
+	g.one[0] = id
+	if sp == nil {
+		return g.one[:], nil
 	}
 	v := s.m.Config.VocabSize
 	if sp.next < len(sp.drafts) {
@@ -195,22 +216,21 @@ func (g *generation) feed(ctx context.Context, id int32, done bool) error {
 			copy(s.last, sp.rows[sp.next*v:(sp.next+1)*v])
 			sp.next++
 			if done {
-				return g.settle()
+				return nil, g.settle()
 			}
 			if sp.next == len(sp.drafts) {
 				sp.drafts, sp.next = sp.drafts[:0], 0 // the next draw is the bonus token
 			}
-			return nil
+			return nil, nil
 		}
 		if err := g.settle(); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if done {
-		_, err := s.run(ctx, []int32{id}, false)
-		return err
+		return g.one[:], nil
 	}
-	return g.verify(ctx, id)
+	return g.draftPass(ctx, id)
 }
 
 // drew records a draw against the drafts: the acceptance estimate learns
@@ -231,11 +251,10 @@ func (sp *speculation) drew(id int32, u *Usage) {
 	}
 }
 
-// verify feeds id, the token just drawn, with up to depth drafts after it
-// in one exact pass (one decode step when the drafter proposes none); the
-// pass's first row becomes the session's logits and the others wait in
-// sp.rows for the draws that may confirm their drafts.
-func (g *generation) verify(ctx context.Context, id int32) error {
+// draftPass returns the tokens of the pass that feeds id, the token just
+// drawn: id alone, or id and the drafts after it (then sp.out has room
+// for their logits, which landed takes once the pass has run).
+func (g *generation) draftPass(ctx context.Context, id int32) ([]int32, error) {
 	s, sp := g.s, g.spec
 	v := s.m.Config.VocabSize
 	n := min(sp.depth, s.limit-s.pos-1, g.o.maxTokens-g.n)
@@ -245,7 +264,7 @@ func (g *generation) verify(ctx context.Context, id int32) error {
 		if sp.costs.Pass == nil {
 			c, err := s.m.SpeculationCosts(ctx)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			sp.costs = c
 		}
@@ -275,26 +294,28 @@ func (g *generation) verify(ctx context.Context, id int32) error {
 		sp.probe, sp.hasProbe = sp.drafts[0], true
 		sp.drafts = sp.drafts[:0]
 	}
-	if len(sp.drafts) == 0 {
-		_, err := s.run(ctx, []int32{id}, false)
-		return err
-	}
 	for _, d := range sp.drafts {
 		if d < 0 || int(d) >= v {
 			sp.drafts = sp.drafts[:0]
-			return fmt.Errorf("k3: the drafter proposed token %d outside the vocabulary (%d)", d, v)
+			return nil, fmt.Errorf("k3: the drafter proposed token %d outside the vocabulary (%d)", d, v)
 		}
 	}
-	g.usage.DraftTokens += len(sp.drafts)
 	sp.pass = append(append(sp.pass[:0], id), sp.drafts...)
-	sp.out = grow(sp.out, len(sp.pass)*v)
-	if err := s.runInto(ctx, sp.pass, sp.out); err != nil {
-		sp.drafts = sp.drafts[:0]
-		return err
+	if len(sp.drafts) > 0 {
+		g.usage.DraftTokens += len(sp.drafts)
+		sp.out = grow(sp.out, len(sp.pass)*v)
 	}
+	return sp.pass, nil
+}
+
+// landed takes a verify pass's logits from sp.out: the first row becomes
+// the session's next-token logits, the others wait in sp.rows for the
+// draws that may confirm their drafts.
+func (g *generation) landed() {
+	s, sp := g.s, g.spec
+	v := s.m.Config.VocabSize
 	copy(s.last, sp.out[:v])
-	sp.rows = sp.out[v:]
-	return nil
+	sp.rows = sp.out[v : len(sp.pass)*v]
 }
 
 // settle drops the drafts the generation has not confirmed, so that the

@@ -2,9 +2,10 @@ package k3
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -356,7 +357,7 @@ func TestSpeculationErrors(t *testing.T) {
 	require.NoError(t, br.Start(bctx))
 	s, _ := m.NewSession()
 	var berr error
-	for _, err := range br.Generate(ctx, s, "hi", WithSpeculation(specdec.NGram{}, 2)) {
+	for _, err := range br.Generate(ctx, s, "hi", WithSpeculation(badDrafter{}, 2)) {
 		if err != nil {
 			berr = err
 			break
@@ -364,40 +365,91 @@ func TestSpeculationErrors(t *testing.T) {
 	}
 	cancel()
 	br.Wait()
-	assert.True(t, errors.Is(berr, ErrInvalidOption), "batcher: %v", berr)
+	assert.ErrorContains(t, berr, "outside the vocabulary", "batcher")
 }
 
-// TestSpeculationAtTheContextLimit: near the end of the context, drafts
-// in flight do not count as held tokens: the generation ends where plain
-// decoding ends, with the same reason.
-func TestSpeculationAtTheContextLimit(t *testing.T) {
-	ctx := context.Background()
-	m, err := Load(ctx, tinyDir, WithRollback(8))
-	require.NoError(t, err)
-	defer m.Close()
-	limit := m.ContextLength()
-	prompt := make([]int32, limit-12)
-	for i := range prompt {
-		prompt[i] = int32(3 + i%5)
-	}
-	run := func(opts ...GenerateOption) ([]int32, FinishReason) {
-		s, _ := m.NewSession()
-		defer s.Close()
-		var ids []int32
-		var f FinishReason
-		for tok, err := range s.GenerateTokens(ctx, prompt, append(opts, WithMaxTokens(40), WithoutDefaultStops())...) {
+// TestBatcherSpeculation: generations that speculate inside the Batcher,
+// beside plain ones and a prefilling prompt, each with its own drafter
+// and depth (fixed or adaptive), draw exactly the tokens and
+// log-probabilities of plain Session.Generate alone, greedy and sampled,
+// and leave their sessions with the same tokens, logits and KDA states.
+func TestBatcherSpeculation(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for name, m := range speculationModels(t) {
+		t.Run(name, func(t *testing.T) {
+			br, err := m.NewBatcher(6)
 			require.NoError(t, err)
-			ids, f = append(ids, tok.ID), tok.Finish
-		}
-		require.LessOrEqual(t, s.Len(), limit)
-		return ids, f
-	}
-	want, wantFinish := run()
-	require.Equal(t, FinishContext, wantFinish)
-	full := append(append([]int32(nil), prompt...), want...)
-	for _, depth := range testDepths() {
-		got, f := run(WithSpeculation(perfect{full}, depth))
-		assert.Equal(t, want, got, "depth %d", depth)
-		assert.Equal(t, wantFinish, f, "depth %d", depth)
+			bctx, stop := context.WithCancel(ctx)
+			defer stop()
+			require.NoError(t, br.Start(bctx))
+			prompts := []string{"abcabcabcabc the cat the cat", "func main() { fmt.Println(", "the cat the cat the cat the", "x := []int{1, 2, 3, 1, 2, 3, 1, 2",
+				strings.Repeat("a long prompt that prefills in chunks beside the others ", 4), "abcabcabc"}
+			type run struct {
+				opts   []GenerateOption
+				prompt []int32
+				want   []Token
+				plain  *Session
+			}
+			runs := make([]run, len(prompts))
+			for i, p := range prompts {
+				r := &runs[i]
+				r.prompt = m.Encode(p)
+				base := []GenerateOption{WithMaxTokens(30), WithoutDefaultStops(), WithLogprobs(1)}
+				if i%2 == 1 {
+					base = append(base, WithTemperature(0.9), WithTopK(40), WithSeed(uint64(i)))
+				}
+				r.plain, _ = m.NewSession()
+				defer r.plain.Close()
+				for tok, err := range r.plain.GenerateTokens(ctx, r.prompt, base...) {
+					require.NoError(t, err)
+					tok.Usage = nil
+					r.want = append(r.want, tok)
+				}
+				full := append(append([]int32(nil), r.prompt...), idsOf(r.want)...)
+				switch i {
+				case 0:
+					r.opts = append(base, WithSpeculation(specdec.NGram{}, 3))
+				case 1:
+					r.opts = append(base, WithSpeculation(oracle{full}, 5))
+				case 2:
+					r.opts = append(base, WithAdaptiveSpeculation(perfect{full}, 8))
+				case 3:
+					r.opts = append(base, WithSpeculation(perfect{full}, 8))
+				default:
+					r.opts = base // plain, beside the speculating ones
+				}
+			}
+			var wg sync.WaitGroup
+			got := make([][]Token, len(runs))
+			sessions := make([]*Session, len(runs))
+			accepted := make([]int, len(runs))
+			for i := range runs {
+				sessions[i], _ = m.NewSession()
+				defer sessions[i].Close()
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for tok, err := range br.GenerateTokens(ctx, sessions[i], runs[i].prompt, runs[i].opts...) {
+						if !assert.NoError(t, err) {
+							return
+						}
+						if tok.Usage != nil {
+							accepted[i] = tok.Usage.AcceptedTokens
+						}
+						tok.Usage = nil
+						got[i] = append(got[i], tok)
+					}
+				}()
+			}
+			wg.Wait()
+			for i, r := range runs {
+				require.Equal(t, r.want, got[i], "run %d", i)
+				require.Equal(t, r.plain.Tokens(), sessions[i].Tokens(), "run %d: tokens", i)
+				require.Equal(t, r.plain.Logits(), sessions[i].Logits(), "run %d: logits", i)
+				require.Equal(t, kdaStates(t, r.plain), kdaStates(t, sessions[i]), "run %d: KDA states", i)
+			}
+			assert.Positive(t, accepted[3], "the perfect drafter's drafts were never accepted")
+		})
 	}
 }

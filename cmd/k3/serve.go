@@ -32,6 +32,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	maxBody := fs.Int64("max-body-kb", 4096, "largest request body in KiB")
 	drain := fs.Duration("drain", 30*time.Second, "how long shutdown waits for running requests")
 	sessionDir := fs.String("session-dir", "", "park idle kept sessions (K3-Session header) in this directory, and resume them after a restart")
+	var spec genFlags
+	fs.StringVar(&spec.speculate, "speculate", "", "speculative decoding with this drafter (ngram); outputs stay those of plain decoding")
+	fs.StringVar(&spec.draftDepth, "draft-depth", "auto", "with -speculate: drafts per verify pass (1..15), or auto")
 	sessionIdle := fs.Duration("session-idle", 5*time.Minute, "how long a kept session stays in memory unused")
 	synopsis := "serve [-model DIR] [-addr 127.0.0.1:8080] [-api-key KEY] ...\n\nServes the OpenAI-compatible API (/v1/chat/completions, /v1/completions,\n/v1/models, /tokenize, /detokenize, /health, /metrics) until interrupted;\nsee docs/SERVING.md."
 	if err := parseFlags(fs, synopsis, args, stdout, stderr); err != nil {
@@ -57,6 +60,20 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 
+	opts := []k3.Option{k3.WithBackend(*backend), k3.WithMemoryBudget(*memory << 20)}
+	if d, err := spec.drafter(); err != nil {
+		return err
+	} else if d != nil {
+		k, auto, _ := spec.depth()
+		opts = append(opts, k3.WithRollback(k)) // speculation rolls back through the replay logs
+		cfg.Speculation = k3.WithSpeculation(d, k)
+		if auto {
+			cfg.Speculation = k3.WithAdaptiveSpeculation(d, k)
+		}
+	}
+	if *prefix > 0 {
+		opts = append(opts, k3.WithPrefixCache(*prefix<<20))
+	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return err
@@ -79,10 +96,6 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	go func() { served <- hs.Serve(ln) }()
 	fmt.Fprintf(stderr, "k3 serve: listening on http://%s (model %q loading)\n", ln.Addr(), cfg.Name)
 
-	opts := []k3.Option{k3.WithBackend(*backend), k3.WithMemoryBudget(*memory << 20)}
-	if *prefix > 0 {
-		opts = append(opts, k3.WithPrefixCache(*prefix<<20))
-	}
 	var m *k3.Model
 	if *model == "" {
 		m, err = k3.LoadTiny(ctx, opts...)
@@ -94,6 +107,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer m.Close()
+	if cfg.Speculation != nil && spec.draftDepth == "auto" {
+		// Measured now, not in the scheduler's loop at the first request.
+		if _, err := m.SpeculationCosts(ctx); err != nil {
+			hs.Close()
+			return err
+		}
+	}
 	srv, err := serve.New(m, cfg)
 	if err != nil {
 		hs.Close()

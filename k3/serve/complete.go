@@ -291,6 +291,8 @@ func (a *answer) take(ev event) (text string, lp []tokenLogprob, legacy *legacyL
 			c.generated, c.cached = u.GeneratedTokens, u.CachedTokens
 			a.prompt = len(a.j.prompt)
 			a.s.met.generated.Add(int64(u.GeneratedTokens))
+			a.s.met.drafts.Add(int64(u.DraftTokens))
+			a.s.met.accepted.Add(int64(u.AcceptedTokens))
 		}
 		a.s.met.finished(c.finish)
 		a.s.met.e2e.observe(now.Sub(a.start).Seconds())

@@ -16,6 +16,7 @@ import (
 type metrics struct {
 	model                string
 	generated            atomic.Int64
+	drafts, accepted     atomic.Int64 // speculative decoding's draft tokens, and those accepted
 	prompt, promptCached atomic.Int64
 	mu                   sync.Mutex
 	finishes             map[string]int64 // finished_reason -> requests
@@ -180,6 +181,10 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	p.counter("k3:prefix_cache_hit_lookups_total", "Prompt lookups that resumed from a cached KDA snapshot.", float64(ps.Hits))
 	p.gauge("k3:prefix_cache_bytes", "Bytes the prefix cache holds.", float64(ps.Bytes))
 
+	if s.cfg.Speculation != nil {
+		p.counter("vllm:spec_decode_num_draft_tokens_total", "Draft tokens proposed by speculative decoding.", float64(s.met.drafts.Load()))
+		p.counter("vllm:spec_decode_num_accepted_tokens_total", "Draft tokens accepted (each a token decoded without a pass of its own).", float64(s.met.accepted.Load()))
+	}
 	live, parked := s.store.counts()
 	p.gauge("k3:sessions_live", "Sessions kept in memory for requests that name one (K3-Session).", float64(live))
 	p.counter("k3:sessions_parked_total", "Idle kept sessions saved to the session directory.", float64(parked))

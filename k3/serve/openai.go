@@ -358,6 +358,9 @@ func (s *Server) sampling(req *sampling, j *job) error {
 	if req.IgnoreEOS {
 		j.opts = append(j.opts, k3.WithoutDefaultStops())
 	}
+	if s.cfg.Speculation != nil {
+		j.opts = append(j.opts, s.cfg.Speculation)
+	}
 	if req.Seed != nil {
 		j.seed = uint64(*req.Seed)
 	} else {

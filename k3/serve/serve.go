@@ -65,6 +65,10 @@ type Config struct {
 	SessionDir  string
 	SessionIdle time.Duration
 	MaxSessions int
+	// Speculation, when set, is added to every generation's options:
+	// k3.WithSpeculation or k3.WithAdaptiveSpeculation (the model loaded
+	// WithRollback deep enough). Outputs are those of plain decoding.
+	Speculation k3.GenerateOption
 }
 
 func (c *Config) defaults() {

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"k3/k3"
+	"k3/specdec"
 )
 
 const testBudget = 256 << 20
@@ -539,4 +540,50 @@ func TestManyClients(t *testing.T) {
 	wg.Wait()
 	require.Eventually(t, func() bool { return s.b.Stats() == k3.BatcherStats{} }, 20*time.Second, 5*time.Millisecond)
 	require.Eventually(t, func() bool { return held(m) <= base }, 20*time.Second, 5*time.Millisecond, "memory %+v, base %d", m.MemoryUsage(), base)
+}
+
+// TestSpeculativeServer: a server started with speculation answers what
+// plain decoding answers, for whole and streamed requests at once, and
+// counts the drafts.
+func TestSpeculativeServer(t *testing.T) {
+	m, err := k3.LoadTiny(context.Background(), k3.WithRollback(4), k3.WithMemoryBudget(testBudget))
+	require.NoError(t, err)
+	defer m.Close()
+	s, err := New(m, Config{Speculation: k3.WithSpeculation(specdec.NGram{}, 4)})
+	require.NoError(t, err)
+	defer s.Close()
+	hs := httptest.NewServer(s)
+	defer hs.Close()
+	prompt := "\tcase 1:\n\t\treturn 1\n\tcase 2:\n\t\treturn 2\n\tcase 3:\n" // the model goes on repeating itself
+	want, _ := direct(t, m, m.Encode(prompt), k3.WithMaxTokens(40), k3.WithoutDefaultStops())
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body := map[string]any{"prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": true}
+			if i%2 == 0 {
+				code, out := post(t, hs.URL+"/v1/completions", body)
+				if assert.Equal(t, 200, code, "%v", out) {
+					assert.Equal(t, want, out["choices"].([]any)[0].(map[string]any)["text"])
+				}
+				return
+			}
+			body["stream"] = true
+			resp := postStream(t, context.Background(), hs.URL+"/v1/completions", body)
+			defer resp.Body.Close()
+			events, done := sse(t, resp.Body)
+			assert.True(t, done)
+			var text strings.Builder
+			for _, ev := range events {
+				text.WriteString(ev["choices"].([]any)[0].(map[string]any)["text"].(string))
+			}
+			assert.Equal(t, want, text.String())
+		}()
+	}
+	wg.Wait()
+	met := scrape(t, hs.URL)
+	assert.Positive(t, met["vllm:spec_decode_num_draft_tokens_total"])
+	assert.Positive(t, met["vllm:spec_decode_num_accepted_tokens_total"])
+	assert.LessOrEqual(t, met["vllm:spec_decode_num_accepted_tokens_total"], met["vllm:spec_decode_num_draft_tokens_total"])
 }
