@@ -164,8 +164,9 @@ func benchSpec(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("bench spec", flag.ContinueOnError)
 	alphas := fs.String("alpha", "0.5,0.7,0.9", "acceptance rates, comma separated, each in [0, 1)")
 	depths := fs.String("depth", "1,2,3,4,5,6,7", "draft depths, comma separated, each in 1..15")
-	tokens := fs.Int("tokens", 192, "tokens generated per run")
-	if err := parseFlags(fs, "bench spec [-alpha A,A,...] [-depth K,K,...] [-tokens N]\n\nSpeculative greedy decoding of the 100M preset with drafts of controlled acceptance, against plain decoding and theory (a minute or two).", args, stdout, stderr); err != nil {
+	tokens := fs.Int("tokens", 192, "tokens generated per run (per sequence with -batch)")
+	batch := fs.Int("batch", 1, "sequences speculating together in a Batcher (1: one session, against theory)")
+	if err := parseFlags(fs, "bench spec [-alpha A,A,...] [-depth K,K,...] [-tokens N] [-batch B]\n\nSpeculative greedy decoding of the 100M preset with drafts of controlled acceptance, against plain decoding and theory (a minute or two);\nwith -batch, B sequences speculating together inside a Batcher against the same batch decoding plainly.", args, stdout, stderr); err != nil {
 		return err
 	}
 	var as []float64
@@ -186,6 +187,17 @@ func benchSpec(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	if *tokens < 8 {
 		return fmt.Errorf("-tokens %d: want at least 8", *tokens)
+	}
+	if *batch < 1 || *batch > 64 {
+		return fmt.Errorf("-batch %d: want 1..64", *batch)
+	}
+	if *batch > 1 {
+		rows, err := modelbench.SpecBatch(ctx, as, ks, *batch, *tokens, func(s string) { fmt.Fprintln(stderr, s) })
+		if err != nil {
+			return err
+		}
+		fmt.Fprint(stdout, modelbench.SpecBatchTable(*batch, *tokens, rows))
+		return nil
 	}
 	r, err := modelbench.Spec(ctx, as, ks, *tokens, func(s string) { fmt.Fprintln(stderr, s) })
 	if err != nil {

@@ -59,12 +59,12 @@ func benchServe(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		dir = tmp
 	}
-	m, err := k3.Load(ctx, dir, k3.WithMemoryBudget(16<<30))
+	m, err := k3.Load(ctx, dir, k3.WithMemoryBudget(16<<30), k3.WithPrefixCache(1<<30))
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	res, err := servebench.Run(ctx, m, servebench.Options{Clients: levels, PerClient: *perClient, PromptTokens: *promptTokens,
+	res, chat, err := servebench.Run(ctx, m, servebench.Options{Clients: levels, PerClient: *perClient, PromptTokens: *promptTokens,
 		MaxTokens: *maxTokens, LevelTimeout: *timeout}, func(s string) { fmt.Fprintln(stderr, s) })
 	if err != nil {
 		return err
@@ -85,6 +85,8 @@ func benchServe(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 	}
 	tw.Flush()
+	fmt.Fprintf(&table, "\nchat, second turn: first token %.0f ms against %.0f ms for the first turn (%d history tokens): %.3fx; %d of its %d prompt tokens came from the prefix cache\n",
+		ms(chat.Second), ms(chat.First), chat.HistoryTokens, chat.Second.Seconds()/chat.First.Seconds(), chat.CachedTokens, chat.SecondPromptTokens)
 	fmt.Fprint(stdout, table.String())
 	if *out == "" {
 		tmp, err := os.MkdirTemp("", "k3-bench-serve-out-")

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -209,5 +210,147 @@ func (r *SpecResult) Table() string {
 	}
 	tw.Flush()
 	b.WriteString("c: a verify pass of K+1 tokens costs (c·K + 1) decode steps (medians of 7 of each, alternating, on one session); theory (1 - alpha^(K+1)) / ((1 - alpha)(c·K + 1)); speedup: the median of 3 plain/speculative pairs run back to back; auto: WithAdaptiveSpeculation up to the deepest depth, its costs measured by Model.SpeculationCosts\n")
+	return b.String()
+}
+
+// SpecBatchRow is one acceptance rate and depth with a batch of sequences
+// speculating together in a Batcher, against the same batch decoding
+// plainly in it.
+type SpecBatchRow struct {
+	Alpha   float64
+	K       int     // 0: the adaptive depth
+	Speedup float64 // plain batch's time over the speculating batch's
+	Tau     float64 // tokens per verify run, over the batch
+}
+
+// SpecBatch measures speculation inside the Batcher: batch sequences of
+// distinct prompts, each with its own drafter of controlled acceptance
+// (the sequence's own greedy tokens, each replaced with probability
+// 1-alpha), run together; plain and speculating batches alternate, three
+// pairs each, and every speculating sequence must give its plain tokens.
+func SpecBatch(ctx context.Context, alphas []float64, depths []int, batch, tokens int, log func(string)) ([]SpecBatchRow, error) {
+	dir, err := writePreset(log)
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	m, err := k3.Load(ctx, dir, k3.WithRollback(slices.Max(depths)))
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	br, err := m.NewBatcher(batch)
+	if err != nil {
+		return nil, err
+	}
+	bctx, stop := context.WithCancel(ctx)
+	defer stop()
+	if err := br.Start(bctx); err != nil {
+		return nil, err
+	}
+	prompts := make([][]int32, batch)
+	for i := range prompts {
+		prompts[i] = make([]int32, 64)
+		for j := range prompts[i] {
+			prompts[i][j] = int32(3 + (j*31+i*17)%256)
+		}
+	}
+	opts := []k3.GenerateOption{k3.WithMaxTokens(tokens), k3.WithoutDefaultStops()}
+	// run generates every sequence at once, spec(i) its extra options.
+	run := func(spec func(i int) []k3.GenerateOption) ([][]int32, int, time.Duration, error) {
+		out := make([][]int32, batch)
+		errs := make([]error, batch)
+		accepted := make([]int, batch)
+		var wg sync.WaitGroup
+		start := time.Now()
+		for i := range batch {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s, err := m.NewSession()
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				defer s.Close()
+				for tok, err := range br.GenerateTokens(ctx, s, prompts[i], append(slices.Clone(opts), spec(i)...)...) {
+					if err != nil {
+						errs[i] = err
+						return
+					}
+					out[i] = append(out[i], tok.ID)
+					if tok.Usage != nil {
+						accepted[i] = tok.Usage.AcceptedTokens
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		d := time.Since(start)
+		acc := 0
+		for i := range batch {
+			if errs[i] != nil {
+				return nil, 0, 0, errs[i]
+			}
+			acc += accepted[i]
+		}
+		return out, acc, d, nil
+	}
+	none := func(int) []k3.GenerateOption { return nil }
+	log(fmt.Sprintf("batch %d, plain (warm-up and the targets' tokens)...", batch))
+	want, _, _, err := run(none)
+	if err != nil {
+		return nil, err
+	}
+	var rows []SpecBatchRow
+	for _, a := range alphas {
+		for _, k := range append(slices.Clone(depths), 0) {
+			log(fmt.Sprintf("batch %d, alpha %.1f, depth %d...", batch, a, k))
+			var ratios, taus []float64
+			for rep := range 3 {
+				_, _, plain, err := run(none)
+				if err != nil {
+					return nil, err
+				}
+				got, acc, spec, err := run(func(i int) []k3.GenerateOption {
+					full := append(slices.Clone(prompts[i]), want[i]...)
+					d := &corrupted{want: full, alpha: a, vocab: int32(m.VocabSize()), rng: rand.New(rand.NewPCG(uint64(k*100+i), uint64(rep)))}
+					if k == 0 {
+						return []k3.GenerateOption{k3.WithAdaptiveSpeculation(d, slices.Max(depths))}
+					}
+					return []k3.GenerateOption{k3.WithSpeculation(d, k)}
+				})
+				if err != nil {
+					return nil, err
+				}
+				for i := range got {
+					if !slices.Equal(got[i], want[i]) {
+						return nil, fmt.Errorf("modelbench: batch speculation (alpha %.1f, depth %d) gave sequence %d other tokens than plain decoding", a, k, i)
+					}
+				}
+				ratios = append(ratios, float64(plain)/float64(spec))
+				n := batch * tokens
+				taus = append(taus, float64(n)/float64(n-acc))
+			}
+			rows = append(rows, SpecBatchRow{Alpha: a, K: k, Speedup: median(ratios), Tau: median(taus)})
+		}
+	}
+	return rows, nil
+}
+
+// SpecBatchTable formats SpecBatch's rows.
+func SpecBatchTable(batch, tokens int, rows []SpecBatchRow) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "speculation inside the Batcher, 100M preset, %d sequences of %d tokens each speculating with its own drafter of controlled acceptance; speedup = the same batch decoding plainly, over speculating (median of 3 alternating pairs)\n", batch, tokens)
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "alpha\tdepth\tspeedup\ttokens/run\t")
+	for _, r := range rows {
+		depth := fmt.Sprint(r.K)
+		if r.K == 0 {
+			depth = "auto"
+		}
+		fmt.Fprintf(tw, "%.1f\t%s\t%.2fx\t%.2f\t\n", r.Alpha, depth, r.Speedup, r.Tau)
+	}
+	tw.Flush()
 	return b.String()
 }

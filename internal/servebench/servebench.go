@@ -44,17 +44,28 @@ type Level struct {
 	GoroutinesLeft int              // over the count before the level, after it settles
 }
 
-// Run serves m on a loopback port and measures each level of o.Clients.
-func Run(ctx context.Context, m *k3.Model, o Options, log func(string)) ([]Level, error) {
+// Chat is a two-turn conversation's first-token times over HTTP: the
+// second turn's prompt holds the first turn and its answer, which the
+// prefix cache has kept.
+type Chat struct {
+	HistoryTokens      int
+	First, Second      time.Duration // time to the first streamed token
+	CachedTokens       int           // of the second turn's prompt, as usage reports
+	SecondPromptTokens int
+}
+
+// Run serves m on a loopback port and measures each level of o.Clients,
+// then a two-turn chat (m should have a prefix cache).
+func Run(ctx context.Context, m *k3.Model, o Options, log func(string)) ([]Level, *Chat, error) {
 	maxClients := slices.Max(o.Clients)
-	srv, err := serve.New(m, serve.Config{Name: "bench", MaxSequences: maxClients, MaxQueue: maxClients, MaxTokens: o.MaxTokens})
+	srv, err := serve.New(m, serve.Config{Name: "bench", MaxSequences: maxClients, MaxQueue: maxClients, MaxTokens: max(o.MaxTokens, 32)})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer srv.Close()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	hs := &http.Server{Handler: srv}
 	go hs.Serve(ln)
@@ -63,15 +74,23 @@ func Run(ctx context.Context, m *k3.Model, o Options, log func(string)) ([]Level
 
 	direct, err := m.NewBatcher(maxClients)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	dctx, stop := context.WithCancel(ctx)
 	defer stop()
 	if err := direct.Start(dctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 
 	rng := rand.New(rand.NewPCG(1, 2))
+	// One request first, so that no level pays for faulting the weights in.
+	warm := make([]int32, o.PromptTokens)
+	for j := range warm {
+		warm[j] = int32(rng.IntN(m.VocabSize()))
+	}
+	if _, err := stream(ctx, http.DefaultClient, url, warm, o.MaxTokens); err != nil {
+		return nil, nil, fmt.Errorf("servebench: warm-up request: %w", err)
+	}
 	var out []Level
 	for _, c := range o.Clients {
 		prompts := make([][]int32, c*o.PerClient)
@@ -85,16 +104,21 @@ func Run(ctx context.Context, m *k3.Model, o Options, log func(string)) ([]Level
 		log(fmt.Sprintf("%d clients: %d streaming requests of %d+%d tokens...", c, len(prompts), o.PromptTokens, o.MaxTokens))
 		lv, err := level(ctx, url, c, prompts, o)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		lv.GoroutinesLeft = settle(before)
 		log(fmt.Sprintf("%d clients: the same generations through the Batcher in process...", c))
 		if lv.DirectTokensPerSec, err = peer(ctx, m, direct, c, prompts, o.MaxTokens); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		out = append(out, lv)
 	}
-	return out, nil
+	log("a two-turn chat with a 1,000-token first prompt...")
+	chat, err := twoTurns(ctx, url, m, 1000)
+	if err != nil {
+		return nil, nil, err
+	}
+	return out, chat, nil
 }
 
 // settle waits briefly for goroutines to return to before and returns how
@@ -289,4 +313,99 @@ func cmp(a, b error) error {
 		return a
 	}
 	return b
+}
+
+// twoTurns times a conversation's two turns over HTTP: a first prompt of
+// n random tokens (its time is the cold prefill's), a 32-token answer,
+// then the whole exchange and 24 new tokens.
+func twoTurns(ctx context.Context, url string, m *k3.Model, n int) (*Chat, error) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	prompt := make([]int32, n)
+	for i := range prompt {
+		prompt[i] = int32(rng.IntN(m.VocabSize()))
+	}
+	turn := func(p []int32) (time.Duration, int, error) {
+		body, _ := json.Marshal(map[string]any{"prompt": p, "max_tokens": 32, "temperature": 0, "ignore_eos": true,
+			"stream": true, "stream_options": map[string]any{"include_usage": true}})
+		req, err := http.NewRequestWithContext(ctx, "POST", url+"/v1/completions", bytes.NewReader(body))
+		if err != nil {
+			return 0, 0, err
+		}
+		start := time.Now()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, 0, err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return 0, 0, fmt.Errorf("status %d", resp.StatusCode)
+		}
+		var first time.Duration
+		cached := -1
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			line, ok := strings.CutPrefix(sc.Text(), "data: ")
+			if !ok || line == "[DONE]" {
+				continue
+			}
+			var ev struct {
+				Choices []struct{} `json:"choices"`
+				Usage   *struct {
+					Details struct {
+						Cached int `json:"cached_tokens"`
+					} `json:"prompt_tokens_details"`
+				} `json:"usage"`
+			}
+			if err := json.Unmarshal([]byte(line), &ev); err != nil {
+				return 0, 0, err
+			}
+			if ev.Usage != nil {
+				cached = ev.Usage.Details.Cached
+			}
+			if len(ev.Choices) > 0 && first == 0 {
+				first = time.Since(start)
+			}
+		}
+		if err := sc.Err(); err != nil {
+			return 0, 0, err
+		}
+		if cached < 0 {
+			return 0, 0, errors.New("no usage chunk")
+		}
+		return first, cached, nil
+	}
+	// A warm-up turn on other tokens, so that the first turn is a cold
+	// prefill and not the first pass after Load.
+	warm := make([]int32, 64)
+	for i := range warm {
+		warm[i] = int32(rng.IntN(m.VocabSize()))
+	}
+	if _, _, err := turn(warm); err != nil {
+		return nil, err
+	}
+	first, _, err := turn(prompt)
+	if err != nil {
+		return nil, err
+	}
+	// The second turn: the first prompt, its greedy answer (computed here
+	// as the server computed it: the Batcher's tokens are Session's), then
+	// new tokens.
+	s, err := m.NewSession()
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	var answer []int32
+	for tok, err := range s.GenerateTokens(ctx, prompt, k3.WithMaxTokens(32), k3.WithoutDefaultStops()) {
+		if err != nil {
+			return nil, err
+		}
+		answer = append(answer, tok.ID)
+	}
+	second := append(append(slices.Clone(prompt), answer...), prompt[:24]...)
+	secondT, cached, err := turn(second)
+	if err != nil {
+		return nil, err
+	}
+	return &Chat{HistoryTokens: n, First: first, Second: secondT, CachedTokens: cached, SecondPromptTokens: len(second)}, nil
 }
