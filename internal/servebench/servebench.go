@@ -108,6 +108,12 @@ func Run(ctx context.Context, m *k3.Model, o Options, log func(string)) ([]Level
 		}
 		lv.GoroutinesLeft = settle(before)
 		log(fmt.Sprintf("%d clients: the same generations through the Batcher in process...", c))
+		// Prompts of their own: the server's are in the prefix cache now.
+		for i := range prompts {
+			for j := range prompts[i] {
+				prompts[i][j] = int32(rng.IntN(m.VocabSize()))
+			}
+		}
 		if lv.DirectTokensPerSec, err = peer(ctx, m, direct, c, prompts, o.MaxTokens); err != nil {
 			return nil, nil, err
 		}
