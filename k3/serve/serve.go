@@ -6,8 +6,11 @@
 // server-sent events), GET /v1/models, POST /tokenize and /detokenize,
 // GET /health and GET /metrics (Prometheus text format, under the names an
 // inference gateway's endpoint picker reads). Every generation goes
-// through one k3.Batcher, so concurrent requests share forward passes. A
-// client that disconnects ends its generation at the next pass.
+// through one k3.Batcher, so concurrent requests share forward passes
+// (and speculate, with Config.Speculation). A client that disconnects ends
+// its generation at the next pass. A request with the K3-Session header
+// keeps its session between requests, parked on disk when idle
+// (Config.SessionDir).
 //
 // Prompts are tokenized with special tokens honoured, so a message that
 // contains "<|im_end|>" ends its turn; a server facing untrusted users
