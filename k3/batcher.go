@@ -433,6 +433,12 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 		kept := active[:0]
 		paused = 0
 		var chunkReq *batchReq // the prompt that prefills a chunk in this pass
+		decoding := 0
+		for _, r := range active {
+			if r.fed >= len(r.prompt) {
+				decoding++
+			}
+		}
 		for _, r := range active {
 			if r.fed < len(r.prompt) {
 				// Still prefilling: the oldest such prompt takes a chunk.
@@ -471,6 +477,9 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 			var pass []int32
 			var err error
 			abandoned := false
+			if sp := r.g.spec; sp != nil {
+				sp.batch = decoding // the adaptive depth prices its verify run at this batch
+			}
 			for {
 				st, err = r.g.advance(r.ctx)
 				for _, tok := range st.ready {

@@ -119,7 +119,8 @@ type Model struct {
 	wsFree []*workspace // scratch for session runs, lent one per run
 
 	specMu    sync.Mutex
-	specCosts specdec.Costs // SpeculationCosts, measured once
+	specCosts specdec.Costs         // SpeculationCosts, measured once
+	specBatch map[int]specdec.Costs // SpeculationCostsAt, by power-of-two batch
 
 	life life // open operations, for Close
 }

@@ -139,6 +139,119 @@ func (m *Model) SpeculationCosts(ctx context.Context) (specdec.Costs, error) {
 	return c, nil
 }
 
+// SpeculationCostsAt is SpeculationCosts for a verify run among batch
+// sequences that all speculate, as inside a Batcher: Pass[n] is what a
+// pass of n rows for each of them costs against a pass of one row each
+// (the decode step at that batch), so that the depth chosen maximises the
+// batch's tokens per second. Batches are measured by powers of two (the
+// largest not above batch) once per model; at large batches, where a
+// pass is bound by arithmetic, every draft row costs about a decode row
+// and the depth chosen is 0. The rollback cost is the lone session's.
+func (m *Model) SpeculationCostsAt(ctx context.Context, batch int) (specdec.Costs, error) {
+	if batch <= 1 {
+		return m.SpeculationCosts(ctx)
+	}
+	b := 1
+	for b*2 <= min(batch, 64) {
+		b *= 2
+	}
+	lone, err := m.SpeculationCosts(ctx)
+	if err != nil {
+		return specdec.Costs{}, err
+	}
+	m.specMu.Lock()
+	defer m.specMu.Unlock()
+	if c, ok := m.specBatch[b]; ok {
+		return c, nil
+	}
+	maxN := len(lone.Pass) - 1
+	bt, err := m.NewBatch(b * maxN)
+	if err != nil {
+		return specdec.Costs{}, err
+	}
+	v := m.Config.VocabSize
+	sessions := make([]*Session, b)
+	defer func() {
+		for _, s := range sessions {
+			if s != nil {
+				s.Close()
+			}
+		}
+	}()
+	cu := make([]int32, b+1)
+	ids := make([]int32, 0, b*max(32, maxN))
+	for i := range sessions {
+		if sessions[i], err = m.NewSession(); err != nil {
+			return specdec.Costs{}, err
+		}
+		ids = ids[:0]
+		for j := range 32 {
+			ids = append(ids, int32((i*131+j*7+3)%v))
+		}
+		if _, err := sessions[i].run(ctx, ids, false); err != nil {
+			return specdec.Costs{}, err
+		}
+	}
+	pos := sessions[0].pos
+	rows := make([][]float32, b)
+	bufs := make([]float32, b*maxN*v)
+	for i := range rows {
+		rows[i] = bufs[i*maxN*v : (i+1)*maxN*v]
+	}
+	// pass runs n rows for every session, then rolls them back.
+	pass := func(n int) (float64, error) {
+		ids = ids[:0]
+		for i := range sessions {
+			for j := range n {
+				ids = append(ids, int32((i*17+j*5+11)%v))
+			}
+			cu[i+1] = int32(len(ids))
+		}
+		var out [][]float32
+		if n > 1 {
+			out = rows
+		}
+		start := time.Now()
+		err := bt.run(ctx, sessions, cu, ids, nil, out)
+		t := float64(time.Since(start))
+		if err != nil {
+			return 0, err
+		}
+		for _, s := range sessions { // untimed
+			ok, err := s.rollback(pos)
+			if err == nil && !ok {
+				err = s.Truncate(ctx, pos)
+			}
+			if err != nil {
+				return 0, fmt.Errorf("k3: measuring speculation costs: %w", err)
+			}
+		}
+		return t, nil
+	}
+	times := make([][]float64, maxN+1)
+	for r := 0; r <= 3; r++ { // round 0 warms up
+		for n := 1; n <= maxN; n++ {
+			t, err := pass(n)
+			if err != nil {
+				return specdec.Costs{}, err
+			}
+			if r > 0 {
+				times[n] = append(times[n], t)
+			}
+		}
+	}
+	c := specdec.Costs{Pass: make([]float64, maxN+1), Rollback: lone.Rollback}
+	step := medianOf(times[1])
+	for n := 1; n <= maxN; n++ {
+		c.Pass[n] = medianOf(times[n]) / step
+	}
+	if m.specBatch == nil {
+		m.specBatch = map[int]specdec.Costs{}
+	}
+	m.specBatch[b] = c
+	return c, nil
+}
+
 func medianOf(v []float64) float64 {
 	v = slices.Clone(v)
 	slices.Sort(v)
@@ -163,8 +276,11 @@ type speculation struct {
 	adaptive bool
 	acc      specdec.Acceptance
 	costs    specdec.Costs
-	probe    int32
-	hasProbe bool
+	// batch is how many sequences decode beside this one (set by the
+	// Batcher each round; 0 or 1 alone), costsBatch the batch costs is for.
+	batch, costsBatch int
+	probe             int32
+	hasProbe          bool
 }
 
 // checkSpeculation reports whether the model can run o's speculation.
@@ -261,12 +377,12 @@ func (g *generation) draftPass(ctx context.Context, id int32) ([]int32, error) {
 	sp.drafts, sp.next = sp.drafts[:0], 0
 	probe := false
 	if sp.adaptive && n > 0 {
-		if sp.costs.Pass == nil {
-			c, err := s.m.SpeculationCosts(ctx)
+		if sp.costs.Pass == nil || sp.costsBatch != sp.batch {
+			c, err := s.m.SpeculationCostsAt(ctx, sp.batch)
 			if err != nil {
 				return nil, err
 			}
-			sp.costs = c
+			sp.costs, sp.costsBatch = c, sp.batch
 		}
 		if k := specdec.BestDepth(sp.acc.Rate(), n, sp.costs); k > 0 {
 			n = k

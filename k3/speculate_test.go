@@ -149,6 +149,25 @@ func TestSpeculationCosts(t *testing.T) {
 	// The scratch session is gone: what the ledger holds is free pages.
 	u := m.MemoryUsage()
 	assert.Equal(t, u.FreePages, u.Used)
+
+	// Batch shapes: by powers of two, measured once each, the lone
+	// session's rollback, and the same depths.
+	at1, err := m.SpeculationCostsAt(ctx, 1)
+	require.NoError(t, err)
+	assert.Equal(t, c, at1)
+	b6, err := m.SpeculationCostsAt(ctx, 6)
+	require.NoError(t, err)
+	require.Len(t, b6.Pass, len(c.Pass))
+	assert.Equal(t, 1.0, b6.Pass[1])
+	for n := 2; n < len(b6.Pass); n++ {
+		assert.Positive(t, b6.Pass[n], "batch 4, pass of %d", n)
+	}
+	assert.Equal(t, c.Rollback, b6.Rollback)
+	b4, err := m.SpeculationCostsAt(ctx, 4)
+	require.NoError(t, err)
+	assert.Equal(t, b6, b4, "6 measures as 4")
+	u = m.MemoryUsage()
+	assert.Equal(t, u.FreePages, u.Used, "the batch's sessions are gone")
 }
 
 // speculationModels are the testdata checkpoints and the embedded model,

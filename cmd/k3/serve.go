@@ -108,10 +108,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	defer m.Close()
 	if cfg.Speculation != nil && spec.draftDepth == "auto" {
-		// Measured now, not in the scheduler's loop at the first request.
-		if _, err := m.SpeculationCosts(ctx); err != nil {
-			hs.Close()
-			return err
+		// Measured now, for every batch the scheduler may run, not in its
+		// loop at the first request of each.
+		for b := 1; b <= max(cfg.MaxSequences, 16); b *= 2 {
+			if _, err := m.SpeculationCostsAt(ctx, b); err != nil {
+				hs.Close()
+				return err
+			}
 		}
 	}
 	srv, err := serve.New(m, cfg)

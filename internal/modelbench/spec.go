@@ -248,6 +248,14 @@ func SpecBatch(ctx context.Context, alphas []float64, depths []int, batch, token
 	if err := br.Start(bctx); err != nil {
 		return nil, err
 	}
+	// The adaptive depth's cost tables for every batch the runs pass
+	// through (sequences join one by one), measured before any timing:
+	// a first use would measure inside the loop.
+	for b := 1; b <= batch; b *= 2 {
+		if _, err := m.SpeculationCostsAt(ctx, b); err != nil {
+			return nil, err
+		}
+	}
 	prompts := make([][]int32, batch)
 	for i := range prompts {
 		prompts[i] = make([]int32, 64)
