@@ -472,3 +472,106 @@ func TestBatcherSpeculation(t *testing.T) {
 		})
 	}
 }
+
+// TestDraftModel: a smaller model as the drafter (here the same
+// checkpoint, whose greedy drafts are all right, and another checkpoint
+// of the vocabulary, whose drafts mostly are not) leaves greedy and
+// sampled outputs exactly those of plain decoding, alone and in the
+// Batcher, and keeps its own session in step with the history.
+func TestDraftModel(t *testing.T) {
+	ctx := context.Background()
+	dirs, err := filepath.Glob("../testdata/model/*/config.json")
+	require.NoError(t, err)
+	other := map[string]string{}
+	for i, c := range dirs {
+		other[filepath.Dir(c)] = filepath.Dir(dirs[(i+1)%len(dirs)])
+	}
+	for dir, otherDir := range other {
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			m, err := Load(ctx, dir, WithRollback(8))
+			require.NoError(t, err)
+			defer m.Close()
+			prompt := m.Encode("the cat sat on the mat, the cat sat on")
+			for _, dd := range []struct {
+				dir  string
+				same bool
+			}{{dir, true}, {otherDir, false}} {
+				draft, err := Load(ctx, dd.dir, WithRollback(8))
+				require.NoError(t, err)
+				defer draft.Close()
+				for _, depth := range []int{1, 3, 8} {
+					for _, sampled := range []bool{false, true} {
+						opts := []GenerateOption{WithMaxTokens(24), WithoutDefaultStops()}
+						if sampled {
+							opts = append(opts, WithTemperature(0.8), WithSeed(uint64(depth)))
+						}
+						plain, _ := m.NewSession()
+						want, _ := genIDs(t, plain, prompt, opts...)
+						plain.Close()
+						dm, err := m.NewDraftModel(draft)
+						require.NoError(t, err)
+						s, _ := m.NewSession()
+						got, u := genIDs(t, s, prompt, append(opts, WithSpeculation(dm, depth))...)
+						s.Close()
+						require.Equal(t, want, got, "draft %s, depth %d, sampled %v", filepath.Base(dd.dir), depth, sampled)
+						require.NoError(t, dm.Err())
+						if dd.same && !sampled {
+							assert.Equal(t, u.DraftTokens, u.AcceptedTokens+0, "the same model's greedy drafts are all right (depth %d)", depth)
+							assert.Positive(t, u.AcceptedTokens)
+						}
+						require.NoError(t, dm.Close())
+					}
+				}
+			}
+		})
+	}
+
+	m, err := Load(ctx, tinyDir, WithRollback(4))
+	require.NoError(t, err)
+	defer m.Close()
+	tiny, err := LoadTiny(ctx)
+	require.NoError(t, err)
+	defer tiny.Close()
+	_, err = m.NewDraftModel(tiny)
+	assert.ErrorIs(t, err, ErrInvalidOption, "another vocabulary")
+	_, err = m.NewDraftModel(nil)
+	assert.ErrorIs(t, err, ErrInvalidOption)
+
+	// In the Batcher, each sequence with a draft model of its own.
+	draft, err := Load(ctx, tinyDir, WithRollback(4))
+	require.NoError(t, err)
+	defer draft.Close()
+	br, err := m.NewBatcher(3)
+	require.NoError(t, err)
+	bctx, stop := context.WithCancel(ctx)
+	defer stop()
+	require.NoError(t, br.Start(bctx))
+	var wg sync.WaitGroup
+	for i := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			prompt := m.Encode(fmt.Sprint("sequence ", i, " the cat the cat"))
+			opts := []GenerateOption{WithMaxTokens(20), WithoutDefaultStops(), WithTemperature(0.7), WithSeed(uint64(i))}
+			plain, _ := m.NewSession()
+			defer plain.Close()
+			want, _ := genIDs(t, plain, prompt, opts...)
+			dm, err := m.NewDraftModel(draft)
+			if !assert.NoError(t, err) {
+				return
+			}
+			defer dm.Close()
+			s, _ := m.NewSession()
+			defer s.Close()
+			var got []int32
+			for tok, err := range br.GenerateTokens(ctx, s, prompt, append(opts, WithSpeculation(dm, 4))...) {
+				if !assert.NoError(t, err) {
+					return
+				}
+				got = append(got, tok.ID)
+			}
+			assert.Equal(t, want, got, "sequence %d", i)
+		}()
+	}
+	wg.Wait()
+}

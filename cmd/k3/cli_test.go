@@ -168,6 +168,12 @@ func TestRunSpeculate(t *testing.T) {
 	code, _, errOut = runCLI("run", "-prompt", "x := 1\nx := 1\n", "-max-tokens", "12", "-no-default-stops", "-speculate", "ngram")
 	require.Equal(t, 0, code, errOut)
 	assert.Contains(t, errOut, "speculation (ngram, depth auto):")
+	// A smaller model as the drafter: here the same checkpoint, whose
+	// greedy drafts are all right.
+	code, _, errOut = runCLI("run", "-model", "../../testdata/model/tiny_k31pro", "-prompt", "the cat", "-max-tokens", "20",
+		"-no-default-stops", "-speculate", "model:../../testdata/model/tiny_k31pro", "-draft-depth", "4")
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, errOut, "accepted (100%)")
 
 	for _, c := range []struct {
 		args []string
@@ -178,6 +184,9 @@ func TestRunSpeculate(t *testing.T) {
 		{[]string{"run", "-speculate", "ngram", "-draft-depth", "0"}, "-draft-depth 0"},
 		{[]string{"run", "-speculate", "ngram", "-draft-depth", "many"}, "-draft-depth many"},
 		{[]string{"run", "-speculate", "ngram", "-draft-depth", "16"}, "-draft-depth 16"},
+		{[]string{"run", "-speculate", "model:/no/such/dir"}, "/no/such/dir"},
+		{[]string{"run", "-model", "../../testdata/model/tiny_k3", "-speculate", "model:"}, `-speculate "model:"`},
+		{[]string{"run", "-speculate", "model:../../testdata/model/tiny_k3"}, "draft model scores 512 tokens"},
 	} {
 		code, _, errOut := runCLI(c.args...)
 		assert.Equal(t, 1, code, "%v", c.args)

@@ -30,6 +30,10 @@ type genFlags struct {
 	backend                         string
 	speculate                       string
 	draftDepth                      string
+	// draft is the -speculate model:DIR drafter once load has made it,
+	// closeDraft what releases it and its model.
+	draft      specdec.Drafter
+	closeDraft func()
 }
 
 // stringList is a flag that may be given several times.
@@ -52,7 +56,7 @@ func (g *genFlags) register(fs *flag.FlagSet, maxTokens int) {
 	fs.BoolVar(&g.noDefaultStops, "no-default-stops", false, "do not stop at the model's end-of-sequence tokens")
 	fs.Uint64Var(&g.seed, "seed", 0, "random seed (reproducible sampling)")
 	fs.StringVar(&g.backend, "backend", "go", "compute backend")
-	fs.StringVar(&g.speculate, "speculate", "", "speculative decoding with this drafter: ngram (prompt lookup); the output is plain decoding's")
+	fs.StringVar(&g.speculate, "speculate", "", "speculative decoding with this drafter: ngram (prompt lookup) or model:DIR (a smaller checkpoint's greedy tokens, same vocabulary); the output is plain decoding's")
 	fs.StringVar(&g.draftDepth, "draft-depth", "auto", "drafts per verify pass with -speculate: 1..15, or auto (chosen per pass from the drafts' acceptance and this machine's measured pass costs, up to 7)")
 }
 
@@ -82,10 +86,19 @@ func (g *genFlags) drafter() (specdec.Drafter, error) {
 			return nil, err
 		}
 		return specdec.NGram{}, nil
-	case "self", "model", "dspark":
-		return nil, fmt.Errorf("-speculate %s: that drafter is not built yet (ngram is)", g.speculate)
+	case "self", "dspark":
+		return nil, fmt.Errorf("-speculate %s: that drafter is not built yet (ngram and model:DIR are)", g.speculate)
 	}
-	return nil, fmt.Errorf("-speculate %q: want ngram", g.speculate)
+	if dir, ok := strings.CutPrefix(g.speculate, "model:"); ok && dir != "" {
+		if _, _, err := g.depth(); err != nil {
+			return nil, err
+		}
+		if g.draft != nil {
+			return g.draft, nil
+		}
+		return nil, nil // load makes it, once the target is loaded
+	}
+	return nil, fmt.Errorf("-speculate %q: want ngram or model:DIR", g.speculate)
 }
 
 func (g *genFlags) options() []k3.GenerateOption {
@@ -110,20 +123,43 @@ func (g *genFlags) options() []k3.GenerateOption {
 }
 
 func (g *genFlags) load(ctx context.Context, stderr io.Writer) (*k3.Model, error) {
-	d, err := g.drafter()
-	if err != nil {
+	if _, err := g.drafter(); err != nil {
 		return nil, err
 	}
 	opts := []k3.Option{k3.WithBackend(g.backend)}
-	if d != nil {
-		k, _, _ := g.depth()
+	k, _, _ := g.depth()
+	if g.speculate != "" {
 		opts = append(opts, k3.WithRollback(k)) // speculation rolls back through the replay logs
 	}
+	var m *k3.Model
+	var err error
 	if g.model == "" {
 		fmt.Fprintln(stderr, "k3: using the", k3.TinyLabel)
-		return k3.LoadTiny(ctx, opts...)
+		m, err = k3.LoadTiny(ctx, opts...)
+	} else {
+		m, err = k3.Load(ctx, g.model, opts...)
 	}
-	return k3.Load(ctx, g.model, opts...)
+	if err != nil {
+		return nil, err
+	}
+	if dir, ok := strings.CutPrefix(g.speculate, "model:"); ok {
+		// The draft model's own session rolls back the drafts the target
+		// rejects: it keeps logs as deep as the drafts.
+		draft, err := k3.Load(ctx, dir, k3.WithBackend(g.backend), k3.WithRollback(k))
+		if err != nil {
+			m.Close()
+			return nil, fmt.Errorf("-speculate %s: %w", g.speculate, err)
+		}
+		dm, err := m.NewDraftModel(draft)
+		if err != nil {
+			draft.Close()
+			m.Close()
+			return nil, fmt.Errorf("-speculate %s: %w", g.speculate, err)
+		}
+		g.draft = dm
+		g.closeDraft = func() { dm.Close(); draft.Close() }
+	}
+	return m, nil
 }
 
 // finishText describes why a generation ended, for people.
@@ -151,7 +187,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	g.register(fs, 64)
 	prompt := fs.String("prompt", "Hello", `prompt text ("-": read stdin)`)
 	chat := fs.Bool("chat", false, "wrap the prompt as one user turn of the chat format")
-	synopsis := "run [-model DIR] [-prompt TEXT] [-chat] [-speculate ngram [-draft-depth K|auto]] [sampling flags]\n\nStreams a completion to stdout, then prints why it stopped, the token counts, speed and memory on stderr; with -speculate also the drafts' acceptance and the speed of the same generation without speculation."
+	synopsis := "run [-model DIR] [-prompt TEXT] [-chat] [-speculate ngram|model:DIR [-draft-depth K|auto]] [sampling flags]\n\nStreams a completion to stdout, then prints why it stopped, the token counts, speed and memory on stderr; with -speculate also the drafts' acceptance and the speed of the same generation without speculation."
 	if err := parseFlags(fs, synopsis, args, stdout, stderr); err != nil {
 		return err
 	}
@@ -164,6 +200,9 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	defer m.Close()
+	if g.closeDraft != nil {
+		defer g.closeDraft()
+	}
 	text := *prompt
 	if text == "-" {
 		b, err := io.ReadAll(os.Stdin)
@@ -293,6 +332,9 @@ func runChat(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	defer m.Close()
+	if g.closeDraft != nil {
+		defer g.closeDraft()
+	}
 	label := g.model
 	if label == "" {
 		label = "the embedded tiny model (trained on Go source, not on conversations: its answers continue code)"

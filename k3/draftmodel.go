@@ -1,0 +1,115 @@
+package k3
+
+import (
+	"context"
+	"fmt"
+	"sync"
+)
+
+// DraftModel is a drafter (specdec.Drafter) that proposes the greedy
+// continuation of a second, smaller model with the target's vocabulary:
+// speculative decoding's classic small-model drafter. It keeps one
+// session of the draft model in step with the sequence it drafts for:
+// each Draft cuts that session back to where the history departs from it
+// (the drafts the target rejected) and feeds what is new, so the draft
+// model computes each history token once. Load the draft model
+// WithRollback(depth) or more, so that the cut is a cursor move rather
+// than a new prefill.
+//
+// A DraftModel serves one sequence at a time well; it is safe for
+// concurrent use, but sequences sharing one take turns and cut each
+// other's history back. The adaptive depth's cost table does not count
+// the draft model's steps.
+type DraftModel struct {
+	mu    sync.Mutex
+	draft *Model
+	s     *Session
+	err   error    // the first failure; drafting stops (no drafts) after it
+	one   [1]int32 // a one-token step
+}
+
+// NewDraftModel returns a drafter for m's sequences that runs draft, which
+// must score the same vocabulary. Close it before closing draft.
+func (m *Model) NewDraftModel(draft *Model) (*DraftModel, error) {
+	if draft == nil {
+		return nil, fmt.Errorf("%w: nil draft model", ErrInvalidOption)
+	}
+	if draft.VocabSize() != m.VocabSize() {
+		return nil, fmt.Errorf("%w: the draft model scores %d tokens, the target %d", ErrInvalidOption, draft.VocabSize(), m.VocabSize())
+	}
+	s, err := draft.NewSession()
+	if err != nil {
+		return nil, err
+	}
+	return &DraftModel{draft: draft, s: s}, nil
+}
+
+// Close releases the draft model's session.
+func (d *DraftModel) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.s.Close()
+}
+
+// Err returns the failure that stopped drafting, if any.
+func (d *DraftModel) Err() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.err
+}
+
+// Draft proposes up to n greedy tokens of the draft model after history.
+// It proposes none once the draft model has failed (Err says why) or has
+// no room left in its context.
+func (d *DraftModel) Draft(history []int32, n int, dst []int32) []int32 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.err != nil || n <= 0 || len(history) == 0 {
+		return dst
+	}
+	ctx := context.Background()
+	s := d.s
+	k := 0
+	for k < len(s.tokens) && k < len(history) && s.tokens[k] == history[k] {
+		k++
+	}
+	if k < len(s.tokens) {
+		if err := s.Truncate(ctx, k); err != nil {
+			d.err = fmt.Errorf("k3: draft model: %w", err)
+			return dst
+		}
+	}
+	n = min(n, s.limit-len(history))
+	if n <= 0 {
+		return dst
+	}
+	if k < len(history) {
+		if _, err := s.run(ctx, history[k:], false); err != nil {
+			d.err = fmt.Errorf("k3: draft model: %w", err)
+			return dst
+		}
+	}
+	for i := range n {
+		id := greedyToken(s.last)
+		dst = append(dst, id)
+		if i == n-1 {
+			break
+		}
+		d.one[0] = id
+		if _, err := s.run(ctx, d.one[:], false); err != nil {
+			d.err = fmt.Errorf("k3: draft model: %w", err)
+			return dst
+		}
+	}
+	return dst
+}
+
+func greedyToken(v []float32) int32 {
+	best := 0
+	for i, x := range v {
+		if x > v[best] {
+			best = i
+		}
+	}
+	return int32(best)
+}
