@@ -166,7 +166,8 @@ func benchSpec(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	depths := fs.String("depth", "1,2,3,4,5,6,7", "draft depths, comma separated, each in 1..15")
 	tokens := fs.Int("tokens", 192, "tokens generated per run (per sequence with -batch)")
 	batch := fs.Int("batch", 1, "sequences speculating together in a Batcher (1: one session, against theory)")
-	if err := parseFlags(fs, "bench spec [-alpha A,A,...] [-depth K,K,...] [-tokens N] [-batch B]\n\nSpeculative greedy decoding of the 100M preset with drafts of controlled acceptance, against plain decoding and theory (a minute or two);\nwith -batch, B sequences speculating together inside a Batcher against the same batch decoding plainly.", args, stdout, stderr); err != nil {
+	real := fs.Bool("real", false, "the n-gram drafter on the embedded model, with prompts from the files given (at batch 1 and -batch, default 8)")
+	if err := parseFlags(fs, "bench spec [-alpha A,A,...] [-depth K,K,...] [-tokens N] [-batch B]\n\nSpeculative greedy decoding of the 100M preset with drafts of controlled acceptance, against plain decoding and theory (a minute or two);\nwith -batch, B sequences speculating together inside a Batcher against the same batch decoding plainly;\nwith -real FILE..., the n-gram drafter on the embedded model, prompts from the files' starts.", args, stdout, stderr); err != nil {
 		return err
 	}
 	var as []float64
@@ -190,6 +191,21 @@ func benchSpec(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	if *batch < 1 || *batch > 64 {
 		return fmt.Errorf("-batch %d: want 1..64", *batch)
+	}
+	if *real {
+		if fs.NArg() == 0 {
+			return fmt.Errorf("-real: give the prompt files as arguments (e.g. $(python3 tools/train/heldout.py | head -8))")
+		}
+		b := *batch
+		if b == 1 {
+			b = 8
+		}
+		rows, err := modelbench.SpecReal(ctx, fs.Args(), b, *tokens, ks, func(s string) { fmt.Fprintln(stderr, s) })
+		if err != nil {
+			return err
+		}
+		fmt.Fprint(stdout, modelbench.RealTable(fs.NArg(), *tokens, rows))
+		return nil
 	}
 	if *batch > 1 {
 		rows, err := modelbench.SpecBatch(ctx, as, ks, *batch, *tokens, func(s string) { fmt.Fprintln(stderr, s) })

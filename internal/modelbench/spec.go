@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"k3/k3"
+	"k3/specdec"
 )
 
 // SpecRow is one depth at one acceptance rate: speculative greedy decoding
@@ -358,6 +359,166 @@ func SpecBatchTable(batch, tokens int, rows []SpecBatchRow) string {
 			depth = "auto"
 		}
 		fmt.Fprintf(tw, "%.1f\t%s\t%.2fx\t%.2f\t\n", r.Alpha, depth, r.Speedup, r.Tau)
+	}
+	tw.Flush()
+	return b.String()
+}
+
+// RealRow is the n-gram drafter on the embedded model at one batch size
+// and depth: acceptance length and throughput against plain decoding.
+type RealRow struct {
+	Batch       int
+	K           int     // 0: the adaptive depth
+	Tau         float64 // tokens per verify run (generated over runs)
+	Plain, Spec float64 // tokens per second, all sequences together
+}
+
+// SpecReal measures the n-gram drafter on the embedded trained model: a
+// prompt from the start of each file (its first 768 bytes), tokens
+// generated greedily after each, at batch 1 (the prompts one after
+// another, each alone) and at batch (all at once in a Batcher), plain and
+// speculative runs alternating, three pairs each; every speculative
+// sequence must give its plain tokens.
+func SpecReal(ctx context.Context, files []string, batch, tokens int, depths []int, log func(string)) ([]RealRow, error) {
+	m, err := k3.LoadTiny(ctx, k3.WithRollback(slices.Max(depths)))
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	var prompts [][]int32
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		prompts = append(prompts, m.Encode(string(b[:min(len(b), 768)])))
+	}
+	if len(prompts) == 0 {
+		return nil, fmt.Errorf("modelbench: no prompt files")
+	}
+	br, err := m.NewBatcher(batch)
+	if err != nil {
+		return nil, err
+	}
+	bctx, stop := context.WithCancel(ctx)
+	defer stop()
+	if err := br.Start(bctx); err != nil {
+		return nil, err
+	}
+	for b := 1; b <= batch; b *= 2 {
+		if _, err := m.SpeculationCostsAt(ctx, b); err != nil {
+			return nil, err
+		}
+	}
+	opts := []k3.GenerateOption{k3.WithMaxTokens(tokens), k3.WithoutDefaultStops()}
+	// one generates prompt i (alone or in the Batcher) and returns its
+	// tokens and accepted drafts.
+	one := func(i int, inBatch bool, extra []k3.GenerateOption) ([]int32, int, error) {
+		s, err := m.NewSession()
+		if err != nil {
+			return nil, 0, err
+		}
+		defer s.Close()
+		seq := s.GenerateTokens(ctx, prompts[i], append(slices.Clone(opts), extra...)...)
+		if inBatch {
+			seq = br.GenerateTokens(ctx, s, prompts[i], append(slices.Clone(opts), extra...)...)
+		}
+		var out []int32
+		acc := 0
+		for tok, err := range seq {
+			if err != nil {
+				return nil, 0, err
+			}
+			out = append(out, tok.ID)
+			if tok.Usage != nil {
+				acc = tok.Usage.AcceptedTokens
+			}
+		}
+		return out, acc, nil
+	}
+	// run generates every prompt at batch b (1: one after another) and
+	// returns the tokens, the accepted drafts and the time.
+	run := func(b int, extra func() []k3.GenerateOption) ([][]int32, int, time.Duration, error) {
+		out := make([][]int32, len(prompts))
+		accs := make([]int, len(prompts))
+		errs := make([]error, len(prompts))
+		start := time.Now()
+		if b == 1 {
+			for i := range prompts {
+				out[i], accs[i], errs[i] = one(i, false, extra())
+			}
+		} else {
+			var wg sync.WaitGroup
+			for i := range prompts {
+				wg.Add(1)
+				go func() { defer wg.Done(); out[i], accs[i], errs[i] = one(i, true, extra()) }()
+			}
+			wg.Wait()
+		}
+		d := time.Since(start)
+		acc := 0
+		for i := range prompts {
+			if errs[i] != nil {
+				return nil, 0, 0, errs[i]
+			}
+			acc += accs[i]
+		}
+		return out, acc, d, nil
+	}
+	none := func() []k3.GenerateOption { return nil }
+	want, _, _, err := run(1, none) // warm-up, and the tokens to match
+	if err != nil {
+		return nil, err
+	}
+	var rows []RealRow
+	for _, b := range []int{1, batch} {
+		for _, k := range append(slices.Clone(depths), 0) {
+			log(fmt.Sprintf("n-gram drafter, batch %d, depth %d...", b, k))
+			spec := func() []k3.GenerateOption {
+				if k == 0 {
+					return []k3.GenerateOption{k3.WithAdaptiveSpeculation(specdec.NGram{}, slices.Max(depths))}
+				}
+				return []k3.GenerateOption{k3.WithSpeculation(specdec.NGram{}, k)}
+			}
+			var plains, specs, taus []float64
+			for range 3 {
+				_, _, pd, err := run(b, none)
+				if err != nil {
+					return nil, err
+				}
+				got, acc, sd, err := run(b, spec)
+				if err != nil {
+					return nil, err
+				}
+				n := 0
+				for i := range got {
+					if !slices.Equal(got[i], want[i]) {
+						return nil, fmt.Errorf("modelbench: the n-gram drafter (batch %d, depth %d) changed prompt %d's tokens", b, k, i)
+					}
+					n += len(got[i])
+				}
+				plains = append(plains, float64(n)/pd.Seconds())
+				specs = append(specs, float64(n)/sd.Seconds())
+				taus = append(taus, float64(n)/float64(n-acc))
+			}
+			rows = append(rows, RealRow{Batch: b, K: k, Tau: median(taus), Plain: median(plains), Spec: median(specs)})
+		}
+	}
+	return rows, nil
+}
+
+// RealTable formats SpecReal's rows.
+func RealTable(files, tokens int, rows []RealRow) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "n-gram drafter on the embedded model, %d prompts (a file's first 768 bytes each), %d greedy tokens after each; median of 3 alternating pairs\n", files, tokens)
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "batch\tdepth\ttokens/run\tplain tok/s\tspeculative tok/s\tspeedup\t")
+	for _, r := range rows {
+		depth := fmt.Sprint(r.K)
+		if r.K == 0 {
+			depth = "auto"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%.2f\t%.0f\t%.0f\t%.2fx\t\n", r.Batch, depth, r.Tau, r.Plain, r.Spec, r.Spec/r.Plain)
 	}
 	tw.Flush()
 	return b.String()
