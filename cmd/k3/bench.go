@@ -166,7 +166,7 @@ func benchSpec(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	depths := fs.String("depth", "1,2,3,4,5,6,7", "draft depths, comma separated, each in 1..15")
 	tokens := fs.Int("tokens", 192, "tokens generated per run (per sequence with -batch)")
 	batch := fs.Int("batch", 1, "sequences speculating together in a Batcher (1: one session, against theory)")
-	real := fs.Bool("real", false, "the n-gram drafter on the embedded model, with prompts from the files given (at batch 1 and -batch, default 8)")
+	realRun := fs.Bool("real", false, "the n-gram drafter on the embedded model, with prompts from the files given (at batch 1 and -batch, default 8)")
 	if err := parseFlags(fs, "bench spec [-alpha A,A,...] [-depth K,K,...] [-tokens N] [-batch B]\n\nSpeculative greedy decoding of the 100M preset with drafts of controlled acceptance, against plain decoding and theory (a minute or two);\nwith -batch, B sequences speculating together inside a Batcher against the same batch decoding plainly;\nwith -real FILE..., the n-gram drafter on the embedded model, prompts from the files' starts.", args, stdout, stderr); err != nil {
 		return err
 	}
@@ -192,7 +192,7 @@ func benchSpec(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *batch < 1 || *batch > 64 {
 		return fmt.Errorf("-batch %d: want 1..64", *batch)
 	}
-	if *real {
+	if *realRun {
 		if fs.NArg() == 0 {
 			return fmt.Errorf("-real: give the prompt files as arguments (e.g. $(python3 tools/train/heldout.py | head -8))")
 		}
