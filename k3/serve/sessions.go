@@ -33,7 +33,8 @@ type sessionStore struct {
 
 	mu     sync.Mutex
 	live   map[string]*keptSession
-	parked int // sessions parked this run (a counter for /metrics)
+	parked int  // sessions parked this run (a counter for /metrics)
+	closed bool // close has run: sessions given back are parked at once
 	stop   chan struct{}
 	done   chan struct{}
 }
@@ -107,13 +108,20 @@ func (st *sessionStore) take(id string) (*k3.Session, error) {
 func (st *sessionStore) put(id string, s *k3.Session, usable bool) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	k := st.live[id]
-	if !usable {
+	k, ok := st.live[id]
+	switch {
+	case !ok || k.s != s:
+		// The store was closed while the request ran: nothing keeps it.
+		s.Close()
+	case st.closed:
+		k.busy = false
+		st.parkLocked(id)
+	case !usable:
 		delete(st.live, id)
 		s.Close()
-		return
+	default:
+		k.busy, k.used = false, time.Now()
 	}
-	k.busy, k.used = false, time.Now()
 }
 
 // drop forgets id's session, live or parked.
@@ -207,15 +215,19 @@ func (st *sessionStore) sweep() {
 	}
 }
 
-// close parks every live session (the server is stopping: with a
-// directory, they resume after a restart).
+// close parks every live session that no request holds (the server is
+// stopping: with a directory, they resume after a restart); one still
+// held is parked when its request gives it back.
 func (st *sessionStore) close() {
 	close(st.stop)
 	<-st.done
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	for id := range st.live {
-		st.parkLocked(id)
+	st.closed = true
+	for id, k := range st.live {
+		if !k.busy {
+			st.parkLocked(id)
+		}
 	}
 }
 

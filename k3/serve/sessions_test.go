@@ -144,3 +144,32 @@ func TestParkedSessions(t *testing.T) {
 	assert.Equal(t, 500, code)
 	assert.Contains(t, out["error"].(map[string]any)["message"], "bad session file")
 }
+
+// TestCloseWhileKeptSessionRuns: closing the server while a kept session
+// answers ends that answer, and the session is parked when the request
+// lets go of it rather than while it runs.
+func TestCloseWhileKeptSessionRuns(t *testing.T) {
+	dir := t.TempDir()
+	m, err := k3.LoadTiny(context.Background(), k3.WithMemoryBudget(testBudget))
+	require.NoError(t, err)
+	defer m.Close()
+	s, err := New(m, Config{SessionDir: dir})
+	require.NoError(t, err)
+	hs := httptest.NewServer(s)
+	defer hs.Close()
+	b, _ := json.Marshal(map[string]any{"prompt": "x", "max_tokens": 2000, "ignore_eos": true, "stream": true})
+	req, _ := http.NewRequest("POST", hs.URL+"/v1/completions", bytes.NewReader(b))
+	req.Header.Set(SessionHeader, "running")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, 200, resp.StatusCode)
+	require.NoError(t, s.Close())
+	io.Copy(io.Discard, resp.Body) // the stream ends (with an error event)
+	require.Eventually(t, func() bool {
+		_, err := os.Stat(filepath.Join(dir, "running.k3session"))
+		return err == nil
+	}, 10*time.Second, 5*time.Millisecond, "the session was parked once its request let go")
+	live, _ := s.store.counts()
+	assert.Zero(t, live)
+}
