@@ -64,7 +64,8 @@ type Config struct {
 	// (default 5 minutes); then, and when more than MaxSessions are live
 	// (default 64), it is parked in SessionDir (Session.Save) or, without
 	// a directory, dropped. Parked sessions come back on their next
-	// request, after a restart too; Close parks the live ones.
+	// request, after a restart too; Close parks the live ones (one
+	// still answering, when its request ends).
 	SessionDir  string
 	SessionIdle time.Duration
 	MaxSessions int
