@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"sync"
+
+	"k3/internal/sample"
 )
 
 // DraftModel is a drafter (specdec.Drafter) that proposes the greedy
@@ -90,7 +92,7 @@ func (d *DraftModel) Draft(history []int32, n int, dst []int32) []int32 {
 		}
 	}
 	for i := range n {
-		id := greedyToken(s.last)
+		id := int32(sample.Argmax(s.last)) // the greedy choice, ties as the sampler breaks them
 		dst = append(dst, id)
 		if i == n-1 {
 			break
@@ -102,14 +104,4 @@ func (d *DraftModel) Draft(history []int32, n int, dst []int32) []int32 {
 		}
 	}
 	return dst
-}
-
-func greedyToken(v []float32) int32 {
-	best := 0
-	for i, x := range v {
-		if x > v[best] {
-			best = i
-		}
-	}
-	return int32(best)
 }

@@ -267,43 +267,7 @@ func SpecBatch(ctx context.Context, alphas []float64, depths []int, batch, token
 	opts := []k3.GenerateOption{k3.WithMaxTokens(tokens), k3.WithoutDefaultStops()}
 	// run generates every sequence at once, spec(i) its extra options.
 	run := func(spec func(i int) []k3.GenerateOption) ([][]int32, int, time.Duration, error) {
-		out := make([][]int32, batch)
-		errs := make([]error, batch)
-		accepted := make([]int, batch)
-		var wg sync.WaitGroup
-		start := time.Now()
-		for i := range batch {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				s, err := m.NewSession()
-				if err != nil {
-					errs[i] = err
-					return
-				}
-				defer s.Close()
-				for tok, err := range br.GenerateTokens(ctx, s, prompts[i], append(slices.Clone(opts), spec(i)...)...) {
-					if err != nil {
-						errs[i] = err
-						return
-					}
-					out[i] = append(out[i], tok.ID)
-					if tok.Usage != nil {
-						accepted[i] = tok.Usage.AcceptedTokens
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		d := time.Since(start)
-		acc := 0
-		for i := range batch {
-			if errs[i] != nil {
-				return nil, 0, 0, errs[i]
-			}
-			acc += accepted[i]
-		}
-		return out, acc, d, nil
+		return generateAll(ctx, m, br, prompts, opts, spec)
 	}
 	none := func(int) []k3.GenerateOption { return nil }
 	log(fmt.Sprintf("batch %d, plain (warm-up and the targets' tokens)...", batch))
@@ -411,59 +375,14 @@ func SpecReal(ctx context.Context, files []string, batch, tokens int, depths []i
 		}
 	}
 	opts := []k3.GenerateOption{k3.WithMaxTokens(tokens), k3.WithoutDefaultStops()}
-	// one generates prompt i (alone or in the Batcher) and returns its
-	// tokens and accepted drafts.
-	one := func(i int, inBatch bool, extra []k3.GenerateOption) ([]int32, int, error) {
-		s, err := m.NewSession()
-		if err != nil {
-			return nil, 0, err
-		}
-		defer s.Close()
-		seq := s.GenerateTokens(ctx, prompts[i], append(slices.Clone(opts), extra...)...)
-		if inBatch {
-			seq = br.GenerateTokens(ctx, s, prompts[i], append(slices.Clone(opts), extra...)...)
-		}
-		var out []int32
-		acc := 0
-		for tok, err := range seq {
-			if err != nil {
-				return nil, 0, err
-			}
-			out = append(out, tok.ID)
-			if tok.Usage != nil {
-				acc = tok.Usage.AcceptedTokens
-			}
-		}
-		return out, acc, nil
-	}
-	// run generates every prompt at batch b (1: one after another) and
-	// returns the tokens, the accepted drafts and the time.
+	// run generates every prompt at batch b (1: one after another, each
+	// alone).
 	run := func(b int, extra func() []k3.GenerateOption) ([][]int32, int, time.Duration, error) {
-		out := make([][]int32, len(prompts))
-		accs := make([]int, len(prompts))
-		errs := make([]error, len(prompts))
-		start := time.Now()
+		in := br
 		if b == 1 {
-			for i := range prompts {
-				out[i], accs[i], errs[i] = one(i, false, extra())
-			}
-		} else {
-			var wg sync.WaitGroup
-			for i := range prompts {
-				wg.Add(1)
-				go func() { defer wg.Done(); out[i], accs[i], errs[i] = one(i, true, extra()) }()
-			}
-			wg.Wait()
+			in = nil
 		}
-		d := time.Since(start)
-		acc := 0
-		for i := range prompts {
-			if errs[i] != nil {
-				return nil, 0, 0, errs[i]
-			}
-			acc += accs[i]
-		}
-		return out, acc, d, nil
+		return generateAll(ctx, m, in, prompts, opts, func(int) []k3.GenerateOption { return extra() })
 	}
 	none := func() []k3.GenerateOption { return nil }
 	want, _, _, err := run(1, none) // warm-up, and the tokens to match
@@ -522,4 +441,59 @@ func RealTable(files, tokens int, rows []RealRow) string {
 	}
 	tw.Flush()
 	return b.String()
+}
+
+// generateAll generates every prompt with opts and extra(i), each in a
+// session of its own, and returns the tokens, the drafts accepted in all
+// and the time: all at once in br, or, with br nil, one after another.
+func generateAll(ctx context.Context, m *k3.Model, br *k3.Batcher, prompts [][]int32, opts []k3.GenerateOption,
+	extra func(i int) []k3.GenerateOption) ([][]int32, int, time.Duration, error) {
+	out := make([][]int32, len(prompts))
+	accepted := make([]int, len(prompts))
+	errs := make([]error, len(prompts))
+	one := func(i int) {
+		s, err := m.NewSession()
+		if err != nil {
+			errs[i] = err
+			return
+		}
+		defer s.Close()
+		o := append(slices.Clone(opts), extra(i)...)
+		seq := s.GenerateTokens(ctx, prompts[i], o...)
+		if br != nil {
+			seq = br.GenerateTokens(ctx, s, prompts[i], o...)
+		}
+		for tok, err := range seq {
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			out[i] = append(out[i], tok.ID)
+			if tok.Usage != nil {
+				accepted[i] = tok.Usage.AcceptedTokens
+			}
+		}
+	}
+	start := time.Now()
+	if br == nil {
+		for i := range prompts {
+			one(i)
+		}
+	} else {
+		var wg sync.WaitGroup
+		for i := range prompts {
+			wg.Add(1)
+			go func() { defer wg.Done(); one(i) }()
+		}
+		wg.Wait()
+	}
+	d := time.Since(start)
+	acc := 0
+	for i := range prompts {
+		if errs[i] != nil {
+			return nil, 0, 0, errs[i]
+		}
+		acc += accepted[i]
+	}
+	return out, acc, d, nil
 }

@@ -137,7 +137,7 @@ func (s *Sampler) Sample(logits []float32) (int32, error) {
 	for id, b := range p.LogitBias {
 		x[id] += b
 	}
-	best := argmax(x)
+	best := Argmax(x)
 	if !finite(x[best]) {
 		return 0, ErrNoToken
 	}
@@ -149,7 +149,9 @@ func (s *Sampler) Sample(logits []float32) (int32, error) {
 	return tok, nil
 }
 
-func argmax(x []float32) int {
+// Argmax returns the index of the largest value, the first of equals: the
+// greedy choice, as the Sampler makes it.
+func Argmax(x []float32) int {
 	best := 0
 	for i, v := range x {
 		if v > x[best] {

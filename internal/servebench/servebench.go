@@ -197,6 +197,7 @@ type streamed struct {
 	ttft   time.Duration
 	gaps   []time.Duration
 	tokens int
+	cached int // prompt tokens the usage reports as taken from the prefix cache
 }
 
 // stream sends one streaming completion and times its chunks; a request
@@ -237,13 +238,16 @@ func stream(ctx context.Context, client *http.Client, url string, prompt []int32
 			} `json:"choices"`
 			Usage *struct {
 				CompletionTokens int `json:"completion_tokens"`
+				Details          struct {
+					Cached int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
 			} `json:"usage"`
 		}
 		if err := json.Unmarshal([]byte(line), &ev); err != nil {
 			return r, err
 		}
 		if ev.Usage != nil {
-			r.tokens = ev.Usage.CompletionTokens
+			r.tokens, r.cached = ev.Usage.CompletionTokens, ev.Usage.Details.Cached
 			continue
 		}
 		if len(ev.Choices) == 0 {
@@ -331,54 +335,8 @@ func twoTurns(ctx context.Context, url string, m *k3.Model, n int) (*Chat, error
 		prompt[i] = int32(rng.IntN(m.VocabSize()))
 	}
 	turn := func(p []int32) (time.Duration, int, error) {
-		body, _ := json.Marshal(map[string]any{"prompt": p, "max_tokens": 32, "temperature": 0, "ignore_eos": true,
-			"stream": true, "stream_options": map[string]any{"include_usage": true}})
-		req, err := http.NewRequestWithContext(ctx, "POST", url+"/v1/completions", bytes.NewReader(body))
-		if err != nil {
-			return 0, 0, err
-		}
-		start := time.Now()
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return 0, 0, err
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != 200 {
-			return 0, 0, fmt.Errorf("status %d", resp.StatusCode)
-		}
-		var first time.Duration
-		cached := -1
-		sc := bufio.NewScanner(resp.Body)
-		for sc.Scan() {
-			line, ok := strings.CutPrefix(sc.Text(), "data: ")
-			if !ok || line == "[DONE]" {
-				continue
-			}
-			var ev struct {
-				Choices []struct{} `json:"choices"`
-				Usage   *struct {
-					Details struct {
-						Cached int `json:"cached_tokens"`
-					} `json:"prompt_tokens_details"`
-				} `json:"usage"`
-			}
-			if err := json.Unmarshal([]byte(line), &ev); err != nil {
-				return 0, 0, err
-			}
-			if ev.Usage != nil {
-				cached = ev.Usage.Details.Cached
-			}
-			if len(ev.Choices) > 0 && first == 0 {
-				first = time.Since(start)
-			}
-		}
-		if err := sc.Err(); err != nil {
-			return 0, 0, err
-		}
-		if cached < 0 {
-			return 0, 0, errors.New("no usage chunk")
-		}
-		return first, cached, nil
+		r, err := stream(ctx, http.DefaultClient, url, p, 32)
+		return r.ttft, r.cached, err
 	}
 	// A warm-up turn on other tokens, so that the first turn is a cold
 	// prefill and not the first pass after Load.
