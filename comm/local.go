@@ -37,8 +37,8 @@ type group struct {
 	mu      sync.Mutex
 	arrived int
 	slots   []slot
-	err     error         // why the group aborted
-	aborted chan struct{} // closed on abort
+	err     error              // why the group aborted
+	aborted chan struct{}      // closed on abort
 	mail    [][]chan []float32 // [from][to]: Send's buffers in flight
 	free    [][]chan []float32 // [from][to]: buffers Recv gave back
 }
