@@ -304,7 +304,9 @@ type RouteArgs struct {
 
 // ExpertArgs: Out [T, Din] = Σ_k Weights[t,k] · expert_{Indices[t,k]}(X[t])
 // with expert e(x) = (act(x W1[e]ᵀ) * (x W3[e]ᵀ)) W2[e]ᵀ; W1[e], W3[e]
-// [I, Din], W2[e] [Din, I]. Out is overwritten.
+// [I, Din], W2[e] [Din, I]. Out is overwritten. A slot whose index is
+// -1 adds nothing (an expert another rank holds, under expert
+// parallelism).
 type ExpertArgs struct {
 	X                Tensor
 	Indices, Weights Tensor

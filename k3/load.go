@@ -70,6 +70,8 @@ type options struct {
 	snapInterval, snapKeep int
 	prefixBytes            int64
 	budget                 int64
+
+	par *rankPar // LoadGroup: the rank this model is
 }
 
 // WithDenseAttention runs DSA layers as dense MLA: every query attends to
@@ -123,6 +125,9 @@ type Model struct {
 	specBatch map[int]specdec.Costs // SpeculationCostsAt, by power-of-two batch
 
 	life life // open operations, for Close
+
+	par  *rankPar // nil unless the model is one rank of a Group
+	held int64    // bytes of checkpoint tensors loaded (ShardBytes)
 }
 
 // layer holds one decoder layer's weights.
@@ -242,7 +247,7 @@ func newModel(ctx context.Context, cfg *config.Config, ck *safetensors.Checkpoin
 		return nil, fmt.Errorf("k3: prefix cache of %d bytes", o.prefixBytes)
 	}
 	m := &Model{Config: cfg, ck: ck, chunk: o.chunk, b: o.be, tok: tok, dense: o.dense, rollback: o.rollback,
-		snapInterval: o.snapInterval, snapKeep: o.snapKeep}
+		snapInterval: o.snapInterval, snapKeep: o.snapKeep, par: o.par}
 	m.mem.budget = o.budget
 	if o.prefixBytes > 0 {
 		m.prefix = newPrefixCache(o.prefixBytes, &m.mem)
@@ -291,7 +296,8 @@ type source struct {
 	strip string // "language_model." for Kimi K3 checkpoints
 	used  map[string]bool
 
-	usedBytes, total int64 // for WithProgress
+	usedBytes, total int64  // for WithProgress
+	held             *int64 // bytes served, when loading is not cut by a layout
 }
 
 func (s *source) markUsed(name string, size int64) {
@@ -303,6 +309,28 @@ func (s *source) markUsed(name string, size int64) {
 
 func (s *source) name(n string) string { return s.strip + n }
 
+// skip marks a tensor (name relative to the strip prefix) used without
+// reading it: another rank holds it. A missing one is left for the
+// holder to report.
+func (s *source) skip(full string) {
+	name := s.name(full)
+	if _, ti, err := s.ck.Bytes(name); err == nil {
+		s.markUsed(name, ti.Size)
+		if _, si, err := s.ck.Bytes(name + "_scale_inv"); err == nil {
+			s.markUsed(name+"_scale_inv", si.Size)
+		}
+	}
+}
+
+// cut serves src's tensors as this rank's parts (rules, when the model
+// is a rank of a Group), counting the bytes served.
+func (m *Model) cut(src weights.Source, rules map[string]cutRule) weights.Source {
+	if m.par == nil {
+		return src
+	}
+	return cutSource(src, rules, &m.held)
+}
+
 func (s *source) get(full string) (compute.DType, []int, []byte, error) {
 	name := s.name(full)
 	data, ti, err := s.ck.Bytes(name)
@@ -310,6 +338,9 @@ func (s *source) get(full string) (compute.DType, []int, []byte, error) {
 		return 0, nil, nil, fmt.Errorf("missing tensor %s", name)
 	}
 	s.markUsed(name, ti.Size)
+	if s.held != nil {
+		*s.held += ti.Size
+	}
 	switch ti.DType {
 	case safetensors.F32:
 		return compute.F32, ti.Shape, data, nil
@@ -370,6 +401,9 @@ func (s *source) prefixed(prefix string) weights.Source {
 func (m *Model) load(ctx context.Context, progress func(done, total int64)) error {
 	cfg := m.Config
 	src := &source{ck: m.ck, used: map[string]bool{}, total: m.WeightBytes()}
+	if m.par == nil {
+		src.held = &m.held
+	}
 	// Kimi K3 checkpoints prefix the text model's tensors.
 	for _, name := range m.ck.Names() {
 		if strings.HasPrefix(name, "language_model.") {
@@ -378,7 +412,7 @@ func (m *Model) load(ctx context.Context, progress func(done, total int64)) erro
 		}
 	}
 	d, v := cfg.HiddenSize, cfg.VocabSize
-	top := &weights.Loader{B: m.b, Src: src.prefixed(""), Prefix: src.strip}
+	top := &weights.Loader{B: m.b, Src: m.cut(src.prefixed(""), nil), Prefix: src.strip}
 	m.embed = top.Matrix("model.embed_tokens.weight", v, d)
 	m.norm = top.F32("model.norm.weight", d)
 	if cfg.TieWordEmbeddings {
@@ -450,7 +484,7 @@ func (m *Model) loadLayer(src *source, l int) (*layer, []float32, error) {
 	cfg := m.Config
 	d := cfg.HiddenSize
 	prefix := fmt.Sprintf("model.layers.%d.", l)
-	ld := &weights.Loader{B: m.b, Src: src.prefixed(prefix), Prefix: src.strip + prefix}
+	ld := &weights.Loader{B: m.b, Src: m.cut(src.prefixed(prefix), nil), Prefix: src.strip + prefix}
 	ly := &layer{kind: cfg.Layers[l]}
 	ly.attnNorm = ld.F32("input_layernorm.weight", d)
 	ly.mlpNorm = ld.F32("post_attention_layernorm.weight", d)
@@ -474,7 +508,14 @@ func (m *Model) loadLayer(src *source, l int) (*layer, []float32, error) {
 	switch ly.kind {
 	case config.KDA:
 		k := cfg.KDA
-		ly.kdaCfg = kda.Config{Hidden: d, NumHeads: k.NumHeads, HeadDim: k.HeadDim, ConvKernel: k.ConvKernel,
+		heads := k.NumHeads
+		if p := m.par; p != nil {
+			lo, hi, scale := part(k.NumHeads, p.layout.TP, p.tpIndex())
+			attn, heads = m.cut(attn, kdaRules(k.NumHeads, k.HeadDim, lo, hi, scale)), hi-lo
+		} else {
+			attn = m.cut(attn, nil)
+		}
+		ly.kdaCfg = kda.Config{Hidden: d, NumHeads: heads, HeadDim: k.HeadDim, ConvKernel: k.ConvKernel,
 			FullRankGate: k.FullRankGate, Eps: float32(cfg.RMSNormEps), ChunkSize: kdaPrefillChunk}
 		if k.GateLowerBound != nil {
 			ly.kdaCfg.LowerBound = float32(*k.GateLowerBound)
@@ -485,7 +526,14 @@ func (m *Model) loadLayer(src *source, l int) (*layer, []float32, error) {
 		src.release(prefix+"self_attn.", kda.CopiedTensors[:]...)
 	default:
 		c := cfg.MLA
-		ly.mlaCfg = dsa.Config{Hidden: d, NumHeads: c.NumHeads, QLoRARank: c.QLoRARank, KVLoRARank: c.KVLoRARank,
+		heads := c.NumHeads
+		if p := m.par; p != nil {
+			lo, hi, scale := part(c.NumHeads, p.layout.TP, p.tpIndex())
+			attn, heads = m.cut(attn, mlaRules(c, lo, hi, scale)), hi-lo
+		} else {
+			attn = m.cut(attn, nil)
+		}
+		ly.mlaCfg = dsa.Config{Hidden: d, NumHeads: heads, QLoRARank: c.QLoRARank, KVLoRARank: c.KVLoRARank,
 			NopeDim: c.QKNopeHeadDim, RopeDim: c.QKRopeHeadDim, VDim: c.VHeadDim, NoPE: c.UseNoPE, OutputGate: c.OutputGate,
 			RopeTheta: c.RopeTheta}
 		if rs := c.RopeScaling; rs != nil {
@@ -520,7 +568,11 @@ func (m *Model) loadLayer(src *source, l int) (*layer, []float32, error) {
 
 func (m *Model) loadMLP(src *source, prefix, gate, up, down string, inter int) (*moe.MLP, error) {
 	d := m.Config.HiddenSize
-	ld := &weights.Loader{B: m.b, Src: src.prefixed(prefix), Prefix: src.strip + prefix}
+	var rules map[string]cutRule
+	if m.par != nil {
+		rules, inter = m.par.mlpRules(inter)
+	}
+	ld := &weights.Loader{B: m.b, Src: m.cut(src.prefixed(prefix), rules), Prefix: src.strip + prefix}
 	mlp := &moe.MLP{Act: m.act}
 	mlp.Gate = ld.Matrix(gate, inter, d)
 	mlp.Up = ld.Matrix(up, inter, d)
@@ -532,7 +584,7 @@ func (m *Model) loadMoE(src *source, prefix string) (*moe.Weights, moe.Router, e
 	cfg := m.Config
 	mc := cfg.MoE
 	d := cfg.HiddenSize
-	ld := &weights.Loader{B: m.b, Src: src.prefixed(prefix), Prefix: src.strip + prefix}
+	ld := &weights.Loader{B: m.b, Src: m.cut(src.prefixed(prefix), nil), Prefix: src.strip + prefix}
 	w := &moe.Weights{Act: m.act, Eps: float32(cfg.RMSNormEps)}
 	w.Gate = ld.Matrix("gate.weight", mc.NumExperts, d)
 	w.Bias = ld.F32("gate.e_score_correction_bias", mc.NumExperts)
@@ -547,7 +599,20 @@ func (m *Model) loadMoE(src *source, prefix string) (*moe.Weights, moe.Router, e
 	}
 	// The loop stops at the first bad tensor: the expert count is the
 	// config's word until the checkpoint confirms it.
-	for e := 0; e < mc.NumExperts && ld.Err == nil; e++ {
+	lo, hi := 0, mc.NumExperts
+	if m.par != nil {
+		lo, hi = m.par.experts(mc.NumExperts)
+		w.First = lo
+		// The other ranks' experts count as used without being read.
+		for e := 0; e < mc.NumExperts; e++ {
+			if e < lo || e >= hi {
+				for _, n := range []string{"w1", "w3", "w2"} {
+					src.skip(fmt.Sprintf("%sexperts.%d.%s.weight", prefix, e, n))
+				}
+			}
+		}
+	}
+	for e := lo; e < hi && ld.Err == nil; e++ {
 		p := fmt.Sprintf("experts.%d.", e)
 		w.W1 = append(w.W1, ld.Matrix(p+"w1.weight", mc.IntermediateSize, din))
 		w.W3 = append(w.W3, ld.Matrix(p+"w3.weight", mc.IntermediateSize, din))

@@ -69,6 +69,9 @@ func newPass(m *Model, max int) (*pass, error) {
 			me = firstMoE.Share(ly.moe)
 		case ly.moe != nil:
 			me, err = moe.NewLayer(b, ly.moe, ly.router, max)
+			if err == nil && m.par != nil {
+				err = me.SetSplit(m.par.moeSplit())
+			}
 			firstMoE = me
 		case firstMLP != nil:
 			mr = firstMLP.Share(ly.mlp)
@@ -150,6 +153,10 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int3
 		if err := mix(l, normed, attnOut); err != nil {
 			return fmt.Errorf("k3: layer %d attention: %w", l, err)
 		}
+		// A rank of a Group holds some of the heads: add the others'.
+		if err := m.par.reduceTP(attnOut); err != nil {
+			return fmt.Errorf("k3: layer %d attention sum: %w", l, err)
+		}
 		if tr != nil {
 			tr.AttnOutput = append(tr.AttnOutput, p.readF32(attnOut))
 		}
@@ -178,8 +185,8 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int3
 					tr.MoEIndices = append(tr.MoEIndices, p.readI32(idx))
 					tr.MoEWeights = append(tr.MoEWeights, p.readF32(wts))
 				}
-			} else {
-				err = p.mlpL[l].Forward(in, o)
+			} else if err = p.mlpL[l].Forward(in, o); err == nil {
+				err = m.par.reduceTP(o)
 			}
 			if err != nil {
 				break

@@ -171,6 +171,9 @@ func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 	sc.start = growI(sc.start, ne+1)
 	clear(sc.start)
 	for _, ex := range idx {
+		if ex == -1 {
+			continue // an expert another rank holds
+		}
 		if ex < 0 || int(ex) >= ne {
 			return fmt.Errorf("cpu: experts: expert index %d outside 0..%d", ex, ne-1)
 		}
@@ -187,12 +190,15 @@ func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 		}
 		sc.start[e+1] += sc.start[e]
 	}
-	n := len(idx)
+	n := int(sc.start[ne])
 	sc.rows, sc.w = growI(sc.rows, n), grow(sc.w, n)
 	// Place the pairs in expert order, token order within an expert.
 	sc.cur = growI(sc.cur, ne)
 	copy(sc.cur, sc.start[:ne])
 	for i, ex := range idx {
+		if ex < 0 {
+			continue
+		}
 		p := sc.cur[ex]
 		sc.cur[ex]++
 		sc.rows[p] = int32(i / k)

@@ -89,6 +89,21 @@ type Weights struct {
 	LatentDown, LatentNorm, LatentUp compute.Tensor // [Dlat, D], [Dlat] (may be zero), [D, Dlat]
 	Act                              compute.Activation
 	Eps                              float32 // of the latent norm
+	// First is the router index of W1[0]: under expert parallelism W1, W3
+	// and W2 hold the rank's experts [First, First+len(W1)) of the E the
+	// router scores (0 and all E otherwise).
+	First int
+}
+
+// Split makes a layer one rank of a parallel layout (see SetSplit).
+type Split struct {
+	// Routed: this rank adds its experts' part of the routed sum. Shared:
+	// it adds its shard of the shared experts. Each part must be added by
+	// exactly one rank per expert (or per shared-expert column shard).
+	Routed, Shared bool
+	// Reduce sums a tensor over every rank of the layout, in place, with
+	// bitwise the same result on each.
+	Reduce func(t compute.Tensor) error
 }
 
 // Layer runs one MoE feed-forward with preallocated intermediates.
@@ -105,6 +120,11 @@ type Layer struct {
 	sh     compute.Tensor // [maxT, D]
 	route  compute.RouteArgs
 	exp    compute.ExpertArgs
+
+	split   *Split
+	lidx    compute.Tensor // [maxT, k] I32: the rank's expert of each slot, -1 elsewhere
+	idxHost []int32
+	zero    compute.Tensor // [maxT, max(D, Din)] zeros, for parts a rank does not add
 }
 
 // NewLayer checks the weights and allocates intermediates for maxT tokens.
@@ -116,8 +136,8 @@ func NewLayer(b compute.Backend, w *Weights, r Router, maxT int) (*Layer, error)
 	if r.TopK <= 0 || r.TopK > e {
 		return nil, fmt.Errorf("moe: num_experts_per_token %d outside 1..%d", r.TopK, e)
 	}
-	if len(w.W1) != e || len(w.W3) != e || len(w.W2) != e {
-		return nil, fmt.Errorf("moe: %d experts in the router, %d/%d/%d expert weights", e, len(w.W1), len(w.W3), len(w.W2))
+	if n := len(w.W1); w.First < 0 || w.First+n > e || len(w.W3) != n || len(w.W2) != n {
+		return nil, fmt.Errorf("moe: %d experts in the router, %d/%d/%d expert weights from expert %d", e, len(w.W1), len(w.W3), len(w.W2), w.First)
 	}
 	din := d
 	if !w.LatentDown.IsZero() {
@@ -171,6 +191,15 @@ func (l *Layer) Forward(x, out, routedOut, sharedOut compute.Tensor) error {
 		Renormalize: l.r.Renormalize, Scale: l.r.Scale, Indices: idx, Weights: wts}
 	if err := l.b.MoERoute(&l.route); err != nil {
 		return fmt.Errorf("moe: router: %w", err)
+	}
+	if l.split != nil {
+		if !routedOut.IsZero() || !sharedOut.IsZero() {
+			return fmt.Errorf("moe: a split layer's routed and shared parts are partial sums: %w", compute.ErrUnsupported)
+		}
+		return l.forwardSplit(x, out, t)
+	}
+	if len(l.w.W1) != l.logits.Dims[1] {
+		return fmt.Errorf("moe: %d of %d experts loaded, and the layer is not split", len(l.w.W1), l.logits.Dims[1])
 	}
 	in, routed := x, l.routed.Rows(0, t)
 	if !l.lat.IsZero() {
@@ -232,4 +261,118 @@ func (l *Layer) Share(w *Weights) *Layer {
 		c.shared = c.shared.Share(w.Shared)
 	}
 	return &c
+}
+
+// SetSplit makes the layer one rank of a tensor- and expert-parallel
+// layout (nil: none). Every rank routes every token; a rank computes the
+// slots that go to its experts and its shard of the shared experts, and
+// the layout's reduction adds the ranks' parts. Kimi K3's latent MoE
+// normalises the routed sum, so there the routed rows are reduced at
+// latent width before the norm, and the shared part after.
+func (l *Layer) SetSplit(s *Split) error {
+	l.split = s
+	if s == nil {
+		return nil
+	}
+	if s.Reduce == nil {
+		return fmt.Errorf("moe: a split layer needs a reduction")
+	}
+	maxT, k := l.logits.Dims[0], l.r.TopK
+	width := max(l.routed.Dims[1], l.sh.Dims[1])
+	var err error
+	if l.lidx, err = l.b.Alloc(compute.I32, maxT, k); err != nil {
+		return err
+	}
+	if l.zero, err = l.b.Alloc(compute.F32, maxT, width); err != nil {
+		return err
+	}
+	l.idxHost = make([]int32, maxT*k)
+	return nil
+}
+
+func (l *Layer) forwardSplit(x, out compute.Tensor, t int) error {
+	sp, b := l.split, l.b
+	din, d := l.routed.Dims[1], l.sh.Dims[1]
+	zeros := func(w int) compute.Tensor { return l.zero.Reshape(-1).Rows(0, t*w).Reshape(t, w) }
+	routed := l.routed.Rows(0, t)
+	if sp.Routed && len(l.w.W1) > 0 {
+		idx := l.idx.Rows(0, t)
+		host := l.idxHost[:idx.Len()]
+		if err := b.Read(&host, idx); err != nil {
+			return err
+		}
+		lo, hi := int32(l.w.First), int32(l.w.First+len(l.w.W1))
+		for i, e := range host {
+			if e >= lo && e < hi {
+				host[i] = e - lo
+			} else {
+				host[i] = -1
+			}
+		}
+		lidx := l.lidx.Rows(0, t)
+		if err := b.Write(lidx, &host); err != nil {
+			return err
+		}
+		in := x
+		if !l.lat.IsZero() {
+			in = l.lat.Rows(0, t)
+			if err := b.MatMul(in, x, l.w.LatentDown); err != nil {
+				return fmt.Errorf("moe: routed_expert_down_proj: %w", err)
+			}
+		}
+		l.exp = compute.ExpertArgs{X: in, Indices: lidx, Weights: l.wts.Rows(0, t), W1: l.w.W1, W3: l.w.W3, W2: l.w.W2, Act: l.w.Act, Out: routed}
+		if err := b.MoEExperts(&l.exp); err != nil {
+			return fmt.Errorf("moe: experts: %w", err)
+		}
+	} else if err := b.Copy(routed, zeros(din)); err != nil {
+		return err
+	}
+	sh := l.sh.Rows(0, t)
+	shared := func() error {
+		if !sp.Shared {
+			return b.Copy(sh, zeros(d))
+		}
+		if err := l.shared.Forward(x, sh); err != nil {
+			return fmt.Errorf("moe: shared experts: %w", err)
+		}
+		return nil
+	}
+	if !l.lat.IsZero() {
+		if err := sp.Reduce(routed); err != nil {
+			return fmt.Errorf("moe: routed sum: %w", err)
+		}
+		if !l.w.LatentNorm.IsZero() {
+			if err := b.RMSNorm(routed, routed, l.w.LatentNorm, l.w.Eps); err != nil {
+				return fmt.Errorf("moe: routed_expert_norm: %w", err)
+			}
+		}
+		if err := b.MatMul(out, routed, l.w.LatentUp); err != nil {
+			return fmt.Errorf("moe: routed_expert_up_proj: %w", err)
+		}
+		if l.shared == nil {
+			return nil
+		}
+		if err := shared(); err != nil {
+			return err
+		}
+		if err := sp.Reduce(sh); err != nil {
+			return fmt.Errorf("moe: shared sum: %w", err)
+		}
+		return b.Binary(compute.Add, out, out, sh)
+	}
+	if err := b.Copy(out, routed); err != nil {
+		return err
+	}
+	if l.shared != nil {
+		if err := shared(); err != nil {
+			return err
+		}
+		if err := b.Binary(compute.Add, out, out, sh); err != nil {
+			return err
+		}
+	}
+	if err := sp.Reduce(out); err != nil {
+		return fmt.Errorf("moe: expert sum: %w", err)
+	}
+	return nil
 }

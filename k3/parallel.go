@@ -1,0 +1,540 @@
+package k3
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"math"
+	"sync"
+
+	"k3/comm"
+	"k3/compute"
+	"k3/config"
+	"k3/internal/backends"
+	"k3/internal/floatx"
+	"k3/internal/moe"
+	"k3/internal/weights"
+)
+
+// Layout splits a model over ranks. TP ranks split the attention heads
+// (KDA, MLA) and the MLP columns, including the shared experts'; EP ranks
+// split the routed experts. The layout has max(TP, EP) ranks, and the
+// smaller of the two must divide the larger: TP groups are blocks of TP
+// consecutive ranks, each holding the whole attention, and the routed
+// experts are spread over ranks 0..EP-1. Zero means 1.
+type Layout struct {
+	TP, EP int
+}
+
+func (l Layout) norm() Layout { return Layout{TP: max(l.TP, 1), EP: max(l.EP, 1)} }
+
+// Ranks is the number of ranks the layout has.
+func (l Layout) Ranks() int {
+	l = l.norm()
+	return max(l.TP, l.EP)
+}
+
+func (l Layout) String() string {
+	l = l.norm()
+	return fmt.Sprintf("tp%d ep%d", l.TP, l.EP)
+}
+
+// check reports a layout the config cannot take.
+func (l Layout) check(cfg *config.Config) error {
+	if l.TP < 0 || l.EP < 0 {
+		return fmt.Errorf("%w: layout %+v: negative rank counts", ErrInvalidOption, l)
+	}
+	l = l.norm()
+	lo, hi := min(l.TP, l.EP), max(l.TP, l.EP)
+	if hi%lo != 0 {
+		return fmt.Errorf("%w: layout %v: %d does not divide %d", ErrInvalidOption, l, lo, hi)
+	}
+	if l.EP > 1 {
+		if cfg.MoE == nil || cfg.MoE.NumExperts == 0 {
+			return fmt.Errorf("%w: layout %v: the model has no routed experts to split", ErrInvalidOption, l)
+		}
+		if l.EP > cfg.MoE.NumExperts {
+			return fmt.Errorf("%w: layout %v: %d experts over %d ranks", ErrInvalidOption, l, cfg.MoE.NumExperts, l.EP)
+		}
+	}
+	return nil
+}
+
+// rankPar is what a model needs to run as one rank of a layout.
+type rankPar struct {
+	layout Layout
+	rank   int
+	world  comm.Communicator // every rank of the layout
+	tp     comm.Communicator // this rank's TP group
+}
+
+func (p *rankPar) tpIndex() int { return p.rank % p.layout.TP }
+
+// part returns the units [lo, hi) of n that TP rank i of ranks holds, and
+// the weight of its contribution: with at least as many units as ranks,
+// consecutive blocks of one; with fewer, unit i mod n, scaled by one over
+// the number of ranks holding it so that a sum over the ranks adds it once.
+func part(n, ranks, i int) (lo, hi int, scale float32) {
+	if n >= ranks {
+		return i * n / ranks, (i + 1) * n / ranks, 1
+	}
+	u, c := i%n, 0
+	for r := range ranks {
+		if r%n == u {
+			c++
+		}
+	}
+	return u, u + 1, 1 / float32(c)
+}
+
+// experts returns the routed experts [lo, hi) this rank holds; none
+// outside EP group 0.
+func (p *rankPar) experts(e int) (lo, hi int) {
+	if p.rank >= p.layout.EP {
+		return 0, 0
+	}
+	return p.rank * e / p.layout.EP, (p.rank + 1) * e / p.layout.EP
+}
+
+// reduceTP adds the TP group's partial sums of t.
+func (p *rankPar) reduceTP(t compute.Tensor) error {
+	if p == nil || p.layout.TP == 1 {
+		return nil
+	}
+	return p.tp.AllReduce(context.Background(), t)
+}
+
+// moeSplit is how this rank runs a MoE layer.
+func (p *rankPar) moeSplit() *moe.Split {
+	return &moe.Split{
+		Routed: p.rank < p.layout.EP,
+		Shared: p.rank < p.layout.TP,
+		Reduce: func(t compute.Tensor) error { return p.world.AllReduce(context.Background(), t) },
+	}
+}
+
+// cutRule says how a tensor splits over TP ranks: by its first dimension
+// (or, with cols, its last) in blocks of block elements per unit (a head,
+// or one MLP column), keeping units [lo, hi) scaled by scale.
+type cutRule struct {
+	cols   bool
+	block  int
+	lo, hi int
+	scale  float32
+	flat   int // > 0: the tensor is read as its first flat values (A_log's padding)
+}
+
+// cutSource serves src's tensors with the rules applied; held counts the
+// bytes of the parts served.
+func cutSource(src weights.Source, rules map[string]cutRule, held *int64) weights.Source {
+	return func(name string) (compute.DType, []int, []byte, error) {
+		dt, shape, data, err := src(name)
+		if err != nil {
+			return dt, shape, data, err
+		}
+		r, ok := rules[name]
+		if !ok {
+			*held += int64(len(data))
+			return dt, shape, data, nil
+		}
+		dt, shape, data, err = r.apply(name, dt, shape, data)
+		*held += int64(len(data))
+		return dt, shape, data, err
+	}
+}
+
+func (r cutRule) apply(name string, dt compute.DType, shape []int, data []byte) (compute.DType, []int, []byte, error) {
+	es := dt.Size()
+	if es == 0 || len(shape) == 0 {
+		return dt, shape, data, fmt.Errorf("tensor %s (%v %v) cannot be split over ranks", name, dt, shape)
+	}
+	if r.flat > 0 {
+		n := 1
+		for _, s := range shape {
+			n *= s
+		}
+		if n < r.flat {
+			return dt, shape, data, fmt.Errorf("tensor %s has shape %v, need at least %d values", name, shape, r.flat)
+		}
+		shape, data = []int{r.flat}, data[:r.flat*es]
+	}
+	n := 1
+	for _, s := range shape {
+		n *= s
+	}
+	if !r.cols {
+		rowElems := n / max(shape[0], 1)
+		if shape[0]%r.block != 0 || shape[0] < r.hi*r.block {
+			return dt, shape, data, fmt.Errorf("tensor %s has %d rows, which do not hold unit %d of %d rows each", name, shape[0], r.hi-1, r.block)
+		}
+		out := append([]int{(r.hi - r.lo) * r.block}, shape[1:]...)
+		kept := data[r.lo*r.block*rowElems*es : r.hi*r.block*rowElems*es]
+		return dt, out, scaled(dt, kept, r.scale), nil
+	}
+	if len(shape) != 2 || shape[1]%r.block != 0 || shape[1] < r.hi*r.block {
+		return dt, shape, data, fmt.Errorf("tensor %s has shape %v, whose columns do not hold unit %d of %d columns each", name, shape, r.hi-1, r.block)
+	}
+	rows, cols := shape[0], shape[1]
+	w := (r.hi - r.lo) * r.block
+	out := make([]byte, 0, rows*w*es)
+	for i := range rows {
+		row := data[(i*cols+r.lo*r.block)*es : (i*cols+r.hi*r.block)*es]
+		out = append(out, row...)
+	}
+	return dt, []int{rows, w}, scaled(dt, out, r.scale), nil
+}
+
+// scaled returns data (little-endian values of dt) times s, in a copy
+// when s is not 1.
+func scaled(dt compute.DType, data []byte, s float32) []byte {
+	if s == 1 {
+		return data
+	}
+	out := make([]byte, len(data))
+	for i := 0; i < len(data); i += dt.Size() {
+		switch dt {
+		case compute.F32:
+			v := uint32(data[i]) | uint32(data[i+1])<<8 | uint32(data[i+2])<<16 | uint32(data[i+3])<<24
+			u := math.Float32bits(math.Float32frombits(v) * s)
+			out[i], out[i+1], out[i+2], out[i+3] = byte(u), byte(u>>8), byte(u>>16), byte(u>>24)
+		case compute.BF16, compute.F16:
+			h := uint16(data[i]) | uint16(data[i+1])<<8
+			var r uint16
+			if dt == compute.BF16 {
+				r = floatx.BF16(floatx.FromBF16(h) * s)
+			} else {
+				r = floatx.F16(floatx.FromF16(h) * s)
+			}
+			out[i], out[i+1] = byte(r), byte(r>>8)
+		}
+	}
+	return out
+}
+
+// kdaRules cuts a KDA layer's tensors to heads [lo, hi) of dk channels.
+func kdaRules(h, dk, lo, hi int, scale float32) map[string]cutRule {
+	rows := cutRule{block: dk, lo: lo, hi: hi, scale: 1}
+	r := map[string]cutRule{
+		"b_proj.weight": {block: 1, lo: lo, hi: hi, scale: 1},
+		"A_log":         {block: 1, lo: lo, hi: hi, scale: 1, flat: h},
+		"o_proj.weight": {cols: true, block: dk, lo: lo, hi: hi, scale: scale},
+	}
+	for _, n := range []string{"q_proj.weight", "k_proj.weight", "v_proj.weight", "q_conv1d.weight", "k_conv1d.weight",
+		"v_conv1d.weight", "f_b_proj.weight", "g_b_proj.weight", "g_proj.weight", "dt_bias"} {
+		r[n] = rows
+	}
+	return r
+}
+
+// mlaRules cuts an MLA/DSA layer's tensors to heads [lo, hi); the
+// indexer and the low-rank projections stay whole.
+func mlaRules(c config.MLAConfig, lo, hi int, scale float32) map[string]cutRule {
+	q := cutRule{block: c.QKNopeHeadDim + c.QKRopeHeadDim, lo: lo, hi: hi, scale: 1}
+	return map[string]cutRule{
+		"q_b_proj.weight":  q,
+		"q_proj.weight":    q,
+		"kv_b_proj.weight": {block: c.QKNopeHeadDim + c.VHeadDim, lo: lo, hi: hi, scale: 1},
+		"g_proj.weight":    {block: c.VHeadDim, lo: lo, hi: hi, scale: 1},
+		"o_proj.weight":    {cols: true, block: c.VHeadDim, lo: lo, hi: hi, scale: scale},
+	}
+}
+
+// mlpRules cuts an MLP of width inter to this rank's columns.
+func (p *rankPar) mlpRules(inter int) (map[string]cutRule, int) {
+	lo, hi, scale := part(inter, p.layout.TP, p.tpIndex())
+	return map[string]cutRule{
+		"gate_proj.weight": {block: 1, lo: lo, hi: hi, scale: 1},
+		"up_proj.weight":   {block: 1, lo: lo, hi: hi, scale: 1},
+		"down_proj.weight": {cols: true, block: 1, lo: lo, hi: hi, scale: scale},
+	}, hi - lo
+}
+
+// ShardBytes is the bytes of checkpoint tensors the model holds: all of
+// them, or one rank's part of a Group.
+func (m *Model) ShardBytes() int64 { return m.held }
+
+// Group is a model split over ranks by a Layout, each rank a Model on its
+// own backend, exchanging partial sums through comm.Local. Its sessions
+// run on every rank in lockstep.
+type Group struct {
+	layout   Layout
+	ranks    []*Model
+	backends []compute.Backend
+	world    []*comm.Local
+	tp       [][]*comm.Local
+	closeMu  sync.Mutex
+	closed   bool
+}
+
+// LoadGroup loads the checkpoint in dir split by layout: one Model per
+// rank, each reading only its part of the weights (WithBackend chooses
+// the ranks' backend; WithComputeBackend is refused, since every rank
+// needs one of its own). Bad layouts fail with ErrInvalidOption.
+func LoadGroup(ctx context.Context, dir string, layout Layout, opts ...Option) (*Group, error) {
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.be != nil {
+		return nil, fmt.Errorf("%w: a group opens one backend per rank; use WithBackend, not WithComputeBackend", ErrInvalidOption)
+	}
+	cfg, err := config.Load(dir)
+	if err != nil {
+		return nil, fmt.Errorf("k3: %w", err)
+	}
+	if err := layout.check(cfg); err != nil {
+		return nil, err
+	}
+	layout = layout.norm()
+	n := layout.Ranks()
+	g := &Group{layout: layout}
+	for range n {
+		b, err := backends.Open(o.backend)
+		if err != nil {
+			g.Close()
+			return nil, fmt.Errorf("k3: %w", err)
+		}
+		g.backends = append(g.backends, b)
+	}
+	if g.world, err = comm.NewLocal(g.backends); err != nil {
+		g.Close()
+		return nil, err
+	}
+	for lo := 0; lo < n; lo += layout.TP {
+		tp, err := comm.NewLocal(g.backends[lo : lo+layout.TP])
+		if err != nil {
+			g.Close()
+			return nil, err
+		}
+		g.tp = append(g.tp, tp)
+	}
+	for r := range n {
+		p := &rankPar{layout: layout, rank: r, world: g.world[r], tp: g.tp[r/layout.TP][r%layout.TP]}
+		rankOpts := append(append([]Option(nil), opts...), WithComputeBackend(g.backends[r]), func(o *options) { o.par = p })
+		m, err := Load(ctx, dir, rankOpts...)
+		if err != nil {
+			g.Close()
+			return nil, fmt.Errorf("k3: rank %d of %v: %w", r, layout, err)
+		}
+		g.ranks = append(g.ranks, m)
+	}
+	return g, nil
+}
+
+// Layout is the group's layout.
+func (g *Group) Layout() Layout { return g.layout }
+
+// Ranks returns the ranks' models, rank 0 first (for their ShardBytes and
+// MemoryUsage; their sessions do not take part in the group's
+// collectives).
+func (g *Group) Ranks() []*Model { return append([]*Model(nil), g.ranks...) }
+
+// Stats sums the collectives of every rank, in the world and TP groups.
+func (g *Group) Stats() comm.Stats {
+	var s comm.Stats
+	for _, r := range g.world {
+		s = s.Add(r.Stats())
+	}
+	for _, tp := range g.tp {
+		for _, r := range tp {
+			s = s.Add(r.Stats())
+		}
+	}
+	return s
+}
+
+// abort releases every rank waiting in a collective after one failed.
+func (g *Group) abort(err error) {
+	for _, r := range g.world {
+		r.Abort(err)
+	}
+	for _, tp := range g.tp {
+		for _, r := range tp {
+			r.Abort(err)
+		}
+	}
+}
+
+// Close closes every rank's model and backend.
+func (g *Group) Close() error {
+	g.closeMu.Lock()
+	defer g.closeMu.Unlock()
+	if g.closed {
+		return nil
+	}
+	g.closed = true
+	g.abort(ErrClosed)
+	var errs []error
+	for _, m := range g.ranks {
+		errs = append(errs, m.Close())
+	}
+	for _, b := range g.backends {
+		errs = append(errs, b.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// GroupSession is one sequence held by every rank of a Group.
+type GroupSession struct {
+	g     *Group
+	ranks []*Session
+}
+
+// NewSession starts an empty sequence on every rank.
+func (g *Group) NewSession() (*GroupSession, error) {
+	gs := &GroupSession{g: g}
+	for _, m := range g.ranks {
+		s, err := m.NewSession()
+		if err != nil {
+			gs.Close()
+			return nil, err
+		}
+		gs.ranks = append(gs.ranks, s)
+	}
+	return gs, nil
+}
+
+// Close closes every rank's session.
+func (gs *GroupSession) Close() error {
+	var errs []error
+	for _, s := range gs.ranks {
+		errs = append(errs, s.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// onRanks runs f for every rank on its own goroutine; the first error
+// aborts the group's collectives, so that no rank waits for one that
+// stopped, and is returned.
+func (gs *GroupSession) onRanks(f func(r int, s *Session) error) error {
+	errs := make([]error, len(gs.ranks))
+	var wg sync.WaitGroup
+	for r, s := range gs.ranks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if errs[r] = f(r, s); errs[r] != nil {
+				gs.g.abort(fmt.Errorf("rank %d: %w", r, errs[r]))
+			}
+		}()
+	}
+	wg.Wait()
+	// The first rank's own error, not the aborts it caused.
+	for _, err := range errs {
+		if err != nil && !errors.Is(err, comm.ErrAborted) {
+			return err
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Forward is Session.Forward on every rank; it returns rank 0's logits,
+// which every rank computed bitwise alike. A Trace on ctx records rank 0.
+func (gs *GroupSession) Forward(ctx context.Context, tokens []int32) ([]float32, error) {
+	var out []float32
+	err := gs.onRanks(func(r int, s *Session) error {
+		c := ctx
+		if r > 0 {
+			c = context.WithValue(ctx, traceKey{}, (*Trace)(nil))
+		}
+		logits, err := s.Forward(c, tokens)
+		if r == 0 {
+			out = logits
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Generate is Session.GenerateTokens on every rank in lockstep; the
+// stream is rank 0's. Every rank samples the same token from the same
+// logits (the seed is part of opts), and when the caller stops reading
+// every rank stops at the same token. Speculation is not supported on a
+// group yet.
+func (gs *GroupSession) Generate(ctx context.Context, prompt []int32, opts ...GenerateOption) iter.Seq2[Token, error] {
+	return func(yield func(Token, error) bool) {
+		var o genOptions
+		for _, f := range opts {
+			f(&o)
+		}
+		if o.drafter != nil {
+			yield(Token{}, fmt.Errorf("%w: speculation on a Group", compute.ErrUnsupported))
+			return
+		}
+		n := len(gs.ranks)
+		// next[r] carries rank 0's word after each token: go on or stop;
+		// ended[r] closes when rank r's generation returned. One advance
+		// of a generation may yield several tokens (text held back), so
+		// each word waits for its rank rather than queueing.
+		next, ended := make([]chan bool, n), make([]chan struct{}, n)
+		for r := 1; r < n; r++ {
+			next[r], ended[r] = make(chan bool), make(chan struct{})
+		}
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for r := 1; r < n; r++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer close(ended[r])
+				for _, err := range gs.ranks[r].GenerateTokens(context.Background(), prompt, opts...) {
+					if err != nil {
+						errs[r] = err
+						gs.g.abort(fmt.Errorf("rank %d: %w", r, err))
+						return
+					}
+					if !<-next[r] {
+						return
+					}
+				}
+			}()
+		}
+		tell := func(goOn bool) {
+			for r := 1; r < n; r++ {
+				select {
+				case next[r] <- goOn:
+				case <-ended[r]:
+				}
+			}
+		}
+		stopped := false
+		for tok, err := range gs.ranks[0].GenerateTokens(ctx, prompt, opts...) {
+			if err != nil {
+				gs.g.abort(fmt.Errorf("rank 0: %w", err))
+				tell(false)
+				wg.Wait()
+				yield(tok, err)
+				return
+			}
+			if !yield(tok, nil) || ctx.Err() != nil {
+				// A context that ended while the caller held the token
+				// stops every rank here, between passes, rather than
+				// inside the next one's collectives.
+				stopped = true
+				tell(false)
+				wg.Wait()
+				if err := ctx.Err(); err != nil && tok.Finish == FinishNone {
+					yield(Token{}, err)
+				}
+				return
+			}
+			tell(true)
+		}
+		if !stopped {
+			tell(false)
+		}
+		wg.Wait()
+		if !stopped {
+			for _, err := range errs {
+				if err != nil {
+					yield(Token{}, err)
+					return
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,195 @@
+package k3
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"k3/comm"
+)
+
+// parallelLayouts are the layouts of issue 19's point 3.
+var parallelLayouts = []Layout{{TP: 2}, {TP: 4}, {EP: 2}, {EP: 4}, {TP: 2, EP: 2}, {TP: 2, EP: 4}, {TP: 4, EP: 2}, {TP: 4, EP: 4}}
+
+// run feeds a prompt and decodes greedily with caches, one token a step,
+// returning every logit row and the tokens.
+func runAlone(t *testing.T, s *Session, prompt []int32, steps int) ([]float32, []int32) {
+	t.Helper()
+	ctx := context.Background()
+	v := s.m.Config.VocabSize
+	logits, err := s.Forward(ctx, prompt)
+	require.NoError(t, err)
+	var toks []int32
+	for range steps {
+		tok := argmaxRow(logits[len(logits)-v:])
+		toks = append(toks, tok)
+		row, err := s.Forward(ctx, []int32{tok})
+		require.NoError(t, err)
+		logits = append(logits, row...)
+	}
+	return logits, toks
+}
+
+func argmaxRow(row []float32) int32 {
+	best := 0
+	for i, x := range row {
+		if x > row[best] {
+			best = i
+		}
+	}
+	return int32(best)
+}
+
+func maxAbsF(v []float32) float64 {
+	m := 0.0
+	for _, x := range v {
+		m = max(m, math.Abs(float64(x)))
+	}
+	return m
+}
+
+// A model split by TP and EP gives the tokens of one rank, with logits
+// within 1e-4 of the logit scale, on every conformance checkpoint; every
+// rank holds a part of the weights that falls as ranks grow.
+func TestGroupEqualsOneRank(t *testing.T) {
+	dirs, err := filepath.Glob("../testdata/model/*/config.json")
+	require.NoError(t, err)
+	require.NotEmpty(t, dirs)
+	ctx := context.Background()
+	layouts := parallelLayouts
+	if raceEnabled {
+		layouts = []Layout{{TP: 2}, {TP: 4, EP: 2}}
+	}
+	for _, cfgPath := range dirs {
+		dir := filepath.Dir(cfgPath)
+		one, err := Load(ctx, dir)
+		require.NoError(t, err)
+		s, err := one.NewSession()
+		require.NoError(t, err)
+		// A prompt longer than the prefill chunk's first pass and past
+		// the indexer's top-k, then decode steps.
+		prompt := make([]int32, 37)
+		for i := range prompt {
+			prompt[i] = int32((i*131 + 7) % one.Config.VocabSize)
+		}
+		const steps = 8
+		want, wantToks := runAlone(t, s, prompt, steps)
+		s.Close()
+		scale := maxAbsF(want)
+		full := one.ShardBytes()
+		one.Close()
+		for _, l := range layouts {
+			t.Run(fmt.Sprintf("%s/%v", filepath.Base(dir), l), func(t *testing.T) {
+				g, err := LoadGroup(ctx, dir, l)
+				require.NoError(t, err)
+				defer g.Close()
+				gs, err := g.NewSession()
+				require.NoError(t, err)
+				defer gs.Close()
+				got, err := gs.Forward(ctx, prompt)
+				require.NoError(t, err)
+				v := g.Ranks()[0].Config.VocabSize
+				var toks []int32
+				for range steps {
+					tok := argmaxRow(got[len(got)-v:])
+					toks = append(toks, tok)
+					row, err := gs.Forward(ctx, []int32{tok})
+					require.NoError(t, err)
+					got = append(got, row...)
+				}
+				require.Equal(t, wantToks, toks)
+				require.Len(t, got, len(want))
+				worst := 0.0
+				for i := range want {
+					worst = max(worst, math.Abs(float64(got[i]-want[i])))
+				}
+				assert.LessOrEqual(t, worst, 1e-4*scale, "largest logit difference, logit scale %.3g", scale)
+				// Every rank holds less than the whole model.
+				for r, m := range g.Ranks() {
+					assert.Less(t, m.ShardBytes(), full, "rank %d", r)
+				}
+				st := g.Stats()
+				assert.Positive(t, st.Calls[comm.OpAllReduce])
+				assert.Positive(t, st.Bytes[comm.OpAllReduce])
+			})
+		}
+	}
+}
+
+// The tokens GroupSession.Generate streams are rank 0's, equal to one
+// rank's; stopping early leaves the group usable.
+func TestGroupGenerate(t *testing.T) {
+	ctx := context.Background()
+	dir := "../testdata/model/tiny_k31pro"
+	one, err := Load(ctx, dir)
+	require.NoError(t, err)
+	defer one.Close()
+	prompt := []int32{5, 9, 17, 33, 65, 129, 257, 3, 11, 200}
+	s, err := one.NewSession()
+	require.NoError(t, err)
+	var want []int32
+	for tok, err := range s.GenerateTokens(ctx, prompt, WithMaxTokens(12), WithTemperature(0.8), WithSeed(3)) {
+		require.NoError(t, err)
+		want = append(want, tok.ID)
+	}
+	s.Close()
+
+	g, err := LoadGroup(ctx, dir, Layout{TP: 2, EP: 4})
+	require.NoError(t, err)
+	defer g.Close()
+	gs, err := g.NewSession()
+	require.NoError(t, err)
+	n := 0
+	for tok, err := range gs.Generate(ctx, prompt, WithMaxTokens(12), WithTemperature(0.8), WithSeed(3)) {
+		require.NoError(t, err)
+		require.Equal(t, want[n], tok.ID, "token %d", n)
+		if n++; n == 5 {
+			break
+		}
+	}
+	require.NoError(t, gs.Close())
+	gs, err = g.NewSession()
+	require.NoError(t, err)
+	defer gs.Close()
+	var got []int32
+	for tok, err := range gs.Generate(ctx, prompt, WithMaxTokens(12), WithTemperature(0.8), WithSeed(3)) {
+		require.NoError(t, err)
+		got = append(got, tok.ID)
+	}
+	require.Equal(t, want, got)
+}
+
+func TestLayoutErrors(t *testing.T) {
+	ctx := context.Background()
+	dir := "../testdata/model/tiny_k3"
+	for _, l := range []Layout{{TP: 3, EP: 2}, {EP: 16}, {TP: -1}} {
+		_, err := LoadGroup(ctx, dir, l)
+		require.ErrorIs(t, err, ErrInvalidOption, "%+v", l)
+	}
+	b, err := OpenBackend("go")
+	require.NoError(t, err)
+	defer b.Close()
+	_, err = LoadGroup(ctx, dir, Layout{TP: 2}, WithComputeBackend(b))
+	require.ErrorIs(t, err, ErrInvalidOption)
+}
+
+func TestPart(t *testing.T) {
+	for _, c := range []struct{ n, ranks int }{{8, 2}, {8, 4}, {3, 2}, {3, 4}, {1, 4}, {96, 4}, {5, 3}} {
+		held := make([]float64, c.n)
+		for i := range c.ranks {
+			lo, hi, s := part(c.n, c.ranks, i)
+			require.Less(t, lo, hi, "%+v rank %d holds nothing", c, i)
+			for u := lo; u < hi; u++ {
+				held[u] += float64(s)
+			}
+		}
+		for u, h := range held {
+			assert.InDelta(t, 1, h, 1e-6, "%+v: unit %d counted %.3f times", c, u, h)
+		}
+	}
+}
