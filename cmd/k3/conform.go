@@ -9,17 +9,31 @@ import (
 
 	"k3/internal/backends"
 	"k3/internal/conform"
+	"k3/k3"
 )
 
 func runConform(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("conform", flag.ContinueOnError)
 	backend := fs.String("backend", "go", "compute backend: "+backends.Names())
-	if err := parseFlags(fs, "conform [-backend NAME] DIR|FILE...", args, stdout, stderr); err != nil {
+	tp := fs.Int("tp", 1, "tensor-parallel ranks for the model cases (heads, MLP columns)")
+	ep := fs.Int("ep", 1, "expert-parallel ranks for the model cases (routed experts)")
+	cp := fs.Int("cp", 1, "context-parallel ranks (not built yet: only 1)")
+	if err := parseFlags(fs, "conform [-backend NAME] [-tp N] [-ep N] DIR|FILE...", args, stdout, stderr); err != nil {
 		return err
 	}
 	if fs.NArg() == 0 {
 		fs.Usage()
 		return errUsage
+	}
+	if *cp != 1 {
+		return fmt.Errorf("-cp %d: context parallelism is not built yet (docs/ARCHITECTURE.md, Parallel inference)", *cp)
+	}
+	if *tp < 1 || *ep < 1 {
+		return fmt.Errorf("-tp %d -ep %d: rank counts must be at least 1", *tp, *ep)
+	}
+	layout := k3.Layout{TP: *tp, EP: *ep}
+	if layout.Ranks() > 1 && *backend != "go" {
+		return fmt.Errorf("-tp/-ep run the model cases, which run on the go backend only")
 	}
 	b, err := backends.Open(*backend)
 	if err != nil {
@@ -33,8 +47,21 @@ func runConform(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if len(cases) == 0 {
 		return fmt.Errorf("no conformance cases in %s (a case is a golden .safetensors file, or a model directory with expected.safetensors)", strings.Join(fs.Args(), ", "))
 	}
+	if layout.Ranks() > 1 {
+		// The layer cases do not split; under a layout only the model
+		// cases say anything about it.
+		model := cases[:0]
+		for _, c := range cases {
+			if c.Op == "model.forward" {
+				model = append(model, c)
+			}
+		}
+		if cases = model; len(cases) == 0 {
+			return fmt.Errorf("-tp/-ep: no model cases in %s", strings.Join(fs.Args(), ", "))
+		}
+	}
 	passed, failed := 0, 0
-	for r := range conform.Run(ctx, b, cases) {
+	for r := range conform.RunLayout(ctx, b, cases, layout) {
 		fmt.Fprintln(stdout, r)
 		if r.Pass {
 			passed++

@@ -42,6 +42,21 @@ func TestConformCommand(t *testing.T) {
 	}
 }
 
+// The model cases under a parallel layout print the same lines; the layer
+// cases are left out, and context parallelism is refused by name.
+func TestConformLayout(t *testing.T) {
+	code, out, _ := runCLI("conform", "-tp", "2", "-ep", "4", "../../testdata/model/tiny_k31pro", "../../testdata/moe")
+	if code != 0 || out != "PASS ../../testdata/model/tiny_k31pro model.forward "+strings.SplitN(strings.SplitN(out, "model.forward ", 2)[1], "\n", 2)[0]+"\n1 passed, 0 failed\n" {
+		t.Errorf("exit %d, output:\n%s", code, out)
+	}
+	if code, _, errOut := runCLI("conform", "-cp", "2", "../../testdata/model/tiny_k31pro"); code == 0 || !strings.Contains(errOut, "context parallelism") {
+		t.Errorf("-cp 2: exit %d %s", code, errOut)
+	}
+	if code, out, _ := runCLI("conform", "-tp", "3", "-ep", "2", "../../testdata/model/tiny_k31pro"); code == 0 || !strings.Contains(out, "FAIL") || !strings.Contains(out, "does not divide") {
+		t.Errorf("-tp 3 -ep 2: exit %d %s", code, out)
+	}
+}
+
 func TestInspectCommand(t *testing.T) {
 	code, out, _ := runCLI("inspect", "../../testdata/model/tiny_k31pro")
 	if code != 0 || !strings.Contains(out, "layers: kda kda dsa kda kda dsa") || !strings.Contains(out, "parameters") {

@@ -21,6 +21,7 @@ import (
 
 	"k3/compute"
 	"k3/internal/safetensors"
+	"k3/k3"
 )
 
 // Case is one conformance case.
@@ -146,6 +147,13 @@ func Ops() []string {
 // Run runs every case on b and yields the results in order. It stops early
 // when ctx is cancelled (the remaining cases are not yielded).
 func Run(ctx context.Context, b compute.Backend, cases []Case) iter.Seq[Result] {
+	return RunLayout(ctx, b, cases, k3.Layout{})
+}
+
+// RunLayout is Run with the model cases split over ranks by layout
+// (k3.LoadGroup); the other cases run on b as in Run.
+func RunLayout(ctx context.Context, b compute.Backend, cases []Case, layout k3.Layout) iter.Seq[Result] {
+	ctx = context.WithValue(ctx, layoutKey{}, layout)
 	return func(yield func(Result) bool) {
 		for _, c := range cases {
 			if ctx.Err() != nil {

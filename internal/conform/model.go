@@ -11,6 +11,13 @@ import (
 
 func init() { handlers["model.forward"] = runModel }
 
+// forwarder is a sequence on one model or on a Group.
+type forwarder interface {
+	Forward(ctx context.Context, tokens []int32) ([]float32, error)
+}
+
+type layoutKey struct{}
+
 // Tolerances from testdata/model/README.md: logits within 1e-3 absolute,
 // hidden states within 1e-4 relative to their largest magnitude; tokens and
 // index lists exact.
@@ -43,21 +50,40 @@ func runModel(ctx context.Context, b compute.Backend, dir string, chk *checker) 
 		return err
 	}
 	defer f.Close()
-	m, err := k3.Load(ctx, dir)
-	if err != nil {
-		return err
+	var (
+		cfg *k3.Config
+		s   forwarder
+	)
+	if l, ok := ctx.Value(layoutKey{}).(k3.Layout); ok && l.Ranks() > 1 {
+		g, err := k3.LoadGroup(ctx, dir, l)
+		if err != nil {
+			return err
+		}
+		defer g.Close()
+		gs, err := g.NewSession()
+		if err != nil {
+			return err
+		}
+		defer gs.Close()
+		cfg, s = g.Ranks()[0].Config, gs
+	} else {
+		m, err := k3.Load(ctx, dir)
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		ms, err := m.NewSession()
+		if err != nil {
+			return err
+		}
+		defer ms.Close()
+		cfg, s = m.Config, ms
 	}
-	defer m.Close()
-	cfg := m.Config
 	ids, _, err := f.i32("input_ids", -1)
 	if err != nil {
 		return err
 	}
 	t, v, d := len(ids), cfg.VocabSize, cfg.HiddenSize
-	s, err := m.NewSession()
-	if err != nil {
-		return err
-	}
 	var tr k3.Trace
 	logits, err := s.Forward(k3.WithTrace(ctx, &tr), ids)
 	if err != nil {
