@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"path"
 	"sort"
 	"strings"
@@ -558,7 +559,7 @@ func (m *Model) loadLayer(src *source, l int) (*layer, []float32, error) {
 	if cfg.IsMoELayer(l) {
 		ly.moe, ly.router, err = m.loadMoE(src, prefix+"block_sparse_moe.")
 	} else {
-		ly.mlp, err = m.loadMLP(src, prefix+"mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", cfg.IntermediateSize)
+		ly.mlp, err = m.loadMLP(src, prefix+"mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", cfg.IntermediateSize, false)
 	}
 	if err != nil {
 		return nil, nil, err
@@ -566,11 +567,18 @@ func (m *Model) loadLayer(src *source, l int) (*layer, []float32, error) {
 	return ly, resQ, nil
 }
 
-func (m *Model) loadMLP(src *source, prefix, gate, up, down string, inter int) (*moe.MLP, error) {
+// loadMLP loads a gated MLP of width inter: under a layout, a dense
+// layer's MLP splits over the rank's TP group and the shared experts
+// (overAll) over every rank, as the MoE sum adds over every rank.
+func (m *Model) loadMLP(src *source, prefix, gate, up, down string, inter int, overAll bool) (*moe.MLP, error) {
 	d := m.Config.HiddenSize
 	var rules map[string]cutRule
-	if m.par != nil {
-		rules, inter = m.par.mlpRules(inter)
+	if p := m.par; p != nil {
+		ranks, i := p.layout.TP, p.tpIndex()
+		if overAll {
+			ranks, i = p.layout.Ranks(), p.rank
+		}
+		rules, inter = mlpRules(inter, ranks, i, "gate_proj.weight", "up_proj.weight", "down_proj.weight")
 	}
 	ld := &weights.Loader{B: m.b, Src: m.cut(src.prefixed(prefix), rules), Prefix: src.strip + prefix}
 	mlp := &moe.MLP{Act: m.act}
@@ -612,17 +620,31 @@ func (m *Model) loadMoE(src *source, prefix string) (*moe.Weights, moe.Router, e
 			}
 		}
 	}
+	inter := mc.IntermediateSize
+	if m.par != nil {
+		// Each expert's columns split over the ranks that share its
+		// expert-parallel index.
+		ranks, i := m.par.expertColumns()
+		rules := map[string]cutRule{}
+		for e := lo; e < hi; e++ {
+			p := fmt.Sprintf("experts.%d.", e)
+			var r map[string]cutRule
+			r, inter = mlpRules(mc.IntermediateSize, ranks, i, p+"w1.weight", p+"w3.weight", p+"w2.weight")
+			maps.Copy(rules, r)
+		}
+		ld.Src = m.cut(src.prefixed(prefix), rules)
+	}
 	for e := lo; e < hi && ld.Err == nil; e++ {
 		p := fmt.Sprintf("experts.%d.", e)
-		w.W1 = append(w.W1, ld.Matrix(p+"w1.weight", mc.IntermediateSize, din))
-		w.W3 = append(w.W3, ld.Matrix(p+"w3.weight", mc.IntermediateSize, din))
-		w.W2 = append(w.W2, ld.Matrix(p+"w2.weight", din, mc.IntermediateSize))
+		w.W1 = append(w.W1, ld.Matrix(p+"w1.weight", inter, din))
+		w.W3 = append(w.W3, ld.Matrix(p+"w3.weight", inter, din))
+		w.W2 = append(w.W2, ld.Matrix(p+"w2.weight", din, inter))
 	}
 	if ld.Err != nil {
 		return nil, moe.Router{}, ld.Err
 	}
 	if mc.NumShared > 0 {
-		sh, err := m.loadMLP(src, prefix+"shared_experts.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", mc.IntermediateSize*mc.NumShared)
+		sh, err := m.loadMLP(src, prefix+"shared_experts.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", mc.IntermediateSize*mc.NumShared, true)
 		if err != nil {
 			return nil, moe.Router{}, err
 		}

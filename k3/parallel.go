@@ -88,13 +88,18 @@ func part(n, ranks, i int) (lo, hi int, scale float32) {
 	return u, u + 1, 1 / float32(c)
 }
 
-// experts returns the routed experts [lo, hi) this rank holds; none
-// outside EP group 0.
+// experts returns the routed experts [lo, hi) this rank holds: those of
+// its expert-parallel index, rank mod EP.
 func (p *rankPar) experts(e int) (lo, hi int) {
-	if p.rank >= p.layout.EP {
-		return 0, 0
-	}
-	return p.rank * e / p.layout.EP, (p.rank + 1) * e / p.layout.EP
+	i := p.rank % p.layout.EP
+	return i * e / p.layout.EP, (i + 1) * e / p.layout.EP
+}
+
+// expertColumns says how the ranks sharing an expert-parallel index split
+// each of its experts' columns: over how many ranks, and this rank's
+// place among them.
+func (p *rankPar) expertColumns() (ranks, i int) {
+	return p.layout.Ranks() / p.layout.EP, p.rank / p.layout.EP
 }
 
 // reduceTP adds the TP group's partial sums of t.
@@ -108,8 +113,9 @@ func (p *rankPar) reduceTP(t compute.Tensor) error {
 // moeSplit is how this rank runs a MoE layer.
 func (p *rankPar) moeSplit() *moe.Split {
 	return &moe.Split{
-		Routed: p.rank < p.layout.EP,
-		Shared: p.rank < p.layout.TP,
+		Routed: true, // every rank holds column shards of some experts
+		Shared: true, // and of the shared experts
+
 		Reduce: func(t compute.Tensor) error { return p.world.AllReduce(context.Background(), t) },
 	}
 }
@@ -240,13 +246,14 @@ func mlaRules(c config.MLAConfig, lo, hi int, scale float32) map[string]cutRule 
 	}
 }
 
-// mlpRules cuts an MLP of width inter to this rank's columns.
-func (p *rankPar) mlpRules(inter int) (map[string]cutRule, int) {
-	lo, hi, scale := part(inter, p.layout.TP, p.tpIndex())
+// mlpRules cuts a gated MLP of width inter (tensors gate, up, down) to
+// the columns rank i of ranks holds, and returns that width.
+func mlpRules(inter, ranks, i int, gate, up, down string) (map[string]cutRule, int) {
+	lo, hi, scale := part(inter, ranks, i)
 	return map[string]cutRule{
-		"gate_proj.weight": {block: 1, lo: lo, hi: hi, scale: 1},
-		"up_proj.weight":   {block: 1, lo: lo, hi: hi, scale: 1},
-		"down_proj.weight": {cols: true, block: 1, lo: lo, hi: hi, scale: scale},
+		gate: {block: 1, lo: lo, hi: hi, scale: 1},
+		up:   {block: 1, lo: lo, hi: hi, scale: 1},
+		down: {cols: true, block: 1, lo: lo, hi: hi, scale: scale},
 	}, hi - lo
 }
 

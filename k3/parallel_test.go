@@ -116,6 +116,9 @@ func TestGroupEqualsOneRank(t *testing.T) {
 				st := g.Stats()
 				assert.Positive(t, st.Calls[comm.OpAllReduce])
 				assert.Positive(t, st.Bytes[comm.OpAllReduce])
+				t.Logf("rank 0 holds %d of %d weight bytes (%.2f); %d all-reduces sent %d bytes over %d tokens",
+					g.Ranks()[0].ShardBytes(), full, float64(g.Ranks()[0].ShardBytes())/float64(full),
+					st.Calls[comm.OpAllReduce], st.Bytes[comm.OpAllReduce], len(prompt)+steps)
 			})
 		}
 	}
