@@ -190,3 +190,55 @@ func TestRouterErrors(t *testing.T) {
 		t.Errorf("NewLayer top_k > experts: %v", err)
 	}
 }
+
+// A slot whose expert index is -1 adds nothing: the result equals the same
+// routing with that slot's weight set to zero.
+func TestExpertsSkipUnheldSlots(t *testing.T) {
+	b := cpu.New(1)
+	defer b.Close()
+	r := rand.New(rand.NewPCG(9, 9))
+	const tok, din, e, k, inter = 5, 8, 4, 2, 6
+	var w1, w3, w2 []compute.Tensor
+	for i := 0; i < e; i++ {
+		w1 = append(w1, up(b, rnd(r, inter*din), inter, din))
+		w3 = append(w3, up(b, rnd(r, inter*din), inter, din))
+		w2 = append(w2, up(b, rnd(r, din*inter), din, inter))
+	}
+	x := up(b, rnd(r, tok*din), tok, din)
+	idx := []int32{0, 1, 2, 3, 1, 3, 0, 2, 3, 0}
+	wts := rnd(r, tok*k)
+	skipIdx, zeroW := append([]int32(nil), idx...), append([]float32(nil), wts...)
+	for i := range idx {
+		if i%3 == 1 {
+			skipIdx[i], zeroW[i] = -1, 0
+		}
+	}
+	run := func(ix []int32, w []float32) []float32 {
+		it, _ := b.Alloc(compute.I32, tok, k)
+		b.Write(it, ix)
+		out, _ := b.Alloc(compute.F32, tok, din)
+		a := compute.ExpertArgs{X: x, Indices: it, Weights: up(b, w, tok, k), W1: w1, W3: w3, W2: w2,
+			Act: compute.Activation{Kind: compute.SwiGLU}, Out: out}
+		if err := b.MoEExperts(&a); err != nil {
+			t.Fatal(err)
+		}
+		v := make([]float32, tok*din)
+		b.Read(v, out)
+		return v
+	}
+	got, want := run(skipIdx, wts), run(idx, zeroW)
+	for i := range want {
+		if math.Abs(float64(got[i]-want[i])) > 1e-6 {
+			t.Fatalf("element %d: %g with the slots skipped, %g with their weights zero", i, got[i], want[i])
+		}
+	}
+	bad := append([]int32(nil), idx...)
+	bad[0] = -2
+	it, _ := b.Alloc(compute.I32, tok, k)
+	b.Write(it, bad)
+	out, _ := b.Alloc(compute.F32, tok, din)
+	a := compute.ExpertArgs{X: x, Indices: it, Weights: up(b, wts, tok, k), W1: w1, W3: w3, W2: w2, Act: compute.Activation{Kind: compute.SwiGLU}, Out: out}
+	if err := b.MoEExperts(&a); err == nil {
+		t.Fatal("expert index -2 accepted")
+	}
+}
