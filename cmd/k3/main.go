@@ -40,6 +40,7 @@ var commands = []command{
 	{"serve", "serve [-model DIR] [-addr 127.0.0.1:8080] ...\tthe OpenAI-compatible HTTP server (docs/SERVING.md)", runServe},
 	{"conform", "conform [-backend go] [-tp N] [-ep N] DIR|FILE...\trun the golden-vector conformance suite (model cases split over ranks with -tp/-ep)", runConform},
 	{"inspect", "inspect PATH\tlist a checkpoint's or golden file's tensors and config", runInspect},
+	{"plan", "plan -config FILE -cards N ...\tdeployment planner: per-card memory, communication and roofline latency per layout", runPlan},
 	{"bench", "bench dsa|kernels|model\tsparse vs dense DSA decode; GEMM and matrix-vector against the machine's\n" +
 		"\tlimits (and OpenBLAS, built with -tags openblas); whole-model speed", runBench},
 }

@@ -99,3 +99,16 @@ func TestNewTinyAndRun(t *testing.T) {
 		t.Error("unknown preset accepted")
 	}
 }
+
+func TestPlanCommand(t *testing.T) {
+	code, out, errOut := runCLI("plan", "-config", "../../docs/plan/deepseek_v32.json", "-cards", "16", "-context", "8192", "-batch", "32", "-top", "2")
+	if code != 0 || !strings.Contains(out, "671.9B parameters on 16 x a3") || strings.Count(out, " EP") != 2 {
+		t.Errorf("exit %d, output:\n%s%s", code, out, errOut)
+	}
+	if code, _, _ := runCLI("plan"); code != 2 {
+		t.Errorf("no -config: exit %d", code)
+	}
+	if code, _, errOut := runCLI("plan", "-config", "../../docs/plan/deepseek_v32.json", "-card", "nope"); code == 0 || !strings.Contains(errOut, "unknown card") {
+		t.Errorf("unknown card: exit %d %s", code, errOut)
+	}
+}
