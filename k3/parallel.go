@@ -25,9 +25,15 @@ import (
 // experts are spread over ranks 0..EP-1. Zero means 1.
 type Layout struct {
 	TP, EP int
+	// Serial runs each rank's shared experts after its routed ones
+	// instead of beside them (for measuring what the overlap gains).
+	Serial bool
 }
 
-func (l Layout) norm() Layout { return Layout{TP: max(l.TP, 1), EP: max(l.EP, 1)} }
+func (l Layout) norm() Layout {
+	l.TP, l.EP = max(l.TP, 1), max(l.EP, 1)
+	return l
+}
 
 // Ranks is the number of ranks the layout has.
 func (l Layout) Ranks() int {
@@ -116,7 +122,8 @@ func (p *rankPar) moeSplit() *moe.Split {
 		Routed: true, // every rank holds column shards of some experts
 		Shared: true, // and of the shared experts
 
-		Reduce: func(t compute.Tensor) error { return p.world.AllReduce(context.Background(), t) },
+		Reduce:  func(t compute.Tensor) error { return p.world.AllReduce(context.Background(), t) },
+		Overlap: !p.layout.Serial,
 	}
 }
 

@@ -7,6 +7,8 @@ package moe
 import (
 	"fmt"
 
+	"golang.org/x/sync/errgroup"
+
 	"k3/compute"
 )
 
@@ -104,6 +106,9 @@ type Split struct {
 	// Reduce sums a tensor over every rank of the layout, in place, with
 	// bitwise the same result on each.
 	Reduce func(t compute.Tensor) error
+	// Overlap runs the shared experts on a goroutine of their own beside
+	// the routed part and its wait for the other ranks.
+	Overlap bool
 }
 
 // Layer runs one MoE feed-forward with preallocated intermediates.
@@ -292,8 +297,64 @@ func (l *Layer) SetSplit(s *Split) error {
 
 func (l *Layer) forwardSplit(x, out compute.Tensor, t int) error {
 	sp, b := l.split, l.b
-	din, d := l.routed.Dims[1], l.sh.Dims[1]
+	d := l.sh.Dims[1]
 	zeros := func(w int) compute.Tensor { return l.zero.Reshape(-1).Rows(0, t*w).Reshape(t, w) }
+	sh := l.sh.Rows(0, t)
+	shared := func() error {
+		if l.shared == nil {
+			return nil
+		}
+		if !sp.Shared {
+			return b.Copy(sh, zeros(d))
+		}
+		if err := l.shared.Forward(x, sh); err != nil {
+			return fmt.Errorf("moe: shared experts: %w", err)
+		}
+		return nil
+	}
+	// The shared experts depend on x alone: with Overlap they run beside
+	// the routed part, including its wait for the other ranks in the
+	// latent sum. Collectives stay in one goroutine and in one order.
+	var err error
+	if sp.Overlap && l.shared != nil {
+		var g errgroup.Group
+		g.Go(shared)
+		err = l.routedSplit(x, out, t)
+		if serr := g.Wait(); err == nil {
+			err = serr
+		}
+	} else if err = l.routedSplit(x, out, t); err == nil {
+		err = shared()
+	}
+	if err != nil {
+		return err
+	}
+	if !l.lat.IsZero() {
+		if l.shared == nil {
+			return nil
+		}
+		if err := sp.Reduce(sh); err != nil {
+			return fmt.Errorf("moe: shared sum: %w", err)
+		}
+		return b.Binary(compute.Add, out, out, sh)
+	}
+	if l.shared != nil {
+		if err := b.Binary(compute.Add, out, out, sh); err != nil {
+			return err
+		}
+	}
+	if err := sp.Reduce(out); err != nil {
+		return fmt.Errorf("moe: expert sum: %w", err)
+	}
+	return nil
+}
+
+// routedSplit writes the rank's routed part to out: for a latent layer
+// the whole routed output (reduced at latent width, normalised, projected
+// up), otherwise the rank's partial sum, which the caller reduces.
+func (l *Layer) routedSplit(x, out compute.Tensor, t int) error {
+	sp, b := l.split, l.b
+	din := l.routed.Dims[1]
 	routed := l.routed.Rows(0, t)
 	if sp.Routed && len(l.w.W1) > 0 {
 		idx := l.idx.Rows(0, t)
@@ -324,55 +385,22 @@ func (l *Layer) forwardSplit(x, out compute.Tensor, t int) error {
 		if err := b.MoEExperts(&l.exp); err != nil {
 			return fmt.Errorf("moe: experts: %w", err)
 		}
-	} else if err := b.Copy(routed, zeros(din)); err != nil {
+	} else if err := b.Copy(routed, l.zero.Reshape(-1).Rows(0, t*din).Reshape(t, din)); err != nil {
 		return err
 	}
-	sh := l.sh.Rows(0, t)
-	shared := func() error {
-		if !sp.Shared {
-			return b.Copy(sh, zeros(d))
-		}
-		if err := l.shared.Forward(x, sh); err != nil {
-			return fmt.Errorf("moe: shared experts: %w", err)
-		}
-		return nil
+	if l.lat.IsZero() {
+		return b.Copy(out, routed)
 	}
-	if !l.lat.IsZero() {
-		if err := sp.Reduce(routed); err != nil {
-			return fmt.Errorf("moe: routed sum: %w", err)
-		}
-		if !l.w.LatentNorm.IsZero() {
-			if err := b.RMSNorm(routed, routed, l.w.LatentNorm, l.w.Eps); err != nil {
-				return fmt.Errorf("moe: routed_expert_norm: %w", err)
-			}
-		}
-		if err := b.MatMul(out, routed, l.w.LatentUp); err != nil {
-			return fmt.Errorf("moe: routed_expert_up_proj: %w", err)
-		}
-		if l.shared == nil {
-			return nil
-		}
-		if err := shared(); err != nil {
-			return err
-		}
-		if err := sp.Reduce(sh); err != nil {
-			return fmt.Errorf("moe: shared sum: %w", err)
-		}
-		return b.Binary(compute.Add, out, out, sh)
+	if err := sp.Reduce(routed); err != nil {
+		return fmt.Errorf("moe: routed sum: %w", err)
 	}
-	if err := b.Copy(out, routed); err != nil {
-		return err
-	}
-	if l.shared != nil {
-		if err := shared(); err != nil {
-			return err
-		}
-		if err := b.Binary(compute.Add, out, out, sh); err != nil {
-			return err
+	if !l.w.LatentNorm.IsZero() {
+		if err := b.RMSNorm(routed, routed, l.w.LatentNorm, l.w.Eps); err != nil {
+			return fmt.Errorf("moe: routed_expert_norm: %w", err)
 		}
 	}
-	if err := sp.Reduce(out); err != nil {
-		return fmt.Errorf("moe: expert sum: %w", err)
+	if err := b.MatMul(out, routed, l.w.LatentUp); err != nil {
+		return fmt.Errorf("moe: routed_expert_up_proj: %w", err)
 	}
 	return nil
 }
