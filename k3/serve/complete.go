@@ -139,7 +139,10 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 		go func() {
 			defer wg.Done()
 			for tok, err := range seq {
-				if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+				// A generation the client or the server's stop cut short
+				// (the batcher ends requests between passes) leaves its
+				// session whole; any other error may not.
+				if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, k3.ErrBatcherClosed) {
 					failed.Store(true)
 				}
 				select {
