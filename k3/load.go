@@ -573,7 +573,9 @@ func (m *Model) loadLayer(src *source, l int) (*layer, []float32, error) {
 func (m *Model) loadMLP(src *source, prefix, gate, up, down string, inter int, overAll bool) (*moe.MLP, error) {
 	d := m.Config.HiddenSize
 	var rules map[string]cutRule
-	if p := m.par; p != nil {
+	if p := m.par; p != nil && !(overAll && p.layout.Dispatch) {
+		// Under Dispatch each rank runs the shared experts whole, on its
+		// own rows.
 		ranks, i := p.layout.TP, p.tpIndex()
 		if overAll {
 			ranks, i = p.layout.Ranks(), p.rank

@@ -28,6 +28,12 @@ type Layout struct {
 	// Serial runs each rank's shared experts after its routed ones
 	// instead of beside them (for measuring what the overlap gains).
 	Serial bool
+	// Dispatch sends each token's routed slots to the experts' ranks and
+	// the results back by all-to-all-v (each rank taking a share of the
+	// rows, holding whole experts and whole shared experts, and
+	// all-gathering the rows after) instead of all-reducing partial sums.
+	// It needs EP to be the layout's rank count.
+	Dispatch bool
 }
 
 func (l Layout) norm() Layout {
@@ -43,6 +49,9 @@ func (l Layout) Ranks() int {
 
 func (l Layout) String() string {
 	l = l.norm()
+	if l.Dispatch {
+		return fmt.Sprintf("tp%d ep%d dispatch", l.TP, l.EP)
+	}
 	return fmt.Sprintf("tp%d ep%d", l.TP, l.EP)
 }
 
@@ -55,6 +64,9 @@ func (l Layout) check(cfg *config.Config) error {
 	lo, hi := min(l.TP, l.EP), max(l.TP, l.EP)
 	if hi%lo != 0 {
 		return fmt.Errorf("%w: layout %v: %d does not divide %d", ErrInvalidOption, l, lo, hi)
+	}
+	if l.Dispatch && l.EP < l.TP {
+		return fmt.Errorf("%w: layout %v: dispatch needs every rank to hold experts (EP %d < TP %d)", ErrInvalidOption, l, l.EP, l.TP)
 	}
 	if l.EP > 1 {
 		if cfg.MoE == nil || cfg.MoE.NumExperts == 0 {
@@ -69,10 +81,11 @@ func (l Layout) check(cfg *config.Config) error {
 
 // rankPar is what a model needs to run as one rank of a layout.
 type rankPar struct {
-	layout Layout
-	rank   int
-	world  comm.Communicator // every rank of the layout
-	tp     comm.Communicator // this rank's TP group
+	layout     Layout
+	rank       int
+	numExperts int               // routed experts per MoE layer (for Dispatch's bounds)
+	world      comm.Communicator // every rank of the layout
+	tp         comm.Communicator // this rank's TP group
 }
 
 func (p *rankPar) tpIndex() int { return p.rank % p.layout.TP }
@@ -118,13 +131,26 @@ func (p *rankPar) reduceTP(t compute.Tensor) error {
 
 // moeSplit is how this rank runs a MoE layer.
 func (p *rankPar) moeSplit() *moe.Split {
-	return &moe.Split{
-		Routed: true, // every rank holds column shards of some experts
-		Shared: true, // and of the shared experts
-
+	sp := &moe.Split{
+		Routed:  true, // every rank holds column shards of some experts
+		Shared:  true, // and of the shared experts
 		Reduce:  func(t compute.Tensor) error { return p.world.AllReduce(context.Background(), t) },
 		Overlap: !p.layout.Serial,
 	}
+	if p.layout.Dispatch {
+		n := p.layout.Ranks()
+		d := &moe.Dispatch{Rank: p.rank, Ranks: n,
+			AllToAllV: func(dst compute.Tensor, recv []int, src compute.Tensor, send []int) error {
+				return p.world.AllToAllV(context.Background(), dst, recv, src, send)
+			},
+			AllGather: func(dst, src compute.Tensor) error { return p.world.AllGather(context.Background(), dst, src) }}
+		for r := range n {
+			d.Bounds = append(d.Bounds, r*p.numExperts/n)
+		}
+		d.Bounds = append(d.Bounds, p.numExperts)
+		sp.Dispatch = d
+	}
+	return sp
 }
 
 // cutRule says how a tensor splits over TP ranks: by its first dimension
@@ -325,6 +351,9 @@ func LoadGroup(ctx context.Context, dir string, layout Layout, opts ...Option) (
 	}
 	for r := range n {
 		p := &rankPar{layout: layout, rank: r, world: g.world[r], tp: g.tp[r/layout.TP][r%layout.TP]}
+		if cfg.MoE != nil {
+			p.numExperts = cfg.MoE.NumExperts
+		}
 		rankOpts := append(append([]Option(nil), opts...), WithComputeBackend(g.backends[r]), func(o *options) { o.par = p })
 		m, err := Load(ctx, dir, rankOpts...)
 		if err != nil {

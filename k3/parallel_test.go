@@ -14,7 +14,8 @@ import (
 )
 
 // parallelLayouts are the layouts of issue 19's point 3.
-var parallelLayouts = []Layout{{TP: 2}, {TP: 4}, {EP: 2}, {EP: 4}, {TP: 2, EP: 2}, {TP: 2, EP: 4}, {TP: 4, EP: 2}, {TP: 4, EP: 4}}
+var parallelLayouts = []Layout{{TP: 2}, {TP: 4}, {EP: 2}, {EP: 4}, {TP: 2, EP: 2}, {TP: 2, EP: 4}, {TP: 4, EP: 2}, {TP: 4, EP: 4},
+	{EP: 2, Dispatch: true}, {EP: 4, Dispatch: true}, {TP: 2, EP: 4, Dispatch: true}}
 
 // run feeds a prompt and decodes greedily with caches, one token a step,
 // returning every logit row and the tokens.
@@ -63,7 +64,7 @@ func TestGroupEqualsOneRank(t *testing.T) {
 	ctx := context.Background()
 	layouts := parallelLayouts
 	if raceEnabled {
-		layouts = []Layout{{TP: 2}, {TP: 4, EP: 2}}
+		layouts = []Layout{{TP: 2}, {TP: 4, EP: 2}, {EP: 4, Dispatch: true}}
 	}
 	for _, cfgPath := range dirs {
 		dir := filepath.Dir(cfgPath)
@@ -114,11 +115,14 @@ func TestGroupEqualsOneRank(t *testing.T) {
 					assert.Less(t, m.ShardBytes(), full, "rank %d", r)
 				}
 				st := g.Stats()
-				assert.Positive(t, st.Calls[comm.OpAllReduce])
-				assert.Positive(t, st.Bytes[comm.OpAllReduce])
-				t.Logf("rank 0 holds %d of %d weight bytes (%.2f); %d all-reduces sent %d bytes over %d tokens",
-					g.Ranks()[0].ShardBytes(), full, float64(g.Ranks()[0].ShardBytes())/float64(full),
-					st.Calls[comm.OpAllReduce], st.Bytes[comm.OpAllReduce], len(prompt)+steps)
+				if l.Dispatch {
+					assert.Positive(t, st.Bytes[comm.OpAllToAllV], "tokens went to their experts")
+				} else {
+					assert.Positive(t, st.Calls[comm.OpAllReduce])
+				}
+				t.Logf("rank 0 holds %d of %d weight bytes (%.2f); collectives sent %d bytes (all-reduce %d, all-to-all-v %d, all-gather %d) over %d tokens",
+					g.Ranks()[0].ShardBytes(), full, float64(g.Ranks()[0].ShardBytes())/float64(full), st.TotalBytes(),
+					st.Bytes[comm.OpAllReduce], st.Bytes[comm.OpAllToAllV], st.Bytes[comm.OpAllGather], len(prompt)+steps)
 			})
 		}
 	}
@@ -170,7 +174,7 @@ func TestGroupGenerate(t *testing.T) {
 func TestLayoutErrors(t *testing.T) {
 	ctx := context.Background()
 	dir := "../testdata/model/tiny_k3"
-	for _, l := range []Layout{{TP: 3, EP: 2}, {EP: 16}, {TP: -1}} {
+	for _, l := range []Layout{{TP: 3, EP: 2}, {EP: 16}, {TP: -1}, {TP: 4, EP: 2, Dispatch: true}} {
 		_, err := LoadGroup(ctx, dir, l)
 		require.ErrorIs(t, err, ErrInvalidOption, "%+v", l)
 	}

@@ -18,6 +18,7 @@ func runConform(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	tp := fs.Int("tp", 1, "tensor-parallel ranks for the model cases (heads, MLP columns)")
 	ep := fs.Int("ep", 1, "expert-parallel ranks for the model cases (routed experts)")
 	cp := fs.Int("cp", 1, "context-parallel ranks (not built yet: only 1)")
+	dispatch := fs.Bool("dispatch", false, "with -ep: send tokens to the experts' ranks by all-to-all-v instead of all-reducing partial sums")
 	if err := parseFlags(fs, "conform [-backend NAME] [-tp N] [-ep N] DIR|FILE...", args, stdout, stderr); err != nil {
 		return err
 	}
@@ -31,7 +32,7 @@ func runConform(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *tp < 1 || *ep < 1 {
 		return fmt.Errorf("-tp %d -ep %d: rank counts must be at least 1", *tp, *ep)
 	}
-	layout := k3.Layout{TP: *tp, EP: *ep}
+	layout := k3.Layout{TP: *tp, EP: *ep, Dispatch: *dispatch}
 	if layout.Ranks() > 1 && *backend != "go" {
 		return fmt.Errorf("-tp/-ep run the model cases, which run on the go backend only")
 	}

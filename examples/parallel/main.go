@@ -22,6 +22,7 @@ func main() {
 	tp := flag.Int("tp", 2, "tensor-parallel ranks")
 	ep := flag.Int("ep", 2, "expert-parallel ranks")
 	tokens := flag.Int("tokens", 16, "tokens to generate")
+	dispatch := flag.Bool("dispatch", false, "send tokens to the experts' ranks (all-to-all-v) instead of all-reducing")
 	flag.Parse()
 	ctx := context.Background()
 	prompt := []int32{1, 17, 42, 99, 7, 250, 3, 64}
@@ -43,7 +44,7 @@ func main() {
 		want = append(want, tok.ID)
 	}
 
-	g, err := k3.LoadGroup(ctx, *model, k3.Layout{TP: *tp, EP: *ep})
+	g, err := k3.LoadGroup(ctx, *model, k3.Layout{TP: *tp, EP: *ep, Dispatch: *dispatch})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -66,8 +67,8 @@ func main() {
 		got = append(got, tok.ID)
 	}
 	st := g.Stats().Sub(before)
-	fmt.Printf("all-reduces: %d calls, %d bytes sent over the ranks for %d tokens\n",
-		st.Calls[comm.OpAllReduce], st.Bytes[comm.OpAllReduce], len(prompt)+len(got))
+	fmt.Printf("collectives sent %d bytes over the ranks for %d tokens: all-reduce %d, all-to-all-v %d, all-gather %d\n",
+		st.TotalBytes(), len(prompt)+len(got), st.Bytes[comm.OpAllReduce], st.Bytes[comm.OpAllToAllV], st.Bytes[comm.OpAllGather])
 	if !slices.Equal(got, want) {
 		log.Fatalf("split model generated %v, one rank %v", got, want)
 	}

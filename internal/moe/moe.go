@@ -109,6 +109,9 @@ type Split struct {
 	// Overlap runs the shared experts on a goroutine of their own beside
 	// the routed part and its wait for the other ranks.
 	Overlap bool
+	// Dispatch, when set, moves tokens to experts instead (see Dispatch);
+	// the layer then holds whole experts and whole shared experts.
+	Dispatch *Dispatch
 }
 
 // Layer runs one MoE feed-forward with preallocated intermediates.
@@ -127,6 +130,7 @@ type Layer struct {
 	exp    compute.ExpertArgs
 
 	split   *Split
+	disp    dispatchState
 	lidx    compute.Tensor // [maxT, k] I32: the rank's expert of each slot, -1 elsewhere
 	idxHost []int32
 	zero    compute.Tensor // [maxT, max(D, Din)] zeros, for parts a rank does not add
@@ -296,6 +300,9 @@ func (l *Layer) SetSplit(s *Split) error {
 }
 
 func (l *Layer) forwardSplit(x, out compute.Tensor, t int) error {
+	if l.split.Dispatch != nil {
+		return l.forwardDispatch(x, out, t)
+	}
 	sp, b := l.split, l.b
 	d := l.sh.Dims[1]
 	zeros := func(w int) compute.Tensor { return l.zero.Reshape(-1).Rows(0, t*w).Reshape(t, w) }
