@@ -564,6 +564,10 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 				}
 			}
 		}
+		// The gauges first: a caller that sees its stream end and then
+		// reads Stats must not count itself still running.
+		b.running.Store(int64(len(active)))
+		b.waiting.Store(int64(len(waiting)))
 		// Only now do the finished sessions belong to their callers again.
 		for _, r := range ending {
 			r.s.endTurn()

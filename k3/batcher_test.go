@@ -394,4 +394,13 @@ func TestBatcherStats(t *testing.T) {
 	<-done
 	<-done
 	require.Eventually(t, func() bool { return br.Stats() == BatcherStats{} }, 10*time.Second, time.Millisecond)
+	// A generation that has ended is not counted running when its caller
+	// looks next (the gateway's scrape after a response).
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	defer s.Close()
+	for _, err := range br.Generate(ctx, s, "x", WithMaxTokens(3), WithoutDefaultStops()) {
+		require.NoError(t, err)
+	}
+	assert.Equal(t, BatcherStats{}, br.Stats())
 }
