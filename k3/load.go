@@ -413,13 +413,23 @@ func (m *Model) load(ctx context.Context, progress func(done, total int64)) erro
 		}
 	}
 	d, v := cfg.HiddenSize, cfg.VocabSize
-	top := &weights.Loader{B: m.b, Src: m.cut(src.prefixed(""), nil), Prefix: src.strip}
-	m.embed = top.Matrix("model.embed_tokens.weight", v, d)
+	// A TP rank holds a slice of the vocabulary: its rows of the embedding
+	// and of lm_head (vocabulary parallelism).
+	var vocab map[string]cutRule
+	vr := v
+	if p := m.par; p != nil && p.layout.TP > 1 {
+		lo, hi, _ := part(v, p.layout.TP, p.tpIndex())
+		r := cutRule{block: 1, lo: lo, hi: hi, scale: 1}
+		vocab = map[string]cutRule{"model.embed_tokens.weight": r, "lm_head.weight": r}
+		p.vocabLo, p.vocabHi, vr = lo, hi, hi-lo
+	}
+	top := &weights.Loader{B: m.b, Src: m.cut(src.prefixed(""), vocab), Prefix: src.strip}
+	m.embed = top.Matrix("model.embed_tokens.weight", vr, d)
 	m.norm = top.F32("model.norm.weight", d)
 	if cfg.TieWordEmbeddings {
 		m.lmHead = m.embed
 	} else {
-		m.lmHead = top.Matrix("lm_head.weight", v, d)
+		m.lmHead = top.Matrix("lm_head.weight", vr, d)
 	}
 	m.act = compute.Activation{Kind: compute.SwiGLU}
 	if cfg.HiddenAct == "situ" {

@@ -86,6 +86,9 @@ type rankPar struct {
 	numExperts int               // routed experts per MoE layer (for Dispatch's bounds)
 	world      comm.Communicator // every rank of the layout
 	tp         comm.Communicator // this rank's TP group
+	// vocabLo and vocabHi bound the token ids whose embedding and lm_head
+	// rows this rank holds (both 0 without vocabulary parallelism).
+	vocabLo, vocabHi int
 }
 
 func (p *rankPar) tpIndex() int { return p.rank % p.layout.TP }
@@ -580,4 +583,118 @@ func (gs *GroupSession) Generate(ctx context.Context, prompt []int32, opts ...Ge
 			}
 		}
 	}
+}
+
+// vocabSplit reports whether the model holds a slice of the vocabulary.
+func (p *rankPar) vocabSplit() bool { return p != nil && p.vocabHi > p.vocabLo }
+
+// vocab is a pass's scratch for vocabulary parallelism.
+type vocab struct {
+	zero             compute.Tensor // [1, D] zeros: the embedding of an id another rank holds
+	off              []int          // rows of the pass whose ids another rank holds
+	local            compute.Tensor // [max, Vr] this rank's logits
+	send, all        compute.Tensor // [max·Vpad], [TP·max·Vpad]
+	hl, hs, ha, full []float32
+}
+
+func newVocab(m *Model, max int) (*vocab, error) {
+	p := m.par
+	b, d, v := m.b, m.Config.HiddenSize, m.Config.VocabSize
+	tp := p.layout.TP
+	pad := (v + tp - 1) / tp
+	vc := &vocab{}
+	var err error
+	alloc := func(dims ...int) compute.Tensor {
+		if err != nil {
+			return compute.Tensor{}
+		}
+		var t compute.Tensor
+		t, err = b.Alloc(compute.F32, dims...)
+		return t
+	}
+	vc.zero = alloc(1, d)
+	vc.local = alloc(max, p.vocabHi-p.vocabLo)
+	vc.send = alloc(max * pad)
+	vc.all = alloc(tp * max * pad)
+	return vc, err
+}
+
+// embedSplit writes the embeddings of the pass's ids into x from this
+// rank's rows (ids rewritten in place to them; zeros for ids another rank
+// holds) and adds the other ranks' rows.
+func (p *pass) embedSplit(x, ids compute.Tensor) error {
+	m, b, vc := p.m, p.m.b, p.vocab
+	lo, hi := int32(m.par.vocabLo), int32(m.par.vocabHi)
+	vc.off = vc.off[:0]
+	for i, id := range p.idsHost {
+		if id >= lo && id < hi {
+			p.idsHost[i] = id - lo
+		} else {
+			p.idsHost[i] = 0
+			vc.off = append(vc.off, i)
+		}
+	}
+	if err := b.Write(ids, &p.idsHost); err != nil {
+		return err
+	}
+	if err := b.Embedding(x, m.embed, ids); err != nil {
+		return err
+	}
+	for _, i := range vc.off {
+		if err := b.Copy(x.Rows(i, i+1), vc.zero); err != nil {
+			return err
+		}
+	}
+	return m.par.reduceTP(x)
+}
+
+// head writes dst [rows, V] = src · lm_headᵀ: under vocabulary
+// parallelism, this rank's slice of the vocabulary, then every TP rank's
+// slice gathered.
+func (p *pass) head(dst, src compute.Tensor) error {
+	m, b := p.m, p.m.b
+	if p.vocab == nil {
+		return b.MatMul(dst, src, m.lmHead)
+	}
+	vc, par := p.vocab, m.par
+	rows, v, tp := src.Dim(0), m.Config.VocabSize, par.layout.TP
+	vr, pad := par.vocabHi-par.vocabLo, (v+tp-1)/tp
+	local := vc.local.Rows(0, rows)
+	if err := b.MatMul(local, src, m.lmHead); err != nil {
+		return err
+	}
+	vc.hl = growF32(vc.hl, rows*vr)
+	if err := b.Read(&vc.hl, local); err != nil {
+		return err
+	}
+	vc.hs = growF32(vc.hs, rows*pad)
+	clear(vc.hs)
+	for r := range rows {
+		copy(vc.hs[r*pad:], vc.hl[r*vr:(r+1)*vr])
+	}
+	send, all := vc.send.Rows(0, rows*pad), vc.all.Rows(0, tp*rows*pad)
+	if err := b.Write(send, &vc.hs); err != nil {
+		return err
+	}
+	if err := par.tp.AllGather(context.Background(), all, send); err != nil {
+		return err
+	}
+	vc.ha, vc.full = growF32(vc.ha, tp*rows*pad), growF32(vc.full, rows*v)
+	if err := b.Read(&vc.ha, all); err != nil {
+		return err
+	}
+	for q := range tp {
+		lo, hi, _ := part(v, tp, q)
+		for r := range rows {
+			copy(vc.full[r*v+lo:r*v+hi], vc.ha[(q*rows+r)*pad:(q*rows+r)*pad+hi-lo])
+		}
+	}
+	return b.Write(dst, &vc.full)
+}
+
+func growF32(b []float32, n int) []float32 {
+	if cap(b) < n {
+		return make([]float32, n)
+	}
+	return b[:n]
 }

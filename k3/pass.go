@@ -32,6 +32,8 @@ type pass struct {
 	// prefill rows number (compute.InvariantRows).
 	split    int
 	rangeBuf [][2]int
+
+	vocab *vocab // a rank of a Group holding a slice of the vocabulary
 }
 
 // mixer runs layer l's token mixer on normed [T, D] into out [T, D].
@@ -84,6 +86,11 @@ func newPass(m *Model, max int) (*pass, error) {
 		}
 		p.moeL, p.mlpL = append(p.moeL, me), append(p.mlpL, mr)
 	}
+	if m.par.vocabSplit() {
+		if p.vocab, err = newVocab(m, max); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.AttnResBlockSize > 0 {
 		if p.stream, err = attnres.NewStream(b, m.resQueries, m.outQuery, 2*cfg.AttnResBlockSize, max, float32(cfg.RMSNormEps)); err != nil {
 			return nil, err
@@ -120,13 +127,19 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int3
 	// Through a pass-owned slice, passed by pointer: boxing the caller's
 	// slice in the interface would allocate on every step.
 	p.idsHost = append(p.idsHost[:0], tokens...)
-	if err := b.Write(ids, &p.idsHost); err != nil {
-		return err
-	}
 	x, h, normed := p.x.Rows(0, t), p.h.Rows(0, t), p.normed.Rows(0, t)
 	attnOut, mlpOut := p.attnOut.Rows(0, t), p.mlpOut.Rows(0, t)
-	if err := b.Embedding(x, m.embed, ids); err != nil {
-		return err
+	if p.vocab != nil {
+		if err := p.embedSplit(x, ids); err != nil {
+			return err
+		}
+	} else {
+		if err := b.Write(ids, &p.idsHost); err != nil {
+			return err
+		}
+		if err := b.Embedding(x, m.embed, ids); err != nil {
+			return err
+		}
 	}
 	useRes := p.stream != nil
 	if useRes {
@@ -233,7 +246,7 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int3
 	}
 	if !all {
 		if len(picked) == 1 {
-			return b.MatMul(p.logits.Rows(0, 1), fh.Rows(int(picked[0]), int(picked[0])+1), m.lmHead)
+			return p.head(p.logits.Rows(0, 1), fh.Rows(int(picked[0]), int(picked[0])+1))
 		}
 		for i, r := range picked {
 			if err := b.Copy(p.picked.Rows(i, i+1), fh.Rows(int(r), int(r)+1)); err != nil {
@@ -242,14 +255,14 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int3
 		}
 		for lo := 0; lo < len(picked); lo += compute.InvariantRows {
 			hi := min(lo+compute.InvariantRows, len(picked))
-			if err := b.MatMul(p.logits.Rows(lo, hi), p.picked.Rows(lo, hi), m.lmHead); err != nil {
+			if err := p.head(p.logits.Rows(lo, hi), p.picked.Rows(lo, hi)); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
 	for _, r := range p.ranges(t) {
-		if err := b.MatMul(p.logits.Rows(r[0], r[1]), fh.Rows(r[0], r[1]), m.lmHead); err != nil {
+		if err := p.head(p.logits.Rows(r[0], r[1]), fh.Rows(r[0], r[1])); err != nil {
 			return err
 		}
 	}
