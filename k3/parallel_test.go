@@ -27,23 +27,13 @@ func runAlone(t *testing.T, s *Session, prompt []int32, steps int) ([]float32, [
 	require.NoError(t, err)
 	var toks []int32
 	for range steps {
-		tok := argmaxRow(logits[len(logits)-v:])
+		tok := argmax(logits[len(logits)-v:])
 		toks = append(toks, tok)
 		row, err := s.Forward(ctx, []int32{tok})
 		require.NoError(t, err)
 		logits = append(logits, row...)
 	}
 	return logits, toks
-}
-
-func argmaxRow(row []float32) int32 {
-	best := 0
-	for i, x := range row {
-		if x > row[best] {
-			best = i
-		}
-	}
-	return int32(best)
 }
 
 func maxAbsF(v []float32) float64 {
@@ -97,7 +87,7 @@ func TestGroupEqualsOneRank(t *testing.T) {
 				v := g.Ranks()[0].Config.VocabSize
 				var toks []int32
 				for range steps {
-					tok := argmaxRow(got[len(got)-v:])
+					tok := argmax(got[len(got)-v:])
 					toks = append(toks, tok)
 					row, err := gs.Forward(ctx, []int32{tok})
 					require.NoError(t, err)
