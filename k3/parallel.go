@@ -135,8 +135,6 @@ func (p *rankPar) reduceTP(t compute.Tensor) error {
 // moeSplit is how this rank runs a MoE layer.
 func (p *rankPar) moeSplit() *moe.Split {
 	sp := &moe.Split{
-		Routed:  true, // every rank holds column shards of some experts
-		Shared:  true, // and of the shared experts
 		Reduce:  func(t compute.Tensor) error { return p.world.AllReduce(context.Background(), t) },
 		Overlap: !p.layout.Serial,
 	}

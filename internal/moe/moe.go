@@ -99,10 +99,6 @@ type Weights struct {
 
 // Split makes a layer one rank of a parallel layout (see SetSplit).
 type Split struct {
-	// Routed: this rank adds its experts' part of the routed sum. Shared:
-	// it adds its shard of the shared experts. Each part must be added by
-	// exactly one rank per expert (or per shared-expert column shard).
-	Routed, Shared bool
 	// Reduce sums a tensor over every rank of the layout, in place, with
 	// bitwise the same result on each.
 	Reduce func(t compute.Tensor) error
@@ -133,7 +129,6 @@ type Layer struct {
 	disp    dispatchState
 	lidx    compute.Tensor // [maxT, k] I32: the rank's expert of each slot, -1 elsewhere
 	idxHost []int32
-	zero    compute.Tensor // [maxT, max(D, Din)] zeros, for parts a rank does not add
 }
 
 // NewLayer checks the weights and allocates intermediates for maxT tokens.
@@ -286,13 +281,12 @@ func (l *Layer) SetSplit(s *Split) error {
 	if s.Reduce == nil {
 		return fmt.Errorf("moe: a split layer needs a reduction")
 	}
+	if len(l.w.W1) == 0 {
+		return fmt.Errorf("moe: a split layer's rank holds no experts")
+	}
 	maxT, k := l.logits.Dims[0], l.r.TopK
-	width := max(l.routed.Dims[1], l.sh.Dims[1])
 	var err error
 	if l.lidx, err = l.b.Alloc(compute.I32, maxT, k); err != nil {
-		return err
-	}
-	if l.zero, err = l.b.Alloc(compute.F32, maxT, width); err != nil {
 		return err
 	}
 	l.idxHost = make([]int32, maxT*k)
@@ -304,15 +298,10 @@ func (l *Layer) forwardSplit(x, out compute.Tensor, t int) error {
 		return l.forwardDispatch(x, out, t)
 	}
 	sp, b := l.split, l.b
-	d := l.sh.Dims[1]
-	zeros := func(w int) compute.Tensor { return l.zero.Reshape(-1).Rows(0, t*w).Reshape(t, w) }
 	sh := l.sh.Rows(0, t)
 	shared := func() error {
 		if l.shared == nil {
 			return nil
-		}
-		if !sp.Shared {
-			return b.Copy(sh, zeros(d))
 		}
 		if err := l.shared.Forward(x, sh); err != nil {
 			return fmt.Errorf("moe: shared experts: %w", err)
@@ -361,39 +350,34 @@ func (l *Layer) forwardSplit(x, out compute.Tensor, t int) error {
 // up), otherwise the rank's partial sum, which the caller reduces.
 func (l *Layer) routedSplit(x, out compute.Tensor, t int) error {
 	sp, b := l.split, l.b
-	din := l.routed.Dims[1]
 	routed := l.routed.Rows(0, t)
-	if sp.Routed && len(l.w.W1) > 0 {
-		idx := l.idx.Rows(0, t)
-		host := l.idxHost[:idx.Len()]
-		if err := b.Read(&host, idx); err != nil {
-			return err
-		}
-		lo, hi := int32(l.w.First), int32(l.w.First+len(l.w.W1))
-		for i, e := range host {
-			if e >= lo && e < hi {
-				host[i] = e - lo
-			} else {
-				host[i] = -1
-			}
-		}
-		lidx := l.lidx.Rows(0, t)
-		if err := b.Write(lidx, &host); err != nil {
-			return err
-		}
-		in := x
-		if !l.lat.IsZero() {
-			in = l.lat.Rows(0, t)
-			if err := b.MatMul(in, x, l.w.LatentDown); err != nil {
-				return fmt.Errorf("moe: routed_expert_down_proj: %w", err)
-			}
-		}
-		l.exp = compute.ExpertArgs{X: in, Indices: lidx, Weights: l.wts.Rows(0, t), W1: l.w.W1, W3: l.w.W3, W2: l.w.W2, Act: l.w.Act, Out: routed}
-		if err := b.MoEExperts(&l.exp); err != nil {
-			return fmt.Errorf("moe: experts: %w", err)
-		}
-	} else if err := b.Copy(routed, l.zero.Reshape(-1).Rows(0, t*din).Reshape(t, din)); err != nil {
+	idx := l.idx.Rows(0, t)
+	host := l.idxHost[:idx.Len()]
+	if err := b.Read(&host, idx); err != nil {
 		return err
+	}
+	lo, hi := int32(l.w.First), int32(l.w.First+len(l.w.W1))
+	for i, e := range host {
+		if e >= lo && e < hi {
+			host[i] = e - lo
+		} else {
+			host[i] = -1
+		}
+	}
+	lidx := l.lidx.Rows(0, t)
+	if err := b.Write(lidx, &host); err != nil {
+		return err
+	}
+	in := x
+	if !l.lat.IsZero() {
+		in = l.lat.Rows(0, t)
+		if err := b.MatMul(in, x, l.w.LatentDown); err != nil {
+			return fmt.Errorf("moe: routed_expert_down_proj: %w", err)
+		}
+	}
+	l.exp = compute.ExpertArgs{X: in, Indices: lidx, Weights: l.wts.Rows(0, t), W1: l.w.W1, W3: l.w.W3, W2: l.w.W2, Act: l.w.Act, Out: routed}
+	if err := b.MoEExperts(&l.exp); err != nil {
+		return fmt.Errorf("moe: experts: %w", err)
 	}
 	if l.lat.IsZero() {
 		return b.Copy(out, routed)
