@@ -26,13 +26,16 @@ type Dispatch struct {
 
 // dispatchState is the host and backend scratch of dispatch passes.
 type dispatchState struct {
-	idx            []int32
+	idx, lidx      []int32
 	wts, in, send  []float32
 	back, res, acc []float32
-	counts         []float32
+	counts, all    []float32
+	recv, slotW    []float32
+	routed         []float32
 	sendN, recvN   []int
 	pairs          []int // per destination rank: pairs sent
 	from           []int // per source rank: pairs received
+	at, cur        []int // per destination rank: where its pairs start, the next one
 	sendT, recvT   compute.Tensor
 	countT, allT   compute.Tensor
 	xT, outT       compute.Tensor
@@ -44,6 +47,23 @@ type dispatchState struct {
 func growf(b []float32, n int) []float32 {
 	if cap(b) < n {
 		return make([]float32, n)
+	}
+	return b[:n]
+}
+
+// growi returns b resized to n, zeroed.
+func growi(b []int, n int) []int {
+	if cap(b) < n {
+		return make([]int, n)
+	}
+	b = b[:n]
+	clear(b)
+	return b
+}
+
+func growi32(b []int32, n int) []int32 {
+	if cap(b) < n {
+		return make([]int32, n)
 	}
 	return b[:n]
 }
@@ -85,7 +105,7 @@ func (l *Layer) forwardDispatch(x, out compute.Tensor, t int) error {
 		return n - 1
 	}
 	// This rank's rows at the experts' width, and their routing.
-	ds.idx = append(ds.idx[:0], make([]int32, own*k)...)
+	ds.idx = growi32(ds.idx, own*k)
 	ds.wts, ds.in = growf(ds.wts, own*k), growf(ds.in, own*din)
 	if own > 0 {
 		in := x.Rows(r0, r1)
@@ -108,16 +128,17 @@ func (l *Layer) forwardDispatch(x, out compute.Tensor, t int) error {
 	// Pack each slot for its expert's rank: the row, the local expert,
 	// the routing weight.
 	w := din + 2
-	ds.pairs = append(ds.pairs[:0], make([]int, n)...)
+	ds.pairs = growi(ds.pairs, n)
 	for _, e := range ds.idx {
 		ds.pairs[owner(e)]++
 	}
 	ds.send = growf(ds.send, own*k*w)
-	at := make([]int, n+1) // small: n ranks
+	ds.at, ds.cur = growi(ds.at, n+1), growi(ds.cur, n)
+	at, cur := ds.at, ds.cur
 	for r := range n {
 		at[r+1] = at[r] + ds.pairs[r]
 	}
-	cur := append([]int(nil), at[:n]...)
+	copy(cur, at[:n])
 	for i, e := range ds.idx {
 		o := owner(e)
 		p := ds.send[cur[o]*w : (cur[o]+1)*w]
@@ -144,11 +165,12 @@ func (l *Layer) forwardDispatch(x, out compute.Tensor, t int) error {
 	if err := dp.AllGather(allT, countT); err != nil {
 		return fmt.Errorf("moe: dispatch counts: %w", err)
 	}
-	all := growf(nil, n*n)
-	if err := b.Read(all, allT); err != nil {
+	ds.all = growf(ds.all, n*n)
+	all := ds.all
+	if err := b.Read(&ds.all, allT); err != nil {
 		return err
 	}
-	ds.from = append(ds.from[:0], make([]int, n)...)
+	ds.from = growi(ds.from, n)
 	got := 0
 	for r := range n {
 		ds.from[r] = int(all[r*n+me])
@@ -163,7 +185,7 @@ func (l *Layer) forwardDispatch(x, out compute.Tensor, t int) error {
 		return err
 	}
 	if own > 0 {
-		if err := b.Write(sendT, ds.send); err != nil {
+		if err := b.Write(sendT, &ds.send); err != nil {
 			return err
 		}
 	}
@@ -177,16 +199,17 @@ func (l *Layer) forwardDispatch(x, out compute.Tensor, t int) error {
 	// The slots that came here, one row each through its expert.
 	ds.res = growf(ds.res, got*din)
 	if got > 0 {
-		recv := growf(nil, got*w)
-		if err := b.Read(recv, recvT); err != nil {
+		ds.recv = growf(ds.recv, got*w)
+		recv := ds.recv
+		if err := b.Read(&ds.recv, recvT); err != nil {
 			return err
 		}
-		xs, lidx, wts := growf(ds.acc[:0], got*din), make([]int32, got), make([]float32, got)
+		ds.acc, ds.lidx, ds.slotW = growf(ds.acc, got*din), growi32(ds.lidx, got), growf(ds.slotW, got)
+		xs, lidx, wts := ds.acc, ds.lidx, ds.slotW
 		for p := range got {
 			copy(xs[p*din:(p+1)*din], recv[p*w:p*w+din])
 			lidx[p], wts[p] = int32(recv[p*w+din]), recv[p*w+din+1]
 		}
-		ds.acc = xs
 		xT, err := room(b, &ds.xT, compute.F32, got, din)
 		if err != nil {
 			return err
@@ -203,13 +226,13 @@ func (l *Layer) forwardDispatch(x, out compute.Tensor, t int) error {
 		if err != nil {
 			return err
 		}
-		if err := b.Write(xT, xs); err != nil {
+		if err := b.Write(xT, &ds.acc); err != nil {
 			return err
 		}
-		if err := b.Write(lT, lidx); err != nil {
+		if err := b.Write(lT, &ds.lidx); err != nil {
 			return err
 		}
-		if err := b.Write(wT, wts); err != nil {
+		if err := b.Write(wT, &ds.slotW); err != nil {
 			return err
 		}
 		l.exp = compute.ExpertArgs{X: xT, Indices: lT, Weights: wT, W1: l.w.W1, W3: l.w.W3, W2: l.w.W2, Act: l.w.Act, Out: oT}
@@ -229,7 +252,7 @@ func (l *Layer) forwardDispatch(x, out compute.Tensor, t int) error {
 		return err
 	}
 	if got > 0 {
-		if err := b.Write(resT, ds.res); err != nil {
+		if err := b.Write(resT, &ds.res); err != nil {
 			return err
 		}
 	}
@@ -247,7 +270,9 @@ func (l *Layer) forwardDispatch(x, out compute.Tensor, t int) error {
 			return err
 		}
 	}
-	routed := growf(nil, own*din)
+	ds.routed = growf(ds.routed, own*din)
+	routed := ds.routed
+	clear(routed)
 	copy(cur, at[:n])
 	for i, e := range ds.idx {
 		o := owner(e)
@@ -266,7 +291,7 @@ func (l *Layer) forwardDispatch(x, out compute.Tensor, t int) error {
 	}
 	if own > 0 {
 		rt := l.routed.Rows(0, own)
-		if err := b.Write(rt, routed); err != nil {
+		if err := b.Write(rt, &ds.routed); err != nil {
 			return err
 		}
 		o := rowsOut.Rows(0, own)
