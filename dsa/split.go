@@ -32,13 +32,15 @@ type Split struct {
 	TopK, Latent, Rope int
 
 	scores, cand, all []float32
-	local             []int32
+	local, qpos       []int32
+	head, start, took []int // per rank: entries merged, where its rows start, rows placed
+	latRows, peRows   []float32
 	sel               []int32 // global positions of the selection, in rank order
 	owner             []int32
 	send, recv, rows  []float32
 	sendN, recvN      []int
 	idx, scoreT       compute.Tensor
-	kv, pe, ind       compute.Tensor
+	kv, pe            compute.Tensor
 	candT, allT       compute.Tensor
 	sendT, recvT      compute.Tensor
 }
@@ -68,6 +70,23 @@ func growF(b []float32, n int) []float32 {
 		return make([]float32, n)
 	}
 	return b[:n]
+}
+
+func growI32(b []int32, n int) []int32 {
+	if cap(b) < n {
+		return make([]int32, n)
+	}
+	return b[:n]
+}
+
+// growInt returns b resized to n, zeroed.
+func growInt(b []int, n int) []int {
+	if cap(b) < n {
+		return make([]int, n)
+	}
+	b = b[:n]
+	clear(b)
+	return b
 }
 
 func (s *Split) tensor(t *compute.Tensor, dims ...int) error {
@@ -103,17 +122,18 @@ func (s *Split) Decode(ctx context.Context, a *SplitArgs) error {
 		if err := s.tensor(&s.scoreT, 1, a.Keys); err != nil {
 			return err
 		}
+		s.qpos = append(s.qpos[:0], int32(a.Keys-1))
 		ix := compute.IndexerArgs{Q: a.IQ, W: a.IW, KPages: a.IKPages, PageSize: PageSize, KLen: a.Keys,
-			QPos: []int32{int32(a.Keys - 1)}, TopK: k, Indices: s.idx.Reshape(1, k), Scores: s.scoreT}
+			QPos: s.qpos, TopK: k, Indices: s.idx.Reshape(1, k), Scores: s.scoreT}
 		if err := b.LightningIndexer(&ix); err != nil {
 			return fmt.Errorf("dsa: split indexer: %w", err)
 		}
-		s.local = append(s.local[:0], make([]int32, k)...)
+		s.local = growI32(s.local, k)
 		s.scores = growF(s.scores, a.Keys)
-		if err := b.Read(s.local, s.idx.Reshape(1, k)); err != nil {
+		if err := b.Read(&s.local, s.idx.Reshape(1, k)); err != nil {
 			return err
 		}
-		if err := b.Read(s.scores, s.scoreT); err != nil {
+		if err := b.Read(&s.scores, s.scoreT); err != nil {
 			return err
 		}
 		for nl < k && s.local[nl] >= 0 {
@@ -146,7 +166,8 @@ func (s *Split) Decode(ctx context.Context, a *SplitArgs) error {
 	}
 	// 2. The global top-K: every rank's list is ranked, so merge them.
 	s.sel, s.owner = s.sel[:0], s.owner[:0]
-	head := make([]int, n) // small: n ranks
+	s.head = growInt(s.head, n)
+	head := s.head
 	for len(s.sel) < k {
 		best := -1
 		for r := range n {
@@ -230,11 +251,11 @@ func (s *Split) Decode(ctx context.Context, a *SplitArgs) error {
 	if m == 0 {
 		return fmt.Errorf("dsa: split attention: no keys on any rank")
 	}
-	start := make([]int, n+1)
+	s.start, s.took = growInt(s.start, n+1), growInt(s.took, n)
+	start, taken := s.start, s.took
 	for r := range n {
 		start[r+1] = start[r] + head[r]
 	}
-	taken := make([]int, n)
 	s.rows = growF(s.rows, m*w)
 	for i, o := range s.owner {
 		src := (start[o] + taken[o]) * w
@@ -244,21 +265,22 @@ func (s *Split) Decode(ctx context.Context, a *SplitArgs) error {
 	if err := s.tensor(&s.kv, m, 1, s.Latent); err != nil {
 		return err
 	}
-	lat := make([]float32, m*s.Latent)
-	pe := make([]float32, m*max(s.Rope, 1))
+	s.latRows, s.peRows = growF(s.latRows, m*s.Latent), growF(s.peRows, m*s.Rope)
+	lat, pe := s.latRows, s.peRows
 	for i := range m {
 		copy(lat[i*s.Latent:(i+1)*s.Latent], s.rows[i*w:i*w+s.Latent])
 		copy(pe[i*s.Rope:(i+1)*s.Rope], s.rows[i*w+s.Latent:(i+1)*w])
 	}
-	if err := b.Write(s.kv, lat); err != nil {
+	if err := b.Write(s.kv, &s.latRows); err != nil {
 		return err
 	}
-	at2 := compute.AttnArgs{Q: a.Q, K: s.kv, V: s.kv, KVLen: m, Scale: a.Scale, Out: a.Out, QPos: []int32{int32(m - 1)}}
+	s.qpos = append(s.qpos[:0], int32(m-1))
+	at2 := compute.AttnArgs{Q: a.Q, K: s.kv, V: s.kv, KVLen: m, Scale: a.Scale, Out: a.Out, QPos: s.qpos}
 	if s.Rope > 0 {
 		if err := s.tensor(&s.pe, m, s.Rope); err != nil {
 			return err
 		}
-		if err := b.Write(s.pe, pe[:m*s.Rope]); err != nil {
+		if err := b.Write(s.pe, &s.peRows); err != nil {
 			return err
 		}
 		at2.QRope, at2.KRope = a.QPE, s.pe
