@@ -240,23 +240,11 @@ func SpecBatch(ctx context.Context, alphas []float64, depths []int, batch, token
 		return nil, err
 	}
 	defer m.Close()
-	br, err := m.NewBatcher(batch)
+	br, stop, err := startSpecBatcher(ctx, m, batch)
 	if err != nil {
 		return nil, err
 	}
-	bctx, stop := context.WithCancel(ctx)
 	defer stop()
-	if err := br.Start(bctx); err != nil {
-		return nil, err
-	}
-	// The adaptive depth's cost tables for every batch the runs pass
-	// through (sequences join one by one), measured before any timing:
-	// a first use would measure inside the loop.
-	for b := 1; b <= batch; b *= 2 {
-		if _, err := m.SpeculationCostsAt(ctx, b); err != nil {
-			return nil, err
-		}
-	}
 	prompts := make([][]int32, batch)
 	for i := range prompts {
 		prompts[i] = make([]int32, 64)
@@ -360,20 +348,11 @@ func SpecReal(ctx context.Context, files []string, batch, tokens int, depths []i
 	if len(prompts) == 0 {
 		return nil, fmt.Errorf("modelbench: no prompt files")
 	}
-	br, err := m.NewBatcher(batch)
+	br, stop, err := startSpecBatcher(ctx, m, batch)
 	if err != nil {
 		return nil, err
 	}
-	bctx, stop := context.WithCancel(ctx)
 	defer stop()
-	if err := br.Start(bctx); err != nil {
-		return nil, err
-	}
-	for b := 1; b <= batch; b *= 2 {
-		if _, err := m.SpeculationCostsAt(ctx, b); err != nil {
-			return nil, err
-		}
-	}
 	opts := []k3.GenerateOption{k3.WithMaxTokens(tokens), k3.WithoutDefaultStops()}
 	// run generates every prompt at batch b (1: one after another, each
 	// alone).
@@ -496,4 +475,27 @@ func generateAll(ctx context.Context, m *k3.Model, br *k3.Batcher, prompts [][]i
 		acc += accepted[i]
 	}
 	return out, acc, d, nil
+}
+
+// startSpecBatcher starts a Batcher of batch sequences on m and measures
+// the adaptive depth's cost tables for every batch the runs pass through
+// (sequences join one by one) before any timing: a first use would
+// measure inside the loop. stop ends the Batcher.
+func startSpecBatcher(ctx context.Context, m *k3.Model, batch int) (*k3.Batcher, context.CancelFunc, error) {
+	br, err := m.NewBatcher(batch)
+	if err != nil {
+		return nil, nil, err
+	}
+	bctx, stop := context.WithCancel(ctx)
+	if err := br.Start(bctx); err != nil {
+		stop()
+		return nil, nil, err
+	}
+	for b := 1; b <= batch; b *= 2 {
+		if _, err := m.SpeculationCostsAt(ctx, b); err != nil {
+			stop()
+			return nil, nil, err
+		}
+	}
+	return br, stop, nil
 }
