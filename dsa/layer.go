@@ -606,44 +606,52 @@ func (l *Layer) rotate(x compute.Tensor, pos []int32, dims int, interleaved bool
 // DSA the index keys normed and rotated with their queries. It returns
 // the run's rope queries.
 func (l *Layer) appendRun(c *Cache, pos []int32, r int, qr, kvNew, peNew compute.Tensor) (compute.Tensor, error) {
+	kv, qri, pe, ik, err := l.finishRun(pos, r, qr, kvNew, peNew)
+	if err != nil {
+		return qri, err
+	}
+	if err := c.write(kv, pe, ik, len(pos)); err != nil {
+		return qri, err
+	}
+	c.Len += len(pos)
+	return qri, nil
+}
+
+// finishRun is appendRun without the cache: it returns the run's finished
+// latent, rope-query, rope-key and index-key rows.
+func (l *Layer) finishRun(pos []int32, r int, qr, kvNew, peNew compute.Tensor) (kv, qri, pe, ik compute.Tensor, err error) {
 	cfg, w, b := l.cfg, l.W, l.b
 	t, dr := len(pos), cfg.RopeDim
-	kv := kvNew.Rows(r, r+t)
-	if err := b.RMSNorm(kv, kv, w.KVANorm, latentEps); err != nil {
-		return compute.Tensor{}, err
+	kv = kvNew.Rows(r, r+t)
+	if err = b.RMSNorm(kv, kv, w.KVANorm, latentEps); err != nil {
+		return
 	}
-	var qri, pe compute.Tensor
 	if dr > 0 {
 		qri, pe = qr.Rows(r, r+t), peNew.Rows(r, r+t)
 		if !cfg.NoPE {
-			if err := l.rotate(qri, pos, dr, true); err != nil {
-				return qri, err
+			if err = l.rotate(qri, pos, dr, true); err != nil {
+				return
 			}
-			if err := l.rotate(pe, pos, dr, true); err != nil {
-				return qri, err
+			if err = l.rotate(pe, pos, dr, true); err != nil {
+				return
 			}
 		}
 	}
-	var ik compute.Tensor
 	if cfg.Indexer != nil {
 		ik = l.ik.Rows(r, r+t)
-		if err := b.LayerNorm(ik, ik, w.IKNormW, w.IKNormB, latentEps); err != nil {
-			return qri, err
+		if err = b.LayerNorm(ik, ik, w.IKNormW, w.IKNormB, latentEps); err != nil {
+			return
 		}
 		if !cfg.NoPE && cfg.RopeDim > 0 {
-			if err := l.rotate(l.iq.Rows(r, r+t), pos, cfg.RopeDim, false); err != nil {
-				return qri, err
+			if err = l.rotate(l.iq.Rows(r, r+t), pos, cfg.RopeDim, false); err != nil {
+				return
 			}
-			if err := l.rotate(ik, pos, cfg.RopeDim, false); err != nil {
-				return qri, err
+			if err = l.rotate(ik, pos, cfg.RopeDim, false); err != nil {
+				return
 			}
 		}
 	}
-	if err := c.write(kv, pe, ik, t); err != nil {
-		return qri, err
-	}
-	c.Len += t
-	return qri, nil
+	return
 }
 
 // indexSelect lets each of one run's rows (from row r of the indexer's
