@@ -22,9 +22,12 @@ import (
 // split the routed experts. The layout has max(TP, EP) ranks, and the
 // smaller of the two must divide the larger: TP groups are blocks of TP
 // consecutive ranks, each holding the whole attention, and the routed
-// experts are spread over ranks 0..EP-1. Zero means 1.
+// experts are spread over ranks 0..EP-1. CP ranks split a sequence's
+// positions (context parallelism): each holds the whole model and the
+// attention keys of its positions (see GroupSession); it cannot be combined
+// with TP or EP yet. Zero means 1.
 type Layout struct {
-	TP, EP int
+	TP, EP, CP int
 	// Serial runs each rank's shared experts after its routed ones
 	// instead of beside them (for measuring what the overlap gains).
 	Serial bool
@@ -37,30 +40,37 @@ type Layout struct {
 }
 
 func (l Layout) norm() Layout {
-	l.TP, l.EP = max(l.TP, 1), max(l.EP, 1)
+	l.TP, l.EP, l.CP = max(l.TP, 1), max(l.EP, 1), max(l.CP, 1)
 	return l
 }
 
 // Ranks is the number of ranks the layout has.
 func (l Layout) Ranks() int {
 	l = l.norm()
-	return max(l.TP, l.EP)
+	return max(l.TP, l.EP) * l.CP
 }
 
 func (l Layout) String() string {
 	l = l.norm()
-	if l.Dispatch {
-		return fmt.Sprintf("tp%d ep%d dispatch", l.TP, l.EP)
+	s := fmt.Sprintf("tp%d ep%d", l.TP, l.EP)
+	if l.CP > 1 {
+		s += fmt.Sprintf(" cp%d", l.CP)
 	}
-	return fmt.Sprintf("tp%d ep%d", l.TP, l.EP)
+	if l.Dispatch {
+		s += " dispatch"
+	}
+	return s
 }
 
 // check reports a layout the config cannot take.
 func (l Layout) check(cfg *config.Config) error {
-	if l.TP < 0 || l.EP < 0 {
+	if l.TP < 0 || l.EP < 0 || l.CP < 0 {
 		return fmt.Errorf("%w: layout %+v: negative rank counts", ErrInvalidOption, l)
 	}
 	l = l.norm()
+	if l.CP > 1 && (l.TP > 1 || l.EP > 1 || l.Dispatch) {
+		return fmt.Errorf("%w: layout %v: context parallelism beside TP or EP is not built", ErrInvalidOption, l)
+	}
 	lo, hi := min(l.TP, l.EP), max(l.TP, l.EP)
 	if hi%lo != 0 {
 		return fmt.Errorf("%w: layout %v: %d does not divide %d", ErrInvalidOption, l, lo, hi)
@@ -351,6 +361,16 @@ func LoadGroup(ctx context.Context, dir string, layout Layout, opts ...Option) (
 		g.tp = append(g.tp, tp)
 	}
 	for r := range n {
+		if layout.CP > 1 {
+			// Every CP rank holds the whole model; the sequence is what splits.
+			m, err := Load(ctx, dir, append(append([]Option(nil), opts...), WithComputeBackend(g.backends[r]))...)
+			if err != nil {
+				g.Close()
+				return nil, fmt.Errorf("k3: rank %d of %v: %w", r, layout, err)
+			}
+			g.ranks = append(g.ranks, m)
+			continue
+		}
 		p := &rankPar{layout: layout, rank: r, world: g.world[r], tp: g.tp[r/layout.TP][r%layout.TP]}
 		if cfg.MoE != nil {
 			p.numExperts = cfg.MoE.NumExperts
@@ -419,15 +439,32 @@ func (g *Group) Close() error {
 	return errors.Join(errs...)
 }
 
-// GroupSession is one sequence held by every rank of a Group.
+// GroupSession is one sequence held by every rank of a Group. Under
+// context parallelism (Layout.CP) each rank holds the attention keys of
+// its share of the positions and the same KDA states; see cpSeq.
 type GroupSession struct {
-	g     *Group
-	ranks []*Session
+	g      *Group
+	ranks  []*Session
+	cp     []*cpSeq
+	shell  *Session // CP: rank 0's view of the sequence (tokens, logits) for Generate
+	broken error    // CP: a pass failed halfway
 }
 
 // NewSession starts an empty sequence on every rank.
 func (g *Group) NewSession() (*GroupSession, error) {
 	gs := &GroupSession{g: g}
+	if g.layout.CP > 1 {
+		for r, m := range g.ranks {
+			q, err := m.newCPSeq(g.world[r])
+			if err != nil {
+				gs.Close()
+				return nil, err
+			}
+			gs.cp = append(gs.cp, q)
+		}
+		gs.shell = &Session{m: g.ranks[0], limit: gs.cp[0].limit}
+		return gs, nil
+	}
 	for _, m := range g.ranks {
 		s, err := m.NewSession()
 		if err != nil {
@@ -441,6 +478,10 @@ func (g *Group) NewSession() (*GroupSession, error) {
 
 // Close closes every rank's session.
 func (gs *GroupSession) Close() error {
+	for _, q := range gs.cp {
+		q.close()
+	}
+	gs.cp = nil
 	var errs []error
 	for _, s := range gs.ranks {
 		errs = append(errs, s.Close())
@@ -476,6 +517,10 @@ func (gs *GroupSession) onRanks(f func(r int, s *Session) error) error {
 // Forward is Session.Forward on every rank; it returns rank 0's logits,
 // which every rank computed bitwise alike. A Trace on ctx records rank 0.
 func (gs *GroupSession) Forward(ctx context.Context, tokens []int32) ([]float32, error) {
+	if gs.g.layout.CP > 1 {
+		tr, _ := ctx.Value(traceKey{}).(*Trace)
+		return gs.forwardCP(ctx, tokens, true, tr)
+	}
 	var out []float32
 	err := gs.onRanks(func(r int, s *Session) error {
 		c := ctx
@@ -507,6 +552,10 @@ func (gs *GroupSession) Generate(ctx context.Context, prompt []int32, opts ...Ge
 		}
 		if o.drafter != nil {
 			yield(Token{}, fmt.Errorf("%w: speculation on a Group", compute.ErrUnsupported))
+			return
+		}
+		if gs.g.layout.CP > 1 {
+			gs.generateCP(ctx, prompt, opts, yield)
 			return
 		}
 		n := len(gs.ranks)
