@@ -17,24 +17,21 @@ func runConform(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	backend := fs.String("backend", "go", "compute backend: "+backends.Names())
 	tp := fs.Int("tp", 1, "tensor-parallel ranks for the model cases (heads, MLP columns)")
 	ep := fs.Int("ep", 1, "expert-parallel ranks for the model cases (routed experts)")
-	cp := fs.Int("cp", 1, "context-parallel ranks (not built yet: only 1)")
+	cp := fs.Int("cp", 1, "context-parallel ranks for the model cases (positions; not beside -tp or -ep)")
 	dispatch := fs.Bool("dispatch", false, "with -ep: send tokens to the experts' ranks by all-to-all-v instead of all-reducing partial sums")
-	if err := parseFlags(fs, "conform [-backend NAME] [-tp N] [-ep N] DIR|FILE...", args, stdout, stderr); err != nil {
+	if err := parseFlags(fs, "conform [-backend NAME] [-tp N] [-ep N] [-cp N] DIR|FILE...", args, stdout, stderr); err != nil {
 		return err
 	}
 	if fs.NArg() == 0 {
 		fs.Usage()
 		return errUsage
 	}
-	if *cp != 1 {
-		return fmt.Errorf("-cp %d: context parallelism is not built yet (docs/ARCHITECTURE.md, Parallel inference)", *cp)
+	if *tp < 1 || *ep < 1 || *cp < 1 {
+		return fmt.Errorf("-tp %d -ep %d -cp %d: rank counts must be at least 1", *tp, *ep, *cp)
 	}
-	if *tp < 1 || *ep < 1 {
-		return fmt.Errorf("-tp %d -ep %d: rank counts must be at least 1", *tp, *ep)
-	}
-	layout := k3.Layout{TP: *tp, EP: *ep, Dispatch: *dispatch}
+	layout := k3.Layout{TP: *tp, EP: *ep, CP: *cp, Dispatch: *dispatch}
 	if layout.Ranks() > 1 && *backend != "go" {
-		return fmt.Errorf("-tp/-ep run the model cases, which run on the go backend only")
+		return fmt.Errorf("-tp/-ep/-cp run the model cases, which run on the go backend only")
 	}
 	b, err := backends.Open(*backend)
 	if err != nil {

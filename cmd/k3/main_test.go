@@ -49,8 +49,14 @@ func TestConformLayout(t *testing.T) {
 	if code != 0 || out != "PASS ../../testdata/model/tiny_k31pro model.forward "+strings.SplitN(strings.SplitN(out, "model.forward ", 2)[1], "\n", 2)[0]+"\n1 passed, 0 failed\n" {
 		t.Errorf("exit %d, output:\n%s", code, out)
 	}
-	if code, _, errOut := runCLI("conform", "-cp", "2", "../../testdata/model/tiny_k31pro"); code == 0 || !strings.Contains(errOut, "context parallelism") {
-		t.Errorf("-cp 2: exit %d %s", code, errOut)
+	for _, cp := range []string{"2", "4"} {
+		code, out, _ := runCLI("conform", "-cp", cp, "../../testdata/model")
+		if code != 0 || !strings.Contains(out, "4 passed, 0 failed") {
+			t.Errorf("-cp %s: exit %d, output:\n%s", cp, code, out)
+		}
+	}
+	if code, out, _ := runCLI("conform", "-cp", "2", "-tp", "2", "../../testdata/model/tiny_k31pro"); code == 0 || !strings.Contains(out, "context parallelism beside TP") {
+		t.Errorf("-cp 2 -tp 2: exit %d %s", code, out)
 	}
 	if code, out, _ := runCLI("conform", "-tp", "3", "-ep", "2", "../../testdata/model/tiny_k31pro"); code == 0 || !strings.Contains(out, "FAIL") || !strings.Contains(out, "does not divide") {
 		t.Errorf("-tp 3 -ep 2: exit %d %s", code, out)

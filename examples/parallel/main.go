@@ -1,9 +1,11 @@
 // Command parallel splits a checkpoint over ranks (tensor parallel over
-// heads and MLP columns, expert parallel over routed experts), prints the
-// share of the weights each rank holds, and checks that the split model
-// generates the tokens one rank does.
+// heads and MLP columns, expert parallel over routed experts, or context
+// parallel over a sequence's positions), prints the share of the weights
+// each rank holds, and checks that the split model generates the tokens
+// one rank does.
 //
 //	go run ./examples/parallel -model testdata/model/tiny_k31pro -tp 2 -ep 4
+//	go run ./examples/parallel -cp 4 -prompt 200
 package main
 
 import (
@@ -19,13 +21,18 @@ import (
 
 func main() {
 	model := flag.String("model", "testdata/model/tiny_k31pro", "checkpoint directory")
-	tp := flag.Int("tp", 2, "tensor-parallel ranks")
-	ep := flag.Int("ep", 2, "expert-parallel ranks")
+	tp := flag.Int("tp", 1, "tensor-parallel ranks")
+	ep := flag.Int("ep", 1, "expert-parallel ranks")
+	cp := flag.Int("cp", 1, "context-parallel ranks (alone: not beside -tp or -ep)")
+	promptLen := flag.Int("prompt", 8, "prompt tokens")
 	tokens := flag.Int("tokens", 16, "tokens to generate")
 	dispatch := flag.Bool("dispatch", false, "send tokens to the experts' ranks (all-to-all-v) instead of all-reducing")
 	flag.Parse()
 	ctx := context.Background()
-	prompt := []int32{1, 17, 42, 99, 7, 250, 3, 64}
+	prompt := make([]int32, *promptLen)
+	for i := range prompt {
+		prompt[i] = int32(1 + (i*131+17)%250)
+	}
 
 	one, err := k3.Load(ctx, *model)
 	if err != nil {
@@ -44,7 +51,10 @@ func main() {
 		want = append(want, tok.ID)
 	}
 
-	g, err := k3.LoadGroup(ctx, *model, k3.Layout{TP: *tp, EP: *ep, Dispatch: *dispatch})
+	if *tp == 1 && *ep == 1 && *cp == 1 {
+		*tp, *ep = 2, 2
+	}
+	g, err := k3.LoadGroup(ctx, *model, k3.Layout{TP: *tp, EP: *ep, CP: *cp, Dispatch: *dispatch})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -67,8 +77,8 @@ func main() {
 		got = append(got, tok.ID)
 	}
 	st := g.Stats().Sub(before)
-	fmt.Printf("collectives sent %d bytes over the ranks for %d tokens: all-reduce %d, all-to-all-v %d, all-gather %d\n",
-		st.TotalBytes(), len(prompt)+len(got), st.Bytes[comm.OpAllReduce], st.Bytes[comm.OpAllToAllV], st.Bytes[comm.OpAllGather])
+	fmt.Printf("collectives sent %d bytes over the ranks for %d tokens: all-reduce %d, all-to-all-v %d, all-gather %d, send %d\n",
+		st.TotalBytes(), len(prompt)+len(got), st.Bytes[comm.OpAllReduce], st.Bytes[comm.OpAllToAllV], st.Bytes[comm.OpAllGather], st.Bytes[comm.OpSend])
 	if !slices.Equal(got, want) {
 		log.Fatalf("split model generated %v, one rank %v", got, want)
 	}
