@@ -108,6 +108,7 @@ type Exchange struct {
 	want             [][]int32 // per rank: the needed positions it holds
 	sendN, recvN     []int
 	starts           []int
+	acc              []float64
 	send, recv       []float32
 	lat, pe          []float32
 	iqT, iwT         compute.Tensor
@@ -285,6 +286,14 @@ func (l *Layer) ForwardSplit(ctx context.Context, e *Exchange, a *SplitPass, x, 
 		if err := e.selectTopK(ctx, l, a); err != nil {
 			return err
 		}
+		// The selections are also what Indices reports, as unsplit.
+		if err := b.Write(l.idxRows(0, t).Reshape(t*cfg.Indexer.TopK), &e.sel); err != nil {
+			return err
+		}
+	}
+
+	if a.Shared && !sparse {
+		return l.partialShared(ctx, e, a, qa, qri, x, y)
 	}
 
 	// The keys the rows attend to, in increasing position: every earlier
@@ -338,13 +347,6 @@ func (l *Layer) ForwardSplit(ctx context.Context, e *Exchange, a *SplitPass, x, 
 		}
 		l.attn.QRope, l.attn.KRope = qri, e.peT
 	}
-	if cfg.Indexer != nil {
-		// The selections are also what Indices reports, as unsplit.
-		k := cfg.Indexer.TopK
-		if err := b.Write(l.idxRows(0, t).Reshape(t*k), &e.sel); err != nil {
-			return err
-		}
-	}
 	if sparse {
 		k := cfg.Indexer.TopK
 		e.slots = growI32(e.slots, t*k)
@@ -367,6 +369,123 @@ func (l *Layer) ForwardSplit(ctx context.Context, e *Exchange, a *SplitPass, x, 
 		return fmt.Errorf("dsa: split attention: %w", err)
 	}
 	return l.output(x, t, y)
+}
+
+// partialShared is dense attention for rows every rank holds: each rank
+// attends over its own keys, keeping each head's log-sum-exp, and the
+// ranks all-gather those partial outputs and merge them, so a decode step
+// moves one output per rank and head instead of the whole cache. Every
+// rank merges the same gathered parts in rank order: the outputs agree
+// bitwise.
+func (l *Layer) partialShared(ctx context.Context, e *Exchange, a *SplitPass, qa, qri, x, y compute.Tensor) error {
+	cfg, b, c, pl := l.cfg, l.b, a.Cache, a.Place
+	n, me, t := a.Comm.Size(), a.Comm.Rank(), len(a.Pos)
+	h, dc := cfg.NumHeads, cfg.KVLoRARank
+	part := t * h * (dc + 1) // outputs, then log-sum-exps
+	e.got = growF(e.got, part)
+	outs, lses := e.got[:t*h*dc], e.got[t*h*dc:]
+	clear(outs)
+	for i := range lses {
+		lses[i] = float32(math.Inf(-1))
+	}
+	if c.Len > 0 {
+		e.qpos, e.cnt = e.qpos[:0], e.cnt[:0]
+		for _, p := range a.Pos {
+			k := int32(pl.below(me, int(p)+1))
+			e.cnt = append(e.cnt, k)
+			e.qpos = append(e.qpos, max(k-1, 0))
+		}
+		if err := e.tensor(&e.kvT, compute.F32, t, h, dc); err != nil {
+			return err
+		}
+		if err := e.tensor(&e.peT, compute.F32, t, h); err != nil {
+			return err
+		}
+		l.attn = compute.AttnArgs{Q: qa, KPages: c.lat, PageSize: PageSize, QPos: e.qpos, KVLen: c.Len, Causal: true,
+			Scale: float32(l.scale), Out: e.kvT, LSE: e.peT}
+		if cfg.RopeDim > 0 {
+			l.attn.QRope, l.attn.KRopePages = qri, c.pe
+		}
+		if err := b.Attention(&l.attn); err != nil {
+			return fmt.Errorf("dsa: split partial attention: %w", err)
+		}
+		if err := b.Read(&outs, e.kvT); err != nil {
+			return err
+		}
+		if err := b.Read(&lses, e.peT); err != nil {
+			return err
+		}
+		for i, k := range e.cnt {
+			if k == 0 { // none of this rank's keys precede the row
+				clear(outs[i*h*dc : (i+1)*h*dc])
+				for j := range h {
+					lses[i*h+j] = float32(math.Inf(-1))
+				}
+			}
+		}
+	}
+	if err := e.tensor(&e.sendT, compute.F32, part); err != nil {
+		return err
+	}
+	if err := e.tensor(&e.recvT, compute.F32, n*part); err != nil {
+		return err
+	}
+	if err := b.Write(e.sendT, &e.got); err != nil {
+		return err
+	}
+	if err := a.Comm.AllGather(ctx, e.recvT, e.sendT); err != nil {
+		return fmt.Errorf("dsa: split partial outputs: %w", err)
+	}
+	e.recv = growF(e.recv, n*part)
+	if err := b.Read(e.recv, e.recvT); err != nil {
+		return err
+	}
+	e.lat = growF(e.lat, t*h*dc)
+	merged := e.lat
+	for i := range t {
+		for j := range h {
+			m := math.Inf(-1)
+			for r := range n {
+				m = max(m, float64(e.recv[r*part+t*h*dc+i*h+j]))
+			}
+			o := merged[(i*h+j)*dc : (i*h+j+1)*dc]
+			clear(o)
+			if math.IsInf(m, -1) {
+				continue
+			}
+			var sum float64
+			acc := make64(&e.acc, dc)
+			for r := range n {
+				lse := float64(e.recv[r*part+t*h*dc+i*h+j])
+				if math.IsInf(lse, -1) {
+					continue
+				}
+				wt := math.Exp(lse - m)
+				sum += wt
+				src := e.recv[r*part+(i*h+j)*dc : r*part+(i*h+j+1)*dc]
+				for d, v := range src {
+					acc[d] += wt * float64(v)
+				}
+			}
+			for d := range o {
+				o[d] = float32(acc[d] / sum)
+			}
+		}
+	}
+	if err := b.Write(l.ol.Rows(0, t), &merged); err != nil {
+		return err
+	}
+	return l.output(x, t, y)
+}
+
+// make64 returns *b resized to n and zeroed.
+func make64(b *[]float64, n int) []float64 {
+	if cap(*b) < n {
+		*b = make([]float64, n)
+	}
+	*b = (*b)[:n]
+	clear(*b)
+	return *b
 }
 
 // sparseSplit reports whether a pass selects: DSA with a row that sees more
