@@ -91,6 +91,11 @@ type SplitPass struct {
 	// rank computes their outputs, and the rank Place names for each keeps
 	// its key. Otherwise each rank passes the rows it holds.
 	Shared bool
+	// GatherRows makes shared rows fetch the keys they attend to from the
+	// ranks holding them, as unshared rows do, instead of merging each
+	// rank's partial attention over its own keys (which moves less; this
+	// is for measuring the difference).
+	GatherRows bool
 }
 
 // Exchange is one rank's scratch for ForwardSplit; the layers of a rank
@@ -292,8 +297,8 @@ func (l *Layer) ForwardSplit(ctx context.Context, e *Exchange, a *SplitPass, x, 
 		}
 	}
 
-	if a.Shared && !sparse {
-		return l.partialShared(ctx, e, a, qa, qri, x, y)
+	if a.Shared && !a.GatherRows {
+		return l.partialShared(ctx, e, a, sparse, qa, qri, x, y)
 	}
 
 	// The keys the rows attend to, in increasing position: every earlier
@@ -371,13 +376,14 @@ func (l *Layer) ForwardSplit(ctx context.Context, e *Exchange, a *SplitPass, x, 
 	return l.output(x, t, y)
 }
 
-// partialShared is dense attention for rows every rank holds: each rank
-// attends over its own keys, keeping each head's log-sum-exp, and the
-// ranks all-gather those partial outputs and merge them, so a decode step
-// moves one output per rank and head instead of the whole cache. Every
-// rank merges the same gathered parts in rank order: the outputs agree
-// bitwise.
-func (l *Layer) partialShared(ctx context.Context, e *Exchange, a *SplitPass, qa, qri, x, y compute.Tensor) error {
+// partialShared is attention for rows every rank holds: each rank attends
+// over its own keys (with sparse, those of the merged selection it holds),
+// keeping each head's log-sum-exp, and the ranks all-gather those partial
+// outputs and merge them. A decode step then moves one output per rank and
+// head and no keys at all, where gathering moves the selected rows (or
+// for dense attention the whole cache). Every rank merges the same
+// gathered parts in rank order: the outputs agree bitwise.
+func (l *Layer) partialShared(ctx context.Context, e *Exchange, a *SplitPass, sparse bool, qa, qri, x, y compute.Tensor) error {
 	cfg, b, c, pl := l.cfg, l.b, a.Cache, a.Place
 	n, me, t := a.Comm.Size(), a.Comm.Rank(), len(a.Pos)
 	h, dc := cfg.NumHeads, cfg.KVLoRARank
@@ -405,6 +411,33 @@ func (l *Layer) partialShared(ctx context.Context, e *Exchange, a *SplitPass, qa
 			Scale: float32(l.scale), Out: e.kvT, LSE: e.peT}
 		if cfg.RopeDim > 0 {
 			l.attn.QRope, l.attn.KRopePages = qri, c.pe
+		}
+		if sparse {
+			// This rank's rows of each selection, in the selection's order.
+			k := cfg.Indexer.TopK
+			e.slots = growI32(e.slots, t*k)
+			for i := range t {
+				at := i * k
+				for _, p := range e.sel[i*k : (i+1)*k] {
+					if p >= 0 && pl.Rank(int(p)) == me {
+						e.slots[at] = pl.row[p]
+						at++
+					}
+				}
+				for ; at < (i+1)*k; at++ {
+					e.slots[at] = -1
+				}
+				if e.slots[i*k] < 0 {
+					e.cnt[i] = 0 // none of the selection is here
+				}
+			}
+			if err := e.tensor(&e.selT, compute.I32, t, 1, k); err != nil {
+				return err
+			}
+			if err := b.Write(e.selT, &e.slots); err != nil {
+				return err
+			}
+			l.attn.Indices = e.selT
 		}
 		if err := b.Attention(&l.attn); err != nil {
 			return fmt.Errorf("dsa: split partial attention: %w", err)
@@ -850,4 +883,27 @@ func growBool(b []bool, n int) []bool {
 	b = b[:n]
 	clear(b)
 	return b
+}
+
+func growF(b []float32, n int) []float32 {
+	if cap(b) < n {
+		return make([]float32, n)
+	}
+	return b[:n]
+}
+
+func growI32(b []int32, n int) []int32 {
+	if cap(b) < n {
+		return make([]int32, n)
+	}
+	return b[:n]
+}
+
+// better is the indexer's order: larger score first, exact ties to the
+// lower position.
+func better(a, pa, b, pb float32) bool {
+	if a != b {
+		return a > b
+	}
+	return pa < pb
 }

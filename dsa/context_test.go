@@ -31,10 +31,10 @@ func headTail(t, n, r int) []int32 {
 }
 
 // TestForwardSplitEqualsUnsplit: a prefill split head+tail over 2 to 4
-// ranks, then decode steps whose keys spread over the ranks, give the
-// outputs of the unsplit layer within the conformance tolerance and the
-// same top-K selections, order included; the ranks' decode outputs agree
-// bitwise; a layer past its K moves fewer rows than the whole cache.
+// ranks, then decode steps whose keys spread over the ranks (merging
+// partial outputs, or gathering the rows), give the outputs of the unsplit
+// layer within the conformance tolerance and the same top-K selections,
+// order included; the ranks' decode outputs agree bitwise.
 func TestForwardSplitEqualsUnsplit(t *testing.T) {
 	sparse := testConfig()
 	wide := testConfig()
@@ -47,8 +47,12 @@ func TestForwardSplitEqualsUnsplit(t *testing.T) {
 		cfg  Config
 		t    int
 	}{{"sparse", sparse, 37}, {"top-24 across pages", wide, 150}, {"top-24 short", wide, 19}, {"dense MLA", dense, 70}} {
-		for _, n := range []int{2, 3, 4} {
-			t.Run(fmt.Sprintf("%s/%d ranks", tc.name, n), func(t *testing.T) {
+		for _, run := range []struct {
+			n      int
+			gather bool
+		}{{2, false}, {3, false}, {4, false}, {2, true}, {3, true}} {
+			n := run.n
+			t.Run(fmt.Sprintf("%s/%d ranks/gather %v", tc.name, n, run.gather), func(t *testing.T) {
 				cfg, total := tc.cfg, tc.t+steps
 				r := rand.New(rand.NewPCG(uint64(n), 9))
 				xs := randn(r, total*cfg.Hidden)
@@ -157,7 +161,7 @@ func TestForwardSplitEqualsUnsplit(t *testing.T) {
 						for p := tc.t; p < total; p++ {
 							pl.Add(pl.Fewest(), 1)
 							y1, _ := b.Alloc(compute.F32, 1, cfg.Hidden)
-							a := &SplitPass{Comm: g[rk], Cache: c, Place: pl, Pos: []int32{int32(p)}, Shared: true}
+							a := &SplitPass{Comm: g[rk], Cache: c, Place: pl, Pos: []int32{int32(p)}, Shared: true, GatherRows: run.gather}
 							if err := l.ForwardSplit(context.Background(), ex, a, up(t, b, row(p), 1, cfg.Hidden), y1); err != nil {
 								return err
 							}
