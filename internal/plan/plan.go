@@ -66,6 +66,7 @@ type Estimate struct {
 	StateGB     float64 // KV caches and KDA states of the card's sequences
 	Fits        bool    // weights and state fit the card's memory
 	CommMB      float64 // bytes the card's collectives send per decode step
+	CPCommMB    float64 // of CommMB, context parallelism's (partial outputs, top-K candidates)
 	ComputeMs   float64 // decode step: the card's products at its peak
 	MemoryMs    float64 // decode step: the card's weight and cache reads at its bandwidth
 	CommMs      float64 // decode step: the collectives at the link's bandwidth and latency
@@ -238,16 +239,35 @@ func (n counts) estimate(c *config.Config, card Card, cards int, w Workload, l L
 	// Collectives per step: TP all-reduces after each mixer and MLP
 	// (ring: 2(TP-1)/TP of the rows); MoE dispatch and combine to the
 	// experts' cards (all-to-all of k rows per token, the share that
-	// leaves the card); CP: the top-K latent rows that live on other
-	// ranks, plus each rank's candidate scores for the global top-K.
+	// leaves the card); CP: partial attention outputs and top-K
+	// candidates (below).
 	layers := float64(len(c.Layers))
 	comm := 0.0
 	calls := 0.0
+	ring := func(n float64) float64 { return 2 * (n - 1) / n } // an all-reduce's share of its tensor, per card
 	if l.TP > 1 {
-		comm += 2 * layers * tokens * d * w.ActBytes * 2 * (tp - 1) / tp
-		calls += 2 * layers
+		comm += 2 * layers * tokens * d * w.ActBytes * ring(tp)
+		// Vocabulary parallelism: the embedding rows add up by an
+		// all-reduce, and the cards all-gather their slices of the logits.
+		comm += tokens * (d*ring(tp) + float64(c.VocabSize)/tp*(tp-1)) * w.ActBytes
+		calls += 2*layers + 2
 	}
-	if c.MoE != nil {
+	replicated := l.DP == 1 && l.CP == 1 // every card holds every token
+	if c.MoE != nil && replicated && ncards > 1 {
+		// Every card has every token, so no dispatch: each computes its
+		// experts' (or columns') share for all of them and one all-reduce
+		// over all the cards adds the shares (k3's Group): in place of the
+		// TP all-reduce after the MoE, plus the routed latent rows first
+		// for a latent MoE.
+		moeLayers := float64(n.routedLayers)
+		width := d
+		if m := c.MoE; m.LatentSize > 0 {
+			width += float64(m.LatentSize)
+		}
+		comm -= moeLayers * tokens * d * w.ActBytes * ring(tp)
+		comm += moeLayers * tokens * width * w.ActBytes * ring(ncards)
+		calls += moeLayers
+	} else if c.MoE != nil {
 		moeLayers := float64(n.routedLayers)
 		if l.EP > 1 {
 			// Each TP rank dispatches its share of the rows.
@@ -263,16 +283,24 @@ func (n counts) estimate(c *config.Config, card Card, cards int, w Workload, l L
 		}
 	}
 	if l.CP > 1 {
+		// k3's context-parallel decode: every CP rank attends over the
+		// keys it holds and the ranks all-gather the partial outputs (in
+		// the latent space, with each head's log-sum-exp); DSA layers
+		// first send each rank's top-K candidates (score and position) to
+		// the others. No keys travel.
+		m := c.MLA
+		partial := (cp - 1) * float64(m.NumHeads) / tp * float64(m.KVLoRARank+1) * w.ActBytes
+		cpComm := 0.0
 		if n.dsaLayers > 0 {
-			comm += float64(n.dsaLayers) * tokens * (topK*(cp-1)/cp*n.kvPerPos*w.KVBytes + topK*8)
+			cpComm += float64(n.dsaLayers) * tokens * ((cp-1)*topK*8 + partial)
 			calls += 2 * float64(n.dsaLayers)
 		}
 		if n.mlaLayers > 0 {
-			// Dense MLA under CP: partial outputs and their log-sum-exp.
-			m := c.MLA
-			comm += float64(n.mlaLayers) * tokens * (cp - 1) * float64(m.NumHeads) / tp * float64(m.VHeadDim+1) * 4
+			cpComm += float64(n.mlaLayers) * tokens * partial
 			calls += float64(n.mlaLayers)
 		}
+		comm += cpComm
+		e.CPCommMB = cpComm / 1e6
 	}
 	e.CommMB = comm / 1e6
 	e.CommMs = comm/(card.LinkGBps*1e9)*1e3 + calls*card.LatencyUs/1e3
