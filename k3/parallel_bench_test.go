@@ -6,9 +6,10 @@ import (
 	"testing"
 )
 
-// BenchmarkGroupDecode times decode steps of a model split over ranks,
-// with each rank's shared experts beside its routed ones (overlap) or
-// after them (serial), against the same model on one rank. The model is
+// BenchmarkGroupDecode times decode steps of a model split over ranks
+// (TP 2; TP 2 × EP 2 with each rank's shared experts beside its routed
+// ones, overlap, or after them, serial; CP 2) against the same model on
+// one rank. The model is
 // $K3_PARALLEL_MODEL (a checkpoint directory) or tiny_k31pro.
 //
 //	go test ./k3 -run '^$' -bench GroupDecode -benchtime 64x
@@ -44,12 +45,12 @@ func BenchmarkGroupDecode(b *testing.B) {
 		}
 		b.ReportMetric(b.Elapsed().Seconds()/float64(b.N)*1e3, "ms/step")
 	})
-	for _, l := range []Layout{{TP: 2, EP: 2, Serial: true}, {TP: 2, EP: 2}} {
-		name := "tp2ep2-overlap"
-		if l.Serial {
-			name = "tp2ep2-serial"
-		}
-		b.Run(name, func(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		l    Layout
+	}{{"tp2", Layout{TP: 2}}, {"tp2ep2-serial", Layout{TP: 2, EP: 2, Serial: true}}, {"tp2ep2-overlap", Layout{TP: 2, EP: 2}}, {"cp2", Layout{CP: 2}}} {
+		l := c.l
+		b.Run(c.name, func(b *testing.B) {
 			g, err := LoadGroup(ctx, dir, l)
 			if err != nil {
 				b.Fatal(err)
