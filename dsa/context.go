@@ -233,29 +233,13 @@ func (l *Layer) ForwardSplit(ctx context.Context, e *Exchange, a *SplitPass, x, 
 		}
 	}
 	// The projections, and the rows' keys finished and kept where placed.
-	qin, qn, qr, err := l.query(x)
+	qn, qr, kvNew, peNew, err := l.project(x)
 	if err != nil {
 		return err
 	}
 	qa := l.qa.Rows(0, t)
 	if err := b.HeadMatMul(qa, qn, w.UKT); err != nil {
 		return fmt.Errorf("dsa: absorbed query: %w", err)
-	}
-	kvNew := l.kvNew.Rows(0, t)
-	if err := b.MatMul(kvNew, x, w.KVA); err != nil {
-		return fmt.Errorf("dsa: kv_a_proj_with_mqa: %w", err)
-	}
-	var peNew compute.Tensor
-	if cfg.RopeDim > 0 {
-		peNew = l.peNew.Rows(0, t)
-		if err := b.MatMul(peNew, x, w.KRope); err != nil {
-			return fmt.Errorf("dsa: kv_a_proj_with_mqa rope rows: %w", err)
-		}
-	}
-	if cfg.Indexer != nil {
-		if err := l.indexProject(x, qin, t); err != nil {
-			return err
-		}
 	}
 	kv, qri, pe, ik, err := l.finishRun(a.Pos, 0, qr, kvNew, peNew)
 	if err != nil {

@@ -6,6 +6,8 @@ import (
 	"math"
 	"slices"
 
+	"golang.org/x/sync/errgroup"
+
 	"k3/compute"
 	"k3/internal/weights"
 )
@@ -233,7 +235,11 @@ type Layer struct {
 	// cheaper than the absorbed form when many queries share them); decode,
 	// shorter passes and index-sparse passes use the absorbed form. Both
 	// compute the same values.
-	MHAMin    int
+	MHAMin int
+	// Overlap runs the indexer's key and head-weight projections beside
+	// the query and latent ones (for measuring; the backend already
+	// spreads each product over the cores).
+	Overlap   bool
 	pos       []int32
 	one       [1]int32
 	rowCaches []*Cache // an exact pass's cache per row
@@ -403,25 +409,9 @@ func (l *Layer) chunks(x compute.Tensor, caches []*Cache, cu []int32, idx, y com
 	t := x.Dim(0)
 	cfg, w, b := l.cfg, l.W, l.b
 	dr := cfg.RopeDim
-	qin, qn, qr, err := l.query(x)
+	qn, qr, kvNew, peNew, err := l.project(x)
 	if err != nil {
 		return err
-	}
-	kvNew := l.kvNew.Rows(0, t)
-	if err := b.MatMul(kvNew, x, w.KVA); err != nil {
-		return fmt.Errorf("dsa: kv_a_proj_with_mqa: %w", err)
-	}
-	var peNew compute.Tensor
-	if dr > 0 {
-		peNew = l.peNew.Rows(0, t)
-		if err := b.MatMul(peNew, x, w.KRope); err != nil {
-			return fmt.Errorf("dsa: kv_a_proj_with_mqa rope rows: %w", err)
-		}
-	}
-	if cfg.Indexer != nil {
-		if err := l.indexProject(x, qin, t); err != nil {
-			return err
-		}
 	}
 	// Which chunks attend in MHA form is known before any runs (it depends
 	// on lengths only), so the absorbed ones can share the weight products.
@@ -675,29 +665,13 @@ func (l *Layer) forwardRows(x compute.Tensor, caches []*Cache, y compute.Tensor)
 	t := x.Dim(0)
 	cfg, w, b := l.cfg, l.W, l.b
 	dr := cfg.RopeDim
-	qin, qn, qr, err := l.query(x)
+	qn, qr, kvNew, peNew, err := l.project(x)
 	if err != nil {
 		return err
 	}
 	qa := l.qa.Rows(0, t)
 	if err := b.HeadMatMul(qa, qn, w.UKT); err != nil {
 		return fmt.Errorf("dsa: absorbed query: %w", err)
-	}
-	kvNew := l.kvNew.Rows(0, t)
-	if err := b.MatMul(kvNew, x, w.KVA); err != nil {
-		return fmt.Errorf("dsa: kv_a_proj_with_mqa: %w", err)
-	}
-	var peNew compute.Tensor
-	if dr > 0 {
-		peNew = l.peNew.Rows(0, t)
-		if err := b.MatMul(peNew, x, w.KRope); err != nil {
-			return fmt.Errorf("dsa: kv_a_proj_with_mqa rope rows: %w", err)
-		}
-	}
-	if cfg.Indexer != nil {
-		if err := l.indexProject(x, qin, t); err != nil {
-			return err
-		}
 	}
 	for i, c := range caches {
 		p := c.Len
@@ -727,17 +701,62 @@ func (l *Layer) forwardRows(x compute.Tensor, caches []*Cache, y compute.Tensor)
 	return l.output(x, t, y)
 }
 
-// indexProject runs the indexer's projections for t decode rows at once:
-// queries into l.iq, raw keys into l.ik, head weights into l.iw.
-func (l *Layer) indexProject(x, qin compute.Tensor, t int) error {
-	w, b, ix := l.W, l.b, l.cfg.Indexer
-	if err := b.MatMul(l.iq.Rows(0, t).Reshape(t, ix.NumHeads*ix.HeadDim), qin, w.IWq); err != nil {
-		return fmt.Errorf("dsa: indexer.wq_b: %w", err)
+// project runs the layer's input projections for the rows of x: the
+// query (nope and rope parts), the new latent and rope-key rows, and for
+// DSA the indexer's queries, keys and head weights (into l.iq, l.ik,
+// l.iw). With Overlap the indexer's key and head-weight products, which
+// read x alone, run on a goroutine beside the query and latent ones.
+func (l *Layer) project(x compute.Tensor) (qn, qr, kvNew, peNew compute.Tensor, err error) {
+	if l.Overlap && l.cfg.Indexer != nil {
+		var g errgroup.Group
+		g.Go(func() error { return l.indexKeys(x) })
+		qn, qr, kvNew, peNew, err = l.projectMain(x)
+		if werr := g.Wait(); err == nil {
+			err = werr
+		}
+		return
 	}
-	if err := b.MatMul(l.ik.Rows(0, t), x, w.IWk); err != nil {
+	if qn, qr, kvNew, peNew, err = l.projectMain(x); err == nil && l.cfg.Indexer != nil {
+		err = l.indexKeys(x)
+	}
+	return
+}
+
+// projectMain is project without the indexer's keys and head weights.
+func (l *Layer) projectMain(x compute.Tensor) (qn, qr, kvNew, peNew compute.Tensor, err error) {
+	t := x.Dim(0)
+	cfg, w, b, ix := l.cfg, l.W, l.b, l.cfg.Indexer
+	var qin compute.Tensor
+	if qin, qn, qr, err = l.query(x); err != nil {
+		return
+	}
+	kvNew = l.kvNew.Rows(0, t)
+	if err = b.MatMul(kvNew, x, w.KVA); err != nil {
+		err = fmt.Errorf("dsa: kv_a_proj_with_mqa: %w", err)
+		return
+	}
+	if cfg.RopeDim > 0 {
+		peNew = l.peNew.Rows(0, t)
+		if err = b.MatMul(peNew, x, w.KRope); err != nil {
+			err = fmt.Errorf("dsa: kv_a_proj_with_mqa rope rows: %w", err)
+			return
+		}
+	}
+	if ix != nil {
+		if err = b.MatMul(l.iq.Rows(0, t).Reshape(t, ix.NumHeads*ix.HeadDim), qin, w.IWq); err != nil {
+			err = fmt.Errorf("dsa: indexer.wq_b: %w", err)
+		}
+	}
+	return
+}
+
+// indexKeys projects x to the indexer's raw keys and head weights.
+func (l *Layer) indexKeys(x compute.Tensor) error {
+	t := x.Dim(0)
+	if err := l.b.MatMul(l.ik.Rows(0, t), x, l.W.IWk); err != nil {
 		return fmt.Errorf("dsa: indexer.wk: %w", err)
 	}
-	if err := b.MatMul(l.iw.Rows(0, t), x, w.IWeights); err != nil {
+	if err := l.b.MatMul(l.iw.Rows(0, t), x, l.W.IWeights); err != nil {
 		return fmt.Errorf("dsa: indexer.weights_proj: %w", err)
 	}
 	return nil
