@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"k3/compute"
 	"k3/internal/sample"
 )
 
@@ -104,4 +105,38 @@ func (d *DraftModel) Draft(history []int32, n int, dst []int32) []int32 {
 		}
 	}
 	return dst
+}
+
+// NewSelfDraft returns a self-speculative drafter: m's own first n layers
+// followed by its final norm and lm_head (an early exit), proposing that
+// shortened model's greedy tokens. It shares m's weights and attention page
+// pools, so it costs only its session's state (n layers' caches and KDA
+// states, and replay logs as deep as ExactTokens). Close it before m.
+func (m *Model) NewSelfDraft(n int) (*DraftModel, error) {
+	if err := m.life.enter(); err != nil {
+		return nil, err
+	}
+	defer m.life.exit()
+	if n < 1 || n >= len(m.layers) {
+		return nil, fmt.Errorf("%w: a self-speculative drafter of %d layers (the model has %d; want 1 to %d)", ErrInvalidOption, n, len(m.layers), len(m.layers)-1)
+	}
+	if m.par != nil {
+		return nil, fmt.Errorf("%w: a self-speculative drafter on a rank of a Group", compute.ErrUnsupported)
+	}
+	return m.NewDraftModel(m.earlyExit(n))
+}
+
+// earlyExit is a view of m's first n layers as a model of its own: the
+// same tensors, its own scratch and sessions. It is never closed (m owns
+// what it shares).
+func (m *Model) earlyExit(n int) *Model {
+	cfg := *m.Config
+	cfg.NumLayers, cfg.Layers = n, cfg.Layers[:n:n]
+	v := &Model{Config: &cfg, b: m.b, chunk: m.chunk, embed: m.embed, norm: m.norm, lmHead: m.lmHead,
+		layers: m.layers[:n:n], outQuery: m.outQuery, act: m.act, tok: m.tok, dense: m.dense,
+		rollback: max(m.rollback, ExactTokens)}
+	if !m.resQueries.IsZero() {
+		v.resQueries = m.resQueries.Rows(0, 2*n) // each layer's two sublayers' queries
+	}
+	return v
 }

@@ -595,3 +595,71 @@ func TestDraftModel(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// The self-speculative drafter (the target's first n layers and its head)
+// keeps every generation plain decoding's, greedy and sampled, at every
+// depth, on every checkpoint and the trained model.
+func TestSelfDraft(t *testing.T) {
+	ctx := context.Background()
+	dirs, err := filepath.Glob("../testdata/model/*/config.json")
+	require.NoError(t, err)
+	type target struct {
+		name string
+		load func() (*Model, error)
+	}
+	var targets []target
+	for _, c := range dirs {
+		dir := filepath.Dir(c)
+		targets = append(targets, target{filepath.Base(dir), func() (*Model, error) { return Load(ctx, dir, WithRollback(8)) }})
+	}
+	targets = append(targets, target{"trained", func() (*Model, error) { return LoadTiny(ctx, WithRollback(8)) }})
+	depths := []int{1, 3, 8}
+	if raceEnabled || testing.Short() {
+		depths, targets = []int{3}, targets[:1]
+	}
+	for _, tg := range targets {
+		t.Run(tg.name, func(t *testing.T) {
+			m, err := tg.load()
+			require.NoError(t, err)
+			defer m.Close()
+			prompt := m.Encode("the cat sat on the mat, the cat sat on")
+			layers := len(m.Config.Layers)
+			for _, n := range []int{1, layers / 2, layers - 1} {
+				for _, depth := range depths {
+					for _, sampled := range []bool{false, true} {
+						opts := []GenerateOption{WithMaxTokens(24), WithoutDefaultStops()}
+						if sampled {
+							opts = append(opts, WithTemperature(0.8), WithSeed(uint64(depth+n)))
+						}
+						plain, _ := m.NewSession()
+						want, _ := genIDs(t, plain, prompt, opts...)
+						plain.Close()
+						dm, err := m.NewSelfDraft(n)
+						require.NoError(t, err)
+						s, _ := m.NewSession()
+						got, u := genIDs(t, s, prompt, append(opts, WithSpeculation(dm, depth))...)
+						s.Close()
+						require.Equal(t, want, got, "self:%d, depth %d, sampled %v", n, depth, sampled)
+						require.NoError(t, dm.Err())
+						assert.Positive(t, u.DraftTokens)
+						require.NoError(t, dm.Close())
+					}
+				}
+			}
+			for _, n := range []int{0, -1, layers} {
+				_, err := m.NewSelfDraft(n)
+				assert.ErrorIs(t, err, ErrInvalidOption, "self:%d", n)
+			}
+			// The view of every layer is the model itself: its greedy
+			// drafts are all accepted.
+			dm, err := m.NewDraftModel(m.earlyExit(layers))
+			require.NoError(t, err)
+			s, _ := m.NewSession()
+			_, u := genIDs(t, s, prompt, WithMaxTokens(24), WithoutDefaultStops(), WithSpeculation(dm, 4))
+			s.Close()
+			assert.Positive(t, u.DraftTokens)
+			assert.Equal(t, u.DraftTokens, u.AcceptedTokens, "the whole model's drafts")
+			require.NoError(t, dm.Close())
+		})
+	}
+}

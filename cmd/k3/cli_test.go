@@ -174,6 +174,10 @@ func TestRunSpeculate(t *testing.T) {
 		"-no-default-stops", "-speculate", "model:../../testdata/model/tiny_k31pro", "-draft-depth", "4")
 	require.Equal(t, 0, code, errOut)
 	assert.Contains(t, errOut, "accepted (100%)")
+	// The embedded model's own first 4 layers.
+	code, _, errOut = runCLI("run", "-prompt", "func main() {", "-max-tokens", "20", "-no-default-stops", "-speculate", "self:4", "-draft-depth", "3")
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, errOut, "speculation (self:4, depth 3):")
 
 	for _, c := range []struct {
 		args []string
@@ -185,6 +189,9 @@ func TestRunSpeculate(t *testing.T) {
 		{[]string{"run", "-speculate", "ngram", "-draft-depth", "many"}, "-draft-depth many"},
 		{[]string{"run", "-speculate", "ngram", "-draft-depth", "16"}, "-draft-depth 16"},
 		{[]string{"run", "-speculate", "model:/no/such/dir"}, "/no/such/dir"},
+		{[]string{"run", "-speculate", "self:0"}, "want self:N"},
+		{[]string{"run", "-speculate", "self:x"}, "want self:N"},
+		{[]string{"run", "-speculate", "self:6"}, "drafter of 6 layers (the model has 6"},
 		{[]string{"run", "-model", "../../testdata/model/tiny_k3", "-speculate", "model:"}, `-speculate "model:"`},
 		{[]string{"run", "-speculate", "model:../../testdata/model/tiny_k3"}, "draft model scores 512 tokens"},
 	} {
