@@ -166,8 +166,9 @@ func benchSpec(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	depths := fs.String("depth", "1,2,3,4,5,6,7", "draft depths, comma separated, each in 1..15")
 	tokens := fs.Int("tokens", 192, "tokens generated per run (per sequence with -batch)")
 	batch := fs.Int("batch", 1, "sequences speculating together in a Batcher (1: one session, against theory)")
-	realRun := fs.Bool("real", false, "the n-gram drafter on the embedded model, with prompts from the files given (at batch 1 and -batch, default 8)")
-	if err := parseFlags(fs, "bench spec [-alpha A,A,...] [-depth K,K,...] [-tokens N] [-batch B]\n\nSpeculative greedy decoding of the 100M preset with drafts of controlled acceptance, against plain decoding and theory (a minute or two);\nwith -batch, B sequences speculating together inside a Batcher against the same batch decoding plainly;\nwith -real FILE..., the n-gram drafter on the embedded model, prompts from the files' starts.", args, stdout, stderr); err != nil {
+	realRun := fs.Bool("real", false, "real drafters on the embedded model, with prompts from the files given (at batch 1 and -batch, default 8)")
+	drafters := fs.String("drafters", "ngram,self:3", "with -real: the drafters, comma separated (ngram, self:N)")
+	if err := parseFlags(fs, "bench spec [-alpha A,A,...] [-depth K,K,...] [-tokens N] [-batch B]\n\nSpeculative greedy decoding of the 100M preset with drafts of controlled acceptance, against plain decoding and theory (a minute or two);\nwith -batch, B sequences speculating together inside a Batcher against the same batch decoding plainly;\nwith -real FILE..., real drafters (-drafters ngram,self:N) on the embedded model, prompts from the files' starts.", args, stdout, stderr); err != nil {
 		return err
 	}
 	var as []float64
@@ -200,7 +201,7 @@ func benchSpec(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if b == 1 {
 			b = 8
 		}
-		rows, err := modelbench.SpecReal(ctx, fs.Args(), b, *tokens, ks, func(s string) { fmt.Fprintln(stderr, s) })
+		rows, err := modelbench.SpecReal(ctx, fs.Args(), strings.Split(*drafters, ","), b, *tokens, ks, func(s string) { fmt.Fprintln(stderr, s) })
 		if err != nil {
 			return err
 		}

@@ -316,22 +316,24 @@ func SpecBatchTable(batch, tokens int, rows []SpecBatchRow) string {
 	return b.String()
 }
 
-// RealRow is the n-gram drafter on the embedded model at one batch size
-// and depth: acceptance length and throughput against plain decoding.
+// RealRow is one drafter on the embedded model at one batch size and
+// depth: acceptance length and throughput against plain decoding.
 type RealRow struct {
+	Drafter     string // ngram or self:N
 	Batch       int
 	K           int     // 0: the adaptive depth
 	Tau         float64 // tokens per verify run (generated over runs)
 	Plain, Spec float64 // tokens per second, all sequences together
 }
 
-// SpecReal measures the n-gram drafter on the embedded trained model: a
+// SpecReal measures real drafters (ngram, self:N) on the embedded trained
+// model: a
 // prompt from the start of each file (its first 768 bytes), tokens
 // generated greedily after each, at batch 1 (the prompts one after
 // another, each alone) and at batch (all at once in a Batcher), plain and
 // speculative runs alternating, three pairs each; every speculative
 // sequence must give its plain tokens.
-func SpecReal(ctx context.Context, files []string, batch, tokens int, depths []int, log func(string)) ([]RealRow, error) {
+func SpecReal(ctx context.Context, files []string, drafters []string, batch, tokens int, depths []int, log func(string)) ([]RealRow, error) {
 	m, err := k3.LoadTiny(ctx, k3.WithRollback(slices.Max(depths)))
 	if err != nil {
 		return nil, err
@@ -356,50 +358,87 @@ func SpecReal(ctx context.Context, files []string, batch, tokens int, depths []i
 	opts := []k3.GenerateOption{k3.WithMaxTokens(tokens), k3.WithoutDefaultStops()}
 	// run generates every prompt at batch b (1: one after another, each
 	// alone).
-	run := func(b int, extra func() []k3.GenerateOption) ([][]int32, int, time.Duration, error) {
+	run := func(b int, extra func(i int) []k3.GenerateOption) ([][]int32, int, time.Duration, error) {
 		in := br
 		if b == 1 {
 			in = nil
 		}
-		return generateAll(ctx, m, in, prompts, opts, func(int) []k3.GenerateOption { return extra() })
+		return generateAll(ctx, m, in, prompts, opts, extra)
 	}
-	none := func() []k3.GenerateOption { return nil }
+	none := func(int) []k3.GenerateOption { return nil }
+	// drafterFor returns the drafters of one run, one per prompt (a self
+	// drafter follows one sequence), and what closes them.
+	drafterFor := func(name string) ([]specdec.Drafter, func(), error) {
+		ds := make([]specdec.Drafter, len(prompts))
+		var dms []*k3.DraftModel
+		done := func() {
+			for _, d := range dms {
+				d.Close()
+			}
+		}
+		for i := range ds {
+			if n, ok := strings.CutPrefix(name, "self:"); ok {
+				var k int
+				if _, err := fmt.Sscan(n, &k); err != nil {
+					return nil, done, fmt.Errorf("modelbench: drafter %q", name)
+				}
+				d, err := m.NewSelfDraft(k)
+				if err != nil {
+					done()
+					return nil, done, err
+				}
+				dms, ds[i] = append(dms, d), d
+			} else if name == "ngram" {
+				ds[i] = specdec.NGram{}
+			} else {
+				return nil, done, fmt.Errorf("modelbench: drafter %q: want ngram or self:N", name)
+			}
+		}
+		return ds, done, nil
+	}
 	want, _, _, err := run(1, none) // warm-up, and the tokens to match
 	if err != nil {
 		return nil, err
 	}
 	var rows []RealRow
-	for _, b := range []int{1, batch} {
-		for _, k := range append(slices.Clone(depths), 0) {
-			log(fmt.Sprintf("n-gram drafter, batch %d, depth %d...", b, k))
-			spec := func() []k3.GenerateOption {
-				if k == 0 {
-					return []k3.GenerateOption{k3.WithAdaptiveSpeculation(specdec.NGram{}, slices.Max(depths))}
-				}
-				return []k3.GenerateOption{k3.WithSpeculation(specdec.NGram{}, k)}
-			}
-			var plains, specs, taus []float64
-			for range 3 {
-				_, _, pd, err := run(b, none)
-				if err != nil {
-					return nil, err
-				}
-				got, acc, sd, err := run(b, spec)
-				if err != nil {
-					return nil, err
-				}
-				n := 0
-				for i := range got {
-					if !slices.Equal(got[i], want[i]) {
-						return nil, fmt.Errorf("modelbench: the n-gram drafter (batch %d, depth %d) changed prompt %d's tokens", b, k, i)
+	for _, name := range drafters {
+		for _, b := range []int{1, batch} {
+			for _, k := range append(slices.Clone(depths), 0) {
+				log(fmt.Sprintf("%s drafter, batch %d, depth %d...", name, b, k))
+				var plains, specs, taus []float64
+				for range 3 {
+					_, _, pd, err := run(b, none)
+					if err != nil {
+						return nil, err
 					}
-					n += len(got[i])
+					ds, done, err := drafterFor(name)
+					if err != nil {
+						return nil, err
+					}
+					spec := func(i int) []k3.GenerateOption {
+						if k == 0 {
+							return []k3.GenerateOption{k3.WithAdaptiveSpeculation(ds[i], slices.Max(depths))}
+						}
+						return []k3.GenerateOption{k3.WithSpeculation(ds[i], k)}
+					}
+					got, acc, sd, err := run(b, spec)
+					done()
+					if err != nil {
+						return nil, err
+					}
+					n := 0
+					for i := range got {
+						if !slices.Equal(got[i], want[i]) {
+							return nil, fmt.Errorf("modelbench: the %s drafter (batch %d, depth %d) changed prompt %d's tokens", name, b, k, i)
+						}
+						n += len(got[i])
+					}
+					plains = append(plains, float64(n)/pd.Seconds())
+					specs = append(specs, float64(n)/sd.Seconds())
+					taus = append(taus, float64(n)/float64(n-acc))
 				}
-				plains = append(plains, float64(n)/pd.Seconds())
-				specs = append(specs, float64(n)/sd.Seconds())
-				taus = append(taus, float64(n)/float64(n-acc))
+				rows = append(rows, RealRow{Drafter: name, Batch: b, K: k, Tau: median(taus), Plain: median(plains), Spec: median(specs)})
 			}
-			rows = append(rows, RealRow{Batch: b, K: k, Tau: median(taus), Plain: median(plains), Spec: median(specs)})
 		}
 	}
 	return rows, nil
@@ -408,15 +447,15 @@ func SpecReal(ctx context.Context, files []string, batch, tokens int, depths []i
 // RealTable formats SpecReal's rows.
 func RealTable(files, tokens int, rows []RealRow) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "n-gram drafter on the embedded model, %d prompts (a file's first 768 bytes each), %d greedy tokens after each; median of 3 alternating pairs\n", files, tokens)
+	fmt.Fprintf(&b, "real drafters on the embedded model, %d prompts (a file's first 768 bytes each), %d greedy tokens after each; median of 3 alternating pairs\n", files, tokens)
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "batch\tdepth\ttokens/run\tplain tok/s\tspeculative tok/s\tspeedup\t")
+	fmt.Fprintln(tw, "drafter\tbatch\tdepth\ttokens/run\tplain tok/s\tspeculative tok/s\tspeedup\t")
 	for _, r := range rows {
 		depth := fmt.Sprint(r.K)
 		if r.K == 0 {
 			depth = "auto"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%.2f\t%.0f\t%.0f\t%.2fx\t\n", r.Batch, depth, r.Tau, r.Plain, r.Spec, r.Spec/r.Plain)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%.2f\t%.0f\t%.0f\t%.2fx\t\n", r.Drafter, r.Batch, depth, r.Tau, r.Plain, r.Spec, r.Spec/r.Plain)
 	}
 	tw.Flush()
 	return b.String()
