@@ -21,8 +21,9 @@ import (
 //
 // A DraftModel serves one sequence at a time well; it is safe for
 // concurrent use, but sequences sharing one take turns and cut each
-// other's history back. The adaptive depth's cost table does not count
-// the draft model's steps.
+// other's history back. The adaptive depth adds the drafter's measured
+// time per draft to a pass's cost (the first call, which catches up on
+// the prompt, is not timed).
 type DraftModel struct {
 	mu    sync.Mutex
 	draft *Model

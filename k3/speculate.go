@@ -128,7 +128,7 @@ func (m *Model) SpeculationCosts(ctx context.Context) (specdec.Costs, error) {
 		}
 	}
 	step := medianOf(times[1])
-	c := specdec.Costs{Pass: make([]float64, maxN+1), Rollback: 0}
+	c := specdec.Costs{Pass: make([]float64, maxN+1), Rollback: 0, Step: step / 1e9}
 	if len(rollbacks) > 0 {
 		c.Rollback = medianOf(rollbacks) / step
 	}
@@ -240,8 +240,8 @@ func (m *Model) SpeculationCostsAt(ctx context.Context, batch int) (specdec.Cost
 			}
 		}
 	}
-	c := specdec.Costs{Pass: make([]float64, maxN+1), Rollback: lone.Rollback}
 	step := medianOf(times[1])
+	c := specdec.Costs{Pass: make([]float64, maxN+1), Rollback: lone.Rollback, Step: step / 1e9}
 	for n := 1; n <= maxN; n++ {
 		c.Pass[n] = medianOf(times[n]) / step
 	}
@@ -281,6 +281,10 @@ type speculation struct {
 	batch, costsBatch int
 	probe             int32
 	hasProbe          bool
+	// draftSec is the drafter's time per token asked for (seconds, a
+	// moving average), which the adaptive depth adds to a pass's cost.
+	draftSec float64
+	drafted  bool // the drafter has been called once
 }
 
 // checkSpeculation reports whether the model can run o's speculation.
@@ -384,10 +388,19 @@ func (g *generation) draftPass(ctx context.Context, id int32) ([]int32, error) {
 			}
 			sp.costs, sp.costsBatch = c, sp.batch
 		}
-		if k := specdec.BestDepth(sp.acc.Rate(), n, sp.costs); k > 0 {
+		c := sp.costs
+		if c.Step > 0 {
+			// The batch's drafters run one after another between passes.
+			c.Draft = sp.draftSec * float64(max(sp.batch, 1)) / c.Step
+		}
+		if k := specdec.BestDepth(sp.acc.Rate(), n, c); k > 0 {
 			n = k
-		} else {
+		} else if specdec.BestDepth(1, n, c) > 0 {
 			n, probe = 1, true
+		} else {
+			// Not even drafts that are always right would pay for what
+			// they cost to draft: no probe either.
+			n = 0
 		}
 	}
 	if n > 0 {
@@ -402,7 +415,17 @@ func (g *generation) draftPass(ctx context.Context, id int32) ([]int32, error) {
 			sp.hist = append(sp.hist[:0], s.tokens...)
 		}
 		sp.hist = append(sp.hist, id)
+		start := time.Now()
 		sp.drafts = sp.drafter.Draft(sp.hist, n, sp.drafts)
+		// A drafter that runs a model spends its first call catching up
+		// on the prompt; the calls after it time the drafting.
+		if d := time.Since(start).Seconds() / float64(n); !sp.drafted {
+			sp.drafted = true
+		} else if sp.draftSec == 0 {
+			sp.draftSec = d
+		} else {
+			sp.draftSec = 0.9*sp.draftSec + 0.1*d
+		}
 		sp.drafts = sp.drafts[:min(len(sp.drafts), n)]
 	}
 	if probe && len(sp.drafts) > 0 {

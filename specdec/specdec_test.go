@@ -134,6 +134,11 @@ func TestBestDepth(t *testing.T) {
 	assert.Equal(t, 0, BestDepth(0.9, 0, linear(0.01)))
 	// Depths beyond the measured costs are not considered.
 	assert.Equal(t, 2, BestDepth(0.99, 15, Costs{Pass: []float64{0, 1, 1.01, 1.02}}))
+	// A drafter that costs a decode step per token never pays; a cheap
+	// one leaves the choice where it was.
+	assert.Equal(t, 0, BestDepth(0.9, 15, withDraft(linear(0.01), 1)))
+	assert.Equal(t, BestDepth(0.8, 15, linear(0.05)), BestDepth(0.8, 15, withDraft(linear(0.05), 1e-6)))
+	assert.Less(t, BestDepth(0.95, 15, withDraft(linear(0.01), 0.2)), BestDepth(0.95, 15, linear(0.01)), "costly drafts go less deep")
 	// The choice maximises the expected rate: check against brute force.
 	for _, a := range []float64{0.3, 0.5, 0.7, 0.8, 0.9, 0.95} {
 		for _, c := range []float64{0.05, 0.15, 0.3} {
@@ -178,4 +183,9 @@ func TestAcceptance(t *testing.T) {
 		}
 	}
 	assert.InDelta(t, 0.7, sum/19900, 0.01)
+}
+
+func withDraft(c Costs, d float64) Costs {
+	c.Draft = d
+	return c
 }
