@@ -272,6 +272,9 @@ func (bt *Batch) execute(sessions []*Session, cu, ids []int32, out []float32, ro
 				return err
 			}
 			k := r1 - r0
+			if err := bt.keepTaps(s, r0, r1); err != nil {
+				return err
+			}
 			s.pos += k
 			s.tokens = append(s.tokens, ids[cu[i]:cu[i+1]]...)
 			if err := s.commitLogs(k); err != nil {
@@ -389,5 +392,29 @@ func (bt *Batch) mixLayer(l int, normed, out compute.Tensor) error {
 	if bt.trace != nil && bt.m.layers[l].kind == config.DSA {
 		bt.trace.DSAIndices = append(bt.trace.DSAIndices, bt.p.readI32(ml.Indices(normed.Dim(0))))
 	}
+	return nil
+}
+
+// keepTaps copies the pass's rows r0..r1 of the DSpark taps, the session's
+// new positions, to the session (a DSpark drafter reads its anchor there).
+func (bt *Batch) keepTaps(s *Session, r0, r1 int) error {
+	taps := bt.p.taps
+	if taps == nil {
+		return nil
+	}
+	d := bt.m.Config.HiddenSize
+	if len(s.taps) != len(taps) {
+		s.taps = make([][]float32, len(taps))
+	}
+	for i, t := range taps {
+		if cap(s.taps[i]) < (r1-r0)*d {
+			s.taps[i] = make([]float32, (r1-r0)*d, bt.max*d)
+		}
+		s.taps[i] = s.taps[i][:(r1-r0)*d]
+		if err := bt.m.b.Read(&s.taps[i], t.Rows(r0, r1)); err != nil {
+			return err
+		}
+	}
+	s.tapsPos, s.tapsRows = s.pos, r1-r0
 	return nil
 }

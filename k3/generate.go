@@ -388,6 +388,9 @@ func (s *Session) prepareGeneration(prompt []int32, opts []GenerateOption) (*gen
 	g := &generation{s: s, o: o, sampler: sm, dec: tokenizer.NewStreamDecoder(s.m.tok), usage: usage}
 	if o.drafter != nil {
 		g.spec = &speculation{drafter: o.drafter, depth: o.depth, adaptive: o.adaptive}
+		if b, ok := o.drafter.(interface{ bind(*Session) }); ok {
+			b.bind(s) // a drafter that reads the session's own state (DSpark)
+		}
 	}
 	return g, nil
 }

@@ -127,6 +127,8 @@ type Model struct {
 
 	life life // open operations, for Close
 
+	draft *dsparkWeights // the checkpoint's DSpark draft module, nil without one
+
 	par  *rankPar // nil unless the model is one rank of a Group
 	held int64    // bytes of checkpoint tensors loaded (ShardBytes)
 }
@@ -471,10 +473,17 @@ func (m *Model) load(ctx context.Context, progress func(done, total int64)) erro
 			return ld.Err
 		}
 	}
+	if d := cfg.Draft; d != nil && m.par == nil {
+		var err error
+		if m.draft, err = loadDSpark(m, src, d); err != nil {
+			return fmt.Errorf("%w: %s: draft module: %w", ErrCheckpoint, m.ck.Dir, err)
+		}
+	}
 	var extra []string
 	for _, name := range m.ck.Names() {
-		// The draft module's tensors belong to a drafter, not to this model.
-		if d := cfg.Draft; d != nil && strings.HasPrefix(name, src.name(d.TensorPrefix)) {
+		// A rank of a Group leaves the draft module alone (it drafts on
+		// one model only).
+		if d := cfg.Draft; d != nil && m.par != nil && strings.HasPrefix(name, src.name(d.TensorPrefix)) {
 			continue
 		}
 		if !src.used[name] {

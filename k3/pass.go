@@ -34,6 +34,10 @@ type pass struct {
 	rangeBuf [][2]int
 
 	vocab *vocab // a rank of a Group holding a slice of the vocabulary
+
+	// taps, with a DSpark draft module, receive each pass's MLP-sublayer
+	// inputs of its target layers ([max, D] each), which sessions keep.
+	taps []compute.Tensor
 }
 
 // mixer runs layer l's token mixer on normed [T, D] into out [T, D].
@@ -85,6 +89,14 @@ func newPass(m *Model, max int) (*pass, error) {
 			return nil, fmt.Errorf("k3: layer %d: %w", l, err)
 		}
 		p.moeL, p.mlpL = append(p.moeL, me), append(p.mlpL, mr)
+	}
+	if dr := m.draft; dr != nil {
+		for range dr.numTargetTaps {
+			p.taps = append(p.taps, alloc(compute.F32, max, d))
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
 	if m.par.vocabSplit() {
 		if p.vocab, err = newVocab(m, max); err != nil {
@@ -184,6 +196,13 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int3
 			}
 		} else if err := b.Binary(compute.Add, x, x, attnOut); err != nil {
 			return err
+		}
+		if p.taps != nil {
+			if slot := m.draft.tapOf[l]; slot >= 0 {
+				if err := b.Copy(p.taps[slot].Rows(0, t), in); err != nil {
+					return err
+				}
+			}
 		}
 		if err := b.RMSNorm(normed, in, ly.mlpNorm, eps); err != nil {
 			return err

@@ -56,6 +56,12 @@ type Session struct {
 	charged   int64          // the bytes the model's ledger counts for the session
 	reserving bool           // a run has reserved the memory it grows by
 	closed    bool
+
+	// With a DSpark draft module: the last pass's rows of the target
+	// layers' MLP-sublayer inputs (per target layer, rows·D), from
+	// position tapsPos on.
+	taps              [][]float32
+	tapsPos, tapsRows int
 }
 
 // Close returns the session's state (KDA states, attention caches, replay

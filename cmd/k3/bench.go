@@ -167,8 +167,8 @@ func benchSpec(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	tokens := fs.Int("tokens", 192, "tokens generated per run (per sequence with -batch)")
 	batch := fs.Int("batch", 1, "sequences speculating together in a Batcher (1: one session, against theory)")
 	realRun := fs.Bool("real", false, "real drafters on the embedded model, with prompts from the files given (at batch 1 and -batch, default 8)")
-	drafters := fs.String("drafters", "ngram,self:3", "with -real: the drafters, comma separated (ngram, self:N)")
-	if err := parseFlags(fs, "bench spec [-alpha A,A,...] [-depth K,K,...] [-tokens N] [-batch B]\n\nSpeculative greedy decoding of the 100M preset with drafts of controlled acceptance, against plain decoding and theory (a minute or two);\nwith -batch, B sequences speculating together inside a Batcher against the same batch decoding plainly;\nwith -real FILE..., real drafters (-drafters ngram,self:N) on the embedded model, prompts from the files' starts.", args, stdout, stderr); err != nil {
+	drafters := fs.String("drafters", "ngram,self:3,dspark", "with -real: the drafters, comma separated (ngram, self:N, dspark)")
+	if err := parseFlags(fs, "bench spec [-alpha A,A,...] [-depth K,K,...] [-tokens N] [-batch B]\n\nSpeculative greedy decoding of the 100M preset with drafts of controlled acceptance, against plain decoding and theory (a minute or two);\nwith -batch, B sequences speculating together inside a Batcher against the same batch decoding plainly;\nwith -real FILE..., real drafters (-drafters ngram,self:N,dspark) on the embedded model, prompts from the files' starts.", args, stdout, stderr); err != nil {
 		return err
 	}
 	var as []float64

@@ -178,13 +178,17 @@ func TestRunSpeculate(t *testing.T) {
 	code, _, errOut = runCLI("run", "-prompt", "func main() {", "-max-tokens", "20", "-no-default-stops", "-speculate", "self:4", "-draft-depth", "3")
 	require.Equal(t, 0, code, errOut)
 	assert.Contains(t, errOut, "speculation (self:4, depth 3):")
+	// The embedded checkpoint's own draft module.
+	code, _, errOut = runCLI("run", "-prompt", "func main() {", "-max-tokens", "20", "-no-default-stops", "-speculate", "dspark", "-draft-depth", "4")
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, errOut, "speculation (dspark, depth 4):")
 
 	for _, c := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{"run", "-speculate", "nope"}, `-speculate "nope"`},
-		{[]string{"run", "-speculate", "dspark"}, "not built yet"},
+		{[]string{"run", "-model", "../../testdata/model/tiny_k3", "-speculate", "dspark"}, "no DSpark draft module"},
 		{[]string{"run", "-speculate", "ngram", "-draft-depth", "0"}, "-draft-depth 0"},
 		{[]string{"run", "-speculate", "ngram", "-draft-depth", "many"}, "-draft-depth many"},
 		{[]string{"run", "-speculate", "ngram", "-draft-depth", "16"}, "-draft-depth 16"},

@@ -56,7 +56,7 @@ func (g *genFlags) register(fs *flag.FlagSet, maxTokens int) {
 	fs.BoolVar(&g.noDefaultStops, "no-default-stops", false, "do not stop at the model's end-of-sequence tokens")
 	fs.Uint64Var(&g.seed, "seed", 0, "random seed (reproducible sampling)")
 	fs.StringVar(&g.backend, "backend", "go", "compute backend")
-	fs.StringVar(&g.speculate, "speculate", "", "speculative decoding with this drafter: ngram (prompt lookup), self:N (the model's own first N layers and its head) or model:DIR (a smaller checkpoint's greedy tokens, same vocabulary); the output is plain decoding's")
+	fs.StringVar(&g.speculate, "speculate", "", "speculative decoding with this drafter: ngram (prompt lookup), self:N (the model's own first N layers and its head), model:DIR (a smaller checkpoint's greedy tokens, same vocabulary) or dspark (the checkpoint's draft module); the output is plain decoding's")
 	fs.StringVar(&g.draftDepth, "draft-depth", "auto", "drafts per verify pass with -speculate: 1..15, or auto (chosen per pass from the drafts' acceptance and this machine's measured pass costs, up to 7)")
 }
 
@@ -87,7 +87,13 @@ func (g *genFlags) drafter() (specdec.Drafter, error) {
 		}
 		return specdec.NGram{}, nil
 	case "dspark":
-		return nil, fmt.Errorf("-speculate %s: that drafter is not built yet (ngram, self:N and model:DIR are)", g.speculate)
+		if _, _, err := g.depth(); err != nil {
+			return nil, err
+		}
+		if g.draft != nil {
+			return g.draft, nil
+		}
+		return nil, nil // load makes it, once the model is loaded
 	}
 	if n, ok := strings.CutPrefix(g.speculate, "self:"); ok {
 		if _, err := g.selfLayers(n); err != nil {
@@ -110,7 +116,7 @@ func (g *genFlags) drafter() (specdec.Drafter, error) {
 		}
 		return nil, nil // load makes it, once the target is loaded
 	}
-	return nil, fmt.Errorf("-speculate %q: want ngram, self:N or model:DIR", g.speculate)
+	return nil, fmt.Errorf("-speculate %q: want ngram, self:N, model:DIR or dspark", g.speculate)
 }
 
 // selfLayers parses self:N's N.
@@ -162,6 +168,14 @@ func (g *genFlags) load(ctx context.Context, stderr io.Writer) (*k3.Model, error
 	}
 	if err != nil {
 		return nil, err
+	}
+	if g.speculate == "dspark" {
+		ds, err := m.NewDSpark()
+		if err != nil {
+			m.Close()
+			return nil, fmt.Errorf("-speculate dspark: %w", err)
+		}
+		g.draft = ds
 	}
 	if n, ok := strings.CutPrefix(g.speculate, "self:"); ok {
 		k, _ := g.selfLayers(n)
@@ -218,7 +232,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	g.register(fs, 64)
 	prompt := fs.String("prompt", "Hello", `prompt text ("-": read stdin)`)
 	chat := fs.Bool("chat", false, "wrap the prompt as one user turn of the chat format")
-	synopsis := "run [-model DIR] [-prompt TEXT] [-chat] [-speculate ngram|self:N|model:DIR [-draft-depth K|auto]] [sampling flags]\n\nStreams a completion to stdout, then prints why it stopped, the token counts, speed and memory on stderr; with -speculate also the drafts' acceptance and the speed of the same generation without speculation."
+	synopsis := "run [-model DIR] [-prompt TEXT] [-chat] [-speculate ngram|self:N|model:DIR|dspark [-draft-depth K|auto]] [sampling flags]\n\nStreams a completion to stdout, then prints why it stopped, the token counts, speed and memory on stderr; with -speculate also the drafts' acceptance and the speed of the same generation without speculation."
 	if err := parseFlags(fs, synopsis, args, stdout, stderr); err != nil {
 		return err
 	}

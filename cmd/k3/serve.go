@@ -62,7 +62,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 
 	opts := []k3.Option{k3.WithBackend(*backend), k3.WithMemoryBudget(*memory << 20)}
-	if strings.HasPrefix(spec.speculate, "model:") || strings.HasPrefix(spec.speculate, "self:") {
+	if strings.HasPrefix(spec.speculate, "model:") || strings.HasPrefix(spec.speculate, "self:") || spec.speculate == "dspark" {
 		// One drafter serves every request, and a draft model's session
 		// follows one sequence: the requests would cut each other back.
 		return fmt.Errorf("-speculate %s is for k3 run and k3 chat; k3 serve speculates with ngram", spec.speculate)

@@ -319,14 +319,14 @@ func SpecBatchTable(batch, tokens int, rows []SpecBatchRow) string {
 // RealRow is one drafter on the embedded model at one batch size and
 // depth: acceptance length and throughput against plain decoding.
 type RealRow struct {
-	Drafter     string // ngram or self:N
+	Drafter     string // ngram, self:N or dspark
 	Batch       int
 	K           int     // 0: the adaptive depth
 	Tau         float64 // tokens per verify run (generated over runs)
 	Plain, Spec float64 // tokens per second, all sequences together
 }
 
-// SpecReal measures real drafters (ngram, self:N) on the embedded trained
+// SpecReal measures real drafters (ngram, self:N, dspark) on the embedded trained
 // model: a
 // prompt from the start of each file (its first 768 bytes), tokens
 // generated greedily after each, at batch 1 (the prompts one after
@@ -390,8 +390,15 @@ func SpecReal(ctx context.Context, files []string, drafters []string, batch, tok
 				dms, ds[i] = append(dms, d), d
 			} else if name == "ngram" {
 				ds[i] = specdec.NGram{}
+			} else if name == "dspark" {
+				d, err := m.NewDSpark()
+				if err != nil {
+					done()
+					return nil, done, err
+				}
+				ds[i] = d
 			} else {
-				return nil, done, fmt.Errorf("modelbench: drafter %q: want ngram or self:N", name)
+				return nil, done, fmt.Errorf("modelbench: drafter %q: want ngram, self:N or dspark", name)
 			}
 		}
 		return ds, done, nil

@@ -1,0 +1,226 @@
+package k3
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"k3/internal/safetensors"
+)
+
+// The DSpark drafter runs the embedded model's draft module as the
+// framework that trained it does (testdata/trained/draft_crosscheck,
+// written by tools/train/draft_fixture.py): at each held-out anchor the
+// hidden states it reads match PyTorch's within 1e-4 of their scale, the
+// block's logits (with the Markov term) within 1e-4 of theirs, the
+// confidences within 1e-4, and the greedy drafts exactly.
+func TestDSparkMatchesTrainingFramework(t *testing.T) {
+	f, err := safetensors.Open(filepath.Join("..", "testdata", "trained", "draft_crosscheck.safetensors"))
+	require.NoError(t, err)
+	defer f.Close()
+	ids, _, err := f.Int32s("input_ids")
+	require.NoError(t, err)
+	anchors, _, err := f.Int32s("anchors")
+	require.NoError(t, err)
+	wantTaps, _, err := f.Float32s("taps")
+	require.NoError(t, err)
+	nexts, _, err := f.Int32s("next_ids")
+	require.NoError(t, err)
+	wantDrafts, _, err := f.Int32s("draft_ids")
+	require.NoError(t, err)
+	wantLogits, _, err := f.Float32s("draft_logits")
+	require.NoError(t, err)
+	wantConf, _, err := f.Float32s("confidence")
+	require.NoError(t, err)
+
+	ctx := context.Background()
+	m, err := LoadTiny(ctx)
+	require.NoError(t, err)
+	defer m.Close()
+	require.NotNil(t, m.draft)
+	k, v, d := m.draft.block, m.VocabSize(), m.Config.HiddenSize
+	n := len(m.draft.cfg.TargetLayers)
+	ds, err := m.NewDSpark()
+	require.NoError(t, err)
+	for a, t0 := range anchors {
+		s, err := m.NewSession()
+		require.NoError(t, err)
+		_, err = s.Forward(ctx, ids[:t0+1])
+		require.NoError(t, err)
+		require.Equal(t, nexts[a], argmax(s.Logits()), "anchor %d: the target's next token", t0)
+		// The hidden states at the anchor, the session's last position.
+		row := int(t0) - s.tapsPos
+		require.True(t, row >= 0 && row < s.tapsRows)
+		want := wantTaps[a*n*d : (a+1)*n*d]
+		scale := maxAbsF(want)
+		for i, tp := range s.taps {
+			got := tp[row*d : (row+1)*d]
+			for j := range d {
+				require.InDelta(t, want[i*d+j], got[j], 1e-4*scale, "anchor %d, target layer %d, element %d", t0, m.draft.cfg.TargetLayers[i], j)
+			}
+		}
+		ds.bind(s)
+		history := append(append([]int32(nil), ids[:t0+1]...), nexts[a])
+		drafts := ds.Draft(history, k, nil)
+		require.Equal(t, wantDrafts[a*k:(a+1)*k], drafts, "anchor %d's drafts", t0)
+		wl := wantLogits[a*k*v : (a+1)*k*v]
+		ls := maxAbsF(wl)
+		worst := 0.0
+		for i := range wl {
+			worst = max(worst, math.Abs(float64(wl[i]-ds.row[i])))
+		}
+		assert.LessOrEqual(t, worst, 1e-4*ls, "anchor %d: block logits, max |k3 - PyTorch| against a scale of %.3g", t0, ls)
+		conf := ds.Confidences()
+		for i := range k {
+			assert.InDelta(t, wantConf[a*k+i], conf[i], 1e-4, "anchor %d position %d's confidence", t0, i)
+		}
+		s.Close()
+	}
+	// Without a bound session there is nothing to read: no drafts.
+	ds.bind(nil)
+	assert.Empty(t, ds.Draft(ids, 4, nil))
+
+	// A checkpoint without a draft module has no DSpark.
+	plain, err := Load(ctx, "../testdata/model/tiny_k31pro")
+	require.NoError(t, err)
+	defer plain.Close()
+	_, err = plain.NewDSpark()
+	assert.ErrorIs(t, err, ErrInvalidOption)
+}
+
+// Speculation with the DSpark drafter gives plain decoding's tokens,
+// greedy and sampled, at every depth up to the block, alone and in a
+// Batcher.
+func TestDSparkExact(t *testing.T) {
+	ctx := context.Background()
+	m, err := LoadTiny(ctx, WithRollback(8))
+	require.NoError(t, err)
+	defer m.Close()
+	prompt := m.Encode("package main\n\nimport \"fmt\"\n\nfunc main() {\n\tfor i := 0; i < 10; i++ {\n\t\tfmt.Println(i)\n\t}\n}\n\nfunc add(a, b int) int {\n")
+	depths := []int{1, 2, 4, 7}
+	if raceEnabled || testing.Short() {
+		depths = []int{4}
+	}
+	for _, depth := range depths {
+		for _, sampled := range []bool{false, true} {
+			opts := []GenerateOption{WithMaxTokens(40), WithoutDefaultStops()}
+			if sampled {
+				opts = append(opts, WithTemperature(0.7), WithSeed(uint64(depth)))
+			}
+			plain, _ := m.NewSession()
+			want, _ := genIDs(t, plain, prompt, opts...)
+			plain.Close()
+			ds, err := m.NewDSpark()
+			require.NoError(t, err)
+			s, _ := m.NewSession()
+			got, u := genIDs(t, s, prompt, append(opts, WithSpeculation(ds, depth))...)
+			s.Close()
+			require.Equal(t, want, got, "depth %d, sampled %v", depth, sampled)
+			assert.Positive(t, u.DraftTokens, "depth %d", depth)
+			if !sampled {
+				t.Logf("depth %d: %d drafts, %d accepted", depth, u.DraftTokens, u.AcceptedTokens)
+			}
+		}
+	}
+
+	// In a Batcher, three sequences with a DSpark each: plain decoding's
+	// tokens, and greedy, the drafts and acceptances of the sequence alone
+	// (the anchor's hidden states come from its rows of the ragged pass).
+	br, err := m.NewBatcher(3)
+	require.NoError(t, err)
+	bctx, stop := context.WithCancel(ctx)
+	defer stop()
+	require.NoError(t, br.Start(bctx))
+	var wg sync.WaitGroup
+	for i := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := m.Encode(fmt.Sprint("func f", i, "(x int) int {\n\treturn x + ", i, "\n}\n\nfunc g", i, "("))
+			opts := []GenerateOption{WithMaxTokens(24), WithoutDefaultStops()}
+			alone, err := m.NewDSpark()
+			if !assert.NoError(t, err) {
+				return
+			}
+			s1, _ := m.NewSession()
+			defer s1.Close()
+			want, wantU := genIDs(t, s1, p, append(opts, WithSpeculation(alone, 4))...)
+			ds, err := m.NewDSpark()
+			if !assert.NoError(t, err) {
+				return
+			}
+			s, _ := m.NewSession()
+			defer s.Close()
+			var got []int32
+			var u Usage
+			for tok, err := range br.GenerateTokens(ctx, s, p, append(opts, WithSpeculation(ds, 4))...) {
+				if !assert.NoError(t, err) {
+					return
+				}
+				got = append(got, tok.ID)
+				if tok.Usage != nil {
+					u = *tok.Usage
+				}
+			}
+			assert.Equal(t, want, got, "sequence %d", i)
+			assert.Equal(t, wantU.DraftTokens, u.DraftTokens, "sequence %d's drafts", i)
+			assert.Equal(t, wantU.AcceptedTokens, u.AcceptedTokens, "sequence %d's accepted drafts", i)
+		}()
+	}
+	wg.Wait()
+}
+
+// checkedDSpark drafts with a DSpark bound to the generating session and
+// checks each block against a DSpark reading a fresh session fed the same
+// history: the anchor is found after rollbacks too.
+type checkedDSpark struct {
+	t        *testing.T
+	m        *Model
+	ds       *DSpark
+	calls    int
+	mismatch int
+}
+
+func (c *checkedDSpark) bind(s *Session) { c.ds.bind(s) }
+
+func (c *checkedDSpark) Draft(history []int32, n int, dst []int32) []int32 {
+	start := len(dst)
+	dst = c.ds.Draft(history, n, dst)
+	got := append([]int32(nil), dst[start:]...)
+	fresh, err := c.m.NewSession()
+	require.NoError(c.t, err)
+	defer fresh.Close()
+	_, err = fresh.Forward(context.Background(), history[:len(history)-1])
+	require.NoError(c.t, err)
+	ref, err := c.m.NewDSpark()
+	require.NoError(c.t, err)
+	ref.bind(fresh)
+	want := ref.Draft(history, n, nil)
+	c.calls++
+	if len(want) != len(got) || (len(want) > 0 && want[0] != got[0]) {
+		c.mismatch++
+	}
+	return dst
+}
+
+func TestDSparkAnchorAfterRollback(t *testing.T) {
+	ctx := context.Background()
+	m, err := LoadTiny(ctx, WithRollback(8))
+	require.NoError(t, err)
+	defer m.Close()
+	ds, err := m.NewDSpark()
+	require.NoError(t, err)
+	c := &checkedDSpark{t: t, m: m, ds: ds}
+	s, _ := m.NewSession()
+	defer s.Close()
+	_, u := genIDs(t, s, m.Encode("func (b *Buffer) Write(p []byte) (n int, err error) {\n"), WithMaxTokens(32), WithoutDefaultStops(), WithSpeculation(c, 4))
+	require.Positive(t, c.calls)
+	assert.Less(t, u.AcceptedTokens, u.DraftTokens, "some drafts were rejected, so the session rolled back")
+	assert.Zero(t, c.mismatch, "blocks whose first draft differs from a fresh session's, of %d", c.calls)
+}
