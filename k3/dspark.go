@@ -16,15 +16,15 @@ import (
 // MLP-sublayer inputs of cfg.TargetLayers, and the embedding of the token
 // after it, one pass gives a block of cfg.BlockSize draft positions.
 type dsparkWeights struct {
-	cfg            *config.DraftConfig
-	fc             compute.Tensor // [D, n·D]
-	fcNorm, norm   compute.Tensor // [D]
-	pos            []float32      // [K, D], host: added to the block's rows
-	layers         []dsparkLayer
-	markovIn       []float32 // [V, r], host: a row per token
-	markovOut      compute.Tensor
-	confW          []float32 // [D + r]
-	confB          float32
+	cfg           *config.DraftConfig
+	fc            compute.Tensor // [D, n·D]
+	fcNorm, norm  compute.Tensor // [D]
+	pos           []float32      // [K, D], host: added to the block's rows
+	layers        []dsparkLayer
+	markovIn      []float32 // [V, r], host: a row per token
+	markovOut     compute.Tensor
+	confW         []float32 // [D + r]
+	confB         float32
 	tapOf         []int // per layer: its slot among the target layers, -1 for the others
 	eps           float32
 	hidden, rank  int
