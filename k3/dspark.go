@@ -152,6 +152,10 @@ func (ds *DSpark) Confidences() []float32 {
 	return append([]float32(nil), ds.conf...)
 }
 
+// blockConfidences is Confidences without the copy, for the adaptive
+// depth (under the generation's own use of the drafter).
+func (ds *DSpark) blockConfidences() []float32 { return ds.conf }
+
 // Draft proposes up to n tokens (at most the module's block size) after
 // history, whose last token is the one just drawn after the bound
 // session's last position. Without a bound session, or when the session

@@ -129,6 +129,24 @@ func TestDSparkExact(t *testing.T) {
 		}
 	}
 
+	// The adaptive depth with DSpark's confidences choosing the prefix.
+	for _, sampled := range []bool{false, true} {
+		opts := []GenerateOption{WithMaxTokens(40), WithoutDefaultStops()}
+		if sampled {
+			opts = append(opts, WithTemperature(0.7), WithSeed(9))
+		}
+		plain, _ := m.NewSession()
+		want, _ := genIDs(t, plain, prompt, opts...)
+		plain.Close()
+		ds, err := m.NewDSpark()
+		require.NoError(t, err)
+		s, _ := m.NewSession()
+		got, u := genIDs(t, s, prompt, append(opts, WithAdaptiveSpeculation(ds, 7))...)
+		s.Close()
+		require.Equal(t, want, got, "adaptive, sampled %v", sampled)
+		t.Logf("adaptive, sampled %v: %d drafts, %d accepted", sampled, u.DraftTokens, u.AcceptedTokens)
+	}
+
 	// In a Batcher, three sequences with a DSpark each: plain decoding's
 	// tokens, and greedy, the drafts and acceptances of the sequence alone
 	// (the anchor's hidden states come from its rows of the ragged pass).
@@ -223,4 +241,48 @@ func TestDSparkAnchorAfterRollback(t *testing.T) {
 	require.Positive(t, c.calls)
 	assert.Less(t, u.AcceptedTokens, u.DraftTokens, "some drafts were rejected, so the session rolled back")
 	assert.Zero(t, c.mismatch, "blocks whose first draft differs from a fresh session's, of %d", c.calls)
+}
+
+// confidentOracle drafts a plain run's continuation with confidences that
+// fall along the block, as DSpark's head would.
+type confidentOracle struct {
+	perfect
+	conf    []float32
+	drafted int // tokens drafted in all
+}
+
+func (c *confidentOracle) Draft(history []int32, n int, dst []int32) []int32 {
+	k := len(dst)
+	dst = c.perfect.Draft(history, n, dst)
+	c.drafted += len(dst) - k
+	c.conf = c.conf[:0]
+	for i := range n {
+		c.conf = append(c.conf, 0.99-0.2*float32(i))
+	}
+	return dst
+}
+
+func (c *confidentOracle) blockConfidences() []float32 { return c.conf }
+
+// With confidences, the adaptive depth verifies the prefix they pay for:
+// plain decoding's tokens, drafts accepted, and fewer drafts verified than
+// drafted blocks would hold.
+func TestConfidenceScheduledPrefix(t *testing.T) {
+	ctx := context.Background()
+	m, err := Load(ctx, "../testdata/model/tiny_k31pro", WithRollback(8))
+	require.NoError(t, err)
+	defer m.Close()
+	prompt := m.Encode("the cat sat on the mat")
+	plain, _ := m.NewSession()
+	want, _ := genIDs(t, plain, prompt, WithMaxTokens(32), WithoutDefaultStops())
+	plain.Close()
+	d := &confidentOracle{perfect: perfect{append(append([]int32(nil), prompt...), want...)}}
+	s, _ := m.NewSession()
+	defer s.Close()
+	got, u := genIDs(t, s, prompt, WithMaxTokens(32), WithoutDefaultStops(), WithAdaptiveSpeculation(d, 7))
+	require.Equal(t, want, got)
+	assert.Positive(t, u.AcceptedTokens)
+	assert.Equal(t, u.DraftTokens, u.AcceptedTokens, "perfect drafts")
+	assert.Less(t, u.DraftTokens, d.drafted-d.drafted/4, "the prefixes cut the blocks")
+	t.Logf("%d drafts verified of %d drafted, all accepted", u.DraftTokens, d.drafted)
 }

@@ -258,6 +258,13 @@ func medianOf(v []float64) float64 {
 	return v[len(v)/2]
 }
 
+// confidencer is a drafter that scores each position of the block it last
+// drafted (DSpark's confidence head): the probability that the draft is
+// accepted given that the ones before it were.
+type confidencer interface {
+	blockConfidences() []float32
+}
+
 // speculation is a generation's drafts in flight: tokens the session
 // already holds past the last token drawn, with the logits after each.
 type speculation struct {
@@ -285,7 +292,14 @@ type speculation struct {
 	// moving average), which the adaptive depth adds to a pass's cost.
 	draftSec float64
 	drafted  bool // the drafter has been called once
+	// sinceProbe counts the plain steps since the last probe.
+	sinceProbe int
 }
+
+// probeShare bounds what the probes of a costly drafter take of plain
+// decoding (the adaptive depth must not be more than a few percent slower
+// than plain decoding when speculation does not pay).
+const probeShare = 0.02
 
 // checkSpeculation reports whether the model can run o's speculation.
 func (m *Model) checkSpeculation(o *genOptions) error {
@@ -379,7 +393,7 @@ func (g *generation) draftPass(ctx context.Context, id int32) ([]int32, error) {
 	v := s.m.Config.VocabSize
 	n := min(sp.depth, s.limit-s.pos-1, g.o.maxTokens-g.n)
 	sp.drafts, sp.next = sp.drafts[:0], 0
-	probe := false
+	probe, confident := false, false
 	if sp.adaptive && n > 0 {
 		if sp.costs.Pass == nil || sp.costsBatch != sp.batch {
 			c, err := s.m.SpeculationCostsAt(ctx, sp.batch)
@@ -393,10 +407,27 @@ func (g *generation) draftPass(ctx context.Context, id int32) ([]int32, error) {
 			// The batch's drafters run one after another between passes.
 			c.Draft = sp.draftSec * float64(max(sp.batch, 1)) / c.Step
 		}
+		_, confident = sp.drafter.(confidencer)
 		if k := specdec.BestDepth(sp.acc.Rate(), n, c); k > 0 {
-			n = k
-		} else if specdec.BestDepth(1, n, c) > 0 {
+			// A drafter with confidences (DSpark) drafts its whole block
+			// in one pass and says how sure it is of each position: the
+			// acceptance so far decides whether to draft, its confidences
+			// how much of the block to verify (below).
+			if !confident {
+				n = k
+			}
+		} else if confident = false; specdec.BestDepth(1, n, c) > 0 {
+			// A probe drafts one token to keep the acceptance estimate
+			// current; a drafter whose drafts cost time probes only every
+			// so many steps, so that probing costs at most probeShare of
+			// plain decoding.
 			n, probe = 1, true
+			if every := int(c.Draft / probeShare); sp.sinceProbe < every {
+				n, probe = 0, false
+				sp.sinceProbe++
+			} else {
+				sp.sinceProbe = 0
+			}
 		} else {
 			// Not even drafts that are always right would pay for what
 			// they cost to draft: no probe either.
@@ -427,6 +458,11 @@ func (g *generation) draftPass(ctx context.Context, id int32) ([]int32, error) {
 			sp.draftSec = 0.9*sp.draftSec + 0.1*d
 		}
 		sp.drafts = sp.drafts[:min(len(sp.drafts), n)]
+	}
+	if confident {
+		conf := sp.drafter.(confidencer).blockConfidences()
+		k := specdec.BestPrefix(conf[:min(len(conf), len(sp.drafts))], sp.costs)
+		sp.drafts, probe = sp.drafts[:max(k, min(1, len(sp.drafts)))], k == 0
 	}
 	if probe && len(sp.drafts) > 0 {
 		// Plain decoding; the draft only feeds the estimate.

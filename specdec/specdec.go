@@ -123,6 +123,28 @@ func BestDepth(alpha float64, max int, c Costs) int {
 	return best
 }
 
+// BestPrefix returns how many of a drafted block to verify, from the
+// drafter's per-position confidences (conf[k]: the probability that draft
+// k is accepted given that the ones before it were, DSpark's confidence
+// head): the prefix K that maximises the expected tokens per unit of cost,
+// 1 + Σ_{k≤K} Π_{i≤k} conf[i] over Pass[K+1] plus Rollback unless every
+// draft is kept. The block's drafting is already paid for. It returns 0,
+// a plain step, unless some prefix is expected to be at least MinGain
+// times as fast.
+func BestPrefix(conf []float32, c Costs) int {
+	best, bestRate := 0, MinGain
+	tokens, keepAll := 1.0, 1.0
+	for k := 1; k <= len(conf) && k+1 < len(c.Pass); k++ {
+		keepAll *= float64(conf[k-1])
+		tokens += keepAll
+		cost := c.Pass[k+1] + c.Rollback*(1-keepAll)
+		if rate := tokens / cost; rate > bestRate {
+			best, bestRate = k, rate
+		}
+	}
+	return best
+}
+
 // Acceptance estimates the probability that a draft is accepted given
 // that the drafts before it were: an exponential moving average of the
 // outcomes observed, starting from 0 so that a drafter earns speculation

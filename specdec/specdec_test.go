@@ -118,14 +118,16 @@ func TestRejectionSamplingDistribution(t *testing.T) {
 // degrees of freedom.
 var chiSquare1e4 = map[int]float64{1: 15.137, 2: 18.421, 7: 29.878, 9: 33.720}
 
-func TestBestDepth(t *testing.T) {
-	linear := func(c float64) Costs {
-		p := make([]float64, 17)
-		for n := 1; n < len(p); n++ {
-			p[n] = 1 + c*float64(n-1)
-		}
-		return Costs{Pass: p, Rollback: 0.2}
+// linear costs: a pass of n tokens costs 1 + c·(n-1) steps.
+func linear(c float64) Costs {
+	p := make([]float64, 17)
+	for n := 1; n < len(p); n++ {
+		p[n] = 1 + c*float64(n-1)
 	}
+	return Costs{Pass: p, Rollback: 0.2}
+}
+
+func TestBestDepth(t *testing.T) {
 	// Cheap passes and good drafts: deep; poor drafts or costly passes: none.
 	assert.Equal(t, 15, BestDepth(0.99, 15, linear(0.01)))
 	assert.Equal(t, 7, BestDepth(0.99, 7, linear(0.01)), "capped by max")
@@ -188,4 +190,17 @@ func TestAcceptance(t *testing.T) {
 func withDraft(c Costs, d float64) Costs {
 	c.Draft = d
 	return c
+}
+
+func TestBestPrefix(t *testing.T) {
+	c := linear(0.05)
+	assert.Equal(t, 0, BestPrefix(nil, c))
+	assert.Equal(t, 0, BestPrefix([]float32{0.01, 0.9, 0.9}, c), "an unlikely first draft: a plain step")
+	assert.Equal(t, 3, BestPrefix([]float32{0.99, 0.99, 0.99}, c), "the whole block")
+	assert.Equal(t, 2, BestPrefix([]float32{0.95, 0.95, 0.02, 0.99}, c), "cut before the unlikely one")
+	// Constant confidences give the constant-acceptance choice.
+	for _, a := range []float32{0.5, 0.8, 0.95} {
+		conf := []float32{a, a, a, a, a, a, a}
+		assert.Equal(t, BestDepth(float64(a), 7, c), BestPrefix(conf, c), "alpha %v", a)
+	}
 }
