@@ -28,8 +28,13 @@ type DraftModel struct {
 	mu    sync.Mutex
 	draft *Model
 	s     *Session
-	err   error    // the first failure; drafting stops (no drafts) after it
-	one   [1]int32 // a one-token step
+	// self: draft is an early exit of the target (NewSelfDraft), whose
+	// session for the generation (target) holds the same layers' state.
+	self    bool
+	target  *Session
+	adopted int      // times it took the target's state
+	err     error    // the first failure; drafting stops (no drafts) after it
+	one     [1]int32 // a one-token step
 }
 
 // NewDraftModel returns a drafter for m's sequences that runs draft, which
@@ -77,6 +82,16 @@ func (d *DraftModel) Draft(history []int32, n int, dst []int32) []int32 {
 	for k < len(s.tokens) && k < len(history) && s.tokens[k] == history[k] {
 		k++
 	}
+	if t := d.target; d.self && t != nil && len(history)-1-k > catchUp && t.pos == len(history)-1 && !t.closed {
+		// The target's session already ran these tokens through the
+		// drafter's layers: take that state instead of recomputing it.
+		if err := s.adoptPrefix(t); err != nil {
+			d.err = fmt.Errorf("k3: draft model: %w", err)
+			return dst
+		}
+		k = s.pos
+		d.adopted++
+	}
 	if k < len(s.tokens) {
 		if err := s.Truncate(ctx, k); err != nil {
 			d.err = fmt.Errorf("k3: draft model: %w", err)
@@ -108,6 +123,62 @@ func (d *DraftModel) Draft(history []int32, n int, dst []int32) []int32 {
 	return dst
 }
 
+// catchUp is how many tokens a self drafter's session may lag its target
+// by before it takes the target's state instead of running them.
+const catchUp = ExactTokens
+
+// bind makes a self drafter follow s, the target's session for the
+// generation that uses it.
+func (d *DraftModel) bind(s *Session) {
+	d.mu.Lock()
+	d.target = s
+	d.mu.Unlock()
+}
+
+// adoptPrefix makes s, a session of an early-exit view, hold what t, a
+// session of the full model, holds in the view's layers: the KDA states
+// copied, the attention caches sharing t's pages, the replay logs
+// checkpointed there.
+func (s *Session) adoptPrefix(t *Session) error {
+	if err := s.Reset(); err != nil {
+		return err
+	}
+	b := s.m.b
+	for l := range s.kdaSt {
+		if st := s.kdaSt[l]; st != nil {
+			if err := b.Copy(st.Conv, t.kdaSt[l].Conv); err != nil {
+				return err
+			}
+			if err := b.Copy(st.S, t.kdaSt[l].S); err != nil {
+				return err
+			}
+		}
+		if c := s.caches[l]; c != nil {
+			c.Free()
+			if err := c.Fork(t.caches[l]); err != nil {
+				return err
+			}
+		}
+	}
+	s.pos, s.tokens = t.pos, append(s.tokens[:0], t.tokens...)
+	for l, lg := range s.logs {
+		if lg == nil {
+			continue
+		}
+		st := s.kdaSt[l]
+		if err := lg.Rebase(s.pos, func(state, conv []float32) error {
+			if err := b.Read(&state, st.S); err != nil {
+				return err
+			}
+			return b.Read(&conv, st.Conv)
+		}); err != nil {
+			return err
+		}
+	}
+	s.charge()
+	return nil
+}
+
 // NewSelfDraft returns a self-speculative drafter: m's own first n layers
 // followed by its final norm and lm_head (an early exit), proposing that
 // shortened model's greedy tokens. It shares m's weights and attention page
@@ -124,7 +195,12 @@ func (m *Model) NewSelfDraft(n int) (*DraftModel, error) {
 	if m.par != nil {
 		return nil, fmt.Errorf("%w: a self-speculative drafter on a rank of a Group", compute.ErrUnsupported)
 	}
-	return m.NewDraftModel(m.earlyExit(n))
+	d, err := m.NewDraftModel(m.earlyExit(n))
+	if err != nil {
+		return nil, err
+	}
+	d.self = true
+	return d, nil
 }
 
 // earlyExit is a view of m's first n layers as a model of its own: the

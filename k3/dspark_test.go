@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"k3/internal/safetensors"
+	"k3/specdec"
 )
 
 // The DSpark drafter runs the embedded model's draft module as the
@@ -272,6 +273,14 @@ func TestConfidenceScheduledPrefix(t *testing.T) {
 	m, err := Load(ctx, "../testdata/model/tiny_k31pro", WithRollback(8))
 	require.NoError(t, err)
 	defer m.Close()
+	// Pass costs of a fast machine, so that the choices do not depend on
+	// this one's (under the race detector a pass of 8 rows can cost 8
+	// steps, and then speculation never pays).
+	pass := make([]float64, 9)
+	for n := 1; n < len(pass); n++ {
+		pass[n] = 1 + 0.05*float64(n-1)
+	}
+	m.specCosts = specdec.Costs{Pass: pass, Rollback: 0.2, Step: 1e-3}
 	prompt := m.Encode("the cat sat on the mat")
 	plain, _ := m.NewSession()
 	want, _ := genIDs(t, plain, prompt, WithMaxTokens(32), WithoutDefaultStops())

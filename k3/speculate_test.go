@@ -650,6 +650,27 @@ func TestSelfDraft(t *testing.T) {
 				_, err := m.NewSelfDraft(n)
 				assert.ErrorIs(t, err, ErrInvalidOption, "self:%d", n)
 			}
+			// A prompt longer than catchUp: the drafter takes the target
+			// session's state for its layers, and drafts what it drafts
+			// when it runs the prompt itself.
+			long := make([]int32, 0, 64)
+			for len(long) < 3*catchUp {
+				long = append(long, prompt...)
+			}
+			usage := func(adopt bool) Usage {
+				dm, err := m.NewSelfDraft(layers / 2)
+				require.NoError(t, err)
+				defer dm.Close()
+				dm.self = adopt
+				s, _ := m.NewSession()
+				defer s.Close()
+				_, u := genIDs(t, s, long, WithMaxTokens(16), WithoutDefaultStops(), WithSpeculation(dm, 3))
+				if adopt {
+					assert.Positive(t, dm.adopted, "the drafter took the target's state")
+				}
+				return u
+			}
+			assert.Equal(t, usage(false), usage(true), "drafts with the target's state against drafts run alone")
 			// The view of every layer is the model itself: its greedy
 			// drafts are all accepted.
 			dm, err := m.NewDraftModel(m.earlyExit(layers))
