@@ -2,10 +2,8 @@ package k3
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
-	"sync"
 
 	"k3/comm"
 	"k3/compute"
@@ -275,28 +273,6 @@ func (q *cpSeq) moveState(st *kda.State, from, to int) error {
 	return nil
 }
 
-// eachCP runs f for every rank's share on its own goroutine, as onRanks.
-func (gs *GroupSession) eachCP(f func(r int, q *cpSeq) error) error {
-	errs := make([]error, len(gs.cp))
-	var wg sync.WaitGroup
-	for r, q := range gs.cp {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if errs[r] = f(r, q); errs[r] != nil {
-				gs.g.abort(fmt.Errorf("rank %d: %w", r, errs[r]))
-			}
-		}()
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil && !errors.Is(err, comm.ErrAborted) {
-			return err
-		}
-	}
-	return errors.Join(errs...)
-}
-
 // forwardCP feeds tokens to every rank's share and returns every new
 // position's logits with all (else nil), leaving the last one's in the
 // shell for Generate. A failure inside a pass leaves the ranks' shares
@@ -322,9 +298,9 @@ func (gs *GroupSession) forwardCP(ctx context.Context, tokens []int32, all bool,
 		return nil, fmt.Errorf("%w: %d tokens after %d exceed %d", ErrContextFull, len(tokens), base, gs.cp[0].limit)
 	}
 	res := make([][]cpResult, len(gs.cp))
-	err := gs.eachCP(func(r int, q *cpSeq) error {
+	err := gs.each(len(gs.cp), func(r int) error {
 		var err error
-		res[r], err = q.forward(ctx, tokens, all, tr != nil)
+		res[r], err = gs.cp[r].forward(ctx, tokens, all, tr != nil)
 		return err
 	})
 	if err != nil {

@@ -84,11 +84,12 @@ func loadDSpark(m *Model, src *source, d *config.DraftConfig) (*dsparkWeights, e
 // it to its session. Confidences reports the last block's per-position
 // confidences.
 type DSpark struct {
-	mu   sync.Mutex
-	m    *Model
-	w    *dsparkWeights
-	s    *Session
-	conf []float32
+	mu     sync.Mutex
+	m      *Model
+	w      *dsparkWeights
+	s      *Session
+	conf   []float32
+	closed bool
 
 	in, c, e, f, h, g, u, o compute.Tensor
 	fn, logits, mrow, brow  compute.Tensor
@@ -136,10 +137,27 @@ func (m *Model) NewDSpark() (*DSpark, error) {
 	return ds, nil
 }
 
+// Close returns the drafter's scratch to the backend; it drafts nothing
+// afterwards.
+func (ds *DSpark) Close() error {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	for _, t := range []*compute.Tensor{&ds.in, &ds.c, &ds.e, &ds.f, &ds.h, &ds.g, &ds.u, &ds.o, &ds.fn, &ds.logits, &ds.mrow, &ds.brow, &ds.ids} {
+		if !t.IsZero() {
+			ds.m.b.Free(*t)
+			*t = compute.Tensor{}
+		}
+	}
+	ds.s, ds.closed = nil, true
+	return nil
+}
+
 // bind makes the drafter follow s (the generation that uses it).
 func (ds *DSpark) bind(s *Session) {
 	ds.mu.Lock()
-	ds.s = s
+	if !ds.closed {
+		ds.s = s
+	}
 	ds.mu.Unlock()
 }
 

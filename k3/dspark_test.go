@@ -83,9 +83,17 @@ func TestDSparkMatchesTrainingFramework(t *testing.T) {
 		}
 		s.Close()
 	}
-	// Without a bound session there is nothing to read: no drafts.
+	// Without a bound session there is nothing to read: no drafts; nor
+	// once closed.
 	ds.bind(nil)
 	assert.Empty(t, ds.Draft(ids, 4, nil))
+	require.NoError(t, ds.Close())
+	s, _ := m.NewSession()
+	defer s.Close()
+	_, err = s.Forward(ctx, ids[:10])
+	require.NoError(t, err)
+	ds.bind(s)
+	assert.Empty(t, ds.Draft(append(ids[:10:10], 5), 4, nil))
 
 	// A checkpoint without a draft module has no DSpark.
 	plain, err := Load(ctx, "../testdata/model/tiny_k31pro")
@@ -219,6 +227,7 @@ func (c *checkedDSpark) Draft(history []int32, n int, dst []int32) []int32 {
 	require.NoError(c.t, err)
 	ref, err := c.m.NewDSpark()
 	require.NoError(c.t, err)
+	defer ref.Close()
 	ref.bind(fresh)
 	want := ref.Draft(history, n, nil)
 	c.calls++

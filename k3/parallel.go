@@ -489,17 +489,22 @@ func (gs *GroupSession) Close() error {
 	return errors.Join(errs...)
 }
 
-// onRanks runs f for every rank on its own goroutine; the first error
-// aborts the group's collectives, so that no rank waits for one that
-// stopped, and is returned.
+// onRanks runs f for every rank's session on its own goroutine (each).
 func (gs *GroupSession) onRanks(f func(r int, s *Session) error) error {
-	errs := make([]error, len(gs.ranks))
+	return gs.each(len(gs.ranks), func(r int) error { return f(r, gs.ranks[r]) })
+}
+
+// each runs f for ranks 0..n-1, each on its own goroutine; the first
+// error aborts the group's collectives, so that no rank waits for one
+// that stopped, and is returned.
+func (gs *GroupSession) each(n int, f func(r int) error) error {
+	errs := make([]error, n)
 	var wg sync.WaitGroup
-	for r, s := range gs.ranks {
+	for r := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if errs[r] = f(r, s); errs[r] != nil {
+			if errs[r] = f(r); errs[r] != nil {
 				gs.g.abort(fmt.Errorf("rank %d: %w", r, errs[r]))
 			}
 		}()

@@ -176,6 +176,7 @@ func (g *genFlags) load(ctx context.Context, stderr io.Writer) (*k3.Model, error
 			return nil, fmt.Errorf("-speculate dspark: %w", err)
 		}
 		g.draft = ds
+		g.closeDraft = func() { ds.Close() }
 	}
 	if n, ok := strings.CutPrefix(g.speculate, "self:"); ok {
 		k, _ := g.selfLayers(n)

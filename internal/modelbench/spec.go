@@ -370,7 +370,7 @@ func SpecReal(ctx context.Context, files []string, drafters []string, batch, tok
 	// drafter follows one sequence), and what closes them.
 	drafterFor := func(name string) ([]specdec.Drafter, func(), error) {
 		ds := make([]specdec.Drafter, len(prompts))
-		var dms []*k3.DraftModel
+		var dms []interface{ Close() error }
 		done := func() {
 			for _, d := range dms {
 				d.Close()
@@ -396,7 +396,7 @@ func SpecReal(ctx context.Context, files []string, drafters []string, batch, tok
 					done()
 					return nil, done, err
 				}
-				ds[i] = d
+				dms, ds[i] = append(dms, d), d
 			} else {
 				return nil, done, fmt.Errorf("modelbench: drafter %q: want ngram, self:N or dspark", name)
 			}
