@@ -362,18 +362,21 @@ func (l *Layer) ForwardSplit(ctx context.Context, e *Exchange, a *SplitPass, x, 
 
 // partialShared is attention for rows every rank holds: each rank attends
 // over its own keys (with sparse, those of the merged selection it holds),
-// keeping each head's log-sum-exp, and the ranks all-gather those partial
-// outputs and merge them. A decode step then moves one output per rank and
+// keeping each head's log-sum-exp, lifts that to the value heads, and the
+// ranks all-gather those partial outputs and merge them. A decode step then moves one output per rank and
 // head and no keys at all, where gathering moves the selected rows (or
 // for dense attention the whole cache). Every rank merges the same
 // gathered parts in rank order: the outputs agree bitwise.
 func (l *Layer) partialShared(ctx context.Context, e *Exchange, a *SplitPass, sparse bool, qa, qri, x, y compute.Tensor) error {
 	cfg, b, c, pl := l.cfg, l.b, a.Cache, a.Place
 	n, me, t := a.Comm.Size(), a.Comm.Rank(), len(a.Pos)
-	h, dc := cfg.NumHeads, cfg.KVLoRARank
-	part := t * h * (dc + 1) // outputs, then log-sum-exps
+	h, dc, dv := cfg.NumHeads, cfg.KVLoRARank, cfg.VDim
+	// Each rank lifts its partial output to the value heads before the
+	// exchange (the lift is linear, so merging after it is the same sum):
+	// dv floats a head travel instead of dc.
+	part := t * h * (dv + 1) // outputs, then log-sum-exps
 	e.got = growF(e.got, part)
-	outs, lses := e.got[:t*h*dc], e.got[t*h*dc:]
+	outs, lses := e.got[:t*h*dv], e.got[t*h*dv:]
 	clear(outs)
 	for i := range lses {
 		lses[i] = float32(math.Inf(-1))
@@ -426,7 +429,10 @@ func (l *Layer) partialShared(ctx context.Context, e *Exchange, a *SplitPass, sp
 		if err := b.Attention(&l.attn); err != nil {
 			return fmt.Errorf("dsa: split partial attention: %w", err)
 		}
-		if err := b.Read(&outs, e.kvT); err != nil {
+		if err := b.HeadMatMul(l.o.Rows(0, t), e.kvT, l.W.UV); err != nil {
+			return fmt.Errorf("dsa: split value lift: %w", err)
+		}
+		if err := b.Read(&outs, l.o.Rows(0, t)); err != nil {
 			return err
 		}
 		if err := b.Read(&lses, e.peT); err != nil {
@@ -434,7 +440,7 @@ func (l *Layer) partialShared(ctx context.Context, e *Exchange, a *SplitPass, sp
 		}
 		for i, k := range e.cnt {
 			if k == 0 { // none of this rank's keys precede the row
-				clear(outs[i*h*dc : (i+1)*h*dc])
+				clear(outs[i*h*dv : (i+1)*h*dv])
 				for j := range h {
 					lses[i*h+j] = float32(math.Inf(-1))
 				}
@@ -457,29 +463,29 @@ func (l *Layer) partialShared(ctx context.Context, e *Exchange, a *SplitPass, sp
 	if err := b.Read(e.recv, e.recvT); err != nil {
 		return err
 	}
-	e.lat = growF(e.lat, t*h*dc)
+	e.lat = growF(e.lat, t*h*dv)
 	merged := e.lat
 	for i := range t {
 		for j := range h {
 			m := math.Inf(-1)
 			for r := range n {
-				m = max(m, float64(e.recv[r*part+t*h*dc+i*h+j]))
+				m = max(m, float64(e.recv[r*part+t*h*dv+i*h+j]))
 			}
-			o := merged[(i*h+j)*dc : (i*h+j+1)*dc]
+			o := merged[(i*h+j)*dv : (i*h+j+1)*dv]
 			clear(o)
 			if math.IsInf(m, -1) {
 				continue
 			}
 			var sum float64
-			acc := make64(&e.acc, dc)
+			acc := make64(&e.acc, dv)
 			for r := range n {
-				lse := float64(e.recv[r*part+t*h*dc+i*h+j])
+				lse := float64(e.recv[r*part+t*h*dv+i*h+j])
 				if math.IsInf(lse, -1) {
 					continue
 				}
 				wt := math.Exp(lse - m)
 				sum += wt
-				src := e.recv[r*part+(i*h+j)*dc : r*part+(i*h+j+1)*dc]
+				src := e.recv[r*part+(i*h+j)*dv : r*part+(i*h+j+1)*dv]
 				for d, v := range src {
 					acc[d] += wt * float64(v)
 				}
@@ -489,10 +495,10 @@ func (l *Layer) partialShared(ctx context.Context, e *Exchange, a *SplitPass, sp
 			}
 		}
 	}
-	if err := b.Write(l.ol.Rows(0, t), &merged); err != nil {
+	if err := b.Write(l.o.Rows(0, t), &merged); err != nil {
 		return err
 	}
-	return l.output(x, t, y)
+	return l.gateAndProject(x, t, y)
 }
 
 // make64 returns *b resized to n and zeroed.

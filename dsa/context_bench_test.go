@@ -14,9 +14,9 @@ import (
 )
 
 // BenchmarkSplitDecodeBytes decodes rows of a DeepSeek-V3.2-sized
-// attention layer (latent 512, rope 64, index keys 128, top-K 2048, 16
-// query heads) over a cache of L positions split head and tail over CP
-// ranks, and reports the bytes ForwardSplit's collectives send per decoded
+// attention layer (latent 512, rope 64, index keys 128, top-K 2048, value
+// heads of 128; 16 query heads, a TP rank's share of V3.2's 128) over a
+// cache of L positions split head and tail over CP ranks, and reports the bytes ForwardSplit's collectives send per decoded
 // row (summed over the ranks) against what an all-gather of the whole
 // cache (latent, rope and index keys) would send: merging each rank's
 // partial attention over the selected keys it holds (how the model
@@ -26,7 +26,7 @@ import (
 //	go test ./dsa -run '^$' -bench SplitDecodeBytes -benchtime 3x
 func BenchmarkSplitDecodeBytes(b *testing.B) {
 	const dc, dr, di, k = 512, 64, 128, 2048
-	sparse := Config{Hidden: 64, NumHeads: 16, QLoRARank: 32, KVLoRARank: dc, NopeDim: 16, RopeDim: dr, VDim: 16,
+	sparse := Config{Hidden: 64, NumHeads: 16, QLoRARank: 32, KVLoRARank: dc, NopeDim: 128, RopeDim: dr, VDim: 128,
 		OutputGate: true, RopeTheta: 10000, Indexer: &IndexerConfig{NumHeads: 8, HeadDim: di, TopK: k}}
 	dense := sparse
 	dense.Indexer = nil

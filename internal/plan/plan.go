@@ -284,12 +284,12 @@ func (n counts) estimate(c *config.Config, card Card, cards int, w Workload, l L
 	}
 	if l.CP > 1 {
 		// k3's context-parallel decode: every CP rank attends over the
-		// keys it holds and the ranks all-gather the partial outputs (in
-		// the latent space, with each head's log-sum-exp); DSA layers
+		// keys it holds and the ranks all-gather the partial outputs
+		// (lifted to the value heads, with each head's log-sum-exp); DSA layers
 		// first send each rank's top-K candidates (score and position) to
 		// the others. No keys travel.
 		m := c.MLA
-		partial := (cp - 1) * float64(m.NumHeads) / tp * float64(m.KVLoRARank+1) * w.ActBytes
+		partial := (cp - 1) * float64(m.NumHeads) / tp * float64(m.VHeadDim+1) * w.ActBytes
 		cpComm := 0.0
 		if n.dsaLayers > 0 {
 			cpComm += float64(n.dsaLayers) * tokens * ((cp-1)*topK*8 + partial)
