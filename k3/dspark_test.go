@@ -112,7 +112,7 @@ func TestDSparkExact(t *testing.T) {
 	require.NoError(t, err)
 	defer m.Close()
 	prompt := m.Encode("package main\n\nimport \"fmt\"\n\nfunc main() {\n\tfor i := 0; i < 10; i++ {\n\t\tfmt.Println(i)\n\t}\n}\n\nfunc add(a, b int) int {\n")
-	depths := []int{1, 2, 4, 7}
+	depths := []int{1, 2, 3, 4, 5, 6, 7} // the module's block is 7
 	if raceEnabled || testing.Short() {
 		depths = []int{4}
 	}

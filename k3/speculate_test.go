@@ -613,7 +613,7 @@ func TestSelfDraft(t *testing.T) {
 		targets = append(targets, target{filepath.Base(dir), func() (*Model, error) { return Load(ctx, dir, WithRollback(8)) }})
 	}
 	targets = append(targets, target{"trained", func() (*Model, error) { return LoadTiny(ctx, WithRollback(8)) }})
-	depths := []int{1, 3, 8}
+	depths := []int{1, 2, 3, 4, 5, 6, 7, 8}
 	if raceEnabled || testing.Short() {
 		depths, targets = []int{3}, targets[:1]
 	}
