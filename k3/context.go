@@ -307,6 +307,14 @@ func (gs *GroupSession) forwardCP(ctx context.Context, tokens []int32, all bool,
 		gs.broken = err
 		return nil, err
 	}
+	// The ranks of a CP slice's TP group computed the same rows: one
+	// each (TP index 0) says what the slice did.
+	if tp := gs.g.layout.TP; tp > 1 {
+		for c := range len(res) / tp {
+			res[c] = res[c*tp]
+		}
+		res = res[:len(res)/tp]
+	}
 	var out []float32
 	if all {
 		out = make([]float32, len(tokens)*v)

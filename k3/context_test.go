@@ -13,7 +13,8 @@ import (
 	"k3/comm"
 )
 
-// A sequence split over CP ranks gives the tokens of one model, with
+// A sequence split over CP ranks (each CP slice alone or a TP group)
+// gives the tokens of one model, with
 // logits within 1e-4 of the logit scale and the same DSA selections, on
 // every conformance checkpoint: a prompt split head and tail, a
 // continuation split again, a run too short to split, then decode steps;
@@ -23,9 +24,9 @@ func TestGroupContextParallel(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, dirs)
 	ctx := context.Background()
-	ranks := []int{2, 3, 4}
+	layouts := []Layout{{CP: 2}, {CP: 3}, {CP: 4}, {CP: 2, TP: 2}, {CP: 2, TP: 4}}
 	if raceEnabled {
-		ranks = []int{3}
+		layouts = []Layout{{CP: 3}, {CP: 2, TP: 2}}
 	}
 	feeds := []int{37, 11, 3} // then single tokens
 	const steps = 8
@@ -72,9 +73,9 @@ func TestGroupContextParallel(t *testing.T) {
 		gen.Close()
 		one.Close()
 		scale := maxAbsF(want)
-		for _, n := range ranks {
-			t.Run(fmt.Sprintf("%s/cp%d", filepath.Base(dir), n), func(t *testing.T) {
-				g, err := LoadGroup(ctx, dir, Layout{CP: n})
+		for _, l := range layouts {
+			t.Run(fmt.Sprintf("%s/%v", filepath.Base(dir), l), func(t *testing.T) {
+				g, err := LoadGroup(ctx, dir, l)
 				require.NoError(t, err)
 				defer g.Close()
 				gs, err := g.NewSession()
@@ -125,8 +126,10 @@ func TestGroupContextParallel(t *testing.T) {
 				total := at + steps
 				held := 0
 				for r, q := range gs.cp {
-					h := q.place.Held(r)
-					held += h
+					h := q.place.Held(r / max(l.TP, 1))
+					if r%max(l.TP, 1) == 0 {
+						held += h
+					}
 					assert.Less(t, h, total, "rank %d holds %d of %d positions", r, h, total)
 					for l, c := range q.cache {
 						if c != nil {
@@ -138,6 +141,9 @@ func TestGroupContextParallel(t *testing.T) {
 				st := g.Stats()
 				assert.Positive(t, st.Bytes[comm.OpSend], "KDA states travelled")
 				assert.Positive(t, st.Bytes[comm.OpAllToAllV], "keys travelled")
+				if l.TP > 1 {
+					assert.Positive(t, st.Bytes[comm.OpAllReduce], "each CP slice's TP group added its heads' sums")
+				}
 
 				// Generate on a fresh session: the tokens of one model.
 				gs2, err := g.NewSession()
@@ -156,7 +162,7 @@ func TestGroupContextParallel(t *testing.T) {
 
 func TestContextParallelLayoutErrors(t *testing.T) {
 	ctx := context.Background()
-	for _, l := range []Layout{{CP: 2, TP: 2}, {CP: 2, EP: 2}, {CP: -1}} {
+	for _, l := range []Layout{{CP: 2, EP: 2}, {CP: 2, TP: 2, EP: 2}, {CP: 2, EP: 2, Dispatch: true}, {CP: -1}} {
 		_, err := LoadGroup(ctx, "../testdata/model/tiny_k3", l)
 		assert.ErrorIs(t, err, ErrInvalidOption, "%+v", l)
 	}

@@ -23,9 +23,10 @@ import (
 // smaller of the two must divide the larger: TP groups are blocks of TP
 // consecutive ranks, each holding the whole attention, and the routed
 // experts are spread over ranks 0..EP-1. CP ranks split a sequence's
-// positions (context parallelism): each holds the whole model and the
-// attention keys of its positions (see GroupSession); it cannot be combined
-// with TP or EP yet. Zero means 1.
+// positions (context parallelism): each holds the attention keys of its
+// positions (see GroupSession) and, with TP, is a TP group of its own
+// (TP·CP ranks, CP slice c being ranks c·TP to c·TP+TP-1); CP beside EP
+// is not built. Zero means 1.
 type Layout struct {
 	TP, EP, CP int
 	// Serial runs each rank's shared experts after its routed ones
@@ -68,8 +69,8 @@ func (l Layout) check(cfg *config.Config) error {
 		return fmt.Errorf("%w: layout %+v: negative rank counts", ErrInvalidOption, l)
 	}
 	l = l.norm()
-	if l.CP > 1 && (l.TP > 1 || l.EP > 1 || l.Dispatch) {
-		return fmt.Errorf("%w: layout %v: context parallelism beside TP or EP is not built", ErrInvalidOption, l)
+	if l.CP > 1 && (l.EP > 1 || l.Dispatch) {
+		return fmt.Errorf("%w: layout %v: context parallelism beside EP is not built", ErrInvalidOption, l)
 	}
 	lo, hi := min(l.TP, l.EP), max(l.TP, l.EP)
 	if hi%lo != 0 {
@@ -314,6 +315,7 @@ type Group struct {
 	backends []compute.Backend
 	world    []*comm.Local
 	tp       [][]*comm.Local
+	cp       [][]*comm.Local // CP groups, by TP index: rank c·TP+i is member c of cp[i]
 	closeMu  sync.Mutex
 	closed   bool
 }
@@ -360,8 +362,23 @@ func LoadGroup(ctx context.Context, dir string, layout Layout, opts ...Option) (
 		}
 		g.tp = append(g.tp, tp)
 	}
+	if layout.CP > 1 {
+		// The ranks sharing a TP index form a CP group.
+		for i := range layout.TP {
+			var bs []compute.Backend
+			for c := range layout.CP {
+				bs = append(bs, g.backends[c*layout.TP+i])
+			}
+			cp, err := comm.NewLocal(bs)
+			if err != nil {
+				g.Close()
+				return nil, err
+			}
+			g.cp = append(g.cp, cp)
+		}
+	}
 	for r := range n {
-		if layout.CP > 1 {
+		if layout.CP > 1 && layout.TP == 1 {
 			// Every CP rank holds the whole model; the sequence is what splits.
 			m, err := Load(ctx, dir, append(append([]Option(nil), opts...), WithComputeBackend(g.backends[r]))...)
 			if err != nil {
@@ -372,6 +389,12 @@ func LoadGroup(ctx context.Context, dir string, layout Layout, opts ...Option) (
 			continue
 		}
 		p := &rankPar{layout: layout, rank: r, world: g.world[r], tp: g.tp[r/layout.TP][r%layout.TP]}
+		if layout.CP > 1 {
+			// A CP slice is a TP group of its own: its ranks hold the same
+			// tokens, so the MoE sums over it alone.
+			p.layout = Layout{TP: layout.TP, Serial: layout.Serial}.norm()
+			p.rank, p.world = r%layout.TP, p.tp
+		}
 		if cfg.MoE != nil {
 			p.numExperts = cfg.MoE.NumExperts
 		}
@@ -405,6 +428,11 @@ func (g *Group) Stats() comm.Stats {
 			s = s.Add(r.Stats())
 		}
 	}
+	for _, cp := range g.cp {
+		for _, r := range cp {
+			s = s.Add(r.Stats())
+		}
+	}
 	return s
 }
 
@@ -415,6 +443,11 @@ func (g *Group) abort(err error) {
 	}
 	for _, tp := range g.tp {
 		for _, r := range tp {
+			r.Abort(err)
+		}
+	}
+	for _, cp := range g.cp {
+		for _, r := range cp {
 			r.Abort(err)
 		}
 	}
@@ -455,7 +488,8 @@ func (g *Group) NewSession() (*GroupSession, error) {
 	gs := &GroupSession{g: g}
 	if g.layout.CP > 1 {
 		for r, m := range g.ranks {
-			q, err := m.newCPSeq(g.world[r])
+			tp := g.layout.TP
+			q, err := m.newCPSeq(g.cp[r%tp][r/tp])
 			if err != nil {
 				gs.Close()
 				return nil, err

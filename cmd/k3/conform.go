@@ -17,7 +17,7 @@ func runConform(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	backend := fs.String("backend", "go", "compute backend: "+backends.Names())
 	tp := fs.Int("tp", 1, "tensor-parallel ranks for the model cases (heads, MLP columns)")
 	ep := fs.Int("ep", 1, "expert-parallel ranks for the model cases (routed experts)")
-	cp := fs.Int("cp", 1, "context-parallel ranks for the model cases (positions; not beside -tp or -ep)")
+	cp := fs.Int("cp", 1, "context-parallel ranks for the model cases (positions; with -tp each CP slice is a TP group; not beside -ep)")
 	dispatch := fs.Bool("dispatch", false, "with -ep: send tokens to the experts' ranks by all-to-all-v instead of all-reducing partial sums")
 	if err := parseFlags(fs, "conform [-backend NAME] [-tp N] [-ep N] [-cp N] DIR|FILE...", args, stdout, stderr); err != nil {
 		return err

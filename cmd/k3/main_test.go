@@ -55,8 +55,11 @@ func TestConformLayout(t *testing.T) {
 			t.Errorf("-cp %s: exit %d, output:\n%s", cp, code, out)
 		}
 	}
-	if code, out, _ := runCLI("conform", "-cp", "2", "-tp", "2", "../../testdata/model/tiny_k31pro"); code == 0 || !strings.Contains(out, "context parallelism beside TP") {
-		t.Errorf("-cp 2 -tp 2: exit %d %s", code, out)
+	if code, out, _ := runCLI("conform", "-cp", "2", "-tp", "2", "../../testdata/model"); code != 0 || !strings.Contains(out, "4 passed, 0 failed") {
+		t.Errorf("-cp 2 -tp 2: exit %d, output:\n%s", code, out)
+	}
+	if code, out, _ := runCLI("conform", "-cp", "2", "-ep", "2", "../../testdata/model/tiny_k31pro"); code == 0 || !strings.Contains(out, "context parallelism beside EP") {
+		t.Errorf("-cp 2 -ep 2: exit %d %s", code, out)
 	}
 	if code, out, _ := runCLI("conform", "-tp", "3", "-ep", "2", "../../testdata/model/tiny_k31pro"); code == 0 || !strings.Contains(out, "FAIL") || !strings.Contains(out, "does not divide") {
 		t.Errorf("-tp 3 -ep 2: exit %d %s", code, out)
