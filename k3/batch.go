@@ -395,26 +395,30 @@ func (bt *Batch) mixLayer(l int, normed, out compute.Tensor) error {
 	return nil
 }
 
-// keepTaps copies the pass's rows r0..r1 of the DSpark taps, the session's
-// new positions, to the session (a DSpark drafter reads its anchor there).
+// keepTaps copies the last rows of r0..r1 of the pass's DSpark taps (the
+// session's new positions) to the session, where a DSpark drafter reads
+// its anchor: the last position, or after a verify pass of at most
+// ExactTokens rows and its rollback, one of them; so ExactTokens rows
+// suffice.
 func (bt *Batch) keepTaps(s *Session, r0, r1 int) error {
 	taps := bt.p.taps
 	if taps == nil {
 		return nil
 	}
 	d := bt.m.Config.HiddenSize
+	k0 := max(r0, r1-ExactTokens)
 	if len(s.taps) != len(taps) {
 		s.taps = make([][]float32, len(taps))
 	}
 	for i, t := range taps {
-		if cap(s.taps[i]) < (r1-r0)*d {
-			s.taps[i] = make([]float32, (r1-r0)*d, bt.max*d)
+		if cap(s.taps[i]) < ExactTokens*d {
+			s.taps[i] = make([]float32, 0, ExactTokens*d)
 		}
-		s.taps[i] = s.taps[i][:(r1-r0)*d]
-		if err := bt.m.b.Read(&s.taps[i], t.Rows(r0, r1)); err != nil {
+		s.taps[i] = s.taps[i][:(r1-k0)*d]
+		if err := bt.m.b.Read(&s.taps[i], t.Rows(k0, r1)); err != nil {
 			return err
 		}
 	}
-	s.tapsPos, s.tapsRows = s.pos, r1-r0
+	s.tapsPos, s.tapsRows = s.pos+k0-r0, r1-k0
 	return nil
 }
