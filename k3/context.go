@@ -13,8 +13,9 @@ import (
 )
 
 // cpSeq is one rank's share of a sequence under context parallelism: the
-// whole model's weights, KDA states kept equal on every rank, and the
-// attention caches of the positions placed on this rank.
+// rank's model (the whole model, or with TP its shard), KDA states kept
+// equal on every rank of its CP group, and the attention caches of the
+// positions placed on this rank.
 //
 // A pass of T ≥ 2n new tokens (n ranks) is cut into 2n near-equal pieces;
 // rank r takes piece r and piece 2n-1-r, the head-and-tail split that
