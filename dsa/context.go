@@ -59,14 +59,6 @@ func (p *Placement) Fewest() int {
 	return best
 }
 
-// Reset empties the placement.
-func (p *Placement) Reset() {
-	p.rank, p.row = p.rank[:0], p.row[:0]
-	for r := range p.pos {
-		p.pos[r] = p.pos[r][:0]
-	}
-}
-
 // below is how many positions before end rank r holds.
 func (p *Placement) below(r, end int) int {
 	n, _ := slices.BinarySearch(p.pos[r], int32(end))
@@ -114,12 +106,15 @@ type Exchange struct {
 	sendN, recvN     []int
 	starts           []int
 	acc              []float64
-	send, recv       []float32
-	lat, pe          []float32
-	iqT, iwT         compute.Tensor
-	scoreT, idxT     compute.Tensor
-	sendT, recvT     compute.Tensor
-	kvT, peT, selT   compute.Tensor
+	// view is a slice header the backend is handed by pointer for the
+	// subslices moved to and from it (boxing a local's would allocate).
+	view           []float32
+	send, recv     []float32
+	lat, pe        []float32
+	iqT, iwT       compute.Tensor
+	scoreT, idxT   compute.Tensor
+	sendT, recvT   compute.Tensor
+	kvT, peT, selT compute.Tensor
 }
 
 // NewExchange returns scratch for ForwardSplit on backend b.
@@ -171,8 +166,8 @@ func (e *Exchange) alltoall(ctx context.Context, c comm.Communicator, what strin
 		return nil, err
 	}
 	if ns > 0 {
-		src := e.send[:ns]
-		if err := e.b.Write(e.sendT.Rows(0, ns), &src); err != nil {
+		e.view = e.send[:ns]
+		if err := e.b.Write(e.sendT.Rows(0, ns), &e.view); err != nil {
 			return nil, err
 		}
 	}
@@ -432,10 +427,12 @@ func (l *Layer) partialShared(ctx context.Context, e *Exchange, a *SplitPass, sp
 		if err := b.HeadMatMul(l.o.Rows(0, t), e.kvT, l.W.UV); err != nil {
 			return fmt.Errorf("dsa: split value lift: %w", err)
 		}
-		if err := b.Read(&outs, l.o.Rows(0, t)); err != nil {
+		e.view = outs
+		if err := b.Read(&e.view, l.o.Rows(0, t)); err != nil {
 			return err
 		}
-		if err := b.Read(&lses, e.peT); err != nil {
+		e.view = lses
+		if err := b.Read(&e.view, e.peT); err != nil {
 			return err
 		}
 		for i, k := range e.cnt {
@@ -464,7 +461,7 @@ func (l *Layer) partialShared(ctx context.Context, e *Exchange, a *SplitPass, sp
 		return err
 	}
 	e.lat = growF(e.lat, t*h*dv)
-	merged := e.lat
+	merged := e.lat // written to the value heads' outputs below
 	for i := range t {
 		for j := range h {
 			m := math.Inf(-1)
@@ -495,7 +492,7 @@ func (l *Layer) partialShared(ctx context.Context, e *Exchange, a *SplitPass, sp
 			}
 		}
 	}
-	if err := b.Write(l.o.Rows(0, t), &merged); err != nil {
+	if err := b.Write(l.o.Rows(0, t), &e.lat); err != nil {
 		return err
 	}
 	return l.gateAndProject(x, t, y)
@@ -562,12 +559,12 @@ func (e *Exchange) selectTopK(ctx context.Context, l *Layer, a *SplitPass) error
 		qw := hi*di + hi
 		e.hostQ = growF(e.hostQ, t*qw)
 		mine := e.hostQ
-		part := mine[:t*hi*di]
-		if err := b.Read(&part, iq); err != nil {
+		e.view = mine[:t*hi*di]
+		if err := b.Read(&e.view, iq); err != nil {
 			return err
 		}
-		part = mine[t*hi*di:]
-		if err := b.Read(&part, iw); err != nil {
+		e.view = mine[t*hi*di:]
+		if err := b.Read(&e.view, iw); err != nil {
 			return err
 		}
 		e.send, e.sendN, e.recvN = e.send[:0], e.sendN[:0], e.recvN[:0]
@@ -597,10 +594,12 @@ func (e *Exchange) selectTopK(ctx context.Context, l *Layer, a *SplitPass) error
 		if err := e.tensor(&e.iwT, compute.F32, total, hi); err != nil {
 			return err
 		}
-		if err := b.Write(e.iqT, &q); err != nil {
+		e.view = q
+		if err := b.Write(e.iqT, &e.view); err != nil {
 			return err
 		}
-		if err := b.Write(e.iwT, &wts); err != nil {
+		e.view = wts
+		if err := b.Write(e.iwT, &e.view); err != nil {
 			return err
 		}
 		iq, iw = e.iqT, e.iwT
@@ -796,12 +795,12 @@ func (e *Exchange) fetch(ctx context.Context, l *Layer, a *SplitPass) error {
 			rows = asked(r)
 		}
 		for _, p := range rows {
-			if pl.Rank(int(p)) != me || int(p) >= pl.Len() {
+			if p < 0 || int(p) >= pl.Len() || pl.Rank(int(p)) != me {
 				return fmt.Errorf("dsa: split rows: rank %d asked rank %d for position %d, which it does not hold", r, me, p)
 			}
 			at := len(e.send)
 			e.send = slices.Grow(e.send, w)[:at+w]
-			if err := c.readRow(e.send[at:at+dc], e.send[at+dc:at+w], int(pl.row[p])); err != nil {
+			if err := c.readRow(&e.view, e.send[at:at+dc], e.send[at+dc:at+w], int(pl.row[p])); err != nil {
 				return err
 			}
 		}
@@ -838,7 +837,7 @@ func (e *Exchange) fetch(ctx context.Context, l *Layer, a *SplitPass) error {
 		r := pl.Rank(int(p))
 		lat, pe := e.lat[i*dc:(i+1)*dc], e.pe[i*dr:(i+1)*dr]
 		if r == me {
-			if err := c.readRow(lat, pe, int(pl.row[p])); err != nil {
+			if err := c.readRow(&e.view, lat, pe, int(pl.row[p])); err != nil {
 				return err
 			}
 			continue
@@ -850,20 +849,24 @@ func (e *Exchange) fetch(ctx context.Context, l *Layer, a *SplitPass) error {
 	return nil
 }
 
-// readRow copies the latent and rope key of row i into lat and pe.
-func (c *Cache) readRow(lat, pe []float32, i int) error {
+// readRow copies the latent and rope key of row i into lat and pe,
+// through view (a caller-owned slice header, so that handing the backend
+// a pointer allocates nothing).
+func (c *Cache) readRow(view *[]float32, lat, pe []float32, i int) error {
 	if i < 0 || i >= c.Len {
 		return fmt.Errorf("dsa: read row %d of %d", i, c.Len)
 	}
 	p := c.pool
 	pg, r := i/PageSize, i%PageSize
-	if err := p.b.Read(&lat, c.pages[pg].kv.Rows(r, r+1)); err != nil {
+	*view = lat
+	if err := p.b.Read(view, c.pages[pg].kv.Rows(r, r+1)); err != nil {
 		return err
 	}
-	if len(pe) > 0 {
-		return p.b.Read(&pe, c.pe[pg].Rows(r, r+1))
+	if len(pe) == 0 {
+		return nil
 	}
-	return nil
+	*view = pe
+	return p.b.Read(view, c.pe[pg].Rows(r, r+1))
 }
 
 func growBool(b []bool, n int) []bool {

@@ -48,6 +48,9 @@ type cpSeq struct {
 	one     [1]*kda.State
 	split   dsa.SplitPass
 	tr      *Trace
+	res     []cpResult // the last forward's results
+	bufs    []cpBuf    // their positions and logits
+	used    int        // bufs the running forward has taken
 	ids     []int32
 	pick    [1]int32
 }
@@ -112,7 +115,10 @@ func (q *cpSeq) forward(ctx context.Context, tokens []int32, all, traced bool) (
 	if q.place.Len()+len(tokens) > q.limit {
 		return nil, fmt.Errorf("%w: %d tokens after %d exceed %d", ErrContextFull, len(tokens), q.place.Len(), q.limit)
 	}
-	var res []cpResult
+	// Results and their buffers are reused from call to call: the caller
+	// reads them before the next.
+	res := q.res[:0]
+	q.used = 0
 	window := n * q.bt.max // a window's pieces each fit a pass
 	for c0 := 0; c0 < len(tokens); {
 		if err := ctx.Err(); err != nil {
@@ -136,6 +142,7 @@ func (q *cpSeq) forward(ctx context.Context, tokens []int32, all, traced bool) (
 		}
 		c0 += k
 	}
+	q.res = res
 	return res, nil
 }
 
@@ -194,12 +201,25 @@ func (q *cpSeq) run(all, traced bool) (cpResult, error) {
 		return r, err
 	}
 	rows := 1
-	r.pos = []int32{q.pos[len(q.pos)-1]}
+	pos := q.pos[len(q.pos)-1:]
 	if all {
-		rows, r.pos = len(q.pos), append([]int32(nil), q.pos...)
+		rows, pos = len(q.pos), q.pos
 	}
-	r.logits = make([]float32, rows*q.m.Config.VocabSize)
-	return r, q.m.b.Read(r.logits, q.bt.p.logits.Rows(0, rows))
+	if q.used == len(q.bufs) {
+		q.bufs = append(q.bufs, cpBuf{})
+	}
+	buf := &q.bufs[q.used]
+	q.used++
+	buf.pos = append(buf.pos[:0], pos...)
+	buf.logits = growF32(buf.logits, rows*q.m.Config.VocabSize)
+	r.pos, r.logits = buf.pos, buf.logits
+	return r, q.m.b.Read(&buf.logits, q.bt.p.logits.Rows(0, rows))
+}
+
+// cpBuf holds one pass's result between a forward and the next.
+type cpBuf struct {
+	pos    []int32
+	logits []float32
 }
 
 // mix runs layer l's token mixer for the pass's rows on this rank.

@@ -95,7 +95,8 @@ type DSpark struct {
 	fn, logits, mrow, brow  compute.Tensor
 	ids                     compute.Tensor
 	host, fHost, row, bHost []float32
-	idHost                  [1]int32
+	idHost                  []int32   // one id
+	view                    []float32 // the subslice handed to the backend, by pointer so that nothing allocates
 }
 
 // NewDSpark returns a DSpark drafter for m's sequences; the checkpoint
@@ -134,6 +135,7 @@ func (m *Model) NewDSpark() (*DSpark, error) {
 	ds.fHost = make([]float32, k*d)
 	ds.row = make([]float32, k*w.vocab)
 	ds.bHost = make([]float32, w.vocab)
+	ds.idHost = make([]int32, 1)
 	return ds, nil
 }
 
@@ -202,13 +204,14 @@ func (ds *DSpark) Draft(history []int32, n int, dst []int32) []int32 {
 		// q_k = U_k + markov_out(markov_in[x_{t+k}]), and the confidence
 		// from [f_k; markov_in[x_{t+k}]].
 		min := w.markovIn[int(prev)*r : (int(prev)+1)*r]
-		if err := b.Write(ds.mrow, min); err != nil {
+		ds.view = min
+		if err := b.Write(ds.mrow, &ds.view); err != nil {
 			return dst
 		}
 		if err := b.MatMul(ds.brow, ds.mrow, w.markovOut); err != nil {
 			return dst
 		}
-		if err := b.Read(ds.bHost, ds.brow); err != nil {
+		if err := b.Read(&ds.bHost, ds.brow); err != nil {
 			return dst
 		}
 		q := ds.row[k*v : (k+1)*v]
@@ -239,7 +242,7 @@ func (ds *DSpark) block(s *Session, at int, next int32, n int) error {
 		}
 		copy(ds.host[i*d:(i+1)*d], tp[at*d:(at+1)*d])
 	}
-	if err := b.Write(ds.in, ds.host); err != nil {
+	if err := b.Write(ds.in, &ds.host); err != nil {
 		return err
 	}
 	// c = RMSNorm(fc [h^l...]) + E[x_{t+1}]
@@ -250,7 +253,7 @@ func (ds *DSpark) block(s *Session, at int, next int32, n int) error {
 		return err
 	}
 	ds.idHost[0] = next
-	if err := b.Write(ds.ids, ds.idHost[:]); err != nil {
+	if err := b.Write(ds.ids, &ds.idHost); err != nil {
 		return err
 	}
 	if err := b.Embedding(ds.e, m.embed, ds.ids); err != nil {
@@ -260,7 +263,8 @@ func (ds *DSpark) block(s *Session, at int, next int32, n int) error {
 		return err
 	}
 	// f_k = layers(c + pos_embed[k]) for the block's first n positions.
-	if err := b.Read(ds.fHost[:d], ds.c); err != nil {
+	ds.view = ds.fHost[:d]
+	if err := b.Read(&ds.view, ds.c); err != nil {
 		return err
 	}
 	for k := n - 1; k >= 0; k-- {
@@ -269,7 +273,8 @@ func (ds *DSpark) block(s *Session, at int, next int32, n int) error {
 		}
 	}
 	f, h, g, u, o := ds.f.Rows(0, n), ds.h.Rows(0, n), ds.g.Rows(0, n), ds.u.Rows(0, n), ds.o.Rows(0, n)
-	if err := b.Write(f, ds.fHost[:n*d]); err != nil {
+	ds.view = ds.fHost[:n*d]
+	if err := b.Write(f, &ds.view); err != nil {
 		return err
 	}
 	for _, ly := range w.layers {
@@ -292,7 +297,8 @@ func (ds *DSpark) block(s *Session, at int, next int32, n int) error {
 			return err
 		}
 	}
-	if err := b.Read(ds.fHost[:n*d], f); err != nil {
+	ds.view = ds.fHost[:n*d]
+	if err := b.Read(&ds.view, f); err != nil {
 		return err
 	}
 	// U_k = lm_head(RMSNorm(f_k)), the target's own head.
@@ -304,6 +310,6 @@ func (ds *DSpark) block(s *Session, at int, next int32, n int) error {
 	if err := b.MatMul(lg, fn, m.lmHead); err != nil {
 		return err
 	}
-	row := ds.row[:n*w.vocab]
-	return b.Read(&row, lg)
+	ds.view = ds.row[:n*w.vocab]
+	return b.Read(&ds.view, lg)
 }

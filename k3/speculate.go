@@ -407,16 +407,15 @@ func (g *generation) draftPass(ctx context.Context, id int32) ([]int32, error) {
 			// The batch's drafters run one after another between passes.
 			c.Draft = sp.draftSec * float64(max(sp.batch, 1)) / c.Step
 		}
-		_, confident = sp.drafter.(confidencer)
 		if k := specdec.BestDepth(sp.acc.Rate(), n, c); k > 0 {
 			// A drafter with confidences (DSpark) drafts its whole block
 			// in one pass and says how sure it is of each position: the
 			// acceptance so far decides whether to draft, its confidences
 			// how much of the block to verify (below).
-			if !confident {
+			if _, confident = sp.drafter.(confidencer); !confident {
 				n = k
 			}
-		} else if confident = false; specdec.BestDepth(1, n, c) > 0 {
+		} else if specdec.BestDepth(1, n, c) > 0 {
 			// A probe drafts one token to keep the acceptance estimate
 			// current; a drafter whose drafts cost time probes only every
 			// so many steps, so that probing costs at most probeShare of
