@@ -71,6 +71,15 @@ func (d *DraftModel) Err() error {
 // It proposes none once the draft model has failed (Err says why) or has
 // no room left in its context.
 func (d *DraftModel) Draft(history []int32, n int, dst []int32) []int32 {
+	return d.SampleDraft(history, n, dst, greedy)
+}
+
+// greedy picks the most likely token, ties as the sampler breaks them.
+func greedy(logits []float32) int32 { return int32(sample.Argmax(logits)) }
+
+// SampleDraft is Draft with each token chosen by pick from the draft
+// model's logits (specdec.Sampler).
+func (d *DraftModel) SampleDraft(history []int32, n int, dst []int32, pick func([]float32) int32) []int32 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.err != nil || n <= 0 || len(history) == 0 {
@@ -109,7 +118,10 @@ func (d *DraftModel) Draft(history []int32, n int, dst []int32) []int32 {
 		}
 	}
 	for i := range n {
-		id := int32(sample.Argmax(s.last)) // the greedy choice, ties as the sampler breaks them
+		id := pick(s.last)
+		if id < 0 || int(id) >= len(s.last) {
+			break
+		}
 		dst = append(dst, id)
 		if i == n-1 {
 			break

@@ -105,6 +105,7 @@ type genOptions struct {
 	drafter     specdec.Drafter // WithSpeculation
 	depth       int
 	adaptive    bool  // WithAdaptiveSpeculation
+	rejection   bool  // WithRejectionSampling
 	err         error // the first invalid option
 }
 
@@ -218,6 +219,9 @@ func (m *Model) genOptions(opts []GenerateOption) (*genOptions, error) {
 		if s == "" {
 			return nil, fmt.Errorf("%w: empty stop string", ErrInvalidOption)
 		}
+	}
+	if o.rejection && o.drafter == nil {
+		return nil, fmt.Errorf("%w: rejection sampling verifies drafts: it needs WithSpeculation or WithAdaptiveSpeculation", ErrInvalidOption)
 	}
 	if err := m.checkSpeculation(o); err != nil {
 		return nil, err
@@ -388,6 +392,10 @@ func (s *Session) prepareGeneration(prompt []int32, opts []GenerateOption) (*gen
 	g := &generation{s: s, o: o, sampler: sm, dec: tokenizer.NewStreamDecoder(s.m.tok), usage: usage}
 	if o.drafter != nil {
 		g.spec = &speculation{drafter: o.drafter, depth: o.depth, adaptive: o.adaptive}
+		if o.rejection && o.Temperature != 0 {
+			g.spec.rejection = true
+			g.spec.pick = g.pickDraft
+		}
 		if b, ok := o.drafter.(interface{ bind(*Session) }); ok {
 			b.bind(s) // a drafter that reads the session's own state (DSpark)
 		}
@@ -413,7 +421,7 @@ func (g *generation) advance(ctx context.Context) (stepResult, error) {
 		}
 		return r, err
 	}
-	id, err := g.sampler.Sample(g.s.last)
+	id, err := g.draw()
 	if err != nil {
 		g.done = true
 		if g.hasPrev {

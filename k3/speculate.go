@@ -50,6 +50,25 @@ func WithAdaptiveSpeculation(d specdec.Drafter, maxDepth int) GenerateOption {
 	}
 }
 
+// WithRejectionSampling makes a sampling speculation (WithSpeculation or
+// WithAdaptiveSpeculation, with a temperature) exact in distribution
+// rather than token for token: a drafter that has distributions of its
+// own (specdec.Sampler: the model drafters and DSpark) draws each draft
+// from its logits under the generation's processing (temperature, top-k,
+// top-p, min-p, penalties counting the drafts before it, logit bias), and
+// each draft is kept with probability min(1, p/q) against the target's
+// distribution p, or replaced by a draw from the normalised max(0, p - q);
+// a drafter without (the n-gram drafter) counts as q one-hot on its draft.
+// The tokens are distributed as plain sampling's, and a draft is kept
+// with probability Σ min(p, q), often more than the p of one fixed draft
+// that the default (coupled) mode keeps; but they are not the tokens
+// plain sampling draws for the same seed, which the coupled mode
+// guarantees. Greedy generations ignore the option: their verification
+// is already exact token for token.
+func WithRejectionSampling() GenerateOption {
+	return func(o *genOptions) { o.rejection = true }
+}
+
 // SpeculationCosts measures, once per model, what verify passes of 1 to
 // n+1 tokens cost on this machine relative to a decode step (n the
 // model's WithRollback depth, at most ExactTokens-1: the deepest a
@@ -294,6 +313,15 @@ type speculation struct {
 	drafted  bool // the drafter has been called once
 	// sinceProbe counts the plain steps since the last probe.
 	sinceProbe int
+
+	// WithRejectionSampling: q[i*vocab:] is the distribution drafts[i]
+	// was drawn from (none for a drafter without distributions), pick
+	// the generation's pickDraft.
+	rejection bool
+	q         []float64
+	qRows     int
+	picked    []int32 // the tokens pickDraft drew in the current block
+	pick      func([]float32) int32
 }
 
 // probeShare bounds what the probes of a costly drafter take of plain
@@ -446,7 +474,21 @@ func (g *generation) draftPass(ctx context.Context, id int32) ([]int32, error) {
 		}
 		sp.hist = append(sp.hist, id)
 		start := time.Now()
-		sp.drafts = sp.drafter.Draft(sp.hist, n, sp.drafts)
+		if sm, ok := sp.drafter.(specdec.Sampler); ok && sp.rejection {
+			sp.picked = sp.picked[:0]
+			sp.drafts = sm.SampleDraft(sp.hist, n, sp.drafts, sp.pick)
+			// The drafts' penalties counted each pick as it was drawn;
+			// the draws that confirm the drafts count them again.
+			g.sampler.Forget(sp.picked...)
+			if len(sp.drafts) > len(sp.picked) || !slices.Equal(sp.drafts, sp.picked[:len(sp.drafts)]) {
+				sp.drafts = sp.drafts[:0]
+				return nil, fmt.Errorf("k3: the drafter's drafts are not the tokens it picked (specdec.Sampler)")
+			}
+			sp.qRows = len(sp.picked)
+		} else {
+			sp.qRows = 0
+			sp.drafts = sp.drafter.Draft(sp.hist, n, sp.drafts)
+		}
 		// A drafter that runs a model spends its first call catching up
 		// on the prompt; the calls after it time the drafting.
 		if d := time.Since(start).Seconds() / float64(n); !sp.drafted {
@@ -480,6 +522,42 @@ func (g *generation) draftPass(ctx context.Context, id int32) ([]int32, error) {
 		sp.out = grow(sp.out, len(sp.pass)*v)
 	}
 	return sp.pass, nil
+}
+
+// pickDraft draws a draft from a drafter's logits for WithRejectionSampling,
+// keeping its distribution for the draw that verifies it.
+func (g *generation) pickDraft(logits []float32) int32 {
+	sp := g.spec
+	v := g.s.m.Config.VocabSize
+	k := len(sp.picked)
+	if len(logits) != v || k >= sp.depth {
+		return -1
+	}
+	if len(sp.q) < sp.depth*v {
+		sp.q = make([]float64, sp.depth*v)
+	}
+	id, err := g.sampler.Draft(logits, sp.q[k*v:(k+1)*v])
+	if err != nil {
+		return -1 // nothing to draw from: draft no further
+	}
+	sp.picked = append(sp.picked, id)
+	return id
+}
+
+// draw draws the next token from the session's last logits: a plain draw,
+// or, for WithRejectionSampling, the verification of the draft in flight
+// at that position.
+func (g *generation) draw() (int32, error) {
+	sp := g.spec
+	if sp == nil || !sp.rejection || sp.next >= len(sp.drafts) {
+		return g.sampler.Sample(g.s.last)
+	}
+	var q []float64
+	if sp.qRows > 0 {
+		v := g.s.m.Config.VocabSize
+		q = sp.q[sp.next*v : (sp.next+1)*v]
+	}
+	return g.sampler.Verify(g.s.last, q, sp.drafts[sp.next])
 }
 
 // landed takes a verify pass's logits from sp.out: the first row becomes

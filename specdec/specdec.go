@@ -8,6 +8,21 @@ type Drafter interface {
 	Draft(history []int32, n int, dst []int32) []int32
 }
 
+// A Sampler is a Drafter that drafts from distributions of its own (a
+// model's logits), so that a sampling generation can draw each draft
+// from the drafter's distribution and verify it by rejection sampling
+// against the target's: the output is then distributed as plain sampling,
+// and a draft is kept with probability Σ min(p, q) rather than the p of a
+// fixed draft.
+type Sampler interface {
+	Drafter
+	// SampleDraft is Draft with each draft chosen by pick from the
+	// drafter's logits for its position (one row of the vocabulary,
+	// valid during the call); the drafts after it follow the token pick
+	// returned. A negative token from pick ends the block there.
+	SampleDraft(history []int32, n int, dst []int32, pick func(logits []float32) int32) []int32
+}
+
 // NGram is prompt-lookup drafting: it finds the most recent earlier
 // occurrence of the sequence's last Max tokens (then Max-1, down to Min)
 // and proposes the tokens that followed it. It suits outputs that copy

@@ -168,6 +168,8 @@ func benchSpec(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	batch := fs.Int("batch", 1, "sequences speculating together in a Batcher (1: one session, against theory)")
 	realRun := fs.Bool("real", false, "real drafters on the embedded model, with prompts from the files given (at batch 1 and -batch, default 8)")
 	drafters := fs.String("drafters", "ngram,self:3,dspark", "with -real: the drafters, comma separated (ngram, self:N, dspark)")
+	temperature := fs.Float64("temperature", 0, "with -real: sample at this temperature (0: greedy)")
+	rejection := fs.Bool("rejection", false, "with -real and -temperature: verify by rejection sampling, drafts drawn from the drafter's distribution")
 	if err := parseFlags(fs, "bench spec [-alpha A,A,...] [-depth K,K,...] [-tokens N] [-batch B]\n\nSpeculative greedy decoding of the 100M preset with drafts of controlled acceptance, against plain decoding and theory (a minute or two);\nwith -batch, B sequences speculating together inside a Batcher against the same batch decoding plainly;\nwith -real FILE..., real drafters (-drafters ngram,self:N,dspark) on the embedded model, prompts from the files' starts.", args, stdout, stderr); err != nil {
 		return err
 	}
@@ -201,11 +203,14 @@ func benchSpec(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if b == 1 {
 			b = 8
 		}
-		rows, err := modelbench.SpecReal(ctx, fs.Args(), strings.Split(*drafters, ","), b, *tokens, ks, func(s string) { fmt.Fprintln(stderr, s) })
+		if *temperature < 0 {
+			return fmt.Errorf("-temperature %g: want >= 0", *temperature)
+		}
+		rows, err := modelbench.SpecReal(ctx, fs.Args(), strings.Split(*drafters, ","), b, *tokens, ks, float32(*temperature), *rejection, func(s string) { fmt.Fprintln(stderr, s) })
 		if err != nil {
 			return err
 		}
-		fmt.Fprint(stdout, modelbench.RealTable(fs.NArg(), *tokens, rows))
+		fmt.Fprint(stdout, modelbench.RealTable(fs.NArg(), *tokens, float32(*temperature), *rejection, rows))
 		return nil
 	}
 	if *batch > 1 {

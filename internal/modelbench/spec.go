@@ -332,8 +332,11 @@ type RealRow struct {
 // generated greedily after each, at batch 1 (the prompts one after
 // another, each alone) and at batch (all at once in a Batcher), plain and
 // speculative runs alternating, three pairs each; every speculative
-// sequence must give its plain tokens.
-func SpecReal(ctx context.Context, files []string, drafters []string, batch, tokens int, depths []int, log func(string)) ([]RealRow, error) {
+// sequence must give its plain tokens. With a temperature the tokens are
+// sampled (seeded per prompt), and with rejection the speculation runs
+// k3.WithRejectionSampling, whose tokens match plain sampling's in
+// distribution only, so they are not compared.
+func SpecReal(ctx context.Context, files []string, drafters []string, batch, tokens int, depths []int, temperature float32, rejection bool, log func(string)) ([]RealRow, error) {
 	m, err := k3.LoadTiny(ctx, k3.WithRollback(slices.Max(depths)))
 	if err != nil {
 		return nil, err
@@ -365,7 +368,13 @@ func SpecReal(ctx context.Context, files []string, drafters []string, batch, tok
 		}
 		return generateAll(ctx, m, in, prompts, opts, extra)
 	}
-	none := func(int) []k3.GenerateOption { return nil }
+	sampling := func(i int) []k3.GenerateOption {
+		if temperature == 0 {
+			return nil
+		}
+		return []k3.GenerateOption{k3.WithTemperature(temperature), k3.WithSeed(uint64(i + 1))}
+	}
+	none := sampling
 	// drafterFor returns the drafters of one run, one per prompt (a self
 	// drafter follows one sequence), and what closes them.
 	drafterFor := func(name string) ([]specdec.Drafter, func(), error) {
@@ -423,10 +432,16 @@ func SpecReal(ctx context.Context, files []string, drafters []string, batch, tok
 						return nil, err
 					}
 					spec := func(i int) []k3.GenerateOption {
+						o := sampling(i)
 						if k == 0 {
-							return []k3.GenerateOption{k3.WithAdaptiveSpeculation(ds[i], slices.Max(depths))}
+							o = append(o, k3.WithAdaptiveSpeculation(ds[i], slices.Max(depths)))
+						} else {
+							o = append(o, k3.WithSpeculation(ds[i], k))
 						}
-						return []k3.GenerateOption{k3.WithSpeculation(ds[i], k)}
+						if rejection {
+							o = append(o, k3.WithRejectionSampling())
+						}
+						return o
 					}
 					got, acc, sd, err := run(b, spec)
 					done()
@@ -435,7 +450,7 @@ func SpecReal(ctx context.Context, files []string, drafters []string, batch, tok
 					}
 					n := 0
 					for i := range got {
-						if !slices.Equal(got[i], want[i]) {
+						if !slices.Equal(got[i], want[i]) && !(rejection && temperature > 0) {
 							return nil, fmt.Errorf("modelbench: the %s drafter (batch %d, depth %d) changed prompt %d's tokens", name, b, k, i)
 						}
 						n += len(got[i])
@@ -452,9 +467,16 @@ func SpecReal(ctx context.Context, files []string, drafters []string, batch, tok
 }
 
 // RealTable formats SpecReal's rows.
-func RealTable(files, tokens int, rows []RealRow) string {
+func RealTable(files, tokens int, temperature float32, rejection bool, rows []RealRow) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "real drafters on the embedded model, %d prompts (a file's first 768 bytes each), %d greedy tokens after each; median of 3 alternating pairs\n", files, tokens)
+	how := "greedy"
+	if temperature > 0 {
+		how = fmt.Sprintf("sampled (temperature %g, coupled verification)", temperature)
+		if rejection {
+			how = fmt.Sprintf("sampled (temperature %g, rejection sampling)", temperature)
+		}
+	}
+	fmt.Fprintf(&b, "real drafters on the embedded model, %d prompts (a file's first 768 bytes each), %d %s tokens after each; median of 3 alternating pairs\n", files, tokens, how)
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "drafter\tbatch\tdepth\ttokens/run\tplain tok/s\tspeculative tok/s\tspeedup\t")
 	for _, r := range rows {

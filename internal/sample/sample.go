@@ -11,6 +11,7 @@ import (
 	"slices"
 
 	"k3/internal/kernel"
+	"k3/specdec"
 )
 
 // ErrInvalid is wrapped by errors about invalid sampling parameters.
@@ -79,6 +80,10 @@ type Sampler struct {
 	seen   []int32 // the tokens with a non-zero count
 	buf    []float32
 	idx    []int32
+	// Speculative sampling: the drafts' random stream (made at the first
+	// Draft), and Verify's distributions.
+	draft              *rand.Rand
+	probs, res, onehot []float64
 }
 
 // New returns a sampler for a vocabulary of the given size.
@@ -115,6 +120,22 @@ func (s *Sampler) Reset() {
 // It fails with ErrNoToken when the adjusted logits are all -Inf or NaN
 // (finite biases and penalties can overflow float32).
 func (s *Sampler) Sample(logits []float32) (int32, error) {
+	x, best, err := s.adjust(logits)
+	if err != nil {
+		return 0, err
+	}
+	tok := int32(best)
+	if s.p.Temperature != 0 {
+		cand, kept := s.filter(x)
+		tok = pick(cand, x, s.rng.Float64()*kept)
+	}
+	s.Observe(tok)
+	return tok, nil
+}
+
+// adjust applies the penalties and the logit bias to a copy of logits (in
+// s.buf) and returns it with its argmax.
+func (s *Sampler) adjust(logits []float32) ([]float32, int, error) {
 	p := &s.p
 	x := s.buf[:len(logits)]
 	copy(x, logits)
@@ -139,14 +160,9 @@ func (s *Sampler) Sample(logits []float32) (int32, error) {
 	}
 	best := Argmax(x)
 	if !finite(x[best]) {
-		return 0, ErrNoToken
+		return nil, 0, ErrNoToken
 	}
-	tok := int32(best)
-	if p.Temperature != 0 {
-		tok = s.draw(x)
-	}
-	s.Observe(tok)
-	return tok, nil
+	return x, best, nil
 }
 
 // Argmax returns the index of the largest value, the first of equals: the
@@ -161,14 +177,16 @@ func Argmax(x []float32) int {
 	return best
 }
 
-// draw samples from softmax(x/T) restricted by top-k, min-p and top-p.
-func (s *Sampler) draw(x []float32) int32 {
+// filter turns the adjusted logits x into the weights of softmax(x/T)
+// restricted by top-k, min-p and top-p: it returns the candidates kept,
+// in descending logit order (ties to the lower id), with their
+// unnormalised weights in place in x, and the weights' sum.
+func (s *Sampler) filter(x []float32) ([]int32, float64) {
 	p := &s.p
 	k := len(x)
 	if p.TopK > 0 {
 		k = min(k, p.TopK)
 	}
-	// Candidates in descending logit order (ties to the lower id).
 	cand := s.idx[:k]
 	if k < len(x) {
 		kernel.TopK(cand, nil, x, k)
@@ -188,7 +206,6 @@ func (s *Sampler) draw(x []float32) int32 {
 	}
 	inv := 1 / p.Temperature
 	top := x[cand[0]]
-	// Probabilities (unnormalised) of the candidates, in place in x.
 	var total float64
 	for _, id := range cand {
 		e := math.Exp(float64((x[id] - top) * inv))
@@ -216,12 +233,126 @@ func (s *Sampler) draw(x []float32) int32 {
 	for _, id := range cand[:n] {
 		kept += float64(x[id])
 	}
-	u := s.rng.Float64() * kept
-	for _, id := range cand[:n] {
-		u -= float64(x[id])
+	return cand[:n], kept
+}
+
+// pick returns the candidate at which u, uniform in [0, the weights' sum),
+// falls in the weights' running sum.
+func pick(cand []int32, w []float32, u float64) int32 {
+	for _, id := range cand {
+		u -= float64(w[id])
 		if u < 0 {
 			return id
 		}
 	}
-	return cand[n-1]
+	return cand[len(cand)-1]
+}
+
+// Probs writes to dst ([vocab]) the distribution Sample draws from after
+// logits, given the tokens observed: the penalties and bias, then
+// softmax(x/T) restricted by top-k, min-p and top-p, with zeros for every
+// token filtered out (greedy: all on the argmax).
+func (s *Sampler) Probs(logits []float32, dst []float64) error {
+	x, best, err := s.adjust(logits)
+	if err != nil {
+		return err
+	}
+	clear(dst)
+	if s.p.Temperature == 0 {
+		dst[best] = 1
+		return nil
+	}
+	cand, kept := s.filter(x)
+	for _, id := range cand {
+		dst[id] = float64(x[id]) / kept
+	}
+	return nil
+}
+
+// Draft draws a draft token for speculative sampling from the drafter's
+// logits under the same processing as Sample (penalties counting the
+// tokens observed, including the drafts drawn before it), writes its
+// distribution q to dst and observes the token, so the next draft's
+// penalties count it. Its draws come from a random stream of their own,
+// seeded alike. Forget the drafts once the block is drafted.
+func (s *Sampler) Draft(logits []float32, dst []float64) (int32, error) {
+	if err := s.Probs(logits, dst); err != nil {
+		return 0, err
+	}
+	if s.draft == nil {
+		s.draft = rand.New(rand.NewPCG(s.p.Seed, 0x6b33d))
+	}
+	tok := drawProbs(dst, s.draft.Float64())
+	s.Observe(tok)
+	return tok, nil
+}
+
+// Forget undoes Observe for ids.
+func (s *Sampler) Forget(ids ...int32) {
+	for _, id := range ids {
+		if id < 0 || int(id) >= len(s.counts) || s.counts[id] == 0 {
+			continue
+		}
+		if s.counts[id]--; s.counts[id] == 0 {
+			i := slices.Index(s.seen, id)
+			s.seen = slices.Delete(s.seen, i, i+1)
+		}
+	}
+}
+
+// Verify is Sample for a position holding a draft token d drawn from q
+// (Draft's distribution; nil: a drafter without one, which always
+// proposes d): exact speculative sampling keeps d with probability
+// min(1, p(d)/q(d)), p the distribution Sample would draw from, and
+// otherwise draws from the normalised max(0, p - q). The token returned
+// is distributed as Sample's; it is d exactly when d was kept.
+func (s *Sampler) Verify(logits []float32, q []float64, d int32) (int32, error) {
+	if s.p.Temperature == 0 {
+		return s.Sample(logits)
+	}
+	if d < 0 || int(d) >= len(logits) {
+		return 0, fmt.Errorf("%w: draft token %d outside the vocabulary (%d)", ErrInvalid, d, len(logits))
+	}
+	if len(s.probs) < len(logits) {
+		s.probs = make([]float64, len(logits))
+		s.res = make([]float64, len(logits))
+	}
+	p, res := s.probs[:len(logits)], s.res[:len(logits)]
+	if err := s.Probs(logits, p); err != nil {
+		return 0, err
+	}
+	if q == nil {
+		// A drafter without a distribution: q is one-hot on d.
+		if len(s.onehot) < len(logits) {
+			s.onehot = make([]float64, len(logits))
+		}
+		q = s.onehot[:len(logits)]
+		q[d] = 1
+		defer func() { q[d] = 0 }()
+	}
+	var tok int32
+	if specdec.Accept(p[d], q[d], s.rng.Float64()) {
+		tok = d
+	} else {
+		specdec.Residual(res, p, q)
+		tok = drawProbs(res, s.rng.Float64())
+	}
+	s.Observe(tok)
+	return tok, nil
+}
+
+// drawProbs returns the token at which u falls in the running sum of
+// probs, skipping zeros (so a token of zero probability never comes out).
+func drawProbs(probs []float64, u float64) int32 {
+	last := int32(-1)
+	for i, v := range probs {
+		if v <= 0 {
+			continue
+		}
+		last = int32(i)
+		if u -= v; u < 0 {
+			return last
+		}
+	}
+	return last
 }

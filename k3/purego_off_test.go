@@ -1,0 +1,5 @@
+//go:build !purego
+
+package k3
+
+const puregoBuild = false
