@@ -317,3 +317,36 @@ func TestRejectionSamplingCancelled(t *testing.T) {
 		r.Close()
 	}
 }
+
+// TestRejectionSamplingProbeRate: while the adaptive depth decodes
+// plainly, a probe drawn from the drafter's distribution is scored by its
+// exact acceptance probability Σ min(p, q). With q equal to p (the
+// checkpoint drafting for itself) that is 1, so the generation soon
+// speculates and keeps every draft; scored by whether the plain draw
+// equalled the probe (mean Σ p², small at a high temperature) it would
+// not speculate at all.
+func TestRejectionSamplingProbeRate(t *testing.T) {
+	ctx := context.Background()
+	m, err := Load(ctx, tinyDir, WithRollback(8))
+	require.NoError(t, err)
+	defer m.Close()
+	pass := make([]float64, 9)
+	for n := 1; n < len(pass); n++ {
+		pass[n] = 1 + 0.05*float64(n-1)
+	}
+	// Fixed costs of a fast machine, and a step so long that drafting
+	// counts for nothing: the choice rests on the acceptance estimate.
+	m.specCosts = specdec.Costs{Pass: pass, Rollback: 0.2, Step: 1e3}
+	same, err := Load(ctx, tinyDir)
+	require.NoError(t, err)
+	defer same.Close()
+	d, err := m.NewDraftModel(same)
+	require.NoError(t, err)
+	defer d.Close()
+	s, _ := m.NewSession()
+	defer s.Close()
+	_, u := genIDs(t, s, m.Encode("one two three"), WithMaxTokens(48), WithoutDefaultStops(), WithTemperature(1.5), WithSeed(5),
+		WithAdaptiveSpeculation(d, 4), WithRejectionSampling())
+	assert.Positive(t, u.AcceptedTokens, "never speculated")
+	assert.Equal(t, u.DraftTokens, u.AcceptedTokens, "q is p: every draft is kept")
+}

@@ -311,6 +311,7 @@ type speculation struct {
 	// moving average), which the adaptive depth adds to a pass's cost.
 	draftSec float64
 	drafted  bool // the drafter has been called once
+	lastHist int  // len(hist) at the drafter's last call
 	// sinceProbe counts the plain steps since the last probe.
 	sinceProbe int
 
@@ -322,6 +323,12 @@ type speculation struct {
 	qRows     int
 	picked    []int32 // the tokens pickDraft drew in the current block
 	pick      func([]float32) int32
+	// A probe drawn from q is scored by its exact acceptance probability
+	// Σ min(p, q) (probeRate, from p in probeP) rather than by whether
+	// the plain draw happened to equal it, which has mean Σ p·q.
+	probeRate    float64
+	hasProbeRate bool
+	probeP       []float64
 }
 
 // probeShare bounds what the probes of a costly drafter take of plain
@@ -401,8 +408,12 @@ func (g *generation) feedPass(ctx context.Context, id int32, done bool) ([]int32
 // the generation's last Usage.
 func (sp *speculation) drew(id int32, u *Usage) {
 	if sp.hasProbe {
-		sp.acc.Observe(sp.probe == id)
-		sp.hasProbe = false
+		if sp.hasProbeRate {
+			sp.acc.ObserveRate(sp.probeRate)
+		} else {
+			sp.acc.Observe(sp.probe == id)
+		}
+		sp.hasProbe, sp.hasProbeRate = false, false
 	}
 	if sp.next < len(sp.drafts) {
 		ok := sp.drafts[sp.next] == id
@@ -489,9 +500,13 @@ func (g *generation) draftPass(ctx context.Context, id int32) ([]int32, error) {
 			sp.qRows = 0
 			sp.drafts = sp.drafter.Draft(sp.hist, n, sp.drafts)
 		}
-		// A drafter that runs a model spends its first call catching up
-		// on the prompt; the calls after it time the drafting.
-		if d := time.Since(start).Seconds() / float64(n); !sp.drafted {
+		// A drafter that runs a model spends a call after a gap (the
+		// first, after the prompt, or a probe after plain steps) catching
+		// up on the tokens since its last call; only calls that follow
+		// the last by at most one verify run's tokens time the drafting.
+		grew := len(sp.hist) - sp.lastHist
+		sp.lastHist = len(sp.hist)
+		if d := time.Since(start).Seconds() / float64(n); !sp.drafted || grew > sp.depth+1 {
 			sp.drafted = true
 		} else if sp.draftSec == 0 {
 			sp.draftSec = d
@@ -549,6 +564,19 @@ func (g *generation) pickDraft(logits []float32) int32 {
 // at that position.
 func (g *generation) draw() (int32, error) {
 	sp := g.spec
+	if sp != nil && sp.rejection && sp.hasProbe && sp.qRows > 0 {
+		v := g.s.m.Config.VocabSize
+		if len(sp.probeP) < v {
+			sp.probeP = make([]float64, v)
+		}
+		if err := g.sampler.Probs(g.s.last, sp.probeP[:v]); err == nil {
+			var r float64
+			for i, p := range sp.probeP[:v] {
+				r += min(p, sp.q[i])
+			}
+			sp.probeRate, sp.hasProbeRate = r, true
+		}
+	}
 	if sp == nil || !sp.rejection || sp.next >= len(sp.drafts) {
 		return g.sampler.Sample(g.s.last)
 	}

@@ -182,5 +182,12 @@ func (a *Acceptance) Observe(accepted bool) {
 	a.rate = acceptanceDecay*a.rate + (1-acceptanceDecay)*v
 }
 
+// ObserveRate records the probability that a draft whose predecessors
+// were all accepted would have been accepted, where it is known without
+// verifying it: for a draft drawn from q against a target p, Σ min(p, q).
+func (a *Acceptance) ObserveRate(r float64) {
+	a.rate = acceptanceDecay*a.rate + (1-acceptanceDecay)*min(max(r, 0), 1)
+}
+
 // Rate returns the current estimate.
 func (a *Acceptance) Rate() float64 { return a.rate }

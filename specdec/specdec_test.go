@@ -185,6 +185,17 @@ func TestAcceptance(t *testing.T) {
 		}
 	}
 	assert.InDelta(t, 0.7, sum/19900, 0.01)
+	// Known rates move the estimate as outcomes of that mean do, clamped
+	// to [0, 1].
+	var b Acceptance
+	for range 100 {
+		b.ObserveRate(0.8)
+	}
+	assert.InDelta(t, 0.8, b.Rate(), 1e-4)
+	for range 100 {
+		b.ObserveRate(1.5)
+	}
+	assert.InDelta(t, 1, b.Rate(), 1e-4)
 }
 
 func withDraft(c Costs, d float64) Costs {

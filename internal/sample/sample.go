@@ -262,6 +262,27 @@ func (s *Sampler) Probs(logits []float32, dst []float64) error {
 		dst[best] = 1
 		return nil
 	}
+	if p := &s.p; (p.TopK == 0 || p.TopK >= len(x)) && (p.TopP == 0 || p.TopP == 1) {
+		// No top-k or top-p: the distribution needs no candidate order
+		// (min-p is a floor on the weights), so skip filter's sort of the
+		// vocabulary; the weights are computed as filter computes them.
+		inv := 1 / p.Temperature
+		top := x[best]
+		floor := p.MinP // the top's weight is e^0 = 1
+		var kept float64
+		for i, v := range x {
+			w := float32(math.Exp(float64((v - top) * inv)))
+			if w < floor && i != best {
+				w = 0
+			}
+			dst[i] = float64(w)
+			kept += float64(w)
+		}
+		for i := range dst {
+			dst[i] /= kept
+		}
+		return nil
+	}
 	cand, kept := s.filter(x)
 	for _, id := range cand {
 		dst[id] = float64(x[id]) / kept

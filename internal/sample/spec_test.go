@@ -88,6 +88,8 @@ var specCases = []struct {
 		[]float32{2, 1.5, 1, 0.2, -1, -3, 0, 0}, []float32{0, 1, 2, 3, 0, 0, 2.5, 0}},
 	{"top-p and min-p", Params{Temperature: 1.2, TopP: 0.8, MinP: 0.05}, nil,
 		[]float32{0.1, 1.5, 1, 0.2, -1, 2, 0.4}, []float32{1, 1, 1, 1, 1, 1, 1}},
+	{"min-p alone", Params{Temperature: 0.8, MinP: 0.2}, nil,
+		[]float32{0.1, 1.5, 1, 0.2, -1, 2, 0.4}, []float32{2, 1, 0, 1, 1, 1, 0}},
 	{"penalties", Params{Temperature: 0.9, RepetitionPenalty: 1.3, PresencePenalty: 0.4, FrequencyPenalty: 0.3}, []int32{0, 0, 2, 5},
 		[]float32{2, 1.5, 1, 0.2, -1, 1.8}, []float32{2, 0, 1, 0, 0, 2}},
 }
