@@ -126,7 +126,7 @@ func (s *Sampler) Sample(logits []float32) (int32, error) {
 	}
 	tok := int32(best)
 	if s.p.Temperature != 0 {
-		cand, kept := s.filter(x)
+		cand, kept := s.filter(x, best)
 		tok = pick(cand, x, s.rng.Float64()*kept)
 	}
 	s.Observe(tok)
@@ -179,38 +179,72 @@ func Argmax(x []float32) int {
 
 // filter turns the adjusted logits x into the weights of softmax(x/T)
 // restricted by top-k, min-p and top-p: it returns the candidates kept,
-// in descending logit order (ties to the lower id), with their
-// unnormalised weights in place in x, and the weights' sum.
-func (s *Sampler) filter(x []float32) ([]int32, float64) {
+// with their unnormalised weights in place in x, and the weights' sum.
+// Without top-k or top-p the candidates are the whole vocabulary in id
+// order (min-p zeroes the weights below its floor), so no token order is
+// needed; otherwise they are in descending logit order (ties to the lower
+// id), and for top-p over the whole vocabulary only as long a prefix of
+// that order is ranked as the nucleus needs. Either way no sort of the
+// vocabulary runs per token.
+func (s *Sampler) filter(x []float32, best int) ([]int32, float64) {
 	p := &s.p
 	k := len(x)
 	if p.TopK > 0 {
 		k = min(k, p.TopK)
 	}
-	cand := s.idx[:k]
-	if k < len(x) {
-		kernel.TopK(cand, nil, x, k)
-	} else {
-		for i := range cand {
-			cand[i] = int32(i)
-		}
-		slices.SortFunc(cand, func(a, b int32) int {
-			switch {
-			case x[a] > x[b]:
-				return -1
-			case x[a] < x[b]:
-				return 1
-			}
-			return int(a - b)
-		})
-	}
+	topP := p.TopP > 0 && p.TopP < 1
 	inv := 1 / p.Temperature
-	top := x[cand[0]]
+	top := x[best]
+	if k == len(x) && !topP {
+		// The whole vocabulary at once, with the vector exponential.
+		cand := s.idx[:len(x)]
+		for i, v := range x {
+			cand[i] = int32(i)
+			x[i] = (v - top) * inv
+		}
+		kernel.ExpSlice(x)
+		var kept float64
+		for i, w := range x {
+			if w < p.MinP { // the top's weight, e^0 = 1, is never below it
+				x[i], w = 0, 0
+			}
+			kept += float64(w)
+		}
+		return cand, kept
+	}
 	var total float64
+	var cand []int32
+	if k < len(x) {
+		if k > len(x)/8 {
+			cand = rankAll(s.idx[:len(x)], x)[:k]
+		} else {
+			cand = s.idx[:k]
+			kernel.TopK(cand, nil, x, k)
+		}
+		for _, id := range cand {
+			total += weight(x[id], top, inv)
+		}
+	} else {
+		// Top-p over the whole vocabulary: rank the best m tokens, more
+		// as needed, until the prefix holds where min-p or top-p cuts.
+		for _, v := range x {
+			total += weight(v, top, inv)
+		}
+		// Past an eighth of the vocabulary a sort beats the heap.
+		for m := min(64, len(x)); ; m *= 4 {
+			if m > len(x)/8 {
+				cand = rankAll(s.idx[:len(x)], x)
+				break
+			}
+			cand = s.idx[:m]
+			kernel.TopK(cand, nil, x, m)
+			if nucleusWithin(cand, x, top, inv, float32(p.MinP), float64(p.TopP)*total) {
+				break
+			}
+		}
+	}
 	for _, id := range cand {
-		e := math.Exp(float64((x[id] - top) * inv))
-		x[id] = float32(e)
-		total += e
+		x[id] = float32(weight(x[id], top, inv))
 	}
 	n := len(cand)
 	if p.MinP > 0 {
@@ -219,7 +253,7 @@ func (s *Sampler) filter(x []float32) ([]int32, float64) {
 			n--
 		}
 	}
-	if p.TopP > 0 && p.TopP < 1 {
+	if topP {
 		var acc float64
 		for i := 0; i < n; i++ {
 			acc += float64(x[cand[i]])
@@ -236,16 +270,60 @@ func (s *Sampler) filter(x []float32) ([]int32, float64) {
 	return cand[:n], kept
 }
 
-// pick returns the candidate at which u, uniform in [0, the weights' sum),
-// falls in the weights' running sum.
-func pick(cand []int32, w []float32, u float64) int32 {
+// rankAll writes every token id to cand in descending order of x, ties
+// to the lower id, and returns it.
+func rankAll(cand []int32, x []float32) []int32 {
+	for i := range cand {
+		cand[i] = int32(i)
+	}
+	slices.SortFunc(cand, func(a, b int32) int {
+		switch {
+		case x[a] > x[b]:
+			return -1
+		case x[a] < x[b]:
+			return 1
+		}
+		return int(a - b)
+	})
+	return cand
+}
+
+// weight is a logit's unnormalised probability at temperature 1/inv,
+// relative to the top logit.
+func weight(v, top, inv float32) float64 { return math.Exp(float64((v - top) * inv)) }
+
+// nucleusWithin reports whether the ranked prefix cand of the logits x
+// reaches where min-p (a weight below floor) or top-p (a running weight
+// of mass) cuts the candidates.
+func nucleusWithin(cand []int32, x []float32, top, inv, floor float32, mass float64) bool {
+	var acc float64
 	for _, id := range cand {
-		u -= float64(w[id])
-		if u < 0 {
+		w := float32(weight(x[id], top, inv))
+		if w < floor {
+			return true
+		}
+		if acc += float64(w); acc >= mass {
+			return true
+		}
+	}
+	return false
+}
+
+// pick returns the candidate at which u, uniform in [0, the weights' sum),
+// falls in the weights' running sum; rounding past the end gives the last
+// candidate of non-zero weight.
+func pick(cand []int32, w []float32, u float64) int32 {
+	last := cand[0]
+	for _, id := range cand {
+		if w[id] <= 0 {
+			continue
+		}
+		last = id
+		if u -= float64(w[id]); u < 0 {
 			return id
 		}
 	}
-	return cand[len(cand)-1]
+	return last
 }
 
 // Probs writes to dst ([vocab]) the distribution Sample draws from after
@@ -262,28 +340,7 @@ func (s *Sampler) Probs(logits []float32, dst []float64) error {
 		dst[best] = 1
 		return nil
 	}
-	if p := &s.p; (p.TopK == 0 || p.TopK >= len(x)) && (p.TopP == 0 || p.TopP == 1) {
-		// No top-k or top-p: the distribution needs no candidate order
-		// (min-p is a floor on the weights), so skip filter's sort of the
-		// vocabulary; the weights are computed as filter computes them.
-		inv := 1 / p.Temperature
-		top := x[best]
-		floor := p.MinP // the top's weight is e^0 = 1
-		var kept float64
-		for i, v := range x {
-			w := float32(math.Exp(float64((v - top) * inv)))
-			if w < floor && i != best {
-				w = 0
-			}
-			dst[i] = float64(w)
-			kept += float64(w)
-		}
-		for i := range dst {
-			dst[i] /= kept
-		}
-		return nil
-	}
-	cand, kept := s.filter(x)
+	cand, kept := s.filter(x, best)
 	for _, id := range cand {
 		dst[id] = float64(x[id]) / kept
 	}

@@ -1,7 +1,10 @@
 package sample
 
 import (
+	"fmt"
 	"math"
+	"math/rand/v2"
+	"sort"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -37,11 +40,7 @@ func reference(logits []float32, p Params, seen []int32) []float64 {
 	for i := range order {
 		order[i] = i
 	}
-	for i := 1; i < len(order); i++ {
-		for j := i; j > 0 && x[order[j]] > x[order[j-1]]; j-- {
-			order[j], order[j-1] = order[j-1], order[j]
-		}
-	}
+	sort.SliceStable(order, func(a, b int) bool { return x[order[a]] > x[order[b]] })
 	if p.TopK > 0 && p.TopK < len(order) {
 		order = order[:p.TopK]
 	}
@@ -233,4 +232,47 @@ func TestVerifyGreedyAndErrors(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalid)
 	_, err = s.Verify([]float32{0, 2, 1}, nil, -1)
 	require.ErrorIs(t, err, ErrInvalid)
+}
+
+// TestLargeVocabulary: over a vocabulary of 5,000 (where the nucleus of
+// top-p needs the ranked prefix to grow past its first 64 entries), Probs
+// gives the reference distribution for every filter, and Sample draws only
+// tokens of non-zero reference probability, the likeliest about as often
+// as it should come out.
+func TestLargeVocabulary(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 9))
+	logits := make([]float32, 5000)
+	for i := range logits {
+		logits[i] = float32(r.NormFloat64())
+	}
+	for _, p := range []Params{
+		{Temperature: 1},
+		{Temperature: 0.7, TopP: 0.9},
+		{Temperature: 1, TopP: 0.5, MinP: 0.2},
+		{Temperature: 1.3, TopP: 0.99},
+		{Temperature: 1, TopK: 100, TopP: 0.8},
+		{Temperature: 0.5, MinP: 0.05},
+		{Temperature: 1, TopK: 500, MinP: 0.01},
+	} {
+		name := fmt.Sprintf("%+v", p)
+		want := reference(logits, p, nil)
+		p.Seed = 1
+		s, err := New(p, len(logits))
+		require.NoError(t, err)
+		got := make([]float64, len(logits))
+		require.NoError(t, s.Probs(logits, got))
+		assert.InDeltaSlice(t, want, got, 1e-7, name) // the weights are float32
+		const n = 1000
+		best, hits := Argmax(logits), 0
+		for range n {
+			tok := must(s.Sample(logits))
+			s.Reset()
+			require.Positive(t, want[tok], "%s: drew token %d of probability 0", name, tok)
+			if int(tok) == best {
+				hits++
+			}
+		}
+		sd := math.Sqrt(want[best] * (1 - want[best]) / n)
+		assert.InDelta(t, want[best], float64(hits)/n, 5*sd+1e-9, "%s: the likeliest token's share", name)
+	}
 }
