@@ -14,8 +14,12 @@ var useAVX2 = cpu.X86.HasAVX2 && cpu.X86.HasFMA
 var useAVX512 = useAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL
 
 // hasBF16Dot reports AVX512_BF16 (VDPBF16PS), measured by PeakBF16DotFLOPS;
-// no product kernel uses it (it would round activations to bfloat16).
-var hasBF16Dot = useAVX512 && cpu.X86.HasAVX512BF16
+// only the opt-in MatMulBF16Fast uses it (it rounds activations to
+// bfloat16).
+var hasBF16Dot = useAVX512 && cpu.X86.HasAVX512BF16 && cpu.X86.HasAVX512BW
+
+//go:noescape
+func tileBF16AVX512(x *uint16, xstride int, w *uint16, wstride, k int, out *float32, ostride int)
 
 //go:noescape
 func sumAVX2(x *float32, n int) float32

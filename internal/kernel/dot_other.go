@@ -126,3 +126,7 @@ func tile4x3BF16AVX2(x *float32, xstride, rows int, w *uint16, triples, k int, o
 func tile4x3F32AVX2(x *float32, xstride, rows int, w *float32, triples, k int, out *float32, ostride int) {
 	panic("kernel: no assembly on this platform")
 }
+
+func tileBF16AVX512(x *uint16, xstride int, w *uint16, wstride, k int, out *float32, ostride int) {
+	panic("kernel: no assembly on this platform")
+}

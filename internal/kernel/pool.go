@@ -54,6 +54,7 @@ type Pool struct {
 	workers []*worker
 	closed  atomic.Bool
 	gemm    gemmJob
+	fast    fastJob
 }
 
 // NewPool starts a pool of n workers in all (the caller counts as one);
