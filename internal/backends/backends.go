@@ -11,7 +11,7 @@ import (
 	"k3/internal/cpu"
 )
 
-var names = []string{"go", "ascend"}
+var names = []string{"go", "go-fastbf16", "ascend"}
 
 // Names lists the backend names, for help texts.
 func Names() string { return strings.Join(names, ", ") }
@@ -21,6 +21,9 @@ func Open(name string) (compute.Backend, error) {
 	switch name {
 	case "go", "":
 		return cpu.New(0), nil
+	case "go-fastbf16":
+		// Opt-in: prefill's bf16-weight products round x to bfloat16.
+		return cpu.NewFastBF16(0), nil
 	case "ascend":
 		return ascend.Open(ascend.Options{})
 	}

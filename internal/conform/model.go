@@ -42,8 +42,8 @@ func argmax(row []float32) int32 {
 }
 
 func runModel(ctx context.Context, b compute.Backend, dir string, chk *checker) error {
-	if b.Name() != "go" {
-		return fmt.Errorf("model.forward runs on the backend k3.Load opens; only the go backend is wired: %w", compute.ErrUnsupported)
+	if b.Name() != "go" && b.Name() != "go-fastbf16" {
+		return fmt.Errorf("model.forward runs on the backend k3.Load opens; only the go backends are wired: %w", compute.ErrUnsupported)
 	}
 	f, err := openCase(filepath.Join(dir, "expected.safetensors"))
 	if err != nil {
@@ -55,7 +55,7 @@ func runModel(ctx context.Context, b compute.Backend, dir string, chk *checker) 
 		s   forwarder
 	)
 	if l, ok := ctx.Value(layoutKey{}).(k3.Layout); ok && l.Ranks() > 1 {
-		g, err := k3.LoadGroup(ctx, dir, l)
+		g, err := k3.LoadGroup(ctx, dir, l, k3.WithBackend(b.Name()))
 		if err != nil {
 			return err
 		}
@@ -67,7 +67,7 @@ func runModel(ctx context.Context, b compute.Backend, dir string, chk *checker) 
 		defer gs.Close()
 		cfg, s = g.Ranks()[0].Config, gs
 	} else {
-		m, err := k3.Load(ctx, dir)
+		m, err := k3.Load(ctx, dir, k3.WithBackend(b.Name()))
 		if err != nil {
 			return err
 		}

@@ -27,8 +27,9 @@ type buffer struct {
 type Backend struct {
 	pool *kernel.Pool
 
-	tapsMu sync.Mutex
-	taps   map[tapsKey][]float32 // conv taps transposed, by weight (convTaps)
+	tapsMu   sync.Mutex
+	taps     map[tapsKey][]float32 // conv taps transposed, by weight (convTaps)
+	fastBF16 bool                  // NewFastBF16
 }
 
 type tapsKey struct {
@@ -41,8 +42,34 @@ var _ compute.Backend = (*Backend)(nil)
 // New returns a backend running kernels on threads goroutines (0: GOMAXPROCS).
 func New(threads int) *Backend { return &Backend{pool: kernel.NewPool(threads)} }
 
-// Name returns "go".
-func (b *Backend) Name() string { return "go" }
+// NewFastBF16 is New with the fast bf16 products: a bf16-weight product of
+// at least kernel.PackedMinRows rows (prefill, not decode) rounds x to
+// bfloat16 and runs kernel.MatMulBF16Fast, on the CPU's bf16 dot product
+// where it has one. It trades accuracy (about 2^-9 relative per element of
+// x) for up to twice the exact products' rate; decode stays exact.
+func NewFastBF16(threads int) *Backend {
+	b := New(threads)
+	b.fastBF16 = true
+	return b
+}
+
+// Name returns "go", or "go-fastbf16" for NewFastBF16.
+func (b *Backend) Name() string {
+	if b.fastBF16 {
+		return "go-fastbf16"
+	}
+	return "go"
+}
+
+// matMulBF16 is the bf16-weight product, fast where the backend was made
+// so and the product is long.
+func (b *Backend) matMulBF16(dst, x []float32, w []uint16, m, n, k int) {
+	if b.fastBF16 && m >= kernel.PackedMinRows {
+		b.pool.MatMulBF16Fast(dst, x, w, m, n, k)
+		return
+	}
+	b.pool.MatMulBF16(dst, x, w, m, n, k)
+}
 
 // Close stops the worker pool.
 func (b *Backend) Close() error { b.pool.Close(); return nil }

@@ -280,7 +280,7 @@ func (b *Backend) matmulHost(dst, x []float32, w compute.Tensor, m int) error {
 	case compute.F32:
 		b.pool.MatMul(dst, x, F32(w), m, n, k)
 	case compute.BF16:
-		b.pool.MatMulBF16(dst, x, U16(w), m, n, k)
+		b.matMulBF16(dst, x, U16(w), m, n, k)
 	default:
 		return fmt.Errorf("cpu: matmul with %v weights: %w", w.DType, compute.ErrUnsupported)
 	}

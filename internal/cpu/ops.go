@@ -35,7 +35,7 @@ func (b *Backend) MatMul(dst, x, w compute.Tensor) error {
 	case compute.F32:
 		b.pool.MatMul(ds, xs, F32(w), m, n, k)
 	case compute.BF16:
-		b.pool.MatMulBF16(ds, xs, U16(w), m, n, k)
+		b.matMulBF16(ds, xs, U16(w), m, n, k)
 	default:
 		return fmt.Errorf("cpu: matmul with %v weights: %w", w.DType, compute.ErrUnsupported)
 	}
