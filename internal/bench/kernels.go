@@ -43,6 +43,7 @@ func Kernels(w io.Writer) {
 	triadNT := p.TriadNT(a, b, c, 5)
 	read := p.ReadBandwidth(b, 5)
 	peak := p.PeakFLOPS()
+	fmt.Fprintf(w, "kernel path: %s\n", kernel.Path())
 	fmt.Fprintf(w, "machine limits measured now: STREAM triad %.1f GB/s (with non-temporal stores %.1f), read %.1f GB/s, FMA peak %.0f GFLOP/s (%d threads)\n",
 		triad/1e9, triadNT/1e9, read/1e9, peak/1e9, threads)
 	bf := p.PeakBF16DotFLOPS()

@@ -2,21 +2,31 @@
 
 package kernel
 
-import "golang.org/x/sys/cpu"
+import (
+	"os"
+
+	"golang.org/x/sys/cpu"
+)
+
+// forced is K3_KERNEL, which caps the kernel path below what the CPU has
+// (see Path), so that the tests can run every path the machine has.
+var forced = os.Getenv("K3_KERNEL")
+
+func forcedPath() string { return forced }
 
 // useAVX2 selects the assembly dot products; the plain-Go loops remain the
 // specification they are tested against.
-var useAVX2 = cpu.X86.HasAVX2 && cpu.X86.HasFMA
+var useAVX2 = cpu.X86.HasAVX2 && cpu.X86.HasFMA && forced != "go"
 
 // useAVX512 selects kernels that need AVX-512VL's 32 vector registers. They
 // keep the 256-bit lanes of the AVX2 kernels, so results do not depend on
 // which set runs.
-var useAVX512 = useAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL
+var useAVX512 = useAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && forced != "avx2"
 
 // hasBF16Dot reports AVX512_BF16 (VDPBF16PS), measured by PeakBF16DotFLOPS;
 // only the opt-in MatMulBF16Fast uses it (it rounds activations to
 // bfloat16).
-var hasBF16Dot = useAVX512 && cpu.X86.HasAVX512BF16 && cpu.X86.HasAVX512BW
+var hasBF16Dot = useAVX512 && cpu.X86.HasAVX512BF16 && cpu.X86.HasAVX512BW && forced != "avx512"
 
 //go:noescape
 func tileBF16AVX512(x *uint16, xstride int, w *uint16, wstride, k int, out *float32, ostride int)

@@ -2,11 +2,16 @@
 
 package kernel
 
+import "os"
+
 const useAVX2 = false
 
 const useAVX512 = false
 
 const hasBF16Dot = false
+
+// forcedPath is K3_KERNEL; without assembly there is nothing to cap.
+func forcedPath() string { return os.Getenv("K3_KERNEL") }
 
 func sumAVX2(x *float32, n int) float32 { panic("kernel: no assembly on this platform") }
 
