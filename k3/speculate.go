@@ -446,7 +446,7 @@ func (g *generation) draftPass(ctx context.Context, id int32) ([]int32, error) {
 			// The batch's drafters run one after another between passes.
 			c.Draft = sp.draftSec * float64(max(sp.batch, 1)) / c.Step
 		}
-		if k := specdec.BestDepth(sp.acc.Rate(), n, c); k > 0 {
+		if k := specdec.BestDepth(sp.acc.Lower(), n, c); k > 0 {
 			// A drafter with confidences (DSpark) drafts its whole block
 			// in one pass and says how sure it is of each position: the
 			// acceptance so far decides whether to draft, its confidences

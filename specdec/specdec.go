@@ -1,5 +1,7 @@
 package specdec
 
+import "math"
+
 // A Drafter proposes tokens that may continue a sequence.
 type Drafter interface {
 	// Draft appends to dst at most n tokens that may follow history and
@@ -191,3 +193,13 @@ func (a *Acceptance) ObserveRate(r float64) {
 
 // Rate returns the current estimate.
 func (a *Acceptance) Rate() float64 { return a.rate }
+
+// Lower returns the estimate less one standard deviation of the average
+// for outcomes of that rate (r(1-r)(1-d)/(1+d) for the decay d): the rate
+// to choose a depth by, so that the average's noise (about ±0.11 at 0.5)
+// does not make speculation look as if it paid where it does not.
+func (a *Acceptance) Lower() float64 {
+	r := a.rate
+	sd := math.Sqrt(r * (1 - r) * (1 - acceptanceDecay) / (1 + acceptanceDecay))
+	return max(0, r-sd)
+}

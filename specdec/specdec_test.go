@@ -185,6 +185,16 @@ func TestAcceptance(t *testing.T) {
 		}
 	}
 	assert.InDelta(t, 0.7, sum/19900, 0.01)
+	// Lower is the rate less one standard deviation of the average.
+	var c Acceptance
+	for range 200 {
+		c.Observe(true)
+	}
+	assert.InDelta(t, 1, c.Lower(), 1e-4, "no noise at 1")
+	c.rate = 0.5
+	assert.InDelta(t, 0.5-math.Sqrt(0.25*0.1/1.9), c.Lower(), 1e-12)
+	var zero Acceptance
+	assert.Zero(t, zero.Lower())
 	// Known rates move the estimate as outcomes of that mean do, clamped
 	// to [0, 1].
 	var b Acceptance
