@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -137,4 +138,37 @@ func TestMatMulBF16Fast(t *testing.T) {
 	p.MatMulBF16(exact, x, w, m, n, k)
 	assert.Equal(t, exact, fast)
 	t.Logf("VDPBF16PS path: %v", FastBF16Available())
+}
+
+// BenchmarkMatMulBF16Fast times the fast product beside the exact one at
+// the GEMM shapes of k3 bench kernels (GFLOP/s in the metric).
+func BenchmarkMatMulBF16Fast(b *testing.B) {
+	p := NewPool(0)
+	defer p.Close()
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, sh := range [][3]int{{512, 2304, 768}, {256, 2048, 2048}, {1024, 1024, 1024}} {
+		m, n, k := sh[0], sh[1], sh[2]
+		x := make([]float32, m*k)
+		for i := range x {
+			x[i] = float32(r.NormFloat64())
+		}
+		w := normBF16(r, n*k)
+		y := make([]float32, m*n)
+		for _, fast := range []bool{false, true} {
+			name := fmt.Sprintf("%dx%dx%d/exact", m, n, k)
+			if fast {
+				name = fmt.Sprintf("%dx%dx%d/fast", m, n, k)
+			}
+			b.Run(name, func(b *testing.B) {
+				for b.Loop() {
+					if fast {
+						p.MatMulBF16Fast(y, x, w, m, n, k)
+					} else {
+						p.MatMulBF16(y, x, w, m, n, k)
+					}
+				}
+				b.ReportMetric(2*float64(m*n*k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			})
+		}
+	}
 }
