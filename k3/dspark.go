@@ -181,12 +181,12 @@ func (ds *DSpark) blockConfidences() []float32 { return ds.conf }
 // session's last position. Without a bound session, or when the session
 // no longer holds the anchor's hidden states, it proposes none.
 func (ds *DSpark) Draft(history []int32, n int, dst []int32) []int32 {
-	return ds.SampleDraft(history, n, dst, nil)
+	return ds.SampleDraft(history, n, dst, greedy)
 }
 
 // SampleDraft is Draft with each token chosen by pick from the block's
-// logits for its position (specdec.Sampler; nil: the most likely token):
-// the Markov head conditions the next position on the token picked.
+// logits for its position (specdec.Sampler): the Markov head conditions
+// the next position on the token picked.
 func (ds *DSpark) SampleDraft(history []int32, n int, dst []int32, pick func([]float32) int32) []int32 {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
@@ -222,22 +222,14 @@ func (ds *DSpark) SampleDraft(history []int32, n int, dst []int32, pick func([]f
 			return dst
 		}
 		q := ds.row[k*v : (k+1)*v]
-		best := 0
 		for i := range q {
 			q[i] += ds.bHost[i]
-			if q[i] > q[best] {
-				best = i
-			}
+		}
+		if prev = pick(q); prev < 0 || int(prev) >= v {
+			break
 		}
 		z := w.confB + kernel.Dot(w.confW[:d], ds.fHost[k*d:(k+1)*d]) + kernel.Dot(w.confW[d:], min)
 		ds.conf = append(ds.conf, float32(1/(1+math.Exp(-float64(z)))))
-		prev = int32(best)
-		if pick != nil {
-			if prev = pick(q); prev < 0 || int(prev) >= v {
-				ds.conf = ds.conf[:len(ds.conf)-1]
-				break
-			}
-		}
 		dst = append(dst, prev)
 	}
 	return dst

@@ -315,13 +315,13 @@ type speculation struct {
 	// sinceProbe counts the plain steps since the last probe.
 	sinceProbe int
 
-	// WithRejectionSampling: q[i*vocab:] is the distribution drafts[i]
-	// was drawn from (none for a drafter without distributions), pick
-	// the generation's pickDraft.
+	// WithRejectionSampling: picked are the tokens pickDraft drew for the
+	// current block (none for a drafter without distributions), q[i*vocab:]
+	// the distribution picked[i] was drawn from, pick the generation's
+	// pickDraft.
 	rejection bool
 	q         []float64
-	qRows     int
-	picked    []int32 // the tokens pickDraft drew in the current block
+	picked    []int32
 	pick      func([]float32) int32
 	// A probe drawn from q is scored by its exact acceptance probability
 	// Σ min(p, q) (probeRate, from p in probeP) rather than by whether
@@ -495,9 +495,8 @@ func (g *generation) draftPass(ctx context.Context, id int32) ([]int32, error) {
 				sp.drafts = sp.drafts[:0]
 				return nil, fmt.Errorf("k3: the drafter's drafts are not the tokens it picked (specdec.Sampler)")
 			}
-			sp.qRows = len(sp.picked)
 		} else {
-			sp.qRows = 0
+			sp.picked = sp.picked[:0]
 			sp.drafts = sp.drafter.Draft(sp.hist, n, sp.drafts)
 		}
 		// A drafter that runs a model spends a call after a gap (the
@@ -564,7 +563,7 @@ func (g *generation) pickDraft(logits []float32) int32 {
 // at that position.
 func (g *generation) draw() (int32, error) {
 	sp := g.spec
-	if sp != nil && sp.rejection && sp.hasProbe && sp.qRows > 0 {
+	if sp != nil && sp.rejection && sp.hasProbe && len(sp.picked) > 0 {
 		v := g.s.m.Config.VocabSize
 		if len(sp.probeP) < v {
 			sp.probeP = make([]float64, v)
@@ -581,7 +580,7 @@ func (g *generation) draw() (int32, error) {
 		return g.sampler.Sample(g.s.last)
 	}
 	var q []float64
-	if sp.qRows > 0 {
+	if len(sp.picked) > 0 {
 		v := g.s.m.Config.VocabSize
 		q = sp.q[sp.next*v : (sp.next+1)*v]
 	}

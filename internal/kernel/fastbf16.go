@@ -75,10 +75,7 @@ func fastRange(a *Args, lo, hi int) {
 			c0 := g * fastTile
 			cols := min(fastTile, n-c0)
 			for r := rb; r < re; r += fastTile {
-				rows := min(fastTile, j.m-r)
-				if rows <= 0 {
-					break
-				}
+				rows := min(fastTile, j.m-r) // at least 1: the padding is under a tile
 				if cols == fastTile && rows == fastTile {
 					tileBF16(j.xb[r*k:], k, j.wb[c0*k:], k, k, j.dst[r*n+c0:], n)
 					continue

@@ -37,13 +37,19 @@ func TestToBF16(t *testing.T) {
 	assert.True(t, math.IsNaN(float64(bf16(nan[0]))), "a low-payload NaN stays NaN: %#04x", nan[0])
 }
 
-func normBF16(r *rand.Rand, n int) []uint16 {
+// normF32 returns n draws of N(0, 1).
+func normF32(r *rand.Rand, n int) []float32 {
 	f := make([]float32, n)
 	for i := range f {
 		f[i] = float32(r.NormFloat64())
 	}
+	return f
+}
+
+// normBF16 returns n draws of N(0, 1) rounded to bf16.
+func normBF16(r *rand.Rand, n int) []uint16 {
 	b := make([]uint16, n)
-	ToBF16(b, f)
+	ToBF16(b, normF32(r, n))
 	return b
 }
 
@@ -91,10 +97,7 @@ func TestMatMulBF16Fast(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	for _, sh := range [][3]int{{1, 1, 32}, {3, 5, 64}, {5, 13, 96}, {67, 64, 256}, {130, 37, 2048}} {
 		m, n, k := sh[0], sh[1], sh[2]
-		x := make([]float32, m*k)
-		for i := range x {
-			x[i] = float32(r.NormFloat64())
-		}
+		x := normF32(r, m*k)
 		w := normBF16(r, n*k)
 		got := make([]float32, m*n)
 		p.MatMulBF16Fast(got, x, w, m, n, k)
@@ -128,10 +131,7 @@ func TestMatMulBF16Fast(t *testing.T) {
 	}
 	// k not a multiple of 32: the exact product.
 	m, n, k := 9, 7, 40
-	x := make([]float32, m*k)
-	for i := range x {
-		x[i] = float32(r.NormFloat64())
-	}
+	x := normF32(r, m*k)
 	w := normBF16(r, n*k)
 	fast, exact := make([]float32, m*n), make([]float32, m*n)
 	p.MatMulBF16Fast(fast, x, w, m, n, k)
@@ -148,10 +148,7 @@ func BenchmarkMatMulBF16Fast(b *testing.B) {
 	r := rand.New(rand.NewPCG(5, 6))
 	for _, sh := range [][3]int{{512, 2304, 768}, {256, 2048, 2048}, {1024, 1024, 1024}} {
 		m, n, k := sh[0], sh[1], sh[2]
-		x := make([]float32, m*k)
-		for i := range x {
-			x[i] = float32(r.NormFloat64())
-		}
+		x := normF32(r, m*k)
 		w := normBF16(r, n*k)
 		y := make([]float32, m*n)
 		for _, fast := range []bool{false, true} {

@@ -374,7 +374,6 @@ func SpecReal(ctx context.Context, files []string, drafters []string, batch, tok
 		}
 		return []k3.GenerateOption{k3.WithTemperature(temperature), k3.WithSeed(uint64(i + 1))}
 	}
-	none := sampling
 	// drafterFor returns the drafters of one run, one per prompt (a self
 	// drafter follows one sequence), and what closes them.
 	drafterFor := func(name string) ([]specdec.Drafter, func(), error) {
@@ -412,7 +411,7 @@ func SpecReal(ctx context.Context, files []string, drafters []string, batch, tok
 		}
 		return ds, done, nil
 	}
-	want, _, _, err := run(1, none) // warm-up, and the tokens to match
+	want, _, _, err := run(1, sampling) // warm-up, and the tokens to match
 	if err != nil {
 		return nil, err
 	}
@@ -423,7 +422,7 @@ func SpecReal(ctx context.Context, files []string, drafters []string, batch, tok
 				log(fmt.Sprintf("%s drafter, batch %d, depth %d...", name, b, k))
 				var plains, specs, taus []float64
 				for range 3 {
-					_, _, pd, err := run(b, none)
+					_, _, pd, err := run(b, sampling)
 					if err != nil {
 						return nil, err
 					}
