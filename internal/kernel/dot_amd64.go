@@ -4,6 +4,8 @@ package kernel
 
 import (
 	"os"
+	"sync"
+	"time"
 
 	"golang.org/x/sys/cpu"
 )
@@ -27,6 +29,56 @@ var useAVX512 = useAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && forced !
 // only the opt-in MatMulBF16Fast uses it (it rounds activations to
 // bfloat16).
 var hasBF16Dot = useAVX512 && cpu.X86.HasAVX512BF16 && cpu.X86.HasAVX512BW && forced != "avx512"
+
+// hasZMM reports that the CPU can run the 512-bit kernels (AVX-512F and
+// VL, not capped below them by K3_KERNEL).
+var hasZMM = useAVX512 && forced != "avx512"
+
+// wideFMA reports whether the kernels that give each output lane its own
+// FMA chain (the packed GEMM's tile) use 512-bit vectors: where the CPU has
+// them and either K3_KERNEL=zmm forces them or a probe finds a 512-bit FMA
+// at least 1.5 times as fast as a 256-bit one (Zen 5 and Intel server
+// cores; Zen 4 runs it as two halves). Those kernels give the same bits
+// either way, so the probe's noise can cost speed but never change a
+// result. The probe runs once, at the first use.
+var wideFMA = sync.OnceValue(func() bool {
+	if !hasZMM {
+		return false
+	}
+	if forced == "zmm" {
+		return true
+	}
+	return zmmRatio() >= 1.5
+})
+
+// zmmRatio measures on the calling goroutine how many times the 256-bit
+// FMA rate a 512-bit FMA loop runs: the best of five interleaved pairs of
+// short register-only loops (about a millisecond in all).
+func zmmRatio() float64 {
+	const iters = 40_000
+	var t256, t512 time.Duration
+	for r := range 5 {
+		start := time.Now()
+		fmaLoopAVX2(iters)
+		d256 := time.Since(start)
+		start = time.Now()
+		fmaLoopAVX512(iters)
+		d512 := time.Since(start)
+		if r == 0 || d256 < t256 {
+			t256 = d256
+		}
+		if r == 0 || d512 < t512 {
+			t512 = d512
+		}
+	}
+	return 2 * t256.Seconds() / t512.Seconds()
+}
+
+//go:noescape
+func fmaLoopAVX512(n int)
+
+//go:noescape
+func gemm32x6AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, xoff, ooff int)
 
 //go:noescape
 func tileBF16AVX512(x *uint16, xstride int, w *uint16, wstride, k int, out *float32, ostride int)

@@ -1513,8 +1513,8 @@ f4end:
 
 // func dpbf16LoopAVX512(n int)
 // The bf16 dot-product peak probe (AVX512_BF16): n iterations of 12
-// independent VDPBF16PS on ymm registers, 32 flops each (8 lanes, two
-// products and two sums a lane). Go's assembler has no mnemonic for the
+// independent VDPBF16PS on zmm registers, as the fast product's tile runs
+// them, 64 flops each (16 lanes, two products and two sums a lane). Go's assembler has no mnemonic for the
 // instruction; the bytes are GNU as's encoding of the register form.
 TEXT ·dpbf16LoopAVX512(SB), NOSPLIT, $0-8
 	MOVQ n+0(FP), CX
@@ -1534,18 +1534,18 @@ TEXT ·dpbf16LoopAVX512(SB), NOSPLIT, $0-8
 	VXORPS Y15, Y15, Y15
 
 dploop:
-	BYTE $0x62; BYTE $0xd2; BYTE $0x06; BYTE $0x28; BYTE $0x52; BYTE $0xc6 // VDPBF16PS Y14, Y15, Y0
-	BYTE $0x62; BYTE $0xd2; BYTE $0x06; BYTE $0x28; BYTE $0x52; BYTE $0xce // VDPBF16PS Y14, Y15, Y1
-	BYTE $0x62; BYTE $0xd2; BYTE $0x06; BYTE $0x28; BYTE $0x52; BYTE $0xd6 // VDPBF16PS Y14, Y15, Y2
-	BYTE $0x62; BYTE $0xd2; BYTE $0x06; BYTE $0x28; BYTE $0x52; BYTE $0xde // VDPBF16PS Y14, Y15, Y3
-	BYTE $0x62; BYTE $0xd2; BYTE $0x06; BYTE $0x28; BYTE $0x52; BYTE $0xe6 // VDPBF16PS Y14, Y15, Y4
-	BYTE $0x62; BYTE $0xd2; BYTE $0x06; BYTE $0x28; BYTE $0x52; BYTE $0xee // VDPBF16PS Y14, Y15, Y5
-	BYTE $0x62; BYTE $0xd2; BYTE $0x06; BYTE $0x28; BYTE $0x52; BYTE $0xf6 // VDPBF16PS Y14, Y15, Y6
-	BYTE $0x62; BYTE $0xd2; BYTE $0x06; BYTE $0x28; BYTE $0x52; BYTE $0xfe // VDPBF16PS Y14, Y15, Y7
-	BYTE $0x62; BYTE $0x52; BYTE $0x06; BYTE $0x28; BYTE $0x52; BYTE $0xc6 // VDPBF16PS Y14, Y15, Y8
-	BYTE $0x62; BYTE $0x52; BYTE $0x06; BYTE $0x28; BYTE $0x52; BYTE $0xce // VDPBF16PS Y14, Y15, Y9
-	BYTE $0x62; BYTE $0x52; BYTE $0x06; BYTE $0x28; BYTE $0x52; BYTE $0xd6 // VDPBF16PS Y14, Y15, Y10
-	BYTE $0x62; BYTE $0x52; BYTE $0x06; BYTE $0x28; BYTE $0x52; BYTE $0xde // VDPBF16PS Y14, Y15, Y11
+	BYTE $0x62; BYTE $0xd2; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xc6 // VDPBF16PS Z14, Z15, Z0
+	BYTE $0x62; BYTE $0xd2; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xce // VDPBF16PS Z14, Z15, Z1
+	BYTE $0x62; BYTE $0xd2; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xd6 // VDPBF16PS Z14, Z15, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xde // VDPBF16PS Z14, Z15, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xe6 // VDPBF16PS Z14, Z15, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xee // VDPBF16PS Z14, Z15, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xf6 // VDPBF16PS Z14, Z15, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xfe // VDPBF16PS Z14, Z15, Z7
+	BYTE $0x62; BYTE $0x52; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xc6 // VDPBF16PS Z14, Z15, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xce // VDPBF16PS Z14, Z15, Z9
+	BYTE $0x62; BYTE $0x52; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xd6 // VDPBF16PS Z14, Z15, Z10
+	BYTE $0x62; BYTE $0x52; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xde // VDPBF16PS Z14, Z15, Z11
 	DECQ CX
 	JNZ  dploop
 	VZEROUPPER

@@ -10,6 +10,18 @@ const useAVX512 = false
 
 const hasBF16Dot = false
 
+const hasZMM = false
+
+func wideFMA() bool { return false }
+
+func zmmRatio() float64 { return 0 }
+
+func fmaLoopAVX512(n int) { panic("kernel: no assembly on this platform") }
+
+func gemm32x6AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, xoff, ooff int) {
+	panic("kernel: no assembly on this platform")
+}
+
 // forcedPath is K3_KERNEL; without assembly there is nothing to cap.
 func forcedPath() string { return os.Getenv("K3_KERNEL") }
 

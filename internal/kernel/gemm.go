@@ -39,12 +39,36 @@ const (
 	packedMinN = 512
 )
 
+// packedWideMinN is the width from which the packed GEMM takes every
+// depth when it runs 512-bit FMAs: its tile then has twice the arithmetic
+// of the 256-bit dot-form tiles, and from 128 columns on wins at every
+// depth from 64 (BenchmarkPackedVsTiles).
+const packedWideMinN = 128
+
 // usePacked reports whether an m×k by k×n product takes the packed GEMM.
 func usePacked(m, n, k int) bool {
 	if !useAVX2 || m < PackedMinRows {
 		return false
 	}
+	if packedWide() {
+		return n >= packedWideMinN
+	}
 	return k >= packedMinK || !useAVX512 && k >= 256 && n >= packedMinN
+}
+
+// packedTile forces the packed GEMM's tile width for tests and benchmarks:
+// 0 follows wideFMA, 256 and 512 force that many bits (512 needs hasZMM).
+var packedTile int
+
+// packedWide reports whether the packed GEMM runs its 512-bit tile.
+func packedWide() bool {
+	switch packedTile {
+	case 256:
+		return false
+	case 512:
+		return hasZMM
+	}
+	return wideFMA()
 }
 
 // gemmJob holds a packed product's operands and buffers. The pool owns one
@@ -120,10 +144,15 @@ func gemmParts(a *Args, lo, hi int) {
 }
 
 // columns computes output columns [c0, c1) for all rows, using wide (gemmNB
-// rows of k) for widened or padded weight blocks.
+// rows of k) for widened or padded weight blocks. With 512-bit FMAs
+// (wideFMA) two panels go through the register tile together, each x
+// vector a zmm register; a lone last panel takes the 256-bit tile. Every
+// output is the same FMA chain either way.
 func (g *gemmJob) columns(wide []float32, c0, c1 int) {
 	m, n, k := g.m, g.n, g.k
-	var tile [gemmNB * gemmPanel]float32 // tile[j*16+i]: weight row j, panel row i
+	const half = gemmNB * gemmPanel
+	var tile [2 * half]float32 // tile[h*half+j*16+i]: panel h, weight row j, panel row i
+	pair := packedWide()
 	for jb := c0; jb < c1; jb += gemmNB {
 		nb := min(gemmNB, c1-jb)
 		tiles := (nb + gemmTileW - 1) / gemmTileW
@@ -138,20 +167,33 @@ func (g *gemmJob) columns(wide []float32, c0, c1 int) {
 		default:
 			wblk = g.w[jb*k : (jb+nb)*k]
 		}
-		for r0 := 0; r0 < m; r0 += gemmPanel {
-			xp := g.xp[r0*k : (r0+gemmPanel)*k]
+		for r0 := 0; r0 < m; {
+			panels := 1
+			if pair && r0+gemmPanel < m {
+				panels = 2
+			}
+			xp := g.xp[r0*k : (r0+panels*gemmPanel)*k]
 			for pc := 0; pc < k; pc += gemmKC {
 				kc := min(gemmKC, k-pc)
 				for t := range tiles {
-					gemmTile(xp[pc*gemmPanel:], wblk[t*gemmTileW*k+pc:], gemmPanel, k, kc, tile[t*gemmTileW*gemmPanel:], pc > 0)
+					out := tile[t*gemmTileW*gemmPanel:]
+					if panels == 2 {
+						gemmTilePair(xp[pc*gemmPanel:], gemmPanel*k, wblk[t*gemmTileW*k+pc:], gemmPanel, k, kc, out, half, pc > 0)
+					} else {
+						gemmTile(xp[pc*gemmPanel:], wblk[t*gemmTileW*k+pc:], gemmPanel, k, kc, out, pc > 0)
+					}
 				}
 			}
-			for i := range min(gemmPanel, m-r0) {
-				d := g.dst[(r0+i)*n+jb : (r0+i)*n+jb+nb]
-				for j := range d {
-					d[j] = tile[j*gemmPanel+i]
+			for h := range panels {
+				base := r0 + h*gemmPanel
+				for i := range min(gemmPanel, m-base) {
+					d := g.dst[(base+i)*n+jb : (base+i)*n+jb+nb]
+					for j := range d {
+						d[j] = tile[h*half+j*gemmPanel+i]
+					}
 				}
 			}
+			r0 += panels * gemmPanel
 		}
 	}
 }
@@ -173,6 +215,21 @@ func gemmTile(xp, w []float32, xstride, wstride, kc int, out []float32, load boo
 	gemmTileGo(xp, w, xstride, wstride, kc, out, load)
 }
 
+// gemmTilePair runs gemmTile on two x panels, xoff floats apart, with the
+// same weights: the second panel's outputs go to out[ooff:]. It is the
+// 512-bit tile, so callers check wideFMA first.
+func gemmTilePair(xp []float32, xoff int, w []float32, xstride, wstride, kc int, out []float32, ooff int, load bool) {
+	_ = out[ooff+gemmTileW*gemmPanel-1]
+	_ = out[gemmTileW*gemmPanel-1]
+	_ = w[(gemmTileW-1)*wstride+kc-1]
+	_ = xp[xoff+(kc-1)*xstride+gemmPanel-1]
+	l := 0
+	if load {
+		l = 1
+	}
+	gemm32x6AVX512(&xp[0], &w[0], wstride, kc, &out[0], l, xstride, xoff, ooff)
+}
+
 // gemmTileGo is gemmTile in Go (separate roundings where the assembly
 // fuses the multiply-add).
 func gemmTileGo(xp, w []float32, xstride, wstride, kc int, out []float32, load bool) {
@@ -192,7 +249,7 @@ func gemmTileGo(xp, w []float32, xstride, wstride, kc int, out []float32, load b
 }
 
 // MatAccumulateScratch is the scratch MatAccumulate needs for depth k.
-func MatAccumulateScratch(k int) int { return gemmTileW*k + gemmTileW*gemmPanel }
+func MatAccumulateScratch(k int) int { return gemmTileW*k + 2*gemmTileW*gemmPanel }
 
 // MatAccumulate adds a·b to m rows of c: c[r·ldc+x] becomes the FMA chain
 // over i < k of a[r·k+i]·b[i·ldb+x], in i order, starting from its value,
@@ -209,11 +266,18 @@ func MatAccumulate(c []float32, ldc int, a, b []float32, ldb, m, n, k int, scrat
 	_ = c[(m-1)*ldc+n-1]
 	_ = a[m*k-1]
 	_ = b[(k-1)*ldb+n-1]
+	const tileLen = gemmTileW * gemmPanel
 	wpad := scratch[:gemmTileW*k]
-	out := scratch[gemmTileW*k : gemmTileW*k+gemmTileW*gemmPanel]
+	out := scratch[gemmTileW*k : gemmTileW*k+2*tileLen]
 	xv := 0
 	if useAVX2 {
 		xv = n &^ 63 // RankUpdate's assembly part
+	}
+	// With 512-bit FMAs the tile takes 32 columns at a time (two panels of
+	// 16, 16 floats apart); xv is a multiple of 64, so no lone panel is left.
+	step, wide := gemmPanel, packedWide()
+	if wide {
+		step = 2 * gemmPanel
 	}
 	for r0 := 0; r0 < m; r0 += gemmTileW {
 		rows := min(gemmTileW, m-r0)
@@ -223,13 +287,23 @@ func MatAccumulate(c []float32, ldc int, a, b []float32, ldb, m, n, k int, scrat
 			clear(wpad[rows*k:])
 			w = wpad
 		}
-		for x0 := 0; x0 < xv; x0 += gemmPanel {
+		for x0 := 0; x0 < xv; x0 += step {
 			for r := range rows {
 				copy(out[r*gemmPanel:(r+1)*gemmPanel], c[(r0+r)*ldc+x0:])
+				if wide {
+					copy(out[tileLen+r*gemmPanel:tileLen+(r+1)*gemmPanel], c[(r0+r)*ldc+x0+gemmPanel:])
+				}
 			}
-			gemmTile(b[x0:], w, ldb, k, k, out, true)
+			if wide {
+				gemmTilePair(b[x0:], gemmPanel, w, ldb, k, k, out, tileLen, true)
+			} else {
+				gemmTile(b[x0:], w, ldb, k, k, out, true)
+			}
 			for r := range rows {
 				copy(c[(r0+r)*ldc+x0:(r0+r)*ldc+x0+gemmPanel], out[r*gemmPanel:])
+				if wide {
+					copy(c[(r0+r)*ldc+x0+gemmPanel:(r0+r)*ldc+x0+step], out[tileLen+r*gemmPanel:])
+				}
 			}
 		}
 	}

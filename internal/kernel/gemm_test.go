@@ -143,7 +143,7 @@ func BenchmarkPackedVsTiles(b *testing.B) {
 	defer p.Close()
 	r := rand.New(rand.NewPCG(1, 1))
 	for _, nk := range [][2]int{{2048, 64}, {2048, 128}, {2048, 256}, {2048, 384}, {2048, 512}, {2048, 768},
-		{2048, 1024}, {2048, 1536}, {2048, 2048}, {64, 768}, {128, 768}, {256, 768}, {512, 768}, {512, 384}, {768, 384}, {64, 2048}, {256, 2048}} {
+		{2048, 1024}, {2048, 1536}, {2048, 2048}, {64, 768}, {128, 768}, {256, 768}, {512, 768}, {512, 384}, {768, 384}, {64, 2048}, {256, 2048}, {128, 384}, {256, 384}, {128, 128}, {256, 128}, {512, 128}, {768, 64}, {384, 256}} {
 		n, k := nk[0], nk[1]
 		wb, _ := randBF16(r, n*k)
 		for _, m := range []int{32, 64, 256} {
@@ -168,6 +168,17 @@ func BenchmarkPackedVsTiles(b *testing.B) {
 // TestMatAccumulate checks MatAccumulate against RankUpdate row by row, to
 // the bit: the grouped attention path may use either.
 func TestMatAccumulate(t *testing.T) {
+	defer func(v int) { packedTile = v }(packedTile)
+	for _, bits := range []int{256, 512} {
+		if bits == 512 && !hasZMM {
+			continue
+		}
+		packedTile = bits
+		testMatAccumulate(t)
+	}
+}
+
+func testMatAccumulate(t *testing.T) {
 	r := rand.New(rand.NewPCG(27, 28))
 	for _, m := range []int{1, 5, 6, 7, 13, 32} {
 		for _, n := range []int{1, 17, 64, 100, 128, 512} {
@@ -187,7 +198,85 @@ func TestMatAccumulate(t *testing.T) {
 				MatAccumulate(c, ldc, a, b, ldb, m, n, k, scratch)
 				for i := range c {
 					if c[i] != want[i] {
-						t.Fatalf("m=%d n=%d k=%d: c[%d] = %v, RankUpdate %v", m, n, k, i, c[i], want[i])
+						t.Fatalf("%d-bit tile m=%d n=%d k=%d: c[%d] = %v, RankUpdate %v", packedTile, m, n, k, i, c[i], want[i])
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestGemmTilePair checks the 512-bit tile against the 256-bit one on each
+// of its two panels, to the bit: both give every output one FMA chain over
+// p in order. The panels lie as the packed GEMM lays them (16·k apart) and
+// as MatAccumulate reads rows of 32 values (16 apart).
+func TestGemmTilePair(t *testing.T) {
+	if !hasZMM {
+		t.Skip("no 512-bit tile on this CPU or path")
+	}
+	r := rand.New(rand.NewPCG(29, 30))
+	const tileLen = gemmTileW * gemmPanel
+	for _, kc := range []int{1, 2, 7, 64, 256} {
+		for _, load := range []bool{false, true} {
+			for _, lay := range []struct{ xstride, xoff, ooff int }{
+				{gemmPanel, gemmPanel * kc, gemmNB * gemmPanel},
+				{37, gemmPanel, tileLen},
+				{2 * gemmPanel, gemmPanel, tileLen + 5},
+			} {
+				stride := kc + 3
+				xp := randSlice(r, lay.xoff+kc*lay.xstride+gemmPanel)
+				w := randSlice(r, gemmTileW*stride)
+				got := randSlice(r, lay.ooff+tileLen)
+				want := slices.Clone(got)
+				gemmTilePair(xp, lay.xoff, w, lay.xstride, stride, kc, got, lay.ooff, load)
+				gemmTile(xp, w, lay.xstride, stride, kc, want, load)
+				gemmTile(xp[lay.xoff:], w, lay.xstride, stride, kc, want[lay.ooff:], load)
+				for i := range got {
+					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("kc=%d load=%v layout %+v out[%d]: %g, 256-bit tile %g", kc, load, lay, i, got[i], want[i])
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestMatMulPackedWide checks that the packed GEMM gives the same bits
+// with its 512-bit tile as with its 256-bit one, on the edge shapes of
+// TestMatMulPacked (a lone last panel, partial tiles and blocks).
+func TestMatMulPackedWide(t *testing.T) {
+	if !hasZMM {
+		t.Skip("no 512-bit tile on this CPU or path")
+	}
+	defer func(v int) { packedTile = v }(packedTile)
+	r := rand.New(rand.NewPCG(31, 32))
+	p := NewPool(2)
+	defer p.Close()
+	for _, m := range []int{15, 16, 17, 31, 32, 33, 48, 65, 100} {
+		for _, n := range []int{1, 7, 48, 97} {
+			for _, k := range []int{1, 17, 256, 300, 520} {
+				x := randSlice(r, m*k)
+				wb, w := randBF16(r, n*k)
+				for _, bf := range []bool{false, true} {
+					var wide, narrow []float32
+					for _, bits := range []int{512, 256} {
+						packedTile = bits
+						y := make([]float32, m*n)
+						if bf {
+							p.matMulPacked(y, x, nil, wb, m, n, k)
+						} else {
+							p.matMulPacked(y, x, w, nil, m, n, k)
+						}
+						if bits == 512 {
+							wide = y
+						} else {
+							narrow = y
+						}
+					}
+					for i := range wide {
+						if math.Float32bits(wide[i]) != math.Float32bits(narrow[i]) {
+							t.Fatalf("m=%d n=%d k=%d bf16=%v: out[%d] = %g with the 512-bit tile, %g with the 256-bit one", m, n, k, bf, i, wide[i], narrow[i])
+						}
 					}
 				}
 			}

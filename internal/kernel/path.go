@@ -4,24 +4,30 @@ import "fmt"
 
 // Path names the kernel path chosen at start-up from the CPU's features:
 // "go" (the plain-Go twins: no AVX2 and FMA, the purego build tag, or
-// K3_KERNEL=go), "avx2", "avx512" (AVX-512VL's 32 registers, 256-bit
-// lanes) or "avx512+bf16" (also the opt-in fast product on VDPBF16PS).
-// The environment variable K3_KERNEL=go, avx2 or avx512 caps the path
-// below what the CPU has; a value it does not understand is reported here
-// and otherwise ignored.
+// K3_KERNEL=go), "avx2", or "avx512" (AVX-512VL's 32 registers, 256-bit
+// lanes in the dot-form tiles), then "+zmm" where the packed GEMM runs
+// 512-bit FMAs (WideFMA: the CPU runs them at about twice the 256-bit
+// rate, or K3_KERNEL=zmm forces them) and "+bf16" where the opt-in fast
+// product has VDPBF16PS. K3_KERNEL=go, avx2 or avx512 caps the path below
+// what the CPU has; zmm forces the 512-bit tile on any AVX-512 CPU. A
+// value it does not understand is reported here and otherwise ignored.
 func Path() string {
 	p := "go"
 	switch {
-	case hasBF16Dot:
-		p = "avx512+bf16"
 	case useAVX512:
 		p = "avx512"
 	case useAVX2:
 		p = "avx2"
 	}
+	if wideFMA() {
+		p += "+zmm"
+	}
+	if hasBF16Dot {
+		p += "+bf16"
+	}
 	switch forcedPath() {
-	case "", "go", "avx2", "avx512":
+	case "", "go", "avx2", "avx512", "zmm":
 		return p
 	}
-	return fmt.Sprintf("%s (K3_KERNEL=%q not understood: want go, avx2 or avx512)", p, forcedPath())
+	return fmt.Sprintf("%s (K3_KERNEL=%q not understood: want go, avx2, avx512 or zmm)", p, forcedPath())
 }

@@ -20,21 +20,27 @@ func TestPathForced(t *testing.T) {
 	if os.Getenv("K3_KERNEL") != "" {
 		t.Skip("run without K3_KERNEL: the test compares capped paths with the CPU's own")
 	}
-	rank := map[string]int{"go": 0, "avx2": 1, "avx512": 2, "avx512+bf16": 3}
-	here := rank[Path()]
-	for _, c := range []struct{ env, want string }{{"go", "go"}, {"avx2", "avx2"}, {"avx512", "avx512"}, {"", Path()}} {
+	// What each cap gives on this CPU: never more than it has.
+	bf16 := ""
+	if hasBF16Dot {
+		bf16 = "+bf16"
+	}
+	want := map[string]string{"go": "go", "avx2": "go", "avx512": "go", "zmm": "go", "": Path()}
+	if useAVX2 {
+		want["avx2"], want["avx512"], want["zmm"] = "avx2", "avx2", "avx2"
+	}
+	if useAVX512 {
+		want["avx512"], want["zmm"] = "avx512", "avx512+zmm"+bf16
+	}
+	for _, env := range []string{"go", "avx2", "avx512", "zmm", ""} {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestPathForced$")
-		cmd.Env = append(os.Environ(), "K3_PATH_CHILD=1", "K3_KERNEL="+c.env)
+		cmd.Env = append(os.Environ(), "K3_PATH_CHILD=1", "K3_KERNEL="+env)
 		out, err := cmd.Output()
 		require.NoError(t, err)
 		_, got, ok := strings.Cut(string(out), "path=")
 		require.True(t, ok, "%s", out)
 		got, _, _ = strings.Cut(got, "\n")
-		want := c.want
-		if rank[want] > here {
-			want = Path() // the CPU has less than the cap
-		}
-		assert.Equal(t, want, got, "K3_KERNEL=%s", c.env)
+		assert.Equal(t, want[env], got, "K3_KERNEL=%s", env)
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestPathForced$")
 	cmd.Env = append(os.Environ(), "K3_PATH_CHILD=1", "K3_KERNEL=avx-2")

@@ -65,6 +65,8 @@ func fmaRange(a *Args, lo, hi int) { fmaLoopAVX2(a.K) }
 
 func dpbf16Range(a *Args, lo, hi int) { dpbf16LoopAVX512(a.K) }
 
+func fma512Range(a *Args, lo, hi int) { fmaLoopAVX512(a.K) }
+
 // PeakFLOPS measures the fp32 FMA peak of the pool's goroutines with an
 // AVX2 register-only loop (the best of a few runs, in FLOP/s); 0 where the
 // assembly is not available. Compute-bound benchmarks report their rate as
@@ -76,6 +78,21 @@ func (p *Pool) PeakFLOPS() float64 {
 	return p.peak(fmaRange, 12*16)
 }
 
+// PeakWideFLOPS measures the fp32 FMA peak with 512-bit vectors (the
+// loop of PeakFLOPS on zmm registers), or 0 where the CPU has no AVX-512
+// or K3_KERNEL caps the path below it. Kernels that run 512-bit FMAs
+// (WideFMA) report their rate as a share of it.
+func (p *Pool) PeakWideFLOPS() float64 {
+	if !hasZMM {
+		return 0
+	}
+	return p.peak(fma512Range, 12*32)
+}
+
+// WideFMA reports whether the packed GEMM runs 512-bit FMAs on this CPU
+// (probed once; see Path).
+func WideFMA() bool { return wideFMA() }
+
 // PeakBF16DotFLOPS measures the bf16 dot-product peak of the pool's
 // goroutines (VDPBF16PS, AVX512_BF16; the best of a few runs, in FLOP/s),
 // or 0 where the instruction is missing. No product kernel uses it, since
@@ -85,7 +102,7 @@ func (p *Pool) PeakBF16DotFLOPS() float64 {
 	if !hasBF16Dot {
 		return 0
 	}
-	return p.peak(dpbf16Range, 12*32)
+	return p.peak(dpbf16Range, 12*64)
 }
 
 // peak runs a register-only loop of flops per iteration on every goroutine

@@ -1,0 +1,144 @@
+//go:build !purego
+
+#include "textflag.h"
+
+// 512-bit (zmm) kernels, used where the CPU runs a 512-bit FMA at about
+// twice the rate of a 256-bit one (see useZMM). Each output lane is its
+// own FMA chain, so these give the same bits as their 256-bit twins.
+
+// func fmaLoopAVX512(n int)
+// The 512-bit FMA peak probe: n iterations of 12 independent 16-wide FMAs,
+// 384 flops each (fmaLoopAVX2's loop on zmm registers).
+TEXT ·fmaLoopAVX512(SB), NOSPLIT, $0-8
+	MOVQ n+0(FP), CX
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+	VPXORD Z12, Z12, Z12
+	VPXORD Z13, Z13, Z13
+
+zploop:
+	VFMADD231PS Z12, Z13, Z0
+	VFMADD231PS Z12, Z13, Z1
+	VFMADD231PS Z12, Z13, Z2
+	VFMADD231PS Z12, Z13, Z3
+	VFMADD231PS Z12, Z13, Z4
+	VFMADD231PS Z12, Z13, Z5
+	VFMADD231PS Z12, Z13, Z6
+	VFMADD231PS Z12, Z13, Z7
+	VFMADD231PS Z12, Z13, Z8
+	VFMADD231PS Z12, Z13, Z9
+	VFMADD231PS Z12, Z13, Z10
+	VFMADD231PS Z12, Z13, Z11
+	DECQ CX
+	JNZ  zploop
+	VZEROUPPER
+	RET
+
+// func gemm32x6AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, xoff, ooff int)
+// gemm16x6AVX2 on two x panels at once: out[r*16+i] (+)= sum_p
+// w[r*wstride+p] * xp[p*xstride+i] and out[ooff+r*16+i] (+)= the same over
+// xp[xoff+p*xstride+i], for six weight rows r and sixteen columns i of each
+// panel (offsets in floats). Each x vector is one zmm, each weight is
+// broadcast once for both panels, and every output is the same FMA chain
+// over p in order as in gemm16x6AVX2.
+TEXT ·gemm32x6AVX512(SB), NOSPLIT, $0-72
+	MOVQ xp+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ wstride+16(FP), R11
+	SHLQ $2, R11
+	LEAQ (DI)(R11*2), R12
+	ADDQ R11, R12            // weight row 3
+	MOVQ kc+24(FP), CX
+	MOVQ out+32(FP), DX
+	MOVQ xstride+48(FP), R13
+	SHLQ $2, R13
+	MOVQ xoff+56(FP), R14
+	SHLQ $2, R14
+	MOVQ ooff+64(FP), R15
+	SHLQ $2, R15
+	ADDQ DX, R15             // second panel's outputs
+	MOVQ load+40(FP), AX
+	TESTQ AX, AX
+	JZ   zzero
+	VMOVUPS (DX), Z4
+	VMOVUPS (R15), Z5
+	VMOVUPS 64(DX), Z6
+	VMOVUPS 64(R15), Z7
+	VMOVUPS 128(DX), Z8
+	VMOVUPS 128(R15), Z9
+	VMOVUPS 192(DX), Z10
+	VMOVUPS 192(R15), Z11
+	VMOVUPS 256(DX), Z12
+	VMOVUPS 256(R15), Z13
+	VMOVUPS 320(DX), Z14
+	VMOVUPS 320(R15), Z15
+	JMP  zloop
+
+zzero:
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+	VPXORD Z12, Z12, Z12
+	VPXORD Z13, Z13, Z13
+	VPXORD Z14, Z14, Z14
+	VPXORD Z15, Z15, Z15
+
+zloop:
+	TESTQ CX, CX
+	JZ    zdone
+	VMOVUPS (SI), Z0
+	VMOVUPS (SI)(R14*1), Z1
+	VBROADCASTSS (DI), Z2
+	VFMADD231PS Z2, Z0, Z4
+	VFMADD231PS Z2, Z1, Z5
+	VBROADCASTSS (DI)(R11*1), Z3
+	VFMADD231PS Z3, Z0, Z6
+	VFMADD231PS Z3, Z1, Z7
+	VBROADCASTSS (DI)(R11*2), Z2
+	VFMADD231PS Z2, Z0, Z8
+	VFMADD231PS Z2, Z1, Z9
+	VBROADCASTSS (R12), Z3
+	VFMADD231PS Z3, Z0, Z10
+	VFMADD231PS Z3, Z1, Z11
+	VBROADCASTSS (R12)(R11*1), Z2
+	VFMADD231PS Z2, Z0, Z12
+	VFMADD231PS Z2, Z1, Z13
+	VBROADCASTSS (R12)(R11*2), Z3
+	VFMADD231PS Z3, Z0, Z14
+	VFMADD231PS Z3, Z1, Z15
+	ADDQ R13, SI
+	ADDQ $4, DI
+	ADDQ $4, R12
+	DECQ CX
+	JMP  zloop
+
+zdone:
+	VMOVUPS Z4, (DX)
+	VMOVUPS Z5, (R15)
+	VMOVUPS Z6, 64(DX)
+	VMOVUPS Z7, 64(R15)
+	VMOVUPS Z8, 128(DX)
+	VMOVUPS Z9, 128(R15)
+	VMOVUPS Z10, 192(DX)
+	VMOVUPS Z11, 192(R15)
+	VMOVUPS Z12, 256(DX)
+	VMOVUPS Z13, 256(R15)
+	VMOVUPS Z14, 320(DX)
+	VMOVUPS Z15, 320(R15)
+	VZEROUPPER
+	RET
