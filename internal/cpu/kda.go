@@ -34,6 +34,7 @@ type kdaScratch struct {
 	cg, e            []float32 // cumulative gates, exponentials [C, K]
 	unsafe           []int32
 	tmp              []float32
+	macc             []float32 // MatAccumulate's scratch
 }
 
 var kdaScratchPool = sync.Pool{New: func() any { return new(kdaScratch) }}
@@ -343,6 +344,17 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
 		}
 	}
 	kernel.ExpSlice(gLast)
+	if kernel.WideFMA() {
+		// The same arithmetic as RankUpdate's (each row scaled, then one
+		// FMA chain per element over the chunk), with the 512-bit tile
+		// loading each decayed key once for six state rows.
+		for r := 0; r < dv; r++ {
+			kernel.Mul(st[r*dk:(r+1)*dk], st[r*dk:(r+1)*dk], gLast)
+		}
+		sc.macc = grow32(sc.macc, kernel.MatAccumulateScratch(c))
+		kernel.MatAccumulate(st, dk, sc.ut, sc.kd, dk, dv, dk, c, sc.macc)
+		return
+	}
 	for r := 0; r < dv; r++ {
 		kernel.RankUpdate(st[r*dk:(r+1)*dk], gLast, sc.ut[r*c:(r+1)*c], sc.kd, dk)
 	}

@@ -78,7 +78,7 @@ func zmmRatio() float64 {
 func fmaLoopAVX512(n int)
 
 //go:noescape
-func gemm32x6AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, xoff, ooff int)
+func gemm32x6AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, xoff, ooff, ostride int)
 
 //go:noescape
 func tileBF16AVX512(x *uint16, xstride int, w *uint16, wstride, k int, out *float32, ostride int)

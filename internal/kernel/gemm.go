@@ -178,7 +178,7 @@ func (g *gemmJob) columns(wide []float32, c0, c1 int) {
 				for t := range tiles {
 					out := tile[t*gemmTileW*gemmPanel:]
 					if panels == 2 {
-						gemmTilePair(xp[pc*gemmPanel:], gemmPanel*k, wblk[t*gemmTileW*k+pc:], gemmPanel, k, kc, out, half, pc > 0)
+						gemmTilePair(xp[pc*gemmPanel:], gemmPanel*k, wblk[t*gemmTileW*k+pc:], gemmPanel, k, kc, out, half, gemmPanel, pc > 0)
 					} else {
 						gemmTile(xp[pc*gemmPanel:], wblk[t*gemmTileW*k+pc:], gemmPanel, k, kc, out, pc > 0)
 					}
@@ -216,18 +216,19 @@ func gemmTile(xp, w []float32, xstride, wstride, kc int, out []float32, load boo
 }
 
 // gemmTilePair runs gemmTile on two x panels, xoff floats apart, with the
-// same weights: the second panel's outputs go to out[ooff:]. It is the
-// 512-bit tile, so callers check wideFMA first.
-func gemmTilePair(xp []float32, xoff int, w []float32, xstride, wstride, kc int, out []float32, ooff int, load bool) {
-	_ = out[ooff+gemmTileW*gemmPanel-1]
-	_ = out[gemmTileW*gemmPanel-1]
+// same weights: output row r of the first panel is out[r*ostride:], of the
+// second out[ooff+r*ostride:] (gemmTile's layout is ostride 16). It is the
+// 512-bit tile, so callers check hasZMM first.
+func gemmTilePair(xp []float32, xoff int, w []float32, xstride, wstride, kc int, out []float32, ooff, ostride int, load bool) {
+	_ = out[ooff+(gemmTileW-1)*ostride+gemmPanel-1]
+	_ = out[(gemmTileW-1)*ostride+gemmPanel-1]
 	_ = w[(gemmTileW-1)*wstride+kc-1]
 	_ = xp[xoff+(kc-1)*xstride+gemmPanel-1]
 	l := 0
 	if load {
 		l = 1
 	}
-	gemm32x6AVX512(&xp[0], &w[0], wstride, kc, &out[0], l, xstride, xoff, ooff)
+	gemm32x6AVX512(&xp[0], &w[0], wstride, kc, &out[0], l, xstride, xoff, ooff, ostride)
 }
 
 // gemmTileGo is gemmTile in Go (separate roundings where the assembly
@@ -288,6 +289,11 @@ func MatAccumulate(c []float32, ldc int, a, b []float32, ldb, m, n, k int, scrat
 			w = wpad
 		}
 		for x0 := 0; x0 < xv; x0 += step {
+			if wide && rows == gemmTileW {
+				// Whole row groups run on c in place.
+				gemmTilePair(b[x0:], gemmPanel, w, ldb, k, k, c[r0*ldc+x0:], gemmPanel, ldc, true)
+				continue
+			}
 			for r := range rows {
 				copy(out[r*gemmPanel:(r+1)*gemmPanel], c[(r0+r)*ldc+x0:])
 				if wide {
@@ -295,7 +301,7 @@ func MatAccumulate(c []float32, ldc int, a, b []float32, ldb, m, n, k int, scrat
 				}
 			}
 			if wide {
-				gemmTilePair(b[x0:], gemmPanel, w, ldb, k, k, out, tileLen, true)
+				gemmTilePair(b[x0:], gemmPanel, w, ldb, k, k, out, tileLen, gemmPanel, true)
 			} else {
 				gemmTile(b[x0:], w, ldb, k, k, out, true)
 			}

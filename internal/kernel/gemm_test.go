@@ -166,7 +166,8 @@ func BenchmarkPackedVsTiles(b *testing.B) {
 }
 
 // TestMatAccumulate checks MatAccumulate against RankUpdate row by row, to
-// the bit: the grouped attention path may use either.
+// the bit, with each tile width: the grouped attention path and KDA's
+// chunk state update may use either.
 func TestMatAccumulate(t *testing.T) {
 	defer func(v int) { packedTile = v }(packedTile)
 	for _, bits := range []int{256, 512} {
@@ -186,13 +187,14 @@ func testMatAccumulate(t *testing.T) {
 				ldb, ldc := n+3, n+2
 				a, b := randSlice(r, m*k), randSlice(r, k*ldb)
 				c := randSlice(r, m*ldc)
+				// RankUpdate with a decay e equals the rows scaled by e
+				// (Mul), then MatAccumulate: KDA's chunk state update
+				// takes either.
+				e := randSlice(r, n)
 				want := slices.Clone(c)
-				ones := make([]float32, n)
-				for i := range ones {
-					ones[i] = 1
-				}
 				for row := range m {
-					RankUpdate(want[row*ldc:row*ldc+n], ones, a[row*k:(row+1)*k], b, ldb)
+					RankUpdate(want[row*ldc:row*ldc+n], e, a[row*k:(row+1)*k], b, ldb)
+					Mul(c[row*ldc:row*ldc+n], c[row*ldc:row*ldc+n], e)
 				}
 				scratch := make([]float32, MatAccumulateScratch(k))
 				MatAccumulate(c, ldc, a, b, ldb, m, n, k, scratch)
@@ -218,19 +220,34 @@ func TestGemmTilePair(t *testing.T) {
 	const tileLen = gemmTileW * gemmPanel
 	for _, kc := range []int{1, 2, 7, 64, 256} {
 		for _, load := range []bool{false, true} {
-			for _, lay := range []struct{ xstride, xoff, ooff int }{
-				{gemmPanel, gemmPanel * kc, gemmNB * gemmPanel},
-				{37, gemmPanel, tileLen},
-				{2 * gemmPanel, gemmPanel, tileLen + 5},
+			for _, lay := range []struct{ xstride, xoff, ooff, ostride int }{
+				{gemmPanel, gemmPanel * kc, gemmNB * gemmPanel, gemmPanel},
+				{37, gemmPanel, tileLen, gemmPanel},
+				{2 * gemmPanel, gemmPanel, tileLen + 5, gemmPanel},
+				{2 * gemmPanel, gemmPanel, gemmPanel, 2*gemmPanel + 3}, // MatAccumulate in place
 			} {
 				stride := kc + 3
 				xp := randSlice(r, lay.xoff+kc*lay.xstride+gemmPanel)
 				w := randSlice(r, gemmTileW*stride)
-				got := randSlice(r, lay.ooff+tileLen)
+				got := randSlice(r, lay.ooff+(gemmTileW-1)*lay.ostride+gemmPanel+7)
 				want := slices.Clone(got)
-				gemmTilePair(xp, lay.xoff, w, lay.xstride, stride, kc, got, lay.ooff, load)
-				gemmTile(xp, w, lay.xstride, stride, kc, want, load)
-				gemmTile(xp[lay.xoff:], w, lay.xstride, stride, kc, want[lay.ooff:], load)
+				gemmTilePair(xp, lay.xoff, w, lay.xstride, stride, kc, got, lay.ooff, lay.ostride, load)
+				// The 256-bit tile writes rows of 16: gather each panel's
+				// rows from the strided layout and scatter them back.
+				for _, off := range []int{0, lay.ooff} {
+					buf := make([]float32, tileLen)
+					for q := range gemmTileW {
+						copy(buf[q*gemmPanel:(q+1)*gemmPanel], want[off+q*lay.ostride:])
+					}
+					x := xp
+					if off != 0 {
+						x = xp[lay.xoff:]
+					}
+					gemmTile(x, w, lay.xstride, stride, kc, buf, load)
+					for q := range gemmTileW {
+						copy(want[off+q*lay.ostride:off+q*lay.ostride+gemmPanel], buf[q*gemmPanel:])
+					}
+				}
 				for i := range got {
 					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
 						t.Fatalf("kc=%d load=%v layout %+v out[%d]: %g, 256-bit tile %g", kc, load, lay, i, got[i], want[i])

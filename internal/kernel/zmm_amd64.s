@@ -44,14 +44,14 @@ zploop:
 	VZEROUPPER
 	RET
 
-// func gemm32x6AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, xoff, ooff int)
-// gemm16x6AVX2 on two x panels at once: out[r*16+i] (+)= sum_p
-// w[r*wstride+p] * xp[p*xstride+i] and out[ooff+r*16+i] (+)= the same over
-// xp[xoff+p*xstride+i], for six weight rows r and sixteen columns i of each
-// panel (offsets in floats). Each x vector is one zmm, each weight is
-// broadcast once for both panels, and every output is the same FMA chain
-// over p in order as in gemm16x6AVX2.
-TEXT ·gemm32x6AVX512(SB), NOSPLIT, $0-72
+// func gemm32x6AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, xoff, ooff, ostride int)
+// gemm16x6AVX2 on two x panels at once: out[r*ostride+i] (+)= sum_p
+// w[r*wstride+p] * xp[p*xstride+i] and out[ooff+r*ostride+i] (+)= the same
+// over xp[xoff+p*xstride+i], for six weight rows r and sixteen columns i of
+// each panel (offsets and strides in floats). Each x vector is one zmm,
+// each weight is broadcast once for both panels, and every output is the
+// same FMA chain over p in order as in gemm16x6AVX2.
+TEXT ·gemm32x6AVX512(SB), NOSPLIT, $0-80
 	MOVQ xp+0(FP), SI
 	MOVQ w+8(FP), DI
 	MOVQ wstride+16(FP), R11
@@ -67,21 +67,27 @@ TEXT ·gemm32x6AVX512(SB), NOSPLIT, $0-72
 	MOVQ ooff+64(FP), R15
 	SHLQ $2, R15
 	ADDQ DX, R15             // second panel's outputs
+	MOVQ ostride+72(FP), R8
+	SHLQ $2, R8
+	LEAQ (DX)(R8*2), R9
+	ADDQ R8, R9              // output row 3
+	LEAQ (R15)(R8*2), R10
+	ADDQ R8, R10             // output row 3, second panel
 	MOVQ load+40(FP), AX
 	TESTQ AX, AX
 	JZ   zzero
 	VMOVUPS (DX), Z4
 	VMOVUPS (R15), Z5
-	VMOVUPS 64(DX), Z6
-	VMOVUPS 64(R15), Z7
-	VMOVUPS 128(DX), Z8
-	VMOVUPS 128(R15), Z9
-	VMOVUPS 192(DX), Z10
-	VMOVUPS 192(R15), Z11
-	VMOVUPS 256(DX), Z12
-	VMOVUPS 256(R15), Z13
-	VMOVUPS 320(DX), Z14
-	VMOVUPS 320(R15), Z15
+	VMOVUPS (DX)(R8*1), Z6
+	VMOVUPS (R15)(R8*1), Z7
+	VMOVUPS (DX)(R8*2), Z8
+	VMOVUPS (R15)(R8*2), Z9
+	VMOVUPS (R9), Z10
+	VMOVUPS (R10), Z11
+	VMOVUPS (R9)(R8*1), Z12
+	VMOVUPS (R10)(R8*1), Z13
+	VMOVUPS (R9)(R8*2), Z14
+	VMOVUPS (R10)(R8*2), Z15
 	JMP  zloop
 
 zzero:
@@ -130,15 +136,15 @@ zloop:
 zdone:
 	VMOVUPS Z4, (DX)
 	VMOVUPS Z5, (R15)
-	VMOVUPS Z6, 64(DX)
-	VMOVUPS Z7, 64(R15)
-	VMOVUPS Z8, 128(DX)
-	VMOVUPS Z9, 128(R15)
-	VMOVUPS Z10, 192(DX)
-	VMOVUPS Z11, 192(R15)
-	VMOVUPS Z12, 256(DX)
-	VMOVUPS Z13, 256(R15)
-	VMOVUPS Z14, 320(DX)
-	VMOVUPS Z15, 320(R15)
+	VMOVUPS Z6, (DX)(R8*1)
+	VMOVUPS Z7, (R15)(R8*1)
+	VMOVUPS Z8, (DX)(R8*2)
+	VMOVUPS Z9, (R15)(R8*2)
+	VMOVUPS Z10, (R9)
+	VMOVUPS Z11, (R10)
+	VMOVUPS Z12, (R9)(R8*1)
+	VMOVUPS Z13, (R10)(R8*1)
+	VMOVUPS Z14, (R9)(R8*2)
+	VMOVUPS Z15, (R10)(R8*2)
 	VZEROUPPER
 	RET

@@ -48,6 +48,18 @@ type ModelResult struct {
 	// VerifyShare is that bound over the pass's measured time.
 	VerifyBytes, VerifyFLOPs, Peak float64
 	VerifyBoundRatio, VerifyShare  float64
+	// Each decode step's bound, the larger of its bytes over the probed
+	// bandwidth and its products' arithmetic (2 per active parameter and
+	// token) over Peak, the 256-bit FMA peak: decode's products of at most
+	// 32 rows run the 256-bit dot-form tiles on every path. Step1Share and
+	// Step8Share are the bound over the measured step (medians over
+	// stretches); Ceiling8 is the batch-8 aggregate tokens/s at the bound.
+	Step1Bound, Step8Bound, Step1Share, Step8Share, Ceiling8 float64
+	// PrefillFLOPs is a token's products in prefill, 2 per active
+	// parameter (attention over the prompt not counted); PrefillPeak the
+	// FMA peak of the packed GEMM's tile on this path (PrefillPath).
+	PrefillFLOPs, PrefillPeak float64
+	PrefillPath               string
 	// Truncate's costs at position TruncateAt, in decode steps at that
 	// position, on a model loaded with WithRollback(TruncateDepth): back
 	// TruncateShort tokens and back 100; and back 100 without logs (the
@@ -273,8 +285,16 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 	r.VerifyBytes = r.Step8Bytes - 2*7*float64(state)
 	r.VerifyFLOPs = 8 * (r.StepBytes - 2*float64(state))
 	r.Peak = probe.PeakFLOPS()
+	// Prefill's projections run the packed GEMM, on 512-bit FMAs where
+	// the path has them (kernel.WideFMA).
+	r.PrefillPeak, r.PrefillPath = r.Peak, "256-bit"
+	if kernel.WideFMA() {
+		r.PrefillPeak, r.PrefillPath = probe.PeakWideFLOPS(), "512-bit"
+	}
+	r.PrefillFLOPs = r.StepBytes - 2*float64(state)
 	const stretches, steps = 9, 12
 	var tok1, tok8, gain, share, shareNT, bws, verify, vbound, vshare []float64
+	var bound1, bound8, share1, share8 []float64
 	for k := 0; k < stretches; k++ {
 		rd := probe.ReadBandwidth(pb, 1)
 		dt1, err := timed(steps, k*steps, step1)
@@ -296,6 +316,12 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 		if r.Peak > 0 {
 			bound := max(r.VerifyBytes/bw, r.VerifyFLOPs/r.Peak)
 			vbound, vshare = append(vbound, bound/(r.StepBytes/bw)), append(vshare, bound/dtv)
+			// A step of b tokens multiplies each by every weight it
+			// reads: 2 FLOPs per weight (2 bytes in bf16) and token.
+			b1 := max(r.StepBytes/bw, (r.StepBytes-2*float64(state))/r.Peak)
+			b8 := max(r.Step8Bytes/bw, r.VerifyFLOPs/r.Peak)
+			bound1, bound8 = append(bound1, b1), append(bound8, b8)
+			share1, share8 = append(share1, b1/dt1), append(share8, b8/dt8)
 		}
 		tok1, tok8, gain = append(tok1, 1/dt1), append(tok8, 8/dt8), append(gain, 8*dt1/dt8)
 		share, shareNT, bws = append(share, r.StepBytes/bw/dt1), append(shareNT, r.StepBytes/nt/dt1), append(bws, bw)
@@ -305,6 +331,9 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 	r.Verify8Ratio = median(verify)
 	if len(vbound) > 0 {
 		r.VerifyBoundRatio, r.VerifyShare = median(vbound), median(vshare)
+		r.Step1Bound, r.Step8Bound = median(bound1), median(bound8)
+		r.Step1Share, r.Step8Share = median(share1), median(share8)
+		r.Ceiling8 = 8 / r.Step8Bound
 	}
 	if err := truncateCost(ctx, m, dir, r, log); err != nil {
 		return nil, err
@@ -431,10 +460,18 @@ func (r *ModelResult) Table() string {
 	fmt.Fprintf(&b, "k3 bench model: K3.1 Pro-shaped preset k31pro-100m (%.1fM parameters, bf16 weights %.1f MB), go backend\n",
 		float64(r.Params)/1e6, float64(r.WeightBytes)/1e6)
 	fmt.Fprintf(&b, "  prefill (%d tokens):        %8.1f tokens/s  (the first after Load, faulting the weights in: %.1f)\n", r.PrefillTokens, r.PrefillTokPerSec, r.FirstPrefillTokPerSec)
+	if r.PrefillPeak > 0 {
+		fmt.Fprintf(&b, "    kernel path %s: %.1f GFLOP/s of products (%.0f MFLOP a token, 2 per active parameter), %.0f%% of the %.0f GFLOP/s %s FMA peak\n",
+			kernel.Path(), r.PrefillTokPerSec*r.PrefillFLOPs/1e9, r.PrefillFLOPs/1e6, 100*r.PrefillTokPerSec*r.PrefillFLOPs/r.PrefillPeak, r.PrefillPeak/1e9, r.PrefillPath)
+	}
 	fmt.Fprintf(&b, "  decode, batch 1:            %8.1f tokens/s  (%.1f MB read per step; %.0f%% of the roofline at %.1f GB/s, the higher of a read pass and a STREAM triad next to each stretch; %.0f%% against a triad with non-temporal stores)\n",
 		r.Decode1TokPerSec, r.StepBytes/1e6, 100*r.RooflineShare, r.Bandwidth/1e9, 100*r.NTRooflineShare)
 	fmt.Fprintf(&b, "  decode, batch 8 (aggregate): %7.1f tokens/s  (%.2fx batch 1, stretch by stretch; a step reads about %.1f MB, so a batch-8 step as bandwidth-efficient as batch 1 gains at most %.2fx)\n",
 		r.Decode8TokPerSec, r.Batch8Gain, r.Step8Bytes/1e6, 8*r.StepBytes/r.Step8Bytes)
+	if r.Step8Bound > 0 {
+		fmt.Fprintf(&b, "  decode bounds (the larger of bytes at the probed bandwidth and products at the %.0f GFLOP/s 256-bit FMA peak, which decode's dot-form tiles issue): batch 1 %.2f ms a step (%.1f MB or %.2f GFLOP), the step at %.0f%% of it; batch 8 %.2f ms (%.1f MB or %.2f GFLOP), a ceiling of %.0f tokens/s, the step at %.0f%% of it\n",
+			r.Peak/1e9, 1e3*r.Step1Bound, r.StepBytes/1e6, r.VerifyFLOPs/8e9, 100*r.Step1Share, 1e3*r.Step8Bound, r.Step8Bytes/1e6, r.VerifyFLOPs/1e9, r.Ceiling8, 100*r.Step8Share)
+	}
 	fmt.Fprintf(&b, "  verification pass, 8 tokens of one session: %.1fx a batch-1 decode step (weights read once; the 8 tokens route to more experts, about %.1f MB read against %.1f)\n",
 		r.Verify8Ratio, r.VerifyBytes/1e6, r.StepBytes/1e6)
 	if r.VerifyBoundRatio > 0 {
