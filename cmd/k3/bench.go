@@ -24,7 +24,7 @@ const benchUsage = `usage: k3 bench dsa|kernels|model|spec|serve [flags]
   dsa      sparse against dense DSA decode at several context lengths: a table and a plot
   kernels  GEMM and matrix-vector products against the machine's probed limits
            (and OpenBLAS, in a build with -tags openblas)
-  model    whole-model prefill and decode of the 100M K3.1 Pro-shaped preset
+  model    whole-model prefill and decode of the 100M and 1B K3.1 Pro-shaped presets
   spec     speculative decoding on the 100M preset at controlled acceptance, against theory
   serve    k3 serve under 1, 8 and 32 streaming clients on loopback, against the engine alone
 
@@ -51,14 +51,32 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return nil
 	case "model":
 		fs := flag.NewFlagSet("bench model", flag.ContinueOnError)
-		if err := parseFlags(fs, "bench model\n\nWhole-model prefill and decode of the 100M K3.1 Pro-shaped preset, written on the fly (a few minutes).", args[1:], stdout, stderr); err != nil {
+		presets := fs.String("presets", "100m,1b", "which presets to measure: 100m (k31pro-100m: prefill, decode, rollback, the scheduler, the prefix cache, memory) and 1b (k31pro-1b, about 1.9 GB written to a temporary directory: prefill, decode and their bounds with a step several times the last-level cache)")
+		if err := parseFlags(fs, "bench model [-presets 100m,1b]\n\nWhole-model prefill and decode of the 100M and 1B K3.1 Pro-shaped presets, written on the fly (several minutes).", args[1:], stdout, stderr); err != nil {
 			return err
 		}
-		r, err := modelbench.Run(ctx, func(s string) { fmt.Fprintln(stderr, s) })
-		if err != nil {
-			return err
+		want := map[string]bool{}
+		for _, p := range strings.Split(*presets, ",") {
+			if p != "100m" && p != "1b" {
+				return fmt.Errorf("bench model: -presets %q: want 100m, 1b or both, comma-separated", *presets)
+			}
+			want[p] = true
 		}
-		fmt.Fprint(stdout, r.Table())
+		logf := func(s string) { fmt.Fprintln(stderr, s) }
+		if want["100m"] {
+			r, err := modelbench.Run(ctx, logf)
+			if err != nil {
+				return err
+			}
+			fmt.Fprint(stdout, r.Table())
+		}
+		if want["1b"] {
+			r, err := modelbench.RunLarge(ctx, logf)
+			if err != nil {
+				return err
+			}
+			fmt.Fprint(stdout, r.LargeTable())
+		}
 		return nil
 	case "spec":
 		return benchSpec(ctx, args[1:], stdout, stderr)

@@ -21,6 +21,7 @@ import (
 
 // ModelResult holds `k3 bench model`'s figures.
 type ModelResult struct {
+	Preset                string // the tiny preset measured
 	Params                int64
 	WeightBytes           int64
 	PrefillTokens         int
@@ -134,25 +135,75 @@ func stepBytes(cfg *config.Config, weightBytes, stateBytes int64, batch int) flo
 	return total + 2*float64(batch)*float64(stateBytes)
 }
 
-// writePreset writes the 100M preset's random-weight checkpoint (bf16)
-// into a new temporary directory, which the caller removes.
-func writePreset(log func(string)) (string, error) {
+// writePreset writes a preset's random-weight checkpoint (bf16) into a
+// new temporary directory, which the caller removes.
+func writePreset(preset string, log func(string)) (string, error) {
 	dir, err := os.MkdirTemp("", "k3-bench-")
 	if err != nil {
 		return "", err
 	}
-	log("writing the k31pro-100m random-weight checkpoint (bf16)...")
-	if err := tiny.Write(dir, "k31pro-100m", tiny.Options{Seed: 1, BF16: true}); err != nil {
+	log(fmt.Sprintf("writing the %s random-weight checkpoint (bf16)...", preset))
+	if err := tiny.Write(dir, preset, tiny.Options{Seed: 1, BF16: true}); err != nil {
 		os.RemoveAll(dir)
 		return "", err
 	}
 	return dir, nil
 }
 
+// RunLarge measures the ~1B-parameter preset k31pro-1b, whose decode step
+// reads about 1 GB, several times any CPU's last-level cache, so that its
+// roofline share is against memory alone (the 100M preset's 110 MB step
+// is partly served from a large L3): prefill, decode at batch 1 and 8,
+// the verification pass and their bounds. The checkpoint is about 1.9 GB
+// on disk in a temporary directory.
+func RunLarge(ctx context.Context, log func(string)) (*ModelResult, error) {
+	const preset = "k31pro-1b"
+	dir, err := writePreset(preset, log)
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	debug.FreeOSMemory()
+	m, err := k3.Load(ctx, dir)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	r := &ModelResult{Preset: preset, Params: m.Config.NumParams(), WeightBytes: m.WeightBytes()}
+	r.PrefillTokens = 256
+	prompt := make([]int32, r.PrefillTokens)
+	for i := range prompt {
+		prompt[i] = int32(3 + (i*31)%256)
+	}
+	log("prefill...")
+	for i := range 3 {
+		s, err := m.NewSession()
+		if err != nil {
+			return nil, err
+		}
+		start := time.Now()
+		if _, err := s.Forward(ctx, prompt); err != nil {
+			return nil, err
+		}
+		tps := float64(len(prompt)) / time.Since(start).Seconds()
+		if i == 0 {
+			r.FirstPrefillTokPerSec = tps
+		} else {
+			r.PrefillTokPerSec = max(r.PrefillTokPerSec, tps)
+		}
+		s.Close()
+	}
+	log("decode, batch 1 and 8, between bandwidth probes...")
+	if err := decodeFigures(ctx, m, prompt, r, 5); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
 // Run builds the ~100M-parameter K3.1 Pro-shaped checkpoint (bf16), then
 // times prefill, decode at batch 1 and at batch 8.
 func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
-	dir, err := writePreset(log)
+	dir, err := writePreset("k31pro-100m", log)
 	if err != nil {
 		return nil, err
 	}
@@ -164,7 +215,7 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 		return nil, err
 	}
 	defer m.Close()
-	r := &ModelResult{Params: m.Config.NumParams(), WeightBytes: m.WeightBytes()}
+	r := &ModelResult{Preset: "k31pro-100m", Params: m.Config.NumParams(), WeightBytes: m.WeightBytes()}
 	// Prefill.
 	r.PrefillTokens = 512
 	prompt := make([]int32, r.PrefillTokens)
@@ -199,141 +250,9 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 		r.PrefillTokPerSec = max(r.PrefillTokPerSec, float64(len(prompt))/time.Since(start).Seconds())
 	}
 
-	// A shared host's bandwidth drifts from one second to the next (by up
-	// to 2x on the machines in docs/bench), so the decode runs in short stretches, alternating batch 1
-	// and batch 8, each batch-1 stretch between a read pass and a STREAM
-	// triad (and a triad with non-temporal stores, reported beside it);
-	// every figure is the median over the stretches of a ratio between
-	// neighbours: a stretch's time against the bandwidth probed next to it,
-	// batch 8 against the batch-1 stretch before it.
 	log("decode, batch 1 and 8, between bandwidth probes...")
-	probe := kernel.NewPool(0)
-	defer probe.Close()
-	const n = 64 << 20
-	pa, pb, pc := make([]float32, n), make([]float32, n), make([]float32, n)
-	for i := range pb {
-		pb[i], pc[i] = 1, 2
-	}
-	s1, _ := m.NewSession()
-	if _, err := s1.Forward(ctx, prompt[:32]); err != nil {
+	if err := decodeFigures(ctx, m, prompt, r, 9); err != nil {
 		return nil, err
-	}
-	bt, err := m.NewBatch(8)
-	if err != nil {
-		return nil, err
-	}
-	var ss []*k3.Session
-	for i := 0; i < 8; i++ {
-		si, _ := m.NewSession()
-		if _, err := si.Forward(ctx, prompt[i:i+32]); err != nil {
-			return nil, err
-		}
-		ss = append(ss, si)
-	}
-	toks := make([]int32, 8)
-	step1 := func(i int) error {
-		_, err := s1.Forward(ctx, []int32{int32(3 + i%200)})
-		return err
-	}
-	step8 := func(i int) error {
-		for j := range toks {
-			toks[j] = int32(3 + (i+j)%200)
-		}
-		return bt.Step(ctx, ss, toks)
-	}
-	// The verification pass runs on a session of its own, which grows by 8
-	// tokens a pass (a few hundred positions over the run: attention's
-	// share stays small).
-	sv, _ := m.NewSession()
-	if _, err := sv.Forward(ctx, prompt[:32]); err != nil {
-		return nil, err
-	}
-	vtoks := make([]int32, 8)
-	verify8 := func(i int) error {
-		for j := range vtoks {
-			vtoks[j] = int32(3 + (i*8+j)%200)
-		}
-		_, err := sv.Forward(ctx, vtoks)
-		return err
-	}
-	// One untimed step each sizes the scratch; the timed steps are the
-	// steady state.
-	if err := step1(0); err != nil {
-		return nil, err
-	}
-	if err := step8(0); err != nil {
-		return nil, err
-	}
-	if err := verify8(0); err != nil {
-		return nil, err
-	}
-	timed := func(steps, from int, step func(int) error) (float64, error) {
-		start := time.Now()
-		for i := from; i < from+steps; i++ {
-			if err := step(i); err != nil {
-				return 0, err
-			}
-		}
-		return time.Since(start).Seconds() / float64(steps), nil
-	}
-	state := stateKDABytes(s1)
-	r.StepBytes = stepBytes(m.Config, r.WeightBytes, state, 1)
-	r.Step8Bytes = stepBytes(m.Config, r.WeightBytes, state, 8)
-	// One sequence's 8 tokens read its state once (a layer's state stays
-	// in cache from token to token) and, token for token, multiply by the
-	// weights a batch-1 step reads.
-	r.VerifyBytes = r.Step8Bytes - 2*7*float64(state)
-	r.VerifyFLOPs = 8 * (r.StepBytes - 2*float64(state))
-	r.Peak = probe.PeakFLOPS()
-	// Prefill's projections run the packed GEMM, on 512-bit FMAs where
-	// the path has them (kernel.WideFMA).
-	r.PrefillPeak, r.PrefillPath = r.Peak, "256-bit"
-	if kernel.WideFMA() {
-		r.PrefillPeak, r.PrefillPath = probe.PeakWideFLOPS(), "512-bit"
-	}
-	r.PrefillFLOPs = r.StepBytes - 2*float64(state)
-	const stretches, steps = 9, 12
-	var tok1, tok8, gain, share, shareNT, bws, verify, vbound, vshare []float64
-	var bound1, bound8, share1, share8 []float64
-	for k := 0; k < stretches; k++ {
-		rd := probe.ReadBandwidth(pb, 1)
-		dt1, err := timed(steps, k*steps, step1)
-		if err != nil {
-			return nil, err
-		}
-		tr := probe.Triad(pa, pb, pc, 1)
-		nt := probe.TriadNT(pa, pb, pc, 1)
-		dt8, err := timed(steps/2, k*steps, step8)
-		if err != nil {
-			return nil, err
-		}
-		dtv, err := timed(steps/4, k*steps, verify8)
-		if err != nil {
-			return nil, err
-		}
-		verify = append(verify, dtv/dt1)
-		bw := max(rd, tr)
-		if r.Peak > 0 {
-			bound := max(r.VerifyBytes/bw, r.VerifyFLOPs/r.Peak)
-			vbound, vshare = append(vbound, bound/(r.StepBytes/bw)), append(vshare, bound/dtv)
-			// A step of b tokens multiplies each by every weight it
-			// reads: 2 FLOPs per weight (2 bytes in bf16) and token.
-			b1 := max(r.StepBytes/bw, (r.StepBytes-2*float64(state))/r.Peak)
-			b8 := max(r.Step8Bytes/bw, r.VerifyFLOPs/r.Peak)
-			bound1, bound8 = append(bound1, b1), append(bound8, b8)
-			share1, share8 = append(share1, b1/dt1), append(share8, b8/dt8)
-		}
-		tok1, tok8, gain = append(tok1, 1/dt1), append(tok8, 8/dt8), append(gain, 8*dt1/dt8)
-		share, shareNT, bws = append(share, r.StepBytes/bw/dt1), append(shareNT, r.StepBytes/nt/dt1), append(bws, bw)
-	}
-	r.Decode1TokPerSec, r.Decode8TokPerSec, r.Batch8Gain = median(tok1), median(tok8), median(gain)
-	r.RooflineShare, r.NTRooflineShare, r.Bandwidth = median(share), median(shareNT), median(bws)
-	r.Verify8Ratio = median(verify)
-	if len(vbound) > 0 {
-		r.VerifyBoundRatio, r.VerifyShare = median(vbound), median(vshare)
-		r.Step1Bound, r.Step8Bound = median(bound1), median(bound8)
-		r.Step1Share, r.Step8Share = median(share1), median(share8)
-		r.Ceiling8 = 8 / r.Step8Bound
 	}
 	if err := truncateCost(ctx, m, dir, r, log); err != nil {
 		return nil, err
@@ -451,36 +370,197 @@ func truncateCost(ctx context.Context, m *k3.Model, dir string, r *ModelResult, 
 	return nil
 }
 
+// decodeFigures measures decode at batch 1 and 8, the 8-token
+// verification pass and their bounds on m into r, over stretches
+// alternating with bandwidth probes.
+func decodeFigures(ctx context.Context, m *k3.Model, prompt []int32, r *ModelResult, stretches int) error {
+	// A shared host's bandwidth drifts from one second to the next (by up
+	// to 2x on the machines in docs/bench), so the decode runs in short stretches, alternating batch 1
+	// and batch 8, each batch-1 stretch between a read pass and a STREAM
+	// triad (and a triad with non-temporal stores, reported beside it);
+	// every figure is the median over the stretches of a ratio between
+	// neighbours: a stretch's time against the bandwidth probed next to it,
+	// batch 8 against the batch-1 stretch before it.
+	probe := kernel.NewPool(0)
+	defer probe.Close()
+	const n = 64 << 20
+	pa, pb, pc := make([]float32, n), make([]float32, n), make([]float32, n)
+	for i := range pb {
+		pb[i], pc[i] = 1, 2
+	}
+	s1, _ := m.NewSession()
+	if _, err := s1.Forward(ctx, prompt[:32]); err != nil {
+		return err
+	}
+	bt, err := m.NewBatch(8)
+	if err != nil {
+		return err
+	}
+	var ss []*k3.Session
+	for i := 0; i < 8; i++ {
+		si, _ := m.NewSession()
+		if _, err := si.Forward(ctx, prompt[i:i+32]); err != nil {
+			return err
+		}
+		ss = append(ss, si)
+	}
+	toks := make([]int32, 8)
+	step1 := func(i int) error {
+		_, err := s1.Forward(ctx, []int32{int32(3 + i%200)})
+		return err
+	}
+	step8 := func(i int) error {
+		for j := range toks {
+			toks[j] = int32(3 + (i+j)%200)
+		}
+		return bt.Step(ctx, ss, toks)
+	}
+	// The verification pass runs on a session of its own, which grows by 8
+	// tokens a pass (a few hundred positions over the run: attention's
+	// share stays small).
+	sv, _ := m.NewSession()
+	if _, err := sv.Forward(ctx, prompt[:32]); err != nil {
+		return err
+	}
+	vtoks := make([]int32, 8)
+	verify8 := func(i int) error {
+		for j := range vtoks {
+			vtoks[j] = int32(3 + (i*8+j)%200)
+		}
+		_, err := sv.Forward(ctx, vtoks)
+		return err
+	}
+	// One untimed step each sizes the scratch; the timed steps are the
+	// steady state.
+	if err := step1(0); err != nil {
+		return err
+	}
+	if err := step8(0); err != nil {
+		return err
+	}
+	if err := verify8(0); err != nil {
+		return err
+	}
+	timed := func(steps, from int, step func(int) error) (float64, error) {
+		start := time.Now()
+		for i := from; i < from+steps; i++ {
+			if err := step(i); err != nil {
+				return 0, err
+			}
+		}
+		return time.Since(start).Seconds() / float64(steps), nil
+	}
+	state := stateKDABytes(s1)
+	r.StepBytes = stepBytes(m.Config, r.WeightBytes, state, 1)
+	r.Step8Bytes = stepBytes(m.Config, r.WeightBytes, state, 8)
+	// One sequence's 8 tokens read its state once (a layer's state stays
+	// in cache from token to token) and, token for token, multiply by the
+	// weights a batch-1 step reads.
+	r.VerifyBytes = r.Step8Bytes - 2*7*float64(state)
+	r.VerifyFLOPs = 8 * (r.StepBytes - 2*float64(state))
+	r.Peak = probe.PeakFLOPS()
+	// Prefill's projections run the packed GEMM, on 512-bit FMAs where
+	// the path has them (kernel.WideFMA).
+	r.PrefillPeak, r.PrefillPath = r.Peak, "256-bit"
+	if kernel.WideFMA() {
+		r.PrefillPeak, r.PrefillPath = probe.PeakWideFLOPS(), "512-bit"
+	}
+	r.PrefillFLOPs = r.StepBytes - 2*float64(state)
+	const steps = 12
+	var tok1, tok8, gain, share, shareNT, bws, verify, vbound, vshare []float64
+	var bound1, bound8, share1, share8 []float64
+	for k := 0; k < stretches; k++ {
+		rd := probe.ReadBandwidth(pb, 1)
+		dt1, err := timed(steps, k*steps, step1)
+		if err != nil {
+			return err
+		}
+		tr := probe.Triad(pa, pb, pc, 1)
+		nt := probe.TriadNT(pa, pb, pc, 1)
+		dt8, err := timed(steps/2, k*steps, step8)
+		if err != nil {
+			return err
+		}
+		dtv, err := timed(steps/4, k*steps, verify8)
+		if err != nil {
+			return err
+		}
+		verify = append(verify, dtv/dt1)
+		bw := max(rd, tr)
+		if r.Peak > 0 {
+			bound := max(r.VerifyBytes/bw, r.VerifyFLOPs/r.Peak)
+			vbound, vshare = append(vbound, bound/(r.StepBytes/bw)), append(vshare, bound/dtv)
+			// A step of b tokens multiplies each by every weight it
+			// reads: 2 FLOPs per weight (2 bytes in bf16) and token.
+			b1 := max(r.StepBytes/bw, (r.StepBytes-2*float64(state))/r.Peak)
+			b8 := max(r.Step8Bytes/bw, r.VerifyFLOPs/r.Peak)
+			bound1, bound8 = append(bound1, b1), append(bound8, b8)
+			share1, share8 = append(share1, b1/dt1), append(share8, b8/dt8)
+		}
+		tok1, tok8, gain = append(tok1, 1/dt1), append(tok8, 8/dt8), append(gain, 8*dt1/dt8)
+		share, shareNT, bws = append(share, r.StepBytes/bw/dt1), append(shareNT, r.StepBytes/nt/dt1), append(bws, bw)
+	}
+	r.Decode1TokPerSec, r.Decode8TokPerSec, r.Batch8Gain = median(tok1), median(tok8), median(gain)
+	r.RooflineShare, r.NTRooflineShare, r.Bandwidth = median(share), median(shareNT), median(bws)
+	r.Verify8Ratio = median(verify)
+	if len(vbound) > 0 {
+		r.VerifyBoundRatio, r.VerifyShare = median(vbound), median(vshare)
+		r.Step1Bound, r.Step8Bound = median(bound1), median(bound8)
+		r.Step1Share, r.Step8Share = median(share1), median(share8)
+		r.Ceiling8 = 8 / r.Step8Bound
+	}
+	return nil
+}
+
 // stateKDABytes is the session's recurrent state (read and written each step).
 func stateKDABytes(s *k3.Session) int64 { return s.KDAStateBytes() }
 
 // Table formats the result.
 func (r *ModelResult) Table() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "k3 bench model: K3.1 Pro-shaped preset k31pro-100m (%.1fM parameters, bf16 weights %.1f MB), go backend\n",
-		float64(r.Params)/1e6, float64(r.WeightBytes)/1e6)
-	fmt.Fprintf(&b, "  prefill (%d tokens):        %8.1f tokens/s  (the first after Load, faulting the weights in: %.1f)\n", r.PrefillTokens, r.PrefillTokPerSec, r.FirstPrefillTokPerSec)
+	r.head(&b)
+	r.tail(&b)
+	return b.String()
+}
+
+// LargeTable formats RunLarge's result: prefill, decode and their bounds.
+func (r *ModelResult) LargeTable() string {
+	var b strings.Builder
+	r.head(&b)
+	return b.String()
+}
+
+// head writes the preset's line, prefill, decode and the bounds.
+func (r *ModelResult) head(b *strings.Builder) {
+	fmt.Fprintf(b, "k3 bench model: K3.1 Pro-shaped preset %s (%.1fM parameters, bf16 weights %.1f MB), go backend\n",
+		r.Preset, float64(r.Params)/1e6, float64(r.WeightBytes)/1e6)
+	fmt.Fprintf(b, "  prefill (%d tokens):        %8.1f tokens/s  (the first after Load, faulting the weights in: %.1f)\n", r.PrefillTokens, r.PrefillTokPerSec, r.FirstPrefillTokPerSec)
 	if r.PrefillPeak > 0 {
-		fmt.Fprintf(&b, "    kernel path %s: %.1f GFLOP/s of products (%.0f MFLOP a token, 2 per active parameter), %.0f%% of the %.0f GFLOP/s %s FMA peak\n",
+		fmt.Fprintf(b, "    kernel path %s: %.1f GFLOP/s of products (%.0f MFLOP a token, 2 per active parameter), %.0f%% of the %.0f GFLOP/s %s FMA peak\n",
 			kernel.Path(), r.PrefillTokPerSec*r.PrefillFLOPs/1e9, r.PrefillFLOPs/1e6, 100*r.PrefillTokPerSec*r.PrefillFLOPs/r.PrefillPeak, r.PrefillPeak/1e9, r.PrefillPath)
 	}
-	fmt.Fprintf(&b, "  decode, batch 1:            %8.1f tokens/s  (%.1f MB read per step; %.0f%% of the roofline at %.1f GB/s, the higher of a read pass and a STREAM triad next to each stretch; %.0f%% against a triad with non-temporal stores)\n",
+	fmt.Fprintf(b, "  decode, batch 1:            %8.1f tokens/s  (%.1f MB read per step; %.0f%% of the roofline at %.1f GB/s, the higher of a read pass and a STREAM triad next to each stretch; %.0f%% against a triad with non-temporal stores)\n",
 		r.Decode1TokPerSec, r.StepBytes/1e6, 100*r.RooflineShare, r.Bandwidth/1e9, 100*r.NTRooflineShare)
-	fmt.Fprintf(&b, "  decode, batch 8 (aggregate): %7.1f tokens/s  (%.2fx batch 1, stretch by stretch; a step reads about %.1f MB, so a batch-8 step as bandwidth-efficient as batch 1 gains at most %.2fx)\n",
+	fmt.Fprintf(b, "  decode, batch 8 (aggregate): %7.1f tokens/s  (%.2fx batch 1, stretch by stretch; a step reads about %.1f MB, so a batch-8 step as bandwidth-efficient as batch 1 gains at most %.2fx)\n",
 		r.Decode8TokPerSec, r.Batch8Gain, r.Step8Bytes/1e6, 8*r.StepBytes/r.Step8Bytes)
 	if r.Step8Bound > 0 {
-		fmt.Fprintf(&b, "  decode bounds (the larger of bytes at the probed bandwidth and products at the %.0f GFLOP/s 256-bit FMA peak, which decode's dot-form tiles issue): batch 1 %.2f ms a step (%.1f MB or %.2f GFLOP), the step at %.0f%% of it; batch 8 %.2f ms (%.1f MB or %.2f GFLOP), a ceiling of %.0f tokens/s, the step at %.0f%% of it\n",
+		fmt.Fprintf(b, "  decode bounds (the larger of bytes at the probed bandwidth and products at the %.0f GFLOP/s 256-bit FMA peak, which decode's dot-form tiles issue): batch 1 %.2f ms a step (%.1f MB or %.2f GFLOP), the step at %.0f%% of it; batch 8 %.2f ms (%.1f MB or %.2f GFLOP), a ceiling of %.0f tokens/s, the step at %.0f%% of it\n",
 			r.Peak/1e9, 1e3*r.Step1Bound, r.StepBytes/1e6, r.VerifyFLOPs/8e9, 100*r.Step1Share, 1e3*r.Step8Bound, r.Step8Bytes/1e6, r.VerifyFLOPs/1e9, r.Ceiling8, 100*r.Step8Share)
 	}
-	fmt.Fprintf(&b, "  verification pass, 8 tokens of one session: %.1fx a batch-1 decode step (weights read once; the 8 tokens route to more experts, about %.1f MB read against %.1f)\n",
+	fmt.Fprintf(b, "  verification pass, 8 tokens of one session: %.1fx a batch-1 decode step (weights read once; the 8 tokens route to more experts, about %.1f MB read against %.1f)\n",
 		r.Verify8Ratio, r.VerifyBytes/1e6, r.StepBytes/1e6)
 	if r.VerifyBoundRatio > 0 {
-		fmt.Fprintf(&b, "    its bound: %.1fx a batch-1 step's (the larger of %.1f MB at the probed bandwidth and %.2f GFLOP at the %.0f GFLOP/s FMA peak); the pass runs at %.0f%% of its bound\n",
+		fmt.Fprintf(b, "    its bound: %.1fx a batch-1 step's (the larger of %.1f MB at the probed bandwidth and %.2f GFLOP at the %.0f GFLOP/s FMA peak); the pass runs at %.0f%% of its bound\n",
 			r.VerifyBoundRatio, r.VerifyBytes/1e6, r.VerifyFLOPs/1e9, r.Peak/1e9, 100*r.VerifyShare)
 	}
-	fmt.Fprintf(&b, "  truncate at %d positions, WithRollback(%d): back %d tokens %.1f decode steps, back 100 tokens %.1f (replayed from the KDA logs; state per session %.1f MB); without logs (the default) back 100 tokens %.0f decode steps (the kept tokens are prefilled again)\n",
+}
+
+// tail writes the 100M preset's figures past decode: rollback, the
+// scheduler, the prefix cache and memory.
+func (r *ModelResult) tail(b *strings.Builder) {
+	fmt.Fprintf(b, "  truncate at %d positions, WithRollback(%d): back %d tokens %.1f decode steps, back 100 tokens %.1f (replayed from the KDA logs; state per session %.1f MB); without logs (the default) back 100 tokens %.0f decode steps (the kept tokens are prefilled again)\n",
 		r.TruncateAt, r.TruncateDepth, r.TruncateShort, r.TruncateShortSteps, r.Truncate100Steps, float64(r.TruncateStateBytes)/1e6, r.Truncate100NoLogSteps)
-	fmt.Fprintf(&b, "  truncate at %d positions, WithSnapshots(%d, 8) and no logs: back 100 tokens %.1f decode steps (the newest snapshot before the cut, then up to %d tokens again; state per session %.1f MB)\n",
+	fmt.Fprintf(b, "  truncate at %d positions, WithSnapshots(%d, 8) and no logs: back 100 tokens %.1f decode steps (the newest snapshot before the cut, then up to %d tokens again; state per session %.1f MB)\n",
 		r.TruncateAt, r.TruncateSnapInterval, r.Truncate100SnapSteps, r.TruncateSnapInterval, float64(r.TruncateSnapStateBytes)/1e6)
 	for _, sr := range r.Schedule {
 		b.WriteString(sr.Line())
@@ -488,15 +568,14 @@ func (r *ModelResult) Table() string {
 	if r.Chat != nil {
 		b.WriteString(r.Chat.Line())
 	}
-	fmt.Fprintf(&b, "  sequence state: the memory ledger holds %.1f MB before and %.1f MB after 1,000 sessions were prefilled, forked, decoded and closed (%.1f MB at the peak, one session and its fork)\n",
+	fmt.Fprintf(b, "  sequence state: the memory ledger holds %.1f MB before and %.1f MB after 1,000 sessions were prefilled, forked, decoded and closed (%.1f MB at the peak, one session and its fork)\n",
 		float64(r.LedgerBefore)/1e6, float64(r.LedgerAfter)/1e6, float64(r.LedgerPeak)/1e6)
-	fmt.Fprintf(&b, "  memory: weights %.1f MB in the checkpoint + %.2f MB state per session (after a 512-token prompt)\n",
+	fmt.Fprintf(b, "  memory: weights %.1f MB in the checkpoint + %.2f MB state per session (after a 512-token prompt)\n",
 		float64(r.WeightBytes)/1e6, float64(r.StateBytesPerSession)/1e6)
 	if r.RSSGrowth > 0 {
-		fmt.Fprintf(&b, "  process RSS grew %.1f MB from before Load to after the first prefill (weights touched, load-time copies, one pass's scratch)\n",
+		fmt.Fprintf(b, "  process RSS grew %.1f MB from before Load to after the first prefill (weights touched, load-time copies, one pass's scratch)\n",
 			float64(r.RSSGrowth)/1e6)
 	}
-	return b.String()
 }
 
 func median(v []float64) float64 {

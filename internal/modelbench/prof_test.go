@@ -107,14 +107,18 @@ func (b *timed) RMSNorm(d, x, w compute.Tensor, e float32) error {
 	return b.Backend.RMSNorm(d, x, w, e)
 }
 
-// loadTimed writes the 100M preset and loads it on a timed go backend;
-// the test is skipped unless K3_PROFILE is set.
+// loadTimed writes the 100M preset (or K3_PROFILE_PRESET's) and loads it
+// on a timed go backend; the test is skipped unless K3_PROFILE is set.
 func loadTimed(t *testing.T) (*k3.Model, *timed) {
 	if os.Getenv("K3_PROFILE") == "" {
 		t.Skip("set K3_PROFILE=1")
 	}
 	dir := t.TempDir()
-	if err := tiny.Write(dir, "k31pro-100m", tiny.Options{Seed: 1, BF16: true}); err != nil {
+	preset := "k31pro-100m"
+	if p := os.Getenv("K3_PROFILE_PRESET"); p != "" {
+		preset = p
+	}
+	if err := tiny.Write(dir, preset, tiny.Options{Seed: 1, BF16: true}); err != nil {
 		t.Fatal(err)
 	}
 	tb := &timed{Backend: cpu.New(0), t: map[string]time.Duration{}, n: map[string]int{}, flops: map[string]float64{}}

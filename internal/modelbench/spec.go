@@ -67,7 +67,7 @@ func (c *corrupted) Draft(history []int32, n int, dst []int32) []int32 {
 // survives a shared host's drift), next to the theory with the verify
 // pass's cost measured in the same run.
 func Spec(ctx context.Context, alphas []float64, depths []int, tokens int, log func(string)) (*SpecResult, error) {
-	dir, err := writePreset(log)
+	dir, err := writePreset("k31pro-100m", log)
 	if err != nil {
 		return nil, err
 	}
@@ -230,7 +230,7 @@ type SpecBatchRow struct {
 // 1-alpha), run together; plain and speculating batches alternate, three
 // pairs each, and every speculating sequence must give its plain tokens.
 func SpecBatch(ctx context.Context, alphas []float64, depths []int, batch, tokens int, log func(string)) ([]SpecBatchRow, error) {
-	dir, err := writePreset(log)
+	dir, err := writePreset("k31pro-100m", log)
 	if err != nil {
 		return nil, err
 	}

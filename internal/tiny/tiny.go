@@ -21,7 +21,7 @@ import (
 )
 
 // Presets names the layouts New knows.
-var Presets = []string{"k31pro", "k3", "kimi_linear", "k31pro-100m"}
+var Presets = []string{"k31pro", "k3", "kimi_linear", "k31pro-100m", "k31pro-1b"}
 
 // Config returns the config.json object of a preset.
 func Config(preset string) (map[string]any, error) {
@@ -82,6 +82,24 @@ func Config(preset string) (map[string]any, error) {
 		lin := text["linear_attn_config"].(map[string]any)
 		lin["kda_layers"], lin["full_attn_layers"] = []int{1, 2, 3, 5, 6, 7, 9, 10, 11}, []int{4, 8, 12}
 		lin["num_heads"], lin["head_dim"] = 6, 128
+	case "k31pro-1b":
+		// About 0.84B parameters, 0.5B of them read by a decode step (about
+		// 1 GB in bf16, several times any CPU's last-level cache): hidden
+		// 2048, 12 layers (KDA, KDA, KDA, DSA) × 3, 16 experts top-6 of
+		// width 512, a dense first layer of 8192. `k3 bench model` measures
+		// its decode beside the 100M preset's, whose step a large L3
+		// partly serves.
+		text["hidden_size"], text["intermediate_size"], text["num_hidden_layers"] = 2048, 8192, 12
+		text["num_attention_heads"], text["num_key_value_heads"] = 16, 16
+		text["q_lora_rank"], text["kv_lora_rank"], text["qk_nope_head_dim"], text["qk_rope_head_dim"], text["v_head_dim"] = 768, 512, 128, 64, 128
+		text["num_experts"], text["num_experts_per_token"], text["moe_intermediate_size"] = 16, 6, 512
+		text["routed_expert_hidden_size"] = 2048
+		text["index_n_heads"], text["index_head_dim"], text["index_topk"] = 16, 128, 512
+		text["attn_res_block_size"] = 4
+		text["max_position_embeddings"] = 8192
+		lin := text["linear_attn_config"].(map[string]any)
+		lin["kda_layers"], lin["full_attn_layers"] = []int{1, 2, 3, 5, 6, 7, 9, 10, 11}, []int{4, 8, 12}
+		lin["num_heads"], lin["head_dim"] = 16, 128
 	default:
 		return nil, fmt.Errorf("tiny: unknown preset %q (have %v)", preset, Presets)
 	}
