@@ -146,3 +146,25 @@ func BenchmarkTiles4x3F32(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkTile2x8Wide runs decode-batch products (8 and 16 rows, bf16
+// weights, warm and cold) on the zmm 2x8 tiles and on the 256-bit ones
+// side by side; both give the same bits.
+func BenchmarkTile2x8Wide(b *testing.B) {
+	if !hasZMM {
+		b.Skip("no 512-bit tiles on this CPU or path")
+	}
+	defer func(v int) { dotTileBits = v }(dotTileBits)
+	for _, s := range []struct {
+		m, n, k int
+		cold    bool
+	}{{8, 2304, 768, false}, {8, 2304, 768, true}, {16, 2304, 768, false}, {8, 768, 2048, true}, {16, 768, 384, false}} {
+		for _, bits := range []int{512, 256} {
+			name := fmt.Sprintf("m%d/n%d/k%d/cold=%v/%d-bit", s.m, s.n, s.k, s.cold, bits)
+			b.Run(name, func(b *testing.B) {
+				dotTileBits = bits
+				benchBatchBF16(b, s.m, s.n, s.k, s.cold)
+			})
+		}
+	}
+}

@@ -232,3 +232,9 @@ func tile4x3F32AVX2(x *float32, xstride, rows int, w *float32, triples, k int, o
 //
 //lint:ignore U1000 called only from assembly (CALL from other TEXT blocks), which staticcheck does not see
 func store4x3()
+
+//go:noescape
+func dot2x8BF16ZMM(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int)
+
+//go:noescape
+func dot2x8F32ZMM(x *float32, xstride int, w *float32, wstride, k int, out *float32, ostride int)

@@ -147,3 +147,11 @@ func tile4x3F32AVX2(x *float32, xstride, rows int, w *float32, triples, k int, o
 func tileBF16AVX512(x *uint16, xstride int, w *uint16, wstride, k int, out *float32, ostride int) {
 	panic("kernel: no assembly on this platform")
 }
+
+func dot2x8BF16ZMM(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func dot2x8F32ZMM(x *float32, xstride int, w *float32, wstride, k int, out *float32, ostride int) {
+	panic("kernel: no assembly on this platform")
+}

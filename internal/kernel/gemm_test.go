@@ -300,3 +300,49 @@ func TestMatMulPackedWide(t *testing.T) {
 		}
 	}
 }
+
+// TestTile2x8Wide checks the zmm 2x8 tiles against the 256-bit ones to the
+// bit (f32 and bf16 weights, a pair of weight rows and one row taken
+// twice): decode batches may run either, and a session's logits must not
+// depend on which.
+func TestTile2x8Wide(t *testing.T) {
+	if !hasZMM {
+		t.Skip("no 512-bit tiles on this CPU or path")
+	}
+	defer func(v int) { dotTileBits = v }(dotTileBits)
+	r := rand.New(rand.NewPCG(33, 34))
+	for _, k := range []int{8, 64, 768, 2056} {
+		x := randSlice(r, 8*k)
+		wb, w := randBF16(r, 2*k)
+		for _, bf := range []bool{false, true} {
+			for _, wstride := range []int{k, 0} {
+				a := Args{X: x, W: w, K: k}
+				if bf {
+					a = Args{X: x, WB: wb, K: k}
+				}
+				var got [2][24]float32
+				for i, bits := range []int{512, 256} {
+					dotTileBits = bits
+					tile2x8(&a, 0, 0, wstride, &got[i][0], 3)
+				}
+				for i := range got[0] {
+					if i%3 == 2 {
+						continue // the stride's gap, never written
+					}
+					if math.Float32bits(got[0][i]) != math.Float32bits(got[1][i]) {
+						t.Fatalf("k=%d bf16=%v wstride=%d out[%d]: zmm %g, 256-bit %g", k, bf, wstride, i, got[0][i], got[1][i])
+					}
+					q, c := i/3, i%3
+					var want, mag float64
+					for p := range k {
+						v := float64(x[q*k+p]) * float64(w[c*wstride+p])
+						want, mag = want+v, mag+math.Abs(v)
+					}
+					if d := math.Abs(float64(got[0][i]) - want); d > float64(k)*0x1p-23*mag {
+						t.Fatalf("k=%d bf16=%v wstride=%d out[%d] = %g, float64 product %g", k, bf, wstride, i, got[0][i], want)
+					}
+				}
+			}
+		}
+	}
+}

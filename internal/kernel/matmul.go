@@ -302,11 +302,34 @@ func MatMulBF16Serial(dst, x []float32, w []uint16, m, n, k int) {
 // twice), writing out[q*ostride+c].
 func tile2x8(a *Args, r, j, wstride int, out *float32, ostride int) {
 	k := a.K
-	if a.WB != nil {
+	wide := dotWide()
+	switch {
+	case a.WB != nil && wide:
+		dot2x8BF16ZMM(&a.X[r*k], k, &a.WB[j*k], wstride, k, out, ostride)
+	case a.WB != nil:
 		dot2x8BF16AVX512(&a.X[r*k], k, &a.WB[j*k], wstride, k, out, ostride)
-	} else {
+	case wide:
+		dot2x8F32ZMM(&a.X[r*k], k, &a.W[j*k], wstride, k, out, ostride)
+	default:
 		dot2x8F32AVX512(&a.X[r*k], k, &a.W[j*k], wstride, k, out, ostride)
 	}
+}
+
+// dotTileBits forces the 2x8 tiles' register width for tests and
+// benchmarks: 0 follows wideFMA, 256 and 512 force that many bits (512
+// needs hasZMM). Both widths give the same bits.
+var dotTileBits int
+
+// dotWide reports whether the 2x8 tiles run on zmm registers (two weight
+// rows' 256-bit lanes in one register, half the FMA instructions).
+func dotWide() bool {
+	switch dotTileBits {
+	case 256:
+		return false
+	case 512:
+		return hasZMM
+	}
+	return wideFMA()
 }
 
 // tiles8 computes columns [jb, je) for x rows [0, r8) (r8 a multiple of

@@ -148,3 +148,185 @@ zdone:
 	VMOVUPS Z15, (R10)(R8*2)
 	VZEROUPPER
 	RET
+
+// func dot2x8BF16ZMM(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int)
+// dot2x8BF16AVX512 with both weight rows in one zmm register (lanes 0-7 row 0,
+// 8-15 row 1) against each x chunk broadcast to both halves: every lane is
+// the same FMA chain as in dot2x8BF16AVX512's 256-bit accumulators, and the halves
+// are reduced by the same code, so the outputs are bit-identical to it
+// with half the FMA instructions.
+TEXT ·dot2x8BF16ZMM(SB), NOSPLIT, $0-56
+	MOVQ x+0(FP), SI
+	MOVQ xstride+8(FP), R11
+	SHLQ $2, R11
+	LEAQ (SI)(R11*2), R12
+	ADDQ R11, R12            // row 3
+	LEAQ (R12)(R11*2), R13
+	ADDQ R11, R13            // row 6
+	MOVQ w+16(FP), DI
+	MOVQ wstride+24(FP), BX
+	SHLQ $1, BX
+	MOVQ k+32(FP), CX
+	LEAQ (DI)(BX*1), R8      // weight row 1 (row 0 again when wstride is 0)
+	MOVQ CX, R9
+	SHLQ $3, R9
+	ADDQ DI, R9              // the pair after next, prefetched
+	MOVQ out+40(FP), DX
+	MOVQ ostride+48(FP), R10
+	SHLQ $2, R10
+	VPXORD Z16, Z16, Z16
+	VPXORD Z17, Z17, Z17
+	VPXORD Z18, Z18, Z18
+	VPXORD Z19, Z19, Z19
+	VPXORD Z20, Z20, Z20
+	VPXORD Z21, Z21, Z21
+	VPXORD Z22, Z22, Z22
+	VPXORD Z23, Z23, Z23
+
+zb8loop:
+	CMPQ CX, $8
+	JL   zb8done
+	PREFETCHT1 (R9)
+	VPMOVZXWD (DI), Y8
+	VPMOVZXWD (R8), Y9
+	VINSERTI64X4 $1, Y9, Z8, Z8
+	VPSLLD $16, Z8, Z8
+	VBROADCASTF64X4 (SI), Z10
+	VBROADCASTF64X4 (SI)(R11*1), Z11
+	VBROADCASTF64X4 (SI)(R11*2), Z12
+	VBROADCASTF64X4 (R12), Z13
+	VFMADD231PS Z10, Z8, Z16
+	VFMADD231PS Z11, Z8, Z17
+	VFMADD231PS Z12, Z8, Z18
+	VFMADD231PS Z13, Z8, Z19
+	VBROADCASTF64X4 (SI)(R11*4), Z10
+	VBROADCASTF64X4 (R12)(R11*2), Z11
+	VBROADCASTF64X4 (R13), Z12
+	VBROADCASTF64X4 (R13)(R11*1), Z13
+	VFMADD231PS Z10, Z8, Z20
+	VFMADD231PS Z11, Z8, Z21
+	VFMADD231PS Z12, Z8, Z22
+	VFMADD231PS Z13, Z8, Z23
+	ADDQ $32, SI
+	ADDQ $32, R12
+	ADDQ $32, R13
+	ADDQ $16, DI
+	ADDQ $16, R8
+	ADDQ $32, R9
+	SUBQ $8, CX
+	JMP  zb8loop
+
+zb8done:
+	// Rows 0-3, then 4-7, as dot2x8BF16AVX512 lays them out for reduce2x4:
+	// Y(2q) row q against weight row 0, Y(2q+1) against weight row 1.
+	VMOVAPS Y16, Y0
+	VEXTRACTF64X4 $1, Z16, Y1
+	VMOVAPS Y17, Y2
+	VEXTRACTF64X4 $1, Z17, Y3
+	VMOVAPS Y18, Y4
+	VEXTRACTF64X4 $1, Z18, Y5
+	VMOVAPS Y19, Y6
+	VEXTRACTF64X4 $1, Z19, Y7
+	CALL ·reduce2x4(SB)
+	ADDQ R10, DX
+	VMOVAPS Y20, Y0
+	VEXTRACTF64X4 $1, Z20, Y1
+	VMOVAPS Y21, Y2
+	VEXTRACTF64X4 $1, Z21, Y3
+	VMOVAPS Y22, Y4
+	VEXTRACTF64X4 $1, Z22, Y5
+	VMOVAPS Y23, Y6
+	VEXTRACTF64X4 $1, Z23, Y7
+	CALL ·reduce2x4(SB)
+	VZEROUPPER
+	RET
+
+// func dot2x8F32ZMM(x *float32, xstride int, w *float32, wstride, k int, out *float32, ostride int)
+// dot2x8F32AVX512 with both weight rows in one zmm register (lanes 0-7 row 0,
+// 8-15 row 1) against each x chunk broadcast to both halves: every lane is
+// the same FMA chain as in dot2x8F32AVX512's 256-bit accumulators, and the halves
+// are reduced by the same code, so the outputs are bit-identical to it
+// with half the FMA instructions.
+TEXT ·dot2x8F32ZMM(SB), NOSPLIT, $0-56
+	MOVQ x+0(FP), SI
+	MOVQ xstride+8(FP), R11
+	SHLQ $2, R11
+	LEAQ (SI)(R11*2), R12
+	ADDQ R11, R12            // row 3
+	LEAQ (R12)(R11*2), R13
+	ADDQ R11, R13            // row 6
+	MOVQ w+16(FP), DI
+	MOVQ wstride+24(FP), BX
+	SHLQ $2, BX
+	MOVQ k+32(FP), CX
+	LEAQ (DI)(BX*1), R8      // weight row 1 (row 0 again when wstride is 0)
+	MOVQ CX, R9
+	SHLQ $4, R9
+	ADDQ DI, R9              // the pair after next, prefetched
+	MOVQ out+40(FP), DX
+	MOVQ ostride+48(FP), R10
+	SHLQ $2, R10
+	VPXORD Z16, Z16, Z16
+	VPXORD Z17, Z17, Z17
+	VPXORD Z18, Z18, Z18
+	VPXORD Z19, Z19, Z19
+	VPXORD Z20, Z20, Z20
+	VPXORD Z21, Z21, Z21
+	VPXORD Z22, Z22, Z22
+	VPXORD Z23, Z23, Z23
+
+zf8loop:
+	CMPQ CX, $8
+	JL   zf8done
+	PREFETCHT1 (R9)
+	VMOVUPS (DI), Y8
+	VINSERTF64X4 $1, (R8), Z8, Z8
+	VBROADCASTF64X4 (SI), Z10
+	VBROADCASTF64X4 (SI)(R11*1), Z11
+	VBROADCASTF64X4 (SI)(R11*2), Z12
+	VBROADCASTF64X4 (R12), Z13
+	VFMADD231PS Z10, Z8, Z16
+	VFMADD231PS Z11, Z8, Z17
+	VFMADD231PS Z12, Z8, Z18
+	VFMADD231PS Z13, Z8, Z19
+	VBROADCASTF64X4 (SI)(R11*4), Z10
+	VBROADCASTF64X4 (R12)(R11*2), Z11
+	VBROADCASTF64X4 (R13), Z12
+	VBROADCASTF64X4 (R13)(R11*1), Z13
+	VFMADD231PS Z10, Z8, Z20
+	VFMADD231PS Z11, Z8, Z21
+	VFMADD231PS Z12, Z8, Z22
+	VFMADD231PS Z13, Z8, Z23
+	ADDQ $32, SI
+	ADDQ $32, R12
+	ADDQ $32, R13
+	ADDQ $32, DI
+	ADDQ $32, R8
+	ADDQ $32, R9
+	SUBQ $8, CX
+	JMP  zf8loop
+
+zf8done:
+	// Rows 0-3, then 4-7, as dot2x8F32AVX512 lays them out for reduce2x4:
+	// Y(2q) row q against weight row 0, Y(2q+1) against weight row 1.
+	VMOVAPS Y16, Y0
+	VEXTRACTF64X4 $1, Z16, Y1
+	VMOVAPS Y17, Y2
+	VEXTRACTF64X4 $1, Z17, Y3
+	VMOVAPS Y18, Y4
+	VEXTRACTF64X4 $1, Z18, Y5
+	VMOVAPS Y19, Y6
+	VEXTRACTF64X4 $1, Z19, Y7
+	CALL ·reduce2x4(SB)
+	ADDQ R10, DX
+	VMOVAPS Y20, Y0
+	VEXTRACTF64X4 $1, Z20, Y1
+	VMOVAPS Y21, Y2
+	VEXTRACTF64X4 $1, Z21, Y3
+	VMOVAPS Y22, Y4
+	VEXTRACTF64X4 $1, Z22, Y5
+	VMOVAPS Y23, Y6
+	VEXTRACTF64X4 $1, Z23, Y7
+	CALL ·reduce2x4(SB)
+	VZEROUPPER
+	RET
