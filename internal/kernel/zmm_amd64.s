@@ -217,27 +217,7 @@ zb8loop:
 	JMP  zb8loop
 
 zb8done:
-	// Rows 0-3, then 4-7, as dot2x8BF16AVX512 lays them out for reduce2x4:
-	// Y(2q) row q against weight row 0, Y(2q+1) against weight row 1.
-	VMOVAPS Y16, Y0
-	VEXTRACTF64X4 $1, Z16, Y1
-	VMOVAPS Y17, Y2
-	VEXTRACTF64X4 $1, Z17, Y3
-	VMOVAPS Y18, Y4
-	VEXTRACTF64X4 $1, Z18, Y5
-	VMOVAPS Y19, Y6
-	VEXTRACTF64X4 $1, Z19, Y7
-	CALL ·reduce2x4(SB)
-	ADDQ R10, DX
-	VMOVAPS Y20, Y0
-	VEXTRACTF64X4 $1, Z20, Y1
-	VMOVAPS Y21, Y2
-	VEXTRACTF64X4 $1, Z21, Y3
-	VMOVAPS Y22, Y4
-	VEXTRACTF64X4 $1, Z22, Y5
-	VMOVAPS Y23, Y6
-	VEXTRACTF64X4 $1, Z23, Y7
-	CALL ·reduce2x4(SB)
+	CALL ·store2x8ZMM(SB)
 	VZEROUPPER
 	RET
 
@@ -307,8 +287,16 @@ zf8loop:
 	JMP  zf8loop
 
 zf8done:
-	// Rows 0-3, then 4-7, as dot2x8F32AVX512 lays them out for reduce2x4:
-	// Y(2q) row q against weight row 0, Y(2q+1) against weight row 1.
+	CALL ·store2x8ZMM(SB)
+	VZEROUPPER
+	RET
+
+// store2x8ZMM reduces and stores the zmm 2x8 tiles' accumulators Z16-Z23
+// (row q's lanes against weight row 0 in the low half, row 1 in the high
+// half) to out (DX) with stride R10: the halves go to Y0-Y7 in the order
+// dot2x8BF16AVX512 keeps its accumulators, and reduce2x4 adds and stores
+// them as it does there (own register convention; not callable from Go).
+TEXT ·store2x8ZMM(SB), NOSPLIT|NOFRAME, $0-0
 	VMOVAPS Y16, Y0
 	VEXTRACTF64X4 $1, Z16, Y1
 	VMOVAPS Y17, Y2
@@ -328,5 +316,4 @@ zf8done:
 	VMOVAPS Y23, Y6
 	VEXTRACTF64X4 $1, Z23, Y7
 	CALL ·reduce2x4(SB)
-	VZEROUPPER
 	RET
