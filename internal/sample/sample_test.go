@@ -3,7 +3,10 @@ package sample
 import (
 	"errors"
 	"math"
+	"math/rand/v2"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 func TestGreedyAndPenalties(t *testing.T) {
@@ -173,6 +176,31 @@ func TestNoToken(t *testing.T) {
 		// One token left finite is what gets picked.
 		if id := must(s.Sample([]float32{-math.MaxFloat32, 1, -math.MaxFloat32, -math.MaxFloat32})); id != 1 {
 			t.Errorf("temperature %v: picked %d, want the only finite token 1", temp, id)
+		}
+	}
+}
+
+// TestArgmax checks Argmax against the one-loop specification on random
+// rows full of ties, NaNs, infinities and signed zeros, at lengths around
+// its lane width and tail.
+func TestArgmax(t *testing.T) {
+	r := rand.New(rand.NewPCG(41, 42))
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	pool := []float32{0, float32(math.Copysign(0, -1)), 1, -1, 2, 2, 3, -inf, inf, nan}
+	for _, n := range []int{0, 1, 7, 63, 64, 65, 71, 72, 127, 1000} {
+		for trial := range 500 {
+			x := make([]float32, n)
+			for i := range x {
+				switch trial % 3 {
+				case 0:
+					x[i] = pool[r.IntN(len(pool))]
+				case 1:
+					x[i] = float32(r.NormFloat64())
+				default:
+					x[i] = pool[r.IntN(4)] // mostly ties
+				}
+			}
+			require.Equal(t, argmaxScalar(x), Argmax(x), "n=%d trial %d: %v", n, trial, x)
 		}
 	}
 }
