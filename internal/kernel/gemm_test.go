@@ -303,8 +303,8 @@ func TestMatMulPackedWide(t *testing.T) {
 
 // TestTile2x8Wide checks the zmm 2x8 tiles against the 256-bit ones to the
 // bit (f32 and bf16 weights, a pair of weight rows and one row taken
-// twice): decode batches may run either, and a session's logits must not
-// depend on which.
+// twice), and the four-row zmm tile against two pairs: decode batches may
+// run any of them, and a session's logits must not depend on which.
 func TestTile2x8Wide(t *testing.T) {
 	if !hasZMM {
 		t.Skip("no 512-bit tiles on this CPU or path")
@@ -313,6 +313,19 @@ func TestTile2x8Wide(t *testing.T) {
 	r := rand.New(rand.NewPCG(33, 34))
 	for _, k := range []int{8, 64, 768, 2056} {
 		x := randSlice(r, 8*k)
+		wq, _ := randBF16(r, 4*k)
+		var quad, pairs [8 * 5]float32
+		dot4x8BF16ZMM(&x[0], k, &wq[0], k, k, &quad[0], 5)
+		dot2x8BF16AVX512(&x[0], k, &wq[0], k, k, &pairs[0], 5)
+		dot2x8BF16AVX512(&x[0], k, &wq[2*k], k, k, &pairs[2], 5)
+		for i := range quad {
+			if math.Float32bits(quad[i]) != math.Float32bits(pairs[i]) {
+				t.Fatalf("k=%d four-row tile out[%d] = %g, two 256-bit pairs %g", k, i, quad[i], pairs[i])
+			}
+		}
+		if quad[0] == 0 || quad[3] == 0 || quad[39] != 0 {
+			t.Fatalf("k=%d four-row tile wrote %v", k, quad)
+		}
 		wb, w := randBF16(r, 2*k)
 		for _, bf := range []bool{false, true} {
 			for _, wstride := range []int{k, 0} {
