@@ -52,10 +52,14 @@ type ModelResult struct {
 	VerifyBoundRatio, VerifyShare  float64
 	// Each decode step's bound, the larger of its bytes over the probed
 	// bandwidth and its products' arithmetic (2 per active parameter and
-	// token) over Peak, the 256-bit FMA peak: decode's products of at most
-	// 32 rows run the 256-bit dot-form tiles on every path. Step1Share and
+	// token) over the peak of the FMAs they issue: Peak (256-bit) for a
+	// single row's stream kernels, Peak8 for products of 8 rows (the
+	// 512-bit peak where the 2x8 tiles run on zmm registers, else Peak;
+	// the verification pass's bound uses it too). Step1Share and
 	// Step8Share are the bound over the measured step (medians over
 	// stretches); Ceiling8 is the batch-8 aggregate tokens/s at the bound.
+	Peak8                                                    float64
+	Path8                                                    string
 	Step1Bound, Step8Bound, Step1Share, Step8Share, Ceiling8 float64
 	// PrefillFLOPs is a token's products in prefill, 2 per active
 	// parameter (attention over the prompt not counted); PrefillPeak the
@@ -496,6 +500,10 @@ func decodeFigures(ctx context.Context, m *k3.Model, prompt []int32, r *ModelRes
 		r.PrefillPeak, r.PrefillPath = probe.PeakWideFLOPS(), "512-bit"
 	}
 	r.PrefillFLOPs = r.StepBytes - 2*float64(state)
+	r.Peak8, r.Path8 = r.Peak, "256-bit"
+	if kernel.WideFMA() {
+		r.Peak8, r.Path8 = probe.PeakWideFLOPS(), "512-bit"
+	}
 	const steps = 12
 	var tok1, tok8, gain, share, shareNT, bws, verify, vbound, vshare []float64
 	var bound1, bound8, share1, share8 []float64
@@ -518,12 +526,12 @@ func decodeFigures(ctx context.Context, m *k3.Model, prompt []int32, r *ModelRes
 		verify = append(verify, dtv/dt1)
 		bw := max(rd, tr)
 		if r.Peak > 0 {
-			bound := max(r.VerifyBytes/bw, r.VerifyFLOPs/r.Peak)
+			bound := max(r.VerifyBytes/bw, r.VerifyFLOPs/r.Peak8)
 			vbound, vshare = append(vbound, bound/(r.StepBytes/bw)), append(vshare, bound/dtv)
 			// A step of b tokens multiplies each by every weight it
 			// reads: 2 FLOPs per weight (2 bytes in bf16) and token.
 			b1 := max(r.StepBytes/bw, (r.StepBytes-2*float64(state))/r.Peak)
-			b8 := max(r.Step8Bytes/bw, r.VerifyFLOPs/r.Peak)
+			b8 := max(r.Step8Bytes/bw, r.VerifyFLOPs/r.Peak8)
 			bound1, bound8 = append(bound1, b1), append(bound8, b8)
 			share1, share8 = append(share1, b1/dt1), append(share8, b8/dt8)
 		}
@@ -574,14 +582,14 @@ func (r *ModelResult) head(b *strings.Builder) {
 	fmt.Fprintf(b, "  decode, batch 8 (aggregate): %7.1f tokens/s  (%.2fx batch 1, stretch by stretch; a step reads about %.1f MB, so a batch-8 step as bandwidth-efficient as batch 1 gains at most %.2fx)\n",
 		r.Decode8TokPerSec, r.Batch8Gain, r.Step8Bytes/1e6, 8*r.StepBytes/r.Step8Bytes)
 	if r.Step8Bound > 0 {
-		fmt.Fprintf(b, "  decode bounds (the larger of bytes at the probed bandwidth and products at the %.0f GFLOP/s 256-bit FMA peak, which decode's dot-form tiles issue): batch 1 %.2f ms a step (%.1f MB or %.2f GFLOP), the step at %.0f%% of it; batch 8 %.2f ms (%.1f MB or %.2f GFLOP), a ceiling of %.0f tokens/s, the step at %.0f%% of it\n",
-			r.Peak/1e9, 1e3*r.Step1Bound, r.StepBytes/1e6, r.VerifyFLOPs/8e9, 100*r.Step1Share, 1e3*r.Step8Bound, r.Step8Bytes/1e6, r.VerifyFLOPs/1e9, r.Ceiling8, 100*r.Step8Share)
+		fmt.Fprintf(b, "  decode bounds (the larger of bytes at the probed bandwidth and products at the peak of the FMAs they issue): batch 1 %.2f ms a step (%.1f MB or %.2f GFLOP at the %.0f GFLOP/s 256-bit peak), the step at %.0f%% of it; batch 8 %.2f ms (%.1f MB or %.2f GFLOP at the %.0f GFLOP/s %s peak), a ceiling of %.0f tokens/s, the step at %.0f%% of it\n",
+			1e3*r.Step1Bound, r.StepBytes/1e6, r.VerifyFLOPs/8e9, r.Peak/1e9, 100*r.Step1Share, 1e3*r.Step8Bound, r.Step8Bytes/1e6, r.VerifyFLOPs/1e9, r.Peak8/1e9, r.Path8, r.Ceiling8, 100*r.Step8Share)
 	}
 	fmt.Fprintf(b, "  verification pass, 8 tokens of one session: %.1fx a batch-1 decode step (weights read once; the 8 tokens route to more experts, about %.1f MB read against %.1f)\n",
 		r.Verify8Ratio, r.VerifyBytes/1e6, r.StepBytes/1e6)
 	if r.VerifyBoundRatio > 0 {
-		fmt.Fprintf(b, "    its bound: %.1fx a batch-1 step's (the larger of %.1f MB at the probed bandwidth and %.2f GFLOP at the %.0f GFLOP/s FMA peak); the pass runs at %.0f%% of its bound\n",
-			r.VerifyBoundRatio, r.VerifyBytes/1e6, r.VerifyFLOPs/1e9, r.Peak/1e9, 100*r.VerifyShare)
+		fmt.Fprintf(b, "    its bound: %.1fx a batch-1 step's (the larger of %.1f MB at the probed bandwidth and %.2f GFLOP at the %.0f GFLOP/s %s FMA peak); the pass runs at %.0f%% of its bound\n",
+			r.VerifyBoundRatio, r.VerifyBytes/1e6, r.VerifyFLOPs/1e9, r.Peak8/1e9, r.Path8, 100*r.VerifyShare)
 	}
 }
 
