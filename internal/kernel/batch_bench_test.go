@@ -148,8 +148,9 @@ func BenchmarkTiles4x3F32(b *testing.B) {
 }
 
 // BenchmarkTile2x8Wide runs decode-batch products (8 and 16 rows, bf16
-// weights, warm and cold) on the zmm 2x8 tiles and on the 256-bit ones
-// side by side; both give the same bits.
+// weights, warm and cold; f32 weights warm, among them attention's score
+// block shape 8x512x64) on the zmm 2x8 tiles and on the 256-bit ones side
+// by side; both give the same bits.
 func BenchmarkTile2x8Wide(b *testing.B) {
 	if !hasZMM {
 		b.Skip("no 512-bit tiles on this CPU or path")
@@ -164,6 +165,24 @@ func BenchmarkTile2x8Wide(b *testing.B) {
 			b.Run(name, func(b *testing.B) {
 				dotTileBits = bits
 				benchBatchBF16(b, s.m, s.n, s.k, s.cold)
+			})
+		}
+	}
+	p := NewPool(0)
+	defer p.Close()
+	for _, s := range [][3]int{{8, 2304, 768}, {8, 512, 64}, {16, 768, 384}} {
+		m, n, k := s[0], s[1], s[2]
+		x, w, y := make([]float32, m*k), make([]float32, n*k), make([]float32, m*n)
+		for i := range w {
+			w[i] = float32(i%7) / 7
+		}
+		for _, bits := range []int{512, 256} {
+			b.Run(fmt.Sprintf("f32/m%d/n%d/k%d/%d-bit", m, n, k, bits), func(b *testing.B) {
+				dotTileBits = bits
+				for b.Loop() {
+					p.MatMul(y, x, w, m, n, k)
+				}
+				b.ReportMetric(2*float64(m*n*k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 			})
 		}
 	}

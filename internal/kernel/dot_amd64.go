@@ -247,3 +247,6 @@ func store2x8ZMM()
 
 //go:noescape
 func dot4x8BF16ZMM(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int)
+
+//go:noescape
+func dot4x8F32ZMM(x *float32, xstride int, w *float32, wstride, k int, out *float32, ostride int)

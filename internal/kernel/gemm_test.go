@@ -326,6 +326,16 @@ func TestTile2x8Wide(t *testing.T) {
 		if quad[0] == 0 || quad[3] == 0 || quad[39] != 0 {
 			t.Fatalf("k=%d four-row tile wrote %v", k, quad)
 		}
+		_, wf := randBF16(r, 4*k)
+		wf[1] += 0x1p-20 // not a bf16 value: f32 weights proper
+		dot4x8F32ZMM(&x[0], k, &wf[0], k, k, &quad[0], 5)
+		dot2x8F32AVX512(&x[0], k, &wf[0], k, k, &pairs[0], 5)
+		dot2x8F32AVX512(&x[0], k, &wf[2*k], k, k, &pairs[2], 5)
+		for i := range quad {
+			if math.Float32bits(quad[i]) != math.Float32bits(pairs[i]) {
+				t.Fatalf("k=%d four-row f32 tile out[%d] = %g, two 256-bit pairs %g", k, i, quad[i], pairs[i])
+			}
+		}
 		wb, w := randBF16(r, 2*k)
 		for _, bf := range []bool{false, true} {
 			for _, wstride := range []int{k, 0} {

@@ -348,12 +348,16 @@ func tiles8(a *Args, jb, je, pairsHi, r8 int) {
 			continue
 		}
 		j, end := jb, min(je, pairsHi)
-		if a.WB != nil && dotWide() {
+		if dotWide() {
 			// Four weight rows a call where they are there: the same
 			// outputs as two pairs, with each x chunk loaded once for
 			// both (BenchmarkTile2x8Wide).
 			for ; j+4 <= end; j += 4 {
-				dot4x8BF16ZMM(&a.X[r*k], k, &a.WB[j*k], k, k, &a.Dst[r*n+j], n)
+				if a.WB != nil {
+					dot4x8BF16ZMM(&a.X[r*k], k, &a.WB[j*k], k, k, &a.Dst[r*n+j], n)
+				} else {
+					dot4x8F32ZMM(&a.X[r*k], k, &a.W[j*k], k, k, &a.Dst[r*n+j], n)
+				}
 			}
 		}
 		for ; j < end; j += 2 {
