@@ -34,13 +34,14 @@ var hasBF16Dot = useAVX512 && cpu.X86.HasAVX512BF16 && cpu.X86.HasAVX512BW && fo
 // VL, not capped below them by K3_KERNEL).
 var hasZMM = useAVX512 && forced != "avx512"
 
-// wideFMA reports whether the kernels that give each output lane its own
-// FMA chain (the packed GEMM's tile) use 512-bit vectors: where the CPU has
-// them and either K3_KERNEL=zmm forces them or a probe finds a 512-bit FMA
-// at least 1.5 times as fast as a 256-bit one (Zen 5 and Intel server
-// cores; Zen 4 runs it as two halves). Those kernels give the same bits
-// either way, so the probe's noise can cost speed but never change a
-// result. The probe runs once, at the first use.
+// wideFMA reports whether the 512-bit kernels run (the packed GEMM's tile,
+// the zmm 2x8 and 4x8 tiles): where the CPU has them and either
+// K3_KERNEL=zmm forces them or a probe finds a 512-bit FMA at least 1.5
+// times as fast as a 256-bit one (2.0x on Zen 5; Zen 4 runs it as two
+// halves, about 1x). Each of those kernels gives the same bits as its
+// 256-bit twin, but the answer also moves the packed GEMM's range
+// (usePacked), whose roundings differ from the dot-form tiles'. The probe
+// runs once, at the first use, so the answer is fixed for the process.
 var wideFMA = sync.OnceValue(func() bool {
 	if !hasZMM {
 		return false

@@ -89,8 +89,8 @@ func (p *Pool) PeakWideFLOPS() float64 {
 	return p.peak(fma512Range, 12*32)
 }
 
-// WideFMA reports whether the packed GEMM runs 512-bit FMAs on this CPU
-// (probed once; see Path).
+// WideFMA reports whether the packed GEMM and the decode tiles run
+// 512-bit FMAs on this CPU (probed once; see Path).
 func WideFMA() bool { return wideFMA() }
 
 // PeakBF16DotFLOPS measures the bf16 dot-product peak of the pool's
