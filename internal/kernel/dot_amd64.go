@@ -246,6 +246,12 @@ func dot2x8F32ZMM(x *float32, xstride int, w *float32, wstride, k int, out *floa
 //lint:ignore U1000 called only from assembly (CALL from other TEXT blocks), which staticcheck does not see
 func store2x8ZMM()
 
+// store4x8ZMM is the four-row zmm tiles' reduction and store (own
+// register convention; not callable from Go).
+//
+//lint:ignore U1000 called only from assembly (CALL from other TEXT blocks), which staticcheck does not see
+func store4x8ZMM()
+
 //go:noescape
 func dot4x8BF16ZMM(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int)
 

@@ -314,26 +314,26 @@ func TestTile2x8Wide(t *testing.T) {
 	for _, k := range []int{8, 64, 768, 2056} {
 		x := randSlice(r, 8*k)
 		wq, _ := randBF16(r, 4*k)
-		var quad, pairs [8 * 5]float32
-		dot4x8BF16ZMM(&x[0], k, &wq[0], k, k, &quad[0], 5)
-		dot2x8BF16AVX512(&x[0], k, &wq[0], k, k, &pairs[0], 5)
-		dot2x8BF16AVX512(&x[0], k, &wq[2*k], k, k, &pairs[2], 5)
-		for i := range quad {
-			if math.Float32bits(quad[i]) != math.Float32bits(pairs[i]) {
-				t.Fatalf("k=%d four-row tile out[%d] = %g, two 256-bit pairs %g", k, i, quad[i], pairs[i])
-			}
-		}
-		if quad[0] == 0 || quad[3] == 0 || quad[39] != 0 {
-			t.Fatalf("k=%d four-row tile wrote %v", k, quad)
-		}
 		_, wf := randBF16(r, 4*k)
 		wf[1] += 0x1p-20 // not a bf16 value: f32 weights proper
-		dot4x8F32ZMM(&x[0], k, &wf[0], k, k, &quad[0], 5)
-		dot2x8F32AVX512(&x[0], k, &wf[0], k, k, &pairs[0], 5)
-		dot2x8F32AVX512(&x[0], k, &wf[2*k], k, k, &pairs[2], 5)
-		for i := range quad {
-			if math.Float32bits(quad[i]) != math.Float32bits(pairs[i]) {
-				t.Fatalf("k=%d four-row f32 tile out[%d] = %g, two 256-bit pairs %g", k, i, quad[i], pairs[i])
+		for _, bf := range []bool{true, false} {
+			var quad, pairs [8 * 5]float32
+			if bf {
+				dot4x8BF16ZMM(&x[0], k, &wq[0], k, k, &quad[0], 5)
+				dot2x8BF16AVX512(&x[0], k, &wq[0], k, k, &pairs[0], 5)
+				dot2x8BF16AVX512(&x[0], k, &wq[2*k], k, k, &pairs[2], 5)
+			} else {
+				dot4x8F32ZMM(&x[0], k, &wf[0], k, k, &quad[0], 5)
+				dot2x8F32AVX512(&x[0], k, &wf[0], k, k, &pairs[0], 5)
+				dot2x8F32AVX512(&x[0], k, &wf[2*k], k, k, &pairs[2], 5)
+			}
+			for i := range quad {
+				if math.Float32bits(quad[i]) != math.Float32bits(pairs[i]) {
+					t.Fatalf("k=%d bf16=%v four-row tile out[%d] = %g, two 256-bit pairs %g", k, bf, i, quad[i], pairs[i])
+				}
+			}
+			if quad[0] == 0 || quad[3] == 0 || quad[39] != 0 {
+				t.Fatalf("k=%d bf16=%v four-row tile wrote %v", k, bf, quad)
 			}
 		}
 		wb, w := randBF16(r, 2*k)

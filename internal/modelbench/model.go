@@ -406,7 +406,8 @@ func truncateCost(ctx context.Context, m *k3.Model, dir string, r *ModelResult, 
 
 // decodeFigures measures decode at batch 1 and 8, the 8-token
 // verification pass and their bounds on m into r, over stretches
-// alternating with bandwidth probes.
+// alternating with bandwidth probes. Its probe pool also measures the FMA
+// peaks, so it sets the peak prefill's share is taken of as well.
 func decodeFigures(ctx context.Context, m *k3.Model, prompt []int32, r *ModelResult, stretches int) error {
 	// A shared host's bandwidth drifts from one second to the next (by up
 	// to 2x on the machines in docs/bench), so the decode runs in short stretches, alternating batch 1
