@@ -1,30 +1,58 @@
 // Package ascend is the compute backend for Huawei Ascend NPUs: cgo into
-// ACL, aclnn and HCCL, with the vendor libraries loaded at run time (dlopen)
-// so that no build ever needs CANN installed.
+// ACL, aclnn and HCCL, with the vendor libraries loaded at run time
+// (dlopen) so that no build ever needs CANN installed.
 //
-// Status: not implemented. Open always fails with ErrNotBuilt; the backend,
-// its FRACTAL_NZ weight packing and the HCCL communicator are future work
-// (see docs/ARCHITECTURE.md). The package exists so that the command line
-// and the SDK can already name it.
+// Status: the driver (ascend/internal/acl: loading, contexts, memory,
+// streams, events, graph capture, aclnn's two-phase operators) is built
+// and proven against a fake CANN in the tests; the backend's operations
+// are not mapped yet, so Open fails with ErrNotImplemented once the
+// libraries load. docs/ASCEND.md says what runs where.
 package ascend
 
 import (
 	"errors"
+	"fmt"
 
+	"k3/ascend/internal/acl"
 	"k3/compute"
 )
 
-// ErrNotBuilt is returned by Open while the Ascend backend is not implemented.
-var ErrNotBuilt = errors.New("ascend: backend not implemented in this build of k3")
+// Errors of the driver, for errors.Is. A failed CANN call is an *Error,
+// which matches the class of its code.
+var (
+	// ErrNotBuilt: the binary was built without -tags ascend or cgo.
+	ErrNotBuilt = acl.ErrNotBuilt
+	// ErrLibrary: a CANN library or symbol could not be loaded.
+	ErrLibrary         = acl.ErrLibrary
+	ErrInvalidArgument = acl.ErrInvalidArgument
+	ErrOutOfMemory     = acl.ErrOutOfMemory
+	ErrKernelMissing   = acl.ErrKernelMissing
+	ErrDevice          = acl.ErrDevice
+	// ErrNotImplemented: CANN loaded, but the backend's operations are
+	// not mapped to aclnn yet.
+	ErrNotImplemented = errors.New("ascend: the backend's operations are not implemented yet")
+)
+
+// Error is a failed call into CANN: the C function, its library, its
+// code and the runtime's message.
+type Error = acl.Error
 
 // Options configures Open.
 type Options struct {
 	// LibDirs are searched for libascendcl.so and friends before the
-	// default loader path.
+	// dynamic loader's path.
 	LibDirs []string
 	// Device is the NPU index.
 	Device int
 }
 
-// Open would load the Ascend runtime and return a backend for one device.
-func Open(opts Options) (compute.Backend, error) { return nil, ErrNotBuilt }
+// Open loads CANN and would return a backend for one device. Without the
+// ascend build tag it fails with ErrNotBuilt; without CANN, with
+// ErrLibrary naming the missing library and how to fix it.
+func Open(opts Options) (compute.Backend, error) {
+	lib, err := acl.Load(acl.Options{LibDirs: opts.LibDirs})
+	if err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("%w (CANN loaded from %s; see docs/ASCEND.md)", ErrNotImplemented, lib.Paths[0])
+}

@@ -1,0 +1,305 @@
+//go:build ascend && cgo
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "shim.h"
+
+typedef int aclError;
+
+// The runtime functions, filled by k3_bind_runtime.
+static struct {
+	aclError (*aclInit)(const char *);
+	aclError (*aclrtGetDeviceCount)(uint32_t *);
+	aclError (*aclrtCreateContext)(void **, int32_t);
+	aclError (*aclrtDestroyContext)(void *);
+	aclError (*aclrtSetCurrentContext)(void *);
+	aclError (*aclrtMalloc)(void **, size_t, int);
+	aclError (*aclrtFree)(void *);
+	aclError (*aclrtMallocHost)(void **, size_t);
+	aclError (*aclrtFreeHost)(void *);
+	aclError (*aclrtMemcpy)(void *, size_t, const void *, size_t, int);
+	aclError (*aclrtMemcpyAsync)(void *, size_t, const void *, size_t, int, void *);
+	aclError (*aclrtCreateStream)(void **);
+	aclError (*aclrtSynchronizeStream)(void *);
+	aclError (*aclrtDestroyStream)(void *);
+	aclError (*aclrtCreateEvent)(void **);
+	aclError (*aclrtRecordEvent)(void *, void *);
+	aclError (*aclrtStreamWaitEvent)(void *, void *);
+	aclError (*aclrtSynchronizeEvent)(void *);
+	aclError (*aclrtEventElapsedTime)(float *, void *, void *);
+	aclError (*aclrtDestroyEvent)(void *);
+	const char *(*aclGetRecentErrMsg)(void);
+	aclError (*aclmdlRICaptureBegin)(void *, int);
+	aclError (*aclmdlRICaptureEnd)(void *, void **);
+	aclError (*aclmdlRIExecuteAsync)(void *, void *);
+	aclError (*aclmdlRIDestroy)(void *);
+	// libnnopbase
+	void *(*aclCreateTensor)(const int64_t *, uint64_t, int, const int64_t *, int64_t, int,
+		const int64_t *, uint64_t, void *);
+	int (*aclDestroyTensor)(const void *);
+	int (*aclSetAclOpExecutorRepeatable)(void *);
+	int (*aclDestroyAclOpExecutor)(void *);
+} f;
+
+// The order of these names is the order of f's fields.
+static const char *acl_names[] = {
+	"aclInit", "aclrtGetDeviceCount", "aclrtCreateContext", "aclrtDestroyContext",
+	"aclrtSetCurrentContext", "aclrtMalloc", "aclrtFree", "aclrtMallocHost", "aclrtFreeHost",
+	"aclrtMemcpy", "aclrtMemcpyAsync", "aclrtCreateStream", "aclrtSynchronizeStream",
+	"aclrtDestroyStream", "aclrtCreateEvent", "aclrtRecordEvent", "aclrtStreamWaitEvent",
+	"aclrtSynchronizeEvent", "aclrtEventElapsedTime", "aclrtDestroyEvent", "aclGetRecentErrMsg",
+	"aclmdlRICaptureBegin", "aclmdlRICaptureEnd", "aclmdlRIExecuteAsync", "aclmdlRIDestroy",
+};
+static const char *nnopbase_names[] = {
+	"aclCreateTensor", "aclDestroyTensor", "aclSetAclOpExecutorRepeatable", "aclDestroyAclOpExecutor",
+};
+
+void *k3_dlopen(const char *path, int global, char *errbuf, size_t n) {
+	void *h = dlopen(path, RTLD_NOW | (global ? RTLD_GLOBAL : RTLD_LOCAL));
+	if (h == NULL) {
+		const char *m = dlerror();
+		snprintf(errbuf, n, "%s", m ? m : "dlopen failed");
+	}
+	return h;
+}
+
+void *k3_dlsym(void *h, const char *name) { return dlsym(h, name); }
+
+void k3_dlclose(void *h) { dlclose(h); }
+
+int k3_bind_runtime(void *acl, void *nnopbase, char *missing, size_t n) {
+	// Bound into a copy first, so that a failed load leaves the table of
+	// an earlier successful one intact.
+	__typeof__(f) t;
+	void **slot = (void **)&t;
+	size_t na = sizeof acl_names / sizeof acl_names[0];
+	size_t nn = sizeof nnopbase_names / sizeof nnopbase_names[0];
+	if (na + nn != sizeof t / sizeof(void *)) {
+		snprintf(missing, n, "shim table mismatch");
+		return -1;
+	}
+	for (size_t i = 0; i < na + nn; i++) {
+		const char *name = i < na ? acl_names[i] : nnopbase_names[i - na];
+		void *p = dlsym(i < na ? acl : nnopbase, name);
+		if (p == NULL) {
+			snprintf(missing, n, "%s", name);
+			return -1;
+		}
+		slot[i] = p;
+	}
+	f = t;
+	return 0;
+}
+
+static void fill(k3_err *e, int lib, int code, const char *api) {
+	e->lib = lib;
+	e->code = code;
+	snprintf(e->api, sizeof e->api, "%s", api);
+	const char *m = f.aclGetRecentErrMsg ? f.aclGetRecentErrMsg() : NULL;
+	snprintf(e->msg, sizeof e->msg, "%s", m ? m : "");
+}
+
+// CALL runs one ACL function and reports its failure.
+#define CALL(lib, api, expr)                  \
+	do {                                      \
+		int rc_ = (expr);                     \
+		if (rc_ != 0) {                       \
+			fill(e, lib, rc_, api);           \
+			return rc_;                       \
+		}                                     \
+	} while (0)
+
+#define USE(ctx) CALL(1, "aclrtSetCurrentContext", f.aclrtSetCurrentContext(ctx))
+
+int k3_init(k3_err *e) {
+	CALL(1, "aclInit", f.aclInit(NULL));
+	return 0;
+}
+
+int k3_device_count(uint32_t *n, k3_err *e) {
+	CALL(1, "aclrtGetDeviceCount", f.aclrtGetDeviceCount(n));
+	return 0;
+}
+
+int k3_context_create(void **ctx, int32_t dev, k3_err *e) {
+	CALL(1, "aclrtCreateContext", f.aclrtCreateContext(ctx, dev));
+	return 0;
+}
+
+int k3_context_destroy(void *ctx, k3_err *e) {
+	CALL(1, "aclrtDestroyContext", f.aclrtDestroyContext(ctx));
+	return 0;
+}
+
+int k3_malloc(void *ctx, void **p, size_t n, k3_err *e) {
+	USE(ctx);
+	CALL(1, "aclrtMalloc", f.aclrtMalloc(p, n, 0));
+	return 0;
+}
+
+int k3_free(void *ctx, void *p, k3_err *e) {
+	USE(ctx);
+	CALL(1, "aclrtFree", f.aclrtFree(p));
+	return 0;
+}
+
+int k3_malloc_host(void *ctx, void **p, size_t n, k3_err *e) {
+	USE(ctx);
+	CALL(1, "aclrtMallocHost", f.aclrtMallocHost(p, n));
+	return 0;
+}
+
+int k3_free_host(void *ctx, void *p, k3_err *e) {
+	USE(ctx);
+	CALL(1, "aclrtFreeHost", f.aclrtFreeHost(p));
+	return 0;
+}
+
+int k3_memcpy(void *ctx, void *dst, size_t dmax, const void *src, size_t n, int kind, k3_err *e) {
+	USE(ctx);
+	CALL(1, "aclrtMemcpy", f.aclrtMemcpy(dst, dmax, src, n, kind));
+	return 0;
+}
+
+int k3_memcpy_async(void *ctx, void *dst, size_t dmax, const void *src, size_t n, int kind, void *s, k3_err *e) {
+	USE(ctx);
+	CALL(1, "aclrtMemcpyAsync", f.aclrtMemcpyAsync(dst, dmax, src, n, kind, s));
+	return 0;
+}
+
+int k3_stream_create(void *ctx, void **s, k3_err *e) {
+	USE(ctx);
+	CALL(1, "aclrtCreateStream", f.aclrtCreateStream(s));
+	return 0;
+}
+
+int k3_stream_sync(void *ctx, void *s, k3_err *e) {
+	USE(ctx);
+	CALL(1, "aclrtSynchronizeStream", f.aclrtSynchronizeStream(s));
+	return 0;
+}
+
+int k3_stream_destroy(void *ctx, void *s, k3_err *e) {
+	USE(ctx);
+	CALL(1, "aclrtDestroyStream", f.aclrtDestroyStream(s));
+	return 0;
+}
+
+int k3_event_create(void *ctx, void **ev, k3_err *e) {
+	USE(ctx);
+	CALL(1, "aclrtCreateEvent", f.aclrtCreateEvent(ev));
+	return 0;
+}
+
+int k3_event_record(void *ctx, void *ev, void *s, k3_err *e) {
+	USE(ctx);
+	CALL(1, "aclrtRecordEvent", f.aclrtRecordEvent(ev, s));
+	return 0;
+}
+
+int k3_stream_wait(void *ctx, void *s, void *ev, k3_err *e) {
+	USE(ctx);
+	CALL(1, "aclrtStreamWaitEvent", f.aclrtStreamWaitEvent(s, ev));
+	return 0;
+}
+
+int k3_event_sync(void *ctx, void *ev, k3_err *e) {
+	USE(ctx);
+	CALL(1, "aclrtSynchronizeEvent", f.aclrtSynchronizeEvent(ev));
+	return 0;
+}
+
+int k3_event_elapsed(void *ctx, float *ms, void *start, void *end, k3_err *e) {
+	USE(ctx);
+	CALL(1, "aclrtEventElapsedTime", f.aclrtEventElapsedTime(ms, start, end));
+	return 0;
+}
+
+int k3_event_destroy(void *ctx, void *ev, k3_err *e) {
+	USE(ctx);
+	CALL(1, "aclrtDestroyEvent", f.aclrtDestroyEvent(ev));
+	return 0;
+}
+
+int k3_capture_begin(void *ctx, void *s, int mode, k3_err *e) {
+	USE(ctx);
+	CALL(1, "aclmdlRICaptureBegin", f.aclmdlRICaptureBegin(s, mode));
+	return 0;
+}
+
+int k3_capture_end(void *ctx, void *s, void **graph, k3_err *e) {
+	USE(ctx);
+	CALL(1, "aclmdlRICaptureEnd", f.aclmdlRICaptureEnd(s, graph));
+	return 0;
+}
+
+int k3_graph_replay(void *ctx, void *graph, void *s, k3_err *e) {
+	USE(ctx);
+	CALL(1, "aclmdlRIExecuteAsync", f.aclmdlRIExecuteAsync(graph, s));
+	return 0;
+}
+
+int k3_graph_destroy(void *ctx, void *graph, k3_err *e) {
+	USE(ctx);
+	CALL(1, "aclmdlRIDestroy", f.aclmdlRIDestroy(graph));
+	return 0;
+}
+
+void *k3_tensor_create(void *ctx, const int64_t *dims, uint64_t nd, int dtype, const int64_t *strides,
+	int64_t offset, int format, const int64_t *sdims, uint64_t nsd, void *data, k3_err *e) {
+	int rc = f.aclrtSetCurrentContext(ctx);
+	if (rc != 0) {
+		fill(e, 1, rc, "aclrtSetCurrentContext");
+		return NULL;
+	}
+	void *t = f.aclCreateTensor(dims, nd, dtype, strides, offset, format, sdims, nsd, data);
+	if (t == NULL) {
+		// aclCreateTensor reports failure by a null handle.
+		fill(e, 2, 161002, "aclCreateTensor");
+	}
+	return t;
+}
+
+int k3_tensor_destroy(void *ctx, void *t, k3_err *e) {
+	USE(ctx);
+	CALL(2, "aclDestroyTensor", f.aclDestroyTensor(t));
+	return 0;
+}
+
+int k3_executor_repeatable(void *ctx, void *exec, k3_err *e) {
+	USE(ctx);
+	CALL(2, "aclSetAclOpExecutorRepeatable", f.aclSetAclOpExecutorRepeatable(exec));
+	return 0;
+}
+
+int k3_executor_destroy(void *ctx, void *exec, k3_err *e) {
+	USE(ctx);
+	CALL(2, "aclDestroyAclOpExecutor", f.aclDestroyAclOpExecutor(exec));
+	return 0;
+}
+
+typedef int (*phase2)(void *, uint64_t, void *, void *);
+
+int k3_op_launch(void *ctx, void *fn, const char *api, void *ws, uint64_t wsSize, void *exec, void *s, k3_err *e) {
+	USE(ctx);
+	CALL(2, api, ((phase2)fn)(ws, wsSize, exec, s));
+	return 0;
+}
+
+int k3_matmul_prepare(void *ctx, void *fn, void *x, void *w, void *out, int8_t cubeMath,
+	uint64_t *ws, void **exec, k3_err *e) {
+	USE(ctx);
+	typedef int (*p1)(void *, void *, void *, int8_t, uint64_t *, void **);
+	CALL(2, "aclnnMatmulGetWorkspaceSize", ((p1)fn)(x, w, out, cubeMath, ws, exec));
+	return 0;
+}
+
+int k3_rmsnorm_prepare(void *ctx, void *fn, void *x, void *gamma, double eps, void *y, void *rstd,
+	uint64_t *ws, void **exec, k3_err *e) {
+	USE(ctx);
+	typedef int (*p1)(void *, void *, double, void *, void *, uint64_t *, void **);
+	CALL(2, "aclnnRmsNormGetWorkspaceSize", ((p1)fn)(x, gamma, eps, y, rstd, ws, exec));
+	return 0;
+}

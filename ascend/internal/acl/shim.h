@@ -1,0 +1,69 @@
+//go:build ascend && cgo
+
+// The shim between Go and CANN. The C declarations of the CANN functions
+// it calls are written here from the documented API; no CANN header is
+// included, and every function is reached through a pointer filled in by
+// dlsym at load.
+#ifndef K3_ACL_SHIM_H
+#define K3_ACL_SHIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+// k3_err carries a failure out of one shim call: the C function that
+// failed, its code and the recent error message, read before any other
+// call can overwrite it.
+typedef struct {
+	int lib; // 1 ACL, 2 aclnn, 3 HCCL
+	int code;
+	char api[64];
+	char msg[512];
+} k3_err;
+
+// Loading.
+void *k3_dlopen(const char *path, int global, char *errbuf, size_t n);
+int k3_bind_runtime(void *acl, void *nnopbase, char *missing, size_t n);
+void *k3_dlsym(void *h, const char *name);
+void k3_dlclose(void *h);
+
+// Runtime. Every call taking ctx makes it current on this thread first.
+int k3_init(k3_err *e);
+int k3_device_count(uint32_t *n, k3_err *e);
+int k3_context_create(void **ctx, int32_t dev, k3_err *e);
+int k3_context_destroy(void *ctx, k3_err *e);
+int k3_malloc(void *ctx, void **p, size_t n, k3_err *e);
+int k3_free(void *ctx, void *p, k3_err *e);
+int k3_malloc_host(void *ctx, void **p, size_t n, k3_err *e);
+int k3_free_host(void *ctx, void *p, k3_err *e);
+int k3_memcpy(void *ctx, void *dst, size_t dmax, const void *src, size_t n, int kind, k3_err *e);
+int k3_memcpy_async(void *ctx, void *dst, size_t dmax, const void *src, size_t n, int kind, void *s, k3_err *e);
+int k3_stream_create(void *ctx, void **s, k3_err *e);
+int k3_stream_sync(void *ctx, void *s, k3_err *e);
+int k3_stream_destroy(void *ctx, void *s, k3_err *e);
+int k3_event_create(void *ctx, void **ev, k3_err *e);
+int k3_event_record(void *ctx, void *ev, void *s, k3_err *e);
+int k3_stream_wait(void *ctx, void *s, void *ev, k3_err *e);
+int k3_event_sync(void *ctx, void *ev, k3_err *e);
+int k3_event_elapsed(void *ctx, float *ms, void *start, void *end, k3_err *e);
+int k3_event_destroy(void *ctx, void *ev, k3_err *e);
+int k3_capture_begin(void *ctx, void *s, int mode, k3_err *e);
+int k3_capture_end(void *ctx, void *s, void **graph, k3_err *e);
+int k3_graph_replay(void *ctx, void *graph, void *s, k3_err *e);
+int k3_graph_destroy(void *ctx, void *graph, k3_err *e);
+
+// aclnn.
+void *k3_tensor_create(void *ctx, const int64_t *dims, uint64_t nd, int dtype, const int64_t *strides,
+	int64_t offset, int format, const int64_t *sdims, uint64_t nsd, void *data, k3_err *e);
+int k3_tensor_destroy(void *ctx, void *t, k3_err *e);
+int k3_executor_repeatable(void *ctx, void *exec, k3_err *e);
+int k3_executor_destroy(void *ctx, void *exec, k3_err *e);
+int k3_op_launch(void *ctx, void *fn, const char *api, void *ws, uint64_t wsSize, void *exec, void *s, k3_err *e);
+
+// Phase 1 of each operator, called through the pointer that Load found
+// (custom library first).
+int k3_matmul_prepare(void *ctx, void *fn, void *x, void *w, void *out, int8_t cubeMath,
+	uint64_t *ws, void **exec, k3_err *e);
+int k3_rmsnorm_prepare(void *ctx, void *fn, void *x, void *gamma, double eps, void *y, void *rstd,
+	uint64_t *ws, void **exec, k3_err *e);
+
+#endif
