@@ -44,6 +44,9 @@ type Options struct {
 	LibDirs []string
 	// Device is the NPU index.
 	Device int
+	// ArenaBytes is the device memory the backend takes at open, from
+	// which every tensor is allocated (0: 1 GiB).
+	ArenaBytes int
 }
 
 // Open loads CANN and would return a backend for one device. Without the

@@ -204,6 +204,18 @@ func (s *Stream) Download(dst *HostBuffer, off int, src DevPtr, n int) error {
 	return s.memcpy(unsafe.Add(dst.p, off), ptr(src), n, memcpyDeviceToHost)
 }
 
+// Memset queues setting n bytes at dst to the byte value.
+func (s *Stream) Memset(dst DevPtr, value byte, n int) error {
+	if n <= 0 {
+		return nil
+	}
+	var e C.k3_err
+	if C.k3_memset_async(s.ctx.c, ptr(dst), C.size_t(n), C.int32_t(value), C.size_t(n), s.s, &e) != 0 {
+		return errOf(&e)
+	}
+	return nil
+}
+
 // CopyDevice queues a device-to-device copy of n bytes (both addresses
 // 64-byte aligned, as ACL requires of asynchronous device copies).
 func (s *Stream) CopyDevice(dst, src DevPtr, n int) error {

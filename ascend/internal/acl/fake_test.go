@@ -26,19 +26,8 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	src := filepath.Join("testdata", "fakecann")
-	for _, lib := range []struct{ out, src, extra string }{
-		{"libascendcl.so", "acl.c", "-lpthread"},
-		{"libnnopbase.so", "nnopbase.c", ""},
-		{"libopapi.so", "opapi.c", "-lm"},
-	} {
-		args := []string{"-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o", filepath.Join(dir, lib.out), filepath.Join(src, lib.src)}
-		if lib.extra != "" {
-			args = append(args, lib.extra)
-		}
-		if out, err := exec.Command("cc", args...).CombinedOutput(); err != nil {
-			panic("building the fake CANN: " + err.Error() + "\n" + string(out))
-		}
+	if err := BuildFake(dir, filepath.Join("testdata", "fakecann")); err != nil {
+		panic(err)
 	}
 	fakeDir = dir
 	code := m.Run()

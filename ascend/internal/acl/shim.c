@@ -21,6 +21,7 @@ static struct {
 	aclError (*aclrtFreeHost)(void *);
 	aclError (*aclrtMemcpy)(void *, size_t, const void *, size_t, int);
 	aclError (*aclrtMemcpyAsync)(void *, size_t, const void *, size_t, int, void *);
+	aclError (*aclrtMemsetAsync)(void *, size_t, int32_t, size_t, void *);
 	aclError (*aclrtCreateStream)(void **);
 	aclError (*aclrtSynchronizeStream)(void *);
 	aclError (*aclrtDestroyStream)(void *);
@@ -47,7 +48,7 @@ static struct {
 static const char *acl_names[] = {
 	"aclInit", "aclrtGetDeviceCount", "aclrtCreateContext", "aclrtDestroyContext",
 	"aclrtSetCurrentContext", "aclrtMalloc", "aclrtFree", "aclrtMallocHost", "aclrtFreeHost",
-	"aclrtMemcpy", "aclrtMemcpyAsync", "aclrtCreateStream", "aclrtSynchronizeStream",
+	"aclrtMemcpy", "aclrtMemcpyAsync", "aclrtMemsetAsync", "aclrtCreateStream", "aclrtSynchronizeStream",
 	"aclrtDestroyStream", "aclrtCreateEvent", "aclrtRecordEvent", "aclrtStreamWaitEvent",
 	"aclrtSynchronizeEvent", "aclrtEventElapsedTime", "aclrtDestroyEvent", "aclGetRecentErrMsg",
 	"aclmdlRICaptureBegin", "aclmdlRICaptureEnd", "aclmdlRIExecuteAsync", "aclmdlRIDestroy",
@@ -166,6 +167,12 @@ int k3_memcpy(void *ctx, void *dst, size_t dmax, const void *src, size_t n, int 
 int k3_memcpy_async(void *ctx, void *dst, size_t dmax, const void *src, size_t n, int kind, void *s, k3_err *e) {
 	USE(ctx);
 	CALL(1, "aclrtMemcpyAsync", f.aclrtMemcpyAsync(dst, dmax, src, n, kind, s));
+	return 0;
+}
+
+int k3_memset_async(void *ctx, void *dst, size_t dmax, int32_t value, size_t n, void *s, k3_err *e) {
+	USE(ctx);
+	CALL(1, "aclrtMemsetAsync", f.aclrtMemsetAsync(dst, dmax, value, n, s));
 	return 0;
 }
 

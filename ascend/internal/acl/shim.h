@@ -37,6 +37,7 @@ int k3_malloc_host(void *ctx, void **p, size_t n, k3_err *e);
 int k3_free_host(void *ctx, void *p, k3_err *e);
 int k3_memcpy(void *ctx, void *dst, size_t dmax, const void *src, size_t n, int kind, k3_err *e);
 int k3_memcpy_async(void *ctx, void *dst, size_t dmax, const void *src, size_t n, int kind, void *s, k3_err *e);
+int k3_memset_async(void *ctx, void *dst, size_t dmax, int32_t value, size_t n, void *s, k3_err *e);
 int k3_stream_create(void *ctx, void **s, k3_err *e);
 int k3_stream_sync(void *ctx, void *s, k3_err *e);
 int k3_stream_destroy(void *ctx, void *s, k3_err *e);

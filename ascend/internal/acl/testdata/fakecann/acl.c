@@ -399,6 +399,37 @@ int aclrtMemcpyAsync(void *dst, size_t dmax, const void *src, size_t n, int kind
 	return rc;
 }
 
+typedef struct {
+	fk_task t;
+	void *dst;
+	int value;
+	size_t n;
+} set_task;
+
+static int run_set(fk_task *t) {
+	set_task *c = (set_task *)t;
+	memset(c->dst, c->value, c->n);
+	return 0;
+}
+
+int aclrtMemsetAsync(void *dst, size_t dmax, int32_t value, size_t n, void *stream) {
+	NEED_CONTEXT();
+	if (n > dmax || !fk_is_device(dst, n)) {
+		fk_set_error("aclrtMemsetAsync: %p (%zu of %zu bytes) is not device memory", dst, n, dmax);
+		return ACL_ERROR_INVALID_PARAM;
+	}
+	set_task *c = calloc(1, sizeof *c);
+	c->t.run = run_set;
+	c->t.release = release_free;
+	c->dst = dst;
+	c->value = value;
+	c->n = n;
+	c->t.refs = 1;
+	int rc = fk_enqueue(stream, &c->t);
+	unref(&c->t);
+	return rc;
+}
+
 int aclrtCreateEvent(void **out) {
 	NEED_CONTEXT();
 	event_t *e = calloc(1, sizeof *e);
