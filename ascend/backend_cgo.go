@@ -25,14 +25,15 @@ const stageBytes = 1 << 20
 // comes from one arena (fixed addresses). Operations not mapped to aclnn
 // yet return an error wrapping compute.ErrUnsupported that names them.
 type Backend struct {
-	mu    sync.Mutex
-	ctx   *acl.Context
-	s     *acl.Stream
-	base  acl.DevPtr
-	arena *arena
-	ws    *devBuf
-	stage *acl.HostBuffer
-	ones  map[int]compute.Tensor
+	mu      sync.Mutex
+	ctx     *acl.Context
+	s       *acl.Stream
+	base    acl.DevPtr
+	arena   *arena
+	ws      *devBuf
+	stage   *acl.HostBuffer
+	ones    map[int]compute.Tensor
+	scalars map[float32]*acl.Scalar
 }
 
 // devBuf is a Tensor's storage: a span of the arena.
@@ -85,6 +86,9 @@ func (b *Backend) release() error {
 	}
 	if b.s != nil {
 		keep(b.s.Sync())
+	}
+	for _, sc := range b.scalars {
+		keep(sc.Destroy())
 	}
 	if b.stage != nil {
 		keep(b.stage.Free())
@@ -413,26 +417,8 @@ func (b *Backend) MatMul(dst, x, w compute.Tensor) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	tx, err := b.desc(x, []int64{int64(M), int64(K)}, nil)
-	if err != nil {
-		return err
-	}
-	tw, err := b.desc(w, []int64{int64(K), int64(N)}, []int64{1, int64(K)})
-	if err != nil {
-		destroy(tx)
-		return err
-	}
-	to, err := b.desc(dst, []int64{int64(M), int64(N)}, nil)
-	if err != nil {
-		destroy(tx, tw)
-		return err
-	}
-	defer destroy(tx, tw, to)
-	op, err := b.ctx.Matmul(tx, tw, to, 0)
-	if err != nil {
-		return err
-	}
-	return b.launch(op)
+	return b.run(func(ts []*acl.Tensor) (*acl.Op, error) { return b.ctx.Matmul("aclnnMatmul", ts[0], ts[1], ts[2], 0) },
+		flat(x, K), operand{w, []int64{int64(K), int64(N)}, []int64{1, int64(K)}}, flat(dst, N))
 }
 
 // RMSNorm implements compute.Backend with aclnnRmsNorm; the reciprocal
@@ -459,22 +445,10 @@ func (b *Backend) RMSNorm(dst, x, w compute.Tensor, eps float32) error {
 		return err
 	}
 	defer b.freeBuf(rstd.Mem.(*devBuf))
-	view := []int64{int64(rows), int64(D)}
-	var ts [4]*acl.Tensor
-	defer func() { destroy(ts[:]...) }()
-	for i, c := range []struct {
-		t    compute.Tensor
-		view []int64
-	}{{x, view}, {w, []int64{int64(D)}}, {dst, view}, {rstd, []int64{int64(rows), 1}}} {
-		if ts[i], err = b.desc(c.t, c.view, nil); err != nil {
-			return err
-		}
-	}
-	op, err := b.ctx.RMSNorm(ts[0], ts[1], float64(eps), ts[2], ts[3])
-	if err != nil {
-		return err
-	}
-	return b.launch(op)
+	return b.run(func(ts []*acl.Tensor) (*acl.Op, error) {
+		return b.ctx.RMSNorm(ts[0], ts[1], float64(eps), ts[2], ts[3])
+	},
+		flat(x, D), operand{t: w, view: []int64{int64(D)}}, flat(dst, D), flat(rstd, 1))
 }
 
 // onesOf is a cached vector of D ones: RMSNorm without a weight.
@@ -503,26 +477,200 @@ func unmapped(op string) error {
 	return fmt.Errorf("%w: ascend: %s is not mapped to aclnn yet (docs/ASCEND.md)", compute.ErrUnsupported, op)
 }
 
+// run prepares an operator with prepare and launches it; the
+// descriptors of ts are destroyed afterwards (aclnn has copied them).
+func (b *Backend) run(prepare func(ts []*acl.Tensor) (*acl.Op, error), operands ...operand) error {
+	ts := make([]*acl.Tensor, len(operands))
+	defer func() { destroy(ts...) }()
+	for i, o := range operands {
+		var err error
+		if ts[i], err = b.desc(o.t, o.view, o.strides); err != nil {
+			return err
+		}
+	}
+	op, err := prepare(ts)
+	if err != nil {
+		return err
+	}
+	return b.launch(op)
+}
+
+// operand is a tensor as one operator sees it.
+type operand struct {
+	t             compute.Tensor
+	view, strides []int64
+}
+
+// flat is t as a contiguous [rows, cols] matrix.
+func flat(t compute.Tensor, cols int) operand {
+	return operand{t: t, view: []int64{int64(dims(t) / max(cols, 1)), int64(cols)}}
+}
+
+// scalar returns a cached Float scalar.
+func (b *Backend) scalar(v float32) (*acl.Scalar, error) {
+	if s, ok := b.scalars[v]; ok {
+		return s, nil
+	}
+	s, err := b.ctx.NewScalar(v)
+	if err != nil {
+		return nil, err
+	}
+	if b.scalars == nil {
+		b.scalars = map[float32]*acl.Scalar{}
+	}
+	b.scalars[v] = s
+	return s, nil
+}
+
+// Unary implements compute.Backend with aclnnSilu, aclnnSigmoid and
+// aclnnSoftplus (beta 1, threshold 20: above it softplus(x) and x differ
+// by under 1e-8 relative).
+func (b *Backend) Unary(op compute.UnaryOp, dst, x compute.Tensor) error {
+	if x.DType != compute.F32 || dst.DType != compute.F32 || dims(dst) != dims(x) || x.Rank == 0 {
+		return fmt.Errorf("%w: Unary %v -> %v", compute.ErrShape, x, dst)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	D := x.Dim(-1)
+	switch op {
+	case compute.SiLU, compute.Sigmoid:
+		name := map[compute.UnaryOp]string{compute.SiLU: "aclnnSilu", compute.Sigmoid: "aclnnSigmoid"}[op]
+		return b.run(func(ts []*acl.Tensor) (*acl.Op, error) { return b.ctx.Unary(name, ts[0], ts[1]) }, flat(x, D), flat(dst, D))
+	case compute.Softplus:
+		beta, err := b.scalar(1)
+		if err != nil {
+			return err
+		}
+		threshold, err := b.scalar(20)
+		if err != nil {
+			return err
+		}
+		return b.run(func(ts []*acl.Tensor) (*acl.Op, error) { return b.ctx.Softplus(ts[0], beta, threshold, ts[1]) }, flat(x, D), flat(dst, D))
+	}
+	return fmt.Errorf("ascend: unary op %d: %w", op, compute.ErrUnsupported)
+}
+
+// Binary implements compute.Backend with aclnnAdd (alpha 1) and aclnnMul;
+// a one-row b broadcasts over a's rows.
+func (b *Backend) Binary(op compute.BinaryOp, dst, x, y compute.Tensor) error {
+	if x.Rank == 0 || x.DType != compute.F32 || y.DType != compute.F32 || dst.DType != compute.F32 || dims(dst) != dims(x) ||
+		(dims(y) != dims(x) && dims(y) != x.Dim(-1)) {
+		return fmt.Errorf("%w: Binary a %v, b %v, dst %v", compute.ErrShape, x, y, dst)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	D := x.Dim(-1)
+	ob := flat(y, D)
+	switch op {
+	case compute.Add:
+		alpha, err := b.scalar(1)
+		if err != nil {
+			return err
+		}
+		return b.run(func(ts []*acl.Tensor) (*acl.Op, error) { return b.ctx.Add(ts[0], ts[1], alpha, ts[2]) }, flat(x, D), ob, flat(dst, D))
+	case compute.Mul:
+		return b.run(func(ts []*acl.Tensor) (*acl.Op, error) { return b.ctx.Binary("aclnnMul", ts[0], ts[1], ts[2]) }, flat(x, D), ob, flat(dst, D))
+	}
+	return fmt.Errorf("ascend: binary op %d: %w", op, compute.ErrUnsupported)
+}
+
+// GatedAct implements compute.Backend for SwiGLU as aclnnSilu into a
+// scratch span, then aclnnMul (aclnnSwiGlu wants gate and up
+// concatenated in one tensor, which the seam does not promise).
+func (b *Backend) GatedAct(act compute.Activation, dst, gate, up compute.Tensor) error {
+	if act.Kind != compute.SwiGLU {
+		return unmapped("GatedAct (SiTU)")
+	}
+	if gate.Rank == 0 || gate.DType != compute.F32 || up.DType != compute.F32 || dst.DType != compute.F32 ||
+		dims(up) != dims(gate) || dims(dst) != dims(gate) {
+		return fmt.Errorf("%w: GatedAct gate %v, up %v, dst %v", compute.ErrShape, gate, up, dst)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	D := gate.Dim(-1)
+	tmp, err := b.allocTensor(compute.F32, dims(gate)/D, D)
+	if err != nil {
+		return err
+	}
+	defer b.freeBuf(tmp.Mem.(*devBuf))
+	if err := b.run(func(ts []*acl.Tensor) (*acl.Op, error) { return b.ctx.Unary("aclnnSilu", ts[0], ts[1]) }, flat(gate, D), flat(tmp, D)); err != nil {
+		return err
+	}
+	return b.run(func(ts []*acl.Tensor) (*acl.Op, error) { return b.ctx.Binary("aclnnMul", ts[0], ts[1], ts[2]) }, flat(tmp, D), flat(up, D), flat(dst, D))
+}
+
+// Embedding implements compute.Backend with aclnnEmbedding; a bf16 table
+// gathers into a bf16 scratch span that aclnnCast widens. Ids outside
+// the table fault on the device, found at the next synchronisation (the
+// pure-Go backend checks them on the host).
+func (b *Backend) Embedding(dst, table, ids compute.Tensor) error {
+	if table.Rank != 2 || ids.DType != compute.I32 || dst.DType != compute.F32 || dims(dst) != dims(ids)*table.Dims[1] ||
+		(table.DType != compute.F32 && table.DType != compute.BF16) {
+		return fmt.Errorf("%w: Embedding of ids %v from %v into %v", compute.ErrShape, ids, table, dst)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	T, D := dims(ids), table.Dims[1]
+	tids := operand{t: ids, view: []int64{int64(T)}}
+	gather := func(out compute.Tensor) error {
+		return b.run(func(ts []*acl.Tensor) (*acl.Op, error) { return b.ctx.Binary("aclnnEmbedding", ts[0], ts[1], ts[2]) },
+			flat(table, D), tids, flat(out, D))
+	}
+	if table.DType == compute.F32 {
+		return gather(dst)
+	}
+	tmp, err := b.allocTensor(compute.BF16, T, D)
+	if err != nil {
+		return err
+	}
+	defer b.freeBuf(tmp.Mem.(*devBuf))
+	if err := gather(tmp); err != nil {
+		return err
+	}
+	return b.run(func(ts []*acl.Tensor) (*acl.Op, error) { return b.ctx.Cast(ts[0], acl.Float, ts[1]) }, flat(tmp, D), flat(dst, D))
+}
+
+// HeadMatMul implements compute.Backend with aclnnBatchMatMul over the
+// heads: x [T, H, K] is read as [H, T, K], w [H, N, K] as [H, K, N] and
+// dst [T, H, N] written as [H, T, N], all through strides.
+func (b *Backend) HeadMatMul(dst, x, w compute.Tensor) error {
+	if x.Rank != 3 || w.Rank != 3 || dst.Rank != 3 || x.DType != compute.F32 || dst.DType != compute.F32 ||
+		(w.DType != compute.F32 && w.DType != compute.BF16) {
+		return fmt.Errorf("%w: HeadMatMul %v · %v -> %v", compute.ErrShape, x, w, dst)
+	}
+	T, H, K := x.Dims[0], x.Dims[1], x.Dims[2]
+	N := w.Dims[1]
+	if w.Dims[0] != H || w.Dims[2] != K || dst.Dims[0] != T || dst.Dims[1] != H || dst.Dims[2] != N {
+		return fmt.Errorf("%w: HeadMatMul %v · %v -> %v", compute.ErrShape, x, w, dst)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	i := func(v ...int) []int64 {
+		out := make([]int64, len(v))
+		for j, x := range v {
+			out[j] = int64(x)
+		}
+		return out
+	}
+	return b.run(func(ts []*acl.Tensor) (*acl.Op, error) {
+		return b.ctx.Matmul("aclnnBatchMatMul", ts[0], ts[1], ts[2], 0)
+	},
+		operand{x, i(H, T, K), i(K, H*K, 1)},
+		operand{w, i(H, K, N), i(N*K, 1, K)},
+		operand{dst, i(H, T, N), i(N, H*N, 1)})
+}
+
 // The operations below are not mapped yet.
 
-func (b *Backend) HeadMatMul(dst, x, w compute.Tensor) error { return unmapped("HeadMatMul") }
 func (b *Backend) LayerNorm(dst, x, w, bias compute.Tensor, eps float32) error {
 	return unmapped("LayerNorm")
 }
-func (b *Backend) Unary(op compute.UnaryOp, dst, x compute.Tensor) error { return unmapped("Unary") }
-func (b *Backend) Binary(op compute.BinaryOp, dst, x, y compute.Tensor) error {
-	return unmapped("Binary")
-}
-func (b *Backend) GatedAct(act compute.Activation, dst, gate, up compute.Tensor) error {
-	return unmapped("GatedAct")
-}
-func (b *Backend) RoPE(a *compute.RopeArgs) error                 { return unmapped("RoPE") }
-func (b *Backend) Embedding(dst, table, ids compute.Tensor) error { return unmapped("Embedding") }
-func (b *Backend) KDAChunk(a *compute.KDAArgs) error              { return unmapped("KDAChunk") }
-func (b *Backend) KDAStep(a *compute.KDAStepArgs) error           { return unmapped("KDAStep") }
-func (b *Backend) CausalConv(a *compute.ConvArgs) error           { return unmapped("CausalConv") }
-func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error  { return unmapped("LightningIndexer") }
-func (b *Backend) Attention(a *compute.AttnArgs) error            { return unmapped("Attention") }
+func (b *Backend) RoPE(a *compute.RopeArgs) error                { return unmapped("RoPE") }
+func (b *Backend) KDAChunk(a *compute.KDAArgs) error             { return unmapped("KDAChunk") }
+func (b *Backend) KDAStep(a *compute.KDAStepArgs) error          { return unmapped("KDAStep") }
+func (b *Backend) CausalConv(a *compute.ConvArgs) error          { return unmapped("CausalConv") }
+func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error { return unmapped("LightningIndexer") }
+func (b *Backend) Attention(a *compute.AttnArgs) error           { return unmapped("Attention") }
 func (b *Backend) AttnResPrepare(a *compute.AttnResPrepareArgs) error {
 	return unmapped("AttnResPrepare")
 }

@@ -208,3 +208,99 @@ func TestBackendErrors(t *testing.T) {
 	require.ErrorIs(t, err, compute.ErrShape)
 	assert.Contains(t, err.Error(), "not a live tensor")
 }
+
+// The elementwise operations, the gather and the per-head product against
+// the pure-Go backend.
+func TestBackendMoreOps(t *testing.T) {
+	a := fakeBackend(t, 64<<20)
+	c := cpu.New(1)
+	defer c.Close()
+	rng := rand.New(rand.NewPCG(11, 12))
+	alloc := func(shape ...int) (compute.Tensor, compute.Tensor) {
+		ta, err := a.Alloc(compute.F32, shape...)
+		require.NoError(t, err)
+		tc, err := c.Alloc(compute.F32, shape...)
+		require.NoError(t, err)
+		return ta, tc
+	}
+	check := func(oa, oc compute.Tensor, tol float64, what string) {
+		t.Helper()
+		assert.InDeltaSlice(t, read(t, c, oc), read(t, a, oa), tol, what)
+	}
+	const T, D = 6, 20
+	for _, op := range []compute.UnaryOp{compute.SiLU, compute.Sigmoid, compute.Softplus} {
+		xa, xc := both(t, a, c, compute.F32, randF32(rng, T*D), T, D)
+		oa, oc := alloc(T, D)
+		require.NoError(t, a.Unary(op, oa, xa))
+		require.NoError(t, c.Unary(op, oc, xc))
+		check(oa, oc, 1e-5, "unary")
+		require.NoError(t, a.Unary(op, xa, xa)) // in place
+		require.NoError(t, c.Unary(op, xc, xc))
+		check(xa, xc, 1e-5, "unary in place")
+	}
+	for _, op := range []compute.BinaryOp{compute.Add, compute.Mul} {
+		for _, rows := range []int{T, 1} {
+			xa, xc := both(t, a, c, compute.F32, randF32(rng, T*D), T, D)
+			ya, yc := both(t, a, c, compute.F32, randF32(rng, rows*D), rows, D)
+			if rows == 1 {
+				ya, yc = ya.Reshape(D), yc.Reshape(D)
+			}
+			oa, oc := alloc(T, D)
+			require.NoError(t, a.Binary(op, oa, xa, ya))
+			require.NoError(t, c.Binary(op, oc, xc, yc))
+			check(oa, oc, 1e-6, "binary")
+		}
+	}
+	ga, gc := both(t, a, c, compute.F32, randF32(rng, T*D), T, D)
+	ua, uc := both(t, a, c, compute.F32, randF32(rng, T*D), T, D)
+	oa, oc := alloc(T, D)
+	act := compute.Activation{Kind: compute.SwiGLU}
+	require.NoError(t, a.GatedAct(act, oa, ga, ua))
+	require.NoError(t, c.GatedAct(act, oc, gc, uc))
+	check(oa, oc, 1e-5, "swiglu")
+	err := a.GatedAct(compute.Activation{Kind: compute.SiTU, Beta: 1}, oa, ga, ua)
+	require.ErrorIs(t, err, compute.ErrUnsupported)
+	assert.Contains(t, err.Error(), "SiTU")
+
+	const V = 50
+	for _, dt := range []compute.DType{compute.F32, compute.BF16} {
+		ta, tc := both(t, a, c, dt, randF32(rng, V*D), V, D)
+		ids := []int32{3, 0, 49, 3, 17}
+		ia, err := a.Alloc(compute.I32, len(ids))
+		require.NoError(t, err)
+		require.NoError(t, a.Write(ia, ids))
+		ic, err := c.Alloc(compute.I32, len(ids))
+		require.NoError(t, err)
+		require.NoError(t, c.Write(ic, ids))
+		ea, ec := alloc(len(ids), D)
+		require.NoError(t, a.Embedding(ea, ta, ia))
+		require.NoError(t, c.Embedding(ec, tc, ic))
+		check(ea, ec, 0, "embedding")
+	}
+
+	const H, K, N = 3, 24, 10
+	for _, dt := range []compute.DType{compute.F32, compute.BF16} {
+		xa, xc := both(t, a, c, compute.F32, randF32(rng, T*H*K), T, H, K)
+		wa, wc := both(t, a, c, dt, randF32(rng, H*N*K), H, N, K)
+		ha, hc := alloc(T, H, N)
+		require.NoError(t, a.HeadMatMul(ha, xa, wa))
+		require.NoError(t, c.HeadMatMul(hc, xc, wc))
+		check(ha, hc, 1e-4, "head matmul")
+	}
+}
+
+// An id outside the table faults on the device; the next synchronisation
+// reports it, as the real runtime does.
+func TestBackendEmbeddingFault(t *testing.T) {
+	b := fakeBackend(t, 8<<20)
+	table, err := b.Alloc(compute.F32, 4, 8)
+	require.NoError(t, err)
+	ids, err := b.Alloc(compute.I32, 1)
+	require.NoError(t, err)
+	require.NoError(t, b.Write(ids, []int32{9}))
+	out, err := b.Alloc(compute.F32, 1, 8)
+	require.NoError(t, err)
+	require.NoError(t, b.Embedding(out, table, ids))
+	err = b.Read(make([]float32, 8), out)
+	require.ErrorIs(t, err, ErrDevice)
+}

@@ -256,7 +256,7 @@ func TestMatmulOnStream(t *testing.T) {
 	require.NoError(t, err)
 	defer s.Destroy()
 
-	op, err := ctx.Matmul(d.tx, d.tw, d.o, 0)
+	op, err := ctx.Matmul("aclnnMatmul", d.tx, d.tw, d.o, 0)
 	require.NoError(t, err)
 	assert.Positive(t, op.WorkspaceSize)
 	ws, err := ctx.Malloc(op.WorkspaceSize)
@@ -284,13 +284,13 @@ func TestOpErrors(t *testing.T) {
 	defer s.Destroy()
 
 	// x [3,4] · out as the weight: shapes do not chain.
-	_, err = ctx.Matmul(d.tx, d.o, d.o, 0)
+	_, err = ctx.Matmul("aclnnMatmul", d.tx, d.o, d.o, 0)
 	require.ErrorIs(t, err, ErrInvalidArgument)
 	assert.Contains(t, err.Error(), "aclnnMatmulGetWorkspaceSize")
 	assert.Contains(t, err.Error(), "shapes")
 
 	// A workspace smaller than phase 1 asked for is refused by phase 2.
-	op, err := ctx.Matmul(d.tx, d.tw, d.o, 0)
+	op, err := ctx.Matmul("aclnnMatmul", d.tx, d.tw, d.o, 0)
 	require.NoError(t, err)
 	small, err := ctx.Malloc(4)
 	require.NoError(t, err)
@@ -330,7 +330,7 @@ func TestEventsOrderStreams(t *testing.T) {
 	require.NoError(t, a.Upload(d.x, d.host, 0, 4*M*K))
 	require.NoError(t, a.Record(uploaded))
 	require.NoError(t, b.Wait(uploaded))
-	op, err := ctx.Matmul(d.tx, d.tw, d.o, 0)
+	op, err := ctx.Matmul("aclnnMatmul", d.tx, d.tw, d.o, 0)
 	require.NoError(t, err)
 	ws, err := ctx.Malloc(op.WorkspaceSize)
 	require.NoError(t, err)
@@ -356,7 +356,7 @@ func TestCaptureReplay(t *testing.T) {
 	s, err := ctx.NewStream()
 	require.NoError(t, err)
 	defer s.Destroy()
-	op, err := ctx.Matmul(d.tx, d.tw, d.o, 0)
+	op, err := ctx.Matmul("aclnnMatmul", d.tx, d.tw, d.o, 0)
 	require.NoError(t, err)
 	require.NoError(t, op.SetRepeatable())
 	defer op.Destroy()

@@ -144,35 +144,109 @@ func (c *Context) newOp(api string, launch, exec unsafe.Pointer, ws C.uint64_t) 
 	return &Op{ctx: c, api: api, launch: launch, exec: exec, WorkspaceSize: int(ws)}
 }
 
-// Matmul prepares out = x · w (aclnnMatmul; w may be a transposed view
-// given by strides). cubeMath is aclnn's cubeMathType (0: keep the
-// inputs' precision).
-func (c *Context) Matmul(x, w, out *Tensor, cubeMath int8) (*Op, error) {
-	prep, launch, api, err := c.lib.operator("aclnnMatmul", "")
+// Scalar is an aclScalar, an operator attribute such as Add's alpha.
+type Scalar struct {
+	ctx *Context
+	s   unsafe.Pointer
+}
+
+// NewScalar makes a Float scalar of value v.
+func (c *Context) NewScalar(v float32) (*Scalar, error) {
+	p := (*C.float)(C.malloc(4)) // aclCreateScalar reads the value through a pointer
+	defer C.free(unsafe.Pointer(p))
+	*p = C.float(v)
+	var e C.k3_err
+	sc := C.k3_scalar_create(c.c, unsafe.Pointer(p), C.int(Float), &e)
+	if sc == nil {
+		return nil, errOf(&e)
+	}
+	return &Scalar{ctx: c, s: sc}, nil
+}
+
+// Destroy releases the scalar.
+func (s *Scalar) Destroy() error {
+	if s.s == nil {
+		return nil
+	}
+	var e C.k3_err
+	if C.k3_scalar_destroy(s.ctx.c, s.s, &e) != 0 {
+		return errOf(&e)
+	}
+	s.s = nil
+	return nil
+}
+
+// phase1 calls an operator's phase 1 through call, which receives the
+// resolved GetWorkspaceSize pointer and its name and fills ws, exec and e.
+type phase1 func(fn unsafe.Pointer, api *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int
+
+func (c *Context) prepare(name string, call phase1) (*Op, error) {
+	prep, launch, api, err := c.lib.operator(name, "")
 	if err != nil {
 		return nil, err
 	}
+	capi := C.CString(api + "GetWorkspaceSize")
+	defer C.free(unsafe.Pointer(capi))
 	var ws C.uint64_t
 	var exec unsafe.Pointer
 	var e C.k3_err
-	if C.k3_matmul_prepare(c.c, prep, x.t, w.t, out.t, C.int8_t(cubeMath), &ws, &exec, &e) != 0 {
+	if call(prep, capi, &ws, &exec, &e) != 0 {
 		return nil, errOf(&e)
 	}
 	return c.newOp(api, launch, exec, ws), nil
 }
 
+// Unary prepares an operator of the form op(self, out): "aclnnSilu",
+// "aclnnSigmoid".
+func (c *Context) Unary(name string, x, out *Tensor) (*Op, error) {
+	return c.prepare(name, func(fn unsafe.Pointer, api *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_prepare_tt(c.c, fn, api, x.t, out.t, ws, exec, e)
+	})
+}
+
+// Binary prepares an operator of the form op(a, b, out): "aclnnMul"
+// (broadcasting), "aclnnEmbedding" (weight, indices).
+func (c *Context) Binary(name string, a, b, out *Tensor) (*Op, error) {
+	return c.prepare(name, func(fn unsafe.Pointer, api *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_prepare_ttt(c.c, fn, api, a.t, b.t, out.t, ws, exec, e)
+	})
+}
+
+// Matmul prepares out = x · w with aclnnMatmul, or a batch of products
+// with name "aclnnBatchMatMul"; either operand may be a strided view.
+// cubeMath is aclnn's cubeMathType (0: keep the inputs' precision).
+func (c *Context) Matmul(name string, x, w, out *Tensor, cubeMath int8) (*Op, error) {
+	return c.prepare(name, func(fn unsafe.Pointer, api *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_prepare_ttt_i8(c.c, fn, api, x.t, w.t, out.t, C.int8_t(cubeMath), ws, exec, e)
+	})
+}
+
+// Add prepares out = a + alpha·b (aclnnAdd, broadcasting).
+func (c *Context) Add(a, b *Tensor, alpha *Scalar, out *Tensor) (*Op, error) {
+	return c.prepare("aclnnAdd", func(fn unsafe.Pointer, api *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_prepare_ttst(c.c, fn, api, a.t, b.t, alpha.s, out.t, ws, exec, e)
+	})
+}
+
+// Softplus prepares out = log(1 + e^(beta·x)) / beta, x itself where
+// beta·x > threshold (aclnnSoftplus).
+func (c *Context) Softplus(x *Tensor, beta, threshold *Scalar, out *Tensor) (*Op, error) {
+	return c.prepare("aclnnSoftplus", func(fn unsafe.Pointer, api *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_prepare_tsst(c.c, fn, api, x.t, beta.s, threshold.s, out.t, ws, exec, e)
+	})
+}
+
+// Cast prepares out = x converted to dt (aclnnCast).
+func (c *Context) Cast(x *Tensor, dt DataType, out *Tensor) (*Op, error) {
+	return c.prepare("aclnnCast", func(fn unsafe.Pointer, api *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_prepare_tit(c.c, fn, api, x.t, C.int(dt), out.t, ws, exec, e)
+	})
+}
+
 // RMSNorm prepares y = x / sqrt(mean(x²) + eps) · gamma over the last
 // dimension, with the reciprocal roots in rstd (aclnnRmsNorm).
 func (c *Context) RMSNorm(x, gamma *Tensor, eps float64, y, rstd *Tensor) (*Op, error) {
-	prep, launch, api, err := c.lib.operator("aclnnRmsNorm", "")
-	if err != nil {
-		return nil, err
-	}
-	var ws C.uint64_t
-	var exec unsafe.Pointer
-	var e C.k3_err
-	if C.k3_rmsnorm_prepare(c.c, prep, x.t, gamma.t, C.double(eps), y.t, rstd.t, &ws, &exec, &e) != 0 {
-		return nil, errOf(&e)
-	}
-	return c.newOp(api, launch, exec, ws), nil
+	return c.prepare("aclnnRmsNorm", func(fn unsafe.Pointer, _ *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_rmsnorm_prepare(c.c, fn, x.t, gamma.t, C.double(eps), y.t, rstd.t, ws, exec, e)
+	})
 }

@@ -42,6 +42,8 @@ static struct {
 	int (*aclDestroyTensor)(const void *);
 	int (*aclSetAclOpExecutorRepeatable)(void *);
 	int (*aclDestroyAclOpExecutor)(void *);
+	void *(*aclCreateScalar)(void *, int);
+	int (*aclDestroyScalar)(const void *);
 } f;
 
 // The order of these names is the order of f's fields.
@@ -55,6 +57,7 @@ static const char *acl_names[] = {
 };
 static const char *nnopbase_names[] = {
 	"aclCreateTensor", "aclDestroyTensor", "aclSetAclOpExecutorRepeatable", "aclDestroyAclOpExecutor",
+	"aclCreateScalar", "aclDestroyScalar",
 };
 
 void *k3_dlopen(const char *path, int global, char *errbuf, size_t n) {
@@ -295,11 +298,65 @@ int k3_op_launch(void *ctx, void *fn, const char *api, void *ws, uint64_t wsSize
 	return 0;
 }
 
-int k3_matmul_prepare(void *ctx, void *fn, void *x, void *w, void *out, int8_t cubeMath,
-	uint64_t *ws, void **exec, k3_err *e) {
+void *k3_scalar_create(void *ctx, void *value, int dtype, k3_err *e) {
+	int rc = f.aclrtSetCurrentContext(ctx);
+	if (rc != 0) {
+		fill(e, 1, rc, "aclrtSetCurrentContext");
+		return NULL;
+	}
+	void *sc = f.aclCreateScalar(value, dtype);
+	if (sc == NULL) fill(e, 2, 161002, "aclCreateScalar");
+	return sc;
+}
+
+int k3_scalar_destroy(void *ctx, void *sc, k3_err *e) {
+	USE(ctx);
+	CALL(2, "aclDestroyScalar", f.aclDestroyScalar(sc));
+	return 0;
+}
+
+int k3_prepare_tt(void *ctx, void *fn, const char *api, void *a, void *out, uint64_t *ws, void **exec, k3_err *e) {
+	USE(ctx);
+	typedef int (*p1)(void *, void *, uint64_t *, void **);
+	CALL(2, api, ((p1)fn)(a, out, ws, exec));
+	return 0;
+}
+
+int k3_prepare_ttt(void *ctx, void *fn, const char *api, void *a, void *b, void *out, uint64_t *ws, void **exec, k3_err *e) {
+	USE(ctx);
+	typedef int (*p1)(void *, void *, void *, uint64_t *, void **);
+	CALL(2, api, ((p1)fn)(a, b, out, ws, exec));
+	return 0;
+}
+
+int k3_prepare_ttt_i8(void *ctx, void *fn, const char *api, void *a, void *b, void *out, int8_t i, uint64_t *ws,
+	void **exec, k3_err *e) {
 	USE(ctx);
 	typedef int (*p1)(void *, void *, void *, int8_t, uint64_t *, void **);
-	CALL(2, "aclnnMatmulGetWorkspaceSize", ((p1)fn)(x, w, out, cubeMath, ws, exec));
+	CALL(2, api, ((p1)fn)(a, b, out, i, ws, exec));
+	return 0;
+}
+
+int k3_prepare_ttst(void *ctx, void *fn, const char *api, void *a, void *b, void *sc, void *out, uint64_t *ws,
+	void **exec, k3_err *e) {
+	USE(ctx);
+	typedef int (*p1)(void *, void *, void *, void *, uint64_t *, void **);
+	CALL(2, api, ((p1)fn)(a, b, sc, out, ws, exec));
+	return 0;
+}
+
+int k3_prepare_tsst(void *ctx, void *fn, const char *api, void *a, void *s1, void *s2, void *out, uint64_t *ws,
+	void **exec, k3_err *e) {
+	USE(ctx);
+	typedef int (*p1)(void *, void *, void *, void *, uint64_t *, void **);
+	CALL(2, api, ((p1)fn)(a, s1, s2, out, ws, exec));
+	return 0;
+}
+
+int k3_prepare_tit(void *ctx, void *fn, const char *api, void *a, int i, void *out, uint64_t *ws, void **exec, k3_err *e) {
+	USE(ctx);
+	typedef int (*p1)(void *, int, void *, uint64_t *, void **);
+	CALL(2, api, ((p1)fn)(a, i, out, ws, exec));
 	return 0;
 }
 

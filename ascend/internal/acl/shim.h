@@ -60,10 +60,21 @@ int k3_executor_repeatable(void *ctx, void *exec, k3_err *e);
 int k3_executor_destroy(void *ctx, void *exec, k3_err *e);
 int k3_op_launch(void *ctx, void *fn, const char *api, void *ws, uint64_t wsSize, void *exec, void *s, k3_err *e);
 
-// Phase 1 of each operator, called through the pointer that Load found
-// (custom library first).
-int k3_matmul_prepare(void *ctx, void *fn, void *x, void *w, void *out, int8_t cubeMath,
-	uint64_t *ws, void **exec, k3_err *e);
+void *k3_scalar_create(void *ctx, void *value, int dtype, k3_err *e);
+int k3_scalar_destroy(void *ctx, void *sc, k3_err *e);
+
+// Phase 1 of the operators, by argument pattern (t: aclTensor*, s:
+// aclScalar*), each called through the pointer Load found (custom library
+// first); api names it in errors.
+int k3_prepare_tt(void *ctx, void *fn, const char *api, void *a, void *out, uint64_t *ws, void **exec, k3_err *e);
+int k3_prepare_ttt(void *ctx, void *fn, const char *api, void *a, void *b, void *out, uint64_t *ws, void **exec, k3_err *e);
+int k3_prepare_ttt_i8(void *ctx, void *fn, const char *api, void *a, void *b, void *out, int8_t i, uint64_t *ws,
+	void **exec, k3_err *e);
+int k3_prepare_ttst(void *ctx, void *fn, const char *api, void *a, void *b, void *sc, void *out, uint64_t *ws,
+	void **exec, k3_err *e);
+int k3_prepare_tsst(void *ctx, void *fn, const char *api, void *a, void *s1, void *s2, void *out, uint64_t *ws,
+	void **exec, k3_err *e);
+int k3_prepare_tit(void *ctx, void *fn, const char *api, void *a, int i, void *out, uint64_t *ws, void **exec, k3_err *e);
 int k3_rmsnorm_prepare(void *ctx, void *fn, void *x, void *gamma, double eps, void *y, void *rstd,
 	uint64_t *ws, void **exec, k3_err *e);
 

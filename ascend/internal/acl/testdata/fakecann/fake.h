@@ -48,11 +48,19 @@ struct fk_exec {
 	int repeatable;
 	uint64_t ws;                              // workspace bytes phase 2 needs
 	fk_tensor t[6];                           // operands, copied at phase 1
-	double attr;                              // a scalar attribute (eps)
+	double attr, attr2;                       // scalar attributes (eps, alpha, beta, threshold)
+	int iattr;                                // an integer attribute (a dtype)
 	int (*run)(fk_exec *, void *ws);         // the computation, on the stream
 };
 
+typedef struct {
+	uint32_t magic;
+	int dtype;
+	double v;
+} fk_scalar;
+
 int fk_tensor_ok(const void *t);
+int fk_scalar_ok(const void *s);
 fk_exec *fk_exec_new(void);
 int fk_exec_live(const fk_exec *e);
 void fk_exec_free(fk_exec *e);

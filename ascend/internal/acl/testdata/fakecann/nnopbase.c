@@ -83,6 +83,34 @@ int aclDestroyTensor(const void *p) {
 	return 0;
 }
 
+#define SCALAR_MAGIC 0x73636131u
+
+void *aclCreateScalar(void *value, int dtype) {
+	if (fk_need_context()) return NULL;
+	if (value == NULL || (dtype != 0 && dtype != 3 && dtype != 9)) {
+		fk_set_error("aclCreateScalar: data type %d (the fake takes FLOAT, INT32, INT64)", dtype);
+		return NULL;
+	}
+	fk_scalar *s = calloc(1, sizeof *s);
+	s->magic = SCALAR_MAGIC;
+	s->dtype = dtype;
+	s->v = dtype == 0 ? *(float *)value : dtype == 3 ? *(int32_t *)value : (double)*(int64_t *)value;
+	return s;
+}
+
+int fk_scalar_ok(const void *p) { return p != NULL && ((const fk_scalar *)p)->magic == SCALAR_MAGIC; }
+
+int aclDestroyScalar(const void *p) {
+	if (!fk_scalar_ok(p)) {
+		fk_set_error("aclDestroyScalar: not a live scalar");
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	fk_scalar *s = (fk_scalar *)p;
+	s->magic = 0;
+	free(s);
+	return 0;
+}
+
 // The live executors, so that a launch of a consumed one is caught
 // instead of reading freed memory.
 static fk_exec **live;

@@ -6,14 +6,16 @@
 
 #include "fake.h"
 
-static int check_tensors(const char *op, int n, void **ts) {
+// check_tensors validates operands; those in the bit mask ints may be
+// INT32 instead of FLOAT or BF16.
+static int check_tensors_i(const char *op, int n, void **ts, int ints) {
 	for (int i = 0; i < n; i++) {
 		if (!fk_tensor_ok(ts[i])) {
 			fk_set_error("%s: operand %d is not a live tensor", op, i);
 			return ACLNN_ERR_PARAM_NULLPTR;
 		}
 		const fk_tensor *t = ts[i];
-		if (t->dtype != 0 && t->dtype != 27) {
+		if (t->dtype != 0 && t->dtype != 27 && !((ints >> i) & 1 && t->dtype == 3)) {
 			fk_set_error("%s: operand %d has data type %d (the fake takes FLOAT and BF16)", op, i, t->dtype);
 			return ACLNN_ERR_PARAM_INVALID;
 		}
@@ -25,51 +27,71 @@ static int check_tensors(const char *op, int n, void **ts) {
 	return 0;
 }
 
-// ---- Matmul: out[M,N] = self[M,K] · mat2[K,N], any strides.
+static int check_tensors(const char *op, int n, void **ts) { return check_tensors_i(op, n, ts, 0); }
+
+// ---- Matmul: out[M,N] = self[M,K] · mat2[K,N], any strides;
+// BatchMatMul: the same with a leading batch dimension on all three.
 
 static int run_matmul(fk_exec *e, void *ws) {
 	const fk_tensor *x = &e->t[0], *w = &e->t[1], *o = &e->t[2];
-	int64_t M = x->dims[0], K = x->dims[1], N = w->dims[1];
+	int b3 = x->nd == 3, B = b3 ? (int)x->dims[0] : 1;
+	int64_t M = x->dims[b3], K = x->dims[b3 + 1], N = w->dims[b3 + 1];
 	float *acc = ws; // one output row, in the workspace phase 1 asked for
-	for (int64_t m = 0; m < M; m++) {
-		for (int64_t n = 0; n < N; n++) {
-			double s = 0;
-			for (int64_t k = 0; k < K; k++)
-				s += fk_get(x, x->offset + m * x->strides[0] + k * x->strides[1]) *
-					fk_get(w, w->offset + k * w->strides[0] + n * w->strides[1]);
-			acc[n] = (float)s;
+	for (int b = 0; b < B; b++) {
+		int64_t xb = x->offset + (b3 ? b * x->strides[0] : 0), wb = w->offset + (b3 ? b * w->strides[0] : 0);
+		int64_t ob = o->offset + (b3 ? b * o->strides[0] : 0);
+		for (int64_t m = 0; m < M; m++) {
+			for (int64_t n = 0; n < N; n++) {
+				double s = 0;
+				for (int64_t k = 0; k < K; k++)
+					s += fk_get(x, xb + m * x->strides[b3] + k * x->strides[b3 + 1]) *
+						fk_get(w, wb + k * w->strides[b3] + n * w->strides[b3 + 1]);
+				acc[n] = (float)s;
+			}
+			for (int64_t n = 0; n < N; n++) fk_put(o, ob + m * o->strides[b3] + n * o->strides[b3 + 1], acc[n]);
 		}
-		for (int64_t n = 0; n < N; n++) fk_put(o, o->offset + m * o->strides[0] + n * o->strides[1], acc[n]);
 	}
 	return 0;
 }
 
-int aclnnMatmulGetWorkspaceSize(void *self, void *mat2, void *out, int8_t cubeMathType, uint64_t *ws, void **exec) {
+static int prepare_matmul(const char *op, int nd, void *self, void *mat2, void *out, int8_t cubeMathType, uint64_t *ws,
+	void **exec) {
 	int rc = fk_need_context();
 	if (rc) return rc;
 	void *ts[3] = {self, mat2, out};
-	if ((rc = check_tensors("aclnnMatmul", 3, ts))) return rc;
+	if ((rc = check_tensors(op, 3, ts))) return rc;
 	const fk_tensor *x = self, *w = mat2, *o = out;
-	if (x->nd != 2 || w->nd != 2 || o->nd != 2 || x->dims[1] != w->dims[0] || o->dims[0] != x->dims[0] ||
-		o->dims[1] != w->dims[1]) {
-		fk_set_error("aclnnMatmul: shapes [%lld,%lld] x [%lld,%lld] -> [%lld,%lld] (the fake takes 2-D operands)",
-			(long long)x->dims[0], (long long)(x->nd > 1 ? x->dims[1] : 0), (long long)w->dims[0],
-			(long long)(w->nd > 1 ? w->dims[1] : 0), (long long)o->dims[0], (long long)(o->nd > 1 ? o->dims[1] : 0));
+	int b = nd == 3;
+	if (x->nd != nd || w->nd != nd || o->nd != nd || x->dims[b + 1] != w->dims[b] || o->dims[b] != x->dims[b] ||
+		o->dims[b + 1] != w->dims[b + 1] || (b && (w->dims[0] != x->dims[0] || o->dims[0] != x->dims[0]))) {
+		fk_set_error("%s: shapes of self, mat2 and out do not chain (the fake takes %d-D operands)", op, nd);
 		return ACLNN_ERR_PARAM_INVALID;
 	}
 	if (cubeMathType < 0 || cubeMathType > 3) {
-		fk_set_error("aclnnMatmul: cubeMathType %d", cubeMathType);
+		fk_set_error("%s: cubeMathType %d", op, cubeMathType);
 		return ACLNN_ERR_PARAM_INVALID;
 	}
 	fk_exec *e = fk_exec_new();
 	e->t[0] = *x;
 	e->t[1] = *w;
 	e->t[2] = *o;
-	e->ws = (uint64_t)w->dims[1] * sizeof(float);
+	e->ws = (uint64_t)w->dims[b + 1] * sizeof(float);
 	e->run = run_matmul;
 	*ws = e->ws;
 	*exec = e;
 	return 0;
+}
+
+int aclnnMatmulGetWorkspaceSize(void *self, void *mat2, void *out, int8_t cubeMathType, uint64_t *ws, void **exec) {
+	return prepare_matmul("aclnnMatmul", 2, self, mat2, out, cubeMathType, ws, exec);
+}
+
+int aclnnBatchMatMulGetWorkspaceSize(void *self, void *mat2, void *out, int8_t cubeMathType, uint64_t *ws, void **exec) {
+	return prepare_matmul("aclnnBatchMatMul", 3, self, mat2, out, cubeMathType, ws, exec);
+}
+
+int aclnnBatchMatMul(void *ws, uint64_t wsSize, void *exec, void *stream) {
+	return fk_launch("aclnnBatchMatMul", ws, wsSize, exec, stream);
 }
 
 int aclnnMatmul(void *ws, uint64_t wsSize, void *exec, void *stream) {
@@ -140,4 +162,175 @@ int aclnnRmsNormGetWorkspaceSize(void *x, void *gamma, double eps, void *y, void
 
 int aclnnRmsNorm(void *ws, uint64_t wsSize, void *exec, void *stream) {
 	return fk_launch("aclnnRmsNorm", ws, wsSize, exec, stream);
+}
+
+// ---- Elementwise operators with broadcasting (numpy rules, right-aligned).
+
+enum { OP_ADD, OP_MUL, OP_SILU, OP_SIGMOID, OP_SOFTPLUS, OP_CAST };
+
+// boff is the offset in t of output index idx (over o's dimensions).
+static int64_t boff(const fk_tensor *t, const fk_tensor *o, const int64_t *idx) {
+	int64_t off = t->offset;
+	for (int i = 0; i < t->nd; i++) {
+		int oi = o->nd - t->nd + i;
+		if (t->dims[i] != 1) off += idx[oi] * t->strides[i];
+	}
+	return off;
+}
+
+static int run_elementwise(fk_exec *e, void *ws) {
+	(void)ws;
+	const fk_tensor *a = &e->t[0], *b = &e->t[1], *o = &e->t[2];
+	int kind = e->iattr;
+	int64_t idx[FK_MAXDIM] = {0}, n = 1;
+	for (int i = 0; i < o->nd; i++) n *= o->dims[i];
+	for (int64_t k = 0; k < n; k++) {
+		double x = fk_get(a, boff(a, o, idx)), y = 0, r = 0;
+		if (kind == OP_ADD || kind == OP_MUL) y = fk_get(b, boff(b, o, idx));
+		switch (kind) {
+		case OP_ADD: r = x + e->attr * y; break;
+		case OP_MUL: r = x * y; break;
+		case OP_SILU: r = x / (1 + exp(-x)); break;
+		case OP_SIGMOID: r = 1 / (1 + exp(-x)); break;
+		case OP_SOFTPLUS: r = e->attr * x > e->attr2 ? x : log1p(exp(e->attr * x)) / e->attr; break;
+		case OP_CAST: r = x; break;
+		}
+		fk_put(o, boff(o, o, idx), r);
+		for (int i = o->nd - 1; i >= 0 && ++idx[i] == o->dims[i]; i--) idx[i] = 0;
+	}
+	return 0;
+}
+
+// broadcasts reports whether t's shape broadcasts to o's.
+static int broadcasts(const fk_tensor *t, const fk_tensor *o) {
+	if (t->nd > o->nd) return 0;
+	for (int i = 0; i < t->nd; i++) {
+		int64_t d = t->dims[i], od = o->dims[o->nd - t->nd + i];
+		if (d != 1 && d != od) return 0;
+	}
+	return 1;
+}
+
+static int prepare_elementwise(const char *op, int kind, void *a, void *b, void *out, double attr, double attr2,
+	uint64_t *ws, void **exec) {
+	int rc = fk_need_context();
+	if (rc) return rc;
+	void *ts[3] = {a, b ? b : a, out};
+	if ((rc = check_tensors(op, 3, ts))) return rc;
+	if (!broadcasts(a, out) || (b && !broadcasts(b, out))) {
+		fk_set_error("%s: the operands do not broadcast to the output's shape", op);
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	fk_exec *e = fk_exec_new();
+	e->t[0] = *(fk_tensor *)a;
+	if (b) e->t[1] = *(fk_tensor *)b;
+	e->t[2] = *(fk_tensor *)out;
+	e->iattr = kind;
+	e->attr = attr;
+	e->attr2 = attr2;
+	e->run = run_elementwise;
+	*ws = 0;
+	*exec = e;
+	return 0;
+}
+
+int aclnnAddGetWorkspaceSize(void *self, void *other, void *alpha, void *out, uint64_t *ws, void **exec) {
+	if (!fk_scalar_ok(alpha)) {
+		fk_set_error("aclnnAdd: alpha is not a live scalar");
+		return ACLNN_ERR_PARAM_NULLPTR;
+	}
+	return prepare_elementwise("aclnnAdd", OP_ADD, self, other, out, ((fk_scalar *)alpha)->v, 0, ws, exec);
+}
+
+int aclnnAdd(void *ws, uint64_t wsSize, void *exec, void *stream) { return fk_launch("aclnnAdd", ws, wsSize, exec, stream); }
+
+int aclnnMulGetWorkspaceSize(void *self, void *other, void *out, uint64_t *ws, void **exec) {
+	return prepare_elementwise("aclnnMul", OP_MUL, self, other, out, 0, 0, ws, exec);
+}
+
+int aclnnMul(void *ws, uint64_t wsSize, void *exec, void *stream) { return fk_launch("aclnnMul", ws, wsSize, exec, stream); }
+
+int aclnnSiluGetWorkspaceSize(void *self, void *out, uint64_t *ws, void **exec) {
+	return prepare_elementwise("aclnnSilu", OP_SILU, self, NULL, out, 0, 0, ws, exec);
+}
+
+int aclnnSilu(void *ws, uint64_t wsSize, void *exec, void *stream) { return fk_launch("aclnnSilu", ws, wsSize, exec, stream); }
+
+int aclnnSigmoidGetWorkspaceSize(void *self, void *out, uint64_t *ws, void **exec) {
+	return prepare_elementwise("aclnnSigmoid", OP_SIGMOID, self, NULL, out, 0, 0, ws, exec);
+}
+
+int aclnnSigmoid(void *ws, uint64_t wsSize, void *exec, void *stream) {
+	return fk_launch("aclnnSigmoid", ws, wsSize, exec, stream);
+}
+
+int aclnnSoftplusGetWorkspaceSize(void *self, void *beta, void *threshold, void *out, uint64_t *ws, void **exec) {
+	if (!fk_scalar_ok(beta) || !fk_scalar_ok(threshold)) {
+		fk_set_error("aclnnSoftplus: beta or threshold is not a live scalar");
+		return ACLNN_ERR_PARAM_NULLPTR;
+	}
+	double b = ((fk_scalar *)beta)->v;
+	if (b == 0) {
+		fk_set_error("aclnnSoftplus: beta 0");
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	return prepare_elementwise("aclnnSoftplus", OP_SOFTPLUS, self, NULL, out, b, ((fk_scalar *)threshold)->v, ws, exec);
+}
+
+int aclnnSoftplus(void *ws, uint64_t wsSize, void *exec, void *stream) {
+	return fk_launch("aclnnSoftplus", ws, wsSize, exec, stream);
+}
+
+int aclnnCastGetWorkspaceSize(void *self, int dtype, void *out, uint64_t *ws, void **exec) {
+	if (fk_tensor_ok(out) && ((fk_tensor *)out)->dtype != dtype) {
+		fk_set_error("aclnnCast: out has data type %d, cast to %d", ((fk_tensor *)out)->dtype, dtype);
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	return prepare_elementwise("aclnnCast", OP_CAST, self, NULL, out, 0, 0, ws, exec);
+}
+
+int aclnnCast(void *ws, uint64_t wsSize, void *exec, void *stream) { return fk_launch("aclnnCast", ws, wsSize, exec, stream); }
+
+// ---- Embedding: out[t, :] = weight[indices[t], :].
+
+static int run_embedding(fk_exec *e, void *ws) {
+	(void)ws;
+	const fk_tensor *w = &e->t[0], *ids = &e->t[1], *o = &e->t[2];
+	int64_t V = w->dims[0], D = w->dims[1], T = ids->dims[0];
+	for (int64_t t = 0; t < T; t++) {
+		int64_t id = (int64_t)fk_get(ids, ids->offset + t * ids->strides[0]);
+		if (id < 0 || id >= V) {
+			fk_set_error("aclnnEmbedding: index %lld outside [0, %lld)", (long long)id, (long long)V);
+			return ACL_ERROR_RT_AICORE_EXCEPTION;
+		}
+		for (int64_t d = 0; d < D; d++)
+			fk_put(o, o->offset + t * o->strides[0] + d * o->strides[1],
+				fk_get(w, w->offset + id * w->strides[0] + d * w->strides[1]));
+	}
+	return 0;
+}
+
+int aclnnEmbeddingGetWorkspaceSize(void *weight, void *indices, void *out, uint64_t *ws, void **exec) {
+	int rc = fk_need_context();
+	if (rc) return rc;
+	void *ts[3] = {weight, indices, out};
+	if ((rc = check_tensors_i("aclnnEmbedding", 3, ts, 2))) return rc;
+	const fk_tensor *w = weight, *ids = indices, *o = out;
+	if (w->nd != 2 || ids->nd != 1 || ids->dtype != 3 || o->nd != 2 || o->dims[0] != ids->dims[0] || o->dims[1] != w->dims[1] ||
+		o->dtype != w->dtype) {
+		fk_set_error("aclnnEmbedding: weight [V, D], int32 indices [T] and out [T, D] of weight's type expected");
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	fk_exec *e = fk_exec_new();
+	e->t[0] = *w;
+	e->t[1] = *ids;
+	e->t[2] = *o;
+	e->run = run_embedding;
+	*ws = 0;
+	*exec = e;
+	return 0;
+}
+
+int aclnnEmbedding(void *ws, uint64_t wsSize, void *exec, void *stream) {
+	return fk_launch("aclnnEmbedding", ws, wsSize, exec, stream);
 }
