@@ -73,7 +73,9 @@ func (e *Error) Is(target error) bool { return target != nil && e.class() == tar
 // class sorts a code into its class, following the documented ranges:
 // ACL 1000xx usage, 2000xx resource, 107xxx/207xxx/507xxx runtime;
 // aclnn 161xxx parameters, 361xxx runtime, 561xxx inner (561003: the
-// kernel was not found); HCCL 1-4 parameter errors, 24 out of memory.
+// kernel was not found); HCCL 1 (parameter) and 2 (null pointer) invalid
+// arguments, 3 (memory) and 24 out of memory, 15, 16 and 18 (runtime,
+// driver, AI core) device faults.
 func (e *Error) class() error {
 	c := e.Code
 	switch e.Lib {
@@ -96,11 +98,13 @@ func (e *Error) class() error {
 			return ErrDevice
 		}
 	case HCCL:
-		switch {
-		case c == 24:
+		switch c {
+		case 3, 24:
 			return ErrOutOfMemory
-		case c >= 1 && c <= 4:
+		case 1, 2:
 			return ErrInvalidArgument
+		case 15, 16, 18:
+			return ErrDevice
 		}
 	}
 	return nil

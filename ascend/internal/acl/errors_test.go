@@ -24,7 +24,10 @@ func TestErrorClasses(t *testing.T) {
 		{ACLNN, 561003, ErrKernelMissing},
 		{ACLNN, 361001, ErrDevice},
 		{HCCL, 24, ErrOutOfMemory},
-		{HCCL, 4, ErrInvalidArgument},
+		{HCCL, 1, ErrInvalidArgument},
+		{HCCL, 3, ErrOutOfMemory},
+		{HCCL, 4, nil},
+		{HCCL, 18, ErrDevice},
 		{ACL, 500000, nil},
 		{ACLNN, 561000, nil},
 	} {

@@ -16,6 +16,7 @@ func BuildFake(dir, srcDir string) error {
 		{"libascendcl.so", "acl.c", "-lpthread"},
 		{"libnnopbase.so", "nnopbase.c", ""},
 		{"libopapi.so", "opapi.c", "-lm"},
+		{"libhccl.so", "hccl.c", "-lpthread"},
 	} {
 		args := []string{"-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o", filepath.Join(dir, lib.out), filepath.Join(srcDir, lib.src)}
 		if lib.extra != "" {

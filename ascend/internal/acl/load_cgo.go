@@ -26,6 +26,9 @@ type Lib struct {
 	// Paths are the files the libraries were loaded from, in load order.
 	Paths   []string
 	handles []unsafe.Pointer // every library, in load order
+	// hcclErr says why libhccl is not usable (nil: it is); single-device
+	// use does not need it.
+	hcclErr error
 	ops     []unsafe.Pointer // the operator libraries, custom first
 	// inited is set once aclInit has run.
 	initOnce sync.Once
@@ -84,6 +87,7 @@ func load(o Options) (*Lib, error) {
 		return l, fmt.Errorf("%w: no operator library found (tried %s in %s); %s",
 			ErrLibrary, strings.Join(tried, ", "), dirsText(o.LibDirs), hint)
 	}
+	l.hcclErr = l.loadHCCL(o)
 	// The shim's table is bound last: a load that fails leaves it alone.
 	var missing [128]C.char
 	if C.k3_bind_runtime(l.handles[0], l.handles[1], &missing[0], C.size_t(len(missing))) != 0 {
@@ -91,6 +95,23 @@ func load(o Options) (*Lib, error) {
 			ErrLibrary, C.GoString(&missing[0]), l.Paths[0], l.Paths[1], hint)
 	}
 	return l, nil
+}
+
+// loadHCCL opens libhccl and binds the collectives; its error is kept for
+// NewComm instead of failing Load.
+func (l *Lib) loadHCCL(o Options) error {
+	h, path, err := open("libhccl.so", o.LibDirs, false)
+	if err != nil {
+		return err
+	}
+	var missing [128]C.char
+	if C.k3_bind_hccl(h, &missing[0], C.size_t(len(missing))) != 0 {
+		C.k3_dlclose(h)
+		return fmt.Errorf("%w: symbol %s not found in %s; %s", ErrLibrary, C.GoString(&missing[0]), path, hint)
+	}
+	l.handles = append(l.handles, h)
+	l.Paths = append(l.Paths, path)
+	return nil
 }
 
 // open dlopens name from the first of dirs that has it, else through the

@@ -367,3 +367,129 @@ int k3_rmsnorm_prepare(void *ctx, void *fn, void *x, void *gamma, double eps, vo
 	CALL(2, "aclnnRmsNormGetWorkspaceSize", ((p1)fn)(x, gamma, eps, y, rstd, ws, exec));
 	return 0;
 }
+
+// ---- HCCL. Counts are elements; k3 moves FP32 (HcclDataType 4) and sums
+// (HcclReduceOp 0).
+
+enum { HCCL_FP32 = 4, HCCL_SUM = 0 };
+
+static struct {
+	int (*HcclGetRootInfo)(void *);
+	int (*HcclCommInitRootInfo)(uint32_t, const void *, uint32_t, void **);
+	int (*HcclCommDestroy)(void *);
+	int (*HcclAllReduce)(void *, void *, uint64_t, int, int, void *, void *);
+	int (*HcclAllGather)(void *, void *, uint64_t, int, void *, void *);
+	int (*HcclReduceScatter)(void *, void *, uint64_t, int, int, void *, void *);
+	int (*HcclAlltoAllV)(const void *, const uint64_t *, const uint64_t *, int, void *, const uint64_t *,
+		const uint64_t *, int, void *, void *);
+	int (*HcclSend)(void *, uint64_t, int, uint32_t, void *, void *);
+	int (*HcclRecv)(void *, uint64_t, int, uint32_t, void *, void *);
+	int (*HcclBarrier)(void *, void *);
+	const char *(*HcclGetErrorString)(int);
+} h;
+
+static const char *hccl_names[] = {
+	"HcclGetRootInfo", "HcclCommInitRootInfo", "HcclCommDestroy", "HcclAllReduce", "HcclAllGather",
+	"HcclReduceScatter", "HcclAlltoAllV", "HcclSend", "HcclRecv", "HcclBarrier", "HcclGetErrorString",
+};
+
+int k3_bind_hccl(void *hccl, char *missing, size_t n) {
+	__typeof__(h) t;
+	void **slot = (void **)&t;
+	size_t nh = sizeof hccl_names / sizeof hccl_names[0];
+	if (nh != sizeof t / sizeof(void *)) {
+		snprintf(missing, n, "shim table mismatch");
+		return -1;
+	}
+	for (size_t i = 0; i < nh; i++) {
+		void *p = dlsym(hccl, hccl_names[i]);
+		if (p == NULL) {
+			snprintf(missing, n, "%s", hccl_names[i]);
+			return -1;
+		}
+		slot[i] = p;
+	}
+	h = t;
+	return 0;
+}
+
+// hfill reports an HCCL failure: its error string and the runtime's
+// recent message.
+static void hfill(k3_err *e, int code, const char *api) {
+	e->lib = 3;
+	e->code = code;
+	snprintf(e->api, sizeof e->api, "%s", api);
+	const char *s = h.HcclGetErrorString ? h.HcclGetErrorString(code) : NULL;
+	const char *m = f.aclGetRecentErrMsg ? f.aclGetRecentErrMsg() : NULL;
+	snprintf(e->msg, sizeof e->msg, "%s%s%s", s ? s : "", m && *m ? ": " : "", m ? m : "");
+}
+
+#define HCALL(api, expr)              \
+	do {                              \
+		int rc_ = (expr);             \
+		if (rc_ != 0) {               \
+			hfill(e, rc_, api);       \
+			return rc_;               \
+		}                             \
+	} while (0)
+
+int k3_hccl_root_info(void *ctx, void *root, k3_err *e) {
+	USE(ctx);
+	HCALL("HcclGetRootInfo", h.HcclGetRootInfo(root));
+	return 0;
+}
+
+int k3_hccl_init(void *ctx, uint32_t n, const void *root, uint32_t rank, void **comm, k3_err *e) {
+	USE(ctx);
+	HCALL("HcclCommInitRootInfo", h.HcclCommInitRootInfo(n, root, rank, comm));
+	return 0;
+}
+
+int k3_hccl_destroy(void *ctx, void *comm, k3_err *e) {
+	USE(ctx);
+	HCALL("HcclCommDestroy", h.HcclCommDestroy(comm));
+	return 0;
+}
+
+int k3_hccl_all_reduce(void *ctx, void *send, void *recv, uint64_t count, void *comm, void *s, k3_err *e) {
+	USE(ctx);
+	HCALL("HcclAllReduce", h.HcclAllReduce(send, recv, count, HCCL_FP32, HCCL_SUM, comm, s));
+	return 0;
+}
+
+int k3_hccl_all_gather(void *ctx, void *send, void *recv, uint64_t count, void *comm, void *s, k3_err *e) {
+	USE(ctx);
+	HCALL("HcclAllGather", h.HcclAllGather(send, recv, count, HCCL_FP32, comm, s));
+	return 0;
+}
+
+int k3_hccl_reduce_scatter(void *ctx, void *send, void *recv, uint64_t count, void *comm, void *s, k3_err *e) {
+	USE(ctx);
+	HCALL("HcclReduceScatter", h.HcclReduceScatter(send, recv, count, HCCL_FP32, HCCL_SUM, comm, s));
+	return 0;
+}
+
+int k3_hccl_all_to_all_v(void *ctx, void *send, const uint64_t *scounts, const uint64_t *sdispls, void *recv,
+	const uint64_t *rcounts, const uint64_t *rdispls, void *comm, void *s, k3_err *e) {
+	USE(ctx);
+	HCALL("HcclAlltoAllV", h.HcclAlltoAllV(send, scounts, sdispls, HCCL_FP32, recv, rcounts, rdispls, HCCL_FP32, comm, s));
+	return 0;
+}
+
+int k3_hccl_send(void *ctx, void *buf, uint64_t count, uint32_t peer, void *comm, void *s, k3_err *e) {
+	USE(ctx);
+	HCALL("HcclSend", h.HcclSend(buf, count, HCCL_FP32, peer, comm, s));
+	return 0;
+}
+
+int k3_hccl_recv(void *ctx, void *buf, uint64_t count, uint32_t peer, void *comm, void *s, k3_err *e) {
+	USE(ctx);
+	HCALL("HcclRecv", h.HcclRecv(buf, count, HCCL_FP32, peer, comm, s));
+	return 0;
+}
+
+int k3_hccl_barrier(void *ctx, void *comm, void *s, k3_err *e) {
+	USE(ctx);
+	HCALL("HcclBarrier", h.HcclBarrier(comm, s));
+	return 0;
+}

@@ -78,4 +78,18 @@ int k3_prepare_tit(void *ctx, void *fn, const char *api, void *a, int i, void *o
 int k3_rmsnorm_prepare(void *ctx, void *fn, void *x, void *gamma, double eps, void *y, void *rstd,
 	uint64_t *ws, void **exec, k3_err *e);
 
+// HCCL.
+int k3_bind_hccl(void *hccl, char *missing, size_t n);
+int k3_hccl_root_info(void *ctx, void *root, k3_err *e);
+int k3_hccl_init(void *ctx, uint32_t n, const void *root, uint32_t rank, void **comm, k3_err *e);
+int k3_hccl_destroy(void *ctx, void *comm, k3_err *e);
+int k3_hccl_all_reduce(void *ctx, void *send, void *recv, uint64_t count, void *comm, void *s, k3_err *e);
+int k3_hccl_all_gather(void *ctx, void *send, void *recv, uint64_t count, void *comm, void *s, k3_err *e);
+int k3_hccl_reduce_scatter(void *ctx, void *send, void *recv, uint64_t count, void *comm, void *s, k3_err *e);
+int k3_hccl_all_to_all_v(void *ctx, void *send, const uint64_t *scounts, const uint64_t *sdispls, void *recv,
+	const uint64_t *rcounts, const uint64_t *rdispls, void *comm, void *s, k3_err *e);
+int k3_hccl_send(void *ctx, void *buf, uint64_t count, uint32_t peer, void *comm, void *s, k3_err *e);
+int k3_hccl_recv(void *ctx, void *buf, uint64_t count, uint32_t peer, void *comm, void *s, k3_err *e);
+int k3_hccl_barrier(void *ctx, void *comm, void *s, k3_err *e);
+
 #endif

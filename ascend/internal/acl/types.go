@@ -97,3 +97,8 @@ var (
 
 // hint is what every load failure tells the user to do.
 const hint = "source the CANN toolkit's set_env.sh (it sets LD_LIBRARY_PATH), or pass the directory holding the library in Options.LibDirs"
+
+// RootInfo is HCCL's bootstrap blob (HcclRootInfo): one rank makes it,
+// the others receive its bytes out of band, and every rank passes it to
+// NewComm.
+type RootInfo [4108]byte

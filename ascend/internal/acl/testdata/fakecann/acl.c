@@ -272,7 +272,8 @@ typedef struct {
 	int sticky; // the first error of a task that ran
 	graph_t *capturing;
 	pthread_t capture_thread;
-	int running;
+	pthread_t running; // the thread draining it, while busy
+	int busy;
 } stream_t;
 
 struct graph {
@@ -328,18 +329,28 @@ int fk_enqueue(void *stream, fk_task *t) {
 	return 0;
 }
 
-// drain runs everything queued on s. Called with mu held.
+static pthread_cond_t idle = PTHREAD_COND_INITIALIZER;
+
+// drain runs everything queued on s. Called with mu held once; the tasks
+// run with mu released, so that a collective waiting for the other ranks
+// does not stop their streams. A stream drained by another thread is
+// waited for.
 static void drain(stream_t *s) {
-	if (s->running) return; // a wait cycle: the events ahead are already being run
-	s->running = 1;
+	if (s->busy && pthread_equal(s->running, pthread_self())) return; // a wait cycle on this thread
+	while (s->busy) pthread_cond_wait(&idle, &mu);
+	s->busy = 1;
+	s->running = pthread_self();
 	while (s->head < s->len) {
 		fk_task *t = s->q[s->head++];
+		pthread_mutex_unlock(&mu);
 		int rc = t->run(t);
+		pthread_mutex_lock(&mu);
 		if (rc && !s->sticky) s->sticky = rc;
 		unref(t);
 	}
 	s->head = s->len = 0;
-	s->running = 0;
+	s->busy = 0;
+	pthread_cond_broadcast(&idle);
 }
 
 int aclrtCreateStream(void **out) {
@@ -461,7 +472,9 @@ static int run_record(fk_task *t) {
 
 static int run_wait(fk_task *t) {
 	event_t *e = ((event_task *)t)->e;
+	pthread_mutex_lock(&mu);
 	if (!e->done && e->stream) drain(e->stream);
+	pthread_mutex_unlock(&mu);
 	return 0;
 }
 
