@@ -3,6 +3,7 @@
 package ascend
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"unsafe"
@@ -34,6 +35,9 @@ type Backend struct {
 	stage   *acl.HostBuffer
 	ones    map[int]compute.Tensor
 	scalars map[float32]*acl.Scalar
+	// capture, while a Capture runs, collects the spans freed meanwhile:
+	// the captured work uses them on every replay.
+	capture *Graph
 }
 
 // devBuf is a Tensor's storage: a span of the arena.
@@ -106,6 +110,73 @@ func (b *Backend) release() error {
 	return first
 }
 
+// Graph is backend work captured once and replayed: a decode step of
+// static shapes, whose inputs are written into the same tensors before
+// each replay.
+type Graph struct {
+	b    *Backend
+	g    *acl.Graph
+	keep []*devBuf // spans the captured work uses, freed with the graph
+}
+
+// Capture records the operations fn runs on the backend into a graph
+// instead of running them. The backend must not be used by anything else
+// meanwhile. Operations that wait for the stream (Write, Read, FromHost)
+// fail with ErrCapturing inside fn. Every replay reads and writes the
+// tensors fn used, at their addresses; buffers fn frees stay allocated
+// until the graph is closed.
+func (b *Backend) Capture(fn func() error) (*Graph, error) {
+	b.mu.Lock()
+	if b.capture != nil {
+		b.mu.Unlock()
+		return nil, fmt.Errorf("%w: a capture is already running", ErrInvalidArgument)
+	}
+	gr := &Graph{b: b}
+	b.capture = gr
+	b.mu.Unlock()
+	g, err := b.s.Capture(acl.CaptureThreadLocal, fn)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.capture = nil
+	if err != nil {
+		gr.release()
+		return nil, err
+	}
+	gr.g = g
+	return gr, nil
+}
+
+// Replay queues the captured work; the next Read waits for it.
+func (g *Graph) Replay() error {
+	g.b.mu.Lock()
+	defer g.b.mu.Unlock()
+	if g.g == nil {
+		return fmt.Errorf("%w: replay of a closed graph", ErrInvalidArgument)
+	}
+	return g.g.Replay(g.b.s)
+}
+
+// Close destroys the graph and frees the buffers it kept, after queued
+// replays.
+func (g *Graph) Close() error {
+	g.b.mu.Lock()
+	defer g.b.mu.Unlock()
+	var err error
+	if g.g != nil {
+		err = g.g.Destroy()
+		g.g = nil
+	}
+	g.release()
+	return err
+}
+
+func (g *Graph) release() {
+	for _, d := range g.keep {
+		g.b.arena.free(d.off, d.n, g.b.s, streamSync{g.b.s})
+	}
+	g.keep = nil
+}
+
 // Name implements compute.Backend.
 func (b *Backend) Name() string { return "ascend" }
 
@@ -129,6 +200,10 @@ func (b *Backend) freeBuf(d *devBuf) {
 		return
 	}
 	d.freed = true
+	if b.capture != nil {
+		b.capture.keep = append(b.capture.keep, d)
+		return
+	}
 	b.arena.free(d.off, d.n, b.s, streamSync{b.s})
 }
 
@@ -212,9 +287,16 @@ func (b *Backend) FromHost(dt, src compute.DType, data []byte, shape ...int) (co
 	return t, nil
 }
 
+// ErrCapturing is returned by the operations that wait for the stream
+// (Write, Read, FromHost, unaligned Copy) while a Capture runs.
+var ErrCapturing = errors.New("ascend: the operation waits for the stream, which a capture forbids")
+
 // upload copies host bytes to p through the pinned stage, a chunk at a
 // time; it returns when the copies have run.
 func (b *Backend) upload(p acl.DevPtr, data []byte) error {
+	if b.capture != nil {
+		return ErrCapturing
+	}
 	stage := b.stage.Bytes()
 	for off := 0; off < len(data); off += len(stage) {
 		n := copy(stage, data[off:])
@@ -230,6 +312,9 @@ func (b *Backend) upload(p acl.DevPtr, data []byte) error {
 
 // download is upload's inverse.
 func (b *Backend) download(data []byte, p acl.DevPtr) error {
+	if b.capture != nil {
+		return ErrCapturing
+	}
 	stage := b.stage.Bytes()
 	for off := 0; off < len(data); off += len(stage) {
 		n := min(len(stage), len(data)-off)
@@ -372,10 +457,19 @@ func (b *Backend) desc(t compute.Tensor, view, strides []int64) (*acl.Tensor, er
 }
 
 // launch runs a prepared operator on the stream with the shared
-// workspace, growing it first if needed.
+// workspace, growing it first if needed (during a capture, with its own).
 func (b *Backend) launch(op *acl.Op) error {
 	var ws acl.DevPtr
-	if op.WorkspaceSize > 0 {
+	if op.WorkspaceSize > 0 && b.capture != nil {
+		// A captured operator owns its workspace: the shared one may be
+		// regrown and reused between replays.
+		d, err := b.alloc(op.WorkspaceSize)
+		if err != nil {
+			return err
+		}
+		b.freeBuf(d) // kept by the graph
+		ws = b.base.Add(d.off)
+	} else if op.WorkspaceSize > 0 {
 		if b.ws == nil || b.ws.n < op.WorkspaceSize {
 			if b.ws != nil {
 				b.freeBuf(b.ws) // the stream is in order: the next op may reuse it
