@@ -62,6 +62,7 @@ type Option func(*options)
 
 type options struct {
 	backend  string
+	bopts    backends.Options
 	be       compute.Backend
 	progress func(done, total int64)
 	chunk    int
@@ -83,6 +84,26 @@ func WithDenseAttention() Option { return func(o *options) { o.dense = true } }
 // WithBackend selects the compute backend by name ("go", the default, or
 // "ascend").
 func WithBackend(name string) Option { return func(o *options) { o.backend = name } }
+
+// BackendOptions carries what a device backend needs beyond its name (the
+// Go backend ignores them).
+type BackendOptions struct {
+	// Device is the accelerator index; a Group's rank r uses Device+r.
+	Device int
+	// LibDirs are searched for the vendor's runtime libraries (for
+	// ascend: libascendcl.so and friends) before the loader's path.
+	LibDirs []string
+	// MemoryBytes is the device memory the backend takes at open (0: its
+	// default).
+	MemoryBytes int
+}
+
+// WithBackendOptions sets the options of the backend WithBackend names.
+func WithBackendOptions(bo BackendOptions) Option {
+	return func(o *options) {
+		o.bopts = backends.Options{Device: bo.Device, LibDirs: bo.LibDirs, MemoryBytes: bo.MemoryBytes}
+	}
+}
 
 // WithProgress receives, after each layer, the bytes of checkpoint tensors
 // read so far (mapped in place or copied) and the checkpoint's total, so a
@@ -259,7 +280,7 @@ func newModel(ctx context.Context, cfg *config.Config, ck *safetensors.Checkpoin
 	m.life.init()
 	if m.b == nil {
 		var err error
-		if m.b, err = backends.Open(o.backend); err != nil {
+		if m.b, err = backends.OpenWith(o.backend, o.bopts); err != nil {
 			ck.Close()
 			return nil, fmt.Errorf("k3: %w", err)
 		}

@@ -342,8 +342,10 @@ func LoadGroup(ctx context.Context, dir string, layout Layout, opts ...Option) (
 	layout = layout.norm()
 	n := layout.Ranks()
 	g := &Group{layout: layout}
-	for range n {
-		b, err := backends.Open(o.backend)
+	for r := range n {
+		bo := o.bopts
+		bo.Device += r
+		b, err := backends.OpenWith(o.backend, bo)
 		if err != nil {
 			g.Close()
 			return nil, fmt.Errorf("k3: %w", err)

@@ -14,7 +14,7 @@ import (
 
 func runConform(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("conform", flag.ContinueOnError)
-	backend := fs.String("backend", "go", "compute backend: "+backends.Names())
+	backend := addBackendFlags(fs)
 	tp := fs.Int("tp", 1, "tensor-parallel ranks for the model cases (heads, MLP columns)")
 	ep := fs.Int("ep", 1, "expert-parallel ranks for the model cases (routed experts)")
 	cp := fs.Int("cp", 1, "context-parallel ranks for the model cases (positions; with -tp each CP slice is a TP group; not beside -ep)")
@@ -30,10 +30,10 @@ func runConform(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("-tp %d -ep %d -cp %d: rank counts must be at least 1", *tp, *ep, *cp)
 	}
 	layout := k3.Layout{TP: *tp, EP: *ep, CP: *cp, Dispatch: *dispatch}
-	if layout.Ranks() > 1 && *backend != "go" {
+	if layout.Ranks() > 1 && backend.name != "go" {
 		return fmt.Errorf("-tp/-ep/-cp run the model cases, which run on the go backend only")
 	}
-	b, err := backends.Open(*backend)
+	b, err := backends.OpenWith(backend.name, backend.options())
 	if err != nil {
 		return err
 	}

@@ -8,7 +8,6 @@ import (
 	"math"
 	"os"
 
-	"k3/internal/backends"
 	"k3/k3"
 )
 
@@ -17,7 +16,7 @@ func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	model := fs.String("model", "", "checkpoint directory (default: the embedded model)")
 	window := fs.Int("window", 2048, "tokens scored per fresh sequence: a longer file is scored in windows, each from an empty state after the BOS token")
 	verbose := fs.Bool("v", false, "print every file's figures")
-	backend := fs.String("backend", "go", "compute backend: "+backends.Names())
+	backend := addBackendFlags(fs)
 	synopsis := "eval [-model DIR] [-window N] [-backend NAME] FILE...\n\n" +
 		"Scores files with the model: the cross-entropy of each file's tokens, each predicted from the tokens\n" +
 		"before it in its window. Ends with the line 'N tokens, X bits/token, Y bits/byte'."
@@ -32,9 +31,9 @@ func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var m *k3.Model
 	var err error
 	if *model == "" {
-		m, err = k3.LoadTiny(ctx, k3.WithBackend(*backend))
+		m, err = k3.LoadTiny(ctx, backend.loadOptions()...)
 	} else {
-		m, err = k3.Load(ctx, *model, k3.WithBackend(*backend))
+		m, err = k3.Load(ctx, *model, backend.loadOptions()...)
 	}
 	if err != nil {
 		return err

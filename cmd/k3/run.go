@@ -27,7 +27,7 @@ type genFlags struct {
 	seed                            uint64
 	stops                           stringList
 	noDefaultStops                  bool
-	backend                         string
+	backend                         *backendFlags
 	speculate                       string
 	draftDepth                      string
 	rejection                       bool
@@ -56,7 +56,7 @@ func (g *genFlags) register(fs *flag.FlagSet, maxTokens int) {
 	fs.Var(&g.stops, "stop", "stop when the text reaches this string (repeatable)")
 	fs.BoolVar(&g.noDefaultStops, "no-default-stops", false, "do not stop at the model's end-of-sequence tokens")
 	fs.Uint64Var(&g.seed, "seed", 0, "random seed (reproducible sampling)")
-	fs.StringVar(&g.backend, "backend", "go", "compute backend")
+	g.backend = addBackendFlags(fs)
 	fs.StringVar(&g.speculate, "speculate", "", "speculative decoding with this drafter: ngram (prompt lookup), self:N (the model's own first N layers and its head), model:DIR (a smaller checkpoint's greedy tokens, same vocabulary) or dspark (the checkpoint's draft module); the output is plain decoding's")
 	fs.StringVar(&g.draftDepth, "draft-depth", "auto", "drafts per verify pass with -speculate: 1..15, or auto (chosen per pass from the drafts' acceptance and this machine's measured pass costs, up to 7)")
 	fs.BoolVar(&g.rejection, "rejection", false, "with -speculate and a temperature: draw the drafts from the drafter's distribution and verify them by rejection sampling (the output is distributed as plain sampling, but not the tokens plain sampling draws for the seed)")
@@ -158,7 +158,7 @@ func (g *genFlags) load(ctx context.Context, stderr io.Writer) (*k3.Model, error
 	if _, err := g.drafter(); err != nil {
 		return nil, err
 	}
-	opts := []k3.Option{k3.WithBackend(g.backend)}
+	opts := g.backend.loadOptions()
 	k, _, _ := g.depth()
 	if g.speculate != "" {
 		opts = append(opts, k3.WithRollback(k)) // speculation rolls back through the replay logs
@@ -196,7 +196,7 @@ func (g *genFlags) load(ctx context.Context, stderr io.Writer) (*k3.Model, error
 	if dir, ok := strings.CutPrefix(g.speculate, "model:"); ok {
 		// The draft model's own session rolls back the drafts the target
 		// rejects: it keeps logs as deep as the drafts.
-		draft, err := k3.Load(ctx, dir, k3.WithBackend(g.backend), k3.WithRollback(k))
+		draft, err := k3.Load(ctx, dir, append(g.backend.loadOptions(), k3.WithRollback(k))...)
 		if err != nil {
 			m.Close()
 			return nil, fmt.Errorf("-speculate %s: %w", g.speculate, err)

@@ -23,7 +23,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	model := fs.String("model", "", "checkpoint directory (default: the embedded tiny model)")
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address (loopback unless told otherwise)")
 	name := fs.String("name", "", `model id served (default "k3-tiny", or the checkpoint directory's name)`)
-	backend := fs.String("backend", "go", "compute backend")
+	backend := addBackendFlags(fs)
 	apiKey := fs.String("api-key", "", "bearer token every /v1 request must carry (default $K3_API_KEY)")
 	seqs := fs.Int("sequences", 16, "sequences decoded together")
 	queue := fs.Int("queue", 0, "sequences that may wait beyond -sequences before requests get 429 (default 4 x -sequences)")
@@ -61,7 +61,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 
-	opts := []k3.Option{k3.WithBackend(*backend), k3.WithMemoryBudget(*memory << 20)}
+	opts := append(backend.loadOptions(), k3.WithMemoryBudget(*memory<<20))
 	if strings.HasPrefix(spec.speculate, "model:") || strings.HasPrefix(spec.speculate, "self:") || spec.speculate == "dspark" {
 		// One drafter serves every request, and a draft model's session
 		// follows one sequence: the requests would cut each other back.

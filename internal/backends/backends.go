@@ -16,8 +16,27 @@ var names = []string{"go", "go-fastbf16", "ascend"}
 // Names lists the backend names, for help texts.
 func Names() string { return strings.Join(names, ", ") }
 
-// Open returns the named backend.
-func Open(name string) (compute.Backend, error) {
+// Options carries what a device backend needs beyond its name. The Go
+// backends ignore it.
+type Options struct {
+	// Device is the accelerator index.
+	Device int
+	// LibDirs are searched for the vendor's runtime libraries before the
+	// dynamic loader's path.
+	LibDirs []string
+	// MemoryBytes is the device memory the backend takes at open (0: the
+	// backend's default).
+	MemoryBytes int
+}
+
+// Open returns the named backend with default options.
+func Open(name string) (compute.Backend, error) { return OpenWith(name, Options{}) }
+
+// OpenWith returns the named backend.
+func OpenWith(name string, o Options) (compute.Backend, error) {
+	if o.Device < 0 || o.MemoryBytes < 0 {
+		return nil, fmt.Errorf("backend %q: device %d, memory %d bytes: want non-negative values", name, o.Device, o.MemoryBytes)
+	}
 	switch name {
 	case "go", "":
 		return cpu.New(0), nil
@@ -25,7 +44,7 @@ func Open(name string) (compute.Backend, error) {
 		// Opt-in: prefill's bf16-weight products round x to bfloat16.
 		return cpu.NewFastBF16(0), nil
 	case "ascend":
-		return ascend.Open(ascend.Options{})
+		return ascend.Open(ascend.Options{Device: o.Device, LibDirs: o.LibDirs, ArenaBytes: o.MemoryBytes})
 	}
 	return nil, fmt.Errorf("unknown backend %q (have %s)", name, Names())
 }
