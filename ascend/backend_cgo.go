@@ -422,6 +422,28 @@ func (b *Backend) Copy(dst, src compute.Tensor) error {
 	return b.upload(pd, tmp)
 }
 
+// Fill implements compute.Backend: zero is a memset, other values
+// aclnnInplaceFillScalar (f32 and bf16 tensors).
+func (b *Backend) Fill(dst compute.Tensor, v float32) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	p, err := b.addr(dst)
+	if err != nil {
+		return err
+	}
+	if v == 0 {
+		return b.s.Memset(p, 0, dims(dst)*dst.DType.Size())
+	}
+	if dst.DType != compute.F32 && dst.DType != compute.BF16 {
+		return fmt.Errorf("%w: ascend: Fill of %v with %v", compute.ErrUnsupported, dst, v)
+	}
+	sc, err := b.scalar(v)
+	if err != nil {
+		return err
+	}
+	return b.run(func(ts []*acl.Tensor) (*acl.Op, error) { return b.ctx.Fill(ts[0], sc) }, operand{t: dst, view: []int64{int64(dims(dst))}})
+}
+
 // aclType maps a seam dtype to aclDataType.
 func aclType(dt compute.DType) acl.DataType {
 	switch dt {

@@ -111,6 +111,11 @@ func TestBackendMemory(t *testing.T) {
 	require.NoError(t, b.Copy(y.Rows(0, 1), x.Rows(2, 3)))
 	assert.Equal(t, v[10:15], read(t, b, y.Rows(0, 1)))
 
+	require.NoError(t, b.Fill(y.Rows(1, 3), 0.5))
+	assert.Equal(t, append(append(append([]float32(nil), v[10:15]...), 0.5, 0.5, 0.5, 0.5, 0.5), 0.5, 0.5, 0.5, 0.5, 0.5), read(t, b, y))
+	require.NoError(t, b.Fill(y, 0))
+	assert.Equal(t, make([]float32, 15), read(t, b, y))
+
 	ids, err := b.Alloc(compute.I32, 4)
 	require.NoError(t, err)
 	require.NoError(t, b.Write(ids, &[]int32{1, -2, 3, 4}))

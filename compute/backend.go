@@ -50,6 +50,9 @@ type Backend interface {
 	Embedding(dst, table, ids Tensor) error
 	// Copy copies src into dst (same element count and dtype).
 	Copy(dst, src Tensor) error
+	// Fill sets every element of dst to v, converted to dst's dtype (I32:
+	// truncated): a state is reset without shipping zeros from the host.
+	Fill(dst Tensor, v float32) error
 
 	// KDAChunk runs Kimi Delta Attention's core over packed sequences,
 	// chunked (FlashKDA's token-parallel then sequential split) or token by

@@ -9,7 +9,7 @@
 //
 // The interface has three groups of methods: memory (Alloc, FromHost,
 // Write, Read, Free), plain operations (MatMul, RMSNorm, LayerNorm, Unary,
-// Binary, GatedAct, Embedding, Copy) and the fused model operations that a
+// Binary, GatedAct, Embedding, Copy, Fill) and the fused model operations that a
 // device maps to one vendor kernel each (KDAChunk, KDAStep,
 // LightningIndexer, Attention, AttnResPrepare, AttnResUpdate, MoERoute,
 // MoEExperts). docs/ARCHITECTURE.md says why each method is there.

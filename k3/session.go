@@ -312,10 +312,10 @@ func (s *Session) Reset() error {
 		if st == nil {
 			continue
 		}
-		if err := s.m.b.Write(st.Conv, make([]float32, st.Conv.Len())); err != nil {
+		if err := s.m.b.Fill(st.Conv, 0); err != nil {
 			return err
 		}
-		if err := s.m.b.Write(st.S, make([]float32, st.S.Len())); err != nil {
+		if err := s.m.b.Fill(st.S, 0); err != nil {
 			return err
 		}
 	}

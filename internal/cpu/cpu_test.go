@@ -5,7 +5,10 @@ import (
 	"math"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"k3/compute"
+	"k3/internal/floatx"
 	"k3/internal/kernel"
 	"k3/internal/safetensors"
 )
@@ -127,6 +130,36 @@ func TestGatedActParallel(t *testing.T) {
 			if got[i] != want[i] {
 				t.Fatalf("%+v element %d: %v on the pool, %v serial", act, i, got[i], want[i])
 			}
+		}
+	}
+}
+
+func TestFill(t *testing.T) {
+	b := New(1)
+	for _, dt := range []compute.DType{compute.F32, compute.BF16, compute.F16, compute.I32} {
+		x, err := b.Alloc(dt, 3, 5)
+		require.NoError(t, err)
+		require.NoError(t, b.Fill(x.Rows(1, 2), 2.5))
+		for i := range 15 {
+			want := 0.0
+			if i >= 5 && i < 10 {
+				want = 2.5
+				if dt == compute.I32 {
+					want = 2
+				}
+			}
+			var got float64
+			switch dt {
+			case compute.F32:
+				got = float64(F32(x)[i])
+			case compute.I32:
+				got = float64(I32(x)[i])
+			case compute.BF16:
+				got = float64(floatx.FromBF16(U16(x)[i]))
+			case compute.F16:
+				got = float64(floatx.FromF16(U16(x)[i]))
+			}
+			require.Equal(t, want, got, "%v element %d", dt, i)
 		}
 	}
 }

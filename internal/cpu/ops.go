@@ -278,6 +278,34 @@ func (b *Backend) Copy(dst, src compute.Tensor) error {
 	return nil
 }
 
+// Fill sets every element of dst to v.
+func (b *Backend) Fill(dst compute.Tensor, v float32) error {
+	switch dst.DType {
+	case compute.F32:
+		d := F32(dst)
+		for i := range d {
+			d[i] = v
+		}
+	case compute.I32:
+		d := I32(dst)
+		for i := range d {
+			d[i] = int32(v)
+		}
+	case compute.BF16, compute.F16:
+		h := floatx.BF16(v)
+		if dst.DType == compute.F16 {
+			h = floatx.F16(v)
+		}
+		d := U16(dst)
+		for i := range d {
+			d[i] = h
+		}
+	default:
+		return shapeErr("fill of %v", dst)
+	}
+	return nil
+}
+
 // headMMScratch holds one head's gathered rows for HeadMatMul.
 type headMMScratch struct{ x, y []float32 }
 

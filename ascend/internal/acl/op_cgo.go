@@ -236,6 +236,14 @@ func (c *Context) Softplus(x *Tensor, beta, threshold *Scalar, out *Tensor) (*Op
 	})
 }
 
+// Fill prepares setting every element of x to value
+// (aclnnInplaceFillScalar).
+func (c *Context) Fill(x *Tensor, value *Scalar) (*Op, error) {
+	return c.prepare("aclnnInplaceFillScalar", func(fn unsafe.Pointer, api *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_prepare_ts(c.c, fn, api, x.t, value.s, ws, exec, e)
+	})
+}
+
 // Cast prepares out = x converted to dt (aclnnCast).
 func (c *Context) Cast(x *Tensor, dt DataType, out *Tensor) (*Op, error) {
 	return c.prepare("aclnnCast", func(fn unsafe.Pointer, api *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {

@@ -315,6 +315,13 @@ int k3_scalar_destroy(void *ctx, void *sc, k3_err *e) {
 	return 0;
 }
 
+int k3_prepare_ts(void *ctx, void *fn, const char *api, void *a, void *sc, uint64_t *ws, void **exec, k3_err *e) {
+	USE(ctx);
+	typedef int (*p1)(void *, void *, uint64_t *, void **);
+	CALL(2, api, ((p1)fn)(a, sc, ws, exec));
+	return 0;
+}
+
 int k3_prepare_tt(void *ctx, void *fn, const char *api, void *a, void *out, uint64_t *ws, void **exec, k3_err *e) {
 	USE(ctx);
 	typedef int (*p1)(void *, void *, uint64_t *, void **);

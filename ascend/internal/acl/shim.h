@@ -66,6 +66,7 @@ int k3_scalar_destroy(void *ctx, void *sc, k3_err *e);
 // Phase 1 of the operators, by argument pattern (t: aclTensor*, s:
 // aclScalar*), each called through the pointer Load found (custom library
 // first); api names it in errors.
+int k3_prepare_ts(void *ctx, void *fn, const char *api, void *a, void *sc, uint64_t *ws, void **exec, k3_err *e);
 int k3_prepare_tt(void *ctx, void *fn, const char *api, void *a, void *out, uint64_t *ws, void **exec, k3_err *e);
 int k3_prepare_ttt(void *ctx, void *fn, const char *api, void *a, void *b, void *out, uint64_t *ws, void **exec, k3_err *e);
 int k3_prepare_ttt_i8(void *ctx, void *fn, const char *api, void *a, void *b, void *out, int8_t i, uint64_t *ws,

@@ -166,7 +166,7 @@ int aclnnRmsNorm(void *ws, uint64_t wsSize, void *exec, void *stream) {
 
 // ---- Elementwise operators with broadcasting (numpy rules, right-aligned).
 
-enum { OP_ADD, OP_MUL, OP_SILU, OP_SIGMOID, OP_SOFTPLUS, OP_CAST };
+enum { OP_ADD, OP_MUL, OP_SILU, OP_SIGMOID, OP_SOFTPLUS, OP_CAST, OP_FILL };
 
 // boff is the offset in t of output index idx (over o's dimensions).
 static int64_t boff(const fk_tensor *t, const fk_tensor *o, const int64_t *idx) {
@@ -185,7 +185,7 @@ static int run_elementwise(fk_exec *e, void *ws) {
 	int64_t idx[FK_MAXDIM] = {0}, n = 1;
 	for (int i = 0; i < o->nd; i++) n *= o->dims[i];
 	for (int64_t k = 0; k < n; k++) {
-		double x = fk_get(a, boff(a, o, idx)), y = 0, r = 0;
+		double x = kind == OP_FILL ? 0 : fk_get(a, boff(a, o, idx)), y = 0, r = 0;
 		if (kind == OP_ADD || kind == OP_MUL) y = fk_get(b, boff(b, o, idx));
 		switch (kind) {
 		case OP_ADD: r = x + e->attr * y; break;
@@ -194,6 +194,7 @@ static int run_elementwise(fk_exec *e, void *ws) {
 		case OP_SIGMOID: r = 1 / (1 + exp(-x)); break;
 		case OP_SOFTPLUS: r = e->attr * x > e->attr2 ? x : log1p(exp(e->attr * x)) / e->attr; break;
 		case OP_CAST: r = x; break;
+		case OP_FILL: r = e->attr; break;
 		}
 		fk_put(o, boff(o, o, idx), r);
 		for (int i = o->nd - 1; i >= 0 && ++idx[i] == o->dims[i]; i--) idx[i] = 0;
@@ -333,4 +334,16 @@ int aclnnEmbeddingGetWorkspaceSize(void *weight, void *indices, void *out, uint6
 
 int aclnnEmbedding(void *ws, uint64_t wsSize, void *exec, void *stream) {
 	return fk_launch("aclnnEmbedding", ws, wsSize, exec, stream);
+}
+
+int aclnnInplaceFillScalarGetWorkspaceSize(void *selfRef, void *value, uint64_t *ws, void **exec) {
+	if (!fk_scalar_ok(value)) {
+		fk_set_error("aclnnInplaceFillScalar: value is not a live scalar");
+		return ACLNN_ERR_PARAM_NULLPTR;
+	}
+	return prepare_elementwise("aclnnInplaceFillScalar", OP_FILL, selfRef, NULL, selfRef, ((fk_scalar *)value)->v, 0, ws, exec);
+}
+
+int aclnnInplaceFillScalar(void *ws, uint64_t wsSize, void *exec, void *stream) {
+	return fk_launch("aclnnInplaceFillScalar", ws, wsSize, exec, stream);
 }
