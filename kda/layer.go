@@ -1,6 +1,7 @@
 package kda
 
 import (
+	"errors"
 	"fmt"
 	"math"
 
@@ -284,7 +285,14 @@ func (l *Layer) step(x compute.Tensor, states []*State, cu []int32, records, y c
 		l.states = append(l.states, st.S.Reshape(st.S.Dims[1], st.S.Dims[2], st.S.Dims[3]))
 	}
 	l.stepArgs = compute.KDAStepArgs{W: l.W, X: x, Y: y, Convs: l.convs, States: l.states, Records: records, CuSeqlens: cu}
-	if err := l.b.KDAStep(&l.stepArgs); err != nil {
+	err := l.b.KDAStep(&l.stepArgs)
+	if errors.Is(err, compute.ErrUnsupported) && records.IsZero() && x.Dim(0) <= l.maxT {
+		// A backend without the fused step gets the same layer from the
+		// smaller operations: the chunked path with the recurrence run
+		// token by token (equal within rounding, not bitwise).
+		return l.chunksWith(x, states, cu, y, 0)
+	}
+	if err != nil {
 		return fmt.Errorf("kda: decode step: %w", err)
 	}
 	return nil
@@ -294,6 +302,11 @@ func (l *Layer) step(x compute.Tensor, states []*State, cu []int32, records, y c
 // projection over all rows at once, the short conv and the recurrence per
 // sequence (rows cu[i]-cu[0] to cu[i+1]-cu[0]-1, continuing states[i]).
 func (l *Layer) chunks(x compute.Tensor, states []*State, cu []int32, y compute.Tensor) error {
+	return l.chunksWith(x, states, cu, y, l.cfg.ChunkSize)
+}
+
+// chunksWith is chunks with the given chunk size (0: token by token).
+func (l *Layer) chunksWith(x compute.Tensor, states []*State, cu []int32, y compute.Tensor, chunkSize int) error {
 	t := x.Dim(0)
 	h, d := l.cfg.NumHeads, l.cfg.HeadDim
 	raw, conv := l.raw.Rows(0, t), l.conv.Rows(0, t)
@@ -327,7 +340,7 @@ func (l *Layer) chunks(x compute.Tensor, states []*State, cu []int32, y compute.
 			QKV: conv.Rows(r0, r1), G: graw.Rows(r0, r1).Reshape(n, h, d), Beta: beta.Rows(r0, r1),
 			ALog: l.W.ALog, DTBias: l.W.DTBias, Gate: l.W.Gate, LowerBound: l.W.LowerBound,
 			Preprocess: true, Scale: scale,
-			State: st.S, Out: core.Rows(r0, r1).Reshape(n, h, d), ChunkSize: l.cfg.ChunkSize,
+			State: st.S, Out: core.Rows(r0, r1).Reshape(n, h, d), ChunkSize: chunkSize,
 		}
 		if err := b.KDAChunk(&l.chunkArgs); err != nil {
 			return fmt.Errorf("kda: core: %w", err)

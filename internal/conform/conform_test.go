@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"k3/compute"
 	"k3/internal/cpu"
 	"k3/internal/safetensors"
 )
@@ -294,5 +295,37 @@ func TestDSADecodeSeveralRows(t *testing.T) {
 		if len(res) != 1 || res[0].Pass == corrupt {
 			t.Errorf("corrupt=%v: %v", corrupt, res)
 		}
+	}
+}
+
+// countChunks counts the token-by-token KDAChunk calls of the composed
+// decode route.
+type countChunks struct {
+	unfused
+	steps int
+}
+
+func (c *countChunks) KDAChunk(a *compute.KDAArgs) error {
+	if a.ChunkSize == 0 {
+		c.steps++
+	}
+	return c.unfused.KDAChunk(a)
+}
+
+// The decode case's composed route really runs the composition, and
+// passes.
+func TestKDADecodeComposedRoute(t *testing.T) {
+	b := cpu.New(1)
+	defer b.Close()
+	c := &countChunks{unfused: unfused{b}}
+	chk := &checker{}
+	if err := runKDALayerDecodeOn(c, "../../testdata/kda/layer_k3_decode.safetensors", chk, " (composed)"); err != nil {
+		t.Fatal(err)
+	}
+	if len(chk.fails) > 0 || chk.compared == 0 {
+		t.Fatalf("composed route: %d compared, fails %v", chk.compared, chk.fails)
+	}
+	if c.steps == 0 {
+		t.Fatal("the layer did not take the composition")
 	}
 }

@@ -154,7 +154,24 @@ func runKDALayer(ctx context.Context, b compute.Backend, path string, chk *check
 	return nil
 }
 
+// unfused is a backend without the fused KDA decode step, so that a
+// layer takes its composition of smaller operations instead.
+type unfused struct{ compute.Backend }
+
+func (unfused) KDAStep(*compute.KDAStepArgs) error {
+	return fmt.Errorf("%w: KDAStep withheld to test the composition", compute.ErrUnsupported)
+}
+
+// runKDALayerDecode checks both routes of the decode step: the backend's
+// fused KDAStep, and the layer's composition of smaller operations.
 func runKDALayerDecode(ctx context.Context, b compute.Backend, path string, chk *checker) error {
+	if err := runKDALayerDecodeOn(b, path, chk, ""); err != nil {
+		return err
+	}
+	return runKDALayerDecodeOn(unfused{b}, path, chk, " (composed)")
+}
+
+func runKDALayerDecodeOn(b compute.Backend, path string, chk *checker, route string) error {
 	f, err := openCase(path)
 	if err != nil {
 		return err
@@ -215,7 +232,7 @@ func runKDALayerDecode(ctx context.Context, b compute.Backend, path string, chk 
 		if err != nil {
 			return err
 		}
-		chk.close(c.name, got, want, kdaLayerAtol, kdaLayerRtol)
+		chk.close(c.name+route, got, want, kdaLayerAtol, kdaLayerRtol)
 	}
 	wantY, _, err := f.f32("y_decode", bsz, steps, cfg.Hidden)
 	if err != nil {
@@ -266,7 +283,7 @@ func runKDALayerDecode(ctx context.Context, b compute.Backend, path string, chk 
 			if c.name == "state_after_step" {
 				got = vFirst(got, bsz*cfg.NumHeads, cfg.HeadDim)
 			}
-			chk.close(fmt.Sprintf("%s[step %d]", c.name, s), got, c.want, kdaLayerAtol, kdaLayerRtol)
+			chk.close(fmt.Sprintf("%s[step %d]%s", c.name, s, route), got, c.want, kdaLayerAtol, kdaLayerRtol)
 		}
 	}
 	return nil
