@@ -42,7 +42,7 @@ func fakeBackend(t *testing.T, arena int) *Backend {
 	lib, err := acl.Load(acl.Options{LibDirs: []string{fakeDir}})
 	require.NoError(t, err)
 	loadedFake = true
-	b, err := newBackend(lib, Options{ArenaBytes: arena})
+	b, err := openACL(lib, Options{ArenaBytes: arena})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, b.Close()) })
 	return b

@@ -21,7 +21,11 @@ type RootInfo = acl.RootInfo
 func NewRootInfo(b *Backend) (RootInfo, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.ctx.NewRootInfo()
+	ctx, _, err := b.aclParts()
+	if err != nil {
+		return RootInfo{}, err
+	}
+	return ctx.NewRootInfo()
 }
 
 // Comm is comm.Communicator over HCCL, for a rank computing on an Ascend
@@ -31,6 +35,7 @@ func NewRootInfo(b *Backend) (RootInfo, error) {
 type Comm struct {
 	b *Backend
 	m *acl.Comm
+	s *acl.Stream // b's
 
 	mu    sync.Mutex
 	stats comm.Stats
@@ -44,11 +49,15 @@ var _ comm.Communicator = (*Comm)(nil)
 func NewComm(b *Backend, size, rank int, root RootInfo) (*Comm, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	m, err := b.ctx.NewComm(size, rank, &root)
+	ctx, s, err := b.aclParts()
 	if err != nil {
 		return nil, err
 	}
-	return &Comm{b: b, m: m}, nil
+	m, err := ctx.NewComm(size, rank, &root)
+	if err != nil {
+		return nil, err
+	}
+	return &Comm{b: b, m: m, s: s}, nil
 }
 
 // Close releases the communicator.
@@ -109,7 +118,7 @@ func (c *Comm) do(ctx context.Context, op comm.Op, queue func(ps []acl.DevPtr) e
 // AllReduce implements comm.Communicator, in place.
 func (c *Comm) AllReduce(ctx context.Context, t compute.Tensor) error {
 	n := t.Len()
-	err := c.do(ctx, comm.OpAllReduce, func(p []acl.DevPtr) error { return c.m.AllReduce(c.b.s, p[0], p[0], n) }, t)
+	err := c.do(ctx, comm.OpAllReduce, func(p []acl.DevPtr) error { return c.m.AllReduce(c.s, p[0], p[0], n) }, t)
 	if err == nil {
 		c.count(comm.OpAllReduce, 4*2*(c.Size()-1)*n/c.Size())
 	}
@@ -122,7 +131,7 @@ func (c *Comm) AllGather(ctx context.Context, dst, src compute.Tensor) error {
 	if dst.Len() != c.Size()*n {
 		return fmt.Errorf("%w: all-gather of %v into %v over %d ranks", compute.ErrShape, src, dst, c.Size())
 	}
-	err := c.do(ctx, comm.OpAllGather, func(p []acl.DevPtr) error { return c.m.AllGather(c.b.s, p[0], p[1], n) }, src, dst)
+	err := c.do(ctx, comm.OpAllGather, func(p []acl.DevPtr) error { return c.m.AllGather(c.s, p[0], p[1], n) }, src, dst)
 	if err == nil {
 		c.count(comm.OpAllGather, 4*(c.Size()-1)*n)
 	}
@@ -135,7 +144,7 @@ func (c *Comm) ReduceScatter(ctx context.Context, dst, src compute.Tensor) error
 	if src.Len() != c.Size()*m {
 		return fmt.Errorf("%w: reduce-scatter of %v into %v over %d ranks", compute.ErrShape, src, dst, c.Size())
 	}
-	err := c.do(ctx, comm.OpReduceScatter, func(p []acl.DevPtr) error { return c.m.ReduceScatter(c.b.s, p[0], p[1], m) }, src, dst)
+	err := c.do(ctx, comm.OpReduceScatter, func(p []acl.DevPtr) error { return c.m.ReduceScatter(c.s, p[0], p[1], m) }, src, dst)
 	if err == nil {
 		c.count(comm.OpReduceScatter, 4*(c.Size()-1)*m)
 	}
@@ -172,7 +181,7 @@ func (c *Comm) AllToAllV(ctx context.Context, dst compute.Tensor, recv []int, sr
 	if err != nil {
 		return err
 	}
-	err = c.do(ctx, comm.OpAllToAllV, func(p []acl.DevPtr) error { return c.m.AllToAllV(c.b.s, p[0], sc, sd, p[1], rc, rd) }, src, dst)
+	err = c.do(ctx, comm.OpAllToAllV, func(p []acl.DevPtr) error { return c.m.AllToAllV(c.s, p[0], sc, sd, p[1], rc, rd) }, src, dst)
 	if err == nil {
 		c.count(comm.OpAllToAllV, 4*(ns-send[c.Rank()]))
 	}
@@ -184,7 +193,7 @@ func (c *Comm) Send(ctx context.Context, t compute.Tensor, to int) error {
 	if to < 0 || to >= c.Size() || to == c.Rank() {
 		return fmt.Errorf("%w: send from rank %d to %d of %d", compute.ErrShape, c.Rank(), to, c.Size())
 	}
-	err := c.do(ctx, comm.OpSend, func(p []acl.DevPtr) error { return c.m.Send(c.b.s, p[0], t.Len(), to) }, t)
+	err := c.do(ctx, comm.OpSend, func(p []acl.DevPtr) error { return c.m.Send(c.s, p[0], t.Len(), to) }, t)
 	if err == nil {
 		c.count(comm.OpSend, 4*t.Len())
 	}
@@ -196,7 +205,7 @@ func (c *Comm) Recv(ctx context.Context, t compute.Tensor, from int) error {
 	if from < 0 || from >= c.Size() || from == c.Rank() {
 		return fmt.Errorf("%w: recv at rank %d from %d of %d", compute.ErrShape, c.Rank(), from, c.Size())
 	}
-	err := c.do(ctx, comm.OpRecv, func(p []acl.DevPtr) error { return c.m.Recv(c.b.s, p[0], t.Len(), from) }, t)
+	err := c.do(ctx, comm.OpRecv, func(p []acl.DevPtr) error { return c.m.Recv(c.s, p[0], t.Len(), from) }, t)
 	if err == nil {
 		c.count(comm.OpRecv, 0)
 	}
@@ -205,7 +214,7 @@ func (c *Comm) Recv(ctx context.Context, t compute.Tensor, from int) error {
 
 // Barrier implements comm.Communicator.
 func (c *Comm) Barrier(ctx context.Context) error {
-	err := c.do(ctx, comm.OpBarrier, func([]acl.DevPtr) error { return c.m.Barrier(c.b.s) })
+	err := c.do(ctx, comm.OpBarrier, func([]acl.DevPtr) error { return c.m.Barrier(c.s) })
 	if err == nil {
 		c.count(comm.OpBarrier, 0)
 	}

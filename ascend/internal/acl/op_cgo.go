@@ -13,19 +13,6 @@ import (
 	"unsafe"
 )
 
-// TensorDesc describes a tensor in device memory for aclnn. Strides are
-// in elements; nil means contiguous row-major. StorageDims nil means the
-// storage is Dims (ND); an NZ tensor gives its fractal storage shape.
-type TensorDesc struct {
-	DType       DataType
-	Format      Format
-	Dims        []int64
-	Strides     []int64
-	Offset      int64
-	StorageDims []int64
-	Data        DevPtr
-}
-
 // Tensor is an aclTensor descriptor. It must outlive the operators
 // prepared with it.
 type Tensor struct {

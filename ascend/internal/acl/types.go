@@ -80,6 +80,14 @@ func (p DevPtr) Add(n int) DevPtr { return DevPtr{unsafe.Add(p.p, n)} }
 // IsNil reports whether p is the zero address.
 func (p DevPtr) IsNil() bool { return p.p == nil }
 
+// HostDevPtr is the "device" address of host memory, for a driver whose
+// device memory is the host's (the host driver). b must stay referenced
+// while the address is used.
+func HostDevPtr(b []byte) DevPtr { return DevPtr{unsafe.Pointer(unsafe.SliceData(b))} }
+
+// Sub is the byte distance p - q.
+func (p DevPtr) Sub(q DevPtr) int { return int(uintptr(p.p) - uintptr(q.p)) }
+
 // Options says where to find CANN's libraries.
 type Options struct {
 	// LibDirs are searched, in order, before the dynamic loader's own
@@ -102,3 +110,16 @@ const hint = "source the CANN toolkit's set_env.sh (it sets LD_LIBRARY_PATH), or
 // the others receive its bytes out of band, and every rank passes it to
 // NewComm.
 type RootInfo [4108]byte
+
+// TensorDesc describes a tensor in device memory for aclnn. Strides are
+// in elements; nil means contiguous row-major. StorageDims nil means the
+// storage is Dims (ND); an NZ tensor gives its fractal storage shape.
+type TensorDesc struct {
+	DType       DataType
+	Format      Format
+	Dims        []int64
+	Strides     []int64
+	Offset      int64
+	StorageDims []int64
+	Data        DevPtr
+}

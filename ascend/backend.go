@@ -1,5 +1,3 @@
-//go:build ascend && cgo
-
 package ascend
 
 import (
@@ -27,14 +25,14 @@ const stageBytes = 1 << 20
 // yet return an error wrapping compute.ErrUnsupported that names them.
 type Backend struct {
 	mu      sync.Mutex
-	ctx     *acl.Context
-	s       *acl.Stream
+	drv     driver
+	s       stream
 	base    acl.DevPtr
 	arena   *arena
 	ws      *devBuf
-	stage   *acl.HostBuffer
+	stage   hostBuffer
 	ones    map[int]compute.Tensor
-	scalars map[float32]*acl.Scalar
+	scalars map[float32]scalar
 	// capture, while a Capture runs, collects the spans freed meanwhile:
 	// the captured work uses them on every replay.
 	capture *Graph
@@ -48,33 +46,31 @@ type devBuf struct {
 
 // streamSync is the fence of a span freed on the backend's stream: the
 // stream itself, waited for whole.
-type streamSync struct{ s *acl.Stream }
+type streamSync struct{ s stream }
 
 func (f streamSync) wait() error { return f.s.Sync() }
 
-// newBackend opens device dev of lib with an arena of arenaBytes.
-func newBackend(lib *acl.Lib, o Options) (_ *Backend, err error) {
+// newBackend makes a backend over drv with an arena of o.ArenaBytes; it
+// closes drv if it fails.
+func newBackend(drv driver, o Options) (_ *Backend, err error) {
 	size := o.ArenaBytes
 	if size == 0 {
 		size = defaultArena
 	}
-	b := &Backend{ones: map[int]compute.Tensor{}}
-	if b.ctx, err = lib.NewContext(o.Device); err != nil {
-		return nil, err
-	}
+	b := &Backend{drv: drv, ones: map[int]compute.Tensor{}}
 	defer func() {
 		if err != nil {
 			b.release()
 		}
 	}()
-	if b.s, err = b.ctx.NewStream(); err != nil {
+	if b.s, err = drv.newStream(); err != nil {
 		return nil, err
 	}
-	if b.base, err = b.ctx.Malloc(size); err != nil {
+	if b.base, err = drv.malloc(size); err != nil {
 		return nil, fmt.Errorf("ascend: the device arena of %d bytes (Options.ArenaBytes): %w", size, err)
 	}
 	b.arena = newArena(size)
-	if b.stage, err = b.ctx.MallocHost(stageBytes); err != nil {
+	if b.stage, err = drv.mallocHost(stageBytes); err != nil {
 		return nil, err
 	}
 	return b, nil
@@ -98,14 +94,14 @@ func (b *Backend) release() error {
 		keep(b.stage.Free())
 	}
 	if !b.base.IsNil() {
-		keep(b.ctx.Free(b.base))
+		keep(b.drv.free(b.base))
 		b.base = acl.DevPtr{}
 	}
 	if b.s != nil {
 		keep(b.s.Destroy())
 	}
-	if b.ctx != nil {
-		keep(b.ctx.Close())
+	if b.drv != nil {
+		keep(b.drv.close())
 	}
 	return first
 }
@@ -115,7 +111,7 @@ func (b *Backend) release() error {
 // each replay.
 type Graph struct {
 	b    *Backend
-	g    *acl.Graph
+	g    graph
 	keep []*devBuf // spans the captured work uses, freed with the graph
 }
 
@@ -134,7 +130,7 @@ func (b *Backend) Capture(fn func() error) (*Graph, error) {
 	gr := &Graph{b: b}
 	b.capture = gr
 	b.mu.Unlock()
-	g, err := b.s.Capture(acl.CaptureThreadLocal, fn)
+	g, err := b.s.capture(fn)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.capture = nil
@@ -153,7 +149,7 @@ func (g *Graph) Replay() error {
 	if g.g == nil {
 		return fmt.Errorf("%w: replay of a closed graph", ErrInvalidArgument)
 	}
-	return g.g.Replay(g.b.s)
+	return g.g.replay(g.b.s)
 }
 
 // Close destroys the graph and frees the buffers it kept, after queued
@@ -300,7 +296,7 @@ func (b *Backend) upload(p acl.DevPtr, data []byte) error {
 	stage := b.stage.Bytes()
 	for off := 0; off < len(data); off += len(stage) {
 		n := copy(stage, data[off:])
-		if err := b.s.Upload(p.Add(off), b.stage, 0, n); err != nil {
+		if err := b.s.upload(p.Add(off), b.stage, 0, n); err != nil {
 			return err
 		}
 		if err := b.s.Sync(); err != nil {
@@ -318,7 +314,7 @@ func (b *Backend) download(data []byte, p acl.DevPtr) error {
 	stage := b.stage.Bytes()
 	for off := 0; off < len(data); off += len(stage) {
 		n := min(len(stage), len(data)-off)
-		if err := b.s.Download(b.stage, 0, p.Add(off), n); err != nil {
+		if err := b.s.download(b.stage, 0, p.Add(off), n); err != nil {
 			return err
 		}
 		if err := b.s.Sync(); err != nil {
@@ -441,7 +437,7 @@ func (b *Backend) Fill(dst compute.Tensor, v float32) error {
 	if err != nil {
 		return err
 	}
-	return b.run(func(ts []*acl.Tensor) (*acl.Op, error) { return b.ctx.Fill(ts[0], sc) }, operand{t: dst, view: []int64{int64(dims(dst))}})
+	return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.fill(ts[0], sc) }, operand{t: dst, view: []int64{int64(dims(dst))}})
 }
 
 // aclType maps a seam dtype to aclDataType.
@@ -462,12 +458,12 @@ func aclType(dt compute.DType) acl.DataType {
 // desc describes t to aclnn as the given view. The data address is the
 // buffer's start (aclnn wants it 32-byte aligned) and the view's offset
 // goes in the descriptor, over a storage of the whole buffer.
-func (b *Backend) desc(t compute.Tensor, view, strides []int64) (*acl.Tensor, error) {
+func (b *Backend) desc(t compute.Tensor, view, strides []int64) (tensorDesc, error) {
 	d, err := bufOf(t)
 	if err != nil {
 		return nil, err
 	}
-	return b.ctx.NewTensor(acl.TensorDesc{
+	return b.drv.newTensor(acl.TensorDesc{
 		DType:       aclType(t.DType),
 		Format:      acl.FormatND,
 		Dims:        view,
@@ -480,23 +476,23 @@ func (b *Backend) desc(t compute.Tensor, view, strides []int64) (*acl.Tensor, er
 
 // launch runs a prepared operator on the stream with the shared
 // workspace, growing it first if needed (during a capture, with its own).
-func (b *Backend) launch(op *acl.Op) error {
+func (b *Backend) launch(op prepared) error {
 	var ws acl.DevPtr
-	if op.WorkspaceSize > 0 && b.capture != nil {
+	if op.workspace() > 0 && b.capture != nil {
 		// A captured operator owns its workspace: the shared one may be
 		// regrown and reused between replays.
-		d, err := b.alloc(op.WorkspaceSize)
+		d, err := b.alloc(op.workspace())
 		if err != nil {
 			return err
 		}
 		b.freeBuf(d) // kept by the graph
 		ws = b.base.Add(d.off)
-	} else if op.WorkspaceSize > 0 {
-		if b.ws == nil || b.ws.n < op.WorkspaceSize {
+	} else if op.workspace() > 0 {
+		if b.ws == nil || b.ws.n < op.workspace() {
 			if b.ws != nil {
 				b.freeBuf(b.ws) // the stream is in order: the next op may reuse it
 			}
-			grown := op.WorkspaceSize
+			grown := op.workspace()
 			if b.ws != nil {
 				grown = max(grown, 2*b.ws.n)
 			}
@@ -508,10 +504,10 @@ func (b *Backend) launch(op *acl.Op) error {
 		}
 		ws = b.base.Add(b.ws.off)
 	}
-	return op.Launch(b.s, ws)
+	return op.launch(b.s, ws)
 }
 
-func destroy(ts ...*acl.Tensor) {
+func destroy(ts ...tensorDesc) {
 	for _, t := range ts {
 		if t != nil {
 			t.Destroy()
@@ -533,7 +529,7 @@ func (b *Backend) MatMul(dst, x, w compute.Tensor) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.run(func(ts []*acl.Tensor) (*acl.Op, error) { return b.ctx.Matmul("aclnnMatmul", ts[0], ts[1], ts[2], 0) },
+	return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.matmul("aclnnMatmul", ts[0], ts[1], ts[2], 0) },
 		flat(x, K), operand{w, []int64{int64(K), int64(N)}, []int64{1, int64(K)}}, flat(dst, N))
 }
 
@@ -561,8 +557,8 @@ func (b *Backend) RMSNorm(dst, x, w compute.Tensor, eps float32) error {
 		return err
 	}
 	defer b.freeBuf(rstd.Mem.(*devBuf))
-	return b.run(func(ts []*acl.Tensor) (*acl.Op, error) {
-		return b.ctx.RMSNorm(ts[0], ts[1], float64(eps), ts[2], ts[3])
+	return b.run(func(ts []tensorDesc) (prepared, error) {
+		return b.drv.rmsNorm(ts[0], ts[1], float64(eps), ts[2], ts[3])
 	},
 		flat(x, D), operand{t: w, view: []int64{int64(D)}}, flat(dst, D), flat(rstd, 1))
 }
@@ -595,8 +591,8 @@ func unmapped(op string) error {
 
 // run prepares an operator with prepare and launches it; the
 // descriptors of ts are destroyed afterwards (aclnn has copied them).
-func (b *Backend) run(prepare func(ts []*acl.Tensor) (*acl.Op, error), operands ...operand) error {
-	ts := make([]*acl.Tensor, len(operands))
+func (b *Backend) run(prepare func(ts []tensorDesc) (prepared, error), operands ...operand) error {
+	ts := make([]tensorDesc, len(operands))
 	defer func() { destroy(ts...) }()
 	for i, o := range operands {
 		var err error
@@ -623,16 +619,16 @@ func flat(t compute.Tensor, cols int) operand {
 }
 
 // scalar returns a cached Float scalar.
-func (b *Backend) scalar(v float32) (*acl.Scalar, error) {
+func (b *Backend) scalar(v float32) (scalar, error) {
 	if s, ok := b.scalars[v]; ok {
 		return s, nil
 	}
-	s, err := b.ctx.NewScalar(v)
+	s, err := b.drv.newScalar(v)
 	if err != nil {
 		return nil, err
 	}
 	if b.scalars == nil {
-		b.scalars = map[float32]*acl.Scalar{}
+		b.scalars = map[float32]scalar{}
 	}
 	b.scalars[v] = s
 	return s, nil
@@ -651,7 +647,7 @@ func (b *Backend) Unary(op compute.UnaryOp, dst, x compute.Tensor) error {
 	switch op {
 	case compute.SiLU, compute.Sigmoid:
 		name := map[compute.UnaryOp]string{compute.SiLU: "aclnnSilu", compute.Sigmoid: "aclnnSigmoid"}[op]
-		return b.run(func(ts []*acl.Tensor) (*acl.Op, error) { return b.ctx.Unary(name, ts[0], ts[1]) }, flat(x, D), flat(dst, D))
+		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary(name, ts[0], ts[1]) }, flat(x, D), flat(dst, D))
 	case compute.Softplus:
 		beta, err := b.scalar(1)
 		if err != nil {
@@ -661,7 +657,7 @@ func (b *Backend) Unary(op compute.UnaryOp, dst, x compute.Tensor) error {
 		if err != nil {
 			return err
 		}
-		return b.run(func(ts []*acl.Tensor) (*acl.Op, error) { return b.ctx.Softplus(ts[0], beta, threshold, ts[1]) }, flat(x, D), flat(dst, D))
+		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.softplus(ts[0], beta, threshold, ts[1]) }, flat(x, D), flat(dst, D))
 	}
 	return fmt.Errorf("ascend: unary op %d: %w", op, compute.ErrUnsupported)
 }
@@ -683,9 +679,9 @@ func (b *Backend) Binary(op compute.BinaryOp, dst, x, y compute.Tensor) error {
 		if err != nil {
 			return err
 		}
-		return b.run(func(ts []*acl.Tensor) (*acl.Op, error) { return b.ctx.Add(ts[0], ts[1], alpha, ts[2]) }, flat(x, D), ob, flat(dst, D))
+		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.add(ts[0], ts[1], alpha, ts[2]) }, flat(x, D), ob, flat(dst, D))
 	case compute.Mul:
-		return b.run(func(ts []*acl.Tensor) (*acl.Op, error) { return b.ctx.Binary("aclnnMul", ts[0], ts[1], ts[2]) }, flat(x, D), ob, flat(dst, D))
+		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) }, flat(x, D), ob, flat(dst, D))
 	}
 	return fmt.Errorf("ascend: binary op %d: %w", op, compute.ErrUnsupported)
 }
@@ -709,10 +705,10 @@ func (b *Backend) GatedAct(act compute.Activation, dst, gate, up compute.Tensor)
 		return err
 	}
 	defer b.freeBuf(tmp.Mem.(*devBuf))
-	if err := b.run(func(ts []*acl.Tensor) (*acl.Op, error) { return b.ctx.Unary("aclnnSilu", ts[0], ts[1]) }, flat(gate, D), flat(tmp, D)); err != nil {
+	if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary("aclnnSilu", ts[0], ts[1]) }, flat(gate, D), flat(tmp, D)); err != nil {
 		return err
 	}
-	return b.run(func(ts []*acl.Tensor) (*acl.Op, error) { return b.ctx.Binary("aclnnMul", ts[0], ts[1], ts[2]) }, flat(tmp, D), flat(up, D), flat(dst, D))
+	return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) }, flat(tmp, D), flat(up, D), flat(dst, D))
 }
 
 // Embedding implements compute.Backend with aclnnEmbedding; a bf16 table
@@ -729,7 +725,7 @@ func (b *Backend) Embedding(dst, table, ids compute.Tensor) error {
 	T, D := dims(ids), table.Dims[1]
 	tids := operand{t: ids, view: []int64{int64(T)}}
 	gather := func(out compute.Tensor) error {
-		return b.run(func(ts []*acl.Tensor) (*acl.Op, error) { return b.ctx.Binary("aclnnEmbedding", ts[0], ts[1], ts[2]) },
+		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnEmbedding", ts[0], ts[1], ts[2]) },
 			flat(table, D), tids, flat(out, D))
 	}
 	if table.DType == compute.F32 {
@@ -743,7 +739,7 @@ func (b *Backend) Embedding(dst, table, ids compute.Tensor) error {
 	if err := gather(tmp); err != nil {
 		return err
 	}
-	return b.run(func(ts []*acl.Tensor) (*acl.Op, error) { return b.ctx.Cast(ts[0], acl.Float, ts[1]) }, flat(tmp, D), flat(dst, D))
+	return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.cast(ts[0], acl.Float, ts[1]) }, flat(tmp, D), flat(dst, D))
 }
 
 // HeadMatMul implements compute.Backend with aclnnBatchMatMul over the
@@ -768,8 +764,8 @@ func (b *Backend) HeadMatMul(dst, x, w compute.Tensor) error {
 		}
 		return out
 	}
-	return b.run(func(ts []*acl.Tensor) (*acl.Op, error) {
-		return b.ctx.Matmul("aclnnBatchMatMul", ts[0], ts[1], ts[2], 0)
+	return b.run(func(ts []tensorDesc) (prepared, error) {
+		return b.drv.matmul("aclnnBatchMatMul", ts[0], ts[1], ts[2], 0)
 	},
 		operand{x, i(H, T, K), i(K, H*K, 1)},
 		operand{w, i(H, K, N), i(N*K, 1, K)},

@@ -1,0 +1,58 @@
+package ascend
+
+import "k3/ascend/internal/acl"
+
+// driver is what Backend needs of a device runtime: ACL through the cgo
+// shim (driver_acl.go, -tags ascend), or the host driver (hostdriver.go),
+// whose device memory is host memory and whose operators run in Go.
+// The methods mirror ACL's and aclnn's: a stream queues work in order, an
+// operator is prepared (phase 1) into an op that is launched (phase 2)
+// on a stream with a workspace.
+type driver interface {
+	malloc(n int) (acl.DevPtr, error)
+	free(p acl.DevPtr) error
+	mallocHost(n int) (hostBuffer, error)
+	newStream() (stream, error)
+	newTensor(d acl.TensorDesc) (tensorDesc, error)
+	newScalar(v float32) (scalar, error)
+
+	matmul(name string, x, w, out tensorDesc, cubeMath int8) (prepared, error)
+	unary(name string, x, out tensorDesc) (prepared, error)
+	binary(name string, a, b, out tensorDesc) (prepared, error)
+	add(a, b tensorDesc, alpha scalar, out tensorDesc) (prepared, error)
+	softplus(x tensorDesc, beta, threshold scalar, out tensorDesc) (prepared, error)
+	cast(x tensorDesc, dt acl.DataType, out tensorDesc) (prepared, error)
+	fill(x tensorDesc, v scalar) (prepared, error)
+	rmsNorm(x, gamma tensorDesc, eps float64, y, rstd tensorDesc) (prepared, error)
+
+	close() error
+}
+
+type hostBuffer interface {
+	Bytes() []byte
+	Free() error
+}
+
+type stream interface {
+	Sync() error
+	upload(dst acl.DevPtr, src hostBuffer, off, n int) error
+	download(dst hostBuffer, off int, src acl.DevPtr, n int) error
+	Memset(dst acl.DevPtr, value byte, n int) error
+	CopyDevice(dst, src acl.DevPtr, n int) error
+	capture(fn func() error) (graph, error)
+	Destroy() error
+}
+
+type graph interface {
+	replay(s stream) error
+	Destroy() error
+}
+
+type tensorDesc interface{ Destroy() error }
+
+type scalar interface{ Destroy() error }
+
+type prepared interface {
+	workspace() int
+	launch(s stream, ws acl.DevPtr) error
+}

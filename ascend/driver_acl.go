@@ -1,0 +1,127 @@
+//go:build ascend && cgo
+
+package ascend
+
+import (
+	"fmt"
+
+	"k3/ascend/internal/acl"
+)
+
+// aclDriver is the driver over CANN, through the cgo shim.
+type aclDriver struct{ ctx *acl.Context }
+
+type (
+	aclStream struct{ *acl.Stream }
+	aclGraph  struct{ *acl.Graph }
+	aclOp     struct{ *acl.Op }
+)
+
+func (d aclDriver) malloc(n int) (acl.DevPtr, error) { return d.ctx.Malloc(n) }
+func (d aclDriver) free(p acl.DevPtr) error          { return d.ctx.Free(p) }
+func (d aclDriver) close() error                     { return d.ctx.Close() }
+
+func (d aclDriver) mallocHost(n int) (hostBuffer, error) {
+	h, err := d.ctx.MallocHost(n)
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+func (d aclDriver) newStream() (stream, error) {
+	s, err := d.ctx.NewStream()
+	if err != nil {
+		return nil, err
+	}
+	return aclStream{s}, nil
+}
+
+func (d aclDriver) newTensor(td acl.TensorDesc) (tensorDesc, error) {
+	t, err := d.ctx.NewTensor(td)
+	if err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+func (d aclDriver) newScalar(v float32) (scalar, error) {
+	s, err := d.ctx.NewScalar(v)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func wrapOp(o *acl.Op, err error) (prepared, error) {
+	if err != nil {
+		return nil, err
+	}
+	return aclOp{o}, nil
+}
+
+func at(t tensorDesc) *acl.Tensor { return t.(*acl.Tensor) }
+func as(s scalar) *acl.Scalar     { return s.(*acl.Scalar) }
+
+func (d aclDriver) matmul(name string, x, w, out tensorDesc, cubeMath int8) (prepared, error) {
+	return wrapOp(d.ctx.Matmul(name, at(x), at(w), at(out), cubeMath))
+}
+func (d aclDriver) unary(name string, x, out tensorDesc) (prepared, error) {
+	return wrapOp(d.ctx.Unary(name, at(x), at(out)))
+}
+func (d aclDriver) binary(name string, a, b, out tensorDesc) (prepared, error) {
+	return wrapOp(d.ctx.Binary(name, at(a), at(b), at(out)))
+}
+func (d aclDriver) add(a, b tensorDesc, alpha scalar, out tensorDesc) (prepared, error) {
+	return wrapOp(d.ctx.Add(at(a), at(b), as(alpha), at(out)))
+}
+func (d aclDriver) softplus(x tensorDesc, beta, threshold scalar, out tensorDesc) (prepared, error) {
+	return wrapOp(d.ctx.Softplus(at(x), as(beta), as(threshold), at(out)))
+}
+func (d aclDriver) cast(x tensorDesc, dt acl.DataType, out tensorDesc) (prepared, error) {
+	return wrapOp(d.ctx.Cast(at(x), dt, at(out)))
+}
+func (d aclDriver) fill(x tensorDesc, v scalar) (prepared, error) {
+	return wrapOp(d.ctx.Fill(at(x), as(v)))
+}
+func (d aclDriver) rmsNorm(x, gamma tensorDesc, eps float64, y, rstd tensorDesc) (prepared, error) {
+	return wrapOp(d.ctx.RMSNorm(at(x), at(gamma), eps, at(y), at(rstd)))
+}
+
+func (s aclStream) upload(dst acl.DevPtr, src hostBuffer, off, n int) error {
+	return s.Upload(dst, src.(*acl.HostBuffer), off, n)
+}
+func (s aclStream) download(dst hostBuffer, off int, src acl.DevPtr, n int) error {
+	return s.Download(dst.(*acl.HostBuffer), off, src, n)
+}
+func (s aclStream) capture(fn func() error) (graph, error) {
+	g, err := s.Capture(acl.CaptureThreadLocal, fn)
+	if err != nil {
+		return nil, err
+	}
+	return aclGraph{g}, nil
+}
+
+func (g aclGraph) replay(s stream) error { return g.Replay(s.(aclStream).Stream) }
+
+func (o aclOp) workspace() int                       { return o.WorkspaceSize }
+func (o aclOp) launch(s stream, ws acl.DevPtr) error { return o.Launch(s.(aclStream).Stream, ws) }
+
+// aclParts returns b's ACL context and stream; a backend on another
+// driver has none.
+func (b *Backend) aclParts() (*acl.Context, *acl.Stream, error) {
+	d, ok := b.drv.(aclDriver)
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: the backend does not run on CANN", ErrInvalidArgument)
+	}
+	return d.ctx, b.s.(aclStream).Stream, nil
+}
+
+// openACL opens device o.Device of lib as a Backend.
+func openACL(lib *acl.Lib, o Options) (*Backend, error) {
+	ctx, err := lib.NewContext(o.Device)
+	if err != nil {
+		return nil, err
+	}
+	return newBackend(aclDriver{ctx}, o)
+}
