@@ -33,6 +33,9 @@ type Backend struct {
 	stage   hostBuffer
 	ones    map[int]compute.Tensor
 	scalars map[float32]scalar
+	// host, for a backend over the host driver, runs the operations not
+	// mapped to aclnn (onHost).
+	host compute.Backend
 	// capture, while a Capture runs, collects the spans freed meanwhile:
 	// the captured work uses them on every replay.
 	capture *Graph
@@ -102,6 +105,9 @@ func (b *Backend) release() error {
 	}
 	if b.drv != nil {
 		keep(b.drv.close())
+	}
+	if b.host != nil {
+		keep(b.host.Close())
 	}
 	return first
 }
@@ -173,8 +179,14 @@ func (g *Graph) release() {
 	g.keep = nil
 }
 
-// Name implements compute.Backend.
-func (b *Backend) Name() string { return "ascend" }
+// Name implements compute.Backend: "ascend", or "ascend-host" over the
+// host driver.
+func (b *Backend) Name() string {
+	if b.host != nil {
+		return "ascend-host"
+	}
+	return "ascend"
+}
 
 // Close waits for queued work and releases the device.
 func (b *Backend) Close() error {
@@ -419,8 +431,12 @@ func (b *Backend) Copy(dst, src compute.Tensor) error {
 }
 
 // Fill implements compute.Backend: zero is a memset, other values
-// aclnnInplaceFillScalar (f32 and bf16 tensors).
+// aclnnInplaceFillScalar (f32 and bf16 tensors; others are not mapped).
 func (b *Backend) Fill(dst compute.Tensor, v float32) error {
+	if v != 0 && dst.DType != compute.F32 && dst.DType != compute.BF16 {
+		type args struct{ Dst compute.Tensor }
+		return b.onHost("Fill", &args{dst}, func(c compute.Backend, a any) error { return c.Fill(a.(*args).Dst, v) })
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	p, err := b.addr(dst)
@@ -429,9 +445,6 @@ func (b *Backend) Fill(dst compute.Tensor, v float32) error {
 	}
 	if v == 0 {
 		return b.s.Memset(p, 0, dims(dst)*dst.DType.Size())
-	}
-	if dst.DType != compute.F32 && dst.DType != compute.BF16 {
-		return fmt.Errorf("%w: ascend: Fill of %v with %v", compute.ErrUnsupported, dst, v)
 	}
 	sc, err := b.scalar(v)
 	if err != nil {
@@ -691,7 +704,11 @@ func (b *Backend) Binary(op compute.BinaryOp, dst, x, y compute.Tensor) error {
 // concatenated in one tensor, which the seam does not promise).
 func (b *Backend) GatedAct(act compute.Activation, dst, gate, up compute.Tensor) error {
 	if act.Kind != compute.SwiGLU {
-		return unmapped("GatedAct (SiTU)")
+		type args struct{ Dst, Gate, Up compute.Tensor }
+		return b.onHost("GatedAct (SiTU)", &args{dst, gate, up}, func(c compute.Backend, a any) error {
+			h := a.(*args)
+			return c.GatedAct(act, h.Dst, h.Gate, h.Up)
+		})
 	}
 	if gate.Rank == 0 || gate.DType != compute.F32 || up.DType != compute.F32 || dst.DType != compute.F32 ||
 		dims(up) != dims(gate) || dims(dst) != dims(gate) {
@@ -772,22 +789,56 @@ func (b *Backend) HeadMatMul(dst, x, w compute.Tensor) error {
 		operand{dst, i(H, T, N), i(N, H*N, 1)})
 }
 
-// The operations below are not mapped yet.
+// The operations below are not mapped to aclnn yet: on a device they
+// return the unmapped error, over the host driver they run on the
+// pure-Go backend.
 
 func (b *Backend) LayerNorm(dst, x, w, bias compute.Tensor, eps float32) error {
-	return unmapped("LayerNorm")
+	type args struct{ Dst, X, W, Bias compute.Tensor }
+	return b.onHost("LayerNorm", &args{dst, x, w, bias}, func(c compute.Backend, a any) error {
+		h := a.(*args)
+		return c.LayerNorm(h.Dst, h.X, h.W, h.Bias, eps)
+	})
 }
-func (b *Backend) RoPE(a *compute.RopeArgs) error                { return unmapped("RoPE") }
-func (b *Backend) KDAChunk(a *compute.KDAArgs) error             { return unmapped("KDAChunk") }
-func (b *Backend) KDAStep(a *compute.KDAStepArgs) error          { return unmapped("KDAStep") }
-func (b *Backend) CausalConv(a *compute.ConvArgs) error          { return unmapped("CausalConv") }
-func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error { return unmapped("LightningIndexer") }
-func (b *Backend) Attention(a *compute.AttnArgs) error           { return unmapped("Attention") }
+
+func (b *Backend) RoPE(a *compute.RopeArgs) error {
+	return b.onHost("RoPE", a, func(c compute.Backend, h any) error { return c.RoPE(h.(*compute.RopeArgs)) })
+}
+
+func (b *Backend) KDAChunk(a *compute.KDAArgs) error {
+	return b.onHost("KDAChunk", a, func(c compute.Backend, h any) error { return c.KDAChunk(h.(*compute.KDAArgs)) })
+}
+
+func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
+	return b.onHost("KDAStep", a, func(c compute.Backend, h any) error { return c.KDAStep(h.(*compute.KDAStepArgs)) })
+}
+
+func (b *Backend) CausalConv(a *compute.ConvArgs) error {
+	return b.onHost("CausalConv", a, func(c compute.Backend, h any) error { return c.CausalConv(h.(*compute.ConvArgs)) })
+}
+
+func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
+	return b.onHost("LightningIndexer", a, func(c compute.Backend, h any) error { return c.LightningIndexer(h.(*compute.IndexerArgs)) })
+}
+
+func (b *Backend) Attention(a *compute.AttnArgs) error {
+	return b.onHost("Attention", a, func(c compute.Backend, h any) error { return c.Attention(h.(*compute.AttnArgs)) })
+}
+
 func (b *Backend) AttnResPrepare(a *compute.AttnResPrepareArgs) error {
-	return unmapped("AttnResPrepare")
+	return b.onHost("AttnResPrepare", a, func(c compute.Backend, h any) error { return c.AttnResPrepare(h.(*compute.AttnResPrepareArgs)) })
 }
-func (b *Backend) AttnResUpdate(a *compute.AttnResUpdateArgs) error { return unmapped("AttnResUpdate") }
-func (b *Backend) MoERoute(a *compute.RouteArgs) error              { return unmapped("MoERoute") }
-func (b *Backend) MoEExperts(a *compute.ExpertArgs) error           { return unmapped("MoEExperts") }
+
+func (b *Backend) AttnResUpdate(a *compute.AttnResUpdateArgs) error {
+	return b.onHost("AttnResUpdate", a, func(c compute.Backend, h any) error { return c.AttnResUpdate(h.(*compute.AttnResUpdateArgs)) })
+}
+
+func (b *Backend) MoERoute(a *compute.RouteArgs) error {
+	return b.onHost("MoERoute", a, func(c compute.Backend, h any) error { return c.MoERoute(h.(*compute.RouteArgs)) })
+}
+
+func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
+	return b.onHost("MoEExperts", a, func(c compute.Backend, h any) error { return c.MoEExperts(h.(*compute.ExpertArgs)) })
+}
 
 var _ compute.Backend = (*Backend)(nil)

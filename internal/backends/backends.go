@@ -11,7 +11,7 @@ import (
 	"k3/internal/cpu"
 )
 
-var names = []string{"go", "go-fastbf16", "ascend"}
+var names = []string{"go", "go-fastbf16", "ascend", "ascend-host"}
 
 // Names lists the backend names, for help texts.
 func Names() string { return strings.Join(names, ", ") }
@@ -45,6 +45,10 @@ func OpenWith(name string, o Options) (compute.Backend, error) {
 		return cpu.NewFastBF16(0), nil
 	case "ascend":
 		return ascend.Open(ascend.Options{Device: o.Device, LibDirs: o.LibDirs, ArenaBytes: o.MemoryBytes})
+	case "ascend-host":
+		// The Ascend backend's orchestration with the host as its device:
+		// for testing it without an NPU.
+		return ascend.OpenHost(ascend.Options{ArenaBytes: o.MemoryBytes})
 	}
 	return nil, fmt.Errorf("unknown backend %q (have %s)", name, Names())
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"k3/ascend"
 	"k3/compute"
 	"k3/internal/cpu"
 	"k3/internal/safetensors"
@@ -327,5 +328,30 @@ func TestKDADecodeComposedRoute(t *testing.T) {
 	}
 	if c.steps == 0 {
 		t.Fatal("the layer did not take the composition")
+	}
+}
+
+// Every case passes through the Ascend backend's orchestration on the
+// host driver (arena, stream, staging, descriptors, two-phase operators;
+// the operations not mapped to aclnn run on the pure-Go backend).
+func TestAscendHost(t *testing.T) {
+	b, err := ascend.OpenHost(ascend.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	cases, err := Discover("../../testdata")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for r := range Run(context.Background(), b, cases) {
+		n++
+		if !r.Pass {
+			t.Errorf("%s", r)
+		}
+	}
+	if n == 0 {
+		t.Fatal("no cases")
 	}
 }

@@ -42,8 +42,17 @@ func argmax(row []float32) int32 {
 }
 
 func runModel(ctx context.Context, b compute.Backend, dir string, chk *checker) error {
-	if b.Name() != "go" && b.Name() != "go-fastbf16" {
-		return fmt.Errorf("model.forward runs on the backend k3.Load opens; only the go backends are wired: %w", compute.ErrUnsupported)
+	goBackend := b.Name() == "go" || b.Name() == "go-fastbf16"
+	l, split := ctx.Value(layoutKey{}).(k3.Layout)
+	split = split && l.Ranks() > 1
+	if split && !goBackend {
+		return fmt.Errorf("model.forward under a parallel layout opens a backend per rank, by name; only the go backends are wired: %w", compute.ErrUnsupported)
+	}
+	// The Go backends are opened by name, as an application would; any
+	// other runs the model on b itself.
+	backend := k3.WithBackend(b.Name())
+	if !goBackend {
+		backend = k3.WithComputeBackend(b)
 	}
 	f, err := openCase(filepath.Join(dir, "expected.safetensors"))
 	if err != nil {
@@ -54,8 +63,8 @@ func runModel(ctx context.Context, b compute.Backend, dir string, chk *checker) 
 		cfg *k3.Config
 		s   forwarder
 	)
-	if l, ok := ctx.Value(layoutKey{}).(k3.Layout); ok && l.Ranks() > 1 {
-		g, err := k3.LoadGroup(ctx, dir, l, k3.WithBackend(b.Name()))
+	if split {
+		g, err := k3.LoadGroup(ctx, dir, l, backend)
 		if err != nil {
 			return err
 		}
@@ -67,7 +76,7 @@ func runModel(ctx context.Context, b compute.Backend, dir string, chk *checker) 
 		defer gs.Close()
 		cfg, s = g.Ranks()[0].Config, gs
 	} else {
-		m, err := k3.Load(ctx, dir, k3.WithBackend(b.Name()))
+		m, err := k3.Load(ctx, dir, backend)
 		if err != nil {
 			return err
 		}

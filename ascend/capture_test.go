@@ -1,5 +1,3 @@
-//go:build ascend && cgo
-
 package ascend
 
 import (
@@ -85,9 +83,10 @@ func (m *mlpStep) run(b compute.Backend) error {
 
 // A captured step replays with new ids written between replays and
 // matches the step run eagerly on the pure-Go backend each time.
-func TestCaptureDecodeStep(t *testing.T) {
+func TestCaptureDecodeStep(t *testing.T) { eachDriver(t, 32<<20, testCaptureDecodeStep) }
+
+func testCaptureDecodeStep(t *testing.T, a *Backend) {
 	const B, V, D, F = 3, 40, 32, 48
-	a := fakeBackend(t, 32<<20)
 	c := cpu.New(1)
 	defer c.Close()
 	ma := newMLPStep(t, a, rand.New(rand.NewPCG(7, 7)), B, V, D, F)

@@ -1,0 +1,126 @@
+package ascend
+
+import (
+	"fmt"
+	"reflect"
+
+	"k3/compute"
+	"k3/internal/cpu"
+)
+
+// OpenHost returns the Ascend backend over the host driver: the whole
+// orchestration of the device backend (arena, stream, staging,
+// workspaces, descriptors and two-phase operators, capture) with the
+// device played by host memory and Go. It is for testing that
+// orchestration on machines without an NPU (k3 conform -backend
+// ascend-host), not for speed. The operations the backend has not mapped
+// to aclnn run on the pure-Go backend over the same memory, after the
+// stream has drained.
+func OpenHost(o Options) (*Backend, error) {
+	d := newHostDriver()
+	b, err := newBackend(d, o)
+	if err != nil {
+		return nil, err
+	}
+	b.host = cpu.New(1)
+	return b, nil
+}
+
+// onHost runs an operation the backend has not mapped on the pure-Go
+// backend, for a backend over the host driver: the stream is drained
+// first (the operation reads what queued work writes), and args is a
+// pointer to the operation's argument struct, copied with every tensor
+// replaced by a pure-Go tensor over the same bytes. On a device it is
+// the unmapped error.
+func (b *Backend) onHost(name string, args any, call func(c compute.Backend, args any) error) error {
+	if b.host == nil {
+		return unmapped(name)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.capture != nil {
+		return fmt.Errorf("%w: %s runs on the host, outside the captured stream", ErrCapturing, name)
+	}
+	if err := b.s.Sync(); err != nil {
+		return err
+	}
+	v := reflect.ValueOf(args)
+	c := reflect.New(v.Type().Elem())
+	c.Elem().Set(v.Elem())
+	if err := b.hostTensors(c.Elem()); err != nil {
+		return fmt.Errorf("ascend: %s on the host: %w", name, err)
+	}
+	err := call(b.host, c.Interface())
+	// Fields an operation sets (AttnResUpdateArgs.HasPartial) go back.
+	for i := range c.Elem().NumField() {
+		if f := c.Elem().Field(i); !tensorish(f.Type()) {
+			v.Elem().Field(i).Set(f)
+		}
+	}
+	return err
+}
+
+func tensorish(t reflect.Type) bool {
+	return t == tensorType || t == weightsType || (t.Kind() == reflect.Slice && t.Elem() == tensorType)
+}
+
+var (
+	tensorType  = reflect.TypeFor[compute.Tensor]()
+	weightsType = reflect.TypeFor[*compute.KDAWeights]()
+)
+
+// hostTensors replaces, in the struct v (settable), every Tensor, every
+// []Tensor (copied) and a *KDAWeights (copied) by their host twins.
+func (b *Backend) hostTensors(v reflect.Value) error {
+	for i := range v.NumField() {
+		f := v.Field(i)
+		switch {
+		case f.Type() == tensorType:
+			t, err := b.hostTensor(f.Interface().(compute.Tensor))
+			if err != nil {
+				return err
+			}
+			f.Set(reflect.ValueOf(t))
+		case f.Kind() == reflect.Slice && f.Type().Elem() == tensorType && !f.IsNil():
+			ts := make([]compute.Tensor, f.Len())
+			for j := range ts {
+				var err error
+				if ts[j], err = b.hostTensor(f.Index(j).Interface().(compute.Tensor)); err != nil {
+					return err
+				}
+			}
+			f.Set(reflect.ValueOf(ts))
+		case f.Type() == weightsType && !f.IsNil():
+			w := *f.Interface().(*compute.KDAWeights)
+			if err := b.hostTensors(reflect.ValueOf(&w).Elem()); err != nil {
+				return err
+			}
+			f.Set(reflect.ValueOf(&w))
+		}
+	}
+	return nil
+}
+
+// hostTensor is t as a pure-Go tensor over the same host memory (the
+// pure-Go backend's FromHost aliases aligned bytes).
+func (b *Backend) hostTensor(t compute.Tensor) (compute.Tensor, error) {
+	if t.IsZero() {
+		return t, nil
+	}
+	d, err := bufOf(t)
+	if err != nil {
+		return t, err
+	}
+	size := t.DType.Size()
+	mem, err := b.drv.(*hostDriver).mem(b.base.Add(d.off), d.n, "host operation")
+	if err != nil {
+		return t, err
+	}
+	n := d.n / size
+	h, err := b.host.FromHost(t.DType, t.DType, mem[:n*size], n)
+	if err != nil {
+		return t, err
+	}
+	h.Off, h.Rank, h.Dims = t.Off, t.Rank, t.Dims
+	return h, nil
+}

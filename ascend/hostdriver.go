@@ -1,0 +1,555 @@
+package ascend
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"sync"
+	"unsafe"
+
+	"k3/ascend/internal/acl"
+	"k3/internal/floatx"
+)
+
+// hostDriver runs the backend's orchestration on the host, so that it is
+// exercised in every build: device memory is Go memory, a stream queues
+// its work and runs it only when something waits for it, and the aclnn
+// operators the backend maps are computed in Go with aclnn's semantics
+// (descriptors with strides and offsets, broadcasting, two phases with a
+// workspace). It checks what ACL checks: device addresses against its
+// allocations, host copies only from its pinned buffers, workspaces of
+// the size phase 1 asked for. Operations the backend has not mapped to
+// aclnn run on the pure-Go backend over the same memory (Backend.onHost).
+type hostDriver struct {
+	mu     sync.Mutex
+	allocs [][]byte // device allocations
+	pinned map[*hostPinned]bool
+}
+
+func newHostDriver() *hostDriver { return &hostDriver{pinned: map[*hostPinned]bool{}} }
+
+func hostErr(lib acl.Library, code int, api, format string, args ...any) error {
+	return &acl.Error{API: api, Lib: lib, Code: code, Msg: fmt.Sprintf(format, args...)}
+}
+
+func (d *hostDriver) malloc(n int) (acl.DevPtr, error) {
+	if n <= 0 {
+		return acl.DevPtr{}, hostErr(acl.ACL, 100000, "aclrtMalloc", "size %d", n)
+	}
+	// 512 spare bytes let the start be 512-byte aligned, as ACL's is.
+	raw := make([]byte, n+512)
+	pad := (512 - int(uintptr(unsafe.Pointer(unsafe.SliceData(raw))))%512) % 512
+	b := raw[pad : pad+n : pad+n]
+	d.mu.Lock()
+	d.allocs = append(d.allocs, b)
+	d.mu.Unlock()
+	return acl.HostDevPtr(b), nil
+}
+
+func (d *hostDriver) free(p acl.DevPtr) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i, b := range d.allocs {
+		if acl.HostDevPtr(b) == p {
+			d.allocs = append(d.allocs[:i], d.allocs[i+1:]...)
+			return nil
+		}
+	}
+	return hostErr(acl.ACL, 100000, "aclrtFree", "not device memory from aclrtMalloc")
+}
+
+// mem is the device memory [p, p+n), or an error naming api.
+func (d *hostDriver) mem(p acl.DevPtr, n int, api string) ([]byte, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, b := range d.allocs {
+		off := p.Sub(acl.HostDevPtr(b))
+		if off >= 0 && off+n <= len(b) && n >= 0 {
+			return b[off : off+n], nil
+		}
+	}
+	return nil, hostErr(acl.ACL, 100000, api, "%d bytes at %v are not device memory", n, p)
+}
+
+type hostPinned struct {
+	d *hostDriver
+	b []byte
+}
+
+func (h *hostPinned) Bytes() []byte { return h.b }
+
+func (h *hostPinned) Free() error {
+	h.d.mu.Lock()
+	defer h.d.mu.Unlock()
+	if !h.d.pinned[h] {
+		return hostErr(acl.ACL, 100000, "aclrtFreeHost", "not from aclrtMallocHost")
+	}
+	delete(h.d.pinned, h)
+	return nil
+}
+
+func (d *hostDriver) mallocHost(n int) (hostBuffer, error) {
+	h := &hostPinned{d: d, b: make([]byte, n)}
+	d.mu.Lock()
+	d.pinned[h] = true
+	d.mu.Unlock()
+	return h, nil
+}
+
+func (d *hostDriver) close() error { return nil }
+
+// hostStream queues work until a synchronisation.
+type hostStream struct {
+	d         *hostDriver
+	q         []func() error
+	capturing *hostGraph
+}
+
+func (d *hostDriver) newStream() (stream, error) { return &hostStream{d: d}, nil }
+
+func (s *hostStream) enqueue(f func() error) {
+	if s.capturing != nil {
+		s.capturing.tasks = append(s.capturing.tasks, f)
+		return
+	}
+	s.q = append(s.q, f)
+}
+
+func (s *hostStream) Sync() error {
+	if s.capturing != nil {
+		return hostErr(acl.ACL, 100000, "aclrtSynchronizeStream", "the stream is capturing")
+	}
+	var first error
+	for len(s.q) > 0 {
+		f := s.q[0]
+		s.q = s.q[1:]
+		if err := f(); err != nil && first == nil {
+			first = err
+		}
+	}
+	s.q = nil
+	return first
+}
+
+func (s *hostStream) Destroy() error { return s.Sync() }
+
+func (s *hostStream) pinned(h hostBuffer, off, n int, api string) ([]byte, error) {
+	p, ok := h.(*hostPinned)
+	s.d.mu.Lock()
+	ok = ok && s.d.pinned[p]
+	s.d.mu.Unlock()
+	if !ok || off < 0 || off+n > len(p.b) {
+		return nil, hostErr(acl.ACL, 100000, api, "the host side is not [%d:%d] of pinned memory from aclrtMallocHost", off, off+n)
+	}
+	return p.b[off : off+n], nil
+}
+
+// copyLater queues copy(to, from) once both sides are checked.
+func (s *hostStream) copyLater(to []byte, errTo error, from []byte, errFrom error) error {
+	if errTo != nil {
+		return errTo
+	}
+	if errFrom != nil {
+		return errFrom
+	}
+	s.enqueue(func() error { copy(to, from); return nil })
+	return nil
+}
+
+func (s *hostStream) upload(dst acl.DevPtr, src hostBuffer, off, n int) error {
+	to, errTo := s.d.mem(dst, n, "aclrtMemcpyAsync")
+	from, errFrom := s.pinned(src, off, n, "aclrtMemcpyAsync")
+	return s.copyLater(to, errTo, from, errFrom)
+}
+
+func (s *hostStream) download(dst hostBuffer, off int, src acl.DevPtr, n int) error {
+	to, errTo := s.pinned(dst, off, n, "aclrtMemcpyAsync")
+	from, errFrom := s.d.mem(src, n, "aclrtMemcpyAsync")
+	return s.copyLater(to, errTo, from, errFrom)
+}
+
+func (s *hostStream) Memset(dst acl.DevPtr, value byte, n int) error {
+	to, err := s.d.mem(dst, n, "aclrtMemsetAsync")
+	if err != nil {
+		return err
+	}
+	s.enqueue(func() error {
+		for i := range to {
+			to[i] = value
+		}
+		return nil
+	})
+	return nil
+}
+
+func (s *hostStream) CopyDevice(dst, src acl.DevPtr, n int) error {
+	to, errTo := s.d.mem(dst, n, "aclrtMemcpyAsync")
+	from, errFrom := s.d.mem(src, n, "aclrtMemcpyAsync")
+	return s.copyLater(to, errTo, from, errFrom)
+}
+
+type hostGraph struct{ tasks []func() error }
+
+func (s *hostStream) capture(fn func() error) (graph, error) {
+	g := &hostGraph{}
+	s.capturing = g
+	err := fn()
+	s.capturing = nil
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+func (g *hostGraph) replay(s stream) error {
+	hs := s.(*hostStream)
+	for _, t := range g.tasks {
+		hs.enqueue(t)
+	}
+	return nil
+}
+
+func (g *hostGraph) Destroy() error { g.tasks = nil; return nil }
+
+// hostTensor is a descriptor: a strided view over device memory.
+type hostTensor struct {
+	dt      acl.DataType
+	dims    []int64
+	strides []int64
+	offset  int64
+	data    []byte // the whole storage
+	dead    bool
+}
+
+func (t *hostTensor) Destroy() error { t.dead = true; return nil }
+
+func (d *hostDriver) newTensor(td acl.TensorDesc) (tensorDesc, error) {
+	api := "aclCreateTensor"
+	if len(td.Dims) == 0 || td.DType.Size() == 0 || (td.Format != acl.FormatND && td.Format != 0) {
+		return nil, hostErr(acl.ACLNN, 161002, api, "%d dimensions, data type %d, format %d", len(td.Dims), td.DType, td.Format)
+	}
+	strides := td.Strides
+	if strides == nil {
+		strides = make([]int64, len(td.Dims))
+		s := int64(1)
+		for i := len(td.Dims) - 1; i >= 0; i-- {
+			strides[i] = s
+			s *= td.Dims[i]
+		}
+	}
+	storage := td.StorageDims
+	if storage == nil {
+		storage = td.Dims
+	}
+	n, reach := int64(1), td.Offset
+	for _, s := range storage {
+		n *= s
+	}
+	for i, dim := range td.Dims {
+		if dim <= 0 || strides[i] < 0 {
+			return nil, hostErr(acl.ACLNN, 161002, api, "dimension %d is %d with stride %d", i, dim, strides[i])
+		}
+		reach += (dim - 1) * strides[i]
+	}
+	if reach >= n {
+		return nil, hostErr(acl.ACLNN, 161002, api, "the view reaches element %d of a storage of %d", reach, n)
+	}
+	data, err := d.mem(td.Data, int(n)*td.DType.Size(), api)
+	if err != nil {
+		return nil, err
+	}
+	return &hostTensor{dt: td.DType, dims: td.Dims, strides: strides, offset: td.Offset, data: data}, nil
+}
+
+func (t *hostTensor) get(i int64) float64 {
+	switch t.dt {
+	case acl.Float:
+		return float64(math.Float32frombits(binary.LittleEndian.Uint32(t.data[4*i:])))
+	case acl.BF16:
+		return float64(floatx.FromBF16(binary.LittleEndian.Uint16(t.data[2*i:])))
+	case acl.Float16:
+		return float64(floatx.FromF16(binary.LittleEndian.Uint16(t.data[2*i:])))
+	case acl.Int32:
+		return float64(int32(binary.LittleEndian.Uint32(t.data[4*i:])))
+	}
+	return math.NaN()
+}
+
+func (t *hostTensor) put(i int64, v float64) {
+	switch t.dt {
+	case acl.Float:
+		binary.LittleEndian.PutUint32(t.data[4*i:], math.Float32bits(float32(v)))
+	case acl.BF16:
+		binary.LittleEndian.PutUint16(t.data[2*i:], floatx.BF16(float32(v)))
+	case acl.Float16:
+		binary.LittleEndian.PutUint16(t.data[2*i:], floatx.F16(float32(v)))
+	case acl.Int32:
+		binary.LittleEndian.PutUint32(t.data[4*i:], uint32(int32(v)))
+	}
+}
+
+func (t *hostTensor) count() int64 {
+	n := int64(1)
+	for _, d := range t.dims {
+		n *= d
+	}
+	return n
+}
+
+type hostScalar struct{ v float64 }
+
+func (*hostScalar) Destroy() error { return nil }
+
+func (d *hostDriver) newScalar(v float32) (scalar, error) { return &hostScalar{float64(v)}, nil }
+
+// hostOp is a prepared operator: its workspace size and its computation.
+type hostOp struct {
+	d    *hostDriver
+	api  string
+	ws   int
+	run  func(ws []byte) error
+	used bool
+}
+
+func (o *hostOp) workspace() int { return o.ws }
+
+func (o *hostOp) launch(s stream, ws acl.DevPtr) error {
+	if o.used {
+		return hostErr(acl.ACLNN, 161002, o.api, "the executor was consumed by an earlier launch")
+	}
+	o.used = true
+	var w []byte
+	if o.ws > 0 {
+		var err error
+		if w, err = o.d.mem(ws, o.ws, o.api); err != nil {
+			return hostErr(acl.ACLNN, 161002, o.api, "workspace: %v", err)
+		}
+	}
+	s.(*hostStream).enqueue(func() error { return o.run(w) })
+	return nil
+}
+
+// operands checks that every descriptor is live.
+func operands(api string, ts ...tensorDesc) ([]*hostTensor, error) {
+	out := make([]*hostTensor, len(ts))
+	for i, t := range ts {
+		h, ok := t.(*hostTensor)
+		if !ok || h.dead {
+			return nil, hostErr(acl.ACLNN, 161001, api, "operand %d is not a live tensor", i)
+		}
+		out[i] = h
+	}
+	return out, nil
+}
+
+func (d *hostDriver) matmul(name string, x, w, out tensorDesc, cubeMath int8) (prepared, error) {
+	api := name + "GetWorkspaceSize"
+	ts, err := operands(api, x, w, out)
+	if err != nil {
+		return nil, err
+	}
+	a, b, o := ts[0], ts[1], ts[2]
+	nd := 2
+	if name == "aclnnBatchMatMul" {
+		nd = 3
+	}
+	k := nd - 2 // index of the row dimension
+	if len(a.dims) != nd || len(b.dims) != nd || len(o.dims) != nd || a.dims[k+1] != b.dims[k] ||
+		o.dims[k] != a.dims[k] || o.dims[k+1] != b.dims[k+1] || (nd == 3 && (b.dims[0] != a.dims[0] || o.dims[0] != a.dims[0])) {
+		return nil, hostErr(acl.ACLNN, 161002, api, "shapes %v x %v -> %v do not chain", a.dims, b.dims, o.dims)
+	}
+	batch := int64(1)
+	if nd == 3 {
+		batch = a.dims[0]
+	}
+	M, K, N := a.dims[k], a.dims[k+1], b.dims[k+1]
+	run := func(ws []byte) error {
+		acc := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(ws))), N) // one output row, in the workspace
+		for bi := int64(0); bi < batch; bi++ {
+			var ab, bb, ob int64
+			if nd == 3 {
+				ab, bb, ob = bi*a.strides[0], bi*b.strides[0], bi*o.strides[0]
+			}
+			for m := int64(0); m < M; m++ {
+				for n := int64(0); n < N; n++ {
+					var s float64
+					for kk := int64(0); kk < K; kk++ {
+						s += a.get(a.offset+ab+m*a.strides[k]+kk*a.strides[k+1]) * b.get(b.offset+bb+kk*b.strides[k]+n*b.strides[k+1])
+					}
+					acc[n] = float32(s)
+				}
+				for n := int64(0); n < N; n++ {
+					o.put(o.offset+ob+m*o.strides[k]+n*o.strides[k+1], float64(acc[n]))
+				}
+			}
+		}
+		return nil
+	}
+	return &hostOp{d: d, api: name, ws: int(N) * 4, run: run}, nil
+}
+
+func (d *hostDriver) rmsNorm(x, gamma tensorDesc, eps float64, y, rstd tensorDesc) (prepared, error) {
+	api := "aclnnRmsNormGetWorkspaceSize"
+	ts, err := operands(api, x, gamma, y, rstd)
+	if err != nil {
+		return nil, err
+	}
+	a, g, o, r := ts[0], ts[1], ts[2], ts[3]
+	D := a.dims[len(a.dims)-1]
+	rows := a.count() / D
+	if o.count() != a.count() || g.count() != D || r.count() != rows || !(eps > 0) {
+		return nil, hostErr(acl.ACLNN, 161002, api, "x %v, gamma %v, y %v, rstd %v, eps %g do not match", a.dims, g.dims, o.dims, r.dims, eps)
+	}
+	run := func([]byte) error {
+		for i := int64(0); i < rows; i++ {
+			var ss float64
+			for j := int64(0); j < D; j++ {
+				v := a.get(a.offset + i*D + j)
+				ss += v * v
+			}
+			rs := 1 / math.Sqrt(ss/float64(D)+eps)
+			for j := int64(0); j < D; j++ {
+				o.put(o.offset+i*D+j, a.get(a.offset+i*D+j)*rs*g.get(g.offset+j))
+			}
+			r.put(r.offset+i, rs)
+		}
+		return nil
+	}
+	return &hostOp{d: d, api: "aclnnRmsNorm", run: run}, nil
+}
+
+// elementwise prepares out[i] = f(a[i], b[i]) with numpy broadcasting of
+// a and b (b may be nil) to out's shape.
+func (d *hostDriver) elementwise(name string, f func(x, y float64) float64, ts ...tensorDesc) (prepared, error) {
+	api := name + "GetWorkspaceSize"
+	hs, err := operands(api, ts...)
+	if err != nil {
+		return nil, err
+	}
+	o := hs[len(hs)-1]
+	in := hs[:len(hs)-1]
+	for _, t := range in {
+		if !broadcastsTo(t.dims, o.dims) {
+			return nil, hostErr(acl.ACLNN, 161002, api, "%v does not broadcast to %v", t.dims, o.dims)
+		}
+	}
+	run := func([]byte) error {
+		idx := make([]int64, len(o.dims))
+		for n := o.count(); n > 0; n-- {
+			var x, y float64
+			x = in[0].get(boffset(in[0], o, idx))
+			if len(in) > 1 {
+				y = in[1].get(boffset(in[1], o, idx))
+			}
+			o.put(boffset(o, o, idx), f(x, y))
+			for i := len(idx) - 1; i >= 0; i-- {
+				if idx[i]++; idx[i] < o.dims[i] {
+					break
+				}
+				idx[i] = 0
+			}
+		}
+		return nil
+	}
+	return &hostOp{d: d, api: name, run: run}, nil
+}
+
+func broadcastsTo(dims, out []int64) bool {
+	if len(dims) > len(out) {
+		return false
+	}
+	for i, d := range dims {
+		if od := out[len(out)-len(dims)+i]; d != 1 && d != od {
+			return false
+		}
+	}
+	return true
+}
+
+// boffset is the element of t that output index idx reads.
+func boffset(t, o *hostTensor, idx []int64) int64 {
+	off := t.offset
+	for i, d := range t.dims {
+		if d != 1 {
+			off += idx[len(o.dims)-len(t.dims)+i] * t.strides[i]
+		}
+	}
+	return off
+}
+
+func (d *hostDriver) unary(name string, x, out tensorDesc) (prepared, error) {
+	switch name {
+	case "aclnnSilu":
+		return d.elementwise(name, func(x, _ float64) float64 { return x / (1 + math.Exp(-x)) }, x, out)
+	case "aclnnSigmoid":
+		return d.elementwise(name, func(x, _ float64) float64 { return 1 / (1 + math.Exp(-x)) }, x, out)
+	}
+	return nil, hostErr(acl.ACLNN, 561003, name, "operator %s not in the host driver", name)
+}
+
+func (d *hostDriver) binary(name string, a, b, out tensorDesc) (prepared, error) {
+	switch name {
+	case "aclnnMul":
+		return d.elementwise(name, func(x, y float64) float64 { return x * y }, a, b, out)
+	case "aclnnEmbedding":
+		return d.embedding(a, b, out)
+	}
+	return nil, hostErr(acl.ACLNN, 561003, name, "operator %s not in the host driver", name)
+}
+
+func (d *hostDriver) add(a, b tensorDesc, alpha scalar, out tensorDesc) (prepared, error) {
+	al := alpha.(*hostScalar).v
+	return d.elementwise("aclnnAdd", func(x, y float64) float64 { return x + al*y }, a, b, out)
+}
+
+func (d *hostDriver) softplus(x tensorDesc, beta, threshold scalar, out tensorDesc) (prepared, error) {
+	b, th := beta.(*hostScalar).v, threshold.(*hostScalar).v
+	if b == 0 {
+		return nil, hostErr(acl.ACLNN, 161002, "aclnnSoftplusGetWorkspaceSize", "beta 0")
+	}
+	return d.elementwise("aclnnSoftplus", func(x, _ float64) float64 {
+		if b*x > th {
+			return x
+		}
+		return math.Log1p(math.Exp(b*x)) / b
+	}, x, out)
+}
+
+func (d *hostDriver) cast(x tensorDesc, dt acl.DataType, out tensorDesc) (prepared, error) {
+	if o, ok := out.(*hostTensor); ok && o.dt != dt {
+		return nil, hostErr(acl.ACLNN, 161002, "aclnnCastGetWorkspaceSize", "out has data type %d, cast to %d", o.dt, dt)
+	}
+	return d.elementwise("aclnnCast", func(x, _ float64) float64 { return x }, x, out)
+}
+
+func (d *hostDriver) fill(x tensorDesc, v scalar) (prepared, error) {
+	val := v.(*hostScalar).v
+	return d.elementwise("aclnnInplaceFillScalar", func(float64, float64) float64 { return val }, x, x)
+}
+
+func (d *hostDriver) embedding(weight, indices, out tensorDesc) (prepared, error) {
+	api := "aclnnEmbeddingGetWorkspaceSize"
+	ts, err := operands(api, weight, indices, out)
+	if err != nil {
+		return nil, err
+	}
+	w, ids, o := ts[0], ts[1], ts[2]
+	if len(w.dims) != 2 || len(ids.dims) != 1 || ids.dt != acl.Int32 || len(o.dims) != 2 || o.dims[0] != ids.dims[0] ||
+		o.dims[1] != w.dims[1] || o.dt != w.dt {
+		return nil, hostErr(acl.ACLNN, 161002, api, "weight %v, indices %v, out %v", w.dims, ids.dims, o.dims)
+	}
+	V, D := w.dims[0], w.dims[1]
+	run := func([]byte) error {
+		for t := int64(0); t < ids.dims[0]; t++ {
+			id := int64(ids.get(ids.offset + t*ids.strides[0]))
+			if id < 0 || id >= V {
+				return hostErr(acl.ACL, 507015, "aclnnEmbedding", "index %d outside [0, %d)", id, V)
+			}
+			for j := int64(0); j < D; j++ {
+				o.put(o.offset+t*o.strides[0]+j*o.strides[1], w.get(w.offset+id*w.strides[0]+j*w.strides[1]))
+			}
+		}
+		return nil
+	}
+	return &hostOp{d: d, api: "aclnnEmbedding", run: run}, nil
+}
