@@ -793,12 +793,27 @@ func (b *Backend) HeadMatMul(dst, x, w compute.Tensor) error {
 // return the unmapped error, over the host driver they run on the
 // pure-Go backend.
 
+// LayerNorm implements compute.Backend with aclnnLayerNorm (normalized
+// over the last dimension); the per-row mean and reciprocal root it also
+// returns go to scratch spans.
 func (b *Backend) LayerNorm(dst, x, w, bias compute.Tensor, eps float32) error {
-	type args struct{ Dst, X, W, Bias compute.Tensor }
-	return b.onHost("LayerNorm", &args{dst, x, w, bias}, func(c compute.Backend, a any) error {
-		h := a.(*args)
-		return c.LayerNorm(h.Dst, h.X, h.W, h.Bias, eps)
-	})
+	if x.Rank == 0 || x.DType != compute.F32 || dst.DType != compute.F32 || dims(dst) != dims(x) ||
+		w.DType != compute.F32 || bias.DType != compute.F32 || dims(w) != x.Dim(-1) || dims(bias) != x.Dim(-1) {
+		return fmt.Errorf("%w: LayerNorm x %v dst %v w %v b %v", compute.ErrShape, x, dst, w, bias)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	D := x.Dim(-1)
+	rows := dims(x) / max(D, 1)
+	stats, err := b.allocTensor(compute.F32, 2, rows)
+	if err != nil {
+		return err
+	}
+	defer b.freeBuf(stats.Mem.(*devBuf))
+	vec := []int64{int64(D)}
+	return b.run(func(ts []tensorDesc) (prepared, error) {
+		return b.drv.layerNorm(ts[0], ts[1], ts[2], float64(eps), ts[3], ts[4], ts[5], D)
+	}, flat(x, D), operand{t: w, view: vec}, operand{t: bias, view: vec}, flat(dst, D), flat(stats.Rows(0, 1), 1), flat(stats.Rows(1, 2), 1))
 }
 
 func (b *Backend) RoPE(a *compute.RopeArgs) error {

@@ -163,6 +163,18 @@ func testBackendOps(t *testing.T, a *Backend) {
 				assert.InDeltaSlice(t, read(t, c, oc), read(t, a, oa), 1e-4, "rows %v %v", s, wt)
 			}
 		}
+		{
+			xa, xc := both(t, a, c, compute.F32, randF32(rng, s.M*s.K), s.M, s.K)
+			ga, gc := both(t, a, c, compute.F32, randF32(rng, s.K), s.K)
+			ba, bc := both(t, a, c, compute.F32, randF32(rng, s.K), s.K)
+			ya, err := a.Alloc(compute.F32, s.M, s.K)
+			require.NoError(t, err)
+			yc, err := c.Alloc(compute.F32, s.M, s.K)
+			require.NoError(t, err)
+			require.NoError(t, a.LayerNorm(ya, xa, ga, ba, 1e-5))
+			require.NoError(t, c.LayerNorm(yc, xc, gc, bc, 1e-5))
+			assert.InDeltaSlice(t, read(t, c, yc), read(t, a, ya), 1e-5, "layernorm %v", s)
+		}
 		for _, weighted := range []bool{true, false} {
 			xa, xc := both(t, a, c, compute.F32, randF32(rng, s.M*s.K), s.M, s.K)
 			var ga, gc compute.Tensor

@@ -24,6 +24,7 @@ type driver interface {
 	cast(x tensorDesc, dt acl.DataType, out tensorDesc) (prepared, error)
 	fill(x tensorDesc, v scalar) (prepared, error)
 	rmsNorm(x, gamma tensorDesc, eps float64, y, rstd tensorDesc) (prepared, error)
+	layerNorm(x, w, b tensorDesc, eps float64, out, mean, rstd tensorDesc, d int) (prepared, error)
 
 	close() error
 }

@@ -88,6 +88,10 @@ func (d aclDriver) rmsNorm(x, gamma tensorDesc, eps float64, y, rstd tensorDesc)
 	return wrapOp(d.ctx.RMSNorm(at(x), at(gamma), eps, at(y), at(rstd)))
 }
 
+func (d aclDriver) layerNorm(x, w, b tensorDesc, eps float64, out, mean, rstd tensorDesc, dim int) (prepared, error) {
+	return wrapOp(d.ctx.LayerNorm(at(x), at(w), at(b), eps, at(out), at(mean), at(rstd), dim))
+}
+
 func (s aclStream) upload(dst acl.DevPtr, src hostBuffer, off, n int) error {
 	return s.Upload(dst, src.(*acl.HostBuffer), off, n)
 }

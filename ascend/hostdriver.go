@@ -418,6 +418,41 @@ func (d *hostDriver) rmsNorm(x, gamma tensorDesc, eps float64, y, rstd tensorDes
 	return &hostOp{d: d, api: "aclnnRmsNorm", run: run}, nil
 }
 
+func (d *hostDriver) layerNorm(x, w, b tensorDesc, eps float64, out, mean, rstd tensorDesc, dim int) (prepared, error) {
+	api := "aclnnLayerNormGetWorkspaceSize"
+	ts, err := operands(api, x, w, b, out, mean, rstd)
+	if err != nil {
+		return nil, err
+	}
+	a, g, bi, o, mu, r := ts[0], ts[1], ts[2], ts[3], ts[4], ts[5]
+	D := a.dims[len(a.dims)-1]
+	rows := a.count() / D
+	if int64(dim) != D || o.count() != a.count() || g.count() != D || bi.count() != D || mu.count() != rows || r.count() != rows || !(eps > 0) {
+		return nil, hostErr(acl.ACLNN, 161002, api, "x %v, normalizedShape [%d], out %v, mean %v, rstd %v, eps %g do not match", a.dims, dim, o.dims, mu.dims, r.dims, eps)
+	}
+	run := func([]byte) error {
+		for i := int64(0); i < rows; i++ {
+			var m, v float64
+			for j := int64(0); j < D; j++ {
+				m += a.get(a.offset + i*D + j)
+			}
+			m /= float64(D)
+			for j := int64(0); j < D; j++ {
+				c := a.get(a.offset+i*D+j) - m
+				v += c * c
+			}
+			rs := 1 / math.Sqrt(v/float64(D)+eps)
+			for j := int64(0); j < D; j++ {
+				o.put(o.offset+i*D+j, (a.get(a.offset+i*D+j)-m)*rs*g.get(g.offset+j)+bi.get(bi.offset+j))
+			}
+			mu.put(mu.offset+i, m)
+			r.put(r.offset+i, rs)
+		}
+		return nil
+	}
+	return &hostOp{d: d, api: "aclnnLayerNorm", run: run}, nil
+}
+
 // elementwise prepares out[i] = f(a[i], b[i]) with numpy broadcasting of
 // a and b (b may be nil) to out's shape.
 func (d *hostDriver) elementwise(name string, f func(x, y float64) float64, ts ...tensorDesc) (prepared, error) {

@@ -245,3 +245,19 @@ func (c *Context) RMSNorm(x, gamma *Tensor, eps float64, y, rstd *Tensor) (*Op, 
 		return C.k3_rmsnorm_prepare(c.c, fn, x.t, gamma.t, C.double(eps), y.t, rstd.t, ws, exec, e)
 	})
 }
+
+// LayerNorm prepares out = (x - mean) / sqrt(var + eps) · w + b over the
+// last dimension (aclnnLayerNorm, normalizedShape [D]); mean and rstd get
+// one value per row.
+func (c *Context) LayerNorm(x, w, b *Tensor, eps float64, out, mean, rstd *Tensor, d int) (*Op, error) {
+	shape := []int64{int64(d)}
+	var e C.k3_err
+	arr := C.k3_int_array_create(c.c, (*C.int64_t)(unsafe.Pointer(&shape[0])), 1, &e)
+	if arr == nil {
+		return nil, errOf(&e)
+	}
+	defer C.k3_int_array_destroy(c.c, arr, &e)
+	return c.prepare("aclnnLayerNorm", func(fn unsafe.Pointer, _ *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_layernorm_prepare(c.c, fn, x.t, arr, w.t, b.t, C.double(eps), out.t, mean.t, rstd.t, ws, exec, e)
+	})
+}

@@ -44,6 +44,8 @@ static struct {
 	int (*aclDestroyAclOpExecutor)(void *);
 	void *(*aclCreateScalar)(void *, int);
 	int (*aclDestroyScalar)(const void *);
+	void *(*aclCreateIntArray)(const int64_t *, uint64_t);
+	int (*aclDestroyIntArray)(const void *);
 } f;
 
 // The order of these names is the order of f's fields.
@@ -57,7 +59,7 @@ static const char *acl_names[] = {
 };
 static const char *nnopbase_names[] = {
 	"aclCreateTensor", "aclDestroyTensor", "aclSetAclOpExecutorRepeatable", "aclDestroyAclOpExecutor",
-	"aclCreateScalar", "aclDestroyScalar",
+	"aclCreateScalar", "aclDestroyScalar", "aclCreateIntArray", "aclDestroyIntArray",
 };
 
 void *k3_dlopen(const char *path, int global, char *errbuf, size_t n) {
@@ -295,6 +297,31 @@ typedef int (*phase2)(void *, uint64_t, void *, void *);
 int k3_op_launch(void *ctx, void *fn, const char *api, void *ws, uint64_t wsSize, void *exec, void *s, k3_err *e) {
 	USE(ctx);
 	CALL(2, api, ((phase2)fn)(ws, wsSize, exec, s));
+	return 0;
+}
+
+void *k3_int_array_create(void *ctx, const int64_t *v, uint64_t n, k3_err *e) {
+	int rc = f.aclrtSetCurrentContext(ctx);
+	if (rc != 0) {
+		fill(e, 1, rc, "aclrtSetCurrentContext");
+		return NULL;
+	}
+	void *a = f.aclCreateIntArray(v, n);
+	if (a == NULL) fill(e, 2, 161002, "aclCreateIntArray");
+	return a;
+}
+
+int k3_int_array_destroy(void *ctx, void *a, k3_err *e) {
+	USE(ctx);
+	CALL(2, "aclDestroyIntArray", f.aclDestroyIntArray(a));
+	return 0;
+}
+
+int k3_layernorm_prepare(void *ctx, void *fn, void *x, void *shape, void *w, void *b, double eps, void *out, void *mean,
+	void *rstd, uint64_t *ws, void **exec, k3_err *e) {
+	USE(ctx);
+	typedef int (*p1)(void *, void *, void *, void *, double, void *, void *, void *, uint64_t *, void **);
+	CALL(2, "aclnnLayerNormGetWorkspaceSize", ((p1)fn)(x, shape, w, b, eps, out, mean, rstd, ws, exec));
 	return 0;
 }
 

@@ -60,6 +60,10 @@ int k3_executor_repeatable(void *ctx, void *exec, k3_err *e);
 int k3_executor_destroy(void *ctx, void *exec, k3_err *e);
 int k3_op_launch(void *ctx, void *fn, const char *api, void *ws, uint64_t wsSize, void *exec, void *s, k3_err *e);
 
+void *k3_int_array_create(void *ctx, const int64_t *v, uint64_t n, k3_err *e);
+int k3_int_array_destroy(void *ctx, void *a, k3_err *e);
+int k3_layernorm_prepare(void *ctx, void *fn, void *x, void *shape, void *w, void *b, double eps, void *out, void *mean,
+	void *rstd, uint64_t *ws, void **exec, k3_err *e);
 void *k3_scalar_create(void *ctx, void *value, int dtype, k3_err *e);
 int k3_scalar_destroy(void *ctx, void *sc, k3_err *e);
 

@@ -111,6 +111,46 @@ int aclDestroyScalar(const void *p) {
 	return 0;
 }
 
+#define ARRAY_MAGIC 0x61727231u
+
+typedef struct {
+	uint32_t magic;
+	uint64_t n;
+	int64_t v[FK_MAXDIM];
+} fk_int_array;
+
+void *aclCreateIntArray(const int64_t *v, uint64_t n) {
+	if (fk_need_context()) return NULL;
+	if (v == NULL || n == 0 || n > FK_MAXDIM) {
+		fk_set_error("aclCreateIntArray: %llu values (the fake takes 1 to %d)", (unsigned long long)n, FK_MAXDIM);
+		return NULL;
+	}
+	fk_int_array *a = calloc(1, sizeof *a);
+	a->magic = ARRAY_MAGIC;
+	a->n = n;
+	memcpy(a->v, v, n * sizeof *v);
+	return a;
+}
+
+int fk_int_array_get(const void *p, uint64_t *n, const int64_t **v) {
+	const fk_int_array *a = p;
+	if (a == NULL || a->magic != ARRAY_MAGIC) return -1;
+	*n = a->n;
+	*v = a->v;
+	return 0;
+}
+
+int aclDestroyIntArray(const void *p) {
+	fk_int_array *a = (fk_int_array *)p;
+	if (a == NULL || a->magic != ARRAY_MAGIC) {
+		fk_set_error("aclDestroyIntArray: not a live array");
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	a->magic = 0;
+	free(a);
+	return 0;
+}
+
 // The live executors, so that a launch of a consumed one is caught
 // instead of reading freed memory.
 static fk_exec **live;

@@ -347,3 +347,60 @@ int aclnnInplaceFillScalarGetWorkspaceSize(void *selfRef, void *value, uint64_t 
 int aclnnInplaceFillScalar(void *ws, uint64_t wsSize, void *exec, void *stream) {
 	return fk_launch("aclnnInplaceFillScalar", ws, wsSize, exec, stream);
 }
+
+// ---- LayerNorm over the trailing normalizedShape (the fake takes one
+// dimension); mean and rstd get one value per row.
+
+static int run_layernorm(fk_exec *e, void *ws) {
+	(void)ws;
+	const fk_tensor *x = &e->t[0], *w = &e->t[1], *b = &e->t[2], *o = &e->t[3], *mu = &e->t[4], *rs = &e->t[5];
+	int64_t D = x->dims[x->nd - 1], rows = count(x) / D;
+	for (int64_t i = 0; i < rows; i++) {
+		double m = 0, v = 0;
+		for (int64_t d = 0; d < D; d++) m += fk_get(x, x->offset + i * D + d);
+		m /= (double)D;
+		for (int64_t d = 0; d < D; d++) {
+			double c = fk_get(x, x->offset + i * D + d) - m;
+			v += c * c;
+		}
+		double r = 1 / sqrt(v / (double)D + e->attr);
+		for (int64_t d = 0; d < D; d++)
+			fk_put(o, o->offset + i * D + d,
+				(fk_get(x, x->offset + i * D + d) - m) * r * fk_get(w, w->offset + d) + fk_get(b, b->offset + d));
+		fk_put(mu, mu->offset + i, m);
+		fk_put(rs, rs->offset + i, r);
+	}
+	return 0;
+}
+
+int aclnnLayerNormGetWorkspaceSize(void *x, void *shape, void *w, void *b, double eps, void *out, void *mean, void *rstd,
+	uint64_t *ws, void **exec) {
+	int rc = fk_need_context();
+	if (rc) return rc;
+	void *ts[6] = {x, w, b, out, mean, rstd};
+	if ((rc = check_tensors("aclnnLayerNorm", 6, ts))) return rc;
+	uint64_t n;
+	const int64_t *v;
+	if (fk_int_array_get(shape, &n, &v) || n != 1) {
+		fk_set_error("aclnnLayerNorm: normalizedShape must be a live array of one dimension");
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	const fk_tensor *tx = x;
+	int64_t D = tx->dims[tx->nd - 1], rows = count(tx) / D;
+	if (v[0] != D || !contiguous(tx) || !contiguous(out) || count(out) != count(tx) || count(w) != D || count(b) != D ||
+		count(mean) != rows || count(rstd) != rows || !(eps > 0)) {
+		fk_set_error("aclnnLayerNorm: x, normalizedShape, weight, bias, out, mean, rstd or eps do not match");
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	fk_exec *e = fk_exec_new();
+	for (int i = 0; i < 6; i++) e->t[i] = *(fk_tensor *)ts[i];
+	e->attr = eps;
+	e->run = run_layernorm;
+	*ws = 0;
+	*exec = e;
+	return 0;
+}
+
+int aclnnLayerNorm(void *ws, uint64_t wsSize, void *exec, void *stream) {
+	return fk_launch("aclnnLayerNorm", ws, wsSize, exec, stream);
+}
