@@ -261,3 +261,28 @@ func (c *Context) LayerNorm(x, w, b *Tensor, eps float64, out, mean, rstd *Tenso
 		return C.k3_layernorm_prepare(c.c, fn, x.t, arr, w.t, b.t, C.double(eps), out.t, mean.t, rstd.t, ws, exec, e)
 	})
 }
+
+// MatmulWeightSize is the number of elements a matmul weight of dims
+// takes in the cube unit's private format (aclnnCalculateMatmulWeightSizeV2).
+func (c *Context) MatmulWeightSize(dims []int64, dt DataType) (int, error) {
+	name := "aclnnCalculateMatmulWeightSizeV2"
+	fn := c.lib.symbol(name)
+	if fn == nil || len(dims) == 0 {
+		return 0, &Error{API: name, Lib: ACLNN, Code: 561003, Msg: fmt.Sprintf("%s not found in the operator libraries, or no dimensions", name)}
+	}
+	var n C.uint64_t
+	var e C.k3_err
+	if C.k3_weight_size(c.c, fn, (*C.int64_t)(unsafe.Pointer(&dims[0])), C.uint64_t(len(dims)), C.int(dt), &n, &e) != 0 {
+		return 0, errOf(&e)
+	}
+	return int(n), nil
+}
+
+// TransMatmulWeight prepares the in-place conversion of the ND weight w
+// to the cube unit's private format (aclnnTransMatmulWeight); w's buffer
+// must hold MatmulWeightSize elements.
+func (c *Context) TransMatmulWeight(w *Tensor) (*Op, error) {
+	return c.prepare("aclnnTransMatmulWeight", func(fn unsafe.Pointer, api *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_prepare_t(c.c, fn, api, w.t, ws, exec, e)
+	})
+}

@@ -325,6 +325,30 @@ int k3_layernorm_prepare(void *ctx, void *fn, void *x, void *shape, void *w, voi
 	return 0;
 }
 
+int k3_prepare_t(void *ctx, void *fn, const char *api, void *a, uint64_t *ws, void **exec, k3_err *e) {
+	USE(ctx);
+	typedef int (*p1)(void *, uint64_t *, void **);
+	CALL(2, api, ((p1)fn)(a, ws, exec));
+	return 0;
+}
+
+int k3_weight_size(void *ctx, void *fn, const int64_t *dims, uint64_t nd, int dtype, uint64_t *elems, k3_err *e) {
+	USE(ctx);
+	void *arr = f.aclCreateIntArray(dims, nd);
+	if (arr == NULL) {
+		fill(e, 2, 161002, "aclCreateIntArray");
+		return 161002;
+	}
+	typedef int (*calc)(void *, int, uint64_t *);
+	int rc = ((calc)fn)(arr, dtype, elems);
+	f.aclDestroyIntArray(arr);
+	if (rc != 0) {
+		fill(e, 2, rc, "aclnnCalculateMatmulWeightSizeV2");
+		return rc;
+	}
+	return 0;
+}
+
 void *k3_scalar_create(void *ctx, void *value, int dtype, k3_err *e) {
 	int rc = f.aclrtSetCurrentContext(ctx);
 	if (rc != 0) {

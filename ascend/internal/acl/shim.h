@@ -64,6 +64,8 @@ void *k3_int_array_create(void *ctx, const int64_t *v, uint64_t n, k3_err *e);
 int k3_int_array_destroy(void *ctx, void *a, k3_err *e);
 int k3_layernorm_prepare(void *ctx, void *fn, void *x, void *shape, void *w, void *b, double eps, void *out, void *mean,
 	void *rstd, uint64_t *ws, void **exec, k3_err *e);
+int k3_prepare_t(void *ctx, void *fn, const char *api, void *a, uint64_t *ws, void **exec, k3_err *e);
+int k3_weight_size(void *ctx, void *fn, const int64_t *dims, uint64_t nd, int dtype, uint64_t *elems, k3_err *e);
 void *k3_scalar_create(void *ctx, void *value, int dtype, k3_err *e);
 int k3_scalar_destroy(void *ctx, void *sc, k3_err *e);
 

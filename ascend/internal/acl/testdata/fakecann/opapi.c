@@ -404,3 +404,65 @@ int aclnnLayerNormGetWorkspaceSize(void *x, void *shape, void *w, void *b, doubl
 int aclnnLayerNorm(void *ws, uint64_t wsSize, void *exec, void *stream) {
 	return fk_launch("aclnnLayerNorm", ws, wsSize, exec, stream);
 }
+
+// ---- Matmul weights in the cube unit's format. The fake takes it to be
+// FRACTAL_NZ with C0 = 16 (2-byte types): [..., R, C] stored as
+// [..., C1, R1, 16, 16], zero padded; the real format is checked against
+// this only on hardware.
+
+int aclnnCalculateMatmulWeightSizeV2(void *shape, int dtype, uint64_t *elems) {
+	uint64_t n;
+	const int64_t *v;
+	if (fk_int_array_get(shape, &n, &v) || n < 2 || (dtype != 1 && dtype != 27) || elems == NULL) {
+		fk_set_error("aclnnCalculateMatmulWeightSizeV2: a shape of 2 or more dimensions and FLOAT16 or BF16 expected");
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	uint64_t batch = 1;
+	for (uint64_t i = 0; i + 2 < n; i++) batch *= (uint64_t)v[i];
+	uint64_t R = (uint64_t)v[n - 2], C = (uint64_t)v[n - 1];
+	*elems = batch * ((R + 15) / 16 * 16) * ((C + 15) / 16 * 16);
+	return 0;
+}
+
+static int run_trans_weight(fk_exec *e, void *ws) {
+	(void)ws;
+	const fk_tensor *w = &e->t[0];
+	int64_t R = w->dims[w->nd - 2], C = w->dims[w->nd - 1], batch = count(w) / (R * C);
+	int64_t R1 = (R + 15) / 16, C1 = (C + 15) / 16, n = batch * R1 * C1 * 256;
+	uint16_t *p = w->data, *tmp = calloc((size_t)n, 2);
+	for (int64_t b = 0; b < batch; b++)
+		for (int64_t r = 0; r < R; r++)
+			for (int64_t c = 0; c < C; c++)
+				tmp[(((b * C1 + c / 16) * R1 + r / 16) * 16 + r % 16) * 16 + c % 16] = p[(b * R + r) * C + c];
+	memcpy(p, tmp, (size_t)n * 2);
+	free(tmp);
+	return 0;
+}
+
+int aclnnTransMatmulWeightGetWorkspaceSize(void *wRef, uint64_t *ws, void **exec) {
+	int rc = fk_need_context();
+	if (rc) return rc;
+	if (!fk_tensor_ok(wRef)) {
+		fk_set_error("aclnnTransMatmulWeight: not a live tensor");
+		return ACLNN_ERR_PARAM_NULLPTR;
+	}
+	const fk_tensor *w = wRef;
+	int64_t R = w->nd >= 2 ? w->dims[w->nd - 2] : 0, C = w->nd >= 2 ? w->dims[w->nd - 1] : 0;
+	int64_t need = count(w) / (R * C > 0 ? R * C : 1) * ((R + 15) / 16 * 16) * ((C + 15) / 16 * 16);
+	if (w->nd < 2 || (w->dtype != 1 && w->dtype != 27) || !contiguous(w) || w->offset != 0 ||
+		!fk_is_device(w->data, (size_t)need * 2)) {
+		fk_set_error("aclnnTransMatmulWeight: a contiguous FLOAT16 or BF16 weight whose buffer holds %lld elements expected",
+			(long long)need);
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	fk_exec *e = fk_exec_new();
+	e->t[0] = *w;
+	e->run = run_trans_weight;
+	*ws = 0;
+	*exec = e;
+	return 0;
+}
+
+int aclnnTransMatmulWeight(void *ws, uint64_t wsSize, void *exec, void *stream) {
+	return fk_launch("aclnnTransMatmulWeight", ws, wsSize, exec, stream);
+}

@@ -1,0 +1,256 @@
+//go:build ascend && cgo
+
+package hwtest
+
+import (
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"k3/ascend/internal/acl"
+	"k3/ascend/internal/nz"
+	"k3/internal/floatx"
+)
+
+var (
+	lib     *acl.Lib
+	dev     int
+	skipWhy string
+)
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		sel := os.Getenv("K3_ASCEND_DEVICE")
+		switch sel {
+		case "":
+			skipWhy = "set K3_ASCEND_DEVICE to an NPU index (or to fake) to run the hardware tests"
+			return m.Run()
+		case "fake":
+			dir, err := os.MkdirTemp("", "fakecann")
+			if err != nil {
+				panic(err)
+			}
+			defer os.RemoveAll(dir)
+			if err := acl.BuildFake(dir, filepath.Join("..", "testdata", "fakecann")); err != nil {
+				panic(err)
+			}
+			if lib, err = acl.Load(acl.Options{LibDirs: []string{dir}}); err != nil {
+				panic(err)
+			}
+		default:
+			var err error
+			if dev, err = strconv.Atoi(sel); err != nil || dev < 0 {
+				panic("K3_ASCEND_DEVICE=" + sel + ": want an NPU index or fake")
+			}
+			if lib, err = acl.Load(acl.Options{LibDirs: filepath.SplitList(os.Getenv("K3_ASCEND_LIB_DIRS"))}); err != nil {
+				panic(err)
+			}
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+// context opens the device under test, or skips.
+func context(t *testing.T) *acl.Context {
+	t.Helper()
+	if lib == nil {
+		t.Skip(skipWhy)
+	}
+	ctx, err := lib.NewContext(dev)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, ctx.Close()) })
+	return ctx
+}
+
+func TestHWLoad(t *testing.T) {
+	context(t)
+	n, err := lib.DeviceCount()
+	require.NoError(t, err)
+	require.Greater(t, n, dev, "devices")
+	t.Logf("CANN libraries: %v; %d devices", lib.Paths, n)
+}
+
+func TestHWCopies(t *testing.T) {
+	ctx := context(t)
+	const n = 1 << 20
+	src := make([]byte, n)
+	for i := range src {
+		src[i] = byte(i * 7)
+	}
+	p, err := ctx.Malloc(n)
+	require.NoError(t, err)
+	defer ctx.Free(p)
+	q, err := ctx.Malloc(n)
+	require.NoError(t, err)
+	defer ctx.Free(q)
+	require.NoError(t, ctx.CopyToDevice(p, src))
+	s, err := ctx.NewStream()
+	require.NoError(t, err)
+	defer s.Destroy()
+	h, err := ctx.MallocHost(n)
+	require.NoError(t, err)
+	defer h.Free()
+	require.NoError(t, s.CopyDevice(q, p, n))
+	require.NoError(t, s.Memset(q, 0x5a, 64))
+	require.NoError(t, s.Download(h, 0, q, n))
+	require.NoError(t, s.Sync())
+	want := append([]byte(nil), src...)
+	for i := range 64 {
+		want[i] = 0x5a
+	}
+	require.Equal(t, want, h.Bytes())
+}
+
+func f32bytes(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	}
+	return b
+}
+
+func bytesF32(b []byte) []float32 {
+	v := make([]float32, len(b)/4)
+	for i := range v {
+		v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return v
+}
+
+// Matmul computes out = x · wᵀ (w [N, K] as a strided [K, N] view) on
+// the device through a captured graph, replayed with new inputs, against
+// float64 on the host.
+func TestHWMatmul(t *testing.T) {
+	ctx := context(t)
+	rng := rand.New(rand.NewPCG(1, 2))
+	const M, N, K = 64, 128, 256
+	x, w := make([]float32, M*K), make([]float32, N*K)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	for i := range w {
+		w[i] = float32(rng.NormFloat64())
+	}
+	bufs := make([]acl.DevPtr, 3)
+	for i, n := range []int{M * K, N * K, M * N} {
+		var err error
+		bufs[i], err = ctx.Malloc(4 * n)
+		require.NoError(t, err)
+		defer ctx.Free(bufs[i])
+	}
+	require.NoError(t, ctx.CopyToDevice(bufs[0], f32bytes(x)))
+	require.NoError(t, ctx.CopyToDevice(bufs[1], f32bytes(w)))
+	tx, err := ctx.NewTensor(acl.TensorDesc{DType: acl.Float, Dims: []int64{M, K}, Data: bufs[0]})
+	require.NoError(t, err)
+	defer tx.Destroy()
+	tw, err := ctx.NewTensor(acl.TensorDesc{DType: acl.Float, Dims: []int64{K, N}, Strides: []int64{1, K}, StorageDims: []int64{N, K}, Format: acl.FormatND, Data: bufs[1]})
+	require.NoError(t, err)
+	defer tw.Destroy()
+	to, err := ctx.NewTensor(acl.TensorDesc{DType: acl.Float, Dims: []int64{M, N}, Data: bufs[2]})
+	require.NoError(t, err)
+	defer to.Destroy()
+	op, err := ctx.Matmul("aclnnMatmul", tx, tw, to, 0)
+	require.NoError(t, err)
+	require.NoError(t, op.SetRepeatable())
+	defer op.Destroy()
+	var ws acl.DevPtr
+	if op.WorkspaceSize > 0 {
+		ws, err = ctx.Malloc(op.WorkspaceSize)
+		require.NoError(t, err)
+		defer ctx.Free(ws)
+	}
+	s, err := ctx.NewStream()
+	require.NoError(t, err)
+	defer s.Destroy()
+	g, err := s.Capture(acl.CaptureThreadLocal, func() error { return op.Launch(s, ws) })
+	require.NoError(t, err)
+	defer g.Destroy()
+	for range 2 {
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		require.NoError(t, ctx.CopyToDevice(bufs[0], f32bytes(x)))
+		require.NoError(t, g.Replay(s))
+		require.NoError(t, s.Sync())
+		got := make([]byte, 4*M*N)
+		require.NoError(t, ctx.CopyToHost(got, bufs[2]))
+		out := bytesF32(got)
+		for m := range M {
+			for n := range N {
+				var want float64
+				for k := range K {
+					want += float64(x[m*K+k]) * float64(w[n*K+k])
+				}
+				require.InDelta(t, want, out[m*N+n], 1e-3*math.Sqrt(K), "out[%d][%d]", m, n)
+			}
+		}
+	}
+}
+
+// The cube unit's weight format against k3's FRACTAL_NZ packing: what
+// the backend will upload at load instead of converting on the device.
+func TestHWWeightNZ(t *testing.T) {
+	ctx := context(t)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, dims := range [][]int{{100, 30}, {64, 48}, {2, 17, 40}} {
+		n := 1
+		for _, d := range dims {
+			n *= d
+		}
+		w := make([]uint16, n)
+		for i := range w {
+			w[i] = floatx.BF16(float32(rng.NormFloat64()))
+		}
+		d64 := make([]int64, len(dims))
+		for i, d := range dims {
+			d64[i] = int64(d)
+		}
+		elems, err := ctx.MatmulWeightSize(d64, acl.BF16)
+		require.NoError(t, err)
+		l, err := nz.NewLayout(dims, nz.C0(2))
+		require.NoError(t, err)
+		require.Equal(t, l.Len(), elems, "%v: stored elements", dims)
+
+		p, err := ctx.Malloc(2 * elems)
+		require.NoError(t, err)
+		raw := make([]byte, 2*elems)
+		for i, v := range w {
+			binary.LittleEndian.PutUint16(raw[2*i:], v)
+		}
+		require.NoError(t, ctx.CopyToDevice(p, raw))
+		tw, err := ctx.NewTensor(acl.TensorDesc{DType: acl.BF16, Dims: d64, Data: p})
+		require.NoError(t, err)
+		op, err := ctx.TransMatmulWeight(tw)
+		require.NoError(t, err)
+		s, err := ctx.NewStream()
+		require.NoError(t, err)
+		var ws acl.DevPtr
+		if op.WorkspaceSize > 0 {
+			ws, err = ctx.Malloc(op.WorkspaceSize)
+			require.NoError(t, err)
+		}
+		require.NoError(t, op.Launch(s, ws))
+		require.NoError(t, s.Sync())
+		got := make([]byte, 2*elems)
+		require.NoError(t, ctx.CopyToHost(got, p))
+		want := make([]uint16, elems)
+		require.NoError(t, nz.Pack(l, want, w))
+		for i := range want {
+			require.Equal(t, want[i], binary.LittleEndian.Uint16(got[2*i:]), "%v: stored element %d", dims, i)
+		}
+		require.NoError(t, tw.Destroy())
+		require.NoError(t, s.Destroy())
+		if !ws.IsNil() {
+			require.NoError(t, ctx.Free(ws))
+		}
+		require.NoError(t, ctx.Free(p))
+	}
+}
