@@ -30,8 +30,8 @@ func runConform(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("-tp %d -ep %d -cp %d: rank counts must be at least 1", *tp, *ep, *cp)
 	}
 	layout := k3.Layout{TP: *tp, EP: *ep, CP: *cp, Dispatch: *dispatch}
-	if layout.Ranks() > 1 && backend.name != "go" {
-		return fmt.Errorf("-tp/-ep/-cp run the model cases, which run on the go backend only")
+	if layout.Ranks() > 1 && backend.name != "go" && backend.name != "ascend-host" {
+		return fmt.Errorf("-tp/-ep/-cp run the model cases on one backend per rank: go or ascend-host")
 	}
 	b, err := backends.OpenWith(backend.name, backend.options())
 	if err != nil {

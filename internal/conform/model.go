@@ -42,16 +42,17 @@ func argmax(row []float32) int32 {
 }
 
 func runModel(ctx context.Context, b compute.Backend, dir string, chk *checker) error {
-	goBackend := b.Name() == "go" || b.Name() == "go-fastbf16"
+	// The host backends are opened by name, as an application would (a
+	// parallel layout opens one per rank); a device backend runs the
+	// model on b itself.
+	byName := b.Name() == "go" || b.Name() == "go-fastbf16" || b.Name() == "ascend-host"
 	l, split := ctx.Value(layoutKey{}).(k3.Layout)
 	split = split && l.Ranks() > 1
-	if split && !goBackend {
-		return fmt.Errorf("model.forward under a parallel layout opens a backend per rank, by name; only the go backends are wired: %w", compute.ErrUnsupported)
+	if split && !byName {
+		return fmt.Errorf("model.forward under a parallel layout opens a backend per rank by name, which %s cannot be: %w", b.Name(), compute.ErrUnsupported)
 	}
-	// The Go backends are opened by name, as an application would; any
-	// other runs the model on b itself.
 	backend := k3.WithBackend(b.Name())
-	if !goBackend {
+	if !byName {
 		backend = k3.WithComputeBackend(b)
 	}
 	f, err := openCase(filepath.Join(dir, "expected.safetensors"))
