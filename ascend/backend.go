@@ -31,7 +31,7 @@ type Backend struct {
 	arena   *arena
 	ws      *devBuf
 	stage   hostBuffer
-	ones    map[int]compute.Tensor
+	consts  map[constKey]compute.Tensor
 	scalars map[float32]scalar
 	// host, for a backend over the host driver, runs the operations not
 	// mapped to aclnn (onHost).
@@ -60,7 +60,7 @@ func newBackend(drv driver, o Options) (_ *Backend, err error) {
 	if size == 0 {
 		size = defaultArena
 	}
-	b := &Backend{drv: drv, ones: map[int]compute.Tensor{}}
+	b := &Backend{drv: drv, consts: map[constKey]compute.Tensor{}}
 	defer func() {
 		if err != nil {
 			b.release()
@@ -561,7 +561,7 @@ func (b *Backend) RMSNorm(dst, x, w compute.Tensor, eps float32) error {
 	defer b.mu.Unlock()
 	if w.IsZero() {
 		var err error
-		if w, err = b.onesOf(D); err != nil {
+		if w, err = b.constOf(D, 1); err != nil {
 			return err
 		}
 	}
@@ -576,25 +576,32 @@ func (b *Backend) RMSNorm(dst, x, w compute.Tensor, eps float32) error {
 		flat(x, D), operand{t: w, view: []int64{int64(D)}}, flat(dst, D), flat(rstd, 1))
 }
 
-// onesOf is a cached vector of D ones: RMSNorm without a weight.
-func (b *Backend) onesOf(D int) (compute.Tensor, error) {
-	if t, ok := b.ones[D]; ok {
+// constKey names a cached constant vector.
+type constKey struct {
+	n int
+	v float32
+}
+
+// constOf is a cached vector of n copies of v (RMSNorm's weight of ones,
+// or of 1/√D for an L2 norm).
+func (b *Backend) constOf(n int, v float32) (compute.Tensor, error) {
+	if t, ok := b.consts[constKey{n, v}]; ok {
 		return t, nil
 	}
-	t, err := b.allocTensor(compute.F32, D)
+	t, err := b.allocTensor(compute.F32, n)
 	if err != nil {
 		return t, err
 	}
-	ones := make([]float32, D)
-	for i := range ones {
-		ones[i] = 1
+	vs := make([]float32, n)
+	for i := range vs {
+		vs[i] = v
 	}
 	p, _ := b.addr(t)
-	data, _, _ := hostView(ones)
+	data, _, _ := hostView(vs)
 	if err := b.upload(p, data); err != nil {
 		return t, err
 	}
-	b.ones[D] = t
+	b.consts[constKey{n, v}] = t
 	return t, nil
 }
 
@@ -662,17 +669,22 @@ func (b *Backend) Unary(op compute.UnaryOp, dst, x compute.Tensor) error {
 		name := map[compute.UnaryOp]string{compute.SiLU: "aclnnSilu", compute.Sigmoid: "aclnnSigmoid"}[op]
 		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary(name, ts[0], ts[1]) }, flat(x, D), flat(dst, D))
 	case compute.Softplus:
-		beta, err := b.scalar(1)
-		if err != nil {
-			return err
-		}
-		threshold, err := b.scalar(20)
-		if err != nil {
-			return err
-		}
-		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.softplus(ts[0], beta, threshold, ts[1]) }, flat(x, D), flat(dst, D))
+		return b.softplus(flat(x, D), flat(dst, D))
 	}
 	return fmt.Errorf("ascend: unary op %d: %w", op, compute.ErrUnsupported)
+}
+
+// softplus is aclnnSoftplus with beta 1 and threshold 20.
+func (b *Backend) softplus(x, out operand) error {
+	beta, err := b.scalar(1)
+	if err != nil {
+		return err
+	}
+	threshold, err := b.scalar(20)
+	if err != nil {
+		return err
+	}
+	return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.softplus(ts[0], beta, threshold, ts[1]) }, x, out)
 }
 
 // Binary implements compute.Backend with aclnnAdd (alpha 1) and aclnnMul;
@@ -818,10 +830,6 @@ func (b *Backend) LayerNorm(dst, x, w, bias compute.Tensor, eps float32) error {
 
 func (b *Backend) RoPE(a *compute.RopeArgs) error {
 	return b.onHost("RoPE", a, func(c compute.Backend, h any) error { return c.RoPE(h.(*compute.RopeArgs)) })
-}
-
-func (b *Backend) KDAChunk(a *compute.KDAArgs) error {
-	return b.onHost("KDAChunk", a, func(c compute.Backend, h any) error { return c.KDAChunk(h.(*compute.KDAArgs)) })
 }
 
 func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {

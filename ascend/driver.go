@@ -25,6 +25,10 @@ type driver interface {
 	fill(x tensorDesc, v scalar) (prepared, error)
 	rmsNorm(x, gamma tensorDesc, eps float64, y, rstd tensorDesc) (prepared, error)
 	layerNorm(x, w, b tensorDesc, eps float64, out, mean, rstd tensorDesc, d int) (prepared, error)
+	muls(x tensorDesc, v scalar, out tensorDesc) (prepared, error)
+	inplaceCopy(dst, src tensorDesc) (prepared, error)
+	// rgdr is aclnnRecurrentGatedDeltaRule; g may be nil.
+	rgdr(q, k, v, beta, state, seqLens, stateIdx, g, gk tensorDesc, scale float32, out tensorDesc) (prepared, error)
 
 	close() error
 }

@@ -92,6 +92,20 @@ func (d aclDriver) layerNorm(x, w, b tensorDesc, eps float64, out, mean, rstd te
 	return wrapOp(d.ctx.LayerNorm(at(x), at(w), at(b), eps, at(out), at(mean), at(rstd), dim))
 }
 
+func (d aclDriver) muls(x tensorDesc, v scalar, out tensorDesc) (prepared, error) {
+	return wrapOp(d.ctx.Muls(at(x), as(v), at(out)))
+}
+func (d aclDriver) inplaceCopy(dst, src tensorDesc) (prepared, error) {
+	return wrapOp(d.ctx.InplaceCopy(at(dst), at(src)))
+}
+func (d aclDriver) rgdr(q, k, v, beta, state, seqLens, stateIdx, g, gk tensorDesc, scale float32, out tensorDesc) (prepared, error) {
+	var tg *acl.Tensor
+	if g != nil {
+		tg = at(g)
+	}
+	return wrapOp(d.ctx.RecurrentGatedDeltaRule(at(q), at(k), at(v), at(beta), at(state), at(seqLens), at(stateIdx), tg, at(gk), scale, at(out)))
+}
+
 func (s aclStream) upload(dst acl.DevPtr, src hostBuffer, off, n int) error {
 	return s.Upload(dst, src.(*acl.HostBuffer), off, n)
 }

@@ -518,6 +518,8 @@ func (d *hostDriver) unary(name string, x, out tensorDesc) (prepared, error) {
 		return d.elementwise(name, func(x, _ float64) float64 { return x / (1 + math.Exp(-x)) }, x, out)
 	case "aclnnSigmoid":
 		return d.elementwise(name, func(x, _ float64) float64 { return 1 / (1 + math.Exp(-x)) }, x, out)
+	case "aclnnExp":
+		return d.elementwise(name, func(x, _ float64) float64 { return math.Exp(x) }, x, out)
 	}
 	return nil, hostErr(acl.ACLNN, 561003, name, "operator %s not in the host driver", name)
 }
@@ -587,4 +589,105 @@ func (d *hostDriver) embedding(weight, indices, out tensorDesc) (prepared, error
 		return nil
 	}
 	return &hostOp{d: d, api: "aclnnEmbedding", run: run}, nil
+}
+
+func (d *hostDriver) muls(x tensorDesc, v scalar, out tensorDesc) (prepared, error) {
+	m := v.(*hostScalar).v
+	return d.elementwise("aclnnMuls", func(x, _ float64) float64 { return x * m }, x, out)
+}
+
+func (d *hostDriver) inplaceCopy(dst, src tensorDesc) (prepared, error) {
+	return d.elementwise("aclnnInplaceCopy", func(x, _ float64) float64 { return x }, src, dst)
+}
+
+// at3 is element [i, j, k] of a rank-3 view.
+func (t *hostTensor) at3(i, j, k int64) float64 {
+	return t.get(t.offset + i*t.strides[0] + j*t.strides[1] + k*t.strides[2])
+}
+
+func (d *hostDriver) rgdr(q, k, v, beta, state, seqLens, stateIdx, g, gk tensorDesc, scale float32, out tensorDesc) (prepared, error) {
+	api := "aclnnRecurrentGatedDeltaRuleGetWorkspaceSize"
+	all := []tensorDesc{q, k, v, beta, state, seqLens, stateIdx, gk, out}
+	if g != nil {
+		all = append(all, g)
+	}
+	ts, err := operands(api, all...)
+	if err != nil {
+		return nil, err
+	}
+	tq, tk, tv, tb, st, lens, idx, tgk, o := ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], ts[6], ts[7], ts[8]
+	var tg *hostTensor
+	if g != nil {
+		tg = ts[9]
+	}
+	T := tq.dims[0]
+	ok := len(tq.dims) == 3 && len(tk.dims) == 3 && len(tv.dims) == 3 && len(o.dims) == 3 && len(tb.dims) == 2 &&
+		len(st.dims) == 4 && len(lens.dims) == 1 && len(idx.dims) == 1 && lens.dt == acl.Int32 && idx.dt == acl.Int32 &&
+		idx.dims[0] == T && tk.dims[0] == T && tv.dims[0] == T && o.dims[0] == T && tb.dims[0] == T &&
+		tk.dims[1] == tq.dims[1] && tk.dims[2] == tq.dims[2] && tv.dims[1]%tq.dims[1] == 0 && tb.dims[1] == tv.dims[1] &&
+		o.dims[1] == tv.dims[1] && o.dims[2] == tv.dims[2] && st.dims[1] == tv.dims[1] && st.dims[2] == tv.dims[2] &&
+		st.dims[3] == tq.dims[2] && len(tgk.dims) == 3 && tgk.dims[0] == T && tgk.dims[1] == tv.dims[1] && tgk.dims[2] == tq.dims[2] &&
+		(tg == nil || (len(tg.dims) == 2 && tg.dims[0] == T && tg.dims[1] == tv.dims[1]))
+	if !ok {
+		return nil, hostErr(acl.ACLNN, 161002, api, "q %v, k %v, v %v, beta %v, state %v, lengths %v, indices %v, gk %v, out %v do not match",
+			tq.dims, tk.dims, tv.dims, tb.dims, st.dims, lens.dims, idx.dims, tgk.dims, o.dims)
+	}
+	B, Nk, Dk, Nv, Dv := lens.dims[0], tq.dims[1], tq.dims[2], tv.dims[1], tv.dims[2]
+	run := func([]byte) error {
+		S, u := make([]float64, Dv*Dk), make([]float64, Dv)
+		var t0 int64
+		for b := int64(0); b < B; b++ {
+			n := int64(lens.get(lens.offset + b*lens.strides[0]))
+			if n < 1 || n > 8 || t0+n > T {
+				return hostErr(acl.ACL, 507015, "aclnnRecurrentGatedDeltaRule", "sequence %d has %d tokens (1 to 8, %d in all)", b, n, T)
+			}
+			for h := int64(0); h < Nv; h++ {
+				hk := h / (Nv / Nk)
+				slot := int64(idx.get(idx.offset + t0*idx.strides[0]))
+				for a := range S {
+					S[a] = st.get(st.offset + (slot*Nv+h)*Dv*Dk + int64(a))
+				}
+				for i := int64(0); i < n; i++ {
+					t := t0 + i
+					var gh float64
+					if tg != nil {
+						gh = tg.get(tg.offset + t*tg.strides[0] + h*tg.strides[1])
+					}
+					for c := int64(0); c < Dk; c++ {
+						dc := math.Exp(gh + tgk.at3(t, h, c))
+						for r := int64(0); r < Dv; r++ {
+							S[r*Dk+c] *= dc
+						}
+					}
+					bt := tb.get(tb.offset + t*tb.strides[0] + h*tb.strides[1])
+					for r := int64(0); r < Dv; r++ {
+						var sk float64
+						for c := int64(0); c < Dk; c++ {
+							sk += S[r*Dk+c] * tk.at3(t, hk, c)
+						}
+						u[r] = bt * (tv.at3(t, h, r) - sk)
+					}
+					for r := int64(0); r < Dv; r++ {
+						for c := int64(0); c < Dk; c++ {
+							S[r*Dk+c] += u[r] * tk.at3(t, hk, c)
+						}
+					}
+					for r := int64(0); r < Dv; r++ {
+						var sq float64
+						for c := int64(0); c < Dk; c++ {
+							sq += S[r*Dk+c] * tq.at3(t, hk, c)
+						}
+						o.put(o.offset+t*o.strides[0]+h*o.strides[1]+r*o.strides[2], float64(scale)*sq)
+					}
+					to := int64(idx.get(idx.offset + t*idx.strides[0]))
+					for a := range S {
+						st.put(st.offset+(to*Nv+h)*Dv*Dk+int64(a), S[a])
+					}
+				}
+			}
+			t0 += n
+		}
+		return nil
+	}
+	return &hostOp{d: d, api: "aclnnRecurrentGatedDeltaRule", run: run}, nil
 }

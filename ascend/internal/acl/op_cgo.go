@@ -286,3 +286,37 @@ func (c *Context) TransMatmulWeight(w *Tensor) (*Op, error) {
 		return C.k3_prepare_t(c.c, fn, api, w.t, ws, exec, e)
 	})
 }
+
+// Muls prepares out = x · v (aclnnMuls).
+func (c *Context) Muls(x *Tensor, v *Scalar, out *Tensor) (*Op, error) {
+	return c.prepare("aclnnMuls", func(fn unsafe.Pointer, api *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_prepare_tst(c.c, fn, api, x.t, v.s, out.t, ws, exec, e)
+	})
+}
+
+// InplaceCopy prepares dst = src, any strides (aclnnInplaceCopy).
+func (c *Context) InplaceCopy(dst, src *Tensor) (*Op, error) {
+	return c.prepare("aclnnInplaceCopy", func(fn unsafe.Pointer, api *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_prepare_tt(c.c, fn, api, dst.t, src.t, ws, exec, e)
+	})
+}
+
+func tp(t *Tensor) unsafe.Pointer {
+	if t == nil {
+		return nil
+	}
+	return t.t
+}
+
+// RecurrentGatedDeltaRule prepares the gated delta rule token by token
+// (aclnnRecurrentGatedDeltaRule): per head, S ← S·Diag(exp(g + gk)),
+// S ← S + β(v − S k)kᵀ, out = scale · S q, with state [blocks, Nv, Dv,
+// Dk], each sequence's tokens (actual lengths seqLens) reading and
+// writing the state block stateIdx names per token. g (per head) and gk
+// (per channel) may be nil.
+func (c *Context) RecurrentGatedDeltaRule(q, k, v, beta, state, seqLens, stateIdx, g, gk *Tensor, scale float32, out *Tensor) (*Op, error) {
+	return c.prepare("aclnnRecurrentGatedDeltaRule", func(fn unsafe.Pointer, _ *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_rgdr_prepare(c.c, fn, q.t, k.t, v.t, beta.t, state.t, seqLens.t, stateIdx.t, tp(g), tp(gk), nil,
+			C.float(scale), out.t, ws, exec, e)
+	})
+}

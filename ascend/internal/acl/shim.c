@@ -411,6 +411,23 @@ int k3_prepare_tsst(void *ctx, void *fn, const char *api, void *a, void *s1, voi
 	return 0;
 }
 
+int k3_prepare_tst(void *ctx, void *fn, const char *api, void *a, void *sc, void *out, uint64_t *ws, void **exec, k3_err *e) {
+	USE(ctx);
+	typedef int (*p1)(void *, void *, void *, uint64_t *, void **);
+	CALL(2, api, ((p1)fn)(a, sc, out, ws, exec));
+	return 0;
+}
+
+int k3_rgdr_prepare(void *ctx, void *fn, void *q, void *k, void *v, void *beta, void *state, void *seqLens, void *stateIdx,
+	void *g, void *gk, void *accepted, float scale, void *out, uint64_t *ws, void **exec, k3_err *e) {
+	USE(ctx);
+	typedef int (*p1)(void *, void *, void *, void *, void *, void *, void *, void *, void *, void *, float, void *,
+		uint64_t *, void **);
+	CALL(2, "aclnnRecurrentGatedDeltaRuleGetWorkspaceSize",
+		((p1)fn)(q, k, v, beta, state, seqLens, stateIdx, g, gk, accepted, scale, out, ws, exec));
+	return 0;
+}
+
 int k3_prepare_tit(void *ctx, void *fn, const char *api, void *a, int i, void *out, uint64_t *ws, void **exec, k3_err *e) {
 	USE(ctx);
 	typedef int (*p1)(void *, int, void *, uint64_t *, void **);

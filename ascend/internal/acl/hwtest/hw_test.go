@@ -70,6 +70,18 @@ func context(t *testing.T) *acl.Context {
 	return ctx
 }
 
+// workspace allocates op's workspace for the rest of the test.
+func workspace(t *testing.T, ctx *acl.Context, op *acl.Op) acl.DevPtr {
+	t.Helper()
+	if op.WorkspaceSize == 0 {
+		return acl.DevPtr{}
+	}
+	ws, err := ctx.Malloc(op.WorkspaceSize)
+	require.NoError(t, err)
+	t.Cleanup(func() { ctx.Free(ws) })
+	return ws
+}
+
 func TestHWLoad(t *testing.T) {
 	context(t)
 	n, err := lib.DeviceCount()
@@ -161,12 +173,7 @@ func TestHWMatmul(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, op.SetRepeatable())
 	defer op.Destroy()
-	var ws acl.DevPtr
-	if op.WorkspaceSize > 0 {
-		ws, err = ctx.Malloc(op.WorkspaceSize)
-		require.NoError(t, err)
-		defer ctx.Free(ws)
-	}
+	ws := workspace(t, ctx, op)
 	s, err := ctx.NewStream()
 	require.NoError(t, err)
 	defer s.Destroy()
@@ -252,5 +259,127 @@ func TestHWWeightNZ(t *testing.T) {
 			require.NoError(t, ctx.Free(ws))
 		}
 		require.NoError(t, ctx.Free(p))
+	}
+}
+
+// aclnnRecurrentGatedDeltaRule as k3 calls it for KDA decode (per-channel
+// decay gk, no per-head g, one state block per sequence) against the
+// equations in float64: S ← S·Diag(exp(gk)), S ← S + β(v − S k)kᵀ,
+// out = scale · S q, state V-first [blocks, Nv, Dv, Dk].
+func TestHWRecurrentGatedDeltaRule(t *testing.T) {
+	ctx := context(t)
+	rng := rand.New(rand.NewPCG(5, 6))
+	const H, D = 4, 128
+	lensHost := []int32{1, 3, 2}
+	N, T := len(lensHost), 6
+	idxHost := []int32{0, 1, 1, 1, 2, 2}
+	unit := func(n int) []float32 {
+		v := make([]float32, n)
+		for i := 0; i < n; i += D {
+			var ss float64
+			for j := i; j < i+D; j++ {
+				v[j] = float32(rng.NormFloat64())
+				ss += float64(v[j]) * float64(v[j])
+			}
+			for j := i; j < i+D; j++ {
+				v[j] = float32(float64(v[j]) / math.Sqrt(ss))
+			}
+		}
+		return v
+	}
+	q, k := unit(T*H*D), unit(T*H*D)
+	v, gk, beta, st := make([]float32, T*H*D), make([]float32, T*H*D), make([]float32, T*H), make([]float32, N*H*D*D)
+	for i := range v {
+		v[i], gk[i] = float32(rng.NormFloat64()), float32(-0.05*rng.Float64())
+	}
+	for i := range beta {
+		beta[i] = rng.Float32()
+	}
+	for i := range st {
+		st[i] = float32(0.1 * rng.NormFloat64())
+	}
+	const scale = 0.088
+	// The reference.
+	want, wantSt := make([]float64, T*H*D), make([]float64, len(st))
+	for i, x := range st {
+		wantSt[i] = float64(x)
+	}
+	t0 := 0
+	for s, n := range lensHost {
+		for h := range H {
+			S := wantSt[(s*H+h)*D*D : (s*H+h+1)*D*D]
+			for tt := t0; tt < t0+int(n); tt++ {
+				base := (tt*H + h) * D
+				for c := range D {
+					e := math.Exp(float64(gk[base+c]))
+					for r := range D {
+						S[r*D+c] *= e
+					}
+				}
+				for r := range D {
+					var sk float64
+					for c := range D {
+						sk += S[r*D+c] * float64(k[base+c])
+					}
+					u := float64(beta[tt*H+h]) * (float64(v[base+r]) - sk)
+					for c := range D {
+						S[r*D+c] += u * float64(k[base+c])
+					}
+				}
+				for r := range D {
+					var sq float64
+					for c := range D {
+						sq += S[r*D+c] * float64(q[base+c])
+					}
+					want[base+r] = scale * sq
+				}
+			}
+		}
+		t0 += int(n)
+	}
+	up := func(b []byte) acl.DevPtr {
+		p, err := ctx.Malloc(len(b))
+		require.NoError(t, err)
+		t.Cleanup(func() { ctx.Free(p) })
+		require.NoError(t, ctx.CopyToDevice(p, b))
+		return p
+	}
+	i32 := func(v []int32) []byte {
+		b := make([]byte, 4*len(v))
+		for i, x := range v {
+			binary.LittleEndian.PutUint32(b[4*i:], uint32(x))
+		}
+		return b
+	}
+	desc := func(dt acl.DataType, p acl.DevPtr, dims ...int64) *acl.Tensor {
+		x, err := ctx.NewTensor(acl.TensorDesc{DType: dt, Dims: dims, Data: p})
+		require.NoError(t, err)
+		t.Cleanup(func() { x.Destroy() })
+		return x
+	}
+	outP := up(make([]byte, 4*T*H*D))
+	stP := up(f32bytes(st))
+	op, err := ctx.RecurrentGatedDeltaRule(
+		desc(acl.Float, up(f32bytes(q)), int64(T), H, D), desc(acl.Float, up(f32bytes(k)), int64(T), H, D),
+		desc(acl.Float, up(f32bytes(v)), int64(T), H, D), desc(acl.Float, up(f32bytes(beta)), int64(T), H),
+		desc(acl.Float, stP, int64(N), H, D, D), desc(acl.Int32, up(i32(lensHost)), int64(N)),
+		desc(acl.Int32, up(i32(idxHost)), int64(T)), nil, desc(acl.Float, up(f32bytes(gk)), int64(T), H, D),
+		scale, desc(acl.Float, outP, int64(T), H, D))
+	require.NoError(t, err)
+	ws := workspace(t, ctx, op)
+	s, err := ctx.NewStream()
+	require.NoError(t, err)
+	defer s.Destroy()
+	require.NoError(t, op.Launch(s, ws))
+	require.NoError(t, s.Sync())
+	got := make([]byte, 4*T*H*D)
+	require.NoError(t, ctx.CopyToHost(got, outP))
+	for i, x := range bytesF32(got) {
+		require.InDelta(t, want[i], x, 1e-4+1e-4*math.Abs(want[i]), "out element %d", i)
+	}
+	gotSt := make([]byte, 4*len(st))
+	require.NoError(t, ctx.CopyToHost(gotSt, stP))
+	for i, x := range bytesF32(gotSt) {
+		require.InDelta(t, wantSt[i], x, 1e-4+1e-4*math.Abs(wantSt[i]), "state element %d", i)
 	}
 }

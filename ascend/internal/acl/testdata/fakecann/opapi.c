@@ -166,7 +166,7 @@ int aclnnRmsNorm(void *ws, uint64_t wsSize, void *exec, void *stream) {
 
 // ---- Elementwise operators with broadcasting (numpy rules, right-aligned).
 
-enum { OP_ADD, OP_MUL, OP_SILU, OP_SIGMOID, OP_SOFTPLUS, OP_CAST, OP_FILL };
+enum { OP_ADD, OP_MUL, OP_SILU, OP_SIGMOID, OP_SOFTPLUS, OP_CAST, OP_FILL, OP_EXP, OP_MULS };
 
 // boff is the offset in t of output index idx (over o's dimensions).
 static int64_t boff(const fk_tensor *t, const fk_tensor *o, const int64_t *idx) {
@@ -195,6 +195,8 @@ static int run_elementwise(fk_exec *e, void *ws) {
 		case OP_SOFTPLUS: r = e->attr * x > e->attr2 ? x : log1p(exp(e->attr * x)) / e->attr; break;
 		case OP_CAST: r = x; break;
 		case OP_FILL: r = e->attr; break;
+		case OP_EXP: r = exp(x); break;
+		case OP_MULS: r = x * e->attr; break;
 		}
 		fk_put(o, boff(o, o, idx), r);
 		for (int i = o->nd - 1; i >= 0 && ++idx[i] == o->dims[i]; i--) idx[i] = 0;
@@ -465,4 +467,146 @@ int aclnnTransMatmulWeightGetWorkspaceSize(void *wRef, uint64_t *ws, void **exec
 
 int aclnnTransMatmulWeight(void *ws, uint64_t wsSize, void *exec, void *stream) {
 	return fk_launch("aclnnTransMatmulWeight", ws, wsSize, exec, stream);
+}
+
+int aclnnExpGetWorkspaceSize(void *self, void *out, uint64_t *ws, void **exec) {
+	return prepare_elementwise("aclnnExp", OP_EXP, self, NULL, out, 0, 0, ws, exec);
+}
+
+int aclnnExp(void *ws, uint64_t wsSize, void *exec, void *stream) { return fk_launch("aclnnExp", ws, wsSize, exec, stream); }
+
+int aclnnMulsGetWorkspaceSize(void *self, void *other, void *out, uint64_t *ws, void **exec) {
+	if (!fk_scalar_ok(other)) {
+		fk_set_error("aclnnMuls: other is not a live scalar");
+		return ACLNN_ERR_PARAM_NULLPTR;
+	}
+	return prepare_elementwise("aclnnMuls", OP_MULS, self, NULL, out, ((fk_scalar *)other)->v, 0, ws, exec);
+}
+
+int aclnnMuls(void *ws, uint64_t wsSize, void *exec, void *stream) { return fk_launch("aclnnMuls", ws, wsSize, exec, stream); }
+
+int aclnnInplaceCopyGetWorkspaceSize(void *selfRef, void *src, uint64_t *ws, void **exec) {
+	return prepare_elementwise("aclnnInplaceCopy", OP_CAST, src, NULL, selfRef, 0, 0, ws, exec);
+}
+
+int aclnnInplaceCopy(void *ws, uint64_t wsSize, void *exec, void *stream) {
+	return fk_launch("aclnnInplaceCopy", ws, wsSize, exec, stream);
+}
+
+// ---- RecurrentGatedDeltaRule: per head, S <- S*Diag(exp(g + gk)),
+// S <- S + beta (v - S k) k^T, out = scale * S q, with the state V-first
+// ([blocks, Nv, Dv, Dk]); at most 8 tokens per sequence.
+
+static double at3(const fk_tensor *t, int64_t i, int64_t j, int64_t k) {
+	return fk_get(t, t->offset + i * t->strides[0] + j * t->strides[1] + k * t->strides[2]);
+}
+
+static int run_rgdr(fk_exec *e, void *ws) {
+	(void)ws;
+	const fk_tensor *q = &e->t[0], *k = &e->t[1], *v = &e->t[2], *beta = &e->t[3], *st = &e->t[4], *lens = &e->t[5];
+	const fk_tensor *idx = &e->t[6], *gk = &e->t[7], *o = &e->t[8];
+	int has_g = e->iattr & 1, has_gk = e->iattr & 2;
+	const fk_tensor *g = &e->t[9];
+	int64_t B = lens->dims[0], Nk = q->dims[1], Dk = q->dims[2], Nv = v->dims[1], Dv = v->dims[2];
+	double *S = malloc(sizeof(double) * Dv * Dk), *u = malloc(sizeof(double) * Dv);
+	int64_t t0 = 0;
+	for (int64_t b = 0; b < B; b++) {
+		int64_t n = (int64_t)fk_get(lens, lens->offset + b * lens->strides[0]);
+		if (n < 1 || n > 8 || t0 + n > q->dims[0]) {
+			fk_set_error("aclnnRecurrentGatedDeltaRule: sequence %lld has %lld tokens (1 to 8, %lld in all)", (long long)b,
+				(long long)n, (long long)q->dims[0]);
+			free(S);
+			free(u);
+			return ACL_ERROR_RT_AICORE_EXCEPTION;
+		}
+		for (int64_t h = 0; h < Nv; h++) {
+			int64_t hk = h / (Nv / Nk);
+			int64_t slot = (int64_t)fk_get(idx, idx->offset + t0 * idx->strides[0]);
+			for (int64_t a = 0; a < Dv * Dk; a++) S[a] = fk_get(st, st->offset + (slot * Nv + h) * Dv * Dk + a);
+			for (int64_t i = 0; i < n; i++) {
+				int64_t t = t0 + i;
+				double gh = has_g ? fk_get(g, g->offset + t * g->strides[0] + h * g->strides[1]) : 0;
+				for (int64_t c = 0; c < Dk; c++) {
+					double d = exp(gh + (has_gk ? at3(gk, t, h, c) : 0));
+					for (int64_t r = 0; r < Dv; r++) S[r * Dk + c] *= d;
+				}
+				double bt = fk_get(beta, beta->offset + t * beta->strides[0] + h * beta->strides[1]);
+				for (int64_t r = 0; r < Dv; r++) {
+					double sk = 0;
+					for (int64_t c = 0; c < Dk; c++) sk += S[r * Dk + c] * at3(k, t, hk, c);
+					u[r] = bt * (at3(v, t, h, r) - sk);
+				}
+				for (int64_t r = 0; r < Dv; r++)
+					for (int64_t c = 0; c < Dk; c++) S[r * Dk + c] += u[r] * at3(k, t, hk, c);
+				for (int64_t r = 0; r < Dv; r++) {
+					double sq = 0;
+					for (int64_t c = 0; c < Dk; c++) sq += S[r * Dk + c] * at3(q, t, hk, c);
+					fk_put(o, o->offset + t * o->strides[0] + h * o->strides[1] + r * o->strides[2], e->attr * sq);
+				}
+				int64_t to = (int64_t)fk_get(idx, idx->offset + t * idx->strides[0]);
+				for (int64_t a = 0; a < Dv * Dk; a++) fk_put(st, st->offset + (to * Nv + h) * Dv * Dk + a, S[a]);
+			}
+		}
+		t0 += n;
+	}
+	free(S);
+	free(u);
+	return 0;
+}
+
+int aclnnRecurrentGatedDeltaRuleGetWorkspaceSize(void *q, void *k, void *v, void *beta, void *state, void *seqLens,
+	void *stateIdx, void *g, void *gk, void *accepted, float scale, void *out, uint64_t *ws, void **exec) {
+	const char *op = "aclnnRecurrentGatedDeltaRule";
+	int rc = fk_need_context();
+	if (rc) return rc;
+	void *ts[6] = {q, k, v, beta, state, out};
+	if ((rc = check_tensors(op, 6, ts))) return rc;
+	void *ints[2] = {seqLens, stateIdx};
+	if ((rc = check_tensors_i(op, 2, ints, 3))) return rc;
+	if (accepted != NULL) {
+		fk_set_error("%s: numAcceptedTokens is not supported by the fake", op);
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	const fk_tensor *tq = q, *tk = k, *tv = v, *tb = beta, *ts_ = state, *tl = seqLens, *ti = stateIdx, *to = out;
+	int64_t T = tq->dims[0];
+	int bad = tq->nd != 3 || tk->nd != 3 || tv->nd != 3 || to->nd != 3 || tb->nd != 2 || ts_->nd != 4 || tl->nd != 1 ||
+		ti->nd != 1 || tl->dtype != 3 || ti->dtype != 3 || ti->dims[0] != T || tk->dims[0] != T || tv->dims[0] != T ||
+		to->dims[0] != T || tb->dims[0] != T || tk->dims[1] != tq->dims[1] || tk->dims[2] != tq->dims[2] ||
+		tv->dims[1] % tq->dims[1] != 0 || tb->dims[1] != tv->dims[1] || to->dims[1] != tv->dims[1] ||
+		to->dims[2] != tv->dims[2] || ts_->dims[1] != tv->dims[1] || ts_->dims[2] != tv->dims[2] ||
+		ts_->dims[3] != tq->dims[2] || !contiguous(ts_);
+	if (gk != NULL) {
+		const fk_tensor *tg = gk;
+		bad = bad || !fk_tensor_ok(gk) || tg->nd != 3 || tg->dims[0] != T || tg->dims[1] != tv->dims[1] || tg->dims[2] != tq->dims[2];
+	}
+	if (g != NULL) {
+		const fk_tensor *tg = g;
+		bad = bad || !fk_tensor_ok(g) || tg->nd != 2 || tg->dims[0] != T || tg->dims[1] != tv->dims[1];
+	}
+	if (bad) {
+		fk_set_error("%s: q, k [T, Nk, Dk], v [T, Nv, Dv], beta and g [T, Nv], gk [T, Nv, Dk], state [blocks, Nv, Dv, Dk], "
+			"int32 actual lengths [B] and state indices [T], out [T, Nv, Dv] expected", op);
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	fk_exec *e = fk_exec_new();
+	e->t[0] = *tq;
+	e->t[1] = *tk;
+	e->t[2] = *tv;
+	e->t[3] = *tb;
+	e->t[4] = *ts_;
+	e->t[5] = *tl;
+	e->t[6] = *ti;
+	if (gk) e->t[7] = *(fk_tensor *)gk;
+	e->t[8] = *to;
+	if (g) e->t[9] = *(fk_tensor *)g;
+	e->attr = scale;
+	e->iattr = (g != NULL) | (gk != NULL) << 1;
+	e->run = run_rgdr;
+	*ws = 0;
+	*exec = e;
+	return 0;
+}
+
+int aclnnRecurrentGatedDeltaRule(void *ws, uint64_t wsSize, void *exec, void *stream) {
+	return fk_launch("aclnnRecurrentGatedDeltaRule", ws, wsSize, exec, stream);
 }

@@ -1,0 +1,247 @@
+package ascend
+
+import (
+	"fmt"
+	"math"
+
+	"k3/compute"
+)
+
+// maxRecurrentTokens is aclnnRecurrentGatedDeltaRule's limit on the
+// tokens of one sequence in one call.
+const maxRecurrentTokens = 8
+
+// KDAChunk implements compute.Backend. Token by token (ChunkSize 0) with
+// at most eight tokens per sequence, as decode and verification run it,
+// it is a composition ending in aclnnRecurrentGatedDeltaRule: q, k and v
+// copied out of their (possibly packed) views; with Preprocess, q and k
+// L2-normalised as an RMSNorm with weight 1/√D and eps 1e-6/D (the same
+// function: x/√(Σx² + 1e-6)) and beta through a sigmoid; the log decay
+// computed from the raw gate; the per-sequence token counts and state
+// indices uploaded from the host offsets. Chunked prefill needs
+// FlashKDA's custom operator and is not mapped.
+func (b *Backend) KDAChunk(a *compute.KDAArgs) error {
+	shape, ok := kdaShape(a)
+	if !ok {
+		return b.onHost("KDAChunk", a, func(c compute.Backend, h any) error { return c.KDAChunk(h.(*compute.KDAArgs)) })
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.recurrentKDA(a, shape)
+}
+
+// kdaDims are the sizes of a KDAChunk call.
+type kdaDims struct {
+	T, H, Dk, Dv, N int
+	cu              []int32
+}
+
+// kdaShape reports whether a is a call the recurrent operator serves, and
+// its sizes. Anything else (chunked form, long sequences, other dtypes,
+// malformed operands) goes to the general path, which checks it.
+func kdaShape(a *compute.KDAArgs) (kdaDims, bool) {
+	var d kdaDims
+	if a.ChunkSize != 0 || a.Beta.Rank != 2 || a.State.Rank != 4 || a.Out.Rank != 3 || a.G.Rank != 3 {
+		return d, false
+	}
+	d.T, d.H = a.Beta.Dims[0], a.Beta.Dims[1]
+	if !a.QKV.IsZero() {
+		if a.QKV.Rank != 2 || a.QKV.Dims[0] != d.T || a.QKV.Dims[1]%(3*d.H) != 0 || a.QKV.DType != compute.F32 {
+			return d, false
+		}
+		d.Dk = a.QKV.Dims[1] / (3 * d.H)
+		d.Dv = d.Dk
+	} else {
+		if a.Q.Rank != 3 || a.K.Rank != 3 || a.V.Rank != 3 {
+			return d, false
+		}
+		d.Dk, d.Dv = a.Q.Dims[2], a.V.Dims[2]
+		for _, t := range []compute.Tensor{a.Q, a.K, a.V} {
+			if t.DType != compute.F32 || t.Dims[0] != d.T || t.Dims[1] != d.H {
+				return d, false
+			}
+		}
+		if a.K.Dims[2] != d.Dk {
+			return d, false
+		}
+	}
+	d.cu = a.CuSeqlens
+	if d.cu == nil {
+		d.cu = []int32{0, int32(d.T)}
+	}
+	d.N = len(d.cu) - 1
+	if d.N < 1 || d.cu[0] != 0 || int(d.cu[d.N]) != d.T {
+		return d, false
+	}
+	for i := range d.N {
+		if n := d.cu[i+1] - d.cu[i]; n < 1 || n > maxRecurrentTokens {
+			return d, false
+		}
+	}
+	st, g, out := a.State, a.G, a.Out
+	ok := st.DType == compute.F32 && st.Dims[0] == d.N && st.Dims[1] == d.H && st.Dims[2] == d.Dv && st.Dims[3] == d.Dk &&
+		g.DType == compute.F32 && g.Dims[0] == d.T && g.Dims[1] == d.H && g.Dims[2] == d.Dk &&
+		out.DType == compute.F32 && out.Dims[0] == d.T && out.Dims[1] == d.H && out.Dims[2] == d.Dv &&
+		a.Beta.DType == compute.F32
+	switch a.Gate {
+	case compute.GateGiven:
+	case compute.GateSoftplus, compute.GateLowerBound:
+		ok = ok && a.ALog.DType == compute.F32 && a.ALog.Len() == d.H && a.DTBias.DType == compute.F32 && a.DTBias.Len() == d.H*d.Dk
+		ok = ok && (a.Gate == compute.GateSoftplus || a.LowerBound < 0)
+	default:
+		ok = false
+	}
+	return d, ok
+}
+
+func i64(v ...int) []int64 {
+	out := make([]int64, len(v))
+	for i, x := range v {
+		out[i] = int64(x)
+	}
+	return out
+}
+
+// recurrentKDA runs the composition; b.mu is held.
+func (b *Backend) recurrentKDA(a *compute.KDAArgs, d kdaDims) error {
+	T, H, Dk, Dv, N := d.T, d.H, d.Dk, d.Dv, d.N
+	// Scratch: q, k, v and the log decay per token and head, beta, the
+	// per-head decay rates; then the int32 counts and state indices.
+	f, err := b.allocTensor(compute.F32, 3*T*H*Dk+T*H*Dv+T*H+H)
+	if err != nil {
+		return err
+	}
+	defer b.freeBuf(f.Mem.(*devBuf))
+	ints, err := b.allocTensor(compute.I32, N+T)
+	if err != nil {
+		return err
+	}
+	defer b.freeBuf(ints.Mem.(*devBuf))
+	at := func(t compute.Tensor, off int) compute.Tensor { t.Off += off; return t }
+	qn, kn, gk := at(f, 0), at(f, T*H*Dk), at(f, 2*T*H*Dk)
+	vv, beta, rate := at(f, 3*T*H*Dk), at(f, 3*T*H*Dk+T*H*Dv), at(f, 3*T*H*Dk+T*H*Dv+T*H)
+	lens, idx := ints, at(ints, N)
+	tokens3 := func(t compute.Tensor, d int) operand { return operand{t: t, view: i64(T, H, d)} }
+
+	// q, k and v into contiguous scratch.
+	src := [3]operand{tokens3(a.Q, Dk), tokens3(a.K, Dk), tokens3(a.V, Dv)}
+	if !a.QKV.IsZero() {
+		st := i64(3*H*Dk, Dk, 1)
+		src = [3]operand{{a.QKV, i64(T, H, Dk), st}, {at(a.QKV, H*Dk), i64(T, H, Dk), st}, {at(a.QKV, 2*H*Dk), i64(T, H, Dv), st}}
+	}
+	for i, dst := range []operand{tokens3(qn, Dk), tokens3(kn, Dk), tokens3(vv, Dv)} {
+		if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) }, dst, src[i]); err != nil {
+			return err
+		}
+	}
+	rows := func(t compute.Tensor, d int) operand { return operand{t: t, view: i64(T*H, d)} }
+	if a.Preprocess {
+		inv, err := b.constOf(Dk, float32(1/math.Sqrt(float64(Dk))))
+		if err != nil {
+			return err
+		}
+		scratch, err := b.allocTensor(compute.F32, T*H)
+		if err != nil {
+			return err
+		}
+		defer b.freeBuf(scratch.Mem.(*devBuf))
+		for _, x := range []compute.Tensor{qn, kn} {
+			if err := b.run(func(ts []tensorDesc) (prepared, error) {
+				return b.drv.rmsNorm(ts[0], ts[1], 1e-6/float64(Dk), ts[2], ts[3])
+			}, rows(x, Dk), operand{t: inv, view: i64(Dk)}, rows(x, Dk), rows(scratch, 1)); err != nil {
+				return err
+			}
+		}
+		if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary("aclnnSigmoid", ts[0], ts[1]) },
+			operand{t: a.Beta, view: i64(T, H)}, operand{t: beta, view: i64(T, H)}); err != nil {
+			return err
+		}
+	} else if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) },
+		operand{t: beta, view: i64(T, H)}, operand{t: a.Beta, view: i64(T, H)}); err != nil {
+		return err
+	}
+
+	// The log decay.
+	decay := tokens3(a.G, Dk)
+	if a.Gate != compute.GateGiven {
+		if err := b.decayGate(a, gk, rate, T, H, Dk); err != nil {
+			return err
+		}
+		decay = tokens3(gk, Dk)
+	}
+
+	// Token counts and state indices: sequence s owns state block s.
+	host := make([]int32, N+T)
+	for s := range N {
+		host[s] = d.cu[s+1] - d.cu[s]
+		for t := d.cu[s]; t < d.cu[s+1]; t++ {
+			host[N+int(t)] = int32(s)
+		}
+	}
+	p, _ := b.addr(ints)
+	raw, _, _ := hostView(host)
+	if err := b.upload(p, raw); err != nil {
+		return err
+	}
+	scale := a.Scale
+	return b.run(func(ts []tensorDesc) (prepared, error) {
+		return b.drv.rgdr(ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], ts[6], nil, ts[7], scale, ts[8])
+	}, tokens3(qn, Dk), tokens3(kn, Dk), tokens3(vv, Dv), operand{t: beta, view: i64(T, H)},
+		operand{t: a.State, view: i64(N, H, Dv, Dk)}, operand{t: lens, view: i64(N)}, operand{t: idx, view: i64(T)},
+		decay, operand{t: a.Out, view: i64(T, H, Dv)})
+}
+
+// decayGate writes the log decay into gk from the raw gate a.G: Kimi
+// Linear's -exp(A_log)·softplus(G + dt_bias), or K3's
+// lowerBound·sigmoid(exp(A_log)·(G + dt_bias)); rate is scratch for the
+// per-head exp(A_log).
+func (b *Backend) decayGate(a *compute.KDAArgs, gk, rate compute.Tensor, T, H, Dk int) error {
+	flat2 := operand{t: gk, view: i64(T, H*Dk)}
+	heads := operand{t: gk, view: i64(T, H, Dk)}
+	perHead := operand{t: rate, view: i64(H, 1)}
+	one, err := b.scalar(1)
+	if err != nil {
+		return err
+	}
+	steps := []func() error{
+		func() error {
+			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.add(ts[0], ts[1], one, ts[2]) },
+				operand{t: a.G, view: i64(T, H*Dk)}, operand{t: a.DTBias, view: i64(H * Dk)}, flat2)
+		},
+		func() error {
+			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary("aclnnExp", ts[0], ts[1]) },
+				operand{t: a.ALog, view: i64(H)}, operand{t: rate, view: i64(H)})
+		},
+	}
+	muls := func(v float32, x operand) func() error {
+		return func() error {
+			sc, err := b.scalar(v)
+			if err != nil {
+				return err
+			}
+			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.muls(ts[0], sc, ts[1]) }, x, x)
+		}
+	}
+	mulRate := func() error {
+		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) }, heads, perHead, heads)
+	}
+	if a.Gate == compute.GateSoftplus {
+		steps = append(steps,
+			func() error { return b.softplus(flat2, flat2) },
+			muls(-1, operand{t: rate, view: i64(H)}),
+			mulRate)
+	} else {
+		steps = append(steps,
+			mulRate,
+			func() error {
+				return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary("aclnnSigmoid", ts[0], ts[1]) }, flat2, flat2)
+			},
+			muls(a.LowerBound, flat2))
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return fmt.Errorf("ascend: KDA decay gate: %w", err)
+		}
+	}
+	return nil
+}
