@@ -35,7 +35,8 @@ type Backend struct {
 	scalars map[float32]scalar
 	// host, for a backend over the host driver, runs the operations not
 	// mapped to aclnn (onHost).
-	host compute.Backend
+	host  compute.Backend
+	wraps map[wrapKey]compute.Tensor // host twins of buffers, dropped when freed
 	// capture, while a Capture runs, collects the spans freed meanwhile:
 	// the captured work uses them on every replay.
 	capture *Graph
@@ -208,6 +209,9 @@ func (b *Backend) freeBuf(d *devBuf) {
 		return
 	}
 	d.freed = true
+	for _, dt := range []compute.DType{compute.F32, compute.BF16, compute.F16, compute.I32} {
+		delete(b.wraps, wrapKey{d, dt})
+	}
 	if b.capture != nil {
 		b.capture.keep = append(b.capture.keep, d)
 		return
@@ -834,10 +838,6 @@ func (b *Backend) RoPE(a *compute.RopeArgs) error {
 
 func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 	return b.onHost("KDAStep", a, func(c compute.Backend, h any) error { return c.KDAStep(h.(*compute.KDAStepArgs)) })
-}
-
-func (b *Backend) CausalConv(a *compute.ConvArgs) error {
-	return b.onHost("CausalConv", a, func(c compute.Backend, h any) error { return c.CausalConv(h.(*compute.ConvArgs)) })
 }
 
 func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {

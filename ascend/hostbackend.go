@@ -64,6 +64,12 @@ func tensorish(t reflect.Type) bool {
 	return t == tensorType || t == weightsType || (t.Kind() == reflect.Slice && t.Elem() == tensorType)
 }
 
+// wrapKey names the pure-Go twin of a buffer viewed as one dtype.
+type wrapKey struct {
+	d  *devBuf
+	dt compute.DType
+}
+
 var (
 	tensorType  = reflect.TypeFor[compute.Tensor]()
 	weightsType = reflect.TypeFor[*compute.KDAWeights]()
@@ -111,15 +117,25 @@ func (b *Backend) hostTensor(t compute.Tensor) (compute.Tensor, error) {
 	if err != nil {
 		return t, err
 	}
-	size := t.DType.Size()
-	mem, err := b.drv.(*hostDriver).mem(b.base.Add(d.off), d.n, "host operation")
-	if err != nil {
-		return t, err
-	}
-	n := d.n / size
-	h, err := b.host.FromHost(t.DType, t.DType, mem[:n*size], n)
-	if err != nil {
-		return t, err
+	// One wrapper per buffer and dtype, so that the pure-Go backend's
+	// caches keyed by storage (the conv taps' transpose) see the same
+	// tensor on every call.
+	key := wrapKey{d, t.DType}
+	h, ok := b.wraps[key]
+	if !ok {
+		size := t.DType.Size()
+		mem, err := b.drv.(*hostDriver).mem(b.base.Add(d.off), d.n, "host operation")
+		if err != nil {
+			return t, err
+		}
+		n := d.n / size
+		if h, err = b.host.FromHost(t.DType, t.DType, mem[:n*size], n); err != nil {
+			return t, err
+		}
+		if b.wraps == nil {
+			b.wraps = map[wrapKey]compute.Tensor{}
+		}
+		b.wraps[key] = h
 	}
 	h.Off, h.Rank, h.Dims = t.Off, t.Rank, t.Dims
 	return h, nil

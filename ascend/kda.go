@@ -245,3 +245,95 @@ func (b *Backend) decayGate(a *compute.KDAArgs, gk, rate compute.Tensor, T, H, D
 	}
 	return nil
 }
+
+// CausalConv implements compute.Backend: KDA's depthwise causal
+// convolution with SiLU, per sequence, as a composition. The window
+// [state; x] is copied into scratch; the output is Σ_j window[j:j+n] ·
+// w[:, j] (Mul and Add, the taps broadcast over rows), then Silu; the
+// state becomes the window's last W-1 rows. aclnn has no causal-conv
+// operator (the Ascend recipes use a custom one), so this is the
+// device route until one is bound.
+func (b *Backend) CausalConv(a *compute.ConvArgs) error {
+	if a.X.Rank != 2 || a.Weight.Rank != 2 || a.Weight.Dims[0] != a.X.Dims[1] || a.Weight.Dims[1] < 2 ||
+		a.X.DType != compute.F32 || (a.Weight.DType != compute.F32 && a.Weight.DType != compute.BF16) ||
+		a.State.DType != compute.F32 || a.Out.DType != compute.F32 {
+		return b.onHost("CausalConv", a, func(c compute.Backend, h any) error { return c.CausalConv(h.(*compute.ConvArgs)) })
+	}
+	T, C, W := a.X.Dims[0], a.X.Dims[1], a.Weight.Dims[1]
+	cu := a.CuSeqlens
+	if cu == nil {
+		cu = []int32{0, int32(T)}
+	}
+	N := len(cu) - 1
+	ok := N >= 1 && cu[0] == 0 && int(cu[N]) == T && a.State.Len() == N*(W-1)*C && a.Out.Len() == T*C
+	for s := 0; ok && s < N; s++ {
+		ok = cu[s+1] >= cu[s]
+	}
+	if !ok {
+		return fmt.Errorf("%w: conv input %v, weight %v, state %v, out %v, cu_seqlens %v", compute.ErrShape, a.X, a.Weight, a.State, a.Out, cu)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	maxN := 0
+	for s := range N {
+		maxN = max(maxN, int(cu[s+1]-cu[s]))
+	}
+	scratch, err := b.allocTensor(compute.F32, 2*(W-1+maxN)*C)
+	if err != nil {
+		return err
+	}
+	defer b.freeBuf(scratch.Mem.(*devBuf))
+	one, err := b.scalar(1)
+	if err != nil {
+		return err
+	}
+	win, tmp := scratch, scratch
+	tmp.Off += (W - 1 + maxN) * C
+	at := func(t compute.Tensor, row, rows int) operand {
+		t.Off += row * C
+		return operand{t: t, view: i64(rows, C)}
+	}
+	cp := func(dst, src operand) error {
+		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) }, dst, src)
+	}
+	for s := range N {
+		r0, n := int(cu[s]), int(cu[s+1]-cu[s])
+		if n == 0 {
+			continue
+		}
+		state := a.State
+		state.Off += s * (W - 1) * C
+		if err := cp(at(win, 0, W-1), at(state, 0, W-1)); err != nil {
+			return err
+		}
+		if err := cp(at(win, W-1, n), at(a.X, r0, n)); err != nil {
+			return err
+		}
+		out := at(a.Out, r0, n)
+		for j := range W {
+			tap := a.Weight
+			tap.Off += j
+			taps := operand{t: tap, view: i64(C), strides: i64(W)}
+			dst := out
+			if j > 0 {
+				dst = at(tmp, 0, n)
+			}
+			if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) },
+				at(win, j, n), taps, dst); err != nil {
+				return err
+			}
+			if j > 0 {
+				if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.add(ts[0], ts[1], one, ts[2]) }, out, dst, out); err != nil {
+					return err
+				}
+			}
+		}
+		if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary("aclnnSilu", ts[0], ts[1]) }, out, out); err != nil {
+			return err
+		}
+		if err := cp(at(state, 0, W-1), at(win, n, W-1)); err != nil {
+			return err
+		}
+	}
+	return nil
+}

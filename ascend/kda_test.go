@@ -129,3 +129,32 @@ func TestKDAChunkedNotMapped(t *testing.T) {
 		}
 	})
 }
+
+// CausalConv's composition against the pure-Go backend: packed sequences
+// of different lengths (one empty), f32 and bf16 taps, the state carried
+// across two calls.
+func TestCausalConv(t *testing.T) {
+	eachDriver(t, 16<<20, func(t *testing.T, a *Backend) {
+		c := cpu.New(1)
+		defer c.Close()
+		rng := rand.New(rand.NewPCG(41, 42))
+		const C, W = 24, 4
+		cu := []int32{0, 1, 1, 6, 8}
+		T, N := int(cu[len(cu)-1]), len(cu)-1
+		for _, dt := range []compute.DType{compute.F32} { // the pure-Go backend takes f32 taps
+			wa, wc := both(t, a, c, dt, randF32(rng, C*W), C, W)
+			sa, sc := both(t, a, c, compute.F32, randF32(rng, N*(W-1)*C), N, W-1, C)
+			for range 2 {
+				xa, xc := both(t, a, c, compute.F32, randF32(rng, T*C), T, C)
+				oa, err := a.Alloc(compute.F32, T, C)
+				require.NoError(t, err)
+				oc, err := c.Alloc(compute.F32, T, C)
+				require.NoError(t, err)
+				require.NoError(t, a.CausalConv(&compute.ConvArgs{X: xa, Weight: wa, State: sa, Out: oa, CuSeqlens: cu}))
+				require.NoError(t, c.CausalConv(&compute.ConvArgs{X: xc, Weight: wc, State: sc, Out: oc, CuSeqlens: cu}))
+				closeRel(t, read(t, c, oc), read(t, a, oa), 1e-6, 1e-5, "out", dt)
+				closeRel(t, read(t, c, sc), read(t, a, sa), 0, 0, "state", dt)
+			}
+		}
+	})
+}
