@@ -832,10 +832,6 @@ func (b *Backend) LayerNorm(dst, x, w, bias compute.Tensor, eps float32) error {
 	}, flat(x, D), operand{t: w, view: vec}, operand{t: bias, view: vec}, flat(dst, D), flat(stats.Rows(0, 1), 1), flat(stats.Rows(1, 2), 1))
 }
 
-func (b *Backend) RoPE(a *compute.RopeArgs) error {
-	return b.onHost("RoPE", a, func(c compute.Backend, h any) error { return c.RoPE(h.(*compute.RopeArgs)) })
-}
-
 func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 	return b.onHost("KDAStep", a, func(c compute.Backend, h any) error { return c.KDAStep(h.(*compute.KDAStepArgs)) })
 }
