@@ -678,6 +678,16 @@ func (b *Backend) Unary(op compute.UnaryOp, dst, x compute.Tensor) error {
 	return fmt.Errorf("ascend: unary op %d: %w", op, compute.ErrUnsupported)
 }
 
+// units are the scalars 1 and -1 (Add's alpha for a sum and a
+// difference).
+func (b *Backend) units() (one, minus scalar, err error) {
+	if one, err = b.scalar(1); err != nil {
+		return nil, nil, err
+	}
+	minus, err = b.scalar(-1)
+	return one, minus, err
+}
+
 // softplus is aclnnSoftplus with beta 1 and threshold 20.
 func (b *Backend) softplus(x, out operand) error {
 	beta, err := b.scalar(1)
@@ -842,14 +852,6 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 
 func (b *Backend) Attention(a *compute.AttnArgs) error {
 	return b.onHost("Attention", a, func(c compute.Backend, h any) error { return c.Attention(h.(*compute.AttnArgs)) })
-}
-
-func (b *Backend) AttnResPrepare(a *compute.AttnResPrepareArgs) error {
-	return b.onHost("AttnResPrepare", a, func(c compute.Backend, h any) error { return c.AttnResPrepare(h.(*compute.AttnResPrepareArgs)) })
-}
-
-func (b *Backend) AttnResUpdate(a *compute.AttnResUpdateArgs) error {
-	return b.onHost("AttnResUpdate", a, func(c compute.Backend, h any) error { return c.AttnResUpdate(h.(*compute.AttnResUpdateArgs)) })
 }
 
 func (b *Backend) MoERoute(a *compute.RouteArgs) error {

@@ -528,6 +528,10 @@ func (d *hostDriver) binary(name string, a, b, out tensorDesc) (prepared, error)
 	switch name {
 	case "aclnnMul":
 		return d.elementwise(name, func(x, y float64) float64 { return x * y }, a, b, out)
+	case "aclnnMaximum":
+		return d.elementwise(name, math.Max, a, b, out)
+	case "aclnnDiv":
+		return d.elementwise(name, func(x, y float64) float64 { return x / y }, a, b, out)
 	case "aclnnEmbedding":
 		return d.embedding(a, b, out)
 	}

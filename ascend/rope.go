@@ -71,11 +71,7 @@ func (b *Backend) RoPE(a *compute.RopeArgs) error {
 		u.strides = i64(perRow, d, 2)
 		v = operand{t: at(x, 1), view: view, strides: i64(perRow, d, 2)}
 	}
-	one, err := b.scalar(1)
-	if err != nil {
-		return err
-	}
-	minus, err := b.scalar(-1)
+	one, minus, err := b.units()
 	if err != nil {
 		return err
 	}

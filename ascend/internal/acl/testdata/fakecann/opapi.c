@@ -166,7 +166,7 @@ int aclnnRmsNorm(void *ws, uint64_t wsSize, void *exec, void *stream) {
 
 // ---- Elementwise operators with broadcasting (numpy rules, right-aligned).
 
-enum { OP_ADD, OP_MUL, OP_SILU, OP_SIGMOID, OP_SOFTPLUS, OP_CAST, OP_FILL, OP_EXP, OP_MULS };
+enum { OP_ADD, OP_MUL, OP_SILU, OP_SIGMOID, OP_SOFTPLUS, OP_CAST, OP_FILL, OP_EXP, OP_MULS, OP_MAX, OP_DIV };
 
 // boff is the offset in t of output index idx (over o's dimensions).
 static int64_t boff(const fk_tensor *t, const fk_tensor *o, const int64_t *idx) {
@@ -186,7 +186,7 @@ static int run_elementwise(fk_exec *e, void *ws) {
 	for (int i = 0; i < o->nd; i++) n *= o->dims[i];
 	for (int64_t k = 0; k < n; k++) {
 		double x = kind == OP_FILL ? 0 : fk_get(a, boff(a, o, idx)), y = 0, r = 0;
-		if (kind == OP_ADD || kind == OP_MUL) y = fk_get(b, boff(b, o, idx));
+		if (kind == OP_ADD || kind == OP_MUL || kind == OP_MAX || kind == OP_DIV) y = fk_get(b, boff(b, o, idx));
 		switch (kind) {
 		case OP_ADD: r = x + e->attr * y; break;
 		case OP_MUL: r = x * y; break;
@@ -197,6 +197,8 @@ static int run_elementwise(fk_exec *e, void *ws) {
 		case OP_FILL: r = e->attr; break;
 		case OP_EXP: r = exp(x); break;
 		case OP_MULS: r = x * e->attr; break;
+		case OP_MAX: r = x > y ? x : y; break;
+		case OP_DIV: r = x / y; break;
 		}
 		fk_put(o, boff(o, o, idx), r);
 		for (int i = o->nd - 1; i >= 0 && ++idx[i] == o->dims[i]; i--) idx[i] = 0;
@@ -610,3 +612,17 @@ int aclnnRecurrentGatedDeltaRuleGetWorkspaceSize(void *q, void *k, void *v, void
 int aclnnRecurrentGatedDeltaRule(void *ws, uint64_t wsSize, void *exec, void *stream) {
 	return fk_launch("aclnnRecurrentGatedDeltaRule", ws, wsSize, exec, stream);
 }
+
+int aclnnMaximumGetWorkspaceSize(void *self, void *other, void *out, uint64_t *ws, void **exec) {
+	return prepare_elementwise("aclnnMaximum", OP_MAX, self, other, out, 0, 0, ws, exec);
+}
+
+int aclnnMaximum(void *ws, uint64_t wsSize, void *exec, void *stream) {
+	return fk_launch("aclnnMaximum", ws, wsSize, exec, stream);
+}
+
+int aclnnDivGetWorkspaceSize(void *self, void *other, void *out, uint64_t *ws, void **exec) {
+	return prepare_elementwise("aclnnDiv", OP_DIV, self, other, out, 0, 0, ws, exec);
+}
+
+int aclnnDiv(void *ws, uint64_t wsSize, void *exec, void *stream) { return fk_launch("aclnnDiv", ws, wsSize, exec, stream); }
