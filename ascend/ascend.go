@@ -3,16 +3,15 @@
 // (dlopen) so that no build ever needs CANN installed.
 //
 // Status: the driver (ascend/internal/acl: loading, contexts, memory,
-// streams, events, graph capture, aclnn's two-phase operators) is built
-// and proven against a fake CANN in the tests; the backend's operations
-// are not mapped yet, so Open fails with ErrNotImplemented once the
-// libraries load. docs/ASCEND.md says what runs where.
+// streams, events, graph capture, aclnn's two-phase operators, HCCL) is
+// built and proven against a fake CANN in the tests; the backend maps
+// part of the seam to aclnn, and the operations not mapped yet fail with
+// an error wrapping compute.ErrUnsupported that names them. OpenHost runs
+// the same backend with the host as its device. Nothing has run on an
+// NPU yet: docs/ASCEND.md says what runs where.
 package ascend
 
 import (
-	"errors"
-	"fmt"
-
 	"k3/ascend/internal/acl"
 	"k3/compute"
 )
@@ -28,9 +27,6 @@ var (
 	ErrOutOfMemory     = acl.ErrOutOfMemory
 	ErrKernelMissing   = acl.ErrKernelMissing
 	ErrDevice          = acl.ErrDevice
-	// ErrNotImplemented: CANN loaded, but the backend's operations are
-	// not mapped to aclnn yet.
-	ErrNotImplemented = errors.New("ascend: the backend's operations are not implemented yet")
 )
 
 // Error is a failed call into CANN: the C function, its library, its
@@ -49,13 +45,13 @@ type Options struct {
 	ArenaBytes int
 }
 
-// Open loads CANN and would return a backend for one device. Without the
-// ascend build tag it fails with ErrNotBuilt; without CANN, with
-// ErrLibrary naming the missing library and how to fix it.
+// Open loads CANN and returns the backend for device opts.Device.
+// Without the ascend build tag it fails with ErrNotBuilt; without CANN,
+// with ErrLibrary naming the missing library and how to fix it.
 func Open(opts Options) (compute.Backend, error) {
 	lib, err := acl.Load(acl.Options{LibDirs: opts.LibDirs})
 	if err != nil {
 		return nil, err
 	}
-	return nil, fmt.Errorf("%w (CANN loaded from %s; see docs/ASCEND.md)", ErrNotImplemented, lib.Paths[0])
+	return openDevice(lib, opts)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"k3/ascend/internal/acl"
+	"k3/compute"
 )
 
 var fakeDir string
@@ -49,10 +50,18 @@ func fakeBackend(t *testing.T, arena int) *Backend {
 	return b
 }
 
-// Open loads CANN and then says the backend is not there yet.
+// Open loads CANN and opens the device; an operation not mapped yet says
+// so by name.
 func TestOpenFake(t *testing.T) {
-	_, err := Open(Options{LibDirs: []string{fakeDir}})
+	b, err := Open(Options{LibDirs: []string{fakeDir}, Device: 1, ArenaBytes: 4 << 20})
 	loadedFake = true
-	require.ErrorIs(t, err, ErrNotImplemented)
-	assert.Contains(t, err.Error(), "libascendcl.so")
+	require.NoError(t, err)
+	defer b.Close()
+	assert.Equal(t, "ascend", b.Name())
+	err = b.MoERoute(&compute.RouteArgs{})
+	require.ErrorIs(t, err, compute.ErrUnsupported)
+	assert.Contains(t, err.Error(), "MoERoute")
+	_, err = Open(Options{LibDirs: []string{fakeDir}, Device: 7})
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	assert.Contains(t, err.Error(), "device 7")
 }

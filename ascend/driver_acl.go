@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"k3/ascend/internal/acl"
+	"k3/compute"
 )
 
 // aclDriver is the driver over CANN, through the cgo shim.
@@ -133,6 +134,15 @@ func (b *Backend) aclParts() (*acl.Context, *acl.Stream, error) {
 		return nil, nil, fmt.Errorf("%w: the backend does not run on CANN", ErrInvalidArgument)
 	}
 	return d.ctx, b.s.(aclStream).Stream, nil
+}
+
+// openDevice is Open's device half.
+func openDevice(lib *acl.Lib, o Options) (compute.Backend, error) {
+	b, err := openACL(lib, o)
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 // openACL opens device o.Device of lib as a Backend.
