@@ -725,16 +725,16 @@ func (b *Backend) Binary(op compute.BinaryOp, dst, x, y compute.Tensor) error {
 	return fmt.Errorf("ascend: binary op %d: %w", op, compute.ErrUnsupported)
 }
 
-// GatedAct implements compute.Backend for SwiGLU as aclnnSilu into a
-// scratch span, then aclnnMul (aclnnSwiGlu wants gate and up
-// concatenated in one tensor, which the seam does not promise).
+// GatedAct implements compute.Backend: SwiGLU as aclnnSilu into a scratch
+// span, then aclnnMul (aclnnSwiGlu wants gate and up concatenated in one
+// tensor, which the seam does not promise); SiTU from Muls, Tanh, Sigmoid
+// and Mul.
 func (b *Backend) GatedAct(act compute.Activation, dst, gate, up compute.Tensor) error {
-	if act.Kind != compute.SwiGLU {
-		type args struct{ Dst, Gate, Up compute.Tensor }
-		return b.onHost("GatedAct (SiTU)", &args{dst, gate, up}, func(c compute.Backend, a any) error {
-			h := a.(*args)
-			return c.GatedAct(act, h.Dst, h.Gate, h.Up)
-		})
+	if act.Kind != compute.SwiGLU && act.Kind != compute.SiTU {
+		return fmt.Errorf("ascend: activation %d: %w", act.Kind, compute.ErrUnsupported)
+	}
+	if act.Kind == compute.SiTU && !(act.Beta > 0) {
+		return fmt.Errorf("%w: SiTU beta %g", compute.ErrShape, act.Beta)
 	}
 	if gate.Rank == 0 || gate.DType != compute.F32 || up.DType != compute.F32 || dst.DType != compute.F32 ||
 		dims(up) != dims(gate) || dims(dst) != dims(gate) {
@@ -743,15 +743,69 @@ func (b *Backend) GatedAct(act compute.Activation, dst, gate, up compute.Tensor)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	D := gate.Dim(-1)
-	tmp, err := b.allocTensor(compute.F32, dims(gate)/D, D)
+	rows := dims(gate) / D
+	n := 1
+	if act.Kind == compute.SiTU {
+		n = 3
+	}
+	tmp, err := b.allocTensor(compute.F32, n*rows*D)
 	if err != nil {
 		return err
 	}
 	defer b.freeBuf(tmp.Mem.(*devBuf))
-	if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary("aclnnSilu", ts[0], ts[1]) }, flat(gate, D), flat(tmp, D)); err != nil {
+	t0 := flat(part(tmp, 0, rows*D), D)
+	unary := func(name string, x, out operand) error {
+		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary(name, ts[0], ts[1]) }, x, out)
+	}
+	mul := func(x, y, out operand) error {
+		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) }, x, y, out)
+	}
+	if act.Kind == compute.SwiGLU {
+		if err := unary("aclnnSilu", flat(gate, D), t0); err != nil {
+			return err
+		}
+		return mul(t0, flat(up, D), flat(dst, D))
+	}
+	// SiTU: β·tanh(g/β)·sigmoid(g) · (β'·tanh(u/β'), or u when β' is 0).
+	t1, t2 := flat(part(tmp, rows*D, rows*D), D), flat(part(tmp, 2*rows*D, rows*D), D)
+	clip := func(x, out operand, beta float32) error {
+		for _, f := range []func() error{
+			func() error { return b.mulsOp(x, out, 1/beta) },
+			func() error { return unary("aclnnTanh", out, out) },
+			func() error { return b.mulsOp(out, out, beta) },
+		} {
+			if err := f(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := clip(flat(gate, D), t0, act.Beta); err != nil {
 		return err
 	}
-	return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) }, flat(tmp, D), flat(up, D), flat(dst, D))
+	if err := unary("aclnnSigmoid", flat(gate, D), t1); err != nil {
+		return err
+	}
+	if err := mul(t0, t1, t0); err != nil {
+		return err
+	}
+	u := flat(up, D)
+	if act.LinearBeta != 0 {
+		if err := clip(u, t2, act.LinearBeta); err != nil {
+			return err
+		}
+		u = t2
+	}
+	return mul(t0, u, flat(dst, D))
+}
+
+// mulsOp is out = x · v.
+func (b *Backend) mulsOp(x, out operand, v float32) error {
+	sc, err := b.scalar(v)
+	if err != nil {
+		return err
+	}
+	return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.muls(ts[0], sc, ts[1]) }, x, out)
 }
 
 // Embedding implements compute.Backend with aclnnEmbedding; a bf16 table

@@ -520,6 +520,8 @@ func (d *hostDriver) unary(name string, x, out tensorDesc) (prepared, error) {
 		return d.elementwise(name, func(x, _ float64) float64 { return 1 / (1 + math.Exp(-x)) }, x, out)
 	case "aclnnExp":
 		return d.elementwise(name, func(x, _ float64) float64 { return math.Exp(x) }, x, out)
+	case "aclnnTanh":
+		return d.elementwise(name, func(x, _ float64) float64 { return math.Tanh(x) }, x, out)
 	}
 	return nil, hostErr(acl.ACLNN, 561003, name, "operator %s not in the host driver", name)
 }

@@ -41,7 +41,7 @@ type kdaDims struct {
 // malformed operands) goes to the general path, which checks it.
 func kdaShape(a *compute.KDAArgs) (kdaDims, bool) {
 	var d kdaDims
-	if a.ChunkSize != 0 || a.Beta.Rank != 2 || a.State.Rank != 4 || a.Out.Rank != 3 || a.G.Rank != 3 {
+	if a.ChunkSize < 0 || a.Beta.Rank != 2 || a.State.Rank != 4 || a.Out.Rank != 3 || a.G.Rank != 3 {
 		return d, false
 	}
 	d.T, d.H = a.Beta.Dims[0], a.Beta.Dims[1]
@@ -74,7 +74,7 @@ func kdaShape(a *compute.KDAArgs) (kdaDims, bool) {
 		return d, false
 	}
 	for i := range d.N {
-		if n := d.cu[i+1] - d.cu[i]; n < 1 || n > maxRecurrentTokens {
+		if d.cu[i+1] < d.cu[i] {
 			return d, false
 		}
 	}
@@ -120,7 +120,6 @@ func (b *Backend) recurrentKDA(a *compute.KDAArgs, d kdaDims) error {
 	at := func(t compute.Tensor, off int) compute.Tensor { t.Off += off; return t }
 	qn, kn, gk := at(f, 0), at(f, T*H*Dk), at(f, 2*T*H*Dk)
 	vv, beta, rate := at(f, 3*T*H*Dk), at(f, 3*T*H*Dk+T*H*Dv), at(f, 3*T*H*Dk+T*H*Dv+T*H)
-	lens, idx := ints, at(ints, N)
 	tokens3 := func(t compute.Tensor, d int) operand { return operand{t: t, view: i64(T, H, d)} }
 
 	// q, k and v into contiguous scratch.
@@ -170,25 +169,140 @@ func (b *Backend) recurrentKDA(a *compute.KDAArgs, d kdaDims) error {
 		decay = tokens3(gk, Dk)
 	}
 
-	// Token counts and state indices: sequence s owns state block s.
-	host := make([]int32, N+T)
-	for s := range N {
-		host[s] = d.cu[s+1] - d.cu[s]
-		for t := d.cu[s]; t < d.cu[s+1]; t++ {
-			host[N+int(t)] = int32(s)
+	ops := kdaOperands{q: qn, k: kn, v: vv, beta: beta, decay: decay.t, out: a.Out}
+	if d.longest() <= maxRecurrentTokens {
+		return b.recurrentPiece(a, d, ops, d.cu, ints)
+	}
+	return b.recurrentPieces(a, d, ops)
+}
+
+// kdaOperands are the contiguous per-token operands of the recurrence:
+// q, k, v, beta, the log decay and the output, all [T, H, ·].
+type kdaOperands struct{ q, k, v, beta, decay, out compute.Tensor }
+
+// longest is the most tokens any sequence has.
+func (d kdaDims) longest() int {
+	m := 0
+	for s := range d.N {
+		m = max(m, int(d.cu[s+1]-d.cu[s]))
+	}
+	return m
+}
+
+// recurrentPiece runs aclnnRecurrentGatedDeltaRule once over the tokens of
+// src, which belong to the sequences with offsets cu (sequence s in state
+// block blocks[s], nil meaning s); ints is scratch for the lengths and
+// state indices. Sequences without tokens are left out of the call.
+func (b *Backend) recurrentPiece(a *compute.KDAArgs, d kdaDims, src kdaOperands, cu []int32, ints compute.Tensor, blocks ...int32) error {
+	H, Dk, Dv := d.H, d.Dk, d.Dv
+	n := int(cu[len(cu)-1])
+	var lens, idx []int32
+	for s := range len(cu) - 1 {
+		c := cu[s+1] - cu[s]
+		if c == 0 {
+			continue
+		}
+		blk := int32(s)
+		if blocks != nil {
+			blk = blocks[s]
+		}
+		lens = append(lens, c)
+		for range c {
+			idx = append(idx, blk)
 		}
 	}
 	p, _ := b.addr(ints)
-	raw, _, _ := hostView(host)
+	raw, _, _ := hostView(append(lens, idx...))
 	if err := b.upload(p, raw); err != nil {
 		return err
 	}
+	t3 := func(t compute.Tensor, w int) operand { return operand{t: t, view: i64(n, H, w)} }
+	lensT, idxT := part(ints, 0, len(lens)), part(ints, len(lens), n)
 	scale := a.Scale
 	return b.run(func(ts []tensorDesc) (prepared, error) {
 		return b.drv.rgdr(ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], ts[6], nil, ts[7], scale, ts[8])
-	}, tokens3(qn, Dk), tokens3(kn, Dk), tokens3(vv, Dv), operand{t: beta, view: i64(T, H)},
-		operand{t: a.State, view: i64(N, H, Dv, Dk)}, operand{t: lens, view: i64(N)}, operand{t: idx, view: i64(T)},
-		decay, operand{t: a.Out, view: i64(T, H, Dv)})
+	}, t3(src.q, Dk), t3(src.k, Dk), t3(src.v, Dv), operand{t: src.beta, view: i64(n, H)},
+		operand{t: a.State, view: i64(d.N, H, Dv, Dk)}, operand{t: lensT, view: i64(len(lens))}, operand{t: idxT, view: i64(n)},
+		t3(src.decay, Dk), t3(src.out, Dv))
+}
+
+// recurrentPieces is the recurrence over sequences longer than the
+// operator takes (chunked prefill): in pieces of at most eight tokens per
+// sequence, each piece's rows gathered into scratch, run, and the outputs
+// copied back. The state carries from piece to piece in place. It is the
+// token-by-token oracle of FlashKDA's chunked form, slower but the same
+// function, until a custom chunked operator is bound.
+func (b *Backend) recurrentPieces(a *compute.KDAArgs, d kdaDims, src kdaOperands) error {
+	H, Dk, Dv, N := d.H, d.Dk, d.Dv, d.N
+	rows := maxRecurrentTokens * N
+	width := [6]int{H * Dk, H * Dk, H * Dv, H, H * Dk, H * Dv} // q, k, v, beta, decay, out
+	total := 0
+	for _, w := range width {
+		total += rows * w
+	}
+	sc, err := b.allocTensor(compute.F32, total)
+	if err != nil {
+		return err
+	}
+	defer b.freeBuf(sc.Mem.(*devBuf))
+	ints, err := b.allocTensor(compute.I32, N+rows)
+	if err != nil {
+		return err
+	}
+	defer b.freeBuf(ints.Mem.(*devBuf))
+	var piece [6]compute.Tensor
+	off := 0
+	for i, w := range width {
+		piece[i] = part(sc, off, rows*w)
+		off += rows * w
+	}
+	full := [6]compute.Tensor{src.q, src.k, src.v, src.beta, src.decay, src.out}
+	block := func(t compute.Tensor, row, n, w int) operand {
+		t.Off += row * w
+		return operand{t: t, view: i64(n, w)}
+	}
+	cp := func(dst, from operand) error {
+		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) }, dst, from)
+	}
+	blocks := make([]int32, N)
+	for s := range blocks {
+		blocks[s] = int32(s)
+	}
+	cu := make([]int32, N+1)
+	for p0 := 0; p0 < d.longest(); p0 += maxRecurrentTokens {
+		// This piece's tokens of each sequence, packed in sequence order.
+		at := 0
+		for s := range N {
+			r0, r1 := int(d.cu[s])+p0, min(int(d.cu[s])+p0+maxRecurrentTokens, int(d.cu[s+1]))
+			n := max(r1-r0, 0)
+			cu[s+1] = cu[s] + int32(n)
+			if n == 0 {
+				continue
+			}
+			for i := range 5 {
+				if err := cp(block(piece[i], at, n, width[i]), block(full[i], r0, n, width[i])); err != nil {
+					return err
+				}
+			}
+			at += n
+		}
+		pieceOps := kdaOperands{q: piece[0], k: piece[1], v: piece[2], beta: piece[3], decay: piece[4], out: piece[5]}
+		if err := b.recurrentPiece(a, d, pieceOps, cu, ints, blocks...); err != nil {
+			return err
+		}
+		at = 0
+		for s := range N {
+			n := int(cu[s+1] - cu[s])
+			if n == 0 {
+				continue
+			}
+			if err := cp(block(full[5], int(d.cu[s])+p0, n, width[5]), block(piece[5], at, n, width[5])); err != nil {
+				return err
+			}
+			at += n
+		}
+	}
+	return nil
 }
 
 // decayGate writes the log decay into gk from the raw gate a.G: Kimi

@@ -5,7 +5,6 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"k3/compute"
@@ -108,24 +107,36 @@ func closeRel(t *testing.T, want, got []float32, atol, rtol float64, what ...any
 	}
 }
 
-// Longer sequences and the chunked form are not the recurrent operator's:
-// on a device they are unmapped; the host driver runs them in Go.
-func TestKDAChunkedNotMapped(t *testing.T) {
-	eachDriver(t, 8<<20, func(t *testing.T, b *Backend) {
-		x, err := b.Alloc(compute.F32, 9, 2, 4)
-		require.NoError(t, err)
-		beta, err := b.Alloc(compute.F32, 9, 2)
-		require.NoError(t, err)
-		st, err := b.Alloc(compute.F32, 1, 2, 4, 4)
-		require.NoError(t, err)
-		out, err := b.Alloc(compute.F32, 9, 2, 4)
-		require.NoError(t, err)
-		err = b.KDAChunk(&compute.KDAArgs{Q: x, K: x, V: x, G: x, Beta: beta, State: st, Out: out, Scale: 1})
-		if b.host == nil {
-			require.ErrorIs(t, err, compute.ErrUnsupported)
-			assert.Contains(t, err.Error(), "KDAChunk")
-		} else {
-			require.NoError(t, err)
+// Prefill (a chunked call, sequences longer than the operator's eight
+// tokens) runs the recurrence in pieces, against the pure-Go backend's
+// chunked form: the same function within rounding.
+func TestKDAPrefillPieces(t *testing.T) {
+	eachDriver(t, 64<<20, func(t *testing.T, a *Backend) {
+		c := cpu.New(1)
+		defer c.Close()
+		rng := rand.New(rand.NewPCG(71, 72))
+		const H, D = 2, 16
+		cu := []int32{0, 20, 20, 37, 38}
+		T, N := int(cu[len(cu)-1]), len(cu)-1
+		qkv, g, beta := randF32(rng, T*3*H*D), randF32(rng, T*H*D), randF32(rng, T*H)
+		alog, dtb, st := randF32(rng, H), randF32(rng, H*D), randF32(rng, N*H*D*D)
+		for _, chunk := range []int{0, 16} {
+			run := func(b compute.Backend) (out, state []float32) {
+				up := func(v []float32, shape ...int) compute.Tensor {
+					x, err := b.FromHost(compute.F32, compute.F32, f32bytes(v), shape...)
+					require.NoError(t, err)
+					return x
+				}
+				k := &compute.KDAArgs{QKV: up(qkv, T, 3*H*D), G: up(g, T, H, D), Beta: up(beta, T, H), ALog: up(alog, H), DTBias: up(dtb, H*D),
+					Gate: compute.GateLowerBound, LowerBound: -5, Preprocess: true, Scale: 0.25, CuSeqlens: cu,
+					State: up(st, N, H, D, D), Out: up(make([]float32, T*H*D), T, H, D), ChunkSize: chunk}
+				require.NoError(t, b.KDAChunk(k))
+				return read(t, b, k.Out), read(t, b, k.State)
+			}
+			wantOut, wantSt := run(c)
+			gotOut, gotSt := run(a)
+			closeRel(t, wantOut, gotOut, 2e-5, 1e-4, "out, chunk", chunk)
+			closeRel(t, wantSt, gotSt, 2e-5, 1e-4, "state, chunk", chunk)
 		}
 	})
 }

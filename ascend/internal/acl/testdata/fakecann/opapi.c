@@ -166,7 +166,7 @@ int aclnnRmsNorm(void *ws, uint64_t wsSize, void *exec, void *stream) {
 
 // ---- Elementwise operators with broadcasting (numpy rules, right-aligned).
 
-enum { OP_ADD, OP_MUL, OP_SILU, OP_SIGMOID, OP_SOFTPLUS, OP_CAST, OP_FILL, OP_EXP, OP_MULS, OP_MAX, OP_DIV };
+enum { OP_ADD, OP_MUL, OP_SILU, OP_SIGMOID, OP_SOFTPLUS, OP_CAST, OP_FILL, OP_EXP, OP_MULS, OP_MAX, OP_DIV, OP_TANH };
 
 // boff is the offset in t of output index idx (over o's dimensions).
 static int64_t boff(const fk_tensor *t, const fk_tensor *o, const int64_t *idx) {
@@ -199,6 +199,7 @@ static int run_elementwise(fk_exec *e, void *ws) {
 		case OP_MULS: r = x * e->attr; break;
 		case OP_MAX: r = x > y ? x : y; break;
 		case OP_DIV: r = x / y; break;
+		case OP_TANH: r = tanh(x); break;
 		}
 		fk_put(o, boff(o, o, idx), r);
 		for (int i = o->nd - 1; i >= 0 && ++idx[i] == o->dims[i]; i--) idx[i] = 0;
@@ -626,3 +627,9 @@ int aclnnDivGetWorkspaceSize(void *self, void *other, void *out, uint64_t *ws, v
 }
 
 int aclnnDiv(void *ws, uint64_t wsSize, void *exec, void *stream) { return fk_launch("aclnnDiv", ws, wsSize, exec, stream); }
+
+int aclnnTanhGetWorkspaceSize(void *self, void *out, uint64_t *ws, void **exec) {
+	return prepare_elementwise("aclnnTanh", OP_TANH, self, NULL, out, 0, 0, ws, exec);
+}
+
+int aclnnTanh(void *ws, uint64_t wsSize, void *exec, void *stream) { return fk_launch("aclnnTanh", ws, wsSize, exec, stream); }
