@@ -62,7 +62,7 @@ func TestHostDriverChecks(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidArgument)
 	_, err = d.newTensor(acl.TensorDesc{DType: acl.Float, Dims: []int64{4}, Data: acl.HostDevPtr(make([]byte, 16))})
 	require.ErrorIs(t, err, ErrInvalidArgument)
-	_, err = d.unary("aclnnTanh", o, o)
+	_, err = d.unary("aclnnErfinv", o, o)
 	require.ErrorIs(t, err, ErrKernelMissing)
 
 	// A capturing stream cannot be synchronised.
