@@ -43,6 +43,11 @@ type Options struct {
 	// ArenaBytes is the device memory the backend takes at open, from
 	// which every tensor is allocated (0: 1 GiB).
 	ArenaBytes int
+	// HostFallback runs the operations not yet mapped to aclnn on the
+	// host: their buffers are downloaded, computed by the pure-Go backend
+	// and uploaded back. Slow; without it they fail with
+	// compute.ErrUnsupported naming them.
+	HostFallback bool
 }
 
 // Open loads CANN and returns the backend for device opts.Device.

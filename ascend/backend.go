@@ -35,8 +35,11 @@ type Backend struct {
 	scalars map[float32]scalar
 	// host, for a backend over the host driver, runs the operations not
 	// mapped to aclnn (onHost).
-	host  compute.Backend
-	wraps map[wrapKey]compute.Tensor // host twins of buffers, dropped when freed
+	host compute.Backend
+	// fallback, on a device opened with Options.HostFallback, runs the
+	// unmapped operations on the host over copies (onHost).
+	fallback compute.Backend
+	wraps    map[wrapKey]compute.Tensor // host twins of buffers, dropped when freed
 	// capture, while a Capture runs, collects the spans freed meanwhile:
 	// the captured work uses them on every replay.
 	capture *Graph
@@ -109,6 +112,9 @@ func (b *Backend) release() error {
 	}
 	if b.host != nil {
 		keep(b.host.Close())
+	}
+	if b.fallback != nil {
+		keep(b.fallback.Close())
 	}
 	return first
 }

@@ -3,6 +3,7 @@
 package ascend
 
 import (
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"k3/ascend/internal/acl"
 	"k3/compute"
+	"k3/internal/cpu"
 )
 
 var fakeDir string
@@ -64,4 +66,36 @@ func TestOpenFake(t *testing.T) {
 	_, err = Open(Options{LibDirs: []string{fakeDir}, Device: 7})
 	require.ErrorIs(t, err, ErrInvalidArgument)
 	assert.Contains(t, err.Error(), "device 7")
+}
+
+// With HostFallback an unmapped operation runs on the host over copies
+// of its buffers: the router against the pure-Go backend's.
+func TestHostFallback(t *testing.T) {
+	lib, err := acl.Load(acl.Options{LibDirs: []string{fakeDir}})
+	require.NoError(t, err)
+	loadedFake = true
+	b, err := openACL(lib, Options{ArenaBytes: 8 << 20, HostFallback: true})
+	require.NoError(t, err)
+	defer b.Close()
+	c := cpu.New(1)
+	defer c.Close()
+	rng := rand.New(rand.NewPCG(81, 82))
+	const T, E, K = 5, 16, 4
+	la, lc := both(t, b, c, compute.F32, randF32(rng, T*E), T, E)
+	ba, bc := both(t, b, c, compute.F32, randF32(rng, E), E)
+	route := func(be compute.Backend, logits, bias compute.Tensor) ([]int32, []float32) {
+		idx, err := be.Alloc(compute.I32, T, K)
+		require.NoError(t, err)
+		w, err := be.Alloc(compute.F32, T, K)
+		require.NoError(t, err)
+		require.NoError(t, be.MoERoute(&compute.RouteArgs{Logits: logits, Bias: bias, TopK: K, NumGroups: 4, TopKGroup: 2,
+			Renormalize: true, Scale: 2.5, Indices: idx, Weights: w}))
+		gi := make([]int32, T*K)
+		require.NoError(t, be.Read(&gi, idx))
+		return gi, read(t, be, w)
+	}
+	ia, wa := route(b, la, ba)
+	ic, wc := route(c, lc, bc)
+	assert.Equal(t, ic, ia)
+	assert.Equal(t, wc, wa)
 }

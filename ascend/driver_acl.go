@@ -7,6 +7,7 @@ import (
 
 	"k3/ascend/internal/acl"
 	"k3/compute"
+	"k3/internal/cpu"
 )
 
 // aclDriver is the driver over CANN, through the cgo shim.
@@ -151,5 +152,12 @@ func openACL(lib *acl.Lib, o Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newBackend(aclDriver{ctx}, o)
+	b, err := newBackend(aclDriver{ctx}, o)
+	if err != nil {
+		return nil, err
+	}
+	if o.HostFallback {
+		b.fallback = cpu.New(1)
+	}
+	return b, nil
 }

@@ -32,8 +32,19 @@ func OpenHost(o Options) (*Backend, error) {
 // pointer to the operation's argument struct, copied with every tensor
 // replaced by a pure-Go tensor over the same bytes. On a device it is
 // the unmapped error.
+//
+// A device backend opened with Options.HostFallback runs them the same
+// way over copies: every buffer the arguments name is downloaded, the
+// operation runs on the host, and the buffers it changed are uploaded.
+// That is slow (a whole KV cache crosses twice per call) and exists so
+// that a model runs end to end while operations are still unmapped.
 func (b *Backend) onHost(name string, args any, call func(c compute.Backend, args any) error) error {
-	if b.host == nil {
+	var m *mirror
+	switch {
+	case b.host != nil:
+	case b.fallback != nil:
+		m = &mirror{b: b, bufs: map[*devBuf]*mirrored{}}
+	default:
 		return unmapped(name)
 	}
 	b.mu.Lock()
@@ -47,10 +58,19 @@ func (b *Backend) onHost(name string, args any, call func(c compute.Backend, arg
 	v := reflect.ValueOf(args)
 	c := reflect.New(v.Type().Elem())
 	c.Elem().Set(v.Elem())
-	if err := b.hostTensors(c.Elem()); err != nil {
+	if err := b.hostTensors(c.Elem(), m); err != nil {
 		return fmt.Errorf("ascend: %s on the host: %w", name, err)
 	}
-	err := call(b.host, c.Interface())
+	host := b.host
+	if m != nil {
+		host = b.fallback
+	}
+	err := call(host, c.Interface())
+	if m != nil {
+		if werr := m.writeBack(); werr != nil && err == nil {
+			err = fmt.Errorf("ascend: %s on the host: %w", name, werr)
+		}
+	}
 	// Fields an operation sets (AttnResUpdateArgs.HasPartial) go back.
 	for i := range c.Elem().NumField() {
 		if f := c.Elem().Field(i); !tensorish(f.Type()) {
@@ -76,13 +96,14 @@ var (
 )
 
 // hostTensors replaces, in the struct v (settable), every Tensor, every
-// []Tensor (copied) and a *KDAWeights (copied) by their host twins.
-func (b *Backend) hostTensors(v reflect.Value) error {
+// []Tensor (copied) and a *KDAWeights (copied) by their host twins (over
+// the copies in m, when m is not nil).
+func (b *Backend) hostTensors(v reflect.Value, m *mirror) error {
 	for i := range v.NumField() {
 		f := v.Field(i)
 		switch {
 		case f.Type() == tensorType:
-			t, err := b.hostTensor(f.Interface().(compute.Tensor))
+			t, err := b.hostTensor(f.Interface().(compute.Tensor), m)
 			if err != nil {
 				return err
 			}
@@ -91,14 +112,14 @@ func (b *Backend) hostTensors(v reflect.Value) error {
 			ts := make([]compute.Tensor, f.Len())
 			for j := range ts {
 				var err error
-				if ts[j], err = b.hostTensor(f.Index(j).Interface().(compute.Tensor)); err != nil {
+				if ts[j], err = b.hostTensor(f.Index(j).Interface().(compute.Tensor), m); err != nil {
 					return err
 				}
 			}
 			f.Set(reflect.ValueOf(ts))
 		case f.Type() == weightsType && !f.IsNil():
 			w := *f.Interface().(*compute.KDAWeights)
-			if err := b.hostTensors(reflect.ValueOf(&w).Elem()); err != nil {
+			if err := b.hostTensors(reflect.ValueOf(&w).Elem(), m); err != nil {
 				return err
 			}
 			f.Set(reflect.ValueOf(&w))
@@ -109,13 +130,16 @@ func (b *Backend) hostTensors(v reflect.Value) error {
 
 // hostTensor is t as a pure-Go tensor over the same host memory (the
 // pure-Go backend's FromHost aliases aligned bytes).
-func (b *Backend) hostTensor(t compute.Tensor) (compute.Tensor, error) {
+func (b *Backend) hostTensor(t compute.Tensor, m *mirror) (compute.Tensor, error) {
 	if t.IsZero() {
 		return t, nil
 	}
 	d, err := bufOf(t)
 	if err != nil {
 		return t, err
+	}
+	if m != nil {
+		return m.tensor(t, d)
 	}
 	// One wrapper per buffer and dtype, so that the pure-Go backend's
 	// caches keyed by storage (the conv taps' transpose) see the same
@@ -139,4 +163,48 @@ func (b *Backend) hostTensor(t compute.Tensor) (compute.Tensor, error) {
 	}
 	h.Off, h.Rank, h.Dims = t.Off, t.Rank, t.Dims
 	return h, nil
+}
+
+// mirror holds one fallback call's host copies of device buffers.
+type mirror struct {
+	b    *Backend
+	bufs map[*devBuf]*mirrored
+}
+
+type mirrored struct {
+	data, orig []byte
+}
+
+// tensor is t over the host copy of its buffer d, downloaded on first use.
+func (m *mirror) tensor(t compute.Tensor, d *devBuf) (compute.Tensor, error) {
+	c, ok := m.bufs[d]
+	if !ok {
+		c = &mirrored{data: make([]byte, d.n)}
+		if err := m.b.download(c.data, m.b.base.Add(d.off)); err != nil {
+			return t, err
+		}
+		c.orig = append([]byte(nil), c.data...)
+		m.bufs[d] = c
+	}
+	size := t.DType.Size()
+	n := d.n / size
+	h, err := m.b.fallback.FromHost(t.DType, t.DType, c.data[:n*size], n)
+	if err != nil {
+		return t, err
+	}
+	h.Off, h.Rank, h.Dims = t.Off, t.Rank, t.Dims
+	return h, nil
+}
+
+// writeBack uploads the buffers the operation changed.
+func (m *mirror) writeBack() error {
+	for d, c := range m.bufs {
+		if string(c.data) == string(c.orig) {
+			continue
+		}
+		if err := m.b.upload(m.b.base.Add(d.off), c.data); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -96,12 +96,15 @@ type BackendOptions struct {
 	// MemoryBytes is the device memory the backend takes at open (0: its
 	// default).
 	MemoryBytes int
+	// HostFallback runs the operations a device backend has not mapped on
+	// the host, slowly, instead of failing with them.
+	HostFallback bool
 }
 
 // WithBackendOptions sets the options of the backend WithBackend names.
 func WithBackendOptions(bo BackendOptions) Option {
 	return func(o *options) {
-		o.bopts = backends.Options{Device: bo.Device, LibDirs: bo.LibDirs, MemoryBytes: bo.MemoryBytes}
+		o.bopts = backends.Options{Device: bo.Device, LibDirs: bo.LibDirs, MemoryBytes: bo.MemoryBytes, HostFallback: bo.HostFallback}
 	}
 }
 

@@ -27,6 +27,9 @@ type Options struct {
 	// MemoryBytes is the device memory the backend takes at open (0: the
 	// backend's default).
 	MemoryBytes int
+	// HostFallback lets a device backend run the operations it has not
+	// mapped on the host (slowly) instead of failing with them.
+	HostFallback bool
 }
 
 // Open returns the named backend with default options.
@@ -44,7 +47,7 @@ func OpenWith(name string, o Options) (compute.Backend, error) {
 		// Opt-in: prefill's bf16-weight products round x to bfloat16.
 		return cpu.NewFastBF16(0), nil
 	case "ascend":
-		return ascend.Open(ascend.Options{Device: o.Device, LibDirs: o.LibDirs, ArenaBytes: o.MemoryBytes})
+		return ascend.Open(ascend.Options{Device: o.Device, LibDirs: o.LibDirs, ArenaBytes: o.MemoryBytes, HostFallback: o.HostFallback})
 	case "ascend-host":
 		// The Ascend backend's orchestration with the host as its device:
 		// for testing it without an NPU.
