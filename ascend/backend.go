@@ -552,6 +552,12 @@ func (b *Backend) MatMul(dst, x, w compute.Tensor) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.matmul(dst, x, w)
+}
+
+// matmul is MatMul on checked operands; b.mu is held.
+func (b *Backend) matmul(dst, x, w compute.Tensor) error {
+	N, K := w.Dims[0], w.Dims[1]
 	return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.matmul("aclnnMatmul", ts[0], ts[1], ts[2], 0) },
 		flat(x, K), operand{w, []int64{int64(K), int64(N)}, []int64{1, int64(K)}}, flat(dst, N))
 }
@@ -748,6 +754,11 @@ func (b *Backend) GatedAct(act compute.Activation, dst, gate, up compute.Tensor)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.gatedAct(act, dst, gate, up)
+}
+
+// gatedAct is GatedAct on checked operands; b.mu is held.
+func (b *Backend) gatedAct(act compute.Activation, dst, gate, up compute.Tensor) error {
 	D := gate.Dim(-1)
 	rows := dims(gate) / D
 	n := 1
@@ -916,10 +927,6 @@ func (b *Backend) Attention(a *compute.AttnArgs) error {
 
 func (b *Backend) MoERoute(a *compute.RouteArgs) error {
 	return b.onHost("MoERoute", a, func(c compute.Backend, h any) error { return c.MoERoute(h.(*compute.RouteArgs)) })
-}
-
-func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
-	return b.onHost("MoEExperts", a, func(c compute.Backend, h any) error { return c.MoEExperts(h.(*compute.ExpertArgs)) })
 }
 
 var _ compute.Backend = (*Backend)(nil)

@@ -27,6 +27,8 @@ type driver interface {
 	layerNorm(x, w, b tensorDesc, eps float64, out, mean, rstd tensorDesc, d int) (prepared, error)
 	muls(x tensorDesc, v scalar, out tensorDesc) (prepared, error)
 	inplaceCopy(dst, src tensorDesc) (prepared, error)
+	indexSelect(x tensorDesc, dim int, index, out tensorDesc) (prepared, error)
+	indexAdd(x tensorDesc, dim int, index, source tensorDesc, alpha scalar, out tensorDesc) (prepared, error)
 	// rgdr is aclnnRecurrentGatedDeltaRule; g may be nil.
 	rgdr(q, k, v, beta, state, seqLens, stateIdx, g, gk tensorDesc, scale float32, out tensorDesc) (prepared, error)
 

@@ -108,6 +108,13 @@ func (d aclDriver) rgdr(q, k, v, beta, state, seqLens, stateIdx, g, gk tensorDes
 	return wrapOp(d.ctx.RecurrentGatedDeltaRule(at(q), at(k), at(v), at(beta), at(state), at(seqLens), at(stateIdx), tg, at(gk), scale, at(out)))
 }
 
+func (d aclDriver) indexSelect(x tensorDesc, dim int, index, out tensorDesc) (prepared, error) {
+	return wrapOp(d.ctx.IndexSelect(at(x), dim, at(index), at(out)))
+}
+func (d aclDriver) indexAdd(x tensorDesc, dim int, index, source tensorDesc, alpha scalar, out tensorDesc) (prepared, error) {
+	return wrapOp(d.ctx.IndexAdd(at(x), dim, at(index), at(source), as(alpha), at(out)))
+}
+
 func (s aclStream) upload(dst acl.DevPtr, src hostBuffer, off, n int) error {
 	return s.Upload(dst, src.(*acl.HostBuffer), off, n)
 }

@@ -697,3 +697,76 @@ func (d *hostDriver) rgdr(q, k, v, beta, state, seqLens, stateIdx, g, gk tensorD
 	}
 	return &hostOp{d: d, api: "aclnnRecurrentGatedDeltaRule", run: run}, nil
 }
+
+// contiguousRows reports whether t is a contiguous [rows, ...] view, and
+// its row width in elements.
+func (t *hostTensor) contiguousRows() (int64, bool) {
+	s := int64(1)
+	for i := len(t.dims) - 1; i >= 0; i-- {
+		if t.strides[i] != s {
+			return 0, false
+		}
+		s *= t.dims[i]
+	}
+	return t.count() / t.dims[0], true
+}
+
+func (d *hostDriver) indexSelect(x tensorDesc, dim int, index, out tensorDesc) (prepared, error) {
+	api := "aclnnIndexSelectGetWorkspaceSize"
+	ts, err := operands(api, x, index, out)
+	if err != nil {
+		return nil, err
+	}
+	a, idx, o := ts[0], ts[1], ts[2]
+	w, ok1 := a.contiguousRows()
+	_, ok2 := o.contiguousRows()
+	if dim != 0 || !ok1 || !ok2 || len(idx.dims) != 1 || idx.dt != acl.Int32 || o.dims[0] != idx.dims[0] || o.count() != idx.dims[0]*w {
+		return nil, hostErr(acl.ACLNN, 161002, api, "dim %d, x %v, index %v, out %v: dim 0 of contiguous operands expected", dim, a.dims, idx.dims, o.dims)
+	}
+	run := func([]byte) error {
+		for i := int64(0); i < idx.dims[0]; i++ {
+			r := int64(idx.get(idx.offset + i*idx.strides[0]))
+			if r < 0 || r >= a.dims[0] {
+				return hostErr(acl.ACL, 507015, "aclnnIndexSelect", "index %d outside [0, %d)", r, a.dims[0])
+			}
+			for j := int64(0); j < w; j++ {
+				o.put(o.offset+i*w+j, a.get(a.offset+r*w+j))
+			}
+		}
+		return nil
+	}
+	return &hostOp{d: d, api: "aclnnIndexSelect", run: run}, nil
+}
+
+func (d *hostDriver) indexAdd(x tensorDesc, dim int, index, source tensorDesc, alpha scalar, out tensorDesc) (prepared, error) {
+	api := "aclnnIndexAddGetWorkspaceSize"
+	ts, err := operands(api, x, index, source, out)
+	if err != nil {
+		return nil, err
+	}
+	a, idx, src, o := ts[0], ts[1], ts[2], ts[3]
+	w, ok1 := a.contiguousRows()
+	_, ok2 := src.contiguousRows()
+	_, ok3 := o.contiguousRows()
+	if dim != 0 || !ok1 || !ok2 || !ok3 || len(idx.dims) != 1 || idx.dt != acl.Int32 || o.count() != a.count() ||
+		src.dims[0] != idx.dims[0] || src.count() != idx.dims[0]*w {
+		return nil, hostErr(acl.ACLNN, 161002, api, "dim %d, x %v, index %v, source %v, out %v: dim 0 of contiguous operands expected", dim, a.dims, idx.dims, src.dims, o.dims)
+	}
+	al := alpha.(*hostScalar).v
+	run := func([]byte) error {
+		for j := int64(0); j < a.count(); j++ {
+			o.put(o.offset+j, a.get(a.offset+j))
+		}
+		for i := int64(0); i < idx.dims[0]; i++ {
+			r := int64(idx.get(idx.offset + i*idx.strides[0]))
+			if r < 0 || r >= a.dims[0] {
+				return hostErr(acl.ACL, 507015, "aclnnIndexAdd", "index %d outside [0, %d)", r, a.dims[0])
+			}
+			for j := int64(0); j < w; j++ {
+				o.put(o.offset+r*w+j, o.get(o.offset+r*w+j)+al*src.get(src.offset+i*w+j))
+			}
+		}
+		return nil
+	}
+	return &hostOp{d: d, api: "aclnnIndexAdd", run: run}, nil
+}

@@ -320,3 +320,19 @@ func (c *Context) RecurrentGatedDeltaRule(q, k, v, beta, state, seqLens, stateId
 			C.float(scale), out.t, ws, exec, e)
 	})
 }
+
+// IndexSelect prepares out = the slices of x at index along dim
+// (aclnnIndexSelect).
+func (c *Context) IndexSelect(x *Tensor, dim int, index, out *Tensor) (*Op, error) {
+	return c.prepare("aclnnIndexSelect", func(fn unsafe.Pointer, api *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_prepare_tltt(c.c, fn, api, x.t, C.int64_t(dim), index.t, out.t, ws, exec, e)
+	})
+}
+
+// IndexAdd prepares out = x with alpha·source's slices added at index
+// along dim (aclnnIndexAdd).
+func (c *Context) IndexAdd(x *Tensor, dim int, index, source *Tensor, alpha *Scalar, out *Tensor) (*Op, error) {
+	return c.prepare("aclnnIndexAdd", func(fn unsafe.Pointer, api *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_prepare_tltst(c.c, fn, api, x.t, C.int64_t(dim), index.t, source.t, alpha.s, out.t, ws, exec, e)
+	})
+}

@@ -428,6 +428,21 @@ int k3_rgdr_prepare(void *ctx, void *fn, void *q, void *k, void *v, void *beta, 
 	return 0;
 }
 
+int k3_prepare_tltt(void *ctx, void *fn, const char *api, void *a, int64_t l, void *b, void *out, uint64_t *ws, void **exec, k3_err *e) {
+	USE(ctx);
+	typedef int (*p1)(void *, int64_t, void *, void *, uint64_t *, void **);
+	CALL(2, api, ((p1)fn)(a, l, b, out, ws, exec));
+	return 0;
+}
+
+int k3_prepare_tltst(void *ctx, void *fn, const char *api, void *a, int64_t l, void *b, void *c, void *sc, void *out, uint64_t *ws,
+	void **exec, k3_err *e) {
+	USE(ctx);
+	typedef int (*p1)(void *, int64_t, void *, void *, void *, void *, uint64_t *, void **);
+	CALL(2, api, ((p1)fn)(a, l, b, c, sc, out, ws, exec));
+	return 0;
+}
+
 int k3_prepare_tit(void *ctx, void *fn, const char *api, void *a, int i, void *out, uint64_t *ws, void **exec, k3_err *e) {
 	USE(ctx);
 	typedef int (*p1)(void *, int, void *, uint64_t *, void **);

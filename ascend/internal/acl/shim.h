@@ -85,6 +85,9 @@ int k3_prepare_tit(void *ctx, void *fn, const char *api, void *a, int i, void *o
 int k3_prepare_tst(void *ctx, void *fn, const char *api, void *a, void *sc, void *out, uint64_t *ws, void **exec, k3_err *e);
 int k3_rgdr_prepare(void *ctx, void *fn, void *q, void *k, void *v, void *beta, void *state, void *seqLens, void *stateIdx,
 	void *g, void *gk, void *accepted, float scale, void *out, uint64_t *ws, void **exec, k3_err *e);
+int k3_prepare_tltt(void *ctx, void *fn, const char *api, void *a, int64_t l, void *b, void *out, uint64_t *ws, void **exec, k3_err *e);
+int k3_prepare_tltst(void *ctx, void *fn, const char *api, void *a, int64_t l, void *b, void *c, void *sc, void *out, uint64_t *ws,
+	void **exec, k3_err *e);
 int k3_rmsnorm_prepare(void *ctx, void *fn, void *x, void *gamma, double eps, void *y, void *rstd,
 	uint64_t *ws, void **exec, k3_err *e);
 

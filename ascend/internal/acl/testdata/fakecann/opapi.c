@@ -633,3 +633,98 @@ int aclnnTanhGetWorkspaceSize(void *self, void *out, uint64_t *ws, void **exec) 
 }
 
 int aclnnTanh(void *ws, uint64_t wsSize, void *exec, void *stream) { return fk_launch("aclnnTanh", ws, wsSize, exec, stream); }
+
+// ---- IndexSelect and IndexAdd along dimension 0 (the fake's limit), with
+// int32 indices.
+
+static int64_t row_elems(const fk_tensor *t) { return count(t) / t->dims[0]; }
+
+static int run_index_select(fk_exec *e, void *ws) {
+	(void)ws;
+	const fk_tensor *x = &e->t[0], *idx = &e->t[1], *o = &e->t[2];
+	int64_t n = idx->dims[0], w = row_elems(x), rows = x->dims[0];
+	for (int64_t i = 0; i < n; i++) {
+		int64_t r = (int64_t)fk_get(idx, idx->offset + i * idx->strides[0]);
+		if (r < 0 || r >= rows) {
+			fk_set_error("aclnnIndexSelect: index %lld outside [0, %lld)", (long long)r, (long long)rows);
+			return ACL_ERROR_RT_AICORE_EXCEPTION;
+		}
+		for (int64_t j = 0; j < w; j++) fk_put(o, o->offset + i * w + j, fk_get(x, x->offset + r * w + j));
+	}
+	return 0;
+}
+
+int aclnnIndexSelectGetWorkspaceSize(void *self, int64_t dim, void *index, void *out, uint64_t *ws, void **exec) {
+	int rc = fk_need_context();
+	if (rc) return rc;
+	void *ts[3] = {self, index, out};
+	if ((rc = check_tensors_i("aclnnIndexSelect", 3, ts, 2))) return rc;
+	const fk_tensor *x = self, *i = index, *o = out;
+	if (dim != 0 || i->nd != 1 || i->dtype != 3 || !contiguous(x) || !contiguous(o) || o->dims[0] != i->dims[0] ||
+		count(o) != i->dims[0] * row_elems(x)) {
+		fk_set_error("aclnnIndexSelect: dim 0 of contiguous operands with int32 indices [n] expected");
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	fk_exec *e = fk_exec_new();
+	e->t[0] = *x;
+	e->t[1] = *i;
+	e->t[2] = *o;
+	e->run = run_index_select;
+	*ws = 0;
+	*exec = e;
+	return 0;
+}
+
+int aclnnIndexSelect(void *ws, uint64_t wsSize, void *exec, void *stream) {
+	return fk_launch("aclnnIndexSelect", ws, wsSize, exec, stream);
+}
+
+static int run_index_add(fk_exec *e, void *ws) {
+	(void)ws;
+	const fk_tensor *x = &e->t[0], *idx = &e->t[1], *src = &e->t[2], *o = &e->t[3];
+	int64_t n = idx->dims[0], w = row_elems(x), rows = x->dims[0];
+	if (o->data != x->data || o->offset != x->offset)
+		for (int64_t j = 0; j < count(x); j++) fk_put(o, o->offset + j, fk_get(x, x->offset + j));
+	for (int64_t i = 0; i < n; i++) {
+		int64_t r = (int64_t)fk_get(idx, idx->offset + i * idx->strides[0]);
+		if (r < 0 || r >= rows) {
+			fk_set_error("aclnnIndexAdd: index %lld outside [0, %lld)", (long long)r, (long long)rows);
+			return ACL_ERROR_RT_AICORE_EXCEPTION;
+		}
+		for (int64_t j = 0; j < w; j++)
+			fk_put(o, o->offset + r * w + j, fk_get(o, o->offset + r * w + j) + e->attr * fk_get(src, src->offset + i * w + j));
+	}
+	return 0;
+}
+
+int aclnnIndexAddGetWorkspaceSize(void *self, int64_t dim, void *index, void *source, void *alpha, void *out, uint64_t *ws,
+	void **exec) {
+	int rc = fk_need_context();
+	if (rc) return rc;
+	void *ts[4] = {self, index, source, out};
+	if ((rc = check_tensors_i("aclnnIndexAdd", 4, ts, 2))) return rc;
+	if (!fk_scalar_ok(alpha)) {
+		fk_set_error("aclnnIndexAdd: alpha is not a live scalar");
+		return ACLNN_ERR_PARAM_NULLPTR;
+	}
+	const fk_tensor *x = self, *i = index, *src = source, *o = out;
+	if (dim != 0 || i->nd != 1 || i->dtype != 3 || !contiguous(x) || !contiguous(src) || !contiguous(o) ||
+		count(o) != count(x) || src->dims[0] != i->dims[0] || count(src) != i->dims[0] * row_elems(x)) {
+		fk_set_error("aclnnIndexAdd: dim 0 of contiguous operands with int32 indices [n] expected");
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	fk_exec *e = fk_exec_new();
+	e->t[0] = *x;
+	e->t[1] = *i;
+	e->t[2] = *src;
+	e->t[3] = *o;
+	e->attr = ((fk_scalar *)alpha)->v;
+	e->run = run_index_add;
+	*ws = 0;
+	*exec = e;
+	return 0;
+}
+
+int aclnnIndexAdd(void *ws, uint64_t wsSize, void *exec, void *stream) {
+	return fk_launch("aclnnIndexAdd", ws, wsSize, exec, stream);
+}

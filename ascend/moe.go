@@ -1,0 +1,155 @@
+package ascend
+
+import (
+	"fmt"
+
+	"k3/compute"
+)
+
+// MoEExperts implements compute.Backend as a composition: the routing is
+// read to the host (one synchronisation) to group the (token, slot) pairs
+// by expert; then per active expert its tokens are gathered
+// (aclnnIndexSelect), run through W1 and W3 (MatMul), the gated
+// activation and W2, scaled by their routing weights (gathered the same
+// way) and added into Out at their tokens (aclnnIndexAdd). A slot of -1 (an
+// expert another rank holds) adds nothing. aclnnGroupedMatmul, which runs
+// every expert in one call without the host round trip, is the device's
+// better route once bound.
+func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
+	if a.X.Rank != 2 || a.X.DType != compute.F32 || a.Out.DType != compute.F32 || a.Weights.DType != compute.F32 ||
+		a.Indices.DType != compute.I32 || a.Indices.Rank != 2 || a.Indices.Dims[0] != a.X.Dims[0] ||
+		a.Weights.Len() != a.Indices.Len() || a.Out.Len() != a.X.Len() {
+		return fmt.Errorf("%w: experts: x %v indices %v weights %v out %v", compute.ErrShape, a.X, a.Indices, a.Weights, a.Out)
+	}
+	T, Din, K := a.X.Dims[0], a.X.Dims[1], a.Indices.Dims[1]
+	E := len(a.W1)
+	if E == 0 || len(a.W3) != E || len(a.W2) != E {
+		return fmt.Errorf("%w: experts: %d w1, %d w3, %d w2 tensors", compute.ErrShape, len(a.W1), len(a.W3), len(a.W2))
+	}
+	I := a.W1[0].Dim(0)
+	for e := range E {
+		if a.W1[e].Rank != 2 || a.W3[e].Rank != 2 || a.W2[e].Rank != 2 || a.W1[e].Dims != a.W3[e].Dims ||
+			a.W1[e].Dims[0] != I || a.W1[e].Dims[1] != Din || a.W2[e].Dims[0] != Din || a.W2[e].Dims[1] != I {
+			return fmt.Errorf("%w: expert %d: w1 %v, w3 %v, w2 %v for width %d", compute.ErrShape, e, a.W1[e], a.W3[e], a.W2[e], Din)
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	idx := make([]int32, T*K)
+	p, err := b.addr(a.Indices)
+	if err != nil {
+		return err
+	}
+	raw, _, _ := hostView(idx)
+	if err := b.download(raw, p); err != nil {
+		return err
+	}
+	// Group the pairs by expert: each expert's tokens, then the pairs'
+	// positions in Weights, packed for one upload.
+	start := make([]int, E+1)
+	for _, e := range idx {
+		if e == -1 {
+			continue
+		}
+		if e < 0 || int(e) >= E {
+			return fmt.Errorf("ascend: experts: expert index %d outside 0..%d", e, E-1)
+		}
+		start[e+1]++
+	}
+	for e := range E {
+		start[e+1] += start[e]
+	}
+	n := start[E]
+	if err := b.fillZero(a.Out); err != nil {
+		return err
+	}
+	if n == 0 {
+		return nil
+	}
+	groups := make([]int32, 2*n) // tokens, then positions
+	next := append([]int(nil), start[:E]...)
+	for i, e := range idx {
+		if e == -1 {
+			continue
+		}
+		groups[next[e]], groups[n+next[e]] = int32(i/K), int32(i)
+		next[e]++
+	}
+	ints, err := b.allocTensor(compute.I32, 2*n)
+	if err != nil {
+		return err
+	}
+	defer b.freeBuf(ints.Mem.(*devBuf))
+	gp, _ := b.addr(ints)
+	graw, _, _ := hostView(groups)
+	if err := b.upload(gp, graw); err != nil {
+		return err
+	}
+	most := 0
+	for e := range E {
+		most = max(most, start[e+1]-start[e])
+	}
+	// Scratch per expert call: x rows, two hidden blocks, the output rows
+	// and the weights.
+	sc, err := b.allocTensor(compute.F32, most*(2*Din+2*I+1))
+	if err != nil {
+		return err
+	}
+	defer b.freeBuf(sc.Mem.(*devBuf))
+	one, err := b.scalar(1)
+	if err != nil {
+		return err
+	}
+	for e := range E {
+		lo, hi := start[e], start[e+1]
+		m := hi - lo
+		if m == 0 {
+			continue
+		}
+		shape := func(t compute.Tensor, dims ...int) compute.Tensor {
+			t.Rank = len(dims)
+			copy(t.Dims[:], dims)
+			return t
+		}
+		xe := shape(part(sc, 0, m*Din), m, Din)
+		h1 := shape(part(sc, m*Din, m*I), m, I)
+		h3 := shape(part(sc, m*Din+m*I, m*I), m, I)
+		ye := shape(part(sc, m*Din+2*m*I, m*Din), m, Din)
+		we := part(sc, 2*m*Din+2*m*I, m)
+		tokens := operand{t: part(ints, lo, m), view: i64(m)}
+		pos := operand{t: part(ints, n+lo, m), view: i64(m)}
+		sel := func(x, out operand, index operand) error {
+			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.indexSelect(ts[0], 0, ts[1], ts[2]) }, x, index, out)
+		}
+		for _, f := range []func() error{
+			func() error { return sel(flat(a.X, Din), flat(xe, Din), tokens) },
+			func() error { return b.matmul(h1, xe, a.W1[e]) },
+			func() error { return b.matmul(h3, xe, a.W3[e]) },
+			func() error { return b.gatedAct(a.Act, h1, h1, h3) },
+			func() error { return b.matmul(ye, h1, a.W2[e]) },
+			func() error { return sel(operand{t: a.Weights, view: i64(T * K)}, operand{t: we, view: i64(m)}, pos) },
+			func() error {
+				return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) },
+					flat(ye, Din), operand{t: we, view: i64(m, 1)}, flat(ye, Din))
+			},
+			func() error {
+				return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.indexAdd(ts[0], 0, ts[1], ts[2], one, ts[3]) },
+					flat(a.Out, Din), tokens, flat(ye, Din), flat(a.Out, Din))
+			},
+		} {
+			if err := f(); err != nil {
+				return fmt.Errorf("ascend: expert %d: %w", e, err)
+			}
+		}
+	}
+	return nil
+}
+
+// fillZero zeroes t on the stream; b.mu is held.
+func (b *Backend) fillZero(t compute.Tensor) error {
+	p, err := b.addr(t)
+	if err != nil {
+		return err
+	}
+	return b.s.Memset(p, 0, dims(t)*t.DType.Size())
+}
