@@ -925,8 +925,4 @@ func (b *Backend) Attention(a *compute.AttnArgs) error {
 	return b.onHost("Attention", a, func(c compute.Backend, h any) error { return c.Attention(h.(*compute.AttnArgs)) })
 }
 
-func (b *Backend) MoERoute(a *compute.RouteArgs) error {
-	return b.onHost("MoERoute", a, func(c compute.Backend, h any) error { return c.MoERoute(h.(*compute.RouteArgs)) })
-}
-
 var _ compute.Backend = (*Backend)(nil)

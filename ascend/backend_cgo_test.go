@@ -60,16 +60,16 @@ func TestOpenFake(t *testing.T) {
 	require.NoError(t, err)
 	defer b.Close()
 	assert.Equal(t, "ascend", b.Name())
-	err = b.MoERoute(&compute.RouteArgs{})
+	err = b.Attention(&compute.AttnArgs{})
 	require.ErrorIs(t, err, compute.ErrUnsupported)
-	assert.Contains(t, err.Error(), "MoERoute")
+	assert.Contains(t, err.Error(), "Attention")
 	_, err = Open(Options{LibDirs: []string{fakeDir}, Device: 7})
 	require.ErrorIs(t, err, ErrInvalidArgument)
 	assert.Contains(t, err.Error(), "device 7")
 }
 
 // With HostFallback an unmapped operation runs on the host over copies
-// of its buffers: the router against the pure-Go backend's.
+// of its buffers: the Lightning Indexer against the pure-Go backend's.
 func TestHostFallback(t *testing.T) {
 	lib, err := acl.Load(acl.Options{LibDirs: []string{fakeDir}})
 	require.NoError(t, err)
@@ -80,22 +80,31 @@ func TestHostFallback(t *testing.T) {
 	c := cpu.New(1)
 	defer c.Close()
 	rng := rand.New(rand.NewPCG(81, 82))
-	const T, E, K = 5, 16, 4
-	la, lc := both(t, b, c, compute.F32, randF32(rng, T*E), T, E)
-	ba, bc := both(t, b, c, compute.F32, randF32(rng, E), E)
-	route := func(be compute.Backend, logits, bias compute.Tensor) ([]int32, []float32) {
+	const T, HI, DI, L, K = 3, 2, 8, 5, 3
+	qa, qc := both(t, b, c, compute.F32, randF32(rng, T*HI*DI), T, HI, DI)
+	ka, kc := both(t, b, c, compute.F32, randF32(rng, L*DI), L, DI)
+	wa, wc := both(t, b, c, compute.F32, randF32(rng, T*HI), T, HI)
+	index := func(be compute.Backend, q, k, w compute.Tensor) ([]int32, []int32) {
 		idx, err := be.Alloc(compute.I32, T, K)
 		require.NoError(t, err)
-		w, err := be.Alloc(compute.F32, T, K)
+		cnt, err := be.Alloc(compute.I32, T)
 		require.NoError(t, err)
-		require.NoError(t, be.MoERoute(&compute.RouteArgs{Logits: logits, Bias: bias, TopK: K, NumGroups: 4, TopKGroup: 2,
-			Renormalize: true, Scale: 2.5, Indices: idx, Weights: w}))
-		gi := make([]int32, T*K)
+		require.NoError(t, be.LightningIndexer(&compute.IndexerArgs{Q: q, K: k, W: w, QPos: []int32{0, 2, 4}, TopK: K, Indices: idx, Counts: cnt}))
+		gi, gc := make([]int32, T*K), make([]int32, T)
 		require.NoError(t, be.Read(&gi, idx))
-		return gi, read(t, be, w)
+		require.NoError(t, be.Read(&gc, cnt))
+		return gi, gc
 	}
-	ia, wa := route(b, la, ba)
-	ic, wc := route(c, lc, bc)
+	ia, ca := index(b, qa, ka, wa)
+	ic, cc := index(c, qc, kc, wc)
 	assert.Equal(t, ic, ia)
-	assert.Equal(t, wc, wa)
+	assert.Equal(t, cc, ca)
+
+	// Without the option the same call names the operation.
+	plain, err := openACL(lib, Options{ArenaBytes: 4 << 20})
+	require.NoError(t, err)
+	defer plain.Close()
+	err = plain.LightningIndexer(&compute.IndexerArgs{})
+	require.ErrorIs(t, err, compute.ErrUnsupported)
+	assert.Contains(t, err.Error(), "LightningIndexer")
 }

@@ -29,6 +29,8 @@ type driver interface {
 	inplaceCopy(dst, src tensorDesc) (prepared, error)
 	indexSelect(x tensorDesc, dim int, index, out tensorDesc) (prepared, error)
 	indexAdd(x tensorDesc, dim int, index, source tensorDesc, alpha scalar, out tensorDesc) (prepared, error)
+	// moeGating is aclnnMoeGatingTopK as k3 calls it; bias may be nil.
+	moeGating(x, bias tensorDesc, k, kGroup, groups int, renorm bool, scale float64, y, idx tensorDesc) (prepared, error)
 	// rgdr is aclnnRecurrentGatedDeltaRule; g may be nil.
 	rgdr(q, k, v, beta, state, seqLens, stateIdx, g, gk tensorDesc, scale float32, out tensorDesc) (prepared, error)
 

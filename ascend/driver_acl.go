@@ -115,6 +115,14 @@ func (d aclDriver) indexAdd(x tensorDesc, dim int, index, source tensorDesc, alp
 	return wrapOp(d.ctx.IndexAdd(at(x), dim, at(index), at(source), as(alpha), at(out)))
 }
 
+func (d aclDriver) moeGating(x, bias tensorDesc, k, kGroup, groups int, renorm bool, scale float64, y, idx tensorDesc) (prepared, error) {
+	var tb *acl.Tensor
+	if bias != nil {
+		tb = at(bias)
+	}
+	return wrapOp(d.ctx.MoeGatingTopK(at(x), tb, k, kGroup, groups, renorm, scale, at(y), at(idx)))
+}
+
 func (s aclStream) upload(dst acl.DevPtr, src hostBuffer, off, n int) error {
 	return s.Upload(dst, src.(*acl.HostBuffer), off, n)
 }

@@ -770,3 +770,102 @@ func (d *hostDriver) indexAdd(x tensorDesc, dim int, index, source tensorDesc, a
 	}
 	return &hostOp{d: d, api: "aclnnIndexAdd", run: run}, nil
 }
+
+// hostBetter ranks a at ia before b at ib: larger first, ties to the
+// lower index.
+func hostBetter(a float32, ia int, b float32, ib int) bool { return a > b || (a == b && ia < ib) }
+
+// hostTopK writes the indices of the k best unmasked entries of x to out.
+func hostTopK(x []float32, masked []bool, k int, out []int) {
+	taken := make([]bool, len(x))
+	for j := range k {
+		best := -1
+		for i, v := range x {
+			if taken[i] || (masked != nil && masked[i]) {
+				continue
+			}
+			if best < 0 || hostBetter(v, i, x[best], best) {
+				best = i
+			}
+		}
+		out[j] = best
+		if best >= 0 {
+			taken[best] = true
+		}
+	}
+}
+
+func (d *hostDriver) moeGating(x, bias tensorDesc, k, kGroup, groups int, renorm bool, scale float64, y, idx tensorDesc) (prepared, error) {
+	api := "aclnnMoeGatingTopKGetWorkspaceSize"
+	all := []tensorDesc{x, y, idx}
+	if bias != nil {
+		all = append(all, bias)
+	}
+	ts, err := operands(api, all...)
+	if err != nil {
+		return nil, err
+	}
+	tx, ty, ti := ts[0], ts[1], ts[2]
+	var tb *hostTensor
+	if bias != nil {
+		tb = ts[3]
+	}
+	G, KG := max(groups, 1), max(kGroup, 1)
+	if len(tx.dims) != 2 || len(ty.dims) != 2 || len(ti.dims) != 2 || ti.dt != acl.Int32 {
+		return nil, hostErr(acl.ACLNN, 161002, api, "x %v, y %v, expertIdx %v", tx.dims, ty.dims, ti.dims)
+	}
+	T, E := int(tx.dims[0]), int(tx.dims[1])
+	if int(ty.dims[0]) != T || int(ti.dims[0]) != T || int(ty.dims[1]) != k || int(ti.dims[1]) != k || k < 1 || k > E ||
+		E%G != 0 || KG > G || (G > 1 && E/G < 2) || k > KG*(E/G) || (tb != nil && (len(tb.dims) != 1 || int(tb.dims[0]) != E)) {
+		return nil, hostErr(acl.ACLNN, 161002, api, "x %v, k %d, %d groups keeping %d", tx.dims, k, G, KG)
+	}
+	run := func([]byte) error {
+		score, sel, gs := make([]float32, E), make([]float32, E), make([]float32, G)
+		masked, pick, two := make([]bool, E), make([]int, max(E, G)), make([]int, 2)
+		for t := range T {
+			for i := range E {
+				l := tx.get(tx.offset + int64(t)*tx.strides[0] + int64(i)*tx.strides[1])
+				score[i] = float32(1 / (1 + math.Exp(-l)))
+				sel[i] = score[i]
+				if tb != nil {
+					sel[i] += float32(tb.get(tb.offset + int64(i)*tb.strides[0]))
+				}
+			}
+			clear(masked)
+			if G > 1 {
+				per := E / G
+				for g := range G {
+					hostTopK(sel[g*per:(g+1)*per], nil, 2, two)
+					gs[g] = sel[g*per+two[0]] + sel[g*per+two[1]]
+				}
+				hostTopK(gs, nil, KG, pick)
+				for g := range G {
+					keep := false
+					for _, p := range pick[:KG] {
+						keep = keep || p == g
+					}
+					if !keep {
+						for i := g * per; i < (g+1)*per; i++ {
+							masked[i] = true
+						}
+					}
+				}
+			}
+			hostTopK(sel, masked, k, pick)
+			var total float64
+			for _, p := range pick[:k] {
+				total += float64(score[p])
+			}
+			sc := scale
+			if renorm {
+				sc /= total + 1e-20
+			}
+			for j, p := range pick[:k] {
+				ti.put(ti.offset+int64(t)*ti.strides[0]+int64(j)*ti.strides[1], float64(p))
+				ty.put(ty.offset+int64(t)*ty.strides[0]+int64(j)*ty.strides[1], float64(score[p])*sc)
+			}
+		}
+		return nil
+	}
+	return &hostOp{d: d, api: "aclnnMoeGatingTopK", run: run}, nil
+}

@@ -6,6 +6,51 @@ import (
 	"k3/compute"
 )
 
+// MoERoute implements compute.Backend with aclnnMoeGatingTopK: sigmoid
+// scores, selection by score plus bias, groups ranked by the sum of their
+// two best, the top experts' unbiased scores (renormalised when asked)
+// times the scale. Which expert wins an exact tie on the device is the
+// operator's; the host driver and the fake keep the lower index, as the
+// pure-Go backend does.
+func (b *Backend) MoERoute(a *compute.RouteArgs) error {
+	if a.Logits.Rank != 2 || a.Logits.DType != compute.F32 {
+		return fmt.Errorf("%w: router logits %v, want f32 [T, E]", compute.ErrShape, a.Logits)
+	}
+	T, E := a.Logits.Dims[0], a.Logits.Dims[1]
+	k, g, kg := a.TopK, max(a.NumGroups, 1), max(a.TopKGroup, 1)
+	switch {
+	case k <= 0 || k > E:
+		return fmt.Errorf("ascend: router: top_k %d outside 1..%d experts", k, E)
+	case E%g != 0:
+		return fmt.Errorf("ascend: router: num_expert_group %d does not divide %d experts", g, E)
+	case kg > g:
+		return fmt.Errorf("ascend: router: topk_group %d > num_expert_group %d", kg, g)
+	case g > 1 && E/g < 2:
+		return fmt.Errorf("ascend: router: groups of %d experts (need 2 for the group score)", E/g)
+	case k > kg*(E/g):
+		return fmt.Errorf("ascend: router: top_k %d exceeds the %d experts of topk_group groups", k, kg*(E/g))
+	case !a.Bias.IsZero() && (a.Bias.DType != compute.F32 || a.Bias.Len() != E):
+		return fmt.Errorf("%w: router bias %v for %d experts", compute.ErrShape, a.Bias, E)
+	case a.Indices.DType != compute.I32 || a.Indices.Len() != T*k || a.Weights.DType != compute.F32 || a.Weights.Len() != T*k:
+		return fmt.Errorf("%w: router outputs indices %v weights %v, want [%d, %d]", compute.ErrShape, a.Indices, a.Weights, T, k)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ops := []operand{flat(a.Logits, E), {t: a.Weights, view: i64(T, k)}, {t: a.Indices, view: i64(T, k)}}
+	hasBias := !a.Bias.IsZero()
+	if hasBias {
+		ops = append(ops, operand{t: a.Bias, view: i64(E)})
+	}
+	scale := float64(a.Scale)
+	return b.run(func(ts []tensorDesc) (prepared, error) {
+		var bias tensorDesc
+		if hasBias {
+			bias = ts[3]
+		}
+		return b.drv.moeGating(ts[0], bias, k, kg, g, a.Renormalize, scale, ts[1], ts[2])
+	}, ops...)
+}
+
 // MoEExperts implements compute.Backend as a composition: the routing is
 // read to the host (one synchronisation) to group the (token, slot) pairs
 // by expert; then per active expert its tokens are gathered

@@ -50,3 +50,41 @@ func TestMoEExperts(t *testing.T) {
 		}
 	})
 }
+
+// The router through aclnnMoeGatingTopK against the pure-Go backend: the
+// same experts in the same order, weights within rounding; grouped and
+// plain, with and without a bias, renormalised or not.
+func TestMoERoute(t *testing.T) {
+	eachDriver(t, 8<<20, func(t *testing.T, a *Backend) {
+		c := cpu.New(1)
+		defer c.Close()
+		rng := rand.New(rand.NewPCG(101, 102))
+		const T = 6
+		for _, r := range []struct{ E, K, G, KG int }{{16, 4, 1, 1}, {32, 6, 8, 3}, {64, 8, 4, 2}} {
+			for _, bias := range []bool{false, true} {
+				for _, renorm := range []bool{false, true} {
+					la, lc := both(t, a, c, compute.F32, randF32(rng, T*r.E), T, r.E)
+					var ba, bc compute.Tensor
+					if bias {
+						ba, bc = both(t, a, c, compute.F32, randF32(rng, r.E), r.E)
+					}
+					route := func(be compute.Backend, logits, bias compute.Tensor) ([]int32, []float32) {
+						idx, err := be.Alloc(compute.I32, T, r.K)
+						require.NoError(t, err)
+						w, err := be.Alloc(compute.F32, T, r.K)
+						require.NoError(t, err)
+						require.NoError(t, be.MoERoute(&compute.RouteArgs{Logits: logits, Bias: bias, TopK: r.K, NumGroups: r.G,
+							TopKGroup: r.KG, Renormalize: renorm, Scale: 2.5, Indices: idx, Weights: w}))
+						gi := make([]int32, T*r.K)
+						require.NoError(t, be.Read(&gi, idx))
+						return gi, read(t, be, w)
+					}
+					ia, wa := route(a, la, ba)
+					ic, wc := route(c, lc, bc)
+					require.Equal(t, ic, ia, "%+v bias %v renorm %v", r, bias, renorm)
+					closeRel(t, wc, wa, 1e-6, 1e-5, r, bias, renorm)
+				}
+			}
+		}
+	})
+}

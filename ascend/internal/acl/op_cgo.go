@@ -336,3 +336,20 @@ func (c *Context) IndexAdd(x *Tensor, dim int, index, source *Tensor, alpha *Sca
 		return C.k3_prepare_tltst(c.c, fn, api, x.t, C.int64_t(dim), index.t, source.t, alpha.s, out.t, ws, exec, e)
 	})
 }
+
+// MoeGatingTopK prepares the router (aclnnMoeGatingTopK) as k3 calls it:
+// sigmoid scores (normType 1), selection by score plus bias (bias may be
+// nil), groups ranked by the sum of their two best (groupSelectMode 1),
+// the best kGroup of groupCount groups kept, the top k experts into idx
+// and their unbiased scores, divided by their sum when renorm, times
+// scale, into y.
+func (c *Context) MoeGatingTopK(x, bias *Tensor, k, kGroup, groupCount int, renorm bool, scale float64, y, idx *Tensor) (*Op, error) {
+	rn := C.int64_t(0)
+	if renorm {
+		rn = 1
+	}
+	return c.prepare("aclnnMoeGatingTopK", func(fn unsafe.Pointer, _ *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_moe_gating_prepare(c.c, fn, x.t, tp(bias), C.int64_t(k), C.int64_t(kGroup), C.int64_t(groupCount), 1, rn, 1, 0,
+			C.double(scale), 1e-20, y.t, idx.t, nil, ws, exec, e)
+	})
+}

@@ -443,6 +443,17 @@ int k3_prepare_tltst(void *ctx, void *fn, const char *api, void *a, int64_t l, v
 	return 0;
 }
 
+int k3_moe_gating_prepare(void *ctx, void *fn, void *x, void *bias, int64_t k, int64_t kGroup, int64_t groupCount,
+	int64_t groupSelectMode, int64_t renorm, int64_t normType, int outFlag, double factor, double eps, void *y, void *idx,
+	void *out, uint64_t *ws, void **exec, k3_err *e) {
+	USE(ctx);
+	typedef int (*p1)(void *, void *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, _Bool, double, double, void *,
+		void *, void *, uint64_t *, void **);
+	CALL(2, "aclnnMoeGatingTopKGetWorkspaceSize",
+		((p1)fn)(x, bias, k, kGroup, groupCount, groupSelectMode, renorm, normType, outFlag != 0, factor, eps, y, idx, out, ws, exec));
+	return 0;
+}
+
 int k3_prepare_tit(void *ctx, void *fn, const char *api, void *a, int i, void *out, uint64_t *ws, void **exec, k3_err *e) {
 	USE(ctx);
 	typedef int (*p1)(void *, int, void *, uint64_t *, void **);

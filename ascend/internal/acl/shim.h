@@ -88,6 +88,9 @@ int k3_rgdr_prepare(void *ctx, void *fn, void *q, void *k, void *v, void *beta, 
 int k3_prepare_tltt(void *ctx, void *fn, const char *api, void *a, int64_t l, void *b, void *out, uint64_t *ws, void **exec, k3_err *e);
 int k3_prepare_tltst(void *ctx, void *fn, const char *api, void *a, int64_t l, void *b, void *c, void *sc, void *out, uint64_t *ws,
 	void **exec, k3_err *e);
+int k3_moe_gating_prepare(void *ctx, void *fn, void *x, void *bias, int64_t k, int64_t kGroup, int64_t groupCount,
+	int64_t groupSelectMode, int64_t renorm, int64_t normType, int outFlag, double factor, double eps, void *y, void *idx,
+	void *out, uint64_t *ws, void **exec, k3_err *e);
 int k3_rmsnorm_prepare(void *ctx, void *fn, void *x, void *gamma, double eps, void *y, void *rstd,
 	uint64_t *ws, void **exec, k3_err *e);
 

@@ -728,3 +728,116 @@ int aclnnIndexAddGetWorkspaceSize(void *self, int64_t dim, void *index, void *so
 int aclnnIndexAdd(void *ws, uint64_t wsSize, void *exec, void *stream) {
 	return fk_launch("aclnnIndexAdd", ws, wsSize, exec, stream);
 }
+
+// ---- MoeGatingTopK as k3 calls it: sigmoid scores, selection by score +
+// bias, groups by the sum of their two best, the best kGroup groups, the
+// top k experts (larger first, ties to the lower index), weights from the
+// unbiased scores, renormalised when asked, times the scaling factor.
+
+static int better(float a, int64_t ia, float b, int64_t ib) { return a > b || (a == b && ia < ib); }
+
+// topk writes the indices of the k best of x[0..n) (excluding masked
+// entries) to out.
+static void topk(const float *x, const char *masked, int64_t n, int64_t k, int64_t *out) {
+	char *taken = calloc((size_t)n, 1);
+	for (int64_t j = 0; j < k; j++) {
+		int64_t best = -1;
+		for (int64_t i = 0; i < n; i++) {
+			if (taken[i] || (masked && masked[i])) continue;
+			if (best < 0 || better(x[i], i, x[best], best)) best = i;
+		}
+		out[j] = best;
+		if (best >= 0) taken[best] = 1;
+	}
+	free(taken);
+}
+
+static int run_gating(fk_exec *e, void *ws) {
+	(void)ws;
+	const fk_tensor *x = &e->t[0], *bias = &e->t[1], *y = &e->t[2], *ix = &e->t[3];
+	int has_bias = e->iattr & 1, renorm = (e->iattr >> 1) & 1;
+	int64_t T = x->dims[0], E = x->dims[1], k = y->dims[1];
+	int64_t G = (int64_t)e->attr2 >> 16, KG = (int64_t)e->attr2 & 0xffff;
+	float *score = malloc(sizeof(float) * E), *sel = malloc(sizeof(float) * E), *gs = malloc(sizeof(float) * (G > 0 ? G : 1));
+	char *masked = calloc((size_t)E, 1);
+	int64_t *pick = malloc(sizeof(int64_t) * (E > 2 ? E : 2));
+	for (int64_t t = 0; t < T; t++) {
+		for (int64_t i = 0; i < E; i++) {
+			double l = fk_get(x, x->offset + t * x->strides[0] + i * x->strides[1]);
+			score[i] = (float)(1 / (1 + exp(-l)));
+			sel[i] = score[i] + (has_bias ? (float)fk_get(bias, bias->offset + i * bias->strides[0]) : 0);
+		}
+		memset(masked, 0, (size_t)E);
+		if (G > 1) {
+			int64_t per = E / G;
+			for (int64_t g = 0; g < G; g++) {
+				int64_t two[2];
+				topk(sel + g * per, NULL, per, 2, two);
+				gs[g] = sel[g * per + two[0]] + sel[g * per + two[1]];
+			}
+			topk(gs, NULL, G, KG, pick);
+			for (int64_t g = 0; g < G; g++) {
+				int keep = 0;
+				for (int64_t j = 0; j < KG; j++) keep |= pick[j] == g;
+				if (!keep) memset(masked + g * per, 1, (size_t)per);
+			}
+		}
+		topk(sel, masked, E, k, pick);
+		double total = 0;
+		for (int64_t j = 0; j < k; j++) total += score[pick[j]];
+		double scale = e->attr;
+		if (renorm) scale /= total + 1e-20;
+		for (int64_t j = 0; j < k; j++) {
+			fk_put(ix, ix->offset + t * ix->strides[0] + j * ix->strides[1], (double)pick[j]);
+			fk_put(y, y->offset + t * y->strides[0] + j * y->strides[1], score[pick[j]] * scale);
+		}
+	}
+	free(score);
+	free(sel);
+	free(gs);
+	free(masked);
+	free(pick);
+	return 0;
+}
+
+int aclnnMoeGatingTopKGetWorkspaceSize(void *x, void *bias, int64_t k, int64_t kGroup, int64_t groupCount,
+	int64_t groupSelectMode, int64_t renorm, int64_t normType, _Bool outFlag, double factor, double eps, void *y,
+	void *expertIdx, void *out, uint64_t *ws, void **exec) {
+	const char *op = "aclnnMoeGatingTopK";
+	(void)eps;
+	int rc = fk_need_context();
+	if (rc) return rc;
+	void *ts[3] = {x, y, expertIdx};
+	if ((rc = check_tensors_i(op, 3, ts, 4))) return rc;
+	const fk_tensor *tx = x, *ty = y, *ti = expertIdx;
+	int64_t T = tx->nd == 2 ? tx->dims[0] : 0, E = tx->nd == 2 ? tx->dims[1] : 0;
+	int64_t G = groupCount > 1 ? groupCount : 1, KG = kGroup > 1 ? kGroup : 1;
+	int bad = tx->nd != 2 || ty->nd != 2 || ti->nd != 2 || ti->dtype != 3 || ty->dims[0] != T || ti->dims[0] != T ||
+		ty->dims[1] != k || ti->dims[1] != k || k < 1 || k > E || E % G != 0 || KG > G || (G > 1 && E / G < 2) ||
+		k > KG * (E / G) || groupSelectMode != 1 || normType != 1 || outFlag || out != NULL || G > 0xffff || KG > 0xffff;
+	if (bias != NULL) {
+		const fk_tensor *tb = bias;
+		bad = bad || !fk_tensor_ok(bias) || tb->nd != 1 || tb->dims[0] != E;
+	}
+	if (bad) {
+		fk_set_error("%s: x [T, E], bias [E], y and int32 expertIdx [T, k], sigmoid scores, groups by their top two, "
+			"no normalised output: the fake's case", op);
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	fk_exec *e = fk_exec_new();
+	e->t[0] = *tx;
+	if (bias) e->t[1] = *(fk_tensor *)bias;
+	e->t[2] = *ty;
+	e->t[3] = *ti;
+	e->attr = factor;
+	e->attr2 = (double)((G << 16) | KG);
+	e->iattr = (bias != NULL) | (renorm != 0) << 1;
+	e->run = run_gating;
+	*ws = 0;
+	*exec = e;
+	return 0;
+}
+
+int aclnnMoeGatingTopK(void *ws, uint64_t wsSize, void *exec, void *stream) {
+	return fk_launch("aclnnMoeGatingTopK", ws, wsSize, exec, stream);
+}
