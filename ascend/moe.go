@@ -17,18 +17,12 @@ func (b *Backend) MoERoute(a *compute.RouteArgs) error {
 		return fmt.Errorf("%w: router logits %v, want f32 [T, E]", compute.ErrShape, a.Logits)
 	}
 	T, E := a.Logits.Dims[0], a.Logits.Dims[1]
-	k, g, kg := a.TopK, max(a.NumGroups, 1), max(a.TopKGroup, 1)
+	k := a.TopK
+	g, kg, err := a.CheckGroups(E)
+	if err != nil {
+		return fmt.Errorf("ascend: %w", err)
+	}
 	switch {
-	case k <= 0 || k > E:
-		return fmt.Errorf("ascend: router: top_k %d outside 1..%d experts", k, E)
-	case E%g != 0:
-		return fmt.Errorf("ascend: router: num_expert_group %d does not divide %d experts", g, E)
-	case kg > g:
-		return fmt.Errorf("ascend: router: topk_group %d > num_expert_group %d", kg, g)
-	case g > 1 && E/g < 2:
-		return fmt.Errorf("ascend: router: groups of %d experts (need 2 for the group score)", E/g)
-	case k > kg*(E/g):
-		return fmt.Errorf("ascend: router: top_k %d exceeds the %d experts of topk_group groups", k, kg*(E/g))
 	case !a.Bias.IsZero() && (a.Bias.DType != compute.F32 || a.Bias.Len() != E):
 		return fmt.Errorf("%w: router bias %v for %d experts", compute.ErrShape, a.Bias, E)
 	case a.Indices.DType != compute.I32 || a.Indices.Len() != T*k || a.Weights.DType != compute.F32 || a.Weights.Len() != T*k:

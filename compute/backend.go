@@ -1,5 +1,7 @@
 package compute
 
+import "fmt"
+
 // Backend runs k3's operations on one device (or the host). Methods that
 // take a destination write into it; shapes are checked and reported as
 // errors wrapping ErrShape. A Backend is safe for concurrent use.
@@ -303,6 +305,26 @@ type RouteArgs struct {
 	Renormalize          bool
 	Scale                float32
 	Indices, Weights     Tensor
+}
+
+// CheckGroups checks the routing parameters against e experts and returns
+// the group count and the groups kept (each at least 1). Every backend
+// applies the same rules.
+func (a *RouteArgs) CheckGroups(e int) (groups, kept int, err error) {
+	k, g, kg := a.TopK, max(a.NumGroups, 1), max(a.TopKGroup, 1)
+	switch {
+	case k <= 0 || k > e:
+		err = fmt.Errorf("router: top_k %d outside 1..%d experts", k, e)
+	case e%g != 0:
+		err = fmt.Errorf("router: num_expert_group %d does not divide %d experts", g, e)
+	case kg > g:
+		err = fmt.Errorf("router: topk_group %d > num_expert_group %d", kg, g)
+	case g > 1 && e/g < 2:
+		err = fmt.Errorf("router: groups of %d experts (need 2 for the group score)", e/g)
+	case k > kg*(e/g):
+		err = fmt.Errorf("router: top_k %d exceeds the %d experts of topk_group groups", k, kg*(e/g))
+	}
+	return g, kg, err
 }
 
 // ExpertArgs: Out [T, Din] = Σ_k Weights[t,k] · expert_{Indices[t,k]}(X[t])

@@ -20,18 +20,10 @@ func (b *Backend) MoERoute(a *compute.RouteArgs) error {
 		return shapeErr("router logits %v, want [T, E]", a.Logits)
 	}
 	t, e := a.Logits.Dims[0], a.Logits.Dims[1]
-	k, g, kg := a.TopK, max(a.NumGroups, 1), max(a.TopKGroup, 1)
-	switch {
-	case k <= 0 || k > e:
-		return fmt.Errorf("cpu: router: top_k %d outside 1..%d experts", k, e)
-	case e%g != 0:
-		return fmt.Errorf("cpu: router: num_expert_group %d does not divide %d experts", g, e)
-	case kg > g:
-		return fmt.Errorf("cpu: router: topk_group %d > num_expert_group %d", kg, g)
-	case g > 1 && e/g < 2:
-		return fmt.Errorf("cpu: router: groups of %d experts (need 2 for the group score)", e/g)
-	case k > kg*(e/g):
-		return fmt.Errorf("cpu: router: top_k %d exceeds the %d experts of topk_group groups", k, kg*(e/g))
+	k := a.TopK
+	g, kg, err := a.CheckGroups(e)
+	if err != nil {
+		return fmt.Errorf("cpu: %w", err)
 	}
 	var bias []float32
 	if !a.Bias.IsZero() {
