@@ -16,6 +16,8 @@ import (
 
 	"k3/ascend/internal/acl"
 	"k3/ascend/internal/nz"
+	"k3/compute"
+	"k3/internal/cpu"
 	"k3/internal/floatx"
 )
 
@@ -381,5 +383,71 @@ func TestHWRecurrentGatedDeltaRule(t *testing.T) {
 	require.NoError(t, ctx.CopyToHost(gotSt, stP))
 	for i, x := range bytesF32(gotSt) {
 		require.InDelta(t, wantSt[i], x, 1e-4+1e-4*math.Abs(wantSt[i]), "state element %d", i)
+	}
+}
+
+// aclnnMoeGatingTopK as k3 calls it (sigmoid, groups by their top two,
+// renormalised, scaled) against the pure-Go backend's router: the same
+// experts in the same order, weights within 1e-5.
+func TestHWMoeGatingTopK(t *testing.T) {
+	ctx := context(t)
+	rng := rand.New(rand.NewPCG(7, 8))
+	const T, E, K, G, KG = 4, 64, 6, 8, 3
+	logits, bias := make([]float32, T*E), make([]float32, E)
+	for i := range logits {
+		logits[i] = float32(rng.NormFloat64())
+	}
+	for i := range bias {
+		bias[i] = float32(0.1 * rng.NormFloat64())
+	}
+	// The reference.
+	c := cpu.New(1)
+	defer c.Close()
+	up := func(v []float32, shape ...int) compute.Tensor {
+		x, err := c.FromHost(compute.F32, compute.F32, f32bytes(v), shape...)
+		require.NoError(t, err)
+		return x
+	}
+	ri, err := c.Alloc(compute.I32, T, K)
+	require.NoError(t, err)
+	rw, err := c.Alloc(compute.F32, T, K)
+	require.NoError(t, err)
+	require.NoError(t, c.MoERoute(&compute.RouteArgs{Logits: up(logits, T, E), Bias: up(bias, E), TopK: K, NumGroups: G, TopKGroup: KG,
+		Renormalize: true, Scale: 2.5, Indices: ri, Weights: rw}))
+	wantIdx, wantW := make([]int32, T*K), make([]float32, T*K)
+	require.NoError(t, c.Read(&wantIdx, ri))
+	require.NoError(t, c.Read(&wantW, rw))
+
+	dev := func(b []byte) acl.DevPtr {
+		p, err := ctx.Malloc(len(b))
+		require.NoError(t, err)
+		t.Cleanup(func() { ctx.Free(p) })
+		require.NoError(t, ctx.CopyToDevice(p, b))
+		return p
+	}
+	desc := func(dt acl.DataType, p acl.DevPtr, dims ...int64) *acl.Tensor {
+		x, err := ctx.NewTensor(acl.TensorDesc{DType: dt, Dims: dims, Data: p})
+		require.NoError(t, err)
+		t.Cleanup(func() { x.Destroy() })
+		return x
+	}
+	yP, iP := dev(make([]byte, 4*T*K)), dev(make([]byte, 4*T*K))
+	op, err := ctx.MoeGatingTopK(desc(acl.Float, dev(f32bytes(logits)), T, E), desc(acl.Float, dev(f32bytes(bias)), E), K, KG, G, true, 2.5,
+		desc(acl.Float, yP, T, K), desc(acl.Int32, iP, T, K))
+	require.NoError(t, err)
+	ws := workspace(t, ctx, op)
+	s, err := ctx.NewStream()
+	require.NoError(t, err)
+	defer s.Destroy()
+	require.NoError(t, op.Launch(s, ws))
+	require.NoError(t, s.Sync())
+	gotW, gotI := make([]byte, 4*T*K), make([]byte, 4*T*K)
+	require.NoError(t, ctx.CopyToHost(gotW, yP))
+	require.NoError(t, ctx.CopyToHost(gotI, iP))
+	for i := range T * K {
+		require.Equal(t, wantIdx[i], int32(binary.LittleEndian.Uint32(gotI[4*i:])), "expert %d", i)
+	}
+	for i, w := range bytesF32(gotW) {
+		require.InDelta(t, wantW[i], w, 1e-5, "weight %d", i)
 	}
 }
