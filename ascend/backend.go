@@ -497,6 +497,18 @@ func (b *Backend) desc(t compute.Tensor, view, strides []int64) (tensorDesc, err
 	})
 }
 
+// desc64 is desc for int64 data stored in an I32 tensor.
+func (b *Backend) desc64(t compute.Tensor, view, strides []int64) (tensorDesc, error) {
+	d, err := bufOf(t)
+	if err != nil {
+		return nil, err
+	}
+	return b.drv.newTensor(acl.TensorDesc{
+		DType: acl.Int64, Format: acl.FormatND, Dims: view, Strides: strides, Offset: int64(t.Off),
+		StorageDims: []int64{int64(d.n / 8)}, Data: b.base.Add(d.off),
+	})
+}
+
 // launch runs a prepared operator on the stream with the shared
 // workspace, growing it first if needed (during a capture, with its own).
 func (b *Backend) launch(op prepared) error {
@@ -559,7 +571,7 @@ func (b *Backend) MatMul(dst, x, w compute.Tensor) error {
 func (b *Backend) matmul(dst, x, w compute.Tensor) error {
 	N, K := w.Dims[0], w.Dims[1]
 	return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.matmul("aclnnMatmul", ts[0], ts[1], ts[2], 0) },
-		flat(x, K), operand{w, []int64{int64(K), int64(N)}, []int64{1, int64(K)}}, flat(dst, N))
+		flat(x, K), operand{t: w, view: i64(K, N), strides: i64(1, K)}, flat(dst, N))
 }
 
 // RMSNorm implements compute.Backend with aclnnRmsNorm; the reciprocal
@@ -632,7 +644,12 @@ func (b *Backend) run(prepare func(ts []tensorDesc) (prepared, error), operands 
 	defer func() { destroy(ts...) }()
 	for i, o := range operands {
 		var err error
-		if ts[i], err = b.desc(o.t, o.view, o.strides); err != nil {
+		if o.i64 {
+			ts[i], err = b.desc64(o.t, o.view, o.strides)
+		} else {
+			ts[i], err = b.desc(o.t, o.view, o.strides)
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -647,6 +664,10 @@ func (b *Backend) run(prepare func(ts []tensorDesc) (prepared, error), operands 
 type operand struct {
 	t             compute.Tensor
 	view, strides []int64
+	// i64 reads the storage as int64 (aclnnTopk's indices), which the
+	// seam has no dtype for: t is then an I32 tensor of twice the
+	// elements, and t.Off counts int64 elements.
+	i64 bool
 }
 
 // flat is t as a contiguous [rows, cols] matrix.
@@ -881,9 +902,9 @@ func (b *Backend) HeadMatMul(dst, x, w compute.Tensor) error {
 	return b.run(func(ts []tensorDesc) (prepared, error) {
 		return b.drv.matmul("aclnnBatchMatMul", ts[0], ts[1], ts[2], 0)
 	},
-		operand{x, i(H, T, K), i(K, H*K, 1)},
-		operand{w, i(H, K, N), i(N*K, 1, K)},
-		operand{dst, i(H, T, N), i(N, H*N, 1)})
+		operand{t: x, view: i(H, T, K), strides: i(K, H*K, 1)},
+		operand{t: w, view: i(H, K, N), strides: i(N*K, 1, K)},
+		operand{t: dst, view: i(H, T, N), strides: i(N, H*N, 1)})
 }
 
 // The operations below are not mapped to aclnn yet: on a device they
@@ -915,10 +936,6 @@ func (b *Backend) LayerNorm(dst, x, w, bias compute.Tensor, eps float32) error {
 
 func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 	return b.onHost("KDAStep", a, func(c compute.Backend, h any) error { return c.KDAStep(h.(*compute.KDAStepArgs)) })
-}
-
-func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
-	return b.onHost("LightningIndexer", a, func(c compute.Backend, h any) error { return c.LightningIndexer(h.(*compute.IndexerArgs)) })
 }
 
 func (b *Backend) Attention(a *compute.AttnArgs) error {

@@ -69,7 +69,7 @@ func TestOpenFake(t *testing.T) {
 }
 
 // With HostFallback an unmapped operation runs on the host over copies
-// of its buffers: the Lightning Indexer against the pure-Go backend's.
+// of its buffers: dense causal attention against the pure-Go backend's.
 func TestHostFallback(t *testing.T) {
 	lib, err := acl.Load(acl.Options{LibDirs: []string{fakeDir}})
 	require.NoError(t, err)
@@ -80,31 +80,23 @@ func TestHostFallback(t *testing.T) {
 	c := cpu.New(1)
 	defer c.Close()
 	rng := rand.New(rand.NewPCG(81, 82))
-	const T, HI, DI, L, K = 3, 2, 8, 5, 3
-	qa, qc := both(t, b, c, compute.F32, randF32(rng, T*HI*DI), T, HI, DI)
-	ka, kc := both(t, b, c, compute.F32, randF32(rng, L*DI), L, DI)
-	wa, wc := both(t, b, c, compute.F32, randF32(rng, T*HI), T, HI)
-	index := func(be compute.Backend, q, k, w compute.Tensor) ([]int32, []int32) {
-		idx, err := be.Alloc(compute.I32, T, K)
+	const T, Hq, Hkv, D, L = 3, 2, 1, 8, 4
+	qa, qc := both(t, b, c, compute.F32, randF32(rng, T*Hq*D), T, Hq, D)
+	ka, kc := both(t, b, c, compute.F32, randF32(rng, L*Hkv*D), L, Hkv, D)
+	va, vc := both(t, b, c, compute.F32, randF32(rng, L*Hkv*D), L, Hkv, D)
+	attend := func(be compute.Backend, q, k, v compute.Tensor) []float32 {
+		out, err := be.Alloc(compute.F32, T, Hq, D)
 		require.NoError(t, err)
-		cnt, err := be.Alloc(compute.I32, T)
-		require.NoError(t, err)
-		require.NoError(t, be.LightningIndexer(&compute.IndexerArgs{Q: q, K: k, W: w, QPos: []int32{0, 2, 4}, TopK: K, Indices: idx, Counts: cnt}))
-		gi, gc := make([]int32, T*K), make([]int32, T)
-		require.NoError(t, be.Read(&gi, idx))
-		require.NoError(t, be.Read(&gc, cnt))
-		return gi, gc
+		require.NoError(t, be.Attention(&compute.AttnArgs{Q: q, K: k, V: v, QPos: []int32{1, 2, 3}, KVLen: L, Causal: true, Scale: 0.35, Out: out}))
+		return read(t, be, out)
 	}
-	ia, ca := index(b, qa, ka, wa)
-	ic, cc := index(c, qc, kc, wc)
-	assert.Equal(t, ic, ia)
-	assert.Equal(t, cc, ca)
+	closeRel(t, attend(c, qc, kc, vc), attend(b, qa, ka, va), 1e-6, 1e-5, "attention")
 
 	// Without the option the same call names the operation.
 	plain, err := openACL(lib, Options{ArenaBytes: 4 << 20})
 	require.NoError(t, err)
 	defer plain.Close()
-	err = plain.LightningIndexer(&compute.IndexerArgs{})
+	err = plain.Attention(&compute.AttnArgs{})
 	require.ErrorIs(t, err, compute.ErrUnsupported)
-	assert.Contains(t, err.Error(), "LightningIndexer")
+	assert.Contains(t, err.Error(), "Attention")
 }

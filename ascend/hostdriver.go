@@ -271,6 +271,8 @@ func (t *hostTensor) get(i int64) float64 {
 		return float64(floatx.FromF16(binary.LittleEndian.Uint16(t.data[2*i:])))
 	case acl.Int32:
 		return float64(int32(binary.LittleEndian.Uint32(t.data[4*i:])))
+	case acl.Int64:
+		return float64(int64(binary.LittleEndian.Uint64(t.data[8*i:])))
 	}
 	return math.NaN()
 }
@@ -285,6 +287,8 @@ func (t *hostTensor) put(i int64, v float64) {
 		binary.LittleEndian.PutUint16(t.data[2*i:], floatx.F16(float32(v)))
 	case acl.Int32:
 		binary.LittleEndian.PutUint32(t.data[4*i:], uint32(int32(v)))
+	case acl.Int64:
+		binary.LittleEndian.PutUint64(t.data[8*i:], uint64(int64(v)))
 	}
 }
 
@@ -522,6 +526,8 @@ func (d *hostDriver) unary(name string, x, out tensorDesc) (prepared, error) {
 		return d.elementwise(name, func(x, _ float64) float64 { return math.Exp(x) }, x, out)
 	case "aclnnTanh":
 		return d.elementwise(name, func(x, _ float64) float64 { return math.Tanh(x) }, x, out)
+	case "aclnnRelu":
+		return d.elementwise(name, func(x, _ float64) float64 { return max(x, 0) }, x, out)
 	}
 	return nil, hostErr(acl.ACLNN, 561003, name, "operator %s not in the host driver", name)
 }
@@ -868,4 +874,40 @@ func (d *hostDriver) moeGating(x, bias tensorDesc, k, kGroup, groups int, renorm
 		return nil
 	}
 	return &hostOp{d: d, api: "aclnnMoeGatingTopK", run: run}, nil
+}
+
+func (d *hostDriver) topk(x tensorDesc, k, dim int, values, indices tensorDesc) (prepared, error) {
+	api := "aclnnTopkGetWorkspaceSize"
+	ts, err := operands(api, x, values, indices)
+	if err != nil {
+		return nil, err
+	}
+	a, v, ix := ts[0], ts[1], ts[2]
+	if len(a.dims) != 2 || (dim != 1 && dim != -1) || ix.dt != acl.Int64 || len(v.dims) != 2 || len(ix.dims) != 2 ||
+		v.dims[0] != a.dims[0] || ix.dims[0] != a.dims[0] || int(v.dims[1]) != k || int(ix.dims[1]) != k || k < 1 || int64(k) > a.dims[1] {
+		return nil, hostErr(acl.ACLNN, 161002, api, "x %v, k %d, dim %d, values %v, int64 indices %v", a.dims, k, dim, v.dims, ix.dims)
+	}
+	run := func([]byte) error {
+		R, N := a.dims[0], a.dims[1]
+		taken := make([]bool, N)
+		for r := int64(0); r < R; r++ {
+			clear(taken)
+			for j := int64(0); j < int64(k); j++ {
+				best, bv := int64(-1), 0.0
+				for i := int64(0); i < N; i++ {
+					if taken[i] {
+						continue
+					}
+					if xi := a.get(a.offset + r*a.strides[0] + i*a.strides[1]); best < 0 || xi > bv {
+						best, bv = i, xi
+					}
+				}
+				taken[best] = true
+				v.put(v.offset+r*v.strides[0]+j*v.strides[1], bv)
+				ix.put(ix.offset+r*ix.strides[0]+j*ix.strides[1], float64(best))
+			}
+		}
+		return nil
+	}
+	return &hostOp{d: d, api: "aclnnTopk", run: run}, nil
 }

@@ -126,7 +126,8 @@ func (b *Backend) recurrentKDA(a *compute.KDAArgs, d kdaDims) error {
 	src := [3]operand{tokens3(a.Q, Dk), tokens3(a.K, Dk), tokens3(a.V, Dv)}
 	if !a.QKV.IsZero() {
 		st := i64(3*H*Dk, Dk, 1)
-		src = [3]operand{{a.QKV, i64(T, H, Dk), st}, {at(a.QKV, H*Dk), i64(T, H, Dk), st}, {at(a.QKV, 2*H*Dk), i64(T, H, Dv), st}}
+		src = [3]operand{{t: a.QKV, view: i64(T, H, Dk), strides: st}, {t: at(a.QKV, H*Dk), view: i64(T, H, Dk), strides: st},
+			{t: at(a.QKV, 2*H*Dk), view: i64(T, H, Dv), strides: st}}
 	}
 	for i, dst := range []operand{tokens3(qn, Dk), tokens3(kn, Dk), tokens3(vv, Dv)} {
 		if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) }, dst, src[i]); err != nil {

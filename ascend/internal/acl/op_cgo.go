@@ -353,3 +353,11 @@ func (c *Context) MoeGatingTopK(x, bias *Tensor, k, kGroup, groupCount int, reno
 			C.double(scale), 1e-20, y.t, idx.t, nil, ws, exec, e)
 	})
 }
+
+// Topk prepares the k largest entries along dim, sorted, into values and
+// int64 indices (aclnnTopk).
+func (c *Context) Topk(x *Tensor, k, dim int, values, indices *Tensor) (*Op, error) {
+	return c.prepare("aclnnTopk", func(fn unsafe.Pointer, _ *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_topk_prepare(c.c, fn, x.t, C.int64_t(k), C.int64_t(dim), 1, 1, values.t, indices.t, ws, exec, e)
+	})
+}

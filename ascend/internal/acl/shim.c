@@ -454,6 +454,14 @@ int k3_moe_gating_prepare(void *ctx, void *fn, void *x, void *bias, int64_t k, i
 	return 0;
 }
 
+int k3_topk_prepare(void *ctx, void *fn, void *x, int64_t k, int64_t dim, int largest, int sorted, void *values, void *indices,
+	uint64_t *ws, void **exec, k3_err *e) {
+	USE(ctx);
+	typedef int (*p1)(void *, int64_t, int64_t, _Bool, _Bool, void *, void *, uint64_t *, void **);
+	CALL(2, "aclnnTopkGetWorkspaceSize", ((p1)fn)(x, k, dim, largest != 0, sorted != 0, values, indices, ws, exec));
+	return 0;
+}
+
 int k3_prepare_tit(void *ctx, void *fn, const char *api, void *a, int i, void *out, uint64_t *ws, void **exec, k3_err *e) {
 	USE(ctx);
 	typedef int (*p1)(void *, int, void *, uint64_t *, void **);

@@ -14,6 +14,7 @@ static int elemsize(int dtype) {
 	switch (dtype) {
 	case 0: case 3: return 4;  // FLOAT, INT32
 	case 1: case 27: return 2; // FLOAT16, BF16
+	case 9: return 8;          // INT64
 	}
 	return 0;
 }
@@ -269,6 +270,7 @@ double fk_get(const fk_tensor *t, int64_t i) {
 	case 0: return ((const float *)t->data)[i];
 	case 27: return bf16(((const uint16_t *)t->data)[i]);
 	case 3: return ((const int32_t *)t->data)[i];
+	case 9: return (double)((const int64_t *)t->data)[i];
 	}
 	return 0;
 }
@@ -278,5 +280,6 @@ void fk_put(const fk_tensor *t, int64_t i, double v) {
 	case 0: ((float *)t->data)[i] = (float)v; break;
 	case 27: ((uint16_t *)t->data)[i] = tobf16((float)v); break;
 	case 3: ((int32_t *)t->data)[i] = (int32_t)v; break;
+	case 9: ((int64_t *)t->data)[i] = (int64_t)v; break;
 	}
 }

@@ -15,7 +15,7 @@ static int check_tensors_i(const char *op, int n, void **ts, int ints) {
 			return ACLNN_ERR_PARAM_NULLPTR;
 		}
 		const fk_tensor *t = ts[i];
-		if (t->dtype != 0 && t->dtype != 27 && !((ints >> i) & 1 && t->dtype == 3)) {
+		if (t->dtype != 0 && t->dtype != 27 && !((ints >> i) & 1 && (t->dtype == 3 || t->dtype == 9))) {
 			fk_set_error("%s: operand %d has data type %d (the fake takes FLOAT and BF16)", op, i, t->dtype);
 			return ACLNN_ERR_PARAM_INVALID;
 		}
@@ -166,7 +166,7 @@ int aclnnRmsNorm(void *ws, uint64_t wsSize, void *exec, void *stream) {
 
 // ---- Elementwise operators with broadcasting (numpy rules, right-aligned).
 
-enum { OP_ADD, OP_MUL, OP_SILU, OP_SIGMOID, OP_SOFTPLUS, OP_CAST, OP_FILL, OP_EXP, OP_MULS, OP_MAX, OP_DIV, OP_TANH };
+enum { OP_ADD, OP_MUL, OP_SILU, OP_SIGMOID, OP_SOFTPLUS, OP_CAST, OP_FILL, OP_EXP, OP_MULS, OP_MAX, OP_DIV, OP_TANH, OP_RELU };
 
 // boff is the offset in t of output index idx (over o's dimensions).
 static int64_t boff(const fk_tensor *t, const fk_tensor *o, const int64_t *idx) {
@@ -200,6 +200,7 @@ static int run_elementwise(fk_exec *e, void *ws) {
 		case OP_MAX: r = x > y ? x : y; break;
 		case OP_DIV: r = x / y; break;
 		case OP_TANH: r = tanh(x); break;
+		case OP_RELU: r = x > 0 ? x : 0; break;
 		}
 		fk_put(o, boff(o, o, idx), r);
 		for (int i = o->nd - 1; i >= 0 && ++idx[i] == o->dims[i]; i--) idx[i] = 0;
@@ -222,7 +223,7 @@ static int prepare_elementwise(const char *op, int kind, void *a, void *b, void 
 	int rc = fk_need_context();
 	if (rc) return rc;
 	void *ts[3] = {a, b ? b : a, out};
-	if ((rc = check_tensors(op, 3, ts))) return rc;
+	if ((rc = check_tensors_i(op, 3, ts, 7))) return rc; // elementwise operators take integers too
 	if (!broadcasts(a, out) || (b && !broadcasts(b, out))) {
 		fk_set_error("%s: the operands do not broadcast to the output's shape", op);
 		return ACLNN_ERR_PARAM_INVALID;
@@ -841,3 +842,62 @@ int aclnnMoeGatingTopKGetWorkspaceSize(void *x, void *bias, int64_t k, int64_t k
 int aclnnMoeGatingTopK(void *ws, uint64_t wsSize, void *exec, void *stream) {
 	return fk_launch("aclnnMoeGatingTopK", ws, wsSize, exec, stream);
 }
+
+int aclnnReluGetWorkspaceSize(void *self, void *out, uint64_t *ws, void **exec) {
+	return prepare_elementwise("aclnnRelu", OP_RELU, self, NULL, out, 0, 0, ws, exec);
+}
+
+int aclnnRelu(void *ws, uint64_t wsSize, void *exec, void *stream) { return fk_launch("aclnnRelu", ws, wsSize, exec, stream); }
+
+// ---- Topk over the last dimension of a 2-D tensor: larger first (or
+// smaller), ties to the lower index; int64 indices.
+
+static int run_topk(fk_exec *e, void *ws) {
+	(void)ws;
+	const fk_tensor *x = &e->t[0], *v = &e->t[1], *ix = &e->t[2];
+	int64_t R = x->dims[0], N = x->dims[1], k = v->dims[1];
+	int largest = e->iattr & 1;
+	char *taken = malloc((size_t)N);
+	for (int64_t r = 0; r < R; r++) {
+		memset(taken, 0, (size_t)N);
+		for (int64_t j = 0; j < k; j++) {
+			int64_t best = -1;
+			double bv = 0;
+			for (int64_t i = 0; i < N; i++) {
+				if (taken[i]) continue;
+				double xi = fk_get(x, x->offset + r * x->strides[0] + i * x->strides[1]);
+				if (best < 0 || (largest ? xi > bv : xi < bv)) best = i, bv = xi;
+			}
+			taken[best] = 1;
+			fk_put(v, v->offset + r * v->strides[0] + j * v->strides[1], bv);
+			fk_put(ix, ix->offset + r * ix->strides[0] + j * ix->strides[1], (double)best);
+		}
+	}
+	free(taken);
+	return 0;
+}
+
+int aclnnTopkGetWorkspaceSize(void *self, int64_t k, int64_t dim, _Bool largest, _Bool sorted, void *values, void *indices,
+	uint64_t *ws, void **exec) {
+	int rc = fk_need_context();
+	if (rc) return rc;
+	void *ts[3] = {self, values, indices};
+	if ((rc = check_tensors_i("aclnnTopk", 3, ts, 4))) return rc;
+	const fk_tensor *x = self, *v = values, *i = indices;
+	if (x->nd != 2 || (dim != 1 && dim != -1) || !sorted || i->dtype != 9 || v->nd != 2 || i->nd != 2 || v->dims[0] != x->dims[0] ||
+		i->dims[0] != x->dims[0] || v->dims[1] != k || i->dims[1] != k || k < 1 || k > x->dims[1]) {
+		fk_set_error("aclnnTopk: the last dimension of a 2-D tensor, sorted, int64 indices [rows, k] expected");
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	fk_exec *e = fk_exec_new();
+	e->t[0] = *x;
+	e->t[1] = *v;
+	e->t[2] = *i;
+	e->iattr = largest ? 1 : 0;
+	e->run = run_topk;
+	*ws = 0;
+	*exec = e;
+	return 0;
+}
+
+int aclnnTopk(void *ws, uint64_t wsSize, void *exec, void *stream) { return fk_launch("aclnnTopk", ws, wsSize, exec, stream); }

@@ -1,0 +1,252 @@
+package ascend
+
+import (
+	"fmt"
+	"math"
+
+	"k3/compute"
+)
+
+// LightningIndexer implements compute.Backend as a composition, one
+// sequence at a time: the scores S = Q·Kᵀ of every query head (MatMul over
+// the sequence's keys, a paged cache gathered into scratch first), ReLU,
+// the head-weighted sum as a BatchMatMul of W [t, 1, HI] with S
+// [t, HI, L], the invisible positions masked to −∞ by an added mask built
+// on the host from the query positions, aclnnTopk (int64 indices) cast
+// into Indices, and the slots past each row's count set to −1. Counts
+// and the mask come from the host positions. Which key wins an exact tie
+// on the device is aclnnTopk's; the host driver and the fake keep the
+// lower position, as the pure-Go backend does.
+func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
+	paged := a.KPages != nil
+	if a.Q.Rank != 3 || a.Q.DType != compute.F32 || (!paged && (a.K.Rank != 2 || a.K.DType != compute.F32 || a.Q.Dims[2] != a.K.Dims[1])) {
+		return fmt.Errorf("%w: indexer q %v and keys %v, want f32 [T, H, D] and [L, D]", compute.ErrShape, a.Q, a.K)
+	}
+	T, HI := a.Q.Dims[0], a.Q.Dims[1]
+	L := 0
+	if paged {
+		if a.KLen < 0 || a.KLen > len(a.KPages)*a.PageSize || a.CuSeqlensK != nil || a.PageSize <= 0 {
+			return fmt.Errorf("ascend: indexer: %d keys in %d pages of %d (one sequence)", a.KLen, len(a.KPages), a.PageSize)
+		}
+		L = a.KLen
+	} else {
+		L = a.K.Dims[0]
+	}
+	if err := compute.CheckShape("indexer weights", a.W, compute.F32, T, HI); err != nil {
+		return err
+	}
+	if len(a.QPos) != T || a.TopK <= 0 {
+		return fmt.Errorf("ascend: indexer: %d query positions for %d rows, top-k %d", len(a.QPos), T, a.TopK)
+	}
+	cuQ, cuK := a.CuSeqlensQ, a.CuSeqlensK
+	if cuQ == nil {
+		cuQ = []int32{0, int32(T)}
+	}
+	if cuK == nil {
+		cuK = []int32{0, int32(L)}
+	}
+	if len(cuQ) != len(cuK) || cuQ[0] != 0 || cuK[0] != 0 || int(cuQ[len(cuQ)-1]) != T || int(cuK[len(cuK)-1]) != L {
+		return fmt.Errorf("%w: indexer cu_seqlens q %v k %v for %d queries and %d keys", compute.ErrShape, cuQ, cuK, T, L)
+	}
+	if err := compute.CheckShape("indexer indices", a.Indices, compute.I32, T, a.TopK); err != nil {
+		return err
+	}
+	if !a.Counts.IsZero() {
+		if err := compute.CheckShape("indexer counts", a.Counts, compute.I32, T); err != nil {
+			return err
+		}
+	}
+	width := 0
+	if !a.Scores.IsZero() {
+		if a.Scores.Rank != 2 || a.Scores.Dims[0] != T || a.Scores.DType != compute.F32 {
+			return fmt.Errorf("%w: indexer scores %v for %d rows", compute.ErrShape, a.Scores, T)
+		}
+		width = a.Scores.Dims[1]
+	}
+	counts := make([]int32, T)
+	for s := range len(cuQ) - 1 {
+		lk := int(cuK[s+1] - cuK[s])
+		for row := cuQ[s]; row < cuQ[s+1]; row++ {
+			pos := int(a.QPos[row])
+			if pos < 0 || pos >= lk {
+				return fmt.Errorf("ascend: indexer: query row %d at position %d, outside its sequence's %d cached keys", row, pos, lk)
+			}
+			counts[row] = int32(min(a.TopK, pos+1))
+		}
+	}
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	// Every slot starts at -1 (0xff bytes); the scores at -∞.
+	if p, err := b.addr(a.Indices); err != nil {
+		return err
+	} else if err := b.s.Memset(p, 0xff, T*a.TopK*4); err != nil {
+		return err
+	}
+	if !a.Counts.IsZero() {
+		p, err := b.addr(a.Counts)
+		if err != nil {
+			return err
+		}
+		raw, _, _ := hostView(counts)
+		if err := b.upload(p, raw); err != nil {
+			return err
+		}
+	}
+	if width > 0 {
+		inf, err := b.scalar(float32(math.Inf(-1)))
+		if err != nil {
+			return err
+		}
+		if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.fill(ts[0], inf) },
+			operand{t: a.Scores, view: i64(T * width)}); err != nil {
+			return err
+		}
+	}
+	for s := range len(cuQ) - 1 {
+		q0, q1 := int(cuQ[s]), int(cuQ[s+1])
+		k0, lk := int(cuK[s]), int(cuK[s+1]-cuK[s])
+		if q1 == q0 || lk == 0 {
+			continue
+		}
+		if err := b.indexSequence(a, q0, q1-q0, k0, lk, counts[q0:q1], width); err != nil {
+			return fmt.Errorf("ascend: indexer, sequence %d: %w", s, err)
+		}
+	}
+	return nil
+}
+
+// indexSequence runs the indexer for the tq query rows from q0 over the
+// lk keys from k0; b.mu is held.
+func (b *Backend) indexSequence(a *compute.IndexerArgs, q0, tq, k0, lk int, counts []int32, width int) error {
+	HI, DI, K := a.Q.Dims[1], a.Q.Dims[2], a.TopK
+	kk := min(K, lk)
+	// Scratch: the keys when paged, S [tq·HI, lk], Z [tq, lk], the mask,
+	// the top values; then int32 room for the int64 indices, the valid
+	// flags and the pads.
+	keys := 0
+	if a.KPages != nil {
+		keys = lk * DI
+	}
+	f, err := b.allocTensor(compute.F32, keys+tq*HI*lk+2*tq*lk+tq*kk)
+	if err != nil {
+		return err
+	}
+	defer b.freeBuf(f.Mem.(*devBuf))
+	ints, err := b.allocTensor(compute.I32, 2*tq*kk+2*tq*kk)
+	if err != nil {
+		return err
+	}
+	defer b.freeBuf(ints.Mem.(*devBuf))
+	kc := part(f, 0, keys)
+	S, Z := part(f, keys, tq*HI*lk), part(f, keys+tq*HI*lk, tq*lk)
+	mask, vals := part(f, keys+tq*HI*lk+tq*lk, tq*lk), part(f, keys+tq*HI*lk+2*tq*lk, tq*kk)
+	idx64 := ints // int64 elements [0, tq·kk)
+	valid, pad := part(ints, 2*tq*kk, tq*kk), part(ints, 3*tq*kk, tq*kk)
+
+	// Host-built mask and the −1 padding of each row's slots past its count.
+	hostMask := make([]float32, tq*lk)
+	hostInts := make([]int32, 2*tq*kk)
+	for r := range tq {
+		vis := int(a.QPos[q0+r]) + 1
+		for j := vis; j < lk; j++ {
+			hostMask[r*lk+j] = float32(math.Inf(-1))
+		}
+		for j := range kk {
+			if j < int(counts[r]) {
+				hostInts[r*kk+j] = 1
+			} else {
+				hostInts[tq*kk+r*kk+j] = -1
+			}
+		}
+	}
+	mp, _ := b.addr(mask)
+	raw, _, _ := hostView(hostMask)
+	if err := b.upload(mp, raw); err != nil {
+		return err
+	}
+	vp, _ := b.addr(valid)
+	raw, _, _ = hostView(hostInts)
+	if err := b.upload(vp, raw); err != nil {
+		return err
+	}
+
+	// The keys: a view of the packed cache, or the pages gathered.
+	kop := operand{t: a.K, view: i64(DI, lk), strides: i64(1, DI)}
+	kop.t.Off += k0 * DI
+	if a.KPages != nil {
+		for p := 0; p*a.PageSize < lk; p++ {
+			n := min(a.PageSize, lk-p*a.PageSize)
+			dst := kc
+			dst.Off += p * a.PageSize * DI
+			if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) },
+				operand{t: dst, view: i64(n, DI)}, operand{t: a.KPages[p], view: i64(n, DI)}); err != nil {
+				return err
+			}
+		}
+		kop = operand{t: kc, view: i64(DI, lk), strides: i64(1, DI)}
+	}
+	q := a.Q
+	q.Off += q0 * HI * DI
+	w := a.W
+	w.Off += q0 * HI
+	one, err := b.scalar(1)
+	if err != nil {
+		return err
+	}
+	iv := a.Indices
+	iv.Off += q0 * K
+	indices := operand{t: iv, view: i64(tq, kk), strides: i64(K, 1)}
+	steps := []func() error{
+		func() error { // S = Q·Kᵀ per head
+			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.matmul("aclnnMatmul", ts[0], ts[1], ts[2], 0) },
+				operand{t: q, view: i64(tq*HI, DI)}, kop, operand{t: S, view: i64(tq*HI, lk)})
+		},
+		func() error {
+			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary("aclnnRelu", ts[0], ts[1]) },
+				operand{t: S, view: i64(tq*HI, lk)}, operand{t: S, view: i64(tq*HI, lk)})
+		},
+		func() error { // Z = Σ_h W[t,h]·S[t,h,:]
+			return b.run(func(ts []tensorDesc) (prepared, error) {
+				return b.drv.matmul("aclnnBatchMatMul", ts[0], ts[1], ts[2], 0)
+			},
+				operand{t: w, view: i64(tq, 1, HI), strides: i64(HI, HI, 1)}, operand{t: S, view: i64(tq, HI, lk)},
+				operand{t: Z, view: i64(tq, 1, lk)})
+		},
+		func() error {
+			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.add(ts[0], ts[1], one, ts[2]) },
+				operand{t: Z, view: i64(tq, lk)}, operand{t: mask, view: i64(tq, lk)}, operand{t: Z, view: i64(tq, lk)})
+		},
+		func() error {
+			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.topk(ts[0], kk, 1, ts[1], ts[2]) },
+				operand{t: Z, view: i64(tq, lk)}, operand{t: vals, view: i64(tq, kk)}, operand{t: idx64, view: i64(tq, kk), i64: true})
+		},
+		func() error {
+			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.cast(ts[0], aclType(compute.I32), ts[1]) },
+				operand{t: idx64, view: i64(tq, kk), i64: true}, indices)
+		},
+		func() error { // slots past the count: idx·valid + pad
+			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) },
+				indices, operand{t: valid, view: i64(tq, kk)}, indices)
+		},
+		func() error {
+			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.add(ts[0], ts[1], one, ts[2]) },
+				indices, operand{t: pad, view: i64(tq, kk)}, indices)
+		},
+	}
+	if width > 0 {
+		sc := a.Scores
+		sc.Off += q0 * width
+		n := min(lk, width)
+		steps = append(steps, func() error {
+			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) },
+				operand{t: sc, view: i64(tq, n), strides: i64(width, 1)}, operand{t: Z, view: i64(tq, n), strides: i64(lk, 1)})
+		})
+	}
+	for _, f := range steps {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
