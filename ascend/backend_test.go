@@ -313,4 +313,5 @@ func testBackendEmbeddingFault(t *testing.T, b *Backend) {
 	require.NoError(t, b.Embedding(out, table, ids))
 	err = b.Read(make([]float32, 8), out)
 	require.ErrorIs(t, err, ErrDevice)
+	assert.Contains(t, err.Error(), "index 9")
 }

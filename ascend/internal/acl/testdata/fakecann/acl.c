@@ -270,6 +270,7 @@ typedef struct {
 	fk_task **q;
 	int head, len, cap;
 	int sticky; // the first error of a task that ran
+	char sticky_msg[512]; // its message
 	graph_t *capturing;
 	pthread_t capture_thread;
 	pthread_t running; // the thread draining it, while busy
@@ -345,7 +346,10 @@ static void drain(stream_t *s) {
 		pthread_mutex_unlock(&mu);
 		int rc = t->run(t);
 		pthread_mutex_lock(&mu);
-		if (rc && !s->sticky) s->sticky = rc;
+		if (rc && !s->sticky) {
+			s->sticky = rc;
+			memcpy(s->sticky_msg, errmsg, sizeof s->sticky_msg);
+		}
 		unref(t);
 	}
 	s->head = s->len = 0;
@@ -376,7 +380,7 @@ int aclrtSynchronizeStream(void *stream) {
 	rc = s->sticky;
 	s->sticky = 0;
 	pthread_mutex_unlock(&mu);
-	if (rc) fk_set_error("a task on the stream failed with %d", rc);
+	if (rc) fk_set_error("a task on the stream failed with %d: %s", rc, s->sticky_msg);
 	return rc;
 }
 
