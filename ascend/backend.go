@@ -374,11 +374,34 @@ func (b *Backend) Write(dst compute.Tensor, src any) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	p, err := b.addr(dst)
+	return b.put(dst, src)
+}
+
+// put copies host values (a []float32 or []int32, or a pointer to one)
+// to t's elements from its first and waits for the copy; b.mu is held.
+func (b *Backend) put(t compute.Tensor, src any) error {
+	data, _, err := hostView(src)
+	if err != nil {
+		return err
+	}
+	p, err := b.addr(t)
 	if err != nil {
 		return err
 	}
 	return b.upload(p, data)
+}
+
+// get is put's inverse.
+func (b *Backend) get(dst any, t compute.Tensor) error {
+	data, _, err := hostView(dst)
+	if err != nil {
+		return err
+	}
+	p, err := b.addr(t)
+	if err != nil {
+		return err
+	}
+	return b.download(data, p)
 }
 
 // Read implements compute.Backend.
@@ -392,11 +415,7 @@ func (b *Backend) Read(dst any, src compute.Tensor) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	p, err := b.addr(src)
-	if err != nil {
-		return err
-	}
-	return b.download(data, p)
+	return b.get(dst, src)
 }
 
 // Free implements compute.Backend. The span returns to the arena ordered
@@ -624,9 +643,7 @@ func (b *Backend) constOf(n int, v float32) (compute.Tensor, error) {
 	for i := range vs {
 		vs[i] = v
 	}
-	p, _ := b.addr(t)
-	data, _, _ := hostView(vs)
-	if err := b.upload(p, data); err != nil {
+	if err := b.put(t, vs); err != nil {
 		return t, err
 	}
 	b.consts[constKey{n, v}] = t

@@ -84,12 +84,7 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 		return err
 	}
 	if !a.Counts.IsZero() {
-		p, err := b.addr(a.Counts)
-		if err != nil {
-			return err
-		}
-		raw, _, _ := hostView(counts)
-		if err := b.upload(p, raw); err != nil {
+		if err := b.put(a.Counts, counts); err != nil {
 			return err
 		}
 	}
@@ -160,14 +155,10 @@ func (b *Backend) indexSequence(a *compute.IndexerArgs, q0, tq, k0, lk int, coun
 			}
 		}
 	}
-	mp, _ := b.addr(mask)
-	raw, _, _ := hostView(hostMask)
-	if err := b.upload(mp, raw); err != nil {
+	if err := b.put(mask, hostMask); err != nil {
 		return err
 	}
-	vp, _ := b.addr(valid)
-	raw, _, _ = hostView(hostInts)
-	if err := b.upload(vp, raw); err != nil {
+	if err := b.put(valid, hostInts); err != nil {
 		return err
 	}
 

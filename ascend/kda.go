@@ -212,9 +212,7 @@ func (b *Backend) recurrentPiece(a *compute.KDAArgs, d kdaDims, src kdaOperands,
 			idx = append(idx, blk)
 		}
 	}
-	p, _ := b.addr(ints)
-	raw, _, _ := hostView(append(lens, idx...))
-	if err := b.upload(p, raw); err != nil {
+	if err := b.put(ints, append(lens, idx...)); err != nil {
 		return err
 	}
 	t3 := func(t compute.Tensor, w int) operand { return operand{t: t, view: i64(n, H, w)} }

@@ -75,12 +75,7 @@ func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	idx := make([]int32, T*K)
-	p, err := b.addr(a.Indices)
-	if err != nil {
-		return err
-	}
-	raw, _, _ := hostView(idx)
-	if err := b.download(raw, p); err != nil {
+	if err := b.get(idx, a.Indices); err != nil {
 		return err
 	}
 	// Group the pairs by expert: each expert's tokens, then the pairs'
@@ -119,9 +114,7 @@ func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 		return err
 	}
 	defer b.freeBuf(ints.Mem.(*devBuf))
-	gp, _ := b.addr(ints)
-	graw, _, _ := hostView(groups)
-	if err := b.upload(gp, graw); err != nil {
+	if err := b.put(ints, groups); err != nil {
 		return err
 	}
 	most := 0

@@ -37,13 +37,7 @@ func (b *Backend) RoPE(a *compute.RopeArgs) error {
 	table := make([]float32, 2*T*half) // cos, then sin
 	for t, p := range a.Pos {
 		for i := range half {
-			var ang float64
-			if a.Freqs != nil {
-				ang = float64(p) * a.Freqs[i]
-			} else {
-				ang = float64(p) * math.Pow(a.Theta, -2*float64(i)/float64(r))
-			}
-			sin, cos := math.Sincos(ang)
+			sin, cos := math.Sincos(a.Angle(p, i, r))
 			table[t*half+i], table[T*half+t*half+i] = float32(cos*scale), float32(sin*scale)
 		}
 	}
@@ -55,9 +49,7 @@ func (b *Backend) RoPE(a *compute.RopeArgs) error {
 		return err
 	}
 	defer b.freeBuf(s.Mem.(*devBuf))
-	p, _ := b.addr(s)
-	raw, _, _ := hostView(table)
-	if err := b.upload(p, raw); err != nil {
+	if err := b.put(s, table); err != nil {
 		return err
 	}
 	at := func(t compute.Tensor, off int) compute.Tensor { t.Off += off; return t }

@@ -1,6 +1,9 @@
 package compute
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // Backend runs k3's operations on one device (or the host). Methods that
 // take a destination write into it; shapes are checked and reported as
@@ -355,4 +358,14 @@ type RopeArgs struct {
 	// (YaRN-scaled frequencies). Scale, when not 0, multiplies cos and sin.
 	Freqs []float64
 	Scale float64
+}
+
+// Angle is the rotation angle of pair i at position pos, rotating r dims
+// (Dims, or the row width when Dims is 0): every backend computes the
+// same float64 before rounding its cos and sin.
+func (a *RopeArgs) Angle(pos int32, i, r int) float64 {
+	if a.Freqs != nil {
+		return float64(pos) * a.Freqs[i]
+	}
+	return float64(pos) * math.Pow(a.Theta, -2*float64(i)/float64(r))
 }

@@ -398,13 +398,7 @@ func (b *Backend) RoPE(a *compute.RopeArgs) error {
 	for t, p := range a.Pos {
 		rows := x[t*perRow : (t+1)*perRow]
 		for i := 0; i < r/2; i++ {
-			var ang float64
-			if a.Freqs != nil {
-				ang = float64(p) * a.Freqs[i]
-			} else {
-				ang = float64(p) * math.Pow(a.Theta, -2*float64(i)/float64(r))
-			}
-			sin, cos := math.Sincos(ang)
+			sin, cos := math.Sincos(a.Angle(p, i, r))
 			s, c := float32(sin*scale), float32(cos*scale)
 			for off := 0; off < len(rows); off += d {
 				i0, i1 := off+i, off+i+r/2

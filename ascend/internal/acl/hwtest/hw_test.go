@@ -84,6 +84,34 @@ func workspace(t *testing.T, ctx *acl.Context, op *acl.Op) acl.DevPtr {
 	return ws
 }
 
+// onDevice copies b into new device memory, freed with the test.
+func onDevice(t *testing.T, ctx *acl.Context, b []byte) acl.DevPtr {
+	t.Helper()
+	p, err := ctx.Malloc(len(b))
+	require.NoError(t, err)
+	t.Cleanup(func() { ctx.Free(p) })
+	require.NoError(t, ctx.CopyToDevice(p, b))
+	return p
+}
+
+// describe is a contiguous descriptor of device memory, destroyed with
+// the test.
+func describe(t *testing.T, ctx *acl.Context, dt acl.DataType, p acl.DevPtr, dims ...int64) *acl.Tensor {
+	t.Helper()
+	x, err := ctx.NewTensor(acl.TensorDesc{DType: dt, Dims: dims, Data: p})
+	require.NoError(t, err)
+	t.Cleanup(func() { x.Destroy() })
+	return x
+}
+
+func i32(v []int32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], uint32(x))
+	}
+	return b
+}
+
 func TestHWLoad(t *testing.T) {
 	context(t)
 	n, err := lib.DeviceCount()
@@ -339,25 +367,9 @@ func TestHWRecurrentGatedDeltaRule(t *testing.T) {
 		}
 		t0 += int(n)
 	}
-	up := func(b []byte) acl.DevPtr {
-		p, err := ctx.Malloc(len(b))
-		require.NoError(t, err)
-		t.Cleanup(func() { ctx.Free(p) })
-		require.NoError(t, ctx.CopyToDevice(p, b))
-		return p
-	}
-	i32 := func(v []int32) []byte {
-		b := make([]byte, 4*len(v))
-		for i, x := range v {
-			binary.LittleEndian.PutUint32(b[4*i:], uint32(x))
-		}
-		return b
-	}
+	up := func(b []byte) acl.DevPtr { return onDevice(t, ctx, b) }
 	desc := func(dt acl.DataType, p acl.DevPtr, dims ...int64) *acl.Tensor {
-		x, err := ctx.NewTensor(acl.TensorDesc{DType: dt, Dims: dims, Data: p})
-		require.NoError(t, err)
-		t.Cleanup(func() { x.Destroy() })
-		return x
+		return describe(t, ctx, dt, p, dims...)
 	}
 	outP := up(make([]byte, 4*T*H*D))
 	stP := up(f32bytes(st))
@@ -418,18 +430,9 @@ func TestHWMoeGatingTopK(t *testing.T) {
 	require.NoError(t, c.Read(&wantIdx, ri))
 	require.NoError(t, c.Read(&wantW, rw))
 
-	dev := func(b []byte) acl.DevPtr {
-		p, err := ctx.Malloc(len(b))
-		require.NoError(t, err)
-		t.Cleanup(func() { ctx.Free(p) })
-		require.NoError(t, ctx.CopyToDevice(p, b))
-		return p
-	}
+	dev := func(b []byte) acl.DevPtr { return onDevice(t, ctx, b) }
 	desc := func(dt acl.DataType, p acl.DevPtr, dims ...int64) *acl.Tensor {
-		x, err := ctx.NewTensor(acl.TensorDesc{DType: dt, Dims: dims, Data: p})
-		require.NoError(t, err)
-		t.Cleanup(func() { x.Destroy() })
-		return x
+		return describe(t, ctx, dt, p, dims...)
 	}
 	yP, iP := dev(make([]byte, 4*T*K)), dev(make([]byte, 4*T*K))
 	op, err := ctx.MoeGatingTopK(desc(acl.Float, dev(f32bytes(logits)), T, E), desc(acl.Float, dev(f32bytes(bias)), E), K, KG, G, true, 2.5,
