@@ -955,8 +955,4 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 	return b.onHost("KDAStep", a, func(c compute.Backend, h any) error { return c.KDAStep(h.(*compute.KDAStepArgs)) })
 }
 
-func (b *Backend) Attention(a *compute.AttnArgs) error {
-	return b.onHost("Attention", a, func(c compute.Backend, h any) error { return c.Attention(h.(*compute.AttnArgs)) })
-}
-
 var _ compute.Backend = (*Backend)(nil)

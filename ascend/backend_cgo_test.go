@@ -60,16 +60,17 @@ func TestOpenFake(t *testing.T) {
 	require.NoError(t, err)
 	defer b.Close()
 	assert.Equal(t, "ascend", b.Name())
-	err = b.Attention(&compute.AttnArgs{})
+	err = b.KDAStep(&compute.KDAStepArgs{})
 	require.ErrorIs(t, err, compute.ErrUnsupported)
-	assert.Contains(t, err.Error(), "Attention")
+	assert.Contains(t, err.Error(), "KDAStep")
 	_, err = Open(Options{LibDirs: []string{fakeDir}, Device: 7})
 	require.ErrorIs(t, err, ErrInvalidArgument)
 	assert.Contains(t, err.Error(), "device 7")
 }
 
 // With HostFallback an unmapped operation runs on the host over copies
-// of its buffers: dense causal attention against the pure-Go backend's.
+// of its buffers: a fused KDA decode step against the pure-Go backend's,
+// its output and the conv and recurrent states it updates in place.
 func TestHostFallback(t *testing.T) {
 	lib, err := acl.Load(acl.Options{LibDirs: []string{fakeDir}})
 	require.NoError(t, err)
@@ -80,23 +81,50 @@ func TestHostFallback(t *testing.T) {
 	c := cpu.New(1)
 	defer c.Close()
 	rng := rand.New(rand.NewPCG(81, 82))
-	const T, Hq, Hkv, D, L = 3, 2, 1, 8, 4
-	qa, qc := both(t, b, c, compute.F32, randF32(rng, T*Hq*D), T, Hq, D)
-	ka, kc := both(t, b, c, compute.F32, randF32(rng, L*Hkv*D), L, Hkv, D)
-	va, vc := both(t, b, c, compute.F32, randF32(rng, L*Hkv*D), L, Hkv, D)
-	attend := func(be compute.Backend, q, k, v compute.Tensor) []float32 {
-		out, err := be.Alloc(compute.F32, T, Hq, D)
-		require.NoError(t, err)
-		require.NoError(t, be.Attention(&compute.AttnArgs{Q: q, K: k, V: v, QPos: []int32{1, 2, 3}, KVLen: L, Causal: true, Scale: 0.35, Out: out}))
-		return read(t, be, out)
+	const H, D, hidden, W, B = 2, 4, 8, 4, 2
+	small := func(n int) []float32 {
+		v := randF32(rng, n)
+		for i := range v {
+			v[i] *= 0.3
+		}
+		return v
 	}
-	closeRel(t, attend(c, qc, kc, vc), attend(b, qa, ka, va), 1e-6, 1e-5, "attention")
+	shapes := [][]int{{3 * H * D, hidden}, {3 * H * D, W}, {D, hidden}, {H * D, D}, {H, hidden}, {D, hidden}, {H * D, D}, {D}, {hidden, H * D}, {H}, {H * D}}
+	var wa, wc compute.KDAWeights
+	fields := func(w *compute.KDAWeights) []*compute.Tensor {
+		return []*compute.Tensor{&w.QKV, &w.Conv, &w.FA, &w.FB, &w.B, &w.GA, &w.GB, &w.ONorm, &w.OProj, &w.ALog, &w.DTBias}
+	}
+	fa, fc := fields(&wa), fields(&wc)
+	for i, sh := range shapes {
+		n := 1
+		for _, d := range sh {
+			n *= d
+		}
+		*fa[i], *fc[i] = both(t, b, c, compute.F32, small(n), sh...)
+	}
+	for _, w := range []*compute.KDAWeights{&wa, &wc} {
+		w.NumHeads, w.HeadDim, w.Gate, w.Eps = H, D, compute.GateSoftplus, 1e-5
+	}
+	xa, xc := both(t, b, c, compute.F32, randF32(rng, B*hidden), B, hidden)
+	conv, state := small(B*(W-1)*3*H*D), small(B*H*D*D)
+	ca, cc := both(t, b, c, compute.F32, conv, B, W-1, 3*H*D)
+	sa, sc := both(t, b, c, compute.F32, state, B, H, D, D)
+	step := func(be compute.Backend, w *compute.KDAWeights, x, conv, state compute.Tensor) [3][]float32 {
+		y, err := be.Alloc(compute.F32, B, hidden)
+		require.NoError(t, err)
+		require.NoError(t, be.KDAStep(&compute.KDAStepArgs{W: w, X: x, Conv: conv, State: state, Y: y}))
+		return [3][]float32{read(t, be, y), read(t, be, conv), read(t, be, state)}
+	}
+	want, got := step(c, &wc, xc, cc, sc), step(b, &wa, xa, ca, sa)
+	for i, what := range []string{"output", "conv state", "recurrent state"} {
+		require.Equal(t, want[i], got[i], what) // the same pure-Go arithmetic on the same bytes
+	}
 
 	// Without the option the same call names the operation.
 	plain, err := openACL(lib, Options{ArenaBytes: 4 << 20})
 	require.NoError(t, err)
 	defer plain.Close()
-	err = plain.Attention(&compute.AttnArgs{})
+	err = plain.KDAStep(&compute.KDAStepArgs{})
 	require.ErrorIs(t, err, compute.ErrUnsupported)
-	assert.Contains(t, err.Error(), "Attention")
+	assert.Contains(t, err.Error(), "KDAStep")
 }

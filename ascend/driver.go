@@ -29,6 +29,9 @@ type driver interface {
 	inplaceCopy(dst, src tensorDesc) (prepared, error)
 	indexSelect(x tensorDesc, dim int, index, out tensorDesc) (prepared, error)
 	indexAdd(x tensorDesc, dim int, index, source tensorDesc, alpha scalar, out tensorDesc) (prepared, error)
+	// amax is aclnnAmax over the last dimension of a 2-D x, keeping it:
+	// out [rows, 1].
+	amax(x, out tensorDesc) (prepared, error)
 	// topk is aclnnTopk: the k largest along dim, sorted, int64 indices.
 	topk(x tensorDesc, k, dim int, values, indices tensorDesc) (prepared, error)
 	// moeGating is aclnnMoeGatingTopK as k3 calls it; bias may be nil.

@@ -123,6 +123,10 @@ func (d aclDriver) moeGating(x, bias tensorDesc, k, kGroup, groups int, renorm b
 	return wrapOp(d.ctx.MoeGatingTopK(at(x), tb, k, kGroup, groups, renorm, scale, at(y), at(idx)))
 }
 
+func (d aclDriver) amax(x, out tensorDesc) (prepared, error) {
+	return wrapOp(d.ctx.Amax(at(x), []int64{-1}, true, at(out)))
+}
+
 func (d aclDriver) topk(x tensorDesc, k, dim int, values, indices tensorDesc) (prepared, error) {
 	return wrapOp(d.ctx.Topk(at(x), k, dim, at(values), at(indices)))
 }

@@ -528,6 +528,8 @@ func (d *hostDriver) unary(name string, x, out tensorDesc) (prepared, error) {
 		return d.elementwise(name, func(x, _ float64) float64 { return math.Tanh(x) }, x, out)
 	case "aclnnRelu":
 		return d.elementwise(name, func(x, _ float64) float64 { return max(x, 0) }, x, out)
+	case "aclnnLog":
+		return d.elementwise(name, func(x, _ float64) float64 { return math.Log(x) }, x, out)
 	}
 	return nil, hostErr(acl.ACLNN, 561003, name, "operator %s not in the host driver", name)
 }
@@ -874,6 +876,31 @@ func (d *hostDriver) moeGating(x, bias tensorDesc, k, kGroup, groups int, renorm
 		return nil
 	}
 	return &hostOp{d: d, api: "aclnnMoeGatingTopK", run: run}, nil
+}
+
+func (d *hostDriver) amax(x, out tensorDesc) (prepared, error) {
+	api := "aclnnAmaxGetWorkspaceSize"
+	ts, err := operands(api, x, out)
+	if err != nil {
+		return nil, err
+	}
+	a, o := ts[0], ts[1]
+	if len(a.dims) != 2 || len(o.dims) != 2 || o.dims[0] != a.dims[0] || o.dims[1] != 1 || a.dims[1] < 1 {
+		return nil, hostErr(acl.ACLNN, 161002, api, "x %v, out %v: want [rows, n] into [rows, 1]", a.dims, o.dims)
+	}
+	run := func([]byte) error {
+		for r := int64(0); r < a.dims[0]; r++ {
+			m := math.Inf(-1)
+			for i := int64(0); i < a.dims[1]; i++ {
+				if v := a.get(a.offset + r*a.strides[0] + i*a.strides[1]); v > m || math.IsNaN(v) {
+					m = v
+				}
+			}
+			o.put(o.offset+r*o.strides[0], m)
+		}
+		return nil
+	}
+	return &hostOp{d: d, api: "aclnnAmax", run: run}, nil
 }
 
 func (d *hostDriver) topk(x tensorDesc, k, dim int, values, indices tensorDesc) (prepared, error) {

@@ -361,3 +361,24 @@ func (c *Context) Topk(x *Tensor, k, dim int, values, indices *Tensor) (*Op, err
 		return C.k3_topk_prepare(c.c, fn, x.t, C.int64_t(k), C.int64_t(dim), 1, 1, values.t, indices.t, ws, exec, e)
 	})
 }
+
+// Amax prepares the maximum of x over dims (aclnnAmax), keeping them as
+// size 1 when keepDim.
+func (c *Context) Amax(x *Tensor, dims []int64, keepDim bool, out *Tensor) (*Op, error) {
+	if len(dims) == 0 {
+		return nil, &Error{API: "aclnnAmaxGetWorkspaceSize", Lib: ACLNN, Code: 161002, Msg: "no dimensions to reduce"}
+	}
+	var e C.k3_err
+	arr := C.k3_int_array_create(c.c, (*C.int64_t)(unsafe.Pointer(&dims[0])), C.uint64_t(len(dims)), &e)
+	if arr == nil {
+		return nil, errOf(&e)
+	}
+	defer C.k3_int_array_destroy(c.c, arr, &e)
+	keep := C.int(0)
+	if keepDim {
+		keep = 1
+	}
+	return c.prepare("aclnnAmax", func(fn unsafe.Pointer, api *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_prepare_tabt(c.c, fn, api, x.t, arr, keep, out.t, ws, exec, e)
+	})
+}

@@ -454,6 +454,14 @@ int k3_moe_gating_prepare(void *ctx, void *fn, void *x, void *bias, int64_t k, i
 	return 0;
 }
 
+int k3_prepare_tabt(void *ctx, void *fn, const char *api, void *a, void *arr, int flag, void *out, uint64_t *ws, void **exec,
+	k3_err *e) {
+	USE(ctx);
+	typedef int (*p1)(void *, void *, _Bool, void *, uint64_t *, void **);
+	CALL(2, api, ((p1)fn)(a, arr, flag != 0, out, ws, exec));
+	return 0;
+}
+
 int k3_topk_prepare(void *ctx, void *fn, void *x, int64_t k, int64_t dim, int largest, int sorted, void *values, void *indices,
 	uint64_t *ws, void **exec, k3_err *e) {
 	USE(ctx);

@@ -91,6 +91,8 @@ int k3_prepare_tltst(void *ctx, void *fn, const char *api, void *a, int64_t l, v
 int k3_moe_gating_prepare(void *ctx, void *fn, void *x, void *bias, int64_t k, int64_t kGroup, int64_t groupCount,
 	int64_t groupSelectMode, int64_t renorm, int64_t normType, int outFlag, double factor, double eps, void *y, void *idx,
 	void *out, uint64_t *ws, void **exec, k3_err *e);
+int k3_prepare_tabt(void *ctx, void *fn, const char *api, void *a, void *arr, int flag, void *out, uint64_t *ws, void **exec,
+	k3_err *e);
 int k3_topk_prepare(void *ctx, void *fn, void *x, int64_t k, int64_t dim, int largest, int sorted, void *values, void *indices,
 	uint64_t *ws, void **exec, k3_err *e);
 int k3_rmsnorm_prepare(void *ctx, void *fn, void *x, void *gamma, double eps, void *y, void *rstd,

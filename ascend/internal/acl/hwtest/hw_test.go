@@ -454,3 +454,49 @@ func TestHWMoeGatingTopK(t *testing.T) {
 		require.InDelta(t, wantW[i], w, 1e-5, "weight %d", i)
 	}
 }
+
+// aclnnAmax over the last dimension (keepDim) and aclnnLog, the softmax
+// statistics of the attention composition, against float64, over a
+// transposed (strided) input.
+func TestHWAmaxLog(t *testing.T) {
+	ctx := context(t)
+	rng := rand.New(rand.NewPCG(9, 10))
+	const R, N = 5, 37
+	x := make([]float32, N*R) // stored [N, R]; read as [R, N]
+	for i := range x {
+		x[i] = float32(rng.NormFloat64() * 4)
+	}
+	xP := onDevice(t, ctx, f32bytes(x))
+	xT, err := ctx.NewTensor(acl.TensorDesc{DType: acl.Float, Format: acl.FormatND, Dims: []int64{R, N}, Strides: []int64{1, R}, Data: xP, StorageDims: []int64{N * R}})
+	require.NoError(t, err)
+	defer xT.Destroy()
+	mP, lP := onDevice(t, ctx, make([]byte, 4*R)), onDevice(t, ctx, make([]byte, 4*R))
+	s, err := ctx.NewStream()
+	require.NoError(t, err)
+	defer s.Destroy()
+	amax, err := ctx.Amax(xT, []int64{-1}, true, describe(t, ctx, acl.Float, mP, R, 1))
+	require.NoError(t, err)
+	require.NoError(t, amax.Launch(s, workspace(t, ctx, amax)))
+	// aclnnLog of positive values
+	pos := make([]float32, R)
+	for r := range R {
+		pos[r] = float32(r) + 0.5
+	}
+	log, err := ctx.Unary("aclnnLog", describe(t, ctx, acl.Float, onDevice(t, ctx, f32bytes(pos)), R), describe(t, ctx, acl.Float, lP, R))
+	require.NoError(t, err)
+	require.NoError(t, log.Launch(s, workspace(t, ctx, log)))
+	require.NoError(t, s.Sync())
+	gotM, gotL := make([]byte, 4*R), make([]byte, 4*R)
+	require.NoError(t, ctx.CopyToHost(gotM, mP))
+	require.NoError(t, ctx.CopyToHost(gotL, lP))
+	for r, m := range bytesF32(gotM) {
+		want := math.Inf(-1)
+		for i := range N {
+			want = max(want, float64(x[i*R+r]))
+		}
+		require.Equal(t, float32(want), m, "max of row %d", r)
+	}
+	for r, l := range bytesF32(gotL) {
+		require.InDelta(t, math.Log(float64(pos[r])), float64(l), 1e-6, "log of %g", pos[r])
+	}
+}

@@ -166,7 +166,7 @@ int aclnnRmsNorm(void *ws, uint64_t wsSize, void *exec, void *stream) {
 
 // ---- Elementwise operators with broadcasting (numpy rules, right-aligned).
 
-enum { OP_ADD, OP_MUL, OP_SILU, OP_SIGMOID, OP_SOFTPLUS, OP_CAST, OP_FILL, OP_EXP, OP_MULS, OP_MAX, OP_DIV, OP_TANH, OP_RELU };
+enum { OP_ADD, OP_MUL, OP_SILU, OP_SIGMOID, OP_SOFTPLUS, OP_CAST, OP_FILL, OP_EXP, OP_MULS, OP_MAX, OP_DIV, OP_TANH, OP_RELU, OP_LOG };
 
 // boff is the offset in t of output index idx (over o's dimensions).
 static int64_t boff(const fk_tensor *t, const fk_tensor *o, const int64_t *idx) {
@@ -201,6 +201,7 @@ static int run_elementwise(fk_exec *e, void *ws) {
 		case OP_DIV: r = x / y; break;
 		case OP_TANH: r = tanh(x); break;
 		case OP_RELU: r = x > 0 ? x : 0; break;
+		case OP_LOG: r = log(x); break;
 		}
 		fk_put(o, boff(o, o, idx), r);
 		for (int i = o->nd - 1; i >= 0 && ++idx[i] == o->dims[i]; i--) idx[i] = 0;
@@ -901,3 +902,55 @@ int aclnnTopkGetWorkspaceSize(void *self, int64_t k, int64_t dim, _Bool largest,
 }
 
 int aclnnTopk(void *ws, uint64_t wsSize, void *exec, void *stream) { return fk_launch("aclnnTopk", ws, wsSize, exec, stream); }
+
+int aclnnLogGetWorkspaceSize(void *self, void *out, uint64_t *ws, void **exec) {
+	return prepare_elementwise("aclnnLog", OP_LOG, self, NULL, out, 0, 0, ws, exec);
+}
+
+int aclnnLog(void *ws, uint64_t wsSize, void *exec, void *stream) { return fk_launch("aclnnLog", ws, wsSize, exec, stream); }
+
+// ---- Amax over the last dimension of a 2-D tensor; out has one value per
+// row ([rows, 1] with keepDim, [rows] without).
+
+static int run_amax(fk_exec *e, void *ws) {
+	(void)ws;
+	const fk_tensor *x = &e->t[0], *o = &e->t[1];
+	int64_t R = x->dims[0], N = x->dims[1];
+	for (int64_t r = 0; r < R; r++) {
+		double m = -INFINITY;
+		for (int64_t i = 0; i < N; i++) {
+			double v = fk_get(x, x->offset + r * x->strides[0] + i * x->strides[1]);
+			if (v > m || isnan(v)) m = v;
+		}
+		fk_put(o, o->offset + r * o->strides[0], m);
+	}
+	return 0;
+}
+
+int aclnnAmaxGetWorkspaceSize(void *self, void *dim, _Bool keepDim, void *out, uint64_t *ws, void **exec) {
+	int rc = fk_need_context();
+	if (rc) return rc;
+	void *ts[2] = {self, out};
+	if ((rc = check_tensors("aclnnAmax", 2, ts))) return rc;
+	uint64_t n;
+	const int64_t *v;
+	if (fk_int_array_get(dim, &n, &v)) {
+		fk_set_error("aclnnAmax: dim is not a live array");
+		return ACLNN_ERR_PARAM_NULLPTR;
+	}
+	const fk_tensor *x = self, *o = out;
+	if (x->nd != 2 || n != 1 || (v[0] != 1 && v[0] != -1) || o->nd != (keepDim ? 2 : 1) || o->dims[0] != x->dims[0] ||
+		(keepDim && o->dims[1] != 1) || x->dims[1] < 1) {
+		fk_set_error("aclnnAmax: the last dimension of a 2-D tensor into [rows, 1] (keepDim) or [rows] expected");
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	fk_exec *e = fk_exec_new();
+	e->t[0] = *x;
+	e->t[1] = *o;
+	e->run = run_amax;
+	*ws = 0;
+	*exec = e;
+	return 0;
+}
+
+int aclnnAmax(void *ws, uint64_t wsSize, void *exec, void *stream) { return fk_launch("aclnnAmax", ws, wsSize, exec, stream); }
