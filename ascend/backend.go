@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"k3/ascend/internal/acl"
+	"k3/ascend/internal/nz"
 	"k3/compute"
 )
 
@@ -49,6 +50,9 @@ type Backend struct {
 type devBuf struct {
 	off, n int
 	freed  bool
+	// nz is set for a matmul weight stored in FRACTAL_NZ
+	// (PrepareMatMul): the layout of its transpose [K, N].
+	nz *nz.Layout
 }
 
 // streamSync is the fence of a span freed on the backend's stream: the
@@ -238,6 +242,9 @@ func (b *Backend) addr(t compute.Tensor) (acl.DevPtr, error) {
 	d, err := bufOf(t)
 	if err != nil {
 		return acl.DevPtr{}, err
+	}
+	if d.nz != nil {
+		return acl.DevPtr{}, errNZ(t)
 	}
 	return b.base.Add(d.off + t.Off*t.DType.Size()), nil
 }
@@ -505,6 +512,9 @@ func (b *Backend) desc(t compute.Tensor, view, strides []int64) (tensorDesc, err
 	if err != nil {
 		return nil, err
 	}
+	if d.nz != nil {
+		return nil, errNZ(t)
+	}
 	return b.drv.newTensor(acl.TensorDesc{
 		DType:       aclType(t.DType),
 		Format:      acl.FormatND,
@@ -521,6 +531,9 @@ func (b *Backend) desc64(t compute.Tensor, view, strides []int64) (tensorDesc, e
 	d, err := bufOf(t)
 	if err != nil {
 		return nil, err
+	}
+	if d.nz != nil {
+		return nil, errNZ(t)
 	}
 	return b.drv.newTensor(acl.TensorDesc{
 		DType: acl.Int64, Format: acl.FormatND, Dims: view, Strides: strides, Offset: int64(t.Off),
@@ -586,9 +599,19 @@ func (b *Backend) MatMul(dst, x, w compute.Tensor) error {
 	return b.matmul(dst, x, w)
 }
 
-// matmul is MatMul on checked operands; b.mu is held.
+// matmul is MatMul on checked operands; b.mu is held. A weight prepared
+// in FRACTAL_NZ is passed as its NZ descriptor.
 func (b *Backend) matmul(dst, x, w compute.Tensor) error {
 	N, K := w.Dims[0], w.Dims[1]
+	if d, ok := w.Mem.(*devBuf); ok && d.nz != nil && !d.freed {
+		wd, err := b.descNZ(w)
+		if err != nil {
+			return err
+		}
+		defer wd.Destroy()
+		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.matmul("aclnnMatmul", ts[0], wd, ts[1], 0) },
+			flat(x, K), flat(dst, N))
+	}
 	return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.matmul("aclnnMatmul", ts[0], ts[1], ts[2], 0) },
 		flat(x, K), operand{t: w, view: i64(K, N), strides: i64(1, K)}, flat(dst, N))
 }

@@ -70,7 +70,9 @@ func TestOpenFake(t *testing.T) {
 
 // With HostFallback an unmapped operation runs on the host over copies
 // of its buffers: a fused KDA decode step against the pure-Go backend's,
-// its output and the conv and recurrent states it updates in place.
+// its output and the conv and recurrent states it updates in place, with
+// its projections prepared in FRACTAL_NZ (read back unpacked, never
+// written back).
 func TestHostFallback(t *testing.T) {
 	lib, err := acl.Load(acl.Options{LibDirs: []string{fakeDir}})
 	require.NoError(t, err)
@@ -100,7 +102,15 @@ func TestHostFallback(t *testing.T) {
 		for _, d := range sh {
 			n *= d
 		}
-		*fa[i], *fc[i] = both(t, b, c, compute.F32, small(n), sh...)
+		dt := compute.F32
+		if len(sh) == 2 && i != 1 { // the projections in BF16, prepared in FRACTAL_NZ as a model loads them
+			dt = compute.BF16
+		}
+		*fa[i], *fc[i] = both(t, b, c, dt, small(n), sh...)
+		if dt == compute.BF16 {
+			*fa[i], err = b.PrepareMatMul(*fa[i])
+			require.NoError(t, err)
+		}
 	}
 	for _, w := range []*compute.KDAWeights{&wa, &wc} {
 		w.NumHeads, w.HeadDim, w.Gate, w.Eps = H, D, compute.GateSoftplus, 1e-5

@@ -152,7 +152,12 @@ func (b *Backend) hostTensor(t compute.Tensor, m *mirror) (compute.Tensor, error
 		if err != nil {
 			return t, err
 		}
-		n := d.n / size
+		if d.nz != nil { // a prepared weight: the host reads a row-major copy
+			if mem, err = unpackNZ(d.nz, mem); err != nil {
+				return t, err
+			}
+		}
+		n := len(mem) / size
 		if h, err = b.host.FromHost(t.DType, t.DType, mem[:n*size], n); err != nil {
 			return t, err
 		}
@@ -173,6 +178,9 @@ type mirror struct {
 
 type mirrored struct {
 	data, orig []byte
+	// readOnly: data is a row-major copy of a FRACTAL_NZ weight, never
+	// written back.
+	readOnly bool
 }
 
 // tensor is t over the host copy of its buffer d, downloaded on first use.
@@ -183,11 +191,18 @@ func (m *mirror) tensor(t compute.Tensor, d *devBuf) (compute.Tensor, error) {
 		if err := m.b.download(c.data, m.b.base.Add(d.off)); err != nil {
 			return t, err
 		}
+		if d.nz != nil {
+			plain, err := unpackNZ(d.nz, c.data)
+			if err != nil {
+				return t, err
+			}
+			c.data, c.readOnly = plain, true
+		}
 		c.orig = append([]byte(nil), c.data...)
 		m.bufs[d] = c
 	}
 	size := t.DType.Size()
-	n := d.n / size
+	n := len(c.data) / size
 	h, err := m.b.fallback.FromHost(t.DType, t.DType, c.data[:n*size], n)
 	if err != nil {
 		return t, err
@@ -199,7 +214,7 @@ func (m *mirror) tensor(t compute.Tensor, d *devBuf) (compute.Tensor, error) {
 // writeBack uploads the buffers the operation changed.
 func (m *mirror) writeBack() error {
 	for d, c := range m.bufs {
-		if string(c.data) == string(c.orig) {
+		if c.readOnly || string(c.data) == string(c.orig) {
 			continue
 		}
 		if err := m.b.upload(m.b.base.Add(d.off), c.data); err != nil {

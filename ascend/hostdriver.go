@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"k3/ascend/internal/acl"
+	"k3/ascend/internal/nz"
 	"k3/internal/floatx"
 )
 
@@ -219,12 +220,18 @@ type hostTensor struct {
 	offset  int64
 	data    []byte // the whole storage
 	dead    bool
+	// nz is set for a FRACTAL_NZ matrix [R, C] (contiguous view, offset
+	// 0): element i of the view is stored at nz.Offset(0, i/C, i%C).
+	nz *nz.Layout
 }
 
 func (t *hostTensor) Destroy() error { t.dead = true; return nil }
 
 func (d *hostDriver) newTensor(td acl.TensorDesc) (tensorDesc, error) {
 	api := "aclCreateTensor"
+	if td.Format == acl.FormatFractalNZ {
+		return d.newNZ(td)
+	}
 	if len(td.Dims) == 0 || td.DType.Size() == 0 || (td.Format != acl.FormatND && td.Format != 0) {
 		return nil, hostErr(acl.ACLNN, 161002, api, "%d dimensions, data type %d, format %d", len(td.Dims), td.DType, td.Format)
 	}
@@ -261,7 +268,38 @@ func (d *hostDriver) newTensor(td acl.TensorDesc) (tensorDesc, error) {
 	return &hostTensor{dt: td.DType, dims: td.Dims, strides: strides, offset: td.Offset, data: data}, nil
 }
 
+// newNZ describes a FRACTAL_NZ matrix: a 16-bit [R, C] view, contiguous
+// from offset 0, over a storage [⌈C/16⌉, ⌈R/16⌉, 16, 16].
+func (d *hostDriver) newNZ(td acl.TensorDesc) (tensorDesc, error) {
+	api := "aclCreateTensor"
+	if len(td.Dims) != 2 || td.DType.Size() != 2 || td.Offset != 0 {
+		return nil, hostErr(acl.ACLNN, 161002, api, "FRACTAL_NZ view %v of data type %d at offset %d: a 16-bit matrix from offset 0 expected", td.Dims, td.DType, td.Offset)
+	}
+	R, C := td.Dims[0], td.Dims[1]
+	l, err := nz.NewLayout([]int{int(R), int(C)}, nz.C0(2))
+	if err != nil {
+		return nil, hostErr(acl.ACLNN, 161002, api, "FRACTAL_NZ view %v: %v", td.Dims, err)
+	}
+	want := l.StorageDims(nil)
+	if (td.Strides != nil && (len(td.Strides) != 2 || td.Strides[0] != C || td.Strides[1] != 1)) || len(td.StorageDims) != len(want) {
+		return nil, hostErr(acl.ACLNN, 161002, api, "FRACTAL_NZ view %v strides %v storage %v, want contiguous over %v", td.Dims, td.Strides, td.StorageDims, want)
+	}
+	for i, s := range want {
+		if td.StorageDims[i] != int64(s) {
+			return nil, hostErr(acl.ACLNN, 161002, api, "FRACTAL_NZ storage %v for view %v, want %v", td.StorageDims, td.Dims, want)
+		}
+	}
+	data, err := d.mem(td.Data, l.Len()*2, api)
+	if err != nil {
+		return nil, err
+	}
+	return &hostTensor{dt: td.DType, dims: td.Dims, strides: []int64{C, 1}, data: data, nz: &l}, nil
+}
+
 func (t *hostTensor) get(i int64) float64 {
+	if t.nz != nil {
+		i = int64(t.nz.Offset(0, int(i/t.dims[1]), int(i%t.dims[1])))
+	}
 	switch t.dt {
 	case acl.Float:
 		return float64(math.Float32frombits(binary.LittleEndian.Uint32(t.data[4*i:])))
@@ -278,6 +316,9 @@ func (t *hostTensor) get(i int64) float64 {
 }
 
 func (t *hostTensor) put(i int64, v float64) {
+	if t.nz != nil {
+		i = int64(t.nz.Offset(0, int(i/t.dims[1]), int(i%t.dims[1])))
+	}
 	switch t.dt {
 	case acl.Float:
 		binary.LittleEndian.PutUint32(t.data[4*i:], math.Float32bits(float32(v)))

@@ -89,6 +89,24 @@ type Backend interface {
 	Close() error
 }
 
+// WeightPreparer is implemented by a backend that lays matmul weights out
+// for its hardware when a model is loaded (the Ascend backend's
+// FRACTAL_NZ). PrepareMatMul receives a weight [N, K] that from then on
+// is read only as the w of MatMul and returns the tensor to use in its
+// place: w itself, or a new tensor, w being freed.
+type WeightPreparer interface {
+	PrepareMatMul(w Tensor) (Tensor, error)
+}
+
+// PrepareMatMul is b's PrepareMatMul when b is a WeightPreparer, and w
+// otherwise.
+func PrepareMatMul(b Backend, w Tensor) (Tensor, error) {
+	if p, ok := b.(WeightPreparer); ok && !w.IsZero() {
+		return p.PrepareMatMul(w)
+	}
+	return w, nil
+}
+
 // UnaryOp is an elementwise function.
 type UnaryOp uint8
 

@@ -152,7 +152,7 @@ func LoadWeights(b compute.Backend, cfg Config, src compute.Source) (*Weights, e
 	var qdt compute.DType
 	if cfg.QLoRARank > 0 {
 		qin = cfg.QLoRARank
-		w.QA = ld.Matrix("q_a_proj.weight", qin, d)
+		w.QA = ld.Linear("q_a_proj.weight", qin, d)
 		w.QANorm = ld.F32("q_a_layernorm.weight", qin)
 		q, qdt = ld.HostStored("q_b_proj.weight", h*(dn+dr), qin)
 	} else {
@@ -196,12 +196,12 @@ func LoadWeights(b compute.Backend, cfg Config, src compute.Source) (*Weights, e
 	}
 	w.UK = ld.UploadAs(kvbdt, uk, h*dn, dc)
 	if cfg.OutputGate {
-		w.G = ld.Matrix("g_proj.weight", h*dv, d)
+		w.G = ld.Linear("g_proj.weight", h*dv, d)
 	}
-	w.O = ld.Matrix("o_proj.weight", d, h*dv)
+	w.O = ld.Linear("o_proj.weight", d, h*dv)
 	if ix := cfg.Indexer; ix != nil {
-		w.IWq = ld.Matrix("indexer.wq_b.weight", ix.NumHeads*ix.HeadDim, qin)
-		w.IWk = ld.Matrix("indexer.wk.weight", ix.HeadDim, d)
+		w.IWq = ld.Linear("indexer.wq_b.weight", ix.NumHeads*ix.HeadDim, qin)
+		w.IWk = ld.Linear("indexer.wk.weight", ix.HeadDim, d)
 		w.IKNormW = ld.F32("indexer.k_norm.weight", ix.HeadDim)
 		w.IKNormB = ld.F32("indexer.k_norm.bias", ix.HeadDim)
 		iw := ld.Host("indexer.weights_proj.weight", ix.NumHeads, d)

@@ -43,7 +43,7 @@ func loadDSpark(m *Model, src *source, d *config.DraftConfig) (*dsparkWeights, e
 	ld := &weights.Loader{B: m.b, Src: src.prefixed(d.TensorPrefix), Prefix: src.strip + d.TensorPrefix}
 	w := &dsparkWeights{cfg: d, eps: float32(cfg.RMSNormEps), hidden: dm, rank: r, vocab: v, block: k,
 		intermediate: d.IntermediateSize, numTargetTaps: len(d.TargetLayers)}
-	w.fc = ld.Matrix("fc.weight", dm, len(d.TargetLayers)*dm)
+	w.fc = ld.Linear("fc.weight", dm, len(d.TargetLayers)*dm)
 	w.fcNorm = ld.F32("fc_norm.weight", dm)
 	w.norm = ld.F32("norm.weight", dm)
 	w.pos = ld.Host("pos_embed", k, dm)
@@ -51,13 +51,13 @@ func loadDSpark(m *Model, src *source, d *config.DraftConfig) (*dsparkWeights, e
 		p := fmt.Sprintf("layers.%d.", i)
 		w.layers = append(w.layers, dsparkLayer{
 			norm: ld.F32(p+"norm.weight", dm),
-			gate: ld.Matrix(p+"gate_proj.weight", d.IntermediateSize, dm),
-			up:   ld.Matrix(p+"up_proj.weight", d.IntermediateSize, dm),
-			down: ld.Matrix(p+"down_proj.weight", dm, d.IntermediateSize),
+			gate: ld.Linear(p+"gate_proj.weight", d.IntermediateSize, dm),
+			up:   ld.Linear(p+"up_proj.weight", d.IntermediateSize, dm),
+			down: ld.Linear(p+"down_proj.weight", dm, d.IntermediateSize),
 		})
 	}
 	w.markovIn = ld.Host("markov_in.weight", v, r)
-	w.markovOut = ld.Matrix("markov_out.weight", v, r)
+	w.markovOut = ld.Linear("markov_out.weight", v, r)
 	w.confW = ld.Host("confidence.weight", 1, dm+r)
 	b := ld.Host("confidence.bias", 1)
 	if ld.Err != nil {

@@ -455,7 +455,7 @@ func (m *Model) load(ctx context.Context, progress func(done, total int64)) erro
 	if cfg.TieWordEmbeddings {
 		m.lmHead = m.embed
 	} else {
-		m.lmHead = top.Matrix("lm_head.weight", vr, d)
+		m.lmHead = top.Linear("lm_head.weight", vr, d)
 	}
 	m.act = compute.Activation{Kind: compute.SwiGLU}
 	if cfg.HiddenAct == "situ" {
@@ -627,9 +627,9 @@ func (m *Model) loadMLP(src *source, prefix, gate, up, down string, inter int, o
 	}
 	ld := &weights.Loader{B: m.b, Src: m.cut(src.prefixed(prefix), rules), Prefix: src.strip + prefix}
 	mlp := &moe.MLP{Act: m.act}
-	mlp.Gate = ld.Matrix(gate, inter, d)
-	mlp.Up = ld.Matrix(up, inter, d)
-	mlp.Down = ld.Matrix(down, d, inter)
+	mlp.Gate = ld.Linear(gate, inter, d)
+	mlp.Up = ld.Linear(up, inter, d)
+	mlp.Down = ld.Linear(down, d, inter)
 	return mlp, ld.Err
 }
 
@@ -639,16 +639,16 @@ func (m *Model) loadMoE(src *source, prefix string) (*moe.Weights, moe.Router, e
 	d := cfg.HiddenSize
 	ld := &weights.Loader{B: m.b, Src: m.cut(src.prefixed(prefix), nil), Prefix: src.strip + prefix}
 	w := &moe.Weights{Act: m.act, Eps: float32(cfg.RMSNormEps)}
-	w.Gate = ld.Matrix("gate.weight", mc.NumExperts, d)
+	w.Gate = ld.Linear("gate.weight", mc.NumExperts, d)
 	w.Bias = ld.F32("gate.e_score_correction_bias", mc.NumExperts)
 	din := d
 	if mc.LatentSize > 0 {
 		din = mc.LatentSize
-		w.LatentDown = ld.Matrix("routed_expert_down_proj.weight", din, d)
+		w.LatentDown = ld.Linear("routed_expert_down_proj.weight", din, d)
 		if mc.LatentNorm {
 			w.LatentNorm = ld.F32("routed_expert_norm.weight", din)
 		}
-		w.LatentUp = ld.Matrix("routed_expert_up_proj.weight", d, din)
+		w.LatentUp = ld.Linear("routed_expert_up_proj.weight", d, din)
 	}
 	// The loop stops at the first bad tensor: the expert count is the
 	// config's word until the checkpoint confirms it.
@@ -681,9 +681,9 @@ func (m *Model) loadMoE(src *source, prefix string) (*moe.Weights, moe.Router, e
 	}
 	for e := lo; e < hi && ld.Err == nil; e++ {
 		p := fmt.Sprintf("experts.%d.", e)
-		w.W1 = append(w.W1, ld.Matrix(p+"w1.weight", inter, din))
-		w.W3 = append(w.W3, ld.Matrix(p+"w3.weight", inter, din))
-		w.W2 = append(w.W2, ld.Matrix(p+"w2.weight", din, inter))
+		w.W1 = append(w.W1, ld.Linear(p+"w1.weight", inter, din))
+		w.W3 = append(w.W3, ld.Linear(p+"w3.weight", inter, din))
+		w.W2 = append(w.W2, ld.Linear(p+"w2.weight", din, inter))
 	}
 	if ld.Err != nil {
 		return nil, moe.Router{}, ld.Err

@@ -72,17 +72,17 @@ func LoadWeights(b compute.Backend, cfg Config, src Source) (*compute.KDAWeights
 	qc := ld.F32("q_conv1d.weight", hd, w)
 	kc := ld.F32("k_conv1d.weight", hd, w)
 	vc := ld.F32("v_conv1d.weight", hd, w)
-	kw.FA = ld.Matrix("f_a_proj.weight", d, hid)
-	kw.FB = ld.Matrix("f_b_proj.weight", hd, d)
-	kw.B = ld.Matrix("b_proj.weight", h, hid)
+	kw.FA = ld.Linear("f_a_proj.weight", d, hid)
+	kw.FB = ld.Linear("f_b_proj.weight", hd, d)
+	kw.B = ld.Linear("b_proj.weight", h, hid)
 	if cfg.FullRankGate {
-		kw.G = ld.Matrix("g_proj.weight", hd, hid)
+		kw.G = ld.Linear("g_proj.weight", hd, hid)
 	} else {
-		kw.GA = ld.Matrix("g_a_proj.weight", d, hid)
-		kw.GB = ld.Matrix("g_b_proj.weight", hd, d)
+		kw.GA = ld.Linear("g_a_proj.weight", d, hid)
+		kw.GB = ld.Linear("g_b_proj.weight", hd, d)
 	}
 	kw.ONorm = ld.F32("o_norm.weight", d)
-	kw.OProj = ld.Matrix("o_proj.weight", hid, hd)
+	kw.OProj = ld.Linear("o_proj.weight", hid, hd)
 	kw.DTBias = ld.F32("dt_bias", hd)
 	if ld.Err != nil {
 		return nil, fmt.Errorf("kda: %w", ld.Err)
@@ -122,6 +122,12 @@ func LoadWeights(b compute.Backend, cfg Config, src Source) (*compute.KDAWeights
 		if err := b.Copy(kw.Conv.Rows(i*hd, (i+1)*hd), part); err != nil {
 			return nil, err
 		}
+	}
+	for _, t := range []compute.Tensor{q, k, v, qc, kc, vc} {
+		b.Free(t)
+	}
+	if kw.QKV, err = compute.PrepareMatMul(b, kw.QKV); err != nil {
+		return nil, fmt.Errorf("kda: stacked q|k|v projection: %w", err)
 	}
 	return kw, nil
 }

@@ -28,6 +28,20 @@ type Loader struct {
 // widened to F32), checking its shape.
 func (l *Loader) Matrix(name string, dims ...int) compute.Tensor { return l.load(name, false, dims) }
 
+// Linear loads a projection weight [N, K] that only MatMul will read (as
+// its w), laid out for the backend (compute.PrepareMatMul).
+func (l *Loader) Linear(name string, dims ...int) compute.Tensor {
+	t := l.load(name, false, dims)
+	if l.Err != nil {
+		return t
+	}
+	p, err := compute.PrepareMatMul(l.B, t)
+	if err != nil {
+		l.Err = fmt.Errorf("tensor %s%s: %w", l.Prefix, name, err)
+	}
+	return p
+}
+
 // F32 loads a tensor converted to float32 (norm weights, biases, gates).
 func (l *Loader) F32(name string, dims ...int) compute.Tensor { return l.load(name, true, dims) }
 

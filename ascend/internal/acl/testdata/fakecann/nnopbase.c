@@ -265,7 +265,15 @@ static uint16_t tobf16(float f) {
 	return (uint16_t)(u >> 16);
 }
 
+// nz_index maps element i of a FRACTAL_NZ matrix's contiguous [R, C] view
+// to its place in the storage [C1, R1, 16, 16].
+static int64_t nz_index(const fk_tensor *t, int64_t i) {
+	int64_t C = t->dims[1], r = i / C, c = i % C, R1 = t->sdims[1];
+	return (((c / 16) * R1 + r / 16) * 16 + r % 16) * 16 + c % 16;
+}
+
 double fk_get(const fk_tensor *t, int64_t i) {
+	if (t->format == 29) i = nz_index(t, i);
 	switch (t->dtype) {
 	case 0: return ((const float *)t->data)[i];
 	case 27: return bf16(((const uint16_t *)t->data)[i]);
@@ -276,6 +284,7 @@ double fk_get(const fk_tensor *t, int64_t i) {
 }
 
 void fk_put(const fk_tensor *t, int64_t i, double v) {
+	if (t->format == 29) i = nz_index(t, i);
 	switch (t->dtype) {
 	case 0: ((float *)t->data)[i] = (float)v; break;
 	case 27: ((uint16_t *)t->data)[i] = tobf16((float)v); break;

@@ -58,9 +58,18 @@ static int prepare_matmul(const char *op, int nd, void *self, void *mat2, void *
 	void **exec) {
 	int rc = fk_need_context();
 	if (rc) return rc;
-	void *ts[3] = {self, mat2, out};
-	if ((rc = check_tensors(op, 3, ts))) return rc;
+	void *ts[3] = {self, out, mat2};
 	const fk_tensor *x = self, *w = mat2, *o = out;
+	// mat2 of aclnnMatmul may be a BF16 weight in FRACTAL_NZ: a
+	// contiguous [K, N] view from offset 0 over [N1, K1, 16, 16].
+	int nzw = nd == 2 && fk_tensor_ok(mat2) && w->format == 29;
+	if ((rc = check_tensors(op, nzw ? 2 : 3, ts))) return rc;
+	if (nzw && (w->dtype != 27 || w->nd != 2 || w->offset != 0 || w->strides[0] != w->dims[1] ||
+		w->strides[1] != 1 || w->nsd != 4 || w->sdims[0] != (w->dims[1] + 15) / 16 || w->sdims[1] != (w->dims[0] + 15) / 16 ||
+		w->sdims[2] != 16 || w->sdims[3] != 16)) {
+		fk_set_error("%s: a FRACTAL_NZ mat2 must be a contiguous BF16 [K, N] view over [N1, K1, 16, 16]", op);
+		return ACLNN_ERR_PARAM_INVALID;
+	}
 	int b = nd == 3;
 	if (x->nd != nd || w->nd != nd || o->nd != nd || x->dims[b + 1] != w->dims[b] || o->dims[b] != x->dims[b] ||
 		o->dims[b + 1] != w->dims[b + 1] || (b && (w->dims[0] != x->dims[0] || o->dims[0] != x->dims[0]))) {
