@@ -22,15 +22,26 @@ const stageBytes = 1 << 20
 // Backend runs k3's operations on one NPU. Every operation is queued on
 // one stream in call order, so operations need no synchronisation among
 // themselves; Write, Read and FromHost wait for the stream. Device memory
-// comes from one arena (fixed addresses). Operations not mapped to aclnn
-// yet return an error wrapping compute.ErrUnsupported that names them.
+// comes from one arena (fixed addresses). Side streams (Side, Fork,
+// Join) are views of the backend over streams of their own. Operations
+// not mapped to aclnn return an error wrapping compute.ErrUnsupported
+// that names them.
 type Backend struct {
+	*core
+	s  stream  // this view's stream
+	ws *devBuf // this view's operator workspace
+	// side is 0 for the backend itself and i for side stream i, whose
+	// Fork and Join record fork and join.
+	side       int
+	fork, join event
+}
+
+// core is what a backend and its side streams share.
+type core struct {
 	mu      sync.Mutex
 	drv     driver
-	s       stream
 	base    acl.DevPtr
 	arena   *arena
-	ws      *devBuf
 	stage   hostBuffer
 	consts  map[constKey]compute.Tensor
 	scalars map[float32]scalar
@@ -44,6 +55,8 @@ type Backend struct {
 	// capture, while a Capture runs, collects the spans freed meanwhile:
 	// the captured work uses them on every replay.
 	capture *Graph
+	main    *Backend
+	sides   map[int]*Backend
 }
 
 // devBuf is a Tensor's storage: a span of the arena.
@@ -68,7 +81,8 @@ func newBackend(drv driver, o Options) (_ *Backend, err error) {
 	if size == 0 {
 		size = defaultArena
 	}
-	b := &Backend{drv: drv, consts: map[constKey]compute.Tensor{}}
+	b := &Backend{core: &core{drv: drv, consts: map[constKey]compute.Tensor{}}}
+	b.main = b
 	defer func() {
 		if err != nil {
 			b.release()
@@ -98,6 +112,13 @@ func (b *Backend) release() error {
 	if b.s != nil {
 		keep(b.s.Sync())
 	}
+	for _, sd := range b.sides {
+		keep(sd.s.Sync())
+		keep(sd.s.Destroy())
+		keep(sd.fork.Destroy())
+		keep(sd.join.Destroy())
+	}
+	b.sides = nil
 	for _, sc := range b.scalars {
 		keep(sc.Destroy())
 	}
@@ -201,6 +222,9 @@ func (b *Backend) Name() string {
 
 // Close waits for queued work and releases the device.
 func (b *Backend) Close() error {
+	if b.side != 0 {
+		return nil // a side stream is closed with its backend
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.release()
@@ -544,6 +568,9 @@ func (b *Backend) desc64(t compute.Tensor, view, strides []int64) (tensorDesc, e
 // launch runs a prepared operator on the stream with the shared
 // workspace, growing it first if needed (during a capture, with its own).
 func (b *Backend) launch(op prepared) error {
+	if b.capture != nil && b.capture.b != b {
+		return fmt.Errorf("%w: an operation on another stream of the backend", ErrCapturing)
+	}
 	var ws acl.DevPtr
 	if op.workspace() > 0 && b.capture != nil {
 		// A captured operator owns its workspace: the shared one may be

@@ -15,6 +15,7 @@ type driver interface {
 	newStream() (stream, error)
 	newTensor(d acl.TensorDesc) (tensorDesc, error)
 	newScalar(v float32) (scalar, error)
+	newEvent() (event, error)
 
 	matmul(name string, x, w, out tensorDesc, cubeMath int8) (prepared, error)
 	unary(name string, x, out tensorDesc) (prepared, error)
@@ -54,8 +55,14 @@ type stream interface {
 	Memset(dst acl.DevPtr, value byte, n int) error
 	CopyDevice(dst, src acl.DevPtr, n int) error
 	capture(fn func() error) (graph, error)
+	// record queues e: it completes when the work queued before it has
+	// run; wait makes the work queued after it wait for e's last record.
+	record(e event) error
+	wait(e event) error
 	Destroy() error
 }
+
+type event interface{ Destroy() error }
 
 type graph interface {
 	replay(s stream) error

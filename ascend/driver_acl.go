@@ -39,6 +39,17 @@ func (d aclDriver) newStream() (stream, error) {
 	return aclStream{s}, nil
 }
 
+func (d aclDriver) newEvent() (event, error) {
+	e, err := d.ctx.NewEvent()
+	if err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+func (s aclStream) record(e event) error { return s.Record(e.(*acl.Event)) }
+func (s aclStream) wait(e event) error   { return s.Wait(e.(*acl.Event)) }
+
 func (d aclDriver) newTensor(td acl.TensorDesc) (tensorDesc, error) {
 	t, err := d.ctx.NewTensor(td)
 	if err != nil {

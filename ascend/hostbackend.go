@@ -52,7 +52,7 @@ func (b *Backend) onHost(name string, args any, call func(c compute.Backend, arg
 	if b.capture != nil {
 		return fmt.Errorf("%w: %s runs on the host, outside the captured stream", ErrCapturing, name)
 	}
-	if err := b.s.Sync(); err != nil {
+	if err := b.syncAll(); err != nil {
 		return err
 	}
 	v := reflect.ValueOf(args)

@@ -134,6 +134,65 @@ func (s *hostStream) Sync() error {
 
 func (s *hostStream) Destroy() error { return s.Sync() }
 
+// hostEvent is an event of the host driver: done once the task its last
+// record queued has run on src.
+type hostEvent struct {
+	done, dead bool
+	src        *hostStream
+}
+
+func (d *hostDriver) newEvent() (event, error) { return &hostEvent{done: true}, nil }
+
+func (e *hostEvent) Destroy() error { e.dead = true; return nil }
+
+func liveEvent(e event, api string) (*hostEvent, error) {
+	ev, ok := e.(*hostEvent)
+	if !ok || ev.dead {
+		return nil, hostErr(acl.ACL, 100000, api, "not a live event")
+	}
+	return ev, nil
+}
+
+func (s *hostStream) record(e event) error {
+	ev, err := liveEvent(e, "aclrtRecordEvent")
+	if err != nil {
+		return err
+	}
+	if s.capturing != nil {
+		return hostErr(acl.ACL, 100000, "aclrtRecordEvent", "the host driver does not capture events")
+	}
+	ev.done, ev.src = false, s
+	s.enqueue(func() error { ev.done = true; return nil })
+	return nil
+}
+
+// wait queues a task that runs the recording stream's queue up to the
+// event's record (the host driver's streams run only when waited for).
+func (s *hostStream) wait(e event) error {
+	ev, err := liveEvent(e, "aclrtStreamWaitEvent")
+	if err != nil {
+		return err
+	}
+	if s.capturing != nil {
+		return hostErr(acl.ACL, 100000, "aclrtStreamWaitEvent", "the host driver does not capture events")
+	}
+	s.enqueue(func() error {
+		for !ev.done {
+			src := ev.src
+			if len(src.q) == 0 {
+				return hostErr(acl.ACL, 507015, "aclrtStreamWaitEvent", "the event's record is not queued")
+			}
+			f := src.q[0]
+			src.q = src.q[1:]
+			if err := f(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return nil
+}
+
 func (s *hostStream) pinned(h hostBuffer, off, n int, api string) ([]byte, error) {
 	p, ok := h.(*hostPinned)
 	s.d.mu.Lock()

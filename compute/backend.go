@@ -98,6 +98,46 @@ type WeightPreparer interface {
 	PrepareMatMul(w Tensor) (Tensor, error)
 }
 
+// Streams is implemented by a backend that runs work on more than one
+// queue (a device's streams), so that independent work overlaps.
+type Streams interface {
+	// Side returns a view of the backend whose operations queue on side
+	// stream i (1, 2, ...), created on first use and owned by the
+	// backend: its Close does nothing.
+	Side(i int) (Backend, error)
+	// Fork orders the work queued on side from now on after the work
+	// queued on the backend so far.
+	Fork(side Backend) error
+	// Join orders the backend's later work after the work queued on side
+	// so far.
+	Join(side Backend) error
+}
+
+// Side is b's side stream i when b implements Streams, and b itself
+// otherwise.
+func Side(b Backend, i int) (Backend, error) {
+	if s, ok := b.(Streams); ok {
+		return s.Side(i)
+	}
+	return b, nil
+}
+
+// Fork is b.Fork(side), or nothing when side is b.
+func Fork(b, side Backend) error {
+	if s, ok := b.(Streams); ok && side != b {
+		return s.Fork(side)
+	}
+	return nil
+}
+
+// Join is b.Join(side), or nothing when side is b.
+func Join(b, side Backend) error {
+	if s, ok := b.(Streams); ok && side != b {
+		return s.Join(side)
+	}
+	return nil
+}
+
 // PrepareMatMul is b's PrepareMatMul when b is a WeightPreparer, and w
 // otherwise.
 func PrepareMatMul(b Backend, w Tensor) (Tensor, error) {

@@ -239,7 +239,11 @@ type Layer struct {
 	// Overlap runs the indexer's key and head-weight projections beside
 	// the query and latent ones (for measuring; the backend already
 	// spreads each product over the cores).
-	Overlap   bool
+	Overlap bool
+	// side is the backend's side stream 2 (compute.Side), on which a
+	// device runs the indexer's key and head-weight projections; b
+	// itself elsewhere.
+	side      compute.Backend
 	pos       []int32
 	one       [1]int32
 	rowCaches []*Cache // an exact pass's cache per row
@@ -272,7 +276,13 @@ func NewLayer(b compute.Backend, cfg Config, w *Weights, maxT int) (*Layer, erro
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	l := &Layer{cfg: cfg, W: w, b: b, maxT: maxT, pos: make([]int32, maxT), MHAMin: 16, scratch: &scratch{}}
+	l := &Layer{cfg: cfg, W: w, b: b, side: b, maxT: maxT, pos: make([]int32, maxT), MHAMin: 16, scratch: &scratch{}}
+	if cfg.Indexer != nil {
+		var err error
+		if l.side, err = compute.Side(b, 2); err != nil {
+			return nil, fmt.Errorf("dsa: indexer's stream: %w", err)
+		}
+	}
 	if cfg.RopeDim > 0 {
 		l.freqs = cfg.ropeFreqs(cfg.RopeDim)
 	}
@@ -704,12 +714,27 @@ func (l *Layer) forwardRows(x compute.Tensor, caches []*Cache, y compute.Tensor)
 // project runs the layer's input projections for the rows of x: the
 // query (nope and rope parts), the new latent and rope-key rows, and for
 // DSA the indexer's queries, keys and head weights (into l.iq, l.ik,
-// l.iw). With Overlap the indexer's key and head-weight products, which
-// read x alone, run on a goroutine beside the query and latent ones.
+// l.iw). The indexer's key and head-weight products read x alone: on a
+// backend with side streams they are queued on the side stream and
+// joined after the query and latent ones; with Overlap they run on a
+// goroutine beside them.
 func (l *Layer) project(x compute.Tensor) (qn, qr, kvNew, peNew compute.Tensor, err error) {
+	if l.cfg.Indexer != nil && l.side != l.b {
+		if err = compute.Fork(l.b, l.side); err != nil {
+			return
+		}
+		if err = l.indexKeys(l.side, x); err != nil {
+			return
+		}
+		if qn, qr, kvNew, peNew, err = l.projectMain(x); err != nil {
+			return
+		}
+		err = compute.Join(l.b, l.side)
+		return
+	}
 	if l.Overlap && l.cfg.Indexer != nil {
 		var g errgroup.Group
-		g.Go(func() error { return l.indexKeys(x) })
+		g.Go(func() error { return l.indexKeys(l.b, x) })
 		qn, qr, kvNew, peNew, err = l.projectMain(x)
 		if werr := g.Wait(); err == nil {
 			err = werr
@@ -717,7 +742,7 @@ func (l *Layer) project(x compute.Tensor) (qn, qr, kvNew, peNew compute.Tensor, 
 		return
 	}
 	if qn, qr, kvNew, peNew, err = l.projectMain(x); err == nil && l.cfg.Indexer != nil {
-		err = l.indexKeys(x)
+		err = l.indexKeys(l.b, x)
 	}
 	return
 }
@@ -750,13 +775,14 @@ func (l *Layer) projectMain(x compute.Tensor) (qn, qr, kvNew, peNew compute.Tens
 	return
 }
 
-// indexKeys projects x to the indexer's raw keys and head weights.
-func (l *Layer) indexKeys(x compute.Tensor) error {
+// indexKeys projects x to the indexer's raw keys and head weights on b
+// (the layer's backend or its side stream).
+func (l *Layer) indexKeys(b compute.Backend, x compute.Tensor) error {
 	t := x.Dim(0)
-	if err := l.b.MatMul(l.ik.Rows(0, t), x, l.W.IWk); err != nil {
+	if err := b.MatMul(l.ik.Rows(0, t), x, l.W.IWk); err != nil {
 		return fmt.Errorf("dsa: indexer.wk: %w", err)
 	}
-	if err := l.b.MatMul(l.iw.Rows(0, t), x, l.W.IWeights); err != nil {
+	if err := b.MatMul(l.iw.Rows(0, t), x, l.W.IWeights); err != nil {
 		return fmt.Errorf("dsa: indexer.weights_proj: %w", err)
 	}
 	return nil

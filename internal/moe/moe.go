@@ -116,6 +116,9 @@ type Layer struct {
 	r      Router
 	b      compute.Backend
 	shared *MLPRunner
+	// side is the backend's side stream 1 (compute.Side), which runs the
+	// shared experts on a device; b itself elsewhere.
+	side   compute.Backend
 	logits compute.Tensor // [maxT, E]
 	idx    compute.Tensor // [maxT, k] I32
 	wts    compute.Tensor // [maxT, k]
@@ -170,7 +173,10 @@ func NewLayer(b compute.Backend, w *Weights, r Router, maxT int) (*Layer, error)
 	}
 	if w.Shared != nil {
 		var err error
-		if l.shared, err = NewMLPRunner(b, w.Shared, maxT); err != nil {
+		if l.side, err = compute.Side(b, 1); err != nil {
+			return nil, fmt.Errorf("moe: shared experts' stream: %w", err)
+		}
+		if l.shared, err = NewMLPRunner(l.side, w.Shared, maxT); err != nil {
 			return nil, err
 		}
 	}
@@ -188,6 +194,16 @@ func (l *Layer) Forward(x, out, routedOut, sharedOut compute.Tensor) error {
 		return fmt.Errorf("moe: %d tokens, layer sized for %d", t, l.logits.Dims[0])
 	}
 	logits, idx, wts := l.logits.Rows(0, t), l.idx.Rows(0, t), l.wts.Rows(0, t)
+	// On a backend with side streams the shared experts, which read x
+	// alone, are queued first on their own stream and joined before their
+	// sum: they run beside the router and the routed experts (whose host
+	// read of the routing then waits for the main stream only).
+	sharedAside := l.shared != nil && l.side != l.b && (l.split == nil || l.split.Dispatch == nil)
+	if sharedAside {
+		if err := l.forkShared(x, t); err != nil {
+			return err
+		}
+	}
 	if err := l.b.MatMul(logits, x, l.w.Gate); err != nil {
 		return fmt.Errorf("moe: router gate: %w", err)
 	}
@@ -200,7 +216,7 @@ func (l *Layer) Forward(x, out, routedOut, sharedOut compute.Tensor) error {
 		if !routedOut.IsZero() || !sharedOut.IsZero() {
 			return fmt.Errorf("moe: a split layer's routed and shared parts are partial sums: %w", compute.ErrUnsupported)
 		}
-		return l.forwardSplit(x, out, t)
+		return l.forwardSplit(x, out, t, sharedAside)
 	}
 	if len(l.w.W1) != l.logits.Dims[1] {
 		return fmt.Errorf("moe: %d of %d experts loaded, and the layer is not split", len(l.w.W1), l.logits.Dims[1])
@@ -237,7 +253,11 @@ func (l *Layer) Forward(x, out, routedOut, sharedOut compute.Tensor) error {
 		return nil
 	}
 	sh := l.sh.Rows(0, t)
-	if err := l.shared.Forward(x, sh); err != nil {
+	if sharedAside {
+		if err := compute.Join(l.b, l.side); err != nil {
+			return fmt.Errorf("moe: shared experts' stream: %w", err)
+		}
+	} else if err := l.shared.Forward(x, sh); err != nil {
 		return fmt.Errorf("moe: shared experts: %w", err)
 	}
 	if !sharedOut.IsZero() {
@@ -246,6 +266,18 @@ func (l *Layer) Forward(x, out, routedOut, sharedOut compute.Tensor) error {
 		}
 	}
 	return l.b.Binary(compute.Add, out, out, sh)
+}
+
+// forkShared queues the shared experts of x's t rows into l.sh on the
+// side stream, after the work queued on the backend so far.
+func (l *Layer) forkShared(x compute.Tensor, t int) error {
+	if err := compute.Fork(l.b, l.side); err != nil {
+		return fmt.Errorf("moe: shared experts' stream: %w", err)
+	}
+	if err := l.shared.Forward(x, l.sh.Rows(0, t)); err != nil {
+		return fmt.Errorf("moe: shared experts: %w", err)
+	}
+	return nil
 }
 
 // Share returns a runner for the MLP m (of r's shape) that uses r's
@@ -293,7 +325,9 @@ func (l *Layer) SetSplit(s *Split) error {
 	return nil
 }
 
-func (l *Layer) forwardSplit(x, out compute.Tensor, t int) error {
+// forwardSplit is Forward's split half; with aside the shared experts
+// are already queued on the side stream (forkShared) and only joined.
+func (l *Layer) forwardSplit(x, out compute.Tensor, t int, aside bool) error {
 	if l.split.Dispatch != nil {
 		return l.forwardDispatch(x, out, t)
 	}
@@ -302,6 +336,9 @@ func (l *Layer) forwardSplit(x, out compute.Tensor, t int) error {
 	shared := func() error {
 		if l.shared == nil {
 			return nil
+		}
+		if aside {
+			return compute.Join(l.b, l.side)
 		}
 		if err := l.shared.Forward(x, sh); err != nil {
 			return fmt.Errorf("moe: shared experts: %w", err)
@@ -312,7 +349,7 @@ func (l *Layer) forwardSplit(x, out compute.Tensor, t int) error {
 	// the routed part, including its wait for the other ranks in the
 	// latent sum. Collectives stay in one goroutine and in one order.
 	var err error
-	if sp.Overlap && l.shared != nil {
+	if sp.Overlap && l.shared != nil && !aside {
 		var g errgroup.Group
 		g.Go(shared)
 		err = l.routedSplit(x, out, t)

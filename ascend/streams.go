@@ -1,0 +1,103 @@
+package ascend
+
+import (
+	"fmt"
+
+	"k3/compute"
+)
+
+// maxSides bounds the side streams of a backend.
+const maxSides = 8
+
+// Side implements compute.Streams: a view of the backend whose
+// operations queue on side stream i (1 to 8), created on first use. It
+// shares the backend's arena, constants and lock; its Close does nothing.
+func (b *Backend) Side(i int) (compute.Backend, error) {
+	if i < 1 || i > maxSides {
+		return nil, fmt.Errorf("%w: side stream %d (1 to %d)", ErrInvalidArgument, i, maxSides)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if sd, ok := b.sides[i]; ok {
+		return sd, nil
+	}
+	if b.capture != nil {
+		return nil, fmt.Errorf("%w: a new side stream", ErrCapturing)
+	}
+	sd := &Backend{core: b.core, side: i}
+	var err error
+	if sd.s, err = b.drv.newStream(); err != nil {
+		return nil, err
+	}
+	if sd.fork, err = b.drv.newEvent(); err == nil {
+		sd.join, err = b.drv.newEvent()
+	}
+	if err != nil {
+		if sd.fork != nil {
+			sd.fork.Destroy()
+		}
+		sd.s.Destroy()
+		return nil, err
+	}
+	if b.sides == nil {
+		b.sides = map[int]*Backend{}
+	}
+	b.sides[i] = sd
+	return sd, nil
+}
+
+// sideOf checks that side is a side stream of b's backend.
+func (b *Backend) sideOf(side compute.Backend) (*Backend, error) {
+	sd, ok := side.(*Backend)
+	if !ok || sd.core != b.core || sd.side == 0 || sd == b {
+		return nil, fmt.Errorf("%w: %v is not another side stream of this backend", ErrInvalidArgument, side)
+	}
+	if b.capture != nil {
+		return nil, fmt.Errorf("%w: Fork or Join", ErrCapturing)
+	}
+	return sd, nil
+}
+
+// Fork implements compute.Streams: side's later work waits for the work
+// queued on b so far (side's fork event, recorded on b's stream).
+func (b *Backend) Fork(side compute.Backend) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	sd, err := b.sideOf(side)
+	if err != nil {
+		return err
+	}
+	if err := b.s.record(sd.fork); err != nil {
+		return err
+	}
+	return sd.s.wait(sd.fork)
+}
+
+// Join implements compute.Streams: b's later work waits for the work
+// queued on side so far (side's join event).
+func (b *Backend) Join(side compute.Backend) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	sd, err := b.sideOf(side)
+	if err != nil {
+		return err
+	}
+	if err := sd.s.record(sd.join); err != nil {
+		return err
+	}
+	return b.s.wait(sd.join)
+}
+
+// syncAll waits for the backend's stream and every side stream; b.mu is
+// held.
+func (b *Backend) syncAll() error {
+	err := b.main.s.Sync()
+	for _, sd := range b.sides {
+		if serr := sd.s.Sync(); err == nil {
+			err = serr
+		}
+	}
+	return err
+}
+
+var _ compute.Streams = (*Backend)(nil)

@@ -1,0 +1,88 @@
+package ascend
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"k3/compute"
+)
+
+// Side streams: Fork orders a side's work after the backend's, Join the
+// backend's after the side's; on the host driver and the fake, where
+// queued work runs only when waited for, reading on the side first would
+// see the inputs unwritten without the Fork, and reading on the backend
+// would miss the side's results without the Join.
+func TestSideStreams(t *testing.T) {
+	eachDriver(t, 8<<20, func(t *testing.T, b *Backend) {
+		_, err := b.Side(0)
+		require.ErrorIs(t, err, ErrInvalidArgument)
+		_, err = b.Side(maxSides + 1)
+		require.ErrorIs(t, err, ErrInvalidArgument)
+		side, err := b.Side(1)
+		require.NoError(t, err)
+		again, err := b.Side(1)
+		require.NoError(t, err)
+		require.Same(t, side, again, "one side stream per index")
+		require.ErrorIs(t, b.Fork(b), ErrInvalidArgument, "the backend is not its own side stream")
+
+		alloc := func() compute.Tensor {
+			x, err := b.Alloc(compute.F32, 4)
+			require.NoError(t, err)
+			return x
+		}
+		a, c, d, e := alloc(), alloc(), alloc(), alloc()
+		require.NoError(t, b.Fill(a, 3))
+		require.NoError(t, compute.Fork(b, side))
+		require.NoError(t, side.Binary(compute.Mul, c, a, a)) // 9
+		require.NoError(t, side.Binary(compute.Add, d, c, a)) // 12
+		got := make([]float32, 4)
+		require.NoError(t, side.Read(got, c), "a read on the side waits for the side only")
+		assert.Equal(t, []float32{9, 9, 9, 9}, got, "the side ran after the backend's fill")
+
+		require.NoError(t, side.Binary(compute.Mul, d, d, a)) // 36, queued after the read
+		require.NoError(t, compute.Join(b, side))
+		require.NoError(t, b.Binary(compute.Add, e, d, a)) // 39
+		require.NoError(t, b.Read(got, e))
+		assert.Equal(t, []float32{39, 39, 39, 39}, got, "the backend ran after the side")
+
+		// Scratch freed on the side is reused safely by the backend.
+		for range 3 {
+			x, err := side.Alloc(compute.F32, 1000)
+			require.NoError(t, err)
+			require.NoError(t, side.Fill(x, 1))
+			side.Free(x)
+			y, err := b.Alloc(compute.F32, 1000)
+			require.NoError(t, err)
+			require.NoError(t, b.Fill(y, 2))
+			b.Free(y)
+		}
+		require.NoError(t, side.Close(), "a side stream closes with its backend")
+		require.NoError(t, side.Binary(compute.Add, e, e, a), "still usable")
+
+		// A capture records one stream: the side streams are refused meanwhile.
+		_, err = b.Capture(func() error {
+			if err := side.Binary(compute.Add, e, e, a); err == nil {
+				return assert.AnError
+			} else if !assert.ErrorIs(t, err, ErrCapturing) {
+				return err
+			}
+			require.ErrorIs(t, b.Fork(side), ErrCapturing)
+			return b.Binary(compute.Add, e, e, a)
+		})
+		require.NoError(t, err)
+	})
+}
+
+// The pure-Go backend has no side streams: compute.Side gives the backend
+// itself and Fork and Join do nothing.
+func TestSideFallsBack(t *testing.T) {
+	c := hostBackend(t, 1<<20)
+	var plain compute.Backend = c.host
+	side, err := compute.Side(plain, 1)
+	require.NoError(t, err)
+	require.Equal(t, plain, side)
+	require.NoError(t, compute.Fork(plain, side))
+	require.NoError(t, compute.Join(plain, side))
+}
