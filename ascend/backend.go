@@ -57,6 +57,7 @@ type core struct {
 	capture *Graph
 	main    *Backend
 	sides   map[int]*Backend
+	execs   execCache
 }
 
 // devBuf is a Tensor's storage: a span of the arena.
@@ -119,6 +120,7 @@ func (b *Backend) release() error {
 		keep(sd.join.Destroy())
 	}
 	b.sides = nil
+	b.dropExecs()
 	for _, sc := range b.scalars {
 		keep(sc.Destroy())
 	}
@@ -510,7 +512,8 @@ func (b *Backend) Fill(dst compute.Tensor, v float32) error {
 	if err != nil {
 		return err
 	}
-	return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.fill(ts[0], sc) }, operand{t: dst, view: []int64{int64(dims(dst))}})
+	return b.runAs("aclnnInplaceFillScalar "+attr(v), func(ts []tensorDesc) (prepared, error) { return b.drv.fill(ts[0], sc) },
+		operand{t: dst, view: []int64{int64(dims(dst))}})
 }
 
 // aclType maps a seam dtype to aclDataType.
@@ -630,16 +633,11 @@ func (b *Backend) MatMul(dst, x, w compute.Tensor) error {
 // in FRACTAL_NZ is passed as its NZ descriptor.
 func (b *Backend) matmul(dst, x, w compute.Tensor) error {
 	N, K := w.Dims[0], w.Dims[1]
+	mm := func(ts []tensorDesc) (prepared, error) { return b.drv.matmul("aclnnMatmul", ts[0], ts[1], ts[2], 0) }
 	if d, ok := w.Mem.(*devBuf); ok && d.nz != nil && !d.freed {
-		wd, err := b.descNZ(w)
-		if err != nil {
-			return err
-		}
-		defer wd.Destroy()
-		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.matmul("aclnnMatmul", ts[0], wd, ts[1], 0) },
-			flat(x, K), flat(dst, N))
+		return b.runAs("aclnnMatmul", mm, flat(x, K), operand{t: w, nz: true}, flat(dst, N))
 	}
-	return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.matmul("aclnnMatmul", ts[0], ts[1], ts[2], 0) },
+	return b.runAs("aclnnMatmul", mm,
 		flat(x, K), operand{t: w, view: i64(K, N), strides: i64(1, K)}, flat(dst, N))
 }
 
@@ -667,7 +665,7 @@ func (b *Backend) RMSNorm(dst, x, w compute.Tensor, eps float32) error {
 		return err
 	}
 	defer b.freeBuf(rstd.Mem.(*devBuf))
-	return b.run(func(ts []tensorDesc) (prepared, error) {
+	return b.runAs("aclnnRmsNorm "+attr(eps), func(ts []tensorDesc) (prepared, error) {
 		return b.drv.rmsNorm(ts[0], ts[1], float64(eps), ts[2], ts[3])
 	},
 		flat(x, D), operand{t: w, view: []int64{int64(D)}}, flat(dst, D), flat(rstd, 1))
@@ -711,12 +709,7 @@ func (b *Backend) run(prepare func(ts []tensorDesc) (prepared, error), operands 
 	defer func() { destroy(ts...) }()
 	for i, o := range operands {
 		var err error
-		if o.i64 {
-			ts[i], err = b.desc64(o.t, o.view, o.strides)
-		} else {
-			ts[i], err = b.desc(o.t, o.view, o.strides)
-		}
-		if err != nil {
+		if ts[i], err = b.descOf(o); err != nil {
 			return err
 		}
 	}
@@ -735,6 +728,19 @@ type operand struct {
 	// seam has no dtype for: t is then an I32 tensor of twice the
 	// elements, and t.Off counts int64 elements.
 	i64 bool
+	// nz is a matmul weight in FRACTAL_NZ, described whole (descNZ).
+	nz bool
+}
+
+// descOf describes o.
+func (b *Backend) descOf(o operand) (tensorDesc, error) {
+	switch {
+	case o.nz:
+		return b.descNZ(o.t)
+	case o.i64:
+		return b.desc64(o.t, o.view, o.strides)
+	}
+	return b.desc(o.t, o.view, o.strides)
 }
 
 // flat is t as a contiguous [rows, cols] matrix.
@@ -771,7 +777,7 @@ func (b *Backend) Unary(op compute.UnaryOp, dst, x compute.Tensor) error {
 	switch op {
 	case compute.SiLU, compute.Sigmoid:
 		name := map[compute.UnaryOp]string{compute.SiLU: "aclnnSilu", compute.Sigmoid: "aclnnSigmoid"}[op]
-		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary(name, ts[0], ts[1]) }, flat(x, D), flat(dst, D))
+		return b.runAs(name, func(ts []tensorDesc) (prepared, error) { return b.drv.unary(name, ts[0], ts[1]) }, flat(x, D), flat(dst, D))
 	case compute.Softplus:
 		return b.softplus(flat(x, D), flat(dst, D))
 	}
@@ -798,7 +804,7 @@ func (b *Backend) softplus(x, out operand) error {
 	if err != nil {
 		return err
 	}
-	return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.softplus(ts[0], beta, threshold, ts[1]) }, x, out)
+	return b.runAs("aclnnSoftplus 1 20", func(ts []tensorDesc) (prepared, error) { return b.drv.softplus(ts[0], beta, threshold, ts[1]) }, x, out)
 }
 
 // Binary implements compute.Backend with aclnnAdd (alpha 1) and aclnnMul;
@@ -818,9 +824,9 @@ func (b *Backend) Binary(op compute.BinaryOp, dst, x, y compute.Tensor) error {
 		if err != nil {
 			return err
 		}
-		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.add(ts[0], ts[1], alpha, ts[2]) }, flat(x, D), ob, flat(dst, D))
+		return b.runAs("aclnnAdd 1", func(ts []tensorDesc) (prepared, error) { return b.drv.add(ts[0], ts[1], alpha, ts[2]) }, flat(x, D), ob, flat(dst, D))
 	case compute.Mul:
-		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) }, flat(x, D), ob, flat(dst, D))
+		return b.runAs("aclnnMul", func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) }, flat(x, D), ob, flat(dst, D))
 	}
 	return fmt.Errorf("ascend: binary op %d: %w", op, compute.ErrUnsupported)
 }
@@ -860,10 +866,10 @@ func (b *Backend) gatedAct(act compute.Activation, dst, gate, up compute.Tensor)
 	defer b.freeBuf(tmp.Mem.(*devBuf))
 	t0 := flat(part(tmp, 0, rows*D), D)
 	unary := func(name string, x, out operand) error {
-		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary(name, ts[0], ts[1]) }, x, out)
+		return b.runAs(name, func(ts []tensorDesc) (prepared, error) { return b.drv.unary(name, ts[0], ts[1]) }, x, out)
 	}
 	mul := func(x, y, out operand) error {
-		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) }, x, y, out)
+		return b.runAs("aclnnMul", func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) }, x, y, out)
 	}
 	if act.Kind == compute.SwiGLU {
 		if err := unary("aclnnSilu", flat(gate, D), t0); err != nil {
@@ -910,7 +916,7 @@ func (b *Backend) mulsOp(x, out operand, v float32) error {
 	if err != nil {
 		return err
 	}
-	return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.muls(ts[0], sc, ts[1]) }, x, out)
+	return b.runAs("aclnnMuls "+attr(v), func(ts []tensorDesc) (prepared, error) { return b.drv.muls(ts[0], sc, ts[1]) }, x, out)
 }
 
 // Embedding implements compute.Backend with aclnnEmbedding; a bf16 table
@@ -927,7 +933,7 @@ func (b *Backend) Embedding(dst, table, ids compute.Tensor) error {
 	T, D := dims(ids), table.Dims[1]
 	tids := operand{t: ids, view: []int64{int64(T)}}
 	gather := func(out compute.Tensor) error {
-		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnEmbedding", ts[0], ts[1], ts[2]) },
+		return b.runAs("aclnnEmbedding", func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnEmbedding", ts[0], ts[1], ts[2]) },
 			flat(table, D), tids, flat(out, D))
 	}
 	if table.DType == compute.F32 {
@@ -941,7 +947,7 @@ func (b *Backend) Embedding(dst, table, ids compute.Tensor) error {
 	if err := gather(tmp); err != nil {
 		return err
 	}
-	return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.cast(ts[0], acl.Float, ts[1]) }, flat(tmp, D), flat(dst, D))
+	return b.runAs("aclnnCast f32", func(ts []tensorDesc) (prepared, error) { return b.drv.cast(ts[0], acl.Float, ts[1]) }, flat(tmp, D), flat(dst, D))
 }
 
 // HeadMatMul implements compute.Backend with aclnnBatchMatMul over the
@@ -966,7 +972,7 @@ func (b *Backend) HeadMatMul(dst, x, w compute.Tensor) error {
 		}
 		return out
 	}
-	return b.run(func(ts []tensorDesc) (prepared, error) {
+	return b.runAs("aclnnBatchMatMul", func(ts []tensorDesc) (prepared, error) {
 		return b.drv.matmul("aclnnBatchMatMul", ts[0], ts[1], ts[2], 0)
 	},
 		operand{t: x, view: i(H, T, K), strides: i(K, H*K, 1)},
@@ -996,7 +1002,7 @@ func (b *Backend) LayerNorm(dst, x, w, bias compute.Tensor, eps float32) error {
 	}
 	defer b.freeBuf(stats.Mem.(*devBuf))
 	vec := []int64{int64(D)}
-	return b.run(func(ts []tensorDesc) (prepared, error) {
+	return b.runAs("aclnnLayerNorm "+attr(eps), func(ts []tensorDesc) (prepared, error) {
 		return b.drv.layerNorm(ts[0], ts[1], ts[2], float64(eps), ts[3], ts[4], ts[5], D)
 	}, flat(x, D), operand{t: w, view: vec}, operand{t: bias, view: vec}, flat(dst, D), flat(stats.Rows(0, 1), 1), flat(stats.Rows(1, 2), 1))
 }

@@ -76,4 +76,8 @@ type scalar interface{ Destroy() error }
 type prepared interface {
 	workspace() int
 	launch(s stream, ws acl.DevPtr) error
+	// repeat lets the executor be launched any number of times; destroy
+	// then frees it.
+	repeat() error
+	destroy() error
 }

@@ -159,6 +159,8 @@ func (s aclStream) capture(fn func() error) (graph, error) {
 func (g aclGraph) replay(s stream) error { return g.Replay(s.(aclStream).Stream) }
 
 func (o aclOp) workspace() int                       { return o.WorkspaceSize }
+func (o aclOp) repeat() error                        { return o.SetRepeatable() }
+func (o aclOp) destroy() error                       { return o.Destroy() }
 func (o aclOp) launch(s stream, ws acl.DevPtr) error { return o.Launch(s.(aclStream).Stream, ws) }
 
 // aclParts returns b's ACL context and stream; a backend on another

@@ -408,17 +408,31 @@ func (d *hostDriver) newScalar(v float32) (scalar, error) { return &hostScalar{f
 
 // hostOp is a prepared operator: its workspace size and its computation.
 type hostOp struct {
-	d    *hostDriver
-	api  string
-	ws   int
-	run  func(ws []byte) error
-	used bool
+	d          *hostDriver
+	api        string
+	ws         int
+	run        func(ws []byte) error
+	used       bool
+	repeatable bool
 }
 
 func (o *hostOp) workspace() int { return o.ws }
 
-func (o *hostOp) launch(s stream, ws acl.DevPtr) error {
+func (o *hostOp) repeat() error {
 	if o.used {
+		return hostErr(acl.ACLNN, 161002, "aclSetAclOpExecutorRepeatable", "not a live executor")
+	}
+	o.repeatable = true
+	return nil
+}
+
+func (o *hostOp) destroy() error {
+	o.used, o.repeatable = true, false
+	return nil
+}
+
+func (o *hostOp) launch(s stream, ws acl.DevPtr) error {
+	if o.used && !o.repeatable {
 		return hostErr(acl.ACLNN, 161002, o.api, "the executor was consumed by an earlier launch")
 	}
 	o.used = true

@@ -1,0 +1,140 @@
+package ascend
+
+import (
+	"container/list"
+	"math"
+	"strconv"
+	"strings"
+)
+
+// execCacheSize bounds the repeatable executors a backend keeps.
+const execCacheSize = 4096
+
+// execCache holds repeatable executors by the key of the call that
+// prepared them (runAs), least recently used last.
+type execCache struct {
+	byKey            map[string]*list.Element
+	lru              list.List // of *execEntry
+	prepared, reused int64
+}
+
+type execEntry struct {
+	key string
+	op  prepared
+	ts  []tensorDesc // kept while the executor lives
+}
+
+// runAs is run for an operation whose executor may be launched again:
+// key names the operator and its attributes, and the operands' buffers,
+// offsets, dtypes and views complete it. A cached executor is launched
+// with no phase 1; a new one is made repeatable and cached. b.mu is held.
+func (b *Backend) runAs(key string, prepare func(ts []tensorDesc) (prepared, error), operands ...operand) error {
+	full, ok := b.execKey(key, operands)
+	if !ok {
+		return b.run(prepare, operands...)
+	}
+	c := &b.execs
+	if e, hit := c.byKey[full]; hit {
+		c.lru.MoveToFront(e)
+		c.reused++
+		return b.launch(e.Value.(*execEntry).op)
+	}
+	ts := make([]tensorDesc, len(operands))
+	keep := false
+	defer func() {
+		if !keep {
+			destroy(ts...)
+		}
+	}()
+	for i, o := range operands {
+		var err error
+		if ts[i], err = b.descOf(o); err != nil {
+			return err
+		}
+	}
+	op, err := prepare(ts)
+	if err != nil {
+		return err
+	}
+	if err := op.repeat(); err != nil {
+		return err
+	}
+	if c.byKey == nil {
+		c.byKey = map[string]*list.Element{}
+	}
+	if c.lru.Len() >= execCacheSize {
+		b.evict(c.lru.Back())
+	}
+	keep = true
+	c.byKey[full] = c.lru.PushFront(&execEntry{key: full, op: op, ts: ts})
+	c.prepared++
+	return b.launch(op)
+}
+
+// evict destroys a cached executor after the work queued on every stream
+// (it may still be queued).
+func (b *Backend) evict(e *list.Element) {
+	ent := e.Value.(*execEntry)
+	b.execs.lru.Remove(e)
+	delete(b.execs.byKey, ent.key)
+	b.syncAll() // an error here belongs to the work, reported at its own sync
+	ent.op.destroy()
+	destroy(ent.ts...)
+}
+
+// dropExecs destroys every cached executor; the streams have drained.
+func (b *Backend) dropExecs() {
+	for e := b.execs.lru.Front(); e != nil; e = e.Next() {
+		ent := e.Value.(*execEntry)
+		ent.op.destroy()
+		destroy(ent.ts...)
+	}
+	b.execs = execCache{}
+}
+
+// execKey completes key with the operands; ok is false when an operand
+// is not a live buffer (run then reports it).
+func (b *Backend) execKey(key string, operands []operand) (string, bool) {
+	var sb strings.Builder
+	sb.Grow(len(key) + 48*len(operands))
+	sb.WriteString(key)
+	for _, o := range operands {
+		d, err := bufOf(o.t)
+		if err != nil {
+			return "", false
+		}
+		sb.WriteByte('|')
+		sb.WriteString(strconv.Itoa(d.off))
+		sb.WriteByte('+')
+		sb.WriteString(strconv.Itoa(o.t.Off))
+		sb.WriteByte(' ')
+		sb.WriteString(strconv.Itoa(int(o.t.DType)))
+		if o.i64 {
+			sb.WriteString("i64")
+		}
+		if o.nz {
+			sb.WriteString("nz")
+		}
+		for _, v := range o.view {
+			sb.WriteByte(',')
+			sb.WriteString(strconv.FormatInt(v, 10))
+		}
+		sb.WriteByte('/')
+		for _, v := range o.strides {
+			sb.WriteByte(',')
+			sb.WriteString(strconv.FormatInt(v, 10))
+		}
+	}
+	return sb.String(), true
+}
+
+// attr is a float attribute in a key, exactly.
+func attr(v float32) string { return strconv.FormatUint(uint64(math.Float32bits(v)), 16) }
+
+// Executors reports how many repeatable executors the backend prepared
+// and how many calls launched a cached one again with no phase 1.
+func (b *Backend) Executors() (prepared, reused int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.execs.prepared, b.execs.reused
+}
