@@ -764,9 +764,9 @@ func (b *Backend) scalar(v float32) (scalar, error) {
 	return s, nil
 }
 
-// Unary implements compute.Backend with aclnnSilu, aclnnSigmoid and
-// aclnnSoftplus (beta 1, threshold 20: above it softplus(x) and x differ
-// by under 1e-8 relative).
+// Unary implements compute.Backend with aclnnSilu, aclnnSigmoid, aclnnExp
+// and aclnnSoftplus (beta 1, threshold 20: above it softplus(x) and x
+// differ by under 1e-8 relative).
 func (b *Backend) Unary(op compute.UnaryOp, dst, x compute.Tensor) error {
 	if x.DType != compute.F32 || dst.DType != compute.F32 || dims(dst) != dims(x) || x.Rank == 0 {
 		return fmt.Errorf("%w: Unary %v -> %v", compute.ErrShape, x, dst)
@@ -775,8 +775,8 @@ func (b *Backend) Unary(op compute.UnaryOp, dst, x compute.Tensor) error {
 	defer b.mu.Unlock()
 	D := x.Dim(-1)
 	switch op {
-	case compute.SiLU, compute.Sigmoid:
-		name := map[compute.UnaryOp]string{compute.SiLU: "aclnnSilu", compute.Sigmoid: "aclnnSigmoid"}[op]
+	case compute.SiLU, compute.Sigmoid, compute.Exp:
+		name := map[compute.UnaryOp]string{compute.SiLU: "aclnnSilu", compute.Sigmoid: "aclnnSigmoid", compute.Exp: "aclnnExp"}[op]
 		return b.runAs(name, func(ts []tensorDesc) (prepared, error) { return b.drv.unary(name, ts[0], ts[1]) }, flat(x, D), flat(dst, D))
 	case compute.Softplus:
 		return b.softplus(flat(x, D), flat(dst, D))
@@ -807,26 +807,45 @@ func (b *Backend) softplus(x, out operand) error {
 	return b.runAs("aclnnSoftplus 1 20", func(ts []tensorDesc) (prepared, error) { return b.drv.softplus(ts[0], beta, threshold, ts[1]) }, x, out)
 }
 
-// Binary implements compute.Backend with aclnnAdd (alpha 1) and aclnnMul;
-// a one-row b broadcasts over a's rows.
+// Binary implements compute.Backend with aclnnAdd (alpha 1, or -1 for
+// Sub), aclnnMul, aclnnMaximum and aclnnDiv; a one-row b broadcasts over
+// a's rows and a column [T, 1] over each row, by aclnn's broadcasting.
 func (b *Backend) Binary(op compute.BinaryOp, dst, x, y compute.Tensor) error {
+	column := compute.IsColumn(x, y)
 	if x.Rank == 0 || x.DType != compute.F32 || y.DType != compute.F32 || dst.DType != compute.F32 || dims(dst) != dims(x) ||
-		(dims(y) != dims(x) && dims(y) != x.Dim(-1)) {
+		(dims(y) != dims(x) && dims(y) != x.Dim(-1) && !column) {
 		return fmt.Errorf("%w: Binary a %v, b %v, dst %v", compute.ErrShape, x, y, dst)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	D := x.Dim(-1)
 	ob := flat(y, D)
-	switch op {
-	case compute.Add:
-		alpha, err := b.scalar(1)
+	if column {
+		ob = flat(y, 1)
+	}
+	add := func(alpha float32) error {
+		al, err := b.scalar(alpha)
 		if err != nil {
 			return err
 		}
-		return b.runAs("aclnnAdd 1", func(ts []tensorDesc) (prepared, error) { return b.drv.add(ts[0], ts[1], alpha, ts[2]) }, flat(x, D), ob, flat(dst, D))
+		return b.runAs("aclnnAdd "+attr(alpha), func(ts []tensorDesc) (prepared, error) { return b.drv.add(ts[0], ts[1], al, ts[2]) },
+			flat(x, D), ob, flat(dst, D))
+	}
+	binary := func(name string) error {
+		return b.runAs(name, func(ts []tensorDesc) (prepared, error) { return b.drv.binary(name, ts[0], ts[1], ts[2]) },
+			flat(x, D), ob, flat(dst, D))
+	}
+	switch op {
+	case compute.Add:
+		return add(1)
+	case compute.Sub:
+		return add(-1)
 	case compute.Mul:
-		return b.runAs("aclnnMul", func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) }, flat(x, D), ob, flat(dst, D))
+		return binary("aclnnMul")
+	case compute.Max:
+		return binary("aclnnMaximum")
+	case compute.Div:
+		return binary("aclnnDiv")
 	}
 	return fmt.Errorf("ascend: binary op %d: %w", op, compute.ErrUnsupported)
 }

@@ -212,7 +212,7 @@ func (s *Stream) prepare(queries compute.Tensor) error {
 	// The argument structs live in the Stream: a local would escape through
 	// the interface call and allocate on every sublayer.
 	s.prep = compute.AttnResPrepareArgs{Blocks: s.views, Queries: queries, Eps: s.eps, Num: num, Max: mx, Sum: sum}
-	return s.b.AttnResPrepare(&s.prep)
+	return Prepare(s.b, &s.prep)
 }
 
 // update merges query qi's statistics with the partial (plus delta) into h.
@@ -229,7 +229,7 @@ func (s *Stream) update(qi int, delta, query, h compute.Tensor) error {
 		Sum:        sum.Rows(qi, qi+1).Reshape(s.t),
 		H:          h,
 	}
-	if err := s.b.AttnResUpdate(&s.upd); err != nil {
+	if err := Update(s.b, &s.upd); err != nil {
 		return err
 	}
 	s.has = s.upd.HasPartial

@@ -44,8 +44,10 @@ type Backend interface {
 	LayerNorm(dst, x, w, b Tensor, eps float32) error
 	// Unary applies op elementwise. dst may be x.
 	Unary(op UnaryOp, dst, x Tensor) error
-	// Binary applies op elementwise; b has a's shape or is one row that
-	// broadcasts over a's rows. dst may be a.
+	// Binary applies op elementwise; b has a's shape, or is one row that
+	// broadcasts over a's rows, or is a column [T, 1] (a has T rows of
+	// more than one element) whose value for each row broadcasts over
+	// that row. dst may be a.
 	Binary(op BinaryOp, dst, a, b Tensor) error
 	// GatedAct computes dst = act(gate) * up, the SwiGLU/SiTU feed-forward core.
 	GatedAct(act Activation, dst, gate, up Tensor) error
@@ -154,6 +156,7 @@ const (
 	SiLU UnaryOp = iota + 1
 	Sigmoid
 	Softplus
+	Exp
 )
 
 // BinaryOp is an elementwise operation of two tensors.
@@ -162,7 +165,17 @@ type BinaryOp uint8
 const (
 	Add BinaryOp = iota + 1
 	Mul
+	Sub // a - b
+	Max // the larger of a and b
+	Div // a / b
 )
+
+// IsColumn reports whether b is a column [T, 1] that broadcasts over the
+// rows of a (Binary's third form).
+func IsColumn(a, b Tensor) bool {
+	d := a.Dim(-1)
+	return b.Rank >= 2 && b.Dim(-1) == 1 && d > 1 && b.Len()*d == a.Len()
+}
 
 // Activation selects the gated feed-forward activation.
 type Activation struct {

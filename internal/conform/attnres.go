@@ -10,9 +10,9 @@ import (
 )
 
 func init() {
-	handlers["attnres.aggregate"] = runAttnResAggregate
-	handlers["attnres.two_phase"] = runAttnResTwoPhase
-	handlers["attnres.stack"] = runAttnResStack
+	handlers["attnres.aggregate"] = bothAttnResRoutes(runAttnResAggregate)
+	handlers["attnres.two_phase"] = bothAttnResRoutes(runAttnResTwoPhase)
+	handlers["attnres.stack"] = bothAttnResRoutes(runAttnResStack)
 }
 
 // Tolerances from testdata/attnres/README.md: about 1e-5 relative, 1e-4
@@ -23,6 +23,35 @@ func fused(w, g []float32) []float32 {
 	q := make([]float32, len(w))
 	attnres.FuseQuery(q, w, g)
 	return q
+}
+
+// bothAttnResRoutes runs an AttnRes case on the backend's fused phases
+// and again on their composition of smaller operations (the backend with
+// the fused ones withheld); the second route's failures are labelled
+// "(composed)".
+func bothAttnResRoutes(run handler) handler {
+	return func(ctx context.Context, b compute.Backend, path string, chk *checker) error {
+		if err := run(ctx, b, path, chk); err != nil {
+			return err
+		}
+		chk.route = " (composed)"
+		defer func() { chk.route = "" }()
+		if err := run(ctx, unfusedAttnRes{b}, path, chk); err != nil {
+			return fmt.Errorf("composed route: %w", err)
+		}
+		return nil
+	}
+}
+
+// unfusedAttnRes is a backend without the fused AttnRes phases.
+type unfusedAttnRes struct{ compute.Backend }
+
+func (unfusedAttnRes) AttnResPrepare(*compute.AttnResPrepareArgs) error {
+	return fmt.Errorf("%w: AttnResPrepare withheld to test the composition", compute.ErrUnsupported)
+}
+
+func (unfusedAttnRes) AttnResUpdate(*compute.AttnResUpdateArgs) error {
+	return fmt.Errorf("%w: AttnResUpdate withheld to test the composition", compute.ErrUnsupported)
 }
 
 func runAttnResAggregate(ctx context.Context, b compute.Backend, path string, chk *checker) error {
@@ -67,10 +96,10 @@ func runAttnResAggregate(ctx context.Context, b compute.Backend, path string, ch
 	sum, _ := b.Alloc(compute.F32, 1, t)
 	h, _ := b.Alloc(compute.F32, t, d)
 	partial, _ := b.Alloc(compute.F32, t, d)
-	if err := b.AttnResPrepare(&compute.AttnResPrepareArgs{Blocks: blocks, Queries: q, Eps: float32(eps), Num: num, Max: mx, Sum: sum}); err != nil {
+	if err := attnres.Prepare(b, &compute.AttnResPrepareArgs{Blocks: blocks, Queries: q, Eps: float32(eps), Num: num, Max: mx, Sum: sum}); err != nil {
 		return err
 	}
-	if err := b.AttnResUpdate(&compute.AttnResUpdateArgs{Partial: partial, Query: q.Reshape(d), Eps: float32(eps),
+	if err := attnres.Update(b, &compute.AttnResUpdateArgs{Partial: partial, Query: q.Reshape(d), Eps: float32(eps),
 		Num: num.Reshape(t, d), Max: mx.Reshape(t), Sum: sum.Reshape(t), H: h}); err != nil {
 		return err
 	}
@@ -136,7 +165,7 @@ func runAttnResTwoPhase(ctx context.Context, b compute.Backend, path string, chk
 	num, _ := b.Alloc(compute.F32, s, t, d)
 	mx, _ := b.Alloc(compute.F32, s, t)
 	sum, _ := b.Alloc(compute.F32, s, t)
-	if err := b.AttnResPrepare(&compute.AttnResPrepareArgs{Blocks: blocks, Queries: q, Eps: float32(eps), Num: num, Max: mx, Sum: sum}); err != nil {
+	if err := attnres.Prepare(b, &compute.AttnResPrepareArgs{Blocks: blocks, Queries: q, Eps: float32(eps), Num: num, Max: mx, Sum: sum}); err != nil {
 		return err
 	}
 	for _, c := range []struct {
@@ -188,7 +217,7 @@ func runAttnResTwoPhase(ctx context.Context, b compute.Backend, path string, chk
 			}
 			a.Delta = dt
 		}
-		if err := b.AttnResUpdate(&a); err != nil {
+		if err := attnres.Update(b, &a); err != nil {
 			return err
 		}
 		has = a.HasPartial

@@ -213,6 +213,8 @@ type checker struct {
 	tol      float64
 	compared int
 	fails    []string
+	// route labels the failures of a second route (" (composed)").
+	route string
 }
 
 // close compares got with want elementwise: |got-want| <= atol + rtol·|want|.
@@ -229,7 +231,7 @@ func (c *checker) close(name string, got, want []float32, atol, rtol float64) {
 		g, w := float64(got[i]), float64(want[i])
 		if math.IsInf(w, 0) || math.IsInf(g, 0) || math.IsNaN(g) || math.IsNaN(w) {
 			if g != w && !(math.IsNaN(g) && math.IsNaN(w)) {
-				c.fails = append(c.fails, fmt.Sprintf("%s[%d] = %g, want %g", name, i, g, w))
+				c.fails = append(c.fails, fmt.Sprintf("%s%s[%d] = %g, want %g", name, c.route, i, g, w))
 				return
 			}
 			continue
@@ -241,7 +243,7 @@ func (c *checker) close(name string, got, want []float32, atol, rtol float64) {
 		}
 	}
 	if at >= 0 {
-		c.fails = append(c.fails, fmt.Sprintf("%s[%d] = %g, want %g", name, at, got[at], want[at]))
+		c.fails = append(c.fails, fmt.Sprintf("%s%s[%d] = %g, want %g", name, c.route, at, got[at], want[at]))
 	}
 }
 

@@ -140,13 +140,18 @@ func (b *Backend) Unary(op compute.UnaryOp, dst, x compute.Tensor) error {
 	case compute.Softplus:
 		copy(ds, xs)
 		kernel.SoftplusSlice(ds)
+	case compute.Exp:
+		for i, v := range xs {
+			ds[i] = float32(math.Exp(float64(v)))
+		}
 	default:
 		return fmt.Errorf("cpu: unary op %d: %w", op, compute.ErrUnsupported)
 	}
 	return nil
 }
 
-// Binary applies an elementwise operation with row broadcasting of b.
+// Binary applies an elementwise operation with row or column
+// broadcasting of b.
 func (b *Backend) Binary(op compute.BinaryOp, dst, x, y compute.Tensor) error {
 	xs, err := f32Of("binary a", x)
 	if err != nil {
@@ -160,20 +165,62 @@ func (b *Backend) Binary(op compute.BinaryOp, dst, x, y compute.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if len(ds) != len(xs) || len(ys) == 0 || len(xs)%len(ys) != 0 || (len(ys) != len(xs) && len(ys) != x.Dim(-1)) {
+	if len(ds) != len(xs) || len(ys) == 0 {
+		return shapeErr("binary a %v, b %v, dst %v", x, y, dst)
+	}
+	if op < compute.Add || op > compute.Div {
+		return fmt.Errorf("cpu: binary op %d: %w", op, compute.ErrUnsupported)
+	}
+	if compute.IsColumn(x, y) {
+		d := x.Dim(-1)
+		for r, v := range ys {
+			binaryScalar(op, ds[r*d:(r+1)*d], xs[r*d:(r+1)*d], v)
+		}
+		return nil
+	}
+	if len(xs)%len(ys) != 0 || (len(ys) != len(xs) && len(ys) != x.Dim(-1)) {
 		return shapeErr("binary a %v, b %v, dst %v", x, y, dst)
 	}
 	for r := 0; r < len(xs); r += len(ys) {
+		d, a := ds[r:r+len(ys)], xs[r:r+len(ys)]
 		switch op {
 		case compute.Add:
-			kernel.Add(ds[r:r+len(ys)], xs[r:r+len(ys)], ys)
+			kernel.Add(d, a, ys)
 		case compute.Mul:
-			kernel.Mul(ds[r:r+len(ys)], xs[r:r+len(ys)], ys)
-		default:
-			return fmt.Errorf("cpu: binary op %d: %w", op, compute.ErrUnsupported)
+			kernel.Mul(d, a, ys)
+		case compute.Sub:
+			for i := range d {
+				d[i] = a[i] - ys[i]
+			}
+		case compute.Max:
+			for i := range d {
+				d[i] = max(a[i], ys[i])
+			}
+		case compute.Div:
+			for i := range d {
+				d[i] = a[i] / ys[i]
+			}
 		}
 	}
 	return nil
+}
+
+// binaryScalar is dst = op(a, v) for one row and one value.
+func binaryScalar(op compute.BinaryOp, dst, a []float32, v float32) {
+	for i, x := range a {
+		switch op {
+		case compute.Add:
+			dst[i] = x + v
+		case compute.Mul:
+			dst[i] = x * v
+		case compute.Sub:
+			dst[i] = x - v
+		case compute.Max:
+			dst[i] = max(x, v)
+		case compute.Div:
+			dst[i] = x / v
+		}
+	}
 }
 
 // GatedAct computes act(gate) * up.
