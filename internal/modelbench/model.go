@@ -79,7 +79,7 @@ type ModelResult struct {
 	Truncate100SnapSteps   float64
 	TruncateSnapStateBytes int64
 	StateBytesPerSession   int64
-	// Schedule holds a long prompt arriving beside 8 streams, at three
+	// Schedule holds a long prompt arriving beside 8 streams, at four
 	// chunk sizes: the trade between their latency and its first token.
 	Schedule []*ScheduleResult
 	Chat     *ChatResult
@@ -299,7 +299,7 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 	if r.Chat, err = Chat(ctx, dir, 1000, 64, 24); err != nil {
 		return nil, err
 	}
-	for _, chunk := range []int{8, 10, 32} {
+	for _, chunk := range []int{8, 12, 16, 32} {
 		log(fmt.Sprintf("scheduler: 8 streams and a 4,096-token prompt in chunks of %d...", chunk))
 		sr, err := Schedule(ctx, m, 8, 4096, chunk)
 		if err != nil {
@@ -601,6 +601,9 @@ func (r *ModelResult) tail(b *strings.Builder) {
 		r.TruncateAt, r.TruncateDepth, r.TruncateShort, r.TruncateShortSteps, r.Truncate100Steps, float64(r.TruncateStateBytes)/1e6, r.Truncate100NoLogSteps)
 	fmt.Fprintf(b, "  truncate at %d positions, WithSnapshots(%d, 8) and no logs: back 100 tokens %.1f decode steps (the newest snapshot before the cut, then up to %d tokens again; state per session %.1f MB)\n",
 		r.TruncateAt, r.TruncateSnapInterval, r.Truncate100SnapSteps, r.TruncateSnapInterval, float64(r.TruncateSnapStateBytes)/1e6)
+	if len(r.Schedule) > 0 {
+		b.WriteString(damonNote())
+	}
 	for _, sr := range r.Schedule {
 		b.WriteString(sr.Line())
 	}
