@@ -58,6 +58,7 @@ type core struct {
 	main    *Backend
 	sides   map[int]*Backend
 	execs   execCache
+	ints    intConsts
 }
 
 // devBuf is a Tensor's storage: a span of the arena.

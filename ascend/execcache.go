@@ -2,9 +2,13 @@ package ascend
 
 import (
 	"container/list"
+	"fmt"
 	"math"
 	"strconv"
 	"strings"
+	"unsafe"
+
+	"k3/compute"
 )
 
 // execCacheSize bounds the repeatable executors a backend keeps.
@@ -137,4 +141,60 @@ func (b *Backend) Executors() (prepared, reused int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.execs.prepared, b.execs.reused
+}
+
+// intConstCap bounds the int32 constants a backend keeps on the device.
+const intConstCap = 256
+
+// intConsts holds small int32 vectors the compositions pass to
+// operators (a recurrence's token counts and state indices), uploaded
+// once and found by content, so that a decode step of static shapes
+// uploads nothing and can be captured. Entries used during a capture
+// stay for the backend's life: a graph reads them on every replay.
+type intConsts struct {
+	byKey map[string]*list.Element
+	lru   list.List // of *intConst
+}
+
+type intConst struct {
+	key    string
+	t      compute.Tensor
+	pinned bool
+}
+
+// constInts returns a device tensor holding vals; b.mu is held.
+func (b *Backend) constInts(vals []int32) (compute.Tensor, error) {
+	c := &b.ints
+	key := string(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(vals))), 4*len(vals)))
+	if e, ok := c.byKey[key]; ok {
+		c.lru.MoveToFront(e)
+		ic := e.Value.(*intConst)
+		ic.pinned = ic.pinned || b.capture != nil
+		return ic.t, nil
+	}
+	if b.capture != nil {
+		return compute.Tensor{}, fmt.Errorf("%w: an int32 constant first needed inside the capture (run the step once before capturing it)", ErrCapturing)
+	}
+	t, err := b.allocTensor(compute.I32, max(len(vals), 1))
+	if err != nil {
+		return t, err
+	}
+	if err := b.put(t, vals); err != nil {
+		b.freeBuf(t.Mem.(*devBuf))
+		return t, err
+	}
+	if c.byKey == nil {
+		c.byKey = map[string]*list.Element{}
+	}
+	for e := c.lru.Back(); c.lru.Len() >= intConstCap && e != nil; {
+		prev := e.Prev()
+		if ic := e.Value.(*intConst); !ic.pinned {
+			c.lru.Remove(e)
+			delete(c.byKey, ic.key)
+			b.freeBuf(ic.t.Mem.(*devBuf))
+		}
+		e = prev
+	}
+	c.byKey[key] = c.lru.PushFront(&intConst{key: key, t: t})
+	return t, nil
 }

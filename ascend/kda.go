@@ -104,19 +104,14 @@ func i64(v ...int) []int64 {
 
 // recurrentKDA runs the composition; b.mu is held.
 func (b *Backend) recurrentKDA(a *compute.KDAArgs, d kdaDims) error {
-	T, H, Dk, Dv, N := d.T, d.H, d.Dk, d.Dv, d.N
+	T, H, Dk, Dv := d.T, d.H, d.Dk, d.Dv
 	// Scratch: q, k, v and the log decay per token and head, beta, the
-	// per-head decay rates; then the int32 counts and state indices.
+	// per-head decay rates.
 	f, err := b.allocTensor(compute.F32, 3*T*H*Dk+T*H*Dv+T*H+H)
 	if err != nil {
 		return err
 	}
 	defer b.freeBuf(f.Mem.(*devBuf))
-	ints, err := b.allocTensor(compute.I32, N+T)
-	if err != nil {
-		return err
-	}
-	defer b.freeBuf(ints.Mem.(*devBuf))
 	at := func(t compute.Tensor, off int) compute.Tensor { t.Off += off; return t }
 	qn, kn, gk := at(f, 0), at(f, T*H*Dk), at(f, 2*T*H*Dk)
 	vv, beta, rate := at(f, 3*T*H*Dk), at(f, 3*T*H*Dk+T*H*Dv), at(f, 3*T*H*Dk+T*H*Dv+T*H)
@@ -172,7 +167,7 @@ func (b *Backend) recurrentKDA(a *compute.KDAArgs, d kdaDims) error {
 
 	ops := kdaOperands{q: qn, k: kn, v: vv, beta: beta, decay: decay.t, out: a.Out}
 	if d.longest() <= maxRecurrentTokens {
-		return b.recurrentPiece(a, d, ops, d.cu, ints)
+		return b.recurrentPiece(a, d, ops, d.cu)
 	}
 	return b.recurrentPieces(a, d, ops)
 }
@@ -192,9 +187,10 @@ func (d kdaDims) longest() int {
 
 // recurrentPiece runs aclnnRecurrentGatedDeltaRule once over the tokens of
 // src, which belong to the sequences with offsets cu (sequence s in state
-// block blocks[s], nil meaning s); ints is scratch for the lengths and
-// state indices. Sequences without tokens are left out of the call.
-func (b *Backend) recurrentPiece(a *compute.KDAArgs, d kdaDims, src kdaOperands, cu []int32, ints compute.Tensor, blocks ...int32) error {
+// block blocks[s], nil meaning s); the token counts and state indices
+// are int32 constants on the device (constInts), so a decode step uploads
+// nothing. Sequences without tokens are left out of the call.
+func (b *Backend) recurrentPiece(a *compute.KDAArgs, d kdaDims, src kdaOperands, cu []int32, blocks ...int32) error {
 	H, Dk, Dv := d.H, d.Dk, d.Dv
 	n := int(cu[len(cu)-1])
 	var lens, idx []int32
@@ -212,11 +208,12 @@ func (b *Backend) recurrentPiece(a *compute.KDAArgs, d kdaDims, src kdaOperands,
 			idx = append(idx, blk)
 		}
 	}
-	if err := b.put(ints, append(lens, idx...)); err != nil {
+	consts, err := b.constInts(append(lens, idx...))
+	if err != nil {
 		return err
 	}
 	t3 := func(t compute.Tensor, w int) operand { return operand{t: t, view: i64(n, H, w)} }
-	lensT, idxT := part(ints, 0, len(lens)), part(ints, len(lens), n)
+	lensT, idxT := part(consts, 0, len(lens)), part(consts, len(lens), n)
 	scale := a.Scale
 	return b.run(func(ts []tensorDesc) (prepared, error) {
 		return b.drv.rgdr(ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], ts[6], nil, ts[7], scale, ts[8])
@@ -244,11 +241,6 @@ func (b *Backend) recurrentPieces(a *compute.KDAArgs, d kdaDims, src kdaOperands
 		return err
 	}
 	defer b.freeBuf(sc.Mem.(*devBuf))
-	ints, err := b.allocTensor(compute.I32, N+rows)
-	if err != nil {
-		return err
-	}
-	defer b.freeBuf(ints.Mem.(*devBuf))
 	var piece [6]compute.Tensor
 	off := 0
 	for i, w := range width {
@@ -286,7 +278,7 @@ func (b *Backend) recurrentPieces(a *compute.KDAArgs, d kdaDims, src kdaOperands
 			at += n
 		}
 		pieceOps := kdaOperands{q: piece[0], k: piece[1], v: piece[2], beta: piece[3], decay: piece[4], out: piece[5]}
-		if err := b.recurrentPiece(a, d, pieceOps, cu, ints, blocks...); err != nil {
+		if err := b.recurrentPiece(a, d, pieceOps, cu, blocks...); err != nil {
 			return err
 		}
 		at = 0

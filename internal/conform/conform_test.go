@@ -331,6 +331,35 @@ func TestKDADecodeComposedRoute(t *testing.T) {
 	}
 }
 
+// The decode case's graph route captures the composed step once and
+// replays it for the later steps, with every comparison passing; the
+// steps after the capture run only by replay (the layer is not called).
+func TestKDADecodeGraphRoute(t *testing.T) {
+	b, err := ascend.OpenHost(ascend.Options{ArenaBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	c := &countChunks{unfused: unfused{b}}
+	chk := &checker{}
+	if err := runKDALayerDecodeGraph(c, b, "../../testdata/kda/layer_k3_decode.safetensors", chk); err != nil {
+		t.Fatal(err)
+	}
+	if len(chk.fails) > 0 || chk.compared == 0 {
+		t.Fatalf("graph route: %d compared, fails %v", chk.compared, chk.fails)
+	}
+	// The file has 3 decode steps: step 0 eager and step 1 under the
+	// capture call the layer; step 2 replays. The eager route over the
+	// same 3 steps counts the layer's calls for all three.
+	eager := &countChunks{unfused: unfused{b}}
+	if err := runKDALayerDecodeOn(eager, "../../testdata/kda/layer_k3_decode.safetensors", &checker{}, ""); err != nil {
+		t.Fatal(err)
+	}
+	if eager.steps == 0 || eager.steps%3 != 0 || c.steps != eager.steps/3*2 {
+		t.Fatalf("the composed recurrence ran %d times through the layer in the graph route and %d in the eager one, want 2/3 of it", c.steps, eager.steps)
+	}
+}
+
 // Every case passes through the Ascend backend's orchestration on the
 // host driver (arena, stream, staging, descriptors, two-phase operators;
 // the operations not mapped to aclnn run on the pure-Go backend).

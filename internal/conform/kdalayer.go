@@ -3,6 +3,7 @@ package conform
 import (
 	"context"
 	"fmt"
+	"k3/ascend"
 	"strconv"
 
 	"k3/compute"
@@ -163,15 +164,39 @@ func (unfused) KDAStep(*compute.KDAStepArgs) error {
 }
 
 // runKDALayerDecode checks both routes of the decode step: the backend's
-// fused KDAStep, and the layer's composition of smaller operations.
+// fused KDAStep, and the layer's composition of smaller operations; on a
+// backend that captures graphs (ascend), the composed step once more,
+// captured after the first step and replayed for the others.
 func runKDALayerDecode(ctx context.Context, b compute.Backend, path string, chk *checker) error {
 	if err := runKDALayerDecodeOn(b, path, chk, ""); err != nil {
 		return err
 	}
-	return runKDALayerDecodeOn(unfused{b}, path, chk, " (composed)")
+	if err := runKDALayerDecodeOn(unfused{b}, path, chk, " (composed)"); err != nil {
+		return err
+	}
+	if c, ok := b.(capturer); ok {
+		return runKDALayerDecodeGraph(unfused{b}, c, path, chk)
+	}
+	return nil
+}
+
+// capturer is a backend that records work into a graph replayed later.
+type capturer interface {
+	Capture(fn func() error) (*ascend.Graph, error)
 }
 
 func runKDALayerDecodeOn(b compute.Backend, path string, chk *checker, route string) error {
+	return runKDALayerDecodeWith(b, nil, path, chk, route)
+}
+
+// runKDALayerDecodeGraph is the decode case with every step after the
+// first replayed from a graph captured once: the input is written into
+// the same tensor before each replay, and the states advance in place.
+func runKDALayerDecodeGraph(b compute.Backend, c capturer, path string, chk *checker) error {
+	return runKDALayerDecodeWith(b, c, path, chk, " (graph)")
+}
+
+func runKDALayerDecodeWith(b compute.Backend, c capturer, path string, chk *checker, route string) error {
 	f, err := openCase(path)
 	if err != nil {
 		return err
@@ -260,11 +285,31 @@ func runKDALayerDecodeOn(b compute.Backend, path string, chk *checker, route str
 		stepRows[i] = int32(i)
 	}
 	steps1 := kdaSeqs(st, stepRows, bsz)
+	var g *ascend.Graph
+	defer func() {
+		if g != nil {
+			g.Close()
+		}
+	}()
 	for s := 0; s < steps; s++ {
 		if err := b.Write(xstep, pick(xd, s, cfg.Hidden)); err != nil {
 			return err
 		}
-		if err := layer.Forward(xstep, steps1, ystep); err != nil {
+		step := func() error { return layer.Forward(xstep, steps1, ystep) }
+		switch {
+		case c != nil && s == 1:
+			// Step 0 ran eagerly (warming what the step builds once);
+			// step 1 is captured, then run by its first replay.
+			if g, err = c.Capture(step); err != nil {
+				return fmt.Errorf("capturing the decode step: %w", err)
+			}
+			err = g.Replay()
+		case g != nil:
+			err = g.Replay()
+		default:
+			err = step()
+		}
+		if err != nil {
 			return err
 		}
 		for _, c := range []struct {
