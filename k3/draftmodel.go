@@ -216,9 +216,16 @@ func (m *Model) NewSelfDraft(n int) (*DraftModel, error) {
 }
 
 // earlyExit is a view of m's first n layers as a model of its own: the
-// same tensors, its own scratch and sessions. It is never closed (m owns
-// what it shares).
+// same tensors, its own scratch and sessions. It is made once per n and
+// kept (a new drafter's first pass would otherwise allocate and clear a
+// workspace, which costs more than many plain steps); it is never closed
+// (m owns what it shares).
 func (m *Model) earlyExit(n int) *Model {
+	m.viewsMu.Lock()
+	defer m.viewsMu.Unlock()
+	if v, ok := m.views[n]; ok {
+		return v
+	}
 	cfg := *m.Config
 	cfg.NumLayers, cfg.Layers = n, cfg.Layers[:n:n]
 	v := &Model{Config: &cfg, b: m.b, chunk: m.chunk, embed: m.embed, norm: m.norm, lmHead: m.lmHead,
@@ -227,5 +234,9 @@ func (m *Model) earlyExit(n int) *Model {
 	if !m.resQueries.IsZero() {
 		v.resQueries = m.resQueries.Rows(0, 2*n) // each layer's two sublayers' queries
 	}
+	if m.views == nil {
+		m.views = map[int]*Model{}
+	}
+	m.views[n] = v
 	return v
 }

@@ -144,6 +144,11 @@ type Model struct {
 
 	wsMu   sync.Mutex
 	wsFree []*workspace // scratch for session runs, lent one per run
+	// views are the early-exit views of the first n layers made so far
+	// (self-speculative drafters), kept so that every drafter of one
+	// depth shares a view's workspaces instead of allocating its own.
+	viewsMu sync.Mutex
+	views   map[int]*Model
 
 	specMu    sync.Mutex
 	specCosts specdec.Costs         // SpeculationCosts, measured once

@@ -312,8 +312,12 @@ type speculation struct {
 	draftSec float64
 	drafted  bool // the drafter has been called once
 	lastHist int  // len(hist) at the drafter's last call
-	// sinceProbe counts the plain steps since the last probe.
+	// sinceProbe counts the plain steps since the last probe; probeSec is
+	// a probe call's whole time (seconds, a moving average), including the
+	// drafter catching up on the tokens since its last call, which
+	// draftSec leaves out.
 	sinceProbe int
+	probeSec   float64
 
 	// WithRejectionSampling: picked are the tokens pickDraft drew for the
 	// current block (none for a drafter without distributions), q[i*vocab:]
@@ -334,7 +338,7 @@ type speculation struct {
 // probeShare bounds what the probes of a costly drafter take of plain
 // decoding (the adaptive depth must not be more than a few percent slower
 // than plain decoding when speculation does not pay).
-const probeShare = 0.02
+const probeShare = 0.01
 
 // checkSpeculation reports whether the model can run o's speculation.
 func (m *Model) checkSpeculation(o *genOptions) error {
@@ -460,7 +464,11 @@ func (g *generation) draftPass(ctx context.Context, id int32) ([]int32, error) {
 			// so many steps, so that probing costs at most probeShare of
 			// plain decoding.
 			n, probe = 1, true
-			if every := int(c.Draft / probeShare); sp.sinceProbe < every {
+			cost := c.Draft
+			if sp.probeSec > 0 && c.Step > 0 {
+				cost = max(cost, sp.probeSec*float64(max(sp.batch, 1))/c.Step)
+			}
+			if every := int(cost / probeShare); sp.sinceProbe < every {
 				n, probe = 0, false
 				sp.sinceProbe++
 			} else {
@@ -503,6 +511,13 @@ func (g *generation) draftPass(ctx context.Context, id int32) ([]int32, error) {
 		// first, after the prompt, or a probe after plain steps) catching
 		// up on the tokens since its last call; only calls that follow
 		// the last by at most one verify run's tokens time the drafting.
+		if probe {
+			if whole := time.Since(start).Seconds(); sp.probeSec == 0 {
+				sp.probeSec = whole
+			} else {
+				sp.probeSec = 0.7*sp.probeSec + 0.3*whole
+			}
+		}
 		grew := len(sp.hist) - sp.lastHist
 		sp.lastHist = len(sp.hist)
 		if d := time.Since(start).Seconds() / float64(n); !sp.drafted || grew > sp.depth+1 {

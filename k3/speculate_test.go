@@ -688,3 +688,28 @@ func TestSelfDraft(t *testing.T) {
 		})
 	}
 }
+
+// Self-speculative drafters of one depth share one early-exit view, so a
+// new drafter's first draft reuses the workspace the last one released
+// instead of allocating and clearing another.
+func TestSelfDraftSharesView(t *testing.T) {
+	ctx := context.Background()
+	m, err := LoadTiny(ctx, WithRollback(4))
+	require.NoError(t, err)
+	defer m.Close()
+	require.Same(t, m.earlyExit(2), m.earlyExit(2))
+	require.NotSame(t, m.earlyExit(2), m.earlyExit(3))
+	prompt := m.Encode("func main() {")
+	for i := range 3 {
+		d, err := m.NewSelfDraft(2)
+		require.NoError(t, err)
+		got := d.Draft(prompt, 2, nil)
+		require.Len(t, got, 2)
+		require.NoError(t, d.Close())
+		v := m.earlyExit(2)
+		v.wsMu.Lock()
+		free := len(v.wsFree)
+		v.wsMu.Unlock()
+		require.Equal(t, 1, free, "drafter %d: the view holds one workspace, lent and returned", i)
+	}
+}
