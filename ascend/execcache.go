@@ -66,7 +66,7 @@ func (b *Backend) runAs(key string, prepare func(ts []tensorDesc) (prepared, err
 	if c.byKey == nil {
 		c.byKey = map[string]*list.Element{}
 	}
-	if c.lru.Len() >= execCacheSize {
+	if c.lru.Len() >= execCacheSize && b.capture == nil { // a capture may hold the oldest: evict after it
 		b.evict(c.lru.Back())
 	}
 	keep = true

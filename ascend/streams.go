@@ -50,7 +50,7 @@ func (b *Backend) Side(i int) (compute.Backend, error) {
 func (b *Backend) sideOf(side compute.Backend) (*Backend, error) {
 	sd, ok := side.(*Backend)
 	if !ok || sd.core != b.core || sd.side == 0 || sd == b {
-		return nil, fmt.Errorf("%w: %v is not another side stream of this backend", ErrInvalidArgument, side)
+		return nil, fmt.Errorf("%w: a %T that is not another side stream of this backend", ErrInvalidArgument, side)
 	}
 	if b.capture != nil {
 		return nil, fmt.Errorf("%w: Fork or Join", ErrCapturing)
