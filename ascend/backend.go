@@ -706,19 +706,30 @@ func unmapped(op string) error {
 // run prepares an operator with prepare and launches it; the
 // descriptors of ts are destroyed afterwards (aclnn has copied them).
 func (b *Backend) run(prepare func(ts []tensorDesc) (prepared, error), operands ...operand) error {
-	ts := make([]tensorDesc, len(operands))
-	defer func() { destroy(ts...) }()
-	for i, o := range operands {
-		var err error
-		if ts[i], err = b.descOf(o); err != nil {
-			return err
-		}
+	ts, err := b.describe(operands)
+	if err != nil {
+		return err
 	}
+	defer destroy(ts...)
 	op, err := prepare(ts)
 	if err != nil {
 		return err
 	}
 	return b.launch(op)
+}
+
+// describe makes the descriptors of operands; on failure it destroys
+// those it made.
+func (b *Backend) describe(operands []operand) ([]tensorDesc, error) {
+	ts := make([]tensorDesc, len(operands))
+	for i, o := range operands {
+		var err error
+		if ts[i], err = b.descOf(o); err != nil {
+			destroy(ts...)
+			return nil, err
+		}
+	}
+	return ts, nil
 }
 
 // operand is a tensor as one operator sees it.

@@ -43,19 +43,16 @@ func (b *Backend) runAs(key string, prepare func(ts []tensorDesc) (prepared, err
 		c.reused++
 		return b.launch(e.Value.(*execEntry).op)
 	}
-	ts := make([]tensorDesc, len(operands))
+	ts, err := b.describe(operands)
+	if err != nil {
+		return err
+	}
 	keep := false
 	defer func() {
 		if !keep {
 			destroy(ts...)
 		}
 	}()
-	for i, o := range operands {
-		var err error
-		if ts[i], err = b.descOf(o); err != nil {
-			return err
-		}
-	}
 	op, err := prepare(ts)
 	if err != nil {
 		return err
