@@ -484,13 +484,12 @@ func (b *Backend) Copy(dst, src compute.Tensor) error {
 	if (dst.Off*dst.DType.Size())%64 == 0 && (src.Off*src.DType.Size())%64 == 0 {
 		return b.s.CopyDevice(pd, ps, n)
 	}
-	// Asynchronous device copies need 64-byte aligned addresses; views at
-	// other offsets go through the host until a copy operator is mapped.
-	tmp := make([]byte, n)
-	if err := b.download(tmp, ps); err != nil {
-		return err
-	}
-	return b.upload(pd, tmp)
+	// Asynchronous device copies need 64-byte aligned addresses; a view
+	// at another offset (a cache row appended at any position) is copied
+	// by aclnnInplaceCopy, queued like any operator and so captured too.
+	flat := []int64{int64(dims(src))}
+	return b.runAs("aclnnInplaceCopy", func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) },
+		operand{t: dst, view: flat}, operand{t: src, view: flat})
 }
 
 // Fill implements compute.Backend: zero is a memset, other values

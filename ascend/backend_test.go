@@ -99,6 +99,40 @@ func testBackendMemory(t *testing.T, b *Backend) {
 	assert.Equal(t, v, read(t, b, y))
 	require.NoError(t, b.Copy(y.Rows(0, 1), x.Rows(2, 3)))
 	assert.Equal(t, v[10:15], read(t, b, y.Rows(0, 1)))
+	// Unaligned views of the other dtypes (aclnnInplaceCopy); a bf16
+	// tensor is read back widened by an embedding lookup of its rows.
+	want := []float32{0, 0, -2, 3, 4, 0, 0}
+	for _, dt := range []compute.DType{compute.BF16, compute.I32} {
+		raw, from := f32bytes([]float32{1, -2, 3, 4, 5, 6, 7}), compute.F32
+		if dt == compute.I32 {
+			raw, from = i32bytes([]int32{1, -2, 3, 4, 5, 6, 7}), compute.I32
+		}
+		src, err := b.FromHost(dt, from, raw, 7)
+		require.NoError(t, err)
+		dst, err := b.Alloc(dt, 7)
+		require.NoError(t, err)
+		require.NoError(t, b.Copy(dst.Rows(2, 5), src.Rows(1, 4)))
+		got := make([]float32, 7)
+		if dt == compute.I32 {
+			ints := make([]int32, 7)
+			require.NoError(t, b.Read(&ints, dst))
+			for i, v := range ints {
+				got[i] = float32(v)
+			}
+		} else {
+			rows, err := b.FromHost(compute.I32, compute.I32, i32bytes([]int32{0, 1, 2, 3, 4, 5, 6}), 7)
+			require.NoError(t, err)
+			wide, err := b.Alloc(compute.F32, 7)
+			require.NoError(t, err)
+			require.NoError(t, b.Embedding(wide, dst.Reshape(7, 1), rows))
+			require.NoError(t, b.Read(got, wide))
+			b.Free(rows)
+			b.Free(wide)
+		}
+		assert.Equal(t, want, got, "%v", dt)
+		b.Free(src)
+		b.Free(dst)
+	}
 
 	require.NoError(t, b.Fill(y.Rows(1, 3), 0.5))
 	assert.Equal(t, append(append(append([]float32(nil), v[10:15]...), 0.5, 0.5, 0.5, 0.5, 0.5), 0.5, 0.5, 0.5, 0.5, 0.5), read(t, b, y))

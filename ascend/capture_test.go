@@ -122,3 +122,24 @@ func testCaptureDecodeStep(t *testing.T, a *Backend) {
 	require.NoError(t, mc.run(c))
 	assert.InDeltaSlice(t, read(t, c, mc.out), read(t, a, ma.out), 1e-4)
 }
+
+// A copy between views at any offset is an operator on the stream, so a
+// captured step may append a row at an unaligned position: each replay
+// copies what the source holds then.
+func TestCaptureUnalignedCopy(t *testing.T) {
+	eachDriver(t, 4<<20, func(t *testing.T, b *Backend) {
+		src, err := b.Alloc(compute.F32, 3)
+		require.NoError(t, err)
+		dst, err := b.Alloc(compute.F32, 5, 3) // row 1 starts 12 bytes in: not 64-byte aligned
+		require.NoError(t, err)
+		g, err := b.Capture(func() error { return b.Copy(dst.Rows(1, 2), src) })
+		require.NoError(t, err)
+		defer g.Close()
+		for i := range 3 {
+			v := []float32{float32(i), float32(i) + 0.5, -float32(i)}
+			require.NoError(t, b.Write(src, v))
+			require.NoError(t, g.Replay())
+			assert.Equal(t, v, read(t, b, dst.Rows(1, 2)), "replay %d", i)
+		}
+	})
+}
