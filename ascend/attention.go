@@ -353,7 +353,7 @@ func (r *attnRun) block(r0, n int) error {
 				mask[i*w+s] = 1
 			}
 		}
-		if err := r.b.put(valid, mask); err != nil {
+		if err := r.b.putAsync(valid, mask); err != nil {
 			return err
 		}
 	}
@@ -434,7 +434,7 @@ func (r *attnRun) validSparse(r0, n int, valid, idx, t1, t2, t3, lim compute.Ten
 			limits[i] = float32(min(int(p), a.KVLen-1))
 		}
 	}
-	if err := r.b.put(lim, limits); err != nil {
+	if err := r.b.putAsync(lim, limits); err != nil {
 		return err
 	}
 	mat := func(t compute.Tensor) operand { return view(t, 0, i64(n, lw), nil) }

@@ -59,6 +59,8 @@ type core struct {
 	sides   map[int]*Backend
 	execs   execCache
 	ints    intConsts
+	ring    stageRing
+	waits   int64 // times the host waited for a stream (Waits)
 }
 
 // devBuf is a Tensor's storage: a span of the arena.
@@ -122,6 +124,7 @@ func (b *Backend) release() error {
 	}
 	b.sides = nil
 	b.dropExecs()
+	keep(b.freeRing())
 	for _, sc := range b.scalars {
 		keep(sc.Destroy())
 	}
@@ -355,9 +358,11 @@ func (b *Backend) upload(p acl.DevPtr, data []byte) error {
 		if err := b.s.upload(p.Add(off), b.stage, 0, n); err != nil {
 			return err
 		}
+		b.waits++
 		if err := b.s.Sync(); err != nil {
 			return err
 		}
+		b.synced(b.s)
 	}
 	return nil
 }
@@ -373,9 +378,11 @@ func (b *Backend) download(data []byte, p acl.DevPtr) error {
 		if err := b.s.download(b.stage, 0, p.Add(off), n); err != nil {
 			return err
 		}
+		b.waits++
 		if err := b.s.Sync(); err != nil {
 			return err
 		}
+		b.synced(b.s)
 		copy(data[off:off+n], stage)
 	}
 	return nil

@@ -84,7 +84,7 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 		return err
 	}
 	if !a.Counts.IsZero() {
-		if err := b.put(a.Counts, counts); err != nil {
+		if err := b.putAsync(a.Counts, counts); err != nil {
 			return err
 		}
 	}
@@ -155,10 +155,10 @@ func (b *Backend) indexSequence(a *compute.IndexerArgs, q0, tq, k0, lk int, coun
 			}
 		}
 	}
-	if err := b.put(mask, hostMask); err != nil {
+	if err := b.putAsync(mask, hostMask); err != nil {
 		return err
 	}
-	if err := b.put(valid, hostInts); err != nil {
+	if err := b.putAsync(valid, hostInts); err != nil {
 		return err
 	}
 

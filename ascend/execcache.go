@@ -132,6 +132,16 @@ func (b *Backend) execKey(key string, operands []operand) (string, bool) {
 // attr is a float attribute in a key, exactly.
 func attr(v float32) string { return strconv.FormatUint(uint64(math.Float32bits(v)), 16) }
 
+// Waits reports how many times the backend has waited for one of its
+// streams: every Read, Write and FromHost, a host read inside an
+// operation (the MoE routing), and the rare refill of the stage ring.
+// On a device each wait drains the queue, so a decode step wants few.
+func (b *Backend) Waits() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.waits
+}
+
 // Executors reports how many repeatable executors the backend prepared
 // and how many calls launched a cached one again with no phase 1.
 func (b *Backend) Executors() (prepared, reused int64) {

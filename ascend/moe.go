@@ -114,7 +114,7 @@ func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 		return err
 	}
 	defer b.freeBuf(ints.Mem.(*devBuf))
-	if err := b.put(ints, groups); err != nil {
+	if err := b.putAsync(ints, groups); err != nil {
 		return err
 	}
 	most := 0

@@ -49,7 +49,7 @@ func (b *Backend) RoPE(a *compute.RopeArgs) error {
 		return err
 	}
 	defer b.freeBuf(s.Mem.(*devBuf))
-	if err := b.put(s, table); err != nil {
+	if err := b.putAsync(s, table); err != nil {
 		return err
 	}
 	at := func(t compute.Tensor, off int) compute.Tensor { t.Off += off; return t }

@@ -91,9 +91,16 @@ func (b *Backend) Join(side compute.Backend) error {
 // syncAll waits for the backend's stream and every side stream; b.mu is
 // held.
 func (b *Backend) syncAll() error {
+	b.waits++
 	err := b.main.s.Sync()
+	if err == nil {
+		b.synced(b.main.s)
+	}
 	for _, sd := range b.sides {
-		if serr := sd.s.Sync(); err == nil {
+		serr := sd.s.Sync()
+		if serr == nil {
+			b.synced(sd.s)
+		} else if err == nil {
 			err = serr
 		}
 	}

@@ -35,11 +35,12 @@ func TestAscendDecodeReusesExecutors(t *testing.T) {
 			var prepared, reused int64
 			for step := range 6 {
 				p0, r0 := b.Executors()
+				w0 := b.Waits()
 				_, err = s.Forward(context.Background(), []int32{int32(6 + step)})
 				require.NoError(t, err)
 				p1, r1 := b.Executors()
 				prepared, reused = p1-p0, r1-r0
-				t.Logf("decode step %d: %d executors prepared, %d launched again", step, prepared, reused)
+				t.Logf("decode step %d: %d executors prepared, %d launched again; %d waits for the stream", step, prepared, reused, b.Waits()-w0)
 			}
 			require.Greater(t, reused, 3*prepared, "the last step reuses most of its executors")
 		})
