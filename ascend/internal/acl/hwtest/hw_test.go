@@ -500,3 +500,62 @@ func TestHWAmaxLog(t *testing.T) {
 		require.InDelta(t, math.Log(float64(pos[r])), float64(l), 1e-6, "log of %g", pos[r])
 	}
 }
+
+// aclnnMatmul as the backend calls it with a prepared weight: an f32 x
+// times a bf16 weight [N, K] stored as its transpose [K, N] in FRACTAL_NZ
+// (nz.Pack) and described as such, against float64. Shapes off the 16
+// grid exercise the padding.
+func TestHWMatmulNZ(t *testing.T) {
+	ctx := context(t)
+	rng := rand.New(rand.NewPCG(11, 12))
+	for _, s := range [][3]int{{4, 48, 64}, {3, 37, 21}} {
+		M, N, K := s[0], s[1], s[2]
+		x := make([]float32, M*K)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		w := make([]uint16, N*K) // [N, K] row-major, bf16
+		for i := range w {
+			w[i] = floatx.BF16(float32(rng.NormFloat64()))
+		}
+		wt := make([]uint16, K*N) // its transpose [K, N]
+		for n := range N {
+			for k := range K {
+				wt[k*N+n] = w[n*K+k]
+			}
+		}
+		l, err := nz.NewLayout([]int{K, N}, nz.C0(2))
+		require.NoError(t, err)
+		packed := make([]uint16, l.Len())
+		require.NoError(t, nz.Pack(l, packed, wt))
+		raw := make([]byte, 2*len(packed))
+		for i, v := range packed {
+			binary.LittleEndian.PutUint16(raw[2*i:], v)
+		}
+		xP, wP, oP := onDevice(t, ctx, f32bytes(x)), onDevice(t, ctx, raw), onDevice(t, ctx, make([]byte, 4*M*N))
+		sd := l.StorageDims(nil)
+		tw, err := ctx.NewTensor(acl.TensorDesc{DType: acl.BF16, Format: acl.FormatFractalNZ, Dims: []int64{int64(K), int64(N)},
+			Strides: []int64{int64(N), 1}, StorageDims: []int64{int64(sd[0]), int64(sd[1]), int64(sd[2]), int64(sd[3])}, Data: wP})
+		require.NoError(t, err)
+		defer tw.Destroy()
+		op, err := ctx.Matmul("aclnnMatmul", describe(t, ctx, acl.Float, xP, int64(M), int64(K)), tw, describe(t, ctx, acl.Float, oP, int64(M), int64(N)), 0)
+		require.NoError(t, err, "an f32 x with a bf16 FRACTAL_NZ weight, as the backend passes them")
+		st, err := ctx.NewStream()
+		require.NoError(t, err)
+		require.NoError(t, op.Launch(st, workspace(t, ctx, op)))
+		require.NoError(t, st.Sync())
+		require.NoError(t, st.Destroy())
+		got := make([]byte, 4*M*N)
+		require.NoError(t, ctx.CopyToHost(got, oP))
+		out := bytesF32(got)
+		for m := range M {
+			for n := range N {
+				var want float64
+				for k := range K {
+					want += float64(x[m*K+k]) * float64(floatx.FromBF16(w[n*K+k]))
+				}
+				require.InDelta(t, want, out[m*N+n], 1e-2*math.Sqrt(float64(K)), "%v: out[%d][%d]", s, m, n)
+			}
+		}
+	}
+}
