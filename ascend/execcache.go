@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"strings"
 	"unsafe"
 
 	"k3/compute"
@@ -20,6 +19,7 @@ type execCache struct {
 	byKey            map[string]*list.Element
 	lru              list.List // of *execEntry
 	prepared, reused int64
+	keyBuf           []byte // the key being built (a lookup allocates no string)
 }
 
 type execEntry struct {
@@ -33,16 +33,17 @@ type execEntry struct {
 // offsets, dtypes and views complete it. A cached executor is launched
 // with no phase 1; a new one is made repeatable and cached. b.mu is held.
 func (b *Backend) runAs(key string, prepare func(ts []tensorDesc) (prepared, error), operands ...operand) error {
-	full, ok := b.execKey(key, operands)
+	k, ok := b.execKey(key, operands)
 	if !ok {
 		return b.run(prepare, operands...)
 	}
 	c := &b.execs
-	if e, hit := c.byKey[full]; hit {
+	if e, hit := c.byKey[string(k)]; hit {
 		c.lru.MoveToFront(e)
 		c.reused++
 		return b.launch(e.Value.(*execEntry).op)
 	}
+	full := string(k)
 	ts, err := b.describe(operands)
 	if err != nil {
 		return err
@@ -93,40 +94,38 @@ func (b *Backend) dropExecs() {
 	b.execs = execCache{}
 }
 
-// execKey completes key with the operands; ok is false when an operand
-// is not a live buffer (run then reports it).
-func (b *Backend) execKey(key string, operands []operand) (string, bool) {
-	var sb strings.Builder
-	sb.Grow(len(key) + 48*len(operands))
-	sb.WriteString(key)
+// execKey completes key with the operands, in the cache's key buffer
+// (valid until the next call); ok is false when an operand is not a live
+// buffer (run then reports it).
+func (b *Backend) execKey(key string, operands []operand) ([]byte, bool) {
+	k := append(b.execs.keyBuf[:0], key...)
 	for _, o := range operands {
 		d, err := bufOf(o.t)
 		if err != nil {
-			return "", false
+			return nil, false
 		}
-		sb.WriteByte('|')
-		sb.WriteString(strconv.Itoa(d.off))
-		sb.WriteByte('+')
-		sb.WriteString(strconv.Itoa(o.t.Off))
-		sb.WriteByte(' ')
-		sb.WriteString(strconv.Itoa(int(o.t.DType)))
+		k = append(k, '|')
+		k = strconv.AppendInt(k, int64(d.off), 10)
+		k = append(k, '+')
+		k = strconv.AppendInt(k, int64(o.t.Off), 10)
+		k = append(k, ' ')
+		k = strconv.AppendInt(k, int64(o.t.DType), 10)
 		if o.i64 {
-			sb.WriteString("i64")
+			k = append(k, "i64"...)
 		}
 		if o.nz {
-			sb.WriteString("nz")
+			k = append(k, "nz"...)
 		}
 		for _, v := range o.view {
-			sb.WriteByte(',')
-			sb.WriteString(strconv.FormatInt(v, 10))
+			k = strconv.AppendInt(append(k, ','), v, 10)
 		}
-		sb.WriteByte('/')
+		k = append(k, '/')
 		for _, v := range o.strides {
-			sb.WriteByte(',')
-			sb.WriteString(strconv.FormatInt(v, 10))
+			k = strconv.AppendInt(append(k, ','), v, 10)
 		}
 	}
-	return sb.String(), true
+	b.execs.keyBuf = k
+	return k, true
 }
 
 // attr is a float attribute in a key, exactly.
@@ -172,8 +171,8 @@ type intConst struct {
 // constInts returns a device tensor holding vals; b.mu is held.
 func (b *Backend) constInts(vals []int32) (compute.Tensor, error) {
 	c := &b.ints
-	key := string(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(vals))), 4*len(vals)))
-	if e, ok := c.byKey[key]; ok {
+	raw := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(vals))), 4*len(vals))
+	if e, ok := c.byKey[string(raw)]; ok { // a lookup by bytes allocates no string
 		c.lru.MoveToFront(e)
 		ic := e.Value.(*intConst)
 		ic.pinned = ic.pinned || b.capture != nil
@@ -202,6 +201,7 @@ func (b *Backend) constInts(vals []int32) (compute.Tensor, error) {
 		}
 		e = prev
 	}
+	key := string(raw)
 	c.byKey[key] = c.lru.PushFront(&intConst{key: key, t: t})
 	return t, nil
 }
