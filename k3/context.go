@@ -9,6 +9,7 @@ import (
 	"k3/compute"
 	"k3/config"
 	"k3/dsa"
+	"k3/internal/moe"
 	"k3/kda"
 )
 
@@ -53,6 +54,11 @@ type cpSeq struct {
 	used    int        // bufs the running forward has taken
 	ids     []int32
 	pick    [1]int32
+
+	// Beside EP, the MoE dispatches tokens over every rank; in a split
+	// pass only this rank's CP slice (its TP group) holds its rows.
+	disp  *moe.Dispatch
+	slice moe.Holders
 }
 
 func (m *Model) newCPSeq(c comm.Communicator) (*cpSeq, error) {
@@ -63,6 +69,16 @@ func (m *Model) newCPSeq(c comm.Communicator) (*cpSeq, error) {
 	var err error
 	if q.bt, err = m.newBatch(m.chunk); err != nil {
 		return nil, err
+	}
+	for _, me := range q.bt.p.moeL {
+		if me != nil {
+			q.disp = me.Dispatch()
+			break
+		}
+	}
+	if p := m.par; q.disp != nil {
+		q.slice = moe.Holders{Rank: p.tpIndex(), Ranks: p.layout.TP,
+			AllGather: func(dst, src compute.Tensor) error { return p.tp.AllGather(q.ctx, dst, src) }}
 	}
 	for _, ly := range m.layers {
 		var ks *kda.State
@@ -171,6 +187,9 @@ func (q *cpSeq) splitPass(tokens []int32, all, traced bool) (cpResult, error) {
 		q.place.Add(owner, hi-lo)
 	}
 	q.pos = q.queries[me]
+	if q.disp != nil {
+		q.disp.Holders = &q.slice
+	}
 	q.ids = q.ids[:0]
 	for _, p := range q.pos {
 		q.ids = append(q.ids, tokens[int(p)-base])
@@ -183,6 +202,9 @@ func (q *cpSeq) splitPass(tokens []int32, all, traced bool) (cpResult, error) {
 func (q *cpSeq) sharedPass(token int32, traced bool) (cpResult, error) {
 	p := q.place.Len()
 	q.shared = true
+	if q.disp != nil {
+		q.disp.Holders = nil // every rank holds the row
+	}
 	q.place.Add(q.place.Fewest(), 1)
 	q.pos = append(q.pos[:0], int32(p))
 	q.ids = append(q.ids[:0], token)

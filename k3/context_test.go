@@ -24,9 +24,10 @@ func TestGroupContextParallel(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, dirs)
 	ctx := context.Background()
-	layouts := []Layout{{CP: 2}, {CP: 3}, {CP: 4}, {CP: 2, TP: 2}, {CP: 2, TP: 4}}
+	layouts := []Layout{{CP: 2}, {CP: 3}, {CP: 4}, {CP: 2, TP: 2}, {CP: 2, TP: 4},
+		{CP: 2, EP: 2}, {CP: 4, EP: 4}, {CP: 2, TP: 2, EP: 4}}
 	if raceEnabled {
-		layouts = []Layout{{CP: 3}, {CP: 2, TP: 2}}
+		layouts = []Layout{{CP: 3}, {CP: 2, TP: 2}, {CP: 2, TP: 2, EP: 4}}
 	}
 	feeds := []int{37, 11, 3} // then single tokens
 	const steps = 8
@@ -144,6 +145,17 @@ func TestGroupContextParallel(t *testing.T) {
 				if l.TP > 1 {
 					assert.Positive(t, st.Bytes[comm.OpAllReduce], "each CP slice's TP group added its heads' sums")
 				}
+				if l.EP > 1 {
+					// Every rank holds its experts alone, so tokens travelled to them.
+					for r, m := range g.Ranks() {
+						for li, ly := range m.layers {
+							if ly.moe != nil {
+								assert.Len(t, ly.moe.W1, m.Config.MoE.NumExperts/l.EP, "rank %d layer %d's experts", r, li)
+							}
+						}
+					}
+					assert.Positive(t, st.Calls[comm.OpAllToAllV], "slots dispatched")
+				}
 
 				// Generate on a fresh session: the tokens of one model.
 				gs2, err := g.NewSession()
@@ -162,7 +174,7 @@ func TestGroupContextParallel(t *testing.T) {
 
 func TestContextParallelLayoutErrors(t *testing.T) {
 	ctx := context.Background()
-	for _, l := range []Layout{{CP: 2, EP: 2}, {CP: 2, TP: 2, EP: 2}, {CP: 2, EP: 2, Dispatch: true}, {CP: -1}} {
+	for _, l := range []Layout{{CP: 2, EP: 4}, {CP: 2, TP: 2, EP: 2}, {CP: 2, Dispatch: true}, {CP: 4, EP: 2}, {CP: 16, EP: 16}, {CP: -1}} {
 		_, err := LoadGroup(ctx, "../testdata/model/tiny_k3", l)
 		assert.ErrorIs(t, err, ErrInvalidOption, "%+v", l)
 	}

@@ -15,7 +15,8 @@ import (
 	"k3/specdec"
 )
 
-// ErrInvalidOption is wrapped by errors about generation options.
+// ErrInvalidOption is wrapped by errors about options: generation and
+// sampling options, load options and parallel layouts.
 var ErrInvalidOption = sample.ErrInvalid
 
 // ErrEmptyPrompt is returned when generation has no prompt and no history.

@@ -25,8 +25,11 @@ import (
 // experts are spread over ranks 0..EP-1. CP ranks split a sequence's
 // positions (context parallelism): each holds the attention keys of its
 // positions (see GroupSession) and, with TP, is a TP group of its own
-// (TP·CP ranks, CP slice c being ranks c·TP to c·TP+TP-1); CP beside EP
-// is not built. Zero means 1.
+// (TP·CP ranks, CP slice c being ranks c·TP to c·TP+TP-1). Beside CP, EP
+// must be the rank count TP·CP: every rank holds whole routed experts
+// (E/(TP·CP) of them) and whole shared experts, and the MoE dispatches
+// tokens (Dispatch is implied), since ranks of different CP slices hold
+// different tokens. Zero means 1.
 type Layout struct {
 	TP, EP, CP int
 	// Serial runs each rank's shared experts after its routed ones
@@ -42,13 +45,19 @@ type Layout struct {
 
 func (l Layout) norm() Layout {
 	l.TP, l.EP, l.CP = max(l.TP, 1), max(l.EP, 1), max(l.CP, 1)
+	if l.CP > 1 && l.EP > 1 {
+		l.Dispatch = true
+	}
 	return l
 }
 
 // Ranks is the number of ranks the layout has.
 func (l Layout) Ranks() int {
 	l = l.norm()
-	return max(l.TP, l.EP) * l.CP
+	if l.CP > 1 {
+		return l.TP * l.CP
+	}
+	return max(l.TP, l.EP)
 }
 
 func (l Layout) String() string {
@@ -63,14 +72,19 @@ func (l Layout) String() string {
 	return s
 }
 
-// check reports a layout the config cannot take.
-func (l Layout) check(cfg *config.Config) error {
+// Validate reports a layout no model can take (a config may refuse more:
+// LoadGroup checks both).
+func (l Layout) Validate() error {
 	if l.TP < 0 || l.EP < 0 || l.CP < 0 {
 		return fmt.Errorf("%w: layout %+v: negative rank counts", ErrInvalidOption, l)
 	}
 	l = l.norm()
-	if l.CP > 1 && (l.EP > 1 || l.Dispatch) {
-		return fmt.Errorf("%w: layout %v: context parallelism beside EP is not built", ErrInvalidOption, l)
+	if l.CP > 1 && l.EP == 1 && l.Dispatch {
+		return fmt.Errorf("%w: layout %v: dispatch beside CP needs the routed experts spread over every rank (EP %d)", ErrInvalidOption, l, l.TP*l.CP)
+	}
+	if l.CP > 1 && l.EP > 1 && l.EP != l.TP*l.CP {
+		return fmt.Errorf("%w: layout %v: beside CP, EP must be the rank count TP·CP = %d (each rank holding whole experts), not %d",
+			ErrInvalidOption, l, l.TP*l.CP, l.EP)
 	}
 	lo, hi := min(l.TP, l.EP), max(l.TP, l.EP)
 	if hi%lo != 0 {
@@ -79,6 +93,15 @@ func (l Layout) check(cfg *config.Config) error {
 	if l.Dispatch && l.EP < l.TP {
 		return fmt.Errorf("%w: layout %v: dispatch needs every rank to hold experts (EP %d < TP %d)", ErrInvalidOption, l, l.EP, l.TP)
 	}
+	return nil
+}
+
+// check reports a layout the config cannot take.
+func (l Layout) check(cfg *config.Config) error {
+	if err := l.Validate(); err != nil {
+		return err
+	}
+	l = l.norm()
 	if l.EP > 1 {
 		if cfg.MoE == nil || cfg.MoE.NumExperts == 0 {
 			return fmt.Errorf("%w: layout %v: the model has no routed experts to split", ErrInvalidOption, l)
@@ -380,7 +403,7 @@ func LoadGroup(ctx context.Context, dir string, layout Layout, opts ...Option) (
 		}
 	}
 	for r := range n {
-		if layout.CP > 1 && layout.TP == 1 {
+		if layout.CP > 1 && layout.TP == 1 && layout.EP == 1 {
 			// Every CP rank holds the whole model; the sequence is what splits.
 			m, err := Load(ctx, dir, append(append([]Option(nil), opts...), WithComputeBackend(g.backends[r]))...)
 			if err != nil {
@@ -391,7 +414,12 @@ func LoadGroup(ctx context.Context, dir string, layout Layout, opts ...Option) (
 			continue
 		}
 		p := &rankPar{layout: layout, rank: r, world: g.world[r], tp: g.tp[r/layout.TP][r%layout.TP]}
-		if layout.CP > 1 {
+		switch {
+		case layout.CP > 1 && layout.EP > 1:
+			// Every rank holds whole experts, and the MoE dispatches
+			// tokens over the world; the dense MLPs split over the TP group.
+			p.layout = Layout{TP: layout.TP, EP: layout.EP, Dispatch: true, Serial: layout.Serial}.norm()
+		case layout.CP > 1:
 			// A CP slice is a TP group of its own: its ranks hold the same
 			// tokens, so the MoE sums over it alone.
 			p.layout = Layout{TP: layout.TP, Serial: layout.Serial}.norm()

@@ -17,7 +17,7 @@ func runConform(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	backend := addBackendFlags(fs)
 	tp := fs.Int("tp", 1, "tensor-parallel ranks for the model cases (heads, MLP columns)")
 	ep := fs.Int("ep", 1, "expert-parallel ranks for the model cases (routed experts)")
-	cp := fs.Int("cp", 1, "context-parallel ranks for the model cases (positions; with -tp each CP slice is a TP group; not beside -ep)")
+	cp := fs.Int("cp", 1, "context-parallel ranks for the model cases (positions; with -tp each CP slice is a TP group; -ep beside it must be the rank count, -tp times -cp)")
 	dispatch := fs.Bool("dispatch", false, "with -ep: send tokens to the experts' ranks by all-to-all-v instead of all-reducing partial sums")
 	if err := parseFlags(fs, "conform [-backend NAME] [-tp N] [-ep N] [-cp N] DIR|FILE...", args, stdout, stderr); err != nil {
 		return err
@@ -30,6 +30,9 @@ func runConform(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("-tp %d -ep %d -cp %d: rank counts must be at least 1", *tp, *ep, *cp)
 	}
 	layout := k3.Layout{TP: *tp, EP: *ep, CP: *cp, Dispatch: *dispatch}
+	if err := layout.Validate(); err != nil {
+		return err
+	}
 	if layout.Ranks() > 1 && backend.name != "go" && backend.name != "ascend-host" {
 		return fmt.Errorf("-tp/-ep/-cp run the model cases on one backend per rank: go or ascend-host")
 	}

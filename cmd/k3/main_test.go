@@ -58,11 +58,18 @@ func TestConformLayout(t *testing.T) {
 	if code, out, _ := runCLI("conform", "-cp", "2", "-tp", "2", "../../testdata/model"); code != 0 || !strings.Contains(out, "4 passed, 0 failed") {
 		t.Errorf("-cp 2 -tp 2: exit %d, output:\n%s", code, out)
 	}
-	if code, out, _ := runCLI("conform", "-cp", "2", "-ep", "2", "../../testdata/model/tiny_k31pro"); code == 0 || !strings.Contains(out, "context parallelism beside EP") {
-		t.Errorf("-cp 2 -ep 2: exit %d %s", code, out)
+	if code, out, _ := runCLI("conform", "-cp", "2", "-ep", "2", "../../testdata/model"); code != 0 || !strings.Contains(out, "4 passed, 0 failed") {
+		t.Errorf("-cp 2 -ep 2: exit %d, output:\n%s", code, out)
 	}
-	if code, out, _ := runCLI("conform", "-tp", "3", "-ep", "2", "../../testdata/model/tiny_k31pro"); code == 0 || !strings.Contains(out, "FAIL") || !strings.Contains(out, "does not divide") {
-		t.Errorf("-tp 3 -ep 2: exit %d %s", code, out)
+	if code, _, errOut := runCLI("conform", "-cp", "2", "-ep", "4", "../../testdata/model/tiny_k31pro"); code == 0 || !strings.Contains(errOut, "EP must be the rank count") {
+		t.Errorf("-cp 2 -ep 4: exit %d %s", code, errOut)
+	}
+	if code, _, errOut := runCLI("conform", "-tp", "3", "-ep", "2", "../../testdata/model/tiny_k31pro"); code == 0 || !strings.Contains(errOut, "does not divide") {
+		t.Errorf("-tp 3 -ep 2: exit %d %s", code, errOut)
+	}
+	// A layout the checkpoint cannot take fails each case, naming why.
+	if code, out, _ := runCLI("conform", "-ep", "16", "../../testdata/model/tiny_k31pro"); code == 0 || !strings.Contains(out, "FAIL") || !strings.Contains(out, "8 experts over 16 ranks") {
+		t.Errorf("-ep 16: exit %d %s", code, out)
 	}
 }
 

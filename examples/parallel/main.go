@@ -23,7 +23,7 @@ func main() {
 	model := flag.String("model", "testdata/model/tiny_k31pro", "checkpoint directory")
 	tp := flag.Int("tp", 1, "tensor-parallel ranks")
 	ep := flag.Int("ep", 1, "expert-parallel ranks")
-	cp := flag.Int("cp", 1, "context-parallel ranks (with -tp each CP slice is a TP group; not beside -ep)")
+	cp := flag.Int("cp", 1, "context-parallel ranks (with -tp each CP slice is a TP group; -ep beside it must be -tp times -cp)")
 	promptLen := flag.Int("prompt", 8, "prompt tokens")
 	tokens := flag.Int("tokens", 16, "tokens to generate")
 	dispatch := flag.Bool("dispatch", false, "send tokens to the experts' ranks (all-to-all-v) instead of all-reducing")

@@ -7,21 +7,43 @@ import (
 )
 
 // Dispatch makes a split layer move tokens to experts instead of
-// reducing: the ranks share the token rows out (rank r takes rows
-// [r·T/n, (r+1)·T/n)), each sends its rows' routed slots to the ranks
-// holding their experts (all-to-all-v), those compute them and send the
-// weighted results back (all-to-all-v), and each rank adds its rows'
-// results, runs the shared experts on them, and all-gathers the rows.
+// reducing: the ranks holding the same token rows share them out (holder
+// h of m takes rows [h·T/m, (h+1)·T/m)), each sends its rows' routed
+// slots to the ranks holding their experts (all-to-all-v over every
+// rank), those compute them and send the weighted results back
+// (all-to-all-v), and each rank adds its rows' results, runs the shared
+// experts on them, and the holders all-gather the rows.
 // This is expert parallelism for ranks that hold different tokens (data-
 // parallel or context-parallel attention); with every token on every
 // rank it moves more bytes than the all-reduce (docs/ARCHITECTURE.md),
-// which stays the default.
+// which stays the default there.
 type Dispatch struct {
 	Rank, Ranks int
 	// Bounds[r] is the first expert rank r holds; Bounds[Ranks] = E.
 	Bounds    []int
 	AllToAllV func(dst compute.Tensor, recv []int, src compute.Tensor, send []int) error
 	AllGather func(dst, src compute.Tensor) error
+	// Holders, when set, are the ranks holding this rank's rows, when
+	// they are not all of them (a context-parallel slice, whose rows no
+	// other slice holds); nil means every rank holds every row. Passes
+	// may change it between calls; every rank's slots still travel in one
+	// all-to-all-v over all Ranks.
+	Holders *Holders
+}
+
+// Holders is a group of ranks holding the same token rows.
+type Holders struct {
+	Rank, Ranks int
+	AllGather   func(dst, src compute.Tensor) error // over the holders, in their order
+}
+
+// share says which ranks hold this rank's rows: its place among them,
+// their count, and their all-gather.
+func (d *Dispatch) share() (rank, ranks int, gather func(dst, src compute.Tensor) error) {
+	if h := d.Holders; h != nil {
+		return h.Rank, h.Ranks, h.AllGather
+	}
+	return d.Rank, d.Ranks, d.AllGather
 }
 
 // dispatchState is the host and backend scratch of dispatch passes.
@@ -94,7 +116,8 @@ func (l *Layer) forwardDispatch(x, out compute.Tensor, t int) error {
 	dp, b, ds := l.split.Dispatch, l.b, &l.disp
 	n, me, k := dp.Ranks, dp.Rank, l.r.TopK
 	din, d := l.routed.Dims[1], l.sh.Dims[1]
-	r0, r1 := me*t/n, (me+1)*t/n
+	hr, hn, gatherRows := dp.share()
+	r0, r1 := hr*t/hn, (hr+1)*t/hn
 	own := r1 - r0
 	owner := func(e int32) int {
 		for r := range n {
@@ -283,8 +306,8 @@ func (l *Layer) forwardDispatch(x, out compute.Tensor, t int) error {
 			dst[j] += v
 		}
 	}
-	// This rank's output rows, then every rank's.
-	per := (t + n - 1) / n
+	// This rank's output rows, then every holder's.
+	per := (t + hn - 1) / hn
 	rowsOut, err := room(b, &ds.rowsOutT, compute.F32, per, d)
 	if err != nil {
 		return err
@@ -295,6 +318,9 @@ func (l *Layer) forwardDispatch(x, out compute.Tensor, t int) error {
 			return err
 		}
 		o := rowsOut.Rows(0, own)
+		if hn == 1 {
+			o = out.Rows(0, own) // no other holder: the rows are the output
+		}
 		if !l.lat.IsZero() {
 			if !l.w.LatentNorm.IsZero() {
 				if err := b.RMSNorm(rt, rt, l.w.LatentNorm, l.w.Eps); err != nil {
@@ -317,15 +343,18 @@ func (l *Layer) forwardDispatch(x, out compute.Tensor, t int) error {
 			}
 		}
 	}
-	gather, err := room(b, &ds.gatherT, compute.F32, n*per, d)
+	if hn == 1 {
+		return nil
+	}
+	gather, err := room(b, &ds.gatherT, compute.F32, hn*per, d)
 	if err != nil {
 		return err
 	}
-	if err := dp.AllGather(gather, rowsOut); err != nil {
+	if err := gatherRows(gather, rowsOut); err != nil {
 		return fmt.Errorf("moe: gather rows: %w", err)
 	}
-	for r := range n {
-		q0, q1 := r*t/n, (r+1)*t/n
+	for r := range hn {
+		q0, q1 := r*t/hn, (r+1)*t/hn
 		if q1 > q0 {
 			if err := b.Copy(out.Rows(q0, q1), gather.Rows(r*per, r*per+q1-q0)); err != nil {
 				return err

@@ -325,6 +325,16 @@ func (l *Layer) SetSplit(s *Split) error {
 	return nil
 }
 
+// Dispatch returns the dispatch of the layer's split (nil without one),
+// shared by every layer made from it with Share; a caller whose rows'
+// holders change between passes sets its Holders.
+func (l *Layer) Dispatch() *Dispatch {
+	if l.split == nil {
+		return nil
+	}
+	return l.split.Dispatch
+}
+
 // forwardSplit is Forward's split half; with aside the shared experts
 // are already queued on the side stream (forkShared) and only joined.
 func (l *Layer) forwardSplit(x, out compute.Tensor, t int, aside bool) error {

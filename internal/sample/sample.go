@@ -14,8 +14,9 @@ import (
 	"k3/specdec"
 )
 
-// ErrInvalid is wrapped by errors about invalid sampling parameters.
-var ErrInvalid = errors.New("invalid sampling parameter")
+// ErrInvalid is wrapped by errors about invalid sampling parameters (k3
+// wraps it for its other options too, as k3.ErrInvalidOption).
+var ErrInvalid = errors.New("invalid option")
 
 // Params configure a Sampler. The zero value is greedy decoding.
 type Params struct {
