@@ -8,6 +8,7 @@ import (
 
 	"k3/comm"
 	"k3/compute"
+	"k3/internal/kernel"
 )
 
 // Placement records where the positions of a sequence split over the ranks
@@ -633,11 +634,26 @@ func (e *Exchange) selectTopK(ctx context.Context, l *Layer, a *SplitPass) error
 		if err := b.LightningIndexer(&l.ixArgs); err != nil {
 			return fmt.Errorf("dsa: split indexer: %w", err)
 		}
+		if l.SplitIndexer != nil {
+			// This rank's heads' share of the scores: the TP group adds
+			// them before anything is chosen.
+			if err := l.SplitIndexer(e.scoreT); err != nil {
+				return fmt.Errorf("dsa: indexer scores over the heads' ranks: %w", err)
+			}
+		}
 		e.idx, e.scores = growI32(e.idx, nq*k), growF(e.scores, nq*keys)
-		if err := b.Read(&e.idx, e.idxT); err != nil {
+		if err := b.Read(&e.scores, e.scoreT); err != nil {
 			return err
 		}
-		if err := b.Read(&e.scores, e.scoreT); err != nil {
+		if l.SplitIndexer != nil {
+			for q := range nq {
+				out := e.idx[q*k : (q+1)*k]
+				n := kernel.TopK(out, nil, e.scores[q*keys:q*keys+int(e.cnt[q])], k)
+				for i := n; i < k; i++ {
+					out[i] = -1
+				}
+			}
+		} else if err := b.Read(&e.idx, e.idxT); err != nil {
 			return err
 		}
 		held := pl.pos[me]

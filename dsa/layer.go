@@ -89,6 +89,10 @@ func (c Config) yarnScales() (rope, softmax float64) {
 // IndexerConfig holds the Lightning Indexer's sizes.
 type IndexerConfig struct {
 	NumHeads, HeadDim, TopK int
+	// AllHeads is the head count of the whole indexer when the layer
+	// holds a share of its heads (Layer.SplitIndexer): the head weights'
+	// scale 1/√(heads·dim) counts all of them. Zero means NumHeads.
+	AllHeads int
 }
 
 // mhaBudget bounds, in floats, the keys and values MHA-form prefill
@@ -205,7 +209,11 @@ func LoadWeights(b compute.Backend, cfg Config, src compute.Source) (*Weights, e
 		w.IKNormW = ld.F32("indexer.k_norm.weight", ix.HeadDim)
 		w.IKNormB = ld.F32("indexer.k_norm.bias", ix.HeadDim)
 		iw := ld.Host("indexer.weights_proj.weight", ix.NumHeads, d)
-		scale := float32(1 / math.Sqrt(float64(ix.NumHeads)*float64(ix.HeadDim)))
+		heads := ix.NumHeads
+		if ix.AllHeads > 0 {
+			heads = ix.AllHeads
+		}
+		scale := float32(1 / math.Sqrt(float64(heads)*float64(ix.HeadDim)))
 		for i := range iw {
 			iw[i] *= scale
 		}
@@ -240,6 +248,13 @@ type Layer struct {
 	// the query and latent ones (for measuring; the backend already
 	// spreads each product over the cores).
 	Overlap bool
+	// SplitIndexer, when set, says the layer holds a share of the
+	// indexer's heads (tensor parallelism over them): a query's scores
+	// are then partial sums over those heads, and SplitIndexer adds the
+	// other ranks' shares in place, every rank getting the same sum,
+	// before the top K are chosen (on the host, by the backend's order:
+	// larger first, ties to the lower position).
+	SplitIndexer func(scores compute.Tensor) error
 	// side is the backend's side stream 2 (compute.Side), on which a
 	// device runs the indexer's key and head-weight projections; b
 	// itself elsewhere.
@@ -261,6 +276,7 @@ type scratch struct {
 	latAll, peAll            compute.Tensor // MHA-form prefill: the cache's latent and rope keys, gathered
 	kvNew, peNew             compute.Tensor // batched decode: new latent and rope rows before they enter each cache
 	iq, ik, iw, idx          compute.Tensor
+	split                    splitIndexer
 }
 
 // Share returns a layer with weights w that uses l's intermediates (w must
@@ -662,6 +678,9 @@ func (l *Layer) indexSelect(c *Cache, pos []int32, r int, idx compute.Tensor) er
 	t := len(pos)
 	l.ixArgs = compute.IndexerArgs{Q: l.iq.Rows(r, r+t), KPages: c.ik, PageSize: PageSize, KLen: c.Len,
 		W: l.iw.Rows(r, r+t), QPos: pos, TopK: ix.TopK, Indices: idx.Reshape(t, ix.TopK)}
+	if l.SplitIndexer != nil {
+		return l.split.selectSummed(l, idx.Reshape(t, ix.TopK), pos, c.Len)
+	}
 	if err := l.b.LightningIndexer(&l.ixArgs); err != nil {
 		return fmt.Errorf("dsa: indexer: %w", err)
 	}

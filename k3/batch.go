@@ -79,6 +79,9 @@ func (m *Model) newBatch(max int) (*Batch, error) {
 			ml = firstAttn[ly.kind].Share(ly.mla)
 		default:
 			ml, err = dsa.NewLayer(m.b, ly.mlaCfg, ly.mla, max)
+			if err == nil && m.par.splitIndexer() && ly.kind == config.DSA {
+				ml.SplitIndexer = m.par.reduceTP
+			}
 			firstAttn[ly.kind] = ml
 		}
 		if err != nil {

@@ -576,9 +576,19 @@ func (m *Model) loadLayer(src *source, l int) (*layer, []float32, error) {
 	default:
 		c := cfg.MLA
 		heads := c.NumHeads
+		ixHeads := 0
+		if cfg.Indexer != nil {
+			ixHeads = cfg.Indexer.NumHeads
+		}
 		if p := m.par; p != nil {
 			lo, hi, scale := part(c.NumHeads, p.layout.TP, p.tpIndex())
-			attn, heads = m.cut(attn, mlaRules(c, lo, hi, scale)), hi-lo
+			rules := mlaRules(c, lo, hi, scale)
+			if ly.kind == config.DSA && p.splitIndexer() {
+				lo, hi, scale := part(ixHeads, p.layout.TP, p.tpIndex())
+				maps.Copy(rules, indexerRules(cfg.Indexer.HeadDim, lo, hi, scale))
+				ixHeads = hi - lo
+			}
+			attn, heads = m.cut(attn, rules), hi-lo
 		} else {
 			attn = m.cut(attn, nil)
 		}
@@ -592,7 +602,7 @@ func (m *Model) loadLayer(src *source, l int) (*layer, []float32, error) {
 		}
 		if ly.kind == config.DSA {
 			ix := cfg.Indexer
-			ly.mlaCfg.Indexer = &dsa.IndexerConfig{NumHeads: ix.NumHeads, HeadDim: ix.HeadDim, TopK: ix.TopK}
+			ly.mlaCfg.Indexer = &dsa.IndexerConfig{NumHeads: ixHeads, HeadDim: ix.HeadDim, TopK: ix.TopK, AllHeads: ix.NumHeads}
 		}
 		if ly.mla, err = dsa.LoadWeights(m.b, ly.mlaCfg, attn); err != nil {
 			return nil, nil, err

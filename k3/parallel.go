@@ -41,6 +41,13 @@ type Layout struct {
 	// all-gathering the rows after) instead of all-reducing partial sums.
 	// It needs EP to be the layout's rank count.
 	Dispatch bool
+	// SplitIndexer splits the Lightning Indexer's heads over the TP ranks
+	// too, as the attention's: each rank scores every visible key with
+	// its heads and the TP group all-reduces the [T, L] scores before the
+	// top K. By default the indexer is replicated: that all-reduce moves L
+	// floats per query row and layer, more than a decode step's other
+	// collectives at long contexts (docs/ARCHITECTURE.md). It needs TP > 1.
+	SplitIndexer bool
 }
 
 func (l Layout) norm() Layout {
@@ -69,6 +76,9 @@ func (l Layout) String() string {
 	if l.Dispatch {
 		s += " dispatch"
 	}
+	if l.SplitIndexer {
+		s += " split-indexer"
+	}
 	return s
 }
 
@@ -92,6 +102,9 @@ func (l Layout) Validate() error {
 	}
 	if l.Dispatch && l.EP < l.TP {
 		return fmt.Errorf("%w: layout %v: dispatch needs every rank to hold experts (EP %d < TP %d)", ErrInvalidOption, l, l.EP, l.TP)
+	}
+	if l.SplitIndexer && l.TP == 1 {
+		return fmt.Errorf("%w: layout %v: splitting the indexer's heads needs TP ranks", ErrInvalidOption, l)
 	}
 	return nil
 }
@@ -126,6 +139,10 @@ type rankPar struct {
 }
 
 func (p *rankPar) tpIndex() int { return p.rank % p.layout.TP }
+
+// splitIndexer reports whether the model holds a share of the indexer's
+// heads.
+func (p *rankPar) splitIndexer() bool { return p != nil && p.layout.SplitIndexer && p.layout.TP > 1 }
 
 // part returns the units [lo, hi) of n that TP rank i of ranks holds, and
 // the weight of its contribution: with at least as many units as ranks,
@@ -301,6 +318,16 @@ func kdaRules(h, dk, lo, hi int, scale float32) map[string]cutRule {
 	return r
 }
 
+// indexerRules cuts a DSA layer's indexer to heads [lo, hi) of dim
+// channels: the query rows and the head weights (scaled by scale when
+// ranks share a head, so that the sum of the scores adds it once).
+func indexerRules(dim, lo, hi int, scale float32) map[string]cutRule {
+	return map[string]cutRule{
+		"indexer.wq_b.weight":         {block: dim, lo: lo, hi: hi, scale: 1},
+		"indexer.weights_proj.weight": {block: 1, lo: lo, hi: hi, scale: scale},
+	}
+}
+
 // mlaRules cuts an MLA/DSA layer's tensors to heads [lo, hi); the
 // indexer and the low-rank projections stay whole.
 func mlaRules(c config.MLAConfig, lo, hi int, scale float32) map[string]cutRule {
@@ -418,11 +445,11 @@ func LoadGroup(ctx context.Context, dir string, layout Layout, opts ...Option) (
 		case layout.CP > 1 && layout.EP > 1:
 			// Every rank holds whole experts, and the MoE dispatches
 			// tokens over the world; the dense MLPs split over the TP group.
-			p.layout = Layout{TP: layout.TP, EP: layout.EP, Dispatch: true, Serial: layout.Serial}.norm()
+			p.layout = Layout{TP: layout.TP, EP: layout.EP, Dispatch: true, Serial: layout.Serial, SplitIndexer: layout.SplitIndexer}.norm()
 		case layout.CP > 1:
 			// A CP slice is a TP group of its own: its ranks hold the same
 			// tokens, so the MoE sums over it alone.
-			p.layout = Layout{TP: layout.TP, Serial: layout.Serial}.norm()
+			p.layout = Layout{TP: layout.TP, Serial: layout.Serial, SplitIndexer: layout.SplitIndexer}.norm()
 			p.rank, p.world = r%layout.TP, p.tp
 		}
 		if cfg.MoE != nil {

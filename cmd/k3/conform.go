@@ -19,7 +19,8 @@ func runConform(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	ep := fs.Int("ep", 1, "expert-parallel ranks for the model cases (routed experts)")
 	cp := fs.Int("cp", 1, "context-parallel ranks for the model cases (positions; with -tp each CP slice is a TP group; -ep beside it must be the rank count, -tp times -cp)")
 	dispatch := fs.Bool("dispatch", false, "with -ep: send tokens to the experts' ranks by all-to-all-v instead of all-reducing partial sums")
-	if err := parseFlags(fs, "conform [-backend NAME] [-tp N] [-ep N] [-cp N] DIR|FILE...", args, stdout, stderr); err != nil {
+	splitIndexer := fs.Bool("split-indexer", false, "with -tp: split the Lightning Indexer's heads too, all-reducing its scores before the top-k")
+	if err := parseFlags(fs, "conform [-backend NAME] [-tp N] [-ep N] [-cp N] [-dispatch] [-split-indexer] DIR|FILE...", args, stdout, stderr); err != nil {
 		return err
 	}
 	if fs.NArg() == 0 {
@@ -29,7 +30,7 @@ func runConform(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *tp < 1 || *ep < 1 || *cp < 1 {
 		return fmt.Errorf("-tp %d -ep %d -cp %d: rank counts must be at least 1", *tp, *ep, *cp)
 	}
-	layout := k3.Layout{TP: *tp, EP: *ep, CP: *cp, Dispatch: *dispatch}
+	layout := k3.Layout{TP: *tp, EP: *ep, CP: *cp, Dispatch: *dispatch, SplitIndexer: *splitIndexer}
 	if err := layout.Validate(); err != nil {
 		return err
 	}

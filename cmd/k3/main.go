@@ -9,7 +9,7 @@
 //	k3 eval [-model DIR] [-window N] FILE...
 //	k3 new-tiny -preset k31pro|k3|kimi_linear|k31pro-100m|k31pro-1b -out DIR
 //	k3 serve [-model DIR] [-addr 127.0.0.1:8080] [-api-key KEY]
-//	k3 conform [-backend go] [-tp N] [-ep N] DIR|FILE...
+//	k3 conform [-backend go] [-tp N] [-ep N] [-cp N] DIR|FILE...
 //	k3 inspect PATH
 //	k3 bench dsa [-contexts 4096,16384,65536,131072] [-iters 3] [-out dsa_decode]
 package main
@@ -38,7 +38,7 @@ var commands = []command{
 	{"eval", "eval [-model DIR] FILE...\tscore files: bits per token and per byte", runEval},
 	{"new-tiny", "new-tiny -preset NAME -out DIR\twrite a random-weight checkpoint", runNewTiny},
 	{"serve", "serve [-model DIR] [-addr 127.0.0.1:8080] ...\tthe OpenAI-compatible HTTP server (docs/SERVING.md)", runServe},
-	{"conform", "conform [-backend go] [-tp N] [-ep N] DIR|FILE...\trun the golden-vector conformance suite (model cases split over ranks with -tp/-ep)", runConform},
+	{"conform", "conform [-backend go] [-tp N] [-ep N] [-cp N] DIR|FILE...\trun the golden-vector conformance suite (model cases split over ranks with -tp/-ep/-cp)", runConform},
 	{"inspect", "inspect PATH\tlist a checkpoint's or golden file's tensors and config", runInspect},
 	{"plan", "plan -config FILE -cards N ...\tdeployment planner: per-card memory, communication and roofline latency per layout", runPlan},
 	{"bench", "bench dsa|kernels|model\tsparse vs dense DSA decode; GEMM and matrix-vector against the machine's\n" +

@@ -27,6 +27,7 @@ func main() {
 	promptLen := flag.Int("prompt", 8, "prompt tokens")
 	tokens := flag.Int("tokens", 16, "tokens to generate")
 	dispatch := flag.Bool("dispatch", false, "send tokens to the experts' ranks (all-to-all-v) instead of all-reducing")
+	splitIndexer := flag.Bool("split-indexer", false, "split the Lightning Indexer's heads over the TP ranks too (all-reducing its scores)")
 	flag.Parse()
 	ctx := context.Background()
 	prompt := make([]int32, *promptLen)
@@ -54,7 +55,7 @@ func main() {
 	if *tp == 1 && *ep == 1 && *cp == 1 {
 		*tp, *ep = 2, 2
 	}
-	g, err := k3.LoadGroup(ctx, *model, k3.Layout{TP: *tp, EP: *ep, CP: *cp, Dispatch: *dispatch})
+	g, err := k3.LoadGroup(ctx, *model, k3.Layout{TP: *tp, EP: *ep, CP: *cp, Dispatch: *dispatch, SplitIndexer: *splitIndexer})
 	if err != nil {
 		log.Fatal(err)
 	}
