@@ -39,6 +39,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	drafts := fs.Int("drafts", 0, "draft tokens verified per sequence and step (multi-token prediction)")
 	accepted := fs.Float64("accepted", 0, "draft tokens kept per step on average")
 	top := fs.Int("top", 5, "layouts to print (0: all)")
+	splitIndexer := fs.Bool("split-indexer", false, "split the Lightning Indexer's heads over TP too (its scores all-reduced per DSA layer)")
 	if err := parseFlags(fs, "plan -config FILE -cards N [-card NAME] [-context L] [-batch B] ...", args, stdout, stderr); err != nil {
 		return err
 	}
@@ -74,7 +75,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		card.LatencyUs = *lat
 	}
 	w := plan.Workload{Context: *ctxLen, Batch: *batch, Prompt: *prompt, WeightBytes: *wb, KVBytes: *kvb, ActBytes: *ab,
-		Drafts: *drafts, Accepted: *accepted}
+		Drafts: *drafts, Accepted: *accepted, SplitIndexer: *splitIndexer}
 	est, err := plan.Plan(cfg, card, *cards, w)
 	if err != nil {
 		return err

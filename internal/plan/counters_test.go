@@ -25,7 +25,8 @@ func TestBytesMatchCounters(t *testing.T) {
 		dir := filepath.Dir(f)
 		c, err := config.Load(dir)
 		require.NoError(t, err)
-		for _, l := range []k3.Layout{{TP: 2}, {TP: 4}, {TP: 2, EP: 2}, {TP: 4, EP: 4}, {CP: 2}, {CP: 4}} {
+		for _, l := range []k3.Layout{{TP: 2}, {TP: 4}, {TP: 2, EP: 2}, {TP: 4, EP: 4}, {CP: 2}, {CP: 4},
+			{TP: 2, SplitIndexer: true}, {TP: 4, EP: 2, SplitIndexer: true}} {
 			n := l.Ranks()
 			g, err := k3.LoadGroup(ctx, dir, l)
 			require.NoError(t, err)
@@ -41,7 +42,7 @@ func TestBytesMatchCounters(t *testing.T) {
 			_, err = gs.Forward(ctx, []int32{5})
 			require.NoError(t, err)
 			measured := float64(g.Stats().Sub(before).TotalBytes()) / float64(n)
-			w := Workload{Context: len(prompt) + 1, Batch: 1, WeightBytes: 4, KVBytes: 4, ActBytes: 4}
+			w := Workload{Context: len(prompt) + 1, Batch: 1, WeightBytes: 4, KVBytes: 4, ActBytes: 4, SplitIndexer: l.SplitIndexer}
 			pl := Layout{TP: max(l.TP, 1), CP: max(l.CP, 1), DP: 1, EP: max(l.EP, 1)}
 			e := count(c).estimate(c, Cards["a3"], n, w, pl)
 			planned := e.CommMB

@@ -47,6 +47,11 @@ type Workload struct {
 	// are kept on average (multi-token prediction); 0 and 0 without.
 	Drafts   int
 	Accepted float64
+	// SplitIndexer splits the Lightning Indexer's heads over TP as well
+	// (k3.Layout.SplitIndexer): its query and head-weight projections and
+	// its scoring fall by TP, and each query row's fp32 scores over the
+	// card's keys are all-reduced per DSA layer.
+	SplitIndexer bool
 }
 
 // Layout is one way to split the model over Cards = TP·CP·DP cards: the
@@ -78,6 +83,7 @@ type Estimate struct {
 // counts are the parameters and per-token costs the estimate needs.
 type counts struct {
 	attn, indexer, dense, routed, shared, embed, head float64 // parameters
+	indexerHeads                                      float64 // of indexer, the per-head projections (wq_b, weights_proj)
 	expertParams                                      float64 // one routed expert
 	routedLayers                                      int
 	mlaLayers, dsaLayers, kdaLayers                   int
@@ -122,7 +128,9 @@ func count(c *config.Config) counts {
 			n.kvPerPos = float64(m.KVLoRARank + m.QKRopeHeadDim)
 			if kind == config.DSA && c.Indexer != nil {
 				ix := c.Indexer
-				n.indexer += float64(ix.NumHeads*ix.HeadDim)*qin + float64(ix.HeadDim)*d + float64(ix.NumHeads)*d
+				heads := float64(ix.NumHeads*ix.HeadDim)*qin + float64(ix.NumHeads)*d
+				n.indexer += heads + float64(ix.HeadDim)*d
+				n.indexerHeads += heads
 				n.idxPerPos = float64(ix.HeadDim)
 				n.dsaLayers++
 			} else {
@@ -188,7 +196,12 @@ func (n counts) estimate(c *config.Config, card Card, cards int, w Workload, l L
 	// split over TP (replicated over CP and DP); the indexer replicated
 	// (it sums over its heads before the top-k); routed experts over all
 	// cards.
-	weights := (n.attn+n.dense+n.shared+n.embed+n.head)/tp + n.indexer + n.routed/ncards
+	indexer, scoring := n.indexer, 1.0 // a card's indexer parameters, and its share of the scoring
+	splitIx := w.SplitIndexer && l.TP > 1 && n.dsaLayers > 0
+	if splitIx {
+		indexer, scoring = n.indexer-n.indexerHeads*(1-1/tp), 1/tp
+	}
+	weights := (n.attn+n.dense+n.shared+n.embed+n.head)/tp + indexer + n.routed/ncards
 	e.WeightsGB = weights * w.WeightBytes / 1e9
 	// State: each DP group holds Batch/DP sequences; a card holds their
 	// latent and index keys for its CP share of the positions (the latent
@@ -213,7 +226,7 @@ func (n counts) estimate(c *config.Config, card Card, cards int, w Workload, l L
 		topK = math.Min(float64(c.Indexer.TopK), L)
 	}
 	// Products (2 flops per multiply-add) on this card.
-	flops := 2 * tokens * ((n.attn+n.dense+n.shared+n.head)/tp + n.indexer)
+	flops := 2 * tokens * ((n.attn+n.dense+n.shared+n.head)/tp + indexer)
 	flops += 2 * allTokens * k * n.expertParams * float64(n.routedLayers) / ncards
 	if m := c.MLA; n.mlaLayers+n.dsaLayers > 0 {
 		// Absorbed MQA: scores over dc+dr and values over dc per head.
@@ -221,7 +234,7 @@ func (n counts) estimate(c *config.Config, card Card, cards int, w Workload, l L
 		flops += tokens * perPos * (float64(n.dsaLayers)*topK/cp + float64(n.mlaLayers)*L/cp)
 	}
 	if ix := c.Indexer; ix != nil {
-		flops += tokens * 2 * float64(ix.NumHeads*ix.HeadDim) * L / cp * float64(n.dsaLayers)
+		flops += tokens * 2 * float64(ix.NumHeads*ix.HeadDim) * L / cp * float64(n.dsaLayers) * scoring
 	}
 	e.ComputeMs = flops / (card.TFLOPS * 1e12) * 1e3
 	// Reads: every weight the card holds that the step touches (routed
@@ -230,7 +243,7 @@ func (n counts) estimate(c *config.Config, card Card, cards int, w Workload, l L
 	if c.MoE != nil {
 		hit = 1 - math.Pow(1-1/float64(c.MoE.NumExperts), allTokens*k)
 	}
-	bytes := ((n.attn+n.dense+n.shared+n.head)/tp + n.indexer + n.routed/ncards*hit) * w.WeightBytes
+	bytes := ((n.attn+n.dense+n.shared+n.head)/tp + indexer + n.routed/ncards*hit) * w.WeightBytes
 	bytes += seqs * L / cp * n.idxPerPos * float64(n.dsaLayers) * w.KVBytes // the indexer scans every key
 	bytes += tokens * topK / cp * n.kvPerPos * float64(n.dsaLayers) * w.KVBytes
 	bytes += seqs * L / cp * n.kvPerPos * float64(n.mlaLayers) * w.KVBytes
@@ -251,6 +264,12 @@ func (n counts) estimate(c *config.Config, card Card, cards int, w Workload, l L
 		// all-reduce, and the cards all-gather their slices of the logits.
 		comm += tokens * (d*ring(tp) + float64(c.VocabSize)/tp*(tp-1)) * w.ActBytes
 		calls += 2*layers + 2
+	}
+	if splitIx {
+		// The split indexer's scores (fp32: their sum decides a top-K)
+		// over the card's keys, all-reduced over TP per DSA layer.
+		comm += float64(n.dsaLayers) * tokens * L / cp * 4 * ring(tp)
+		calls += float64(n.dsaLayers)
 	}
 	replicated := l.DP == 1 && l.CP == 1 // every card holds every token
 	if c.MoE != nil && replicated && ncards > 1 {
