@@ -8,7 +8,6 @@ import (
 
 	"k3/comm"
 	"k3/compute"
-	"k3/internal/kernel"
 )
 
 // Placement records where the positions of a sequence split over the ranks
@@ -647,11 +646,7 @@ func (e *Exchange) selectTopK(ctx context.Context, l *Layer, a *SplitPass) error
 		}
 		if l.SplitIndexer != nil {
 			for q := range nq {
-				out := e.idx[q*k : (q+1)*k]
-				n := kernel.TopK(out, nil, e.scores[q*keys:q*keys+int(e.cnt[q])], k)
-				for i := n; i < k; i++ {
-					out[i] = -1
-				}
+				topKPadded(e.idx[q*k:(q+1)*k], e.scores[q*keys:q*keys+int(e.cnt[q])])
 			}
 		} else if err := b.Read(&e.idx, e.idxT); err != nil {
 			return err

@@ -45,12 +45,17 @@ func (s *splitIndexer) selectSummed(l *Layer, idx compute.Tensor, pos []int32, k
 	}
 	s.sel = growI32(s.sel, t*k)
 	for r, p := range pos {
-		out := s.sel[r*k : (r+1)*k]
-		vis := min(int(p)+1, keys)
-		n := kernel.TopK(out, nil, s.host[r*keys:r*keys+vis], k)
-		for i := n; i < k; i++ {
-			out[i] = -1
-		}
+		topKPadded(s.sel[r*k:(r+1)*k], s.host[r*keys:r*keys+min(int(p)+1, keys)])
 	}
 	return b.Write(idx, &s.sel)
+}
+
+// topKPadded writes to out the indices of the len(out) best scores in the
+// backend's order (larger first, ties to the lower index), -1 past the
+// number of scores.
+func topKPadded(out []int32, scores []float32) {
+	n := kernel.TopK(out, nil, scores, len(out))
+	for i := n; i < len(out); i++ {
+		out[i] = -1
+	}
 }
