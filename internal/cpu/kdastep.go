@@ -136,71 +136,101 @@ type stepJob struct {
 	wt               []float32 // conv taps transposed, [width, 3·H·D]
 	h, d, width      int
 	cu               []int32 // row offsets per sequence
-	t                int     // the token being stepped
+	// bounds[i] is the first item of part i: Run hands each worker one
+	// part, a contiguous run of items holding about its share of the
+	// tokens, since a sequence's items step all its tokens.
+	bounds []int
 }
+
+// split fills j.bounds for per items a sequence over parts parts: an
+// item costs its sequence's token count, and each part ends at the item
+// whose middle passes the part's share of the total cost.
+func (j *stepJob) split(per, parts int) {
+	n := (len(j.cu) - 1) * per
+	total := int(j.cu[len(j.cu)-1]) * per
+	j.bounds = append(j.bounds[:0], 0)
+	done, item := 0, 0
+	for p := 1; p < parts; p++ {
+		share := p * total / parts
+		for item < n && 2*done+j.tokens(item/per) <= 2*share {
+			done += j.tokens(item / per)
+			item++
+		}
+		j.bounds = append(j.bounds, item)
+	}
+	j.bounds = append(j.bounds, n)
+}
+
+func (j *stepJob) tokens(s int) int { return int(j.cu[s+1] - j.cu[s]) }
 
 // headScratch is one worker's q, k, g, o and decayed-key vectors.
 type headScratch struct{ v []float32 }
 
 var headScratchPool = sync.Pool{New: func() any { return new(headScratch) }}
 
+// stepHeads steps the (sequence, head) items of parts [lo, hi), each
+// through all its sequence's tokens in order.
 func stepHeads(args *kernel.Args, lo, hi int) {
 	j := args.Job.(*stepJob)
-	w, sc, h, d := j.w, j.sc, j.h, j.d
-	hd := h * d
+	h, d := j.h, j.d
 	hs := headScratchPool.Get().(*headScratch)
 	defer headScratchPool.Put(hs)
 	hs.v = grow32(hs.v, 6*d)
 	q, k, g := hs.v[:d], hs.v[d:2*d], hs.v[2*d:3*d]
 	o, ke, u := hs.v[3*d:4*d], hs.v[4*d:5*d], hs.v[5*d:6*d]
-	for item := lo; item < hi; item++ {
+	for item := j.bounds[lo]; item < j.bounds[hi]; item++ {
 		s, hh := item/h, item%h
-		row := int(j.cu[s]) + j.t
-		if row >= int(j.cu[s+1]) {
-			continue // this sequence has fewer tokens
+		for row := int(j.cu[s]); row < int(j.cu[s+1]); row++ {
+			stepHead(j, row, s, hh, q, k, g, o, ke, u)
 		}
-		qkv := sc.conv[row*3*hd : (row+1)*3*hd]
-		copy(q, qkv[hh*d:(hh+1)*d])
-		copy(k, qkv[hd+hh*d:hd+(hh+1)*d])
-		v := qkv[2*hd+hh*d : 2*hd+(hh+1)*d]
-		l2norm(q)
-		l2norm(k)
-		kernel.Scale(q, float32(1/math.Sqrt(float64(d))))
-		decayGate(g, sc.graw[row*hd+hh*d:row*hd+(hh+1)*d], j.dtb[hh*d:(hh+1)*d], j.alog[hh], w.Gate, w.LowerBound)
-		beta := kernel.Sigmoid(sc.braw[row*h+hh])
-		st := sc.states[s][hh*d*d : (hh+1)*d*d]
-		var rec []float32
-		if sc.records != nil {
-			rec = sc.records[row*6*hd : (row+1)*6*hd]
-			u = rec[2*hd+hh*d : 2*hd+(hh+1)*d]
-		}
-		kdaToken(st, q, k, g, v, beta, o, u, ke, d, d)
-		if rec != nil {
-			copy(rec[hh*d:(hh+1)*d], k)
-			copy(rec[hd+hh*d:hd+(hh+1)*d], g) // now the decay factors
-		}
-		out := sc.core[row*hd+hh*d : row*hd+(hh+1)*d]
-		kernel.RMSNorm(out, o, j.onorm, d, w.Eps)
-		gate := sc.gate[row*hd+hh*d : row*hd+(hh+1)*d]
-		kernel.SigmoidSlice(gate)
-		kernel.Mul(out, out, gate)
 	}
 }
 
-// stepConv runs the short conv of items [lo, hi), an item being one of
-// the q, k and v parts of one sequence: whole parts, so that each reads
-// its conv state rows as long runs (per head, a row's 512-byte pieces lie
-// kilobytes apart and each came from memory on its own).
+// stepHead runs head hh of sequence s for the token in row.
+func stepHead(j *stepJob, row, s, hh int, q, k, g, o, ke, u []float32) {
+	w, sc, h, d := j.w, j.sc, j.h, j.d
+	hd := h * d
+	qkv := sc.conv[row*3*hd : (row+1)*3*hd]
+	copy(q, qkv[hh*d:(hh+1)*d])
+	copy(k, qkv[hd+hh*d:hd+(hh+1)*d])
+	v := qkv[2*hd+hh*d : 2*hd+(hh+1)*d]
+	l2norm(q)
+	l2norm(k)
+	kernel.Scale(q, float32(1/math.Sqrt(float64(d))))
+	decayGate(g, sc.graw[row*hd+hh*d:row*hd+(hh+1)*d], j.dtb[hh*d:(hh+1)*d], j.alog[hh], w.Gate, w.LowerBound)
+	beta := kernel.Sigmoid(sc.braw[row*h+hh])
+	st := sc.states[s][hh*d*d : (hh+1)*d*d]
+	var rec []float32
+	if sc.records != nil {
+		rec = sc.records[row*6*hd : (row+1)*6*hd]
+		u = rec[2*hd+hh*d : 2*hd+(hh+1)*d]
+	}
+	kdaToken(st, q, k, g, v, beta, o, u, ke, d, d)
+	if rec != nil {
+		copy(rec[hh*d:(hh+1)*d], k)
+		copy(rec[hd+hh*d:hd+(hh+1)*d], g) // now the decay factors
+	}
+	out := sc.core[row*hd+hh*d : row*hd+(hh+1)*d]
+	kernel.RMSNorm(out, o, j.onorm, d, w.Eps)
+	gate := sc.gate[row*hd+hh*d : row*hd+(hh+1)*d]
+	kernel.SigmoidSlice(gate)
+	kernel.Mul(out, out, gate)
+}
+
+// stepConv runs the short conv of the items of parts [lo, hi), an item
+// being one of the q, k and v parts of one sequence: whole parts, so that
+// each reads its conv state rows as long runs (per head, a row's 512-byte
+// pieces lie kilobytes apart and each came from memory on its own). A
+// token's conv needs only the conv state and the tokens before it, so
+// each item runs all its sequence's tokens, before any recurrence.
 func stepConv(args *kernel.Args, lo, hi int) {
 	j := args.Job.(*stepJob)
 	sc, hd := j.sc, j.h*j.d
-	for item := lo; item < hi; item++ {
+	for item := j.bounds[lo]; item < j.bounds[hi]; item++ {
 		s, part := item/3, item%3
-		row := int(j.cu[s]) + j.t
-		if row >= int(j.cu[s+1]) {
-			continue
+		for row := int(j.cu[s]); row < int(j.cu[s+1]); row++ {
+			convStep(sc.conv[row*3*hd:(row+1)*3*hd], sc.raw[row*3*hd:(row+1)*3*hd], j.wt, sc.convs[s], 3*hd, j.width, part*hd, (part+1)*hd)
 		}
-		convStep(sc.conv[row*3*hd:(row+1)*3*hd], sc.raw[row*3*hd:(row+1)*3*hd], j.wt, sc.convs[s], 3*hd, j.width, part*hd, (part+1)*hd)
 	}
 }
 
@@ -237,13 +267,10 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 		cu = sc.cu
 	}
 	bsz := len(cu) - 1
-	maxT := 0
 	for s := range bsz {
-		n := int(cu[s+1] - cu[s])
-		if n < 1 || cu[0] != 0 {
+		if cu[s+1]-cu[s] < 1 || cu[0] != 0 {
 			return shapeErr("kda step cu_seqlens %v: every sequence needs a token", cu)
 		}
-		maxT = max(maxT, n)
 	}
 	if bsz < 1 || int(cu[bsz]) != rows {
 		return shapeErr("kda step cu_seqlens %v for %d rows", cu, rows)
@@ -329,12 +356,13 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 	wt = b.convTaps(w.Conv, wt, 3*hd, width)
 	// The short conv, then the recurrence, the norm and the gate of every
 	// (sequence, head) in parallel.
-	sc.job = stepJob{w: w, sc: sc, alog: alog, dtb: dtb, onorm: onorm, h: h, d: d, wt: wt, width: width, cu: cu}
-	for t := range maxT {
-		sc.job.t = t
-		b.pool.Run(stepConv, kernel.Args{Job: &sc.job}, bsz*3, 1)
-		b.pool.Run(stepHeads, kernel.Args{Job: &sc.job}, bsz*h, 1)
-	}
+	sc.job = stepJob{w: w, sc: sc, alog: alog, dtb: dtb, onorm: onorm, h: h, d: d, wt: wt, width: width, cu: cu, bounds: sc.job.bounds}
+	parts := min(b.pool.Size(), bsz*3)
+	sc.job.split(3, parts)
+	b.pool.Run(stepConv, kernel.Args{Job: &sc.job}, parts, 1)
+	parts = min(b.pool.Size(), bsz*h)
+	sc.job.split(h, parts)
+	b.pool.Run(stepHeads, kernel.Args{Job: &sc.job}, parts, 1)
 	return mm(F32(a.Y), sc.core, w.OProj, rows)
 }
 
