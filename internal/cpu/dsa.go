@@ -10,21 +10,120 @@ import (
 	"k3/internal/kernel"
 )
 
-// indexerScratch holds one LightningIndexer call's head scores.
+// indexerScratch holds one LightningIndexer call's plan and scores.
 type indexerScratch struct {
-	row   []float32
 	job   indexerJob
 	pages [][]float32
 }
 
-// indexerJob scores one query row's visible keys, a block of keys per work
-// item: the block's per-head scores stay in cache between the product that
-// makes them and the ReLU-weighted sum that reads them.
+// indexerJob is one wave of a LightningIndexer call: groups of query rows
+// of one sequence each, every group scored against its keys a block of
+// kernel.IndexerKeys keys per work item (the block transposed once for
+// all the group's rows), then each row's top-k on its own.
 type indexerJob struct {
-	q, k, w, sr []float32 // the row's queries [H·D], its keys [vis·D], head weights [H], scores [vis]
-	hi, di, vis int
-	pages       [][]float32 // a paged cache's pages (IndexerArgs.KPages) instead of k
-	pshift      uint
+	a         *compute.IndexerArgs
+	q, k, w   []float32 // queries [T, H, D], keys [L, D] (nil when paged), head weights [T, H]
+	idx       []int32   // the indices out
+	counts    []int32   // nil without IndexerArgs.Counts
+	hi, di    int
+	pages     [][]float32 // a paged cache's pages (IndexerArgs.KPages) instead of k
+	pshift    uint
+	scoresOut []float32 // IndexerArgs.Scores, width floats a row, or nil
+	width     int
+	groups    []indexerGroup
+	items     []indexerItem // the wave's score items, blocks zig-zag within a group
+	rows      []indexerItem // the wave's query rows and their groups, for the top-k pass
+	vis       []int32       // per query row of the call: its visible keys
+	scores    []float32
+}
+
+// indexerItem is a block of keys (score items) or a query row (top-k
+// items) of group g.
+type indexerItem struct{ g, i int32 }
+
+// indexerGroup is query rows [r0, r1) of one sequence, whose keys start
+// at k0 in IndexerArgs.K and of which they see keys at most; its rows'
+// scores lie blocks·IndexerKeys floats apart from off in the job's scores.
+type indexerGroup struct {
+	r0, r1, k0, keys, blocks, off int
+}
+
+// indexerWave bounds the scores one wave holds (floats).
+var indexerWave = 1 << 20
+
+var indexerKTPool = sync.Pool{New: func() any { return new([]float32) }}
+
+// indexerScore runs score items [lo, hi): it transposes the item's block
+// of keys, zero past the group's last visible key, and scores it for every
+// row of the group that sees a key of it.
+func indexerScore(args *kernel.Args, lo, hi int) {
+	j := args.Job.(*indexerJob)
+	const nk = kernel.IndexerKeys
+	ktp := indexerKTPool.Get().(*[]float32)
+	defer indexerKTPool.Put(ktp)
+	*ktp = grow32(*ktp, j.di*nk)
+	kt := *ktp
+	for _, it := range j.items[lo:hi] {
+		g := &j.groups[it.g]
+		s0 := int(it.i) * nk
+		n := min(nk, g.keys-s0)
+		key := func(p int) []float32 { // key p of the group's sequence, and what follows it
+			if j.pages != nil {
+				return j.pages[p>>j.pshift][(p&(1<<j.pshift-1))*j.di:]
+			}
+			return j.k[(g.k0+p)*j.di:]
+		}
+		s := 0
+		if j.pages == nil || j.pshift >= 3 { // eight aligned keys share a page
+			for ; s+8 <= n; s += 8 {
+				kernel.TransposeKeys8(kt[s:], key(s0+s), j.di, j.di)
+			}
+		}
+		for ; s < n; s++ {
+			for d, v := range key(s0 + s)[:j.di] {
+				kt[d*nk+s] = v
+			}
+		}
+		for ; s < nk; s++ {
+			for d := range j.di {
+				kt[d*nk+s] = 0
+			}
+		}
+		for r := g.r0; r < g.r1; r++ {
+			if int(j.vis[r]) <= s0 {
+				continue
+			}
+			off := g.off + (r-g.r0)*g.blocks*nk + s0
+			kernel.IndexerBlock(j.scores[off:off+nk], kt, j.q[r*j.hi*j.di:(r+1)*j.hi*j.di], j.w[r*j.hi:(r+1)*j.hi], j.hi, j.di)
+		}
+	}
+}
+
+// indexerSelect runs the top-k of the wave's rows [lo, hi).
+func indexerSelect(args *kernel.Args, lo, hi int) {
+	j := args.Job.(*indexerJob)
+	topK := j.a.TopK
+	for _, it := range j.rows[lo:hi] {
+		g, r := &j.groups[it.g], it.i
+		vis := int(j.vis[r])
+		off := g.off + (int(r)-g.r0)*g.blocks*kernel.IndexerKeys
+		sr := j.scores[off : off+vis]
+		out := j.idx[int(r)*topK : (int(r)+1)*topK]
+		n := kernel.TopK(out, nil, sr, topK)
+		for i := n; i < len(out); i++ {
+			out[i] = -1
+		}
+		if j.counts != nil {
+			j.counts[r] = int32(n)
+		}
+		if j.scoresOut != nil {
+			dst := j.scoresOut[int(r)*j.width : (int(r)+1)*j.width]
+			copy(dst, sr[:min(vis, j.width)])
+			for i := min(vis, j.width); i < j.width; i++ {
+				dst[i] = float32(math.Inf(-1))
+			}
+		}
+	}
 }
 
 // pagesOf returns the host rows of pages (f32, [size, width] each) in
@@ -45,46 +144,6 @@ func pagesOf(dst [][]float32, pages []compute.Tensor, size, width int, what stri
 		shift++
 	}
 	return dst, shift, nil
-}
-
-// indexerBlock is the keys per work item (hi·indexerBlock scores in flight).
-const indexerBlock = 512
-
-var indexerBlockPool = sync.Pool{New: func() any { return new([]float32) }}
-
-func indexerRange(args *kernel.Args, lo, hi int) {
-	j := args.Job.(*indexerJob)
-	bp := indexerBlockPool.Get().(*[]float32)
-	defer indexerBlockPool.Put(bp)
-	*bp = grow32(*bp, j.hi*indexerBlock)
-	for blk := lo; blk < hi; blk++ {
-		s0, s1 := blk*indexerBlock, min((blk+1)*indexerBlock, j.vis)
-		nb := s1 - s0
-		hs := (*bp)[:j.hi*nb]
-		// hs[h, s] = q[h] · k[s]: the same arithmetic per score as one
-		// product over all keys, so exact ties stay exact; a paged cache
-		// goes page by page, each score summed over the heads in the same
-		// order.
-		clear(j.sr[s0:s1])
-		for a := s0; a < s1; {
-			e, keys := s1, j.k
-			if j.pages != nil {
-				e = min(s1, (a>>j.pshift+1)<<j.pshift)
-				off := a &^ (1<<j.pshift - 1)
-				keys = j.pages[a>>j.pshift][:(e-off)*j.di]
-				keys = keys[(a-off)*j.di:]
-			} else {
-				keys = keys[a*j.di : e*j.di]
-			}
-			n := e - a
-			kernel.MatMulSerial(hs[:j.hi*n], j.q, keys, j.hi, n, j.di)
-			sr := j.sr[a:e]
-			for h := 0; h < j.hi; h++ {
-				kernel.ReLUAxpy(sr, j.w[h], hs[h*n:(h+1)*n])
-			}
-			a = e
-		}
-	}
 }
 
 var indexerScratchPool = sync.Pool{New: func() any { return new(indexerScratch) }}
@@ -160,50 +219,72 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 	if q == nil || (k == nil && !paged) {
 		return shapeErr("indexer q %v and keys %v must be f32", a.Q, a.K)
 	}
-	idx := I32(a.Indices)
 	sc := indexerScratchPool.Get().(*indexerScratch)
 	defer indexerScratchPool.Put(sc)
-	var pages [][]float32
-	var shift uint
+	j := &sc.job
+	*j = indexerJob{a: a, q: q, k: k, w: w, idx: I32(a.Indices), counts: counts, hi: hi, di: di,
+		scoresOut: scores, width: width, groups: j.groups[:0], items: j.items[:0], rows: j.rows[:0],
+		vis: j.vis[:0], scores: j.scores}
 	if paged {
 		var err error
-		if pages, shift, err = pagesOf(sc.pages, a.KPages, a.PageSize, di, "indexer keys"); err != nil {
+		if sc.pages, j.pshift, err = pagesOf(sc.pages, a.KPages, a.PageSize, di, "indexer keys"); err != nil {
 			return err
 		}
-		sc.pages = pages
+		j.pages = sc.pages
 	}
 	for row := 0; row < t; row++ {
 		s := seqOf(cuQ, row)
-		k0, k1 := int(cuK[s]), int(cuK[s+1])
+		n := int(cuK[s+1] - cuK[s])
 		pos := int(a.QPos[row])
-		if pos < 0 || pos >= k1-k0 {
-			return fmt.Errorf("cpu: indexer: query row %d at position %d, outside its sequence's %d cached keys", row, pos, k1-k0)
+		if pos < 0 || pos >= n {
+			return fmt.Errorf("cpu: indexer: query row %d at position %d, outside its sequence's %d cached keys", row, pos, n)
 		}
-		vis := min(pos+1, k1-k0)
-		sc.row = grow32(sc.row, max(vis, 1))
-		sr := sc.row[:vis]
-		sc.job = indexerJob{q: q[row*hi*di : (row+1)*hi*di], w: w[row*hi : (row+1)*hi],
-			sr: sr, hi: hi, di: di, vis: vis, pages: pages, pshift: shift}
-		if !paged {
-			sc.job.k = k[k0*di : (k0+vis)*di]
-		}
-		b.pool.Run(indexerRange, kernel.Args{Job: &sc.job}, (vis+indexerBlock-1)/indexerBlock, 1)
-		out := idx[row*a.TopK : (row+1)*a.TopK]
-		n := kernel.TopK(out, nil, sr, a.TopK)
-		for i := n; i < len(out); i++ {
-			out[i] = -1
-		}
-		if counts != nil {
-			counts[row] = int32(n)
-		}
-		if scores != nil {
-			dst := scores[row*width : (row+1)*width]
-			copy(dst, sr[:min(vis, width)])
-			for i := min(vis, width); i < width; i++ {
-				dst[i] = float32(math.Inf(-1))
+		j.vis = append(j.vis, int32(min(pos+1, n)))
+	}
+	// Groups of rows of one sequence, as many as a wave's scores hold
+	// (one row at least), and waves of groups.
+	const nk = kernel.IndexerKeys
+	run := func() {
+		b.pool.Run(indexerScore, kernel.Args{Job: j}, len(j.items), 1)
+		b.pool.Run(indexerSelect, kernel.Args{Job: j}, len(j.rows), 1)
+		j.items, j.rows = j.items[:0], j.rows[:0]
+	}
+	used := 0
+	for s := 0; s+1 < len(cuQ); s++ {
+		for r0 := int(cuQ[s]); r0 < int(cuQ[s+1]); {
+			keys, r1 := int(j.vis[r0]), r0+1
+			for r1 < int(cuQ[s+1]) {
+				kr := max(keys, int(j.vis[r1]))
+				if (r1-r0+1)*((kr+nk-1)/nk)*nk > indexerWave {
+					break
+				}
+				keys, r1 = kr, r1+1
 			}
+			blocks := (keys + nk - 1) / nk
+			size := (r1 - r0) * blocks * nk
+			if used > 0 && used+size > indexerWave {
+				run()
+				used = 0
+			}
+			// Nothing is scored before run, so growing drops nothing.
+			j.scores = grow32(j.scores, used+size)
+			g := int32(len(j.groups))
+			j.groups = append(j.groups, indexerGroup{r0: r0, r1: r1, k0: int(cuK[s]), keys: keys, blocks: blocks, off: used})
+			for i := range blocks {
+				b := i / 2 // 0, last, 1, last-1, ...: each half of the list holds early and late blocks
+				if i%2 == 1 {
+					b = blocks - 1 - i/2
+				}
+				j.items = append(j.items, indexerItem{g, int32(b)})
+			}
+			for r := r0; r < r1; r++ {
+				j.rows = append(j.rows, indexerItem{g, int32(r)})
+			}
+			used += size
+			r0 = r1
 		}
 	}
+	run()
 	return nil
 }
 

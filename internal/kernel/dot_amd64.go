@@ -175,6 +175,12 @@ func subAVX2(dst, a, b *float32, n int)
 func mixAVX2(out, x, y *float32, a, b, c float32, n int)
 
 //go:noescape
+func indexerBlockAVX2(t, kt, q, w *float32, hi, di int)
+
+//go:noescape
+func transpose8AVX2(kt, src *float32, stride, di int)
+
+//go:noescape
 func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride int)
 
 //go:noescape

@@ -94,6 +94,14 @@ func mixAVX2(out, x, y *float32, a, b, c float32, n int) {
 	panic("kernel: no assembly on this platform")
 }
 
+func indexerBlockAVX2(t, kt, q, w *float32, hi, di int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func transpose8AVX2(kt, src *float32, stride, di int) {
+	panic("kernel: no assembly on this platform")
+}
+
 func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride int) {
 	panic("kernel: no assembly on this platform")
 }

@@ -1,0 +1,157 @@
+//go:build !purego
+
+#include "textflag.h"
+
+// func indexerBlockAVX2(t, kt, q, w *float32, hi, di int)
+// Per head: the 64 keys' dot products as eight accumulators of eight
+// keys, each an FMA chain over the dimensions in order (one broadcast of
+// q[h][d] serves them all); then t += w[h]·max(acc, 0), product rounded
+// before the sum, as reluAxpyAVX2 does.
+TEXT ·indexerBlockAVX2(SB), NOSPLIT, $0-48
+	MOVQ t+0(FP), DI
+	MOVQ q+16(FP), SI
+	MOVQ w+24(FP), DX
+	MOVQ hi+32(FP), R8
+	MOVQ di+40(FP), R9
+	VXORPS Y15, Y15, Y15
+	VMOVUPS Y15, (DI)
+	VMOVUPS Y15, 32(DI)
+	VMOVUPS Y15, 64(DI)
+	VMOVUPS Y15, 96(DI)
+	VMOVUPS Y15, 128(DI)
+	VMOVUPS Y15, 160(DI)
+	VMOVUPS Y15, 192(DI)
+	VMOVUPS Y15, 224(DI)
+
+ibhead:
+	MOVQ kt+8(FP), BX
+	MOVQ R9, CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+ibdim:
+	VBROADCASTSS (SI), Y8
+	VFMADD231PS (BX), Y8, Y0
+	VFMADD231PS 32(BX), Y8, Y1
+	VFMADD231PS 64(BX), Y8, Y2
+	VFMADD231PS 96(BX), Y8, Y3
+	VFMADD231PS 128(BX), Y8, Y4
+	VFMADD231PS 160(BX), Y8, Y5
+	VFMADD231PS 192(BX), Y8, Y6
+	VFMADD231PS 224(BX), Y8, Y7
+	ADDQ $4, SI
+	ADDQ $256, BX
+	DECQ CX
+	JNZ  ibdim
+
+	VBROADCASTSS (DX), Y9
+	VMAXPS Y0, Y15, Y0
+	VMAXPS Y1, Y15, Y1
+	VMAXPS Y2, Y15, Y2
+	VMAXPS Y3, Y15, Y3
+	VMAXPS Y4, Y15, Y4
+	VMAXPS Y5, Y15, Y5
+	VMAXPS Y6, Y15, Y6
+	VMAXPS Y7, Y15, Y7
+	VMULPS Y9, Y0, Y0
+	VMULPS Y9, Y1, Y1
+	VMULPS Y9, Y2, Y2
+	VMULPS Y9, Y3, Y3
+	VMULPS Y9, Y4, Y4
+	VMULPS Y9, Y5, Y5
+	VMULPS Y9, Y6, Y6
+	VMULPS Y9, Y7, Y7
+	VADDPS (DI), Y0, Y0
+	VADDPS 32(DI), Y1, Y1
+	VADDPS 64(DI), Y2, Y2
+	VADDPS 96(DI), Y3, Y3
+	VADDPS 128(DI), Y4, Y4
+	VADDPS 160(DI), Y5, Y5
+	VADDPS 192(DI), Y6, Y6
+	VADDPS 224(DI), Y7, Y7
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, 128(DI)
+	VMOVUPS Y5, 160(DI)
+	VMOVUPS Y6, 192(DI)
+	VMOVUPS Y7, 224(DI)
+	ADDQ $4, DX
+	DECQ R8
+	JNZ  ibhead
+	VZEROUPPER
+	RET
+
+// func transpose8AVX2(kt, src *float32, stride, di int)
+// Eight rows of di floats (di % 8 == 0), stride floats apart, to eight
+// columns of kt, whose rows are 64 floats: 8x8 transposes by unpack,
+// shuffle and lane permutation.
+TEXT ·transpose8AVX2(SB), NOSPLIT, $0-32
+	MOVQ kt+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ stride+16(FP), AX
+	SHLQ $2, AX
+	MOVQ di+24(FP), CX
+	LEAQ (SI)(AX*1), R8
+	LEAQ (R8)(AX*1), R9
+	LEAQ (R9)(AX*1), R10
+	LEAQ (R10)(AX*1), R11
+	LEAQ (R11)(AX*1), R12
+	LEAQ (R12)(AX*1), R13
+	LEAQ (R13)(AX*1), R14
+	XORQ BX, BX
+
+trloop:
+	VMOVUPS (SI)(BX*1), Y0
+	VMOVUPS (R8)(BX*1), Y1
+	VMOVUPS (R9)(BX*1), Y2
+	VMOVUPS (R10)(BX*1), Y3
+	VMOVUPS (R11)(BX*1), Y4
+	VMOVUPS (R12)(BX*1), Y5
+	VMOVUPS (R13)(BX*1), Y6
+	VMOVUPS (R14)(BX*1), Y7
+	VUNPCKLPS Y1, Y0, Y8
+	VUNPCKHPS Y1, Y0, Y9
+	VUNPCKLPS Y3, Y2, Y10
+	VUNPCKHPS Y3, Y2, Y11
+	VUNPCKLPS Y5, Y4, Y12
+	VUNPCKHPS Y5, Y4, Y13
+	VUNPCKLPS Y7, Y6, Y14
+	VUNPCKHPS Y7, Y6, Y15
+	VSHUFPS $0x44, Y10, Y8, Y0
+	VSHUFPS $0xEE, Y10, Y8, Y1
+	VSHUFPS $0x44, Y11, Y9, Y2
+	VSHUFPS $0xEE, Y11, Y9, Y3
+	VSHUFPS $0x44, Y14, Y12, Y4
+	VSHUFPS $0xEE, Y14, Y12, Y5
+	VSHUFPS $0x44, Y15, Y13, Y6
+	VSHUFPS $0xEE, Y15, Y13, Y7
+	VPERM2F128 $0x20, Y4, Y0, Y8
+	VPERM2F128 $0x20, Y5, Y1, Y9
+	VPERM2F128 $0x20, Y6, Y2, Y10
+	VPERM2F128 $0x20, Y7, Y3, Y11
+	VPERM2F128 $0x31, Y4, Y0, Y12
+	VPERM2F128 $0x31, Y5, Y1, Y13
+	VPERM2F128 $0x31, Y6, Y2, Y14
+	VPERM2F128 $0x31, Y7, Y3, Y15
+	VMOVUPS Y8, (DI)
+	VMOVUPS Y9, 256(DI)
+	VMOVUPS Y10, 512(DI)
+	VMOVUPS Y11, 768(DI)
+	VMOVUPS Y12, 1024(DI)
+	VMOVUPS Y13, 1280(DI)
+	VMOVUPS Y14, 1536(DI)
+	VMOVUPS Y15, 1792(DI)
+	ADDQ $2048, DI
+	ADDQ $32, BX
+	SUBQ $8, CX
+	JNZ  trloop
+	VZEROUPPER
+	RET

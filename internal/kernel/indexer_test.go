@@ -1,0 +1,124 @@
+package kernel
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestIndexerBlock checks the indexer's score tile and its Go twin against
+// a float64 reference, and that a key's score depends only on the key:
+// the same key in every slot of the block gives bitwise the same score.
+func TestIndexerBlock(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, hi := range []int{1, 3, 8, 64} {
+		for _, di := range []int{1, 7, 64, 128} {
+			q, w := randSlice(r, hi*di), randSlice(r, hi)
+			keys := randSlice(r, IndexerKeys*di) // [s][d]
+			kt := make([]float32, di*IndexerKeys)
+			for s := range IndexerKeys {
+				for d := range di {
+					kt[d*IndexerKeys+s] = keys[s*di+d]
+				}
+			}
+			got, twin := make([]float32, IndexerKeys), make([]float32, IndexerKeys)
+			for i := range got {
+				got[i], twin[i] = float32(i), -1 // overwritten, not added to
+			}
+			IndexerBlock(got, kt, q, w, hi, di)
+			indexerBlockGo(twin, kt, q, w, hi, di)
+			for s := range IndexerKeys {
+				var want, scale float64
+				for h := range hi {
+					var dot float64
+					for d := range di {
+						dot += float64(q[h*di+d]) * float64(keys[s*di+d])
+					}
+					want += float64(w[h]) * math.Max(dot, 0)
+					scale += math.Abs(float64(w[h])) * math.Sqrt(float64(di))
+				}
+				tol := 1e-5 * scale
+				require.InDelta(t, want, float64(got[s]), tol, "hi %d di %d key %d", hi, di, s)
+				require.InDelta(t, want, float64(twin[s]), tol, "twin: hi %d di %d key %d", hi, di, s)
+			}
+			// One key in every slot: every slot scores it the same.
+			for s := range IndexerKeys {
+				for d := range di {
+					kt[d*IndexerKeys+s] = keys[5%IndexerKeys*di+d]
+				}
+			}
+			IndexerBlock(got, kt, q, w, hi, di)
+			for s := range IndexerKeys {
+				require.Equal(t, math.Float32bits(got[0]), math.Float32bits(got[s]), "hi %d di %d slot %d", hi, di, s)
+			}
+		}
+	}
+}
+
+// TestTransposeKeys8 checks the transposition into an indexer block on
+// every width, with a row stride past the width.
+func TestTransposeKeys8(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, di := range []int{1, 7, 8, 64, 128} {
+		stride := di + 3
+		src := randSlice(r, 7*stride+di)
+		kt := randSlice(r, di*IndexerKeys)
+		before := append([]float32(nil), kt...)
+		TransposeKeys8(kt[16:], src, stride, di) // keys 16..23 of the block
+		for d := range di {
+			for s := range IndexerKeys {
+				want := before[d*IndexerKeys+s]
+				if s >= 16 && s < 24 {
+					want = src[(s-16)*stride+d]
+				}
+				require.Equal(t, want, kt[d*IndexerKeys+s], "di %d dim %d key %d", di, d, s)
+			}
+		}
+	}
+}
+
+// TestTopKRadix checks the radix selection against the heap on inputs
+// with ties, signed zeros, infinities and NaNs, and that it allocates
+// nothing.
+func TestTopKRadix(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	nan := float32(math.NaN())
+	for trial := range 200 {
+		n := 1 + r.IntN(6000)
+		x := make([]float32, n)
+		for i := range x {
+			switch r.IntN(8) {
+			case 0:
+				x[i] = float32(math.Copysign(0, -1))
+			case 1:
+				x[i] = float32(r.IntN(4)) // many exact ties
+			case 2:
+				if trial%3 == 0 {
+					x[i] = nan
+				} else {
+					x[i] = float32(math.Inf(2*r.IntN(2) - 1))
+				}
+			case 3:
+				x[i] = float32(r.NormFloat64()) * 1e-30
+			default:
+				x[i] = float32(r.NormFloat64())
+			}
+		}
+		k := topKHeapMax + 1 + r.IntN(5000)
+		got, want := make([]int32, k), make([]int32, k)
+		m := TopK(got, nil, x, k)
+		topKHeap(want[:m], x)
+		require.Equal(t, min(k, n), m)
+		require.Equal(t, want[:m], got[:m], "trial %d: n %d k %d", trial, n, k)
+	}
+	x := make([]float32, 2048)
+	for i := range x {
+		x[i] = float32(r.NormFloat64())
+	}
+	idx := make([]int32, 256)
+	if a := testing.AllocsPerRun(10, func() { TopK(idx, nil, x, 256) }); a != 0 && !raceEnabled {
+		t.Fatalf("TopK allocates %v times", a)
+	}
+}
