@@ -260,7 +260,7 @@ type Layer struct {
 	// itself elsewhere.
 	side      compute.Backend
 	pos       []int32
-	one       [1]int32
+	runPos    []int32  // positions of forwardRows' run of rows
 	rowCaches []*Cache // an exact pass's cache per row
 	mha       []bool   // a chunk pass's choice of form per chunk
 	attn      compute.AttnArgs
@@ -702,30 +702,47 @@ func (l *Layer) forwardRows(x compute.Tensor, caches []*Cache, y compute.Tensor)
 	if err := b.HeadMatMul(qa, qn, w.UKT); err != nil {
 		return fmt.Errorf("dsa: absorbed query: %w", err)
 	}
-	for i, c := range caches {
-		p := c.Len
-		l.one[0] = int32(p)
-		pos := l.one[:]
-		qri, err := l.appendRun(c, pos, i, qr, kvNew, peNew)
+	// A run of rows of one cache is appended at once and selects in one
+	// indexer call (a row's selection does not depend on the rows beside
+	// it); each row then attends as a single step does, over its
+	// sequence up to itself.
+	for i := 0; i < t; {
+		c, n := caches[i], 1
+		for i+n < t && caches[i+n] == c {
+			n++
+		}
+		p0 := c.Len
+		l.runPos = l.runPos[:0]
+		for r := range n {
+			l.runPos = append(l.runPos, int32(p0+r))
+		}
+		qri, err := l.appendRun(c, l.runPos, i, qr, kvNew, peNew)
 		if err != nil {
 			return err
 		}
-		var indices compute.Tensor
+		var sel compute.Tensor
 		if cfg.Indexer != nil {
-			sel := l.idxRows(i, i+1)
-			if err := l.indexSelect(c, pos, i, sel); err != nil {
+			sel = l.idxRows(i, i+n)
+			if err := l.indexSelect(c, l.runPos, i, sel); err != nil {
 				return err
 			}
-			indices = l.attnIndices(sel, p+1)
 		}
-		l.attn = compute.AttnArgs{Q: qa.Rows(i, i+1), KPages: c.lat, PageSize: PageSize, Indices: indices, QPos: pos, KVLen: c.Len,
-			Causal: true, Scale: float32(l.scale), Out: l.ol.Rows(i, i+1)}
-		if dr > 0 {
-			l.attn.QRope, l.attn.KRopePages = qri, c.pe
+		for r := range n {
+			p := p0 + r
+			var indices compute.Tensor
+			if cfg.Indexer != nil {
+				indices = l.attnIndices(sel.Rows(r, r+1), p+1)
+			}
+			l.attn = compute.AttnArgs{Q: qa.Rows(i+r, i+r+1), KPages: c.lat, PageSize: PageSize, Indices: indices, QPos: l.runPos[r : r+1],
+				KVLen: p + 1, Causal: true, Scale: float32(l.scale), Out: l.ol.Rows(i+r, i+r+1)}
+			if dr > 0 {
+				l.attn.QRope, l.attn.KRopePages = qri.Rows(r, r+1), c.pe
+			}
+			if err := b.Attention(&l.attn); err != nil {
+				return fmt.Errorf("dsa: attention: %w", err)
+			}
 		}
-		if err := b.Attention(&l.attn); err != nil {
-			return fmt.Errorf("dsa: attention: %w", err)
-		}
+		i += n
 	}
 	return l.output(x, t, y)
 }
