@@ -181,6 +181,9 @@ func indexerBlockAVX2(t, kt, q, w *float32, hi, di int)
 func transpose8AVX2(kt, src *float32, stride, di int)
 
 //go:noescape
+func indexerBlockZMM(t, kt, q, w *float32, hi, di int)
+
+//go:noescape
 func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride int)
 
 //go:noescape

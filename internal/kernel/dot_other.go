@@ -98,6 +98,10 @@ func indexerBlockAVX2(t, kt, q, w *float32, hi, di int) {
 	panic("kernel: no assembly on this platform")
 }
 
+func indexerBlockZMM(t, kt, q, w *float32, hi, di int) {
+	panic("kernel: no assembly on this platform")
+}
+
 func transpose8AVX2(kt, src *float32, stride, di int) {
 	panic("kernel: no assembly on this platform")
 }

@@ -11,9 +11,14 @@ const IndexerKeys = 64
 // each head's term is rounded before its sum (ReLUAxpy's arithmetic), the
 // same for every key whatever its place, so exactly tied keys stay tied.
 // A key's score does not depend on the other keys of the block nor on the
-// other rows scored beside it.
+// other rows scored beside it. The 512-bit tile, where it runs
+// (indexerWide), gives the same bits as the 256-bit one.
 func IndexerBlock(t, kt, q, w []float32, hi, di int) {
 	t, kt, q, w = t[:IndexerKeys], kt[:di*IndexerKeys], q[:hi*di], w[:hi]
+	if hi > 0 && di > 0 && indexerWide() {
+		indexerBlockZMM(&t[0], &kt[0], &q[0], &w[0], hi, di)
+		return
+	}
 	if useAVX2 && hi > 0 && di > 0 {
 		indexerBlockAVX2(&t[0], &kt[0], &q[0], &w[0], hi, di)
 		return
@@ -57,4 +62,19 @@ func TransposeKeys8(kt, src []float32, stride, di int) {
 			kt[d*IndexerKeys+s] = v
 		}
 	}
+}
+
+// indexerTileBits forces IndexerBlock's register width for tests and
+// benchmarks: 0 follows wideFMA, 256 and 512 force that many bits (512
+// needs hasZMM).
+var indexerTileBits int
+
+func indexerWide() bool {
+	switch indexerTileBits {
+	case 256:
+		return false
+	case 512:
+		return hasZMM
+	}
+	return wideFMA()
 }

@@ -29,6 +29,20 @@ func TestIndexerBlock(t *testing.T) {
 			}
 			IndexerBlock(got, kt, q, w, hi, di)
 			indexerBlockGo(twin, kt, q, w, hi, di)
+			if useAVX2 { // the 256-bit and 512-bit tiles give the same bits
+				for _, bits := range []int{256, 512} {
+					if bits == 512 && !hasZMM {
+						continue
+					}
+					indexerTileBits = bits
+					other := make([]float32, IndexerKeys)
+					IndexerBlock(other, kt, q, w, hi, di)
+					indexerTileBits = 0
+					for s := range IndexerKeys {
+						require.Equal(t, math.Float32bits(got[s]), math.Float32bits(other[s]), "%d bits: hi %d di %d key %d", bits, hi, di, s)
+					}
+				}
+			}
 			for s := range IndexerKeys {
 				var want, scale float64
 				for h := range hi {

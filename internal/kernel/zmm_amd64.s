@@ -404,3 +404,100 @@ TEXT ·store4x8ZMM(SB), NOSPLIT|NOFRAME, $0-0
 	LEAQ 8(R14), DX
 	CALL ·store2x8ZMM(SB)
 	RET
+
+// IB_EPILOGUE adds w·max(acc, 0), the product rounded before the sum, for
+// the head whose weight DX points at, to the 64 scores at DI, from the
+// accumulators a0-a3 (Z15 holds zeros; Z14 is clobbered).
+#define IB_EPILOGUE(a0, a1, a2, a3) \
+	VBROADCASTSS (DX), Z14; \
+	VMAXPS a0, Z15, a0; VMAXPS a1, Z15, a1; VMAXPS a2, Z15, a2; VMAXPS a3, Z15, a3; \
+	VMULPS Z14, a0, a0; VMULPS Z14, a1, a1; VMULPS Z14, a2, a2; VMULPS Z14, a3, a3; \
+	VADDPS (DI), a0, a0; VADDPS 64(DI), a1, a1; VADDPS 128(DI), a2, a2; VADDPS 192(DI), a3, a3; \
+	VMOVUPS a0, (DI); VMOVUPS a1, 64(DI); VMOVUPS a2, 128(DI); VMOVUPS a3, 192(DI)
+
+// func indexerBlockZMM(t, kt, q, w *float32, hi, di int)
+// indexerBlockAVX2 on zmm registers, two heads at a time so that eight
+// FMA chains are in flight: each key's score gets the same FMA chain and
+// the same head-ordered sum, so the bits are the AVX2 tile's.
+TEXT ·indexerBlockZMM(SB), NOSPLIT, $0-48
+	MOVQ t+0(FP), DI
+	MOVQ q+16(FP), SI
+	MOVQ w+24(FP), DX
+	MOVQ hi+32(FP), R8
+	MOVQ di+40(FP), R9
+	LEAQ (SI)(R9*4), R10 // the second head's q
+	VPXORD Z15, Z15, Z15
+	VMOVUPS Z15, (DI)
+	VMOVUPS Z15, 64(DI)
+	VMOVUPS Z15, 128(DI)
+	VMOVUPS Z15, 192(DI)
+
+izpair:
+	CMPQ R8, $2
+	JL   izone
+	MOVQ kt+8(FP), BX
+	MOVQ R9, CX
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+
+izpdim:
+	VMOVUPS (BX), Z10
+	VMOVUPS 64(BX), Z11
+	VMOVUPS 128(BX), Z12
+	VMOVUPS 192(BX), Z13
+	VBROADCASTSS (SI), Z8
+	VBROADCASTSS (R10), Z9
+	VFMADD231PS Z10, Z8, Z0
+	VFMADD231PS Z11, Z8, Z1
+	VFMADD231PS Z12, Z8, Z2
+	VFMADD231PS Z13, Z8, Z3
+	VFMADD231PS Z10, Z9, Z4
+	VFMADD231PS Z11, Z9, Z5
+	VFMADD231PS Z12, Z9, Z6
+	VFMADD231PS Z13, Z9, Z7
+	ADDQ $4, SI
+	ADDQ $4, R10
+	ADDQ $256, BX
+	DECQ CX
+	JNZ  izpdim
+
+	IB_EPILOGUE(Z0, Z1, Z2, Z3)
+	ADDQ $4, DX
+	IB_EPILOGUE(Z4, Z5, Z6, Z7)
+	ADDQ $4, DX
+	MOVQ R10, SI // past the second head's q: the next pair's first
+	LEAQ (SI)(R9*4), R10
+	SUBQ $2, R8
+	JMP  izpair
+
+izone:
+	CMPQ R8, $1
+	JL   izdone
+	MOVQ kt+8(FP), BX
+	MOVQ R9, CX
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+
+izodim:
+	VBROADCASTSS (SI), Z8
+	VFMADD231PS (BX), Z8, Z0
+	VFMADD231PS 64(BX), Z8, Z1
+	VFMADD231PS 128(BX), Z8, Z2
+	VFMADD231PS 192(BX), Z8, Z3
+	ADDQ $4, SI
+	ADDQ $256, BX
+	DECQ CX
+	JNZ  izodim
+	IB_EPILOGUE(Z0, Z1, Z2, Z3)
+
+izdone:
+	VZEROUPPER
+	RET
