@@ -495,7 +495,7 @@ func TestDraftModel(t *testing.T) {
 	for i, c := range dirs {
 		other[filepath.Dir(c)] = filepath.Dir(dirs[(i+1)%len(dirs)])
 	}
-	depths := []int{1, 3, 8}
+	depths := []int{1, 2, 3, 4, 5, 6, 7, 8}
 	if raceEnabled || testing.Short() {
 		// The race detector checks the drafter's locking, not its
 		// arithmetic: one model, one depth.
