@@ -54,9 +54,12 @@ func (b *Backend) AttnResPrepare(a *compute.AttnResPrepareArgs) error {
 		}
 		blocks[i] = v
 	}
-	clear(num)
-	for i := range mx {
-		mx[i], sum[i] = lowestFinite, 0
+	if len(blocks) == 0 {
+		clear(num)
+		for i := range mx {
+			mx[i], sum[i] = lowestFinite, 0
+		}
+		return nil
 	}
 	job := &prepareJob{q: q, num: num, mx: mx, sum: sum, blocks: blocks, s: s, t: t, d: d, eps: a.Eps}
 	if t < 16 { // decode: not worth a dispatch
@@ -83,33 +86,48 @@ var prepareJobPool = sync.Pool{New: func() any { return new(prepareJob) }}
 
 func prepareRange(args *kernel.Args, lo, hi int) { prepareTokens(args.Job.(*prepareJob), lo, hi) }
 
-// prepareTokens computes phase one for tokens [lo, hi): every query's
-// online softmax over the committed blocks, in block order.
+// prepareTokens computes phase one for tokens [lo, hi): for every query,
+// the maximum logit over the committed blocks, then the sum of the
+// exponentials below it and the rows they weight, so that each numerator
+// row is written once, block by block in block order, while the token's
+// block rows sit in cache (an online softmax rewrote it once a block).
 func prepareTokens(j *prepareJob, lo, hi int) {
-	s, t, d := j.s, j.t, j.d
+	s, t, d, nb := j.s, j.t, j.d, len(j.blocks)
+	var zbuf [256]float32
+	z := zbuf[:0]
+	if s*nb > len(zbuf) {
+		z = make([]float32, 0, s*nb)
+	}
+	z = z[:s*nb]
 	for tok := lo; tok < hi; tok++ {
 		for n, blk := range j.blocks {
 			row := blk[tok*d : (tok+1)*d]
 			inv := rmsInv(row, j.eps)
-			for qi := 0; qi < s; qi++ {
-				z := kernel.Dot(j.q[qi*d:(qi+1)*d], row) * inv
-				o := qi*t + tok
-				acc := j.num[o*d : (o+1)*d]
-				// Online softmax: rescale what was accumulated when the
-				// maximum grows, so no exponent is ever positive.
-				if n == 0 || z > j.mx[o] {
-					scale := float32(0)
-					if n > 0 {
-						scale = float32(math.Exp(float64(j.mx[o] - z)))
-					}
-					kernel.Scale(acc, scale)
-					j.sum[o] *= scale
-					j.mx[o] = z
-				}
-				e := float32(math.Exp(float64(z - j.mx[o])))
-				j.sum[o] += e
-				kernel.Axpy(acc, e, row)
+			for qi := range s {
+				z[qi*nb+n] = kernel.Dot(j.q[qi*d:(qi+1)*d], row) * inv
 			}
+		}
+		for qi := range s {
+			zq := z[qi*nb : (qi+1)*nb]
+			m := zq[0]
+			for _, v := range zq[1:] {
+				m = max(m, v)
+			}
+			o := qi*t + tok
+			acc := j.num[o*d : (o+1)*d]
+			var sum float32
+			for n, blk := range j.blocks {
+				e := float32(math.Exp(float64(zq[n] - m)))
+				sum += e
+				row := blk[tok*d : (tok+1)*d]
+				if n == 0 {
+					copy(acc, row)
+					kernel.Scale(acc, e)
+				} else {
+					kernel.Axpy(acc, e, row)
+				}
+			}
+			j.mx[o], j.sum[o] = m, sum
 		}
 	}
 }

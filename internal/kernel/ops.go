@@ -100,9 +100,7 @@ func SiLUInPlace(x []float32) {
 		s := buf[:n]
 		copy(s, x[:n])
 		SigmoidSlice(s)
-		for i := range s {
-			x[i] *= s[i]
-		}
+		Mul(x[:n], x[:n], s) // one rounding a product on every path: x[i] *= s[i]
 		x = x[n:]
 	}
 }
