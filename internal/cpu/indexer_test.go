@@ -169,14 +169,14 @@ func bitsEqual(a, b []float32) bool {
 	return true
 }
 
-// BenchmarkLightningIndexer times one call over a 100M-preset-shaped
-// indexer (8 heads of 64, top 256) at 2,048 cached keys: a decode row and
-// a 64-row prefill chunk. GFLOP/s counts the head products.
+// BenchmarkLightningIndexer times one call: over a 100M-preset-shaped
+// indexer (8 heads of 64, top 256) at 2,048 cached keys, a decode row and
+// a 64-row prefill chunk; over K3.1 Pro's (64 heads of 128, top 2,048),
+// a decode row at 65,536 keys. GFLOP/s counts the head products.
 func BenchmarkLightningIndexer(b *testing.B) {
 	be := New(0)
 	defer be.Close()
 	r := rand.New(rand.NewPCG(1, 1))
-	const hi, di, topK, l = 8, 64, 256, 2048
 	rnd := func(n int) []float32 {
 		v := make([]float32, n)
 		for i := range v {
@@ -189,21 +189,24 @@ func BenchmarkLightningIndexer(b *testing.B) {
 		must(0, be.Write(x, v))
 		return x
 	}
-	k := up(rnd(l*di), l, di)
-	for _, rows := range []int{1, 64} {
-		b.Run(fmt.Sprintf("rows=%d", rows), func(b *testing.B) {
-			pos := make([]int32, rows)
+	for _, c := range []struct{ hi, di, topK, l, rows int }{
+		{8, 64, 256, 2048, 1}, {8, 64, 256, 2048, 64}, {64, 128, 2048, 65536, 1},
+	} {
+		b.Run(fmt.Sprintf("heads=%d/keys=%d/rows=%d", c.hi, c.l, c.rows), func(b *testing.B) {
+			k := up(rnd(c.l*c.di), c.l, c.di)
+			defer be.Free(k)
+			pos := make([]int32, c.rows)
 			for i := range pos {
-				pos[i] = int32(l - rows + i)
+				pos[i] = int32(c.l - c.rows + i)
 			}
-			a := compute.IndexerArgs{Q: up(rnd(rows*hi*di), rows, hi, di), K: k, W: up(rnd(rows*hi), rows, hi), QPos: pos, TopK: topK,
-				Indices: must(be.Alloc(compute.I32, rows, topK))}
+			a := compute.IndexerArgs{Q: up(rnd(c.rows*c.hi*c.di), c.rows, c.hi, c.di), K: k, W: up(rnd(c.rows*c.hi), c.rows, c.hi),
+				QPos: pos, TopK: c.topK, Indices: must(be.Alloc(compute.I32, c.rows, c.topK))}
 			for b.Loop() {
 				if err := be.LightningIndexer(&a); err != nil {
 					b.Fatal(err)
 				}
 			}
-			b.ReportMetric(2*float64(rows*l*hi*di)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			b.ReportMetric(2*float64(c.rows*c.l*c.hi*c.di)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 		})
 	}
 }
