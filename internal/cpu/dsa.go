@@ -285,6 +285,10 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 		}
 	}
 	run()
+	// The scratch goes back to its pool: it must not keep the call's
+	// tensors alive.
+	j.a, j.q, j.k, j.w, j.idx, j.counts, j.pages, j.scoresOut = nil, nil, nil, nil, nil, nil, nil, nil
+	clear(sc.pages)
 	return nil
 }
 

@@ -27,10 +27,11 @@ func better(a float32, ia int32, b float32, ib int32) bool {
 
 // TopK writes to idx (capacity k) the indices of the k best scores in
 // ranked order (see better) and returns how many it wrote, min(k, len(x)).
-// vals, if not nil, receives the scores. It allocates nothing. A few
-// best ones come from a k-entry heap (O(len(x) log k)); more (the
-// Lightning Indexer's hundreds) from a radix selection of the k-th
-// score, three counting passes over x, and a sort of the k picked.
+// vals, if not nil, receives the scores. A few best ones come from a
+// k-entry heap (O(len(x) log k)); more (the Lightning Indexer's hundreds)
+// from a radix selection of the k-th score (two passes over x, two over
+// the candidates it leaves) and a sort of the k picked, with scratch from
+// a pool: once warm, TopK allocates nothing.
 func TopK(idx []int32, vals []float32, x []float32, k int) int {
 	k = min(k, len(x), len(idx))
 	if k <= 0 {
