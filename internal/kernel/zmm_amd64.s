@@ -201,7 +201,7 @@ TEXT ·dot2x8BF16ZMM(SB), NOSPLIT, $0-56
 	LEAQ (DI)(BX*1), R8      // weight row 1 (row 0 again when wstride is 0)
 	MOVQ CX, R9
 	SHLQ $3, R9
-	ADDQ DI, R9              // the pair after next, prefetched
+	ADDQ DI, R9              // the pair after next, prefetched into L1 (docs/bench, design measurements)
 	MOVQ out+40(FP), DX
 	MOVQ ostride+48(FP), R10
 	SHLQ $2, R10
@@ -210,7 +210,7 @@ TEXT ·dot2x8BF16ZMM(SB), NOSPLIT, $0-56
 zb8loop:
 	CMPQ CX, $8
 	JL   zb8done
-	PREFETCHT1 (R9)
+	PREFETCHT0 (R9)
 	VPMOVZXWD (DI), Y8
 	VPMOVZXWD (R8), Y9
 	VINSERTI64X4 $1, Y9, Z8, Z8
@@ -308,7 +308,7 @@ TEXT ·dot4x8BF16ZMM(SB), NOSPLIT, $0-56
 	LEAQ (R8)(BX*2), R15     // weight row 3
 	MOVQ CX, R9
 	SHLQ $3, R9
-	ADDQ DI, R9              // the quad after this one (rows of k), prefetched
+	ADDQ DI, R9              // the quad after this one (rows of k), prefetched into L1
 	MOVQ out+40(FP), DX
 	MOVQ ostride+48(FP), R10
 	SHLQ $2, R10
@@ -319,7 +319,7 @@ TEXT ·dot4x8BF16ZMM(SB), NOSPLIT, $0-56
 zq8loop:
 	CMPQ CX, $8
 	JL   zq8done
-	PREFETCHT1 (R9)
+	PREFETCHT0 (R9)
 	VPMOVZXWD (DI), Y8
 	VPMOVZXWD (R8), Y14
 	VINSERTI64X4 $1, Y14, Z8, Z8
