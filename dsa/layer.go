@@ -703,9 +703,10 @@ func (l *Layer) forwardRows(x compute.Tensor, caches []*Cache, y compute.Tensor)
 		return fmt.Errorf("dsa: absorbed query: %w", err)
 	}
 	// A run of rows of one cache is appended at once and selects in one
-	// indexer call (a row's selection does not depend on the rows beside
-	// it); each row then attends as a single step does, over its
-	// sequence up to itself.
+	// indexer call (an exact pass has at most compute.InvariantRows rows,
+	// so a row's selection does not depend on the rows beside it); each
+	// row then attends as a single step does, over its sequence up to
+	// itself.
 	for i := 0; i < t; {
 		c, n := caches[i], 1
 		for i+n < t && caches[i+n] == c {
