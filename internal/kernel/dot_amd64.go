@@ -117,6 +117,12 @@ func expAVX2(x *float32, n int, k *[16]float32)
 //go:noescape
 func sigmoidAVX2(x *float32, n int, k *[16]float32)
 
+//go:noescape
+func expZMM(x *float32, n int, k *[16]float32)
+
+//go:noescape
+func sigmoidZMM(x *float32, n int, k *[16]float32)
+
 // expBody is the shared vector exponential called by expAVX2 and
 // sigmoidAVX2 (register calling convention of its own; not callable from Go).
 //

@@ -53,6 +53,8 @@ func rowUpdateAVX2(row, u, o *float32, a, b, c float32, n int) {
 
 func expAVX2(x *float32, n int, k *[16]float32)     { panic("kernel: no assembly on this platform") }
 func sigmoidAVX2(x *float32, n int, k *[16]float32) { panic("kernel: no assembly on this platform") }
+func expZMM(x *float32, n int, k *[16]float32)      { panic("kernel: no assembly on this platform") }
+func sigmoidZMM(x *float32, n int, k *[16]float32)  { panic("kernel: no assembly on this platform") }
 
 func dot2x4BF16AVX2(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int) {
 	panic("kernel: no assembly on this platform")

@@ -60,9 +60,14 @@ const (
 // ExpSlice replaces every element of x by Exp of it.
 func ExpSlice(x []float32) {
 	i := 0
-	if useAVX2 && len(x) >= 8 {
-		i = len(x) &^ 7
-		expAVX2(&x[0], i, &expConsts)
+	if len(x) >= 16 && expWide() {
+		i = len(x) &^ 15
+		expZMM(&x[0], i, &expConsts)
+	}
+	if useAVX2 && len(x)-i >= 8 {
+		n := (len(x) - i) &^ 7
+		expAVX2(&x[i], n, &expConsts)
+		i += n
 	}
 	for ; i < len(x); i++ {
 		x[i] = Exp(x[i])
@@ -72,9 +77,14 @@ func ExpSlice(x []float32) {
 // SigmoidSlice replaces every element of x by Sigmoid of it.
 func SigmoidSlice(x []float32) {
 	i := 0
-	if useAVX2 && len(x) >= 8 {
-		i = len(x) &^ 7
-		sigmoidAVX2(&x[0], i, &expConsts)
+	if len(x) >= 16 && expWide() {
+		i = len(x) &^ 15
+		sigmoidZMM(&x[0], i, &expConsts)
+	}
+	if useAVX2 && len(x)-i >= 8 {
+		n := (len(x) - i) &^ 7
+		sigmoidAVX2(&x[i], n, &expConsts)
+		i += n
 	}
 	for ; i < len(x); i++ {
 		x[i] = Sigmoid(x[i])
@@ -85,4 +95,22 @@ func SigmoidSlice(x []float32) {
 var expConsts = [16]float32{
 	expLow, expHigh, log2e, ln2Hi, ln2Lo, c7, c6, c5, c4, c3, c2, c1, c0,
 	float32(math.Inf(1)), 2, 0,
+}
+
+// expTileBits forces the vector exponential's register width for tests
+// and benchmarks: 0 follows wideFMA, 256 and 512 force that many bits
+// (512 needs hasZMM). Both widths give the same bits.
+var expTileBits int
+
+// expWide reports whether ExpSlice and SigmoidSlice take sixteen lanes at
+// a time on zmm registers (expZMM, sigmoidZMM: expBody's operations with
+// the constants held in registers).
+func expWide() bool {
+	switch expTileBits {
+	case 256:
+		return false
+	case 512:
+		return hasZMM
+	}
+	return wideFMA()
 }

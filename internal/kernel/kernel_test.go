@@ -371,19 +371,27 @@ func TestVectorExpMatchesScalar(t *testing.T) {
 	for i := 0; i < 5000; i++ {
 		xs = append(xs, float32(r.NormFloat64()*30))
 	}
-	for len(xs)%8 != 0 {
+	for len(xs)%16 != 8 { // sixteen-lane blocks, then eight lanes, then a tail
 		xs = append(xs, 3)
 	}
-	e := append([]float32(nil), xs...)
-	ExpSlice(e)
-	s := append([]float32(nil), xs...)
-	SigmoidSlice(s)
-	for i, x := range xs {
-		if a, b := e[i], Exp(x); math.Float32bits(a) != math.Float32bits(b) && !(a != a && b != b) {
-			t.Fatalf("exp(%g): vector %g, scalar %g", x, a, b)
+	xs = append(xs, 1.5, -2.5, 7)
+	defer func(v int) { expTileBits = v }(expTileBits)
+	for _, bits := range []int{0, 256, 512} {
+		if bits == 512 && !hasZMM {
+			continue
 		}
-		if a, b := s[i], Sigmoid(x); math.Float32bits(a) != math.Float32bits(b) && !(a != a && b != b) {
-			t.Fatalf("sigmoid(%g): vector %g, scalar %g", x, a, b)
+		expTileBits = bits
+		e := append([]float32(nil), xs...)
+		ExpSlice(e)
+		s := append([]float32(nil), xs...)
+		SigmoidSlice(s)
+		for i, x := range xs {
+			if a, b := e[i], Exp(x); math.Float32bits(a) != math.Float32bits(b) && !(a != a && b != b) {
+				t.Fatalf("%d bits: exp(%g): vector %g, scalar %g", bits, x, a, b)
+			}
+			if a, b := s[i], Sigmoid(x); math.Float32bits(a) != math.Float32bits(b) && !(a != a && b != b) {
+				t.Fatalf("%d bits: sigmoid(%g): vector %g, scalar %g", bits, x, a, b)
+			}
 		}
 	}
 }

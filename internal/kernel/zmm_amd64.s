@@ -501,3 +501,101 @@ izodim:
 izdone:
 	VZEROUPPER
 	RET
+
+// The vector exponential on zmm registers: expBody's arithmetic (the same
+// operations in the same order, no FMA), sixteen lanes at a time with the
+// constants held in registers. EXP_CONSTS loads them from the table at R8
+// (its layout is expBody's): Z16 low, Z17 high, Z18 log2e, Z19 ln2hi,
+// Z20 ln2lo, Z21-Z28 c7..c0, Z29 +Inf, Z30 2, Z31 the int32 127.
+#define EXP_CONSTS \
+	VBROADCASTSS 0(R8), Z16; VBROADCASTSS 4(R8), Z17; VBROADCASTSS 8(R8), Z18; \
+	VBROADCASTSS 12(R8), Z19; VBROADCASTSS 16(R8), Z20; VBROADCASTSS 20(R8), Z21; \
+	VBROADCASTSS 24(R8), Z22; VBROADCASTSS 28(R8), Z23; VBROADCASTSS 32(R8), Z24; \
+	VBROADCASTSS 36(R8), Z25; VBROADCASTSS 40(R8), Z26; VBROADCASTSS 44(R8), Z27; \
+	VBROADCASTSS 48(R8), Z28; VBROADCASTSS 52(R8), Z29; VBROADCASTSS 56(R8), Z30; \
+	MOVL $127, AX; VPBROADCASTD AX, Z31
+
+// EXP_Z0 replaces Z0 by Exp(Z0) lane-wise; clobbers Z1-Z8 and K1-K4.
+#define EXP_Z0 \
+	VCMPPS $0x11, Z16, Z0, K1; \
+	VCMPPS $0x1e, Z17, Z0, K2; \
+	VCMPPS $0x03, Z0, Z0, K3; \
+	VMOVAPS Z0, Z7; \
+	VMAXPS Z16, Z0, Z0; VMINPS Z17, Z0, Z0; \
+	VMULPS Z18, Z0, Z1; \
+	VRNDSCALEPS $0, Z1, Z1; \
+	VMULPS Z1, Z19, Z2; VSUBPS Z2, Z0, Z3; \
+	VMULPS Z1, Z20, Z2; VSUBPS Z2, Z3, Z3; \
+	VMULPS Z3, Z21, Z4; \
+	VADDPS Z22, Z4, Z4; VMULPS Z3, Z4, Z4; \
+	VADDPS Z23, Z4, Z4; VMULPS Z3, Z4, Z4; \
+	VADDPS Z24, Z4, Z4; VMULPS Z3, Z4, Z4; \
+	VADDPS Z25, Z4, Z4; VMULPS Z3, Z4, Z4; \
+	VADDPS Z26, Z4, Z4; VMULPS Z3, Z4, Z4; \
+	VADDPS Z27, Z4, Z4; VMULPS Z3, Z4, Z4; \
+	VADDPS Z28, Z4, Z4; \
+	VCVTPS2DQ Z1, Z5; \
+	VPCMPGTD Z31, Z5, K4; \
+	VMOVDQA32 Z31, Z2; \
+	VPTERNLOGD $0xff, Z8, Z8, Z8; \
+	VPADDD Z8, Z2, K4, Z2; \
+	VPADDD Z2, Z5, Z5; \
+	VPSLLD $23, Z5, Z5; \
+	VMULPS Z30, Z4, K4, Z4; \
+	VMULPS Z5, Z4, Z0; \
+	VPXORD Z8, Z8, Z8; \
+	VMOVAPS Z8, K1, Z0; \
+	VMOVAPS Z29, K2, Z0; \
+	VMOVAPS Z7, K3, Z0
+
+// func expZMM(x *float32, n int, k *[16]float32)
+// expAVX2 sixteen lanes at a time (n % 16 == 0): the same bits.
+TEXT ·expZMM(SB), NOSPLIT, $0-24
+	MOVQ x+0(FP), DI
+	MOVQ n+8(FP), CX
+	MOVQ k+16(FP), R8
+	EXP_CONSTS
+
+ezloop:
+	CMPQ CX, $16
+	JL   ezdone
+	VMOVUPS (DI), Z0
+	EXP_Z0
+	VMOVUPS Z0, (DI)
+	ADDQ $64, DI
+	SUBQ $16, CX
+	JMP  ezloop
+
+ezdone:
+	VZEROUPPER
+	RET
+
+// func sigmoidZMM(x *float32, n int, k *[16]float32)
+// sigmoidAVX2 sixteen lanes at a time (n % 16 == 0): the same bits.
+TEXT ·sigmoidZMM(SB), NOSPLIT, $0-24
+	MOVQ x+0(FP), DI
+	MOVQ n+8(FP), CX
+	MOVQ k+16(FP), R8
+	EXP_CONSTS
+
+gzloop:
+	CMPQ CX, $16
+	JL   gzdone
+	VMOVUPS (DI), Z13
+	VPXORD Z14, Z14, Z14
+	VCMPPS $0x0d, Z14, Z13, K5   // x >= 0 (GE_OS)
+	VSUBPS Z13, Z14, Z0          // -x
+	VMINPS Z13, Z0, Z0           // -|x|
+	EXP_Z0                       // Z0 = e
+	VADDPS Z28, Z0, Z2           // 1 + e (c0 is 1)
+	VMOVAPS Z0, Z3
+	VMOVAPS Z28, K5, Z3          // x >= 0 ? 1 : e
+	VDIVPS Z2, Z3, Z0
+	VMOVUPS Z0, (DI)
+	ADDQ $64, DI
+	SUBQ $16, CX
+	JMP  gzloop
+
+gzdone:
+	VZEROUPPER
+	RET
