@@ -32,18 +32,8 @@ func runAttn(tb testing.TB, b *Backend, c attnCase, seed uint64) ([]float32, []f
 
 func attnArgs(tb testing.TB, b *Backend, c attnCase, seed uint64) *compute.AttnArgs {
 	r := rand.New(rand.NewPCG(seed, 7))
-	rnd := func(n int) []float32 {
-		v := make([]float32, n)
-		for i := range v {
-			v[i] = float32(r.NormFloat64())
-		}
-		return v
-	}
-	up := func(v []float32, dims ...int) compute.Tensor {
-		t := must(b.Alloc(compute.F32, dims...))
-		must(0, b.Write(t, v))
-		return t
-	}
+	rnd := func(n int) []float32 { return normals(r, n) }
+	up := func(v []float32, dims ...int) compute.Tensor { return upload(b, v, dims...) }
 	pos := make([]int32, c.t)
 	for i := range pos {
 		pos[i] = int32(c.l - c.t + i)

@@ -94,9 +94,9 @@ func prepareRange(args *kernel.Args, lo, hi int) { prepareTokens(args.Job.(*prep
 func prepareTokens(j *prepareJob, lo, hi int) {
 	s, t, d, nb := j.s, j.t, j.d, len(j.blocks)
 	var zbuf [256]float32
-	z := zbuf[:0]
-	if s*nb > len(zbuf) {
-		z = make([]float32, 0, s*nb)
+	z := zbuf[:]
+	if s*nb > len(z) {
+		z = make([]float32, s*nb)
 	}
 	z = z[:s*nb]
 	for tok := lo; tok < hi; tok++ {

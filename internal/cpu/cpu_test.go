@@ -3,6 +3,7 @@ package cpu
 import (
 	"errors"
 	"math"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -18,6 +19,22 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// normals returns n draws of a standard normal from r.
+func normals(r *rand.Rand, n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(r.NormFloat64())
+	}
+	return v
+}
+
+// upload returns a new f32 tensor of b holding v.
+func upload(b *Backend, v []float32, dims ...int) compute.Tensor {
+	t := must(b.Alloc(compute.F32, dims...))
+	must(0, b.Write(t, v))
+	return t
 }
 
 func TestPlainOps(t *testing.T) {

@@ -148,15 +148,6 @@ func pagesOf(dst [][]float32, pages []compute.Tensor, size, width int, what stri
 
 var indexerScratchPool = sync.Pool{New: func() any { return new(indexerScratch) }}
 
-// seqOf returns the sequence of query row t under prefix sums cu.
-func seqOf(cu []int32, t int) int {
-	s := 0
-	for s+1 < len(cu)-1 && int(cu[s+1]) <= t {
-		s++
-	}
-	return s
-}
-
 // LightningIndexer scores every visible key for every query row and keeps
 // the top K. Head scores come from one matrix product per query row over
 // the key cache (each key read once for all index heads), so the cost is
@@ -192,7 +183,11 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 	if cuK == nil {
 		cuK = []int32{0, int32(l)}
 	}
-	if len(cuQ) != len(cuK) || cuQ[0] != 0 || cuK[0] != 0 || int(cuQ[len(cuQ)-1]) != t || int(cuK[len(cuK)-1]) != l {
+	ordered := true
+	for s := 1; s < min(len(cuQ), len(cuK)); s++ {
+		ordered = ordered && cuQ[s] >= cuQ[s-1] && cuK[s] >= cuK[s-1]
+	}
+	if !ordered || len(cuQ) != len(cuK) || cuQ[0] != 0 || cuK[0] != 0 || int(cuQ[len(cuQ)-1]) != t || int(cuK[len(cuK)-1]) != l {
 		// Clones keep the slices from escaping on the success path.
 		return shapeErr("indexer cu_seqlens q %v k %v for %d queries and %d keys", slices.Clone(cuQ), slices.Clone(cuK), t, l)
 	}
@@ -232,14 +227,15 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 		}
 		j.pages = sc.pages
 	}
-	for row := 0; row < t; row++ {
-		s := seqOf(cuQ, row)
+	for s := 0; s+1 < len(cuQ); s++ {
 		n := int(cuK[s+1] - cuK[s])
-		pos := int(a.QPos[row])
-		if pos < 0 || pos >= n {
-			return fmt.Errorf("cpu: indexer: query row %d at position %d, outside its sequence's %d cached keys", row, pos, n)
+		for row := int(cuQ[s]); row < int(cuQ[s+1]); row++ {
+			pos := int(a.QPos[row])
+			if pos < 0 || pos >= n {
+				return fmt.Errorf("cpu: indexer: query row %d at position %d, outside its sequence's %d cached keys", row, pos, n)
+			}
+			j.vis = append(j.vis, int32(min(pos+1, n)))
 		}
-		j.vis = append(j.vis, int32(min(pos+1, n)))
 	}
 	// Groups of rows of one sequence, as many as a wave's scores hold
 	// (one row at least), and waves of groups.

@@ -38,20 +38,10 @@ func TestLightningIndexer(t *testing.T) {
 		cuK = append(cuK, cuK[s]+int32(lens[s]))
 	}
 	tq, l := len(pos), int(cuK[len(lens)])
-	rnd := func(n int) []float32 {
-		v := make([]float32, n)
-		for i := range v {
-			v[i] = float32(r.NormFloat64())
-		}
-		return v
-	}
+	rnd := func(n int) []float32 { return normals(r, n) }
 	q, keys, w := rnd(tq*hi*di), rnd(l*di), rnd(tq*hi)
 	copy(keys[300*di:301*di], keys[20*di:21*di]) // an exact tie
-	up := func(v []float32, dims ...int) compute.Tensor {
-		x := must(b.Alloc(compute.F32, dims...))
-		must(0, b.Write(x, v))
-		return x
-	}
+	up := func(v []float32, dims ...int) compute.Tensor { return upload(b, v, dims...) }
 	call := func(rows []int) ([]int32, []int32, []float32) {
 		// rows of one sequence each, or all rows
 		var cq, ck []int32
@@ -177,18 +167,8 @@ func BenchmarkLightningIndexer(b *testing.B) {
 	be := New(0)
 	defer be.Close()
 	r := rand.New(rand.NewPCG(1, 1))
-	rnd := func(n int) []float32 {
-		v := make([]float32, n)
-		for i := range v {
-			v[i] = float32(r.NormFloat64())
-		}
-		return v
-	}
-	up := func(v []float32, dims ...int) compute.Tensor {
-		x := must(be.Alloc(compute.F32, dims...))
-		must(0, be.Write(x, v))
-		return x
-	}
+	rnd := func(n int) []float32 { return normals(r, n) }
+	up := func(v []float32, dims ...int) compute.Tensor { return upload(be, v, dims...) }
 	for _, c := range []struct{ hi, di, topK, l, rows int }{
 		{8, 64, 256, 2048, 1}, {8, 64, 256, 2048, 64}, {64, 128, 2048, 65536, 1},
 	} {
@@ -209,4 +189,17 @@ func BenchmarkLightningIndexer(b *testing.B) {
 			b.ReportMetric(2*float64(c.rows*c.l*c.hi*c.di)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 		})
 	}
+}
+
+// TestLightningIndexerBadCuSeqlens: prefix sums that go down are refused,
+// naming them.
+func TestLightningIndexerBadCuSeqlens(t *testing.T) {
+	b := New(1)
+	defer b.Close()
+	r := rand.New(rand.NewPCG(2, 3))
+	a := compute.IndexerArgs{Q: upload(b, normals(r, 3*2*8), 3, 2, 8), K: upload(b, normals(r, 6*8), 6, 8),
+		W: upload(b, normals(r, 3*2), 3, 2), QPos: []int32{0, 0, 1}, TopK: 2,
+		CuSeqlensQ: []int32{0, 2, 1, 3}, CuSeqlensK: []int32{0, 2, 4, 6},
+		Indices: must(b.Alloc(compute.I32, 3, 2))}
+	require.ErrorContains(t, b.LightningIndexer(&a), "cu_seqlens q [0 2 1 3]")
 }

@@ -95,18 +95,8 @@ func TestPagedIndexerEqualsContiguous(t *testing.T) {
 	defer b.Close()
 	r := rand.New(rand.NewPCG(6, 6))
 	const tq, l, hi, di, topK = 5, 1100, 4, 16, 64
-	rnd := func(n int) []float32 {
-		v := make([]float32, n)
-		for i := range v {
-			v[i] = float32(r.NormFloat64())
-		}
-		return v
-	}
-	up := func(v []float32, dims ...int) compute.Tensor {
-		x := must(b.Alloc(compute.F32, dims...))
-		must(0, b.Write(x, v))
-		return x
-	}
+	rnd := func(n int) []float32 { return normals(r, n) }
+	up := func(v []float32, dims ...int) compute.Tensor { return upload(b, v, dims...) }
 	keys := rnd(l * di)
 	copy(keys[700*di:701*di], keys[30*di:31*di]) // an exact tie the order must settle
 	k := up(keys, l, di)
