@@ -182,13 +182,13 @@ func benchSpec(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("bench spec", flag.ContinueOnError)
 	alphas := fs.String("alpha", "0.5,0.7,0.9", "acceptance rates, comma separated, each in [0, 1)")
 	depths := fs.String("depth", "1,2,3,4,5,6,7", "draft depths, comma separated, each in 1..15")
-	tokens := fs.Int("tokens", 192, "tokens generated per run (per sequence with -batch)")
+	tokens := fs.Int("tokens", 384, "tokens generated per run (per sequence with -batch)")
 	batch := fs.Int("batch", 1, "sequences speculating together in a Batcher (1: one session, against theory)")
 	realRun := fs.Bool("real", false, "real drafters on the embedded model, with prompts from the files given (at batch 1 and -batch, default 8)")
 	drafters := fs.String("drafters", "ngram,self:3,dspark", "with -real: the drafters, comma separated (ngram, self:N, dspark)")
 	temperature := fs.Float64("temperature", 0, "with -real: sample at this temperature (0: greedy)")
 	rejection := fs.Bool("rejection", false, "with -real and -temperature: verify by rejection sampling, drafts drawn from the drafter's distribution")
-	if err := parseFlags(fs, "bench spec [-alpha A,A,...] [-depth K,K,...] [-tokens N] [-batch B]\n\nSpeculative greedy decoding of the 100M preset with drafts of controlled acceptance, against plain decoding and theory (a minute or two);\nwith -batch, B sequences speculating together inside a Batcher against the same batch decoding plainly;\nwith -real FILE..., real drafters (-drafters ngram,self:N,dspark) on the embedded model, prompts from the files' starts.", args, stdout, stderr); err != nil {
+	if err := parseFlags(fs, "bench spec [-alpha A,A,...] [-depth K,K,...] [-tokens N] [-batch B]\n\nSpeculative greedy decoding of the 100M preset with drafts of controlled acceptance, against plain decoding and theory (a few minutes);\nwith -batch, B sequences speculating together inside a Batcher against the same batch decoding plainly;\nwith -real FILE..., real drafters (-drafters ngram,self:N,dspark) on the embedded model, prompts from the files' starts.", args, stdout, stderr); err != nil {
 		return err
 	}
 	var as []float64

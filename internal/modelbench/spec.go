@@ -67,12 +67,19 @@ func (c *corrupted) Draft(history []int32, n int, dst []int32) []int32 {
 // survives a shared host's drift), next to the theory with the verify
 // pass's cost measured in the same run.
 func Spec(ctx context.Context, alphas []float64, depths []int, tokens int, log func(string)) (*SpecResult, error) {
+	if len(alphas) == 0 || len(depths) == 0 {
+		return nil, fmt.Errorf("modelbench: no acceptance rates or no depths")
+	}
+	deepest := slices.Max(depths)
+	if tokens < 4*(deepest+1) {
+		return nil, fmt.Errorf("modelbench: %d tokens a run: the verify passes of depth %d are measured on 4 of them in a row, want at least %d", tokens, deepest, 4*(deepest+1))
+	}
 	dir, err := writePreset("k31pro-100m", log)
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	m, err := k3.Load(ctx, dir, k3.WithRollback(slices.Max(depths)))
+	m, err := k3.Load(ctx, dir, k3.WithRollback(deepest))
 	if err != nil {
 		return nil, err
 	}
@@ -117,63 +124,73 @@ func Spec(ctx context.Context, alphas []float64, depths []int, tokens int, log f
 		return nil, err
 	}
 	full := append(append([]int32(nil), prompt...), want...)
-	// A verify pass of n tokens on one session, which Truncate (within
-	// the logs, untimed) brings back to the prompt after each: the passes
-	// run as the loop's do, on a session's own pages.
+	// Verify passes of n tokens, as the loop runs them back to back when
+	// their drafts are accepted: on a fork of a session standing in the
+	// middle of the generated tokens (reached by decode steps, so the
+	// passes attend over the loop's average context), a pass the fork's
+	// copy warms up, then passes timed one after another.
+	const timed = 3
+	anchor := len(prompt) + min(tokens/2, tokens-(timed+1)*(deepest+1))
 	probe, err := base.Fork()
 	if err != nil {
 		return nil, err
 	}
 	defer probe.Close()
-	pass := func(n int) (time.Duration, error) {
-		start := time.Now()
-		_, err := probe.Forward(ctx, full[len(prompt):len(prompt)+n])
-		d := time.Since(start)
-		if err != nil {
-			return 0, err
-		}
-		return d, probe.Truncate(ctx, len(prompt))
-	}
-	for range 3 { // warm-up
-		if _, err := pass(slices.Max(depths) + 1); err != nil {
+	for i := len(prompt); i < anchor; i++ {
+		if _, err := probe.Forward(ctx, full[i:i+1]); err != nil {
 			return nil, err
 		}
 	}
-	r := &SpecResult{Tokens: tokens}
-	cost := map[int]float64{}
-	var steps []float64
-	for _, k := range depths {
-		// Decode steps and passes of k+1 tokens alternate.
-		var one, many []float64
-		for range 7 {
-			t1, err := pass(1)
-			if err != nil {
-				return nil, err
-			}
-			tk, err := pass(k + 1)
-			if err != nil {
-				return nil, err
-			}
-			one, many = append(one, float64(t1)), append(many, float64(tk))
+	passes := func(n int) ([]float64, error) {
+		f, err := probe.Fork()
+		if err != nil {
+			return nil, err
 		}
-		cost[k] = (median(many)/median(one) - 1) / float64(k)
-		steps = append(steps, median(one)/1e6)
+		defer f.Close()
+		var ts []float64
+		for i := range timed + 1 {
+			at := anchor + i*n
+			start := time.Now()
+			if _, err := f.Forward(ctx, full[at:at+n]); err != nil {
+				return nil, err
+			}
+			if i > 0 {
+				ts = append(ts, float64(time.Since(start)))
+			}
+		}
+		return ts, nil
 	}
-	r.StepMS = median(steps)
+	if _, err := passes(deepest + 1); err != nil { // warm-up
+		return nil, err
+	}
+	r := &SpecResult{Tokens: tokens}
+	var steps []float64
 	for _, a := range alphas {
 		for _, k := range append(slices.Clone(depths), 0) { // 0: the adaptive depth, up to the deepest
-
 			log(fmt.Sprintf("alpha %.1f, depth %d...", a, k))
-			var ratios, taus []float64
+			var ratios, taus, costs []float64
 			for rep := range 3 {
 				_, _, plain, err := gen()
 				if err != nil {
 					return nil, err
 				}
+				// The decode step is the plain generation's own: its tokens
+				// but the first each took one. The verify pass is measured
+				// next to it, so that c sees the same state of a shared
+				// host as the pair it is set against.
+				step := float64(plain) / float64(tokens-1)
+				steps = append(steps, step/1e6)
+				if k > 0 {
+					ts, err := passes(k + 1)
+					if err != nil {
+						return nil, err
+					}
+					costs = append(costs, (median(ts)/step-1)/float64(k))
+				}
 				d := &corrupted{want: full, alpha: a, vocab: int32(m.VocabSize()), rng: rand.New(rand.NewPCG(uint64(k), uint64(rep)))}
 				opt := k3.WithSpeculation(d, k)
 				if k == 0 {
-					opt = k3.WithAdaptiveSpeculation(d, slices.Max(depths))
+					opt = k3.WithAdaptiveSpeculation(d, deepest)
 				}
 				got, u, spec, err := gen(opt)
 				if err != nil {
@@ -187,12 +204,13 @@ func Spec(ctx context.Context, alphas []float64, depths []int, tokens int, log f
 			}
 			row := SpecRow{Alpha: a, K: k, Speedup: median(ratios), Tau: median(taus)}
 			if k > 0 {
-				row.C = cost[k]
+				row.C = median(costs)
 				row.Theory = (1 - math.Pow(a, float64(k+1))) / ((1 - a) * (row.C*float64(k) + 1))
 			}
 			r.Rows = append(r.Rows, row)
 		}
 	}
+	r.StepMS = median(steps)
 	return r, nil
 }
 
@@ -210,7 +228,7 @@ func (r *SpecResult) Table() string {
 		fmt.Fprintf(tw, "%.1f\t%d\t%.3f\t%.2f\t%.2fx\t%.2fx\t%.0f%%\t\n", row.Alpha, row.K, row.C, row.Tau, row.Theory, row.Speedup, 100*row.Speedup/row.Theory)
 	}
 	tw.Flush()
-	b.WriteString("c: a verify pass of K+1 tokens costs (c·K + 1) decode steps (medians of 7 of each, alternating, on one session); theory (1 - alpha^(K+1)) / ((1 - alpha)(c·K + 1)); speedup: the median of 3 plain/speculative pairs run back to back; auto: WithAdaptiveSpeculation up to the deepest depth, its costs measured by Model.SpeculationCosts\n")
+	b.WriteString("c: a verify pass of K+1 tokens costs (c·K + 1) decode steps (the median over the 3 pairs of: 3 passes back to back on a fork standing mid-run, against the pair's plain step); theory (1 - alpha^(K+1)) / ((1 - alpha)(c·K + 1)); speedup: the median of 3 plain/speculative pairs run back to back; auto: WithAdaptiveSpeculation up to the deepest depth, its costs measured by Model.SpeculationCosts\n")
 	return b.String()
 }
 
