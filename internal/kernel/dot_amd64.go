@@ -211,6 +211,9 @@ func dpbf16LoopAVX512(n int)
 func replayRowsAVX2(row, a, k, u *float32, n, stride, ustride, vecs int)
 
 //go:noescape
+func replayRowsZMM(row, a, k, u *float32, n, stride, ustride, vecs int)
+
+//go:noescape
 func kdaRowsAVX2(st, ke, e, k, q, v, o, u *float32, beta float32, dk, dv int)
 
 //go:noescape

@@ -132,6 +132,10 @@ func replayRowsAVX2(row, a, k, u *float32, n, stride, ustride, vecs int) {
 	panic("kernel: no assembly on this platform")
 }
 
+func replayRowsZMM(row, a, k, u *float32, n, stride, ustride, vecs int) {
+	panic("kernel: no assembly on this platform")
+}
+
 func kdaRowsAVX2(st, ke, e, k, q, v, o, u *float32, beta float32, dk, dv int) {
 	panic("kernel: no assembly on this platform")
 }

@@ -807,10 +807,22 @@ func TestPoolRunAfterClose(t *testing.T) {
 }
 
 // TestReplayRows checks ReplayRows against one RowUpdateDot per record, to
-// the bit, at lengths through both vector widths and a tail.
+// the bit, at both register widths and lengths through every block size
+// (128, 32, 16 and 8 floats) and a tail.
 func TestReplayRows(t *testing.T) {
+	defer func(v int) { replayTileBits = v }(replayTileBits)
+	for _, bits := range []int{0, 256, 512} {
+		if bits == 512 && !hasZMM {
+			continue
+		}
+		replayTileBits = bits
+		testReplayRows(t)
+	}
+}
+
+func testReplayRows(t *testing.T) {
 	r := rand.New(rand.NewPCG(61, 62))
-	for _, dk := range []int{1, 7, 8, 13, 16, 24, 32, 40, 64, 100, 128, 136} {
+	for _, dk := range []int{1, 7, 8, 13, 16, 24, 32, 40, 48, 64, 100, 128, 136, 152, 200, 256} {
 		for _, n := range []int{0, 1, 3, 17} {
 			stride := 3*dk + 5
 			recs := randSlice(r, max(n, 1)*stride)
@@ -825,7 +837,7 @@ func TestReplayRows(t *testing.T) {
 			}
 			ReplayRows(row, a, k, stride, u, ustride, n)
 			if !slices.Equal(row, want) {
-				t.Fatalf("dk=%d n=%d: %v, want %v", dk, n, row, want)
+				t.Fatalf("%d bits: dk=%d n=%d: %v, want %v", replayTileBits, dk, n, row, want)
 			}
 		}
 	}

@@ -413,7 +413,17 @@ func ReplayRows(row, a, k []float32, stride int, u []float32, ustride, n int) {
 	_ = a[(n-1)*stride+dk-1]
 	_ = k[(n-1)*stride+dk-1]
 	_ = u[(n-1)*ustride]
+	// Each element's records form one dependent chain (a product, then an
+	// FMA, per record); lane width changes no bit.
 	i := 0
+	if replayWide() {
+		for ; i+128 <= dk; i += 128 {
+			replayRowsZMM(&row[i], &a[i], &k[i], &u[0], n, stride, ustride, 8)
+		}
+		for ; i+16 <= dk; i += 16 {
+			replayRowsZMM(&row[i], &a[i], &k[i], &u[0], n, stride, ustride, 1)
+		}
+	}
 	if useAVX2 {
 		for ; i+32 <= dk; i += 32 {
 			replayRowsAVX2(&row[i], &a[i], &k[i], &u[0], n, stride, ustride, 4)
@@ -434,6 +444,21 @@ func ReplayRows(row, a, k []float32, stride int, u []float32, ustride, n int) {
 	for r := range n {
 		RowUpdateDot(row[i:], a[r*stride+i:r*stride+dk], k[r*stride+i:r*stride+dk], q[:dk-i], u[r*ustride])
 	}
+}
+
+// replayTileBits forces ReplayRows' register width for tests and
+// benchmarks: 0 follows wideFMA, 256 and 512 force that many bits (512
+// needs hasZMM).
+var replayTileBits int
+
+func replayWide() bool {
+	switch replayTileBits {
+	case 256:
+		return false
+	case 512:
+		return hasZMM
+	}
+	return wideFMA()
 }
 
 // zeros is ReplayRows' q for RowUpdateDot (the dot is not wanted).

@@ -599,3 +599,88 @@ gzloop:
 gzdone:
 	VZEROUPPER
 	RET
+
+// func replayRowsZMM(row, a, k, u *float32, n, stride, ustride, vecs int)
+// replayRowsAVX2 on zmm registers, vecs (8 or 1) of sixteen floats: for
+// record i, row = row ⊙ a_i + u_i·k_i, a product then one FMA per element,
+// so the same bits. Eight registers give the record chain's latency eight
+// independent vectors to hide behind.
+TEXT ·replayRowsZMM(SB), NOSPLIT, $0-64
+	MOVQ row+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ k+16(FP), DX
+	MOVQ u+24(FP), R8
+	MOVQ n+32(FP), CX
+	MOVQ stride+40(FP), R9
+	SHLQ $2, R9
+	MOVQ ustride+48(FP), R11
+	SHLQ $2, R11
+	MOVQ vecs+56(FP), R10
+	CMPQ R10, $8
+	JNE  zrone
+	VMOVUPS (DI), Z0
+	VMOVUPS 64(DI), Z1
+	VMOVUPS 128(DI), Z2
+	VMOVUPS 192(DI), Z3
+	VMOVUPS 256(DI), Z4
+	VMOVUPS 320(DI), Z5
+	VMOVUPS 384(DI), Z6
+	VMOVUPS 448(DI), Z7
+
+zreight:
+	TESTQ CX, CX
+	JZ    zreightdone
+	VBROADCASTSS (R8), Z15
+	VMULPS (SI), Z0, Z0
+	VMULPS 64(SI), Z1, Z1
+	VMULPS 128(SI), Z2, Z2
+	VMULPS 192(SI), Z3, Z3
+	VMULPS 256(SI), Z4, Z4
+	VMULPS 320(SI), Z5, Z5
+	VMULPS 384(SI), Z6, Z6
+	VMULPS 448(SI), Z7, Z7
+	VFMADD231PS (DX), Z15, Z0
+	VFMADD231PS 64(DX), Z15, Z1
+	VFMADD231PS 128(DX), Z15, Z2
+	VFMADD231PS 192(DX), Z15, Z3
+	VFMADD231PS 256(DX), Z15, Z4
+	VFMADD231PS 320(DX), Z15, Z5
+	VFMADD231PS 384(DX), Z15, Z6
+	VFMADD231PS 448(DX), Z15, Z7
+	ADDQ R9, SI
+	ADDQ R9, DX
+	ADDQ R11, R8
+	DECQ CX
+	JMP  zreight
+
+zreightdone:
+	VMOVUPS Z0, (DI)
+	VMOVUPS Z1, 64(DI)
+	VMOVUPS Z2, 128(DI)
+	VMOVUPS Z3, 192(DI)
+	VMOVUPS Z4, 256(DI)
+	VMOVUPS Z5, 320(DI)
+	VMOVUPS Z6, 384(DI)
+	VMOVUPS Z7, 448(DI)
+	VZEROUPPER
+	RET
+
+zrone:
+	VMOVUPS (DI), Z0
+
+zroneloop:
+	TESTQ CX, CX
+	JZ    zronedone
+	VBROADCASTSS (R8), Z15
+	VMULPS (SI), Z0, Z0
+	VFMADD231PS (DX), Z15, Z0
+	ADDQ R9, SI
+	ADDQ R9, DX
+	ADDQ R11, R8
+	DECQ CX
+	JMP  zroneloop
+
+zronedone:
+	VMOVUPS Z0, (DI)
+	VZEROUPPER
+	RET
