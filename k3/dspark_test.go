@@ -104,15 +104,15 @@ func TestDSparkMatchesTrainingFramework(t *testing.T) {
 }
 
 // Speculation with the DSpark drafter gives plain decoding's tokens,
-// greedy and sampled, at every depth up to the block, alone and in a
-// Batcher.
+// greedy and sampled, at every depth up to the block and one beyond it
+// (where the drafter proposes a block at most), alone and in a Batcher.
 func TestDSparkExact(t *testing.T) {
 	ctx := context.Background()
 	m, err := LoadTiny(ctx, WithRollback(8))
 	require.NoError(t, err)
 	defer m.Close()
 	prompt := m.Encode("package main\n\nimport \"fmt\"\n\nfunc main() {\n\tfor i := 0; i < 10; i++ {\n\t\tfmt.Println(i)\n\t}\n}\n\nfunc add(a, b int) int {\n")
-	depths := []int{1, 2, 3, 4, 5, 6, 7} // the module's block is 7
+	depths := []int{1, 2, 3, 4, 5, 6, 7, 8} // the module's block is 7
 	if raceEnabled || testing.Short() {
 		depths = []int{4}
 	}
