@@ -511,7 +511,6 @@ func TestDraftModel(t *testing.T) {
 			m, err := Load(ctx, dir, WithRollback(8))
 			require.NoError(t, err)
 			defer m.Close()
-			prompt := m.Encode("the cat sat on the mat, the cat sat on")
 			for _, dd := range []struct {
 				dir  string
 				same bool
@@ -519,32 +518,21 @@ func TestDraftModel(t *testing.T) {
 				draft, err := Load(ctx, dd.dir, WithRollback(8))
 				require.NoError(t, err)
 				defer draft.Close()
-				for _, depth := range depths {
-					for _, sampled := range []bool{false, true} {
-						opts := []GenerateOption{WithMaxTokens(24), WithoutDefaultStops()}
-						if sampled {
-							opts = append(opts, WithTemperature(0.8), WithSeed(uint64(depth)))
-						}
-						plain, _ := m.NewSession()
-						want, _ := genIDs(t, plain, prompt, opts...)
-						plain.Close()
-						dm, err := m.NewDraftModel(draft)
-						require.NoError(t, err)
-						s, _ := m.NewSession()
-						got, u := genIDs(t, s, prompt, append(opts, WithSpeculation(dm, depth))...)
-						s.Close()
-						require.Equal(t, want, got, "draft %s, depth %d, sampled %v", filepath.Base(dd.dir), depth, sampled)
-						require.NoError(t, dm.Err())
-						if dd.same && !sampled {
-							assert.Equal(t, u.DraftTokens, u.AcceptedTokens+0, "the same model's greedy drafts are all right (depth %d)", depth)
-							assert.Positive(t, u.AcceptedTokens)
-						}
-						require.NoError(t, dm.Close())
-					}
-				}
+				checkDraftModel(t, m, draft, filepath.Base(dd.dir), dd.same, depths)
 			}
 		})
 	}
+	// The trained model shares its vocabulary with no testdata checkpoint:
+	// it drafts for itself.
+	t.Run("trained", func(t *testing.T) {
+		m, err := LoadTiny(ctx, WithRollback(8))
+		require.NoError(t, err)
+		defer m.Close()
+		draft, err := LoadTiny(ctx, WithRollback(8))
+		require.NoError(t, err)
+		defer draft.Close()
+		checkDraftModel(t, m, draft, "trained", true, depths)
+	})
 
 	m, err := Load(ctx, tinyDir, WithRollback(4))
 	require.NoError(t, err)
@@ -594,6 +582,37 @@ func TestDraftModel(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// checkDraftModel checks that speculation with draft as a model drafter
+// gives m's plain tokens, greedy and sampled, at each depth; same says
+// draft is m's own checkpoint, whose greedy drafts are all accepted.
+func checkDraftModel(t *testing.T, m, draft *Model, name string, same bool, depths []int) {
+	t.Helper()
+	prompt := m.Encode("the cat sat on the mat, the cat sat on")
+	for _, depth := range depths {
+		for _, sampled := range []bool{false, true} {
+			opts := []GenerateOption{WithMaxTokens(24), WithoutDefaultStops()}
+			if sampled {
+				opts = append(opts, WithTemperature(0.8), WithSeed(uint64(depth)))
+			}
+			plain, _ := m.NewSession()
+			want, _ := genIDs(t, plain, prompt, opts...)
+			plain.Close()
+			dm, err := m.NewDraftModel(draft)
+			require.NoError(t, err)
+			s, _ := m.NewSession()
+			got, u := genIDs(t, s, prompt, append(opts, WithSpeculation(dm, depth))...)
+			s.Close()
+			require.Equal(t, want, got, "draft %s, depth %d, sampled %v", name, depth, sampled)
+			require.NoError(t, dm.Err())
+			if same && !sampled {
+				assert.Equal(t, u.DraftTokens, u.AcceptedTokens, "the same model's greedy drafts are all right (depth %d)", depth)
+				assert.Positive(t, u.AcceptedTokens)
+			}
+			require.NoError(t, dm.Close())
+		}
+	}
 }
 
 // The self-speculative drafter (the target's first n layers and its head)
