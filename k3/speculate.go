@@ -97,7 +97,7 @@ func (m *Model) SpeculationCosts(ctx context.Context) (specdec.Costs, error) {
 	// rollback+ExactTokens tokens, keeping rollback), so that a rollback
 	// replays what it replays there.
 	fed := 32 + m.rollback + ExactTokens/2
-	toks := make([]int32, fed+ExactTokens)
+	toks := make([]int32, fed+2*ExactTokens)
 	for i := range toks {
 		toks[i] = int32((i*7 + 3) % v)
 	}
@@ -112,8 +112,11 @@ func (m *Model) SpeculationCosts(ctx context.Context) (specdec.Costs, error) {
 	toks = toks[fed:]
 	out := make([]float32, ExactTokens*v)
 	pos := s.pos
-	// Each pass runs on a fork of s (its logs copied) and rolls back to
-	// its first token, as the loop's passes do.
+	// Each pass runs on a fork of s (its logs copied) after a pass of as
+	// many tokens that the fork's copied state warms up, as the loop's
+	// passes follow one another (the first pass on a fork runs colder than
+	// any pass of the loop: on a model this small, about twice a step),
+	// and rolls back to its first token, as the loop's passes do.
 	const rounds = 3
 	maxN := min(ExactTokens, m.rollback+1) // the logs reach back rollback tokens
 	times := make([][]float64, maxN+1)
@@ -124,13 +127,16 @@ func (m *Model) SpeculationCosts(ctx context.Context) (specdec.Costs, error) {
 			if err != nil {
 				return specdec.Costs{}, err
 			}
-			start := time.Now()
-			err = f.runInto(ctx, toks[:n], out[:n*v])
-			t := time.Since(start)
+			var t time.Duration
+			if err = f.runInto(ctx, toks[:n], out[:n*v]); err == nil {
+				start := time.Now()
+				err = f.runInto(ctx, toks[n:2*n], out[:n*v])
+				t = time.Since(start)
+			}
 			if err == nil && n > 1 {
-				start = time.Now()
+				start := time.Now()
 				var ok bool
-				if ok, err = f.rollback(pos + 1); err == nil && !ok {
+				if ok, err = f.rollback(pos + n + 1); err == nil && !ok {
 					err = errors.New("the logs do not reach back a pass")
 				}
 				if r > 0 {
@@ -450,12 +456,17 @@ func (g *generation) draftPass(ctx context.Context, id int32) ([]int32, error) {
 			// The batch's drafters run one after another between passes.
 			c.Draft = sp.draftSec * float64(max(sp.batch, 1)) / c.Step
 		}
+		// A drafter with confidences (DSpark) drafts its whole block in
+		// one pass and says how sure it is of each position: the
+		// acceptance so far decides whether to draft, pricing the whole
+		// block at any depth, and its confidences how much of the block to
+		// verify (below).
+		_, block := sp.drafter.(confidencer)
+		if block {
+			c.Block, c.Draft = float64(n)*c.Draft, 0
+		}
 		if k := specdec.BestDepth(sp.acc.Lower(), n, c); k > 0 {
-			// A drafter with confidences (DSpark) drafts its whole block
-			// in one pass and says how sure it is of each position: the
-			// acceptance so far decides whether to draft, its confidences
-			// how much of the block to verify (below).
-			if _, confident = sp.drafter.(confidencer); !confident {
+			if confident = block; !confident {
 				n = k
 			}
 		} else if specdec.BestDepth(1, n, c) > 0 {
@@ -464,7 +475,7 @@ func (g *generation) draftPass(ctx context.Context, id int32) ([]int32, error) {
 			// so many steps, so that probing costs at most probeShare of
 			// plain decoding.
 			n, probe = 1, true
-			cost := c.Draft
+			cost := c.Draft + c.Block
 			if sp.probeSec > 0 && c.Step > 0 {
 				cost = max(cost, sp.probeSec*float64(max(sp.batch, 1))/c.Step)
 			}

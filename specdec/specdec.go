@@ -112,6 +112,10 @@ type Costs struct {
 	// of the one-token step the other figures are relative to, so that a
 	// drafter's measured time converts to Draft.
 	Draft, Step float64
+	// Block is a drafting cost a pass pays whatever its depth: a drafter
+	// that proposes a whole block in one pass (DSpark) pays for the block
+	// however few of its drafts are verified.
+	Block float64
 }
 
 // MinGain is the least expected speedup over plain decoding for which
@@ -122,8 +126,9 @@ const MinGain = 1.15
 // BestDepth returns the draft depth in [0, max] that maximises the
 // expected tokens per unit of cost when each draft is accepted with
 // probability alpha given that the ones before it were: a pass of depth
-// K yields 1 + α + ... + α^K tokens and costs Pass[K+1] and K·Draft, plus
-// Rollback unless every draft is kept (probability α^K). It returns 0, plain
+// K yields 1 + α + ... + α^K tokens and costs Pass[K+1], K·Draft and
+// Block, plus Rollback unless every draft is kept (probability α^K). It
+// returns 0, plain
 // decoding, unless some depth is expected to be at least MinGain times
 // as fast. Depths beyond the costs measured are not considered.
 func BestDepth(alpha float64, max int, c Costs) int {
@@ -132,7 +137,7 @@ func BestDepth(alpha float64, max int, c Costs) int {
 	for k := 1; k <= max && k+1 < len(c.Pass); k++ {
 		keepAll *= alpha
 		tokens += keepAll
-		cost := c.Pass[k+1] + float64(k)*c.Draft + c.Rollback*(1-keepAll)
+		cost := c.Pass[k+1] + float64(k)*c.Draft + c.Block + c.Rollback*(1-keepAll)
 		if rate := tokens / cost; rate > bestRate {
 			best, bestRate = k, rate
 		}

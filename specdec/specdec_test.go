@@ -141,6 +141,15 @@ func TestBestDepth(t *testing.T) {
 	assert.Equal(t, 0, BestDepth(0.9, 15, withDraft(linear(0.01), 1)))
 	assert.Equal(t, BestDepth(0.8, 15, linear(0.05)), BestDepth(0.8, 15, withDraft(linear(0.05), 1e-6)))
 	assert.Less(t, BestDepth(0.95, 15, withDraft(linear(0.01), 0.2)), BestDepth(0.95, 15, linear(0.01)), "costly drafts go less deep")
+	// A block's drafting cost is paid at any depth: at alpha 0.5 a pass
+	// of one draft yields 1.5 tokens for 1.01 + 0.1 steps and half a
+	// rollback (1.24x), but with a block of 7 drafts at 0.1 each it costs
+	// 1.01 + 0.7 and the rollback (0.83x), and no depth pays.
+	assert.Equal(t, 1, BestDepth(0.5, 1, withDraft(linear(0.01), 0.1)))
+	block := linear(0.01)
+	block.Block = 7 * 0.1
+	assert.Equal(t, 0, BestDepth(0.5, 7, block))
+	assert.Equal(t, 7, BestDepth(0.99, 7, block), "a block that is nearly always right pays for itself")
 	// The choice maximises the expected rate: check against brute force.
 	for _, a := range []float64{0.3, 0.5, 0.7, 0.8, 0.9, 0.95} {
 		for _, c := range []float64{0.05, 0.15, 0.3} {
