@@ -382,7 +382,10 @@ type RealRow struct {
 	Batch       int
 	K           int     // 0: the adaptive depth
 	Tau         float64 // tokens per verify run (generated over runs)
-	Plain, Spec float64 // tokens per second, all sequences together
+	Plain, Spec float64 // tokens per second, all sequences together (medians)
+	// Speedup is the median of the pairs' speedups, Low and High their
+	// least and greatest.
+	Speedup, Low, High float64
 }
 
 // SpecReal measures real drafters (ngram, self:N, dspark) on the embedded trained
@@ -479,11 +482,17 @@ func SpecReal(ctx context.Context, files []string, drafters []string, batch, tok
 		for _, b := range []int{1, batch} {
 			for _, k := range append(slices.Clone(depths), 0) {
 				log(fmt.Sprintf("%s drafter, batch %d, depth %d...", name, b, k))
-				var plains, specs, taus []float64
-				for range 3 {
-					_, _, pd, err := run(b, sampling)
-					if err != nil {
-						return nil, err
+				var plains, specs, taus, ratios []float64
+				for rep := range pairsFor(k) {
+					var pd time.Duration
+					runPlain := func() (err error) {
+						_, _, pd, err = run(b, sampling)
+						return err
+					}
+					if rep%2 == 0 {
+						if err := runPlain(); err != nil {
+							return nil, err
+						}
 					}
 					ds, done, err := drafterFor(name)
 					if err != nil {
@@ -506,6 +515,11 @@ func SpecReal(ctx context.Context, files []string, drafters []string, batch, tok
 					if err != nil {
 						return nil, err
 					}
+					if rep%2 == 1 {
+						if err := runPlain(); err != nil {
+							return nil, err
+						}
+					}
 					n := 0
 					for i := range got {
 						if !slices.Equal(got[i], want[i]) && !(rejection && temperature > 0) {
@@ -516,8 +530,10 @@ func SpecReal(ctx context.Context, files []string, drafters []string, batch, tok
 					plains = append(plains, float64(n)/pd.Seconds())
 					specs = append(specs, float64(n)/sd.Seconds())
 					taus = append(taus, float64(n)/float64(n-acc))
+					ratios = append(ratios, pd.Seconds()/sd.Seconds())
 				}
-				rows = append(rows, RealRow{Drafter: name, Batch: b, K: k, Tau: median(taus), Plain: median(plains), Spec: median(specs)})
+				rows = append(rows, RealRow{Drafter: name, Batch: b, K: k, Tau: median(taus), Plain: median(plains), Spec: median(specs),
+					Speedup: median(ratios), Low: slices.Min(ratios), High: slices.Max(ratios)})
 			}
 		}
 	}
@@ -534,7 +550,7 @@ func RealTable(files, tokens int, temperature float32, rejection bool, rows []Re
 			how = fmt.Sprintf("sampled (temperature %g, rejection sampling)", temperature)
 		}
 	}
-	fmt.Fprintf(&b, "real drafters on the embedded model, %d prompts (a file's first 768 bytes each), %d %s tokens after each; median of 3 alternating pairs\n", files, tokens, how)
+	fmt.Fprintf(&b, "real drafters on the embedded model, %d prompts (a file's first 768 bytes each), %d %s tokens after each; speedup: the median of 3 pairs (auto: 7), in turn plain first and speculative first, least-greatest in brackets\n", files, tokens, how)
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "drafter\tbatch\tdepth\ttokens/run\tplain tok/s\tspeculative tok/s\tspeedup\t")
 	for _, r := range rows {
@@ -542,7 +558,7 @@ func RealTable(files, tokens int, temperature float32, rejection bool, rows []Re
 		if r.K == 0 {
 			depth = "auto"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%.2f\t%.0f\t%.0f\t%.2fx\t\n", r.Drafter, r.Batch, depth, r.Tau, r.Plain, r.Spec, r.Spec/r.Plain)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%.2f\t%.0f\t%.0f\t%.2fx (%.2f-%.2f)\t\n", r.Drafter, r.Batch, depth, r.Tau, r.Plain, r.Spec, r.Speedup, r.Low, r.High)
 	}
 	tw.Flush()
 	return b.String()
