@@ -72,9 +72,11 @@ func Spec(ctx context.Context, alphas []float64, depths []int, tokens int, log f
 	if len(alphas) == 0 || len(depths) == 0 {
 		return nil, fmt.Errorf("modelbench: no acceptance rates or no depths")
 	}
+	// The verify passes are timed this many at a time, after one more.
+	const timed = 3
 	deepest := slices.Max(depths)
-	if tokens < 4*(deepest+1) {
-		return nil, fmt.Errorf("modelbench: %d tokens a run: the verify passes of depth %d are measured on 4 of them in a row, want at least %d", tokens, deepest, 4*(deepest+1))
+	if tokens < (timed+1)*(deepest+1) {
+		return nil, fmt.Errorf("modelbench: %d tokens a run: the verify passes of depth %d are measured on %d of them in a row, want at least %d", tokens, deepest, timed+1, (timed+1)*(deepest+1))
 	}
 	dir, err := writePreset("k31pro-100m", log)
 	if err != nil {
@@ -131,7 +133,6 @@ func Spec(ctx context.Context, alphas []float64, depths []int, tokens int, log f
 	// middle of the generated tokens (reached by decode steps, so the
 	// passes attend over the loop's average context), a pass the fork's
 	// copy warms up, then passes timed one after another.
-	const timed = 3
 	anchor := len(prompt) + min(tokens/2, tokens-(timed+1)*(deepest+1))
 	probe, err := base.Fork()
 	if err != nil {
