@@ -213,6 +213,15 @@ func benchSpec(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *batch < 1 || *batch > 64 {
 		return fmt.Errorf("-batch %d: want 1..64", *batch)
 	}
+	// A kernel monitor sampling memory stalls the passes it lands on; a
+	// run it overlapped says so, whether it was on at the start or the end.
+	damon := modelbench.DamonNote()
+	report := func(table string) {
+		if damon == "" {
+			damon = modelbench.DamonNote()
+		}
+		fmt.Fprint(stdout, table, damon)
+	}
 	if *realRun {
 		if fs.NArg() == 0 {
 			return fmt.Errorf("-real: give the prompt files as arguments (e.g. $(python3 tools/train/heldout.py | head -8))")
@@ -228,7 +237,7 @@ func benchSpec(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if err != nil {
 			return err
 		}
-		fmt.Fprint(stdout, modelbench.RealTable(fs.NArg(), *tokens, float32(*temperature), *rejection, rows))
+		report(modelbench.RealTable(fs.NArg(), *tokens, float32(*temperature), *rejection, rows))
 		return nil
 	}
 	if *batch > 1 {
@@ -236,13 +245,13 @@ func benchSpec(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if err != nil {
 			return err
 		}
-		fmt.Fprint(stdout, modelbench.SpecBatchTable(*batch, *tokens, rows))
+		report(modelbench.SpecBatchTable(*batch, *tokens, rows))
 		return nil
 	}
 	r, err := modelbench.Spec(ctx, as, ks, *tokens, func(s string) { fmt.Fprintln(stderr, s) })
 	if err != nil {
 		return err
 	}
-	fmt.Fprint(stdout, r.Table())
+	report(r.Table())
 	return nil
 }

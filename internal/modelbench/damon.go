@@ -7,12 +7,12 @@ import (
 	"strings"
 )
 
-// damonNote describes the kernel's DAMON monitors that are on, or says
+// DamonNote describes the kernel's DAMON monitors that are on, or says
 // nothing. A DAMON context over physical memory (kdamond) samples page
 // access bits across the machine every sample interval; on a 2-core guest
 // each sampling round takes a core for tens of milliseconds, which shows
 // as whole-pass stalls at that period in the scheduler's tail latencies.
-func damonNote() string {
+func DamonNote() string {
 	states, _ := filepath.Glob("/sys/kernel/mm/damon/admin/kdamonds/*/state")
 	var on []string
 	for _, st := range states {
@@ -31,5 +31,5 @@ func damonNote() string {
 	if len(on) == 0 {
 		return ""
 	}
-	return fmt.Sprintf("  note: DAMON is on: %s; its sampling rounds stall passes periodically (docs/bench: the scheduler's tail latencies)\n", strings.Join(on, "; "))
+	return fmt.Sprintf("  note: DAMON is on: %s; its sampling rounds stall passes periodically (docs/bench: the scheduler's tail latencies and k3 bench spec's shares)\n", strings.Join(on, "; "))
 }

@@ -602,7 +602,7 @@ func (r *ModelResult) tail(b *strings.Builder) {
 	fmt.Fprintf(b, "  truncate at %d positions, WithSnapshots(%d, 8) and no logs: back 100 tokens %.1f decode steps (the newest snapshot before the cut, then up to %d tokens again; state per session %.1f MB)\n",
 		r.TruncateAt, r.TruncateSnapInterval, r.Truncate100SnapSteps, r.TruncateSnapInterval, float64(r.TruncateSnapStateBytes)/1e6)
 	if len(r.Schedule) > 0 {
-		b.WriteString(damonNote())
+		b.WriteString(DamonNote())
 	}
 	for _, sr := range r.Schedule {
 		b.WriteString(sr.Line())
