@@ -128,9 +128,9 @@ const MinGain = 1.15
 // probability alpha given that the ones before it were: a pass of depth
 // K yields 1 + α + ... + α^K tokens and costs Pass[K+1], K·Draft and
 // Block, plus Rollback unless every draft is kept (probability α^K). It
-// returns 0, plain
-// decoding, unless some depth is expected to be at least MinGain times
-// as fast. Depths beyond the costs measured are not considered.
+// returns 0, plain decoding, unless some depth is expected to be at least
+// MinGain times as fast. Depths beyond the costs measured are not
+// considered.
 func BestDepth(alpha float64, max int, c Costs) int {
 	best, bestRate := 0, MinGain
 	tokens, keepAll := 1.0, 1.0
