@@ -274,4 +274,7 @@ func store4x8ZMM()
 func dot4x8BF16ZMM(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int)
 
 //go:noescape
+func dot4x4BF16ZMM(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int)
+
+//go:noescape
 func dot4x8F32ZMM(x *float32, xstride int, w *float32, wstride, k int, out *float32, ostride int)

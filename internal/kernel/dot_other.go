@@ -174,6 +174,10 @@ func dot2x8F32ZMM(x *float32, xstride int, w *float32, wstride, k int, out *floa
 	panic("kernel: no assembly on this platform")
 }
 
+func dot4x4BF16ZMM(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int) {
+	panic("kernel: no assembly on this platform")
+}
+
 func dot4x8BF16ZMM(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int) {
 	panic("kernel: no assembly on this platform")
 }

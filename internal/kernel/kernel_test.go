@@ -478,7 +478,7 @@ func testMatMulBF16BatchInvariant(t *testing.T) {
 	r := rand.New(rand.NewPCG(13, 14))
 	p := NewPool(2)
 	defer p.Close()
-	for _, m := range []int{2, 4, 5, 6, 7, 8, 9, 10, 12, 13, 15, 16, 19, 33, 63} {
+	for _, m := range []int{2, 4, 5, 6, 7, 8, 9, 10, 12, 13, 15, 16, 19, 20, 28, 30, 33, 63} {
 		for _, n := range []int{1, 3, 17, 64} {
 			for _, k := range []int{8, 24, 136, 1024, 2056} {
 				x := randSlice(r, m*k)

@@ -187,7 +187,10 @@ func matMulBF16Range(a *Args, lo, hi int) {
 			r8 = a.M &^ 7
 		}
 		rTile = r8
-		if decode {
+		if decode || (dotWide() && a.M <= 32) {
+			// Four rows beside the groups of eight (a scheduler's pass of
+			// decode rows and a prompt's chunk) take the four-row tiles,
+			// on zmm registers a weight quad widened once for the four.
 			rTile = a.M &^ 3
 		}
 	}
@@ -212,7 +215,13 @@ func matMulBF16Range(a *Args, lo, hi int) {
 			je := min(jb+tileCols, hi)
 			tiles8(a, jb, je, pairsHi, r8)
 			for r := r8; r < rTile; r += 4 {
-				for j := jb; j < min(je, pairsHi); j += 2 {
+				j := jb
+				if dotWide() {
+					for ; j+4 <= min(je, pairsHi); j += 4 {
+						dot4x4BF16ZMM(&a.X[r*k], k, &a.WB[j*k], k, k, &a.Dst[r*n+j], n)
+					}
+				}
+				for ; j < min(je, pairsHi); j += 2 {
 					dot2x4BF16AVX2(&a.X[r*k], k, &a.WB[j*k], k, k, &a.Dst[r*n+j], n)
 				}
 			}

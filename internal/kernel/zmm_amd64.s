@@ -342,6 +342,92 @@ zq8done:
 	VZEROUPPER
 	RET
 
+// func dot4x4BF16ZMM(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int)
+// dot4x8BF16ZMM on four x rows: the remainder of a decode batch beside its
+// groups of eight, each weight quad widened once for the four rows. The
+// outputs are dot2x4BF16AVX2's (and so the 2x8 tiles') for rows 0-1 and
+// 2-3, bit for bit: each lane keeps its FMA chain, and reduce2x4 adds the
+// lanes as there.
+TEXT ·dot4x4BF16ZMM(SB), NOSPLIT, $0-56
+	MOVQ x+0(FP), SI
+	MOVQ xstride+8(FP), R11
+	SHLQ $2, R11
+	LEAQ (SI)(R11*2), R12
+	ADDQ R11, R12            // x row 3
+	MOVQ w+16(FP), DI
+	MOVQ wstride+24(FP), BX
+	SHLQ $1, BX
+	MOVQ k+32(FP), CX
+	LEAQ (DI)(BX*1), R8      // weight row 1
+	LEAQ (DI)(BX*2), R14     // weight row 2
+	LEAQ (R8)(BX*2), R15     // weight row 3
+	MOVQ CX, R9
+	SHLQ $3, R9
+	ADDQ DI, R9              // the quad after this one, prefetched into L1
+	MOVQ out+40(FP), DX
+	MOVQ ostride+48(FP), R10
+	SHLQ $2, R10
+	VPXORD Z16, Z16, Z16; VPXORD Z17, Z17, Z17; VPXORD Z18, Z18, Z18; VPXORD Z19, Z19, Z19
+	VPXORD Z24, Z24, Z24; VPXORD Z25, Z25, Z25; VPXORD Z26, Z26, Z26; VPXORD Z27, Z27, Z27
+
+zq4loop:
+	CMPQ CX, $8
+	JL   zq4done
+	PREFETCHT0 (R9)
+	VPMOVZXWD (DI), Y8
+	VPMOVZXWD (R8), Y14
+	VINSERTI64X4 $1, Y14, Z8, Z8
+	VPSLLD $16, Z8, Z8
+	VPMOVZXWD (R14), Y9
+	VPMOVZXWD (R15), Y15
+	VINSERTI64X4 $1, Y15, Z9, Z9
+	VPSLLD $16, Z9, Z9
+	VBROADCASTF64X4 (SI), Z10
+	VBROADCASTF64X4 (SI)(R11*1), Z11
+	VBROADCASTF64X4 (SI)(R11*2), Z12
+	VBROADCASTF64X4 (R12), Z13
+	VFMADD231PS Z10, Z8, Z16
+	VFMADD231PS Z10, Z9, Z24
+	VFMADD231PS Z11, Z8, Z17
+	VFMADD231PS Z11, Z9, Z25
+	VFMADD231PS Z12, Z8, Z18
+	VFMADD231PS Z12, Z9, Z26
+	VFMADD231PS Z13, Z8, Z19
+	VFMADD231PS Z13, Z9, Z27
+	ADDQ $32, SI
+	ADDQ $32, R12
+	ADDQ $16, DI
+	ADDQ $16, R8
+	ADDQ $16, R14
+	ADDQ $16, R15
+	ADDQ $64, R9
+	SUBQ $8, CX
+	JMP  zq4loop
+
+zq4done:
+	MOVQ DX, R14
+	VMOVAPS Y16, Y0
+	VEXTRACTF64X4 $1, Z16, Y1
+	VMOVAPS Y17, Y2
+	VEXTRACTF64X4 $1, Z17, Y3
+	VMOVAPS Y18, Y4
+	VEXTRACTF64X4 $1, Z18, Y5
+	VMOVAPS Y19, Y6
+	VEXTRACTF64X4 $1, Z19, Y7
+	CALL ·reduce2x4(SB)
+	LEAQ 8(R14), DX
+	VMOVAPS Y24, Y0
+	VEXTRACTF64X4 $1, Z24, Y1
+	VMOVAPS Y25, Y2
+	VEXTRACTF64X4 $1, Z25, Y3
+	VMOVAPS Y26, Y4
+	VEXTRACTF64X4 $1, Z26, Y5
+	VMOVAPS Y27, Y6
+	VEXTRACTF64X4 $1, Z27, Y7
+	CALL ·reduce2x4(SB)
+	VZEROUPPER
+	RET
+
 // func dot4x8F32ZMM(x *float32, xstride int, w *float32, wstride, k int, out *float32, ostride int)
 // dot4x8BF16ZMM for float32 weights: the outputs are dot2x8F32ZMM's for
 // rows 0-1 and 2-3, bit for bit.
