@@ -43,6 +43,23 @@
 	VFMADD231PS Z12, Z8, Z22; VFMADD231PS Z12, Z9, Z30; VFMADD231PS Z13, Z8, Z23; VFMADD231PS Z13, Z9, Z31; \
 	ADDQ $32, SI; ADDQ $32, R12; ADDQ $32, R13
 
+// WIDEN_BF16_QUAD loads eight bf16 weights from each of the rows at DI,
+// R8, R14 and R15 and widens them to float32: rows 0|1 into Z8, rows 2|3
+// into Z9 (Y14 and Y15 are clobbered).
+#define WIDEN_BF16_QUAD \
+	VPMOVZXWD (DI), Y8; VPMOVZXWD (R8), Y14; VINSERTI64X4 $1, Y14, Z8, Z8; VPSLLD $16, Z8, Z8; \
+	VPMOVZXWD (R14), Y9; VPMOVZXWD (R15), Y15; VINSERTI64X4 $1, Y15, Z9, Z9; VPSLLD $16, Z9, Z9
+
+// REDUCE_4ROWS reduces and stores four x rows' accumulators (zmm a-d,
+// weight row 0 in the low half and row 1 in the high half; ya-yd their
+// low halves) to DX with stride R10: the halves go to Y0-Y7 in the order
+// the 256-bit tiles keep them, and reduce2x4 adds and stores them as
+// there. DX ends on the fourth row.
+#define REDUCE_4ROWS(za, ya, zb, yb, zc, yc, zd, yd) \
+	VMOVAPS ya, Y0; VEXTRACTF64X4 $1, za, Y1; VMOVAPS yb, Y2; VEXTRACTF64X4 $1, zb, Y3; \
+	VMOVAPS yc, Y4; VEXTRACTF64X4 $1, zc, Y5; VMOVAPS yd, Y6; VEXTRACTF64X4 $1, zd, Y7; \
+	CALL ·reduce2x4(SB)
+
 // func fmaLoopAVX512(n int)
 // The 512-bit FMA peak probe: n iterations of 12 independent 16-wide FMAs,
 // 384 flops each (fmaLoopAVX2's loop on zmm registers).
@@ -272,25 +289,9 @@ zf8done:
 // dot2x8BF16AVX512 keeps its accumulators, and reduce2x4 adds and stores
 // them as it does there (own register convention; not callable from Go).
 TEXT ·store2x8ZMM(SB), NOSPLIT|NOFRAME, $0-0
-	VMOVAPS Y16, Y0
-	VEXTRACTF64X4 $1, Z16, Y1
-	VMOVAPS Y17, Y2
-	VEXTRACTF64X4 $1, Z17, Y3
-	VMOVAPS Y18, Y4
-	VEXTRACTF64X4 $1, Z18, Y5
-	VMOVAPS Y19, Y6
-	VEXTRACTF64X4 $1, Z19, Y7
-	CALL ·reduce2x4(SB)
+	REDUCE_4ROWS(Z16, Y16, Z17, Y17, Z18, Y18, Z19, Y19)
 	ADDQ R10, DX
-	VMOVAPS Y20, Y0
-	VEXTRACTF64X4 $1, Z20, Y1
-	VMOVAPS Y21, Y2
-	VEXTRACTF64X4 $1, Z21, Y3
-	VMOVAPS Y22, Y4
-	VEXTRACTF64X4 $1, Z22, Y5
-	VMOVAPS Y23, Y6
-	VEXTRACTF64X4 $1, Z23, Y7
-	CALL ·reduce2x4(SB)
+	REDUCE_4ROWS(Z20, Y20, Z21, Y21, Z22, Y22, Z23, Y23)
 	RET
 
 // func dot4x8BF16ZMM(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int)
@@ -320,14 +321,7 @@ zq8loop:
 	CMPQ CX, $8
 	JL   zq8done
 	PREFETCHT0 (R9)
-	VPMOVZXWD (DI), Y8
-	VPMOVZXWD (R8), Y14
-	VINSERTI64X4 $1, Y14, Z8, Z8
-	VPSLLD $16, Z8, Z8
-	VPMOVZXWD (R14), Y9
-	VPMOVZXWD (R15), Y15
-	VINSERTI64X4 $1, Y15, Z9, Z9
-	VPSLLD $16, Z9, Z9
+	WIDEN_BF16_QUAD
 	FMA_8ROWS_2W
 	ADDQ $16, DI
 	ADDQ $16, R8
@@ -374,14 +368,7 @@ zq4loop:
 	CMPQ CX, $8
 	JL   zq4done
 	PREFETCHT0 (R9)
-	VPMOVZXWD (DI), Y8
-	VPMOVZXWD (R8), Y14
-	VINSERTI64X4 $1, Y14, Z8, Z8
-	VPSLLD $16, Z8, Z8
-	VPMOVZXWD (R14), Y9
-	VPMOVZXWD (R15), Y15
-	VINSERTI64X4 $1, Y15, Z9, Z9
-	VPSLLD $16, Z9, Z9
+	WIDEN_BF16_QUAD
 	VBROADCASTF64X4 (SI), Z10
 	VBROADCASTF64X4 (SI)(R11*1), Z11
 	VBROADCASTF64X4 (SI)(R11*2), Z12
@@ -406,25 +393,9 @@ zq4loop:
 
 zq4done:
 	MOVQ DX, R14
-	VMOVAPS Y16, Y0
-	VEXTRACTF64X4 $1, Z16, Y1
-	VMOVAPS Y17, Y2
-	VEXTRACTF64X4 $1, Z17, Y3
-	VMOVAPS Y18, Y4
-	VEXTRACTF64X4 $1, Z18, Y5
-	VMOVAPS Y19, Y6
-	VEXTRACTF64X4 $1, Z19, Y7
-	CALL ·reduce2x4(SB)
+	REDUCE_4ROWS(Z16, Y16, Z17, Y17, Z18, Y18, Z19, Y19)
 	LEAQ 8(R14), DX
-	VMOVAPS Y24, Y0
-	VEXTRACTF64X4 $1, Z24, Y1
-	VMOVAPS Y25, Y2
-	VEXTRACTF64X4 $1, Z25, Y3
-	VMOVAPS Y26, Y4
-	VEXTRACTF64X4 $1, Z26, Y5
-	VMOVAPS Y27, Y6
-	VEXTRACTF64X4 $1, Z27, Y7
-	CALL ·reduce2x4(SB)
+	REDUCE_4ROWS(Z24, Y24, Z25, Y25, Z26, Y26, Z27, Y27)
 	VZEROUPPER
 	RET
 
