@@ -122,15 +122,9 @@ func TestDSparkExact(t *testing.T) {
 			if sampled {
 				opts = append(opts, WithTemperature(0.7), WithSeed(uint64(depth)))
 			}
-			plain, _ := m.NewSession()
-			want, _ := genIDs(t, plain, prompt, opts...)
-			plain.Close()
 			ds, err := m.NewDSpark()
 			require.NoError(t, err)
-			s, _ := m.NewSession()
-			got, u := genIDs(t, s, prompt, append(opts, WithSpeculation(ds, depth))...)
-			s.Close()
-			require.Equal(t, want, got, "depth %d, sampled %v", depth, sampled)
+			u := specMatchesPlain(t, m, prompt, opts, ds, depth, fmt.Sprintf("depth %d, sampled %v", depth, sampled))
 			assert.Positive(t, u.DraftTokens, "depth %d", depth)
 			if !sampled {
 				t.Logf("depth %d: %d drafts, %d accepted", depth, u.DraftTokens, u.AcceptedTokens)

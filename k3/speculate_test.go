@@ -39,6 +39,21 @@ func genIDs(t *testing.T, s *Session, prompt []int32, opts ...GenerateOption) ([
 	return ids, u
 }
 
+// specMatchesPlain generates from prompt on two new sessions of m, plainly
+// and speculating with d at depth, requires the same tokens (what names
+// the case) and returns the speculating run's usage.
+func specMatchesPlain(t *testing.T, m *Model, prompt []int32, opts []GenerateOption, d specdec.Drafter, depth int, what string) Usage {
+	t.Helper()
+	plain, _ := m.NewSession()
+	want, _ := genIDs(t, plain, prompt, opts...)
+	plain.Close()
+	s, _ := m.NewSession()
+	got, u := genIDs(t, s, prompt, append(opts, WithSpeculation(d, depth))...)
+	s.Close()
+	require.Equal(t, want, got, what)
+	return u
+}
+
 // oracle proposes the continuation a plain run produced (then a wrong
 // token), so that speculation meets long accepted runs and rejections.
 type oracle struct{ want []int32 }
@@ -596,15 +611,9 @@ func checkDraftModel(t *testing.T, m, draft *Model, name string, same bool, dept
 			if sampled {
 				opts = append(opts, WithTemperature(0.8), WithSeed(uint64(depth)))
 			}
-			plain, _ := m.NewSession()
-			want, _ := genIDs(t, plain, prompt, opts...)
-			plain.Close()
 			dm, err := m.NewDraftModel(draft)
 			require.NoError(t, err)
-			s, _ := m.NewSession()
-			got, u := genIDs(t, s, prompt, append(opts, WithSpeculation(dm, depth))...)
-			s.Close()
-			require.Equal(t, want, got, "draft %s, depth %d, sampled %v", name, depth, sampled)
+			u := specMatchesPlain(t, m, prompt, opts, dm, depth, fmt.Sprintf("draft %s, depth %d, sampled %v", name, depth, sampled))
 			require.NoError(t, dm.Err())
 			if same && !sampled {
 				assert.Equal(t, u.DraftTokens, u.AcceptedTokens, "the same model's greedy drafts are all right (depth %d)", depth)
@@ -654,15 +663,9 @@ func TestSelfDraft(t *testing.T) {
 						if sampled {
 							opts = append(opts, WithTemperature(0.8), WithSeed(uint64(depth+n)))
 						}
-						plain, _ := m.NewSession()
-						want, _ := genIDs(t, plain, prompt, opts...)
-						plain.Close()
 						dm, err := m.NewSelfDraft(n)
 						require.NoError(t, err)
-						s, _ := m.NewSession()
-						got, u := genIDs(t, s, prompt, append(opts, WithSpeculation(dm, depth))...)
-						s.Close()
-						require.Equal(t, want, got, "self:%d, depth %d, sampled %v", n, depth, sampled)
+						u := specMatchesPlain(t, m, prompt, opts, dm, depth, fmt.Sprintf("self:%d, depth %d, sampled %v", n, depth, sampled))
 						require.NoError(t, dm.Err())
 						assert.Positive(t, u.DraftTokens)
 						require.NoError(t, dm.Close())

@@ -178,29 +178,23 @@ func Spec(ctx context.Context, alphas []float64, depths []int, tokens int, log f
 			log(fmt.Sprintf("alpha %.1f, depth %d...", a, k))
 			var ratios, taus, costs []float64
 			for rep := range pairsFor(k) {
-				var plain time.Duration
-				runPlain := func() (err error) {
-					_, _, plain, err = gen()
-					return err
-				}
-				if rep%2 == 0 {
-					if err := runPlain(); err != nil {
-						return nil, err
-					}
-				}
 				d := &corrupted{want: full, alpha: a, vocab: int32(m.VocabSize()), rng: rand.New(rand.NewPCG(uint64(k), uint64(rep)))}
 				opt := k3.WithSpeculation(d, k)
 				if k == 0 {
 					opt = k3.WithAdaptiveSpeculation(d, deepest)
 				}
-				got, u, spec, err := gen(opt)
+				var got []int32
+				var u k3.Usage
+				var plain, spec time.Duration
+				err := inTurn(rep, func() (err error) {
+					_, _, plain, err = gen()
+					return err
+				}, func() (err error) {
+					got, u, spec, err = gen(opt)
+					return err
+				})
 				if err != nil {
 					return nil, err
-				}
-				if rep%2 == 1 {
-					if err := runPlain(); err != nil {
-						return nil, err
-					}
 				}
 				if !slices.Equal(got, want) {
 					return nil, fmt.Errorf("modelbench: speculative decoding (alpha %.1f, depth %d) gave other tokens than plain decoding", a, k)
@@ -231,6 +225,20 @@ func Spec(ctx context.Context, alphas []float64, depths []int, tokens int, log f
 	}
 	r.StepMS = median(steps)
 	return r, nil
+}
+
+// inTurn runs one pair's plain and speculative generations, plain first in
+// even pairs and speculative first in odd ones, so that a shared host's
+// drift favours neither.
+func inTurn(rep int, plain, spec func() error) error {
+	first, second := plain, spec
+	if rep%2 == 1 {
+		first, second = spec, plain
+	}
+	if err := first(); err != nil {
+		return err
+	}
+	return second()
 }
 
 // pairsFor returns how many plain/speculative pairs time a depth: more
@@ -318,31 +326,26 @@ func SpecBatch(ctx context.Context, alphas []float64, depths []int, batch, token
 			log(fmt.Sprintf("batch %d, alpha %.1f, depth %d...", batch, a, k))
 			var ratios, taus []float64
 			for rep := range pairsFor(k) {
-				var plain time.Duration
-				runPlain := func() (err error) {
-					_, _, plain, err = run(none)
-					return err
-				}
-				if rep%2 == 0 {
-					if err := runPlain(); err != nil {
-						return nil, err
-					}
-				}
-				got, acc, spec, err := run(func(i int) []k3.GenerateOption {
+				speculate := func(i int) []k3.GenerateOption {
 					full := append(slices.Clone(prompts[i]), want[i]...)
 					d := &corrupted{want: full, alpha: a, vocab: int32(m.VocabSize()), rng: rand.New(rand.NewPCG(uint64(k*100+i), uint64(rep)))}
 					if k == 0 {
 						return []k3.GenerateOption{k3.WithAdaptiveSpeculation(d, slices.Max(depths))}
 					}
 					return []k3.GenerateOption{k3.WithSpeculation(d, k)}
+				}
+				var got [][]int32
+				var acc int
+				var plain, spec time.Duration
+				err := inTurn(rep, func() (err error) {
+					_, _, plain, err = run(none)
+					return err
+				}, func() (err error) {
+					got, acc, spec, err = run(speculate)
+					return err
 				})
 				if err != nil {
 					return nil, err
-				}
-				if rep%2 == 1 {
-					if err := runPlain(); err != nil {
-						return nil, err
-					}
 				}
 				for i := range got {
 					if !slices.Equal(got[i], want[i]) {
@@ -485,41 +488,35 @@ func SpecReal(ctx context.Context, files []string, drafters []string, batch, tok
 				log(fmt.Sprintf("%s drafter, batch %d, depth %d...", name, b, k))
 				var plains, specs, taus, ratios []float64
 				for rep := range pairsFor(k) {
-					var pd time.Duration
-					runPlain := func() (err error) {
+					var got [][]int32
+					var acc int
+					var pd, sd time.Duration
+					err := inTurn(rep, func() (err error) {
 						_, _, pd, err = run(b, sampling)
 						return err
-					}
-					if rep%2 == 0 {
-						if err := runPlain(); err != nil {
-							return nil, err
+					}, func() error {
+						// The drafters live for the speculative run alone.
+						ds, done, err := drafterFor(name)
+						if err != nil {
+							return err
 						}
-					}
-					ds, done, err := drafterFor(name)
+						defer done()
+						got, acc, sd, err = run(b, func(i int) []k3.GenerateOption {
+							o := sampling(i)
+							if k == 0 {
+								o = append(o, k3.WithAdaptiveSpeculation(ds[i], slices.Max(depths)))
+							} else {
+								o = append(o, k3.WithSpeculation(ds[i], k))
+							}
+							if rejection {
+								o = append(o, k3.WithRejectionSampling())
+							}
+							return o
+						})
+						return err
+					})
 					if err != nil {
 						return nil, err
-					}
-					spec := func(i int) []k3.GenerateOption {
-						o := sampling(i)
-						if k == 0 {
-							o = append(o, k3.WithAdaptiveSpeculation(ds[i], slices.Max(depths)))
-						} else {
-							o = append(o, k3.WithSpeculation(ds[i], k))
-						}
-						if rejection {
-							o = append(o, k3.WithRejectionSampling())
-						}
-						return o
-					}
-					got, acc, sd, err := run(b, spec)
-					done()
-					if err != nil {
-						return nil, err
-					}
-					if rep%2 == 1 {
-						if err := runPlain(); err != nil {
-							return nil, err
-						}
 					}
 					n := 0
 					for i := range got {
