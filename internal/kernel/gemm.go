@@ -39,11 +39,16 @@ const (
 	packedMinN = 512
 )
 
-// packedWideMinN is the width from which the packed GEMM takes every
-// depth when it runs 512-bit FMAs: its tile then has twice the arithmetic
-// of the 256-bit dot-form tiles, and from 128 columns on wins at every
-// depth from 64 (BenchmarkPackedVsTiles).
-const packedWideMinN = 128
+// packedWideMinN and packedWideMinK are the width and depth from which
+// the packed GEMM takes a product when it runs 512-bit FMAs. Narrower or
+// shallower products take the dot-form tiles, which run on zmm registers
+// too (four weight rows against eight x rows): there the packed GEMM's
+// packing of x and its transposed stores are spread over too few columns
+// or too short a k loop (BenchmarkPackedVsTiles).
+const (
+	packedWideMinN = 640
+	packedWideMinK = 256
+)
 
 // usePacked reports whether an m×k by k×n product takes the packed GEMM.
 func usePacked(m, n, k int) bool {
@@ -51,7 +56,7 @@ func usePacked(m, n, k int) bool {
 		return false
 	}
 	if packedWide() {
-		return n >= packedWideMinN
+		return n >= packedWideMinN && k >= packedWideMinK
 	}
 	return k >= packedMinK || !useAVX512 && k >= 256 && n >= packedMinN
 }

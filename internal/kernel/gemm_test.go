@@ -136,14 +136,14 @@ func TestMatMulPackedNoAlloc(t *testing.T) {
 
 // BenchmarkPackedVsTiles runs the packed GEMM and the dot-form tiles side
 // by side on bf16 weights by row count, depth and (for a few depths) width:
-// where the two cross is where PackedMinRows, packedMinK and packedMinN
-// belong.
+// where the two cross is where PackedMinRows, packedMinK, packedMinN and
+// (with 512-bit FMAs) packedWideMinN and packedWideMinK belong.
 func BenchmarkPackedVsTiles(b *testing.B) {
 	p := NewPool(0)
 	defer p.Close()
 	r := rand.New(rand.NewPCG(1, 1))
 	for _, nk := range [][2]int{{2048, 64}, {2048, 128}, {2048, 256}, {2048, 384}, {2048, 512}, {2048, 768},
-		{2048, 1024}, {2048, 1536}, {2048, 2048}, {64, 768}, {128, 768}, {256, 768}, {512, 768}, {512, 384}, {768, 384}, {64, 2048}, {256, 2048}, {128, 384}, {256, 384}, {128, 128}, {256, 128}, {512, 128}, {768, 64}, {384, 256}} {
+		{2048, 1024}, {2048, 1536}, {2048, 2048}, {64, 768}, {128, 768}, {256, 768}, {384, 768}, {512, 768}, {640, 768}, {512, 384}, {768, 384}, {768, 128}, {64, 2048}, {256, 2048}, {128, 384}, {256, 384}, {128, 128}, {256, 128}, {512, 128}, {768, 64}, {384, 256}} {
 		n, k := nk[0], nk[1]
 		wb, _ := randBF16(r, n*k)
 		for _, m := range []int{32, 64, 256} {
