@@ -702,11 +702,13 @@ func (l *Layer) forwardRows(x compute.Tensor, caches []*Cache, y compute.Tensor)
 	if err := b.HeadMatMul(qa, qn, w.UKT); err != nil {
 		return fmt.Errorf("dsa: absorbed query: %w", err)
 	}
-	// A run of rows of one cache is appended at once and selects in one
-	// indexer call (an exact pass has at most compute.InvariantRows rows,
-	// so a row's selection does not depend on the rows beside it); each
-	// row then attends as a single step does, over its sequence up to
-	// itself.
+	// A run of rows of one cache is appended at once, selects in one
+	// indexer call and attends in one attention call: an exact pass has
+	// at most compute.InvariantRows rows, so a row's selection and its
+	// attention over its sequence up to itself do not depend on the rows
+	// beside it. The rows that have seen at most TopK positions attend
+	// to all of them, as a single step does, and the rest to their
+	// selection: a run crossing TopK takes two calls.
 	for i := 0; i < t; {
 		c, n := caches[i], 1
 		for i+n < t && caches[i+n] == c {
@@ -728,20 +730,26 @@ func (l *Layer) forwardRows(x compute.Tensor, caches []*Cache, y compute.Tensor)
 				return err
 			}
 		}
-		for r := range n {
-			p := p0 + r
+		for r0 := 0; r0 < n; {
+			r1 := n
 			var indices compute.Tensor
 			if cfg.Indexer != nil {
-				indices = l.attnIndices(sel.Rows(r, r+1), p+1)
+				// Rows r with p0+r+1 <= TopK have seen every position.
+				if dense := cfg.Indexer.TopK - p0 - r0; dense > 0 {
+					r1 = min(n, r0+dense)
+				} else {
+					indices = sel.Rows(r0, r1)
+				}
 			}
-			l.attn = compute.AttnArgs{Q: qa.Rows(i+r, i+r+1), KPages: c.lat, PageSize: PageSize, Indices: indices, QPos: l.runPos[r : r+1],
-				KVLen: p + 1, Causal: true, Scale: float32(l.scale), Out: l.ol.Rows(i+r, i+r+1)}
+			l.attn = compute.AttnArgs{Q: qa.Rows(i+r0, i+r1), KPages: c.lat, PageSize: PageSize, Indices: indices, QPos: l.runPos[r0:r1],
+				KVLen: p0 + r1, Causal: true, Scale: float32(l.scale), Out: l.ol.Rows(i+r0, i+r1)}
 			if dr > 0 {
-				l.attn.QRope, l.attn.KRopePages = qri.Rows(r, r+1), c.pe
+				l.attn.QRope, l.attn.KRopePages = qri.Rows(r0, r1), c.pe
 			}
 			if err := b.Attention(&l.attn); err != nil {
 				return fmt.Errorf("dsa: attention: %w", err)
 			}
+			r0 = r1
 		}
 		i += n
 	}

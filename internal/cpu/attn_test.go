@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"k3/compute"
 )
 
@@ -156,5 +158,51 @@ func TestAttnGroupedHeads(t *testing.T) {
 		want, wantL := runAttn(t, b, c, uint64(ci))
 		assertClose(t, fmt.Sprintf("case %d: out (key-by-key as want)", ci), got, want)
 		assertClose(t, fmt.Sprintf("case %d: lse (key-by-key as want)", ci), gotL, wantL)
+	}
+}
+
+// TestAttentionRowsAlone checks the compute.InvariantRows contract for
+// attention: each row of a pass of up to that many rows gets, bit for bit,
+// the result of a call with that row alone over the positions up to its
+// own, as a decode step computes it; dense and index-sparse, with and
+// without rope parts, with fewer kv heads than workers and with more.
+func TestAttentionRowsAlone(t *testing.T) {
+	b := New(2)
+	defer b.Close()
+	for ci, c := range []attnCase{
+		{t: 2, l: 40, hq: 6, hkv: 1, dk: 32, dr: 8, dv: 32, mqa: true},
+		{t: 9, l: 90, hq: 6, hkv: 1, dk: 32, dr: 8, dv: 32, mqa: true},
+		{t: 16, l: 300, hq: 6, hkv: 1, dk: 64, dr: 16, dv: 64, k: 100, mqa: true},
+		{t: compute.InvariantRows, l: 200, hq: 8, hkv: 1, dk: 40, dr: 8, dv: 40, k: 64, mqa: true},
+		{t: 7, l: 60, hq: 4, hkv: 2, dk: 24, dv: 16},
+		{t: 12, l: 120, hq: 6, hkv: 6, dk: 16, dr: 4, dv: 16, k: 50},
+		{t: compute.InvariantRows, l: compute.InvariantRows, hq: 2, hkv: 1, dk: 16, dv: 16},
+	} {
+		a := attnArgs(t, b, c, uint64(ci))
+		require.NoError(t, b.Attention(a))
+		out, lse := make([]float32, c.t*c.hq*c.dv), make([]float32, c.t*c.hq)
+		must(0, b.Read(out, a.Out))
+		must(0, b.Read(lse, a.LSE))
+		for r := range c.t {
+			one := *a
+			one.Q, one.QPos, one.KVLen = a.Q.Rows(r, r+1), a.QPos[r:r+1], int(a.QPos[r])+1
+			if c.dr > 0 {
+				one.QRope = a.QRope.Rows(r, r+1)
+			}
+			if c.k > 0 {
+				one.Indices = a.Indices.Rows(r, r+1)
+			}
+			one.Out, one.LSE = must(b.Alloc(compute.F32, 1, c.hq, c.dv)), must(b.Alloc(compute.F32, 1, c.hq))
+			require.NoError(t, b.Attention(&one))
+			o, l := make([]float32, c.hq*c.dv), make([]float32, c.hq)
+			must(0, b.Read(o, one.Out))
+			must(0, b.Read(l, one.LSE))
+			for i := range o {
+				require.Equalf(t, math.Float32bits(o[i]), math.Float32bits(out[r*c.hq*c.dv+i]), "case %d %+v: row %d output %d: %g alone, %g in the pass", ci, c, r, i, o[i], out[r*c.hq*c.dv+i])
+			}
+			for i := range l {
+				require.Equalf(t, math.Float32bits(l[i]), math.Float32bits(lse[r*c.hq+i]), "case %d: row %d lse %d", ci, r, i)
+			}
+		}
 	}
 }

@@ -475,9 +475,14 @@ func (b *Backend) attend(sc *attnScratch, l int) error {
 	if j.idx == nil && j.t >= attnDenseMin {
 		return b.attnDense(j)
 	}
+	// A row whose kv heads are fewer than the workers has its positions
+	// split over all of them, and the parts merged in order. Passes of up
+	// to compute.InvariantRows rows split every row as it is split alone,
+	// so that a row's result does not depend on the rows beside it (one
+	// call serves a verify pass or a prompt's chunk of one sequence).
 	items := j.t * j.hkv
 	j.parts = 1
-	if items < b.pool.Size() {
+	if items < b.pool.Size() || j.t <= compute.InvariantRows && j.hkv < b.pool.Size() {
 		j.parts = b.pool.Size()
 	}
 	hg := j.hq / j.hkv
@@ -631,8 +636,10 @@ func attnRange(args *kernel.Args, lo, hi int) {
 const denseRows = 8
 
 // attnDenseMin is the pass length from which dense attention takes the
-// blocked path; tests raise it to compare with the row-by-row path.
-var attnDenseMin = denseRows
+// blocked path: above compute.InvariantRows, since the blocked path's
+// roundings differ from a row's alone. Tests lower it to denseRows to
+// compare the blocked path with the row-by-row one on small passes.
+var attnDenseMin = compute.InvariantRows + 1
 
 // attnDense runs dense causal attention for passes of at least denseRows
 // query rows (prefill): work items are (head, block of rows), so that the
