@@ -33,6 +33,8 @@ type kdaScratch struct {
 	ut               []float32 // state update: uᵀ [V, C]
 	cg, e            []float32 // cumulative gates, exponentials [C, K]
 	unsafe           []int32
+	uk, uq, ug, ue   []float32 // the unsafe channels' keys, queries, gates and pair terms [C, U]
+	ur               []float32 // one row's pair sums for L and Mqk [2C]
 	tmp              []float32
 	macc             []float32 // MatAccumulate's scratch
 }
@@ -361,27 +363,56 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
 }
 
 // unsafeTerms adds to L and Mqk the contributions of channels whose decay
-// span is too wide for the factorised form, one exponential per pair.
+// span is too wide for the factorised form, exponentiating G_i - G_j for
+// each pair i >= j. The unsafe channels are gathered first ([C, U] rows),
+// so that row i of L and Mqk takes one vector exponential over its pairs'
+// spans and two matrix-vector products. Each span is summed backwards
+// from j = i, so a near pair's span carries no rounding of the large
+// cumulative gates. Where every gate is a decay (g <= 0) the spans only
+// fall as j goes back, and the pairs past the first whose exponentials
+// are all 0 are left out.
 func (j *kdaJob) unsafeTerms(sc *kdaScratch, hd, t0, c0, c1 int) {
-	dk, c := j.dk, c1-c0
+	dk, c, n := j.dk, c1-c0, len(sc.unsafe)
 	q, k, g := sc.q[c0*dk:c1*dk], sc.k[c0*dk:c1*dk], sc.g[c0*dk:c1*dk]
 	beta := sc.beta[c0:c1]
-	for _, ch32 := range sc.unsafe {
-		ch := int(ch32)
-		for i := 0; i < c; i++ {
-			// span = G_i - G_j accumulated backwards from j = i.
-			var span float64
-			for jj := i; jj >= 0; jj-- {
-				if jj < i {
-					span += float64(g[(jj+1)*dk+ch])
-				}
-				e := kernel.Exp(float32(span))
-				sc.lm[i*c+jj] += beta[i] * k[i*dk+ch] * k[jj*dk+ch] * e
-				sc.mqk[i*c+jj] += q[i*dk+ch] * k[jj*dk+ch] * e
+	sc.uk, sc.uq, sc.ug = grow32(sc.uk, c*n), grow32(sc.uq, c*n), grow32(sc.ug, c*n)
+	sc.ue, sc.ur = grow32(sc.ue, c*n), grow32(sc.ur, 2*c)
+	decays := true
+	for i := 0; i < c; i++ {
+		for x, ch := range sc.unsafe {
+			sc.uk[i*n+x], sc.uq[i*n+x], sc.ug[i*n+x] = k[i*dk+int(ch)], q[i*dk+int(ch)], g[i*dk+int(ch)]
+			decays = decays && sc.ug[i*n+x] <= 0
+		}
+	}
+	for i := 0; i < c; i++ {
+		// Rows j0..i of ue: the spans G_i - G_j of pairs (i, j).
+		ue := sc.ue
+		clear(ue[i*n : (i+1)*n])
+		j0 := 0
+		for jj := i - 1; jj >= 0; jj-- {
+			kernel.Add(ue[jj*n:(jj+1)*n], ue[(jj+1)*n:(jj+2)*n], sc.ug[(jj+1)*n:(jj+2)*n])
+			if decays && kernel.Max(ue[jj*n:(jj+1)*n]) < expFlush {
+				j0 = jj + 1
+				break
 			}
+		}
+		m := i + 1 - j0
+		blk := ue[j0*n : (i+1)*n]
+		kernel.ExpSlice(blk)
+		kernel.Mul(blk, blk, sc.uk[j0*n:(i+1)*n]) // k_j e^{G_i-G_j}
+		lm, mq := sc.ur[:m], sc.ur[c:c+m]
+		kernel.MatMulSerial(lm, sc.uk[i*n:(i+1)*n], blk, 1, m, n)
+		kernel.MatMulSerial(mq, sc.uq[i*n:(i+1)*n], blk, 1, m, n)
+		for x := 0; x < m; x++ {
+			sc.lm[i*c+j0+x] += beta[i] * lm[x]
+			sc.mqk[i*c+j0+x] += mq[x]
 		}
 	}
 }
+
+// expFlush is a span below which kernel.Exp gives 0 (its results that
+// would be subnormal flush to 0 below -87.3).
+const expFlush = -88
 
 // decayGate writes one head's log decay for one token from the raw gate
 // projection: Kimi Linear's -exp(A_log)·softplus(raw + dt_bias), or K3's
