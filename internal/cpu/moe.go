@@ -48,12 +48,12 @@ func (b *Backend) MoERoute(a *compute.RouteArgs) error {
 	gidx := sc.rows[:g]
 	for tok := 0; tok < t; tok++ {
 		scores, sel := scratch[:e], scratch[e:2*e]
-		for i, l := range logits[tok*e : (tok+1)*e] {
-			scores[i] = kernel.Sigmoid(l)
-			sel[i] = scores[i]
-			if bias != nil {
-				sel[i] += bias[i]
-			}
+		copy(scores, logits[tok*e:(tok+1)*e])
+		kernel.SigmoidSlice(scores) // Sigmoid's bits, sixteen or eight at a time
+		if bias != nil {
+			kernel.Add(sel, scores, bias)
+		} else {
+			copy(sel, scores)
 		}
 		if g > 1 {
 			gs := scratch[2*e : 2*e+g]
