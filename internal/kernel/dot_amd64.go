@@ -217,6 +217,9 @@ func replayRowsZMM(row, a, k, u *float32, n, stride, ustride, vecs int)
 func kdaRowsAVX2(st, ke, e, k, q, v, o, u *float32, beta float32, dk, dv int)
 
 //go:noescape
+func kdaRowsZMM(st, ke, e, k, q, v, o, u *float32, beta float32, dk, dv int)
+
+//go:noescape
 func rows8BF16AVX2(x *float32, xstride int, w *uint16, rows, k int, out *float32, ostride int)
 
 //go:noescape

@@ -140,6 +140,10 @@ func kdaRowsAVX2(st, ke, e, k, q, v, o, u *float32, beta float32, dk, dv int) {
 	panic("kernel: no assembly on this platform")
 }
 
+func kdaRowsZMM(st, ke, e, k, q, v, o, u *float32, beta float32, dk, dv int) {
+	panic("kernel: no assembly on this platform")
+}
+
 func rows8BF16AVX2(x *float32, xstride int, w *uint16, rows, k int, out *float32, ostride int) {
 	panic("kernel: no assembly on this platform")
 }

@@ -671,10 +671,23 @@ func TestPeakBF16Dot(t *testing.T) {
 }
 
 // TestKDARows checks the one-call state pass against Dot and RowUpdateDot
-// row by row, to the bit.
+// row by row, to the bit, at both register widths.
 func TestKDARows(t *testing.T) {
+	defer func(v int) { replayTileBits = v }(replayTileBits)
+	for _, bits := range []int{256, 512} {
+		if bits == 512 && !hasZMM {
+			continue
+		}
+		replayTileBits = bits
+		testKDARows(t)
+	}
+}
+
+// testKDARows checks KDARows against Dot and RowUpdateDot row by row, to
+// the bit, at the current register width.
+func testKDARows(t *testing.T) {
 	r := rand.New(rand.NewPCG(41, 42))
-	for _, dk := range []int{1, 8, 16, 24, 40, 64, 128, 136} {
+	for _, dk := range []int{1, 8, 16, 24, 32, 40, 64, 96, 128, 136, 256} {
 		for _, dv := range []int{1, 3, 64} {
 			st, ke, e := randSlice(r, dv*dk), randSlice(r, dk), randSlice(r, dk)
 			k, q, v := randSlice(r, dk), randSlice(r, dk), randSlice(r, dv)

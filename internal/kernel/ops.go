@@ -388,6 +388,10 @@ func Mix(out, x, y []float32, a, b, c float32) {
 func KDARows(st, ke, e, k, q, v, o, u []float32, beta float32) {
 	dk, dv := len(ke), len(o)
 	st, e, k, q, v, u = st[:dv*dk], e[:dk], k[:dk], q[:dk], v[:dv], u[:dv]
+	if replayWide() && dk%32 == 0 && dk > 0 && dv > 0 {
+		kdaRowsZMM(&st[0], &ke[0], &e[0], &k[0], &q[0], &v[0], &o[0], &u[0], beta, dk, dv)
+		return
+	}
 	if useAVX2 && dk >= 8 && dk%8 == 0 && dv > 0 {
 		kdaRowsAVX2(&st[0], &ke[0], &e[0], &k[0], &q[0], &v[0], &o[0], &u[0], beta, dk, dv)
 		return
@@ -446,9 +450,9 @@ func ReplayRows(row, a, k []float32, stride int, u []float32, ustride, n int) {
 	}
 }
 
-// replayTileBits forces ReplayRows' register width for tests and
-// benchmarks: 0 follows wideFMA, 256 and 512 force that many bits (512
-// needs hasZMM).
+// replayTileBits forces the register width of ReplayRows and KDARows
+// for tests and benchmarks: 0 follows wideFMA, 256 and 512 force that
+// many bits (512 needs hasZMM).
 var replayTileBits int
 
 func replayWide() bool {

@@ -741,3 +741,95 @@ zronedone:
 	VMOVUPS Z0, (DI)
 	VZEROUPPER
 	RET
+
+// func kdaRowsZMM(st, ke, e, k, q, v, o, u *float32, beta float32, dk, dv int)
+// kdaRowsAVX2 on zmm registers for dk a multiple of 32: each zmm holds two
+// of its ymm accumulators side by side (elements 0-15 of a 32-block in Z0,
+// 16-31 in Z2; 0-15 of a 16-block in the update's Z0), every lane keeps
+// its FMA chain, and the halves are added in kdaRowsAVX2's order, so the
+// bits are the same with half the vector instructions.
+TEXT ·kdaRowsZMM(SB), NOSPLIT, $0-88
+	MOVQ st+0(FP), DI
+	MOVQ ke+8(FP), R8
+	MOVQ e+16(FP), R9
+	MOVQ k+24(FP), R10
+	MOVQ q+32(FP), R11
+	MOVQ v+40(FP), R12
+	MOVQ o+48(FP), R13
+	MOVQ u+56(FP), SI
+	VMOVSS beta+64(FP), X14
+	MOVQ dk+72(FP), BX
+	MOVQ dv+80(FP), DX
+
+zkrow:
+	TESTQ DX, DX
+	JZ    zkend
+	// s = row·ke: Z0 = [Y0 | Y1], Z2 = [Y2 | Y3] of dotAVX2
+	XORQ AX, AX
+	MOVQ BX, CX
+	VPXORD Z0, Z0, Z0
+	VPXORD Z2, Z2, Z2
+
+zkdot32:
+	CMPQ CX, $32
+	JL   zkdotdone
+	VMOVUPS (DI)(AX*1), Z4
+	VMOVUPS 64(DI)(AX*1), Z6
+	VFMADD231PS (R8)(AX*1), Z4, Z0
+	VFMADD231PS 64(R8)(AX*1), Z6, Z2
+	ADDQ $128, AX
+	SUBQ $32, CX
+	JMP  zkdot32
+
+zkdotdone:
+	VEXTRACTF64X4 $1, Z0, Y1
+	VEXTRACTF64X4 $1, Z2, Y3
+	VADDPS Y1, Y0, Y0
+	VADDPS Y3, Y2, Y2
+	VADDPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VHADDPS X0, X0, X0
+	VHADDPS X0, X0, X0
+	// u = beta·(v[r] - s)
+	VMOVSS (R12), X5
+	VSUBSS X0, X5, X5
+	VMULSS X14, X5, X5
+	VMOVSS X5, (SI)
+	VBROADCASTSS X5, Z15
+	// row = row ⊙ e + u·k, o[r] = row·q: Z0 = [Y0 | Y1] of rowUpdateDotAVX2
+	XORQ AX, AX
+	MOVQ BX, CX
+	VPXORD Z0, Z0, Z0
+
+zkupd16:
+	CMPQ CX, $16
+	JL   zkupddone
+	VMOVUPS (DI)(AX*1), Z2
+	VMULPS (R9)(AX*1), Z2, Z2
+	VFMADD231PS (R10)(AX*1), Z15, Z2
+	VMOVUPS Z2, (DI)(AX*1)
+	VFMADD231PS (R11)(AX*1), Z2, Z0
+	ADDQ $64, AX
+	SUBQ $16, CX
+	JMP  zkupd16
+
+zkupddone:
+	VEXTRACTF64X4 $1, Z0, Y1
+	VADDPS Y1, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VHADDPS X0, X0, X0
+	VHADDPS X0, X0, X0
+	VMOVSS X0, (R13)
+	// next row
+	LEAQ (DI)(BX*4), DI
+	ADDQ $4, R12
+	ADDQ $4, R13
+	ADDQ $4, SI
+	DECQ DX
+	JMP  zkrow
+
+zkend:
+	VZEROUPPER
+	RET
