@@ -160,6 +160,31 @@ func (b *Batcher) GenerateTokens(ctx context.Context, s *Session, prompt []int32
 	return b.submit(ctx, s, prompt, false, opts)
 }
 
+// Warm runs one throwaway request through the batcher's passes: a prompt
+// of one prefill chunk, then a decode step, on a session of its own that
+// the prefix cache neither serves nor keeps. The scratch the passes grow
+// on first use, and the first touch of the weights, are then paid before
+// the first real request (docs/bench has what they cost). The batcher
+// must be running.
+func (b *Batcher) Warm(ctx context.Context) error {
+	s, err := b.m.NewSession()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	s.uncached = true
+	prompt := make([]int32, max(1, min(b.chunk, b.m.ContextLength()-2)))
+	for i := range prompt {
+		prompt[i] = int32(i % b.m.Config.VocabSize)
+	}
+	for _, err := range b.submit(ctx, s, prompt, false, []GenerateOption{WithMaxTokens(2), WithoutDefaultStops()}) {
+		if err != nil {
+			return fmt.Errorf("k3: batcher warm-up: %w", err)
+		}
+	}
+	return nil
+}
+
 // Prefill feeds prompt to session s in the batcher's passes, chunk by
 // chunk beside the running sequences, and generates nothing: the session
 // then holds the prompt and its next-token logits, ready to Fork into
@@ -334,7 +359,7 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 			return
 		}
 		r.base = r.s.pos
-		if len(r.prompt) > 0 && b.m.prefix != nil {
+		if len(r.prompt) > 0 && b.m.prefix != nil && !r.s.uncached {
 			held, matched, err := r.s.resume(r.prompt)
 			if err != nil {
 				finish(r, err)

@@ -404,3 +404,55 @@ func TestBatcherStats(t *testing.T) {
 	}
 	assert.Equal(t, BatcherStats{}, br.Stats())
 }
+
+// TestBatcherWarm: a warm-up runs a request through the passes and leaves
+// no trace a client could see: the prefix cache neither looked up nor
+// kept anything, the memory ledger holds what it held before (but free
+// pages kept for reuse), and a generation afterwards gives bitwise what
+// Session.Generate gives alone. A batcher not running refuses it.
+func TestBatcherWarm(t *testing.T) {
+	ctx := context.Background()
+	m, err := Load(ctx, tinyDir, WithPrefillChunk(24), WithPrefixCache(64<<20))
+	require.NoError(t, err)
+	defer m.Close()
+	br, err := m.NewBatcher(2)
+	require.NoError(t, err)
+	require.ErrorIs(t, br.Warm(ctx), ErrBatcherNotRunning)
+	bctx, cancel := context.WithCancel(ctx)
+	defer func() { cancel(); br.Wait() }()
+	require.NoError(t, br.Start(bctx))
+	before := m.MemoryUsage()
+	require.NoError(t, br.Warm(ctx))
+	assert.Equal(t, PrefixStats{}, m.PrefixCacheStats(), "the warm-up's prefix cache counters")
+	after := m.MemoryUsage()
+	assert.Equal(t, before.Used-before.FreePages, after.Used-after.FreePages, "sequence state after the warm-up")
+	assert.Zero(t, after.PrefixCache, "the prefix cache after the warm-up")
+
+	opts := []GenerateOption{WithMaxTokens(6), WithoutDefaultStops(), WithTemperature(0.8), WithSeed(3)}
+	want, err := collectTokens(m.Generate(ctx, "a prompt after the warm-up", opts...))
+	require.NoError(t, err)
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	defer s.Close()
+	got, err := collectTokens(br.Generate(ctx, s, "a prompt after the warm-up", opts...))
+	require.NoError(t, err)
+	// The usage differs: the lone generation left its prompt in the cache.
+	ids := func(ts []Token) (out []int32) {
+		for _, tok := range ts {
+			out = append(out, tok.ID)
+		}
+		return out
+	}
+	require.Equal(t, ids(want), ids(got))
+}
+
+func collectTokens(seq iter.Seq2[Token, error]) ([]Token, error) {
+	var out []Token
+	for tok, err := range seq {
+		if err != nil {
+			return out, err
+		}
+		out = append(out, tok)
+	}
+	return out, nil
+}

@@ -174,7 +174,7 @@ func (s *Session) growth(n int) int64 {
 	if iv := s.m.snapInterval; iv > 0 && s.pos+n >= s.nextSnap && len(s.snaps) < s.m.snapKeep {
 		g += s.KDAStateBytes()
 	}
-	if s.m.prefix != nil && s.turn == nil && (s.pos+n)/PrefixBlock > s.pos/PrefixBlock {
+	if s.m.prefix != nil && !s.uncached && s.turn == nil && (s.pos+n)/PrefixBlock > s.pos/PrefixBlock {
 		g += s.KDAStateBytes()
 	}
 	return g

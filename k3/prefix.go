@@ -335,7 +335,7 @@ func (s *Session) nextCut(pos, end, chunk int, pts []int) int {
 // atPoint caches s's blocks and KDA snapshot when s stands at one of the
 // snapshot points pts.
 func (s *Session) atPoint(pts []int) error {
-	if s.m.prefix == nil || !slices.Contains(pts, s.pos) {
+	if s.m.prefix == nil || s.uncached || !slices.Contains(pts, s.pos) {
 		return nil
 	}
 	snap, err := s.snapshotState(nil)
@@ -349,7 +349,7 @@ func (s *Session) atPoint(pts []int) error {
 // the hit; it returns how many prompt tokens the session now holds and
 // the position where the prompt parts from the cache.
 func (s *Session) resume(prompt []int32) (held, matched int, err error) {
-	if s.m.prefix == nil || s.pos != 0 {
+	if s.m.prefix == nil || s.uncached || s.pos != 0 {
 		return 0, 0, nil
 	}
 	hit, matched := s.m.prefix.lookup(prompt)
@@ -376,7 +376,7 @@ func (s *Session) resume(prompt []int32) (held, matched int, err error) {
 // trackTurn keeps the session's KDA state at the last block end it
 // stood at, for endTurn.
 func (s *Session) trackTurn() error {
-	if s.m.prefix == nil || s.pos%PrefixBlock != 0 || s.pos == 0 {
+	if s.m.prefix == nil || s.uncached || s.pos%PrefixBlock != 0 || s.pos == 0 {
 		return nil
 	}
 	var into [][]float32

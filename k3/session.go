@@ -53,6 +53,7 @@ type Session struct {
 	nextSnap  int            // the position from which the next snapshot is due
 	turn      *snapshot      // the KDA state at the last block end passed (WithPrefixCache)
 	resumed   int            // prompt tokens the last run took from the prefix cache
+	uncached  bool           // the prefix cache neither serves nor keeps this session (Batcher.Warm)
 	charged   int64          // the bytes the model's ledger counts for the session
 	reserving bool           // a run has reserved the memory it grows by
 	closed    bool

@@ -129,6 +129,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer srv.Close()
+	start := time.Now()
+	if err := srv.Warm(ctx); err != nil {
+		// Not fatal: a budget that leaves no room for a whole prefill
+		// chunk still serves shorter prompts.
+		fmt.Fprintf(stderr, "k3 serve: warm-up skipped: %v\n", err)
+	} else {
+		fmt.Fprintf(stderr, "k3 serve: warmed up in %v\n", time.Since(start).Round(time.Millisecond))
+	}
 	ready.Store(srv)
 	fmt.Fprintf(stderr, "k3 serve: ready (%s, context %d tokens)\n", cfg.Name, m.ContextLength())
 

@@ -159,6 +159,12 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 	return s, nil
 }
 
+// Warm runs one throwaway request through the scheduler (k3.Batcher.Warm)
+// so that the first real request does not pay for the passes' first use;
+// it counts in no metric and leaves nothing in the prefix cache. Call it
+// before the server is reported ready.
+func (s *Server) Warm(ctx context.Context) error { return s.b.Warm(ctx) }
+
 // ServeHTTP serves the routes in the package doc.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
