@@ -429,30 +429,11 @@ func TestBatcherWarm(t *testing.T) {
 	assert.Zero(t, after.PrefixCache, "the prefix cache after the warm-up")
 
 	opts := []GenerateOption{WithMaxTokens(6), WithoutDefaultStops(), WithTemperature(0.8), WithSeed(3)}
-	want, err := collectTokens(m.Generate(ctx, "a prompt after the warm-up", opts...))
-	require.NoError(t, err)
+	want := collect(t, m.Generate(ctx, "a prompt after the warm-up", opts...))
 	s, err := m.NewSession()
 	require.NoError(t, err)
 	defer s.Close()
-	got, err := collectTokens(br.Generate(ctx, s, "a prompt after the warm-up", opts...))
-	require.NoError(t, err)
-	// The usage differs: the lone generation left its prompt in the cache.
-	ids := func(ts []Token) (out []int32) {
-		for _, tok := range ts {
-			out = append(out, tok.ID)
-		}
-		return out
-	}
-	require.Equal(t, ids(want), ids(got))
-}
-
-func collectTokens(seq iter.Seq2[Token, error]) ([]Token, error) {
-	var out []Token
-	for tok, err := range seq {
-		if err != nil {
-			return out, err
-		}
-		out = append(out, tok)
-	}
-	return out, nil
+	// Token ids only: the lone generation left its prompt in the cache,
+	// so the usage differs.
+	require.Equal(t, want, collect(t, br.Generate(ctx, s, "a prompt after the warm-up", opts...)))
 }

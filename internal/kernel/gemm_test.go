@@ -168,16 +168,7 @@ func BenchmarkPackedVsTiles(b *testing.B) {
 // TestMatAccumulate checks MatAccumulate against RankUpdate row by row, to
 // the bit, with each tile width: the grouped attention path and KDA's
 // chunk state update may use either.
-func TestMatAccumulate(t *testing.T) {
-	defer func(v int) { packedTile = v }(packedTile)
-	for _, bits := range []int{256, 512} {
-		if bits == 512 && !hasZMM {
-			continue
-		}
-		packedTile = bits
-		testMatAccumulate(t)
-	}
-}
+func TestMatAccumulate(t *testing.T) { atTileWidths(t, &packedTile, testMatAccumulate) }
 
 func testMatAccumulate(t *testing.T) {
 	r := rand.New(rand.NewPCG(27, 28))

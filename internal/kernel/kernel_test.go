@@ -672,14 +672,18 @@ func TestPeakBF16Dot(t *testing.T) {
 
 // TestKDARows checks the one-call state pass against Dot and RowUpdateDot
 // row by row, to the bit, at both register widths.
-func TestKDARows(t *testing.T) {
-	defer func(v int) { replayTileBits = v }(replayTileBits)
+func TestKDARows(t *testing.T) { atTileWidths(t, &stateTileBits, testKDARows) }
+
+// atTileWidths runs test with the register-width knob at 256 bits, then
+// at 512 where the CPU has zmm registers, and restores the knob.
+func atTileWidths(t *testing.T, knob *int, test func(*testing.T)) {
+	defer func(v int) { *knob = v }(*knob)
 	for _, bits := range []int{256, 512} {
 		if bits == 512 && !hasZMM {
 			continue
 		}
-		replayTileBits = bits
-		testKDARows(t)
+		*knob = bits
+		test(t)
 	}
 }
 
@@ -823,12 +827,12 @@ func TestPoolRunAfterClose(t *testing.T) {
 // the bit, at both register widths and lengths through every block size
 // (128, 32, 16 and 8 floats) and a tail.
 func TestReplayRows(t *testing.T) {
-	defer func(v int) { replayTileBits = v }(replayTileBits)
+	defer func(v int) { stateTileBits = v }(stateTileBits)
 	for _, bits := range []int{0, 256, 512} {
 		if bits == 512 && !hasZMM {
 			continue
 		}
-		replayTileBits = bits
+		stateTileBits = bits
 		testReplayRows(t)
 	}
 }
@@ -850,7 +854,7 @@ func testReplayRows(t *testing.T) {
 			}
 			ReplayRows(row, a, k, stride, u, ustride, n)
 			if !slices.Equal(row, want) {
-				t.Fatalf("%d bits: dk=%d n=%d: %v, want %v", replayTileBits, dk, n, row, want)
+				t.Fatalf("%d bits: dk=%d n=%d: %v, want %v", stateTileBits, dk, n, row, want)
 			}
 		}
 	}

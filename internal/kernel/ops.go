@@ -388,7 +388,7 @@ func Mix(out, x, y []float32, a, b, c float32) {
 func KDARows(st, ke, e, k, q, v, o, u []float32, beta float32) {
 	dk, dv := len(ke), len(o)
 	st, e, k, q, v, u = st[:dv*dk], e[:dk], k[:dk], q[:dk], v[:dv], u[:dv]
-	if replayWide() && dk%32 == 0 && dk > 0 && dv > 0 {
+	if stateWide() && dk%32 == 0 && dk > 0 && dv > 0 {
 		kdaRowsZMM(&st[0], &ke[0], &e[0], &k[0], &q[0], &v[0], &o[0], &u[0], beta, dk, dv)
 		return
 	}
@@ -420,7 +420,7 @@ func ReplayRows(row, a, k []float32, stride int, u []float32, ustride, n int) {
 	// Each element's records form one dependent chain (a product, then an
 	// FMA, per record); lane width changes no bit.
 	i := 0
-	if replayWide() {
+	if stateWide() {
 		for ; i+128 <= dk; i += 128 {
 			replayRowsZMM(&row[i], &a[i], &k[i], &u[0], n, stride, ustride, 8)
 		}
@@ -450,13 +450,13 @@ func ReplayRows(row, a, k []float32, stride int, u []float32, ustride, n int) {
 	}
 }
 
-// replayTileBits forces the register width of ReplayRows and KDARows
+// stateTileBits forces the register width of ReplayRows and KDARows
 // for tests and benchmarks: 0 follows wideFMA, 256 and 512 force that
 // many bits (512 needs hasZMM).
-var replayTileBits int
+var stateTileBits int
 
-func replayWide() bool {
-	switch replayTileBits {
+func stateWide() bool {
+	switch stateTileBits {
 	case 256:
 		return false
 	case 512:
