@@ -50,6 +50,22 @@
 	VPMOVZXWD (DI), Y8; VPMOVZXWD (R8), Y14; VINSERTI64X4 $1, Y14, Z8, Z8; VPSLLD $16, Z8, Z8; \
 	VPMOVZXWD (R14), Y9; VPMOVZXWD (R15), Y15; VINSERTI64X4 $1, Y15, Z9, Z9; VPSLLD $16, Z9, Z9
 
+// BF16_QUAD_ARGS loads the quad tiles' weight and output arguments (w,
+// wstride, k, out, ostride of the 7-argument bf16 tiles): weight rows 0-3
+// at DI, R8, R14 and R15, the k counter in CX, R9 at the quad after this
+// one (rows of k), prefetched into L1 as the loop goes, out at DX with the
+// stride in bytes in R10.
+#define BF16_QUAD_ARGS \
+	MOVQ w+16(FP), DI; MOVQ wstride+24(FP), BX; SHLQ $1, BX; MOVQ k+32(FP), CX; \
+	LEAQ (DI)(BX*1), R8; LEAQ (DI)(BX*2), R14; LEAQ (R8)(BX*2), R15; \
+	MOVQ CX, R9; SHLQ $3, R9; ADDQ DI, R9; \
+	MOVQ out+40(FP), DX; MOVQ ostride+48(FP), R10; SHLQ $2, R10
+
+// NEXT_BF16_QUAD moves the quad's row pointers on by eight bf16 weights
+// and the prefetch pointer by as many of the next quad's bytes.
+#define NEXT_BF16_QUAD \
+	ADDQ $16, DI; ADDQ $16, R8; ADDQ $16, R14; ADDQ $16, R15; ADDQ $64, R9
+
 // REDUCE_4ROWS reduces and stores four x rows' accumulators (zmm a-d,
 // weight row 0 in the low half and row 1 in the high half; ya-yd their
 // low halves) to DX with stride R10: the halves go to Y0-Y7 in the order
@@ -300,19 +316,7 @@ TEXT ·store2x8ZMM(SB), NOSPLIT|NOFRAME, $0-0
 // FMAs. The outputs are dot2x8BF16ZMM's for rows 0-1 and 2-3, bit for bit.
 TEXT ·dot4x8BF16ZMM(SB), NOSPLIT, $0-56
 	X_ROWS
-	MOVQ w+16(FP), DI
-	MOVQ wstride+24(FP), BX
-	SHLQ $1, BX
-	MOVQ k+32(FP), CX
-	LEAQ (DI)(BX*1), R8      // weight row 1
-	LEAQ (DI)(BX*2), R14     // weight row 2
-	LEAQ (R8)(BX*2), R15     // weight row 3
-	MOVQ CX, R9
-	SHLQ $3, R9
-	ADDQ DI, R9              // the quad after this one (rows of k), prefetched into L1
-	MOVQ out+40(FP), DX
-	MOVQ ostride+48(FP), R10
-	SHLQ $2, R10
+	BF16_QUAD_ARGS
 	ZERO_Z16_23
 	VPXORD Z24, Z24, Z24; VPXORD Z25, Z25, Z25; VPXORD Z26, Z26, Z26; VPXORD Z27, Z27, Z27
 	VPXORD Z28, Z28, Z28; VPXORD Z29, Z29, Z29; VPXORD Z30, Z30, Z30; VPXORD Z31, Z31, Z31
@@ -323,11 +327,7 @@ zq8loop:
 	PREFETCHT0 (R9)
 	WIDEN_BF16_QUAD
 	FMA_8ROWS_2W
-	ADDQ $16, DI
-	ADDQ $16, R8
-	ADDQ $16, R14
-	ADDQ $16, R15
-	ADDQ $64, R9
+	NEXT_BF16_QUAD
 	SUBQ $8, CX
 	JMP  zq8loop
 
@@ -348,19 +348,7 @@ TEXT ·dot4x4BF16ZMM(SB), NOSPLIT, $0-56
 	SHLQ $2, R11
 	LEAQ (SI)(R11*2), R12
 	ADDQ R11, R12            // x row 3
-	MOVQ w+16(FP), DI
-	MOVQ wstride+24(FP), BX
-	SHLQ $1, BX
-	MOVQ k+32(FP), CX
-	LEAQ (DI)(BX*1), R8      // weight row 1
-	LEAQ (DI)(BX*2), R14     // weight row 2
-	LEAQ (R8)(BX*2), R15     // weight row 3
-	MOVQ CX, R9
-	SHLQ $3, R9
-	ADDQ DI, R9              // the quad after this one, prefetched into L1
-	MOVQ out+40(FP), DX
-	MOVQ ostride+48(FP), R10
-	SHLQ $2, R10
+	BF16_QUAD_ARGS
 	VPXORD Z16, Z16, Z16; VPXORD Z17, Z17, Z17; VPXORD Z18, Z18, Z18; VPXORD Z19, Z19, Z19
 	VPXORD Z24, Z24, Z24; VPXORD Z25, Z25, Z25; VPXORD Z26, Z26, Z26; VPXORD Z27, Z27, Z27
 
@@ -383,11 +371,7 @@ zq4loop:
 	VFMADD231PS Z13, Z9, Z27
 	ADDQ $32, SI
 	ADDQ $32, R12
-	ADDQ $16, DI
-	ADDQ $16, R8
-	ADDQ $16, R14
-	ADDQ $16, R15
-	ADDQ $64, R9
+	NEXT_BF16_QUAD
 	SUBQ $8, CX
 	JMP  zq4loop
 
