@@ -172,17 +172,17 @@ func LoadWeights(b compute.Backend, cfg Config, src compute.Source) (*Weights, e
 		nope = append(nope, q[base:base+dn*qin]...)
 		rope = append(rope, q[base+dn*qin:base+(dn+dr)*qin]...)
 	}
-	w.QNope = ld.UploadAs(qdt, nope, h*dn, qin)
+	w.QNope = ld.LinearAs(qdt, nope, h*dn, qin)
 	if dr > 0 {
-		w.QRope = ld.UploadAs(qdt, rope, h*dr, qin)
+		w.QRope = ld.LinearAs(qdt, rope, h*dr, qin)
 	}
 	kva, kvadt := ld.HostStored("kv_a_proj_with_mqa.weight", dc+dr, d)
 	if ld.Err != nil {
 		return nil, fmt.Errorf("dsa: %w", ld.Err)
 	}
-	w.KVA = ld.UploadAs(kvadt, kva[:dc*d], dc, d)
+	w.KVA = ld.LinearAs(kvadt, kva[:dc*d], dc, d)
 	if dr > 0 {
-		w.KRope = ld.UploadAs(kvadt, kva[dc*d:], dr, d)
+		w.KRope = ld.LinearAs(kvadt, kva[dc*d:], dr, d)
 	}
 	w.KVANorm = ld.F32("kv_a_layernorm.weight", dc)
 	kvb, kvbdt := ld.HostStored("kv_b_proj.weight", h*(dn+dv), dc)
@@ -198,7 +198,7 @@ func LoadWeights(b compute.Backend, cfg Config, src compute.Source) (*Weights, e
 	for hh := 0; hh < h; hh++ {
 		uk = append(uk, kvb[hh*(dn+dv)*dc:(hh*(dn+dv)+dn)*dc]...)
 	}
-	w.UK = ld.UploadAs(kvbdt, uk, h*dn, dc)
+	w.UK = ld.LinearAs(kvbdt, uk, h*dn, dc)
 	if cfg.OutputGate {
 		w.G = ld.Linear("g_proj.weight", h*dv, d)
 	}

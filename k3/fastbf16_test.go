@@ -17,7 +17,11 @@ import (
 // model's logits over a 300-token held-out prefill within 2% of the logit
 // scale of the exact backend's, and differs from them where the CPU has
 // the bf16 dot product (so the fast path ran); decode steps, whose
-// products have fewer rows, stay bitwise exact.
+// products have fewer rows, keep x in float32: bitwise the exact backend's
+// where both keep the stored weight layout, and within float32 summation
+// error of it where the exact backend lays its weights out k-major (a
+// different order of the same sums; x rounded to bf16 would be ~100 times
+// further off).
 func TestFastBF16Backend(t *testing.T) {
 	ctx := context.Background()
 	text, err := os.ReadFile("../testdata/trained/heldout/cmd__compile__internal__test__divconst_test.go")
@@ -62,5 +66,14 @@ func TestFastBF16Backend(t *testing.T) {
 		_, err = b.Forward(ctx, []int32{id})
 		require.NoError(t, err)
 	}
-	assert.Equal(t, a.Logits(), b.Logits())
+	if !kernel.KMajorFast() {
+		assert.Equal(t, a.Logits(), b.Logits())
+		return
+	}
+	var dd float64
+	for i, v := range a.Logits() {
+		dd = math.Max(dd, math.Abs(float64(b.Logits()[i]-v)))
+	}
+	t.Logf("decode logits: max |fast - exact| %.3g", dd)
+	assert.Less(t, dd, 2e-6*scale)
 }

@@ -18,9 +18,12 @@ import (
 
 // buffer is the storage behind a tensor: exactly one slice is set.
 type buffer struct {
-	f32 []float32
-	u16 []uint16
-	i32 []int32
+	f32  []float32
+	u16  []uint16
+	i32  []int32
+	kmaj []uint16 // a bf16 weight in k-major panels (PrepareMatMul)
+
+	kmajN, kmajK int // the weight's shape, for kmaj
 }
 
 // Backend is the pure-Go backend.
@@ -271,6 +274,15 @@ func readF32(d []float32, src compute.Tensor) error {
 	case compute.F32:
 		copy(d, F32(src))
 	case compute.BF16:
+		if wp, err := kmajorOf(src); wp != nil || err != nil {
+			if err != nil {
+				return err
+			}
+			w := make([]uint16, src.Len())
+			kernel.UnpackKMajor(w, wp, src.Dims[0], src.Dims[1])
+			floatx.BF16ToF32(d, w)
+			return nil
+		}
 		floatx.BF16ToF32(d, U16(src))
 	case compute.F16:
 		floatx.F16ToF32(d, U16(src))

@@ -254,6 +254,12 @@ func expertRange(args *kernel.Args, lo, hi int) {
 // serialMatMul computes dst[m, N] = x[m, K] · wᵀ on the calling goroutine.
 func serialMatMul(dst, x []float32, w compute.Tensor, m int) error {
 	n, k := w.Dims[0], w.Dims[1]
+	if wp, err := kmajorOf(w); wp != nil || err != nil {
+		if err == nil {
+			kernel.MatMulKMajorSerial(dst, x, wp, m, n, k)
+		}
+		return err
+	}
 	switch w.DType {
 	case compute.F32:
 		kernel.MatMulSerial(dst, x, F32(w), m, n, k)
@@ -268,6 +274,12 @@ func serialMatMul(dst, x []float32, w compute.Tensor, m int) error {
 // matmulHost computes dst[m, N] = x[m, K] · wᵀ on host slices.
 func (b *Backend) matmulHost(dst, x []float32, w compute.Tensor, m int) error {
 	n, k := w.Dims[0], w.Dims[1]
+	if wp, err := kmajorOf(w); wp != nil || err != nil {
+		if err == nil {
+			b.pool.MatMulKMajor(dst, x, wp, m, n, k)
+		}
+		return err
+	}
 	switch w.DType {
 	case compute.F32:
 		b.pool.MatMul(dst, x, F32(w), m, n, k)

@@ -31,6 +31,12 @@ func (b *Backend) MatMul(dst, x, w compute.Tensor) error {
 	if err != nil {
 		return err
 	}
+	if wp, err := kmajorOf(w); wp != nil || err != nil {
+		if err == nil {
+			b.pool.MatMulKMajor(ds, xs, wp, m, n, k)
+		}
+		return err
+	}
 	switch w.DType {
 	case compute.F32:
 		b.pool.MatMul(ds, xs, F32(w), m, n, k)

@@ -12,7 +12,11 @@ import (
 // or cold (rotated over enough copies to defeat the cache), and reports
 // GFLOP/s, the share of the FMA peak and, cold, the share of the
 // bandwidth probed right before and after the loop.
-func benchBatchBF16(b *testing.B, m, n, k int, cold bool) {
+func benchBatchBF16(b *testing.B, m, n, k int, cold bool) { benchBF16Layout(b, m, n, k, cold, false) }
+
+// benchBF16Layout is benchBatchBF16 with the weights in their [n, k] layout
+// or, kmajor, packed k-major (MatMulKMajor).
+func benchBF16Layout(b *testing.B, m, n, k int, cold, kmajor bool) {
 	_, peak := Limits()
 	p := NewPool(0)
 	defer p.Close()
@@ -31,6 +35,11 @@ func benchBatchBF16(b *testing.B, m, n, k int, cold bool) {
 		for i := range ws[c] {
 			ws[c][i] = 0x3f80 + uint16((i+c)&63)
 		}
+		if kmajor {
+			wp := make([]uint16, KMajorLen(n, k))
+			PackKMajor(wp, ws[c], n, k)
+			ws[c] = wp
+		}
 	}
 	bw := 0.0
 	if cold {
@@ -38,7 +47,11 @@ func benchBatchBF16(b *testing.B, m, n, k int, cold bool) {
 	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		p.MatMulBF16(y, x, ws[i%copies], m, n, k)
+		if kmajor {
+			p.MatMulKMajor(y, x, ws[i%copies], m, n, k)
+		} else {
+			p.MatMulBF16(y, x, ws[i%copies], m, n, k)
+		}
 	}
 	sec := b.Elapsed().Seconds()
 	b.StopTimer()
@@ -48,6 +61,24 @@ func benchBatchBF16(b *testing.B, m, n, k int, cold bool) {
 	if cold {
 		bw = max(bw, BandwidthNow())
 		b.ReportMetric(float64(n*k*2)*float64(b.N)/sec/bw, "of_bandwidth")
+	}
+}
+
+// BenchmarkKMajorVsDot runs the products of bf16 weights in their own
+// layout (dot-form tiles, the packed GEMM from PackedMinRows rows) and
+// k-major (PackKMajor) side by side, cold, at a decode row, a decode
+// batch, a scheduler pass and a prefill chunk.
+func BenchmarkKMajorVsDot(b *testing.B) {
+	for _, sh := range [][2]int{{2304, 768}, {768, 2048}} {
+		for _, m := range []int{1, 2, 3, 4, 8, 24, 512} {
+			for _, kmajor := range []bool{false, true} {
+				name := fmt.Sprintf("n%d/k%d/m%d/dot", sh[0], sh[1], m)
+				if kmajor {
+					name = fmt.Sprintf("n%d/k%d/m%d/kmajor", sh[0], sh[1], m)
+				}
+				b.Run(name, func(b *testing.B) { benchBF16Layout(b, m, sh[0], sh[1], true, kmajor) })
+			}
+		}
 	}
 }
 

@@ -189,3 +189,31 @@ func dot4x8BF16ZMM(x *float32, xstride int, w *uint16, wstride, k int, out *floa
 func dot4x8F32ZMM(x *float32, xstride int, w *float32, wstride, k int, out *float32, ostride int) {
 	panic("kernel: no assembly on this platform")
 }
+
+func kmaj8(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func kmaj4(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func kmaj2(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func kmaj1(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func kmaj4x2(x *float32, xstride int, w *uint16, gap, k int, out *float32, ostride, ogap, acc int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func kmaj2x4(x *float32, xstride int, w *uint16, gap, k int, out *float32, ostride, ogap, acc int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func kmaj1x4(x *float32, xstride int, w *uint16, gap, k int, out *float32, ostride, ogap, acc int) {
+	panic("kernel: no assembly on this platform")
+}

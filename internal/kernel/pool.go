@@ -55,6 +55,7 @@ type Pool struct {
 	closed  atomic.Bool
 	gemm    gemmJob
 	fast    fastJob
+	kmaj    kmajJob
 }
 
 // NewPool starts a pool of n workers in all (the caller counts as one);

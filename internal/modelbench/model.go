@@ -299,7 +299,7 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 	if r.Chat, err = Chat(ctx, dir, 1000, 64, 24); err != nil {
 		return nil, err
 	}
-	for _, chunk := range []int{8, 12, 16, 32} {
+	for _, chunk := range []int{8, 16, 20, 24, 32} {
 		log(fmt.Sprintf("scheduler: 8 streams and a 4,096-token prompt in chunks of %d...", chunk))
 		sr, err := Schedule(ctx, m, 8, 4096, chunk)
 		if err != nil {

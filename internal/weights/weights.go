@@ -97,6 +97,20 @@ func (l *Loader) UploadAs(dt compute.DType, v []float32, dims ...int) compute.Te
 	return t
 }
 
+// LinearAs is UploadAs for a projection weight [N, K] that only MatMul
+// will read, laid out for the backend as Linear's are.
+func (l *Loader) LinearAs(dt compute.DType, v []float32, dims ...int) compute.Tensor {
+	t := l.UploadAs(dt, v, dims...)
+	if l.Err != nil {
+		return t
+	}
+	p, err := compute.PrepareMatMul(l.B, t)
+	if err != nil {
+		l.Err = fmt.Errorf("weights: a %v projection: %w", dims, err)
+	}
+	return p
+}
+
 // Upload makes a float32 tensor from host values computed at load time.
 func (l *Loader) Upload(v []float32, dims ...int) compute.Tensor {
 	if l.Err != nil {

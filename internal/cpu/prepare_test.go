@@ -1,0 +1,100 @@
+package cpu
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"k3/compute"
+	"k3/internal/floatx"
+	"k3/internal/kernel"
+)
+
+// bf16Weight uploads a random bf16 weight [n, k] and returns it with its
+// values.
+func bf16Weight(t *testing.T, b *Backend, r *rand.Rand, n, k int) (compute.Tensor, []float32) {
+	t.Helper()
+	data := make([]byte, 2*n*k)
+	vals := make([]float32, n*k)
+	for i := range vals {
+		h := floatx.BF16(float32(r.NormFloat64()))
+		vals[i] = floatx.FromBF16(h)
+		data[2*i], data[2*i+1] = byte(h), byte(h>>8)
+	}
+	w, err := b.FromHost(compute.BF16, compute.BF16, data, n, k)
+	require.NoError(t, err)
+	return w, vals
+}
+
+// TestPrepareMatMul: a prepared bf16 weight reads back as the weight,
+// its products agree with the stored layout's within float32 summation
+// error and give every row of up to 100 its result alone, bit for bit; a
+// view of it is refused; f32 weights and the fast-bf16 backend keep theirs.
+func TestPrepareMatMul(t *testing.T) {
+	b := New(2)
+	defer b.Close()
+	r := rand.New(rand.NewPCG(7, 8))
+	const n, k = 200, 96
+	w, vals := bf16Weight(t, b, r, n, k)
+	p, err := b.PrepareMatMul(w)
+	require.NoError(t, err)
+	if !kernel.KMajorFast() {
+		assert.Equal(t, w, p, "without the k-major tiles the weight stays as stored")
+		t.Skip("the k-major tiles do not run on this path")
+	}
+	require.Equal(t, w.Dims, p.Dims)
+	back := make([]float32, n*k)
+	require.NoError(t, b.Read(back, p))
+	require.Equal(t, vals, back)
+
+	const most = 100
+	xs := make([]float32, most*k)
+	for i := range xs {
+		xs[i] = float32(r.NormFloat64())
+	}
+	x, err := b.Alloc(compute.F32, most, k)
+	require.NoError(t, err)
+	require.NoError(t, b.Write(x, xs))
+	stored, err := b.Alloc(compute.F32, most, n)
+	require.NoError(t, err)
+	prepared, err := b.Alloc(compute.F32, most, n)
+	require.NoError(t, err)
+	require.NoError(t, b.MatMul(stored, x, w))
+	require.NoError(t, b.MatMul(prepared, x, p))
+	got, want := F32(prepared), F32(stored)
+	for i := range want {
+		var mag float64
+		for q := 0; q < k; q++ {
+			mag += math.Abs(float64(xs[i/n*k+q] * vals[i%n*k+q]))
+		}
+		require.InDelta(t, want[i], got[i], float64(k)*0x1p-23*mag, "element %d", i)
+	}
+	one, err := b.Alloc(compute.F32, 1, n)
+	require.NoError(t, err)
+	for i := 0; i < most; i++ {
+		require.NoError(t, b.MatMul(one, x.Rows(i, i+1), p))
+		require.Equal(t, got[i*n:(i+1)*n], F32(one), "row %d alone", i)
+	}
+
+	wide, err := b.Alloc(compute.F32, 2, 2*n)
+	require.NoError(t, err)
+	err = b.MatMul(wide, x.Rows(0, 1).Reshape(2, k/2), p.Reshape(2*n, k/2))
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, compute.ErrShape), "%v", err)
+
+	f, err := b.Alloc(compute.F32, n, k)
+	require.NoError(t, err)
+	pf, err := b.PrepareMatMul(f)
+	require.NoError(t, err)
+	assert.Equal(t, f, pf)
+	fast := NewFastBF16(1)
+	defer fast.Close()
+	wf, _ := bf16Weight(t, fast, r, n, k)
+	pw, err := fast.PrepareMatMul(wf)
+	require.NoError(t, err)
+	assert.Equal(t, wf, pw)
+}

@@ -1,0 +1,257 @@
+package kernel
+
+import (
+	"math"
+	"sync"
+)
+
+// K-major bf16 weights serve every product of a prepared weight, whatever
+// its row count: a weight [N, K] is stored as panels of KMajorPanel weight
+// rows, each panel [K][KMajorPanel] (PackKMajor), and each output is one
+// FMA chain over k in order, starting from zero. The register tiles take
+// eight, four, two or one x rows against one panel, and none of that
+// changes a result's bits: a row's outputs are the same alone, in a decode
+// batch, in a scheduler's mixed pass or in a prefill chunk of any length.
+const KMajorPanel = 48
+
+const (
+	kmajKC = 1024 // k block: four panels' blocks (384 KB) stay in L2 across the row groups
+	kmajMC = 64   // x rows per work item: their k block stays in L2 across the panels
+)
+
+// KMajorLen returns the length of the k-major form of an [n, k] weight.
+func KMajorLen(n, k int) int {
+	return (n + KMajorPanel - 1) / KMajorPanel * KMajorPanel * k
+}
+
+// PackKMajor writes w [n, k] in k-major form into dst (KMajorLen(n, k)
+// long): panel p, element (kk, j) is w[48p+j][kk], zero where 48p+j >= n.
+func PackKMajor(dst, w []uint16, n, k int) {
+	if len(dst) != KMajorLen(n, k) || len(w) < n*k {
+		panic("kernel: PackKMajor operand too short")
+	}
+	for p := 0; p*KMajorPanel < n; p++ {
+		panel := dst[p*KMajorPanel*k : (p+1)*KMajorPanel*k]
+		cols := min(KMajorPanel, n-p*KMajorPanel)
+		if cols < KMajorPanel {
+			clear(panel)
+		}
+		for j := 0; j < cols; j++ {
+			row := w[(p*KMajorPanel+j)*k : (p*KMajorPanel+j+1)*k]
+			for kk, v := range row {
+				panel[kk*KMajorPanel+j] = v
+			}
+		}
+	}
+}
+
+// UnpackKMajor is PackKMajor's inverse: it writes the [n, k] weight that wp
+// holds in k-major form into w.
+func UnpackKMajor(w, wp []uint16, n, k int) {
+	if len(wp) != KMajorLen(n, k) || len(w) < n*k {
+		panic("kernel: UnpackKMajor operand too short")
+	}
+	for r := 0; r < n; r++ {
+		p, j := r/KMajorPanel, r%KMajorPanel
+		panel := wp[p*KMajorPanel*k:]
+		row := w[r*k : (r+1)*k]
+		for kk := range row {
+			row[kk] = panel[kk*KMajorPanel+j]
+		}
+	}
+}
+
+// KMajorFast reports whether the k-major products run on the 512-bit
+// tiles here. A backend lays its bf16 weights out k-major only then:
+// elsewhere the plain-Go twin below serves, correct but slow.
+func KMajorFast() bool { return hasZMM && wideFMA() }
+
+// kmajJob is one k-major product. The pool owns one, so a product
+// allocates nothing.
+type kmajJob struct {
+	mu      sync.Mutex // held for the whole product
+	dst, x  []float32
+	w       []uint16
+	m, n, k int
+	panels  int
+}
+
+// MatMulKMajor computes dst[m, n] = x[m, k] · wᵀ for a bf16 weight w [n, k]
+// in k-major form (PackKMajor).
+func (p *Pool) MatMulKMajor(dst, x []float32, wp []uint16, m, n, k int) {
+	checkKMajor(len(dst), len(x), len(wp), m, n, k)
+	if m == 0 || n == 0 {
+		return
+	}
+	j := &p.kmaj
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.dst, j.x, j.w, j.m, j.n, j.k = dst, x, wp, m, n, k
+	j.panels = (n + KMajorPanel - 1) / KMajorPanel
+	blocks := (m + kmajMC - 1) / kmajMC
+	p.Run(kmajRange, Args{Job: j}, blocks*j.panels, 1)
+	j.dst, j.x, j.w = nil, nil, nil
+}
+
+// MatMulKMajorSerial is MatMulKMajor on the calling goroutine alone.
+func MatMulKMajorSerial(dst, x []float32, wp []uint16, m, n, k int) {
+	checkKMajor(len(dst), len(x), len(wp), m, n, k)
+	if m == 0 || n == 0 {
+		return
+	}
+	j := kmajJob{dst: dst, x: x, w: wp, m: m, n: n, k: k, panels: (n + KMajorPanel - 1) / KMajorPanel}
+	blocks := (m + kmajMC - 1) / kmajMC
+	a := Args{Job: &j}
+	kmajRange(&a, 0, blocks*j.panels)
+}
+
+func checkKMajor(nd, nx, nw, m, n, k int) {
+	if nd < m*n || nx < m*k || nw != KMajorLen(n, k) {
+		panic("kernel: MatMulKMajor operand too short")
+	}
+}
+
+// kmajRange computes work items [lo, hi): item i is the panel i mod panels
+// for the block of x rows i / panels.
+func kmajRange(a *Args, lo, hi int) {
+	j := a.Job.(*kmajJob)
+	for it := lo; it < hi; {
+		p, mb := it%j.panels, it/j.panels
+		pe := min(j.panels, p+hi-it)
+		kmajBlock(j, mb*kmajMC, min(j.m, (mb+1)*kmajMC), p, pe)
+		it += pe - p
+	}
+}
+
+// kmajStreams is how many panels a product of fewer than eight rows reads
+// at once: one weight stream per core reaches about two thirds of the
+// memory's rate, four reach all of it (BenchmarkKMajorVsDot).
+const kmajStreams = 4
+
+// kmajBlock computes x rows [r0, r1) against panels [p0, p1).
+func kmajBlock(j *kmajJob, r0, r1, p0, p1 int) {
+	k, n := j.k, j.n
+	rows := r1 - r0
+	full := min(p1, n/KMajorPanel) // panels [p0, full) have 48 columns
+	x := j.x[r0*k:]
+	out := j.dst[r0*n:]
+	p := p0
+	if rows < 8 && hasZMM && !kmajGo {
+		// Four runs of panels read side by side, one panel of each per
+		// step, every row group meeting the step's panels (k-blocked so
+		// that they stay in L2) before the next.
+		g := (full - p0) / kmajStreams
+		pstride := KMajorPanel * k
+		for i := 0; i < g; i++ {
+			q := p0 + i
+			for kb := 0; kb < k; kb += kmajKC {
+				kn := min(kmajKC, k-kb)
+				ac := 0
+				if kb > 0 {
+					ac = 1
+				}
+				w := j.w[q*pstride+kb*KMajorPanel:]
+				o := out[q*KMajorPanel:]
+				gap, ogap := g*pstride, g*KMajorPanel
+				r := 0
+				for ; r+4 <= rows; r += 4 {
+					kmaj4x2(&x[r*k+kb], k, &w[0], gap, kn, &o[r*n], n, ogap, ac)
+					kmaj4x2(&x[r*k+kb], k, &w[2*gap], gap, kn, &o[r*n+2*ogap], n, ogap, ac)
+				}
+				if r+2 <= rows {
+					kmaj2x4(&x[r*k+kb], k, &w[0], gap, kn, &o[r*n], n, ogap, ac)
+					r += 2
+				}
+				if r < rows {
+					kmaj1x4(&x[r*k+kb], k, &w[0], gap, kn, &o[r*n], n, ogap, ac)
+				}
+			}
+		}
+		// The runs covered panels [p0, p0+g) and every g-th after; what is
+		// left starts at p0 + 4g.
+		p = p0 + kmajStreams*g
+	}
+	for ; p < full; p++ {
+		panel := j.w[p*KMajorPanel*k:]
+		for kb := 0; kb < k; kb += kmajKC {
+			kmajRows(x[kb:], k, rows, panel[kb*KMajorPanel:], min(kmajKC, k-kb), out[p*KMajorPanel:], n, kb > 0)
+		}
+	}
+	if p < p1 {
+		// The last panel, narrower than 48 columns: through a buffer.
+		var edge [8 * KMajorPanel]float32
+		c0 := p * KMajorPanel
+		cols := n - c0
+		panel := j.w[c0*k:]
+		for r := 0; r < rows; r += 8 {
+			rr := min(8, rows-r)
+			for kb := 0; kb < k; kb += kmajKC {
+				kmajRows(x[r*k+kb:], k, rr, panel[kb*KMajorPanel:], min(kmajKC, k-kb), edge[:], KMajorPanel, kb > 0)
+			}
+			for q := 0; q < rr; q++ {
+				copy(out[(r+q)*n+c0:(r+q)*n+c0+cols], edge[q*KMajorPanel:])
+			}
+		}
+	}
+}
+
+// kmajRows runs rows x rows (stride xs) against one panel block of kn
+// steps, writing 48 outputs per row at out (stride os); acc continues the
+// chains from out.
+func kmajRows(x []float32, xs, rows int, w []uint16, kn int, out []float32, os int, acc bool) {
+	if !hasZMM || kmajGo {
+		kmajRowsGo(x, xs, rows, w, kn, out, os, acc)
+		return
+	}
+	ac := 0
+	if acc {
+		ac = 1
+	}
+	r := 0
+	for ; r+8 <= rows; r += 8 {
+		kmaj8(&x[r*xs], xs, &w[0], kn, &out[r*os], os, ac)
+	}
+	if r+4 <= rows {
+		kmaj4(&x[r*xs], xs, &w[0], kn, &out[r*os], os, ac)
+		r += 4
+	}
+	if r+2 <= rows {
+		kmaj2(&x[r*xs], xs, &w[0], kn, &out[r*os], os, ac)
+		r += 2
+	}
+	if r < rows {
+		kmaj1(&x[r*xs], xs, &w[0], kn, &out[r*os], os, ac)
+	}
+}
+
+// kmajGo forces the plain-Go twin, for tests.
+var kmajGo bool
+
+// kmajRowsGo is the plain-Go twin of the tiles: the same FMA chains.
+func kmajRowsGo(x []float32, xs, rows int, w []uint16, kn int, out []float32, os int, acc bool) {
+	var s [KMajorPanel]float32
+	for r := 0; r < rows; r++ {
+		o := out[r*os : r*os+KMajorPanel]
+		if acc {
+			copy(s[:], o)
+		} else {
+			s = [KMajorPanel]float32{}
+		}
+		xr := x[r*xs : r*xs+kn]
+		for kk, xv := range xr {
+			wk := w[kk*KMajorPanel : (kk+1)*KMajorPanel]
+			for c := range s {
+				s[c] = fma32(xv, bf16(wk[c]), s[c])
+			}
+		}
+		copy(o, s[:])
+	}
+}
+
+// fma32 is a float32 fused multiply-add. The product of two float32 values
+// is exact in float64, so one float64 FMA rounds the sum once to float64
+// and then to float32; the two roundings differ from one only when the
+// first lands exactly half-way between two float32 values.
+func fma32(a, b, c float32) float32 {
+	return float32(math.FMA(float64(a), float64(b), float64(c)))
+}

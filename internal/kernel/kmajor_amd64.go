@@ -1,0 +1,30 @@
+//go:build !purego
+
+package kernel
+
+// The k-major tiles (kmajor_amd64.s) run x rows against one 48-row panel
+// of k-major bf16 weights for k steps; acc != 0 continues from out.
+
+//go:noescape
+func kmaj8(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int)
+
+//go:noescape
+func kmaj4(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int)
+
+//go:noescape
+func kmaj2(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int)
+
+//go:noescape
+func kmaj1(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int)
+
+// The multi-stream tiles run R x rows against one panel in each of S
+// streams, gap elements apart, writing stream s's outputs at out + s·ogap.
+
+//go:noescape
+func kmaj4x2(x *float32, xstride int, w *uint16, gap, k int, out *float32, ostride, ogap, acc int)
+
+//go:noescape
+func kmaj2x4(x *float32, xstride int, w *uint16, gap, k int, out *float32, ostride, ogap, acc int)
+
+//go:noescape
+func kmaj1x4(x *float32, xstride int, w *uint16, gap, k int, out *float32, ostride, ogap, acc int)

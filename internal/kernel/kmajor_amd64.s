@@ -1,0 +1,481 @@
+//go:build !purego
+
+#include "textflag.h"
+
+// Products over k-major bf16 weights (PackKMajor: panels of 48 weight rows
+// stored [k][48]). Each output is one FMA chain over k in order: the lanes
+// hold 48 outputs of one x row, every step broadcasts x[k] and multiplies it
+// by the 48 weights of that k. The tile shape (how many x rows share a
+// widened weight vector) therefore never changes a result's bits.
+//
+// Registers: Z0-Z2 the widened weights of one k, Z3-Z7 broadcasts, Z8-Z31
+// accumulators (three per x row). With acc != 0 the chains continue from
+// the values in out (a product blocked over k), else they start at zero.
+
+#define WIDEN3 \
+	VPMOVZXWD (DI), Z0; VPSLLD $16, Z0, Z0; \
+	VPMOVZXWD 32(DI), Z1; VPSLLD $16, Z1, Z1; \
+	VPMOVZXWD 64(DI), Z2; VPSLLD $16, Z2, Z2
+
+#define FMA3(b, a0, a1, a2) \
+	VFMADD231PS b, Z0, a0; VFMADD231PS b, Z1, a1; VFMADD231PS b, Z2, a2
+
+#define ZERO3(a0, a1, a2) \
+	VPXORD a0, a0, a0; VPXORD a1, a1, a1; VPXORD a2, a2, a2
+
+#define LOAD3(a0, a1, a2) \
+	VMOVUPS (DX), a0; VMOVUPS 64(DX), a1; VMOVUPS 128(DX), a2; ADDQ R10, DX
+
+#define STORE3(a0, a1, a2) \
+	VMOVUPS a0, (DX); VMOVUPS a1, 64(DX); VMOVUPS a2, 128(DX); ADDQ R10, DX
+
+// ARGS loads the common arguments: SI x, R11 x stride in bytes, DI w,
+// CX k, DX out, R10 out stride in bytes, AX acc.
+#define ARGS \
+	MOVQ x+0(FP), SI; MOVQ xstride+8(FP), R11; SHLQ $2, R11; \
+	MOVQ w+16(FP), DI; MOVQ k+24(FP), CX; \
+	MOVQ out+32(FP), DX; MOVQ ostride+40(FP), R10; SHLQ $2, R10; \
+	MOVQ acc+48(FP), AX
+
+// MARGS loads: SI x, R11 x stride (bytes), DI w, BX gap (bytes), CX k,
+// DX out, R10 out stride (bytes), R14 ogap (bytes), AX acc.
+#define MARGS \
+	MOVQ x+0(FP), SI; MOVQ xstride+8(FP), R11; SHLQ $2, R11; \
+	MOVQ w+16(FP), DI; MOVQ gap+24(FP), BX; SHLQ $1, BX; MOVQ k+32(FP), CX; \
+	MOVQ out+40(FP), DX; MOVQ ostride+48(FP), R10; SHLQ $2, R10; \
+	MOVQ ogap+56(FP), R14; SHLQ $2, R14; MOVQ acc+64(FP), AX
+
+// func kmaj8(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int)
+TEXT ·kmaj8(SB), NOSPLIT, $0-56
+	ARGS
+	LEAQ (SI)(R11*2), R12
+	ADDQ R11, R12         // row 3
+	LEAQ (R12)(R11*2), R13
+	ADDQ R11, R13         // row 6
+	MOVQ DX, R9
+	TESTQ AX, AX
+	JZ    zero8
+	LOAD3(Z8, Z9, Z10)
+	LOAD3(Z11, Z12, Z13)
+	LOAD3(Z14, Z15, Z16)
+	LOAD3(Z17, Z18, Z19)
+	LOAD3(Z20, Z21, Z22)
+	LOAD3(Z23, Z24, Z25)
+	LOAD3(Z26, Z27, Z28)
+	LOAD3(Z29, Z30, Z31)
+	MOVQ R9, DX
+	JMP  loop8
+
+zero8:
+	ZERO3(Z8, Z9, Z10)
+	ZERO3(Z11, Z12, Z13)
+	ZERO3(Z14, Z15, Z16)
+	ZERO3(Z17, Z18, Z19)
+	ZERO3(Z20, Z21, Z22)
+	ZERO3(Z23, Z24, Z25)
+	ZERO3(Z26, Z27, Z28)
+	ZERO3(Z29, Z30, Z31)
+
+loop8:
+	TESTQ CX, CX
+	JZ    done8
+	PREFETCHT0 1536(DI)
+	PREFETCHT0 1600(DI)
+	WIDEN3
+	VBROADCASTSS (SI), Z3
+	FMA3(Z3, Z8, Z9, Z10)
+	VBROADCASTSS (SI)(R11*1), Z4
+	FMA3(Z4, Z11, Z12, Z13)
+	VBROADCASTSS (SI)(R11*2), Z5
+	FMA3(Z5, Z14, Z15, Z16)
+	VBROADCASTSS (R12), Z6
+	FMA3(Z6, Z17, Z18, Z19)
+	VBROADCASTSS (SI)(R11*4), Z7
+	FMA3(Z7, Z20, Z21, Z22)
+	VBROADCASTSS (R12)(R11*2), Z3
+	FMA3(Z3, Z23, Z24, Z25)
+	VBROADCASTSS (R13), Z4
+	FMA3(Z4, Z26, Z27, Z28)
+	VBROADCASTSS (R13)(R11*1), Z5
+	FMA3(Z5, Z29, Z30, Z31)
+	ADDQ $96, DI
+	ADDQ $4, SI
+	ADDQ $4, R12
+	ADDQ $4, R13
+	DECQ CX
+	JMP  loop8
+
+done8:
+	STORE3(Z8, Z9, Z10)
+	STORE3(Z11, Z12, Z13)
+	STORE3(Z14, Z15, Z16)
+	STORE3(Z17, Z18, Z19)
+	STORE3(Z20, Z21, Z22)
+	STORE3(Z23, Z24, Z25)
+	STORE3(Z26, Z27, Z28)
+	STORE3(Z29, Z30, Z31)
+	VZEROUPPER
+	RET
+
+// func kmaj4(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int)
+TEXT ·kmaj4(SB), NOSPLIT, $0-56
+	ARGS
+	LEAQ (SI)(R11*2), R12
+	ADDQ R11, R12         // row 3
+	MOVQ DX, R9
+	TESTQ AX, AX
+	JZ    zero4
+	LOAD3(Z8, Z9, Z10)
+	LOAD3(Z11, Z12, Z13)
+	LOAD3(Z14, Z15, Z16)
+	LOAD3(Z17, Z18, Z19)
+	MOVQ R9, DX
+	JMP  loop4
+
+zero4:
+	ZERO3(Z8, Z9, Z10)
+	ZERO3(Z11, Z12, Z13)
+	ZERO3(Z14, Z15, Z16)
+	ZERO3(Z17, Z18, Z19)
+
+loop4:
+	TESTQ CX, CX
+	JZ    done4
+	PREFETCHT0 1536(DI)
+	PREFETCHT0 1600(DI)
+	WIDEN3
+	VBROADCASTSS (SI), Z3
+	FMA3(Z3, Z8, Z9, Z10)
+	VBROADCASTSS (SI)(R11*1), Z4
+	FMA3(Z4, Z11, Z12, Z13)
+	VBROADCASTSS (SI)(R11*2), Z5
+	FMA3(Z5, Z14, Z15, Z16)
+	VBROADCASTSS (R12), Z6
+	FMA3(Z6, Z17, Z18, Z19)
+	ADDQ $96, DI
+	ADDQ $4, SI
+	ADDQ $4, R12
+	DECQ CX
+	JMP  loop4
+
+done4:
+	STORE3(Z8, Z9, Z10)
+	STORE3(Z11, Z12, Z13)
+	STORE3(Z14, Z15, Z16)
+	STORE3(Z17, Z18, Z19)
+	VZEROUPPER
+	RET
+
+// func kmaj2(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int)
+TEXT ·kmaj2(SB), NOSPLIT, $0-56
+	ARGS
+	MOVQ DX, R9
+	TESTQ AX, AX
+	JZ    zero2
+	LOAD3(Z8, Z9, Z10)
+	LOAD3(Z11, Z12, Z13)
+	MOVQ R9, DX
+	JMP  loop2
+
+zero2:
+	ZERO3(Z8, Z9, Z10)
+	ZERO3(Z11, Z12, Z13)
+
+loop2:
+	TESTQ CX, CX
+	JZ    done2
+	PREFETCHT0 1536(DI)
+	PREFETCHT0 1600(DI)
+	WIDEN3
+	VBROADCASTSS (SI), Z3
+	FMA3(Z3, Z8, Z9, Z10)
+	VBROADCASTSS (SI)(R11*1), Z4
+	FMA3(Z4, Z11, Z12, Z13)
+	ADDQ $96, DI
+	ADDQ $4, SI
+	DECQ CX
+	JMP  loop2
+
+done2:
+	STORE3(Z8, Z9, Z10)
+	STORE3(Z11, Z12, Z13)
+	VZEROUPPER
+	RET
+
+// func kmaj1(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int)
+TEXT ·kmaj1(SB), NOSPLIT, $0-56
+	ARGS
+	MOVQ DX, R9
+	TESTQ AX, AX
+	JZ    zero1
+	LOAD3(Z8, Z9, Z10)
+	MOVQ R9, DX
+	JMP  loop1
+
+zero1:
+	ZERO3(Z8, Z9, Z10)
+
+loop1:
+	TESTQ CX, CX
+	JZ    done1
+	PREFETCHT0 1536(DI)
+	PREFETCHT0 1600(DI)
+	WIDEN3
+	VBROADCASTSS (SI), Z3
+	FMA3(Z3, Z8, Z9, Z10)
+	ADDQ $96, DI
+	ADDQ $4, SI
+	DECQ CX
+	JMP  loop1
+
+done1:
+	STORE3(Z8, Z9, Z10)
+	VZEROUPPER
+	RET
+
+// The multi-stream tiles run R x rows against one panel in each of S
+// streams (gap bytes apart, their outputs ogap bytes apart), R·S = 8: a
+// decode batch's few rows then read the weights as several streams, which
+// memory serves at its full rate (one stream per core reaches about two
+// thirds of it).
+//
+#define WIDEN3AT(base) \
+	VPMOVZXWD (base), Z0; VPSLLD $16, Z0, Z0; \
+	VPMOVZXWD 32(base), Z1; VPSLLD $16, Z1, Z1; \
+	VPMOVZXWD 64(base), Z2; VPSLLD $16, Z2, Z2
+
+#define PF2(base) PREFETCHT0 1536(base); PREFETCHT0 1600(base)
+
+// INIT3/FLUSH3 load or zero, and store, three accumulators of one row at
+// (R15), stepping R15 by the out stride.
+#define INIT3(a0, a1, a2) \
+	VMOVUPS (R15), a0; VMOVUPS 64(R15), a1; VMOVUPS 128(R15), a2; ADDQ R10, R15
+#define FLUSH3(a0, a1, a2) \
+	VMOVUPS a0, (R15); VMOVUPS a1, 64(R15); VMOVUPS a2, 128(R15); ADDQ R10, R15
+
+// func kmaj4x2(x *float32, xstride int, w *uint16, gap, k int, out *float32, ostride, ogap, acc int)
+TEXT ·kmaj4x2(SB), NOSPLIT, $0-72
+	MARGS
+	LEAQ (SI)(R11*2), R12
+	ADDQ R11, R12          // row 3
+	LEAQ (DI)(BX*1), R8    // stream 1
+	TESTQ AX, AX
+	JZ    zero42
+	MOVQ DX, R15
+	INIT3(Z8, Z9, Z10)
+	INIT3(Z11, Z12, Z13)
+	INIT3(Z14, Z15, Z16)
+	INIT3(Z17, Z18, Z19)
+	LEAQ (DX)(R14*1), R15
+	INIT3(Z20, Z21, Z22)
+	INIT3(Z23, Z24, Z25)
+	INIT3(Z26, Z27, Z28)
+	INIT3(Z29, Z30, Z31)
+	JMP  loop42
+
+zero42:
+	ZERO3(Z8, Z9, Z10)
+	ZERO3(Z11, Z12, Z13)
+	ZERO3(Z14, Z15, Z16)
+	ZERO3(Z17, Z18, Z19)
+	ZERO3(Z20, Z21, Z22)
+	ZERO3(Z23, Z24, Z25)
+	ZERO3(Z26, Z27, Z28)
+	ZERO3(Z29, Z30, Z31)
+
+loop42:
+	TESTQ CX, CX
+	JZ    done42
+	PF2(DI)
+	PF2(R8)
+	VBROADCASTSS (SI), Z3
+	VBROADCASTSS (SI)(R11*1), Z4
+	VBROADCASTSS (SI)(R11*2), Z5
+	VBROADCASTSS (R12), Z6
+	WIDEN3AT(DI)
+	FMA3(Z3, Z8, Z9, Z10)
+	FMA3(Z4, Z11, Z12, Z13)
+	FMA3(Z5, Z14, Z15, Z16)
+	FMA3(Z6, Z17, Z18, Z19)
+	WIDEN3AT(R8)
+	FMA3(Z3, Z20, Z21, Z22)
+	FMA3(Z4, Z23, Z24, Z25)
+	FMA3(Z5, Z26, Z27, Z28)
+	FMA3(Z6, Z29, Z30, Z31)
+	ADDQ $96, DI
+	ADDQ $96, R8
+	ADDQ $4, SI
+	ADDQ $4, R12
+	DECQ CX
+	JMP  loop42
+
+done42:
+	MOVQ DX, R15
+	FLUSH3(Z8, Z9, Z10)
+	FLUSH3(Z11, Z12, Z13)
+	FLUSH3(Z14, Z15, Z16)
+	FLUSH3(Z17, Z18, Z19)
+	LEAQ (DX)(R14*1), R15
+	FLUSH3(Z20, Z21, Z22)
+	FLUSH3(Z23, Z24, Z25)
+	FLUSH3(Z26, Z27, Z28)
+	FLUSH3(Z29, Z30, Z31)
+	VZEROUPPER
+	RET
+
+// func kmaj2x4(x *float32, xstride int, w *uint16, gap, k int, out *float32, ostride, ogap, acc int)
+TEXT ·kmaj2x4(SB), NOSPLIT, $0-72
+	MARGS
+	LEAQ (DI)(BX*1), R8    // streams 1-3
+	LEAQ (R8)(BX*1), R9
+	LEAQ (R9)(BX*1), R13
+	TESTQ AX, AX
+	JZ    zero24
+	MOVQ DX, R15
+	INIT3(Z8, Z9, Z10)
+	INIT3(Z11, Z12, Z13)
+	LEAQ (DX)(R14*1), R15
+	INIT3(Z14, Z15, Z16)
+	INIT3(Z17, Z18, Z19)
+	LEAQ (DX)(R14*2), R15
+	INIT3(Z20, Z21, Z22)
+	INIT3(Z23, Z24, Z25)
+	LEAQ (DX)(R14*2), R15
+	ADDQ R14, R15
+	INIT3(Z26, Z27, Z28)
+	INIT3(Z29, Z30, Z31)
+	JMP  loop24
+
+zero24:
+	ZERO3(Z8, Z9, Z10)
+	ZERO3(Z11, Z12, Z13)
+	ZERO3(Z14, Z15, Z16)
+	ZERO3(Z17, Z18, Z19)
+	ZERO3(Z20, Z21, Z22)
+	ZERO3(Z23, Z24, Z25)
+	ZERO3(Z26, Z27, Z28)
+	ZERO3(Z29, Z30, Z31)
+
+loop24:
+	TESTQ CX, CX
+	JZ    done24
+	PF2(DI)
+	PF2(R8)
+	PF2(R9)
+	PF2(R13)
+	VBROADCASTSS (SI), Z3
+	VBROADCASTSS (SI)(R11*1), Z4
+	WIDEN3AT(DI)
+	FMA3(Z3, Z8, Z9, Z10)
+	FMA3(Z4, Z11, Z12, Z13)
+	WIDEN3AT(R8)
+	FMA3(Z3, Z14, Z15, Z16)
+	FMA3(Z4, Z17, Z18, Z19)
+	WIDEN3AT(R9)
+	FMA3(Z3, Z20, Z21, Z22)
+	FMA3(Z4, Z23, Z24, Z25)
+	WIDEN3AT(R13)
+	FMA3(Z3, Z26, Z27, Z28)
+	FMA3(Z4, Z29, Z30, Z31)
+	ADDQ $96, DI
+	ADDQ $96, R8
+	ADDQ $96, R9
+	ADDQ $96, R13
+	ADDQ $4, SI
+	DECQ CX
+	JMP  loop24
+
+done24:
+	MOVQ DX, R15
+	FLUSH3(Z8, Z9, Z10)
+	FLUSH3(Z11, Z12, Z13)
+	LEAQ (DX)(R14*1), R15
+	FLUSH3(Z14, Z15, Z16)
+	FLUSH3(Z17, Z18, Z19)
+	LEAQ (DX)(R14*2), R15
+	FLUSH3(Z20, Z21, Z22)
+	FLUSH3(Z23, Z24, Z25)
+	LEAQ (DX)(R14*2), R15
+	ADDQ R14, R15
+	FLUSH3(Z26, Z27, Z28)
+	FLUSH3(Z29, Z30, Z31)
+	VZEROUPPER
+	RET
+
+// func kmaj1x4(x *float32, xstride int, w *uint16, gap, k int, out *float32, ostride, ogap, acc int)
+TEXT ·kmaj1x4(SB), NOSPLIT, $0-72
+	MARGS
+	LEAQ (DI)(BX*1), R8
+	LEAQ (R8)(BX*1), R9
+	LEAQ (R9)(BX*1), R13
+	TESTQ AX, AX
+	JZ    zero14
+	MOVQ DX, R15
+	INIT3(Z20, Z21, Z22)
+	LEAQ (DX)(R14*1), R15
+	INIT3(Z23, Z24, Z25)
+	LEAQ (DX)(R14*2), R15
+	INIT3(Z26, Z27, Z28)
+	ADDQ R14, R15
+	SUBQ R10, R15
+	INIT3(Z29, Z30, Z31)
+	JMP  loop14
+
+zero14:
+	ZERO3(Z20, Z21, Z22)
+	ZERO3(Z23, Z24, Z25)
+	ZERO3(Z26, Z27, Z28)
+	ZERO3(Z29, Z30, Z31)
+
+loop14:
+	TESTQ CX, CX
+	JZ    done14
+	PF2(DI)
+	PF2(R8)
+	PF2(R9)
+	PF2(R13)
+	VBROADCASTSS (SI), Z3
+	VPMOVZXWD (DI), Z8; VPSLLD $16, Z8, Z8
+	VPMOVZXWD 32(DI), Z9; VPSLLD $16, Z9, Z9
+	VPMOVZXWD 64(DI), Z10; VPSLLD $16, Z10, Z10
+	VPMOVZXWD (R8), Z11; VPSLLD $16, Z11, Z11
+	VPMOVZXWD 32(R8), Z12; VPSLLD $16, Z12, Z12
+	VPMOVZXWD 64(R8), Z13; VPSLLD $16, Z13, Z13
+	VPMOVZXWD (R9), Z14; VPSLLD $16, Z14, Z14
+	VPMOVZXWD 32(R9), Z15; VPSLLD $16, Z15, Z15
+	VPMOVZXWD 64(R9), Z16; VPSLLD $16, Z16, Z16
+	VPMOVZXWD (R13), Z17; VPSLLD $16, Z17, Z17
+	VPMOVZXWD 32(R13), Z18; VPSLLD $16, Z18, Z18
+	VPMOVZXWD 64(R13), Z19; VPSLLD $16, Z19, Z19
+	VFMADD231PS Z3, Z8, Z20
+	VFMADD231PS Z3, Z9, Z21
+	VFMADD231PS Z3, Z10, Z22
+	VFMADD231PS Z3, Z11, Z23
+	VFMADD231PS Z3, Z12, Z24
+	VFMADD231PS Z3, Z13, Z25
+	VFMADD231PS Z3, Z14, Z26
+	VFMADD231PS Z3, Z15, Z27
+	VFMADD231PS Z3, Z16, Z28
+	VFMADD231PS Z3, Z17, Z29
+	VFMADD231PS Z3, Z18, Z30
+	VFMADD231PS Z3, Z19, Z31
+	ADDQ $96, DI
+	ADDQ $96, R8
+	ADDQ $96, R9
+	ADDQ $96, R13
+	ADDQ $4, SI
+	DECQ CX
+	JMP  loop14
+
+done14:
+	MOVQ DX, R15
+	FLUSH3(Z20, Z21, Z22)
+	LEAQ (DX)(R14*1), R15
+	FLUSH3(Z23, Z24, Z25)
+	LEAQ (DX)(R14*2), R15
+	FLUSH3(Z26, Z27, Z28)
+	LEAQ (DX)(R14*2), R15
+	ADDQ R14, R15
+	FLUSH3(Z29, Z30, Z31)
+	VZEROUPPER
+	RET
