@@ -27,7 +27,7 @@ func (b *Backend) PrepareMatMul(w compute.Tensor) (compute.Tensor, error) {
 	}
 	n, k := w.Dims[0], w.Dims[1]
 	buf := &buffer{kmaj: make([]uint16, kernel.KMajorLen(n, k)), kmajN: n, kmajK: k}
-	kernel.PackKMajor(buf.kmaj, src, n, k)
+	b.pool.PackKMajor(buf.kmaj, src, n, k)
 	b.Free(w)
 	return compute.NewTensor(buf, 0, compute.BF16, n, k), nil
 }

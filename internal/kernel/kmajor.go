@@ -27,10 +27,36 @@ func KMajorLen(n, k int) int {
 // PackKMajor writes w [n, k] in k-major form into dst (KMajorLen(n, k)
 // long): panel p, element (kk, j) is w[48p+j][kk], zero where 48p+j >= n.
 func PackKMajor(dst, w []uint16, n, k int) {
+	checkPack(dst, w, n, k)
+	packPanels48(dst, w, n, k, 0, (n+KMajorPanel-1)/KMajorPanel)
+}
+
+// PackKMajor is PackKMajor with the panels split over the pool (a model's
+// weights are packed at load).
+func (p *Pool) PackKMajor(dst, w []uint16, n, k int) {
+	checkPack(dst, w, n, k)
+	j := &p.kmaj
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.pdst, j.pw, j.n, j.k = dst, w, n, k
+	p.Run(packRange, Args{Job: j}, (n+KMajorPanel-1)/KMajorPanel, 1)
+	j.pdst, j.pw = nil, nil
+}
+
+func packRange(a *Args, lo, hi int) {
+	j := a.Job.(*kmajJob)
+	packPanels48(j.pdst, j.pw, j.n, j.k, lo, hi)
+}
+
+func checkPack(dst, w []uint16, n, k int) {
 	if len(dst) != KMajorLen(n, k) || len(w) < n*k {
 		panic("kernel: PackKMajor operand too short")
 	}
-	for p := 0; p*KMajorPanel < n; p++ {
+}
+
+// packPanels48 packs panels [p0, p1).
+func packPanels48(dst, w []uint16, n, k, p0, p1 int) {
+	for p := p0; p < p1; p++ {
 		panel := dst[p*KMajorPanel*k : (p+1)*KMajorPanel*k]
 		cols := min(KMajorPanel, n-p*KMajorPanel)
 		if cols < KMajorPanel {
@@ -74,6 +100,8 @@ type kmajJob struct {
 	w       []uint16
 	m, n, k int
 	panels  int
+	pdst    []uint16 // PackKMajor's operands
+	pw      []uint16
 }
 
 // MatMulKMajor computes dst[m, n] = x[m, k] · wᵀ for a bf16 weight w [n, k]

@@ -49,6 +49,11 @@ func TestPackKMajor(t *testing.T) {
 				}
 			}
 		}
+		par := make([]uint16, len(wp))
+		pool := NewPool(2)
+		pool.PackKMajor(par, w, n, k)
+		pool.Close()
+		require.Equal(t, wp, par, "n %d k %d: packed on the pool", n, k)
 		back := make([]uint16, n*k)
 		UnpackKMajor(back, wp, n, k)
 		require.Equal(t, w, back, "n %d k %d", n, k)

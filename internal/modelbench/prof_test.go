@@ -58,6 +58,13 @@ func (b *timed) KDAStep(a *compute.KDAStepArgs) error {
 	defer b.rec("KDAStep", time.Now())
 	return b.Backend.KDAStep(a)
 }
+
+// PrepareMatMul passes the weight layout through, so that the products
+// timed are the ones the backend runs.
+func (b *timed) PrepareMatMul(w compute.Tensor) (compute.Tensor, error) {
+	return compute.PrepareMatMul(b.Backend, w)
+}
+
 func (b *timed) Attention(a *compute.AttnArgs) error {
 	defer b.rec("Attention", time.Now())
 	return b.Backend.Attention(a)
