@@ -12,13 +12,14 @@ var _ compute.WeightPreparer = (*Backend)(nil)
 // k-major panels (kernel.PackKMajor), so that every product of it, whatever
 // its row count, is one FMA chain per output in k order: a row's result is
 // the same alone, in a decode batch, in a scheduler's pass or in a prefill
-// chunk. Other weights, other CPUs and the fast-bf16 backend (whose
-// products round x to bf16 over the stored layout) keep w.
+// chunk. Narrower weights (kernel.KMajorMinN), other dtypes, other CPUs
+// and the fast-bf16 backend (whose products round x to bf16 over the
+// stored layout) keep w.
 //
 // The prepared tensor keeps w's shape and answers Read; it is not a view
 // other operations can read (F32 and U16 return nil for it).
 func (b *Backend) PrepareMatMul(w compute.Tensor) (compute.Tensor, error) {
-	if b.fastBF16 || !kernel.KMajorFast() || w.DType != compute.BF16 || w.Rank != 2 {
+	if b.fastBF16 || !kernel.KMajorFast() || w.DType != compute.BF16 || w.Rank != 2 || w.Dims[0] < kernel.KMajorMinN {
 		return w, nil
 	}
 	src := U16(w)

@@ -33,12 +33,13 @@ func bf16Weight(t *testing.T, b *Backend, r *rand.Rand, n, k int) (compute.Tenso
 // TestPrepareMatMul: a prepared bf16 weight reads back as the weight,
 // its products agree with the stored layout's within float32 summation
 // error and give every row of up to 100 its result alone, bit for bit; a
-// view of it is refused; f32 weights and the fast-bf16 backend keep theirs.
+// view of it is refused; narrow and f32 weights and the fast-bf16 backend
+// keep theirs.
 func TestPrepareMatMul(t *testing.T) {
 	b := New(2)
 	defer b.Close()
 	r := rand.New(rand.NewPCG(7, 8))
-	const n, k = 200, 96
+	const n, k = kernel.KMajorMinN + 17, 96
 	w, vals := bf16Weight(t, b, r, n, k)
 	p, err := b.PrepareMatMul(w)
 	require.NoError(t, err)
@@ -85,6 +86,11 @@ func TestPrepareMatMul(t *testing.T) {
 	err = b.MatMul(wide, x.Rows(0, 1).Reshape(2, k/2), p.Reshape(2*n, k/2))
 	require.Error(t, err)
 	assert.True(t, errors.Is(err, compute.ErrShape), "%v", err)
+
+	narrow, _ := bf16Weight(t, b, r, kernel.KMajorMinN-1, k)
+	pn, err := b.PrepareMatMul(narrow)
+	require.NoError(t, err)
+	assert.Equal(t, narrow, pn, "a weight narrower than KMajorMinN stays as stored")
 
 	f, err := b.Alloc(compute.F32, n, k)
 	require.NoError(t, err)

@@ -19,6 +19,16 @@ const (
 	kmajMC = 64   // x rows per work item: their k block stays in L2 across the panels
 )
 
+// KMajorMinN is the fewest weight rows (output columns) a backend lays out
+// k-major. A narrower weight fills few panels (64 rows are a panel and a
+// third, read as 96), so a single x row cannot spread its reads over four
+// streams per core; the dot-form tiles read such a weight at 1.6-2x the
+// rate (BenchmarkKMajorVsDot's narrow shapes). Below it the stored layout
+// keeps the dot-form tiles for every row count, since the packed GEMM
+// takes nothing that narrow (packedWideMinN), so those products are
+// row-invariant at any size too.
+const KMajorMinN = 384
+
 // KMajorLen returns the length of the k-major form of an [n, k] weight.
 func KMajorLen(n, k int) int {
 	return (n + KMajorPanel - 1) / KMajorPanel * KMajorPanel * k
@@ -163,42 +173,11 @@ func kmajBlock(j *kmajJob, r0, r1, p0, p1 int) {
 	full := min(p1, n/KMajorPanel) // panels [p0, full) have 48 columns
 	x := j.x[r0*k:]
 	out := j.dst[r0*n:]
-	p := p0
 	if rows < 8 && hasZMM && !kmajGo {
-		// Four runs of panels read side by side, one panel of each per
-		// step, every row group meeting the step's panels (k-blocked so
-		// that they stay in L2) before the next.
-		g := (full - p0) / kmajStreams
-		pstride := KMajorPanel * k
-		for i := 0; i < g; i++ {
-			q := p0 + i
-			for kb := 0; kb < k; kb += kmajKC {
-				kn := min(kmajKC, k-kb)
-				ac := 0
-				if kb > 0 {
-					ac = 1
-				}
-				w := j.w[q*pstride+kb*KMajorPanel:]
-				o := out[q*KMajorPanel:]
-				gap, ogap := g*pstride, g*KMajorPanel
-				r := 0
-				for ; r+4 <= rows; r += 4 {
-					kmaj4x2(&x[r*k+kb], k, &w[0], gap, kn, &o[r*n], n, ogap, ac)
-					kmaj4x2(&x[r*k+kb], k, &w[2*gap], gap, kn, &o[r*n+2*ogap], n, ogap, ac)
-				}
-				if r+2 <= rows {
-					kmaj2x4(&x[r*k+kb], k, &w[0], gap, kn, &o[r*n], n, ogap, ac)
-					r += 2
-				}
-				if r < rows {
-					kmaj1x4(&x[r*k+kb], k, &w[0], gap, kn, &o[r*n], n, ogap, ac)
-				}
-			}
-		}
-		// The runs covered panels [p0, p0+g) and every g-th after; what is
-		// left starts at p0 + 4g.
-		p = p0 + kmajStreams*g
+		kmajFew(j, x, out, rows, p0, p1)
+		return
 	}
+	p := p0
 	for ; p < full; p++ {
 		panel := j.w[p*KMajorPanel*k:]
 		for kb := 0; kb < k; kb += kmajKC {
@@ -218,6 +197,85 @@ func kmajBlock(j *kmajJob, r0, r1, p0, p1 int) {
 			}
 			for q := 0; q < rr; q++ {
 				copy(out[(r+q)*n+c0:(r+q)*n+c0+cols], edge[q*KMajorPanel:])
+			}
+		}
+	}
+}
+
+// kmajFew computes fewer than eight x rows (x, out from the first) against
+// panels [p0, p1): the panels cut into four runs read side by side, one
+// panel of each per step, each row group meeting the step's panels
+// (k-blocked so that they stay in L2) before the next. Where a run has no
+// panel left its stream reads the first run's panel again (from cache),
+// and a step holding such a stream or the last, narrower panel writes
+// through a buffer.
+func kmajFew(j *kmajJob, x, out []float32, rows, p0, p1 int) {
+	k, n := j.k, j.n
+	g := (p1 - p0 + kmajStreams - 1) / kmajStreams
+	var buf [7 * kmajStreams * KMajorPanel]float32 // [row][stream][48]
+	var q [kmajStreams]int
+	var w [kmajStreams]*uint16
+	var o [kmajStreams]*float32
+	for i := 0; i < g; i++ {
+		buffered := false
+		for s := range q {
+			q[s] = p0 + s*g + i
+			if q[s] >= p1 || (q[s]+1)*KMajorPanel > n {
+				buffered = true
+			}
+		}
+		os := n
+		if buffered {
+			os = kmajStreams * KMajorPanel
+		}
+		for kb := 0; kb < k; kb += kmajKC {
+			kn := min(kmajKC, k-kb)
+			ac := 0
+			if kb > 0 {
+				ac = 1
+			}
+			for s := range w {
+				qs := q[s]
+				if qs >= p1 {
+					qs = q[0]
+				}
+				w[s] = &j.w[(qs*k+kb)*KMajorPanel]
+			}
+			// at points o at the outputs of row r.
+			at := func(r int) *[kmajStreams]*float32 {
+				for s := range o {
+					if buffered {
+						o[s] = &buf[r*os+s*KMajorPanel]
+					} else {
+						o[s] = &out[r*n+q[s]*KMajorPanel]
+					}
+				}
+				return &o
+			}
+			r := 0
+			for ; r+4 <= rows; r += 4 {
+				op := at(r)
+				kmaj4x2(&x[r*k+kb], k, (*[2]*uint16)(w[0:2]), kn, (*[2]*float32)(op[0:2]), os, ac)
+				kmaj4x2(&x[r*k+kb], k, (*[2]*uint16)(w[2:4]), kn, (*[2]*float32)(op[2:4]), os, ac)
+			}
+			if r+2 <= rows {
+				kmaj2x4(&x[r*k+kb], k, &w, kn, at(r), os, ac)
+				r += 2
+			}
+			if r < rows {
+				kmaj1x4(&x[r*k+kb], k, &w, kn, at(r), os, ac)
+			}
+		}
+		if buffered {
+			for s, qs := range q {
+				if qs >= p1 {
+					continue
+				}
+				c0 := qs * KMajorPanel
+				cols := min(KMajorPanel, n-c0)
+				for r := 0; r < rows; r++ {
+					copy(out[r*n+c0:r*n+c0+cols], buf[r*os+s*KMajorPanel:])
+				}
 			}
 		}
 	}

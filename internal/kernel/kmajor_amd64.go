@@ -18,13 +18,13 @@ func kmaj2(x *float32, xstride int, w *uint16, k int, out *float32, ostride int,
 func kmaj1(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int)
 
 // The multi-stream tiles run R x rows against one panel in each of S
-// streams, gap elements apart, writing stream s's outputs at out + s·ogap.
+// streams: w holds the S panels' pointers, out the S output pointers.
 
 //go:noescape
-func kmaj4x2(x *float32, xstride int, w *uint16, gap, k int, out *float32, ostride, ogap, acc int)
+func kmaj4x2(x *float32, xstride int, w *[2]*uint16, k int, out *[2]*float32, ostride, acc int)
 
 //go:noescape
-func kmaj2x4(x *float32, xstride int, w *uint16, gap, k int, out *float32, ostride, ogap, acc int)
+func kmaj2x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, ostride, acc int)
 
 //go:noescape
-func kmaj1x4(x *float32, xstride int, w *uint16, gap, k int, out *float32, ostride, ogap, acc int)
+func kmaj1x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, ostride, acc int)

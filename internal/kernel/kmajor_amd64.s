@@ -37,13 +37,20 @@
 	MOVQ out+32(FP), DX; MOVQ ostride+40(FP), R10; SHLQ $2, R10; \
 	MOVQ acc+48(FP), AX
 
-// MARGS loads: SI x, R11 x stride (bytes), DI w, BX gap (bytes), CX k,
-// DX out, R10 out stride (bytes), R14 ogap (bytes), AX acc.
+// The multi-stream tiles run R x rows against one panel in each of S
+// streams, R·S = 8: w and out point to S panel pointers and S output
+// pointers (each output row ostride floats after the last). A decode
+// batch's few rows then read the weights as several streams, which memory
+// serves at its full rate (one stream per core reaches about two thirds
+// of it).
+//
+// MARGS loads: SI x, R11 x stride (bytes), BX the panel pointers, CX k,
+// DX the output pointers, R10 out stride (bytes), AX acc.
 #define MARGS \
 	MOVQ x+0(FP), SI; MOVQ xstride+8(FP), R11; SHLQ $2, R11; \
-	MOVQ w+16(FP), DI; MOVQ gap+24(FP), BX; SHLQ $1, BX; MOVQ k+32(FP), CX; \
-	MOVQ out+40(FP), DX; MOVQ ostride+48(FP), R10; SHLQ $2, R10; \
-	MOVQ ogap+56(FP), R14; SHLQ $2, R14; MOVQ acc+64(FP), AX
+	MOVQ w+16(FP), BX; MOVQ k+24(FP), CX; \
+	MOVQ out+32(FP), DX; MOVQ ostride+40(FP), R10; SHLQ $2, R10; \
+	MOVQ acc+48(FP), AX
 
 // func kmaj8(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int)
 TEXT ·kmaj8(SB), NOSPLIT, $0-56
@@ -233,12 +240,6 @@ done1:
 	VZEROUPPER
 	RET
 
-// The multi-stream tiles run R x rows against one panel in each of S
-// streams (gap bytes apart, their outputs ogap bytes apart), R·S = 8: a
-// decode batch's few rows then read the weights as several streams, which
-// memory serves at its full rate (one stream per core reaches about two
-// thirds of it).
-//
 #define WIDEN3AT(base) \
 	VPMOVZXWD (base), Z0; VPSLLD $16, Z0, Z0; \
 	VPMOVZXWD 32(base), Z1; VPSLLD $16, Z1, Z1; \
@@ -253,20 +254,21 @@ done1:
 #define FLUSH3(a0, a1, a2) \
 	VMOVUPS a0, (R15); VMOVUPS a1, 64(R15); VMOVUPS a2, 128(R15); ADDQ R10, R15
 
-// func kmaj4x2(x *float32, xstride int, w *uint16, gap, k int, out *float32, ostride, ogap, acc int)
-TEXT ·kmaj4x2(SB), NOSPLIT, $0-72
+// func kmaj4x2(x *float32, xstride int, w *[2]*uint16, k int, out *[2]*float32, ostride, acc int)
+TEXT ·kmaj4x2(SB), NOSPLIT, $0-56
 	MARGS
 	LEAQ (SI)(R11*2), R12
 	ADDQ R11, R12          // row 3
-	LEAQ (DI)(BX*1), R8    // stream 1
+	MOVQ 0(BX), DI
+	MOVQ 8(BX), R8
 	TESTQ AX, AX
 	JZ    zero42
-	MOVQ DX, R15
+	MOVQ 0(DX), R15
 	INIT3(Z8, Z9, Z10)
 	INIT3(Z11, Z12, Z13)
 	INIT3(Z14, Z15, Z16)
 	INIT3(Z17, Z18, Z19)
-	LEAQ (DX)(R14*1), R15
+	MOVQ 8(DX), R15
 	INIT3(Z20, Z21, Z22)
 	INIT3(Z23, Z24, Z25)
 	INIT3(Z26, Z27, Z28)
@@ -310,12 +312,12 @@ loop42:
 	JMP  loop42
 
 done42:
-	MOVQ DX, R15
+	MOVQ 0(DX), R15
 	FLUSH3(Z8, Z9, Z10)
 	FLUSH3(Z11, Z12, Z13)
 	FLUSH3(Z14, Z15, Z16)
 	FLUSH3(Z17, Z18, Z19)
-	LEAQ (DX)(R14*1), R15
+	MOVQ 8(DX), R15
 	FLUSH3(Z20, Z21, Z22)
 	FLUSH3(Z23, Z24, Z25)
 	FLUSH3(Z26, Z27, Z28)
@@ -323,25 +325,25 @@ done42:
 	VZEROUPPER
 	RET
 
-// func kmaj2x4(x *float32, xstride int, w *uint16, gap, k int, out *float32, ostride, ogap, acc int)
-TEXT ·kmaj2x4(SB), NOSPLIT, $0-72
+// func kmaj2x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, ostride, acc int)
+TEXT ·kmaj2x4(SB), NOSPLIT, $0-56
 	MARGS
-	LEAQ (DI)(BX*1), R8    // streams 1-3
-	LEAQ (R8)(BX*1), R9
-	LEAQ (R9)(BX*1), R13
+	MOVQ 0(BX), DI
+	MOVQ 8(BX), R8
+	MOVQ 16(BX), R9
+	MOVQ 24(BX), R13
 	TESTQ AX, AX
 	JZ    zero24
-	MOVQ DX, R15
+	MOVQ 0(DX), R15
 	INIT3(Z8, Z9, Z10)
 	INIT3(Z11, Z12, Z13)
-	LEAQ (DX)(R14*1), R15
+	MOVQ 8(DX), R15
 	INIT3(Z14, Z15, Z16)
 	INIT3(Z17, Z18, Z19)
-	LEAQ (DX)(R14*2), R15
+	MOVQ 16(DX), R15
 	INIT3(Z20, Z21, Z22)
 	INIT3(Z23, Z24, Z25)
-	LEAQ (DX)(R14*2), R15
-	ADDQ R14, R15
+	MOVQ 24(DX), R15
 	INIT3(Z26, Z27, Z28)
 	INIT3(Z29, Z30, Z31)
 	JMP  loop24
@@ -386,38 +388,37 @@ loop24:
 	JMP  loop24
 
 done24:
-	MOVQ DX, R15
+	MOVQ 0(DX), R15
 	FLUSH3(Z8, Z9, Z10)
 	FLUSH3(Z11, Z12, Z13)
-	LEAQ (DX)(R14*1), R15
+	MOVQ 8(DX), R15
 	FLUSH3(Z14, Z15, Z16)
 	FLUSH3(Z17, Z18, Z19)
-	LEAQ (DX)(R14*2), R15
+	MOVQ 16(DX), R15
 	FLUSH3(Z20, Z21, Z22)
 	FLUSH3(Z23, Z24, Z25)
-	LEAQ (DX)(R14*2), R15
-	ADDQ R14, R15
+	MOVQ 24(DX), R15
 	FLUSH3(Z26, Z27, Z28)
 	FLUSH3(Z29, Z30, Z31)
 	VZEROUPPER
 	RET
 
-// func kmaj1x4(x *float32, xstride int, w *uint16, gap, k int, out *float32, ostride, ogap, acc int)
-TEXT ·kmaj1x4(SB), NOSPLIT, $0-72
+// func kmaj1x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, ostride, acc int)
+TEXT ·kmaj1x4(SB), NOSPLIT, $0-56
 	MARGS
-	LEAQ (DI)(BX*1), R8
-	LEAQ (R8)(BX*1), R9
-	LEAQ (R9)(BX*1), R13
+	MOVQ 0(BX), DI
+	MOVQ 8(BX), R8
+	MOVQ 16(BX), R9
+	MOVQ 24(BX), R13
 	TESTQ AX, AX
 	JZ    zero14
-	MOVQ DX, R15
+	MOVQ 0(DX), R15
 	INIT3(Z20, Z21, Z22)
-	LEAQ (DX)(R14*1), R15
+	MOVQ 8(DX), R15
 	INIT3(Z23, Z24, Z25)
-	LEAQ (DX)(R14*2), R15
+	MOVQ 16(DX), R15
 	INIT3(Z26, Z27, Z28)
-	ADDQ R14, R15
-	SUBQ R10, R15
+	MOVQ 24(DX), R15
 	INIT3(Z29, Z30, Z31)
 	JMP  loop14
 
@@ -468,14 +469,13 @@ loop14:
 	JMP  loop14
 
 done14:
-	MOVQ DX, R15
+	MOVQ 0(DX), R15
 	FLUSH3(Z20, Z21, Z22)
-	LEAQ (DX)(R14*1), R15
+	MOVQ 8(DX), R15
 	FLUSH3(Z23, Z24, Z25)
-	LEAQ (DX)(R14*2), R15
+	MOVQ 16(DX), R15
 	FLUSH3(Z26, Z27, Z28)
-	LEAQ (DX)(R14*2), R15
-	ADDQ R14, R15
+	MOVQ 24(DX), R15
 	FLUSH3(Z29, Z30, Z31)
 	VZEROUPPER
 	RET

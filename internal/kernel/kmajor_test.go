@@ -74,7 +74,7 @@ func TestMatMulKMajor(t *testing.T) {
 			// Fewer than eight rows over enough panels for the four-stream
 			// tiles, some blocked over k.
 			{1, 48 * 9, 64}, {2, 480, kmajKC + 9}, {3, 48*17 + 5, kmajKC + 1}, {5, 48 * 12, 16},
-			{6, 48 * 8, 24}, {7, 48*16 + 47, 40},
+			{6, 48 * 8, 24}, {7, 48*16 + 47, 40}, {5, 48 * 9, kmajKC + 5},
 		} {
 			m, n, k := sh[0], sh[1], sh[2]
 			x, w := randSlice(r, m*k), kmajWeights(r, n*k)
