@@ -67,9 +67,10 @@ func benchBF16Layout(b *testing.B, m, n, k int, cold, kmajor bool) {
 // BenchmarkKMajorVsDot runs the products of bf16 weights in their own
 // layout (dot-form tiles, the packed GEMM from PackedMinRows rows) and
 // k-major (PackKMajor) side by side, cold, at a decode row, a decode
-// batch, a scheduler pass and a prefill chunk.
+// batch, a scheduler pass and a prefill chunk; 64x768 is a router's
+// shape, narrower than KMajorMinN.
 func BenchmarkKMajorVsDot(b *testing.B) {
-	for _, sh := range [][2]int{{2304, 768}, {768, 2048}} {
+	for _, sh := range [][2]int{{2304, 768}, {768, 2048}, {64, 768}} {
 		for _, m := range []int{1, 2, 3, 4, 8, 24, 512} {
 			for _, kmajor := range []bool{false, true} {
 				name := fmt.Sprintf("n%d/k%d/m%d/dot", sh[0], sh[1], m)

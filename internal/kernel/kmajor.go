@@ -23,7 +23,7 @@ const (
 // k-major. A narrower weight fills few panels (64 rows are a panel and a
 // third, read as 96), so a single x row cannot spread its reads over four
 // streams per core; the dot-form tiles read such a weight at 1.6-2x the
-// rate (BenchmarkKMajorVsDot's narrow shapes). Below it the stored layout
+// rate (BenchmarkKMajorVsDot at 64x768). Below it the stored layout
 // keeps the dot-form tiles for every row count, since the packed GEMM
 // takes nothing that narrow (packedWideMinN), so those products are
 // row-invariant at any size too.

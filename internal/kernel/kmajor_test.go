@@ -128,3 +128,22 @@ func TestKMajorRowsAlone(t *testing.T) {
 		}
 	})
 }
+
+// TestKMajorAllocs: a warm k-major product allocates nothing, on the pool
+// and serially (the experts' products), at decode and prefill sizes.
+func TestKMajorAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	r := rand.New(rand.NewPCG(9, 10))
+	pool := NewPool(2)
+	defer pool.Close()
+	n, k := 48*9+5, 64
+	wp := make([]uint16, KMajorLen(n, k))
+	PackKMajor(wp, kmajWeights(r, n*k), n, k)
+	for _, m := range []int{1, 3, 8, 70} {
+		x, y := randSlice(r, m*k), make([]float32, m*n)
+		require.Zero(t, testing.AllocsPerRun(20, func() { pool.MatMulKMajor(y, x, wp, m, n, k) }), "%d rows on the pool", m)
+		require.Zero(t, testing.AllocsPerRun(20, func() { MatMulKMajorSerial(y, x, wp, m, n, k) }), "%d rows serially", m)
+	}
+}
