@@ -53,6 +53,15 @@ func (b *Batcher) Stats() BatcherStats {
 	return BatcherStats{Running: int(b.running.Load()), Waiting: int(b.waiting.Load() + b.sending.Load())}
 }
 
+// received queues r, which Generate handed to the loop: it moves from the
+// sending count to the waiting one here, in the loop, so that Stats never
+// counts it twice while Generate's goroutine waits to be scheduled.
+func (b *Batcher) received(waiting *[]*batchReq, r *batchReq) {
+	*waiting = append(*waiting, r)
+	b.waiting.Add(1)
+	b.sending.Add(-1)
+}
+
 const (
 	batcherNew int32 = iota
 	batcherRunning
@@ -227,10 +236,9 @@ func (b *Batcher) submit(ctx context.Context, s *Session, prompt []int32, prefil
 		}
 		r := &batchReq{ctx: ctx, s: s, prompt: prompt, opts: opts, prefill: prefill,
 			out: make(chan batchItem, streamBuffer), stop: make(chan struct{}), dropped: make(chan struct{})}
-		b.sending.Add(1)
+		b.sending.Add(1) // the loop takes it off when it receives r
 		select {
 		case b.reqs <- r:
-			b.sending.Add(-1)
 			// However the consumer leaves, the session is its own again
 			// only once the loop has let go of it.
 			defer func() {
@@ -419,7 +427,7 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 			}
 			select {
 			case r := <-b.reqs:
-				waiting = append(waiting, r)
+				b.received(&waiting, r)
 			case <-retry:
 			case <-b.wake:
 			case <-ctx.Done():
@@ -438,7 +446,7 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 		for {
 			select {
 			case r := <-b.reqs:
-				waiting = append(waiting, r)
+				b.received(&waiting, r)
 			default:
 				break receive
 			}
