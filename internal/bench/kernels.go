@@ -68,7 +68,7 @@ func Kernels(w io.Writer) {
 		fmt.Fprintln(w, "OpenBLAS: not built in (go run -tags openblas ./cmd/k3 bench kernels, with libopenblas-dev)")
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "GEMM C=A·Bᵀ\tk3 f32 GF/s\tk3 bf16-weight GF/s\t/ %s\tfast bf16 GF/s\t/ bf16-dot peak\tOpenBLAS GF/s\tk3 f32 / OpenBLAS\tk3 f32 / peak\t\n", exactName)
+	fmt.Fprintf(tw, "GEMM C=A·Bᵀ\tk3 f32 GF/s\tk3 bf16-weight GF/s\t/ %s\tk-major bf16 GF/s\t/ %s\tfast bf16 GF/s\t/ bf16-dot peak\tOpenBLAS GF/s\tk3 f32 / OpenBLAS\tk3 f32 / peak\t\n", exactName, exactName)
 	for _, s := range [][3]int{{512, 2304, 768}, {256, 2048, 2048}, {1024, 1024, 1024}} {
 		m, n, k := s[0], s[1], s[2]
 		x, wt, y := make([]float32, m*k), make([]float32, n*k), make([]float32, m*n)
@@ -83,6 +83,16 @@ func Kernels(w io.Writer) {
 		flops := 2 * float64(m*n*k)
 		tk := best(5, func() { p.MatMul(y, x, wt, m, n, k) })
 		tb := best(5, func() { p.MatMulBF16(y, x, wb, m, n, k) })
+		// The layout the model's bf16 projections take where the 512-bit
+		// kernels run (cpu.Backend.PrepareMatMul).
+		kmaj, kmajShare := "-", "-"
+		if kernel.KMajorFast() {
+			wp := make([]uint16, kernel.KMajorLen(n, k))
+			p.PackKMajor(wp, wb, n, k)
+			tm := best(5, func() { p.MatMulKMajor(y, x, wp, m, n, k) })
+			kmaj = fmt.Sprintf("%.1f", flops/tm.Seconds()/1e9)
+			kmajShare = fmt.Sprintf("%.0f%%", 100*flops/tm.Seconds()/exactPeak)
+		}
 		fast, fastShare := "-", "-"
 		if kernel.FastBF16Available() {
 			tf := best(5, func() { p.MatMulBF16Fast(y, x, wb, m, n, k) })
@@ -96,8 +106,8 @@ func Kernels(w io.Writer) {
 			ob = fmt.Sprintf("%.1f", flops/to.Seconds()/1e9)
 			ratio = fmt.Sprintf("%.0f%%", 100*to.Seconds()/tk.Seconds())
 		}
-		fmt.Fprintf(tw, "%dx%dx%d\t%.1f\t%.1f\t%.0f%%\t%s\t%s\t%s\t%s\t%.0f%%\t\n", m, n, k, flops/tk.Seconds()/1e9, flops/tb.Seconds()/1e9,
-			100*flops/tb.Seconds()/exactPeak, fast, fastShare, ob, ratio, 100*flops/tk.Seconds()/exactPeak)
+		fmt.Fprintf(tw, "%dx%dx%d\t%.1f\t%.1f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f%%\t\n", m, n, k, flops/tk.Seconds()/1e9, flops/tb.Seconds()/1e9,
+			100*flops/tb.Seconds()/exactPeak, kmaj, kmajShare, fast, fastShare, ob, ratio, 100*flops/tk.Seconds()/exactPeak)
 	}
 	tw.Flush()
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -144,6 +154,14 @@ func Kernels(w io.Writer) {
 		}
 		row("k3 f32", 4, func() {}, func(i int) { p.MatMul(y, x, wf[i%copies], 1, rows, cols) })
 		row("k3 bf16", 2, func() {}, func(i int) { p.MatMulBF16(y, x, wb[i%copies], 1, rows, cols) })
+		if kernel.KMajorFast() {
+			wk := make([][]uint16, len(wb))
+			for i, h := range wb {
+				wk[i] = make([]uint16, kernel.KMajorLen(rows, cols))
+				p.PackKMajor(wk[i], h, rows, cols)
+			}
+			row("k3 bf16 k-major", 2, func() {}, func(i int) { p.MatMulKMajor(y, x, wk[i%copies], 1, rows, cols) })
+		}
 		if openblas.Available {
 			row("OpenBLAS f32", 4, settle, func(i int) { openblas.Sgemv(y, wf[i%copies], x, rows, cols) })
 		}
