@@ -2,7 +2,6 @@ package k3
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -33,7 +32,7 @@ func TestKMajorModel(t *testing.T) {
 	km, err := Load(ctx, dir)
 	require.NoError(t, err)
 	defer km.Close()
-	st, err := Load(ctx, filepath.Clean(dir), WithComputeBackend(storedLayout{cpu.New(0)}))
+	st, err := Load(ctx, dir, WithComputeBackend(storedLayout{cpu.New(0)}))
 	require.NoError(t, err)
 	defer st.Close()
 	a, err := km.NewSession()
