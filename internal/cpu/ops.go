@@ -31,21 +31,7 @@ func (b *Backend) MatMul(dst, x, w compute.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if wp, err := kmajorOf(w); wp != nil || err != nil {
-		if err == nil {
-			b.pool.MatMulKMajor(ds, xs, wp, m, n, k)
-		}
-		return err
-	}
-	switch w.DType {
-	case compute.F32:
-		b.pool.MatMul(ds, xs, F32(w), m, n, k)
-	case compute.BF16:
-		b.matMulBF16(ds, xs, U16(w), m, n, k)
-	default:
-		return fmt.Errorf("cpu: matmul with %v weights: %w", w.DType, compute.ErrUnsupported)
-	}
-	return nil
+	return b.matmulHost(ds, xs, w, m)
 }
 
 // RMSNorm normalises rows of x.

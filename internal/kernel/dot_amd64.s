@@ -1,6 +1,7 @@
 //go:build !purego
 
 #include "textflag.h"
+#include "kdarows_amd64.h"
 
 // The rows8 kernels' shared parts. ROWS8_ARGS loads their arguments: the
 // eight x rows in SI, BX, R8, R9, R11-R14, the weights in DI, the row count
@@ -1558,17 +1559,7 @@ dploop:
 // rowUpdateDotAVX2's. The same results as the two calls per row it
 // replaces, whose overhead was much of a short row's cost.
 TEXT ·kdaRowsAVX2(SB), NOSPLIT, $0-88
-	MOVQ st+0(FP), DI
-	MOVQ ke+8(FP), R8
-	MOVQ e+16(FP), R9
-	MOVQ k+24(FP), R10
-	MOVQ q+32(FP), R11
-	MOVQ v+40(FP), R12
-	MOVQ o+48(FP), R13
-	MOVQ u+56(FP), SI
-	VMOVSS beta+64(FP), X14
-	MOVQ dk+72(FP), BX
-	MOVQ dv+80(FP), DX
+	KDA_ROWS_ARGS
 
 krow:
 	TESTQ DX, DX
@@ -1606,18 +1597,8 @@ kdot8:
 	JMP  kdot8
 
 kdotdone:
-	VADDPS Y1, Y0, Y0
-	VADDPS Y3, Y2, Y2
-	VADDPS Y2, Y0, Y0
-	VEXTRACTF128 $1, Y0, X1
-	VADDPS X1, X0, X0
-	VHADDPS X0, X0, X0
-	VHADDPS X0, X0, X0
 	// u = beta·(v[r] - s)
-	VMOVSS (R12), X5
-	VSUBSS X0, X5, X5
-	VMULSS X14, X5, X5
-	VMOVSS X5, (SI)
+	KDA_U
 	VBROADCASTSS X5, Y15
 	// row = row ⊙ e + u·k, o[r] = row·q (rowUpdateDotAVX2)
 	XORQ AX, AX
@@ -1652,18 +1633,7 @@ kupd8:
 	VFMADD231PS (R11)(AX*1), Y2, Y0
 
 kupddone:
-	VADDPS Y1, Y0, Y0
-	VEXTRACTF128 $1, Y0, X1
-	VADDPS X1, X0, X0
-	VHADDPS X0, X0, X0
-	VHADDPS X0, X0, X0
-	VMOVSS X0, (R13)
-	// next row
-	LEAQ (DI)(BX*4), DI
-	ADDQ $4, R12
-	ADDQ $4, R13
-	ADDQ $4, SI
-	DECQ DX
+	KDA_O_NEXT
 	JMP  krow
 
 kend:

@@ -1,6 +1,7 @@
 //go:build !purego
 
 #include "textflag.h"
+#include "kdarows_amd64.h"
 
 // 512-bit (zmm) kernels, used where the CPU runs a 512-bit FMA at about
 // twice the rate of a 256-bit one (see wideFMA). Each lane keeps the FMA
@@ -733,17 +734,7 @@ zronedone:
 // its FMA chain, and the halves are added in kdaRowsAVX2's order, so the
 // bits are the same with half the vector instructions.
 TEXT ·kdaRowsZMM(SB), NOSPLIT, $0-88
-	MOVQ st+0(FP), DI
-	MOVQ ke+8(FP), R8
-	MOVQ e+16(FP), R9
-	MOVQ k+24(FP), R10
-	MOVQ q+32(FP), R11
-	MOVQ v+40(FP), R12
-	MOVQ o+48(FP), R13
-	MOVQ u+56(FP), SI
-	VMOVSS beta+64(FP), X14
-	MOVQ dk+72(FP), BX
-	MOVQ dv+80(FP), DX
+	KDA_ROWS_ARGS
 
 zkrow:
 	TESTQ DX, DX
@@ -768,18 +759,8 @@ zkdot32:
 zkdotdone:
 	VEXTRACTF64X4 $1, Z0, Y1
 	VEXTRACTF64X4 $1, Z2, Y3
-	VADDPS Y1, Y0, Y0
-	VADDPS Y3, Y2, Y2
-	VADDPS Y2, Y0, Y0
-	VEXTRACTF128 $1, Y0, X1
-	VADDPS X1, X0, X0
-	VHADDPS X0, X0, X0
-	VHADDPS X0, X0, X0
 	// u = beta·(v[r] - s)
-	VMOVSS (R12), X5
-	VSUBSS X0, X5, X5
-	VMULSS X14, X5, X5
-	VMOVSS X5, (SI)
+	KDA_U
 	VBROADCASTSS X5, Z15
 	// row = row ⊙ e + u·k, o[r] = row·q: Z0 = [Y0 | Y1] of rowUpdateDotAVX2
 	XORQ AX, AX
@@ -800,18 +781,7 @@ zkupd16:
 
 zkupddone:
 	VEXTRACTF64X4 $1, Z0, Y1
-	VADDPS Y1, Y0, Y0
-	VEXTRACTF128 $1, Y0, X1
-	VADDPS X1, X0, X0
-	VHADDPS X0, X0, X0
-	VHADDPS X0, X0, X0
-	VMOVSS X0, (R13)
-	// next row
-	LEAQ (DI)(BX*4), DI
-	ADDQ $4, R12
-	ADDQ $4, R13
-	ADDQ $4, SI
-	DECQ DX
+	KDA_O_NEXT
 	JMP  zkrow
 
 zkend:
