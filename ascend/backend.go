@@ -68,8 +68,12 @@ type devBuf struct {
 	off, n int
 	freed  bool
 	// nz is set for a matmul weight stored in FRACTAL_NZ
-	// (PrepareMatMul): the layout of its transpose [K, N].
+	// (PrepareMatMul): the layout of its transpose [K, N], Batch of them
+	// in a stack of experts.
 	nz *nz.Layout
+	// experts is the number of experts' weights stacked in the buffer
+	// (PrepareExperts), 0 for any other buffer.
+	experts int
 }
 
 // streamSync is the fence of a span freed on the backend's stream: the
@@ -748,6 +752,9 @@ type operand struct {
 	i64 bool
 	// nz is a matmul weight in FRACTAL_NZ, described whole (descNZ).
 	nz bool
+	// stack is expert 0 of a stack of experts' weights [N, K], described
+	// as aclnnGroupedMatmulV4's weight [E, K, N] (descStack).
+	stack bool
 }
 
 // descOf describes o.
@@ -755,6 +762,8 @@ func (b *Backend) descOf(o operand) (tensorDesc, error) {
 	switch {
 	case o.nz:
 		return b.descNZ(o.t)
+	case o.stack:
+		return b.descStack(o.t)
 	case o.i64:
 		return b.desc64(o.t, o.view, o.strides)
 	}

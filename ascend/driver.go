@@ -37,6 +37,16 @@ type driver interface {
 	topk(x tensorDesc, k, dim int, values, indices tensorDesc) (prepared, error)
 	// moeGating is aclnnMoeGatingTopK as k3 calls it; bias may be nil.
 	moeGating(x, bias tensorDesc, k, kGroup, groups int, renorm bool, scale float64, y, idx tensorDesc) (prepared, error)
+	// moeInitRouting is aclnnMoeInitRoutingV2 in its dropless form: the
+	// (token, slot) pairs of idx [T, K] (int32 experts 0..experts-1)
+	// sorted by expert, x's rows in that order into expandedX [T·K, H],
+	// each pair's place into rowIdx [T·K] and the cumulative counts into
+	// cumsum [experts] (int32).
+	moeInitRouting(x, idx tensorDesc, experts int, expandedX, rowIdx, cumsum tensorDesc) (prepared, error)
+	// groupedMatmul is aclnnGroupedMatmulV4 over one x [M, K], one stacked
+	// w [G, K, N] and one out [M, N], grouped along M by the int64
+	// cumulative groupList [G], whose last value must be M.
+	groupedMatmul(x, w, groupList, out tensorDesc) (prepared, error)
 	// rgdr is aclnnRecurrentGatedDeltaRule; g may be nil.
 	rgdr(q, k, v, beta, state, seqLens, stateIdx, g, gk tensorDesc, scale float32, out tensorDesc) (prepared, error)
 

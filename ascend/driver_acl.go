@@ -134,6 +134,14 @@ func (d aclDriver) moeGating(x, bias tensorDesc, k, kGroup, groups int, renorm b
 	return wrapOp(d.ctx.MoeGatingTopK(at(x), tb, k, kGroup, groups, renorm, scale, at(y), at(idx)))
 }
 
+func (d aclDriver) moeInitRouting(x, idx tensorDesc, experts int, expandedX, rowIdx, cumsum tensorDesc) (prepared, error) {
+	return wrapOp(d.ctx.MoeInitRouting(at(x), at(idx), experts, at(expandedX), at(rowIdx), at(cumsum)))
+}
+
+func (d aclDriver) groupedMatmul(x, w, groupList, out tensorDesc) (prepared, error) {
+	return wrapOp(d.ctx.GroupedMatmul(at(x), at(w), at(groupList), at(out)))
+}
+
 func (d aclDriver) amax(x, out tensorDesc) (prepared, error) {
 	return wrapOp(d.ctx.Amax(at(x), []int64{-1}, true, at(out)))
 }

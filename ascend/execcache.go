@@ -116,6 +116,12 @@ func (b *Backend) execKey(key string, operands []operand) ([]byte, bool) {
 		if o.nz {
 			k = append(k, "nz"...)
 		}
+		if o.stack {
+			k = append(k, "stack"...)
+			for _, v := range o.t.Dims[:o.t.Rank] {
+				k = strconv.AppendInt(append(k, ','), int64(v), 10)
+			}
+		}
 		for _, v := range o.view {
 			k = strconv.AppendInt(append(k, ','), v, 10)
 		}

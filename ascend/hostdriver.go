@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -279,8 +280,8 @@ type hostTensor struct {
 	offset  int64
 	data    []byte // the whole storage
 	dead    bool
-	// nz is set for a FRACTAL_NZ matrix [R, C] (contiguous view, offset
-	// 0): element i of the view is stored at nz.Offset(0, i/C, i%C).
+	// nz is set for a FRACTAL_NZ tensor [..., R, C] (contiguous view,
+	// offset 0): element i of the view is stored at nzAt(i).
 	nz *nz.Layout
 }
 
@@ -327,20 +328,27 @@ func (d *hostDriver) newTensor(td acl.TensorDesc) (tensorDesc, error) {
 	return &hostTensor{dt: td.DType, dims: td.Dims, strides: strides, offset: td.Offset, data: data}, nil
 }
 
-// newNZ describes a FRACTAL_NZ matrix: a 16-bit [R, C] view, contiguous
-// from offset 0, over a storage [⌈C/16⌉, ⌈R/16⌉, 16, 16].
+// newNZ describes a FRACTAL_NZ tensor: a 16-bit [..., R, C] view,
+// contiguous from offset 0, over a storage [..., ⌈C/16⌉, ⌈R/16⌉, 16, 16].
 func (d *hostDriver) newNZ(td acl.TensorDesc) (tensorDesc, error) {
 	api := "aclCreateTensor"
-	if len(td.Dims) != 2 || td.DType.Size() != 2 || td.Offset != 0 {
+	nd := len(td.Dims)
+	if nd < 2 || td.DType.Size() != 2 || td.Offset != 0 {
 		return nil, hostErr(acl.ACLNN, 161002, api, "FRACTAL_NZ view %v of data type %d at offset %d: a 16-bit matrix from offset 0 expected", td.Dims, td.DType, td.Offset)
 	}
-	R, C := td.Dims[0], td.Dims[1]
-	l, err := nz.NewLayout([]int{int(R), int(C)}, nz.C0(2))
+	dims := make([]int, nd)
+	strides := make([]int64, nd)
+	s := int64(1)
+	for i := nd - 1; i >= 0; i-- {
+		dims[i], strides[i] = int(td.Dims[i]), s
+		s *= td.Dims[i]
+	}
+	l, err := nz.NewLayout(dims, nz.C0(2))
 	if err != nil {
 		return nil, hostErr(acl.ACLNN, 161002, api, "FRACTAL_NZ view %v: %v", td.Dims, err)
 	}
-	want := l.StorageDims(nil)
-	if (td.Strides != nil && (len(td.Strides) != 2 || td.Strides[0] != C || td.Strides[1] != 1)) || len(td.StorageDims) != len(want) {
+	want := l.StorageDims(dims[:nd-2])
+	if (td.Strides != nil && !slices.Equal(td.Strides, strides)) || len(td.StorageDims) != len(want) {
 		return nil, hostErr(acl.ACLNN, 161002, api, "FRACTAL_NZ view %v strides %v storage %v, want contiguous over %v", td.Dims, td.Strides, td.StorageDims, want)
 	}
 	for i, s := range want {
@@ -352,12 +360,19 @@ func (d *hostDriver) newNZ(td acl.TensorDesc) (tensorDesc, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &hostTensor{dt: td.DType, dims: td.Dims, strides: []int64{C, 1}, data: data, nz: &l}, nil
+	return &hostTensor{dt: td.DType, dims: td.Dims, strides: strides, data: data, nz: &l}, nil
+}
+
+// nzAt is where element i of an NZ tensor's contiguous view is stored.
+func (t *hostTensor) nzAt(i int64) int64 {
+	l := t.nz
+	rc := int64(l.R * l.C)
+	return int64(l.Offset(int(i/rc), int(i%rc)/l.C, int(i%int64(l.C))))
 }
 
 func (t *hostTensor) get(i int64) float64 {
 	if t.nz != nil {
-		i = int64(t.nz.Offset(0, int(i/t.dims[1]), int(i%t.dims[1])))
+		i = t.nzAt(i)
 	}
 	switch t.dt {
 	case acl.Float:
@@ -376,7 +391,7 @@ func (t *hostTensor) get(i int64) float64 {
 
 func (t *hostTensor) put(i int64, v float64) {
 	if t.nz != nil {
-		i = int64(t.nz.Offset(0, int(i/t.dims[1]), int(i%t.dims[1])))
+		i = t.nzAt(i)
 	}
 	switch t.dt {
 	case acl.Float:
@@ -1051,4 +1066,90 @@ func (d *hostDriver) topk(x tensorDesc, k, dim int, values, indices tensorDesc) 
 		return nil
 	}
 	return &hostOp{d: d, api: "aclnnTopk", run: run}, nil
+}
+
+func (d *hostDriver) moeInitRouting(x, idx tensorDesc, experts int, expandedX, rowIdx, cumsum tensorDesc) (prepared, error) {
+	api := "aclnnMoeInitRoutingV2GetWorkspaceSize"
+	ts, err := operands(api, x, idx, expandedX, rowIdx, cumsum)
+	if err != nil {
+		return nil, err
+	}
+	a, ix, ex, ri, cs := ts[0], ts[1], ts[2], ts[3], ts[4]
+	if len(a.dims) != 2 || len(ix.dims) != 2 || ix.dt != acl.Int32 || ix.dims[0] != a.dims[0] || len(ex.dims) != 2 ||
+		ex.dims[0] != ix.dims[0]*ix.dims[1] || ex.dims[1] != a.dims[1] || ex.dt != a.dt || len(ri.dims) != 1 ||
+		ri.dt != acl.Int32 || ri.dims[0] != ex.dims[0] || len(cs.dims) != 1 || cs.dt != acl.Int32 || cs.dims[0] != int64(experts) || experts <= 0 {
+		return nil, hostErr(acl.ACLNN, 161002, api, "x %v, expertIdx %v, expandedX %v, expandedRowIdx %v, cumsum %v for %d experts",
+			a.dims, ix.dims, ex.dims, ri.dims, cs.dims, experts)
+	}
+	T, K, H, E := ix.dims[0], ix.dims[1], a.dims[1], int64(experts)
+	expert := func(p int64) int64 { return int64(ix.get(ix.offset + p/K*ix.strides[0] + p%K*ix.strides[1])) }
+	run := func([]byte) error {
+		next := make([]int64, E+1)
+		for p := range T * K {
+			v := expert(p)
+			if v < 0 || v >= E {
+				return hostErr(acl.ACL, 507015, "aclnnMoeInitRoutingV2", "expert %d outside [0, %d)", v, E)
+			}
+			next[v+1]++
+		}
+		for v := range E {
+			next[v+1] += next[v]
+			cs.put(cs.offset+v*cs.strides[0], float64(next[v+1]))
+		}
+		for p := range T * K {
+			v := expert(p)
+			i := next[v]
+			next[v]++
+			ri.put(ri.offset+p*ri.strides[0], float64(i))
+			for h := range H {
+				ex.put(ex.offset+i*ex.strides[0]+h*ex.strides[1], a.get(a.offset+p/K*a.strides[0]+h*a.strides[1]))
+			}
+		}
+		return nil
+	}
+	return &hostOp{d: d, api: "aclnnMoeInitRoutingV2", run: run}, nil
+}
+
+func (d *hostDriver) groupedMatmul(x, w, groupList, out tensorDesc) (prepared, error) {
+	api := "aclnnGroupedMatmulV4GetWorkspaceSize"
+	ts, err := operands(api, x, w, groupList, out)
+	if err != nil {
+		return nil, err
+	}
+	a, b, gl, o := ts[0], ts[1], ts[2], ts[3]
+	if len(a.dims) != 2 || len(b.dims) != 3 || len(o.dims) != 2 || a.dims[1] != b.dims[1] || o.dims[0] != a.dims[0] ||
+		o.dims[1] != b.dims[2] || len(gl.dims) != 1 || gl.dt != acl.Int64 || gl.dims[0] != b.dims[0] || b.dims[0] > 1024 ||
+		a.nz != nil || o.nz != nil || o.dt != a.dt {
+		return nil, hostErr(acl.ACLNN, 161002, api, "x %v, weight %v, groupList %v, out %v: x [M, K], weight [G, K, N], out [M, N], int64 groupList [G ≤ 1024] expected",
+			a.dims, b.dims, gl.dims, o.dims)
+	}
+	M, K, G, N := a.dims[0], a.dims[1], b.dims[0], b.dims[2]
+	run := func(ws []byte) error {
+		acc := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(ws))), N)
+		lo := int64(0)
+		for g := range G {
+			hi := int64(gl.get(gl.offset + g*gl.strides[0]))
+			if hi < lo || hi > M {
+				return hostErr(acl.ACL, 507015, "aclnnGroupedMatmulV4", "group %d ends at row %d after %d (x has %d rows)", g, hi, lo, M)
+			}
+			for m := lo; m < hi; m++ {
+				for n := range N {
+					var s float64
+					for k := range K {
+						s += a.get(a.offset+m*a.strides[0]+k*a.strides[1]) * b.get(b.offset+g*b.strides[0]+k*b.strides[1]+n*b.strides[2])
+					}
+					acc[n] = float32(s)
+				}
+				for n := range N {
+					o.put(o.offset+m*o.strides[0]+n*o.strides[1], float64(acc[n]))
+				}
+			}
+			lo = hi
+		}
+		if lo != M {
+			return hostErr(acl.ACL, 507015, "aclnnGroupedMatmulV4", "the groups cover %d of x's %d rows", lo, M)
+		}
+		return nil
+	}
+	return &hostOp{d: d, api: "aclnnGroupedMatmulV4", ws: int(N) * 4, run: run}, nil
 }

@@ -3,6 +3,7 @@ package ascend
 import (
 	"fmt"
 
+	"k3/ascend/internal/acl"
 	"k3/compute"
 )
 
@@ -45,7 +46,9 @@ func (b *Backend) MoERoute(a *compute.RouteArgs) error {
 	}, ops...)
 }
 
-// MoEExperts implements compute.Backend as a composition: the routing is
+// MoEExperts implements compute.Backend. On experts stacked at load
+// (PrepareExperts) it runs groupedExperts, all on the device. Otherwise it
+// is a composition: the routing is
 // read to the host (one synchronisation) to group the (token, slot) pairs
 // by expert; then per active expert its tokens are gathered
 // (aclnnIndexSelect), run through W1 and W3 (MatMul), the gated
@@ -74,6 +77,9 @@ func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if stackOf(a.W1) != nil && stackOf(a.W3) != nil && stackOf(a.W2) != nil {
+		return b.groupedExperts(a, T, Din, K, I, E)
+	}
 	idx := make([]int32, T*K)
 	if err := b.get(idx, a.Indices); err != nil {
 		return err
@@ -184,4 +190,127 @@ func (b *Backend) fillZero(t compute.Tensor) error {
 		return err
 	}
 	return b.s.Memset(p, 0, dims(t)*t.DType.Size())
+}
+
+// groupedExperts is MoEExperts over stacked weights with no host round
+// trip, so a decode step that runs it can be captured; b.mu is held.
+// aclnnGroupedMatmulV4's groups must cover every row, so a slot of -1 (an
+// expert another rank holds) is routed to the last expert with a routing
+// weight of 0: with m = ReLU(i+1) − ReLU(i) (1 for an expert, 0 for -1),
+// i' = i + E·(1 − m) and w' = w·m. aclnnMoeInitRoutingV2 sorts the T·K
+// (token, slot) pairs by expert and counts them; three grouped products
+// with the gated activation between them run every expert over its rows;
+// each pair's output row is gathered back to pair order (aclnnIndexSelect),
+// scaled by w', and a token's K slots are summed in slot order.
+func (b *Backend) groupedExperts(a *compute.ExpertArgs, T, Din, K, I, E int) error {
+	M := T * K
+	var scratch []compute.Tensor
+	defer func() {
+		for _, t := range scratch {
+			b.freeBuf(t.Mem.(*devBuf))
+		}
+	}()
+	alloc := func(dt compute.DType, dims ...int) (compute.Tensor, error) {
+		t, err := b.allocTensor(dt, dims...)
+		if err == nil {
+			scratch = append(scratch, t)
+		}
+		return t, err
+	}
+	type spec struct {
+		t  *compute.Tensor
+		dt compute.DType
+		d  []int
+	}
+	var ones, f, r, m, wm, ex, h1, h3, y, z, idx, rows, cs32, cs64 compute.Tensor
+	for _, sp := range []spec{
+		{&ones, compute.F32, []int{M}}, {&f, compute.F32, []int{M}}, {&r, compute.F32, []int{M}}, {&m, compute.F32, []int{M}}, {&wm, compute.F32, []int{M}},
+		{&ex, compute.F32, []int{M, Din}}, {&h1, compute.F32, []int{M, I}}, {&h3, compute.F32, []int{M, I}},
+		{&y, compute.F32, []int{M, Din}}, {&z, compute.F32, []int{M, Din}},
+		{&idx, compute.I32, []int{T, K}}, {&rows, compute.I32, []int{M}}, {&cs32, compute.I32, []int{E}},
+		{&cs64, compute.I32, []int{2 * E}}, // int64 counts, read through desc64
+	} {
+		var err error
+		if *sp.t, err = alloc(sp.dt, sp.d...); err != nil {
+			return err
+		}
+	}
+	var al [3]scalar
+	var err error
+	for i, v := range []float32{1, -1, float32(E)} {
+		if al[i], err = b.scalar(v); err != nil {
+			return err
+		}
+	}
+	plus, minus, byE := al[0], al[1], al[2]
+	vec := func(t compute.Tensor) operand { return operand{t: t, view: i64(M)} }
+	add := func(x, y operand, alpha scalar, out operand) func() error {
+		return func() error {
+			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.add(ts[0], ts[1], alpha, ts[2]) }, x, y, out)
+		}
+	}
+	unary := func(name string, x, out operand) func() error {
+		return func() error {
+			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary(name, ts[0], ts[1]) }, x, out)
+		}
+	}
+	cast := func(x compute.Tensor, xv []int64, dt acl.DataType, out operand) func() error {
+		return func() error {
+			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.cast(ts[0], dt, ts[1]) }, operand{t: x, view: xv}, out)
+		}
+	}
+	gmm := func(x compute.Tensor, w []compute.Tensor, out compute.Tensor) func() error {
+		return func() error {
+			return b.runAs("aclnnGroupedMatmulV4", func(ts []tensorDesc) (prepared, error) { return b.drv.groupedMatmul(ts[0], ts[1], ts[2], ts[3]) },
+				flat(x, x.Dims[1]), operand{t: w[0], stack: true}, operand{t: cs64, view: i64(E), i64: true}, flat(out, out.Dims[1]))
+		}
+	}
+	steps := []func() error{
+		func() error { // filled on the stream: a cached constant would be uploaded with a wait
+			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.fill(ts[0], plus) }, vec(ones))
+		},
+		cast(a.Indices, i64(M), acl.Float, vec(f)),
+		add(vec(f), vec(ones), plus, vec(r)),
+		unary("aclnnRelu", vec(r), vec(r)),
+		unary("aclnnRelu", vec(f), vec(m)),
+		add(vec(r), vec(m), minus, vec(m)),
+		func() error {
+			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) },
+				operand{t: a.Weights, view: i64(M)}, vec(m), vec(wm))
+		},
+		add(vec(ones), vec(m), minus, vec(r)),
+		add(vec(f), vec(r), byE, vec(f)),
+		cast(f, i64(M), acl.Int32, operand{t: idx, view: i64(M)}),
+		func() error {
+			return b.run(func(ts []tensorDesc) (prepared, error) {
+				return b.drv.moeInitRouting(ts[0], ts[1], E, ts[2], ts[3], ts[4])
+			}, flat(a.X, Din), operand{t: idx, view: i64(T, K)}, flat(ex, Din), vec(rows), operand{t: cs32, view: i64(E)})
+		},
+		cast(cs32, i64(E), acl.Int64, operand{t: cs64, view: i64(E), i64: true}),
+		gmm(ex, a.W1, h1),
+		gmm(ex, a.W3, h3),
+		func() error { return b.gatedAct(a.Act, h1, h1, h3) },
+		gmm(h1, a.W2, y),
+		func() error {
+			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.indexSelect(ts[0], 0, ts[1], ts[2]) },
+				flat(y, Din), vec(rows), flat(z, Din))
+		},
+		func() error {
+			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) },
+				flat(z, Din), operand{t: wm, view: i64(M, 1)}, flat(z, Din))
+		},
+		func() error {
+			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) },
+				flat(a.Out, Din), operand{t: z, view: i64(T, Din), strides: i64(K*Din, 1)})
+		},
+	}
+	for j := 1; j < K; j++ {
+		steps = append(steps, add(flat(a.Out, Din), operand{t: part(z, j*Din, (M-j)*Din), view: i64(T, Din), strides: i64(K*Din, 1)}, plus, flat(a.Out, Din)))
+	}
+	for i, step := range steps {
+		if err := step(); err != nil {
+			return fmt.Errorf("ascend: grouped experts, step %d: %w", i, err)
+		}
+	}
+	return nil
 }

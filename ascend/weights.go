@@ -68,24 +68,28 @@ func (b *Backend) PrepareMatMul(w compute.Tensor) (compute.Tensor, error) {
 }
 
 // descNZ describes a prepared weight [N, K] as aclnnMatmul's mat2: the
-// view [K, N] of an NZ storage [⌈N/16⌉, ⌈K/16⌉, 16, 16].
+// view [K, N] of an NZ storage [⌈N/16⌉, ⌈K/16⌉, 16, 16]. In a stack of
+// experts (PrepareExperts) the weight is expert Off/(N·K)'s.
 func (b *Backend) descNZ(w compute.Tensor) (tensorDesc, error) {
 	d, err := bufOf(w)
 	if err != nil {
 		return nil, err
 	}
 	l := d.nz
-	if w.Off != 0 || w.Rank != 2 || w.Dims[0] != l.C || w.Dims[1] != l.R {
+	per := l.R * l.C
+	if w.Off%per != 0 || w.Off/per >= l.Batch || w.Rank != 2 || w.Dims[0] != l.C || w.Dims[1] != l.R {
 		return nil, fmt.Errorf("%w: %v is a view of a FRACTAL_NZ weight [%d, %d]; MatMul reads it whole", compute.ErrShape, w, l.C, l.R)
 	}
-	sd := l.StorageDims(nil)
+	one := *l
+	one.Batch = 1
+	sd := one.StorageDims(nil)
 	return b.drv.newTensor(acl.TensorDesc{
 		DType:       aclType(w.DType),
 		Format:      acl.FormatFractalNZ,
 		Dims:        i64(l.R, l.C),
 		Strides:     i64(l.C, 1),
 		StorageDims: i64(sd...),
-		Data:        b.base.Add(d.off),
+		Data:        b.base.Add(d.off + w.Off/per*one.Len()*2),
 	})
 }
 
@@ -95,19 +99,140 @@ func errNZ(t compute.Tensor) error {
 }
 
 // unpackNZ returns a prepared weight's elements [N, K] row-major as bytes,
-// from the bytes of its NZ storage.
+// from the bytes of its NZ storage; a stack of experts gives [E, N, K].
 func unpackNZ(l *nz.Layout, storage []byte) ([]byte, error) {
 	packed := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(storage))), l.Len())
-	wt := make([]uint16, l.R*l.C) // [K, N]
+	wt := make([]uint16, l.Batch*l.R*l.C) // [E, K, N]
 	if err := nz.Unpack(*l, wt, packed); err != nil {
 		return nil, err
 	}
 	N, K := l.C, l.R
-	out := make([]byte, 2*N*K)
-	for n := range N {
-		for k := range K {
-			binary.LittleEndian.PutUint16(out[2*(n*K+k):], wt[k*N+n])
+	out := make([]byte, 2*len(wt))
+	for e := range l.Batch {
+		for n := range N {
+			for k := range K {
+				binary.LittleEndian.PutUint16(out[2*((e*N+n)*K+k):], wt[(e*K+k)*N+n])
+			}
 		}
 	}
 	return out, nil
+}
+
+// PrepareExperts implements compute.ExpertPreparer: each kind of a
+// layer's expert weights (W1, W3, W2) moves into one buffer, expert after
+// expert, so that aclnnGroupedMatmulV4 reads them as one weight [E, K, N]
+// (MoEExperts' grouped route). Experts prepared in FRACTAL_NZ stay in it:
+// a stack of NZ matrices is the NZ layout of the stacked tensor. Entry e
+// becomes a view at element offset e·N·K of the stack, which MatMul still
+// reads as that expert's weight.
+func (b *Backend) PrepareExperts(w1, w3, w2 []compute.Tensor) error {
+	E := len(w1)
+	if len(w3) != E || len(w2) != E {
+		return fmt.Errorf("%w: experts: %d w1, %d w3, %d w2 tensors", compute.ErrShape, E, len(w3), len(w2))
+	}
+	if E == 0 || E > maxGroups {
+		return nil // the composition runs them one by one
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i, ws := range [][]compute.Tensor{w1, w3, w2} {
+		if err := b.stackExperts(ws); err != nil {
+			return fmt.Errorf("ascend: experts' w%d: %w", [3]int{1, 3, 2}[i], err)
+		}
+	}
+	return nil
+}
+
+// maxGroups is the most groups aclnnGroupedMatmulV4 takes along M.
+const maxGroups = 1024
+
+// stackExperts moves ws into one buffer and points ws at it; b.mu is held.
+func (b *Backend) stackExperts(ws []compute.Tensor) error {
+	first := ws[0]
+	d0, err := bufOf(first)
+	if err != nil {
+		return err
+	}
+	if first.Rank != 2 {
+		return fmt.Errorf("%w: expert 0 is %v, not a matrix", compute.ErrShape, first)
+	}
+	N, K := first.Dims[0], first.Dims[1]
+	bytes := first.Len() * first.DType.Size()
+	if d0.nz != nil {
+		bytes = d0.nz.Len() * 2
+	}
+	bufs := make([]*devBuf, len(ws))
+	for e, w := range ws {
+		d, err := bufOf(w)
+		if err != nil {
+			return fmt.Errorf("expert %d: %w", e, err)
+		}
+		if w.Rank != 2 || w.Dims != first.Dims || w.DType != first.DType || w.Off != 0 || d.n != bytes ||
+			d.experts != 0 || (d.nz == nil) != (d0.nz == nil) {
+			return fmt.Errorf("%w: expert %d is %v, expert 0 %v: the stack needs whole buffers of one shape and layout", compute.ErrShape, e, w, first)
+		}
+		bufs[e] = d
+	}
+	out, err := b.alloc(len(ws) * bytes)
+	if err != nil {
+		return err
+	}
+	for e, d := range bufs {
+		if err := b.s.CopyDevice(b.base.Add(out.off+e*bytes), b.base.Add(d.off), bytes); err != nil {
+			b.freeBuf(out)
+			return err
+		}
+	}
+	out.experts = len(ws)
+	if d0.nz != nil {
+		l := *d0.nz
+		l.Batch = len(ws)
+		out.nz = &l
+	}
+	for e, d := range bufs {
+		b.freeBuf(d)
+		ws[e] = compute.NewTensor(out, e*N*K, first.DType, N, K)
+	}
+	return nil
+}
+
+// descStack describes the stack whose expert 0 is w ([N, K]) as
+// aclnnGroupedMatmulV4's weight [E, K, N]: a strided view of the ND
+// stack, or the NZ stack whole.
+func (b *Backend) descStack(w compute.Tensor) (tensorDesc, error) {
+	d, err := bufOf(w)
+	if err != nil {
+		return nil, err
+	}
+	if d.experts == 0 || w.Off != 0 || w.Rank != 2 {
+		return nil, fmt.Errorf("%w: %v is not expert 0 of a stack of experts' weights", compute.ErrShape, w)
+	}
+	E, N, K := d.experts, w.Dims[0], w.Dims[1]
+	if d.nz == nil {
+		return b.desc(w, i64(E, K, N), i64(N*K, 1, K))
+	}
+	l := d.nz
+	return b.drv.newTensor(acl.TensorDesc{
+		DType:       aclType(w.DType),
+		Format:      acl.FormatFractalNZ,
+		Dims:        i64(E, l.R, l.C),
+		Strides:     i64(l.R*l.C, l.C, 1),
+		StorageDims: i64(l.StorageDims([]int{E})...),
+		Data:        b.base.Add(d.off),
+	})
+}
+
+// stackOf returns the buffer ws are the experts of, in order, or nil when
+// they are not one stack.
+func stackOf(ws []compute.Tensor) *devBuf {
+	d, ok := ws[0].Mem.(*devBuf)
+	if !ok || d.freed || d.experts != len(ws) {
+		return nil
+	}
+	for e, w := range ws {
+		if w.Mem != any(d) || w.Off != e*w.Dims[0]*w.Dims[1] {
+			return nil
+		}
+	}
+	return d
 }

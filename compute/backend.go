@@ -100,6 +100,26 @@ type WeightPreparer interface {
 	PrepareMatMul(w Tensor) (Tensor, error)
 }
 
+// ExpertPreparer is implemented by a backend whose MoEExperts reads a
+// layer's experts as one stacked weight per kind (a device's grouped
+// matmul). PrepareExperts receives one layer's expert weights, each as
+// PrepareMatMul returned it, that from then on are read only through
+// ExpertArgs (and MatMul); it may replace the slices' entries in place
+// with views of stacked tensors, the originals being freed. On an error
+// the entries are as they were.
+type ExpertPreparer interface {
+	PrepareExperts(w1, w3, w2 []Tensor) error
+}
+
+// PrepareExperts is b's PrepareExperts when b is an ExpertPreparer, and
+// nothing otherwise.
+func PrepareExperts(b Backend, w1, w3, w2 []Tensor) error {
+	if p, ok := b.(ExpertPreparer); ok {
+		return p.PrepareExperts(w1, w3, w2)
+	}
+	return nil
+}
+
 // Streams is implemented by a backend that runs work on more than one
 // queue (a device's streams), so that independent work overlaps.
 type Streams interface {

@@ -703,6 +703,9 @@ func (m *Model) loadMoE(src *source, prefix string) (*moe.Weights, moe.Router, e
 	if ld.Err != nil {
 		return nil, moe.Router{}, ld.Err
 	}
+	if err := compute.PrepareExperts(m.b, w.W1, w.W3, w.W2); err != nil {
+		return nil, moe.Router{}, fmt.Errorf("tensors %sexperts.*: %w", ld.Prefix, err)
+	}
 	if mc.NumShared > 0 {
 		sh, err := m.loadMLP(src, prefix+"shared_experts.", "gate_proj.weight", "up_proj.weight", "down_proj.weight", mc.IntermediateSize*mc.NumShared, true)
 		if err != nil {

@@ -10,7 +10,7 @@ import (
 
 func init() {
 	handlers["moe.router"] = runMoERouter
-	handlers["moe.layer"] = runMoELayer
+	handlers["moe.layer"] = bothExpertRoutes
 }
 
 // Tolerance from testdata/moe/README.md: about 1e-5 relative; indices exact.
@@ -120,7 +120,25 @@ func runMoERouter(ctx context.Context, b compute.Backend, path string, chk *chec
 	return nil
 }
 
-func runMoELayer(ctx context.Context, b compute.Backend, path string, chk *checker) error {
+// bothExpertRoutes runs a MoE layer case with the experts as loaded and,
+// on a backend that stacks them (compute.ExpertPreparer), again with them
+// stacked; the second route's failures are labelled "(stacked)".
+func bothExpertRoutes(ctx context.Context, b compute.Backend, path string, chk *checker) error {
+	if err := runMoELayer(ctx, b, path, chk, false); err != nil {
+		return err
+	}
+	if _, ok := b.(compute.ExpertPreparer); !ok {
+		return nil
+	}
+	chk.route = " (stacked)"
+	defer func() { chk.route = "" }()
+	if err := runMoELayer(ctx, b, path, chk, true); err != nil {
+		return fmt.Errorf("stacked route: %w", err)
+	}
+	return nil
+}
+
+func runMoELayer(ctx context.Context, b compute.Backend, path string, chk *checker, stack bool) error {
 	f, err := openCase(path)
 	if err != nil {
 		return err
@@ -163,6 +181,11 @@ func runMoELayer(ctx context.Context, b compute.Backend, path string, chk *check
 			return err
 		}
 		w.W1, w.W3, w.W2 = append(w.W1, t1), append(w.W3, t3), append(w.W2, t2)
+	}
+	if stack {
+		if err := compute.PrepareExperts(b, w.W1, w.W3, w.W2); err != nil {
+			return err
+		}
 	}
 	if f.has("shared_w1") {
 		sw1, ss, err := f.f32("shared_w1", -1, rc.d)

@@ -10,6 +10,7 @@ import "C"
 
 import (
 	"fmt"
+	"slices"
 	"unsafe"
 )
 
@@ -18,6 +19,9 @@ import (
 type Tensor struct {
 	ctx *Context
 	t   unsafe.Pointer
+	// d is the description it was made from, for copies that a tensor
+	// list owns (aclDestroyTensorList destroys its tensors).
+	d TensorDesc
 }
 
 // NewTensor creates a descriptor.
@@ -52,7 +56,8 @@ func (c *Context) NewTensor(d TensorDesc) (*Tensor, error) {
 	if t == nil {
 		return nil, errOf(&e)
 	}
-	return &Tensor{ctx: c, t: t}, nil
+	d.Dims, d.Strides, d.StorageDims, d.Format = slices.Clone(d.Dims), slices.Clone(strides), slices.Clone(storage), format
+	return &Tensor{ctx: c, t: t, d: d}, nil
 }
 
 // Destroy releases the descriptor (not the memory it describes).
@@ -77,6 +82,8 @@ type Op struct {
 	exec          unsafe.Pointer
 	WorkspaceSize int
 	repeatable    bool
+	// lists are tensor lists the executor reads, destroyed with it.
+	lists []unsafe.Pointer
 }
 
 // Launch queues phase 2 on s with a workspace of at least WorkspaceSize
@@ -95,6 +102,8 @@ func (o *Op) Launch(s *Stream, ws DevPtr) error {
 	rc := C.k3_op_launch(o.ctx.c, o.launch, capi, ptr(ws), C.uint64_t(o.WorkspaceSize), o.exec, s.s, &e)
 	if !o.repeatable {
 		o.exec = nil
+		o.ctx.destroyLists(o.lists)
+		o.lists = nil
 	}
 	if rc != 0 {
 		return errOf(&e)
@@ -124,6 +133,8 @@ func (o *Op) Destroy() error {
 		return errOf(&e)
 	}
 	o.exec = nil
+	o.ctx.destroyLists(o.lists)
+	o.lists = nil
 	return nil
 }
 
@@ -381,4 +392,80 @@ func (c *Context) Amax(x *Tensor, dims []int64, keepDim bool, out *Tensor) (*Op,
 	return c.prepare("aclnnAmax", func(fn unsafe.Pointer, api *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
 		return C.k3_prepare_tabt(c.c, fn, api, x.t, arr, keep, out.t, ws, exec, e)
 	})
+}
+
+// list makes a tensor list of copies of ts, which the list owns.
+func (c *Context) list(ts ...*Tensor) (unsafe.Pointer, error) {
+	ps := (*[8]unsafe.Pointer)(C.calloc(8, C.size_t(unsafe.Sizeof(unsafe.Pointer(nil)))))
+	defer C.free(unsafe.Pointer(ps))
+	if len(ts) > len(ps) {
+		return nil, fmt.Errorf("%w: a tensor list of %d", ErrInvalidArgument, len(ts))
+	}
+	var made []*Tensor
+	for i, t := range ts {
+		cp, err := c.NewTensor(t.d)
+		if err != nil {
+			for _, m := range made {
+				m.Destroy()
+			}
+			return nil, err
+		}
+		made = append(made, cp)
+		ps[i] = cp.t
+	}
+	var e C.k3_err
+	l := C.k3_tensor_list_create(c.c, &ps[0], C.uint64_t(len(ts)), &e)
+	if l == nil {
+		for _, m := range made {
+			m.Destroy()
+		}
+		return nil, errOf(&e)
+	}
+	return l, nil
+}
+
+// destroyLists destroys tensor lists and the tensors they own; an
+// error is the runtime's and leaves nothing to do.
+func (c *Context) destroyLists(ls []unsafe.Pointer) {
+	var e C.k3_err
+	for _, l := range ls {
+		C.k3_tensor_list_destroy(c.c, l, &e)
+	}
+}
+
+// MoeInitRouting prepares aclnnMoeInitRoutingV2 in its dropless form: the
+// (token, slot) pairs of idx [T, K] (experts 0..experts-1) sorted by
+// expert, x's rows copied in that order into expandedX [T·K, H], each
+// pair's place into rowIdx [T·K] and the cumulative count of each expert's
+// rows into cumsum [experts] (int32).
+func (c *Context) MoeInitRouting(x, idx *Tensor, experts int, expandedX, rowIdx, cumsum *Tensor) (*Op, error) {
+	return c.prepare("aclnnMoeInitRoutingV2", func(fn unsafe.Pointer, _ *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_moe_init_routing_prepare(c.c, fn, x.t, idx.t, 0, 0, C.int64_t(experts), 0, 1, 0,
+			expandedX.t, rowIdx.t, cumsum.t, nil, ws, exec, e)
+	})
+}
+
+// GroupedMatmul prepares aclnnGroupedMatmulV4 with single tensors grouped
+// along M (groupType 0, splitItem 3): out[m] = x[m] · w[g] for the rows m
+// of group g, groupList int64 [G] cumulative (groupListType 0), w [G, K,
+// N] (a strided view or FRACTAL_NZ), no bias, quantisation or activation.
+func (c *Context) GroupedMatmul(x, w, groupList, out *Tensor) (*Op, error) {
+	var lists []unsafe.Pointer
+	for _, t := range []*Tensor{x, w, out} {
+		l, err := c.list(t)
+		if err != nil {
+			c.destroyLists(lists)
+			return nil, err
+		}
+		lists = append(lists, l)
+	}
+	op, err := c.prepare("aclnnGroupedMatmulV4", func(fn unsafe.Pointer, _ *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_gmm_prepare(c.c, fn, lists[0], lists[1], groupList.t, 3, 0, 0, 0, lists[2], ws, exec, e)
+	})
+	if err != nil {
+		c.destroyLists(lists)
+		return nil, err
+	}
+	op.lists = lists
+	return op, nil
 }

@@ -46,6 +46,8 @@ static struct {
 	int (*aclDestroyScalar)(const void *);
 	void *(*aclCreateIntArray)(const int64_t *, uint64_t);
 	int (*aclDestroyIntArray)(const void *);
+	void *(*aclCreateTensorList)(const void *const *, uint64_t);
+	int (*aclDestroyTensorList)(const void *);
 } f;
 
 // The order of these names is the order of f's fields.
@@ -60,6 +62,7 @@ static const char *acl_names[] = {
 static const char *nnopbase_names[] = {
 	"aclCreateTensor", "aclDestroyTensor", "aclSetAclOpExecutorRepeatable", "aclDestroyAclOpExecutor",
 	"aclCreateScalar", "aclDestroyScalar", "aclCreateIntArray", "aclDestroyIntArray",
+	"aclCreateTensorList", "aclDestroyTensorList",
 };
 
 void *k3_dlopen(const char *path, int global, char *errbuf, size_t n) {
@@ -608,5 +611,45 @@ int k3_hccl_recv(void *ctx, void *buf, uint64_t count, uint32_t peer, void *comm
 int k3_hccl_barrier(void *ctx, void *comm, void *s, k3_err *e) {
 	USE(ctx);
 	HCALL("HcclBarrier", h.HcclBarrier(comm, s));
+	return 0;
+}
+
+void *k3_tensor_list_create(void *ctx, void **ts, uint64_t n, k3_err *e) {
+	int rc = f.aclrtSetCurrentContext(ctx);
+	if (rc != 0) {
+		fill(e, 1, rc, "aclrtSetCurrentContext");
+		return NULL;
+	}
+	void *l = f.aclCreateTensorList((const void *const *)ts, n);
+	if (l == NULL) fill(e, 2, 161002, "aclCreateTensorList");
+	return l;
+}
+
+int k3_tensor_list_destroy(void *ctx, void *l, k3_err *e) {
+	USE(ctx);
+	CALL(2, "aclDestroyTensorList", f.aclDestroyTensorList(l));
+	return 0;
+}
+
+int k3_moe_init_routing_prepare(void *ctx, void *fn, void *x, void *idx, int64_t activeNum, int64_t capacity,
+	int64_t expertNum, int64_t dropPadMode, int64_t countFlag, int beforeFlag, void *expandedX, void *rowIdx, void *counts,
+	void *before, uint64_t *ws, void **exec, k3_err *e) {
+	USE(ctx);
+	typedef int (*p1)(void *, void *, int64_t, int64_t, int64_t, int64_t, int64_t, _Bool, void *, void *, void *, void *,
+		uint64_t *, void **);
+	CALL(2, "aclnnMoeInitRoutingV2GetWorkspaceSize",
+		((p1)fn)(x, idx, activeNum, capacity, expertNum, dropPadMode, countFlag, beforeFlag != 0, expandedX, rowIdx, counts,
+			before, ws, exec));
+	return 0;
+}
+
+int k3_gmm_prepare(void *ctx, void *fn, void *x, void *w, void *groupList, int64_t splitItem, int64_t groupType,
+	int64_t groupListType, int64_t actType, void *out, uint64_t *ws, void **exec, k3_err *e) {
+	USE(ctx);
+	typedef int (*p1)(void *, void *, void *, void *, void *, void *, void *, void *, void *, void *, void *, void *,
+		int64_t, int64_t, int64_t, int64_t, void *, void *, void *, uint64_t *, void **);
+	CALL(2, "aclnnGroupedMatmulV4GetWorkspaceSize",
+		((p1)fn)(x, w, NULL, NULL, NULL, NULL, NULL, NULL, groupList, NULL, NULL, NULL, splitItem, groupType, groupListType,
+			actType, out, NULL, NULL, ws, exec));
 	return 0;
 }

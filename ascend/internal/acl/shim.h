@@ -95,6 +95,13 @@ int k3_prepare_tabt(void *ctx, void *fn, const char *api, void *a, void *arr, in
 	k3_err *e);
 int k3_topk_prepare(void *ctx, void *fn, void *x, int64_t k, int64_t dim, int largest, int sorted, void *values, void *indices,
 	uint64_t *ws, void **exec, k3_err *e);
+void *k3_tensor_list_create(void *ctx, void **ts, uint64_t n, k3_err *e);
+int k3_tensor_list_destroy(void *ctx, void *l, k3_err *e);
+int k3_moe_init_routing_prepare(void *ctx, void *fn, void *x, void *idx, int64_t activeNum, int64_t capacity,
+	int64_t expertNum, int64_t dropPadMode, int64_t countFlag, int beforeFlag, void *expandedX, void *rowIdx, void *counts,
+	void *before, uint64_t *ws, void **exec, k3_err *e);
+int k3_gmm_prepare(void *ctx, void *fn, void *x, void *w, void *groupList, int64_t splitItem, int64_t groupType,
+	int64_t groupListType, int64_t actType, void *out, uint64_t *ws, void **exec, k3_err *e);
 int k3_rmsnorm_prepare(void *ctx, void *fn, void *x, void *gamma, double eps, void *y, void *rstd,
 	uint64_t *ws, void **exec, k3_err *e);
 

@@ -559,3 +559,105 @@ func TestHWMatmulNZ(t *testing.T) {
 		}
 	}
 }
+
+// aclnnMoeInitRoutingV2 (dropless, cumulative counts) then
+// aclnnGroupedMatmulV4 over the sorted rows with one stacked weight, the
+// grouped expert route's two device operators: the routing exactly (each
+// pair's row at its place, the counts), the products against float64.
+// The weight is a strided view [E, K, N] of experts stored [N, K], in f32
+// and in bf16 beside f32 rows (what k3 passes for a bf16 checkpoint, which
+// the operator's documentation does not list: this test decides it).
+func TestHWMoeRoutingGroupedMatmul(t *testing.T) {
+	ctx := context(t)
+	rng := rand.New(rand.NewPCG(11, 12))
+	const T, K, E, H, N = 6, 3, 5, 32, 48
+	x, idx := make([]float32, T*H), make([]int32, T*K)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	count := make([]int, E)
+	for i := range idx {
+		idx[i] = int32(rng.IntN(E - 1)) // the last expert has no rows
+		count[idx[i]]++
+	}
+	dev := func(b []byte) acl.DevPtr { return onDevice(t, ctx, b) }
+	desc := func(dt acl.DataType, p acl.DevPtr, dims ...int64) *acl.Tensor {
+		return describe(t, ctx, dt, p, dims...)
+	}
+	s, err := ctx.NewStream()
+	require.NoError(t, err)
+	defer s.Destroy()
+	run := func(op *acl.Op, err error) {
+		t.Helper()
+		require.NoError(t, err)
+		require.NoError(t, op.Launch(s, workspace(t, ctx, op)))
+		require.NoError(t, s.Sync())
+	}
+	exP, rowP, csP := dev(make([]byte, 4*T*K*H)), dev(make([]byte, 4*T*K)), dev(make([]byte, 4*E))
+	run(ctx.MoeInitRouting(desc(acl.Float, dev(f32bytes(x)), T, H), desc(acl.Int32, dev(i32(idx)), T, K), E,
+		desc(acl.Float, exP, T*K, H), desc(acl.Int32, rowP, T*K), desc(acl.Int32, csP, E)))
+	exB, rowB, csB := make([]byte, 4*T*K*H), make([]byte, 4*T*K), make([]byte, 4*E)
+	require.NoError(t, ctx.CopyToHost(exB, exP))
+	require.NoError(t, ctx.CopyToHost(rowB, rowP))
+	require.NoError(t, ctx.CopyToHost(csB, csP))
+	ex := bytesF32(exB)
+	cum := make([]int64, E)
+	c := 0
+	for e := range E {
+		c += count[e]
+		cum[e] = int64(c)
+		require.Equal(t, int32(c), int32(binary.LittleEndian.Uint32(csB[4*e:])), "cumulative count of expert %d", e)
+	}
+	seen := make([]bool, T*K)
+	for p := range T * K {
+		i := int(int32(binary.LittleEndian.Uint32(rowB[4*p:])))
+		require.True(t, i >= 0 && i < T*K && !seen[i], "pair %d at place %d", p, i)
+		seen[i] = true
+		e := int(idx[p])
+		require.True(t, int64(i) >= cum[e]-int64(count[e]) && int64(i) < cum[e], "pair %d (expert %d) at place %d, outside its group", p, e, i)
+		require.Equal(t, x[p/K*H:p/K*H+H], ex[i*H:i*H+H], "row of pair %d", p)
+	}
+	glB := make([]byte, 8*E)
+	for e, v := range cum {
+		binary.LittleEndian.PutUint64(glB[8*e:], uint64(v))
+	}
+	for _, dt := range []acl.DataType{acl.Float, acl.BF16} {
+		t.Run(map[acl.DataType]string{acl.Float: "f32", acl.BF16: "bf16"}[dt], func(t *testing.T) {
+			w := make([]float32, E*N*H) // [E, N, H]: each expert [N, K=H]
+			var wb []byte
+			for i := range w {
+				w[i] = float32(rng.NormFloat64())
+				if dt == acl.BF16 {
+					w[i] = floatx.FromBF16(floatx.BF16(w[i]))
+				}
+			}
+			if dt == acl.BF16 {
+				wb = make([]byte, 2*len(w))
+				for i, v := range w {
+					binary.LittleEndian.PutUint16(wb[2*i:], floatx.BF16(v))
+				}
+			} else {
+				wb = f32bytes(w)
+			}
+			tw, err := ctx.NewTensor(acl.TensorDesc{DType: dt, Dims: []int64{E, H, N}, Strides: []int64{N * H, 1, H},
+				StorageDims: []int64{E * N * H}, Format: acl.FormatND, Data: dev(wb)})
+			require.NoError(t, err)
+			defer tw.Destroy()
+			outP := dev(make([]byte, 4*T*K*N))
+			run(ctx.GroupedMatmul(desc(acl.Float, exP, T*K, H), tw, desc(acl.Int64, dev(glB), E), desc(acl.Float, outP, T*K, N)))
+			outB := make([]byte, 4*T*K*N)
+			require.NoError(t, ctx.CopyToHost(outB, outP))
+			out := bytesF32(outB)
+			for p := range T * K {
+				i, e := int(int32(binary.LittleEndian.Uint32(rowB[4*p:]))), int(idx[p])
+				for n := range N {
+					var want float64
+					for k := range H {
+						want += float64(x[p/K*H+k]) * float64(w[(e*N+n)*H+k])
+					}
+					require.InDelta(t, want, out[i*N+n], 1e-3*math.Sqrt(H), "pair %d, column %d", p, n)
+				}
+			}
+		})
+	}
+}

@@ -61,6 +61,7 @@ typedef struct {
 
 int fk_tensor_ok(const void *t);
 int fk_int_array_get(const void *a, uint64_t *n, const int64_t **v);
+int fk_tensor_list_get(const void *l, uint64_t *n, const void *const **ts); // 0, or -1 for a dead list
 int fk_scalar_ok(const void *s);
 fk_exec *fk_exec_new(void);
 int fk_exec_live(const fk_exec *e);

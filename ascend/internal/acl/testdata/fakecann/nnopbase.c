@@ -45,6 +45,11 @@ void *aclCreateTensor(const int64_t *dims, uint64_t nd, int dtype, const int64_t
 		}
 		reach += (dims[i] - 1) * strides[i];
 	}
+	if (format == 29 && (nd < 2 || nsd != nd + 2 || offset != 0)) {
+		fk_set_error("aclCreateTensor: FRACTAL_NZ view of %llu dimensions over %llu storage dimensions at offset %lld",
+			(unsigned long long)nd, (unsigned long long)nsd, (long long)offset);
+		return NULL;
+	}
 	if (format == 2 && reach >= storage) {
 		fk_set_error("aclCreateTensor: the view reaches element %lld of a storage of %lld", (long long)reach, (long long)storage);
 		return NULL;
@@ -149,6 +154,58 @@ int aclDestroyIntArray(const void *p) {
 	}
 	a->magic = 0;
 	free(a);
+	return 0;
+}
+
+#define LIST_MAGIC 0x6c697374u
+
+// A tensor list owns its tensors: aclDestroyTensorList destroys them.
+typedef struct {
+	uint32_t magic;
+	uint64_t n;
+	const void **ts;
+} fk_tensor_list;
+
+void *aclCreateTensorList(const void *const *ts, uint64_t n) {
+	if (fk_need_context()) return NULL;
+	if (ts == NULL || n == 0) {
+		fk_set_error("aclCreateTensorList: an empty list");
+		return NULL;
+	}
+	for (uint64_t i = 0; i < n; i++)
+		if (!fk_tensor_ok(ts[i])) {
+			fk_set_error("aclCreateTensorList: entry %llu is not a live tensor", (unsigned long long)i);
+			return NULL;
+		}
+	fk_tensor_list *l = calloc(1, sizeof *l);
+	l->magic = LIST_MAGIC;
+	l->n = n;
+	l->ts = malloc(n * sizeof *l->ts);
+	memcpy(l->ts, ts, n * sizeof *l->ts);
+	return l;
+}
+
+int fk_tensor_list_get(const void *p, uint64_t *n, const void *const **ts) {
+	const fk_tensor_list *l = p;
+	if (l == NULL || l->magic != LIST_MAGIC) return -1;
+	*n = l->n;
+	*ts = l->ts;
+	return 0;
+}
+
+int aclDestroyTensorList(const void *p) {
+	fk_tensor_list *l = (fk_tensor_list *)p;
+	if (l == NULL || l->magic != LIST_MAGIC) {
+		fk_set_error("aclDestroyTensorList: not a live list");
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	for (uint64_t i = 0; i < l->n; i++) {
+		int rc = aclDestroyTensor(l->ts[i]);
+		if (rc) return rc;
+	}
+	l->magic = 0;
+	free(l->ts);
+	free(l);
 	return 0;
 }
 
@@ -265,11 +322,13 @@ static uint16_t tobf16(float f) {
 	return (uint16_t)(u >> 16);
 }
 
-// nz_index maps element i of a FRACTAL_NZ matrix's contiguous [R, C] view
-// to its place in the storage [C1, R1, 16, 16].
+// nz_index maps element i of a FRACTAL_NZ tensor's contiguous [..., R, C]
+// view to its place in the storage [..., C1, R1, 16, 16].
 static int64_t nz_index(const fk_tensor *t, int64_t i) {
-	int64_t C = t->dims[1], r = i / C, c = i % C, R1 = t->sdims[1];
-	return (((c / 16) * R1 + r / 16) * 16 + r % 16) * 16 + c % 16;
+	int64_t R = t->dims[t->nd - 2], C = t->dims[t->nd - 1];
+	int64_t C1 = t->sdims[t->nsd - 4], R1 = t->sdims[t->nsd - 3];
+	int64_t b = i / (R * C), r = i % (R * C) / C, c = i % C;
+	return (((b * C1 + c / 16) * R1 + r / 16) * 16 + r % 16) * 16 + c % 16;
 }
 
 double fk_get(const fk_tensor *t, int64_t i) {

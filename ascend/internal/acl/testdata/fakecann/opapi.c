@@ -963,3 +963,175 @@ int aclnnAmaxGetWorkspaceSize(void *self, void *dim, _Bool keepDim, void *out, u
 }
 
 int aclnnAmax(void *ws, uint64_t wsSize, void *exec, void *stream) { return fk_launch("aclnnAmax", ws, wsSize, exec, stream); }
+
+// ---- MoeInitRoutingV2, dropless (dropPadMode 0, activeNum 0) with the
+// cumulative count per expert (expertTokensCountOrCumsumFlag 1): the
+// (token, slot) pairs sorted by expert, stably; expandedX[i] is the row of
+// the i-th pair's token and expandedRowIdx[pair] its place i.
+
+static int run_init_routing(fk_exec *e, void *ws) {
+	(void)ws;
+	const fk_tensor *x = &e->t[0], *idx = &e->t[1], *ex = &e->t[2], *ri = &e->t[3], *cs = &e->t[4];
+	int64_t T = idx->dims[0], K = idx->dims[1], M = T * K, H = x->dims[1], E = (int64_t)e->attr;
+	int64_t *next = calloc((size_t)E + 1, sizeof *next);
+	for (int64_t p = 0; p < M; p++) {
+		int64_t v = (int64_t)fk_get(idx, idx->offset + (p / K) * idx->strides[0] + (p % K) * idx->strides[1]);
+		if (v < 0 || v >= E) {
+			free(next);
+			fk_set_error("aclnnMoeInitRoutingV2: expert %lld outside [0, %lld)", (long long)v, (long long)E);
+			return ACL_ERROR_RT_AICORE_EXCEPTION;
+		}
+		next[v + 1]++;
+	}
+	for (int64_t v = 0; v < E; v++) {
+		next[v + 1] += next[v];
+		fk_put(cs, cs->offset + v * cs->strides[0], (double)next[v + 1]);
+	}
+	for (int64_t p = 0; p < M; p++) {
+		int64_t v = (int64_t)fk_get(idx, idx->offset + (p / K) * idx->strides[0] + (p % K) * idx->strides[1]);
+		int64_t i = next[v]++;
+		fk_put(ri, ri->offset + p * ri->strides[0], (double)i);
+		for (int64_t h = 0; h < H; h++)
+			fk_put(ex, ex->offset + i * ex->strides[0] + h * ex->strides[1],
+				fk_get(x, x->offset + (p / K) * x->strides[0] + h * x->strides[1]));
+	}
+	free(next);
+	return 0;
+}
+
+int aclnnMoeInitRoutingV2GetWorkspaceSize(void *x, void *expertIdx, int64_t activeNum, int64_t expertCapacity,
+	int64_t expertNum, int64_t dropPadMode, int64_t countFlag, _Bool beforeCapacityFlag, void *expandedX,
+	void *expandedRowIdx, void *countOrCumsum, void *beforeCapacity, uint64_t *ws, void **exec) {
+	(void)expertCapacity;
+	int rc = fk_need_context();
+	if (rc) return rc;
+	void *ts[5] = {x, expertIdx, expandedX, expandedRowIdx, countOrCumsum};
+	if ((rc = check_tensors_i("aclnnMoeInitRoutingV2", 5, ts, 2 | 8 | 16))) return rc;
+	const fk_tensor *tx = x, *ti = expertIdx, *te = expandedX, *tr = expandedRowIdx, *tc = countOrCumsum;
+	if (activeNum != 0 || dropPadMode != 0 || countFlag != 1 || beforeCapacityFlag || beforeCapacity != NULL) {
+		fk_set_error("aclnnMoeInitRoutingV2: the fake runs the dropless form with cumulative counts only");
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	if (tx->nd != 2 || ti->nd != 2 || ti->dtype != 3 || ti->dims[0] != tx->dims[0] || te->nd != 2 ||
+		te->dims[0] != ti->dims[0] * ti->dims[1] || te->dims[1] != tx->dims[1] || te->dtype != tx->dtype || tr->nd != 1 ||
+		tr->dtype != 3 || tr->dims[0] != te->dims[0] || tc->nd != 1 || tc->dtype != 3 || tc->dims[0] != expertNum ||
+		expertNum <= 0) {
+		fk_set_error("aclnnMoeInitRoutingV2: shapes x [T, H], expertIdx int32 [T, K], expandedX [T*K, H], "
+			"expandedRowIdx int32 [T*K], cumsum int32 [expertNum] expected");
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	fk_exec *e = fk_exec_new();
+	e->t[0] = *tx;
+	e->t[1] = *ti;
+	e->t[2] = *te;
+	e->t[3] = *tr;
+	e->t[4] = *tc;
+	e->attr = (double)expertNum;
+	e->run = run_init_routing;
+	*ws = 0;
+	*exec = e;
+	return 0;
+}
+
+int aclnnMoeInitRoutingV2(void *ws, uint64_t wsSize, void *exec, void *stream) {
+	return fk_launch("aclnnMoeInitRoutingV2", ws, wsSize, exec, stream);
+}
+
+// ---- GroupedMatmulV4 with single tensors grouped along M (groupType 0,
+// splitItem 2 or 3): out[m] = x[m] · weight[g] for the rows m of group g,
+// groupList int64 cumulative (groupListType 0) or counts (1); the groups
+// must cover x's rows exactly, as the documentation requires.
+
+static int run_gmm(fk_exec *e, void *ws) {
+	const fk_tensor *x = &e->t[0], *w = &e->t[1], *gl = &e->t[2], *o = &e->t[3];
+	int64_t M = x->dims[0], K = x->dims[1], G = w->dims[0], N = w->dims[2];
+	float *acc = ws;
+	int64_t lo = 0;
+	for (int64_t g = 0; g < G; g++) {
+		int64_t v = (int64_t)fk_get(gl, gl->offset + g * gl->strides[0]);
+		int64_t hi = e->iattr == 0 ? v : lo + v;
+		if (hi < lo || hi > M) {
+			fk_set_error("aclnnGroupedMatmulV4: group %lld ends at row %lld after %lld (x has %lld rows)", (long long)g,
+				(long long)hi, (long long)lo, (long long)M);
+			return ACL_ERROR_RT_AICORE_EXCEPTION;
+		}
+		for (int64_t m = lo; m < hi; m++) {
+			for (int64_t n = 0; n < N; n++) {
+				double s = 0;
+				for (int64_t k = 0; k < K; k++)
+					s += fk_get(x, x->offset + m * x->strides[0] + k * x->strides[1]) *
+						fk_get(w, w->offset + g * w->strides[0] + k * w->strides[1] + n * w->strides[2]);
+				acc[n] = (float)s;
+			}
+			for (int64_t n = 0; n < N; n++) fk_put(o, o->offset + m * o->strides[0] + n * o->strides[1], acc[n]);
+		}
+		lo = hi;
+	}
+	if (lo != M) {
+		fk_set_error("aclnnGroupedMatmulV4: the groups cover %lld of x's %lld rows", (long long)lo, (long long)M);
+		return ACL_ERROR_RT_AICORE_EXCEPTION;
+	}
+	return 0;
+}
+
+// one returns the single tensor of a list of one.
+static const fk_tensor *one(const char *op, const char *name, const void *list) {
+	uint64_t n;
+	const void *const *ts;
+	if (fk_tensor_list_get(list, &n, &ts) != 0) {
+		fk_set_error("%s: %s is not a live tensor list", op, name);
+		return NULL;
+	}
+	if (n != 1 || !fk_tensor_ok(ts[0])) {
+		fk_set_error("%s: %s holds %llu tensors (the fake takes single tensors)", op, name, (unsigned long long)n);
+		return NULL;
+	}
+	return ts[0];
+}
+
+int aclnnGroupedMatmulV4GetWorkspaceSize(void *x, void *weight, void *bias, void *scale, void *offset, void *aqScale,
+	void *aqOffset, void *ptScale, void *groupList, void *actIn, void *actQScale, void *actQOffset, int64_t splitItem,
+	int64_t groupType, int64_t groupListType, int64_t actType, void *out, void *actOut, void *dynQScaleOut, uint64_t *ws,
+	void **exec) {
+	static const char *op = "aclnnGroupedMatmulV4";
+	int rc = fk_need_context();
+	if (rc) return rc;
+	if (bias || scale || offset || aqScale || aqOffset || ptScale || actIn || actQScale || actQOffset || actOut ||
+		dynQScaleOut || actType != 0) {
+		fk_set_error("%s: the fake takes no bias, quantisation or activation", op);
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	if ((splitItem != 2 && splitItem != 3) || groupType != 0 || (groupListType != 0 && groupListType != 1)) {
+		fk_set_error("%s: splitItem %lld groupType %lld groupListType %lld (the fake takes 2|3, 0, 0|1)", op,
+			(long long)splitItem, (long long)groupType, (long long)groupListType);
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	const fk_tensor *tx = one(op, "x", x), *tw = one(op, "weight", weight), *to = one(op, "out", out);
+	if (tx == NULL || tw == NULL || to == NULL) return ACLNN_ERR_PARAM_INVALID;
+	const fk_tensor *tg = groupList;
+	if (!fk_tensor_ok(tg) || tg->dtype != 9 || tg->nd != 1) {
+		fk_set_error("%s: groupList must be an int64 vector", op);
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	if (tx->nd != 2 || tw->nd != 3 || to->nd != 2 || tx->dims[1] != tw->dims[1] || to->dims[0] != tx->dims[0] ||
+		to->dims[1] != tw->dims[2] || tg->dims[0] != tw->dims[0] || tw->dims[0] > 1024 || tx->format != 2 ||
+		to->format != 2 || (tx->dtype != 0 && tx->dtype != 27) || to->dtype != tx->dtype ||
+		(tw->dtype != 0 && tw->dtype != 27)) {
+		fk_set_error("%s: x [M, K], weight [G, K, N], out [M, N], groupList [G] (G <= 1024) expected", op);
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	fk_exec *e = fk_exec_new();
+	e->t[0] = *tx;
+	e->t[1] = *tw;
+	e->t[2] = *tg;
+	e->t[3] = *to;
+	e->iattr = (int)groupListType;
+	e->run = run_gmm;
+	*ws = (uint64_t)tw->dims[2] * sizeof(float);
+	*exec = e;
+	return 0;
+}
+
+int aclnnGroupedMatmulV4(void *ws, uint64_t wsSize, void *exec, void *stream) {
+	return fk_launch("aclnnGroupedMatmulV4", ws, wsSize, exec, stream);
+}
