@@ -34,6 +34,9 @@ type Backend struct {
 	// Fork and Join record fork and join.
 	side       int
 	fork, join event
+	// captured is set while a side stream has joined the running capture
+	// (Fork during Capture) and has not returned to it (Join).
+	captured bool
 }
 
 // core is what a backend and its side streams share.
@@ -168,7 +171,9 @@ type Graph struct {
 // meanwhile. Operations that wait for the stream (Write, Read, FromHost)
 // fail with ErrCapturing inside fn. Every replay reads and writes the
 // tensors fn used, at their addresses; buffers fn frees stay allocated
-// until the graph is closed.
+// until the graph is closed. Side streams take part through Fork and Join
+// (compute.Streams), as ACL's cross-stream capture does: a side stream's
+// work between them is captured into the same graph.
 func (b *Backend) Capture(fn func() error) (*Graph, error) {
 	b.mu.Lock()
 	if b.capture != nil {
@@ -182,6 +187,9 @@ func (b *Backend) Capture(fn func() error) (*Graph, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.capture = nil
+	for _, sd := range b.sides {
+		sd.captured = false
+	}
 	if err != nil {
 		gr.release()
 		return nil, err
@@ -582,8 +590,8 @@ func (b *Backend) desc64(t compute.Tensor, view, strides []int64) (tensorDesc, e
 // launch runs a prepared operator on the stream with the shared
 // workspace, growing it first if needed (during a capture, with its own).
 func (b *Backend) launch(op prepared) error {
-	if b.capture != nil && b.capture.b != b {
-		return fmt.Errorf("%w: an operation on another stream of the backend", ErrCapturing)
+	if b.capture != nil && b.capture.b != b && !b.captured {
+		return fmt.Errorf("%w: an operation on a side stream that has not joined the capture (Fork) or has returned (Join)", ErrCapturing)
 	}
 	var ws acl.DevPtr
 	if op.workspace() > 0 && b.capture != nil {

@@ -110,8 +110,11 @@ type hostStream struct {
 func (d *hostDriver) newStream() (stream, error) { return &hostStream{d: d}, nil }
 
 func (s *hostStream) enqueue(f func() error) {
-	if s.capturing != nil {
-		s.capturing.tasks = append(s.capturing.tasks, f)
+	if g := s.capturing; g != nil {
+		if j := g.joined[s]; j != nil && j.returned {
+			j.after++ // an error when the capture ends, as in ACL
+		}
+		g.tasks = append(g.tasks, f)
 		return
 	}
 	s.q = append(s.q, f)
@@ -136,10 +139,12 @@ func (s *hostStream) Sync() error {
 func (s *hostStream) Destroy() error { return s.Sync() }
 
 // hostEvent is an event of the host driver: done once the task its last
-// record queued has run on src.
+// record queued has run on src. graph is the capture its last record
+// was captured into.
 type hostEvent struct {
 	done, dead bool
 	src        *hostStream
+	graph      *hostGraph
 }
 
 func (d *hostDriver) newEvent() (event, error) { return &hostEvent{done: true}, nil }
@@ -159,23 +164,41 @@ func (s *hostStream) record(e event) error {
 	if err != nil {
 		return err
 	}
-	if s.capturing != nil {
-		return hostErr(acl.ACL, 100000, "aclrtRecordEvent", "the host driver does not capture events")
-	}
-	ev.done, ev.src = false, s
+	ev.done, ev.src, ev.graph = false, s, s.capturing
 	s.enqueue(func() error { ev.done = true; return nil })
 	return nil
 }
 
 // wait queues a task that runs the recording stream's queue up to the
 // event's record (the host driver's streams run only when waited for).
+// Inside a capture it follows ACL's cross-stream capture: a stream that
+// waits for an event recorded in the capture joins it (its later work is
+// captured too), and a joined stream returns when the capturing stream
+// waits for an event recorded on it. A captured graph holds the tasks of
+// every stream in the order they were issued, which keeps each event's
+// record before its waits.
 func (s *hostStream) wait(e event) error {
 	ev, err := liveEvent(e, "aclrtStreamWaitEvent")
 	if err != nil {
 		return err
 	}
+	if g := ev.graph; g != nil && g.active {
+		switch {
+		case s.capturing == nil:
+			s.capturing = g
+			g.joined[s] = &joinState{}
+		case s.capturing != g:
+			return hostErr(acl.ACL, 100000, "aclrtStreamWaitEvent", "the stream is capturing another graph")
+		case s == g.origin:
+			if j := g.joined[ev.src]; j != nil {
+				j.returned = true
+			}
+		}
+		s.enqueue(func() error { return nil }) // the record precedes it in the graph
+		return nil
+	}
 	if s.capturing != nil {
-		return hostErr(acl.ACL, 100000, "aclrtStreamWaitEvent", "the host driver does not capture events")
+		return hostErr(acl.ACL, 100000, "aclrtStreamWaitEvent", "the event was not recorded in the capture")
 	}
 	s.enqueue(func() error {
 		for !ev.done {
@@ -249,13 +272,34 @@ func (s *hostStream) CopyDevice(dst, src acl.DevPtr, n int) error {
 	return s.copyLater(to, errTo, from, errFrom)
 }
 
-type hostGraph struct{ tasks []func() error }
+type hostGraph struct {
+	tasks  []func() error
+	origin *hostStream
+	active bool
+	// joined are the streams that joined the capture by an event.
+	joined map[*hostStream]*joinState
+}
+
+type joinState struct {
+	returned bool
+	after    int // tasks issued after returning
+}
 
 func (s *hostStream) capture(fn func() error) (graph, error) {
-	g := &hostGraph{}
+	g := &hostGraph{origin: s, active: true, joined: map[*hostStream]*joinState{}}
 	s.capturing = g
 	err := fn()
-	s.capturing = nil
+	s.capturing, g.active = nil, false
+	for js, j := range g.joined {
+		js.capturing = nil
+		switch {
+		case err != nil:
+		case !j.returned:
+			err = hostErr(acl.ACL, 100000, "aclmdlRICaptureEnd", "a stream joined the capture by an event and did not return to the capturing stream")
+		case j.after > 0:
+			err = hostErr(acl.ACL, 100000, "aclmdlRICaptureEnd", "%d tasks were issued on a joined stream after it returned", j.after)
+		}
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -52,14 +52,17 @@ func (b *Backend) sideOf(side compute.Backend) (*Backend, error) {
 	if !ok || sd.core != b.core || sd.side == 0 || sd == b {
 		return nil, fmt.Errorf("%w: a %T that is not another side stream of this backend", ErrInvalidArgument, side)
 	}
-	if b.capture != nil {
-		return nil, fmt.Errorf("%w: Fork or Join", ErrCapturing)
+	if b.capture != nil && b.capture.b != b {
+		return nil, fmt.Errorf("%w: Fork or Join from a side stream", ErrCapturing)
 	}
 	return sd, nil
 }
 
 // Fork implements compute.Streams: side's later work waits for the work
-// queued on b so far (side's fork event, recorded on b's stream).
+// queued on b so far (side's fork event, recorded on b's stream). During
+// a Capture the side stream's work from Fork to Join is captured into the
+// same graph; a capture ends in an error if a forked side stream was not
+// joined.
 func (b *Backend) Fork(side compute.Backend) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -70,7 +73,13 @@ func (b *Backend) Fork(side compute.Backend) error {
 	if err := b.s.record(sd.fork); err != nil {
 		return err
 	}
-	return sd.s.wait(sd.fork)
+	if err := sd.s.wait(sd.fork); err != nil {
+		return err
+	}
+	// Inside a capture the wait makes the side stream join it (ACL's
+	// cross-stream capture): its work until Join is captured too.
+	sd.captured = b.capture != nil
+	return nil
 }
 
 // Join implements compute.Streams: b's later work waits for the work
@@ -85,7 +94,11 @@ func (b *Backend) Join(side compute.Backend) error {
 	if err := sd.s.record(sd.join); err != nil {
 		return err
 	}
-	return b.s.wait(sd.join)
+	if err := b.s.wait(sd.join); err != nil {
+		return err
+	}
+	sd.captured = false // returned to the capturing stream
+	return nil
 }
 
 // syncAll waits for the backend's stream and every side stream; b.mu is

@@ -61,14 +61,17 @@ func TestSideStreams(t *testing.T) {
 		require.NoError(t, side.Close(), "a side stream closes with its backend")
 		require.NoError(t, side.Binary(compute.Add, e, e, a), "still usable")
 
-		// A capture records one stream: the side streams are refused meanwhile.
+		side2, err := b.Side(2)
+		require.NoError(t, err)
+		// A capture records the backend's stream: a side stream that has
+		// not joined it by Fork is refused (TestCaptureSideStreams).
 		_, err = b.Capture(func() error {
 			if err := side.Binary(compute.Add, e, e, a); err == nil {
 				return assert.AnError
 			} else if !assert.ErrorIs(t, err, ErrCapturing) {
 				return err
 			}
-			require.ErrorIs(t, b.Fork(side), ErrCapturing)
+			require.ErrorIs(t, side.(*Backend).Fork(side2), ErrCapturing, "Fork from a side stream")
 			return b.Binary(compute.Add, e, e, a)
 		})
 		require.NoError(t, err)
@@ -85,4 +88,78 @@ func TestSideFallsBack(t *testing.T) {
 	require.Equal(t, plain, side)
 	require.NoError(t, compute.Fork(plain, side))
 	require.NoError(t, compute.Join(plain, side))
+}
+
+// A capture takes in a side stream's work between Fork and Join (ACL's
+// cross-stream capture): the replay runs the backend's and the side's
+// work in order, on new inputs. A side stream used without Fork, after
+// Join, or forked and never joined fails the capture.
+func TestCaptureSideStreams(t *testing.T) {
+	eachDriver(t, 8<<20, func(t *testing.T, b *Backend) {
+		side, err := b.Side(1)
+		require.NoError(t, err)
+		alloc := func() compute.Tensor {
+			x, err := b.Alloc(compute.F32, 4)
+			require.NoError(t, err)
+			return x
+		}
+		a, c, d, e := alloc(), alloc(), alloc(), alloc()
+		require.NoError(t, b.Write(a, []float32{1, 2, 3, 4}))
+		g, err := b.Capture(func() error {
+			if err := b.Binary(compute.Add, c, a, a); err != nil { // 2a
+				return err
+			}
+			if err := compute.Fork(b, side); err != nil {
+				return err
+			}
+			if err := side.Binary(compute.Mul, d, c, a); err != nil { // 2a²
+				return err
+			}
+			if err := side.Binary(compute.Add, d, d, c); err != nil { // 2a² + 2a
+				return err
+			}
+			if err := compute.Join(b, side); err != nil {
+				return err
+			}
+			return b.Binary(compute.Add, e, d, a) // 2a² + 3a
+		})
+		require.NoError(t, err)
+		defer g.Close()
+		got := make([]float32, 4)
+		for _, in := range [][]float32{{1, 2, 3, 4}, {-1, 0.5, 10, 2}} {
+			require.NoError(t, b.Write(a, in))
+			require.NoError(t, g.Replay())
+			require.NoError(t, b.Read(got, e))
+			for i, x := range in {
+				assert.Equal(t, 2*x*x+3*x, got[i], "input %v", in)
+			}
+		}
+
+		_, err = b.Capture(func() error { return side.Fill(d, 1) })
+		require.ErrorIs(t, err, ErrCapturing, "a side stream that did not join")
+		_, err = b.Capture(func() error {
+			if err := compute.Fork(b, side); err != nil {
+				return err
+			}
+			if err := compute.Join(b, side); err != nil {
+				return err
+			}
+			return side.Fill(d, 1)
+		})
+		require.ErrorIs(t, err, ErrCapturing, "a side stream after it returned")
+		_, err = b.Capture(func() error {
+			if err := compute.Fork(b, side); err != nil {
+				return err
+			}
+			return side.Fill(d, 1)
+		})
+		require.Error(t, err, "a side stream forked and never joined")
+		// The backend and the side stream still work eagerly afterwards.
+		require.NoError(t, b.Fill(a, 2))
+		require.NoError(t, compute.Fork(b, side))
+		require.NoError(t, side.Binary(compute.Mul, d, a, a))
+		require.NoError(t, compute.Join(b, side))
+		require.NoError(t, b.Read(got, d))
+		assert.Equal(t, []float32{4, 4, 4, 4}, got)
+	})
 }

@@ -135,10 +135,26 @@ func bothExpertRoutes(ctx context.Context, b compute.Backend, path string, chk *
 	if err := runMoELayer(ctx, b, path, chk, true); err != nil {
 		return fmt.Errorf("stacked route: %w", err)
 	}
+	if c, ok := b.(capturer); ok {
+		chk.route = " (graph)"
+		if err := runMoELayerWith(b, c, path, chk, true); err != nil {
+			return fmt.Errorf("graph route: %w", err)
+		}
+	}
 	return nil
 }
 
 func runMoELayer(ctx context.Context, b compute.Backend, path string, chk *checker, stack bool) error {
+	return runMoELayerWith(b, nil, path, chk, stack)
+}
+
+// runMoELayerWith runs the layer directly, or, with c, captures it once
+// into a graph (over a zeroed input; the shared experts on their side
+// stream join the capture) and replays that graph after writing the input:
+// a layer that read anything on the host could not be captured, and a
+// graph that did not read the input tensor would give the zero input's
+// output.
+func runMoELayerWith(b compute.Backend, c capturer, path string, chk *checker, stack bool) error {
 	f, err := openCase(path)
 	if err != nil {
 		return err
@@ -223,8 +239,29 @@ func runMoELayer(ctx context.Context, b compute.Backend, path string, chk *check
 	if w.Shared == nil {
 		shared = compute.Tensor{}
 	}
-	if err := layer.Forward(rc.x, out, routed, shared); err != nil {
-		return err
+	if c == nil {
+		if err := layer.Forward(rc.x, out, routed, shared); err != nil {
+			return err
+		}
+	} else {
+		x, err := download(b, rc.x)
+		if err != nil {
+			return err
+		}
+		if err := b.Write(rc.x, make([]float32, len(x))); err != nil {
+			return err
+		}
+		g, err := c.Capture(func() error { return layer.Forward(rc.x, out, routed, shared) })
+		if err != nil {
+			return err
+		}
+		defer g.Close()
+		if err := b.Write(rc.x, x); err != nil {
+			return err
+		}
+		if err := g.Replay(); err != nil {
+			return err
+		}
 	}
 	idx, _ := layer.Routing(rc.t)
 	gotIdx, err := downloadI32(b, idx)

@@ -661,3 +661,96 @@ func TestHWMoeRoutingGroupedMatmul(t *testing.T) {
 		})
 	}
 }
+
+// Cross-stream capture as the backend's side streams use it: inside a
+// capture on the main stream, a fork event recorded there and waited on
+// by a second stream makes that stream join the capture; its product is
+// captured too, and a join event returns it. Replays with new inputs
+// against float64.
+func TestHWCrossStreamCapture(t *testing.T) {
+	ctx := context(t)
+	rng := rand.New(rand.NewPCG(13, 14))
+	const M, K, N = 16, 64, 32
+	w1, w2 := make([]float32, K*K), make([]float32, N*K)
+	for i := range w1 {
+		w1[i] = float32(rng.NormFloat64() / 8)
+	}
+	for i := range w2 {
+		w2[i] = float32(rng.NormFloat64() / 8)
+	}
+	xP, yP, zP := onDevice(t, ctx, make([]byte, 4*M*K)), onDevice(t, ctx, make([]byte, 4*M*K)), onDevice(t, ctx, make([]byte, 4*M*N))
+	wT := func(p acl.DevPtr, n int) *acl.Tensor { // [K, n] view of a row-major [n, K] weight
+		x, err := ctx.NewTensor(acl.TensorDesc{DType: acl.Float, Dims: []int64{K, int64(n)}, Strides: []int64{1, K},
+			StorageDims: []int64{int64(n), K}, Format: acl.FormatND, Data: p})
+		require.NoError(t, err)
+		t.Cleanup(func() { x.Destroy() })
+		return x
+	}
+	op1, err := ctx.Matmul("aclnnMatmul", describe(t, ctx, acl.Float, xP, M, K), wT(onDevice(t, ctx, f32bytes(w1)), K),
+		describe(t, ctx, acl.Float, yP, M, K), 0)
+	require.NoError(t, err)
+	op2, err := ctx.Matmul("aclnnMatmul", describe(t, ctx, acl.Float, yP, M, K), wT(onDevice(t, ctx, f32bytes(w2)), N),
+		describe(t, ctx, acl.Float, zP, M, N), 0)
+	require.NoError(t, err)
+	for _, op := range []*acl.Op{op1, op2} {
+		require.NoError(t, op.SetRepeatable())
+		defer op.Destroy()
+	}
+	ws1, ws2 := workspace(t, ctx, op1), workspace(t, ctx, op2)
+	main, err := ctx.NewStream()
+	require.NoError(t, err)
+	defer main.Destroy()
+	side, err := ctx.NewStream()
+	require.NoError(t, err)
+	defer side.Destroy()
+	fork, err := ctx.NewEvent()
+	require.NoError(t, err)
+	defer fork.Destroy()
+	join, err := ctx.NewEvent()
+	require.NoError(t, err)
+	defer join.Destroy()
+	g, err := main.Capture(acl.CaptureThreadLocal, func() error {
+		for _, f := range []func() error{
+			func() error { return op1.Launch(main, ws1) },
+			func() error { return main.Record(fork) },
+			func() error { return side.Wait(fork) },
+			func() error { return op2.Launch(side, ws2) },
+			func() error { return side.Record(join) },
+			func() error { return main.Wait(join) },
+		} {
+			if err := f(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	defer g.Destroy()
+	x := make([]float32, M*K)
+	for range 2 {
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		require.NoError(t, ctx.CopyToDevice(xP, f32bytes(x)))
+		require.NoError(t, g.Replay(main))
+		require.NoError(t, main.Sync())
+		got := make([]byte, 4*M*N)
+		require.NoError(t, ctx.CopyToHost(got, zP))
+		z := bytesF32(got)
+		for m := range M {
+			y := make([]float64, K)
+			for j := range K {
+				for k := range K {
+					y[j] += float64(x[m*K+k]) * float64(w1[j*K+k])
+				}
+			}
+			for n := range N {
+				var want float64
+				for k := range K {
+					want += y[k] * float64(w2[n*K+k])
+				}
+				require.InDelta(t, want, z[m*N+n], 1e-3*K, "z[%d][%d]", m, n)
+			}
+		}
+	}
+}

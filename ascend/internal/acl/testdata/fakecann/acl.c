@@ -277,16 +277,29 @@ typedef struct {
 	int busy;
 } stream_t;
 
+// A graph holds the tasks of every stream in the capture in the order
+// they were issued, which keeps each event's record before its waits.
+// Streams join the capture by waiting for an event recorded in it and
+// return when the capturing stream (origin) waits for an event recorded
+// on them (ACL's cross-stream capture).
 struct graph {
 	uint32_t magic;
 	fk_task **tasks;
 	int len, cap;
+	void *origin;
+	int active;
+	struct {
+		void *s;
+		int returned, after;
+	} joined[16];
+	int njoined;
 };
 
 typedef struct {
 	uint32_t magic;
 	void *ctx;
 	stream_t *stream; // where it was last recorded
+	graph_t *graph;   // the capture its last record was captured into
 	int done;
 	struct timespec at;
 } event_t;
@@ -322,7 +335,10 @@ int fk_enqueue(void *stream, fk_task *t) {
 	if (rc) return rc;
 	pthread_mutex_lock(&mu);
 	if (s->capturing) {
-		push(&s->capturing->tasks, &s->capturing->len, &s->capturing->cap, t);
+		graph_t *g = s->capturing;
+		for (int i = 0; i < g->njoined; i++)
+			if (g->joined[i].s == s && g->joined[i].returned) g->joined[i].after++;
+		push(&g->tasks, &g->len, &g->cap, t);
 	} else {
 		push(&s->q, &s->len, &s->cap, t);
 	}
@@ -497,10 +513,12 @@ int aclrtRecordEvent(void *event, void *stream) {
 	NEED_CONTEXT();
 	event_t *e = event;
 	int rc = event_ok(e, "aclrtRecordEvent");
+	if (!rc) rc = stream_ok(stream, "aclrtRecordEvent");
 	if (rc) return rc;
 	pthread_mutex_lock(&mu);
 	e->done = 0;
 	e->stream = stream;
+	e->graph = ((stream_t *)stream)->capturing;
 	pthread_mutex_unlock(&mu);
 	return event_task_enqueue(stream, e, run_record);
 }
@@ -508,8 +526,37 @@ int aclrtRecordEvent(void *event, void *stream) {
 int aclrtStreamWaitEvent(void *stream, void *event) {
 	NEED_CONTEXT();
 	event_t *e = event;
+	stream_t *s = stream;
 	int rc = event_ok(e, "aclrtStreamWaitEvent");
+	if (!rc) rc = stream_ok(s, "aclrtStreamWaitEvent");
 	if (rc) return rc;
+	pthread_mutex_lock(&mu);
+	graph_t *g = e->graph;
+	if (g != NULL && g->active) {
+		if (s->capturing == NULL) {
+			if (g->njoined == 16) {
+				pthread_mutex_unlock(&mu);
+				fk_set_error("aclrtStreamWaitEvent: the fake joins at most 16 streams to a capture");
+				return ACL_ERROR_INVALID_PARAM;
+			}
+			s->capturing = g;
+			g->joined[g->njoined].s = s;
+			g->joined[g->njoined].returned = g->joined[g->njoined].after = 0;
+			g->njoined++;
+		} else if (s->capturing != g) {
+			pthread_mutex_unlock(&mu);
+			fk_set_error("aclrtStreamWaitEvent: the stream is capturing another model");
+			return ACL_ERROR_INVALID_PARAM;
+		} else if (s == g->origin) {
+			for (int i = 0; i < g->njoined; i++)
+				if (g->joined[i].s == e->stream) g->joined[i].returned = 1;
+		}
+	} else if (s->capturing != NULL) {
+		pthread_mutex_unlock(&mu);
+		fk_set_error("aclrtStreamWaitEvent: the event was not recorded in the capture");
+		return ACL_ERROR_INVALID_PARAM;
+	}
+	pthread_mutex_unlock(&mu);
 	return event_task_enqueue(stream, e, run_wait);
 }
 
@@ -566,6 +613,8 @@ int aclmdlRICaptureBegin(void *stream, int mode) {
 	}
 	graph_t *g = calloc(1, sizeof *g);
 	g->magic = GRAPH_MAGIC;
+	g->origin = s;
+	g->active = 1;
 	pthread_mutex_lock(&mu);
 	s->capturing = g;
 	s->capture_thread = pthread_self();
@@ -586,8 +635,32 @@ int aclmdlRICaptureEnd(void *stream, void **out) {
 		fk_set_error("aclmdlRICaptureEnd: called on another thread than aclmdlRICaptureBegin");
 		return ACL_ERROR_INVALID_PARAM;
 	}
-	*out = s->capturing;
+	pthread_mutex_lock(&mu);
+	graph_t *g = s->capturing;
 	s->capturing = NULL;
+	g->active = 0;
+	rc = 0;
+	for (int i = 0; i < g->njoined; i++) {
+		((stream_t *)g->joined[i].s)->capturing = NULL;
+		if (rc) continue;
+		if (!g->joined[i].returned) {
+			fk_set_error("aclmdlRICaptureEnd: a stream joined the capture by an event and did not return to the capturing stream");
+			rc = ACL_ERROR_INVALID_PARAM;
+		} else if (g->joined[i].after) {
+			fk_set_error("aclmdlRICaptureEnd: %d tasks were issued on a joined stream after it returned", g->joined[i].after);
+			rc = ACL_ERROR_INVALID_PARAM;
+		}
+	}
+	if (rc) {
+		for (int i = 0; i < g->len; i++) unref(g->tasks[i]);
+		g->magic = 0;
+		free(g->tasks);
+		free(g);
+		pthread_mutex_unlock(&mu);
+		return rc;
+	}
+	pthread_mutex_unlock(&mu);
+	*out = g;
 	return 0;
 }
 
