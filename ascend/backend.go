@@ -164,6 +164,10 @@ type Graph struct {
 	b    *Backend
 	g    graph
 	keep []*devBuf // spans the captured work uses, freed with the graph
+	// events are the fork and join events of the side streams inside the
+	// capture, the graph's own: a replay's records must not complete the
+	// events of eager Forks and Joins queued around it.
+	events []event
 }
 
 // Capture records the operations fn runs on the backend into a graph
@@ -227,6 +231,10 @@ func (g *Graph) release() {
 		g.b.arena.free(d.off, d.n, g.b.s, streamSync{g.b.s})
 	}
 	g.keep = nil
+	for _, e := range g.events {
+		e.Destroy()
+	}
+	g.events = nil
 }
 
 // Name implements compute.Backend: "ascend", or "ascend-host" over the

@@ -138,16 +138,20 @@ func (s *hostStream) Sync() error {
 
 func (s *hostStream) Destroy() error { return s.Sync() }
 
-// hostEvent is an event of the host driver: done once the task its last
-// record queued has run on src. graph is the capture its last record
-// was captured into.
+// hostEvent is an event of the host driver. Each record is a generation
+// (recorded counts them); a wait waits for the generation recorded when
+// the wait was queued, as ACL's do, so that a later record of the same
+// event (the next layer's Fork) neither completes nor delays it. done is
+// the newest generation whose record task has run; src is the stream of
+// the newest record, graph the capture it was captured into.
 type hostEvent struct {
-	done, dead bool
-	src        *hostStream
-	graph      *hostGraph
+	recorded, done int
+	dead           bool
+	src            *hostStream
+	graph          *hostGraph
 }
 
-func (d *hostDriver) newEvent() (event, error) { return &hostEvent{done: true}, nil }
+func (d *hostDriver) newEvent() (event, error) { return &hostEvent{}, nil }
 
 func (e *hostEvent) Destroy() error { e.dead = true; return nil }
 
@@ -164,8 +168,10 @@ func (s *hostStream) record(e event) error {
 	if err != nil {
 		return err
 	}
-	ev.done, ev.src, ev.graph = false, s, s.capturing
-	s.enqueue(func() error { ev.done = true; return nil })
+	ev.recorded++
+	gen := ev.recorded
+	ev.src, ev.graph = s, s.capturing
+	s.enqueue(func() error { ev.done = max(ev.done, gen); return nil })
 	return nil
 }
 
@@ -200,9 +206,9 @@ func (s *hostStream) wait(e event) error {
 	if s.capturing != nil {
 		return hostErr(acl.ACL, 100000, "aclrtStreamWaitEvent", "the event was not recorded in the capture")
 	}
+	want, src := ev.recorded, ev.src
 	s.enqueue(func() error {
-		for !ev.done {
-			src := ev.src
+		for ev.done < want {
 			if len(src.q) == 0 {
 				return hostErr(acl.ACL, 507015, "aclrtStreamWaitEvent", "the event's record is not queued")
 			}

@@ -70,10 +70,14 @@ func (b *Backend) Fork(side compute.Backend) error {
 	if err != nil {
 		return err
 	}
-	if err := b.s.record(sd.fork); err != nil {
+	fork, err := b.eventFor(sd.fork)
+	if err != nil {
 		return err
 	}
-	if err := sd.s.wait(sd.fork); err != nil {
+	if err := b.s.record(fork); err != nil {
+		return err
+	}
+	if err := sd.s.wait(fork); err != nil {
 		return err
 	}
 	// Inside a capture the wait makes the side stream join it (ACL's
@@ -91,14 +95,34 @@ func (b *Backend) Join(side compute.Backend) error {
 	if err != nil {
 		return err
 	}
-	if err := sd.s.record(sd.join); err != nil {
+	join, err := b.eventFor(sd.join)
+	if err != nil {
 		return err
 	}
-	if err := b.s.wait(sd.join); err != nil {
+	if err := sd.s.record(join); err != nil {
+		return err
+	}
+	if err := b.s.wait(join); err != nil {
 		return err
 	}
 	sd.captured = false // returned to the capturing stream
 	return nil
+}
+
+// eventFor returns e, or inside a capture a new event the graph owns: the
+// graph's replays record it, and a record of e replayed later than an
+// eager record of e would complete that eager Fork or Join early. b.mu is
+// held.
+func (b *Backend) eventFor(e event) (event, error) {
+	if b.capture == nil {
+		return e, nil
+	}
+	ev, err := b.drv.newEvent()
+	if err != nil {
+		return nil, err
+	}
+	b.capture.events = append(b.capture.events, ev)
+	return ev, nil
 }
 
 // syncAll waits for the backend's stream and every side stream; b.mu is

@@ -163,3 +163,33 @@ func TestCaptureSideStreams(t *testing.T) {
 		assert.Equal(t, []float32{4, 4, 4, 4}, got)
 	})
 }
+
+// A side stream forked and joined twice with nothing waiting in between
+// (consecutive layers' shared experts): each Join waits for its own
+// record of the join event, and each Fork for its own record of the fork
+// event, even though the other records of the same events are queued
+// around them.
+func TestSideStreamsReuseEvents(t *testing.T) {
+	eachDriver(t, 8<<20, func(t *testing.T, b *Backend) {
+		side, err := b.Side(1)
+		require.NoError(t, err)
+		alloc := func() compute.Tensor {
+			x, err := b.Alloc(compute.F32, 4)
+			require.NoError(t, err)
+			return x
+		}
+		a, c, d, e := alloc(), alloc(), alloc(), alloc()
+		require.NoError(t, b.Fill(a, 1))
+		require.NoError(t, compute.Fork(b, side))
+		require.NoError(t, side.Binary(compute.Mul, c, a, a)) // 1
+		require.NoError(t, compute.Join(b, side))
+		require.NoError(t, b.Binary(compute.Add, a, a, a)) // a = 2
+		require.NoError(t, compute.Fork(b, side))
+		require.NoError(t, side.Binary(compute.Mul, d, a, a)) // 4
+		require.NoError(t, compute.Join(b, side))
+		require.NoError(t, b.Binary(compute.Add, e, d, c)) // 5
+		got := make([]float32, 4)
+		require.NoError(t, b.Read(got, e))
+		assert.Equal(t, []float32{5, 5, 5, 5}, got)
+	})
+}

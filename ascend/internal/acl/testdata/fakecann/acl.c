@@ -295,12 +295,15 @@ struct graph {
 	int njoined;
 };
 
+// Each record of an event is a generation; a wait waits for the
+// generation recorded when the wait was queued (as the real runtime's do),
+// so a later record of the same event neither completes nor delays it.
 typedef struct {
 	uint32_t magic;
 	void *ctx;
 	stream_t *stream; // where it was last recorded
 	graph_t *graph;   // the capture its last record was captured into
-	int done;
+	unsigned long recorded, done; // generations recorded, and the newest whose record ran
 	struct timespec at;
 } event_t;
 
@@ -348,16 +351,18 @@ int fk_enqueue(void *stream, fk_task *t) {
 
 static pthread_cond_t idle = PTHREAD_COND_INITIALIZER;
 
-// drain runs everything queued on s. Called with mu held once; the tasks
-// run with mu released, so that a collective waiting for the other ranks
-// does not stop their streams. A stream drained by another thread is
-// waited for.
-static void drain(stream_t *s) {
+// drain_until runs what is queued on s in order, everything (done NULL)
+// or until *done reaches gen: a wait for an event runs the recording
+// stream only up to that record, as the device would. Called with mu
+// held; the tasks run with mu released, so that a collective waiting for
+// the other ranks does not stop their streams. A stream drained by another
+// thread is waited for.
+static void drain_until(stream_t *s, const unsigned long *done, unsigned long gen) {
 	if (s->busy && pthread_equal(s->running, pthread_self())) return; // a wait cycle on this thread
 	while (s->busy) pthread_cond_wait(&idle, &mu);
 	s->busy = 1;
 	s->running = pthread_self();
-	while (s->head < s->len) {
+	while (s->head < s->len && (done == NULL || *done < gen)) {
 		fk_task *t = s->q[s->head++];
 		pthread_mutex_unlock(&mu);
 		int rc = t->run(t);
@@ -368,10 +373,12 @@ static void drain(stream_t *s) {
 		}
 		unref(t);
 	}
-	s->head = s->len = 0;
+	if (s->head == s->len) s->head = s->len = 0;
 	s->busy = 0;
 	pthread_cond_broadcast(&idle);
 }
+
+static void drain(stream_t *s) { drain_until(s, NULL, 0); }
 
 int aclrtCreateStream(void **out) {
 	NEED_CONTEXT();
@@ -481,28 +488,35 @@ static int event_ok(event_t *e, const char *api) {
 typedef struct {
 	fk_task t;
 	event_t *e;
+	unsigned long gen; // the generation recorded, or waited for
+	stream_t *src;     // for a wait: the stream of that record
 } event_task;
 
 static int run_record(fk_task *t) {
-	event_t *e = ((event_task *)t)->e;
-	e->done = 1;
+	event_task *et = (event_task *)t;
+	event_t *e = et->e;
+	pthread_mutex_lock(&mu);
+	if (et->gen > e->done) e->done = et->gen;
+	pthread_mutex_unlock(&mu);
 	clock_gettime(CLOCK_MONOTONIC, &e->at);
 	return 0;
 }
 
 static int run_wait(fk_task *t) {
-	event_t *e = ((event_task *)t)->e;
+	event_task *et = (event_task *)t;
 	pthread_mutex_lock(&mu);
-	if (!e->done && e->stream) drain(e->stream);
+	if (et->e->done < et->gen && et->src) drain_until(et->src, &et->e->done, et->gen);
 	pthread_mutex_unlock(&mu);
 	return 0;
 }
 
-static int event_task_enqueue(void *stream, event_t *e, int (*run)(fk_task *)) {
+static int event_task_enqueue(void *stream, event_t *e, int (*run)(fk_task *), unsigned long gen, stream_t *src) {
 	event_task *et = calloc(1, sizeof *et);
 	et->t.run = run;
 	et->t.release = release_free;
 	et->e = e;
+	et->gen = gen;
+	et->src = src;
 	et->t.refs = 1;
 	int rc = fk_enqueue(stream, &et->t);
 	unref(&et->t);
@@ -516,11 +530,11 @@ int aclrtRecordEvent(void *event, void *stream) {
 	if (!rc) rc = stream_ok(stream, "aclrtRecordEvent");
 	if (rc) return rc;
 	pthread_mutex_lock(&mu);
-	e->done = 0;
+	unsigned long gen = ++e->recorded;
 	e->stream = stream;
 	e->graph = ((stream_t *)stream)->capturing;
 	pthread_mutex_unlock(&mu);
-	return event_task_enqueue(stream, e, run_record);
+	return event_task_enqueue(stream, e, run_record, gen, NULL);
 }
 
 int aclrtStreamWaitEvent(void *stream, void *event) {
@@ -556,8 +570,10 @@ int aclrtStreamWaitEvent(void *stream, void *event) {
 		fk_set_error("aclrtStreamWaitEvent: the event was not recorded in the capture");
 		return ACL_ERROR_INVALID_PARAM;
 	}
+	unsigned long want = e->recorded;
+	stream_t *src = e->stream;
 	pthread_mutex_unlock(&mu);
-	return event_task_enqueue(stream, e, run_wait);
+	return event_task_enqueue(stream, e, run_wait, want, src);
 }
 
 int aclrtSynchronizeEvent(void *event) {
@@ -566,7 +582,7 @@ int aclrtSynchronizeEvent(void *event) {
 	int rc = event_ok(e, "aclrtSynchronizeEvent");
 	if (rc) return rc;
 	pthread_mutex_lock(&mu);
-	if (!e->done && e->stream) drain(e->stream);
+	if (e->done < e->recorded && e->stream) drain_until(e->stream, &e->done, e->recorded);
 	pthread_mutex_unlock(&mu);
 	return 0;
 }
@@ -577,7 +593,7 @@ int aclrtEventElapsedTime(float *ms, void *start, void *end) {
 	int rc = event_ok(a, "aclrtEventElapsedTime");
 	if (!rc) rc = event_ok(b, "aclrtEventElapsedTime");
 	if (rc) return rc;
-	if (!a->done || !b->done) {
+	if (a->done < a->recorded || b->done < b->recorded || !a->recorded || !b->recorded) {
 		fk_set_error("aclrtEventElapsedTime: an event has not completed");
 		return ACL_ERROR_INVALID_PARAM;
 	}
