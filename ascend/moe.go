@@ -244,19 +244,23 @@ func (b *Backend) groupedExperts(a *compute.ExpertArgs, T, Din, K, I, E int) err
 	}
 	plus, minus, byE := al[0], al[1], al[2]
 	vec := func(t compute.Tensor) operand { return operand{t: t, view: i64(M)} }
+	// Every operator keeps a repeatable executor (runAs): at a fixed
+	// token count the scratch lands at the same arena offsets, so a decode
+	// step launches them again instead of preparing them.
+	alphas := map[scalar]float32{plus: 1, minus: -1, byE: float32(E)}
 	add := func(x, y operand, alpha scalar, out operand) func() error {
 		return func() error {
-			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.add(ts[0], ts[1], alpha, ts[2]) }, x, y, out)
+			return b.runAs("aclnnAdd "+attr(alphas[alpha]), func(ts []tensorDesc) (prepared, error) { return b.drv.add(ts[0], ts[1], alpha, ts[2]) }, x, y, out)
 		}
 	}
 	unary := func(name string, x, out operand) func() error {
 		return func() error {
-			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary(name, ts[0], ts[1]) }, x, out)
+			return b.runAs(name, func(ts []tensorDesc) (prepared, error) { return b.drv.unary(name, ts[0], ts[1]) }, x, out)
 		}
 	}
 	cast := func(x compute.Tensor, xv []int64, dt acl.DataType, out operand) func() error {
 		return func() error {
-			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.cast(ts[0], dt, ts[1]) }, operand{t: x, view: xv}, out)
+			return b.runAs(fmt.Sprint("aclnnCast ", dt), func(ts []tensorDesc) (prepared, error) { return b.drv.cast(ts[0], dt, ts[1]) }, operand{t: x, view: xv}, out)
 		}
 	}
 	gmm := func(x compute.Tensor, w []compute.Tensor, out compute.Tensor) func() error {
@@ -267,7 +271,7 @@ func (b *Backend) groupedExperts(a *compute.ExpertArgs, T, Din, K, I, E int) err
 	}
 	steps := []func() error{
 		func() error { // filled on the stream: a cached constant would be uploaded with a wait
-			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.fill(ts[0], plus) }, vec(ones))
+			return b.runAs("aclnnInplaceFillScalar 1", func(ts []tensorDesc) (prepared, error) { return b.drv.fill(ts[0], plus) }, vec(ones))
 		},
 		cast(a.Indices, i64(M), acl.Float, vec(f)),
 		add(vec(f), vec(ones), plus, vec(r)),
@@ -275,14 +279,14 @@ func (b *Backend) groupedExperts(a *compute.ExpertArgs, T, Din, K, I, E int) err
 		unary("aclnnRelu", vec(f), vec(m)),
 		add(vec(r), vec(m), minus, vec(m)),
 		func() error {
-			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) },
+			return b.runAs("aclnnMul", func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) },
 				operand{t: a.Weights, view: i64(M)}, vec(m), vec(wm))
 		},
 		add(vec(ones), vec(m), minus, vec(r)),
 		add(vec(f), vec(r), byE, vec(f)),
 		cast(f, i64(M), acl.Int32, operand{t: idx, view: i64(M)}),
 		func() error {
-			return b.run(func(ts []tensorDesc) (prepared, error) {
+			return b.runAs(fmt.Sprint("aclnnMoeInitRoutingV2 ", E), func(ts []tensorDesc) (prepared, error) {
 				return b.drv.moeInitRouting(ts[0], ts[1], E, ts[2], ts[3], ts[4])
 			}, flat(a.X, Din), operand{t: idx, view: i64(T, K)}, flat(ex, Din), vec(rows), operand{t: cs32, view: i64(E)})
 		},
@@ -292,15 +296,15 @@ func (b *Backend) groupedExperts(a *compute.ExpertArgs, T, Din, K, I, E int) err
 		func() error { return b.gatedAct(a.Act, h1, h1, h3) },
 		gmm(h1, a.W2, y),
 		func() error {
-			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.indexSelect(ts[0], 0, ts[1], ts[2]) },
+			return b.runAs("aclnnIndexSelect", func(ts []tensorDesc) (prepared, error) { return b.drv.indexSelect(ts[0], 0, ts[1], ts[2]) },
 				flat(y, Din), vec(rows), flat(z, Din))
 		},
 		func() error {
-			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) },
+			return b.runAs("aclnnMul", func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) },
 				flat(z, Din), operand{t: wm, view: i64(M, 1)}, flat(z, Din))
 		},
 		func() error {
-			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) },
+			return b.runAs("aclnnInplaceCopy", func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) },
 				flat(a.Out, Din), operand{t: z, view: i64(T, Din), strides: i64(K*Din, 1)})
 		},
 	}
