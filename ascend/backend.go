@@ -178,7 +178,7 @@ type Graph struct {
 // until the graph is closed. Side streams take part through Fork and Join
 // (compute.Streams), as ACL's cross-stream capture does: a side stream's
 // work between them is captured into the same graph.
-func (b *Backend) Capture(fn func() error) (*Graph, error) {
+func (b *Backend) Capture(fn func() error) (compute.Graph, error) {
 	b.mu.Lock()
 	if b.capture != nil {
 		b.mu.Unlock()

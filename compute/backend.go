@@ -120,6 +120,24 @@ func PrepareExperts(b Backend, w1, w3, w2 []Tensor) error {
 	return nil
 }
 
+// Capturer is implemented by a backend that records operations into a
+// graph replayed later instead of running them (a device's graph
+// capture). Capture runs fn, which queues operations on the backend and
+// its side streams; nothing else may use the backend meanwhile, and an
+// operation that waits for the device fails inside fn. Every replay reads
+// and writes the tensors fn used, at their addresses.
+type Capturer interface {
+	Capture(fn func() error) (Graph, error)
+}
+
+// Graph is captured work.
+type Graph interface {
+	// Replay queues the captured work again.
+	Replay() error
+	// Close releases the graph after the replays queued so far.
+	Close() error
+}
+
 // Streams is implemented by a backend that runs work on more than one
 // queue (a device's streams), so that independent work overlaps.
 type Streams interface {

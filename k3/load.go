@@ -68,6 +68,7 @@ type options struct {
 	chunk    int
 	dense    bool
 	rollback int
+	eager    bool
 
 	snapInterval, snapKeep int
 	prefixBytes            int64
@@ -80,6 +81,11 @@ type options struct {
 // every earlier position and the Lightning Indexer is skipped (its weights
 // are still checked). For comparisons; K3.1 Pro was trained sparse.
 func WithDenseAttention() Option { return func(o *options) { o.dense = true } }
+
+// WithoutGraphs runs every operation eagerly on a backend that captures
+// graphs (ascend), instead of capturing the feed-forward sublayers of
+// decode passes once per row count and replaying them (see GraphStats).
+func WithoutGraphs() Option { return func(o *options) { o.eager = true } }
 
 // WithBackend selects the compute backend by name ("go", the default, or
 // "ascend").
@@ -135,6 +141,7 @@ type Model struct {
 	resQueries, outQuery compute.Tensor
 	act                  compute.Activation
 	tok                  tokenizer.Tokenizer
+	graphs               *graphs      // decode graphs on a capturing backend, or nil
 	dense                bool         // run DSA layers densely
 	rollback             int          // tokens back the sessions' replay logs reach (0: no logs)
 	snapInterval         int          // tokens between the sessions' state snapshots (0: none)
@@ -298,6 +305,9 @@ func newModel(ctx context.Context, cfg *config.Config, ck *safetensors.Checkpoin
 		m.Close()
 		return nil, err
 	}
+	if !o.eager && m.par == nil {
+		m.graphs = newGraphs(m.b)
+	}
 	return m, nil
 }
 
@@ -309,6 +319,7 @@ func (m *Model) Close() error {
 	if !m.life.shut() {
 		return nil
 	}
+	m.graphs.close()
 	var err error
 	if m.ownB && m.b != nil {
 		err = m.b.Close()

@@ -132,6 +132,11 @@ func (p *pass) readI32(t compute.Tensor) []int32 {
 // not nil, receives intermediates.
 func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int32) error {
 	m, b := p.m, p.m.b
+	if m.graphs != nil {
+		// A capture would record the other passes' work too.
+		m.graphs.mu.Lock()
+		defer m.graphs.mu.Unlock()
+	}
 	cfg := m.Config
 	t := len(tokens)
 	eps := float32(cfg.RMSNormEps)
@@ -211,7 +216,13 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int3
 		for _, r := range p.ranges(t) {
 			in, o := normed.Rows(r[0], r[1]), mlpOut.Rows(r[0], r[1])
 			if me := p.moeL[l]; me != nil {
-				err = me.Forward(in, o, compute.Tensor{}, compute.Tensor{})
+				if m.graphs != nil && tr == nil && r[1]-r[0] <= graphMaxRows {
+					// The closure only here: it escapes, and the Go backend's
+					// decode allocates nothing.
+					err = m.graphs.run(l, in, o, func() error { return me.Forward(in, o, compute.Tensor{}, compute.Tensor{}) })
+				} else {
+					err = me.Forward(in, o, compute.Tensor{}, compute.Tensor{})
+				}
 				if err == nil && tr != nil {
 					idx, wts := me.Routing(t)
 					tr.MoEIndices = append(tr.MoEIndices, p.readI32(idx))

@@ -3,7 +3,6 @@ package conform
 import (
 	"context"
 	"fmt"
-	"k3/ascend"
 	"strconv"
 
 	"k3/compute"
@@ -181,9 +180,7 @@ func runKDALayerDecode(ctx context.Context, b compute.Backend, path string, chk 
 }
 
 // capturer is a backend that records work into a graph replayed later.
-type capturer interface {
-	Capture(fn func() error) (*ascend.Graph, error)
-}
+type capturer = compute.Capturer
 
 func runKDALayerDecodeOn(b compute.Backend, path string, chk *checker, route string) error {
 	return runKDALayerDecodeWith(b, nil, path, chk, route)
@@ -285,7 +282,7 @@ func runKDALayerDecodeWith(b compute.Backend, c capturer, path string, chk *chec
 		stepRows[i] = int32(i)
 	}
 	steps1 := kdaSeqs(st, stepRows, bsz)
-	var g *ascend.Graph
+	var g compute.Graph
 	defer func() {
 		if g != nil {
 			g.Close()
