@@ -120,6 +120,16 @@ func TestPrepareExpertsErrors(t *testing.T) {
 		require.Equal(t, orig, w1)
 		require.Nil(t, stackOf(w1))
 		require.ErrorIs(t, a.PrepareExperts(w1[:2], w3, w2), compute.ErrShape)
+		// A refusal of the last kind moves none of the first two.
+		w1 = []compute.Tensor{mk(8, 4), mk(8, 4)}
+		w3 = []compute.Tensor{mk(8, 4), mk(8, 4)}
+		w2 = []compute.Tensor{mk(4, 8), mk(4, 6)}
+		orig1, orig3 := append([]compute.Tensor(nil), w1...), append([]compute.Tensor(nil), w3...)
+		err = a.PrepareExperts(w1, w3, w2)
+		require.ErrorIs(t, err, compute.ErrShape)
+		require.ErrorContains(t, err, "w2")
+		require.Equal(t, orig1, w1)
+		require.Equal(t, orig3, w3)
 	})
 }
 

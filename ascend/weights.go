@@ -135,8 +135,19 @@ func (b *Backend) PrepareExperts(w1, w3, w2 []compute.Tensor) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for i, ws := range [][]compute.Tensor{w1, w3, w2} {
-		if err := b.stackExperts(ws); err != nil {
+	kinds := [][]compute.Tensor{w1, w3, w2}
+	var plans [3]stackPlan
+	for i, ws := range kinds {
+		var err error
+		if plans[i], err = planStack(ws); err != nil {
+			return fmt.Errorf("ascend: experts' w%d: %w", [3]int{1, 3, 2}[i], err)
+		}
+	}
+	// Only an allocation or a copy can fail from here; the kinds moved
+	// before it stay stacked, which MatMul reads as before and MoEExperts
+	// runs by its composition until all three are.
+	for i, ws := range kinds {
+		if err := b.stackExperts(ws, plans[i]); err != nil {
 			return fmt.Errorf("ascend: experts' w%d: %w", [3]int{1, 3, 2}[i], err)
 		}
 	}
@@ -146,39 +157,52 @@ func (b *Backend) PrepareExperts(w1, w3, w2 []compute.Tensor) error {
 // maxGroups is the most groups aclnnGroupedMatmulV4 takes along M.
 const maxGroups = 1024
 
-// stackExperts moves ws into one buffer and points ws at it; b.mu is held.
-func (b *Backend) stackExperts(ws []compute.Tensor) error {
+// stackPlan is a checked stack: the experts' buffers and the bytes each.
+type stackPlan struct {
+	bufs  []*devBuf
+	bytes int
+}
+
+// planStack checks that ws can share one stack: whole buffers of one
+// shape, dtype and layout.
+func planStack(ws []compute.Tensor) (stackPlan, error) {
 	first := ws[0]
 	d0, err := bufOf(first)
 	if err != nil {
-		return err
+		return stackPlan{}, err
 	}
 	if first.Rank != 2 {
-		return fmt.Errorf("%w: expert 0 is %v, not a matrix", compute.ErrShape, first)
+		return stackPlan{}, fmt.Errorf("%w: expert 0 is %v, not a matrix", compute.ErrShape, first)
 	}
-	N, K := first.Dims[0], first.Dims[1]
-	bytes := first.Len() * first.DType.Size()
+	p := stackPlan{bufs: make([]*devBuf, len(ws)), bytes: first.Len() * first.DType.Size()}
 	if d0.nz != nil {
-		bytes = d0.nz.Len() * 2
+		p.bytes = d0.nz.Len() * 2
 	}
-	bufs := make([]*devBuf, len(ws))
 	for e, w := range ws {
 		d, err := bufOf(w)
 		if err != nil {
-			return fmt.Errorf("expert %d: %w", e, err)
+			return stackPlan{}, fmt.Errorf("expert %d: %w", e, err)
 		}
-		if w.Rank != 2 || w.Dims != first.Dims || w.DType != first.DType || w.Off != 0 || d.n != bytes ||
+		if w.Rank != 2 || w.Dims != first.Dims || w.DType != first.DType || w.Off != 0 || d.n != p.bytes ||
 			d.experts != 0 || (d.nz == nil) != (d0.nz == nil) {
-			return fmt.Errorf("%w: expert %d is %v, expert 0 %v: the stack needs whole buffers of one shape and layout", compute.ErrShape, e, w, first)
+			return stackPlan{}, fmt.Errorf("%w: expert %d is %v, expert 0 %v: the stack needs whole buffers of one shape and layout", compute.ErrShape, e, w, first)
 		}
-		bufs[e] = d
+		p.bufs[e] = d
 	}
-	out, err := b.alloc(len(ws) * bytes)
+	return p, nil
+}
+
+// stackExperts moves ws into one buffer as p planned and points ws at it;
+// b.mu is held.
+func (b *Backend) stackExperts(ws []compute.Tensor, p stackPlan) error {
+	first, d0 := ws[0], p.bufs[0]
+	N, K := first.Dims[0], first.Dims[1]
+	out, err := b.alloc(len(ws) * p.bytes)
 	if err != nil {
 		return err
 	}
-	for e, d := range bufs {
-		if err := b.s.CopyDevice(b.base.Add(out.off+e*bytes), b.base.Add(d.off), bytes); err != nil {
+	for e, d := range p.bufs {
+		if err := b.s.CopyDevice(b.base.Add(out.off+e*p.bytes), b.base.Add(d.off), p.bytes); err != nil {
 			b.freeBuf(out)
 			return err
 		}
@@ -189,7 +213,7 @@ func (b *Backend) stackExperts(ws []compute.Tensor) error {
 		l.Batch = len(ws)
 		out.nz = &l
 	}
-	for e, d := range bufs {
+	for e, d := range p.bufs {
 		b.freeBuf(d)
 		ws[e] = compute.NewTensor(out, e*N*K, first.DType, N, K)
 	}

@@ -105,8 +105,9 @@ type WeightPreparer interface {
 // matmul). PrepareExperts receives one layer's expert weights, each as
 // PrepareMatMul returned it, that from then on are read only through
 // ExpertArgs (and MatMul); it may replace the slices' entries in place
-// with views of stacked tensors, the originals being freed. On an error
-// the entries are as they were.
+// with views of stacked tensors, the originals being freed. Experts that
+// cannot share a stack are refused before anything moves; after a later
+// failure (the device's memory) every entry is still a valid weight.
 type ExpertPreparer interface {
 	PrepareExperts(w1, w3, w2 []Tensor) error
 }
