@@ -47,6 +47,7 @@ type core struct {
 	arena   *arena
 	stage   hostBuffer
 	consts  map[constKey]compute.Tensor
+	ropes   map[ropeKey]*ropeTab // RoPE's tables of angles by position
 	scalars map[float32]scalar
 	// host, for a backend over the host driver, runs the operations not
 	// mapped to aclnn (onHost).
@@ -424,7 +425,9 @@ func hostView(v any) ([]byte, compute.DType, error) {
 	return nil, 0, fmt.Errorf("%w: host values of type %T (want []float32 or []int32)", compute.ErrShape, v)
 }
 
-// Write implements compute.Backend.
+// Write implements compute.Backend: the values are copied before it
+// returns and reach the tensor in stream order, up to 64 KiB without a
+// wait (putAsync), larger ones with one.
 func (b *Backend) Write(dst compute.Tensor, src any) error {
 	data, dt, err := hostView(src)
 	if err != nil {
@@ -435,7 +438,10 @@ func (b *Backend) Write(dst compute.Tensor, src any) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.put(dst, src)
+	// Through the stage ring: a small write (a pass's token ids, a run's
+	// positions) is queued on the stream without a wait, ordered after the
+	// work that read the tensor before.
+	return b.putAsync(dst, src)
 }
 
 // put copies host values (a []float32 or []int32, or a pointer to one)

@@ -456,11 +456,15 @@ type ExpertArgs struct {
 // RopeArgs: X [T, ...] is rotated in place; every row of its last
 // dimension (D wide) rotates its first Dims entries (0: all D) by the
 // angles Pos[t]·Theta^(-2i/Dims), pairing (2i, 2i+1) when Interleaved (MLA)
-// or (i, i+Dims/2) otherwise (the Lightning Indexer's layout). Pos has one
-// host position per first-dimension row.
+// or (i, i+Dims/2) otherwise (the Lightning Indexer's layout). Pos [T]
+// (I32) is a tensor of the backend with one position per first-dimension
+// row, each in [0, MaxPos): the positions stay on the device (a captured
+// step reads the ones written before its replay), and MaxPos, which the
+// caller knows from its cache, sizes a device's table of angles.
 type RopeArgs struct {
 	X           Tensor
-	Pos         []int32
+	Pos         Tensor
+	MaxPos      int
 	Dims        int
 	Theta       float64
 	Interleaved bool

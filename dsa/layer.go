@@ -266,6 +266,12 @@ type Layer struct {
 	attn      compute.AttnArgs
 	ixArgs    compute.IndexerArgs
 	rope      compute.RopeArgs
+	// ropePos [maxT] (I32) holds a run's positions for its rotations,
+	// written once a run from ropeHost (a pointer to it is what Write
+	// takes without allocating).
+	ropePos  compute.Tensor
+	ropeHost []int32
+	ropeMax  int
 }
 
 // scratch holds a layer's intermediates; layers of one shape that run one
@@ -325,6 +331,7 @@ func NewLayer(b compute.Backend, cfg Config, w *Weights, maxT int) (*Layer, erro
 	l.o = alloc(compute.F32, maxT, h, cfg.VDim)
 	l.kvNew = alloc(compute.F32, maxT, cfg.KVLoRARank)
 	l.peNew = alloc(compute.F32, maxT, max(cfg.RopeDim, 1))
+	l.ropePos = alloc(compute.I32, maxT)
 	if cfg.OutputGate {
 		l.g = alloc(compute.F32, maxT, h*cfg.VDim)
 	}
@@ -611,9 +618,21 @@ func (l *Layer) query(x compute.Tensor) (qin, qn, qr compute.Tensor, err error) 
 	return qin, qn, qr, nil
 }
 
-func (l *Layer) rotate(x compute.Tensor, pos []int32, dims int, interleaved bool) error {
-	l.rope = compute.RopeArgs{X: x, Pos: pos, Dims: dims, Freqs: l.freqs, Scale: l.ropeScale, Interleaved: interleaved}
+// rotate applies RoPE to x's rows at the positions setRopePositions wrote.
+func (l *Layer) rotate(x compute.Tensor, dims int, interleaved bool) error {
+	l.rope = compute.RopeArgs{X: x, Pos: l.ropePos.Rows(0, x.Dim(0)), MaxPos: l.ropeMax, Dims: dims, Freqs: l.freqs,
+		Scale: l.ropeScale, Interleaved: interleaved}
 	return l.b.RoPE(&l.rope)
+}
+
+// setRopePositions writes a run's positions for its rotations.
+func (l *Layer) setRopePositions(pos []int32) error {
+	l.ropeHost = append(l.ropeHost[:0], pos...)
+	l.ropeMax = 0
+	for _, p := range pos {
+		l.ropeMax = max(l.ropeMax, int(p)+1)
+	}
+	return l.b.Write(l.ropePos.Rows(0, len(pos)), &l.ropeHost)
 }
 
 // appendRun finishes the new keys of one run of rows (from row r of the
@@ -642,13 +661,18 @@ func (l *Layer) finishRun(pos []int32, r int, qr, kvNew, peNew compute.Tensor) (
 	if err = b.RMSNorm(kv, kv, w.KVANorm, latentEps); err != nil {
 		return
 	}
+	if !cfg.NoPE && dr > 0 {
+		if err = l.setRopePositions(pos); err != nil {
+			return
+		}
+	}
 	if dr > 0 {
 		qri, pe = qr.Rows(r, r+t), peNew.Rows(r, r+t)
 		if !cfg.NoPE {
-			if err = l.rotate(qri, pos, dr, true); err != nil {
+			if err = l.rotate(qri, dr, true); err != nil {
 				return
 			}
-			if err = l.rotate(pe, pos, dr, true); err != nil {
+			if err = l.rotate(pe, dr, true); err != nil {
 				return
 			}
 		}
@@ -659,10 +683,10 @@ func (l *Layer) finishRun(pos []int32, r int, qr, kvNew, peNew compute.Tensor) (
 			return
 		}
 		if !cfg.NoPE && cfg.RopeDim > 0 {
-			if err = l.rotate(l.iq.Rows(r, r+t), pos, cfg.RopeDim, false); err != nil {
+			if err = l.rotate(l.iq.Rows(r, r+t), cfg.RopeDim, false); err != nil {
 				return
 			}
-			if err = l.rotate(ik, pos, cfg.RopeDim, false); err != nil {
+			if err = l.rotate(ik, cfg.RopeDim, false); err != nil {
 				return
 			}
 		}

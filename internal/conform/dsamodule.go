@@ -106,8 +106,15 @@ func runIndexerModule(ctx context.Context, b compute.Backend, path string, chk *
 	if err := b.LayerNorm(k, k, up["k_norm_weight"], up["k_norm_bias"], float32(eps)); err != nil {
 		return err
 	}
+	pt, err := b.Alloc(compute.I32, t)
+	if err != nil {
+		return err
+	}
+	if err := b.Write(pt, pos); err != nil {
+		return err
+	}
 	for _, x := range []compute.Tensor{q, k} {
-		if err := b.RoPE(&compute.RopeArgs{X: x, Pos: pos, Dims: rope, Theta: theta}); err != nil {
+		if err := b.RoPE(&compute.RopeArgs{X: x, Pos: pt, MaxPos: t, Dims: rope, Theta: theta}); err != nil {
 			return err
 		}
 	}

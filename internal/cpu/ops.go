@@ -418,8 +418,14 @@ func (b *Backend) RoPE(a *compute.RopeArgs) error {
 	if err != nil {
 		return err
 	}
-	if a.X.Rank < 2 || len(a.Pos) != a.X.Dims[0] {
-		return shapeErr("rope input %v with %d positions", a.X, len(a.Pos))
+	pos := I32(a.Pos)
+	if a.X.Rank < 2 || a.Pos.DType != compute.I32 || pos == nil || len(pos) != a.X.Dims[0] {
+		return shapeErr("rope input %v with positions %v", a.X, a.Pos)
+	}
+	for t, p := range pos {
+		if p < 0 || int(p) >= a.MaxPos {
+			return fmt.Errorf("%w: rope position %d of row %d outside [0, %d)", compute.ErrShape, p, t, a.MaxPos)
+		}
 	}
 	d := a.X.Dim(-1)
 	r := a.Dims
@@ -434,7 +440,7 @@ func (b *Backend) RoPE(a *compute.RopeArgs) error {
 		scale = 1
 	}
 	perRow := len(x) / a.X.Dims[0]
-	for t, p := range a.Pos {
+	for t, p := range pos {
 		rows := x[t*perRow : (t+1)*perRow]
 		for i := 0; i < r/2; i++ {
 			sin, cos := math.Sincos(a.Angle(p, i, r))
