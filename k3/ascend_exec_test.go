@@ -80,7 +80,7 @@ func TestAscendDecodeGraphs(t *testing.T) {
 					require.NoError(t, err)
 					out = append(out, l)
 				}
-				bt, err := m.NewBatch(3)
+				bt, err := m.NewBatch(4) // three rows run as a bucket of four
 				require.NoError(t, err)
 				var ss []*k3.Session
 				for i := range 3 {

@@ -8,9 +8,22 @@ import (
 )
 
 // graphMaxRows is the most rows of a feed-forward call that decode graphs
-// capture: decode and verification passes, whose row counts repeat (one
-// graph each); prefill chunks, whose counts do not, run eagerly.
+// capture: decode and verification passes; prefill chunks run eagerly.
 const graphMaxRows = 16
+
+// graphBucket is the rows a graph runs for rows rows: the next power of
+// two, as vLLM's decode buckets, unless the pass has no room for it
+// (then rows itself).
+func graphBucket(rows, room int) int {
+	n := 1
+	for n < rows {
+		n *= 2
+	}
+	if n > room {
+		return rows
+	}
+	return n
+}
 
 // graphCapacity bounds the graphs a model keeps; the least recently
 // replayed is closed first.
@@ -18,7 +31,7 @@ const graphCapacity = 512
 
 // graphs captures the feed-forward sublayers of decode passes on a backend
 // that records graphs (compute.Capturer) and replays them, one graph per
-// layer, row range and buffers: piecewise capture, the token mixers
+// layer, bucket of rows and buffers: piecewise capture, the token mixers
 // staying eager (their shapes follow the context length). A key's first
 // call runs eagerly (it creates what the layer creates on first use), its
 // second is captured and replayed, later ones are replayed. A layer that

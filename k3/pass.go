@@ -217,9 +217,14 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int3
 			in, o := normed.Rows(r[0], r[1]), mlpOut.Rows(r[0], r[1])
 			if me := p.moeL[l]; me != nil {
 				if m.graphs != nil && tr == nil && r[1]-r[0] <= graphMaxRows {
-					// The closure only here: it escapes, and the Go backend's
-					// decode allocates nothing.
-					err = m.graphs.run(l, in, o, func() error { return me.Forward(in, o, compute.Tensor{}, compute.Tensor{}) })
+					// Rows padded to a bucket: the extra rows' outputs land in
+					// rows that no one reads or that a later range rewrites,
+					// and no row's result depends on the others'. The closure
+					// only here: it escapes, and the Go backend's decode
+					// allocates nothing.
+					n := graphBucket(r[1]-r[0], p.max-r[0])
+					gin, gout := p.normed.Rows(r[0], r[0]+n), p.mlpOut.Rows(r[0], r[0]+n)
+					err = m.graphs.run(l, gin, gout, func() error { return me.Forward(gin, gout, compute.Tensor{}, compute.Tensor{}) })
 				} else {
 					err = me.Forward(in, o, compute.Tensor{}, compute.Tensor{})
 				}
