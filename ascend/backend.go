@@ -48,6 +48,7 @@ type core struct {
 	stage   hostBuffer
 	consts  map[constKey]compute.Tensor
 	ropes   map[ropeKey]*ropeTab // RoPE's tables of angles by position
+	ar      compute.Tensor       // 0, 1, 2, ... (iota)
 	scalars map[float32]scalar
 	// host, for a backend over the host driver, runs the operations not
 	// mapped to aclnn (onHost).

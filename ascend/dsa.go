@@ -11,12 +11,15 @@ import (
 // sequence at a time: the scores S = Q·Kᵀ of every query head (MatMul over
 // the sequence's keys, a paged cache gathered into scratch first), ReLU,
 // the head-weighted sum as a BatchMatMul of W [t, 1, HI] with S
-// [t, HI, L], the invisible positions masked to −∞ by an added mask built
-// on the host from the query positions, aclnnTopk (int64 indices) cast
-// into Indices, and the slots past each row's count set to −1. Counts
-// and the mask come from the host positions. Which key wins an exact tie
-// on the device is aclnnTopk's; the host driver and the fake keep the
-// lower position, as the pure-Go backend does.
+// [t, HI, L], the invisible positions masked to −∞, aclnnTopk (int64
+// indices) cast into Indices, and the slots past each row's count set to
+// −1. The mask, the counts and the −1 padding are built on the device from
+// the positions tensor: with d = pos − s, ind(s ≤ pos) = ReLU(d+1) −
+// ReLU(d), the mask is log(ind), a row's count the sum of its first
+// min(TopK, L) indicators. A position past its sequence's keys, which the
+// pure-Go backend refuses, is not checked. Which key wins an exact tie on
+// the device is aclnnTopk's; the host driver and the fake keep the lower
+// position, as the pure-Go backend does.
 func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 	paged := a.KPages != nil
 	if a.Q.Rank != 3 || a.Q.DType != compute.F32 || (!paged && (a.K.Rank != 2 || a.K.DType != compute.F32 || a.Q.Dims[2] != a.K.Dims[1])) {
@@ -35,8 +38,8 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 	if err := compute.CheckShape("indexer weights", a.W, compute.F32, T, HI); err != nil {
 		return err
 	}
-	if len(a.QPos) != T || a.TopK <= 0 {
-		return fmt.Errorf("ascend: indexer: %d query positions for %d rows, top-k %d", len(a.QPos), T, a.TopK)
+	if a.QPos.DType != compute.I32 || dims(a.QPos) != T || a.TopK <= 0 {
+		return fmt.Errorf("%w: indexer: query positions %v for %d rows, top-k %d", compute.ErrShape, a.QPos, T, a.TopK)
 	}
 	cuQ, cuK := a.CuSeqlensQ, a.CuSeqlensK
 	if cuQ == nil {
@@ -63,28 +66,17 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 		}
 		width = a.Scores.Dims[1]
 	}
-	counts := make([]int32, T)
-	for s := range len(cuQ) - 1 {
-		lk := int(cuK[s+1] - cuK[s])
-		for row := cuQ[s]; row < cuQ[s+1]; row++ {
-			pos := int(a.QPos[row])
-			if pos < 0 || pos >= lk {
-				return fmt.Errorf("ascend: indexer: query row %d at position %d, outside its sequence's %d cached keys", row, pos, lk)
-			}
-			counts[row] = int32(min(a.TopK, pos+1))
-		}
-	}
-
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	// Every slot starts at -1 (0xff bytes); the scores at -∞.
+	// Every slot starts at -1 (0xff bytes), every count at 0, the scores
+	// at -∞.
 	if p, err := b.addr(a.Indices); err != nil {
 		return err
 	} else if err := b.s.Memset(p, 0xff, T*a.TopK*4); err != nil {
 		return err
 	}
 	if !a.Counts.IsZero() {
-		if err := b.putAsync(a.Counts, counts); err != nil {
+		if err := b.fillZero(a.Counts); err != nil {
 			return err
 		}
 	}
@@ -104,7 +96,7 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 		if q1 == q0 || lk == 0 {
 			continue
 		}
-		if err := b.indexSequence(a, q0, q1-q0, k0, lk, counts[q0:q1], width); err != nil {
+		if err := b.indexSequence(a, q0, q1-q0, k0, lk, width); err != nil {
 			return fmt.Errorf("ascend: indexer, sequence %d: %w", s, err)
 		}
 	}
@@ -113,17 +105,19 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 
 // indexSequence runs the indexer for the tq query rows from q0 over the
 // lk keys from k0; b.mu is held.
-func (b *Backend) indexSequence(a *compute.IndexerArgs, q0, tq, k0, lk int, counts []int32, width int) error {
+func (b *Backend) indexSequence(a *compute.IndexerArgs, q0, tq, k0, lk, width int) error {
 	HI, DI, K := a.Q.Dims[1], a.Q.Dims[2], a.TopK
 	kk := min(K, lk)
-	// Scratch: the keys when paged, S [tq·HI, lk], Z [tq, lk], the mask,
-	// the top values; then int32 room for the int64 indices, the valid
-	// flags and the pads.
+	// Scratch: the keys when paged, S [tq·HI, lk], Z [tq, lk], D and M
+	// [tq, lk] (the positions' differences, then the indicators and the
+	// mask), the top values, the positions, the pads and the counts (as
+	// floats); then int32 room for the int64 indices, the valid flags and
+	// the pads.
 	keys := 0
 	if a.KPages != nil {
 		keys = lk * DI
 	}
-	f, err := b.allocTensor(compute.F32, keys+tq*HI*lk+2*tq*lk+tq*kk)
+	f, err := b.allocTensor(compute.F32, keys+tq*HI*lk+3*tq*lk+tq*kk+tq+tq*kk+tq)
 	if err != nil {
 		return err
 	}
@@ -133,34 +127,77 @@ func (b *Backend) indexSequence(a *compute.IndexerArgs, q0, tq, k0, lk int, coun
 		return err
 	}
 	defer b.freeBuf(ints.Mem.(*devBuf))
-	kc := part(f, 0, keys)
-	S, Z := part(f, keys, tq*HI*lk), part(f, keys+tq*HI*lk, tq*lk)
-	mask, vals := part(f, keys+tq*HI*lk+tq*lk, tq*lk), part(f, keys+tq*HI*lk+2*tq*lk, tq*kk)
+	off := 0
+	next := func(n int) compute.Tensor { t := part(f, off, n); off += n; return t }
+	kc, S, Z := next(keys), next(tq*HI*lk), next(tq*lk)
+	D, M, vals := next(tq*lk), next(tq*lk), next(tq*kk)
+	posF, padF, cntF := next(tq), next(tq*kk), next(tq)
 	idx64 := ints // int64 elements [0, tq·kk)
 	valid, pad := part(ints, 2*tq*kk, tq*kk), part(ints, 3*tq*kk, tq*kk)
-
-	// Host-built mask and the −1 padding of each row's slots past its count.
-	hostMask := make([]float32, tq*lk)
-	hostInts := make([]int32, 2*tq*kk)
-	for r := range tq {
-		vis := int(a.QPos[q0+r]) + 1
-		for j := vis; j < lk; j++ {
-			hostMask[r*lk+j] = float32(math.Inf(-1))
-		}
-		for j := range kk {
-			if j < int(counts[r]) {
-				hostInts[r*kk+j] = 1
-			} else {
-				hostInts[tq*kk+r*kk+j] = -1
+	ar, err := b.iota(lk)
+	if err != nil {
+		return err
+	}
+	unit, err := b.constOf(1, 1)
+	if err != nil {
+		return err
+	}
+	ones, err := b.constOf(kk, 1)
+	if err != nil {
+		return err
+	}
+	one, minus, err := b.units()
+	if err != nil {
+		return err
+	}
+	qpos := a.QPos
+	qpos.Off += q0
+	add := func(x, y operand, alpha scalar, out operand) error {
+		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.add(ts[0], ts[1], alpha, ts[2]) }, x, y, out)
+	}
+	unary := func(name string, x, out operand) error {
+		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary(name, ts[0], ts[1]) }, x, out)
+	}
+	cast := func(x operand, dt compute.DType, out operand) error {
+		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.cast(ts[0], aclType(dt), ts[1]) }, x, out)
+	}
+	grid := func(t compute.Tensor) operand { return operand{t: t, view: i64(tq, lk)} }
+	firstK := func(t compute.Tensor) operand { return operand{t: t, view: i64(tq, kk), strides: i64(lk, 1)} }
+	flags := func(t compute.Tensor) operand { return operand{t: t, view: i64(tq, kk)} }
+	unit11 := operand{t: unit, view: i64(1, 1)}
+	for _, step := range []func() error{
+		func() error {
+			return cast(operand{t: qpos, view: i64(tq)}, compute.F32, operand{t: posF, view: i64(tq)})
+		},
+		func() error { // D = pos − s
+			return add(operand{t: posF, view: i64(tq, 1)}, operand{t: ar, view: i64(1, lk)}, minus, grid(D))
+		},
+		func() error { return add(grid(D), unit11, one, grid(M)) }, // M = D + 1
+		func() error { return unary("aclnnRelu", grid(M), grid(M)) },
+		func() error { return unary("aclnnRelu", grid(D), grid(D)) },
+		func() error { return add(grid(M), grid(D), minus, grid(M)) }, // M = ind(s ≤ pos)
+		func() error { return cast(firstK(M), compute.I32, flags(valid)) },
+		func() error { return add(firstK(M), unit11, minus, flags(padF)) }, // 0 or −1
+		func() error { return cast(flags(padF), compute.I32, flags(pad)) },
+		func() error {
+			if a.Counts.IsZero() {
+				return nil
 			}
+			if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.matmul("aclnnMatmul", ts[0], ts[1], ts[2], 0) },
+				firstK(M), operand{t: ones, view: i64(kk, 1)}, operand{t: cntF, view: i64(tq, 1)}); err != nil {
+				return err
+			}
+			cnt := a.Counts
+			cnt.Off += q0
+			return cast(operand{t: cntF, view: i64(tq)}, compute.I32, operand{t: cnt, view: i64(tq)})
+		},
+		func() error { return unary("aclnnLog", grid(M), grid(M)) }, // the mask: 0 or −∞
+	} {
+		if err := step(); err != nil {
+			return fmt.Errorf("the mask: %w", err)
 		}
 	}
-	if err := b.putAsync(mask, hostMask); err != nil {
-		return err
-	}
-	if err := b.putAsync(valid, hostInts); err != nil {
-		return err
-	}
+	mask := M
 
 	// The keys: a view of the packed cache, or the pages gathered.
 	kop := operand{t: a.K, view: i64(DI, lk), strides: i64(1, DI)}
@@ -181,10 +218,6 @@ func (b *Backend) indexSequence(a *compute.IndexerArgs, q0, tq, k0, lk int, coun
 	q.Off += q0 * HI * DI
 	w := a.W
 	w.Off += q0 * HI
-	one, err := b.scalar(1)
-	if err != nil {
-		return err
-	}
 	iv := a.Indices
 	iv.Off += q0 * K
 	indices := operand{t: iv, view: i64(tq, kk), strides: i64(K, 1)}
@@ -240,4 +273,31 @@ func (b *Backend) indexSequence(a *compute.IndexerArgs, q0, tq, k0, lk int, coun
 		}
 	}
 	return nil
+}
+
+// iota returns a tensor holding 0, 1, ..., n-1 (F32) at least; b.mu is
+// held. It grows by doubling; an outgrown tensor stays allocated, since a
+// captured graph may read it.
+func (b *Backend) iota(n int) (compute.Tensor, error) {
+	if dims(b.ar) >= n && !b.ar.IsZero() {
+		return b.ar, nil
+	}
+	c := max(256, 2*dims(b.ar))
+	for c < n {
+		c *= 2
+	}
+	t, err := b.allocTensor(compute.F32, c)
+	if err != nil {
+		return t, err
+	}
+	v := make([]float32, c)
+	for i := range v {
+		v[i] = float32(i)
+	}
+	if err := b.put(t, v); err != nil {
+		b.freeBuf(t.Mem.(*devBuf))
+		return t, err
+	}
+	b.ar = t
+	return t, nil
 }

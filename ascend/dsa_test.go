@@ -29,7 +29,7 @@ func TestLightningIndexer(t *testing.T) {
 			qa, qc := both(t, a, c, compute.F32, randF32(rng, T*HI*DI), T, HI, DI)
 			wa, wc := both(t, a, c, compute.F32, randF32(rng, T*HI), T, HI)
 			args := func(be compute.Backend, q, w compute.Tensor, keys []float32) *compute.IndexerArgs {
-				x := &compute.IndexerArgs{Q: q, W: w, QPos: qpos, CuSeqlensQ: cuQ, CuSeqlensK: cuK, TopK: K}
+				x := &compute.IndexerArgs{Q: q, W: w, QPos: positions(t, be, qpos), CuSeqlensQ: cuQ, CuSeqlensK: cuK, TopK: K}
 				if paged {
 					const page = 8
 					for p := 0; p*page < L; p++ {

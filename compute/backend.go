@@ -346,7 +346,7 @@ type IndexerArgs struct {
 	// are the pages' first L = KLen rows.
 	KPages                 []Tensor
 	PageSize, KLen         int
-	QPos                   []int32
+	QPos                   Tensor  // [T] I32, a tensor of the backend (see RopeArgs)
 	CuSeqlensQ, CuSeqlensK []int32 // host prefix sums; nil: one sequence
 	TopK                   int
 	Indices, Counts        Tensor

@@ -113,6 +113,7 @@ type Exchange struct {
 	lat, pe        []float32
 	iqT, iwT       compute.Tensor
 	scoreT, idxT   compute.Tensor
+	qposT          compute.Tensor // the queries' positions for the indexer
 	sendT, recvT   compute.Tensor
 	kvT, peT, selT compute.Tensor
 }
@@ -143,7 +144,7 @@ func (e *Exchange) tensor(t *compute.Tensor, dt compute.DType, dims ...int) erro
 
 // Free returns the exchange's tensors to the backend.
 func (e *Exchange) Free() {
-	for _, t := range []*compute.Tensor{&e.iqT, &e.iwT, &e.scoreT, &e.idxT, &e.sendT, &e.recvT, &e.kvT, &e.peT, &e.selT} {
+	for _, t := range []*compute.Tensor{&e.iqT, &e.iwT, &e.scoreT, &e.idxT, &e.qposT, &e.sendT, &e.recvT, &e.kvT, &e.peT, &e.selT} {
 		if !t.IsZero() {
 			e.b.Free(*t)
 			*t = compute.Tensor{}
@@ -628,8 +629,14 @@ func (e *Exchange) selectTopK(ctx context.Context, l *Layer, a *SplitPass) error
 		if err := e.tensor(&e.scoreT, compute.F32, nq, keys); err != nil {
 			return err
 		}
+		if err := e.tensor(&e.qposT, compute.I32, nq); err != nil {
+			return err
+		}
+		if err := b.Write(e.qposT, &e.qpos); err != nil {
+			return err
+		}
 		l.ixArgs = compute.IndexerArgs{Q: iq, W: iw, KPages: c.ik, PageSize: PageSize, KLen: keys,
-			QPos: e.qpos, TopK: k, Indices: e.idxT, Scores: e.scoreT}
+			QPos: e.qposT, TopK: k, Indices: e.idxT, Scores: e.scoreT}
 		if err := b.LightningIndexer(&l.ixArgs); err != nil {
 			return fmt.Errorf("dsa: split indexer: %w", err)
 		}

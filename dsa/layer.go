@@ -266,12 +266,12 @@ type Layer struct {
 	attn      compute.AttnArgs
 	ixArgs    compute.IndexerArgs
 	rope      compute.RopeArgs
-	// ropePos [maxT] (I32) holds a run's positions for its rotations,
-	// written once a run from ropeHost (a pointer to it is what Write
-	// takes without allocating).
-	ropePos  compute.Tensor
-	ropeHost []int32
-	ropeMax  int
+	// posT [maxT] (I32) holds a run's positions for its rotations and its
+	// indexer, written once a run from posHost (a pointer to it is what
+	// Write takes without allocating); posMax bounds them.
+	posT    compute.Tensor
+	posHost []int32
+	posMax  int
 }
 
 // scratch holds a layer's intermediates; layers of one shape that run one
@@ -331,7 +331,7 @@ func NewLayer(b compute.Backend, cfg Config, w *Weights, maxT int) (*Layer, erro
 	l.o = alloc(compute.F32, maxT, h, cfg.VDim)
 	l.kvNew = alloc(compute.F32, maxT, cfg.KVLoRARank)
 	l.peNew = alloc(compute.F32, maxT, max(cfg.RopeDim, 1))
-	l.ropePos = alloc(compute.I32, maxT)
+	l.posT = alloc(compute.I32, maxT)
 	if cfg.OutputGate {
 		l.g = alloc(compute.F32, maxT, h*cfg.VDim)
 	}
@@ -618,21 +618,21 @@ func (l *Layer) query(x compute.Tensor) (qin, qn, qr compute.Tensor, err error) 
 	return qin, qn, qr, nil
 }
 
-// rotate applies RoPE to x's rows at the positions setRopePositions wrote.
+// rotate applies RoPE to x's rows at the positions setPositions wrote.
 func (l *Layer) rotate(x compute.Tensor, dims int, interleaved bool) error {
-	l.rope = compute.RopeArgs{X: x, Pos: l.ropePos.Rows(0, x.Dim(0)), MaxPos: l.ropeMax, Dims: dims, Freqs: l.freqs,
+	l.rope = compute.RopeArgs{X: x, Pos: l.posT.Rows(0, x.Dim(0)), MaxPos: l.posMax, Dims: dims, Freqs: l.freqs,
 		Scale: l.ropeScale, Interleaved: interleaved}
 	return l.b.RoPE(&l.rope)
 }
 
-// setRopePositions writes a run's positions for its rotations.
-func (l *Layer) setRopePositions(pos []int32) error {
-	l.ropeHost = append(l.ropeHost[:0], pos...)
-	l.ropeMax = 0
+// setPositions writes a run's positions for its rotations and indexer.
+func (l *Layer) setPositions(pos []int32) error {
+	l.posHost = append(l.posHost[:0], pos...)
+	l.posMax = 0
 	for _, p := range pos {
-		l.ropeMax = max(l.ropeMax, int(p)+1)
+		l.posMax = max(l.posMax, int(p)+1)
 	}
-	return l.b.Write(l.ropePos.Rows(0, len(pos)), &l.ropeHost)
+	return l.b.Write(l.posT.Rows(0, len(pos)), &l.posHost)
 }
 
 // appendRun finishes the new keys of one run of rows (from row r of the
@@ -661,10 +661,8 @@ func (l *Layer) finishRun(pos []int32, r int, qr, kvNew, peNew compute.Tensor) (
 	if err = b.RMSNorm(kv, kv, w.KVANorm, latentEps); err != nil {
 		return
 	}
-	if !cfg.NoPE && dr > 0 {
-		if err = l.setRopePositions(pos); err != nil {
-			return
-		}
+	if err = l.setPositions(pos); err != nil {
+		return
 	}
 	if dr > 0 {
 		qri, pe = qr.Rows(r, r+t), peNew.Rows(r, r+t)
@@ -701,7 +699,7 @@ func (l *Layer) indexSelect(c *Cache, pos []int32, r int, idx compute.Tensor) er
 	ix := l.cfg.Indexer
 	t := len(pos)
 	l.ixArgs = compute.IndexerArgs{Q: l.iq.Rows(r, r+t), KPages: c.ik, PageSize: PageSize, KLen: c.Len,
-		W: l.iw.Rows(r, r+t), QPos: pos, TopK: ix.TopK, Indices: idx.Reshape(t, ix.TopK)}
+		W: l.iw.Rows(r, r+t), QPos: l.posT.Rows(0, t), TopK: ix.TopK, Indices: idx.Reshape(t, ix.TopK)}
 	if l.SplitIndexer != nil {
 		return l.split.selectSummed(l, idx.Reshape(t, ix.TopK), pos, c.Len)
 	}

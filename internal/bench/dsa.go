@@ -94,8 +94,15 @@ func DSADecode(b compute.Backend, s DSAShape, l, iters int) (DSAResult, error) {
 	}
 	out, _ := b.Alloc(compute.F32, 1, s.Heads, s.Latent)
 	pos := []int32{int32(l - 1)}
+	posT, err := b.Alloc(compute.I32, 1)
+	if err == nil {
+		err = b.Write(posT, pos)
+	}
+	if err != nil {
+		return DSAResult{}, err
+	}
 	scale := float32(1 / math.Sqrt(float64(s.Latent)))
-	ix := compute.IndexerArgs{Q: iq, K: ik, W: iw, QPos: pos, TopK: s.TopK, Indices: idx}
+	ix := compute.IndexerArgs{Q: iq, K: ik, W: iw, QPos: posT, TopK: s.TopK, Indices: idx}
 	sparse := compute.AttnArgs{Q: q, QRope: qr, K: kv, KRope: pe, V: kv, Indices: idx.Reshape(1, 1, s.TopK), QPos: pos, KVLen: l, Causal: true, Scale: scale, Out: out}
 	dense := sparse
 	dense.Indices = compute.Tensor{}

@@ -42,7 +42,14 @@ func indexer(b compute.Backend, chk *checker, f *caseFile, prefix string, q, k, 
 	idx, _ := b.Alloc(compute.I32, t, topK)
 	cnt, _ := b.Alloc(compute.I32, t)
 	scores, _ := b.Alloc(compute.F32, t, ss[1])
-	if err := b.LightningIndexer(&compute.IndexerArgs{Q: qt, K: kt, W: wt, QPos: qpos, CuSeqlensQ: cuQ, CuSeqlensK: cuK,
+	qposT, err := b.Alloc(compute.I32, t)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.Write(qposT, qpos); err != nil {
+		return nil, err
+	}
+	if err := b.LightningIndexer(&compute.IndexerArgs{Q: qt, K: kt, W: wt, QPos: qposT, CuSeqlensQ: cuQ, CuSeqlensK: cuK,
 		TopK: topK, Indices: idx, Counts: cnt, Scores: scores}); err != nil {
 		return nil, err
 	}

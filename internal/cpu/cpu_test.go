@@ -37,6 +37,13 @@ func upload(b *Backend, v []float32, dims ...int) compute.Tensor {
 	return t
 }
 
+// uploadI32 returns a new I32 tensor of b holding v (positions).
+func uploadI32(b *Backend, v []int32) compute.Tensor {
+	t := must(b.Alloc(compute.I32, len(v)))
+	must(0, b.Write(t, v))
+	return t
+}
+
 func TestPlainOps(t *testing.T) {
 	b := New(2)
 	defer b.Close()

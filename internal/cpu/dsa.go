@@ -170,8 +170,9 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 	if err := compute.CheckShape("indexer weights", a.W, compute.F32, t, hi); err != nil {
 		return err
 	}
-	if len(a.QPos) != t {
-		return fmt.Errorf("cpu: indexer: %d query positions for %d rows", len(a.QPos), t)
+	qpos := I32(a.QPos)
+	if a.QPos.DType != compute.I32 || len(qpos) != t {
+		return fmt.Errorf("%w: indexer: query positions %v for %d rows", compute.ErrShape, a.QPos, t)
 	}
 	if a.TopK <= 0 {
 		return fmt.Errorf("cpu: indexer: top-k %d must be positive", a.TopK)
@@ -230,7 +231,7 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 	for s := 0; s+1 < len(cuQ); s++ {
 		n := int(cuK[s+1] - cuK[s])
 		for row := int(cuQ[s]); row < int(cuQ[s+1]); row++ {
-			pos := int(a.QPos[row])
+			pos := int(qpos[row])
 			if pos < 0 || pos >= n {
 				return fmt.Errorf("cpu: indexer: query row %d at position %d, outside its sequence's %d cached keys", row, pos, n)
 			}

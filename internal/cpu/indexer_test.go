@@ -61,7 +61,7 @@ func TestLightningIndexer(t *testing.T) {
 			cq, ck = append(cq, cq[s]+int32(n)), append(ck, ck[s]+int32(lens[s]))
 		}
 		n := len(p)
-		a := compute.IndexerArgs{Q: up(qs, n, hi, di), K: up(keys, l, di), W: up(ws, n, hi), QPos: p,
+		a := compute.IndexerArgs{Q: up(qs, n, hi, di), K: up(keys, l, di), W: up(ws, n, hi), QPos: uploadI32(b, p),
 			CuSeqlensQ: cq, CuSeqlensK: ck, TopK: topK,
 			Indices: must(b.Alloc(compute.I32, n, topK)), Counts: must(b.Alloc(compute.I32, n)),
 			Scores: must(b.Alloc(compute.F32, n, 800))}
@@ -180,7 +180,7 @@ func BenchmarkLightningIndexer(b *testing.B) {
 				pos[i] = int32(c.l - c.rows + i)
 			}
 			a := compute.IndexerArgs{Q: up(rnd(c.rows*c.hi*c.di), c.rows, c.hi, c.di), K: k, W: up(rnd(c.rows*c.hi), c.rows, c.hi),
-				QPos: pos, TopK: c.topK, Indices: must(be.Alloc(compute.I32, c.rows, c.topK))}
+				QPos: uploadI32(be, pos), TopK: c.topK, Indices: must(be.Alloc(compute.I32, c.rows, c.topK))}
 			for b.Loop() {
 				if err := be.LightningIndexer(&a); err != nil {
 					b.Fatal(err)
@@ -198,7 +198,7 @@ func TestLightningIndexerBadCuSeqlens(t *testing.T) {
 	defer b.Close()
 	r := rand.New(rand.NewPCG(2, 3))
 	a := compute.IndexerArgs{Q: upload(b, normals(r, 3*2*8), 3, 2, 8), K: upload(b, normals(r, 6*8), 6, 8),
-		W: upload(b, normals(r, 3*2), 3, 2), QPos: []int32{0, 0, 1}, TopK: 2,
+		W: upload(b, normals(r, 3*2), 3, 2), QPos: uploadI32(b, []int32{0, 0, 1}), TopK: 2,
 		CuSeqlensQ: []int32{0, 2, 1, 3}, CuSeqlensK: []int32{0, 2, 4, 6},
 		Indices: must(b.Alloc(compute.I32, 3, 2))}
 	require.ErrorContains(t, b.LightningIndexer(&a), "cu_seqlens q [0 2 1 3]")

@@ -101,7 +101,7 @@ func TestPagedIndexerEqualsContiguous(t *testing.T) {
 	copy(keys[700*di:701*di], keys[30*di:31*di]) // an exact tie the order must settle
 	k := up(keys, l, di)
 	pos := []int32{10, 500, 700, 1000, l - 1}
-	a := compute.IndexerArgs{Q: up(rnd(tq*hi*di), tq, hi, di), K: k, W: up(rnd(tq*hi), tq, hi), QPos: pos, TopK: topK,
+	a := compute.IndexerArgs{Q: up(rnd(tq*hi*di), tq, hi, di), K: k, W: up(rnd(tq*hi), tq, hi), QPos: uploadI32(b, pos), TopK: topK,
 		Indices: must(b.Alloc(compute.I32, tq, topK)), Scores: must(b.Alloc(compute.F32, tq, l))}
 	require.NoError(t, b.LightningIndexer(&a))
 	wantIdx, wantScores := make([]int32, tq*topK), make([]float32, tq*l)
