@@ -125,13 +125,8 @@ func attnShape(a *compute.AttnArgs) (attnGeom, error) {
 	if a.KVLen < 0 || a.KVLen > g.l {
 		return g, fmt.Errorf("ascend: attention: kv length %d outside the cache of %d", a.KVLen, g.l)
 	}
-	if len(a.QPos) != g.t {
-		return g, fmt.Errorf("ascend: attention: %d query positions for %d rows", len(a.QPos), g.t)
-	}
-	for row, p := range a.QPos {
-		if p < 0 || int(p) >= a.KVLen {
-			return g, fmt.Errorf("ascend: attention: query row %d at position %d beyond the cache length %d", row, p, a.KVLen)
-		}
+	if a.QPos.DType != compute.I32 || dims(a.QPos) != g.t || a.MaxPos < 0 {
+		return g, fmt.Errorf("%w: attention: query positions %v below %d for %d rows", compute.ErrShape, a.QPos, a.MaxPos, g.t)
 	}
 	if err := compute.CheckShape("attention output", a.Out, compute.F32, g.t, g.hq, g.dv); err != nil {
 		return g, err
@@ -286,8 +281,10 @@ func (r *attnRun) block(r0, n int) error {
 	if sparse {
 		lists, w = g.lists, g.kn
 	} else {
-		for _, p := range a.QPos[r0 : r0+n] {
-			w = max(w, int(p)+1)
+		// Every position below the bound: the positions are on the device.
+		w = a.KVLen
+		if a.MaxPos > 0 {
+			w = min(w, a.MaxPos)
 		}
 	}
 	lw := lists * w // candidates per row
@@ -346,16 +343,8 @@ func (r *attnRun) block(r0, n int) error {
 				return err
 			}
 		}
-	} else {
-		mask := make([]float32, n*w)
-		for i, p := range a.QPos[r0 : r0+n] {
-			for s := 0; s <= int(p); s++ {
-				mask[i*w+s] = 1
-			}
-		}
-		if err := r.b.putAsync(valid, mask); err != nil {
-			return err
-		}
+	} else if err := r.validDense(r0, n, w, valid, bias, tmp, lim, one); err != nil {
+		return err
 	}
 	// bias = (valid − 1)·2¹⁰⁰
 	if err := r.add(view(valid, 0, i64(n*lw), nil), one, view(bias, 0, i64(n*lw), nil), -1); err != nil {
@@ -427,14 +416,7 @@ func (r *attnRun) block(r0, n int) error {
 func (r *attnRun) validSparse(r0, n int, valid, idx, t1, t2, t3, lim compute.Tensor, one operand) error {
 	a, g := r.a, r.g
 	lw := g.lists * g.kn
-	limits := make([]float32, n)
-	for i, p := range a.QPos[r0 : r0+n] {
-		limits[i] = float32(a.KVLen - 1)
-		if a.Causal {
-			limits[i] = float32(min(int(p), a.KVLen-1))
-		}
-	}
-	if err := r.b.putAsync(lim, limits); err != nil {
+	if err := r.limits(r0, n, lim, r.a.Causal); err != nil {
 		return err
 	}
 	mat := func(t compute.Tensor) operand { return view(t, 0, i64(n, lw), nil) }
@@ -537,6 +519,67 @@ func (r *attnRun) values(r0, n, w int, P, v compute.Tensor) error {
 			view(P, kvh*hg*kn, i64(n, hg, kn), i64(hq*kn, kn, 1)),
 			view(v, (list*kn*hkv+kvh)*dv, i64(n, kn, dv), i64(lists*kn*hkv*dv, hkv*dv, 1)),
 			view(a.Out, (r0*hq+kvh*hg)*dv, i64(n, hg, dv), i64(hq*dv, dv, 1))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// limits writes each of rows r0..r0+n−1's last visible position into lim
+// (n, as floats): min(pos, KVLen−1) when causal, KVLen−1 otherwise, from
+// the positions tensor on the device (min(x, c) = −max(−x, −c)).
+func (r *attnRun) limits(r0, n int, lim compute.Tensor, causal bool) error {
+	a := r.a
+	l := view(lim, 0, i64(n), nil)
+	last := float32(a.KVLen - 1)
+	if !causal {
+		v, err := r.b.scalar(last)
+		if err != nil {
+			return err
+		}
+		return r.b.run(func(ts []tensorDesc) (prepared, error) { return r.b.drv.fill(ts[0], v) }, l)
+	}
+	neg, err := r.cnst(-last)
+	if err != nil {
+		return err
+	}
+	for _, f := range []func() error{
+		func() error {
+			return r.b.run(func(ts []tensorDesc) (prepared, error) { return r.b.drv.cast(ts[0], aclType(compute.F32), ts[1]) },
+				view(a.QPos, r0, i64(n), nil), l)
+		},
+		func() error { return r.muls(l, -1, l) },
+		func() error { return r.binary("aclnnMaximum", l, neg, l) },
+		func() error { return r.muls(l, -1, l) },
+	} {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validDense sets valid [n, w] to ind(s ≤ pos) for rows r0.. (dense
+// attention is causal) and the candidate positions s < w: with d = pos − s
+// (over the backend's 0, 1, 2, ...), ind(d ≥ 0) = ReLU(d+1) − ReLU(d). d
+// and t (n·w) and lim (n) are scratch.
+func (r *attnRun) validDense(r0, n, w int, valid, d, t, lim compute.Tensor, one operand) error {
+	if err := r.limits(r0, n, lim, true); err != nil {
+		return err
+	}
+	ar, err := r.b.iota(w)
+	if err != nil {
+		return err
+	}
+	mat := func(x compute.Tensor) operand { return view(x, 0, i64(n, w), nil) }
+	for _, f := range []func() error{
+		func() error { return r.add(view(lim, 0, i64(n, 1), nil), view(ar, 0, i64(1, w), nil), mat(d), -1) },
+		func() error { return r.add(mat(d), one, mat(valid), 1) },
+		func() error { return r.unary("aclnnRelu", mat(valid), mat(valid)) },
+		func() error { return r.unary("aclnnRelu", mat(d), mat(t)) },
+		func() error { return r.add(mat(valid), mat(t), mat(valid), -1) },
+	} {
+		if err := f(); err != nil {
 			return err
 		}
 	}

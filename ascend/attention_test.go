@@ -127,7 +127,7 @@ func runAttention(t *testing.T, be compute.Backend, tc attnCase, d attnData) [2]
 		}
 		return ps
 	}
-	a := &compute.AttnArgs{Q: up(d.q, tc.t, tc.hq, tc.dk), QPos: tc.qpos, KVLen: tc.kvLen, Causal: tc.causal, Scale: 1 / float32(math.Sqrt(float64(tc.dk+tc.dr)))}
+	a := &compute.AttnArgs{Q: up(d.q, tc.t, tc.hq, tc.dk), QPos: positions(t, be, tc.qpos), KVLen: tc.kvLen, Causal: tc.causal, Scale: 1 / float32(math.Sqrt(float64(tc.dk+tc.dr)))}
 	if tc.dr > 0 {
 		a.QRope = up(d.qr, tc.t, tc.hq, tc.dr)
 	}

@@ -373,11 +373,14 @@ type AttnArgs struct {
 	KPages, VPages, KRopePages []Tensor
 	PageSize                   int
 	Indices                    Tensor
-	QPos                       []int32
-	KVLen                      int
-	Causal                     bool
-	Scale                      float32
-	Out, LSE                   Tensor
+	QPos                       Tensor // [T] I32, a tensor of the backend (see RopeArgs)
+	// MaxPos, when not 0, bounds the positions (each < MaxPos; 0: KVLen),
+	// which sizes a device's dense candidate rows.
+	MaxPos   int
+	KVLen    int
+	Causal   bool
+	Scale    float32
+	Out, LSE Tensor
 }
 
 // AttnResPrepareArgs: Blocks are the committed block representations

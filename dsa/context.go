@@ -113,7 +113,7 @@ type Exchange struct {
 	lat, pe        []float32
 	iqT, iwT       compute.Tensor
 	scoreT, idxT   compute.Tensor
-	qposT          compute.Tensor // the queries' positions for the indexer
+	qposT          compute.Tensor // the queries' positions (e.qpos) for the indexer and attention
 	sendT, recvT   compute.Tensor
 	kvT, peT, selT compute.Tensor
 }
@@ -321,7 +321,11 @@ func (l *Layer) ForwardSplit(ctx context.Context, e *Exchange, a *SplitPass, x, 
 		k, _ := slices.BinarySearch(e.need, p+1)
 		e.qpos = append(e.qpos, int32(k-1))
 	}
-	l.attn = compute.AttnArgs{Q: qa, K: e.kvT, V: e.kvT, KVLen: m, QPos: e.qpos, Causal: true,
+	qposT, err := e.positions(b)
+	if err != nil {
+		return err
+	}
+	l.attn = compute.AttnArgs{Q: qa, K: e.kvT, V: e.kvT, KVLen: m, QPos: qposT, Causal: true,
 		Scale: float32(l.scale), Out: l.ol.Rows(0, t)}
 	if dr > 0 {
 		if err := e.tensor(&e.peT, compute.F32, m, dr); err != nil {
@@ -390,7 +394,11 @@ func (l *Layer) partialShared(ctx context.Context, e *Exchange, a *SplitPass, sp
 		if err := e.tensor(&e.peT, compute.F32, t, h); err != nil {
 			return err
 		}
-		l.attn = compute.AttnArgs{Q: qa, KPages: c.lat, PageSize: PageSize, QPos: e.qpos, KVLen: c.Len, Causal: true,
+		qposT, err := e.positions(b)
+		if err != nil {
+			return err
+		}
+		l.attn = compute.AttnArgs{Q: qa, KPages: c.lat, PageSize: PageSize, QPos: qposT, KVLen: c.Len, Causal: true,
 			Scale: float32(l.scale), Out: e.kvT, LSE: e.peT}
 		if cfg.RopeDim > 0 {
 			l.attn.QRope, l.attn.KRopePages = qri, c.pe
@@ -629,14 +637,12 @@ func (e *Exchange) selectTopK(ctx context.Context, l *Layer, a *SplitPass) error
 		if err := e.tensor(&e.scoreT, compute.F32, nq, keys); err != nil {
 			return err
 		}
-		if err := e.tensor(&e.qposT, compute.I32, nq); err != nil {
-			return err
-		}
-		if err := b.Write(e.qposT, &e.qpos); err != nil {
+		qposT, err := e.positions(b)
+		if err != nil {
 			return err
 		}
 		l.ixArgs = compute.IndexerArgs{Q: iq, W: iw, KPages: c.ik, PageSize: PageSize, KLen: keys,
-			QPos: e.qposT, TopK: k, Indices: e.idxT, Scores: e.scoreT}
+			QPos: qposT, TopK: k, Indices: e.idxT, Scores: e.scoreT}
 		if err := b.LightningIndexer(&l.ixArgs); err != nil {
 			return fmt.Errorf("dsa: split indexer: %w", err)
 		}
@@ -908,6 +914,14 @@ func growI32(b []int32, n int) []int32 {
 		return make([]int32, n)
 	}
 	return b[:n]
+}
+
+// positions writes e.qpos into e.qposT and returns it.
+func (e *Exchange) positions(b compute.Backend) (compute.Tensor, error) {
+	if err := e.tensor(&e.qposT, compute.I32, len(e.qpos)); err != nil {
+		return compute.Tensor{}, err
+	}
+	return e.qposT, b.Write(e.qposT, &e.qpos)
 }
 
 // better is the indexer's order: larger score first, exact ties to the

@@ -159,17 +159,20 @@ func TestBadInput(t *testing.T) {
 	out, _ := b.Alloc(compute.F32, 1, 2, 8)
 	idx, _ := b.Alloc(compute.I32, 1, 1, 2)
 	b.Write(idx, []int32{1, 9})
-	a := compute.AttnArgs{Q: q, K: k, V: k, Indices: idx, QPos: []int32{4}, KVLen: 6, Causal: true, Scale: 1, Out: out}
+	qpos, _ := b.Alloc(compute.I32, 1)
+	b.Write(qpos, []int32{4})
+	a := compute.AttnArgs{Q: q, K: k, V: k, Indices: idx, QPos: qpos, KVLen: 6, Causal: true, Scale: 1, Out: out}
 	if err := b.Attention(&a); err == nil || !strings.Contains(err.Error(), "outside the cache") {
 		t.Errorf("index outside the cache: %v", err)
 	}
 	b.Write(idx, []int32{1, 2})
-	a.QPos = []int32{6}
+	b.Write(qpos, []int32{6})
 	if err := b.Attention(&a); err == nil || !strings.Contains(err.Error(), "beyond the cache length") {
 		t.Errorf("query beyond the cache: %v", err)
 	}
 	k7, _ := b.Alloc(compute.F32, 6, 1, 7)
-	a.QPos, a.K = []int32{4}, k7
+	b.Write(qpos, []int32{4})
+	a.K = k7
 	if err := b.Attention(&a); !errors.Is(err, compute.ErrShape) {
 		t.Errorf("mismatched head dims: %v", err)
 	}

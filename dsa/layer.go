@@ -489,8 +489,8 @@ func (l *Layer) chunks(x compute.Tensor, caches []*Cache, cu []int32, idx, y com
 			}
 			continue
 		}
-		l.attn = compute.AttnArgs{Q: qa.Rows(r0, r1), KPages: c.lat, PageSize: PageSize, Indices: indices, QPos: pos, KVLen: c.Len,
-			Causal: true, Scale: float32(l.scale), Out: l.ol.Rows(r0, r1)}
+		l.attn = compute.AttnArgs{Q: qa.Rows(r0, r1), KPages: c.lat, PageSize: PageSize, Indices: indices, QPos: l.posT.Rows(0, n),
+			MaxPos: l.posMax, KVLen: c.Len, Causal: true, Scale: float32(l.scale), Out: l.ol.Rows(r0, r1)}
 		if dr > 0 {
 			l.attn.QRope, l.attn.KRopePages = qri, c.pe
 		}
@@ -575,7 +575,7 @@ func (l *Layer) attendMHA(qn, qr compute.Tensor, cache *Cache, pos []int32, o co
 	if err := b.MatMul(vn.Reshape(n, h*dv), lat, w.UV.Reshape(h*dv, cfg.KVLoRARank)); err != nil {
 		return fmt.Errorf("dsa: value decompression: %w", err)
 	}
-	l.attn = compute.AttnArgs{Q: qn, K: kn, V: vn, QPos: pos, KVLen: n, Causal: true,
+	l.attn = compute.AttnArgs{Q: qn, K: kn, V: vn, QPos: l.posT.Rows(0, len(pos)), MaxPos: l.posMax, KVLen: n, Causal: true,
 		Scale: float32(l.scale), Out: o}
 	if cfg.RopeDim > 0 {
 		pe := l.peAll.Rows(0, n)
@@ -763,8 +763,8 @@ func (l *Layer) forwardRows(x compute.Tensor, caches []*Cache, y compute.Tensor)
 					indices = sel.Rows(r0, r1)
 				}
 			}
-			l.attn = compute.AttnArgs{Q: qa.Rows(i+r0, i+r1), KPages: c.lat, PageSize: PageSize, Indices: indices, QPos: l.runPos[r0:r1],
-				KVLen: p0 + r1, Causal: true, Scale: float32(l.scale), Out: l.ol.Rows(i+r0, i+r1)}
+			l.attn = compute.AttnArgs{Q: qa.Rows(i+r0, i+r1), KPages: c.lat, PageSize: PageSize, Indices: indices, QPos: l.posT.Rows(r0, r1),
+				MaxPos: p0 + r1, KVLen: p0 + r1, Causal: true, Scale: float32(l.scale), Out: l.ol.Rows(i+r0, i+r1)}
 			if dr > 0 {
 				l.attn.QRope, l.attn.KRopePages = qri.Rows(r0, r1), c.pe
 			}

@@ -103,7 +103,7 @@ func DSADecode(b compute.Backend, s DSAShape, l, iters int) (DSAResult, error) {
 	}
 	scale := float32(1 / math.Sqrt(float64(s.Latent)))
 	ix := compute.IndexerArgs{Q: iq, K: ik, W: iw, QPos: posT, TopK: s.TopK, Indices: idx}
-	sparse := compute.AttnArgs{Q: q, QRope: qr, K: kv, KRope: pe, V: kv, Indices: idx.Reshape(1, 1, s.TopK), QPos: pos, KVLen: l, Causal: true, Scale: scale, Out: out}
+	sparse := compute.AttnArgs{Q: q, QRope: qr, K: kv, KRope: pe, V: kv, Indices: idx.Reshape(1, 1, s.TopK), QPos: posT, KVLen: l, Causal: true, Scale: scale, Out: out}
 	dense := sparse
 	dense.Indices = compute.Tensor{}
 	var tIdx, tSparse, tDense []time.Duration

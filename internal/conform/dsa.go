@@ -152,7 +152,11 @@ func runSparseGQA(ctx context.Context, b compute.Backend, path string, chk *chec
 	if err != nil {
 		return err
 	}
-	a := compute.AttnArgs{QPos: qpos, KVLen: l, Scale: scale[0]}
+	qposT, err := upload(b, qpos, len(qpos))
+	if err != nil {
+		return err
+	}
+	a := compute.AttnArgs{QPos: qposT, KVLen: l, Scale: scale[0]}
 	if a.Q, err = upload(b, q, t, hq, dk); err != nil {
 		return err
 	}
@@ -270,7 +274,11 @@ func (m *mlaCase) attend(b compute.Backend, indices compute.Tensor) (qa, ol, lse
 	ol, _ = b.Alloc(compute.F32, m.t, m.h, m.dc)
 	lse, _ = b.Alloc(compute.F32, m.t, m.h)
 	lat := m.kvc.Reshape(m.l, 1, m.dc)
-	a := compute.AttnArgs{Q: qa, QRope: m.qpe, K: lat, KRope: m.kpe, V: lat, Indices: indices, QPos: qpos, KVLen: m.l,
+	var qposT compute.Tensor
+	if qposT, err = upload(b, qpos, len(qpos)); err != nil {
+		return
+	}
+	a := compute.AttnArgs{Q: qa, QRope: m.qpe, K: lat, KRope: m.kpe, V: lat, Indices: indices, QPos: qposT, KVLen: m.l,
 		Causal: true, Scale: m.scale, Out: ol, LSE: lse}
 	if err = b.Attention(&a); err != nil {
 		return
@@ -372,7 +380,11 @@ func runDSADecode(ctx context.Context, b compute.Backend, path string, chk *chec
 	if err != nil {
 		return err
 	}
-	a := compute.AttnArgs{QPos: qpos, KVLen: l, Causal: true, Scale: sc[0]}
+	qposT, err := upload(b, qpos, len(qpos))
+	if err != nil {
+		return err
+	}
+	a := compute.AttnArgs{QPos: qposT, KVLen: l, Causal: true, Scale: sc[0]}
 	if a.Q, err = upload(b, ql, sq, h, dc); err != nil {
 		return err
 	}
@@ -491,7 +503,11 @@ func runDenseEquiv(ctx context.Context, b compute.Backend, path string, chk *che
 			rep = append(rep, picks[r*topK:(r+1)*topK]...)
 		}
 	}
-	a := compute.AttnArgs{QPos: qpos, KVLen: t, Causal: true, Scale: gsc[0]}
+	qposT, err := upload(b, qpos, len(qpos))
+	if err != nil {
+		return err
+	}
+	a := compute.AttnArgs{QPos: qposT, KVLen: t, Causal: true, Scale: gsc[0]}
 	if a.Q, err = upload(b, gq, t, hq, dk); err != nil {
 		return err
 	}

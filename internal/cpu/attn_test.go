@@ -46,7 +46,7 @@ func attnArgs(tb testing.TB, b *Backend, c attnCase, seed uint64) *compute.AttnA
 		v = up(rnd(c.l*c.hkv*c.dv), c.l, c.hkv, c.dv)
 	}
 	a := compute.AttnArgs{
-		Q: up(rnd(c.t*c.hq*c.dk), c.t, c.hq, c.dk), K: k, V: v, QPos: pos, KVLen: c.l, Causal: true, Scale: 0.125,
+		Q: up(rnd(c.t*c.hq*c.dk), c.t, c.hq, c.dk), K: k, V: v, QPos: uploadI32(b, pos), KVLen: c.l, Causal: true, Scale: 0.125,
 		Out: must(b.Alloc(compute.F32, c.t, c.hq, c.dv)), LSE: must(b.Alloc(compute.F32, c.t, c.hq)),
 	}
 	if c.dr > 0 {
@@ -185,7 +185,7 @@ func TestAttentionRowsAlone(t *testing.T) {
 		must(0, b.Read(lse, a.LSE))
 		for r := range c.t {
 			one := *a
-			one.Q, one.QPos, one.KVLen = a.Q.Rows(r, r+1), a.QPos[r:r+1], int(a.QPos[r])+1
+			one.Q, one.QPos, one.KVLen = a.Q.Rows(r, r+1), a.QPos.Rows(r, r+1), int(I32(a.QPos)[r])+1
 			if c.dr > 0 {
 				one.QRope = a.QRope.Rows(r, r+1)
 			}

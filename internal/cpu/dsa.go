@@ -293,6 +293,7 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 type attnJob struct {
 	a                  *compute.AttnArgs
 	q, qr, k, kr, v    []float32
+	qpos               []int32 // a.QPos's elements
 	idx                []int32
 	idxHeads           int // kv heads the index lists cover (1: shared)
 	t, hq, hkv, dk, dr int
@@ -444,8 +445,9 @@ func (b *Backend) attend(sc *attnScratch, l int) error {
 	if a.KVLen < 0 || a.KVLen > l {
 		return fmt.Errorf("cpu: attention: kv length %d outside the cache of %d", a.KVLen, l)
 	}
-	if len(a.QPos) != j.t {
-		return fmt.Errorf("cpu: attention: %d query positions for %d rows", len(a.QPos), j.t)
+	j.qpos = I32(a.QPos)
+	if a.QPos.DType != compute.I32 || len(j.qpos) != j.t {
+		return fmt.Errorf("%w: attention: query positions %v for %d rows", compute.ErrShape, a.QPos, j.t)
 	}
 	if err := compute.CheckShape("attention output", a.Out, compute.F32, j.t, j.hq, j.dv); err != nil {
 		return err
@@ -455,7 +457,7 @@ func (b *Backend) attend(sc *attnScratch, l int) error {
 			return err
 		}
 	}
-	for row, p := range a.QPos {
+	for row, p := range j.qpos {
 		if p < 0 || int(p) >= a.KVLen {
 			return fmt.Errorf("cpu: attention: query row %d at position %d beyond the cache length %d", row, p, a.KVLen)
 		}
@@ -544,7 +546,7 @@ func (j *attnJob) partOff(item, p, hh int) int {
 func (j *attnJob) positions(dst []int32, row, g int) []int32 {
 	a := j.a
 	limit := a.KVLen // exclusive
-	qpos := int(a.QPos[row])
+	qpos := int(j.qpos[row])
 	if j.idx == nil {
 		n := min(qpos+1, limit)
 		for s := 0; s < n; s++ {
@@ -693,7 +695,7 @@ func attnDenseRange(args *kernel.Args, lo, hi int) {
 			if dr > 0 {
 				copy(sc.qrb[(r-r0)*dr:(r-r0+1)*dr], j.qr[(r*j.hq+h)*dr:])
 			}
-			last = max(last, min(int(a.QPos[r]), a.KVLen-1))
+			last = max(last, min(int(j.qpos[r]), a.KVLen-1))
 			sc.m[r-r0], sc.l[r-r0] = float32(math.Inf(-1)), 0
 		}
 		acc := sc.acc[:nr*dv]
@@ -722,7 +724,7 @@ func attnDenseRange(args *kernel.Args, lo, hi int) {
 			kernel.Scale(z, j.scale)
 			for r := r0; r < r1; r++ {
 				i := r - r0
-				n := min(nk, min(int(a.QPos[r]), a.KVLen-1)-s0+1) // causal: keys up to the row's position
+				n := min(nk, min(int(j.qpos[r]), a.KVLen-1)-s0+1) // causal: keys up to the row's position
 				if n <= 0 {
 					continue
 				}
