@@ -2,19 +2,20 @@ package ascend
 
 import (
 	"fmt"
+	"math/bits"
 
 	"k3/compute"
 )
 
 // Attention implements compute.Backend as a composition of aclnn
 // operators, a block of query rows at a time. Each row attends to W
-// candidate positions: every cached position up to the block's last query
-// position (dense), or the Kn positions its index list names (sparse),
-// whose keys, values and rope keys are gathered by aclnnIndexSelect. A
-// validity mask V over the candidates, built on the host from the query
-// positions (dense) or on the device from the indices (sparse: an index
-// x is valid when 0 ≤ x ≤ lim, lim the row's last visible position, and
-// ind(y ≥ 0) = ReLU(y+1) − ReLU(y) for integer y), turns the softmax into
+// candidate positions: every cached position below MaxPos (or KVLen;
+// dense), or the Kn positions its index list names (sparse), whose keys,
+// values and rope keys are gathered by aclnnIndexSelect. A validity mask V
+// over the candidates, built on the device from the positions tensor
+// (dense: s ≤ pos) and the indices (sparse: an index x is valid when
+// 0 ≤ x ≤ lim, lim the row's last visible position), with ind(y ≥ 0) =
+// ReLU(y+1) − ReLU(y) for integer y, turns the softmax into
 //
 //	Z = scale·(Q·Kᵀ + Q_r·K_rᵀ) + (V − 1)·2¹⁰⁰   (aclnnMatmul or BatchMatMul)
 //	m = max Z (aclnnAmax),  E = exp(Z − m)·V,  s = E·1
@@ -373,7 +374,9 @@ func (r *attnRun) block(r0, n int) error {
 	col := func(t compute.Tensor) operand { return view(t, 0, i64(n*hq, 1), nil) }
 	S4 := view(S, 0, i64(n, lists, hq/lists, w), nil)
 	mask4 := func(t compute.Tensor) operand { return view(t, 0, i64(n, lists, 1, w), nil) }
-	ones, err := r.b.constOf(w, 1)
+	// Ones by the next power of two, read [w]: w follows the cache length,
+	// and a constant per length would be an upload a step, kept for good.
+	ones, err := r.b.constOf(1<<bits.Len(uint(w-1)), 1)
 	if err != nil {
 		return err
 	}
@@ -526,32 +529,43 @@ func (r *attnRun) values(r0, n, w int, P, v compute.Tensor) error {
 }
 
 // limits writes each of rows r0..r0+n−1's last visible position into lim
-// (n, as floats): min(pos, KVLen−1) when causal, KVLen−1 otherwise, from
-// the positions tensor on the device (min(x, c) = −max(−x, −c)).
+// (n, as floats): min(pos, c) when causal, c = KVLen−1 otherwise, from the
+// positions tensor on the device. c is read from the backend's 0, 1,
+// 2, ... at offset c, so no constant is made per cache length, and
+// min(x, c) = c − ReLU(c − x).
 func (r *attnRun) limits(r0, n int, lim compute.Tensor, causal bool) error {
 	a := r.a
 	l := view(lim, 0, i64(n), nil)
-	last := float32(a.KVLen - 1)
-	if !causal {
-		v, err := r.b.scalar(last)
-		if err != nil {
-			return err
-		}
-		return r.b.run(func(ts []tensorDesc) (prepared, error) { return r.b.drv.fill(ts[0], v) }, l)
-	}
-	neg, err := r.cnst(-last)
+	last := a.KVLen - 1
+	ar, err := r.b.iota(a.KVLen)
 	if err != nil {
 		return err
 	}
-	for _, f := range []func() error{
-		func() error {
-			return r.b.run(func(ts []tensorDesc) (prepared, error) { return r.b.drv.cast(ts[0], aclType(compute.F32), ts[1]) },
-				view(a.QPos, r0, i64(n), nil), l)
-		},
-		func() error { return r.muls(l, -1, l) },
-		func() error { return r.binary("aclnnMaximum", l, neg, l) },
-		func() error { return r.muls(l, -1, l) },
-	} {
+	c := view(ar, last, i64(1), nil)
+	var steps []func() error
+	if causal {
+		steps = []func() error{
+			func() error {
+				return r.b.run(func(ts []tensorDesc) (prepared, error) { return r.b.drv.cast(ts[0], aclType(compute.F32), ts[1]) },
+					view(a.QPos, r0, i64(n), nil), l)
+			},
+			func() error { return r.add(c, l, l, -1) }, // c − x
+			func() error { return r.unary("aclnnRelu", l, l) },
+			func() error { return r.add(c, l, l, -1) },
+		}
+	} else {
+		zero, err := r.b.scalar(0)
+		if err != nil {
+			return err
+		}
+		steps = []func() error{
+			func() error {
+				return r.b.run(func(ts []tensorDesc) (prepared, error) { return r.b.drv.fill(ts[0], zero) }, l)
+			},
+			func() error { return r.add(l, c, l, 1) },
+		}
+	}
+	for _, f := range steps {
 		if err := f(); err != nil {
 			return err
 		}

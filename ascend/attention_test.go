@@ -202,3 +202,29 @@ func i32bytes(v []int32) []byte {
 	}
 	return b
 }
+
+// A decode loop's cache grows by a position a step: the attention and
+// the indexer make no constant, scalar or table per length (each would be
+// a device upload a step and memory kept for good), dense and sparse,
+// causal and not.
+func TestAttentionNoConstantPerLength(t *testing.T) {
+	eachDriver(t, 64<<20, func(t *testing.T, a *Backend) {
+		var consts, scalars int
+		for kv := 200; kv < 240; kv++ {
+			for _, tc := range []attnCase{
+				{t: 1, hq: 2, hkv: 1, dk: 8, dv: 8, dr: 4, l: 256, kvLen: kv, qpos: []int32{int32(kv - 1)}, shared: true, lse: true},
+				{t: 1, hq: 2, hkv: 1, dk: 8, dv: 8, l: 256, kvLen: kv, qpos: []int32{int32(kv - 1)}, lists: 1, kn: 4, shared: true,
+					causal: true, idx: func(_ *rand.Rand, _, _, j int) int32 { return int32(kv - 1 - j) }},
+				{t: 1, hq: 2, hkv: 1, dk: 8, dv: 8, l: 256, kvLen: kv, qpos: []int32{int32(kv - 1)}, lists: 1, kn: 4, shared: true,
+					idx: func(_ *rand.Rand, _, _, j int) int32 { return int32(j) }},
+			} {
+				runAttention(t, a, tc, attnInputs(rand.New(rand.NewPCG(1, 2)), tc))
+			}
+			if kv == 200 {
+				consts, scalars = len(a.consts), len(a.scalars)
+			}
+		}
+		require.Equal(t, consts, len(a.consts), "constants made per cache length")
+		require.Equal(t, scalars, len(a.scalars), "scalars made per cache length")
+	})
+}

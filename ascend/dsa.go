@@ -142,7 +142,7 @@ func (b *Backend) indexSequence(a *compute.IndexerArgs, q0, tq, k0, lk, width in
 	if err != nil {
 		return err
 	}
-	ones, err := b.constOf(kk, 1)
+	ones, err := b.constOf(K, 1) // one constant per top-K, read [kk]
 	if err != nil {
 		return err
 	}
