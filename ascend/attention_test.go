@@ -228,3 +228,31 @@ func TestAttentionNoConstantPerLength(t *testing.T) {
 		require.Equal(t, scalars, len(a.scalars), "scalars made per cache length")
 	})
 }
+
+// Attention and the indexer refuse positions that are not an I32 tensor
+// of one per row, on both backends, with compute.ErrShape.
+func TestPositionsErrors(t *testing.T) {
+	c := cpu.New(1)
+	defer c.Close()
+	eachDriver(t, 8<<20, func(t *testing.T, a *Backend) {
+		for _, be := range []compute.Backend{a, c} {
+			alloc := func(dt compute.DType, dims ...int) compute.Tensor {
+				x, err := be.Alloc(dt, dims...)
+				require.NoError(t, err)
+				return x
+			}
+			q, k, out := alloc(compute.F32, 2, 2, 8), alloc(compute.F32, 6, 1, 8), alloc(compute.F32, 2, 2, 8)
+			iq, ik, iw, idx := alloc(compute.F32, 2, 2, 8), alloc(compute.F32, 6, 8), alloc(compute.F32, 2, 2), alloc(compute.I32, 2, 3)
+			for name, pos := range map[string]compute.Tensor{
+				"f32 positions": alloc(compute.F32, 2),
+				"one position":  positions(t, be, []int32{3}),
+				"no positions":  {},
+			} {
+				at := compute.AttnArgs{Q: q, K: k, V: k, QPos: pos, KVLen: 6, Causal: true, Scale: 1, Out: out}
+				require.ErrorIs(t, be.Attention(&at), compute.ErrShape, "%s: attention, %s", be.Name(), name)
+				ix := compute.IndexerArgs{Q: iq, K: ik, W: iw, QPos: pos, TopK: 3, Indices: idx}
+				require.ErrorIs(t, be.LightningIndexer(&ix), compute.ErrShape, "%s: indexer, %s", be.Name(), name)
+			}
+		}
+	})
+}
