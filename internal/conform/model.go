@@ -63,6 +63,7 @@ func runModel(ctx context.Context, b compute.Backend, dir string, chk *checker) 
 	var (
 		cfg *k3.Config
 		s   forwarder
+		gm  *k3.Model // the model, when its backend captures graphs
 	)
 	if split {
 		g, err := k3.LoadGroup(ctx, dir, l, backend)
@@ -88,6 +89,9 @@ func runModel(ctx context.Context, b compute.Backend, dir string, chk *checker) 
 		}
 		defer ms.Close()
 		cfg, s = m.Config, ms
+		if _, ok := b.(compute.Capturer); ok {
+			gm = m
+		}
 	}
 	ids, _, err := f.i32("input_ids", -1)
 	if err != nil {
@@ -204,6 +208,42 @@ func runModel(ctx context.Context, b compute.Backend, dir string, chk *checker) 
 		}
 	}
 	chk.exact("generated_ids", got, gen)
+	if gm != nil {
+		return decodeGraphs(ctx, gm, ids, gen, wantD, chk)
+	}
+	return nil
+}
+
+// decodeGraphs runs the decode again in a session of its own without a
+// trace, which lets the model replay its captured feed-forward graphs
+// (a trace's reads would keep them off), and checks the logits again as
+// route "(graphs)" and that graphs were replayed.
+func decodeGraphs(ctx context.Context, m *k3.Model, ids, gen []int32, wantD []float32, chk *checker) error {
+	s, err := m.NewSession()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if _, err := s.Forward(ctx, ids); err != nil {
+		return err
+	}
+	before := m.GraphStats()
+	chk.route = " (graphs)"
+	defer func() { chk.route = "" }()
+	v := len(wantD) / len(gen)
+	for i, tok := range gen {
+		row, err := s.Forward(ctx, []int32{tok})
+		if err != nil {
+			return fmt.Errorf("graphs route: %w", err)
+		}
+		chk.close(fmt.Sprintf("decode_logits[%d]", i), row, wantD[i*v:(i+1)*v], logitAtol, 0)
+	}
+	after := m.GraphStats()
+	replayed := int32(0)
+	if after.Replayed > before.Replayed {
+		replayed = 1
+	}
+	chk.exact("decode graphs replayed (1: some)", []int32{replayed}, []int32{1})
 	return nil
 }
 
