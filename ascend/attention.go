@@ -2,7 +2,6 @@ package ascend
 
 import (
 	"fmt"
-	"math/bits"
 
 	"k3/compute"
 )
@@ -236,31 +235,6 @@ func (r *attnRun) mm(name string, x, w, out operand) error {
 	return r.b.run(func(ts []tensorDesc) (prepared, error) { return r.b.drv.matmul(name, ts[0], ts[1], ts[2], 0) }, x, w, out)
 }
 
-func (r *attnRun) unary(name string, x, out operand) error {
-	return r.b.run(func(ts []tensorDesc) (prepared, error) { return r.b.drv.unary(name, ts[0], ts[1]) }, x, out)
-}
-
-func (r *attnRun) binary(name string, x, y, out operand) error {
-	return r.b.run(func(ts []tensorDesc) (prepared, error) { return r.b.drv.binary(name, ts[0], ts[1], ts[2]) }, x, y, out)
-}
-
-// add is out = x + alpha·y.
-func (r *attnRun) add(x, y, out operand, alpha float32) error {
-	al, err := r.b.scalar(alpha)
-	if err != nil {
-		return err
-	}
-	return r.b.run(func(ts []tensorDesc) (prepared, error) { return r.b.drv.add(ts[0], ts[1], al, ts[2]) }, x, y, out)
-}
-
-func (r *attnRun) muls(x operand, v float32, out operand) error {
-	s, err := r.b.scalar(v)
-	if err != nil {
-		return err
-	}
-	return r.b.run(func(ts []tensorDesc) (prepared, error) { return r.b.drv.muls(ts[0], s, ts[1]) }, x, out)
-}
-
 // cnst is a one-element constant v, broadcast by the elementwise operators.
 func (r *attnRun) cnst(v float32) (operand, error) {
 	t, err := r.b.constOf(1, v)
@@ -348,10 +322,10 @@ func (r *attnRun) block(r0, n int) error {
 		return err
 	}
 	// bias = (valid − 1)·2¹⁰⁰
-	if err := r.add(view(valid, 0, i64(n*lw), nil), one, view(bias, 0, i64(n*lw), nil), -1); err != nil {
+	if err := r.b.opAdd(view(valid, 0, i64(n*lw), nil), one, view(bias, 0, i64(n*lw), nil), -1); err != nil {
 		return err
 	}
-	if err := r.muls(view(bias, 0, i64(n*lw), nil), attnBig, view(bias, 0, i64(n*lw), nil)); err != nil {
+	if err := r.b.opMuls(view(bias, 0, i64(n*lw), nil), attnBig, view(bias, 0, i64(n*lw), nil)); err != nil {
 		return err
 	}
 
@@ -363,7 +337,7 @@ func (r *attnRun) block(r0, n int) error {
 		if err := r.scores(r0, n, w, S2, kr, a.QRope, g.dr, 0); err != nil {
 			return err
 		}
-		if err := r.add(view(S, 0, i64(n*hq*w), nil), view(S2, 0, i64(n*hq*w), nil), view(S, 0, i64(n*hq*w), nil), 1); err != nil {
+		if err := r.b.opAdd(view(S, 0, i64(n*hq*w), nil), view(S2, 0, i64(n*hq*w), nil), view(S, 0, i64(n*hq*w), nil), 1); err != nil {
 			return err
 		}
 	}
@@ -374,9 +348,7 @@ func (r *attnRun) block(r0, n int) error {
 	col := func(t compute.Tensor) operand { return view(t, 0, i64(n*hq, 1), nil) }
 	S4 := view(S, 0, i64(n, lists, hq/lists, w), nil)
 	mask4 := func(t compute.Tensor) operand { return view(t, 0, i64(n, lists, 1, w), nil) }
-	// Ones by the next power of two, read [w]: w follows the cache length,
-	// and a constant per length would be an upload a step, kept for good.
-	ones, err := r.b.constOf(1<<bits.Len(uint(w-1)), 1)
+	ones, err := r.b.constOf(w, 1)
 	if err != nil {
 		return err
 	}
@@ -385,24 +357,24 @@ func (r *attnRun) block(r0, n int) error {
 		return err
 	}
 	steps := []func() error{
-		func() error { return r.muls(rows, a.Scale, rows) },
-		func() error { return r.add(S4, mask4(bias), S4, 1) },
+		func() error { return r.b.opMuls(rows, a.Scale, rows) },
+		func() error { return r.b.opAdd(S4, mask4(bias), S4, 1) },
 		func() error {
 			return r.b.run(func(ts []tensorDesc) (prepared, error) { return r.b.drv.amax(ts[0], ts[1]) }, rows, col(m))
 		},
-		func() error { return r.add(rows, col(m), rows, -1) },
-		func() error { return r.unary("aclnnExp", rows, rows) },
-		func() error { return r.binary("aclnnMul", S4, mask4(valid), S4) },
+		func() error { return r.b.opAdd(rows, col(m), rows, -1) },
+		func() error { return r.b.opUnary("aclnnExp", rows, rows) },
+		func() error { return r.b.opBinary("aclnnMul", S4, mask4(valid), S4) },
 		func() error { return r.mm("aclnnMatmul", rows, view(ones, 0, i64(w, 1), nil), col(sum)) },
 	}
 	if !a.LSE.IsZero() {
 		steps = append(steps,
-			func() error { return r.unary("aclnnLog", col(sum), col(lg)) },
-			func() error { return r.add(col(m), col(lg), view(a.LSE, r0*hq, i64(n*hq, 1), nil), 1) })
+			func() error { return r.b.opUnary("aclnnLog", col(sum), col(lg)) },
+			func() error { return r.b.opAdd(col(m), col(lg), view(a.LSE, r0*hq, i64(n*hq, 1), nil), 1) })
 	}
 	steps = append(steps,
-		func() error { return r.binary("aclnnMaximum", col(sum), tiny, col(sum)) },
-		func() error { return r.binary("aclnnDiv", rows, col(sum), rows) },
+		func() error { return r.b.opBinary("aclnnMaximum", col(sum), tiny, col(sum)) },
+		func() error { return r.b.opBinary("aclnnDiv", rows, col(sum), rows) },
 		func() error { return r.values(r0, n, w, S, v) })
 	for _, f := range steps {
 		if err := f(); err != nil {
@@ -427,10 +399,10 @@ func (r *attnRun) validSparse(r0, n int, valid, idx, t1, t2, t3, lim compute.Ten
 	// ind writes ind(y ≥ 0) = ReLU(y+1) − ReLU(y) for the integers y.
 	ind := func(y, dst operand) []func() error {
 		return []func() error{
-			func() error { return r.add(y, one, dst, 1) },
-			func() error { return r.unary("aclnnRelu", dst, dst) },
-			func() error { return r.unary("aclnnRelu", y, tmp) },
-			func() error { return r.add(dst, tmp, dst, -1) },
+			func() error { return r.b.opAdd(y, one, dst, 1) },
+			func() error { return r.b.opUnary("aclnnRelu", dst, dst) },
+			func() error { return r.b.opUnary("aclnnRelu", y, tmp) },
+			func() error { return r.b.opAdd(dst, tmp, dst, -1) },
 		}
 	}
 	steps := []func() error{
@@ -440,11 +412,11 @@ func (r *attnRun) validSparse(r0, n int, valid, idx, t1, t2, t3, lim compute.Ten
 		},
 	}
 	steps = append(steps, ind(x, v)...) // x ≥ 0
-	steps = append(steps, func() error { return r.add(view(lim, 0, i64(n, 1), nil), x, d, -1) })
+	steps = append(steps, func() error { return r.b.opAdd(view(lim, 0, i64(n, 1), nil), x, d, -1) })
 	steps = append(steps, ind(d, u)...) // lim − x ≥ 0
 	steps = append(steps,
-		func() error { return r.binary("aclnnMul", v, u, v) },
-		func() error { return r.binary("aclnnMul", x, v, x) })
+		func() error { return r.b.opBinary("aclnnMul", v, u, v) },
+		func() error { return r.b.opBinary("aclnnMul", x, v, x) })
 	for _, f := range steps {
 		if err := f(); err != nil {
 			return err
@@ -545,13 +517,10 @@ func (r *attnRun) limits(r0, n int, lim compute.Tensor, causal bool) error {
 	var steps []func() error
 	if causal {
 		steps = []func() error{
-			func() error {
-				return r.b.run(func(ts []tensorDesc) (prepared, error) { return r.b.drv.cast(ts[0], aclType(compute.F32), ts[1]) },
-					view(a.QPos, r0, i64(n), nil), l)
-			},
-			func() error { return r.add(c, l, l, -1) }, // c − x
-			func() error { return r.unary("aclnnRelu", l, l) },
-			func() error { return r.add(c, l, l, -1) },
+			func() error { return r.b.opCast(view(a.QPos, r0, i64(n), nil), compute.F32, l) },
+			func() error { return r.b.opAdd(c, l, l, -1) }, // c − x
+			func() error { return r.b.opUnary("aclnnRelu", l, l) },
+			func() error { return r.b.opAdd(c, l, l, -1) },
 		}
 	} else {
 		zero, err := r.b.scalar(0)
@@ -562,7 +531,7 @@ func (r *attnRun) limits(r0, n int, lim compute.Tensor, causal bool) error {
 			func() error {
 				return r.b.run(func(ts []tensorDesc) (prepared, error) { return r.b.drv.fill(ts[0], zero) }, l)
 			},
-			func() error { return r.add(l, c, l, 1) },
+			func() error { return r.b.opAdd(l, c, l, 1) },
 		}
 	}
 	for _, f := range steps {
@@ -587,11 +556,11 @@ func (r *attnRun) validDense(r0, n, w int, valid, d, t, lim compute.Tensor, one 
 	}
 	mat := func(x compute.Tensor) operand { return view(x, 0, i64(n, w), nil) }
 	for _, f := range []func() error{
-		func() error { return r.add(view(lim, 0, i64(n, 1), nil), view(ar, 0, i64(1, w), nil), mat(d), -1) },
-		func() error { return r.add(mat(d), one, mat(valid), 1) },
-		func() error { return r.unary("aclnnRelu", mat(valid), mat(valid)) },
-		func() error { return r.unary("aclnnRelu", mat(d), mat(t)) },
-		func() error { return r.add(mat(valid), mat(t), mat(valid), -1) },
+		func() error { return r.b.opAdd(view(lim, 0, i64(n, 1), nil), view(ar, 0, i64(1, w), nil), mat(d), -1) },
+		func() error { return r.b.opAdd(mat(d), one, mat(valid), 1) },
+		func() error { return r.b.opUnary("aclnnRelu", mat(valid), mat(valid)) },
+		func() error { return r.b.opUnary("aclnnRelu", mat(d), mat(t)) },
+		func() error { return r.b.opAdd(mat(valid), mat(t), mat(valid), -1) },
 	} {
 		if err := f(); err != nil {
 			return err

@@ -3,6 +3,7 @@ package ascend
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"sync"
 	"unsafe"
 
@@ -712,24 +713,27 @@ type constKey struct {
 }
 
 // constOf is a cached vector of n copies of v (RMSNorm's weight of ones,
-// or of 1/√D for an L2 norm).
+// or of 1/√D for an L2 norm): a view of n elements of a constant sized by
+// the next power of two, so that callers whose n follows the cache length
+// make one constant per doubling, not an upload and a buffer per length.
 func (b *Backend) constOf(n int, v float32) (compute.Tensor, error) {
-	if t, ok := b.consts[constKey{n, v}]; ok {
-		return t, nil
+	size := 1 << bits.Len(uint(max(n, 1)-1))
+	if t, ok := b.consts[constKey{size, v}]; ok {
+		return part(t, 0, n), nil
 	}
-	t, err := b.allocTensor(compute.F32, n)
+	t, err := b.allocTensor(compute.F32, size)
 	if err != nil {
 		return t, err
 	}
-	vs := make([]float32, n)
+	vs := make([]float32, size)
 	for i := range vs {
 		vs[i] = v
 	}
 	if err := b.put(t, vs); err != nil {
 		return t, err
 	}
-	b.consts[constKey{n, v}] = t
-	return t, nil
+	b.consts[constKey{size, v}] = t
+	return part(t, 0, n), nil
 }
 
 func unmapped(op string) error {
@@ -836,6 +840,38 @@ func (b *Backend) Unary(op compute.UnaryOp, dst, x compute.Tensor) error {
 
 // units are the scalars 1 and -1 (Add's alpha for a sum and a
 // difference).
+// Operator helpers for the compositions, over operands and without a
+// cached executor (b.run); b.mu is held.
+
+func (b *Backend) opUnary(name string, x, out operand) error {
+	return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary(name, ts[0], ts[1]) }, x, out)
+}
+
+func (b *Backend) opBinary(name string, x, y, out operand) error {
+	return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary(name, ts[0], ts[1], ts[2]) }, x, y, out)
+}
+
+// opAdd is out = x + alpha·y.
+func (b *Backend) opAdd(x, y, out operand, alpha float32) error {
+	al, err := b.scalar(alpha)
+	if err != nil {
+		return err
+	}
+	return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.add(ts[0], ts[1], al, ts[2]) }, x, y, out)
+}
+
+func (b *Backend) opMuls(x operand, v float32, out operand) error {
+	s, err := b.scalar(v)
+	if err != nil {
+		return err
+	}
+	return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.muls(ts[0], s, ts[1]) }, x, out)
+}
+
+func (b *Backend) opCast(x operand, dt compute.DType, out operand) error {
+	return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.cast(ts[0], aclType(dt), ts[1]) }, x, out)
+}
+
 func (b *Backend) units() (one, minus scalar, err error) {
 	if one, err = b.scalar(1); err != nil {
 		return nil, nil, err

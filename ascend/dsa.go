@@ -142,43 +142,34 @@ func (b *Backend) indexSequence(a *compute.IndexerArgs, q0, tq, k0, lk, width in
 	if err != nil {
 		return err
 	}
-	ones, err := b.constOf(K, 1) // one constant per top-K, read [kk]
+	ones, err := b.constOf(kk, 1)
 	if err != nil {
 		return err
 	}
-	one, minus, err := b.units()
+	one, err := b.scalar(1)
 	if err != nil {
 		return err
 	}
 	qpos := a.QPos
 	qpos.Off += q0
-	add := func(x, y operand, alpha scalar, out operand) error {
-		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.add(ts[0], ts[1], alpha, ts[2]) }, x, y, out)
-	}
-	unary := func(name string, x, out operand) error {
-		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary(name, ts[0], ts[1]) }, x, out)
-	}
-	cast := func(x operand, dt compute.DType, out operand) error {
-		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.cast(ts[0], aclType(dt), ts[1]) }, x, out)
-	}
 	grid := func(t compute.Tensor) operand { return operand{t: t, view: i64(tq, lk)} }
 	firstK := func(t compute.Tensor) operand { return operand{t: t, view: i64(tq, kk), strides: i64(lk, 1)} }
 	flags := func(t compute.Tensor) operand { return operand{t: t, view: i64(tq, kk)} }
 	unit11 := operand{t: unit, view: i64(1, 1)}
 	for _, step := range []func() error{
 		func() error {
-			return cast(operand{t: qpos, view: i64(tq)}, compute.F32, operand{t: posF, view: i64(tq)})
+			return b.opCast(operand{t: qpos, view: i64(tq)}, compute.F32, operand{t: posF, view: i64(tq)})
 		},
 		func() error { // D = pos − s
-			return add(operand{t: posF, view: i64(tq, 1)}, operand{t: ar, view: i64(1, lk)}, minus, grid(D))
+			return b.opAdd(operand{t: posF, view: i64(tq, 1)}, operand{t: ar, view: i64(1, lk)}, grid(D), -1)
 		},
-		func() error { return add(grid(D), unit11, one, grid(M)) }, // M = D + 1
-		func() error { return unary("aclnnRelu", grid(M), grid(M)) },
-		func() error { return unary("aclnnRelu", grid(D), grid(D)) },
-		func() error { return add(grid(M), grid(D), minus, grid(M)) }, // M = ind(s ≤ pos)
-		func() error { return cast(firstK(M), compute.I32, flags(valid)) },
-		func() error { return add(firstK(M), unit11, minus, flags(padF)) }, // 0 or −1
-		func() error { return cast(flags(padF), compute.I32, flags(pad)) },
+		func() error { return b.opAdd(grid(D), unit11, grid(M), 1) }, // M = D + 1
+		func() error { return b.opUnary("aclnnRelu", grid(M), grid(M)) },
+		func() error { return b.opUnary("aclnnRelu", grid(D), grid(D)) },
+		func() error { return b.opAdd(grid(M), grid(D), grid(M), -1) }, // M = ind(s ≤ pos)
+		func() error { return b.opCast(firstK(M), compute.I32, flags(valid)) },
+		func() error { return b.opAdd(firstK(M), unit11, flags(padF), -1) }, // 0 or −1
+		func() error { return b.opCast(flags(padF), compute.I32, flags(pad)) },
 		func() error {
 			if a.Counts.IsZero() {
 				return nil
@@ -189,9 +180,9 @@ func (b *Backend) indexSequence(a *compute.IndexerArgs, q0, tq, k0, lk, width in
 			}
 			cnt := a.Counts
 			cnt.Off += q0
-			return cast(operand{t: cntF, view: i64(tq)}, compute.I32, operand{t: cnt, view: i64(tq)})
+			return b.opCast(operand{t: cntF, view: i64(tq)}, compute.I32, operand{t: cnt, view: i64(tq)})
 		},
-		func() error { return unary("aclnnLog", grid(M), grid(M)) }, // the mask: 0 or −∞
+		func() error { return b.opUnary("aclnnLog", grid(M), grid(M)) }, // the mask: 0 or −∞
 	} {
 		if err := step(); err != nil {
 			return fmt.Errorf("the mask: %w", err)

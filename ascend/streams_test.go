@@ -27,12 +27,7 @@ func TestSideStreams(t *testing.T) {
 		require.Same(t, side, again, "one side stream per index")
 		require.ErrorIs(t, b.Fork(b), ErrInvalidArgument, "the backend is not its own side stream")
 
-		alloc := func() compute.Tensor {
-			x, err := b.Alloc(compute.F32, 4)
-			require.NoError(t, err)
-			return x
-		}
-		a, c, d, e := alloc(), alloc(), alloc(), alloc()
+		a, c, d, e := fours(t, b)
 		require.NoError(t, b.Fill(a, 3))
 		require.NoError(t, compute.Fork(b, side))
 		require.NoError(t, side.Binary(compute.Mul, c, a, a)) // 9
@@ -98,12 +93,7 @@ func TestCaptureSideStreams(t *testing.T) {
 	eachDriver(t, 8<<20, func(t *testing.T, b *Backend) {
 		side, err := b.Side(1)
 		require.NoError(t, err)
-		alloc := func() compute.Tensor {
-			x, err := b.Alloc(compute.F32, 4)
-			require.NoError(t, err)
-			return x
-		}
-		a, c, d, e := alloc(), alloc(), alloc(), alloc()
+		a, c, d, e := fours(t, b)
 		require.NoError(t, b.Write(a, []float32{1, 2, 3, 4}))
 		g, err := b.Capture(func() error {
 			if err := b.Binary(compute.Add, c, a, a); err != nil { // 2a
@@ -173,12 +163,7 @@ func TestSideStreamsReuseEvents(t *testing.T) {
 	eachDriver(t, 8<<20, func(t *testing.T, b *Backend) {
 		side, err := b.Side(1)
 		require.NoError(t, err)
-		alloc := func() compute.Tensor {
-			x, err := b.Alloc(compute.F32, 4)
-			require.NoError(t, err)
-			return x
-		}
-		a, c, d, e := alloc(), alloc(), alloc(), alloc()
+		a, c, d, e := fours(t, b)
 		require.NoError(t, b.Fill(a, 1))
 		require.NoError(t, compute.Fork(b, side))
 		require.NoError(t, side.Binary(compute.Mul, c, a, a)) // 1
@@ -192,4 +177,16 @@ func TestSideStreamsReuseEvents(t *testing.T) {
 		require.NoError(t, b.Read(got, e))
 		assert.Equal(t, []float32{5, 5, 5, 5}, got)
 	})
+}
+
+// fours allocates four f32 tensors of four elements on b.
+func fours(t *testing.T, b *Backend) (w, x, y, z compute.Tensor) {
+	t.Helper()
+	var ts [4]compute.Tensor
+	for i := range ts {
+		var err error
+		ts[i], err = b.Alloc(compute.F32, 4)
+		require.NoError(t, err)
+	}
+	return ts[0], ts[1], ts[2], ts[3]
 }
