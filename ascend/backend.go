@@ -51,9 +51,11 @@ type core struct {
 	ropes   map[ropeKey]*ropeTab // RoPE's tables of angles by position
 	ar      compute.Tensor       // 0, 1, 2, ... (iota)
 	scalars map[float32]scalar
-	// host, for a backend over the host driver, runs the operations not
-	// mapped to aclnn (onHost).
-	host compute.Backend
+	// host is the pure-Go backend of a backend over the host driver; with
+	// Options.HostFallback (hostOps) it runs the operations not mapped to
+	// aclnn (onHost) over the same memory.
+	host    compute.Backend
+	hostOps bool
 	// fallback, on a device opened with Options.HostFallback, runs the
 	// unmapped operations on the host over copies (onHost).
 	fallback compute.Backend
@@ -67,6 +69,8 @@ type core struct {
 	ints    intConsts
 	ring    stageRing
 	waits   int64 // times the host waited for a stream (Waits)
+	// launched counts the operators launched outside captures (Launches).
+	launched int64
 }
 
 // devBuf is a Tensor's storage: a span of the arena.
@@ -635,6 +639,9 @@ func (b *Backend) launch(op prepared) error {
 			b.ws = d
 		}
 		ws = b.base.Add(b.ws.off)
+	}
+	if b.capture == nil {
+		b.launched++
 	}
 	return op.launch(b.s, ws)
 }

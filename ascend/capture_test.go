@@ -92,6 +92,7 @@ func testCaptureDecodeStep(t *testing.T, a *Backend) {
 	ma := newMLPStep(t, a, rand.New(rand.NewPCG(7, 7)), B, V, D, F)
 	mc := newMLPStep(t, c, rand.New(rand.NewPCG(7, 7)), B, V, D, F)
 	usedBefore := a.arena.used
+	launched := a.Launches()
 
 	g, err := a.Capture(func() error {
 		if err := a.Write(ma.ids, []int32{0, 0, 0}); err == nil {
@@ -103,6 +104,7 @@ func testCaptureDecodeStep(t *testing.T, a *Backend) {
 	})
 	require.NoError(t, err)
 	assert.Greater(t, a.arena.used, usedBefore, "the graph keeps its scratch spans")
+	assert.Equal(t, launched, a.Launches(), "a capture launches nothing")
 
 	rng := rand.New(rand.NewPCG(8, 8))
 	for range 4 {
@@ -116,9 +118,11 @@ func testCaptureDecodeStep(t *testing.T, a *Backend) {
 	require.NoError(t, g.Close())
 	assert.Equal(t, usedBefore, a.arena.used, "closing the graph frees its spans")
 	require.ErrorIs(t, g.Replay(), ErrInvalidArgument)
+	assert.Equal(t, launched, a.Launches(), "a replay launches no operator one by one")
 
-	// The eager path gives the same values.
+	// The eager path gives the same values, launching its operators.
 	require.NoError(t, ma.run(a))
+	assert.Greater(t, a.Launches(), launched)
 	require.NoError(t, mc.run(c))
 	assert.InDeltaSlice(t, read(t, c, mc.out), read(t, a, ma.out), 1e-4)
 }

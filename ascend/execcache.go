@@ -147,6 +147,15 @@ func (b *Backend) Waits() int64 {
 	return b.waits
 }
 
+// Launches reports how many operators the backend and its side streams
+// launched one by one, outside captures: what a step leaves to the host
+// beside the graphs it replays.
+func (b *Backend) Launches() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.launched
+}
+
 // Executors reports how many repeatable executors the backend prepared
 // and how many calls launched a cached one again with no phase 1.
 func (b *Backend) Executors() (prepared, reused int64) {

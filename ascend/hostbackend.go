@@ -13,25 +13,27 @@ import (
 // workspaces, descriptors and two-phase operators, capture) with the
 // device played by host memory and Go. It is for testing that
 // orchestration on machines without an NPU (k3 conform -backend
-// ascend-host), not for speed. The operations the backend has not mapped
-// to aclnn run on the pure-Go backend over the same memory, after the
-// stream has drained.
+// ascend-host), not for speed. As on a device, an operation the backend
+// has not mapped to aclnn fails with compute.ErrUnsupported (the model
+// then takes its composition, as it would on the device), unless
+// o.HostFallback is set: then it runs on the pure-Go backend over the
+// same memory, after the stream has drained.
 func OpenHost(o Options) (*Backend, error) {
 	d := newHostDriver()
 	b, err := newBackend(d, o)
 	if err != nil {
 		return nil, err
 	}
-	b.host = cpu.New(1)
+	b.host, b.hostOps = cpu.New(1), o.HostFallback
 	return b, nil
 }
 
 // onHost runs an operation the backend has not mapped on the pure-Go
-// backend, for a backend over the host driver: the stream is drained
-// first (the operation reads what queued work writes), and args is a
-// pointer to the operation's argument struct, copied with every tensor
-// replaced by a pure-Go tensor over the same bytes. On a device it is
-// the unmapped error.
+// backend, for a backend over the host driver opened with HostFallback:
+// the stream is drained first (the operation reads what queued work
+// writes), and args is a pointer to the operation's argument struct,
+// copied with every tensor replaced by a pure-Go tensor over the same
+// bytes. Without HostFallback it is the unmapped error.
 //
 // A device backend opened with Options.HostFallback runs them the same
 // way over copies: every buffer the arguments name is downloaded, the
@@ -41,7 +43,7 @@ func OpenHost(o Options) (*Backend, error) {
 func (b *Backend) onHost(name string, args any, call func(c compute.Backend, args any) error) error {
 	var m *mirror
 	switch {
-	case b.host != nil:
+	case b.host != nil && b.hostOps:
 	case b.fallback != nil:
 		m = &mirror{b: b, bufs: map[*devBuf]*mirrored{}}
 	default:

@@ -38,23 +38,25 @@ func TestAscendDecodeReusesExecutors(t *testing.T) {
 			var prepared, reused int64
 			for step := range 6 {
 				p0, r0 := b.Executors()
-				w0 := b.Waits()
+				w0, l0 := b.Waits(), b.Launches()
 				_, err = s.Forward(context.Background(), []int32{int32(6 + step)})
 				require.NoError(t, err)
 				p1, r1 := b.Executors()
 				prepared, reused = p1-p0, r1-r0
-				t.Logf("decode step %d: %d executors prepared, %d launched again; %d waits for the stream", step, prepared, reused, b.Waits()-w0)
+				t.Logf("decode step %d: %d operators launched, %d executors prepared, %d launched again; %d waits for the stream",
+					step, b.Launches()-l0, prepared, reused, b.Waits()-w0)
 			}
 			require.Greater(t, reused, 3*prepared, "the last step reuses most of its executors")
 		})
 	}
 }
 
-// On a backend that captures graphs the feed-forward sublayers of decode
-// passes are captured once per row count and replayed: the logits of
+// On a backend that captures graphs the feed-forward sublayers and the KDA
+// token mixers of decode passes are captured and replayed: the logits of
 // every step are bitwise those of the same model run eagerly
-// (WithoutGraphs), for one session and for a batch of three, and within
-// the conformance tolerance of the pure-Go backend's. Nothing reads the
+// (WithoutGraphs), for one session, for a batch of three and for runs of
+// uneven lengths, and within the conformance tolerance of the pure-Go
+// backend's. Nothing reads the
 // device between the layers here (the conformance cases' traces do), so
 // a missing ordering between the streams shows as wrong logits.
 func TestAscendDecodeGraphs(t *testing.T) {
@@ -97,6 +99,17 @@ func TestAscendDecodeGraphs(t *testing.T) {
 						out = append(out, s.Logits())
 					}
 				}
+				// Runs of uneven lengths over the same sessions: the same
+				// rows and states, other row offsets, so another graph.
+				for step := range 4 {
+					runs := [][]int32{{int32(50 + step)}, {int32(60 + step), int32(70 + step)}}
+					if step%2 == 1 {
+						runs[0], runs[1] = runs[1], runs[0]
+					}
+					l, err := bt.Forward(ctx, ss[:2], runs)
+					require.NoError(t, err)
+					out = append(out, l)
+				}
 				return out, m.GraphStats()
 			}
 			onHost := func(opts ...k3.Option) ([][]float32, k3.GraphStats) {
@@ -122,10 +135,11 @@ func TestAscendDecodeGraphs(t *testing.T) {
 			for i := range eager {
 				require.True(t, slices.Equal(eager[i], graphed[i]), "logits %d of %d differ (%+v)", i, len(eager), gs)
 			}
-			if gs.Captured+gs.Replayed+gs.Eager > 0 { // the checkpoints with MoE layers
-				require.Positive(t, gs.Captured, "%+v", gs)
-				require.Positive(t, gs.Replayed, "%+v", gs)
-			}
+			// Every checkpoint has KDA layers and feed-forward sublayers.
+			require.Positive(t, gs.Captured-gs.MixersCaptured, "%+v", gs)
+			require.Positive(t, gs.Replayed-gs.MixersReplayed, "%+v", gs)
+			require.Positive(t, gs.MixersCaptured, "%+v", gs)
+			require.Positive(t, gs.MixersReplayed, "%+v", gs)
 			t.Logf("%+v", gs)
 		})
 	}

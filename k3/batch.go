@@ -375,7 +375,7 @@ func (bt *Batch) mixLayer(l int, normed, out compute.Tensor) error {
 		if ne > 0 {
 			bt.kdaSeqs.Records = bt.rec.rows(e)
 		}
-		if err := kl.Forward(normed, &bt.kdaSeqs, out); err != nil {
+		if err := bt.kdaForward(l, kl, normed, out); err != nil {
 			return err
 		}
 		if ne > 0 {
@@ -396,6 +396,25 @@ func (bt *Batch) mixLayer(l int, normed, out compute.Tensor) error {
 		bt.trace.DSAIndices = append(bt.trace.DSAIndices, bt.p.readI32(ml.Indices(normed.Dim(0))))
 	}
 	return nil
+}
+
+// kdaForward runs KDA layer kl over bt.kdaSeqs, through the model's graphs
+// when the pass is a decode step they capture: exact rows only, at most
+// graphMaxRows of them, no replay records and no trace (whose reads would
+// fail a capture). The rows are not padded: a padding row would need a
+// state of its own.
+func (bt *Batch) kdaForward(l int, kl *kda.Layer, normed, out compute.Tensor) error {
+	g, s := bt.m.graphs, &bt.kdaSeqs
+	t := normed.Dim(0)
+	if g == nil || bt.trace != nil || s.Exact != len(s.States) || t > graphMaxRows || !s.Records.IsZero() {
+		return kl.Forward(normed, s, out)
+	}
+	k, ok := g.kdaKey(l, normed, out, s)
+	if !ok {
+		return kl.Forward(normed, s, out)
+	}
+	// A replay updates the states it was captured on, which the key holds.
+	return g.run(k, func() error { return kl.Forward(normed, s, out) })
 }
 
 // keepTaps copies the last rows of r0..r1 of the pass's DSpark taps (the

@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"k3/compute"
+	"k3/kda"
 )
 
 // graphMaxRows is the most rows of a feed-forward call that decode graphs
@@ -29,14 +30,16 @@ func graphBucket(rows, room int) int {
 // replayed is closed first.
 const graphCapacity = 512
 
-// graphs captures the feed-forward sublayers of decode passes on a backend
-// that records graphs (compute.Capturer) and replays them, one graph per
-// layer, bucket of rows and buffers: piecewise capture, the token mixers
-// staying eager (their shapes follow the context length). A key's first
-// call runs eagerly (it creates what the layer creates on first use), its
-// second is captured and replayed, later ones are replayed. A layer that
-// cannot be captured (one that reads the device on the host) is marked
-// and runs eagerly from then on.
+// graphs captures sublayers of decode passes on a backend that records
+// graphs (compute.Capturer) and replays them: piecewise capture. The
+// feed-forward sublayers get one graph per layer, bucket of rows and
+// buffers; the KDA token mixers one per layer, rows, buffers and the
+// sessions' states (a replay updates the states it was captured on). The
+// attention mixers stay eager: their shapes follow the context length. A
+// key's first call runs eagerly (it creates what the layer creates on
+// first use), its second is captured and replayed, later ones are
+// replayed. A sublayer that cannot be captured (one that reads the device
+// on the host) is marked and runs eagerly from then on.
 //
 // A capture records everything queued on the backend meanwhile, so passes
 // on a capturing backend run one at a time (pass.run holds mu).
@@ -46,16 +49,36 @@ type graphs struct {
 	byKey map[graphKey]*list.Element
 	lru   list.List // of *graphEntry, most recent first
 
-	captured, replayed, eager int64 // counters (GraphStats)
+	stats GraphStats
 }
 
-// graphKey names a captured call: the layer, its input and output views
-// (buffer and element offset: a replay reads and writes those addresses)
-// and its rows.
+// graphKey names a captured call: the sublayer, its input and output views
+// (buffer and element offset: a replay reads and writes those addresses),
+// its rows and, for a token mixer, the state tensors of its sequences and
+// their row offsets.
 type graphKey struct {
+	part          graphPart
 	layer, rows   int
 	in, out       any
 	inOff, outOff int
+	states        [2 * graphMaxRows]bufRef
+	cu            [graphMaxRows + 1]int32
+}
+
+// graphPart is the sublayer a graph runs.
+type graphPart uint8
+
+const (
+	graphFeedForward graphPart = iota
+	graphKDA
+)
+
+// bufRef is a tensor's buffer and element offset: where a graph reads or
+// writes it. Keys hold the buffer, so no other tensor can take its place
+// while the key lives.
+type bufRef struct {
+	mem any
+	off int
 }
 
 type graphEntry struct {
@@ -75,10 +98,29 @@ func newGraphs(b compute.Backend) *graphs {
 	return &graphs{c: c, byKey: map[graphKey]*list.Element{}}
 }
 
-// run runs fn, the feed-forward of layer l from in into out, through the
-// cache; g.mu is held by the pass.
-func (g *graphs) run(l int, in, out compute.Tensor, fn func() error) error {
-	k := graphKey{layer: l, rows: in.Dim(0), in: in.Mem, out: out.Mem, inOff: in.Off, outOff: out.Off}
+// key returns the key of sublayer part of layer l from in into out.
+func (g *graphs) key(part graphPart, l int, in, out compute.Tensor) graphKey {
+	return graphKey{part: part, layer: l, rows: in.Dim(0), in: in.Mem, out: out.Mem, inOff: in.Off, outOff: out.Off}
+}
+
+// kdaKey returns the key of layer l's KDA mixer from in into out over s,
+// and whether so many sequences fit a key.
+func (g *graphs) kdaKey(l int, in, out compute.Tensor, s *kda.Seqs) (graphKey, bool) {
+	k := g.key(graphKDA, l, in, out)
+	if 2*len(s.States) > len(k.states) || len(s.Cu) > len(k.cu) {
+		return k, false
+	}
+	copy(k.cu[:], s.Cu)
+	for i, st := range s.States {
+		k.states[2*i] = bufRef{st.S.Mem, st.S.Off}
+		k.states[2*i+1] = bufRef{st.Conv.Mem, st.Conv.Off}
+	}
+	return k, true
+}
+
+// run runs fn, the sublayer k names, through the cache; g.mu is held by
+// the pass.
+func (g *graphs) run(k graphKey, fn func() error) error {
 	el, ok := g.byKey[k]
 	if !ok {
 		el = g.lru.PushFront(&graphEntry{key: k})
@@ -92,23 +134,31 @@ func (g *graphs) run(l int, in, out compute.Tensor, fn func() error) error {
 	e.calls++
 	switch {
 	case e.g != nil:
-		g.replayed++
+		g.count(k.part, &g.stats.Replayed, &g.stats.MixersReplayed)
 		return e.g.Replay()
 	case e.uncapturable || e.calls == 1:
-		g.eager++
+		g.count(k.part, &g.stats.Eager, &g.stats.MixersEager)
 		return fn()
 	}
 	gr, err := g.c.Capture(fn)
 	if err != nil {
-		// Nothing ran: the capture only recorded. The layer runs eagerly
-		// now and from then on.
+		// Nothing ran: the capture only recorded. The sublayer runs
+		// eagerly now and from then on.
 		e.uncapturable = true
-		g.eager++
+		g.count(k.part, &g.stats.Eager, &g.stats.MixersEager)
 		return fn()
 	}
 	e.g = gr
-	g.captured++
+	g.count(k.part, &g.stats.Captured, &g.stats.MixersCaptured)
 	return gr.Replay()
+}
+
+// count adds a call to the total and, for a token mixer, to its share.
+func (g *graphs) count(part graphPart, total, mixers *int64) {
+	*total++
+	if part == graphKDA {
+		*mixers++
+	}
 }
 
 func (g *graphs) drop(el *list.Element) {
@@ -131,13 +181,16 @@ func (g *graphs) close() {
 	}
 }
 
-// GraphStats counts a model's feed-forward calls by how they ran on a
-// backend that captures graphs: Captured graphs recorded, Replayed calls
-// that replayed one, Eager calls run directly (a key's first, and those
-// of layers that could not be captured). All zero on other backends or
-// with WithoutGraphs.
+// GraphStats counts a model's calls of the sublayers it captures (the
+// feed-forward sublayers and the KDA token mixers of decode passes) by how
+// they ran on a backend that captures graphs: Captured graphs recorded,
+// Replayed calls that replayed one, Eager calls run directly (a key's
+// first, and those of sublayers that could not be captured). The Mixers
+// fields are the token mixers' share of each. All zero on other backends
+// or with WithoutGraphs.
 type GraphStats struct {
-	Captured, Replayed, Eager int64
+	Captured, Replayed, Eager                   int64
+	MixersCaptured, MixersReplayed, MixersEager int64
 }
 
 // GraphStats reports the model's graph counters.
@@ -147,5 +200,5 @@ func (m *Model) GraphStats() GraphStats {
 	}
 	m.graphs.mu.Lock()
 	defer m.graphs.mu.Unlock()
-	return GraphStats{Captured: m.graphs.captured, Replayed: m.graphs.replayed, Eager: m.graphs.eager}
+	return m.graphs.stats
 }

@@ -215,20 +215,15 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int3
 		var err error
 		for _, r := range p.ranges(t) {
 			in, o := normed.Rows(r[0], r[1]), mlpOut.Rows(r[0], r[1])
-			if me := p.moeL[l]; me != nil {
-				if m.graphs != nil && tr == nil && r[1]-r[0] <= graphMaxRows {
-					// Rows padded to a bucket: the extra rows' outputs land in
-					// rows that no one reads or that a later range rewrites,
-					// and no row's result depends on the others'. The closure
-					// only here: it escapes, and the Go backend's decode
-					// allocates nothing.
-					n := graphBucket(r[1]-r[0], p.max-r[0])
-					gin, gout := p.normed.Rows(r[0], r[0]+n), p.mlpOut.Rows(r[0], r[0]+n)
-					err = m.graphs.run(l, gin, gout, func() error { return me.Forward(gin, gout, compute.Tensor{}, compute.Tensor{}) })
-				} else {
-					err = me.Forward(in, o, compute.Tensor{}, compute.Tensor{})
-				}
-				if err == nil && tr != nil {
+			if m.graphs != nil && tr == nil && r[1]-r[0] <= graphMaxRows {
+				// Rows padded to a bucket: the extra rows' outputs land in
+				// rows that no one reads or that a later range rewrites, and
+				// no row's result depends on the others'. (Graphs run only
+				// without a parallel layout, so there is no sum to take.)
+				n := graphBucket(r[1]-r[0], p.max-r[0])
+				err = p.feedForwardGraph(l, p.normed.Rows(r[0], r[0]+n), p.mlpOut.Rows(r[0], r[0]+n))
+			} else if me := p.moeL[l]; me != nil {
+				if err = me.Forward(in, o, compute.Tensor{}, compute.Tensor{}); err == nil && tr != nil {
 					idx, wts := me.Routing(t)
 					tr.MoEIndices = append(tr.MoEIndices, p.readI32(idx))
 					tr.MoEWeights = append(tr.MoEWeights, p.readF32(wts))
@@ -302,6 +297,20 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int3
 		}
 	}
 	return nil
+}
+
+// feedForwardGraph runs layer l's feed-forward from in into out through
+// the model's graphs. The closure is made only here: it escapes, and the
+// Go backend's decode allocates nothing.
+func (p *pass) feedForwardGraph(l int, in, out compute.Tensor) error {
+	g := p.m.graphs
+	if me := p.moeL[l]; me != nil {
+		return g.run(g.key(graphFeedForward, l, in, out), func() error {
+			return me.Forward(in, out, compute.Tensor{}, compute.Tensor{})
+		})
+	}
+	ml := p.mlpL[l]
+	return g.run(g.key(graphFeedForward, l, in, out), func() error { return ml.Forward(in, out) })
 }
 
 // ranges returns the row ranges a pass of t rows runs its products on:

@@ -51,7 +51,7 @@ func OpenWith(name string, o Options) (compute.Backend, error) {
 	case "ascend-host":
 		// The Ascend backend's orchestration with the host as its device:
 		// for testing it without an NPU.
-		return ascend.OpenHost(ascend.Options{ArenaBytes: o.MemoryBytes})
+		return ascend.OpenHost(ascend.Options{ArenaBytes: o.MemoryBytes, HostFallback: o.HostFallback})
 	}
 	return nil, fmt.Errorf("unknown backend %q (have %s)", name, Names())
 }
