@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 	"sync"
 	"unsafe"
 
 	"k3/ascend/internal/acl"
 	"k3/ascend/internal/nz"
 	"k3/compute"
+	"k3/internal/floatx"
 )
 
 // defaultArena is the device memory a backend takes when Options.ArenaBytes
@@ -415,32 +417,50 @@ func (b *Backend) download(data []byte, p acl.DevPtr) error {
 	return nil
 }
 
-// hostView returns the bytes of a []float32 or []int32 (or a pointer to
-// one) and the dtype they hold.
-func hostView(v any) ([]byte, compute.DType, error) {
+// hostView returns the bytes of a []float32, []int32 or []uint16 (or a
+// pointer to one) and the dtypes they may fill as they are: F32, I32, or
+// BF16 and F16 (raw bits).
+func hostView(v any) ([]byte, []compute.DType, error) {
 	switch s := v.(type) {
 	case *[]float32:
 		return hostView(*s)
 	case *[]int32:
 		return hostView(*s)
+	case *[]uint16:
+		return hostView(*s)
 	case []float32:
-		return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), 4*len(s)), compute.F32, nil
+		return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), 4*len(s)), f32Only, nil
 	case []int32:
-		return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), 4*len(s)), compute.I32, nil
+		return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), 4*len(s)), i32Only, nil
+	case []uint16:
+		return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), 2*len(s)), halves, nil
 	}
-	return nil, 0, fmt.Errorf("%w: host values of type %T (want []float32 or []int32)", compute.ErrShape, v)
+	return nil, nil, fmt.Errorf("%w: host values of type %T (want []float32, []int32 or []uint16)", compute.ErrShape, v)
 }
 
-// Write implements compute.Backend: the values are copied before it
-// returns and reach the tensor in stream order, up to 64 KiB without a
-// wait (putAsync), larger ones with one.
+var (
+	f32Only = []compute.DType{compute.F32}
+	i32Only = []compute.DType{compute.I32}
+	halves  = []compute.DType{compute.BF16, compute.F16}
+)
+
+// Write implements compute.Backend: []float32 into F32, or into BF16 and
+// F16 rounded to nearest even on the host; []int32 into I32; []uint16
+// (raw bits) into BF16 and F16. The values are copied before it returns
+// and reach the tensor in stream order, up to 64 KiB without a wait
+// (putAsync), larger ones with one.
 func (b *Backend) Write(dst compute.Tensor, src any) error {
-	data, dt, err := hostView(src)
+	data, dts, err := hostView(src)
 	if err != nil {
 		return err
 	}
-	if dt != dst.DType || len(data) != dims(dst)*4 {
-		return fmt.Errorf("%w: Write of %d %v values into %v", compute.ErrShape, len(data)/4, dt, dst)
+	if f, ok := src.([]float32); ok && slices.Contains(halves, dst.DType) {
+		src, dts, data = narrow(f, dst.DType), halves, data[:2*len(f)]
+	} else if p, ok := src.(*[]float32); ok && slices.Contains(halves, dst.DType) {
+		src, dts, data = narrow(*p, dst.DType), halves, data[:2*len(*p)]
+	}
+	if !slices.Contains(dts, dst.DType) || len(data) != dims(dst)*dst.DType.Size() {
+		return fmt.Errorf("%w: Write of %T (%d bytes) into %v", compute.ErrShape, src, len(data), dst)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -448,6 +468,19 @@ func (b *Backend) Write(dst compute.Tensor, src any) error {
 	// positions) is queued on the stream without a wait, ordered after the
 	// work that read the tensor before.
 	return b.putAsync(dst, src)
+}
+
+// narrow rounds float32 values to dt (BF16 or F16) bits.
+func narrow(v []float32, dt compute.DType) []uint16 {
+	h := make([]uint16, len(v))
+	for i, f := range v {
+		if dt == compute.BF16 {
+			h[i] = floatx.BF16(f)
+		} else {
+			h[i] = floatx.F16(f)
+		}
+	}
+	return h
 }
 
 // put copies host values (a []float32 or []int32, or a pointer to one)
@@ -477,18 +510,66 @@ func (b *Backend) get(dst any, t compute.Tensor) error {
 	return b.download(data, p)
 }
 
-// Read implements compute.Backend.
+// Read implements compute.Backend: F32, BF16 and F16 into []float32
+// (widened on the host); I32 into []int32; BF16 and F16 into []uint16
+// (raw bits). A weight prepared in FRACTAL_NZ reads in row-major order.
 func (b *Backend) Read(dst any, src compute.Tensor) error {
-	data, dt, err := hostView(dst)
+	data, dts, err := hostView(dst)
 	if err != nil {
 		return err
 	}
-	if dt != src.DType || len(data) != dims(src)*4 {
-		return fmt.Errorf("%w: Read of %v into %d %v values", compute.ErrShape, src, len(data)/4, dt)
+	var wide []float32 // a []float32 destination of a 16-bit tensor
+	if f, ok := dst.([]float32); ok && slices.Contains(halves, src.DType) {
+		wide, dts, data = f, halves, data[:2*len(f)]
+	} else if p, ok := dst.(*[]float32); ok && slices.Contains(halves, src.DType) {
+		wide, dts, data = *p, halves, data[:2*len(*p)]
+	}
+	if !slices.Contains(dts, src.DType) || len(data) != dims(src)*src.DType.Size() {
+		return fmt.Errorf("%w: Read of %v into %T (%d bytes)", compute.ErrShape, src, dst, len(data))
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.get(dst, src)
+	if wide == nil {
+		if d, _ := bufOf(src); d != nil && d.nz != nil {
+			return b.readNZ(data, src, d)
+		}
+		return b.get(dst, src)
+	}
+	bits := make([]uint16, len(wide))
+	raw := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(bits))), 2*len(bits))
+	if d, _ := bufOf(src); d != nil && d.nz != nil {
+		err = b.readNZ(raw, src, d)
+	} else {
+		err = b.get(bits, src)
+	}
+	if err != nil {
+		return err
+	}
+	if src.DType == compute.BF16 {
+		floatx.BF16ToF32(wide, bits)
+	} else {
+		floatx.F16ToF32(wide, bits)
+	}
+	return nil
+}
+
+// readNZ copies the row-major bytes of src, a view of the FRACTAL_NZ
+// weight (or stack of them) d, into data; b.mu is held.
+func (b *Backend) readNZ(data []byte, src compute.Tensor, d *devBuf) error {
+	storage := make([]byte, d.n)
+	if err := b.download(storage, b.base.Add(d.off)); err != nil {
+		return err
+	}
+	rows, err := unpackNZ(d.nz, storage)
+	if err != nil {
+		return err
+	}
+	off := 2 * src.Off
+	if off+len(data) > len(rows) {
+		return fmt.Errorf("%w: Read of %v past its FRACTAL_NZ weight", compute.ErrShape, src)
+	}
+	copy(data, rows[off:])
+	return nil
 }
 
 // Free implements compute.Backend. The span returns to the arena ordered

@@ -19,12 +19,19 @@ type Backend interface {
 	// (weights memory-mapped from a checkpoint), so data must stay valid
 	// and unmodified while the tensor lives.
 	FromHost(dt DType, src DType, data []byte, dims ...int) (Tensor, error)
-	// Write copies host values (a []float32 or []int32 of dst.Len()
-	// elements, or a pointer to one: boxing a pointer allocates nothing,
-	// which keeps a decode step allocation-free) into dst.
+	// Write copies dst.Len() host values into dst. Their type says how:
+	// a []float32 fills an F32 tensor, or a BF16 or F16 one rounded to
+	// nearest even; an []int32 fills an I32 tensor; a []uint16 fills a
+	// BF16 or F16 tensor with those bits. A pointer to a slice does the
+	// same (boxing a pointer allocates nothing, which keeps a decode step
+	// allocation-free). Another pairing, or another length, is an error
+	// wrapping ErrShape; a tensor over the caller's bytes (FromHost) or a
+	// prepared weight is not written.
 	Write(dst Tensor, src any) error
-	// Read copies dst.Len() elements of src to the host (dst is a []float32
-	// or an []int32, or a pointer to one).
+	// Read copies src's elements to the host, typed as Write: into a
+	// []float32 from F32, BF16 or F16 (widened exactly), an []int32 from
+	// I32, a []uint16 from BF16 or F16 (the bits). A prepared weight
+	// reads in its row-major order.
 	Read(dst any, src Tensor) error
 	// Free releases a tensor made by Alloc or FromHost; views are not freed.
 	Free(t Tensor)

@@ -24,6 +24,9 @@ type buffer struct {
 	kmaj []uint16 // a bf16 weight in k-major panels (PrepareMatMul)
 
 	kmajN, kmajK int // the weight's shape, for kmaj
+	// aliased is set when the storage is the caller's bytes (FromHost
+	// without a copy, such as a mapped checkpoint): Write refuses it.
+	aliased bool
 }
 
 // Backend is the pure-Go backend.
@@ -128,7 +131,7 @@ func (b *Backend) FromHost(dt, src compute.DType, data []byte, dims ...int) (com
 	switch {
 	case dt == compute.F32 && src == compute.F32:
 		if aligned(data, 4) && n > 0 {
-			buf.f32 = unsafe.Slice((*float32)(unsafe.Pointer(&data[0])), n)
+			buf.f32, buf.aliased = unsafe.Slice((*float32)(unsafe.Pointer(&data[0])), n), true
 		} else {
 			buf.f32 = make([]float32, n)
 			for i := range buf.f32 {
@@ -137,7 +140,7 @@ func (b *Backend) FromHost(dt, src compute.DType, data []byte, dims ...int) (com
 		}
 	case dt == compute.I32 && src == compute.I32:
 		if aligned(data, 4) && n > 0 {
-			buf.i32 = unsafe.Slice((*int32)(unsafe.Pointer(&data[0])), n)
+			buf.i32, buf.aliased = unsafe.Slice((*int32)(unsafe.Pointer(&data[0])), n), true
 		} else {
 			buf.i32 = make([]int32, n)
 			for i := range buf.i32 {
@@ -146,7 +149,7 @@ func (b *Backend) FromHost(dt, src compute.DType, data []byte, dims ...int) (com
 		}
 	case dt == src && (dt == compute.BF16 || dt == compute.F16):
 		if aligned(data, 2) && n > 0 {
-			buf.u16 = unsafe.Slice((*uint16)(unsafe.Pointer(&data[0])), n)
+			buf.u16, buf.aliased = unsafe.Slice((*uint16)(unsafe.Pointer(&data[0])), n), true
 		} else {
 			buf.u16 = make([]uint16, n)
 			for i := range buf.u16 {
@@ -215,8 +218,19 @@ func f32Of(name string, t compute.Tensor) ([]float32, error) {
 	return v, nil
 }
 
-// Write copies host values into dst.
+// Write copies host values into dst: []float32 into F32, or into BF16
+// and F16 rounded to nearest even; []int32 into I32; []uint16 (raw bits)
+// into BF16 and F16.
 func (b *Backend) Write(dst compute.Tensor, src any) error {
+	buf, ok := dst.Mem.(*buffer)
+	switch {
+	case !ok:
+		return fmt.Errorf("cpu: write into %v: not a tensor of this backend", dst)
+	case buf.aliased:
+		return fmt.Errorf("cpu: write into %v: its storage is the caller's bytes (FromHost), read only here: %w", dst, compute.ErrUnsupported)
+	case buf.kmaj != nil:
+		return shapeErr("write into %v: a prepared matmul weight", dst)
+	}
 	switch s := src.(type) {
 	case []float32:
 		return writeF32(dst, s)
@@ -226,19 +240,34 @@ func (b *Backend) Write(dst compute.Tensor, src any) error {
 		return writeI32(dst, s)
 	case *[]int32:
 		return writeI32(dst, *s)
+	case []uint16:
+		return writeU16(dst, s)
+	case *[]uint16:
+		return writeU16(dst, *s)
 	}
-	return fmt.Errorf("cpu: write from %T: %w", src, compute.ErrUnsupported)
+	return shapeErr("write from %T (want []float32, []int32 or []uint16)", src)
 }
 
 func writeF32(dst compute.Tensor, s []float32) error {
-	d, err := f32Of("dst", dst)
-	if err != nil {
-		return err
-	}
-	if len(s) != len(d) {
+	if len(s) != dst.Len() {
 		return shapeErr("writing %d values into %v", len(s), dst)
 	}
-	copy(d, s)
+	switch dst.DType {
+	case compute.F32:
+		copy(F32(dst), s)
+	case compute.BF16:
+		d := U16(dst)
+		for i, v := range s {
+			d[i] = floatx.BF16(v)
+		}
+	case compute.F16:
+		d := U16(dst)
+		for i, v := range s {
+			d[i] = floatx.F16(v)
+		}
+	default:
+		return shapeErr("writing float32s into %v", dst)
+	}
 	return nil
 }
 
@@ -251,7 +280,17 @@ func writeI32(dst compute.Tensor, s []int32) error {
 	return nil
 }
 
-// Read copies src to host memory.
+func writeU16(dst compute.Tensor, s []uint16) error {
+	d := U16(dst)
+	if (dst.DType != compute.BF16 && dst.DType != compute.F16) || d == nil || len(s) != len(d) {
+		return shapeErr("writing %d 16-bit values into %v", len(s), dst)
+	}
+	copy(d, s)
+	return nil
+}
+
+// Read copies src to host memory: F32, BF16 and F16 into []float32; I32
+// into []int32; BF16 and F16 into []uint16 (raw bits).
 func (b *Backend) Read(dst any, src compute.Tensor) error {
 	switch d := dst.(type) {
 	case []float32:
@@ -262,8 +301,12 @@ func (b *Backend) Read(dst any, src compute.Tensor) error {
 		return readI32(d, src)
 	case *[]int32:
 		return readI32(*d, src)
+	case []uint16:
+		return readU16(d, src)
+	case *[]uint16:
+		return readU16(*d, src)
 	}
-	return fmt.Errorf("cpu: read into %T: %w", dst, compute.ErrUnsupported)
+	return shapeErr("read into %T (want []float32, []int32 or []uint16)", dst)
 }
 
 func readF32(d []float32, src compute.Tensor) error {
@@ -274,22 +317,42 @@ func readF32(d []float32, src compute.Tensor) error {
 	case compute.F32:
 		copy(d, F32(src))
 	case compute.BF16:
-		if wp, err := kmajorOf(src); wp != nil || err != nil {
-			if err != nil {
-				return err
-			}
-			w := make([]uint16, src.Len())
-			kernel.UnpackKMajor(w, wp, src.Dims[0], src.Dims[1])
-			floatx.BF16ToF32(d, w)
-			return nil
+		w, err := bf16Bits(src)
+		if err != nil {
+			return err
 		}
-		floatx.BF16ToF32(d, U16(src))
+		floatx.BF16ToF32(d, w)
 	case compute.F16:
 		floatx.F16ToF32(d, U16(src))
 	default:
 		return shapeErr("reading %v as float32", src)
 	}
 	return nil
+}
+
+func readU16(d []uint16, src compute.Tensor) error {
+	if len(d) != src.Len() || (src.DType != compute.BF16 && src.DType != compute.F16) {
+		return shapeErr("reading %v into %d 16-bit values", src, len(d))
+	}
+	if src.DType == compute.F16 {
+		copy(d, U16(src))
+		return nil
+	}
+	w, err := bf16Bits(src)
+	copy(d, w)
+	return err
+}
+
+// bf16Bits returns a bf16 tensor's values in row-major order: its storage,
+// or a prepared weight's unpacked into a new slice.
+func bf16Bits(src compute.Tensor) ([]uint16, error) {
+	wp, err := kmajorOf(src)
+	if wp == nil || err != nil {
+		return U16(src), err
+	}
+	w := make([]uint16, src.Len())
+	kernel.UnpackKMajor(w, wp, src.Dims[0], src.Dims[1])
+	return w, nil
 }
 
 func readI32(d []int32, src compute.Tensor) error {

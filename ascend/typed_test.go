@@ -1,0 +1,40 @@
+package ascend
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"k3/compute"
+	"k3/compute/computetest"
+	"k3/internal/floatx"
+)
+
+// Reads and writes are typed as the seam says, on both drivers, and a
+// prepared FRACTAL_NZ weight reads in row-major order.
+func TestTypedReadWrite(t *testing.T) {
+	eachDriver(t, 8<<20, func(t *testing.T, b *Backend) {
+		computetest.TypedReadWrite(t, b)
+
+		const N, K = 20, 36
+		wv := randF32(rand.New(rand.NewPCG(95, 96)), N*K)
+		w, err := b.FromHost(compute.BF16, compute.F32, f32bytes(wv), N, K)
+		require.NoError(t, err)
+		w, err = b.PrepareMatMul(w)
+		require.NoError(t, err)
+		d, err := bufOf(w)
+		require.NoError(t, err)
+		require.NotNil(t, d.nz, "the weight is stored in FRACTAL_NZ")
+		wGot := make([]float32, N*K)
+		require.NoError(t, b.Read(wGot, w))
+		wBits := make([]uint16, N*K)
+		require.NoError(t, b.Read(wBits, w))
+		for i, f := range wv {
+			h := floatx.BF16(f)
+			require.Equal(t, h, wBits[i], "prepared weight element %d", i)
+			require.Equal(t, floatx.FromBF16(h), wGot[i], "prepared weight element %d", i)
+		}
+		require.Error(t, b.Write(w, wv), "a prepared weight is written only by PrepareMatMul")
+	})
+}
