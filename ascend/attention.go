@@ -21,7 +21,12 @@ import (
 //	Out = (E / max(s, 2⁻¹⁰⁰))·Val,  LSE = m + log s
 //
 // so a row with nothing valid gets zeros and LSE −∞, as the pure-Go
-// backend gives. A paged cache is first gathered into contiguous scratch.
+// backend gives. A paged cache is first gathered into contiguous scratch:
+// its first KVLen rows, or, for causal attention, every row of its pages
+// (the rows past a query's position are masked, and so the shapes follow
+// the pages, not the length: a decode step can be captured while its
+// pages stay; the queries' positions are below KVLen, as their own keys
+// are cached).
 // An index past KVLen is skipped like −1 (the pure-Go backend refuses one
 // past the cache, which the device cannot see without a read).
 // aclnnSparseFlashAttention replaces all this on a device that has it.
@@ -63,8 +68,13 @@ const (
 type attnGeom struct {
 	t, hq, hkv, dk, dv, dr int
 	l                      int // cache rows
-	lists, kn              int // sparse: index lists per row and entries per list; lists 0: dense
-	paged, vShared         bool
+	// seen is the rows the composition reads: KVLen, or every row of a
+	// paged cache's pages when causal (the rows past a query's position
+	// are masked anyway), which keeps a decode step's shapes fixed while
+	// its pages are, so that it can be captured.
+	seen           int
+	lists, kn      int // sparse: index lists per row and entries per list; lists 0: dense
+	paged, vShared bool
 }
 
 // attnShape checks a's operands as the pure-Go backend does.
@@ -125,6 +135,10 @@ func attnShape(a *compute.AttnArgs) (attnGeom, error) {
 	if a.KVLen < 0 || a.KVLen > g.l {
 		return g, fmt.Errorf("ascend: attention: kv length %d outside the cache of %d", a.KVLen, g.l)
 	}
+	g.seen = a.KVLen
+	if g.paged && a.Causal {
+		g.seen = g.l
+	}
 	if a.QPos.DType != compute.I32 || dims(a.QPos) != g.t || a.MaxPos < 0 {
 		return g, fmt.Errorf("%w: attention: query positions %v below %d for %d rows", compute.ErrShape, a.QPos, a.MaxPos, g.t)
 	}
@@ -172,14 +186,14 @@ func (r *attnRun) scratch(dt compute.DType, n int) (compute.Tensor, error) {
 	return t, nil
 }
 
-// caches sets k, v and kr, gathering a paged cache's first KVLen rows.
+// caches sets k, v and kr, gathering a paged cache's first g.seen rows.
 func (r *attnRun) caches() error {
 	a, g := r.a, r.g
 	if !g.paged {
 		r.k, r.v, r.kr = a.K, a.V, a.KRope
 		return nil
 	}
-	n := a.KVLen
+	n := g.seen
 	gather := func(pages []compute.Tensor, width int) (compute.Tensor, error) {
 		dst, err := r.scratch(compute.F32, n*width)
 		if err != nil {
@@ -214,7 +228,7 @@ func (r *attnRun) caches() error {
 // rowFloats is the scratch one query row needs.
 func (r *attnRun) rowFloats() int {
 	g := r.g
-	w, lists := r.a.KVLen, 1
+	w, lists := g.seen, 1
 	if g.lists > 0 {
 		w, lists = g.kn, g.lists
 	}
@@ -257,7 +271,7 @@ func (r *attnRun) block(r0, n int) error {
 		lists, w = g.lists, g.kn
 	} else {
 		// Every position below the bound: the positions are on the device.
-		w = a.KVLen
+		w = g.seen
 		if a.MaxPos > 0 {
 			w = min(w, a.MaxPos)
 		}
@@ -301,7 +315,7 @@ func (r *attnRun) block(r0, n int) error {
 		gather := func(src compute.Tensor, width, off int) (compute.Tensor, error) {
 			dst := part(sel, off, n*lw*width)
 			err := r.b.run(func(ts []tensorDesc) (prepared, error) { return r.b.drv.indexSelect(ts[0], 0, ts[1], ts[2]) },
-				view(src, 0, i64(a.KVLen, width), nil), view(ints, 0, i64(n*lw), nil), view(dst, 0, i64(n*lw, width), nil))
+				view(src, 0, i64(g.seen, width), nil), view(ints, 0, i64(n*lw), nil), view(dst, 0, i64(n*lw, width), nil))
 			return dst, err
 		}
 		if k, err = gather(r.k, hkv*g.dk, 0); err != nil {
@@ -501,15 +515,15 @@ func (r *attnRun) values(r0, n, w int, P, v compute.Tensor) error {
 }
 
 // limits writes each of rows r0..r0+n−1's last visible position into lim
-// (n, as floats): min(pos, c) when causal, c = KVLen−1 otherwise, from the
-// positions tensor on the device. c is read from the backend's 0, 1,
-// 2, ... at offset c, so no constant is made per cache length, and
-// min(x, c) = c − ReLU(c − x).
+// (n, as floats): min(pos, c) when causal, c = KVLen−1 otherwise (the
+// last of the rows the composition reads), from the positions tensor on
+// the device. c is read from the backend's 0, 1, 2, ... at offset c, so
+// no constant is made per cache length, and min(x, c) = c − ReLU(c − x).
 func (r *attnRun) limits(r0, n int, lim compute.Tensor, causal bool) error {
 	a := r.a
 	l := view(lim, 0, i64(n), nil)
-	last := a.KVLen - 1
-	ar, err := r.b.iota(a.KVLen)
+	last := r.g.seen - 1
+	ar, err := r.b.iota(r.g.seen)
 	if err != nil {
 		return err
 	}

@@ -9,7 +9,9 @@ import (
 
 // LightningIndexer implements compute.Backend as a composition, one
 // sequence at a time: the scores S = Q·Kᵀ of every query head (MatMul over
-// the sequence's keys, a paged cache gathered into scratch first), ReLU,
+// the sequence's keys; a paged cache gathered into scratch first, every
+// row of its pages unless Scores is asked for, so that the shapes follow
+// the pages and not the length), ReLU,
 // the head-weighted sum as a BatchMatMul of W [t, 1, HI] with S
 // [t, HI, L], the invisible positions masked to −∞, aclnnTopk (int64
 // indices) cast into Indices, and the slots past each row's count set to
@@ -32,6 +34,12 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 			return fmt.Errorf("ascend: indexer: %d keys in %d pages of %d (one sequence)", a.KLen, len(a.KPages), a.PageSize)
 		}
 		L = a.KLen
+		if a.Scores.IsZero() {
+			// Every row of the pages: the keys past a query's position are
+			// masked anyway, and the shapes stay fixed while the pages do
+			// (a decode step can be captured).
+			L = len(a.KPages) * a.PageSize
+		}
 	} else {
 		L = a.K.Dims[0]
 	}

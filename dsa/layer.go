@@ -225,6 +225,20 @@ func LoadWeights(b compute.Backend, cfg Config, src compute.Source) (*Weights, e
 	return w, nil
 }
 
+// Piece names a piece of an exact pass that Layer.Capture runs.
+type Piece uint8
+
+const (
+	// PieceProject: the projections of the pass's rows, their absorbed
+	// queries and the new keys' norms and rotations.
+	PieceProject Piece = iota
+	// PieceAttend: the selection (DSA) and attention over each
+	// sequence's pages, once the new keys are in them.
+	PieceAttend
+	// PieceOutput: the value lift, the output gate and o_proj.
+	PieceOutput
+)
+
 // ErrCacheFull is returned when appending beyond a cache's limit.
 var ErrCacheFull = errors.New("dsa: cache full")
 
@@ -255,14 +269,25 @@ type Layer struct {
 	// before the top K are chosen (on the host, by the backend's order:
 	// larger first, ties to the lower position).
 	SplitIndexer func(scores compute.Tensor) error
+	// Capture, when set, runs pieces of an exact pass (decode steps and
+	// verification) through the caller's graph cache: fn's operations
+	// have fixed shapes and addresses once piece, rows and deps are
+	// given, deps listing the tensors they touch besides the layer's own
+	// intermediates (and ints the host integers they follow), and the
+	// host values they read are written before fn (the positions). The
+	// cache appends between the pieces stay outside them: their rows
+	// move with the positions.
+	Capture func(piece Piece, rows int, deps []compute.Tensor, ints []int32, fn func() error) error
 	// side is the backend's side stream 2 (compute.Side), on which a
 	// device runs the indexer's key and head-weight projections; b
 	// itself elsewhere.
 	side      compute.Backend
 	pos       []int32
-	runPos    []int32  // positions of forwardRows' run of rows
+	runPos    []int32  // positions of forwardRows' rows
 	rowCaches []*Cache // an exact pass's cache per row
-	mha       []bool   // a chunk pass's choice of form per chunk
+	capDeps   []compute.Tensor
+	capInts   []int32
+	mha       []bool // a chunk pass's choice of form per chunk
 	attn      compute.AttnArgs
 	ixArgs    compute.IndexerArgs
 	rope      compute.RopeArgs
@@ -478,7 +503,7 @@ func (l *Layer) chunks(x compute.Tensor, caches []*Cache, cu []int32, idx, y com
 		var indices compute.Tensor
 		if cfg.Indexer != nil {
 			sel := idx.Rows(r0, r1)
-			if err := l.indexSelect(c, pos, r0, sel); err != nil {
+			if err := l.indexSelect(c, pos, r0, 0, sel); err != nil {
 				return err
 			}
 			indices = l.attnIndices(sel, p0+n)
@@ -655,13 +680,19 @@ func (l *Layer) appendRun(c *Cache, pos []int32, r int, qr, kvNew, peNew compute
 // finishRun is appendRun without the cache: it returns the run's finished
 // latent, rope-query, rope-key and index-key rows.
 func (l *Layer) finishRun(pos []int32, r int, qr, kvNew, peNew compute.Tensor) (kv, qri, pe, ik compute.Tensor, err error) {
-	cfg, w, b := l.cfg, l.W, l.b
-	t, dr := len(pos), cfg.RopeDim
-	kv = kvNew.Rows(r, r+t)
-	if err = b.RMSNorm(kv, kv, w.KVANorm, latentEps); err != nil {
+	if err = l.setPositions(pos); err != nil {
 		return
 	}
-	if err = l.setPositions(pos); err != nil {
+	return l.finishRows(r, len(pos), qr, kvNew, peNew)
+}
+
+// finishRows is finishRun for t rows from row r whose positions are the
+// first t that setPositions wrote.
+func (l *Layer) finishRows(r, t int, qr, kvNew, peNew compute.Tensor) (kv, qri, pe, ik compute.Tensor, err error) {
+	cfg, w, b := l.cfg, l.W, l.b
+	dr := cfg.RopeDim
+	kv = kvNew.Rows(r, r+t)
+	if err = b.RMSNorm(kv, kv, w.KVANorm, latentEps); err != nil {
 		return
 	}
 	if dr > 0 {
@@ -693,13 +724,14 @@ func (l *Layer) finishRun(pos []int32, r int, qr, kvNew, peNew compute.Tensor) (
 }
 
 // indexSelect lets each of one run's rows (from row r of the indexer's
-// projections, at positions pos, already in cache c) select its top K
-// among the positions up to its own into idx.
-func (l *Layer) indexSelect(c *Cache, pos []int32, r int, idx compute.Tensor) error {
+// projections, at positions pos, already in cache c; the positions from
+// row pr of the layer's positions tensor) select its top K among the
+// positions up to its own into idx.
+func (l *Layer) indexSelect(c *Cache, pos []int32, r, pr int, idx compute.Tensor) error {
 	ix := l.cfg.Indexer
 	t := len(pos)
 	l.ixArgs = compute.IndexerArgs{Q: l.iq.Rows(r, r+t), KPages: c.ik, PageSize: PageSize, KLen: c.Len,
-		W: l.iw.Rows(r, r+t), QPos: l.posT.Rows(0, t), TopK: ix.TopK, Indices: idx.Reshape(t, ix.TopK)}
+		W: l.iw.Rows(r, r+t), QPos: l.posT.Rows(pr, pr+t), TopK: ix.TopK, Indices: idx.Reshape(t, ix.TopK)}
 	if l.SplitIndexer != nil {
 		return l.split.selectSummed(l, idx.Reshape(t, ix.TopK), pos, c.Len)
 	}
@@ -709,46 +741,128 @@ func (l *Layer) indexSelect(c *Cache, pos []int32, r int, idx compute.Tensor) er
 	return nil
 }
 
-// forwardRows runs row i of x against caches[i], one row after another;
-// consecutive rows of one sequence name its cache once each. Every cache
-// has room for its rows.
+// forwardRows runs row i of x against caches[i]; consecutive rows of one
+// sequence name its cache once each. Every cache has room for its rows.
+//
+// A run of rows of one cache is appended at once, selects in one indexer
+// call and attends in one attention call: an exact pass has at most
+// compute.InvariantRows rows, so a row's selection and its attention over
+// its sequence up to itself do not depend on the rows beside it. The
+// pass runs in pieces (Capture): the rows' positions are written, then
+// every projection, norm and rotation runs over all rows, the runs are
+// appended to their caches, and then each run selects and attends.
 func (l *Layer) forwardRows(x compute.Tensor, caches []*Cache, y compute.Tensor) error {
 	t := x.Dim(0)
-	cfg, w, b := l.cfg, l.W, l.b
-	dr := cfg.RopeDim
-	qn, qr, kvNew, peNew, err := l.project(x)
+	l.runPos = l.runPos[:0]
+	for i := 0; i < t; {
+		c, n := caches[i], runOf(caches, i)
+		for r := range n {
+			l.runPos = append(l.runPos, int32(c.Len+r))
+		}
+		i += n
+	}
+	if err := l.setPositions(l.runPos); err != nil {
+		return err
+	}
+	if l.Capture == nil {
+		// The closures of the pieces only here: they escape, and the Go
+		// backend's decode allocates nothing.
+		if err := l.projectRows(x); err != nil {
+			return err
+		}
+	} else if err := l.Capture(PieceProject, t, l.deps(x), nil, func() error { return l.projectRows(x) }); err != nil {
+		return err
+	}
+	for i := 0; i < t; {
+		c, n := caches[i], runOf(caches, i)
+		var pe, ik compute.Tensor
+		if l.cfg.RopeDim > 0 {
+			pe = l.peNew.Rows(i, i+n)
+		}
+		if l.cfg.Indexer != nil {
+			ik = l.ik.Rows(i, i+n)
+		}
+		if err := c.write(l.kvNew.Rows(i, i+n), pe, ik, n); err != nil {
+			return err
+		}
+		c.Len += n
+		i += n
+	}
+	if l.Capture == nil || l.SplitIndexer != nil {
+		if err := l.attendRows(caches, t); err != nil {
+			return err
+		}
+	} else {
+		// The piece follows each run's pages and rows and, for DSA, how
+		// many of them attend densely (attendRows).
+		deps := l.deps()
+		l.capInts = l.capInts[:0]
+		for i := 0; i < t; {
+			c, n := caches[i], runOf(caches, i)
+			deps = append(append(append(deps, c.lat...), c.pe...), c.ik...)
+			dense := n
+			if ix := l.cfg.Indexer; ix != nil {
+				dense = min(n, max(0, ix.TopK-int(l.runPos[i])))
+			}
+			l.capInts = append(l.capInts, int32(i), int32(n), int32(dense))
+			i += n
+		}
+		l.capDeps = deps
+		if err := l.Capture(PieceAttend, t, deps, l.capInts, func() error { return l.attendRows(caches, t) }); err != nil {
+			return err
+		}
+	}
+	if l.Capture == nil {
+		return l.output(x, t, y)
+	}
+	return l.Capture(PieceOutput, t, l.deps(x, y), nil, func() error { return l.output(x, t, y) })
+}
+
+// runOf returns the length of the run of rows of caches[i] from row i.
+func runOf(caches []*Cache, i int) int {
+	n := 1
+	for i+n < len(caches) && caches[i+n] == caches[i] {
+		n++
+	}
+	return n
+}
+
+// deps returns the dependencies of a piece: ts and the layer's own
+// intermediates, which another Layer value with the same weights (a
+// batch's) does not share.
+func (l *Layer) deps(ts ...compute.Tensor) []compute.Tensor {
+	l.capDeps = append(append(l.capDeps[:0], l.qa, l.posT), ts...)
+	return l.capDeps
+}
+
+// projectRows projects all t rows of x, absorbs their queries into l.qa
+// and finishes their new keys (the positions written).
+func (l *Layer) projectRows(x compute.Tensor) error {
+	t := x.Dim(0)
+	_, qr, kvNew, peNew, err := l.project(x)
 	if err != nil {
 		return err
 	}
-	qa := l.qa.Rows(0, t)
-	if err := b.HeadMatMul(qa, qn, w.UKT); err != nil {
+	if err := l.b.HeadMatMul(l.qa.Rows(0, t), l.qn.Rows(0, t), l.W.UKT); err != nil {
 		return fmt.Errorf("dsa: absorbed query: %w", err)
 	}
-	// A run of rows of one cache is appended at once, selects in one
-	// indexer call and attends in one attention call: an exact pass has
-	// at most compute.InvariantRows rows, so a row's selection and its
-	// attention over its sequence up to itself do not depend on the rows
-	// beside it. The rows that have seen at most TopK positions attend
-	// to all of them, as a single step does, and the rest to their
-	// selection: a run crossing TopK takes two calls.
+	_, _, _, _, err = l.finishRows(0, t, qr, kvNew, peNew)
+	return err
+}
+
+// attendRows lets every run of the t rows, its keys in its cache, select
+// (DSA) and attend into l.ol. The rows that have seen at most TopK
+// positions attend to all of them, as a single step does, and the rest
+// to their selection: a run crossing TopK takes two calls.
+func (l *Layer) attendRows(caches []*Cache, t int) error {
+	cfg := l.cfg
 	for i := 0; i < t; {
-		c, n := caches[i], 1
-		for i+n < t && caches[i+n] == c {
-			n++
-		}
-		p0 := c.Len
-		l.runPos = l.runPos[:0]
-		for r := range n {
-			l.runPos = append(l.runPos, int32(p0+r))
-		}
-		qri, err := l.appendRun(c, l.runPos, i, qr, kvNew, peNew)
-		if err != nil {
-			return err
-		}
+		c, n := caches[i], runOf(caches, i)
+		p0 := int(l.runPos[i])
 		var sel compute.Tensor
 		if cfg.Indexer != nil {
 			sel = l.idxRows(i, i+n)
-			if err := l.indexSelect(c, l.runPos, i, sel); err != nil {
+			if err := l.indexSelect(c, l.runPos[i:i+n], i, i, sel); err != nil {
 				return err
 			}
 		}
@@ -763,19 +877,19 @@ func (l *Layer) forwardRows(x compute.Tensor, caches []*Cache, y compute.Tensor)
 					indices = sel.Rows(r0, r1)
 				}
 			}
-			l.attn = compute.AttnArgs{Q: qa.Rows(i+r0, i+r1), KPages: c.lat, PageSize: PageSize, Indices: indices, QPos: l.posT.Rows(r0, r1),
-				MaxPos: p0 + r1, KVLen: p0 + r1, Causal: true, Scale: float32(l.scale), Out: l.ol.Rows(i+r0, i+r1)}
-			if dr > 0 {
-				l.attn.QRope, l.attn.KRopePages = qri.Rows(r0, r1), c.pe
+			l.attn = compute.AttnArgs{Q: l.qa.Rows(i+r0, i+r1), KPages: c.lat, PageSize: PageSize, Indices: indices,
+				QPos: l.posT.Rows(i+r0, i+r1), KVLen: p0 + r1, Causal: true, Scale: float32(l.scale), Out: l.ol.Rows(i+r0, i+r1)}
+			if cfg.RopeDim > 0 {
+				l.attn.QRope, l.attn.KRopePages = l.qr.Rows(i+r0, i+r1), c.pe
 			}
-			if err := b.Attention(&l.attn); err != nil {
+			if err := l.b.Attention(&l.attn); err != nil {
 				return fmt.Errorf("dsa: attention: %w", err)
 			}
 			r0 = r1
 		}
 		i += n
 	}
-	return l.output(x, t, y)
+	return nil
 }
 
 // project runs the layer's input projections for the rows of x: the

@@ -51,12 +51,13 @@ func TestAscendDecodeReusesExecutors(t *testing.T) {
 	}
 }
 
-// On a backend that captures graphs the feed-forward sublayers and the KDA
-// token mixers of decode passes are captured and replayed: the logits of
-// every step are bitwise those of the same model run eagerly
-// (WithoutGraphs), for one session, for a batch of three and for runs of
-// uneven lengths, and within the conformance tolerance of the pure-Go
-// backend's. Nothing reads the
+// On a backend that captures graphs the feed-forward sublayers, the KDA
+// token mixers and the attention mixers' pieces of decode passes are
+// captured and replayed: the logits of every step are bitwise those of
+// the same model run eagerly (WithoutGraphs), for one session, for a
+// batch of three, for a session whose positions cross into a new page
+// and for runs of uneven lengths, and within the conformance tolerance of
+// the pure-Go backend's. Nothing reads the
 // device between the layers here (the conformance cases' traces do), so
 // a missing ordering between the streams shows as wrong logits.
 func TestAscendDecodeGraphs(t *testing.T) {
@@ -98,6 +99,22 @@ func TestAscendDecodeGraphs(t *testing.T) {
 					for _, s := range ss {
 						out = append(out, s.Logits())
 					}
+				}
+				// A session crossing from its first page of cached positions
+				// into its second: an attention graph per set of pages.
+				long, err := m.NewSession()
+				require.NoError(t, err)
+				defer long.Close()
+				prompt := make([]int32, 60)
+				for i := range prompt {
+					prompt[i] = int32(1 + i%13)
+				}
+				_, err = long.Forward(ctx, prompt)
+				require.NoError(t, err)
+				for step := range 8 {
+					l, err := long.Forward(ctx, []int32{int32(3 + step)})
+					require.NoError(t, err)
+					out = append(out, l)
 				}
 				// Runs of uneven lengths over the same sessions: the same
 				// rows and states, other row offsets, so another graph.

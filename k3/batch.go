@@ -87,6 +87,9 @@ func (m *Model) newBatch(max int) (*Batch, error) {
 		if err != nil {
 			return nil, err
 		}
+		if ml != nil && m.graphs != nil {
+			ml.Capture = m.graphs.capture(bt, len(bt.mlaL))
+		}
 		bt.kdaL, bt.mlaL = append(bt.kdaL, kl), append(bt.mlaL, ml)
 	}
 	return bt, nil
@@ -409,12 +412,14 @@ func (bt *Batch) kdaForward(l int, kl *kda.Layer, normed, out compute.Tensor) er
 	if g == nil || bt.trace != nil || s.Exact != len(s.States) || t > graphMaxRows || !s.Records.IsZero() {
 		return kl.Forward(normed, s, out)
 	}
-	k, ok := g.kdaKey(l, normed, out, s)
-	if !ok {
-		return kl.Forward(normed, s, out)
-	}
 	// A replay updates the states it was captured on, which the key holds.
-	return g.run(k, func() error { return kl.Forward(normed, s, out) })
+	g.begin()
+	g.dep(normed, out)
+	for _, st := range s.States {
+		g.dep(st.S, st.Conv)
+	}
+	g.num(s.Cu...)
+	return g.run(graphKDA, l, t, func() error { return kl.Forward(normed, s, out) })
 }
 
 // keepTaps copies the last rows of r0..r1 of the pass's DSpark taps (the

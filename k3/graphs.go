@@ -2,10 +2,12 @@ package k3
 
 import (
 	"container/list"
+	"reflect"
+	"slices"
 	"sync"
 
 	"k3/compute"
-	"k3/kda"
+	"k3/dsa"
 )
 
 // graphMaxRows is the most rows of a feed-forward call that decode graphs
@@ -30,16 +32,18 @@ func graphBucket(rows, room int) int {
 // replayed is closed first.
 const graphCapacity = 512
 
-// graphs captures sublayers of decode passes on a backend that records
-// graphs (compute.Capturer) and replays them: piecewise capture. The
-// feed-forward sublayers get one graph per layer, bucket of rows and
-// buffers; the KDA token mixers one per layer, rows, buffers and the
-// sessions' states (a replay updates the states it was captured on). The
-// attention mixers stay eager: their shapes follow the context length. A
-// key's first call runs eagerly (it creates what the layer creates on
-// first use), its second is captured and replayed, later ones are
-// replayed. A sublayer that cannot be captured (one that reads the device
-// on the host) is marked and runs eagerly from then on.
+// graphs captures pieces of decode passes on a backend that records
+// graphs (compute.Capturer) and replays them: piecewise capture. A piece
+// is a run of operations whose shapes are fixed once its key is: the
+// feed-forward sublayers (one graph per layer, bucket of rows and
+// buffers), the KDA token mixers (per layer, rows, buffers, the
+// sessions' states and row offsets: a replay updates the states it was
+// captured on) and the attention mixers' pieces around their cache
+// appends (dsa.Layer.Capture). A key's first call runs eagerly (it
+// creates what the piece creates on first use), its second is captured
+// and replayed, later ones are replayed. A piece that cannot be captured
+// (one that reads the device on the host) is marked and runs eagerly
+// from then on.
 //
 // A capture records everything queued on the backend meanwhile, so passes
 // on a capturing backend run one at a time (pass.run holds mu).
@@ -49,40 +53,51 @@ type graphs struct {
 	byKey map[graphKey]*list.Element
 	lru   list.List // of *graphEntry, most recent first
 
+	// The signature of the key being built (begin, dep, num): the
+	// tensors and host integers a piece depends on besides its layer.
+	sig  []bufRef
+	ints []int32
+
 	stats GraphStats
 }
 
-// graphKey names a captured call: the sublayer, its input and output views
-// (buffer and element offset: a replay reads and writes those addresses),
-// its rows and, for a token mixer, the state tensors of its sequences and
-// their row offsets.
+// graphKey names a captured piece: its part, layer and rows, and a hash of
+// its signature, which the entry keeps to confirm a match.
 type graphKey struct {
-	part          graphPart
-	layer, rows   int
-	in, out       any
-	inOff, outOff int
-	states        [2 * graphMaxRows]bufRef
-	cu            [graphMaxRows + 1]int32
+	part        graphPart
+	layer, rows int
+	hash        uint64
 }
 
-// graphPart is the sublayer a graph runs.
+// graphPart is the piece a graph runs.
 type graphPart uint8
 
 const (
 	graphFeedForward graphPart = iota
 	graphKDA
+	graphAttnProject // dsa.PieceProject, ...
+	graphAttnAttend
+	graphAttnOutput
 )
 
-// bufRef is a tensor's buffer and element offset: where a graph reads or
-// writes it. Keys hold the buffer, so no other tensor can take its place
-// while the key lives.
+// attnPart is the part of an attention mixer's piece.
+func attnPart(p dsa.Piece) graphPart { return graphAttnProject + graphPart(p) }
+
+// isMixer says whether a part belongs to a token mixer (GraphStats).
+func (p graphPart) isMixer() bool { return p != graphFeedForward }
+
+// bufRef is a tensor's buffer, element offset and length: where a graph
+// reads or writes it. Entries hold the buffer, so no other tensor can
+// take its place while the entry lives.
 type bufRef struct {
-	mem any
-	off int
+	mem    any
+	off, n int
 }
 
 type graphEntry struct {
 	key          graphKey
+	sig          []bufRef
+	ints         []int32
 	calls        int
 	g            compute.Graph
 	uncapturable bool
@@ -98,32 +113,77 @@ func newGraphs(b compute.Backend) *graphs {
 	return &graphs{c: c, byKey: map[graphKey]*list.Element{}}
 }
 
-// key returns the key of sublayer part of layer l from in into out.
-func (g *graphs) key(part graphPart, l int, in, out compute.Tensor) graphKey {
-	return graphKey{part: part, layer: l, rows: in.Dim(0), in: in.Mem, out: out.Mem, inOff: in.Off, outOff: out.Off}
+// begin starts the signature of a key.
+func (g *graphs) begin() {
+	g.sig, g.ints = g.sig[:0], g.ints[:0]
 }
 
-// kdaKey returns the key of layer l's KDA mixer from in into out over s,
-// and whether so many sequences fit a key.
-func (g *graphs) kdaKey(l int, in, out compute.Tensor, s *kda.Seqs) (graphKey, bool) {
-	k := g.key(graphKDA, l, in, out)
-	if 2*len(s.States) > len(k.states) || len(s.Cu) > len(k.cu) {
-		return k, false
+// dep adds tensors a piece reads or writes to the signature.
+func (g *graphs) dep(ts ...compute.Tensor) {
+	for _, t := range ts {
+		g.sig = append(g.sig, bufRef{t.Mem, t.Off, t.Len()})
 	}
-	copy(k.cu[:], s.Cu)
-	for i, st := range s.States {
-		k.states[2*i] = bufRef{st.S.Mem, st.S.Off}
-		k.states[2*i+1] = bufRef{st.Conv.Mem, st.Conv.Off}
-	}
-	return k, true
 }
 
-// run runs fn, the sublayer k names, through the cache; g.mu is held by
-// the pass.
-func (g *graphs) run(k graphKey, fn func() error) error {
+// num adds host integers a piece depends on to the signature.
+func (g *graphs) num(v ...int32) {
+	g.ints = append(g.ints, v...)
+}
+
+// key returns the key of part of layer l over rows rows with the
+// signature begin, dep and num built.
+func (g *graphs) key(part graphPart, l, rows int) graphKey {
+	h := uint64(14695981039346656037) // FNV-1a over 64-bit words
+	put := func(v uint64) {
+		h = (h ^ v) * 1099511628211
+	}
+	for _, r := range g.sig {
+		// The buffer's identity where it is a pointer; other handles
+		// only collide more often, and entries confirm their signature.
+		if v := reflect.ValueOf(r.mem); v.Kind() == reflect.Pointer {
+			put(uint64(v.Pointer()))
+		}
+		put(uint64(r.off))
+		put(uint64(r.n))
+	}
+	for _, v := range g.ints {
+		put(uint64(uint32(v)))
+	}
+	return graphKey{part: part, layer: l, rows: rows, hash: h}
+}
+
+// capture returns the dsa.Layer.Capture of attention layer l of bt: its
+// pieces through the cache, but for traced passes (whose reads would fail
+// a capture) and passes of more than graphMaxRows rows.
+func (g *graphs) capture(bt *Batch, l int) func(dsa.Piece, int, []compute.Tensor, []int32, func() error) error {
+	return func(p dsa.Piece, rows int, deps []compute.Tensor, ints []int32, fn func() error) error {
+		if bt.trace != nil || rows > graphMaxRows {
+			return fn()
+		}
+		g.begin()
+		g.dep(deps...)
+		g.num(ints...)
+		return g.run(attnPart(p), l, rows, fn)
+	}
+}
+
+// matches says whether e was made for the signature being built.
+func (e *graphEntry) matches(g *graphs) bool {
+	return slices.Equal(e.sig, g.sig) && slices.Equal(e.ints, g.ints)
+}
+
+// run runs fn, the piece part of layer l over rows rows, through the
+// cache, keyed by the signature begin, dep and num built; g.mu is held
+// by the pass.
+func (g *graphs) run(part graphPart, l, rows int, fn func() error) error {
+	k := g.key(part, l, rows)
 	el, ok := g.byKey[k]
+	if ok && !el.Value.(*graphEntry).matches(g) {
+		g.drop(el) // a hash collision: the new signature takes the key
+		ok = false
+	}
 	if !ok {
-		el = g.lru.PushFront(&graphEntry{key: k})
+		el = g.lru.PushFront(&graphEntry{key: k, sig: slices.Clone(g.sig), ints: slices.Clone(g.ints)})
 		g.byKey[k] = el
 		if g.lru.Len() > graphCapacity {
 			g.drop(g.lru.Back())
@@ -134,10 +194,10 @@ func (g *graphs) run(k graphKey, fn func() error) error {
 	e.calls++
 	switch {
 	case e.g != nil:
-		g.count(k.part, &g.stats.Replayed, &g.stats.MixersReplayed)
+		g.count(part, &g.stats.Replayed, &g.stats.MixersReplayed)
 		return e.g.Replay()
 	case e.uncapturable || e.calls == 1:
-		g.count(k.part, &g.stats.Eager, &g.stats.MixersEager)
+		g.count(part, &g.stats.Eager, &g.stats.MixersEager)
 		return fn()
 	}
 	gr, err := g.c.Capture(fn)
@@ -145,18 +205,18 @@ func (g *graphs) run(k graphKey, fn func() error) error {
 		// Nothing ran: the capture only recorded. The sublayer runs
 		// eagerly now and from then on.
 		e.uncapturable = true
-		g.count(k.part, &g.stats.Eager, &g.stats.MixersEager)
+		g.count(part, &g.stats.Eager, &g.stats.MixersEager)
 		return fn()
 	}
 	e.g = gr
-	g.count(k.part, &g.stats.Captured, &g.stats.MixersCaptured)
+	g.count(part, &g.stats.Captured, &g.stats.MixersCaptured)
 	return gr.Replay()
 }
 
 // count adds a call to the total and, for a token mixer, to its share.
 func (g *graphs) count(part graphPart, total, mixers *int64) {
 	*total++
-	if part == graphKDA {
+	if part.isMixer() {
 		*mixers++
 	}
 }

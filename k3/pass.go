@@ -304,13 +304,15 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int3
 // Go backend's decode allocates nothing.
 func (p *pass) feedForwardGraph(l int, in, out compute.Tensor) error {
 	g := p.m.graphs
+	g.begin()
+	g.dep(in, out)
 	if me := p.moeL[l]; me != nil {
-		return g.run(g.key(graphFeedForward, l, in, out), func() error {
+		return g.run(graphFeedForward, l, in.Dim(0), func() error {
 			return me.Forward(in, out, compute.Tensor{}, compute.Tensor{})
 		})
 	}
 	ml := p.mlpL[l]
-	return g.run(g.key(graphFeedForward, l, in, out), func() error { return ml.Forward(in, out) })
+	return g.run(graphFeedForward, l, in.Dim(0), func() error { return ml.Forward(in, out) })
 }
 
 // ranges returns the row ranges a pass of t rows runs its products on:

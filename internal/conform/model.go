@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"slices"
 
 	"k3/compute"
-	"k3/config"
 	"k3/k3"
 )
 
@@ -219,7 +217,7 @@ func runModel(ctx context.Context, b compute.Backend, dir string, chk *checker) 
 // decodeGraphs runs the decode again in a session of its own without a
 // trace, which lets the model replay its captured graphs (a trace's reads
 // would keep them off), and checks the logits again as route "(graphs)"
-// and that graphs were replayed, KDA mixers' among them.
+// and that graphs were replayed, token mixers' among them.
 func decodeGraphs(ctx context.Context, m *k3.Model, ids, gen []int32, wantD []float32, chk *checker) error {
 	s, err := m.NewSession()
 	if err != nil {
@@ -246,13 +244,11 @@ func decodeGraphs(ctx context.Context, m *k3.Model, ids, gen []int32, wantD []fl
 		replayed = 1
 	}
 	chk.exact("decode graphs replayed (1: some)", []int32{replayed}, []int32{1})
-	if slices.Contains(m.Config.Layers, config.KDA) {
-		replayed = 0
-		if after.MixersReplayed > before.MixersReplayed {
-			replayed = 1
-		}
-		chk.exact("KDA mixer graphs replayed (1: some)", []int32{replayed}, []int32{1})
+	replayed = 0
+	if after.MixersReplayed > before.MixersReplayed {
+		replayed = 1
 	}
+	chk.exact("token mixer graphs replayed (1: some)", []int32{replayed}, []int32{1})
 	return nil
 }
 
