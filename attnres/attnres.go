@@ -84,6 +84,23 @@ type Stream struct {
 	prep                  compute.AttnResPrepareArgs
 	upd                   compute.AttnResUpdateArgs
 	has                   bool
+
+	// Capture, when set, runs the device work of one step through the
+	// caller's graph cache: step j is sublayer j's Next and step J (the
+	// number of queries) is Final; fn's operations have fixed shapes and
+	// addresses once j, the rows and deps are. The stream's bookkeeping
+	// (which block, whether the partial holds a value) is host state and
+	// runs outside fn, so a replay, which skips fn, keeps it.
+	Capture func(j, rows int, deps []compute.Tensor, fn func() error) error
+
+	// The step planned by Next or Final for its device work.
+	step struct {
+		delta, blk compute.Tensor // a block start: the delta to fold in and the block to commit into
+		copy, add  bool           // fold the delta in by Copy (the partial was empty) or Add
+		commit     bool
+		prepare    bool
+		deps       []compute.Tensor
+	}
 }
 
 // NewStream allocates the state for up to maxT tokens. queries [J, D] holds
@@ -139,29 +156,82 @@ func (s *Stream) Next(delta, h compute.Tensor) error {
 	}
 	j := s.j
 	s.j++
+	st := &s.step
+	st.copy, st.add, st.commit, st.prepare = false, false, false, false
 	if j%s.per == 0 {
-		if err := s.addDelta(delta); err != nil {
-			return err
+		if !delta.IsZero() {
+			st.delta, st.copy, st.add = delta, !s.has, s.has
+			s.has = true
 		}
-		if err := s.commit(); err != nil {
-			return err
+		if !s.has {
+			return fmt.Errorf("attnres: block boundary at sublayer %d with an empty partial", j)
 		}
+		st.blk = s.blocks.Rows(s.nblocks, s.nblocks+1).Reshape(s.maxT, s.d).Rows(0, s.t)
+		st.commit = true
+		// Begin starts a pass with nblocks = 0, so views holds exactly
+		// this pass's blocks (their row count follows the pass's T).
+		s.views = append(s.views[:s.nblocks], st.blk)
+		s.nblocks++
+		s.has = false
 		s.j0 = j
-		if err := s.prepare(s.queries.Rows(j, min(j+s.per, s.queries.Dims[0]))); err != nil {
-			return err
-		}
-		return s.update(j-s.j0, compute.Tensor{}, s.queries.Rows(j, j+1), h)
+		s.plan(s.queries.Rows(j, min(j+s.per, s.queries.Dims[0])))
+		s.planUpdate(0, compute.Tensor{}, s.queries.Rows(j, j+1), h)
+	} else {
+		s.planUpdate(j-s.j0, delta, s.queries.Rows(j, j+1), h)
 	}
-	return s.update(j-s.j0, delta, s.queries.Rows(j, j+1), h)
+	return s.run(j, delta, h)
 }
 
 // Final computes into h the output aggregation over the committed blocks
 // and the partial (after adding the last sublayer's output delta).
 func (s *Stream) Final(delta, h compute.Tensor) error {
-	if err := s.prepare(s.outQuery); err != nil {
-		return err
+	st := &s.step
+	st.copy, st.add, st.commit = false, false, false
+	s.plan(s.outQuery)
+	s.planUpdate(0, delta, s.outQuery, h)
+	return s.run(s.queries.Dims[0], delta, h)
+}
+
+// run does step j's device work, through Capture when set.
+func (s *Stream) run(j int, delta, h compute.Tensor) error {
+	if s.Capture == nil {
+		return s.device()
 	}
-	return s.update(0, delta, s.outQuery, h)
+	st := &s.step
+	st.deps = append(st.deps[:0], delta, h, s.partial, s.blocks)
+	return s.Capture(j, s.t, st.deps, s.device)
+}
+
+// device does the planned step's device work: fold the delta into the
+// partial and commit it as a block (a block start), phase 1 (at a block
+// start and for Final), phase 2.
+func (s *Stream) device() error {
+	st := &s.step
+	p := s.partial.Rows(0, s.t)
+	switch {
+	case st.copy:
+		if err := s.b.Copy(p, st.delta); err != nil {
+			return err
+		}
+	case st.add:
+		if err := s.b.Binary(compute.Add, p, p, st.delta); err != nil {
+			return err
+		}
+	}
+	if st.commit {
+		if err := s.b.Copy(st.blk, p); err != nil {
+			return err
+		}
+	}
+	if st.prepare {
+		if err := Prepare(s.b, &s.prep); err != nil {
+			return err
+		}
+	}
+	// The argument structs live in the Stream: a local would escape
+	// through the interface call and allocate on every sublayer. (Update
+	// sets HasPartial in them; the stream planned its own.)
+	return Update(s.b, &s.upd)
 }
 
 // Blocks returns views of the committed blocks of the current pass.
@@ -169,34 +239,6 @@ func (s *Stream) Blocks() []compute.Tensor { return s.views }
 
 // Partial returns the current partial sum and whether it holds a value.
 func (s *Stream) Partial() (compute.Tensor, bool) { return s.partial.Rows(0, s.t), s.has }
-
-func (s *Stream) addDelta(delta compute.Tensor) error {
-	if delta.IsZero() {
-		return nil
-	}
-	p := s.partial.Rows(0, s.t)
-	if !s.has {
-		s.has = true
-		return s.b.Copy(p, delta)
-	}
-	return s.b.Binary(compute.Add, p, p, delta)
-}
-
-func (s *Stream) commit() error {
-	if !s.has {
-		return fmt.Errorf("attnres: block boundary at sublayer %d with an empty partial", s.j-1)
-	}
-	blk := s.blocks.Rows(s.nblocks, s.nblocks+1).Reshape(s.maxT, s.d).Rows(0, s.t)
-	if err := s.b.Copy(blk, s.partial.Rows(0, s.t)); err != nil {
-		return err
-	}
-	// Begin starts a pass with nblocks = 0, so views holds exactly this
-	// pass's blocks (their row count follows the pass's T).
-	s.views = append(s.views[:s.nblocks], blk)
-	s.nblocks++
-	s.has = false
-	return nil
-}
 
 // stats returns the phase-1 buffers as contiguous [n, T, D] and [n, T].
 func (s *Stream) stats(n int) (num, mx, sum compute.Tensor) {
@@ -206,17 +248,17 @@ func (s *Stream) stats(n int) (num, mx, sum compute.Tensor) {
 	return num, mx, sum
 }
 
-func (s *Stream) prepare(queries compute.Tensor) error {
+// plan sets phase 1's arguments for queries.
+func (s *Stream) plan(queries compute.Tensor) {
 	num, mx, sum := s.stats(queries.Dims[0])
 	s.nq = queries.Dims[0]
-	// The argument structs live in the Stream: a local would escape through
-	// the interface call and allocate on every sublayer.
 	s.prep = compute.AttnResPrepareArgs{Blocks: s.views, Queries: queries, Eps: s.eps, Num: num, Max: mx, Sum: sum}
-	return Prepare(s.b, &s.prep)
+	s.step.prepare = true
 }
 
-// update merges query qi's statistics with the partial (plus delta) into h.
-func (s *Stream) update(qi int, delta, query, h compute.Tensor) error {
+// planUpdate sets phase 2's arguments: query qi's statistics merged with
+// the partial (plus delta) into h. A non-zero delta leaves a partial.
+func (s *Stream) planUpdate(qi int, delta, query, h compute.Tensor) {
 	num, mx, sum := s.stats(s.nq)
 	s.upd = compute.AttnResUpdateArgs{
 		Partial:    s.partial.Rows(0, s.t),
@@ -229,9 +271,5 @@ func (s *Stream) update(qi int, delta, query, h compute.Tensor) error {
 		Sum:        sum.Rows(qi, qi+1).Reshape(s.t),
 		H:          h,
 	}
-	if err := Update(s.b, &s.upd); err != nil {
-		return err
-	}
-	s.has = s.upd.HasPartial
-	return nil
+	s.has = s.has || !delta.IsZero()
 }

@@ -38,8 +38,9 @@ const graphCapacity = 512
 // feed-forward sublayers (one graph per layer, bucket of rows and
 // buffers), the KDA token mixers (per layer, rows, buffers, the
 // sessions' states and row offsets: a replay updates the states it was
-// captured on) and the attention mixers' pieces around their cache
-// appends (dsa.Layer.Capture). A key's first call runs eagerly (it
+// captured on), the attention mixers' pieces around their cache appends
+// (dsa.Layer.Capture) and the AttnRes stream's steps
+// (attnres.Stream.Capture). A key's first call runs eagerly (it
 // creates what the piece creates on first use), its second is captured
 // and replayed, later ones are replayed. A piece that cannot be captured
 // (one that reads the device on the host) is marked and runs eagerly
@@ -78,13 +79,14 @@ const (
 	graphAttnProject // dsa.PieceProject, ...
 	graphAttnAttend
 	graphAttnOutput
+	graphAttnRes // a step of the AttnRes stream (the layer is the step)
 )
 
 // attnPart is the part of an attention mixer's piece.
 func attnPart(p dsa.Piece) graphPart { return graphAttnProject + graphPart(p) }
 
 // isMixer says whether a part belongs to a token mixer (GraphStats).
-func (p graphPart) isMixer() bool { return p != graphFeedForward }
+func (p graphPart) isMixer() bool { return p != graphFeedForward && p != graphAttnRes }
 
 // bufRef is a tensor's buffer, element offset and length: where a graph
 // reads or writes it. Entries hold the buffer, so no other tensor can
@@ -164,6 +166,20 @@ func (g *graphs) capture(bt *Batch, l int) func(dsa.Piece, int, []compute.Tensor
 		g.dep(deps...)
 		g.num(ints...)
 		return g.run(attnPart(p), l, rows, fn)
+	}
+}
+
+// attnres returns the attnres.Stream.Capture of p's stream: its steps
+// through the cache, but for traced passes and passes of more than
+// graphMaxRows rows.
+func (g *graphs) attnres(p *pass) func(int, int, []compute.Tensor, func() error) error {
+	return func(j, rows int, deps []compute.Tensor, fn func() error) error {
+		if p.traced || rows > graphMaxRows {
+			return fn()
+		}
+		g.begin()
+		g.dep(deps...)
+		return g.run(graphAttnRes, j, rows, fn)
 	}
 }
 

@@ -35,6 +35,8 @@ type pass struct {
 
 	vocab *vocab // a rank of a Group holding a slice of the vocabulary
 
+	traced bool // the running pass fills a Trace (its reads keep graphs off)
+
 	// taps, with a DSpark draft module, receive each pass's MLP-sublayer
 	// inputs of its target layers ([max, D] each), which sessions keep.
 	taps []compute.Tensor
@@ -107,6 +109,9 @@ func newPass(m *Model, max int) (*pass, error) {
 		if p.stream, err = attnres.NewStream(b, m.resQueries, m.outQuery, 2*cfg.AttnResBlockSize, max, float32(cfg.RMSNormEps)); err != nil {
 			return nil, err
 		}
+		if m.graphs != nil {
+			p.stream.Capture = m.graphs.attnres(p)
+		}
 	}
 	return p, nil
 }
@@ -140,6 +145,7 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int3
 	cfg := m.Config
 	t := len(tokens)
 	eps := float32(cfg.RMSNormEps)
+	p.traced = tr != nil
 	ids := p.ids.Rows(0, t)
 	// Through a pass-owned slice, passed by pointer: boxing the caller's
 	// slice in the interface would allocate on every step.
