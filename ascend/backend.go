@@ -221,6 +221,17 @@ func (g *Graph) Replay() error {
 	return g.g.replay(g.b.s)
 }
 
+// Bytes implements compute.Graph: the arena spans the graph keeps.
+func (g *Graph) Bytes() int64 {
+	g.b.mu.Lock()
+	defer g.b.mu.Unlock()
+	var n int64
+	for _, d := range g.keep {
+		n += int64(d.n)
+	}
+	return n
+}
+
 // Close destroys the graph and frees the buffers it kept, after queued
 // replays.
 func (g *Graph) Close() error {

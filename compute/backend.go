@@ -144,6 +144,9 @@ type Graph interface {
 	Replay() error
 	// Close releases the graph after the replays queued so far.
 	Close() error
+	// Bytes is the device memory the graph keeps for its replays (the
+	// scratch and workspaces of the captured operations).
+	Bytes() int64
 }
 
 // Streams is implemented by a backend that runs work on more than one

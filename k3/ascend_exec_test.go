@@ -157,6 +157,10 @@ func TestAscendDecodeGraphs(t *testing.T) {
 			require.Positive(t, gs.Replayed-gs.MixersReplayed, "%+v", gs)
 			require.Positive(t, gs.MixersCaptured, "%+v", gs)
 			require.Positive(t, gs.MixersReplayed, "%+v", gs)
+			// Counted while the model was open: the graphs kept and their memory.
+			require.Positive(t, gs.Kept, "%+v", gs)
+			require.LessOrEqual(t, int64(gs.Kept), gs.Captured, "%+v", gs)
+			require.Positive(t, gs.Bytes, "%+v", gs)
 			t.Logf("%+v", gs)
 		})
 	}

@@ -102,6 +102,7 @@ type graphEntry struct {
 	ints         []int32
 	calls        int
 	g            compute.Graph
+	bytes        int64 // the device memory g keeps
 	uncapturable bool
 }
 
@@ -225,6 +226,8 @@ func (g *graphs) run(part graphPart, l, rows int, fn func() error) error {
 		return fn()
 	}
 	e.g = gr
+	e.bytes = gr.Bytes()
+	g.stats.Bytes += e.bytes
 	g.count(part, &g.stats.Captured, &g.stats.MixersCaptured)
 	return gr.Replay()
 }
@@ -242,6 +245,7 @@ func (g *graphs) drop(el *list.Element) {
 	delete(g.byKey, e.key)
 	if e.g != nil {
 		e.g.Close()
+		g.stats.Bytes -= e.bytes
 	}
 }
 
@@ -262,11 +266,16 @@ func (g *graphs) close() {
 // they ran on a backend that captures graphs: Captured graphs recorded,
 // Replayed calls that replayed one, Eager calls run directly (a key's
 // first, and those of sublayers that could not be captured). The Mixers
-// fields are the token mixers' share of each. All zero on other backends
-// or with WithoutGraphs.
+// fields are the token mixers' share of each. Bytes is the device memory
+// the graphs kept now hold for their replays (scratch and workspaces,
+// outside the memory budget, which counts sequence state); Kept is how
+// many graphs are kept (at most 512, the least recently replayed closed
+// first). All zero on other backends or with WithoutGraphs.
 type GraphStats struct {
 	Captured, Replayed, Eager                   int64
 	MixersCaptured, MixersReplayed, MixersEager int64
+	Kept                                        int
+	Bytes                                       int64
 }
 
 // GraphStats reports the model's graph counters.
@@ -276,5 +285,11 @@ func (m *Model) GraphStats() GraphStats {
 	}
 	m.graphs.mu.Lock()
 	defer m.graphs.mu.Unlock()
-	return m.graphs.stats
+	st := m.graphs.stats
+	for el := m.graphs.lru.Front(); el != nil; el = el.Next() {
+		if el.Value.(*graphEntry).g != nil {
+			st.Kept++
+		}
+	}
+	return st
 }
