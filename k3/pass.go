@@ -215,6 +215,16 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int3
 				}
 			}
 		}
+		if m.graphs != nil && tr == nil && t <= graphMaxRows {
+			// The norm, the feed-forward and the residual add in one graph.
+			if err := p.feedForwardStep(l, t, useRes); err != nil {
+				return fmt.Errorf("k3: layer %d feed-forward: %w", l, err)
+			}
+			if useRes {
+				prev = mlpOut
+			}
+			continue
+		}
 		if err := b.RMSNorm(normed, in, ly.mlpNorm, eps); err != nil {
 			return err
 		}
@@ -319,6 +329,47 @@ func (p *pass) feedForwardGraph(l int, in, out compute.Tensor) error {
 	}
 	ml := p.mlpL[l]
 	return g.run(graphFeedForward, l, in.Dim(0), func() error { return ml.Forward(in, out) })
+}
+
+// feedForwardStep runs layer l's feed-forward sublayer of a pass of at
+// most graphMaxRows rows through the model's graphs: the norm of its input
+// (the AttnRes stream's h with useRes, else the residual x), the
+// feed-forward into mlpOut and, without useRes, the residual add, over
+// the rows padded to a bucket (the extra rows compute on whatever those
+// rows hold and land where no one reads: no row's result depends on the
+// others', and graphs run only without a parallel layout, so there is no
+// sum to take).
+func (p *pass) feedForwardStep(l, t int, useRes bool) error {
+	m, b := p.m, p.m.b
+	n := graphBucket(t, p.max)
+	in := p.x.Rows(0, n)
+	if useRes {
+		in = p.h.Rows(0, n)
+	}
+	normed, out, x := p.normed.Rows(0, n), p.mlpOut.Rows(0, n), p.x.Rows(0, n)
+	norm, eps := m.layers[l].mlpNorm, float32(m.Config.RMSNormEps)
+	me, ml := p.moeL[l], p.mlpL[l]
+	g := m.graphs
+	g.begin()
+	g.dep(in, normed, out, x)
+	if !useRes {
+		g.num(1)
+	}
+	return g.run(graphFeedForward, l, n, func() error {
+		if err := b.RMSNorm(normed, in, norm, eps); err != nil {
+			return err
+		}
+		var err error
+		if me != nil {
+			err = me.Forward(normed, out, compute.Tensor{}, compute.Tensor{})
+		} else {
+			err = ml.Forward(normed, out)
+		}
+		if err != nil || useRes {
+			return err
+		}
+		return b.Binary(compute.Add, x, x, out)
+	})
 }
 
 // ranges returns the row ranges a pass of t rows runs its products on:
