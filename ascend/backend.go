@@ -494,8 +494,9 @@ func narrow(v []float32, dt compute.DType) []uint16 {
 	return h
 }
 
-// put copies host values (a []float32 or []int32, or a pointer to one)
-// to t's elements from its first and waits for the copy; b.mu is held.
+// put copies host values (a []float32, []int32 or []uint16, or a pointer
+// to one) to t's elements from its first as they are and waits for the
+// copy; b.mu is held.
 func (b *Backend) put(t compute.Tensor, src any) error {
 	data, _, err := hostView(src)
 	if err != nil {
