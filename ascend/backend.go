@@ -541,20 +541,17 @@ func (b *Backend) Read(dst any, src compute.Tensor) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if wide == nil {
-		if d, _ := bufOf(src); d != nil && d.nz != nil {
-			return b.readNZ(data, src, d)
-		}
-		return b.get(dst, src)
+	var bits []uint16 // the 16-bit values a []float32 destination widens
+	if wide != nil {
+		bits = make([]uint16, len(wide))
+		dst, data = bits, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(bits))), 2*len(bits))
 	}
-	bits := make([]uint16, len(wide))
-	raw := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(bits))), 2*len(bits))
 	if d, _ := bufOf(src); d != nil && d.nz != nil {
-		err = b.readNZ(raw, src, d)
+		err = b.readNZ(data, src, d)
 	} else {
-		err = b.get(bits, src)
+		err = b.get(dst, src)
 	}
-	if err != nil {
+	if err != nil || wide == nil {
 		return err
 	}
 	if src.DType == compute.BF16 {

@@ -163,10 +163,7 @@ func (g *graphs) capture(bt *Batch, l int) func(dsa.Piece, int, []compute.Tensor
 		if bt.trace != nil || rows > graphMaxRows {
 			return fn()
 		}
-		g.begin()
-		g.dep(deps...)
-		g.num(ints...)
-		return g.run(attnPart(p), l, rows, fn)
+		return g.runOn(attnPart(p), l, rows, deps, ints, fn)
 	}
 }
 
@@ -178,10 +175,16 @@ func (g *graphs) attnres(p *pass) func(int, int, []compute.Tensor, func() error)
 		if p.traced || rows > graphMaxRows {
 			return fn()
 		}
-		g.begin()
-		g.dep(deps...)
-		return g.run(graphAttnRes, j, rows, fn)
+		return g.runOn(graphAttnRes, j, rows, deps, nil, fn)
 	}
+}
+
+// runOn is run with the signature deps and ints.
+func (g *graphs) runOn(part graphPart, l, rows int, deps []compute.Tensor, ints []int32, fn func() error) error {
+	g.begin()
+	g.dep(deps...)
+	g.num(ints...)
+	return g.run(part, l, rows, fn)
 }
 
 // matches says whether e was made for the signature being built.

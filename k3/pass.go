@@ -322,13 +322,16 @@ func (p *pass) feedForwardGraph(l int, in, out compute.Tensor) error {
 	g := p.m.graphs
 	g.begin()
 	g.dep(in, out)
+	return g.run(graphFeedForward, l, in.Dim(0), func() error { return p.feedForward(l, in, out) })
+}
+
+// feedForward runs layer l's MoE or MLP from in into out, alone: no
+// trace, no sum over ranks.
+func (p *pass) feedForward(l int, in, out compute.Tensor) error {
 	if me := p.moeL[l]; me != nil {
-		return g.run(graphFeedForward, l, in.Dim(0), func() error {
-			return me.Forward(in, out, compute.Tensor{}, compute.Tensor{})
-		})
+		return me.Forward(in, out, compute.Tensor{}, compute.Tensor{})
 	}
-	ml := p.mlpL[l]
-	return g.run(graphFeedForward, l, in.Dim(0), func() error { return ml.Forward(in, out) })
+	return p.mlpL[l].Forward(in, out)
 }
 
 // feedForwardStep runs layer l's feed-forward sublayer of a pass of at
@@ -348,7 +351,6 @@ func (p *pass) feedForwardStep(l, t int, useRes bool) error {
 	}
 	normed, out, x := p.normed.Rows(0, n), p.mlpOut.Rows(0, n), p.x.Rows(0, n)
 	norm, eps := m.layers[l].mlpNorm, float32(m.Config.RMSNormEps)
-	me, ml := p.moeL[l], p.mlpL[l]
 	g := m.graphs
 	g.begin()
 	g.dep(in, normed, out, x)
@@ -359,13 +361,7 @@ func (p *pass) feedForwardStep(l, t int, useRes bool) error {
 		if err := b.RMSNorm(normed, in, norm, eps); err != nil {
 			return err
 		}
-		var err error
-		if me != nil {
-			err = me.Forward(normed, out, compute.Tensor{}, compute.Tensor{})
-		} else {
-			err = ml.Forward(normed, out)
-		}
-		if err != nil || useRes {
+		if err := p.feedForward(l, normed, out); err != nil || useRes {
 			return err
 		}
 		return b.Binary(compute.Add, x, x, out)

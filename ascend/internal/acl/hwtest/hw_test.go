@@ -159,6 +159,13 @@ func f32bytes(v []float32) []byte {
 	return b
 }
 
+// normals fills v with normal deviates times scale, in order.
+func normals(rng *rand.Rand, v []float32, scale float64) {
+	for i := range v {
+		v[i] = float32(rng.NormFloat64() * scale)
+	}
+}
+
 func bytesF32(b []byte) []float32 {
 	v := make([]float32, len(b)/4)
 	for i := range v {
@@ -175,12 +182,8 @@ func TestHWMatmul(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	const M, N, K = 64, 128, 256
 	x, w := make([]float32, M*K), make([]float32, N*K)
-	for i := range x {
-		x[i] = float32(rng.NormFloat64())
-	}
-	for i := range w {
-		w[i] = float32(rng.NormFloat64())
-	}
+	normals(rng, x, 1)
+	normals(rng, w, 1)
 	bufs := make([]acl.DevPtr, 3)
 	for i, n := range []int{M * K, N * K, M * N} {
 		var err error
@@ -211,9 +214,7 @@ func TestHWMatmul(t *testing.T) {
 	require.NoError(t, err)
 	defer g.Destroy()
 	for range 2 {
-		for i := range x {
-			x[i] = float32(rng.NormFloat64())
-		}
+		normals(rng, x, 1)
 		require.NoError(t, ctx.CopyToDevice(bufs[0], f32bytes(x)))
 		require.NoError(t, g.Replay(s))
 		require.NoError(t, s.Sync())
@@ -325,9 +326,7 @@ func TestHWRecurrentGatedDeltaRule(t *testing.T) {
 	for i := range beta {
 		beta[i] = rng.Float32()
 	}
-	for i := range st {
-		st[i] = float32(0.1 * rng.NormFloat64())
-	}
+	normals(rng, st, 0.1)
 	const scale = 0.088
 	// The reference.
 	want, wantSt := make([]float64, T*H*D), make([]float64, len(st))
@@ -406,12 +405,8 @@ func TestHWMoeGatingTopK(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	const T, E, K, G, KG = 4, 64, 6, 8, 3
 	logits, bias := make([]float32, T*E), make([]float32, E)
-	for i := range logits {
-		logits[i] = float32(rng.NormFloat64())
-	}
-	for i := range bias {
-		bias[i] = float32(0.1 * rng.NormFloat64())
-	}
+	normals(rng, logits, 1)
+	normals(rng, bias, 0.1)
 	// The reference.
 	c := cpu.New(1)
 	defer c.Close()
@@ -463,9 +458,7 @@ func TestHWAmaxLog(t *testing.T) {
 	rng := rand.New(rand.NewPCG(9, 10))
 	const R, N = 5, 37
 	x := make([]float32, N*R) // stored [N, R]; read as [R, N]
-	for i := range x {
-		x[i] = float32(rng.NormFloat64() * 4)
-	}
+	normals(rng, x, 4)
 	xP := onDevice(t, ctx, f32bytes(x))
 	xT, err := ctx.NewTensor(acl.TensorDesc{DType: acl.Float, Format: acl.FormatND, Dims: []int64{R, N}, Strides: []int64{1, R}, Data: xP, StorageDims: []int64{N * R}})
 	require.NoError(t, err)
@@ -511,9 +504,7 @@ func TestHWMatmulNZ(t *testing.T) {
 	for _, s := range [][3]int{{4, 48, 64}, {3, 37, 21}} {
 		M, N, K := s[0], s[1], s[2]
 		x := make([]float32, M*K)
-		for i := range x {
-			x[i] = float32(rng.NormFloat64())
-		}
+		normals(rng, x, 1)
 		w := make([]uint16, N*K) // [N, K] row-major, bf16
 		for i := range w {
 			w[i] = floatx.BF16(float32(rng.NormFloat64()))
@@ -572,9 +563,7 @@ func TestHWMoeRoutingGroupedMatmul(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
 	const T, K, E, H, N = 6, 3, 5, 32, 48
 	x, idx := make([]float32, T*H), make([]int32, T*K)
-	for i := range x {
-		x[i] = float32(rng.NormFloat64())
-	}
+	normals(rng, x, 1)
 	count := make([]int, E)
 	for i := range idx {
 		idx[i] = int32(rng.IntN(E - 1)) // the last expert has no rows
@@ -672,12 +661,8 @@ func TestHWCrossStreamCapture(t *testing.T) {
 	rng := rand.New(rand.NewPCG(13, 14))
 	const M, K, N = 16, 64, 32
 	w1, w2 := make([]float32, K*K), make([]float32, N*K)
-	for i := range w1 {
-		w1[i] = float32(rng.NormFloat64() / 8)
-	}
-	for i := range w2 {
-		w2[i] = float32(rng.NormFloat64() / 8)
-	}
+	normals(rng, w1, 1.0/8)
+	normals(rng, w2, 1.0/8)
 	xP, yP, zP := onDevice(t, ctx, make([]byte, 4*M*K)), onDevice(t, ctx, make([]byte, 4*M*K)), onDevice(t, ctx, make([]byte, 4*M*N))
 	wT := func(p acl.DevPtr, n int) *acl.Tensor { // [K, n] view of a row-major [n, K] weight
 		x, err := ctx.NewTensor(acl.TensorDesc{DType: acl.Float, Dims: []int64{K, int64(n)}, Strides: []int64{1, K},
@@ -728,9 +713,7 @@ func TestHWCrossStreamCapture(t *testing.T) {
 	defer g.Destroy()
 	x := make([]float32, M*K)
 	for range 2 {
-		for i := range x {
-			x[i] = float32(rng.NormFloat64())
-		}
+		normals(rng, x, 1)
 		require.NoError(t, ctx.CopyToDevice(xP, f32bytes(x)))
 		require.NoError(t, g.Replay(main))
 		require.NoError(t, main.Sync())
