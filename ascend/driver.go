@@ -30,6 +30,9 @@ type driver interface {
 	inplaceCopy(dst, src tensorDesc) (prepared, error)
 	indexSelect(x tensorDesc, dim int, index, out tensorDesc) (prepared, error)
 	indexAdd(x tensorDesc, dim int, index, source tensorDesc, alpha scalar, out tensorDesc) (prepared, error)
+	// indexCopy is aclnnInplaceIndexCopy: x's slices at index along dim
+	// become source's, in place.
+	indexCopy(x tensorDesc, dim int, index, source tensorDesc) (prepared, error)
 	// amax is aclnnAmax over the last dimension of a 2-D x, keeping it:
 	// out [rows, 1].
 	amax(x, out tensorDesc) (prepared, error)

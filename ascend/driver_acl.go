@@ -122,6 +122,9 @@ func (d aclDriver) rgdr(q, k, v, beta, state, seqLens, stateIdx, g, gk tensorDes
 func (d aclDriver) indexSelect(x tensorDesc, dim int, index, out tensorDesc) (prepared, error) {
 	return wrapOp(d.ctx.IndexSelect(at(x), dim, at(index), at(out)))
 }
+func (d aclDriver) indexCopy(x tensorDesc, dim int, index, source tensorDesc) (prepared, error) {
+	return wrapOp(d.ctx.InplaceIndexCopy(at(x), dim, at(index), at(source)))
+}
 func (d aclDriver) indexAdd(x tensorDesc, dim int, index, source tensorDesc, alpha scalar, out tensorDesc) (prepared, error) {
 	return wrapOp(d.ctx.IndexAdd(at(x), dim, at(index), at(source), as(alpha), at(out)))
 }

@@ -925,6 +925,34 @@ func (d *hostDriver) indexSelect(x tensorDesc, dim int, index, out tensorDesc) (
 	return &hostOp{d: d, api: "aclnnIndexSelect", run: run}, nil
 }
 
+func (d *hostDriver) indexCopy(x tensorDesc, dim int, index, source tensorDesc) (prepared, error) {
+	api := "aclnnInplaceIndexCopyGetWorkspaceSize"
+	ts, err := operands(api, x, index, source)
+	if err != nil {
+		return nil, err
+	}
+	a, idx, src := ts[0], ts[1], ts[2]
+	w, ok1 := a.contiguousRows()
+	_, ok2 := src.contiguousRows()
+	if dim != 0 || !ok1 || !ok2 || len(idx.dims) != 1 || idx.dt != acl.Int32 || src.dt != a.dt ||
+		src.dims[0] != idx.dims[0] || src.count() != idx.dims[0]*w {
+		return nil, hostErr(acl.ACLNN, 161002, api, "dim %d, x %v, index %v, source %v: dim 0 of contiguous operands expected", dim, a.dims, idx.dims, src.dims)
+	}
+	run := func([]byte) error {
+		for i := int64(0); i < idx.dims[0]; i++ {
+			r := int64(idx.get(idx.offset + i*idx.strides[0]))
+			if r < 0 || r >= a.dims[0] {
+				return hostErr(acl.ACL, 507015, "aclnnInplaceIndexCopy", "index %d outside [0, %d)", r, a.dims[0])
+			}
+			for j := int64(0); j < w; j++ {
+				a.put(a.offset+r*w+j, src.get(src.offset+i*w+j))
+			}
+		}
+		return nil
+	}
+	return &hostOp{d: d, api: "aclnnInplaceIndexCopy", run: run}, nil
+}
+
 func (d *hostDriver) indexAdd(x tensorDesc, dim int, index, source tensorDesc, alpha scalar, out tensorDesc) (prepared, error) {
 	api := "aclnnIndexAddGetWorkspaceSize"
 	ts, err := operands(api, x, index, source, out)

@@ -33,6 +33,7 @@ func (b *Backend) KDAChunk(a *compute.KDAArgs) error {
 // kdaDims are the sizes of a KDAChunk call.
 type kdaDims struct {
 	T, H, Dk, Dv, N int
+	P               int // the states State holds: N, or a pool's size
 	cu              []int32
 }
 
@@ -79,7 +80,15 @@ func kdaShape(a *compute.KDAArgs) (kdaDims, bool) {
 		}
 	}
 	st, g, out := a.State, a.G, a.Out
-	ok := st.DType == compute.F32 && st.Dims[0] == d.N && st.Dims[1] == d.H && st.Dims[2] == d.Dv && st.Dims[3] == d.Dk &&
+	d.P = d.N
+	if !a.StateIdx.IsZero() {
+		// A pool: the indices must be one I32 per sequence.
+		d.P = st.Dims[0]
+		if a.StateIdx.DType != compute.I32 || a.StateIdx.Len() != d.N || d.P < d.N {
+			return d, false
+		}
+	}
+	ok := st.DType == compute.F32 && st.Dims[0] == d.P && st.Dims[1] == d.H && st.Dims[2] == d.Dv && st.Dims[3] == d.Dk &&
 		g.DType == compute.F32 && g.Dims[0] == d.T && g.Dims[1] == d.H && g.Dims[2] == d.Dk &&
 		out.DType == compute.F32 && out.Dims[0] == d.T && out.Dims[1] == d.H && out.Dims[2] == d.Dv &&
 		a.Beta.DType == compute.F32
@@ -186,39 +195,49 @@ func (d kdaDims) longest() int {
 }
 
 // recurrentPiece runs aclnnRecurrentGatedDeltaRule once over the tokens of
-// src, which belong to the sequences with offsets cu (sequence s in state
-// block blocks[s], nil meaning s); the token counts and state indices
-// are int32 constants on the device (constInts), so a decode step uploads
-// nothing. Sequences without tokens are left out of the call.
-func (b *Backend) recurrentPiece(a *compute.KDAArgs, d kdaDims, src kdaOperands, cu []int32, blocks ...int32) error {
+// src, which belong to the sequences with offsets cu (a piece of d.cu's);
+// the token counts and each token's sequence are int32 constants on the
+// device (constInts), so a decode step uploads nothing. A token's state
+// block is its sequence, or with a pool (StateIdx) the sequence's index,
+// gathered on the device. Sequences without tokens are left out of the
+// call.
+func (b *Backend) recurrentPiece(a *compute.KDAArgs, d kdaDims, src kdaOperands, cu []int32) error {
 	H, Dk, Dv := d.H, d.Dk, d.Dv
 	n := int(cu[len(cu)-1])
-	var lens, idx []int32
+	var lens, seq []int32
 	for s := range len(cu) - 1 {
 		c := cu[s+1] - cu[s]
 		if c == 0 {
 			continue
 		}
-		blk := int32(s)
-		if blocks != nil {
-			blk = blocks[s]
-		}
 		lens = append(lens, c)
 		for range c {
-			idx = append(idx, blk)
+			seq = append(seq, int32(s))
 		}
 	}
-	consts, err := b.constInts(append(lens, idx...))
+	consts, err := b.constInts(append(lens, seq...))
 	if err != nil {
 		return err
 	}
 	t3 := func(t compute.Tensor, w int) operand { return operand{t: t, view: i64(n, H, w)} }
 	lensT, idxT := part(consts, 0, len(lens)), part(consts, len(lens), n)
+	if !a.StateIdx.IsZero() {
+		slots, err := b.allocTensor(compute.I32, n)
+		if err != nil {
+			return err
+		}
+		defer b.freeBuf(slots.Mem.(*devBuf))
+		if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.indexSelect(ts[0], 0, ts[1], ts[2]) },
+			operand{t: a.StateIdx, view: i64(d.N)}, operand{t: idxT, view: i64(n)}, operand{t: slots, view: i64(n)}); err != nil {
+			return err
+		}
+		idxT = slots
+	}
 	scale := a.Scale
 	return b.run(func(ts []tensorDesc) (prepared, error) {
 		return b.drv.rgdr(ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], ts[6], nil, ts[7], scale, ts[8])
 	}, t3(src.q, Dk), t3(src.k, Dk), t3(src.v, Dv), operand{t: src.beta, view: i64(n, H)},
-		operand{t: a.State, view: i64(d.N, H, Dv, Dk)}, operand{t: lensT, view: i64(len(lens))}, operand{t: idxT, view: i64(n)},
+		operand{t: a.State, view: i64(d.P, H, Dv, Dk)}, operand{t: lensT, view: i64(len(lens))}, operand{t: idxT, view: i64(n)},
 		t3(src.decay, Dk), t3(src.out, Dv))
 }
 
@@ -255,10 +274,6 @@ func (b *Backend) recurrentPieces(a *compute.KDAArgs, d kdaDims, src kdaOperands
 	cp := func(dst, from operand) error {
 		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) }, dst, from)
 	}
-	blocks := make([]int32, N)
-	for s := range blocks {
-		blocks[s] = int32(s)
-	}
 	cu := make([]int32, N+1)
 	for p0 := 0; p0 < d.longest(); p0 += maxRecurrentTokens {
 		// This piece's tokens of each sequence, packed in sequence order.
@@ -278,7 +293,7 @@ func (b *Backend) recurrentPieces(a *compute.KDAArgs, d kdaDims, src kdaOperands
 			at += n
 		}
 		pieceOps := kdaOperands{q: piece[0], k: piece[1], v: piece[2], beta: piece[3], decay: piece[4], out: piece[5]}
-		if err := b.recurrentPiece(a, d, pieceOps, cu, blocks...); err != nil {
+		if err := b.recurrentPiece(a, d, pieceOps, cu); err != nil {
 			return err
 		}
 		at = 0
@@ -357,7 +372,10 @@ func (b *Backend) decayGate(a *compute.KDAArgs, gk, rate compute.Tensor, T, H, D
 // w[:, j] (Mul and Add, the taps broadcast over rows), then Silu; the
 // state becomes the window's last W-1 rows. aclnn has no causal-conv
 // operator (the Ascend recipes use a custom one), so this is the
-// device route until one is bound.
+// device route until one is bound. With a pool of states (StateIdx) the
+// sequences' rows are gathered into scratch first (aclnnIndexSelect) and
+// put back after (aclnnInplaceIndexCopy), the indices staying on the
+// device.
 func (b *Backend) CausalConv(a *compute.ConvArgs) error {
 	if a.X.Rank != 2 || a.Weight.Rank != 2 || a.Weight.Dims[0] != a.X.Dims[1] || a.Weight.Dims[1] < 2 ||
 		a.X.DType != compute.F32 || (a.Weight.DType != compute.F32 && a.Weight.DType != compute.BF16) ||
@@ -370,18 +388,38 @@ func (b *Backend) CausalConv(a *compute.ConvArgs) error {
 		cu = []int32{0, int32(T)}
 	}
 	N := len(cu) - 1
-	ok := N >= 1 && cu[0] == 0 && int(cu[N]) == T && a.State.Len() == N*(W-1)*C && a.Out.Len() == T*C
+	P := N
+	pooled := !a.StateIdx.IsZero()
+	if pooled {
+		P = a.State.Dims[0]
+	}
+	ok := N >= 1 && cu[0] == 0 && int(cu[N]) == T && a.State.Len() == P*(W-1)*C && a.Out.Len() == T*C &&
+		(!pooled || a.StateIdx.DType == compute.I32 && a.StateIdx.Len() == N && a.State.Rank == 3 && P >= N)
 	for s := 0; ok && s < N; s++ {
 		ok = cu[s+1] >= cu[s]
 	}
 	if !ok {
-		return fmt.Errorf("%w: conv input %v, weight %v, state %v, out %v, cu_seqlens %v", compute.ErrShape, a.X, a.Weight, a.State, a.Out, cu)
+		return fmt.Errorf("%w: conv input %v, weight %v, state %v, indices %v, out %v, cu_seqlens %v",
+			compute.ErrShape, a.X, a.Weight, a.State, a.StateIdx, a.Out, cu)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	maxN := 0
 	for s := range N {
 		maxN = max(maxN, int(cu[s+1]-cu[s]))
+	}
+	rows := func(t compute.Tensor, n int) operand { return operand{t: t, view: i64(n, (W-1)*C)} }
+	states := a.State
+	if pooled {
+		var err error
+		if states, err = b.allocTensor(compute.F32, N*(W-1)*C); err != nil {
+			return err
+		}
+		defer b.freeBuf(states.Mem.(*devBuf))
+		if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.indexSelect(ts[0], 0, ts[1], ts[2]) },
+			rows(a.State, P), operand{t: a.StateIdx, view: i64(N)}, rows(states, N)); err != nil {
+			return err
+		}
 	}
 	scratch, err := b.allocTensor(compute.F32, 2*(W-1+maxN)*C)
 	if err != nil {
@@ -406,7 +444,7 @@ func (b *Backend) CausalConv(a *compute.ConvArgs) error {
 		if n == 0 {
 			continue
 		}
-		state := a.State
+		state := states
 		state.Off += s * (W - 1) * C
 		if err := cp(at(win, 0, W-1), at(state, 0, W-1)); err != nil {
 			return err
@@ -439,6 +477,10 @@ func (b *Backend) CausalConv(a *compute.ConvArgs) error {
 		if err := cp(at(state, 0, W-1), at(win, n, W-1)); err != nil {
 			return err
 		}
+	}
+	if pooled {
+		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.indexCopy(ts[0], 0, ts[1], ts[2]) },
+			rows(a.State, P), operand{t: a.StateIdx, view: i64(N)}, rows(states, N))
 	}
 	return nil
 }

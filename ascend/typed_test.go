@@ -38,3 +38,9 @@ func TestTypedReadWrite(t *testing.T) {
 		require.Error(t, b.Write(w, wv), "a prepared weight is written only by PrepareMatMul")
 	})
 }
+
+// KDAChunk and CausalConv over a pool of states equal the calls over one
+// state per sequence, on both drivers.
+func TestStatePools(t *testing.T) {
+	eachDriver(t, 8<<20, func(t *testing.T, b *Backend) { computetest.StatePools(t, b) })
+}

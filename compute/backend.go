@@ -274,6 +274,13 @@ type KDAArgs struct {
 	Scale      float32
 	CuSeqlens  []int32
 	State, Out Tensor
+	// StateIdx, when set, makes State a pool of P states [P,H,Dv,Dk]:
+	// sequence s reads and writes row StateIdx[s] (I32 [N], a tensor of
+	// the backend, each in [0, P), no two alike). The indices stay on the
+	// device, so a captured step serves whichever sequences the indices
+	// written before its replay name (aclnnRecurrentGatedDeltaRule's
+	// ssmStateIdx).
+	StateIdx Tensor
 	// ChunkSize is the chunk length of the WY form (16 or 64); 0 runs the
 	// recurrence token by token.
 	ChunkSize int
@@ -336,9 +343,14 @@ type KDAStepArgs struct {
 // the raw inputs of each sequence's previous W-1 tokens (oldest first),
 // updated to the last W-1 rows of [State; X]. Out = SiLU(depthwise causal
 // convolution), tap W-1 being the current token.
+//
+// StateIdx, when set, makes State a pool [P, W-1, C]: sequence s reads
+// and writes row StateIdx[s] (I32 [N], each in [0, P), no two alike), as
+// in KDAArgs.
 type ConvArgs struct {
 	X, Weight, State, Out Tensor
 	CuSeqlens             []int32
+	StateIdx              Tensor
 }
 
 // IndexerArgs are the operands of LightningIndexer. Query row t (at

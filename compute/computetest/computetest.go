@@ -81,3 +81,90 @@ func TypedReadWrite(t *testing.T, b compute.Backend) {
 		require.ErrorIs(t, b.Read(c.src, c.dst), compute.ErrShape, "read %v into %T", c.dst, c.src)
 	}
 }
+
+// StatePools checks KDAChunk and CausalConv over a pool of states
+// (StateIdx) against the same calls over one state per sequence: the
+// outputs and the sequences' states bitwise equal, the pool's other rows
+// untouched. The sequences' token counts include one longer than eight
+// (a device's recurrent operator takes at most eight a call).
+func StatePools(t *testing.T, b compute.Backend) {
+	t.Helper()
+	const H, D, W, P = 2, 8, 4, 5
+	C := 3 * H * D
+	rng := rand.New(rand.NewPCG(97, 98))
+	normal := func(n int, scale float64) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(scale * rng.NormFloat64())
+		}
+		return v
+	}
+	tensor := func(v []float32, dims ...int) compute.Tensor {
+		x, err := b.Alloc(compute.F32, dims...)
+		require.NoError(t, err)
+		require.NoError(t, b.Write(x, v))
+		return x
+	}
+	read := func(x compute.Tensor) []float32 {
+		v := make([]float32, x.Len())
+		require.NoError(t, b.Read(v, x))
+		return v
+	}
+	for _, lens := range [][]int32{{1, 2, 1}, {1, 11, 2}} {
+		N := len(lens)
+		cu := make([]int32, N+1)
+		for i, n := range lens {
+			cu[i+1] = cu[i] + n
+		}
+		T := int(cu[N])
+		slots := []int32{4, 0, 2}[:N]
+		idx, err := b.Alloc(compute.I32, N)
+		require.NoError(t, err)
+		require.NoError(t, b.Write(idx, slots))
+
+		// The pools' rows, and the same sequences' rows packed in order.
+		convPool, sPool := normal(P*(W-1)*C, 1), normal(P*H*D*D, 0.3)
+		convRows, sRows := make([]float32, 0, N*(W-1)*C), make([]float32, 0, N*H*D*D)
+		for _, s := range slots {
+			convRows = append(convRows, convPool[int(s)*(W-1)*C:int(s+1)*(W-1)*C]...)
+			sRows = append(sRows, sPool[int(s)*H*D*D:int(s+1)*H*D*D]...)
+		}
+		x, wt := normal(T*C, 1), normal(C*W, 0.5)
+		g, beta := normal(T*H*D, 1), normal(T*H, 1)
+		alog, dtb := normal(H, 0.5), normal(H*D, 0.5)
+
+		type result struct{ conv, convState, out, state []float32 }
+		run := func(pooled bool) result {
+			xs, ws := tensor(x, T, C), tensor(wt, C, W)
+			convOut, _ := b.Alloc(compute.F32, T, C)
+			ca := compute.ConvArgs{X: xs, Weight: ws, Out: convOut, CuSeqlens: cu}
+			ka := compute.KDAArgs{G: tensor(g, T, H, D), Beta: tensor(beta, T, H), ALog: tensor(alog, H), DTBias: tensor(dtb, H*D),
+				Gate: compute.GateSoftplus, Preprocess: true, Scale: float32(1 / math.Sqrt(D)), CuSeqlens: cu}
+			if pooled {
+				ca.State, ca.StateIdx = tensor(convPool, P, W-1, C), idx
+				ka.State, ka.StateIdx = tensor(sPool, P, H, D, D), idx
+			} else {
+				ca.State, ka.State = tensor(convRows, N, W-1, C), tensor(sRows, N, H, D, D)
+			}
+			require.NoError(t, b.CausalConv(&ca), "conv, pooled %v", pooled)
+			ka.QKV = convOut
+			ka.Out, _ = b.Alloc(compute.F32, T, H, D)
+			require.NoError(t, b.KDAChunk(&ka), "KDA, pooled %v", pooled)
+			return result{read(convOut), read(ca.State), read(ka.Out), read(ka.State)}
+		}
+		alone, pool := run(false), run(true)
+		require.Equal(t, alone.conv, pool.conv, "lens %v: conv outputs", lens)
+		require.Equal(t, alone.out, pool.out, "lens %v: KDA outputs", lens)
+		for i, s := range slots {
+			cw, sw := (W-1)*C, H*D*D
+			require.Equal(t, alone.convState[i*cw:(i+1)*cw], pool.convState[int(s)*cw:int(s+1)*cw], "lens %v: conv state of sequence %d", lens, i)
+			require.Equal(t, alone.state[i*sw:(i+1)*sw], pool.state[int(s)*sw:int(s+1)*sw], "lens %v: state of sequence %d", lens, i)
+		}
+		for _, r := range []int{1, 3} { // rows no sequence names
+			cw, sw := (W-1)*C, H*D*D
+			require.Equal(t, convPool[r*cw:(r+1)*cw], pool.convState[r*cw:(r+1)*cw], "lens %v: conv pool row %d", lens, r)
+			require.Equal(t, sPool[r*sw:(r+1)*sw], pool.state[r*sw:(r+1)*sw], "lens %v: pool row %d", lens, r)
+		}
+		require.NotEqual(t, convRows, alone.convState, "the conv states moved")
+	}
+}

@@ -17,7 +17,8 @@ type kdaJob struct {
 	state, out        []float32
 	cu                []int32
 	h, dk, dv, nseq   int
-	qStride, vStride  int // elements per token of q and k, and of v
+	slots             []int32 // the pool rows of the sequences' states; nil: row s
+	qStride, vStride  int     // elements per token of q and k, and of v
 	chunk             int
 	scale, lowerBound float32
 }
@@ -118,7 +119,13 @@ func (b *Backend) kdaPrepare(a *compute.KDAArgs) (*kdaJob, error) {
 			return nil, shapeErr("kda cu_seqlens %v decreases", j.cu)
 		}
 	}
-	j.state = get("state", a.State, j.nseq, h, dv, dk)
+	if a.StateIdx.IsZero() {
+		j.state, j.slots = get("state", a.State, j.nseq, h, dv, dk), nil
+	} else if a.State.Rank != 4 {
+		return nil, shapeErr("kda state pool %v, want [P, %d, %d, %d]", a.State, h, dv, dk)
+	} else if j.state = get("state", a.State, a.State.Dims[0], h, dv, dk); err == nil {
+		j.slots, err = stateSlots("kda", a.StateIdx, j.nseq, a.State.Dims[0])
+	}
 	if a.Gate != compute.GateGiven {
 		j.alog = get("A_log", a.ALog, h)
 		j.dtb = get("dt_bias", a.DTBias, h*dk)
@@ -162,7 +169,11 @@ func kdaRange(args *kernel.Args, lo, hi int) {
 			continue
 		}
 		j.load(sc, hd, t0, t1)
-		st := j.state[(n*j.h+hd)*j.dk*j.dv : (n*j.h+hd+1)*j.dk*j.dv]
+		row := n
+		if j.slots != nil {
+			row = int(j.slots[n])
+		}
+		st := j.state[(row*j.h+hd)*j.dk*j.dv : (row*j.h+hd+1)*j.dk*j.dv]
 		if j.chunk == 0 {
 			j.recurrent(sc, st, hd, t0, t1)
 		} else {

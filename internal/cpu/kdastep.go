@@ -25,8 +25,22 @@ func (b *Backend) CausalConv(a *compute.ConvArgs) error {
 	if n < 1 || cu[0] != 0 || int(cu[n]) != t {
 		return shapeErr("conv cu_seqlens %v for %d tokens", cu, t)
 	}
-	if err := compute.CheckShape("conv state", a.State, compute.F32, n, w-1, ch); err != nil {
-		return err
+	var slots []int32
+	if a.StateIdx.IsZero() {
+		if err := compute.CheckShape("conv state", a.State, compute.F32, n, w-1, ch); err != nil {
+			return err
+		}
+	} else {
+		if a.State.Rank != 3 {
+			return shapeErr("conv state pool %v, want [P, %d, %d]", a.State, w-1, ch)
+		}
+		if err := compute.CheckShape("conv state pool", a.State, compute.F32, a.State.Dims[0], w-1, ch); err != nil {
+			return err
+		}
+		var err error
+		if slots, err = stateSlots("conv", a.StateIdx, n, a.State.Dims[0]); err != nil {
+			return err
+		}
 	}
 	if err := compute.CheckShape("conv output", a.Out, compute.F32, t, ch); err != nil {
 		return err
@@ -45,14 +59,41 @@ func (b *Backend) CausalConv(a *compute.ConvArgs) error {
 	wT := b.convTaps(a.Weight, wt, ch, w)
 	for s := 0; s < n; s++ {
 		t0, t1 := int(cu[s]), int(cu[s+1])
+		row := s
+		if slots != nil {
+			row = int(slots[s])
+		}
 		sc.job = convJob{out: out[t0*ch : t1*ch], x: x[t0*ch : t1*ch], wT: wT,
-			state: st[s*(w-1)*ch : (s+1)*(w-1)*ch], t: t1 - t0, ch: ch, w: w}
+			state: st[row*(w-1)*ch : (row+1)*(w-1)*ch], t: t1 - t0, ch: ch, w: w}
 		// Channels are independent: each worker takes one contiguous range
 		// (whole vectors), so every call of the vector kernels below covers
 		// that range (per-call costs dominated with 64-channel blocks).
 		b.pool.Run(convChannels, kernel.Args{Job: &sc.job}, ch, 8)
 	}
 	return nil
+}
+
+// stateSlots checks a state pool's indices (I32 [n], each in [0, p), no
+// two alike: two sequences writing one state would race) and returns them.
+func stateSlots(op string, idx compute.Tensor, n, p int) ([]int32, error) {
+	if err := compute.CheckShape(op+" state indices", idx, compute.I32, n); err != nil {
+		return nil, err
+	}
+	slots := I32(idx)
+	if slots == nil {
+		return nil, shapeErr("%s state indices %v are not a tensor of this backend", op, idx)
+	}
+	for i, v := range slots {
+		if v < 0 || int(v) >= p {
+			return nil, shapeErr("%s state index %d of sequence %d outside a pool of %d", op, v, i, p)
+		}
+		for _, u := range slots[:i] {
+			if u == v {
+				return nil, shapeErr("%s state index %d given to two sequences", op, v)
+			}
+		}
+	}
+	return slots, nil
 }
 
 type convJob struct {

@@ -48,3 +48,27 @@ func TestTypedReadWrite(t *testing.T) {
 	}
 	require.ErrorIs(t, b.Write(p, want), compute.ErrShape, "a prepared weight is written only by PrepareMatMul")
 }
+
+// KDAChunk and CausalConv over a pool of states equal the calls over one
+// state per sequence; bad indices are refused, naming the index.
+func TestStatePools(t *testing.T) {
+	b := New(2)
+	defer b.Close()
+	computetest.StatePools(t, b)
+
+	pool, err := b.Alloc(compute.F32, 3, 1, 4)
+	require.NoError(t, err)
+	x, _ := b.Alloc(compute.F32, 2, 4)
+	w, _ := b.Alloc(compute.F32, 4, 2)
+	out, _ := b.Alloc(compute.F32, 2, 4)
+	idx, _ := b.Alloc(compute.I32, 2)
+	for _, c := range []struct {
+		slots []int32
+		want  string
+	}{{[]int32{0, 3}, "index 3 of sequence 1 outside a pool of 3"}, {[]int32{1, 1}, "index 1 given to two sequences"}, {[]int32{-1, 0}, "index -1"}} {
+		require.NoError(t, b.Write(idx, c.slots))
+		err := b.CausalConv(&compute.ConvArgs{X: x, Weight: w, State: pool, StateIdx: idx, Out: out, CuSeqlens: []int32{0, 1, 2}})
+		require.ErrorIs(t, err, compute.ErrShape)
+		require.ErrorContains(t, err, c.want)
+	}
+}

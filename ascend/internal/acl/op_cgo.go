@@ -340,6 +340,14 @@ func (c *Context) IndexSelect(x *Tensor, dim int, index, out *Tensor) (*Op, erro
 	})
 }
 
+// InplaceIndexCopy prepares x's slices at index along dim replaced by
+// source's, in place (aclnnInplaceIndexCopy).
+func (c *Context) InplaceIndexCopy(x *Tensor, dim int, index, source *Tensor) (*Op, error) {
+	return c.prepare("aclnnInplaceIndexCopy", func(fn unsafe.Pointer, api *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_prepare_tltt(c.c, fn, api, x.t, C.int64_t(dim), index.t, source.t, ws, exec, e)
+	})
+}
+
 // IndexAdd prepares out = x with alpha·source's slices added at index
 // along dim (aclnnIndexAdd).
 func (c *Context) IndexAdd(x *Tensor, dim int, index, source *Tensor, alpha *Scalar, out *Tensor) (*Op, error) {

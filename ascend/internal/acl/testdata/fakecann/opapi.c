@@ -669,9 +669,9 @@ int aclnnIndexSelectGetWorkspaceSize(void *self, int64_t dim, void *index, void 
 	int rc = fk_need_context();
 	if (rc) return rc;
 	void *ts[3] = {self, index, out};
-	if ((rc = check_tensors_i("aclnnIndexSelect", 3, ts, 2))) return rc;
+	if ((rc = check_tensors_i("aclnnIndexSelect", 3, ts, 7))) return rc;
 	const fk_tensor *x = self, *i = index, *o = out;
-	if (dim != 0 || i->nd != 1 || i->dtype != 3 || !contiguous(x) || !contiguous(o) || o->dims[0] != i->dims[0] ||
+	if (dim != 0 || i->nd != 1 || i->dtype != 3 || x->dtype != o->dtype || !contiguous(x) || !contiguous(o) || o->dims[0] != i->dims[0] ||
 		count(o) != i->dims[0] * row_elems(x)) {
 		fk_set_error("aclnnIndexSelect: dim 0 of contiguous operands with int32 indices [n] expected");
 		return ACLNN_ERR_PARAM_INVALID;
@@ -688,6 +688,46 @@ int aclnnIndexSelectGetWorkspaceSize(void *self, int64_t dim, void *index, void 
 
 int aclnnIndexSelect(void *ws, uint64_t wsSize, void *exec, void *stream) {
 	return fk_launch("aclnnIndexSelect", ws, wsSize, exec, stream);
+}
+
+static int run_index_copy(fk_exec *e, void *ws) {
+	(void)ws;
+	const fk_tensor *x = &e->t[0], *idx = &e->t[1], *src = &e->t[2];
+	int64_t n = idx->dims[0], w = row_elems(x), rows = x->dims[0];
+	for (int64_t i = 0; i < n; i++) {
+		int64_t r = (int64_t)fk_get(idx, idx->offset + i * idx->strides[0]);
+		if (r < 0 || r >= rows) {
+			fk_set_error("aclnnInplaceIndexCopy: index %lld outside [0, %lld)", (long long)r, (long long)rows);
+			return ACL_ERROR_RT_AICORE_EXCEPTION;
+		}
+		for (int64_t j = 0; j < w; j++) fk_put(x, x->offset + r * w + j, fk_get(src, src->offset + i * w + j));
+	}
+	return 0;
+}
+
+int aclnnInplaceIndexCopyGetWorkspaceSize(void *self, int64_t dim, void *index, void *source, uint64_t *ws, void **exec) {
+	int rc = fk_need_context();
+	if (rc) return rc;
+	void *ts[3] = {self, index, source};
+	if ((rc = check_tensors_i("aclnnInplaceIndexCopy", 3, ts, 2))) return rc;
+	const fk_tensor *x = self, *i = index, *s = source;
+	if (dim != 0 || i->nd != 1 || i->dtype != 3 || !contiguous(x) || !contiguous(s) || s->dims[0] != i->dims[0] ||
+		s->dtype != x->dtype || count(s) != i->dims[0] * row_elems(x)) {
+		fk_set_error("aclnnInplaceIndexCopy: dim 0 of contiguous operands of one dtype with int32 indices [n] expected");
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	fk_exec *e = fk_exec_new();
+	e->t[0] = *x;
+	e->t[1] = *i;
+	e->t[2] = *s;
+	e->run = run_index_copy;
+	*ws = 0;
+	*exec = e;
+	return 0;
+}
+
+int aclnnInplaceIndexCopy(void *ws, uint64_t wsSize, void *exec, void *stream) {
+	return fk_launch("aclnnInplaceIndexCopy", ws, wsSize, exec, stream);
 }
 
 static int run_index_add(fk_exec *e, void *ws) {
