@@ -244,6 +244,15 @@ type Seqs struct {
 	// Records, when not the zero Tensor, receives each exact row's replay
 	// record ([rows of the exact sequences, RecordLen]); chunks have none.
 	Records compute.Tensor
+	// Pool, when set, is a pool of states ([P, ...] each) whose rows the
+	// exact sequences' States are: sequence s is row Slots[s] (Slots I32,
+	// at least Exact long, written by the caller). A backend without the
+	// fused step then runs the exact rows' composition in one call over
+	// the pool, the rows selected on the device (CausalConv's and
+	// KDAChunk's StateIdx), so that the calls name the pool and the slots
+	// tensor, not the sequences.
+	Pool  *State
+	Slots compute.Tensor
 }
 
 // Forward runs the layer over x [R, hidden], the packed new tokens of the
@@ -273,7 +282,14 @@ func (l *Layer) Forward(x compute.Tensor, s *Seqs, y compute.Tensor) error {
 	}
 	e := int(s.Cu[s.Exact])
 	if s.Exact > 0 {
-		if err := l.step(x.Rows(0, e), s.States[:s.Exact], s.Cu[:s.Exact+1], s.Records, y.Rows(0, e)); err != nil {
+		var pool pooled
+		if s.Pool != nil {
+			if s.Slots.Rank != 1 || s.Slots.Len() < s.Exact {
+				return fmt.Errorf("kda: %d slots for %d exact sequences", s.Slots.Len(), s.Exact)
+			}
+			pool = pooled{s.Pool, s.Slots.Rows(0, s.Exact)}
+		}
+		if err := l.step(x.Rows(0, e), s.States[:s.Exact], pool, s.Cu[:s.Exact+1], s.Records, y.Rows(0, e)); err != nil {
 			return err
 		}
 	}
@@ -283,8 +299,15 @@ func (l *Layer) Forward(x compute.Tensor, s *Seqs, y compute.Tensor) error {
 	return nil
 }
 
+// pooled is a pool of states and the rows of it that a call's sequences
+// are; the zero pooled is none.
+type pooled struct {
+	states *State
+	slots  compute.Tensor
+}
+
 // step runs the fused decode step over the exact rows.
-func (l *Layer) step(x compute.Tensor, states []*State, cu []int32, records, y compute.Tensor) error {
+func (l *Layer) step(x compute.Tensor, states []*State, pool pooled, cu []int32, records, y compute.Tensor) error {
 	l.convs, l.states = l.convs[:0], l.states[:0]
 	for _, st := range states {
 		l.convs = append(l.convs, st.Conv.Reshape(st.Conv.Dims[1], st.Conv.Dims[2]))
@@ -296,7 +319,7 @@ func (l *Layer) step(x compute.Tensor, states []*State, cu []int32, records, y c
 		// A backend without the fused step gets the same layer from the
 		// smaller operations: the chunked path with the recurrence run
 		// token by token (equal within rounding, not bitwise).
-		return l.chunksWith(x, states, cu, y, 0)
+		return l.chunksWith(x, states, pool, cu, y, 0)
 	}
 	if err != nil {
 		return fmt.Errorf("kda: decode step: %w", err)
@@ -308,11 +331,13 @@ func (l *Layer) step(x compute.Tensor, states []*State, cu []int32, records, y c
 // projection over all rows at once, the short conv and the recurrence per
 // sequence (rows cu[i]-cu[0] to cu[i+1]-cu[0]-1, continuing states[i]).
 func (l *Layer) chunks(x compute.Tensor, states []*State, cu []int32, y compute.Tensor) error {
-	return l.chunksWith(x, states, cu, y, l.cfg.ChunkSize)
+	return l.chunksWith(x, states, pooled{}, cu, y, l.cfg.ChunkSize)
 }
 
-// chunksWith is chunks with the given chunk size (0: token by token).
-func (l *Layer) chunksWith(x compute.Tensor, states []*State, cu []int32, y compute.Tensor, chunkSize int) error {
+// chunksWith is chunks with the given chunk size (0: token by token); with
+// a pool (cu[0] = 0), the short conv and the recurrence run once over all
+// sequences, their states the pool's rows.
+func (l *Layer) chunksWith(x compute.Tensor, states []*State, pool pooled, cu []int32, y compute.Tensor, chunkSize int) error {
 	t := x.Dim(0)
 	h, d := l.cfg.NumHeads, l.cfg.HeadDim
 	raw, conv := l.raw.Rows(0, t), l.conv.Rows(0, t)
@@ -335,6 +360,22 @@ func (l *Layer) chunksWith(x compute.Tensor, states []*State, cu []int32, y comp
 	}
 	core := l.core.Rows(0, t)
 	scale := float32(1 / math.Sqrt(float64(d)))
+	if pool.states != nil {
+		l.convArgs = compute.ConvArgs{X: raw, Weight: l.W.Conv, State: pool.states.Conv, StateIdx: pool.slots, Out: conv, CuSeqlens: cu}
+		if err := b.CausalConv(&l.convArgs); err != nil {
+			return fmt.Errorf("kda: short conv: %w", err)
+		}
+		l.chunkArgs = compute.KDAArgs{
+			QKV: conv, G: graw.Reshape(t, h, d), Beta: beta,
+			ALog: l.W.ALog, DTBias: l.W.DTBias, Gate: l.W.Gate, LowerBound: l.W.LowerBound,
+			Preprocess: true, Scale: scale, CuSeqlens: cu,
+			State: pool.states.S, StateIdx: pool.slots, Out: core.Reshape(t, h, d), ChunkSize: chunkSize,
+		}
+		if err := b.KDAChunk(&l.chunkArgs); err != nil {
+			return fmt.Errorf("kda: core: %w", err)
+		}
+		states = nil
+	}
 	for i, st := range states {
 		r0, r1 := int(cu[i]-cu[0]), int(cu[i+1]-cu[0])
 		l.convArgs = compute.ConvArgs{X: raw.Rows(r0, r1), Weight: l.W.Conv, State: st.Conv, Out: conv.Rows(r0, r1)}

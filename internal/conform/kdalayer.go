@@ -173,6 +173,9 @@ func runKDALayerDecode(ctx context.Context, b compute.Backend, path string, chk 
 	if err := runKDALayerDecodeOn(unfused{b}, path, chk, " (composed)"); err != nil {
 		return err
 	}
+	if err := runKDALayerDecodeWith(unfused{b}, nil, path, chk, " (pooled)", true); err != nil {
+		return err
+	}
 	if c, ok := b.(capturer); ok {
 		return runKDALayerDecodeGraph(unfused{b}, c, path, chk)
 	}
@@ -183,17 +186,22 @@ func runKDALayerDecode(ctx context.Context, b compute.Backend, path string, chk 
 type capturer = compute.Capturer
 
 func runKDALayerDecodeOn(b compute.Backend, path string, chk *checker, route string) error {
-	return runKDALayerDecodeWith(b, nil, path, chk, route)
+	return runKDALayerDecodeWith(b, nil, path, chk, route, false)
 }
 
 // runKDALayerDecodeGraph is the decode case with every step after the
 // first replayed from a graph captured once: the input is written into
 // the same tensor before each replay, and the states advance in place.
 func runKDALayerDecodeGraph(b compute.Backend, c capturer, path string, chk *checker) error {
-	return runKDALayerDecodeWith(b, c, path, chk, " (graph)")
+	return runKDALayerDecodeWith(b, c, path, chk, " (graph)", false)
 }
 
-func runKDALayerDecodeWith(b compute.Backend, c capturer, path string, chk *checker, route string) error {
+// runKDALayerDecodeWith runs the decode case on b, capturing the steps
+// with c when set. With pooled, the sequences' states are rows of one
+// pool in reverse order, row 0 no sequence's, and the decode steps name
+// the pool and the rows (kda.Seqs.Pool): a backend without the fused step
+// runs them through CausalConv's and KDAChunk's StateIdx.
+func runKDALayerDecodeWith(b compute.Backend, c capturer, path string, chk *checker, route string, pooled bool) error {
 	f, err := openCase(path)
 	if err != nil {
 		return err
@@ -223,9 +231,43 @@ func runKDALayerDecodeWith(b compute.Backend, c capturer, path string, chk *chec
 	if err != nil {
 		return err
 	}
-	st, err := kda.NewState(b, cfg, bsz)
+	rows := bsz
+	if pooled {
+		rows++
+	}
+	st, err := kda.NewState(b, cfg, rows)
 	if err != nil {
 		return err
+	}
+	slots := make([]int32, bsz) // each sequence's row of st
+	for i := range slots {
+		slots[i] = int32(i)
+		if pooled {
+			slots[i] = int32(bsz - i)
+		}
+	}
+	// states reads st's rows in sequence order.
+	states := func(t compute.Tensor) ([]float32, error) {
+		all, err := download(b, t)
+		if err != nil {
+			return nil, err
+		}
+		per := len(all) / rows
+		out := make([]float32, 0, bsz*per)
+		for _, r := range slots {
+			out = append(out, all[int(r)*per:int(r+1)*per]...)
+		}
+		if pooled {
+			chk.close("unused pool row"+route, all[:per], make([]float32, per), 0, 0)
+		}
+		return out, nil
+	}
+	seqs := func(cu []int32, exact int) *kda.Seqs {
+		s := &kda.Seqs{Cu: cu, Exact: exact}
+		for _, r := range slots {
+			s.States = append(s.States, st.Seq(int(r)))
+		}
+		return s
 	}
 	cu := make([]int32, bsz+1)
 	for i := range cu {
@@ -236,7 +278,7 @@ func runKDALayerDecodeWith(b compute.Backend, c capturer, path string, chk *chec
 		return err
 	}
 	y, _ := b.Alloc(compute.F32, bsz*t, cfg.Hidden)
-	if err := layer.Forward(xt, kdaSeqs(st, cu, 0), y); err != nil {
+	if err := layer.Forward(xt, seqs(cu, 0), y); err != nil {
 		return err
 	}
 	for _, c := range []struct {
@@ -244,6 +286,9 @@ func runKDALayerDecodeWith(b compute.Backend, c capturer, path string, chk *chec
 		t    compute.Tensor
 	}{{"y_prefill", y}, {"conv_state_after_prefill", st.Conv}, {"state_after_prefill", st.S}} {
 		got, err := download(b, c.t)
+		if c.name != "y_prefill" {
+			got, err = states(c.t)
+		}
 		if err != nil {
 			return err
 		}
@@ -281,7 +326,17 @@ func runKDALayerDecodeWith(b compute.Backend, c capturer, path string, chk *chec
 	for i := range stepRows {
 		stepRows[i] = int32(i)
 	}
-	steps1 := kdaSeqs(st, stepRows, bsz)
+	steps1 := seqs(stepRows, bsz)
+	if pooled {
+		idx, err := b.Alloc(compute.I32, bsz)
+		if err != nil {
+			return err
+		}
+		if err := b.Write(idx, slots); err != nil {
+			return err
+		}
+		steps1.Pool, steps1.Slots = st, idx
+	}
 	var g compute.Graph
 	defer func() {
 		if g != nil {
@@ -319,6 +374,9 @@ func runKDALayerDecodeWith(b compute.Backend, c capturer, path string, chk *chec
 			{"state_after_step", st.S, pick(wantS, s, cfg.NumHeads*cfg.HeadDim*cfg.HeadDim)},
 		} {
 			got, err := download(b, c.t)
+			if c.name != "y_decode" {
+				got, err = states(c.t)
+			}
 			if err != nil {
 				return err
 			}
