@@ -37,6 +37,13 @@ type Batch struct {
 	nExact  int     // sessions of the running pass that are exact runs
 	passes  []batchPass
 	trace   *Trace // a single session's trace, while it runs
+
+	// With state slabs: the running pass's exact sessions' slots (I32
+	// [slabSize], written before the pass) and their slab, nil when they
+	// are not in one.
+	slots    compute.Tensor
+	slotHost []int32
+	slab     *slab
 }
 
 // NewBatch prepares a batch of up to max rows per pass: max sessions a
@@ -91,6 +98,12 @@ func (m *Model) newBatch(max int) (*Batch, error) {
 			ml.Capture = m.graphs.capture(bt, len(bt.mlaL))
 		}
 		bt.kdaL, bt.mlaL = append(bt.kdaL, kl), append(bt.mlaL, ml)
+	}
+	if m.slabs != nil {
+		if bt.slots, err = m.b.Alloc(compute.I32, slabSize); err != nil {
+			return nil, err
+		}
+		bt.slotHost = make([]int32, 0, slabSize)
 	}
 	return bt, nil
 }
@@ -230,6 +243,9 @@ func (bt *Batch) execute(sessions []*Session, cu, ids []int32, out []float32, ro
 			bt.cu = append(bt.cu, int32(len(bt.ids)))
 		}
 		bt.nExact = ps.exact
+		if err := bt.writeSlots(); err != nil {
+			return err
+		}
 		bt.p.split = int(bt.cu[ps.exact])
 		bt.picked = bt.picked[:0]
 		for j, i := range ps.sessions {
@@ -303,7 +319,7 @@ func (bt *Batch) execute(sessions []*Session, cu, ids []int32, out []float32, ro
 // forget drops the batch's references to the sessions of the last call,
 // so that a workspace kept by the model holds no closed session alive.
 func (bt *Batch) forget() {
-	bt.kdaSeqs, bt.dsaSeqs = kda.Seqs{}, dsa.Seqs{}
+	bt.kdaSeqs, bt.dsaSeqs, bt.slab = kda.Seqs{}, dsa.Seqs{}, nil
 	clear(bt.cur[:cap(bt.cur)])
 	clear(bt.states[:cap(bt.states)])
 	clear(bt.caches[:cap(bt.caches)])
@@ -375,6 +391,9 @@ func (bt *Batch) mixLayer(l int, normed, out compute.Tensor) error {
 			bt.states = append(bt.states, s.kdaSt[l])
 		}
 		bt.kdaSeqs = kda.Seqs{Cu: bt.cu, States: bt.states, Exact: ne}
+		if bt.slab != nil {
+			bt.kdaSeqs.Pool, bt.kdaSeqs.Slots = bt.slab.pools[l], bt.slots
+		}
 		if ne > 0 {
 			bt.kdaSeqs.Records = bt.rec.rows(e)
 		}
@@ -412,11 +431,19 @@ func (bt *Batch) kdaForward(l int, kl *kda.Layer, normed, out compute.Tensor) er
 	if g == nil || bt.trace != nil || s.Exact != len(s.States) || t > graphMaxRows || !s.Records.IsZero() {
 		return kl.Forward(normed, s, out)
 	}
-	// A replay updates the states it was captured on, which the key holds.
 	g.begin()
 	g.dep(normed, out)
-	for _, st := range s.States {
-		g.dep(st.S, st.Conv)
+	if s.Pool != nil && kl.Composes() {
+		// The composition reads the states through the slots written
+		// before the pass: the key holds the pools and the slots tensor,
+		// whichever sessions fill them.
+		g.dep(s.Pool.Conv, s.Pool.S, s.Slots)
+	} else {
+		// A replay updates the states it was captured on, which the key
+		// holds.
+		for _, st := range s.States {
+			g.dep(st.S, st.Conv)
+		}
 	}
 	g.num(s.Cu...)
 	return g.run(graphKDA, l, t, func() error { return kl.Forward(normed, s, out) })

@@ -142,6 +142,7 @@ type Model struct {
 	act                  compute.Activation
 	tok                  tokenizer.Tokenizer
 	graphs               *graphs      // decode graphs on a capturing backend, or nil
+	slabs                *slabs       // KDA states in slabs, with graphs
 	dense                bool         // run DSA layers densely
 	rollback             int          // tokens back the sessions' replay logs reach (0: no logs)
 	snapInterval         int          // tokens between the sessions' state snapshots (0: none)
@@ -307,6 +308,7 @@ func newModel(ctx context.Context, cfg *config.Config, ck *safetensors.Checkpoin
 	}
 	if !o.eager && m.par == nil {
 		m.graphs = newGraphs(m.b)
+		m.slabs = newSlabs(m)
 	}
 	return m, nil
 }
@@ -320,6 +322,9 @@ func (m *Model) Close() error {
 		return nil
 	}
 	m.graphs.close()
+	if m.slabs != nil {
+		m.slabs.close()
+	}
 	var err error
 	if m.ownB && m.b != nil {
 		err = m.b.Close()

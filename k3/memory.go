@@ -32,6 +32,11 @@ type MemoryUsage struct {
 	// sessions may hold some of them too), and attention-cache pages
 	// released and kept for reuse (dsa.MaxFree a layer at most).
 	PrefixCache, FreePages int64
+	// FreeSlots is the bytes of the free slots of the KDA state slabs
+	// (on a backend that captures graphs, sessions' KDA states are slots
+	// of slabs of 16, each counted in Used whole); empty slabs are given
+	// back when sessions need the memory.
+	FreeSlots int64
 	// PageTokens is the attention caches' page size in tokens, PageBytes
 	// the memory of one page in every attention layer: what a sequence's
 	// attention state grows by each PageTokens tokens.
@@ -52,6 +57,9 @@ func (m *Model) MemoryUsage() MemoryUsage {
 	var u MemoryUsage
 	if m.prefix != nil {
 		u.PrefixCache = m.prefix.footprint()
+	}
+	if m.slabs != nil {
+		u.FreeSlots = m.slabs.spare()
 	}
 	for _, ly := range m.layers {
 		if ly.pages != nil {
@@ -115,8 +123,8 @@ func (l *ledger) add(n int64) {
 }
 
 // spare frees reclaimable memory for sessions that need n bytes: the
-// pools' free pages first, then the prefix cache's blocks, least recently
-// used first, with the pages they leave free.
+// pools' free pages and the empty slabs first, then the prefix cache's
+// blocks, least recently used first, with the pages they leave free.
 func (m *Model) spare(n int64) {
 	used := func() int64 {
 		m.mem.mu.Lock()
@@ -131,6 +139,9 @@ func (m *Model) spare(n int64) {
 					ly.pages.Trim(short)
 				}
 			}
+		}
+		if short := used() - target; short > 0 && m.slabs != nil {
+			m.slabs.trim(short)
 		}
 		if used() <= target || m.prefix == nil || !m.prefix.evictOne() {
 			return
@@ -152,7 +163,7 @@ func (l *ledger) over() int64 {
 // its attention-cache pages, which their pools count (once, however many
 // forks share them).
 func (s *Session) charge() {
-	n := s.StateBytes()
+	n := s.StateBytes() - s.slabBytes()
 	for _, c := range s.caches {
 		if c != nil {
 			n -= c.Bytes()

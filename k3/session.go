@@ -35,7 +35,10 @@ type Session struct {
 	m      *Model
 	kdaSt  []*kda.State
 	caches []*dsa.Cache
-	ws     *workspace // borrowed from the model for the length of a run
+	// slab, when set, holds the KDA states (kdaSt are views of its slot).
+	slab *slab
+	slot int
+	ws   *workspace // borrowed from the model for the length of a run
 	// one and cuOne describe the session as a batch of one for its passes
 	// (fields, so a step allocates nothing).
 	one   [1]*Session
@@ -75,9 +78,14 @@ func (s *Session) Close() error {
 		return nil
 	}
 	s.closed = true
-	for _, st := range s.kdaSt {
-		if st != nil {
-			st.Free(s.m.b)
+	if s.slab != nil {
+		s.m.slabs.give(s.slab, s.slot)
+		s.slab = nil
+	} else {
+		for _, st := range s.kdaSt {
+			if st != nil {
+				st.Free(s.m.b)
+			}
 		}
 	}
 	for _, c := range s.caches {
@@ -119,11 +127,25 @@ func (m *Model) NewSession() (*Session, error) {
 		s.Close() // what was allocated goes back
 		return nil, err
 	}
-	for _, ly := range m.layers {
+	var slotted []*kda.State
+	if m.slabs != nil {
+		sl, slot, err := m.slabs.take()
+		switch {
+		case err == nil:
+			s.slab, s.slot, slotted = sl, slot, sl.slotStates(slot)
+		case !errors.Is(err, ErrMemoryBudget):
+			return fail(err)
+		}
+		// Past the budget a slab could not be made: the session keeps its
+		// own states, as on the Go backend.
+	}
+	for l, ly := range m.layers {
 		var ks *kda.State
 		var c *dsa.Cache
-		switch ly.kind {
-		case config.KDA:
+		switch {
+		case ly.kind == config.KDA && slotted != nil:
+			ks = slotted[l]
+		case ly.kind == config.KDA:
 			if ks, err = kda.NewState(b, ly.kdaCfg, 1); err != nil {
 				return fail(err)
 			}
@@ -134,7 +156,7 @@ func (m *Model) NewSession() (*Session, error) {
 		}
 		s.kdaSt, s.caches = append(s.kdaSt, ks), append(s.caches, c)
 	}
-	n := s.StateBytes() // a new session's caches hold no pages yet
+	n := s.StateBytes() - s.slabBytes() // a new session's caches hold no pages yet
 	if err := m.mem.take(n, "a new session"); err != nil {
 		s.Close()
 		return nil, err
@@ -477,6 +499,15 @@ func (s *Session) step(tokens []int32, tr *Trace, allLogits bool) error {
 // chunked KDA form and the blocked attention paths: faster, and within the
 // conformance tolerance of the decode arithmetic.
 const ExactTokens = 16
+
+// slabBytes returns the bytes of the session's KDA states when a slab
+// holds them, which the slab has counted.
+func (s *Session) slabBytes() int64 {
+	if s.slab == nil {
+		return 0
+	}
+	return s.KDAStateBytes()
+}
 
 // KDAStateBytes returns the bytes of the session's KDA recurrent states and
 // conv caches, which every decode step reads and writes.

@@ -178,6 +178,7 @@ type Layer struct {
 	*scratch
 	convArgs      compute.ConvArgs
 	chunkArgs     compute.KDAArgs
+	composes      bool // the backend refused the fused step
 	stepArgs      compute.KDAStepArgs
 	convs, states []compute.Tensor
 }
@@ -187,6 +188,12 @@ type Layer struct {
 type scratch struct {
 	raw, conv, fa, graw, beta, gate, ga, core compute.Tensor
 }
+
+// Composes reports whether the layer's decode steps have taken the
+// composition of smaller operations (the backend refused the fused
+// step): then the exact rows read their states through Seqs.Pool and
+// Slots when given.
+func (l *Layer) Composes() bool { return l.composes }
 
 // Share returns a layer with weights w that uses l's intermediates (w must
 // have l's shape). The layers of one session run one after another, so
@@ -316,6 +323,7 @@ func (l *Layer) step(x compute.Tensor, states []*State, pool pooled, cu []int32,
 	l.stepArgs = compute.KDAStepArgs{W: l.W, X: x, Y: y, Convs: l.convs, States: l.states, Records: records, CuSeqlens: cu}
 	err := l.b.KDAStep(&l.stepArgs)
 	if errors.Is(err, compute.ErrUnsupported) && records.IsZero() && x.Dim(0) <= l.maxT {
+		l.composes = true
 		// A backend without the fused step gets the same layer from the
 		// smaller operations: the chunked path with the recurrence run
 		// token by token (equal within rounding, not bitwise).

@@ -1,0 +1,266 @@
+package k3
+
+import (
+	"fmt"
+	"sync"
+
+	"k3/config"
+	"k3/kda"
+)
+
+// slabSize is the sessions one slab of KDA states holds: the most rows a
+// captured KDA mixer takes (graphMaxRows, one a session in decode), so
+// that a batch one graph can serve fits one slab.
+const slabSize = graphMaxRows
+
+// A slab holds the KDA states of up to slabSize sessions: per KDA layer
+// one pool ([slabSize, ...] per kind, kda.State's layout), a session's
+// states being the rows of its slot in every pool. A pass whose exact
+// sessions share a slab runs their KDA decode over the pools with the
+// slots written to the device before it (kda.Seqs.Pool), so the graph
+// it captures names the slab and the pass's slots tensor, not the
+// sessions: sessions that come and go replay it.
+type slab struct {
+	pools []*kda.State // per layer; nil for attention layers
+	used  [slabSize]bool
+	n     int
+	bytes int64
+}
+
+// slabs are a model's slabs. They exist on a capturing backend only (the
+// Go backend keeps one allocation per state, which is what its fused
+// decode step reads either way), and their memory is counted against
+// the model's budget a slab at a time: a session in a slab does not
+// count its KDA states itself.
+type slabs struct {
+	m      *Model
+	mu     sync.Mutex
+	all    []*slab
+	closed bool
+}
+
+// newSlabs returns the slabs of m, or nil when m keeps no graphs or has
+// no KDA layer.
+func newSlabs(m *Model) *slabs {
+	if m.graphs == nil {
+		return nil
+	}
+	for _, ly := range m.layers {
+		if ly.kind == config.KDA {
+			return &slabs{m: m}
+		}
+	}
+	return nil
+}
+
+// take gives a free slot, in the first slab with one (so that sessions
+// pack into few slabs), making a slab when none has room: its memory is
+// taken from the budget first. The slot's states are zeroed.
+func (p *slabs) take() (*slab, int, error) {
+	p.mu.Lock()
+	sl, slot := p.free()
+	p.mu.Unlock()
+	if sl == nil {
+		// Made without the lock: the budget may ask the slabs to trim.
+		fresh, err := p.alloc()
+		if err != nil {
+			return nil, 0, err
+		}
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			p.destroy(fresh)
+			return nil, 0, ErrClosed
+		}
+		p.all = append(p.all, fresh)
+		sl, slot = p.free()
+		p.mu.Unlock()
+	}
+	m := p.m
+	for _, st := range sl.pools {
+		if st == nil {
+			continue
+		}
+		var err error
+		m.exclusive(func() {
+			if err = m.b.Fill(st.Conv.Rows(slot, slot+1), 0); err == nil {
+				err = m.b.Fill(st.S.Rows(slot, slot+1), 0)
+			}
+		})
+		if err != nil {
+			p.give(sl, slot)
+			return nil, 0, err
+		}
+	}
+	return sl, slot, nil
+}
+
+// free claims the first free slot; p.mu is held.
+func (p *slabs) free() (*slab, int) {
+	for _, sl := range p.all {
+		if sl.n == slabSize {
+			continue
+		}
+		for i := range sl.used {
+			if !sl.used[i] {
+				sl.used[i] = true
+				sl.n++
+				return sl, i
+			}
+		}
+	}
+	return nil, 0
+}
+
+// alloc makes an empty slab, its bytes taken from the budget.
+func (p *slabs) alloc() (*slab, error) {
+	m := p.m
+	sl := &slab{pools: make([]*kda.State, len(m.layers))}
+	for _, ly := range m.layers {
+		if ly.kind == config.KDA {
+			c := ly.kdaCfg
+			sl.bytes += 4 * slabSize * int64((c.ConvKernel-1)*3*c.NumHeads*c.HeadDim+c.NumHeads*c.HeadDim*c.HeadDim)
+		}
+	}
+	if err := m.mem.take(sl.bytes, "a slab of KDA states"); err != nil {
+		return nil, err
+	}
+	for l, ly := range m.layers {
+		if ly.kind != config.KDA {
+			continue
+		}
+		st, err := kda.NewState(m.b, ly.kdaCfg, slabSize)
+		if err != nil {
+			p.destroy(sl)
+			return nil, fmt.Errorf("k3: a slab of KDA states: %w", err)
+		}
+		sl.pools[l] = st
+	}
+	return sl, nil
+}
+
+// destroy frees a slab's pools and gives its bytes back.
+func (p *slabs) destroy(sl *slab) {
+	for _, st := range sl.pools {
+		if st != nil {
+			st.Free(p.m.b)
+		}
+	}
+	p.m.mem.add(-sl.bytes)
+}
+
+// give returns a slot. An emptied slab is kept for the next sessions (a
+// graph that names it stays usable) until trim gives it back.
+func (p *slabs) give(sl *slab, slot int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if sl.used[slot] {
+		sl.used[slot] = false
+		sl.n--
+	}
+}
+
+// trim frees empty slabs until at least n bytes are released or none is
+// left, and returns the bytes released.
+func (p *slabs) trim(n int64) int64 {
+	var done int64
+	for done < n {
+		p.mu.Lock()
+		i := len(p.all) - 1
+		for i >= 0 && p.all[i].n > 0 {
+			i--
+		}
+		if i < 0 {
+			p.mu.Unlock()
+			break
+		}
+		sl := p.all[i]
+		p.all = append(p.all[:i], p.all[i+1:]...)
+		p.mu.Unlock()
+		p.destroy(sl)
+		done += sl.bytes
+	}
+	return done
+}
+
+// spare returns the bytes of the slabs' free slots.
+func (p *slabs) spare() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var n int64
+	for _, sl := range p.all {
+		n += sl.bytes / slabSize * int64(slabSize-sl.n)
+	}
+	return n
+}
+
+// close frees every slab; slots given back later are ignored.
+func (p *slabs) close() {
+	p.mu.Lock()
+	all := p.all
+	p.all, p.closed = nil, true
+	p.mu.Unlock()
+	for _, sl := range all {
+		p.destroy(sl)
+	}
+}
+
+// slotStates returns the views of slot in sl's pools: a session's states.
+func (sl *slab) slotStates(slot int) []*kda.State {
+	out := make([]*kda.State, len(sl.pools))
+	for l, st := range sl.pools {
+		if st != nil {
+			out[l] = &kda.State{Conv: st.Conv.Rows(slot, slot+1), S: st.S.Rows(slot, slot+1)}
+		}
+	}
+	return out
+}
+
+// exclusive runs fn while no pass runs on a capturing backend: a capture
+// records whatever is queued on the backend meanwhile, so state written
+// outside a pass must not land inside another's graph.
+func (m *Model) exclusive(fn func()) {
+	if m.graphs != nil {
+		m.graphs.mu.Lock()
+		defer m.graphs.mu.Unlock()
+	}
+	fn()
+}
+
+// poolOf returns the slab every one of sessions is in, or nil.
+func poolOf(sessions []*Session) *slab {
+	if len(sessions) == 0 {
+		return nil
+	}
+	sl := sessions[0].slab
+	for _, s := range sessions[1:] {
+		if s.slab != sl {
+			return nil
+		}
+	}
+	return sl
+}
+
+// writeSlots writes the slots of the pass's exact sessions into bt.slots
+// when they share a slab, before the pass: the KDA mixers then run over
+// that slab's pools (bt.slab). The write is the only per-step metadata a
+// KDA graph reads.
+func (bt *Batch) writeSlots() error {
+	bt.slab = nil
+	if bt.m.slabs == nil || bt.slots.IsZero() || bt.nExact == 0 || bt.nExact > slabSize {
+		return nil
+	}
+	sl := poolOf(bt.cur[:bt.nExact])
+	if sl == nil {
+		return nil
+	}
+	bt.slotHost = bt.slotHost[:bt.nExact]
+	for i, s := range bt.cur[:bt.nExact] {
+		bt.slotHost[i] = int32(s.slot)
+	}
+	if err := bt.m.b.Write(bt.slots.Rows(0, bt.nExact), &bt.slotHost); err != nil {
+		return err
+	}
+	bt.slab = sl
+	return nil
+}
