@@ -75,6 +75,7 @@ type attnGeom struct {
 	seen           int
 	lists, kn      int // sparse: index lists per row and entries per list; lists 0: dense
 	paged, vShared bool
+	pooled         bool // the pages are rows of pools a page table names
 }
 
 // attnShape checks a's operands as the pure-Go backend does.
@@ -84,8 +85,25 @@ func attnShape(a *compute.AttnArgs) (attnGeom, error) {
 		return g, fmt.Errorf("%w: attention q %v, want f32 [T, Hq, Dk]", compute.ErrShape, a.Q)
 	}
 	g.t, g.hq, g.dk = a.Q.Dims[0], a.Q.Dims[1], a.Q.Dims[2]
-	g.paged = a.KPages != nil
-	if g.paged {
+	g.pooled = a.KPages == nil && !a.PageTable.IsZero()
+	g.paged = a.KPages != nil || g.pooled
+	if g.pooled {
+		k, v := a.KPool, a.VPool
+		if k.Rank != 3 || k.DType != compute.F32 || k.Dims[2] != g.dk || a.PageSize <= 0 || k.Dims[0]%a.PageSize != 0 ||
+			a.PageTable.DType != compute.I32 || a.PageTable.Rank != 1 {
+			return g, fmt.Errorf("%w: attention key pool %v and page table %v for q %v and page size %d", compute.ErrShape, k, a.PageTable, a.Q, a.PageSize)
+		}
+		if a.PageSize%64 != 0 {
+			return g, fmt.Errorf("ascend: attention: page size %d is not a multiple of 64", a.PageSize)
+		}
+		g.hkv, g.dv, g.l, g.vShared = k.Dims[1], g.dk, a.PageTable.Len()*a.PageSize, v.IsZero()
+		if !g.vShared {
+			if v.Rank != 3 || v.DType != compute.F32 || v.Dims[0] != k.Dims[0] || v.Dims[1] != g.hkv {
+				return g, fmt.Errorf("%w: attention value pool %v for key pool %v", compute.ErrShape, v, k)
+			}
+			g.dv = v.Dims[2]
+		}
+	} else if g.paged {
 		k0 := a.KPages[0]
 		if k0.Rank != 3 || k0.DType != compute.F32 || k0.Dims[0] != a.PageSize || k0.Dims[2] != g.dk {
 			return g, fmt.Errorf("%w: attention key pages %v for q %v and page size %d", compute.ErrShape, k0, a.Q, a.PageSize)
@@ -124,7 +142,11 @@ func attnShape(a *compute.AttnArgs) (attnGeom, error) {
 		if a.QRope.Rank != 3 || a.QRope.DType != compute.F32 || a.QRope.Dims[0] != g.t || a.QRope.Dims[1] != g.hq {
 			return g, fmt.Errorf("%w: attention q rope %v for q %v", compute.ErrShape, a.QRope, a.Q)
 		}
-		if g.paged {
+		if g.pooled {
+			if a.KRopePool.DType != compute.F32 || a.KRopePool.Len() != a.KPool.Dims[0]*g.dr {
+				return g, fmt.Errorf("%w: attention: rope key pool %v for a key pool of %d rows and rope width %d", compute.ErrShape, a.KRopePool, a.KPool.Dims[0], g.dr)
+			}
+		} else if g.paged {
 			if len(a.KRopePages) != len(a.KPages) || a.KRopePages[0].DType != compute.F32 || a.KRopePages[0].Len() != a.PageSize*g.dr {
 				return g, fmt.Errorf("%w: attention: %d rope key pages for %d key pages of %d×%d", compute.ErrShape, len(a.KRopePages), len(a.KPages), a.PageSize, g.dr)
 			}
@@ -194,6 +216,30 @@ func (r *attnRun) caches() error {
 		return nil
 	}
 	n := g.seen
+	if g.pooled {
+		// Whole pages at once, by the table on the device.
+		gather := func(pool compute.Tensor, width int) (compute.Tensor, error) {
+			dst, err := r.scratch(compute.F32, g.l*width)
+			if err != nil {
+				return dst, err
+			}
+			return dst, r.b.gatherPages(dst, pool, a.PageTable, a.PageSize*width)
+		}
+		var err error
+		if r.k, err = gather(a.KPool, g.hkv*g.dk); err != nil {
+			return err
+		}
+		r.v = r.k
+		if !g.vShared {
+			if r.v, err = gather(a.VPool, g.hkv*g.dv); err != nil {
+				return err
+			}
+		}
+		if g.dr > 0 {
+			r.kr, err = gather(a.KRopePool, g.dr)
+		}
+		return err
+	}
 	gather := func(pages []compute.Tensor, width int) (compute.Tensor, error) {
 		dst, err := r.scratch(compute.F32, n*width)
 		if err != nil {

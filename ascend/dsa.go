@@ -23,22 +23,28 @@ import (
 // the device is aclnnTopk's; the host driver and the fake keep the lower
 // position, as the pure-Go backend does.
 func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
-	paged := a.KPages != nil
+	pooled := a.KPages == nil && !a.PageTable.IsZero()
+	paged := a.KPages != nil || pooled
+	if pooled && (a.PageTable.DType != compute.I32 || a.PageTable.Rank != 1 || a.KPool.DType != compute.F32 ||
+		a.PageSize <= 0 || a.KPool.Len()%(a.PageSize*a.Q.Dim(-1)) != 0) {
+		return fmt.Errorf("%w: indexer key pool %v and page table %v for pages of %d", compute.ErrShape, a.KPool, a.PageTable, a.PageSize)
+	}
 	if a.Q.Rank != 3 || a.Q.DType != compute.F32 || (!paged && (a.K.Rank != 2 || a.K.DType != compute.F32 || a.Q.Dims[2] != a.K.Dims[1])) {
 		return fmt.Errorf("%w: indexer q %v and keys %v, want f32 [T, H, D] and [L, D]", compute.ErrShape, a.Q, a.K)
 	}
 	T, HI := a.Q.Dims[0], a.Q.Dims[1]
 	L := 0
 	if paged {
-		if a.KLen < 0 || a.KLen > len(a.KPages)*a.PageSize || a.CuSeqlensK != nil || a.PageSize <= 0 {
-			return fmt.Errorf("ascend: indexer: %d keys in %d pages of %d (one sequence)", a.KLen, len(a.KPages), a.PageSize)
+		np := pageCount(a.KPages, a.PageTable)
+		if a.KLen < 0 || a.KLen > np*a.PageSize || a.CuSeqlensK != nil || a.PageSize <= 0 {
+			return fmt.Errorf("ascend: indexer: %d keys in %d pages of %d (one sequence)", a.KLen, np, a.PageSize)
 		}
 		L = a.KLen
 		if a.Scores.IsZero() {
 			// Every row of the pages: the keys past a query's position are
 			// masked anyway, and the shapes stay fixed while the pages do
 			// (a decode step can be captured).
-			L = len(a.KPages) * a.PageSize
+			L = np * a.PageSize
 		}
 	} else {
 		L = a.K.Dims[0]
@@ -124,6 +130,8 @@ func (b *Backend) indexSequence(a *compute.IndexerArgs, q0, tq, k0, lk, width in
 	keys := 0
 	if a.KPages != nil {
 		keys = lk * DI
+	} else if !a.PageTable.IsZero() {
+		keys = a.PageTable.Len() * a.PageSize * DI // whole pages, gathered at once
 	}
 	f, err := b.allocTensor(compute.F32, keys+tq*HI*lk+3*tq*lk+tq*kk+tq+tq*kk+tq)
 	if err != nil {
@@ -210,6 +218,11 @@ func (b *Backend) indexSequence(a *compute.IndexerArgs, q0, tq, k0, lk, width in
 				operand{t: dst, view: i64(n, DI)}, operand{t: a.KPages[p], view: i64(n, DI)}); err != nil {
 				return err
 			}
+		}
+		kop = operand{t: kc, view: i64(DI, lk), strides: i64(1, DI)}
+	} else if !a.PageTable.IsZero() {
+		if err := b.gatherPages(kc, a.KPool, a.PageTable, a.PageSize*DI); err != nil {
+			return err
 		}
 		kop = operand{t: kc, view: i64(DI, lk), strides: i64(1, DI)}
 	}
@@ -299,4 +312,22 @@ func (b *Backend) iota(n int) (compute.Tensor, error) {
 	}
 	b.ar = t
 	return t, nil
+}
+
+// pageCount is the pages a paged operand has: its page list's, or its
+// table's.
+func pageCount(pages []compute.Tensor, table compute.Tensor) int {
+	if pages != nil {
+		return len(pages)
+	}
+	return table.Len()
+}
+
+// gatherPages copies the pool's pages the I32 table names, pageElems
+// floats each, into dst in table order (aclnnIndexSelect): a device's
+// block table read on the device; b.mu is held.
+func (b *Backend) gatherPages(dst, pool, table compute.Tensor, pageElems int) error {
+	n, p := pool.Len()/pageElems, table.Len()
+	return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.indexSelect(ts[0], 0, ts[1], ts[2]) },
+		operand{t: pool, view: i64(n, pageElems)}, operand{t: table, view: i64(p)}, operand{t: dst, view: i64(p, pageElems)})
 }

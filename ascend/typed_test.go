@@ -44,3 +44,9 @@ func TestTypedReadWrite(t *testing.T) {
 func TestStatePools(t *testing.T) {
 	eachDriver(t, 8<<20, func(t *testing.T, b *Backend) { computetest.StatePools(t, b) })
 }
+
+// Attention and the indexer over pools and a page table (gathered by
+// aclnnIndexSelect) equal the calls over page lists, on both drivers.
+func TestPagePools(t *testing.T) {
+	eachDriver(t, 16<<20, func(t *testing.T, b *Backend) { computetest.PagePools(t, b) })
+}

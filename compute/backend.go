@@ -366,7 +366,11 @@ type IndexerArgs struct {
 	// KPages, when set, replaces K for one sequence's paged cache: key s
 	// is row s%PageSize of KPages[s/PageSize] ([PageSize, DI]); the keys
 	// are the pages' first L = KLen rows.
-	KPages                 []Tensor
+	KPages []Tensor
+	// KPool and PageTable, when set, replace KPages: the pages are rows of
+	// a pool [N·PageSize, DI], page i being the pool's page PageTable[i]
+	// (I32 [P], a tensor of the backend, as AttnArgs.PageTable).
+	KPool, PageTable       Tensor
 	PageSize, KLen         int
 	QPos                   Tensor  // [T] I32, a tensor of the backend (see RopeArgs)
 	CuSeqlensQ, CuSeqlensK []int32 // host prefix sums; nil: one sequence
@@ -390,9 +394,18 @@ type IndexerArgs struct {
 // VPages[i] [PageSize, Hkv, Dv] (VPages nil: the values are the keys, as
 // in MLA's MQA form) and KRopePages[i] [PageSize, Dr]. PageSize is a
 // multiple of 64; the pages hold KVLen positions or more.
+//
+// Or the pages are rows of pools, as a device's block table has them:
+// PageTable (I32 [P], a tensor of the backend) lists the sequence's
+// pages, page i being rows PageTable[i]·PageSize onwards of KPool
+// [N·PageSize, Hkv, Dk], VPool [N·PageSize, Hkv, Dv] (zero: the values
+// are the keys) and KRopePool [N·PageSize, Dr]. The table stays on the
+// device, so a captured step reads the pages written before its replay.
 type AttnArgs struct {
 	Q, QRope, K, KRope, V      Tensor
 	KPages, VPages, KRopePages []Tensor
+	KPool, VPool, KRopePool    Tensor
+	PageTable                  Tensor
 	PageSize                   int
 	Indices                    Tensor
 	QPos                       Tensor // [T] I32, a tensor of the backend (see RopeArgs)

@@ -168,3 +168,117 @@ func StatePools(t *testing.T, b compute.Backend) {
 		require.NotEqual(t, convRows, alone.convState, "the conv states moved")
 	}
 }
+
+// PagePools checks Attention and LightningIndexer over pages that are
+// rows of pools named by a page table (AttnArgs.PageTable,
+// IndexerArgs.PageTable) against the same pages given as a list of
+// tensors: bitwise equal outputs, for dense causal and index-sparse
+// attention, MLA's shared latent with rope keys and GQA with values of
+// their own, and a table that names the pool's pages out of order.
+func PagePools(t *testing.T, b compute.Backend) {
+	t.Helper()
+	const P, N, T, KV = 64, 4, 3, 150 // page size, pool pages, query rows, cached positions
+	table := []int32{2, 0, 3}
+	rng := rand.New(rand.NewPCG(99, 100))
+	tensor := func(dt compute.DType, dims ...int) compute.Tensor {
+		x, err := b.Alloc(dt, dims...)
+		require.NoError(t, err)
+		return x
+	}
+	normal := func(dims ...int) compute.Tensor {
+		x := tensor(compute.F32, dims...)
+		v := make([]float32, x.Len())
+		for i := range v {
+			v[i] = float32(rng.NormFloat64())
+		}
+		require.NoError(t, b.Write(x, v))
+		return x
+	}
+	ints := func(v []int32, dims ...int) compute.Tensor {
+		x := tensor(compute.I32, dims...)
+		require.NoError(t, b.Write(x, v))
+		return x
+	}
+	read := func(x compute.Tensor) []float32 {
+		if x.IsZero() {
+			return nil
+		}
+		v := make([]float32, x.Len())
+		require.NoError(t, b.Read(v, x))
+		return v
+	}
+	pages := func(pool compute.Tensor) []compute.Tensor {
+		if pool.IsZero() {
+			return nil
+		}
+		var out []compute.Tensor
+		for _, p := range table {
+			out = append(out, pool.Rows(int(p)*P, int(p+1)*P))
+		}
+		return out
+	}
+	tab := ints(table, len(table))
+	pos := ints([]int32{KV - 3, KV - 2, KV - 1}, T)
+	for _, c := range []struct {
+		name                string
+		hq, hkv, dk, dv, dr int
+		sparse              bool
+	}{
+		{"mla dense", 4, 1, 16, 16, 8, false},
+		{"mla sparse", 4, 1, 16, 16, 8, true},
+		{"gqa dense", 4, 2, 16, 12, 0, false},
+		{"gqa sparse", 4, 2, 16, 12, 0, true},
+	} {
+		kPool := normal(N*P, c.hkv, c.dk)
+		var vPool, krPool, qr compute.Tensor
+		if c.dv != c.dk {
+			vPool = normal(N*P, c.hkv, c.dv)
+		}
+		if c.dr > 0 {
+			krPool, qr = normal(N*P, c.dr), normal(T, c.hq, c.dr)
+		}
+		q := normal(T, c.hq, c.dk)
+		var idx compute.Tensor
+		if c.sparse {
+			idx = ints([]int32{0, 5, 64, 130, -1, KV - 3, 1, 2, 70, 149, 148, -1, 3, 100, 128, 147, -1, -1}, T, 1, 6)
+		}
+		run := func(pooled bool) ([]float32, []float32) {
+			a := compute.AttnArgs{Q: q, QRope: qr, PageSize: P, Indices: idx, QPos: pos, KVLen: KV, Causal: true, Scale: 0.25,
+				Out: tensor(compute.F32, T, c.hq, c.dv), LSE: tensor(compute.F32, T, c.hq)}
+			if pooled {
+				a.KPool, a.VPool, a.KRopePool, a.PageTable = kPool, vPool, krPool, tab
+			} else {
+				a.KPages, a.VPages, a.KRopePages = pages(kPool), pages(vPool), pages(krPool)
+			}
+			require.NoError(t, b.Attention(&a), "%s, pooled %v", c.name, pooled)
+			return read(a.Out), read(a.LSE)
+		}
+		o1, l1 := run(false)
+		o2, l2 := run(true)
+		require.Equal(t, o1, o2, "%s: outputs", c.name)
+		require.Equal(t, l1, l2, "%s: log-sum-exp", c.name)
+	}
+
+	const HI, DI, K = 2, 16, 8
+	kPool := normal(N*P, DI)
+	q, w := normal(T, HI, DI), normal(T, HI)
+	run := func(pooled bool) ([]int32, []int32) {
+		a := compute.IndexerArgs{Q: q, W: w, PageSize: P, KLen: KV, QPos: pos, TopK: K,
+			Indices: tensor(compute.I32, T, K), Counts: tensor(compute.I32, T)}
+		if pooled {
+			a.KPool, a.PageTable = kPool, tab
+		} else {
+			a.KPages = pages(kPool)
+		}
+		require.NoError(t, b.LightningIndexer(&a), "indexer, pooled %v", pooled)
+		ix, n := make([]int32, T*K), make([]int32, T)
+		require.NoError(t, b.Read(ix, a.Indices))
+		require.NoError(t, b.Read(n, a.Counts))
+		return ix, n
+	}
+	i1, n1 := run(false)
+	i2, n2 := run(true)
+	require.Equal(t, i1, i2, "indexer indices")
+	require.Equal(t, n1, n2, "indexer counts")
+	require.Equal(t, []int32{K, K, K}, n1)
+}

@@ -146,6 +146,44 @@ func pagesOf(dst [][]float32, pages []compute.Tensor, size, width int, what stri
 	return dst, shift, nil
 }
 
+// poolPagesOf is pagesOf for pages that are rows of a pool (size·width
+// floats a page) named by an I32 table.
+func poolPagesOf(dst [][]float32, pool, table compute.Tensor, size, width int, what string) ([][]float32, uint, error) {
+	if size <= 0 || size&(size-1) != 0 {
+		return nil, 0, fmt.Errorf("cpu: %s: page size %d is not a power of two", what, size)
+	}
+	rows := F32(pool)
+	if pool.DType != compute.F32 || rows == nil || len(rows)%(size*width) != 0 {
+		return nil, 0, shapeErr("%s pool %v, want f32 pages of %d rows of %d", what, pool, size, width)
+	}
+	ids := I32(table)
+	if table.DType != compute.I32 || table.Rank != 1 || ids == nil || len(ids) == 0 {
+		return nil, 0, shapeErr("%s page table %v, want I32 [P]", what, table)
+	}
+	n := len(rows) / (size * width)
+	dst = dst[:0]
+	for i, p := range ids {
+		if p < 0 || int(p) >= n {
+			return nil, 0, shapeErr("%s page %d is page %d of a pool of %d", what, i, p, n)
+		}
+		dst = append(dst, rows[int(p)*size*width:int(p+1)*size*width])
+	}
+	shift := uint(0)
+	for 1<<shift < size {
+		shift++
+	}
+	return dst, shift, nil
+}
+
+// pageCount is the pages a paged operand has: its page list's, or its
+// table's.
+func pageCount(pages []compute.Tensor, table compute.Tensor) int {
+	if pages != nil {
+		return len(pages)
+	}
+	return table.Len()
+}
+
 var indexerScratchPool = sync.Pool{New: func() any { return new(indexerScratch) }}
 
 // LightningIndexer scores every visible key for every query row and keeps
@@ -153,15 +191,15 @@ var indexerScratchPool = sync.Pool{New: func() any { return new(indexerScratch) 
 // the key cache (each key read once for all index heads), so the cost is
 // linear in the context; selection keeps a K-entry heap.
 func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
-	paged := a.KPages != nil
+	paged := a.KPages != nil || !a.PageTable.IsZero()
 	if a.Q.Rank != 3 || (!paged && (a.K.Rank != 2 || a.Q.Dims[2] != a.K.Dims[1])) {
 		return shapeErr("indexer q %v and keys %v, want [T, H, D] and [L, D]", a.Q, a.K)
 	}
 	t, hi, di := a.Q.Dims[0], a.Q.Dims[1], a.Q.Dims[2]
 	var l int
 	if paged {
-		if a.KLen < 0 || a.KLen > len(a.KPages)*a.PageSize || a.CuSeqlensK != nil {
-			return fmt.Errorf("cpu: indexer: %d keys in %d pages of %d (one sequence)", a.KLen, len(a.KPages), a.PageSize)
+		if np := pageCount(a.KPages, a.PageTable); a.KLen < 0 || a.KLen > np*a.PageSize || a.CuSeqlensK != nil {
+			return fmt.Errorf("cpu: indexer: %d keys in %d pages of %d (one sequence)", a.KLen, np, a.PageSize)
 		}
 		l = a.KLen
 	} else {
@@ -223,7 +261,12 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 		vis: j.vis[:0], scores: j.scores}
 	if paged {
 		var err error
-		if sc.pages, j.pshift, err = pagesOf(sc.pages, a.KPages, a.PageSize, di, "indexer keys"); err != nil {
+		if a.KPages != nil {
+			sc.pages, j.pshift, err = pagesOf(sc.pages, a.KPages, a.PageSize, di, "indexer keys")
+		} else {
+			sc.pages, j.pshift, err = poolPagesOf(sc.pages, a.KPool, a.PageTable, a.PageSize, di, "indexer keys")
+		}
+		if err != nil {
 			return err
 		}
 		j.pages = sc.pages
@@ -356,7 +399,7 @@ var attnScratchPool = sync.Pool{New: func() any { return new(attnScratch) }}
 // (flash-decoding), so that one decode step uses every worker while each
 // cached row is read once for all the query heads that share it.
 func (b *Backend) Attention(a *compute.AttnArgs) error {
-	if a.KPages != nil {
+	if a.KPages != nil || !a.PageTable.IsZero() {
 		return b.pagedAttention(a)
 	}
 	if a.Q.Rank != 3 || a.K.Rank != 3 || a.V.Rank != 3 {
@@ -389,44 +432,65 @@ func (b *Backend) Attention(a *compute.AttnArgs) error {
 // pagedAttention checks a paged cache's operands and runs the same paths
 // over its pages.
 func (b *Backend) pagedAttention(a *compute.AttnArgs) error {
-	if a.Q.Rank != 3 || len(a.KPages) == 0 || a.KPages[0].Rank != 3 {
-		return shapeErr("attention q %v, want rank 3, and rank-3 key pages", a.Q)
+	pooled := a.KPages == nil
+	k0, v0 := a.KPool, a.VPool // the dimensions' source: [·, Hkv, D]
+	if !pooled {
+		if len(a.KPages) == 0 {
+			return shapeErr("attention q %v with no key pages", a.Q)
+		}
+		k0 = a.KPages[0]
+		if a.VPages != nil {
+			if len(a.VPages) != len(a.KPages) {
+				return shapeErr("attention value pages for %d key pages of %v", len(a.KPages), k0)
+			}
+			v0 = a.VPages[0]
+		}
+	}
+	if a.Q.Rank != 3 || k0.Rank != 3 {
+		return shapeErr("attention q %v, want rank 3, and rank-3 keys %v", a.Q, k0)
 	}
 	if a.PageSize%64 != 0 {
 		return fmt.Errorf("cpu: attention: page size %d is not a multiple of 64", a.PageSize)
 	}
 	sc := attnScratchPool.Get().(*attnScratch)
 	defer attnScratchPool.Put(sc)
-	kd := a.KPages[0].Dims
+	kd := k0.Dims
 	dv := kd[2]
-	if a.VPages != nil {
-		if len(a.VPages) != len(a.KPages) || a.VPages[0].Rank != 3 || a.VPages[0].Dims[1] != kd[1] {
-			return shapeErr("attention value pages for %d key pages of %v", len(a.KPages), a.KPages[0])
+	hasV := !v0.IsZero()
+	if hasV {
+		if v0.Rank != 3 || v0.Dims[1] != kd[1] {
+			return shapeErr("attention values %v for keys %v", v0, k0)
 		}
-		dv = a.VPages[0].Dims[2]
+		dv = v0.Dims[2]
 	}
 	sc.job = attnJob{a: a, t: a.Q.Dims[0], hq: a.Q.Dims[1], dk: a.Q.Dims[2], hkv: kd[1], dv: dv, scale: a.Scale}
 	j := &sc.job
 	if kd[2] != j.dk || j.hkv == 0 || j.hq%j.hkv != 0 {
-		return shapeErr("attention q %v and key pages %v", a.Q, a.KPages[0])
+		return shapeErr("attention q %v and keys %v", a.Q, k0)
+	}
+	pages := func(dst [][]float32, list []compute.Tensor, pool compute.Tensor, width int, what string) ([][]float32, uint, error) {
+		if pooled {
+			return poolPagesOf(dst, pool, a.PageTable, a.PageSize, width, what)
+		}
+		return pagesOf(dst, list, a.PageSize, width, what)
 	}
 	var err error
-	if sc.kp, j.pshift, err = pagesOf(sc.kp, a.KPages, a.PageSize, j.hkv*j.dk, "attention keys"); err != nil {
+	if sc.kp, j.pshift, err = pages(sc.kp, a.KPages, a.KPool, j.hkv*j.dk, "attention keys"); err != nil {
 		return err
 	}
 	j.kp, j.vp, j.vShared = sc.kp, sc.kp, true
-	if a.VPages != nil {
-		if sc.vp, _, err = pagesOf(sc.vp, a.VPages, a.PageSize, j.hkv*j.dv, "attention values"); err != nil {
+	if hasV {
+		if sc.vp, _, err = pages(sc.vp, a.VPages, a.VPool, j.hkv*j.dv, "attention values"); err != nil {
 			return err
 		}
 		j.vp, j.vShared = sc.vp, false
 	}
 	if !a.QRope.IsZero() {
-		if a.QRope.Rank != 3 || a.QRope.Dims[0] != j.t || a.QRope.Dims[1] != j.hq || len(a.KRopePages) != len(a.KPages) {
+		if a.QRope.Rank != 3 || a.QRope.Dims[0] != j.t || a.QRope.Dims[1] != j.hq || (!pooled && len(a.KRopePages) != len(a.KPages)) {
 			return shapeErr("attention rope parts q %v and %d rope pages", a.QRope, len(a.KRopePages))
 		}
 		j.dr, j.qr = a.QRope.Dims[2], F32(a.QRope)
-		if sc.krp, _, err = pagesOf(sc.krp, a.KRopePages, a.PageSize, j.dr, "attention rope keys"); err != nil {
+		if sc.krp, _, err = pages(sc.krp, a.KRopePages, a.KRopePool, j.dr, "attention rope keys"); err != nil {
 			return err
 		}
 		j.krp = sc.krp
@@ -434,7 +498,7 @@ func (b *Backend) pagedAttention(a *compute.AttnArgs) error {
 	if j.q = F32(a.Q); j.q == nil {
 		return shapeErr("attention operands must be f32")
 	}
-	return b.attend(sc, len(a.KPages)*a.PageSize)
+	return b.attend(sc, len(j.kp)*a.PageSize)
 }
 
 // attend checks the rest of the operands against a cache of l positions

@@ -72,3 +72,21 @@ func TestStatePools(t *testing.T) {
 		require.ErrorContains(t, err, c.want)
 	}
 }
+
+// Attention and the indexer over pools and a page table equal the calls
+// over page lists; a table naming a page past the pool is refused.
+func TestPagePools(t *testing.T) {
+	b := New(2)
+	defer b.Close()
+	computetest.PagePools(t, b)
+
+	pool, _ := b.Alloc(compute.F32, 128, 1, 16)
+	q, _ := b.Alloc(compute.F32, 1, 2, 16)
+	out, _ := b.Alloc(compute.F32, 1, 2, 16)
+	pos, _ := b.Alloc(compute.I32, 1)
+	table, _ := b.Alloc(compute.I32, 1)
+	require.NoError(t, b.Write(table, []int32{2}))
+	err := b.Attention(&compute.AttnArgs{Q: q, KPool: pool, PageTable: table, PageSize: 64, QPos: pos, KVLen: 1, Causal: true, Scale: 1, Out: out})
+	require.ErrorIs(t, err, compute.ErrShape)
+	require.ErrorContains(t, err, "page 0 is page 2 of a pool of 2")
+}
