@@ -21,10 +21,34 @@ type Pool struct {
 	// Account, when set, is told every page allocation (+bytes) and
 	// release (-bytes): the owner's memory ledger.
 	Account func(delta int64)
+	// Slabs, when set before the first page, makes pages rows of slabs:
+	// one buffer holding that many pages at first, each later slab as
+	// many pages as the pool holds already, up to MaxSlab. A slab's
+	// rows of each kind are one tensor (Slab), so that a pass over
+	// sequences whose pages share a slab can name them by a page table
+	// (the seam's PageTable), as a device's block table does. Slab
+	// memory is accounted a slab at a time and given back by Trim once
+	// the whole slab is free.
+	Slabs int
 
-	mu   sync.Mutex
-	live int     // pages held by caches
-	free []*Page // released pages kept for reuse, at most MaxFree
+	mu    sync.Mutex
+	live  int     // pages held by caches
+	free  []*Page // released pages kept for reuse, at most MaxFree
+	slabs []*Slab
+}
+
+// MaxSlab is the most pages a slab holds.
+const MaxSlab = 256
+
+// A Slab is pages of a pool in one buffer: per kind a tensor of all its
+// pages' rows, page i being rows i·PageSize onwards.
+type Slab struct {
+	buf compute.Tensor
+	// KV [n·PageSize, 1, Dc] (MLA's latent as attention's keys), PE
+	// [n·PageSize, dr] and IK [n·PageSize, DI] (zero without an indexer).
+	KV, PE, IK compute.Tensor
+	pages      []*Page
+	free       []int // indices of free pages, the lowest last
 }
 
 // MaxFree is the released pages a pool keeps for reuse, so that decoding
@@ -48,13 +72,38 @@ func (p *Pool) PageBytes() int64 { return int64(PageSize) * int64(p.rowLen()) * 
 func (p *Pool) Pages() (live, free int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.live, len(p.free)
+	free = len(p.free)
+	for _, sl := range p.slabs {
+		free += len(sl.free)
+	}
+	return p.live, free
 }
 
 // Trim gives free pages back to the backend until at least n bytes are
-// released or none are left, and returns the bytes released.
+// released or none are left, and returns the bytes released; pages of
+// slabs go back a whole free slab at a time.
 func (p *Pool) Trim(n int64) int64 {
 	var done int64
+	for done < n {
+		p.mu.Lock()
+		i := len(p.slabs) - 1
+		for i >= 0 && len(p.slabs[i].free) < len(p.slabs[i].pages) {
+			i--
+		}
+		if i < 0 {
+			p.mu.Unlock()
+			break
+		}
+		sl := p.slabs[i]
+		p.slabs = append(p.slabs[:i], p.slabs[i+1:]...)
+		p.mu.Unlock()
+		p.b.Free(sl.buf)
+		bytes := int64(len(sl.pages)) * p.PageBytes()
+		if p.Account != nil {
+			p.Account(-bytes)
+		}
+		done += bytes
+	}
 	for done < n {
 		p.mu.Lock()
 		if len(p.free) == 0 {
@@ -85,9 +134,14 @@ func (p *Pool) rowLen() int { return p.dc + max(p.dr, 1) + p.di }
 type Page struct {
 	buf, kv, pe, ik compute.Tensor
 	refs            int // caches holding the page; guarded by the pool's mu
+	slab            *Slab
+	index           int32 // the page's place in its slab
 }
 
 func (p *Pool) alloc() (*Page, error) {
+	if p.Slabs > 0 {
+		return p.allocInSlab()
+	}
 	p.mu.Lock()
 	if n := len(p.free); n > 0 {
 		pg := p.free[n-1]
@@ -121,6 +175,67 @@ func (p *Pool) alloc() (*Page, error) {
 	return pg, nil
 }
 
+// allocInSlab takes the first free page of the first slab with one (so
+// that sequences pack into few slabs), making a slab when none has room.
+func (p *Pool) allocInSlab() (*Page, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var sl *Slab
+	for _, s := range p.slabs {
+		if len(s.free) > 0 {
+			sl = s
+			break
+		}
+	}
+	if sl == nil {
+		total := 0
+		for _, s := range p.slabs {
+			total += len(s.pages)
+		}
+		var err error
+		if sl, err = p.newSlab(min(max(p.Slabs, total), MaxSlab)); err != nil {
+			return nil, err
+		}
+		p.slabs = append(p.slabs, sl)
+	}
+	i := sl.free[len(sl.free)-1]
+	sl.free = sl.free[:len(sl.free)-1]
+	pg := sl.pages[i]
+	pg.refs = 1
+	p.live++
+	return pg, nil
+}
+
+// newSlab allocates a slab of n pages, each kind's rows together; p.mu
+// is held.
+func (p *Pool) newSlab(n int) (*Slab, error) {
+	buf, err := p.b.Alloc(compute.F32, n*PageSize*p.rowLen())
+	if err != nil {
+		return nil, err
+	}
+	rows, dr := n*PageSize, max(p.dr, 1)
+	sl := &Slab{buf: buf, pages: make([]*Page, n), free: make([]int, n)}
+	kv := buf.Rows(0, rows*p.dc).Reshape(rows, p.dc)
+	pe := buf.Rows(rows*p.dc, rows*(p.dc+dr)).Reshape(rows, dr)
+	sl.KV, sl.PE = kv.Reshape(rows, 1, p.dc), pe
+	var ik compute.Tensor
+	if p.di > 0 {
+		ik = buf.Rows(rows*(p.dc+dr), rows*p.rowLen()).Reshape(rows, p.di)
+		sl.IK = ik
+	}
+	for i := range n {
+		pg := &Page{buf: buf, kv: kv.Rows(i*PageSize, (i+1)*PageSize), pe: pe.Rows(i*PageSize, (i+1)*PageSize), slab: sl, index: int32(i)}
+		if p.di > 0 {
+			pg.ik = ik.Rows(i*PageSize, (i+1)*PageSize)
+		}
+		sl.pages[i], sl.free[n-1-i] = pg, i
+	}
+	if p.Account != nil {
+		p.Account(int64(n) * p.PageBytes())
+	}
+	return sl, nil
+}
+
 // share adds a holder to pg.
 func (p *Pool) share(pg *Page) {
 	p.mu.Lock()
@@ -133,7 +248,11 @@ func (p *Pool) release(pg *Page) {
 	p.mu.Lock()
 	pg.refs--
 	last := pg.refs == 0
-	if last {
+	if last && pg.slab != nil {
+		p.live--
+		pg.slab.free = append(pg.slab.free, int(pg.index))
+		last = false
+	} else if last {
 		p.live--
 		if len(p.free) < MaxFree {
 			p.free = append(p.free, pg)
@@ -182,6 +301,25 @@ func (c *Cache) Free() {
 	}
 	clear(c.pages)
 	c.pages, c.pe, c.ik, c.lat, c.Len = c.pages[:0], c.pe[:0], c.ik[:0], c.lat[:0], 0
+}
+
+// slabTable returns the slab every page of c is in, with the pages'
+// places in it appended to table; nil and table unchanged when the pages
+// are not all in one slab (or there are none).
+func (c *Cache) slabTable(table []int32) (*Slab, []int32) {
+	if len(c.pages) == 0 {
+		return nil, table
+	}
+	sl := c.pages[0].slab
+	for _, pg := range c.pages {
+		if pg.slab == nil || pg.slab != sl {
+			return nil, table
+		}
+	}
+	for _, pg := range c.pages {
+		table = append(table, pg.index)
+	}
+	return sl, table
 }
 
 // Cap returns the positions the cache's pages hold.

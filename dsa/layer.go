@@ -297,6 +297,15 @@ type Layer struct {
 	posT    compute.Tensor
 	posHost []int32
 	posMax  int
+	// When a captured exact pass's runs have all their pages in one slab
+	// (slab): the runs' page tables, written after the appends into tabT
+	// (I32, grown as needed) from tabHost, run j's at tabRun[2j] with
+	// tabRun[2j+1] pages. The attention piece then names the slab and
+	// tabT, not the pages.
+	slab    *Slab
+	tabT    compute.Tensor
+	tabHost []int32
+	tabRun  []int32
 }
 
 // scratch holds a layer's intermediates; layers of one shape that run one
@@ -728,10 +737,19 @@ func (l *Layer) finishRows(r, t int, qr, kvNew, peNew compute.Tensor) (kv, qri, 
 // row pr of the layer's positions tensor) select its top K among the
 // positions up to its own into idx.
 func (l *Layer) indexSelect(c *Cache, pos []int32, r, pr int, idx compute.Tensor) error {
+	return l.indexSelectIn(c, compute.Tensor{}, pos, r, pr, idx)
+}
+
+// indexSelectIn is indexSelect with the cache's index keys read from
+// l.slab through table when table is set.
+func (l *Layer) indexSelectIn(c *Cache, table compute.Tensor, pos []int32, r, pr int, idx compute.Tensor) error {
 	ix := l.cfg.Indexer
 	t := len(pos)
 	l.ixArgs = compute.IndexerArgs{Q: l.iq.Rows(r, r+t), KPages: c.ik, PageSize: PageSize, KLen: c.Len,
 		W: l.iw.Rows(r, r+t), QPos: l.posT.Rows(pr, pr+t), TopK: ix.TopK, Indices: idx.Reshape(t, ix.TopK)}
+	if !table.IsZero() {
+		l.ixArgs.KPages, l.ixArgs.KPool, l.ixArgs.PageTable = nil, l.slab.IK, table
+	}
 	if l.SplitIndexer != nil {
 		return l.split.selectSummed(l, idx.Reshape(t, ix.TopK), pos, c.Len)
 	}
@@ -793,22 +811,36 @@ func (l *Layer) forwardRows(x compute.Tensor, caches []*Cache, y compute.Tensor)
 			return err
 		}
 	} else {
-		// The piece follows each run's pages and rows and, for DSA, how
-		// many of them attend densely (attendRows).
+		if err := l.writeTables(caches, t); err != nil {
+			return err
+		}
+		// The piece follows each run's rows and, for DSA, how many of
+		// them attend densely (attendRows), and its pages: the slab and
+		// the tables written above (with the page counts), or each page.
 		deps := l.deps()
+		if l.slab != nil {
+			deps = append(deps, l.slab.KV, l.slab.PE, l.slab.IK, l.tabT)
+		}
 		l.capInts = l.capInts[:0]
-		for i := 0; i < t; {
+		for i, j := 0, 0; i < t; j++ {
 			c, n := caches[i], runOf(caches, i)
-			deps = append(append(append(deps, c.lat...), c.pe...), c.ik...)
+			pages := int32(0)
+			if l.slab != nil {
+				pages = l.tabRun[2*j+1]
+			} else {
+				deps = append(append(append(deps, c.lat...), c.pe...), c.ik...)
+			}
 			dense := n
 			if ix := l.cfg.Indexer; ix != nil {
 				dense = min(n, max(0, ix.TopK-int(l.runPos[i])))
 			}
-			l.capInts = append(l.capInts, int32(i), int32(n), int32(dense))
+			l.capInts = append(l.capInts, int32(i), int32(n), int32(dense), pages)
 			i += n
 		}
 		l.capDeps = deps
-		if err := l.Capture(PieceAttend, t, deps, l.capInts, func() error { return l.attendRows(caches, t) }); err != nil {
+		err := l.Capture(PieceAttend, t, deps, l.capInts, func() error { return l.attendRows(caches, t) })
+		l.slab = nil
+		if err != nil {
 			return err
 		}
 	}
@@ -816,6 +848,39 @@ func (l *Layer) forwardRows(x compute.Tensor, caches []*Cache, y compute.Tensor)
 		return l.output(x, t, y)
 	}
 	return l.Capture(PieceOutput, t, l.deps(x, y), nil, func() error { return l.output(x, t, y) })
+}
+
+// writeTables writes the page tables of the runs of an exact pass when
+// all their pages lie in one slab, and sets l.slab; else l.slab is nil
+// and the runs attend over their page lists.
+func (l *Layer) writeTables(caches []*Cache, t int) error {
+	l.slab, l.tabHost, l.tabRun = nil, l.tabHost[:0], l.tabRun[:0]
+	var sl *Slab
+	for i := 0; i < t; {
+		c, n := caches[i], runOf(caches, i)
+		s, tab := c.slabTable(l.tabHost)
+		if s == nil || (sl != nil && s != sl) {
+			l.tabHost, l.tabRun = l.tabHost[:0], l.tabRun[:0]
+			return nil
+		}
+		sl = s
+		l.tabRun = append(l.tabRun, int32(len(l.tabHost)), int32(len(tab)-len(l.tabHost)))
+		l.tabHost = tab
+		i += n
+	}
+	if need := len(l.tabHost); l.tabT.IsZero() || l.tabT.Len() < need {
+		// A new table is another tensor, so graphs naming the old one
+		// are not matched again; it stays allocated with them.
+		var err error
+		if l.tabT, err = l.b.Alloc(compute.I32, max(need, 2*l.tabT.Len(), 64)); err != nil {
+			return err
+		}
+	}
+	if err := l.b.Write(l.tabT.Rows(0, len(l.tabHost)), &l.tabHost); err != nil {
+		return err
+	}
+	l.slab = sl
+	return nil
 }
 
 // runOf returns the length of the run of rows of caches[i] from row i.
@@ -856,13 +921,17 @@ func (l *Layer) projectRows(x compute.Tensor) error {
 // to their selection: a run crossing TopK takes two calls.
 func (l *Layer) attendRows(caches []*Cache, t int) error {
 	cfg := l.cfg
-	for i := 0; i < t; {
+	for i, j := 0, 0; i < t; j++ {
 		c, n := caches[i], runOf(caches, i)
 		p0 := int(l.runPos[i])
+		var table compute.Tensor // the run's page table, with a slab
+		if l.slab != nil {
+			table = l.tabT.Rows(int(l.tabRun[2*j]), int(l.tabRun[2*j]+l.tabRun[2*j+1]))
+		}
 		var sel compute.Tensor
 		if cfg.Indexer != nil {
 			sel = l.idxRows(i, i+n)
-			if err := l.indexSelect(c, l.runPos[i:i+n], i, i, sel); err != nil {
+			if err := l.indexSelectIn(c, table, l.runPos[i:i+n], i, i, sel); err != nil {
 				return err
 			}
 		}
@@ -881,6 +950,13 @@ func (l *Layer) attendRows(caches []*Cache, t int) error {
 				QPos: l.posT.Rows(i+r0, i+r1), KVLen: p0 + r1, Causal: true, Scale: float32(l.scale), Out: l.ol.Rows(i+r0, i+r1)}
 			if cfg.RopeDim > 0 {
 				l.attn.QRope, l.attn.KRopePages = l.qr.Rows(i+r0, i+r1), c.pe
+			}
+			if l.slab != nil {
+				l.attn.KPages, l.attn.KRopePages = nil, nil
+				l.attn.KPool, l.attn.PageTable = l.slab.KV, table
+				if cfg.RopeDim > 0 {
+					l.attn.KRopePool = l.slab.PE
+				}
 			}
 			if err := l.b.Attention(&l.attn); err != nil {
 				return fmt.Errorf("dsa: attention: %w", err)

@@ -309,6 +309,13 @@ func newModel(ctx context.Context, cfg *config.Config, ck *safetensors.Checkpoin
 	if !o.eager && m.par == nil {
 		m.graphs = newGraphs(m.b)
 		m.slabs = newSlabs(m)
+		if m.graphs != nil {
+			for _, ly := range m.layers {
+				if ly.pages != nil {
+					ly.pages.Slabs = pageSlab
+				}
+			}
+		}
 	}
 	return m, nil
 }

@@ -13,6 +13,12 @@ import (
 // that a batch one graph can serve fits one slab.
 const slabSize = graphMaxRows
 
+// pageSlab is the pages of an attention layer's first page slab on a
+// capturing backend (dsa.Pool.Slabs; later slabs double the pool, up to
+// dsa.MaxSlab pages): a decode batch whose pages share a slab attends
+// through page tables written before its graph, not its pages.
+const pageSlab = 16
+
 // A slab holds the KDA states of up to slabSize sessions: per KDA layer
 // one pool ([slabSize, ...] per kind, kda.State's layout), a session's
 // states being the rows of its slot in every pool. A pass whose exact

@@ -9,29 +9,45 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"k3/ascend"
+	"k3/config"
 )
 
-// kdaGraphs counts the model's KDA mixer graphs: captured and kept, and
-// replays of any.
-func (m *Model) kdaGraphs() (kept int, replays int) {
+// partGraphs counts the model's graphs of one part: captured and kept,
+// and calls of those.
+func (m *Model) partGraphs(part graphPart) (kept int, calls int) {
 	m.graphs.mu.Lock()
 	defer m.graphs.mu.Unlock()
 	for el := m.graphs.lru.Front(); el != nil; el = el.Next() {
 		e := el.Value.(*graphEntry)
-		if e.key.part == graphKDA && e.g != nil {
+		if e.key.part == part && e.g != nil {
 			kept++
-			replays += e.calls
+			calls += e.calls
 		}
 	}
-	return kept, replays
+	return kept, calls
 }
 
-// On a capturing backend sessions' KDA states are slots of one slab, and
-// a decode batch's KDA mixers read them through the slots written before
-// the pass: when a session of the batch closes and a new one takes its
-// slot, and when the batch's order changes, the KDA graphs captured for
-// the first sessions serve the new ones (no new KDA graph), with logits
-// bitwise those of the model run eagerly (WithoutGraphs, states apart).
+func (m *Model) kdaGraphs() (kept int, calls int) { return m.partGraphs(graphKDA) }
+
+// hasIndexer reports whether a layer of m is DSA.
+func (m *Model) hasIndexer() bool {
+	for _, ly := range m.layers {
+		if ly.kind == config.DSA {
+			return true
+		}
+	}
+	return false
+}
+
+// On a capturing backend sessions' KDA states are slots of one slab and
+// their attention pages pages of one page slab, and a decode batch's KDA
+// mixers and attention read them through the slots and page tables
+// written before the pass: when a session of the batch closes and a new
+// one takes its slot, and when the batch's order changes, the KDA graphs
+// captured for the first sessions serve the new ones (no new KDA graph),
+// and so do the attention graphs where no row crosses the indexer's
+// TopK (the checkpoints without DSA), with logits bitwise those of the
+// model run eagerly (WithoutGraphs, states and pages apart).
 func TestSlabsServeNewSessions(t *testing.T) {
 	configs, err := filepath.Glob("../testdata/model/*/config.json")
 	require.NoError(t, err)
@@ -43,6 +59,9 @@ func TestSlabsServeNewSessions(t *testing.T) {
 			type result struct {
 				logits         [][]float32
 				before, after  int // KDA graphs kept before and after the swap
+				attnBefore     int // attention graphs, likewise
+				attnAfter      int
+				dsa            bool
 				replaysBefore  int
 				replaysAfter   int
 				slots, newSlot []int
@@ -86,6 +105,8 @@ func TestSlabsServeNewSessions(t *testing.T) {
 				step(4, 20)
 				if graphs {
 					r.before, r.replaysBefore = m.kdaGraphs()
+					r.attnBefore, _ = m.partGraphs(graphAttnAttend)
+					r.dsa = m.hasIndexer()
 					for _, s := range ss {
 						r.slots = append(r.slots, s.slot)
 					}
@@ -100,6 +121,7 @@ func TestSlabsServeNewSessions(t *testing.T) {
 				step(3, 60)
 				if graphs {
 					r.after, r.replaysAfter = m.kdaGraphs()
+					r.attnAfter, _ = m.partGraphs(graphAttnAttend)
 					for _, s := range ss {
 						r.newSlot = append(r.newSlot, s.slot)
 					}
@@ -125,8 +147,13 @@ func TestSlabsServeNewSessions(t *testing.T) {
 			require.Equal(t, graphed.before, graphed.after, "the new session and order took no new KDA graph")
 			require.Greater(t, graphed.replaysAfter, graphed.replaysBefore, "the KDA graphs were replayed for them")
 			require.Equal(t, graphed.slots[1], graphed.newSlot[1], "the new session took the freed slot")
+			require.Positive(t, graphed.attnBefore, "attention graphs were captured")
+			if !graphed.dsa {
+				require.Equal(t, graphed.attnBefore, graphed.attnAfter, "the new session and order took no new attention graph")
+			}
 			require.Equal(t, int64(slabSize-3)*graphed.perSession, graphed.freeSlots)
-			t.Logf("%d KDA graphs; replays %d, then %d; slots %v then %v", graphed.after, graphed.replaysBefore, graphed.replaysAfter, graphed.slots, graphed.newSlot)
+			t.Logf("%d KDA graphs; calls %d, then %d; slots %v then %v; attention graphs %d, then %d",
+				graphed.after, graphed.replaysBefore, graphed.replaysAfter, graphed.slots, graphed.newSlot, graphed.attnBefore, graphed.attnAfter)
 		})
 	}
 }
