@@ -621,6 +621,21 @@ func (b *Backend) Copy(dst, src compute.Tensor) error {
 		operand{t: dst, view: flat}, operand{t: src, view: flat})
 }
 
+// ScatterRows implements compute.Backend: aclnnInplaceIndexCopy along
+// the first dimension, the indices read on the device (an index out of
+// range is the device's fault, not checked on the host).
+func (b *Backend) ScatterRows(dst, idx, src compute.Tensor) error {
+	if dst.Rank == 0 || src.Rank == 0 || dst.DType != src.DType || idx.DType != compute.I32 || dims(idx) != src.Dims[0] ||
+		dims(dst)/max(dst.Dims[0], 1) != dims(src)/max(src.Dims[0], 1) {
+		return fmt.Errorf("%w: scatter rows of %v by %v into %v", compute.ErrShape, src, idx, dst)
+	}
+	w := dims(src) / max(src.Dims[0], 1)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.runAs("aclnnInplaceIndexCopy", func(ts []tensorDesc) (prepared, error) { return b.drv.indexCopy(ts[0], 0, ts[1], ts[2]) },
+		operand{t: dst, view: i64(dst.Dims[0], w)}, operand{t: idx, view: i64(src.Dims[0])}, operand{t: src, view: i64(src.Dims[0], w)})
+}
+
 // Fill implements compute.Backend: zero is a memset, other values
 // aclnnInplaceFillScalar (f32 and bf16 tensors; others are not mapped).
 func (b *Backend) Fill(dst compute.Tensor, v float32) error {

@@ -40,9 +40,13 @@ func TestTypedReadWrite(t *testing.T) {
 }
 
 // KDAChunk and CausalConv over a pool of states equal the calls over one
-// state per sequence, on both drivers.
+// state per sequence, and ScatterRows puts rows where its indices say,
+// on both drivers.
 func TestStatePools(t *testing.T) {
-	eachDriver(t, 8<<20, func(t *testing.T, b *Backend) { computetest.StatePools(t, b) })
+	eachDriver(t, 8<<20, func(t *testing.T, b *Backend) {
+		computetest.StatePools(t, b)
+		computetest.Scatter(t, b)
+	})
 }
 
 // Attention and the indexer over pools and a page table (gathered by

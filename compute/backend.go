@@ -67,6 +67,11 @@ type Backend interface {
 	// Fill sets every element of dst to v, converted to dst's dtype (I32:
 	// truncated): a state is reset without shipping zeros from the host.
 	Fill(dst Tensor, v float32) error
+	// ScatterRows copies row i of src into row idx[i] of dst (rows along
+	// the first dimension, of one width and dtype; idx I32 [n], n the
+	// rows of src, each in range, no two alike): a device's cache write
+	// by slot mapping, the indices staying on the device.
+	ScatterRows(dst, idx, src Tensor) error
 
 	// KDAChunk runs Kimi Delta Attention's core over packed sequences,
 	// chunked (FlashKDA's token-parallel then sequential split) or token by

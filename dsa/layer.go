@@ -298,10 +298,10 @@ type Layer struct {
 	posHost []int32
 	posMax  int
 	// When a captured exact pass's runs have all their pages in one slab
-	// (slab): the runs' page tables, written after the appends into tabT
-	// (I32, grown as needed) from tabHost, run j's at tabRun[2j] with
-	// tabRun[2j+1] pages. The attention piece then names the slab and
-	// tabT, not the pages.
+	// (slab): the rows' slots in the slab (the first rows of tabT), then
+	// the runs' page tables, run j's at tabRun[2j] with tabRun[2j+1]
+	// pages, written into tabT (I32, grown as needed) from tabHost before
+	// the pass's piece, which names the slab and tabT, not the pages.
 	slab    *Slab
 	tabT    compute.Tensor
 	tabHost []int32
@@ -782,6 +782,16 @@ func (l *Layer) forwardRows(x compute.Tensor, caches []*Cache, y compute.Tensor)
 	if err := l.setPositions(l.runPos); err != nil {
 		return err
 	}
+	if l.Capture != nil && l.SplitIndexer == nil {
+		if err := l.writeTables(caches, t); err != nil {
+			return err
+		}
+		if l.slab != nil {
+			err := l.forwardPooled(x, caches, y, t)
+			l.slab = nil
+			return err
+		}
+	}
 	if l.Capture == nil {
 		// The closures of the pieces only here: they escape, and the Go
 		// backend's decode allocates nothing.
@@ -811,36 +821,18 @@ func (l *Layer) forwardRows(x compute.Tensor, caches []*Cache, y compute.Tensor)
 			return err
 		}
 	} else {
-		if err := l.writeTables(caches, t); err != nil {
-			return err
-		}
-		// The piece follows each run's rows and, for DSA, how many of
-		// them attend densely (attendRows), and its pages: the slab and
-		// the tables written above (with the page counts), or each page.
+		// The piece follows each run's pages and rows and, for DSA, how
+		// many of them attend densely (attendRows).
 		deps := l.deps()
-		if l.slab != nil {
-			deps = append(deps, l.slab.KV, l.slab.PE, l.slab.IK, l.tabT)
-		}
 		l.capInts = l.capInts[:0]
-		for i, j := 0, 0; i < t; j++ {
+		for i := 0; i < t; {
 			c, n := caches[i], runOf(caches, i)
-			pages := int32(0)
-			if l.slab != nil {
-				pages = l.tabRun[2*j+1]
-			} else {
-				deps = append(append(append(deps, c.lat...), c.pe...), c.ik...)
-			}
-			dense := n
-			if ix := l.cfg.Indexer; ix != nil {
-				dense = min(n, max(0, ix.TopK-int(l.runPos[i])))
-			}
-			l.capInts = append(l.capInts, int32(i), int32(n), int32(dense), pages)
+			deps = append(append(append(deps, c.lat...), c.pe...), c.ik...)
+			l.capInts = append(l.capInts, int32(i), int32(n), int32(l.denseRows(i, n)))
 			i += n
 		}
 		l.capDeps = deps
-		err := l.Capture(PieceAttend, t, deps, l.capInts, func() error { return l.attendRows(caches, t) })
-		l.slab = nil
-		if err != nil {
+		if err := l.Capture(PieceAttend, t, deps, l.capInts, func() error { return l.attendRows(caches, t) }); err != nil {
 			return err
 		}
 	}
@@ -850,11 +842,78 @@ func (l *Layer) forwardRows(x compute.Tensor, caches []*Cache, y compute.Tensor)
 	return l.Capture(PieceOutput, t, l.deps(x, y), nil, func() error { return l.output(x, t, y) })
 }
 
-// writeTables writes the page tables of the runs of an exact pass when
-// all their pages lie in one slab, and sets l.slab; else l.slab is nil
-// and the runs attend over their page lists.
+// denseRows is how many of the n rows of the run from row i attend to
+// every position they have seen (for DSA, those that have seen at most
+// TopK).
+func (l *Layer) denseRows(i, n int) int {
+	if ix := l.cfg.Indexer; ix != nil {
+		return min(n, max(0, ix.TopK-int(l.runPos[i])))
+	}
+	return n
+}
+
+// forwardPooled is forwardRows' captured pass when every run's pages lie
+// in one slab (l.slab), with the slots and tables written: the whole
+// mixer is one piece (projections, the new rows scattered into the
+// slab's pools by their slots, selection and attention through the page
+// tables, the output), whose key names the slab and the table tensor, not
+// the pages, with each run's rows, dense rows and page count.
+func (l *Layer) forwardPooled(x compute.Tensor, caches []*Cache, y compute.Tensor, t int) error {
+	deps := append(l.deps(x, y), l.slab.KV, l.slab.PE, l.slab.IK, l.tabT)
+	l.capInts = l.capInts[:0]
+	for i, j := 0, 0; i < t; j++ {
+		c, n := caches[i], runOf(caches, i)
+		l.capInts = append(l.capInts, int32(i), int32(n), int32(l.denseRows(i, n)), l.tabRun[2*j+1])
+		c.Len += n // the rows land in the piece, at the slots written
+		i += n
+	}
+	l.capDeps = deps
+	return l.Capture(PieceAttend, t, deps, l.capInts, func() error {
+		if err := l.projectRows(x); err != nil {
+			return err
+		}
+		slots := l.tabT.Rows(0, t)
+		if err := l.b.ScatterRows(l.slab.KV.Reshape(-1, l.cfg.KVLoRARank), slots, l.kvNew.Rows(0, t)); err != nil {
+			return fmt.Errorf("dsa: cache write: %w", err)
+		}
+		if l.cfg.RopeDim > 0 {
+			if err := l.b.ScatterRows(l.slab.PE, slots, l.peNew.Rows(0, t)); err != nil {
+				return fmt.Errorf("dsa: cache write: %w", err)
+			}
+		}
+		if l.cfg.Indexer != nil {
+			if err := l.b.ScatterRows(l.slab.IK, slots, l.ik.Rows(0, t)); err != nil {
+				return fmt.Errorf("dsa: cache write: %w", err)
+			}
+		}
+		if err := l.attendRows(caches, t); err != nil {
+			return err
+		}
+		return l.output(x, t, y)
+	})
+}
+
+// writeTables writes the slots of an exact pass's rows and the page
+// tables of its runs (one Write, into tabT) when all their pages lie in
+// one slab, and sets l.slab; else l.slab is nil and the runs append and
+// attend over their page lists.
 func (l *Layer) writeTables(caches []*Cache, t int) error {
 	l.slab, l.tabHost, l.tabRun = nil, l.tabHost[:0], l.tabRun[:0]
+	// The rows' slots first: row i goes to row page·PageSize + pos%PageSize
+	// of the slab's pools, page being its position's page.
+	for i := 0; i < t; {
+		c, n := caches[i], runOf(caches, i)
+		for r := range n {
+			pos := c.Len + r
+			pg := c.pages[pos/PageSize]
+			if pg.slab == nil {
+				l.tabHost = l.tabHost[:0]
+				return nil
+			}
+			l.tabHost = append(l.tabHost, pg.index*PageSize+int32(pos%PageSize))
+		}
+		i += n
+	}
 	var sl *Slab
 	for i := 0; i < t; {
 		c, n := caches[i], runOf(caches, i)

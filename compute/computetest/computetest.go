@@ -282,3 +282,42 @@ func PagePools(t *testing.T, b compute.Backend) {
 	require.Equal(t, n1, n2, "indexer counts")
 	require.Equal(t, []int32{K, K, K}, n1)
 }
+
+// Scatter checks ScatterRows: each source row lands in the row its index
+// names, the others keep their values, for F32 rows and BF16 bits.
+func Scatter(t *testing.T, b compute.Backend) {
+	t.Helper()
+	const rows, w = 7, 5
+	idx, err := b.Alloc(compute.I32, 3)
+	require.NoError(t, err)
+	slots := []int32{6, 0, 3}
+	require.NoError(t, b.Write(idx, slots))
+	for _, dt := range []compute.DType{compute.F32, compute.BF16} {
+		dst, err := b.Alloc(dt, rows, w)
+		require.NoError(t, err)
+		src, err := b.Alloc(dt, 3, w)
+		require.NoError(t, err)
+		before, rowsIn := make([]float32, rows*w), make([]float32, 3*w)
+		for i := range before {
+			before[i] = float32(i) + 0.5
+		}
+		for i := range rowsIn {
+			rowsIn[i] = -float32(i) - 1
+		}
+		require.NoError(t, b.Write(dst, before))
+		require.NoError(t, b.Write(src, rowsIn))
+		require.NoError(t, b.ScatterRows(dst, idx, src), "%v", dt)
+		got := make([]float32, rows*w)
+		require.NoError(t, b.Read(got, dst))
+		want := append([]float32(nil), before...)
+		for i, r := range slots {
+			copy(want[int(r)*w:int(r+1)*w], rowsIn[i*w:(i+1)*w])
+		}
+		require.Equal(t, want, got, "%v", dt)
+	}
+	f, err := b.Alloc(compute.F32, rows, w)
+	require.NoError(t, err)
+	g, err := b.Alloc(compute.F32, 3, w+1)
+	require.NoError(t, err)
+	require.ErrorIs(t, b.ScatterRows(f, idx, g), compute.ErrShape, "rows of another width")
+}

@@ -317,6 +317,39 @@ func (b *Backend) Copy(dst, src compute.Tensor) error {
 	return nil
 }
 
+// ScatterRows copies row i of src into row idx[i] of dst.
+func (b *Backend) ScatterRows(dst, idx, src compute.Tensor) error {
+	if dst.Rank == 0 || src.Rank == 0 || dst.DType != src.DType || dst.Len()/max(dst.Dims[0], 1) != src.Len()/max(src.Dims[0], 1) {
+		return shapeErr("scatter rows of %v into %v", src, dst)
+	}
+	n, w := src.Dims[0], src.Len()/max(src.Dims[0], 1)
+	if err := compute.CheckShape("scatter indices", idx, compute.I32, n); err != nil {
+		return err
+	}
+	rows := I32(idx)
+	for i, r := range rows {
+		if r < 0 || int(r) >= dst.Dims[0] {
+			return shapeErr("scatter index %d of row %d outside %d rows", r, i, dst.Dims[0])
+		}
+		for _, q := range rows[:i] {
+			if q == r {
+				return shapeErr("scatter index %d given to two rows", r)
+			}
+		}
+	}
+	for i, r := range rows {
+		switch src.DType {
+		case compute.F32:
+			copy(F32(dst)[int(r)*w:int(r+1)*w], F32(src)[i*w:(i+1)*w])
+		case compute.I32:
+			copy(I32(dst)[int(r)*w:int(r+1)*w], I32(src)[i*w:(i+1)*w])
+		default:
+			copy(U16(dst)[int(r)*w:int(r+1)*w], U16(src)[i*w:(i+1)*w])
+		}
+	}
+	return nil
+}
+
 // Fill sets every element of dst to v.
 func (b *Backend) Fill(dst compute.Tensor, v float32) error {
 	switch dst.DType {

@@ -50,11 +50,13 @@ func TestTypedReadWrite(t *testing.T) {
 }
 
 // KDAChunk and CausalConv over a pool of states equal the calls over one
-// state per sequence; bad indices are refused, naming the index.
+// state per sequence, and ScatterRows puts rows where its indices say;
+// bad indices are refused, naming the index.
 func TestStatePools(t *testing.T) {
 	b := New(2)
 	defer b.Close()
 	computetest.StatePools(t, b)
+	computetest.Scatter(t, b)
 
 	pool, err := b.Alloc(compute.F32, 3, 1, 4)
 	require.NoError(t, err)
