@@ -923,6 +923,14 @@ func (l *Layer) writeTables(caches []*Cache, t int) error {
 			return nil
 		}
 		sl = s
+		// Padded to a power of two with the last page: the padding's rows
+		// lie past every query's position, which the device masks, and
+		// a sequence entering a new page keeps its graph until the bucket
+		// is full.
+		np := len(tab) - len(l.tabHost)
+		for range pageBucket(np) - np {
+			tab = append(tab, tab[len(tab)-1])
+		}
 		l.tabRun = append(l.tabRun, int32(len(l.tabHost)), int32(len(tab)-len(l.tabHost)))
 		l.tabHost = tab
 		i += n
@@ -940,6 +948,16 @@ func (l *Layer) writeTables(caches []*Cache, t int) error {
 	}
 	l.slab = sl
 	return nil
+}
+
+// pageBucket is the page count a page table is padded to: the next power
+// of two.
+func pageBucket(n int) int {
+	b := 1
+	for b < n {
+		b *= 2
+	}
+	return b
 }
 
 // runOf returns the length of the run of rows of caches[i] from row i.

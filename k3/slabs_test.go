@@ -157,3 +157,58 @@ func TestSlabsServeNewSessions(t *testing.T) {
 		})
 	}
 }
+
+// A session decoding from its third page of cached positions into its
+// fourth replays the attention graphs it captured on the third: the page
+// tables are padded to a power of two. Logits are bitwise those without
+// graphs.
+func TestPageBucketsKeepGraphs(t *testing.T) {
+	configs, err := filepath.Glob("../testdata/model/*/config.json")
+	require.NoError(t, err)
+	ctx := context.Background()
+	for _, cfg := range configs {
+		dir := filepath.Dir(cfg)
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			run := func(graphs bool) (logits [][]float32, before, after int) {
+				b, err := ascend.OpenHost(ascend.Options{ArenaBytes: 256 << 20})
+				require.NoError(t, err)
+				defer b.Close()
+				opts := []Option{WithComputeBackend(b)}
+				if !graphs {
+					opts = append(opts, WithoutGraphs())
+				}
+				m, err := Load(ctx, dir, opts...)
+				require.NoError(t, err)
+				defer m.Close()
+				s, err := m.NewSession()
+				require.NoError(t, err)
+				defer s.Close()
+				prompt := make([]int32, 180)
+				for i := range prompt {
+					prompt[i] = int32(1 + i%17)
+				}
+				_, err = s.Forward(ctx, prompt)
+				require.NoError(t, err)
+				for step := range 20 { // positions 180 to 199: page 4 from 192
+					l, err := s.Forward(ctx, []int32{int32(2 + step%11)})
+					require.NoError(t, err)
+					logits = append(logits, l)
+					if graphs && step == 11 {
+						before, _ = m.partGraphs(graphAttnAttend)
+					}
+				}
+				if graphs {
+					after, _ = m.partGraphs(graphAttnAttend)
+				}
+				return logits, before, after
+			}
+			eager, _, _ := run(false)
+			graphed, before, after := run(true)
+			for i := range eager {
+				require.True(t, slices.Equal(eager[i], graphed[i]), "logits %d differ", i)
+			}
+			require.Positive(t, before)
+			require.Equal(t, before, after, "entering the fourth page took no new attention graph")
+		})
+	}
+}
