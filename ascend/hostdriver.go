@@ -180,7 +180,8 @@ func (s *hostStream) record(e event) error {
 // Inside a capture it follows ACL's cross-stream capture: a stream that
 // waits for an event recorded in the capture joins it (its later work is
 // captured too), and a joined stream returns when the capturing stream
-// waits for an event recorded on it. A captured graph holds the tasks of
+// waits for an event recorded on it, and joins again when it waits for
+// another event of the capturing stream. A captured graph holds the tasks of
 // every stream in the order they were issued, which keeps each event's
 // record before its waits.
 func (s *hostStream) wait(e event) error {
@@ -198,6 +199,12 @@ func (s *hostStream) wait(e event) error {
 		case s == g.origin:
 			if j := g.joined[ev.src]; j != nil {
 				j.returned = true
+			}
+		case ev.src == g.origin:
+			// A returned stream forked again (the next layer's side work)
+			// is in the capture again until it returns once more.
+			if j := g.joined[s]; j != nil {
+				j.returned = false
 			}
 		}
 		s.enqueue(func() error { return nil }) // the record precedes it in the graph

@@ -125,6 +125,31 @@ func TestCaptureSideStreams(t *testing.T) {
 			}
 		}
 
+		// Forked and joined twice in one capture (two layers' side work).
+		g2, err := b.Capture(func() error {
+			for range 2 {
+				if err := compute.Fork(b, side); err != nil {
+					return err
+				}
+				if err := side.Binary(compute.Add, d, a, a); err != nil { // 2a
+					return err
+				}
+				if err := compute.Join(b, side); err != nil {
+					return err
+				}
+				if err := b.Binary(compute.Add, a, d, a); err != nil { // a ← 3a
+					return err
+				}
+			}
+			return nil
+		})
+		require.NoError(t, err, "a side stream forked again after it returned")
+		defer g2.Close()
+		require.NoError(t, b.Write(a, []float32{1, 2, 3, 4}))
+		require.NoError(t, g2.Replay())
+		require.NoError(t, b.Read(got, a))
+		assert.Equal(t, []float32{9, 18, 27, 36}, got)
+
 		_, err = b.Capture(func() error { return side.Fill(d, 1) })
 		require.ErrorIs(t, err, ErrCapturing, "a side stream that did not join")
 		_, err = b.Capture(func() error {

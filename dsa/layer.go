@@ -306,6 +306,7 @@ type Layer struct {
 	tabT    compute.Tensor
 	tabHost []int32
 	tabRun  []int32
+	ready   bool // Prepare readied the next Forward
 }
 
 // scratch holds a layer's intermediates; layers of one shape that run one
@@ -324,6 +325,9 @@ type scratch struct {
 func (l *Layer) Share(w *Weights) *Layer {
 	c := *l
 	c.W = w
+	// A prepared step keeps these per layer until the step ends (each
+	// layer's caches and pages differ), so they are the copy's own.
+	c.rowCaches, c.runPos, c.tabHost, c.tabRun, c.tabT = nil, nil, nil, nil, compute.Tensor{}
 	return &c
 }
 
@@ -420,8 +424,37 @@ type Seqs struct {
 // apart because a product over both would give the exact rows another
 // summation order once the chunk rows make it long.
 func (l *Layer) Forward(x compute.Tensor, s *Seqs, y compute.Tensor) error {
-	n := len(s.Caches)
+	if l.ready {
+		return l.forwardReady(x, y)
+	}
+	if err := l.check(s, x.Dim(0)); err != nil {
+		return err
+	}
 	t := x.Dim(0)
+	e := int(s.Cu[s.Exact])
+	if s.Exact > 0 {
+		l.rowCaches = l.rowCaches[:0]
+		for i, c := range s.Caches[:s.Exact] {
+			for range s.Cu[i+1] - s.Cu[i] {
+				l.rowCaches = append(l.rowCaches, c)
+			}
+		}
+		err := l.forwardRows(x.Rows(0, e), l.rowCaches, y.Rows(0, e))
+		clear(l.rowCaches)
+		if err != nil {
+			return err
+		}
+	}
+	if e < t {
+		return l.chunks(x.Rows(e, t), s.Caches[s.Exact:], s.Cu[s.Exact:], l.idxRows(e, t), y.Rows(e, t))
+	}
+	return nil
+}
+
+// check validates s for a call over t rows and reserves the caches' room
+// for their rows.
+func (l *Layer) check(s *Seqs, t int) error {
+	n := len(s.Caches)
 	switch {
 	case len(s.Cu) != n+1 || s.Cu[0] != 0 || int(s.Cu[n]) != t:
 		return fmt.Errorf("dsa: %d rows with row offsets %v for %d sequences", t, s.Cu, n)
@@ -446,24 +479,92 @@ func (l *Layer) Forward(x compute.Tensor, s *Seqs, y compute.Tensor) error {
 			return err
 		}
 	}
-	e := int(s.Cu[s.Exact])
-	if s.Exact > 0 {
-		l.rowCaches = l.rowCaches[:0]
-		for i, c := range s.Caches[:s.Exact] {
-			for range s.Cu[i+1] - s.Cu[i] {
-				l.rowCaches = append(l.rowCaches, c)
-			}
-		}
-		err := l.forwardRows(x.Rows(0, e), l.rowCaches, y.Rows(0, e))
-		clear(l.rowCaches)
-		if err != nil {
-			return err
-		}
-	}
-	if e < t {
-		return l.chunks(x.Rows(e, t), s.Caches[s.Exact:], s.Cu[s.Exact:], l.idxRows(e, t), y.Rows(e, t))
-	}
 	return nil
+}
+
+// Prepare readies the layer's next Forward over s, all exact runs on a
+// layer that captures (Capture set, no SplitIndexer), as a part of a
+// step captured whole: it checks s, reserves the caches' room and writes
+// the rows' positions, slots and page tables (the step's metadata,
+// written before the step so that a replay reads them). It reports
+// whether every run's pages lie in one slab. If they do, Commit advances
+// the caches' lengths (the host's bookkeeping, which a replay skips) and
+// makes the next Forward the device work alone (projections, the
+// slot-mapped appends, selection and attention through the tables, the
+// output) with no capture of its own; AppendKey gives what the step's
+// key needs. Done ends a prepared step, run, replayed or given up (then
+// Forward runs as usual: the room and the metadata it finds do no harm).
+func (l *Layer) Prepare(s *Seqs, t int) (bool, error) {
+	if l.Capture == nil || l.SplitIndexer != nil || s.Exact != len(s.Caches) {
+		return false, nil
+	}
+	if err := l.check(s, t); err != nil {
+		return false, err
+	}
+	l.rowCaches = l.rowCaches[:0]
+	for i, c := range s.Caches {
+		for range s.Cu[i+1] - s.Cu[i] {
+			l.rowCaches = append(l.rowCaches, c)
+		}
+	}
+	caches := l.rowCaches
+	l.runPos = l.runPos[:0]
+	for i := 0; i < t; {
+		c, n := caches[i], runOf(caches, i)
+		for r := range n {
+			l.runPos = append(l.runPos, int32(c.Len+r))
+		}
+		i += n
+	}
+	if err := l.setPositions(l.runPos); err != nil {
+		return false, err
+	}
+	if err := l.writeTables(caches, t); err != nil {
+		return false, err
+	}
+	return l.slab != nil, nil
+}
+
+// Commit advances a prepared step's caches and makes the next Forward
+// its device work.
+func (l *Layer) Commit() {
+	caches := l.rowCaches
+	for i := 0; i < len(caches); {
+		c, n := caches[i], runOf(caches, i)
+		c.Len += n
+		i += n
+	}
+	l.ready = true
+}
+
+// AppendKey appends what a prepared step's key needs of the layer: the
+// tensors its device work names (its intermediates' identity, the slab's
+// pools, the positions and table tensors) and per run its first row,
+// rows, dense rows and padded page count.
+func (l *Layer) AppendKey(deps []compute.Tensor, ints []int32) ([]compute.Tensor, []int32) {
+	deps = append(deps, l.qa, l.posT, l.slab.KV, l.slab.PE, l.slab.IK, l.tabT)
+	caches := l.rowCaches
+	for i, j := 0, 0; i < len(caches); j++ {
+		n := runOf(caches, i)
+		ints = append(ints, int32(i), int32(n), int32(l.denseRows(i, n)), l.tabRun[2*j+1])
+		i += n
+	}
+	return deps, ints
+}
+
+// Done ends a prepared step.
+func (l *Layer) Done() {
+	l.ready, l.slab = false, nil
+	clear(l.rowCaches)
+	l.rowCaches = l.rowCaches[:0]
+}
+
+// forwardReady is a prepared step's device work.
+func (l *Layer) forwardReady(x, y compute.Tensor) error {
+	if t := x.Dim(0); t != len(l.rowCaches) {
+		return fmt.Errorf("dsa: a step prepared for %d rows run over %d", len(l.rowCaches), t)
+	}
+	return l.devicePooled(x, l.rowCaches, y, x.Dim(0))
 }
 
 // chunks runs prefill rows x [T, D]: sequence i owns rows cu[i]-cu[0] to
@@ -868,29 +969,34 @@ func (l *Layer) forwardPooled(x compute.Tensor, caches []*Cache, y compute.Tenso
 		i += n
 	}
 	l.capDeps = deps
-	return l.Capture(PieceAttend, t, deps, l.capInts, func() error {
-		if err := l.projectRows(x); err != nil {
-			return err
-		}
-		slots := l.tabT.Rows(0, t)
-		if err := l.b.ScatterRows(l.slab.KV.Reshape(-1, l.cfg.KVLoRARank), slots, l.kvNew.Rows(0, t)); err != nil {
+	return l.Capture(PieceAttend, t, deps, l.capInts, func() error { return l.devicePooled(x, caches, y, t) })
+}
+
+// devicePooled is the device work of a pass over one slab: projections,
+// the new rows scattered by their slots, selection and attention through
+// the page tables, the output.
+func (l *Layer) devicePooled(x compute.Tensor, caches []*Cache, y compute.Tensor, t int) error {
+	if err := l.projectRows(x); err != nil {
+		return err
+	}
+	slots := l.tabT.Rows(0, t)
+	if err := l.b.ScatterRows(l.slab.KV.Reshape(-1, l.cfg.KVLoRARank), slots, l.kvNew.Rows(0, t)); err != nil {
+		return fmt.Errorf("dsa: cache write: %w", err)
+	}
+	if l.cfg.RopeDim > 0 {
+		if err := l.b.ScatterRows(l.slab.PE, slots, l.peNew.Rows(0, t)); err != nil {
 			return fmt.Errorf("dsa: cache write: %w", err)
 		}
-		if l.cfg.RopeDim > 0 {
-			if err := l.b.ScatterRows(l.slab.PE, slots, l.peNew.Rows(0, t)); err != nil {
-				return fmt.Errorf("dsa: cache write: %w", err)
-			}
+	}
+	if l.cfg.Indexer != nil {
+		if err := l.b.ScatterRows(l.slab.IK, slots, l.ik.Rows(0, t)); err != nil {
+			return fmt.Errorf("dsa: cache write: %w", err)
 		}
-		if l.cfg.Indexer != nil {
-			if err := l.b.ScatterRows(l.slab.IK, slots, l.ik.Rows(0, t)); err != nil {
-				return fmt.Errorf("dsa: cache write: %w", err)
-			}
-		}
-		if err := l.attendRows(caches, t); err != nil {
-			return err
-		}
-		return l.output(x, t, y)
-	})
+	}
+	if err := l.attendRows(caches, t); err != nil {
+		return err
+	}
+	return l.output(x, t, y)
 }
 
 // writeTables writes the slots of an exact pass's rows and the page

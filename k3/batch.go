@@ -44,6 +44,11 @@ type Batch struct {
 	slots    compute.Tensor
 	slotHost []int32
 	slab     *slab
+
+	// A whole step's prepared attention layers and key (stepGraph).
+	prepared []*dsa.Layer
+	keyDeps  []compute.Tensor
+	keyInts  []int32
 }
 
 // NewBatch prepares a batch of up to max rows per pass: max sessions a
@@ -258,7 +263,10 @@ func (bt *Batch) execute(sessions []*Session, cu, ids []int32, out []float32, ro
 			}
 		}
 		picks := 0 // the picked rows of the sessions before this one
-		err := bt.p.run(bt.ids, bt.mix, tr, all, bt.picked)
+		whole, err := bt.stepGraph(all)
+		if !whole && err == nil {
+			err = bt.p.run(bt.ids, bt.mix, tr, all, bt.picked)
+		}
 		bt.p.split = 0
 		if err != nil {
 			for _, s := range bt.cur {
@@ -475,4 +483,86 @@ func (bt *Batch) keepTaps(s *Session, r0, r1 int) error {
 	}
 	s.tapsPos, s.tapsRows = s.pos+k0-r0, r1-k0
 	return nil
+}
+
+// stepGraph runs the pass as one graph when a capturing backend can hold
+// it whole: a decode or verification pass of exact runs (at most
+// graphMaxRows rows, no trace, replay records or DSpark taps) whose
+// sessions' KDA states share a slab and whose KDA layers take their
+// composition, and whose attention layers all have their pages in one
+// page slab. The host work a replay skips is done first: the attention
+// layers' reservations, positions, slots and page tables and their
+// caches' lengths (dsa.Layer.Prepare and Commit), the KDA slots
+// (writeSlots, before) and the token ids. The key names the pass's
+// buffers, the slabs' pools and the layers' tables, with the rows'
+// offsets, the picked rows and every attention run's dense rows and page
+// bucket. Inside it every piece runs directly (graphs.inline). It
+// reports whether it ran the pass; when it did not, nothing but room
+// and metadata the pass's own run finds again has changed.
+func (bt *Batch) stepGraph(all bool) (bool, error) {
+	m, p, g := bt.m, bt.p, bt.m.graphs
+	t := len(bt.ids)
+	if g == nil || g.piecesOnly || bt.trace != nil || bt.nExact != len(bt.cur) || t > graphMaxRows || p.taps != nil || !bt.rec.dev.IsZero() ||
+		(m.slabs != nil && bt.slab == nil) {
+		return false, nil
+	}
+	for _, kl := range bt.kdaL {
+		if kl != nil && !kl.Composes() {
+			return false, nil // the first pass decides; a fused step on the host is not captured
+		}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	bt.prepared = bt.prepared[:0]
+	defer func() {
+		for _, ml := range bt.prepared {
+			ml.Done()
+		}
+		clear(bt.prepared)
+	}()
+	for l, ml := range bt.mlaL {
+		if ml == nil {
+			continue
+		}
+		bt.caches = bt.caches[:0]
+		for _, s := range bt.cur {
+			bt.caches = append(bt.caches, s.caches[l])
+		}
+		bt.dsaSeqs = dsa.Seqs{Cu: bt.cu, Caches: bt.caches, Exact: bt.nExact}
+		ok, err := ml.Prepare(&bt.dsaSeqs, t)
+		bt.prepared = append(bt.prepared, ml)
+		if err != nil || !ok {
+			return false, err
+		}
+	}
+	deps, ints := append(bt.keyDeps[:0], p.x, p.logits, bt.slots), bt.keyInts[:0]
+	if bt.slab != nil {
+		for _, st := range bt.slab.pools {
+			if st != nil {
+				deps = append(deps, st.Conv, st.S)
+			}
+		}
+	}
+	for _, ml := range bt.prepared {
+		ml.Commit()
+		deps, ints = ml.AppendKey(deps, ints)
+	}
+	ints = append(append(ints, bt.cu...), bt.picked...)
+	if all {
+		ints = append(ints, -1)
+	}
+	bt.keyDeps, bt.keyInts = deps, ints
+	if err := p.writeIDs(bt.ids); err != nil {
+		return true, err
+	}
+	g.begin()
+	g.dep(deps...)
+	g.num(ints...)
+	p.inStep = true
+	defer func() { p.inStep = false }()
+	return true, g.run(graphStep, 0, t, func() error {
+		g.inline = true
+		defer func() { g.inline = false }()
+		return p.run(bt.ids, bt.mix, nil, all, bt.picked)
+	})
 }

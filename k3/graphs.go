@@ -59,6 +59,12 @@ type graphs struct {
 	sig  []bufRef
 	ints []int32
 
+	// inline runs every piece directly: set while a whole step is run or
+	// captured (stepGraph), whose graph holds the pieces.
+	inline bool
+	// piecesOnly keeps whole steps off (tests of the pieces).
+	piecesOnly bool
+
 	stats GraphStats
 }
 
@@ -80,13 +86,16 @@ const (
 	graphAttnAttend
 	graphAttnOutput
 	graphAttnRes // a step of the AttnRes stream (the layer is the step)
+	graphStep    // a whole decode pass (Batch.stepGraph)
 )
 
 // attnPart is the part of an attention mixer's piece.
 func attnPart(p dsa.Piece) graphPart { return graphAttnProject + graphPart(p) }
 
 // isMixer says whether a part belongs to a token mixer (GraphStats).
-func (p graphPart) isMixer() bool { return p != graphFeedForward && p != graphAttnRes }
+func (p graphPart) isMixer() bool {
+	return p != graphFeedForward && p != graphAttnRes && p != graphStep
+}
 
 // bufRef is a tensor's buffer, element offset and length: where a graph
 // reads or writes it. Entries hold the buffer, so no other tensor can
@@ -196,6 +205,9 @@ func (e *graphEntry) matches(g *graphs) bool {
 // cache, keyed by the signature begin, dep and num built; g.mu is held
 // by the pass.
 func (g *graphs) run(part graphPart, l, rows int, fn func() error) error {
+	if g.inline {
+		return fn()
+	}
 	k := g.key(part, l, rows)
 	el, ok := g.byKey[k]
 	if ok && !el.Value.(*graphEntry).matches(g) {
@@ -214,10 +226,10 @@ func (g *graphs) run(part graphPart, l, rows int, fn func() error) error {
 	e.calls++
 	switch {
 	case e.g != nil:
-		g.count(part, &g.stats.Replayed, &g.stats.MixersReplayed)
+		g.count(part, ranReplayed)
 		return e.g.Replay()
 	case e.uncapturable || e.calls == 1:
-		g.count(part, &g.stats.Eager, &g.stats.MixersEager)
+		g.count(part, ranEager)
 		return fn()
 	}
 	gr, err := g.c.Capture(fn)
@@ -225,21 +237,36 @@ func (g *graphs) run(part graphPart, l, rows int, fn func() error) error {
 		// Nothing ran: the capture only recorded. The sublayer runs
 		// eagerly now and from then on.
 		e.uncapturable = true
-		g.count(part, &g.stats.Eager, &g.stats.MixersEager)
+		g.count(part, ranEager)
 		return fn()
 	}
 	e.g = gr
 	e.bytes = gr.Bytes()
 	g.stats.Bytes += e.bytes
-	g.count(part, &g.stats.Captured, &g.stats.MixersCaptured)
+	g.count(part, ranCaptured)
 	return gr.Replay()
 }
 
-// count adds a call to the total and, for a token mixer, to its share.
-func (g *graphs) count(part graphPart, total, mixers *int64) {
-	*total++
+// How a call of a piece ran (GraphStats).
+const (
+	ranCaptured = iota
+	ranReplayed
+	ranEager
+)
+
+// count adds a call that ran as ran to the totals and, for a token mixer
+// or a whole step, to its share.
+func (g *graphs) count(part graphPart, ran int) {
+	st := &g.stats
+	total := [...]*int64{&st.Captured, &st.Replayed, &st.Eager}
+	mixers := [...]*int64{&st.MixersCaptured, &st.MixersReplayed, &st.MixersEager}
+	steps := [...]*int64{&st.StepsCaptured, &st.StepsReplayed, &st.StepsEager}
+	*total[ran]++
 	if part.isMixer() {
-		*mixers++
+		*mixers[ran]++
+	}
+	if part == graphStep {
+		*steps[ran]++
 	}
 }
 
@@ -264,21 +291,25 @@ func (g *graphs) close() {
 	}
 }
 
-// GraphStats counts a model's calls of the sublayers it captures (the
-// feed-forward sublayers and the KDA token mixers of decode passes) by how
-// they ran on a backend that captures graphs: Captured graphs recorded,
-// Replayed calls that replayed one, Eager calls run directly (a key's
-// first, and those of sublayers that could not be captured). The Mixers
-// fields are the token mixers' share of each. Bytes is the device memory
-// the graphs kept now hold for their replays (scratch and workspaces,
-// outside the memory budget, which counts sequence state); Kept is how
-// many graphs are kept (at most 512, the least recently replayed closed
-// first). All zero on other backends or with WithoutGraphs.
+// GraphStats counts a model's calls of the pieces it captures (whole
+// decode steps, or the feed-forward sublayers, token mixers and AttnRes
+// steps of passes that cannot be captured whole) by how they ran on a
+// backend that captures graphs: Captured graphs recorded, Replayed calls
+// that replayed one, Eager calls run directly (a key's first, and those
+// of pieces that could not be captured). The Mixers fields are the token
+// mixers' share of each, the Steps fields the whole steps'. Bytes is the
+// device memory the graphs kept now hold for their replays (scratch and
+// workspaces, outside the memory budget, which counts sequence state);
+// Kept is how many graphs are kept (at most 512, the least recently
+// replayed closed first). All zero on other backends or with
+// WithoutGraphs.
 type GraphStats struct {
 	Captured, Replayed, Eager                   int64
 	MixersCaptured, MixersReplayed, MixersEager int64
-	Kept                                        int
-	Bytes                                       int64
+	// Of the totals, whole decode steps (every piece in one graph).
+	StepsCaptured, StepsReplayed, StepsEager int64
+	Kept                                     int
+	Bytes                                    int64
 }
 
 // GraphStats reports the model's graph counters.

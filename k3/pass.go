@@ -36,6 +36,9 @@ type pass struct {
 	vocab *vocab // a rank of a Group holding a slice of the vocabulary
 
 	traced bool // the running pass fills a Trace (its reads keep graphs off)
+	// inStep: the pass runs inside a whole step (Batch.stepGraph), which
+	// holds the graphs' lock and has written the ids.
+	inStep bool
 
 	// taps, with a DSpark draft module, receive each pass's MLP-sublayer
 	// inputs of its target layers ([max, D] each), which sessions keep.
@@ -137,7 +140,7 @@ func (p *pass) readI32(t compute.Tensor) []int32 {
 // not nil, receives intermediates.
 func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int32) error {
 	m, b := p.m, p.m.b
-	if m.graphs != nil {
+	if m.graphs != nil && !p.inStep {
 		// A capture would record the other passes' work too.
 		m.graphs.mu.Lock()
 		defer m.graphs.mu.Unlock()
@@ -147,18 +150,18 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int3
 	eps := float32(cfg.RMSNormEps)
 	p.traced = tr != nil
 	ids := p.ids.Rows(0, t)
-	// Through a pass-owned slice, passed by pointer: boxing the caller's
-	// slice in the interface would allocate on every step.
-	p.idsHost = append(p.idsHost[:0], tokens...)
 	x, h, normed := p.x.Rows(0, t), p.h.Rows(0, t), p.normed.Rows(0, t)
 	attnOut, mlpOut := p.attnOut.Rows(0, t), p.mlpOut.Rows(0, t)
 	if p.vocab != nil {
+		p.idsHost = append(p.idsHost[:0], tokens...)
 		if err := p.embedSplit(x, ids); err != nil {
 			return err
 		}
 	} else {
-		if err := b.Write(ids, &p.idsHost); err != nil {
-			return err
+		if !p.inStep { // a whole step's ids are written before it
+			if err := p.writeIDs(tokens); err != nil {
+				return err
+			}
 		}
 		if err := b.Embedding(x, m.embed, ids); err != nil {
 			return err
@@ -313,6 +316,14 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int3
 		}
 	}
 	return nil
+}
+
+// writeIDs writes the pass's token ids into p.ids.
+func (p *pass) writeIDs(tokens []int32) error {
+	// Through a pass-owned slice, passed by pointer: boxing the caller's
+	// slice in the interface would allocate on every step.
+	p.idsHost = append(p.idsHost[:0], tokens...)
+	return p.m.b.Write(p.ids.Rows(0, len(tokens)), &p.idsHost)
 }
 
 // feedForwardGraph runs layer l's feed-forward from in into out through

@@ -61,6 +61,9 @@ func TestSlabsServeNewSessions(t *testing.T) {
 				before, after  int // KDA graphs kept before and after the swap
 				attnBefore     int // attention graphs, likewise
 				attnAfter      int
+				stepsBefore    int // whole steps, likewise
+				stepsAfter     int
+				stepCalls      int
 				dsa            bool
 				replaysBefore  int
 				replaysAfter   int
@@ -68,7 +71,7 @@ func TestSlabsServeNewSessions(t *testing.T) {
 				freeSlots      int64
 				perSession     int64
 			}
-			run := func(graphs bool) result {
+			run := func(graphs, steps bool) result {
 				b, err := ascend.OpenHost(ascend.Options{ArenaBytes: 256 << 20})
 				require.NoError(t, err)
 				defer b.Close()
@@ -79,6 +82,9 @@ func TestSlabsServeNewSessions(t *testing.T) {
 				m, err := Load(ctx, dir, opts...)
 				require.NoError(t, err)
 				defer m.Close()
+				if graphs {
+					m.graphs.piecesOnly = !steps
+				}
 				var r result
 				bt, err := m.NewBatch(4)
 				require.NoError(t, err)
@@ -106,6 +112,7 @@ func TestSlabsServeNewSessions(t *testing.T) {
 				if graphs {
 					r.before, r.replaysBefore = m.kdaGraphs()
 					r.attnBefore, _ = m.partGraphs(graphAttnAttend)
+					r.stepsBefore, _ = m.partGraphs(graphStep)
 					r.dsa = m.hasIndexer()
 					for _, s := range ss {
 						r.slots = append(r.slots, s.slot)
@@ -122,6 +129,7 @@ func TestSlabsServeNewSessions(t *testing.T) {
 				if graphs {
 					r.after, r.replaysAfter = m.kdaGraphs()
 					r.attnAfter, _ = m.partGraphs(graphAttnAttend)
+					r.stepsAfter, r.stepCalls = m.partGraphs(graphStep)
 					for _, s := range ss {
 						r.newSlot = append(r.newSlot, s.slot)
 					}
@@ -138,30 +146,37 @@ func TestSlabsServeNewSessions(t *testing.T) {
 				}
 				return r
 			}
-			eager, graphed := run(false), run(true)
+			eager, graphed, stepped := run(false, false), run(true, false), run(true, true)
 			require.Equal(t, len(eager.logits), len(graphed.logits))
 			for i := range eager.logits {
-				require.True(t, slices.Equal(eager.logits[i], graphed.logits[i]), "logits %d of %d differ", i, len(eager.logits))
+				require.True(t, slices.Equal(eager.logits[i], graphed.logits[i]), "logits %d of %d differ (pieces)", i, len(eager.logits))
+				require.True(t, slices.Equal(eager.logits[i], stepped.logits[i]), "logits %d of %d differ (whole steps)", i, len(eager.logits))
 			}
+			// Pieces alone.
 			require.Positive(t, graphed.before, "KDA graphs were captured")
 			require.Equal(t, graphed.before, graphed.after, "the new session and order took no new KDA graph")
 			require.Greater(t, graphed.replaysAfter, graphed.replaysBefore, "the KDA graphs were replayed for them")
 			require.Equal(t, graphed.slots[1], graphed.newSlot[1], "the new session took the freed slot")
 			require.Positive(t, graphed.attnBefore, "attention graphs were captured")
+			require.Equal(t, int64(slabSize-3)*graphed.perSession, graphed.freeSlots)
+			// Whole steps.
+			require.Positive(t, stepped.stepsBefore, "whole steps were captured")
+			require.Zero(t, stepped.before+stepped.attnBefore, "no piece was captured apart")
 			if !graphed.dsa {
 				require.Equal(t, graphed.attnBefore, graphed.attnAfter, "the new session and order took no new attention graph")
+				require.Equal(t, stepped.stepsBefore, stepped.stepsAfter, "the new session and order took no new step graph")
 			}
-			require.Equal(t, int64(slabSize-3)*graphed.perSession, graphed.freeSlots)
-			t.Logf("%d KDA graphs; calls %d, then %d; slots %v then %v; attention graphs %d, then %d",
-				graphed.after, graphed.replaysBefore, graphed.replaysAfter, graphed.slots, graphed.newSlot, graphed.attnBefore, graphed.attnAfter)
+			t.Logf("pieces: %d KDA graphs, calls %d then %d, slots %v then %v, attention graphs %d then %d; whole steps: %d then %d graphs, %d calls",
+				graphed.after, graphed.replaysBefore, graphed.replaysAfter, graphed.slots, graphed.newSlot, graphed.attnBefore, graphed.attnAfter,
+				stepped.stepsBefore, stepped.stepsAfter, stepped.stepCalls)
 		})
 	}
 }
 
 // A session decoding from its third page of cached positions into its
-// fourth replays the attention graphs it captured on the third: the page
-// tables are padded to a power of two. Logits are bitwise those without
-// graphs.
+// fourth replays the attention graphs (or the whole steps) it captured on
+// the third: the page tables are padded to a power of two. Logits are
+// bitwise those without graphs.
 func TestPageBucketsKeepGraphs(t *testing.T) {
 	configs, err := filepath.Glob("../testdata/model/*/config.json")
 	require.NoError(t, err)
@@ -169,7 +184,7 @@ func TestPageBucketsKeepGraphs(t *testing.T) {
 	for _, cfg := range configs {
 		dir := filepath.Dir(cfg)
 		t.Run(filepath.Base(dir), func(t *testing.T) {
-			run := func(graphs bool) (logits [][]float32, before, after int) {
+			run := func(graphs bool, part graphPart) (logits [][]float32, before, after int) {
 				b, err := ascend.OpenHost(ascend.Options{ArenaBytes: 256 << 20})
 				require.NoError(t, err)
 				defer b.Close()
@@ -180,6 +195,9 @@ func TestPageBucketsKeepGraphs(t *testing.T) {
 				m, err := Load(ctx, dir, opts...)
 				require.NoError(t, err)
 				defer m.Close()
+				if graphs {
+					m.graphs.piecesOnly = part != graphStep
+				}
 				s, err := m.NewSession()
 				require.NoError(t, err)
 				defer s.Close()
@@ -194,21 +212,23 @@ func TestPageBucketsKeepGraphs(t *testing.T) {
 					require.NoError(t, err)
 					logits = append(logits, l)
 					if graphs && step == 11 {
-						before, _ = m.partGraphs(graphAttnAttend)
+						before, _ = m.partGraphs(part)
 					}
 				}
 				if graphs {
-					after, _ = m.partGraphs(graphAttnAttend)
+					after, _ = m.partGraphs(part)
 				}
 				return logits, before, after
 			}
-			eager, _, _ := run(false)
-			graphed, before, after := run(true)
-			for i := range eager {
-				require.True(t, slices.Equal(eager[i], graphed[i]), "logits %d differ", i)
+			eager, _, _ := run(false, 0)
+			for _, part := range []graphPart{graphAttnAttend, graphStep} {
+				graphed, before, after := run(true, part)
+				for i := range eager {
+					require.True(t, slices.Equal(eager[i], graphed[i]), "logits %d differ (part %d)", i, part)
+				}
+				require.Positive(t, before, "part %d", part)
+				require.Equal(t, before, after, "entering the fourth page took no new graph (part %d)", part)
 			}
-			require.Positive(t, before)
-			require.Equal(t, before, after, "entering the fourth page took no new attention graph")
 		})
 	}
 }

@@ -564,6 +564,10 @@ int aclrtStreamWaitEvent(void *stream, void *event) {
 		} else if (s == g->origin) {
 			for (int i = 0; i < g->njoined; i++)
 				if (g->joined[i].s == e->stream) g->joined[i].returned = 1;
+		} else if (e->stream == g->origin) {
+			// Forked again: in the capture until it returns once more.
+			for (int i = 0; i < g->njoined; i++)
+				if (g->joined[i].s == s) g->joined[i].returned = 0;
 		}
 	} else if (s->capturing != NULL) {
 		pthread_mutex_unlock(&mu);
