@@ -1020,6 +1020,16 @@ func (l *Layer) writeTables(caches []*Cache, t int) error {
 		}
 		i += n
 	}
+	// Every run's table is padded with its last page to one width, the
+	// power of two at or above the most pages a run has: the padding's
+	// rows lie past every query's position, which the device masks, and
+	// the pass keeps its graph while its sequences grow within the bucket
+	// (a device's block table, one width for the batch).
+	width := 0
+	for i := 0; i < t; i += runOf(caches, i) {
+		width = max(width, len(caches[i].pages))
+	}
+	width = pageBucket(width)
 	var sl *Slab
 	for i := 0; i < t; {
 		c, n := caches[i], runOf(caches, i)
@@ -1029,12 +1039,8 @@ func (l *Layer) writeTables(caches []*Cache, t int) error {
 			return nil
 		}
 		sl = s
-		// Padded to a power of two with the last page: the padding's rows
-		// lie past every query's position, which the device masks, and
-		// a sequence entering a new page keeps its graph until the bucket
-		// is full.
 		np := len(tab) - len(l.tabHost)
-		for range pageBucket(np) - np {
+		for range width - np {
 			tab = append(tab, tab[len(tab)-1])
 		}
 		l.tabRun = append(l.tabRun, int32(len(l.tabHost)), int32(len(tab)-len(l.tabHost)))
