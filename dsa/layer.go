@@ -278,6 +278,15 @@ type Layer struct {
 	// cache appends between the pieces stay outside them: their rows
 	// move with the positions.
 	Capture func(piece Piece, rows int, deps []compute.Tensor, ints []int32, fn func() error) error
+	// StaticTopK makes an exact pass's rows (decode steps, verification)
+	// always attend through their selection, -1 padded while they have
+	// seen fewer than TopK positions (the same positions as the dense
+	// path, summed in the selection's order): a fixed sparse_count, as
+	// aclnnSparseFlashAttention takes it, so that a captured step keeps
+	// its shape when its sequences pass TopK. The model sets it on a
+	// backend that captures, with or without graphs, so that both give
+	// the same bits.
+	StaticTopK bool
 	// side is the backend's side stream 2 (compute.Side), on which a
 	// device runs the indexer's key and head-weight projections; b
 	// itself elsewhere.
@@ -948,6 +957,9 @@ func (l *Layer) forwardRows(x compute.Tensor, caches []*Cache, y compute.Tensor)
 // TopK).
 func (l *Layer) denseRows(i, n int) int {
 	if ix := l.cfg.Indexer; ix != nil {
+		if l.StaticTopK {
+			return 0
+		}
 		return min(n, max(0, ix.TopK-int(l.runPos[i])))
 	}
 	return n
@@ -1129,7 +1141,7 @@ func (l *Layer) attendRows(caches []*Cache, t int) error {
 			var indices compute.Tensor
 			if cfg.Indexer != nil {
 				// Rows r with p0+r+1 <= TopK have seen every position.
-				if dense := cfg.Indexer.TopK - p0 - r0; dense > 0 {
+				if dense := cfg.Indexer.TopK - p0 - r0; dense > 0 && !l.StaticTopK {
 					r1 = min(n, r0+dense)
 				} else {
 					indices = sel.Rows(r0, r1)

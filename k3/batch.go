@@ -102,6 +102,9 @@ func (m *Model) newBatch(max int) (*Batch, error) {
 		if ml != nil && m.graphs != nil {
 			ml.Capture = m.graphs.capture(bt, len(bt.mlaL))
 		}
+		if _, ok := m.b.(compute.Capturer); ok && ml != nil {
+			ml.StaticTopK = true
+		}
 		bt.kdaL, bt.mlaL = append(bt.kdaL, kl), append(bt.mlaL, ml)
 	}
 	if m.slabs != nil {
