@@ -38,7 +38,7 @@ func (b *Backend) Attention(a *compute.AttnArgs) error {
 	if g.t == 0 {
 		return nil
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	r := attnRun{b: b, a: a, g: g}
 	if err := r.caches(); err != nil {

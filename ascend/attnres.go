@@ -27,7 +27,7 @@ func (b *Backend) AttnResPrepare(a *compute.AttnResPrepareArgs) error {
 			return fmt.Errorf("%w: attnres block %d is %v, want [%d, %d]", compute.ErrShape, i, bt, T, D)
 		}
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	num, mx, sum := operand{t: a.Num, view: i64(S, T, D)}, operand{t: a.Max, view: i64(S, T)}, operand{t: a.Sum, view: i64(S, T)}
 	fill := func(o operand, v float32) error {
@@ -145,7 +145,7 @@ func (b *Backend) AttnResUpdate(a *compute.AttnResUpdateArgs) error {
 	if !a.Delta.IsZero() && (a.Partial.IsZero() || a.Delta.DType != compute.F32 || a.Delta.Len() != T*D) {
 		return fmt.Errorf("%w: attnres delta %v needs a partial buffer of [%d, %d]", compute.ErrShape, a.Delta, T, D)
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	one, minus, err := b.units()
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"runtime"
 	"slices"
 	"sync"
 	"unsafe"
@@ -65,12 +66,17 @@ type core struct {
 	// capture, while a Capture runs, collects the spans freed meanwhile:
 	// the captured work uses them on every replay.
 	capture *Graph
-	main    *Backend
-	sides   map[int]*Backend
-	execs   execCache
-	ints    intConsts
-	ring    stageRing
-	waits   int64 // times the host waited for a stream (Waits)
+	// captureTID is the thread a running capture is locked to; work from
+	// any other thread waits on captureEnd until the capture ends, since
+	// the capture would record it.
+	captureTID int
+	captureEnd sync.Cond
+	main       *Backend
+	sides      map[int]*Backend
+	execs      execCache
+	ints       intConsts
+	ring       stageRing
+	waits      int64 // times the host waited for a stream (Waits)
 	// launched counts the operators launched outside captures (Launches).
 	launched int64
 }
@@ -188,18 +194,23 @@ type Graph struct {
 // (compute.Streams), as ACL's cross-stream capture does: a side stream's
 // work between them is captured into the same graph.
 func (b *Backend) Capture(fn func() error) (compute.Graph, error) {
-	b.mu.Lock()
+	// Everything fn issues runs on this thread; what other goroutines
+	// issue meanwhile waits (lock), or the graph would hold it.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	b.lock()
 	if b.capture != nil {
 		b.mu.Unlock()
 		return nil, fmt.Errorf("%w: a capture is already running", ErrInvalidArgument)
 	}
 	gr := &Graph{b: b}
-	b.capture = gr
+	b.capture, b.captureTID = gr, threadID()
 	b.mu.Unlock()
 	g, err := b.s.capture(fn)
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	b.capture = nil
+	b.captureEnd.Broadcast()
 	for _, sd := range b.sides {
 		sd.captured = false
 	}
@@ -211,9 +222,26 @@ func (b *Backend) Capture(fn func() error) (compute.Graph, error) {
 	return gr, nil
 }
 
+// lock takes the backend's lock. While a capture runs, a caller on
+// another thread than the capture's waits for it to end: the capture
+// would record its work into the graph (a session written by one
+// goroutine while another's decode step is captured).
+func (c *core) lock() {
+	c.mu.Lock()
+	if c.capture == nil {
+		return
+	}
+	if c.captureEnd.L == nil {
+		c.captureEnd.L = &c.mu
+	}
+	for c.capture != nil && c.captureTID != threadID() {
+		c.captureEnd.Wait()
+	}
+}
+
 // Replay queues the captured work; the next Read waits for it.
 func (g *Graph) Replay() error {
-	g.b.mu.Lock()
+	g.b.lock()
 	defer g.b.mu.Unlock()
 	if g.g == nil {
 		return fmt.Errorf("%w: replay of a closed graph", ErrInvalidArgument)
@@ -223,7 +251,7 @@ func (g *Graph) Replay() error {
 
 // Bytes implements compute.Graph: the arena spans the graph keeps.
 func (g *Graph) Bytes() int64 {
-	g.b.mu.Lock()
+	g.b.lock()
 	defer g.b.mu.Unlock()
 	var n int64
 	for _, d := range g.keep {
@@ -235,7 +263,7 @@ func (g *Graph) Bytes() int64 {
 // Close destroys the graph and frees the buffers it kept, after queued
 // replays.
 func (g *Graph) Close() error {
-	g.b.mu.Lock()
+	g.b.lock()
 	defer g.b.mu.Unlock()
 	var err error
 	if g.g != nil {
@@ -271,7 +299,7 @@ func (b *Backend) Close() error {
 	if b.side != 0 {
 		return nil // a side stream is closed with its backend
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	return b.release()
 }
@@ -330,7 +358,7 @@ func dims(t compute.Tensor) int {
 // Alloc implements compute.Backend: a span of the arena, zeroed on the
 // device.
 func (b *Backend) Alloc(dt compute.DType, shape ...int) (compute.Tensor, error) {
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	return b.allocTensor(dt, shape...)
 }
@@ -368,7 +396,7 @@ func (b *Backend) FromHost(dt, src compute.DType, data []byte, shape ...int) (co
 	if err != nil {
 		return compute.Tensor{}, err
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	t, err := b.allocTensor(dt, shape...)
 	if err != nil {
@@ -473,7 +501,7 @@ func (b *Backend) Write(dst compute.Tensor, src any) error {
 	if !slices.Contains(dts, dst.DType) || len(data) != dims(dst)*dst.DType.Size() {
 		return fmt.Errorf("%w: Write of %T (%d bytes) into %v", compute.ErrShape, src, len(data), dst)
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	// Through the stage ring: a small write (a pass's token ids, a run's
 	// positions) is queued on the stream without a wait, ordered after the
@@ -539,7 +567,7 @@ func (b *Backend) Read(dst any, src compute.Tensor) error {
 	if !slices.Contains(dts, src.DType) || len(data) != dims(src)*src.DType.Size() {
 		return fmt.Errorf("%w: Read of %v into %T (%d bytes)", compute.ErrShape, src, dst, len(data))
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	var bits []uint16 // the 16-bit values a []float32 destination widens
 	if wide != nil {
@@ -589,7 +617,7 @@ func (b *Backend) Free(t compute.Tensor) {
 	if !ok {
 		return
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	b.freeBuf(d)
 }
@@ -599,7 +627,7 @@ func (b *Backend) Copy(dst, src compute.Tensor) error {
 	if dst.DType != src.DType || dims(dst) != dims(src) {
 		return fmt.Errorf("%w: Copy of %v into %v", compute.ErrShape, src, dst)
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	pd, err := b.addr(dst)
 	if err != nil {
@@ -630,7 +658,7 @@ func (b *Backend) ScatterRows(dst, idx, src compute.Tensor) error {
 		return fmt.Errorf("%w: scatter rows of %v by %v into %v", compute.ErrShape, src, idx, dst)
 	}
 	w := dims(src) / max(src.Dims[0], 1)
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	return b.runAs("aclnnInplaceIndexCopy", func(ts []tensorDesc) (prepared, error) { return b.drv.indexCopy(ts[0], 0, ts[1], ts[2]) },
 		operand{t: dst, view: i64(dst.Dims[0], w)}, operand{t: idx, view: i64(src.Dims[0])}, operand{t: src, view: i64(src.Dims[0], w)})
@@ -643,7 +671,7 @@ func (b *Backend) Fill(dst compute.Tensor, v float32) error {
 		type args struct{ Dst compute.Tensor }
 		return b.onHost("Fill", &args{dst}, func(c compute.Backend, a any) error { return c.Fill(a.(*args).Dst, v) })
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	p, err := b.addr(dst)
 	if err != nil {
@@ -771,7 +799,7 @@ func (b *Backend) MatMul(dst, x, w compute.Tensor) error {
 		x.Dim(-1) != K || dst.Dim(-1) != N || dims(dst) != M*N {
 		return fmt.Errorf("%w: MatMul %v · %vᵀ -> %v", compute.ErrShape, x, w, dst)
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	return b.matmul(dst, x, w)
 }
@@ -799,7 +827,7 @@ func (b *Backend) RMSNorm(dst, x, w compute.Tensor, eps float32) error {
 	if !w.IsZero() && (w.DType != compute.F32 || dims(w) != D) {
 		return fmt.Errorf("%w: RMSNorm weight %v for rows of %d", compute.ErrShape, w, D)
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	if w.IsZero() {
 		var err error
@@ -937,7 +965,7 @@ func (b *Backend) Unary(op compute.UnaryOp, dst, x compute.Tensor) error {
 	if x.DType != compute.F32 || dst.DType != compute.F32 || dims(dst) != dims(x) || x.Rank == 0 {
 		return fmt.Errorf("%w: Unary %v -> %v", compute.ErrShape, x, dst)
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	D := x.Dim(-1)
 	switch op {
@@ -1014,7 +1042,7 @@ func (b *Backend) Binary(op compute.BinaryOp, dst, x, y compute.Tensor) error {
 		(dims(y) != dims(x) && dims(y) != x.Dim(-1) && !column) {
 		return fmt.Errorf("%w: Binary a %v, b %v, dst %v", compute.ErrShape, x, y, dst)
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	D := x.Dim(-1)
 	ob := flat(y, D)
@@ -1063,7 +1091,7 @@ func (b *Backend) GatedAct(act compute.Activation, dst, gate, up compute.Tensor)
 		dims(up) != dims(gate) || dims(dst) != dims(gate) {
 		return fmt.Errorf("%w: GatedAct gate %v, up %v, dst %v", compute.ErrShape, gate, up, dst)
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	return b.gatedAct(act, dst, gate, up)
 }
@@ -1145,7 +1173,7 @@ func (b *Backend) Embedding(dst, table, ids compute.Tensor) error {
 		(table.DType != compute.F32 && table.DType != compute.BF16) {
 		return fmt.Errorf("%w: Embedding of ids %v from %v into %v", compute.ErrShape, ids, table, dst)
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	T, D := dims(ids), table.Dims[1]
 	tids := operand{t: ids, view: []int64{int64(T)}}
@@ -1180,7 +1208,7 @@ func (b *Backend) HeadMatMul(dst, x, w compute.Tensor) error {
 	if w.Dims[0] != H || w.Dims[2] != K || dst.Dims[0] != T || dst.Dims[1] != H || dst.Dims[2] != N {
 		return fmt.Errorf("%w: HeadMatMul %v · %v -> %v", compute.ErrShape, x, w, dst)
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	i := func(v ...int) []int64 {
 		out := make([]int64, len(v))
@@ -1209,7 +1237,7 @@ func (b *Backend) LayerNorm(dst, x, w, bias compute.Tensor, eps float32) error {
 		w.DType != compute.F32 || bias.DType != compute.F32 || dims(w) != x.Dim(-1) || dims(bias) != x.Dim(-1) {
 		return fmt.Errorf("%w: LayerNorm x %v dst %v w %v b %v", compute.ErrShape, x, dst, w, bias)
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	D := x.Dim(-1)
 	rows := dims(x) / max(D, 1)

@@ -19,7 +19,7 @@ type RootInfo = acl.RootInfo
 
 // NewRootInfo makes the bootstrap blob of a new group on b's device.
 func NewRootInfo(b *Backend) (RootInfo, error) {
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	ctx, _, err := b.aclParts()
 	if err != nil {
@@ -47,7 +47,7 @@ var _ comm.Communicator = (*Comm)(nil)
 // with the same root; like HCCL's own initialisation it may wait for the
 // others.
 func NewComm(b *Backend, size, rank int, root RootInfo) (*Comm, error) {
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	ctx, s, err := b.aclParts()
 	if err != nil {
@@ -62,7 +62,7 @@ func NewComm(b *Backend, size, rank int, root RootInfo) (*Comm, error) {
 
 // Close releases the communicator.
 func (c *Comm) Close() error {
-	c.b.mu.Lock()
+	c.b.lock()
 	defer c.b.mu.Unlock()
 	return c.m.Destroy()
 }
@@ -94,7 +94,7 @@ func (c *Comm) do(ctx context.Context, op comm.Op, queue func(ps []acl.DevPtr) e
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("ascend: %v: %w", op, err)
 	}
-	c.b.mu.Lock()
+	c.b.lock()
 	defer c.b.mu.Unlock()
 	ps := make([]acl.DevPtr, len(ts))
 	for i, t := range ts {

@@ -80,7 +80,7 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 		}
 		width = a.Scores.Dims[1]
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	// Every slot starts at -1 (0xff bytes), every count at 0, the scores
 	// at -∞.

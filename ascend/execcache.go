@@ -142,7 +142,7 @@ func attr(v float32) string { return strconv.FormatUint(uint64(math.Float32bits(
 // operation (the MoE routing), and the rare refill of the stage ring.
 // On a device each wait drains the queue, so a decode step wants few.
 func (b *Backend) Waits() int64 {
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	return b.waits
 }
@@ -151,7 +151,7 @@ func (b *Backend) Waits() int64 {
 // launched one by one, outside captures: what a step leaves to the host
 // beside the graphs it replays.
 func (b *Backend) Launches() int64 {
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	return b.launched
 }
@@ -159,7 +159,7 @@ func (b *Backend) Launches() int64 {
 // Executors reports how many repeatable executors the backend prepared
 // and how many calls launched a cached one again with no phase 1.
 func (b *Backend) Executors() (prepared, reused int64) {
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	return b.execs.prepared, b.execs.reused
 }

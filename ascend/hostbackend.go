@@ -49,7 +49,7 @@ func (b *Backend) onHost(name string, args any, call func(c compute.Backend, arg
 	default:
 		return unmapped(name)
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	if b.capture != nil {
 		return fmt.Errorf("%w: %s runs on the host, outside the captured stream", ErrCapturing, name)

@@ -25,7 +25,7 @@ func (b *Backend) KDAChunk(a *compute.KDAArgs) error {
 	if !ok {
 		return b.onHost("KDAChunk", a, func(c compute.Backend, h any) error { return c.KDAChunk(h.(*compute.KDAArgs)) })
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	return b.recurrentKDA(a, shape)
 }
@@ -402,7 +402,7 @@ func (b *Backend) CausalConv(a *compute.ConvArgs) error {
 		return fmt.Errorf("%w: conv input %v, weight %v, state %v, indices %v, out %v, cu_seqlens %v",
 			compute.ErrShape, a.X, a.Weight, a.State, a.StateIdx, a.Out, cu)
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	maxN := 0
 	for s := range N {

@@ -29,7 +29,7 @@ func (b *Backend) MoERoute(a *compute.RouteArgs) error {
 	case a.Indices.DType != compute.I32 || a.Indices.Len() != T*k || a.Weights.DType != compute.F32 || a.Weights.Len() != T*k:
 		return fmt.Errorf("%w: router outputs indices %v weights %v, want [%d, %d]", compute.ErrShape, a.Indices, a.Weights, T, k)
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	ops := []operand{flat(a.Logits, E), {t: a.Weights, view: i64(T, k)}, {t: a.Indices, view: i64(T, k)}}
 	hasBias := !a.Bias.IsZero()
@@ -75,7 +75,7 @@ func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 			return fmt.Errorf("%w: expert %d: w1 %v, w3 %v, w2 %v for width %d", compute.ErrShape, e, a.W1[e], a.W3[e], a.W2[e], Din)
 		}
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	if stackOf(a.W1) != nil && stackOf(a.W3) != nil && stackOf(a.W2) != nil {
 		return b.groupedExperts(a, T, Din, K, I, E)

@@ -33,7 +33,7 @@ func (b *Backend) RoPE(a *compute.RopeArgs) error {
 	T, half := x.Dims[0], r/2
 	perRow := dims(x) / T
 	heads := perRow / d
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	tab, err := b.ropeTable(a, r, a.MaxPos)
 	if err != nil {

@@ -18,7 +18,7 @@ func TestPutAsync(t *testing.T) {
 	eachDriver(t, 8<<20, func(t *testing.T, b *Backend) {
 		const n = 3*ringSlots + 5
 		var ts []compute.Tensor
-		b.mu.Lock()
+		b.lock()
 		for i := range n {
 			x, err := b.allocTensor(compute.F32, 4)
 			require.NoError(t, err)
@@ -33,7 +33,7 @@ func TestPutAsync(t *testing.T) {
 			assert.Equal(t, []float32{float32(i), 1, 2, float32(-i)}, read(t, b, x), "upload %d", i)
 		}
 		_, err = b.Capture(func() error {
-			b.mu.Lock()
+			b.lock()
 			defer b.mu.Unlock()
 			return b.putAsync(ts[0], []float32{9, 9, 9, 9})
 		})

@@ -16,7 +16,7 @@ func (b *Backend) Side(i int) (compute.Backend, error) {
 	if i < 1 || i > maxSides {
 		return nil, fmt.Errorf("%w: side stream %d (1 to %d)", ErrInvalidArgument, i, maxSides)
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	if sd, ok := b.sides[i]; ok {
 		return sd, nil
@@ -64,7 +64,7 @@ func (b *Backend) sideOf(side compute.Backend) (*Backend, error) {
 // same graph; a capture ends in an error if a forked side stream was not
 // joined.
 func (b *Backend) Fork(side compute.Backend) error {
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	sd, err := b.sideOf(side)
 	if err != nil {
@@ -89,7 +89,7 @@ func (b *Backend) Fork(side compute.Backend) error {
 // Join implements compute.Streams: b's later work waits for the work
 // queued on side so far (side's join event).
 func (b *Backend) Join(side compute.Backend) error {
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	sd, err := b.sideOf(side)
 	if err != nil {

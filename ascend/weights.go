@@ -18,7 +18,7 @@ func (b *Backend) PrepareMatMul(w compute.Tensor) (compute.Tensor, error) {
 	if w.DType != compute.BF16 || w.Rank != 2 {
 		return w, nil
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	d, err := bufOf(w)
 	if err != nil {
@@ -133,7 +133,7 @@ func (b *Backend) PrepareExperts(w1, w3, w2 []compute.Tensor) error {
 	if E == 0 || E > maxGroups {
 		return nil // the composition runs them one by one
 	}
-	b.mu.Lock()
+	b.lock()
 	defer b.mu.Unlock()
 	kinds := [][]compute.Tensor{w1, w3, w2}
 	var plans [3]stackPlan

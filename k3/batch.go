@@ -251,9 +251,7 @@ func (bt *Batch) execute(sessions []*Session, cu, ids []int32, out []float32, ro
 			bt.cu = append(bt.cu, int32(len(bt.ids)))
 		}
 		bt.nExact = ps.exact
-		var err error
-		bt.m.exclusive(func() { err = bt.writeSlots() }) // not into another pass's capture
-		if err != nil {
+		if err := bt.writeSlots(); err != nil {
 			return err
 		}
 		bt.p.split = int(bt.cu[ps.exact])
@@ -268,8 +266,7 @@ func (bt *Batch) execute(sessions []*Session, cu, ids []int32, out []float32, ro
 			}
 		}
 		picks := 0 // the picked rows of the sessions before this one
-		var whole bool
-		whole, err = bt.stepGraph(all)
+		whole, err := bt.stepGraph(all)
 		if !whole && err == nil {
 			err = bt.p.run(bt.ids, bt.mix, tr, all, bt.picked)
 		}

@@ -61,7 +61,9 @@ func newSlabs(m *Model) *slabs {
 
 // take gives a free slot, in the first slab with one (so that sessions
 // pack into few slabs), making a slab when none has room: its memory is
-// taken from the budget first. The slot's states are zeroed.
+// taken from the budget first. The slot's states are zeroed (on the
+// device; a capture another goroutine runs meanwhile does not take the
+// fills in: the backend holds them back until it ends).
 func (p *slabs) take() (*slab, int, error) {
 	p.mu.Lock()
 	sl, slot := p.free()
@@ -82,17 +84,15 @@ func (p *slabs) take() (*slab, int, error) {
 		sl, slot = p.free()
 		p.mu.Unlock()
 	}
-	m := p.m
+	b := p.m.b
 	for _, st := range sl.pools {
 		if st == nil {
 			continue
 		}
-		var err error
-		m.exclusive(func() {
-			if err = m.b.Fill(st.Conv.Rows(slot, slot+1), 0); err == nil {
-				err = m.b.Fill(st.S.Rows(slot, slot+1), 0)
-			}
-		})
+		err := b.Fill(st.Conv.Rows(slot, slot+1), 0)
+		if err == nil {
+			err = b.Fill(st.S.Rows(slot, slot+1), 0)
+		}
 		if err != nil {
 			p.give(sl, slot)
 			return nil, 0, err
@@ -220,17 +220,6 @@ func (sl *slab) slotStates(slot int) []*kda.State {
 		}
 	}
 	return out
-}
-
-// exclusive runs fn while no pass runs on a capturing backend: a capture
-// records whatever is queued on the backend meanwhile, so state written
-// outside a pass must not land inside another's graph.
-func (m *Model) exclusive(fn func()) {
-	if m.graphs != nil {
-		m.graphs.mu.Lock()
-		defer m.graphs.mu.Unlock()
-	}
-	fn()
 }
 
 // poolOf returns the slab every one of sessions is in, or nil.
