@@ -274,9 +274,11 @@ type Layer struct {
 	// have fixed shapes and addresses once piece, rows and deps are
 	// given, deps listing the tensors they touch besides the layer's own
 	// intermediates (and ints the host integers they follow), and the
-	// host values they read are written before fn (the positions). The
-	// cache appends between the pieces stay outside them: their rows
-	// move with the positions.
+	// host values they read are written before fn (the positions, and
+	// the slots and page tables). When the pass's pages lie in one slab
+	// the mixer is one piece, its cache appends scattered by slot inside
+	// it; otherwise the appends run between the pieces (their rows move
+	// with the positions).
 	Capture func(piece Piece, rows int, deps []compute.Tensor, ints []int32, fn func() error) error
 	// StaticTopK makes an exact pass's rows (decode steps, verification)
 	// always attend through their selection, -1 padded while they have

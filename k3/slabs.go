@@ -65,24 +65,31 @@ func newSlabs(m *Model) *slabs {
 // device; a capture another goroutine runs meanwhile does not take the
 // fills in: the backend holds them back until it ends).
 func (p *slabs) take() (*slab, int, error) {
-	p.mu.Lock()
-	sl, slot := p.free()
-	p.mu.Unlock()
-	if sl == nil {
+	var sl *slab
+	var slot int
+	for sl == nil {
+		p.mu.Lock()
+		sl, slot = p.free()
+		p.mu.Unlock()
+		if sl != nil {
+			break
+		}
 		// Made without the lock: the budget may ask the slabs to trim.
+		// Another session may take its slots first; then it looks again.
 		fresh, err := p.alloc()
 		if err != nil {
 			return nil, 0, err
 		}
 		p.mu.Lock()
-		if p.closed {
-			p.mu.Unlock()
+		closed := p.closed
+		if !closed {
+			p.all = append(p.all, fresh)
+		}
+		p.mu.Unlock()
+		if closed {
 			p.destroy(fresh)
 			return nil, 0, ErrClosed
 		}
-		p.all = append(p.all, fresh)
-		sl, slot = p.free()
-		p.mu.Unlock()
 	}
 	b := p.m.b
 	for _, st := range sl.pools {

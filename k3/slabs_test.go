@@ -37,6 +37,9 @@ func (m *Model) kdaGraphs() (kept int, calls int) { return m.partGraphs(graphKDA
 // and so do the attention graphs and the whole steps, with logits bitwise
 // those of the model run eagerly (WithoutGraphs, states and pages apart).
 func TestSlabsServeNewSessions(t *testing.T) {
+	if raceEnabled {
+		t.Skip("one goroutine, and minutes under the race detector: the plain run covers it")
+	}
 	configs, err := filepath.Glob("../testdata/model/*/config.json")
 	require.NoError(t, err)
 	require.NotEmpty(t, configs)
@@ -165,6 +168,9 @@ func TestSlabsServeNewSessions(t *testing.T) {
 // the third: the page tables are padded to a power of two. Logits are
 // bitwise those without graphs.
 func TestPageBucketsKeepGraphs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("one goroutine, and minutes under the race detector: the plain run covers it")
+	}
 	configs, err := filepath.Glob("../testdata/model/*/config.json")
 	require.NoError(t, err)
 	ctx := context.Background()
