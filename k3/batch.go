@@ -516,6 +516,24 @@ func (bt *Batch) stepGraph(all bool) (bool, error) {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	n, picked := len(bt.cur), len(bt.picked)
+	padded := bt.pad()
+	whole := false
+	if padded > 0 {
+		if err := bt.writeSlots(); err != nil {
+			bt.unpad(n, picked, padded)
+			return false, err
+		}
+		defer func() {
+			bt.unpad(n, picked, padded)
+			if !whole {
+				// The pass runs unpadded in pieces: its own slots again.
+				if err := bt.writeSlots(); err != nil {
+					bt.slab = nil
+				}
+			}
+		}()
+	}
 	bt.prepared = bt.prepared[:0]
 	defer func() {
 		for _, ml := range bt.prepared {
@@ -523,6 +541,7 @@ func (bt *Batch) stepGraph(all bool) (bool, error) {
 		}
 		clear(bt.prepared)
 	}()
+	t = len(bt.ids) // with the padding
 	for l, ml := range bt.mlaL {
 		if ml == nil {
 			continue
@@ -563,6 +582,7 @@ func (bt *Batch) stepGraph(all bool) (bool, error) {
 	g.num(ints...)
 	p.inStep = true
 	defer func() { p.inStep = false }()
+	whole = true
 	return true, g.run(graphStep, 0, t, func() error {
 		g.inline = true
 		defer func() { g.inline = false }()

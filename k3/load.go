@@ -143,6 +143,7 @@ type Model struct {
 	tok                  tokenizer.Tokenizer
 	graphs               *graphs      // decode graphs on a capturing backend, or nil
 	slabs                *slabs       // KDA states in slabs, with graphs
+	pads                 []*Session   // padding sessions of whole steps (Batch.pad), under graphs.mu
 	dense                bool         // run DSA layers densely
 	rollback             int          // tokens back the sessions' replay logs reach (0: no logs)
 	snapInterval         int          // tokens between the sessions' state snapshots (0: none)
@@ -329,6 +330,9 @@ func (m *Model) Close() error {
 		return nil
 	}
 	m.graphs.close()
+	for _, s := range m.pads {
+		s.Close()
+	}
 	if m.slabs != nil {
 		m.slabs.close()
 	}

@@ -34,7 +34,7 @@ type MemoryUsage struct {
 	PrefixCache, FreePages int64
 	// FreeSlots is the bytes of the free slots of the KDA state slabs
 	// (on a backend that captures graphs, sessions' KDA states are slots
-	// of slabs of 16, each counted in Used whole); empty slabs are given
+	// of slabs of 32, each counted in Used whole); empty slabs are given
 	// back when sessions need the memory.
 	FreeSlots int64
 	// PageTokens is the attention caches' page size in tokens, PageBytes

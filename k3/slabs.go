@@ -8,10 +8,11 @@ import (
 	"k3/kda"
 )
 
-// slabSize is the sessions one slab of KDA states holds: the most rows a
-// captured KDA mixer takes (graphMaxRows, one a session in decode), so
-// that a batch one graph can serve fits one slab.
-const slabSize = graphMaxRows
+// slabSize is the sessions one slab of KDA states holds: twice the most
+// rows a captured step takes (graphMaxRows, one a session in decode), so
+// that a batch one graph can serve fits one slab beside the padding
+// sessions that fill its rows up to a bucket (fewer than half of them).
+const slabSize = 2 * graphMaxRows
 
 // pageSlab is the pages of an attention layer's first page slab on a
 // capturing backend (dsa.Pool.Slabs; later slabs double the pool, up to
@@ -265,4 +266,60 @@ func (bt *Batch) writeSlots() error {
 	}
 	bt.slab = sl
 	return nil
+}
+
+// pad fills an exact pass of one row per session up to its bucket of rows
+// (graphBucket: 1, 2, 4, 8, 16) with padding sessions, so that a whole
+// step is one graph per bucket whatever number of sessions fills it. A
+// padding session is the model's (Model.pads, made on first need, kept
+// until Close), in the batch's slab, at position 1 of its caches (unpad
+// takes each step's row back), and its logits are computed and dropped.
+// It reports how many it added (none when the rows are a bucket already,
+// or the sessions would not fit the batch's slabs or the budget); g.mu
+// is held.
+func (bt *Batch) pad() int {
+	m, n := bt.m, len(bt.cur)
+	k := graphBucket(n, bt.p.max) - n
+	if k <= 0 || int(bt.cu[n]) != n || (m.slabs != nil && bt.slab == nil) {
+		return 0
+	}
+	for len(m.pads) < k {
+		s, err := m.NewSession()
+		if err != nil {
+			return 0 // no room: the step runs unpadded
+		}
+		m.pads = append(m.pads, s)
+	}
+	for _, s := range m.pads[:k] {
+		if s.slab != bt.slab {
+			return 0
+		}
+	}
+	for _, s := range m.pads[:k] {
+		bt.cur = append(bt.cur, s)
+		bt.ids = append(bt.ids, 0)
+		bt.cu = append(bt.cu, int32(len(bt.ids)))
+		bt.picked = append(bt.picked, int32(len(bt.ids)-1))
+	}
+	bt.nExact = len(bt.cur)
+	return k
+}
+
+// unpad takes the k padding sessions of the pass back out: its first n
+// sessions and picked rows remain, and each padding session's caches
+// return to one position.
+func (bt *Batch) unpad(n, picked, k int) {
+	if k == 0 {
+		return
+	}
+	for _, s := range bt.cur[n:] {
+		for _, c := range s.caches {
+			if c != nil && c.Len > 1 {
+				c.Truncate(1)
+			}
+		}
+	}
+	clear(bt.cur[n:])
+	bt.cur, bt.ids, bt.cu, bt.picked = bt.cur[:n], bt.ids[:n], bt.cu[:n+1], bt.picked[:picked]
+	bt.nExact = n
 }
