@@ -499,9 +499,11 @@ func (bt *Batch) keepTaps(s *Session, r0, r1 int) error {
 // (writeSlots, before) and the token ids. The key names the pass's
 // buffers, the slabs' pools and the layers' tables, with the rows'
 // offsets, the picked rows and every attention run's dense rows and page
-// bucket. Inside it every piece runs directly (graphs.inline). It
-// reports whether it ran the pass; when it did not, nothing but room
-// and metadata the pass's own run finds again has changed.
+// bucket. A step of one row per session is padded to its bucket of rows
+// first (pad), so that one graph serves every batch size of the bucket.
+// Inside it every piece runs directly (graphs.inline). It reports
+// whether it ran the pass; when it did not, nothing but room and
+// metadata the pass's own run finds again has changed.
 func (bt *Batch) stepGraph(all bool) (bool, error) {
 	m, p, g := bt.m, bt.p, bt.m.graphs
 	t := len(bt.ids)
