@@ -25,12 +25,13 @@ import (
 func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 	pooled := a.KPages == nil && !a.PageTable.IsZero()
 	paged := a.KPages != nil || pooled
-	if pooled && (a.PageTable.DType != compute.I32 || a.PageTable.Rank != 1 || a.KPool.DType != compute.F32 ||
-		a.PageSize <= 0 || a.KPool.Len()%(a.PageSize*a.Q.Dim(-1)) != 0) {
-		return fmt.Errorf("%w: indexer key pool %v and page table %v for pages of %d", compute.ErrShape, a.KPool, a.PageTable, a.PageSize)
-	}
-	if a.Q.Rank != 3 || a.Q.DType != compute.F32 || (!paged && (a.K.Rank != 2 || a.K.DType != compute.F32 || a.Q.Dims[2] != a.K.Dims[1])) {
+	if a.Q.Rank != 3 || a.Q.DType != compute.F32 || a.Q.Dims[2] <= 0 ||
+		(!paged && (a.K.Rank != 2 || a.K.DType != compute.F32 || a.Q.Dims[2] != a.K.Dims[1])) {
 		return fmt.Errorf("%w: indexer q %v and keys %v, want f32 [T, H, D] and [L, D]", compute.ErrShape, a.Q, a.K)
+	}
+	if pooled && (a.PageTable.DType != compute.I32 || a.PageTable.Rank != 1 || a.KPool.DType != compute.F32 ||
+		a.PageSize <= 0 || a.KPool.Len()%(a.PageSize*a.Q.Dims[2]) != 0) {
+		return fmt.Errorf("%w: indexer key pool %v and page table %v for pages of %d", compute.ErrShape, a.KPool, a.PageTable, a.PageSize)
 	}
 	T, HI := a.Q.Dims[0], a.Q.Dims[1]
 	L := 0

@@ -54,3 +54,19 @@ func TestStatePools(t *testing.T) {
 func TestPagePools(t *testing.T) {
 	eachDriver(t, 16<<20, func(t *testing.T, b *Backend) { computetest.PagePools(t, b) })
 }
+
+// Degenerate pooled operands are errors, not panics, on both drivers.
+func TestPagePoolsDegenerate(t *testing.T) {
+	eachDriver(t, 8<<20, func(t *testing.T, b *Backend) {
+		pool, _ := b.Alloc(compute.F32, 64, 1, 1)
+		table, _ := b.Alloc(compute.I32, 1)
+		pos, _ := b.Alloc(compute.I32, 1)
+		iq, _ := b.Alloc(compute.F32, 1, 1, 0)
+		w, _ := b.Alloc(compute.F32, 1, 1)
+		idx, _ := b.Alloc(compute.I32, 1, 1)
+		require.Error(t, b.LightningIndexer(&compute.IndexerArgs{Q: iq, W: w, KPool: pool, PageTable: table, PageSize: 64, KLen: 1, QPos: pos, TopK: 1, Indices: idx}))
+		q, _ := b.Alloc(compute.F32, 1, 1, 0)
+		out, _ := b.Alloc(compute.F32, 1, 1, 0)
+		require.Error(t, b.Attention(&compute.AttnArgs{Q: q, KPool: pool, PageTable: table, PageSize: 64, QPos: pos, KVLen: 1, Causal: true, Out: out}))
+	})
+}

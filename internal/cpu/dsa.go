@@ -152,6 +152,9 @@ func poolPagesOf(dst [][]float32, pool, table compute.Tensor, size, width int, w
 	if size <= 0 || size&(size-1) != 0 {
 		return nil, 0, fmt.Errorf("cpu: %s: page size %d is not a power of two", what, size)
 	}
+	if width <= 0 {
+		return nil, 0, shapeErr("%s rows of %d floats", what, width)
+	}
 	rows := F32(pool)
 	if pool.DType != compute.F32 || rows == nil || len(rows)%(size*width) != 0 {
 		return nil, 0, shapeErr("%s pool %v, want f32 pages of %d rows of %d", what, pool, size, width)

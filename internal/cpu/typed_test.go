@@ -92,3 +92,19 @@ func TestPagePools(t *testing.T) {
 	require.ErrorIs(t, err, compute.ErrShape)
 	require.ErrorContains(t, err, "page 0 is page 2 of a pool of 2")
 }
+
+// Degenerate pooled operands are errors, not panics.
+func TestPagePoolsDegenerate(t *testing.T) {
+	b := New(1)
+	defer b.Close()
+	pool, _ := b.Alloc(compute.F32, 64, 1, 1)
+	table, _ := b.Alloc(compute.I32, 1)
+	pos, _ := b.Alloc(compute.I32, 1)
+	q, _ := b.Alloc(compute.F32, 1, 1, 0)
+	out, _ := b.Alloc(compute.F32, 1, 1, 0)
+	require.Error(t, b.Attention(&compute.AttnArgs{Q: q, KPool: pool, PageTable: table, PageSize: 64, QPos: pos, KVLen: 1, Causal: true, Out: out}))
+	iq, _ := b.Alloc(compute.F32, 1, 1, 0)
+	w, _ := b.Alloc(compute.F32, 1, 1)
+	idx, _ := b.Alloc(compute.I32, 1, 1)
+	require.Error(t, b.LightningIndexer(&compute.IndexerArgs{Q: iq, W: w, KPool: pool, PageTable: table, PageSize: 64, KLen: 1, QPos: pos, TopK: 1, Indices: idx}))
+}
