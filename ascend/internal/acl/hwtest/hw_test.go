@@ -737,3 +737,33 @@ func TestHWCrossStreamCapture(t *testing.T) {
 		}
 	}
 }
+
+// aclnnInplaceIndexCopy along the first dimension with int32 indices, as
+// the backend's slot-mapped cache writes and state put-backs call it:
+// each source row lands in the row its index names, the others keep
+// their values, exactly (a copy).
+func TestHWInplaceIndexCopy(t *testing.T) {
+	ctx := context(t)
+	rng := rand.New(rand.NewPCG(11, 12))
+	const R, W = 9, 37
+	self, src := make([]float32, R*W), make([]float32, 3*W)
+	normals(rng, self, 1)
+	normals(rng, src, 1)
+	idx := []int32{7, 0, 4}
+	selfP := onDevice(t, ctx, f32bytes(self))
+	s, err := ctx.NewStream()
+	require.NoError(t, err)
+	defer s.Destroy()
+	op, err := ctx.InplaceIndexCopy(describe(t, ctx, acl.Float, selfP, R, W), 0,
+		describe(t, ctx, acl.Int32, onDevice(t, ctx, i32(idx)), 3), describe(t, ctx, acl.Float, onDevice(t, ctx, f32bytes(src)), 3, W))
+	require.NoError(t, err)
+	require.NoError(t, op.Launch(s, workspace(t, ctx, op)))
+	require.NoError(t, s.Sync())
+	got := make([]byte, 4*R*W)
+	require.NoError(t, ctx.CopyToHost(got, selfP))
+	want := append([]float32(nil), self...)
+	for i, r := range idx {
+		copy(want[int(r)*W:int(r+1)*W], src[i*W:(i+1)*W])
+	}
+	require.Equal(t, want, bytesF32(got))
+}
