@@ -694,27 +694,46 @@ func TestHWCrossStreamCapture(t *testing.T) {
 	join, err := ctx.NewEvent()
 	require.NoError(t, err)
 	defer join.Destroy()
+	// The side stream forks and joins once, then twice in one capture (as
+	// every layer's shared experts do in a captured decode step: the
+	// second product recomputes the same z from the same y).
+	for forks := 1; forks <= 2; forks++ {
+		crossStreamCapture(t, ctx, main, side, fork, join, forks, func(s *acl.Stream) error { return op1.Launch(s, ws1) },
+			func(s *acl.Stream) error { return op2.Launch(s, ws2) }, func(x []float32) {
+				normals(rng, x, 1)
+				require.NoError(t, ctx.CopyToDevice(xP, f32bytes(x)))
+			}, zP, w1, w2, M, K, N)
+	}
+}
+
+// crossStreamCapture captures first on main, then forks times second on
+// side between a fork and a join event, and replays the graph twice on
+// new inputs (fill), checking z = (x·w1ᵀ)·w2ᵀ against float64.
+func crossStreamCapture(t *testing.T, ctx *acl.Context, main, side *acl.Stream, fork, join *acl.Event, forks int,
+	first, second func(*acl.Stream) error, fill func(x []float32), zP acl.DevPtr, w1, w2 []float32, M, K, N int) {
+	t.Helper()
 	g, err := main.Capture(acl.CaptureThreadLocal, func() error {
-		for _, f := range []func() error{
-			func() error { return op1.Launch(main, ws1) },
-			func() error { return main.Record(fork) },
-			func() error { return side.Wait(fork) },
-			func() error { return op2.Launch(side, ws2) },
-			func() error { return side.Record(join) },
-			func() error { return main.Wait(join) },
-		} {
+		steps := []func() error{func() error { return first(main) }}
+		for range forks {
+			steps = append(steps,
+				func() error { return main.Record(fork) },
+				func() error { return side.Wait(fork) },
+				func() error { return second(side) },
+				func() error { return side.Record(join) },
+				func() error { return main.Wait(join) })
+		}
+		for _, f := range steps {
 			if err := f(); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
-	require.NoError(t, err)
+	require.NoError(t, err, "%d forks", forks)
 	defer g.Destroy()
 	x := make([]float32, M*K)
 	for range 2 {
-		normals(rng, x, 1)
-		require.NoError(t, ctx.CopyToDevice(xP, f32bytes(x)))
+		fill(x)
 		require.NoError(t, g.Replay(main))
 		require.NoError(t, main.Sync())
 		got := make([]byte, 4*M*N)
@@ -732,7 +751,7 @@ func TestHWCrossStreamCapture(t *testing.T) {
 				for k := range K {
 					want += y[k] * float64(w2[n*K+k])
 				}
-				require.InDelta(t, want, z[m*N+n], 1e-3*K, "z[%d][%d]", m, n)
+				require.InDelta(t, want, z[m*N+n], 1e-3*float64(K), "z[%d][%d], %d forks", m, n, forks)
 			}
 		}
 	}
