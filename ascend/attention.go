@@ -216,31 +216,17 @@ func (r *attnRun) caches() error {
 		return nil
 	}
 	n := g.seen
-	if g.pooled {
-		// Whole pages at once, by the table on the device.
-		gather := func(pool compute.Tensor, width int) (compute.Tensor, error) {
+	// A kind's rows into scratch: whole pages by the table on the device
+	// when the pages are rows of a pool, else the first n rows page by
+	// page.
+	gather := func(pages []compute.Tensor, pool compute.Tensor, width int) (compute.Tensor, error) {
+		if g.pooled {
 			dst, err := r.scratch(compute.F32, g.l*width)
 			if err != nil {
 				return dst, err
 			}
 			return dst, r.b.gatherPages(dst, pool, a.PageTable, a.PageSize*width)
 		}
-		var err error
-		if r.k, err = gather(a.KPool, g.hkv*g.dk); err != nil {
-			return err
-		}
-		r.v = r.k
-		if !g.vShared {
-			if r.v, err = gather(a.VPool, g.hkv*g.dv); err != nil {
-				return err
-			}
-		}
-		if g.dr > 0 {
-			r.kr, err = gather(a.KRopePool, g.dr)
-		}
-		return err
-	}
-	gather := func(pages []compute.Tensor, width int) (compute.Tensor, error) {
 		dst, err := r.scratch(compute.F32, n*width)
 		if err != nil {
 			return dst, err
@@ -256,17 +242,17 @@ func (r *attnRun) caches() error {
 		return dst, nil
 	}
 	var err error
-	if r.k, err = gather(a.KPages, g.hkv*g.dk); err != nil {
+	if r.k, err = gather(a.KPages, a.KPool, g.hkv*g.dk); err != nil {
 		return err
 	}
 	r.v = r.k
 	if !g.vShared {
-		if r.v, err = gather(a.VPages, g.hkv*g.dv); err != nil {
+		if r.v, err = gather(a.VPages, a.VPool, g.hkv*g.dv); err != nil {
 			return err
 		}
 	}
 	if g.dr > 0 {
-		r.kr, err = gather(a.KRopePages, g.dr)
+		r.kr, err = gather(a.KRopePages, a.KRopePool, g.dr)
 	}
 	return err
 }

@@ -444,12 +444,7 @@ func (l *Layer) Forward(x compute.Tensor, s *Seqs, y compute.Tensor) error {
 	t := x.Dim(0)
 	e := int(s.Cu[s.Exact])
 	if s.Exact > 0 {
-		l.rowCaches = l.rowCaches[:0]
-		for i, c := range s.Caches[:s.Exact] {
-			for range s.Cu[i+1] - s.Cu[i] {
-				l.rowCaches = append(l.rowCaches, c)
-			}
-		}
+		l.setRowCaches(s, s.Exact)
 		err := l.forwardRows(x.Rows(0, e), l.rowCaches, y.Rows(0, e))
 		clear(l.rowCaches)
 		if err != nil {
@@ -512,22 +507,9 @@ func (l *Layer) Prepare(s *Seqs, t int) (bool, error) {
 	if err := l.check(s, t); err != nil {
 		return false, err
 	}
-	l.rowCaches = l.rowCaches[:0]
-	for i, c := range s.Caches {
-		for range s.Cu[i+1] - s.Cu[i] {
-			l.rowCaches = append(l.rowCaches, c)
-		}
-	}
+	l.setRowCaches(s, len(s.Caches))
 	caches := l.rowCaches
-	l.runPos = l.runPos[:0]
-	for i := 0; i < t; {
-		c, n := caches[i], runOf(caches, i)
-		for r := range n {
-			l.runPos = append(l.runPos, int32(c.Len+r))
-		}
-		i += n
-	}
-	if err := l.setPositions(l.runPos); err != nil {
+	if err := l.writeRunPositions(caches, t); err != nil {
 		return false, err
 	}
 	if err := l.writeTables(caches, t); err != nil {
@@ -883,15 +865,7 @@ func (l *Layer) indexSelectIn(c *Cache, table compute.Tensor, pos []int32, r, pr
 // appended to their caches, and then each run selects and attends.
 func (l *Layer) forwardRows(x compute.Tensor, caches []*Cache, y compute.Tensor) error {
 	t := x.Dim(0)
-	l.runPos = l.runPos[:0]
-	for i := 0; i < t; {
-		c, n := caches[i], runOf(caches, i)
-		for r := range n {
-			l.runPos = append(l.runPos, int32(c.Len+r))
-		}
-		i += n
-	}
-	if err := l.setPositions(l.runPos); err != nil {
+	if err := l.writeRunPositions(caches, t); err != nil {
 		return err
 	}
 	if l.Capture != nil && l.SplitIndexer == nil {
@@ -952,6 +926,31 @@ func (l *Layer) forwardRows(x compute.Tensor, caches []*Cache, y compute.Tensor)
 		return l.output(x, t, y)
 	}
 	return l.Capture(PieceOutput, t, l.deps(x, y), nil, func() error { return l.output(x, t, y) })
+}
+
+// setRowCaches sets l.rowCaches to the cache of every row of the first
+// k sequences of s.
+func (l *Layer) setRowCaches(s *Seqs, k int) {
+	l.rowCaches = l.rowCaches[:0]
+	for i, c := range s.Caches[:k] {
+		for range s.Cu[i+1] - s.Cu[i] {
+			l.rowCaches = append(l.rowCaches, c)
+		}
+	}
+}
+
+// writeRunPositions sets l.runPos to the positions of t rows appended to
+// caches (row i to caches[i], runs of one cache in order) and writes them.
+func (l *Layer) writeRunPositions(caches []*Cache, t int) error {
+	l.runPos = l.runPos[:0]
+	for i := 0; i < t; {
+		c, n := caches[i], runOf(caches, i)
+		for r := range n {
+			l.runPos = append(l.runPos, int32(c.Len+r))
+		}
+		i += n
+	}
+	return l.setPositions(l.runPos)
 }
 
 // denseRows is how many of the n rows of the run from row i attend to

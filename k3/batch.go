@@ -417,11 +417,7 @@ func (bt *Batch) mixLayer(l int, normed, out compute.Tensor) error {
 		return nil
 	}
 	ml := bt.mlaL[l]
-	bt.caches = bt.caches[:0]
-	for _, s := range bt.cur {
-		bt.caches = append(bt.caches, s.caches[l])
-	}
-	bt.dsaSeqs = dsa.Seqs{Cu: bt.cu, Caches: bt.caches, Exact: ne}
+	bt.dsaSeqs = dsa.Seqs{Cu: bt.cu, Caches: bt.cachesOf(l), Exact: ne}
 	if err := ml.Forward(normed, &bt.dsaSeqs, out); err != nil {
 		return err
 	}
@@ -429,6 +425,16 @@ func (bt *Batch) mixLayer(l int, normed, out compute.Tensor) error {
 		bt.trace.DSAIndices = append(bt.trace.DSAIndices, bt.p.readI32(ml.Indices(normed.Dim(0))))
 	}
 	return nil
+}
+
+// cachesOf sets bt.caches to layer l's cache of every session of the
+// running pass and returns it.
+func (bt *Batch) cachesOf(l int) []*dsa.Cache {
+	bt.caches = bt.caches[:0]
+	for _, s := range bt.cur {
+		bt.caches = append(bt.caches, s.caches[l])
+	}
+	return bt.caches
 }
 
 // kdaForward runs KDA layer kl over bt.kdaSeqs, through the model's graphs
@@ -548,11 +554,7 @@ func (bt *Batch) stepGraph(all bool) (bool, error) {
 		if ml == nil {
 			continue
 		}
-		bt.caches = bt.caches[:0]
-		for _, s := range bt.cur {
-			bt.caches = append(bt.caches, s.caches[l])
-		}
-		bt.dsaSeqs = dsa.Seqs{Cu: bt.cu, Caches: bt.caches, Exact: bt.nExact}
+		bt.dsaSeqs = dsa.Seqs{Cu: bt.cu, Caches: bt.cachesOf(l), Exact: bt.nExact}
 		ok, err := ml.Prepare(&bt.dsaSeqs, t)
 		bt.prepared = append(bt.prepared, ml)
 		if err != nil || !ok {
