@@ -18,12 +18,15 @@ import (
 
 // buffer is the storage behind a tensor: exactly one slice is set.
 type buffer struct {
-	f32  []float32
-	u16  []uint16
-	i32  []int32
-	kmaj []uint16 // a bf16 weight in k-major panels (PrepareMatMul)
-
-	kmajN, kmajK int // the weight's shape, for kmaj
+	f32 []float32
+	u16 []uint16
+	i32 []int32
+	// packed is a bf16 weight PrepareMatMul laid out for the products
+	// (k-major panels or AMX tiles, as packing says), of shape [packN,
+	// packK].
+	packed       []uint16
+	packing      packing
+	packN, packK int
 	// aliased is set when the storage is the caller's bytes (FromHost
 	// without a copy, such as a mapped checkpoint): Write refuses it.
 	aliased bool
@@ -228,7 +231,7 @@ func (b *Backend) Write(dst compute.Tensor, src any) error {
 		return fmt.Errorf("cpu: write into %v: not a tensor of this backend", dst)
 	case buf.aliased:
 		return fmt.Errorf("cpu: write into %v: its storage is the caller's bytes (FromHost), read only here: %w", dst, compute.ErrUnsupported)
-	case buf.kmaj != nil:
+	case buf.packed != nil:
 		return shapeErr("write into %v: a prepared matmul weight", dst)
 	}
 	switch s := src.(type) {
@@ -346,12 +349,16 @@ func readU16(d []uint16, src compute.Tensor) error {
 // bf16Bits returns a bf16 tensor's values in row-major order: its storage,
 // or a prepared weight's unpacked into a new slice.
 func bf16Bits(src compute.Tensor) ([]uint16, error) {
-	wp, err := kmajorOf(src)
+	wp, how, err := packedOf(src)
 	if wp == nil || err != nil {
 		return U16(src), err
 	}
 	w := make([]uint16, src.Len())
-	kernel.UnpackKMajor(w, wp, src.Dims[0], src.Dims[1])
+	if how == amxTiles {
+		kernel.UnpackAMX(w, wp, src.Dims[0], src.Dims[1])
+	} else {
+		kernel.UnpackKMajor(w, wp, src.Dims[0], src.Dims[1])
+	}
 	return w, nil
 }
 

@@ -254,8 +254,12 @@ func expertRange(args *kernel.Args, lo, hi int) {
 // serialMatMul computes dst[m, N] = x[m, K] · wᵀ on the calling goroutine.
 func serialMatMul(dst, x []float32, w compute.Tensor, m int) error {
 	n, k := w.Dims[0], w.Dims[1]
-	if wp, err := kmajorOf(w); wp != nil || err != nil {
-		if err == nil {
+	if wp, how, err := packedOf(w); wp != nil || err != nil {
+		switch {
+		case err != nil:
+		case how == amxTiles:
+			kernel.MatMulAMXSerial(dst, x, wp, m, n, k)
+		default:
 			kernel.MatMulKMajorSerial(dst, x, wp, m, n, k)
 		}
 		return err
@@ -274,8 +278,12 @@ func serialMatMul(dst, x []float32, w compute.Tensor, m int) error {
 // matmulHost computes dst[m, N] = x[m, K] · wᵀ on host slices.
 func (b *Backend) matmulHost(dst, x []float32, w compute.Tensor, m int) error {
 	n, k := w.Dims[0], w.Dims[1]
-	if wp, err := kmajorOf(w); wp != nil || err != nil {
-		if err == nil {
+	if wp, how, err := packedOf(w); wp != nil || err != nil {
+		switch {
+		case err != nil:
+		case how == amxTiles:
+			b.pool.MatMulAMX(dst, x, wp, m, n, k)
+		default:
 			b.pool.MatMulKMajor(dst, x, wp, m, n, k)
 		}
 		return err

@@ -7,19 +7,25 @@ import (
 
 var _ compute.WeightPreparer = (*Backend)(nil)
 
-// PrepareMatMul implements compute.WeightPreparer. Where the CPU runs the
-// k-major tiles (kernel.KMajorFast), a bf16 weight [N, K] is copied into
-// k-major panels (kernel.PackKMajor), so that every product of it, whatever
-// its row count, is one FMA chain per output in k order: a row's result is
-// the same alone, in a decode batch, in a scheduler's pass or in a prefill
-// chunk. Narrower weights (kernel.KMajorMinN), other dtypes, other CPUs
-// and the fast-bf16 backend (whose products round x to bf16 over the
-// stored layout) keep w.
+// PrepareMatMul implements compute.WeightPreparer. A bf16 weight [N, K]
+// is copied into the layout of the products that serve every product of
+// it, whatever its row count, so that a row's result is the same alone, in
+// a decode batch, in a scheduler's pass or in a prefill chunk:
+//   - AMX tiles (kernel.PackAMX) where the CPU has AMX-BF16
+//     (kernel.AMXAvailable): the activations split into three bf16 parts,
+//     products on the matrix engine;
+//   - else k-major panels (kernel.PackKMajor) where the CPU runs the
+//     512-bit k-major tiles (kernel.KMajorFast): one FMA chain per output.
+//
+// Narrower weights (kernel.KMajorMinN), other dtypes, other CPUs and the
+// fast-bf16 backend (whose products round x to bf16 over the stored
+// layout) keep w.
 //
 // The prepared tensor keeps w's shape and answers Read; it is not a view
 // other operations can read (F32 and U16 return nil for it).
 func (b *Backend) PrepareMatMul(w compute.Tensor) (compute.Tensor, error) {
-	if b.fastBF16 || !kernel.KMajorFast() || w.DType != compute.BF16 || w.Rank != 2 || w.Dims[0] < kernel.KMajorMinN {
+	how := b.packing()
+	if how == 0 || w.DType != compute.BF16 || w.Rank != 2 || w.Dims[0] < kernel.KMajorMinN {
 		return w, nil
 	}
 	src := U16(w)
@@ -27,22 +33,50 @@ func (b *Backend) PrepareMatMul(w compute.Tensor) (compute.Tensor, error) {
 		return w, nil
 	}
 	n, k := w.Dims[0], w.Dims[1]
-	buf := &buffer{kmaj: make([]uint16, kernel.KMajorLen(n, k)), kmajN: n, kmajK: k}
-	b.pool.PackKMajor(buf.kmaj, src, n, k)
+	buf := &buffer{packing: how, packN: n, packK: k}
+	if how == amxTiles {
+		buf.packed = make([]uint16, kernel.AMXLen(n, k))
+		b.pool.PackAMX(buf.packed, src, n, k)
+	} else {
+		buf.packed = make([]uint16, kernel.KMajorLen(n, k))
+		b.pool.PackKMajor(buf.packed, src, n, k)
+	}
 	b.Free(w)
 	return compute.NewTensor(buf, 0, compute.BF16, n, k), nil
 }
 
-// kmajorOf returns the k-major panels of a weight PrepareMatMul laid out
-// (nil for any other tensor), and an error for a view of one with another
-// shape or offset, which no product can read.
-func kmajorOf(w compute.Tensor) ([]uint16, error) {
+// packing is a prepared weight's layout.
+type packing uint8
+
+const (
+	kMajor   packing = iota + 1 // kernel.PackKMajor
+	amxTiles                    // kernel.PackAMX
+)
+
+// packing returns the layout PrepareMatMul gives bf16 weights here, or 0
+// where they keep the stored one.
+func (b *Backend) packing() packing {
+	switch {
+	case b.fastBF16:
+		return 0
+	case kernel.AMXAvailable():
+		return amxTiles
+	case kernel.KMajorFast():
+		return kMajor
+	}
+	return 0
+}
+
+// packedOf returns the packed form of a weight PrepareMatMul laid out and
+// its layout (nil for any other tensor), and an error for a view of one
+// with another shape or offset, which no product can read.
+func packedOf(w compute.Tensor) ([]uint16, packing, error) {
 	buf, ok := w.Mem.(*buffer)
-	if !ok || buf.kmaj == nil {
-		return nil, nil
+	if !ok || buf.packed == nil {
+		return nil, 0, nil
 	}
-	if w.Off != 0 || w.Rank != 2 || w.Dims[0] != buf.kmajN || w.Dims[1] != buf.kmajK {
-		return nil, shapeErr("matmul weight %v is a view of a prepared [%d %d] weight", w, buf.kmajN, buf.kmajK)
+	if w.Off != 0 || w.Rank != 2 || w.Dims[0] != buf.packN || w.Dims[1] != buf.packK {
+		return nil, 0, shapeErr("matmul weight %v is a view of a prepared [%d %d] weight", w, buf.packN, buf.packK)
 	}
-	return buf.kmaj, nil
+	return buf.packed, buf.packing, nil
 }

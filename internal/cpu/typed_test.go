@@ -29,15 +29,15 @@ func TestTypedReadWrite(t *testing.T) {
 	require.ErrorIs(t, b.Write(host, []float32{7, 8}), compute.ErrUnsupported)
 	require.Equal(t, math.Float32bits(2.5), binary.LittleEndian.Uint32(data))
 
-	if !kernel.KMajorFast() {
-		t.Skip("no k-major weights on this path")
+	if !kernel.KMajorFast() && !kernel.AMXAvailable() {
+		t.Skip("no packed weights on this path")
 	}
 	w, want := bf16Weight(t, b, rand.New(rand.NewPCG(93, 94)), kernel.KMajorMinN, 64)
 	p, err := b.PrepareMatMul(w)
 	require.NoError(t, err)
-	km, err := kmajorOf(p)
+	km, _, err := packedOf(p)
 	require.NoError(t, err)
-	require.NotNil(t, km, "the weight is k-major")
+	require.NotNil(t, km, "the weight is packed")
 	gotW := make([]float32, len(want))
 	require.NoError(t, b.Read(gotW, p))
 	require.Equal(t, want, gotW)

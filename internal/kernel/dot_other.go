@@ -217,3 +217,21 @@ func kmaj2x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, os
 func kmaj1x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, ostride, acc int) {
 	panic("kernel: no assembly on this platform")
 }
+
+const hasAMX = false
+
+func amxReady() bool { return false }
+
+func amxTiles2(cfg *amxConfig, a *uint16, astride, pstride int, b *uint16, kb int, c *float32, cstride, groups int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func amxTiles1(cfg *amxConfig, a *uint16, astride, pstride int, b *uint16, kb int, c *float32, cstride, groups int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func amxPeakLoop(cfg *amxConfig, n int) { panic("kernel: no assembly on this platform") }
+
+func splitBF16AVX512(hi, mid, lo *uint16, x *float32, n int) {
+	panic("kernel: no assembly on this platform")
+}

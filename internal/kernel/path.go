@@ -9,8 +9,10 @@ import "fmt"
 // 512-bit FMAs (WideFMA: the CPU runs them at about twice the 256-bit
 // rate, or K3_KERNEL=zmm forces them) and "+bf16" where the opt-in fast
 // product has VDPBF16PS. K3_KERNEL=go, avx2 or avx512 caps the path below
-// what the CPU has; zmm forces the 512-bit tile on any AVX-512 CPU. A
-// value it does not understand is reported here and otherwise ignored.
+// what the CPU has; zmm forces the 512-bit tile on any AVX-512 CPU. Then
+// "+amx" where bf16-weight products run on AMX tiles (AMXAvailable; zmm
+// and every lower path turn them off). A value it does not understand is
+// reported here and otherwise ignored.
 func Path() string {
 	p := "go"
 	switch {
@@ -24,6 +26,9 @@ func Path() string {
 	}
 	if hasBF16Dot {
 		p += "+bf16"
+	}
+	if hasAMX {
+		p += "+amx"
 	}
 	switch forcedPath() {
 	case "", "go", "avx2", "avx512", "zmm":

@@ -105,16 +105,37 @@ func (p *Pool) PeakBF16DotFLOPS() float64 {
 	return p.peak(dpbf16Range, 12*64)
 }
 
+// PeakAMXFLOPS measures the AMX-BF16 tile peak of the pool's goroutines
+// (rounds of four independent TDPBF16PS on full tiles, no memory traffic;
+// the best of a few runs, in FLOP/s), or 0 where the AMX product does not
+// run (AMXAvailable). The AMX product's shares are of it.
+func (p *Pool) PeakAMXFLOPS() float64 {
+	if !hasAMX {
+		return 0
+	}
+	return p.peakIters(amxPeakRange, 4*16*16*32*2, 500_000)
+}
+
+func amxPeakRange(a *Args, lo, hi int) {
+	var cfg amxConfig
+	cfg.set(16, 16)
+	amxPeakLoop(&cfg, a.K)
+}
+
 // peak runs a register-only loop of flops per iteration on every goroutine
 // of the pool and returns the best FLOP/s of three runs.
 func (p *Pool) peak(loop func(a *Args, lo, hi int), flops float64) float64 {
-	const iters = 20_000_000
+	return p.peakIters(loop, flops, 20_000_000)
+}
+
+// peakIters is peak with iters iterations of the loop per goroutine.
+func (p *Pool) peakIters(loop func(a *Args, lo, hi int), flops float64, iters int) float64 {
 	parts := p.Size()
 	best := 0.0
 	for r := 0; r < 3; r++ {
 		start := time.Now()
 		p.Run(loop, Args{K: iters}, parts, 1)
-		if f := float64(parts) * iters * flops / time.Since(start).Seconds(); f > best {
+		if f := float64(parts) * float64(iters) * flops / time.Since(start).Seconds(); f > best {
 			best = f
 		}
 	}

@@ -1,0 +1,391 @@
+package kernel
+
+import (
+	"math"
+	"sync"
+)
+
+// The AMX product runs a bf16-weight product on the CPU's matrix engine
+// (AMX-BF16 tiles) and stays fp32-accurate by splitting each fp32
+// activation into three bf16 parts, hi + mid + lo, whose sum is the value
+// to within an ulp or so of fp32 (8 significant bits each). Every part
+// meets every weight in a tile dot product whose bf16 products are exact
+// in fp32, accumulated in fp32.
+//
+// The weights take their own layout (PackAMX): 16-column panels, each a run
+// of k-blocks of 32, each block one 1 KB tile whose row i holds the pairs
+// (w[c][32b+2i], w[c][32b+2i+1]) of the panel's sixteen columns c, the
+// order TDPBF16PS reads a B tile in. Columns are padded to whole pairs of
+// panels and k to whole blocks with zeros.
+//
+// An output is one accumulator running over k-blocks in order and, within
+// a block, over the parts hi, mid, lo, each a tile dot product over the
+// block's sixteen pairs. Tile rows are independent, so a row's result does
+// not depend on the other rows of the product: a product of one row, of 8
+// or of 512 gives each row the same bits.
+
+// AMXPanel is the width of an AMX weight panel (a tile's sixteen float32
+// columns); panels are laid out in pairs.
+const AMXPanel = 16
+
+// amxKBlock is the k extent of one tile product (sixteen bf16 pairs).
+const amxKBlock = 32
+
+// amxParts is how many bf16 parts an fp32 activation is split into.
+const amxParts = 3
+
+// AMXAvailable reports whether the AMX product runs here: the CPU has
+// AMX-BF16 and the kernel granted the process the tile data state, and
+// K3_KERNEL does not cap the path below it.
+func AMXAvailable() bool { return amxReady() }
+
+// AMXLen returns the length of the AMX form of an [n, k] weight.
+func AMXLen(n, k int) int {
+	return amxCols(n) * amxKPad(k)
+}
+
+// amxCols is n rounded up to whole pairs of panels.
+func amxCols(n int) int { return (n + 2*AMXPanel - 1) / (2 * AMXPanel) * 2 * AMXPanel }
+
+// amxKPad is k rounded up to whole k-blocks.
+func amxKPad(k int) int { return (k + amxKBlock - 1) / amxKBlock * amxKBlock }
+
+// PackAMX writes w [n, k] in AMX form into dst (AMXLen(n, k) long): the
+// tile of panel p and k-block b starts at (p*kb + b)*512 and holds at
+// 32i + 2c + e the weight w[16p+c][32b+2i+e], zero past n or k.
+func PackAMX(dst, w []uint16, n, k int) {
+	checkPackAMX(dst, w, n, k)
+	packAMXPanels(dst, w, n, k, 0, amxCols(n)/AMXPanel)
+}
+
+// PackAMX is PackAMX with the panels split over the pool.
+func (p *Pool) PackAMX(dst, w []uint16, n, k int) {
+	checkPackAMX(dst, w, n, k)
+	p.Run(packAMXRange, Args{WB: dst, M: n, K: k, Job: &amxPackJob{w: w}}, amxCols(n)/AMXPanel, 8)
+}
+
+type amxPackJob struct{ w []uint16 }
+
+func packAMXRange(a *Args, lo, hi int) {
+	packAMXPanels(a.WB, a.Job.(*amxPackJob).w, a.M, a.K, lo, hi)
+}
+
+func checkPackAMX(dst, w []uint16, n, k int) {
+	if len(w) < n*k || len(dst) != AMXLen(n, k) {
+		panic("kernel: PackAMX operand lengths do not match the shape")
+	}
+}
+
+func packAMXPanels(dst, w []uint16, n, k, p0, p1 int) {
+	kp := amxKPad(k)
+	for p := p0; p < p1; p++ {
+		pan := dst[p*AMXPanel*kp : (p+1)*AMXPanel*kp]
+		clear(pan)
+		for c := range AMXPanel {
+			col := p*AMXPanel + c
+			if col >= n {
+				break
+			}
+			wr := w[col*k : col*k+k]
+			for kk, v := range wr {
+				b, i, e := kk/amxKBlock, kk%amxKBlock/2, kk%2
+				pan[b*512+i*32+2*c+e] = v
+			}
+		}
+	}
+}
+
+// UnpackAMX is PackAMX's inverse: it writes the [n, k] weight that wp holds
+// in AMX form into w.
+func UnpackAMX(w, wp []uint16, n, k int) {
+	kp := amxKPad(k)
+	for col := range n {
+		p, c := col/AMXPanel, col%AMXPanel
+		pan := wp[p*AMXPanel*kp:]
+		for kk := range k {
+			b, i, e := kk/amxKBlock, kk%amxKBlock/2, kk%2
+			w[col*k+kk] = pan[b*512+i*32+2*c+e]
+		}
+	}
+}
+
+// SplitBF16 writes x's three bf16 parts: hi is x rounded to bf16 (to
+// nearest even), mid the remainder x-hi rounded, lo what then remains,
+// rounded. x-hi and x-hi-mid are exact in float32, so hi+mid+lo holds 24
+// significant bits or more of x (a remainder below float32's normal range
+// counts as zero, as the CPU's conversion reads it). Inputs that are not
+// finite give parts whose products are NaN.
+func SplitBF16(hi, mid, lo []uint16, x []float32) {
+	hi, mid, lo = hi[:len(x)], mid[:len(x)], lo[:len(x)]
+	i := 0
+	if hasAMX && !amxGo {
+		i = len(x) &^ 15
+		if i > 0 {
+			splitBF16AVX512(&hi[0], &mid[0], &lo[0], &x[0], i)
+		}
+	}
+	for ; i < len(x); i++ {
+		v := x[i]
+		h := roundBF16DAZ(v)
+		r := v - bf16(h)
+		m := roundBF16DAZ(r)
+		hi[i], mid[i], lo[i] = h, m, roundBF16DAZ(r-bf16(m))
+	}
+}
+
+// roundBF16DAZ rounds v to bfloat16, to nearest, ties to even, reading v
+// below the normal range as zero of its sign (VCVTNEPS2BF16's rules).
+func roundBF16DAZ(v float32) uint16 {
+	b := math.Float32bits(v)
+	switch {
+	case b&0x7fffffff > 0x7f800000:
+		return uint16(b>>16) | 0x40
+	case b&0x7f800000 == 0:
+		return uint16(b>>16) & 0x8000
+	}
+	return uint16((b + 0x7fff + (b>>16)&1) >> 16)
+}
+
+// amxJob is one AMX product: the activation parts (three [m][kp] bf16
+// matrices one after another) and the operands.
+// The pool owns one for its parallel products; serial products take one
+// from amxJobs.
+type amxJob struct {
+	mu      sync.Mutex
+	dst, x  []float32
+	w       []uint16
+	m, n, k int
+	kp      int
+	parts   []uint16  // amxParts * m * kp
+	scratch []float32 // a short column group's outputs, 32 rows of 32
+	chunk   int       // pairs of panels per work item
+	chunks  int       // column chunks
+	blocks  int       // row blocks of 32
+}
+
+// amxChunk is how many pairs of panels a work item covers when there are
+// several row blocks: 256 columns, so that an item's weights (kp*256*2
+// bytes, 384 KB at k = 768) stay in L2 while it meets its row blocks. A
+// product of one block takes items of amxChunkFew pairs, which balance
+// over the pool.
+const (
+	amxChunk    = 8
+	amxChunkFew = 2
+)
+
+// amxGo makes the product run its plain-Go twin (tests).
+var amxGo bool
+
+var amxJobs = sync.Pool{New: func() any { return new(amxJob) }}
+
+// prepare splits x into the job's parts for the product (dst, x, wp, m, n,
+// k).
+func (j *amxJob) prepare(dst, x []float32, wp []uint16, m, n, k int) {
+	j.dst, j.x, j.w, j.m, j.n, j.k = dst, x, wp, m, n, k
+	j.kp = amxKPad(k)
+	size := amxParts * m * j.kp
+	if cap(j.parts) < size {
+		j.parts = make([]uint16, size)
+	}
+	j.parts = j.parts[:size]
+	if len(j.scratch) == 0 {
+		j.scratch = make([]float32, 32*32)
+	}
+	groups := amxCols(n) / (2 * AMXPanel)
+	j.blocks = (m + 31) / 32
+	j.chunk = amxChunk
+	if j.blocks == 1 {
+		j.chunk = amxChunkFew
+	}
+	j.chunks = (groups + j.chunk - 1) / j.chunk
+}
+
+// split writes the parts of x rows [r0, r1), zero past k. (A short row
+// block's tiles are configured with its rows alone, so no padding rows
+// are read.)
+func (j *amxJob) split(r0, r1 int) {
+	plane := j.m * j.kp
+	hi, mid, lo := j.parts[:plane], j.parts[plane:2*plane], j.parts[2*plane:]
+	for r := r0; r < r1; r++ {
+		o := r * j.kp
+		splitRow(hi[o:o+j.kp], mid[o:o+j.kp], lo[o:o+j.kp], j.x[r*j.k:(r+1)*j.k])
+	}
+}
+
+// splitRow splits one row into parts kp long (zero past len(x)).
+func splitRow(hi, mid, lo []uint16, x []float32) {
+	SplitBF16(hi, mid, lo, x)
+	clear(hi[len(x):])
+	clear(mid[len(x):])
+	clear(lo[len(x):])
+}
+
+func amxSplitRange(a *Args, lo, hi int) { a.Job.(*amxJob).split(lo, hi) }
+
+// MatMulAMX computes dst[m, n] = x[m, k] · wᵀ for a bf16 weight w [n, k] in
+// AMX form (PackAMX). Where the AMX product is not available it runs the
+// plain-Go twin, which gives the same bits.
+func (p *Pool) MatMulAMX(dst, x []float32, wp []uint16, m, n, k int) {
+	checkAMX(len(dst), len(x), len(wp), m, n, k)
+	if m == 0 || n == 0 {
+		return
+	}
+	j := amxJobs.Get().(*amxJob)
+	defer amxJobs.Put(j)
+	j.prepare(dst, x, wp, m, n, k)
+	p.Run(amxSplitRange, Args{Job: j}, m, 16)
+	p.Run(amxRange, Args{Job: j}, j.chunks*j.blocks, 1)
+	j.dst, j.x, j.w = nil, nil, nil
+}
+
+// MatMulAMXSerial is MatMulAMX on the calling goroutine alone. Calls may
+// run concurrently.
+func MatMulAMXSerial(dst, x []float32, wp []uint16, m, n, k int) {
+	checkAMX(len(dst), len(x), len(wp), m, n, k)
+	if m == 0 || n == 0 {
+		return
+	}
+	j := amxJobs.Get().(*amxJob)
+	defer amxJobs.Put(j)
+	j.prepare(dst, x, wp, m, n, k)
+	j.split(0, m)
+	j.run(0, j.chunks*j.blocks)
+	j.dst, j.x, j.w = nil, nil, nil
+}
+
+func checkAMX(nd, nx, nw, m, n, k int) {
+	if nd < m*n || nx < m*k || nw != AMXLen(n, k) {
+		panic("kernel: MatMulAMX operand lengths do not match the shape")
+	}
+}
+
+func amxRange(a *Args, lo, hi int) { a.Job.(*amxJob).run(lo, hi) }
+
+// run computes work items [lo, hi): item i is the row block i mod blocks
+// of the column chunk i / blocks, so that consecutive items share their
+// weights.
+func (j *amxJob) run(lo, hi int) {
+	groups := amxCols(j.n) / (2 * AMXPanel)
+	for it := lo; it < hi; it++ {
+		c, b := it/j.blocks, it%j.blocks
+		g0, g1 := c*j.chunk, min((c+1)*j.chunk, groups)
+		j.block(32*b, min(32*b+32, j.m), g0, g1)
+	}
+}
+
+// block computes x rows [r0, r1) (at most 32) against the column groups
+// [g0, g1) (pairs of panels). Whole groups inside n are stored straight
+// into dst; a group reaching past n goes through the scratch.
+func (j *amxJob) block(r0, r1, g0, g1 int) {
+	full := min(g1, j.n/(2*AMXPanel))
+	if full > g0 {
+		j.tiles(r0, r1, g0, full, j.dst[r0*j.n+g0*2*AMXPanel:], j.n)
+	}
+	for g := max(g0, full); g < g1; g++ {
+		j.tiles(r0, r1, g, g+1, j.scratch, 2*AMXPanel)
+		c0 := g * 2 * AMXPanel
+		cols := min(2*AMXPanel, j.n-c0)
+		for r := r0; r < r1; r++ {
+			copy(j.dst[r*j.n+c0:r*j.n+c0+cols], j.scratch[(r-r0)*2*AMXPanel:])
+		}
+	}
+}
+
+// tiles runs rows [r0, r1) against groups [g0, g1), writing row r's
+// outputs to c[(r-r0)*cs:] (cs floats per row).
+func (j *amxJob) tiles(r0, r1, g0, g1 int, c []float32, cs int) {
+	kb := j.kp / amxKBlock
+	plane := j.m * j.kp
+	w := j.w[g0*2*AMXPanel*j.kp:]
+	if !hasAMX || amxGo {
+		amxTilesGo(j.parts[r0*j.kp:], j.kp, plane, w, kb, r1-r0, c, cs, g1-g0)
+		return
+	}
+	var cfg amxConfig
+	rows := r1 - r0
+	_ = c[(rows-1)*cs+(g1-g0)*2*AMXPanel-1]
+	if rows > 16 {
+		cfg.set(16, rows-16)
+		amxTiles2(&cfg, &j.parts[r0*j.kp], 2*j.kp, 2*plane, &w[0], kb, &c[0], 4*cs, g1-g0)
+		return
+	}
+	cfg.set(rows, 0)
+	amxTiles1(&cfg, &j.parts[r0*j.kp], 2*j.kp, 2*plane, &w[0], kb, &c[0], 4*cs, g1-g0)
+}
+
+// amxConfig is the 64-byte tile configuration LDTILECFG loads (palette 1):
+// bytes per row of each of the eight tiles at 16+2t, rows at 48+t.
+type amxConfig [64]byte
+
+// set configures the accumulators and A tiles of the first row block
+// (tmm0, tmm1, tmm4) for rows0 rows, those of the second (tmm2, tmm3,
+// tmm5) for rows1, and the B tiles (tmm6, tmm7) for 16 rows; every tile
+// row is 64 bytes.
+func (c *amxConfig) set(rows0, rows1 int) {
+	*c = amxConfig{}
+	c[0] = 1
+	rows := [8]int{rows0, rows0, rows1, rows1, rows0, rows1, 16, 16}
+	for t, r := range rows {
+		if r == 0 {
+			continue
+		}
+		c[16+2*t] = 64
+		c[48+t] = byte(r)
+	}
+}
+
+// amxTilesGo is the tile kernels' specification: for each of rows x rows
+// (the parts at a, row stride as, part stride ps, in elements) and each
+// column of the groups, one float32 accumulator from zero over k-blocks
+// and, in a block, over the parts hi, mid, lo, adding each tile dot
+// product as TDPBF16PS computes it: the products of the even elements of
+// the block's sixteen pairs summed in one float32 chain from zero, those of
+// the odd elements in another (the products are exact), the two chains
+// added, and that added to the accumulator, every sum rounded to nearest
+// even; bf16 inputs below the normal range count as zero and float32
+// results below it are flushed to zero. (The chain structure is the
+// instruction's description in Intel's SDM; the order of the sixteen pairs
+// within a chain and the flushing were checked against the hardware by
+// TestMatMulAMX.)
+func amxTilesGo(a []uint16, as, ps int, w []uint16, kb, rows int, c []float32, cs, groups int) {
+	kp := kb * amxKBlock
+	for g := range groups {
+		for col := range 2 * AMXPanel {
+			pan := w[(2*g+col/AMXPanel)*AMXPanel*kp:]
+			cc := col % AMXPanel
+			for r := range rows {
+				var acc float32
+				for b := range kb {
+					wt := pan[b*512:]
+					for q := range amxParts {
+						ar := a[q*ps+r*as+b*amxKBlock:]
+						var even, odd float32
+						for i := range 16 {
+							even = ftz(even + dazBF16(ar[2*i])*dazBF16(wt[i*32+2*cc]))
+							odd = ftz(odd + dazBF16(ar[2*i+1])*dazBF16(wt[i*32+2*cc+1]))
+						}
+						acc = ftz(acc + ftz(even+odd))
+					}
+				}
+				c[r*cs+g*2*AMXPanel+col] = acc
+			}
+		}
+	}
+}
+
+// dazBF16 widens a bf16 value, reading a subnormal as zero of its sign.
+func dazBF16(h uint16) float32 {
+	if h&0x7f80 == 0 {
+		h &= 0x8000
+	}
+	return bf16(h)
+}
+
+// ftz flushes a float32 below the normal range to zero of its sign.
+func ftz(v float32) float32 {
+	b := math.Float32bits(v)
+	if b&0x7f800000 == 0 {
+		return math.Float32frombits(b & 0x80000000)
+	}
+	return v
+}

@@ -1,0 +1,45 @@
+//go:build !purego
+
+package kernel
+
+import (
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/cpu"
+)
+
+// hasAMX reports that the AMX product runs: the CPU has AMX-BF16 (with
+// AVX512_BF16, which every AMX CPU has), K3_KERNEL does not cap the path
+// (go, avx2, avx512 and zmm all do), and Linux granted the tile data state.
+var hasAMX = cpu.X86.HasAMXTile && cpu.X86.HasAMXBF16 && hasBF16Dot && forced != "zmm" && amxPermission()
+
+func amxReady() bool { return hasAMX }
+
+// Linux enables the tile data state (XTILEDATA, 8 KB per thread) only for
+// processes that ask: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA),
+// once, for every thread of the process. Go's signal stacks (32 KB) hold
+// the larger signal frame this brings. An AMX kernel loads its tile
+// configuration on entry and releases it on return, and Go never preempts
+// inside assembly, so no goroutine sees another's tiles.
+const (
+	archReqXcompPerm  = 0x1023
+	xfeatureXtiledata = 18
+)
+
+var amxPermission = sync.OnceValue(func() bool {
+	_, _, errno := syscall.RawSyscall(syscall.SYS_ARCH_PRCTL, archReqXcompPerm, xfeatureXtiledata, 0)
+	return errno == 0
+})
+
+//go:noescape
+func amxTiles2(cfg *amxConfig, a *uint16, astride, pstride int, b *uint16, kb int, c *float32, cstride, groups int)
+
+//go:noescape
+func amxTiles1(cfg *amxConfig, a *uint16, astride, pstride int, b *uint16, kb int, c *float32, cstride, groups int)
+
+//go:noescape
+func amxPeakLoop(cfg *amxConfig, n int)
+
+//go:noescape
+func splitBF16AVX512(hi, mid, lo *uint16, x *float32, n int)

@@ -1,0 +1,260 @@
+//go:build !purego
+
+#include "textflag.h"
+
+// AMX (Advanced Matrix Extensions) tile kernels. Go's assembler has no
+// mnemonics for the tile instructions, so each is written as the bytes GNU
+// as assembles for it (register and SIB forms); the kernels are tested
+// against their plain-Go twin.
+//
+// Tile roles (the config amxTiles2/amxTiles1 load, built in amx.go):
+// tmm0-tmm3 accumulate C (rows x 16 float32), tmm4 and tmm5 hold one bf16
+// part of 16 (or fewer) x rows by 32 k (A), tmm6 and tmm7 one k-block of
+// two 16-column weight panels in pair-interleaved form (B, 16 x 64 bytes).
+#define TILEZERO_0 BYTE $0xC4; BYTE $0xE2; BYTE $0x7B; BYTE $0x49; BYTE $0xC0
+#define TILEZERO_1 BYTE $0xC4; BYTE $0xE2; BYTE $0x7B; BYTE $0x49; BYTE $0xC8
+#define TILEZERO_2 BYTE $0xC4; BYTE $0xE2; BYTE $0x7B; BYTE $0x49; BYTE $0xD0
+#define TILEZERO_3 BYTE $0xC4; BYTE $0xE2; BYTE $0x7B; BYTE $0x49; BYTE $0xD8
+#define TILEZERO_4 BYTE $0xC4; BYTE $0xE2; BYTE $0x7B; BYTE $0x49; BYTE $0xE0
+#define TILEZERO_5 BYTE $0xC4; BYTE $0xE2; BYTE $0x7B; BYTE $0x49; BYTE $0xE8
+#define TILEZERO_6 BYTE $0xC4; BYTE $0xE2; BYTE $0x7B; BYTE $0x49; BYTE $0xF0
+#define TILEZERO_7 BYTE $0xC4; BYTE $0xE2; BYTE $0x7B; BYTE $0x49; BYTE $0xF8
+#define TILERELEASE BYTE $0xC4; BYTE $0xE2; BYTE $0x78; BYTE $0x49; BYTE $0xC0
+#define LDTILECFG_DI BYTE $0xC4; BYTE $0xE2; BYTE $0x78; BYTE $0x49; BYTE $0x07
+#define TILELOADD_6_BX_AX BYTE $0xC4; BYTE $0xE2; BYTE $0x7B; BYTE $0x4B; BYTE $0x34; BYTE $0x03
+#define TILELOADD_7_R14_AX BYTE $0xC4; BYTE $0xC2; BYTE $0x7B; BYTE $0x4B; BYTE $0x3C; BYTE $0x06
+#define TILELOADD_4_CX_DX BYTE $0xC4; BYTE $0xE2; BYTE $0x7B; BYTE $0x4B; BYTE $0x24; BYTE $0x11
+#define TILELOADD_5_R11_DX BYTE $0xC4; BYTE $0xC2; BYTE $0x7B; BYTE $0x4B; BYTE $0x2C; BYTE $0x13
+#define TILESTORED_0_DI_R10 BYTE $0xC4; BYTE $0xA2; BYTE $0x7A; BYTE $0x4B; BYTE $0x04; BYTE $0x17
+#define TILESTORED_1_R11_R10 BYTE $0xC4; BYTE $0x82; BYTE $0x7A; BYTE $0x4B; BYTE $0x0C; BYTE $0x13
+#define TILESTORED_2_R14_R10 BYTE $0xC4; BYTE $0x82; BYTE $0x7A; BYTE $0x4B; BYTE $0x14; BYTE $0x16
+#define TILESTORED_3_R11_R10 BYTE $0xC4; BYTE $0x82; BYTE $0x7A; BYTE $0x4B; BYTE $0x1C; BYTE $0x13
+#define TDPBF16PS_0_4_6 BYTE $0xC4; BYTE $0xE2; BYTE $0x4A; BYTE $0x5C; BYTE $0xC4
+#define TDPBF16PS_1_4_7 BYTE $0xC4; BYTE $0xE2; BYTE $0x42; BYTE $0x5C; BYTE $0xCC
+#define TDPBF16PS_2_5_6 BYTE $0xC4; BYTE $0xE2; BYTE $0x4A; BYTE $0x5C; BYTE $0xD5
+#define TDPBF16PS_3_5_7 BYTE $0xC4; BYTE $0xE2; BYTE $0x42; BYTE $0x5C; BYTE $0xDD
+
+// func amxTiles2(cfg *amxConfig, a *uint16, astride, pstride int, b *uint16, kb int, c *float32, cstride, groups int)
+//
+// Two row blocks (x rows 0-15 at a, 16-31 at a+16*astride; the second may
+// be short, as cfg says) against groups of two weight panels: for each
+// group, C = sum over k-blocks and then over the parts hi, mid, lo (at a,
+// a+pstride, a+2*pstride) of A_part · B, stored to c (row stride cstride
+// bytes); the next group's panels follow in b and its columns are 32
+// floats further in c. Strides are in bytes.
+TEXT ·amxTiles2(SB), NOSPLIT, $0-72
+	MOVQ cfg+0(FP), DI
+	LDTILECFG_DI
+	MOVQ $64, AX
+	MOVQ astride+16(FP), DX
+	MOVQ pstride+24(FP), R8
+	MOVQ DX, R9
+	SHLQ $4, R9
+	MOVQ cstride+56(FP), R10
+	MOVQ kb+40(FP), R12
+	SHLQ $10, R12
+	MOVQ b+32(FP), BX
+	MOVQ c+48(FP), DI
+group2:
+	TILEZERO_0
+	TILEZERO_1
+	TILEZERO_2
+	TILEZERO_3
+	MOVQ a+8(FP), SI
+	MOVQ kb+40(FP), R13
+kloop2:
+	LEAQ (BX)(R12*1), R14
+	TILELOADD_6_BX_AX
+	TILELOADD_7_R14_AX
+	MOVQ SI, CX
+	LEAQ (CX)(R9*1), R11
+	TILELOADD_4_CX_DX
+	TILELOADD_5_R11_DX
+	TDPBF16PS_0_4_6
+	TDPBF16PS_1_4_7
+	TDPBF16PS_2_5_6
+	TDPBF16PS_3_5_7
+	ADDQ R8, CX
+	LEAQ (CX)(R9*1), R11
+	TILELOADD_4_CX_DX
+	TILELOADD_5_R11_DX
+	TDPBF16PS_0_4_6
+	TDPBF16PS_1_4_7
+	TDPBF16PS_2_5_6
+	TDPBF16PS_3_5_7
+	ADDQ R8, CX
+	LEAQ (CX)(R9*1), R11
+	TILELOADD_4_CX_DX
+	TILELOADD_5_R11_DX
+	TDPBF16PS_0_4_6
+	TDPBF16PS_1_4_7
+	TDPBF16PS_2_5_6
+	TDPBF16PS_3_5_7
+	ADDQ $64, SI
+	ADDQ $1024, BX
+	DECQ R13
+	JNZ kloop2
+	ADDQ R12, BX
+	TILESTORED_0_DI_R10
+	LEAQ 64(DI), R11
+	TILESTORED_1_R11_R10
+	MOVQ R10, R13
+	SHLQ $4, R13
+	LEAQ (DI)(R13*1), R14
+	TILESTORED_2_R14_R10
+	LEAQ 64(R14), R11
+	TILESTORED_3_R11_R10
+	ADDQ $128, DI
+	DECQ groups+64(FP)
+	JNZ group2
+	TILERELEASE
+	RET
+
+// func amxTiles1(cfg *amxConfig, a *uint16, astride, pstride int, b *uint16, kb int, c *float32, cstride, groups int)
+//
+// amxTiles2 with one row block (up to 16 x rows): tmm2, tmm3 and tmm5
+// are unused.
+TEXT ·amxTiles1(SB), NOSPLIT, $0-72
+	MOVQ cfg+0(FP), DI
+	LDTILECFG_DI
+	MOVQ $64, AX
+	MOVQ astride+16(FP), DX
+	MOVQ pstride+24(FP), R8
+	MOVQ cstride+56(FP), R10
+	MOVQ kb+40(FP), R12
+	SHLQ $10, R12
+	MOVQ b+32(FP), BX
+	MOVQ c+48(FP), DI
+group1:
+	TILEZERO_0
+	TILEZERO_1
+	MOVQ a+8(FP), SI
+	MOVQ kb+40(FP), R13
+kloop1:
+	LEAQ (BX)(R12*1), R14
+	TILELOADD_6_BX_AX
+	TILELOADD_7_R14_AX
+	// A row block alone meets each weight tile once, so its loads wait on
+	// memory: fetch the tiles eight k-blocks ahead.
+	PREFETCHT0 8192(BX)
+	PREFETCHT0 8192(R14)
+	PREFETCHT0 8256(BX)
+	PREFETCHT0 8256(R14)
+	PREFETCHT0 8320(BX)
+	PREFETCHT0 8320(R14)
+	PREFETCHT0 8384(BX)
+	PREFETCHT0 8384(R14)
+	PREFETCHT0 8448(BX)
+	PREFETCHT0 8448(R14)
+	PREFETCHT0 8512(BX)
+	PREFETCHT0 8512(R14)
+	PREFETCHT0 8576(BX)
+	PREFETCHT0 8576(R14)
+	PREFETCHT0 8640(BX)
+	PREFETCHT0 8640(R14)
+	PREFETCHT0 8704(BX)
+	PREFETCHT0 8704(R14)
+	PREFETCHT0 8768(BX)
+	PREFETCHT0 8768(R14)
+	PREFETCHT0 8832(BX)
+	PREFETCHT0 8832(R14)
+	PREFETCHT0 8896(BX)
+	PREFETCHT0 8896(R14)
+	PREFETCHT0 8960(BX)
+	PREFETCHT0 8960(R14)
+	PREFETCHT0 9024(BX)
+	PREFETCHT0 9024(R14)
+	PREFETCHT0 9088(BX)
+	PREFETCHT0 9088(R14)
+	PREFETCHT0 9152(BX)
+	PREFETCHT0 9152(R14)
+	MOVQ SI, CX
+	TILELOADD_4_CX_DX
+	TDPBF16PS_0_4_6
+	TDPBF16PS_1_4_7
+	ADDQ R8, CX
+	TILELOADD_4_CX_DX
+	TDPBF16PS_0_4_6
+	TDPBF16PS_1_4_7
+	ADDQ R8, CX
+	TILELOADD_4_CX_DX
+	TDPBF16PS_0_4_6
+	TDPBF16PS_1_4_7
+	ADDQ $64, SI
+	ADDQ $1024, BX
+	DECQ R13
+	JNZ kloop1
+	ADDQ R12, BX
+	TILESTORED_0_DI_R10
+	LEAQ 64(DI), R11
+	TILESTORED_1_R11_R10
+	ADDQ $128, DI
+	DECQ groups+64(FP)
+	JNZ group1
+	TILERELEASE
+	RET
+
+// func amxPeakLoop(cfg *amxConfig, n int)
+//
+// n rounds of four independent TDPBF16PS on zeroed full tiles (16 x 16 x
+// 32 each, 16,384 FLOPs): the tile unit's peak, with no memory traffic.
+TEXT ·amxPeakLoop(SB), NOSPLIT, $0-16
+	MOVQ cfg+0(FP), DI
+	LDTILECFG_DI
+	MOVQ n+8(FP), CX
+	TILEZERO_0
+	TILEZERO_1
+	TILEZERO_2
+	TILEZERO_3
+	TILEZERO_4
+	TILEZERO_5
+	TILEZERO_6
+	TILEZERO_7
+peakloop:
+	TDPBF16PS_0_4_6
+	TDPBF16PS_1_4_7
+	TDPBF16PS_2_5_6
+	TDPBF16PS_3_5_7
+	DECQ CX
+	JNZ peakloop
+	TILERELEASE
+	RET
+
+// func splitBF16AVX512(hi, mid, lo *uint16, x *float32, n int)
+//
+// SplitBF16 over n floats (a multiple of 16), sixteen at a time:
+// VCVTNEPS2BF16 rounds to bf16 (to nearest even, inputs below the normal
+// range read as zero), the part widened back is subtracted exactly, and
+// the remainder rounded again. The bytes are GNU as's encoding of
+// VCVTNEPS2BF16 Z0, Y1.
+TEXT ·splitBF16AVX512(SB), NOSPLIT, $0-40
+	MOVQ hi+0(FP), DI
+	MOVQ mid+8(FP), R8
+	MOVQ lo+16(FP), R9
+	MOVQ x+24(FP), SI
+	MOVQ n+32(FP), CX
+	SHRQ $4, CX
+	JZ splitdone
+splitloop:
+	VMOVUPS (SI), Z0
+	BYTE $0x62; BYTE $0xF2; BYTE $0x7E; BYTE $0x48; BYTE $0x72; BYTE $0xC8
+	VMOVDQU Y1, (DI)
+	VPMOVZXWD Y1, Z2
+	VPSLLD $16, Z2, Z2
+	VSUBPS Z2, Z0, Z0
+	BYTE $0x62; BYTE $0xF2; BYTE $0x7E; BYTE $0x48; BYTE $0x72; BYTE $0xC8
+	VMOVDQU Y1, (R8)
+	VPMOVZXWD Y1, Z2
+	VPSLLD $16, Z2, Z2
+	VSUBPS Z2, Z0, Z0
+	BYTE $0x62; BYTE $0xF2; BYTE $0x7E; BYTE $0x48; BYTE $0x72; BYTE $0xC8
+	VMOVDQU Y1, (R9)
+	ADDQ $64, SI
+	ADDQ $32, DI
+	ADDQ $32, R8
+	ADDQ $32, R9
+	DECQ CX
+	JNZ splitloop
+splitdone:
+	VZEROUPPER
+	RET

@@ -1,0 +1,170 @@
+package kernel
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// amxShapes are products with short row blocks, a short last pair of
+// panels, a lone short panel and k off the block size.
+var amxShapes = [][3]int{
+	{1, 32, 32}, {1, 100, 40}, {5, 16, 64}, {16, 48, 768}, {17, 33, 31},
+	{31, 64, 96}, {32, 256, 128}, {33, 300, 77}, {70, 96, 200}, {9, 1000, 64},
+}
+
+func TestPackAMX(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, sh := range [][2]int{{1, 1}, {15, 3}, {16, 32}, {33, 40}, {100, 65}} {
+		n, k := sh[0], sh[1]
+		w := kmajWeights(r, n*k)
+		wp := make([]uint16, AMXLen(n, k))
+		for i := range wp {
+			wp[i] = 0xffff // every padding element must be written
+		}
+		PackAMX(wp, w, n, k)
+		// The documented index, element by element.
+		kb := amxKPad(k) / amxKBlock
+		for p := range amxCols(n) / AMXPanel {
+			for b := range kb {
+				for i := range 16 {
+					for c := range AMXPanel {
+						for e := range 2 {
+							col, kk := p*AMXPanel+c, b*amxKBlock+2*i+e
+							want := uint16(0)
+							if col < n && kk < k {
+								want = w[col*k+kk]
+							}
+							require.Equal(t, want, wp[(p*kb+b)*512+32*i+2*c+e], "n=%d k=%d panel %d block %d pair %d col %d", n, k, p, b, i, c)
+						}
+					}
+				}
+			}
+		}
+		got := make([]uint16, n*k)
+		UnpackAMX(got, wp, n, k)
+		require.Equal(t, w, got)
+		pooled := make([]uint16, len(wp))
+		p := NewPool(3)
+		p.PackAMX(pooled, w, n, k)
+		p.Close()
+		require.Equal(t, wp, pooled)
+	}
+}
+
+func TestSplitBF16(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	x := make([]float32, 4099) // a tail past whole vectors
+	for i := range x {
+		x[i] = float32(r.NormFloat64() * math.Pow(2, float64(r.IntN(40)-20)))
+	}
+	x[0], x[1], x[2] = 0, 1, float32(math.Copysign(0, -1))
+	x[3], x[4] = math.Float32frombits(0x00400000), 0x1p-120*1.2345 // a subnormal; a remainder below normal
+	x[5], x[6] = float32(math.Inf(1)), float32(math.NaN())
+	x[4097] = math.Float32frombits(0x80000123)
+	split := func(twin bool) (hi, mid, lo []uint16) {
+		amxGo = twin
+		defer func() { amxGo = false }()
+		hi, mid, lo = make([]uint16, len(x)), make([]uint16, len(x)), make([]uint16, len(x))
+		SplitBF16(hi, mid, lo, x)
+		return hi, mid, lo
+	}
+	hi, mid, lo := split(true)
+	require.Equal(t, []uint16{0, 0, 0}, []uint16{hi[3], mid[3], lo[3]}, "a subnormal input reads as zero")
+	for i, v := range x {
+		if math.IsInf(float64(v), 0) || v != v || math.Abs(float64(v)) < 0x1p-100 {
+			continue
+		}
+		sum := float64(bf16(hi[i])) + float64(bf16(mid[i])) + float64(bf16(lo[i]))
+		require.LessOrEqual(t, math.Abs(sum-float64(v)), math.Abs(float64(v))*0x1p-24, "x[%d] = %g: parts sum to %g", i, v, sum)
+	}
+	if !hasAMX {
+		t.Skip("no AMX here: the twin alone ran")
+	}
+	h2, m2, l2 := split(false)
+	require.Equal(t, hi, h2, "hi: VCVTNEPS2BF16 against the twin")
+	require.Equal(t, mid, m2, "mid")
+	require.Equal(t, lo, l2, "lo")
+}
+
+// amxRef is the product in float64 over the weights the packed form holds.
+func amxRef(x []float32, w []uint16, m, n, k int) []float64 {
+	out := make([]float64, m*n)
+	for r := range m {
+		for c := range n {
+			var s float64
+			for kk := range k {
+				s += float64(x[r*k+kk]) * float64(bf16(w[c*k+kk]))
+			}
+			out[r*n+c] = s
+		}
+	}
+	return out
+}
+
+// TestMatMulAMX checks the tiles against their plain-Go twin bitwise and
+// both against a float64 product: the three-part split keeps fp32
+// accuracy (well inside 1e-5 of the row's scale).
+func TestMatMulAMX(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	p := NewPool(2)
+	defer p.Close()
+	for _, sh := range amxShapes {
+		m, n, k := sh[0], sh[1], sh[2]
+		t.Run(fmt.Sprintf("%dx%dx%d", m, n, k), func(t *testing.T) {
+			_, x := randBF16(r, m*k)
+			for i := range x {
+				x[i] *= float32(1 + r.Float64()) // not bf16-representable
+			}
+			w := kmajWeights(r, n*k)
+			wp := make([]uint16, AMXLen(n, k))
+			PackAMX(wp, w, n, k)
+			amxGo = true
+			twin := make([]float32, m*n)
+			p.MatMulAMX(twin, x, wp, m, n, k)
+			amxGo = false
+			ref := amxRef(x, w, m, n, k)
+			for i, v := range twin {
+				require.InDelta(t, ref[i], v, 1e-5*math.Sqrt(float64(k))*2, "twin out[%d]", i)
+			}
+			if !hasAMX {
+				t.Skip("no AMX here: the twin alone ran")
+			}
+			got := make([]float32, m*n+3)
+			got[m*n], got[m*n+1] = 7, 7
+			p.MatMulAMX(got[:m*n], x, wp, m, n, k)
+			require.Equal(t, twin, got[:m*n], "tiles against the twin")
+			require.Equal(t, float32(7), got[m*n], "wrote past dst")
+			serial := make([]float32, m*n)
+			MatMulAMXSerial(serial, x, wp, m, n, k)
+			require.Equal(t, twin, serial, "serial")
+		})
+	}
+}
+
+// TestAMXRowsInvariant: each row's outputs are the same alone as in the
+// product of all rows, whichever row block and tile rows it fell in.
+func TestAMXRowsInvariant(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	p := NewPool(2)
+	defer p.Close()
+	m, n, k := 45, 80, 96
+	_, x := randBF16(r, m*k)
+	for i := range x {
+		x[i] *= 1.37
+	}
+	w := kmajWeights(r, n*k)
+	wp := make([]uint16, AMXLen(n, k))
+	PackAMX(wp, w, n, k)
+	all := make([]float32, m*n)
+	p.MatMulAMX(all, x, wp, m, n, k)
+	for _, span := range [][2]int{{0, 1}, {17, 18}, {44, 45}, {3, 11}, {20, 45}} {
+		a, b := span[0], span[1]
+		part := make([]float32, (b-a)*n)
+		p.MatMulAMX(part, x[a*k:b*k], wp, b-a, n, k)
+		require.Equal(t, all[a*n:b*n], part, "rows [%d, %d)", a, b)
+	}
+}
