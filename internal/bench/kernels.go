@@ -62,13 +62,21 @@ func Kernels(w io.Writer) {
 	if bf > 0 {
 		fmt.Fprintf(w, "bf16 dot-product peak (512-bit VDPBF16PS; only the opt-in fast product uses it, rounding x to bf16): %.0f GFLOP/s, %.2fx the 256-bit FMA peak\n", bf/1e9, bf/peak)
 	}
+	amx := p.PeakAMXFLOPS()
+	if amx > 0 {
+		use := "opt-in for a model's weights: K3_KERNEL=amx"
+		if kernel.AMXPreferred() {
+			use = "a model's bf16 weights take its layout in this process"
+		}
+		fmt.Fprintf(w, "AMX-BF16 tile peak (four independent TDPBF16PS, no memory traffic): %.0f GFLOP/s, %.1fx the 512-bit FMA peak; the exact AMX product runs three tile products per weight tile (x split into bf16 hi, mid, lo), so its ceiling is a third of it (%s)\n", amx/1e9, amx/max(p.PeakWideFLOPS(), peak), use)
+	}
 	if openblas.Available {
 		fmt.Fprintf(w, "OpenBLAS core: %s (set OPENBLAS_CORETYPE=SkylakeX if it says Prescott)\n", openblas.CoreName())
 	} else {
 		fmt.Fprintln(w, "OpenBLAS: not built in (go run -tags openblas ./cmd/k3 bench kernels, with libopenblas-dev)")
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "GEMM C=A·Bᵀ\tk3 f32 GF/s\tk3 bf16-weight GF/s\t/ %s\tk-major bf16 GF/s\t/ %s\tfast bf16 GF/s\t/ bf16-dot peak\tOpenBLAS GF/s\tk3 f32 / OpenBLAS\tk3 f32 / peak\t\n", exactName, exactName)
+	fmt.Fprintf(tw, "GEMM C=A·Bᵀ\tk3 f32 GF/s\tk3 bf16-weight GF/s\t/ %s\tk-major bf16 GF/s\t/ %s\tAMX exact GF/s\t/ AMX peak\tfast bf16 GF/s\t/ bf16-dot peak\tOpenBLAS GF/s\tk3 f32 / OpenBLAS\tk3 f32 / peak\t\n", exactName, exactName)
 	for _, s := range [][3]int{{512, 2304, 768}, {256, 2048, 2048}, {1024, 1024, 1024}} {
 		m, n, k := s[0], s[1], s[2]
 		x, wt, y := make([]float32, m*k), make([]float32, n*k), make([]float32, m*n)
@@ -93,6 +101,14 @@ func Kernels(w io.Writer) {
 			kmaj = fmt.Sprintf("%.1f", flops/tm.Seconds()/1e9)
 			kmajShare = fmt.Sprintf("%.0f%%", 100*flops/tm.Seconds()/exactPeak)
 		}
+		amxRate, amxShare := "-", "-"
+		if amx > 0 {
+			wp := make([]uint16, kernel.AMXLen(n, k))
+			p.PackAMX(wp, wb, n, k)
+			ta := best(5, func() { p.MatMulAMX(y, x, wp, m, n, k) })
+			amxRate = fmt.Sprintf("%.1f", flops/ta.Seconds()/1e9)
+			amxShare = fmt.Sprintf("%.0f%%", 100*flops/ta.Seconds()/amx)
+		}
 		fast, fastShare := "-", "-"
 		if kernel.FastBF16Available() {
 			tf := best(5, func() { p.MatMulBF16Fast(y, x, wb, m, n, k) })
@@ -106,8 +122,8 @@ func Kernels(w io.Writer) {
 			ob = fmt.Sprintf("%.1f", flops/to.Seconds()/1e9)
 			ratio = fmt.Sprintf("%.0f%%", 100*to.Seconds()/tk.Seconds())
 		}
-		fmt.Fprintf(tw, "%dx%dx%d\t%.1f\t%.1f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f%%\t\n", m, n, k, flops/tk.Seconds()/1e9, flops/tb.Seconds()/1e9,
-			100*flops/tb.Seconds()/exactPeak, kmaj, kmajShare, fast, fastShare, ob, ratio, 100*flops/tk.Seconds()/exactPeak)
+		fmt.Fprintf(tw, "%dx%dx%d\t%.1f\t%.1f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f%%\t\n", m, n, k, flops/tk.Seconds()/1e9, flops/tb.Seconds()/1e9,
+			100*flops/tb.Seconds()/exactPeak, kmaj, kmajShare, amxRate, amxShare, fast, fastShare, ob, ratio, 100*flops/tk.Seconds()/exactPeak)
 	}
 	tw.Flush()
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)

@@ -11,9 +11,9 @@ var _ compute.WeightPreparer = (*Backend)(nil)
 // is copied into the layout of the products that serve every product of
 // it, whatever its row count, so that a row's result is the same alone, in
 // a decode batch, in a scheduler's pass or in a prefill chunk:
-//   - AMX tiles (kernel.PackAMX) where the CPU has AMX-BF16
-//     (kernel.AMXAvailable): the activations split into three bf16 parts,
-//     products on the matrix engine;
+//   - AMX tiles (kernel.PackAMX) where the CPU has AMX-BF16 and
+//     K3_KERNEL=amx asks for them (kernel.AMXPreferred): the activations
+//     split into three bf16 parts, products on the matrix engine;
 //   - else k-major panels (kernel.PackKMajor) where the CPU runs the
 //     512-bit k-major tiles (kernel.KMajorFast): one FMA chain per output.
 //
@@ -59,7 +59,7 @@ func (b *Backend) packing() packing {
 	switch {
 	case b.fastBF16:
 		return 0
-	case kernel.AMXAvailable():
+	case kernel.AMXPreferred():
 		return amxTiles
 	case kernel.KMajorFast():
 		return kMajor

@@ -29,7 +29,7 @@ func TestTypedReadWrite(t *testing.T) {
 	require.ErrorIs(t, b.Write(host, []float32{7, 8}), compute.ErrUnsupported)
 	require.Equal(t, math.Float32bits(2.5), binary.LittleEndian.Uint32(data))
 
-	if !kernel.KMajorFast() && !kernel.AMXAvailable() {
+	if b.packing() == 0 {
 		t.Skip("no packed weights on this path")
 	}
 	w, want := bf16Weight(t, b, rand.New(rand.NewPCG(93, 94)), kernel.KMajorMinN, 64)

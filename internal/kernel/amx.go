@@ -39,6 +39,10 @@ const amxParts = 3
 // K3_KERNEL does not cap the path below it.
 func AMXAvailable() bool { return amxReady() }
 
+// AMXPreferred reports whether a backend should lay bf16 weights out for
+// the AMX product (PackAMX): where it runs and K3_KERNEL=amx asks for it.
+func AMXPreferred() bool { return amxPrefer() }
+
 // AMXLen returns the length of the AMX form of an [n, k] weight.
 func AMXLen(n, k int) int {
 	return amxCols(n) * amxKPad(k)
@@ -157,6 +161,7 @@ type amxJob struct {
 	m, n, k int
 	kp      int
 	parts   []uint16  // amxParts * m * kp
+	partsF  []float32 // for few rows: each row's parts widened, [m][amxParts][kp]
 	scratch []float32 // a short column group's outputs, 32 rows of 32
 	chunk   int       // pairs of panels per work item
 	chunks  int       // column chunks
@@ -176,6 +181,13 @@ const (
 // amxGo makes the product run its plain-Go twin (tests).
 var amxGo bool
 
+// amxRowMax is the most x rows a product runs on amxRowAVX512, the
+// 512-bit twin of the tiles, instead of the tiles themselves: a lone
+// row's tile loads wait on memory, where FMAs over the same layout keep
+// up with it (docs/bench). A variable so that the tests can run either
+// on any row count.
+var amxRowMax = 1
+
 var amxJobs = sync.Pool{New: func() any { return new(amxJob) }}
 
 // prepare splits x into the job's parts for the product (dst, x, wp, m, n,
@@ -188,6 +200,12 @@ func (j *amxJob) prepare(dst, x []float32, wp []uint16, m, n, k int) {
 		j.parts = make([]uint16, size)
 	}
 	j.parts = j.parts[:size]
+	if j.rowwise() {
+		if cap(j.partsF) < size {
+			j.partsF = make([]float32, size)
+		}
+		j.partsF = j.partsF[:size]
+	}
 	if len(j.scratch) == 0 {
 		j.scratch = make([]float32, 32*32)
 	}
@@ -209,8 +227,17 @@ func (j *amxJob) split(r0, r1 int) {
 	for r := r0; r < r1; r++ {
 		o := r * j.kp
 		splitRow(hi[o:o+j.kp], mid[o:o+j.kp], lo[o:o+j.kp], j.x[r*j.k:(r+1)*j.k])
+		if j.rowwise() {
+			f := j.partsF[r*amxParts*j.kp:]
+			WidenBF16(f[:j.kp], hi[o:o+j.kp])
+			WidenBF16(f[j.kp:2*j.kp], mid[o:o+j.kp])
+			WidenBF16(f[2*j.kp:3*j.kp], lo[o:o+j.kp])
+		}
 	}
 }
+
+// rowwise reports whether the product runs row by row on amxRowAVX512.
+func (j *amxJob) rowwise() bool { return hasAMX && !amxGo && j.m <= amxRowMax }
 
 // splitRow splits one row into parts kp long (zero past len(x)).
 func splitRow(hi, mid, lo []uint16, x []float32) {
@@ -299,6 +326,17 @@ func (j *amxJob) tiles(r0, r1, g0, g1 int, c []float32, cs int) {
 	w := j.w[g0*2*AMXPanel*j.kp:]
 	if !hasAMX || amxGo {
 		amxTilesGo(j.parts[r0*j.kp:], j.kp, plane, w, kb, r1-r0, c, cs, g1-g0)
+		return
+	}
+	if j.rowwise() {
+		for g := g0; g < g1; g++ {
+			wg := j.w[g*2*AMXPanel*j.kp:]
+			for r := r0; r < r1; r++ {
+				out := c[(r-r0)*cs+(g-g0)*2*AMXPanel:]
+				_ = out[2*AMXPanel-1]
+				amxRowAVX512(&j.partsF[r*amxParts*j.kp], 4*j.kp, &wg[0], 2*AMXPanel*j.kp, kb, &out[0])
+			}
+		}
 		return
 	}
 	var cfg amxConfig

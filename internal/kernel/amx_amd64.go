@@ -9,10 +9,23 @@ import (
 	"golang.org/x/sys/cpu"
 )
 
-// hasAMX reports that the AMX product runs: the CPU has AMX-BF16 (with
-// AVX512_BF16, which every AMX CPU has), K3_KERNEL does not cap the path
-// (go, avx2, avx512 and zmm all do), and Linux granted the tile data state.
-var hasAMX = cpu.X86.HasAMXTile && cpu.X86.HasAMXBF16 && hasBF16Dot && forced != "zmm" && amxPermission()
+// amxCPU reports that the CPU has AMX-BF16 (with AVX512_BF16, which every
+// AMX CPU has) and K3_KERNEL does not cap the path below AVX-512.
+var amxCPU = cpu.X86.HasAMXTile && cpu.X86.HasAMXBF16 && hasBF16Dot
+
+// hasAMX reports that the AMX product runs here: the CPU has AMX-BF16,
+// Linux granted the process the tile data state, and K3_KERNEL does not
+// cap the path (go, avx2, avx512 and zmm all do).
+var hasAMX = amxCPU && forced != "zmm" && amxPermission()
+
+// amxPreferred reports that the backend lays bf16 weights out for the
+// tiles: opt-in, with K3_KERNEL=amx. It is not the default: on the Xeon of
+// docs/bench a model whose weights are laid out for the tiles decodes one
+// sequence 25-35% slower than with k-major weights, in operations that
+// do not use the tiles as well.
+var amxPreferred = hasAMX && forced == "amx"
+
+func amxPrefer() bool { return amxPreferred }
 
 func amxReady() bool { return hasAMX }
 
@@ -43,3 +56,6 @@ func amxPeakLoop(cfg *amxConfig, n int)
 
 //go:noescape
 func splitBF16AVX512(hi, mid, lo *uint16, x *float32, n int)
+
+//go:noescape
+func amxRowAVX512(a *float32, pstride int, w *uint16, wstride int, kb int, c *float32)

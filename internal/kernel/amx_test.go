@@ -105,9 +105,10 @@ func amxRef(x []float32, w []uint16, m, n, k int) []float64 {
 	return out
 }
 
-// TestMatMulAMX checks the tiles against their plain-Go twin bitwise and
-// both against a float64 product: the three-part split keeps fp32
-// accuracy (well inside 1e-5 of the row's scale).
+// TestMatMulAMX checks the tiles and the 512-bit row kernel against their
+// plain-Go twin bitwise and the twin against a float64 product: the
+// three-part split keeps fp32 accuracy (well inside 1e-5 of the row's
+// scale).
 func TestMatMulAMX(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
 	p := NewPool(2)
@@ -115,34 +116,78 @@ func TestMatMulAMX(t *testing.T) {
 	for _, sh := range amxShapes {
 		m, n, k := sh[0], sh[1], sh[2]
 		t.Run(fmt.Sprintf("%dx%dx%d", m, n, k), func(t *testing.T) {
-			_, x := randBF16(r, m*k)
-			for i := range x {
-				x[i] *= float32(1 + r.Float64()) // not bf16-representable
-			}
-			w := kmajWeights(r, n*k)
-			wp := make([]uint16, AMXLen(n, k))
-			PackAMX(wp, w, n, k)
-			amxGo = true
-			twin := make([]float32, m*n)
-			p.MatMulAMX(twin, x, wp, m, n, k)
-			amxGo = false
+			x, w := amxOperands(r, m, n, k, 1)
+			twin := amxAllKernels(t, p, x, w, m, n, k)
 			ref := amxRef(x, w, m, n, k)
 			for i, v := range twin {
 				require.InDelta(t, ref[i], v, 1e-5*math.Sqrt(float64(k))*2, "twin out[%d]", i)
 			}
-			if !hasAMX {
-				t.Skip("no AMX here: the twin alone ran")
-			}
-			got := make([]float32, m*n+3)
-			got[m*n], got[m*n+1] = 7, 7
-			p.MatMulAMX(got[:m*n], x, wp, m, n, k)
-			require.Equal(t, twin, got[:m*n], "tiles against the twin")
-			require.Equal(t, float32(7), got[m*n], "wrote past dst")
-			serial := make([]float32, m*n)
-			MatMulAMXSerial(serial, x, wp, m, n, k)
-			require.Equal(t, twin, serial, "serial")
 		})
 	}
+}
+
+// TestAMXSubnormals: with x near the bottom of float32's range, products,
+// chains and remainders fall below it, and every kernel flushes them as
+// the tile unit does.
+func TestAMXSubnormals(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	p := NewPool(2)
+	defer p.Close()
+	for _, sh := range [][3]int{{1, 64, 96}, {20, 32, 64}} {
+		m, n, k := sh[0], sh[1], sh[2]
+		x, w := amxOperands(r, m, n, k, 0x1p-125)
+		twin := amxAllKernels(t, p, x, w, m, n, k)
+		// The flushed remainders show: the result is further from the
+		// float64 product than the split's 24 bits allow.
+		ref := amxRef(x, w, m, n, k)
+		worst := 0.0
+		for i, v := range twin {
+			worst = max(worst, math.Abs(float64(v)-ref[i])/0x1p-125)
+		}
+		require.Greater(t, worst, 1e-3, "nothing flushed: the case does not reach the subnormals")
+	}
+}
+
+// amxOperands returns x [m, k] (not bf16-representable, times scale) and
+// bf16 weights [n, k].
+func amxOperands(r *rand.Rand, m, n, k int, scale float64) ([]float32, []uint16) {
+	_, x := randBF16(r, m*k)
+	for i := range x {
+		x[i] = float32(float64(x[i]) * (1 + r.Float64()) * scale)
+	}
+	return x, kmajWeights(r, n*k)
+}
+
+// amxAllKernels runs the product on the twin and, where the CPU has AMX, on
+// the tiles and on the row kernel (pooled and serial), requires them all
+// equal bit for bit, and returns the twin's result.
+func amxAllKernels(t *testing.T, p *Pool, x []float32, w []uint16, m, n, k int) []float32 {
+	t.Helper()
+	wp := make([]uint16, AMXLen(n, k))
+	PackAMX(wp, w, n, k)
+	amxGo = true
+	twin := make([]float32, m*n)
+	p.MatMulAMX(twin, x, wp, m, n, k)
+	amxGo = false
+	if !hasAMX {
+		return twin
+	}
+	defer func(v int) { amxRowMax = v }(amxRowMax)
+	for _, kernel := range []struct {
+		name   string
+		rowMax int
+	}{{"tiles", 0}, {"rows on 512-bit FMAs", 1 << 30}} {
+		amxRowMax = kernel.rowMax
+		got := make([]float32, m*n+3)
+		got[m*n], got[m*n+1] = 7, 7
+		p.MatMulAMX(got[:m*n], x, wp, m, n, k)
+		require.Equal(t, twin, got[:m*n], "%s against the twin", kernel.name)
+		require.Equal(t, float32(7), got[m*n], "%s wrote past dst", kernel.name)
+		serial := make([]float32, m*n)
+		MatMulAMXSerial(serial, x, wp, m, n, k)
+		require.Equal(t, twin, serial, "%s, serial", kernel.name)
+	}
+	return twin
 }
 
 // TestAMXRowsInvariant: each row's outputs are the same alone as in the

@@ -220,6 +220,10 @@ func kmaj1x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, os
 
 const hasAMX = false
 
+const amxCPU = false
+
+func amxPrefer() bool { return false }
+
 func amxReady() bool { return false }
 
 func amxTiles2(cfg *amxConfig, a *uint16, astride, pstride int, b *uint16, kb int, c *float32, cstride, groups int) {
@@ -233,5 +237,9 @@ func amxTiles1(cfg *amxConfig, a *uint16, astride, pstride int, b *uint16, kb in
 func amxPeakLoop(cfg *amxConfig, n int) { panic("kernel: no assembly on this platform") }
 
 func splitBF16AVX512(hi, mid, lo *uint16, x *float32, n int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func amxRowAVX512(a *float32, pstride int, w *uint16, wstride int, kb int, c *float32) {
 	panic("kernel: no assembly on this platform")
 }

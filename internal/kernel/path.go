@@ -9,10 +9,10 @@ import "fmt"
 // 512-bit FMAs (WideFMA: the CPU runs them at about twice the 256-bit
 // rate, or K3_KERNEL=zmm forces them) and "+bf16" where the opt-in fast
 // product has VDPBF16PS. K3_KERNEL=go, avx2 or avx512 caps the path below
-// what the CPU has; zmm forces the 512-bit tile on any AVX-512 CPU. Then
-// "+amx" where bf16-weight products run on AMX tiles (AMXAvailable; zmm
-// and every lower path turn them off). A value it does not understand is
-// reported here and otherwise ignored.
+// what the CPU has; zmm forces the 512-bit tile on any AVX-512 CPU; amx
+// (opt-in) lays bf16 weights out for the AMX tiles where the CPU has them
+// ("+amx", AMXAvailable). A value it does not understand is reported here
+// and otherwise ignored.
 func Path() string {
 	p := "go"
 	switch {
@@ -27,12 +27,12 @@ func Path() string {
 	if hasBF16Dot {
 		p += "+bf16"
 	}
-	if hasAMX {
+	if amxPrefer() {
 		p += "+amx"
 	}
 	switch forcedPath() {
-	case "", "go", "avx2", "avx512", "zmm":
+	case "", "go", "avx2", "avx512", "zmm", "amx":
 		return p
 	}
-	return fmt.Sprintf("%s (K3_KERNEL=%q not understood: want go, avx2, avx512 or zmm)", p, forcedPath())
+	return fmt.Sprintf("%s (K3_KERNEL=%q not understood: want go, avx2, avx512, zmm or amx)", p, forcedPath())
 }

@@ -25,14 +25,17 @@ func TestPathForced(t *testing.T) {
 	if hasBF16Dot {
 		bf16 = "+bf16"
 	}
-	want := map[string]string{"go": "go", "avx2": "go", "avx512": "go", "zmm": "go", "": Path()}
+	want := map[string]string{"go": "go", "avx2": "go", "avx512": "go", "zmm": "go", "": Path(), "amx": Path()}
+	if hasAMX {
+		want["amx"] = Path() + "+amx" // opt-in: the uncapped path has no tiles
+	}
 	if useAVX2 {
 		want["avx2"], want["avx512"], want["zmm"] = "avx2", "avx2", "avx2"
 	}
 	if useAVX512 {
 		want["avx512"], want["zmm"] = "avx512", "avx512+zmm"+bf16
 	}
-	for _, env := range []string{"go", "avx2", "avx512", "zmm", ""} {
+	for _, env := range []string{"go", "avx2", "avx512", "zmm", "", "amx"} {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestPathForced$")
 		cmd.Env = append(os.Environ(), "K3_PATH_CHILD=1", "K3_KERNEL="+env)
 		out, err := cmd.Output()
@@ -40,11 +43,11 @@ func TestPathForced(t *testing.T) {
 		_, got, ok := strings.Cut(string(out), "path=")
 		require.True(t, ok, "%s", out)
 		got, _, _ = strings.Cut(got, "\n")
-		if env == "" {
+		if env == "" || env == "amx" {
 			// Uncapped, "+zmm" is a timing probe's answer (wideFMA), which
 			// a loaded machine can flip between processes; the rest is
 			// fixed by the CPU.
-			assert.Equal(t, strings.Replace(want[env], "+zmm", "", 1), strings.Replace(got, "+zmm", "", 1), "K3_KERNEL=")
+			assert.Equal(t, strings.Replace(want[env], "+zmm", "", 1), strings.Replace(got, "+zmm", "", 1), "K3_KERNEL=%s", env)
 			assert.True(t, hasZMM || !strings.Contains(got, "+zmm"), "+zmm without 512-bit kernels: %s", got)
 			continue
 		}
