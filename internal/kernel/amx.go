@@ -151,11 +151,10 @@ func roundBF16DAZ(v float32) uint16 {
 }
 
 // amxJob is one AMX product: the activation parts (three [m][kp] bf16
-// matrices one after another) and the operands.
-// The pool owns one for its parallel products; serial products take one
-// from amxJobs.
+// matrices one after another) and the operands. Products take one from
+// amxJobs, so serial products may run concurrently and none allocates
+// once the pool's jobs have grown.
 type amxJob struct {
-	mu      sync.Mutex
 	dst, x  []float32
 	w       []uint16
 	m, n, k int
@@ -184,8 +183,8 @@ var amxGo bool
 // amxRowMax is the most x rows a product runs on amxRowAVX512, the
 // 512-bit twin of the tiles, instead of the tiles themselves: a lone
 // row's tile loads wait on memory, where FMAs over the same layout keep
-// up with it (docs/bench). A variable so that the tests can run either
-// on any row count.
+// up with it. A variable so that the tests can run either on any row
+// count.
 var amxRowMax = 1
 
 var amxJobs = sync.Pool{New: func() any { return new(amxJob) }}
