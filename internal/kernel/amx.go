@@ -160,7 +160,6 @@ type amxJob struct {
 	m, n, k int
 	kp      int
 	parts   []uint16  // amxParts * m * kp
-	partsF  []float32 // for few rows: each row's parts widened, [m][amxParts][kp]
 	scratch []float32 // a short column group's outputs, 32 rows of 32
 	chunk   int       // pairs of panels per work item
 	chunks  int       // column chunks
@@ -180,13 +179,6 @@ const (
 // amxGo makes the product run its plain-Go twin (tests).
 var amxGo bool
 
-// amxRowMax is the most x rows a product runs on amxRowAVX512, the
-// 512-bit twin of the tiles, instead of the tiles themselves: a lone
-// row's tile loads wait on memory, where FMAs over the same layout keep
-// up with it. A variable so that the tests can run either on any row
-// count.
-var amxRowMax = 1
-
 var amxJobs = sync.Pool{New: func() any { return new(amxJob) }}
 
 // prepare splits x into the job's parts for the product (dst, x, wp, m, n,
@@ -199,12 +191,6 @@ func (j *amxJob) prepare(dst, x []float32, wp []uint16, m, n, k int) {
 		j.parts = make([]uint16, size)
 	}
 	j.parts = j.parts[:size]
-	if j.rowwise() {
-		if cap(j.partsF) < size {
-			j.partsF = make([]float32, size)
-		}
-		j.partsF = j.partsF[:size]
-	}
 	if len(j.scratch) == 0 {
 		j.scratch = make([]float32, 32*32)
 	}
@@ -226,17 +212,8 @@ func (j *amxJob) split(r0, r1 int) {
 	for r := r0; r < r1; r++ {
 		o := r * j.kp
 		splitRow(hi[o:o+j.kp], mid[o:o+j.kp], lo[o:o+j.kp], j.x[r*j.k:(r+1)*j.k])
-		if j.rowwise() {
-			f := j.partsF[r*amxParts*j.kp:]
-			WidenBF16(f[:j.kp], hi[o:o+j.kp])
-			WidenBF16(f[j.kp:2*j.kp], mid[o:o+j.kp])
-			WidenBF16(f[2*j.kp:3*j.kp], lo[o:o+j.kp])
-		}
 	}
 }
-
-// rowwise reports whether the product runs row by row on amxRowAVX512.
-func (j *amxJob) rowwise() bool { return hasAMX && !amxGo && j.m <= amxRowMax }
 
 // splitRow splits one row into parts kp long (zero past len(x)).
 func splitRow(hi, mid, lo []uint16, x []float32) {
@@ -292,6 +269,12 @@ func amxRange(a *Args, lo, hi int) { a.Job.(*amxJob).run(lo, hi) }
 // weights.
 func (j *amxJob) run(lo, hi int) {
 	groups := amxCols(j.n) / (2 * AMXPanel)
+	if j.blocks == 1 {
+		// One row block: the items' groups are contiguous, so one call
+		// covers them (one tile configuration loaded, not one an item).
+		j.block(0, j.m, lo*j.chunk, min(hi*j.chunk, groups))
+		return
+	}
 	for it := lo; it < hi; it++ {
 		c, b := it/j.blocks, it%j.blocks
 		g0, g1 := c*j.chunk, min((c+1)*j.chunk, groups)
@@ -327,17 +310,6 @@ func (j *amxJob) tiles(r0, r1, g0, g1 int, c []float32, cs int) {
 		amxTilesGo(j.parts[r0*j.kp:], j.kp, plane, w, kb, r1-r0, c, cs, g1-g0)
 		return
 	}
-	if j.rowwise() {
-		for g := g0; g < g1; g++ {
-			wg := j.w[g*2*AMXPanel*j.kp:]
-			for r := r0; r < r1; r++ {
-				out := c[(r-r0)*cs+(g-g0)*2*AMXPanel:]
-				_ = out[2*AMXPanel-1]
-				amxRowAVX512(&j.partsF[r*amxParts*j.kp], 4*j.kp, &wg[0], 2*AMXPanel*j.kp, kb, &out[0])
-			}
-		}
-		return
-	}
 	var cfg amxConfig
 	rows := r1 - r0
 	_ = c[(rows-1)*cs+(g1-g0)*2*AMXPanel-1]
@@ -357,11 +329,15 @@ type amxConfig [64]byte
 // set configures the accumulators and A tiles of the first row block
 // (tmm0, tmm1, tmm4) for rows0 rows, those of the second (tmm2, tmm3,
 // tmm5) for rows1, and the B tiles (tmm6, tmm7) for 16 rows; every tile
-// row is 64 bytes.
+// row is 64 bytes. With rows1 = 0 (amxTiles1) tmm5 and tmm2 are A tiles
+// of rows0 rows.
 func (c *amxConfig) set(rows0, rows1 int) {
 	*c = amxConfig{}
 	c[0] = 1
 	rows := [8]int{rows0, rows0, rows1, rows1, rows0, rows1, 16, 16}
+	if rows1 == 0 {
+		rows[2], rows[5] = rows0, rows0
+	}
 	for t, r := range rows {
 		if r == 0 {
 			continue

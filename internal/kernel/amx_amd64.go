@@ -56,6 +56,3 @@ func amxPeakLoop(cfg *amxConfig, n int)
 
 //go:noescape
 func splitBF16AVX512(hi, mid, lo *uint16, x *float32, n int)
-
-//go:noescape
-func amxRowAVX512(a *float32, pstride int, w *uint16, wstride int, kb int, c *float32)

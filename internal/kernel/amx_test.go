@@ -105,8 +105,7 @@ func amxRef(x []float32, w []uint16, m, n, k int) []float64 {
 	return out
 }
 
-// TestMatMulAMX checks the tiles and the 512-bit row kernel against their
-// plain-Go twin bitwise and the twin against a float64 product: the
+// TestMatMulAMX checks the tiles against their plain-Go twin bitwise and the twin against a float64 product: the
 // three-part split keeps fp32 accuracy (well inside 1e-5 of the row's
 // scale).
 func TestMatMulAMX(t *testing.T) {
@@ -159,8 +158,8 @@ func amxOperands(r *rand.Rand, m, n, k int, scale float64) ([]float32, []uint16)
 }
 
 // amxAllKernels runs the product on the twin and, where the CPU has AMX, on
-// the tiles and on the row kernel (pooled and serial), requires them all
-// equal bit for bit, and returns the twin's result.
+// the tiles (pooled and serial), requires them all equal bit for bit, and
+// returns the twin's result.
 func amxAllKernels(t *testing.T, p *Pool, x []float32, w []uint16, m, n, k int) []float32 {
 	t.Helper()
 	wp := make([]uint16, AMXLen(n, k))
@@ -172,21 +171,14 @@ func amxAllKernels(t *testing.T, p *Pool, x []float32, w []uint16, m, n, k int) 
 	if !hasAMX {
 		return twin
 	}
-	defer func(v int) { amxRowMax = v }(amxRowMax)
-	for _, kernel := range []struct {
-		name   string
-		rowMax int
-	}{{"tiles", 0}, {"rows on 512-bit FMAs", 1 << 30}} {
-		amxRowMax = kernel.rowMax
-		got := make([]float32, m*n+3)
-		got[m*n], got[m*n+1] = 7, 7
-		p.MatMulAMX(got[:m*n], x, wp, m, n, k)
-		require.Equal(t, twin, got[:m*n], "%s against the twin", kernel.name)
-		require.Equal(t, float32(7), got[m*n], "%s wrote past dst", kernel.name)
-		serial := make([]float32, m*n)
-		MatMulAMXSerial(serial, x, wp, m, n, k)
-		require.Equal(t, twin, serial, "%s, serial", kernel.name)
-	}
+	got := make([]float32, m*n+3)
+	got[m*n], got[m*n+1] = 7, 7
+	p.MatMulAMX(got[:m*n], x, wp, m, n, k)
+	require.Equal(t, twin, got[:m*n], "tiles against the twin")
+	require.Equal(t, float32(7), got[m*n], "tiles wrote past dst")
+	serial := make([]float32, m*n)
+	MatMulAMXSerial(serial, x, wp, m, n, k)
+	require.Equal(t, twin, serial, "tiles, serial")
 	return twin
 }
 

@@ -239,7 +239,3 @@ func amxPeakLoop(cfg *amxConfig, n int) { panic("kernel: no assembly on this pla
 func splitBF16AVX512(hi, mid, lo *uint16, x *float32, n int) {
 	panic("kernel: no assembly on this platform")
 }
-
-func amxRowAVX512(a *float32, pstride int, w *uint16, wstride int, kb int, c *float32) {
-	panic("kernel: no assembly on this platform")
-}
