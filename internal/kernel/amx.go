@@ -18,11 +18,13 @@ import (
 // order TDPBF16PS reads a B tile in. Columns are padded to whole pairs of
 // panels and k to whole blocks with zeros.
 //
-// An output is one accumulator running over k-blocks in order and, within
-// a block, over the parts hi, mid, lo, each a tile dot product over the
-// block's sixteen pairs. Tile rows are independent, so a row's result does
-// not depend on the other rows of the product: a product of one row, of 8
-// or of 512 gives each row the same bits.
+// Each part of an x row is a row of the A operand (part rows 3r, 3r+1,
+// 3r+2 for x row r; five x rows to a tile), and meets the weights in one
+// accumulator over the k-blocks, each a tile dot product over the block's
+// sixteen pairs; an output is then (hi + mid) + lo of its row's three
+// accumulators. Tile rows are independent, so a row's result does not
+// depend on the other rows of the product: a product of one row, of 8 or
+// of 512 gives each row the same bits.
 
 // AMXPanel is the width of an AMX weight panel (a tile's sixteen float32
 // columns); panels are laid out in pairs.
@@ -150,27 +152,28 @@ func roundBF16DAZ(v float32) uint16 {
 	return uint16((b + 0x7fff + (b>>16)&1) >> 16)
 }
 
-// amxJob is one AMX product: the activation parts (three [m][kp] bf16
-// matrices one after another) and the operands. Products take one from
-// amxJobs, so serial products may run concurrently and none allocates
-// once the pool's jobs have grown.
+// amxRowBlock is how many x rows a tile of A holds: five rows of three
+// part rows, fifteen of a tile's sixteen.
+const amxRowBlock = 5
+
+// amxJob is one AMX product: the activations' part rows and the operands.
+// Products take one from amxJobs, so serial products may run concurrently
+// and none allocates once the jobs have grown.
 type amxJob struct {
 	dst, x  []float32
 	w       []uint16
 	m, n, k int
 	kp      int
-	parts   []uint16  // amxParts * m * kp
-	scratch []float32 // a short column group's outputs, 32 rows of 32
-	chunk   int       // pairs of panels per work item
-	chunks  int       // column chunks
-	blocks  int       // row blocks of 32
+	parts   []uint16 // [amxParts*m][kp]: row 3r+q is part q of x row r
+	chunk   int      // pairs of panels per work item
+	chunks  int      // column chunks
+	blocks  int      // blocks of two tiles of x rows (2*amxRowBlock)
 }
 
-// amxChunk is how many pairs of panels a work item covers when there are
-// several row blocks: 256 columns, so that an item's weights (kp*256*2
-// bytes, 384 KB at k = 768) stay in L2 while it meets its row blocks. A
-// product of one block takes items of amxChunkFew pairs, which balance
-// over the pool.
+// amxChunk is how many pairs of panels a work item covers: 256 columns,
+// so that an item's weights (kp*256*2 bytes, 384 KB at k = 768) stay in
+// L2 while it meets its row blocks; a product of one block takes items of
+// amxChunkFew pairs, which balance over the pool.
 const (
 	amxChunk    = 8
 	amxChunkFew = 2
@@ -181,8 +184,14 @@ var amxGo bool
 
 var amxJobs = sync.Pool{New: func() any { return new(amxJob) }}
 
-// prepare splits x into the job's parts for the product (dst, x, wp, m, n,
-// k).
+// amxScratch holds one call's part-row outputs: two tiles' rows by a
+// chunk's columns.
+var amxScratch = sync.Pool{New: func() any {
+	s := make([]float32, 2*amxRowBlock*amxParts*amxChunk*2*AMXPanel)
+	return &s
+}}
+
+// prepare sets the job up for the product (dst, x, wp, m, n, k).
 func (j *amxJob) prepare(dst, x []float32, wp []uint16, m, n, k int) {
 	j.dst, j.x, j.w, j.m, j.n, j.k = dst, x, wp, m, n, k
 	j.kp = amxKPad(k)
@@ -191,11 +200,8 @@ func (j *amxJob) prepare(dst, x []float32, wp []uint16, m, n, k int) {
 		j.parts = make([]uint16, size)
 	}
 	j.parts = j.parts[:size]
-	if len(j.scratch) == 0 {
-		j.scratch = make([]float32, 32*32)
-	}
 	groups := amxCols(n) / (2 * AMXPanel)
-	j.blocks = (m + 31) / 32
+	j.blocks = (m + 2*amxRowBlock - 1) / (2 * amxRowBlock)
 	j.chunk = amxChunk
 	if j.blocks == 1 {
 		j.chunk = amxChunkFew
@@ -203,24 +209,18 @@ func (j *amxJob) prepare(dst, x []float32, wp []uint16, m, n, k int) {
 	j.chunks = (groups + j.chunk - 1) / j.chunk
 }
 
-// split writes the parts of x rows [r0, r1), zero past k. (A short row
-// block's tiles are configured with its rows alone, so no padding rows
-// are read.)
+// split writes the part rows of x rows [r0, r1), zero past k.
 func (j *amxJob) split(r0, r1 int) {
-	plane := j.m * j.kp
-	hi, mid, lo := j.parts[:plane], j.parts[plane:2*plane], j.parts[2*plane:]
+	kp := j.kp
 	for r := r0; r < r1; r++ {
-		o := r * j.kp
-		splitRow(hi[o:o+j.kp], mid[o:o+j.kp], lo[o:o+j.kp], j.x[r*j.k:(r+1)*j.k])
+		p := j.parts[amxParts*r*kp : amxParts*(r+1)*kp]
+		SplitBF16(p[:kp], p[kp:2*kp], p[2*kp:], j.x[r*j.k:(r+1)*j.k])
+		if j.k < kp {
+			for q := range amxParts {
+				clear(p[q*kp+j.k : (q+1)*kp])
+			}
+		}
 	}
-}
-
-// splitRow splits one row into parts kp long (zero past len(x)).
-func splitRow(hi, mid, lo []uint16, x []float32) {
-	SplitBF16(hi, mid, lo, x)
-	clear(hi[len(x):])
-	clear(mid[len(x):])
-	clear(lo[len(x):])
 }
 
 func amxSplitRange(a *Args, lo, hi int) { a.Job.(*amxJob).split(lo, hi) }
@@ -266,119 +266,130 @@ func amxRange(a *Args, lo, hi int) { a.Job.(*amxJob).run(lo, hi) }
 
 // run computes work items [lo, hi): item i is the row block i mod blocks
 // of the column chunk i / blocks, so that consecutive items share their
-// weights.
+// weights. With one row block the items' groups are contiguous and are
+// run a scratch's worth at a time.
 func (j *amxJob) run(lo, hi int) {
 	groups := amxCols(j.n) / (2 * AMXPanel)
+	sp := amxScratch.Get().(*[]float32)
+	defer amxScratch.Put(sp)
 	if j.blocks == 1 {
-		// One row block: the items' groups are contiguous, so one call
-		// covers them (one tile configuration loaded, not one an item).
-		j.block(0, j.m, lo*j.chunk, min(hi*j.chunk, groups))
+		end := min(hi*j.chunk, groups)
+		for g := lo * j.chunk; g < end; g += amxChunk {
+			j.block(*sp, 0, j.m, g, min(g+amxChunk, end))
+		}
 		return
 	}
 	for it := lo; it < hi; it++ {
 		c, b := it/j.blocks, it%j.blocks
-		g0, g1 := c*j.chunk, min((c+1)*j.chunk, groups)
-		j.block(32*b, min(32*b+32, j.m), g0, g1)
+		r0 := 2 * amxRowBlock * b
+		j.block(*sp, r0, min(r0+2*amxRowBlock, j.m), c*j.chunk, min((c+1)*j.chunk, groups))
 	}
 }
 
-// block computes x rows [r0, r1) (at most 32) against the column groups
-// [g0, g1) (pairs of panels). Whole groups inside n are stored straight
-// into dst; a group reaching past n goes through the scratch.
-func (j *amxJob) block(r0, r1, g0, g1 int) {
-	full := min(g1, j.n/(2*AMXPanel))
-	if full > g0 {
-		j.tiles(r0, r1, g0, full, j.dst[r0*j.n+g0*2*AMXPanel:], j.n)
+// block computes x rows [r0, r1) (at most 2*amxRowBlock) against the
+// column groups [g0, g1) (at most amxChunk pairs of panels): the part rows'
+// outputs into the scratch s, then each output the sum of its row's three,
+// (hi + mid) + lo.
+func (j *amxJob) block(s []float32, r0, r1, g0, g1 int) {
+	cs := (g1 - g0) * 2 * AMXPanel
+	j.tiles(s, cs, r0, r1, g0, g1)
+	c0 := g0 * 2 * AMXPanel
+	cols := min(cs, j.n-c0)
+	for r := r0; r < r1; r++ {
+		pr := s[amxParts*(r-r0)*cs:]
+		sum3(j.dst[r*j.n+c0:r*j.n+c0+cols], pr[:cols], pr[cs:cs+cols], pr[2*cs:2*cs+cols])
 	}
-	for g := max(g0, full); g < g1; g++ {
-		j.tiles(r0, r1, g, g+1, j.scratch, 2*AMXPanel)
-		c0 := g * 2 * AMXPanel
-		cols := min(2*AMXPanel, j.n-c0)
-		for r := r0; r < r1; r++ {
-			copy(j.dst[r*j.n+c0:r*j.n+c0+cols], j.scratch[(r-r0)*2*AMXPanel:])
+}
+
+// tiles writes the part rows of x rows [r0, r1) against groups [g0, g1)
+// to s (cs floats a row).
+func (j *amxJob) tiles(s []float32, cs, r0, r1, g0, g1 int) {
+	kb := j.kp / amxKBlock
+	a := j.parts[amxParts*r0*j.kp:]
+	w := j.w[g0*2*AMXPanel*j.kp:]
+	prows := amxParts * (r1 - r0)
+	if !hasAMX || amxGo {
+		amxTilesGo(a, j.kp, w, kb, prows, s, cs, g1-g0)
+		return
+	}
+	_ = s[(prows-1)*cs+cs-1]
+	var cfg amxConfig
+	if r1-r0 > amxRowBlock {
+		cfg.set(amxParts*amxRowBlock, prows-amxParts*amxRowBlock)
+		amxTiles2(&cfg, &a[0], 2*j.kp, &w[0], kb, &s[0], 4*cs, g1-g0)
+		return
+	}
+	cfg.set(prows, 0)
+	amxTiles1(&cfg, &a[0], 2*j.kp, &w[0], kb, &s[0], 4*cs, g1-g0)
+}
+
+// sum3 writes (a[i] + b[i]) + c[i] to dst[i].
+func sum3(dst, a, b, c []float32) {
+	n := len(dst)
+	a, b, c = a[:n], b[:n], c[:n]
+	i := 0
+	if hasAMX && !amxGo {
+		i = n &^ 15
+		if i > 0 {
+			sum3AVX512(&dst[0], &a[0], &b[0], &c[0], i)
 		}
 	}
-}
-
-// tiles runs rows [r0, r1) against groups [g0, g1), writing row r's
-// outputs to c[(r-r0)*cs:] (cs floats per row).
-func (j *amxJob) tiles(r0, r1, g0, g1 int, c []float32, cs int) {
-	kb := j.kp / amxKBlock
-	plane := j.m * j.kp
-	w := j.w[g0*2*AMXPanel*j.kp:]
-	if !hasAMX || amxGo {
-		amxTilesGo(j.parts[r0*j.kp:], j.kp, plane, w, kb, r1-r0, c, cs, g1-g0)
-		return
+	for ; i < n; i++ {
+		dst[i] = (a[i] + b[i]) + c[i]
 	}
-	var cfg amxConfig
-	rows := r1 - r0
-	_ = c[(rows-1)*cs+(g1-g0)*2*AMXPanel-1]
-	if rows > 16 {
-		cfg.set(16, rows-16)
-		amxTiles2(&cfg, &j.parts[r0*j.kp], 2*j.kp, 2*plane, &w[0], kb, &c[0], 4*cs, g1-g0)
-		return
-	}
-	cfg.set(rows, 0)
-	amxTiles1(&cfg, &j.parts[r0*j.kp], 2*j.kp, 2*plane, &w[0], kb, &c[0], 4*cs, g1-g0)
 }
 
 // amxConfig is the 64-byte tile configuration LDTILECFG loads (palette 1):
 // bytes per row of each of the eight tiles at 16+2t, rows at 48+t.
 type amxConfig [64]byte
 
-// set configures the accumulators and A tiles of the first row block
-// (tmm0, tmm1, tmm4) for rows0 rows, those of the second (tmm2, tmm3,
-// tmm5) for rows1, and the B tiles (tmm6, tmm7) for 16 rows; every tile
-// row is 64 bytes. With rows1 = 0 (amxTiles1) tmm5 and tmm2 are A tiles
-// of rows0 rows.
+// set configures the accumulators and A tile of the first block (tmm0,
+// tmm1, tmm4) for rows0 part rows and those of the second (tmm2, tmm3,
+// tmm5) for rows1, with the B tiles (tmm6, tmm7) of 16 rows; every tile
+// row is 64 bytes. With rows1 = 0 (amxTiles1) tmm5 is a second A tile of
+// rows0 rows and tmm2, tmm3 second B tiles.
 func (c *amxConfig) set(rows0, rows1 int) {
 	*c = amxConfig{}
 	c[0] = 1
 	rows := [8]int{rows0, rows0, rows1, rows1, rows0, rows1, 16, 16}
 	if rows1 == 0 {
-		rows[2], rows[5] = rows0, rows0
+		rows[2], rows[3], rows[5] = 16, 16, rows0
 	}
 	for t, r := range rows {
-		if r == 0 {
-			continue
-		}
 		c[16+2*t] = 64
 		c[48+t] = byte(r)
 	}
 }
 
-// amxTilesGo is the tile kernels' specification: for each of rows x rows
-// (the parts at a, row stride as, part stride ps, in elements) and each
-// column of the groups, one float32 accumulator from zero over k-blocks
-// and, in a block, over the parts hi, mid, lo, adding each tile dot
+// amxTilesGo is the tile kernels' specification: for each of prows part
+// rows (at a, row stride as elements) and each column of the groups, one
+// float32 accumulator from zero over k-blocks, adding each tile dot
 // product as TDPBF16PS computes it: the products of the even elements of
-// the block's sixteen pairs summed in one float32 chain from zero, those of
-// the odd elements in another (the products are exact), the two chains
+// the block's sixteen pairs summed in one float32 chain from zero, those
+// of the odd elements in another (the products are exact), the two chains
 // added, and that added to the accumulator, every sum rounded to nearest
 // even; bf16 inputs below the normal range count as zero and float32
 // results below it are flushed to zero. (The chain structure is the
-// instruction's description in Intel's SDM; the order of the sixteen pairs
-// within a chain and the flushing were checked against the hardware by
+// instruction's description in Intel's SDM; the flushing and the order of
+// the pairs within a chain were checked against the hardware by
 // TestMatMulAMX.)
-func amxTilesGo(a []uint16, as, ps int, w []uint16, kb, rows int, c []float32, cs, groups int) {
+func amxTilesGo(a []uint16, as int, w []uint16, kb, prows int, c []float32, cs, groups int) {
 	kp := kb * amxKBlock
 	for g := range groups {
 		for col := range 2 * AMXPanel {
 			pan := w[(2*g+col/AMXPanel)*AMXPanel*kp:]
 			cc := col % AMXPanel
-			for r := range rows {
+			for r := range prows {
 				var acc float32
 				for b := range kb {
 					wt := pan[b*512:]
-					for q := range amxParts {
-						ar := a[q*ps+r*as+b*amxKBlock:]
-						var even, odd float32
-						for i := range 16 {
-							even = ftz(even + dazBF16(ar[2*i])*dazBF16(wt[i*32+2*cc]))
-							odd = ftz(odd + dazBF16(ar[2*i+1])*dazBF16(wt[i*32+2*cc+1]))
-						}
-						acc = ftz(acc + ftz(even+odd))
+					ar := a[r*as+b*amxKBlock:]
+					var even, odd float32
+					for i := range 16 {
+						even = ftz(even + dazBF16(ar[2*i])*dazBF16(wt[i*32+2*cc]))
+						odd = ftz(odd + dazBF16(ar[2*i+1])*dazBF16(wt[i*32+2*cc+1]))
 					}
+					acc = ftz(acc + ftz(even+odd))
 				}
 				c[r*cs+g*2*AMXPanel+col] = acc
 			}

@@ -46,13 +46,16 @@ var amxPermission = sync.OnceValue(func() bool {
 })
 
 //go:noescape
-func amxTiles2(cfg *amxConfig, a *uint16, astride, pstride int, b *uint16, kb int, c *float32, cstride, groups int)
+func amxTiles2(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *float32, cstride, groups int)
 
 //go:noescape
-func amxTiles1(cfg *amxConfig, a *uint16, astride, pstride int, b *uint16, kb int, c *float32, cstride, groups int)
+func amxTiles1(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *float32, cstride, groups int)
 
 //go:noescape
 func amxPeakLoop(cfg *amxConfig, n int)
 
 //go:noescape
 func splitBF16AVX512(hi, mid, lo *uint16, x *float32, n int)
+
+//go:noescape
+func sum3AVX512(dst, a, b, c *float32, n int)

@@ -7,10 +7,11 @@
 // as assembles for it (register and SIB forms); the kernels are tested
 // against their plain-Go twin.
 //
-// Tile roles (the config amxTiles2/amxTiles1 load, built in amx.go):
-// tmm0-tmm3 accumulate C (rows x 16 float32), tmm4 and tmm5 hold one bf16
-// part of 16 (or fewer) x rows by 32 k (A), tmm6 and tmm7 one k-block of
-// two 16-column weight panels in pair-interleaved form (B, 16 x 64 bytes).
+// A is the activations' part rows (row 3r+q is part q of x row r, bf16,
+// 32 k to a tile row); a tile of A holds five x rows' fifteen part rows
+// (or fewer). B is one k-block of a 16-column weight panel in
+// pair-interleaved form (16 x 64 bytes); C is fifteen part rows of 16
+// float32 outputs. Strides are in bytes.
 #define TILEZERO_0 BYTE $0xC4; BYTE $0xE2; BYTE $0x7B; BYTE $0x49; BYTE $0xC0
 #define TILEZERO_1 BYTE $0xC4; BYTE $0xE2; BYTE $0x7B; BYTE $0x49; BYTE $0xC8
 #define TILEZERO_2 BYTE $0xC4; BYTE $0xE2; BYTE $0x7B; BYTE $0x49; BYTE $0xD0
@@ -21,10 +22,13 @@
 #define TILEZERO_7 BYTE $0xC4; BYTE $0xE2; BYTE $0x7B; BYTE $0x49; BYTE $0xF8
 #define TILERELEASE BYTE $0xC4; BYTE $0xE2; BYTE $0x78; BYTE $0x49; BYTE $0xC0
 #define LDTILECFG_DI BYTE $0xC4; BYTE $0xE2; BYTE $0x78; BYTE $0x49; BYTE $0x07
+#define TILELOADD_4_SI_DX BYTE $0xC4; BYTE $0xE2; BYTE $0x7B; BYTE $0x4B; BYTE $0x24; BYTE $0x16
+#define TILELOADD_5_SI_DX BYTE $0xC4; BYTE $0xE2; BYTE $0x7B; BYTE $0x4B; BYTE $0x2C; BYTE $0x16
+#define TILELOADD_5_R11_DX BYTE $0xC4; BYTE $0xC2; BYTE $0x7B; BYTE $0x4B; BYTE $0x2C; BYTE $0x13
 #define TILELOADD_6_BX_AX BYTE $0xC4; BYTE $0xE2; BYTE $0x7B; BYTE $0x4B; BYTE $0x34; BYTE $0x03
 #define TILELOADD_7_R14_AX BYTE $0xC4; BYTE $0xC2; BYTE $0x7B; BYTE $0x4B; BYTE $0x3C; BYTE $0x06
-#define TILELOADD_4_CX_DX BYTE $0xC4; BYTE $0xE2; BYTE $0x7B; BYTE $0x4B; BYTE $0x24; BYTE $0x11
-#define TILELOADD_5_R11_DX BYTE $0xC4; BYTE $0xC2; BYTE $0x7B; BYTE $0x4B; BYTE $0x2C; BYTE $0x13
+#define TILELOADD_2_BX_AX BYTE $0xC4; BYTE $0xE2; BYTE $0x7B; BYTE $0x4B; BYTE $0x14; BYTE $0x03
+#define TILELOADD_3_R14_AX BYTE $0xC4; BYTE $0xC2; BYTE $0x7B; BYTE $0x4B; BYTE $0x1C; BYTE $0x06
 #define TILESTORED_0_DI_R10 BYTE $0xC4; BYTE $0xA2; BYTE $0x7A; BYTE $0x4B; BYTE $0x04; BYTE $0x17
 #define TILESTORED_1_R11_R10 BYTE $0xC4; BYTE $0x82; BYTE $0x7A; BYTE $0x4B; BYTE $0x0C; BYTE $0x13
 #define TILESTORED_2_R14_R10 BYTE $0xC4; BYTE $0x82; BYTE $0x7A; BYTE $0x4B; BYTE $0x14; BYTE $0x16
@@ -33,66 +37,42 @@
 #define TDPBF16PS_1_4_7 BYTE $0xC4; BYTE $0xE2; BYTE $0x42; BYTE $0x5C; BYTE $0xCC
 #define TDPBF16PS_2_5_6 BYTE $0xC4; BYTE $0xE2; BYTE $0x4A; BYTE $0x5C; BYTE $0xD5
 #define TDPBF16PS_3_5_7 BYTE $0xC4; BYTE $0xE2; BYTE $0x42; BYTE $0x5C; BYTE $0xDD
-
-#define TILELOADD_2_CX_DX BYTE $0xC4; BYTE $0xE2; BYTE $0x7B; BYTE $0x4B; BYTE $0x14; BYTE $0x11
-#define TILELOADD_5_CX_DX BYTE $0xC4; BYTE $0xE2; BYTE $0x7B; BYTE $0x4B; BYTE $0x2C; BYTE $0x11
-#define TDPBF16PS_0_5_6 BYTE $0xC4; BYTE $0xE2; BYTE $0x4A; BYTE $0x5C; BYTE $0xC5
-#define TDPBF16PS_1_5_7 BYTE $0xC4; BYTE $0xE2; BYTE $0x42; BYTE $0x5C; BYTE $0xCD
-#define TDPBF16PS_0_2_6 BYTE $0xC4; BYTE $0xE2; BYTE $0x4A; BYTE $0x5C; BYTE $0xC2
-#define TDPBF16PS_1_2_7 BYTE $0xC4; BYTE $0xE2; BYTE $0x42; BYTE $0x5C; BYTE $0xCA
+#define TDPBF16PS_0_5_2 BYTE $0xC4; BYTE $0xE2; BYTE $0x6A; BYTE $0x5C; BYTE $0xC5
+#define TDPBF16PS_1_5_3 BYTE $0xC4; BYTE $0xE2; BYTE $0x62; BYTE $0x5C; BYTE $0xCD
 
 
-// func amxTiles2(cfg *amxConfig, a *uint16, astride, pstride int, b *uint16, kb int, c *float32, cstride, groups int)
+// func amxTiles2(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *float32, cstride, groups int)
 //
-// Two row blocks (x rows 0-15 at a, 16-31 at a+16*astride; the second may
-// be short, as cfg says) against groups of two weight panels: for each
-// group, C = sum over k-blocks and then over the parts hi, mid, lo (at a,
-// a+pstride, a+2*pstride) of A_part · B, stored to c (row stride cstride
-// bytes); the next group's panels follow in b and its columns are 32
-// floats further in c. Strides are in bytes.
-TEXT ·amxTiles2(SB), NOSPLIT, $0-72
+// Two blocks of part rows (at a and a+15*astride; the second may be
+// short, as cfg says: tmm0, tmm1, tmm4 the first, tmm2, tmm3, tmm5 the
+// second) against groups of two weight panels (tmm6, tmm7): for each
+// group C = sum over k-blocks of A · B, stored to c (the second block's
+// rows 15 rows further); the next group's panels follow in b and its
+// columns are 32 floats further in c.
+TEXT ·amxTiles2(SB), NOSPLIT, $0-64
 	MOVQ cfg+0(FP), DI
 	LDTILECFG_DI
 	MOVQ $64, AX
 	MOVQ astride+16(FP), DX
-	MOVQ pstride+24(FP), R8
-	MOVQ DX, R9
-	SHLQ $4, R9
-	MOVQ cstride+56(FP), R10
-	MOVQ kb+40(FP), R12
+	IMUL3Q $15, DX, R9
+	MOVQ cstride+48(FP), R10
+	MOVQ kb+32(FP), R12
 	SHLQ $10, R12
-	MOVQ b+32(FP), BX
-	MOVQ c+48(FP), DI
+	MOVQ b+24(FP), BX
+	MOVQ c+40(FP), DI
 group2:
 	TILEZERO_0
 	TILEZERO_1
 	TILEZERO_2
 	TILEZERO_3
 	MOVQ a+8(FP), SI
-	MOVQ kb+40(FP), R13
+	MOVQ kb+32(FP), R13
 kloop2:
 	LEAQ (BX)(R12*1), R14
+	LEAQ (SI)(R9*1), R11
 	TILELOADD_6_BX_AX
 	TILELOADD_7_R14_AX
-	MOVQ SI, CX
-	LEAQ (CX)(R9*1), R11
-	TILELOADD_4_CX_DX
-	TILELOADD_5_R11_DX
-	TDPBF16PS_0_4_6
-	TDPBF16PS_1_4_7
-	TDPBF16PS_2_5_6
-	TDPBF16PS_3_5_7
-	ADDQ R8, CX
-	LEAQ (CX)(R9*1), R11
-	TILELOADD_4_CX_DX
-	TILELOADD_5_R11_DX
-	TDPBF16PS_0_4_6
-	TDPBF16PS_1_4_7
-	TDPBF16PS_2_5_6
-	TDPBF16PS_3_5_7
-	ADDQ R8, CX
-	LEAQ (CX)(R9*1), R11
-	TILELOADD_4_CX_DX
+	TILELOADD_4_SI_DX
 	TILELOADD_5_R11_DX
 	TDPBF16PS_0_4_6
 	TDPBF16PS_1_4_7
@@ -106,46 +86,48 @@ kloop2:
 	TILESTORED_0_DI_R10
 	LEAQ 64(DI), R11
 	TILESTORED_1_R11_R10
-	MOVQ R10, R13
-	SHLQ $4, R13
+	IMUL3Q $15, R10, R13
 	LEAQ (DI)(R13*1), R14
 	TILESTORED_2_R14_R10
 	LEAQ 64(R14), R11
 	TILESTORED_3_R11_R10
 	ADDQ $128, DI
-	DECQ groups+64(FP)
+	DECQ groups+56(FP)
 	JNZ group2
 	TILERELEASE
 	RET
 
-// func amxTiles1(cfg *amxConfig, a *uint16, astride, pstride int, b *uint16, kb int, c *float32, cstride, groups int)
+// func amxTiles1(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *float32, cstride, groups int)
 //
-// amxTiles2 with one row block (up to 16 x rows): the three parts take
-// tmm4, tmm5 and tmm2 (configured as A tiles), so that no part waits for
-// the tile products of the one before to release its tile; tmm3 is
-// unused.
-TEXT ·amxTiles1(SB), NOSPLIT, $0-72
+// amxTiles2 with one block of part rows (tmm0, tmm1 accumulate). Its
+// k-blocks alternate between two sets of tiles (A tmm4, B tmm6 and tmm7;
+// A tmm5, B tmm2 and tmm3), so that the loads of one block need not wait
+// for the products of the one before to free their tiles; the weight
+// streams are prefetched eight k-blocks ahead.
+TEXT ·amxTiles1(SB), NOSPLIT, $0-64
 	MOVQ cfg+0(FP), DI
 	LDTILECFG_DI
 	MOVQ $64, AX
 	MOVQ astride+16(FP), DX
-	MOVQ pstride+24(FP), R8
-	MOVQ cstride+56(FP), R10
-	MOVQ kb+40(FP), R12
+	MOVQ cstride+48(FP), R10
+	MOVQ kb+32(FP), R12
 	SHLQ $10, R12
-	MOVQ b+32(FP), BX
-	MOVQ c+48(FP), DI
+	MOVQ b+24(FP), BX
+	MOVQ c+40(FP), DI
 group1:
 	TILEZERO_0
 	TILEZERO_1
 	MOVQ a+8(FP), SI
-	MOVQ kb+40(FP), R13
-kloop1:
+	MOVQ kb+32(FP), R13
 	LEAQ (BX)(R12*1), R14
+	CMPQ R13, $2
+	JLT kone1
+kpair1:
+	TILELOADD_4_SI_DX
 	TILELOADD_6_BX_AX
 	TILELOADD_7_R14_AX
-	// A row block alone meets each weight tile once, so its loads wait on
-	// memory: fetch the tiles eight k-blocks ahead.
+	TDPBF16PS_0_4_6
+	TDPBF16PS_1_4_7
 	PREFETCHT0 8192(BX)
 	PREFETCHT0 8192(R14)
 	PREFETCHT0 8256(BX)
@@ -178,28 +160,68 @@ kloop1:
 	PREFETCHT0 9088(R14)
 	PREFETCHT0 9152(BX)
 	PREFETCHT0 9152(R14)
-	MOVQ SI, CX
-	TILELOADD_4_CX_DX
-	ADDQ R8, CX
-	TILELOADD_5_CX_DX
-	ADDQ R8, CX
-	TILELOADD_2_CX_DX
-	TDPBF16PS_0_4_6
-	TDPBF16PS_1_4_7
-	TDPBF16PS_0_5_6
-	TDPBF16PS_1_5_7
-	TDPBF16PS_0_2_6
-	TDPBF16PS_1_2_7
 	ADDQ $64, SI
 	ADDQ $1024, BX
-	DECQ R13
-	JNZ kloop1
+	ADDQ $1024, R14
+	TILELOADD_5_SI_DX
+	TILELOADD_2_BX_AX
+	TILELOADD_3_R14_AX
+	TDPBF16PS_0_5_2
+	TDPBF16PS_1_5_3
+	PREFETCHT0 8192(BX)
+	PREFETCHT0 8192(R14)
+	PREFETCHT0 8256(BX)
+	PREFETCHT0 8256(R14)
+	PREFETCHT0 8320(BX)
+	PREFETCHT0 8320(R14)
+	PREFETCHT0 8384(BX)
+	PREFETCHT0 8384(R14)
+	PREFETCHT0 8448(BX)
+	PREFETCHT0 8448(R14)
+	PREFETCHT0 8512(BX)
+	PREFETCHT0 8512(R14)
+	PREFETCHT0 8576(BX)
+	PREFETCHT0 8576(R14)
+	PREFETCHT0 8640(BX)
+	PREFETCHT0 8640(R14)
+	PREFETCHT0 8704(BX)
+	PREFETCHT0 8704(R14)
+	PREFETCHT0 8768(BX)
+	PREFETCHT0 8768(R14)
+	PREFETCHT0 8832(BX)
+	PREFETCHT0 8832(R14)
+	PREFETCHT0 8896(BX)
+	PREFETCHT0 8896(R14)
+	PREFETCHT0 8960(BX)
+	PREFETCHT0 8960(R14)
+	PREFETCHT0 9024(BX)
+	PREFETCHT0 9024(R14)
+	PREFETCHT0 9088(BX)
+	PREFETCHT0 9088(R14)
+	PREFETCHT0 9152(BX)
+	PREFETCHT0 9152(R14)
+	ADDQ $64, SI
+	ADDQ $1024, BX
+	ADDQ $1024, R14
+	SUBQ $2, R13
+	CMPQ R13, $2
+	JGE kpair1
+kone1:
+	TESTQ R13, R13
+	JZ kdone1
+	TILELOADD_4_SI_DX
+	TILELOADD_6_BX_AX
+	TILELOADD_7_R14_AX
+	TDPBF16PS_0_4_6
+	TDPBF16PS_1_4_7
+	ADDQ $1024, BX
+kdone1:
 	ADDQ R12, BX
 	TILESTORED_0_DI_R10
 	LEAQ 64(DI), R11
 	TILESTORED_1_R11_R10
 	ADDQ $128, DI
-	DECQ groups+64(FP)
+	DECQ groups+56(FP)
 	JNZ group1
 	TILERELEASE
 	RET
@@ -269,3 +291,30 @@ splitdone:
 	VZEROUPPER
 	RET
 
+
+// func sum3AVX512(dst, a, b, c *float32, n int)
+//
+// dst[i] = (a[i] + b[i]) + c[i] for n (a multiple of 16) floats: the
+// three part rows' sums of the AMX product.
+TEXT ·sum3AVX512(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), R8
+	MOVQ c+24(FP), R9
+	MOVQ n+32(FP), CX
+	SHRQ $4, CX
+	JZ sum3done
+sum3loop:
+	VMOVUPS (SI), Z0
+	VADDPS (R8), Z0, Z0
+	VADDPS (R9), Z0, Z0
+	VMOVUPS Z0, (DI)
+	ADDQ $64, SI
+	ADDQ $64, R8
+	ADDQ $64, R9
+	ADDQ $64, DI
+	DECQ CX
+	JNZ sum3loop
+sum3done:
+	VZEROUPPER
+	RET

@@ -198,10 +198,30 @@ func TestAMXRowsInvariant(t *testing.T) {
 	PackAMX(wp, w, n, k)
 	all := make([]float32, m*n)
 	p.MatMulAMX(all, x, wp, m, n, k)
-	for _, span := range [][2]int{{0, 1}, {17, 18}, {44, 45}, {3, 11}, {20, 45}} {
+	for _, span := range [][2]int{{0, 1}, {17, 18}, {44, 45}, {3, 11}, {20, 45}, {4, 6}, {9, 21}} {
 		a, b := span[0], span[1]
 		part := make([]float32, (b-a)*n)
 		p.MatMulAMX(part, x[a*k:b*k], wp, b-a, n, k)
 		require.Equal(t, all[a*n:b*n], part, "rows [%d, %d)", a, b)
+	}
+}
+
+// TestAMXAllocs: a warm AMX product allocates nothing, on the pool and
+// serially, at decode and prefill sizes (the twin where the CPU has no
+// AMX: the same jobs and scratch).
+func TestAMXAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	r := rand.New(rand.NewPCG(13, 14))
+	pool := NewPool(2)
+	defer pool.Close()
+	n, k := 300, 96
+	wp := make([]uint16, AMXLen(n, k))
+	PackAMX(wp, kmajWeights(r, n*k), n, k)
+	for _, m := range []int{1, 3, 8, 70} {
+		x, y := randSlice(r, m*k), make([]float32, m*n)
+		require.Zero(t, testing.AllocsPerRun(20, func() { pool.MatMulAMX(y, x, wp, m, n, k) }), "%d rows on the pool", m)
+		require.Zero(t, testing.AllocsPerRun(20, func() { MatMulAMXSerial(y, x, wp, m, n, k) }), "%d rows serially", m)
 	}
 }

@@ -226,11 +226,11 @@ func amxPrefer() bool { return false }
 
 func amxReady() bool { return false }
 
-func amxTiles2(cfg *amxConfig, a *uint16, astride, pstride int, b *uint16, kb int, c *float32, cstride, groups int) {
+func amxTiles2(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *float32, cstride, groups int) {
 	panic("kernel: no assembly on this platform")
 }
 
-func amxTiles1(cfg *amxConfig, a *uint16, astride, pstride int, b *uint16, kb int, c *float32, cstride, groups int) {
+func amxTiles1(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *float32, cstride, groups int) {
 	panic("kernel: no assembly on this platform")
 }
 
@@ -239,3 +239,5 @@ func amxPeakLoop(cfg *amxConfig, n int) { panic("kernel: no assembly on this pla
 func splitBF16AVX512(hi, mid, lo *uint16, x *float32, n int) {
 	panic("kernel: no assembly on this platform")
 }
+
+func sum3AVX512(dst, a, b, c *float32, n int) { panic("kernel: no assembly on this platform") }
