@@ -54,8 +54,9 @@ type ModelResult struct {
 	// bandwidth and its products' arithmetic (2 per active parameter and
 	// token) over the peak of the FMAs they issue: Peak (256-bit) for a
 	// single row's stream kernels, Peak8 for products of 8 rows (the
-	// 512-bit peak where the 2x8 tiles run on zmm registers, else Peak;
-	// the verification pass's bound uses it too). Step1Share and
+	// 512-bit peak where the 2x8 tiles run on zmm registers, the AMX
+	// exact product's ceiling with K3_KERNEL=amx, else Peak; named by
+	// Path8; the verification pass's bound uses it too). Step1Share and
 	// Step8Share are the bound over the measured step (medians over
 	// stretches); Ceiling8 is the batch-8 aggregate tokens/s at the bound.
 	Peak8                                                    float64
@@ -63,7 +64,8 @@ type ModelResult struct {
 	Step1Bound, Step8Bound, Step1Share, Step8Share, Ceiling8 float64
 	// PrefillFLOPs is a token's products in prefill, 2 per active
 	// parameter (attention over the prompt not counted); PrefillPeak the
-	// FMA peak of the packed GEMM's tile on this path (PrefillPath).
+	// peak of the products on this path, named by PrefillPath (the FMA
+	// peak of the packed GEMM's tile, or the AMX exact product's ceiling).
 	PrefillFLOPs, PrefillPeak float64
 	PrefillPath               string
 	// Truncate's costs at position TruncateAt, in decode steps at that
@@ -496,15 +498,17 @@ func decodeFigures(ctx context.Context, m *k3.Model, prompt []int32, r *ModelRes
 	r.Peak = probe.PeakFLOPS()
 	// Prefill's projections run the packed GEMM, on 512-bit FMAs where
 	// the path has them (kernel.WideFMA).
-	r.PrefillPeak, r.PrefillPath = r.Peak, "256-bit"
+	r.PrefillPeak, r.PrefillPath = r.Peak, "256-bit FMA peak"
 	if kernel.WideFMA() {
-		r.PrefillPeak, r.PrefillPath = probe.PeakWideFLOPS(), "512-bit"
+		r.PrefillPeak, r.PrefillPath = probe.PeakWideFLOPS(), "512-bit FMA peak"
+	}
+	if kernel.AMXPreferred() {
+		// Bf16 weights laid out for the tiles: the exact product runs three
+		// tile products per weight tile.
+		r.PrefillPeak, r.PrefillPath = probe.PeakAMXFLOPS()/3, "AMX exact-product ceiling (a third of the probed tile peak)"
 	}
 	r.PrefillFLOPs = r.StepBytes - 2*float64(state)
-	r.Peak8, r.Path8 = r.Peak, "256-bit"
-	if kernel.WideFMA() {
-		r.Peak8, r.Path8 = probe.PeakWideFLOPS(), "512-bit"
-	}
+	r.Peak8, r.Path8 = r.PrefillPeak, r.PrefillPath
 	const steps = 12
 	var tok1, tok8, gain, share, shareNT, bws, verify, vbound, vshare []float64
 	var bound1, bound8, share1, share8 []float64
@@ -575,7 +579,7 @@ func (r *ModelResult) head(b *strings.Builder) {
 		r.Preset, float64(r.Params)/1e6, float64(r.WeightBytes)/1e6)
 	fmt.Fprintf(b, "  prefill (%d tokens):        %8.1f tokens/s  (the first after Load, faulting the weights in: %.1f)\n", r.PrefillTokens, r.PrefillTokPerSec, r.FirstPrefillTokPerSec)
 	if r.PrefillPeak > 0 {
-		fmt.Fprintf(b, "    kernel path %s: %.1f GFLOP/s of products (%.0f MFLOP a token, 2 per active parameter), %.0f%% of the %.0f GFLOP/s %s FMA peak\n",
+		fmt.Fprintf(b, "    kernel path %s: %.1f GFLOP/s of products (%.0f MFLOP a token, 2 per active parameter), %.0f%% of the %.0f GFLOP/s %s\n",
 			kernel.Path(), r.PrefillTokPerSec*r.PrefillFLOPs/1e9, r.PrefillFLOPs/1e6, 100*r.PrefillTokPerSec*r.PrefillFLOPs/r.PrefillPeak, r.PrefillPeak/1e9, r.PrefillPath)
 	}
 	fmt.Fprintf(b, "  decode, batch 1:            %8.1f tokens/s  (%.1f MB read per step; %.0f%% of the roofline at %.1f GB/s, the higher of a read pass and a STREAM triad next to each stretch; %.0f%% against a triad with non-temporal stores)\n",
@@ -583,13 +587,13 @@ func (r *ModelResult) head(b *strings.Builder) {
 	fmt.Fprintf(b, "  decode, batch 8 (aggregate): %7.1f tokens/s  (%.2fx batch 1, stretch by stretch; a step reads about %.1f MB, so a batch-8 step as bandwidth-efficient as batch 1 gains at most %.2fx)\n",
 		r.Decode8TokPerSec, r.Batch8Gain, r.Step8Bytes/1e6, 8*r.StepBytes/r.Step8Bytes)
 	if r.Step8Bound > 0 {
-		fmt.Fprintf(b, "  decode bounds (the larger of bytes at the probed bandwidth and products at the peak of the FMAs they issue): batch 1 %.2f ms a step (%.1f MB or %.2f GFLOP at the %.0f GFLOP/s 256-bit peak), the step at %.0f%% of it; batch 8 %.2f ms (%.1f MB or %.2f GFLOP at the %.0f GFLOP/s %s peak), a ceiling of %.0f tokens/s, the step at %.0f%% of it\n",
+		fmt.Fprintf(b, "  decode bounds (the larger of bytes at the probed bandwidth and products at the peak of the FMAs they issue): batch 1 %.2f ms a step (%.1f MB or %.2f GFLOP at the %.0f GFLOP/s 256-bit peak), the step at %.0f%% of it; batch 8 %.2f ms (%.1f MB or %.2f GFLOP at the %.0f GFLOP/s %s), a ceiling of %.0f tokens/s, the step at %.0f%% of it\n",
 			1e3*r.Step1Bound, r.StepBytes/1e6, r.VerifyFLOPs/8e9, r.Peak/1e9, 100*r.Step1Share, 1e3*r.Step8Bound, r.Step8Bytes/1e6, r.VerifyFLOPs/1e9, r.Peak8/1e9, r.Path8, r.Ceiling8, 100*r.Step8Share)
 	}
 	fmt.Fprintf(b, "  verification pass, 8 tokens of one session: %.1fx a batch-1 decode step (weights read once; the 8 tokens route to more experts, about %.1f MB read against %.1f)\n",
 		r.Verify8Ratio, r.VerifyBytes/1e6, r.StepBytes/1e6)
 	if r.VerifyBoundRatio > 0 {
-		fmt.Fprintf(b, "    its bound: %.1fx a batch-1 step's (the larger of %.1f MB at the probed bandwidth and %.2f GFLOP at the %.0f GFLOP/s %s FMA peak); the pass runs at %.0f%% of its bound\n",
+		fmt.Fprintf(b, "    its bound: %.1fx a batch-1 step's (the larger of %.1f MB at the probed bandwidth and %.2f GFLOP at the %.0f GFLOP/s %s); the pass runs at %.0f%% of its bound\n",
 			r.VerifyBoundRatio, r.VerifyBytes/1e6, r.VerifyFLOPs/1e9, r.Peak8/1e9, r.Path8, 100*r.VerifyShare)
 	}
 }
