@@ -179,6 +179,10 @@ const (
 	amxChunkFew = 2
 )
 
+// amxKRange is how many k-blocks amxTiles2 runs before moving to the next
+// group: two tiles of part rows over it (15 KB) stay in L1.
+var amxKRange = 8
+
 // amxGo makes the product run its plain-Go twin (tests).
 var amxGo bool
 
@@ -315,8 +319,14 @@ func (j *amxJob) tiles(s []float32, cs, r0, r1, g0, g1 int) {
 	_ = s[(prows-1)*cs+cs-1]
 	var cfg amxConfig
 	if r1-r0 > amxRowBlock {
+		// k in ranges of amxKRange blocks, each range over all the groups,
+		// so that the range's part rows stay in L1 from group to group;
+		// the accumulators are stored and reloaded exactly between ranges.
 		cfg.set(amxParts*amxRowBlock, prows-amxParts*amxRowBlock)
-		amxTiles2(&cfg, &a[0], 2*j.kp, &w[0], kb, &s[0], 4*cs, g1-g0)
+		for b0, acc := 0, 0; b0 < kb; b0, acc = b0+amxKRange, 1 {
+			nb := min(amxKRange, kb-b0)
+			amxTiles2(&cfg, &a[b0*amxKBlock], 2*j.kp, &w[b0*512], nb, &s[0], 4*cs, g1-g0, 2*AMXPanel*j.kp, acc)
+		}
 		return
 	}
 	cfg.set(prows, 0)

@@ -41,47 +41,89 @@
 #define TDPBF16PS_1_5_3 BYTE $0xC4; BYTE $0xE2; BYTE $0x62; BYTE $0x5C; BYTE $0xCD
 
 
-// func amxTiles2(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *float32, cstride, groups int)
+#define TILELOADD_0_DI_R10 BYTE $0xC4; BYTE $0xA2; BYTE $0x7B; BYTE $0x4B; BYTE $0x04; BYTE $0x17
+#define TILELOADD_1_R11_R10 BYTE $0xC4; BYTE $0x82; BYTE $0x7B; BYTE $0x4B; BYTE $0x0C; BYTE $0x13
+#define TILELOADD_2_R14_R10 BYTE $0xC4; BYTE $0x82; BYTE $0x7B; BYTE $0x4B; BYTE $0x14; BYTE $0x16
+#define TILELOADD_3_R11_R10 BYTE $0xC4; BYTE $0x82; BYTE $0x7B; BYTE $0x4B; BYTE $0x1C; BYTE $0x13
+
+// func amxTiles2(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *float32, cstride, groups, pstride, acc int)
 //
 // Two blocks of part rows (at a and a+15*astride; the second may be
 // short, as cfg says: tmm0, tmm1, tmm4 the first, tmm2, tmm3, tmm5 the
-// second) against groups of two weight panels (tmm6, tmm7): for each
-// group C = sum over k-blocks of A · B, stored to c (the second block's
-// rows 15 rows further); the next group's panels follow in b and its
-// columns are 32 floats further in c.
-TEXT ·amxTiles2(SB), NOSPLIT, $0-64
+// second) against groups of two weight panels (tmm6, tmm7), over kb
+// k-blocks: for each group C (+)= sum over the k-blocks of A · B, stored
+// to c (the second block's rows 15 rows further). With acc set C starts
+// from what c holds (a later k-range of the same product), else from
+// zero. Panels are pstride bytes apart; the next group's panels follow,
+// and its columns are 32 floats further in c.
+TEXT ·amxTiles2(SB), NOSPLIT, $0-80
 	MOVQ cfg+0(FP), DI
 	LDTILECFG_DI
 	MOVQ $64, AX
 	MOVQ astride+16(FP), DX
 	IMUL3Q $15, DX, R9
 	MOVQ cstride+48(FP), R10
-	MOVQ kb+32(FP), R12
-	SHLQ $10, R12
+	MOVQ pstride+64(FP), R12
 	MOVQ b+24(FP), BX
 	MOVQ c+40(FP), DI
 group2:
+	CMPQ acc+72(FP), $0
+	JNE cload2
 	TILEZERO_0
 	TILEZERO_1
 	TILEZERO_2
 	TILEZERO_3
+	JMP cready2
+cload2:
+	TILELOADD_0_DI_R10
+	LEAQ 64(DI), R11
+	TILELOADD_1_R11_R10
+	IMUL3Q $15, R10, R13
+	LEAQ (DI)(R13*1), R14
+	TILELOADD_2_R14_R10
+	LEAQ 64(R14), R11
+	TILELOADD_3_R11_R10
+cready2:
 	MOVQ a+8(FP), SI
 	MOVQ kb+32(FP), R13
-kloop2:
 	LEAQ (BX)(R12*1), R14
 	LEAQ (SI)(R9*1), R11
 	TILELOADD_6_BX_AX
 	TILELOADD_7_R14_AX
 	TILELOADD_4_SI_DX
 	TILELOADD_5_R11_DX
+	DECQ R13
+	JZ klast2
+	// Software-pipelined: each tile is reloaded for the next k-block as
+	// soon as the last product reading it is issued (tiles are not
+	// renamed, so a load waits for the products before it that read its
+	// tile).
+kloop2:
 	TDPBF16PS_0_4_6
-	TDPBF16PS_1_4_7
 	TDPBF16PS_2_5_6
-	TDPBF16PS_3_5_7
-	ADDQ $64, SI
 	ADDQ $1024, BX
+	ADDQ $1024, R14
+	TILELOADD_6_BX_AX
+	TDPBF16PS_1_4_7
+	ADDQ $64, SI
+	ADDQ $64, R11
+	TILELOADD_4_SI_DX
+	TDPBF16PS_3_5_7
+	TILELOADD_5_R11_DX
+	TILELOADD_7_R14_AX
 	DECQ R13
 	JNZ kloop2
+klast2:
+	TDPBF16PS_0_4_6
+	TDPBF16PS_2_5_6
+	TDPBF16PS_1_4_7
+	TDPBF16PS_3_5_7
+	// The next group's first panel is two panels on from this group's.
+	MOVQ kb+32(FP), R13
+	SHLQ $10, R13
+	SUBQ R13, BX
+	ADDQ $1024, BX
+	ADDQ R12, BX
 	ADDQ R12, BX
 	TILESTORED_0_DI_R10
 	LEAQ 64(DI), R11

@@ -226,7 +226,7 @@ func amxPrefer() bool { return false }
 
 func amxReady() bool { return false }
 
-func amxTiles2(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *float32, cstride, groups int) {
+func amxTiles2(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *float32, cstride, groups, pstride, acc int) {
 	panic("kernel: no assembly on this platform")
 }
 
