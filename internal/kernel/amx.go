@@ -181,7 +181,7 @@ const (
 
 // amxKRange is how many k-blocks amxTiles2 runs before moving to the next
 // group: two tiles of part rows over it (15 KB) stay in L1.
-var amxKRange = 8
+const amxKRange = 8
 
 // amxGo makes the product run its plain-Go twin (tests).
 var amxGo bool
