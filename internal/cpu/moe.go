@@ -281,6 +281,8 @@ func (b *Backend) matmulHost(dst, x []float32, w compute.Tensor, m int) error {
 	if wp, how, err := packedOf(w); wp != nil || err != nil {
 		switch {
 		case err != nil:
+		case how == amxTiles && b.fastBF16 && m >= kernel.PackedMinRows:
+			b.pool.MatMulAMXFast(dst, x, wp, m, n, k)
 		case how == amxTiles:
 			b.pool.MatMulAMX(dst, x, wp, m, n, k)
 		default:

@@ -18,8 +18,9 @@ var _ compute.WeightPreparer = (*Backend)(nil)
 //     512-bit k-major tiles (kernel.KMajorFast): one FMA chain per output.
 //
 // Narrower weights (kernel.KMajorMinN), other dtypes, other CPUs and the
-// fast-bf16 backend (whose products round x to bf16 over the stored
-// layout) keep w.
+// fast-bf16 backend without AMX tiles (whose products round x to bf16
+// over the stored layout) keep w; with them, its long products run
+// kernel.MatMulAMXFast over the tile layout.
 //
 // The prepared tensor keeps w's shape and answers Read; it is not a view
 // other operations can read (F32 and U16 return nil for it).
@@ -57,10 +58,10 @@ const (
 // where they keep the stored one.
 func (b *Backend) packing() packing {
 	switch {
-	case b.fastBF16:
-		return 0
 	case kernel.AMXPreferred():
 		return amxTiles
+	case b.fastBF16:
+		return 0
 	case kernel.KMajorFast():
 		return kMajor
 	}

@@ -99,8 +99,33 @@ func TestPrepareMatMul(t *testing.T) {
 	assert.Equal(t, f, pf)
 	fast := NewFastBF16(1)
 	defer fast.Close()
-	wf, _ := bf16Weight(t, fast, r, n, k)
+	wf, fv := bf16Weight(t, fast, r, n, k)
 	pw, err := fast.PrepareMatMul(wf)
 	require.NoError(t, err)
-	assert.Equal(t, wf, pw)
+	if fast.packing() == 0 {
+		assert.Equal(t, wf, pw, "the fast backend keeps the stored layout without AMX tiles")
+		return
+	}
+	// With AMX tiles the fast backend packs too, and its long products
+	// round x to bf16 (2^-8 of the magnitude), its short ones stay exact.
+	for _, rows := range []int{most, 1} {
+		xf, err := fast.Alloc(compute.F32, rows, k)
+		require.NoError(t, err)
+		require.NoError(t, fast.Write(xf, xs[:rows*k]))
+		yf, err := fast.Alloc(compute.F32, rows, n)
+		require.NoError(t, err)
+		require.NoError(t, fast.MatMul(yf, xf, pw))
+		for i, v := range F32(yf) {
+			var want, mag float64
+			for q := 0; q < k; q++ {
+				want += float64(xs[i/n*k+q]) * float64(fv[i%n*k+q])
+				mag += math.Abs(float64(xs[i/n*k+q] * fv[i%n*k+q]))
+			}
+			tol := float64(k) * 0x1p-23 * mag
+			if rows >= kernel.PackedMinRows {
+				tol = 0x1p-8 * mag
+			}
+			require.InDelta(t, want, v, tol, "fast backend, %d rows, element %d", rows, i)
+		}
+	}
 }

@@ -152,9 +152,10 @@ func roundBF16DAZ(v float32) uint16 {
 	return uint16((b + 0x7fff + (b>>16)&1) >> 16)
 }
 
-// amxRowBlock is how many x rows a tile of A holds: five rows of three
-// part rows, fifteen of a tile's sixteen.
-const amxRowBlock = 5
+// amxTileRows is how many part rows a tile of A holds: fifteen of its
+// sixteen, five x rows of three parts (or fifteen x rows of one, in the
+// fast product).
+const amxTileRows = 15
 
 // amxJob is one AMX product: the activations' part rows and the operands.
 // Products take one from amxJobs, so serial products may run concurrently
@@ -164,10 +165,12 @@ type amxJob struct {
 	w       []uint16
 	m, n, k int
 	kp      int
-	parts   []uint16 // [amxParts*m][kp]: row 3r+q is part q of x row r
+	np      int      // parts an x row is split into: amxParts, or 1 (fast)
+	rows    int      // x rows a tile holds: amxTileRows / np
+	parts   []uint16 // [np*m][kp]: row np*r+q is part q of x row r
 	chunk   int      // pairs of panels per work item
 	chunks  int      // column chunks
-	blocks  int      // blocks of two tiles of x rows (2*amxRowBlock)
+	blocks  int      // blocks of two tiles of x rows (2*rows)
 }
 
 // amxChunk is how many pairs of panels a work item covers: 256 columns,
@@ -191,21 +194,23 @@ var amxJobs = sync.Pool{New: func() any { return new(amxJob) }}
 // amxScratch holds one call's part-row outputs: two tiles' rows by a
 // chunk's columns.
 var amxScratch = sync.Pool{New: func() any {
-	s := make([]float32, 2*amxRowBlock*amxParts*amxChunk*2*AMXPanel)
+	s := make([]float32, 2*amxTileRows*amxChunk*2*AMXPanel)
 	return &s
 }}
 
-// prepare sets the job up for the product (dst, x, wp, m, n, k).
-func (j *amxJob) prepare(dst, x []float32, wp []uint16, m, n, k int) {
+// prepare sets the job up for the product (dst, x, wp, m, n, k) with x
+// split into np parts.
+func (j *amxJob) prepare(dst, x []float32, wp []uint16, m, n, k, np int) {
 	j.dst, j.x, j.w, j.m, j.n, j.k = dst, x, wp, m, n, k
 	j.kp = amxKPad(k)
-	size := amxParts * m * j.kp
+	j.np, j.rows = np, amxTileRows/np
+	size := np * m * j.kp
 	if cap(j.parts) < size {
 		j.parts = make([]uint16, size)
 	}
 	j.parts = j.parts[:size]
 	groups := amxCols(n) / (2 * AMXPanel)
-	j.blocks = (m + 2*amxRowBlock - 1) / (2 * amxRowBlock)
+	j.blocks = (m + 2*j.rows - 1) / (2 * j.rows)
 	j.chunk = amxChunk
 	if j.blocks == 1 {
 		j.chunk = amxChunkFew
@@ -213,14 +218,20 @@ func (j *amxJob) prepare(dst, x []float32, wp []uint16, m, n, k int) {
 	j.chunks = (groups + j.chunk - 1) / j.chunk
 }
 
-// split writes the part rows of x rows [r0, r1), zero past k.
+// split writes the part rows of x rows [r0, r1), zero past k: three
+// parts (SplitBF16), or one, x rounded to bf16 (ToBF16).
 func (j *amxJob) split(r0, r1 int) {
-	kp := j.kp
+	kp, np := j.kp, j.np
 	for r := r0; r < r1; r++ {
-		p := j.parts[amxParts*r*kp : amxParts*(r+1)*kp]
-		SplitBF16(p[:kp], p[kp:2*kp], p[2*kp:], j.x[r*j.k:(r+1)*j.k])
+		p := j.parts[np*r*kp : np*(r+1)*kp]
+		xr := j.x[r*j.k : (r+1)*j.k]
+		if np == 1 {
+			ToBF16(p[:j.k], xr)
+		} else {
+			SplitBF16(p[:kp], p[kp:2*kp], p[2*kp:], xr)
+		}
 		if j.k < kp {
-			for q := range amxParts {
+			for q := range np {
 				clear(p[q*kp+j.k : (q+1)*kp])
 			}
 		}
@@ -237,9 +248,25 @@ func (p *Pool) MatMulAMX(dst, x []float32, wp []uint16, m, n, k int) {
 	if m == 0 || n == 0 {
 		return
 	}
+	p.matMulAMX(dst, x, wp, m, n, k, amxParts)
+}
+
+// MatMulAMXFast is MatMulAMX with x rounded to bf16 (one part, to nearest
+// even) instead of split: a third of the tile products, about 2^-9
+// relative per element of x lost (the opt-in fast product; decode stays
+// exact). A row's result still does not depend on the other rows.
+func (p *Pool) MatMulAMXFast(dst, x []float32, wp []uint16, m, n, k int) {
+	checkAMX(len(dst), len(x), len(wp), m, n, k)
+	if m == 0 || n == 0 {
+		return
+	}
+	p.matMulAMX(dst, x, wp, m, n, k, 1)
+}
+
+func (p *Pool) matMulAMX(dst, x []float32, wp []uint16, m, n, k, np int) {
 	j := amxJobs.Get().(*amxJob)
 	defer amxJobs.Put(j)
-	j.prepare(dst, x, wp, m, n, k)
+	j.prepare(dst, x, wp, m, n, k, np)
 	p.Run(amxSplitRange, Args{Job: j}, m, 16)
 	p.Run(amxRange, Args{Job: j}, j.chunks*j.blocks, 1)
 	j.dst, j.x, j.w = nil, nil, nil
@@ -254,7 +281,7 @@ func MatMulAMXSerial(dst, x []float32, wp []uint16, m, n, k int) {
 	}
 	j := amxJobs.Get().(*amxJob)
 	defer amxJobs.Put(j)
-	j.prepare(dst, x, wp, m, n, k)
+	j.prepare(dst, x, wp, m, n, k, amxParts)
 	j.split(0, m)
 	j.run(0, j.chunks*j.blocks)
 	j.dst, j.x, j.w = nil, nil, nil
@@ -285,23 +312,28 @@ func (j *amxJob) run(lo, hi int) {
 	}
 	for it := lo; it < hi; it++ {
 		c, b := it/j.blocks, it%j.blocks
-		r0 := 2 * amxRowBlock * b
-		j.block(*sp, r0, min(r0+2*amxRowBlock, j.m), c*j.chunk, min((c+1)*j.chunk, groups))
+		r0 := 2 * j.rows * b
+		j.block(*sp, r0, min(r0+2*j.rows, j.m), c*j.chunk, min((c+1)*j.chunk, groups))
 	}
 }
 
-// block computes x rows [r0, r1) (at most 2*amxRowBlock) against the
-// column groups [g0, g1) (at most amxChunk pairs of panels): the part rows'
+// block computes x rows [r0, r1) (at most 2*j.rows) against the column
+// groups [g0, g1) (at most amxChunk pairs of panels): the part rows'
 // outputs into the scratch s, then each output the sum of its row's three,
-// (hi + mid) + lo.
+// (hi + mid) + lo (or its row's one, in the fast product).
 func (j *amxJob) block(s []float32, r0, r1, g0, g1 int) {
 	cs := (g1 - g0) * 2 * AMXPanel
 	j.tiles(s, cs, r0, r1, g0, g1)
 	c0 := g0 * 2 * AMXPanel
 	cols := min(cs, j.n-c0)
 	for r := r0; r < r1; r++ {
-		pr := s[amxParts*(r-r0)*cs:]
-		sum3(j.dst[r*j.n+c0:r*j.n+c0+cols], pr[:cols], pr[cs:cs+cols], pr[2*cs:2*cs+cols])
+		pr := s[j.np*(r-r0)*cs:]
+		d := j.dst[r*j.n+c0 : r*j.n+c0+cols]
+		if j.np == 1 {
+			copy(d, pr[:cols])
+			continue
+		}
+		sum3(d, pr[:cols], pr[cs:cs+cols], pr[2*cs:2*cs+cols])
 	}
 }
 
@@ -309,20 +341,20 @@ func (j *amxJob) block(s []float32, r0, r1, g0, g1 int) {
 // to s (cs floats a row).
 func (j *amxJob) tiles(s []float32, cs, r0, r1, g0, g1 int) {
 	kb := j.kp / amxKBlock
-	a := j.parts[amxParts*r0*j.kp:]
+	a := j.parts[j.np*r0*j.kp:]
 	w := j.w[g0*2*AMXPanel*j.kp:]
-	prows := amxParts * (r1 - r0)
+	prows := j.np * (r1 - r0)
 	if !hasAMX || amxGo {
 		amxTilesGo(a, j.kp, w, kb, prows, s, cs, g1-g0)
 		return
 	}
 	_ = s[(prows-1)*cs+cs-1]
 	var cfg amxConfig
-	if r1-r0 > amxRowBlock {
+	if r1-r0 > j.rows {
 		// k in ranges of amxKRange blocks, each range over all the groups,
 		// so that the range's part rows stay in L1 from group to group;
 		// the accumulators are stored and reloaded exactly between ranges.
-		cfg.set(amxParts*amxRowBlock, prows-amxParts*amxRowBlock)
+		cfg.set(amxTileRows, prows-amxTileRows)
 		for b0, acc := 0, 0; b0 < kb; b0, acc = b0+amxKRange, 1 {
 			nb := min(amxKRange, kb-b0)
 			amxTiles2(&cfg, &a[b0*amxKBlock], 2*j.kp, &w[b0*512], nb, &s[0], 4*cs, g1-g0, 2*AMXPanel*j.kp, acc)

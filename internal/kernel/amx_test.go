@@ -225,3 +225,46 @@ func TestAMXAllocs(t *testing.T) {
 		require.Zero(t, testing.AllocsPerRun(20, func() { MatMulAMXSerial(y, x, wp, m, n, k) }), "%d rows serially", m)
 	}
 }
+
+// TestMatMulAMXFast: the one-part product on the tiles equals its twin
+// bit for bit, is the product of x rounded to bf16 (to 1e-5 of the row's
+// scale) and within 2^-8 of the exact product's scale, and gives a row
+// the same bits alone as among others.
+func TestMatMulAMXFast(t *testing.T) {
+	r := rand.New(rand.NewPCG(15, 16))
+	p := NewPool(2)
+	defer p.Close()
+	for _, sh := range [][3]int{{1, 32, 32}, {7, 100, 40}, {16, 48, 768}, {31, 64, 96}, {45, 300, 77}} {
+		m, n, k := sh[0], sh[1], sh[2]
+		x, w := amxOperands(r, m, n, k, 1)
+		wp := make([]uint16, AMXLen(n, k))
+		PackAMX(wp, w, n, k)
+		amxGo = true
+		twin := make([]float32, m*n)
+		p.MatMulAMXFast(twin, x, wp, m, n, k)
+		amxGo = false
+		xb := make([]uint16, len(x))
+		ToBF16(xb, x)
+		xr := make([]float32, len(x))
+		WidenBF16(xr, xb)
+		rounded, exact := amxRef(xr, w, m, n, k), amxRef(x, w, m, n, k)
+		for i, v := range twin {
+			row := i / n
+			var scale float64
+			for kk := range k {
+				scale += math.Abs(float64(x[row*k+kk]) * float64(bf16(w[i%n*k+kk])))
+			}
+			require.InDelta(t, rounded[i], v, 1e-6*scale+1e-30, "%dx%dx%d out[%d] against the rounded x", m, n, k, i)
+			require.InDelta(t, exact[i], v, 0x1p-8*scale+1e-30, "%dx%dx%d out[%d] against the exact x", m, n, k, i)
+		}
+		if !hasAMX {
+			continue
+		}
+		got := make([]float32, m*n)
+		p.MatMulAMXFast(got, x, wp, m, n, k)
+		require.Equal(t, twin, got, "%dx%dx%d: tiles against the twin", m, n, k)
+		one := make([]float32, n)
+		p.MatMulAMXFast(one, x[(m-1)*k:], wp, 1, n, k)
+		require.Equal(t, got[(m-1)*n:], one, "%dx%dx%d: the last row alone", m, n, k)
+	}
+}
