@@ -139,6 +139,22 @@ func SplitBF16(hi, mid, lo []uint16, x []float32) {
 	}
 }
 
+// roundBF16DAZSlice writes x rounded to bf16 by roundBF16DAZ into dst:
+// SplitBF16's hi part alone.
+func roundBF16DAZSlice(dst []uint16, x []float32) {
+	dst = dst[:len(x)]
+	i := 0
+	if hasAMX && !amxGo {
+		i = len(x) &^ 15
+		if i > 0 {
+			roundBF16AVX512(&dst[0], &x[0], i)
+		}
+	}
+	for ; i < len(x); i++ {
+		dst[i] = roundBF16DAZ(x[i])
+	}
+}
+
 // roundBF16DAZ rounds v to bfloat16, to nearest, ties to even, reading v
 // below the normal range as zero of its sign (VCVTNEPS2BF16's rules).
 func roundBF16DAZ(v float32) uint16 {
@@ -219,14 +235,14 @@ func (j *amxJob) prepare(dst, x []float32, wp []uint16, m, n, k, np int) {
 }
 
 // split writes the part rows of x rows [r0, r1), zero past k: three
-// parts (SplitBF16), or one, x rounded to bf16 (ToBF16).
+// parts (SplitBF16), or one, x rounded to bf16 as SplitBF16 rounds hi.
 func (j *amxJob) split(r0, r1 int) {
 	kp, np := j.kp, j.np
 	for r := r0; r < r1; r++ {
 		p := j.parts[np*r*kp : np*(r+1)*kp]
 		xr := j.x[r*j.k : (r+1)*j.k]
 		if np == 1 {
-			ToBF16(p[:j.k], xr)
+			roundBF16DAZSlice(p[:j.k], xr)
 		} else {
 			SplitBF16(p[:kp], p[kp:2*kp], p[2*kp:], xr)
 		}
@@ -252,7 +268,7 @@ func (p *Pool) MatMulAMX(dst, x []float32, wp []uint16, m, n, k int) {
 }
 
 // MatMulAMXFast is MatMulAMX with x rounded to bf16 (one part, to nearest
-// even) instead of split: a third of the tile products, about 2^-9
+// even, SplitBF16's hi) instead of split: a third of the tile products, about 2^-9
 // relative per element of x lost (the opt-in fast product; decode stays
 // exact). A row's result still does not depend on the other rows.
 func (p *Pool) MatMulAMXFast(dst, x []float32, wp []uint16, m, n, k int) {

@@ -59,3 +59,6 @@ func splitBF16AVX512(hi, mid, lo *uint16, x *float32, n int)
 
 //go:noescape
 func sum3AVX512(dst, a, b, c *float32, n int)
+
+//go:noescape
+func roundBF16AVX512(dst *uint16, x *float32, n int)

@@ -360,3 +360,26 @@ sum3loop:
 sum3done:
 	VZEROUPPER
 	RET
+
+// func roundBF16AVX512(dst *uint16, x *float32, n int)
+//
+// x rounded to bf16 (VCVTNEPS2BF16: to nearest even, inputs below the
+// normal range read as zero) for n (a multiple of 16) floats: the fast
+// AMX product's one part.
+TEXT ·roundBF16AVX512(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ n+16(FP), CX
+	SHRQ $4, CX
+	JZ rounddone
+roundloop:
+	VMOVUPS (SI), Z0
+	BYTE $0x62; BYTE $0xF2; BYTE $0x7E; BYTE $0x48; BYTE $0x72; BYTE $0xC8
+	VMOVDQU Y1, (DI)
+	ADDQ $64, SI
+	ADDQ $32, DI
+	DECQ CX
+	JNZ roundloop
+rounddone:
+	VZEROUPPER
+	RET

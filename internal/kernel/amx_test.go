@@ -88,6 +88,9 @@ func TestSplitBF16(t *testing.T) {
 	require.Equal(t, hi, h2, "hi: VCVTNEPS2BF16 against the twin")
 	require.Equal(t, mid, m2, "mid")
 	require.Equal(t, lo, l2, "lo")
+	one := make([]uint16, len(x))
+	roundBF16DAZSlice(one, x)
+	require.Equal(t, hi, one, "the fast product's one part is hi")
 }
 
 // amxRef is the product in float64 over the weights the packed form holds.

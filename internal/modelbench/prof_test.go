@@ -115,7 +115,8 @@ func (b *timed) RMSNorm(d, x, w compute.Tensor, e float32) error {
 }
 
 // loadTimed writes the 100M preset (or K3_PROFILE_PRESET's) and loads it
-// on a timed go backend; the test is skipped unless K3_PROFILE is set.
+// on a timed go backend (go-fastbf16 with K3_PROFILE_FAST set); the test
+// is skipped unless K3_PROFILE is set.
 func loadTimed(t *testing.T) (*k3.Model, *timed) {
 	if os.Getenv("K3_PROFILE") == "" {
 		t.Skip("set K3_PROFILE=1")
@@ -128,7 +129,11 @@ func loadTimed(t *testing.T) (*k3.Model, *timed) {
 	if err := tiny.Write(dir, preset, tiny.Options{Seed: 1, BF16: true}); err != nil {
 		t.Fatal(err)
 	}
-	tb := &timed{Backend: cpu.New(0), t: map[string]time.Duration{}, n: map[string]int{}, flops: map[string]float64{}}
+	var be compute.Backend = cpu.New(0)
+	if os.Getenv("K3_PROFILE_FAST") != "" {
+		be = cpu.NewFastBF16(0) // the opt-in fast bf16 products
+	}
+	tb := &timed{Backend: be, t: map[string]time.Duration{}, n: map[string]int{}, flops: map[string]float64{}}
 	m, err := k3.Load(context.Background(), dir, k3.WithComputeBackend(tb))
 	if err != nil {
 		t.Fatal(err)
