@@ -19,10 +19,10 @@ var amxCPU = cpu.X86.HasAMXTile && cpu.X86.HasAMXBF16 && hasBF16Dot
 var hasAMX = amxCPU && forced != "zmm" && amxPermission()
 
 // amxPreferred reports that the backend lays bf16 weights out for the
-// tiles: opt-in, with K3_KERNEL=amx. It is not the default: on the Xeon of
-// docs/bench a model whose weights are laid out for the tiles decodes one
-// sequence 25-35% slower than with k-major weights, in operations that
-// do not use the tiles as well.
+// tiles: opt-in, with K3_KERNEL=amx. It is not the default because a
+// one-row product reads its weights through tile loads, slower than the
+// k-major tiles' vector loads, so batch-1 decode would regress
+// (ARCHITECTURE, docs/bench).
 var amxPreferred = hasAMX && forced == "amx"
 
 func amxPrefer() bool { return amxPreferred }
