@@ -39,11 +39,11 @@ const amxParts = 3
 // AMXAvailable reports whether the AMX product runs here: the CPU has
 // AMX-BF16 and the kernel granted the process the tile data state, and
 // K3_KERNEL does not cap the path below it.
-func AMXAvailable() bool { return amxReady() }
+func AMXAvailable() bool { return hasAMX }
 
 // AMXPreferred reports whether a backend should lay bf16 weights out for
 // the AMX product (PackAMX): where it runs and K3_KERNEL=amx asks for it.
-func AMXPreferred() bool { return amxPrefer() }
+func AMXPreferred() bool { return amxPreferred }
 
 // AMXLen returns the length of the AMX form of an [n, k] weight.
 func AMXLen(n, k int) int {
@@ -260,10 +260,6 @@ func amxSplitRange(a *Args, lo, hi int) { a.Job.(*amxJob).split(lo, hi) }
 // AMX form (PackAMX). Where the AMX product is not available it runs the
 // plain-Go twin, which gives the same bits.
 func (p *Pool) MatMulAMX(dst, x []float32, wp []uint16, m, n, k int) {
-	checkAMX(len(dst), len(x), len(wp), m, n, k)
-	if m == 0 || n == 0 {
-		return
-	}
 	p.matMulAMX(dst, x, wp, m, n, k, amxParts)
 }
 
@@ -272,14 +268,15 @@ func (p *Pool) MatMulAMX(dst, x []float32, wp []uint16, m, n, k int) {
 // relative per element of x lost (the opt-in fast product; decode stays
 // exact). A row's result still does not depend on the other rows.
 func (p *Pool) MatMulAMXFast(dst, x []float32, wp []uint16, m, n, k int) {
+	p.matMulAMX(dst, x, wp, m, n, k, 1)
+}
+
+// matMulAMX is the product on the pool with x split into np parts.
+func (p *Pool) matMulAMX(dst, x []float32, wp []uint16, m, n, k, np int) {
 	checkAMX(len(dst), len(x), len(wp), m, n, k)
 	if m == 0 || n == 0 {
 		return
 	}
-	p.matMulAMX(dst, x, wp, m, n, k, 1)
-}
-
-func (p *Pool) matMulAMX(dst, x []float32, wp []uint16, m, n, k, np int) {
 	j := amxJobs.Get().(*amxJob)
 	defer amxJobs.Put(j)
 	j.prepare(dst, x, wp, m, n, k, np)

@@ -25,10 +25,6 @@ var hasAMX = amxCPU && forced != "zmm" && amxPermission()
 // (ARCHITECTURE, docs/bench).
 var amxPreferred = hasAMX && forced == "amx"
 
-func amxPrefer() bool { return amxPreferred }
-
-func amxReady() bool { return hasAMX }
-
 // Linux enables the tile data state (XTILEDATA, 8 KB per thread) only for
 // processes that ask: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA),
 // once, for every thread of the process. Go's signal stacks (32 KB) hold

@@ -220,11 +220,7 @@ func kmaj1x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, os
 
 const hasAMX = false
 
-const amxCPU = false
-
-func amxPrefer() bool { return false }
-
-func amxReady() bool { return false }
+const amxPreferred = false
 
 func amxTiles2(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *float32, cstride, groups, pstride, acc int) {
 	panic("kernel: no assembly on this platform")

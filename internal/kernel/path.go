@@ -27,7 +27,7 @@ func Path() string {
 	if hasBF16Dot {
 		p += "+bf16"
 	}
-	if amxPrefer() {
+	if amxPreferred {
 		p += "+amx"
 	}
 	switch forcedPath() {
