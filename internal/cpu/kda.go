@@ -48,6 +48,16 @@ var kdaScratchPool = sync.Pool{New: func() any { return new(kdaScratch) }}
 // by pair instead (only differences G_i - G_j with i >= j).
 const safeSpan = 60
 
+// decayFlush is the log decay below which the chunk stage takes a decay
+// factor as 0. The terms it drops are at most e^-40 (4e-18) of their
+// undecayed size, far below float32's resolution of the sums they join;
+// kept, they would carry keys, queries and state entries toward the
+// subnormal range, whose arithmetic some CPUs run a hundred times slower
+// (docs/bench: a repeated-token prompt on an Intel Xeon). The factorised
+// decays of the chunk-local stage are not flushed: their products restore
+// spans up to safeSpan.
+const decayFlush = -40
+
 // KDAChunk runs the KDA core over packed sequences.
 func (b *Backend) KDAChunk(a *compute.KDAArgs) error {
 	j, err := b.kdaPrepare(a)
@@ -287,7 +297,7 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
 	}
 	// e^{G_i} <= 1, relative to the chunk start.
 	copy(sc.e, sc.cg)
-	kernel.ExpSlice(sc.e)
+	kernel.ExpSliceFlush(sc.e, decayFlush)
 	kernel.Mul(sc.kd, k, sc.e)
 	kernel.Mul(sc.qd, q, sc.e)
 	// Factorised decays for safe channels, anchored at the first token:
@@ -345,7 +355,7 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
 	for i := 0; i < c; i++ {
 		kernel.Sub(sc.e[i*dk:(i+1)*dk], gLast, sc.cg[i*dk:(i+1)*dk])
 	}
-	kernel.ExpSlice(sc.e)
+	kernel.ExpSliceFlush(sc.e, decayFlush)
 	kernel.Mul(sc.kd, k, sc.e)
 	// S1 = diag(e^{G_last}) S0 + Σ_j (k_j e^{G_last-G_j}) u_jᵀ; V-first:
 	// row v = row v ⊙ e^{G_last} + Σ_j u_j[v] kw_j, a rank-C update of each
@@ -356,7 +366,7 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
 			sc.ut[r*c+i] = sc.u[i*dv+r]
 		}
 	}
-	kernel.ExpSlice(gLast)
+	kernel.ExpSliceFlush(gLast, decayFlush)
 	if kernel.WideFMA() {
 		// The same arithmetic as RankUpdate's (each row scaled, then one
 		// FMA chain per element over the chunk), with the 512-bit tile
@@ -402,14 +412,14 @@ func (j *kdaJob) unsafeTerms(sc *kdaScratch, hd, t0, c0, c1 int) {
 		j0 := 0
 		for jj := i - 1; jj >= 0; jj-- {
 			kernel.Add(ue[jj*n:(jj+1)*n], ue[(jj+1)*n:(jj+2)*n], sc.ug[(jj+1)*n:(jj+2)*n])
-			if decays && kernel.Max(ue[jj*n:(jj+1)*n]) < expFlush {
+			if decays && kernel.Max(ue[jj*n:(jj+1)*n]) < decayFlush {
 				j0 = jj + 1
 				break
 			}
 		}
 		m := i + 1 - j0
 		blk := ue[j0*n : (i+1)*n]
-		kernel.ExpSlice(blk)
+		kernel.ExpSliceFlush(blk, decayFlush)
 		kernel.Mul(blk, blk, sc.uk[j0*n:(i+1)*n]) // k_j e^{G_i-G_j}
 		lm, mq := sc.ur[:m], sc.ur[c:c+m]
 		kernel.MatMulSerial(lm, sc.uk[i*n:(i+1)*n], blk, 1, m, n)
@@ -420,10 +430,6 @@ func (j *kdaJob) unsafeTerms(sc *kdaScratch, hd, t0, c0, c1 int) {
 		}
 	}
 }
-
-// expFlush is a span below which kernel.Exp gives 0 (its results that
-// would be subnormal flush to 0 below -87.3).
-const expFlush = -88
 
 // decayGate writes one head's log decay for one token from the raw gate
 // projection: Kimi Linear's -exp(A_log)·softplus(raw + dt_bias), or K3's

@@ -74,6 +74,32 @@ func ExpSlice(x []float32) {
 	}
 }
 
+// ExpSliceFlush replaces every element of x by Exp of it, or by 0 where it
+// is below low (low >= -87.3, where Exp flushes anyway). Where x is a
+// decay's log, the factors it drops would only carry values toward the
+// subnormal range, whose arithmetic some CPUs run a hundred times slower.
+func ExpSliceFlush(x []float32, low float32) {
+	k := expConsts
+	k[0] = max(low, expLow)
+	i := 0
+	if len(x) >= 16 && expWide() {
+		i = len(x) &^ 15
+		expZMM(&x[0], i, &k)
+	}
+	if useAVX2 && len(x)-i >= 8 {
+		n := (len(x) - i) &^ 7
+		expAVX2(&x[i], n, &k)
+		i += n
+	}
+	for ; i < len(x); i++ {
+		if x[i] < k[0] {
+			x[i] = 0
+		} else {
+			x[i] = Exp(x[i])
+		}
+	}
+}
+
 // SigmoidSlice replaces every element of x by Sigmoid of it.
 func SigmoidSlice(x []float32) {
 	i := 0

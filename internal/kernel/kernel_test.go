@@ -393,6 +393,21 @@ func TestVectorExpMatchesScalar(t *testing.T) {
 				t.Fatalf("%d bits: sigmoid(%g): vector %g, scalar %g", bits, x, a, b)
 			}
 		}
+		// ExpSliceFlush: Exp at and above low, 0 below it (and below
+		// Exp's own flush where low is lower still).
+		for _, low := range []float32{-40, -20.5, 0, -87.3, -100} {
+			f := append([]float32(nil), xs...)
+			ExpSliceFlush(f, low)
+			for i, x := range xs {
+				want := Exp(x)
+				if x < low {
+					want = 0
+				}
+				if a := f[i]; math.Float32bits(a) != math.Float32bits(want) && !(a != a && want != want) {
+					t.Fatalf("%d bits: ExpSliceFlush(%g) of %g: %g, want %g", bits, low, x, a, want)
+				}
+			}
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -236,13 +237,18 @@ func TestProfileVerify(t *testing.T) {
 }
 
 // TestProfilePrefill prints where a 512-token prefill of the 100M preset
-// spends its time, per backend operation.
+// spends its time, per backend operation. With K3_PROFILE_REPEAT=n the
+// prompt is one token n times, as the scheduler's long prompt in
+// `k3 bench model`.
 func TestProfilePrefill(t *testing.T) {
 	m, tb := loadTimed(t)
 	ctx := context.Background()
 	prompt := make([]int32, 512)
 	for i := range prompt {
 		prompt[i] = int32(3 + (i*31)%256)
+	}
+	if n, err := strconv.Atoi(os.Getenv("K3_PROFILE_REPEAT")); err == nil {
+		prompt = m.Encode(strings.Repeat("x", n))
 	}
 	s, _ := m.NewSession()
 	s.Forward(ctx, prompt[:16]) // sizes the scratch

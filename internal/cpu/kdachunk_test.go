@@ -1,0 +1,73 @@
+package cpu
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"k3/compute"
+)
+
+// TestChunkOperandsNormal checks that under strong decays no subnormal
+// value enters the chunk stage's products: the decayed keys and queries,
+// their products with the state, the decay factors, the corrected values
+// and the state itself. Some CPUs run each operation on a subnormal a
+// hundred times slower (docs/bench), and the terms that would carry them
+// are far below float32's resolution of the sums they join.
+func TestChunkOperandsNormal(t *testing.T) {
+	b := New(1)
+	defer b.Close()
+	const T, h, dk, dv = 200, 2, 32, 16
+	cases := []struct {
+		name         string
+		gate         compute.KDAGate
+		scale, shift float64
+	}{
+		{"every gate at the lower bound", compute.GateLowerBound, 0, 60},
+		{"near the lower bound", compute.GateLowerBound, 1, 2},
+		{"softplus, spread", compute.GateSoftplus, 8, 0},
+	}
+	for ci, c := range cases {
+		r := rand.New(rand.NewPCG(uint64(ci), 5))
+		mk := func(s, shift float64, dims ...int) compute.Tensor {
+			x, err := b.Alloc(compute.F32, dims...)
+			require.NoError(t, err)
+			v := F32(x)
+			for i := range v {
+				v[i] = float32(r.NormFloat64()*s + shift)
+			}
+			return x
+		}
+		for _, chunk := range []int{16, 64} {
+			a := compute.KDAArgs{
+				Q: mk(1, 0, T, h, dk), K: mk(1, 0, T, h, dk), V: mk(1, 0, T, h, dv), G: mk(c.scale, c.shift, T, h, dk),
+				Beta: mk(2, 0, T, h), ALog: mk(0.5, 0, h), DTBias: mk(0.5, 0, h*dk), Gate: c.gate, LowerBound: -5,
+				Preprocess: true, Scale: float32(1 / math.Sqrt(dk)), ChunkSize: chunk,
+				State: mk(0.3, 0, 1, h, dv, dk), Out: mk(0, 0, T, h, dv),
+			}
+			j, err := b.kdaPrepare(&a)
+			require.NoError(t, err)
+			sc := new(kdaScratch)
+			for hd := range h {
+				j.load(sc, hd, 0, T)
+				st := j.state[hd*dk*dv : (hd+1)*dk*dv]
+				for c0 := 0; c0 < T; c0 += chunk {
+					j.chunkStep(sc, st, hd, 0, c0, min(c0+chunk, T))
+					for name, v := range map[string][]float32{
+						"decayed keys and queries": sc.kq, "their products with the state": sc.uo,
+						"decay factors": sc.e, "chunk decay": sc.tmp, "corrected values": sc.ut, "state": st,
+					} {
+						for i, x := range v {
+							if x != 0 && math.Abs(float64(x)) < 0x1p-126 {
+								t.Fatalf("%s, chunk %d, head %d, tokens from %d: %s[%d] = %g is subnormal",
+									c.name, chunk, hd, c0, name, i, x)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
