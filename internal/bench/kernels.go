@@ -60,7 +60,11 @@ func Kernels(w io.Writer) {
 	}
 	bf := p.PeakBF16DotFLOPS()
 	if bf > 0 {
-		fmt.Fprintf(w, "bf16 dot-product peak (512-bit VDPBF16PS; only the opt-in fast product uses it, rounding x to bf16): %.0f GFLOP/s, %.2fx the 256-bit FMA peak\n", bf/1e9, bf/peak)
+		use := "the go-fastbf16 backend's prefill products use it"
+		if !kernel.FastBF16Pays() {
+			use = "under 1.25x the FLOP rate of the exact products' FMAs here, so the go-fastbf16 backend's products stay exact"
+		}
+		fmt.Fprintf(w, "bf16 dot-product peak (512-bit VDPBF16PS; only the opt-in fast product uses it, rounding x to bf16): %.0f GFLOP/s, %.2fx the 256-bit FMA peak (%s)\n", bf/1e9, bf/peak, use)
 	}
 	amx := p.PeakAMXFLOPS()
 	if amx > 0 {

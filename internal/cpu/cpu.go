@@ -53,9 +53,12 @@ func New(threads int) *Backend { return &Backend{pool: kernel.NewPool(threads)} 
 
 // NewFastBF16 is New with the fast bf16 products: a bf16-weight product of
 // at least kernel.PackedMinRows rows (prefill, not decode) rounds x to
-// bfloat16 and runs kernel.MatMulBF16Fast, on the CPU's bf16 dot product
-// where it has one. It trades accuracy (about 2^-9 relative per element of
-// x) for up to twice the exact products' rate; decode stays exact.
+// bfloat16 and runs kernel.MatMulBF16Fast on the CPU's bf16 dot product.
+// It trades accuracy (about 2^-9 relative per element of x) for up to
+// twice the exact products' rate; decode stays exact. Where the CPU lacks
+// the bf16 dot product or runs it slower than the exact products' FMAs
+// (kernel.FastBF16Pays), the products stay exact; with AMX tiles
+// (K3_KERNEL=amx) the long ones round x to bf16 on the tiles.
 func NewFastBF16(threads int) *Backend {
 	b := New(threads)
 	b.fastBF16 = true
@@ -70,10 +73,14 @@ func (b *Backend) Name() string {
 	return "go"
 }
 
-// matMulBF16 is the bf16-weight product, fast where the backend was made
-// so and the product is long.
+// fastDot reports whether the backend's long bf16-weight products round x
+// to bf16 on the CPU's bf16 dot product: made so, and that pays here.
+func (b *Backend) fastDot() bool { return b.fastBF16 && kernel.FastBF16Pays() }
+
+// matMulBF16 is the bf16-weight product, fast where fastDot and the
+// product is long.
 func (b *Backend) matMulBF16(dst, x []float32, w []uint16, m, n, k int) {
-	if b.fastBF16 && m >= kernel.PackedMinRows {
+	if b.fastDot() && m >= kernel.PackedMinRows {
 		b.pool.MatMulBF16Fast(dst, x, w, m, n, k)
 		return
 	}

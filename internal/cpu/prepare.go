@@ -60,7 +60,7 @@ func (b *Backend) packing() packing {
 	switch {
 	case kernel.AMXPreferred():
 		return amxTiles
-	case b.fastBF16:
+	case b.fastDot():
 		return 0
 	case kernel.KMajorFast():
 		return kMajor

@@ -52,6 +52,42 @@ var wideFMA = sync.OnceValue(func() bool {
 	return zmmRatio() >= 1.5
 })
 
+// fastBF16Pays reports whether the bf16 dot product (VDPBF16PS) runs at
+// least 1.25 times the FLOP rate of the FMAs the exact products issue
+// (512-bit where wideFMA, else 256-bit): 1.8-1.9x on Zen 4 and Zen 5,
+// about 0.5x on an Intel Xeon with AMX, where the fast product ran at 0.6x
+// the exact one (docs/bench). Probed once, at the first use.
+var fastBF16Pays = sync.OnceValue(func() bool {
+	return hasBF16Dot && bf16DotRatio() >= 1.25
+})
+
+// bf16DotRatio measures on the calling goroutine the FLOP rate of a
+// VDPBF16PS loop over that of the exact products' FMA loop: the best of
+// five interleaved pairs of runs.
+func bf16DotRatio() float64 {
+	const iters = 40_000
+	fma, flops := fmaLoopAVX2, 16.0
+	if wideFMA() {
+		fma, flops = fmaLoopAVX512, 32
+	}
+	var tFMA, tDot time.Duration
+	for r := range 5 {
+		start := time.Now()
+		fma(iters)
+		d := time.Since(start)
+		start = time.Now()
+		dpbf16LoopAVX512(iters)
+		dd := time.Since(start)
+		if r == 0 || d < tFMA {
+			tFMA = d
+		}
+		if r == 0 || dd < tDot {
+			tDot = dd
+		}
+	}
+	return (64 / tDot.Seconds()) / (flops / tFMA.Seconds())
+}
+
 // zmmRatio measures on the calling goroutine how many times the 256-bit
 // FMA rate a 512-bit FMA loop runs: the best of five interleaved pairs of
 // short register-only loops (about a millisecond in all).

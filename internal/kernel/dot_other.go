@@ -14,6 +14,8 @@ const hasZMM = false
 
 func wideFMA() bool { return false }
 
+func fastBF16Pays() bool { return false }
+
 func zmmRatio() float64 { return 0 }
 
 func fmaLoopAVX512(n int) { panic("kernel: no assembly on this platform") }

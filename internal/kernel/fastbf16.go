@@ -17,6 +17,13 @@ import (
 // product here; without it MatMulBF16Fast is MatMulBF16.
 func FastBF16Available() bool { return hasBF16Dot }
 
+// FastBF16Pays reports whether MatMulBF16Fast outruns the exact products
+// here: the CPU has the bf16 dot product and runs it at least 1.25 times
+// the FLOP rate of the FMAs the exact products issue (probed once). Where
+// it does not, a backend asked for fast products is better served by the
+// exact ones, faster and without the rounding.
+func FastBF16Pays() bool { return fastBF16Pays() }
+
 // fastTile is the register tile: four x rows by four weight rows.
 const fastTile = 4
 
