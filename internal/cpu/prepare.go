@@ -11,16 +11,17 @@ var _ compute.WeightPreparer = (*Backend)(nil)
 // is copied into the layout of the products that serve every product of
 // it, whatever its row count, so that a row's result is the same alone, in
 // a decode batch, in a scheduler's pass or in a prefill chunk:
-//   - AMX tiles (kernel.PackAMX) where the CPU has AMX-BF16 and
-//     K3_KERNEL=amx asks for them (kernel.AMXPreferred): the activations
-//     split into three bf16 parts, products on the matrix engine;
+//   - AMX tiles (kernel.PackAMX) where the CPU has AMX-BF16, K3_KERNEL=amx
+//     asks for them (kernel.AMXPreferred) and w is at least amxMinK deep:
+//     the activations split into three bf16 parts, products on the matrix
+//     engine;
 //   - else k-major panels (kernel.PackKMajor) where the CPU runs the
 //     512-bit k-major tiles (kernel.KMajorFast): one FMA chain per output.
 //
 // Narrower weights (kernel.KMajorMinN), other dtypes, other CPUs and the
-// fast-bf16 backend without AMX tiles (whose products round x to bf16
-// over the stored layout) keep w; with them, its long products run
-// kernel.MatMulAMXFast over the tile layout.
+// fast-bf16 backend where its bf16 dot product pays (whose products round
+// x to bf16 over the stored layout) keep w; with AMX tiles, the fast
+// backend's long products run kernel.MatMulAMXFast over the tile layout.
 //
 // The prepared tensor keeps w's shape and answers Read; it is not a view
 // other operations can read (F32 and U16 return nil for it).
@@ -34,6 +35,9 @@ func (b *Backend) PrepareMatMul(w compute.Tensor) (compute.Tensor, error) {
 		return w, nil
 	}
 	n, k := w.Dims[0], w.Dims[1]
+	if how == amxTiles && k < amxMinK && kernel.KMajorFast() {
+		how = kMajor
+	}
 	buf := &buffer{packing: how, packN: n, packK: k}
 	if how == amxTiles {
 		buf.packed = make([]uint16, kernel.AMXLen(n, k))
@@ -45,6 +49,14 @@ func (b *Backend) PrepareMatMul(w compute.Tensor) (compute.Tensor, error) {
 	b.Free(w)
 	return compute.NewTensor(buf, 0, compute.BF16, n, k), nil
 }
+
+// amxMinK is the depth from which a weight takes the AMX tiles where they
+// are preferred: with fewer than four k-blocks of 32 the split and the tile
+// loads outweigh the tile products, and the k-major product is faster (the
+// 100M preset's 64-deep products, experts' w2 among them: 169 against 240
+// GFLOP/s; docs/bench). The layout is per weight, so each weight's products
+// keep one arithmetic whatever their row count.
+const amxMinK = 128
 
 // packing is a prepared weight's layout.
 type packing uint8

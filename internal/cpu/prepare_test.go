@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -39,14 +40,39 @@ func TestPrepareMatMul(t *testing.T) {
 	b := New(2)
 	defer b.Close()
 	r := rand.New(rand.NewPCG(7, 8))
-	const n, k = kernel.KMajorMinN + 17, 96
-	w, vals := bf16Weight(t, b, r, n, k)
-	p, err := b.PrepareMatMul(w)
-	require.NoError(t, err)
+	const n = kernel.KMajorMinN + 17
 	if b.packing() == 0 {
+		w, _ := bf16Weight(t, b, r, n, 96)
+		p, err := b.PrepareMatMul(w)
+		require.NoError(t, err)
 		assert.Equal(t, w, p, "without the k-major or AMX tiles the weight stays as stored")
 		t.Skip("neither the k-major nor the AMX tiles run on this path")
 	}
+	// Under AMX, a weight of three k-blocks (96 columns) is laid out
+	// k-major, one of five (160) for the tiles.
+	for _, k := range []int{96, 160} {
+		want := b.packing()
+		if want == amxTiles && k == 96 {
+			want = kMajor
+		}
+		t.Run(fmt.Sprint(k), func(t *testing.T) { testPrepared(t, b, r, n, k, want) })
+	}
+	const k = 96
+	xs := make([]float32, 100*k)
+	for i := range xs {
+		xs[i] = float32(r.NormFloat64())
+	}
+	testPreparedOthers(t, b, r, xs, n, k)
+}
+
+// testPrepared checks a prepared weight [n, k] of layout want.
+func testPrepared(t *testing.T, b *Backend, r *rand.Rand, n, k int, layout packing) {
+	w, vals := bf16Weight(t, b, r, n, k)
+	p, err := b.PrepareMatMul(w)
+	require.NoError(t, err)
+	_, how, err := packedOf(p)
+	require.NoError(t, err)
+	require.Equal(t, layout, how, "the layout of a [%d %d] weight", n, k)
 	require.Equal(t, w.Dims, p.Dims)
 	back := make([]float32, n*k)
 	require.NoError(t, b.Read(back, p))
@@ -86,7 +112,12 @@ func TestPrepareMatMul(t *testing.T) {
 	err = b.MatMul(wide, x.Rows(0, 1).Reshape(2, k/2), p.Reshape(2*n, k/2))
 	require.Error(t, err)
 	assert.True(t, errors.Is(err, compute.ErrShape), "%v", err)
+}
 
+// testPreparedOthers checks that narrow and f32 weights keep their layout
+// and what the fast-bf16 backend does with one of [n, k].
+func testPreparedOthers(t *testing.T, b *Backend, r *rand.Rand, xs []float32, n, k int) {
+	const most = 100
 	narrow, _ := bf16Weight(t, b, r, kernel.KMajorMinN-1, k)
 	pn, err := b.PrepareMatMul(narrow)
 	require.NoError(t, err)
