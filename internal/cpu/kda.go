@@ -273,7 +273,6 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
 	sc.ka, sc.kb, sc.qa = grow32(sc.ka, c*dk), grow32(sc.kb, c*dk), grow32(sc.qa, c*dk)
 	sc.lm, sc.mqk = grow32(sc.lm, c*c), grow32(sc.mqk, c*c)
 	sc.tmp = grow32(sc.tmp, 2*dk)
-	G := sc.tmp[:dk]     // running cumulative gate
 	gLast := sc.tmp[dk:] // cumulative gate of the chunk's last token
 	q, k, g := sc.q[c0*dk:c1*dk], sc.k[c0*dk:c1*dk], sc.g[c0*dk:c1*dk]
 	v, beta := sc.v[c0*dv:c1*dv], sc.beta[c0:c1]
@@ -281,14 +280,14 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
 	// Chunk-local stage. Cumulative gates stay in log space; every factor
 	// is an exponential of a difference, computed eight at a time.
 	sc.cg, sc.e = grow32(sc.cg, c*dk), grow32(sc.e, c*dk)
-	clear(G)
+	clear(sc.cg[:dk])
+	prev := sc.cg[:dk]
 	for i := 0; i < c; i++ {
-		for ch := 0; ch < dk; ch++ {
-			G[ch] += g[i*dk+ch]
-		}
-		copy(sc.cg[i*dk:(i+1)*dk], G)
+		row := sc.cg[i*dk : (i+1)*dk]
+		kernel.Add(row, prev, g[i*dk:(i+1)*dk])
+		prev = row
 	}
-	copy(gLast, G)
+	copy(gLast, prev)
 	sc.unsafe = sc.unsafe[:0]
 	for ch := 0; ch < dk; ch++ {
 		if sc.cg[ch]-gLast[ch] > safeSpan {
@@ -338,9 +337,8 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
 	for i := 0; i < c; i++ {
 		ui := sc.u[i*dv : (i+1)*dv]
 		vi := v[i*dv : (i+1)*dv]
-		for x := range ui {
-			ui[x] = beta[i] * (vi[x] - ui[x])
-		}
+		kernel.Sub(ui, vi, ui)
+		kernel.Scale(ui, beta[i])
 		for jj := 0; jj < i; jj++ {
 			kernel.Axpy(ui, -sc.lm[i*c+jj], sc.u[jj*dv:(jj+1)*dv])
 		}
