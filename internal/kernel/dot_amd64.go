@@ -62,53 +62,43 @@ var fastBF16Pays = sync.OnceValue(func() bool {
 })
 
 // bf16DotRatio measures on the calling goroutine the FLOP rate of a
-// VDPBF16PS loop over that of the exact products' FMA loop: the best of
-// five interleaved pairs of runs.
+// VDPBF16PS loop over that of the exact products' FMA loop.
 func bf16DotRatio() float64 {
-	const iters = 40_000
 	fma, flops := fmaLoopAVX2, 16.0
 	if wideFMA() {
 		fma, flops = fmaLoopAVX512, 32
 	}
-	var tFMA, tDot time.Duration
-	for r := range 5 {
-		start := time.Now()
-		fma(iters)
-		d := time.Since(start)
-		start = time.Now()
-		dpbf16LoopAVX512(iters)
-		dd := time.Since(start)
-		if r == 0 || d < tFMA {
-			tFMA = d
-		}
-		if r == 0 || dd < tDot {
-			tDot = dd
-		}
-	}
+	tFMA, tDot := bestOfPairs(fma, dpbf16LoopAVX512)
 	return (64 / tDot.Seconds()) / (flops / tFMA.Seconds())
 }
 
 // zmmRatio measures on the calling goroutine how many times the 256-bit
-// FMA rate a 512-bit FMA loop runs: the best of five interleaved pairs of
-// short register-only loops (about a millisecond in all).
+// FMA rate a 512-bit FMA loop runs.
 func zmmRatio() float64 {
+	t256, t512 := bestOfPairs(fmaLoopAVX2, fmaLoopAVX512)
+	return 2 * t256.Seconds() / t512.Seconds()
+}
+
+// bestOfPairs times two register-only loops of the same iteration count
+// in five interleaved pairs (about a millisecond in all) and returns the
+// best time of each.
+func bestOfPairs(a, b func(n int)) (ta, tb time.Duration) {
 	const iters = 40_000
-	var t256, t512 time.Duration
 	for r := range 5 {
 		start := time.Now()
-		fmaLoopAVX2(iters)
-		d256 := time.Since(start)
+		a(iters)
+		da := time.Since(start)
 		start = time.Now()
-		fmaLoopAVX512(iters)
-		d512 := time.Since(start)
-		if r == 0 || d256 < t256 {
-			t256 = d256
+		b(iters)
+		db := time.Since(start)
+		if r == 0 || da < ta {
+			ta = da
 		}
-		if r == 0 || d512 < t512 {
-			t512 = d512
+		if r == 0 || db < tb {
+			tb = db
 		}
 	}
-	return 2 * t256.Seconds() / t512.Seconds()
+	return ta, tb
 }
 
 //go:noescape

@@ -58,21 +58,7 @@ const (
 )
 
 // ExpSlice replaces every element of x by Exp of it.
-func ExpSlice(x []float32) {
-	i := 0
-	if len(x) >= 16 && expWide() {
-		i = len(x) &^ 15
-		expZMM(&x[0], i, &expConsts)
-	}
-	if useAVX2 && len(x)-i >= 8 {
-		n := (len(x) - i) &^ 7
-		expAVX2(&x[i], n, &expConsts)
-		i += n
-	}
-	for ; i < len(x); i++ {
-		x[i] = Exp(x[i])
-	}
-}
+func ExpSlice(x []float32) { expSliceWith(x, &expConsts) }
 
 // ExpSliceFlush replaces every element of x by Exp of it, or by 0 where it
 // is below low (low >= -87.3, where Exp flushes anyway). Where x is a
@@ -81,14 +67,20 @@ func ExpSlice(x []float32) {
 func ExpSliceFlush(x []float32, low float32) {
 	k := expConsts
 	k[0] = max(low, expLow)
+	expSliceWith(x, &k)
+}
+
+// expSliceWith is ExpSlice with the constants k, whose first entry is the
+// bound below which a result is 0.
+func expSliceWith(x []float32, k *[16]float32) {
 	i := 0
 	if len(x) >= 16 && expWide() {
 		i = len(x) &^ 15
-		expZMM(&x[0], i, &k)
+		expZMM(&x[0], i, k)
 	}
 	if useAVX2 && len(x)-i >= 8 {
 		n := (len(x) - i) &^ 7
-		expAVX2(&x[i], n, &k)
+		expAVX2(&x[i], n, k)
 		i += n
 	}
 	for ; i < len(x); i++ {
