@@ -57,15 +57,13 @@ func TestPrepareMatMul(t *testing.T) {
 		}
 		t.Run(fmt.Sprint(k), func(t *testing.T) { testPrepared(t, b, r, n, k, want) })
 	}
-	const k = 96
-	xs := make([]float32, 100*k)
-	for i := range xs {
-		xs[i] = float32(r.NormFloat64())
+	for _, k := range []int{96, 160} {
+		t.Run(fmt.Sprint("others/", k), func(t *testing.T) { testPreparedOthers(t, b, r, n, k) })
 	}
-	testPreparedOthers(t, b, r, xs, n, k)
 }
 
-// testPrepared checks a prepared weight [n, k] of layout want.
+// testPrepared checks a prepared weight [n, k] and that its layout is
+// layout.
 func testPrepared(t *testing.T, b *Backend, r *rand.Rand, n, k int, layout packing) {
 	w, vals := bf16Weight(t, b, r, n, k)
 	p, err := b.PrepareMatMul(w)
@@ -116,8 +114,12 @@ func testPrepared(t *testing.T, b *Backend, r *rand.Rand, n, k int, layout packi
 
 // testPreparedOthers checks that narrow and f32 weights keep their layout
 // and what the fast-bf16 backend does with one of [n, k].
-func testPreparedOthers(t *testing.T, b *Backend, r *rand.Rand, xs []float32, n, k int) {
+func testPreparedOthers(t *testing.T, b *Backend, r *rand.Rand, n, k int) {
 	const most = 100
+	xs := make([]float32, most*k)
+	for i := range xs {
+		xs[i] = float32(r.NormFloat64())
+	}
 	narrow, _ := bf16Weight(t, b, r, kernel.KMajorMinN-1, k)
 	pn, err := b.PrepareMatMul(narrow)
 	require.NoError(t, err)
@@ -137,11 +139,14 @@ func testPreparedOthers(t *testing.T, b *Backend, r *rand.Rand, xs []float32, n,
 		assert.Equal(t, wf, pw, "the fast backend keeps the stored layout for the bf16 dot product")
 		return
 	}
-	// With AMX tiles the fast backend packs too, and its long products
-	// round x to bf16 (2^-8 of the magnitude), its short ones stay exact.
-	// Where the bf16 dot product does not pay, it packs as New does and
-	// every product is exact.
-	roundsX := fast.packing() == amxTiles
+	// With AMX tiles the fast backend packs too, and the long products of
+	// a weight on the tiles round x to bf16 (2^-8 of the magnitude), its
+	// short ones stay exact. A weight it lays out k-major (too shallow for
+	// the tiles, or where the bf16 dot product does not pay) has every
+	// product exact.
+	_, how, err := packedOf(pw)
+	require.NoError(t, err)
+	roundsX := how == amxTiles
 	for _, rows := range []int{most, 1} {
 		xf, err := fast.Alloc(compute.F32, rows, k)
 		require.NoError(t, err)
