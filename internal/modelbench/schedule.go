@@ -29,7 +29,35 @@ type ScheduleResult struct {
 func (r *ScheduleResult) Line() string {
 	return fmt.Sprintf("  scheduler, %d streams and a %d-token prompt arriving (chunks of %d): inter-token latency p50 %.1f ms, p99 %.1f ms (%.1fx the streams' p50 of %.1f ms alone, p99 %.1f); the prompt's first token after %.2f s, %.2fx prefilling it alone (%.2f s, the mean of %.2f before and %.2f after)\n",
 		r.Streams, r.PromptTokens, r.Chunk, ms(r.P50), ms(r.P99), float64(r.P99)/float64(r.BaseP50), ms(r.BaseP50), ms(r.BaseP99),
-		r.TTFT.Seconds(), float64(r.TTFT)/float64(r.Alone), r.Alone.Seconds(), r.AloneBefore.Seconds(), r.AloneAfter.Seconds())
+		r.TTFT.Seconds(), float64(r.TTFT)/float64(r.Alone), r.Alone.Seconds(), r.AloneBefore.Seconds(), r.AloneAfter.Seconds()) +
+		r.windowLine()
+}
+
+// windowLine is Window in words, or nothing where the passes with the
+// prompt were not slower than the streams alone.
+func (r *ScheduleResult) windowLine() string {
+	pTok, aloneTok, spread, fit := r.Window()
+	if pTok <= 0 || aloneTok <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("    a prompt token cost %.3f ms in those passes against %.3f ms alone (%.2fx), their p99 %.2fx their p50: some chunk size meets both targets only if (2/%.2f - 1)(3/%.2f - 1) >= 1; here %.2f\n",
+		ms(pTok), ms(aloneTok), float64(pTok)/float64(aloneTok), spread, float64(pTok)/float64(aloneTok), spread, fit)
+}
+
+// Window reads the run as the two targets' arithmetic: a pass carrying a
+// chunk of C prompt tokens costs the streams' step D plus C·p' (pTok, from
+// the passes' p50 over the streams' p50 alone), where the lone prefill
+// costs p a token (aloneTok) and the passes' p99 is spread times their
+// p50. The first token then comes at about (p'/p)(1 + D/(C·p')) the lone
+// prefill's time and the p99 at spread·(1 + C·p'/D) the streams' p50, so
+// some C meets both "within 2x" and "within 3x" only where
+// fit = (2p/p' - 1)(3/spread - 1) >= 1.
+func (r *ScheduleResult) Window() (pTok, aloneTok time.Duration, spread, fit float64) {
+	pTok = (r.P50 - r.BaseP50) / time.Duration(max(r.Chunk, 1))
+	aloneTok = r.Alone / time.Duration(max(r.PromptTokens, 1))
+	spread = float64(r.P99) / float64(r.P50)
+	fit = (2*float64(aloneTok)/float64(pTok) - 1) * (3/spread - 1)
+	return pTok, aloneTok, spread, fit
 }
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
