@@ -341,6 +341,17 @@ type KDAStepArgs struct {
 	// (each [H*D], head-major) and the raw q|k|v projection that entered
 	// the conv window ([3*H*D]): the layout of replay.Record.
 	Records Tensor
+	// QKVIn, GIn, BetaIn and GateIn, when QKVIn is set, are X's
+	// projections computed by the caller, rows as X's: the raw q|k|v
+	// [rows, 3*H*D], the raw decay gate f_b(f_a(x)) [rows, H*D], b_proj(x)
+	// [rows, H] and the output gate before its sigmoid [rows, H*D]. The
+	// step then skips those products, so that a pass that also prefills
+	// other sequences computes them for all its rows at once.
+	QKVIn, GIn, BetaIn, GateIn Tensor
+	// Core, when set, receives the step's normed and gated output [rows,
+	// H*D] in place of Y's o_proj of it (Y is not written): the caller
+	// projects it together with other rows.
+	Core Tensor
 }
 
 // ConvArgs are the operands of CausalConv: X and Out [T, C] packed over

@@ -48,15 +48,27 @@ func randomWeights(t testing.TB, b compute.Backend, cfg Config, r *rand.Rand) *c
 // TestForwardPacked: one Forward over exact runs and prefill chunks of
 // several sequences gives each sequence what it gets alone: the exact ones
 // bitwise, the chunks within the conformance tolerance, states included.
+//
+// A call of at most compute.InvariantRows rows computes the projections of
+// both kinds in one product each (Layer.mixed); a longer one keeps them
+// apart; both are checked.
 func TestForwardPacked(t *testing.T) {
+	for _, lens := range [][]int{
+		{1, 5, 2, 40, 3, 19}, // 70 rows
+		{1, 5, 2, 12, 3, 7},  // 30 rows: one product per weight
+	} {
+		t.Run(fmt.Sprint(lens), func(t *testing.T) { testForwardPacked(t, lens) })
+	}
+}
+
+func testForwardPacked(t *testing.T, lens []int) {
 	b := cpu.New(2)
 	defer b.Close()
 	const hidden = 40
 	cfg := Config{Hidden: hidden, NumHeads: 2, HeadDim: 16, ConvKernel: 4, LowerBound: -5, Eps: 1e-5, ChunkSize: 16}
 	r := rand.New(rand.NewPCG(3, 3))
 	kw := randomWeights(t, b, cfg, r)
-	lens := []int{1, 5, 2, 40, 3, 19} // the first three exact
-	const exact = 3
+	const exact = 3 // the first three sequences are exact runs
 	total := 0
 	cu := []int32{0}
 	for _, n := range lens {
@@ -126,4 +138,69 @@ func TestForwardPacked(t *testing.T) {
 	require.NoError(t, err)
 	assert.Error(t, small.Forward(x1, &Seqs{Cu: []int32{0, 2}, States: together[:1]}, y1), "2 prefill rows for a layer sized for 1")
 	require.NoError(t, small.Forward(x1, &Seqs{Cu: []int32{0, 2}, States: together[:1], Exact: 1}, y1), "exact rows need no scratch")
+}
+
+// TestStepGivenProjections: the fused step fed its projections
+// (KDAStepArgs.QKVIn and the rest) and asked for its core gives, after
+// o_proj, the bits and states of the step that computes them itself;
+// projections or a core of the wrong shape are errors.
+func TestStepGivenProjections(t *testing.T) {
+	b := cpu.New(2)
+	defer b.Close()
+	const hidden, n = 40, 6
+	cfg := Config{Hidden: hidden, NumHeads: 2, HeadDim: 16, ConvKernel: 4, LowerBound: -5, Eps: 1e-5, ChunkSize: 16}
+	r := rand.New(rand.NewPCG(9, 9))
+	kw := randomWeights(t, b, cfg, r)
+	l, err := NewLayer(b, cfg, kw, n)
+	require.NoError(t, err)
+	hd := cfg.NumHeads * cfg.HeadDim
+	x := upload(t, b, randn(r, n*hidden, 1), n, hidden)
+	cu := []int32{0, 2, 3, 6}
+	states := func() []*State {
+		var sts []*State
+		for range 3 {
+			st, err := NewState(b, cfg, 1)
+			require.NoError(t, err)
+			sts = append(sts, st)
+		}
+		return sts
+	}
+	args := func(sts []*State) compute.KDAStepArgs {
+		a := compute.KDAStepArgs{W: kw, X: x, CuSeqlens: cu}
+		for _, st := range sts {
+			a.Convs = append(a.Convs, st.Conv.Reshape(st.Conv.Dims[1], st.Conv.Dims[2]))
+			a.States = append(a.States, st.S.Reshape(st.S.Dims[1], st.S.Dims[2], st.S.Dims[3]))
+		}
+		return a
+	}
+	plain, given := states(), states()
+	for step := range 3 {
+		a := args(plain)
+		a.Y, _ = b.Alloc(compute.F32, n, hidden)
+		require.NoError(t, b.KDAStep(&a))
+
+		require.NoError(t, l.project(x, n))
+		g := args(given)
+		g.QKVIn, g.GIn, g.BetaIn, g.GateIn = l.raw.Rows(0, n), l.graw.Rows(0, n), l.beta.Rows(0, n), l.gate.Rows(0, n)
+		g.Core, _ = b.Alloc(compute.F32, n, hd)
+		require.NoError(t, b.KDAStep(&g))
+		y, _ := b.Alloc(compute.F32, n, hidden)
+		require.NoError(t, b.MatMul(y, g.Core, kw.OProj))
+		require.Equal(t, read(t, b, a.Y), read(t, b, y), "step %d output", step)
+		for i := range plain {
+			require.Equal(t, read(t, b, plain[i].S), read(t, b, given[i].S), "step %d, sequence %d state", step, i)
+			require.Equal(t, read(t, b, plain[i].Conv), read(t, b, given[i].Conv), "step %d, sequence %d conv window", step, i)
+		}
+	}
+
+	before := read(t, b, given[0].S)
+	short, _ := b.Alloc(compute.F32, n-1, 3*hd)
+	g := args(given)
+	g.QKVIn, g.GIn, g.BetaIn, g.GateIn = short, l.graw.Rows(0, n), l.beta.Rows(0, n), l.gate.Rows(0, n)
+	g.Core, _ = b.Alloc(compute.F32, n, hd)
+	assert.ErrorContains(t, b.KDAStep(&g), "q|k|v in")
+	g.QKVIn = l.raw.Rows(0, n)
+	g.Core, _ = b.Alloc(compute.F32, n, hd+1)
+	assert.ErrorContains(t, b.KDAStep(&g), "kda step core")
+	require.Equal(t, before, read(t, b, given[0].S), "a refused call changed a state")
 }

@@ -264,10 +264,11 @@ type Seqs struct {
 
 // Forward runs the layer over x [R, hidden], the packed new tokens of the
 // sequences s describes, advances their states and writes y [R, hidden].
-// Every weight is read once for the exact rows and once for the chunk
-// rows, whatever the number of sequences: the two kinds are kept apart
-// because a product over both would give the exact rows another summation
-// order once the chunk rows make it long.
+// A call of at most compute.InvariantRows rows reads each weight once for
+// both kinds (mixed); a longer one reads it once for the exact rows and
+// once for the chunk rows, whatever the number of sequences, because a
+// product over both would give the exact rows another summation order
+// once the chunk rows make it long.
 func (l *Layer) Forward(x compute.Tensor, s *Seqs, y compute.Tensor) error {
 	n := len(s.States)
 	t := x.Dim(0)
@@ -288,6 +289,9 @@ func (l *Layer) Forward(x compute.Tensor, s *Seqs, y compute.Tensor) error {
 		}
 	}
 	e := int(s.Cu[s.Exact])
+	if s.Exact > 0 && e < t && !l.composes && s.Pool == nil && t <= compute.InvariantRows && t <= l.maxT {
+		return l.mixed(x, s, e, y)
+	}
 	if s.Exact > 0 {
 		var pool pooled
 		if s.Pool != nil {
@@ -313,14 +317,56 @@ type pooled struct {
 	slots  compute.Tensor
 }
 
-// step runs the fused decode step over the exact rows.
-func (l *Layer) step(x compute.Tensor, states []*State, pool pooled, cu []int32, records, y compute.Tensor) error {
+// mixed runs a pass of exact rows and prefill chunks of at most
+// compute.InvariantRows rows in all with one product per weight for both
+// kinds: the products give every row what they give it alone, so the
+// exact rows keep their arithmetic, and the chunk's rows no longer read
+// each weight a second time. The fused step takes the exact rows'
+// projections and returns their core; the chunk's core runs as in
+// chunks; o_proj takes all rows.
+func (l *Layer) mixed(x compute.Tensor, s *Seqs, e int, y compute.Tensor) error {
+	t := x.Dim(0)
+	if err := l.project(x, t); err != nil {
+		return err
+	}
+	raw, graw, beta, gate, core := l.raw.Rows(0, t), l.graw.Rows(0, t), l.beta.Rows(0, t), l.gate.Rows(0, t), l.core.Rows(0, t)
+	l.setStep(x.Rows(0, e), s.States[:s.Exact], s.Cu[:s.Exact+1], s.Records, compute.Tensor{})
+	a := &l.stepArgs
+	a.QKVIn, a.GIn, a.BetaIn, a.GateIn, a.Core = raw.Rows(0, e), graw.Rows(0, e), beta.Rows(0, e), gate.Rows(0, e), core.Rows(0, e)
+	err := l.b.KDAStep(a)
+	if errors.Is(err, compute.ErrUnsupported) {
+		// Without the fused step the exact rows take the composition,
+		// through the split path.
+		if err := l.step(x.Rows(0, e), s.States[:s.Exact], pooled{}, s.Cu[:s.Exact+1], s.Records, y.Rows(0, e)); err != nil {
+			return err
+		}
+		return l.chunks(x.Rows(e, t), s.States[s.Exact:], s.Cu[s.Exact:], y.Rows(e, t))
+	}
+	if err != nil {
+		return fmt.Errorf("kda: decode step: %w", err)
+	}
+	if err := l.coreRows(e, t, s.States[s.Exact:], pooled{}, s.Cu[s.Exact:], l.cfg.ChunkSize); err != nil {
+		return err
+	}
+	if err := l.b.MatMul(y, core, l.W.OProj); err != nil {
+		return fmt.Errorf("kda: o_proj: %w", err)
+	}
+	return nil
+}
+
+// setStep fills the fused step's arguments for the exact rows x.
+func (l *Layer) setStep(x compute.Tensor, states []*State, cu []int32, records, y compute.Tensor) {
 	l.convs, l.states = l.convs[:0], l.states[:0]
 	for _, st := range states {
 		l.convs = append(l.convs, st.Conv.Reshape(st.Conv.Dims[1], st.Conv.Dims[2]))
 		l.states = append(l.states, st.S.Reshape(st.S.Dims[1], st.S.Dims[2], st.S.Dims[3]))
 	}
 	l.stepArgs = compute.KDAStepArgs{W: l.W, X: x, Y: y, Convs: l.convs, States: l.states, Records: records, CuSeqlens: cu}
+}
+
+// step runs the fused decode step over the exact rows.
+func (l *Layer) step(x compute.Tensor, states []*State, pool pooled, cu []int32, records, y compute.Tensor) error {
+	l.setStep(x, states, cu, records, y)
 	err := l.b.KDAStep(&l.stepArgs)
 	if errors.Is(err, compute.ErrUnsupported) && records.IsZero() && x.Dim(0) <= l.maxT {
 		l.composes = true
@@ -347,26 +393,50 @@ func (l *Layer) chunks(x compute.Tensor, states []*State, cu []int32, y compute.
 // sequences, their states the pool's rows.
 func (l *Layer) chunksWith(x compute.Tensor, states []*State, pool pooled, cu []int32, y compute.Tensor, chunkSize int) error {
 	t := x.Dim(0)
-	h, d := l.cfg.NumHeads, l.cfg.HeadDim
-	raw, conv := l.raw.Rows(0, t), l.conv.Rows(0, t)
+	if err := l.project(x, t); err != nil {
+		return err
+	}
+	if err := l.coreRows(0, t, states, pool, cu, chunkSize); err != nil {
+		return err
+	}
+	if err := l.b.MatMul(y, l.core.Rows(0, t), l.W.OProj); err != nil {
+		return fmt.Errorf("kda: o_proj: %w", err)
+	}
+	return nil
+}
+
+// project writes the projections of x [t, hidden] to the first t rows of
+// the layer's raw, fa, graw, beta and gate.
+func (l *Layer) project(x compute.Tensor, t int) error {
 	b := l.b
-	if err := b.MatMul(raw, x, l.W.QKV); err != nil {
+	if err := b.MatMul(l.raw.Rows(0, t), x, l.W.QKV); err != nil {
 		return fmt.Errorf("kda: q/k/v projection: %w", err)
 	}
-	fa, graw, beta, gate := l.fa.Rows(0, t), l.graw.Rows(0, t), l.beta.Rows(0, t), l.gate.Rows(0, t)
+	fa, graw := l.fa.Rows(0, t), l.graw.Rows(0, t)
 	if err := b.MatMul(fa, x, l.W.FA); err != nil {
 		return fmt.Errorf("kda: f_a_proj: %w", err)
 	}
 	if err := b.MatMul(graw, fa, l.W.FB); err != nil {
 		return fmt.Errorf("kda: f_b_proj: %w", err)
 	}
-	if err := b.MatMul(beta, x, l.W.B); err != nil {
+	if err := b.MatMul(l.beta.Rows(0, t), x, l.W.B); err != nil {
 		return fmt.Errorf("kda: b_proj: %w", err)
 	}
-	if err := l.outputGate(x, gate, t); err != nil {
-		return err
-	}
-	core := l.core.Rows(0, t)
+	return l.outputGate(x, l.gate.Rows(0, t), t)
+}
+
+// coreRows runs the short conv, the recurrence (chunked, or token by
+// token for chunkSize 0), the norm and the output gate over rows [r0, r1)
+// of the layer's projections into the same rows of its core; the rows are
+// the sequences cu describes (offsets from cu[0]), continuing states (or,
+// with a pool, its rows).
+func (l *Layer) coreRows(r0, r1 int, states []*State, pool pooled, cu []int32, chunkSize int) error {
+	t := r1 - r0
+	h, d := l.cfg.NumHeads, l.cfg.HeadDim
+	raw, conv := l.raw.Rows(r0, r1), l.conv.Rows(r0, r1)
+	graw, beta, gate := l.graw.Rows(r0, r1), l.beta.Rows(r0, r1), l.gate.Rows(r0, r1)
+	b := l.b
+	core := l.core.Rows(r0, r1)
 	scale := float32(1 / math.Sqrt(float64(d)))
 	if pool.states != nil {
 		l.convArgs = compute.ConvArgs{X: raw, Weight: l.W.Conv, State: pool.states.Conv, StateIdx: pool.slots, Out: conv, CuSeqlens: cu}
@@ -385,17 +455,17 @@ func (l *Layer) chunksWith(x compute.Tensor, states []*State, pool pooled, cu []
 		states = nil
 	}
 	for i, st := range states {
-		r0, r1 := int(cu[i]-cu[0]), int(cu[i+1]-cu[0])
-		l.convArgs = compute.ConvArgs{X: raw.Rows(r0, r1), Weight: l.W.Conv, State: st.Conv, Out: conv.Rows(r0, r1)}
+		s0, s1 := int(cu[i]-cu[0]), int(cu[i+1]-cu[0])
+		l.convArgs = compute.ConvArgs{X: raw.Rows(s0, s1), Weight: l.W.Conv, State: st.Conv, Out: conv.Rows(s0, s1)}
 		if err := b.CausalConv(&l.convArgs); err != nil {
 			return fmt.Errorf("kda: short conv: %w", err)
 		}
-		n := r1 - r0
+		n := s1 - s0
 		l.chunkArgs = compute.KDAArgs{
-			QKV: conv.Rows(r0, r1), G: graw.Rows(r0, r1).Reshape(n, h, d), Beta: beta.Rows(r0, r1),
+			QKV: conv.Rows(s0, s1), G: graw.Rows(s0, s1).Reshape(n, h, d), Beta: beta.Rows(s0, s1),
 			ALog: l.W.ALog, DTBias: l.W.DTBias, Gate: l.W.Gate, LowerBound: l.W.LowerBound,
 			Preprocess: true, Scale: scale,
-			State: st.S, Out: core.Rows(r0, r1).Reshape(n, h, d), ChunkSize: chunkSize,
+			State: st.S, Out: core.Rows(s0, s1).Reshape(n, h, d), ChunkSize: chunkSize,
 		}
 		if err := b.KDAChunk(&l.chunkArgs); err != nil {
 			return fmt.Errorf("kda: core: %w", err)
@@ -408,13 +478,7 @@ func (l *Layer) chunksWith(x compute.Tensor, states []*State, pool pooled, cu []
 	if err := b.Unary(compute.Sigmoid, gate, gate); err != nil {
 		return err
 	}
-	if err := b.Binary(compute.Mul, core, core, gate); err != nil {
-		return err
-	}
-	if err := b.MatMul(y, core, l.W.OProj); err != nil {
-		return fmt.Errorf("kda: o_proj: %w", err)
-	}
-	return nil
+	return b.Binary(compute.Mul, core, core, gate)
 }
 
 func (l *Layer) outputGate(x, gate compute.Tensor, t int) error {

@@ -316,8 +316,14 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 	if bsz < 1 || int(cu[bsz]) != rows {
 		return shapeErr("kda step cu_seqlens %v for %d rows", cu, rows)
 	}
-	if err := compute.CheckShape("kda step output", a.Y, compute.F32, rows, hidden); err != nil {
+	if a.Core.IsZero() {
+		if err := compute.CheckShape("kda step output", a.Y, compute.F32, rows, hidden); err != nil {
+			return err
+		}
+	} else if err := compute.CheckShape("kda step core", a.Core, compute.F32, rows, hd); err != nil {
 		return err
+	} else if F32(a.Core) == nil {
+		return shapeErr("kda step core %v is not a tensor of this backend", a.Core)
 	}
 	sc.convs, sc.states = sc.convs[:0], sc.states[:0]
 	if a.States != nil {
@@ -354,7 +360,12 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 	sc.gate, sc.core = grow32(sc.gate, rows*hd), grow32(sc.core, rows*hd)
 	x := F32(a.X)
 	mm := func(dst, src []float32, wt compute.Tensor, m int) error { return b.matmulHost(dst, src, wt, m) }
-	if err := mm(sc.raw, x, w.QKV, rows); err != nil {
+	given := !a.QKVIn.IsZero()
+	if given {
+		if err := stepProjected(sc, a, rows, h, hd); err != nil {
+			return err
+		}
+	} else if err := mm(sc.raw, x, w.QKV, rows); err != nil {
 		return err
 	}
 	sc.records = nil
@@ -367,25 +378,8 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 			copy(sc.records[i*6*hd+3*hd:(i+1)*6*hd], sc.raw[i*3*hd:(i+1)*3*hd])
 		}
 	}
-	if err := mm(sc.fa, x, w.FA, rows); err != nil {
-		return err
-	}
-	if err := mm(sc.graw, sc.fa, w.FB, rows); err != nil {
-		return err
-	}
-	if err := mm(sc.braw, x, w.B, rows); err != nil {
-		return err
-	}
-	if !w.G.IsZero() {
-		if err := mm(sc.gate, x, w.G, rows); err != nil {
-			return err
-		}
-	} else {
-		sc.ga = grow32(sc.ga, rows*d)
-		if err := mm(sc.ga, x, w.GA, rows); err != nil {
-			return err
-		}
-		if err := mm(sc.gate, sc.ga, w.GB, rows); err != nil {
+	if !given {
+		if err := stepProjections(sc, mm, w, x, rows, d); err != nil {
 			return err
 		}
 	}
@@ -404,7 +398,59 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 	parts = min(b.pool.Size(), bsz*h)
 	sc.job.split(h, parts)
 	b.pool.Run(stepHeads, kernel.Args{Job: &sc.job}, parts, 1)
+	if !a.Core.IsZero() {
+		copy(F32(a.Core), sc.core[:rows*hd])
+		return nil
+	}
 	return mm(F32(a.Y), sc.core, w.OProj, rows)
+}
+
+// stepProjections computes the step's projections of x other than q|k|v:
+// the decay gate's low-rank pair, b_proj and the output gate.
+func stepProjections(sc *stepScratch, mm func(dst, src []float32, wt compute.Tensor, m int) error, w *compute.KDAWeights, x []float32, rows, d int) error {
+	if err := mm(sc.fa, x, w.FA, rows); err != nil {
+		return err
+	}
+	if err := mm(sc.graw, sc.fa, w.FB, rows); err != nil {
+		return err
+	}
+	if err := mm(sc.braw, x, w.B, rows); err != nil {
+		return err
+	}
+	if !w.G.IsZero() {
+		return mm(sc.gate, x, w.G, rows)
+	}
+	sc.ga = grow32(sc.ga, rows*d)
+	if err := mm(sc.ga, x, w.GA, rows); err != nil {
+		return err
+	}
+	return mm(sc.gate, sc.ga, w.GB, rows)
+}
+
+// stepProjected takes the step's projections from the caller
+// (KDAStepArgs.QKVIn and the rest), checked.
+func stepProjected(sc *stepScratch, a *compute.KDAStepArgs, rows, h, hd int) error {
+	if err := compute.CheckShape("kda step q|k|v in", a.QKVIn, compute.F32, rows, 3*hd); err != nil {
+		return err
+	}
+	if err := compute.CheckShape("kda step gate in", a.GIn, compute.F32, rows, hd); err != nil {
+		return err
+	}
+	if err := compute.CheckShape("kda step beta in", a.BetaIn, compute.F32, rows, h); err != nil {
+		return err
+	}
+	if err := compute.CheckShape("kda step output gate in", a.GateIn, compute.F32, rows, hd); err != nil {
+		return err
+	}
+	qkv, g, beta, gate := F32(a.QKVIn), F32(a.GIn), F32(a.BetaIn), F32(a.GateIn)
+	if qkv == nil || g == nil || beta == nil || gate == nil {
+		return shapeErr("kda step: projections given that are not tensors of this backend")
+	}
+	copy(sc.raw, qkv)
+	copy(sc.graw, g)
+	copy(sc.braw, beta)
+	copy(sc.gate, gate)
+	return nil
 }
 
 // convStep convolves one token for channels [c0, c1) of rows ch wide and
