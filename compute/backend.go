@@ -112,6 +112,17 @@ type WeightPreparer interface {
 	PrepareMatMul(w Tensor) (Tensor, error)
 }
 
+// HostReader is implemented by a backend whose tensors may go on reading
+// the host bytes they were made from (FromHost without a copy, as over a
+// memory-mapped checkpoint). ReadsHost reports whether a tensor made from
+// bytes overlapping b may still read them: one still reachable, or not yet
+// found unreachable by a garbage collection (runtime.GC). A loader
+// releases the pages of a tensor's stored bytes that nothing reads, such
+// as those of weights PrepareMatMul laid out anew.
+type HostReader interface {
+	ReadsHost(b []byte) bool
+}
+
 // ExpertPreparer is implemented by a backend whose MoEExperts reads a
 // layer's experts as one stacked weight per kind (a device's grouped
 // matmul). PrepareExperts receives one layer's expert weights, each as

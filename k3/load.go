@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"iter"
 	"maps"
 	"path"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -553,7 +555,27 @@ func (m *Model) load(ctx context.Context, progress func(done, total int64)) erro
 		}
 		return fmt.Errorf("%w: %s: unexpected tensors %s", ErrCheckpoint, m.ck.Dir, strings.Join(extra, ", "))
 	}
+	releaseUnread(m.ck, m.b, maps.Keys(src.used))
 	return nil
+}
+
+// releaseUnread releases the mapped pages of the named tensors that no
+// tensor of b reads any more: weights b laid out anew (k-major panels,
+// AMX tiles), so that the process does not keep both forms resident. A
+// backend that cannot tell (not a compute.HostReader) keeps them all.
+func releaseUnread(ck *safetensors.Checkpoint, b compute.Backend, names iter.Seq[string]) {
+	hr, ok := b.(compute.HostReader)
+	if !ok {
+		return
+	}
+	// The tensors loading replaced are unreachable now; a collection makes
+	// them count as gone.
+	runtime.GC()
+	for name := range names {
+		if data := ck.Mapped(name); data != nil && !hr.ReadsHost(data) {
+			ck.Release(name)
+		}
+	}
 }
 
 func (m *Model) loadLayer(src *source, l int) (*layer, []float32, error) {

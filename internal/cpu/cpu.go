@@ -39,6 +39,7 @@ type Backend struct {
 	tapsMu   sync.Mutex
 	taps     map[tapsKey][]float32 // conv taps transposed, by weight (convTaps)
 	fastBF16 bool                  // NewFastBF16
+	host     hostRefs              // tensors over the caller's bytes (ReadsHost)
 }
 
 type tapsKey struct {
@@ -183,6 +184,9 @@ func (b *Backend) FromHost(dt, src compute.DType, data []byte, dims ...int) (com
 		}
 	default:
 		return compute.Tensor{}, fmt.Errorf("cpu: %v from %v: %w", dt, src, compute.ErrUnsupported)
+	}
+	if buf.aliased {
+		b.host.add(buf, data)
 	}
 	return compute.NewTensor(buf, 0, dt, dims...), nil
 }

@@ -200,6 +200,7 @@ func RunLarge(ctx context.Context, log func(string)) (*ModelResult, error) {
 	}
 	defer os.RemoveAll(dir)
 	debug.FreeOSMemory()
+	rss0 := rss()
 	m, err := k3.Load(ctx, dir)
 	if err != nil {
 		return nil, err
@@ -224,6 +225,9 @@ func RunLarge(ctx context.Context, log func(string)) (*ModelResult, error) {
 		tps := float64(len(prompt)) / time.Since(start).Seconds()
 		if i == 0 {
 			r.FirstPrefillTokPerSec = tps
+			if r1 := rss(); rss0 > 0 && r1 > rss0 {
+				r.RSSGrowth = r1 - rss0
+			}
 		} else {
 			r.PrefillTokPerSec = max(r.PrefillTokPerSec, tps)
 		}
@@ -570,6 +574,7 @@ func (r *ModelResult) Table() string {
 func (r *ModelResult) LargeTable() string {
 	var b strings.Builder
 	r.head(&b)
+	r.rssLine(&b)
 	return b.String()
 }
 
@@ -618,6 +623,12 @@ func (r *ModelResult) tail(b *strings.Builder) {
 		float64(r.LedgerBefore)/1e6, float64(r.LedgerAfter)/1e6, float64(r.LedgerPeak)/1e6)
 	fmt.Fprintf(b, "  memory: weights %.1f MB in the checkpoint + %.2f MB state per session (after a 512-token prompt)\n",
 		float64(r.WeightBytes)/1e6, float64(r.StateBytesPerSession)/1e6)
+	r.rssLine(b)
+}
+
+// rssLine writes how much the process's resident memory grew over Load
+// and the first prefill.
+func (r *ModelResult) rssLine(b *strings.Builder) {
 	if r.RSSGrowth > 0 {
 		fmt.Fprintf(b, "  process RSS grew %.1f MB from before Load to after the first prefill (weights touched, load-time copies, one pass's scratch)\n",
 			float64(r.RSSGrowth)/1e6)

@@ -146,6 +146,14 @@ func (c *Checkpoint) Release(name string) {
 	}
 }
 
+// Mapped returns a tensor's mapped bytes (see File.Mapped).
+func (c *Checkpoint) Mapped(name string) []byte {
+	if f, ok := c.byName[name]; ok {
+		return f.Mapped(name)
+	}
+	return nil
+}
+
 // Close closes every file.
 func (c *Checkpoint) Close() error {
 	var first error

@@ -362,6 +362,16 @@ func (f *File) Release(name string) {
 	}
 }
 
+// Mapped returns the named tensor's bytes in the file's read-only mapping,
+// or nil when the file is not mapped: the bytes Release would release.
+func (f *File) Mapped(name string) []byte {
+	t, ok := f.Tensor(name)
+	if !ok || !f.mapped || f.data == nil {
+		return nil
+	}
+	return f.data[t.Offset : t.Offset+t.Size : t.Offset+t.Size]
+}
+
 // Close releases the mapping and the file.
 func (f *File) Close() error {
 	if f.close == nil {

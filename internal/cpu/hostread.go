@@ -1,0 +1,80 @@
+package cpu
+
+import (
+	"slices"
+	"sort"
+	"sync"
+	"unsafe"
+	"weak"
+
+	"k3/compute"
+)
+
+var _ compute.HostReader = (*Backend)(nil)
+
+// hostRefs records, weakly, the buffers FromHost made over the caller's
+// bytes (buffer.aliased): a loader asks through ReadsHost whether the
+// stored bytes of a weight still serve a live tensor, and a weak pointer
+// lets the garbage collector be the judge of that, since Free is a no-op.
+// A model's checkpoint may hold many thousands of tensors, so the records
+// are kept sorted by address for the queries.
+type hostRefs struct {
+	mu    sync.Mutex
+	refs  []hostRef
+	maxHi []uintptr // maxHi[i] is the largest hi of refs[:i+1], when !dirty
+	dirty bool      // refs gained records since they were sorted
+}
+
+type hostRef struct {
+	buf    weak.Pointer[buffer]
+	lo, hi uintptr // the bytes' addresses, [lo, hi)
+}
+
+func (h *hostRefs) add(buf *buffer, data []byte) {
+	lo := uintptr(unsafe.Pointer(unsafe.SliceData(data)))
+	h.mu.Lock()
+	h.refs = append(h.refs, hostRef{buf: weak.Make(buf), lo: lo, hi: lo + uintptr(len(data))})
+	h.dirty = true
+	h.mu.Unlock()
+}
+
+// ReadsHost implements compute.HostReader: whether a buffer made over bytes
+// overlapping p is still alive.
+func (b *Backend) ReadsHost(p []byte) bool {
+	if len(p) == 0 {
+		return false
+	}
+	lo := uintptr(unsafe.Pointer(unsafe.SliceData(p)))
+	hi := lo + uintptr(len(p))
+	h := &b.host
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.dirty {
+		// Drop the records of collected buffers, then sort.
+		h.refs = slices.DeleteFunc(h.refs, func(r hostRef) bool { return r.buf.Value() == nil })
+		slices.SortFunc(h.refs, func(a, b hostRef) int {
+			switch {
+			case a.lo < b.lo:
+				return -1
+			case a.lo > b.lo:
+				return 1
+			}
+			return 0
+		})
+		h.maxHi = h.maxHi[:0]
+		var m uintptr
+		for _, r := range h.refs {
+			m = max(m, r.hi)
+			h.maxHi = append(h.maxHi, m)
+		}
+		h.dirty = false
+	}
+	// The records starting below hi, newest start first, while one of them
+	// or an earlier one still reaches past lo.
+	for j := sort.Search(len(h.refs), func(i int) bool { return h.refs[i].lo >= hi }) - 1; j >= 0 && h.maxHi[j] > lo; j-- {
+		if r := h.refs[j]; r.hi > lo && r.buf.Value() != nil {
+			return true
+		}
+	}
+	return false
+}
