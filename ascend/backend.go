@@ -410,6 +410,14 @@ func (b *Backend) FromHost(dt, src compute.DType, data []byte, shape ...int) (co
 	return t, nil
 }
 
+// ReadsHost implements compute.HostReader: FromHost has copied the bytes
+// to the device before it returns, so no tensor reads host bytes, and a
+// loader releases a mapped checkpoint's pages once the model is on the
+// device.
+func (b *Backend) ReadsHost([]byte) bool { return false }
+
+var _ compute.HostReader = (*Backend)(nil)
+
 // ErrCapturing is returned by the operations that wait for the stream
 // (Write, Read, FromHost, unaligned Copy) while a Capture runs.
 var ErrCapturing = errors.New("ascend: the operation waits for the stream, which a capture forbids")

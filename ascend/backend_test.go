@@ -81,6 +81,26 @@ func read(t *testing.T, b compute.Backend, x compute.Tensor) []float32 {
 	return out
 }
 
+// TestFromHostCopies: a tensor made from host bytes keeps its values when
+// the bytes change afterwards, as ReadsHost promises a loader that
+// releases them.
+func TestFromHostCopies(t *testing.T) {
+	eachDriver(t, 1<<20, func(t *testing.T, b *Backend) {
+		v := []float32{1, -2, 3.5, 4}
+		for _, dt := range []compute.DType{compute.F32, compute.BF16} {
+			raw, src := f32bytes(v), compute.F32
+			if dt == compute.BF16 {
+				raw, src = bf16bytes(v), compute.BF16
+			}
+			x, err := b.FromHost(dt, src, raw, len(v))
+			require.NoError(t, err)
+			require.False(t, b.ReadsHost(raw))
+			clear(raw)
+			assert.Equal(t, v, read(t, b, x), "%v", dt)
+		}
+	})
+}
+
 func TestBackendMemory(t *testing.T) { eachDriver(t, 8<<20, testBackendMemory) }
 
 func testBackendMemory(t *testing.T, b *Backend) {
