@@ -92,6 +92,13 @@ func kdaShape(a *compute.KDAArgs) (kdaDims, bool) {
 		g.DType == compute.F32 && g.Dims[0] == d.T && g.Dims[1] == d.H && g.Dims[2] == d.Dk &&
 		out.DType == compute.F32 && out.Dims[0] == d.T && out.Dims[1] == d.H && out.Dims[2] == d.Dv &&
 		a.Beta.DType == compute.F32
+	if !a.Records.IsZero() {
+		// Replay records: token by token, keys and values of one width.
+		hd := d.H * d.Dk
+		ok = ok && a.ChunkSize == 0 && d.Dk == d.Dv &&
+			a.Records.DType == compute.F32 && a.Records.Rank == 2 && a.Records.Dims[0] == d.T && a.Records.Dims[1] == 6*hd &&
+			a.Raw.DType == compute.F32 && a.Raw.Rank == 2 && a.Raw.Dims[0] == d.T && a.Raw.Dims[1] == 3*hd
+	}
 	switch a.Gate {
 	case compute.GateGiven:
 	case compute.GateSoftplus, compute.GateLowerBound:
@@ -175,6 +182,9 @@ func (b *Backend) recurrentKDA(a *compute.KDAArgs, d kdaDims) error {
 	}
 
 	ops := kdaOperands{q: qn, k: kn, v: vv, beta: beta, decay: decay.t, out: a.Out}
+	if !a.Records.IsZero() {
+		return b.recordedPieces(a, d, ops)
+	}
 	if d.longest() <= maxRecurrentTokens {
 		return b.recurrentPiece(a, d, ops, d.cu)
 	}
@@ -306,6 +316,165 @@ func (b *Backend) recurrentPieces(a *compute.KDAArgs, d kdaDims, src kdaOperands
 				return err
 			}
 			at += n
+		}
+	}
+	return nil
+}
+
+// recordedPieces is the recurrence that writes replay records (a.Records,
+// the layout of compute.KDAStepArgs.Records). A record's corrected values
+// u = β(v - S·(α⊙k)) (V-first S, α = exp(decay)) need the state before
+// its token, which aclnnRecurrentGatedDeltaRule does not return, so the
+// tokens run a step at a time: for step i, the i-th token of every
+// sequence that has one. Before the step the states of those sequences
+// are gathered (aclnnIndexSelect over the pool), S·(α⊙k) taken by one
+// aclnnBatchMatMul over sequences and heads and u written to the records;
+// then the operator advances the states. Keys (as normalised), α and the
+// raw projections are written for all tokens at once. A decode step (one
+// token a sequence) reads its operands in place; longer runs gather each
+// step's rows into scratch, as recurrentPieces does.
+func (b *Backend) recordedPieces(a *compute.KDAArgs, d kdaDims, src kdaOperands) error {
+	T, H, D, N := d.T, d.H, d.Dk, d.N
+	hd := H * D
+	cp := func(dst, from operand) error {
+		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) }, dst, from)
+	}
+	// col is the records' columns [off, off+w) of rows [r, r+n).
+	col := func(r, n, off, w int) operand {
+		t := a.Records
+		t.Off += r*6*hd + off
+		return operand{t: t, view: i64(n, w), strides: i64(6*hd, 1)}
+	}
+	flat := func(t compute.Tensor, r, n, w int) operand {
+		t.Off += r * w
+		return operand{t: t, view: i64(n, w)}
+	}
+	if err := cp(col(0, T, 0, hd), flat(src.k, 0, T, hd)); err != nil {
+		return err
+	}
+	if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary("aclnnExp", ts[0], ts[1]) },
+		flat(src.decay, 0, T, hd), col(0, T, hd, hd)); err != nil {
+		return err
+	}
+	if err := cp(col(0, T, 3*hd, 3*hd), flat(a.Raw, 0, T, 3*hd)); err != nil {
+		return err
+	}
+
+	// Scratch for a step's rows: q, k, v, beta, decay, out and u of up to
+	// N tokens, α⊙k, S·(α⊙k) and the gathered states.
+	width := [...]int{hd, hd, hd, H, hd, hd, hd, hd, hd, hd * D}
+	total := 0
+	for _, w := range width {
+		total += N * w
+	}
+	sc, err := b.allocTensor(compute.F32, total)
+	if err != nil {
+		return err
+	}
+	defer b.freeBuf(sc.Mem.(*devBuf))
+	var piece [len(width)]compute.Tensor
+	off := 0
+	for i, w := range width {
+		piece[i] = part(sc, off, N*w)
+		off += N * w
+	}
+	slots, err := b.allocTensor(compute.I32, N)
+	if err != nil {
+		return err
+	}
+	defer b.freeBuf(slots.Mem.(*devBuf))
+	full := [...]compute.Tensor{src.q, src.k, src.v, src.beta, src.decay, src.out}
+	inPlace := d.longest() == 1 // a decode step: each token is its sequence's
+	cu := make([]int32, N+1)
+	var seqs []int32
+	for i := range d.longest() {
+		seqs = seqs[:0]
+		for s := range N {
+			n := int32(0)
+			if int(d.cu[s])+i < int(d.cu[s+1]) {
+				n = 1
+				seqs = append(seqs, int32(s))
+			}
+			cu[s+1] = cu[s] + n
+		}
+		n := len(seqs)
+		step := kdaOperands{q: src.q, k: src.k, v: src.v, beta: src.beta, decay: src.decay, out: src.out}
+		if !inPlace {
+			step = kdaOperands{q: piece[0], k: piece[1], v: piece[2], beta: piece[3], decay: piece[4], out: piece[5]}
+			for j, s := range seqs {
+				r := int(d.cu[s]) + i
+				for f, t := range []compute.Tensor{step.q, step.k, step.v, step.beta, step.decay} {
+					if err := cp(flat(t, j, 1, width[f]), flat(full[f], r, 1, width[f])); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		// The states before the step, [n·H, D, D].
+		idx, err := b.constInts(seqs)
+		if err != nil {
+			return err
+		}
+		if !a.StateIdx.IsZero() {
+			if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.indexSelect(ts[0], 0, ts[1], ts[2]) },
+				operand{t: a.StateIdx, view: i64(N)}, operand{t: idx, view: i64(n)}, operand{t: slots, view: i64(n)}); err != nil {
+				return err
+			}
+			idx = slots
+		}
+		states := piece[9]
+		if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.indexSelect(ts[0], 0, ts[1], ts[2]) },
+			operand{t: a.State, view: i64(d.P, hd*D)}, operand{t: idx, view: i64(n)}, flat(states, 0, n, hd*D)); err != nil {
+			return err
+		}
+		// u = β(v - S·(α⊙k)), α⊙k in piece 7, S·(α⊙k) in piece 8.
+		ak, sk, u := piece[7], piece[8], piece[6]
+		if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary("aclnnExp", ts[0], ts[1]) },
+			flat(step.decay, 0, n, hd), flat(ak, 0, n, hd)); err != nil {
+			return err
+		}
+		if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) },
+			flat(ak, 0, n, hd), flat(step.k, 0, n, hd), flat(ak, 0, n, hd)); err != nil {
+			return err
+		}
+		if err := b.run(func(ts []tensorDesc) (prepared, error) {
+			return b.drv.matmul("aclnnBatchMatMul", ts[0], ts[1], ts[2], 0)
+		},
+			operand{t: states, view: i64(n*H, D, D)}, operand{t: ak, view: i64(n*H, D, 1)}, operand{t: sk, view: i64(n*H, D, 1)}); err != nil {
+			return err
+		}
+		minus, err := b.scalar(-1)
+		if err != nil {
+			return err
+		}
+		if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.add(ts[0], ts[1], minus, ts[2]) },
+			flat(step.v, 0, n, hd), flat(sk, 0, n, hd), flat(u, 0, n, hd)); err != nil {
+			return err
+		}
+		if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) },
+			operand{t: u, view: i64(n*H, D)}, operand{t: step.beta, view: i64(n*H, 1)}, operand{t: u, view: i64(n*H, D)}); err != nil {
+			return err
+		}
+		if inPlace {
+			if err := cp(col(0, T, 2*hd, hd), flat(u, 0, T, hd)); err != nil {
+				return err
+			}
+		} else {
+			for j, s := range seqs {
+				if err := cp(col(int(d.cu[s])+i, 1, 2*hd, hd), flat(u, j, 1, hd)); err != nil {
+					return err
+				}
+			}
+		}
+		if err := b.recurrentPiece(a, d, step, cu); err != nil {
+			return err
+		}
+		if !inPlace {
+			for j, s := range seqs {
+				if err := cp(flat(src.out, int(d.cu[s])+i, 1, hd), flat(step.out, j, 1, hd)); err != nil {
+					return err
+				}
+			}
 		}
 	}
 	return nil

@@ -169,3 +169,74 @@ func TestCausalConv(t *testing.T) {
 		}
 	})
 }
+
+// KDAChunk with replay records (the composition of a decode step or an
+// exact run when the fused step is not mapped) against the pure-Go
+// backend: decode steps of one token a sequence, runs of several tokens
+// (past the operator's eight) and an empty sequence, states in place and
+// in a pool; records, outputs and states within rounding.
+func TestKDARecords(t *testing.T) {
+	eachDriver(t, 64<<20, func(t *testing.T, a *Backend) {
+		c := cpu.New(1)
+		defer c.Close()
+		rng := rand.New(rand.NewPCG(81, 82))
+		const H, D = 2, 8
+		hd := H * D
+		for _, cu := range [][]int32{{0, 1}, {0, 1, 2, 3}, {0, 3, 3, 4, 13}} {
+			T, N := int(cu[len(cu)-1]), len(cu)-1
+			for _, pool := range []bool{false, true} {
+				qkv, g, beta := randF32(rng, T*3*hd), randF32(rng, T*hd), randF32(rng, T*H)
+				alog, dtb, raw := randF32(rng, H), randF32(rng, hd), randF32(rng, T*3*hd)
+				P := N
+				var slots []int32
+				if pool {
+					P = N + 3
+					for s := range N {
+						slots = append(slots, int32(P-1-2*s%P))
+					}
+				}
+				st := randF32(rng, P*hd*D)
+				for i := range st {
+					st[i] *= 0.1
+				}
+				run := func(b compute.Backend) (rec, out, state []float32) {
+					up := func(v []float32, shape ...int) compute.Tensor {
+						x, err := b.FromHost(compute.F32, compute.F32, f32bytes(v), shape...)
+						require.NoError(t, err)
+						return x
+					}
+					k := &compute.KDAArgs{QKV: up(qkv, T, 3*hd), G: up(g, T, H, D), Beta: up(beta, T, H), ALog: up(alog, H), DTBias: up(dtb, hd),
+						Gate: compute.GateLowerBound, LowerBound: -5, Preprocess: true, Scale: 0.35, CuSeqlens: cu,
+						State: up(st, P, H, D, D), Out: up(make([]float32, T*hd), T, H, D),
+						Records: up(make([]float32, T*6*hd), T, 6*hd), Raw: up(raw, T, 3*hd)}
+					if pool {
+						x, err := b.FromHost(compute.I32, compute.I32, i32bytes(slots), N)
+						require.NoError(t, err)
+						k.StateIdx = x
+					}
+					require.NoError(t, b.KDAChunk(k))
+					return read(t, b, k.Records), read(t, b, k.Out), read(t, b, k.State)
+				}
+				wantRec, wantOut, wantSt := run(c)
+				gotRec, gotOut, gotSt := run(a)
+				what := []any{"cu", cu, "pool", pool}
+				closeRel(t, wantRec, gotRec, 2e-5, 1e-4, append(what, "records")...)
+				closeRel(t, wantOut, gotOut, 2e-5, 1e-4, append(what, "out")...)
+				closeRel(t, wantSt, gotSt, 2e-5, 1e-4, append(what, "state")...)
+			}
+		}
+		// Records need token by token and keys as wide as values: other
+		// calls go to the general path, which refuses them without a host
+		// fallback, naming the operation.
+		up := func(v []float32, shape ...int) compute.Tensor {
+			x, err := a.FromHost(compute.F32, compute.F32, f32bytes(v), shape...)
+			require.NoError(t, err)
+			return x
+		}
+		k := &compute.KDAArgs{QKV: up(randF32(rng, 2*3*hd), 2, 3*hd), G: up(randF32(rng, 2*hd), 2, H, D), Beta: up(randF32(rng, 2*H), 2, H),
+			Gate: compute.GateGiven, Preprocess: true, Scale: 0.35, State: up(randF32(rng, hd*D), 1, H, D, D),
+			Out: up(make([]float32, 2*hd), 2, H, D), ChunkSize: 16,
+			Records: up(make([]float32, 2*6*hd), 2, 6*hd), Raw: up(randF32(rng, 2*3*hd), 2, 3*hd)}
+		require.ErrorContains(t, a.KDAChunk(k), "KDAChunk")
+	})
+}

@@ -300,6 +300,16 @@ type KDAArgs struct {
 	// ChunkSize is the chunk length of the WY form (16 or 64); 0 runs the
 	// recurrence token by token.
 	ChunkSize int
+	// Records, when set (token by token only, ChunkSize 0; Dk = Dv = D),
+	// receives each token's replay record, [T, 6·H·D] F32 in the layout of
+	// KDAStepArgs.Records: the key as the update used it, the decay
+	// factors α = exp(g), the corrected values u = β(v - (Diag(α)S)ᵀk),
+	// then Raw's row. A backend that cannot write them refuses the call
+	// with ErrUnsupported; it never leaves them unwritten.
+	Records Tensor
+	// Raw is what each record ends with: the raw q|k|v projections that
+	// entered the short conv, [T, 3·H·D].
+	Raw Tensor
 }
 
 // KDAWeights are one KDA layer's weights. The q, k and v projections and

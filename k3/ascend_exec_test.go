@@ -164,3 +164,49 @@ func TestAscendDecodeGraphs(t *testing.T) {
 		})
 	}
 }
+
+// On the Ascend backend, which has no fused KDA step, a model loaded with
+// WithRollback records its decode steps through the composition
+// (KDAChunk's replay records) on the device, with no host fallback: a
+// truncation replays them, and decoding the same tokens again gives the
+// logits the first decode gave, within rounding.
+func TestAscendRollbackRecords(t *testing.T) {
+	configs, err := filepath.Glob("../testdata/model/*/config.json")
+	require.NoError(t, err)
+	ctx := context.Background()
+	for _, cfg := range configs {
+		dir := filepath.Dir(cfg)
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			b, err := ascend.OpenHost(ascend.Options{ArenaBytes: 256 << 20})
+			require.NoError(t, err)
+			defer b.Close()
+			m, err := k3.Load(ctx, dir, k3.WithComputeBackend(b), k3.WithRollback(8))
+			require.NoError(t, err)
+			defer m.Close()
+			s, err := m.NewSession()
+			require.NoError(t, err)
+			defer s.Close()
+			_, err = s.Forward(ctx, []int32{1, 2, 3, 4, 5})
+			require.NoError(t, err)
+			toks := []int32{9, 7, 11, 6, 13, 8}
+			var first [][]float32
+			for _, tok := range toks {
+				l, err := s.Forward(ctx, []int32{tok})
+				require.NoError(t, err)
+				first = append(first, slices.Clone(l))
+			}
+			require.NoError(t, s.Truncate(ctx, 5+2))
+			for i, tok := range toks[2:] {
+				l, err := s.Forward(ctx, []int32{tok})
+				require.NoError(t, err)
+				scale := 0.0
+				for _, v := range first[2+i] {
+					scale = max(scale, math.Abs(float64(v)))
+				}
+				for j, v := range l {
+					require.InDelta(t, first[2+i][j], v, 1e-4*scale, "step %d after the truncation, logit %d", i, j)
+				}
+			}
+		})
+	}
+}

@@ -345,7 +345,7 @@ func (l *Layer) mixed(x compute.Tensor, s *Seqs, e int, y compute.Tensor) error 
 	if err != nil {
 		return fmt.Errorf("kda: decode step: %w", err)
 	}
-	if err := l.coreRows(e, t, s.States[s.Exact:], pooled{}, s.Cu[s.Exact:], l.cfg.ChunkSize); err != nil {
+	if err := l.coreRows(e, t, s.States[s.Exact:], pooled{}, s.Cu[s.Exact:], l.cfg.ChunkSize, compute.Tensor{}); err != nil {
 		return err
 	}
 	if err := l.b.MatMul(y, core, l.W.OProj); err != nil {
@@ -368,12 +368,13 @@ func (l *Layer) setStep(x compute.Tensor, states []*State, cu []int32, records, 
 func (l *Layer) step(x compute.Tensor, states []*State, pool pooled, cu []int32, records, y compute.Tensor) error {
 	l.setStep(x, states, cu, records, y)
 	err := l.b.KDAStep(&l.stepArgs)
-	if errors.Is(err, compute.ErrUnsupported) && records.IsZero() && x.Dim(0) <= l.maxT {
+	if errors.Is(err, compute.ErrUnsupported) && x.Dim(0) <= l.maxT {
 		l.composes = true
 		// A backend without the fused step gets the same layer from the
 		// smaller operations: the chunked path with the recurrence run
-		// token by token (equal within rounding, not bitwise).
-		return l.chunksWith(x, states, pool, cu, y, 0)
+		// token by token (equal within rounding, not bitwise), which
+		// writes the replay records too.
+		return l.chunksWith(x, states, pool, cu, y, 0, records)
 	}
 	if err != nil {
 		return fmt.Errorf("kda: decode step: %w", err)
@@ -385,18 +386,19 @@ func (l *Layer) step(x compute.Tensor, states []*State, pool pooled, cu []int32,
 // projection over all rows at once, the short conv and the recurrence per
 // sequence (rows cu[i]-cu[0] to cu[i+1]-cu[0]-1, continuing states[i]).
 func (l *Layer) chunks(x compute.Tensor, states []*State, cu []int32, y compute.Tensor) error {
-	return l.chunksWith(x, states, pooled{}, cu, y, l.cfg.ChunkSize)
+	return l.chunksWith(x, states, pooled{}, cu, y, l.cfg.ChunkSize, compute.Tensor{})
 }
 
 // chunksWith is chunks with the given chunk size (0: token by token); with
 // a pool (cu[0] = 0), the short conv and the recurrence run once over all
-// sequences, their states the pool's rows.
-func (l *Layer) chunksWith(x compute.Tensor, states []*State, pool pooled, cu []int32, y compute.Tensor, chunkSize int) error {
+// sequences, their states the pool's rows. Records, when set, receives
+// the rows' replay records (token by token only).
+func (l *Layer) chunksWith(x compute.Tensor, states []*State, pool pooled, cu []int32, y compute.Tensor, chunkSize int, records compute.Tensor) error {
 	t := x.Dim(0)
 	if err := l.project(x, t); err != nil {
 		return err
 	}
-	if err := l.coreRows(0, t, states, pool, cu, chunkSize); err != nil {
+	if err := l.coreRows(0, t, states, pool, cu, chunkSize, records); err != nil {
 		return err
 	}
 	if err := l.b.MatMul(y, l.core.Rows(0, t), l.W.OProj); err != nil {
@@ -430,7 +432,7 @@ func (l *Layer) project(x compute.Tensor, t int) error {
 // of the layer's projections into the same rows of its core; the rows are
 // the sequences cu describes (offsets from cu[0]), continuing states (or,
 // with a pool, its rows).
-func (l *Layer) coreRows(r0, r1 int, states []*State, pool pooled, cu []int32, chunkSize int) error {
+func (l *Layer) coreRows(r0, r1 int, states []*State, pool pooled, cu []int32, chunkSize int, records compute.Tensor) error {
 	t := r1 - r0
 	h, d := l.cfg.NumHeads, l.cfg.HeadDim
 	raw, conv := l.raw.Rows(r0, r1), l.conv.Rows(r0, r1)
@@ -449,6 +451,9 @@ func (l *Layer) coreRows(r0, r1 int, states []*State, pool pooled, cu []int32, c
 			Preprocess: true, Scale: scale, CuSeqlens: cu,
 			State: pool.states.S, StateIdx: pool.slots, Out: core.Reshape(t, h, d), ChunkSize: chunkSize,
 		}
+		if !records.IsZero() {
+			l.chunkArgs.Records, l.chunkArgs.Raw = records, raw
+		}
 		if err := b.KDAChunk(&l.chunkArgs); err != nil {
 			return fmt.Errorf("kda: core: %w", err)
 		}
@@ -466,6 +471,9 @@ func (l *Layer) coreRows(r0, r1 int, states []*State, pool pooled, cu []int32, c
 			ALog: l.W.ALog, DTBias: l.W.DTBias, Gate: l.W.Gate, LowerBound: l.W.LowerBound,
 			Preprocess: true, Scale: scale,
 			State: st.S, Out: core.Rows(s0, s1).Reshape(n, h, d), ChunkSize: chunkSize,
+		}
+		if !records.IsZero() {
+			l.chunkArgs.Records, l.chunkArgs.Raw = records.Rows(s0, s1), raw.Rows(s0, s1)
 		}
 		if err := b.KDAChunk(&l.chunkArgs); err != nil {
 			return fmt.Errorf("kda: core: %w", err)

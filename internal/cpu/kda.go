@@ -21,6 +21,7 @@ type kdaJob struct {
 	qStride, vStride  int     // elements per token of q and k, and of v
 	chunk             int
 	scale, lowerBound float32
+	records           []float32 // [T, 6·H·D] replay records, or nil
 }
 
 // kdaScratch holds one (sequence, head) item's working set.
@@ -155,6 +156,22 @@ func (b *Backend) kdaPrepare(a *compute.KDAArgs) (*kdaJob, error) {
 	if j.chunk < 0 {
 		return nil, fmt.Errorf("cpu: kda: chunk size %d", j.chunk)
 	}
+	if !a.Records.IsZero() {
+		// The records' last part is the raw projections, copied here; the
+		// recurrence writes the rest, head by head.
+		hd := h * dk
+		if j.chunk != 0 || dv != dk {
+			return nil, fmt.Errorf("cpu: kda: replay records with chunk size %d, key width %d and value width %d (want token by token, equal widths): %w", j.chunk, dk, dv, compute.ErrUnsupported)
+		}
+		j.records = get("records", a.Records, t, 6*hd)
+		raw := get("raw projections", a.Raw, t, 3*hd)
+		if err != nil {
+			return nil, err
+		}
+		for r := range t {
+			copy(j.records[r*6*hd+3*hd:(r+1)*6*hd], raw[r*3*hd:(r+1)*3*hd])
+		}
+	}
 	return j, nil
 }
 
@@ -242,7 +259,19 @@ func (j *kdaJob) recurrent(sc *kdaScratch, st []float32, hd, t0, t1 int) {
 	for i := 0; i < t1-t0; i++ {
 		q, k, g := sc.q[i*dk:(i+1)*dk], sc.k[i*dk:(i+1)*dk], sc.g[i*dk:(i+1)*dk]
 		v := sc.v[i*dv : (i+1)*dv]
+		var rec []float32
+		if j.records != nil {
+			// The fused step's record of the token (KDAStepArgs.Records).
+			w := j.h * dk
+			rec = j.records[(t0+i)*6*w : (t0+i+1)*6*w]
+			u = rec[2*w+hd*dv : 2*w+(hd+1)*dv]
+		}
 		kdaToken(st, q, k, g, v, sc.beta[i], o, u, ke, dk, dv)
+		if rec != nil {
+			w := j.h * dk
+			copy(rec[hd*dk:(hd+1)*dk], k)
+			copy(rec[w+hd*dk:w+(hd+1)*dk], g) // now the decay factors
+		}
 		copy(j.out[((t0+i)*j.h+hd)*dv:], o)
 	}
 }

@@ -71,3 +71,42 @@ func TestChunkOperandsNormal(t *testing.T) {
 		}
 	}
 }
+
+// TestKDARecordsRefused: replay records come only from the token-by-token
+// recurrence with keys as wide as values; other calls, and records or raw
+// projections of the wrong shape, are errors that name them, and leave
+// the state alone.
+func TestKDARecordsRefused(t *testing.T) {
+	b := New(1)
+	defer b.Close()
+	r := rand.New(rand.NewPCG(5, 5))
+	const T, H, D = 3, 2, 4
+	hd := H * D
+	up := func(n int, dims ...int) compute.Tensor {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(r.NormFloat64())
+		}
+		x, err := b.Alloc(compute.F32, dims...)
+		require.NoError(t, err)
+		require.NoError(t, b.Write(x, v))
+		return x
+	}
+	args := func() *compute.KDAArgs {
+		return &compute.KDAArgs{QKV: up(T*3*hd, T, 3*hd), G: up(T*hd, T, H, D), Beta: up(T*H, T, H), Gate: compute.GateGiven,
+			Preprocess: true, Scale: 0.5, State: up(hd*D, 1, H, D, D), Out: up(T*hd, T, H, D),
+			Records: up(T*6*hd, T, 6*hd), Raw: up(T*3*hd, T, 3*hd)}
+	}
+	a := args()
+	a.ChunkSize = 16
+	before := append([]float32(nil), F32(a.State)...)
+	require.ErrorIs(t, b.KDAChunk(a), compute.ErrUnsupported)
+	require.Equal(t, before, F32(a.State))
+	a = args()
+	a.Records = up(T*5*hd, T, 5*hd)
+	require.ErrorContains(t, b.KDAChunk(a), "records")
+	a = args()
+	a.Raw = up(T*2*hd, T, 2*hd)
+	require.ErrorContains(t, b.KDAChunk(a), "raw projections")
+	require.NoError(t, b.KDAChunk(args()))
+}
