@@ -210,3 +210,53 @@ func TestAscendRollbackRecords(t *testing.T) {
 		})
 	}
 }
+
+// With WithRollback, the decode steps that write replay records are
+// captured into graphs too (each KDA layer's records in rows of their
+// own, taken by the logs after the step): over decode steps, a truncation
+// and the same tokens again, the logits are bitwise those of the model
+// run eagerly, and steps were replayed.
+func TestAscendRollbackGraphs(t *testing.T) {
+	configs, err := filepath.Glob("../testdata/model/*/config.json")
+	require.NoError(t, err)
+	ctx := context.Background()
+	for _, cfg := range configs {
+		dir := filepath.Dir(cfg)
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			run := func(opts ...k3.Option) ([][]float32, k3.GraphStats) {
+				b, err := ascend.OpenHost(ascend.Options{ArenaBytes: 256 << 20})
+				require.NoError(t, err)
+				defer b.Close()
+				m, err := k3.Load(ctx, dir, append(opts, k3.WithComputeBackend(b), k3.WithRollback(8))...)
+				require.NoError(t, err)
+				defer m.Close()
+				s, err := m.NewSession()
+				require.NoError(t, err)
+				defer s.Close()
+				_, err = s.Forward(ctx, []int32{1, 2, 3, 4, 5})
+				require.NoError(t, err)
+				var out [][]float32
+				toks := []int32{9, 7, 11, 6, 13, 8, 10}
+				for _, tok := range toks {
+					l, err := s.Forward(ctx, []int32{tok})
+					require.NoError(t, err)
+					out = append(out, slices.Clone(l))
+				}
+				require.NoError(t, s.Truncate(ctx, 5+3))
+				for _, tok := range toks[3:] {
+					l, err := s.Forward(ctx, []int32{tok})
+					require.NoError(t, err)
+					out = append(out, slices.Clone(l))
+				}
+				return out, m.GraphStats()
+			}
+			eager, _ := run(k3.WithoutGraphs())
+			graphed, gs := run()
+			require.Equal(t, len(eager), len(graphed))
+			for i := range eager {
+				require.True(t, slices.Equal(eager[i], graphed[i]), "logits %d of %d differ (%+v)", i, len(eager), gs)
+			}
+			require.Positive(t, gs.StepsReplayed, "%+v", gs)
+		})
+	}
+}

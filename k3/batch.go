@@ -271,6 +271,10 @@ func (bt *Batch) execute(sessions []*Session, cu, ids []int32, out []float32, ro
 			err = bt.p.run(bt.ids, bt.mix, tr, all, bt.picked)
 		}
 		bt.p.split = 0
+		if err == nil {
+			// Each KDA layer's records, when they have rows of their own.
+			err = bt.rec.appendAll(b, bt.cur[:bt.nExact], bt.cu[:bt.nExact+1])
+		}
 		if err != nil {
 			for _, s := range bt.cur {
 				s.broken = err
@@ -406,12 +410,13 @@ func (bt *Batch) mixLayer(l int, normed, out compute.Tensor) error {
 			bt.kdaSeqs.Pool, bt.kdaSeqs.Slots = bt.slab.pools[l], bt.slots
 		}
 		if ne > 0 {
-			bt.kdaSeqs.Records = bt.rec.rows(e)
+			bt.kdaSeqs.Records = bt.rec.rows(l, e)
 		}
 		if err := bt.kdaForward(l, kl, normed, out); err != nil {
 			return err
 		}
-		if ne > 0 {
+		if ne > 0 && !bt.rec.perLayer {
+			// The layers share the rows: this layer's go to the logs now.
 			return bt.rec.appendRuns(bt.m.b, bt.cur[:ne], bt.cu[:ne+1], l)
 		}
 		return nil
@@ -439,17 +444,18 @@ func (bt *Batch) cachesOf(l int) []*dsa.Cache {
 
 // kdaForward runs KDA layer kl over bt.kdaSeqs, through the model's graphs
 // when the pass is a decode step they capture: exact rows only, at most
-// graphMaxRows of them, no replay records and no trace (whose reads would
-// fail a capture). The rows are not padded: a padding row would need a
+// graphMaxRows of them, no trace (whose reads would fail a capture), and
+// replay records only in rows of the layer's own, which the logs read
+// after the step. The rows are not padded: a padding row would need a
 // state of its own.
 func (bt *Batch) kdaForward(l int, kl *kda.Layer, normed, out compute.Tensor) error {
 	g, s := bt.m.graphs, &bt.kdaSeqs
 	t := normed.Dim(0)
-	if g == nil || bt.trace != nil || s.Exact != len(s.States) || t > graphMaxRows || !s.Records.IsZero() {
+	if g == nil || bt.trace != nil || s.Exact != len(s.States) || t > graphMaxRows || (!s.Records.IsZero() && !bt.rec.perLayer) {
 		return kl.Forward(normed, s, out)
 	}
 	g.begin()
-	g.dep(normed, out)
+	g.dep(normed, out, s.Records)
 	if s.Pool != nil && kl.Composes() {
 		// The composition reads the states through the slots written
 		// before the pass: the key holds the pools and the slots tensor,
@@ -513,7 +519,7 @@ func (bt *Batch) keepTaps(s *Session, r0, r1 int) error {
 func (bt *Batch) stepGraph(all bool) (bool, error) {
 	m, p, g := bt.m, bt.p, bt.m.graphs
 	t := len(bt.ids)
-	if g == nil || g.piecesOnly || bt.trace != nil || bt.nExact != len(bt.cur) || t > graphMaxRows || p.taps != nil || !bt.rec.dev.IsZero() ||
+	if g == nil || g.piecesOnly || bt.trace != nil || bt.nExact != len(bt.cur) || t > graphMaxRows || p.taps != nil || (!bt.rec.dev.IsZero() && !bt.rec.perLayer) ||
 		(m.slabs != nil && bt.slab == nil) {
 		return false, nil
 	}
@@ -561,7 +567,7 @@ func (bt *Batch) stepGraph(all bool) (bool, error) {
 			return false, err
 		}
 	}
-	deps, ints := append(bt.keyDeps[:0], p.x, p.logits, bt.slots), bt.keyInts[:0]
+	deps, ints := append(bt.keyDeps[:0], p.x, p.logits, bt.slots, bt.rec.dev), bt.keyInts[:0]
 	if bt.slab != nil {
 		for _, st := range bt.slab.pools {
 			if st != nil {

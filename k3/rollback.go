@@ -35,10 +35,16 @@ func replayShape(c kda.Config) replay.Shape {
 
 // recorder carries the replay records of a pass's KDA rows from the
 // backend to the logs: a device tensor the step writes and a host copy.
+// On a backend that captures graphs each KDA layer has rows of its own
+// (perLayer), so that a captured step writes all of them and the logs
+// take them after it; elsewhere the layers share the rows, each layer's
+// records going to the logs before the next layer writes.
 type recorder struct {
-	dev        compute.Tensor // [rows, RecordLen]
+	dev        compute.Tensor // [rows, RecordLen], or [kdaLayers·rows, RecordLen] perLayer
 	host, view []float32
-	rl         int
+	rl, max    int // the record's length; rows per layer
+	perLayer   bool
+	slot       []int // perLayer: layer l's block of rows; -1 for other layers
 }
 
 // newRecorder sizes a recorder for passes of up to rows rows of the
@@ -47,48 +53,79 @@ func (m *Model) newRecorder(rows int) (*recorder, error) {
 	if m.rollback == 0 {
 		return &recorder{}, nil
 	}
+	r := &recorder{max: rows, perLayer: m.graphs != nil}
+	blocks := 0
 	for _, ly := range m.layers {
 		if ly.kind != config.KDA {
+			r.slot = append(r.slot, -1)
 			continue
 		}
-		rl := kda.RecordLen(ly.kdaCfg)
-		t, err := m.b.Alloc(compute.F32, rows, rl)
-		if err != nil {
-			return nil, err
-		}
-		return &recorder{dev: t, host: make([]float32, rows*rl), rl: rl}, nil
+		r.rl = kda.RecordLen(ly.kdaCfg)
+		r.slot = append(r.slot, blocks)
+		blocks++
 	}
-	return &recorder{}, nil
+	if blocks == 0 {
+		return &recorder{}, nil
+	}
+	if !r.perLayer {
+		blocks = 1
+	}
+	t, err := m.b.Alloc(compute.F32, blocks*rows, r.rl)
+	if err != nil {
+		return nil, err
+	}
+	r.dev, r.host = t, make([]float32, rows*r.rl)
+	return r, nil
 }
 
-// rows returns the device rows a step of n rows writes (the zero Tensor
-// when the model keeps no logs).
-func (r *recorder) rows(n int) compute.Tensor {
+// rows returns the device rows layer l's part of a step of n rows writes
+// (the zero Tensor when the model keeps no logs).
+func (r *recorder) rows(l, n int) compute.Tensor {
 	if r.dev.IsZero() {
 		return compute.Tensor{}
+	}
+	if r.perLayer {
+		return r.dev.Rows(r.slot[l]*r.max, r.slot[l]*r.max+n)
 	}
 	return r.dev.Rows(0, n)
 }
 
-// read brings n rows of records to the host, or nil when the model keeps
-// no logs.
-func (r *recorder) read(b compute.Backend, n int) ([]float32, error) {
+// read brings layer l's n rows of records to the host, or nil when the
+// model keeps no logs.
+func (r *recorder) read(b compute.Backend, l, n int) ([]float32, error) {
 	if r.dev.IsZero() {
 		return nil, nil
 	}
 	// Through a field, passed by pointer: a local's address would move it
 	// to the heap on every step.
 	r.view = r.host[:n*r.rl]
-	if err := b.Read(&r.view, r.dev.Rows(0, n)); err != nil {
+	if err := b.Read(&r.view, r.rows(l, n)); err != nil {
 		return nil, err
 	}
 	return r.view, nil
 }
 
+// appendAll appends every KDA layer's records of a pass (perLayer) to the
+// logs of its sessions, the rows cu[i] to cu[i+1]-1 being sessions[i]'s.
+func (r *recorder) appendAll(b compute.Backend, sessions []*Session, cu []int32) error {
+	if !r.perLayer || r.dev.IsZero() || len(sessions) == 0 {
+		return nil
+	}
+	for l, slot := range r.slot {
+		if slot < 0 {
+			continue
+		}
+		if err := r.appendRuns(b, sessions, cu, l); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // appendRuns appends the records of rows cu[i] to cu[i+1]-1 to
 // sessions[i]'s log of layer l.
 func (r *recorder) appendRuns(b compute.Backend, sessions []*Session, cu []int32, l int) error {
-	h, err := r.read(b, int(cu[len(cu)-1]))
+	h, err := r.read(b, l, int(cu[len(cu)-1]))
 	if h == nil || err != nil {
 		return err
 	}
