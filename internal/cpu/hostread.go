@@ -23,6 +23,7 @@ type hostRefs struct {
 	refs  []hostRef
 	maxHi []uintptr // maxHi[i] is the largest hi of refs[:i+1], when !dirty
 	dirty bool      // refs gained records since they were sorted
+	prune int       // add drops collected buffers' records from this length on
 }
 
 type hostRef struct {
@@ -33,9 +34,15 @@ type hostRef struct {
 func (h *hostRefs) add(buf *buffer, data []byte) {
 	lo := uintptr(unsafe.Pointer(unsafe.SliceData(data)))
 	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.refs) >= h.prune {
+		// A backend that keeps making tensors over borrowed bytes keeps
+		// only the live ones' records, in amortised constant time.
+		h.refs = slices.DeleteFunc(h.refs, func(r hostRef) bool { return r.buf.Value() == nil })
+		h.prune = 2*len(h.refs) + 1024
+	}
 	h.refs = append(h.refs, hostRef{buf: weak.Make(buf), lo: lo, hi: lo + uintptr(len(data))})
 	h.dirty = true
-	h.mu.Unlock()
 }
 
 // ReadsHost implements compute.HostReader: whether a buffer made over bytes
@@ -69,8 +76,8 @@ func (b *Backend) ReadsHost(p []byte) bool {
 		}
 		h.dirty = false
 	}
-	// The records starting below hi, newest start first, while one of them
-	// or an earlier one still reaches past lo.
+	// The records starting below hi, from the last such start down, while
+	// one of them or an earlier one still reaches past lo.
 	for j := sort.Search(len(h.refs), func(i int) bool { return h.refs[i].lo >= hi }) - 1; j >= 0 && h.maxHi[j] > lo; j-- {
 		if r := h.refs[j]; r.hi > lo && r.buf.Value() != nil {
 			return true

@@ -64,6 +64,17 @@ func TestReadsHost(t *testing.T) {
 	require.True(t, b.ReadsHost(big[5000:6000]), "the short one is still alive")
 	runtime.KeepAlive(short)
 
+	// Records of collected tensors do not pile up while tensors keep
+	// being made.
+	for i := range 5000 {
+		_, err := b.FromHost(compute.BF16, compute.BF16, big[:64], 32)
+		require.NoError(t, err)
+		if i%500 == 0 {
+			runtime.GC()
+		}
+	}
+	require.Less(t, len(b.host.refs), 3000, "records kept")
+
 	// A converted tensor is a copy.
 	other := make([]byte, 2048)
 	conv, err := b.FromHost(compute.F32, compute.BF16, other, 1024)
