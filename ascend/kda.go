@@ -3,6 +3,7 @@ package ascend
 import (
 	"fmt"
 	"math"
+	"strconv"
 
 	"k3/compute"
 )
@@ -141,7 +142,7 @@ func (b *Backend) recurrentKDA(a *compute.KDAArgs, d kdaDims) error {
 			{t: at(a.QKV, 2*H*Dk), view: i64(T, H, Dv), strides: st}}
 	}
 	for i, dst := range []operand{tokens3(qn, Dk), tokens3(kn, Dk), tokens3(vv, Dv)} {
-		if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) }, dst, src[i]); err != nil {
+		if err := b.runAs("aclnnInplaceCopy", func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) }, dst, src[i]); err != nil {
 			return err
 		}
 	}
@@ -157,17 +158,17 @@ func (b *Backend) recurrentKDA(a *compute.KDAArgs, d kdaDims) error {
 		}
 		defer b.freeBuf(scratch.Mem.(*devBuf))
 		for _, x := range []compute.Tensor{qn, kn} {
-			if err := b.run(func(ts []tensorDesc) (prepared, error) {
+			if err := b.runAs("aclnnRmsNorm "+strconv.FormatFloat(1e-6/float64(Dk), 'g', -1, 64), func(ts []tensorDesc) (prepared, error) {
 				return b.drv.rmsNorm(ts[0], ts[1], 1e-6/float64(Dk), ts[2], ts[3])
 			}, rows(x, Dk), operand{t: inv, view: i64(Dk)}, rows(x, Dk), rows(scratch, 1)); err != nil {
 				return err
 			}
 		}
-		if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary("aclnnSigmoid", ts[0], ts[1]) },
+		if err := b.runAs("aclnnSigmoid", func(ts []tensorDesc) (prepared, error) { return b.drv.unary("aclnnSigmoid", ts[0], ts[1]) },
 			operand{t: a.Beta, view: i64(T, H)}, operand{t: beta, view: i64(T, H)}); err != nil {
 			return err
 		}
-	} else if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) },
+	} else if err := b.runAs("aclnnInplaceCopy", func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) },
 		operand{t: beta, view: i64(T, H)}, operand{t: a.Beta, view: i64(T, H)}); err != nil {
 		return err
 	}
@@ -237,14 +238,14 @@ func (b *Backend) recurrentPiece(a *compute.KDAArgs, d kdaDims, src kdaOperands,
 			return err
 		}
 		defer b.freeBuf(slots.Mem.(*devBuf))
-		if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.indexSelect(ts[0], 0, ts[1], ts[2]) },
+		if err := b.runAs("aclnnIndexSelect", func(ts []tensorDesc) (prepared, error) { return b.drv.indexSelect(ts[0], 0, ts[1], ts[2]) },
 			operand{t: a.StateIdx, view: i64(d.N)}, operand{t: idxT, view: i64(n)}, operand{t: slots, view: i64(n)}); err != nil {
 			return err
 		}
 		idxT = slots
 	}
 	scale := a.Scale
-	return b.run(func(ts []tensorDesc) (prepared, error) {
+	return b.runAs("aclnnRecurrentGatedDeltaRule "+attr(scale), func(ts []tensorDesc) (prepared, error) {
 		return b.drv.rgdr(ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], ts[6], nil, ts[7], scale, ts[8])
 	}, t3(src.q, Dk), t3(src.k, Dk), t3(src.v, Dv), operand{t: src.beta, view: i64(n, H)},
 		operand{t: a.State, view: i64(d.P, H, Dv, Dk)}, operand{t: lensT, view: i64(len(lens))}, operand{t: idxT, view: i64(n)},
@@ -282,7 +283,7 @@ func (b *Backend) recurrentPieces(a *compute.KDAArgs, d kdaDims, src kdaOperands
 		return operand{t: t, view: i64(n, w)}
 	}
 	cp := func(dst, from operand) error {
-		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) }, dst, from)
+		return b.runAs("aclnnInplaceCopy", func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) }, dst, from)
 	}
 	cu := make([]int32, N+1)
 	for p0 := 0; p0 < d.longest(); p0 += maxRecurrentTokens {
@@ -337,7 +338,7 @@ func (b *Backend) recordedPieces(a *compute.KDAArgs, d kdaDims, src kdaOperands)
 	T, H, D, N := d.T, d.H, d.Dk, d.N
 	hd := H * D
 	cp := func(dst, from operand) error {
-		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) }, dst, from)
+		return b.runAs("aclnnInplaceCopy", func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) }, dst, from)
 	}
 	// col is the records' columns [off, off+w) of rows [r, r+n).
 	col := func(r, n, off, w int) operand {
@@ -352,7 +353,7 @@ func (b *Backend) recordedPieces(a *compute.KDAArgs, d kdaDims, src kdaOperands)
 	if err := cp(col(0, T, 0, hd), flat(src.k, 0, T, hd)); err != nil {
 		return err
 	}
-	if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary("aclnnExp", ts[0], ts[1]) },
+	if err := b.runAs("aclnnExp", func(ts []tensorDesc) (prepared, error) { return b.drv.unary("aclnnExp", ts[0], ts[1]) },
 		flat(src.decay, 0, T, hd), col(0, T, hd, hd)); err != nil {
 		return err
 	}
@@ -416,28 +417,28 @@ func (b *Backend) recordedPieces(a *compute.KDAArgs, d kdaDims, src kdaOperands)
 			return err
 		}
 		if !a.StateIdx.IsZero() {
-			if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.indexSelect(ts[0], 0, ts[1], ts[2]) },
+			if err := b.runAs("aclnnIndexSelect", func(ts []tensorDesc) (prepared, error) { return b.drv.indexSelect(ts[0], 0, ts[1], ts[2]) },
 				operand{t: a.StateIdx, view: i64(N)}, operand{t: idx, view: i64(n)}, operand{t: slots, view: i64(n)}); err != nil {
 				return err
 			}
 			idx = slots
 		}
 		states := piece[9]
-		if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.indexSelect(ts[0], 0, ts[1], ts[2]) },
+		if err := b.runAs("aclnnIndexSelect", func(ts []tensorDesc) (prepared, error) { return b.drv.indexSelect(ts[0], 0, ts[1], ts[2]) },
 			operand{t: a.State, view: i64(d.P, hd*D)}, operand{t: idx, view: i64(n)}, flat(states, 0, n, hd*D)); err != nil {
 			return err
 		}
 		// u = β(v - S·(α⊙k)), α⊙k in piece 7, S·(α⊙k) in piece 8.
 		ak, sk, u := piece[7], piece[8], piece[6]
-		if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary("aclnnExp", ts[0], ts[1]) },
+		if err := b.runAs("aclnnExp", func(ts []tensorDesc) (prepared, error) { return b.drv.unary("aclnnExp", ts[0], ts[1]) },
 			flat(step.decay, 0, n, hd), flat(ak, 0, n, hd)); err != nil {
 			return err
 		}
-		if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) },
+		if err := b.runAs("aclnnMul", func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) },
 			flat(ak, 0, n, hd), flat(step.k, 0, n, hd), flat(ak, 0, n, hd)); err != nil {
 			return err
 		}
-		if err := b.run(func(ts []tensorDesc) (prepared, error) {
+		if err := b.runAs("aclnnBatchMatMul", func(ts []tensorDesc) (prepared, error) {
 			return b.drv.matmul("aclnnBatchMatMul", ts[0], ts[1], ts[2], 0)
 		},
 			operand{t: states, view: i64(n*H, D, D)}, operand{t: ak, view: i64(n*H, D, 1)}, operand{t: sk, view: i64(n*H, D, 1)}); err != nil {
@@ -447,11 +448,11 @@ func (b *Backend) recordedPieces(a *compute.KDAArgs, d kdaDims, src kdaOperands)
 		if err != nil {
 			return err
 		}
-		if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.add(ts[0], ts[1], minus, ts[2]) },
+		if err := b.runAs("aclnnAdd "+attr(-1), func(ts []tensorDesc) (prepared, error) { return b.drv.add(ts[0], ts[1], minus, ts[2]) },
 			flat(step.v, 0, n, hd), flat(sk, 0, n, hd), flat(u, 0, n, hd)); err != nil {
 			return err
 		}
-		if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) },
+		if err := b.runAs("aclnnMul", func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) },
 			operand{t: u, view: i64(n*H, D)}, operand{t: step.beta, view: i64(n*H, 1)}, operand{t: u, view: i64(n*H, D)}); err != nil {
 			return err
 		}
@@ -494,11 +495,11 @@ func (b *Backend) decayGate(a *compute.KDAArgs, gk, rate compute.Tensor, T, H, D
 	}
 	steps := []func() error{
 		func() error {
-			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.add(ts[0], ts[1], one, ts[2]) },
+			return b.runAs("aclnnAdd "+attr(1), func(ts []tensorDesc) (prepared, error) { return b.drv.add(ts[0], ts[1], one, ts[2]) },
 				operand{t: a.G, view: i64(T, H*Dk)}, operand{t: a.DTBias, view: i64(H * Dk)}, flat2)
 		},
 		func() error {
-			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary("aclnnExp", ts[0], ts[1]) },
+			return b.runAs("aclnnExp", func(ts []tensorDesc) (prepared, error) { return b.drv.unary("aclnnExp", ts[0], ts[1]) },
 				operand{t: a.ALog, view: i64(H)}, operand{t: rate, view: i64(H)})
 		},
 	}
@@ -508,11 +509,11 @@ func (b *Backend) decayGate(a *compute.KDAArgs, gk, rate compute.Tensor, T, H, D
 			if err != nil {
 				return err
 			}
-			return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.muls(ts[0], sc, ts[1]) }, x, x)
+			return b.runAs("aclnnMuls "+attr(v), func(ts []tensorDesc) (prepared, error) { return b.drv.muls(ts[0], sc, ts[1]) }, x, x)
 		}
 	}
 	mulRate := func() error {
-		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) }, heads, perHead, heads)
+		return b.runAs("aclnnMul", func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) }, heads, perHead, heads)
 	}
 	if a.Gate == compute.GateSoftplus {
 		steps = append(steps,
@@ -523,7 +524,7 @@ func (b *Backend) decayGate(a *compute.KDAArgs, gk, rate compute.Tensor, T, H, D
 		steps = append(steps,
 			mulRate,
 			func() error {
-				return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary("aclnnSigmoid", ts[0], ts[1]) }, flat2, flat2)
+				return b.runAs("aclnnSigmoid", func(ts []tensorDesc) (prepared, error) { return b.drv.unary("aclnnSigmoid", ts[0], ts[1]) }, flat2, flat2)
 			},
 			muls(a.LowerBound, flat2))
 	}
@@ -585,7 +586,7 @@ func (b *Backend) CausalConv(a *compute.ConvArgs) error {
 			return err
 		}
 		defer b.freeBuf(states.Mem.(*devBuf))
-		if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.indexSelect(ts[0], 0, ts[1], ts[2]) },
+		if err := b.runAs("aclnnIndexSelect", func(ts []tensorDesc) (prepared, error) { return b.drv.indexSelect(ts[0], 0, ts[1], ts[2]) },
 			rows(a.State, P), operand{t: a.StateIdx, view: i64(N)}, rows(states, N)); err != nil {
 			return err
 		}
@@ -606,7 +607,7 @@ func (b *Backend) CausalConv(a *compute.ConvArgs) error {
 		return operand{t: t, view: i64(rows, C)}
 	}
 	cp := func(dst, src operand) error {
-		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) }, dst, src)
+		return b.runAs("aclnnInplaceCopy", func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) }, dst, src)
 	}
 	for s := range N {
 		r0, n := int(cu[s]), int(cu[s+1]-cu[s])
@@ -630,17 +631,17 @@ func (b *Backend) CausalConv(a *compute.ConvArgs) error {
 			if j > 0 {
 				dst = at(tmp, 0, n)
 			}
-			if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) },
+			if err := b.runAs("aclnnMul", func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) },
 				at(win, j, n), taps, dst); err != nil {
 				return err
 			}
 			if j > 0 {
-				if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.add(ts[0], ts[1], one, ts[2]) }, out, dst, out); err != nil {
+				if err := b.runAs("aclnnAdd "+attr(1), func(ts []tensorDesc) (prepared, error) { return b.drv.add(ts[0], ts[1], one, ts[2]) }, out, dst, out); err != nil {
 					return err
 				}
 			}
 		}
-		if err := b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.unary("aclnnSilu", ts[0], ts[1]) }, out, out); err != nil {
+		if err := b.runAs("aclnnSilu", func(ts []tensorDesc) (prepared, error) { return b.drv.unary("aclnnSilu", ts[0], ts[1]) }, out, out); err != nil {
 			return err
 		}
 		if err := cp(at(state, 0, W-1), at(win, n, W-1)); err != nil {
@@ -648,7 +649,7 @@ func (b *Backend) CausalConv(a *compute.ConvArgs) error {
 		}
 	}
 	if pooled {
-		return b.run(func(ts []tensorDesc) (prepared, error) { return b.drv.indexCopy(ts[0], 0, ts[1], ts[2]) },
+		return b.runAs("aclnnInplaceIndexCopy", func(ts []tensorDesc) (prepared, error) { return b.drv.indexCopy(ts[0], 0, ts[1], ts[2]) },
 			rows(a.State, P), operand{t: a.StateIdx, view: i64(N)}, rows(states, N))
 	}
 	return nil
