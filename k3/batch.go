@@ -502,7 +502,8 @@ func (bt *Batch) keepTaps(s *Session, r0, r1 int) error {
 
 // stepGraph runs the pass as one graph when a capturing backend can hold
 // it whole: a decode or verification pass of exact runs (at most
-// graphMaxRows rows, no trace, replay records or DSpark taps) whose
+// graphMaxRows rows, no trace; replay records only in rows of each
+// layer's own, and a DSpark module's taps, all read after the step) whose
 // sessions' KDA states share a slab and whose KDA layers take their
 // composition, and whose attention layers all have their pages in one
 // page slab. The host work a replay skips is done first: the attention
@@ -519,7 +520,7 @@ func (bt *Batch) keepTaps(s *Session, r0, r1 int) error {
 func (bt *Batch) stepGraph(all bool) (bool, error) {
 	m, p, g := bt.m, bt.p, bt.m.graphs
 	t := len(bt.ids)
-	if g == nil || g.piecesOnly || bt.trace != nil || bt.nExact != len(bt.cur) || t > graphMaxRows || p.taps != nil || (!bt.rec.dev.IsZero() && !bt.rec.perLayer) ||
+	if g == nil || g.piecesOnly || bt.trace != nil || bt.nExact != len(bt.cur) || t > graphMaxRows || (!bt.rec.dev.IsZero() && !bt.rec.perLayer) ||
 		(m.slabs != nil && bt.slab == nil) {
 		return false, nil
 	}
@@ -568,6 +569,7 @@ func (bt *Batch) stepGraph(all bool) (bool, error) {
 		}
 	}
 	deps, ints := append(bt.keyDeps[:0], p.x, p.logits, bt.slots, bt.rec.dev), bt.keyInts[:0]
+	deps = append(deps, p.taps...) // a DSpark module's taps, read after the step (keepTaps)
 	if bt.slab != nil {
 		for _, st := range bt.slab.pools {
 			if st != nil {
