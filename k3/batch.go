@@ -66,14 +66,19 @@ func (m *Model) NewBatch(max int) (*Batch, error) {
 
 // newBatch builds a batch of up to max rows per pass; sessions' workspaces
 // are batches too.
-func (m *Model) newBatch(max int) (*Batch, error) {
+func (m *Model) newBatch(max int) (*Batch, error) { return m.newBatchExact(max, max) }
+
+// newBatchExact is newBatch for passes of at most exact exact rows (a
+// session's workspace runs one session: at most ExactTokens), which sizes
+// the replay records' rows.
+func (m *Model) newBatchExact(max, exact int) (*Batch, error) {
 	bt := &Batch{m: m, max: max}
 	var err error
 	if bt.p, err = newPass(m, max); err != nil {
 		return nil, err
 	}
 	bt.mix = bt.mixLayer
-	if bt.rec, err = m.newRecorder(max); err != nil {
+	if bt.rec, err = m.newRecorder(min(exact, max)); err != nil {
 		return nil, err
 	}
 	var firstKDA *kda.Layer
@@ -251,6 +256,10 @@ func (bt *Batch) execute(sessions []*Session, cu, ids []int32, out []float32, ro
 			bt.cu = append(bt.cu, int32(len(bt.ids)))
 		}
 		bt.nExact = ps.exact
+		if e := int(bt.cu[ps.exact]); bt.rec.short(e) {
+			// Before anything of the pass runs: no session is touched.
+			return fmt.Errorf("k3: a pass of %d exact rows in a batch that records %d", e, bt.rec.max)
+		}
 		if err := bt.writeSlots(); err != nil {
 			return err
 		}

@@ -78,6 +78,10 @@ func (m *Model) newRecorder(rows int) (*recorder, error) {
 	return r, nil
 }
 
+// short reports whether a pass of n exact rows has more than the recorder
+// holds.
+func (r *recorder) short(n int) bool { return !r.dev.IsZero() && n > r.max }
+
 // rows returns the device rows layer l's part of a step of n rows writes
 // (the zero Tensor when the model keeps no logs).
 func (r *recorder) rows(l, n int) compute.Tensor {

@@ -254,3 +254,47 @@ func TestRollbackDropsLaterSnapshots(t *testing.T) {
 	assert.Equal(t, want, s.Tokens())
 	assert.InDeltaSlice(t, r.Logits(), s.Logits(), 1e-4)
 }
+
+// TestRecorderRows: a session's workspace records replay rows for the
+// exact runs it can run (ExactTokens), not for its prefill chunk, and a
+// batch sized for fewer exact rows than a pass brings refuses the pass
+// before it runs, with an error naming both.
+func TestRecorderRows(t *testing.T) {
+	ctx := context.Background()
+	m, err := Load(ctx, tinyDir, WithRollback(4))
+	require.NoError(t, err)
+	defer m.Close()
+	ws, err := m.newWorkspace()
+	require.NoError(t, err)
+	require.Equal(t, ExactTokens, ws.bt.rec.max)
+	require.Equal(t, ExactTokens, ws.bt.rec.dev.Dim(0)/max(1, blocksOf(ws.bt.rec)))
+
+	bt, err := m.newBatchExact(32, 4)
+	require.NoError(t, err)
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	defer s.Close()
+	_, err = bt.Forward(ctx, []*Session{s}, [][]int32{{1, 2, 3, 4}})
+	require.NoError(t, err)
+	_, err = bt.Forward(ctx, []*Session{s}, [][]int32{{5, 6, 7, 8, 9}})
+	require.ErrorContains(t, err, "5 exact rows")
+	require.ErrorContains(t, err, "records 4")
+	// Refused before the pass ran: the session goes on.
+	require.Equal(t, 4, s.Len())
+	_, err = s.Forward(ctx, []int32{5})
+	require.NoError(t, err)
+}
+
+// blocksOf is the number of layers' row blocks a recorder holds.
+func blocksOf(r *recorder) int {
+	if !r.perLayer {
+		return 1
+	}
+	n := 0
+	for _, s := range r.slot {
+		if s >= 0 {
+			n++
+		}
+	}
+	return n
+}

@@ -530,7 +530,7 @@ type workspace struct {
 }
 
 func (m *Model) newWorkspace() (*workspace, error) {
-	bt, err := m.newBatch(max(m.chunk, ExactTokens))
+	bt, err := m.newBatchExact(max(m.chunk, ExactTokens), ExactTokens)
 	if err != nil {
 		return nil, err
 	}
