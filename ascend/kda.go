@@ -252,6 +252,25 @@ func (b *Backend) recurrentPiece(a *compute.KDAArgs, d kdaDims, src kdaOperands,
 		t3(src.decay, Dk), t3(src.out, Dv))
 }
 
+// scratchParts allocates one F32 scratch buffer and cuts it into parts,
+// parts[i] holding rows rows of width[i]; the caller frees the buffer.
+func (b *Backend) scratchParts(rows int, width []int, parts []compute.Tensor) (*devBuf, error) {
+	total := 0
+	for _, w := range width {
+		total += rows * w
+	}
+	sc, err := b.allocTensor(compute.F32, total)
+	if err != nil {
+		return nil, err
+	}
+	off := 0
+	for i, w := range width {
+		parts[i] = part(sc, off, rows*w)
+		off += rows * w
+	}
+	return sc.Mem.(*devBuf), nil
+}
+
 // recurrentPieces is the recurrence over sequences longer than the
 // operator takes (chunked prefill): in pieces of at most eight tokens per
 // sequence, each piece's rows gathered into scratch, run, and the outputs
@@ -262,21 +281,12 @@ func (b *Backend) recurrentPieces(a *compute.KDAArgs, d kdaDims, src kdaOperands
 	H, Dk, Dv, N := d.H, d.Dk, d.Dv, d.N
 	rows := maxRecurrentTokens * N
 	width := [6]int{H * Dk, H * Dk, H * Dv, H, H * Dk, H * Dv} // q, k, v, beta, decay, out
-	total := 0
-	for _, w := range width {
-		total += rows * w
-	}
-	sc, err := b.allocTensor(compute.F32, total)
+	var piece [6]compute.Tensor
+	sc, err := b.scratchParts(rows, width[:], piece[:])
 	if err != nil {
 		return err
 	}
-	defer b.freeBuf(sc.Mem.(*devBuf))
-	var piece [6]compute.Tensor
-	off := 0
-	for i, w := range width {
-		piece[i] = part(sc, off, rows*w)
-		off += rows * w
-	}
+	defer b.freeBuf(sc)
 	full := [6]compute.Tensor{src.q, src.k, src.v, src.beta, src.decay, src.out}
 	block := func(t compute.Tensor, row, n, w int) operand {
 		t.Off += row * w
@@ -364,21 +374,12 @@ func (b *Backend) recordedPieces(a *compute.KDAArgs, d kdaDims, src kdaOperands)
 	// Scratch for a step's rows: q, k, v, beta, decay, out and u of up to
 	// N tokens, α⊙k, S·(α⊙k) and the gathered states.
 	width := [...]int{hd, hd, hd, H, hd, hd, hd, hd, hd, hd * D}
-	total := 0
-	for _, w := range width {
-		total += N * w
-	}
-	sc, err := b.allocTensor(compute.F32, total)
+	var piece [len(width)]compute.Tensor
+	sc, err := b.scratchParts(N, width[:], piece[:])
 	if err != nil {
 		return err
 	}
-	defer b.freeBuf(sc.Mem.(*devBuf))
-	var piece [len(width)]compute.Tensor
-	off := 0
-	for i, w := range width {
-		piece[i] = part(sc, off, N*w)
-		off += N * w
-	}
+	defer b.freeBuf(sc)
 	slots, err := b.allocTensor(compute.I32, N)
 	if err != nil {
 		return err

@@ -183,28 +183,17 @@ func TestAscendRollbackRecords(t *testing.T) {
 			m, err := k3.Load(ctx, dir, k3.WithComputeBackend(b), k3.WithRollback(8))
 			require.NoError(t, err)
 			defer m.Close()
-			s, err := m.NewSession()
-			require.NoError(t, err)
-			defer s.Close()
-			_, err = s.Forward(ctx, []int32{1, 2, 3, 4, 5})
-			require.NoError(t, err)
 			toks := []int32{9, 7, 11, 6, 13, 8}
-			var first [][]float32
-			for _, tok := range toks {
-				l, err := s.Forward(ctx, []int32{tok})
-				require.NoError(t, err)
-				first = append(first, slices.Clone(l))
-			}
-			require.NoError(t, s.Truncate(ctx, 5+2))
-			for i, tok := range toks[2:] {
-				l, err := s.Forward(ctx, []int32{tok})
-				require.NoError(t, err)
+			out := decodeTruncated(t, m, toks, 2)
+			first, again := out[:len(toks)], out[len(toks):]
+			for i, l := range again {
+				want := first[2+i]
 				scale := 0.0
-				for _, v := range first[2+i] {
+				for _, v := range want {
 					scale = max(scale, math.Abs(float64(v)))
 				}
 				for j, v := range l {
-					require.InDelta(t, first[2+i][j], v, 1e-4*scale, "step %d after the truncation, logit %d", i, j)
+					require.InDelta(t, want[j], v, 1e-4*scale, "step %d after the truncation, logit %d", i, j)
 				}
 			}
 		})
@@ -230,25 +219,7 @@ func TestAscendRollbackGraphs(t *testing.T) {
 				m, err := k3.Load(ctx, dir, append(opts, k3.WithComputeBackend(b), k3.WithRollback(8))...)
 				require.NoError(t, err)
 				defer m.Close()
-				s, err := m.NewSession()
-				require.NoError(t, err)
-				defer s.Close()
-				_, err = s.Forward(ctx, []int32{1, 2, 3, 4, 5})
-				require.NoError(t, err)
-				var out [][]float32
-				toks := []int32{9, 7, 11, 6, 13, 8, 10}
-				for _, tok := range toks {
-					l, err := s.Forward(ctx, []int32{tok})
-					require.NoError(t, err)
-					out = append(out, slices.Clone(l))
-				}
-				require.NoError(t, s.Truncate(ctx, 5+3))
-				for _, tok := range toks[3:] {
-					l, err := s.Forward(ctx, []int32{tok})
-					require.NoError(t, err)
-					out = append(out, slices.Clone(l))
-				}
-				return out, m.GraphStats()
+				return decodeTruncated(t, m, []int32{9, 7, 11, 6, 13, 8, 10}, 3), m.GraphStats()
 			}
 			eager, _ := run(k3.WithoutGraphs())
 			graphed, gs := run()
@@ -259,4 +230,32 @@ func TestAscendRollbackGraphs(t *testing.T) {
 			require.Positive(t, gs.StepsReplayed, "%+v", gs)
 		})
 	}
+}
+
+// decodeTruncated prefills five tokens on a new session of m, decodes toks
+// one at a time, truncates back to the first kept of them and decodes
+// toks[kept:] again; it returns the logits of every decode step, the
+// first run's then the second's.
+func decodeTruncated(t *testing.T, m *k3.Model, toks []int32, kept int) [][]float32 {
+	t.Helper()
+	ctx := context.Background()
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	defer s.Close()
+	_, err = s.Forward(ctx, []int32{1, 2, 3, 4, 5})
+	require.NoError(t, err)
+	var out [][]float32
+	step := func(tok int32) {
+		l, err := s.Forward(ctx, []int32{tok})
+		require.NoError(t, err)
+		out = append(out, slices.Clone(l))
+	}
+	for _, tok := range toks {
+		step(tok)
+	}
+	require.NoError(t, s.Truncate(ctx, 5+kept))
+	for _, tok := range toks[kept:] {
+		step(tok)
+	}
+	return out
 }

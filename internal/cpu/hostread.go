@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"cmp"
 	"slices"
 	"sort"
 	"sync"
@@ -38,11 +39,16 @@ func (h *hostRefs) add(buf *buffer, data []byte) {
 	if len(h.refs) >= h.prune {
 		// A backend that keeps making tensors over borrowed bytes keeps
 		// only the live ones' records, in amortised constant time.
-		h.refs = slices.DeleteFunc(h.refs, func(r hostRef) bool { return r.buf.Value() == nil })
+		h.dropCollected()
 		h.prune = 2*len(h.refs) + 1024
 	}
 	h.refs = append(h.refs, hostRef{buf: weak.Make(buf), lo: lo, hi: lo + uintptr(len(data))})
 	h.dirty = true
+}
+
+// dropCollected drops the records of buffers the collector has reclaimed.
+func (h *hostRefs) dropCollected() {
+	h.refs = slices.DeleteFunc(h.refs, func(r hostRef) bool { return r.buf.Value() == nil })
 }
 
 // ReadsHost implements compute.HostReader: whether a buffer made over bytes
@@ -57,17 +63,8 @@ func (b *Backend) ReadsHost(p []byte) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.dirty {
-		// Drop the records of collected buffers, then sort.
-		h.refs = slices.DeleteFunc(h.refs, func(r hostRef) bool { return r.buf.Value() == nil })
-		slices.SortFunc(h.refs, func(a, b hostRef) int {
-			switch {
-			case a.lo < b.lo:
-				return -1
-			case a.lo > b.lo:
-				return 1
-			}
-			return 0
-		})
+		h.dropCollected()
+		slices.SortFunc(h.refs, func(a, b hostRef) int { return cmp.Compare(a.lo, b.lo) })
 		h.maxHi = h.maxHi[:0]
 		var m uintptr
 		for _, r := range h.refs {

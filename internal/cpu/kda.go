@@ -256,19 +256,18 @@ func (j *kdaJob) recurrent(sc *kdaScratch, st []float32, hd, t0, t1 int) {
 	dk, dv := j.dk, j.dv
 	sc.tmp = grow32(sc.tmp, 2*dv+dk)
 	o, u, ke := sc.tmp[:dv], sc.tmp[dv:2*dv], sc.tmp[2*dv:]
+	w := j.h * dk // a record part's width
 	for i := 0; i < t1-t0; i++ {
 		q, k, g := sc.q[i*dk:(i+1)*dk], sc.k[i*dk:(i+1)*dk], sc.g[i*dk:(i+1)*dk]
 		v := sc.v[i*dv : (i+1)*dv]
 		var rec []float32
 		if j.records != nil {
 			// The fused step's record of the token (KDAStepArgs.Records).
-			w := j.h * dk
 			rec = j.records[(t0+i)*6*w : (t0+i+1)*6*w]
 			u = rec[2*w+hd*dv : 2*w+(hd+1)*dv]
 		}
 		kdaToken(st, q, k, g, v, sc.beta[i], o, u, ke, dk, dv)
 		if rec != nil {
-			w := j.h * dk
 			copy(rec[hd*dk:(hd+1)*dk], k)
 			copy(rec[w+hd*dk:w+(hd+1)*dk], g) // now the decay factors
 		}
