@@ -48,6 +48,13 @@ type Options struct {
 	// and uploaded back. Slow; without it they fail with
 	// compute.ErrUnsupported naming them.
 	HostFallback bool
+	// FusedAttention lets DSA layers run aclnnLightningIndexer and
+	// aclnnSparseFlashAttention (where the operator libraries have them)
+	// over bf16 mirrors of the caches, instead of the float32
+	// compositions. Opt-in: bf16 operands move the indexer's scores by
+	// about 2⁻⁹ relative, so near-ties may change the top-K, and the
+	// attention output is rounded to bf16.
+	FusedAttention bool
 }
 
 // Open loads CANN and returns the backend for device opts.Device.

@@ -29,7 +29,8 @@ import (
 // are cached).
 // An index past KVLen is skipped like −1 (the pure-Go backend refuses one
 // past the cache, which the device cannot see without a read).
-// aclnnSparseFlashAttention replaces all this on a device that has it.
+// aclnnSparseFlashAttention replaces all this on a device that has it,
+// when the backend was opened with Options.FusedAttention (fused.go).
 func (b *Backend) Attention(a *compute.AttnArgs) error {
 	g, err := attnShape(a)
 	if err != nil {
@@ -40,6 +41,9 @@ func (b *Backend) Attention(a *compute.AttnArgs) error {
 	}
 	b.lock()
 	defer b.mu.Unlock()
+	if b.attentionFusable(a, g) {
+		return b.fusedAttend(a, g)
+	}
 	r := attnRun{b: b, a: a, g: g}
 	if err := r.caches(); err != nil {
 		return fmt.Errorf("ascend: attention: %w", err)

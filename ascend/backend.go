@@ -79,6 +79,11 @@ type core struct {
 	waits      int64 // times the host waited for a stream (Waits)
 	// launched counts the operators launched outside captures (Launches).
 	launched int64
+	// fuse is the fused DSA operators taken (Options.FusedAttention);
+	// fusedIndexer, fusedAttention and mirrors count their calls and the
+	// bf16 mirrors made (FusedCalls).
+	fuse                                  fusedOps
+	fusedIndexer, fusedAttention, mirrors int64
 }
 
 // devBuf is a Tensor's storage: a span of the arena.
@@ -92,6 +97,9 @@ type devBuf struct {
 	// experts is the number of experts' weights stacked in the buffer
 	// (PrepareExperts), 0 for any other buffer.
 	experts int
+	// mirror is the bf16 copy of a float32 buffer the fused DSA
+	// operators read (fused.go).
+	mirror *devBuf
 }
 
 // streamSync is the fence of a span freed on the backend's stream: the
@@ -123,6 +131,9 @@ func newBackend(drv driver, o Options) (_ *Backend, err error) {
 	b.arena = newArena(size)
 	if b.stage, err = drv.mallocHost(stageBytes); err != nil {
 		return nil, err
+	}
+	if o.FusedAttention {
+		b.fuse = fusedOps{indexer: drv.hasOperator("aclnnLightningIndexer"), attention: drv.hasOperator("aclnnSparseFlashAttention")}
 	}
 	return b, nil
 }
@@ -317,6 +328,9 @@ func (b *Backend) freeBuf(d *devBuf) {
 		return
 	}
 	d.freed = true
+	if d.mirror != nil {
+		b.freeBuf(d.mirror)
+	}
 	for _, dt := range []compute.DType{compute.F32, compute.BF16, compute.F16, compute.I32} {
 		delete(b.wraps, wrapKey{d, dt})
 	}
@@ -514,7 +528,10 @@ func (b *Backend) Write(dst compute.Tensor, src any) error {
 	// Through the stage ring: a small write (a pass's token ids, a run's
 	// positions) is queued on the stream without a wait, ordered after the
 	// work that read the tensor before.
-	return b.putAsync(dst, src)
+	if err := b.putAsync(dst, src); err != nil {
+		return err
+	}
+	return b.mirrorWrite(dst)
 }
 
 // narrow rounds float32 values to dt (BF16 or F16) bits.
@@ -647,14 +664,20 @@ func (b *Backend) Copy(dst, src compute.Tensor) error {
 	}
 	n := dims(src) * src.DType.Size()
 	if (dst.Off*dst.DType.Size())%64 == 0 && (src.Off*src.DType.Size())%64 == 0 {
-		return b.s.CopyDevice(pd, ps, n)
+		if err := b.s.CopyDevice(pd, ps, n); err != nil {
+			return err
+		}
+		return b.mirrorWrite(dst)
 	}
 	// Asynchronous device copies need 64-byte aligned addresses; a view
 	// at another offset (a cache row appended at any position) is copied
 	// by aclnnInplaceCopy, queued like any operator and so captured too.
 	flat := []int64{int64(dims(src))}
-	return b.runAs("aclnnInplaceCopy", func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) },
-		operand{t: dst, view: flat}, operand{t: src, view: flat})
+	if err := b.runAs("aclnnInplaceCopy", func(ts []tensorDesc) (prepared, error) { return b.drv.inplaceCopy(ts[0], ts[1]) },
+		operand{t: dst, view: flat}, operand{t: src, view: flat}); err != nil {
+		return err
+	}
+	return b.mirrorWrite(dst)
 }
 
 // ScatterRows implements compute.Backend: aclnnInplaceIndexCopy along
@@ -668,8 +691,11 @@ func (b *Backend) ScatterRows(dst, idx, src compute.Tensor) error {
 	w := dims(src) / max(src.Dims[0], 1)
 	b.lock()
 	defer b.mu.Unlock()
-	return b.runAs("aclnnInplaceIndexCopy", func(ts []tensorDesc) (prepared, error) { return b.drv.indexCopy(ts[0], 0, ts[1], ts[2]) },
-		operand{t: dst, view: i64(dst.Dims[0], w)}, operand{t: idx, view: i64(src.Dims[0])}, operand{t: src, view: i64(src.Dims[0], w)})
+	if err := b.runAs("aclnnInplaceIndexCopy", func(ts []tensorDesc) (prepared, error) { return b.drv.indexCopy(ts[0], 0, ts[1], ts[2]) },
+		operand{t: dst, view: i64(dst.Dims[0], w)}, operand{t: idx, view: i64(src.Dims[0])}, operand{t: src, view: i64(src.Dims[0], w)}); err != nil {
+		return err
+	}
+	return b.mirrorScatter(dst, idx, src, w)
 }
 
 // Fill implements compute.Backend: zero is a memset, other values
@@ -686,14 +712,20 @@ func (b *Backend) Fill(dst compute.Tensor, v float32) error {
 		return err
 	}
 	if v == 0 {
-		return b.s.Memset(p, 0, dims(dst)*dst.DType.Size())
+		if err := b.s.Memset(p, 0, dims(dst)*dst.DType.Size()); err != nil {
+			return err
+		}
+		return b.mirrorWrite(dst)
 	}
 	sc, err := b.scalar(v)
 	if err != nil {
 		return err
 	}
-	return b.runAs("aclnnInplaceFillScalar "+attr(v), func(ts []tensorDesc) (prepared, error) { return b.drv.fill(ts[0], sc) },
-		operand{t: dst, view: []int64{int64(dims(dst))}})
+	if err := b.runAs("aclnnInplaceFillScalar "+attr(v), func(ts []tensorDesc) (prepared, error) { return b.drv.fill(ts[0], sc) },
+		operand{t: dst, view: []int64{int64(dims(dst))}}); err != nil {
+		return err
+	}
+	return b.mirrorWrite(dst)
 }
 
 // aclType maps a seam dtype to aclDataType.

@@ -35,6 +35,17 @@ func init() {
 		name string
 		open func(t *testing.T, arena int) *Backend
 	}{"acl-fake", fakeBackend})
+	fusedDrivers = append(fusedDrivers, struct {
+		name string
+		open func(Options) (*Backend, error)
+	}{"acl-fake", func(o Options) (*Backend, error) {
+		lib, err := acl.Load(acl.Options{LibDirs: []string{fakeDir}})
+		if err != nil {
+			return nil, err
+		}
+		loadedFake = true
+		return openACL(lib, o)
+	}})
 }
 
 // fakeBackend is the backend on the fake CANN. TestOpenWithoutCANN runs

@@ -52,6 +52,29 @@ type driver interface {
 	groupedMatmul(x, w, groupList, out tensorDesc) (prepared, error)
 	// rgdr is aclnnRecurrentGatedDeltaRule; g may be nil.
 	rgdr(q, k, v, beta, state, seqLens, stateIdx, g, gk tensorDesc, scale float32, out tensorDesc) (prepared, error)
+	// lightningIndexer is aclnnLightningIndexer as k3 calls it: queries
+	// q [1, S1, N1, D] (layout BSND, one sequence), the key cache k
+	// [blocks, blockSize, 1, D] (PA_BSND) read through blockTable [1, P],
+	// weights [1, S1, N1], the key count actSeqK [1] (int32; the query
+	// count is S1), sparseMode 3: query i sees keys 0..actSeqK−S1+i. Each
+	// query's sparseCount best keys by Σ_h w_h·ReLU(q_h·k), best first,
+	// go to indices [1, S1, 1, sparseCount] (int32), −1 past the keys it
+	// sees.
+	lightningIndexer(q, k, weights, actSeqK, blockTable tensorDesc, sparseCount int, indices tensorDesc) (prepared, error)
+	// sparseFlashAttention is aclnnSparseFlashAttention in MLA-absorb mode
+	// as k3 calls it: queries q [T, N, Dc] and qRope [T, N, Dr] (layout
+	// TND, one sequence: actSeqQ [1] holds T), the latent cache kv
+	// [blocks, blockSize, 1, Dc] as keys and values and kRope [blocks,
+	// blockSize, 1, Dr] (PA_BSND) through blockTable [1, P], the key count
+	// actSeqKV [1], indices [T, 1, K] (int32, sparseBlockSize 1; −1, an
+	// index past the keys or past query t's causal limit actSeqKV−T+t
+	// skipped), scale: out [T, N, Dc] and the softmax's max and sum
+	// [1, T, N] (float32).
+	sparseFlashAttention(q, kv, indices, blockTable, actSeqQ, actSeqKV, qRope, kRope tensorDesc, scale float64, out, softmaxMax, softmaxSum tensorDesc) (prepared, error)
+
+	// hasOperator reports whether the operator libraries have both
+	// phases of the aclnn operator name.
+	hasOperator(name string) bool
 
 	close() error
 }

@@ -119,6 +119,16 @@ func (d aclDriver) rgdr(q, k, v, beta, state, seqLens, stateIdx, g, gk tensorDes
 	return wrapOp(d.ctx.RecurrentGatedDeltaRule(at(q), at(k), at(v), at(beta), at(state), at(seqLens), at(stateIdx), tg, at(gk), scale, at(out)))
 }
 
+func (d aclDriver) hasOperator(name string) bool { return d.ctx.HasOperator(name) }
+
+func (d aclDriver) lightningIndexer(q, k, weights, actSeqK, blockTable tensorDesc, sparseCount int, indices tensorDesc) (prepared, error) {
+	return wrapOp(d.ctx.LightningIndexer(at(q), at(k), at(weights), at(actSeqK), at(blockTable), sparseCount, at(indices)))
+}
+func (d aclDriver) sparseFlashAttention(q, kv, indices, blockTable, actSeqQ, actSeqKV, qRope, kRope tensorDesc, scale float64, out, softmaxMax, softmaxSum tensorDesc) (prepared, error) {
+	return wrapOp(d.ctx.SparseFlashAttention(at(q), at(kv), at(indices), at(blockTable), at(actSeqQ), at(actSeqKV), at(qRope), at(kRope),
+		scale, at(out), at(softmaxMax), at(softmaxSum)))
+}
+
 func (d aclDriver) indexSelect(x tensorDesc, dim int, index, out tensorDesc) (prepared, error) {
 	return wrapOp(d.ctx.IndexSelect(at(x), dim, at(index), at(out)))
 }

@@ -83,6 +83,9 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 	}
 	b.lock()
 	defer b.mu.Unlock()
+	if b.indexerFusable(a) {
+		return b.fusedIndex(a)
+	}
 	// Every slot starts at -1 (0xff bytes), every count at 0, the scores
 	// at -∞.
 	if p, err := b.addr(a.Indices); err != nil {

@@ -107,12 +107,18 @@ type BackendOptions struct {
 	// HostFallback runs the operations a device backend has not mapped on
 	// the host, slowly, instead of failing with them.
 	HostFallback bool
+	// FusedAttention lets a device backend run its fused DSA operators
+	// (on Ascend aclnnLightningIndexer and aclnnSparseFlashAttention) over
+	// bf16 copies of the caches: faster there, not exact (near-tied
+	// top-K choices may change; ascend.Options.FusedAttention).
+	FusedAttention bool
 }
 
 // WithBackendOptions sets the options of the backend WithBackend names.
 func WithBackendOptions(bo BackendOptions) Option {
 	return func(o *options) {
-		o.bopts = backends.Options{Device: bo.Device, LibDirs: bo.LibDirs, MemoryBytes: bo.MemoryBytes, HostFallback: bo.HostFallback}
+		o.bopts = backends.Options{Device: bo.Device, LibDirs: bo.LibDirs, MemoryBytes: bo.MemoryBytes, HostFallback: bo.HostFallback,
+			FusedAttention: bo.FusedAttention}
 	}
 }
 

@@ -16,6 +16,7 @@ type backendFlags struct {
 	libDirs string
 	memory  int
 	host    bool
+	fused   bool
 }
 
 func addBackendFlags(fs *flag.FlagSet) *backendFlags {
@@ -25,15 +26,18 @@ func addBackendFlags(fs *flag.FlagSet) *backendFlags {
 	fs.StringVar(&f.libDirs, "lib-dirs", "", "directories (separated by "+string(filepath.ListSeparator)+") searched first for a device backend's vendor libraries")
 	fs.IntVar(&f.memory, "device-mib", 0, "device memory a device backend takes at open, in MiB (0: its default)")
 	fs.BoolVar(&f.host, "host-fallback", false, "run the operations a device backend has not mapped on the host (slow) instead of failing")
+	fs.BoolVar(&f.fused, "fused-attention", false, "let a device backend run its fused DSA operators over bf16 copies of the caches (not exact)")
 	return f
 }
 
 func (f *backendFlags) options() backends.Options {
-	return backends.Options{Device: f.device, LibDirs: filepath.SplitList(f.libDirs), MemoryBytes: f.memory << 20, HostFallback: f.host}
+	return backends.Options{Device: f.device, LibDirs: filepath.SplitList(f.libDirs), MemoryBytes: f.memory << 20, HostFallback: f.host,
+		FusedAttention: f.fused}
 }
 
 // loadOptions are the k3.Load options of the flags.
 func (f *backendFlags) loadOptions() []k3.Option {
 	o := f.options()
-	return []k3.Option{k3.WithBackend(f.name), k3.WithBackendOptions(k3.BackendOptions{Device: o.Device, LibDirs: o.LibDirs, MemoryBytes: o.MemoryBytes, HostFallback: o.HostFallback})}
+	return []k3.Option{k3.WithBackend(f.name), k3.WithBackendOptions(k3.BackendOptions{Device: o.Device, LibDirs: o.LibDirs,
+		MemoryBytes: o.MemoryBytes, HostFallback: o.HostFallback, FusedAttention: o.FusedAttention})}
 }

@@ -30,6 +30,9 @@ type Options struct {
 	// HostFallback lets a device backend run the operations it has not
 	// mapped on the host (slowly) instead of failing with them.
 	HostFallback bool
+	// FusedAttention lets a device backend run its fused DSA operators
+	// over bf16 copies of the caches (ascend.Options.FusedAttention).
+	FusedAttention bool
 }
 
 // Open returns the named backend with default options.
@@ -47,11 +50,12 @@ func OpenWith(name string, o Options) (compute.Backend, error) {
 		// Opt-in: prefill's bf16-weight products round x to bfloat16.
 		return cpu.NewFastBF16(0), nil
 	case "ascend":
-		return ascend.Open(ascend.Options{Device: o.Device, LibDirs: o.LibDirs, ArenaBytes: o.MemoryBytes, HostFallback: o.HostFallback})
+		return ascend.Open(ascend.Options{Device: o.Device, LibDirs: o.LibDirs, ArenaBytes: o.MemoryBytes, HostFallback: o.HostFallback,
+			FusedAttention: o.FusedAttention})
 	case "ascend-host":
 		// The Ascend backend's orchestration with the host as its device:
 		// for testing it without an NPU.
-		return ascend.OpenHost(ascend.Options{ArenaBytes: o.MemoryBytes, HostFallback: o.HostFallback})
+		return ascend.OpenHost(ascend.Options{ArenaBytes: o.MemoryBytes, HostFallback: o.HostFallback, FusedAttention: o.FusedAttention})
 	}
 	return nil, fmt.Errorf("unknown backend %q (have %s)", name, Names())
 }

@@ -10,6 +10,7 @@ import "C"
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"unsafe"
 )
@@ -378,6 +379,47 @@ func (c *Context) MoeGatingTopK(x, bias *Tensor, k, kGroup, groupCount int, reno
 func (c *Context) Topk(x *Tensor, k, dim int, values, indices *Tensor) (*Op, error) {
 	return c.prepare("aclnnTopk", func(fn unsafe.Pointer, _ *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
 		return C.k3_topk_prepare(c.c, fn, x.t, C.int64_t(k), C.int64_t(dim), 1, 1, values.t, indices.t, ws, exec, e)
+	})
+}
+
+// HasOperator reports whether the operator libraries have both phases of
+// the aclnn operator name.
+func (c *Context) HasOperator(name string) bool {
+	_, _, _, err := c.lib.operator(name, "")
+	return err == nil
+}
+
+// noLimit is preTokens and nextTokens when the sparse mode alone bounds
+// what a query sees (2^63 − 1, the operators' default).
+const noLimit = math.MaxInt64
+
+// LightningIndexer prepares aclnnLightningIndexer for one sequence in
+// layout BSND over a PA_BSND key cache read through blockTable, sparse
+// mode 3 (causal, aligned at the last key), actSeqQ nil (every query
+// row), without the scores: the sparseCount best keys of each query into
+// the int32 indices, −1 where a query sees fewer.
+func (c *Context) LightningIndexer(q, k, weights, actSeqK, blockTable *Tensor, sparseCount int, indices *Tensor) (*Op, error) {
+	lq, lk := C.CString("BSND"), C.CString("PA_BSND")
+	defer C.free(unsafe.Pointer(lq))
+	defer C.free(unsafe.Pointer(lk))
+	return c.prepare("aclnnLightningIndexer", func(fn unsafe.Pointer, _ *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_lightning_indexer_prepare(c.c, fn, q.t, k.t, weights.t, nil, actSeqK.t, blockTable.t, lq, lk,
+			C.int64_t(sparseCount), 3, noLimit, noLimit, 0, indices.t, nil, ws, exec, e)
+	})
+}
+
+// SparseFlashAttention prepares aclnnSparseFlashAttention in MLA-absorb
+// mode (attentionMode 2): queries in layout TND, the latent cache as keys
+// and values and its rope part in PA_BSND through blockTable, one key per
+// index (sparseBlockSize 1), sparse mode 3, returning the softmax's max
+// and sum.
+func (c *Context) SparseFlashAttention(q, kv, indices, blockTable, actSeqQ, actSeqKV, qRope, kRope *Tensor, scale float64, out, softmaxMax, softmaxSum *Tensor) (*Op, error) {
+	lq, lkv := C.CString("TND"), C.CString("PA_BSND")
+	defer C.free(unsafe.Pointer(lq))
+	defer C.free(unsafe.Pointer(lkv))
+	return c.prepare("aclnnSparseFlashAttention", func(fn unsafe.Pointer, _ *C.char, ws *C.uint64_t, exec *unsafe.Pointer, e *C.k3_err) C.int {
+		return C.k3_sfa_prepare(c.c, fn, q.t, kv.t, kv.t, indices.t, blockTable.t, actSeqQ.t, actSeqKV.t, qRope.t, kRope.t,
+			C.double(scale), 1, lq, lkv, 3, noLimit, noLimit, 2, 1, out.t, softmaxMax.t, softmaxSum.t, ws, exec, e)
 	})
 }
 

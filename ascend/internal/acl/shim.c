@@ -457,6 +457,34 @@ int k3_moe_gating_prepare(void *ctx, void *fn, void *x, void *bias, int64_t k, i
 	return 0;
 }
 
+// The fused DSA operators, with the argument order op-plugin passes them
+// (scalar C types inferred from it: char* layouts, int64 attributes,
+// double scale, bool flags).
+int k3_lightning_indexer_prepare(void *ctx, void *fn, void *q, void *k, void *w, void *actSeqQ, void *actSeqK, void *blockTable,
+	const char *layoutQ, const char *layoutK, int64_t sparseCount, int64_t sparseMode, int64_t preTokens, int64_t nextTokens,
+	int returnValue, void *indices, void *values, uint64_t *ws, void **exec, k3_err *e) {
+	USE(ctx);
+	typedef int (*p1)(void *, void *, void *, void *, void *, void *, const char *, const char *, int64_t, int64_t, int64_t,
+		int64_t, _Bool, void *, void *, uint64_t *, void **);
+	CALL(2, "aclnnLightningIndexerGetWorkspaceSize",
+		((p1)fn)(q, k, w, actSeqQ, actSeqK, blockTable, layoutQ, layoutK, sparseCount, sparseMode, preTokens, nextTokens,
+			returnValue != 0, indices, values, ws, exec));
+	return 0;
+}
+
+int k3_sfa_prepare(void *ctx, void *fn, void *q, void *k, void *v, void *indices, void *blockTable, void *actSeqQ, void *actSeqKV,
+	void *qRope, void *kRope, double scale, int64_t sparseBlockSize, const char *layoutQ, const char *layoutKV, int64_t sparseMode,
+	int64_t preTokens, int64_t nextTokens, int64_t attentionMode, int returnLse, void *out, void *softmaxMax, void *softmaxSum,
+	uint64_t *ws, void **exec, k3_err *e) {
+	USE(ctx);
+	typedef int (*p1)(void *, void *, void *, void *, void *, void *, void *, void *, void *, double, int64_t, const char *,
+		const char *, int64_t, int64_t, int64_t, int64_t, _Bool, void *, void *, void *, uint64_t *, void **);
+	CALL(2, "aclnnSparseFlashAttentionGetWorkspaceSize",
+		((p1)fn)(q, k, v, indices, blockTable, actSeqQ, actSeqKV, qRope, kRope, scale, sparseBlockSize, layoutQ, layoutKV,
+			sparseMode, preTokens, nextTokens, attentionMode, returnLse != 0, out, softmaxMax, softmaxSum, ws, exec));
+	return 0;
+}
+
 int k3_prepare_tabt(void *ctx, void *fn, const char *api, void *a, void *arr, int flag, void *out, uint64_t *ws, void **exec,
 	k3_err *e) {
 	USE(ctx);

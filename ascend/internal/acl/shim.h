@@ -88,6 +88,13 @@ int k3_rgdr_prepare(void *ctx, void *fn, void *q, void *k, void *v, void *beta, 
 int k3_prepare_tltt(void *ctx, void *fn, const char *api, void *a, int64_t l, void *b, void *out, uint64_t *ws, void **exec, k3_err *e);
 int k3_prepare_tltst(void *ctx, void *fn, const char *api, void *a, int64_t l, void *b, void *c, void *sc, void *out, uint64_t *ws,
 	void **exec, k3_err *e);
+int k3_lightning_indexer_prepare(void *ctx, void *fn, void *q, void *k, void *w, void *actSeqQ, void *actSeqK, void *blockTable,
+	const char *layoutQ, const char *layoutK, int64_t sparseCount, int64_t sparseMode, int64_t preTokens, int64_t nextTokens,
+	int returnValue, void *indices, void *values, uint64_t *ws, void **exec, k3_err *e);
+int k3_sfa_prepare(void *ctx, void *fn, void *q, void *k, void *v, void *indices, void *blockTable, void *actSeqQ, void *actSeqKV,
+	void *qRope, void *kRope, double scale, int64_t sparseBlockSize, const char *layoutQ, const char *layoutKV, int64_t sparseMode,
+	int64_t preTokens, int64_t nextTokens, int64_t attentionMode, int returnLse, void *out, void *softmaxMax, void *softmaxSum,
+	uint64_t *ws, void **exec, k3_err *e);
 int k3_moe_gating_prepare(void *ctx, void *fn, void *x, void *bias, int64_t k, int64_t kGroup, int64_t groupCount,
 	int64_t groupSelectMode, int64_t renorm, int64_t normType, int outFlag, double factor, double eps, void *y, void *idx,
 	void *out, uint64_t *ws, void **exec, k3_err *e);

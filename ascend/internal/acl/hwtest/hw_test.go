@@ -3,11 +3,13 @@
 package hwtest
 
 import (
+	"cmp"
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -785,4 +787,194 @@ func TestHWInplaceIndexCopy(t *testing.T) {
 		copy(want[int(r)*W:int(r+1)*W], src[i*W:(i+1)*W])
 	}
 	require.Equal(t, want, bytesF32(got))
+}
+
+// runOnce launches op on a new stream and waits for it.
+func runOnce(t *testing.T, ctx *acl.Context, op *acl.Op) {
+	t.Helper()
+	s, err := ctx.NewStream()
+	require.NoError(t, err)
+	defer s.Destroy()
+	require.NoError(t, op.Launch(s, workspace(t, ctx, op)))
+	require.NoError(t, s.Sync())
+}
+
+// bf16Values draws n normal deviates times scale rounded to bf16: the
+// values and their bf16 bytes.
+func bf16Values(rng *rand.Rand, n int, scale float64) ([]float64, []byte) {
+	v, b := make([]float64, n), make([]byte, 2*n)
+	for i := range v {
+		h := floatx.BF16(float32(rng.NormFloat64() * scale))
+		v[i] = float64(floatx.FromBF16(h))
+		binary.LittleEndian.PutUint16(b[2*i:], h)
+	}
+	return v, b
+}
+
+// The paged cache of the fused DSA tests: blocks of bs rows, the
+// sequence's blocks in table order.
+var (
+	dsaTable   = []int32{2, 0, 3}
+	dsaBlock   = 128
+	dsaBlocks  = 4
+	dsaKeys    = 300 // in three blocks, the last partly
+	dsaQueries = 3   // the last three positions
+)
+
+// dsaRow is where position s of the sequence lies in the cache.
+func dsaRow(s int) int { return int(dsaTable[s/dsaBlock])*dsaBlock + s%dsaBlock }
+
+// aclnnLightningIndexer as k3 calls it (fused.go): each query's top 16
+// positions by Σ_h w_h·ReLU(q_h·k) over the keys up to its own position
+// (the last keys, which score highest, only from the queries that see
+// them), against float64 over the same bf16 operands. The device's order within
+// a list is not asserted (SparseFlashAttention does not need it), only
+// the set; a position whose score is within 2⁻⁸ of the sixteenth's may
+// stand in for another.
+func TestHWLightningIndexer(t *testing.T) {
+	ctx := context(t)
+	rng := rand.New(rand.NewPCG(7, 8))
+	const N1, D, K = 64, 128, 16
+	T, bs := dsaQueries, dsaBlock
+	q, qb := bf16Values(rng, T*N1*D, 1)
+	k, kb := bf16Values(rng, dsaBlocks*bs*D, 1)
+	w, wb := bf16Values(rng, T*N1, 1)
+	// Positive weights and the last keys four times as long: those keys
+	// top every list that may see them, so causality shows.
+	for i := range w {
+		w[i] = math.Abs(w[i])
+		binary.LittleEndian.PutUint16(wb[2*i:], floatx.BF16(float32(w[i])))
+	}
+	for p := dsaKeys - T + 1; p < dsaKeys; p++ {
+		for c := range D {
+			j := dsaRow(p)*D + c
+			k[j] *= 4
+			binary.LittleEndian.PutUint16(kb[2*j:], floatx.BF16(float32(k[j])))
+		}
+	}
+	up := func(b []byte) acl.DevPtr { return onDevice(t, ctx, b) }
+	desc := func(dt acl.DataType, p acl.DevPtr, dims ...int64) *acl.Tensor {
+		return describe(t, ctx, dt, p, dims...)
+	}
+	ixP := up(make([]byte, 4*T*K))
+	op, err := ctx.LightningIndexer(desc(acl.BF16, up(qb), 1, int64(T), N1, D), desc(acl.BF16, up(kb), int64(dsaBlocks), int64(bs), 1, D),
+		desc(acl.BF16, up(wb), 1, int64(T), N1), desc(acl.Int32, up(i32([]int32{int32(dsaKeys)})), 1),
+		desc(acl.Int32, up(i32(dsaTable)), 1, int64(len(dsaTable))), K, desc(acl.Int32, ixP, 1, int64(T), 1, K))
+	require.NoError(t, err)
+	runOnce(t, ctx, op)
+	raw := make([]byte, 4*T*K)
+	require.NoError(t, ctx.CopyToHost(raw, ixP))
+	for i := range T {
+		pos := dsaKeys - T + i
+		score := make([]float64, pos+1)
+		for p := range score {
+			r := dsaRow(p)
+			for h := range N1 {
+				var dot float64
+				for c := range D {
+					dot += q[(i*N1+h)*D+c] * k[r*D+c]
+				}
+				score[p] += w[i*N1+h] * max(dot, 0)
+			}
+		}
+		order := make([]int, len(score))
+		for p := range order {
+			order[p] = p
+		}
+		slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(score[b], score[a]) })
+		kth := score[order[K-1]]
+		want := map[int]bool{}
+		for _, p := range order[:K] {
+			want[p] = true
+		}
+		for j := range K {
+			p := int(int32(binary.LittleEndian.Uint32(raw[4*(i*K+j):])))
+			require.True(t, p >= 0 && p <= pos, "query %d slot %d: position %d outside 0..%d", i, j, p, pos)
+			if !want[p] {
+				require.InDelta(t, kth, score[p], math.Abs(kth)/256, "query %d slot %d: position %d (score %g) is not in the top %d (the last %g)", i, j, p, score[p], K, kth)
+			}
+		}
+	}
+}
+
+// aclnnSparseFlashAttention in MLA-absorb mode as k3 calls it (fused.go),
+// DeepSeek's shapes (latent 512, rope 64) with a sparse count of 2048
+// mostly −1: each query attends to its listed positions up to its own,
+// against float64 over the same bf16 operands, the output within bf16's
+// rounding and the softmax's max and sum within 1e-3.
+func TestHWSparseFlashAttention(t *testing.T) {
+	ctx := context(t)
+	rng := rand.New(rand.NewPCG(9, 10))
+	const N, Dc, Dr, K = 16, 512, 64, 2048
+	const scale = 0.0417
+	T, bs := dsaQueries, dsaBlock
+	q, qb := bf16Values(rng, T*N*Dc, 1)
+	qr, qrb := bf16Values(rng, T*N*Dr, 1)
+	kv, kvb := bf16Values(rng, dsaBlocks*bs*Dc, 1)
+	kr, krb := bf16Values(rng, dsaBlocks*bs*Dr, 1)
+	idx := make([]int32, T*K)
+	for i := range idx {
+		idx[i] = -1
+	}
+	for i := range T {
+		for j, p := range rng.Perm(dsaKeys)[:100] {
+			idx[i*K+j] = int32(p) // some past the query's position: skipped
+		}
+	}
+	up := func(b []byte) acl.DevPtr { return onDevice(t, ctx, b) }
+	desc := func(dt acl.DataType, p acl.DevPtr, dims ...int64) *acl.Tensor {
+		return describe(t, ctx, dt, p, dims...)
+	}
+	outP, mxP, smP := up(make([]byte, 2*T*N*Dc)), up(make([]byte, 4*T*N)), up(make([]byte, 4*T*N))
+	op, err := ctx.SparseFlashAttention(desc(acl.BF16, up(qb), int64(T), N, Dc), desc(acl.BF16, up(kvb), int64(dsaBlocks), int64(bs), 1, Dc),
+		desc(acl.Int32, up(i32(idx)), int64(T), 1, K), desc(acl.Int32, up(i32(dsaTable)), 1, int64(len(dsaTable))),
+		desc(acl.Int32, up(i32([]int32{int32(T)})), 1), desc(acl.Int32, up(i32([]int32{int32(dsaKeys)})), 1),
+		desc(acl.BF16, up(qrb), int64(T), N, Dr), desc(acl.BF16, up(krb), int64(dsaBlocks), int64(bs), 1, Dr), scale,
+		desc(acl.BF16, outP, int64(T), N, Dc), desc(acl.Float, mxP, 1, int64(T), N), desc(acl.Float, smP, 1, int64(T), N))
+	require.NoError(t, err)
+	runOnce(t, ctx, op)
+	out, mx, sm := make([]byte, 2*T*N*Dc), make([]byte, 4*T*N), make([]byte, 4*T*N)
+	require.NoError(t, ctx.CopyToHost(out, outP))
+	require.NoError(t, ctx.CopyToHost(mx, mxP))
+	require.NoError(t, ctx.CopyToHost(sm, smP))
+	gotMax, gotSum := bytesF32(mx), bytesF32(sm)
+	for i := range T {
+		pos := dsaKeys - T + i
+		var rows []int
+		for _, p := range idx[i*K : (i+1)*K] {
+			if p >= 0 && int(p) <= pos {
+				rows = append(rows, dsaRow(int(p)))
+			}
+		}
+		for h := range N {
+			z := make([]float64, len(rows))
+			m := math.Inf(-1)
+			for j, r := range rows {
+				var dot float64
+				for c := range Dc {
+					dot += q[(i*N+h)*Dc+c] * kv[r*Dc+c]
+				}
+				for c := range Dr {
+					dot += qr[(i*N+h)*Dr+c] * kr[r*Dr+c]
+				}
+				z[j] = scale * dot
+				m = max(m, z[j])
+			}
+			var sum float64
+			want := make([]float64, Dc)
+			for j, r := range rows {
+				e := math.Exp(z[j] - m)
+				sum += e
+				for c := range Dc {
+					want[c] += e * kv[r*Dc+c]
+				}
+			}
+			require.InDelta(t, m, gotMax[i*N+h], 1e-3*(1+math.Abs(m)), "query %d head %d: max", i, h)
+			require.InDelta(t, sum, gotSum[i*N+h], 1e-3*sum, "query %d head %d: sum", i, h)
+			for c := range Dc {
+				g := float64(floatx.FromBF16(binary.LittleEndian.Uint16(out[2*((i*N+h)*Dc+c):])))
+				require.InDelta(t, want[c]/sum, g, 1e-3+math.Abs(want[c]/sum)/128, "query %d head %d element %d", i, h, c)
+			}
+		}
+	}
 }

@@ -47,7 +47,7 @@ struct fk_exec {
 	uint32_t magic;
 	int repeatable;
 	uint64_t ws;                              // workspace bytes phase 2 needs
-	fk_tensor t[10];                          // operands, copied at phase 1
+	fk_tensor t[12];                          // operands, copied at phase 1
 	double attr, attr2;                       // scalar attributes (eps, alpha, beta, threshold)
 	int iattr;                                // an integer attribute (a dtype)
 	int (*run)(fk_exec *, void *ws);         // the computation, on the stream

@@ -1175,3 +1175,214 @@ int aclnnGroupedMatmulV4GetWorkspaceSize(void *x, void *weight, void *bias, void
 int aclnnGroupedMatmulV4(void *ws, uint64_t wsSize, void *exec, void *stream) {
 	return fk_launch("aclnnGroupedMatmulV4", ws, wsSize, exec, stream);
 }
+
+// ---- The fused DSA operators, in the one form k3 calls them (the
+// layouts, modes and limits it passes are checked, so that the shim's
+// argument order is): LightningIndexer over BSND queries of one batch and
+// a PA_BSND key cache, sparse mode 3; SparseFlashAttention in MLA-absorb
+// mode over TND queries and PA_BSND caches. Both compute in double.
+
+static int64_t block_row(const fk_tensor *bt, const fk_tensor *cache, int64_t s, int64_t bs, const char *op) {
+	int64_t blk = (int64_t)fk_get(bt, bt->offset + s / bs);
+	if (blk < 0 || blk >= cache->dims[0]) {
+		fk_set_error("%s: block %lld outside [0, %lld)", op, (long long)blk, (long long)cache->dims[0]);
+		return -1;
+	}
+	return blk * bs + s % bs;
+}
+
+static int run_li(fk_exec *e, void *ws) {
+	(void)ws;
+	const char *op = "aclnnLightningIndexer";
+	const fk_tensor *q = &e->t[0], *k = &e->t[1], *w = &e->t[2], *kl = &e->t[3], *bt = &e->t[4], *ix = &e->t[5];
+	int64_t S1 = q->dims[1], N1 = q->dims[2], D = q->dims[3], bs = k->dims[1], K = ix->dims[3], P = bt->dims[1];
+	int64_t sk = (int64_t)fk_get(kl, kl->offset);
+	if (sk < 0 || sk > P * bs) {
+		fk_set_error("%s: %lld keys in %lld blocks of %lld", op, (long long)sk, (long long)P, (long long)bs);
+		return ACL_ERROR_RT_AICORE_EXCEPTION;
+	}
+	double *score = malloc(sizeof(double) * (sk + 1));
+	int64_t *pos = malloc(sizeof(int64_t) * (sk + 1));
+	char *taken = malloc(sk + 1);
+	int rc = 0;
+	for (int64_t i = 0; i < S1 && rc == 0; i++) {
+		int64_t n = 0;
+		for (int64_t s = 0; s < sk && s <= sk - S1 + i; s++) {
+			int64_t r = block_row(bt, k, s, bs, op);
+			if (r < 0) {
+				rc = ACL_ERROR_RT_AICORE_EXCEPTION;
+				break;
+			}
+			double sc = 0;
+			for (int64_t h = 0; h < N1; h++) {
+				double dot = 0;
+				for (int64_t c = 0; c < D; c++) dot += fk_get(q, q->offset + (i * N1 + h) * D + c) * fk_get(k, k->offset + r * D + c);
+				sc += fk_get(w, w->offset + i * N1 + h) * (dot > 0 ? dot : 0);
+			}
+			score[n] = sc;
+			pos[n++] = s;
+		}
+		memset(taken, 0, sk + 1);
+		for (int64_t j = 0; j < K; j++) {
+			int64_t best = -1;
+			for (int64_t c = 0; c < n; c++) // the best score, the lower position on a tie
+				if (!taken[c] && (best < 0 || score[c] > score[best])) best = c;
+			if (best >= 0) taken[best] = 1;
+			fk_put(ix, ix->offset + i * K + j, best < 0 ? -1 : (double)pos[best]);
+		}
+	}
+	free(score);
+	free(pos);
+	free(taken);
+	return rc;
+}
+
+static int is_int32(const fk_tensor *t) { return t->dtype == 3; }
+
+int aclnnLightningIndexerGetWorkspaceSize(void *q, void *k, void *weights, void *actSeqQ, void *actSeqK, void *blockTable,
+	const char *layoutQ, const char *layoutK, int64_t sparseCount, int64_t sparseMode, int64_t preTokens, int64_t nextTokens,
+	_Bool returnValue, void *indices, void *values, uint64_t *ws, void **exec) {
+	const char *op = "aclnnLightningIndexer";
+	int rc = fk_need_context();
+	if (rc) return rc;
+	void *ts[6] = {q, k, weights, actSeqK, blockTable, indices};
+	if ((rc = check_tensors_i(op, 6, ts, 8 | 16 | 32))) return rc;
+	if (actSeqQ != NULL || values != NULL || returnValue || strcmp(layoutQ, "BSND") != 0 || strcmp(layoutK, "PA_BSND") != 0 ||
+		sparseMode != 3 || preTokens != INT64_MAX || nextTokens != INT64_MAX) {
+		fk_set_error("%s: the fake takes layouts BSND and PA_BSND, sparse mode 3, no token limits, no query lengths and no "
+			"values (got %s, %s, mode %lld)", op, layoutQ, layoutK, (long long)sparseMode);
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	const fk_tensor *tq = q, *tk = k, *tw = weights, *tl = actSeqK, *tb = blockTable, *ti = indices;
+	int bad = tq->nd != 4 || tk->nd != 4 || tw->nd != 3 || tl->nd != 1 || tb->nd != 2 || ti->nd != 4 || tq->dims[0] != 1 ||
+		tq->dtype != 27 || tk->dtype != 27 || tw->dtype != 27 || tq->dims[3] != 128 || tq->dims[2] > 64 ||
+		tk->dims[2] != 1 || tk->dims[3] != 128 || tk->dims[1] % 16 != 0 || tk->dims[1] > 1024 || tw->dims[0] != 1 ||
+		tw->dims[1] != tq->dims[1] || tw->dims[2] != tq->dims[2] || tl->dims[0] != 1 || !is_int32(tl) || tb->dims[0] != 1 ||
+		!is_int32(tb) || !is_int32(ti) || ti->dims[0] != 1 || ti->dims[1] != tq->dims[1] || ti->dims[2] != 1 ||
+		ti->dims[3] != sparseCount || !(sparseCount >= 1 && sparseCount <= 2048) || !contiguous(tq) || !contiguous(tk) ||
+		!contiguous(tw) || !contiguous(ti);
+	if (bad) {
+		fk_set_error("%s: bf16 q [1, S1, N1 <= 64, 128], k [blocks, 16k <= 1024, 1, 128], weights [1, S1, N1], int32 key "
+			"count [1], block table [1, P] and indices [1, S1, 1, sparse count] expected", op);
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	fk_exec *e = fk_exec_new();
+	e->t[0] = *tq;
+	e->t[1] = *tk;
+	e->t[2] = *tw;
+	e->t[3] = *tl;
+	e->t[4] = *tb;
+	e->t[5] = *ti;
+	e->run = run_li;
+	*ws = 0;
+	*exec = e;
+	return 0;
+}
+
+int aclnnLightningIndexer(void *ws, uint64_t wsSize, void *exec, void *stream) {
+	return fk_launch("aclnnLightningIndexer", ws, wsSize, exec, stream);
+}
+
+static int run_sfa(fk_exec *e, void *ws) {
+	(void)ws;
+	const char *op = "aclnnSparseFlashAttention";
+	const fk_tensor *q = &e->t[0], *kv = &e->t[1], *ix = &e->t[2], *bt = &e->t[3], *sq = &e->t[4], *skv = &e->t[5];
+	const fk_tensor *qr = &e->t[6], *kr = &e->t[7], *o = &e->t[8], *mx = &e->t[9], *sm = &e->t[10];
+	int64_t T = q->dims[0], N = q->dims[1], Dc = q->dims[2], Dr = qr->dims[2], bs = kv->dims[1], K = ix->dims[2], P = bt->dims[1];
+	int64_t nq = (int64_t)fk_get(sq, sq->offset), sk = (int64_t)fk_get(skv, skv->offset);
+	if (nq != T || sk < 0 || sk > P * bs) {
+		fk_set_error("%s: %lld queries of %lld, %lld keys in %lld blocks of %lld", op, (long long)nq, (long long)T,
+			(long long)sk, (long long)P, (long long)bs);
+		return ACL_ERROR_RT_AICORE_EXCEPTION;
+	}
+	int64_t *rows = malloc(sizeof(int64_t) * K);
+	double *z = malloc(sizeof(double) * K), *acc = malloc(sizeof(double) * Dc);
+	int rc = 0;
+	for (int64_t t = 0; t < T && rc == 0; t++) {
+		int64_t n = 0, lim = sk - T + t < sk - 1 ? sk - T + t : sk - 1;
+		for (int64_t j = 0; j < K; j++) {
+			int64_t s = (int64_t)fk_get(ix, ix->offset + t * K + j);
+			if (s < 0 || s > lim) continue;
+			int64_t r = block_row(bt, kv, s, bs, op);
+			if (r < 0) {
+				rc = ACL_ERROR_RT_AICORE_EXCEPTION;
+				break;
+			}
+			rows[n++] = r;
+		}
+		for (int64_t h = 0; h < N && rc == 0; h++) {
+			double m = -INFINITY, sum = 0;
+			for (int64_t j = 0; j < n; j++) {
+				double dot = 0;
+				for (int64_t c = 0; c < Dc; c++)
+					dot += fk_get(q, q->offset + (t * N + h) * Dc + c) * fk_get(kv, kv->offset + rows[j] * Dc + c);
+				for (int64_t c = 0; c < Dr; c++)
+					dot += fk_get(qr, qr->offset + (t * N + h) * Dr + c) * fk_get(kr, kr->offset + rows[j] * Dr + c);
+				z[j] = e->attr * dot;
+				if (z[j] > m) m = z[j];
+			}
+			memset(acc, 0, sizeof(double) * Dc);
+			for (int64_t j = 0; j < n; j++) {
+				double p = exp(z[j] - m);
+				sum += p;
+				for (int64_t c = 0; c < Dc; c++) acc[c] += p * fk_get(kv, kv->offset + rows[j] * Dc + c);
+			}
+			for (int64_t c = 0; c < Dc; c++) fk_put(o, o->offset + (t * N + h) * Dc + c, sum > 0 ? acc[c] / sum : 0);
+			fk_put(mx, mx->offset + t * N + h, m);
+			fk_put(sm, sm->offset + t * N + h, sum);
+		}
+	}
+	free(rows);
+	free(z);
+	free(acc);
+	return rc;
+}
+
+int aclnnSparseFlashAttentionGetWorkspaceSize(void *q, void *k, void *v, void *indices, void *blockTable, void *actSeqQ,
+	void *actSeqKV, void *qRope, void *kRope, double scale, int64_t sparseBlockSize, const char *layoutQ,
+	const char *layoutKV, int64_t sparseMode, int64_t preTokens, int64_t nextTokens, int64_t attentionMode,
+	_Bool returnSoftmaxLse, void *out, void *softmaxMax, void *softmaxSum, uint64_t *ws, void **exec) {
+	const char *op = "aclnnSparseFlashAttention";
+	int rc = fk_need_context();
+	if (rc) return rc;
+	void *ts[11] = {q, k, indices, blockTable, actSeqQ, actSeqKV, qRope, kRope, out, softmaxMax, softmaxSum};
+	if ((rc = check_tensors_i(op, 11, ts, 4 | 8 | 16 | 32))) return rc;
+	if (v != k || sparseBlockSize != 1 || strcmp(layoutQ, "TND") != 0 || strcmp(layoutKV, "PA_BSND") != 0 || sparseMode != 3 ||
+		preTokens != INT64_MAX || nextTokens != INT64_MAX || attentionMode != 2 || !returnSoftmaxLse) {
+		fk_set_error("%s: the fake takes the values as the keys, sparse blocks of 1, layouts TND and PA_BSND, sparse mode 3, "
+			"no token limits, attention mode 2 and the softmax returned (got %s, %s, mode %lld, attention mode %lld)", op,
+			layoutQ, layoutKV, (long long)sparseMode, (long long)attentionMode);
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	const fk_tensor *tq = q, *tk = k, *ti = indices, *tb = blockTable, *tsq = actSeqQ, *tskv = actSeqKV, *tqr = qRope;
+	const fk_tensor *tkr = kRope, *to = out, *tmx = softmaxMax, *tsm = softmaxSum;
+	int bad = tq->nd != 3 || tk->nd != 4 || ti->nd != 3 || tb->nd != 2 || tsq->nd != 1 || tskv->nd != 1 || tqr->nd != 3 ||
+		tkr->nd != 4 || to->nd != 3 || tmx->nd != 3 || tsm->nd != 3;
+	bad = bad || tq->dtype != 27 || tk->dtype != 27 || tqr->dtype != 27 || tkr->dtype != 27 || to->dtype != 27 ||
+		tmx->dtype != 0 || tsm->dtype != 0 || !is_int32(ti) || !is_int32(tb) || !is_int32(tsq) || !is_int32(tskv);
+	if (!bad) {
+		int64_t T = tq->dims[0], N = tq->dims[1], Dc = tq->dims[2], Dr = tqr->dims[2];
+		bad = tk->dims[2] != 1 || tk->dims[3] != Dc || tkr->dims[0] != tk->dims[0] || tkr->dims[1] != tk->dims[1] ||
+			tkr->dims[2] != 1 || tkr->dims[3] != Dr || tqr->dims[0] != T || tqr->dims[1] != N || ti->dims[0] != T ||
+			ti->dims[1] != 1 || tb->dims[0] != 1 || tsq->dims[0] != 1 || tskv->dims[0] != 1 || to->dims[0] != T ||
+			to->dims[1] != N || to->dims[2] != Dc || tmx->dims[0] != 1 || tmx->dims[1] != T || tmx->dims[2] != N ||
+			tsm->dims[0] != 1 || tsm->dims[1] != T || tsm->dims[2] != N;
+		for (int i = 0; i < 11 && !bad; i++) bad = !contiguous(ts[i]);
+	}
+	if (bad) {
+		fk_set_error("%s: bf16 q [T, N, Dc], q rope [T, N, Dr], kv [blocks, bs, 1, Dc], k rope [blocks, bs, 1, Dr] and out "
+			"[T, N, Dc], int32 indices [T, 1, K], block table [1, P] and lengths [1], float max and sum [1, T, N] expected", op);
+		return ACLNN_ERR_PARAM_INVALID;
+	}
+	fk_exec *e = fk_exec_new();
+	for (int i = 0; i < 11; i++) e->t[i] = *(fk_tensor *)ts[i];
+	e->attr = scale;
+	e->run = run_sfa;
+	*ws = 0;
+	*exec = e;
+	return 0;
+}
+
+int aclnnSparseFlashAttention(void *ws, uint64_t wsSize, void *exec, void *stream) {
+	return fk_launch("aclnnSparseFlashAttention", ws, wsSize, exec, stream);
+}
