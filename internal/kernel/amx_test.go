@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -269,5 +271,61 @@ func TestMatMulAMXFast(t *testing.T) {
 		one := make([]float32, n)
 		p.MatMulAMXFast(one, x[(m-1)*k:], wp, 1, n, k)
 		require.Equal(t, got[(m-1)*n:], one, "%dx%dx%d: the last row alone", m, n, k)
+	}
+}
+
+// BenchmarkAMXRow times one-row products over weights rotated across
+// copies (768 MB, from memory; K3_BENCH_COPIES sets another count) in
+// k-major form and in AMX form, and reports GB/s and the share of the
+// bandwidth probed before and after: what keeps the AMX layout opt-in
+// (docs/bench).
+func BenchmarkAMXRow(b *testing.B) {
+	if !hasAMX {
+		b.Skip("no AMX here")
+	}
+	for _, sh := range [][2]int{{2304, 768}, {768, 2048}, {2048, 8192}} {
+		n, k := sh[0], sh[1]
+		r := rand.New(rand.NewPCG(1, 2))
+		w := kmajWeights(r, n*k)
+		x := randSlice(r, k)
+		y := make([]float32, n)
+		for _, layout := range []string{"kmajor", "amx"} {
+			b.Run(fmt.Sprintf("%dx%d/%s", n, k, layout), func(b *testing.B) {
+				p := NewPool(0)
+				defer p.Close()
+				size := KMajorLen(n, k)
+				if layout != "kmajor" {
+					size = AMXLen(n, k)
+				}
+				copies := max(2, (768<<20)/(2*size))
+				if s := os.Getenv("K3_BENCH_COPIES"); s != "" {
+					copies, _ = strconv.Atoi(s)
+					copies = max(copies, 1)
+				}
+				ws := make([][]uint16, copies)
+				for c := range ws {
+					ws[c] = make([]uint16, size)
+					if layout == "kmajor" {
+						PackKMajor(ws[c], w, n, k)
+					} else {
+						PackAMX(ws[c], w, n, k)
+					}
+				}
+				bw := BandwidthNow()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					if layout == "kmajor" {
+						p.MatMulKMajor(y, x, ws[i%copies], 1, n, k)
+					} else {
+						p.MatMulAMX(y, x, ws[i%copies], 1, n, k)
+					}
+				}
+				gbs := float64(2*n*k) * float64(b.N) / b.Elapsed().Seconds()
+				b.StopTimer()
+				bw = max(bw, BandwidthNow())
+				b.ReportMetric(gbs/1e9, "GB/s")
+				b.ReportMetric(gbs/bw, "of_bandwidth")
+			})
+		}
 	}
 }
