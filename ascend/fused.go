@@ -75,8 +75,14 @@ func (b *Backend) mirrorWrite(dst compute.Tensor) error {
 	}
 	m := dst
 	m.DType, m.Mem = compute.BF16, d.mirror
+	return b.castBF16(operand{t: dst, view: i64(n)}, operand{t: m, view: i64(n)})
+}
+
+// castBF16 casts x into the bf16 out with a repeatable executor (a
+// decode step's cache appends repeat it); b.mu is held.
+func (b *Backend) castBF16(x, out operand) error {
 	return b.runAs("aclnnCast bf16", func(ts []tensorDesc) (prepared, error) { return b.drv.cast(ts[0], aclType(compute.BF16), ts[1]) },
-		operand{t: dst, view: i64(n)}, operand{t: m, view: i64(n)})
+		x, out)
 }
 
 // mirrorScatter is ScatterRows' twin into dst's mirror, if it has one:
@@ -99,8 +105,7 @@ func (b *Backend) mirrorScatter(dst, idx, src compute.Tensor, w int) error {
 	s16 := compute.NewTensor(sc, 0, compute.BF16, rows, w)
 	m := dst
 	m.DType, m.Mem = compute.BF16, d.mirror
-	if err := b.runAs("aclnnCast bf16", func(ts []tensorDesc) (prepared, error) { return b.drv.cast(ts[0], aclType(compute.BF16), ts[1]) },
-		operand{t: src, view: i64(rows * w)}, operand{t: s16, view: i64(rows * w)}); err != nil {
+	if err := b.castBF16(operand{t: src, view: i64(rows * w)}, operand{t: s16, view: i64(rows * w)}); err != nil {
 		return err
 	}
 	return b.runAs("aclnnInplaceIndexCopy", func(ts []tensorDesc) (prepared, error) { return b.drv.indexCopy(ts[0], 0, ts[1], ts[2]) },
@@ -163,18 +168,6 @@ func (b *Backend) fusedIndex(a *compute.IndexerArgs) error {
 	if err != nil {
 		return err
 	}
-	ts, err := b.describe([]operand{
-		{t: q16, view: i64(1, T, HI, DI)}, {t: keys, view: i64(blocks, a.PageSize, 1, DI)}, {t: w16, view: i64(1, T, HI)},
-		{t: cnt, view: i64(1)}, {t: a.PageTable, view: i64(1, P)}, {t: a.Indices, view: i64(1, T, 1, K)},
-	})
-	if err != nil {
-		return err
-	}
-	defer destroy(ts...)
-	op, err := b.drv.lightningIndexer(ts[0], ts[1], ts[2], ts[3], ts[4], K, ts[5])
-	if err != nil {
-		return err
-	}
 	if err := b.opCast(operand{t: a.Q, view: i64(T * HI * DI)}, compute.BF16, operand{t: q16, view: i64(T * HI * DI)}); err != nil {
 		return err
 	}
@@ -184,7 +177,11 @@ func (b *Backend) fusedIndex(a *compute.IndexerArgs) error {
 	if err := b.keyCount(a.QPos, cnt); err != nil {
 		return err
 	}
-	if err := b.launch(op); err != nil {
+	if err := b.run(func(ts []tensorDesc) (prepared, error) {
+		return b.drv.lightningIndexer(ts[0], ts[1], ts[2], ts[3], ts[4], K, ts[5])
+	},
+		operand{t: q16, view: i64(1, T, HI, DI)}, operand{t: keys, view: i64(blocks, a.PageSize, 1, DI)}, operand{t: w16, view: i64(1, T, HI)},
+		operand{t: cnt, view: i64(1)}, operand{t: a.PageTable, view: i64(1, P)}, operand{t: a.Indices, view: i64(1, T, 1, K)}); err != nil {
 		return err
 	}
 	b.fusedIndexer++
@@ -236,20 +233,6 @@ func (b *Backend) fusedAttend(a *compute.AttnArgs, g attnGeom) error {
 	if err != nil {
 		return err
 	}
-	ts, err := b.describe([]operand{
-		{t: q16, view: i64(T, N, Dc)}, {t: kv, view: i64(blocks, a.PageSize, 1, Dc)}, {t: a.Indices, view: i64(T, 1, K)},
-		{t: a.PageTable, view: i64(1, P)}, {t: nq, view: i64(1)}, {t: cnt, view: i64(1)},
-		{t: qr16, view: i64(T, N, Dr)}, {t: kr, view: i64(blocks, a.PageSize, 1, Dr)},
-		{t: o16, view: i64(T, N, Dc)}, {t: mx, view: i64(1, T, N)}, {t: sum, view: i64(1, T, N)},
-	})
-	if err != nil {
-		return err
-	}
-	defer destroy(ts...)
-	op, err := b.drv.sparseFlashAttention(ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], ts[6], ts[7], float64(a.Scale), ts[8], ts[9], ts[10])
-	if err != nil {
-		return err
-	}
 	flat := func(t compute.Tensor, n int) operand { return operand{t: t, view: i64(n)} }
 	if err := b.opCast(flat(a.Q, T*N*Dc), compute.BF16, flat(q16, T*N*Dc)); err != nil {
 		return err
@@ -260,7 +243,13 @@ func (b *Backend) fusedAttend(a *compute.AttnArgs, g attnGeom) error {
 	if err := b.keyCount(a.QPos, cnt); err != nil {
 		return err
 	}
-	if err := b.launch(op); err != nil {
+	if err := b.run(func(ts []tensorDesc) (prepared, error) {
+		return b.drv.sparseFlashAttention(ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], ts[6], ts[7], float64(a.Scale), ts[8], ts[9], ts[10])
+	},
+		operand{t: q16, view: i64(T, N, Dc)}, operand{t: kv, view: i64(blocks, a.PageSize, 1, Dc)}, operand{t: a.Indices, view: i64(T, 1, K)},
+		operand{t: a.PageTable, view: i64(1, P)}, operand{t: nq, view: i64(1)}, operand{t: cnt, view: i64(1)},
+		operand{t: qr16, view: i64(T, N, Dr)}, operand{t: kr, view: i64(blocks, a.PageSize, 1, Dr)},
+		operand{t: o16, view: i64(T, N, Dc)}, operand{t: mx, view: i64(1, T, N)}, operand{t: sum, view: i64(1, T, N)}); err != nil {
 		return err
 	}
 	if err := b.opCast(flat(o16, T*N*Dc), compute.F32, flat(a.Out, T*N*Dc)); err != nil {
