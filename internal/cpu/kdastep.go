@@ -392,10 +392,10 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 	// The short conv, then the recurrence, the norm and the gate of every
 	// (sequence, head) in parallel.
 	sc.job = stepJob{w: w, sc: sc, alog: alog, dtb: dtb, onorm: onorm, h: h, d: d, wt: wt, width: width, cu: cu, bounds: sc.job.bounds}
-	parts := min(b.pool.Size(), bsz*3)
+	parts := min(b.pool.Pieces(), bsz*3)
 	sc.job.split(3, parts)
 	b.pool.Run(stepConv, kernel.Args{Job: &sc.job}, parts, 1)
-	parts = min(b.pool.Size(), bsz*h)
+	parts = min(b.pool.Pieces(), bsz*h)
 	sc.job.split(h, parts)
 	b.pool.Run(stepHeads, kernel.Args{Job: &sc.job}, parts, 1)
 	if !a.Core.IsZero() {

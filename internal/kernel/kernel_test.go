@@ -3,10 +3,15 @@ package kernel
 import (
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sort"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 func randSlice(r *rand.Rand, n int) []float32 {
@@ -234,6 +239,77 @@ func TestPoolCoversRange(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestPoolRangesFixed: the ranges Run hands out depend on n, grain and
+// the pool's size only, never on which goroutine came first, and each is a
+// multiple of grain except the last.
+func TestPoolRangesFixed(t *testing.T) {
+	p := NewPool(2)
+	defer p.Close()
+	for _, n := range []int{2, 7, 48, 1000} {
+		for _, grain := range []int{1, 4, 64} {
+			var first []int
+			for run := range 50 {
+				var mu sync.Mutex
+				var got []int
+				p.Run(func(a *Args, lo, hi int) {
+					mu.Lock()
+					got = append(got, lo, hi)
+					mu.Unlock()
+				}, Args{}, n, grain)
+				pairs := make([][2]int, 0, len(got)/2)
+				for i := 0; i < len(got); i += 2 {
+					pairs = append(pairs, [2]int{got[i], got[i+1]})
+				}
+				slices.SortFunc(pairs, func(a, b [2]int) int { return a[0] - b[0] })
+				flat := make([]int, 0, len(got))
+				for i, r := range pairs {
+					require.True(t, r[0]%grain == 0 && (r[1]%grain == 0 || r[1] == n), "n=%d grain=%d: range %v", n, grain, r)
+					require.True(t, i == 0 && r[0] == 0 || i > 0 && r[0] == pairs[i-1][1], "n=%d grain=%d: ranges %v leave a gap", n, grain, pairs)
+					flat = append(flat, r[0], r[1])
+				}
+				require.Equal(t, n, pairs[len(pairs)-1][1])
+				if chunks := (n + grain - 1) / grain; chunks >= p.Pieces() {
+					require.Greater(t, len(pairs), p.Size(), "n=%d grain=%d: a goroutine's share is one range", n, grain)
+				}
+				if run == 0 {
+					first = flat
+					continue
+				}
+				require.Equal(t, first, flat, "n=%d grain=%d: run %d", n, grain, run)
+			}
+		}
+	}
+}
+
+// TestPoolTakesStalledShare: a goroutine stalled inside a range does not
+// hold up the rest of its share. The range holding the middle item (in
+// the second goroutine's share of three, a share of several ranges) waits
+// until every item outside it is done, which happens only if the other
+// goroutines take up that share's remaining ranges.
+func TestPoolTakesStalledShare(t *testing.T) {
+	p := NewPool(3)
+	defer p.Close()
+	const n = 48
+	for range 20 {
+		var done atomic.Int64
+		stalled := false
+		p.Run(func(a *Args, lo, hi int) {
+			for i := lo; i < hi; i++ {
+				if i == n/2 {
+					deadline := time.Now().Add(10 * time.Second)
+					for done.Load() < int64(n-(hi-lo)) && time.Now().Before(deadline) {
+						runtime.Gosched()
+					}
+					stalled = done.Load() < int64(n-(hi-lo))
+				}
+			}
+			done.Add(int64(hi - lo))
+		}, Args{}, n, 1)
+		require.False(t, stalled, "the stalled range's share was not taken up")
+		require.Equal(t, int64(n), done.Load())
 	}
 }
 

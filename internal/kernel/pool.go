@@ -36,8 +36,17 @@ type worker struct {
 	state    atomic.Uint32
 	sleeping atomic.Uint32
 	wake     chan struct{} // capacity 1
-	fn       func(a *Args, lo, hi int)
-	lo, hi   int
+	id       int           // its share's index in Pool.shares
+}
+
+// share is one goroutine's run of a kernel's pieces, [front, back) packed
+// in one word so that its owner, taking pieces from the front, and a
+// thief, taking them from the back, agree on each piece by one
+// compare-and-swap. The padding keeps each share on its own cache line:
+// an owner's claims stay in its core's cache until a thief comes.
+type share struct {
+	v atomic.Uint64
+	_ [56]byte
 }
 
 // spinFor is how long an idle worker polls for new work before it parks.
@@ -46,8 +55,15 @@ type worker struct {
 // back-to-back kernels must find their workers awake.
 const spinFor = 200 * time.Microsecond
 
+// claimsPer is how many pieces a kernel is cut into for each goroutine
+// of the pool. Each goroutine runs its own share of pieces, then takes
+// the pieces others have not begun, so one that starts late or is
+// descheduled by the host leaves its share to the others instead of
+// stalling the kernel.
+const claimsPer = 4
+
 // Pool runs kernels over a fixed set of goroutines; the calling goroutine
-// takes the first share. A Pool serialises the kernels submitted to it.
+// takes the first piece. A Pool serialises the kernels submitted to it.
 type Pool struct {
 	mu      sync.Mutex
 	args    Args
@@ -56,6 +72,11 @@ type Pool struct {
 	gemm    gemmJob
 	fast    fastJob
 	kmaj    kmajJob
+
+	// The running kernel, read by the workers it was posted to.
+	fn       func(a *Args, lo, hi int)
+	n, piece int
+	shares   []share // one per goroutine, the caller's first
 }
 
 // NewPool starts a pool of n workers in all (the caller counts as one);
@@ -64,9 +85,9 @@ func NewPool(n int) *Pool {
 	if n <= 0 {
 		n = runtime.GOMAXPROCS(0)
 	}
-	p := &Pool{}
+	p := &Pool{shares: make([]share, n)}
 	for i := 0; i < n-1; i++ {
-		w := &worker{wake: make(chan struct{}, 1)}
+		w := &worker{wake: make(chan struct{}, 1), id: i + 1}
 		p.workers = append(p.workers, w)
 		go p.loop(w)
 	}
@@ -75,9 +96,11 @@ func NewPool(n int) *Pool {
 
 func (p *Pool) loop(w *worker) {
 	for {
-		// Wait for a posted job: poll, then park.
+		// Wait for a posted kernel: poll, then park. A post the caller
+		// took back (it ran every piece before this worker came) is
+		// not run.
 		start := time.Now()
-		for i := 0; w.state.Load() != posted; i++ {
+		for i := 0; !(w.state.Load() == posted && w.state.CompareAndSwap(posted, running)); i++ {
 			if p.closed.Load() {
 				return
 			}
@@ -96,14 +119,12 @@ func (p *Pool) loop(w *worker) {
 				start = time.Now()
 			}
 		}
-		w.state.Store(running)
-		w.fn(&p.args, w.lo, w.hi)
+		p.claim(w.id)
 		w.state.Store(idle)
 	}
 }
 
-func (w *worker) post(fn func(a *Args, lo, hi int), lo, hi int) {
-	w.fn, w.lo, w.hi = fn, lo, hi
+func (w *worker) post() {
 	w.state.Store(posted)
 	if w.sleeping.CompareAndSwap(1, 0) {
 		select {
@@ -113,8 +134,39 @@ func (w *worker) post(fn func(a *Args, lo, hi int), lo, hi int) {
 	}
 }
 
+// claim runs the pieces of share own from its front, then those left in
+// the other shares from their backs, until no piece is left.
+func (p *Pool) claim(own int) {
+	for i := range p.shares {
+		sh := &p.shares[(own+i)%len(p.shares)]
+		for {
+			v := sh.v.Load()
+			front, back := v>>32, v&(1<<32-1)
+			if front >= back {
+				break
+			}
+			piece := back - 1
+			next := front<<32 | piece
+			if i == 0 {
+				piece = front
+				next = (front+1)<<32 | back
+			}
+			if !sh.v.CompareAndSwap(v, next) {
+				continue
+			}
+			lo := int(piece) * p.piece
+			p.fn(&p.args, lo, min(lo+p.piece, p.n))
+		}
+	}
+}
+
 // Size returns the number of goroutines a kernel runs on.
 func (p *Pool) Size() int { return len(p.workers) + 1 }
+
+// Pieces returns how many ranges Run cuts a kernel of enough items into:
+// a kernel that groups its own items (balancing their cost) offers about
+// this many groups, so that its goroutines can even out a late start.
+func (p *Pool) Pieces() int { return p.Size() * claimsPer }
 
 // Close stops the workers once the running kernel, if any, has finished.
 // Kernels run after Close run on the calling goroutine alone.
@@ -133,40 +185,48 @@ func (p *Pool) Close() {
 }
 
 // Run calls fn(a, lo, hi) over disjoint ranges covering [0, n), each range
-// a multiple of grain long (except the last), in parallel. fn must not call
-// Run on the same pool.
+// a multiple of grain long (except the last), in parallel. Which goroutine
+// runs a range depends on timing, never the ranges themselves: they depend
+// only on n, grain and the pool's size. fn must not call Run on the same
+// pool.
 func (p *Pool) Run(fn func(a *Args, lo, hi int), a Args, n, grain int) {
 	if grain < 1 {
 		grain = 1
 	}
 	chunks := (n + grain - 1) / grain
-	parts := min(p.Size(), chunks)
 	// The operands always travel through p.args: taking the address of the
 	// parameter would move it to the heap on every call.
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.args = a
-	if parts <= 1 || p.closed.Load() {
+	if chunks <= 1 || len(p.workers) == 0 || p.closed.Load() {
 		fn(&p.args, 0, n)
 		return
 	}
-	per := (chunks + parts - 1) / parts * grain
-	used := p.workers[:0]
-	for i := 1; i < parts; i++ {
-		lo, hi := i*per, min((i+1)*per, n)
-		if lo >= hi {
-			break
-		}
-		w := p.workers[i-1]
-		w.post(fn, lo, hi)
-		used = p.workers[:i]
+	p.fn, p.n = fn, n
+	p.piece = (chunks + p.Size()*claimsPer - 1) / (p.Size() * claimsPer) * grain
+	pieces := (n + p.piece - 1) / p.piece
+	per := (pieces + p.Size() - 1) / p.Size()
+	for i := range p.shares {
+		front, back := min(i*per, pieces), min((i+1)*per, pieces)
+		p.shares[i].v.Store(uint64(front)<<32 | uint64(back))
 	}
-	fn(&p.args, 0, min(per, n))
+	used := p.workers[:(pieces+per-1)/per-1]
 	for _, w := range used {
+		w.post()
+	}
+	p.claim(0)
+	// Every piece is claimed. Take back the posts no worker has taken up,
+	// then wait for the pieces still running.
+	for _, w := range used {
+		if w.state.CompareAndSwap(posted, idle) {
+			continue
+		}
 		for i := 0; w.state.Load() != idle; i++ {
 			if i%64 == 63 {
 				runtime.Gosched()
 			}
 		}
 	}
+	p.fn = nil
 }
