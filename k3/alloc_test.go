@@ -65,11 +65,11 @@ func TestBatchStepAllocations(t *testing.T) {
 	}
 	toks := []int32{5, 6, 7}
 	// Warm up past the first page: the kernels' scratch comes from
-	// sync.Pools, one set per P, grown by doubling with the positions a
-	// step reads, and the first steps also take the pool objects the
-	// goroutines meet as they move between Ps. Those are amortised, not a
-	// step's own, and under a loaded host the first 50 steps made up to
-	// about 60 of them.
+	// sync.Pools (a cache per P, so the first steps make an object for
+	// each P a goroutine runs a kernel on) and grows by doubling with the
+	// positions a step reads. Those allocations are amortised, not a
+	// step's own; under a loaded host the first 50 steps made up to about
+	// 60 of them.
 	for range 66 {
 		if err := bt.Step(ctx, ss, toks); err != nil {
 			t.Fatal(err)
