@@ -134,7 +134,7 @@ func Kernels(w io.Writer) {
 	}
 	tw.Flush()
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "matrix-vector (cold weights)\tGB/s\t/ triad\t/ NT triad\t/ read\tG weights/s\t")
+	fmt.Fprintln(tw, "matrix-vector and few-row products (cold weights)\tGB/s\t/ triad\t/ NT triad\t/ read\tG weights/s\t")
 	for _, s := range [][2]int{{4096, 4096}, {2048, 8192}} {
 		rows, cols := s[0], s[1]
 		copies := (768 << 20) / (4 * rows * cols)
@@ -184,6 +184,16 @@ func Kernels(w io.Writer) {
 				p.PackKMajor(wk[i], h, rows, cols)
 			}
 			row("k3 bf16 k-major", 2, func() {}, func(i int) { p.MatMulKMajor(y, x, wk[i%copies], 1, rows, cols) })
+			if rows == 2048 {
+				// A decode batch's rows share each weight read, and each
+				// brings 2 FLOP a weight: the share of the bandwidth a
+				// product keeps as its arithmetic grows (at 8 rows, about
+				// what the tiles compute warm) bounds batched decode.
+				for _, m := range []int{2, 4, 8, 16} {
+					xm, ym := make([]float32, m*cols), make([]float32, m*rows)
+					row(fmt.Sprintf("k3 bf16 k-major, %d rows,", m), 2, func() {}, func(i int) { p.MatMulKMajor(ym, xm, wk[i%copies], m, rows, cols) })
+				}
+			}
 		}
 		if openblas.Available {
 			row("OpenBLAS f32", 4, settle, func(i int) { openblas.Sgemv(y, wf[i%copies], x, rows, cols) })
