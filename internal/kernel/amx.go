@@ -199,8 +199,21 @@ const (
 )
 
 // amxKRange is how many k-blocks amxTiles2 runs before moving to the next
-// group: two tiles of part rows over it (15 KB) stay in L1.
+// group in a product of many row blocks: two tiles of part rows over it
+// (15 KB) stay in L1.
 const amxKRange = 8
+
+// amxStreamBlocks is the most row blocks (of 2*rows x rows) a product can
+// have and still run each group over the whole k. Such a product (a
+// decode batch, a verification or a scheduler's pass) reads its weights
+// from memory for most of its time, and two panels streamed from end to
+// end keep more of the bandwidth than sixteen visited a k-range at a time
+// (8 rows against 6144x2048 weights cycled past the L3: 0.74-0.80 of a
+// read pass against 0.64-0.66; docs/bench); the part rows (30 KB for each
+// 256 of k) are then read from L2. A product of more blocks reads the
+// weights from L2 for every block after the first, and keeps its part
+// rows in L1 instead.
+const amxStreamBlocks = 3
 
 // amxGo makes the product run its plain-Go twin (tests).
 var amxGo bool
@@ -364,10 +377,14 @@ func (j *amxJob) tiles(s []float32, cs, r0, r1, g0, g1 int) {
 	_ = s[(prows-1)*cs+cs-1]
 	var cfg amxConfig
 	if r1-r0 > j.rows {
+		cfg.set(amxTileRows, prows-amxTileRows)
+		if j.blocks <= amxStreamBlocks {
+			amxTiles2(&cfg, &a[0], 2*j.kp, &w[0], kb, &s[0], 4*cs, g1-g0, 2*AMXPanel*j.kp, 0)
+			return
+		}
 		// k in ranges of amxKRange blocks, each range over all the groups,
 		// so that the range's part rows stay in L1 from group to group;
 		// the accumulators are stored and reloaded exactly between ranges.
-		cfg.set(amxTileRows, prows-amxTileRows)
 		for b0, acc := 0, 0; b0 < kb; b0, acc = b0+amxKRange, 1 {
 			nb := min(amxKRange, kb-b0)
 			amxTiles2(&cfg, &a[b0*amxKBlock], 2*j.kp, &w[b0*512], nb, &s[0], 4*cs, g1-g0, 2*AMXPanel*j.kp, acc)

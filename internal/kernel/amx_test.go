@@ -16,6 +16,7 @@ import (
 var amxShapes = [][3]int{
 	{1, 32, 32}, {1, 100, 40}, {5, 16, 64}, {16, 48, 768}, {17, 33, 31},
 	{31, 64, 96}, {32, 256, 128}, {33, 300, 77}, {70, 96, 200}, {9, 1000, 64},
+	{8, 80, 600}, {27, 40, 300}, {45, 64, 520}, // whole k in a few row blocks, k-ranges in many
 }
 
 func TestPackAMX(t *testing.T) {
