@@ -209,10 +209,11 @@ const amxKRange = 8
 // from memory for most of its time, and two panels streamed from end to
 // end keep more of the bandwidth than sixteen visited a k-range at a time
 // (8 rows against 6144x2048 weights cycled past the L3: 0.74-0.80 of a
-// read pass against 0.64-0.66; docs/bench); the part rows (30 KB for each
-// 256 of k) are then read from L2. A product of more blocks reads the
+// read pass against 0.64-0.66; docs/bench), and its k-loop prefetches
+// both panels 4 KB ahead into L2 (about 5% more); the part rows (30 KB for
+// each 256 of k) are then read from L2. A product of more blocks reads the
 // weights from L2 for every block after the first, and keeps its part
-// rows in L1 instead.
+// rows in L1 instead (there the prefetch cost 10% of the GEMM's rate).
 const amxStreamBlocks = 3
 
 // amxGo makes the product run its plain-Go twin (tests).
@@ -379,7 +380,7 @@ func (j *amxJob) tiles(s []float32, cs, r0, r1, g0, g1 int) {
 	if r1-r0 > j.rows {
 		cfg.set(amxTileRows, prows-amxTileRows)
 		if j.blocks <= amxStreamBlocks {
-			amxTiles2(&cfg, &a[0], 2*j.kp, &w[0], kb, &s[0], 4*cs, g1-g0, 2*AMXPanel*j.kp, 0)
+			amxTiles2(&cfg, &a[0], 2*j.kp, &w[0], kb, &s[0], 4*cs, g1-g0, 2*AMXPanel*j.kp, 0, 1)
 			return
 		}
 		// k in ranges of amxKRange blocks, each range over all the groups,
@@ -387,7 +388,7 @@ func (j *amxJob) tiles(s []float32, cs, r0, r1, g0, g1 int) {
 		// the accumulators are stored and reloaded exactly between ranges.
 		for b0, acc := 0, 0; b0 < kb; b0, acc = b0+amxKRange, 1 {
 			nb := min(amxKRange, kb-b0)
-			amxTiles2(&cfg, &a[b0*amxKBlock], 2*j.kp, &w[b0*512], nb, &s[0], 4*cs, g1-g0, 2*AMXPanel*j.kp, acc)
+			amxTiles2(&cfg, &a[b0*amxKBlock], 2*j.kp, &w[b0*512], nb, &s[0], 4*cs, g1-g0, 2*AMXPanel*j.kp, acc, 0)
 		}
 		return
 	}

@@ -67,7 +67,27 @@
 #define TILELOADD_2_R14_R10 BYTE $0xC4; BYTE $0x82; BYTE $0x7B; BYTE $0x4B; BYTE $0x14; BYTE $0x16
 #define TILELOADD_3_R11_R10 BYTE $0xC4; BYTE $0x82; BYTE $0x7B; BYTE $0x4B; BYTE $0x1C; BYTE $0x13
 
-// func amxTiles2(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *float32, cstride, groups, pstride, acc int)
+// PREFETCH_STREAM fetches into L2 the 1 KB weight tiles 4 KB ahead of both
+// streams (BX and R14), one 64-byte line at a time.
+#define PREFETCH_STREAM \
+	PREFETCHT1 4096(BX); PREFETCHT1 4096(R14); \
+	PREFETCHT1 4160(BX); PREFETCHT1 4160(R14); \
+	PREFETCHT1 4224(BX); PREFETCHT1 4224(R14); \
+	PREFETCHT1 4288(BX); PREFETCHT1 4288(R14); \
+	PREFETCHT1 4352(BX); PREFETCHT1 4352(R14); \
+	PREFETCHT1 4416(BX); PREFETCHT1 4416(R14); \
+	PREFETCHT1 4480(BX); PREFETCHT1 4480(R14); \
+	PREFETCHT1 4544(BX); PREFETCHT1 4544(R14); \
+	PREFETCHT1 4608(BX); PREFETCHT1 4608(R14); \
+	PREFETCHT1 4672(BX); PREFETCHT1 4672(R14); \
+	PREFETCHT1 4736(BX); PREFETCHT1 4736(R14); \
+	PREFETCHT1 4800(BX); PREFETCHT1 4800(R14); \
+	PREFETCHT1 4864(BX); PREFETCHT1 4864(R14); \
+	PREFETCHT1 4928(BX); PREFETCHT1 4928(R14); \
+	PREFETCHT1 4992(BX); PREFETCHT1 4992(R14); \
+	PREFETCHT1 5056(BX); PREFETCHT1 5056(R14)
+
+// func amxTiles2(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *float32, cstride, groups, pstride, acc, stream int)
 //
 // Two blocks of part rows (at a and a+15*astride; the second may be
 // short, as cfg says: tmm0, tmm1, tmm4 the first, tmm2, tmm3, tmm5 the
@@ -76,8 +96,10 @@
 // to c (the second block's rows 15 rows further). With acc set C starts
 // from what c holds (a later k-range of the same product), else from
 // zero. Panels are pstride bytes apart; the next group's panels follow,
-// and its columns are 32 floats further in c.
-TEXT ·amxTiles2(SB), NOSPLIT, $0-80
+// and its columns are 32 floats further in c. With stream set (the
+// weights come from memory, each pair of panels read over the whole k)
+// the k-loop also prefetches both panels 4 KB ahead into L2.
+TEXT ·amxTiles2(SB), NOSPLIT, $0-88
 	MOVQ cfg+0(FP), DI
 	LDTILECFG_DI
 	MOVQ $64, AX
@@ -115,6 +137,8 @@ cready2:
 	TILELOADD_5_R11_DX
 	DECQ R13
 	JZ klast2
+	CMPQ stream+80(FP), $0
+	JNE kloop2s
 	// Software-pipelined: each tile is reloaded for the next k-block as
 	// soon as the last product reading it is issued (tiles are not
 	// renamed, so a load waits for the products before it that read its
@@ -134,6 +158,23 @@ kloop2:
 	TILELOADD_7_R14_AX
 	DECQ R13
 	JNZ kloop2
+	JMP klast2
+kloop2s:
+	TDPBF16PS_0_4_6
+	TDPBF16PS_2_5_6
+	PREFETCH_STREAM
+	ADDQ $1024, BX
+	ADDQ $1024, R14
+	TILELOADD_6_BX_AX
+	TDPBF16PS_1_4_7
+	ADDQ $64, SI
+	ADDQ $64, R11
+	TILELOADD_4_SI_DX
+	TDPBF16PS_3_5_7
+	TILELOADD_5_R11_DX
+	TILELOADD_7_R14_AX
+	DECQ R13
+	JNZ kloop2s
 klast2:
 	TDPBF16PS_0_4_6
 	TDPBF16PS_2_5_6

@@ -224,7 +224,7 @@ const hasAMX = false
 
 const amxPreferred = false
 
-func amxTiles2(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *float32, cstride, groups, pstride, acc int) {
+func amxTiles2(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *float32, cstride, groups, pstride, acc, stream int) {
 	panic("kernel: no assembly on this platform")
 }
 
