@@ -174,6 +174,7 @@ func (b *Backend) AttnResUpdate(a *compute.AttnResUpdateArgs) error {
 			return shapeErr("attnres partial %v, want [%d, %d]", a.Partial, t, d)
 		}
 	}
+	j := elementwiseJob{q: q, h: h, num: num, mx: mx, sum: sum, p: p, width: d, eps: a.Eps}
 	if !a.Delta.IsZero() {
 		delta, err := f32Of("attnres delta", a.Delta)
 		if err != nil {
@@ -182,32 +183,58 @@ func (b *Backend) AttnResUpdate(a *compute.AttnResUpdateArgs) error {
 		if p == nil || len(delta) != t*d {
 			return shapeErr("attnres delta %v needs a partial buffer of [%d, %d]", a.Delta, t, d)
 		}
-		if a.HasPartial {
+		j.delta, j.addDelta = delta, a.HasPartial
+		a.HasPartial = true
+	}
+	j.merge = a.HasPartial
+	if !j.merge {
+		for tok, v := range sum {
+			if v == 0 {
+				return fmt.Errorf("cpu: attnres update: no sources for token %d (empty history and no partial)", tok)
+			}
+		}
+	}
+	if t*d < elementwiseMin {
+		updateTokens(&j, 0, t)
+		return nil
+	}
+	pj := elementwisePool.Get().(*elementwiseJob)
+	defer elementwisePool.Put(pj)
+	*pj = j
+	b.pool.Run(updateRange, kernel.Args{Job: pj}, t, 1)
+	*pj = elementwiseJob{}
+	return nil
+}
+
+func updateRange(a *kernel.Args, lo, hi int) { updateTokens(a.Job.(*elementwiseJob), lo, hi) }
+
+// updateTokens is AttnResUpdate for tokens [lo, hi): the delta into the
+// partial, then each token's output.
+func updateTokens(j *elementwiseJob, lo, hi int) {
+	d := j.width
+	if j.delta != nil {
+		p, delta := j.p[lo*d:hi*d], j.delta[lo*d:hi*d]
+		if j.addDelta {
 			kernel.Add(p, p, delta)
 		} else {
 			copy(p, delta)
-			a.HasPartial = true
 		}
 	}
-	for tok := 0; tok < t; tok++ {
-		out, n := h[tok*d:(tok+1)*d], num[tok*d:(tok+1)*d]
-		if !a.HasPartial {
-			if sum[tok] == 0 {
-				return fmt.Errorf("cpu: attnres update: no sources for token %d (empty history and no partial)", tok)
-			}
+	for tok := lo; tok < hi; tok++ {
+		out, n := j.h[tok*d:(tok+1)*d], j.num[tok*d:(tok+1)*d]
+		if !j.merge {
 			copy(out, n)
-			kernel.Scale(out, 1/sum[tok])
+			kernel.Scale(out, 1/j.sum[tok])
 			continue
 		}
-		row := p[tok*d : (tok+1)*d]
-		s := kernel.Dot(q, row) * rmsInv(row, a.Eps)
-		m := max(mx[tok], s)
-		e1 := float32(math.Exp(float64(mx[tok] - m)))
+		row := j.p[tok*d : (tok+1)*d]
+		s := kernel.Dot(j.q, row) * rmsInv(row, j.eps)
+		m := max(j.mx[tok], s)
+		e1 := float32(math.Exp(float64(j.mx[tok] - m)))
 		e2 := float32(math.Exp(float64(s - m)))
-		inv := 1 / (sum[tok]*e1 + e2)
+		inv := 1 / (j.sum[tok]*e1 + e2)
 		kernel.Mix(out, n, row, e1, e2, inv)
 	}
-	return nil
 }
 
 // blockListPool holds AttnResPrepare's list of block views, so that a

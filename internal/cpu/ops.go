@@ -122,6 +122,56 @@ func (b *Backend) Unary(op compute.UnaryOp, dst, x compute.Tensor) error {
 	if len(ds) != len(xs) {
 		return shapeErr("unary output %v for input %v", dst, x)
 	}
+	if op < compute.SiLU || op > compute.Exp {
+		return fmt.Errorf("cpu: unary op %d: %w", op, compute.ErrUnsupported)
+	}
+	if len(xs) < elementwiseMin {
+		unarySlice(op, ds, xs)
+		return nil
+	}
+	j := elementwisePool.Get().(*elementwiseJob)
+	defer elementwisePool.Put(j)
+	*j = elementwiseJob{unary: op, ds: ds, xs: xs}
+	b.pool.Run(unaryRange, kernel.Args{Job: j}, len(xs), elementwiseGrain)
+	*j = elementwiseJob{}
+	return nil
+}
+
+// elementwiseMin is the fewest elements (or, for row-wise operations, rows
+// times their width) an elementwise operation splits over the pool: a
+// prefill chunk's activations, not a decode step's rows, whose dispatch
+// would cost more than the split saves. Every element is computed alone,
+// so the split changes no result.
+const elementwiseMin = 1 << 15
+
+// elementwiseGrain keeps the pieces of a split whole vectors.
+const elementwiseGrain = 64
+
+// elementwiseJob is one split Unary, Binary or AttnResUpdate call; calls
+// take one from elementwisePool, so a split allocates nothing.
+type elementwiseJob struct {
+	unary      compute.UnaryOp
+	binary     compute.BinaryOp
+	mode       int // binaryColumns, binaryRows or binaryElements
+	ds, xs, ys []float32
+	width      int // row width, for row-wise operations
+	// AttnResUpdate's operands
+	q, h, num       []float32
+	mx, sum, p      []float32
+	delta           []float32
+	eps             float32
+	addDelta, merge bool // add the delta to the partial (else copy it); merge the partial
+}
+
+var elementwisePool = sync.Pool{New: func() any { return new(elementwiseJob) }}
+
+func unaryRange(a *kernel.Args, lo, hi int) {
+	j := a.Job.(*elementwiseJob)
+	unarySlice(j.unary, j.ds[lo:hi], j.xs[lo:hi])
+}
+
+// unarySlice writes op(xs) to ds (of a supported op).
+func unarySlice(op compute.UnaryOp, ds, xs []float32) {
 	switch op {
 	case compute.SiLU:
 		copy(ds, xs)
@@ -136,10 +186,7 @@ func (b *Backend) Unary(op compute.UnaryOp, dst, x compute.Tensor) error {
 		for i, v := range xs {
 			ds[i] = float32(math.Exp(float64(v)))
 		}
-	default:
-		return fmt.Errorf("cpu: unary op %d: %w", op, compute.ErrUnsupported)
 	}
-	return nil
 }
 
 // Binary applies an elementwise operation with row or column
@@ -163,38 +210,76 @@ func (b *Backend) Binary(op compute.BinaryOp, dst, x, y compute.Tensor) error {
 	if op < compute.Add || op > compute.Div {
 		return fmt.Errorf("cpu: binary op %d: %w", op, compute.ErrUnsupported)
 	}
-	if compute.IsColumn(x, y) {
-		d := x.Dim(-1)
-		for r, v := range ys {
-			binaryScalar(op, ds[r*d:(r+1)*d], xs[r*d:(r+1)*d], v)
-		}
+	j := elementwiseJob{binary: op, ds: ds, xs: xs, ys: ys}
+	n, grain := 0, 1
+	switch {
+	case compute.IsColumn(x, y):
+		j.mode, j.width, n = binaryColumns, x.Dim(-1), len(ys)
+	case len(ys) == len(xs):
+		j.mode, n, grain = binaryElements, len(xs), elementwiseGrain
+	case len(xs)%len(ys) != 0 || len(ys) != x.Dim(-1):
+		return shapeErr("binary a %v, b %v, dst %v", x, y, dst)
+	default:
+		j.mode, j.width, n = binaryRows, len(ys), len(xs)/len(ys)
+	}
+	if len(xs) < elementwiseMin {
+		binaryPart(&j, 0, n)
 		return nil
 	}
-	if len(xs)%len(ys) != 0 || (len(ys) != len(xs) && len(ys) != x.Dim(-1)) {
-		return shapeErr("binary a %v, b %v, dst %v", x, y, dst)
+	pj := elementwisePool.Get().(*elementwiseJob)
+	defer elementwisePool.Put(pj)
+	*pj = j
+	b.pool.Run(binaryRange, kernel.Args{Job: pj}, n, grain)
+	*pj = elementwiseJob{}
+	return nil
+}
+
+// How a split Binary's items map to its operands.
+const (
+	binaryColumns  = iota + 1 // item r: row r of a against b[r]
+	binaryRows                // item r: row r of a against all of b
+	binaryElements            // item i: element i of a against b[i]
+)
+
+func binaryRange(a *kernel.Args, lo, hi int) { binaryPart(a.Job.(*elementwiseJob), lo, hi) }
+
+// binaryPart computes Binary's items [lo, hi).
+func binaryPart(j *elementwiseJob, lo, hi int) {
+	d := j.width
+	switch j.mode {
+	case binaryColumns:
+		for r := lo; r < hi; r++ {
+			binaryScalar(j.binary, j.ds[r*d:(r+1)*d], j.xs[r*d:(r+1)*d], j.ys[r])
+		}
+	case binaryRows:
+		for r := lo; r < hi; r++ {
+			binaryVector(j.binary, j.ds[r*d:(r+1)*d], j.xs[r*d:(r+1)*d], j.ys)
+		}
+	case binaryElements:
+		binaryVector(j.binary, j.ds[lo:hi], j.xs[lo:hi], j.ys[lo:hi])
 	}
-	for r := 0; r < len(xs); r += len(ys) {
-		d, a := ds[r:r+len(ys)], xs[r:r+len(ys)]
-		switch op {
-		case compute.Add:
-			kernel.Add(d, a, ys)
-		case compute.Mul:
-			kernel.Mul(d, a, ys)
-		case compute.Sub:
-			for i := range d {
-				d[i] = a[i] - ys[i]
-			}
-		case compute.Max:
-			for i := range d {
-				d[i] = max(a[i], ys[i])
-			}
-		case compute.Div:
-			for i := range d {
-				d[i] = a[i] / ys[i]
-			}
+}
+
+// binaryVector is d = op(a, y) element by element.
+func binaryVector(op compute.BinaryOp, d, a, y []float32) {
+	switch op {
+	case compute.Add:
+		kernel.Add(d, a, y)
+	case compute.Mul:
+		kernel.Mul(d, a, y)
+	case compute.Sub:
+		for i := range d {
+			d[i] = a[i] - y[i]
+		}
+	case compute.Max:
+		for i := range d {
+			d[i] = max(a[i], y[i])
+		}
+	case compute.Div:
+		for i := range d {
+			d[i] = a[i] / y[i]
 		}
 	}
-	return nil
 }
 
 // binaryScalar is dst = op(a, v) for one row and one value.
