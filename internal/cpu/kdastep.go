@@ -65,10 +65,11 @@ func (b *Backend) CausalConv(a *compute.ConvArgs) error {
 		}
 		sc.job = convJob{out: out[t0*ch : t1*ch], x: x[t0*ch : t1*ch], wT: wT,
 			state: st[row*(w-1)*ch : (row+1)*(w-1)*ch], t: t1 - t0, ch: ch, w: w}
-		// Channels are independent: each worker takes one contiguous range
-		// (whole vectors), so every call of the vector kernels below covers
-		// that range (per-call costs dominated with 64-channel blocks).
-		b.pool.Run(convChannels, kernel.Args{Job: &sc.job}, ch, 8)
+		// Channels are independent: each piece is one contiguous range of
+		// whole zmm vectors where the channels allow, so every call of the
+		// vector kernels below covers that range (per-call costs dominated
+		// with 64-channel blocks).
+		b.pool.Run(convChannels, kernel.Args{Job: &sc.job}, ch, 16)
 	}
 	return nil
 }
@@ -136,27 +137,56 @@ func convChannels(args *kernel.Args, lo, hi int) {
 // convSeq convolves channels [c0, c1) of one sequence: input row i of the
 // virtual sequence [state; x] is state row i for i < W-1, else x row
 // i-(W-1). Each output sums its taps oldest first, like convStep, with
-// products rounded before the sum.
+// products rounded before the sum. With four taps the rows whose taps all
+// fall in x go sixteen channels at a time through kernel.ConvSiLU4 where
+// it runs, with the same bits.
 func convSeq(j *convJob, c0, c1 int) {
-	ch, w, state, x := j.ch, j.w, j.state, j.x
-	row := func(i int) []float32 {
-		if i < w-1 {
-			return state[i*ch+c0 : i*ch+c1]
+	ch, w := j.ch, j.w
+	if w == 4 && j.t > w-1 {
+		cols := (c1 - c0) &^ 15
+		if kernel.ConvSiLU4(j.out[(w-1)*ch+c0:], j.x[c0:], j.wT[c0:], ch, j.t-(w-1), cols) {
+			convRows(j, c0, c1, 0, w-1)
+			convRows(j, c0+cols, c1, w-1, j.t)
+			convState(j, c0, c1)
+			return
 		}
-		return x[(i-w+1)*ch+c0 : (i-w+1)*ch+c1]
 	}
-	for i := 0; i < j.t; i++ {
+	convRows(j, c0, c1, 0, j.t)
+	convState(j, c0, c1)
+}
+
+// row returns channels [c0, c1) of row i of the virtual sequence.
+func (j *convJob) row(i, c0, c1 int) []float32 {
+	ch, w := j.ch, j.w
+	if i < w-1 {
+		return j.state[i*ch+c0 : i*ch+c1]
+	}
+	return j.x[(i-w+1)*ch+c0 : (i-w+1)*ch+c1]
+}
+
+// convRows computes output rows [i0, i1) for channels [c0, c1).
+func convRows(j *convJob, c0, c1, i0, i1 int) {
+	if c0 >= c1 {
+		return
+	}
+	ch := j.ch
+	for i := i0; i < i1; i++ {
 		o := j.out[i*ch+c0 : i*ch+c1]
 		clear(o)
-		for tap := 0; tap < w; tap++ {
-			kernel.MulAdd(o, j.wT[tap*ch+c0:tap*ch+c1], row(i+tap))
+		for tap := 0; tap < j.w; tap++ {
+			kernel.MulAdd(o, j.wT[tap*ch+c0:tap*ch+c1], j.row(i+tap, c0, c1))
 		}
 		kernel.SiLUInPlace(o)
 	}
-	// New state: the last W-1 rows of [state; x]. Row r takes virtual row
-	// t+r; going up in r never reads a row already overwritten.
-	for r := 0; r < w-1; r++ {
-		copy(state[r*ch+c0:r*ch+c1], row(j.t+r))
+}
+
+// convState writes the new state, the last W-1 rows of [state; x]: row r
+// takes virtual row t+r, and going up in r never reads a row already
+// overwritten.
+func convState(j *convJob, c0, c1 int) {
+	ch := j.ch
+	for r := 0; r < j.w-1; r++ {
+		copy(j.state[r*ch+c0:r*ch+c1], j.row(j.t+r, c0, c1))
 	}
 }
 

@@ -149,6 +149,9 @@ func expZMM(x *float32, n int, k *[16]float32)
 //go:noescape
 func sigmoidZMM(x *float32, n int, k *[16]float32)
 
+//go:noescape
+func convSiLU4ZMM(out, x, w *float32, stride, rows, cols int, k *[16]float32)
+
 // expBody is the shared vector exponential called by expAVX2 and
 // sigmoidAVX2 (register calling convention of its own; not callable from Go).
 //

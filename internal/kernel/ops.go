@@ -105,6 +105,25 @@ func SiLUInPlace(x []float32) {
 	}
 }
 
+// ConvSiLU4 runs KDA's short conv of width four with SiLU over the first
+// cols channels (a multiple of 16) of rows output rows: out row r, channel
+// c = SiLU of (((0 + w[c]·x_r[c]) + w[s+c]·x_{r+1}[c]) + w[2s+c]·x_{r+2}[c])
+// + w[3s+c]·x_{r+3}[c], rows of out and x and the four taps of w all s
+// floats apart. The bits are those of clearing an output row, MulAdd for
+// each tap oldest first, and SiLUInPlace. It reports false, computing
+// nothing, where no vector kernel serves (the caller then takes that
+// general path).
+func ConvSiLU4(out, x, w []float32, s, rows, cols int) bool {
+	if !expWide() || !hasZMM || cols%16 != 0 || rows < 1 || cols < 16 || cols > s {
+		return false
+	}
+	if len(out) < (rows-1)*s+cols || len(x) < (rows+2)*s+cols || len(w) < 3*s+cols {
+		panic("kernel: ConvSiLU4 operand too short")
+	}
+	convSiLU4ZMM(&out[0], &x[0], &w[0], s, rows, cols, &expConsts)
+	return true
+}
+
 // SigmoidInPlace applies the logistic function to every element.
 func SigmoidInPlace(x []float32) { SigmoidSlice(x) }
 

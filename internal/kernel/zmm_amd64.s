@@ -590,6 +590,19 @@ izdone:
 	VMOVAPS Z29, K2, Z0; \
 	VMOVAPS Z7, K3, Z0
 
+// SIGMOID_Z13 sets Z0 to the logistic function of Z13 lane-wise, as
+// 1/(1+e) for x >= 0 and e/(1+e) below, e = Exp(-|x|); Z14 must hold
+// zeros. Clobbers Z1-Z8, K1-K5.
+#define SIGMOID_Z13 \
+	VCMPPS $0x0d, Z14, Z13, K5; \
+	VSUBPS Z13, Z14, Z0; \
+	VMINPS Z13, Z0, Z0; \
+	EXP_Z0; \
+	VADDPS Z28, Z0, Z2; \
+	VMOVAPS Z0, Z3; \
+	VMOVAPS Z28, K5, Z3; \
+	VDIVPS Z2, Z3, Z0
+
 // func expZMM(x *float32, n int, k *[16]float32)
 // expAVX2 sixteen lanes at a time (n % 16 == 0): the same bits.
 TEXT ·expZMM(SB), NOSPLIT, $0-24
@@ -625,20 +638,74 @@ gzloop:
 	JL   gzdone
 	VMOVUPS (DI), Z13
 	VPXORD Z14, Z14, Z14
-	VCMPPS $0x0d, Z14, Z13, K5   // x >= 0 (GE_OS)
-	VSUBPS Z13, Z14, Z0          // -x
-	VMINPS Z13, Z0, Z0           // -|x|
-	EXP_Z0                       // Z0 = e
-	VADDPS Z28, Z0, Z2           // 1 + e (c0 is 1)
-	VMOVAPS Z0, Z3
-	VMOVAPS Z28, K5, Z3          // x >= 0 ? 1 : e
-	VDIVPS Z2, Z3, Z0
+	SIGMOID_Z13
 	VMOVUPS Z0, (DI)
 	ADDQ $64, DI
 	SUBQ $16, CX
 	JMP  gzloop
 
 gzdone:
+	VZEROUPPER
+	RET
+
+// func convSiLU4ZMM(out, x, w *float32, stride, rows, cols int, k *[16]float32)
+//
+// KDA's short conv of width four with SiLU, cols channels (a multiple of
+// 16) of rows output rows, row by row: out row r = SiLU(((0 + w0·x_r) +
+// w1·x_{r+1}) + w2·x_{r+2}) + w3·x_{r+3}), rows and taps stride floats
+// apart. Each product is rounded before its sum and every operation has
+// the operand order of MulAdd's (mulAddAVX2), sigmoidZMM's and Mul's
+// (mulAVX2), so the bits are those of clearing a row, four MulAdds and
+// SiLUInPlace.
+TEXT ·convSiLU4ZMM(SB), NOSPLIT, $0-56
+	MOVQ out+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ w+16(FP), DX
+	MOVQ stride+24(FP), R9
+	SHLQ $2, R9
+	MOVQ rows+32(FP), CX
+	MOVQ cols+40(FP), BX
+	SHLQ $2, BX
+	MOVQ k+48(FP), R8
+	EXP_CONSTS
+	LEAQ (R9)(R9*2), R11
+	VPXORD Z14, Z14, Z14
+
+cvrow:
+	TESTQ CX, CX
+	JZ    cvdone
+	XORQ R12, R12
+
+cvblock:
+	CMPQ R12, BX
+	JGE  cvnext
+	LEAQ (DX)(R12*1), R13
+	LEAQ (SI)(R12*1), R10
+	VMOVUPS (R13), Z9
+	VMULPS (R10), Z9, Z15
+	VADDPS Z14, Z15, Z13
+	VMOVUPS (R13)(R9*1), Z10
+	VMULPS (R10)(R9*1), Z10, Z15
+	VADDPS Z13, Z15, Z13
+	VMOVUPS (R13)(R9*2), Z11
+	VMULPS (R10)(R9*2), Z11, Z15
+	VADDPS Z13, Z15, Z13
+	VMOVUPS (R13)(R11*1), Z12
+	VMULPS (R10)(R11*1), Z12, Z15
+	VADDPS Z13, Z15, Z13
+	SIGMOID_Z13                  // sigmoid(x)
+	VMULPS Z0, Z13, Z0           // x · sigmoid(x)
+	VMOVUPS Z0, (DI)(R12*1)
+	ADDQ $64, R12
+	JMP  cvblock
+
+cvnext:
+	ADDQ R9, SI
+	ADDQ R9, DI
+	DECQ CX
+	JMP  cvrow
+
+cvdone:
 	VZEROUPPER
 	RET
 
