@@ -204,16 +204,14 @@ const (
 const amxKRange = 8
 
 // amxStreamBlocks is the most row blocks (of 2*rows x rows) a product can
-// have and still run each group over the whole k. Such a product (a
-// decode batch, a verification or a scheduler's pass) reads its weights
-// from memory for most of its time, and two panels streamed from end to
-// end keep more of the bandwidth than sixteen visited a k-range at a time
-// (8 rows against 6144x2048 weights cycled past the L3: 0.74-0.80 of a
-// read pass against 0.64-0.66; docs/bench), and its k-loop prefetches
-// both panels 4 KB ahead into L2 (about 5% more); the part rows (30 KB for
-// each 256 of k) are then read from L2. A product of more blocks reads the
-// weights from L2 for every block after the first, and keeps its part
-// rows in L1 instead (there the prefetch cost 10% of the GEMM's rate).
+// have and still run each pair of panels over the whole k, prefetching its
+// weights into L2. Such a product (a decode batch, a verification, a
+// scheduler's pass) reads its weights from memory for most of its time,
+// and two streams read end to end keep more of the bandwidth than sixteen
+// visited a k-range at a time (docs/bench); its part rows then come from
+// L2. A product of more blocks reads the weights from L2 for every block
+// after the first, so it keeps its part rows in L1 over k-ranges instead
+// and does not prefetch (there the prefetch cost the GEMM's rate).
 const amxStreamBlocks = 3
 
 // amxGo makes the product run its plain-Go twin (tests).
