@@ -150,6 +150,9 @@ func expZMM(x *float32, n int, k *[16]float32)
 func sigmoidZMM(x *float32, n int, k *[16]float32)
 
 //go:noescape
+func twiceAbsQuotientAVX2(dst, x *float32, n int, c float32)
+
+//go:noescape
 func convSiLU4ZMM(out, x, w *float32, stride, rows, cols int, k *[16]float32)
 
 // expBody is the shared vector exponential called by expAVX2 and

@@ -1846,6 +1846,35 @@ stdone:
 	VZEROUPPER
 	RET
 
+// func twiceAbsQuotientAVX2(dst, x *float32, n int, c float32)
+//
+// dst[i] = 2·|x[i]/c| for n (a multiple of 8) floats: the quotient
+// rounded once, its sign cleared, doubled exactly (x + x), as the scalar
+// expression 2 * abs32(x/c) computes it.
+TEXT ·twiceAbsQuotientAVX2(SB), NOSPLIT, $0-28
+	MOVQ dst+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ n+16(FP), CX
+	VBROADCASTSS c+24(FP), Y15
+	VPCMPEQD Y14, Y14, Y14
+	VPSRLD $1, Y14, Y14      // every bit but the sign
+	XORQ AX, AX
+
+taloop:
+	CMPQ AX, CX
+	JGE  tadone
+	VMOVUPS (SI)(AX*4), Y0
+	VDIVPS Y15, Y0, Y0
+	VANDPS Y14, Y0, Y0
+	VADDPS Y0, Y0, Y0
+	VMOVUPS Y0, (DI)(AX*4)
+	ADDQ $8, AX
+	JMP  taloop
+
+tadone:
+	VZEROUPPER
+	RET
+
 // tanhBody sets Y2 = tanh(Y0) given Y1 = exp(2|Y0|) as tanhExp does, with
 // the constants at DX (situAVX2's c). Clobbers Y5-Y9; own register
 // convention, not callable from Go.

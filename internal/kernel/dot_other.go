@@ -57,6 +57,9 @@ func expAVX2(x *float32, n int, k *[16]float32)     { panic("kernel: no assembly
 func sigmoidAVX2(x *float32, n int, k *[16]float32) { panic("kernel: no assembly on this platform") }
 func expZMM(x *float32, n int, k *[16]float32)      { panic("kernel: no assembly on this platform") }
 func sigmoidZMM(x *float32, n int, k *[16]float32)  { panic("kernel: no assembly on this platform") }
+func twiceAbsQuotientAVX2(dst, x *float32, n int, c float32) {
+	panic("kernel: no assembly on this platform")
+}
 func convSiLU4ZMM(out, x, w *float32, stride, rows, cols int, k *[16]float32) {
 	panic("kernel: no assembly on this platform")
 }
