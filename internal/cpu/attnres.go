@@ -198,11 +198,7 @@ func (b *Backend) AttnResUpdate(a *compute.AttnResUpdateArgs) error {
 		updateTokens(&j, 0, t)
 		return nil
 	}
-	pj := elementwisePool.Get().(*elementwiseJob)
-	defer elementwisePool.Put(pj)
-	*pj = j
-	b.pool.Run(updateRange, kernel.Args{Job: pj}, t, 1)
-	*pj = elementwiseJob{}
+	b.split(&j, updateRange, t, 1)
 	return nil
 }
 

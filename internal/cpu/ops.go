@@ -129,11 +129,7 @@ func (b *Backend) Unary(op compute.UnaryOp, dst, x compute.Tensor) error {
 		unarySlice(op, ds, xs)
 		return nil
 	}
-	j := elementwisePool.Get().(*elementwiseJob)
-	defer elementwisePool.Put(j)
-	*j = elementwiseJob{unary: op, ds: ds, xs: xs}
-	b.pool.Run(unaryRange, kernel.Args{Job: j}, len(xs), elementwiseGrain)
-	*j = elementwiseJob{}
+	b.split(&elementwiseJob{unary: op, ds: ds, xs: xs}, unaryRange, len(xs), elementwiseGrain)
 	return nil
 }
 
@@ -164,6 +160,17 @@ type elementwiseJob struct {
 }
 
 var elementwisePool = sync.Pool{New: func() any { return new(elementwiseJob) }}
+
+// split runs fn over n items (in pieces of grain) on the pool with a
+// pooled copy of j, which it clears afterwards so that the pool holds no
+// caller's slices.
+func (b *Backend) split(j *elementwiseJob, fn func(*kernel.Args, int, int), n, grain int) {
+	pj := elementwisePool.Get().(*elementwiseJob)
+	defer elementwisePool.Put(pj)
+	*pj = *j
+	b.pool.Run(fn, kernel.Args{Job: pj}, n, grain)
+	*pj = elementwiseJob{}
+}
 
 func unaryRange(a *kernel.Args, lo, hi int) {
 	j := a.Job.(*elementwiseJob)
@@ -226,11 +233,7 @@ func (b *Backend) Binary(op compute.BinaryOp, dst, x, y compute.Tensor) error {
 		binaryPart(&j, 0, n)
 		return nil
 	}
-	pj := elementwisePool.Get().(*elementwiseJob)
-	defer elementwisePool.Put(pj)
-	*pj = j
-	b.pool.Run(binaryRange, kernel.Args{Job: pj}, n, grain)
-	*pj = elementwiseJob{}
+	b.split(&j, binaryRange, n, grain)
 	return nil
 }
 

@@ -87,6 +87,20 @@
 	PREFETCHT1 4992(BX); PREFETCHT1 4992(R14); \
 	PREFETCHT1 5056(BX); PREFETCHT1 5056(R14)
 
+// KSTEP2_REST is the rest of amxTiles2's k-step after the first two tile
+// products: the next block's tiles each loaded as soon as the last product
+// reading it is issued, the other two products between, and the count.
+#define KSTEP2_REST \
+	ADDQ $1024, BX; ADDQ $1024, R14; \
+	TILELOADD_6_BX_AX; \
+	TDPBF16PS_1_4_7; \
+	ADDQ $64, SI; ADDQ $64, R11; \
+	TILELOADD_4_SI_DX; \
+	TDPBF16PS_3_5_7; \
+	TILELOADD_5_R11_DX; \
+	TILELOADD_7_R14_AX; \
+	DECQ R13
+
 // func amxTiles2(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *float32, cstride, groups, pstride, acc, stream int)
 //
 // Two blocks of part rows (at a and a+15*astride; the second may be
@@ -146,34 +160,14 @@ cready2:
 kloop2:
 	TDPBF16PS_0_4_6
 	TDPBF16PS_2_5_6
-	ADDQ $1024, BX
-	ADDQ $1024, R14
-	TILELOADD_6_BX_AX
-	TDPBF16PS_1_4_7
-	ADDQ $64, SI
-	ADDQ $64, R11
-	TILELOADD_4_SI_DX
-	TDPBF16PS_3_5_7
-	TILELOADD_5_R11_DX
-	TILELOADD_7_R14_AX
-	DECQ R13
+	KSTEP2_REST
 	JNZ kloop2
 	JMP klast2
 kloop2s:
 	TDPBF16PS_0_4_6
 	TDPBF16PS_2_5_6
 	PREFETCH_STREAM
-	ADDQ $1024, BX
-	ADDQ $1024, R14
-	TILELOADD_6_BX_AX
-	TDPBF16PS_1_4_7
-	ADDQ $64, SI
-	ADDQ $64, R11
-	TILELOADD_4_SI_DX
-	TDPBF16PS_3_5_7
-	TILELOADD_5_R11_DX
-	TILELOADD_7_R14_AX
-	DECQ R13
+	KSTEP2_REST
 	JNZ kloop2s
 klast2:
 	TDPBF16PS_0_4_6
