@@ -27,6 +27,9 @@ type buffer struct {
 	packed       []uint16
 	packing      packing
 	packN, packK int
+	// tiles is set on a narrow bf16 weight kept in u16 whose long
+	// products run on the AMX tiles (PrepareMatMul).
+	tiles *tileCopy
 	// aliased is set when the storage is the caller's bytes (FromHost
 	// without a copy, such as a mapped checkpoint): Write refuses it.
 	aliased bool
@@ -242,7 +245,7 @@ func (b *Backend) Write(dst compute.Tensor, src any) error {
 		return fmt.Errorf("cpu: write into %v: not a tensor of this backend", dst)
 	case buf.aliased:
 		return fmt.Errorf("cpu: write into %v: its storage is the caller's bytes (FromHost), read only here: %w", dst, compute.ErrUnsupported)
-	case buf.packed != nil:
+	case buf.packed != nil || buf.tiles != nil:
 		return shapeErr("write into %v: a prepared matmul weight", dst)
 	}
 	switch s := src.(type) {

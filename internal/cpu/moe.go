@@ -294,7 +294,18 @@ func (b *Backend) matmulHost(dst, x []float32, w compute.Tensor, m int) error {
 	case compute.F32:
 		b.pool.MatMul(dst, x, F32(w), m, n, k)
 	case compute.BF16:
-		b.matMulBF16(dst, x, U16(w), m, n, k)
+		var tiles []uint16
+		if m >= kernel.PackedMinRows {
+			tiles = tilesFor(w)
+		}
+		switch {
+		case tiles == nil:
+			b.matMulBF16(dst, x, U16(w), m, n, k)
+		case b.fastBF16:
+			b.pool.MatMulAMXFast(dst, x, tiles, m, n, k)
+		default:
+			b.pool.MatMulAMX(dst, x, tiles, m, n, k)
+		}
 	default:
 		return fmt.Errorf("cpu: matmul with %v weights: %w", w.DType, compute.ErrUnsupported)
 	}

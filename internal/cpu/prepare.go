@@ -1,6 +1,8 @@
 package cpu
 
 import (
+	"sync"
+
 	"k3/compute"
 	"k3/internal/kernel"
 )
@@ -22,12 +24,15 @@ var _ compute.WeightPreparer = (*Backend)(nil)
 // fast-bf16 backend where its bf16 dot product pays (whose products round
 // x to bf16 over the stored layout) keep w; with AMX tiles, the fast
 // backend's long products run kernel.MatMulAMXFast over the tile layout.
+// Where the AMX tiles are preferred, a narrower weight of at least amxMinN
+// rows and amxMinK deep keeps w too, and its products of
+// kernel.PackedMinRows rows or more run on a tile copy (tileCopy).
 //
 // The prepared tensor keeps w's shape and answers Read; it is not a view
 // other operations can read (F32 and U16 return nil for it).
 func (b *Backend) PrepareMatMul(w compute.Tensor) (compute.Tensor, error) {
 	how := b.packing()
-	if how == 0 || w.DType != compute.BF16 || w.Rank != 2 || w.Dims[0] < kernel.KMajorMinN {
+	if how == 0 || w.DType != compute.BF16 || w.Rank != 2 {
 		return w, nil
 	}
 	src := U16(w)
@@ -35,6 +40,12 @@ func (b *Backend) PrepareMatMul(w compute.Tensor) (compute.Tensor, error) {
 		return w, nil
 	}
 	n, k := w.Dims[0], w.Dims[1]
+	if n < kernel.KMajorMinN {
+		if buf := w.Mem.(*buffer); how == amxTiles && n >= amxMinN && k >= amxMinK && w.Off == 0 && len(buf.u16) == n*k {
+			buf.tiles = &tileCopy{n: n, k: k}
+		}
+		return w, nil
+	}
 	if how == amxTiles && k < amxMinK && kernel.KMajorFast() {
 		how = kMajor
 	}
@@ -57,6 +68,41 @@ func (b *Backend) PrepareMatMul(w compute.Tensor) (compute.Tensor, error) {
 // GFLOP/s; docs/bench). The layout is per weight, so each weight's products
 // keep one arithmetic whatever their row count.
 const amxMinK = 128
+
+// amxMinN is the fewest rows of a narrow weight whose long products take
+// a tile copy: a pair of tile panels. Under it the padding to 32 columns
+// outweighs the tiles (a 256-row product of 8x768 takes 44 µs on them
+// against 24 on the stored layout; 32x768 44 against 50; docs/bench).
+const amxMinN = 2 * kernel.AMXPanel
+
+// tileCopy is the AMX form of a narrow weight kept in its stored layout,
+// made by the weight's first product of kernel.PackedMinRows rows or more:
+// only prefill products are that long, so weights read only by decode or
+// by MoEExperts (the experts' products stay on the stored layout) never
+// take the memory.
+type tileCopy struct {
+	once   sync.Once
+	n, k   int
+	packed []uint16
+}
+
+// tilesFor returns the tile copy of w, making it on first use, or nil when
+// w has none or is a view of another shape.
+func tilesFor(w compute.Tensor) []uint16 {
+	buf, ok := w.Mem.(*buffer)
+	if !ok || buf.tiles == nil {
+		return nil
+	}
+	tc := buf.tiles
+	if w.Off != 0 || w.Rank != 2 || w.Dims[0] != tc.n || w.Dims[1] != tc.k {
+		return nil
+	}
+	tc.once.Do(func() {
+		tc.packed = make([]uint16, kernel.AMXLen(tc.n, tc.k))
+		kernel.PackAMX(tc.packed, buf.u16, tc.n, tc.k)
+	})
+	return tc.packed
+}
 
 // packing is a prepared weight's layout.
 type packing uint8

@@ -154,17 +154,129 @@ func testPreparedOthers(t *testing.T, b *Backend, r *rand.Rand, n, k int) {
 		yf, err := fast.Alloc(compute.F32, rows, n)
 		require.NoError(t, err)
 		require.NoError(t, fast.MatMul(yf, xf, pw))
-		for i, v := range F32(yf) {
-			var want, mag float64
-			for q := 0; q < k; q++ {
-				want += float64(xs[i/n*k+q]) * float64(fv[i%n*k+q])
-				mag += math.Abs(float64(xs[i/n*k+q] * fv[i%n*k+q]))
-			}
-			tol := float64(k) * 0x1p-23 * mag
-			if roundsX && rows >= kernel.PackedMinRows {
-				tol = 0x1p-8 * mag
-			}
-			require.InDelta(t, want, v, tol, "fast backend, %d rows, element %d", rows, i)
+		requireProduct(t, F32(yf), xs, fv, n, k, roundsX && rows >= kernel.PackedMinRows, fmt.Sprintf("fast backend, %d rows", rows))
+	}
+}
+
+// requireProduct checks got, rows of x [., k] times wᵀ (w [n, k]), against
+// the float64 product within float32 summation error over k of the
+// products' magnitude, or 2^-8 of it where roundsX (x rounded to bf16).
+func requireProduct(t *testing.T, got, x, w []float32, n, k int, roundsX bool, what string) {
+	t.Helper()
+	for i, v := range got {
+		var want, mag float64
+		for q := 0; q < k; q++ {
+			want += float64(x[i/n*k+q]) * float64(w[i%n*k+q])
+			mag += math.Abs(float64(x[i/n*k+q] * w[i%n*k+q]))
 		}
+		tol := float64(k) * 0x1p-23 * mag
+		if roundsX {
+			tol = 0x1p-8 * mag
+		}
+		require.InDelta(t, want, v, tol, "%s, element %d", what, i)
+	}
+}
+
+// TestPrepareMatMulNarrowTiles: where the AMX tiles are preferred, a
+// narrow weight keeps its stored layout for products of fewer than
+// kernel.PackedMinRows rows (bit for bit those of an unprepared copy) and
+// runs longer ones on a tile copy of its values (bit for bit the tile
+// product of the weight, within float32 summation error of the float64
+// product); a view of another shape, the experts' serial products and
+// weights too narrow or too shallow keep the stored layout, and Write is
+// refused.
+func TestPrepareMatMulNarrowTiles(t *testing.T) {
+	for _, fast := range []bool{false, true} {
+		b := New(2)
+		if fast {
+			b = NewFastBF16(2)
+		}
+		defer b.Close()
+		r := rand.New(rand.NewPCG(9, 10))
+		const n, k = 64, 160
+		w, vals := bf16Weight(t, b, r, n, k)
+		p, err := b.PrepareMatMul(w)
+		require.NoError(t, err)
+		require.Equal(t, w, p, "a narrow weight stays a view of its stored bits")
+		tiles := w.Mem.(*buffer).tiles
+		if b.packing() != amxTiles {
+			require.Nil(t, tiles, "no tile copy off the AMX path")
+			t.Skip("the AMX tiles are not preferred here (K3_KERNEL=amx on an AMX CPU)")
+		}
+		require.NotNil(t, tiles)
+		for _, nk := range [][2]int{{amxMinN - 1, k}, {n, amxMinK - 32}} {
+			o, _ := bf16Weight(t, b, r, nk[0], nk[1])
+			_, err := b.PrepareMatMul(o)
+			require.NoError(t, err)
+			require.Nil(t, o.Mem.(*buffer).tiles, "a [%d %d] weight takes no tile copy", nk[0], nk[1])
+		}
+
+		// An unprepared copy of the same bits: a tensor over another buffer.
+		raw := make([]byte, 2*n*k)
+		for i, v := range vals {
+			h := floatx.BF16(v)
+			raw[2*i], raw[2*i+1] = byte(h), byte(h>>8)
+		}
+		plain, err := b.FromHost(compute.BF16, compute.BF16, raw, n, k)
+		require.NoError(t, err)
+		wb := make([]uint16, n*k)
+		for i, v := range vals {
+			wb[i] = floatx.BF16(v)
+		}
+		packed := make([]uint16, kernel.AMXLen(n, k))
+		kernel.PackAMX(packed, wb, n, k)
+
+		const most = 150
+		xs := make([]float32, most*k)
+		for i := range xs {
+			xs[i] = float32(r.NormFloat64())
+		}
+		// The experts' serial product makes no tile copy.
+		y := make([]float32, most*n)
+		require.NoError(t, serialMatMul(y, xs, p, most))
+		require.Nil(t, tiles.packed, "a serial (expert) product made the tile copy")
+
+		for _, rows := range []int{1, 8, kernel.PackedMinRows - 1, kernel.PackedMinRows, most} {
+			x, err := b.Alloc(compute.F32, rows, k)
+			require.NoError(t, err)
+			require.NoError(t, b.Write(x, xs[:rows*k]))
+			got, err := b.Alloc(compute.F32, rows, n)
+			require.NoError(t, err)
+			ref, err := b.Alloc(compute.F32, rows, n)
+			require.NoError(t, err)
+			require.NoError(t, b.MatMul(got, x, p))
+			require.NoError(t, b.MatMul(ref, x, plain))
+			if rows < kernel.PackedMinRows {
+				require.Equal(t, F32(ref), F32(got), "%d rows: the stored layout's product", rows)
+				continue
+			}
+			require.NotNil(t, tiles.packed, "%d rows: no tile copy made", rows)
+			want := make([]float32, rows*n)
+			if fast {
+				b.pool.MatMulAMXFast(want, xs, packed, rows, n, k)
+			} else {
+				b.pool.MatMulAMX(want, xs, packed, rows, n, k)
+			}
+			require.Equal(t, want, F32(got), "%d rows: the tile product", rows)
+			requireProduct(t, F32(got), xs, vals, n, k, fast, fmt.Sprintf("%d rows", rows))
+		}
+
+		// A view of another shape reads the stored bits.
+		x, err := b.Alloc(compute.F32, most, k/2)
+		require.NoError(t, err)
+		require.NoError(t, b.Write(x, xs[:most*k/2]))
+		got, err := b.Alloc(compute.F32, most, 2*n)
+		require.NoError(t, err)
+		ref, err := b.Alloc(compute.F32, most, 2*n)
+		require.NoError(t, err)
+		require.NoError(t, b.MatMul(got, x, p.Reshape(2*n, k/2)))
+		require.NoError(t, b.MatMul(ref, x, plain.Reshape(2*n, k/2)))
+		require.Equal(t, F32(ref), F32(got), "a reshaped view")
+
+		err = b.Write(p, make([]uint16, n*k))
+		require.Error(t, err, "a write into a weight with a tile copy")
+		back := make([]float32, n*k)
+		require.NoError(t, b.Read(back, p))
+		require.Equal(t, vals, back)
 	}
 }
