@@ -25,11 +25,13 @@ var _ compute.WeightPreparer = (*Backend)(nil)
 // x to bf16 over the stored layout) keep w; with AMX tiles, the fast
 // backend's long products run kernel.MatMulAMXFast over the tile layout.
 // Where the AMX tiles are preferred, a narrower weight of at least amxMinN
-// rows and amxMinK deep keeps w too, and its products of
-// kernel.PackedMinRows rows or more run on a tile copy (tileCopy).
+// rows and amxMinK deep keeps w too, but its products of
+// kernel.PackedMinRows rows or more (prefill, never a decode batch or a
+// pass of at most compute.InvariantRows rows) run on a tile copy
+// (tileCopy), with the tiles' bits.
 //
-// The prepared tensor keeps w's shape and answers Read; it is not a view
-// other operations can read (F32 and U16 return nil for it).
+// A weight laid out anew keeps w's shape and answers Read; it is not a
+// view other operations can read (F32 and U16 return nil for it).
 func (b *Backend) PrepareMatMul(w compute.Tensor) (compute.Tensor, error) {
 	how := b.packing()
 	if how == 0 || w.DType != compute.BF16 || w.Rank != 2 {
@@ -65,14 +67,13 @@ func (b *Backend) PrepareMatMul(w compute.Tensor) (compute.Tensor, error) {
 // are preferred: with fewer than four k-blocks of 32 the split and the tile
 // loads outweigh the tile products, and the k-major product is faster (the
 // 100M preset's 64-deep products, experts' w2 among them: 169 against 240
-// GFLOP/s; docs/bench). The layout is per weight, so each weight's products
-// keep one arithmetic whatever their row count.
+// GFLOP/s; docs/bench). The layout is per weight, so each laid-out
+// weight's products keep one arithmetic whatever their row count.
 const amxMinK = 128
 
 // amxMinN is the fewest rows of a narrow weight whose long products take
 // a tile copy: a pair of tile panels. Under it the padding to 32 columns
-// outweighs the tiles (a 256-row product of 8x768 takes 44 µs on them
-// against 24 on the stored layout; 32x768 44 against 50; docs/bench).
+// outweighs the tiles (docs/bench).
 const amxMinN = 2 * kernel.AMXPanel
 
 // tileCopy is the AMX form of a narrow weight kept in its stored layout,
