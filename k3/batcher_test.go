@@ -290,7 +290,7 @@ func TestBatcherChurn(t *testing.T) {
 	}
 	wg.Wait()
 	u := m.MemoryUsage()
-	assert.Equal(t, u.PrefixCache+u.FreePages, u.Used, "every session's state came back")
+	assert.Equal(t, u.PrefixCache+u.FreePages+u.FreeStates, u.Used, "every session's state came back")
 }
 
 // TestBatcherPrefillForks: a prompt prefilled once through the batcher and

@@ -151,6 +151,7 @@ type Model struct {
 	tok                  tokenizer.Tokenizer
 	graphs               *graphs      // decode graphs on a capturing backend, or nil
 	slabs                *slabs       // KDA states in slabs, with graphs
+	free                 freeStates   // closed sessions' KDA states for new ones, without slabs
 	pads                 []*Session   // padding sessions of whole steps (Batch.pad), under graphs.mu
 	dense                bool         // run DSA layers densely
 	rollback             int          // tokens back the sessions' replay logs reach (0: no logs)
@@ -344,6 +345,7 @@ func (m *Model) Close() error {
 	if m.slabs != nil {
 		m.slabs.close()
 	}
+	m.free.close(m)
 	var err error
 	if m.ownB && m.b != nil {
 		err = m.b.Close()

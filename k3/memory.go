@@ -25,7 +25,7 @@ func WithMemoryBudget(bytes int64) Option { return func(o *options) { o.budget =
 
 // MemoryUsage is the sequence state a model holds against its budget.
 type MemoryUsage struct {
-	Used   int64 // bytes of sessions' state, the prefix cache and free pages
+	Used   int64 // bytes of sessions' state, the prefix cache, free pages and kept states
 	Budget int64 // 0: no bound
 	// Of Used, what can be given back for sessions: the prefix cache (its
 	// snapshots and the pages its blocks hold, each page once, though
@@ -37,6 +37,9 @@ type MemoryUsage struct {
 	// of slabs of 32, each counted in Used whole); empty slabs are given
 	// back when sessions need the memory.
 	FreeSlots int64
+	// FreeStates is the bytes of closed sessions' KDA states kept for new
+	// sessions on a backend without slabs (at most four sessions' worth).
+	FreeStates int64
 	// PageTokens is the attention caches' page size in tokens, PageBytes
 	// the memory of one page in every attention layer: what a sequence's
 	// attention state grows by each PageTokens tokens.
@@ -61,6 +64,7 @@ func (m *Model) MemoryUsage() MemoryUsage {
 	if m.slabs != nil {
 		u.FreeSlots = m.slabs.spare()
 	}
+	u.FreeStates = m.free.spare()
 	for _, ly := range m.layers {
 		if ly.pages != nil {
 			_, free := ly.pages.Pages()
@@ -114,6 +118,18 @@ func (l *ledger) take(n int64, what string) error {
 	}
 }
 
+// tryAdd counts n bytes if they fit the budget, without asking spare for
+// room, and reports whether it did.
+func (l *ledger) tryAdd(n int64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.budget > 0 && l.used+n > l.budget {
+		return false
+	}
+	l.used += n
+	return true
+}
+
 // add counts n bytes (negative: gives them back) without a check: memory
 // that is already held.
 func (l *ledger) add(n int64) {
@@ -132,6 +148,7 @@ func (m *Model) spare(n int64) {
 		return m.mem.used
 	}
 	target := used() - n
+	m.free.trim(m, n)
 	for {
 		for _, ly := range m.layers {
 			if ly.pages != nil {

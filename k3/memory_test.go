@@ -2,12 +2,14 @@ package k3
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"k3/config"
 	"k3/dsa"
 )
 
@@ -36,7 +38,16 @@ func TestMemoryBudget(t *testing.T) {
 	assert.Equal(t, 2*base, m.MemoryUsage().Used)
 	assert.InDelta(t, 0.8, m.MemoryUsage().Fraction(), 1e-9)
 	require.NoError(t, b.Close())
-	assert.Equal(t, base, m.MemoryUsage().Used, "closing gives the state back")
+	u := m.MemoryUsage()
+	assert.Equal(t, base, u.Used-u.FreeStates, "closing gives the state back")
+	assert.Positive(t, u.FreeStates, "the closed session's KDA states are kept for the next one")
+	assert.LessOrEqual(t, u.FreeStates, base)
+	c, err := m.NewSession()
+	require.NoError(t, err, "a session takes the kept states")
+	u = m.MemoryUsage()
+	assert.Equal(t, 2*base, u.Used)
+	assert.Zero(t, u.FreeStates)
+	require.NoError(t, c.Close())
 
 	// A prompt that grows the caches past the budget fails before it
 	// changes anything; a shorter one then runs.
@@ -55,8 +66,8 @@ func TestMemoryBudget(t *testing.T) {
 	require.NoError(t, err, "the session goes on")
 	assert.Equal(t, a.StateBytes(), m.MemoryUsage().Used)
 	require.NoError(t, a.Close())
-	u := m.MemoryUsage()
-	assert.Equal(t, u.FreePages, u.Used, "only free pages are left")
+	u = m.MemoryUsage()
+	assert.Equal(t, u.FreePages+u.FreeStates, u.Used, "only free pages and kept states are left")
 
 	// Many sessions, forks and closes from several goroutines: the ledger
 	// comes back to zero.
@@ -83,7 +94,8 @@ func TestMemoryBudget(t *testing.T) {
 	}
 	wg.Wait()
 	u = free.MemoryUsage()
-	assert.Equal(t, u.FreePages, u.Used, "1,000 sessions and their clones opened and closed")
+	assert.Equal(t, u.FreePages+u.FreeStates, u.Used, "1,000 sessions and their clones opened and closed")
+	assert.LessOrEqual(t, u.FreeStates, maxFreeStates*base)
 	for _, ly := range free.layers {
 		if ly.pages != nil {
 			live, n := ly.pages.Pages()
@@ -104,7 +116,7 @@ func TestMemoryBudgetPrefixYields(t *testing.T) {
 	filled := m.PrefixCacheStats().Bytes
 	require.Positive(t, filled)
 	u := m.MemoryUsage()
-	require.Equal(t, u.PrefixCache+u.FreePages, u.Used, "only the cache and free pages hold memory")
+	require.Equal(t, u.PrefixCache+u.FreePages+u.FreeStates, u.Used, "only the cache, free pages and kept states hold memory")
 	// Sessions until the budget is used up: the cache makes room for them.
 	var held []*Session
 	for int64(len(held)+1)*base <= 64*base {
@@ -120,7 +132,7 @@ func TestMemoryBudgetPrefixYields(t *testing.T) {
 		s.Close()
 	}
 	u = m.MemoryUsage()
-	assert.Equal(t, u.PrefixCache+u.FreePages, u.Used, "what is left is the cache's and free pages")
+	assert.Equal(t, u.PrefixCache+u.FreePages+u.FreeStates, u.Used, "what is left is the cache's, free pages and kept states")
 }
 
 // TestBatcherMemoryBudget: under a budget that holds one long request's
@@ -178,4 +190,63 @@ func TestBatcherMemoryBudget(t *testing.T) {
 	for _, err := range br.Generate(ctx, s, words(90, "m"), WithMaxTokens(4000), WithoutDefaultStops()) {
 		require.ErrorIs(t, err, ErrMemoryBudget)
 	}
+}
+
+// TestFreeStates: a closed session's KDA states serve the next new
+// session, zeroed (its logits are a fresh session's, bit for bit); at most
+// maxFreeStates sets are kept, counted in the ledger; the budget takes
+// them back before it refuses a pass.
+func TestFreeStates(t *testing.T) {
+	ctx := context.Background()
+	base := baseBytes(t)
+	prompt := []int32{3, 1, 4, 1, 5, 9, 2, 6}
+
+	m := load(t)
+	fresh, err := m.NewSession()
+	require.NoError(t, err)
+	want, err := fresh.Forward(ctx, prompt)
+	require.NoError(t, err)
+	require.NoError(t, fresh.Close())
+	kept := m.MemoryUsage().FreeStates
+	require.Positive(t, kept)
+	assert.LessOrEqual(t, kept, base)
+
+	used, err := m.NewSession()
+	require.NoError(t, err)
+	l := slices.IndexFunc(m.layers, func(ly *layer) bool { return ly.kind == config.KDA })
+	require.GreaterOrEqual(t, l, 0)
+	assert.Same(t, fresh.kdaSt[l].S.Mem, used.kdaSt[l].S.Mem, "the new session took the closed one's states")
+	assert.Zero(t, m.MemoryUsage().FreeStates)
+	got, err := used.Forward(ctx, prompt)
+	require.NoError(t, err)
+	assert.Equal(t, want, got, "states reused from a session that ran are zeroed")
+
+	var many []*Session
+	for range maxFreeStates + 3 {
+		s, err := m.NewSession()
+		require.NoError(t, err)
+		many = append(many, s)
+	}
+	for _, s := range many {
+		require.NoError(t, s.Close())
+	}
+	assert.Equal(t, maxFreeStates*kept, m.MemoryUsage().FreeStates, "at most maxFreeStates sets are kept")
+
+	// Under a budget, kept states give way to a session's pages.
+	small := load(t, WithMemoryBudget(base*5/2))
+	a, err := small.NewSession()
+	require.NoError(t, err)
+	b, err := small.NewSession()
+	require.NoError(t, err)
+	require.NoError(t, b.Close())
+	u := small.MemoryUsage()
+	require.Equal(t, kept, u.FreeStates)
+	n := u.PageTokens * int(base/u.PageBytes+1) // pages of about a session's states
+	require.Greater(t, int64(n/u.PageTokens)*u.PageBytes+base+kept, u.Budget, "the pages fit only if the kept states go")
+	_, err = a.Forward(ctx, make([]int32, n))
+	require.NoError(t, err, "the kept states gave way")
+	assert.Zero(t, small.MemoryUsage().FreeStates)
+	require.NoError(t, a.Close())
+	require.NoError(t, small.Close())
+	assert.Zero(t, small.free.spare(), "Close frees the kept states")
 }

@@ -87,7 +87,7 @@ func TestLoadSessionRejects(t *testing.T) {
 	m := load(t, WithRollback(4))
 	s, data := savedSession(t, m, 1)
 	defer s.Close()
-	held := func() int64 { u := m.MemoryUsage(); return u.Used - u.FreePages }
+	held := func() int64 { u := m.MemoryUsage(); return u.Used - u.FreePages - u.FreeStates }
 	before := held()
 
 	try := func(what string, b []byte) error {
@@ -142,7 +142,8 @@ func TestLoadSessionBudget(t *testing.T) {
 	small := load(t, WithMemoryBudget(need/2+need/4))
 	_, err := small.LoadSession(bytes.NewReader(data))
 	require.ErrorIs(t, err, ErrMemoryBudget)
-	assert.Zero(t, small.MemoryUsage().Used-small.MemoryUsage().FreePages)
+	u := small.MemoryUsage()
+	assert.Zero(t, u.Used-u.FreePages-u.FreeStates)
 }
 
 // FuzzLoadSession: no input crashes LoadSession; what it does not load is

@@ -78,15 +78,15 @@ func (s *Session) Close() error {
 		return nil
 	}
 	s.closed = true
+	// The charge goes back first: the kept states are counted anew
+	// (freeStates.put) within the budget.
+	s.m.mem.add(-s.charged)
+	s.charged = 0
 	if s.slab != nil {
 		s.m.slabs.give(s.slab, s.slot)
 		s.slab = nil
-	} else {
-		for _, st := range s.kdaSt {
-			if st != nil {
-				st.Free(s.m.b)
-			}
-		}
+	} else if !s.m.free.put(s.m, s.kdaSt) {
+		freeSet(s.m, s.kdaSt)
 	}
 	for _, c := range s.caches {
 		if c != nil {
@@ -94,8 +94,6 @@ func (s *Session) Close() error {
 		}
 	}
 	s.logs, s.last, s.tokens, s.scratch, s.snaps, s.turn = nil, nil, nil, nil, nil, nil
-	s.m.mem.add(-s.charged)
-	s.charged = 0
 	return nil
 }
 
@@ -139,12 +137,18 @@ func (m *Model) NewSession() (*Session, error) {
 		// Past the budget a slab could not be made: the session keeps its
 		// own states, as on the Go backend.
 	}
+	var kept []*kda.State // a closed session's states, zeroed
+	if slotted == nil {
+		kept = m.free.take(m)
+	}
 	for l, ly := range m.layers {
 		var ks *kda.State
 		var c *dsa.Cache
 		switch {
 		case ly.kind == config.KDA && slotted != nil:
 			ks = slotted[l]
+		case ly.kind == config.KDA && kept != nil:
+			ks = kept[l]
 		case ly.kind == config.KDA:
 			if ks, err = kda.NewState(b, ly.kdaCfg, 1); err != nil {
 				return fail(err)

@@ -323,3 +323,130 @@ func (bt *Batch) unpad(n, picked, k int) {
 	bt.cur, bt.ids, bt.cu, bt.picked = bt.cur[:n], bt.ids[:n], bt.cu[:n+1], bt.picked[:picked]
 	bt.nExact = n
 }
+
+// maxFreeStates is the most closed sessions' KDA state sets a model keeps
+// for new sessions on a backend without slabs.
+const maxFreeStates = 4
+
+// freeStates keeps the KDA states of closed sessions (a set is a
+// session's kdaSt: one state per KDA layer, nil elsewhere) for new ones,
+// so that a new session's states are memory already touched rather than
+// fresh pages. The sets stay counted in the model's ledger until a new
+// session takes one or trim gives them back.
+type freeStates struct {
+	mu     sync.Mutex
+	sets   [][]*kda.State
+	bytes  int64 // of one set
+	closed bool
+}
+
+// setBytes returns the memory of a state set.
+func setBytes(set []*kda.State) int64 {
+	var n int64
+	for _, st := range set {
+		if st != nil {
+			n += 4 * int64(st.Conv.Len()+st.S.Len())
+		}
+	}
+	return n
+}
+
+// put keeps set for a new session, counting it in the ledger, and
+// reports whether it did (else the caller frees it): not past
+// maxFreeStates, nor past the budget (a session refused for memory
+// must not leave its states counted).
+func (f *freeStates) put(m *Model, set []*kda.State) bool {
+	if len(set) != len(m.layers) {
+		return false // a session that failed while it was made
+	}
+	for l, ly := range m.layers {
+		if (ly.kind == config.KDA) != (set[l] != nil) {
+			return false
+		}
+	}
+	n := setBytes(set)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed || len(f.sets) >= maxFreeStates || n == 0 || !m.mem.tryAdd(n) {
+		return false
+	}
+	f.sets = append(f.sets, set)
+	f.bytes = n
+	return true
+}
+
+// take returns a kept set, zeroed and no longer counted, or nil.
+func (f *freeStates) take(m *Model) []*kda.State {
+	f.mu.Lock()
+	i := len(f.sets) - 1
+	if i < 0 {
+		f.mu.Unlock()
+		return nil
+	}
+	set := f.sets[i]
+	f.sets[i] = nil
+	f.sets = f.sets[:i]
+	f.mu.Unlock()
+	m.mem.add(-setBytes(set))
+	for _, st := range set {
+		if st == nil {
+			continue
+		}
+		err := m.b.Fill(st.Conv, 0)
+		if err == nil {
+			err = m.b.Fill(st.S, 0)
+		}
+		if err != nil {
+			freeSet(m, set)
+			return nil
+		}
+	}
+	return set
+}
+
+// spare returns the bytes of the kept sets.
+func (f *freeStates) spare() int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return int64(len(f.sets)) * f.bytes
+}
+
+// trim frees kept sets until at least n bytes are released or none is
+// left, and returns the bytes released.
+func (f *freeStates) trim(m *Model, n int64) int64 {
+	var done int64
+	for done < n {
+		f.mu.Lock()
+		i := len(f.sets) - 1
+		if i < 0 {
+			f.mu.Unlock()
+			break
+		}
+		set := f.sets[i]
+		f.sets[i] = nil
+		f.sets = f.sets[:i]
+		f.mu.Unlock()
+		b := setBytes(set)
+		freeSet(m, set)
+		m.mem.add(-b)
+		done += b
+	}
+	return done
+}
+
+// close frees every kept set; sets put later are refused.
+func (f *freeStates) close(m *Model) {
+	f.mu.Lock()
+	f.closed = true
+	f.mu.Unlock()
+	f.trim(m, 1<<62)
+}
+
+// freeSet frees a state set's tensors.
+func freeSet(m *Model, set []*kda.State) {
+	for _, st := range set {
+		if st != nil {
+			st.Free(m.b)
+		}
+	}
+}

@@ -268,7 +268,9 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 	}
 	log("prefill...")
 	// The first prefill also faults the mapped weights in; it is reported
-	// apart from the steady state, the best of three more on new sessions.
+	// apart from the steady state, the best of three more on new sessions,
+	// each closed after it as a server closes its requests' sessions (the
+	// next takes the closed one's KDA states rather than fresh memory).
 	start := time.Now()
 	if _, err := s.Forward(ctx, prompt); err != nil {
 		return nil, err
@@ -288,6 +290,7 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 			return nil, err
 		}
 		r.PrefillTokPerSec = max(r.PrefillTokPerSec, float64(len(prompt))/time.Since(start).Seconds())
+		sw.Close()
 	}
 
 	log("decode, batch 1 and 8, between bandwidth probes...")

@@ -162,7 +162,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	usage := 0.0
 	blocks := int64(0)
 	if mem.Budget > 0 {
-		usage = float64(mem.Used-mem.FreePages) / float64(mem.Budget)
+		usage = float64(mem.Used-mem.FreePages-mem.FreeStates) / float64(mem.Budget)
 		if mem.PageBytes > 0 {
 			blocks = mem.Budget / mem.PageBytes
 		}

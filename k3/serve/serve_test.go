@@ -67,10 +67,11 @@ func direct(t *testing.T, m *k3.Model, prompt []int32, opts ...k3.GenerateOption
 	return text, toks
 }
 
-// held is the memory sessions hold: all but the prefix cache and free pages.
+// held is the memory sessions hold: all but the prefix cache, free pages
+// and kept states.
 func held(m *k3.Model) int64 {
 	u := m.MemoryUsage()
-	return u.Used - u.PrefixCache - u.FreePages
+	return u.Used - u.PrefixCache - u.FreePages - u.FreeStates
 }
 
 func chatPrompt(m *k3.Model, content string) []int32 {
