@@ -375,18 +375,26 @@ func (f *freeStates) put(m *Model, set []*kda.State) bool {
 	return true
 }
 
-// take returns a kept set, zeroed and no longer counted, or nil.
-func (f *freeStates) take(m *Model) []*kda.State {
+// pop removes and returns the last kept set, or nil.
+func (f *freeStates) pop() []*kda.State {
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	i := len(f.sets) - 1
 	if i < 0 {
-		f.mu.Unlock()
 		return nil
 	}
 	set := f.sets[i]
 	f.sets[i] = nil
 	f.sets = f.sets[:i]
-	f.mu.Unlock()
+	return set
+}
+
+// take returns a kept set, zeroed and no longer counted, or nil.
+func (f *freeStates) take(m *Model) []*kda.State {
+	set := f.pop()
+	if set == nil {
+		return nil
+	}
 	m.mem.add(-setBytes(set))
 	for _, st := range set {
 		if st == nil {
@@ -416,16 +424,10 @@ func (f *freeStates) spare() int64 {
 func (f *freeStates) trim(m *Model, n int64) int64 {
 	var done int64
 	for done < n {
-		f.mu.Lock()
-		i := len(f.sets) - 1
-		if i < 0 {
-			f.mu.Unlock()
+		set := f.pop()
+		if set == nil {
 			break
 		}
-		set := f.sets[i]
-		f.sets[i] = nil
-		f.sets = f.sets[:i]
-		f.mu.Unlock()
 		b := setBytes(set)
 		freeSet(m, set)
 		m.mem.add(-b)
