@@ -237,17 +237,10 @@ func TestPrepareMatMulNarrowTiles(t *testing.T) {
 		require.Nil(t, tiles.packed, "a serial (expert) product made the tile copy")
 
 		for _, rows := range []int{1, 8, kernel.PackedMinRows - 1, kernel.PackedMinRows, most} {
-			x, err := b.Alloc(compute.F32, rows, k)
-			require.NoError(t, err)
-			require.NoError(t, b.Write(x, xs[:rows*k]))
-			got, err := b.Alloc(compute.F32, rows, n)
-			require.NoError(t, err)
-			ref, err := b.Alloc(compute.F32, rows, n)
-			require.NoError(t, err)
-			require.NoError(t, b.MatMul(got, x, p))
-			require.NoError(t, b.MatMul(ref, x, plain))
+			x := upload(b, xs[:rows*k], rows, k)
+			got, ref := product(t, b, x, p), product(t, b, x, plain)
 			if rows < kernel.PackedMinRows {
-				require.Equal(t, F32(ref), F32(got), "%d rows: the stored layout's product", rows)
+				require.Equal(t, ref, got, "%d rows: the stored layout's product", rows)
 				continue
 			}
 			require.NotNil(t, tiles.packed, "%d rows: no tile copy made", rows)
@@ -257,21 +250,13 @@ func TestPrepareMatMulNarrowTiles(t *testing.T) {
 			} else {
 				b.pool.MatMulAMX(want, xs, packed, rows, n, k)
 			}
-			require.Equal(t, want, F32(got), "%d rows: the tile product", rows)
-			requireProduct(t, F32(got), xs, vals, n, k, fast, fmt.Sprintf("%d rows", rows))
+			require.Equal(t, want, got, "%d rows: the tile product", rows)
+			requireProduct(t, got, xs, vals, n, k, fast, fmt.Sprintf("%d rows", rows))
 		}
 
 		// A view of another shape reads the stored bits.
-		x, err := b.Alloc(compute.F32, most, k/2)
-		require.NoError(t, err)
-		require.NoError(t, b.Write(x, xs[:most*k/2]))
-		got, err := b.Alloc(compute.F32, most, 2*n)
-		require.NoError(t, err)
-		ref, err := b.Alloc(compute.F32, most, 2*n)
-		require.NoError(t, err)
-		require.NoError(t, b.MatMul(got, x, p.Reshape(2*n, k/2)))
-		require.NoError(t, b.MatMul(ref, x, plain.Reshape(2*n, k/2)))
-		require.Equal(t, F32(ref), F32(got), "a reshaped view")
+		x := upload(b, xs[:most*k/2], most, k/2)
+		require.Equal(t, product(t, b, x, plain.Reshape(2*n, k/2)), product(t, b, x, p.Reshape(2*n, k/2)), "a reshaped view")
 
 		err = b.Write(p, make([]uint16, n*k))
 		require.Error(t, err, "a write into a weight with a tile copy")
@@ -279,4 +264,13 @@ func TestPrepareMatMulNarrowTiles(t *testing.T) {
 		require.NoError(t, b.Read(back, p))
 		require.Equal(t, vals, back)
 	}
+}
+
+// product returns x · wᵀ computed by b's MatMul.
+func product(t *testing.T, b *Backend, x, w compute.Tensor) []float32 {
+	t.Helper()
+	y, err := b.Alloc(compute.F32, x.Len()/x.Dim(-1), w.Dim(0))
+	require.NoError(t, err)
+	require.NoError(t, b.MatMul(y, x, w))
+	return F32(y)
 }
