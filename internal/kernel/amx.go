@@ -178,8 +178,10 @@ const amxTileRows = 15
 // and none allocates once the jobs have grown.
 type amxJob struct {
 	dst, x  []float32
-	w       []uint16
+	w       []uint16 // AMX form (PackAMX)
+	wk      []uint16 // the k-major form MatMulKMajorAMX repacks into w
 	m, n, k int
+	ld      int // dst's row stride (n, or more for a slab of columns)
 	kp      int
 	np      int      // parts an x row is split into: amxParts, or 1 (fast)
 	rows    int      // x rows a tile holds: amxTileRows / np
@@ -229,7 +231,7 @@ var amxScratch = sync.Pool{New: func() any {
 // prepare sets the job up for the product (dst, x, wp, m, n, k) with x
 // split into np parts.
 func (j *amxJob) prepare(dst, x []float32, wp []uint16, m, n, k, np int) {
-	j.dst, j.x, j.w, j.m, j.n, j.k = dst, x, wp, m, n, k
+	j.dst, j.x, j.w, j.m, j.n, j.k, j.ld = dst, x, wp, m, n, k, n
 	j.kp = amxKPad(k)
 	j.np, j.rows = np, amxTileRows/np
 	size := np * m * j.kp
@@ -237,12 +239,18 @@ func (j *amxJob) prepare(dst, x []float32, wp []uint16, m, n, k, np int) {
 		j.parts = make([]uint16, size)
 	}
 	j.parts = j.parts[:size]
-	groups := amxCols(n) / (2 * AMXPanel)
 	j.blocks = (m + 2*j.rows - 1) / (2 * j.rows)
 	j.chunk = amxChunk
 	if j.blocks == 1 {
 		j.chunk = amxChunkFew
 	}
+	j.columns(n)
+}
+
+// columns sets the job's work items for n output columns.
+func (j *amxJob) columns(n int) {
+	j.n = n
+	groups := amxCols(n) / (2 * AMXPanel)
 	j.chunks = (groups + j.chunk - 1) / j.chunk
 }
 
@@ -343,17 +351,22 @@ func (j *amxJob) run(lo, hi int) {
 }
 
 // block computes x rows [r0, r1) (at most 2*j.rows) against the column
-// groups [g0, g1) (at most amxChunk pairs of panels): the part rows'
+// groups [g0, g1) (at most amxChunk pairs of panels) of j.w.
+func (j *amxJob) block(s []float32, r0, r1, g0, g1 int) {
+	j.blockOf(s, j.w[g0*2*AMXPanel*j.kp:], g0*2*AMXPanel, r0, r1, g1-g0)
+}
+
+// blockOf computes x rows [r0, r1) against groups pairs of panels in AMX
+// form at w, whose first column is output column c0: the part rows'
 // outputs into the scratch s, then each output the sum of its row's three,
 // (hi + mid) + lo (or its row's one, in the fast product).
-func (j *amxJob) block(s []float32, r0, r1, g0, g1 int) {
-	cs := (g1 - g0) * 2 * AMXPanel
-	j.tiles(s, cs, r0, r1, g0, g1)
-	c0 := g0 * 2 * AMXPanel
+func (j *amxJob) blockOf(s []float32, w []uint16, c0, r0, r1, groups int) {
+	cs := groups * 2 * AMXPanel
+	j.tiles(s, cs, w, r0, r1, groups)
 	cols := min(cs, j.n-c0)
 	for r := r0; r < r1; r++ {
 		pr := s[j.np*(r-r0)*cs:]
-		d := j.dst[r*j.n+c0 : r*j.n+c0+cols]
+		d := j.dst[r*j.ld+c0 : r*j.ld+c0+cols]
 		if j.np == 1 {
 			copy(d, pr[:cols])
 			continue
@@ -362,15 +375,14 @@ func (j *amxJob) block(s []float32, r0, r1, g0, g1 int) {
 	}
 }
 
-// tiles writes the part rows of x rows [r0, r1) against groups [g0, g1)
-// to s (cs floats a row).
-func (j *amxJob) tiles(s []float32, cs, r0, r1, g0, g1 int) {
+// tiles writes the part rows of x rows [r0, r1) against groups pairs of
+// panels at w to s (cs floats a row).
+func (j *amxJob) tiles(s []float32, cs int, w []uint16, r0, r1, groups int) {
 	kb := j.kp / amxKBlock
 	a := j.parts[j.np*r0*j.kp:]
-	w := j.w[g0*2*AMXPanel*j.kp:]
 	prows := j.np * (r1 - r0)
 	if !hasAMX || amxGo {
-		amxTilesGo(a, j.kp, w, kb, prows, s, cs, g1-g0)
+		amxTilesGo(a, j.kp, w, kb, prows, s, cs, groups)
 		return
 	}
 	_ = s[(prows-1)*cs+cs-1]
@@ -378,7 +390,7 @@ func (j *amxJob) tiles(s []float32, cs, r0, r1, g0, g1 int) {
 	if r1-r0 > j.rows {
 		cfg.set(amxTileRows, prows-amxTileRows)
 		if j.blocks <= amxStreamBlocks {
-			amxTiles2(&cfg, &a[0], 2*j.kp, &w[0], kb, &s[0], 4*cs, g1-g0, 2*AMXPanel*j.kp, 0, 1)
+			amxTiles2(&cfg, &a[0], 2*j.kp, &w[0], kb, &s[0], 4*cs, groups, 2*AMXPanel*j.kp, 0, 1)
 			return
 		}
 		// k in ranges of amxKRange blocks, each range over all the groups,
@@ -386,12 +398,12 @@ func (j *amxJob) tiles(s []float32, cs, r0, r1, g0, g1 int) {
 		// the accumulators are stored and reloaded exactly between ranges.
 		for b0, acc := 0, 0; b0 < kb; b0, acc = b0+amxKRange, 1 {
 			nb := min(amxKRange, kb-b0)
-			amxTiles2(&cfg, &a[b0*amxKBlock], 2*j.kp, &w[b0*512], nb, &s[0], 4*cs, g1-g0, 2*AMXPanel*j.kp, acc, 0)
+			amxTiles2(&cfg, &a[b0*amxKBlock], 2*j.kp, &w[b0*512], nb, &s[0], 4*cs, groups, 2*AMXPanel*j.kp, acc, 0)
 		}
 		return
 	}
 	cfg.set(prows, 0)
-	amxTiles1(&cfg, &a[0], 2*j.kp, &w[0], kb, &s[0], 4*cs, g1-g0)
+	amxTiles1(&cfg, &a[0], 2*j.kp, &w[0], kb, &s[0], 4*cs, groups)
 }
 
 // sum3 writes (a[i] + b[i]) + c[i] to dst[i].

@@ -48,6 +48,9 @@ func amxTiles2(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *flo
 func amxTiles1(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *float32, cstride, groups int)
 
 //go:noescape
+func repackKMajorAMXAVX512(dst, src *uint16, pairs, pstride int, idx *[32]uint16)
+
+//go:noescape
 func amxPeakLoop(cfg *amxConfig, n int)
 
 //go:noescape

@@ -377,3 +377,44 @@ roundloop:
 rounddone:
 	VZEROUPPER
 	RET
+
+// func repackKMajorAMXAVX512(dst, src *uint16, pairs, pstride int, idx *[32]uint16)
+//
+// Writes pairs k-pairs of one k-major panel (src: rows of 48 bf16, 96
+// bytes) as tile rows of its three 16-column AMX panels (dst, dst+pstride,
+// dst+2*pstride bytes): pair t's row of each is 64 bytes at t*64, the 16
+// columns' (2t, 2t+1) weights side by side, interleaved by VPERMT2W with
+// idx ([0, 32, 1, 33, ...]).
+TEXT ·repackKMajorAMXAVX512(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ pairs+16(FP), CX
+	MOVQ pstride+24(FP), DX
+	MOVQ idx+32(FP), AX
+	VMOVDQU64 (AX), Z7
+	LEAQ (DI)(DX*1), R8
+	LEAQ (R8)(DX*1), R9
+	TESTQ CX, CX
+	JZ repackdone
+repackloop:
+	VMOVDQU (SI), Y0
+	VMOVDQU 96(SI), Y1
+	VPERMT2W Z1, Z7, Z0
+	VMOVDQU64 Z0, (DI)
+	VMOVDQU 32(SI), Y2
+	VMOVDQU 128(SI), Y3
+	VPERMT2W Z3, Z7, Z2
+	VMOVDQU64 Z2, (R8)
+	VMOVDQU 64(SI), Y4
+	VMOVDQU 160(SI), Y5
+	VPERMT2W Z5, Z7, Z4
+	VMOVDQU64 Z4, (R9)
+	ADDQ $192, SI
+	ADDQ $64, DI
+	ADDQ $64, R8
+	ADDQ $64, R9
+	DECQ CX
+	JNZ repackloop
+repackdone:
+	VZEROUPPER
+	RET

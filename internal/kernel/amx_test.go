@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -327,6 +328,49 @@ func BenchmarkAMXRow(b *testing.B) {
 				b.ReportMetric(gbs/1e9, "GB/s")
 				b.ReportMetric(gbs/bw, "of_bandwidth")
 			})
+		}
+	}
+}
+
+// BenchmarkAMXAfterIdle times a one-row product of a 384x768 weight on one
+// goroutine after the core has spent gap spinning or running 512-bit FMAs,
+// on the AMX tiles and, beside it, k-major: after a while without them,
+// the tiles' first instructions stall longer than the FMAs' (ARCHITECTURE,
+// "AMX tiles"). The weight stays in L2, so the time is the core's alone.
+func BenchmarkAMXAfterIdle(b *testing.B) {
+	if !hasAMX {
+		b.Skip("the AMX tiles do not run here")
+	}
+	const n, k = 384, 768
+	r := rand.New(rand.NewPCG(31, 32))
+	x, w := amxOperands(r, 1, n, k, 1)
+	wa := make([]uint16, AMXLen(n, k))
+	PackAMX(wa, w, n, k)
+	wk := make([]uint16, KMajorLen(n, k))
+	PackKMajor(wk, w, n, k)
+	y := make([]float32, n)
+	for _, fill := range []string{"spin", "fma512"} {
+		for _, gap := range []time.Duration{0, time.Microsecond, 5 * time.Microsecond, 20 * time.Microsecond, 100 * time.Microsecond} {
+			for _, layout := range []string{"amx", "kmajor"} {
+				b.Run(fmt.Sprintf("%s/%s/gap=%v", fill, layout, gap), func(b *testing.B) {
+					var spent time.Duration
+					for range b.N {
+						for start := time.Now(); time.Since(start) < gap; {
+							if fill == "fma512" {
+								fmaLoopAVX512(20)
+							}
+						}
+						start := time.Now()
+						if layout == "amx" {
+							MatMulAMXSerial(y, x, wa, 1, n, k)
+						} else {
+							MatMulKMajorSerial(y, x, wk, 1, n, k)
+						}
+						spent += time.Since(start)
+					}
+					b.ReportMetric(float64(spent.Nanoseconds())/float64(b.N), "ns/product")
+				})
+			}
 		}
 	}
 }

@@ -25,6 +25,10 @@ var useAVX2 = cpu.X86.HasAVX2 && cpu.X86.HasFMA && forced != "go"
 // which set runs.
 var useAVX512 = useAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && forced != "avx2"
 
+// hasAVX512BW selects AVX512BW's word shuffles (the k-major panels'
+// repacking for the AMX tiles).
+var hasAVX512BW = useAVX512 && cpu.X86.HasAVX512BW
+
 // hasBF16Dot reports AVX512_BF16 (VDPBF16PS), measured by PeakBF16DotFLOPS;
 // only the opt-in MatMulBF16Fast uses it (it rounds activations to
 // bfloat16).

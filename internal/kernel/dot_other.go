@@ -228,6 +228,8 @@ func kmaj1x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, os
 
 const hasAMX = false
 
+var hasAVX512BW = false
+
 const amxPreferred = false
 
 func amxTiles2(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *float32, cstride, groups, pstride, acc, stream int) {
@@ -235,6 +237,10 @@ func amxTiles2(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *flo
 }
 
 func amxTiles1(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *float32, cstride, groups int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func repackKMajorAMXAVX512(dst, src *uint16, pairs, pstride int, idx *[32]uint16) {
 	panic("kernel: no assembly on this platform")
 }
 
