@@ -68,11 +68,14 @@ func Kernels(w io.Writer) {
 	}
 	amx := p.PeakAMXFLOPS()
 	if amx > 0 {
-		use := "opt-in for a model's weights: K3_KERNEL=amx"
-		if kernel.AMXPreferred() {
+		use := "prefill products (64 rows or more) of a model's k-major weights run on it, repacked a slab at a time; K3_KERNEL=amx lays the weights out for it, so that every product does"
+		switch {
+		case kernel.AMXPreferred():
 			use = "a model's bf16 weights take its layout in this process"
+		case !kernel.AMXAvailable():
+			use = "off in this process (K3_KERNEL caps the path)"
 		}
-		fmt.Fprintf(w, "AMX-BF16 tile peak (four independent TDPBF16PS, no memory traffic): %.0f GFLOP/s, %.1fx the 512-bit FMA peak; the exact AMX product runs three tile products per weight tile (x split into bf16 hi, mid, lo), so its ceiling is a third of it; the fast one rounds x to bf16 (one part; the go-fastbf16 backend's prefill products with K3_KERNEL=amx) (%s)\n", amx/1e9, amx/max(p.PeakWideFLOPS(), peak), use)
+		fmt.Fprintf(w, "AMX-BF16 tile peak (four independent TDPBF16PS, no memory traffic): %.0f GFLOP/s, %.1fx the 512-bit FMA peak; the exact AMX product runs three tile products per weight tile (x split into bf16 hi, mid, lo), so its ceiling is a third of it; the fast one rounds x to bf16 (one part; the go-fastbf16 backend's prefill products where the tiles run) (%s)\n", amx/1e9, amx/max(p.PeakWideFLOPS(), peak), use)
 	}
 	if openblas.Available {
 		fmt.Fprintf(w, "OpenBLAS core: %s (set OPENBLAS_CORETYPE=SkylakeX if it says Prescott)\n", openblas.CoreName())
@@ -80,7 +83,7 @@ func Kernels(w io.Writer) {
 		fmt.Fprintln(w, "OpenBLAS: not built in (go run -tags openblas ./cmd/k3 bench kernels, with libopenblas-dev)")
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "GEMM C=A·Bᵀ\tk3 f32 GF/s\tk3 bf16-weight GF/s\t/ %s\tk-major bf16 GF/s\t/ %s\tAMX exact GF/s\t/ AMX peak\tAMX fast GF/s\t/ AMX peak\tfast bf16 GF/s\t/ bf16-dot peak\tOpenBLAS GF/s\tk3 f32 / OpenBLAS\tk3 f32 / peak\t\n", exactName, exactName)
+	fmt.Fprintf(tw, "GEMM C=A·Bᵀ\tk3 f32 GF/s\tk3 bf16-weight GF/s\t/ %s\tk-major bf16 GF/s\t/ %s\tAMX exact GF/s\t/ AMX peak\tk-major on AMX GF/s\t/ AMX peak\tAMX fast GF/s\t/ AMX peak\tfast bf16 GF/s\t/ bf16-dot peak\tOpenBLAS GF/s\tk3 f32 / OpenBLAS\tk3 f32 / peak\t\n", exactName, exactName)
 	for _, s := range [][3]int{{512, 2304, 768}, {256, 2048, 2048}, {1024, 1024, 1024}} {
 		m, n, k := s[0], s[1], s[2]
 		x, wt, y := make([]float32, m*k), make([]float32, n*k), make([]float32, m*n)
@@ -105,7 +108,7 @@ func Kernels(w io.Writer) {
 			kmaj = fmt.Sprintf("%.1f", flops/tm.Seconds()/1e9)
 			kmajShare = fmt.Sprintf("%.0f%%", 100*flops/tm.Seconds()/exactPeak)
 		}
-		amxRate, amxShare, amxFast, amxFastShare := "-", "-", "-", "-"
+		amxRate, amxShare, amxFast, amxFastShare, onAMX, onAMXShare := "-", "-", "-", "-", "-", "-"
 		if amx > 0 {
 			wp := make([]uint16, kernel.AMXLen(n, k))
 			p.PackAMX(wp, wb, n, k)
@@ -115,6 +118,14 @@ func Kernels(w io.Writer) {
 			tf := best(5, func() { p.MatMulAMXFast(y, x, wp, m, n, k) })
 			amxFast = fmt.Sprintf("%.1f", flops/tf.Seconds()/1e9)
 			amxFastShare = fmt.Sprintf("%.0f%%", 100*flops/tf.Seconds()/amx)
+			if kernel.KMajorFast() {
+				// The default layout's prefill products (cpu.Backend.matmulHost).
+				wk := make([]uint16, kernel.KMajorLen(n, k))
+				p.PackKMajor(wk, wb, n, k)
+				to := best(5, func() { p.MatMulKMajorAMX(y, x, wk, m, n, k) })
+				onAMX = fmt.Sprintf("%.1f", flops/to.Seconds()/1e9)
+				onAMXShare = fmt.Sprintf("%.0f%%", 100*flops/to.Seconds()/amx)
+			}
 		}
 		fast, fastShare := "-", "-"
 		if kernel.FastBF16Available() {
@@ -129,8 +140,8 @@ func Kernels(w io.Writer) {
 			ob = fmt.Sprintf("%.1f", flops/to.Seconds()/1e9)
 			ratio = fmt.Sprintf("%.0f%%", 100*to.Seconds()/tk.Seconds())
 		}
-		fmt.Fprintf(tw, "%dx%dx%d\t%.1f\t%.1f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f%%\t\n", m, n, k, flops/tk.Seconds()/1e9, flops/tb.Seconds()/1e9,
-			100*flops/tb.Seconds()/exactPeak, kmaj, kmajShare, amxRate, amxShare, amxFast, amxFastShare, fast, fastShare, ob, ratio, 100*flops/tk.Seconds()/exactPeak)
+		fmt.Fprintf(tw, "%dx%dx%d\t%.1f\t%.1f\t%.0f%%\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f%%\t\n", m, n, k, flops/tk.Seconds()/1e9, flops/tb.Seconds()/1e9,
+			100*flops/tb.Seconds()/exactPeak, kmaj, kmajShare, amxRate, amxShare, onAMX, onAMXShare, amxFast, amxFastShare, fast, fastShare, ob, ratio, 100*flops/tk.Seconds()/exactPeak)
 	}
 	tw.Flush()
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)

@@ -61,8 +61,9 @@ func New(threads int) *Backend { return &Backend{pool: kernel.NewPool(threads)} 
 // It trades accuracy (about 2^-9 relative per element of x) for up to
 // twice the exact products' rate; decode stays exact. Where the CPU lacks
 // the bf16 dot product or runs it slower than the exact products' FMAs
-// (kernel.FastBF16Pays), the products stay exact; with AMX tiles
-// (K3_KERNEL=amx) the long ones round x to bf16 on the tiles.
+// (kernel.FastBF16Pays), the products stay exact, except where the CPU
+// runs the AMX tiles (kernel.AMXAvailable): there the long ones round x to
+// bf16 on the tiles.
 func NewFastBF16(threads int) *Backend {
 	b := New(threads)
 	b.fastBF16 = true
@@ -80,6 +81,11 @@ func (b *Backend) Name() string {
 // fastDot reports whether the backend's long bf16-weight products round x
 // to bf16 on the CPU's bf16 dot product: made so, and that pays here.
 func (b *Backend) fastDot() bool { return b.fastBF16 && kernel.FastBF16Pays() }
+
+// roundsX reports whether the backend's product of m rows on the AMX
+// tiles rounds x to bf16: the fast backend's products of
+// kernel.PackedMinRows rows or more (prefill chunks).
+func (b *Backend) roundsX(m int) bool { return b.fastBF16 && m >= kernel.PackedMinRows }
 
 // matMulBF16 is the bf16-weight product, fast where fastDot and the
 // product is long.

@@ -281,10 +281,14 @@ func (b *Backend) matmulHost(dst, x []float32, w compute.Tensor, m int) error {
 	if wp, how, err := packedOf(w); wp != nil || err != nil {
 		switch {
 		case err != nil:
-		case how == amxTiles && b.fastBF16 && m >= kernel.PackedMinRows:
+		case how == amxTiles && b.roundsX(m):
 			b.pool.MatMulAMXFast(dst, x, wp, m, n, k)
 		case how == amxTiles:
 			b.pool.MatMulAMX(dst, x, wp, m, n, k)
+		case b.roundsX(m) && longOnTiles(how, k):
+			b.pool.MatMulKMajorAMXFast(dst, x, wp, m, n, k)
+		case m >= amxMinRows && longOnTiles(how, k):
+			b.pool.MatMulKMajorAMX(dst, x, wp, m, n, k)
 		default:
 			b.pool.MatMulKMajor(dst, x, wp, m, n, k)
 		}
@@ -295,13 +299,13 @@ func (b *Backend) matmulHost(dst, x []float32, w compute.Tensor, m int) error {
 		b.pool.MatMul(dst, x, F32(w), m, n, k)
 	case compute.BF16:
 		var tiles []uint16
-		if m >= kernel.PackedMinRows {
+		if m >= amxMinRows {
 			tiles = tilesFor(w)
 		}
 		switch {
 		case tiles == nil:
 			b.matMulBF16(dst, x, U16(w), m, n, k)
-		case b.fastBF16:
+		case b.roundsX(m):
 			b.pool.MatMulAMXFast(dst, x, tiles, m, n, k)
 		default:
 			b.pool.MatMulAMX(dst, x, tiles, m, n, k)

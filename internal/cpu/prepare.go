@@ -20,15 +20,18 @@ var _ compute.WeightPreparer = (*Backend)(nil)
 //   - else k-major panels (kernel.PackKMajor) where the CPU runs the
 //     512-bit k-major tiles (kernel.KMajorFast): one FMA chain per output.
 //
-// Narrower weights (kernel.KMajorMinN), other dtypes, other CPUs and the
-// fast-bf16 backend where its bf16 dot product pays (whose products round
-// x to bf16 over the stored layout) keep w; with AMX tiles, the fast
-// backend's long products run kernel.MatMulAMXFast over the tile layout.
-// Where the AMX tiles are preferred, a narrower weight of at least amxMinN
-// rows and amxMinK deep keeps w too, but its products of
-// kernel.PackedMinRows rows or more (prefill, never a decode batch or a
-// pass of at most compute.InvariantRows rows) run on a tile copy
-// (tileCopy), with the tiles' bits.
+// Narrower weights (kernel.KMajorMinN), other dtypes, other CPUs and,
+// on a CPU without the AMX tiles, the fast-bf16 backend where its bf16
+// dot product pays (whose products round x to bf16 over the stored
+// layout) keep w.
+//
+// Where the CPU runs the AMX tiles (kernel.AMXAvailable) and a weight is
+// at least amxMinK deep, its products of amxMinRows rows or more (prefill
+// chunks, never a decode batch or a pass of at most compute.InvariantRows
+// rows) run on the tiles with the tiles' bits (longOnTiles): a k-major weight through kernel.MatMulKMajorAMX, which
+// repacks it a slab at a time, and a narrower weight of at least amxMinN
+// rows, which keeps w, through a tile copy (tileCopy). The fast backend's
+// run the tiles' one-part product there (x rounded to bf16).
 //
 // A weight laid out anew keeps w's shape and answers Read; it is not a
 // view other operations can read (F32 and U16 return nil for it).
@@ -43,7 +46,7 @@ func (b *Backend) PrepareMatMul(w compute.Tensor) (compute.Tensor, error) {
 	}
 	n, k := w.Dims[0], w.Dims[1]
 	if n < kernel.KMajorMinN {
-		if buf := w.Mem.(*buffer); how == amxTiles && n >= amxMinN && k >= amxMinK && w.Off == 0 && len(buf.u16) == n*k {
+		if buf := w.Mem.(*buffer); longOnTiles(how, k) && n >= amxMinN && w.Off == 0 && len(buf.u16) == n*k {
 			buf.tiles = &tileCopy{n: n, k: k}
 		}
 		return w, nil
@@ -71,13 +74,30 @@ func (b *Backend) PrepareMatMul(w compute.Tensor) (compute.Tensor, error) {
 // weight's products keep one arithmetic whatever their row count.
 const amxMinK = 128
 
+// amxMinRows is the fewest rows of a product that runs on the AMX tiles
+// whatever the weight's layout: more than compute.InvariantRows, which no
+// exact pass exceeds, so only prefill chunks' products get the tiles' bits
+// and the invariance contracts hold as with k-major weights. From 33 rows
+// the tiles, repacking k-major weights, run 1.2-1.5x the k-major product
+// (docs/bench).
+const amxMinRows = compute.InvariantRows + 1
+
+// longOnTiles reports whether the long products (amxMinRows rows or more)
+// of a weight k deep laid out as how run on the AMX tiles: where
+// the CPU runs them (kernel.AMXAvailable), for weights in AMX form or
+// k-major (repacked a slab at a time, kernel.MatMulKMajorAMX) and narrow
+// weights beside either (a tile copy), at least amxMinK deep.
+func longOnTiles(how packing, k int) bool {
+	return kernel.AMXAvailable() && (how == amxTiles || how == kMajor) && k >= amxMinK
+}
+
 // amxMinN is the fewest rows of a narrow weight whose long products take
 // a tile copy: a pair of tile panels. Under it the padding to 32 columns
 // outweighs the tiles (docs/bench).
 const amxMinN = 2 * kernel.AMXPanel
 
 // tileCopy is the AMX form of a narrow weight kept in its stored layout,
-// made by the weight's first product of kernel.PackedMinRows rows or more:
+// made by the weight's first product of amxMinRows rows or more:
 // only prefill products are that long, so weights read only by decode or
 // by MoEExperts (the experts' products stay on the stored layout) never
 // take the memory.
@@ -119,7 +139,9 @@ func (b *Backend) packing() packing {
 	switch {
 	case kernel.AMXPreferred():
 		return amxTiles
-	case b.fastDot():
+	case b.fastDot() && !kernel.AMXAvailable():
+		// The bf16 dot product reads the stored layout; where the AMX
+		// tiles run, their one-part product is several times faster.
 		return 0
 	case kernel.KMajorFast():
 		return kMajor

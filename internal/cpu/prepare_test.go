@@ -98,11 +98,28 @@ func testPrepared(t *testing.T, b *Backend, r *rand.Rand, n, k int, layout packi
 		}
 		require.InDelta(t, want[i], got[i], float64(k)*0x1p-23*mag, "element %d", i)
 	}
+	// A row alone gets what it gets among compute.InvariantRows rows, and
+	// among any number where the long products keep the layout's
+	// arithmetic; on the AMX tiles they get the tiles' bits.
+	short, err := b.Alloc(compute.F32, compute.InvariantRows, n)
+	require.NoError(t, err)
+	require.NoError(t, b.MatMul(short, x.Rows(0, compute.InvariantRows), p))
+	if layout == kMajor && longOnTiles(layout, k) {
+		wb, err := bf16Bits(p)
+		require.NoError(t, err)
+		packed := make([]uint16, kernel.AMXLen(n, k))
+		kernel.PackAMX(packed, wb, n, k)
+		tiles := make([]float32, most*n)
+		b.pool.MatMulAMX(tiles, xs, packed, most, n, k)
+		require.Equal(t, tiles, got, "the long product on the tiles")
+	} else {
+		require.Equal(t, got[:compute.InvariantRows*n], F32(short), "%d rows among %d", compute.InvariantRows, most)
+	}
 	one, err := b.Alloc(compute.F32, 1, n)
 	require.NoError(t, err)
-	for i := 0; i < most; i++ {
+	for i := 0; i < compute.InvariantRows; i++ {
 		require.NoError(t, b.MatMul(one, x.Rows(i, i+1), p))
-		require.Equal(t, got[i*n:(i+1)*n], F32(one), "row %d alone", i)
+		require.Equal(t, F32(short)[i*n:(i+1)*n], F32(one), "row %d alone", i)
 	}
 
 	wide, err := b.Alloc(compute.F32, 2, 2*n)
@@ -139,14 +156,14 @@ func testPreparedOthers(t *testing.T, b *Backend, r *rand.Rand, n, k int) {
 		assert.Equal(t, wf, pw, "the fast backend keeps the stored layout for the bf16 dot product")
 		return
 	}
-	// With AMX tiles the fast backend packs too, and the long products of
-	// a weight on the tiles round x to bf16 (2^-8 of the magnitude), its
-	// short ones stay exact. A weight it lays out k-major (too shallow for
-	// the tiles, or where the bf16 dot product does not pay) has every
-	// product exact.
+	// Where the bf16 dot product does not pay the fast backend packs too,
+	// and the long products of a weight on the AMX tiles (in their layout,
+	// or k-major where the CPU runs them) round x to bf16 (2^-8 of the
+	// magnitude), its short ones stay exact. A weight too shallow for the
+	// tiles, or on a CPU without them, has every product exact.
 	_, how, err := packedOf(pw)
 	require.NoError(t, err)
-	roundsX := how == amxTiles
+	roundsX := longOnTiles(how, k)
 	for _, rows := range []int{most, 1} {
 		xf, err := fast.Alloc(compute.F32, rows, k)
 		require.NoError(t, err)
@@ -177,9 +194,9 @@ func requireProduct(t *testing.T, got, x, w []float32, n, k int, roundsX bool, w
 	}
 }
 
-// TestPrepareMatMulNarrowTiles: where the AMX tiles are preferred, a
+// TestPrepareMatMulNarrowTiles: where the AMX tiles run, a
 // narrow weight keeps its stored layout for products of fewer than
-// kernel.PackedMinRows rows (bit for bit those of an unprepared copy) and
+// amxMinRows rows (bit for bit those of an unprepared copy) and
 // runs longer ones on a tile copy of its values (bit for bit the tile
 // product of the weight, within float32 summation error of the float64
 // product); a view of another shape, the experts' serial products and
@@ -199,9 +216,9 @@ func TestPrepareMatMulNarrowTiles(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, w, p, "a narrow weight stays a view of its stored bits")
 		tiles := w.Mem.(*buffer).tiles
-		if b.packing() != amxTiles {
+		if !longOnTiles(b.packing(), k) {
 			require.Nil(t, tiles, "no tile copy off the AMX path")
-			t.Skip("the AMX tiles are not preferred here (K3_KERNEL=amx on an AMX CPU)")
+			t.Skip("no AMX tiles for long products here (an AMX CPU, K3_KERNEL unset or amx)")
 		}
 		require.NotNil(t, tiles)
 		for _, nk := range [][2]int{{amxMinN - 1, k}, {n, amxMinK - 32}} {
@@ -236,22 +253,25 @@ func TestPrepareMatMulNarrowTiles(t *testing.T) {
 		require.NoError(t, serialMatMul(y, xs, p, most))
 		require.Nil(t, tiles.packed, "a serial (expert) product made the tile copy")
 
-		for _, rows := range []int{1, 8, kernel.PackedMinRows - 1, kernel.PackedMinRows, most} {
+		for _, rows := range []int{1, 8, amxMinRows - 1, amxMinRows, kernel.PackedMinRows - 1, kernel.PackedMinRows, most} {
 			x := upload(b, xs[:rows*k], rows, k)
 			got, ref := product(t, b, x, p), product(t, b, x, plain)
-			if rows < kernel.PackedMinRows {
+			if rows < amxMinRows {
 				require.Equal(t, ref, got, "%d rows: the stored layout's product", rows)
 				continue
 			}
 			require.NotNil(t, tiles.packed, "%d rows: no tile copy made", rows)
+			// The fast backend rounds x only in products of
+			// kernel.PackedMinRows rows or more.
+			rounds := fast && rows >= kernel.PackedMinRows
 			want := make([]float32, rows*n)
-			if fast {
+			if rounds {
 				b.pool.MatMulAMXFast(want, xs, packed, rows, n, k)
 			} else {
 				b.pool.MatMulAMX(want, xs, packed, rows, n, k)
 			}
 			require.Equal(t, want, got, "%d rows: the tile product", rows)
-			requireProduct(t, got, xs, vals, n, k, fast, fmt.Sprintf("%d rows", rows))
+			requireProduct(t, got, xs, vals, n, k, rounds, fmt.Sprintf("%d rows", rows))
 		}
 
 		// A view of another shape reads the stored bits.

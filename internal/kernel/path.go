@@ -8,11 +8,13 @@ import "fmt"
 // lanes in the dot-form tiles), then "+zmm" where the packed GEMM runs
 // 512-bit FMAs (WideFMA: the CPU runs them at about twice the 256-bit
 // rate, or K3_KERNEL=zmm forces them) and "+bf16" where the opt-in fast
-// product has VDPBF16PS. K3_KERNEL=go, avx2 or avx512 caps the path below
-// what the CPU has; zmm forces the 512-bit tile on any AVX-512 CPU; amx
-// (opt-in) lays bf16 weights out for the AMX tiles where the CPU has them
-// ("+amx", AMXAvailable). A value it does not understand is reported here
-// and otherwise ignored.
+// product has VDPBF16PS, then "+amx" where the AMX tiles run the long
+// products of bf16 weights (AMXAvailable: the CPU has AMX-BF16 and the
+// path is not capped). K3_KERNEL=go, avx2 or avx512 caps the path below
+// what the CPU has; zmm forces the 512-bit tile on any AVX-512 CPU and
+// keeps the AMX tiles off; amx (opt-in) lays bf16 weights out for the
+// tiles, so that every product runs there ("+amxweights", AMXPreferred).
+// A value it does not understand is reported here and otherwise ignored.
 func Path() string {
 	p := "go"
 	switch {
@@ -27,8 +29,11 @@ func Path() string {
 	if hasBF16Dot {
 		p += "+bf16"
 	}
-	if amxPreferred {
+	if hasAMX {
 		p += "+amx"
+	}
+	if amxPreferred {
+		p += "+amxweights"
 	}
 	switch forcedPath() {
 	case "", "go", "avx2", "avx512", "zmm", "amx":

@@ -509,13 +509,17 @@ func decodeFigures(ctx context.Context, m *k3.Model, prompt []int32, r *ModelRes
 	if kernel.WideFMA() {
 		r.PrefillPeak, r.PrefillPath = probe.PeakWideFLOPS(), "512-bit FMA peak"
 	}
-	if kernel.AMXPreferred() {
-		// Bf16 weights laid out for the tiles: the exact product runs three
-		// tile products per weight tile.
+	r.Peak8, r.Path8 = r.PrefillPeak, r.PrefillPath
+	if kernel.AMXAvailable() {
+		// Prefill's products run on the tiles: the exact product runs
+		// three tile products per weight tile. Decode batches' products
+		// run there only with the weights laid out for the tiles.
 		r.PrefillPeak, r.PrefillPath = probe.PeakAMXFLOPS()/3, "AMX exact-product ceiling (a third of the probed tile peak)"
+		if kernel.AMXPreferred() {
+			r.Peak8, r.Path8 = r.PrefillPeak, r.PrefillPath
+		}
 	}
 	r.PrefillFLOPs = r.StepBytes - 2*float64(state)
-	r.Peak8, r.Path8 = r.PrefillPeak, r.PrefillPath
 	const steps = 12
 	var tok1, tok8, gain, share, shareNT, bws, verify, vbound, vshare []float64
 	var bound1, bound8, share1, share8 []float64
