@@ -68,7 +68,7 @@ func Kernels(w io.Writer) {
 	}
 	amx := p.PeakAMXFLOPS()
 	if amx > 0 {
-		use := "prefill products (64 rows or more) of a model's k-major weights run on it, repacked a slab at a time; K3_KERNEL=amx lays the weights out for it, so that every product does"
+		use := "prefill's products (more than 32 rows) of a model's k-major weights run on it, repacked a slab at a time; K3_KERNEL=amx lays the weights out for it, so that every product does"
 		switch {
 		case kernel.AMXPreferred():
 			use = "a model's bf16 weights take its layout in this process"

@@ -28,10 +28,12 @@ var _ compute.WeightPreparer = (*Backend)(nil)
 // Where the CPU runs the AMX tiles (kernel.AMXAvailable) and a weight is
 // at least amxMinK deep, its products of amxMinRows rows or more (prefill
 // chunks, never a decode batch or a pass of at most compute.InvariantRows
-// rows) run on the tiles with the tiles' bits (longOnTiles): a k-major weight through kernel.MatMulKMajorAMX, which
-// repacks it a slab at a time, and a narrower weight of at least amxMinN
-// rows, which keeps w, through a tile copy (tileCopy). The fast backend's
-// run the tiles' one-part product there (x rounded to bf16).
+// rows) run on the tiles with the tiles' bits (longOnTiles): a k-major
+// weight through kernel.MatMulKMajorAMX, which repacks it a slab at a
+// time, and a narrower weight of at least amxMinN rows, which keeps w,
+// through a tile copy (tileCopy). The fast backend's products of
+// kernel.PackedMinRows rows or more take the tiles' one-part product
+// there (x rounded to bf16).
 //
 // A weight laid out anew keeps w's shape and answers Read; it is not a
 // view other operations can read (F32 and U16 return nil for it).

@@ -19,10 +19,11 @@ var amxCPU = cpu.X86.HasAMXTile && cpu.X86.HasAMXBF16 && hasBF16Dot
 var hasAMX = amxCPU && forced != "zmm" && amxPermission()
 
 // amxPreferred reports that the backend lays bf16 weights out for the
-// tiles: opt-in, with K3_KERNEL=amx. It is not the default because a
-// one-row product reads its weights through tile loads, slower than the
-// k-major tiles' vector loads, so batch-1 decode would regress
-// (ARCHITECTURE, docs/bench).
+// tiles, so that every product runs there: opt-in, with K3_KERNEL=amx.
+// It is not the default because the tiles stall at their first
+// instructions after a while unused, which each of a decode step's many
+// short products pays, so batch-1 decode would regress (ARCHITECTURE,
+// docs/bench); by default only long products take the tiles.
 var amxPreferred = hasAMX && forced == "amx"
 
 // Linux enables the tile data state (XTILEDATA, 8 KB per thread) only for
