@@ -82,3 +82,41 @@ func TestMatMulKMajorAMX(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkKMajorAMX times the 100M preset's prefill shapes, warm, with the
+// weights k-major (MatMulKMajor), in the tiles' layout (MatMulAMX) and
+// k-major on the tiles (MatMulKMajorAMX, the default prefill product where
+// the tiles run).
+func BenchmarkKMajorAMX(b *testing.B) {
+	if !hasAMX {
+		b.Skip("the AMX tiles do not run here")
+	}
+	for _, sh := range [][3]int{{256, 2304, 768}, {256, 768, 768}, {256, 384, 768}, {256, 768, 384}, {128, 768, 768}, {64, 768, 768}, {40, 768, 768}} {
+		m, n, k := sh[0], sh[1], sh[2]
+		r := rand.New(rand.NewPCG(25, 26))
+		x, w := amxOperands(r, m, n, k, 1)
+		wk := make([]uint16, KMajorLen(n, k))
+		PackKMajor(wk, w, n, k)
+		wa := make([]uint16, AMXLen(n, k))
+		PackAMX(wa, w, n, k)
+		y := make([]float32, m*n)
+		for _, layout := range []string{"kmajor", "amx", "kmajor-on-amx"} {
+			b.Run(fmt.Sprintf("%s/%dx%dx%d", layout, m, n, k), func(b *testing.B) {
+				p := NewPool(0)
+				defer p.Close()
+				b.ResetTimer()
+				for range b.N {
+					switch layout {
+					case "kmajor":
+						p.MatMulKMajor(y, x, wk, m, n, k)
+					case "amx":
+						p.MatMulAMX(y, x, wa, m, n, k)
+					default:
+						p.MatMulKMajorAMX(y, x, wk, m, n, k)
+					}
+				}
+				b.ReportMetric(2*float64(m*n*k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			})
+		}
+	}
+}
