@@ -420,10 +420,9 @@ func (f *freeStates) spare() int64 {
 }
 
 // trim frees kept sets until at least n bytes are released or none is
-// left, and returns the bytes released.
-func (f *freeStates) trim(m *Model, n int64) int64 {
-	var done int64
-	for done < n {
+// left.
+func (f *freeStates) trim(m *Model, n int64) {
+	for done := int64(0); done < n; {
 		set := f.pop()
 		if set == nil {
 			break
@@ -433,7 +432,6 @@ func (f *freeStates) trim(m *Model, n int64) int64 {
 		m.mem.add(-b)
 		done += b
 	}
-	return done
 }
 
 // close frees every kept set; sets put later are refused.

@@ -98,40 +98,33 @@ func Kernels(w io.Writer) {
 		flops := 2 * float64(m*n*k)
 		tk := best(5, func() { p.MatMul(y, x, wt, m, n, k) })
 		tb := best(5, func() { p.MatMulBF16(y, x, wb, m, n, k) })
+		// rate times run and formats its GFLOP/s and share of peak.
+		rate := func(run func(), peak float64) (string, string) {
+			t := best(5, run)
+			return fmt.Sprintf("%.1f", flops/t.Seconds()/1e9), fmt.Sprintf("%.0f%%", 100*flops/t.Seconds()/peak)
+		}
 		// The layout the model's bf16 projections take where the 512-bit
 		// kernels run (cpu.Backend.PrepareMatMul).
-		kmaj, kmajShare := "-", "-"
+		kmaj, kmajShare, onAMX, onAMXShare := "-", "-", "-", "-"
 		if kernel.KMajorFast() {
-			wp := make([]uint16, kernel.KMajorLen(n, k))
-			p.PackKMajor(wp, wb, n, k)
-			tm := best(5, func() { p.MatMulKMajor(y, x, wp, m, n, k) })
-			kmaj = fmt.Sprintf("%.1f", flops/tm.Seconds()/1e9)
-			kmajShare = fmt.Sprintf("%.0f%%", 100*flops/tm.Seconds()/exactPeak)
+			wk := make([]uint16, kernel.KMajorLen(n, k))
+			p.PackKMajor(wk, wb, n, k)
+			kmaj, kmajShare = rate(func() { p.MatMulKMajor(y, x, wk, m, n, k) }, exactPeak)
+			if amx > 0 {
+				// The default layout's prefill products (cpu.Backend.matmulHost).
+				onAMX, onAMXShare = rate(func() { p.MatMulKMajorAMX(y, x, wk, m, n, k) }, amx)
+			}
 		}
-		amxRate, amxShare, amxFast, amxFastShare, onAMX, onAMXShare := "-", "-", "-", "-", "-", "-"
+		amxRate, amxShare, amxFast, amxFastShare := "-", "-", "-", "-"
 		if amx > 0 {
 			wp := make([]uint16, kernel.AMXLen(n, k))
 			p.PackAMX(wp, wb, n, k)
-			ta := best(5, func() { p.MatMulAMX(y, x, wp, m, n, k) })
-			amxRate = fmt.Sprintf("%.1f", flops/ta.Seconds()/1e9)
-			amxShare = fmt.Sprintf("%.0f%%", 100*flops/ta.Seconds()/amx)
-			tf := best(5, func() { p.MatMulAMXFast(y, x, wp, m, n, k) })
-			amxFast = fmt.Sprintf("%.1f", flops/tf.Seconds()/1e9)
-			amxFastShare = fmt.Sprintf("%.0f%%", 100*flops/tf.Seconds()/amx)
-			if kernel.KMajorFast() {
-				// The default layout's prefill products (cpu.Backend.matmulHost).
-				wk := make([]uint16, kernel.KMajorLen(n, k))
-				p.PackKMajor(wk, wb, n, k)
-				to := best(5, func() { p.MatMulKMajorAMX(y, x, wk, m, n, k) })
-				onAMX = fmt.Sprintf("%.1f", flops/to.Seconds()/1e9)
-				onAMXShare = fmt.Sprintf("%.0f%%", 100*flops/to.Seconds()/amx)
-			}
+			amxRate, amxShare = rate(func() { p.MatMulAMX(y, x, wp, m, n, k) }, amx)
+			amxFast, amxFastShare = rate(func() { p.MatMulAMXFast(y, x, wp, m, n, k) }, amx)
 		}
 		fast, fastShare := "-", "-"
 		if kernel.FastBF16Available() {
-			tf := best(5, func() { p.MatMulBF16Fast(y, x, wb, m, n, k) })
-			fast = fmt.Sprintf("%.1f", flops/tf.Seconds()/1e9)
-			fastShare = fmt.Sprintf("%.0f%%", 100*flops/tf.Seconds()/bf)
+			fast, fastShare = rate(func() { p.MatMulBF16Fast(y, x, wb, m, n, k) }, bf)
 		}
 		ob, ratio := "-", "-"
 		if openblas.Available {
