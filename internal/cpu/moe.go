@@ -125,6 +125,7 @@ type expertJob struct {
 	a          *compute.ExpertArgs
 	sc         *moeScratch
 	din, inter int
+	long       bool // amxMinRows tokens or more: a prefill chunk's (serialMatMul)
 	err        error
 	errMu      sync.Mutex
 }
@@ -133,7 +134,9 @@ type expertJob struct {
 // Tokens are grouped by expert on the caller; then every worker takes
 // whole experts (gather, gate and up products, activation, down product),
 // so each active expert's weights are read once per call and small experts
-// cost no dispatch of their own.
+// cost no dispatch of their own. In a call of amxMinRows tokens or more
+// (a prefill chunk) the products of k-major experts that longOnTiles
+// admits run on the AMX tiles, as such a chunk's projections do.
 func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 	x, err := f32Of("expert input", a.X)
 	if err != nil {
@@ -197,7 +200,7 @@ func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 		sc.w[p] = wts[i]
 	}
 	sc.x, sc.h, sc.out = grow(sc.x, n*din), grow(sc.h, 2*n*inter), grow(sc.out, n*din)
-	sc.job = expertJob{a: a, sc: sc, din: din, inter: inter}
+	sc.job = expertJob{a: a, sc: sc, din: din, inter: inter, long: t >= amxMinRows}
 	b.pool.Run(expertRange, kernel.Args{Job: &sc.job, X: x}, len(sc.active), 1)
 	if sc.job.err != nil {
 		return sc.job.err
@@ -223,9 +226,9 @@ func expertRange(args *kernel.Args, lo, hi int) {
 		}
 		gate := sc.h[2*r0*inter : 2*r0*inter+m*inter]
 		up := sc.h[2*r0*inter+m*inter : 2*r1*inter]
-		err := serialMatMul(gate, xs, a.W1[e], m)
+		err := serialMatMul(gate, xs, a.W1[e], m, j.long)
 		if err == nil {
-			err = serialMatMul(up, xs, a.W3[e], m)
+			err = serialMatMul(up, xs, a.W3[e], m, j.long)
 		}
 		if err == nil {
 			switch a.Act.Kind {
@@ -238,7 +241,7 @@ func expertRange(args *kernel.Args, lo, hi int) {
 			}
 		}
 		if err == nil {
-			err = serialMatMul(sc.out[r0*din:r1*din], gate, a.W2[e], m)
+			err = serialMatMul(sc.out[r0*din:r1*din], gate, a.W2[e], m, j.long)
 		}
 		if err != nil {
 			j.errMu.Lock()
@@ -252,13 +255,21 @@ func expertRange(args *kernel.Args, lo, hi int) {
 }
 
 // serialMatMul computes dst[m, N] = x[m, K] · wᵀ on the calling goroutine.
-func serialMatMul(dst, x []float32, w compute.Tensor, m int) error {
+// A product of a long call (long: amxMinRows tokens or more) of a k-major
+// weight that longOnTiles admits runs on the AMX tiles, the weight
+// repacked for it alone. Weights in the stored layout (narrower than
+// kernel.KMajorMinN, such as the 100M preset's 64x384 experts) stay on
+// the dot-form tiles: packing them for every product did not pay
+// (docs/bench).
+func serialMatMul(dst, x []float32, w compute.Tensor, m int, long bool) error {
 	n, k := w.Dims[0], w.Dims[1]
 	if wp, how, err := packedOf(w); wp != nil || err != nil {
 		switch {
 		case err != nil:
 		case how == amxTiles:
 			kernel.MatMulAMXSerial(dst, x, wp, m, n, k)
+		case long && longOnTiles(how, k):
+			kernel.MatMulKMajorAMXSerial(dst, x, wp, m, n, k)
 		default:
 			kernel.MatMulKMajorSerial(dst, x, wp, m, n, k)
 		}

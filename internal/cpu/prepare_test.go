@@ -250,7 +250,7 @@ func TestPrepareMatMulNarrowTiles(t *testing.T) {
 		}
 		// The experts' serial product makes no tile copy.
 		y := make([]float32, most*n)
-		require.NoError(t, serialMatMul(y, xs, p, most))
+		require.NoError(t, serialMatMul(y, xs, p, most, true))
 		require.Nil(t, tiles.packed, "a serial (expert) product made the tile copy")
 
 		for _, rows := range []int{1, 8, amxMinRows - 1, amxMinRows, kernel.PackedMinRows - 1, kernel.PackedMinRows, most} {

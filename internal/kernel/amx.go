@@ -82,10 +82,32 @@ func checkPackAMX(dst, w []uint16, n, k int) {
 	}
 }
 
+// packAMXPanels writes panels [p0, p1) of w's AMX form. A panel of sixteen
+// rows of w has its whole k-blocks transposed in vector registers
+// (packAMXTilesAVX512, where the repacking kernels run); the rest of a
+// panel, and panels past n, go element by element.
 func packAMXPanels(dst, w []uint16, n, k, p0, p1 int) {
 	kp := amxKPad(k)
 	for p := p0; p < p1; p++ {
 		pan := dst[p*AMXPanel*kp : (p+1)*AMXPanel*kp]
+		full := k / amxKBlock
+		if hasAVX512BW && full > 0 && (p+1)*AMXPanel <= n {
+			src := w[p*AMXPanel*k : (p+1)*AMXPanel*k]
+			next := src
+			if (p+2)*AMXPanel <= n {
+				next = w[(p+1)*AMXPanel*k : (p+2)*AMXPanel*k]
+			}
+			_ = pan[full*512-1]
+			packAMXTilesAVX512(&pan[0], &src[0], 2*k, full, &next[0])
+			clear(pan[full*512:])
+			for c := range AMXPanel {
+				for kk := full * amxKBlock; kk < k; kk++ {
+					i, e := kk%amxKBlock/2, kk%2
+					pan[full*512+i*32+2*c+e] = src[c*k+kk]
+				}
+			}
+			continue
+		}
 		clear(pan)
 		for c := range AMXPanel {
 			col := p*AMXPanel + c

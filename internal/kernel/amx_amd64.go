@@ -52,6 +52,9 @@ func amxTiles1(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *flo
 func repackKMajorAMXAVX512(dst, src *uint16, pairs, pstride int, idx *[32]uint16)
 
 //go:noescape
+func packAMXTilesAVX512(dst, src *uint16, stride, blocks int, next *uint16)
+
+//go:noescape
 func amxPeakLoop(cfg *amxConfig, n int)
 
 //go:noescape

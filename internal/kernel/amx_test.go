@@ -20,9 +20,21 @@ var amxShapes = [][3]int{
 	{8, 80, 600}, {27, 40, 300}, {45, 64, 520}, // whole k in a few row blocks, k-ranges in many
 }
 
+// TestPackAMX checks PackAMX against its documented index, with whole
+// tiles transposed in vector registers where the CPU has them and element
+// by element.
 func TestPackAMX(t *testing.T) {
+	saved := hasAVX512BW
+	defer func() { hasAVX512BW = saved }()
+	for _, vec := range []bool{true, false} {
+		hasAVX512BW = vec && saved
+		t.Run(fmt.Sprintf("vector=%v", hasAVX512BW), testPackAMX)
+	}
+}
+
+func testPackAMX(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
-	for _, sh := range [][2]int{{1, 1}, {15, 3}, {16, 32}, {33, 40}, {100, 65}} {
+	for _, sh := range [][2]int{{1, 1}, {15, 3}, {16, 32}, {33, 40}, {100, 65}, {64, 384}, {48, 97}, {31, 128}} {
 		n, k := sh[0], sh[1]
 		w := kmajWeights(r, n*k)
 		wp := make([]uint16, AMXLen(n, k))
@@ -371,6 +383,29 @@ func BenchmarkAMXAfterIdle(b *testing.B) {
 					b.ReportMetric(float64(spent.Nanoseconds())/float64(b.N), "ns/product")
 				})
 			}
+		}
+	}
+}
+
+// BenchmarkPackAMX times PackAMX (the load-time layout under
+// K3_KERNEL=amx, the narrow weights' tile copies) with whole tiles
+// transposed in vector registers where the CPU has them, and element by
+// element.
+func BenchmarkPackAMX(b *testing.B) {
+	for _, sh := range [][2]int{{64, 768}, {2304, 768}} {
+		n, k := sh[0], sh[1]
+		w := kmajWeights(rand.New(rand.NewPCG(5, 6)), n*k)
+		wp := make([]uint16, AMXLen(n, k))
+		for _, vec := range []bool{true, false} {
+			b.Run(fmt.Sprintf("vector=%v/%dx%d", vec && hasAVX512BW, n, k), func(b *testing.B) {
+				saved := hasAVX512BW
+				defer func() { hasAVX512BW = saved }()
+				hasAVX512BW = vec && saved
+				for range b.N {
+					PackAMX(wp, w, n, k)
+				}
+				b.ReportMetric(float64(2*n*k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+			})
 		}
 	}
 }

@@ -22,7 +22,15 @@ func (p *Pool) MatMulKMajorAMXFast(dst, x []float32, wk []uint16, m, n, k int) {
 	p.matMulKMajorAMX(dst, x, wk, m, n, k, 1)
 }
 
-// matMulKMajorAMX is the product with x split into np parts.
+// MatMulKMajorAMXSerial is MatMulKMajorAMX on the calling goroutine alone,
+// repacking each slab itself. Calls may run concurrently (an MoE layer's
+// experts, one to a worker).
+func MatMulKMajorAMXSerial(dst, x []float32, wk []uint16, m, n, k int) {
+	(*Pool)(nil).matMulKMajorAMX(dst, x, wk, m, n, k, amxParts)
+}
+
+// matMulKMajorAMX is the product with x split into np parts, on the pool,
+// or on the calling goroutine alone where p is nil.
 func (p *Pool) matMulKMajorAMX(dst, x []float32, wk []uint16, m, n, k, np int) {
 	checkKMajor(len(dst), len(x), len(wk), m, n, k)
 	if m == 0 || n == 0 {
@@ -37,12 +45,22 @@ func (p *Pool) matMulKMajorAMX(dst, x []float32, wk []uint16, m, n, k, np int) {
 		*bp = make([]uint16, size)
 	}
 	j.wk = wk
-	p.Run(amxSplitRange, Args{Job: j}, m, 16)
+	if p == nil {
+		j.split(0, m)
+	} else {
+		p.Run(amxSplitRange, Args{Job: j}, m, 16)
+	}
 	for s0 := 0; s0 < n; s0 += amxSlabCols {
 		width := min(amxSlabCols, n-s0)
 		j.columns(width)
 		j.w, j.dst = (*bp)[:amxRepackLen(width, k)], dst[s0:]
-		p.Run(amxRepackRange, Args{Job: j, M: s0}, (width+amxRepackCols-1)/amxRepackCols, 1)
+		items := (width + amxRepackCols - 1) / amxRepackCols
+		if p == nil {
+			amxRepackRange(&Args{Job: j, M: s0}, 0, items)
+			j.run(0, j.chunks*j.blocks)
+			continue
+		}
+		p.Run(amxRepackRange, Args{Job: j, M: s0}, items, 1)
 		p.Run(amxRange, Args{Job: j}, j.chunks*j.blocks, 1)
 	}
 	j.dst, j.x, j.w, j.wk = nil, nil, nil, nil

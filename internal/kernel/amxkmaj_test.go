@@ -13,6 +13,7 @@ import (
 var kmajAMXShapes = [][3]int{
 	{64, 96, 64}, {70, 100, 40}, {65, 48, 33}, {64, 400, 200}, {130, 97, 129},
 	{64, 768, 768}, {3, 200, 96}, {12, 150, 31}, {66, 1000, 64}, {64, 1700, 40}, // two and three slabs
+	{16, 512, 384}, // an expert's few rows
 }
 
 // TestRepackKMajorAMX: a k-major panel pair repacked (by the vector kernel
@@ -75,6 +76,16 @@ func TestMatMulKMajorAMX(t *testing.T) {
 			p.MatMulKMajorAMX(twin, x, wk, m, n, k)
 			amxGo = false
 			require.Equal(t, want, twin, "plain-Go twin")
+
+			clear(got[:m*n])
+			MatMulKMajorAMXSerial(got[:m*n], x, wk, m, n, k)
+			require.Equal(t, want, got[:m*n], "serial")
+			require.Equal(t, []float32{7, 7}, got[m*n:], "serial wrote past dst")
+			amxGo = true
+			clear(twin)
+			MatMulKMajorAMXSerial(twin, x, wk, m, n, k)
+			amxGo = false
+			require.Equal(t, want, twin, "serial plain-Go twin")
 
 			p.MatMulAMXFast(want, x, wp, m, n, k)
 			p.MatMulKMajorAMXFast(got[:m*n], x, wk, m, n, k)

@@ -244,6 +244,10 @@ func repackKMajorAMXAVX512(dst, src *uint16, pairs, pstride int, idx *[32]uint16
 	panic("kernel: no assembly on this platform")
 }
 
+func packAMXTilesAVX512(dst, src *uint16, stride, blocks int, next *uint16) {
+	panic("kernel: no assembly on this platform")
+}
+
 func amxPeakLoop(cfg *amxConfig, n int) { panic("kernel: no assembly on this platform") }
 
 func splitBF16AVX512(hi, mid, lo *uint16, x *float32, n int) {
