@@ -32,7 +32,8 @@ type kdaScratch struct {
 	kq, uo           []float32 // [kd; qd] [2C, K] and its product with the state [2C, V]
 	ka, kb, qa       []float32 // factorised decays [C, K]
 	lm, mqk          []float32 // [C, C]
-	ut               []float32 // state update: uᵀ [V, C]
+	sk               []float32 // the state K-first over a sequence's chunks [K, V]
+	kdt              []float32 // state update: (k e^{G_last-G})ᵀ [K, C]
 	cg, e            []float32 // cumulative gates, exponentials [C, K]
 	unsafe           []int32
 	uk, uq, ug, ue   []float32 // the unsafe channels' keys, queries, gates and pair terms [C, U]
@@ -204,43 +205,45 @@ func kdaRange(args *kernel.Args, lo, hi int) {
 		if j.chunk == 0 {
 			j.recurrent(sc, st, hd, t0, t1)
 		} else {
+			// The chunks run on the state K-first (row k = S[k, :]), where
+			// both of a chunk's state products are register-tiled GEMMs
+			// (kernel.MatAccumulate) with the state as their B operand.
+			sc.sk = grow32(sc.sk, j.dk*j.dv)
+			kernel.Transpose(sc.sk, st, j.dv, j.dk)
 			for c0 := 0; c0 < t1-t0; c0 += j.chunk {
-				j.chunkStep(sc, st, hd, t0, c0, min(c0+j.chunk, t1-t0))
+				j.chunkStep(sc, sc.sk, hd, t0, c0, min(c0+j.chunk, t1-t0))
 			}
+			kernel.Transpose(st, sc.sk, j.dk, j.dv)
 		}
 	}
 }
 
 // load gathers head hd of tokens [t0, t1) and applies the token-parallel
 // preprocessing: L2 norm of q and k, the decay gate, sigmoid of beta, and
-// the output scale folded into q.
+// the output scale folded into q. Every element gets the decode step's
+// arithmetic (stepHead), whole rows at a time.
 func (j *kdaJob) load(sc *kdaScratch, hd, t0, t1 int) {
 	n, dk, dv := t1-t0, j.dk, j.dv
 	sc.q, sc.k, sc.g = grow32(sc.q, n*dk), grow32(sc.k, n*dk), grow32(sc.g, n*dk)
 	sc.v, sc.beta = grow32(sc.v, n*dv), grow32(sc.beta, n)
-	pre := j.a.Preprocess
+	qk := t0*j.qStride + hd*dk
+	kernel.GatherRows(sc.q, j.q[qk:], n, dk, j.qStride)
+	kernel.GatherRows(sc.k, j.k[qk:], n, dk, j.qStride)
+	kernel.GatherRows(sc.v, j.v[t0*j.vStride+hd*dv:], n, dv, j.vStride)
+	kernel.GatherRows(sc.g, j.g[(t0*j.h+hd)*dk:], n, dk, j.h*dk)
 	for i := 0; i < n; i++ {
-		tok := t0 + i
-		src := (tok*j.h + hd) * dk
-		qk := tok*j.qStride + hd*dk
-		q, k, g := sc.q[i*dk:(i+1)*dk], sc.k[i*dk:(i+1)*dk], sc.g[i*dk:(i+1)*dk]
-		copy(q, j.q[qk:qk+dk])
-		copy(k, j.k[qk:qk+dk])
-		copy(sc.v[i*dv:(i+1)*dv], j.v[tok*j.vStride+hd*dv:])
-		beta := j.beta[tok*j.h+hd]
-		if pre {
-			l2norm(q)
-			l2norm(k)
-			beta = kernel.Sigmoid(beta)
+		sc.beta[i] = j.beta[(t0+i)*j.h+hd]
+	}
+	if j.a.Preprocess {
+		for i := 0; i < n; i++ {
+			l2norm(sc.q[i*dk : (i+1)*dk])
+			l2norm(sc.k[i*dk : (i+1)*dk])
+			sc.beta[i] = kernel.Sigmoid(sc.beta[i])
 		}
-		kernel.Scale(q, j.scale)
-		sc.beta[i] = beta
-		raw := j.g[src : src+dk]
-		if j.a.Gate == compute.GateGiven {
-			copy(g, raw)
-		} else {
-			decayGate(g, raw, j.dtb[hd*dk:(hd+1)*dk], j.alog[hd], j.a.Gate, j.lowerBound)
-		}
+	}
+	kernel.Scale(sc.q, j.scale)
+	if j.a.Gate != compute.GateGiven {
+		decayGate(sc.g, sc.g, j.dtb[hd*dk:(hd+1)*dk], j.alog[hd], j.a.Gate, j.lowerBound)
 	}
 }
 
@@ -288,13 +291,14 @@ func kdaToken(st, q, k, g, v []float32, beta float32, o, u, ke []float32, dk, dv
 	kernel.KDARows(st[:dv*dk], ke[:dk], g[:dk], k[:dk], q[:dk], v[:dv], o[:dv], u[:dv], beta)
 }
 
-// chunkStep processes tokens [c0, c1) of the item (a chunk) in the WY form:
+// chunkStep processes tokens [c0, c1) of the item (a chunk), its state sk
+// K-first ([K, V], row k = S[k, :]), in the WY form:
 // the chunk-local stage (cumulative gates, the strictly lower L and the
 // inclusive Mqk, decayed keys and queries) needs no state; the state stage
 // then solves (I + L) U = β(V - S0ᵀ(k e^G)) by forward substitution,
 // outputs O = S0ᵀ(q e^G) + Mqk U and advances
 // S1 = diag(e^{G_last}) S0 + Σ_j (k_j e^{G_last-G_j}) u_jᵀ.
-func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
+func (j *kdaJob) chunkStep(sc *kdaScratch, sk []float32, hd, t0, c0, c1 int) {
 	dk, dv, c := j.dk, j.dv, c1-c0
 	sc.kq, sc.uo = grow32(sc.kq, 2*c*dk), grow32(sc.uo, 2*c*dv)
 	sc.kd, sc.qd = sc.kq[:c*dk], sc.kq[c*dk:2*c*dk]
@@ -357,24 +361,27 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
 		j.unsafeTerms(sc, hd, t0, c0, c1)
 	}
 
-	// State stage (state V-first, row v = S[:, v]): P = (k e^G)·S into u
-	// and O = (q e^G)·S into o, one matrix product over the state rows
-	// for both, so the state is read once.
-	kernel.MatMulSerial(sc.uo, sc.kq, st, 2*c, dv, dk)
-	sc.u, sc.o = sc.uo[:c*dv], sc.uo[c*dv:2*c*dv] // views: u and o are updated in place below
+	// State stage: P = (k e^G)·S into u and O = (q e^G)·S into o, one
+	// product over the state for both, so the state is read once.
+	sc.macc = grow32(sc.macc, kernel.MatAccumulateScratch(max(dk, c)))
+	clear(sc.uo)
+	kernel.MatAccumulate(sc.uo, dv, sc.kq, sk, dv, 2*c, dv, dk, sc.macc)
+	// (I + L) U = β(V - P) by forward substitution, in place in P; then
+	// O += Mqk U in one product, Mqk's upper triangle cleared.
+	sc.u, sc.o = sc.uo[:c*dv], sc.uo[c*dv:2*c*dv]
+	kernel.Sub(sc.u, v, sc.u)
 	for i := 0; i < c; i++ {
 		ui := sc.u[i*dv : (i+1)*dv]
-		vi := v[i*dv : (i+1)*dv]
-		kernel.Sub(ui, vi, ui)
 		kernel.Scale(ui, beta[i])
 		for jj := 0; jj < i; jj++ {
 			kernel.Axpy(ui, -sc.lm[i*c+jj], sc.u[jj*dv:(jj+1)*dv])
 		}
-		oi := sc.o[i*dv : (i+1)*dv]
-		for jj := 0; jj <= i; jj++ {
-			kernel.Axpy(oi, sc.mqk[i*c+jj], sc.u[jj*dv:(jj+1)*dv])
-		}
-		copy(j.out[((t0+c0+i)*j.h+hd)*dv:], oi)
+		clear(sc.mqk[i*c+i+1 : (i+1)*c])
+	}
+	o := sc.o
+	kernel.MatAccumulate(o, dv, sc.mqk, sc.u, dv, c, dv, c, sc.macc)
+	for i := 0; i < c; i++ {
+		copy(j.out[((t0+c0+i)*j.h+hd)*dv:], o[i*dv:(i+1)*dv])
 	}
 	// k_j e^{G_last - G_j} (e^{G_j} alone may have underflowed, so it is not
 	// derived from kd).
@@ -383,30 +390,16 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, st []float32, hd, t0, c0, c1 int) {
 	}
 	kernel.ExpSliceFlush(sc.e, decayFlush)
 	kernel.Mul(sc.kd, k, sc.e)
-	// S1 = diag(e^{G_last}) S0 + Σ_j (k_j e^{G_last-G_j}) u_jᵀ; V-first:
-	// row v = row v ⊙ e^{G_last} + Σ_j u_j[v] kw_j, a rank-C update of each
-	// row with the row held in registers.
-	sc.ut = grow32(sc.ut, dv*c)
-	for i := 0; i < c; i++ {
-		for r := 0; r < dv; r++ {
-			sc.ut[r*c+i] = sc.u[i*dv+r]
-		}
-	}
+	// S1 = diag(e^{G_last}) S0 + Σ_j (k_j e^{G_last-G_j}) u_jᵀ: row k of
+	// S scaled by e^{G_last}[k], then one FMA chain per element over the
+	// chunk, each decayed key broadcast for six state rows.
 	kernel.ExpSliceFlush(gLast, decayFlush)
-	if kernel.WideFMA() {
-		// The same arithmetic as RankUpdate's (each row scaled, then one
-		// FMA chain per element over the chunk), with the 512-bit tile
-		// loading each decayed key once for six state rows.
-		for r := 0; r < dv; r++ {
-			kernel.Mul(st[r*dk:(r+1)*dk], st[r*dk:(r+1)*dk], gLast)
-		}
-		sc.macc = grow32(sc.macc, kernel.MatAccumulateScratch(c))
-		kernel.MatAccumulate(st, dk, sc.ut, sc.kd, dk, dv, dk, c, sc.macc)
-		return
+	for r := 0; r < dk; r++ {
+		kernel.Scale(sk[r*dv:(r+1)*dv], gLast[r])
 	}
-	for r := 0; r < dv; r++ {
-		kernel.RankUpdate(st[r*dk:(r+1)*dk], gLast, sc.ut[r*c:(r+1)*c], sc.kd, dk)
-	}
+	sc.kdt = grow32(sc.kdt, dk*c)
+	kernel.Transpose(sc.kdt, sc.kd, c, dk)
+	kernel.MatAccumulate(sk, dv, sc.kdt, sc.u, dv, dk, dv, c, sc.macc)
 }
 
 // unsafeTerms adds to L and Mqk the contributions of channels whose decay
@@ -457,13 +450,17 @@ func (j *kdaJob) unsafeTerms(sc *kdaScratch, hd, t0, c0, c1 int) {
 	}
 }
 
-// decayGate writes one head's log decay for one token from the raw gate
-// projection: Kimi Linear's -exp(A_log)·softplus(raw + dt_bias), or K3's
+// decayGate writes one head's log decay for tokens from the raw gate
+// projection (g and raw hold rows as long as dtBias; g may be raw): Kimi
+// Linear's -exp(A_log)·softplus(raw + dt_bias), or K3's
 // lowerBound·sigmoid(exp(A_log)·(raw + dt_bias)). Prefill and the decode
 // step share it, so both paths decay alike.
 func decayGate(g, raw, dtBias []float32, aLog float32, gate compute.KDAGate, lowerBound float32) {
 	rate := float32(math.Exp(float64(aLog)))
-	kernel.Add(g, raw, dtBias)
+	d := len(dtBias)
+	for r := 0; r < len(g); r += d {
+		kernel.Add(g[r:r+d], raw[r:r+d], dtBias)
+	}
 	if gate == compute.GateLowerBound {
 		kernel.Scale(g, rate)
 		kernel.SigmoidSlice(g)

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"k3/compute"
+	"k3/internal/kernel"
 )
 
 // TestChunkOperandsNormal checks that under strong decays no subnormal
@@ -52,12 +53,13 @@ func TestChunkOperandsNormal(t *testing.T) {
 			sc := new(kdaScratch)
 			for hd := range h {
 				j.load(sc, hd, 0, T)
-				st := j.state[hd*dk*dv : (hd+1)*dk*dv]
+				st := make([]float32, dk*dv) // K-first, as the chunks take it
+				kernel.Transpose(st, j.state[hd*dk*dv:(hd+1)*dk*dv], dv, dk)
 				for c0 := 0; c0 < T; c0 += chunk {
 					j.chunkStep(sc, st, hd, 0, c0, min(c0+chunk, T))
 					for name, v := range map[string][]float32{
 						"decayed keys and queries": sc.kq, "their products with the state": sc.uo,
-						"decay factors": sc.e, "chunk decay": sc.tmp, "corrected values": sc.ut, "state": st,
+						"decay factors": sc.e, "chunk decay": sc.tmp, "corrected values": sc.uo, "update's decayed keys": sc.kdt, "state": st,
 					} {
 						for i, x := range v {
 							if x != 0 && math.Abs(float64(x)) < 0x1p-126 {

@@ -55,6 +55,12 @@ func repackKMajorAMXAVX512(dst, src *uint16, pairs, pstride int, idx *[32]uint16
 func packAMXTilesAVX512(dst, src *uint16, stride, blocks int, next *uint16)
 
 //go:noescape
+func transpose16AVX512(dst, src *float32, sstride, dstride int)
+
+//go:noescape
+func gatherRowsAVX512(dst, src *float32, rows, width, stride int)
+
+//go:noescape
 func amxPeakLoop(cfg *amxConfig, n int)
 
 //go:noescape

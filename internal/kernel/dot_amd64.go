@@ -226,7 +226,7 @@ func transpose8AVX2(kt, src *float32, stride, di int)
 func indexerBlockZMM(t, kt, q, w *float32, hi, di int)
 
 //go:noescape
-func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride int)
+func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, ostride int)
 
 //go:noescape
 func read4AVX2(x *float32, n int) float32

@@ -116,7 +116,7 @@ func transpose8AVX2(kt, src *float32, stride, di int) {
 	panic("kernel: no assembly on this platform")
 }
 
-func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride int) {
+func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, ostride int) {
 	panic("kernel: no assembly on this platform")
 }
 
@@ -245,6 +245,14 @@ func repackKMajorAMXAVX512(dst, src *uint16, pairs, pstride int, idx *[32]uint16
 }
 
 func packAMXTilesAVX512(dst, src *uint16, stride, blocks int, next *uint16) {
+	panic("kernel: no assembly on this platform")
+}
+
+func transpose16AVX512(dst, src *float32, sstride, dstride int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func gatherRowsAVX512(dst, src *float32, rows, width, stride int) {
 	panic("kernel: no assembly on this platform")
 }
 

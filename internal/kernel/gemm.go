@@ -214,10 +214,19 @@ func gemmTile(xp, w []float32, xstride, wstride, kc int, out []float32, load boo
 		if load {
 			l = 1
 		}
-		gemm16x6AVX2(&xp[0], &w[0], wstride, kc, &out[0], l, xstride)
+		gemm16x6AVX2(&xp[0], &w[0], wstride, kc, &out[0], l, xstride, gemmPanel)
 		return
 	}
 	gemmTileGo(xp, w, xstride, wstride, kc, out, load)
+}
+
+// gemmTileAt is gemmTile's 256-bit tile with output row r at
+// out[r*ostride:] (MatAccumulate's rows in place); callers check useAVX2.
+func gemmTileAt(xp, w []float32, xstride, wstride, kc int, out []float32, ostride int) {
+	_ = out[(gemmTileW-1)*ostride+gemmPanel-1]
+	_ = w[(gemmTileW-1)*wstride+kc-1]
+	_ = xp[(kc-1)*xstride+gemmPanel-1]
+	gemm16x6AVX2(&xp[0], &w[0], wstride, kc, &out[0], 1, xstride, ostride)
 }
 
 // gemmTilePair runs gemmTile on two x panels, xoff floats apart, with the
@@ -294,9 +303,13 @@ func MatAccumulate(c []float32, ldc int, a, b []float32, ldb, m, n, k int, scrat
 			w = wpad
 		}
 		for x0 := 0; x0 < xv; x0 += step {
-			if wide && rows == gemmTileW {
+			if rows == gemmTileW {
 				// Whole row groups run on c in place.
-				gemmTilePair(b[x0:], gemmPanel, w, ldb, k, k, c[r0*ldc+x0:], gemmPanel, ldc, true)
+				if wide {
+					gemmTilePair(b[x0:], gemmPanel, w, ldb, k, k, c[r0*ldc+x0:], gemmPanel, ldc, true)
+				} else {
+					gemmTileAt(b[x0:], w, ldb, k, k, c[r0*ldc+x0:], ldc)
+				}
 				continue
 			}
 			for r := range rows {

@@ -2,14 +2,14 @@
 
 #include "textflag.h"
 
-// func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride int)
-// The packed GEMM's register tile: out[r*16+i] (+)= sum_p w[r*wstride+p] *
+// func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, ostride int)
+// The packed GEMM's register tile: out[r*ostride+i] (+)= sum_p w[r*wstride+p] *
 // xp[p*xstride+i] for six weight rows r and sixteen x columns i, one FMA
 // chain per output in p order. xp is a packed x panel (sixteen rows
 // interleaved, xstride 16) or any rows of sixteen contiguous values, so x
 // comes in as two vectors per p and each weight is broadcast; load != 0
 // continues the chains from out (exact: the partial sums are float32).
-TEXT ·gemm16x6AVX2(SB), NOSPLIT, $0-56
+TEXT ·gemm16x6AVX2(SB), NOSPLIT, $0-64
 	MOVQ xp+0(FP), SI
 	MOVQ w+8(FP), DI
 	MOVQ wstride+16(FP), R11
@@ -20,21 +20,25 @@ TEXT ·gemm16x6AVX2(SB), NOSPLIT, $0-56
 	MOVQ out+32(FP), DX
 	MOVQ xstride+48(FP), R13
 	SHLQ $2, R13
+	MOVQ ostride+56(FP), R8
+	SHLQ $2, R8
+	LEAQ (DX)(R8*2), R9
+	ADDQ R8, R9              // output row 3
 	MOVQ load+40(FP), AX
 	TESTQ AX, AX
 	JZ   gzero
 	VMOVUPS (DX), Y4
 	VMOVUPS 32(DX), Y5
-	VMOVUPS 64(DX), Y6
-	VMOVUPS 96(DX), Y7
-	VMOVUPS 128(DX), Y8
-	VMOVUPS 160(DX), Y9
-	VMOVUPS 192(DX), Y10
-	VMOVUPS 224(DX), Y11
-	VMOVUPS 256(DX), Y12
-	VMOVUPS 288(DX), Y13
-	VMOVUPS 320(DX), Y14
-	VMOVUPS 352(DX), Y15
+	VMOVUPS (DX)(R8*1), Y6
+	VMOVUPS 32(DX)(R8*1), Y7
+	VMOVUPS (DX)(R8*2), Y8
+	VMOVUPS 32(DX)(R8*2), Y9
+	VMOVUPS (R9), Y10
+	VMOVUPS 32(R9), Y11
+	VMOVUPS (R9)(R8*1), Y12
+	VMOVUPS 32(R9)(R8*1), Y13
+	VMOVUPS (R9)(R8*2), Y14
+	VMOVUPS 32(R9)(R8*2), Y15
 	JMP  gloop
 
 gzero:
@@ -83,15 +87,15 @@ gloop:
 gdone:
 	VMOVUPS Y4, (DX)
 	VMOVUPS Y5, 32(DX)
-	VMOVUPS Y6, 64(DX)
-	VMOVUPS Y7, 96(DX)
-	VMOVUPS Y8, 128(DX)
-	VMOVUPS Y9, 160(DX)
-	VMOVUPS Y10, 192(DX)
-	VMOVUPS Y11, 224(DX)
-	VMOVUPS Y12, 256(DX)
-	VMOVUPS Y13, 288(DX)
-	VMOVUPS Y14, 320(DX)
-	VMOVUPS Y15, 352(DX)
+	VMOVUPS Y6, (DX)(R8*1)
+	VMOVUPS Y7, 32(DX)(R8*1)
+	VMOVUPS Y8, (DX)(R8*2)
+	VMOVUPS Y9, 32(DX)(R8*2)
+	VMOVUPS Y10, (R9)
+	VMOVUPS Y11, 32(R9)
+	VMOVUPS Y12, (R9)(R8*1)
+	VMOVUPS Y13, 32(R9)(R8*1)
+	VMOVUPS Y14, (R9)(R8*2)
+	VMOVUPS Y15, 32(R9)(R8*2)
 	VZEROUPPER
 	RET

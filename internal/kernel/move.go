@@ -1,0 +1,51 @@
+package kernel
+
+// Transpose writes the transpose of src, a row-major [rows, cols] matrix,
+// to dst as a row-major [cols, rows] one: dst[c*rows+r] = src[r*cols+c].
+// Whole 16x16 blocks are transposed in vector registers where the CPU has
+// AVX-512 (the flag the repacking kernels share); the edges go element by
+// element.
+func Transpose(dst, src []float32, rows, cols int) {
+	if rows == 0 || cols == 0 {
+		return
+	}
+	_, _ = src[rows*cols-1], dst[rows*cols-1]
+	rv, cv := 0, 0
+	if hasAVX512BW {
+		rv, cv = rows&^15, cols&^15
+		for r0 := 0; r0 < rv; r0 += 16 {
+			for c0 := 0; c0 < cv; c0 += 16 {
+				transpose16AVX512(&dst[c0*rows+r0], &src[r0*cols+c0], 4*cols, 4*rows)
+			}
+		}
+	}
+	for r := range rows {
+		c0 := 0
+		if r < rv {
+			c0 = cv
+		}
+		for c := c0; c < cols; c++ {
+			dst[c*rows+r] = src[r*cols+c]
+		}
+	}
+}
+
+// GatherRows copies rows rows of width elements of src, stride apart
+// (src[r*stride : r*stride+width]), to dst side by side: one head's rows
+// of a [T, H, D] tensor. Where the CPU has AVX-512 and width is a multiple
+// of 16 each row is copied with the row eight ahead prefetched, since
+// rows a page or more apart are streams the hardware prefetchers do not
+// follow.
+func GatherRows(dst, src []float32, rows, width, stride int) {
+	if rows == 0 || width == 0 {
+		return
+	}
+	_, _ = dst[rows*width-1], src[(rows-1)*stride+width-1]
+	if hasAVX512BW && width%16 == 0 {
+		gatherRowsAVX512(&dst[0], &src[0], rows, width, 4*stride)
+		return
+	}
+	for r := range rows {
+		copy(dst[r*width:(r+1)*width], src[r*stride:r*stride+width])
+	}
+}
