@@ -378,10 +378,9 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, sk []float32, hd, t0, c0, c1 int) {
 		}
 		clear(sc.mqk[i*c+i+1 : (i+1)*c])
 	}
-	o := sc.o
-	kernel.MatAccumulate(o, dv, sc.mqk, sc.u, dv, c, dv, c, sc.macc)
+	kernel.MatAccumulate(sc.o, dv, sc.mqk, sc.u, dv, c, dv, c, sc.macc)
 	for i := 0; i < c; i++ {
-		copy(j.out[((t0+c0+i)*j.h+hd)*dv:], o[i*dv:(i+1)*dv])
+		copy(j.out[((t0+c0+i)*j.h+hd)*dv:], sc.o[i*dv:(i+1)*dv])
 	}
 	// k_j e^{G_last - G_j} (e^{G_j} alone may have underflowed, so it is not
 	// derived from kd).
@@ -392,7 +391,8 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, sk []float32, hd, t0, c0, c1 int) {
 	kernel.Mul(sc.kd, k, sc.e)
 	// S1 = diag(e^{G_last}) S0 + Σ_j (k_j e^{G_last-G_j}) u_jᵀ: row k of
 	// S scaled by e^{G_last}[k], then one FMA chain per element over the
-	// chunk, each decayed key broadcast for six state rows.
+	// chunk: the decayed keys transposed, each element broadcast against
+	// a row of U, six state rows at a time.
 	kernel.ExpSliceFlush(gLast, decayFlush)
 	for r := 0; r < dk; r++ {
 		kernel.Scale(sk[r*dv:(r+1)*dv], gLast[r])

@@ -52,15 +52,6 @@ func amxTiles1(cfg *amxConfig, a *uint16, astride int, b *uint16, kb int, c *flo
 func repackKMajorAMXAVX512(dst, src *uint16, pairs, pstride int, idx *[32]uint16)
 
 //go:noescape
-func packAMXTilesAVX512(dst, src *uint16, stride, blocks int, next *uint16)
-
-//go:noescape
-func transpose16AVX512(dst, src *float32, sstride, dstride int)
-
-//go:noescape
-func gatherRowsAVX512(dst, src *float32, rows, width, stride int)
-
-//go:noescape
 func amxPeakLoop(cfg *amxConfig, n int)
 
 //go:noescape

@@ -207,8 +207,8 @@ TEXT ·transpose16AVX512(SB), NOSPLIT, $0-32
 //
 // Copies rows rows of width float32 (a multiple of 16) from src, rows
 // stride bytes apart, to dst, rows side by side, prefetching the row
-// eight ahead: rows a page or more apart are streams the hardware
-// prefetchers do not follow.
+// eight ahead (a prefetch past src does not fault): rows a page or more
+// apart are streams the hardware prefetchers do not follow.
 TEXT ·gatherRowsAVX512(SB), NOSPLIT, $0-40
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
