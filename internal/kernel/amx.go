@@ -313,7 +313,8 @@ func (p *Pool) MatMulAMXFast(dst, x []float32, wp []uint16, m, n, k int) {
 	p.matMulAMX(dst, x, wp, m, n, k, 1)
 }
 
-// matMulAMX is the product on the pool with x split into np parts.
+// matMulAMX is the product with x split into np parts, on the pool, or on
+// the calling goroutine alone where p is nil.
 func (p *Pool) matMulAMX(dst, x []float32, wp []uint16, m, n, k, np int) {
 	checkAMX(len(dst), len(x), len(wp), m, n, k)
 	if m == 0 || n == 0 {
@@ -322,24 +323,20 @@ func (p *Pool) matMulAMX(dst, x []float32, wp []uint16, m, n, k, np int) {
 	j := amxJobs.Get().(*amxJob)
 	defer amxJobs.Put(j)
 	j.prepare(dst, x, wp, m, n, k, np)
-	p.Run(amxSplitRange, Args{Job: j}, m, 16)
-	p.Run(amxRange, Args{Job: j}, j.chunks*j.blocks, 1)
+	if p == nil {
+		j.split(0, m)
+		j.run(0, j.chunks*j.blocks)
+	} else {
+		p.Run(amxSplitRange, Args{Job: j}, m, 16)
+		p.Run(amxRange, Args{Job: j}, j.chunks*j.blocks, 1)
+	}
 	j.dst, j.x, j.w = nil, nil, nil
 }
 
 // MatMulAMXSerial is MatMulAMX on the calling goroutine alone. Calls may
 // run concurrently.
 func MatMulAMXSerial(dst, x []float32, wp []uint16, m, n, k int) {
-	checkAMX(len(dst), len(x), len(wp), m, n, k)
-	if m == 0 || n == 0 {
-		return
-	}
-	j := amxJobs.Get().(*amxJob)
-	defer amxJobs.Put(j)
-	j.prepare(dst, x, wp, m, n, k, amxParts)
-	j.split(0, m)
-	j.run(0, j.chunks*j.blocks)
-	j.dst, j.x, j.w = nil, nil, nil
+	(*Pool)(nil).matMulAMX(dst, x, wp, m, n, k, amxParts)
 }
 
 func checkAMX(nd, nx, nw, m, n, k int) {
