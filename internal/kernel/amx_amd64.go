@@ -55,6 +55,9 @@ func repackKMajorAMXAVX512(dst, src *uint16, pairs, pstride int, idx *[32]uint16
 func amxPeakLoop(cfg *amxConfig, n int)
 
 //go:noescape
+func amxStepLoop(cfg *amxConfig, n int, a, b *uint16, c *float32, mode int)
+
+//go:noescape
 func splitBF16AVX512(hi, mid, lo *uint16, x *float32, n int)
 
 //go:noescape

@@ -288,6 +288,86 @@ peakloop:
 	TILERELEASE
 	RET
 
+// func amxStepLoop(cfg *amxConfig, n int, a, b *uint16, c *float32, mode int)
+//
+// n rounds of amxTiles2's k-step on tiles loaded from memory (A tmm4,
+// tmm5 from a and a+1 KB, B tmm6, tmm7 from b and b+1 KB, 64-byte rows):
+// mode 0 multiplies the loaded tiles over and over, mode 1 also reloads
+// the four tiles each round as amxTiles2 does (from the same addresses,
+// so from L1), mode 2 also stores the accumulators to c (16 KB) and loads
+// them back every eight rounds, as amxTiles2 does between groups. With
+// amxPeakLoop's zeroed tiles beside it: how far the tile unit's rate falls
+// with data in the tiles, with the step's loads and with the drains
+// (BenchmarkAMXStep).
+TEXT ·amxStepLoop(SB), NOSPLIT, $0-48
+	MOVQ cfg+0(FP), DI
+	LDTILECFG_DI
+	MOVQ n+8(FP), CX
+	MOVQ a+16(FP), SI
+	MOVQ b+24(FP), BX
+	MOVQ c+32(FP), DI
+	MOVQ mode+40(FP), R12
+	MOVQ $64, AX
+	MOVQ $64, DX
+	MOVQ $256, R10
+	LEAQ 1024(SI), R11
+	LEAQ 1024(BX), R14
+	MOVQ R11, R8
+	MOVQ R14, R9
+	TILEZERO_0
+	TILEZERO_1
+	TILEZERO_2
+	TILEZERO_3
+	TILELOADD_4_SI_DX
+	TILELOADD_5_R11_DX
+	TILELOADD_6_BX_AX
+	TILELOADD_7_R14_AX
+	XORQ R13, R13
+	CMPQ R12, $0
+	JNE steploads
+steponly:
+	TDPBF16PS_0_4_6
+	TDPBF16PS_2_5_6
+	TDPBF16PS_1_4_7
+	TDPBF16PS_3_5_7
+	DECQ CX
+	JNZ steponly
+	JMP stepdone
+steploads:
+	TDPBF16PS_0_4_6
+	TDPBF16PS_2_5_6
+	TILELOADD_6_BX_AX
+	TDPBF16PS_1_4_7
+	TILELOADD_4_SI_DX
+	TDPBF16PS_3_5_7
+	TILELOADD_5_R11_DX
+	TILELOADD_7_R14_AX
+	CMPQ R12, $2
+	JNE stepnext
+	INCQ R13
+	TESTQ $7, R13
+	JNZ stepnext
+	LEAQ 64(DI), R11
+	LEAQ 4096(DI), R14
+	TILESTORED_0_DI_R10
+	TILESTORED_1_R11_R10
+	TILESTORED_2_R14_R10
+	LEAQ 4160(DI), R11
+	TILESTORED_3_R11_R10
+	TILELOADD_3_R11_R10
+	LEAQ 64(DI), R11
+	TILELOADD_0_DI_R10
+	TILELOADD_1_R11_R10
+	TILELOADD_2_R14_R10
+	MOVQ R8, R11
+	MOVQ R9, R14
+stepnext:
+	DECQ CX
+	JNZ steploads
+stepdone:
+	TILERELEASE
+	RET
+
 // func splitBF16AVX512(hi, mid, lo *uint16, x *float32, n int)
 //
 // SplitBF16 over n floats (a multiple of 16), sixteen at a time:

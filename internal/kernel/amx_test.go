@@ -344,6 +344,55 @@ func BenchmarkAMXRow(b *testing.B) {
 	}
 }
 
+// BenchmarkAMXStep runs amxTiles2's k-step on one goroutine, its four tile
+// products a round over and over: on zeroed tiles (the peak PeakAMXFLOPS
+// probes), on tiles holding weights and activations' bf16 parts, with the
+// step's four tile loads, and with the accumulators drained every eight
+// rounds as between groups. It reports GFLOP/s and the share of the
+// zeroed tiles' rate in the same run: the ceiling an exact three-part
+// product's tiles can reach on this core is a third of the last figure
+// (ARCHITECTURE, "AMX tiles"; docs/bench).
+func BenchmarkAMXStep(b *testing.B) {
+	if !hasAMX {
+		b.Skip("no AMX here")
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	a := make([]uint16, 1024)
+	hi, mid, lo := a[:256], a[256:512], make([]uint16, 256)
+	SplitBF16(hi, mid, lo, randSlice(r, 256))
+	copy(a[512:], a[:512])
+	w := kmajWeights(r, 1024)
+	c := make([]float32, 4096)
+	const rounds = 1 << 16
+	var cfg amxConfig
+	cfg.set(16, 16)
+	zero := 0.0
+	for _, mode := range []string{"zero", "data", "loads", "drains"} {
+		b.Run(mode, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				switch mode {
+				case "zero":
+					amxPeakLoop(&cfg, rounds)
+				case "data":
+					amxStepLoop(&cfg, rounds, &a[0], &w[0], &c[0], 0)
+				case "loads":
+					amxStepLoop(&cfg, rounds, &a[0], &w[0], &c[0], 1)
+				default:
+					amxStepLoop(&cfg, rounds, &a[0], &w[0], &c[0], 2)
+				}
+			}
+			rate := 4 * 16384 * rounds * float64(b.N) / b.Elapsed().Seconds()
+			if mode == "zero" {
+				zero = rate
+			}
+			b.ReportMetric(rate/1e9, "GFLOP/s")
+			if zero > 0 {
+				b.ReportMetric(rate/zero, "of_zeroed")
+			}
+		})
+	}
+}
+
 // BenchmarkAMXAfterIdle times a one-row product of a 384x768 weight on one
 // goroutine after the core has spent gap spinning or running 512-bit FMAs,
 // on the AMX tiles and, beside it, k-major: after a while without them,

@@ -258,6 +258,10 @@ func gatherRowsAVX512(dst, src *float32, rows, width, stride int) {
 
 func amxPeakLoop(cfg *amxConfig, n int) { panic("kernel: no assembly on this platform") }
 
+func amxStepLoop(cfg *amxConfig, n int, a, b *uint16, c *float32, mode int) {
+	panic("kernel: no assembly on this platform")
+}
+
 func splitBF16AVX512(hi, mid, lo *uint16, x *float32, n int) {
 	panic("kernel: no assembly on this platform")
 }
