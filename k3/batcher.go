@@ -38,7 +38,7 @@ type Batcher struct {
 	err   error         // Run's result, once done is closed
 	// What Stats reports: sequences in the loop's passes, requests the
 	// loop holds back, and requests not yet handed to the loop.
-	running, waiting, sending atomic.Int64
+	gauges gauges
 }
 
 // BatcherStats is what a Batcher holds at one moment.
@@ -50,7 +50,8 @@ type BatcherStats struct {
 // Stats reports the batcher's running and waiting requests, as a server's
 // metrics export them for a router.
 func (b *Batcher) Stats() BatcherStats {
-	return BatcherStats{Running: int(b.running.Load()), Waiting: int(b.waiting.Load() + b.sending.Load())}
+	running, waiting, sending := b.gauges.load()
+	return BatcherStats{Running: running, Waiting: waiting + sending}
 }
 
 // received queues r, which Generate handed to the loop: it moves from the
@@ -58,9 +59,45 @@ func (b *Batcher) Stats() BatcherStats {
 // counts it twice while Generate's goroutine waits to be scheduled.
 func (b *Batcher) received(waiting *[]*batchReq, r *batchReq) {
 	*waiting = append(*waiting, r)
-	b.waiting.Add(1)
-	b.sending.Add(-1)
+	b.gauges.received()
 }
+
+// gauges holds Stats' three counts in one word, so that a reader sees
+// them as they were at one moment: a request moving from one count to
+// another is never counted twice nor missed. Running and waiting take 21
+// bits each (the loop's sequences and queue), sending the top 22
+// (Generate calls not yet received, each a goroutine).
+type gauges struct{ w atomic.Uint64 }
+
+const (
+	gaugeBits    = 21
+	gaugeWaiting = gaugeBits
+	gaugeSending = 2 * gaugeBits
+	gaugeMask    = 1<<gaugeBits - 1
+)
+
+func (g *gauges) load() (running, waiting, sending int) {
+	w := g.w.Load()
+	return int(w & gaugeMask), int(w >> gaugeWaiting & gaugeMask), int(w >> gaugeSending)
+}
+
+// set stores the loop's running and waiting counts, keeping sending.
+func (g *gauges) set(running, waiting int) {
+	for {
+		old := g.w.Load()
+		w := old&^(1<<gaugeSending-1) | uint64(waiting)<<gaugeWaiting | uint64(running)
+		if g.w.CompareAndSwap(old, w) {
+			return
+		}
+	}
+}
+
+// send adds d (1 or -1) to the sending count. The count is the top
+// field, so a decrement wraps into no other.
+func (g *gauges) send(d int) { g.w.Add(uint64(int64(d)) << gaugeSending) }
+
+// received moves one request from sending to waiting in one step.
+func (g *gauges) received() { g.w.Add(1<<gaugeWaiting + ^uint64(1<<gaugeSending-1)) }
 
 const (
 	batcherNew int32 = iota
@@ -236,7 +273,7 @@ func (b *Batcher) submit(ctx context.Context, s *Session, prompt []int32, prefil
 		}
 		r := &batchReq{ctx: ctx, s: s, prompt: prompt, opts: opts, prefill: prefill,
 			out: make(chan batchItem, streamBuffer), stop: make(chan struct{}), dropped: make(chan struct{})}
-		b.sending.Add(1) // the loop takes it off when it receives r
+		b.gauges.send(1) // the loop takes it off when it receives r
 		select {
 		case b.reqs <- r:
 			// However the consumer leaves, the session is its own again
@@ -250,11 +287,11 @@ func (b *Batcher) submit(ctx context.Context, s *Session, prompt []int32, prefil
 				<-r.dropped
 			}()
 		case <-b.done:
-			b.sending.Add(-1)
+			b.gauges.send(-1)
 			yield(Token{}, ErrBatcherClosed)
 			return
 		case <-ctx.Done():
-			b.sending.Add(-1)
+			b.gauges.send(-1)
 			yield(Token{}, ctx.Err())
 			return
 		}
@@ -286,8 +323,7 @@ func (b *Batcher) Run(ctx context.Context) error {
 func (b *Batcher) serve(ctx context.Context) (err error) {
 	defer func() {
 		b.err = err
-		b.running.Store(0)
-		b.waiting.Store(0)
+		b.gauges.set(0, 0)
 		b.state.Store(batcherStopped)
 		close(b.done)
 	}()
@@ -414,8 +450,7 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 	}
 	paused := 0 // active sequences whose streams were full in the last round
 	for {
-		b.running.Store(int64(len(active)))
-		b.waiting.Store(int64(len(waiting)))
+		b.gauges.set(len(active), len(waiting))
 		// Wait for work when idle or when every sequence is paused;
 		// otherwise take whoever is waiting.
 		if len(active) == 0 || paused == len(active) {
@@ -452,8 +487,7 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 			}
 		}
 		admit()
-		b.running.Store(int64(len(active)))
-		b.waiting.Store(int64(len(waiting)))
+		b.gauges.set(len(active), len(waiting))
 		if err := ctx.Err(); err != nil {
 			for _, r := range append(active, waiting...) {
 				finish(r, ErrBatcherClosed)
@@ -599,8 +633,7 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 		}
 		// The gauges first: a caller that sees its stream end and then
 		// reads Stats must not count itself still running.
-		b.running.Store(int64(len(active)))
-		b.waiting.Store(int64(len(waiting)))
+		b.gauges.set(len(active), len(waiting))
 		// Only now do the finished sessions belong to their callers again.
 		for _, r := range ending {
 			r.s.endTurn()

@@ -437,3 +437,47 @@ func TestBatcherWarm(t *testing.T) {
 	// so the usage differs.
 	require.Equal(t, want, collect(t, br.Generate(ctx, s, "a prompt after the warm-up", opts...)))
 }
+
+// TestBatcherGauges holds Stats' packed counts to their fields: each moves
+// alone, a decrement of sending borrows from no other, received moves one
+// request from sending to waiting, and concurrent sends survive the loop's
+// stores.
+func TestBatcherGauges(t *testing.T) {
+	var g gauges
+	g.set(3, 5)
+	for range 4 {
+		g.send(1)
+	}
+	g.received()
+	g.send(-1)
+	r, w, s := g.load()
+	assert.Equal(t, [3]int{3, 6, 2}, [3]int{r, w, s})
+	g.set(gaugeMask, gaugeMask)
+	r, w, s = g.load()
+	assert.Equal(t, [3]int{gaugeMask, gaugeMask, 2}, [3]int{r, w, s})
+	g.send(-1)
+	g.send(-1)
+	g.set(0, 1)
+	r, w, s = g.load()
+	assert.Equal(t, [3]int{0, 1, 0}, [3]int{r, w, s})
+
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 1000 {
+				g.send(1)
+			}
+		}()
+	}
+	for i := range 4000 {
+		g.set(i%7, i%5)
+	}
+	wg.Wait()
+	for range 4000 {
+		g.received()
+	}
+	r, w, s = g.load()
+	assert.Equal(t, [3]int{3999 % 7, 3999%5 + 4000, 0}, [3]int{r, w, s})
+}
