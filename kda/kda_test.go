@@ -152,3 +152,56 @@ func TestBadInput(t *testing.T) {
 		t.Errorf("cu_seqlens beyond T: %v", err)
 	}
 }
+
+// TestLongSequenceInPieces runs a sequence longer than the backend's
+// gather block (several hundred tokens) whole and as consecutive calls of
+// whole chunks that carry the state: the chunks are the same, so outputs
+// and the final state must match bit for bit, token by token too.
+func TestLongSequenceInPieces(t *testing.T) {
+	b := cpu.New(2)
+	defer b.Close()
+	const tt, h, dk, dv = 700, 2, 16, 16
+	r := rand.New(rand.NewPCG(7, 8))
+	q, k := randn(r, tt*h*dk, 1), randn(r, tt*h*dk, 1)
+	v, g := randn(r, tt*h*dv, 1), randn(r, tt*h*dk, 1)
+	beta, state := randn(r, tt*h, 2), randn(r, h*dk*dv, 0.3)
+	alog, dtb := randn(r, h, 0.5), randn(r, h*dk, 0.5)
+	run := func(chunk, t0, t1 int, st []float32) (out, stOut []float32) {
+		n := t1 - t0
+		a := compute.KDAArgs{
+			Q: upload(t, b, q[t0*h*dk:t1*h*dk], n, h, dk), K: upload(t, b, k[t0*h*dk:t1*h*dk], n, h, dk),
+			V: upload(t, b, v[t0*h*dv:t1*h*dv], n, h, dv), G: upload(t, b, g[t0*h*dk:t1*h*dk], n, h, dk),
+			Beta: upload(t, b, beta[t0*h:t1*h], n, h), ALog: upload(t, b, alog, h),
+			DTBias: upload(t, b, dtb, h*dk), Gate: compute.GateLowerBound, LowerBound: -5, Preprocess: true,
+			Scale: 0.25, CuSeqlens: []int32{0, int32(n)}, ChunkSize: chunk,
+			State: upload(t, b, st, 1, h, dv, dk),
+		}
+		var err error
+		if a.Out, err = b.Alloc(compute.F32, n, h, dv); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.KDAChunk(&a); err != nil {
+			t.Fatal(err)
+		}
+		return read(t, b, a.Out), read(t, b, a.State)
+	}
+	for _, tc := range []struct{ chunk, piece int }{{16, 80}, {64, 128}, {7, 77}, {0, 90}} {
+		whole, wholeS := run(tc.chunk, 0, tt, state)
+		var pieces []float32
+		st := state
+		for t0 := 0; t0 < tt; t0 += tc.piece {
+			out, s := run(tc.chunk, t0, min(t0+tc.piece, tt), st)
+			pieces, st = append(pieces, out...), s
+		}
+		for i := range whole {
+			if math.Float32bits(whole[i]) != math.Float32bits(pieces[i]) {
+				t.Fatalf("chunk %d: output %d (token %d) = %g whole, %g in pieces of %d", tc.chunk, i, i/(h*dv), whole[i], pieces[i], tc.piece)
+			}
+		}
+		for i := range wholeS {
+			if math.Float32bits(wholeS[i]) != math.Float32bits(st[i]) {
+				t.Fatalf("chunk %d: state %d = %g whole, %g in pieces of %d", tc.chunk, i, wholeS[i], st[i], tc.piece)
+			}
+		}
+	}
+}

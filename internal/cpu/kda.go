@@ -196,27 +196,46 @@ func kdaRange(args *kernel.Args, lo, hi int) {
 		if t1 == t0 {
 			continue
 		}
-		j.load(sc, hd, t0, t1)
 		row := n
 		if j.slots != nil {
 			row = int(j.slots[n])
 		}
 		st := j.state[(row*j.h+hd)*j.dk*j.dv : (row*j.h+hd+1)*j.dk*j.dv]
-		if j.chunk == 0 {
-			j.recurrent(sc, st, hd, t0, t1)
-		} else {
-			// The chunks run on the state K-first (row k = S[k, :]), where
-			// both of a chunk's state products are register-tiled GEMMs
-			// (kernel.MatAccumulate) with the state as their B operand.
-			sc.sk = grow32(sc.sk, j.dk*j.dv)
-			kernel.Transpose(sc.sk, st, j.dv, j.dk)
-			for c0 := 0; c0 < t1-t0; c0 += j.chunk {
-				j.chunkStep(sc, sc.sk, hd, t0, c0, min(c0+j.chunk, t1-t0))
-			}
-			kernel.Transpose(st, sc.sk, j.dk, j.dv)
+		// The head's tokens are gathered a block at a time, so that the
+		// rows stay in L2 from their gather to their chunk's products
+		// (a long prompt's whole head is megabytes).
+		blk := kdaLoadBlock
+		if j.chunk > 0 {
+			blk = max(j.chunk, kdaLoadBlock/j.chunk*j.chunk)
 		}
+		if j.chunk == 0 {
+			for b0 := t0; b0 < t1; b0 += blk {
+				b1 := min(b0+blk, t1)
+				j.load(sc, hd, b0, b1)
+				j.recurrent(sc, st, hd, b0, b1)
+			}
+			continue
+		}
+		// The chunks run on the state K-first (row k = S[k, :]), where
+		// both of a chunk's state products are register-tiled GEMMs
+		// (kernel.MatAccumulate) with the state as their B operand.
+		sc.sk = grow32(sc.sk, j.dk*j.dv)
+		kernel.Transpose(sc.sk, st, j.dv, j.dk)
+		for b0 := t0; b0 < t1; b0 += blk {
+			b1 := min(b0+blk, t1)
+			j.load(sc, hd, b0, b1)
+			for c0 := 0; c0 < b1-b0; c0 += j.chunk {
+				j.chunkStep(sc, sc.sk, hd, b0, c0, min(c0+j.chunk, b1-b0))
+			}
+		}
+		kernel.Transpose(st, sc.sk, j.dk, j.dv)
 	}
 }
+
+// kdaLoadBlock is how many of a head's tokens kdaRange gathers at a time
+// (rounded down to whole chunks): four rows of q, k, v and the gate a
+// token, 512 KB at 128 channels.
+const kdaLoadBlock = 256
 
 // load gathers head hd of tokens [t0, t1) and applies the token-parallel
 // preprocessing: L2 norm of q and k, the decay gate, sigmoid of beta, and
