@@ -81,8 +81,10 @@ func (g *gauges) load() (running, waiting, sending int) {
 	return int(w & gaugeMask), int(w >> gaugeWaiting & gaugeMask), int(w >> gaugeSending)
 }
 
-// set stores the loop's running and waiting counts, keeping sending.
+// set stores the loop's running and waiting counts, keeping sending; a
+// count past its field reads as the field's largest.
 func (g *gauges) set(running, waiting int) {
+	running, waiting = min(running, gaugeMask), min(waiting, gaugeMask)
 	for {
 		old := g.w.Load()
 		w := old&^(1<<gaugeSending-1) | uint64(waiting)<<gaugeWaiting | uint64(running)
