@@ -409,16 +409,13 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, sk []float32, hd, t0, c0, c1 int) {
 	kernel.ExpSliceFlush(sc.e, decayFlush)
 	kernel.Mul(sc.kd, k, sc.e)
 	// S1 = diag(e^{G_last}) S0 + Σ_j (k_j e^{G_last-G_j}) u_jᵀ: row k of
-	// S scaled by e^{G_last}[k], then one FMA chain per element over the
-	// chunk: the decayed keys transposed, each element broadcast against
-	// a row of U, six state rows at a time.
+	// S scaled by e^{G_last}[k] as the tile loads it, then one FMA chain
+	// per element over the chunk: the decayed keys transposed, each
+	// element broadcast against a row of U, six state rows at a time.
 	kernel.ExpSliceFlush(gLast, decayFlush)
-	for r := 0; r < dk; r++ {
-		kernel.Scale(sk[r*dv:(r+1)*dv], gLast[r])
-	}
 	sc.kdt = grow32(sc.kdt, dk*c)
 	kernel.Transpose(sc.kdt, sc.kd, c, dk)
-	kernel.MatAccumulate(sk, dv, sc.kdt, sc.u, dv, dk, dv, c, sc.macc)
+	kernel.MatAccumulateScaled(sk, dv, gLast, sc.kdt, sc.u, dv, dk, dv, c, sc.macc)
 }
 
 // unsafeTerms adds to L and Mqk the contributions of channels whose decay

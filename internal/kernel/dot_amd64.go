@@ -109,7 +109,7 @@ func bestOfPairs(a, b func(n int)) (ta, tb time.Duration) {
 func fmaLoopAVX512(n int)
 
 //go:noescape
-func gemm32x6AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, xoff, ooff, ostride int)
+func gemm32x6AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, xoff, ooff, ostride int, scale *float32)
 
 //go:noescape
 func tileBF16AVX512(x *uint16, xstride int, w *uint16, wstride, k int, out *float32, ostride int)

@@ -20,7 +20,7 @@ func zmmRatio() float64 { return 0 }
 
 func fmaLoopAVX512(n int) { panic("kernel: no assembly on this platform") }
 
-func gemm32x6AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, xoff, ooff, ostride int) {
+func gemm32x6AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, xoff, ooff, ostride int, scale *float32) {
 	panic("kernel: no assembly on this platform")
 }
 

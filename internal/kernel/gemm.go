@@ -242,7 +242,18 @@ func gemmTilePair(xp []float32, xoff int, w []float32, xstride, wstride, kc int,
 	if load {
 		l = 1
 	}
-	gemm32x6AVX512(&xp[0], &w[0], wstride, kc, &out[0], l, xstride, xoff, ooff, ostride)
+	gemm32x6AVX512(&xp[0], &w[0], wstride, kc, &out[0], l, xstride, xoff, ooff, ostride, nil)
+}
+
+// gemmTilePairScaled is gemmTilePair loading out with each of its six rows
+// first multiplied by scale[r].
+func gemmTilePairScaled(xp []float32, xoff int, w []float32, xstride, wstride, kc int, out []float32, ooff, ostride int, scale []float32) {
+	_ = out[ooff+(gemmTileW-1)*ostride+gemmPanel-1]
+	_ = out[(gemmTileW-1)*ostride+gemmPanel-1]
+	_ = w[(gemmTileW-1)*wstride+kc-1]
+	_ = xp[xoff+(kc-1)*xstride+gemmPanel-1]
+	_ = scale[gemmTileW-1]
+	gemm32x6AVX512(&xp[0], &w[0], wstride, kc, &out[0], 2, xstride, xoff, ooff, ostride, &scale[0])
 }
 
 // gemmTileGo is gemmTile in Go (separate roundings where the assembly
@@ -275,6 +286,47 @@ func MatAccumulateScratch(k int) int { return gemmTileW*k + 2*gemmTileW*gemmPane
 // (attention's values: one block of positions for all the heads that share
 // it). scratch holds at least MatAccumulateScratch(k) floats.
 func MatAccumulate(c []float32, ldc int, a, b []float32, ldb, m, n, k int, scratch []float32) {
+	matAccumulate(c, ldc, nil, a, b, ldb, m, n, k, scratch)
+}
+
+// MatAccumulateScaled is MatAccumulate on c's rows each first multiplied
+// by its scale (c[r·ldc+x] = s[r]·c[r·ldc+x], one rounded product as Scale
+// makes it, then the FMA chain): the bits of Scale on every row and then
+// MatAccumulate. Where the 512-bit tile runs a whole group of rows in
+// place it scales them as it loads them, so the rows are read and written
+// once (KDA's chunk update: diag(e^{G_last}) S + Kᵀ U).
+func MatAccumulateScaled(c []float32, ldc int, s, a, b []float32, ldb, m, n, k int, scratch []float32) {
+	if m == 0 || n == 0 {
+		return
+	}
+	_ = s[m-1]
+	// The parts the tile does not scale: rows past the last whole group of
+	// gemmTileW, and columns past the tile's (all of them off the 512-bit
+	// tile, or with k = 0).
+	fused := 0
+	if useAVX2 && packedWide() && k > 0 {
+		fused = n &^ 63
+	}
+	groups := m / gemmTileW * gemmTileW
+	for r := range m {
+		lo := fused
+		if r >= groups {
+			lo = 0
+		}
+		if lo < n {
+			Scale(c[r*ldc+lo:r*ldc+n], s[r])
+		}
+	}
+	if fused == 0 {
+		MatAccumulate(c, ldc, a, b, ldb, m, n, k, scratch)
+		return
+	}
+	matAccumulate(c, ldc, s, a, b, ldb, m, n, k, scratch)
+}
+
+// matAccumulate is MatAccumulate; with s set, the 512-bit tile's whole row
+// groups scale their rows of c by s as they load them.
+func matAccumulate(c []float32, ldc int, s, a, b []float32, ldb, m, n, k int, scratch []float32) {
 	if m == 0 || n == 0 || k == 0 {
 		return
 	}
@@ -305,9 +357,12 @@ func MatAccumulate(c []float32, ldc int, a, b []float32, ldb, m, n, k int, scrat
 		for x0 := 0; x0 < xv; x0 += step {
 			if rows == gemmTileW {
 				// Whole row groups run on c in place.
-				if wide {
+				switch {
+				case wide && s != nil:
+					gemmTilePairScaled(b[x0:], gemmPanel, w, ldb, k, k, c[r0*ldc+x0:], gemmPanel, ldc, s[r0:])
+				case wide:
 					gemmTilePair(b[x0:], gemmPanel, w, ldb, k, k, c[r0*ldc+x0:], gemmPanel, ldc, true)
-				} else {
+				default:
 					gemmTileAt(b[x0:], w, ldb, k, k, c[r0*ldc+x0:], ldc)
 				}
 				continue

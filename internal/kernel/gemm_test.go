@@ -199,6 +199,41 @@ func testMatAccumulate(t *testing.T) {
 	}
 }
 
+// TestMatAccumulateScaled holds MatAccumulateScaled to the bits of Scale on
+// every row and then MatAccumulate, at both tile widths, on shapes with and
+// without whole row groups and whole 64-column blocks, with scales of 0, 1,
+// negative and ordinary values.
+func TestMatAccumulateScaled(t *testing.T) { atTileWidths(t, &packedTile, testMatAccumulateScaled) }
+
+func testMatAccumulateScaled(t *testing.T) {
+	r := rand.New(rand.NewPCG(41, 42))
+	for _, m := range []int{1, 5, 6, 7, 13, 128} {
+		for _, n := range []int{1, 17, 64, 100, 128} {
+			for _, k := range []int{0, 1, 7, 16} {
+				ldb, ldc := n+3, n+2
+				a, b := randSlice(r, m*k), randSlice(r, max(k, 1)*ldb)
+				c, sc := randSlice(r, m*ldc), randSlice(r, m)
+				sc[0] = 0
+				if m > 2 {
+					sc[1], sc[2] = 1, -sc[2]
+				}
+				want := slices.Clone(c)
+				for row := range m {
+					Scale(want[row*ldc:row*ldc+n], sc[row])
+				}
+				scratch := make([]float32, MatAccumulateScratch(k))
+				MatAccumulate(want, ldc, a, b, ldb, m, n, k, scratch)
+				MatAccumulateScaled(c, ldc, sc, a, b, ldb, m, n, k, scratch)
+				for i := range c {
+					if math.Float32bits(c[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("%d-bit tile m=%d n=%d k=%d: c[%d] = %v, Scale then MatAccumulate %v", packedTile, m, n, k, i, c[i], want[i])
+					}
+				}
+			}
+		}
+	}
+}
+
 // TestGemmTilePair checks the 512-bit tile against the 256-bit one on each
 // of its two panels, to the bit: both give every output one FMA chain over
 // p in order. The panels lie as the packed GEMM lays them (16·k apart) and

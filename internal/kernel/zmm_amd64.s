@@ -115,14 +115,16 @@ zploop:
 	VZEROUPPER
 	RET
 
-// func gemm32x6AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, xoff, ooff, ostride int)
+// func gemm32x6AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, xoff, ooff, ostride int, scale *float32)
 // gemm16x6AVX2 on two x panels at once: out[r*ostride+i] (+)= sum_p
 // w[r*wstride+p] * xp[p*xstride+i] and out[ooff+r*ostride+i] (+)= the same
 // over xp[xoff+p*xstride+i], for six weight rows r and sixteen columns i of
 // each panel (offsets and strides in floats). Each x vector is one zmm,
 // each weight is broadcast once for both panels, and every output is the
-// same FMA chain over p in order as in gemm16x6AVX2.
-TEXT ·gemm32x6AVX512(SB), NOSPLIT, $0-80
+// same FMA chain over p in order as in gemm16x6AVX2. With load 2 the
+// chains start from out's row r multiplied by scale[r] (one rounded
+// product, as Scale makes it).
+TEXT ·gemm32x6AVX512(SB), NOSPLIT, $0-88
 	MOVQ xp+0(FP), SI
 	MOVQ w+8(FP), DI
 	MOVQ wstride+16(FP), R11
@@ -159,6 +161,27 @@ TEXT ·gemm32x6AVX512(SB), NOSPLIT, $0-80
 	VMOVUPS (R10)(R8*1), Z13
 	VMOVUPS (R9)(R8*2), Z14
 	VMOVUPS (R10)(R8*2), Z15
+	CMPQ AX, $2
+	JNE  zloop
+	MOVQ scale+80(FP), BX
+	VBROADCASTSS (BX), Z2
+	VMULPS Z2, Z4, Z4
+	VMULPS Z2, Z5, Z5
+	VBROADCASTSS 4(BX), Z3
+	VMULPS Z3, Z6, Z6
+	VMULPS Z3, Z7, Z7
+	VBROADCASTSS 8(BX), Z2
+	VMULPS Z2, Z8, Z8
+	VMULPS Z2, Z9, Z9
+	VBROADCASTSS 12(BX), Z3
+	VMULPS Z3, Z10, Z10
+	VMULPS Z3, Z11, Z11
+	VBROADCASTSS 16(BX), Z2
+	VMULPS Z2, Z12, Z12
+	VMULPS Z2, Z13, Z13
+	VBROADCASTSS 20(BX), Z3
+	VMULPS Z3, Z14, Z14
+	VMULPS Z3, Z15, Z15
 	JMP  zloop
 
 zzero:
