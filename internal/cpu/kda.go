@@ -345,24 +345,14 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, sk []float32, hd, t0, c0, c1 int) {
 			sc.unsafe = append(sc.unsafe, int32(ch))
 		}
 	}
-	// e^{G_i} <= 1, relative to the chunk start.
-	copy(sc.e, sc.cg)
-	kernel.ExpSliceFlush(sc.e, decayFlush)
-	kernel.Mul(sc.kd, k, sc.e)
-	kernel.Mul(sc.qd, q, sc.e)
+	// e^{G_i} <= 1, relative to the chunk start: kd = k e^G, qd = q e^G.
+	// (kernel.ExpScale forms each factor and its products in one pass.)
+	noFlush := float32(math.Inf(-1))
+	kernel.ExpScale(sc.kd, sc.qd, k, q, sc.cg, dk, nil, 0, c, dk, decayFlush, sc.e)
 	// Factorised decays for safe channels, anchored at the first token:
 	// ka_i = k_i e^{G_i - G_0}, qa_i = q_i e^{G_i - G_0}, kb_j = k_j e^{G_0 - G_j}.
-	for i := 0; i < c; i++ {
-		kernel.Sub(sc.e[i*dk:(i+1)*dk], sc.cg[i*dk:(i+1)*dk], sc.cg[:dk])
-	}
-	kernel.ExpSlice(sc.e)
-	kernel.Mul(sc.ka, k, sc.e)
-	kernel.Mul(sc.qa, q, sc.e)
-	for i := 0; i < c; i++ {
-		kernel.Sub(sc.e[i*dk:(i+1)*dk], sc.cg[:dk], sc.cg[i*dk:(i+1)*dk])
-	}
-	kernel.ExpSlice(sc.e)
-	kernel.Mul(sc.kb, k, sc.e)
+	kernel.ExpScale(sc.ka, sc.qa, k, q, sc.cg, dk, sc.cg[:dk], 0, c, dk, noFlush, sc.e)
+	kernel.ExpScale(sc.kb, nil, k, nil, sc.cg[:dk], 0, sc.cg, dk, c, dk, noFlush, sc.e)
 	// Zero the unsafe channels of the factors; their terms are added exactly.
 	for _, ch := range sc.unsafe {
 		for i := 0; i < c; i++ {
@@ -403,11 +393,7 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, sk []float32, hd, t0, c0, c1 int) {
 	}
 	// k_j e^{G_last - G_j} (e^{G_j} alone may have underflowed, so it is not
 	// derived from kd).
-	for i := 0; i < c; i++ {
-		kernel.Sub(sc.e[i*dk:(i+1)*dk], gLast, sc.cg[i*dk:(i+1)*dk])
-	}
-	kernel.ExpSliceFlush(sc.e, decayFlush)
-	kernel.Mul(sc.kd, k, sc.e)
+	kernel.ExpScale(sc.kd, nil, k, nil, gLast, 0, sc.cg, dk, c, dk, decayFlush, sc.e)
 	// S1 = diag(e^{G_last}) S0 + Σ_j (k_j e^{G_last-G_j}) u_jᵀ: row k of
 	// S scaled by e^{G_last}[k] as the tile loads it, then one FMA chain
 	// per element over the chunk: the decayed keys transposed, each

@@ -154,6 +154,9 @@ func expZMM(x *float32, n int, k *[16]float32)
 func sigmoidZMM(x *float32, n int, k *[16]float32)
 
 //go:noescape
+func expScaleZMM(d1, d2, x1, x2, a *float32, as int, b *float32, bs, rows, n int, k *[16]float32)
+
+//go:noescape
 func twiceAbsQuotientAVX2(dst, x *float32, n int, c float32)
 
 //go:noescape

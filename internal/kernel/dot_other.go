@@ -57,6 +57,10 @@ func expAVX2(x *float32, n int, k *[16]float32)     { panic("kernel: no assembly
 func sigmoidAVX2(x *float32, n int, k *[16]float32) { panic("kernel: no assembly on this platform") }
 func expZMM(x *float32, n int, k *[16]float32)      { panic("kernel: no assembly on this platform") }
 func sigmoidZMM(x *float32, n int, k *[16]float32)  { panic("kernel: no assembly on this platform") }
+
+func expScaleZMM(d1, d2, x1, x2, a *float32, as int, b *float32, bs, rows, n int, k *[16]float32) {
+	panic("kernel: no assembly on this platform")
+}
 func twiceAbsQuotientAVX2(dst, x *float32, n int, c float32) {
 	panic("kernel: no assembly on this platform")
 }

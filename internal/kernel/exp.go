@@ -92,6 +92,57 @@ func expSliceWith(x []float32, k *[16]float32) {
 	}
 }
 
+// ExpScale sets, for rows rows of n floats, d1 = x1 ⊙ e and, where d2 is
+// not nil, d2 = x2 ⊙ e, with e = Exp(a - b) (b nil: Exp(a)), or 0 where
+// a - b is below low, as ExpSliceFlush makes it. Row r of a starts at
+// r·as and of b at r·bs (a stride of 0: one row for all); the others' rows
+// are n apart. The bits are those of Sub, ExpSliceFlush and Mul; where the
+// 512-bit exponential runs it is one pass with e kept in registers,
+// elsewhere those passes through e (scratch of rows·n floats).
+func ExpScale(d1, d2, x1, x2, a []float32, as int, b []float32, bs, rows, n int, low float32, e []float32) {
+	if rows == 0 || n == 0 {
+		return
+	}
+	last := (rows-1)*n + n
+	_, _ = d1[last-1], x1[last-1]
+	_ = a[(rows-1)*as+n-1]
+	if d2 != nil {
+		_, _ = d2[last-1], x2[last-1]
+	}
+	if b != nil {
+		_ = b[(rows-1)*bs+n-1]
+	} else {
+		bs = 0
+	}
+	k := expConsts
+	k[0] = max(low, expLow)
+	if n%16 == 0 && expWide() {
+		var p2, px2, pb *float32
+		if d2 != nil {
+			p2, px2 = &d2[0], &x2[0]
+		}
+		if b != nil {
+			pb = &b[0]
+		}
+		expScaleZMM(&d1[0], p2, &x1[0], px2, &a[0], as, pb, bs, rows, n, &k)
+		return
+	}
+	e = e[:last]
+	for r := range rows {
+		er := e[r*n : (r+1)*n]
+		if b != nil {
+			Sub(er, a[r*as:r*as+n], b[r*bs:r*bs+n])
+		} else {
+			copy(er, a[r*as:r*as+n])
+		}
+	}
+	expSliceWith(e, &k)
+	Mul(d1[:last], x1[:last], e)
+	if d2 != nil {
+		Mul(d2[:last], x2[:last], e)
+	}
+}
+
 // SigmoidSlice replaces every element of x by Sigmoid of it.
 func SigmoidSlice(x []float32) {
 	i := 0

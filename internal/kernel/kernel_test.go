@@ -950,3 +950,70 @@ func testReplayRows(t *testing.T) {
 		}
 	}
 }
+
+// TestExpScale holds ExpScale to Exp of the elementwise difference, the
+// flush and the products computed one element at a time, to the bit, at
+// both exponential widths: rows sharing a or b (stride 0), b nil, d2 nil,
+// widths that are and are not whole vectors, and inputs past the flush,
+// past Exp's range and NaN.
+func TestExpScale(t *testing.T) { atTileWidths(t, &expTileBits, testExpScale) }
+
+func testExpScale(t *testing.T) {
+	r := rand.New(rand.NewPCG(43, 44))
+	nan := float32(math.NaN())
+	same := func(x, y float32) bool {
+		return x == y && math.Signbit(float64(x)) == math.Signbit(float64(y)) || x != x && y != y
+	}
+	for _, n := range []int{16, 128, 17, 100} {
+		for _, rows := range []int{1, 3, 16} {
+			for _, shape := range []struct{ as, bs int }{{n, 0}, {n, n}, {0, n}, {n, -1}} {
+				for _, low := range []float32{-30, float32(math.Inf(-1))} {
+					for _, two := range []bool{false, true} {
+						a := randSlice(r, max(1, rows*shape.as/n)*n)
+						for i := range a {
+							a[i] *= 40
+						}
+						a[0], a[len(a)-1] = nan, 95
+						var b []float32
+						bs := shape.bs
+						if bs >= 0 {
+							b = randSlice(r, max(1, rows*bs/n)*n)
+							for i := range b {
+								b[i] *= 40
+							}
+						} else {
+							bs = 0
+						}
+						x1, x2 := randSlice(r, rows*n), randSlice(r, rows*n)
+						d1, d2 := make([]float32, rows*n), make([]float32, rows*n)
+						if !two {
+							d2, x2 = nil, nil
+						}
+						ExpScale(d1, d2, x1, x2, a, shape.as, b, bs, rows, n, low, make([]float32, rows*n))
+						for row := range rows {
+							for i := range n {
+								d := a[row*shape.as+i]
+								if b != nil {
+									d -= b[row*bs+i]
+								}
+								var e float32
+								if !(d < max(low, expLow)) {
+									e = Exp(d)
+								}
+								p := row*n + i
+								if w := x1[p] * e; !same(d1[p], w) {
+									t.Fatalf("%d-bit n=%d rows=%d as=%d bs=%d low=%v: d1[%d] = %v, want %v", expTileBits, n, rows, shape.as, shape.bs, low, p, d1[p], w)
+								}
+								if two {
+									if w := x2[p] * e; !same(d2[p], w) {
+										t.Fatalf("%d-bit n=%d rows=%d: d2[%d] = %v, want %v", expTileBits, n, rows, p, d2[p], w)
+									}
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}

@@ -648,6 +648,74 @@ ezdone:
 	VZEROUPPER
 	RET
 
+// func expScaleZMM(d1, d2, x1, x2, a *float32, as int, b *float32, bs, rows, n int, k *[16]float32)
+// ExpScale sixteen lanes at a time (n % 16 == 0): for each of rows rows,
+// e = Exp(a - b) with expZMM's constants k (b nil: Exp(a)), d1 = x1·e and,
+// where d2 is not nil, d2 = x2·e. a's and b's rows are as and bs floats
+// apart (0: one row for all); the others' n. The subtraction, the
+// exponential and the products are subAVX2's, expZMM's and mulAVX2's, so
+// the bits are theirs.
+TEXT ·expScaleZMM(SB), NOSPLIT, $0-88
+	MOVQ k+80(FP), R8
+	EXP_CONSTS
+	MOVQ d1+0(FP), DI
+	MOVQ d2+8(FP), SI
+	MOVQ x1+16(FP), R8
+	MOVQ x2+24(FP), R9
+	MOVQ a+32(FP), R10
+	MOVQ as+40(FP), R11
+	SHLQ $2, R11
+	MOVQ b+48(FP), R12
+	MOVQ bs+56(FP), R13
+	SHLQ $2, R13
+	MOVQ rows+64(FP), CX
+	MOVQ n+72(FP), DX
+	SHLQ $2, DX
+
+esrow:
+	TESTQ CX, CX
+	JZ    esdone
+	XORQ BX, BX
+
+escol:
+	CMPQ BX, DX
+	JGE  esnext
+	VMOVUPS (R10)(BX*1), Z0
+	TESTQ R12, R12
+	JZ    esexp
+	VSUBPS (R12)(BX*1), Z0, Z0
+
+esexp:
+	EXP_Z0
+	VMULPS (R8)(BX*1), Z0, Z9
+	VMOVUPS Z9, (DI)(BX*1)
+	TESTQ SI, SI
+	JZ    esstep
+	VMULPS (R9)(BX*1), Z0, Z10
+	VMOVUPS Z10, (SI)(BX*1)
+
+esstep:
+	ADDQ $64, BX
+	JMP  escol
+
+esnext:
+	ADDQ DX, DI
+	ADDQ DX, R8
+	ADDQ DX, R9
+	ADDQ R11, R10
+	ADDQ R13, R12
+	TESTQ SI, SI
+	JZ    esrowend
+	ADDQ DX, SI
+
+esrowend:
+	DECQ CX
+	JMP  esrow
+
+esdone:
+	VZEROUPPER
+	RET
+
 // func sigmoidZMM(x *float32, n int, k *[16]float32)
 // sigmoidAVX2 sixteen lanes at a time (n % 16 == 0): the same bits.
 TEXT ·sigmoidZMM(SB), NOSPLIT, $0-24
