@@ -96,6 +96,9 @@ func TestChunkedEqualsRecurrent(t *testing.T) {
 		{lens: []int{130}, h: 1, dk: 16, dv: 16, gate: compute.GateSoftplus, gateScale: 0.5, gateShift: 14},
 		// Mixed: some channels decay fast, others barely.
 		{lens: []int{90, 0}, h: 2, dk: 32, dv: 16, gate: compute.GateSoftplus, gateScale: 8},
+		// Values 64 wide: the triangular solve takes the rows before each
+		// block of eight as one product.
+		{lens: []int{100}, h: 2, dk: 32, dv: 64, gate: compute.GateLowerBound, gateScale: 1},
 	}
 	for i, c := range cases {
 		want, wantS := runCore(t, b, c, uint64(i), 0)

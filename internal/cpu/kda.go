@@ -40,6 +40,7 @@ type kdaScratch struct {
 	ur               []float32 // one row's pair sums for L and Mqk [2C]
 	tmp              []float32
 	macc             []float32 // MatAccumulate's scratch
+	nl               []float32 // a block's rows of -L over the rows before it
 }
 
 var kdaScratchPool = sync.Pool{New: func() any { return new(kdaScratch) }}
@@ -232,6 +233,10 @@ func kdaRange(args *kernel.Args, lo, hi int) {
 	}
 }
 
+// solveBlock is how many rows of a chunk's triangular solve take the rows
+// before them as one matrix product.
+const solveBlock = 8
+
 // kdaLoadBlock is how many of a head's tokens kdaRange gathers at a time
 // (rounded down to whole chunks): four rows of q, k, v and the gate a
 // token, 512 KB at 128 channels.
@@ -379,12 +384,37 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, sk []float32, hd, t0, c0, c1 int) {
 	// O += Mqk U in one product, Mqk's upper triangle cleared.
 	sc.u, sc.o = sc.uo[:c*dv], sc.uo[c*dv:2*c*dv]
 	kernel.Sub(sc.u, v, sc.u)
-	for i := 0; i < c; i++ {
-		ui := sc.u[i*dv : (i+1)*dv]
-		kernel.Scale(ui, beta[i])
-		for jj := 0; jj < i; jj++ {
-			kernel.Axpy(ui, -sc.lm[i*c+jj], sc.u[jj*dv:(jj+1)*dv])
+	// Row i is β_i(v_i - p_i) - Σ_{j<i} L_ij u_j, one FMA chain per element
+	// over j in order: in blocks of solveBlock rows, the terms of the rows
+	// before the block as one product, then those within it row by row.
+	// (The product's FMA chains are Axpy's where the value width is a
+	// multiple of 64, which the tile covers whole; otherwise one block.)
+	blk := c
+	if dv%64 == 0 {
+		blk = solveBlock
+	}
+	for b0 := 0; b0 < c; b0 += blk {
+		b1 := min(b0+blk, c)
+		for i := b0; i < b1; i++ {
+			kernel.Scale(sc.u[i*dv:(i+1)*dv], beta[i])
 		}
+		if b0 > 0 {
+			sc.nl = grow32(sc.nl, (b1-b0)*b0)
+			for i := b0; i < b1; i++ {
+				for jj, l := range sc.lm[i*c : i*c+b0] {
+					sc.nl[(i-b0)*b0+jj] = -l
+				}
+			}
+			kernel.MatAccumulate(sc.u[b0*dv:], dv, sc.nl, sc.u, dv, b1-b0, dv, b0, sc.macc)
+		}
+		for i := b0; i < b1; i++ {
+			ui := sc.u[i*dv : (i+1)*dv]
+			for jj := b0; jj < i; jj++ {
+				kernel.Axpy(ui, -sc.lm[i*c+jj], sc.u[jj*dv:(jj+1)*dv])
+			}
+		}
+	}
+	for i := 0; i < c; i++ {
 		clear(sc.mqk[i*c+i+1 : (i+1)*c])
 	}
 	kernel.MatAccumulate(sc.o, dv, sc.mqk, sc.u, dv, c, dv, c, sc.macc)
