@@ -234,26 +234,28 @@ func gemmTileAt(xp, w []float32, xstride, wstride, kc int, out []float32, ostrid
 // second out[ooff+r*ostride:] (gemmTile's layout is ostride 16). It is the
 // 512-bit tile, so callers check hasZMM first.
 func gemmTilePair(xp []float32, xoff int, w []float32, xstride, wstride, kc int, out []float32, ooff, ostride int, load bool) {
-	_ = out[ooff+(gemmTileW-1)*ostride+gemmPanel-1]
-	_ = out[(gemmTileW-1)*ostride+gemmPanel-1]
-	_ = w[(gemmTileW-1)*wstride+kc-1]
-	_ = xp[xoff+(kc-1)*xstride+gemmPanel-1]
-	l := 0
+	mode := 0
 	if load {
-		l = 1
+		mode = 1
 	}
-	gemm32x6AVX512(&xp[0], &w[0], wstride, kc, &out[0], l, xstride, xoff, ooff, ostride, nil)
+	gemmTilePairMode(xp, xoff, w, xstride, wstride, kc, out, ooff, ostride, mode, nil)
 }
 
 // gemmTilePairScaled is gemmTilePair loading out with each of its six rows
 // first multiplied by scale[r].
 func gemmTilePairScaled(xp []float32, xoff int, w []float32, xstride, wstride, kc int, out []float32, ooff, ostride int, scale []float32) {
+	_ = scale[gemmTileW-1]
+	gemmTilePairMode(xp, xoff, w, xstride, wstride, kc, out, ooff, ostride, 2, &scale[0])
+}
+
+// gemmTilePairMode checks the operands of gemm32x6AVX512 and runs it with
+// its load mode (0 zero, 1 load, 2 load with row scales).
+func gemmTilePairMode(xp []float32, xoff int, w []float32, xstride, wstride, kc int, out []float32, ooff, ostride, mode int, scale *float32) {
 	_ = out[ooff+(gemmTileW-1)*ostride+gemmPanel-1]
 	_ = out[(gemmTileW-1)*ostride+gemmPanel-1]
 	_ = w[(gemmTileW-1)*wstride+kc-1]
 	_ = xp[xoff+(kc-1)*xstride+gemmPanel-1]
-	_ = scale[gemmTileW-1]
-	gemm32x6AVX512(&xp[0], &w[0], wstride, kc, &out[0], 2, xstride, xoff, ooff, ostride, &scale[0])
+	gemm32x6AVX512(&xp[0], &w[0], wstride, kc, &out[0], mode, xstride, xoff, ooff, ostride, scale)
 }
 
 // gemmTileGo is gemmTile in Go (separate roundings where the assembly
