@@ -218,15 +218,15 @@ func kmaj1(x *float32, xstride int, w *uint16, k int, out *float32, ostride int,
 	panic("kernel: no assembly on this platform")
 }
 
-func kmaj4x2(x *float32, xstride int, w *[2]*uint16, k int, out *[2]*float32, ostride, acc int) {
+func kmaj4x2(x *float32, xstride int, w *[2]*uint16, k int, out *[2]*float32, ostride, acc, ahead int) {
 	panic("kernel: no assembly on this platform")
 }
 
-func kmaj2x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, ostride, acc int) {
+func kmaj2x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, ostride, acc, ahead int) {
 	panic("kernel: no assembly on this platform")
 }
 
-func kmaj1x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, ostride, acc int) {
+func kmaj1x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, ostride, acc, ahead int) {
 	panic("kernel: no assembly on this platform")
 }
 

@@ -98,9 +98,12 @@ func UnpackKMajor(w, wp []uint16, n, k int) {
 }
 
 // KMajorFast reports whether the k-major products run on the 512-bit
-// tiles here. A backend lays its bf16 weights out k-major only then:
-// elsewhere the plain-Go twin below serves, correct but slow.
-func KMajorFast() bool { return hasZMM && wideFMA() }
+// tiles here: on any CPU with AVX-512F and VL that K3_KERNEL does not cap
+// below them, whatever its FMA width (on Zen 4, whose 512-bit FMAs run at
+// the 256-bit rate, the layout still pays: docs/bench). A backend lays its
+// bf16 weights out k-major only then: elsewhere the plain-Go twin below
+// serves, correct but slow.
+func KMajorFast() bool { return hasZMM }
 
 // kmajJob is one k-major product. The pool owns one, so a product
 // allocates nothing.
@@ -220,6 +223,7 @@ func kmajFew(j *kmajJob, x, out []float32, rows, p0, p1 int) {
 	var q [kmajStreams]int
 	var w [kmajStreams]*uint16
 	var o [kmajStreams]*float32
+	ahead := kmajFewAhead()
 	for i := 0; i < g; i++ {
 		buffered := false
 		for s := range q {
@@ -259,15 +263,15 @@ func kmajFew(j *kmajJob, x, out []float32, rows, p0, p1 int) {
 			r := 0
 			for ; r+4 <= rows; r += 4 {
 				op := at(r)
-				kmaj4x2(&x[r*k+kb], k, (*[2]*uint16)(w[0:2]), kn, (*[2]*float32)(op[0:2]), os, ac)
-				kmaj4x2(&x[r*k+kb], k, (*[2]*uint16)(w[2:4]), kn, (*[2]*float32)(op[2:4]), os, ac)
+				kmaj4x2(&x[r*k+kb], k, (*[2]*uint16)(w[0:2]), kn, (*[2]*float32)(op[0:2]), os, ac, ahead)
+				kmaj4x2(&x[r*k+kb], k, (*[2]*uint16)(w[2:4]), kn, (*[2]*float32)(op[2:4]), os, ac, ahead)
 			}
 			if r+2 <= rows {
-				kmaj2x4(&x[r*k+kb], k, &w, kn, at(r), os, ac)
+				kmaj2x4(&x[r*k+kb], k, &w, kn, at(r), os, ac, ahead)
 				r += 2
 			}
 			if r < rows {
-				kmaj1x4(&x[r*k+kb], k, &w, kn, at(r), os, ac)
+				kmaj1x4(&x[r*k+kb], k, &w, kn, at(r), os, ac, ahead)
 			}
 		}
 		if buffered {
@@ -283,6 +287,27 @@ func kmajFew(j *kmajJob, x, out []float32, rows, p0, p1 int) {
 			}
 		}
 	}
+}
+
+// kmajFewAheadBytes forces kmajFewAhead's answer for benchmarks; -1
+// follows the rule.
+var kmajFewAheadBytes = -1
+
+// kmajFewAhead returns how many bytes ahead of each weight stream the
+// few-row tiles prefetch (two lines a step). Where 512-bit FMAs run at
+// full width (the Zen 5 and the Intel Xeon where these tiles were tuned)
+// 1,536; where they run as two halves (Zen 4) none: there the hardware
+// prefetchers alone read one to four rows' streams 3-9% faster, while
+// eight rows against one panel (kmaj8) still gain from the prefetch
+// (docs/bench).
+func kmajFewAhead() int {
+	switch {
+	case kmajFewAheadBytes >= 0:
+		return kmajFewAheadBytes
+	case wideFMA():
+		return 1536
+	}
+	return 0
 }
 
 // kmajRows runs rows x rows (stride xs) against one panel block of kn

@@ -21,10 +21,10 @@ func kmaj1(x *float32, xstride int, w *uint16, k int, out *float32, ostride int,
 // streams: w holds the S panels' pointers, out the S output pointers.
 
 //go:noescape
-func kmaj4x2(x *float32, xstride int, w *[2]*uint16, k int, out *[2]*float32, ostride, acc int)
+func kmaj4x2(x *float32, xstride int, w *[2]*uint16, k int, out *[2]*float32, ostride, acc, ahead int)
 
 //go:noescape
-func kmaj2x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, ostride, acc int)
+func kmaj2x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, ostride, acc, ahead int)
 
 //go:noescape
-func kmaj1x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, ostride, acc int)
+func kmaj1x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, ostride, acc, ahead int)

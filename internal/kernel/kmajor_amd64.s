@@ -29,13 +29,18 @@
 #define STORE3(a0, a1, a2) \
 	VMOVUPS a0, (DX); VMOVUPS a1, 64(DX); VMOVUPS a2, 128(DX); ADDQ R10, DX
 
+// PF2 prefetches the two lines R14 bytes past base: 1536 in the
+// single-panel tiles, the caller's choice in the multi-stream ones.
+#define PF2(base) PREFETCHT0 (base)(R14*1); PREFETCHT0 64(base)(R14*1)
+
 // ARGS loads the common arguments: SI x, R11 x stride in bytes, DI w,
 // CX k, DX out, R10 out stride in bytes, AX acc.
 #define ARGS \
 	MOVQ x+0(FP), SI; MOVQ xstride+8(FP), R11; SHLQ $2, R11; \
 	MOVQ w+16(FP), DI; MOVQ k+24(FP), CX; \
 	MOVQ out+32(FP), DX; MOVQ ostride+40(FP), R10; SHLQ $2, R10; \
-	MOVQ acc+48(FP), AX
+	MOVQ acc+48(FP), AX; \
+	MOVQ $1536, R14
 
 // The multi-stream tiles run R x rows against one panel in each of S
 // streams, R·S = 8: w and out point to S panel pointers and S output
@@ -50,7 +55,8 @@
 	MOVQ x+0(FP), SI; MOVQ xstride+8(FP), R11; SHLQ $2, R11; \
 	MOVQ w+16(FP), BX; MOVQ k+24(FP), CX; \
 	MOVQ out+32(FP), DX; MOVQ ostride+40(FP), R10; SHLQ $2, R10; \
-	MOVQ acc+48(FP), AX
+	MOVQ acc+48(FP), AX; \
+	MOVQ ahead+56(FP), R14
 
 // func kmaj8(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int)
 TEXT ·kmaj8(SB), NOSPLIT, $0-56
@@ -86,8 +92,7 @@ zero8:
 loop8:
 	TESTQ CX, CX
 	JZ    done8
-	PREFETCHT0 1536(DI)
-	PREFETCHT0 1600(DI)
+	PF2(DI)
 	WIDEN3
 	VBROADCASTSS (SI), Z3
 	FMA3(Z3, Z8, Z9, Z10)
@@ -148,8 +153,7 @@ zero4:
 loop4:
 	TESTQ CX, CX
 	JZ    done4
-	PREFETCHT0 1536(DI)
-	PREFETCHT0 1600(DI)
+	PF2(DI)
 	WIDEN3
 	VBROADCASTSS (SI), Z3
 	FMA3(Z3, Z8, Z9, Z10)
@@ -191,8 +195,7 @@ zero2:
 loop2:
 	TESTQ CX, CX
 	JZ    done2
-	PREFETCHT0 1536(DI)
-	PREFETCHT0 1600(DI)
+	PF2(DI)
 	WIDEN3
 	VBROADCASTSS (SI), Z3
 	FMA3(Z3, Z8, Z9, Z10)
@@ -225,8 +228,7 @@ zero1:
 loop1:
 	TESTQ CX, CX
 	JZ    done1
-	PREFETCHT0 1536(DI)
-	PREFETCHT0 1600(DI)
+	PF2(DI)
 	WIDEN3
 	VBROADCASTSS (SI), Z3
 	FMA3(Z3, Z8, Z9, Z10)
@@ -245,7 +247,6 @@ done1:
 	VPMOVZXWD 32(base), Z1; VPSLLD $16, Z1, Z1; \
 	VPMOVZXWD 64(base), Z2; VPSLLD $16, Z2, Z2
 
-#define PF2(base) PREFETCHT0 1536(base); PREFETCHT0 1600(base)
 
 // INIT3/FLUSH3 load or zero, and store, three accumulators of one row at
 // (R15), stepping R15 by the out stride.
@@ -254,8 +255,8 @@ done1:
 #define FLUSH3(a0, a1, a2) \
 	VMOVUPS a0, (R15); VMOVUPS a1, 64(R15); VMOVUPS a2, 128(R15); ADDQ R10, R15
 
-// func kmaj4x2(x *float32, xstride int, w *[2]*uint16, k int, out *[2]*float32, ostride, acc int)
-TEXT ·kmaj4x2(SB), NOSPLIT, $0-56
+// func kmaj4x2(x *float32, xstride int, w *[2]*uint16, k int, out *[2]*float32, ostride, acc, ahead int)
+TEXT ·kmaj4x2(SB), NOSPLIT, $0-64
 	MARGS
 	LEAQ (SI)(R11*2), R12
 	ADDQ R11, R12          // row 3
@@ -325,8 +326,8 @@ done42:
 	VZEROUPPER
 	RET
 
-// func kmaj2x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, ostride, acc int)
-TEXT ·kmaj2x4(SB), NOSPLIT, $0-56
+// func kmaj2x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, ostride, acc, ahead int)
+TEXT ·kmaj2x4(SB), NOSPLIT, $0-64
 	MARGS
 	MOVQ 0(BX), DI
 	MOVQ 8(BX), R8
@@ -403,8 +404,8 @@ done24:
 	VZEROUPPER
 	RET
 
-// func kmaj1x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, ostride, acc int)
-TEXT ·kmaj1x4(SB), NOSPLIT, $0-56
+// func kmaj1x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, ostride, acc, ahead int)
+TEXT ·kmaj1x4(SB), NOSPLIT, $0-64
 	MARGS
 	MOVQ 0(BX), DI
 	MOVQ 8(BX), R8

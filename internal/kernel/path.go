@@ -5,7 +5,8 @@ import "fmt"
 // Path names the kernel path chosen at start-up from the CPU's features:
 // "go" (the plain-Go twins: no AVX2 and FMA, the purego build tag, or
 // K3_KERNEL=go), "avx2", or "avx512" (AVX-512VL's 32 registers, 256-bit
-// lanes in the dot-form tiles), then "+zmm" where the packed GEMM runs
+// lanes in the dot-form tiles; bf16 weights laid out k-major for the
+// 512-bit k-major tiles, KMajorFast), then "+zmm" where the packed GEMM runs
 // 512-bit FMAs (WideFMA: the CPU runs them at about twice the 256-bit
 // rate, or K3_KERNEL=zmm forces them) and "+bf16" where the opt-in fast
 // product has VDPBF16PS, then "+amx" where the AMX tiles run the long

@@ -503,10 +503,11 @@ func decodeFigures(ctx context.Context, m *k3.Model, prompt []int32, r *ModelRes
 	r.VerifyBytes = r.Step8Bytes - 2*7*float64(state)
 	r.VerifyFLOPs = 8 * (r.StepBytes - 2*float64(state))
 	r.Peak = probe.PeakFLOPS()
-	// Prefill's projections run the packed GEMM, on 512-bit FMAs where
-	// the path has them (kernel.WideFMA).
+	// Prefill's projections run the k-major tiles' 512-bit FMAs where the
+	// path has them (kernel.KMajorFast), else the packed GEMM, on 512-bit
+	// FMAs where they run at full width (kernel.WideFMA).
 	r.PrefillPeak, r.PrefillPath = r.Peak, "256-bit FMA peak"
-	if kernel.WideFMA() {
+	if kernel.WideFMA() || kernel.KMajorFast() {
 		r.PrefillPeak, r.PrefillPath = probe.PeakWideFLOPS(), "512-bit FMA peak"
 	}
 	r.Peak8, r.Path8 = r.PrefillPeak, r.PrefillPath
