@@ -61,9 +61,25 @@ func usePacked(m, n, k int) bool {
 	return k >= packedMinK || !useAVX512 && k >= 256 && n >= packedMinN
 }
 
-// packedTile forces the packed GEMM's tile width for tests and benchmarks:
-// 0 follows wideFMA, 256 and 512 force that many bits (512 needs hasZMM).
+// packedTile forces the packed GEMM's tile width (and MatAccumulate's) for
+// tests and benchmarks: 0 follows wideFMA (hasZMM for MatAccumulate), 256
+// and 512 force that many bits (512 needs hasZMM).
 var packedTile int
+
+// accWide reports whether MatAccumulate and MatAccumulateScaled run the
+// 512-bit tile: wherever the CPU has the 512-bit kernels, since both
+// widths give the same bits and it runs 1.11x the 256-bit tile even on
+// Zen 4's halved 512-bit FMAs (at KDA's 128x128x16; docs/bench).
+// packedTile forces it as it forces the packed GEMM's.
+func accWide() bool {
+	switch packedTile {
+	case 256:
+		return false
+	case 512:
+		return hasZMM
+	}
+	return hasZMM
+}
 
 // packedWide reports whether the packed GEMM runs its 512-bit tile.
 func packedWide() bool {
@@ -306,7 +322,7 @@ func MatAccumulateScaled(c []float32, ldc int, s, a, b []float32, ldb, m, n, k i
 	// gemmTileW, and columns past the tile's (all of them off the 512-bit
 	// tile, or with k = 0).
 	fused := 0
-	if useAVX2 && packedWide() && k > 0 {
+	if useAVX2 && accWide() && k > 0 {
 		fused = n &^ 63
 	}
 	groups := m / gemmTileW * gemmTileW
@@ -344,7 +360,7 @@ func matAccumulate(c []float32, ldc int, s, a, b []float32, ldb, m, n, k int, sc
 	}
 	// With 512-bit FMAs the tile takes 32 columns at a time (two panels of
 	// 16, 16 floats apart); xv is a multiple of 64, so no lone panel is left.
-	step, wide := gemmPanel, packedWide()
+	step, wide := gemmPanel, accWide()
 	if wide {
 		step = 2 * gemmPanel
 	}

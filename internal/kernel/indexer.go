@@ -65,10 +65,13 @@ func TransposeKeys8(kt, src []float32, stride, di int) {
 }
 
 // indexerTileBits forces IndexerBlock's register width for tests and
-// benchmarks: 0 follows wideFMA, 256 and 512 force that many bits (512
+// benchmarks: 0 follows hasZMM, 256 and 512 force that many bits (512
 // needs hasZMM).
 var indexerTileBits int
 
+// indexerWide reports whether IndexerBlock runs its 512-bit tile: wherever
+// the CPU has the 512-bit kernels (1.67x the 256-bit tile on Zen 4, whose
+// 512-bit FMAs run as two halves; docs/bench).
 func indexerWide() bool {
 	switch indexerTileBits {
 	case 256:
@@ -76,5 +79,5 @@ func indexerWide() bool {
 	case 512:
 		return hasZMM
 	}
-	return wideFMA()
+	return hasZMM
 }

@@ -5,10 +5,13 @@ import "fmt"
 // Path names the kernel path chosen at start-up from the CPU's features:
 // "go" (the plain-Go twins: no AVX2 and FMA, the purego build tag, or
 // K3_KERNEL=go), "avx2", or "avx512" (AVX-512VL's 32 registers, 256-bit
-// lanes in the dot-form tiles; bf16 weights laid out k-major for the
-// 512-bit k-major tiles, KMajorFast), then "+zmm" where the packed GEMM runs
-// 512-bit FMAs (WideFMA: the CPU runs them at about twice the 256-bit
-// rate, or K3_KERNEL=zmm forces them) and "+bf16" where the opt-in fast
+// lanes in the dot-form tiles, and the 512-bit kernels that pay at any FMA
+// width: bf16 weights laid out k-major for the k-major tiles, KMajorFast,
+// the exponentials, the indexer's tile and MatAccumulate's), or
+// "avx512-ymm" where K3_KERNEL=avx512 keeps every kernel off the zmm
+// registers, then "+zmm" where the packed GEMM, the dot-form tiles and the
+// state passes run 512-bit FMAs too (WideFMA: the CPU runs them at about
+// twice the 256-bit rate, or K3_KERNEL=zmm forces them) and "+bf16" where the opt-in fast
 // product has VDPBF16PS, then "+amx" where the AMX tiles run the long
 // products of bf16 weights (AMXAvailable: the CPU has AMX-BF16 and the
 // path is not capped). K3_KERNEL=go, avx2 or avx512 caps the path below
@@ -19,6 +22,8 @@ import "fmt"
 func Path() string {
 	p := "go"
 	switch {
+	case useAVX512 && !hasZMM:
+		p = "avx512-ymm"
 	case useAVX512:
 		p = "avx512"
 	case useAVX2:

@@ -33,7 +33,7 @@ func TestPathForced(t *testing.T) {
 		want["avx2"], want["avx512"], want["zmm"] = "avx2", "avx2", "avx2"
 	}
 	if useAVX512 {
-		want["avx512"], want["zmm"] = "avx512", "avx512+zmm"+bf16
+		want["avx512"], want["zmm"] = "avx512-ymm", "avx512+zmm"+bf16
 	}
 	for _, env := range []string{"go", "avx2", "avx512", "zmm", "", "amx"} {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestPathForced$")
