@@ -247,7 +247,6 @@ done1:
 	VPMOVZXWD 32(base), Z1; VPSLLD $16, Z1, Z1; \
 	VPMOVZXWD 64(base), Z2; VPSLLD $16, Z2, Z2
 
-
 // INIT3/FLUSH3 load or zero, and store, three accumulators of one row at
 // (R15), stepping R15 by the out stride.
 #define INIT3(a0, a1, a2) \
