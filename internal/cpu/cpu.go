@@ -42,6 +42,7 @@ type Backend struct {
 	tapsMu   sync.Mutex
 	taps     map[tapsKey][]float32 // conv taps transposed, by weight (convTaps)
 	fastBF16 bool                  // NewFastBF16
+	stored   bool                  // NewStoredLayout
 	host     hostRefs              // tensors over the caller's bytes (ReadsHost)
 }
 
@@ -70,10 +71,26 @@ func NewFastBF16(threads int) *Backend {
 	return b
 }
 
-// Name returns "go", or "go-fastbf16" for NewFastBF16.
+// NewStoredLayout is New with every weight kept in its stored layout
+// (PrepareMatMul lays nothing out anew), so that every bf16 product runs
+// the dot-form tiles or the packed GEMM, as on a CPU without the k-major
+// tiles. It exists so that a benchmark can run both layouts side by side
+// in one process (modelbench's TestProfileLayouts), where the machine's
+// drift hits both alike.
+func NewStoredLayout(threads int) *Backend {
+	b := New(threads)
+	b.stored = true
+	return b
+}
+
+// Name returns "go", "go-fastbf16" for NewFastBF16, or "go-stored" for
+// NewStoredLayout.
 func (b *Backend) Name() string {
-	if b.fastBF16 {
+	switch {
+	case b.fastBF16:
 		return "go-fastbf16"
+	case b.stored:
+		return "go-stored"
 	}
 	return "go"
 }

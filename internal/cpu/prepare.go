@@ -139,6 +139,8 @@ const (
 // where they keep the stored one.
 func (b *Backend) packing() packing {
 	switch {
+	case b.stored:
+		return 0
 	case kernel.AMXPreferred():
 		return amxTiles
 	case b.fastDot() && !kernel.AMXAvailable():

@@ -294,3 +294,30 @@ func product(t *testing.T, b *Backend, x, w compute.Tensor) []float32 {
 	require.NoError(t, b.MatMul(y, x, w))
 	return F32(y)
 }
+
+// TestStoredLayout: NewStoredLayout keeps a wide bf16 weight as stored on
+// every path, and its product is the stored layout's kernel's, bit for
+// bit.
+func TestStoredLayout(t *testing.T) {
+	b := NewStoredLayout(2)
+	defer b.Close()
+	require.Equal(t, "go-stored", b.Name())
+	r := rand.New(rand.NewPCG(9, 10))
+	const m, n, k = 3, kernel.KMajorMinN + 17, 96
+	w, _ := bf16Weight(t, b, r, n, k)
+	p, err := b.PrepareMatMul(w)
+	require.NoError(t, err)
+	require.Equal(t, w, p, "the weight stays as stored")
+	x, err := b.Alloc(compute.F32, m, k)
+	require.NoError(t, err)
+	xs := F32(x)
+	for i := range xs {
+		xs[i] = float32(r.NormFloat64())
+	}
+	y, err := b.Alloc(compute.F32, m, n)
+	require.NoError(t, err)
+	require.NoError(t, b.MatMul(y, x, p))
+	want := make([]float32, m*n)
+	b.pool.MatMulBF16(want, xs, U16(w), m, n, k)
+	require.Equal(t, want, F32(y))
+}

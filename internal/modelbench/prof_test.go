@@ -266,3 +266,103 @@ func TestProfilePrefill(t *testing.T) {
 	total := time.Since(start)
 	tb.report(t, fmt.Sprintf("prefill of %d tokens (%.0f tokens/s)", len(prompt), float64(len(prompt))/total.Seconds()), total, 1)
 }
+
+// TestProfileLayouts loads the preset twice in one process, once with
+// the weights laid out for this CPU (cpu.New: k-major or AMX tiles where
+// they run) and once as stored (cpu.NewStoredLayout: the dot-form tiles
+// and the packed GEMM), and alternates them: decode at batch 1 and 8 in
+// rounds of 20 steps, then whole 512-token prefills. Each line gives the
+// median time of each and the median, least and greatest of the rounds'
+// ratios (laid out over stored; under 1, the layout is faster): a shared
+// host's drift hits both alike, which separate runs cannot promise.
+func TestProfileLayouts(t *testing.T) {
+	if os.Getenv("K3_PROFILE") == "" {
+		t.Skip("set K3_PROFILE=1")
+	}
+	dir := t.TempDir()
+	preset := "k31pro-100m"
+	if p := os.Getenv("K3_PROFILE_PRESET"); p != "" {
+		preset = p
+	}
+	if err := tiny.Write(dir, preset, tiny.Options{Seed: 1, BF16: true}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var models [2]*k3.Model
+	for i, be := range []compute.Backend{cpu.New(0), cpu.NewStoredLayout(0)} {
+		m, err := k3.Load(ctx, dir, k3.WithComputeBackend(be))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		models[i] = m
+	}
+	rounds := 15
+	if v, err := strconv.Atoi(os.Getenv("K3_PROFILE_ROUNDS")); err == nil && v > 0 {
+		rounds = v
+	}
+	// alternate times run(i, round) for both models, rounds+1 times (the
+	// first a warm-up), and logs the comparison per of what a round runs.
+	alternate := func(what string, per int, run func(i, round int)) {
+		var times [2][]float64
+		for round := 0; round <= rounds; round++ {
+			for i := range models {
+				start := time.Now()
+				run(i, round)
+				if round > 0 {
+					times[i] = append(times[i], time.Since(start).Seconds()/float64(per))
+				}
+			}
+		}
+		ratios := make([]float64, rounds)
+		for r := range ratios {
+			ratios[r] = times[0][r] / times[1][r]
+		}
+		median := func(v []float64) float64 {
+			v = append([]float64(nil), v...)
+			sort.Float64s(v)
+			return v[len(v)/2]
+		}
+		sort.Float64s(ratios)
+		t.Logf("%s: laid out %.3f ms, stored %.3f ms; ratio median %.3f (%.3f-%.3f over %d rounds)",
+			what, 1e3*median(times[0]), 1e3*median(times[1]), median(ratios), ratios[0], ratios[len(ratios)-1], rounds)
+	}
+	const steps = 20
+	for _, bsz := range []int{1, 8} {
+		var batches [2]*k3.Batch
+		var sessions [2][]*k3.Session
+		for i, m := range models {
+			batches[i], _ = m.NewBatch(bsz)
+			for range bsz {
+				s, _ := m.NewSession()
+				s.Forward(ctx, []int32{1, 2, 3, 4, 5, 6, 7, 8})
+				sessions[i] = append(sessions[i], s)
+			}
+		}
+		toks := make([]int32, bsz)
+		alternate(fmt.Sprintf("decode step, batch %d (%d steps a round)", bsz, steps), steps, func(i, round int) {
+			for st := range steps {
+				for j := range toks {
+					toks[j] = int32(3 + (round*steps+st+j*7)%200)
+				}
+				batches[i].Step(ctx, sessions[i], toks)
+			}
+		})
+		for i := range sessions {
+			for _, s := range sessions[i] {
+				s.Close()
+			}
+		}
+	}
+	prompt := make([]int32, 512)
+	for i := range prompt {
+		prompt[i] = int32(3 + (i*31)%256)
+	}
+	alternate("prefill of 512 tokens", 1, func(i, round int) {
+		s, _ := models[i].NewSession()
+		defer s.Close()
+		if _, err := s.Forward(ctx, prompt); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
