@@ -57,8 +57,9 @@ var _ compute.Backend = (*Backend)(nil)
 func New(threads int) *Backend { return &Backend{pool: kernel.NewPool(threads)} }
 
 // NewFastBF16 is New with the fast bf16 products: a bf16-weight product of
-// at least kernel.PackedMinRows rows (prefill, not decode) rounds x to
-// bfloat16 and runs kernel.MatMulBF16Fast on the CPU's bf16 dot product.
+// at least kernel.PackedMinRows rows (prefill, not decode) and fastMinN
+// weight rows rounds x to bfloat16 and runs kernel.MatMulBF16Fast on the
+// CPU's bf16 dot product.
 // It trades accuracy (about 2^-9 relative per element of x) for up to
 // twice the exact products' rate; decode stays exact. Where the CPU lacks
 // the bf16 dot product or runs it slower than the exact products' FMAs
@@ -104,10 +105,17 @@ func (b *Backend) fastDot() bool { return b.fastBF16 && kernel.FastBF16Pays() }
 // kernel.PackedMinRows rows or more (prefill chunks).
 func (b *Backend) roundsX(m int) bool { return b.fastBF16 && m >= kernel.PackedMinRows }
 
+// fastMinN is the fewest weight rows (output columns) a product of the
+// fast backend takes the fast bf16 product for: below it the rounding of
+// x and the tiles' rereads of x cost more than VDPBF16PS gains (at 256
+// rows by k 768 on Zen 4, the fast product ran 0.95x the exact one at 384
+// weight rows and 1.11x at 512; docs/bench), and the product stays exact.
+const fastMinN = 512
+
 // matMulBF16 is the bf16-weight product, fast where fastDot and the
-// product is long.
+// product is long and wide enough.
 func (b *Backend) matMulBF16(dst, x []float32, w []uint16, m, n, k int) {
-	if b.fastDot() && m >= kernel.PackedMinRows {
+	if b.fastDot() && m >= kernel.PackedMinRows && n >= fastMinN {
 		b.pool.MatMulBF16Fast(dst, x, w, m, n, k)
 		return
 	}

@@ -321,3 +321,37 @@ func TestStoredLayout(t *testing.T) {
 	b.pool.MatMulBF16(want, xs, U16(w), m, n, k)
 	require.Equal(t, want, F32(y))
 }
+
+// TestFastBF16Width: where the fast backend takes the bf16 dot product
+// over the stored layout, a long product of at least fastMinN weight rows
+// gets kernel.MatMulBF16Fast's bits and a narrower one the exact
+// product's.
+func TestFastBF16Width(t *testing.T) {
+	b := NewFastBF16(2)
+	defer b.Close()
+	if !b.fastDot() || b.packing() != 0 {
+		t.Skip("the fast backend does not take the bf16 dot product over the stored layout here")
+	}
+	r := rand.New(rand.NewPCG(11, 12))
+	const m, k = kernel.PackedMinRows, 96
+	for _, n := range []int{fastMinN - 1, fastMinN} {
+		w, _ := bf16Weight(t, b, r, n, k)
+		x, err := b.Alloc(compute.F32, m, k)
+		require.NoError(t, err)
+		for i := range F32(x) {
+			F32(x)[i] = float32(r.NormFloat64())
+		}
+		y, err := b.Alloc(compute.F32, m, n)
+		require.NoError(t, err)
+		require.NoError(t, b.MatMul(y, x, w))
+		exact, fast := make([]float32, m*n), make([]float32, m*n)
+		b.pool.MatMulBF16(exact, F32(x), U16(w), m, n, k)
+		b.pool.MatMulBF16Fast(fast, F32(x), U16(w), m, n, k)
+		require.NotEqual(t, exact, fast, "n %d: the two products must differ for the test to tell them apart", n)
+		want := exact
+		if n >= fastMinN {
+			want = fast
+		}
+		require.Equal(t, want, F32(y), "n %d", n)
+	}
+}
