@@ -31,7 +31,7 @@ const fastTile = 4
 // whole tiles of rows with zero rows. The pool owns one and reuses it.
 type fastJob struct {
 	mu      sync.Mutex
-	dst     []float32
+	dst, x  []float32
 	xb      []uint16
 	wb      []uint16
 	m, n, k int
@@ -57,11 +57,22 @@ func (p *Pool) MatMulBF16Fast(dst, x []float32, w []uint16, m, n, k int) {
 		j.xb = make([]uint16, j.m4*k)
 	}
 	j.xb = j.xb[:j.m4*k]
-	ToBF16(j.xb[:m*k], x[:m*k])
+	j.dst, j.x, j.wb, j.m, j.n, j.k = dst, x, w, m, n, k
+	// Rounding x is the call's one serial-looking pass (m·k elements, as
+	// many as a narrow product's weights): rows go over the pool too.
+	p.Run(fastRoundRange, Args{Job: j}, m, fastRoundRows)
 	clear(j.xb[m*k:])
-	j.dst, j.wb, j.m, j.n, j.k = dst, w, m, n, k
 	p.Run(fastRange, Args{Job: j}, (n+fastTile-1)/fastTile, 4)
-	j.dst, j.wb = nil, nil
+	j.dst, j.x, j.wb = nil, nil, nil
+}
+
+// fastRoundRows is the fewest x rows a worker rounds to bf16 at a time.
+const fastRoundRows = 16
+
+// fastRoundRange rounds x rows [lo, hi) to bf16 into the job's buffer.
+func fastRoundRange(a *Args, lo, hi int) {
+	j := a.Job.(*fastJob)
+	ToBF16(j.xb[lo*j.k:hi*j.k], j.x[lo*j.k:hi*j.k])
 }
 
 // fastRows is how many x rows a column group meets while its four weight
