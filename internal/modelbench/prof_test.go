@@ -115,10 +115,11 @@ func (b *timed) RMSNorm(d, x, w compute.Tensor, e float32) error {
 	return b.Backend.RMSNorm(d, x, w, e)
 }
 
-// loadTimed writes the 100M preset (or K3_PROFILE_PRESET's) and loads it
-// on a timed go backend (go-fastbf16 with K3_PROFILE_FAST set); the test
-// is skipped unless K3_PROFILE is set.
-func loadTimed(t *testing.T) (*k3.Model, *timed) {
+// profilePreset skips the test unless K3_PROFILE is set, and writes the
+// preset K3_PROFILE_PRESET names (k31pro-100m by default) in bf16 to a
+// temporary directory, which it returns.
+func profilePreset(t *testing.T) string {
+	t.Helper()
 	if os.Getenv("K3_PROFILE") == "" {
 		t.Skip("set K3_PROFILE=1")
 	}
@@ -130,6 +131,14 @@ func loadTimed(t *testing.T) (*k3.Model, *timed) {
 	if err := tiny.Write(dir, preset, tiny.Options{Seed: 1, BF16: true}); err != nil {
 		t.Fatal(err)
 	}
+	return dir
+}
+
+// loadTimed writes the 100M preset (or K3_PROFILE_PRESET's) and loads it
+// on a timed go backend (go-fastbf16 with K3_PROFILE_FAST set); the test
+// is skipped unless K3_PROFILE is set.
+func loadTimed(t *testing.T) (*k3.Model, *timed) {
+	dir := profilePreset(t)
 	var be compute.Backend = cpu.New(0)
 	if os.Getenv("K3_PROFILE_FAST") != "" {
 		be = cpu.NewFastBF16(0) // the opt-in fast bf16 products
@@ -276,17 +285,7 @@ func TestProfilePrefill(t *testing.T) {
 // ratios (laid out over stored; under 1, the layout is faster): a shared
 // host's drift hits both alike, which separate runs cannot promise.
 func TestProfileLayouts(t *testing.T) {
-	if os.Getenv("K3_PROFILE") == "" {
-		t.Skip("set K3_PROFILE=1")
-	}
-	dir := t.TempDir()
-	preset := "k31pro-100m"
-	if p := os.Getenv("K3_PROFILE_PRESET"); p != "" {
-		preset = p
-	}
-	if err := tiny.Write(dir, preset, tiny.Options{Seed: 1, BF16: true}); err != nil {
-		t.Fatal(err)
-	}
+	dir := profilePreset(t)
 	ctx := context.Background()
 	var models [2]*k3.Model
 	for i, be := range []compute.Backend{cpu.New(0), cpu.NewStoredLayout(0)} {
