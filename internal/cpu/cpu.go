@@ -399,9 +399,12 @@ func bf16Bits(src compute.Tensor) ([]uint16, error) {
 		return U16(src), err
 	}
 	w := make([]uint16, src.Len())
-	if how == amxTiles {
+	switch how {
+	case amxTiles:
 		kernel.UnpackAMX(w, wp, src.Dims[0], src.Dims[1])
-	} else {
+	case kPairs:
+		kernel.UnpackKPairs(w, wp, src.Dims[0], src.Dims[1])
+	default:
 		kernel.UnpackKMajor(w, wp, src.Dims[0], src.Dims[1])
 	}
 	return w, nil

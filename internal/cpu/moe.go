@@ -96,6 +96,7 @@ func (b *Backend) MoERoute(a *compute.RouteArgs) error {
 // moeScratch holds one MoEExperts call's grouping and intermediates.
 type moeScratch struct {
 	x, h, out []float32 // per (expert, token) row: gathered input, hidden, output
+	xb        []uint16  // per row: a product's x rounded to bf16 (kPairs weights)
 	rows      []int32   // token of each grouped row
 	w         []float32 // routing weight of each grouped row
 	start     []int32   // first grouped row of each expert (E+1)
@@ -200,6 +201,14 @@ func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 		sc.w[p] = wts[i]
 	}
 	sc.x, sc.h, sc.out = grow(sc.x, n*din), grow(sc.h, 2*n*inter), grow(sc.out, n*din)
+	sc.xb = sc.xb[:0]
+	if b.packing() == kPairs {
+		need := n * max(din, inter)
+		if cap(sc.xb) < need {
+			sc.xb = make([]uint16, need, max(need, 2*cap(sc.xb)))
+		}
+		sc.xb = sc.xb[:need]
+	}
 	sc.job = expertJob{a: a, sc: sc, din: din, inter: inter, long: t >= amxMinRows}
 	b.pool.Run(expertRange, kernel.Args{Job: &sc.job, X: x}, len(sc.active), 1)
 	if sc.job.err != nil {
@@ -226,9 +235,14 @@ func expertRange(args *kernel.Args, lo, hi int) {
 		}
 		gate := sc.h[2*r0*inter : 2*r0*inter+m*inter]
 		up := sc.h[2*r0*inter+m*inter : 2*r1*inter]
-		err := serialMatMul(gate, xs, a.W1[e], m, j.long)
+		var xb []uint16 // the expert's rows' share of sc.xb
+		if len(sc.xb) > 0 {
+			wide := max(din, inter)
+			xb = sc.xb[r0*wide : r1*wide]
+		}
+		err := serialMatMul(gate, xs, xb, a.W1[e], m, j.long)
 		if err == nil {
-			err = serialMatMul(up, xs, a.W3[e], m, j.long)
+			err = serialMatMul(up, xs, xb, a.W3[e], m, j.long)
 		}
 		if err == nil {
 			switch a.Act.Kind {
@@ -241,7 +255,7 @@ func expertRange(args *kernel.Args, lo, hi int) {
 			}
 		}
 		if err == nil {
-			err = serialMatMul(sc.out[r0*din:r1*din], gate, a.W2[e], m, j.long)
+			err = serialMatMul(sc.out[r0*din:r1*din], gate, xb, a.W2[e], m, j.long)
 		}
 		if err != nil {
 			j.errMu.Lock()
@@ -260,12 +274,17 @@ func expertRange(args *kernel.Args, lo, hi int) {
 // repacked for it alone. Weights in the stored layout (narrower than
 // kernel.KMajorMinN, such as the 100M preset's 64x384 experts) stay on
 // the dot-form tiles: packing them for every product did not pay
-// (docs/bench).
-func serialMatMul(dst, x []float32, w compute.Tensor, m int, long bool) error {
+// (docs/bench). A pair-interleaved weight's product rounds x into xb.
+func serialMatMul(dst, x []float32, xb []uint16, w compute.Tensor, m int, long bool) error {
 	n, k := w.Dims[0], w.Dims[1]
 	if wp, how, err := packedOf(w); wp != nil || err != nil {
 		switch {
 		case err != nil:
+		case how == kPairs:
+			if len(xb) < m*k {
+				xb = make([]uint16, m*k) // only a weight of another backend's making
+			}
+			kernel.MatMulKPairsSerial(dst, x, wp, xb, m, n, k)
 		case how == amxTiles:
 			kernel.MatMulAMXSerial(dst, x, wp, m, n, k)
 		case long && longOnTiles(how, k):
@@ -292,6 +311,8 @@ func (b *Backend) matmulHost(dst, x []float32, w compute.Tensor, m int) error {
 	if wp, how, err := packedOf(w); wp != nil || err != nil {
 		switch {
 		case err != nil:
+		case how == kPairs:
+			b.pool.MatMulKPairs(dst, x, wp, m, n, k)
 		case how == amxTiles && b.roundsX(m):
 			b.pool.MatMulAMXFast(dst, x, wp, m, n, k)
 		case how == amxTiles:

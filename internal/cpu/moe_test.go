@@ -138,7 +138,7 @@ func testExpertsOnTiles(t *testing.T, din, inter int) {
 			tiles++ // K3_KERNEL=amx: every product of it on the tiles
 		}
 		if !long || how != kMajor || k < amxMinK {
-			require.NoError(t, serialMatMul(y, x, w, 1, false))
+			require.NoError(t, serialMatMul(y, x, nil, w, 1, false))
 			return
 		}
 		wb := make([]uint16, n*k)

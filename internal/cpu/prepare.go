@@ -17,13 +17,14 @@ var _ compute.WeightPreparer = (*Backend)(nil)
 //     asks for them (kernel.AMXPreferred) and w is at least amxMinK deep:
 //     the activations split into three bf16 parts, products on the matrix
 //     engine;
+//   - on the fast-bf16 backend where its bf16 dot product pays and the
+//     AMX tiles do not run, pair-interleaved panels (kernel.PackKPairs,
+//     k even): x rounded to bf16, one VDPBF16PS chain per output;
 //   - else k-major panels (kernel.PackKMajor) where the CPU runs the
 //     512-bit k-major tiles (kernel.KMajorFast): one FMA chain per output.
 //
-// Narrower weights (kernel.KMajorMinN), other dtypes, other CPUs and,
-// on a CPU without the AMX tiles, the fast-bf16 backend where its bf16
-// dot product pays (whose products round x to bf16 over the stored
-// layout) keep w.
+// Narrower weights (kernel.KMajorMinN), other dtypes and other CPUs keep
+// w.
 //
 // Where the CPU runs the AMX tiles (kernel.AMXAvailable) and a weight is
 // at least amxMinK deep, its products of amxMinRows rows or more (prefill
@@ -56,11 +57,18 @@ func (b *Backend) PrepareMatMul(w compute.Tensor) (compute.Tensor, error) {
 	if how == amxTiles && k < amxMinK && kernel.KMajorFast() {
 		how = kMajor
 	}
+	if how == kPairs && k%2 != 0 {
+		return w, nil
+	}
 	buf := &buffer{packing: how, packN: n, packK: k}
-	if how == amxTiles {
+	switch how {
+	case amxTiles:
 		buf.packed = make([]uint16, kernel.AMXLen(n, k))
 		b.pool.PackAMX(buf.packed, src, n, k)
-	} else {
+	case kPairs:
+		buf.packed = make([]uint16, kernel.KPairLen(n, k))
+		b.pool.PackKPairs(buf.packed, src, n, k)
+	default:
 		buf.packed = make([]uint16, kernel.KMajorLen(n, k))
 		b.pool.PackKMajor(buf.packed, src, n, k)
 	}
@@ -133,6 +141,7 @@ type packing uint8
 const (
 	kMajor   packing = iota + 1 // kernel.PackKMajor
 	amxTiles                    // kernel.PackAMX
+	kPairs                      // kernel.PackKPairs (the fast backend)
 )
 
 // packing returns the layout PrepareMatMul gives bf16 weights here, or 0
@@ -144,9 +153,9 @@ func (b *Backend) packing() packing {
 	case kernel.AMXPreferred():
 		return amxTiles
 	case b.fastDot() && !kernel.AMXAvailable():
-		// The bf16 dot product reads the stored layout; where the AMX
-		// tiles run, their one-part product is several times faster.
-		return 0
+		// VDPBF16PS reads k pairs side by side; where the AMX tiles
+		// run, their one-part product is several times faster.
+		return kPairs
 	case kernel.KMajorFast():
 		return kMajor
 	}

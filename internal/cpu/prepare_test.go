@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -156,14 +157,19 @@ func testPreparedOthers(t *testing.T, b *Backend, r *rand.Rand, n, k int) {
 		assert.Equal(t, wf, pw, "the fast backend keeps the stored layout for the bf16 dot product")
 		return
 	}
-	// Where the bf16 dot product does not pay the fast backend packs too,
-	// and the long products of a weight on the AMX tiles (in their layout,
-	// or k-major where the CPU runs them) round x to bf16 (2^-8 of the
-	// magnitude), its short ones stay exact. A weight too shallow for the
-	// tiles, or on a CPU without them, has every product exact.
+	// Where the bf16 dot product pays (and the AMX tiles do not run) the
+	// fast backend lays the weight's k pairs side by side and every
+	// product rounds x to bf16 (2^-8 of the magnitude), a row's result the
+	// same bits alone as among others. Elsewhere it packs as the exact
+	// backend does, and the long products of a weight on the AMX tiles (in
+	// their layout, or k-major where the CPU runs them) round x, its short
+	// ones stay exact. A weight too shallow for the tiles, or on a CPU
+	// without them, has every product exact there.
 	_, how, err := packedOf(pw)
 	require.NoError(t, err)
+	require.Equal(t, fast.fastDot() && !kernel.AMXAvailable(), how == kPairs, "pair-interleaved where VDPBF16PS pays and no AMX")
 	roundsX := longOnTiles(how, k)
+	var firstRow []float32
 	for _, rows := range []int{most, 1} {
 		xf, err := fast.Alloc(compute.F32, rows, k)
 		require.NoError(t, err)
@@ -171,7 +177,11 @@ func testPreparedOthers(t *testing.T, b *Backend, r *rand.Rand, n, k int) {
 		yf, err := fast.Alloc(compute.F32, rows, n)
 		require.NoError(t, err)
 		require.NoError(t, fast.MatMul(yf, xf, pw))
-		requireProduct(t, F32(yf), xs, fv, n, k, roundsX && rows >= kernel.PackedMinRows, fmt.Sprintf("fast backend, %d rows", rows))
+		requireProduct(t, F32(yf), xs, fv, n, k, how == kPairs || roundsX && rows >= kernel.PackedMinRows, fmt.Sprintf("fast backend, %d rows", rows))
+		if how == kPairs && rows == 1 {
+			require.Equal(t, firstRow, F32(yf), "fast backend: row 0 alone and among %d", most)
+		}
+		firstRow = slices.Clone(F32(yf)[:n])
 	}
 }
 
@@ -250,7 +260,7 @@ func TestPrepareMatMulNarrowTiles(t *testing.T) {
 		}
 		// The experts' serial product makes no tile copy.
 		y := make([]float32, most*n)
-		require.NoError(t, serialMatMul(y, xs, p, most, true))
+		require.NoError(t, serialMatMul(y, xs, nil, p, most, true))
 		require.Nil(t, tiles.packed, "a serial (expert) product made the tile copy")
 
 		for _, rows := range []int{1, 8, amxMinRows - 1, amxMinRows, kernel.PackedMinRows - 1, kernel.PackedMinRows, most} {

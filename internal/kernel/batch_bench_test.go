@@ -12,11 +12,19 @@ import (
 // or cold (rotated over enough copies to defeat the cache), and reports
 // GFLOP/s, the share of the FMA peak and, cold, the share of the
 // bandwidth probed right before and after the loop.
-func benchBatchBF16(b *testing.B, m, n, k int, cold bool) { benchBF16Layout(b, m, n, k, cold, false) }
+func benchBatchBF16(b *testing.B, m, n, k int, cold bool) { benchBF16Layout(b, m, n, k, cold, stored) }
 
-// benchBF16Layout is benchBatchBF16 with the weights in their [n, k] layout
-// or, kmajor, packed k-major (MatMulKMajor).
-func benchBF16Layout(b *testing.B, m, n, k int, cold, kmajor bool) {
+// benchLayout is a bf16 weight layout a benchmark runs.
+type benchLayout int
+
+const (
+	stored benchLayout = iota // [n, k]: dot-form tiles, packed GEMM
+	kmajor                    // MatMulKMajor
+	kpairs                    // MatMulKPairs (x rounded to bf16)
+)
+
+// benchBF16Layout is benchBatchBF16 with the weights in the given layout.
+func benchBF16Layout(b *testing.B, m, n, k int, cold bool, layout benchLayout) {
 	_, peak := Limits()
 	p := NewPool(0)
 	defer p.Close()
@@ -35,9 +43,14 @@ func benchBF16Layout(b *testing.B, m, n, k int, cold, kmajor bool) {
 		for i := range ws[c] {
 			ws[c][i] = 0x3f80 + uint16((i+c)&63)
 		}
-		if kmajor {
+		switch layout {
+		case kmajor:
 			wp := make([]uint16, KMajorLen(n, k))
 			PackKMajor(wp, ws[c], n, k)
+			ws[c] = wp
+		case kpairs:
+			wp := make([]uint16, KPairLen(n, k))
+			PackKPairs(wp, ws[c], n, k)
 			ws[c] = wp
 		}
 	}
@@ -47,9 +60,12 @@ func benchBF16Layout(b *testing.B, m, n, k int, cold, kmajor bool) {
 	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if kmajor {
+		switch layout {
+		case kmajor:
 			p.MatMulKMajor(y, x, ws[i%copies], m, n, k)
-		} else {
+		case kpairs:
+			p.MatMulKPairs(y, x, ws[i%copies], m, n, k)
+		default:
 			p.MatMulBF16(y, x, ws[i%copies], m, n, k)
 		}
 	}
@@ -72,12 +88,23 @@ func benchBF16Layout(b *testing.B, m, n, k int, cold, kmajor bool) {
 func BenchmarkKMajorVsDot(b *testing.B) {
 	for _, sh := range [][2]int{{2304, 768}, {768, 2048}, {64, 768}} {
 		for _, m := range []int{1, 2, 3, 4, 8, 24, 512} {
-			for _, kmajor := range []bool{false, true} {
-				name := fmt.Sprintf("n%d/k%d/m%d/dot", sh[0], sh[1], m)
-				if kmajor {
-					name = fmt.Sprintf("n%d/k%d/m%d/kmajor", sh[0], sh[1], m)
-				}
-				b.Run(name, func(b *testing.B) { benchBF16Layout(b, m, sh[0], sh[1], true, kmajor) })
+			for _, layout := range []benchLayout{stored, kmajor} {
+				name := fmt.Sprintf("n%d/k%d/m%d/%s", sh[0], sh[1], m, []string{"dot", "kmajor"}[layout])
+				b.Run(name, func(b *testing.B) { benchBF16Layout(b, m, sh[0], sh[1], true, layout) })
+			}
+		}
+	}
+}
+
+// BenchmarkKPairsVsKMajor runs the fast product over pair-interleaved
+// weights (x rounded to bf16, VDPBF16PS) beside the exact k-major one,
+// cold, at a decode row, a decode batch and a prefill chunk.
+func BenchmarkKPairsVsKMajor(b *testing.B) {
+	for _, sh := range [][2]int{{2304, 768}, {768, 2048}, {768, 768}, {384, 768}} {
+		for _, m := range []int{1, 8, 256} {
+			for _, layout := range []benchLayout{kmajor, kpairs} {
+				name := fmt.Sprintf("n%d/k%d/m%d/%s", sh[0], sh[1], m, []string{"", "kmajor", "kpairs"}[layout])
+				b.Run(name, func(b *testing.B) { benchBF16Layout(b, m, sh[0], sh[1], true, layout) })
 			}
 		}
 	}

@@ -230,6 +230,34 @@ func kmaj1x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, os
 	panic("kernel: no assembly on this platform")
 }
 
+func kpair8(x *uint16, xstride int, w *uint16, kp int, out *float32, ostride int, acc int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func kpair4(x *uint16, xstride int, w *uint16, kp int, out *float32, ostride int, acc int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func kpair2(x *uint16, xstride int, w *uint16, kp int, out *float32, ostride int, acc int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func kpair1(x *uint16, xstride int, w *uint16, kp int, out *float32, ostride int, acc int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func kpair4x2(x *uint16, xstride int, w *[2]*uint16, kp int, out *[2]*float32, ostride, acc, ahead int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func kpair2x4(x *uint16, xstride int, w *[4]*uint16, kp int, out *[4]*float32, ostride, acc, ahead int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func kpair1x4(x *uint16, xstride int, w *[4]*uint16, kp int, out *[4]*float32, ostride, acc, ahead int) {
+	panic("kernel: no assembly on this platform")
+}
+
 const hasAMX = false
 
 var hasAVX512BW = false

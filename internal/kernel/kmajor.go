@@ -38,7 +38,7 @@ func KMajorLen(n, k int) int {
 // long): panel p, element (kk, j) is w[48p+j][kk], zero where 48p+j >= n.
 func PackKMajor(dst, w []uint16, n, k int) {
 	checkPack(dst, w, n, k)
-	packPanels48(dst, w, n, k, 0, (n+KMajorPanel-1)/KMajorPanel)
+	packPanels48(dst, w, n, k, 0, (n+KMajorPanel-1)/KMajorPanel, false)
 }
 
 // PackKMajor is PackKMajor with the panels split over the pool (a model's
@@ -55,7 +55,7 @@ func (p *Pool) PackKMajor(dst, w []uint16, n, k int) {
 
 func packRange(a *Args, lo, hi int) {
 	j := a.Job.(*kmajJob)
-	packPanels48(j.pdst, j.pw, j.n, j.k, lo, hi)
+	packPanels48(j.pdst, j.pw, j.n, j.k, lo, hi, j.pairs)
 }
 
 func checkPack(dst, w []uint16, n, k int) {
@@ -64,8 +64,17 @@ func checkPack(dst, w []uint16, n, k int) {
 	}
 }
 
-// packPanels48 packs panels [p0, p1).
-func packPanels48(dst, w []uint16, n, k, p0, p1 int) {
+// panelAt is the offset of w[48p+j][kk] in panel p: k-major, or with
+// pairs the k pairs' elements side by side (PackKPairs).
+func panelAt(kk, j int, pairs bool) int {
+	if pairs {
+		return kk&^1*KMajorPanel + 2*j + kk&1
+	}
+	return kk*KMajorPanel + j
+}
+
+// packPanels48 packs panels [p0, p1), pair-interleaved with pairs.
+func packPanels48(dst, w []uint16, n, k, p0, p1 int, pairs bool) {
 	for p := p0; p < p1; p++ {
 		panel := dst[p*KMajorPanel*k : (p+1)*KMajorPanel*k]
 		cols := min(KMajorPanel, n-p*KMajorPanel)
@@ -75,7 +84,7 @@ func packPanels48(dst, w []uint16, n, k, p0, p1 int) {
 		for j := 0; j < cols; j++ {
 			row := w[(p*KMajorPanel+j)*k : (p*KMajorPanel+j+1)*k]
 			for kk, v := range row {
-				panel[kk*KMajorPanel+j] = v
+				panel[panelAt(kk, j, pairs)] = v
 			}
 		}
 	}
@@ -87,12 +96,16 @@ func UnpackKMajor(w, wp []uint16, n, k int) {
 	if len(wp) != KMajorLen(n, k) || len(w) < n*k {
 		panic("kernel: UnpackKMajor operand too short")
 	}
+	unpackPanels(w, wp, n, k, false)
+}
+
+func unpackPanels(w, wp []uint16, n, k int, pairs bool) {
 	for r := 0; r < n; r++ {
 		p, j := r/KMajorPanel, r%KMajorPanel
 		panel := wp[p*KMajorPanel*k:]
 		row := w[r*k : (r+1)*k]
 		for kk := range row {
-			row[kk] = panel[kk*KMajorPanel+j]
+			row[kk] = panel[panelAt(kk, j, pairs)]
 		}
 	}
 }
@@ -115,6 +128,10 @@ type kmajJob struct {
 	panels  int
 	pdst    []uint16 // PackKMajor's operands
 	pw      []uint16
+	// pairs: w is pair-interleaved (PackKPairs) and the product reads x
+	// rounded to bf16 in xb (MatMulKPairs).
+	pairs bool
+	xb    []uint16
 }
 
 // MatMulKMajor computes dst[m, n] = x[m, k] · wᵀ for a bf16 weight w [n, k]
@@ -127,6 +144,11 @@ func (p *Pool) MatMulKMajor(dst, x []float32, wp []uint16, m, n, k int) {
 	j := &p.kmaj
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	p.kmajRun(j, dst, x, wp, m, n, k)
+}
+
+// kmajRun runs the product j holds the lock of, over the pool.
+func (p *Pool) kmajRun(j *kmajJob, dst, x []float32, wp []uint16, m, n, k int) {
 	j.dst, j.x, j.w, j.m, j.n, j.k = dst, x, wp, m, n, k
 	j.panels = (n + KMajorPanel - 1) / KMajorPanel
 	blocks := (m + kmajMC - 1) / kmajMC
@@ -178,17 +200,16 @@ func kmajBlock(j *kmajJob, r0, r1, p0, p1 int) {
 	k, n := j.k, j.n
 	rows := r1 - r0
 	full := min(p1, n/KMajorPanel) // panels [p0, full) have 48 columns
-	x := j.x[r0*k:]
+	x := r0 * k                    // x row r0's first element in j.x (or j.xb)
 	out := j.dst[r0*n:]
-	if rows < 8 && hasZMM && !kmajGo {
+	if rows < 8 && !kmajGo && (hasZMM && !j.pairs || hasBF16Dot && j.pairs) {
 		kmajFew(j, x, out, rows, p0, p1)
 		return
 	}
 	p := p0
 	for ; p < full; p++ {
-		panel := j.w[p*KMajorPanel*k:]
 		for kb := 0; kb < k; kb += kmajKC {
-			kmajRows(x[kb:], k, rows, panel[kb*KMajorPanel:], min(kmajKC, k-kb), out[p*KMajorPanel:], n, kb > 0)
+			j.rows(x+kb, rows, (p*k+kb)*KMajorPanel, min(kmajKC, k-kb), out[p*KMajorPanel:], n, kb > 0)
 		}
 	}
 	if p < p1 {
@@ -196,11 +217,10 @@ func kmajBlock(j *kmajJob, r0, r1, p0, p1 int) {
 		var edge [8 * KMajorPanel]float32
 		c0 := p * KMajorPanel
 		cols := n - c0
-		panel := j.w[c0*k:]
 		for r := 0; r < rows; r += 8 {
 			rr := min(8, rows-r)
 			for kb := 0; kb < k; kb += kmajKC {
-				kmajRows(x[r*k+kb:], k, rr, panel[kb*KMajorPanel:], min(kmajKC, k-kb), edge[:], KMajorPanel, kb > 0)
+				j.rows(x+r*k+kb, rr, c0*k+kb*KMajorPanel, min(kmajKC, k-kb), edge[:], KMajorPanel, kb > 0)
 			}
 			for q := 0; q < rr; q++ {
 				copy(out[(r+q)*n+c0:(r+q)*n+c0+cols], edge[q*KMajorPanel:])
@@ -216,7 +236,7 @@ func kmajBlock(j *kmajJob, r0, r1, p0, p1 int) {
 // panel left its stream reads the first run's panel again (from cache),
 // and a step holding such a stream or the last, narrower panel writes
 // through a buffer.
-func kmajFew(j *kmajJob, x, out []float32, rows, p0, p1 int) {
+func kmajFew(j *kmajJob, x int, out []float32, rows, p0, p1 int) {
 	k, n := j.k, j.n
 	g := (p1 - p0 + kmajStreams - 1) / kmajStreams
 	var buf [7 * kmajStreams * KMajorPanel]float32 // [row][stream][48]
@@ -263,15 +283,30 @@ func kmajFew(j *kmajJob, x, out []float32, rows, p0, p1 int) {
 			r := 0
 			for ; r+4 <= rows; r += 4 {
 				op := at(r)
-				kmaj4x2(&x[r*k+kb], k, (*[2]*uint16)(w[0:2]), kn, (*[2]*float32)(op[0:2]), os, ac, ahead)
-				kmaj4x2(&x[r*k+kb], k, (*[2]*uint16)(w[2:4]), kn, (*[2]*float32)(op[2:4]), os, ac, ahead)
+				w0, w1 := (*[2]*uint16)(w[0:2]), (*[2]*uint16)(w[2:4])
+				o0, o1 := (*[2]*float32)(op[0:2]), (*[2]*float32)(op[2:4])
+				if j.pairs {
+					kpair4x2(&j.xb[x+r*k+kb], k, w0, kn/2, o0, os, ac, ahead)
+					kpair4x2(&j.xb[x+r*k+kb], k, w1, kn/2, o1, os, ac, ahead)
+				} else {
+					kmaj4x2(&j.x[x+r*k+kb], k, w0, kn, o0, os, ac, ahead)
+					kmaj4x2(&j.x[x+r*k+kb], k, w1, kn, o1, os, ac, ahead)
+				}
 			}
 			if r+2 <= rows {
-				kmaj2x4(&x[r*k+kb], k, &w, kn, at(r), os, ac, ahead)
+				if j.pairs {
+					kpair2x4(&j.xb[x+r*k+kb], k, &w, kn/2, at(r), os, ac, ahead)
+				} else {
+					kmaj2x4(&j.x[x+r*k+kb], k, &w, kn, at(r), os, ac, ahead)
+				}
 				r += 2
 			}
 			if r < rows {
-				kmaj1x4(&x[r*k+kb], k, &w, kn, at(r), os, ac, ahead)
+				if j.pairs {
+					kpair1x4(&j.xb[x+r*k+kb], k, &w, kn/2, at(r), os, ac, ahead)
+				} else {
+					kmaj1x4(&j.x[x+r*k+kb], k, &w, kn, at(r), os, ac, ahead)
+				}
 			}
 		}
 		if buffered {
@@ -309,6 +344,16 @@ func kmajFewAhead() int {
 		return 1536
 	}
 	return 0
+}
+
+// rows runs rows x rows from element xo of j's x (or its bf16 rows)
+// against the panel block at element wo of its weight, kn elements of k.
+func (j *kmajJob) rows(xo, rows, wo, kn int, out []float32, os int, acc bool) {
+	if j.pairs {
+		kpairRows(j.xb[xo:], j.k, rows, j.w[wo:], kn, out, os, acc)
+		return
+	}
+	kmajRows(j.x[xo:], j.k, rows, j.w[wo:], kn, out, os, acc)
 }
 
 // kmajRows runs rows x rows (stride xs) against one panel block of kn

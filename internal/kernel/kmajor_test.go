@@ -18,17 +18,22 @@ func kmajWeights(r *rand.Rand, n int) []uint16 {
 // kmajTwins runs f on the plain-Go twin and, where the CPU has them, on
 // the 512-bit tiles, with the few-row tiles' prefetch of each CPU kind
 // (kmajFewAhead: none, or 1,536 bytes ahead).
-func kmajTwins(t *testing.T, f func(t *testing.T)) {
+func kmajTwins(t *testing.T, f func(t *testing.T)) { tileTwins(t, hasZMM, "zmm", f) }
+
+// tileTwins runs f on the plain-Go twin of the k-major driver's tiles
+// and, where asm, on the assembly tiles (named name) with the few-row
+// tiles' prefetch off and 1,536 bytes ahead.
+func tileTwins(t *testing.T, asm bool, name string, f func(t *testing.T)) {
 	t.Run("go", func(t *testing.T) {
 		kmajGo = true
 		defer func() { kmajGo = false }()
 		f(t)
 	})
-	if !hasZMM {
+	if !asm {
 		return
 	}
 	for _, ahead := range []int{0, 1536} {
-		t.Run(fmt.Sprintf("zmm/ahead=%d", ahead), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/ahead=%d", name, ahead), func(t *testing.T) {
 			kmajFewAheadBytes = ahead
 			defer func() { kmajFewAheadBytes = -1 }()
 			f(t)

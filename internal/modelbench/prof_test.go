@@ -282,13 +282,38 @@ func TestProfilePrefill(t *testing.T) {
 // and the packed GEMM), and alternates them: decode at batch 1 and 8 in
 // rounds of 20 steps, then whole 512-token prefills. Each line gives the
 // median time of each and the median, least and greatest of the rounds'
-// ratios (laid out over stored; under 1, the layout is faster): a shared
+// ratios (the first over the second; under 1, the first is faster): a shared
 // host's drift hits both alike, which separate runs cannot promise.
+// K3_PROFILE_VS names the two backends instead ("go,fast": the exact
+// default against the fast bf16 backend; "fast,stored"; one name is
+// "go,NAME"), of go (cpu.New), stored (cpu.NewStoredLayout) and fast
+// (cpu.NewFastBF16).
 func TestProfileLayouts(t *testing.T) {
 	dir := profilePreset(t)
 	ctx := context.Background()
+	names := [2]string{"go", "stored"}
+	if v := os.Getenv("K3_PROFILE_VS"); v != "" {
+		a, b, ok := strings.Cut(v, ",")
+		if !ok {
+			a, b = "go", v
+		}
+		names = [2]string{a, b}
+	}
+	var backends [2]compute.Backend
+	for i, name := range names {
+		switch name {
+		case "go":
+			backends[i] = cpu.New(0)
+		case "stored":
+			backends[i] = cpu.NewStoredLayout(0)
+		case "fast":
+			backends[i] = cpu.NewFastBF16(0)
+		default:
+			t.Fatalf("K3_PROFILE_VS: unknown backend %q (go, stored, fast)", name)
+		}
+	}
 	var models [2]*k3.Model
-	for i, be := range []compute.Backend{cpu.New(0), cpu.NewStoredLayout(0)} {
+	for i, be := range backends {
 		m, err := k3.Load(ctx, dir, k3.WithComputeBackend(be))
 		if err != nil {
 			t.Fatal(err)
@@ -323,8 +348,8 @@ func TestProfileLayouts(t *testing.T) {
 			return v[len(v)/2]
 		}
 		sort.Float64s(ratios)
-		t.Logf("%s: laid out %.3f ms, stored %.3f ms; ratio median %.3f (%.3f-%.3f over %d rounds)",
-			what, 1e3*median(times[0]), 1e3*median(times[1]), median(ratios), ratios[0], ratios[len(ratios)-1], rounds)
+		t.Logf("%s: %s %.3f ms, %s %.3f ms; ratio median %.3f (%.3f-%.3f over %d rounds)",
+			what, names[0], 1e3*median(times[0]), names[1], 1e3*median(times[1]), median(ratios), ratios[0], ratios[len(ratios)-1], rounds)
 	}
 	const steps = 20
 	for _, bsz := range []int{1, 8} {
