@@ -52,8 +52,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case "model":
 		fs := flag.NewFlagSet("bench model", flag.ContinueOnError)
 		presets := fs.String("presets", "100m,1b", "which presets to measure: 100m (k31pro-100m: prefill, decode, rollback, the scheduler, the prefix cache, memory) and 1b (k31pro-1b, about 1.9 GB written to a temporary directory: prefill, decode and their bounds with a step several times the last-level cache)")
-		if err := parseFlags(fs, "bench model [-presets 100m,1b]\n\nWhole-model prefill and decode of the 100M and 1B K3.1 Pro-shaped presets, written on the fly (several minutes).", args[1:], stdout, stderr); err != nil {
+		backend := fs.String("backend", "go", "go, or go-fastbf16: the opt-in fast bf16 products (x rounded to bfloat16), its shares taken of the peak of the products it runs")
+		if err := parseFlags(fs, "bench model [-presets 100m,1b] [-backend go|go-fastbf16]\n\nWhole-model prefill and decode of the 100M and 1B K3.1 Pro-shaped presets, written on the fly (several minutes).", args[1:], stdout, stderr); err != nil {
 			return err
+		}
+		if *backend != "go" && *backend != "go-fastbf16" {
+			return fmt.Errorf("bench model: -backend %q: want go or go-fastbf16", *backend)
 		}
 		want := map[string]bool{}
 		for _, p := range strings.Split(*presets, ",") {
@@ -64,14 +68,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		logf := func(s string) { fmt.Fprintln(stderr, s) }
 		if want["100m"] {
-			r, err := modelbench.Run(ctx, logf)
+			r, err := modelbench.Run(ctx, *backend, logf)
 			if err != nil {
 				return err
 			}
 			fmt.Fprint(stdout, r.Table())
 		}
 		if want["1b"] {
-			r, err := modelbench.RunLarge(ctx, logf)
+			r, err := modelbench.RunLarge(ctx, *backend, logf)
 			if err != nil {
 				return err
 			}

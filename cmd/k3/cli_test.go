@@ -143,6 +143,7 @@ func TestChatInterrupt(t *testing.T) {
 	assert.Equal(t, 3, strings.Count(buf.String(), "fills the model's context"), buf.String()[max(0, buf.Len()-300):])
 }
 
+// TestBenchSpecFlags: bad bench flags fail before any work, naming the flag.
 func TestBenchSpecFlags(t *testing.T) {
 	for _, c := range []struct {
 		args []string
@@ -152,6 +153,8 @@ func TestBenchSpecFlags(t *testing.T) {
 		{[]string{"bench", "spec", "-depth", "0"}, "-depth"},
 		{[]string{"bench", "spec", "-depth", "3,x"}, "-depth"},
 		{[]string{"bench", "spec", "-tokens", "2"}, "-tokens"},
+		{[]string{"bench", "model", "-backend", "ascend"}, "-backend"},
+		{[]string{"bench", "model", "-presets", "7b"}, "-presets"},
 	} {
 		code, _, errOut := runCLI(c.args...)
 		assert.NotEqual(t, 0, code, "%v", c.args)

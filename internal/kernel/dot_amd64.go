@@ -114,6 +114,11 @@ func gemm32x6AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load
 //go:noescape
 func tileBF16AVX512(x *uint16, xstride int, w *uint16, wstride, k int, out *float32, ostride int)
 
+// toBF16ZMM is ToBF16 over the first n&^15 elements (fastbf16_amd64.s).
+//
+//go:noescape
+func toBF16ZMM(dst *uint16, src *float32, n int)
+
 //go:noescape
 func sumAVX2(x *float32, n int) float32
 

@@ -178,6 +178,8 @@ func tile4x3F32AVX2(x *float32, xstride, rows int, w *float32, triples, k int, o
 	panic("kernel: no assembly on this platform")
 }
 
+func toBF16ZMM(dst *uint16, src *float32, n int) { panic("kernel: no assembly on this platform") }
+
 func tileBF16AVX512(x *uint16, xstride int, w *uint16, wstride, k int, out *float32, ostride int) {
 	panic("kernel: no assembly on this platform")
 }

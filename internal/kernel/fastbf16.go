@@ -170,6 +170,15 @@ func laneSum(a *[16]float32) float32 {
 // quiet NaN) into dst.
 func ToBF16(dst []uint16, src []float32) {
 	dst = dst[:len(src)]
+	if n := len(src) &^ 15; hasZMM && n > 0 {
+		toBF16ZMM(&dst[0], &src[0], n)
+		dst, src = dst[n:], src[n:]
+	}
+	toBF16Scalar(dst, src)
+}
+
+// toBF16Scalar is ToBF16 one element at a time (the assembly's twin).
+func toBF16Scalar(dst []uint16, src []float32) {
 	for i, v := range src {
 		b := math.Float32bits(v)
 		if b&0x7fffffff > 0x7f800000 {

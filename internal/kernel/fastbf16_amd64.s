@@ -158,3 +158,47 @@ bf16loop:
 	VMOVUPS X12, (DX)(AX*1)
 	VZEROUPPER
 	RET
+
+// func toBF16ZMM(dst *uint16, src *float32, n int)
+//
+// ToBF16 sixteen at a time over the first n&^15 elements, in integer
+// arithmetic so that its bits are the scalar loop's: (b + 0x7fff + the
+// kept half's low bit) >> 16, and for a NaN (|b| > +Inf's bits) its top
+// half with the quiet bit set.
+TEXT ·toBF16ZMM(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	SHRQ $4, CX
+	JZ   tobf16done
+	MOVL $1, AX
+	VPBROADCASTD AX, Z10
+	MOVL $0x7fff, AX
+	VPBROADCASTD AX, Z11
+	MOVL $0x7fffffff, AX
+	VPBROADCASTD AX, Z12
+	MOVL $0x7f800000, AX
+	VPBROADCASTD AX, Z13
+	MOVL $0x40, AX
+	VPBROADCASTD AX, Z14
+
+tobf16loop:
+	VMOVDQU32 (SI), Z0
+	VPSRLD    $16, Z0, Z1
+	VPANDD    Z10, Z1, Z2
+	VPADDD    Z11, Z0, Z3
+	VPADDD    Z2, Z3, Z3
+	VPSRLD    $16, Z3, Z3
+	VPANDD    Z12, Z0, Z4
+	VPCMPGTD  Z13, Z4, K1
+	VPORD     Z14, Z1, Z5
+	VMOVDQA32 Z5, K1, Z3
+	VPMOVDW   Z3, (DI)
+	ADDQ      $64, SI
+	ADDQ      $32, DI
+	DECQ      CX
+	JNZ       tobf16loop
+
+tobf16done:
+	VZEROUPPER
+	RET

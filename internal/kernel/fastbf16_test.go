@@ -37,6 +37,39 @@ func TestToBF16(t *testing.T) {
 	assert.True(t, math.IsNaN(float64(bf16(nan[0]))), "a low-payload NaN stays NaN: %#04x", nan[0])
 }
 
+// TestToBF16Wide: the sixteen-wide rounding (where the CPU runs it) gives
+// the scalar loop's bits for every kind of value (ties both ways, the
+// largest finite values, infinities, NaNs of every payload, subnormals),
+// at every length and alignment.
+func TestToBF16Wide(t *testing.T) {
+	r := rand.New(rand.NewPCG(41, 42))
+	special := []uint32{0, 0x80000000, 0x3f808000, 0x3f818000, 0x7f7fffff, 0xff7fffff, 0x7f800000, 0xff800000,
+		0x7f800001, 0xffffffff, 0x7fc00000, 0x7f807fff, 0x00000001, 0x807fffff, 0x00008000, 0x00018000}
+	bits := make([]uint32, 1027)
+	for i := range bits {
+		switch i % 3 {
+		case 0:
+			bits[i] = special[r.IntN(len(special))]
+		case 1:
+			bits[i] = r.Uint32()
+		default:
+			bits[i] = r.Uint32()&0xffff0000 | 0x8000 // a tie
+		}
+	}
+	src := make([]float32, len(bits))
+	for i, b := range bits {
+		src[i] = math.Float32frombits(b)
+	}
+	for _, n := range []int{0, 1, 15, 16, 17, 31, 32, 33, 1000, 1026} {
+		for _, off := range []int{0, 1} {
+			got, want := make([]uint16, n), make([]uint16, n)
+			ToBF16(got, src[off:off+n])
+			toBF16Scalar(want, src[off:off+n])
+			require.Equal(t, want, got, "%d elements from %d", n, off)
+		}
+	}
+}
+
 // normF32 returns n draws of N(0, 1).
 func normF32(r *rand.Rand, n int) []float32 {
 	f := make([]float32, n)

@@ -23,6 +23,7 @@ import (
 // ModelResult holds `k3 bench model`'s figures.
 type ModelResult struct {
 	Preset                string // the tiny preset measured
+	Backend               string // "go" or "go-fastbf16"
 	Params                int64
 	WeightBytes           int64
 	PrefillTokens         int
@@ -92,6 +93,24 @@ type ModelResult struct {
 	// Load to after the first prefill (weights mapped and touched, load-time
 	// copies, one session and its scratch); 0 where /proc is missing.
 	RSSGrowth int64
+}
+
+// backendOptions returns the load options for a backend name of Run's.
+func backendOptions(backend string) ([]k3.Option, error) {
+	switch backend {
+	case "", "go":
+		return nil, nil
+	case "go-fastbf16":
+		return []k3.Option{k3.WithBackend(backend)}, nil
+	}
+	return nil, fmt.Errorf("modelbench: backend %q: want go or go-fastbf16", backend)
+}
+
+func backendName(backend string) string {
+	if backend == "" {
+		return "go"
+	}
+	return backend
 }
 
 // rss returns the process's resident set size from /proc/self/statm, or 0.
@@ -191,8 +210,12 @@ func syncFiles(dir string) error {
 // roofline share is against memory alone (the 100M preset's 110 MB step
 // is partly served from a large L3): prefill, decode at batch 1 and 8,
 // the verification pass and their bounds. The checkpoint is about 1.9 GB
-// on disk in a temporary directory.
-func RunLarge(ctx context.Context, log func(string)) (*ModelResult, error) {
+// on disk in a temporary directory. backend is as Run's.
+func RunLarge(ctx context.Context, backend string, log func(string)) (*ModelResult, error) {
+	opts, err := backendOptions(backend)
+	if err != nil {
+		return nil, err
+	}
 	const preset = "k31pro-1b"
 	dir, err := writePreset(preset, log)
 	if err != nil {
@@ -201,12 +224,12 @@ func RunLarge(ctx context.Context, log func(string)) (*ModelResult, error) {
 	defer os.RemoveAll(dir)
 	debug.FreeOSMemory()
 	rss0 := rss()
-	m, err := k3.Load(ctx, dir)
+	m, err := k3.Load(ctx, dir, opts...)
 	if err != nil {
 		return nil, err
 	}
 	defer m.Close()
-	r := &ModelResult{Preset: preset, Params: m.Config.NumParams(), WeightBytes: m.WeightBytes()}
+	r := &ModelResult{Preset: preset, Backend: backendName(backend), Params: m.Config.NumParams(), WeightBytes: m.WeightBytes()}
 	r.PrefillTokens = 256
 	prompt := make([]int32, r.PrefillTokens)
 	for i := range prompt {
@@ -241,8 +264,13 @@ func RunLarge(ctx context.Context, log func(string)) (*ModelResult, error) {
 }
 
 // Run builds the ~100M-parameter K3.1 Pro-shaped checkpoint (bf16), then
-// times prefill, decode at batch 1 and at batch 8.
-func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
+// times prefill, decode at batch 1 and at batch 8, on the named backend:
+// "go" (or "") or "go-fastbf16", the opt-in fast bf16 products.
+func Run(ctx context.Context, backend string, log func(string)) (*ModelResult, error) {
+	opts, err := backendOptions(backend)
+	if err != nil {
+		return nil, err
+	}
 	dir, err := writePreset("k31pro-100m", log)
 	if err != nil {
 		return nil, err
@@ -250,12 +278,12 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 	defer os.RemoveAll(dir)
 	debug.FreeOSMemory() // the writer's garbage must not count, or hide, the model's memory
 	rss0 := rss()
-	m, err := k3.Load(ctx, dir)
+	m, err := k3.Load(ctx, dir, opts...)
 	if err != nil {
 		return nil, err
 	}
 	defer m.Close()
-	r := &ModelResult{Preset: "k31pro-100m", Params: m.Config.NumParams(), WeightBytes: m.WeightBytes()}
+	r := &ModelResult{Preset: "k31pro-100m", Backend: backendName(backend), Params: m.Config.NumParams(), WeightBytes: m.WeightBytes()}
 	// Prefill.
 	r.PrefillTokens = 512
 	prompt := make([]int32, r.PrefillTokens)
@@ -297,7 +325,7 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 	if err := decodeFigures(ctx, m, prompt, r, 9); err != nil {
 		return nil, err
 	}
-	if err := truncateCost(ctx, m, dir, r, log); err != nil {
+	if err := truncateCost(ctx, m, dir, r, log, opts); err != nil {
 		return nil, err
 	}
 	log("1,000 forked and closed sessions...")
@@ -305,7 +333,7 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 		return nil, err
 	}
 	log("chat: two turns with the prefix cache...")
-	if r.Chat, err = Chat(ctx, dir, 1000, 64, 24); err != nil {
+	if r.Chat, err = Chat(ctx, dir, 1000, 64, 24, opts...); err != nil {
 		return nil, err
 	}
 	for _, chunk := range []int{8, 16, 20, 24, 32} {
@@ -322,7 +350,7 @@ func Run(ctx context.Context, log func(string)) (*ModelResult, error) {
 // truncateCost times Truncate on a session at about 2,000 positions
 // against decode steps at that position: on m (no logs) back 100, and on
 // the same checkpoint loaded with WithRollback back 10 and back 100.
-func truncateCost(ctx context.Context, m *k3.Model, dir string, r *ModelResult, log func(string)) error {
+func truncateCost(ctx context.Context, m *k3.Model, dir string, r *ModelResult, log func(string), opts []k3.Option) error {
 	log("truncate at 2,000 positions...")
 	r.TruncateAt, r.TruncateShort, r.TruncateDepth = 2000, 10, 128
 	hist := make([]int32, r.TruncateAt)
@@ -341,7 +369,7 @@ func truncateCost(ctx context.Context, m *k3.Model, dir string, r *ModelResult, 
 		return err
 	}
 	rebuild := time.Since(start).Seconds()
-	mr, err := k3.Load(ctx, dir, k3.WithRollback(r.TruncateDepth))
+	mr, err := k3.Load(ctx, dir, append(opts, k3.WithRollback(r.TruncateDepth))...)
 	if err != nil {
 		return err
 	}
@@ -390,7 +418,7 @@ func truncateCost(ctx context.Context, m *k3.Model, dir string, r *ModelResult, 
 	r.Truncate100NoLogSteps = rebuild / step
 
 	r.TruncateSnapInterval = 64
-	ms, err := k3.Load(ctx, dir, k3.WithSnapshots(r.TruncateSnapInterval, 8))
+	ms, err := k3.Load(ctx, dir, append(opts, k3.WithSnapshots(r.TruncateSnapInterval, 8))...)
 	if err != nil {
 		return err
 	}
@@ -511,6 +539,12 @@ func decodeFigures(ctx context.Context, m *k3.Model, prompt []int32, r *ModelRes
 		r.PrefillPeak, r.PrefillPath = probe.PeakWideFLOPS(), "512-bit FMA peak"
 	}
 	r.Peak8, r.Path8 = r.PrefillPeak, r.PrefillPath
+	if r.Backend == "go-fastbf16" && kernel.FastBF16Pays() && !kernel.AMXAvailable() {
+		// Every product of a laid-out weight runs VDPBF16PS over x
+		// rounded to bf16 (cpu.NewFastBF16).
+		r.PrefillPeak, r.PrefillPath = probe.PeakBF16DotFLOPS(), "VDPBF16PS peak (x rounded to bf16)"
+		r.Peak8, r.Path8 = r.PrefillPeak, r.PrefillPath
+	}
 	if kernel.AMXAvailable() {
 		// Prefill's products run on the tiles: the exact product runs
 		// three tile products per weight tile. Decode batches' products
@@ -588,8 +622,8 @@ func (r *ModelResult) LargeTable() string {
 
 // head writes the preset's line, prefill, decode and the bounds.
 func (r *ModelResult) head(b *strings.Builder) {
-	fmt.Fprintf(b, "k3 bench model: K3.1 Pro-shaped preset %s (%.1fM parameters, bf16 weights %.1f MB), go backend\n",
-		r.Preset, float64(r.Params)/1e6, float64(r.WeightBytes)/1e6)
+	fmt.Fprintf(b, "k3 bench model: K3.1 Pro-shaped preset %s (%.1fM parameters, bf16 weights %.1f MB), %s backend\n",
+		r.Preset, float64(r.Params)/1e6, float64(r.WeightBytes)/1e6, r.Backend)
 	fmt.Fprintf(b, "  prefill (%d tokens):        %8.1f tokens/s  (the first after Load, faulting the weights in: %.1f)\n", r.PrefillTokens, r.PrefillTokPerSec, r.FirstPrefillTokPerSec)
 	if r.PrefillPeak > 0 {
 		fmt.Fprintf(b, "    kernel path %s: %.1f GFLOP/s of products (%.0f MFLOP a token, 2 per active parameter), %.0f%% of the %.0f GFLOP/s %s\n",

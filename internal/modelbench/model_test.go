@@ -12,7 +12,7 @@ import (
 // figures (the same as `k3 bench model`).
 func BenchmarkModel(b *testing.B) {
 	for i := 0; i < b.N; i++ {
-		r, err := Run(context.Background(), func(string) {})
+		r, err := Run(context.Background(), "go", func(string) {})
 		if err != nil {
 			b.Fatal(err)
 		}

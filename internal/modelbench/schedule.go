@@ -217,8 +217,8 @@ func (r *ChatResult) Line() string {
 // loaded from dir with a prefix cache: a history-token first prompt, an
 // answer of answer tokens, then a second prompt of the whole conversation
 // and question more tokens, each turn a new session as a server runs it.
-func Chat(ctx context.Context, dir string, history, answer, question int) (*ChatResult, error) {
-	m, err := k3.Load(ctx, dir, k3.WithPrefixCache(1<<30))
+func Chat(ctx context.Context, dir string, history, answer, question int, opts ...k3.Option) (*ChatResult, error) {
+	m, err := k3.Load(ctx, dir, append(opts, k3.WithPrefixCache(1<<30))...)
 	if err != nil {
 		return nil, err
 	}
