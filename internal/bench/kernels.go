@@ -62,7 +62,7 @@ func Kernels(w io.Writer) {
 	}
 	bf := p.PeakBF16DotFLOPS()
 	if bf > 0 {
-		use := "the go-fastbf16 backend's prefill products use it"
+		use := "the go-fastbf16 backend's products use it"
 		if !kernel.FastBF16Pays() {
 			use = "under 1.25x the FLOP rate of the exact products' FMAs here, so the go-fastbf16 backend's products stay exact"
 		}
@@ -85,7 +85,7 @@ func Kernels(w io.Writer) {
 		fmt.Fprintln(w, "OpenBLAS: not built in (go run -tags openblas ./cmd/k3 bench kernels, with libopenblas-dev)")
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "GEMM C=A·Bᵀ\tk3 f32 GF/s\tk3 bf16-weight GF/s\t/ %s\tk-major bf16 GF/s\t/ %s\tAMX exact GF/s\t/ AMX peak\tk-major on AMX GF/s\t/ AMX peak\tAMX fast GF/s\t/ AMX peak\tfast bf16 GF/s\t/ bf16-dot peak\tOpenBLAS GF/s\tk3 f32 / OpenBLAS\tk3 f32 / peak\t\n", exactName, kmajName)
+	fmt.Fprintf(tw, "GEMM C=A·Bᵀ\tk3 f32 GF/s\tk3 bf16-weight GF/s\t/ %s\tk-major bf16 GF/s\t/ %s\tAMX exact GF/s\t/ AMX peak\tk-major on AMX GF/s\t/ AMX peak\tAMX fast GF/s\t/ AMX peak\tfast bf16 (k pairs) GF/s\t/ bf16-dot peak\tOpenBLAS GF/s\tk3 f32 / OpenBLAS\tk3 f32 / peak\t\n", exactName, kmajName)
 	for _, s := range [][3]int{{512, 2304, 768}, {256, 2048, 2048}, {1024, 1024, 1024}} {
 		m, n, k := s[0], s[1], s[2]
 		x, wt, y := make([]float32, m*k), make([]float32, n*k), make([]float32, m*n)
@@ -124,8 +124,15 @@ func Kernels(w io.Writer) {
 			amxRate, amxShare = rate(func() { p.MatMulAMX(y, x, wp, m, n, k) }, amx)
 			amxFast, amxFastShare = rate(func() { p.MatMulAMXFast(y, x, wp, m, n, k) }, amx)
 		}
+		// The go-fastbf16 backend's product: over pair-interleaved weights
+		// where it lays them out (cpu.Backend.PrepareMatMul).
 		fast, fastShare := "-", "-"
-		if kernel.FastBF16Available() {
+		switch {
+		case kernel.KPairsFast():
+			wk := make([]uint16, kernel.KPairLen(n, k))
+			p.PackKPairs(wk, wb, n, k)
+			fast, fastShare = rate(func() { p.MatMulKPairs(y, x, wk, m, n, k) }, bf)
+		case kernel.FastBF16Available():
 			fast, fastShare = rate(func() { p.MatMulBF16Fast(y, x, wb, m, n, k) }, bf)
 		}
 		ob, ratio := "-", "-"
