@@ -34,7 +34,10 @@ var _ compute.WeightPreparer = (*Backend)(nil)
 // time, and a narrower weight of at least amxMinN rows, which keeps w,
 // through a tile copy (tileCopy). The fast backend's products of
 // kernel.PackedMinRows rows or more take the tiles' one-part product
-// there (x rounded to bf16).
+// there (x rounded to bf16). On the fast backend's pair-interleaved path a
+// narrower weight of at least pairsMinN rows and even k keeps w for its
+// products of fewer than amxMinRows rows (the dot-form tiles, x exact) and
+// runs the longer ones on a pair-interleaved copy (tileCopy), x rounded.
 //
 // A weight laid out anew keeps w's shape and answers Read; it is not a
 // view other operations can read (F32 and U16 return nil for it).
@@ -49,8 +52,13 @@ func (b *Backend) PrepareMatMul(w compute.Tensor) (compute.Tensor, error) {
 	}
 	n, k := w.Dims[0], w.Dims[1]
 	if n < kernel.KMajorMinN {
-		if buf := w.Mem.(*buffer); longOnTiles(how, k) && n >= amxMinN && w.Off == 0 && len(buf.u16) == n*k {
+		buf := w.Mem.(*buffer)
+		whole := w.Off == 0 && len(buf.u16) == n*k
+		switch {
+		case longOnTiles(how, k) && n >= amxMinN && whole:
 			buf.tiles = &tileCopy{n: n, k: k}
+		case how == kPairs && n >= pairsMinN && k%2 == 0 && whole:
+			buf.tiles = &tileCopy{n: n, k: k, pairs: true}
 		}
 		return w, nil
 	}
@@ -106,14 +114,19 @@ func longOnTiles(how packing, k int) bool {
 // outweighs the tiles (docs/bench).
 const amxMinN = 2 * kernel.AMXPanel
 
-// tileCopy is the AMX form of a narrow weight kept in its stored layout,
-// made by the weight's first product of amxMinRows rows or more:
-// only prefill products are that long, so weights read only by decode or
-// by MoEExperts (the experts' products stay on the stored layout) never
-// take the memory.
+// pairsMinN is the fewest rows of a narrow weight whose long products
+// take a pair-interleaved copy on the fast backend: a panel's width.
+const pairsMinN = kernel.KMajorPanel
+
+// tileCopy is the AMX form (or, with pairs, the pair-interleaved form) of
+// a narrow weight kept in its stored layout, made by the weight's first
+// product of amxMinRows rows or more: only prefill products are that
+// long, so weights read only by decode or by MoEExperts (the experts'
+// products stay on the stored layout) never take the memory.
 type tileCopy struct {
 	once   sync.Once
 	n, k   int
+	pairs  bool
 	packed []uint16
 }
 
@@ -129,10 +142,21 @@ func tilesFor(w compute.Tensor) []uint16 {
 		return nil
 	}
 	tc.once.Do(func() {
+		if tc.pairs {
+			tc.packed = make([]uint16, kernel.KPairLen(tc.n, tc.k))
+			kernel.PackKPairs(tc.packed, buf.u16, tc.n, tc.k)
+			return
+		}
 		tc.packed = make([]uint16, kernel.AMXLen(tc.n, tc.k))
 		kernel.PackAMX(tc.packed, buf.u16, tc.n, tc.k)
 	})
 	return tc.packed
+}
+
+// pairCopy reports whether w's tile copy is pair-interleaved.
+func pairCopy(w compute.Tensor) bool {
+	buf, ok := w.Mem.(*buffer)
+	return ok && buf.tiles != nil && buf.tiles.pairs
 }
 
 // packing is a prepared weight's layout.

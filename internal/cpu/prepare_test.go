@@ -204,7 +204,8 @@ func requireProduct(t *testing.T, got, x, w []float32, n, k int, roundsX bool, w
 	}
 }
 
-// TestPrepareMatMulNarrowTiles: where the AMX tiles run, a
+// TestPrepareMatMulNarrowTiles: where the AMX tiles run (or the fast
+// backend lays weights out pair-interleaved), a
 // narrow weight keeps its stored layout for products of fewer than
 // amxMinRows rows (bit for bit those of an unprepared copy) and
 // runs longer ones on a tile copy of its values (bit for bit the tile
@@ -213,6 +214,7 @@ func requireProduct(t *testing.T, got, x, w []float32, n, k int, roundsX bool, w
 // weights too narrow or too shallow keep the stored layout, and Write is
 // refused.
 func TestPrepareMatMulNarrowTiles(t *testing.T) {
+	ran := false
 	for _, fast := range []bool{false, true} {
 		b := New(2)
 		if fast {
@@ -226,12 +228,21 @@ func TestPrepareMatMulNarrowTiles(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, w, p, "a narrow weight stays a view of its stored bits")
 		tiles := w.Mem.(*buffer).tiles
-		if !longOnTiles(b.packing(), k) {
+		// The fast backend's pair-interleaved copy where it lays weights
+		// out so (VDPBF16PS pays, no AMX).
+		pairs := b.packing() == kPairs
+		if !longOnTiles(b.packing(), k) && !pairs {
 			require.Nil(t, tiles, "no tile copy off the AMX path")
-			t.Skip("no AMX tiles for long products here (an AMX CPU, K3_KERNEL unset or amx)")
+			continue
 		}
+		ran = true
 		require.NotNil(t, tiles)
-		for _, nk := range [][2]int{{amxMinN - 1, k}, {n, amxMinK - 32}} {
+		require.Equal(t, pairs, tiles.pairs)
+		none := [][2]int{{amxMinN - 1, k}, {n, amxMinK - 32}}
+		if pairs {
+			none = [][2]int{{pairsMinN - 1, k}, {n, k + 1}}
+		}
+		for _, nk := range none {
 			o, _ := bf16Weight(t, b, r, nk[0], nk[1])
 			_, err := b.PrepareMatMul(o)
 			require.NoError(t, err)
@@ -252,6 +263,10 @@ func TestPrepareMatMulNarrowTiles(t *testing.T) {
 		}
 		packed := make([]uint16, kernel.AMXLen(n, k))
 		kernel.PackAMX(packed, wb, n, k)
+		if pairs {
+			packed = make([]uint16, kernel.KPairLen(n, k))
+			kernel.PackKPairs(packed, wb, n, k)
+		}
 
 		const most = 150
 		xs := make([]float32, most*k)
@@ -275,7 +290,11 @@ func TestPrepareMatMulNarrowTiles(t *testing.T) {
 			// kernel.PackedMinRows rows or more.
 			rounds := fast && rows >= kernel.PackedMinRows
 			want := make([]float32, rows*n)
-			if rounds {
+			if pairs {
+				// Every long product on the pair copy rounds x.
+				rounds = true
+				b.pool.MatMulKPairs(want, xs, packed, rows, n, k)
+			} else if rounds {
 				b.pool.MatMulAMXFast(want, xs, packed, rows, n, k)
 			} else {
 				b.pool.MatMulAMX(want, xs, packed, rows, n, k)
@@ -293,6 +312,9 @@ func TestPrepareMatMulNarrowTiles(t *testing.T) {
 		back := make([]float32, n*k)
 		require.NoError(t, b.Read(back, p))
 		require.Equal(t, vals, back)
+	}
+	if !ran {
+		t.Skip("no AMX tiles or pair copies for long products here")
 	}
 }
 
