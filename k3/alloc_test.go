@@ -8,32 +8,37 @@ import (
 // TestDecodeAllocations checks that a decode step of a warm session, the
 // hot path of generation, allocates nothing beyond the amortised growth of
 // the session's token history (the race detector's instrumentation
-// allocates, so it is skipped there).
+// allocates, so it is skipped there), on the exact backend and on the fast
+// bf16 one (whose products round x into buffers of their own).
 func TestDecodeAllocations(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
-	ctx := context.Background()
-	m, err := LoadTiny(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	s, err := m.NewSession()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.run(ctx, []int32{1, 2, 3, 4}, false); err != nil {
-		t.Fatal(err)
-	}
-	tok := []int32{5}
-	allocs := testing.AllocsPerRun(200, func() {
-		if _, err := s.run(ctx, tok, false); err != nil {
-			t.Fatal(err)
-		}
-	})
-	if allocs > 0 {
-		t.Errorf("a decode step allocates %v times", allocs)
+	for _, backend := range []string{"go", "go-fastbf16"} {
+		t.Run(backend, func(t *testing.T) {
+			ctx := context.Background()
+			m, err := LoadTiny(ctx, WithBackend(backend))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			s, err := m.NewSession()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.run(ctx, []int32{1, 2, 3, 4}, false); err != nil {
+				t.Fatal(err)
+			}
+			tok := []int32{5}
+			allocs := testing.AllocsPerRun(200, func() {
+				if _, err := s.run(ctx, tok, false); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if allocs > 0 {
+				t.Errorf("a decode step allocates %v times", allocs)
+			}
+		})
 	}
 }
 

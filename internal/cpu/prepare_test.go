@@ -168,6 +168,12 @@ func testPreparedOthers(t *testing.T, b *Backend, r *rand.Rand, n, k int) {
 	_, how, err := packedOf(pw)
 	require.NoError(t, err)
 	require.Equal(t, fast.fastDot() && !kernel.AMXAvailable(), how == kPairs, "pair-interleaved where VDPBF16PS pays and no AMX")
+	if how == kPairs {
+		odd, _ := bf16Weight(t, fast, r, n, k+1)
+		po, err := fast.PrepareMatMul(odd)
+		require.NoError(t, err)
+		assert.Equal(t, odd, po, "a weight of odd k keeps the stored layout on the fast backend")
+	}
 	roundsX := longOnTiles(how, k)
 	var firstRow []float32
 	for _, rows := range []int{most, 1} {
