@@ -89,8 +89,11 @@ func WithDenseAttention() Option { return func(o *options) { o.dense = true } }
 // decode passes once per row count and replaying them (see GraphStats).
 func WithoutGraphs() Option { return func(o *options) { o.eager = true } }
 
-// WithBackend selects the compute backend by name ("go", the default, or
-// "ascend").
+// WithBackend selects the compute backend by name: "go" (the default),
+// "go-fastbf16" (the Go backend with its bf16-weight products rounding x
+// to bfloat16 on the CPU's bf16 dot product where that pays: faster, not
+// exact; a session's results still do not depend on its batch), "ascend"
+// or "ascend-host".
 func WithBackend(name string) Option { return func(o *options) { o.backend = name } }
 
 // BackendOptions carries what a device backend needs beyond its name (the

@@ -47,7 +47,7 @@ func OpenWith(name string, o Options) (compute.Backend, error) {
 	case "go", "":
 		return cpu.New(0), nil
 	case "go-fastbf16":
-		// Opt-in: prefill's bf16-weight products round x to bfloat16.
+		// Opt-in: bf16-weight products round x to bfloat16.
 		return cpu.NewFastBF16(0), nil
 	case "ascend":
 		return ascend.Open(ascend.Options{Device: o.Device, LibDirs: o.LibDirs, ArenaBytes: o.MemoryBytes, HostFallback: o.HostFallback,

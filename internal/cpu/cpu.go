@@ -56,16 +56,17 @@ var _ compute.Backend = (*Backend)(nil)
 // New returns a backend running kernels on threads goroutines (0: GOMAXPROCS).
 func New(threads int) *Backend { return &Backend{pool: kernel.NewPool(threads)} }
 
-// NewFastBF16 is New with the fast bf16 products: a bf16-weight product of
-// at least kernel.PackedMinRows rows (prefill, not decode) and fastMinN
-// weight rows rounds x to bfloat16 and runs kernel.MatMulBF16Fast on the
-// CPU's bf16 dot product.
-// It trades accuracy (about 2^-9 relative per element of x) for up to
-// twice the exact products' rate; decode stays exact. Where the CPU lacks
-// the bf16 dot product or runs it slower than the exact products' FMAs
-// (kernel.FastBF16Pays), the products stay exact, except where the CPU
-// runs the AMX tiles (kernel.AMXAvailable): there the long ones round x to
-// bf16 on the tiles.
+// NewFastBF16 is New with the fast bf16 products: where the CPU runs its
+// bf16 dot product faster than the exact products' FMAs
+// (kernel.FastBF16Pays) and has no AMX tiles, bf16 weights are laid out
+// pair-interleaved (PrepareMatMul) and every product of them, decode
+// included, rounds x to bfloat16 and runs kernel.MatMulKPairs on it; a
+// row's result still does not depend on the other rows. It trades accuracy
+// (about 2^-9 relative per element of x) for up to twice the exact
+// products' rate. Where the CPU lacks the bf16 dot product or it does not
+// pay, the products stay exact, except where the CPU runs the AMX tiles
+// (kernel.AMXAvailable): there the long ones (prefill) round x to bf16 on
+// the tiles and decode stays exact.
 func NewFastBF16(threads int) *Backend {
 	b := New(threads)
 	b.fastBF16 = true
