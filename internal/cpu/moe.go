@@ -102,6 +102,7 @@ type moeScratch struct {
 	start     []int32   // first grouped row of each expert (E+1)
 	cur       []int32   // placement cursor per expert
 	active    []int32   // experts with rows
+	items     []int32   // a pass's work items, expertItem each
 	job       expertJob
 }
 
@@ -121,21 +122,29 @@ func growI(s []int32, n int) []int32 {
 	return s[:n]
 }
 
-// expertJob runs whole experts on the workers.
+// expertJob is one MoEExperts call's work on the workers.
 type expertJob struct {
 	a          *compute.ExpertArgs
 	sc         *moeScratch
 	din, inter int
 	long       bool // amxMinRows tokens or more: a prefill chunk's (serialMatMul)
+	pairs      bool // sc.xb holds each expert's rows rounded to bf16
+	down       bool // the passes' products: the down products' (else gate and up)
 	err        error
 	errMu      sync.Mutex
 }
 
 // MoEExperts runs each selected expert once over all tokens routed to it.
-// Tokens are grouped by expert on the caller; then every worker takes
-// whole experts (gather, gate and up products, activation, down product),
-// so each active expert's weights are read once per call and small experts
-// cost no dispatch of their own. In a call of amxMinRows tokens or more
+// Tokens are grouped by expert on the caller; then either every worker
+// takes whole experts (gather, gate and up products, activation, down
+// product), so that small experts cost no dispatch of their own, or,
+// where whole experts would leave workers idle (expertPasses), the call
+// runs as passes (gather; gate and up products; activation; down
+// products) whose products are cut into ranges of a laid-out weight's
+// panels, so that every worker streams a share of every expert. Either
+// way each active expert's weights are read once per call, and a token's
+// outputs have the same bits: a panel's outputs do not depend on the
+// panels computed beside them. In a call of amxMinRows tokens or more
 // (a prefill chunk) the products of k-major experts that longOnTiles
 // admits run on the AMX tiles, as such a chunk's projections do.
 func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
@@ -209,8 +218,24 @@ func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 		}
 		sc.xb = sc.xb[:need]
 	}
-	sc.job = expertJob{a: a, sc: sc, din: din, inter: inter, long: t >= amxMinRows}
-	b.pool.Run(expertRange, kernel.Args{Job: &sc.job, X: x}, len(sc.active), 1)
+	sc.job = expertJob{a: a, sc: sc, din: din, inter: inter, long: t >= amxMinRows, pairs: len(sc.xb) > 0}
+	if !sc.job.laidOut() || !expertPasses(len(sc.active), b.pool.Size()) {
+		b.pool.Run(expertRange, kernel.Args{Job: &sc.job, X: x}, len(sc.active), 1)
+	} else {
+		j := &sc.job
+		args := kernel.Args{Job: j, X: x}
+		b.pool.Run(expertGather, args, len(sc.active), 1)
+		sc.items = j.split(sc.items[:0], a.W1, a.W3)
+		b.pool.Run(expertProducts, args, len(sc.items)/expertItem, 1)
+		if j.err == nil {
+			b.pool.Run(expertAct, args, len(sc.active), 1)
+		}
+		if j.err == nil {
+			j.down = true
+			sc.items = j.split(sc.items[:0], a.W2, nil)
+			b.pool.Run(expertProducts, args, len(sc.items)/expertItem, 1)
+		}
+	}
 	if sc.job.err != nil {
 		return sc.job.err
 	}
@@ -222,47 +247,219 @@ func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 	return nil
 }
 
-func expertRange(args *kernel.Args, lo, hi int) {
+// expertItem is the length of one work item of the products' passes:
+// the expert's index in active, which of its weights (0: the first list,
+// 1: the second), and the range of the weight's panels [p0, p1), or
+// p1 = -1 for the whole weight.
+const expertItem = 4
+
+// expertPanels is how many k-major panels one work item of an expert's
+// product takes: the four streams kmajFew reads.
+const expertPanels = 4
+
+// split lists the work items of a pass over the active experts' weights
+// ws (and vs, when given): a laid-out weight's product in ranges of
+// expertPanels panels, any other whole.
+func (j *expertJob) split(items []int32, ws, vs []compute.Tensor) []int32 {
+	for i, e := range j.sc.active {
+		for which, list := range [2][]compute.Tensor{ws, vs} {
+			if list == nil {
+				continue
+			}
+			w := list[e]
+			panels := j.panelsOf(w)
+			if panels == 0 {
+				items = append(items, int32(i), int32(which), 0, -1)
+				continue
+			}
+			for p := 0; p < panels; p += expertPanels {
+				items = append(items, int32(i), int32(which), int32(p), int32(min(panels, p+expertPanels)))
+			}
+		}
+	}
+	return items
+}
+
+// panelsOf returns the number of panels of w whose products a pass may
+// split by panel (k-major or pair-interleaved, and not a long product
+// the AMX tiles take), or 0.
+func (j *expertJob) panelsOf(w compute.Tensor) int {
+	wp, how, err := packedOf(w)
+	if wp == nil || err != nil || (how != kMajor && how != kPairs) || (j.long && longOnTiles(how, w.Dims[1])) {
+		return 0
+	}
+	return (w.Dims[0] + kernel.KMajorPanel - 1) / kernel.KMajorPanel
+}
+
+// expertPasses reports whether MoEExperts runs a call as passes over its
+// products' panel ranges rather than whole experts a goroutine, given the
+// active experts and the pool's goroutines: where whole experts would
+// leave more than an eighth of the goroutines' turns idle in their last
+// round (one expert for two goroutines; a batch-1 step's top-6 on eight
+// cores), since an expert's products stream its weights from memory and
+// one goroutine alone reaches only part of the memory's rate. Otherwise
+// (a decode batch's many experts, a batch-1 step's top-k that the
+// goroutines divide) whole experts cost one dispatch and no barrier
+// between an expert's products, and the passes measured no faster, or
+// slower on small experts (docs/bench). A variable so that tests can
+// take either schedule.
+var expertPasses = func(active, goroutines int) bool {
+	slots := (active + goroutines - 1) / goroutines * goroutines
+	return 8*(slots-active) > slots
+}
+
+// laidOut reports whether the first active expert has a weight a pass may
+// split by panels (the experts of one call share their layout).
+func (j *expertJob) laidOut() bool {
+	if len(j.sc.active) == 0 {
+		return false
+	}
+	e := j.sc.active[0]
+	return j.panelsOf(j.a.W1[e]) > 0 || j.panelsOf(j.a.W2[e]) > 0
+}
+
+// rowsOf returns expert e's first grouped row and row count.
+func (j *expertJob) rowsOf(e int32) (r0, m int) {
+	return int(j.sc.start[e]), int(j.sc.start[e+1] - j.sc.start[e])
+}
+
+// xbOf returns expert e's share of the rounded-x buffer (nil unless the
+// weights are pair-interleaved).
+func (j *expertJob) xbOf(e int32) []uint16 {
+	if !j.pairs {
+		return nil
+	}
+	r0, m := j.rowsOf(e)
+	wide := max(j.din, j.inter)
+	return j.sc.xb[r0*wide : (r0+m)*wide]
+}
+
+func (j *expertJob) fail(err error) {
+	j.errMu.Lock()
+	if j.err == nil {
+		j.err = err
+	}
+	j.errMu.Unlock()
+}
+
+// gather copies the rows routed to expert e into its rows of sc.x and
+// returns them.
+func (j *expertJob) gather(e int32, x []float32) []float32 {
+	r0, m := j.rowsOf(e)
+	din := j.din
+	xs := j.sc.x[r0*din : (r0+m)*din]
+	for i, r := range j.sc.rows[r0 : r0+m] {
+		copy(xs[i*din:(i+1)*din], x[int(r)*din:(int(r)+1)*din])
+	}
+	return xs
+}
+
+// expertGather gathers the rows of experts [lo, hi) of active and, for
+// pair-interleaved weights, rounds them to bf16 once for the gate and up
+// products.
+func expertGather(args *kernel.Args, lo, hi int) {
+	j := args.Job.(*expertJob)
+	for _, e := range j.sc.active[lo:hi] {
+		xs := j.gather(e, args.X)
+		if xb := j.xbOf(e); xb != nil {
+			kernel.ToBF16(xb[:len(xs)], xs)
+		}
+	}
+}
+
+// expertProduct runs one work item's product: dst[m, n] = x · wᵀ over
+// panels [p0, p1) of w, or all of it with p1 < 0.
+func (j *expertJob) expertProduct(dst, x []float32, xb []uint16, w compute.Tensor, m, p0, p1 int) error {
+	if p1 < 0 {
+		return serialMatMul(dst, x, xb, w, m, j.long)
+	}
+	wp, how, _ := packedOf(w)
+	n, k := w.Dims[0], w.Dims[1]
+	if how == kPairs {
+		kernel.MatMulKPairsPanels(dst, xb, wp, m, n, k, p0, p1)
+	} else {
+		kernel.MatMulKMajorPanels(dst, x, wp, m, n, k, p0, p1)
+	}
+	return nil
+}
+
+// expertProducts runs the products' items [lo, hi) of the pass j.down
+// names: the gate and up products (false) or the down products (true).
+func expertProducts(args *kernel.Args, lo, hi int) {
 	j := args.Job.(*expertJob)
 	sc, a, din, inter := j.sc, j.a, j.din, j.inter
-	x := args.X
-	for _, e := range sc.active[lo:hi] {
-		r0, r1 := int(sc.start[e]), int(sc.start[e+1])
-		m := r1 - r0
-		xs := sc.x[r0*din : r1*din]
-		for i, r := range sc.rows[r0:r1] {
-			copy(xs[i*din:(i+1)*din], x[int(r)*din:(int(r)+1)*din])
-		}
+	for it := lo; it < hi; it++ {
+		item := sc.items[it*expertItem : (it+1)*expertItem]
+		e := sc.active[item[0]]
+		r0, m := j.rowsOf(e)
 		gate := sc.h[2*r0*inter : 2*r0*inter+m*inter]
-		up := sc.h[2*r0*inter+m*inter : 2*r1*inter]
-		var xb []uint16 // the expert's rows' share of sc.xb
-		if len(sc.xb) > 0 {
-			wide := max(din, inter)
-			xb = sc.xb[r0*wide : r1*wide]
+		dst, x, w := gate, sc.x[r0*din:(r0+m)*din], a.W1[e]
+		switch {
+		case j.down:
+			dst, x, w = sc.out[r0*din:(r0+m)*din], gate, a.W2[e]
+		case item[1] == 1:
+			dst, w = sc.h[2*r0*inter+m*inter:2*(r0+m)*inter], a.W3[e] // up
 		}
+		if err := j.expertProduct(dst, x, j.xbOf(e), w, m, int(item[2]), int(item[3])); err != nil {
+			j.fail(err)
+			return
+		}
+	}
+}
+
+// expertAct applies the activation to experts [lo, hi) of active, gate
+// and up into gate (and rounds it to bf16 for pair-interleaved weights).
+func expertAct(args *kernel.Args, lo, hi int) {
+	j := args.Job.(*expertJob)
+	sc, inter := j.sc, j.inter
+	for _, e := range sc.active[lo:hi] {
+		r0, m := j.rowsOf(e)
+		gate := sc.h[2*r0*inter : 2*r0*inter+m*inter]
+		if err := j.activate(gate, sc.h[2*r0*inter+m*inter:2*(r0+m)*inter]); err != nil {
+			j.fail(err)
+			return
+		}
+		if xb := j.xbOf(e); xb != nil {
+			kernel.ToBF16(xb[:m*inter], gate)
+		}
+	}
+}
+
+// activate writes act(gate)·up into gate.
+func (j *expertJob) activate(gate, up []float32) error {
+	switch act := j.a.Act; act.Kind {
+	case compute.SwiGLU:
+		kernel.SwiGLU(gate, gate, up)
+	case compute.SiTU:
+		kernel.SiTU(gate, gate, up, act.Beta, act.LinearBeta)
+	default:
+		return fmt.Errorf("cpu: experts: activation %d: %w", act.Kind, compute.ErrUnsupported)
+	}
+	return nil
+}
+
+// expertRange runs experts [lo, hi) of active whole: gather, gate and up
+// products, activation, down product.
+func expertRange(args *kernel.Args, lo, hi int) {
+	j := args.Job.(*expertJob)
+	sc, a, inter := j.sc, j.a, j.inter
+	for _, e := range sc.active[lo:hi] {
+		r0, m := j.rowsOf(e)
+		xs, xb := j.gather(e, args.X), j.xbOf(e)
+		gate := sc.h[2*r0*inter : 2*r0*inter+m*inter]
+		up := sc.h[2*r0*inter+m*inter : 2*(r0+m)*inter]
 		err := serialMatMul(gate, xs, xb, a.W1[e], m, j.long)
 		if err == nil {
 			err = serialMatMul(up, xs, xb, a.W3[e], m, j.long)
 		}
 		if err == nil {
-			switch a.Act.Kind {
-			case compute.SwiGLU:
-				kernel.SwiGLU(gate, gate, up)
-			case compute.SiTU:
-				kernel.SiTU(gate, gate, up, a.Act.Beta, a.Act.LinearBeta)
-			default:
-				err = fmt.Errorf("cpu: experts: activation %d: %w", a.Act.Kind, compute.ErrUnsupported)
-			}
+			err = j.activate(gate, up)
 		}
 		if err == nil {
-			err = serialMatMul(sc.out[r0*din:r1*din], gate, xb, a.W2[e], m, j.long)
+			err = serialMatMul(sc.out[r0*j.din:(r0+m)*j.din], gate, xb, a.W2[e], m, j.long)
 		}
 		if err != nil {
-			j.errMu.Lock()
-			if j.err == nil {
-				j.err = err
-			}
-			j.errMu.Unlock()
+			j.fail(err)
 			return
 		}
 	}

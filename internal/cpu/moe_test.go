@@ -6,7 +6,9 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"k3/compute"
@@ -176,5 +178,230 @@ func testExpertsOnTiles(t *testing.T, din, inter int) {
 	}
 	if inter >= kernel.KMajorMinN {
 		require.NotZero(t, tiles, "no k-major expert product on the tiles")
+	}
+}
+
+// TestExpertSchedules: MoEExperts gives the same bits whether each worker
+// takes whole experts or the call runs as passes over the products'
+// panel ranges (expertPasses), on the exact and the fast backend, for
+// stored-layout, k-major and pair-interleaved experts, SwiGLU and SiTU,
+// one token routed to one expert and calls of up to a prefill chunk's
+// length (where the AMX tiles run, long calls keep whole products on
+// them).
+func TestExpertSchedules(t *testing.T) {
+	defer func(f func(int, int) bool) { expertPasses = f }(expertPasses)
+	for _, fast := range []bool{false, true} {
+		for _, sh := range []struct{ din, inter int }{{256, 64}, {384, 64}, {128, 384}, {384, 512}, {100, 400}} {
+			for _, c := range []struct{ tok, topk int }{{1, 1}, {1, 2}, {3, 2}, {8, 2}, {40, 2}, {130, 2}} {
+				t.Run(fmt.Sprintf("fast=%v/din=%d/inter=%d/tok=%d/topk=%d", fast, sh.din, sh.inter, c.tok, c.topk), func(t *testing.T) {
+					testExpertSchedules(t, fast, sh.din, sh.inter, c.tok, c.topk)
+				})
+			}
+		}
+	}
+}
+
+func testExpertSchedules(t *testing.T, fast bool, din, inter, tok, topk int) {
+	const ne = 8
+	b := New(2)
+	if fast {
+		b = NewFastBF16(2)
+	}
+	defer b.Close()
+	r := rand.New(rand.NewPCG(uint64(din*inter), uint64(tok)))
+	w1, w3, w2 := preparedExperts(t, b, r, ne, din, inter)
+	x := make([]float32, tok*din)
+	for i := range x {
+		x[i] = float32(r.NormFloat64() * 0.5)
+	}
+	idx, wts := make([]int32, tok*topk), make([]float32, tok*topk)
+	for i := range tok {
+		for s, e := range r.Perm(ne)[:topk] {
+			idx[i*topk+s], wts[i*topk+s] = int32(e), float32(0.2+r.Float64())
+		}
+	}
+	act := compute.Activation{Kind: compute.SwiGLU}
+	if din%2 == 0 && tok%2 == 1 {
+		act = compute.Activation{Kind: compute.SiTU, Beta: 3, LinearBeta: 5}
+	}
+	var got [2][]float32
+	for i, passes := range []bool{false, true} {
+		expertPasses = func(int, int) bool { return passes }
+		out := must(b.Alloc(compute.F32, tok, din))
+		it := must(b.Alloc(compute.I32, tok, topk))
+		require.NoError(t, b.Write(it, idx))
+		a := compute.ExpertArgs{X: upload(b, x, tok, din), Indices: it, Weights: upload(b, wts, tok, topk),
+			W1: w1, W3: w3, W2: w2, Act: act, Out: out}
+		require.NoError(t, b.MoEExperts(&a))
+		got[i] = make([]float32, tok*din)
+		require.NoError(t, b.Read(got[i], out))
+	}
+	require.Equal(t, got[0], got[1], "whole experts (want) against passes over panel ranges")
+}
+
+// preparedExperts makes ne experts' bf16 weights (w1 and w3 [inter, din],
+// w2 [din, inter]) laid out as b lays out a model's.
+func preparedExperts(t testing.TB, b *Backend, r *rand.Rand, ne, din, inter int) (w1, w3, w2 []compute.Tensor) {
+	t.Helper()
+	weight := func(n, k int) compute.Tensor {
+		w, _ := bf16Weight(t, b, r, n, k)
+		p, err := b.PrepareMatMul(w)
+		require.NoError(t, err)
+		return p
+	}
+	for range ne {
+		w1, w3, w2 = append(w1, weight(inter, din)), append(w3, weight(inter, din)), append(w2, weight(din, inter))
+	}
+	return w1, w3, w2
+}
+
+// TestExpertPassesPolicy: the passes take calls whose whole experts would
+// leave more than an eighth of the goroutines' turns idle, and no others.
+func TestExpertPassesPolicy(t *testing.T) {
+	for _, c := range []struct {
+		active, goroutines int
+		passes             bool
+	}{
+		{1, 2, true}, {2, 2, false}, {3, 2, true}, {4, 2, false}, {5, 2, true}, {7, 2, false},
+		{26, 2, false}, {27, 2, false}, {6, 8, true}, {8, 6, true}, {12, 6, false}, {60, 16, false}, {1, 1, false},
+	} {
+		assert.Equal(t, c.passes, expertPasses(c.active, c.goroutines), "%d experts, %d goroutines", c.active, c.goroutines)
+	}
+}
+
+// TestExpertAllocs: once warm, an MoEExperts call allocates nothing under
+// either schedule.
+func TestExpertAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	defer func(f func(int, int) bool) { expertPasses = f }(expertPasses)
+	for _, fast := range []bool{false, true} {
+		b := New(2)
+		if fast {
+			b = NewFastBF16(2)
+		}
+		r := rand.New(rand.NewPCG(5, 6))
+		const ne, din, inter, tok, topk = 4, 256, 384, 3, 2
+		w1, w3, w2 := preparedExperts(t, b, r, ne, din, inter)
+		it := must(b.Alloc(compute.I32, tok, topk))
+		require.NoError(t, b.Write(it, []int32{0, 1, 2, 3, 1, 2}))
+		a := compute.ExpertArgs{X: upload(b, normals(r, tok*din), tok, din), Indices: it, Weights: upload(b, normals(r, tok*topk), tok, topk),
+			W1: w1, W3: w3, W2: w2, Act: compute.Activation{Kind: compute.SwiGLU}, Out: must(b.Alloc(compute.F32, tok, din))}
+		for _, passes := range []bool{false, true} {
+			expertPasses = func(int, int) bool { return passes }
+			require.NoError(t, b.MoEExperts(&a))
+			allocs := testing.AllocsPerRun(20, func() {
+				if err := b.MoEExperts(&a); err != nil {
+					t.Fatal(err)
+				}
+			})
+			require.Zero(t, allocs, "fast %v, passes %v", fast, passes)
+		}
+		b.Close()
+	}
+}
+
+// BenchmarkMoEExperts runs MoEExperts calls of laid-out bf16 experts
+// under both schedules in turn (whole experts a worker, then passes over
+// panel ranges, eight calls each), cold: rotated over
+// copies of the active experts (as a model's MoE layers) holding at
+// least 256 MB. Shapes: the 1B preset's experts (2048 wide, 512 inner,
+// 16 of them) at a decode batch of 8 tokens with top-6, and one token
+// with top-6, top-3 and top-1 (one expert for two workers); the 100M
+// preset's (384 wide, 64 inner, 64 of them) at a batch of 8 with top-4.
+// It reports each schedule's share of the bandwidth probed before and
+// after (the experts' weight bytes read per second) and whole/passes,
+// the whole experts' time over the passes'.
+func BenchmarkMoEExperts(b *testing.B) {
+	defer func(f func(int, int) bool) { expertPasses = f }(expertPasses)
+	for _, c := range []struct {
+		name                      string
+		din, inter, ne, tok, topk int
+	}{
+		{"1b/tokens=8/top6", 2048, 512, 16, 8, 6},
+		{"1b/tokens=1/top6", 2048, 512, 16, 1, 6},
+		{"1b/tokens=1/top3", 2048, 512, 16, 1, 3},
+		{"1b/tokens=1/top1", 2048, 512, 16, 1, 1},
+		{"100m/tokens=8/top4", 384, 64, 64, 8, 4},
+	} {
+		be := New(0)
+		r := rand.New(rand.NewPCG(7, 8))
+		idx := make([]int32, c.tok*c.topk)
+		for i := range c.tok {
+			for s, e := range r.Perm(c.ne)[:c.topk] {
+				idx[i*c.topk+s] = int32(e)
+			}
+		}
+		active := map[int32]bool{}
+		for _, e := range idx {
+			active[e] = true
+		}
+		// Copies of the active experts (the others, never read, shared).
+		per := 3 * c.din * c.inter * 2 * len(active)
+		copies := max(2, (256<<20)/per)
+		type layer struct{ w1, w3, w2 []compute.Tensor }
+		layers := make([]layer, copies)
+		weight := func(n, k int) compute.Tensor {
+			w, _ := bf16Weight(b, be, r, n, k)
+			p, err := be.PrepareMatMul(w)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return p
+		}
+		for l := range layers {
+			for e := range c.ne {
+				if l > 0 && !active[int32(e)] {
+					layers[l].w1 = append(layers[l].w1, layers[0].w1[e])
+					layers[l].w3 = append(layers[l].w3, layers[0].w3[e])
+					layers[l].w2 = append(layers[l].w2, layers[0].w2[e])
+					continue
+				}
+				layers[l].w1 = append(layers[l].w1, weight(c.inter, c.din))
+				layers[l].w3 = append(layers[l].w3, weight(c.inter, c.din))
+				layers[l].w2 = append(layers[l].w2, weight(c.din, c.inter))
+			}
+		}
+		it := must(be.Alloc(compute.I32, c.tok, c.topk))
+		if err := be.Write(it, idx); err != nil {
+			b.Fatal(err)
+		}
+		a := compute.ExpertArgs{X: upload(be, normals(r, c.tok*c.din), c.tok, c.din), Indices: it,
+			Weights: upload(be, normals(r, c.tok*c.topk), c.tok, c.topk), Act: compute.Activation{Kind: compute.SwiGLU},
+			Out: must(be.Alloc(compute.F32, c.tok, c.din))}
+		b.Run(c.name, func(b *testing.B) {
+			bw := kernel.BandwidthNow()
+			var took [2]time.Duration
+			b.ResetTimer()
+			// Each schedule in turn for a run of calls, the first of each
+			// run untimed: a worker left idle by a run of calls that
+			// did not need it parks, and a model's other operations keep
+			// it awake between its MoE calls.
+			const run = 8
+			for i := 0; i < b.N; i += run {
+				for s, passes := range []bool{false, true} {
+					expertPasses = func(int, int) bool { return passes }
+					for c := range run + 1 {
+						l := layers[(2*i+s*run+c)%copies]
+						a.W1, a.W3, a.W2 = l.w1, l.w3, l.w2
+						start := time.Now()
+						if err := be.MoEExperts(&a); err != nil {
+							b.Fatal(err)
+						}
+						if c > 0 {
+							took[s] += time.Since(start)
+						}
+					}
+				}
+			}
+			b.StopTimer()
+			bw = max(bw, kernel.BandwidthNow())
+			bytes := float64(len(active)*3*c.din*c.inter*2) * float64((b.N+run-1)/run*run)
+			b.ReportMetric(bytes/took[0].Seconds()/bw, "whole_of_bandwidth")
+			b.ReportMetric(bytes/took[1].Seconds()/bw, "passes_of_bandwidth")
+			b.ReportMetric(float64(took[0])/float64(took[1]), "whole/passes")
+		})
+		be.Close()
 	}
 }

@@ -18,7 +18,7 @@ import (
 
 // bf16Weight uploads a random bf16 weight [n, k] and returns it with its
 // values.
-func bf16Weight(t *testing.T, b *Backend, r *rand.Rand, n, k int) (compute.Tensor, []float32) {
+func bf16Weight(t testing.TB, b *Backend, r *rand.Rand, n, k int) (compute.Tensor, []float32) {
 	t.Helper()
 	data := make([]byte, 2*n*k)
 	vals := make([]float32, n*k)

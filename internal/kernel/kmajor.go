@@ -172,6 +172,43 @@ func MatMulKMajorSerial(dst, x []float32, wp []uint16, m, n, k int) {
 	kmajRange(&a, 0, blocks*j.panels)
 }
 
+// MatMulKMajorPanels is MatMulKMajorSerial restricted to the outputs of
+// panels [p0, p1): columns [48·p0, min(n, 48·p1)) of dst, each with the
+// bits the whole product gives it, so that one product's panels can be
+// spread over goroutines (an MoE call's experts, cpu.MoEExperts).
+func MatMulKMajorPanels(dst, x []float32, wp []uint16, m, n, k, p0, p1 int) {
+	checkKMajor(len(dst), len(x), len(wp), m, n, k)
+	j := kmajJob{dst: dst, x: x, w: wp, m: m, n: n, k: k, panels: (n + KMajorPanel - 1) / KMajorPanel}
+	kmajPanels(&j, p0, p1)
+}
+
+// MatMulKPairsPanels is MatMulKPairsSerial restricted to the outputs of
+// panels [p0, p1), x given already rounded to bf16 (xb, m·k long, as
+// ToBF16 writes it).
+func MatMulKPairsPanels(dst []float32, xb, wp []uint16, m, n, k, p0, p1 int) {
+	if k%2 != 0 {
+		panic("kernel: MatMulKPairs of an odd k")
+	}
+	if len(dst) < m*n || len(xb) < m*k || len(wp) != KPairLen(n, k) {
+		panic("kernel: MatMulKPairsPanels operand too short")
+	}
+	j := kmajJob{dst: dst, xb: xb, w: wp, m: m, n: n, k: k, pairs: true, panels: (n + KMajorPanel - 1) / KMajorPanel}
+	kmajPanels(&j, p0, p1)
+}
+
+// kmajPanels runs panels [p0, p1) of j's product for all its rows.
+func kmajPanels(j *kmajJob, p0, p1 int) {
+	if p0 < 0 || p1 > j.panels || p0 > p1 {
+		panic("kernel: k-major panel range outside the weight")
+	}
+	if j.m == 0 || p0 == p1 {
+		return
+	}
+	for r0 := 0; r0 < j.m; r0 += kmajMC {
+		kmajBlock(j, r0, min(j.m, r0+kmajMC), p0, p1)
+	}
+}
+
 func checkKMajor(nd, nx, nw, m, n, k int) {
 	if nd < m*n || nx < m*k || nw != KMajorLen(n, k) {
 		panic("kernel: MatMulKMajor operand too short")

@@ -140,3 +140,58 @@ func TestKPairAllocs(t *testing.T) {
 		require.Zero(t, testing.AllocsPerRun(20, func() { MatMulKPairsSerial(y, x, wp, xb, m, n, k) }), "%d rows serially", m)
 	}
 }
+
+// TestMatMulPanels: a k-major or pair-interleaved product computed a
+// range of panels at a time (MatMulKMajorPanels, MatMulKPairsPanels) has
+// the whole product's bits, over few rows (the four-stream tiles) and
+// many, a narrower last panel and k past one k block.
+func TestMatMulPanels(t *testing.T) {
+	for _, pairs := range []bool{false, true} {
+		twins, name := kmajTwins, "kmajor"
+		if pairs {
+			twins, name = kpairTwins, "kpairs"
+		}
+		t.Run(name, func(t *testing.T) {
+			twins(t, func(t *testing.T) {
+				r := rand.New(rand.NewPCG(37, 38))
+				for _, sh := range [][3]int{{1, 48, 2}, {3, 400, 64}, {7, 431, 130}, {8, 97, 66}, {13, 1000, kmajKC + 40}, {70, 200, 34}} {
+					m, n, k := sh[0], sh[1], sh[2]
+					w := kmajWeights(r, n*k)
+					x := randSlice(r, m*k)
+					xb := make([]uint16, m*k)
+					ToBF16(xb, x)
+					var wp []uint16
+					whole := make([]float32, m*n)
+					if pairs {
+						wp = make([]uint16, KPairLen(n, k))
+						PackKPairs(wp, w, n, k)
+						MatMulKPairsSerial(whole, x, wp, make([]uint16, m*k), m, n, k)
+					} else {
+						wp = make([]uint16, KMajorLen(n, k))
+						PackKMajor(wp, w, n, k)
+						MatMulKMajorSerial(whole, x, wp, m, n, k)
+					}
+					panels := (n + KMajorPanel - 1) / KMajorPanel
+					for _, step := range []int{1, 3, 4, panels} {
+						got := make([]float32, m*n)
+						for p := 0; p < panels; p += step {
+							if pairs {
+								MatMulKPairsPanels(got, xb, wp, m, n, k, p, min(panels, p+step))
+							} else {
+								MatMulKMajorPanels(got, x, wp, m, n, k, p, min(panels, p+step))
+							}
+						}
+						for i := range got {
+							if math.Float32bits(got[i]) != math.Float32bits(whole[i]) {
+								t.Fatalf("%dx%dx%d in ranges of %d panels: output %d is %v, the whole product's %v", m, n, k, step, i, got[i], whole[i])
+							}
+						}
+					}
+				}
+				require.Panics(t, func() {
+					MatMulKMajorPanels(make([]float32, 48), make([]float32, 2), make([]uint16, KMajorLen(48, 2)), 1, 48, 2, 0, 2)
+				})
+			})
+		})
+	}
+}
