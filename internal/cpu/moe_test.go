@@ -255,6 +255,27 @@ func preparedExperts(t testing.TB, b *Backend, r *rand.Rand, ne, din, inter int)
 	return w1, w3, w2
 }
 
+// TestExpertActivationUnsupported: an unknown activation is an error
+// naming it under either schedule, not a panic.
+func TestExpertActivationUnsupported(t *testing.T) {
+	defer func(f func(int, int) bool) { expertPasses = f }(expertPasses)
+	b := New(2)
+	defer b.Close()
+	r := rand.New(rand.NewPCG(9, 10))
+	const ne, din, inter = 2, 64, 384
+	w1, w3, w2 := preparedExperts(t, b, r, ne, din, inter)
+	it := must(b.Alloc(compute.I32, 1, 1))
+	require.NoError(t, b.Write(it, []int32{1}))
+	a := compute.ExpertArgs{X: upload(b, normals(r, din), 1, din), Indices: it, Weights: upload(b, []float32{1}, 1, 1),
+		W1: w1, W3: w3, W2: w2, Act: compute.Activation{Kind: 9}, Out: must(b.Alloc(compute.F32, 1, din))}
+	for _, passes := range []bool{false, true} {
+		expertPasses = func(int, int) bool { return passes }
+		err := b.MoEExperts(&a)
+		require.ErrorIs(t, err, compute.ErrUnsupported, "passes %v", passes)
+		require.ErrorContains(t, err, "activation 9")
+	}
+}
+
 // TestExpertPassesPolicy: the passes take calls whose whole experts would
 // leave more than an eighth of the goroutines' turns idle, and no others.
 func TestExpertPassesPolicy(t *testing.T) {
