@@ -128,7 +128,6 @@ type expertJob struct {
 	sc         *moeScratch
 	din, inter int
 	long       bool // amxMinRows tokens or more: a prefill chunk's (serialMatMul)
-	pairs      bool // sc.xb holds each expert's rows rounded to bf16
 	down       bool // the passes' products: the down products' (else gate and up)
 	err        error
 	errMu      sync.Mutex
@@ -218,7 +217,7 @@ func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 		}
 		sc.xb = sc.xb[:need]
 	}
-	sc.job = expertJob{a: a, sc: sc, din: din, inter: inter, long: t >= amxMinRows, pairs: len(sc.xb) > 0}
+	sc.job = expertJob{a: a, sc: sc, din: din, inter: inter, long: t >= amxMinRows}
 	if !sc.job.laidOut() || !expertPasses(len(sc.active), b.pool.Size()) {
 		b.pool.Run(expertRange, kernel.Args{Job: &sc.job, X: x}, len(sc.active), 1)
 	} else {
@@ -324,9 +323,9 @@ func (j *expertJob) rowsOf(e int32) (r0, m int) {
 }
 
 // xbOf returns expert e's share of the rounded-x buffer (nil unless the
-// weights are pair-interleaved).
+// weights are pair-interleaved, where MoEExperts sizes it).
 func (j *expertJob) xbOf(e int32) []uint16 {
-	if !j.pairs {
+	if len(j.sc.xb) == 0 {
 		return nil
 	}
 	r0, m := j.rowsOf(e)

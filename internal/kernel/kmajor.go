@@ -186,12 +186,7 @@ func MatMulKMajorPanels(dst, x []float32, wp []uint16, m, n, k, p0, p1 int) {
 // panels [p0, p1), x given already rounded to bf16 (xb, m·k long, as
 // ToBF16 writes it).
 func MatMulKPairsPanels(dst []float32, xb, wp []uint16, m, n, k, p0, p1 int) {
-	if k%2 != 0 {
-		panic("kernel: MatMulKPairs of an odd k")
-	}
-	if len(dst) < m*n || len(xb) < m*k || len(wp) != KPairLen(n, k) {
-		panic("kernel: MatMulKPairsPanels operand too short")
-	}
+	checkKPairs(len(dst), len(xb), len(wp), m, n, k)
 	j := kmajJob{dst: dst, xb: xb, w: wp, m: m, n: n, k: k, pairs: true, panels: (n + KMajorPanel - 1) / KMajorPanel}
 	kmajPanels(&j, p0, p1)
 }
