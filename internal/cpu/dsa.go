@@ -35,6 +35,10 @@ type indexerJob struct {
 	rows      []indexerItem // the wave's query rows and their groups, for the top-k pass
 	vis       []int32       // per query row of the call: its visible keys
 	scores    []float32
+	// qt holds, for each row alone in its group where kernel.IndexerRows
+	// runs its tile, the row's queries transposed (at row·hi·di); such a
+	// row's blocks are scored from the keys as stored.
+	qt []float32
 }
 
 // indexerItem is a block of keys (score items) or a query row (top-k
@@ -46,6 +50,9 @@ type indexerItem struct{ g, i int32 }
 // scores lie blocks·IndexerKeys floats apart from off in the job's scores.
 type indexerGroup struct {
 	r0, r1, k0, keys, blocks, off int
+	// rowTiles: the group's one row is scored by kernel.IndexerRows, its
+	// queries transposed in the job's qt.
+	rowTiles bool
 }
 
 // indexerWave bounds the scores one wave holds (floats).
@@ -63,7 +70,8 @@ func indexerScore(args *kernel.Args, lo, hi int) {
 	defer indexerKTPool.Put(ktp)
 	*ktp = grow32(*ktp, j.di*nk)
 	kt := *ktp
-	for _, it := range j.items[lo:hi] {
+	items := j.items[lo:hi]
+	for ii, it := range items {
 		g := &j.groups[it.g]
 		s0 := int(it.i) * nk
 		n := min(nk, g.keys-s0)
@@ -72,6 +80,24 @@ func indexerScore(args *kernel.Args, lo, hi int) {
 				return j.pages[p>>j.pshift][(p&(1<<j.pshift-1))*j.di:]
 			}
 			return j.k[(g.k0+p)*j.di:]
+		}
+		if g.r1-g.r0 == 1 && g.rowTiles && n%kernel.IndexerRowKeys == 0 {
+			r := g.r0
+			if int(j.vis[r]) <= s0 {
+				continue
+			}
+			off := g.off + s0
+			qt, w := j.qt[r*j.hi*j.di:(r+1)*j.hi*j.di], j.w[r*j.hi:(r+1)*j.hi]
+			for s := 0; s < n; s += kernel.IndexerRowKeys {
+				var ahead []float32 // the next tile's keys: this block's, or the next item's
+				if s+kernel.IndexerRowKeys < n {
+					ahead = key(s0 + s + kernel.IndexerRowKeys)
+				} else if ii+1 < len(items) && items[ii+1].g == it.g {
+					ahead = key(int(items[ii+1].i) * nk)
+				}
+				kernel.IndexerRows(j.scores[off+s:], key(s0+s), j.di, qt, w, j.hi, j.di, ahead)
+			}
+			continue
 		}
 		s := 0
 		if j.pages == nil || j.pshift >= 3 { // eight aligned keys share a page
@@ -261,7 +287,7 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 	j := &sc.job
 	*j = indexerJob{a: a, q: q, k: k, w: w, idx: I32(a.Indices), counts: counts, hi: hi, di: di,
 		scoresOut: scores, width: width, groups: j.groups[:0], items: j.items[:0], rows: j.rows[:0],
-		vis: j.vis[:0], scores: j.scores}
+		vis: j.vis[:0], scores: j.scores, qt: j.qt}
 	if paged {
 		var err error
 		if a.KPages != nil {
@@ -312,7 +338,16 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 			// Nothing is scored before run, so growing drops nothing.
 			j.scores = grow32(j.scores, used+size)
 			g := int32(len(j.groups))
-			j.groups = append(j.groups, indexerGroup{r0: r0, r1: r1, k0: int(cuK[s]), keys: keys, blocks: blocks, off: used})
+			// A row alone in its group (a decode step's) is scored from
+			// the keys as stored, its queries transposed instead: where
+			// rows share a group, one transposed block serves them all.
+			// The tiles need 16 keys of one page.
+			rowTiles := r1-r0 == 1 && kernel.IndexerRowsFast(hi) && (j.pages == nil || j.pshift >= 4)
+			if rowTiles {
+				j.qt = grow32(j.qt, t*hi*di)
+				kernel.TransposeQuery(j.qt[r0*hi*di:], q[r0*hi*di:], hi, di)
+			}
+			j.groups = append(j.groups, indexerGroup{r0: r0, r1: r1, k0: int(cuK[s]), keys: keys, blocks: blocks, off: used, rowTiles: rowTiles})
 			for i := range blocks {
 				b := i / 2 // 0, last, 1, last-1, ...: each half of the list holds early and late blocks
 				if i%2 == 1 {

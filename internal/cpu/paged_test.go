@@ -89,34 +89,44 @@ func TestPagedAttentionEqualsContiguous(t *testing.T) {
 
 // TestPagedIndexerEqualsContiguous: the Lightning Indexer over a paged key
 // cache selects exactly what it selects over the contiguous one, with
-// bitwise the same scores.
+// bitwise the same scores. With 16 heads and each row in a wave of its
+// own, the rows are scored from the keys as stored (kernel.IndexerRows)
+// wherever 16 keys share a page, and from transposed blocks otherwise.
 func TestPagedIndexerEqualsContiguous(t *testing.T) {
 	b := New(2)
 	defer b.Close()
 	r := rand.New(rand.NewPCG(6, 6))
-	const tq, l, hi, di, topK = 5, 1100, 4, 16, 64
+	const tq, l, di, topK = 5, 1100, 16, 64
 	rnd := func(n int) []float32 { return normals(r, n) }
 	up := func(v []float32, dims ...int) compute.Tensor { return upload(b, v, dims...) }
 	keys := rnd(l * di)
 	copy(keys[700*di:701*di], keys[30*di:31*di]) // an exact tie the order must settle
 	k := up(keys, l, di)
 	pos := []int32{10, 500, 700, 1000, l - 1}
-	a := compute.IndexerArgs{Q: up(rnd(tq*hi*di), tq, hi, di), K: k, W: up(rnd(tq*hi), tq, hi), QPos: uploadI32(b, pos), TopK: topK,
-		Indices: must(b.Alloc(compute.I32, tq, topK)), Scores: must(b.Alloc(compute.F32, tq, l))}
-	require.NoError(t, b.LightningIndexer(&a))
-	wantIdx, wantScores := make([]int32, tq*topK), make([]float32, tq*l)
-	must(0, b.Read(wantIdx, a.Indices))
-	must(0, b.Read(wantScores, a.Scores))
-	for _, size := range []int{64, 256} {
-		p := a
-		p.K, p.KPages, p.PageSize, p.KLen = compute.Tensor{}, pagesFrom(t, b, k, size, r), size, l
-		p.Indices, p.Scores = must(b.Alloc(compute.I32, tq, topK)), must(b.Alloc(compute.F32, tq, l))
-		require.NoError(t, b.LightningIndexer(&p))
-		gotIdx, gotScores := make([]int32, tq*topK), make([]float32, tq*l)
-		must(0, b.Read(gotIdx, p.Indices))
-		must(0, b.Read(gotScores, p.Scores))
-		require.Equal(t, wantIdx, gotIdx, "pages of %d: selections", size)
-		require.Equal(t, wantScores, gotScores, "pages of %d: scores", size)
+	var a compute.IndexerArgs
+	for _, hi := range []int{4, 16} {
+		a = compute.IndexerArgs{Q: up(rnd(tq*hi*di), tq, hi, di), K: k, W: up(rnd(tq*hi), tq, hi), QPos: uploadI32(b, pos), TopK: topK,
+			Indices: must(b.Alloc(compute.I32, tq, topK)), Scores: must(b.Alloc(compute.F32, tq, l))}
+		require.NoError(t, b.LightningIndexer(&a))
+		wantIdx, wantScores := make([]int32, tq*topK), make([]float32, tq*l)
+		must(0, b.Read(wantIdx, a.Indices))
+		must(0, b.Read(wantScores, a.Scores))
+		for _, wave := range []int{indexerWave, 1} {
+			for _, size := range []int{8, 16, 64, 256} {
+				p := a
+				p.K, p.KPages, p.PageSize, p.KLen = compute.Tensor{}, pagesFrom(t, b, k, size, r), size, l
+				p.Indices, p.Scores = must(b.Alloc(compute.I32, tq, topK)), must(b.Alloc(compute.F32, tq, l))
+				saved := indexerWave
+				indexerWave = wave
+				require.NoError(t, b.LightningIndexer(&p))
+				indexerWave = saved
+				gotIdx, gotScores := make([]int32, tq*topK), make([]float32, tq*l)
+				must(0, b.Read(gotIdx, p.Indices))
+				must(0, b.Read(gotScores, p.Scores))
+				require.Equal(t, wantIdx, gotIdx, "%d heads, waves of %d scores, pages of %d: selections", hi, wave, size)
+				require.True(t, bitsEqual(wantScores, gotScores), "%d heads, waves of %d scores, pages of %d: scores", hi, wave, size)
+			}
+		}
 	}
 	p := a
 	p.K, p.KPages, p.PageSize, p.KLen = compute.Tensor{}, pagesFrom(t, b, k, 64, r), 96, l

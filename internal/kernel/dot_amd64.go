@@ -234,6 +234,9 @@ func transpose8AVX2(kt, src *float32, stride, di int)
 func indexerBlockZMM(t, kt, q, w *float32, hi, di int)
 
 //go:noescape
+func indexerRowsZMM(t, k *float32, kstride int, qt, w *float32, hi, di int, ahead *float32, step int)
+
+//go:noescape
 func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, ostride int)
 
 //go:noescape

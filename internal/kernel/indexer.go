@@ -48,6 +48,67 @@ func indexerBlockGo(t, kt, q, w []float32, hi, di int) {
 	}
 }
 
+// IndexerRowKeys is the number of keys one IndexerRows call scores.
+const IndexerRowKeys = 16
+
+// IndexerRowsFast reports whether IndexerRows runs its assembly tile for
+// hi heads: where the CPU has the 512-bit kernels and hi is a multiple of
+// 16 (the heads fill the lanes).
+func IndexerRowsFast(hi int) bool { return hasZMM && hi > 0 && hi%16 == 0 }
+
+// IndexerRows writes to t the scores of IndexerRowKeys keys in their
+// stored layout, key s being k[s·stride:][:di], for one query row whose
+// head vectors are given transposed (qt[d·hi+h], TransposeQuery). Each
+// key's score has the bits IndexerBlock gives it (the same FMA chains and
+// head-ordered sum), so a row may be scored either way. It needs no
+// transposed copy of the keys: with one query row, transposing them cost
+// about as much as scoring them, the keys coming from memory. ahead, when
+// not empty, is the next keys the caller will score (their first, laid
+// out as k's): the tile prefetches them.
+func IndexerRows(t, k []float32, stride int, qt, w []float32, hi, di int, ahead []float32) {
+	t, qt, w = t[:IndexerRowKeys], qt[:hi*di], w[:hi]
+	_ = k[(IndexerRowKeys-1)*stride+di-1]
+	if IndexerRowsFast(hi) && di > 0 {
+		if len(ahead) == 0 {
+			ahead = k
+		}
+		// One line a dimension, over the next keys' rows as stored.
+		step := IndexerRowKeys * stride * 4 / di
+		indexerRowsZMM(&t[0], &k[0], stride, &qt[0], &w[0], hi, di, &ahead[0], step)
+		return
+	}
+	indexerRowsGo(t, k, stride, qt, w, hi, di)
+}
+
+// indexerRowsGo is IndexerRows in Go, with indexerBlockGo's arithmetic.
+func indexerRowsGo(t, k []float32, stride int, qt, w []float32, hi, di int) {
+	for s := range IndexerRowKeys {
+		key := k[s*stride : s*stride+di]
+		var sum float32
+		for h := range hi {
+			var acc float32
+			for d, kv := range key {
+				acc += qt[d*hi+h] * kv
+			}
+			if acc > 0 {
+				sum += float32(w[h] * acc) // the conversion forbids fusing into an FMA
+			}
+		}
+		t[s] = sum
+	}
+}
+
+// TransposeQuery writes a query row's hi head vectors of di floats (q,
+// [hi][di]) transposed into qt ([di][hi]), as IndexerRows reads them.
+func TransposeQuery(qt, q []float32, hi, di int) {
+	qt, q = qt[:hi*di], q[:hi*di]
+	for h := range hi {
+		for d, v := range q[h*di : (h+1)*di] {
+			qt[d*hi+h] = v
+		}
+	}
+}
+
 // TransposeKeys8 writes eight keys, key s being src[s·stride:][:di], into
 // a block laid out as IndexerBlock reads it: kt[d·IndexerKeys+s].
 func TransposeKeys8(kt, src []float32, stride, di int) {

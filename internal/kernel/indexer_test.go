@@ -44,16 +44,7 @@ func TestIndexerBlock(t *testing.T) {
 				}
 			}
 			for s := range IndexerKeys {
-				var want, scale float64
-				for h := range hi {
-					var dot float64
-					for d := range di {
-						dot += float64(q[h*di+d]) * float64(keys[s*di+d])
-					}
-					want += float64(w[h]) * math.Max(dot, 0)
-					scale += math.Abs(float64(w[h])) * math.Sqrt(float64(di))
-				}
-				tol := 1e-5 * scale
+				want, tol := indexerRef(q, keys[s*di:], w, hi, di)
 				require.InDelta(t, want, float64(got[s]), tol, "hi %d di %d key %d", hi, di, s)
 				require.InDelta(t, want, float64(twin[s]), tol, "twin: hi %d di %d key %d", hi, di, s)
 			}
@@ -69,6 +60,84 @@ func TestIndexerBlock(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestIndexerRows checks the row-at-a-time tile, which reads the keys in
+// their stored layout, against IndexerBlock over the same keys transposed:
+// bit for bit where the tile runs in assembly (on either width of the
+// block tile), within the reference's tolerance in Go; and both against a
+// float64 reference. Some keys and heads score zero or below, so that
+// the ReLU and negative head weights take part, and a NaN in a key
+// reaches its score in assembly (the Go twins skip it, as their ReLU
+// does).
+func TestIndexerRows(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for _, hi := range []int{8, 16, 32, 64} {
+		for _, di := range []int{1, 7, 64, 128} {
+			stride := di + 5
+			q, w := randSlice(r, hi*di), randSlice(r, hi)
+			keys := randSlice(r, (IndexerRowKeys-1)*stride+di)
+			for d := range di {
+				keys[3*stride+d] = 0 // a key that scores zero for every head
+			}
+			q[0] = float32(math.Copysign(0, -1))
+			keys[5*stride] = float32(math.NaN()) // propagates as the block tile's ReLU lets it
+			qt := make([]float32, hi*di)
+			TransposeQuery(qt, q, hi, di)
+			kt := make([]float32, di*IndexerKeys)
+			for s := range IndexerRowKeys {
+				for d := range di {
+					kt[d*IndexerKeys+s] = keys[s*stride+d]
+				}
+			}
+			got := make([]float32, IndexerRowKeys)
+			for i := range got {
+				got[i] = float32(i) // overwritten, not added to
+			}
+			IndexerRows(got, keys, stride, qt, w, hi, di, nil)
+			for _, bits := range []int{256, 512} {
+				if !IndexerRowsFast(hi) || bits == 512 && !hasZMM || bits == 256 && !useAVX2 {
+					continue
+				}
+				indexerTileBits = bits
+				block := make([]float32, IndexerKeys)
+				IndexerBlock(block, kt, q, w, hi, di)
+				indexerTileBits = 0
+				for s := range IndexerRowKeys {
+					require.Equal(t, math.Float32bits(block[s]), math.Float32bits(got[s]), "%d-bit block: hi %d di %d key %d", bits, hi, di, s)
+				}
+			}
+			twin := make([]float32, IndexerRowKeys)
+			indexerRowsGo(twin, keys, stride, qt, w, hi, di)
+			if IndexerRowsFast(hi) {
+				require.True(t, math.IsNaN(float64(got[5])), "hi %d di %d: the NaN key scores %v", hi, di, got[5])
+			}
+			for s := range IndexerRowKeys {
+				if s == 5 {
+					continue
+				}
+				want, tol := indexerRef(q, keys[s*stride:], w, hi, di)
+				require.InDelta(t, want, float64(got[s]), tol, "hi %d di %d key %d", hi, di, s)
+				require.InDelta(t, want, float64(twin[s]), tol, "twin: hi %d di %d key %d", hi, di, s)
+			}
+			require.Zero(t, got[3], "hi %d di %d: the zero key", hi, di)
+		}
+	}
+}
+
+// indexerRef is one key's score in float64 (q [hi][di], the key's di
+// values first in key) and the float32 tiles' tolerance for it.
+func indexerRef(q, key, w []float32, hi, di int) (want, tol float64) {
+	var scale float64
+	for h := range hi {
+		var dot float64
+		for d := range di {
+			dot += float64(q[h*di+d]) * float64(key[d])
+		}
+		want += float64(w[h]) * math.Max(dot, 0)
+		scale += math.Abs(float64(w[h])) * math.Sqrt(float64(di))
+	}
+	return want, 1e-5 * scale
 }
 
 // TestTransposeKeys8 checks the transposition into an indexer block on

@@ -945,3 +945,201 @@ zkupddone:
 zkend:
 	VZEROUPPER
 	RET
+
+// IR_FMA4 adds q·k for four keys at base (0, one, two and three strides
+// on), the key element broadcast into the FMA, to accumulators a0-a3.
+#define IR_FMA4(base, a0, a1, a2, a3) \
+	VFMADD231PS.BCST (base), Z16, a0; \
+	VFMADD231PS.BCST (base)(R11*1), Z16, a1; \
+	VFMADD231PS.BCST (base)(R11*2), Z16, a2; \
+	VFMADD231PS.BCST (base)(R12*1), Z16, a3
+
+// IR_HEAD adds to Z31 the transposed tile's row for one head: lane L of
+// c (selected by imm from the two halves x and y).
+#define IR_HEAD(imm, x, y) \
+	VSHUFF32X4 imm, y, x, Z30; \
+	VADDPS Z30, Z31, Z31
+
+// func indexerRowsZMM(t, k *float32, kstride int, qt, w *float32, hi, di int, ahead *float32, step int)
+// The Lightning Indexer's scores of 16 keys in their stored layout (key s
+// at k + s·kstride floats) for one query row given transposed (qt[d·hi+h]),
+// hi a multiple of 16: per 16 heads, the 16 keys' dot products as 16
+// accumulators with heads in the lanes, each an FMA chain over the
+// dimensions in order; then w·max(acc, 0), rounded, and a 16x16 transpose
+// so that t[s] += the heads' terms one head after another, as
+// indexerBlockZMM sums them: a key's score has that tile's bits. Each
+// dimension's step prefetches one line of the next keys (ahead, step
+// bytes apart), which come from memory while these are scored.
+TEXT ·indexerRowsZMM(SB), NOSPLIT, $0-72
+	MOVQ t+0(FP), DI
+	MOVQ k+8(FP), R14
+	MOVQ kstride+16(FP), R11
+	SHLQ $2, R11              // one key's stride in bytes
+	LEAQ (R11)(R11*2), R12    // three
+	MOVQ qt+24(FP), R15
+	MOVQ w+32(FP), DX
+	MOVQ hi+40(FP), R10
+	MOVQ R10, R8
+	SHRQ $4, R8               // head chunks of 16
+	SHLQ $2, R10              // one dimension's row of qt in bytes
+	VPXORD Z31, Z31, Z31
+	VMOVUPS Z31, (DI)
+
+irchunk:
+	MOVQ R14, SI
+	LEAQ (SI)(R11*4), AX      // key 4
+	LEAQ (AX)(R11*4), BX      // key 8
+	LEAQ (BX)(R11*4), CX      // key 12
+	MOVQ R15, R13
+	MOVQ di+48(FP), R9
+	MOVQ ahead+56(FP), DI
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+	VPXORD Z12, Z12, Z12
+	VPXORD Z13, Z13, Z13
+	VPXORD Z14, Z14, Z14
+	VPXORD Z15, Z15, Z15
+
+irdim:
+	PREFETCHT0 (DI)
+	ADDQ step+64(FP), DI
+	VMOVUPS (R13), Z16
+	IR_FMA4(SI, Z0, Z1, Z2, Z3)
+	IR_FMA4(AX, Z4, Z5, Z6, Z7)
+	IR_FMA4(BX, Z8, Z9, Z10, Z11)
+	IR_FMA4(CX, Z12, Z13, Z14, Z15)
+	ADDQ $4, SI
+	ADDQ $4, AX
+	ADDQ $4, BX
+	ADDQ $4, CX
+	ADDQ R10, R13
+	DECQ R9
+	JNZ  irdim
+
+	// w·max(acc, 0), operands as in IB_EPILOGUE.
+	MOVQ t+0(FP), DI
+	VPXORD Z16, Z16, Z16
+	VMOVUPS (DX), Z17
+	VMAXPS Z0, Z16, Z0
+	VMAXPS Z1, Z16, Z1
+	VMAXPS Z2, Z16, Z2
+	VMAXPS Z3, Z16, Z3
+	VMAXPS Z4, Z16, Z4
+	VMAXPS Z5, Z16, Z5
+	VMAXPS Z6, Z16, Z6
+	VMAXPS Z7, Z16, Z7
+	VMAXPS Z8, Z16, Z8
+	VMAXPS Z9, Z16, Z9
+	VMAXPS Z10, Z16, Z10
+	VMAXPS Z11, Z16, Z11
+	VMAXPS Z12, Z16, Z12
+	VMAXPS Z13, Z16, Z13
+	VMAXPS Z14, Z16, Z14
+	VMAXPS Z15, Z16, Z15
+	VMULPS Z17, Z0, Z0
+	VMULPS Z17, Z1, Z1
+	VMULPS Z17, Z2, Z2
+	VMULPS Z17, Z3, Z3
+	VMULPS Z17, Z4, Z4
+	VMULPS Z17, Z5, Z5
+	VMULPS Z17, Z6, Z6
+	VMULPS Z17, Z7, Z7
+	VMULPS Z17, Z8, Z8
+	VMULPS Z17, Z9, Z9
+	VMULPS Z17, Z10, Z10
+	VMULPS Z17, Z11, Z11
+	VMULPS Z17, Z12, Z12
+	VMULPS Z17, Z13, Z13
+	VMULPS Z17, Z14, Z14
+	VMULPS Z17, Z15, Z15
+
+	// Transpose: pairs of keys interleaved, then four keys' head j of
+	// each 128-bit lane (Zj, Z4+j, Z8+j, Z12+j for keys 0-3, 4-7, 8-11,
+	// 12-15), then lanes gathered.
+	VUNPCKLPS Z1, Z0, Z16
+	VUNPCKHPS Z1, Z0, Z17
+	VUNPCKLPS Z3, Z2, Z18
+	VUNPCKHPS Z3, Z2, Z19
+	VUNPCKLPS Z5, Z4, Z20
+	VUNPCKHPS Z5, Z4, Z21
+	VUNPCKLPS Z7, Z6, Z22
+	VUNPCKHPS Z7, Z6, Z23
+	VUNPCKLPS Z9, Z8, Z24
+	VUNPCKHPS Z9, Z8, Z25
+	VUNPCKLPS Z11, Z10, Z26
+	VUNPCKHPS Z11, Z10, Z27
+	VUNPCKLPS Z13, Z12, Z28
+	VUNPCKHPS Z13, Z12, Z29
+	VUNPCKLPS Z15, Z14, Z30
+	VUNPCKHPS Z15, Z14, Z31
+	VSHUFPS $0x44, Z18, Z16, Z0
+	VSHUFPS $0xEE, Z18, Z16, Z1
+	VSHUFPS $0x44, Z19, Z17, Z2
+	VSHUFPS $0xEE, Z19, Z17, Z3
+	VSHUFPS $0x44, Z22, Z20, Z4
+	VSHUFPS $0xEE, Z22, Z20, Z5
+	VSHUFPS $0x44, Z23, Z21, Z6
+	VSHUFPS $0xEE, Z23, Z21, Z7
+	VSHUFPS $0x44, Z26, Z24, Z8
+	VSHUFPS $0xEE, Z26, Z24, Z9
+	VSHUFPS $0x44, Z27, Z25, Z10
+	VSHUFPS $0xEE, Z27, Z25, Z11
+	VSHUFPS $0x44, Z30, Z28, Z12
+	VSHUFPS $0xEE, Z30, Z28, Z13
+	VSHUFPS $0x44, Z31, Z29, Z14
+	VSHUFPS $0xEE, Z31, Z29, Z15
+	// Z16+j: lanes 0 and 2 of Zj then of Z4+j (keys 0-7); Z20+j: lanes 1
+	// and 3; Z24+j, Z28+j likewise for keys 8-15.
+	VSHUFF32X4 $0x88, Z4, Z0, Z16
+	VSHUFF32X4 $0x88, Z5, Z1, Z17
+	VSHUFF32X4 $0x88, Z6, Z2, Z18
+	VSHUFF32X4 $0x88, Z7, Z3, Z19
+	VSHUFF32X4 $0xDD, Z4, Z0, Z20
+	VSHUFF32X4 $0xDD, Z5, Z1, Z21
+	VSHUFF32X4 $0xDD, Z6, Z2, Z22
+	VSHUFF32X4 $0xDD, Z7, Z3, Z23
+	VSHUFF32X4 $0x88, Z12, Z8, Z24
+	VSHUFF32X4 $0x88, Z13, Z9, Z25
+	VSHUFF32X4 $0x88, Z14, Z10, Z26
+	VSHUFF32X4 $0x88, Z15, Z11, Z27
+	VSHUFF32X4 $0xDD, Z12, Z8, Z28
+	VSHUFF32X4 $0xDD, Z13, Z9, Z29
+	VSHUFF32X4 $0xDD, Z14, Z10, Z0
+	VSHUFF32X4 $0xDD, Z15, Z11, Z1
+	// Head 4L+j is lane L of every quarter: L 0 from (Z16+j, Z24+j) by
+	// 0x88, L 1 from (Z20+j, Z28+j) by 0x88, L 2 and 3 by 0xDD.
+	VMOVUPS (DI), Z31
+	IR_HEAD($0x88, Z16, Z24)
+	IR_HEAD($0x88, Z17, Z25)
+	IR_HEAD($0x88, Z18, Z26)
+	IR_HEAD($0x88, Z19, Z27)
+	IR_HEAD($0x88, Z20, Z28)
+	IR_HEAD($0x88, Z21, Z29)
+	IR_HEAD($0x88, Z22, Z0)
+	IR_HEAD($0x88, Z23, Z1)
+	IR_HEAD($0xDD, Z16, Z24)
+	IR_HEAD($0xDD, Z17, Z25)
+	IR_HEAD($0xDD, Z18, Z26)
+	IR_HEAD($0xDD, Z19, Z27)
+	IR_HEAD($0xDD, Z20, Z28)
+	IR_HEAD($0xDD, Z21, Z29)
+	IR_HEAD($0xDD, Z22, Z0)
+	IR_HEAD($0xDD, Z23, Z1)
+	VMOVUPS Z31, (DI)
+
+	ADDQ $64, DX
+	ADDQ $64, R15
+	DECQ R8
+	JNZ  irchunk
+	VZEROUPPER
+	RET
