@@ -151,6 +151,13 @@ func TestAttnGroupedHeads(t *testing.T) {
 		// 13 heads: two full six-head tiles and one of one in the values
 		// product; 130 value dims: two 64-wide vector parts and a tail.
 		{t: 2, l: 200, hq: 13, hkv: 1, dk: 130, dr: 8, dv: 130, k: 64, mqa: true},
+		// 32 and 64 heads a kv head: the logits tile with the heads in
+		// the lanes (kernel.AttnLogits, where the 512-bit kernels run),
+		// over gathered blocks with a last tile of fewer than 8 keys, and
+		// over blocks read in place (dense).
+		{t: 2, l: 300, hq: 32, hkv: 1, dk: 64, dr: 16, dv: 64, k: 100, mqa: true},
+		{t: 3, l: 150, hq: 64, hkv: 2, dk: 24, dv: 16, k: 70},
+		{t: 1, l: 141, hq: 32, hkv: 1, dk: 40, dr: 8, dv: 40, mqa: true},
 	} {
 		attnGroupMin = 4
 		got, gotL := runAttn(t, b, c, uint64(ci))
@@ -177,6 +184,8 @@ func TestAttentionRowsAlone(t *testing.T) {
 		{t: 7, l: 60, hq: 4, hkv: 2, dk: 24, dv: 16},
 		{t: 12, l: 120, hq: 6, hkv: 6, dk: 16, dr: 4, dv: 16, k: 50},
 		{t: compute.InvariantRows, l: compute.InvariantRows, hq: 2, hkv: 1, dk: 16, dv: 16},
+		{t: 9, l: 150, hq: 32, hkv: 1, dk: 32, dr: 8, dv: 32, k: 60, mqa: true},
+		{t: 5, l: 77, hq: 64, hkv: 2, dk: 16, dv: 16},
 	} {
 		a := attnArgs(t, b, c, uint64(ci))
 		require.NoError(t, b.Attention(a))

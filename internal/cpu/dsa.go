@@ -387,6 +387,9 @@ type attnJob struct {
 	kp, vp, krp [][]float32
 	pshift      uint
 	vShared     bool
+	// qt holds each item's query heads transposed where kernel.AttnLogits
+	// runs its tile (groupBlock): [dk][hg] then [dr][hg] an item.
+	qt []float32
 }
 
 // run returns the rows of positions [s, s+n) of a cache of width floats a
@@ -428,6 +431,10 @@ type attnScratch struct {
 	khHead, khLen int
 	eAll, macc    []float32 // groupBlock: every head's weights, MatAccumulate's scratch
 	kp, vp, krp   [][]float32
+	// groupBlock with kernel.AttnLogits: the tiles' logits, and a last
+	// tile's keys padded to whole tiles; attend: the items' queries
+	// transposed (attnJob.qt).
+	zt, ktail, qt []float32
 }
 
 var attnScratchPool = sync.Pool{New: func() any { return new(attnScratch) }}
@@ -594,6 +601,22 @@ func (b *Backend) attend(sc *attnScratch, l int) error {
 	need := items * j.parts * hg * (j.dv + 2)
 	sc.z = grow32(sc.z, need)
 	j.part = sc.z
+	j.qt = nil
+	if hg >= attnGroupMin && kernel.AttnLogitsFast(hg) {
+		// Every head of a group in the lanes: the logits read each key
+		// element once for all of them (groupBlock).
+		per := (j.dk + j.dr) * hg
+		sc.qt = grow32(sc.qt, items*per)
+		for item := range items {
+			q0 := item/j.hkv*j.hq + item%j.hkv*hg // the group's first query head
+			qt := sc.qt[item*per : (item+1)*per]
+			kernel.TransposeQuery(qt, j.q[q0*j.dk:(q0+hg)*j.dk], hg, j.dk)
+			if j.dr > 0 {
+				kernel.TransposeQuery(qt[j.dk*hg:], j.qr[q0*j.dr:(q0+hg)*j.dr], hg, j.dr)
+			}
+		}
+		j.qt = sc.qt
+	}
 	b.pool.Run(attnRange, kernel.Args{Job: j}, items*j.parts, 1)
 	// Merge the parts of every (row, query head).
 	out := F32(a.Out)
@@ -870,6 +893,47 @@ func attnDenseRange(args *kernel.Args, lo, hi int) {
 	}
 }
 
+// logits writes to z [hg][nk] the logits of item's query heads over the
+// block's nk keys (kb, and krb's rope parts) with kernel.AttnLogits: each
+// an FMA chain over the latent then the rope dimensions. A last tile of
+// fewer keys runs on a copy padded with zeros.
+func (j *attnJob) logits(sc *attnScratch, z []float32, item int, kb, krb []float32, nk int) {
+	hg, dk, dr := j.hq/j.hkv, j.dk, j.dr
+	const tk = kernel.AttnLogitsKeys
+	per := hg * tk
+	tiles := (nk + tk - 1) / tk
+	sc.zt = grow32(sc.zt, tiles*per)
+	qt := j.qt[item*(dk+dr)*hg : (item+1)*(dk+dr)*hg]
+	for tile := range tiles {
+		s0 := tile * tk
+		zt := sc.zt[tile*per : (tile+1)*per]
+		k, kr := kb[s0*dk:], []float32(nil)
+		if dr > 0 {
+			kr = krb[s0*dr:]
+		}
+		if s0+tk > nk {
+			sc.ktail = grow32(sc.ktail, tk*(dk+dr))
+			clear(sc.ktail)
+			k = sc.ktail[:tk*dk]
+			copy(k, kb[s0*dk:nk*dk])
+			if dr > 0 {
+				kr = sc.ktail[tk*dk:]
+				copy(kr, krb[s0*dr:nk*dr])
+			}
+		}
+		kernel.AttnLogits(zt, k, dk, qt, hg, dk, false)
+		if dr > 0 {
+			kernel.AttnLogits(zt, kr, dr, qt[dk*hg:], hg, dr, true)
+		}
+	}
+	for h := range hg {
+		zh := z[h*nk : (h+1)*nk]
+		for s := range zh {
+			zh[s] = sc.zt[s/tk*per+kernel.AttnLogitsAt(s%tk, h)]
+		}
+	}
+}
+
 // attnGroupMin is the number of query heads per kv head from which a key
 // block is gathered once and scored for all of them with the matrix
 // kernel (MLA in MQA form: every head shares the latent); tests raise it to
@@ -931,11 +995,15 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 	}
 	q0 := row*j.hq + g*hg // the group's first query head
 	z := sc.zb[:hg*nk]
-	kernel.MatMulSerial(z, j.q[q0*dk:(q0+hg)*dk], kb[:nk*dk], hg, nk, dk)
-	if dr > 0 {
-		zr := sc.zb[hg*nk : 2*hg*nk]
-		kernel.MatMulSerial(zr, j.qr[q0*dr:(q0+hg)*dr], krb[:nk*dr], hg, nk, dr)
-		kernel.Add(z, z, zr)
+	if j.qt != nil {
+		j.logits(sc, z, item, kb, krb, nk)
+	} else {
+		kernel.MatMulSerial(z, j.q[q0*dk:(q0+hg)*dk], kb[:nk*dk], hg, nk, dk)
+		if dr > 0 {
+			zr := sc.zb[hg*nk : 2*hg*nk]
+			kernel.MatMulSerial(zr, j.qr[q0*dr:(q0+hg)*dr], krb[:nk*dr], hg, nk, dr)
+			kernel.Add(z, z, zr)
+		}
 	}
 	kernel.Scale(z, j.scale)
 	// With many heads the values go in as one product for all of them

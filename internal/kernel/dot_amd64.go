@@ -234,6 +234,9 @@ func transpose8AVX2(kt, src *float32, stride, di int)
 func indexerBlockZMM(t, kt, q, w *float32, hi, di int)
 
 //go:noescape
+func attnLogitsZMM(zt, k *float32, kstride int, qt *float32, hg, d, acc int)
+
+//go:noescape
 func indexerRowsZMM(t, k *float32, kstride int, qt, w *float32, hi, di int, ahead *float32, step int)
 
 //go:noescape

@@ -116,6 +116,10 @@ func indexerBlockZMM(t, kt, q, w *float32, hi, di int) {
 	panic("kernel: no assembly on this platform")
 }
 
+func attnLogitsZMM(zt, k *float32, kstride int, qt *float32, hg, d, acc int) {
+	panic("kernel: no assembly on this platform")
+}
+
 func indexerRowsZMM(t, k *float32, kstride int, qt, w *float32, hi, di int, ahead *float32, step int) {
 	panic("kernel: no assembly on this platform")
 }

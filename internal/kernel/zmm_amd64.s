@@ -1143,3 +1143,112 @@ irdim:
 	JNZ  irchunk
 	VZEROUPPER
 	RET
+
+// AL_KEY broadcasts dimension d of the key at addr into tmp and adds its
+// products with the 32 heads' queries (Z16, Z17) to a0 and a1.
+#define AL_KEY(addr, tmp, a0, a1) \
+	VBROADCASTSS addr, tmp; \
+	VFMADD231PS Z16, tmp, a0; \
+	VFMADD231PS Z17, tmp, a1
+
+// func attnLogitsZMM(zt, k *float32, kstride int, qt *float32, hg, d, acc int)
+// Attention logits of 8 keys (key s at k + s·kstride floats, d dims) for
+// hg query heads (a multiple of 32) given transposed (qt[i·hg+h]): per 32
+// heads, 16 accumulators (8 keys, heads in the lanes), each an FMA chain
+// over the dimensions in order, from zero or (acc) from zt. zt holds,
+// per 32 heads, the 8 keys' 32 logits: zt[(c·8+s)·32+h].
+TEXT ·attnLogitsZMM(SB), NOSPLIT, $0-56
+	MOVQ zt+0(FP), DX
+	MOVQ k+8(FP), R14
+	MOVQ kstride+16(FP), R11
+	SHLQ $2, R11
+	LEAQ (R11)(R11*2), R12
+	MOVQ qt+24(FP), R15
+	MOVQ hg+32(FP), R10
+	MOVQ R10, R8
+	SHRQ $5, R8
+	SHLQ $2, R10
+	MOVQ acc+48(FP), BX
+
+alchunk:
+	MOVQ R14, SI
+	LEAQ (SI)(R11*4), AX
+	MOVQ R15, R13
+	MOVQ d+40(FP), R9
+	CMPQ BX, $0
+	JNE  alload
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+	VPXORD Z12, Z12, Z12
+	VPXORD Z13, Z13, Z13
+	VPXORD Z14, Z14, Z14
+	VPXORD Z15, Z15, Z15
+	JMP  aldim
+
+alload:
+	VMOVUPS (DX), Z0
+	VMOVUPS 64(DX), Z1
+	VMOVUPS 128(DX), Z2
+	VMOVUPS 192(DX), Z3
+	VMOVUPS 256(DX), Z4
+	VMOVUPS 320(DX), Z5
+	VMOVUPS 384(DX), Z6
+	VMOVUPS 448(DX), Z7
+	VMOVUPS 512(DX), Z8
+	VMOVUPS 576(DX), Z9
+	VMOVUPS 640(DX), Z10
+	VMOVUPS 704(DX), Z11
+	VMOVUPS 768(DX), Z12
+	VMOVUPS 832(DX), Z13
+	VMOVUPS 896(DX), Z14
+	VMOVUPS 960(DX), Z15
+
+aldim:
+	VMOVUPS (R13), Z16
+	VMOVUPS 64(R13), Z17
+	AL_KEY((SI), Z18, Z0, Z1)
+	AL_KEY((SI)(R11*1), Z19, Z2, Z3)
+	AL_KEY((SI)(R11*2), Z20, Z4, Z5)
+	AL_KEY((SI)(R12*1), Z21, Z6, Z7)
+	AL_KEY((AX), Z22, Z8, Z9)
+	AL_KEY((AX)(R11*1), Z23, Z10, Z11)
+	AL_KEY((AX)(R11*2), Z24, Z12, Z13)
+	AL_KEY((AX)(R12*1), Z25, Z14, Z15)
+	ADDQ $4, SI
+	ADDQ $4, AX
+	ADDQ R10, R13
+	DECQ R9
+	JNZ  aldim
+
+	VMOVUPS Z0, (DX)
+	VMOVUPS Z1, 64(DX)
+	VMOVUPS Z2, 128(DX)
+	VMOVUPS Z3, 192(DX)
+	VMOVUPS Z4, 256(DX)
+	VMOVUPS Z5, 320(DX)
+	VMOVUPS Z6, 384(DX)
+	VMOVUPS Z7, 448(DX)
+	VMOVUPS Z8, 512(DX)
+	VMOVUPS Z9, 576(DX)
+	VMOVUPS Z10, 640(DX)
+	VMOVUPS Z11, 704(DX)
+	VMOVUPS Z12, 768(DX)
+	VMOVUPS Z13, 832(DX)
+	VMOVUPS Z14, 896(DX)
+	VMOVUPS Z15, 960(DX)
+	ADDQ $1024, DX
+	ADDQ $128, R15
+	DECQ R8
+	JNZ  alchunk
+	VZEROUPPER
+	RET
