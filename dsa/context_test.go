@@ -65,6 +65,7 @@ func TestForwardSplitEqualsUnsplit(t *testing.T) {
 				require.NoError(t, err)
 				l, err := NewLayer(b, cfg, w, tc.t)
 				require.NoError(t, err)
+				l.DenseSelections = true // the split indexer always selects
 				c, err := NewCache(NewPool(b, cfg), 1024)
 				require.NoError(t, err)
 				y, _ := b.Alloc(compute.F32, tc.t, cfg.Hidden)

@@ -37,6 +37,7 @@ func TestForwardPacked(t *testing.T) {
 			total := int(cu[len(lens)])
 			l, err := NewLayer(b, cfg, w, total)
 			require.NoError(t, err)
+			l.DenseSelections = true // the selections are compared too
 			r := rand.New(rand.NewPCG(6, 6))
 			xs := randn(r, total*cfg.Hidden)
 			warm := func() []*Cache {

@@ -289,6 +289,19 @@ type Layer struct {
 	// backend that captures, with or without graphs, so that both give
 	// the same bits.
 	StaticTopK bool
+	// DenseSelections makes the indexer select for rows that have seen at
+	// most TopK positions too, so that Indices reports every row's
+	// selection (traces, conformance). Without it (and without
+	// StaticTopK, or a SplitIndexer) a run or chunk whose rows have all
+	// seen at most TopK positions skips the indexer, and a pass none of
+	// whose rows selects skips the indexer's query projection: such rows attend to every
+	// position they have seen, which their top K would be, so their
+	// outputs do not change, and their rows of Indices are left as they
+	// were.
+	DenseSelections bool
+	// noQueries is set while a pass none of whose rows selects projects
+	// its rows (project skips wq_b).
+	noQueries bool
 	// side is the backend's side stream 2 (compute.Side), on which a
 	// device runs the indexer's key and head-weight projections; b
 	// itself elsewhere.
@@ -394,7 +407,9 @@ func NewLayer(b compute.Backend, cfg Config, w *Weights, maxT int) (*Layer, erro
 }
 
 // Indices returns the positions the indexer selected for the first t rows
-// of the last Forward ([T, TopK], -1 padded); zero for a dense layer.
+// of the last Forward ([T, TopK], -1 padded); zero for a dense layer. The
+// rows of a run or chunk that has seen at most TopK positions hold a
+// selection only with DenseSelections (or StaticTopK).
 func (l *Layer) Indices(t int) compute.Tensor {
 	if l.idx.IsZero() {
 		return compute.Tensor{}
@@ -570,7 +585,14 @@ func (l *Layer) chunks(x compute.Tensor, caches []*Cache, cu []int32, idx, y com
 	t := x.Dim(0)
 	cfg, w, b := l.cfg, l.W, l.b
 	dr := cfg.RopeDim
+	if cfg.Indexer != nil {
+		l.noQueries = true
+		for i, c := range caches {
+			l.noQueries = l.noQueries && !l.selects(c.Len+int(cu[i+1]-cu[i]))
+		}
+	}
 	qn, qr, kvNew, peNew, err := l.project(x)
+	l.noQueries = false
 	if err != nil {
 		return err
 	}
@@ -604,7 +626,7 @@ func (l *Layer) chunks(x compute.Tensor, caches []*Cache, cu []int32, idx, y com
 			return err
 		}
 		var indices compute.Tensor
-		if cfg.Indexer != nil {
+		if cfg.Indexer != nil && l.selects(p0+n) {
 			sel := idx.Rows(r0, r1)
 			if err := l.indexSelect(c, pos, r0, 0, sel); err != nil {
 				return err
@@ -881,7 +903,17 @@ func (l *Layer) forwardRows(x compute.Tensor, caches []*Cache, y compute.Tensor)
 	if l.Capture == nil {
 		// The closures of the pieces only here: they escape, and the Go
 		// backend's decode allocates nothing.
-		if err := l.projectRows(x); err != nil {
+		if l.cfg.Indexer != nil {
+			l.noQueries = true
+			for i := 0; i < t; {
+				n := runOf(caches, i)
+				l.noQueries = l.noQueries && !l.selects(int(l.runPos[i])+n)
+				i += n
+			}
+		}
+		err := l.projectRows(x)
+		l.noQueries = false
+		if err != nil {
 			return err
 		}
 	} else if err := l.Capture(PieceProject, t, l.deps(x), nil, func() error { return l.projectRows(x) }); err != nil {
@@ -964,6 +996,13 @@ func (l *Layer) denseRows(i, n int) int {
 		return min(n, max(0, ix.TopK-int(l.runPos[i])))
 	}
 	return n
+}
+
+// selects reports whether the indexer runs for a run or chunk whose last
+// row has seen seen positions.
+// A split indexer always runs: its ranks meet in SplitIndexer.
+func (l *Layer) selects(seen int) bool {
+	return l.DenseSelections || l.StaticTopK || l.SplitIndexer != nil || seen > l.cfg.Indexer.TopK
 }
 
 // forwardPooled is forwardRows' captured pass when every run's pages lie
@@ -1133,8 +1172,10 @@ func (l *Layer) attendRows(caches []*Cache, t int) error {
 		var sel compute.Tensor
 		if cfg.Indexer != nil {
 			sel = l.idxRows(i, i+n)
-			if err := l.indexSelectIn(c, table, l.runPos[i:i+n], i, i, sel); err != nil {
-				return err
+			if l.selects(p0 + n) { // else every row attends densely
+				if err := l.indexSelectIn(c, table, l.runPos[i:i+n], i, i, sel); err != nil {
+					return err
+				}
 			}
 		}
 		for r0 := 0; r0 < n; {
@@ -1226,7 +1267,7 @@ func (l *Layer) projectMain(x compute.Tensor) (qn, qr, kvNew, peNew compute.Tens
 			return
 		}
 	}
-	if ix != nil {
+	if ix != nil && !l.noQueries {
 		if err = b.MatMul(l.iq.Rows(0, t).Reshape(t, ix.NumHeads*ix.HeadDim), qin, w.IWq); err != nil {
 			err = fmt.Errorf("dsa: indexer.wq_b: %w", err)
 		}

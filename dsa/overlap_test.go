@@ -23,6 +23,7 @@ func TestOverlapSameOutputs(t *testing.T) {
 		l, err := NewLayer(b, cfg, w, 32)
 		require.NoError(t, err)
 		l.Overlap = overlap
+		l.DenseSelections = true
 		c, err := NewCache(NewPool(b, cfg), 128)
 		require.NoError(t, err)
 		r := rand.New(rand.NewPCG(2, 2))

@@ -431,6 +431,7 @@ func (bt *Batch) mixLayer(l int, normed, out compute.Tensor) error {
 		return nil
 	}
 	ml := bt.mlaL[l]
+	ml.DenseSelections = bt.trace != nil // a trace records every row's selection
 	bt.dsaSeqs = dsa.Seqs{Cu: bt.cu, Caches: bt.cachesOf(l), Exact: ne}
 	if err := ml.Forward(normed, &bt.dsaSeqs, out); err != nil {
 		return err
