@@ -292,12 +292,12 @@ type Layer struct {
 	// DenseSelections makes the indexer select for rows that have seen at
 	// most TopK positions too, so that Indices reports every row's
 	// selection (traces, conformance). Without it (and without
-	// StaticTopK, or a SplitIndexer) a run or chunk whose rows have all
+	// StaticTopK or a SplitIndexer) a run or chunk whose rows have all
 	// seen at most TopK positions skips the indexer, and a pass none of
-	// whose rows selects skips the indexer's query projection: such rows attend to every
-	// position they have seen, which their top K would be, so their
-	// outputs do not change, and their rows of Indices are left as they
-	// were.
+	// whose rows selects skips the indexer's query projection: such rows
+	// attend to every position they have seen, which their top K would
+	// be, so their outputs do not change, and their rows of Indices are
+	// left as they were.
 	DenseSelections bool
 	// noQueries is set while a pass none of whose rows selects projects
 	// its rows (project skips wq_b).
@@ -999,8 +999,8 @@ func (l *Layer) denseRows(i, n int) int {
 }
 
 // selects reports whether the indexer runs for a run or chunk whose last
-// row has seen seen positions.
-// A split indexer always runs: its ranks meet in SplitIndexer.
+// row has seen seen positions (DenseSelections). A split indexer always
+// runs: its ranks meet in SplitIndexer.
 func (l *Layer) selects(seen int) bool {
 	return l.DenseSelections || l.StaticTopK || l.SplitIndexer != nil || seen > l.cfg.Indexer.TopK
 }

@@ -215,3 +215,32 @@ func TestAttentionRowsAlone(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodeScoringAllocs: a decode row's indexer call scored from the
+// keys as stored (64 heads) and its attention with the heads in the
+// lanes (32 heads a kv head) allocate nothing once their scratch is warm.
+func TestDecodeScoringAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	b := New(2)
+	defer b.Close()
+	r := rand.New(rand.NewPCG(7, 7))
+	const hi, di, l, topK = 64, 128, 1000, 256
+	up := func(v []float32, dims ...int) compute.Tensor { return upload(b, v, dims...) }
+	ix := compute.IndexerArgs{Q: up(normals(r, hi*di), 1, hi, di), K: up(normals(r, l*di), l, di), W: up(normals(r, hi), 1, hi),
+		QPos: uploadI32(b, []int32{l - 1}), TopK: topK, Indices: must(b.Alloc(compute.I32, 1, topK))}
+	at := attnArgs(t, b, attnCase{t: 1, l: 300, hq: 32, hkv: 1, dk: 64, dr: 16, dv: 64, k: 100, mqa: true}, 3)
+	for name, call := range map[string]func() error{
+		"indexer":   func() error { return b.LightningIndexer(&ix) },
+		"attention": func() error { return b.Attention(at) },
+	} {
+		require.NoError(t, call())
+		allocs := testing.AllocsPerRun(20, func() {
+			if err := call(); err != nil {
+				t.Fatal(err)
+			}
+		})
+		require.Zero(t, allocs, name)
+	}
+}

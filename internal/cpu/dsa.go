@@ -35,9 +35,9 @@ type indexerJob struct {
 	rows      []indexerItem // the wave's query rows and their groups, for the top-k pass
 	vis       []int32       // per query row of the call: its visible keys
 	scores    []float32
-	// qt holds, for each row alone in its group where kernel.IndexerRows
-	// runs its tile, the row's queries transposed (at row·hi·di); such a
-	// row's blocks are scored from the keys as stored.
+	// qt holds the queries of each row alone in its group where
+	// kernel.IndexerRows runs its tile, transposed (indexerGroup.qt);
+	// such a row's blocks are scored from the keys as stored.
 	qt []float32
 }
 
@@ -51,8 +51,9 @@ type indexerItem struct{ g, i int32 }
 type indexerGroup struct {
 	r0, r1, k0, keys, blocks, off int
 	// rowTiles: the group's one row is scored by kernel.IndexerRows, its
-	// queries transposed in the job's qt.
+	// queries transposed in the job's qt from qt on.
 	rowTiles bool
+	qt       int
 }
 
 // indexerWave bounds the scores one wave holds (floats).
@@ -81,13 +82,13 @@ func indexerScore(args *kernel.Args, lo, hi int) {
 			}
 			return j.k[(g.k0+p)*j.di:]
 		}
-		if g.r1-g.r0 == 1 && g.rowTiles && n%kernel.IndexerRowKeys == 0 {
+		if g.rowTiles && n%kernel.IndexerRowKeys == 0 {
 			r := g.r0
 			if int(j.vis[r]) <= s0 {
 				continue
 			}
 			off := g.off + s0
-			qt, w := j.qt[r*j.hi*j.di:(r+1)*j.hi*j.di], j.w[r*j.hi:(r+1)*j.hi]
+			qt, w := j.qt[g.qt:g.qt+j.hi*j.di], j.w[r*j.hi:(r+1)*j.hi]
 			for s := 0; s < n; s += kernel.IndexerRowKeys {
 				var ahead []float32 // the next tile's keys: this block's, or the next item's
 				if s+kernel.IndexerRowKeys < n {
@@ -287,7 +288,7 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 	j := &sc.job
 	*j = indexerJob{a: a, q: q, k: k, w: w, idx: I32(a.Indices), counts: counts, hi: hi, di: di,
 		scoresOut: scores, width: width, groups: j.groups[:0], items: j.items[:0], rows: j.rows[:0],
-		vis: j.vis[:0], scores: j.scores, qt: j.qt}
+		vis: j.vis[:0], scores: j.scores, qt: j.qt[:0]}
 	if paged {
 		var err error
 		if a.KPages != nil {
@@ -343,11 +344,12 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 			// rows share a group, one transposed block serves them all.
 			// The tiles need 16 keys of one page.
 			rowTiles := r1-r0 == 1 && kernel.IndexerRowsFast(hi) && (j.pages == nil || j.pshift >= 4)
+			qt := len(j.qt)
 			if rowTiles {
-				j.qt = grow32(j.qt, t*hi*di)
-				kernel.TransposeQuery(j.qt[r0*hi*di:], q[r0*hi*di:], hi, di)
+				j.qt = slices.Grow(j.qt, hi*di)[:qt+hi*di]
+				kernel.TransposeQuery(j.qt[qt:], q[r0*hi*di:], hi, di)
 			}
-			j.groups = append(j.groups, indexerGroup{r0: r0, r1: r1, k0: int(cuK[s]), keys: keys, blocks: blocks, off: used, rowTiles: rowTiles})
+			j.groups = append(j.groups, indexerGroup{r0: r0, r1: r1, k0: int(cuK[s]), keys: keys, blocks: blocks, off: used, rowTiles: rowTiles, qt: qt})
 			for i := range blocks {
 				b := i / 2 // 0, last, 1, last-1, ...: each half of the list holds early and late blocks
 				if i%2 == 1 {
