@@ -29,11 +29,11 @@ func (b *countingBackend) MatMul(dst, x, w compute.Tensor) error {
 
 // TestDenseRowsSkipIndexer: without DenseSelections, a run or chunk whose
 // rows have all seen at most TopK positions skips the indexer, and a pass
-// none of whose rows selects skips wq_b; the outputs are bitwise those of
-// a layer that selects for every row, since such rows attend densely
-// either way. The passes: chunks, single steps and exact runs of one
-// sequence below, across and past TopK, then a batch of a sequence below
-// TopK beside one past it.
+// none of whose rows selects skips wq_b and weights_proj; the outputs are
+// bitwise those of a layer that selects for every row, since such rows
+// attend densely either way. The passes: chunks, single steps and exact
+// runs of one sequence below, across and past TopK, then a batch of a
+// sequence below TopK beside one past it.
 func TestDenseRowsSkipIndexer(t *testing.T) {
 	cfg := testConfig()
 	ix := *cfg.Indexer
@@ -99,5 +99,5 @@ func TestDenseRowsSkipIndexer(t *testing.T) {
 	all, skip := run(true), run(false)
 	require.Equal(t, all.out, skip.out, "outputs")
 	require.Equal(t, len(passes)+1, all.indexer, "indexer calls with DenseSelections: every run (the last pass has two)")
-	require.Equal(t, all.matmuls-4, skip.matmuls, fmt.Sprintf("products: the four passes that select nothing skip wq_b (%d with DenseSelections)", all.matmuls))
+	require.Equal(t, all.matmuls-8, skip.matmuls, fmt.Sprintf("products: the four passes that select nothing skip wq_b and weights_proj (%d with DenseSelections)", all.matmuls))
 }

@@ -294,13 +294,14 @@ type Layer struct {
 	// selection (traces, conformance). Without it (and without
 	// StaticTopK or a SplitIndexer) a run or chunk whose rows have all
 	// seen at most TopK positions skips the indexer, and a pass none of
-	// whose rows selects skips the indexer's query projection: such rows
+	// whose rows selects skips the indexer's query and head-weight
+	// projections (its keys are still cached): such rows
 	// attend to every position they have seen, which their top K would
 	// be, so their outputs do not change, and their rows of Indices are
 	// left as they were.
 	DenseSelections bool
 	// noQueries is set while a pass none of whose rows selects projects
-	// its rows (project skips wq_b).
+	// its rows: wq_b, weights_proj and the queries' rotation are skipped.
 	noQueries bool
 	// side is the backend's side stream 2 (compute.Side), on which a
 	// device runs the indexer's key and head-weight projections; b
@@ -591,8 +592,8 @@ func (l *Layer) chunks(x compute.Tensor, caches []*Cache, cu []int32, idx, y com
 			l.noQueries = l.noQueries && !l.selects(c.Len+int(cu[i+1]-cu[i]))
 		}
 	}
+	defer func() { l.noQueries = false }()
 	qn, qr, kvNew, peNew, err := l.project(x)
-	l.noQueries = false
 	if err != nil {
 		return err
 	}
@@ -837,8 +838,10 @@ func (l *Layer) finishRows(r, t int, qr, kvNew, peNew compute.Tensor) (kv, qri, 
 			return
 		}
 		if !cfg.NoPE && cfg.RopeDim > 0 {
-			if err = l.rotate(l.iq.Rows(r, r+t), cfg.RopeDim, false); err != nil {
-				return
+			if !l.noQueries {
+				if err = l.rotate(l.iq.Rows(r, r+t), cfg.RopeDim, false); err != nil {
+					return
+				}
 			}
 			if err = l.rotate(ik, cfg.RopeDim, false); err != nil {
 				return
@@ -1281,6 +1284,9 @@ func (l *Layer) indexKeys(b compute.Backend, x compute.Tensor) error {
 	t := x.Dim(0)
 	if err := b.MatMul(l.ik.Rows(0, t), x, l.W.IWk); err != nil {
 		return fmt.Errorf("dsa: indexer.wk: %w", err)
+	}
+	if l.noQueries {
+		return nil // the head weights serve selections alone
 	}
 	if err := b.MatMul(l.iw.Rows(0, t), x, l.W.IWeights); err != nil {
 		return fmt.Errorf("dsa: indexer.weights_proj: %w", err)
