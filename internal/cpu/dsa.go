@@ -928,10 +928,17 @@ func (j *attnJob) logits(sc *attnScratch, z []float32, item int, kb, krb []float
 			kernel.AttnLogits(zt, kr, dr, qt[dk*hg:], hg, dr, true)
 		}
 	}
-	for h := range hg {
-		zh := z[h*nk : (h+1)*nk]
-		for s := range zh {
-			zh[s] = sc.zt[s/tk*per+kernel.AttnLogitsAt(s%tk, h)]
+	// The tiles' [chunk of 32 heads][key][head] to z's [head][key], read
+	// in order (kernel.AttnLogitsAt).
+	for tile := range tiles {
+		zt := sc.zt[tile*per : (tile+1)*per]
+		for c := 0; c < hg; c += 32 {
+			for s := tile * tk; s < min(nk, (tile+1)*tk); s++ {
+				row := zt[kernel.AttnLogitsAt(s%tk, c):][:32]
+				for hh, v := range row {
+					z[(c+hh)*nk+s] = v
+				}
+			}
 		}
 	}
 }
