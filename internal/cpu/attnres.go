@@ -62,7 +62,7 @@ func (b *Backend) AttnResPrepare(a *compute.AttnResPrepareArgs) error {
 		return nil
 	}
 	job := &prepareJob{q: q, num: num, mx: mx, sum: sum, blocks: blocks, s: s, t: t, d: d, eps: a.Eps}
-	if t < 16 { // decode: not worth a dispatch
+	if t < 2 || t*s*len(blocks)*d < prepareSerial { // one decode row: not worth a dispatch
 		prepareTokens(job, 0, t)
 		return nil
 	}
@@ -72,6 +72,10 @@ func (b *Backend) AttnResPrepare(a *compute.AttnResPrepareArgs) error {
 	b.pool.Run(prepareRange, kernel.Args{Job: sc}, t, 4)
 	return nil
 }
+
+// prepareSerial is the work (tokens × queries × blocks × width) below
+// which AttnResPrepare runs on the calling goroutine.
+var prepareSerial = 1 << 16
 
 // prepareJob is AttnResPrepare's work: tokens are independent, so a long
 // pass splits over the pool by token.
