@@ -144,6 +144,36 @@ func PrepareExperts(b Backend, w1, w3, w2 []Tensor) error {
 	return nil
 }
 
+// AttentionBatcher is implemented by a backend that runs several
+// attention calls, each over its own cache, as one (a decode batch's
+// sequences, one call each): every call's outputs are bitwise those it
+// gets alone. An error names the call it comes from.
+type AttentionBatcher interface {
+	AttentionBatch(calls []*AttnArgs) error
+}
+
+// AttentionBatch runs calls as one where b is an AttentionBatcher, and
+// one after another otherwise.
+func AttentionBatch(b Backend, calls []*AttnArgs) error {
+	if ab, ok := b.(AttentionBatcher); ok {
+		return ab.AttentionBatch(calls)
+	}
+	for i, a := range calls {
+		if err := b.Attention(a); err != nil {
+			return AttentionCallErr(i, len(calls), err)
+		}
+	}
+	return nil
+}
+
+// AttentionCallErr names call i of n in err where n > 1.
+func AttentionCallErr(i, n int, err error) error {
+	if n <= 1 {
+		return err
+	}
+	return fmt.Errorf("attention call %d of %d: %w", i, n, err)
+}
+
 // Capturer is implemented by a backend that records operations into a
 // graph replayed later instead of running them (a device's graph
 // capture). Capture runs fn, which queues operations on the backend and

@@ -314,6 +314,9 @@ type Layer struct {
 	capInts   []int32
 	mha       []bool // a chunk pass's choice of form per chunk
 	attn      compute.AttnArgs
+	// attnCalls holds attendRows' calls, run as one batch (attnPtrs).
+	attnCalls []compute.AttnArgs
+	attnPtrs  []*compute.AttnArgs
 	ixArgs    compute.IndexerArgs
 	rope      compute.RopeArgs
 	// posT [maxT] (I32) holds a run's positions for its rotations and its
@@ -1165,6 +1168,7 @@ func (l *Layer) projectRows(x compute.Tensor) error {
 // to their selection: a run crossing TopK takes two calls.
 func (l *Layer) attendRows(caches []*Cache, t int) error {
 	cfg := l.cfg
+	l.attnCalls = l.attnCalls[:0]
 	for i, j := 0, 0; i < t; j++ {
 		c, n := caches[i], runOf(caches, i)
 		p0 := int(l.runPos[i])
@@ -1192,24 +1196,31 @@ func (l *Layer) attendRows(caches []*Cache, t int) error {
 					indices = sel.Rows(r0, r1)
 				}
 			}
-			l.attn = compute.AttnArgs{Q: l.qa.Rows(i+r0, i+r1), KPages: c.lat, PageSize: PageSize, Indices: indices,
+			a := compute.AttnArgs{Q: l.qa.Rows(i+r0, i+r1), KPages: c.lat, PageSize: PageSize, Indices: indices,
 				QPos: l.posT.Rows(i+r0, i+r1), KVLen: p0 + r1, Causal: true, Scale: float32(l.scale), Out: l.ol.Rows(i+r0, i+r1)}
 			if cfg.RopeDim > 0 {
-				l.attn.QRope, l.attn.KRopePages = l.qr.Rows(i+r0, i+r1), c.pe
+				a.QRope, a.KRopePages = l.qr.Rows(i+r0, i+r1), c.pe
 			}
 			if l.slab != nil {
-				l.attn.KPages, l.attn.KRopePages = nil, nil
-				l.attn.KPool, l.attn.PageTable = l.slab.KV, table
+				a.KPages, a.KRopePages = nil, nil
+				a.KPool, a.PageTable = l.slab.KV, table
 				if cfg.RopeDim > 0 {
-					l.attn.KRopePool = l.slab.PE
+					a.KRopePool = l.slab.PE
 				}
 			}
-			if err := l.b.Attention(&l.attn); err != nil {
-				return fmt.Errorf("dsa: attention: %w", err)
-			}
+			l.attnCalls = append(l.attnCalls, a)
 			r0 = r1
 		}
 		i += n
+	}
+	// The runs' calls as one batch: one dispatch over the workers for a
+	// decode batch's sequences (compute.AttentionBatcher).
+	l.attnPtrs = l.attnPtrs[:0]
+	for i := range l.attnCalls {
+		l.attnPtrs = append(l.attnPtrs, &l.attnCalls[i])
+	}
+	if err := compute.AttentionBatch(l.b, l.attnPtrs); err != nil {
+		return fmt.Errorf("dsa: attention: %w", err)
 	}
 	return nil
 }

@@ -381,6 +381,8 @@ type attnJob struct {
 	idxHeads           int // kv heads the index lists cover (1: shared)
 	t, hq, hkv, dk, dr int
 	dv, kn, parts      int
+	items              int  // t·hkv (row, kv head) items, each in parts pieces
+	dense              bool // the dense blocked path (attnDense) instead
 	scale              float32
 	// partial results per item and query head: max, sum, then dv values.
 	part []float32
@@ -446,16 +448,106 @@ var attnScratchPool = sync.Pool{New: func() any { return new(attnScratch) }}
 // (flash-decoding), so that one decode step uses every worker while each
 // cached row is read once for all the query heads that share it.
 func (b *Backend) Attention(a *compute.AttnArgs) error {
-	if a.KPages != nil || !a.PageTable.IsZero() {
-		return b.pagedAttention(a)
-	}
-	if a.Q.Rank != 3 || a.K.Rank != 3 || a.V.Rank != 3 {
-		return shapeErr("attention q %v k %v v %v, want rank 3", a.Q, a.K, a.V)
-	}
 	// The job lives in pooled scratch: a fresh one would escape to the
 	// workers and allocate on every decode step.
 	sc := attnScratchPool.Get().(*attnScratch)
 	defer attnScratchPool.Put(sc)
+	if err := b.attnSetup(sc, a); err != nil {
+		return err
+	}
+	return b.attnRun(sc)
+}
+
+// AttentionBatch implements compute.AttentionBatcher: every call is
+// checked and planned as Attention plans it alone; a dense blocked call
+// (prefill) then runs by itself, and the other calls' items go to the
+// workers as one list, each call's parts merged after, so that every
+// output has the bits of its call alone.
+func (b *Backend) AttentionBatch(calls []*compute.AttnArgs) error {
+	bt := attnBatchPool.Get().(*attnBatch)
+	defer bt.release()
+	for i, a := range calls {
+		sc := attnScratchPool.Get().(*attnScratch)
+		bt.scs = append(bt.scs, sc)
+		if err := b.attnSetup(sc, a); err != nil {
+			return compute.AttentionCallErr(i, len(calls), err)
+		}
+	}
+	bt.first = append(bt.first[:0], 0)
+	for i, sc := range bt.scs {
+		j := &sc.job
+		if j.dense {
+			if err := b.attnDense(j); err != nil {
+				return compute.AttentionCallErr(i, len(calls), err)
+			}
+			continue
+		}
+		bt.jobs = append(bt.jobs, j)
+		bt.first = append(bt.first, bt.first[len(bt.first)-1]+j.items*j.parts)
+	}
+	if len(bt.jobs) == 0 {
+		return nil
+	}
+	b.pool.Run(attnBatchRange, kernel.Args{Job: bt}, bt.first[len(bt.jobs)], 1)
+	for _, j := range bt.jobs {
+		j.merge()
+	}
+	return nil
+}
+
+// attnBatch is one AttentionBatch call's jobs: first[i] is the first item
+// of jobs[i] in the list the workers share.
+type attnBatch struct {
+	scs   []*attnScratch
+	jobs  []*attnJob
+	first []int
+}
+
+var attnBatchPool = sync.Pool{New: func() any { return new(attnBatch) }}
+
+// release returns the batch's scratch and the batch to their pools.
+func (bt *attnBatch) release() {
+	for i, sc := range bt.scs {
+		sc.job = attnJob{}
+		attnScratchPool.Put(sc)
+		bt.scs[i] = nil
+	}
+	clear(bt.jobs)
+	bt.scs, bt.jobs = bt.scs[:0], bt.jobs[:0]
+	attnBatchPool.Put(bt)
+}
+
+func attnBatchRange(args *kernel.Args, lo, hi int) {
+	bt := args.Job.(*attnBatch)
+	sc := attnScratchPool.Get().(*attnScratch)
+	defer attnScratchPool.Put(sc)
+	for i, j := range bt.jobs {
+		f, e := bt.first[i], bt.first[i+1]
+		if e > lo && f < hi {
+			j.pieces(sc, max(lo, f)-f, min(hi, e)-f)
+		}
+	}
+}
+
+// attnRun runs the job attnSetup planned in sc.
+func (b *Backend) attnRun(sc *attnScratch) error {
+	j := &sc.job
+	if j.dense {
+		return b.attnDense(j)
+	}
+	b.pool.Run(attnRange, kernel.Args{Job: j}, j.items*j.parts, 1)
+	j.merge()
+	return nil
+}
+
+// attnSetup checks a's operands and plans its job in sc (attend).
+func (b *Backend) attnSetup(sc *attnScratch, a *compute.AttnArgs) error {
+	if a.KPages != nil || !a.PageTable.IsZero() {
+		return b.pagedSetup(sc, a)
+	}
+	if a.Q.Rank != 3 || a.K.Rank != 3 || a.V.Rank != 3 {
+		return shapeErr("attention q %v k %v v %v, want rank 3", a.Q, a.K, a.V)
+	}
 	sc.job = attnJob{a: a, t: a.Q.Dims[0], hq: a.Q.Dims[1], dk: a.Q.Dims[2], hkv: a.K.Dims[1], dv: a.V.Dims[2], scale: a.Scale}
 	j := &sc.job
 	l := a.K.Dims[0]
@@ -476,9 +568,9 @@ func (b *Backend) Attention(a *compute.AttnArgs) error {
 	return b.attend(sc, l)
 }
 
-// pagedAttention checks a paged cache's operands and runs the same paths
+// pagedSetup checks a paged cache's operands and plans the same paths
 // over its pages.
-func (b *Backend) pagedAttention(a *compute.AttnArgs) error {
+func (b *Backend) pagedSetup(sc *attnScratch, a *compute.AttnArgs) error {
 	pooled := a.KPages == nil
 	k0, v0 := a.KPool, a.VPool // the dimensions' source: [·, Hkv, D]
 	if !pooled {
@@ -499,8 +591,6 @@ func (b *Backend) pagedAttention(a *compute.AttnArgs) error {
 	if a.PageSize%64 != 0 {
 		return fmt.Errorf("cpu: attention: page size %d is not a multiple of 64", a.PageSize)
 	}
-	sc := attnScratchPool.Get().(*attnScratch)
-	defer attnScratchPool.Put(sc)
 	kd := k0.Dims
 	dv := kd[2]
 	hasV := !v0.IsZero()
@@ -549,7 +639,8 @@ func (b *Backend) pagedAttention(a *compute.AttnArgs) error {
 }
 
 // attend checks the rest of the operands against a cache of l positions
-// and runs the job in sc.
+// and plans the job in sc: the dense blocked path (j.dense), or the
+// items and parts attnRange takes.
 func (b *Backend) attend(sc *attnScratch, l int) error {
 	j := &sc.job
 	a := j.a
@@ -587,7 +678,8 @@ func (b *Backend) attend(sc *attnScratch, l int) error {
 		}
 	}
 	if j.idx == nil && j.t >= attnDenseMin {
-		return b.attnDense(j)
+		j.dense = true
+		return nil
 	}
 	// A row whose kv heads are fewer than the workers has its positions
 	// split over all of them, and the parts merged in order. Passes of up
@@ -595,7 +687,7 @@ func (b *Backend) attend(sc *attnScratch, l int) error {
 	// so that a row's result does not depend on the rows beside it (one
 	// call serves a verify pass or a prompt's chunk of one sequence).
 	items := j.t * j.hkv
-	j.parts = 1
+	j.items, j.parts = items, 1
 	if items < b.pool.Size() || j.t <= compute.InvariantRows && j.hkv < b.pool.Size() {
 		j.parts = b.pool.Size()
 	}
@@ -619,8 +711,13 @@ func (b *Backend) attend(sc *attnScratch, l int) error {
 		}
 		j.qt = sc.qt
 	}
-	b.pool.Run(attnRange, kernel.Args{Job: j}, items*j.parts, 1)
-	// Merge the parts of every (row, query head).
+	return nil
+}
+
+// merge writes every (row, query head)'s output and lse from its parts,
+// in order.
+func (j *attnJob) merge() {
+	a, items, hg := j.a, j.items, j.hq/j.hkv
 	out := F32(a.Out)
 	var lse []float32
 	if !a.LSE.IsZero() {
@@ -661,7 +758,6 @@ func (b *Backend) attend(sc *attnScratch, l int) error {
 			}
 		}
 	}
-	return nil
 }
 
 func (j *attnJob) partOff(item, p, hh int) int {
@@ -694,9 +790,13 @@ func (j *attnJob) positions(dst []int32, row, g int) []int32 {
 }
 
 func attnRange(args *kernel.Args, lo, hi int) {
-	j := args.Job.(*attnJob)
 	sc := attnScratchPool.Get().(*attnScratch)
 	defer attnScratchPool.Put(sc)
+	args.Job.(*attnJob).pieces(sc, lo, hi)
+}
+
+// pieces computes the job's (item, part) pieces [lo, hi) with scratch sc.
+func (j *attnJob) pieces(sc *attnScratch, lo, hi int) {
 	hg := j.hq / j.hkv
 	const block = 64
 	for it := lo; it < hi; it++ {

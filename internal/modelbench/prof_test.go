@@ -70,6 +70,13 @@ func (b *timed) Attention(a *compute.AttnArgs) error {
 	defer b.rec("Attention", time.Now())
 	return b.Backend.Attention(a)
 }
+
+// AttentionBatch passes a pass's calls on as one, as the backend takes
+// them (one call timed).
+func (b *timed) AttentionBatch(calls []*compute.AttnArgs) error {
+	defer b.rec("Attention", time.Now())
+	return compute.AttentionBatch(b.Backend, calls)
+}
 func (b *timed) LightningIndexer(a *compute.IndexerArgs) error {
 	defer b.rec("Indexer", time.Now())
 	return b.Backend.LightningIndexer(a)
