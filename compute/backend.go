@@ -174,6 +174,36 @@ func AttentionCallErr(i, n int, err error) error {
 	return fmt.Errorf("attention call %d of %d: %w", i, n, err)
 }
 
+// IndexerBatcher is implemented by a backend that runs several Lightning
+// Indexer calls, each over its own keys, as one (a decode batch's
+// sequences): every call's indices (and counts and scores) are those it
+// gets alone. An error names the call it comes from.
+type IndexerBatcher interface {
+	LightningIndexerBatch(calls []*IndexerArgs) error
+}
+
+// LightningIndexerBatch runs calls as one where b is an IndexerBatcher,
+// and one after another otherwise.
+func LightningIndexerBatch(b Backend, calls []*IndexerArgs) error {
+	if ib, ok := b.(IndexerBatcher); ok {
+		return ib.LightningIndexerBatch(calls)
+	}
+	for i, a := range calls {
+		if err := b.LightningIndexer(a); err != nil {
+			return IndexerCallErr(i, len(calls), err)
+		}
+	}
+	return nil
+}
+
+// IndexerCallErr names call i of n in err where n > 1.
+func IndexerCallErr(i, n int, err error) error {
+	if n <= 1 {
+		return err
+	}
+	return fmt.Errorf("indexer call %d of %d: %w", i, n, err)
+}
+
 // Capturer is implemented by a backend that records operations into a
 // graph replayed later instead of running them (a device's graph
 // capture). Capture runs fn, which queues operations on the backend and

@@ -314,9 +314,12 @@ type Layer struct {
 	capInts   []int32
 	mha       []bool // a chunk pass's choice of form per chunk
 	attn      compute.AttnArgs
-	// attnCalls holds attendRows' calls, run as one batch (attnPtrs).
+	// attnCalls and ixCalls hold attendRows' calls, each kind run as one
+	// batch (attnPtrs, ixPtrs).
 	attnCalls []compute.AttnArgs
 	attnPtrs  []*compute.AttnArgs
+	ixCalls   []compute.IndexerArgs
+	ixPtrs    []*compute.IndexerArgs
 	ixArgs    compute.IndexerArgs
 	rope      compute.RopeArgs
 	// posT [maxT] (I32) holds a run's positions for its rotations and its
@@ -867,11 +870,7 @@ func (l *Layer) indexSelect(c *Cache, pos []int32, r, pr int, idx compute.Tensor
 func (l *Layer) indexSelectIn(c *Cache, table compute.Tensor, pos []int32, r, pr int, idx compute.Tensor) error {
 	ix := l.cfg.Indexer
 	t := len(pos)
-	l.ixArgs = compute.IndexerArgs{Q: l.iq.Rows(r, r+t), KPages: c.ik, PageSize: PageSize, KLen: c.Len,
-		W: l.iw.Rows(r, r+t), QPos: l.posT.Rows(pr, pr+t), TopK: ix.TopK, Indices: idx.Reshape(t, ix.TopK)}
-	if !table.IsZero() {
-		l.ixArgs.KPages, l.ixArgs.KPool, l.ixArgs.PageTable = nil, l.slab.IK, table
-	}
+	l.ixArgs = l.indexerArgs(c, table, t, r, pr, idx)
 	if l.SplitIndexer != nil {
 		return l.split.selectSummed(l, idx.Reshape(t, ix.TopK), pos, c.Len)
 	}
@@ -879,6 +878,19 @@ func (l *Layer) indexSelectIn(c *Cache, table compute.Tensor, pos []int32, r, pr
 		return fmt.Errorf("dsa: indexer: %w", err)
 	}
 	return nil
+}
+
+// indexerArgs is the indexer call of t query rows from row r of the
+// layer's queries, their positions from row pr of posT, against cache c
+// (its pages, or the slab's pool through table), selecting into idx.
+func (l *Layer) indexerArgs(c *Cache, table compute.Tensor, t, r, pr int, idx compute.Tensor) compute.IndexerArgs {
+	ix := l.cfg.Indexer
+	a := compute.IndexerArgs{Q: l.iq.Rows(r, r+t), KPages: c.ik, PageSize: PageSize, KLen: c.Len,
+		W: l.iw.Rows(r, r+t), QPos: l.posT.Rows(pr, pr+t), TopK: ix.TopK, Indices: idx.Reshape(t, ix.TopK)}
+	if !table.IsZero() {
+		a.KPages, a.KPool, a.PageTable = nil, l.slab.IK, table
+	}
+	return a
 }
 
 // forwardRows runs row i of x against caches[i]; consecutive rows of one
@@ -1168,7 +1180,7 @@ func (l *Layer) projectRows(x compute.Tensor) error {
 // to their selection: a run crossing TopK takes two calls.
 func (l *Layer) attendRows(caches []*Cache, t int) error {
 	cfg := l.cfg
-	l.attnCalls = l.attnCalls[:0]
+	l.attnCalls, l.ixCalls = l.attnCalls[:0], l.ixCalls[:0]
 	for i, j := 0, 0; i < t; j++ {
 		c, n := caches[i], runOf(caches, i)
 		p0 := int(l.runPos[i])
@@ -1179,10 +1191,14 @@ func (l *Layer) attendRows(caches []*Cache, t int) error {
 		var sel compute.Tensor
 		if cfg.Indexer != nil {
 			sel = l.idxRows(i, i+n)
-			if l.selects(p0 + n) { // else every row attends densely
+			switch {
+			case !l.selects(p0 + n): // every row attends densely
+			case l.SplitIndexer != nil:
 				if err := l.indexSelectIn(c, table, l.runPos[i:i+n], i, i, sel); err != nil {
 					return err
 				}
+			default:
+				l.ixCalls = append(l.ixCalls, l.indexerArgs(c, table, n, i, i, sel))
 			}
 		}
 		for r0 := 0; r0 < n; {
@@ -1213,8 +1229,18 @@ func (l *Layer) attendRows(caches []*Cache, t int) error {
 		}
 		i += n
 	}
-	// The runs' calls as one batch: one dispatch over the workers for a
-	// decode batch's sequences (compute.AttentionBatcher).
+	// The runs' calls as one batch each, the selections before the
+	// attention that reads them: one dispatch over the workers for a
+	// decode batch's sequences (compute.IndexerBatcher, AttentionBatcher).
+	if len(l.ixCalls) > 0 {
+		l.ixPtrs = l.ixPtrs[:0]
+		for i := range l.ixCalls {
+			l.ixPtrs = append(l.ixPtrs, &l.ixCalls[i])
+		}
+		if err := compute.LightningIndexerBatch(l.b, l.ixPtrs); err != nil {
+			return fmt.Errorf("dsa: indexer: %w", err)
+		}
+	}
 	l.attnPtrs = l.attnPtrs[:0]
 	for i := range l.attnCalls {
 		l.attnPtrs = append(l.attnPtrs, &l.attnCalls[i])

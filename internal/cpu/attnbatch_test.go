@@ -106,8 +106,10 @@ func TestAttentionBatch(t *testing.T) {
 	}
 }
 
-// plainBackend hides AttentionBatch, so compute.AttentionBatch runs the
-// calls one after another.
+// plainBackend hides AttentionBatch and LightningIndexerBatch (methods of
+// other signatures shadow them), so compute.AttentionBatch and
+// LightningIndexerBatch run the calls one after another.
 type plainBackend struct{ *Backend }
 
-func (p plainBackend) AttentionBatch() {}
+func (p plainBackend) AttentionBatch()        {}
+func (p plainBackend) LightningIndexerBatch() {}

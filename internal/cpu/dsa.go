@@ -39,6 +39,10 @@ type indexerJob struct {
 	// kernel.IndexerRows runs its tile, transposed (indexerGroup.qt);
 	// such a row's blocks are scored from the keys as stored.
 	qt []float32
+	// The call's sequences (IndexerArgs.CuSeqlensQ and K, or cu's one
+	// sequence), for plan.
+	cuQ, cuK []int32
+	cu       [2][2]int32
 }
 
 // indexerItem is a block of keys (score items) or a query row (top-k
@@ -64,8 +68,10 @@ var indexerKTPool = sync.Pool{New: func() any { return new([]float32) }}
 // indexerScore runs score items [lo, hi): it transposes the item's block
 // of keys, zero past the group's last visible key, and scores it for every
 // row of the group that sees a key of it.
-func indexerScore(args *kernel.Args, lo, hi int) {
-	j := args.Job.(*indexerJob)
+func indexerScore(args *kernel.Args, lo, hi int) { args.Job.(*indexerJob).score(lo, hi) }
+
+// score runs the job's score items [lo, hi) (indexerScore).
+func (j *indexerJob) score(lo, hi int) {
 	const nk = kernel.IndexerKeys
 	ktp := indexerKTPool.Get().(*[]float32)
 	defer indexerKTPool.Put(ktp)
@@ -127,8 +133,10 @@ func indexerScore(args *kernel.Args, lo, hi int) {
 }
 
 // indexerSelect runs the top-k of the wave's rows [lo, hi).
-func indexerSelect(args *kernel.Args, lo, hi int) {
-	j := args.Job.(*indexerJob)
+func indexerSelect(args *kernel.Args, lo, hi int) { args.Job.(*indexerJob).selectRows(lo, hi) }
+
+// selectRows runs the job's top-k items [lo, hi) (indexerSelect).
+func (j *indexerJob) selectRows(lo, hi int) {
 	topK := j.a.TopK
 	for _, it := range j.rows[lo:hi] {
 		g, r := &j.groups[it.g], it.i
@@ -221,6 +229,102 @@ var indexerScratchPool = sync.Pool{New: func() any { return new(indexerScratch) 
 // the key cache (each key read once for all index heads), so the cost is
 // linear in the context; selection keeps a K-entry heap.
 func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
+	sc := indexerScratchPool.Get().(*indexerScratch)
+	defer indexerScratchPool.Put(sc)
+	defer sc.release()
+	if err := sc.check(a); err != nil {
+		return err
+	}
+	b.indexerPlan(&sc.job)
+	b.indexerRun(&sc.job)
+	return nil
+}
+
+// LightningIndexerBatch implements compute.IndexerBatcher: every call is
+// checked first, then planned as LightningIndexer plans it alone (a call
+// whose scores fill waves runs those on its own), and the calls' last
+// waves run as one: one pass of score items over the workers, one of
+// top-k rows. A row's scores and selection are computed as in its call
+// alone.
+func (b *Backend) LightningIndexerBatch(calls []*compute.IndexerArgs) error {
+	bt := indexerBatchPool.Get().(*indexerBatch)
+	defer bt.release()
+	for i, a := range calls {
+		sc := indexerScratchPool.Get().(*indexerScratch)
+		bt.scs = append(bt.scs, sc)
+		if err := sc.check(a); err != nil {
+			return compute.IndexerCallErr(i, len(calls), err)
+		}
+	}
+	bt.items, bt.rows = append(bt.items[:0], 0), append(bt.rows[:0], 0)
+	for _, sc := range bt.scs {
+		j := &sc.job
+		b.indexerPlan(j)
+		bt.jobs = append(bt.jobs, j)
+		bt.items = append(bt.items, bt.items[len(bt.items)-1]+len(j.items))
+		bt.rows = append(bt.rows, bt.rows[len(bt.rows)-1]+len(j.rows))
+	}
+	if n := len(bt.jobs); n > 0 {
+		b.pool.Run(indexerBatchScore, kernel.Args{Job: bt}, bt.items[n], 1)
+		b.pool.Run(indexerBatchSelect, kernel.Args{Job: bt}, bt.rows[n], 1)
+	}
+	return nil
+}
+
+// indexerBatch is one LightningIndexerBatch call's jobs: items[i] and
+// rows[i] are the first score item and top-k row of jobs[i] in the lists
+// the workers share.
+type indexerBatch struct {
+	scs         []*indexerScratch
+	jobs        []*indexerJob
+	items, rows []int
+}
+
+var indexerBatchPool = sync.Pool{New: func() any { return new(indexerBatch) }}
+
+func (bt *indexerBatch) release() {
+	for i, sc := range bt.scs {
+		sc.release()
+		indexerScratchPool.Put(sc)
+		bt.scs[i] = nil
+	}
+	clear(bt.jobs)
+	bt.scs, bt.jobs = bt.scs[:0], bt.jobs[:0]
+	indexerBatchPool.Put(bt)
+}
+
+// spans calls f(job, lo', hi') for the parts of [lo, hi) in each job's
+// range of first (items or rows).
+func (bt *indexerBatch) spans(first []int, lo, hi int, f func(j *indexerJob, lo, hi int)) {
+	for i, j := range bt.jobs {
+		s, e := first[i], first[i+1]
+		if e > lo && s < hi {
+			f(j, max(lo, s)-s, min(hi, e)-s)
+		}
+	}
+}
+
+func indexerBatchScore(args *kernel.Args, lo, hi int) {
+	bt := args.Job.(*indexerBatch)
+	bt.spans(bt.items, lo, hi, (*indexerJob).score)
+}
+
+func indexerBatchSelect(args *kernel.Args, lo, hi int) {
+	bt := args.Job.(*indexerBatch)
+	bt.spans(bt.rows, lo, hi, (*indexerJob).selectRows)
+}
+
+// release drops the call's tensors: the scratch goes back to its pool and
+// must not keep them alive.
+func (sc *indexerScratch) release() {
+	j := &sc.job
+	j.a, j.q, j.k, j.w, j.idx, j.counts, j.pages, j.scoresOut, j.cuQ, j.cuK = nil, nil, nil, nil, nil, nil, nil, nil, nil, nil
+	j.items, j.rows = j.items[:0], j.rows[:0]
+	clear(sc.pages)
+}
+
+// check checks a's operands and prepares the job in sc for plan.
+func (sc *indexerScratch) check(a *compute.IndexerArgs) error {
 	paged := a.KPages != nil || !a.PageTable.IsZero()
 	if a.Q.Rank != 3 || (!paged && (a.K.Rank != 2 || a.Q.Dims[2] != a.K.Dims[1])) {
 		return shapeErr("indexer q %v and keys %v, want [T, H, D] and [L, D]", a.Q, a.K)
@@ -245,12 +349,15 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 	if a.TopK <= 0 {
 		return fmt.Errorf("cpu: indexer: top-k %d must be positive", a.TopK)
 	}
+	j := &sc.job
 	cuQ, cuK := a.CuSeqlensQ, a.CuSeqlensK
 	if cuQ == nil {
-		cuQ = []int32{0, int32(t)}
+		j.cu[0] = [2]int32{0, int32(t)}
+		cuQ = j.cu[0][:]
 	}
 	if cuK == nil {
-		cuK = []int32{0, int32(l)}
+		j.cu[1] = [2]int32{0, int32(l)}
+		cuK = j.cu[1][:]
 	}
 	ordered := true
 	for s := 1; s < min(len(cuQ), len(cuK)); s++ {
@@ -283,12 +390,9 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 	if q == nil || (k == nil && !paged) {
 		return shapeErr("indexer q %v and keys %v must be f32", a.Q, a.K)
 	}
-	sc := indexerScratchPool.Get().(*indexerScratch)
-	defer indexerScratchPool.Put(sc)
-	j := &sc.job
 	*j = indexerJob{a: a, q: q, k: k, w: w, idx: I32(a.Indices), counts: counts, hi: hi, di: di,
 		scoresOut: scores, width: width, groups: j.groups[:0], items: j.items[:0], rows: j.rows[:0],
-		vis: j.vis[:0], scores: j.scores, qt: j.qt[:0]}
+		vis: j.vis[:0], scores: j.scores, qt: j.qt[:0], cuQ: cuQ, cuK: cuK, cu: j.cu}
 	if paged {
 		var err error
 		if a.KPages != nil {
@@ -311,14 +415,22 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 			j.vis = append(j.vis, int32(min(pos+1, n)))
 		}
 	}
-	// Groups of rows of one sequence, as many as a wave's scores hold
-	// (one row at least), and waves of groups.
+	return nil
+}
+
+// indexerRun runs the job's wave: its score items, then its rows' top k.
+func (b *Backend) indexerRun(j *indexerJob) {
+	b.pool.Run(indexerScore, kernel.Args{Job: j}, len(j.items), 1)
+	b.pool.Run(indexerSelect, kernel.Args{Job: j}, len(j.rows), 1)
+	j.items, j.rows = j.items[:0], j.rows[:0]
+}
+
+// indexerPlan lays the job's rows out in groups of rows of one sequence,
+// as many as a wave's scores hold (one row at least), and waves of
+// groups; it runs every wave but the last, which it leaves in the job.
+func (b *Backend) indexerPlan(j *indexerJob) {
 	const nk = kernel.IndexerKeys
-	run := func() {
-		b.pool.Run(indexerScore, kernel.Args{Job: j}, len(j.items), 1)
-		b.pool.Run(indexerSelect, kernel.Args{Job: j}, len(j.rows), 1)
-		j.items, j.rows = j.items[:0], j.rows[:0]
-	}
+	q, hi, di, cuQ, cuK := j.q, j.hi, j.di, j.cuQ, j.cuK
 	used := 0
 	for s := 0; s+1 < len(cuQ); s++ {
 		for r0 := int(cuQ[s]); r0 < int(cuQ[s+1]); {
@@ -333,7 +445,7 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 			blocks := (keys + nk - 1) / nk
 			size := (r1 - r0) * blocks * nk
 			if used > 0 && used+size > indexerWave {
-				run()
+				b.indexerRun(j)
 				used = 0
 			}
 			// Nothing is scored before run, so growing drops nothing.
@@ -364,12 +476,6 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 			r0 = r1
 		}
 	}
-	run()
-	// The scratch goes back to its pool: it must not keep the call's
-	// tensors alive.
-	j.a, j.q, j.k, j.w, j.idx, j.counts, j.pages, j.scoresOut = nil, nil, nil, nil, nil, nil, nil, nil
-	clear(sc.pages)
-	return nil
 }
 
 // attnJob is one Attention call split over (row, kv head, part) items.

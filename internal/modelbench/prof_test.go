@@ -81,6 +81,12 @@ func (b *timed) LightningIndexer(a *compute.IndexerArgs) error {
 	defer b.rec("Indexer", time.Now())
 	return b.Backend.LightningIndexer(a)
 }
+
+// LightningIndexerBatch passes a pass's calls on as one (one call timed).
+func (b *timed) LightningIndexerBatch(calls []*compute.IndexerArgs) error {
+	defer b.rec("Indexer", time.Now())
+	return compute.LightningIndexerBatch(b.Backend, calls)
+}
 func (b *timed) MoEExperts(a *compute.ExpertArgs) error {
 	defer b.rec("MoEExperts", time.Now())
 	return b.Backend.MoEExperts(a)
