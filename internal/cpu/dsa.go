@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"sync"
 
 	"k3/compute"
 	"k3/internal/kernel"
@@ -63,7 +62,8 @@ type indexerGroup struct {
 // indexerWave bounds the scores one wave holds (floats).
 var indexerWave = 1 << 20
 
-var indexerKTPool = sync.Pool{New: func() any { return new([]float32) }}
+// indexerKTs holds the score items' transposed key blocks.
+var indexerKTs freeList[[]float32]
 
 // indexerScore runs score items [lo, hi): it transposes the item's block
 // of keys, zero past the group's last visible key, and scores it for every
@@ -73,8 +73,8 @@ func indexerScore(args *kernel.Args, lo, hi int) { args.Job.(*indexerJob).score(
 // score runs the job's score items [lo, hi) (indexerScore).
 func (j *indexerJob) score(lo, hi int) {
 	const nk = kernel.IndexerKeys
-	ktp := indexerKTPool.Get().(*[]float32)
-	defer indexerKTPool.Put(ktp)
+	ktp := indexerKTs.get()
+	defer func() { indexerKTs.put(ktp, capBytes(*ktp)) }()
 	*ktp = grow32(*ktp, j.di*nk)
 	kt := *ktp
 	items := j.items[lo:hi]
@@ -222,16 +222,24 @@ func pageCount(pages []compute.Tensor, table compute.Tensor) int {
 	return table.Len()
 }
 
-var indexerScratchPool = sync.Pool{New: func() any { return new(indexerScratch) }}
+var indexerScratches freeList[indexerScratch]
+
+// bytes is what the scratch's buffers hold.
+func (sc *indexerScratch) bytes() int {
+	j := &sc.job
+	return capBytes(j.scores, j.qt) + 4*cap(j.vis) + 8*(cap(j.items)+cap(j.rows)) + 48*cap(j.groups) + 24*cap(sc.pages)
+}
 
 // LightningIndexer scores every visible key for every query row and keeps
 // the top K. Head scores come from one matrix product per query row over
 // the key cache (each key read once for all index heads), so the cost is
 // linear in the context; selection keeps a K-entry heap.
 func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
-	sc := indexerScratchPool.Get().(*indexerScratch)
-	defer indexerScratchPool.Put(sc)
-	defer sc.release()
+	sc := indexerScratches.get()
+	defer func() {
+		sc.release()
+		indexerScratches.put(sc, sc.bytes())
+	}()
 	if err := sc.check(a); err != nil {
 		return err
 	}
@@ -247,10 +255,10 @@ func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 // top-k rows. A row's scores and selection are computed as in its call
 // alone.
 func (b *Backend) LightningIndexerBatch(calls []*compute.IndexerArgs) error {
-	bt := indexerBatchPool.Get().(*indexerBatch)
+	bt := indexerBatches.get()
 	defer bt.release()
 	for i, a := range calls {
-		sc := indexerScratchPool.Get().(*indexerScratch)
+		sc := indexerScratches.get()
 		bt.scs = append(bt.scs, sc)
 		if err := sc.check(a); err != nil {
 			return compute.IndexerCallErr(i, len(calls), err)
@@ -280,17 +288,17 @@ type indexerBatch struct {
 	items, rows []int
 }
 
-var indexerBatchPool = sync.Pool{New: func() any { return new(indexerBatch) }}
+var indexerBatches freeList[indexerBatch]
 
 func (bt *indexerBatch) release() {
 	for i, sc := range bt.scs {
 		sc.release()
-		indexerScratchPool.Put(sc)
+		indexerScratches.put(sc, sc.bytes())
 		bt.scs[i] = nil
 	}
 	clear(bt.jobs)
 	bt.scs, bt.jobs = bt.scs[:0], bt.jobs[:0]
-	indexerBatchPool.Put(bt)
+	indexerBatches.put(bt, 0)
 }
 
 // spans calls f(job, lo', hi') for the parts of [lo, hi) in each job's
@@ -547,7 +555,22 @@ type attnScratch struct {
 	zt, ktail, qt []float32
 }
 
-var attnScratchPool = sync.Pool{New: func() any { return new(attnScratch) }}
+var attnScratches freeList[attnScratch]
+
+// bytes is what the scratch's buffers hold.
+func (sc *attnScratch) bytes() int {
+	return 4*cap(sc.pos) + 24*(cap(sc.kp)+cap(sc.vp)+cap(sc.krp)) + capBytes(sc.z, sc.qb, sc.qrb, sc.kb, sc.krb, sc.vb, sc.zb,
+		sc.e, sc.rv, sc.acc, sc.m, sc.l, sc.kh, sc.ones, sc.eAll, sc.macc, sc.zt, sc.ktail, sc.qt)
+}
+
+// putAttnScratch returns sc to its free list, without the call's tensors.
+func putAttnScratch(sc *attnScratch) {
+	sc.job = attnJob{}
+	clear(sc.kp)
+	clear(sc.vp)
+	clear(sc.krp)
+	attnScratches.put(sc, sc.bytes())
+}
 
 // Attention runs dense causal or index-sparse attention. Work is split over
 // query rows and kv heads, and for short batches also over the positions
@@ -556,8 +579,8 @@ var attnScratchPool = sync.Pool{New: func() any { return new(attnScratch) }}
 func (b *Backend) Attention(a *compute.AttnArgs) error {
 	// The job lives in pooled scratch: a fresh one would escape to the
 	// workers and allocate on every decode step.
-	sc := attnScratchPool.Get().(*attnScratch)
-	defer attnScratchPool.Put(sc)
+	sc := attnScratches.get()
+	defer putAttnScratch(sc)
 	if err := b.attnSetup(sc, a); err != nil {
 		return err
 	}
@@ -570,10 +593,10 @@ func (b *Backend) Attention(a *compute.AttnArgs) error {
 // workers as one list, each call's parts merged after, so that every
 // output has the bits of its call alone.
 func (b *Backend) AttentionBatch(calls []*compute.AttnArgs) error {
-	bt := attnBatchPool.Get().(*attnBatch)
+	bt := attnBatches.get()
 	defer bt.release()
 	for i, a := range calls {
-		sc := attnScratchPool.Get().(*attnScratch)
+		sc := attnScratches.get()
 		bt.scs = append(bt.scs, sc)
 		if err := b.attnSetup(sc, a); err != nil {
 			return compute.AttentionCallErr(i, len(calls), err)
@@ -609,24 +632,23 @@ type attnBatch struct {
 	first []int
 }
 
-var attnBatchPool = sync.Pool{New: func() any { return new(attnBatch) }}
+var attnBatches freeList[attnBatch]
 
 // release returns the batch's scratch and the batch to their pools.
 func (bt *attnBatch) release() {
 	for i, sc := range bt.scs {
-		sc.job = attnJob{}
-		attnScratchPool.Put(sc)
+		putAttnScratch(sc)
 		bt.scs[i] = nil
 	}
 	clear(bt.jobs)
 	bt.scs, bt.jobs = bt.scs[:0], bt.jobs[:0]
-	attnBatchPool.Put(bt)
+	attnBatches.put(bt, 0)
 }
 
 func attnBatchRange(args *kernel.Args, lo, hi int) {
 	bt := args.Job.(*attnBatch)
-	sc := attnScratchPool.Get().(*attnScratch)
-	defer attnScratchPool.Put(sc)
+	sc := attnScratches.get()
+	defer putAttnScratch(sc)
 	for i, j := range bt.jobs {
 		f, e := bt.first[i], bt.first[i+1]
 		if e > lo && f < hi {
@@ -896,8 +918,8 @@ func (j *attnJob) positions(dst []int32, row, g int) []int32 {
 }
 
 func attnRange(args *kernel.Args, lo, hi int) {
-	sc := attnScratchPool.Get().(*attnScratch)
-	defer attnScratchPool.Put(sc)
+	sc := attnScratches.get()
+	defer putAttnScratch(sc)
 	args.Job.(*attnJob).pieces(sc, lo, hi)
 }
 
@@ -994,8 +1016,8 @@ func attnDenseRange(args *kernel.Args, lo, hi int) {
 	const block = 64
 	j := args.Job.(*attnJob)
 	a := j.a
-	sc := attnScratchPool.Get().(*attnScratch)
-	defer attnScratchPool.Put(sc)
+	sc := attnScratches.get()
+	defer putAttnScratch(sc)
 	nb := (j.t + denseRows - 1) / denseRows
 	hg := j.hq / j.hkv
 	dk, dr, dv := j.dk, j.dr, j.dv
