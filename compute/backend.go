@@ -160,18 +160,18 @@ func AttentionBatch(b Backend, calls []*AttnArgs) error {
 	}
 	for i, a := range calls {
 		if err := b.Attention(a); err != nil {
-			return AttentionCallErr(i, len(calls), err)
+			return CallErr("attention", i, len(calls), err)
 		}
 	}
 	return nil
 }
 
-// AttentionCallErr names call i of n in err where n > 1.
-func AttentionCallErr(i, n int, err error) error {
+// CallErr names call i of a batch of n calls of op in err, where n > 1.
+func CallErr(op string, i, n int, err error) error {
 	if n <= 1 {
 		return err
 	}
-	return fmt.Errorf("attention call %d of %d: %w", i, n, err)
+	return fmt.Errorf("%s call %d of %d: %w", op, i, n, err)
 }
 
 // IndexerBatcher is implemented by a backend that runs several Lightning
@@ -190,18 +190,10 @@ func LightningIndexerBatch(b Backend, calls []*IndexerArgs) error {
 	}
 	for i, a := range calls {
 		if err := b.LightningIndexer(a); err != nil {
-			return IndexerCallErr(i, len(calls), err)
+			return CallErr("indexer", i, len(calls), err)
 		}
 	}
 	return nil
-}
-
-// IndexerCallErr names call i of n in err where n > 1.
-func IndexerCallErr(i, n int, err error) error {
-	if n <= 1 {
-		return err
-	}
-	return fmt.Errorf("indexer call %d of %d: %w", i, n, err)
 }
 
 // Capturer is implemented by a backend that records operations into a

@@ -1177,7 +1177,9 @@ func (l *Layer) projectRows(x compute.Tensor) error {
 // attendRows lets every run of the t rows, its keys in its cache, select
 // (DSA) and attend into l.ol. The rows that have seen at most TopK
 // positions attend to all of them, as a single step does, and the rest
-// to their selection: a run crossing TopK takes two calls.
+// to their selection: a run crossing TopK takes two calls. The runs'
+// indexer calls go to the backend as one batch, then their attention
+// calls (compute.LightningIndexerBatch, AttentionBatch).
 func (l *Layer) attendRows(caches []*Cache, t int) error {
 	cfg := l.cfg
 	l.attnCalls, l.ixCalls = l.attnCalls[:0], l.ixCalls[:0]

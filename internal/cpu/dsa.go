@@ -261,7 +261,7 @@ func (b *Backend) LightningIndexerBatch(calls []*compute.IndexerArgs) error {
 		sc := indexerScratches.get()
 		bt.scs = append(bt.scs, sc)
 		if err := sc.check(a); err != nil {
-			return compute.IndexerCallErr(i, len(calls), err)
+			return compute.CallErr("indexer", i, len(calls), err)
 		}
 	}
 	bt.items, bt.rows = append(bt.items[:0], 0), append(bt.rows[:0], 0)
@@ -599,7 +599,7 @@ func (b *Backend) AttentionBatch(calls []*compute.AttnArgs) error {
 		sc := attnScratches.get()
 		bt.scs = append(bt.scs, sc)
 		if err := b.attnSetup(sc, a); err != nil {
-			return compute.AttentionCallErr(i, len(calls), err)
+			return compute.CallErr("attention", i, len(calls), err)
 		}
 	}
 	bt.first = append(bt.first[:0], 0)
@@ -607,7 +607,7 @@ func (b *Backend) AttentionBatch(calls []*compute.AttnArgs) error {
 		j := &sc.job
 		if j.dense {
 			if err := b.attnDense(j); err != nil {
-				return compute.AttentionCallErr(i, len(calls), err)
+				return compute.CallErr("attention", i, len(calls), err)
 			}
 			continue
 		}
