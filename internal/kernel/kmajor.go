@@ -235,7 +235,11 @@ func kmajBlock(j *kmajJob, r0, r1, p0, p1 int) {
 	x := r0 * k                    // x row r0's first element in j.x (or j.xb)
 	out := j.dst[r0*n:]
 	if rows < 8 && !kmajGo && (hasZMM && !j.pairs || hasBF16Dot && j.pairs) {
-		kmajFew(j, x, out, rows, p0, p1)
+		if rows == 3 {
+			kmajFew3(j, x, out, p0, p1)
+			return
+		}
+		kmajFew(j, x, out, rows, p0, p1, nil)
 		return
 	}
 	p := p0
@@ -268,8 +272,16 @@ func kmajBlock(j *kmajJob, r0, r1, p0, p1 int) {
 // panel left its stream reads the first run's panel again (from cache),
 // and a step holding such a stream or the last, narrower panel writes
 // through a buffer.
-func kmajFew(j *kmajJob, x int, out []float32, rows, p0, p1 int) {
+//
+// With pad, the rows are three and go through the four-row tiles as four,
+// the fourth zero: pad takes each k block of them (the tiles read its
+// rows kmajKC apart) and the outputs go through the buffer.
+func kmajFew(j *kmajJob, x int, out []float32, rows, p0, p1 int, pad *fewPad) {
 	k, n := j.k, j.n
+	tileRows := rows
+	if pad != nil {
+		tileRows = 4
+	}
 	g := (p1 - p0 + kmajStreams - 1) / kmajStreams
 	var buf [7 * kmajStreams * KMajorPanel]float32 // [row][stream][48]
 	var q [kmajStreams]int
@@ -277,7 +289,7 @@ func kmajFew(j *kmajJob, x int, out []float32, rows, p0, p1 int) {
 	var o [kmajStreams]*float32
 	ahead := kmajFewAhead()
 	for i := 0; i < g; i++ {
-		buffered := false
+		buffered := pad != nil
 		for s := range q {
 			q[s] = p0 + s*g + i
 			if q[s] >= p1 || (q[s]+1)*KMajorPanel > n {
@@ -301,6 +313,29 @@ func kmajFew(j *kmajJob, x int, out []float32, rows, p0, p1 int) {
 				}
 				w[s] = &j.w[(qs*k+kb)*KMajorPanel]
 			}
+			xs, xf, xb := k, x+kb, x+kb // the tiles' x rows: stride, first element
+			if pad != nil {
+				xs, xf, xb = kmajKC, 0, 0
+				for r := range rows {
+					if j.pairs {
+						copy(pad.xb[r*kmajKC:r*kmajKC+kn], j.xb[x+r*k+kb:])
+					} else {
+						copy(pad.x[r*kmajKC:r*kmajKC+kn], j.x[x+r*k+kb:])
+					}
+				}
+			}
+			xrow := func(r int) *float32 {
+				if pad != nil {
+					return &pad.x[r*xs]
+				}
+				return &j.x[xf+r*xs]
+			}
+			xbrow := func(r int) *uint16 {
+				if pad != nil {
+					return &pad.xb[r*xs]
+				}
+				return &j.xb[xb+r*xs]
+			}
 			// at points o at the outputs of row r.
 			at := func(r int) *[kmajStreams]*float32 {
 				for s := range o {
@@ -313,31 +348,31 @@ func kmajFew(j *kmajJob, x int, out []float32, rows, p0, p1 int) {
 				return &o
 			}
 			r := 0
-			for ; r+4 <= rows; r += 4 {
+			for ; r+4 <= tileRows; r += 4 {
 				op := at(r)
 				w0, w1 := (*[2]*uint16)(w[0:2]), (*[2]*uint16)(w[2:4])
 				o0, o1 := (*[2]*float32)(op[0:2]), (*[2]*float32)(op[2:4])
 				if j.pairs {
-					kpair4x2(&j.xb[x+r*k+kb], k, w0, kn/2, o0, os, ac, ahead)
-					kpair4x2(&j.xb[x+r*k+kb], k, w1, kn/2, o1, os, ac, ahead)
+					kpair4x2(xbrow(r), xs, w0, kn/2, o0, os, ac, ahead)
+					kpair4x2(xbrow(r), xs, w1, kn/2, o1, os, ac, ahead)
 				} else {
-					kmaj4x2(&j.x[x+r*k+kb], k, w0, kn, o0, os, ac, ahead)
-					kmaj4x2(&j.x[x+r*k+kb], k, w1, kn, o1, os, ac, ahead)
+					kmaj4x2(xrow(r), xs, w0, kn, o0, os, ac, ahead)
+					kmaj4x2(xrow(r), xs, w1, kn, o1, os, ac, ahead)
 				}
 			}
-			if r+2 <= rows {
+			if r+2 <= tileRows {
 				if j.pairs {
-					kpair2x4(&j.xb[x+r*k+kb], k, &w, kn/2, at(r), os, ac, ahead)
+					kpair2x4(xbrow(r), xs, &w, kn/2, at(r), os, ac, ahead)
 				} else {
-					kmaj2x4(&j.x[x+r*k+kb], k, &w, kn, at(r), os, ac, ahead)
+					kmaj2x4(xrow(r), xs, &w, kn, at(r), os, ac, ahead)
 				}
 				r += 2
 			}
-			if r < rows {
+			if r < tileRows {
 				if j.pairs {
-					kpair1x4(&j.xb[x+r*k+kb], k, &w, kn/2, at(r), os, ac, ahead)
+					kpair1x4(xbrow(r), xs, &w, kn/2, at(r), os, ac, ahead)
 				} else {
-					kmaj1x4(&j.x[x+r*k+kb], k, &w, kn, at(r), os, ac, ahead)
+					kmaj1x4(xrow(r), xs, &w, kn, at(r), os, ac, ahead)
 				}
 			}
 		}
@@ -354,6 +389,20 @@ func kmajFew(j *kmajJob, x int, out []float32, rows, p0, p1 int) {
 			}
 		}
 	}
+}
+
+// fewPad holds three x rows' k block and a zero fourth row for kmajFew.
+type fewPad struct {
+	x  [4 * kmajKC]float32
+	xb [4 * kmajKC]uint16
+}
+
+// kmajFew3 is kmajFew for three rows: they run through the four-row tiles
+// with a zero fourth row, one pass over each weight stream where the
+// two- and one-row tiles would make two, with the same FMA chains.
+func kmajFew3(j *kmajJob, x int, out []float32, p0, p1 int) {
+	var pad fewPad
+	kmajFew(j, x, out, 3, p0, p1, &pad)
 }
 
 // kmajFewAheadBytes forces kmajFewAhead's answer for benchmarks; -1

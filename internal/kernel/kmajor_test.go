@@ -119,25 +119,35 @@ func TestKMajorRowsAlone(t *testing.T) {
 		r := rand.New(rand.NewPCG(5, 6))
 		pool := NewPool(2)
 		defer pool.Close()
-		n, k := 48*9+7, 72 // rows alone take the four-stream tiles
-		w := kmajWeights(r, n*k)
-		wp := make([]uint16, KMajorLen(n, k))
-		PackKMajor(wp, w, n, k)
-		const most = 300
-		x := randSlice(r, most*k)
-		alone := make([]float32, most*n)
-		for i := 0; i < most; i++ {
-			pool.MatMulKMajor(alone[i*n:(i+1)*n], x[i*k:(i+1)*k], wp, 1, n, k)
-		}
-		got := make([]float32, most*n)
-		for _, m := range []int{2, 3, 5, 8, 12, 17, 24, 33, 64, 65, 129, most} {
-			t.Run(fmt.Sprint(m), func(t *testing.T) {
-				// Rows from an offset, so that a row sits in a different
-				// place of the tiles than when it starts a product.
-				off := (most - m) / 2
-				pool.MatMulKMajor(got[:m*n], x[off*k:(off+m)*k], wp, m, n, k)
-				require.Equal(t, alone[off*n:(off+m)*n], got[:m*n])
-			})
+		// Rows alone take the four-stream tiles; k 72 is one k block, k
+		// 2·kmajKC+24 three, the last short (three rows go through the
+		// four-row tiles a k block at a time).
+		for _, c := range []struct{ k, most int }{{72, 300}, {2*kmajKC + 24, 40}} {
+			n, k, most := 48*9+7, c.k, c.most
+			w := kmajWeights(r, n*k)
+			wp := make([]uint16, KMajorLen(n, k))
+			PackKMajor(wp, w, n, k)
+			x := randSlice(r, most*k)
+			alone := make([]float32, most*n)
+			for i := 0; i < most; i++ {
+				pool.MatMulKMajor(alone[i*n:(i+1)*n], x[i*k:(i+1)*k], wp, 1, n, k)
+			}
+			got := make([]float32, most*n)
+			for _, m := range []int{2, 3, 5, 7, 8, 12, 17, 24, 33, 64, 65, 129, 300} {
+				if m > most {
+					continue
+				}
+				t.Run(fmt.Sprint(k, "/", m), func(t *testing.T) {
+					// Rows from an offset, so that a row sits in a different
+					// place of the tiles than when it starts a product.
+					off := (most - m) / 2
+					pool.MatMulKMajor(got[:m*n], x[off*k:(off+m)*k], wp, m, n, k)
+					require.Equal(t, alone[off*n:(off+m)*n], got[:m*n])
+					// Serially too (an expert's product), three rows among them.
+					MatMulKMajorSerial(got[:m*n], x[off*k:(off+m)*k], wp, m, n, k)
+					require.Equal(t, alone[off*n:(off+m)*n], got[:m*n])
+				})
+			}
 		}
 	})
 }
