@@ -313,9 +313,9 @@ func kmajFew(j *kmajJob, x int, out []float32, rows, p0, p1 int, pad *fewPad) {
 				}
 				w[s] = &j.w[(qs*k+kb)*KMajorPanel]
 			}
-			xs, xf, xb := k, x+kb, x+kb // the tiles' x rows: stride, first element
+			xs, xo := k, x+kb // the tiles' x rows: stride, first element
 			if pad != nil {
-				xs, xf, xb = kmajKC, 0, 0
+				xs, xo = kmajKC, 0
 				for r := range rows {
 					if j.pairs {
 						copy(pad.xb[r*kmajKC:r*kmajKC+kn], j.xb[x+r*k+kb:])
@@ -326,15 +326,15 @@ func kmajFew(j *kmajJob, x int, out []float32, rows, p0, p1 int, pad *fewPad) {
 			}
 			xrow := func(r int) *float32 {
 				if pad != nil {
-					return &pad.x[r*xs]
+					return &pad.x[xo+r*xs]
 				}
-				return &j.x[xf+r*xs]
+				return &j.x[xo+r*xs]
 			}
 			xbrow := func(r int) *uint16 {
 				if pad != nil {
-					return &pad.xb[r*xs]
+					return &pad.xb[xo+r*xs]
 				}
-				return &j.xb[xb+r*xs]
+				return &j.xb[xo+r*xs]
 			}
 			// at points o at the outputs of row r.
 			at := func(r int) *[kmajStreams]*float32 {
