@@ -235,8 +235,8 @@ func kmajBlock(j *kmajJob, r0, r1, p0, p1 int) {
 	x := r0 * k                    // x row r0's first element in j.x (or j.xb)
 	out := j.dst[r0*n:]
 	if rows < 8 && !kmajGo && (hasZMM && !j.pairs || hasBF16Dot && j.pairs) {
-		if rows == 3 {
-			kmajFew3(j, x, out, p0, p1)
+		if rows%4 == 3 {
+			kmajFewPadded(j, x, out, rows, p0, p1)
 			return
 		}
 		kmajFew(j, x, out, rows, p0, p1, nil)
@@ -273,17 +273,18 @@ func kmajBlock(j *kmajJob, r0, r1, p0, p1 int) {
 // and a step holding such a stream or the last, narrower panel writes
 // through a buffer.
 //
-// With pad, the rows are three and go through the four-row tiles as four,
-// the fourth zero: pad takes each k block of them (the tiles read its
-// rows kmajKC apart) and the outputs go through the buffer.
+// With pad, the rows are three or seven and their last three go through
+// the four-row tiles as four, the fourth zero: pad takes each k block of
+// them (the tiles read its rows kmajKC apart) and the outputs go through
+// the buffer.
 func kmajFew(j *kmajJob, x int, out []float32, rows, p0, p1 int, pad *fewPad) {
 	k, n := j.k, j.n
-	tileRows := rows
+	tileRows, padFrom := rows, rows // the rows the tiles take; the first from pad
 	if pad != nil {
-		tileRows = 4
+		tileRows, padFrom = rows+1, rows-3
 	}
 	g := (p1 - p0 + kmajStreams - 1) / kmajStreams
-	var buf [7 * kmajStreams * KMajorPanel]float32 // [row][stream][48]
+	var buf [8 * kmajStreams * KMajorPanel]float32 // [row][stream][48]
 	var q [kmajStreams]int
 	var w [kmajStreams]*uint16
 	var o [kmajStreams]*float32
@@ -313,28 +314,28 @@ func kmajFew(j *kmajJob, x int, out []float32, rows, p0, p1 int, pad *fewPad) {
 				}
 				w[s] = &j.w[(qs*k+kb)*KMajorPanel]
 			}
-			xs, xo := k, x+kb // the tiles' x rows: stride, first element
 			if pad != nil {
-				xs, xo = kmajKC, 0
-				for r := range rows {
+				for r := padFrom; r < rows; r++ {
+					q := (r - padFrom) * kmajKC
 					if j.pairs {
-						copy(pad.xb[r*kmajKC:r*kmajKC+kn], j.xb[x+r*k+kb:])
+						copy(pad.xb[q:q+kn], j.xb[x+r*k+kb:])
 					} else {
-						copy(pad.x[r*kmajKC:r*kmajKC+kn], j.x[x+r*k+kb:])
+						copy(pad.x[q:q+kn], j.x[x+r*k+kb:])
 					}
 				}
 			}
-			xrow := func(r int) *float32 {
-				if pad != nil {
-					return &pad.x[xo+r*xs]
+			// The tiles' x rows from row r: their first element and stride.
+			xrow := func(r int) (*float32, int) {
+				if r >= padFrom {
+					return &pad.x[(r-padFrom)*kmajKC], kmajKC
 				}
-				return &j.x[xo+r*xs]
+				return &j.x[x+r*k+kb], k
 			}
-			xbrow := func(r int) *uint16 {
-				if pad != nil {
-					return &pad.xb[xo+r*xs]
+			xbrow := func(r int) (*uint16, int) {
+				if r >= padFrom {
+					return &pad.xb[(r-padFrom)*kmajKC], kmajKC
 				}
-				return &j.xb[xo+r*xs]
+				return &j.xb[x+r*k+kb], k
 			}
 			// at points o at the outputs of row r.
 			at := func(r int) *[kmajStreams]*float32 {
@@ -353,26 +354,32 @@ func kmajFew(j *kmajJob, x int, out []float32, rows, p0, p1 int, pad *fewPad) {
 				w0, w1 := (*[2]*uint16)(w[0:2]), (*[2]*uint16)(w[2:4])
 				o0, o1 := (*[2]*float32)(op[0:2]), (*[2]*float32)(op[2:4])
 				if j.pairs {
-					kpair4x2(xbrow(r), xs, w0, kn/2, o0, os, ac, ahead)
-					kpair4x2(xbrow(r), xs, w1, kn/2, o1, os, ac, ahead)
+					xr, xs := xbrow(r)
+					kpair4x2(xr, xs, w0, kn/2, o0, os, ac, ahead)
+					kpair4x2(xr, xs, w1, kn/2, o1, os, ac, ahead)
 				} else {
-					kmaj4x2(xrow(r), xs, w0, kn, o0, os, ac, ahead)
-					kmaj4x2(xrow(r), xs, w1, kn, o1, os, ac, ahead)
+					xr, xs := xrow(r)
+					kmaj4x2(xr, xs, w0, kn, o0, os, ac, ahead)
+					kmaj4x2(xr, xs, w1, kn, o1, os, ac, ahead)
 				}
 			}
 			if r+2 <= tileRows {
 				if j.pairs {
-					kpair2x4(xbrow(r), xs, &w, kn/2, at(r), os, ac, ahead)
+					xr, xs := xbrow(r)
+					kpair2x4(xr, xs, &w, kn/2, at(r), os, ac, ahead)
 				} else {
-					kmaj2x4(xrow(r), xs, &w, kn, at(r), os, ac, ahead)
+					xr, xs := xrow(r)
+					kmaj2x4(xr, xs, &w, kn, at(r), os, ac, ahead)
 				}
 				r += 2
 			}
 			if r < tileRows {
 				if j.pairs {
-					kpair1x4(xbrow(r), xs, &w, kn/2, at(r), os, ac, ahead)
+					xr, xs := xbrow(r)
+					kpair1x4(xr, xs, &w, kn/2, at(r), os, ac, ahead)
 				} else {
-					kmaj1x4(xrow(r), xs, &w, kn, at(r), os, ac, ahead)
+					xr, xs := xrow(r)
+					kmaj1x4(xr, xs, &w, kn, at(r), os, ac, ahead)
 				}
 			}
 		}
@@ -397,12 +404,13 @@ type fewPad struct {
 	xb [4 * kmajKC]uint16
 }
 
-// kmajFew3 is kmajFew for three rows: they run through the four-row tiles
-// with a zero fourth row, one pass over each weight stream where the
-// two- and one-row tiles would make two, with the same FMA chains.
-func kmajFew3(j *kmajJob, x int, out []float32, p0, p1 int) {
+// kmajFewPadded is kmajFew for three or seven rows: the last three run
+// through the four-row tile with a zero fourth row, one pass over each
+// weight stream where the two- and one-row tiles would make two, with
+// the same FMA chains.
+func kmajFewPadded(j *kmajJob, x int, out []float32, rows, p0, p1 int) {
 	var pad fewPad
-	kmajFew(j, x, out, 3, p0, p1, &pad)
+	kmajFew(j, x, out, rows, p0, p1, &pad)
 }
 
 // kmajFewAheadBytes forces kmajFewAhead's answer for benchmarks; -1

@@ -110,7 +110,7 @@ func TestKPairRowsAlone(t *testing.T) {
 		for i := range m {
 			pool.MatMulKPairs(alone[i*n:(i+1)*n], x[i*k:(i+1)*k], wp, 1, n, k)
 		}
-		for _, rows := range []int{2, 3, 5, 8, 9, 12, 16, 23} {
+		for _, rows := range []int{2, 3, 5, 7, 8, 9, 12, 16, 23} {
 			got := make([]float32, rows*n)
 			pool.MatMulKPairs(got, x[:rows*k], wp, rows, n, k)
 			for i := range got {
