@@ -301,25 +301,26 @@ func (bt *indexerBatch) release() {
 	indexerBatches.put(bt, 0)
 }
 
-// spans calls f(job, lo', hi') for the parts of [lo, hi) in each job's
-// range of first (items or rows).
-func (bt *indexerBatch) spans(first []int, lo, hi int, f func(j *indexerJob, lo, hi int)) {
-	for i, j := range bt.jobs {
+// batchSpans calls f(i, lo', hi') for each call i of a batch whose share
+// [first[i], first[i+1]) of the workers' list meets [lo, hi), lo' and hi'
+// counted from the call's first.
+func batchSpans(first []int, lo, hi int, f func(i, lo, hi int)) {
+	for i := 0; i+1 < len(first); i++ {
 		s, e := first[i], first[i+1]
 		if e > lo && s < hi {
-			f(j, max(lo, s)-s, min(hi, e)-s)
+			f(i, max(lo, s)-s, min(hi, e)-s)
 		}
 	}
 }
 
 func indexerBatchScore(args *kernel.Args, lo, hi int) {
 	bt := args.Job.(*indexerBatch)
-	bt.spans(bt.items, lo, hi, (*indexerJob).score)
+	batchSpans(bt.items, lo, hi, func(i, lo, hi int) { bt.jobs[i].score(lo, hi) })
 }
 
 func indexerBatchSelect(args *kernel.Args, lo, hi int) {
 	bt := args.Job.(*indexerBatch)
-	bt.spans(bt.rows, lo, hi, (*indexerJob).selectRows)
+	batchSpans(bt.rows, lo, hi, func(i, lo, hi int) { bt.jobs[i].selectRows(lo, hi) })
 }
 
 // release drops the call's tensors: the scratch goes back to its pool and
@@ -649,12 +650,7 @@ func attnBatchRange(args *kernel.Args, lo, hi int) {
 	bt := args.Job.(*attnBatch)
 	sc := attnScratches.get()
 	defer putAttnScratch(sc)
-	for i, j := range bt.jobs {
-		f, e := bt.first[i], bt.first[i+1]
-		if e > lo && f < hi {
-			j.pieces(sc, max(lo, f)-f, min(hi, e)-f)
-		}
-	}
+	batchSpans(bt.first, lo, hi, func(i, lo, hi int) { bt.jobs[i].pieces(sc, lo, hi) })
 }
 
 // attnRun runs the job attnSetup planned in sc.
