@@ -80,6 +80,37 @@ func benchBF16Layout(b *testing.B, m, n, k int, cold bool, layout benchLayout) {
 	}
 }
 
+// benchX returns m rows of k floats of a fixed pattern.
+func benchX(m, k int) []float32 {
+	x := make([]float32, m*k)
+	for i := range x {
+		x[i] = float32(i%13) / 13
+	}
+	return x
+}
+
+// alternateMedians calls run(mode) for each of n modes in turn for as
+// long as b loops, so that a shared host's drift hits every mode alike,
+// and returns each mode's median time.
+func alternateMedians(b *testing.B, n int, run func(mode int)) []float64 {
+	times := make([][]float64, n)
+	b.ResetTimer()
+	for b.Loop() {
+		for mode := range n {
+			start := time.Now()
+			run(mode)
+			times[mode] = append(times[mode], float64(time.Since(start)))
+		}
+	}
+	b.StopTimer()
+	med := make([]float64, n)
+	for mode, t := range times {
+		slices.Sort(t)
+		med[mode] = t[len(t)/2]
+	}
+	return med
+}
+
 // BenchmarkKMajorVsDot runs the products of bf16 weights in their own
 // layout (dot-form tiles, the packed GEMM from PackedMinRows rows) and
 // k-major (PackKMajor) side by side, cold, at a decode row, a decode
@@ -107,6 +138,49 @@ func BenchmarkKPairsVsKMajor(b *testing.B) {
 				b.Run(name, func(b *testing.B) { benchBF16Layout(b, m, sh[0], sh[1], true, layout) })
 			}
 		}
+	}
+}
+
+// BenchmarkKPair8Ahead runs the fast product's eight-row pair tile with
+// its weight stream prefetched 1,536 bytes ahead and not at all
+// (kpair8Ahead's two answers), cold at a decode batch (weights rotated
+// over 512 MB) and over cache-resident weights at a prefill chunk, in
+// alternating batches, and reports the median time with the prefetch
+// over that without it (above 1: the prefetch costs).
+func BenchmarkKPair8Ahead(b *testing.B) {
+	if !hasBF16Dot {
+		b.Skip("no VDPBF16PS")
+	}
+	p := NewPool(0)
+	defer p.Close()
+	defer func() { kpair8AheadBytes = -1 }()
+	for _, sh := range [][3]int{{8, 384, 768}, {8, 2304, 768}, {8, 768, 2048}, {256, 2304, 768}, {256, 768, 2048}} {
+		m, n, k := sh[0], sh[1], sh[2]
+		b.Run(fmt.Sprintf("%dx%dx%d", m, n, k), func(b *testing.B) {
+			copies, calls := max(2, (512<<20)/(n*k*2)), 20
+			if m > 8 {
+				copies, calls = 1, 2
+			}
+			ws := make([][]uint16, copies)
+			for c := range ws {
+				w := make([]uint16, n*k)
+				for i := range w {
+					w[i] = 0x3f80 + uint16((i+c)&63)
+				}
+				ws[c] = make([]uint16, KPairLen(n, k))
+				PackKPairs(ws[c], w, n, k)
+			}
+			x, y := benchX(m, k), make([]float32, m*n)
+			it := 0
+			med := alternateMedians(b, 2, func(mode int) {
+				kpair8AheadBytes = []int{1536, 0}[mode]
+				for range calls {
+					p.MatMulKPairs(y, x, ws[it%copies], m, n, k)
+					it++
+				}
+			})
+			b.ReportMetric(med[0]/med[1], "ahead/none")
+		})
 	}
 }
 
@@ -142,30 +216,17 @@ func BenchmarkTiles4x3(b *testing.B) {
 					ws[c][i] = 0x3f80 + uint16((i+c)&63)
 				}
 			}
-			x := make([]float32, m*k)
-			for i := range x {
-				x[i] = float32(i%13) / 13
-			}
-			y := make([]float32, m*n)
-			var times [2][]float64
+			x, y := benchX(m, k), make([]float32, m*n)
 			it := 0
-			b.ResetTimer()
-			for b.Loop() {
-				for mode := range 2 {
-					tiles43Off = mode == 1
-					start := time.Now()
-					for range 20 {
-						p.MatMulBF16(y, x, ws[it%copies], m, n, k)
-						it++
-					}
-					times[mode] = append(times[mode], float64(time.Since(start)))
+			med := alternateMedians(b, 2, func(mode int) {
+				tiles43Off = mode == 1
+				for range 20 {
+					p.MatMulBF16(y, x, ws[it%copies], m, n, k)
+					it++
 				}
-			}
+			})
 			tiles43Off = false
-			b.StopTimer()
-			slices.Sort(times[0])
-			slices.Sort(times[1])
-			b.ReportMetric(times[1][len(times[1])/2]/times[0][len(times[0])/2], "old/new")
+			b.ReportMetric(med[1]/med[0], "old/new")
 		})
 	}
 }
@@ -180,28 +241,18 @@ func BenchmarkTiles4x3F32(b *testing.B) {
 	for _, sh := range [][3]int{{8, 64, 96}, {8, 64, 288}, {32, 64, 288}, {8, 96, 64}} {
 		m, n, k := sh[0], sh[1], sh[2]
 		b.Run(fmt.Sprintf("f32_%dx%dx%d", m, n, k), func(b *testing.B) {
-			w, x, y := make([]float32, n*k), make([]float32, m*k), make([]float32, m*n)
+			w, x, y := make([]float32, n*k), benchX(m, k), make([]float32, m*n)
 			for i := range w {
 				w[i] = float32(i%7) / 7
 			}
-			for i := range x {
-				x[i] = float32(i%13) / 13
-			}
-			var times [2][]float64
-			for b.Loop() {
-				for mode := range 2 {
-					tiles43Off = mode == 1
-					start := time.Now()
-					for range 200 {
-						MatMulSerial(y, x, w, m, n, k)
-					}
-					times[mode] = append(times[mode], float64(time.Since(start)))
+			med := alternateMedians(b, 2, func(mode int) {
+				tiles43Off = mode == 1
+				for range 200 {
+					MatMulSerial(y, x, w, m, n, k)
 				}
-			}
+			})
 			tiles43Off = false
-			slices.Sort(times[0])
-			slices.Sort(times[1])
-			b.ReportMetric(times[1][len(times[1])/2]/times[0][len(times[0])/2], "old/new")
+			b.ReportMetric(med[1]/med[0], "old/new")
 		})
 	}
 }

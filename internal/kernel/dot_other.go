@@ -240,7 +240,7 @@ func kmaj1x4(x *float32, xstride int, w *[4]*uint16, k int, out *[4]*float32, os
 	panic("kernel: no assembly on this platform")
 }
 
-func kpair8(x *uint16, xstride int, w *uint16, kp int, out *float32, ostride int, acc int) {
+func kpair8(x *uint16, xstride int, w *uint16, kp int, out *float32, ostride, acc, ahead int) {
 	panic("kernel: no assembly on this platform")
 }
 

@@ -6,7 +6,7 @@ package kernel
 // weights and bf16 x rows: kp steps of one k pair each.
 
 //go:noescape
-func kpair8(x *uint16, xstride int, w *uint16, kp int, out *float32, ostride int, acc int)
+func kpair8(x *uint16, xstride int, w *uint16, kp int, out *float32, ostride, acc, ahead int)
 
 //go:noescape
 func kpair4(x *uint16, xstride int, w *uint16, kp int, out *float32, ostride int, acc int)

@@ -69,9 +69,10 @@
 	MOVQ acc+48(FP), AX; \
 	MOVQ ahead+56(FP), R14
 
-// func kpair8(x *uint16, xstride int, w *uint16, kp int, out *float32, ostride int, acc int)
-TEXT ·kpair8(SB), NOSPLIT, $0-56
+// func kpair8(x *uint16, xstride int, w *uint16, kp int, out *float32, ostride, acc, ahead int)
+TEXT ·kpair8(SB), NOSPLIT, $0-64
 	ARGS
+	MOVQ ahead+56(FP), R14 // the caller's prefetch distance (kpair8Ahead)
 	LEAQ (SI)(R11*2), R12
 	ADDQ R11, R12         // row 3
 	LEAQ (R12)(R11*2), R13
