@@ -162,17 +162,30 @@ func strVal(v string) func(*gguf) {
 	return func(g *gguf) { g.u32(valString); g.str(v) }
 }
 
+// wordArray writes an array of 32-bit values of GGUF type elem.
+func wordArray(elem uint32, v []uint32) func(*gguf) {
+	return func(g *gguf) {
+		g.u32(valArray)
+		g.u32(elem)
+		g.u64(uint64(len(v)))
+		for _, w := range v {
+			g.u32(w)
+		}
+	}
+}
+
 func (s Shape) metadata() []kv {
 	toks := make([]string, s.Vocab)
-	types := make([]uint32, s.Vocab) // llama.cpp's token types
-	scores := make([]float32, s.Vocab)
+	types := make([]uint32, s.Vocab)     // llama.cpp's token types
+	scoreBits := make([]uint32, s.Vocab) // float32 scores' bits
 	toks[0], toks[1], toks[2] = "<unk>", "<s>", "</s>"
 	types[0], types[1], types[2] = 2, 3, 3 // unknown, control
 	for i := range 256 {
 		toks[3+i], types[3+i] = fmt.Sprintf("<0x%02X>", i), 6 // byte
 	}
 	for i := firstWord; i < s.Vocab; i++ {
-		toks[i], types[i], scores[i] = fmt.Sprintf("▁t%d", i), 1, -float32(i) // normal
+		toks[i], types[i] = fmt.Sprintf("▁t%d", i), 1 // normal
+		scoreBits[i] = math.Float32bits(-float32(i))
 	}
 	return []kv{
 		{"general.architecture", strVal("llama")},
@@ -198,22 +211,8 @@ func (s Shape) metadata() []kv {
 				g.str(t)
 			}
 		}},
-		{"tokenizer.ggml.scores", func(g *gguf) {
-			g.u32(valArray)
-			g.u32(valFloat32)
-			g.u64(uint64(len(scores)))
-			for _, v := range scores {
-				g.u32(math.Float32bits(v))
-			}
-		}},
-		{"tokenizer.ggml.token_type", func(g *gguf) {
-			g.u32(valArray)
-			g.u32(valInt32)
-			g.u64(uint64(len(types)))
-			for _, v := range types {
-				g.u32(v)
-			}
-		}},
+		{"tokenizer.ggml.scores", wordArray(valFloat32, scoreBits)},
+		{"tokenizer.ggml.token_type", wordArray(valInt32, types)},
 		{"tokenizer.ggml.bos_token_id", u32Val(1)},
 		{"tokenizer.ggml.eos_token_id", u32Val(2)},
 		{"tokenizer.ggml.unknown_token_id", u32Val(0)},
