@@ -9,6 +9,7 @@ import (
 
 	"k3/internal/backends"
 	"k3/internal/conform"
+	"k3/internal/kernel"
 	"k3/k3"
 )
 
@@ -42,6 +43,11 @@ func runConform(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer b.Close()
+	if strings.HasPrefix(b.Name(), "go") {
+		// Which kernels ran, on stderr: under K3_KERNEL a run says
+		// whether the path it asks for runs on this CPU.
+		fmt.Fprintf(stderr, "k3 conform: backend %s, kernel path %s\n", b.Name(), kernel.Path())
+	}
 	cases, err := conform.Discover(fs.Args()...)
 	if err != nil {
 		return err

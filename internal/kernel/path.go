@@ -18,7 +18,9 @@ import "fmt"
 // what the CPU has; zmm forces the 512-bit tile on any AVX-512 CPU and
 // keeps the AMX tiles off; amx (opt-in) lays bf16 weights out for the
 // tiles, so that every product runs there ("+amxweights", AMXPreferred).
-// A value it does not understand is reported here and otherwise ignored.
+// A value it does not understand is reported here and otherwise ignored,
+// and so is a path the CPU (or a purego build) cannot run, so that a test
+// run under K3_KERNEL says which path it exercised.
 func Path() string {
 	p := "go"
 	switch {
@@ -41,9 +43,20 @@ func Path() string {
 	if amxPreferred {
 		p += "+amxweights"
 	}
-	switch forcedPath() {
-	case "", "go", "avx2", "avx512", "zmm", "amx":
-		return p
+	runs := true
+	switch f := forcedPath(); f {
+	case "", "go":
+	case "avx2":
+		runs = useAVX2
+	case "avx512", "zmm":
+		runs = useAVX512
+	case "amx":
+		runs = hasAMX
+	default:
+		return fmt.Sprintf("%s (K3_KERNEL=%q not understood: want go, avx2, avx512, zmm or amx)", p, f)
 	}
-	return fmt.Sprintf("%s (K3_KERNEL=%q not understood: want go, avx2, avx512, zmm or amx)", p, forcedPath())
+	if !runs {
+		return fmt.Sprintf("%s (K3_KERNEL=%s does not run here)", p, forcedPath())
+	}
+	return p
 }

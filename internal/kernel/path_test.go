@@ -35,6 +35,12 @@ func TestPathForced(t *testing.T) {
 	if useAVX512 {
 		want["avx512"], want["zmm"] = "avx512-ymm", "avx512+zmm"+bf16
 	}
+	// A cap the CPU cannot run is said so.
+	for env, runs := range map[string]bool{"avx2": useAVX2, "avx512": useAVX512, "zmm": useAVX512, "amx": hasAMX} {
+		if !runs {
+			want[env] += " (K3_KERNEL=" + env + " does not run here)"
+		}
+	}
 	for _, env := range []string{"go", "avx2", "avx512", "zmm", "", "amx"} {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestPathForced$")
 		cmd.Env = append(os.Environ(), "K3_PATH_CHILD=1", "K3_KERNEL="+env)
