@@ -7,6 +7,10 @@
 // 20 compares with k3's.
 //
 //	node bench.mjs MODEL.gguf [tokens=512] [threads=all] [runs=5]
+//
+// node-llama-cpp warns on load that the model's tokenizer does not give
+// text back as it was: the peer model's vocabulary is synthetic, and only
+// token ids are fed to it.
 import { readFileSync } from "node:fs";
 import os from "node:os";
 import { getLlama } from "node-llama-cpp";
