@@ -144,10 +144,9 @@ func kpairRows(x []uint16, xs, rows int, w []uint16, kn int, out []float32, os i
 // the single-panel tiles were tuned with); where they run as two halves
 // (Zen 4) 0, the prefetches falling on the lines each step loads. There
 // eight rows of VDPBF16PS against cold panels ran up to 8% faster on the
-// hardware prefetchers alone, while kmaj8, which
-// issues twice the instructions per weight, still gains from its
-// prefetch; long products, whose panels come from cache, ran the same
-// either way (docs/bench).
+// hardware prefetchers alone, while kmaj8, which issues twice the
+// instructions per weight, still gains from its prefetch; long products,
+// whose panels come from cache, ran the same either way (docs/bench).
 func kpair8Ahead() int {
 	switch {
 	case kpair8AheadBytes >= 0:

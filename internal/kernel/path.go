@@ -18,9 +18,9 @@ import "fmt"
 // what the CPU has; zmm forces the 512-bit tile on any AVX-512 CPU and
 // keeps the AMX tiles off; amx (opt-in) lays bf16 weights out for the
 // tiles, so that every product runs there ("+amxweights", AMXPreferred).
-// A value it does not understand is reported here and otherwise ignored,
-// and so is a path the CPU (or a purego build) cannot run, so that a test
-// run under K3_KERNEL says which path it exercised.
+// A value it does not understand is reported here and otherwise ignored;
+// a path the CPU (or a purego build) cannot run is reported too, so that
+// a run under K3_KERNEL says which path it exercised.
 func Path() string {
 	p := "go"
 	switch {
