@@ -45,6 +45,8 @@ func (s Shape) check() error {
 		return fmt.Errorf("heads %d: want an even head width dividing the width %d", s.Heads, s.Width)
 	case s.Vocab < firstWord+1:
 		return fmt.Errorf("vocabulary %d: want more than the %d special and byte tokens", s.Vocab, firstWord)
+	case s.Layers > maxDim || s.Width > maxDim || s.FF > maxDim || s.Vocab > maxDim:
+		return fmt.Errorf("layers %d, width %d, feed-forward %d, vocabulary %d: want each at most %d", s.Layers, s.Width, s.FF, s.Vocab, maxDim)
 	}
 	return nil
 }
@@ -56,6 +58,10 @@ func (s Shape) ProductParams() int64 {
 	w, f := int64(s.Width), int64(s.FF)
 	return int64(s.Layers)*(4*w*w+3*w*f) + int64(s.Vocab)*w
 }
+
+// maxDim bounds every hyperparameter: GGUF's metadata holds them as
+// 32-bit values, and a peer model larger than that is not one to time.
+const maxDim = 1 << 20
 
 // GGML tensor types.
 const (
@@ -220,7 +226,8 @@ func (s Shape) metadata() []kv {
 }
 
 // Write writes the model to w: norm weights 1, every matrix drawn from
-// N(0, 0.02²) by a generator seeded with seed, rounded to bf16.
+// N(0, 0.02²) by a generator seeded with seed, each draw's float32 cut to
+// its top 16 bits (bf16 toward zero: the values only need to be bf16).
 func Write(w io.Writer, s Shape, seed uint64) error {
 	if err := s.check(); err != nil {
 		return fmt.Errorf("llamacpp: %w", err)
@@ -308,6 +315,7 @@ func run(path string, s Shape, seed uint64) error {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	if err := f.Close(); err != nil {
+		os.Remove(path)
 		return err
 	}
 	meta, err := json.Marshal(sidecar{ProductParams: s.ProductParams(), Shape: s})

@@ -149,6 +149,7 @@ func TestWriteRefusesShapes(t *testing.T) {
 		{func(s *Shape) { s.Heads = 5 }, "heads 5"},
 		{func(s *Shape) { s.Heads = 64 }, "heads 64"},
 		{func(s *Shape) { s.Vocab = 259 }, "vocabulary 259"},
+		{func(s *Shape) { s.FF = 1<<20 + 1 }, "feed-forward 1048577"},
 	} {
 		s := good
 		c.edit(&s)
