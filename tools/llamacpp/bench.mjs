@@ -29,7 +29,17 @@ for (const [name, v] of [["tokens", n], ["threads", threads], ["runs", runs]]) {
     process.exit(2);
   }
 }
-const { productParams } = JSON.parse(readFileSync(path + ".json", "utf8"));
+let productParams;
+try {
+  ({ productParams } = JSON.parse(readFileSync(path + ".json", "utf8")));
+} catch (err) {
+  console.error(`bench.mjs: ${path}.json: ${err.message} (go run ./tools/llamacpp -o ${path} writes it beside the model)`);
+  process.exit(2);
+}
+if (!(productParams > 0)) {
+  console.error(`bench.mjs: ${path}.json: productParams ${productParams}: want a positive count`);
+  process.exit(2);
+}
 
 const llama = await getLlama({ gpu: false, build: "never" });
 const model = await llama.loadModel({ modelPath: path });
