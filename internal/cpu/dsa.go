@@ -236,10 +236,7 @@ func (sc *indexerScratch) bytes() int {
 // linear in the context; selection keeps a K-entry heap.
 func (b *Backend) LightningIndexer(a *compute.IndexerArgs) error {
 	sc := indexerScratches.get()
-	defer func() {
-		sc.release()
-		indexerScratches.put(sc, sc.bytes())
-	}()
+	defer putIndexerScratch(sc)
 	if err := sc.check(a); err != nil {
 		return err
 	}
@@ -292,8 +289,7 @@ var indexerBatches freeList[indexerBatch]
 
 func (bt *indexerBatch) release() {
 	for i, sc := range bt.scs {
-		sc.release()
-		indexerScratches.put(sc, sc.bytes())
+		putIndexerScratch(sc)
 		bt.scs[i] = nil
 	}
 	clear(bt.jobs)
@@ -323,13 +319,14 @@ func indexerBatchSelect(args *kernel.Args, lo, hi int) {
 	batchSpans(bt.rows, lo, hi, func(i, lo, hi int) { bt.jobs[i].selectRows(lo, hi) })
 }
 
-// release drops the call's tensors: the scratch goes back to its pool and
-// must not keep them alive.
-func (sc *indexerScratch) release() {
+// putIndexerScratch returns sc to its free list, without the call's
+// tensors: it must not keep them alive.
+func putIndexerScratch(sc *indexerScratch) {
 	j := &sc.job
 	j.a, j.q, j.k, j.w, j.idx, j.counts, j.pages, j.scoresOut, j.cuQ, j.cuK = nil, nil, nil, nil, nil, nil, nil, nil, nil, nil
 	j.items, j.rows = j.items[:0], j.rows[:0]
 	clear(sc.pages)
+	indexerScratches.put(sc, sc.bytes())
 }
 
 // check checks a's operands and prepares the job in sc for plan.
