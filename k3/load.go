@@ -97,7 +97,7 @@ func WithoutGraphs() Option { return func(o *options) { o.eager = true } }
 func WithBackend(name string) Option { return func(o *options) { o.backend = name } }
 
 // BackendOptions carries what a device backend needs beyond its name (the
-// Go backend ignores them).
+// Go backends ignore them, but for FusedAttention on go-fastbf16).
 type BackendOptions struct {
 	// Device is the accelerator index; a Group's rank r uses Device+r.
 	Device int
@@ -110,10 +110,13 @@ type BackendOptions struct {
 	// HostFallback runs the operations a device backend has not mapped on
 	// the host, slowly, instead of failing with them.
 	HostFallback bool
-	// FusedAttention lets a device backend run its fused DSA operators
-	// (on Ascend aclnnLightningIndexer and aclnnSparseFlashAttention) over
-	// bf16 copies of the caches: faster there, not exact (near-tied
-	// top-K choices may change; ascend.Options.FusedAttention).
+	// FusedAttention lets a backend run DSA in bf16: on Ascend its fused
+	// operators (aclnnLightningIndexer and aclnnSparseFlashAttention) over
+	// bf16 copies of the caches (ascend.Options.FusedAttention); on
+	// go-fastbf16, where its products take the bf16 dot product, the
+	// Lightning Indexer's scores over queries and keys rounded to bf16 as
+	// they are scored (the cache stays float32). Faster, not exact:
+	// near-tied top-K choices may change. The exact go backend ignores it.
 	FusedAttention bool
 }
 

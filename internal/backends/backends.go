@@ -17,7 +17,7 @@ var names = []string{"go", "go-fastbf16", "ascend", "ascend-host"}
 func Names() string { return strings.Join(names, ", ") }
 
 // Options carries what a device backend needs beyond its name. The Go
-// backends ignore it.
+// backends ignore it but for FusedAttention on go-fastbf16.
 type Options struct {
 	// Device is the accelerator index.
 	Device int
@@ -31,7 +31,9 @@ type Options struct {
 	// mapped on the host (slowly) instead of failing with them.
 	HostFallback bool
 	// FusedAttention lets a device backend run its fused DSA operators
-	// over bf16 copies of the caches (ascend.Options.FusedAttention).
+	// over bf16 copies of the caches (ascend.Options.FusedAttention), and
+	// go-fastbf16 score the Lightning Indexer in bf16
+	// (cpu.NewFastBF16Indexer). Not exact: near-tied picks may change.
 	FusedAttention bool
 }
 
@@ -47,7 +49,11 @@ func OpenWith(name string, o Options) (compute.Backend, error) {
 	case "go", "":
 		return cpu.New(0), nil
 	case "go-fastbf16":
-		// Opt-in: bf16-weight products round x to bfloat16.
+		// Opt-in: bf16-weight products round x to bfloat16, and with
+		// FusedAttention the indexer scores in bf16.
+		if o.FusedAttention {
+			return cpu.NewFastBF16Indexer(0), nil
+		}
 		return cpu.NewFastBF16(0), nil
 	case "ascend":
 		return ascend.Open(ascend.Options{Device: o.Device, LibDirs: o.LibDirs, ArenaBytes: o.MemoryBytes, HostFallback: o.HostFallback,

@@ -42,6 +42,7 @@ type Backend struct {
 	tapsMu   sync.Mutex
 	taps     map[tapsKey][]float32 // conv taps transposed, by weight (convTaps)
 	fastBF16 bool                  // NewFastBF16
+	bf16Idx  bool                  // NewFastBF16Indexer
 	stored   bool                  // NewStoredLayout
 	host     hostRefs              // tensors over the caller's bytes (ReadsHost)
 }
@@ -70,6 +71,19 @@ func New(threads int) *Backend { return &Backend{pool: kernel.NewPool(threads)} 
 func NewFastBF16(threads int) *Backend {
 	b := New(threads)
 	b.fastBF16 = true
+	return b
+}
+
+// NewFastBF16Indexer is NewFastBF16 that also scores DSA's Lightning
+// Indexer in bf16 where the fast products take the bf16 dot product
+// (kernel.FastBF16Pays): queries and keys rounded to bf16 as they are
+// scored (kernel.IndexerRowsBF16, kernel.IndexerBlockBF16), the cache
+// staying float32. Near-tied keys may be picked otherwise than exactly, as
+// with FP8 or bf16 indexers; a row's picks still do not depend on the
+// other rows of the call.
+func NewFastBF16Indexer(threads int) *Backend {
+	b := NewFastBF16(threads)
+	b.bf16Idx = true
 	return b
 }
 

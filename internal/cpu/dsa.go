@@ -38,6 +38,13 @@ type indexerJob struct {
 	// kernel.IndexerRows runs its tile, transposed (indexerGroup.qt);
 	// such a row's blocks are scored from the keys as stored.
 	qt []float32
+	// bf16: the call scores in bf16 (NewFastBF16Indexer). Then qp holds
+	// the queries of each row scored by kernel.IndexerRowsBF16 as
+	// kernel.TransposeQueryBF16 writes them (from indexerGroup.qt on), and
+	// qb the other rows' queries rounded, [T][H][D] as q.
+	bf16 bool
+	qp   []uint32
+	qb   []uint16
 	// The call's sequences (IndexerArgs.CuSeqlensQ and K, or cu's one
 	// sequence), for plan.
 	cuQ, cuK []int32
@@ -53,8 +60,9 @@ type indexerItem struct{ g, i int32 }
 // scores lie blocks·IndexerKeys floats apart from off in the job's scores.
 type indexerGroup struct {
 	r0, r1, k0, keys, blocks, off int
-	// rowTiles: the group's one row is scored by kernel.IndexerRows, its
-	// queries transposed in the job's qt from qt on.
+	// rowTiles: the group's one row is scored by kernel.IndexerRows (or
+	// kernel.IndexerRowsBF16), its queries transposed in the job's qt (qp)
+	// from qt on.
 	rowTiles bool
 	qt       int
 }
@@ -64,6 +72,15 @@ var indexerWave = 1 << 20
 
 // indexerKTs holds the score items' transposed key blocks.
 var indexerKTs freeList[[]float32]
+
+// indexerBF16 is a worker's scratch for the bf16 scores: a block of key
+// pairs (kernel.KeyPairsBF16) and rounded keys.
+type indexerBF16 struct {
+	kt []uint32
+	kb []uint16
+}
+
+var indexerBF16s freeList[indexerBF16]
 
 // indexerScore runs score items [lo, hi): it transposes the item's block
 // of keys, zero past the group's last visible key, and scores it for every
@@ -77,6 +94,13 @@ func (j *indexerJob) score(lo, hi int) {
 	defer func() { indexerKTs.put(ktp, capBytes(*ktp)) }()
 	*ktp = grow32(*ktp, j.di*nk)
 	kt := *ktp
+	var bs *indexerBF16
+	if j.bf16 {
+		bs = indexerBF16s.get()
+		defer func() { indexerBF16s.put(bs, 4*cap(bs.kt)+2*cap(bs.kb)) }()
+		bs.kt = slices.Grow(bs.kt[:0], j.di/2*nk)[:j.di/2*nk]
+		bs.kb = slices.Grow(bs.kb[:0], kernel.IndexerRowKeys*j.di)[:kernel.IndexerRowKeys*j.di]
+	}
 	items := j.items[lo:hi]
 	for ii, it := range items {
 		g := &j.groups[it.g]
@@ -94,7 +118,7 @@ func (j *indexerJob) score(lo, hi int) {
 				continue
 			}
 			off := g.off + s0
-			qt, w := j.qt[g.qt:g.qt+j.hi*j.di], j.w[r*j.hi:(r+1)*j.hi]
+			w := j.w[r*j.hi : (r+1)*j.hi]
 			for s := 0; s < n; s += kernel.IndexerRowKeys {
 				var ahead []float32 // the next tile's keys: this block's, or the next item's
 				if s+kernel.IndexerRowKeys < n {
@@ -102,7 +126,30 @@ func (j *indexerJob) score(lo, hi int) {
 				} else if ii+1 < len(items) && items[ii+1].g == it.g {
 					ahead = key(int(items[ii+1].i) * nk)
 				}
-				kernel.IndexerRows(j.scores[off+s:], key(s0+s), j.di, qt, w, j.hi, j.di, ahead)
+				if j.bf16 {
+					kernel.IndexerRowsBF16(j.scores[off+s:], key(s0+s), j.di, j.qp[g.qt:g.qt+j.hi*j.di/2], w, j.hi, j.di, ahead, bs.kb)
+					continue
+				}
+				kernel.IndexerRows(j.scores[off+s:], key(s0+s), j.di, j.qt[g.qt:g.qt+j.hi*j.di], w, j.hi, j.di, ahead)
+			}
+			continue
+		}
+		if j.bf16 {
+			for s := range nk {
+				if s < n {
+					kernel.KeyPairsBF16(bs.kt, s, key(s0 + s)[:j.di], bs.kb)
+					continue
+				}
+				for p := range j.di / 2 {
+					bs.kt[p*nk+s] = 0
+				}
+			}
+			for r := g.r0; r < g.r1; r++ {
+				if int(j.vis[r]) <= s0 {
+					continue
+				}
+				off := g.off + (r-g.r0)*g.blocks*nk + s0
+				kernel.IndexerBlockBF16(j.scores[off:off+nk], bs.kt, j.qb[r*j.hi*j.di:(r+1)*j.hi*j.di], j.w[r*j.hi:(r+1)*j.hi], j.hi, j.di)
 			}
 			continue
 		}
@@ -227,7 +274,7 @@ var indexerScratches freeList[indexerScratch]
 // bytes is what the scratch's buffers hold.
 func (sc *indexerScratch) bytes() int {
 	j := &sc.job
-	return capBytes(j.scores, j.qt) + 4*cap(j.vis) + 8*(cap(j.items)+cap(j.rows)) + 48*cap(j.groups) + 24*cap(sc.pages)
+	return capBytes(j.scores, j.qt) + 4*cap(j.qp) + 2*cap(j.qb) + 4*cap(j.vis) + 8*(cap(j.items)+cap(j.rows)) + 48*cap(j.groups) + 24*cap(sc.pages)
 }
 
 // LightningIndexer scores every visible key for every query row and keeps
@@ -398,7 +445,7 @@ func (sc *indexerScratch) check(a *compute.IndexerArgs) error {
 	}
 	*j = indexerJob{a: a, q: q, k: k, w: w, idx: I32(a.Indices), counts: counts, hi: hi, di: di,
 		scoresOut: scores, width: width, groups: j.groups[:0], items: j.items[:0], rows: j.rows[:0],
-		vis: j.vis[:0], scores: j.scores, qt: j.qt[:0], cuQ: cuQ, cuK: cuK, cu: j.cu}
+		vis: j.vis[:0], scores: j.scores, qt: j.qt[:0], qp: j.qp[:0], qb: j.qb[:0], cuQ: cuQ, cuK: cuK, cu: j.cu}
 	if paged {
 		var err error
 		if a.KPages != nil {
@@ -438,6 +485,13 @@ func (b *Backend) indexerPlan(j *indexerJob) {
 	const nk = kernel.IndexerKeys
 	q, hi, di, cuQ, cuK := j.q, j.hi, j.di, j.cuQ, j.cuK
 	used := 0
+	j.bf16 = b.bf16Idx && di%2 == 0 && b.fastDot()
+	if j.bf16 {
+		// Every row's queries rounded: a row scored by the rows tile takes
+		// the block tile for its sequence's last, partial block.
+		j.qb = slices.Grow(j.qb[:0], len(q))[:len(q)]
+		kernel.RoundBF16DAZ(j.qb, q)
+	}
 	for s := 0; s+1 < len(cuQ); s++ {
 		for r0 := int(cuQ[s]); r0 < int(cuQ[s+1]); {
 			keys, r1 := int(j.vis[r0]), r0+1
@@ -461,11 +515,20 @@ func (b *Backend) indexerPlan(j *indexerJob) {
 			// the keys as stored, its queries transposed instead: where
 			// rows share a group, one transposed block serves them all.
 			// The tiles need 16 keys of one page.
-			rowTiles := r1-r0 == 1 && kernel.IndexerRowsFast(hi) && (j.pages == nil || j.pshift >= 4)
+			rowTiles := r1-r0 == 1 && (j.pages == nil || j.pshift >= 4)
 			qt := len(j.qt)
-			if rowTiles {
+			switch {
+			case j.bf16 && rowTiles && kernel.IndexerRowsBF16Fast(hi, di):
+				qt = len(j.qp)
+				j.qp = slices.Grow(j.qp, hi*di/2)[:qt+hi*di/2]
+				kernel.TransposeQueryBF16(j.qp[qt:], q[r0*hi*di:], hi, di)
+			case j.bf16:
+				rowTiles = false
+			case rowTiles && kernel.IndexerRowsFast(hi):
 				j.qt = slices.Grow(j.qt, hi*di)[:qt+hi*di]
 				kernel.TransposeQuery(j.qt[qt:], q[r0*hi*di:], hi, di)
+			default:
+				rowTiles = false
 			}
 			j.groups = append(j.groups, indexerGroup{r0: r0, r1: r1, k0: int(cuK[s]), keys: keys, blocks: blocks, off: used, rowTiles: rowTiles, qt: qt})
 			for i := range blocks {

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"k3/compute"
+	"k3/internal/kernel"
 )
 
 // TestLightningIndexer checks a ragged call (a prefill chunk, decode rows
@@ -29,13 +30,41 @@ import (
 // block either way.
 func TestLightningIndexer(t *testing.T) {
 	for _, hi := range []int{8, 16} {
-		t.Run(fmt.Sprintf("heads=%d", hi), func(t *testing.T) { testLightningIndexer(t, hi) })
+		t.Run(fmt.Sprintf("heads=%d", hi), func(t *testing.T) {
+			b := New(2)
+			defer b.Close()
+			testLightningIndexer(t, b, hi, func(v float32) float64 { return float64(v) })
+		})
 	}
 }
 
-func testLightningIndexer(t *testing.T, hi int) {
-	b := New(2)
-	defer b.Close()
+// TestLightningIndexerBF16 is TestLightningIndexer on NewFastBF16Indexer:
+// where it scores in bf16, against the float64 scores of the operands
+// rounded as it rounds them, and the rows tile (kernel.IndexerRowsBF16)
+// held to the block tile's bits; elsewhere against the exact scores.
+func TestLightningIndexerBF16(t *testing.T) {
+	for _, hi := range []int{8, 16} {
+		t.Run(fmt.Sprintf("heads=%d", hi), func(t *testing.T) {
+			b := NewFastBF16Indexer(2)
+			defer b.Close()
+			round := func(v float32) float64 { return float64(v) }
+			if b.fastDot() {
+				round = func(v float32) float64 {
+					var h [1]uint16
+					kernel.RoundBF16DAZ(h[:], []float32{v})
+					return float64(math.Float32frombits(uint32(h[0]) << 16))
+				}
+			} else {
+				t.Log("the bf16 dot product does not pay here: the indexer stays exact")
+			}
+			testLightningIndexer(t, b, hi, round)
+		})
+	}
+}
+
+// testLightningIndexer runs TestLightningIndexer's checks on b, whose
+// scores the float64 reference computes over operands rounded by round.
+func testLightningIndexer(t *testing.T, b *Backend, hi int, round func(float32) float64) {
 	r := rand.New(rand.NewPCG(8, 9))
 	const di, topK = 64, 32
 	lens := []int{700, 130, 64}                  // keys per sequence
@@ -107,7 +136,7 @@ func testLightningIndexer(t *testing.T, hi int) {
 			for h := range hi {
 				var dot float64
 				for d := range di {
-					dot += float64(q[(row*hi+h)*di+d]) * float64(key[d])
+					dot += round(q[(row*hi+h)*di+d]) * round(key[d])
 				}
 				ref[k] += float64(w[row*hi+h]) * math.Max(dot, 0)
 			}

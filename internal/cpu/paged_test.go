@@ -92,9 +92,20 @@ func TestPagedAttentionEqualsContiguous(t *testing.T) {
 // bitwise the same scores. With 16 heads and each row in a wave of its
 // own, the rows are scored from the keys as stored (kernel.IndexerRows)
 // wherever 16 keys share a page, and from transposed blocks otherwise.
+// It runs on the exact backend and on NewFastBF16Indexer (bf16 tiles
+// where they run).
 func TestPagedIndexerEqualsContiguous(t *testing.T) {
-	b := New(2)
-	defer b.Close()
+	for _, b := range []*Backend{New(2), NewFastBF16Indexer(2)} {
+		t.Run(b.Name(), func(t *testing.T) {
+			defer b.Close()
+			testPagedIndexer(t, b)
+		})
+	}
+}
+
+// testPagedIndexer runs TestPagedIndexerEqualsContiguous on b (for the
+// fast backend, its bf16 indexer where it runs).
+func testPagedIndexer(t *testing.T, b *Backend) {
 	r := rand.New(rand.NewPCG(6, 6))
 	const tq, l, di, topK = 5, 1100, 16, 64
 	rnd := func(n int) []float32 { return normals(r, n) }

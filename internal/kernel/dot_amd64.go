@@ -240,6 +240,12 @@ func attnLogitsZMM(zt, k *float32, kstride int, qt *float32, hg, d, acc int)
 func indexerRowsZMM(t, k *float32, kstride int, qt, w *float32, hi, di int, ahead *float32, step int)
 
 //go:noescape
+func indexerRowsBF16ZMM(t, k *float32, kstride int, kb *uint16, qp *uint32, w *float32, hi, di int, ahead *float32, step int)
+
+//go:noescape
+func indexerBlockBF16ZMM(t *float32, kt *uint32, qb *uint16, w *float32, hi, di int)
+
+//go:noescape
 func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, ostride int)
 
 //go:noescape

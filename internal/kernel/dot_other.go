@@ -124,6 +124,14 @@ func indexerRowsZMM(t, k *float32, kstride int, qt, w *float32, hi, di int, ahea
 	panic("kernel: no assembly on this platform")
 }
 
+func indexerRowsBF16ZMM(t, k *float32, kstride int, kb *uint16, qp *uint32, w *float32, hi, di int, ahead *float32, step int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func indexerBlockBF16ZMM(t *float32, kt *uint32, qb *uint16, w *float32, hi, di int) {
+	panic("kernel: no assembly on this platform")
+}
+
 func transpose8AVX2(kt, src *float32, stride, di int) {
 	panic("kernel: no assembly on this platform")
 }

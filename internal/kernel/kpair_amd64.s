@@ -1,6 +1,7 @@
 //go:build !purego
 
 #include "textflag.h"
+#include "dpbf_amd64.h"
 
 // The fast (one bf16 part) products over pair-interleaved bf16 weights
 // (PackKPairs: panels of 48 weight rows stored [k/2][48][2]) and x rows
@@ -14,18 +15,6 @@
 // Registers: Z0-Z2 the weight pairs of one step, Z3-Z7 broadcasts, Z8-Z31
 // accumulators (three per x row). With acc != 0 the chains continue from
 // the values in out, else they start at zero.
-
-// DPBF(w, b, a) is VDPBF16PS Zw, Zb, Za (Za += the pair products of Zb's
-// and Zw's lanes), register numbers 0-31: Go's assembler has no mnemonic
-// for it, so the macro writes the EVEX encoding (62 P0 P1 P2 52 ModRM;
-// checked against GNU as).
-#define DPBF(w, b, a) \
-	BYTE $0x62; \
-	BYTE $(0x02 | (((((a)>>3)&1)^1)<<7) | (((((w)>>4)&1)^1)<<6) | (((((w)>>3)&1)^1)<<5) | (((((a)>>4)&1)^1)<<4)); \
-	BYTE $(0x06 | ((((b)&15)^15)<<3)); \
-	BYTE $(0x40 | (((((b)>>4)&1)^1)<<3)); \
-	BYTE $0x52; \
-	BYTE $(0xc0 | (((a)&7)<<3) | ((w)&7))
 
 #define WLOAD3 \
 	VMOVDQU32 (DI), Z0; VMOVDQU32 64(DI), Z1; VMOVDQU32 128(DI), Z2

@@ -2,6 +2,7 @@
 
 #include "textflag.h"
 #include "kdarows_amd64.h"
+#include "dpbf_amd64.h"
 
 // 512-bit (zmm) kernels, used where the CPU runs a 512-bit FMA at about
 // twice the rate of a 256-bit one (see wideFMA). Each lane keeps the FMA
@@ -967,6 +968,114 @@ zkend:
 	VSHUFF32X4 imm, y, x, Z30; \
 	VADDPS Z30, Z31, Z31
 
+// IR_EPILOGUE adds to t (DI) the terms w·max(acc, 0) of the 16 keys'
+// accumulators Z0-Z15 (heads of the chunk in the lanes, w's 16 at DX),
+// each rounded: a 16x16 transpose (pairs of keys interleaved, then four
+// keys' head j of each 128-bit lane, then lanes gathered: head 4L+j is
+// lane L of every quarter) lets each key add its heads one after another.
+// It uses Z16-Z31.
+#define IR_EPILOGUE \
+	VPXORD Z16, Z16, Z16; \
+	VMOVUPS (DX), Z17; \
+	VMAXPS Z0, Z16, Z0; \
+	VMAXPS Z1, Z16, Z1; \
+	VMAXPS Z2, Z16, Z2; \
+	VMAXPS Z3, Z16, Z3; \
+	VMAXPS Z4, Z16, Z4; \
+	VMAXPS Z5, Z16, Z5; \
+	VMAXPS Z6, Z16, Z6; \
+	VMAXPS Z7, Z16, Z7; \
+	VMAXPS Z8, Z16, Z8; \
+	VMAXPS Z9, Z16, Z9; \
+	VMAXPS Z10, Z16, Z10; \
+	VMAXPS Z11, Z16, Z11; \
+	VMAXPS Z12, Z16, Z12; \
+	VMAXPS Z13, Z16, Z13; \
+	VMAXPS Z14, Z16, Z14; \
+	VMAXPS Z15, Z16, Z15; \
+	VMULPS Z17, Z0, Z0; \
+	VMULPS Z17, Z1, Z1; \
+	VMULPS Z17, Z2, Z2; \
+	VMULPS Z17, Z3, Z3; \
+	VMULPS Z17, Z4, Z4; \
+	VMULPS Z17, Z5, Z5; \
+	VMULPS Z17, Z6, Z6; \
+	VMULPS Z17, Z7, Z7; \
+	VMULPS Z17, Z8, Z8; \
+	VMULPS Z17, Z9, Z9; \
+	VMULPS Z17, Z10, Z10; \
+	VMULPS Z17, Z11, Z11; \
+	VMULPS Z17, Z12, Z12; \
+	VMULPS Z17, Z13, Z13; \
+	VMULPS Z17, Z14, Z14; \
+	VMULPS Z17, Z15, Z15; \
+	VUNPCKLPS Z1, Z0, Z16; \
+	VUNPCKHPS Z1, Z0, Z17; \
+	VUNPCKLPS Z3, Z2, Z18; \
+	VUNPCKHPS Z3, Z2, Z19; \
+	VUNPCKLPS Z5, Z4, Z20; \
+	VUNPCKHPS Z5, Z4, Z21; \
+	VUNPCKLPS Z7, Z6, Z22; \
+	VUNPCKHPS Z7, Z6, Z23; \
+	VUNPCKLPS Z9, Z8, Z24; \
+	VUNPCKHPS Z9, Z8, Z25; \
+	VUNPCKLPS Z11, Z10, Z26; \
+	VUNPCKHPS Z11, Z10, Z27; \
+	VUNPCKLPS Z13, Z12, Z28; \
+	VUNPCKHPS Z13, Z12, Z29; \
+	VUNPCKLPS Z15, Z14, Z30; \
+	VUNPCKHPS Z15, Z14, Z31; \
+	VSHUFPS $0x44, Z18, Z16, Z0; \
+	VSHUFPS $0xEE, Z18, Z16, Z1; \
+	VSHUFPS $0x44, Z19, Z17, Z2; \
+	VSHUFPS $0xEE, Z19, Z17, Z3; \
+	VSHUFPS $0x44, Z22, Z20, Z4; \
+	VSHUFPS $0xEE, Z22, Z20, Z5; \
+	VSHUFPS $0x44, Z23, Z21, Z6; \
+	VSHUFPS $0xEE, Z23, Z21, Z7; \
+	VSHUFPS $0x44, Z26, Z24, Z8; \
+	VSHUFPS $0xEE, Z26, Z24, Z9; \
+	VSHUFPS $0x44, Z27, Z25, Z10; \
+	VSHUFPS $0xEE, Z27, Z25, Z11; \
+	VSHUFPS $0x44, Z30, Z28, Z12; \
+	VSHUFPS $0xEE, Z30, Z28, Z13; \
+	VSHUFPS $0x44, Z31, Z29, Z14; \
+	VSHUFPS $0xEE, Z31, Z29, Z15; \
+	VSHUFF32X4 $0x88, Z4, Z0, Z16; \
+	VSHUFF32X4 $0x88, Z5, Z1, Z17; \
+	VSHUFF32X4 $0x88, Z6, Z2, Z18; \
+	VSHUFF32X4 $0x88, Z7, Z3, Z19; \
+	VSHUFF32X4 $0xDD, Z4, Z0, Z20; \
+	VSHUFF32X4 $0xDD, Z5, Z1, Z21; \
+	VSHUFF32X4 $0xDD, Z6, Z2, Z22; \
+	VSHUFF32X4 $0xDD, Z7, Z3, Z23; \
+	VSHUFF32X4 $0x88, Z12, Z8, Z24; \
+	VSHUFF32X4 $0x88, Z13, Z9, Z25; \
+	VSHUFF32X4 $0x88, Z14, Z10, Z26; \
+	VSHUFF32X4 $0x88, Z15, Z11, Z27; \
+	VSHUFF32X4 $0xDD, Z12, Z8, Z28; \
+	VSHUFF32X4 $0xDD, Z13, Z9, Z29; \
+	VSHUFF32X4 $0xDD, Z14, Z10, Z0; \
+	VSHUFF32X4 $0xDD, Z15, Z11, Z1; \
+	VMOVUPS (DI), Z31; \
+	IR_HEAD($0x88, Z16, Z24); \
+	IR_HEAD($0x88, Z17, Z25); \
+	IR_HEAD($0x88, Z18, Z26); \
+	IR_HEAD($0x88, Z19, Z27); \
+	IR_HEAD($0x88, Z20, Z28); \
+	IR_HEAD($0x88, Z21, Z29); \
+	IR_HEAD($0x88, Z22, Z0); \
+	IR_HEAD($0x88, Z23, Z1); \
+	IR_HEAD($0xDD, Z16, Z24); \
+	IR_HEAD($0xDD, Z17, Z25); \
+	IR_HEAD($0xDD, Z18, Z26); \
+	IR_HEAD($0xDD, Z19, Z27); \
+	IR_HEAD($0xDD, Z20, Z28); \
+	IR_HEAD($0xDD, Z21, Z29); \
+	IR_HEAD($0xDD, Z22, Z0); \
+	IR_HEAD($0xDD, Z23, Z1); \
+	VMOVUPS Z31, (DI)
+
 // func indexerRowsZMM(t, k *float32, kstride int, qt, w *float32, hi, di int, ahead *float32, step int)
 // The Lightning Indexer's scores of 16 keys in their stored layout (key s
 // at k + s·kstride floats) for one query row given transposed (qt[d·hi+h]),
@@ -1020,119 +1129,216 @@ irdim:
 
 	// w·max(acc, 0), operands as in IB_EPILOGUE.
 	MOVQ t+0(FP), DI
-	VPXORD Z16, Z16, Z16
-	VMOVUPS (DX), Z17
-	VMAXPS Z0, Z16, Z0
-	VMAXPS Z1, Z16, Z1
-	VMAXPS Z2, Z16, Z2
-	VMAXPS Z3, Z16, Z3
-	VMAXPS Z4, Z16, Z4
-	VMAXPS Z5, Z16, Z5
-	VMAXPS Z6, Z16, Z6
-	VMAXPS Z7, Z16, Z7
-	VMAXPS Z8, Z16, Z8
-	VMAXPS Z9, Z16, Z9
-	VMAXPS Z10, Z16, Z10
-	VMAXPS Z11, Z16, Z11
-	VMAXPS Z12, Z16, Z12
-	VMAXPS Z13, Z16, Z13
-	VMAXPS Z14, Z16, Z14
-	VMAXPS Z15, Z16, Z15
-	VMULPS Z17, Z0, Z0
-	VMULPS Z17, Z1, Z1
-	VMULPS Z17, Z2, Z2
-	VMULPS Z17, Z3, Z3
-	VMULPS Z17, Z4, Z4
-	VMULPS Z17, Z5, Z5
-	VMULPS Z17, Z6, Z6
-	VMULPS Z17, Z7, Z7
-	VMULPS Z17, Z8, Z8
-	VMULPS Z17, Z9, Z9
-	VMULPS Z17, Z10, Z10
-	VMULPS Z17, Z11, Z11
-	VMULPS Z17, Z12, Z12
-	VMULPS Z17, Z13, Z13
-	VMULPS Z17, Z14, Z14
-	VMULPS Z17, Z15, Z15
-
-	// Transpose: pairs of keys interleaved, then four keys' head j of
-	// each 128-bit lane (Zj, Z4+j, Z8+j, Z12+j for keys 0-3, 4-7, 8-11,
-	// 12-15), then lanes gathered.
-	VUNPCKLPS Z1, Z0, Z16
-	VUNPCKHPS Z1, Z0, Z17
-	VUNPCKLPS Z3, Z2, Z18
-	VUNPCKHPS Z3, Z2, Z19
-	VUNPCKLPS Z5, Z4, Z20
-	VUNPCKHPS Z5, Z4, Z21
-	VUNPCKLPS Z7, Z6, Z22
-	VUNPCKHPS Z7, Z6, Z23
-	VUNPCKLPS Z9, Z8, Z24
-	VUNPCKHPS Z9, Z8, Z25
-	VUNPCKLPS Z11, Z10, Z26
-	VUNPCKHPS Z11, Z10, Z27
-	VUNPCKLPS Z13, Z12, Z28
-	VUNPCKHPS Z13, Z12, Z29
-	VUNPCKLPS Z15, Z14, Z30
-	VUNPCKHPS Z15, Z14, Z31
-	VSHUFPS $0x44, Z18, Z16, Z0
-	VSHUFPS $0xEE, Z18, Z16, Z1
-	VSHUFPS $0x44, Z19, Z17, Z2
-	VSHUFPS $0xEE, Z19, Z17, Z3
-	VSHUFPS $0x44, Z22, Z20, Z4
-	VSHUFPS $0xEE, Z22, Z20, Z5
-	VSHUFPS $0x44, Z23, Z21, Z6
-	VSHUFPS $0xEE, Z23, Z21, Z7
-	VSHUFPS $0x44, Z26, Z24, Z8
-	VSHUFPS $0xEE, Z26, Z24, Z9
-	VSHUFPS $0x44, Z27, Z25, Z10
-	VSHUFPS $0xEE, Z27, Z25, Z11
-	VSHUFPS $0x44, Z30, Z28, Z12
-	VSHUFPS $0xEE, Z30, Z28, Z13
-	VSHUFPS $0x44, Z31, Z29, Z14
-	VSHUFPS $0xEE, Z31, Z29, Z15
-	// Z16+j: lanes 0 and 2 of Zj then of Z4+j (keys 0-7); Z20+j: lanes 1
-	// and 3; Z24+j, Z28+j likewise for keys 8-15.
-	VSHUFF32X4 $0x88, Z4, Z0, Z16
-	VSHUFF32X4 $0x88, Z5, Z1, Z17
-	VSHUFF32X4 $0x88, Z6, Z2, Z18
-	VSHUFF32X4 $0x88, Z7, Z3, Z19
-	VSHUFF32X4 $0xDD, Z4, Z0, Z20
-	VSHUFF32X4 $0xDD, Z5, Z1, Z21
-	VSHUFF32X4 $0xDD, Z6, Z2, Z22
-	VSHUFF32X4 $0xDD, Z7, Z3, Z23
-	VSHUFF32X4 $0x88, Z12, Z8, Z24
-	VSHUFF32X4 $0x88, Z13, Z9, Z25
-	VSHUFF32X4 $0x88, Z14, Z10, Z26
-	VSHUFF32X4 $0x88, Z15, Z11, Z27
-	VSHUFF32X4 $0xDD, Z12, Z8, Z28
-	VSHUFF32X4 $0xDD, Z13, Z9, Z29
-	VSHUFF32X4 $0xDD, Z14, Z10, Z0
-	VSHUFF32X4 $0xDD, Z15, Z11, Z1
-	// Head 4L+j is lane L of every quarter: L 0 from (Z16+j, Z24+j) by
-	// 0x88, L 1 from (Z20+j, Z28+j) by 0x88, L 2 and 3 by 0xDD.
-	VMOVUPS (DI), Z31
-	IR_HEAD($0x88, Z16, Z24)
-	IR_HEAD($0x88, Z17, Z25)
-	IR_HEAD($0x88, Z18, Z26)
-	IR_HEAD($0x88, Z19, Z27)
-	IR_HEAD($0x88, Z20, Z28)
-	IR_HEAD($0x88, Z21, Z29)
-	IR_HEAD($0x88, Z22, Z0)
-	IR_HEAD($0x88, Z23, Z1)
-	IR_HEAD($0xDD, Z16, Z24)
-	IR_HEAD($0xDD, Z17, Z25)
-	IR_HEAD($0xDD, Z18, Z26)
-	IR_HEAD($0xDD, Z19, Z27)
-	IR_HEAD($0xDD, Z20, Z28)
-	IR_HEAD($0xDD, Z21, Z29)
-	IR_HEAD($0xDD, Z22, Z0)
-	IR_HEAD($0xDD, Z23, Z1)
-	VMOVUPS Z31, (DI)
+	IR_EPILOGUE
 
 	ADDQ $64, DX
 	ADDQ $64, R15
 	DECQ R8
 	JNZ  irchunk
+	VZEROUPPER
+	RET
+
+// IRB_DP4 adds to the accumulators a0-a3 (register numbers) the pair
+// products of the 16 heads' query pair (Z16) with the current pair of the
+// four rounded keys at base, base+R11, base+2·R11 and base+R12.
+#define IRB_DP4(base, a0, a1, a2, a3) \
+	VPBROADCASTD (base), Z17; DPBF(16, 17, a0); \
+	VPBROADCASTD (base)(R11*1), Z18; DPBF(16, 18, a1); \
+	VPBROADCASTD (base)(R11*2), Z19; DPBF(16, 19, a2); \
+	VPBROADCASTD (base)(R12*1), Z20; DPBF(16, 20, a3)
+
+// func indexerRowsBF16ZMM(t, k *float32, kstride int, kb *uint16, qp *uint32, w *float32, hi, di int, ahead *float32, step int)
+// indexerRowsZMM in bf16: the 16 keys (key s at k + s·kstride floats)
+// are first rounded into kb ([16][di] bf16; di a multiple of 16) by
+// VCVTNEPS2BF16; then per 16 heads (hi a multiple of 16), 16 accumulators
+// with the heads in the lanes, each one VDPBF16PS chain over the
+// dimensions' pairs in order (qp[p·hi+h] is head h's pair p), and
+// indexerRowsZMM's epilogue. Each pair's step prefetches two lines of the
+// next keys (ahead, step bytes apart): a burst of prefetches while the
+// keys are rounded stalled on the misses in flight.
+TEXT ·indexerRowsBF16ZMM(SB), NOSPLIT, $0-80
+	MOVQ k+8(FP), SI
+	MOVQ kstride+16(FP), R11
+	SHLQ $2, R11              // a key's stride in bytes
+	MOVQ kb+24(FP), DI
+	MOVQ di+56(FP), R9
+	MOVQ $16, CX
+
+irbkey:
+	XORQ AX, AX
+	MOVQ DI, BX
+	MOVQ R9, R10
+	SHRQ $4, R10
+
+irbconv:
+	VMOVUPS (SI)(AX*1), Z0
+	BYTE $0x62; BYTE $0xF2; BYTE $0x7E; BYTE $0x48; BYTE $0x72; BYTE $0xC8 // VCVTNEPS2BF16 Z0, Y1
+	VMOVDQU Y1, (BX)
+	ADDQ $64, AX
+	ADDQ $32, BX
+	DECQ R10
+	JNZ  irbconv
+	ADDQ R11, SI
+	LEAQ (DI)(R9*2), DI
+	DECQ CX
+	JNZ  irbkey
+
+	MOVQ t+0(FP), DI
+	VPXORD Z31, Z31, Z31
+	VMOVUPS Z31, (DI)
+	MOVQ qp+32(FP), R15
+	MOVQ w+40(FP), DX
+	MOVQ hi+48(FP), R10
+	MOVQ R10, R8
+	SHRQ $4, R8               // head chunks of 16
+	SHLQ $2, R10              // a pair's row of qp in bytes
+	MOVQ R9, R11
+	SHLQ $1, R11              // a rounded key in bytes
+	LEAQ (R11)(R11*2), R12
+	MOVQ R9, R14
+	SHRQ $1, R14              // pairs
+
+irbchunk:
+	MOVQ kb+24(FP), SI
+	LEAQ (SI)(R11*4), AX      // key 4
+	LEAQ (AX)(R11*4), BX      // key 8
+	LEAQ (BX)(R11*4), CX      // key 12
+	MOVQ R15, R13
+	MOVQ R14, R9
+	MOVQ ahead+64(FP), DI
+	ZERO_Z0_15
+
+irbpair:
+	PREFETCHT0 (DI)
+	PREFETCHT0 64(DI)
+	ADDQ step+72(FP), DI
+	VMOVDQU32 (R13), Z16
+	IRB_DP4(SI, 0, 1, 2, 3)
+	IRB_DP4(AX, 4, 5, 6, 7)
+	IRB_DP4(BX, 8, 9, 10, 11)
+	IRB_DP4(CX, 12, 13, 14, 15)
+	ADDQ $4, SI
+	ADDQ $4, AX
+	ADDQ $4, BX
+	ADDQ $4, CX
+	ADDQ R10, R13
+	DECQ R9
+	JNZ  irbpair
+
+	MOVQ t+0(FP), DI
+	IR_EPILOGUE
+	ADDQ $64, DX
+	ADDQ $64, R15
+	DECQ R8
+	JNZ  irbchunk
+	VZEROUPPER
+	RET
+
+// IBB_TERM adds one head's terms w·max(acc, 0) (acc a0-a3, the block's
+// 64 keys; w at addr), each rounded, to the scores Z24-Z27 (Z28 zero).
+#define IBB_TERM(addr, a0, a1, a2, a3) \
+	VBROADCASTSS addr, Z29; \
+	VMAXPS a0, Z28, a0; VMAXPS a1, Z28, a1; VMAXPS a2, Z28, a2; VMAXPS a3, Z28, a3; \
+	VMULPS Z29, a0, a0; VMULPS Z29, a1, a1; VMULPS Z29, a2, a2; VMULPS Z29, a3, a3; \
+	VADDPS a0, Z24, Z24; VADDPS a1, Z25, Z25; VADDPS a2, Z26, Z26; VADDPS a3, Z27, Z27
+
+// IBB_DP4 adds to a0-a3 (register numbers) the pair products of the
+// block's current pair row (Z16-Z19) with the head pair broadcast in bz.
+#define IBB_DP4(bz, a0, a1, a2, a3) \
+	DPBF(16, bz, a0); DPBF(17, bz, a1); DPBF(18, bz, a2); DPBF(19, bz, a3)
+
+// IBB_PAIRS loads the block's current pair row (64 keys' pairs at BX)
+// into Z16-Z19.
+#define IBB_PAIRS \
+	VMOVDQU32 (BX), Z16; VMOVDQU32 64(BX), Z17; VMOVDQU32 128(BX), Z18; VMOVDQU32 192(BX), Z19
+
+// func indexerBlockBF16ZMM(t *float32, kt *uint32, qb *uint16, w *float32, hi, di int)
+// The bf16 scores of a block of 64 keys given as pairs transposed
+// (kt[p·64+s]: key s's dimensions 2p and 2p+1) for one query row (qb, its
+// hi heads of di bf16, di even): per head, 4 accumulators (16 keys each)
+// that are each one VDPBF16PS chain over the pairs in order, four heads at
+// a time, then the heads' terms added to the scores one head after
+// another: each key's score has indexerRowsBF16ZMM's bits.
+TEXT ·indexerBlockBF16ZMM(SB), NOSPLIT, $0-48
+	MOVQ qb+16(FP), SI
+	MOVQ w+24(FP), DX
+	MOVQ hi+32(FP), R8
+	MOVQ di+40(FP), R11
+	MOVQ R11, R14
+	SHRQ $1, R14              // pairs
+	SHLQ $1, R11              // a head's bytes in qb
+	LEAQ (R11)(R11*2), R12
+	VPXORD Z24, Z24, Z24
+	VPXORD Z25, Z25, Z25
+	VPXORD Z26, Z26, Z26
+	VPXORD Z27, Z27, Z27
+	VPXORD Z28, Z28, Z28
+	CMPQ R8, $4
+	JLT  ibbone
+
+ibbfour:
+	MOVQ kt+8(FP), BX
+	MOVQ SI, AX
+	MOVQ R14, R9
+	ZERO_Z0_15
+
+ibbpair4:
+	IBB_PAIRS
+	VPBROADCASTD (AX), Z20
+	IBB_DP4(20, 0, 1, 2, 3)
+	VPBROADCASTD (AX)(R11*1), Z21
+	IBB_DP4(21, 4, 5, 6, 7)
+	VPBROADCASTD (AX)(R11*2), Z22
+	IBB_DP4(22, 8, 9, 10, 11)
+	VPBROADCASTD (AX)(R12*1), Z23
+	IBB_DP4(23, 12, 13, 14, 15)
+	ADDQ $256, BX
+	ADDQ $4, AX
+	DECQ R9
+	JNZ  ibbpair4
+
+	IBB_TERM((DX), Z0, Z1, Z2, Z3)
+	IBB_TERM(4(DX), Z4, Z5, Z6, Z7)
+	IBB_TERM(8(DX), Z8, Z9, Z10, Z11)
+	IBB_TERM(12(DX), Z12, Z13, Z14, Z15)
+	LEAQ (SI)(R11*4), SI
+	ADDQ $16, DX
+	SUBQ $4, R8
+	CMPQ R8, $4
+	JGE  ibbfour
+
+ibbone:
+	TESTQ R8, R8
+	JZ    ibbdone
+	MOVQ  kt+8(FP), BX
+	MOVQ  SI, AX
+	MOVQ  R14, R9
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+
+ibbpair1:
+	IBB_PAIRS
+	VPBROADCASTD (AX), Z20
+	IBB_DP4(20, 0, 1, 2, 3)
+	ADDQ $256, BX
+	ADDQ $4, AX
+	DECQ R9
+	JNZ  ibbpair1
+
+	IBB_TERM((DX), Z0, Z1, Z2, Z3)
+	ADDQ R11, SI
+	ADDQ $4, DX
+	DECQ R8
+	JMP  ibbone
+
+ibbdone:
+	MOVQ t+0(FP), DI
+	VMOVUPS Z24, (DI)
+	VMOVUPS Z25, 64(DI)
+	VMOVUPS Z26, 128(DI)
+	VMOVUPS Z27, 192(DI)
 	VZEROUPPER
 	RET
 
