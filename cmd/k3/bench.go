@@ -14,8 +14,8 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 
+	"k3/internal/backends"
 	"k3/internal/bench"
-	"k3/internal/cpu"
 	"k3/internal/modelbench"
 )
 
@@ -97,7 +97,8 @@ func benchDSA(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	iters := fs.Int("iters", 3, "decode steps timed per context (median)")
 	out := fs.String("out", "", "write OUT.txt (the table) and OUT.png (latency against context) (default: dsa_decode.* in a new temporary directory)")
 	noFiles := fs.Bool("no-files", false, "print the table only")
-	if err := parseFlags(fs, "bench dsa [-contexts N,N,...] [-iters N] [-out PATH | -no-files]", args, stdout, stderr); err != nil {
+	backend := addBackendFlags(fs)
+	if err := parseFlags(fs, "bench dsa [-contexts N,N,...] [-iters N] [-out PATH | -no-files] [-backend NAME [-fused-attention]]", args, stdout, stderr); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -115,13 +116,20 @@ func benchDSA(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *iters <= 0 {
 		return fmt.Errorf("-iters %d must be positive", *iters)
 	}
-	b := cpu.New(0)
+	b, err := backends.OpenWith(backend.name, backend.options())
+	if err != nil {
+		return err
+	}
 	defer b.Close()
+	name := b.Name()
+	if backend.fused {
+		name += " -fused-attention"
+	}
 	s := bench.K31Pro
 	var table strings.Builder
 	tw := tabwriter.NewWriter(&table, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(&table, "DSA decode step, attention core, K3.1 Pro shape (%d heads, latent %d + rope %d, indexer %d x %d, top-%d), go backend\n",
-		s.Heads, s.Latent, s.Rope, s.IndexHeads, s.IndexDim, s.TopK)
+	fmt.Fprintf(&table, "DSA decode step, attention core, K3.1 Pro shape (%d heads, latent %d + rope %d, indexer %d x %d, top-%d), %s backend\n",
+		s.Heads, s.Latent, s.Rope, s.IndexHeads, s.IndexDim, s.TopK, name)
 	fmt.Fprintln(tw, "context\tsparse ms\tindexer ms\tindexer share\tdense ms\tmeasured ratio\tFLOP ratio\tsparse MB read\tdense MB read\t")
 	sparse, dense := make(plotter.XYs, 0), make(plotter.XYs, 0)
 	for _, l := range lens {
