@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"k3/internal/kernel"
+	"k3/internal/tiny"
 )
 
 // TestFastBF16Backend: the opt-in fast backend ("go-fastbf16": bf16-weight
@@ -101,33 +102,42 @@ func fastBatchEqualsAlone(t *testing.T, m *Model, prompt []int32) {
 }
 
 // TestFastBF16Indexer: with FusedAttention the fast backend scores the
-// Lightning Indexer in bf16 where its products take the bf16 dot
-// product. Over a 300-token held-out prefill (the trained model keeps 64
-// of its keys a row) its logits stay within 2% of the logit scale of the
-// fast backend's without the option and differ from them (the path ran);
-// decoding in a batch still gives a session the same bits as alone, past
-// the 64 keys where picks depend on the scores. Where the bf16 dot
-// product does not pay, the option changes nothing.
+// Lightning Indexer in bf16 where its products take the bf16 dot product
+// and the index heads fill the bf16 rows tile. On a K3.1 Pro-shaped
+// checkpoint with 16 index heads of 32 keeping 16 keys, a 120-token
+// prefill's logits differ from the fast backend's without the option (the
+// path ran; how much is not a measure of accuracy: one moved pick moves a
+// random model's logits arbitrarily, so TestBF16IndexerAccuracy measures
+// it on the indexer goldens), and decoding in a batch still gives a
+// session the same bits as alone, past
+// the 16 keys where picks depend on the scores. Where the bf16 dot
+// product does not pay, the option changes nothing; nor does it on the
+// trained model, whose 4 index heads are too few for the rows tile.
 func TestFastBF16Indexer(t *testing.T) {
 	ctx := context.Background()
-	text, err := os.ReadFile("../testdata/trained/heldout/cmd__compile__internal__test__divconst_test.go")
-	require.NoError(t, err)
-	fast, err := LoadTiny(ctx, WithBackend("go-fastbf16"))
+	dir := t.TempDir()
+	edit := func(text map[string]any) {
+		text["index_n_heads"], text["index_head_dim"], text["index_topk"] = 16, 32, 16
+	}
+	require.NoError(t, tiny.Write(dir, "k31pro", tiny.Options{Seed: 5, BF16: true, Edit: edit}))
+	fast, err := Load(ctx, dir, WithBackend("go-fastbf16"))
 	require.NoError(t, err)
 	defer fast.Close()
-	fused, err := LoadTiny(ctx, WithBackend("go-fastbf16"), WithBackendOptions(BackendOptions{FusedAttention: true}))
+	fused, err := Load(ctx, dir, WithBackend("go-fastbf16"), WithBackendOptions(BackendOptions{FusedAttention: true}))
 	require.NoError(t, err)
 	defer fused.Close()
-	prompt := fast.Encode(string(text))[:300]
+	prompt := make([]int32, 120)
+	for i := range prompt {
+		prompt[i] = int32(3 + (i*37)%200)
+	}
 	maxd, scale := prefillDiff(t, fast, fused, prompt)
 	t.Logf("prefill logits: max |bf16 indexer - float32 indexer| %.3g, %.2g of the logit scale %.3g", maxd, maxd/scale, scale)
 	if !kernel.FastBF16Pays() {
 		assert.Zero(t, maxd, "where the bf16 dot product does not pay, the option changes nothing")
 		return
 	}
-	assert.Less(t, maxd, 0.02*scale)
 	assert.Positive(t, maxd, "the bf16 indexer did not run")
-	fastBatchEqualsAlone(t, fused, prompt[:100])
+	fastBatchEqualsAlone(t, fused, prompt[:60])
 }
 
 // prefillDiff prefills prompt on a and on b and returns the largest

@@ -218,13 +218,21 @@ func TestAttentionRowsAlone(t *testing.T) {
 
 // TestDecodeScoringAllocs: a decode row's indexer call scored from the
 // keys as stored (64 heads) and its attention with the heads in the
-// lanes (32 heads a kv head) allocate nothing once their scratch is warm.
+// lanes (32 heads a kv head) allocate nothing once their scratch is warm,
+// on the exact backend and with the bf16 indexer (NewFastBF16Indexer).
 func TestDecodeScoringAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
-	b := New(2)
-	defer b.Close()
+	for _, b := range []*Backend{New(2), NewFastBF16Indexer(2)} {
+		t.Run(b.Name(), func(t *testing.T) {
+			defer b.Close()
+			testDecodeScoringAllocs(t, b)
+		})
+	}
+}
+
+func testDecodeScoringAllocs(t *testing.T, b *Backend) {
 	r := rand.New(rand.NewPCG(7, 7))
 	const hi, di, l, topK = 64, 128, 1000, 256
 	up := func(v []float32, dims ...int) compute.Tensor { return upload(b, v, dims...) }

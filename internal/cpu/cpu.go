@@ -76,7 +76,9 @@ func NewFastBF16(threads int) *Backend {
 
 // NewFastBF16Indexer is NewFastBF16 that also scores DSA's Lightning
 // Indexer in bf16 where the fast products take the bf16 dot product
-// (kernel.FastBF16Pays): queries and keys rounded to bf16 as they are
+// (kernel.FastBF16Pays) and a decode row takes the bf16 rows tile (index
+// heads and dimensions multiples of 16, kernel.IndexerRowsBF16Fast):
+// queries and keys rounded to bf16 as they are
 // scored (kernel.IndexerRowsBF16, kernel.IndexerBlockBF16), the cache
 // staying float32. Near-tied keys may be picked otherwise than exactly, as
 // with FP8 or bf16 indexers; a row's picks still do not depend on the

@@ -38,10 +38,10 @@ type indexerJob struct {
 	// kernel.IndexerRows runs its tile, transposed (indexerGroup.qt);
 	// such a row's blocks are scored from the keys as stored.
 	qt []float32
-	// bf16: the call scores in bf16 (NewFastBF16Indexer). Then qp holds
-	// the queries of each row scored by kernel.IndexerRowsBF16 as
-	// kernel.TransposeQueryBF16 writes them (from indexerGroup.qt on), and
-	// qb the other rows' queries rounded, [T][H][D] as q.
+	// bf16: the call scores in bf16 (NewFastBF16Indexer). Then qb holds
+	// every row's queries rounded ([T][H][D], as q), and qp the queries of
+	// each row scored by kernel.IndexerRowsBF16 as
+	// kernel.TransposeQueryBF16 writes them (from indexerGroup.qt on).
 	bf16 bool
 	qp   []uint32
 	qb   []uint16
@@ -90,16 +90,18 @@ func indexerScore(args *kernel.Args, lo, hi int) { args.Job.(*indexerJob).score(
 // score runs the job's score items [lo, hi) (indexerScore).
 func (j *indexerJob) score(lo, hi int) {
 	const nk = kernel.IndexerKeys
-	ktp := indexerKTs.get()
-	defer func() { indexerKTs.put(ktp, capBytes(*ktp)) }()
-	*ktp = grow32(*ktp, j.di*nk)
-	kt := *ktp
+	var kt []float32
 	var bs *indexerBF16
 	if j.bf16 {
 		bs = indexerBF16s.get()
 		defer func() { indexerBF16s.put(bs, 4*cap(bs.kt)+2*cap(bs.kb)) }()
 		bs.kt = slices.Grow(bs.kt[:0], j.di/2*nk)[:j.di/2*nk]
 		bs.kb = slices.Grow(bs.kb[:0], kernel.IndexerRowKeys*j.di)[:kernel.IndexerRowKeys*j.di]
+	} else {
+		ktp := indexerKTs.get()
+		defer func() { indexerKTs.put(ktp, capBytes(*ktp)) }()
+		*ktp = grow32(*ktp, j.di*nk)
+		kt = *ktp
 	}
 	items := j.items[lo:hi]
 	for ii, it := range items {
@@ -485,7 +487,11 @@ func (b *Backend) indexerPlan(j *indexerJob) {
 	const nk = kernel.IndexerKeys
 	q, hi, di, cuQ, cuK := j.q, j.hi, j.di, j.cuQ, j.cuK
 	used := 0
-	j.bf16 = b.bf16Idx && di%2 == 0 && b.fastDot()
+	// Only where a decode row takes the bf16 rows tile: with fewer heads
+	// (or dimensions not a multiple of 16) rounding and transposing a
+	// block's keys for one row cost more than bf16 gains (8 heads of 64 at
+	// 2,048 keys: 2.2x the exact call; docs/bench).
+	j.bf16 = b.bf16Idx && kernel.IndexerRowsBF16Fast(hi, di) && b.fastDot()
 	if j.bf16 {
 		// Every row's queries rounded: a row scored by the rows tile takes
 		// the block tile for its sequence's last, partial block.
@@ -518,7 +524,7 @@ func (b *Backend) indexerPlan(j *indexerJob) {
 			rowTiles := r1-r0 == 1 && (j.pages == nil || j.pshift >= 4)
 			qt := len(j.qt)
 			switch {
-			case j.bf16 && rowTiles && kernel.IndexerRowsBF16Fast(hi, di):
+			case j.bf16 && rowTiles:
 				qt = len(j.qp)
 				j.qp = slices.Grow(j.qp, hi*di/2)[:qt+hi*di/2]
 				kernel.TransposeQueryBF16(j.qp[qt:], q[r0*hi*di:], hi, di)
