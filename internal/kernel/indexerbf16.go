@@ -6,12 +6,9 @@ package kernel
 // (per pair the odd element's product and then the even one's added to
 // a float32), then IndexerBlock's epilogue: w·max(dot, 0) rounded and the
 // heads summed one after another. IndexerRowsBF16 and IndexerBlockBF16
-// give a key the same bits, as IndexerRows and IndexerBlock do.
-
-// IndexerBF16 reports whether IndexerRowsBF16 and IndexerBlockBF16 run
-// their assembly here (VDPBF16PS); elsewhere their Go twins serve,
-// correct but slow.
-func IndexerBF16() bool { return hasBF16Dot }
+// give a key the same bits, as IndexerRows and IndexerBlock do. Their
+// assembly needs VDPBF16PS; elsewhere their Go twins serve, correct but
+// slow.
 
 // RoundBF16DAZ rounds src to bfloat16 into dst as VCVTNEPS2BF16 does: to
 // nearest, ties to even, a value below float32's normal range read as a
