@@ -7,8 +7,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -16,6 +18,7 @@ import (
 
 	"k3/internal/backends"
 	"k3/internal/bench"
+	"k3/internal/kernel"
 	"k3/internal/modelbench"
 )
 
@@ -130,6 +133,7 @@ func benchDSA(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	tw := tabwriter.NewWriter(&table, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(&table, "DSA decode step, attention core, K3.1 Pro shape (%d heads, latent %d + rope %d, indexer %d x %d, top-%d), %s backend\n",
 		s.Heads, s.Latent, s.Rope, s.IndexHeads, s.IndexDim, s.TopK, name)
+	fmt.Fprintf(&table, "%s, %d cores, %s, kernel path %s\n", cpuModel(), runtime.NumCPU(), time.Now().Format("2006-01-02"), kernel.Path())
 	fmt.Fprintln(tw, "context\tsparse ms\tindexer ms\tindexer share\tdense ms\tmeasured ratio\tFLOP ratio\tsparse MB read\tdense MB read\t")
 	sparse, dense := make(plotter.XYs, 0), make(plotter.XYs, 0)
 	for _, l := range lens {
