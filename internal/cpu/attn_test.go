@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"k3/compute"
+	"k3/internal/kernel"
 )
 
 // attnCase is one attention problem: t query rows at the last t of l
@@ -173,9 +174,20 @@ func TestAttnGroupedHeads(t *testing.T) {
 // the result of a call with that row alone over the positions up to its
 // own, as a decode step computes it; dense and index-sparse, with and
 // without rope parts, with fewer kv heads than workers and with more.
+//
+// It runs on the exact backend and on NewFastBF16Indexer, whose
+// index-sparse calls with 32 heads a kv head take the bf16 logits where
+// they run.
 func TestAttentionRowsAlone(t *testing.T) {
-	b := New(2)
-	defer b.Close()
+	for _, b := range []*Backend{New(2), NewFastBF16Indexer(2)} {
+		t.Run(b.Name(), func(t *testing.T) {
+			defer b.Close()
+			testAttentionRowsAlone(t, b)
+		})
+	}
+}
+
+func testAttentionRowsAlone(t *testing.T, b *Backend) {
 	for ci, c := range []attnCase{
 		{t: 2, l: 40, hq: 6, hkv: 1, dk: 32, dr: 8, dv: 32, mqa: true},
 		{t: 9, l: 90, hq: 6, hkv: 1, dk: 32, dr: 8, dv: 32, mqa: true},
@@ -250,5 +262,96 @@ func testDecodeScoringAllocs(t *testing.T, b *Backend) {
 			}
 		})
 		require.Zero(t, allocs, name)
+	}
+}
+
+// TestAttentionBF16 checks NewFastBF16Indexer's index-sparse attention
+// against a float64 reference whose logits take q and k (and their rope
+// parts) rounded as kernel.RoundBF16DAZ rounds them and whose values stay
+// float32 (the latent too, in MLA's MQA form): where the bf16 logits run
+// (32 heads a kv head, the CPU paying for VDPBF16PS), within 1e-5 of the
+// output's scale; elsewhere, and for the dense call, the reference is the
+// exact one.
+func TestAttentionBF16(t *testing.T) {
+	b := NewFastBF16Indexer(2)
+	defer b.Close()
+	round := func(v float32) float64 {
+		var h [1]uint16
+		kernel.RoundBF16DAZ(h[:], []float32{v})
+		return float64(math.Float32frombits(uint32(h[0]) << 16))
+	}
+	exact := func(v float32) float64 { return float64(v) }
+	for ci, c := range []attnCase{
+		{t: 3, l: 300, hq: 32, hkv: 1, dk: 64, dr: 16, dv: 64, k: 100, mqa: true},
+		{t: 2, l: 200, hq: 64, hkv: 2, dk: 24, dv: 16, k: 70},
+		{t: 2, l: 90, hq: 32, hkv: 1, dk: 32, dr: 8, dv: 32, mqa: true},       // dense: exact
+		{t: 2, l: 90, hq: 8, hkv: 1, dk: 32, dr: 8, dv: 32, k: 40, mqa: true}, // 8 heads: exact
+	} {
+		a := attnArgs(t, b, c, uint64(ci+40))
+		require.NoError(t, b.Attention(a))
+		read := func(x compute.Tensor, n int) []float32 {
+			v := make([]float32, n)
+			must(0, b.Read(v, x))
+			return v
+		}
+		out := read(a.Out, c.t*c.hq*c.dv)
+		q, k, v := read(a.Q, c.t*c.hq*c.dk), read(a.K, c.l*c.hkv*c.dk), read(a.V, c.l*c.hkv*c.dv)
+		var qr, kr []float32
+		if c.dr > 0 {
+			qr, kr = read(a.QRope, c.t*c.hq*c.dr), read(a.KRope, c.l*c.dr)
+		}
+		var idx []int32
+		if c.k > 0 {
+			idx = make([]int32, c.t*c.hkv*c.k)
+			must(0, b.Read(idx, a.Indices))
+		}
+		rnd := exact
+		if c.k > 0 && c.hq/c.hkv%32 == 0 && b.fastDot() {
+			rnd = round
+		}
+		hg := c.hq / c.hkv
+		for row := range c.t {
+			pos := c.l - c.t + row
+			for h := range c.hq {
+				g := h / hg
+				var keys []int
+				if c.k > 0 {
+					for _, s := range idx[(row*c.hkv+g)*c.k : (row*c.hkv+g+1)*c.k] {
+						if s >= 0 && int(s) <= pos {
+							keys = append(keys, int(s))
+						}
+					}
+				} else {
+					for s := 0; s <= pos; s++ {
+						keys = append(keys, s)
+					}
+				}
+				z := make([]float64, len(keys))
+				zmax := math.Inf(-1)
+				for i, s := range keys {
+					for d := range c.dk {
+						z[i] += rnd(q[(row*c.hq+h)*c.dk+d]) * rnd(k[(s*c.hkv+g)*c.dk+d])
+					}
+					for d := range c.dr {
+						z[i] += rnd(qr[(row*c.hq+h)*c.dr+d]) * rnd(kr[s*c.dr+d])
+					}
+					z[i] *= 0.125
+					zmax = math.Max(zmax, z[i])
+				}
+				var sum float64
+				want := make([]float64, c.dv)
+				for i, s := range keys {
+					e := math.Exp(z[i] - zmax)
+					sum += e
+					for d := range c.dv {
+						want[d] += e * float64(v[(s*c.hkv+g)*c.dv+d])
+					}
+				}
+				for d := range c.dv {
+					got := float64(out[(row*c.hq+h)*c.dv+d])
+					require.InDelta(t, want[d]/sum, got, 2e-5, "case %d %+v: row %d head %d dim %d", ci, c, row, h, d)
+				}
+			}
+		}
 	}
 }

@@ -575,6 +575,10 @@ type attnJob struct {
 	// qt holds each item's query heads transposed where kernel.AttnLogits
 	// runs its tile (groupBlock): [dk][hg] then [dr][hg] an item.
 	qt []float32
+	// qp, instead, where a sparse call's logits are bf16
+	// (NewFastBF16Indexer, kernel.AttnLogitsBF16): each item's query heads
+	// as pairs transposed, [dk/2][hg] then [dr/2][hg].
+	qp []uint32
 }
 
 // run returns the rows of positions [s, s+n) of a cache of width floats a
@@ -620,6 +624,10 @@ type attnScratch struct {
 	// tile's keys padded to whole tiles; attend: the items' queries
 	// transposed (attnJob.qt).
 	zt, ktail, qt []float32
+	// The bf16 logits (attnJob.qp): the items' queries as pairs (attend),
+	// a block's keys rounded (groupBlock).
+	qp  []uint32
+	kbb []uint16
 }
 
 var attnScratches freeList[attnScratch]
@@ -627,7 +635,7 @@ var attnScratches freeList[attnScratch]
 // bytes is what the scratch's buffers hold.
 func (sc *attnScratch) bytes() int {
 	return 4*cap(sc.pos) + 24*(cap(sc.kp)+cap(sc.vp)+cap(sc.krp)) + capBytes(sc.z, sc.qb, sc.qrb, sc.kb, sc.krb, sc.vb, sc.zb,
-		sc.e, sc.rv, sc.acc, sc.m, sc.l, sc.kh, sc.ones, sc.eAll, sc.macc, sc.zt, sc.ktail, sc.qt)
+		sc.e, sc.rv, sc.acc, sc.m, sc.l, sc.kh, sc.ones, sc.eAll, sc.macc, sc.zt, sc.ktail, sc.qt) + 4*cap(sc.qp) + 2*cap(sc.kbb)
 }
 
 // putAttnScratch returns sc to its free list, without the call's tensors.
@@ -885,8 +893,21 @@ func (b *Backend) attend(sc *attnScratch, l int) error {
 	need := items * j.parts * hg * (j.dv + 2)
 	sc.z = grow32(sc.z, need)
 	j.part = sc.z
-	j.qt = nil
-	if hg >= attnGroupMin && kernel.AttnLogitsFast(hg) {
+	j.qt, j.qp = nil, nil
+	if b.bf16Attention(j, hg) {
+		// The bf16 logits of an index-sparse call (groupBlock).
+		per := (j.dk + j.dr) / 2 * hg
+		sc.qp = slices.Grow(sc.qp[:0], items*per)[:items*per]
+		for item := range items {
+			q0 := item/j.hkv*j.hq + item%j.hkv*hg
+			qp := sc.qp[item*per : (item+1)*per]
+			kernel.TransposeQueryBF16(qp, j.q[q0*j.dk:(q0+hg)*j.dk], hg, j.dk)
+			if j.dr > 0 {
+				kernel.TransposeQueryBF16(qp[j.dk/2*hg:], j.qr[q0*j.dr:(q0+hg)*j.dr], hg, j.dr)
+			}
+		}
+		j.qp = sc.qp
+	} else if hg >= attnGroupMin && kernel.AttnLogitsFast(hg) {
 		// Every head of a group in the lanes: the logits read each key
 		// element once for all of them (groupBlock).
 		per := (j.dk + j.dr) * hg
@@ -902,6 +923,15 @@ func (b *Backend) attend(sc *attnScratch, l int) error {
 		j.qt = sc.qt
 	}
 	return nil
+}
+
+// bf16Attention reports whether j's logits are bf16
+// (kernel.AttnLogitsBF16): on NewFastBF16Indexer where its products take
+// the bf16 dot product, for an index-sparse call (the dense ones stay
+// float32, as Ascend's fused route leaves them) whose heads per kv head
+// fill the tile's lanes and take the grouped path (groupBlock).
+func (b *Backend) bf16Attention(j *attnJob, hg int) bool {
+	return b.bf16Idx && j.idx != nil && j.dk%2 == 0 && j.dr%2 == 0 && hg >= attnGroupMin && kernel.AttnLogitsBF16Fast(hg) && b.fastDot()
 }
 
 // merge writes every (row, query head)'s output and lse from its parts,
@@ -1218,8 +1248,46 @@ func (j *attnJob) logits(sc *attnScratch, z []float32, item int, kb, krb []float
 			kernel.AttnLogits(zt, kr, dr, qt[dk*hg:], hg, dr, true)
 		}
 	}
-	// The tiles' [chunk of 32 heads][key][head] to z's [head][key], read
-	// in order (kernel.AttnLogitsAt).
+	j.untile(sc, z, nk)
+}
+
+// logitsBF16 is logits in bf16 (attnJob.qp): the block's keys rounded
+// once (kernel.RoundBF16DAZ, zero past nk to whole tiles), each logit one
+// kernel.AttnLogitsBF16 chain over the latent's pairs then the rope's.
+func (j *attnJob) logitsBF16(sc *attnScratch, z []float32, item int, kb, krb []float32, nk int) {
+	hg, dk, dr := j.hq/j.hkv, j.dk, j.dr
+	const tk = kernel.AttnLogitsKeys
+	per := hg * tk
+	tiles := (nk + tk - 1) / tk
+	n := tiles * tk
+	sc.zt = grow32(sc.zt, tiles*per)
+	sc.kbb = slices.Grow(sc.kbb[:0], n*(dk+dr))[:n*(dk+dr)]
+	k, kr := sc.kbb[:n*dk], sc.kbb[n*dk:]
+	kernel.RoundBF16DAZ(k[:nk*dk], kb[:nk*dk])
+	clear(k[nk*dk:])
+	if dr > 0 {
+		kernel.RoundBF16DAZ(kr[:nk*dr], krb[:nk*dr])
+		clear(kr[nk*dr:])
+	}
+	qp := j.qp[item*(dk+dr)/2*hg : (item+1)*(dk+dr)/2*hg]
+	for tile := range tiles {
+		s0 := tile * tk
+		zt := sc.zt[tile*per : (tile+1)*per]
+		kernel.AttnLogitsBF16(zt, k[s0*dk:], dk, qp, hg, dk, false)
+		if dr > 0 {
+			kernel.AttnLogitsBF16(zt, kr[s0*dr:], dr, qp[dk/2*hg:], hg, dr, true)
+		}
+	}
+	j.untile(sc, z, nk)
+}
+
+// untile writes the tiles' logits, [chunk of 32 heads][key][head], to z's
+// [head][key] (nk keys), read in order (kernel.AttnLogitsAt).
+func (j *attnJob) untile(sc *attnScratch, z []float32, nk int) {
+	hg := j.hq / j.hkv
+	const tk = kernel.AttnLogitsKeys
+	per := hg * tk
+	tiles := (nk + tk - 1) / tk
 	for tile := range tiles {
 		zt := sc.zt[tile*per : (tile+1)*per]
 		for c := 0; c < hg; c += 32 {
@@ -1294,9 +1362,12 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 	}
 	q0 := row*j.hq + g*hg // the group's first query head
 	z := sc.zb[:hg*nk]
-	if j.qt != nil {
+	switch {
+	case j.qp != nil:
+		j.logitsBF16(sc, z, item, kb, krb, nk)
+	case j.qt != nil:
 		j.logits(sc, z, item, kb, krb, nk)
-	} else {
+	default:
 		kernel.MatMulSerial(z, j.q[q0*dk:(q0+hg)*dk], kb[:nk*dk], hg, nk, dk)
 		if dr > 0 {
 			zr := sc.zb[hg*nk : 2*hg*nk]

@@ -36,18 +36,27 @@ func pagesFrom(t *testing.T, b *Backend, x compute.Tensor, size int, r *rand.Ran
 // TestPagedAttentionEqualsContiguous: attention over a paged cache gives
 // bitwise the contiguous cache's output on every path (row by row,
 // grouped heads, dense blocked, index-sparse; MQA and separate values;
-// with and without rope).
+// with and without rope), on the exact backend and on
+// NewFastBF16Indexer (the bf16 logits of the 32-head sparse case).
 func TestPagedAttentionEqualsContiguous(t *testing.T) {
-	b := New(2)
-	defer b.Close()
+	for _, b := range []*Backend{New(2), NewFastBF16Indexer(2)} {
+		t.Run(b.Name(), func(t *testing.T) {
+			defer b.Close()
+			testPagedAttention(t, b)
+		})
+	}
+}
+
+func testPagedAttention(t *testing.T, b *Backend) {
 	r := rand.New(rand.NewPCG(5, 5))
 	for _, c := range []attnCase{
-		{t: 1, l: 200, hq: 4, hkv: 2, dk: 16, dr: 8, dv: 12},                   // row by row, decode
-		{t: 3, l: 300, hq: 8, hkv: 1, dk: 32, dr: 8, dv: 32, mqa: true},        // grouped heads, MQA
-		{t: 20, l: 150, hq: 4, hkv: 2, dk: 16, dr: 8, dv: 16},                  // dense blocked
-		{t: 12, l: 190, hq: 8, hkv: 1, dk: 24, dv: 24, mqa: true},              // dense blocked, MQA, no rope
-		{t: 2, l: 260, hq: 8, hkv: 1, dk: 16, dr: 4, dv: 16, k: 40, mqa: true}, // sparse, grouped
-		{t: 5, l: 130, hq: 2, hkv: 2, dk: 8, dr: 4, dv: 8, k: 30},              // sparse, per-head lists
+		{t: 1, l: 200, hq: 4, hkv: 2, dk: 16, dr: 8, dv: 12},                     // row by row, decode
+		{t: 3, l: 300, hq: 8, hkv: 1, dk: 32, dr: 8, dv: 32, mqa: true},          // grouped heads, MQA
+		{t: 20, l: 150, hq: 4, hkv: 2, dk: 16, dr: 8, dv: 16},                    // dense blocked
+		{t: 12, l: 190, hq: 8, hkv: 1, dk: 24, dv: 24, mqa: true},                // dense blocked, MQA, no rope
+		{t: 2, l: 260, hq: 8, hkv: 1, dk: 16, dr: 4, dv: 16, k: 40, mqa: true},   // sparse, grouped
+		{t: 5, l: 130, hq: 2, hkv: 2, dk: 8, dr: 4, dv: 8, k: 30},                // sparse, per-head lists
+		{t: 2, l: 300, hq: 32, hkv: 1, dk: 64, dr: 16, dv: 64, k: 70, mqa: true}, // sparse, the logits tile
 	} {
 		for _, size := range []int{64, 128} {
 			a := attnArgs(t, b, c, 11)

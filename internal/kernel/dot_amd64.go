@@ -246,6 +246,9 @@ func indexerRowsBF16ZMM(t, k *float32, kstride int, kb *uint16, qp *uint32, w *f
 func indexerBlockBF16ZMM(t *float32, kt *uint32, qb *uint16, w *float32, hi, di int)
 
 //go:noescape
+func attnLogitsBF16ZMM(zt *float32, k *uint16, kstride int, qp *uint32, hg, d, acc int)
+
+//go:noescape
 func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, ostride int)
 
 //go:noescape

@@ -132,6 +132,10 @@ func indexerBlockBF16ZMM(t *float32, kt *uint32, qb *uint16, w *float32, hi, di 
 	panic("kernel: no assembly on this platform")
 }
 
+func attnLogitsBF16ZMM(zt *float32, k *uint16, kstride int, qp *uint32, hg, d, acc int) {
+	panic("kernel: no assembly on this platform")
+}
+
 func transpose8AVX2(kt, src *float32, stride, di int) {
 	panic("kernel: no assembly on this platform")
 }

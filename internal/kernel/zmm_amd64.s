@@ -1342,6 +1342,44 @@ ibbdone:
 	VZEROUPPER
 	RET
 
+// AL_LOAD16 and AL_STORE16 move the logits tiles' 16 accumulators
+// Z0-Z15 from and to zt (DX).
+#define AL_LOAD16 \
+	VMOVUPS (DX), Z0; \
+	VMOVUPS 64(DX), Z1; \
+	VMOVUPS 128(DX), Z2; \
+	VMOVUPS 192(DX), Z3; \
+	VMOVUPS 256(DX), Z4; \
+	VMOVUPS 320(DX), Z5; \
+	VMOVUPS 384(DX), Z6; \
+	VMOVUPS 448(DX), Z7; \
+	VMOVUPS 512(DX), Z8; \
+	VMOVUPS 576(DX), Z9; \
+	VMOVUPS 640(DX), Z10; \
+	VMOVUPS 704(DX), Z11; \
+	VMOVUPS 768(DX), Z12; \
+	VMOVUPS 832(DX), Z13; \
+	VMOVUPS 896(DX), Z14; \
+	VMOVUPS 960(DX), Z15
+
+#define AL_STORE16 \
+	VMOVUPS Z0, (DX); \
+	VMOVUPS Z1, 64(DX); \
+	VMOVUPS Z2, 128(DX); \
+	VMOVUPS Z3, 192(DX); \
+	VMOVUPS Z4, 256(DX); \
+	VMOVUPS Z5, 320(DX); \
+	VMOVUPS Z6, 384(DX); \
+	VMOVUPS Z7, 448(DX); \
+	VMOVUPS Z8, 512(DX); \
+	VMOVUPS Z9, 576(DX); \
+	VMOVUPS Z10, 640(DX); \
+	VMOVUPS Z11, 704(DX); \
+	VMOVUPS Z12, 768(DX); \
+	VMOVUPS Z13, 832(DX); \
+	VMOVUPS Z14, 896(DX); \
+	VMOVUPS Z15, 960(DX)
+
 // AL_KEY broadcasts dimension d of the key at addr into tmp and adds its
 // products with the 32 heads' queries (Z16, Z17) to a0 and a1.
 #define AL_KEY(addr, tmp, a0, a1) \
@@ -1379,22 +1417,7 @@ alchunk:
 	JMP  aldim
 
 alload:
-	VMOVUPS (DX), Z0
-	VMOVUPS 64(DX), Z1
-	VMOVUPS 128(DX), Z2
-	VMOVUPS 192(DX), Z3
-	VMOVUPS 256(DX), Z4
-	VMOVUPS 320(DX), Z5
-	VMOVUPS 384(DX), Z6
-	VMOVUPS 448(DX), Z7
-	VMOVUPS 512(DX), Z8
-	VMOVUPS 576(DX), Z9
-	VMOVUPS 640(DX), Z10
-	VMOVUPS 704(DX), Z11
-	VMOVUPS 768(DX), Z12
-	VMOVUPS 832(DX), Z13
-	VMOVUPS 896(DX), Z14
-	VMOVUPS 960(DX), Z15
+	AL_LOAD16
 
 aldim:
 	VMOVUPS (R13), Z16
@@ -1413,25 +1436,75 @@ aldim:
 	DECQ R9
 	JNZ  aldim
 
-	VMOVUPS Z0, (DX)
-	VMOVUPS Z1, 64(DX)
-	VMOVUPS Z2, 128(DX)
-	VMOVUPS Z3, 192(DX)
-	VMOVUPS Z4, 256(DX)
-	VMOVUPS Z5, 320(DX)
-	VMOVUPS Z6, 384(DX)
-	VMOVUPS Z7, 448(DX)
-	VMOVUPS Z8, 512(DX)
-	VMOVUPS Z9, 576(DX)
-	VMOVUPS Z10, 640(DX)
-	VMOVUPS Z11, 704(DX)
-	VMOVUPS Z12, 768(DX)
-	VMOVUPS Z13, 832(DX)
-	VMOVUPS Z14, 896(DX)
-	VMOVUPS Z15, 960(DX)
+	AL_STORE16
 	ADDQ $1024, DX
 	ADDQ $128, R15
 	DECQ R8
 	JNZ  alchunk
+	VZEROUPPER
+	RET
+
+// ALB_KEY broadcasts the current pair of the rounded key at addr into tz
+// (register number tn) and adds its pair products with the 32 heads'
+// query pairs (Z16, Z17) to a0 and a1 (register numbers).
+#define ALB_KEY(addr, tz, tn, a0, a1) \
+	VPBROADCASTD addr, tz; \
+	DPBF(16, tn, a0); \
+	DPBF(17, tn, a1)
+
+// func attnLogitsBF16ZMM(zt *float32, k *uint16, kstride int, qp *uint32, hg, d, acc int)
+// attnLogitsZMM in bf16: 8 keys rounded to bf16 (key s at k + s·kstride
+// elements, d even) against hg query heads (a multiple of 32) given as
+// pairs transposed (qp[p·hg+h]), each logit one VDPBF16PS chain over the
+// pairs in order, from zero or (acc) from zt, laid out as attnLogitsZMM's.
+TEXT ·attnLogitsBF16ZMM(SB), NOSPLIT, $0-56
+	MOVQ zt+0(FP), DX
+	MOVQ k+8(FP), R14
+	MOVQ kstride+16(FP), R11
+	SHLQ $1, R11
+	LEAQ (R11)(R11*2), R12
+	MOVQ qp+24(FP), R15
+	MOVQ hg+32(FP), R10
+	MOVQ R10, R8
+	SHRQ $5, R8
+	SHLQ $2, R10
+	MOVQ acc+48(FP), BX
+
+albchunk:
+	MOVQ R14, SI
+	LEAQ (SI)(R11*4), AX
+	MOVQ R15, R13
+	MOVQ d+40(FP), R9
+	SHRQ $1, R9
+	CMPQ BX, $0
+	JNE  albload
+	ZERO_Z0_15
+	JMP  albpair
+
+albload:
+	AL_LOAD16
+
+albpair:
+	VMOVDQU32 (R13), Z16
+	VMOVDQU32 64(R13), Z17
+	ALB_KEY((SI), Z18, 18, 0, 1)
+	ALB_KEY((SI)(R11*1), Z19, 19, 2, 3)
+	ALB_KEY((SI)(R11*2), Z20, 20, 4, 5)
+	ALB_KEY((SI)(R12*1), Z21, 21, 6, 7)
+	ALB_KEY((AX), Z22, 22, 8, 9)
+	ALB_KEY((AX)(R11*1), Z23, 23, 10, 11)
+	ALB_KEY((AX)(R11*2), Z24, 24, 12, 13)
+	ALB_KEY((AX)(R12*1), Z25, 25, 14, 15)
+	ADDQ $4, SI
+	ADDQ $4, AX
+	ADDQ R10, R13
+	DECQ R9
+	JNZ  albpair
+
+	AL_STORE16
+	ADDQ $1024, DX
+	ADDQ $128, R15
+	DECQ R8
+	JNZ  albchunk
 	VZEROUPPER
 	RET
