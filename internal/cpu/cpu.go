@@ -74,15 +74,19 @@ func NewFastBF16(threads int) *Backend {
 	return b
 }
 
-// NewFastBF16Indexer is NewFastBF16 that also scores DSA's Lightning
-// Indexer in bf16 where the fast products take the bf16 dot product
-// (kernel.FastBF16Pays) and a decode row takes the bf16 rows tile (index
-// heads and dimensions multiples of 16, kernel.IndexerRowsBF16Fast):
-// queries and keys rounded to bf16 as they are
-// scored (kernel.IndexerRowsBF16, kernel.IndexerBlockBF16), the cache
-// staying float32. Near-tied keys may be picked otherwise than exactly, as
-// with FP8 or bf16 indexers; a row's picks still do not depend on the
-// other rows of the call.
+// NewFastBF16Indexer is NewFastBF16 that also runs DSA's two scorings in
+// bf16 where the fast products take the bf16 dot product
+// (kernel.FastBF16Pays): the Lightning Indexer where a decode row takes
+// the bf16 rows tile (index heads and dimensions multiples of 16,
+// kernel.IndexerRowsBF16Fast; kernel.IndexerRowsBF16,
+// kernel.IndexerBlockBF16), and the logits of index-sparse attention
+// where 32 heads a kv head fill the logits tile (kernel.AttnLogitsBF16;
+// softmax and values stay float32, dense attention exact). Queries and
+// keys are rounded to bf16 as they are scored; the caches stay float32.
+// Near-tied keys may be picked otherwise than exactly, as with FP8 or
+// bf16 indexers, and attention outputs move by bf16's rounding of the
+// logits' operands; a row's results still do not depend on the other
+// rows of the call.
 func NewFastBF16Indexer(threads int) *Backend {
 	b := NewFastBF16(threads)
 	b.bf16Idx = true
