@@ -625,9 +625,10 @@ type attnScratch struct {
 	// transposed (attnJob.qt).
 	zt, ktail, qt []float32
 	// The bf16 logits (attnJob.qp): the items' queries as pairs (attend),
-	// a block's keys rounded (groupBlock).
-	qp  []uint32
-	kbb []uint16
+	// a block's keys rounded (groupBlock); and values: the heads' weights
+	// rounded and the values paired by rows (valuesBF16).
+	qp, vp2 []uint32
+	kbb, eb []uint16
 }
 
 var attnScratches freeList[attnScratch]
@@ -635,7 +636,7 @@ var attnScratches freeList[attnScratch]
 // bytes is what the scratch's buffers hold.
 func (sc *attnScratch) bytes() int {
 	return 4*cap(sc.pos) + 24*(cap(sc.kp)+cap(sc.vp)+cap(sc.krp)) + capBytes(sc.z, sc.qb, sc.qrb, sc.kb, sc.krb, sc.vb, sc.zb,
-		sc.e, sc.rv, sc.acc, sc.m, sc.l, sc.kh, sc.ones, sc.eAll, sc.macc, sc.zt, sc.ktail, sc.qt) + 4*cap(sc.qp) + 2*cap(sc.kbb)
+		sc.e, sc.rv, sc.acc, sc.m, sc.l, sc.kh, sc.ones, sc.eAll, sc.macc, sc.zt, sc.ktail, sc.qt) + 4*(cap(sc.qp)+cap(sc.vp2)) + 2*(cap(sc.kbb)+cap(sc.eb))
 }
 
 // putAttnScratch returns sc to its free list, without the call's tensors.
@@ -1423,8 +1424,31 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 	}
 	if together {
 		off := j.partOff(item, p, 0)
+		if j.qp != nil {
+			j.valuesBF16(sc, j.part[off+2:], hg, nk, vb)
+			return
+		}
 		kernel.MatAccumulate(j.part[off+2:], dv+2, sc.eAll[:hg*nk], vb, dv, hg, dv, nk, sc.macc)
 	}
+}
+
+// valuesBF16 adds the block's values to the hg heads' accumulators (acc,
+// dv+2 floats apart) in bf16 (attnJob.qp): the weights sc.eAll and the
+// values vb rounded, the values paired by rows (kernel.PairRowsBF16), one
+// kernel.MatAccumulatePairs chain over the positions' pairs; an odd last
+// position pairs with zeros.
+func (j *attnJob) valuesBF16(sc *attnScratch, acc []float32, hg, nk int, vb []float32) {
+	dv := j.dv
+	kp := (nk + 1) / 2
+	sc.eb = slices.Grow(sc.eb[:0], hg*2*kp)[:hg*2*kp]
+	for h := range hg {
+		row := sc.eb[h*2*kp : (h+1)*2*kp]
+		kernel.RoundBF16DAZ(row[:nk], sc.eAll[h*nk:(h+1)*nk])
+		clear(row[nk:])
+	}
+	sc.vp2 = slices.Grow(sc.vp2[:0], kp*dv)[:kp*dv]
+	kernel.PairRowsBF16(sc.vp2, vb, dv, nk, dv)
+	kernel.MatAccumulatePairs(acc, dv+2, sc.eb, 2*kp, sc.vp2, hg, dv, kp)
 }
 
 // attnValuesTogether is the number of heads sharing a kv head from which

@@ -249,6 +249,12 @@ func indexerBlockBF16ZMM(t *float32, kt *uint32, qb *uint16, w *float32, hi, di 
 func attnLogitsBF16ZMM(zt *float32, k *uint16, kstride int, qp *uint32, hg, d, acc int)
 
 //go:noescape
+func matAccPairs6x32ZMM(c *float32, ldc int, a *uint16, lda int, b *uint32, ldb, kp int)
+
+//go:noescape
+func pairRowsBF16ZMM(dst *uint32, lo, hi *float32, n int)
+
+//go:noescape
 func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, ostride int)
 
 //go:noescape

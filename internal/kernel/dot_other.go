@@ -136,6 +136,14 @@ func attnLogitsBF16ZMM(zt *float32, k *uint16, kstride int, qp *uint32, hg, d, a
 	panic("kernel: no assembly on this platform")
 }
 
+func matAccPairs6x32ZMM(c *float32, ldc int, a *uint16, lda int, b *uint32, ldb, kp int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func pairRowsBF16ZMM(dst *uint32, lo, hi *float32, n int) {
+	panic("kernel: no assembly on this platform")
+}
+
 func transpose8AVX2(kt, src *float32, stride, di int) {
 	panic("kernel: no assembly on this platform")
 }

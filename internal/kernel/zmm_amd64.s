@@ -1508,3 +1508,109 @@ albpair:
 	JNZ  albchunk
 	VZEROUPPER
 	RET
+
+// MAP_ROW broadcasts row r's current pair of a (at addr) into tz
+// (register number tn) and adds its pair products with the 32 columns'
+// pairs of b (Z12, Z13) to row r's accumulators a0 and a1.
+#define MAP_ROW(addr, tz, tn, a0, a1) \
+	VPBROADCASTD addr, tz; \
+	DPBF(12, tn, a0); \
+	DPBF(13, tn, a1)
+
+// func matAccPairs6x32ZMM(c *float32, ldc int, a *uint16, lda int, b *uint32, ldb, kp int)
+// Six rows of c by 32 columns (rows ldc floats apart) accumulate a·b over
+// kp pairs: a's rows in bf16 (lda elements apart), b's rows of pairs
+// ldb dwords apart. Each output continues from its value with one
+// VDPBF16PS chain over the pairs in order.
+TEXT ·matAccPairs6x32ZMM(SB), NOSPLIT, $0-56
+	MOVQ c+0(FP), DI
+	MOVQ ldc+8(FP), R10
+	SHLQ $2, R10
+	LEAQ (R10)(R10*2), R11
+	LEAQ (DI)(R10*4), BX
+	MOVQ a+16(FP), SI
+	MOVQ lda+24(FP), R8
+	SHLQ $1, R8
+	LEAQ (R8)(R8*2), R9
+	LEAQ (SI)(R8*4), AX
+	MOVQ b+32(FP), DX
+	MOVQ ldb+40(FP), R12
+	SHLQ $2, R12
+	MOVQ kp+48(FP), CX
+	VMOVUPS (DI), Z0
+	VMOVUPS 64(DI), Z1
+	VMOVUPS (DI)(R10*1), Z2
+	VMOVUPS 64(DI)(R10*1), Z3
+	VMOVUPS (DI)(R10*2), Z4
+	VMOVUPS 64(DI)(R10*2), Z5
+	VMOVUPS (DI)(R11*1), Z6
+	VMOVUPS 64(DI)(R11*1), Z7
+	VMOVUPS (BX), Z8
+	VMOVUPS 64(BX), Z9
+	VMOVUPS (BX)(R10*1), Z10
+	VMOVUPS 64(BX)(R10*1), Z11
+	TESTQ CX, CX
+	JZ    mapstore
+
+maploop:
+	VMOVDQU32 (DX), Z12
+	VMOVDQU32 64(DX), Z13
+	MAP_ROW((SI), Z14, 14, 0, 1)
+	MAP_ROW((SI)(R8*1), Z15, 15, 2, 3)
+	MAP_ROW((SI)(R8*2), Z16, 16, 4, 5)
+	MAP_ROW((SI)(R9*1), Z17, 17, 6, 7)
+	MAP_ROW((AX), Z18, 18, 8, 9)
+	MAP_ROW((AX)(R8*1), Z19, 19, 10, 11)
+	ADDQ $4, SI
+	ADDQ $4, AX
+	ADDQ R12, DX
+	DECQ CX
+	JNZ  maploop
+
+mapstore:
+	VMOVUPS Z0, (DI)
+	VMOVUPS Z1, 64(DI)
+	VMOVUPS Z2, (DI)(R10*1)
+	VMOVUPS Z3, 64(DI)(R10*1)
+	VMOVUPS Z4, (DI)(R10*2)
+	VMOVUPS Z5, 64(DI)(R10*2)
+	VMOVUPS Z6, (DI)(R11*1)
+	VMOVUPS Z7, 64(DI)(R11*1)
+	VMOVUPS Z8, (BX)
+	VMOVUPS Z9, 64(BX)
+	VMOVUPS Z10, (BX)(R10*1)
+	VMOVUPS Z11, 64(BX)(R10*1)
+	VZEROUPPER
+	RET
+
+// func pairRowsBF16ZMM(dst *uint32, lo, hi *float32, n int)
+// dst[x] = bf16(lo[x]) | bf16(hi[x])<<16 for n (a multiple of 16)
+// columns, rounded by VCVTNEPS2BF16 (bytes: VCVTNEPS2BF16 Z0, Y1 and
+// Z2, Y3, checked against GNU as).
+TEXT ·pairRowsBF16ZMM(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ lo+8(FP), SI
+	MOVQ hi+16(FP), DX
+	MOVQ n+24(FP), CX
+	SHRQ $4, CX
+	JZ   prdone
+
+prloop:
+	VMOVUPS (SI), Z0
+	VMOVUPS (DX), Z2
+	BYTE $0x62; BYTE $0xF2; BYTE $0x7E; BYTE $0x48; BYTE $0x72; BYTE $0xC8 // VCVTNEPS2BF16 Z0, Y1
+	BYTE $0x62; BYTE $0xF2; BYTE $0x7E; BYTE $0x48; BYTE $0x72; BYTE $0xDA // VCVTNEPS2BF16 Z2, Y3
+	VPMOVZXWD Y1, Z4
+	VPMOVZXWD Y3, Z5
+	VPSLLD    $16, Z5, Z5
+	VPORD     Z4, Z5, Z5
+	VMOVDQU32 Z5, (DI)
+	ADDQ $64, SI
+	ADDQ $64, DX
+	ADDQ $64, DI
+	DECQ CX
+	JNZ  prloop
+
+prdone:
+	VZEROUPPER
+	RET
