@@ -114,9 +114,9 @@ type BackendOptions struct {
 	// operators (aclnnLightningIndexer and aclnnSparseFlashAttention) over
 	// bf16 copies of the caches (ascend.Options.FusedAttention); on
 	// go-fastbf16, where its products take the bf16 dot product, the
-	// Lightning Indexer's scores and index-sparse attention's logits over
-	// queries and keys rounded to bf16 as they are scored (the caches stay
-	// float32). Faster, not exact: near-tied top-K choices may change and
+	// Lightning Indexer's scores and index-sparse attention's logits and
+	// values over operands rounded to bf16 as they are used (the caches
+	// stay float32). Faster, not exact: near-tied top-K choices may change and
 	// attention outputs move by the rounding. The exact go backend ignores
 	// it.
 	FusedAttention bool

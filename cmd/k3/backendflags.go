@@ -26,7 +26,7 @@ func addBackendFlags(fs *flag.FlagSet) *backendFlags {
 	fs.StringVar(&f.libDirs, "lib-dirs", "", "directories (separated by "+string(filepath.ListSeparator)+") searched first for a device backend's vendor libraries")
 	fs.IntVar(&f.memory, "device-mib", 0, "device memory a device backend takes at open, in MiB (0: its default)")
 	fs.BoolVar(&f.host, "host-fallback", false, "run the operations a device backend has not mapped on the host (slow) instead of failing")
-	fs.BoolVar(&f.fused, "fused-attention", false, "run DSA in bf16: a device backend's fused operators over bf16 copies of the caches, go-fastbf16's Lightning Indexer and sparse attention logits over rounded queries and keys (not exact: near-tied picks may change)")
+	fs.BoolVar(&f.fused, "fused-attention", false, "run DSA in bf16: a device backend's fused operators over bf16 copies of the caches, go-fastbf16's Lightning Indexer and sparse attention over rounded operands (not exact: near-tied picks may change)")
 	return f
 }
 

@@ -32,8 +32,8 @@ type Options struct {
 	HostFallback bool
 	// FusedAttention lets a device backend run its fused DSA operators
 	// over bf16 copies of the caches (ascend.Options.FusedAttention), and
-	// go-fastbf16 score the Lightning Indexer and index-sparse attention's
-	// logits in bf16 (cpu.NewFastBF16Indexer). Not exact: near-tied picks
+	// go-fastbf16 run the Lightning Indexer and index-sparse attention's
+	// products in bf16 (cpu.NewFastBF16Indexer). Not exact: near-tied picks
 	// may change.
 	FusedAttention bool
 }
@@ -51,7 +51,7 @@ func OpenWith(name string, o Options) (compute.Backend, error) {
 		return cpu.New(0), nil
 	case "go-fastbf16":
 		// Opt-in: bf16-weight products round x to bfloat16, and with
-		// FusedAttention DSA's indexer and sparse logits are bf16.
+		// FusedAttention DSA's indexer and sparse attention are bf16.
 		if o.FusedAttention {
 			return cpu.NewFastBF16Indexer(0), nil
 		}

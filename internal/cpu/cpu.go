@@ -79,14 +79,15 @@ func NewFastBF16(threads int) *Backend {
 // (kernel.FastBF16Pays): the Lightning Indexer where a decode row takes
 // the bf16 rows tile (index heads and dimensions multiples of 16,
 // kernel.IndexerRowsBF16Fast; kernel.IndexerRowsBF16,
-// kernel.IndexerBlockBF16), and the logits of index-sparse attention
-// where 32 heads a kv head fill the logits tile (kernel.AttnLogitsBF16;
-// softmax and values stay float32, dense attention exact). Queries and
-// keys are rounded to bf16 as they are scored; the caches stay float32.
-// Near-tied keys may be picked otherwise than exactly, as with FP8 or
-// bf16 indexers, and attention outputs move by bf16's rounding of the
-// logits' operands; a row's results still do not depend on the other
-// rows of the call.
+// kernel.IndexerBlockBF16), and index-sparse attention's logits and
+// values where 32 heads a kv head fill the logits tile
+// (kernel.AttnLogitsBF16, kernel.MatAccumulatePairs; the softmax's
+// maxima, rescales and sums stay float32, dense attention exact). Queries,
+// keys, weights and values are rounded to bf16 as they are used; the
+// caches stay float32. Near-tied keys may be picked otherwise than
+// exactly, as with FP8 or bf16 indexers, and attention outputs move by
+// bf16's rounding; a row's results still do not depend on the other rows
+// of the call.
 func NewFastBF16Indexer(threads int) *Backend {
 	b := NewFastBF16(threads)
 	b.bf16Idx = true
