@@ -40,8 +40,9 @@ func PairRowsBF16(dst []uint32, v []float32, ldv, rows, n int) {
 // PairRowsBF16 with n columns). c[r·ldc+x] continues
 // from its value with one chain over the pairs in order, VDPBF16PS's (the
 // odd element's product, then the even one's, added to a float32), six
-// rows by 32 columns on the CPU's bf16 dot product where it has it and
-// the rest in Go, with the same bits.
+// rows by 32 columns (the rows past the last six one by 64 columns) on
+// the CPU's bf16 dot product where it has it and the rest in Go, with the
+// same bits.
 func MatAccumulatePairs(c []float32, ldc int, ab []uint16, lda int, bp []uint32, m, n, kp int) {
 	if m == 0 || n == 0 {
 		return
@@ -52,19 +53,24 @@ func MatAccumulatePairs(c []float32, ldc int, ab []uint16, lda int, bp []uint32,
 		_ = ab[(m-1)*lda+2*kp-1]
 		_ = bp[(kp-1)*n+n-1]
 	}
-	rows, cols := 0, 0
+	rows, cols, cols1 := 0, 0, 0
 	if hasBF16Dot && kp > 0 {
-		rows, cols = m/6*6, n&^31
+		rows, cols, cols1 = m/6*6, n&^31, n&^63
 		for r := 0; r < rows; r += 6 {
 			for x := 0; x < cols; x += 32 {
 				matAccPairs6x32ZMM(&c[r*ldc+x], ldc, &ab[r*lda], lda, &bp[x], n, kp)
+			}
+		}
+		for r := rows; r < m; r++ {
+			for x := 0; x < cols1; x += 64 {
+				matAccPairs1x64ZMM(&c[r*ldc+x], &ab[r*lda], &bp[x], n, kp)
 			}
 		}
 	}
 	for r := range m {
 		lo := cols
 		if r >= rows {
-			lo = 0
+			lo = cols1
 		}
 		matAccPairsGo(c[r*ldc:], ab[r*lda:], bp, n, kp, lo)
 	}

@@ -255,6 +255,9 @@ func matAccPairs6x32ZMM(c *float32, ldc int, a *uint16, lda int, b *uint32, ldb,
 func pairRowsBF16ZMM(dst *uint32, lo, hi *float32, n int)
 
 //go:noescape
+func matAccPairs1x64ZMM(c *float32, a *uint16, b *uint32, ldb, kp int)
+
+//go:noescape
 func gemm16x6AVX2(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, ostride int)
 
 //go:noescape

@@ -144,6 +144,10 @@ func pairRowsBF16ZMM(dst *uint32, lo, hi *float32, n int) {
 	panic("kernel: no assembly on this platform")
 }
 
+func matAccPairs1x64ZMM(c *float32, a *uint16, b *uint32, ldb, kp int) {
+	panic("kernel: no assembly on this platform")
+}
+
 func transpose8AVX2(kt, src *float32, stride, di int) {
 	panic("kernel: no assembly on this platform")
 }

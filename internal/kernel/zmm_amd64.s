@@ -1614,3 +1614,44 @@ prloop:
 prdone:
 	VZEROUPPER
 	RET
+
+// func matAccPairs1x64ZMM(c *float32, a *uint16, b *uint32, ldb, kp int)
+// One row of c by 64 columns accumulates a·b over kp pairs, as
+// matAccPairs6x32ZMM does each of its rows: the rows past the last whole
+// six.
+TEXT ·matAccPairs1x64ZMM(SB), NOSPLIT, $0-40
+	MOVQ c+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b+16(FP), DX
+	MOVQ ldb+24(FP), R12
+	SHLQ $2, R12
+	MOVQ kp+32(FP), CX
+	VMOVUPS (DI), Z0
+	VMOVUPS 64(DI), Z1
+	VMOVUPS 128(DI), Z2
+	VMOVUPS 192(DI), Z3
+	TESTQ CX, CX
+	JZ    map1store
+
+map1loop:
+	VMOVDQU32 (DX), Z12
+	VMOVDQU32 64(DX), Z13
+	VMOVDQU32 128(DX), Z8
+	VMOVDQU32 192(DX), Z9
+	VPBROADCASTD (SI), Z14
+	DPBF(12, 14, 0)
+	DPBF(13, 14, 1)
+	DPBF(8, 14, 2)
+	DPBF(9, 14, 3)
+	ADDQ $4, SI
+	ADDQ R12, DX
+	DECQ CX
+	JNZ  map1loop
+
+map1store:
+	VMOVUPS Z0, (DI)
+	VMOVUPS Z1, 64(DI)
+	VMOVUPS Z2, 128(DI)
+	VMOVUPS Z3, 192(DI)
+	VZEROUPPER
+	RET
