@@ -161,22 +161,6 @@ func SplitBF16(hi, mid, lo []uint16, x []float32) {
 	}
 }
 
-// roundBF16DAZSlice writes x rounded to bf16 by roundBF16DAZ into dst:
-// SplitBF16's hi part alone.
-func roundBF16DAZSlice(dst []uint16, x []float32) {
-	dst = dst[:len(x)]
-	i := 0
-	if hasAMX && !amxGo {
-		i = len(x) &^ 15
-		if i > 0 {
-			roundBF16AVX512(&dst[0], &x[0], i)
-		}
-	}
-	for ; i < len(x); i++ {
-		dst[i] = roundBF16DAZ(x[i])
-	}
-}
-
 // roundBF16DAZ rounds v to bfloat16, to nearest, ties to even, reading v
 // below the normal range as zero of its sign (VCVTNEPS2BF16's rules).
 func roundBF16DAZ(v float32) uint16 {
@@ -284,7 +268,7 @@ func (j *amxJob) split(r0, r1 int) {
 		p := j.parts[np*r*kp : np*(r+1)*kp]
 		xr := j.x[r*j.k : (r+1)*j.k]
 		if np == 1 {
-			roundBF16DAZSlice(p[:j.k], xr)
+			RoundBF16DAZ(p[:j.k], xr)
 		} else {
 			SplitBF16(p[:kp], p[kp:2*kp], p[2*kp:], xr)
 		}

@@ -105,7 +105,7 @@ func TestSplitBF16(t *testing.T) {
 	require.Equal(t, mid, m2, "mid")
 	require.Equal(t, lo, l2, "lo")
 	one := make([]uint16, len(x))
-	roundBF16DAZSlice(one, x)
+	RoundBF16DAZ(one, x)
 	require.Equal(t, hi, one, "the fast product's one part is hi")
 }
 
