@@ -165,7 +165,9 @@ func NewLayer(b compute.Backend, w *Weights, r Router, maxT int) (*Layer, error)
 	l.wts = bf.alloc(compute.F32, maxT, r.TopK)
 	l.routed = bf.alloc(compute.F32, maxT, din)
 	l.sh = bf.alloc(compute.F32, maxT, d)
-	if din != d {
+	// Latent projections are learned matrices, applied at any width, even
+	// the hidden one; lat is the latent path's flag.
+	if !w.LatentDown.IsZero() {
 		l.lat = bf.alloc(compute.F32, maxT, din)
 	}
 	if bf.err != nil {
