@@ -246,7 +246,7 @@ func syncFiles(dir string) error {
 }
 
 // RunLarge measures the ~1B-parameter preset k31pro-1b, whose decode step
-// reads about 1 GB, several times any CPU's last-level cache, so that its
+// reads about 1.3 GB, several times any CPU's last-level cache, so that its
 // roofline share is against memory alone (the 100M preset's 110 MB step
 // is partly served from a large L3): prefill, decode at batch 1 and 8,
 // the verification pass and their bounds. The checkpoint is about 1.9 GB

@@ -83,8 +83,8 @@ func Config(preset string) (map[string]any, error) {
 		lin["kda_layers"], lin["full_attn_layers"] = []int{1, 2, 3, 5, 6, 7, 9, 10, 11}, []int{4, 8, 12}
 		lin["num_heads"], lin["head_dim"] = 6, 128
 	case "k31pro-1b":
-		// About 0.84B parameters, 0.5B of them read by a decode step (about
-		// 1 GB in bf16, several times any CPU's last-level cache): hidden
+		// About 0.98B parameters, 0.63B of them read by a decode step (about
+		// 1.3 GB in bf16, several times any CPU's last-level cache): hidden
 		// 2048, 12 layers (KDA, KDA, KDA, DSA) × 3, 16 experts top-6 of
 		// width 512, a dense first layer of 8192. `k3 bench model` measures
 		// its decode beside the 100M preset's, whose step a large L3
