@@ -2,7 +2,6 @@ package modelbench
 
 import (
 	"context"
-	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -145,17 +144,23 @@ func (b *weightReads) MoEExperts(a *compute.ExpertArgs) error {
 // bench counted them).
 func TestStepBytesMatchTheOperations(t *testing.T) {
 	for _, c := range []struct {
-		preset string
-		latent int // routed_expert_hidden_size to set; 0 keeps the preset's
+		preset, name string
+		edit         func(text map[string]any)
 	}{
-		{"k31pro", 0}, {"k31pro", 64}, {"k3", 0}, {"kimi_linear", 0},
+		{"k31pro", "as-is", nil},
+		{"k31pro", "latent-as-wide-as-hidden", func(text map[string]any) { text["routed_expert_hidden_size"] = text["hidden_size"] }},
+		{"k31pro", "two-shared-experts-two-dense-layers", func(text map[string]any) {
+			text["num_shared_experts"], text["first_k_dense_replace"] = 2, 2
+		}},
+		{"k31pro", "no-q-lora-no-output-gate", func(text map[string]any) {
+			text["q_lora_rank"], text["mla_use_output_gate"] = nil, false
+		}},
+		{"k3", "as-is", nil},
+		{"kimi_linear", "as-is", nil}, // tied embeddings, low-rank KDA gate, no latent
 	} {
-		t.Run(fmt.Sprintf("%s/latent=%d", c.preset, c.latent), func(t *testing.T) {
+		t.Run(c.preset+"/"+c.name, func(t *testing.T) {
 			dir := t.TempDir()
-			opts := tiny.Options{Seed: 3, BF16: true}
-			if c.latent > 0 {
-				opts.Edit = func(text map[string]any) { text["routed_expert_hidden_size"] = c.latent }
-			}
+			opts := tiny.Options{Seed: 3, BF16: true, Edit: c.edit}
 			require.NoError(t, tiny.Write(dir, c.preset, opts))
 			ck, err := safetensors.OpenCheckpoint(dir)
 			require.NoError(t, err)
