@@ -124,7 +124,11 @@ func (b *timed) Embedding(d, table, ids compute.Tensor) error {
 	return b.Backend.Embedding(d, table, ids)
 }
 func (b *timed) RMSNorm(d, x, w compute.Tensor, e float32) error {
-	defer b.rec("RMSNorm", time.Now())
+	name := "RMSNorm"
+	if os.Getenv("K3_PROFILE_SHAPES") != "" {
+		name += fmt.Sprintf(" %dx%d", x.Len()/x.Dim(-1), x.Dim(-1))
+	}
+	defer b.rec(name, time.Now())
 	return b.Backend.RMSNorm(d, x, w, e)
 }
 
