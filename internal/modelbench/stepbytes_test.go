@@ -37,10 +37,10 @@ func (b *weightReads) FromHost(dt, src compute.DType, data []byte, dims ...int) 
 	return w, err
 }
 
-// Copy carries the element size into a tensor assembled from weights
-// (the stacked q|k|v projection of a KDA layer).
+// Copy during load carries the element size into a tensor assembled from
+// weights (the stacked q|k|v projection of a KDA layer).
 func (b *weightReads) Copy(dst, src compute.Tensor) error {
-	if size, ok := b.stored[src.Mem]; ok {
+	if size, ok := b.stored[src.Mem]; ok && !b.loaded {
 		b.stored[dst.Mem] = size
 	}
 	return b.Backend.Copy(dst, src)
