@@ -155,6 +155,9 @@ func TestStepBytesMatchTheOperations(t *testing.T) {
 		{"k31pro", "no-q-lora-no-output-gate", func(text map[string]any) {
 			text["q_lora_rank"], text["mla_use_output_gate"] = nil, false
 		}},
+		{"k31pro", "moe-every-other-layer-attnres-blocks-of-3", func(text map[string]any) {
+			text["moe_layer_freq"], text["attn_res_block_size"] = 2, 3
+		}},
 		{"k3", "as-is", nil},
 		{"kimi_linear", "as-is", nil}, // tied embeddings, low-rank KDA gate, no latent
 	} {
@@ -192,6 +195,7 @@ func TestStepBytesMatchTheOperations(t *testing.T) {
 
 			p := stepParts(m.Config, m.WeightBytes(), s.KDAStateBytes(), 1)
 			want := int64(p.dense+p.experts) - unread
+			t.Logf("%d weight bytes read by the step's products (%d in the checkpoint)", be.bytes, m.WeightBytes())
 			require.Equal(t, want, be.bytes, "weight bytes a step's products read (stepParts counts %.0f, %d of them in vectors and taps)", p.dense+p.experts, unread)
 		})
 	}
