@@ -1,7 +1,9 @@
 """Checks model.py against k3's whole-model golden vectors (computed by an
-independent float64 reference): python3 check_golden.py ../../testdata/model/tiny_k31pro"""
+independent float64 reference): python3 check_golden.py ../../testdata/model/tiny_k31pro
+(any of the four layouts there)."""
 
 import json
+import os
 import sys
 
 import torch
@@ -10,13 +12,25 @@ import model
 import st
 
 
+def read_weights(case):
+    """The checkpoint's tensors, from model.safetensors or the shards its
+    model.safetensors.index.json names."""
+    if os.path.exists(f"{case}/model.safetensors.index.json"):
+        shards = sorted(set(json.load(open(f"{case}/model.safetensors.index.json"))["weight_map"].values()))
+        sd = {}
+        for shard in shards:
+            sd.update(st.read(f"{case}/{shard}")[0])
+        return sd
+    return st.read(f"{case}/model.safetensors")[0]
+
+
 def main(case):
     cfg = json.load(open(f"{case}/config.json"))
     cfg = cfg.get("text_config", cfg)
     cfg.setdefault("activation_situ_linear_beta", None)
     torch.set_default_dtype(torch.float64)
     lm = model.LM(cfg).eval()
-    sd, _ = st.read(f"{case}/model.safetensors")
+    sd = read_weights(case)
     H = cfg["linear_attn_config"]["num_heads"]
     sd = {k: (v.flatten()[:H] if k.endswith("A_log") else v).double() for k, v in sd.items()}
     model.load_hf_state_dict(lm, sd)

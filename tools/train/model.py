@@ -5,6 +5,13 @@ Block AttnRes over depth, and sigmoid-routed latent MoE with a shared
 expert. Tensor names are the Hugging Face ones, so the state dict is the
 checkpoint.
 
+The config switches of the other layouts that README describes are read
+too, for checking k3 on any of them (check_golden.py, cases.py): dense MLA
+(no index_topk), no query LoRA, RoPE (mla_use_nope false), no MLA output
+gate, KDA's low-rank output gate, plain MoE (no routed_expert_hidden_size),
+no latent norm, no shared experts, grouped routing, no AttnRes, tied
+embeddings. Training uses the K3.1 Pro layout only.
+
 KDA runs in chunks of 16 tokens (the WY form: a unit lower-triangular solve
 per chunk) so that training is not a Python loop over every token.
 """
@@ -68,18 +75,26 @@ class Gate(nn.Module):
 
 class LatentMoE(nn.Module):
     """Router on x; experts at the latent width on z = x W_down; the routed
-    sum is RMS-normed and lifted back; the shared expert works on x."""
+    sum is RMS-normed and lifted back; the shared expert works on x. Without
+    routed_expert_hidden_size the experts work on x at the hidden width
+    (plain MoE)."""
 
     def __init__(self, cfg):
         super().__init__()
-        d, lat = cfg["hidden_size"], cfg["routed_expert_hidden_size"]
-        self.cfg = cfg
+        d = cfg["hidden_size"]
+        lat = cfg.get("routed_expert_hidden_size")
+        self.cfg, self.latent = cfg, lat is not None
         self.gate = Gate(d, cfg["num_experts"])
-        self.experts = nn.ModuleList(Expert(cfg, lat, cfg["moe_intermediate_size"]) for _ in range(cfg["num_experts"]))
-        self.routed_expert_down_proj = linear(d, lat)
-        self.routed_expert_norm = RMSNorm(lat)
-        self.routed_expert_up_proj = linear(lat, d)
-        self.shared_experts = MLP(cfg, d, cfg["moe_intermediate_size"] * cfg["num_shared_experts"])
+        self.experts = nn.ModuleList(Expert(cfg, lat or d, cfg["moe_intermediate_size"]) for _ in range(cfg["num_experts"]))
+        self.norm = self.latent and cfg.get("latent_moe_use_norm", True)
+        if self.latent:
+            self.routed_expert_down_proj = linear(d, lat)
+            if self.norm:
+                self.routed_expert_norm = RMSNorm(lat)
+            self.routed_expert_up_proj = linear(lat, d)
+        self.shared_experts = None
+        if cfg.get("num_shared_experts", 0) > 0:
+            self.shared_experts = MLP(cfg, d, cfg["moe_intermediate_size"] * cfg["num_shared_experts"])
         self.load = None  # tokens per expert in the last forward (training only)
 
     def forward(self, x):
@@ -89,16 +104,26 @@ class LatentMoE(nn.Module):
         scores = torch.sigmoid(F.linear(x, self.gate.weight))
         sel = scores + self.gate.e_score_correction_bias
         k = cfg["num_experts_per_token"]
+        groups = cfg.get("num_expert_group") or 1
+        if groups > 1:
+            # A group scores the sum of its two best; the topk_group best
+            # groups (ties to the lower group) keep their experts.
+            g = sel.reshape(sel.shape[0], groups, -1)
+            gs = g.topk(2, dim=-1).values.sum(-1)
+            keep = torch.sort(gs, dim=-1, descending=True, stable=True).indices[:, :cfg["topk_group"]]
+            mask = torch.zeros_like(gs, dtype=torch.bool).scatter(-1, keep, True)
+            sel = g.masked_fill(~mask[..., None], float("-inf")).reshape(sel.shape)
         if self.training:
             idx = sel.topk(k, dim=-1).indices
         else:
             # descending, ties to the lower expert id
             idx = torch.sort(sel, dim=-1, descending=True, stable=True).indices[:, :k]
         w = scores.gather(-1, idx)
+        self.last_sel = sel.detach()  # for cases.py's decision margins
         if cfg["moe_renormalize"]:
             w = w / w.sum(-1, keepdim=True)
         w = w * cfg["routed_scaling_factor"]
-        z = self.routed_expert_down_proj(x)
+        z = self.routed_expert_down_proj(x) if self.latent else x
         # Every expert runs on every row and the unpicked ones weigh zero: at
         # these widths one batched product beats gathering rows per expert.
         dense = torch.zeros_like(scores).scatter(-1, idx, w)  # [N, E]
@@ -109,8 +134,11 @@ class LatentMoE(nn.Module):
         hcat = hcat * dense.t()[:, :, None]
         routed = torch.einsum("eni,edi->nd", hcat, w2)
         self.load = torch.bincount(idx.flatten(), minlength=cfg["num_experts"]).float()
-        routed = rms_norm(routed, self.routed_expert_norm.weight, cfg["rms_norm_eps"])
-        out = self.routed_expert_up_proj(routed) + self.shared_experts(x)
+        if self.norm:
+            routed = rms_norm(routed, self.routed_expert_norm.weight, cfg["rms_norm_eps"])
+        out = self.routed_expert_up_proj(routed) if self.latent else routed
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
         return out.reshape(shape)
 
 
@@ -172,7 +200,11 @@ class KDA(nn.Module):
         self.v_conv1d = nn.Conv1d(H * D, H * D, W, groups=H * D, bias=False)
         self.f_a_proj, self.f_b_proj = linear(d, D), linear(D, H * D)
         self.b_proj = linear(d, H)
-        self.g_proj = linear(d, H * D)
+        self.full_gate = la.get("use_full_rank_gate", False)
+        if self.full_gate:
+            self.g_proj = linear(d, H * D)
+        else:
+            self.g_a_proj, self.g_b_proj = linear(d, D), linear(D, H * D)
         self.o_norm = RMSNorm(D)
         self.o_proj = linear(H * D, d)
         self.A_log = nn.Parameter(torch.zeros(H))
@@ -204,16 +236,36 @@ class KDA(nn.Module):
         beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)
         o = kda_chunked(q, k, v, g, beta, self.chunk)  # [B,H,T,D]
         o = rms_norm(o, self.o_norm.weight, self.cfg["rms_norm_eps"])
-        o = o * torch.sigmoid(self.heads(self.g_proj(x)))
+        gate = self.g_proj(x) if self.full_gate else self.g_b_proj(self.g_a_proj(x))
+        o = o * torch.sigmoid(self.heads(gate))
         return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+
+
+def rope_interleaved(x, theta):
+    """Rotates pairs (2i, 2i+1) of x [..., T, n, dr] by position * theta^(-2i/dr)."""
+    T, dr = x.shape[-3], x.shape[-1]
+    ang = torch.arange(T, dtype=x.dtype)[:, None] * theta ** (-torch.arange(0, dr, 2, dtype=x.dtype) / dr)
+    c, s = ang.cos()[:, None, :], ang.sin()[:, None, :]
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack((a * c - b * s, a * s + b * c), -1).flatten(-2)
+
+
+def rope_halves(x, theta, dr):
+    """Rotates pairs (i, i + dr/2) of the first dr dims of x [..., T, n, D]
+    by position * theta^(-2i/dr); the other dims pass."""
+    T, h = x.shape[-3], dr // 2
+    ang = torch.arange(T, dtype=x.dtype)[:, None] * theta ** (-torch.arange(0, dr, 2, dtype=x.dtype) / dr)
+    c, s = ang.cos()[:, None, :], ang.sin()[:, None, :]
+    a, b = x[..., :h], x[..., h:dr]
+    return torch.cat((a * c - b * s, a * s + b * c, x[..., dr:]), -1)
 
 
 class Indexer(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         d, HI, DI = cfg["hidden_size"], cfg["index_n_heads"], cfg["index_head_dim"]
-        self.HI, self.DI = HI, DI
-        self.wq_b = linear(cfg["q_lora_rank"], HI * DI)
+        self.cfg, self.HI, self.DI = cfg, HI, DI
+        self.wq_b = linear(cfg.get("q_lora_rank") or d, HI * DI)
         self.wk = linear(d, DI)
         self.k_norm = nn.LayerNorm(DI, eps=1e-6)
         self.weights_proj = linear(d, HI)
@@ -223,9 +275,14 @@ class Indexer(nn.Module):
         B, T, _ = x.shape
         qI = self.wq_b(cq).reshape(B, T, self.HI, self.DI)
         kI = self.k_norm(self.wk(x))
+        if not self.cfg.get("mla_use_nope", True):
+            th, dr = self.cfg["rope_theta"], self.cfg["qk_rope_head_dim"]
+            qI = rope_halves(qI, th, dr)
+            kI = rope_halves(kI[:, :, None], th, dr)[:, :, 0]
         w = self.weights_proj(x) * (self.HI ** -0.5 * self.DI ** -0.5)
-        dots = torch.einsum("bthd,bsd->bhts", qI, kI).relu()
-        return torch.einsum("bth,bhts->bts", w, dots)
+        dots = torch.einsum("bthd,bsd->bhts", qI, kI)
+        self.last_dots = dots.detach()  # for cases.py's decision margins
+        return torch.einsum("bth,bhts->bts", w, dots.relu())
 
 
 class DSA(nn.Module):
@@ -238,35 +295,52 @@ class DSA(nn.Module):
         d, H = cfg["hidden_size"], cfg["num_attention_heads"]
         dn, dr, dv, Dc, ql = (cfg[k] for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank", "q_lora_rank"))
         self.cfg, self.H, self.dn, self.dr, self.dv, self.Dc = cfg, H, dn, dr, dv, Dc
-        self.q_a_proj = linear(d, ql)
-        self.q_a_layernorm = RMSNorm(ql)
-        self.q_b_proj = linear(ql, H * (dn + dr))
+        if ql:
+            self.q_a_proj = linear(d, ql)
+            self.q_a_layernorm = RMSNorm(ql)
+            self.q_b_proj = linear(ql, H * (dn + dr))
+        else:
+            self.q_proj = linear(d, H * (dn + dr))
         self.kv_a_proj_with_mqa = linear(d, Dc + dr)
         self.kv_a_layernorm = RMSNorm(Dc)
         self.kv_b_proj = linear(Dc, H * (dn + dv))
-        self.g_proj = linear(d, H * dv)
+        self.gated = cfg.get("mla_use_output_gate", False)
+        if self.gated:
+            self.g_proj = linear(d, H * dv)
         self.o_proj = linear(H * dv, d)
-        self.indexer = Indexer(cfg)
+        # Dense MLA (Kimi K3, Kimi Linear) where the config has no index_topk.
+        self.indexer = Indexer(cfg) if cfg.get("index_topk") is not None else None
         self.dense = False
         self.index_loss = None
 
     def forward(self, x):
         B, T, _ = x.shape
         H, dn, dr, dv = self.H, self.dn, self.dr, self.dv
-        cq = rms_norm(self.q_a_proj(x), self.q_a_layernorm.weight, 1e-6)
-        q = self.q_b_proj(cq).reshape(B, T, H, dn + dr)
+        if hasattr(self, "q_a_proj"):
+            cq = rms_norm(self.q_a_proj(x), self.q_a_layernorm.weight, 1e-6)
+            q = self.q_b_proj(cq).reshape(B, T, H, dn + dr)
+        else:
+            cq = x  # the indexer's query input without q-LoRA
+            q = self.q_proj(x).reshape(B, T, H, dn + dr)
         kv = self.kv_a_proj_with_mqa(x)
         c = rms_norm(kv[..., :self.Dc], self.kv_a_layernorm.weight, 1e-6)
         krope = kv[..., self.Dc:]
+        if not self.cfg.get("mla_use_nope", True):
+            q = torch.cat((q[..., :dn], rope_interleaved(q[..., dn:], self.cfg["rope_theta"])), -1)
+            krope = rope_interleaved(krope[:, :, None], self.cfg["rope_theta"])[:, :, 0]
         kvb = self.kv_b_proj(c).reshape(B, T, H, dn + dv)
         knope, vv = kvb[..., :dn], kvb[..., dn:]
         logits = (torch.einsum("bthd,bshd->bhts", q[..., :dn], knope) +
                   torch.einsum("bthd,bsd->bhts", q[..., dn:], krope)) * (dn + dr) ** -0.5
         causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+        if self.indexer is None:
+            p = logits.masked_fill(~causal, float("-inf")).softmax(-1)
+            return self.out(x, torch.einsum("bhts,bshd->bthd", p, vv).reshape(B, T, H * dv))
         K = self.cfg["index_topk"]
         # The indexer learns from the main attention but does not steer the
         # main model's gradients: its inputs are detached.
         score = self.indexer.scores(x.detach(), cq.detach()).masked_fill(~causal, float("-inf"))
+        self.last_scores = score.detach()  # for cases.py's decision margins
         if self.dense or K >= T:
             keep = causal
         elif self.training:  # ties in any order: the rule matters only for inference
@@ -278,8 +352,11 @@ class DSA(nn.Module):
                 target = logits.masked_fill(~causal, float("-inf")).softmax(-1).mean(1)
             self.index_loss = -(target * score.log_softmax(-1).masked_fill(~causal, 0)).sum(-1).mean()
         p = logits.masked_fill(~keep[:, None] if keep.dim() == 3 else ~keep, float("-inf")).softmax(-1)
-        o = torch.einsum("bhts,bshd->bthd", p, vv).reshape(B, T, H * dv)
-        o = o * torch.sigmoid(self.g_proj(x))
+        return self.out(x, torch.einsum("bhts,bshd->bthd", p, vv).reshape(B, T, H * dv))
+
+    def out(self, x, o):
+        if self.gated:
+            o = o * torch.sigmoid(self.g_proj(x))
         return self.o_proj(o)
 
 
@@ -315,13 +392,15 @@ class Layer(nn.Module):
         kda = (l + 1) in cfg["linear_attn_config"]["kda_layers"]
         self.self_attn = KDA(cfg) if kda else DSA(cfg)
         self.input_layernorm, self.post_attention_layernorm = RMSNorm(d), RMSNorm(d)
-        self.moe = l >= cfg["first_k_dense_replace"] and l % cfg["moe_layer_freq"] == 0
+        self.moe = (cfg.get("num_experts") is not None and l >= cfg.get("first_k_dense_replace", 0)
+                    and l % cfg.get("moe_layer_freq", 1) == 0)
         if self.moe:
             self.block_sparse_moe = LatentMoE(cfg)
         else:
             self.mlp = MLP(cfg, d, cfg["intermediate_size"])
-        self.self_attention_res = AttnResWeights(d)
-        self.mlp_res = AttnResWeights(d)
+        if cfg.get("attn_res_block_size"):
+            self.self_attention_res = AttnResWeights(d)
+            self.mlp_res = AttnResWeights(d)
 
 
 class Model(nn.Module):
@@ -332,7 +411,8 @@ class Model(nn.Module):
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], d)
         self.layers = nn.ModuleList(Layer(cfg, l) for l in range(cfg["num_hidden_layers"]))
         self.norm = RMSNorm(d)
-        self.output_attn_res = AttnResWeights(d)
+        if cfg.get("attn_res_block_size"):
+            self.output_attn_res = AttnResWeights(d)
 
 
 class LM(nn.Module):
@@ -340,14 +420,17 @@ class LM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = Model(cfg)
-        self.lm_head = linear(cfg["hidden_size"], cfg["vocab_size"])
+        if not cfg.get("tie_word_embeddings", False):
+            self.lm_head = linear(cfg["hidden_size"], cfg["vocab_size"])
 
     def forward(self, ids, taps=()):
         """Returns (logits, hidden) where hidden[l] is the input of layer l's
         MLP sublayer for l in taps (what the draft module reads)."""
         cfg, eps = self.cfg, self.cfg["rms_norm_eps"]
-        S = cfg["attn_res_block_size"]
+        S = cfg.get("attn_res_block_size")
         h = self.model.embed_tokens(ids)
+        if not S:
+            return self.plain(h, taps)
         blocks, p = [], h
         hidden = {}
         for l, layer in enumerate(self.model.layers):
@@ -362,8 +445,24 @@ class LM(nn.Module):
             xn = rms_norm(x, layer.post_attention_layernorm.weight, eps)
             p = p + (layer.block_sparse_moe(xn) if layer.moe else layer.mlp(xn))
         out = attn_res(blocks + [p], self.model.output_attn_res, eps)
-        out = rms_norm(out, self.model.norm.weight, eps)
-        return self.lm_head(out), hidden
+        return self.head(out), hidden
+
+    def plain(self, h, taps):
+        """The forward without AttnRes: a residual add after each sublayer."""
+        eps, hidden = self.cfg["rms_norm_eps"], {}
+        for l, layer in enumerate(self.model.layers):
+            h = h + layer.self_attn(rms_norm(h, layer.input_layernorm.weight, eps))
+            if l in taps:
+                hidden[l] = h
+            xn = rms_norm(h, layer.post_attention_layernorm.weight, eps)
+            h = h + (layer.block_sparse_moe(xn) if layer.moe else layer.mlp(xn))
+        return self.head(h), hidden
+
+    def head(self, h):
+        h = rms_norm(h, self.model.norm.weight, self.cfg["rms_norm_eps"])
+        if hasattr(self, "lm_head"):
+            return self.lm_head(h)
+        return F.linear(h, self.model.embed_tokens.weight)
 
 
 def hf_state_dict(lm):
