@@ -3,10 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func runCLI(args ...string) (int, string, string) {
@@ -114,6 +118,40 @@ func TestNewTinyAndRun(t *testing.T) {
 	if code, _, _ := runCLI("new-tiny", "-preset", "nope", "-out", filepath.Join(dir, "x")); code == 0 {
 		t.Error("unknown preset accepted")
 	}
+}
+
+// TestNewTinySet writes a preset with config fields changed by -set:
+// nested objects merge, null clears, and a value the config rejects or a
+// -set that is not an object is an error naming it.
+func TestNewTinySet(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "m")
+	code, _, errOut := runCLI("new-tiny", "-preset", "k31pro", "-out", out, "-set",
+		`{"hidden_size": 48, "linear_attn_config": {"num_heads": 2}, "index_topk": null, "routed_expert_hidden_size": 48}`)
+	require.Equal(t, 0, code, errOut)
+	raw, err := os.ReadFile(filepath.Join(out, "config.json"))
+	require.NoError(t, err)
+	var cfg struct {
+		Text map[string]any `json:"text_config"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &cfg))
+	assert.Equal(t, 48.0, cfg.Text["hidden_size"])
+	assert.Nil(t, cfg.Text["index_topk"])
+	lin := cfg.Text["linear_attn_config"].(map[string]any)
+	assert.Equal(t, 2.0, lin["num_heads"])
+	assert.Equal(t, 16.0, lin["head_dim"], "the other linear_attn_config fields stay")
+	code, stdout, stderr := runCLI("run", "-model", out, "-prompt", "Hi", "-max-tokens", "3", "-seed", "1")
+	assert.Equal(t, 0, code, stderr)
+	assert.NotEmpty(t, stdout)
+
+	code, _, errOut = runCLI("new-tiny", "-preset", "k31pro", "-out", filepath.Join(dir, "x"), "-set", `{"hidden_size": -3}`)
+	assert.NotEqual(t, 0, code)
+	assert.Contains(t, errOut, "hidden_size")
+	code, _, errOut = runCLI("new-tiny", "-preset", "k31pro", "-out", filepath.Join(dir, "y"), "-set", `[1]`)
+	assert.NotEqual(t, 0, code)
+	assert.Contains(t, errOut, "-set")
+	_, err = os.Stat(filepath.Join(dir, "x"))
+	assert.True(t, os.IsNotExist(err), "a rejected config writes nothing")
 }
 
 func TestPlanCommand(t *testing.T) {

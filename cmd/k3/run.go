@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -506,16 +507,40 @@ func runNewTiny(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	out := fs.String("out", "", "directory to write")
 	seed := fs.Uint64("seed", 1, "random seed")
 	bf16 := fs.Bool("bf16", false, "store matrices as bf16")
-	if err := parseFlags(fs, "new-tiny -preset "+strings.Join(tiny.Presets, "|")+" -out DIR [-seed N] [-bf16]", args, stdout, stderr); err != nil {
+	set := fs.String("set", "", "a JSON object of config fields to change in the preset (the text config's; objects such as linear_attn_config merge, null clears a field)")
+	if err := parseFlags(fs, "new-tiny -preset "+strings.Join(tiny.Presets, "|")+" -out DIR [-seed N] [-bf16] [-set JSON]", args, stdout, stderr); err != nil {
 		return err
 	}
 	if *out == "" || fs.NArg() > 0 {
 		fs.Usage()
 		return errUsage
 	}
-	if err := tiny.Write(*out, *preset, tiny.Options{Seed: *seed, BF16: *bf16}); err != nil {
+	o := tiny.Options{Seed: *seed, BF16: *bf16}
+	if *set != "" {
+		var fields map[string]any
+		if err := json.Unmarshal([]byte(*set), &fields); err != nil {
+			return fmt.Errorf("-set %q: want a JSON object: %w", *set, err)
+		}
+		o.Edit = func(text map[string]any) { mergeFields(text, fields) }
+	}
+	if err := tiny.Write(*out, *preset, o); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "wrote a random-weight %s checkpoint to %s\n", *preset, *out)
 	return nil
+}
+
+// mergeFields sets every field of src in dst: where both hold an object
+// the objects merge, field by field; any other value (null included)
+// replaces dst's.
+func mergeFields(dst, src map[string]any) {
+	for k, v := range src {
+		if sub, ok := v.(map[string]any); ok {
+			if d, ok := dst[k].(map[string]any); ok {
+				mergeFields(d, sub)
+				continue
+			}
+		}
+		dst[k] = v
+	}
 }
