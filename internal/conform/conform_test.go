@@ -35,7 +35,7 @@ func runAll(t *testing.T, roots ...string) []Result {
 // TestImplementedAreas runs the areas whose ops the go backend implements;
 // each later area joins this list when it lands.
 func TestImplementedAreas(t *testing.T) {
-	for _, area := range []string{"attnres", "dsa", "kda", "model", "moe"} {
+	for _, area := range []string{"attnres", "configs", "dsa", "kda", "model", "moe"} {
 		res := runAll(t, filepath.Join("../../testdata", area))
 		if len(res) == 0 {
 			t.Fatalf("%s: no cases", area)
@@ -60,7 +60,9 @@ func TestDiscoverFindsEveryArea(t *testing.T) {
 		}
 		ops[c.Op]++
 	}
-	if ops["model.forward"] != 4 || ops["kda.core"] != 2 || ops["moe.router"] != 5 || ops["dsa.indexer"] != 1 {
+	// model.forward: the four goldens of testdata/model and the twelve
+	// layouts of testdata/configs.
+	if ops["model.forward"] != 16 || ops["kda.core"] != 2 || ops["moe.router"] != 5 || ops["dsa.indexer"] != 1 {
 		t.Errorf("ops found: %v", ops)
 	}
 }

@@ -105,6 +105,7 @@ class LatentMoE(nn.Module):
         sel = scores + self.gate.e_score_correction_bias
         k = cfg["num_experts_per_token"]
         groups = cfg.get("num_expert_group") or 1
+        self.last_sel_groups = sel.detach()  # before the group mask, for cases.py
         if groups > 1:
             # A group scores the sum of its two best; the topk_group best
             # groups (ties to the lower group) keep their experts.

@@ -1,0 +1,300 @@
+"""Writes model cases for `k3 conform` on random configurations: each a
+tiny random-weight checkpoint (`k3 new-tiny -set`) of a layout drawn from
+the config switches testdata/model/README.md describes, with its expected
+outputs computed by model.py in float64, in the golden files' format
+(prefill of a prompt, then 8 greedy decode steps; the MoE picks and the
+DSA kept positions, order included).
+
+    /usr/bin/python3 cases.py -out DIR [-n 12] [-seed 1] [-k3 PATH]
+    /usr/bin/python3 cases.py -out DIR -seeds S1,S2,...   (those draws again)
+
+A draw whose outputs a float32 engine could not reproduce exactly is drawn
+again: a greedy token, an expert pick or a kept position decided by less
+than a margin float32's rounding could cross (the metadata records the
+smallest margins kept). check_golden.py checks model.py against the
+independent goldens first."""
+
+import argparse
+import atexit
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+import model
+import st
+
+STEPS = 8
+
+
+def draw(r):
+    """A random text config change (for `k3 new-tiny -set`) and the preset."""
+    preset = r.choice(["k31pro", "k31pro", "k31pro", "kimi_linear"])
+    d = r.choice([24, 36, 40, 48, 64, 72, 100])
+    layers = r.randint(2, 8)
+    kinds = [r.random() < 0.6 for _ in range(layers)]  # True: KDA
+    kda = [l + 1 for l in range(layers) if kinds[l]]
+    full = [l + 1 for l in range(layers) if not kinds[l]]
+    rope = r.choice([4, 8])
+    c = {
+        "vocab_size": r.choice([300, 384, 512]),
+        "hidden_size": d,
+        "intermediate_size": r.choice([32, 48, 96]),
+        "num_hidden_layers": layers,
+        "rms_norm_eps": r.choice([1e-5, 1e-6]),
+        "tie_word_embeddings": r.random() < 0.3,
+        "num_attention_heads": r.randint(1, 4),
+        "q_lora_rank": r.choice([None, 16, 24]),
+        "kv_lora_rank": r.choice([12, 16, 24, 32]),
+        "qk_nope_head_dim": r.choice([8, 16]),
+        "qk_rope_head_dim": rope,
+        "v_head_dim": r.choice([8, 16, 24]),
+        "mla_use_nope": r.random() < 0.6,
+        "mla_use_output_gate": r.random() < 0.6,
+        "rope_theta": 10000.0,
+        "linear_attn_config": {
+            "kda_layers": kda,
+            "full_attn_layers": full,
+            "num_heads": r.randint(1, 4),
+            "head_dim": r.choice([8, 12, 16, 20, 24, 32, 48]),
+            "short_conv_kernel_size": r.choice([2, 3, 4]),
+            "use_full_rank_gate": r.random() < 0.5,
+            "gate_lower_bound": r.choice([None, -5.0, -3.0]),
+        },
+    }
+    if r.random() < 0.5:
+        c["hidden_act"], c["activation_situ_beta"] = "situ", 4.0
+        c["activation_situ_linear_beta"] = r.choice([None, 25.0])
+    else:
+        c["hidden_act"] = "silu"
+    if r.random() < 0.7:
+        c["index_topk"] = r.randint(3, 24)
+        c["index_n_heads"] = r.randint(1, 4)
+        c["index_head_dim"] = r.choice([8, 12, 16, 32])
+    else:
+        c["index_topk"] = None
+    if r.random() < 0.85:
+        e = r.choice([4, 6, 8, 16])
+        groups = r.choice([g for g in (1, 2) if e % g == 0 and e // g >= 2])
+        c.update({
+            "num_experts": e,
+            "num_experts_per_token": r.randint(1, min(4, e)),
+            "num_shared_experts": r.choice([0, 1, 2]),
+            "moe_intermediate_size": r.choice([8, 12, 16, 24, 40]),
+            "routed_expert_hidden_size": r.choice([None, d // 2, d, 20]),
+            "latent_moe_use_norm": r.random() < 0.7,
+            "moe_renormalize": r.random() < 0.7,
+            "routed_scaling_factor": round(r.uniform(0.5, 3.0), 3),
+            "num_expert_group": groups,
+            "topk_group": r.randint(1, groups),
+            "first_k_dense_replace": r.randint(0, 2),
+            "moe_layer_freq": r.choice([1, 1, 2]),
+        })
+        if c["num_experts_per_token"] > c["topk_group"] * (e // groups):
+            c["num_experts_per_token"] = c["topk_group"] * (e // groups)
+    else:
+        c["num_experts"] = None
+    c["attn_res_block_size"] = r.choice([None, 1, 2, 3, 4, 5])
+    if preset == "kimi_linear":
+        # The flat Kimi Linear config: its softplus gate, no AttnRes.
+        c["linear_attn_config"]["gate_lower_bound"] = None
+        c["attn_res_block_size"] = None
+    return preset, c
+
+
+def margins(lm, cfg):
+    """The smallest decision margins of the last forward: MoE picks (and
+    groups), and DSA kept lists (order included). Exact ties in the DSA lists are allowed where
+    both scores are zero with every head's dot robustly negative (ReLU
+    zeroes them in any precision); the tie rule then decides."""
+    moe, dsa = float("inf"), float("inf")
+    for layer in lm.model.layers:
+        if layer.moe:
+            sel = layer.block_sparse_moe.last_sel
+            k = cfg["num_experts_per_token"]
+            groups = cfg.get("num_expert_group") or 1
+            if groups > 1:
+                raw = layer.block_sparse_moe.last_sel_groups
+                g = raw.reshape(raw.shape[0], groups, -1)
+                gs = g.topk(2, dim=-1).values.sum(-1).sort(-1, descending=True).values
+                kg = cfg["topk_group"]
+                if kg < groups:  # which groups stay, not their order, matters
+                    moe = min(moe, (gs[:, kg - 1] - gs[:, kg]).min().item())
+            s = sel.sort(-1, descending=True).values
+            s = s[:, : min(k + 1, s.shape[1])]
+            finite = torch.isfinite(s[:, 1:])
+            gaps = (s[:, :-1] - s[:, 1:])[finite]
+            if gaps.numel():
+                moe = min(moe, gaps.min().item())
+        at = layer.self_attn
+        if isinstance(at, model.DSA) and at.indexer is not None:
+            score, dots = at.last_scores[0], at.indexer.last_dots[0]  # [T, S], [h, T, S]
+            K = cfg["index_topk"]
+            for t in range(score.shape[0]):
+                sc = score[t, : t + 1]
+                order = torch.sort(sc, descending=True, stable=True).indices
+                n = min(K + 1, t + 1)
+                scale = sc.abs().max().item() or 1.0
+                for a, b in zip(order[: n - 1].tolist(), order[1:n].tolist()):
+                    if sc[a] == sc[b]:
+                        if sc[a] != 0 or dots[:, t, [a, b]].max().item() > -1e-6 * scale:
+                            dsa = min(dsa, 0.0)
+                    else:
+                        dsa = min(dsa, (sc[a] - sc[b]).item() / scale)
+    return moe, dsa
+
+
+def topk_lists(lm, cfg, rows):
+    """The DSA layers' kept positions of rows, K wide, -1 past the visible."""
+    K, out = cfg["index_topk"], []
+    for layer in lm.model.layers:
+        at = layer.self_attn
+        if isinstance(at, model.DSA) and at.indexer is not None:
+            score = at.last_scores[0]
+            lists = []
+            for t in rows:
+                order = torch.sort(score[t, : t + 1], descending=True, stable=True).indices[:K].tolist()
+                lists.append(order + [-1] * (K - len(order)))
+            out.append(lists)
+    return out  # [layers][rows][K]
+
+
+def moe_picks(lm, cfg):
+    """Each MoE layer's picks (descending, ties to the lower expert) and
+    their weights: the unbiased scores, renormalized, scaled."""
+    idx, wts = [], []
+    for layer in lm.model.layers:
+        if layer.moe:
+            m = layer.block_sparse_moe
+            i = torch.sort(m.last_sel, dim=-1, descending=True, stable=True).indices[:, : cfg["num_experts_per_token"]]
+            w = (m.last_sel - m.gate.e_score_correction_bias).gather(-1, i)
+            if cfg["moe_renormalize"]:
+                w = w / w.sum(-1, keepdim=True)
+            idx.append(i)
+            wts.append(w * cfg["routed_scaling_factor"])
+    return idx, wts
+
+
+def reference(case, cfg, ids):
+    """model.py in float64 on the checkpoint in case: prefill logits, the
+    greedy continuation and its logits, the picks and the margins."""
+    torch.set_default_dtype(torch.float64)
+    lm = model.LM(cfg).eval()
+    sd, _ = st.read(f"{case}/model.safetensors")
+    H = cfg["linear_attn_config"]["num_heads"]
+    sd = {k: (v.flatten()[:H] if k.endswith("A_log") else v).double() for k, v in sd.items()}
+    model.load_hf_state_dict(lm, sd)
+    T = len(ids)
+    with torch.no_grad():
+        logits, _ = lm(torch.tensor(ids)[None])
+        prefill = logits[0]
+        moe_m, dsa_m = margins(lm, cfg)
+        picks, weights = moe_picks(lm, cfg)
+        lists = topk_lists(lm, cfg, range(T)) if cfg.get("index_topk") is not None else None
+        gen = [int(prefill[-1].argmax())]
+        seq = list(ids)
+        decode, dlists, arg = [], [], [top2(prefill[-1])]
+        for i in range(STEPS):
+            seq.append(gen[i])
+            out, _ = lm(torch.tensor(seq)[None])
+            row = out[0, -1]
+            decode.append(row)
+            m1, m2 = margins(lm, cfg)
+            moe_m, dsa_m = min(moe_m, m1), min(dsa_m, m2)
+            if lists is not None:
+                dlists.append([l[0] for l in topk_lists(lm, cfg, [len(seq) - 1])])
+            arg.append(top2(row))
+            if i + 1 < STEPS:
+                gen.append(int(row.argmax()))
+    return prefill, gen, torch.stack(decode), picks, weights, lists, dlists, min(arg), moe_m, dsa_m
+
+
+def top2(row):
+    v = row.topk(2).values
+    return (v[0] - v[1]).item()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-out", required=True)
+    ap.add_argument("-n", type=int, default=12)
+    ap.add_argument("-seed", type=int, default=1)
+    ap.add_argument("-seeds", default="", help="comma-separated draw seeds to write (as printed), instead of -n new draws")
+    ap.add_argument("-k3", default="", help="the k3 binary (default: go build it)")
+    a = ap.parse_args()
+    k3 = a.k3
+    repo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    if not k3:
+        tmp = tempfile.mkdtemp()
+        atexit.register(shutil.rmtree, tmp)
+        k3 = os.path.join(tmp, "k3")
+        subprocess.run(["go", "build", "-o", k3, "./cmd/k3"], cwd=repo, check=True)
+    seeds = [int(x) for x in a.seeds.split(",")] if a.seeds else None
+    n = len(seeds) if seeds else a.n
+    made, draws = 0, 0
+    while made < n:
+        draws += 1
+        seed = seeds[made] if seeds else a.seed * 1000003 + draws
+        r = random.Random(seed)
+        preset, change = draw(r)
+        case = os.path.join(a.out, f"case{made:02d}")
+        bf16 = r.random() < 0.5
+        cmd = [k3, "new-tiny", "-preset", preset, "-seed", str(seed), "-set", json.dumps(change), "-out", case]
+        if bf16:
+            cmd.append("-bf16")
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            if seeds:
+                sys.exit(f"draw {seed}: new-tiny refused it: {res.stderr.strip()}")
+            print(f"draw {seed}: new-tiny refused it: {res.stderr.strip()}", file=sys.stderr)
+            continue
+        full = json.load(open(f"{case}/config.json"))
+        cfg = full.get("text_config", full)
+        cfg.setdefault("activation_situ_linear_beta", None)
+        T = r.choice([r.randint(12, 40), r.randint(60, 150)])  # past one and two 64-token chunks too
+        ids = [r.randrange(3, cfg["vocab_size"]) for _ in range(T)]
+        prefill, gen, decode, picks, weights, lists, dlists, arg, moe_m, dsa_m = reference(case, cfg, ids)
+        scale = prefill.abs().max().item()
+        if arg < 1e-3 * scale or moe_m < 1e-5 or dsa_m < 1e-5:
+            msg = f"draw {seed}: margins too small (argmax {arg:.2e}, MoE {moe_m:.2e}, DSA {dsa_m:.2e})"
+            if seeds:
+                sys.exit(msg)
+            print(msg + "; drawn again", file=sys.stderr)
+            continue
+        t = {
+            "input_ids": torch.tensor(ids, dtype=torch.int32),
+            "prefill_logits": prefill.float(),
+            "generated_ids": torch.tensor(gen, dtype=torch.int32),
+            "decode_positions": torch.arange(T, T + STEPS, dtype=torch.int32),
+            "decode_logits": decode.float(),
+        }
+        if picks:
+            t["moe_topk_idx"] = torch.stack(picks).to(torch.int32)
+            t["moe_topk_weight"] = torch.stack(weights).float()
+        if lists is not None and lists:
+            t["dsa_topk_indices"] = torch.tensor(lists, dtype=torch.int32)
+            t["decode_dsa_topk_indices"] = torch.tensor(dlists, dtype=torch.int32)
+        meta = {
+            "op": "model.forward",
+            "description": f"{os.path.basename(case)}: a random {preset} layout (k3 new-tiny -set, seed {seed}); prefill of {T} tokens then {STEPS} greedy decode steps",
+            "generator": "tools/train/cases.py: model.py in float64, itself checked against testdata/model's goldens by check_golden.py",
+            "preset": preset,
+            "seed": str(seed),
+            "set": json.dumps(change),
+            "weights": "BF16" if bf16 else "F32",
+            "min_argmax_margin": f"{arg:.3e}",
+            "min_router_margin": f"{moe_m:.3e}" if moe_m != float("inf") else "no MoE",
+            "min_indexer_rel_gap": f"{dsa_m:.3e}" if dsa_m != float("inf") else "no DSA",
+        }
+        st.write(f"{case}/expected.safetensors", t, metadata=meta)
+        print(f"{case}: {preset}, {cfg['num_hidden_layers']} layers, seed {seed}, margins: argmax {arg:.2e}, MoE {moe_m:.2e}, DSA {dsa_m:.2e}")
+        made += 1
+
+
+if __name__ == "__main__":
+    main()
