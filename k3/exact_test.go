@@ -14,15 +14,13 @@ import (
 
 // TestExactAlongTime: T new tokens in one Forward give logits bitwise equal
 // to T single-token Forwards, for T up to ExactTokens, on every testdata
-// model, with prompts long enough that DSA layers select (top-K below the
+// model (goldens and random layouts), with prompts long enough that DSA layers select (top-K below the
 // context) and with repeated tokens, whose equal index keys in NoPE models
 // leave the selection to the tie rule, and after a 3-token prompt, where a
 // pass's first rows attend to every position and its later ones select.
 // The next step after either path is the same too, so the states agree.
 func TestExactAlongTime(t *testing.T) {
-	dirs, err := filepath.Glob("../testdata/model/*/config.json")
-	require.NoError(t, err)
-	require.NotEmpty(t, dirs)
+	dirs := testModels(t)
 	ctx := context.Background()
 	for _, dir := range dirs {
 		dir = filepath.Dir(dir)
@@ -75,8 +73,7 @@ func TestExactAlongTime(t *testing.T) {
 // gives every session the logits and states it gets alone, bitwise, on
 // every testdata model; the replay logs it fills roll back exactly.
 func TestRaggedBatchEqualsAlone(t *testing.T) {
-	dirs, err := filepath.Glob("../testdata/model/*/config.json")
-	require.NoError(t, err)
+	dirs := testModels(t)
 	ctx := context.Background()
 	counts := []int{1, 3, ExactTokens, 8, 2, 5, 1, 7}
 	for _, cfgPath := range dirs {
@@ -115,8 +112,7 @@ func TestRaggedBatchEqualsAlone(t *testing.T) {
 // beside them, and each chunk is within the prefill tolerance of its
 // session prefilled alone; the next decode step agrees too.
 func TestMixedBatch(t *testing.T) {
-	dirs, err := filepath.Glob("../testdata/model/*/config.json")
-	require.NoError(t, err)
+	dirs := testModels(t)
 	// And a model wide enough (hidden 1032) that a pass of 64 rows or more
 	// takes the packed GEMM: without the split between exact and prefill
 	// rows, the exact sessions' arithmetic would change.
@@ -163,6 +159,20 @@ func TestMixedBatch(t *testing.T) {
 		}
 		m.Close()
 	}
+}
+
+// testModels returns the config.json paths of the tiny whole models of
+// testdata: the four goldens' and the random layouts of testdata/configs.
+func testModels(t *testing.T) []string {
+	t.Helper()
+	var dirs []string
+	for _, pattern := range []string{"../testdata/model/*/config.json", "../testdata/configs/*/config.json"} {
+		found, err := filepath.Glob(pattern)
+		require.NoError(t, err)
+		require.NotEmpty(t, found, pattern)
+		dirs = append(dirs, found...)
+	}
+	return dirs
 }
 
 // pairedSessions makes, for each count c, a session with a random prompt
