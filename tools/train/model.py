@@ -10,12 +10,14 @@ too, for checking k3 on any of them (check_golden.py, cases.py): dense MLA
 (no index_topk), no query LoRA, RoPE (mla_use_nope false), no MLA output
 gate, KDA's low-rank output gate, plain MoE (no routed_expert_hidden_size),
 no latent norm, no shared experts, grouped routing, no AttnRes, tied
-embeddings. Training uses the K3.1 Pro layout only.
+embeddings, YaRN rope scaling. Training uses the K3.1 Pro layout only.
 
 KDA runs in chunks of 16 tokens (the WY form: a unit lower-triangular solve
 per chunk) so that training is not a Python loop over every token.
 """
 
+
+import math
 
 import torch
 import torch.nn as nn
@@ -242,21 +244,69 @@ class KDA(nn.Module):
         return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
 
 
-def rope_interleaved(x, theta):
-    """Rotates pairs (2i, 2i+1) of x [..., T, n, dr] by position * theta^(-2i/dr)."""
+def yarn_mscale(factor, m):
+    return 0.1 * m * math.log(factor) + 1 if factor > 1 else 1.0
+
+
+def yarn(cfg):
+    """rope_scaling of type yarn, in force when max_position_embeddings
+    exceeds the original length (DeepSeek's rule), else None."""
+    rs = cfg.get("rope_scaling")
+    if not rs or rs.get("factor", 1) <= 1 or cfg["max_position_embeddings"] <= rs["original_max_position_embeddings"]:
+        return None
+    return rs
+
+
+def rope_freqs(cfg, dr, dtype):
+    """theta^(-2i/dr) for the dr/2 pairs; with YaRN, the pairs whose
+    wavelength crosses the original context move toward f/factor over a
+    linear ramp between beta_fast and beta_slow rotations."""
+    theta = cfg["rope_theta"]
+    f = theta ** (-torch.arange(0, dr, 2, dtype=dtype) / dr)
+    rs = yarn(cfg)
+    if rs is None:
+        return f
+    orig, factor = rs["original_max_position_embeddings"], rs["factor"]
+
+    def corr(rot):
+        return dr * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(corr(rs.get("beta_fast", 32))), 0)
+    high = min(math.ceil(corr(rs.get("beta_slow", 1))), dr - 1)
+    if low == high:
+        high += 0.001
+    smooth = 1 - ((torch.arange(dr // 2, dtype=dtype) - low) / (high - low)).clamp(0, 1)
+    return f / factor * (1 - smooth) + f * smooth
+
+
+def rope_scales(cfg):
+    """YaRN's multipliers of cos/sin and of the softmax scale (Hugging
+    Face's DeepSeek code: mscale over mscale_all_dim, and mscale_all_dim
+    squared)."""
+    rs = yarn(cfg)
+    if rs is None:
+        return 1.0, 1.0
+    f, all_dim = rs["factor"], yarn_mscale(rs["factor"], rs.get("mscale_all_dim", 0))
+    return yarn_mscale(f, rs.get("mscale", 1)) / all_dim, all_dim * all_dim
+
+
+def rope_interleaved(x, cfg):
+    """Rotates pairs (2i, 2i+1) of x [..., T, n, dr] by position * freq_i."""
     T, dr = x.shape[-3], x.shape[-1]
-    ang = torch.arange(T, dtype=x.dtype)[:, None] * theta ** (-torch.arange(0, dr, 2, dtype=x.dtype) / dr)
-    c, s = ang.cos()[:, None, :], ang.sin()[:, None, :]
+    ang = torch.arange(T, dtype=x.dtype)[:, None] * rope_freqs(cfg, dr, x.dtype)
+    m = rope_scales(cfg)[0]
+    c, s = m * ang.cos()[:, None, :], m * ang.sin()[:, None, :]
     a, b = x[..., 0::2], x[..., 1::2]
     return torch.stack((a * c - b * s, a * s + b * c), -1).flatten(-2)
 
 
-def rope_halves(x, theta, dr):
+def rope_halves(x, cfg, dr):
     """Rotates pairs (i, i + dr/2) of the first dr dims of x [..., T, n, D]
-    by position * theta^(-2i/dr); the other dims pass."""
+    by position * freq_i; the other dims pass."""
     T, h = x.shape[-3], dr // 2
-    ang = torch.arange(T, dtype=x.dtype)[:, None] * theta ** (-torch.arange(0, dr, 2, dtype=x.dtype) / dr)
-    c, s = ang.cos()[:, None, :], ang.sin()[:, None, :]
+    ang = torch.arange(T, dtype=x.dtype)[:, None] * rope_freqs(cfg, dr, x.dtype)
+    m = rope_scales(cfg)[0]
+    c, s = m * ang.cos()[:, None, :], m * ang.sin()[:, None, :]
     a, b = x[..., :h], x[..., h:dr]
     return torch.cat((a * c - b * s, a * s + b * c, x[..., dr:]), -1)
 
@@ -277,9 +327,9 @@ class Indexer(nn.Module):
         qI = self.wq_b(cq).reshape(B, T, self.HI, self.DI)
         kI = self.k_norm(self.wk(x))
         if not self.cfg.get("mla_use_nope", True):
-            th, dr = self.cfg["rope_theta"], self.cfg["qk_rope_head_dim"]
-            qI = rope_halves(qI, th, dr)
-            kI = rope_halves(kI[:, :, None], th, dr)[:, :, 0]
+            dr = self.cfg["qk_rope_head_dim"]
+            qI = rope_halves(qI, self.cfg, dr)
+            kI = rope_halves(kI[:, :, None], self.cfg, dr)[:, :, 0]
         w = self.weights_proj(x) * (self.HI ** -0.5 * self.DI ** -0.5)
         dots = torch.einsum("bthd,bsd->bhts", qI, kI)
         self.last_dots = dots.detach()  # for cases.py's decision margins
@@ -327,12 +377,12 @@ class DSA(nn.Module):
         c = rms_norm(kv[..., :self.Dc], self.kv_a_layernorm.weight, 1e-6)
         krope = kv[..., self.Dc:]
         if not self.cfg.get("mla_use_nope", True):
-            q = torch.cat((q[..., :dn], rope_interleaved(q[..., dn:], self.cfg["rope_theta"])), -1)
-            krope = rope_interleaved(krope[:, :, None], self.cfg["rope_theta"])[:, :, 0]
+            q = torch.cat((q[..., :dn], rope_interleaved(q[..., dn:], self.cfg)), -1)
+            krope = rope_interleaved(krope[:, :, None], self.cfg)[:, :, 0]
         kvb = self.kv_b_proj(c).reshape(B, T, H, dn + dv)
         knope, vv = kvb[..., :dn], kvb[..., dn:]
         logits = (torch.einsum("bthd,bshd->bhts", q[..., :dn], knope) +
-                  torch.einsum("bthd,bsd->bhts", q[..., dn:], krope)) * (dn + dr) ** -0.5
+                  torch.einsum("bthd,bsd->bhts", q[..., dn:], krope)) * (dn + dr) ** -0.5 * rope_scales(self.cfg)[1]
         causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
         if self.indexer is None:
             p = logits.masked_fill(~causal, float("-inf")).softmax(-1)
