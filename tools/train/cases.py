@@ -221,6 +221,12 @@ def reference(case, cfg, ids):
     return prefill, gen, torch.stack(decode), picks, weights, lists, dlists, min(arg), moe_m, dsa_m
 
 
+def to_f16(path):
+    """Rewrites a float32 checkpoint's matrices as F16 (vectors stay F32)."""
+    t, meta = st.read(path)
+    st.write(path, t, {n: "F16" for n, v in t.items() if v.dim() >= 2 and v.is_floating_point()}, meta)
+
+
 def top2(row):
     v = row.topk(2).values
     return (v[0] - v[1]).item()
@@ -265,6 +271,10 @@ def main():
         cfg.setdefault("activation_situ_linear_beta", None)
         T = r.choice([r.randint(12, 40), r.randint(60, 150)])  # past one and two 64-token chunks too
         ids = [r.randrange(3, cfg["vocab_size"]) for _ in range(T)]
+        stored = "BF16" if bf16 else "F32"
+        if not bf16 and r.random() < 0.5:
+            stored = "F16"
+            to_f16(f"{case}/model.safetensors")
         prefill, gen, decode, picks, weights, lists, dlists, arg, moe_m, dsa_m = reference(case, cfg, ids)
         scale = prefill.abs().max().item()
         if arg < 1e-3 * scale or moe_m < 1e-5 or dsa_m < 1e-5:
@@ -293,7 +303,7 @@ def main():
             "preset": preset,
             "seed": str(seed),
             "set": json.dumps(change),
-            "weights": "BF16" if bf16 else "F32",
+            "weights": stored,
             "min_argmax_margin": f"{arg:.3e}",
             "min_router_margin": f"{moe_m:.3e}" if moe_m != float("inf") else "no MoE",
             "min_indexer_rel_gap": f"{dsa_m:.3e}" if dsa_m != float("inf") else "no DSA",

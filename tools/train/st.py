@@ -1,5 +1,5 @@
 """safetensors read and write (8-byte little-endian header length, JSON
-header, raw little-endian data) for F32, BF16 and I32 tensors."""
+header, raw little-endian data) for F32, F16, BF16 and I32 tensors."""
 
 import json
 import struct
@@ -20,6 +20,8 @@ def read(path):
         raw = data[a:b]
         if h["dtype"] == "F32":
             t = torch.from_numpy(np.frombuffer(raw, dtype="<f4").copy())
+        elif h["dtype"] == "F16":
+            t = torch.from_numpy(np.frombuffer(raw, dtype="<f2").astype(np.float32))
         elif h["dtype"] == "I32":
             t = torch.from_numpy(np.frombuffer(raw, dtype="<i4").copy())
         elif h["dtype"] == "BF16":
@@ -39,7 +41,7 @@ def bf16_round(t):
 
 
 def write(path, tensors, dtypes=None, metadata=None):
-    """tensors: name -> tensor; dtypes: name -> "F32" | "BF16" | "I32" (F32 by default)."""
+    """tensors: name -> tensor; dtypes: name -> "F32" | "F16" | "BF16" | "I32" (F32 by default)."""
     dtypes = dtypes or {}
     header, blobs, off = {}, [], 0
     for name in sorted(tensors):
@@ -47,6 +49,8 @@ def write(path, tensors, dtypes=None, metadata=None):
         dt = dtypes.get(name, "I32" if t.dtype in (torch.int32, torch.int64) else "F32")
         if dt == "F32":
             raw = t.float().numpy().astype("<f4").tobytes()
+        elif dt == "F16":
+            raw = t.float().numpy().astype("<f2").tobytes()
         elif dt == "I32":
             raw = t.numpy().astype("<i4").tobytes()
         elif dt == "BF16":
