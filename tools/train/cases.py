@@ -7,6 +7,7 @@ DSA kept positions, order included).
 
     /usr/bin/python3 cases.py -out DIR [-n 12] [-seed 1] [-k3 PATH]
     /usr/bin/python3 cases.py -out DIR -seeds S1,S2,...   (those draws again)
+    /usr/bin/python3 cases.py -out DIR -wide ...          (wider layouts)
 
 A draw whose outputs a float32 engine could not reproduce exactly is drawn
 again: a greedy token, an expert pick or a kept position decided by less
@@ -112,6 +113,35 @@ def draw(r):
         c["linear_attn_config"]["gate_lower_bound"] = None
         c["attn_res_block_size"] = None
     return preset, c
+
+
+def widen(r, c):
+    """Widths at which k3's products take their k-major panels (384 rows
+    or more), the packed GEMM for long prompts and the 512-bit state
+    kernels (head dims multiples of 32): the narrow draw's switches, wider
+    sizes, at most four layers."""
+    d = r.choice([384, 512])
+    c["hidden_size"], c["intermediate_size"] = d, r.choice([384, 768, 1024])
+    if c["num_hidden_layers"] > 4:
+        n = c["num_hidden_layers"] = 4
+        la = c["linear_attn_config"]
+        la["kda_layers"] = [l for l in la["kda_layers"] if l <= n]
+        la["full_attn_layers"] = [l for l in la["full_attn_layers"] if l <= n]
+    c["linear_attn_config"]["head_dim"] = r.choice([64, 128])
+    c["num_attention_heads"] = r.choice([2, 4])
+    c["q_lora_rank"] = r.choice([None, 384])
+    c["kv_lora_rank"] = r.choice([128, 256, 512])
+    c["qk_nope_head_dim"], c["v_head_dim"] = r.choice([64, 128]), r.choice([64, 128])
+    c["qk_rope_head_dim"] = r.choice([32, 64])
+    if c.get("index_topk") is not None:
+        c["index_n_heads"], c["index_head_dim"] = r.choice([4, 16]), r.choice([64, 128])
+        c["index_topk"] = r.choice([16, 48, 96])
+    if c.get("num_experts"):
+        c["moe_intermediate_size"] = r.choice([128, 384, 512])
+        if c.get("routed_expert_hidden_size") is not None:
+            c["routed_expert_hidden_size"] = r.choice([d // 2, d, 400])
+    c["vocab_size"] = 512
+    return c
 
 
 def margins(lm, cfg):
@@ -237,6 +267,8 @@ def main():
     ap.add_argument("-out", required=True)
     ap.add_argument("-n", type=int, default=12)
     ap.add_argument("-seed", type=int, default=1)
+    ap.add_argument("-first", type=int, default=0, help="the number of the first case directory (caseNN)")
+    ap.add_argument("-wide", action="store_true", help="wide layouts (widen): k-major panels, the packed GEMM")
     ap.add_argument("-seeds", default="", help="comma-separated draw seeds to write (as printed), instead of -n new draws")
     ap.add_argument("-k3", default="", help="the k3 binary (default: go build it)")
     a = ap.parse_args()
@@ -255,7 +287,9 @@ def main():
         seed = seeds[made] if seeds else a.seed * 1000003 + draws
         r = random.Random(seed)
         preset, change = draw(r)
-        case = os.path.join(a.out, f"case{made:02d}")
+        if a.wide:
+            change = widen(random.Random(seed * 31 + 7), change)
+        case = os.path.join(a.out, f"case{a.first + made:02d}")
         bf16 = r.random() < 0.5
         cmd = [k3, "new-tiny", "-preset", preset, "-seed", str(seed), "-set", json.dumps(change), "-out", case]
         if bf16:
@@ -298,7 +332,7 @@ def main():
             t["decode_dsa_topk_indices"] = torch.tensor(dlists, dtype=torch.int32)
         meta = {
             "op": "model.forward",
-            "description": f"{os.path.basename(case)}: a random {preset} layout (k3 new-tiny -set, seed {seed}); prefill of {T} tokens then {STEPS} greedy decode steps",
+            "description": f"{os.path.basename(case)}: a random {'wide ' if a.wide else ''}{preset} layout (k3 new-tiny -set, seed {seed}); prefill of {T} tokens then {STEPS} greedy decode steps",
             "generator": "tools/train/cases.py: model.py in float64, itself checked against testdata/model's goldens by check_golden.py",
             "preset": preset,
             "seed": str(seed),
