@@ -14,10 +14,11 @@ import (
 
 // TestExactAlongTime: T new tokens in one Forward give logits bitwise equal
 // to T single-token Forwards, for T up to ExactTokens, on every testdata
-// model (goldens and random layouts), with prompts long enough that DSA layers select (top-K below the
-// context) and with repeated tokens, whose equal index keys in NoPE models
-// leave the selection to the tie rule, and after a 3-token prompt, where a
-// pass's first rows attend to every position and its later ones select.
+// model (the goldens' and the random layouts'), with prompts long enough
+// that DSA layers select (top-K below the context) and with repeated
+// tokens, whose equal index keys in NoPE models leave the selection to the
+// tie rule, and after a 3-token prompt, where a pass's first rows attend to
+// every position and its later ones select.
 // The next step after either path is the same too, so the states agree.
 func TestExactAlongTime(t *testing.T) {
 	dirs := testModels(t)

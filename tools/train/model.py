@@ -5,12 +5,14 @@ Block AttnRes over depth, and sigmoid-routed latent MoE with a shared
 expert. Tensor names are the Hugging Face ones, so the state dict is the
 checkpoint.
 
-The config switches of the other layouts that README describes are read
-too, for checking k3 on any of them (check_golden.py, cases.py): dense MLA
-(no index_topk), no query LoRA, RoPE (mla_use_nope false), no MLA output
-gate, KDA's low-rank output gate, plain MoE (no routed_expert_hidden_size),
-no latent norm, no shared experts, grouped routing, no AttnRes, tied
-embeddings, YaRN rope scaling. Training uses the K3.1 Pro layout only.
+It also reads the switches of the other layouts testdata/model/README.md
+describes, for checking k3 on any of them (check_golden.py, cases.py):
+dense MLA (no index_topk), no query LoRA, RoPE (mla_use_nope false), no
+MLA output gate, KDA's low-rank output gate, plain MoE (no
+routed_expert_hidden_size), no latent norm, no shared experts, grouped
+routing, no AttnRes, tied embeddings, YaRN rope scaling; absent fields
+mean what they mean to k3's config parser. Training uses the K3.1 Pro
+layout only.
 
 KDA runs in chunks of 16 tokens (the WY form: a unit lower-triangular solve
 per chunk) so that training is not a Python loop over every token.
@@ -88,7 +90,7 @@ class LatentMoE(nn.Module):
         self.cfg, self.latent = cfg, lat is not None
         self.gate = Gate(d, cfg["num_experts"])
         self.experts = nn.ModuleList(Expert(cfg, lat or d, cfg["moe_intermediate_size"]) for _ in range(cfg["num_experts"]))
-        self.norm = self.latent and cfg.get("latent_moe_use_norm", True)
+        self.norm = self.latent and cfg.get("latent_moe_use_norm", False)
         if self.latent:
             self.routed_expert_down_proj = linear(d, lat)
             if self.norm:
