@@ -72,7 +72,7 @@ def draw(r):
         # YaRN as DeepSeek configures it (mscale equal to mscale_all_dim),
         # over an original context the prompts cross.
         orig, factor, m = r.choice([16, 32, 64, 256]), r.choice([2.0, 4.0, 8.0, 40.0]), r.choice([1.0, 0.707])
-        c["max_position_embeddings"] = max(int(orig * factor), 256)  # past the longest prompt
+        c["max_position_embeddings"] = max(int(orig * factor), 4096)  # as the presets: past any prompt here
         c["rope_scaling"] = {"type": "yarn", "factor": factor, "original_max_position_embeddings": orig,
                              "beta_fast": r.choice([32, 8]), "beta_slow": r.choice([1, 2]), "mscale": m, "mscale_all_dim": m}
     if r.random() < 0.5:
