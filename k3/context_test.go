@@ -20,9 +20,7 @@ import (
 // continuation split again, a run too short to split, then decode steps;
 // each rank's attention caches hold only its share of the positions.
 func TestGroupContextParallel(t *testing.T) {
-	dirs, err := filepath.Glob("../testdata/model/*/config.json")
-	require.NoError(t, err)
-	require.NotEmpty(t, dirs)
+	dirs := testModels(t)
 	ctx := context.Background()
 	layouts := []Layout{{CP: 2}, {CP: 3}, {CP: 4}, {CP: 2, TP: 2}, {CP: 2, TP: 4},
 		{CP: 2, EP: 2}, {CP: 4, EP: 4}, {CP: 2, TP: 2, EP: 4}}
@@ -72,6 +70,7 @@ func TestGroupContextParallel(t *testing.T) {
 			wantGen = append(wantGen, tok.ID)
 		}
 		gen.Close()
+		hasKDA, hasAttn, hasMoE := kinds(one.Config)
 		one.Close()
 		scale := maxAbsF(want)
 		for _, l := range layouts {
@@ -140,17 +139,25 @@ func TestGroupContextParallel(t *testing.T) {
 				}
 				assert.Equal(t, total, held)
 				st := g.Stats()
-				assert.Positive(t, st.Bytes[comm.OpSend], "KDA states travelled")
-				assert.Positive(t, st.Bytes[comm.OpAllToAllV], "keys travelled")
+				if hasKDA {
+					assert.Positive(t, st.Bytes[comm.OpSend], "KDA states travelled")
+				}
+				if hasAttn {
+					assert.Positive(t, st.Bytes[comm.OpAllToAllV], "keys travelled")
+				}
 				if l.TP > 1 {
 					assert.Positive(t, st.Bytes[comm.OpAllReduce], "each CP slice's TP group added its heads' sums")
 				}
-				if l.EP > 1 {
-					// Every rank holds its experts alone, so tokens travelled to them.
+				if l.EP > 1 && hasMoE {
+					// Every rank holds its share of the experts alone (a
+					// count that does not divide leaves some one more), so
+					// tokens travelled to them.
 					for r, m := range g.Ranks() {
 						for li, ly := range m.layers {
 							if ly.moe != nil {
-								assert.Len(t, ly.moe.W1, m.Config.MoE.NumExperts/l.EP, "rank %d layer %d's experts", r, li)
+								e := m.Config.MoE.NumExperts
+								assert.GreaterOrEqual(t, len(ly.moe.W1), e/l.EP, "rank %d layer %d's experts", r, li)
+								assert.LessOrEqual(t, len(ly.moe.W1), (e+l.EP-1)/l.EP, "rank %d layer %d's experts", r, li)
 							}
 						}
 					}

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"k3/config"
 	"k3/internal/tiny"
 )
 
@@ -174,6 +175,19 @@ func testModels(t *testing.T) []string {
 		dirs = append(dirs, found...)
 	}
 	return dirs
+}
+
+// kinds reports which layer kinds a model has: KDA layers, attention
+// layers (MLA or DSA), MoE layers. A test whose checks need one of them
+// (states or keys that travel, experts to split) asks first: the random
+// layouts of testdata/configs lack each of them somewhere.
+func kinds(c *Config) (kda, attn, moe bool) {
+	for l, k := range c.Layers {
+		kda = kda || k == config.KDA
+		attn = attn || k != config.KDA
+		moe = moe || c.IsMoELayer(l)
+	}
+	return kda, attn, moe
 }
 
 // pairedSessions makes, for each count c, a session with a random prompt

@@ -40,8 +40,7 @@ func attnLayers(m *Model) int {
 // sessions built independently would, bitwise, also when the parent
 // truncates into a shared page and writes it again.
 func TestForkSharesPages(t *testing.T) {
-	dirs, err := filepath.Glob("../testdata/model/*/config.json")
-	require.NoError(t, err)
+	dirs := testModels(t)
 	ctx := context.Background()
 	for _, cfg := range dirs {
 		dir := filepath.Dir(cfg)

@@ -33,9 +33,7 @@ func savedSession(t *testing.T, m *Model, seed uint64) (*Session, []byte) {
 // sampled generation, and (with replay logs) a rollback followed by
 // generation, on every testdata model and the embedded one.
 func TestSaveLoadContinues(t *testing.T) {
-	dirs, err := filepath.Glob("../testdata/model/*/config.json")
-	require.NoError(t, err)
-	require.NotEmpty(t, dirs)
+	dirs := testModels(t)
 	type named struct {
 		name string
 		open func() (*Model, error)

@@ -50,8 +50,7 @@ func words(n int, tag string) string {
 // bitwise (the snapshot sits where the cold run cut), and those of a model
 // without the cache within the tolerance.
 func TestPrefixHitEqualsCold(t *testing.T) {
-	dirs, err := filepath.Glob("../testdata/model/*/config.json")
-	require.NoError(t, err)
+	dirs := testModels(t)
 	ctx := context.Background()
 	for _, cfg := range dirs {
 		dir := filepath.Dir(cfg)

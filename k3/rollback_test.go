@@ -30,8 +30,7 @@ func kdaStates(t *testing.T, s *Session) [][]float32 {
 // within the rollback depth) leave logits and KDA states bitwise equal to
 // feeding the kept tokens one at a time, on every testdata model.
 func TestSpeculativeLoop(t *testing.T) {
-	dirs, err := filepath.Glob("../testdata/model/*/config.json")
-	require.NoError(t, err)
+	dirs := testModels(t)
 	ctx := context.Background()
 	for _, cfgPath := range dirs {
 		dir := filepath.Dir(cfgPath)
@@ -86,7 +85,9 @@ func TestSpeculativeLoop(t *testing.T) {
 				require.Equal(t, kdaStates(t, base), kdaStates(t, spec), "round %d states", round)
 			}
 		}
-		assert.Greater(t, fast, 10, "%s: rollbacks that replayed from the logs", filepath.Base(dir))
+		if hasKDA, _, _ := kinds(m.Config); hasKDA { // the logs are KDA's
+			assert.Greater(t, fast, 10, "%s: rollbacks that replayed from the logs", filepath.Base(dir))
+		}
 		m.Close()
 	}
 }

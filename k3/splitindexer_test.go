@@ -21,8 +21,7 @@ import (
 // of their scale; a rank holds fewer weight bytes than with the indexer
 // replicated, and the score all-reduce moves more.
 func TestSplitIndexer(t *testing.T) {
-	dirs, err := filepath.Glob("../testdata/model/*/config.json")
-	require.NoError(t, err)
+	dirs := testModels(t)
 	ctx := context.Background()
 	layouts := []Layout{{TP: 2}, {TP: 4}, {TP: 2, EP: 2}, {CP: 2, TP: 2}}
 	if raceEnabled {
@@ -98,8 +97,11 @@ func TestSplitIndexer(t *testing.T) {
 					gs.Close()
 					g.Close()
 				}
-				assert.Less(t, res[1].held, res[0].held, "a rank's weight bytes with the indexer split")
-				assert.Greater(t, res[1].bytes, res[0].bytes, "all-reduce bytes with the indexer split")
+				if _, hasAttn, _ := kinds(cfg); hasAttn && cfg.Indexer.NumHeads >= l.TP {
+					// Fewer heads than ranks leave the indexer whole.
+					assert.Less(t, res[1].held, res[0].held, "a rank's weight bytes with the indexer split")
+					assert.Greater(t, res[1].bytes, res[0].bytes, "all-reduce bytes with the indexer split")
+				}
 			})
 		}
 	}
