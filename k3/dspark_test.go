@@ -278,12 +278,16 @@ func TestConfidenceScheduledPrefix(t *testing.T) {
 	defer m.Close()
 	// Pass costs of a fast machine, so that the choices do not depend on
 	// this one's (under the race detector a pass of 8 rows can cost 8
-	// steps, and then speculation never pays).
+	// steps, and then speculation never pays), and a step of 1,000 s, so
+	// that the oracle's drafting time costs nothing: with a 1 ms step a
+	// draft call that a loaded machine (the race detector beside other
+	// packages' tests) stretched past a millisecond priced every draft
+	// above its pass, and no draft was verified.
 	pass := make([]float64, 9)
 	for n := 1; n < len(pass); n++ {
 		pass[n] = 1 + 0.05*float64(n-1)
 	}
-	m.specCosts = specdec.Costs{Pass: pass, Rollback: 0.2, Step: 1e-3}
+	m.specCosts = specdec.Costs{Pass: pass, Rollback: 0.2, Step: 1e3}
 	prompt := m.Encode("the cat sat on the mat")
 	plain, _ := m.NewSession()
 	want, _ := genIDs(t, plain, prompt, WithMaxTokens(32), WithoutDefaultStops())

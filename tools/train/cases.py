@@ -146,9 +146,10 @@ def widen(r, c):
 
 def margins(lm, cfg):
     """The smallest decision margins of the last forward: MoE picks (and
-    groups), and DSA kept lists (order included). Exact ties in the DSA lists are allowed where
-    both scores are zero with every head's dot robustly negative (ReLU
-    zeroes them in any precision); the tie rule then decides."""
+    groups), and DSA kept lists (order included). Exact ties in the DSA
+    lists are allowed where both scores are zero with every head's dot
+    robustly negative (ReLU zeroes them in any precision); the tie rule
+    then decides."""
     moe, dsa = float("inf"), float("inf")
     for layer in lm.model.layers:
         if layer.moe:
