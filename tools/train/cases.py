@@ -222,11 +222,7 @@ def reference(case, cfg, ids):
     """model.py in float64 on the checkpoint in case: prefill logits, the
     greedy continuation and its logits, the picks and the margins."""
     torch.set_default_dtype(torch.float64)
-    lm = model.LM(cfg).eval()
-    sd, _ = st.read(f"{case}/model.safetensors")
-    H = cfg["linear_attn_config"]["num_heads"]
-    sd = {k: (v.flatten()[:H] if k.endswith("A_log") else v).double() for k, v in sd.items()}
-    model.load_hf_state_dict(lm, sd)
+    lm = model.load_checkpoint(case, cfg)
     T = len(ids)
     with torch.no_grad():
         logits, _ = lm(torch.tensor(ids)[None])

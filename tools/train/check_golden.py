@@ -3,7 +3,6 @@ independent float64 reference): python3 check_golden.py ../../testdata/model/tin
 (any of the four layouts there)."""
 
 import json
-import os
 import sys
 
 import torch
@@ -12,28 +11,12 @@ import model
 import st
 
 
-def read_weights(case):
-    """The checkpoint's tensors, from model.safetensors or the shards its
-    model.safetensors.index.json names."""
-    if os.path.exists(f"{case}/model.safetensors.index.json"):
-        shards = sorted(set(json.load(open(f"{case}/model.safetensors.index.json"))["weight_map"].values()))
-        sd = {}
-        for shard in shards:
-            sd.update(st.read(f"{case}/{shard}")[0])
-        return sd
-    return st.read(f"{case}/model.safetensors")[0]
-
-
 def main(case):
     cfg = json.load(open(f"{case}/config.json"))
     cfg = cfg.get("text_config", cfg)
     cfg.setdefault("activation_situ_linear_beta", None)
     torch.set_default_dtype(torch.float64)
-    lm = model.LM(cfg).eval()
-    sd = read_weights(case)
-    H = cfg["linear_attn_config"]["num_heads"]
-    sd = {k: (v.flatten()[:H] if k.endswith("A_log") else v).double() for k, v in sd.items()}
-    model.load_hf_state_dict(lm, sd)
+    lm = model.load_checkpoint(case, cfg)
     exp, _ = st.read(f"{case}/expected.safetensors")
     ids = exp["input_ids"].long()[None]
     with torch.no_grad():

@@ -19,11 +19,15 @@ per chunk) so that training is not a Python loop over every token.
 """
 
 
+import json
 import math
+import os
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+import st
 
 
 def rms_norm(x, w, eps):
@@ -530,6 +534,26 @@ def hf_state_dict(lm):
                 .replace("output_attn_res.norm", "output_attn_res_norm"))
         out[name] = t
     return out
+
+
+def load_checkpoint(case, cfg):
+    """An LM in eval mode holding the checkpoint in directory case
+    (model.safetensors, or the shards model.safetensors.index.json names)
+    in the default dtype; A_log keeps its first H values (checkpoints pad
+    it or store it [1,1,H,1])."""
+    index = f"{case}/model.safetensors.index.json"
+    files = ["model.safetensors"]
+    if os.path.exists(index):
+        files = sorted(set(json.load(open(index))["weight_map"].values()))
+    sd = {}
+    for f in files:
+        sd.update(st.read(f"{case}/{f}")[0])
+    H = cfg["linear_attn_config"]["num_heads"]
+    dtype = torch.get_default_dtype()
+    sd = {k: (v.flatten()[:H] if k.endswith("A_log") else v).to(dtype) for k, v in sd.items()}
+    lm = LM(cfg).eval()
+    load_hf_state_dict(lm, sd)
+    return lm
 
 
 def load_hf_state_dict(lm, sd):
