@@ -19,7 +19,6 @@ import (
 	"k3/config"
 	"k3/dsa"
 	"k3/internal/backends"
-	"k3/internal/floatx"
 	"k3/internal/moe"
 	"k3/internal/safetensors"
 	"k3/internal/tokenizer"
@@ -204,7 +203,9 @@ type layer struct {
 
 // Load reads a checkpoint directory: config.json and the safetensors
 // weights (one file or shards with model.safetensors.index.json; F32, BF16,
-// F16, and F8_E4M3 with 128×128 block scales). Weights used in their stored
+// F16, fp8 with DeepSeek's block scales or compressed-tensors' row or
+// tensor scales, and compressed-tensors MXFP4, which load as bf16; see
+// docs/ARCHITECTURE.md, "Quantised weights"). Weights used in their stored
 // dtype are mapped, not copied. Every expected tensor must be present with
 // its shape, and no unexpected tensor may be left over.
 func Load(ctx context.Context, dir string, opts ...Option) (*Model, error) {
@@ -367,7 +368,7 @@ func (m *Model) Close() error {
 }
 
 // source serves checkpoint tensors relative to a prefix, records what was
-// used, and dequantises fp8 block-scaled weights.
+// used, and dequantises fp8 and MXFP4 weights (quant.go).
 type source struct {
 	ck    *safetensors.Checkpoint
 	strip string // "language_model." for Kimi K3 checkpoints
@@ -391,10 +392,9 @@ func (s *source) name(n string) string { return s.strip + n }
 // holder to report.
 func (s *source) skip(full string) {
 	name := s.name(full)
-	if _, ti, err := s.ck.Bytes(name); err == nil {
-		s.markUsed(name, ti.Size)
-		if _, si, err := s.ck.Bytes(name + "_scale_inv"); err == nil {
-			s.markUsed(name+"_scale_inv", si.Size)
+	for _, n := range append([]string{name}, companions(name)...) {
+		if _, ti, err := s.ck.Bytes(n); err == nil {
+			s.markUsed(n, ti.Size)
 		}
 	}
 }
@@ -412,6 +412,11 @@ func (s *source) get(full string) (compute.DType, []int, []byte, error) {
 	name := s.name(full)
 	data, ti, err := s.ck.Bytes(name)
 	if err != nil {
+		if base, ok := strings.CutSuffix(name, ".weight"); ok {
+			if _, _, err := s.ck.Bytes(base + ".weight_packed"); err == nil {
+				return s.unpackFP4(base)
+			}
+		}
 		return 0, nil, nil, fmt.Errorf("missing tensor %s", name)
 	}
 	s.markUsed(name, ti.Size)
@@ -426,40 +431,9 @@ func (s *source) get(full string) (compute.DType, []int, []byte, error) {
 	case safetensors.F16:
 		return compute.F16, ti.Shape, data, nil
 	case safetensors.F8E4M3:
-		return s.dequant(name, ti, data)
+		return s.dequantE4M3(name, ti, data)
 	}
 	return 0, nil, nil, fmt.Errorf("tensor %s has dtype %s, which k3 cannot use", name, ti.DType)
-}
-
-// dequant expands an fp8 weight with its weight_scale_inv (DeepSeek's
-// 128×128 blocks) to bf16.
-func (s *source) dequant(name string, ti safetensors.TensorInfo, data []byte) (compute.DType, []int, []byte, error) {
-	if len(ti.Shape) != 2 {
-		return 0, nil, nil, fmt.Errorf("fp8 tensor %s has shape %v, want a matrix", name, ti.Shape)
-	}
-	scaleName := name + "_scale_inv"
-	sb, si, err := s.ck.Bytes(scaleName)
-	if err != nil {
-		return 0, nil, nil, fmt.Errorf("fp8 tensor %s has no %s", name, scaleName)
-	}
-	s.markUsed(scaleName, si.Size)
-	scale, err := safetensors.DecodeFloat32(si.DType, sb)
-	if err != nil {
-		return 0, nil, nil, fmt.Errorf("%s: %w", scaleName, err)
-	}
-	rows, cols := ti.Shape[0], ti.Shape[1]
-	f := make([]float32, rows*cols)
-	if err := floatx.DequantE4M3Weight(f, data, scale, rows, cols, floatx.WeightBlock); err != nil {
-		return 0, nil, nil, fmt.Errorf("%s: %w", name, err)
-	}
-	out := make([]byte, 2*len(f))
-	for i, v := range f {
-		h := floatx.BF16(v)
-		out[2*i], out[2*i+1] = byte(h), byte(h>>8)
-	}
-	s.ck.Release(name) // the bf16 copy is what the model reads
-	s.ck.Release(scaleName)
-	return compute.BF16, ti.Shape, out, nil
 }
 
 // release drops the mapped pages of tensors (names relative to prefix)

@@ -6,27 +6,30 @@ import "fmt"
 // fp8 checkpoints scale together (weight_block_size [128, 128]).
 const WeightBlock = 128
 
-// DequantE4M3Weight expands an fp8 e4m3fn weight of rows×cols, scaled per
-// block×block tile by scaleInv (row-major [ceil(rows/block), ceil(cols/block)],
-// the checkpoint's weight_scale_inv), into dst (rows*cols float32s).
-func DequantE4M3Weight(dst []float32, w []uint8, scaleInv []float32, rows, cols, block int) error {
-	if block <= 0 {
-		return fmt.Errorf("floatx: block size %d", block)
+// DequantE4M3Weight expands an fp8 e4m3fn weight of rows×cols into dst
+// (rows*cols float32s), each value times the scale of its blockRows×
+// blockCols tile: scale is row-major [ceil(rows/blockRows),
+// ceil(cols/blockCols)]. DeepSeek's weight_scale_inv is 128×128 tiles; a
+// per-row scale is 1×cols tiles, a per-tensor one rows×cols. Products are
+// rounded to float32.
+func DequantE4M3Weight(dst []float32, w []uint8, scale []float32, rows, cols, blockRows, blockCols int) error {
+	if blockRows <= 0 || blockCols <= 0 {
+		return fmt.Errorf("floatx: block %d×%d", blockRows, blockCols)
 	}
-	br, bc := (rows+block-1)/block, (cols+block-1)/block
+	br, bc := (rows+blockRows-1)/blockRows, (cols+blockCols-1)/blockCols
 	switch {
 	case len(w) != rows*cols:
 		return fmt.Errorf("floatx: fp8 weight has %d bytes, want %d×%d", len(w), rows, cols)
 	case len(dst) != rows*cols:
 		return fmt.Errorf("floatx: destination has %d elements, want %d×%d", len(dst), rows, cols)
-	case len(scaleInv) != br*bc:
-		return fmt.Errorf("floatx: scale has %d entries, want %d×%d blocks of %d", len(scaleInv), br, bc, block)
+	case len(scale) != br*bc:
+		return fmt.Errorf("floatx: scale has %d entries, want %d×%d blocks of %d×%d", len(scale), br, bc, blockRows, blockCols)
 	}
 	for r := 0; r < rows; r++ {
-		srow := scaleInv[(r/block)*bc : (r/block+1)*bc]
+		srow := scale[(r/blockRows)*bc : (r/blockRows+1)*bc]
 		wrow, drow := w[r*cols:(r+1)*cols], dst[r*cols:(r+1)*cols]
 		for c, b := range wrow {
-			drow[c] = e4m3[b] * srow[c/block]
+			drow[c] = e4m3[b] * srow[c/blockCols]
 		}
 	}
 	return nil

@@ -1,6 +1,6 @@
 // Package floatx converts between float32 and the narrow float formats that
-// checkpoints store: bfloat16, IEEE binary16 and fp8 e4m3fn with per-block
-// scales.
+// checkpoints store: bfloat16, IEEE binary16, fp8 e4m3fn with per-block
+// scales and MXFP4 (fp4 e2m1 values with E8M0 scales).
 //
 // Every narrowing conversion rounds to nearest, ties to even, and keeps
 // NaN, ±Inf, ±0 and subnormals exact where the target format has them.

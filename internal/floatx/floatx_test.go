@@ -151,7 +151,7 @@ func TestBlockDequant(t *testing.T) {
 	}
 	scale := []float32{1, 2, 3, 4} // 2×2 blocks
 	dst := make([]float32, rows*cols)
-	if err := DequantE4M3Weight(dst, w, scale, rows, cols, block); err != nil {
+	if err := DequantE4M3Weight(dst, w, scale, rows, cols, block, block); err != nil {
 		t.Fatal(err)
 	}
 	for r := 0; r < rows; r++ {
@@ -162,7 +162,7 @@ func TestBlockDequant(t *testing.T) {
 			}
 		}
 	}
-	if err := DequantE4M3Weight(dst, w, scale[:3], rows, cols, block); err == nil {
+	if err := DequantE4M3Weight(dst, w, scale[:3], rows, cols, block, block); err == nil {
 		t.Fatal("short scale accepted")
 	}
 

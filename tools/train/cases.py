@@ -8,6 +8,7 @@ DSA kept positions, order included).
     /usr/bin/python3 cases.py -out DIR [-n 12] [-seed 1] [-k3 PATH]
     /usr/bin/python3 cases.py -out DIR -seeds S1,S2,...   (those draws again)
     /usr/bin/python3 cases.py -out DIR -wide ...          (wider layouts)
+    /usr/bin/python3 cases.py -out DIR -quant mixed ...   (MXFP4 experts, fp8 matrices)
 
 A draw whose outputs a float32 engine could not reproduce exactly is drawn
 again: a greedy token, an expert pick or a kept position decided by less
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 
+import numpy as np
 import torch
 
 import model
@@ -254,6 +256,96 @@ def to_f16(path):
     st.write(path, t, {n: "F16" for n, v in t.items() if v.dim() >= 2 and v.is_floating_point()}, meta)
 
 
+def e4m3_codes(a):
+    """The nearest fp8 e4m3fn codes to the float32 array a (clipped to
+    +-448)."""
+    table = st.E4M3[:127]  # codes 0-126: the non-negative finite values, ascending
+    m = np.minimum(np.abs(a), 448.0)
+    hi = np.clip(np.searchsorted(table, m), 0, 126)
+    lo = np.clip(hi - 1, 0, 126)
+    c = np.where(np.abs(table[lo] - m) <= np.abs(table[hi] - m), lo, hi)
+    return (c | np.where(np.signbit(a), 0x80, 0)).astype(np.uint8)
+
+
+def fp8_form(name, w, form, r):
+    """w (float32 [R, C]) as fp8 tensors: the codes and a scale tensor of
+    the form ("inv": DeepSeek's 128x128 weight_scale_inv; "row", "tensor",
+    "block": compressed-tensors' weight_scale), F32 or BF16."""
+    R, C = w.shape
+    br, bc = {"inv": (128, 128), "block": (128, 128), "row": (1, C), "tensor": (R, C)}[form]
+    nr, nc = (R + br - 1) // br, (C + bc - 1) // bc
+    a = w.numpy()
+    scale = np.zeros((nr, nc), dtype=np.float32)
+    for i in range(nr):
+        for j in range(nc):
+            scale[i, j] = np.abs(a[i * br:(i + 1) * br, j * bc:(j + 1) * bc]).max() / np.float32(448)
+    scale[scale == 0] = 1
+    dt = "F32" if form == "inv" else r.choice(["F32", "BF16"])
+    st_scale = torch.from_numpy(scale)
+    if dt == "BF16":
+        st_scale = st.bf16_round(st_scale)
+    full = st_scale.numpy().repeat(br, 0)[:R].repeat(bc, 1)[:, :C]
+    codes = torch.from_numpy(e4m3_codes(a / full))
+    shape = {"inv": [nr, nc], "block": [nr, nc], "row": r.choice([[R, 1], [R]]), "tensor": r.choice([[1], [1, 1], []])}[form]
+    sname = name + ("_scale_inv" if form == "inv" else "_scale")
+    return {name: codes, sname: st_scale.reshape(shape)}, {name: "F8_E4M3", sname: dt}
+
+
+def mxfp4_form(name, w, shape_dtype):
+    """w (float32 [R, C], C even) as compressed-tensors MXFP4 tensors."""
+    R, C = w.shape
+    G = (C + 31) // 32
+    a = w.double().numpy()
+    mags = np.array(model.E2M1)
+    codes = np.zeros((R, C), dtype=np.uint8)
+    scale = np.zeros((R, G), dtype=np.uint8)
+    for g in range(G):
+        blk = a[:, g * 32:(g + 1) * 32]
+        amax = np.abs(blk).max(1)
+        e = np.where(amax > 0, np.ceil(np.log2(np.where(amax > 0, amax, 1) / 6)), -20).astype(np.int64)
+        e = np.clip(e, -127, 127)
+        scale[:, g] = e + 127
+        x = np.abs(blk) / np.ldexp(1.0, e)[:, None]
+        idx = np.abs(x[..., None] - mags).argmin(-1)
+        codes[:, g * 32:(g + 1) * 32] = idx | np.where(np.signbit(blk), 8, 0)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    base = name[: -len(".weight")]
+    t = {base + ".weight_packed": torch.from_numpy(packed), base + ".weight_scale": torch.from_numpy(scale)}
+    d = {base + ".weight_packed": "U8", base + ".weight_scale": "U8"}
+    if shape_dtype:
+        t[base + ".weight_shape"] = torch.tensor([R, C], dtype=torch.int64)
+        d[base + ".weight_shape"] = shape_dtype
+    return t, d
+
+
+def quantize(path, quant, r):
+    """Rewrites the checkpoint's matrices in quantised forms: "mxfp4" the
+    routed experts, "fp8" the other matrices (not the embedding, lm_head or
+    the routers), each in a scale form drawn from r, "mixed" both. Returns
+    a description for the metadata."""
+    stored = st.dtypes(path)
+    t, meta = st.read(path)
+    out, dtypes, forms = {}, {}, set()
+    for n, v in t.items():
+        matrix = v.dim() == 2 and n.endswith(".weight")
+        if matrix and ".experts." in n and quant in ("mxfp4", "mixed") and v.shape[1] % 2 == 0:
+            shape_dtype = r.choice(["", "I64", "I32"])
+            q, d = mxfp4_form(n, v, shape_dtype)
+            forms.add("MXFP4 experts" + (f" (weight_shape {shape_dtype})" if shape_dtype else ""))
+        elif (matrix and ".experts." not in n and quant in ("fp8", "mixed") and "embed_tokens" not in n
+              and "lm_head" not in n and not n.endswith("block_sparse_moe.gate.weight")):
+            form = r.choice(["inv", "row", "tensor", "block"])
+            q, d = fp8_form(n, v, form, r)
+            forms.add(f"fp8 ({form} scales)")
+        else:
+            out[n], dtypes[n] = v, stored[n]
+            continue
+        out.update(q)
+        dtypes.update(d)
+    st.write(path, out, dtypes, meta)
+    return ", ".join(sorted(forms))
+
+
 def top2(row):
     v = row.topk(2).values
     return (v[0] - v[1]).item()
@@ -268,6 +360,8 @@ def main():
     ap.add_argument("-wide", action="store_true", help="wide layouts (widen): k-major panels, the packed GEMM")
     ap.add_argument("-seeds", default="", help="comma-separated draw seeds to write (as printed), instead of -n new draws")
     ap.add_argument("-k3", default="", help="the k3 binary (default: go build it)")
+    ap.add_argument("-quant", default="none", choices=["none", "mxfp4", "fp8", "mixed", "any"],
+                    help="quantised weights: MXFP4 experts, fp8 matrices, both, or one of the four drawn per case")
     a = ap.parse_args()
     k3 = a.k3
     repo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
@@ -306,6 +400,11 @@ def main():
         if not bf16 and r.random() < 0.5:
             stored = "F16"
             to_f16(f"{case}/model.safetensors")
+        if a.quant != "none":
+            qr = random.Random(seed * 17 + 3)  # a stream of its own: the draws above stay as they were
+            quant = qr.choice(["none", "mxfp4", "fp8", "mixed"]) if a.quant == "any" else a.quant
+            if quant != "none":
+                stored += "; " + quantize(f"{case}/model.safetensors", quant, qr)
         prefill, gen, decode, picks, weights, lists, dlists, arg, moe_m, dsa_m = reference(case, cfg, ids)
         scale = prefill.abs().max().item()
         if arg < 1e-3 * scale or moe_m < 1e-5 or dsa_m < 1e-5:

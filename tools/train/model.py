@@ -548,12 +548,60 @@ def load_checkpoint(case, cfg):
     sd = {}
     for f in files:
         sd.update(st.read(f"{case}/{f}")[0])
+    sd = dequantize(sd)
     H = cfg["linear_attn_config"]["num_heads"]
     dtype = torch.get_default_dtype()
     sd = {k: (v.flatten()[:H] if k.endswith("A_log") else v).to(dtype) for k, v in sd.items()}
     lm = LM(cfg).eval()
     load_hf_state_dict(lm, sd)
     return lm
+
+
+E2M1 = [0, 0.5, 1, 1.5, 2, 3, 4, 6]  # an fp4 e2m1 nibble's magnitude by its low three bits
+
+
+def dequantize(sd):
+    """sd with its quantised matrices replaced by the bf16 values they stand
+    for (as float32; docs/ARCHITECTURE.md, "Quantised weights"): fp8 X.weight
+    times X.weight_scale_inv (128x128 blocks) or X.weight_scale (a row's,
+    the tensor's, or blocks), the product in float32 rounded to bf16; MXFP4
+    X.weight_packed (column 2j in the low nibble) times 2^(s-127) for the
+    X.weight_scale code s of its 32 columns (exact in bf16)."""
+    out = {}
+    for k, v in sd.items():
+        if k.endswith(".weight_packed"):
+            base = k[: -len(".weight_packed")]
+            rows, cols = v.shape[0], 2 * v.shape[1]
+            if base + ".weight_shape" in sd:
+                assert sd[base + ".weight_shape"].tolist() == [rows, cols], base
+            codes = sd[base + ".weight_scale"].long()
+            assert codes.shape == (rows, (cols + 31) // 32) and int(codes.max()) < 255, base
+            nib = torch.stack([v.long() & 15, v.long() >> 4], -1).reshape(rows, cols)
+            mag = torch.tensor(E2M1, dtype=torch.float64)[nib & 7]
+            val = torch.where(nib & 8 != 0, -mag, mag)
+            scale = torch.pow(torch.tensor(2.0, dtype=torch.float64), codes - 127).repeat_interleave(32, 1)[:, :cols]
+            w = (val * scale).float()
+            assert torch.equal(st.bf16_round(w), w), base
+            out[base + ".weight"] = w
+        elif k.endswith((".weight_scale", ".weight_scale_inv", ".weight_shape")):
+            continue
+        elif k + "_scale_inv" in sd or k + "_scale" in sd:
+            inv = k + "_scale_inv" in sd
+            s = sd[k + "_scale_inv"] if inv else sd[k + "_scale"]
+            R, C = v.shape
+            blocks = [(R + 127) // 128, (C + 127) // 128]
+            if inv or list(s.shape) == blocks and s.numel() > 1:
+                assert list(s.shape) == blocks, k
+                s = s.repeat_interleave(128, 0)[:R].repeat_interleave(128, 1)[:, :C]
+            elif s.numel() == 1:
+                s = s.reshape(())
+            else:
+                assert s.numel() == R and s.dim() in (1, 2), k
+                s = s.reshape(R, 1)
+            out[k] = st.bf16_round(v.float() * s.float())
+        else:
+            out[k] = v
+    return out
 
 
 def load_hf_state_dict(lm, sd):
