@@ -408,8 +408,17 @@ func (m *Model) cut(src weights.Source, rules map[string]cutRule) weights.Source
 	return cutSource(src, rules, &m.held)
 }
 
+// get serves a tensor as the model holds it, counting its bytes (those of
+// the bf16 copy for a quantised one) in s.held.
 func (s *source) get(full string) (compute.DType, []int, []byte, error) {
-	name := s.name(full)
+	dt, shape, data, err := s.read(s.name(full))
+	if err == nil && s.held != nil {
+		*s.held += int64(len(data))
+	}
+	return dt, shape, data, err
+}
+
+func (s *source) read(name string) (compute.DType, []int, []byte, error) {
 	data, ti, err := s.ck.Bytes(name)
 	if err != nil {
 		if base, ok := strings.CutSuffix(name, ".weight"); ok {
@@ -420,9 +429,6 @@ func (s *source) get(full string) (compute.DType, []int, []byte, error) {
 		return 0, nil, nil, fmt.Errorf("missing tensor %s", name)
 	}
 	s.markUsed(name, ti.Size)
-	if s.held != nil {
-		*s.held += ti.Size
-	}
 	switch ti.DType {
 	case safetensors.F32:
 		return compute.F32, ti.Shape, data, nil

@@ -125,9 +125,6 @@ func (s *source) unpackFP4(base string) (compute.DType, []int, []byte, error) {
 	if groups := ceilDiv(cols, floatx.MXGroup); !slices.Equal(si.Shape, []int{rows, groups}) {
 		return 0, nil, nil, fmt.Errorf("tensor %s has shape %v, want [%d %d] (one scale a %d columns of %s's %d×%d)", sname, si.Shape, rows, groups, floatx.MXGroup, pname, rows, cols)
 	}
-	if s.held != nil {
-		*s.held += pi.Size + si.Size
-	}
 	f := make([]float32, rows*cols)
 	if err := floatx.DequantMXFP4(f, packed, scale, rows, cols); err != nil {
 		return 0, nil, nil, fmt.Errorf("%s: %w", pname, err)

@@ -227,18 +227,21 @@ func TestQuantisedWeights(t *testing.T) {
 		prompt[i] = int32((i*131 + 7) % 512)
 	}
 	const steps = 6
+	held := map[string]int64{}
 	run := func(dir string) ([]float32, []int32) {
 		m, err := Load(ctx, dir)
 		require.NoError(t, err)
 		defer m.Close()
+		held[dir] = m.ShardBytes()
 		s, err := m.NewSession()
 		require.NoError(t, err)
 		defer s.Close()
 		return runAlone(t, s, prompt, steps)
 	}
-	qdir := writeTiny(t, quant)
+	qdir, pdir := writeTiny(t, quant), writeTiny(t, plain)
 	got, gotToks := run(qdir)
-	want, wantToks := run(writeTiny(t, plain))
+	want, wantToks := run(pdir)
+	assert.Equal(t, held[pdir], held[qdir], "ShardBytes counts the bf16 copies")
 	require.Equal(t, wantToks, gotToks)
 	require.Len(t, got, len(want))
 	for i := range want {
