@@ -48,6 +48,11 @@ func (k LayerKind) String() string {
 type Config struct {
 	ModelType    string // the outer model_type
 	Architecture string // architectures[0], if given
+	// Vision is whether config.json describes a vision encoder
+	// (vision_config, beside text_config in Kimi K3's multimodal
+	// checkpoints). k3 runs the text model; the encoder's and projector's
+	// tensors are left unread.
+	Vision bool
 
 	VocabSize             int
 	HiddenSize            int
@@ -269,19 +274,20 @@ func Parse(data []byte) (*Config, error) {
 		ModelType     string          `json:"model_type"`
 		Architectures []string        `json:"architectures"`
 		TextConfig    json.RawMessage `json:"text_config"`
+		VisionConfig  json.RawMessage `json:"vision_config"`
 	}
 	if err := json.Unmarshal(data, &outer); err != nil {
 		return nil, fmt.Errorf("config: %w: %v", ErrInvalid, err)
 	}
 	text := data
-	if len(outer.TextConfig) > 0 && !bytes.Equal(bytes.TrimSpace(outer.TextConfig), []byte("null")) {
+	if present(outer.TextConfig) {
 		text = outer.TextConfig
 	}
 	var r rawText
 	if err := json.Unmarshal(text, &r); err != nil {
 		return nil, fmt.Errorf("config: %w: %v", ErrInvalid, err)
 	}
-	c := &Config{ModelType: outer.ModelType}
+	c := &Config{ModelType: outer.ModelType, Vision: present(outer.VisionConfig)}
 	if c.ModelType == "" {
 		c.ModelType = r.ModelType
 	}
@@ -292,6 +298,11 @@ func Parse(data []byte) (*Config, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// present reports whether a JSON field was given a value other than null.
+func present(v json.RawMessage) bool {
+	return len(v) > 0 && !bytes.Equal(bytes.TrimSpace(v), []byte("null"))
 }
 
 func fieldErr(field string, value any, format string, args ...any) error {

@@ -163,3 +163,25 @@ func FuzzParse(f *testing.F) {
 		_ = c.NumParams()
 	})
 }
+
+// TestVision: vision_config beside text_config marks a multimodal
+// checkpoint; absent or null it does not.
+func TestVision(t *testing.T) {
+	b, err := os.ReadFile("../testdata/model/tiny_k31pro/config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := strings.TrimPrefix(strings.TrimSpace(string(b)), "{")
+	for _, tc := range []struct {
+		prefix string
+		want   bool
+	}{{"", false}, {`"vision_config": null,`, false}, {`"vision_config": {"model_type": "moonvit"},`, true}} {
+		c, err := Parse([]byte("{" + tc.prefix + body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Vision != tc.want {
+			t.Errorf("%q: Vision = %v, want %v", tc.prefix, c.Vision, tc.want)
+		}
+	}
+}

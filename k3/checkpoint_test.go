@@ -188,3 +188,39 @@ func TestProgress(t *testing.T) {
 	}
 	assert.Equal(t, m.WeightBytes(), calls[len(calls)-1][0], "the last call is complete")
 }
+
+// TestVisionTowerLeftUnread: a multimodal checkpoint's vision encoder and
+// projector tensors (outside language_model., with vision_config in
+// config.json) load as nothing and change nothing; without vision_config
+// they are unexpected tensors.
+func TestVisionTowerLeftUnread(t *testing.T) {
+	ctx := context.Background()
+	ts := append(tinyTensors(t),
+		safetensors.F32Tensor("vision_tower.encoder.blocks.0.wqkv.weight", []int{6, 2}, make([]float32, 12)),
+		safetensors.F32Tensor("mm_projector.proj.0.weight", []int{2, 2}, make([]float32, 4)))
+	withVision := tinyFS(t)
+	withVision["model.safetensors"] = &fstest.MapFile{Data: encodeTensors(t, ts)}
+	cfg := string(withVision["config.json"].Data)
+	require.True(t, strings.HasPrefix(cfg, "{"))
+	withVision["config.json"] = &fstest.MapFile{Data: []byte(`{"vision_config": {"model_type": "moonvit"},` + cfg[1:])}
+
+	logits := func(fsys fstest.MapFS) []float32 {
+		m, err := LoadFS(ctx, fsys, "ck")
+		require.NoError(t, err)
+		defer m.Close()
+		assert.True(t, m.Config.Vision == (fsys["config.json"] != nil && strings.Contains(string(fsys["config.json"].Data), "vision_config")))
+		s, err := m.NewSession()
+		require.NoError(t, err)
+		defer s.Close()
+		out, err := s.Forward(ctx, []int32{5, 9, 200, 17})
+		require.NoError(t, err)
+		return out
+	}
+	assert.Equal(t, logits(tinyFS(t)), logits(withVision))
+
+	noVision := tinyFS(t)
+	noVision["model.safetensors"] = withVision["model.safetensors"]
+	_, err := LoadFS(ctx, noVision, "ck")
+	require.ErrorIs(t, err, ErrCheckpoint)
+	assert.ErrorContains(t, err, "unexpected tensors mm_projector.proj.0.weight, vision_tower.encoder.blocks.0.wqkv.weight")
+}

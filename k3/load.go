@@ -468,6 +468,17 @@ func (m *Model) load(ctx context.Context, progress func(done, total int64)) erro
 			break
 		}
 	}
+	// Beside it a multimodal checkpoint holds its vision encoder and
+	// projector, which k3 does not run: they count as used, unread (and
+	// never paged in).
+	if src.strip != "" && cfg.Vision {
+		for _, name := range m.ck.Names() {
+			if !strings.HasPrefix(name, src.strip) {
+				t, _, _ := m.ck.Tensor(name)
+				src.markUsed(name, t.Size)
+			}
+		}
+	}
 	d, v := cfg.HiddenSize, cfg.VocabSize
 	// A TP rank holds a slice of the vocabulary: its rows of the embedding
 	// and of lm_head (vocabulary parallelism).
