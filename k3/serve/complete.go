@@ -209,6 +209,7 @@ type choice struct {
 	cached    int
 	last      time.Time
 	lps       []tokenLogprob // chat
+	tools     toolStream     // chat with tools, streamed
 	offsets   int            // completions: bytes of text so far, for text_offset
 	legacy    legacyLogprobs // completions
 }
@@ -353,7 +354,14 @@ func (a *answer) whole(w http.ResponseWriter, events <-chan event) {
 	for i, c := range a.choices {
 		ch := map[string]any{"index": i, "finish_reason": c.finish, "logprobs": nil}
 		if a.j.chat {
-			ch["message"] = map[string]any{"role": "assistant", "content": string(c.text)}
+			msg := map[string]any{"role": "assistant", "content": string(c.text)}
+			if a.j.tools {
+				if content, calls, ok := parseToolCalls(string(c.text)); ok {
+					msg["content"], msg["tool_calls"] = nullIfEmpty(content), calls
+					ch["finish_reason"] = toolFinish(c.finish)
+				}
+			}
+			ch["message"] = msg
 			if a.j.logprobs {
 				if c.lps == nil {
 					c.lps = []tokenLogprob{}
@@ -416,7 +424,7 @@ func (a *answer) stream(ctx context.Context, w http.ResponseWriter, events <-cha
 		w.WriteHeader(200)
 		if a.j.chat {
 			for i := range a.choices {
-				if !send(a.chunk(i, map[string]any{"role": "assistant", "content": ""}, nil, nil, "")) {
+				if !send(a.chunk(i, map[string]any{"role": "assistant", "content": ""}, nil, nil, "", "")) {
 					return false
 				}
 			}
@@ -445,6 +453,13 @@ func (a *answer) stream(ctx context.Context, w http.ResponseWriter, events <-cha
 		if text == "" && lp == nil && legacy == nil && c.finish == "" {
 			continue
 		}
+		if a.j.tools {
+			if !a.streamTools(send, ev.choice, text, lp) {
+				a.s.met.failed("abort")
+				return
+			}
+			continue
+		}
 		var delta any
 		if a.j.chat {
 			d := map[string]any{}
@@ -453,7 +468,7 @@ func (a *answer) stream(ctx context.Context, w http.ResponseWriter, events <-cha
 			}
 			delta = d
 		}
-		if !send(a.chunk(ev.choice, delta, lp, legacy, text)) {
+		if !send(a.chunk(ev.choice, delta, lp, legacy, text, c.finish)) {
 			a.s.met.failed("abort")
 			return
 		}
@@ -483,14 +498,58 @@ func (a *answer) stream(ctx context.Context, w http.ResponseWriter, events <-cha
 	}
 }
 
-// chunk is one streamed event of choice i.
-func (a *answer) chunk(i int, delta any, lp []tokenLogprob, legacy *legacyLogprobs, text string) map[string]any {
-	c := a.choices[i]
-	var finish any
-	if c.finish != "" {
-		finish = c.finish
+// streamTools sends a chat choice's piece of text when the request has
+// tools: the content as toolStream releases it, and at the end the calls
+// and the finish reason, each in a chunk of its own.
+func (a *answer) streamTools(send func(any) bool, i int, text string, lp []tokenLogprob) bool {
+	c := &a.choices[i]
+	content := c.tools.next(text)
+	if c.finish == "" {
+		return content == "" && lp == nil || send(a.chunk(i, map[string]any{"content": content}, lp, nil, "", ""))
 	}
-	ch := map[string]any{"index": i, "finish_reason": finish, "logprobs": nil}
+	rest, calls := c.tools.end()
+	content += rest
+	if (content != "" || lp != nil) && !send(a.chunk(i, map[string]any{"content": content}, lp, nil, "", "")) {
+		return false
+	}
+	finish := c.finish
+	if len(calls) > 0 {
+		deltas := make([]map[string]any, len(calls))
+		for k, call := range calls {
+			deltas[k] = map[string]any{"index": k, "id": call.ID, "type": call.Type, "function": call.Function}
+		}
+		if !send(a.chunk(i, map[string]any{"tool_calls": deltas}, nil, nil, "", "")) {
+			return false
+		}
+		finish = toolFinish(finish)
+	}
+	return send(a.chunk(i, map[string]any{}, nil, nil, "", finish))
+}
+
+// toolFinish is the finish reason of a choice that ended with tool calls:
+// tool_calls, unless max_tokens or the context cut it.
+func toolFinish(finish string) string {
+	if finish == "stop" {
+		return "tool_calls"
+	}
+	return finish
+}
+
+func nullIfEmpty(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// chunk is one streamed event of choice i; finish is its finish reason,
+// "" for none.
+func (a *answer) chunk(i int, delta any, lp []tokenLogprob, legacy *legacyLogprobs, text, finish string) map[string]any {
+	var fr any
+	if finish != "" {
+		fr = finish
+	}
+	ch := map[string]any{"index": i, "finish_reason": fr, "logprobs": nil}
 	obj := "text_completion"
 	if a.j.chat {
 		obj = "chat.completion.chunk"

@@ -31,6 +31,7 @@ func FuzzRequests(f *testing.F) {
 		`{"prompt":[1,2,3],"max_tokens":2,"stream":true,"stream_options":{"include_usage":true}}`,
 		`{"prompt":[[1,2]],"logprobs":2,"presence_penalty":1,"frequency_penalty":-1}`,
 		`{"messages":[{"role":"assistant","content":null}],"tools":[]}`,
+		`{"messages":[{"role":"user","content":"w?"},{"role":"assistant","tool_calls":[{"id":"functions.f:0","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"functions.f:0","content":"1"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":"auto","stream":true}`,
 		`{"prompt":"x","max_tokens":1e9}`, `{"prompt":{}}`, `[]`, `null`, `{"messages":"x"}`, `{`,
 	} {
 		f.Add("/v1/chat/completions", seed)

@@ -36,9 +36,10 @@ type sampling struct {
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
+	// Tools: chat only (tools.go).
+	Tools json.RawMessage `json:"tools"`
 	// Features k3 does not serve; a request that asks for them is refused
 	// rather than answered as if it had not.
-	Tools          json.RawMessage `json:"tools"`
 	Functions      json.RawMessage `json:"functions"`
 	ResponseFormat *struct {
 		Type string `json:"type"`
@@ -51,11 +52,17 @@ type chatRequest struct {
 	Logprobs    json.RawMessage `json:"logprobs"` // a boolean here
 	TopLogprobs *int            `json:"top_logprobs"`
 	ToolChoice  json.RawMessage `json:"tool_choice"`
+	// ParallelToolCalls is accepted: the calls returned are those the
+	// model wrote.
+	ParallelToolCalls *bool `json:"parallel_tool_calls"`
 }
 
 type chatMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
+	Role       string          `json:"role"`
+	Content    json.RawMessage `json:"content"`
+	ToolCalls  []toolCall      `json:"tool_calls"`   // assistant
+	ToolCallID string          `json:"tool_call_id"` // tool
+	Name       string          `json:"name"`
 }
 
 type completionRequest struct {
@@ -91,6 +98,7 @@ type job struct {
 	includeUsage bool
 	logprobs     bool
 	top          int
+	tools        bool                // read tool calls back from the text (tools.go)
 	opts         []k3.GenerateOption // shared by every choice
 	seed         uint64
 	sampled      bool // temperature > 0: choices draw with seeds seed+i
@@ -106,27 +114,58 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 	if len(req.Messages) == 0 {
 		return nil, badParam("messages", "messages is empty; a chat completion needs at least one message")
 	}
-	msgs := make([]k3.Message, len(req.Messages))
+	decl, err := toolDeclaration(req.Tools)
+	if err != nil {
+		return nil, err
+	}
+	var msgs []k3.Message
+	if decl != "" {
+		msgs = append(msgs, k3.Message{Role: "tool_declare", Content: decl})
+	}
 	for i, m := range req.Messages {
 		param := fmt.Sprintf("messages[%d]", i)
-		switch m.Role {
-		case "system", "user", "assistant", "tool":
-			msgs[i].Role = m.Role
-		case "developer":
-			msgs[i].Role = "system"
-		default:
-			return nil, badParam(param+".role", "%s.role = %q, want system, developer, user, assistant or tool", param, m.Role)
-		}
 		text, err := contentText(m.Content, param+".content")
 		if err != nil {
 			return nil, err
 		}
-		msgs[i].Content = text
-	}
-	if len(req.ToolChoice) > 0 && string(req.ToolChoice) != "null" && string(req.ToolChoice) != `"none"` {
-		return nil, badParam("tool_choice", "tool_choice is not served by k3 (no tool calling)")
+		msg := k3.Message{Role: m.Role, Content: text}
+		switch m.Role {
+		case "system", "user":
+		case "assistant":
+			if len(m.ToolCalls) > 0 {
+				calls, err := toolCallsText(m.ToolCalls, param+".tool_calls")
+				if err != nil {
+					return nil, err
+				}
+				msg.Content += calls
+			}
+		case "tool":
+			if msg, err = toolResult(m, text, param); err != nil {
+				return nil, err
+			}
+		case "developer":
+			msg.Role = "system"
+		default:
+			return nil, badParam(param+".role", "%s.role = %q, want system, developer, user, assistant or tool", param, m.Role)
+		}
+		msgs = append(msgs, msg)
 	}
 	j := &job{chat: true, prompt: s.m.Encode(s.m.ChatPrompt(msgs))}
+	switch choice := strings.TrimSpace(string(req.ToolChoice)); choice {
+	case "", "null", `"auto"`:
+		j.tools = decl != ""
+	case `"none"`:
+	case `"required"`:
+		return nil, badParam("tool_choice", `tool_choice = "required" needs constrained decoding, which k3 does not serve; use "auto"`)
+	default:
+		var named struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(req.ToolChoice, &named) == nil && named.Type == "function" {
+			return nil, badParam("tool_choice", "tool_choice naming a function needs constrained decoding, which k3 does not serve; use \"auto\"")
+		}
+		return nil, badParam("tool_choice", "tool_choice = %s, want \"auto\" or \"none\"", req.ToolChoice)
+	}
 	if len(req.Logprobs) > 0 && string(req.Logprobs) != "null" {
 		if err := json.Unmarshal(req.Logprobs, &j.logprobs); err != nil {
 			return nil, badParam("logprobs", "logprobs = %s, want true or false", req.Logprobs)
@@ -244,10 +283,10 @@ func (s *Server) sampling(req *sampling, j *job) error {
 			msg: fmt.Sprintf("the model %q does not exist (this server has %q)", req.Model, s.cfg.Name)}
 	}
 	switch {
-	case len(req.Tools) > 0 && string(req.Tools) != "null" && string(req.Tools) != "[]":
-		return badParam("tools", "tools are not served by k3 (no tool calling)")
+	case !j.chat && len(req.Tools) > 0 && string(req.Tools) != "null" && string(req.Tools) != "[]":
+		return badParam("tools", "tools are served on /v1/chat/completions only")
 	case len(req.Functions) > 0 && string(req.Functions) != "null":
-		return badParam("functions", "functions are not served by k3 (no tool calling)")
+		return badParam("functions", "functions (the deprecated form of tools) is not served by k3; use tools")
 	case req.ResponseFormat != nil && req.ResponseFormat.Type != "" && req.ResponseFormat.Type != "text":
 		return badParam("response_format", "response_format.type = %q is not served by k3 (text only)", req.ResponseFormat.Type)
 	case req.StreamOptions != nil && !req.Stream:

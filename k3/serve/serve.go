@@ -237,9 +237,10 @@ func (s *Server) model(w http.ResponseWriter, r *http.Request) {
 // (rendered in the chat format, ending with the assistant's turn).
 func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 	var req struct {
-		Model    string        `json:"model"`
-		Prompt   *string       `json:"prompt"`
-		Messages []chatMessage `json:"messages"`
+		Model    string          `json:"model"`
+		Prompt   *string         `json:"prompt"`
+		Messages []chatMessage   `json:"messages"`
+		Tools    json.RawMessage `json:"tools"`
 	}
 	if !s.decode(w, r, &req) {
 		return
@@ -257,7 +258,7 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 	case req.Prompt != nil:
 		ids = s.m.Encode(*req.Prompt)
 	case req.Messages != nil:
-		j, err := s.chatJob(&chatRequest{Messages: req.Messages})
+		j, err := s.chatJob(&chatRequest{sampling: sampling{Tools: req.Tools}, Messages: req.Messages})
 		if err != nil {
 			writeError(w, err)
 			return

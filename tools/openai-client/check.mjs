@@ -109,6 +109,27 @@ const checks = {
     }
   },
 
+  async tools(model) {
+    // A tool round trip as an application sends it: the tools, the
+    // assistant's call and the tool's result. The tiny model writes Go,
+    // not calls, so the answer is text.
+    const tools = [{ type: "function", function: { name: "get_weather", description: "Weather of a city",
+      parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] } } }];
+    const history = [
+      ...messages,
+      { role: "assistant", content: null, tool_calls: [
+        { id: "functions.get_weather:0", type: "function", function: { name: "get_weather", arguments: '{"city":"Paris"}' } }] },
+      { role: "tool", tool_call_id: "functions.get_weather:0", content: "18 C" },
+    ];
+    const r = await client.chat.completions.create({ model, messages: history, tools, tool_choice: "auto", max_tokens: 8, temperature: 0 });
+    assert.equal(typeof r.choices[0].message.content, "string");
+    assert.ok(["stop", "length", "tool_calls"].includes(r.choices[0].finish_reason), r.choices[0].finish_reason);
+    await assert.rejects(
+      client.chat.completions.create({ model, messages, tools, tool_choice: "required" }),
+      (err) => err instanceof OpenAI.BadRequestError && /tool_choice/.test(err.message),
+    );
+  },
+
   async invalid(model) {
     await assert.rejects(
       client.chat.completions.create({ model, messages, temperature: 5 }),

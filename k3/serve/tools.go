@@ -1,0 +1,214 @@
+package serve
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"k3/k3"
+)
+
+// Tool calls in the Kimi chat format (docs/SERVING.md, "Tool calls").
+
+const (
+	toolSectionBegin = "<|tool_calls_section_begin|>"
+	toolSectionEnd   = "<|tool_calls_section_end|>"
+	toolCallBegin    = "<|tool_call_begin|>"
+	toolArgsBegin    = "<|tool_call_argument_begin|>"
+	toolCallEnd      = "<|tool_call_end|>"
+)
+
+// maxTools bounds a request's tools list.
+const maxTools = 128
+
+var toolName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// toolCall is an entry of an assistant message's tool_calls, in requests
+// and in answers.
+type toolCall struct {
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+// toolDeclaration validates a request's tools and renders the turn that
+// declares them; "" when there are none.
+func toolDeclaration(raw json.RawMessage) (string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
+	var tools []map[string]any
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber() // numbers in the schemas render as written
+	if err := dec.Decode(&tools); err != nil {
+		return "", badParam("tools", "tools must be a list of objects")
+	}
+	if len(tools) == 0 {
+		return "", nil
+	}
+	if len(tools) > maxTools {
+		return "", badParam("tools", "tools holds %d tools, at most %d", len(tools), maxTools)
+	}
+	for i, t := range tools {
+		param := fmt.Sprintf("tools[%d]", i)
+		if t["type"] != "function" {
+			return "", badParam(param+".type", "%s.type = %v, want \"function\"", param, jsonText(t["type"]))
+		}
+		f, ok := t["function"].(map[string]any)
+		if !ok {
+			return "", badParam(param+".function", "%s.function must be an object", param)
+		}
+		name, _ := f["name"].(string)
+		if !toolName.MatchString(name) {
+			return "", badParam(param+".function.name", "%s.function.name = %v, want 1-64 letters, digits, _ or -", param, jsonText(f["name"]))
+		}
+		if p, ok := f["parameters"]; ok {
+			if _, ok := p.(map[string]any); !ok && p != nil {
+				return "", badParam(param+".function.parameters", "%s.function.parameters must be a JSON Schema object", param)
+			}
+		}
+	}
+	// Compact, keys sorted (encoding/json sorts map keys), no HTML escapes:
+	// the template's tojson.
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(tools); err != nil {
+		return "", badParam("tools", "tools: %v", err)
+	}
+	return strings.TrimSuffix(b.String(), "\n"), nil
+}
+
+func jsonText(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// toolCallsText renders an assistant message's tool calls after its
+// content.
+func toolCallsText(calls []toolCall, param string) (string, error) {
+	var b strings.Builder
+	b.WriteString(toolSectionBegin)
+	for i, c := range calls {
+		p := fmt.Sprintf("%s[%d]", param, i)
+		switch {
+		case c.Type != "" && c.Type != "function":
+			return "", badParam(p+".type", "%s.type = %q, want \"function\"", p, c.Type)
+		case c.ID == "":
+			return "", badParam(p+".id", "%s.id is missing", p)
+		}
+		b.WriteString(toolCallBegin + c.ID + toolArgsBegin + c.Function.Arguments + toolCallEnd)
+	}
+	b.WriteString(toolSectionEnd)
+	return b.String(), nil
+}
+
+// toolResult renders a tool message.
+func toolResult(m chatMessage, content, param string) (k3.Message, error) {
+	if m.ToolCallID == "" {
+		return k3.Message{}, badParam(param+".tool_call_id", "%s.tool_call_id is missing", param)
+	}
+	role := "tool"
+	if m.Name != "" && m.Name != "user" && m.Name != "assistant" {
+		role = m.Name
+	}
+	return k3.Message{Role: role, Content: "## Return of " + m.ToolCallID + "\n" + content}, nil
+}
+
+// parseToolCalls reads generated text back: the content before the tool
+// calls section and the section's complete calls. ok is false when the
+// text holds no complete call, in which case all of it is content.
+func parseToolCalls(text string) (content string, calls []toolCall, ok bool) {
+	before, section, found := strings.Cut(text, toolSectionBegin)
+	if !found {
+		return text, nil, false
+	}
+	section, _, _ = strings.Cut(section, toolSectionEnd)
+	for {
+		_, rest, found := strings.Cut(section, toolCallBegin)
+		if !found {
+			break
+		}
+		call, after, found := strings.Cut(rest, toolCallEnd)
+		if !found {
+			break // cut short
+		}
+		section = after
+		id, args, found := strings.Cut(call, toolArgsBegin)
+		if !found {
+			continue
+		}
+		var c toolCall
+		c.ID, c.Type = strings.TrimSpace(id), "function"
+		c.Function.Name = toolCallName(c.ID)
+		c.Function.Arguments = strings.TrimSpace(args)
+		calls = append(calls, c)
+	}
+	if len(calls) == 0 {
+		return text, nil, false
+	}
+	return before, calls, true
+}
+
+// toolCallName is the function a call's id names: functions.NAME:INDEX
+// (or NAME:INDEX) without the prefix and the index.
+func toolCallName(id string) string {
+	name := strings.TrimPrefix(id, "functions.")
+	if i := strings.LastIndexByte(name, ':'); i >= 0 {
+		name = name[:i]
+	}
+	return name
+}
+
+// toolStream splits a choice's streamed text: the content before the tool
+// calls section is released as it comes, but for a tail that may begin
+// the section's marker; from the marker on, the text is kept for
+// parseToolCalls at the end.
+type toolStream struct {
+	held    string // content not yet released
+	section bool   // the marker has been seen
+	all     []byte // every piece
+}
+
+// next takes a piece of text and returns the content that may be sent.
+func (t *toolStream) next(text string) string {
+	t.all = append(t.all, text...)
+	if t.section {
+		return ""
+	}
+	t.held += text
+	if i := strings.Index(t.held, toolSectionBegin); i >= 0 {
+		out := t.held[:i]
+		t.held, t.section = "", true
+		return out
+	}
+	keep := 0
+	for n := min(len(t.held), len(toolSectionBegin)-1); n > 0; n-- {
+		if strings.HasSuffix(t.held, toolSectionBegin[:n]) {
+			keep = n
+			break
+		}
+	}
+	out := t.held[:len(t.held)-keep]
+	t.held = t.held[len(t.held)-keep:]
+	return out
+}
+
+// end returns the content still held and the calls, once the generation
+// has ended. Without a complete call, everything not yet sent is content.
+func (t *toolStream) end() (content string, calls []toolCall) {
+	_, calls, ok := parseToolCalls(string(t.all))
+	if ok {
+		return t.held, calls
+	}
+	if t.section {
+		_, after, _ := strings.Cut(string(t.all), toolSectionBegin)
+		return t.held + toolSectionBegin + after, nil
+	}
+	return t.held, nil
+}

@@ -1,0 +1,244 @@
+package serve
+
+import (
+	"context"
+	"encoding/json"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"k3/k3"
+)
+
+var weatherTool = map[string]any{"type": "function", "function": map[string]any{
+	"name": "get_weather", "description": "Weather of a city <b>&</b>",
+	"parameters": json.RawMessage(`{"type":"object","properties":{"city":{"type":"string","minLength":1.50}},"required":["city"]}`),
+}}
+
+// TestToolPrompt: tools, an assistant's tool calls and a tool's result
+// render as the Kimi chat template does (written out here by hand).
+func TestToolPrompt(t *testing.T) {
+	_, hs, m := newTestServer(t, Config{Name: "tiny"})
+	code, out := post(t, hs.URL+"/tokenize", map[string]any{
+		"tools": []any{weatherTool},
+		"messages": []map[string]any{
+			{"role": "user", "content": "Weather in Paris?"},
+			{"role": "assistant", "content": nil, "tool_calls": []map[string]any{
+				{"id": "functions.get_weather:0", "type": "function", "function": map[string]any{"name": "get_weather", "arguments": `{"city": "Paris"}`}},
+			}},
+			{"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "18 C"},
+			{"role": "tool", "tool_call_id": "functions.get_weather:1", "name": "get_weather", "content": "19 C"},
+		},
+	})
+	require.Equal(t, 200, code, "%v", out)
+	var ids []int32
+	for _, v := range out["tokens"].([]any) {
+		ids = append(ids, int32(v.(float64)))
+	}
+	want := `<|im_system|>tool_declare<|im_middle|>[{"function":{"description":"Weather of a city <b>&</b>","name":"get_weather",` +
+		`"parameters":{"properties":{"city":{"minLength":1.50,"type":"string"}},"required":["city"],"type":"object"}},"type":"function"}]<|im_end|>` +
+		`<|im_user|>user<|im_middle|>Weather in Paris?<|im_end|>` +
+		`<|im_assistant|>assistant<|im_middle|><|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>` +
+		"<|im_system|>tool<|im_middle|>## Return of functions.get_weather:0\n18 C<|im_end|>" +
+		"<|im_system|>get_weather<|im_middle|>## Return of functions.get_weather:1\n19 C<|im_end|>" +
+		`<|im_assistant|>assistant<|im_middle|>`
+	assert.Equal(t, want, m.Decode(ids))
+}
+
+func TestParseToolCalls(t *testing.T) {
+	call := func(id, args string) string {
+		return toolCallBegin + id + toolArgsBegin + args + toolCallEnd
+	}
+	for _, tc := range []struct {
+		name, text, content string
+		ids, names, args    []string
+	}{
+		{"none", "plain <|tool text", "plain <|tool text", nil, nil, nil},
+		{"one", "Let me look." + toolSectionBegin + call("functions.get_weather:0", ` {"city": "Paris"} `) + toolSectionEnd,
+			"Let me look.", []string{"functions.get_weather:0"}, []string{"get_weather"}, []string{`{"city": "Paris"}`}},
+		{"two, no prefix", toolSectionBegin + "\n" + call("a_b:0", "{}") + "\n" + call("functions.c-d:1", `{"x":1}`) + "\n" + toolSectionEnd + "after",
+			"", []string{"a_b:0", "functions.c-d:1"}, []string{"a_b", "c-d"}, []string{"{}", `{"x":1}`}},
+		{"cut short", "x" + toolSectionBegin + call("functions.f:0", "{}") + toolCallBegin + "functions.g:1" + toolArgsBegin + `{"y"`,
+			"x", []string{"functions.f:0"}, []string{"f"}, []string{"{}"}},
+		{"nothing complete", "x" + toolSectionBegin + toolCallBegin + "functions.g:1" + toolArgsBegin,
+			"x" + toolSectionBegin + toolCallBegin + "functions.g:1" + toolArgsBegin, nil, nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			content, calls, ok := parseToolCalls(tc.text)
+			assert.Equal(t, tc.content, content)
+			assert.Equal(t, tc.ids != nil, ok)
+			require.Len(t, calls, len(tc.ids))
+			for i, c := range calls {
+				assert.Equal(t, tc.ids[i], c.ID)
+				assert.Equal(t, "function", c.Type)
+				assert.Equal(t, tc.names[i], c.Function.Name)
+				assert.Equal(t, tc.args[i], c.Function.Arguments)
+			}
+		})
+	}
+}
+
+// runAnswer feeds pieces of generated text (the last one finishing with
+// finish) through a chat answer with tools, whole or streamed, and
+// returns what the client reads.
+func runAnswer(t *testing.T, s *Server, stream bool, finish k3.FinishReason, pieces ...string) []byte {
+	t.Helper()
+	j := &job{chat: true, tools: true, stream: stream, prompt: []int32{1, 2, 3}, n: 1}
+	a := &answer{j: j, s: s, id: "chatcmpl-test", choices: make([]choice, 1)}
+	events := make(chan event, len(pieces))
+	for i, p := range pieces {
+		tok := k3.Token{ID: int32(i + 5), Text: p}
+		if i == len(pieces)-1 {
+			tok.Finish = finish
+			tok.Usage = &k3.Usage{PromptTokens: 3, GeneratedTokens: len(pieces)}
+		}
+		events <- event{tok: tok}
+	}
+	close(events)
+	w := httptest.NewRecorder()
+	if stream {
+		a.stream(context.Background(), w, events)
+	} else {
+		a.whole(w, events)
+	}
+	require.Equal(t, 200, w.Code, w.Body.String())
+	return w.Body.Bytes()
+}
+
+// TestToolCallAnswers: the calls in generated text come back as the
+// message's tool_calls, whole and streamed (the marker split over pieces
+// never shows in the content), with finish_reason tool_calls; text without
+// a complete call stays content.
+func TestToolCallAnswers(t *testing.T) {
+	s, _, _ := newTestServer(t, Config{Name: "tiny"})
+	pieces := []string{"Let me ", "check <|", "tool_calls_sec", "tion_begin|>", "<|tool_call_begin|>functions.get_weather:0",
+		"<|tool_call_argument_begin|>", `{"city": `, `"Paris"}`, "<|tool_call_end|>", "<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{}<|tool_call_end|>", "<|tool_calls_section_end|>"}
+	wantCalls := []any{
+		map[string]any{"id": "functions.get_weather:0", "type": "function", "function": map[string]any{"name": "get_weather", "arguments": `{"city": "Paris"}`}},
+		map[string]any{"id": "functions.get_time:1", "type": "function", "function": map[string]any{"name": "get_time", "arguments": "{}"}},
+	}
+
+	var whole map[string]any
+	require.NoError(t, json.Unmarshal(runAnswer(t, s, false, k3.FinishStop, pieces...), &whole))
+	ch := whole["choices"].([]any)[0].(map[string]any)
+	assert.Equal(t, "tool_calls", ch["finish_reason"])
+	msg := ch["message"].(map[string]any)
+	assert.Equal(t, "Let me check ", msg["content"])
+	assert.Equal(t, wantCalls, msg["tool_calls"])
+
+	events, done := sse(t, strings.NewReader(string(runAnswer(t, s, true, k3.FinishStop, pieces...))))
+	require.True(t, done)
+	var content strings.Builder
+	var calls []any
+	var finishes []any
+	for _, ev := range events {
+		c := ev["choices"].([]any)[0].(map[string]any)
+		d := c["delta"].(map[string]any)
+		if v, ok := d["content"].(string); ok {
+			content.WriteString(v)
+			assert.NotContains(t, v, "|", "a marker's start leaked into the content")
+		}
+		if v, ok := d["tool_calls"].([]any); ok {
+			for k, x := range v {
+				call := x.(map[string]any)
+				assert.EqualValues(t, k, call["index"])
+				delete(call, "index")
+				calls = append(calls, call)
+			}
+		}
+		if c["finish_reason"] != nil {
+			finishes = append(finishes, c["finish_reason"])
+		}
+	}
+	assert.Equal(t, "Let me check ", content.String())
+	assert.Equal(t, wantCalls, calls)
+	assert.Equal(t, []any{"tool_calls"}, finishes)
+
+	// Cut short by max_tokens inside the only call: all text, length.
+	cut := []string{"x <|tool_calls_section_begin|>", "<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{"}
+	require.NoError(t, json.Unmarshal(runAnswer(t, s, false, k3.FinishLength, cut...), &whole))
+	ch = whole["choices"].([]any)[0].(map[string]any)
+	assert.Equal(t, "length", ch["finish_reason"])
+	assert.Equal(t, strings.Join(cut, ""), ch["message"].(map[string]any)["content"])
+	assert.Nil(t, ch["message"].(map[string]any)["tool_calls"])
+	events, _ = sse(t, strings.NewReader(string(runAnswer(t, s, true, k3.FinishLength, cut...))))
+	content.Reset()
+	for _, ev := range events {
+		if v, ok := ev["choices"].([]any)[0].(map[string]any)["delta"].(map[string]any)["content"].(string); ok {
+			content.WriteString(v)
+		}
+	}
+	assert.Equal(t, strings.Join(cut, ""), content.String())
+
+	// A marker's start that never completes is content, at the end.
+	events, _ = sse(t, strings.NewReader(string(runAnswer(t, s, true, k3.FinishStop, "a <|tool_calls", "_sec"))))
+	content.Reset()
+	for _, ev := range events {
+		c := ev["choices"].([]any)[0].(map[string]any)
+		if v, ok := c["delta"].(map[string]any)["content"].(string); ok {
+			content.WriteString(v)
+		}
+		if f := c["finish_reason"]; f != nil {
+			assert.Equal(t, "stop", f)
+		}
+	}
+	assert.Equal(t, "a <|tool_calls_sec", content.String())
+}
+
+// TestToolsRequest: a chat request with tools runs the prompt with the
+// tools declared; the tiny model writes Go, not calls, so the answer is
+// the same text as that prompt run directly.
+func TestToolsRequest(t *testing.T) {
+	_, hs, m := newTestServer(t, Config{Name: "tiny"})
+	msgs := []map[string]any{{"role": "user", "content": "func main() {"}}
+	for _, choice := range []any{nil, "auto", "none"} {
+		body := map[string]any{"messages": msgs, "tools": []any{weatherTool}, "max_tokens": 16, "temperature": 0}
+		if choice != nil {
+			body["tool_choice"] = choice
+		}
+		code, out := post(t, hs.URL+"/v1/chat/completions", body)
+		require.Equal(t, 200, code, "%v", out)
+		decl, err := toolDeclaration(mustJSON(t, []any{weatherTool}))
+		require.NoError(t, err)
+		prompt := m.Encode(m.ChatPrompt([]k3.Message{{Role: "tool_declare", Content: decl}, {Role: "user", Content: "func main() {"}}))
+		want, _ := direct(t, m, prompt, k3.WithMaxTokens(16), k3.WithTemperature(0))
+		ch := out["choices"].([]any)[0].(map[string]any)
+		assert.Equal(t, want, ch["message"].(map[string]any)["content"], "tool_choice %v", choice)
+		assert.NotEqual(t, "tool_calls", ch["finish_reason"])
+		assert.EqualValues(t, len(prompt), out["usage"].(map[string]any)["prompt_tokens"])
+	}
+}
+
+func mustJSON(t *testing.T, v any) json.RawMessage {
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	return b
+}
+
+func FuzzParseToolCalls(f *testing.F) {
+	f.Add("a" + toolSectionBegin + toolCallBegin + "functions.f:0" + toolArgsBegin + "{}" + toolCallEnd + toolSectionEnd)
+	f.Add("<|tool_calls_sec")
+	f.Fuzz(func(t *testing.T, text string) {
+		content, calls, ok := parseToolCalls(text)
+		if !ok && (content != text || calls != nil) {
+			t.Fatalf("no calls, but content %q of %q", content, text)
+		}
+		if ok && !strings.HasPrefix(text, content) {
+			t.Fatalf("content %q is not the start of %q", content, text)
+		}
+		// The stream releases the same content, whatever the pieces.
+		var ts toolStream
+		var got strings.Builder
+		for i := 0; i < len(text); i += 3 {
+			got.WriteString(ts.next(text[i:min(i+3, len(text))]))
+		}
+		rest, scalls := ts.end()
+		got.WriteString(rest)
+		if got.String() != content || len(scalls) != len(calls) {
+			t.Fatalf("streamed %q and %d calls, whole %q and %d", got.String(), len(scalls), content, len(calls))
+		}
+	})
+}
