@@ -37,6 +37,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&spec.speculate, "speculate", "", "speculative decoding with this drafter (ngram); outputs stay those of plain decoding")
 	fs.StringVar(&spec.draftDepth, "draft-depth", "auto", "with -speculate: drafts per verify pass (1..15), or auto")
 	sessionIdle := fs.Duration("session-idle", 5*time.Minute, "how long a kept session stays in memory unused")
+	reasoning := fs.Bool("reasoning", false, "a thinking model (Kimi K2 Thinking, K3): answer its <think> reasoning as reasoning_content")
 	synopsis := "serve [-model DIR] [-addr 127.0.0.1:8080] [-api-key KEY] ...\n\nServes the OpenAI-compatible API (/v1/chat/completions, /v1/completions,\n/v1/models, /tokenize, /detokenize, /health, /metrics) until interrupted;\nsee docs/SERVING.md."
 	if err := parseFlags(fs, synopsis, args, stdout, stderr); err != nil {
 		return err
@@ -53,7 +54,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		key = os.Getenv("K3_API_KEY")
 	}
 	cfg := serve.Config{Name: *name, MaxSequences: *seqs, MaxQueue: *queue, MaxTokens: *maxTokens, MaxBodyBytes: *maxBody << 10, APIKey: key,
-		SessionDir: *sessionDir, SessionIdle: *sessionIdle}
+		SessionDir: *sessionDir, SessionIdle: *sessionIdle, Reasoning: *reasoning}
 	if cfg.Name == "" {
 		cfg.Name = "k3-tiny"
 		if *model != "" {

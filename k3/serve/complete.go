@@ -210,6 +210,7 @@ type choice struct {
 	last      time.Time
 	lps       []tokenLogprob // chat
 	tools     toolStream     // chat with tools, streamed
+	reason    reasoningStream
 	offsets   int            // completions: bytes of text so far, for text_offset
 	legacy    legacyLogprobs // completions
 }
@@ -354,9 +355,16 @@ func (a *answer) whole(w http.ResponseWriter, events <-chan event) {
 	for i, c := range a.choices {
 		ch := map[string]any{"index": i, "finish_reason": c.finish, "logprobs": nil}
 		if a.j.chat {
-			msg := map[string]any{"role": "assistant", "content": string(c.text)}
+			text := string(c.text)
+			msg := map[string]any{"role": "assistant"}
+			if a.j.reasoning {
+				var r string
+				r, text = splitReasoning(text)
+				msg["reasoning_content"] = nullIfEmpty(r)
+			}
+			msg["content"] = text
 			if a.j.tools {
-				if content, calls, ok := parseToolCalls(string(c.text)); ok {
+				if content, calls, ok := parseToolCalls(text); ok {
 					msg["content"], msg["tool_calls"] = nullIfEmpty(content), calls
 					ch["finish_reason"] = toolFinish(c.finish)
 				}
@@ -453,8 +461,8 @@ func (a *answer) stream(ctx context.Context, w http.ResponseWriter, events <-cha
 		if text == "" && lp == nil && legacy == nil && c.finish == "" {
 			continue
 		}
-		if a.j.tools {
-			if !a.streamTools(send, ev.choice, text, lp) {
+		if a.j.tools || a.j.reasoning {
+			if !a.streamParsed(send, ev.choice, text, lp) {
 				a.s.met.failed("abort")
 				return
 			}
@@ -498,19 +506,41 @@ func (a *answer) stream(ctx context.Context, w http.ResponseWriter, events <-cha
 	}
 }
 
-// streamTools sends a chat choice's piece of text when the request has
-// tools: the content as toolStream releases it, and at the end the calls
-// and the finish reason, each in a chunk of its own.
-func (a *answer) streamTools(send func(any) bool, i int, text string, lp []tokenLogprob) bool {
+// streamParsed sends a chat choice's piece of text when the request
+// splits it: reasoning and content as reasoningStream and toolStream
+// release them, and at the end the calls and the finish reason, each in
+// a chunk of its own.
+func (a *answer) streamParsed(send func(any) bool, i int, text string, lp []tokenLogprob) bool {
 	c := &a.choices[i]
-	content := c.tools.next(text)
-	if c.finish == "" {
-		return content == "" && lp == nil || send(a.chunk(i, map[string]any{"content": content}, lp, nil, "", ""))
+	reasoning, content := "", text
+	if a.j.reasoning {
+		reasoning, content = c.reason.next(text)
+		if c.finish != "" {
+			r, s := c.reason.end()
+			reasoning, content = reasoning+r, content+s
+		}
 	}
-	rest, calls := c.tools.end()
-	content += rest
-	if (content != "" || lp != nil) && !send(a.chunk(i, map[string]any{"content": content}, lp, nil, "", "")) {
+	var calls []toolCall
+	if a.j.tools {
+		content = c.tools.next(content)
+		if c.finish != "" {
+			var rest string
+			rest, calls = c.tools.end()
+			content += rest
+		}
+	}
+	delta := map[string]any{}
+	if reasoning != "" {
+		delta["reasoning_content"] = reasoning
+	}
+	if content != "" {
+		delta["content"] = content
+	}
+	if (len(delta) > 0 || lp != nil) && !send(a.chunk(i, delta, lp, nil, "", "")) {
 		return false
+	}
+	if c.finish == "" {
+		return true
 	}
 	finish := c.finish
 	if len(calls) > 0 {

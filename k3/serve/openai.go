@@ -55,6 +55,8 @@ type chatRequest struct {
 	// ParallelToolCalls is accepted: the calls returned are those the
 	// model wrote.
 	ParallelToolCalls *bool `json:"parallel_tool_calls"`
+	// ChatTemplateKwargs (vLLM's extension): "thinking" is read.
+	ChatTemplateKwargs map[string]any `json:"chat_template_kwargs"`
 }
 
 type chatMessage struct {
@@ -99,6 +101,7 @@ type job struct {
 	logprobs     bool
 	top          int
 	tools        bool                // read tool calls back from the text (tools.go)
+	reasoning    bool                // split reasoning from content (reasoning.go)
 	opts         []k3.GenerateOption // shared by every choice
 	seed         uint64
 	sampled      bool // temperature > 0: choices draw with seeds seed+i
@@ -150,7 +153,22 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 		}
 		msgs = append(msgs, msg)
 	}
-	j := &job{chat: true, prompt: s.m.Encode(s.m.ChatPrompt(msgs))}
+	prompt := s.m.ChatPrompt(msgs)
+	j := &job{chat: true}
+	if s.cfg.Reasoning {
+		j.reasoning = true
+		if v, ok := req.ChatTemplateKwargs["thinking"]; ok {
+			think, ok := v.(bool)
+			if !ok {
+				return nil, badParam("chat_template_kwargs", "chat_template_kwargs.thinking = %s, want true or false", jsonText(v))
+			}
+			if !think {
+				prompt += thinkBegin + thinkEnd // the template's empty reasoning
+				j.reasoning = false
+			}
+		}
+	}
+	j.prompt = s.m.Encode(prompt)
 	switch choice := strings.TrimSpace(string(req.ToolChoice)); choice {
 	case "", "null", `"auto"`:
 		j.tools = decl != ""

@@ -73,6 +73,11 @@ type Config struct {
 	// k3.WithSpeculation or k3.WithAdaptiveSpeculation (the model loaded
 	// WithRollback deep enough). Outputs are those of plain decoding.
 	Speculation k3.GenerateOption
+	// Reasoning, for a thinking model (Kimi K2 Thinking, K3), splits a
+	// chat answer's reasoning (<think>…</think>) from its content into
+	// reasoning_content; a request's chat_template_kwargs {"thinking":
+	// false} then pre-fills an empty reasoning instead (docs/SERVING.md).
+	Reasoning bool
 }
 
 func (c *Config) defaults() {

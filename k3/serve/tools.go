@@ -187,13 +187,7 @@ func (t *toolStream) next(text string) string {
 		t.held, t.section = "", true
 		return out
 	}
-	keep := 0
-	for n := min(len(t.held), len(toolSectionBegin)-1); n > 0; n-- {
-		if strings.HasSuffix(t.held, toolSectionBegin[:n]) {
-			keep = n
-			break
-		}
-	}
+	keep := partialSuffix(t.held, toolSectionBegin)
 	out := t.held[:len(t.held)-keep]
 	t.held = t.held[len(t.held)-keep:]
 	return out

@@ -86,7 +86,12 @@ func TestParseToolCalls(t *testing.T) {
 // returns what the client reads.
 func runAnswer(t *testing.T, s *Server, stream bool, finish k3.FinishReason, pieces ...string) []byte {
 	t.Helper()
-	j := &job{chat: true, tools: true, stream: stream, prompt: []int32{1, 2, 3}, n: 1}
+	return runJob(t, s, &job{chat: true, tools: true, stream: stream, prompt: []int32{1, 2, 3}, n: 1}, finish, pieces...)
+}
+
+func runJob(t *testing.T, s *Server, j *job, finish k3.FinishReason, pieces ...string) []byte {
+	t.Helper()
+	stream := j.stream
 	a := &answer{j: j, s: s, id: "chatcmpl-test", choices: make([]choice, 1)}
 	events := make(chan event, len(pieces))
 	for i, p := range pieces {
