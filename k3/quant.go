@@ -125,13 +125,13 @@ func (s *source) unpackFP4(base string) (compute.DType, []int, []byte, error) {
 	if groups := ceilDiv(cols, floatx.MXGroup); !slices.Equal(si.Shape, []int{rows, groups}) {
 		return 0, nil, nil, fmt.Errorf("tensor %s has shape %v, want [%d %d] (one scale a %d columns of %s's %d×%d)", sname, si.Shape, rows, groups, floatx.MXGroup, pname, rows, cols)
 	}
-	f := make([]float32, rows*cols)
-	if err := floatx.DequantMXFP4(f, packed, scale, rows, cols); err != nil {
+	out := make([]byte, 2*rows*cols)
+	if err := floatx.DequantMXFP4BF16(out, packed, scale, rows, cols); err != nil {
 		return 0, nil, nil, fmt.Errorf("%s: %w", pname, err)
 	}
 	s.ck.Release(pname)
 	s.ck.Release(sname)
-	return compute.BF16, []int{rows, cols}, bf16Bytes(f), nil
+	return compute.BF16, []int{rows, cols}, out, nil
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }

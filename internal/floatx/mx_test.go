@@ -77,9 +77,12 @@ func TestDequantMXFP4(t *testing.T) {
 		dst := make([]float32, rows*cols)
 		require.NoError(t, DequantMXFP4(dst, packed, scale, rows, cols))
 		want := mxfp4Ref(packed, scale, rows, cols)
+		bf := make([]byte, 2*rows*cols)
+		require.NoError(t, DequantMXFP4BF16(bf, packed, scale, rows, cols))
 		for i := range dst {
 			require.Equal(t, want[i], float64(dst[i]), "%dx%d element %d", rows, cols, i)
 			require.Equal(t, dst[i], FromBF16(BF16(dst[i])), "%dx%d element %d is not exact in bf16", rows, cols, i)
+			require.Equal(t, BF16(dst[i]), uint16(bf[2*i])|uint16(bf[2*i+1])<<8, "%dx%d element %d in bf16", rows, cols, i)
 		}
 	}
 }
@@ -109,6 +112,8 @@ func TestDequantMXFP4Errors(t *testing.T) {
 	require.ErrorContains(t, DequantMXFP4(dst, packed[1:], scale, 2, 48), "bytes")
 	require.ErrorContains(t, DequantMXFP4(dst, packed, scale[1:], 2, 48), "scale has 3 entries")
 	require.ErrorContains(t, DequantMXFP4(dst[1:], packed, scale, 2, 48), "destination")
+	require.ErrorContains(t, DequantMXFP4BF16(make([]byte, 2*2*48), packed, scale, 2, 48), "row 1, column 41")
+	require.ErrorContains(t, DequantMXFP4BF16(make([]byte, 2*48), packed, scale, 2, 48), "destination")
 }
 
 func FuzzDequantMXFP4(f *testing.F) {
@@ -123,10 +128,38 @@ func FuzzDequantMXFP4(f *testing.F) {
 			return
 		}
 		want := mxfp4Ref(packed, scale, rows, cols)
+		bf := make([]byte, 2*len(dst))
+		if err := DequantMXFP4BF16(bf, packed, scale, rows, cols); err != nil {
+			t.Fatalf("bf16: %v", err)
+		}
 		for i, v := range dst {
 			if float64(v) != want[i] || math.IsInf(float64(v), 0) || v != v {
 				t.Fatalf("element %d = %g, want %g", i, v, want[i])
 			}
+			if h := uint16(bf[2*i]) | uint16(bf[2*i+1])<<8; FromBF16(h) != v {
+				t.Fatalf("element %d: bf16 %#04x, want %g", i, h, v)
+			}
 		}
 	})
+}
+
+// BenchmarkDequantMXFP4BF16: loading one of the released K3's expert
+// matrices (3072×3584), bytes counted as the values written.
+func BenchmarkDequantMXFP4BF16(b *testing.B) {
+	rows, cols := 3072, 3584
+	packed := make([]uint8, rows*cols/2)
+	scale := make([]uint8, rows*cols/MXGroup)
+	for i := range packed {
+		packed[i] = uint8(i * 7)
+	}
+	for i := range scale {
+		scale[i] = uint8(100 + i%40)
+	}
+	dst := make([]byte, 2*rows*cols)
+	b.SetBytes(int64(len(dst)))
+	for b.Loop() {
+		if err := DequantMXFP4BF16(dst, packed, scale, rows, cols); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
