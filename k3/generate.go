@@ -107,6 +107,7 @@ type genOptions struct {
 	depth       int
 	adaptive    bool  // WithAdaptiveSpeculation
 	rejection   bool  // WithRejectionSampling
+	json        bool  // WithJSONObject
 	err         error // the first invalid option
 }
 
@@ -337,6 +338,7 @@ type generation struct {
 	ready   [2]Token  // the backing of each advance's ready tokens
 	one     [1]int32  // the backing of a one-token pass (feedPass)
 	spec    *speculation
+	json    *jsonConstraint // WithJSONObject
 }
 
 // stepResult is one advance of a generation: the tokens to yield now (the
@@ -391,7 +393,11 @@ func (s *Session) prepareGeneration(prompt []int32, opts []GenerateOption) (*gen
 	sm.Observe(prompt...)
 	usage := Usage{PromptTokens: len(prompt), CachedTokens: s.pos}
 	g := &generation{s: s, o: o, sampler: sm, dec: tokenizer.NewStreamDecoder(s.m.tok), usage: usage}
-	if o.drafter != nil {
+	if o.json {
+		g.json = newJSONConstraint(s.m, o.stopTokens)
+		sm.SetMask(g.json.mask)
+	}
+	if o.drafter != nil && !o.json {
 		g.spec = &speculation{drafter: o.drafter, depth: o.depth, adaptive: o.adaptive}
 		if o.rejection && o.Temperature != 0 {
 			g.spec.rejection = true
@@ -421,6 +427,9 @@ func (g *generation) advance(ctx context.Context) (stepResult, error) {
 			r.ready = append(r.ready, g.prev)
 		}
 		return r, err
+	}
+	if g.json != nil {
+		g.json.fill()
 	}
 	id, err := g.draw()
 	if err != nil {
@@ -465,9 +474,12 @@ func (g *generation) advance(ctx context.Context) (stepResult, error) {
 		text, g.held, stop = cutStop(text, g.o.stopStrings)
 	}
 	tok.Text = text
+	whole := g.json != nil && g.json.closed(id)
 	switch {
 	case stop:
 		tok.Finish = FinishStopString
+	case whole && len(g.o.stopTokens) == 0:
+		tok.Finish = FinishStop // the object is whole and no stop token can follow it
 	case g.n >= g.o.maxTokens:
 		tok.Finish = FinishLength
 	case !room:

@@ -19,6 +19,7 @@ import (
 	"k3/config"
 	"k3/dsa"
 	"k3/internal/backends"
+	"k3/internal/jsonprefix"
 	"k3/internal/moe"
 	"k3/internal/safetensors"
 	"k3/internal/tokenizer"
@@ -147,8 +148,12 @@ type Model struct {
 	ownB   bool
 	ck     *safetensors.Checkpoint
 	fpOnce sync.Once // fingerprint, for saved sessions
-	fp     [32]byte
-	chunk  int
+
+	jsonOnce  sync.Once // WithJSONObject's tables:
+	tokBytes  [][]byte  // each token's bytes, nil for special tokens
+	jsonVocab *jsonprefix.Vocab
+	fp        [32]byte
+	chunk     int
 
 	embed, norm, lmHead compute.Tensor
 	layers              []*layer

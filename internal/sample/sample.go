@@ -85,7 +85,13 @@ type Sampler struct {
 	// Draft), and Verify's distributions.
 	draft              *rand.Rand
 	probs, res, onehot []float64
+	mask               []bool // SetMask: the tokens that may be drawn next
 }
+
+// SetMask limits the next draws to the tokens whose entry in allowed is
+// true (a constrained generation sets it before each draw); nil lifts the
+// limit. The sampler reads allowed, which the caller keeps.
+func (s *Sampler) SetMask(allowed []bool) { s.mask = allowed }
 
 // New returns a sampler for a vocabulary of the given size.
 func New(p Params, vocab int) (*Sampler, error) {
@@ -158,6 +164,14 @@ func (s *Sampler) adjust(logits []float32) ([]float32, int, error) {
 	}
 	for id, b := range p.LogitBias {
 		x[id] += b
+	}
+	if s.mask != nil {
+		inf := float32(math.Inf(-1))
+		for i, ok := range s.mask[:len(x)] {
+			if !ok {
+				x[i] = inf
+			}
+		}
 	}
 	best := Argmax(x)
 	if !finite(x[best]) {

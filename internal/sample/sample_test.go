@@ -204,3 +204,31 @@ func TestArgmax(t *testing.T) {
 		}
 	}
 }
+
+// TestMask: a masked sampler draws only allowed tokens, greedy or not,
+// and fails with ErrNoToken when none is allowed.
+func TestMask(t *testing.T) {
+	logits := []float32{5, 4, 3, 2, 1, 0}
+	for _, temp := range []float32{0, 1, 3} {
+		s, err := New(Params{Temperature: temp, Seed: 7}, len(logits))
+		if err != nil {
+			t.Fatal(err)
+		}
+		allowed := []bool{false, false, true, false, true, false}
+		s.SetMask(allowed)
+		for range 50 {
+			tok, err := s.Sample(logits)
+			if err != nil || !allowed[tok] {
+				t.Fatalf("temperature %v: drew %d (%v)", temp, tok, err)
+			}
+		}
+		s.SetMask(make([]bool, len(logits)))
+		if _, err := s.Sample(logits); !errors.Is(err, ErrNoToken) {
+			t.Fatalf("temperature %v: nothing allowed gave %v", temp, err)
+		}
+		s.SetMask(nil)
+		if tok, err := s.Sample(logits); err != nil || temp == 0 && tok != 0 {
+			t.Fatalf("temperature %v: unmasked drew %d (%v)", temp, tok, err)
+		}
+	}
+}

@@ -305,8 +305,10 @@ func (s *Server) sampling(req *sampling, j *job) error {
 		return badParam("tools", "tools are served on /v1/chat/completions only")
 	case len(req.Functions) > 0 && string(req.Functions) != "null":
 		return badParam("functions", "functions (the deprecated form of tools) is not served by k3; use tools")
-	case req.ResponseFormat != nil && req.ResponseFormat.Type != "" && req.ResponseFormat.Type != "text":
-		return badParam("response_format", "response_format.type = %q is not served by k3 (text only)", req.ResponseFormat.Type)
+	case req.ResponseFormat != nil && req.ResponseFormat.Type == "json_schema":
+		return badParam("response_format", `response_format.type = "json_schema" needs a schema-constrained decoder, which k3 does not have; "json_object" holds the answer to one JSON object`)
+	case req.ResponseFormat != nil && req.ResponseFormat.Type != "" && req.ResponseFormat.Type != "text" && req.ResponseFormat.Type != "json_object":
+		return badParam("response_format", "response_format.type = %q, want \"text\" or \"json_object\"", req.ResponseFormat.Type)
 	case req.StreamOptions != nil && !req.Stream:
 		return badParam("stream_options", "stream_options needs stream = true")
 	}
@@ -414,6 +416,9 @@ func (s *Server) sampling(req *sampling, j *job) error {
 	}
 	if req.IgnoreEOS {
 		j.opts = append(j.opts, k3.WithoutDefaultStops())
+	}
+	if req.ResponseFormat != nil && req.ResponseFormat.Type == "json_object" {
+		j.opts = append(j.opts, k3.WithJSONObject())
 	}
 	if s.cfg.Speculation != nil {
 		j.opts = append(j.opts, s.cfg.Speculation)

@@ -307,6 +307,8 @@ func TestErrors(t *testing.T) {
 		{"functions", "/v1/chat/completions", map[string]any{"messages": msgs, "functions": []map[string]any{{"name": "f"}}}, 400, "functions"},
 		{"tool message without id", "/v1/chat/completions", map[string]any{"messages": []map[string]any{{"role": "user", "content": "x"}, {"role": "tool", "content": "42"}}}, 400, "messages[1].tool_call_id"},
 		{"tool call without id", "/v1/chat/completions", map[string]any{"messages": []map[string]any{{"role": "assistant", "tool_calls": []map[string]any{{"type": "function", "function": map[string]any{"name": "f", "arguments": "{}"}}}}}}, 400, "messages[0].tool_calls[0].id"},
+		{"json_schema", "/v1/chat/completions", map[string]any{"messages": msgs, "response_format": map[string]any{"type": "json_schema"}}, 400, "response_format"},
+		{"response_format", "/v1/chat/completions", map[string]any{"messages": msgs, "response_format": map[string]any{"type": "yaml"}}, 400, "response_format"},
 		{"stream_options", "/v1/chat/completions", map[string]any{"messages": msgs, "stream_options": map[string]any{"include_usage": true}}, 400, "stream_options"},
 		{"wrong type", "/v1/chat/completions", map[string]any{"messages": msgs, "temperature": "hot"}, 400, "temperature"},
 		{"unknown model", "/v1/chat/completions", map[string]any{"model": "gpt-4", "messages": msgs}, 404, "model"},

@@ -247,3 +247,22 @@ func FuzzParseToolCalls(f *testing.F) {
 		}
 	})
 }
+
+// TestJSONMode: response_format json_object answers what the same
+// generation held to JSON gives directly: a JSON object, or its prefix
+// when max_tokens cut it.
+func TestJSONMode(t *testing.T) {
+	_, hs, m := newTestServer(t, Config{Name: "tiny"})
+	msgs := []map[string]any{{"role": "user", "content": "func main() {"}}
+	code, out := post(t, hs.URL+"/v1/chat/completions", map[string]any{"messages": msgs, "max_tokens": 100, "temperature": 0,
+		"response_format": map[string]any{"type": "json_object"}})
+	require.Equal(t, 200, code, "%v", out)
+	prompt := m.Encode(m.ChatPrompt([]k3.Message{{Role: "user", Content: "func main() {"}}))
+	want, toks := direct(t, m, prompt, k3.WithMaxTokens(100), k3.WithTemperature(0), k3.WithJSONObject())
+	ch := out["choices"].([]any)[0].(map[string]any)
+	assert.Equal(t, want, ch["message"].(map[string]any)["content"])
+	if toks[len(toks)-1].Finish == k3.FinishStop {
+		assert.True(t, json.Valid([]byte(want)), "%q", want)
+	}
+	assert.True(t, strings.HasPrefix(strings.TrimSpace(want), "{"), "%q", want)
+}

@@ -1,0 +1,223 @@
+package jsonprefix
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func randomValue(r *rand.Rand, depth int) any {
+	switch k := r.IntN(8); {
+	case depth > 3 || k == 0:
+		return r.IntN(2000) - 1000
+	case k == 1:
+		return r.Float64() * 1e6 * float64(r.IntN(3)-1)
+	case k == 2:
+		return []string{"", "a\"b", "\\", "é漢", "\n\t\u0001", "</x>"}[r.IntN(6)]
+	case k == 3:
+		return []any{true, false, nil}[r.IntN(3)]
+	case k == 4:
+		a := make([]any, r.IntN(4))
+		for i := range a {
+			a[i] = randomValue(r, depth+1)
+		}
+		return a
+	default:
+		o := map[string]any{}
+		for i := range r.IntN(4) {
+			o[fmt.Sprintf("k%d\"", i)] = randomValue(r, depth+1)
+		}
+		return o
+	}
+}
+
+// TestValidObjects: every prefix of a JSON object is accepted, the whole
+// one is done (and stays done through trailing white space), and Accepts
+// agrees with Feed without changing the state.
+func TestValidObjects(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range 300 {
+		o := map[string]any{"v": randomValue(r, 0)}
+		if i%3 == 0 {
+			o = map[string]any{}
+		}
+		var doc []byte
+		var err error
+		if i%2 == 0 {
+			doc, err = json.Marshal(o)
+		} else {
+			doc, err = json.MarshalIndent(o, " ", "\t")
+			doc = append([]byte("\n "), doc...)
+		}
+		require.NoError(t, err)
+		doc = append(doc, " \n"...)
+		var s State
+		for j := 0; j < len(doc); {
+			piece := doc[j:min(j+1+r.IntN(5), len(doc))]
+			before := s
+			require.True(t, s.Accepts(piece), "%q: %q at %d", doc, piece, j)
+			require.Equal(t, before.cur, s.cur, "Accepts changed the state")
+			require.True(t, s.Feed(piece), "%q: %q at %d", doc, piece, j)
+			j += len(piece)
+		}
+		require.True(t, s.Done(), "%q", doc)
+	}
+}
+
+func TestInvalid(t *testing.T) {
+	for _, tc := range []struct{ ok, bad string }{
+		{`{"a":0`, `1`},
+		{`{"a"`, ` 1`},
+		{`{`, `,`},
+		{``, `[`},
+		{` `, `"a"`},
+		{`{"a":tru`, `}`},
+		{`{"a":"`, "\x01"},
+		{`{"a":1,`, `}`},
+		{`{"a":[1,`, `]`},
+		{`{"a":[1`, `}`},
+		{`{"a":{}`, `]`},
+		{`{"a":1.`, `e`},
+		{`{"a":-`, `.`},
+		{`{"a":1e`, `}`},
+		{`{"a":"\`, `x`},
+		{`{"a":"\u12`, `g`},
+		{`{}`, `x`},
+		{`{"a":1}`, `{`},
+		{`{"a":01`, ``}, // 0 then 1: rejected at the 1 (TestValidObjects covers 0 alone)
+	} {
+		var s State
+		if tc.ok == `{"a":01` {
+			require.False(t, s.Feed([]byte(tc.ok)), "%q", tc.ok)
+			continue
+		}
+		require.True(t, s.Feed([]byte(tc.ok)), "%q", tc.ok)
+		assert.False(t, s.Accepts([]byte(tc.bad)), "%q then %q", tc.ok, tc.bad)
+		before := s
+		assert.False(t, s.Feed([]byte(tc.bad)), "%q then %q", tc.ok, tc.bad)
+		assert.Equal(t, before, s, "a refused Feed changed the state")
+	}
+}
+
+// FuzzAgainstEncodingJSON: bytes fed whole are done exactly when
+// encoding/json finds them one valid JSON object.
+func FuzzAgainstEncodingJSON(f *testing.F) {
+	for _, seed := range []string{`{}`, `{"a":[1,2.5e-3,{"b":null}],"c":"\u00e9\n"}`, `{"a":01}`, ` {"x":true} `, `[1]`, `{"a":1,}`} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if longSpace(b) {
+			return // refused on purpose (MaxSpace), though valid
+		}
+		var s State
+		fed := s.Feed(b)
+		trimmed := bytes.TrimLeft(b, " \t\r\n")
+		want := json.Valid(b) && len(trimmed) > 0 && trimmed[0] == '{'
+		if got := fed && s.Done(); got != want {
+			t.Fatalf("%q: done %v, encoding/json says %v", b, got, want)
+		}
+		// Byte by byte gives the same answer as all at once.
+		var one State
+		ok := true
+		for i := range b {
+			if !one.Feed(b[i : i+1]) {
+				ok = false
+				break
+			}
+		}
+		if ok != fed {
+			t.Fatalf("%q: fed whole %v, byte by byte %v", b, fed, ok)
+		}
+	})
+}
+
+func longSpace(b []byte) bool {
+	run := 0
+	for _, c := range b {
+		if c == ' ' || c == '\t' || c == '\n' || c == '\r' {
+			if run++; run > MaxSpace {
+				return true
+			}
+		} else {
+			run = 0
+		}
+	}
+	return false
+}
+
+func TestMaxSpace(t *testing.T) {
+	var s State
+	require.True(t, s.Feed([]byte("{"+strings.Repeat(" ", MaxSpace))))
+	assert.False(t, s.Accepts([]byte(" ")))
+	assert.True(t, s.Accepts([]byte(`"`+strings.Repeat(" ", 100))), "spaces in a string are not limited")
+	assert.True(t, s.Feed([]byte(`"a":`+strings.Repeat(" ", MaxSpace)+"1}")))
+	assert.True(t, s.Done())
+}
+
+// BenchmarkVocabulary: one constrained draw's mask over a vocabulary the
+// size of Kimi's (163,840 tokens of 1-8 printable bytes), inside a string
+// (most tokens pass) and between values (most fail at once).
+func BenchmarkVocabulary(b *testing.B) {
+	r := rand.New(rand.NewPCG(3, 4))
+	vocab := make([][]byte, 163840)
+	for i := range vocab {
+		t := make([]byte, 1+r.IntN(8))
+		for j := range t {
+			t[j] = byte(' ' + r.IntN(95))
+		}
+		vocab[i] = t
+	}
+	for _, at := range []string{`{"a": "text`, `{"a": [1, 2`} {
+		b.Run(strings.Fields(at)[1], func(b *testing.B) {
+			var s State
+			if !s.Feed([]byte(at)) {
+				b.Fatal(at)
+			}
+			v := NewVocab(vocab)
+			mask := make([]bool, len(vocab))
+			for b.Loop() {
+				s.Mask(mask, v)
+			}
+			n := 0
+			for _, ok := range mask {
+				if ok {
+					n++
+				}
+			}
+			b.ReportMetric(float64(n), "allowed")
+		})
+	}
+}
+
+// TestMask: Mask gives what Accepts gives, token by token, from states
+// in every mode.
+func TestMask(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	const alphabet = "{}[]:,\" \\nu0123456789abcdeftrulsnE.-+\t\n\x01\xc3\xa9"
+	vocab := [][]byte{nil, {}}
+	for range 3000 {
+		t := make([]byte, 1+r.IntN(6))
+		for j := range t {
+			t[j] = alphabet[r.IntN(len(alphabet))]
+		}
+		vocab = append(vocab, t)
+	}
+	v := NewVocab(vocab)
+	mask := make([]bool, len(vocab))
+	for _, at := range []string{"", " ", `{`, `{"k`, `{"k\`, `{"k\u0`, `{"k"`, `{"k":`, `{"k":[`, `{"k":-`, `{"k":0`, `{"k":12`,
+		`{"k":1.`, `{"k":1.5`, `{"k":1e`, `{"k":1e+`, `{"k":1e5`, `{"k":t`, `{"k":[1`, `{"k":[1,`, `{"k":{}`, `{"k":1,`, `{}`} {
+		var s State
+		require.True(t, s.Feed([]byte(at)), at)
+		s.Mask(mask, v)
+		for id, tok := range vocab {
+			want := len(tok) > 0 && s.Accepts(tok)
+			require.Equal(t, want, mask[id], "after %q, token %q", at, tok)
+		}
+	}
+}

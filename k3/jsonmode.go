@@ -1,0 +1,61 @@
+package k3
+
+import (
+	"slices"
+
+	"k3/internal/jsonprefix"
+)
+
+// WithJSONObject holds the generation to one JSON object (OpenAI's JSON
+// mode): before each draw only the tokens whose bytes keep the text a
+// prefix of a JSON object may be drawn, and once the object closes only
+// the stop tokens (with none, WithoutDefaultStops, the generation ends
+// there). Special tokens other than the stop tokens are never drawn.
+// max_tokens may still cut the object short (FinishLength). A generation
+// held this way does not speculate.
+func WithJSONObject() GenerateOption { return func(o *genOptions) { o.json = true } }
+
+// jsonConstraint is a generation's JSON state and the mask its sampler
+// reads.
+type jsonConstraint struct {
+	state jsonprefix.State
+	vocab *jsonprefix.Vocab
+	toks  [][]byte
+	stops []int32
+	mask  []bool
+}
+
+func newJSONConstraint(m *Model, stops []int32) *jsonConstraint {
+	m.jsonOnce.Do(func() {
+		m.tokBytes = make([][]byte, m.Config.VocabSize)
+		for id := range m.tokBytes {
+			if !m.tok.IsSpecial(int32(id)) {
+				m.tokBytes[id] = m.tok.TokenBytes(int32(id))
+			}
+		}
+		m.jsonVocab = jsonprefix.NewVocab(m.tokBytes)
+	})
+	return &jsonConstraint{vocab: m.jsonVocab, toks: m.tokBytes, stops: stops, mask: make([]bool, m.Config.VocabSize)}
+}
+
+// fill sets the mask for the next draw.
+func (c *jsonConstraint) fill() {
+	done := c.state.Done()
+	if done {
+		clear(c.mask)
+	} else {
+		c.state.Mask(c.mask, c.vocab)
+	}
+	for _, id := range c.stops {
+		c.mask[id] = done
+	}
+}
+
+// closed advances over the drawn token and reports whether the object is
+// now whole.
+func (c *jsonConstraint) closed(id int32) bool {
+	if !slices.Contains(c.stops, id) {
+		c.state.Feed(c.toks[id])
+	}
+	return c.state.Done()
+}

@@ -1,0 +1,63 @@
+package k3
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"k3/internal/jsonprefix"
+	"k3/specdec"
+)
+
+// TestJSONObject: the embedded model, which writes Go, held to JSON: a
+// generation that stops is one JSON object, one cut by max_tokens a
+// prefix of one; without stop tokens it ends where the object closes.
+func TestJSONObject(t *testing.T) {
+	ctx := context.Background()
+	m, err := LoadTiny(ctx, WithRollback(4))
+	require.NoError(t, err)
+	defer m.Close()
+	prompt := m.Encode(m.ChatPrompt([]Message{{Role: "user", Content: "func main() {"}}))
+	stopped := 0
+	for i, opts := range [][]GenerateOption{
+		{WithTemperature(0)},
+		{WithTemperature(1), WithSeed(1)},
+		{WithTemperature(1.5), WithSeed(2)},
+		{WithTemperature(1), WithSeed(3), WithoutDefaultStops()},
+		{WithTemperature(2), WithSeed(4), WithTopK(50)},
+		{WithTemperature(1), WithSeed(5), WithSpeculation(specdec.NGram{}, 4)}, // ignored: JSON does not speculate
+	} {
+		s, err := m.NewSession()
+		require.NoError(t, err)
+		var text strings.Builder
+		var finish FinishReason
+		for tok, err := range s.GenerateTokens(ctx, prompt, append(opts, WithJSONObject(), WithMaxTokens(160))...) {
+			require.NoError(t, err)
+			if tok.ID >= 0 {
+				assert.False(t, m.tok.IsSpecial(tok.ID), "case %d: special token %d drawn", i, tok.ID)
+			}
+			text.WriteString(tok.Text)
+			finish = tok.Finish
+		}
+		s.Close()
+		out := text.String()
+		var st jsonprefix.State
+		require.True(t, st.Feed([]byte(out)), "case %d: %q is not a JSON object's prefix", i, out)
+		switch finish {
+		case FinishStop:
+			stopped++
+			var v map[string]any
+			require.NoError(t, json.Unmarshal([]byte(out), &v), "case %d: %q", i, out)
+		case FinishLength:
+			assert.False(t, st.Done(), "case %d: cut by length after the object closed: %q", i, out)
+		default:
+			t.Fatalf("case %d: finish %v", i, finish)
+		}
+		t.Logf("case %d (%v): %q", i, finish, out)
+	}
+	assert.Positive(t, stopped, "no generation closed its object within 160 tokens")
+}
