@@ -68,15 +68,14 @@ func (s *State) Feed(b []byte) bool {
 			return false
 		}
 	}
-	s.stack = append(s.stack[:sm.depth], sm.local...)
+	s.stack = append(append(s.stack[:sm.depth], sm.local[:sm.n]...), sm.spill...)
 	s.cur = sm.cur
 	return true
 }
 
 // Accepts reports whether b may follow the bytes fed so far.
 func (s *State) Accepts(b []byte) bool {
-	var buf [16]byte
-	sm := sim{cur: s.cur, base: s.stack, depth: len(s.stack), local: buf[:0]}
+	sm := sim{cur: s.cur, base: s.stack, depth: len(s.stack)}
 	for _, c := range b {
 		if !sm.step(c) {
 			return false
@@ -86,35 +85,50 @@ func (s *State) Accepts(b []byte) bool {
 }
 
 // sim runs bytes over a state without changing it: the stack is the
-// first depth entries of base under the entries pushed since (local).
+// first depth entries of base under the entries pushed since (local[:n],
+// then spill), kept in the struct so that a trial allocates nothing.
 type sim struct {
 	cur   cursor
 	base  []byte
 	depth int
-	local []byte
+	local [16]byte
+	n     int
+	spill []byte
 }
 
 func (m *sim) top() byte {
-	if len(m.local) > 0 {
-		return m.local[len(m.local)-1]
-	}
-	if m.depth > 0 {
+	switch {
+	case len(m.spill) > 0:
+		return m.spill[len(m.spill)-1]
+	case m.n > 0:
+		return m.local[m.n-1]
+	case m.depth > 0:
 		return m.base[m.depth-1]
 	}
 	return 0
 }
 
-func (m *sim) push(c byte) { m.local = append(m.local, c) }
+func (m *sim) push(c byte) {
+	if m.n < len(m.local) && len(m.spill) == 0 {
+		m.local[m.n] = c
+		m.n++
+	} else {
+		m.spill = append(m.spill, c)
+	}
+}
 
 func (m *sim) pop() {
-	if len(m.local) > 0 {
-		m.local = m.local[:len(m.local)-1]
-	} else {
+	switch {
+	case len(m.spill) > 0:
+		m.spill = m.spill[:len(m.spill)-1]
+	case m.n > 0:
+		m.n--
+	default:
 		m.depth--
 	}
 }
 
-func (m *sim) empty() bool { return len(m.local) == 0 && m.depth == 0 }
+func (m *sim) empty() bool { return len(m.spill) == 0 && m.n == 0 && m.depth == 0 }
 
 func space(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 

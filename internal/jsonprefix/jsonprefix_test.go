@@ -221,3 +221,32 @@ func TestMask(t *testing.T) {
 		}
 	}
 }
+
+// TestDeep: nesting past the trial's fixed stack space, in one call and
+// byte by byte, and back out.
+func TestDeep(t *testing.T) {
+	doc := `{"a":` + strings.Repeat(`[{"b":`, 30) + "1" + strings.Repeat("}]", 30) + "}"
+	require.True(t, json.Valid([]byte(doc)))
+	var whole, bytewise State
+	require.True(t, whole.Accepts([]byte(doc)))
+	require.True(t, whole.Feed([]byte(doc[:len(doc)/2])))
+	require.True(t, whole.Accepts([]byte(doc[len(doc)/2:])))
+	assert.False(t, whole.Accepts([]byte(doc[len(doc)/2:len(doc)-1]+"]")), "a bracket closing a brace")
+	require.True(t, whole.Feed([]byte(doc[len(doc)/2:])))
+	assert.True(t, whole.Done())
+	for i := range len(doc) {
+		require.True(t, bytewise.Feed([]byte{doc[i]}), "byte %d", i)
+	}
+	assert.True(t, bytewise.Done())
+}
+
+// TestMaskAllocates: a mask allocates nothing (one per generated token),
+// unless a token opens more than 16 containers.
+func TestMaskAllocates(t *testing.T) {
+	v := NewVocab([][]byte{[]byte(`"a"`), []byte(`1,`), []byte(`{"b":[[[[[[[[`), []byte("xyz")})
+	var s State
+	require.True(t, s.Feed([]byte(`{"a":[1,{"c":`)))
+	mask := make([]bool, 4)
+	assert.Zero(t, testing.AllocsPerRun(100, func() { s.Mask(mask, v) }))
+	assert.Equal(t, []bool{true, true, true, false}, mask)
+}
