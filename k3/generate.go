@@ -105,9 +105,11 @@ type genOptions struct {
 	topLogprobs int
 	drafter     specdec.Drafter // WithSpeculation
 	depth       int
-	adaptive    bool  // WithAdaptiveSpeculation
-	rejection   bool  // WithRejectionSampling
-	json        bool  // WithJSONObject
+	adaptive    bool     // WithAdaptiveSpeculation
+	rejection   bool     // WithRejectionSampling
+	json        bool     // WithJSONObject
+	toolNames   []string // WithToolCalls
+	parallel    bool
 	err         error // the first invalid option
 }
 
@@ -338,7 +340,15 @@ type generation struct {
 	ready   [2]Token  // the backing of each advance's ready tokens
 	one     [1]int32  // the backing of a one-token pass (feedPass)
 	spec    *speculation
-	json    *jsonConstraint // WithJSONObject
+	con     constraint // WithJSONObject, WithToolCalls
+}
+
+// constraint holds a generation to a grammar: fill sets the mask its
+// sampler reads before each draw, closed advances over the drawn token
+// and reports whether the text is whole.
+type constraint interface {
+	fill()
+	closed(id int32) bool
 }
 
 // stepResult is one advance of a generation: the tokens to yield now (the
@@ -393,11 +403,19 @@ func (s *Session) prepareGeneration(prompt []int32, opts []GenerateOption) (*gen
 	sm.Observe(prompt...)
 	usage := Usage{PromptTokens: len(prompt), CachedTokens: s.pos}
 	g := &generation{s: s, o: o, sampler: sm, dec: tokenizer.NewStreamDecoder(s.m.tok), usage: usage}
-	if o.json {
-		g.json = newJSONConstraint(s.m, o.stopTokens)
-		sm.SetMask(g.json.mask)
+	switch {
+	case o.json && o.toolNames != nil:
+		return nil, fmt.Errorf("%w: WithJSONObject and WithToolCalls together", ErrInvalidOption)
+	case o.json:
+		c := newJSONConstraint(s.m, o.stopTokens)
+		g.con = c
+		sm.SetMask(c.mask)
+	case o.toolNames != nil:
+		c := newToolConstraint(s.m, o.toolNames, o.parallel, o.stopTokens)
+		g.con = c
+		sm.SetMask(c.mask)
 	}
-	if o.drafter != nil && !o.json {
+	if o.drafter != nil && g.con == nil {
 		g.spec = &speculation{drafter: o.drafter, depth: o.depth, adaptive: o.adaptive}
 		if o.rejection && o.Temperature != 0 {
 			g.spec.rejection = true
@@ -428,8 +446,8 @@ func (g *generation) advance(ctx context.Context) (stepResult, error) {
 		}
 		return r, err
 	}
-	if g.json != nil {
-		g.json.fill()
+	if g.con != nil {
+		g.con.fill()
 	}
 	id, err := g.draw()
 	if err != nil {
@@ -474,12 +492,12 @@ func (g *generation) advance(ctx context.Context) (stepResult, error) {
 		text, g.held, stop = cutStop(text, g.o.stopStrings)
 	}
 	tok.Text = text
-	whole := g.json != nil && g.json.closed(id)
+	whole := g.con != nil && g.con.closed(id)
 	switch {
 	case stop:
 		tok.Finish = FinishStopString
 	case whole && len(g.o.stopTokens) == 0:
-		tok.Finish = FinishStop // the object is whole and no stop token can follow it
+		tok.Finish = FinishStop // the text is whole and no stop token can follow it
 	case g.n >= g.o.maxTokens:
 		tok.Finish = FinishLength
 	case !room:

@@ -406,3 +406,22 @@ func (s *State) Mask(dst []bool, v *Vocab) {
 		}
 	}
 }
+
+// Span reports how many bytes of b the object takes: with closed, n is
+// where it closes (the bytes after it are not its); else b leaves it open
+// (n = len(b)). ok is false when b cannot follow. The state is unchanged.
+func (s *State) Span(b []byte) (n int, closed, ok bool) {
+	if s.cur.mode == mDone {
+		return 0, true, true
+	}
+	sm := sim{cur: s.cur, base: s.stack, depth: len(s.stack)}
+	for i, c := range b {
+		if !sm.step(c) {
+			return i, false, false
+		}
+		if sm.cur.mode == mDone {
+			return i + 1, true, true
+		}
+	}
+	return len(b), false, true
+}

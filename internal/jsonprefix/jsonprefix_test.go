@@ -250,3 +250,23 @@ func TestMaskAllocates(t *testing.T) {
 	assert.Zero(t, testing.AllocsPerRun(100, func() { s.Mask(mask, v) }))
 	assert.Equal(t, []bool{true, true, true, false}, mask)
 }
+
+func TestSpan(t *testing.T) {
+	var s State
+	require.True(t, s.Feed([]byte(`{"a":[1`)))
+	for _, tc := range []struct {
+		b          string
+		n          int
+		closed, ok bool
+	}{{`]}<|x`, 2, true, true}, {`]}`, 2, true, true}, {`,2`, 2, false, true}, {`]]`, 1, false, false}, {`} `, 0, false, false}, {``, 0, false, true}} {
+		n, closed, ok := s.Span([]byte(tc.b))
+		assert.Equal(t, tc.n, n, "%q", tc.b)
+		assert.Equal(t, tc.closed, closed, "%q", tc.b)
+		assert.Equal(t, tc.ok, ok, "%q", tc.b)
+	}
+	var done State
+	require.True(t, done.Feed([]byte(`{}`)))
+	n, closed, ok := done.Span([]byte("x"))
+	assert.Equal(t, 0, n)
+	assert.True(t, closed && ok)
+}

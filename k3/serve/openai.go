@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -117,7 +118,7 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 	if len(req.Messages) == 0 {
 		return nil, badParam("messages", "messages is empty; a chat completion needs at least one message")
 	}
-	decl, err := toolDeclaration(req.Tools)
+	decl, names, err := toolDeclaration(req.Tools)
 	if err != nil {
 		return nil, err
 	}
@@ -169,20 +170,39 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 		}
 	}
 	j.prompt = s.m.Encode(prompt)
+	// tool_choice required, or naming a function, holds the answer to
+	// tool calls (k3.WithToolCalls).
+	var forced []string
 	switch choice := strings.TrimSpace(string(req.ToolChoice)); choice {
 	case "", "null", `"auto"`:
 		j.tools = decl != ""
 	case `"none"`:
 	case `"required"`:
-		return nil, badParam("tool_choice", `tool_choice = "required" needs constrained decoding, which k3 does not serve; use "auto"`)
+		if decl == "" {
+			return nil, badParam("tool_choice", `tool_choice = "required" needs tools`)
+		}
+		forced = names
 	default:
 		var named struct {
-			Type string `json:"type"`
+			Type     string `json:"type"`
+			Function struct {
+				Name string `json:"name"`
+			} `json:"function"`
 		}
-		if json.Unmarshal(req.ToolChoice, &named) == nil && named.Type == "function" {
-			return nil, badParam("tool_choice", "tool_choice naming a function needs constrained decoding, which k3 does not serve; use \"auto\"")
+		if json.Unmarshal(req.ToolChoice, &named) != nil || named.Type != "function" {
+			return nil, badParam("tool_choice", "tool_choice = %s, want \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}", req.ToolChoice)
 		}
-		return nil, badParam("tool_choice", "tool_choice = %s, want \"auto\" or \"none\"", req.ToolChoice)
+		if !slices.Contains(names, named.Function.Name) {
+			return nil, badParam("tool_choice", "tool_choice names the function %q, which tools does not declare", named.Function.Name)
+		}
+		forced = []string{named.Function.Name}
+	}
+	if forced != nil {
+		if req.ResponseFormat != nil && req.ResponseFormat.Type == "json_object" {
+			return nil, badParam("response_format", "response_format json_object with a forced tool call: the call's arguments are JSON already")
+		}
+		j.tools = true
+		j.opts = append(j.opts, k3.WithToolCalls(forced, req.ParallelToolCalls == nil || *req.ParallelToolCalls))
 	}
 	if len(req.Logprobs) > 0 && string(req.Logprobs) != "null" {
 		if err := json.Unmarshal(req.Logprobs, &j.logprobs); err != nil {

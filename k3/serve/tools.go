@@ -37,39 +37,40 @@ type toolCall struct {
 }
 
 // toolDeclaration validates a request's tools and renders the turn that
-// declares them; "" when there are none.
-func toolDeclaration(raw json.RawMessage) (string, error) {
+// declares them, with their names; "" when there are none.
+func toolDeclaration(raw json.RawMessage) (decl string, names []string, err error) {
 	if len(raw) == 0 || string(raw) == "null" {
-		return "", nil
+		return "", nil, nil
 	}
 	var tools []map[string]any
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber() // numbers in the schemas render as written
 	if err := dec.Decode(&tools); err != nil {
-		return "", badParam("tools", "tools must be a list of objects")
+		return "", nil, badParam("tools", "tools must be a list of objects")
 	}
 	if len(tools) == 0 {
-		return "", nil
+		return "", nil, nil
 	}
 	if len(tools) > maxTools {
-		return "", badParam("tools", "tools holds %d tools, at most %d", len(tools), maxTools)
+		return "", nil, badParam("tools", "tools holds %d tools, at most %d", len(tools), maxTools)
 	}
 	for i, t := range tools {
 		param := fmt.Sprintf("tools[%d]", i)
 		if t["type"] != "function" {
-			return "", badParam(param+".type", "%s.type = %v, want \"function\"", param, jsonText(t["type"]))
+			return "", nil, badParam(param+".type", "%s.type = %v, want \"function\"", param, jsonText(t["type"]))
 		}
 		f, ok := t["function"].(map[string]any)
 		if !ok {
-			return "", badParam(param+".function", "%s.function must be an object", param)
+			return "", nil, badParam(param+".function", "%s.function must be an object", param)
 		}
 		name, _ := f["name"].(string)
+		names = append(names, name)
 		if !toolName.MatchString(name) {
-			return "", badParam(param+".function.name", "%s.function.name = %v, want 1-64 letters, digits, _ or -", param, jsonText(f["name"]))
+			return "", nil, badParam(param+".function.name", "%s.function.name = %v, want 1-64 letters, digits, _ or -", param, jsonText(f["name"]))
 		}
 		if p, ok := f["parameters"]; ok {
 			if _, ok := p.(map[string]any); !ok && p != nil {
-				return "", badParam(param+".function.parameters", "%s.function.parameters must be a JSON Schema object", param)
+				return "", nil, badParam(param+".function.parameters", "%s.function.parameters must be a JSON Schema object", param)
 			}
 		}
 	}
@@ -79,9 +80,9 @@ func toolDeclaration(raw json.RawMessage) (string, error) {
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(tools); err != nil {
-		return "", badParam("tools", "tools: %v", err)
+		return "", nil, badParam("tools", "tools: %v", err)
 	}
-	return strings.TrimSuffix(b.String(), "\n"), nil
+	return strings.TrimSuffix(b.String(), "\n"), names, nil
 }
 
 func jsonText(v any) string {

@@ -206,7 +206,7 @@ func TestToolsRequest(t *testing.T) {
 		}
 		code, out := post(t, hs.URL+"/v1/chat/completions", body)
 		require.Equal(t, 200, code, "%v", out)
-		decl, err := toolDeclaration(mustJSON(t, []any{weatherTool}))
+		decl, _, err := toolDeclaration(mustJSON(t, []any{weatherTool}))
 		require.NoError(t, err)
 		prompt := m.Encode(m.ChatPrompt([]k3.Message{{Role: "tool_declare", Content: decl}, {Role: "user", Content: "func main() {"}}))
 		want, _ := direct(t, m, prompt, k3.WithMaxTokens(16), k3.WithTemperature(0))
@@ -265,4 +265,62 @@ func TestJSONMode(t *testing.T) {
 		assert.True(t, json.Valid([]byte(want)), "%q", want)
 	}
 	assert.True(t, strings.HasPrefix(strings.TrimSpace(want), "{"), "%q", want)
+}
+
+// TestForcedToolCalls: tool_choice required (or naming a function) holds
+// the answer to tool calls, which come back parsed: those of the same
+// generation run directly.
+func TestForcedToolCalls(t *testing.T) {
+	_, hs, m := newTestServer(t, Config{Name: "tiny"})
+	timeTool := map[string]any{"type": "function", "function": map[string]any{"name": "get_time"}}
+	msgs := []map[string]any{{"role": "user", "content": "func main() {"}}
+	decl, _, err := toolDeclaration(mustJSON(t, []any{weatherTool, timeTool}))
+	require.NoError(t, err)
+	prompt := m.Encode(m.ChatPrompt([]k3.Message{{Role: "tool_declare", Content: decl}, {Role: "user", Content: "func main() {"}}))
+	closed := 0
+	for i, tc := range []struct {
+		choice   any
+		names    []string
+		parallel bool
+		seed     uint64
+	}{
+		{"required", []string{"get_weather", "get_time"}, true, 2},
+		{"required", []string{"get_weather", "get_time"}, false, 4},
+		{map[string]any{"type": "function", "function": map[string]any{"name": "get_time"}}, []string{"get_time"}, true, 3},
+	} {
+		body := map[string]any{"messages": msgs, "tools": []any{weatherTool, timeTool}, "tool_choice": tc.choice,
+			"max_tokens": 300, "temperature": 1, "seed": tc.seed}
+		if !tc.parallel {
+			body["parallel_tool_calls"] = false
+		}
+		code, out := post(t, hs.URL+"/v1/chat/completions", body)
+		require.Equal(t, 200, code, "%v", out)
+		want, toks := direct(t, m, prompt, k3.WithMaxTokens(300), k3.WithTemperature(1), k3.WithSeed(tc.seed), k3.WithToolCalls(tc.names, tc.parallel))
+		ch := out["choices"].([]any)[0].(map[string]any)
+		msg := ch["message"].(map[string]any)
+		content, calls, ok := parseToolCalls(want)
+		if !ok {
+			assert.Equal(t, "length", ch["finish_reason"], "case %d", i)
+			assert.Equal(t, want, msg["content"], "case %d", i)
+			continue
+		}
+		assert.Empty(t, content)
+		require.Len(t, msg["tool_calls"], len(calls), "case %d", i)
+		for k, c := range msg["tool_calls"].([]any) {
+			f := c.(map[string]any)["function"].(map[string]any)
+			assert.Contains(t, tc.names, f["name"], "case %d", i)
+			assert.Equal(t, calls[k].Function.Arguments, f["arguments"])
+			if toks[len(toks)-1].Finish == k3.FinishStop {
+				assert.True(t, json.Valid([]byte(f["arguments"].(string))), "case %d: %v", i, f["arguments"])
+			}
+		}
+		if toks[len(toks)-1].Finish == k3.FinishStop {
+			closed++
+			assert.Equal(t, "tool_calls", ch["finish_reason"], "case %d", i)
+			if !tc.parallel {
+				assert.Len(t, calls, 1)
+			}
+		}
+	}
+	t.Logf("%d of 3 closed their section", closed)
 }

@@ -124,8 +124,21 @@ const checks = {
     const r = await client.chat.completions.create({ model, messages: history, tools, tool_choice: "auto", max_tokens: 8, temperature: 0 });
     assert.equal(typeof r.choices[0].message.content, "string");
     assert.ok(["stop", "length", "tool_calls"].includes(r.choices[0].finish_reason), r.choices[0].finish_reason);
+    // tool_choice required holds the answer to calls (arguments JSON);
+    // within 300 tokens the tiny model may not close the section.
+    const f = await client.chat.completions.create({ model, messages, tools, tool_choice: "required", max_tokens: 300, temperature: 1, seed: 2 });
+    const fc = f.choices[0];
+    assert.ok(["tool_calls", "length"].includes(fc.finish_reason), fc.finish_reason);
+    if (fc.finish_reason === "tool_calls") {
+      assert.ok(fc.message.tool_calls.length > 0);
+      for (const call of fc.message.tool_calls) {
+        assert.equal(call.type, "function");
+        assert.equal(call.function.name, "get_weather");
+        JSON.parse(call.function.arguments);
+      }
+    }
     await assert.rejects(
-      client.chat.completions.create({ model, messages, tools, tool_choice: "required" }),
+      client.chat.completions.create({ model, messages, tools, tool_choice: { type: "function", function: { name: "nope" } } }),
       (err) => err instanceof OpenAI.BadRequestError && /tool_choice/.test(err.message),
     );
   },

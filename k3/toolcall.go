@@ -1,0 +1,228 @@
+package k3
+
+import (
+	"slices"
+	"strings"
+
+	"k3/internal/jsonprefix"
+)
+
+// WithToolCalls holds the generation to a Kimi tool calls section that
+// calls one of names (at least one call; more only if parallel), each
+// with a JSON object of arguments:
+//
+//	<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>{...}<|tool_call_end|><|tool_calls_section_end|>
+//
+// then only the stop tokens (with none, the generation ends there). It
+// is what an OpenAI tool_choice of "required" or of a named function
+// asks. Special tokens are drawn only as the section's markers; the JSON
+// is held as WithJSONObject holds it. max_tokens may still cut the
+// section short. A generation held this way does not speculate.
+func WithToolCalls(names []string, parallel bool) GenerateOption {
+	return func(o *genOptions) {
+		if len(names) == 0 {
+			o.fail("tool calls without a function name")
+			return
+		}
+		for _, n := range names {
+			if n == "" || strings.ContainsAny(n, ":<") {
+				o.fail("tool call function name %q: want a non-empty name without ':' or '<'", n)
+				return
+			}
+		}
+		o.toolNames, o.parallel = slices.Clone(names), parallel
+	}
+}
+
+// maxIndexDigits bounds a call's INDEX (a count of calls, written as
+// the model's template writes it).
+const maxIndexDigits = 3
+
+// The section's phases, in order.
+type callPhase uint8
+
+const (
+	pSectionBegin callPhase = iota
+	pCallBegin
+	pFunctions
+	pName
+	pIndex
+	pArgBegin
+	pArgs
+	pCallEnd
+	pNext // another call, or the section's end
+	pDone
+)
+
+type alt struct {
+	lit  string
+	next callPhase
+}
+
+// alts are the literals each phase may read (pNext's second only when
+// calls are parallel).
+var alts = [...][]alt{
+	pSectionBegin: {{"<|tool_calls_section_begin|>", pCallBegin}},
+	pCallBegin:    {{"<|tool_call_begin|>", pFunctions}},
+	pFunctions:    {{"functions.", pName}},
+	pArgBegin:     {{"<|tool_call_argument_begin|>", pArgs}},
+	pCallEnd:      {{"<|tool_call_end|>", pNext}},
+	pNext:         {{"<|tool_calls_section_end|>", pDone}, {"<|tool_call_begin|>", pFunctions}},
+}
+
+// callState is the section read so far.
+type callState struct {
+	phase  callPhase
+	alive  uint8 // the phase's literals still matching (bits)
+	off    int   // bytes of them matched
+	ni, nl int   // pName: a name matching so far, and the bytes matched
+	digits int   // pIndex: digits read
+	args   jsonprefix.State
+}
+
+// toolConstraint is a generation's tool calls state and the mask its
+// sampler reads.
+type toolConstraint struct {
+	names    []string
+	parallel bool
+	st       callState
+	toks     [][]byte // every token's bytes, special tokens' their names
+	special  []bool
+	stops    []int32
+	mask     []bool
+}
+
+func newToolConstraint(m *Model, names []string, parallel bool, stops []int32) *toolConstraint {
+	c := &toolConstraint{names: names, parallel: parallel, stops: stops, mask: make([]bool, m.Config.VocabSize),
+		toks: make([][]byte, m.Config.VocabSize), special: make([]bool, m.Config.VocabSize)}
+	for id := range c.toks {
+		c.toks[id] = m.tok.TokenBytes(int32(id))
+		c.special[id] = m.tok.IsSpecial(int32(id))
+	}
+	c.st.enter(pSectionBegin, parallel)
+	return c
+}
+
+func (s *callState) enter(p callPhase, parallel bool) {
+	s.phase, s.off, s.nl, s.digits = p, 0, 0, 0
+	s.alive = 1
+	if p == pNext && parallel {
+		s.alive = 3
+	}
+	if p == pArgs {
+		s.args = jsonprefix.State{}
+	}
+}
+
+// run takes b over s and reports whether the section may read it. A
+// special token must be one whole marker where a marker begins. With
+// commit false s.args is only read (a trial); s's other fields are
+// always a value the caller may throw away.
+func (c *toolConstraint) run(s *callState, b []byte, special, commit bool) bool {
+	if special {
+		if s.phase >= pDone || s.phase == pName || s.phase == pIndex && s.digits == 0 || s.phase == pArgs || s.off != 0 {
+			return false
+		}
+		if s.phase == pIndex {
+			s.enter(pArgBegin, c.parallel)
+		}
+		for i, a := range alts[s.phase] {
+			if s.alive&(1<<i) != 0 && string(b) == a.lit {
+				s.enter(a.next, c.parallel)
+				return true
+			}
+		}
+		return false
+	}
+	for i := 0; i < len(b); i++ {
+		ch := b[i]
+		switch s.phase {
+		case pDone:
+			return false
+		case pName:
+			if ch == ':' {
+				if s.nl == 0 || !slices.Contains(c.names, c.names[s.ni][:s.nl]) {
+					return false
+				}
+				s.enter(pIndex, c.parallel)
+				continue
+			}
+			found := false
+			for j, n := range c.names {
+				if len(n) > s.nl && n[:s.nl] == c.names[s.ni][:s.nl] && n[s.nl] == ch {
+					s.ni, s.nl, found = j, s.nl+1, true
+					break
+				}
+			}
+			if !found {
+				return false
+			}
+		case pIndex:
+			if ch >= '0' && ch <= '9' && s.digits < maxIndexDigits {
+				s.digits++
+				continue
+			}
+			if s.digits == 0 {
+				return false
+			}
+			s.enter(pArgBegin, c.parallel)
+			i-- // the byte begins the marker
+		case pArgs:
+			n, closed, ok := s.args.Span(b[i:])
+			if !ok {
+				return false
+			}
+			if commit {
+				s.args.Feed(b[i : i+n])
+			}
+			if !closed {
+				return true
+			}
+			s.enter(pCallEnd, c.parallel)
+			i += n - 1
+		default: // a literal
+			var keep uint8
+			for k, a := range alts[s.phase] {
+				if s.alive&(1<<k) != 0 && a.lit[s.off] == ch {
+					keep |= 1 << k
+				}
+			}
+			if keep == 0 {
+				return false
+			}
+			s.alive, s.off = keep, s.off+1
+			for k, a := range alts[s.phase] {
+				if keep&(1<<k) != 0 && s.off == len(a.lit) {
+					s.enter(a.next, c.parallel)
+					break
+				}
+			}
+		}
+	}
+	return true
+}
+
+// fill sets the mask for the next draw.
+func (c *toolConstraint) fill() {
+	done := c.st.phase == pDone
+	for id, b := range c.toks {
+		ok := false
+		if !done && len(b) > 0 {
+			trial := c.st
+			ok = c.run(&trial, b, c.special[id], false)
+		}
+		c.mask[id] = ok
+	}
+	for _, id := range c.stops {
+		c.mask[id] = done
+	}
+}
+
+// closed advances over the drawn token and reports whether the section
+// is now whole.
+func (c *toolConstraint) closed(id int32) bool {
+	if !slices.Contains(c.stops, id) {
+		c.run(&c.st, c.toks[id], c.special[id], true)
+	}
+	return c.st.phase == pDone
+}

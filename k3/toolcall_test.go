@@ -1,0 +1,165 @@
+package k3
+
+import (
+	"context"
+	"encoding/json"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var callRE = regexp.MustCompile(`^<\|tool_call_begin\|>functions\.(get_weather|get):[0-9]+<\|tool_call_argument_begin\|>`)
+
+// TestToolCalls: the embedded model held to a tool calls section: a
+// stopped generation is a whole section of calls to the given names with
+// JSON object arguments (one call unless parallel), a cut one a prefix.
+func TestToolCalls(t *testing.T) {
+	ctx := context.Background()
+	m, err := LoadTiny(ctx)
+	require.NoError(t, err)
+	defer m.Close()
+	prompt := m.Encode(m.ChatPrompt([]Message{{Role: "user", Content: "func main() {"}}))
+	names := []string{"get_weather", "get"}
+	whole := 0
+	for i, tc := range []struct {
+		parallel bool
+		opts     []GenerateOption
+	}{
+		{false, []GenerateOption{WithTemperature(0)}},
+		{false, []GenerateOption{WithTemperature(1), WithSeed(1)}},
+		{true, []GenerateOption{WithTemperature(1), WithSeed(2)}},
+		{true, []GenerateOption{WithTemperature(1.5), WithSeed(3), WithoutDefaultStops()}},
+		{false, []GenerateOption{WithTemperature(0.7), WithSeed(4)}},
+	} {
+		s, err := m.NewSession()
+		require.NoError(t, err)
+		var text strings.Builder
+		var finish FinishReason
+		for tok, err := range s.GenerateTokens(ctx, prompt, append(tc.opts, WithToolCalls(names, tc.parallel), WithMaxTokens(300))...) {
+			require.NoError(t, err)
+			text.WriteString(tok.Text)
+			finish = tok.Finish
+		}
+		s.Close()
+		out := text.String()
+		t.Logf("case %d (%v): %q", i, finish, out)
+		rest, ok := strings.CutPrefix(out, "<|tool_calls_section_begin|>")
+		if !ok {
+			require.True(t, strings.HasPrefix("<|tool_calls_section_begin|>", out), "case %d: %q", i, out)
+			continue
+		}
+		calls := 0
+		for {
+			if rest == "<|tool_calls_section_end|>" {
+				break
+			}
+			loc := callRE.FindStringIndex(rest)
+			if loc == nil {
+				require.Equal(t, FinishLength, finish, "case %d: %q", i, out)
+				break
+			}
+			args, after, found := strings.Cut(rest[loc[1]:], "<|tool_call_end|>")
+			if !found {
+				require.Equal(t, FinishLength, finish, "case %d: %q", i, out)
+				break
+			}
+			var v map[string]any
+			require.NoError(t, json.Unmarshal([]byte(args), &v), "case %d: arguments %q", i, args)
+			calls++
+			rest = after
+		}
+		if finish == FinishStop {
+			whole++
+			assert.Equal(t, "<|tool_calls_section_end|>", rest, "case %d", i)
+			assert.Positive(t, calls)
+			if !tc.parallel {
+				assert.Equal(t, 1, calls, "case %d", i)
+			}
+		}
+	}
+	assert.Positive(t, whole, "no generation closed its section within 300 tokens")
+
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	defer s.Close()
+	for _, bad := range [][]GenerateOption{
+		{WithToolCalls(nil, false)},
+		{WithToolCalls([]string{"a:b"}, false)},
+		{WithToolCalls([]string{"f"}, false), WithJSONObject()},
+	} {
+		for _, err := range s.GenerateTokens(ctx, prompt, bad...) {
+			assert.ErrorIs(t, err, ErrInvalidOption)
+			break
+		}
+	}
+}
+
+// TestToolCallGrammar: the section's grammar on written-out text, byte by
+// byte through ordinary tokens and marker by marker as special tokens.
+func TestToolCallGrammar(t *testing.T) {
+	const (
+		begin = "<|tool_calls_section_begin|>"
+		call  = "<|tool_call_begin|>"
+		args  = "<|tool_call_argument_begin|>"
+		end   = "<|tool_call_end|>"
+		close = "<|tool_calls_section_end|>"
+	)
+	names := []string{"get_weather", "get"}
+	one := call + "functions.get:0" + args + `{"a": [1, "x"]}` + end
+	two := call + "functions.get_weather:12" + args + "{}" + end
+	for _, tc := range []struct {
+		text     string
+		parallel bool
+		ok, done bool
+	}{
+		{begin + one + close, false, true, true},
+		{begin + one + two + close, true, true, true},
+		{begin + one + two, false, false, false},
+		{begin + one, false, true, false},
+		{begin + call + "functions.ge:0", false, false, false},
+		{begin + call + "functions.get_w:0", false, false, false},
+		{begin + call + "functions.set:0", false, false, false},
+		{begin + call + "functions.get:1234", false, false, false},
+		{begin + call + "functions.get:" + args, false, false, false},
+		{begin + call + "functions.get:7" + args + "[1]", false, false, false},
+		{begin + call + "functions.get:7" + args + `{"a":1` + end, false, false, false},
+		{begin + one + close + " ", false, false, false},
+		{"x" + begin, false, false, false},
+	} {
+		c := &toolConstraint{names: names, parallel: tc.parallel}
+		c.st.enter(pSectionBegin, tc.parallel)
+		st := c.st
+		ok := c.run(&st, []byte(tc.text), false, true)
+		assert.Equal(t, tc.ok, ok, "%q", tc.text)
+		if ok {
+			assert.Equal(t, tc.done, st.phase == pDone, "%q", tc.text)
+		}
+		// A trial (commit false) answers the same and leaves the state.
+		trial := c.st
+		assert.Equal(t, tc.ok, c.run(&trial, []byte(tc.text), false, false), "trial %q", tc.text)
+	}
+
+	// Markers as special tokens: whole, and only where a marker begins.
+	c := &toolConstraint{names: names}
+	c.st.enter(pSectionBegin, false)
+	for _, step := range []struct {
+		b       string
+		special bool
+		ok      bool
+	}{
+		{"functions.", false, false}, {begin, true, true}, {call, true, true}, {"functions.get", false, true},
+		{end, true, false}, {":3", false, true}, {args, true, true}, {"{\"a\":", false, true}, {end, true, false},
+		{"1}", false, true}, {begin, true, false}, {end, true, true}, {call, true, false}, {close, true, true},
+	} {
+		trial := c.st
+		ok := c.run(&trial, []byte(step.b), step.special, false)
+		require.Equal(t, step.ok, ok, "%q (special %v) at phase %d", step.b, step.special, c.st.phase)
+		if ok {
+			require.True(t, c.run(&c.st, []byte(step.b), step.special, true))
+		}
+	}
+	assert.Equal(t, pDone, c.st.phase)
+}
