@@ -88,6 +88,7 @@ type toolConstraint struct {
 	st       callState
 	toks     [][]byte // every token's bytes, special tokens' their names
 	special  []bool
+	plain    *jsonprefix.Vocab // which tokens stay inside a JSON string
 	stops    []int32
 	mask     []bool
 }
@@ -99,6 +100,7 @@ func newToolConstraint(m *Model, names []string, parallel bool, stops []int32) *
 		c.toks[id] = m.tok.TokenBytes(int32(id))
 		c.special[id] = m.tok.IsSpecial(int32(id))
 	}
+	c.plain = jsonprefix.NewVocab(c.toks)
 	c.st.enter(pSectionBegin, parallel)
 	return c
 }
@@ -202,16 +204,32 @@ func (c *toolConstraint) run(s *callState, b []byte, special, commit bool) bool 
 	return true
 }
 
-// fill sets the mask for the next draw.
+// fill sets the mask for the next draw. As JSON mode's mask: an ordinary
+// token whose first byte cannot follow is out at once, and inside the
+// arguments' strings a plain one is in at once.
 func (c *toolConstraint) fill() {
 	done := c.st.phase == pDone
+	var first [256]bool
+	for ch := range first {
+		trial := c.st
+		first[ch] = !done && c.run(&trial, []byte{byte(ch)}, false, false)
+	}
+	inString := c.st.phase == pArgs && c.st.args.InString()
 	for id, b := range c.toks {
-		ok := false
-		if !done && len(b) > 0 {
+		switch {
+		case done || len(b) == 0:
+			c.mask[id] = false
+		case c.special[id]:
 			trial := c.st
-			ok = c.run(&trial, b, c.special[id], false)
+			c.mask[id] = c.run(&trial, b, true, false)
+		case !first[b[0]]:
+			c.mask[id] = false
+		case inString && c.plain.Plain(id):
+			c.mask[id] = true
+		default:
+			trial := c.st
+			c.mask[id] = c.run(&trial, b, false, false)
 		}
-		c.mask[id] = ok
 	}
 	for _, id := range c.stops {
 		c.mask[id] = done

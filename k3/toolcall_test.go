@@ -3,12 +3,16 @@ package k3
 import (
 	"context"
 	"encoding/json"
+	"math/rand/v2"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"k3/internal/jsonprefix"
 )
 
 var callRE = regexp.MustCompile(`^<\|tool_call_begin\|>functions\.(get_weather|get):[0-9]+<\|tool_call_argument_begin\|>`)
@@ -162,4 +166,86 @@ func TestToolCallGrammar(t *testing.T) {
 		}
 	}
 	assert.Equal(t, pDone, c.st.phase)
+}
+
+// BenchmarkToolCallMask: one forced-call mask over a vocabulary the size
+// of Kimi's (163,840 tokens of 1-8 printable bytes), inside the
+// arguments' strings and at the function's name.
+func BenchmarkToolCallMask(b *testing.B) {
+	r := rand.New(rand.NewPCG(3, 4))
+	toks := make([][]byte, 163840)
+	for i := range toks {
+		t := make([]byte, 1+r.IntN(8))
+		for j := range t {
+			t[j] = byte(' ' + r.IntN(95))
+		}
+		toks[i] = t
+	}
+	for _, at := range []string{
+		"<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Par",
+		"<|tool_calls_section_begin|><|tool_call_begin|>functions.",
+	} {
+		c := &toolConstraint{names: []string{"get_weather", "get_time"}, toks: toks, special: make([]bool, len(toks)),
+			plain: jsonprefix.NewVocab(toks), mask: make([]bool, len(toks))}
+		c.st.enter(pSectionBegin, false)
+		if !c.run(&c.st, []byte(at), false, true) {
+			b.Fatal(at)
+		}
+		name := "name"
+		if strings.HasSuffix(at, "Par") {
+			name = "arguments"
+		}
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				c.fill()
+			}
+		})
+	}
+}
+
+// TestToolCallMask: the mask's shortcuts give what running the grammar on
+// every token gives, at every phase of a section.
+func TestToolCallMask(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	const alphabet = "{}[]:,\" \\nu0123456789abcdeftrulsn.-_<|>getwhrfio\t\n\x01\xc3\xa9"
+	toks := [][]byte{nil}
+	special := []bool{false}
+	for _, marker := range []string{"<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|tool_calls_section_end|>", "<|im_end|>"} {
+		toks, special = append(toks, []byte(marker)), append(special, true)
+		toks, special = append(toks, []byte(marker)), append(special, false) // spelled as text
+	}
+	for _, w := range []string{"functions.", "get", "_weather", "get_time", ":0", "0<|", "}<|tool_call_end|>", "\"}", "functions.get:1"} {
+		toks, special = append(toks, []byte(w)), append(special, false)
+	}
+	for range 2000 {
+		b := make([]byte, 1+r.IntN(5))
+		for j := range b {
+			b[j] = alphabet[r.IntN(len(alphabet))]
+		}
+		toks, special = append(toks, b), append(special, false)
+	}
+	prefix := "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:12<|tool_call_argument_begin|>{\"a\": [1, \"x\\u00e9y\"], \"b\": {}}<|tool_call_end|><|tool_calls_section_end|>"
+	for _, parallel := range []bool{false, true} {
+		for cut := 0; cut <= len(prefix); cut++ {
+			c := &toolConstraint{names: []string{"get_weather", "get_time", "get"}, parallel: parallel, toks: toks, special: special,
+				plain: jsonprefix.NewVocab(toks), stops: []int32{int32(len(toks) - 1)}, mask: make([]bool, len(toks))}
+			c.st.enter(pSectionBegin, parallel)
+			require.True(t, c.run(&c.st, []byte(prefix[:cut]), false, true), "%q", prefix[:cut])
+			c.fill()
+			done := c.st.phase == pDone
+			for id, b := range toks {
+				want := false
+				if slices.Contains(c.stops, int32(id)) {
+					want = done
+				} else if !done && len(b) > 0 {
+					trial := c.st
+					want = c.run(&trial, b, special[id], false)
+				}
+				require.Equal(t, want, c.mask[id], "after %q, token %q (special %v)", prefix[:cut], b, special[id])
+			}
+			if cut == len(prefix)/2 {
+				assert.Zero(t, testing.AllocsPerRun(5, c.fill), "a mask allocates")
+			}
+		}
+	}
 }

@@ -59,6 +59,10 @@ type cursor struct {
 // white space after it).
 func (s *State) Done() bool { return s.cur.mode == mDone }
 
+// InString reports whether the bytes fed end inside a string (not in an
+// escape), where any plain bytes may follow (Vocab.Plain).
+func (s *State) InString() bool { return s.cur.mode == mString }
+
 // Feed advances over b and reports whether the text is still a prefix of
 // one JSON object; on false the state is unchanged.
 func (s *State) Feed(b []byte) bool {
@@ -384,6 +388,10 @@ func NewVocab(toks [][]byte) *Vocab {
 	}
 	return v
 }
+
+// Plain reports whether token id has no quote, backslash or control
+// byte: inside a string it stays inside the string.
+func (v *Vocab) Plain(id int) bool { return v.plain[id] }
 
 // Mask sets dst[id] (len(dst) >= the vocabulary's size) to whether token
 // id may follow the bytes fed so far. Inside a string a plain token is in
