@@ -61,3 +61,13 @@ func TestJSONObject(t *testing.T) {
 	}
 	assert.Positive(t, stopped, "no generation closed its object within 160 tokens")
 }
+
+func TestSamplerRefusesGrammars(t *testing.T) {
+	m, err := LoadTiny(context.Background())
+	require.NoError(t, err)
+	defer m.Close()
+	for _, o := range []GenerateOption{WithJSONObject(), WithToolCalls([]string{"f"}, false)} {
+		_, err := m.NewSampler(o)
+		assert.ErrorIs(t, err, ErrInvalidOption)
+	}
+}
