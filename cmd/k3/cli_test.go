@@ -56,6 +56,17 @@ func TestRunCommand(t *testing.T) {
 	assert.Contains(t, errOut, "frequency_penalty = NaN")
 }
 
+// TestRunJSON: -json holds the embedded Go model's answer to JSON; with
+// -speculate it is refused.
+func TestRunJSON(t *testing.T) {
+	code, out, errOut := runCLI("run", "-prompt", "func", "-max-tokens", "60", "-json")
+	require.Equal(t, 0, code, errOut)
+	assert.True(t, strings.HasPrefix(strings.TrimSpace(out), "{"), "%q", out)
+	code, _, errOut = runCLI("run", "-prompt", "func", "-json", "-speculate", "ngram")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, "-json and -speculate")
+}
+
 func TestConformNoCases(t *testing.T) {
 	code, _, errOut := runCLI("conform", t.TempDir())
 	assert.Equal(t, 1, code)

@@ -32,6 +32,7 @@ type genFlags struct {
 	speculate                       string
 	draftDepth                      string
 	rejection                       bool
+	json                            bool
 	// draft is the -speculate model:DIR drafter once load has made it,
 	// closeDraft what releases it and its model.
 	draft      specdec.Drafter
@@ -57,6 +58,7 @@ func (g *genFlags) register(fs *flag.FlagSet, maxTokens int) {
 	fs.Var(&g.stops, "stop", "stop when the text reaches this string (repeatable)")
 	fs.BoolVar(&g.noDefaultStops, "no-default-stops", false, "do not stop at the model's end-of-sequence tokens")
 	fs.Uint64Var(&g.seed, "seed", 0, "random seed (reproducible sampling)")
+	fs.BoolVar(&g.json, "json", false, "hold the answer to one JSON object (JSON mode; it does not speculate)")
 	g.backend = addBackendFlags(fs)
 	fs.StringVar(&g.speculate, "speculate", "", "speculative decoding with this drafter: ngram (prompt lookup), self:N (the model's own first N layers and its head), model:DIR (a smaller checkpoint's greedy tokens, same vocabulary) or dspark (the checkpoint's draft module); the output is plain decoding's")
 	fs.StringVar(&g.draftDepth, "draft-depth", "auto", "drafts per verify pass with -speculate: 1..15, or auto (chosen per pass from the drafts' acceptance and this machine's measured pass costs, up to 7)")
@@ -141,6 +143,9 @@ func (g *genFlags) options() []k3.GenerateOption {
 	if g.noDefaultStops {
 		opts = append(opts, k3.WithoutDefaultStops())
 	}
+	if g.json {
+		opts = append(opts, k3.WithJSONObject())
+	}
 	if d, _ := g.drafter(); d != nil {
 		k, auto, _ := g.depth()
 		if auto {
@@ -158,6 +163,9 @@ func (g *genFlags) options() []k3.GenerateOption {
 func (g *genFlags) load(ctx context.Context, stderr io.Writer) (*k3.Model, error) {
 	if _, err := g.drafter(); err != nil {
 		return nil, err
+	}
+	if g.json && g.speculate != "" {
+		return nil, fmt.Errorf("-json and -speculate: a generation held to JSON does not speculate")
 	}
 	opts := g.backend.loadOptions()
 	k, _, _ := g.depth()
