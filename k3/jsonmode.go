@@ -26,16 +26,28 @@ type jsonConstraint struct {
 }
 
 func newJSONConstraint(m *Model, stops []int32) *jsonConstraint {
-	m.jsonOnce.Do(func() {
-		m.tokBytes = make([][]byte, m.Config.VocabSize)
-		for id := range m.tokBytes {
-			if !m.tok.IsSpecial(int32(id)) {
-				m.tokBytes[id] = m.tok.TokenBytes(int32(id))
+	toks, _, vocab := m.grammarTables()
+	return &jsonConstraint{vocab: vocab, toks: toks, stops: stops, mask: make([]bool, m.Config.VocabSize)}
+}
+
+// grammarTables returns, made once a model, what the grammar options
+// read: every token's bytes (a special token's, its name), which tokens
+// are special, and the JSON view of the vocabulary, in which special
+// tokens are never drawn.
+func (m *Model) grammarTables() (toks [][]byte, special []bool, vocab *jsonprefix.Vocab) {
+	m.grammarOnce.Do(func() {
+		n := m.Config.VocabSize
+		m.tokBytes, m.tokSpecial = make([][]byte, n), make([]bool, n)
+		plain := make([][]byte, n)
+		for id := range n {
+			m.tokBytes[id] = m.tok.TokenBytes(int32(id))
+			if m.tokSpecial[id] = m.tok.IsSpecial(int32(id)); !m.tokSpecial[id] {
+				plain[id] = m.tokBytes[id]
 			}
 		}
-		m.jsonVocab = jsonprefix.NewVocab(m.tokBytes)
+		m.jsonVocab = jsonprefix.NewVocab(plain)
 	})
-	return &jsonConstraint{vocab: m.jsonVocab, toks: m.tokBytes, stops: stops, mask: make([]bool, m.Config.VocabSize)}
+	return m.tokBytes, m.tokSpecial, m.jsonVocab
 }
 
 // fill sets the mask for the next draw.

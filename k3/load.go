@@ -149,11 +149,12 @@ type Model struct {
 	ck     *safetensors.Checkpoint
 	fpOnce sync.Once // fingerprint, for saved sessions
 
-	jsonOnce  sync.Once // WithJSONObject's tables:
-	tokBytes  [][]byte  // each token's bytes, nil for special tokens
-	jsonVocab *jsonprefix.Vocab
-	fp        [32]byte
-	chunk     int
+	grammarOnce sync.Once // WithJSONObject's and WithToolCalls' tables (grammarTables)
+	tokBytes    [][]byte
+	tokSpecial  []bool
+	jsonVocab   *jsonprefix.Vocab
+	fp          [32]byte
+	chunk       int
 
 	embed, norm, lmHead compute.Tensor
 	layers              []*layer

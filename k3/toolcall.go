@@ -88,19 +88,15 @@ type toolConstraint struct {
 	st       callState
 	toks     [][]byte // every token's bytes, special tokens' their names
 	special  []bool
-	plain    *jsonprefix.Vocab // which tokens stay inside a JSON string
+	plain    *jsonprefix.Vocab // which ordinary tokens stay inside a JSON string
 	stops    []int32
 	mask     []bool
 }
 
 func newToolConstraint(m *Model, names []string, parallel bool, stops []int32) *toolConstraint {
+	toks, special, plain := m.grammarTables()
 	c := &toolConstraint{names: names, parallel: parallel, stops: stops, mask: make([]bool, m.Config.VocabSize),
-		toks: make([][]byte, m.Config.VocabSize), special: make([]bool, m.Config.VocabSize)}
-	for id := range c.toks {
-		c.toks[id] = m.tok.TokenBytes(int32(id))
-		c.special[id] = m.tok.IsSpecial(int32(id))
-	}
-	c.plain = jsonprefix.NewVocab(c.toks)
+		toks: toks, special: special, plain: plain}
 	c.st.enter(pSectionBegin, parallel)
 	return c
 }

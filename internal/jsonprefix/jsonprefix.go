@@ -66,26 +66,29 @@ func (s *State) InString() bool { return s.cur.mode == mString }
 // Feed advances over b and reports whether the text is still a prefix of
 // one JSON object; on false the state is unchanged.
 func (s *State) Feed(b []byte) bool {
-	sm := sim{cur: s.cur, base: s.stack, depth: len(s.stack)}
-	for _, c := range b {
-		if !sm.step(c) {
-			return false
-		}
+	sm, ok := s.trial(b)
+	if ok {
+		s.stack = append(append(s.stack[:sm.depth], sm.local[:sm.n]...), sm.spill...)
+		s.cur = sm.cur
 	}
-	s.stack = append(append(s.stack[:sm.depth], sm.local[:sm.n]...), sm.spill...)
-	s.cur = sm.cur
-	return true
+	return ok
 }
 
 // Accepts reports whether b may follow the bytes fed so far.
 func (s *State) Accepts(b []byte) bool {
+	_, ok := s.trial(b)
+	return ok
+}
+
+// trial runs b over the state without changing it.
+func (s *State) trial(b []byte) (sim, bool) {
 	sm := sim{cur: s.cur, base: s.stack, depth: len(s.stack)}
 	for _, c := range b {
 		if !sm.step(c) {
-			return false
+			return sm, false
 		}
 	}
-	return true
+	return sm, true
 }
 
 // sim runs bytes over a state without changing it: the stack is the
