@@ -1,0 +1,422 @@
+package jsonschema
+
+import (
+	"encoding/json"
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// schemas the tests walk: each kind, unions, literals, bounds, recursion.
+var schemas = map[string]string{
+	"person": `{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"},
+		"email":{"anyOf":[{"type":"string","maxLength":12},{"type":"null"}],"default":null},
+		"tags":{"type":"array","items":{"enum":["a","b","ab","c\"d"]},"maxItems":3}},
+		"required":["name","age"],"additionalProperties":false,"title":"Person"}`,
+	"open":    `{"type":"object","properties":{"id":{"type":"integer"},"i":{"const":1}},"required":["id"]}`,
+	"scalars": `{"type":["number","boolean","null"]}`,
+	"numlits": `{"enum":[1,12,-3,"x",null,[1,2],{"b":1,"a":[true]}]}`,
+	"mixed":   `{"anyOf":[{"type":"integer"},{"enum":["on","off"]},{"type":"array","items":{"type":"number"},"minItems":2,"maxItems":4}]}`,
+	"tree": `{"$defs":{"Node":{"type":"object","properties":{"v":{"type":"string","minLength":2,"maxLength":3},
+		"kids":{"type":"array","items":{"$ref":"#/$defs/Node"}}},"required":["v"],"additionalProperties":false}},
+		"$ref":"#/$defs/Node"}`,
+	"oneof":  `{"oneOf":[{"type":"object","properties":{"kind":{"const":"circle"},"r":{"type":"number"}},"required":["kind","r"],"additionalProperties":false},{"type":"string","minLength":1}]}`,
+	"extra":  `{"type":"object","additionalProperties":{"type":"boolean"},"properties":{"ab":{"type":"string"},"a":{"type":"null"}},"required":["a"]}`,
+	"any":    `true`,
+	"strict": `{"type":"object","properties":{"x":{"type":"string","minLength":3}},"required":["x"],"additionalProperties":false}`,
+	"nokeys": `{"type":"object","properties":{"gone":false},"additionalProperties":false}`,
+	"items0": `{"type":"array","items":false}`,
+	"absorb": `{"anyOf":[{"type":"string","maxLength":2},{"type":"string"},{"type":"string","maxLength":1},{"type":"integer"},{"type":"number"},{"enum":["abc",7,"x\"y"]},{"type":"array","maxItems":1},{"type":"array"}]}`,
+}
+
+func compile(t *testing.T, src string) (*Schema, validator) {
+	t.Helper()
+	s, err := Compile([]byte(src))
+	require.NoError(t, err)
+	doc, err := decode(src)
+	require.NoError(t, err)
+	return s, validator{doc}
+}
+
+// TestInstances feeds written values, whole and byte by byte: those the
+// schema admits (in the machine's encodings) are read whole, the others
+// are refused at some byte or left incomplete.
+func TestInstances(t *testing.T) {
+	cases := []struct {
+		schema string
+		text   string
+		ok     bool
+		enc    bool // a value of the schema in an encoding the machine does not write
+	}{
+		{"person", `{"name":"Al","age":30}`, true, false},
+		{"person", `{ "age" : -7 , "name" : "" , "email" : null, "tags": ["ab","c\"d"] }`, true, false},
+		{"person", `{"name":"Al","age":30,"email":"twelve chars"}`, true, false},
+		{"person", `{"name":"Al","age":30,"email":"thirteen char"}`, false, false},
+		{"person", `{"name":"Al","age":3.5}`, false, false},
+		{"person", `{"name":"Al"}`, false, false},
+		{"person", `{"name":"Al","age":1,"x":1}`, false, false},
+		{"person", `{"name":"Al","name":"B","age":1}`, false, false}, // the oracle keeps one
+
+		{"person", `{"name":"Al","age":1,"tags":["a","b","c\"d","a"]}`, false, false},
+		{"person", `{"name":"Al","age":1,"tags":["abc"]}`, false, false},
+		{"person", `{"name":"Al","age":1,}`, false, false},
+		{"open", `{"id":1,"zzz":[{}],"idx":"q","i":1}`, true, false},
+		{"open", `{"i":1}`, false, false},
+		{"open", `{"id":1,"i":2}`, false, false},
+		{"open", `{"id":1,"id":2}`, false, false},
+		{"scalars", `-0.5e+3`, true, false},
+		{"scalars", `true`, true, false},
+		{"scalars", `"s"`, false, false},
+		{"numlits", `12`, true, false},
+		{"numlits", `1`, true, false},
+		{"numlits", `{"a":[true],"b":1}`, true, false},
+		{"numlits", `{"b":1,"a":[true]}`, false, true},
+		{"numlits", `1.0`, false, true},
+		{"numlits", `[1,2]`, true, false},
+		{"numlits", `13`, false, false},
+		{"mixed", `[1.5,2]`, true, false},
+		{"mixed", `[1.5]`, false, false},
+		{"mixed", `"off"`, true, false},
+		{"mixed", `-12`, true, false},
+		{"mixed", `1.5`, false, false},
+		{"tree", `{"v":"ab","kids":[{"v":"€éx"},{"v":"xyz","kids":[]}]}`, true, false},
+		{"tree", `{"v":"a"}`, false, false},
+		{"tree", `{"v":"abcd"}`, false, false},
+		{"tree", `{"v":"a\u00e9"}`, false, true}, // no \u escape under a length bound
+		{"oneof", `{"kind":"circle","r":2}`, true, false},
+		{"oneof", `"c"`, true, false},
+		{"oneof", `""`, false, false},
+		{"extra", `{"a":null,"ab":"s","abc":true,"":false}`, true, false},
+		{"extra", `{"a":null,"abc":1}`, false, false},
+		{"extra", `{"ab":"s"}`, false, false},
+		{"any", `[{"x":[1,"2",null]},-0.0,"\u1234"]`, true, false},
+		{"strict", `{"x":"abc"}`, true, false},
+		{"strict", `{"x":"ab"}`, false, false},
+		{"nokeys", `{}`, true, false},
+		{"nokeys", `{"gone":1}`, false, false},
+		{"items0", `[]`, true, false},
+		{"items0", `[1]`, false, false},
+		{"absorb", `"abcd"`, true, false},
+		{"absorb", `"x\"y"`, true, false},
+		{"absorb", `1.5`, true, false},
+		{"absorb", `[1,2]`, true, false},
+	}
+	for _, c := range cases {
+		s, vd := compile(t, schemas[c.schema])
+		doc, _ := decode(schemas[c.schema])
+		if v, err := decode(c.text); err == nil && !repeatsKey(c.text) {
+			// The oracle agrees with the table (a check on the table).
+			require.Equal(t, c.ok || c.enc, vd.valid(doc, v), "%s: %s by the oracle", c.schema, c.text)
+		} else {
+			require.False(t, c.ok, "%s: %s is not JSON", c.schema, c.text)
+		}
+		st := s.Start()
+		whole := st.Feed([]byte(c.text)) && st.Complete()
+		st = s.Start()
+		bytewise := true
+		for i := 0; i < len(c.text) && bytewise; i++ {
+			bytewise = st.Feed([]byte{c.text[i]})
+		}
+		bytewise = bytewise && st.Complete()
+		require.Equal(t, c.ok, whole, "%s: %s whole", c.schema, c.text)
+		require.Equal(t, c.ok, bytewise, "%s: %s byte by byte", c.schema, c.text)
+	}
+}
+
+// pieces are multi-byte chunks the walks draw beside single bytes, as
+// tokens would come.
+var pieces = []string{`{"`, `":`, `",`, `"}`, `]}`, `},{`, `[[`, `null`, `true`, `12`, `-0.`, `e+`, `\"`, `ab`, `"a`, `€`, "\xe2\x82", "\xac", ` `, `, "`, `{}`, `[]`, `"name`, `age":`, `kind":"circle`, `"v":"`}
+
+// finishers are the test schemas' keys, which walks past their budget
+// prefer (a required key is seldom spelled at random).
+var finishers = []string{`"name":`, `"age":`, `"id":`, `"a":`, `"v":`, `"kind":`, `"r":`, `"x":`}
+
+// walk draws random accepted bytes and pieces from the start until the
+// value is whole, checking at every step that something may follow. Past
+// budget bytes it prefers closing bytes so that walks end.
+func walk(t *testing.T, s *Schema, r *rand.Rand, budget int) (string, bool) {
+	st := s.Start()
+	var text []byte
+	for steps := 0; steps < 8*budget; steps++ {
+		if st.Done() || st.Complete() && r.IntN(8) == 0 {
+			return string(text), true
+		}
+		var ok []byte
+		for c := range 256 {
+			if st.Accepts([]byte{byte(c)}) {
+				ok = append(ok, byte(c))
+			}
+		}
+		require.NotEmpty(t, ok, "dead end after %q", text)
+		var b []byte
+		switch {
+		case len(text) > budget:
+			// A closing byte if one may follow, else one of a few
+			// short ways on (at random, so that a key is spelled).
+			b = []byte{ok[r.IntN(len(ok))]}
+			var short []byte
+			for _, want := range []byte(`"]}0n,:ab`) {
+				if strings.IndexByte(string(ok), want) >= 0 {
+					short = append(short, want)
+				}
+			}
+			var keys [][]byte
+			for _, k := range finishers {
+				if st.Accepts([]byte(k)) {
+					keys = append(keys, []byte(k))
+				}
+			}
+			switch {
+			case len(short) > 0 && (short[0] == ']' || short[0] == '}'):
+				b = short[:1]
+			case len(keys) > 0 && r.IntN(4) != 0:
+				b = keys[r.IntN(len(keys))]
+			case len(short) > 0 && (short[0] == ']' || short[0] == '}' || short[0] == '"' && r.IntN(2) == 0):
+				b = short[:1]
+			case len(short) > 0:
+				b = []byte{short[r.IntN(len(short))]}
+			}
+		case r.IntN(3) == 0:
+			b = []byte(pieces[r.IntN(len(pieces))])
+			if !st.Accepts(b) {
+				continue
+			}
+		default:
+			b = []byte{ok[r.IntN(len(ok))]}
+		}
+		require.True(t, st.Feed(b))
+		text = append(text, b...)
+	}
+	return string(text), false
+}
+
+// TestWalks: random texts the machine lets through are values the
+// oracle validates, and the machine never reaches a dead end.
+func TestWalks(t *testing.T) {
+	for name, src := range schemas {
+		s, vd := compile(t, src)
+		r := rand.New(rand.NewPCG(1, uint64(len(name))))
+		finished := 0
+		const n = 300
+		for range n {
+			text, done := walk(t, s, r, 40+r.IntN(80))
+			if !done {
+				continue
+			}
+			finished++
+			v, err := decode(text)
+			require.NoError(t, err, "%s: %q", name, text)
+			require.True(t, vd.valid(vd.doc, v), "%s: %q breaks the schema", name, text)
+		}
+		require.Greater(t, finished, n*9/10, name)
+	}
+}
+
+// TestDeep: a value nested past the trial's fixed frames reads the same
+// whole and in pieces.
+func TestDeep(t *testing.T) {
+	s, _ := compile(t, schemas["tree"])
+	var b strings.Builder
+	const depth = 30
+	for range depth {
+		b.WriteString(`{"v":"ab","kids":[`)
+	}
+	for range depth {
+		b.WriteString(`]}`)
+	}
+	text := b.String()
+	st := s.Start()
+	require.True(t, st.Feed([]byte(text)))
+	require.True(t, st.Done())
+	for _, size := range []int{1, 3, 7, 19} {
+		st := s.Start()
+		for i := 0; i < len(text); i += size {
+			require.True(t, st.Feed([]byte(text[i:min(i+size, len(text))])), "size %d at %d", size, i)
+		}
+		require.True(t, st.Done())
+	}
+	// One close too many is refused wherever the text was cut.
+	st = s.Start()
+	require.False(t, st.Feed([]byte(text[:len(text)-2]+"]}]")))
+	require.True(t, st.Feed([]byte(text[:len(text)-2])))
+	require.False(t, st.Accepts([]byte("]}]")))
+}
+
+// TestMask: Mask equals Accepts token by token along walks.
+func TestMask(t *testing.T) {
+	toks := [][]byte{nil}
+	for c := range 256 {
+		toks = append(toks, []byte{byte(c)})
+	}
+	for _, p := range pieces {
+		toks = append(toks, []byte(p))
+	}
+	toks = append(toks, []byte("plain words"), []byte("with\"quote"), []byte(`abcdefghij`))
+	plain := func(id int) bool {
+		t := toks[id]
+		if len(t) == 0 {
+			return false
+		}
+		for _, c := range t {
+			if c == '"' || c == '\\' || c < 0x20 {
+				return false
+			}
+		}
+		return true
+	}
+	dst := make([]bool, len(toks))
+	r := rand.New(rand.NewPCG(3, 4))
+	for name, src := range schemas {
+		s, _ := compile(t, src)
+		text, _ := walk(t, s, r, 60)
+		st := s.Start()
+		for i := 0; i <= len(text); i++ {
+			st.Mask(dst, toks, plain)
+			for id, tok := range toks {
+				require.Equal(t, len(tok) > 0 && st.Accepts(tok), dst[id], "%s after %q: token %q", name, text[:i], tok)
+			}
+			if i < len(text) {
+				require.True(t, st.Feed([]byte{text[i]}))
+			}
+		}
+	}
+}
+
+func TestCompileErrors(t *testing.T) {
+	cases := []struct {
+		src  string
+		err  error
+		want string
+	}{
+		{`{"type":"string","pattern":"a+"}`, ErrUnsupported, `#: keyword "pattern"`},
+		{`{"properties":{"a/b":{"type":"integer","minimum":0}}}`, ErrUnsupported, `#/properties/a~1b: keyword "minimum"`},
+		{`{"type":"string","format":"date-time"}`, ErrUnsupported, `"format"`},
+		{`{"anyOf":[{"type":"object","properties":{"a":{}}},{"type":"object","properties":{"b":{}}}]}`, ErrUnsupported, "different object schemas"},
+		{`{"oneOf":[{"type":"integer"},{"type":"number"}]}`, ErrUnsupported, "two branches admit a number"},
+		{`{"anyOf":[{"type":"string","maxLength":2},{"const":"long"}]}`, ErrUnsupported, `"long"`},
+		{`{"oneOf":[{"type":"string"},{"const":"x"}]}`, ErrUnsupported, `"x"`},
+		{`{"allOf":[{"type":"string"},{"maxLength":2}]}`, ErrUnsupported, "allOf: 2 schemas"},
+		{`{"$ref":"other.json#/a"}`, ErrUnsupported, "inside the document"},
+		{`{"$ref":"#/$defs/missing"}`, ErrInvalid, "nothing there"},
+		{`{"$ref":"#/$defs/A","$defs":{"A":{"$ref":"#/$defs/A"}}}`, ErrInvalid, "only to references"},
+		{`{"anyOf":[{"$ref":"#"},{"type":"null"}]}`, ErrUnsupported, "the union itself"},
+		{`{"type":"strin"}`, ErrInvalid, "unknown type"},
+		{`{"type":"string","maxLength":-1}`, ErrInvalid, "maxLength = -1"},
+		{`{"type":"array","items":[{"type":"string"}]}`, ErrUnsupported, "tuple"},
+		{`{"type":"object","required":["a"],"additionalProperties":false}`, ErrInvalid, "admits no value"},
+		{`{"type":"string","minLength":3,"maxLength":2}`, ErrInvalid, "admits no value"},
+		{`{"$defs":{"L":{"type":"object","properties":{"next":{"$ref":"#/$defs/L"}},"required":["next"]}},"$ref":"#/$defs/L"}`, ErrInvalid, "admits no value"},
+		{`{"enum":[]}`, ErrInvalid, "admits no value"},
+		{`{"type":"integer","enum":["a"]}`, ErrInvalid, "admits no value"},
+		{`{"type":"string","enum":["a"],"maxLength":3}`, ErrUnsupported, "beside enum"},
+		{`[]`, ErrInvalid, "an array"},
+		{`{"type":"string"} x`, ErrInvalid, "after the schema"},
+		{`{`, ErrInvalid, ""},
+	}
+	for _, c := range cases {
+		_, err := Compile([]byte(c.src))
+		require.Error(t, err, c.src)
+		require.True(t, errors.Is(err, c.err), "%s: %v", c.src, err)
+		require.Contains(t, err.Error(), c.want, c.src)
+	}
+	// Unions the first byte tells apart, and ones that absorb, compile.
+	for _, src := range []string{
+		`{"anyOf":[{"type":"integer"},{"type":"number"},{"enum":[1,"a"]},{"type":"string"}]}`,
+		`{"oneOf":[{"type":"object"},{"type":"array"},{"const":"x"}]}`,
+		`{"anyOf":[{"$ref":"#/$defs/A"},{"type":"null"}],"$defs":{"A":{"type":"object","properties":{"a":{"anyOf":[{"$ref":"#/$defs/A"},{"type":"null"}]}}}}}`,
+		`{"$defs":{"L":{"type":"object","properties":{"next":{"$ref":"#/$defs/L"}}}},"$ref":"#/$defs/L"}`,
+	} {
+		_, err := Compile([]byte(src))
+		require.NoError(t, err, src)
+	}
+}
+
+// FuzzFeed: any text the machine reads whole is a value of the schema
+// (by the oracle), and feeding it in pieces agrees with feeding it whole.
+func FuzzFeed(f *testing.F) {
+	f.Add(0, []byte(`{"name":"Al","age":30}`), 3)
+	f.Add(5, []byte(`{"v":"ab","kids":[{"v":"xyz"}]}`), 1)
+	f.Add(3, []byte(`[1.5,2]`), 2)
+	names := []string{"person", "open", "scalars", "numlits", "mixed", "tree", "oneof", "extra", "any", "strict"}
+	compiled := make([]*Schema, len(names))
+	oracles := make([]validator, len(names))
+	for i, n := range names {
+		s, err := Compile([]byte(schemas[n]))
+		if err != nil {
+			f.Fatal(err)
+		}
+		doc, _ := decode(schemas[n])
+		compiled[i], oracles[i] = s, validator{doc}
+	}
+	f.Fuzz(func(t *testing.T, which int, text []byte, size int) {
+		i := (which%len(names) + len(names)) % len(names)
+		size = size%7 + 1
+		if size < 1 {
+			size = 1
+		}
+		st := compiled[i].Start()
+		whole := st.Feed(text)
+		complete := whole && st.Complete()
+		pst := compiled[i].Start()
+		inPieces := true
+		for j := 0; j < len(text) && inPieces; j += size {
+			inPieces = pst.Feed(text[j:min(j+size, len(text))])
+		}
+		if whole != inPieces || whole && pst.Complete() != complete {
+			t.Fatalf("%s: %q whole %v, in pieces of %d %v", names[i], text, whole, size, inPieces)
+		}
+		if complete {
+			v, err := decode(string(text))
+			if err != nil || !oracles[i].valid(oracles[i].doc, v) {
+				t.Fatalf("%s: %q read whole but is not a value of the schema (%v)", names[i], text, err)
+			}
+		}
+	})
+}
+
+// repeatsKey reports whether an object in text names a key twice (which
+// the oracle, reading a map, cannot see).
+func repeatsKey(text string) bool {
+	d := json.NewDecoder(strings.NewReader(text))
+	type level struct {
+		keys  map[string]bool
+		isKey bool
+	}
+	var stack []*level
+	for {
+		tok, err := d.Token()
+		if err != nil {
+			return false
+		}
+		var top *level
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		if top != nil && top.keys != nil {
+			if s, ok := tok.(string); ok && top.isKey {
+				if top.keys[s] {
+					return true
+				}
+				top.keys[s] = true
+				top.isKey = false
+				continue
+			}
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, &level{keys: map[string]bool{}, isKey: true})
+			continue
+		case json.Delim('['):
+			stack = append(stack, &level{})
+			continue
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+		}
+		if len(stack) > 0 && stack[len(stack)-1].keys != nil {
+			stack[len(stack)-1].isKey = true
+		}
+	}
+}

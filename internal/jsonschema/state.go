@@ -1,0 +1,618 @@
+package jsonschema
+
+// mode is what the next byte may be.
+type mode uint8
+
+const (
+	mValue      mode = iota // a value of cur.n (white space first)
+	mValueOrEnd             // after '[': an item or ']'
+	mKeyOrEnd               // after '{': a key or '}'
+	mKey                    // after ',' in an object: a key
+	mKeyString              // in a key (candidates names[lo:hi], off bytes matched; free: an undeclared key may follow)
+	mColon                  // after a key (its value's schema in cur.n)
+	mAfter                  // after a value in a container: ',' or its close
+	mDone                   // the value is whole: white space only
+	mString                 // in a string of cur.n
+	mEscape                 // after a backslash in a string
+	mHex                    // in a \u escape (hex digits left in hex)
+	mMinus                  // after a number's '-'
+	mZero                   // a number's leading 0
+	mInt                    // in a number's integer digits
+	mFracStart              // after '.'
+	mFrac                   // in the fraction's digits
+	mExpStart               // after 'e' or 'E'
+	mExpSign                // after the exponent's sign
+	mExp                    // in the exponent's digits
+	mWord                   // in true, false or null (the rest in word)
+	mLiteral                // in an enum/const literal (candidates cur.n.lits[lo:hi], off bytes matched)
+)
+
+// frame is an open container.
+type frame struct {
+	n     *node
+	obj   bool
+	used  uint64 // an object's properties taken (bits of n.names)
+	count int    // an array's items begun
+}
+
+// cursor is everything but the stack.
+type cursor struct {
+	mode    mode
+	n       *node
+	lo, hi  int
+	off     int
+	free    bool
+	chars   int   // a bounded string's code points so far
+	need    uint8 // continuation bytes the UTF-8 character still needs
+	u8lo    byte  // the next continuation byte's range
+	u8hi    byte
+	hex     uint8
+	ws      uint8 // white-space bytes just taken outside strings
+	word    string
+	bounded bool // the string has a length bound
+}
+
+// State is the text read so far against a schema.
+type State struct {
+	stack []frame
+	cur   cursor
+}
+
+// Start returns the state before any byte.
+func (s *Schema) Start() State {
+	return State{cur: cursor{mode: mValue, n: s.root}}
+}
+
+// Done reports whether the text is one whole value and nothing but white
+// space may follow.
+func (s *State) Done() bool { return s.cur.mode == mDone }
+
+// Complete reports whether the text is one whole value, though more may
+// follow (a number's digits).
+func (s *State) Complete() bool {
+	if s.cur.mode == mDone {
+		return true
+	}
+	if len(s.stack) != 0 {
+		return false
+	}
+	switch s.cur.mode {
+	case mZero, mInt, mFrac, mExp:
+		return true
+	case mLiteral:
+		return s.cur.exact() >= 0
+	}
+	return false
+}
+
+// InFreeString reports whether the text ends inside a string that takes
+// any plain bytes (no length bound, not a key or a literal).
+func (s *State) InFreeString() bool { return s.cur.mode == mString && !s.cur.bounded }
+
+// Feed advances over b and reports whether the text is still a prefix of
+// a value the schema admits; on false the state is unchanged.
+func (s *State) Feed(b []byte) bool {
+	sm, ok := s.trial(b)
+	if ok {
+		s.stack = append(append(s.stack[:sm.depth], sm.local[:sm.n]...), sm.spill...)
+		s.cur = sm.cur
+	}
+	return ok
+}
+
+// Accepts reports whether b may follow the text read so far.
+func (s *State) Accepts(b []byte) bool {
+	_, ok := s.trial(b)
+	return ok
+}
+
+func (s *State) trial(b []byte) (sim, bool) {
+	sm := sim{cur: s.cur, base: s.stack, depth: len(s.stack)}
+	for _, c := range b {
+		if !sm.step(c) {
+			return sm, false
+		}
+	}
+	return sm, true
+}
+
+// Span reports how many bytes of b the value takes: with done, n is where
+// it becomes whole with nothing more to read (the bytes after it are not
+// its); else b leaves it open (n = len(b)). ok is false when b cannot
+// follow. The state is unchanged.
+func (s *State) Span(b []byte) (n int, done, ok bool) {
+	if s.cur.mode == mDone {
+		return 0, true, true
+	}
+	sm := sim{cur: s.cur, base: s.stack, depth: len(s.stack)}
+	for i, c := range b {
+		if !sm.step(c) {
+			return i, false, false
+		}
+		if sm.cur.mode == mDone {
+			return i + 1, true, true
+		}
+	}
+	return len(b), false, true
+}
+
+// Mask sets dst[id] (len(dst) >= len(toks)) to whether token id may
+// follow the text read so far; toks[id] is the token's bytes (empty: never
+// drawn) and plain(id) whether it has no quote, backslash or control
+// byte. A token whose first byte cannot follow is out at once, a plain
+// token inside a free string in at once; the rest run the machine.
+func (s *State) Mask(dst []bool, toks [][]byte, plain func(id int) bool) {
+	var first [256]bool
+	for c := range first {
+		first[c] = s.Accepts([]byte{byte(c)})
+	}
+	free := s.InFreeString()
+	for id, t := range toks {
+		switch {
+		case len(t) == 0 || !first[t[0]]:
+			dst[id] = false
+		case free && plain(id):
+			dst[id] = true
+		default:
+			dst[id] = s.Accepts(t)
+		}
+	}
+}
+
+// sim runs bytes over a state without changing it: the stack is the
+// first depth frames of base under the frames pushed (or copied to be
+// changed) since, local[:n] then spill, so that a trial allocates
+// nothing unless it opens many containers.
+type sim struct {
+	cur   cursor
+	base  []frame
+	depth int
+	local [8]frame
+	n     int
+	spill []frame
+}
+
+func (m *sim) empty() bool { return len(m.spill) == 0 && m.n == 0 && m.depth == 0 }
+
+// top is the innermost open container, which the caller may change.
+func (m *sim) top() *frame {
+	switch {
+	case len(m.spill) > 0:
+		return &m.spill[len(m.spill)-1]
+	case m.n > 0:
+		return &m.local[m.n-1]
+	}
+	m.depth--
+	m.push(m.base[m.depth]) // copied before it is changed
+	return m.top()
+}
+
+func (m *sim) push(f frame) {
+	if m.n < len(m.local) && len(m.spill) == 0 {
+		m.local[m.n] = f
+		m.n++
+	} else {
+		m.spill = append(m.spill, f)
+	}
+}
+
+func (m *sim) pop() {
+	switch {
+	case len(m.spill) > 0:
+		m.spill = m.spill[:len(m.spill)-1]
+	case m.n > 0:
+		m.n--
+	default:
+		m.depth--
+	}
+}
+
+func space(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+func digit(c byte) bool { return c >= '0' && c <= '9' }
+
+// outside reports whether the mode reads white space as such.
+func outside(md mode) bool {
+	switch md {
+	case mString, mEscape, mHex, mKeyString, mLiteral:
+		return false
+	}
+	return true
+}
+
+func (m *sim) step(c byte) bool {
+	if space(c) && outside(m.cur.mode) {
+		if m.cur.ws == MaxSpace {
+			return false
+		}
+		m.cur.ws++
+	} else {
+		m.cur.ws = 0
+	}
+	return m.take(c)
+}
+
+func (m *sim) take(c byte) bool {
+	cur := &m.cur
+	switch cur.mode {
+	case mValue:
+		return space(c) || m.value(c)
+	case mValueOrEnd:
+		f := m.top()
+		switch {
+		case space(c):
+			return true
+		case c == ']':
+			return f.count >= f.n.minItems && m.close()
+		}
+		if !f.roomForItem() {
+			return false
+		}
+		f.count++
+		cur.n = f.n.items
+		return m.value(c)
+	case mKeyOrEnd, mKey:
+		f := m.top()
+		switch {
+		case space(c):
+			return true
+		case c == '}' && cur.mode == mKeyOrEnd:
+			return f.used&f.n.required == f.n.required && m.close()
+		case c == '"' && f.roomForKey():
+			cur.mode, cur.lo, cur.hi, cur.off, cur.free = mKeyString, 0, len(f.n.names), 0, f.n.additional != nil
+			return true
+		}
+		return false
+	case mKeyString:
+		return m.key(c)
+	case mColon:
+		switch {
+		case space(c):
+			return true
+		case c == ':':
+			cur.mode = mValue
+			return true
+		}
+		return false
+	case mAfter:
+		return m.after(c)
+	case mDone:
+		return space(c)
+	case mString:
+		return m.str(c)
+	case mEscape:
+		switch c {
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			cur.mode = mString
+			return true
+		case 'u':
+			if cur.bounded {
+				return false // a \u pair would count as two code points
+			}
+			cur.mode, cur.hex = mHex, 4
+			return true
+		}
+		return false
+	case mHex:
+		if !digit(c) && !(c >= 'a' && c <= 'f') && !(c >= 'A' && c <= 'F') {
+			return false
+		}
+		if cur.hex--; cur.hex == 0 {
+			cur.mode = mString
+		}
+		return true
+	case mMinus:
+		switch {
+		case c == '0':
+			cur.mode = mZero
+			return true
+		case digit(c):
+			cur.mode = mInt
+			return true
+		}
+		return false
+	case mZero, mInt:
+		fraction := cur.n.kinds&kNumber != 0
+		switch {
+		case digit(c) && cur.mode == mInt:
+			return true
+		case c == '.' && fraction:
+			cur.mode = mFracStart
+			return true
+		case (c == 'e' || c == 'E') && fraction:
+			cur.mode = mExpStart
+			return true
+		}
+		return m.ended(c)
+	case mFracStart:
+		if digit(c) {
+			cur.mode = mFrac
+			return true
+		}
+		return false
+	case mFrac:
+		switch {
+		case digit(c):
+			return true
+		case c == 'e' || c == 'E':
+			cur.mode = mExpStart
+			return true
+		}
+		return m.ended(c)
+	case mExpStart:
+		switch {
+		case c == '+' || c == '-':
+			cur.mode = mExpSign
+			return true
+		case digit(c):
+			cur.mode = mExp
+			return true
+		}
+		return false
+	case mExpSign:
+		if digit(c) {
+			cur.mode = mExp
+			return true
+		}
+		return false
+	case mExp:
+		if digit(c) {
+			return true
+		}
+		return m.ended(c)
+	case mWord:
+		if c != cur.word[0] {
+			return false
+		}
+		if cur.word = cur.word[1:]; cur.word == "" {
+			m.valueEnd()
+		}
+		return true
+	case mLiteral:
+		return m.literal(c)
+	}
+	return false
+}
+
+// roomForItem reports whether an array may take another item.
+func (f *frame) roomForItem() bool {
+	return f.n.items != nil && (f.n.maxItems < 0 || f.count < f.n.maxItems)
+}
+
+// roomForKey reports whether an object may take another property.
+func (f *frame) roomForKey() bool {
+	if f.n.additional != nil {
+		return true
+	}
+	for i, p := range f.n.props {
+		if p != nil && f.used&(1<<i) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// value starts a value of cur.n with c.
+func (m *sim) value(c byte) bool {
+	cur := &m.cur
+	n := cur.n
+	if lo, hi := litRange(n.lits, 0, len(n.lits), 0, c); lo < hi {
+		cur.mode, cur.lo, cur.hi, cur.off = mLiteral, lo, hi, 1
+		m.literalTaken()
+		return true
+	}
+	switch {
+	case c == '{' && n.kinds&kObject != 0:
+		m.push(frame{n: n, obj: true})
+		cur.mode = mKeyOrEnd
+	case c == '[' && n.kinds&kArray != 0:
+		m.push(frame{n: n})
+		cur.mode = mValueOrEnd
+	case c == '"' && n.kinds&kString != 0:
+		cur.mode, cur.chars, cur.need = mString, 0, 0
+		cur.bounded = n.minLen > 0 || n.maxLen >= 0
+	case c == '-' && n.kinds&(kInteger|kNumber) != 0:
+		cur.mode = mMinus
+	case c == '0' && n.kinds&(kInteger|kNumber) != 0:
+		cur.mode = mZero
+	case digit(c) && n.kinds&(kInteger|kNumber) != 0:
+		cur.mode = mInt
+	case c == 't' && n.kinds&kBool != 0:
+		cur.mode, cur.word = mWord, "rue"
+	case c == 'f' && n.kinds&kBool != 0:
+		cur.mode, cur.word = mWord, "alse"
+	case c == 'n' && n.kinds&kNull != 0:
+		cur.mode, cur.word = mWord, "ull"
+	default:
+		return false
+	}
+	return true
+}
+
+// litRange narrows the sorted candidates l[lo:hi], which agree on their
+// first off bytes, to those whose next byte is c.
+func litRange(l []string, lo, hi, off int, c byte) (int, int) {
+	a := lo
+	for a < hi && (len(l[a]) <= off || l[a][off] < c) {
+		a++
+	}
+	b := a
+	for b < hi && len(l[b]) > off && l[b][off] == c {
+		b++
+	}
+	return a, b
+}
+
+// exact is the literal candidate matched whole, or -1.
+func (cur *cursor) exact() int {
+	if cur.mode == mLiteral && cur.lo < cur.hi && len(cur.n.lits[cur.lo]) == cur.off {
+		return cur.lo // sorted: a whole match sorts first
+	}
+	return -1
+}
+
+// literalTaken ends the literal once no candidate is longer than the
+// bytes matched.
+func (m *sim) literalTaken() {
+	cur := &m.cur
+	if len(cur.n.lits[cur.hi-1]) == cur.off && cur.exact() >= 0 {
+		m.valueEnd()
+	}
+}
+
+func (m *sim) literal(c byte) bool {
+	cur := &m.cur
+	if lo, hi := litRange(cur.n.lits, cur.lo, cur.hi, cur.off, c); lo < hi {
+		cur.lo, cur.hi, cur.off = lo, hi, cur.off+1
+		m.literalTaken()
+		return true
+	}
+	if cur.exact() < 0 {
+		return false
+	}
+	return m.ended(c) // a number literal another one extends ("1" of 1 and 12)
+}
+
+// key takes c in a key.
+func (m *sim) key(c byte) bool {
+	cur := &m.cur
+	f := m.top()
+	n := f.n
+	if c == '"' {
+		for i := cur.lo; i < cur.hi; i++ {
+			if len(n.names[i]) == cur.off {
+				if f.used&(1<<i) != 0 || n.props[i] == nil {
+					return false // taken, or admits no value
+				}
+				f.used |= 1 << i
+				cur.mode, cur.n = mColon, n.props[i]
+				return true
+			}
+		}
+		if !cur.free {
+			return false
+		}
+		cur.mode, cur.n = mColon, n.additional
+		return true
+	}
+	lo, hi := litRange(n.names, cur.lo, cur.hi, cur.off, c)
+	open := false
+	for i := lo; i < hi; i++ {
+		if f.used&(1<<i) == 0 && n.props[i] != nil {
+			open = true
+			break
+		}
+	}
+	free := cur.free && c >= 0x20 && c != '\\'
+	if !open && !free {
+		return false
+	}
+	cur.lo, cur.hi, cur.off, cur.free = lo, hi, cur.off+1, free
+	return true
+}
+
+// str takes c in a value string.
+func (m *sim) str(c byte) bool {
+	cur := &m.cur
+	if !cur.bounded {
+		switch {
+		case c == '"':
+			m.valueEnd()
+		case c == '\\':
+			cur.mode = mEscape
+		}
+		return c >= 0x20
+	}
+	n := cur.n
+	if cur.need > 0 {
+		if c < cur.u8lo || c > cur.u8hi {
+			return false
+		}
+		cur.need--
+		cur.u8lo, cur.u8hi = 0x80, 0xBF
+		return true
+	}
+	if c == '"' {
+		if cur.chars < n.minLen {
+			return false
+		}
+		m.valueEnd()
+		return true
+	}
+	if c < 0x20 || n.maxLen >= 0 && cur.chars == n.maxLen {
+		return false
+	}
+	cur.u8lo, cur.u8hi = 0x80, 0xBF
+	switch {
+	case c == '\\':
+		cur.mode = mEscape
+	case c < 0x80:
+	case c >= 0xC2 && c <= 0xDF:
+		cur.need = 1
+	case c == 0xE0:
+		cur.need, cur.u8lo = 2, 0xA0
+	case c >= 0xE1 && c <= 0xEC, c == 0xEE, c == 0xEF:
+		cur.need = 2
+	case c == 0xED:
+		cur.need, cur.u8hi = 2, 0x9F
+	case c == 0xF0:
+		cur.need, cur.u8lo = 3, 0x90
+	case c >= 0xF1 && c <= 0xF3:
+		cur.need = 3
+	case c == 0xF4:
+		cur.need, cur.u8hi = 3, 0x8F
+	default:
+		return false
+	}
+	cur.chars++
+	return true
+}
+
+// valueEnd follows a value's last byte.
+func (m *sim) valueEnd() {
+	if m.empty() {
+		m.cur.mode = mDone
+	} else {
+		m.cur.mode = mAfter
+	}
+}
+
+// ended takes c after a value that ended without a closing byte (a
+// number).
+func (m *sim) ended(c byte) bool {
+	m.valueEnd()
+	if m.cur.mode == mDone {
+		return space(c)
+	}
+	return m.after(c)
+}
+
+// after takes c after a value inside a container.
+func (m *sim) after(c byte) bool {
+	cur := &m.cur
+	if space(c) {
+		return true
+	}
+	f := m.top()
+	switch {
+	case f.obj && c == ',' && f.roomForKey():
+		cur.mode = mKey
+		return true
+	case f.obj && c == '}':
+		return f.used&f.n.required == f.n.required && m.close()
+	case !f.obj && c == ',' && f.roomForItem():
+		f.count++
+		cur.mode, cur.n = mValue, f.n.items
+		return true
+	case !f.obj && c == ']':
+		return f.count >= f.n.minItems && m.close()
+	}
+	return false
+}
+
+// close ends the innermost container.
+func (m *sim) close() bool {
+	m.pop()
+	m.valueEnd()
+	return true
+}

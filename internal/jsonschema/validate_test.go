@@ -1,0 +1,224 @@
+package jsonschema
+
+import (
+	"bytes"
+	"encoding/json"
+	"math/big"
+	"strings"
+	"unicode/utf8"
+)
+
+// validator is JSON Schema's meaning of the keywords the package reads,
+// written over decoded values (encoding/json with UseNumber) and sharing
+// nothing with the machine: the tests' oracle.
+type validator struct{ doc any }
+
+func decode(t string) (any, error) {
+	d := json.NewDecoder(strings.NewReader(t))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return nil, err
+	}
+	if d.More() {
+		return nil, errTrailing
+	}
+	return v, nil
+}
+
+var errTrailing = jsonError("text after the value")
+
+type jsonError string
+
+func (e jsonError) Error() string { return string(e) }
+
+func (vd validator) valid(s, v any) bool {
+	switch s := s.(type) {
+	case bool:
+		return s
+	case map[string]any:
+		return vd.validObject(s, v)
+	}
+	panic("schema not an object")
+}
+
+func (vd validator) validObject(s map[string]any, v any) bool {
+	if r, ok := s["$ref"].(string); ok {
+		t := vd.doc
+		if p := strings.TrimPrefix(r, "#"); p != "" {
+			for _, tok := range strings.Split(p[1:], "/") {
+				tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+				t = t.(map[string]any)[tok]
+			}
+		}
+		if !vd.valid(t, v) {
+			return false
+		}
+	}
+	if l, ok := s["allOf"].([]any); ok {
+		for _, a := range l {
+			if !vd.valid(a, v) {
+				return false
+			}
+		}
+	}
+	if l, ok := s["anyOf"].([]any); ok {
+		any := false
+		for _, a := range l {
+			any = any || vd.valid(a, v)
+		}
+		if !any {
+			return false
+		}
+	}
+	if l, ok := s["oneOf"].([]any); ok {
+		n := 0
+		for _, a := range l {
+			if vd.valid(a, v) {
+				n++
+			}
+		}
+		if n != 1 {
+			return false
+		}
+	}
+	if t, ok := s["type"]; ok {
+		names, _ := t.([]any)
+		if name, ok := t.(string); ok {
+			names = []any{name}
+		}
+		match := false
+		for _, n := range names {
+			match = match || hasType(n.(string), v)
+		}
+		if !match {
+			return false
+		}
+	}
+	if c, ok := s["const"]; ok && !same(c, v) {
+		return false
+	}
+	if l, ok := s["enum"].([]any); ok {
+		in := false
+		for _, e := range l {
+			in = in || same(e, v)
+		}
+		if !in {
+			return false
+		}
+	}
+	switch v := v.(type) {
+	case string:
+		n := utf8.RuneCountInString(v)
+		if mn, ok := num(s, "minLength"); ok && n < mn {
+			return false
+		}
+		if mx, ok := num(s, "maxLength"); ok && n > mx {
+			return false
+		}
+	case []any:
+		if mn, ok := num(s, "minItems"); ok && len(v) < mn {
+			return false
+		}
+		if mx, ok := num(s, "maxItems"); ok && len(v) > mx {
+			return false
+		}
+		if it, ok := s["items"]; ok {
+			for _, e := range v {
+				if !vd.valid(it, e) {
+					return false
+				}
+			}
+		}
+	case map[string]any:
+		props, _ := s["properties"].(map[string]any)
+		if r, ok := s["required"].([]any); ok {
+			for _, name := range r {
+				if _, ok := v[name.(string)]; !ok {
+					return false
+				}
+			}
+		}
+		for k, e := range v {
+			if ps, ok := props[k]; ok {
+				if !vd.valid(ps, e) {
+					return false
+				}
+			} else if a, ok := s["additionalProperties"]; ok && !vd.valid(a, e) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func num(s map[string]any, k string) (int, bool) {
+	n, ok := s[k].(json.Number)
+	if !ok {
+		return 0, false
+	}
+	i, err := n.Int64()
+	return int(i), err == nil
+}
+
+func hasType(name string, v any) bool {
+	switch v := v.(type) {
+	case nil:
+		return name == "null"
+	case bool:
+		return name == "boolean"
+	case json.Number:
+		if name == "number" {
+			return true
+		}
+		r, ok := new(big.Rat).SetString(string(v))
+		return name == "integer" && ok && r.IsInt()
+	case string:
+		return name == "string"
+	case []any:
+		return name == "array"
+	case map[string]any:
+		return name == "object"
+	}
+	return false
+}
+
+// same is JSON equality (numbers by value).
+func same(a, b any) bool {
+	switch a := a.(type) {
+	case json.Number:
+		bn, ok := b.(json.Number)
+		if !ok {
+			return false
+		}
+		x, ok1 := new(big.Rat).SetString(string(a))
+		y, ok2 := new(big.Rat).SetString(string(bn))
+		return ok1 && ok2 && x.Cmp(y) == 0
+	case []any:
+		bl, ok := b.([]any)
+		if !ok || len(a) != len(bl) {
+			return false
+		}
+		for i := range a {
+			if !same(a[i], bl[i]) {
+				return false
+			}
+		}
+		return true
+	case map[string]any:
+		bm, ok := b.(map[string]any)
+		if !ok || len(a) != len(bm) {
+			return false
+		}
+		for k, e := range a {
+			f, ok := bm[k]
+			if !ok || !same(e, f) {
+				return false
+			}
+		}
+		return true
+	}
+	x, _ := json.Marshal(a)
+	y, _ := json.Marshal(b)
+	return bytes.Equal(x, y)
+}
