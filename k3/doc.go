@@ -14,8 +14,9 @@
 // prefilling prompts in chunks between the running streams' tokens.
 // WithPrefixCache lets new sessions resume from the state of prompts run
 // before (a chat's earlier turns, a shared system prompt).
-// WithJSONObject and WithToolCalls hold a generation to one JSON object
-// or to a Kimi tool calls section by masking each draw. A
+// WithJSONObject, WithJSONSchema and WithToolCalls hold a generation to
+// one JSON object, to a value of a JSON Schema (CompileJSONSchema) or to
+// a Kimi tool calls section by masking each draw. A
 // Sampler applies the generation options to logits a program drives
 // itself. Close waits for running passes; afterwards every call fails with
 // ErrClosed. Errors name the problem and wrap sentinels (ErrBadToken,

@@ -8,6 +8,7 @@ import (
 	"math"
 	"strings"
 
+	"k3/internal/jsonschema"
 	"k3/internal/kernel"
 
 	"k3/internal/sample"
@@ -105,10 +106,11 @@ type genOptions struct {
 	topLogprobs int
 	drafter     specdec.Drafter // WithSpeculation
 	depth       int
-	adaptive    bool     // WithAdaptiveSpeculation
-	rejection   bool     // WithRejectionSampling
-	json        bool     // WithJSONObject
-	toolNames   []string // WithToolCalls
+	adaptive    bool               // WithAdaptiveSpeculation
+	rejection   bool               // WithRejectionSampling
+	json        bool               // WithJSONObject
+	toolNames   []string           // WithToolCalls
+	schema      *jsonschema.Schema // WithJSONSchema
 	parallel    bool
 	err         error // the first invalid option
 }
@@ -340,7 +342,7 @@ type generation struct {
 	ready   [2]Token  // the backing of each advance's ready tokens
 	one     [1]int32  // the backing of a one-token pass (feedPass)
 	spec    *speculation
-	con     constraint // WithJSONObject, WithToolCalls
+	con     constraint // WithJSONObject, WithJSONSchema, WithToolCalls
 }
 
 // constraint holds a generation to a grammar: fill sets the mask its
@@ -404,8 +406,12 @@ func (s *Session) prepareGeneration(prompt []int32, opts []GenerateOption) (*gen
 	usage := Usage{PromptTokens: len(prompt), CachedTokens: s.pos}
 	g := &generation{s: s, o: o, sampler: sm, dec: tokenizer.NewStreamDecoder(s.m.tok), usage: usage}
 	switch {
-	case o.json && o.toolNames != nil:
-		return nil, fmt.Errorf("%w: WithJSONObject and WithToolCalls together", ErrInvalidOption)
+	case o.json && o.toolNames != nil, o.json && o.schema != nil, o.schema != nil && o.toolNames != nil:
+		return nil, fmt.Errorf("%w: more than one of WithJSONObject, WithJSONSchema and WithToolCalls", ErrInvalidOption)
+	case o.schema != nil:
+		c := newSchemaConstraint(s.m, o.schema, o.stopTokens)
+		g.con = c
+		sm.SetMask(c.mask)
 	case o.json:
 		c := newJSONConstraint(s.m, o.stopTokens)
 		g.con = c

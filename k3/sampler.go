@@ -19,15 +19,15 @@ type Sampler struct {
 
 // NewSampler returns a sampler for the model's vocabulary. Options that
 // are not about sampling (max tokens, stops) are accepted and ignored;
-// WithJSONObject and WithToolCalls, which follow a generation's text, are
-// refused.
+// WithJSONObject, WithJSONSchema and WithToolCalls, which follow a
+// generation's text, are refused.
 func (m *Model) NewSampler(opts ...GenerateOption) (*Sampler, error) {
 	o, err := m.genOptions(opts)
 	if err != nil {
 		return nil, err
 	}
-	if o.json || o.toolNames != nil {
-		return nil, fmt.Errorf("%w: WithJSONObject and WithToolCalls follow a generation's text; use Session.Generate", ErrInvalidOption)
+	if o.json || o.schema != nil || o.toolNames != nil {
+		return nil, fmt.Errorf("%w: WithJSONObject, WithJSONSchema and WithToolCalls follow a generation's text; use Session.Generate", ErrInvalidOption)
 	}
 	s, err := sample.New(o.Params, m.Config.VocabSize)
 	if err != nil {

@@ -392,6 +392,9 @@ func NewVocab(toks [][]byte) *Vocab {
 	return v
 }
 
+// Tokens returns the token bytes NewVocab indexed (not a copy).
+func (v *Vocab) Tokens() [][]byte { return v.toks }
+
 // Plain reports whether token id has no quote, backslash or control
 // byte: inside a string it stays inside the string.
 func (v *Vocab) Plain(id int) bool { return v.plain[id] }

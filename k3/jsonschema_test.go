@@ -1,0 +1,176 @@
+package k3
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"k3/internal/jsonprefix"
+)
+
+const personSchema = `{"type":"object","additionalProperties":false,"required":["name","age","role"],
+	"properties":{"name":{"type":"string","maxLength":8},"age":{"type":"integer"},
+	"role":{"enum":["admin","user"]},"tags":{"type":"array","items":{"type":"string"},"maxItems":2},
+	"boss":{"anyOf":[{"type":"null"},{"type":"object","properties":{"name":{"type":"string"}},"required":["name"],"additionalProperties":false}]}}}`
+
+// person is personSchema as Go types, read with unknown fields refused:
+// the test's own check of a stopped answer.
+type person struct {
+	Name *string   `json:"name"`
+	Age  *int64    `json:"age"`
+	Role *string   `json:"role"`
+	Tags *[]string `json:"tags"`
+	Boss *struct {
+		Name *string `json:"name"`
+	} `json:"boss"`
+}
+
+func checkPerson(t *testing.T, out string) {
+	d := json.NewDecoder(strings.NewReader(out))
+	d.DisallowUnknownFields()
+	var p person
+	require.NoError(t, d.Decode(&p), "%q", out)
+	require.False(t, d.More(), "%q", out)
+	require.NotNil(t, p.Name, out)
+	require.NotNil(t, p.Age, out)
+	require.NotNil(t, p.Role, out)
+	assert.LessOrEqual(t, utf8.RuneCountInString(*p.Name), 8, out)
+	assert.Contains(t, []string{"admin", "user"}, *p.Role, out)
+	if p.Tags != nil {
+		assert.LessOrEqual(t, len(*p.Tags), 2, out)
+	}
+	if p.Boss != nil {
+		assert.NotNil(t, p.Boss.Name, out)
+	}
+}
+
+// TestJSONSchema: the embedded model, which writes Go, held to a schema:
+// a generation that stops is a value of the schema (read back by Go
+// types with unknown fields refused), one cut by max_tokens a prefix of
+// a JSON object.
+func TestJSONSchema(t *testing.T) {
+	ctx := context.Background()
+	m, err := LoadTiny(ctx, WithRollback(4))
+	require.NoError(t, err)
+	defer m.Close()
+	schema, err := CompileJSONSchema([]byte(personSchema))
+	require.NoError(t, err)
+	prompt := m.Encode(m.ChatPrompt([]Message{{Role: "user", Content: "func main() {"}}))
+	stopped := 0
+	for i, opts := range [][]GenerateOption{
+		{WithTemperature(0)},
+		{WithTemperature(1), WithSeed(1)},
+		{WithTemperature(1.5), WithSeed(2)},
+		{WithTemperature(1), WithSeed(3), WithoutDefaultStops()},
+		{WithTemperature(2), WithSeed(4), WithTopK(50)},
+		{WithTemperature(1), WithSeed(5), WithSpeculation(nil, 0)},
+	} {
+		if i == 5 {
+			opts = opts[:2]
+		}
+		s, err := m.NewSession()
+		require.NoError(t, err)
+		var text strings.Builder
+		var finish FinishReason
+		for tok, err := range s.GenerateTokens(ctx, prompt, append(opts, WithJSONSchema(schema), WithMaxTokens(200))...) {
+			require.NoError(t, err)
+			if tok.ID >= 0 {
+				assert.False(t, m.tok.IsSpecial(tok.ID), "case %d: special token %d drawn", i, tok.ID)
+			}
+			text.WriteString(tok.Text)
+			finish = tok.Finish
+		}
+		s.Close()
+		out := text.String()
+		switch finish {
+		case FinishStop:
+			stopped++
+			checkPerson(t, out)
+		case FinishLength:
+			var st jsonprefix.State
+			require.True(t, st.Feed([]byte(out)), "case %d: %q is not a JSON object's prefix", i, out)
+			assert.False(t, st.Done(), "case %d: cut by length after the object closed: %q", i, out)
+		default:
+			t.Fatalf("case %d: finish %v", i, finish)
+		}
+		t.Logf("case %d (%v): %q", i, finish, out)
+	}
+	assert.Positive(t, stopped, "no generation finished its value within 200 tokens")
+}
+
+// TestJSONSchemaScalar: a schema whose value is a number at the top
+// level may stop after any digit, and without stop tokens ends at the
+// white space after it.
+func TestJSONSchemaScalar(t *testing.T) {
+	ctx := context.Background()
+	m, err := LoadTiny(ctx)
+	require.NoError(t, err)
+	defer m.Close()
+	schema, err := CompileJSONSchema([]byte(`{"enum":[7, 70, "x y", [1]]}`))
+	require.NoError(t, err)
+	prompt := m.Encode("package main\n")
+	for seed := range uint64(6) {
+		s, err := m.NewSession()
+		require.NoError(t, err)
+		out, err := genText(ctx, s, prompt, WithJSONSchema(schema), WithTemperature(2), WithSeed(seed), WithMaxTokens(40), WithoutDefaultStops())
+		require.NoError(t, err)
+		s.Close()
+		v := strings.TrimSpace(out)
+		assert.Contains(t, []string{"7", "70", `"x y"`, "[1]"}, v, "seed %d: %q", seed, out)
+		if v == "7" || v == "70" {
+			assert.NotEqual(t, v, strings.TrimLeft(out, " \t\r\n"), "seed %d: a number ended without white space: %q", seed, out)
+		}
+	}
+}
+
+// genText runs a generation to its end and returns its text.
+func genText(ctx context.Context, s *Session, prompt []int32, opts ...GenerateOption) (string, error) {
+	var b strings.Builder
+	for tok, err := range s.GenerateTokens(ctx, prompt, opts...) {
+		if err != nil {
+			return b.String(), err
+		}
+		b.WriteString(tok.Text)
+	}
+	return b.String(), nil
+}
+
+func TestJSONSchemaErrors(t *testing.T) {
+	ctx := context.Background()
+	m, err := LoadTiny(ctx)
+	require.NoError(t, err)
+	defer m.Close()
+	_, err = CompileJSONSchema([]byte(`{"type":"string","pattern":"^a"}`))
+	assert.ErrorIs(t, err, ErrInvalidOption)
+	assert.ErrorContains(t, err, `keyword "pattern"`)
+	_, err = CompileJSONSchema([]byte(`{"type":"object","required":["a"],"additionalProperties":false}`))
+	assert.ErrorIs(t, err, ErrInvalidOption)
+	assert.ErrorContains(t, err, "admits no value")
+
+	schema, err := CompileJSONSchema([]byte(`{"type":"object"}`))
+	require.NoError(t, err)
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	defer s.Close()
+	prompt := m.Encode("x")
+	for _, opts := range [][]GenerateOption{
+		{WithJSONSchema(schema), WithJSONObject()},
+		{WithJSONSchema(schema), WithToolCalls([]string{"f"}, false)},
+		{WithJSONSchema(nil)},
+	} {
+		_, err := genText(ctx, s, prompt, opts...)
+		assert.ErrorIs(t, err, ErrInvalidOption)
+	}
+	_, err = m.NewSampler(WithJSONSchema(schema))
+	assert.ErrorIs(t, err, ErrInvalidOption)
+	// The session is still usable.
+	out, err := genText(ctx, s, prompt, WithJSONSchema(schema), WithMaxTokens(8))
+	require.NoError(t, err)
+	assert.True(t, bytes.HasPrefix([]byte(strings.TrimLeft(out, " \t\r\n")), []byte("{")), "%q", out)
+}
