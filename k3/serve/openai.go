@@ -43,7 +43,12 @@ type sampling struct {
 	// rather than answered as if it had not.
 	Functions      json.RawMessage `json:"functions"`
 	ResponseFormat *struct {
-		Type string `json:"type"`
+		Type       string `json:"type"`
+		JSONSchema *struct {
+			Name   string          `json:"name"`
+			Schema json.RawMessage `json:"schema"`
+			Strict *bool           `json:"strict"` // read and ignored: the schema is always held
+		} `json:"json_schema"`
 	} `json:"response_format"`
 }
 
@@ -198,8 +203,8 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 		forced = []string{named.Function.Name}
 	}
 	if forced != nil {
-		if req.ResponseFormat != nil && req.ResponseFormat.Type == "json_object" {
-			return nil, badParam("response_format", "response_format json_object with a forced tool call: the call's arguments are JSON already")
+		if req.ResponseFormat != nil && (req.ResponseFormat.Type == "json_object" || req.ResponseFormat.Type == "json_schema") {
+			return nil, badParam("response_format", "response_format %s with a forced tool call: the call's arguments are JSON already", req.ResponseFormat.Type)
 		}
 		j.tools = true
 		j.opts = append(j.opts, k3.WithToolCalls(forced, req.ParallelToolCalls == nil || *req.ParallelToolCalls))
@@ -325,10 +330,8 @@ func (s *Server) sampling(req *sampling, j *job) error {
 		return badParam("tools", "tools are served on /v1/chat/completions only")
 	case len(req.Functions) > 0 && string(req.Functions) != "null":
 		return badParam("functions", "functions (the deprecated form of tools) is not served by k3; use tools")
-	case req.ResponseFormat != nil && req.ResponseFormat.Type == "json_schema":
-		return badParam("response_format", `response_format.type = "json_schema" needs a schema-constrained decoder, which k3 does not have; "json_object" holds the answer to one JSON object`)
-	case req.ResponseFormat != nil && req.ResponseFormat.Type != "" && req.ResponseFormat.Type != "text" && req.ResponseFormat.Type != "json_object":
-		return badParam("response_format", "response_format.type = %q, want \"text\" or \"json_object\"", req.ResponseFormat.Type)
+	case req.ResponseFormat != nil && req.ResponseFormat.Type != "" && req.ResponseFormat.Type != "text" && req.ResponseFormat.Type != "json_object" && req.ResponseFormat.Type != "json_schema":
+		return badParam("response_format", "response_format.type = %q, want \"text\", \"json_object\" or \"json_schema\"", req.ResponseFormat.Type)
 	case req.StreamOptions != nil && !req.Stream:
 		return badParam("stream_options", "stream_options needs stream = true")
 	}
@@ -439,6 +442,17 @@ func (s *Server) sampling(req *sampling, j *job) error {
 	}
 	if req.ResponseFormat != nil && req.ResponseFormat.Type == "json_object" {
 		j.opts = append(j.opts, k3.WithJSONObject())
+	}
+	if req.ResponseFormat != nil && req.ResponseFormat.Type == "json_schema" {
+		js := req.ResponseFormat.JSONSchema
+		if js == nil || len(js.Schema) == 0 || string(js.Schema) == "null" {
+			return badParam("response_format.json_schema.schema", "response_format json_schema needs response_format.json_schema.schema")
+		}
+		schema, err := k3.CompileJSONSchema(js.Schema)
+		if err != nil {
+			return badParam("response_format.json_schema.schema", "response_format.json_schema.schema: %s", strings.TrimPrefix(err.Error(), k3.ErrInvalidOption.Error()+": "))
+		}
+		j.opts = append(j.opts, k3.WithJSONSchema(schema))
 	}
 	if s.cfg.Speculation != nil {
 		j.opts = append(j.opts, s.cfg.Speculation)

@@ -267,6 +267,55 @@ func TestJSONMode(t *testing.T) {
 	assert.True(t, strings.HasPrefix(strings.TrimSpace(want), "{"), "%q", want)
 }
 
+// TestJSONSchemaFormat: response_format json_schema answers what the
+// same generation held to the schema gives directly; an answer that
+// stopped is a value of the schema (read back by Go types with unknown
+// fields refused). Completions take it too.
+func TestJSONSchemaFormat(t *testing.T) {
+	_, hs, m := newTestServer(t, Config{Name: "tiny"})
+	schema := map[string]any{"type": "object", "additionalProperties": false, "required": []string{"city", "days"},
+		"properties": map[string]any{"city": map[string]any{"type": "string", "maxLength": 12}, "days": map[string]any{"type": "integer"},
+			"unit": map[string]any{"enum": []string{"C", "F"}}}}
+	compiled, err := k3.CompileJSONSchema(mustJSON(t, schema))
+	require.NoError(t, err)
+	msgs := []map[string]any{{"role": "user", "content": "func main() {"}}
+	prompt := m.Encode(m.ChatPrompt([]k3.Message{{Role: "user", Content: "func main() {"}}))
+	format := map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "forecast", "strict": true, "schema": schema}}
+	stopped := 0
+	for seed := range uint64(4) {
+		code, out := post(t, hs.URL+"/v1/chat/completions", map[string]any{"messages": msgs, "max_tokens": 120, "temperature": 1, "seed": seed,
+			"response_format": format})
+		require.Equal(t, 200, code, "%v", out)
+		want, toks := direct(t, m, prompt, k3.WithMaxTokens(120), k3.WithTemperature(1), k3.WithSeed(seed), k3.WithJSONSchema(compiled))
+		ch := out["choices"].([]any)[0].(map[string]any)
+		assert.Equal(t, want, ch["message"].(map[string]any)["content"])
+		if toks[len(toks)-1].Finish != k3.FinishStop {
+			continue
+		}
+		stopped++
+		assert.Equal(t, "stop", ch["finish_reason"])
+		d := json.NewDecoder(strings.NewReader(want))
+		d.DisallowUnknownFields()
+		var v struct {
+			City *string
+			Days *int64
+			Unit *string
+		}
+		require.NoError(t, d.Decode(&v), "%q", want)
+		require.NotNil(t, v.City, want)
+		require.NotNil(t, v.Days, want)
+		assert.LessOrEqual(t, len([]rune(*v.City)), 12, want)
+		if v.Unit != nil {
+			assert.Contains(t, []string{"C", "F"}, *v.Unit, want)
+		}
+	}
+	assert.Positive(t, stopped, "no answer finished its value")
+	code, out := post(t, hs.URL+"/v1/completions", map[string]any{"prompt": "x", "max_tokens": 30, "temperature": 0,
+		"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"schema": map[string]any{"enum": []any{"yes", "no"}}}}})
+	require.Equal(t, 200, code, "%v", out)
+	assert.Contains(t, []string{`"yes"`, `"no"`}, strings.TrimSpace(out["choices"].([]any)[0].(map[string]any)["text"].(string)))
+}
+
 // TestForcedToolCalls: tool_choice required (or naming a function) holds
 // the answer to tool calls, which come back parsed: those of the same
 // generation run directly.

@@ -143,6 +143,37 @@ const checks = {
     );
   },
 
+  async structured(model) {
+    // response_format json_schema (strict, as the client's helpers send
+    // it): an answer that stops is a value of the schema.
+    const schema = {
+      type: "object", additionalProperties: false, required: ["city", "days"],
+      properties: { city: { type: "string", maxLength: 12 }, days: { type: "integer" }, unit: { enum: ["C", "F"] } },
+    };
+    let stopped = 0;
+    for (const seed of [0, 1, 2, 3]) {
+      const r = await client.chat.completions.create({
+        model, messages, max_tokens: 120, temperature: 1, seed,
+        response_format: { type: "json_schema", json_schema: { name: "forecast", strict: true, schema } },
+      });
+      const c = r.choices[0];
+      assert.ok(["stop", "length"].includes(c.finish_reason), c.finish_reason);
+      if (c.finish_reason !== "stop") continue;
+      stopped++;
+      const v = JSON.parse(c.message.content);
+      assert.deepEqual(Object.keys(v).filter((k) => !["city", "days", "unit"].includes(k)), [], c.message.content);
+      assert.equal(typeof v.city, "string");
+      assert.ok([...v.city].length <= 12, c.message.content);
+      assert.ok(Number.isInteger(v.days), c.message.content);
+      assert.ok(v.unit === undefined || ["C", "F"].includes(v.unit), c.message.content);
+    }
+    assert.ok(stopped > 0, "no structured answer finished within 120 tokens");
+    await assert.rejects(
+      client.chat.completions.create({ model, messages, response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "string", format: "email" } } } }),
+      (err) => err instanceof OpenAI.BadRequestError && /format/.test(err.message),
+    );
+  },
+
   async invalid(model) {
     await assert.rejects(
       client.chat.completions.create({ model, messages, temperature: 5 }),
