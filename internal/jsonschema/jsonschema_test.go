@@ -420,3 +420,50 @@ func repeatsKey(text string) bool {
 		}
 	}
 }
+
+// BenchmarkMask: one mask over 163,840 synthetic tokens of 1-8 printable
+// bytes (Kimi's vocabulary size), at points of the person schema: inside
+// a free string, inside a bounded one, at a key, after an item.
+func BenchmarkMask(b *testing.B) {
+	r := rand.New(rand.NewPCG(3, 4))
+	toks := make([][]byte, 163840)
+	plain := make([]bool, len(toks))
+	for i := range toks {
+		t := make([]byte, 1+r.IntN(8))
+		p := true
+		for j := range t {
+			t[j] = byte(' ' + r.IntN(95))
+			p = p && t[j] != '"' && t[j] != '\\'
+		}
+		toks[i], plain[i] = t, p
+	}
+	s, err := Compile([]byte(schemas["person"]))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, at := range []struct{ name, text string }{
+		{"string", `{"name": "Al`},
+		{"bounded", `{"name": "Al", "age": 3, "email": "x`},
+		{"key", `{"name": "Al", "`},
+		{"items", `{"name": "Al", "age": 3, "tags": ["a"`},
+	} {
+		b.Run(at.name, func(b *testing.B) {
+			st := s.Start()
+			if !st.Feed([]byte(at.text)) {
+				b.Fatal(at.text)
+			}
+			mask := make([]bool, len(toks))
+			isPlain := func(id int) bool { return plain[id] }
+			for b.Loop() {
+				st.Mask(mask, toks, isPlain)
+			}
+			n := 0
+			for _, ok := range mask {
+				if ok {
+					n++
+				}
+			}
+			b.ReportMetric(float64(n), "allowed")
+		})
+	}
+}

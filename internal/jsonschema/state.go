@@ -140,23 +140,40 @@ func (s *State) Span(b []byte) (n int, done, ok bool) {
 // follow the text read so far; toks[id] is the token's bytes (empty: never
 // drawn) and plain(id) whether it has no quote, backslash or control
 // byte. A token whose first byte cannot follow is out at once, a plain
-// token inside a free string in at once; the rest run the machine.
+// token inside a free string in at once, a plain ASCII one inside a
+// bounded string by its length; the rest run the machine.
 func (s *State) Mask(dst []bool, toks [][]byte, plain func(id int) bool) {
 	var first [256]bool
 	for c := range first {
 		first[c] = s.Accepts([]byte{byte(c)})
 	}
 	free := s.InFreeString()
+	bounded := s.cur.mode == mString && s.cur.bounded && s.cur.need == 0
+	room := -1 // code points a bounded string may still take (-1: any)
+	if bounded && s.cur.n.maxLen >= 0 {
+		room = s.cur.n.maxLen - s.cur.chars
+	}
 	for id, t := range toks {
 		switch {
 		case len(t) == 0 || !first[t[0]]:
 			dst[id] = false
 		case free && plain(id):
 			dst[id] = true
+		case bounded && plain(id) && ascii(t):
+			dst[id] = room < 0 || len(t) <= room
 		default:
 			dst[id] = s.Accepts(t)
 		}
 	}
+}
+
+func ascii(t []byte) bool {
+	for _, c := range t {
+		if c >= 0x80 {
+			return false
+		}
+	}
+	return true
 }
 
 // sim runs bytes over a state without changing it: the stack is the
