@@ -106,11 +106,12 @@ type genOptions struct {
 	topLogprobs int
 	drafter     specdec.Drafter // WithSpeculation
 	depth       int
-	adaptive    bool               // WithAdaptiveSpeculation
-	rejection   bool               // WithRejectionSampling
-	json        bool               // WithJSONObject
-	toolNames   []string           // WithToolCalls
-	schema      *jsonschema.Schema // WithJSONSchema
+	adaptive    bool                          // WithAdaptiveSpeculation
+	rejection   bool                          // WithRejectionSampling
+	json        bool                          // WithJSONObject
+	toolNames   []string                      // WithToolCalls
+	toolArgs    map[string]*jsonschema.Schema // WithToolArguments
+	schema      *jsonschema.Schema            // WithJSONSchema
 	parallel    bool
 	err         error // the first invalid option
 }
@@ -416,8 +417,14 @@ func (s *Session) prepareGeneration(prompt []int32, opts []GenerateOption) (*gen
 		c := newJSONConstraint(s.m, o.stopTokens)
 		g.con = c
 		sm.SetMask(c.mask)
+	case o.toolArgs != nil && o.toolNames == nil:
+		return nil, fmt.Errorf("%w: WithToolArguments without WithToolCalls", ErrInvalidOption)
 	case o.toolNames != nil:
-		c := newToolConstraint(s.m, o.toolNames, o.parallel, o.stopTokens)
+		schemas, err := argSchemas(o.toolNames, o.toolArgs)
+		if err != nil {
+			return nil, err
+		}
+		c := newToolConstraint(s.m, o.toolNames, schemas, o.parallel, o.stopTokens)
 		g.con = c
 		sm.SetMask(c.mask)
 	}

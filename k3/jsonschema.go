@@ -31,6 +31,17 @@ func CompileJSONSchema(doc []byte) (*JSONSchema, error) {
 	return &JSONSchema{s: s}, nil
 }
 
+// Objects returns the schema restricted to JSON objects at the top level
+// (what WithToolArguments holds a call's arguments to), or an error
+// wrapping ErrInvalidOption if it admits none.
+func (s *JSONSchema) Objects() (*JSONSchema, error) {
+	o, err := s.s.Objects()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOption, err)
+	}
+	return &JSONSchema{s: o}, nil
+}
+
 // WithJSONSchema holds the generation to one JSON value that s admits
 // (OpenAI's structured output): before each draw only the tokens whose
 // bytes keep the text a prefix of such a value may be drawn, and once it

@@ -1,10 +1,12 @@
 package k3
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 
 	"k3/internal/jsonprefix"
+	"k3/internal/jsonschema"
 )
 
 // WithToolCalls holds the generation to a Kimi tool calls section that
@@ -32,6 +34,44 @@ func WithToolCalls(names []string, parallel bool) GenerateOption {
 		}
 		o.toolNames, o.parallel = slices.Clone(names), parallel
 	}
+}
+
+// WithToolArguments holds the arguments of a forced call (WithToolCalls)
+// to a function named in schemas to a JSON object its schema admits, as
+// WithJSONSchema holds a generation; a function without a schema takes
+// any JSON object. Every name must be one WithToolCalls lists.
+func WithToolArguments(schemas map[string]*JSONSchema) GenerateOption {
+	return func(o *genOptions) {
+		o.toolArgs = make(map[string]*jsonschema.Schema, len(schemas))
+		for name, s := range schemas {
+			if s == nil {
+				o.fail("tool arguments of %q: nil schema", name)
+				return
+			}
+			obj, err := s.s.Objects()
+			if err != nil {
+				o.fail("tool arguments of %q: %v", name, err)
+				return
+			}
+			o.toolArgs[name] = obj
+		}
+	}
+}
+
+// argSchemas lines the argument schemas up with names (nil: any object).
+func argSchemas(names []string, schemas map[string]*jsonschema.Schema) ([]*jsonschema.Schema, error) {
+	if len(schemas) == 0 {
+		return nil, nil
+	}
+	out := make([]*jsonschema.Schema, len(names))
+	for name, s := range schemas {
+		i := slices.Index(names, name)
+		if i < 0 {
+			return nil, fmt.Errorf("%w: WithToolArguments names %q, which WithToolCalls does not list", ErrInvalidOption, name)
+		}
+		out[i] = s
+	}
+	return out, nil
 }
 
 // maxIndexDigits bounds a call's INDEX (a count of calls, written as
@@ -76,14 +116,26 @@ type callState struct {
 	alive  uint8 // the phase's literals still matching (bits)
 	off    int   // bytes of them matched
 	ni, nl int   // pName: a name matching so far, and the bytes matched
+	fn     int   // the function called (an index of names), from pIndex on
 	digits int   // pIndex: digits read
 	args   jsonprefix.State
+	sargs  jsonschema.State // the arguments, when the function has a schema
+	schema bool             // sargs, not args, reads the arguments
+}
+
+// argsSpan is State.Span of whichever state reads the arguments.
+func (s *callState) argsSpan(b []byte) (int, bool, bool) {
+	if s.schema {
+		return s.sargs.Span(b)
+	}
+	return s.args.Span(b)
 }
 
 // toolConstraint is a generation's tool calls state and the mask its
 // sampler reads.
 type toolConstraint struct {
 	names    []string
+	schemas  []*jsonschema.Schema // per name; nil: any JSON object
 	parallel bool
 	st       callState
 	toks     [][]byte // every token's bytes, special tokens' their names
@@ -93,12 +145,23 @@ type toolConstraint struct {
 	mask     []bool
 }
 
-func newToolConstraint(m *Model, names []string, parallel bool, stops []int32) *toolConstraint {
+func newToolConstraint(m *Model, names []string, schemas []*jsonschema.Schema, parallel bool, stops []int32) *toolConstraint {
 	toks, special, plain := m.grammarTables()
-	c := &toolConstraint{names: names, parallel: parallel, stops: stops, mask: make([]bool, m.Config.VocabSize),
+	c := &toolConstraint{names: names, schemas: schemas, parallel: parallel, stops: stops, mask: make([]bool, m.Config.VocabSize),
 		toks: toks, special: special, plain: plain}
-	c.st.enter(pSectionBegin, parallel)
+	c.enter(&c.st, pSectionBegin)
 	return c
+}
+
+// enter starts phase p; the arguments take the called function's schema.
+func (c *toolConstraint) enter(s *callState, p callPhase) {
+	s.enter(p, c.parallel)
+	if p == pArgs {
+		s.schema = c.schemas != nil && c.schemas[s.fn] != nil
+		if s.schema {
+			s.sargs = c.schemas[s.fn].Start()
+		}
+	}
 }
 
 func (s *callState) enter(p callPhase, parallel bool) {
@@ -122,11 +185,11 @@ func (c *toolConstraint) run(s *callState, b []byte, special, commit bool) bool 
 			return false
 		}
 		if s.phase == pIndex {
-			s.enter(pArgBegin, c.parallel)
+			c.enter(s, pArgBegin)
 		}
 		for i, a := range alts[s.phase] {
 			if s.alive&(1<<i) != 0 && string(b) == a.lit {
-				s.enter(a.next, c.parallel)
+				c.enter(s, a.next)
 				return true
 			}
 		}
@@ -139,10 +202,15 @@ func (c *toolConstraint) run(s *callState, b []byte, special, commit bool) bool 
 			return false
 		case pName:
 			if ch == ':' {
-				if s.nl == 0 || !slices.Contains(c.names, c.names[s.ni][:s.nl]) {
+				fn := -1
+				if s.nl > 0 {
+					fn = slices.Index(c.names, c.names[s.ni][:s.nl])
+				}
+				if fn < 0 {
 					return false
 				}
-				s.enter(pIndex, c.parallel)
+				s.fn = fn
+				c.enter(s, pIndex)
 				continue
 			}
 			found := false
@@ -163,20 +231,22 @@ func (c *toolConstraint) run(s *callState, b []byte, special, commit bool) bool 
 			if s.digits == 0 {
 				return false
 			}
-			s.enter(pArgBegin, c.parallel)
+			c.enter(s, pArgBegin)
 			i-- // the byte begins the marker
 		case pArgs:
-			n, closed, ok := s.args.Span(b[i:])
+			n, closed, ok := s.argsSpan(b[i:])
 			if !ok {
 				return false
 			}
-			if commit {
+			if commit && s.schema {
+				s.sargs.Feed(b[i : i+n])
+			} else if commit {
 				s.args.Feed(b[i : i+n])
 			}
 			if !closed {
 				return true
 			}
-			s.enter(pCallEnd, c.parallel)
+			c.enter(s, pCallEnd)
 			i += n - 1
 		default: // a literal
 			var keep uint8
@@ -191,7 +261,7 @@ func (c *toolConstraint) run(s *callState, b []byte, special, commit bool) bool 
 			s.alive, s.off = keep, s.off+1
 			for k, a := range alts[s.phase] {
 				if keep&(1<<k) != 0 && s.off == len(a.lit) {
-					s.enter(a.next, c.parallel)
+					c.enter(s, a.next)
 					break
 				}
 			}
@@ -210,7 +280,7 @@ func (c *toolConstraint) fill() {
 		trial := c.st
 		first[ch] = !done && c.run(&trial, []byte{byte(ch)}, false, false)
 	}
-	inString := c.st.phase == pArgs && c.st.args.InString()
+	inString := c.st.phase == pArgs && (c.st.schema && c.st.sargs.InFreeString() || !c.st.schema && c.st.args.InString())
 	for id, b := range c.toks {
 		switch {
 		case done || len(b) == 0:

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"k3/internal/jsonprefix"
+	"k3/internal/jsonschema"
 )
 
 var callRE = regexp.MustCompile(`^<\|tool_call_begin\|>functions\.(get_weather|get):[0-9]+<\|tool_call_argument_begin\|>`)
@@ -225,11 +226,16 @@ func TestToolCallMask(t *testing.T) {
 		toks, special = append(toks, b), append(special, false)
 	}
 	prefix := "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:12<|tool_call_argument_begin|>{\"a\": [1, \"x\\u00e9y\"], \"b\": {}}<|tool_call_end|><|tool_calls_section_end|>"
+	args, err := CompileJSONSchema([]byte(`{"type":"object","properties":{"a":{"type":"array","items":{"type":["integer","string"]}},"b":{"type":"object"}},"additionalProperties":false}`))
+	require.NoError(t, err)
 	for _, parallel := range []bool{false, true} {
 		for cut := 0; cut <= len(prefix); cut++ {
 			c := &toolConstraint{names: []string{"get_weather", "get_time", "get"}, parallel: parallel, toks: toks, special: special,
 				plain: jsonprefix.NewVocab(toks), stops: []int32{int32(len(toks) - 1)}, mask: make([]bool, len(toks))}
-			c.st.enter(pSectionBegin, parallel)
+			if parallel { // the arguments held to a schema
+				c.schemas = []*jsonschema.Schema{args.s, nil, nil}
+			}
+			c.enter(&c.st, pSectionBegin)
 			require.True(t, c.run(&c.st, []byte(prefix[:cut]), false, true), "%q", prefix[:cut])
 			c.fill()
 			done := c.st.phase == pDone
@@ -247,5 +253,78 @@ func TestToolCallMask(t *testing.T) {
 				assert.Zero(t, testing.AllocsPerRun(5, c.fill), "a mask allocates")
 			}
 		}
+	}
+}
+
+// TestToolArguments: with WithToolArguments each call's arguments are an
+// object of its function's schema (read back by Go types with unknown
+// fields refused), each its own.
+func TestToolArguments(t *testing.T) {
+	ctx := context.Background()
+	m, err := LoadTiny(ctx)
+	require.NoError(t, err)
+	defer m.Close()
+	weather, err := CompileJSONSchema([]byte(`{"type":"object","additionalProperties":false,"required":["city"],
+		"properties":{"city":{"type":"string","maxLength":10},"days":{"type":"integer"}}}`))
+	require.NoError(t, err)
+	get, err := CompileJSONSchema([]byte(`{"type":"object","properties":{"q":{"const":1}},"required":["q"],"additionalProperties":false}`))
+	require.NoError(t, err)
+	prompt := m.Encode(m.ChatPrompt([]Message{{Role: "user", Content: "func main() {"}}))
+	names := []string{"get_weather", "get"}
+	checked := map[string]int{}
+	for seed := range uint64(8) {
+		s, err := m.NewSession()
+		require.NoError(t, err)
+		var text strings.Builder
+		for tok, err := range s.GenerateTokens(ctx, prompt, WithTemperature(1), WithSeed(seed), WithMaxTokens(300),
+			WithToolCalls(names, true), WithToolArguments(map[string]*JSONSchema{"get_weather": weather, "get": get})) {
+			require.NoError(t, err)
+			text.WriteString(tok.Text)
+		}
+		s.Close()
+		rest := strings.TrimPrefix(text.String(), "<|tool_calls_section_begin|>")
+		for {
+			loc := callRE.FindStringSubmatchIndex(rest)
+			if loc == nil {
+				break
+			}
+			name := rest[loc[2]:loc[3]]
+			args, after, found := strings.Cut(rest[loc[1]:], "<|tool_call_end|>")
+			if !found {
+				break
+			}
+			rest = after
+			checked[name]++
+			if name == "get" {
+				assert.JSONEq(t, `{"q":1}`, args, "seed %d", seed)
+				continue
+			}
+			d := json.NewDecoder(strings.NewReader(args))
+			d.DisallowUnknownFields()
+			var v struct {
+				City *string
+				Days *int64
+			}
+			require.NoError(t, d.Decode(&v), "seed %d: %q", seed, args)
+			require.NotNil(t, v.City, args)
+			assert.LessOrEqual(t, len([]rune(*v.City)), 10, args)
+		}
+	}
+	assert.Positive(t, checked["get_weather"], "no whole call to get_weather in 8 generations")
+	assert.Positive(t, checked["get"], "no whole call to get in 8 generations")
+
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	defer s.Close()
+	str, err := CompileJSONSchema([]byte(`{"type":"string"}`))
+	require.NoError(t, err)
+	for _, opts := range [][]GenerateOption{
+		{WithToolArguments(map[string]*JSONSchema{"get": weather})},
+		{WithToolCalls(names, false), WithToolArguments(map[string]*JSONSchema{"other": weather})},
+		{WithToolCalls(names, false), WithToolArguments(map[string]*JSONSchema{"get": str})},
+		{WithToolCalls(names, false), WithToolArguments(map[string]*JSONSchema{"get": nil})},
+	} {
+		_, err := genText(ctx, s, prompt, opts...)
+		assert.ErrorIs(t, err, ErrInvalidOption)
 	}
 }

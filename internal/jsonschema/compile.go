@@ -802,3 +802,15 @@ func jsonKind(v any) string {
 func pointerEscape(s string) string {
 	return strings.ReplaceAll(strings.ReplaceAll(s, "~", "~0"), "/", "~1")
 }
+
+// Objects returns the schema restricted to objects at the top level (a
+// tool call's arguments), or an error if it admits none.
+func (s *Schema) Objects() (*Schema, error) {
+	r := *s.root
+	r.kinds &= kObject
+	r.lits = slices.DeleteFunc(slices.Clone(r.lits), func(l string) bool { return l[0] != '{' })
+	if r.kinds == 0 && len(r.lits) == 0 {
+		return nil, fmt.Errorf("%w: the schema admits no object", ErrInvalid)
+	}
+	return &Schema{root: &r}, nil
+}

@@ -334,6 +334,27 @@ func TestCompileErrors(t *testing.T) {
 	}
 }
 
+// TestObjects: restricted to objects, a schema reads objects as before
+// and nothing else.
+func TestObjects(t *testing.T) {
+	for src, cases := range map[string]map[string]bool{
+		`{"anyOf":[{"type":"object","properties":{"a":{"type":"integer"}},"additionalProperties":false},{"type":"string"}]}`: {
+			`{"a":1}`: true, `{}`: true, `"x"`: false, `{"a":"x"}`: false, `{"b":1}`: false},
+		`{"anyOf":[{"type":"string"},{"enum":[{"b":1},2]}]}`: {`{"b":1}`: true, `2`: false, `"x"`: false, `{}`: false},
+	} {
+		s, _ := compile(t, src)
+		o, err := s.Objects()
+		require.NoError(t, err)
+		for text, ok := range cases {
+			st := o.Start()
+			require.Equal(t, ok, st.Feed([]byte(text)) && st.Done(), "%s: %s", src, text)
+		}
+	}
+	s, _ := compile(t, `{"type":["string","null"]}`)
+	_, err := s.Objects()
+	require.ErrorIs(t, err, ErrInvalid)
+}
+
 // FuzzFeed: any text the machine reads whole is a value of the schema
 // (by the oracle), and feeding it in pieces agrees with feeding it whole.
 func FuzzFeed(f *testing.F) {

@@ -208,6 +208,13 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 		}
 		j.tools = true
 		j.opts = append(j.opts, k3.WithToolCalls(forced, req.ParallelToolCalls == nil || *req.ParallelToolCalls))
+		schemas, err := toolSchemas(req.Tools, forced)
+		if err != nil {
+			return nil, err
+		}
+		if len(schemas) > 0 {
+			j.opts = append(j.opts, k3.WithToolArguments(schemas))
+		}
 	}
 	if len(req.Logprobs) > 0 && string(req.Logprobs) != "null" {
 		if err := json.Unmarshal(req.Logprobs, &j.logprobs); err != nil {

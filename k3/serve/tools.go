@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 
 	"k3/k3"
@@ -83,6 +84,43 @@ func toolDeclaration(raw json.RawMessage) (decl string, names []string, err erro
 		return "", nil, badParam("tools", "tools: %v", err)
 	}
 	return strings.TrimSuffix(b.String(), "\n"), names, nil
+}
+
+// toolSchemas compiles the parameters of the forced functions, which
+// then hold the calls' arguments. A function with "strict": true whose
+// schema k3 cannot hold is an error; without strict its arguments are
+// held to a JSON object only (OpenAI promises adherence only with
+// strict).
+func toolSchemas(raw json.RawMessage, forced []string) (map[string]*k3.JSONSchema, error) {
+	var tools []struct {
+		Function struct {
+			Name       string          `json:"name"`
+			Parameters json.RawMessage `json:"parameters"`
+			Strict     bool            `json:"strict"`
+		} `json:"function"`
+	}
+	if err := json.Unmarshal(raw, &tools); err != nil {
+		return nil, badParam("tools", "tools must be a list of objects")
+	}
+	out := map[string]*k3.JSONSchema{}
+	for i, t := range tools {
+		f := t.Function
+		if !slices.Contains(forced, f.Name) || len(f.Parameters) == 0 || string(f.Parameters) == "null" {
+			continue
+		}
+		param := fmt.Sprintf("tools[%d].function.parameters", i)
+		s, err := k3.CompileJSONSchema(f.Parameters)
+		if err == nil {
+			_, err = s.Objects()
+		}
+		switch {
+		case err == nil:
+			out[f.Name] = s
+		case f.Strict:
+			return nil, badParam(param, "%s: %s", param, strings.TrimPrefix(err.Error(), k3.ErrInvalidOption.Error()+": "))
+		}
+	}
+	return out, nil
 }
 
 func jsonText(v any) string {

@@ -316,6 +316,63 @@ func TestJSONSchemaFormat(t *testing.T) {
 	assert.Contains(t, []string{`"yes"`, `"no"`}, strings.TrimSpace(out["choices"].([]any)[0].(map[string]any)["text"].(string)))
 }
 
+// TestForcedArguments: a forced call's arguments are held to its
+// function's parameters: the answer is that of the same generation run
+// with WithToolArguments, and a strict function whose schema k3 cannot
+// hold is refused.
+func TestForcedArguments(t *testing.T) {
+	_, hs, m := newTestServer(t, Config{Name: "tiny"})
+	params := `{"type":"object","properties":{"city":{"type":"string","maxLength":10},"days":{"type":"integer"}},"required":["city"],"additionalProperties":false}`
+	tool := map[string]any{"type": "function", "function": map[string]any{"name": "get_weather", "strict": true, "parameters": json.RawMessage(params)}}
+	schema, err := k3.CompileJSONSchema([]byte(params))
+	require.NoError(t, err)
+	msgs := []map[string]any{{"role": "user", "content": "func main() {"}}
+	decl, _, err := toolDeclaration(mustJSON(t, []any{tool}))
+	require.NoError(t, err)
+	prompt := m.Encode(m.ChatPrompt([]k3.Message{{Role: "tool_declare", Content: decl}, {Role: "user", Content: "func main() {"}}))
+	whole := 0
+	for seed := range uint64(4) {
+		code, out := post(t, hs.URL+"/v1/chat/completions", map[string]any{"messages": msgs, "tools": []any{tool}, "tool_choice": "required",
+			"max_tokens": 200, "temperature": 1, "seed": seed})
+		require.Equal(t, 200, code, "%v", out)
+		want, toks := direct(t, m, prompt, k3.WithMaxTokens(200), k3.WithTemperature(1), k3.WithSeed(seed),
+			k3.WithToolCalls([]string{"get_weather"}, true), k3.WithToolArguments(map[string]*k3.JSONSchema{"get_weather": schema}))
+		ch := out["choices"].([]any)[0].(map[string]any)
+		_, calls, ok := parseToolCalls(want)
+		if !ok {
+			assert.Equal(t, want, ch["message"].(map[string]any)["content"])
+			continue
+		}
+		if toks[len(toks)-1].Finish == k3.FinishStop {
+			assert.Equal(t, "tool_calls", ch["finish_reason"])
+		}
+		require.Len(t, ch["message"].(map[string]any)["tool_calls"], len(calls))
+		for k, c := range calls {
+			assert.Equal(t, c.Function.Arguments, ch["message"].(map[string]any)["tool_calls"].([]any)[k].(map[string]any)["function"].(map[string]any)["arguments"])
+			whole++
+			d := json.NewDecoder(strings.NewReader(c.Function.Arguments))
+			d.DisallowUnknownFields()
+			var v struct {
+				City *string
+				Days *int64
+			}
+			require.NoError(t, d.Decode(&v), c.Function.Arguments)
+			require.NotNil(t, v.City, c.Function.Arguments)
+			assert.LessOrEqual(t, len([]rune(*v.City)), 10, c.Function.Arguments)
+		}
+	}
+	assert.Positive(t, whole, "no whole call")
+	bad := map[string]any{"type": "function", "function": map[string]any{"name": "f", "strict": true,
+		"parameters": map[string]any{"type": "object", "properties": map[string]any{"n": map[string]any{"type": "integer", "minimum": 0}}}}}
+	code, out := post(t, hs.URL+"/v1/chat/completions", map[string]any{"messages": msgs, "tools": []any{bad}, "tool_choice": "required"})
+	require.Equal(t, 400, code, "%v", out)
+	assert.Equal(t, "tools[0].function.parameters", out["error"].(map[string]any)["param"])
+	assert.Contains(t, out["error"].(map[string]any)["message"], `"minimum"`)
+	delete(bad["function"].(map[string]any), "strict") // without strict, held to a JSON object only
+	code, out = post(t, hs.URL+"/v1/chat/completions", map[string]any{"messages": msgs, "tools": []any{bad}, "tool_choice": "required", "max_tokens": 4})
+	require.Equal(t, 200, code, "%v", out)
+}
+
 // TestForcedToolCalls: tool_choice required (or naming a function) holds
 // the answer to tool calls, which come back parsed: those of the same
 // generation run directly.
