@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 )
@@ -487,4 +488,54 @@ func BenchmarkMask(b *testing.B) {
 			b.ReportMetric(float64(n), "allowed")
 		})
 	}
+}
+
+// FuzzCompile: any document compiles or is refused without a panic, and
+// a schema that compiles never leaves a walk without a next byte, and
+// what a walk finishes is a value of the schema by the oracle.
+func FuzzCompile(f *testing.F) {
+	for _, src := range schemas {
+		f.Add([]byte(src), uint64(1))
+	}
+	f.Add([]byte(`{"anyOf":[{"type":"string","minLength":2},{"enum":[1,"a",null]},{"type":"array","items":{"$ref":"#"},"maxItems":2}]}`), uint64(2))
+	f.Add([]byte(`{"type":"object","properties":{"a":false,"b":{"type":"array","minItems":1,"items":false}},"additionalProperties":{"type":"null"}}`), uint64(3))
+	f.Fuzz(func(t *testing.T, doc []byte, seed uint64) {
+		s, err := Compile(doc)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrUnsupported) {
+				t.Fatalf("%q: error %v wraps no sentinel", doc, err)
+			}
+			return
+		}
+		v, err := decode(string(doc))
+		if err != nil {
+			t.Fatalf("%q compiled but does not decode: %v", doc, err)
+		}
+		r := rand.New(rand.NewPCG(seed, 7))
+		st := s.Start()
+		var text []byte
+		for range 300 {
+			if st.Done() || st.Complete() && r.IntN(4) == 0 {
+				break
+			}
+			var ok []byte
+			for c := range 256 {
+				if st.Accepts([]byte{byte(c)}) {
+					ok = append(ok, byte(c))
+				}
+			}
+			if len(ok) == 0 {
+				t.Fatalf("%s: dead end after %q", doc, text)
+			}
+			c := ok[r.IntN(len(ok))]
+			st.Feed([]byte{c})
+			text = append(text, c)
+		}
+		if st.Complete() && utf8.Valid(text) {
+			val, err := decode(string(text))
+			if err != nil || !(validator{v}).valid(v, val) {
+				t.Fatalf("%s: %q read whole but is not a value of the schema (%v)", doc, text, err)
+			}
+		}
+	})
 }
