@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -65,6 +66,30 @@ func TestRunJSON(t *testing.T) {
 	code, _, errOut = runCLI("run", "-prompt", "func", "-json", "-speculate", "ngram")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errOut, "-json and -speculate")
+}
+
+func TestRunJSONSchema(t *testing.T) {
+	dir := t.TempDir()
+	schema := filepath.Join(dir, "answer.json")
+	require.NoError(t, os.WriteFile(schema, []byte(`{"enum":["yes","no",7]}`), 0o644))
+	code, out, errOut := runCLI("run", "-prompt", "func", "-max-tokens", "20", "-json-schema", schema)
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, []string{`"yes"`, `"no"`, "7"}, strings.TrimSpace(out))
+	bad := filepath.Join(dir, "bad.json")
+	require.NoError(t, os.WriteFile(bad, []byte(`{"type":"string","format":"uri"}`), 0o644))
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-json-schema", bad}, `bad.json: invalid option: jsonschema: not supported: #: keyword "format"`},
+		{[]string{"-json-schema", filepath.Join(dir, "missing.json")}, "missing.json"},
+		{[]string{"-json-schema", schema, "-json"}, "-json and -json-schema"},
+		{[]string{"-json-schema", schema, "-speculate", "ngram"}, "-json-schema and -speculate"},
+	} {
+		code, _, errOut := runCLI(append([]string{"run", "-prompt", "func"}, tc.args...)...)
+		assert.Equal(t, 1, code, tc.args)
+		assert.Contains(t, errOut, tc.want)
+	}
 }
 
 func TestConformNoCases(t *testing.T) {

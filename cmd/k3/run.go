@@ -33,6 +33,8 @@ type genFlags struct {
 	draftDepth                      string
 	rejection                       bool
 	json                            bool
+	jsonSchema                      string
+	schema                          *k3.JSONSchema // -json-schema, compiled by load
 	// draft is the -speculate model:DIR drafter once load has made it,
 	// closeDraft what releases it and its model.
 	draft      specdec.Drafter
@@ -59,6 +61,7 @@ func (g *genFlags) register(fs *flag.FlagSet, maxTokens int) {
 	fs.BoolVar(&g.noDefaultStops, "no-default-stops", false, "do not stop at the model's end-of-sequence tokens")
 	fs.Uint64Var(&g.seed, "seed", 0, "random seed (reproducible sampling)")
 	fs.BoolVar(&g.json, "json", false, "hold the answer to one JSON object (JSON mode; it does not speculate)")
+	fs.StringVar(&g.jsonSchema, "json-schema", "", "hold the answer to a value of the JSON Schema in this file (structured output; it does not speculate)")
 	g.backend = addBackendFlags(fs)
 	fs.StringVar(&g.speculate, "speculate", "", "speculative decoding with this drafter: ngram (prompt lookup), self:N (the model's own first N layers and its head), model:DIR (a smaller checkpoint's greedy tokens, same vocabulary) or dspark (the checkpoint's draft module); the output is plain decoding's")
 	fs.StringVar(&g.draftDepth, "draft-depth", "auto", "drafts per verify pass with -speculate: 1..15, or auto (chosen per pass from the drafts' acceptance and this machine's measured pass costs, up to 7)")
@@ -146,6 +149,9 @@ func (g *genFlags) options() []k3.GenerateOption {
 	if g.json {
 		opts = append(opts, k3.WithJSONObject())
 	}
+	if g.schema != nil {
+		opts = append(opts, k3.WithJSONSchema(g.schema))
+	}
 	if d, _ := g.drafter(); d != nil {
 		k, auto, _ := g.depth()
 		if auto {
@@ -166,6 +172,21 @@ func (g *genFlags) load(ctx context.Context, stderr io.Writer) (*k3.Model, error
 	}
 	if g.json && g.speculate != "" {
 		return nil, fmt.Errorf("-json and -speculate: a generation held to JSON does not speculate")
+	}
+	if g.jsonSchema != "" {
+		switch {
+		case g.json:
+			return nil, fmt.Errorf("-json and -json-schema: choose one")
+		case g.speculate != "":
+			return nil, fmt.Errorf("-json-schema and -speculate: a generation held to a schema does not speculate")
+		}
+		doc, err := os.ReadFile(g.jsonSchema)
+		if err != nil {
+			return nil, fmt.Errorf("-json-schema: %w", err)
+		}
+		if g.schema, err = k3.CompileJSONSchema(doc); err != nil {
+			return nil, fmt.Errorf("-json-schema %s: %w", g.jsonSchema, err)
+		}
 	}
 	opts := g.backend.loadOptions()
 	k, _, _ := g.depth()
