@@ -414,7 +414,7 @@ func (s *Session) prepareGeneration(prompt []int32, opts []GenerateOption) (*gen
 		g.con = c
 		sm.SetMask(c.mask)
 	case o.json:
-		c := newJSONConstraint(s.m, o.stopTokens)
+		c := newSchemaConstraint(s.m, jsonschema.Object(), o.stopTokens)
 		g.con = c
 		sm.SetMask(c.mask)
 	case o.toolArgs != nil && o.toolNames == nil:

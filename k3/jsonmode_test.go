@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"k3/internal/jsonprefix"
+	"k3/internal/jsonschema"
 	"k3/specdec"
 )
 
@@ -45,7 +45,7 @@ func TestJSONObject(t *testing.T) {
 		}
 		s.Close()
 		out := text.String()
-		var st jsonprefix.State
+		st := jsonschema.Object().Start()
 		require.True(t, st.Feed([]byte(out)), "case %d: %q is not a JSON object's prefix", i, out)
 		switch finish {
 		case FinishStop:

@@ -67,14 +67,14 @@ func WithJSONSchema(s *JSONSchema) GenerateOption {
 type schemaConstraint struct {
 	state jsonschema.State
 	toks  [][]byte // special tokens empty: never drawn
-	plain func(id int) bool
+	plain []bool
 	stops []int32
 	mask  []bool
 }
 
 func newSchemaConstraint(m *Model, s *jsonschema.Schema, stops []int32) *schemaConstraint {
-	_, _, vocab := m.grammarTables()
-	return &schemaConstraint{state: s.Start(), toks: vocab.Tokens(), plain: vocab.Plain, stops: stops,
+	_, _, toks, plain := m.grammarTables()
+	return &schemaConstraint{state: s.Start(), toks: toks, plain: plain, stops: stops,
 		mask: make([]bool, m.Config.VocabSize)}
 }
 

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"k3/internal/jsonprefix"
+	"k3/internal/jsonschema"
 )
 
 const personSchema = `{"type":"object","additionalProperties":false,"required":["name","age","role"],
@@ -93,7 +93,7 @@ func TestJSONSchema(t *testing.T) {
 			stopped++
 			checkPerson(t, out)
 		case FinishLength:
-			var st jsonprefix.State
+			st := jsonschema.Object().Start()
 			require.True(t, st.Feed([]byte(out)), "case %d: %q is not a JSON object's prefix", i, out)
 			assert.False(t, st.Done(), "case %d: cut by length after the object closed: %q", i, out)
 		default:

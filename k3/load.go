@@ -19,7 +19,6 @@ import (
 	"k3/config"
 	"k3/dsa"
 	"k3/internal/backends"
-	"k3/internal/jsonprefix"
 	"k3/internal/moe"
 	"k3/internal/safetensors"
 	"k3/internal/tokenizer"
@@ -152,7 +151,8 @@ type Model struct {
 	grammarOnce sync.Once // WithJSONObject's and WithToolCalls' tables (grammarTables)
 	tokBytes    [][]byte
 	tokSpecial  []bool
-	jsonVocab   *jsonprefix.Vocab
+	jsonToks    [][]byte
+	jsonPlain   []bool
 	fp          [32]byte
 	chunk       int
 

@@ -5,7 +5,6 @@ import (
 	"slices"
 	"strings"
 
-	"k3/internal/jsonprefix"
 	"k3/internal/jsonschema"
 )
 
@@ -113,22 +112,12 @@ var alts = [...][]alt{
 // callState is the section read so far.
 type callState struct {
 	phase  callPhase
-	alive  uint8 // the phase's literals still matching (bits)
-	off    int   // bytes of them matched
-	ni, nl int   // pName: a name matching so far, and the bytes matched
-	fn     int   // the function called (an index of names), from pIndex on
-	digits int   // pIndex: digits read
-	args   jsonprefix.State
-	sargs  jsonschema.State // the arguments, when the function has a schema
-	schema bool             // sargs, not args, reads the arguments
-}
-
-// argsSpan is State.Span of whichever state reads the arguments.
-func (s *callState) argsSpan(b []byte) (int, bool, bool) {
-	if s.schema {
-		return s.sargs.Span(b)
-	}
-	return s.args.Span(b)
+	alive  uint8            // the phase's literals still matching (bits)
+	off    int              // bytes of them matched
+	ni, nl int              // pName: a name matching so far, and the bytes matched
+	fn     int              // the function called (an index of names), from pIndex on
+	digits int              // pIndex: digits read
+	args   jsonschema.State // the arguments, read against the function's schema
 }
 
 // toolConstraint is a generation's tool calls state and the mask its
@@ -140,27 +129,29 @@ type toolConstraint struct {
 	st       callState
 	toks     [][]byte // every token's bytes, special tokens' their names
 	special  []bool
-	plain    *jsonprefix.Vocab // which ordinary tokens stay inside a JSON string
+	plain    []bool // which ordinary tokens stay inside a JSON string
 	stops    []int32
 	mask     []bool
 }
 
 func newToolConstraint(m *Model, names []string, schemas []*jsonschema.Schema, parallel bool, stops []int32) *toolConstraint {
-	toks, special, plain := m.grammarTables()
+	toks, special, _, plain := m.grammarTables()
 	c := &toolConstraint{names: names, schemas: schemas, parallel: parallel, stops: stops, mask: make([]bool, m.Config.VocabSize),
 		toks: toks, special: special, plain: plain}
 	c.enter(&c.st, pSectionBegin)
 	return c
 }
 
-// enter starts phase p; the arguments take the called function's schema.
+// enter starts phase p; the arguments take the called function's schema
+// (any JSON object without one).
 func (c *toolConstraint) enter(s *callState, p callPhase) {
 	s.enter(p, c.parallel)
 	if p == pArgs {
-		s.schema = c.schemas != nil && c.schemas[s.fn] != nil
-		if s.schema {
-			s.sargs = c.schemas[s.fn].Start()
+		schema := jsonschema.Object()
+		if c.schemas != nil && c.schemas[s.fn] != nil {
+			schema = c.schemas[s.fn]
 		}
+		s.args = schema.Start()
 	}
 }
 
@@ -169,9 +160,6 @@ func (s *callState) enter(p callPhase, parallel bool) {
 	s.alive = 1
 	if p == pNext && parallel {
 		s.alive = 3
-	}
-	if p == pArgs {
-		s.args = jsonprefix.State{}
 	}
 }
 
@@ -234,13 +222,11 @@ func (c *toolConstraint) run(s *callState, b []byte, special, commit bool) bool 
 			c.enter(s, pArgBegin)
 			i-- // the byte begins the marker
 		case pArgs:
-			n, closed, ok := s.argsSpan(b[i:])
+			n, closed, ok := s.args.Span(b[i:])
 			if !ok {
 				return false
 			}
-			if commit && s.schema {
-				s.sargs.Feed(b[i : i+n])
-			} else if commit {
+			if commit {
 				s.args.Feed(b[i : i+n])
 			}
 			if !closed {
@@ -280,7 +266,7 @@ func (c *toolConstraint) fill() {
 		trial := c.st
 		first[ch] = !done && c.run(&trial, []byte{byte(ch)}, false, false)
 	}
-	inString := c.st.phase == pArgs && (c.st.schema && c.st.sargs.InFreeString() || !c.st.schema && c.st.args.InString())
+	inString := c.st.phase == pArgs && c.st.args.InFreeString()
 	for id, b := range c.toks {
 		switch {
 		case done || len(b) == 0:
@@ -290,7 +276,7 @@ func (c *toolConstraint) fill() {
 			c.mask[id] = c.run(&trial, b, true, false)
 		case !first[b[0]]:
 			c.mask[id] = false
-		case inString && c.plain.Plain(id):
+		case inString && c.plain[id]:
 			c.mask[id] = true
 		default:
 			trial := c.st

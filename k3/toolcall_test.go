@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"k3/internal/jsonprefix"
 	"k3/internal/jsonschema"
 )
 
@@ -187,7 +186,7 @@ func BenchmarkToolCallMask(b *testing.B) {
 		"<|tool_calls_section_begin|><|tool_call_begin|>functions.",
 	} {
 		c := &toolConstraint{names: []string{"get_weather", "get_time"}, toks: toks, special: make([]bool, len(toks)),
-			plain: jsonprefix.NewVocab(toks), mask: make([]bool, len(toks))}
+			plain: jsonschema.Plain(toks), mask: make([]bool, len(toks))}
 		c.st.enter(pSectionBegin, false)
 		if !c.run(&c.st, []byte(at), false, true) {
 			b.Fatal(at)
@@ -231,7 +230,7 @@ func TestToolCallMask(t *testing.T) {
 	for _, parallel := range []bool{false, true} {
 		for cut := 0; cut <= len(prefix); cut++ {
 			c := &toolConstraint{names: []string{"get_weather", "get_time", "get"}, parallel: parallel, toks: toks, special: special,
-				plain: jsonprefix.NewVocab(toks), stops: []int32{int32(len(toks) - 1)}, mask: make([]bool, len(toks))}
+				plain: jsonschema.Plain(toks), stops: []int32{int32(len(toks) - 1)}, mask: make([]bool, len(toks))}
 			if parallel { // the arguments held to a schema
 				c.schemas = []*jsonschema.Schema{args.s, nil, nil}
 			}

@@ -102,6 +102,18 @@ func anyNode() *node {
 	return n
 }
 
+// object admits every JSON object: JSON mode.
+var object = func() *Schema {
+	s, err := Compile([]byte(`{"type":"object"}`))
+	if err != nil {
+		panic(err)
+	}
+	return s
+}()
+
+// Object returns the schema of every JSON object (OpenAI's JSON mode).
+func Object() *Schema { return object }
+
 // Compile reads a JSON Schema document.
 func Compile(doc []byte) (*Schema, error) {
 	d := json.NewDecoder(bytes.NewReader(doc))

@@ -93,6 +93,8 @@ func TestInstances(t *testing.T) {
 		{"extra", `{"a":null,"ab":"s","abc":true,"":false}`, true, false},
 		{"extra", `{"a":null,"abc":1}`, false, false},
 		{"extra", `{"ab":"s"}`, false, false},
+		{"extra", `{"a":null,"\u0061b":true}`, false, false}, // an escaped spelling of a declared name
+		{"extra", `{"a":null,"\u0061c":true}`, false, true},  // an undeclared one: valid, but keys here take no escapes
 		{"any", `[{"x":[1,"2",null]},-0.0,"\u1234"]`, true, false},
 		{"strict", `{"x":"abc"}`, true, false},
 		{"strict", `{"x":"ab"}`, false, false},
@@ -256,18 +258,7 @@ func TestMask(t *testing.T) {
 		toks = append(toks, []byte(p))
 	}
 	toks = append(toks, []byte("plain words"), []byte("with\"quote"), []byte(`abcdefghij`))
-	plain := func(id int) bool {
-		t := toks[id]
-		if len(t) == 0 {
-			return false
-		}
-		for _, c := range t {
-			if c == '"' || c == '\\' || c < 0x20 {
-				return false
-			}
-		}
-		return true
-	}
+	plain := Plain(toks)
 	dst := make([]bool, len(toks))
 	r := rand.New(rand.NewPCG(3, 4))
 	for name, src := range schemas {
@@ -444,40 +435,43 @@ func repeatsKey(text string) bool {
 }
 
 // BenchmarkMask: one mask over 163,840 synthetic tokens of 1-8 printable
-// bytes (Kimi's vocabulary size), at points of the person schema: inside
-// a free string, inside a bounded one, at a key, after an item.
+// bytes (Kimi's vocabulary size): JSON mode inside a string and after an
+// item, and the person schema inside a free string, inside a bounded
+// one, at a key, after an item.
 func BenchmarkMask(b *testing.B) {
 	r := rand.New(rand.NewPCG(3, 4))
 	toks := make([][]byte, 163840)
-	plain := make([]bool, len(toks))
 	for i := range toks {
 		t := make([]byte, 1+r.IntN(8))
-		p := true
 		for j := range t {
 			t[j] = byte(' ' + r.IntN(95))
-			p = p && t[j] != '"' && t[j] != '\\'
 		}
-		toks[i], plain[i] = t, p
+		toks[i] = t
 	}
-	s, err := Compile([]byte(schemas["person"]))
+	plain := Plain(toks)
+	person, err := Compile([]byte(schemas["person"]))
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, at := range []struct{ name, text string }{
-		{"string", `{"name": "Al`},
-		{"bounded", `{"name": "Al", "age": 3, "email": "x`},
-		{"key", `{"name": "Al", "`},
-		{"items", `{"name": "Al", "age": 3, "tags": ["a"`},
+	for _, at := range []struct {
+		name, text string
+		s          *Schema
+	}{
+		{"object/string", `{"a": "text`, Object()},
+		{"object/items", `{"a": [1, 2`, Object()},
+		{"string", `{"name": "Al`, person},
+		{"bounded", `{"name": "Al", "age": 3, "email": "x`, person},
+		{"key", `{"name": "Al", "`, person},
+		{"items", `{"name": "Al", "age": 3, "tags": ["a"`, person},
 	} {
 		b.Run(at.name, func(b *testing.B) {
-			st := s.Start()
+			st := at.s.Start()
 			if !st.Feed([]byte(at.text)) {
 				b.Fatal(at.text)
 			}
 			mask := make([]bool, len(toks))
-			isPlain := func(id int) bool { return plain[id] }
 			for b.Loop() {
-				st.Mask(mask, toks, isPlain)
+				st.Mask(mask, toks, plain)
 			}
 			n := 0
 			for _, ok := range mask {

@@ -50,6 +50,7 @@ type cursor struct {
 	ws      uint8 // white-space bytes just taken outside strings
 	word    string
 	bounded bool // the string has a length bound
+	inKey   bool // mEscape, mHex: the escape is in a key
 }
 
 // State is the text read so far against a schema.
@@ -92,28 +93,30 @@ func (s *State) InFreeString() bool { return s.cur.mode == mString && !s.cur.bou
 // Feed advances over b and reports whether the text is still a prefix of
 // a value the schema admits; on false the state is unchanged.
 func (s *State) Feed(b []byte) bool {
-	sm, ok := s.trial(b)
-	if ok {
-		s.stack = append(append(s.stack[:sm.depth], sm.local[:sm.n]...), sm.spill...)
-		s.cur = sm.cur
+	var sm sim
+	if !s.run(&sm, b) {
+		return false
 	}
-	return ok
+	s.stack = append(append(s.stack[:sm.depth], sm.local[:sm.n]...), sm.spill...)
+	s.cur = sm.cur
+	return true
 }
 
 // Accepts reports whether b may follow the text read so far.
 func (s *State) Accepts(b []byte) bool {
-	_, ok := s.trial(b)
-	return ok
+	var sm sim
+	return s.run(&sm, b)
 }
 
-func (s *State) trial(b []byte) (sim, bool) {
-	sm := sim{cur: s.cur, base: s.stack, depth: len(s.stack)}
+// run sets m to the state (reusing its spill) and takes b over it.
+func (s *State) run(m *sim, b []byte) bool {
+	m.cur, m.base, m.depth, m.n, m.spill = s.cur, s.stack, len(s.stack), 0, m.spill[:0]
 	for _, c := range b {
-		if !sm.step(c) {
-			return sm, false
+		if !m.step(c) {
+			return false
 		}
 	}
-	return sm, true
+	return true
 }
 
 // Span reports how many bytes of b the value takes: with done, n is where
@@ -124,7 +127,8 @@ func (s *State) Span(b []byte) (n int, done, ok bool) {
 	if s.cur.mode == mDone {
 		return 0, true, true
 	}
-	sm := sim{cur: s.cur, base: s.stack, depth: len(s.stack)}
+	var sm sim
+	s.run(&sm, nil)
 	for i, c := range b {
 		if !sm.step(c) {
 			return i, false, false
@@ -136,16 +140,35 @@ func (s *State) Span(b []byte) (n int, done, ok bool) {
 	return len(b), false, true
 }
 
+// Plain reports, for each token, whether it has no quote, backslash or
+// control byte (inside a free string it stays inside the string): what
+// Mask reads beside the tokens.
+func Plain(toks [][]byte) []bool {
+	plain := make([]bool, len(toks))
+	for id, t := range toks {
+		p := len(t) > 0
+		for _, c := range t {
+			if c == '"' || c == '\\' || c < 0x20 {
+				p = false
+				break
+			}
+		}
+		plain[id] = p
+	}
+	return plain
+}
+
 // Mask sets dst[id] (len(dst) >= len(toks)) to whether token id may
 // follow the text read so far; toks[id] is the token's bytes (empty: never
-// drawn) and plain(id) whether it has no quote, backslash or control
-// byte. A token whose first byte cannot follow is out at once, a plain
+// drawn) and plain[id] whether it has no quote, backslash or control
+// byte (Plain). A token whose first byte cannot follow is out at once, a plain
 // token inside a free string in at once, a plain ASCII one inside a
 // bounded string by its length; the rest run the machine.
-func (s *State) Mask(dst []bool, toks [][]byte, plain func(id int) bool) {
+func (s *State) Mask(dst []bool, toks [][]byte, plain []bool) {
+	var sm sim // one trial's space for every token
 	var first [256]bool
 	for c := range first {
-		first[c] = s.Accepts([]byte{byte(c)})
+		first[c] = s.run(&sm, []byte{byte(c)})
 	}
 	free := s.InFreeString()
 	bounded := s.cur.mode == mString && s.cur.bounded && s.cur.need == 0
@@ -157,12 +180,12 @@ func (s *State) Mask(dst []bool, toks [][]byte, plain func(id int) bool) {
 		switch {
 		case len(t) == 0 || !first[t[0]]:
 			dst[id] = false
-		case free && plain(id):
+		case free && plain[id]:
 			dst[id] = true
-		case bounded && plain(id) && ascii(t):
+		case bounded && plain[id] && ascii(t):
 			dst[id] = room < 0 || len(t) <= room
 		default:
-			dst[id] = s.Accepts(t)
+			dst[id] = s.run(&sm, t)
 		}
 	}
 }
@@ -184,7 +207,7 @@ type sim struct {
 	cur   cursor
 	base  []frame
 	depth int
-	local [8]frame
+	local [16]frame
 	n     int
 	spill []frame
 }
@@ -277,6 +300,7 @@ func (m *sim) take(c byte) bool {
 			return f.used&f.n.required == f.n.required && m.close()
 		case c == '"' && f.roomForKey():
 			cur.mode, cur.lo, cur.hi, cur.off, cur.free = mKeyString, 0, len(f.n.names), 0, f.n.additional != nil
+			cur.bounded = false
 			return true
 		}
 		return false
@@ -300,7 +324,7 @@ func (m *sim) take(c byte) bool {
 	case mEscape:
 		switch c {
 		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-			cur.mode = mString
+			cur.mode = cur.escaped()
 			return true
 		case 'u':
 			if cur.bounded {
@@ -315,7 +339,7 @@ func (m *sim) take(c byte) bool {
 			return false
 		}
 		if cur.hex--; cur.hex == 0 {
-			cur.mode = mString
+			cur.mode = cur.escaped()
 		}
 		return true
 	case mMinus:
@@ -391,6 +415,14 @@ func (m *sim) take(c byte) bool {
 	return false
 }
 
+// escaped is the mode an escape returns to.
+func (cur *cursor) escaped() mode {
+	if cur.inKey {
+		return mKeyString
+	}
+	return mString
+}
+
 // roomForItem reports whether an array may take another item.
 func (f *frame) roomForItem() bool {
 	return f.n.items != nil && (f.n.maxItems < 0 || f.count < f.n.maxItems)
@@ -426,7 +458,7 @@ func (m *sim) value(c byte) bool {
 		m.push(frame{n: n})
 		cur.mode = mValueOrEnd
 	case c == '"' && n.kinds&kString != 0:
-		cur.mode, cur.chars, cur.need = mString, 0, 0
+		cur.mode, cur.chars, cur.need, cur.inKey = mString, 0, 0, false
 		cur.bounded = n.minLen > 0 || n.maxLen >= 0
 	case c == '-' && n.kinds&(kInteger|kNumber) != 0:
 		cur.mode = mMinus
@@ -510,6 +542,12 @@ func (m *sim) key(c byte) bool {
 			return false
 		}
 		cur.mode, cur.n = mColon, n.additional
+		return true
+	}
+	if c == '\\' && cur.free && len(n.names) == 0 {
+		// Escapes only where no declared name can be spelled another
+		// way (an escaped key would escape its declared schema).
+		cur.mode, cur.inKey = mEscape, true
 		return true
 	}
 	lo, hi := litRange(n.names, cur.lo, cur.hi, cur.off, c)

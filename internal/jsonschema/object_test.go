@@ -1,4 +1,4 @@
-package jsonprefix
+package jsonschema
 
 import (
 	"bytes"
@@ -57,7 +57,7 @@ func TestValidObjects(t *testing.T) {
 		}
 		require.NoError(t, err)
 		doc = append(doc, " \n"...)
-		var s State
+		s := Object().Start()
 		for j := 0; j < len(doc); {
 			piece := doc[j:min(j+1+r.IntN(5), len(doc))]
 			before := s
@@ -92,7 +92,7 @@ func TestInvalid(t *testing.T) {
 		{`{"a":1}`, `{`},
 		{`{"a":01`, ``}, // 0 then 1: rejected at the 1 (TestValidObjects covers 0 alone)
 	} {
-		var s State
+		s := Object().Start()
 		if tc.ok == `{"a":01` {
 			require.False(t, s.Feed([]byte(tc.ok)), "%q", tc.ok)
 			continue
@@ -115,7 +115,7 @@ func FuzzAgainstEncodingJSON(f *testing.F) {
 		if longSpace(b) {
 			return // refused on purpose (MaxSpace), though valid
 		}
-		var s State
+		s := Object().Start()
 		fed := s.Feed(b)
 		trimmed := bytes.TrimLeft(b, " \t\r\n")
 		want := json.Valid(b) && len(trimmed) > 0 && trimmed[0] == '{'
@@ -123,7 +123,7 @@ func FuzzAgainstEncodingJSON(f *testing.F) {
 			t.Fatalf("%q: done %v, encoding/json says %v", b, got, want)
 		}
 		// Byte by byte gives the same answer as all at once.
-		var one State
+		one := Object().Start()
 		ok := true
 		for i := range b {
 			if !one.Feed(b[i : i+1]) {
@@ -152,7 +152,7 @@ func longSpace(b []byte) bool {
 }
 
 func TestMaxSpace(t *testing.T) {
-	var s State
+	s := Object().Start()
 	require.True(t, s.Feed([]byte("{"+strings.Repeat(" ", MaxSpace))))
 	assert.False(t, s.Accepts([]byte(" ")))
 	assert.True(t, s.Accepts([]byte(`"`+strings.Repeat(" ", 100))), "spaces in a string are not limited")
@@ -160,44 +160,9 @@ func TestMaxSpace(t *testing.T) {
 	assert.True(t, s.Done())
 }
 
-// BenchmarkVocabulary: one constrained draw's mask over a vocabulary the
-// size of Kimi's (163,840 tokens of 1-8 printable bytes), inside a string
-// (most tokens pass) and between values (most fail at once).
-func BenchmarkVocabulary(b *testing.B) {
-	r := rand.New(rand.NewPCG(3, 4))
-	vocab := make([][]byte, 163840)
-	for i := range vocab {
-		t := make([]byte, 1+r.IntN(8))
-		for j := range t {
-			t[j] = byte(' ' + r.IntN(95))
-		}
-		vocab[i] = t
-	}
-	for _, at := range []string{`{"a": "text`, `{"a": [1, 2`} {
-		b.Run(strings.Fields(at)[1], func(b *testing.B) {
-			var s State
-			if !s.Feed([]byte(at)) {
-				b.Fatal(at)
-			}
-			v := NewVocab(vocab)
-			mask := make([]bool, len(vocab))
-			for b.Loop() {
-				s.Mask(mask, v)
-			}
-			n := 0
-			for _, ok := range mask {
-				if ok {
-					n++
-				}
-			}
-			b.ReportMetric(float64(n), "allowed")
-		})
-	}
-}
-
-// TestMask: Mask gives what Accepts gives, token by token, from states
-// in every mode.
-func TestMask(t *testing.T) {
+// TestObjectMask: in JSON mode Mask gives what Accepts gives, token by
+// token, from states in every mode.
+func TestObjectMask(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	const alphabet = "{}[]:,\" \\nu0123456789abcdeftrulsnE.-+\t\n\x01\xc3\xa9"
 	vocab := [][]byte{nil, {}}
@@ -208,13 +173,13 @@ func TestMask(t *testing.T) {
 		}
 		vocab = append(vocab, t)
 	}
-	v := NewVocab(vocab)
+	plain := Plain(vocab)
 	mask := make([]bool, len(vocab))
 	for _, at := range []string{"", " ", `{`, `{"k`, `{"k\`, `{"k\u0`, `{"k"`, `{"k":`, `{"k":[`, `{"k":-`, `{"k":0`, `{"k":12`,
 		`{"k":1.`, `{"k":1.5`, `{"k":1e`, `{"k":1e+`, `{"k":1e5`, `{"k":t`, `{"k":[1`, `{"k":[1,`, `{"k":{}`, `{"k":1,`, `{}`} {
-		var s State
+		s := Object().Start()
 		require.True(t, s.Feed([]byte(at)), at)
-		s.Mask(mask, v)
+		s.Mask(mask, vocab, plain)
 		for id, tok := range vocab {
 			want := len(tok) > 0 && s.Accepts(tok)
 			require.Equal(t, want, mask[id], "after %q, token %q", at, tok)
@@ -222,12 +187,12 @@ func TestMask(t *testing.T) {
 	}
 }
 
-// TestDeep: nesting past the trial's fixed stack space, in one call and
-// byte by byte, and back out.
-func TestDeep(t *testing.T) {
+// TestObjectDeep: nesting past the trial's fixed stack space, in one call
+// and byte by byte, and back out.
+func TestObjectDeep(t *testing.T) {
 	doc := `{"a":` + strings.Repeat(`[{"b":`, 30) + "1" + strings.Repeat("}]", 30) + "}"
 	require.True(t, json.Valid([]byte(doc)))
-	var whole, bytewise State
+	whole, bytewise := Object().Start(), Object().Start()
 	require.True(t, whole.Accepts([]byte(doc)))
 	require.True(t, whole.Feed([]byte(doc[:len(doc)/2])))
 	require.True(t, whole.Accepts([]byte(doc[len(doc)/2:])))
@@ -243,16 +208,17 @@ func TestDeep(t *testing.T) {
 // TestMaskAllocates: a mask allocates nothing (one per generated token),
 // unless a token opens more than 16 containers.
 func TestMaskAllocates(t *testing.T) {
-	v := NewVocab([][]byte{[]byte(`"a"`), []byte(`1,`), []byte(`{"b":[[[[[[[[`), []byte("xyz")})
-	var s State
+	toks := [][]byte{[]byte(`"a"`), []byte(`1,`), []byte(`{"b":[[[[[[[[`), []byte("xyz")}
+	plain := Plain(toks)
+	s := Object().Start()
 	require.True(t, s.Feed([]byte(`{"a":[1,{"c":`)))
 	mask := make([]bool, 4)
-	assert.Zero(t, testing.AllocsPerRun(100, func() { s.Mask(mask, v) }))
+	assert.Zero(t, testing.AllocsPerRun(100, func() { s.Mask(mask, toks, plain) }))
 	assert.Equal(t, []bool{true, true, true, false}, mask)
 }
 
 func TestSpan(t *testing.T) {
-	var s State
+	s := Object().Start()
 	require.True(t, s.Feed([]byte(`{"a":[1`)))
 	for _, tc := range []struct {
 		b          string
@@ -264,7 +230,7 @@ func TestSpan(t *testing.T) {
 		assert.Equal(t, tc.closed, closed, "%q", tc.b)
 		assert.Equal(t, tc.ok, ok, "%q", tc.b)
 	}
-	var done State
+	done := Object().Start()
 	require.True(t, done.Feed([]byte(`{}`)))
 	n, closed, ok := done.Span([]byte("x"))
 	assert.Equal(t, 0, n)
