@@ -17,7 +17,8 @@ type JSONSchema struct {
 // keyword \"minimum\""), as is a schema that admits no value; the error
 // wraps ErrInvalidOption. k3 reads type (one or a list), properties,
 // required, additionalProperties, items, minItems, maxItems, minLength,
-// maxLength, enum, const, anyOf, oneOf, a one-element allOf, references
+// maxLength, minimum, maximum, exclusiveMinimum and exclusiveMaximum (on
+// integers only), enum, const, anyOf, oneOf, a one-element allOf, references
 // inside the document ($ref "#", "#/$defs/...", "#/definitions/...") and
 // the annotations (title, description, default, ...). The branches of
 // anyOf and oneOf must differ in their first byte's kind (an object and

@@ -24,6 +24,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/big"
 	"slices"
 	"sort"
@@ -69,6 +70,8 @@ type node struct {
 
 	minLen, maxLen int // string code points; maxLen < 0: no bound
 
+	lo, hi int64 // an integer's bounds (noLo, noHi: none); numbers with a fraction take none
+
 	items              *node // nil: no item is admitted
 	minItems, maxItems int   // maxItems < 0: no bound
 
@@ -97,7 +100,7 @@ type Schema struct {
 
 // anyNode admits every JSON value.
 func anyNode() *node {
-	n := &node{kinds: kNull | kBool | kInteger | kNumber | kString | kArray | kObject, maxLen: -1, maxItems: -1}
+	n := &node{kinds: kNull | kBool | kInteger | kNumber | kString | kArray | kObject, maxLen: -1, maxItems: -1, lo: noLo, hi: noHi}
 	n.items, n.additional = n, n
 	return n
 }
@@ -162,10 +165,11 @@ var keywords = map[string]string{
 	"properties": "object", "required": "object", "additionalProperties": "object",
 	"items": "array", "minItems": "array", "maxItems": "array",
 	"minLength": "string", "maxLength": "string",
+	"minimum": "integer", "maximum": "integer", "exclusiveMinimum": "integer", "exclusiveMaximum": "integer",
 }
 
 func (c *compiler) newNode() *node {
-	n := &node{maxLen: -1, maxItems: -1}
+	n := &node{maxLen: -1, maxItems: -1, lo: noLo, hi: noHi}
 	c.nodes = append(c.nodes, n)
 	return n
 }
@@ -290,6 +294,9 @@ func (c *compiler) object(m map[string]any, at string) (*node, error) {
 	if err := c.strings(n, m, at); err != nil {
 		return nil, err
 	}
+	if err := c.bounds(n, m, at); err != nil {
+		return nil, err
+	}
 	if err := c.arrays(n, m, at); err != nil {
 		return nil, err
 	}
@@ -346,6 +353,60 @@ func (c *compiler) strings(n *node, m map[string]any, at string) error {
 	}
 	if ok {
 		n.maxLen = mx
+	}
+	return nil
+}
+
+// noLo and noHi mark an integer without a lower or upper bound; bounds
+// are held inside ±maxBound, so that a value's digits are read in an
+// int64 that saturates at maxBound, outside every bound.
+const (
+	noLo     = math.MinInt64
+	noHi     = math.MaxInt64
+	maxBound = 1 << 62
+)
+
+// bounds reads minimum, maximum and their exclusive forms as the integers
+// they admit. They are held on integers only: on a number that may have
+// a fraction they are refused.
+func (c *compiler) bounds(n *node, m map[string]any, at string) error {
+	for _, k := range []string{"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"} {
+		v, ok := m[k]
+		if !ok {
+			continue
+		}
+		if n.kinds&kNumber != 0 {
+			return fmt.Errorf("%w: %s: %q on a number that may have a fraction (held on integers only)", ErrUnsupported, at, k)
+		}
+		num, isNum := v.(json.Number)
+		r, ok := new(big.Rat).SetString(string(num))
+		if !isNum || !ok {
+			return fmt.Errorf("%w: %s/%s = %v, want a number", ErrInvalid, at, k, v)
+		}
+		if r.Cmp(big.NewRat(maxBound, 1)) >= 0 || r.Cmp(big.NewRat(-maxBound, 1)) <= 0 {
+			return fmt.Errorf("%w: %s/%s = %v: bounds from ±2^62 on", ErrUnsupported, at, k, v)
+		}
+		// The integers admitted: ceil(minimum), floor(exclusiveMinimum)+1,
+		// floor(maximum), ceil(exclusiveMaximum)-1.
+		q, rem := new(big.Int).QuoRem(r.Num(), r.Denom(), new(big.Int))
+		floor := q.Int64()
+		if rem.Sign() < 0 {
+			floor--
+		}
+		ceil := floor
+		if rem.Sign() != 0 {
+			ceil = floor + 1
+		}
+		switch k {
+		case "minimum":
+			n.lo = max(n.lo, ceil)
+		case "exclusiveMinimum":
+			n.lo = max(n.lo, floor+1)
+		case "maximum":
+			n.hi = min(n.hi, floor)
+		case "exclusiveMaximum":
+			n.hi = min(n.hi, ceil-1)
+		}
 	}
 	return nil
 }
@@ -543,6 +604,8 @@ func (c *compiler) merge(alts []*node, one bool, at string) (*node, error) {
 			}
 		}
 		switch g.name {
+		case "number":
+			n.lo, n.hi = pick.lo, pick.hi
 		case "string":
 			n.minLen, n.maxLen = pick.minLen, pick.maxLen
 		case "array":
@@ -582,7 +645,7 @@ func sameKind(a, b *node, k uint8) bool {
 	case kNull, kBool:
 		return true
 	case kInteger | kNumber:
-		return true // merged to the wider
+		return a.kinds&kNumber != 0 || b.kinds&kNumber != 0 || a.lo == b.lo && a.hi == b.hi // a number is the wider
 	case kString:
 		return a.minLen == b.minLen && a.maxLen == b.maxLen
 	case kArray:
@@ -621,8 +684,8 @@ func (c *compiler) admits(n *node, l string) bool {
 		if n.kinds&kNumber != 0 {
 			return true
 		}
-		_, ok := new(big.Int).SetString(l, 10)
-		return ok
+		i, ok := new(big.Int).SetString(l, 10)
+		return ok && i.Cmp(big.NewInt(n.lo)) >= 0 && i.Cmp(big.NewInt(n.hi)) <= 0
 	case kString:
 		var s string
 		if json.Unmarshal([]byte(l), &s) != nil {
@@ -653,7 +716,7 @@ func (c *compiler) settle() {
 }
 
 func (n *node) satisfiable() bool {
-	if len(n.lits) > 0 || n.kinds&(kNull|kBool|kInteger|kNumber) != 0 {
+	if len(n.lits) > 0 || n.kinds&(kNull|kBool|kNumber) != 0 || n.kinds&kInteger != 0 && n.lo <= n.hi {
 		return true
 	}
 	if n.kinds&kString != 0 && (n.maxLen < 0 || n.minLen <= n.maxLen) {
@@ -674,6 +737,9 @@ func (n *node) satisfiable() bool {
 }
 
 func (n *node) prune() {
+	if n.kinds&kNumber == 0 && n.lo > n.hi {
+		n.kinds &^= kInteger
+	}
 	if n.kinds&kString != 0 && n.maxLen >= 0 && n.minLen > n.maxLen {
 		n.kinds &^= kString
 	}

@@ -30,7 +30,13 @@ var schemas = map[string]string{
 	"strict": `{"type":"object","properties":{"x":{"type":"string","minLength":3}},"required":["x"],"additionalProperties":false}`,
 	"nokeys": `{"type":"object","properties":{"gone":false},"additionalProperties":false}`,
 	"items0": `{"type":"array","items":false}`,
-	"absorb": `{"anyOf":[{"type":"string","maxLength":2},{"type":"string"},{"type":"string","maxLength":1},{"type":"integer"},{"type":"number"},{"enum":["abc",7,"x\"y"]},{"type":"array","maxItems":1},{"type":"array"}]}`,
+	"ranged": `{"type":"object","properties":{"rating":{"type":"integer","minimum":1,"maximum":5},
+		"neg":{"type":"integer","exclusiveMaximum":-10,"minimum":-12.5},"big":{"type":"integer","minimum":1000},
+		"z":{"type":"integer","maximum":0},"mid":{"type":"integer","minimum":50,"maximum":60},
+		"x":{"anyOf":[{"type":"integer","minimum":-3,"exclusiveMaximum":3.5},{"type":"null"}]}},"required":["rating"]}`,
+	"between": `{"type":"integer","minimum":-5,"maximum":120}`,
+	"nonneg":  `{"type":"integer","minimum":0,"maximum":3}`,
+	"absorb":  `{"anyOf":[{"type":"string","maxLength":2},{"type":"string"},{"type":"string","maxLength":1},{"type":"integer"},{"type":"number"},{"enum":["abc",7,"x\"y"]},{"type":"array","maxItems":1},{"type":"array"}]}`,
 }
 
 func compile(t *testing.T, src string) (*Schema, validator) {
@@ -102,6 +108,29 @@ func TestInstances(t *testing.T) {
 		{"nokeys", `{"gone":1}`, false, false},
 		{"items0", `[]`, true, false},
 		{"items0", `[1]`, false, false},
+		{"ranged", `{"rating":5,"neg":-11,"big":123456789012,"z":-0,"mid":55,"x":3}`, true, false},
+		{"ranged", `{"rating":1,"neg":-12,"z":0,"x":-3}`, true, false},
+		{"ranged", `{"rating":6}`, false, false},
+		{"ranged", `{"rating":0}`, false, false},
+		{"ranged", `{"rating":15}`, false, false},
+		{"ranged", `{"rating":1,"neg":-10}`, false, false},
+		{"ranged", `{"rating":1,"neg":-13}`, false, false},
+		{"ranged", `{"rating":1,"big":999}`, false, false},
+		{"ranged", `{"rating":1,"z":1}`, false, false},
+		{"ranged", `{"rating":1,"mid":7}`, false, false},
+		{"ranged", `{"rating":1,"mid":61}`, false, false},
+		{"ranged", `{"rating":1,"mid":5}`, false, false},
+		{"ranged", `{"rating":1,"z":-5}`, true, false},
+		{"nonneg", `-0`, true, false},
+		{"nonneg", `-1`, false, false},
+		{"nonneg", `3`, true, false},
+		{"ranged", `{"rating":1,"big":-1000}`, false, false},
+		{"ranged", `{"rating":1,"x":4}`, false, false},
+		{"ranged", `{"rating":1.0}`, false, true},
+		{"between", `120`, true, false},
+		{"between", `-5`, true, false},
+		{"between", `1200`, false, false},
+		{"between", `-6`, false, false},
 		{"absorb", `"abcd"`, true, false},
 		{"absorb", `"x\"y"`, true, false},
 		{"absorb", `1.5`, true, false},
@@ -135,7 +164,7 @@ var pieces = []string{`{"`, `":`, `",`, `"}`, `]}`, `},{`, `[[`, `null`, `true`,
 
 // finishers are the test schemas' keys, which walks past their budget
 // prefer (a required key is seldom spelled at random).
-var finishers = []string{`"name":`, `"age":`, `"id":`, `"a":`, `"v":`, `"kind":`, `"r":`, `"x":`}
+var finishers = []string{`"name":`, `"age":`, `"id":`, `"a":`, `"v":`, `"kind":`, `"r":`, `"x":`, `"rating":`}
 
 // walk draws random accepted bytes and pieces from the start until the
 // value is whole, checking at every step that something may follow. Past
@@ -284,7 +313,7 @@ func TestCompileErrors(t *testing.T) {
 		want string
 	}{
 		{`{"type":"string","pattern":"a+"}`, ErrUnsupported, `#: keyword "pattern"`},
-		{`{"properties":{"a/b":{"type":"integer","minimum":0}}}`, ErrUnsupported, `#/properties/a~1b: keyword "minimum"`},
+		{`{"properties":{"a/b":{"type":"string","format":"uuid"}}}`, ErrUnsupported, `#/properties/a~1b: keyword "format"`},
 		{`{"type":"string","format":"date-time"}`, ErrUnsupported, `"format"`},
 		{`{"anyOf":[{"type":"object","properties":{"a":{}}},{"type":"object","properties":{"b":{}}}]}`, ErrUnsupported, "different object schemas"},
 		{`{"oneOf":[{"type":"integer"},{"type":"number"}]}`, ErrUnsupported, "two branches admit a number"},
@@ -304,6 +333,14 @@ func TestCompileErrors(t *testing.T) {
 		{`{"enum":[]}`, ErrInvalid, "admits no value"},
 		{`{"type":"integer","enum":["a"]}`, ErrInvalid, "admits no value"},
 		{`{"type":"string","enum":["a"],"maxLength":3}`, ErrUnsupported, "beside enum"},
+		{`{"type":"number","minimum":0}`, ErrUnsupported, `"minimum" on a number`},
+		{`{"minimum":0}`, ErrUnsupported, `"minimum" on a number`},
+		{`{"type":"integer","maximum":1e19}`, ErrUnsupported, "2^62"},
+		{`{"type":"integer","exclusiveMinimum":true}`, ErrInvalid, "want a number"},
+		{`{"type":"integer","minimum":3,"maximum":2.5}`, ErrInvalid, "admits no value"},
+		{`{"type":"integer","exclusiveMinimum":2,"exclusiveMaximum":3}`, ErrInvalid, "admits no value"},
+		{`{"anyOf":[{"type":"integer","minimum":1},{"type":"integer","maximum":9}]}`, ErrUnsupported, "different number schemas"},
+		{`{"anyOf":[{"type":"integer","minimum":1},{"const":0}]}`, ErrUnsupported, "0"},
 		{`[]`, ErrInvalid, "an array"},
 		{`{"type":"string"} x`, ErrInvalid, "after the schema"},
 		{`{`, ErrInvalid, ""},
@@ -492,6 +529,7 @@ func FuzzCompile(f *testing.F) {
 		f.Add([]byte(src), uint64(1))
 	}
 	f.Add([]byte(`{"anyOf":[{"type":"string","minLength":2},{"enum":[1,"a",null]},{"type":"array","items":{"$ref":"#"},"maxItems":2}]}`), uint64(2))
+	f.Add([]byte(`{"type":"array","items":{"type":"integer","minimum":-120,"exclusiveMaximum":7.5},"maxItems":3}`), uint64(4))
 	f.Add([]byte(`{"type":"object","properties":{"a":false,"b":{"type":"array","minItems":1,"items":false}},"additionalProperties":{"type":"null"}}`), uint64(3))
 	f.Fuzz(func(t *testing.T, doc []byte, seed uint64) {
 		s, err := Compile(doc)

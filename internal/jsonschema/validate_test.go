@@ -108,6 +108,19 @@ func (vd validator) validObject(s map[string]any, v any) bool {
 		}
 	}
 	switch v := v.(type) {
+	case json.Number:
+		x, _ := new(big.Rat).SetString(string(v))
+		for k, cmp := range map[string]func(int) bool{
+			"minimum": func(c int) bool { return c >= 0 }, "exclusiveMinimum": func(c int) bool { return c > 0 },
+			"maximum": func(c int) bool { return c <= 0 }, "exclusiveMaximum": func(c int) bool { return c < 0 },
+		} {
+			if b, ok := s[k].(json.Number); ok {
+				y, _ := new(big.Rat).SetString(string(b))
+				if !cmp(x.Cmp(y)) {
+					return false
+				}
+			}
+		}
 	case string:
 		n := utf8.RuneCountInString(v)
 		if mn, ok := num(s, "minLength"); ok && n < mn {
