@@ -65,6 +65,9 @@ func TestAscendDecodeGraphs(t *testing.T) {
 	ctx := context.Background()
 	for _, cfg := range configs {
 		dir := filepath.Dir(cfg)
+		if k3.RaceEnabled && filepath.Base(dir) != "tiny_k31pro" {
+			continue // the streams' ordering is the same code for every layout; K3.1 Pro has every layer kind
+		}
 		t.Run(filepath.Base(dir), func(t *testing.T) {
 			run := func(opts ...k3.Option) ([][]float32, k3.GraphStats) {
 				m, err := k3.Load(ctx, dir, opts...)

@@ -55,6 +55,9 @@ func checkPerson(t *testing.T, out string) {
 // types with unknown fields refused), one cut by max_tokens a prefix of
 // a JSON object.
 func TestJSONSchema(t *testing.T) {
+	if raceEnabled {
+		t.Skip("one goroutine's grammar work, minutes of masks under the race detector; the serve tests run constrained requests under it")
+	}
 	ctx := context.Background()
 	m, err := LoadTiny(ctx, WithRollback(4))
 	require.NoError(t, err)

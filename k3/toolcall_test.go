@@ -21,6 +21,9 @@ var callRE = regexp.MustCompile(`^<\|tool_call_begin\|>functions\.(get_weather|g
 // stopped generation is a whole section of calls to the given names with
 // JSON object arguments (one call unless parallel), a cut one a prefix.
 func TestToolCalls(t *testing.T) {
+	if raceEnabled {
+		t.Skip("one goroutine's grammar work, minutes of masks under the race detector; the serve tests run constrained requests under it")
+	}
 	ctx := context.Background()
 	m, err := LoadTiny(ctx)
 	require.NoError(t, err)
@@ -206,6 +209,9 @@ func BenchmarkToolCallMask(b *testing.B) {
 // TestToolCallMask: the mask's shortcuts give what running the grammar on
 // every token gives, at every phase of a section.
 func TestToolCallMask(t *testing.T) {
+	if raceEnabled {
+		t.Skip("one goroutine's grammar work, minutes of masks under the race detector; the serve tests run constrained requests under it")
+	}
 	r := rand.New(rand.NewPCG(7, 8))
 	const alphabet = "{}[]:,\" \\nu0123456789abcdeftrulsn.-_<|>getwhrfio\t\n\x01\xc3\xa9"
 	toks := [][]byte{nil}
@@ -259,6 +265,9 @@ func TestToolCallMask(t *testing.T) {
 // object of its function's schema (read back by Go types with unknown
 // fields refused), each its own.
 func TestToolArguments(t *testing.T) {
+	if raceEnabled {
+		t.Skip("one goroutine's grammar work, minutes of masks under the race detector; the serve tests run constrained requests under it")
+	}
 	ctx := context.Background()
 	m, err := LoadTiny(ctx)
 	require.NoError(t, err)
