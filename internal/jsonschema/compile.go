@@ -24,10 +24,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/big"
 	"slices"
-	"sort"
 	"strings"
 	"unicode/utf8"
 )
@@ -91,6 +91,7 @@ type union struct {
 	oneOf     bool
 	at        string
 	resolving bool
+	merged    *node // the result, for every node holding the union (a $ref's copy too)
 }
 
 // Schema is a compiled JSON Schema.
@@ -189,7 +190,7 @@ func (c *compiler) compile(v any, at string) (*node, error) {
 
 func (c *compiler) object(m map[string]any, at string) (*node, error) {
 	var constraints []string
-	for k := range m {
+	for _, k := range slices.Sorted(maps.Keys(m)) { // the first unsupported keyword by name, every run
 		if annotations[k] {
 			continue
 		}
@@ -198,7 +199,6 @@ func (c *compiler) object(m map[string]any, at string) (*node, error) {
 		}
 		constraints = append(constraints, k)
 	}
-	sort.Strings(constraints)
 	alone := func(k string) error {
 		if len(constraints) > 1 {
 			return fmt.Errorf("%w: %s: %q beside %s", ErrUnsupported, at, k, strings.Join(slices.DeleteFunc(slices.Clone(constraints), func(s string) bool { return s == k }), ", "))
@@ -547,6 +547,10 @@ func (c *compiler) resolve(n *node) error {
 	if u == nil {
 		return nil
 	}
+	if u.merged != nil {
+		*n = *u.merged
+		return nil
+	}
 	if u.resolving {
 		return fmt.Errorf("%w: %s: a branch that is the union itself", ErrUnsupported, u.at)
 	}
@@ -560,6 +564,7 @@ func (c *compiler) resolve(n *node) error {
 	if err != nil {
 		return err
 	}
+	u.merged = m
 	*n = *m
 	return nil
 }

@@ -36,7 +36,9 @@ var schemas = map[string]string{
 		"x":{"anyOf":[{"type":"integer","minimum":-3,"exclusiveMaximum":3.5},{"type":"null"}]}},"required":["rating"]}`,
 	"between": `{"type":"integer","minimum":-5,"maximum":120}`,
 	"nonneg":  `{"type":"integer","minimum":0,"maximum":3}`,
-	"absorb":  `{"anyOf":[{"type":"string","maxLength":2},{"type":"string"},{"type":"string","maxLength":1},{"type":"integer"},{"type":"number"},{"enum":["abc",7,"x\"y"]},{"type":"array","maxItems":1},{"type":"array"}]}`,
+	"refunion": `{"$defs":{"U":{"anyOf":[{"type":"string","maxLength":3},{"type":"null"}]}},"type":"object",
+		"properties":{"a":{"$ref":"#/$defs/U"},"b":{"$ref":"#/$defs/U"}},"additionalProperties":false}`,
+	"absorb": `{"anyOf":[{"type":"string","maxLength":2},{"type":"string"},{"type":"string","maxLength":1},{"type":"integer"},{"type":"number"},{"enum":["abc",7,"x\"y"]},{"type":"array","maxItems":1},{"type":"array"}]}`,
 }
 
 func compile(t *testing.T, src string) (*Schema, validator) {
@@ -124,6 +126,8 @@ func TestInstances(t *testing.T) {
 		{"nonneg", `-0`, true, false},
 		{"nonneg", `-1`, false, false},
 		{"nonneg", `3`, true, false},
+		{"refunion", `{"a":null,"b":"xyz"}`, true, false},
+		{"refunion", `{"a":"long"}`, false, false},
 		{"ranged", `{"rating":1,"big":-1000}`, false, false},
 		{"ranged", `{"rating":1,"x":4}`, false, false},
 		{"ranged", `{"rating":1.0}`, false, true},

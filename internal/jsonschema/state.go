@@ -55,7 +55,9 @@ type cursor struct {
 	val     int64 // its digits so far (saturating at maxBound)
 }
 
-// State is the text read so far against a schema.
+// State is the text read so far against a schema. A copy shares the
+// original's stack: either may be read (Accepts, Span, Mask), but once
+// one is fed the other must not be used.
 type State struct {
 	stack []frame
 	cur   cursor
@@ -163,11 +165,11 @@ func Plain(toks [][]byte) []bool {
 }
 
 // Mask sets dst[id] (len(dst) >= len(toks)) to whether token id may
-// follow the text read so far; toks[id] is the token's bytes (empty: never
-// drawn) and plain[id] whether it has no quote, backslash or control
-// byte (Plain). A token whose first byte cannot follow is out at once, a plain
-// token inside a free string in at once, a plain ASCII one inside a
-// bounded string by its length; the rest run the machine.
+// follow the text read so far; toks[id] is the token's bytes (empty:
+// never drawn) and plain[id] whether it has no quote, backslash or
+// control byte (Plain). A token whose first byte cannot follow is out at
+// once, a plain token inside a free string in at once, a plain ASCII one
+// inside a bounded string by its length; the rest run the machine.
 func (s *State) Mask(dst []bool, toks [][]byte, plain []bool) {
 	var sm sim // one trial's space for every token
 	var first [256]bool
