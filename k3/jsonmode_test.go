@@ -34,20 +34,8 @@ func TestJSONObject(t *testing.T) {
 		{WithTemperature(2), WithSeed(4), WithTopK(50)},
 		{WithTemperature(1), WithSeed(5), WithSpeculation(specdec.NGram{}, 4)}, // ignored: JSON does not speculate
 	} {
-		s, err := m.NewSession()
-		require.NoError(t, err)
-		var text strings.Builder
-		var finish FinishReason
-		for tok, err := range s.GenerateTokens(ctx, prompt, append(opts, WithJSONObject(), WithMaxTokens(160))...) {
-			require.NoError(t, err)
-			if tok.ID >= 0 {
-				assert.False(t, m.tok.IsSpecial(tok.ID), "case %d: special token %d drawn", i, tok.ID)
-			}
-			text.WriteString(tok.Text)
-			finish = tok.Finish
-		}
-		s.Close()
-		out := text.String()
+		out, finish, special := heldGeneration(t, m, prompt, append(opts, WithJSONObject(), WithMaxTokens(160))...)
+		assert.Zero(t, special, "case %d: special tokens drawn", i)
 		st := jsonschema.Object().Start()
 		require.True(t, st.Feed([]byte(out)), "case %d: %q is not a JSON object's prefix", i, out)
 		switch finish {
@@ -63,6 +51,27 @@ func TestJSONObject(t *testing.T) {
 		t.Logf("case %d (%v): %q", i, finish, out)
 	}
 	assert.Positive(t, stopped, "no generation closed its object within 160 tokens")
+}
+
+// heldGeneration runs one generation in a new session and returns its
+// text, how it finished and how many special tokens it drew.
+func heldGeneration(t *testing.T, m *Model, prompt []int32, opts ...GenerateOption) (string, FinishReason, int) {
+	t.Helper()
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	defer s.Close()
+	var text strings.Builder
+	var finish FinishReason
+	special := 0
+	for tok, err := range s.GenerateTokens(context.Background(), prompt, opts...) {
+		require.NoError(t, err)
+		if tok.ID >= 0 && m.tok.IsSpecial(tok.ID) {
+			special++
+		}
+		text.WriteString(tok.Text)
+		finish = tok.Finish
+	}
+	return text.String(), finish, special
 }
 
 func TestSamplerRefusesGrammars(t *testing.T) {

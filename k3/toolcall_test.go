@@ -41,17 +41,7 @@ func TestToolCalls(t *testing.T) {
 		{true, []GenerateOption{WithTemperature(1.5), WithSeed(3), WithoutDefaultStops()}},
 		{false, []GenerateOption{WithTemperature(0.7), WithSeed(4)}},
 	} {
-		s, err := m.NewSession()
-		require.NoError(t, err)
-		var text strings.Builder
-		var finish FinishReason
-		for tok, err := range s.GenerateTokens(ctx, prompt, append(tc.opts, WithToolCalls(names, tc.parallel), WithMaxTokens(300))...) {
-			require.NoError(t, err)
-			text.WriteString(tok.Text)
-			finish = tok.Finish
-		}
-		s.Close()
-		out := text.String()
+		out, finish, _ := heldGeneration(t, m, prompt, append(tc.opts, WithToolCalls(names, tc.parallel), WithMaxTokens(300))...)
 		t.Logf("case %d (%v): %q", i, finish, out)
 		rest, ok := strings.CutPrefix(out, "<|tool_calls_section_begin|>")
 		if !ok {
@@ -281,16 +271,9 @@ func TestToolArguments(t *testing.T) {
 	names := []string{"get_weather", "get"}
 	checked := map[string]int{}
 	for seed := range uint64(8) {
-		s, err := m.NewSession()
-		require.NoError(t, err)
-		var text strings.Builder
-		for tok, err := range s.GenerateTokens(ctx, prompt, WithTemperature(1), WithSeed(seed), WithMaxTokens(300),
-			WithToolCalls(names, true), WithToolArguments(map[string]*JSONSchema{"get_weather": weather, "get": get})) {
-			require.NoError(t, err)
-			text.WriteString(tok.Text)
-		}
-		s.Close()
-		rest := strings.TrimPrefix(text.String(), "<|tool_calls_section_begin|>")
+		out, _, _ := heldGeneration(t, m, prompt, WithTemperature(1), WithSeed(seed), WithMaxTokens(300),
+			WithToolCalls(names, true), WithToolArguments(map[string]*JSONSchema{"get_weather": weather, "get": get}))
+		rest := strings.TrimPrefix(out, "<|tool_calls_section_begin|>")
 		for {
 			loc := callRE.FindStringSubmatchIndex(rest)
 			if loc == nil {
