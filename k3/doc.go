@@ -16,7 +16,8 @@
 // before (a chat's earlier turns, a shared system prompt).
 // WithJSONObject, WithJSONSchema and WithToolCalls hold a generation to
 // one JSON object, to a value of a JSON Schema (CompileJSONSchema) or to
-// a Kimi tool calls section by masking each draw. A
+// a Kimi tool calls section (its arguments to each function's schema
+// with WithToolArguments) by masking each draw. A
 // Sampler applies the generation options to logits a program drives
 // itself. Close waits for running passes; afterwards every call fails with
 // ErrClosed. Errors name the problem and wrap sentinels (ErrBadToken,
