@@ -409,12 +409,12 @@ func (s *Session) prepareGeneration(prompt []int32, opts []GenerateOption) (*gen
 	switch {
 	case o.json && o.toolNames != nil, o.json && o.schema != nil, o.schema != nil && o.toolNames != nil:
 		return nil, fmt.Errorf("%w: more than one of WithJSONObject, WithJSONSchema and WithToolCalls", ErrInvalidOption)
-	case o.schema != nil:
-		c := newSchemaConstraint(s.m, o.schema, o.stopTokens)
-		g.con = c
-		sm.SetMask(c.mask)
-	case o.json:
-		c := newSchemaConstraint(s.m, jsonschema.Object(), o.stopTokens)
+	case o.schema != nil, o.json:
+		schema := o.schema
+		if o.json {
+			schema = jsonschema.Object()
+		}
+		c := newSchemaConstraint(s.m, schema, o.stopTokens)
 		g.con = c
 		sm.SetMask(c.mask)
 	case o.toolArgs != nil && o.toolNames == nil:

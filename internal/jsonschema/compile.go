@@ -291,7 +291,8 @@ func (c *compiler) object(m map[string]any, at string) (*node, error) {
 		n.kinds = 0
 		return n, nil
 	}
-	if err := c.strings(n, m, at); err != nil {
+	var err error
+	if n.minLen, n.maxLen, err = counts(m, "minLength", "maxLength", at); err != nil {
 		return nil, err
 	}
 	if err := c.bounds(n, m, at); err != nil {
@@ -342,19 +343,17 @@ func count(m map[string]any, k, at string) (int, bool, error) {
 	return int(i), true, nil
 }
 
-func (c *compiler) strings(n *node, m map[string]any, at string) error {
-	var err error
-	if n.minLen, _, err = count(m, "minLength", at); err != nil {
-		return err
+// counts reads a pair of count keywords (minLength and maxLength,
+// minItems and maxItems); a missing upper one is -1.
+func counts(m map[string]any, minKey, maxKey, at string) (lo, hi int, err error) {
+	if lo, _, err = count(m, minKey, at); err != nil {
+		return 0, 0, err
 	}
-	mx, ok, err := count(m, "maxLength", at)
-	if err != nil {
-		return err
+	hi, ok, err := count(m, maxKey, at)
+	if !ok {
+		hi = -1
 	}
-	if ok {
-		n.maxLen = mx
-	}
-	return nil
+	return lo, hi, err
 }
 
 // noLo and noHi mark an integer without a lower or upper bound; bounds
@@ -413,15 +412,8 @@ func (c *compiler) bounds(n *node, m map[string]any, at string) error {
 
 func (c *compiler) arrays(n *node, m map[string]any, at string) error {
 	var err error
-	if n.minItems, _, err = count(m, "minItems", at); err != nil {
+	if n.minItems, n.maxItems, err = counts(m, "minItems", "maxItems", at); err != nil {
 		return err
-	}
-	mx, ok, err := count(m, "maxItems", at)
-	if err != nil {
-		return err
-	}
-	if ok {
-		n.maxItems = mx
 	}
 	n.items = c.any
 	if it, ok := m["items"]; ok {
