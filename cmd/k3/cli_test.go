@@ -81,7 +81,7 @@ func TestRunJSONSchema(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"-json-schema", bad}, `bad.json: invalid option: jsonschema: not supported: #: keyword "format"`},
+		{[]string{"-json-schema", bad}, `bad.json: invalid option: jsonschema: not supported: #/format "uri"`},
 		{[]string{"-json-schema", filepath.Join(dir, "missing.json")}, "missing.json"},
 		{[]string{"-json-schema", schema, "-json"}, "-json and -json-schema"},
 		{[]string{"-json-schema", schema, "-speculate", "ngram"}, "-json-schema and -speculate"},

@@ -15,7 +15,8 @@
 // The text is written in a subset of each value's encodings: keys and
 // enum/const values compactly as encoding/json writes them (without HTML
 // escapes), integers without fraction or exponent, strings under a length
-// bound as valid UTF-8 without \u escapes. White space outside strings
+// bound as valid UTF-8 without \u escapes, strings under a pattern or a
+// format without escapes at all (pattern.go). White space outside strings
 // and literals is allowed, at most MaxSpace bytes in a row.
 package jsonschema
 
@@ -68,7 +69,8 @@ type node struct {
 	kinds uint8
 	lits  []string // compact encodings, sorted; a literal's first byte is never one the kinds take
 
-	minLen, maxLen int // string code points; maxLen < 0: no bound
+	minLen, maxLen int  // string code points; maxLen < 0: no bound
+	pat            *dfa // with pattern or format: the strings admitted, length bounds included
 
 	lo, hi int64 // an integer's bounds (noLo, noHi: none); numbers with a fraction take none
 
@@ -165,7 +167,7 @@ var keywords = map[string]string{
 	"type": "", "enum": "", "const": "", "anyOf": "", "oneOf": "", "allOf": "", "$ref": "",
 	"properties": "object", "required": "object", "additionalProperties": "object",
 	"items": "array", "minItems": "array", "maxItems": "array",
-	"minLength": "string", "maxLength": "string",
+	"minLength": "string", "maxLength": "string", "pattern": "string", "format": "string",
 	"minimum": "integer", "maximum": "integer", "exclusiveMinimum": "integer", "exclusiveMaximum": "integer",
 }
 
@@ -291,8 +293,7 @@ func (c *compiler) object(m map[string]any, at string) (*node, error) {
 		n.kinds = 0
 		return n, nil
 	}
-	var err error
-	if n.minLen, n.maxLen, err = counts(m, "minLength", "maxLength", at); err != nil {
+	if err := strs(n, m, at); err != nil {
 		return nil, err
 	}
 	if err := c.bounds(n, m, at); err != nil {
@@ -354,6 +355,52 @@ func counts(m map[string]any, minKey, maxKey, at string) (lo, hi int, err error)
 		hi = -1
 	}
 	return lo, hi, err
+}
+
+// strs reads a string's minLength, maxLength, pattern and format; with
+// a pattern or a format, all of them become one automaton.
+func strs(n *node, m map[string]any, at string) error {
+	var err error
+	if n.minLen, n.maxLen, err = counts(m, "minLength", "maxLength", at); err != nil {
+		return err
+	}
+	var parts []*dfa
+	if v, ok := m["pattern"]; ok {
+		p, ok := v.(string)
+		if !ok {
+			return fmt.Errorf("%w: %s/pattern: want a string, not %s", ErrInvalid, at, jsonKind(v))
+		}
+		d, err := compilePattern(p)
+		if err != nil {
+			return fmt.Errorf("%w: %s/pattern %q: %v", ErrUnsupported, at, p, err)
+		}
+		parts = append(parts, d)
+	}
+	if v, ok := m["format"]; ok {
+		f, _ := v.(string)
+		d, ok := formatDFA(f)
+		if !ok {
+			return fmt.Errorf("%w: %s/format %v (held: date, date-time, email, ipv4, time, uuid)", ErrUnsupported, at, encode(v))
+		}
+		parts = append(parts, d)
+	}
+	if len(parts) == 0 {
+		return nil
+	}
+	if n.minLen > 0 || n.maxLen >= 0 {
+		d, err := counter(n.minLen, n.maxLen)
+		if err != nil {
+			return fmt.Errorf("%w: %s: %v", ErrUnsupported, at, err)
+		}
+		parts = append(parts, d)
+	}
+	n.pat = parts[0]
+	for _, d := range parts[1:] {
+		if n.pat, err = intersect(n.pat, d); err != nil {
+			return fmt.Errorf("%w: %s: %v", ErrUnsupported, at, err)
+		}
+	}
+	return nil
 }
 
 // noLo and noHi mark an integer without a lower or upper bound; bounds
@@ -604,7 +651,7 @@ func (c *compiler) merge(alts []*node, one bool, at string) (*node, error) {
 		case "number":
 			n.lo, n.hi = pick.lo, pick.hi
 		case "string":
-			n.minLen, n.maxLen = pick.minLen, pick.maxLen
+			n.minLen, n.maxLen, n.pat = pick.minLen, pick.maxLen, pick.pat
 		case "array":
 			n.items, n.minItems, n.maxItems = pick.items, pick.minItems, pick.maxItems
 		case "object":
@@ -644,7 +691,7 @@ func sameKind(a, b *node, k uint8) bool {
 	case kInteger | kNumber:
 		return a.kinds&kNumber != 0 || b.kinds&kNumber != 0 || a.lo == b.lo && a.hi == b.hi // a number is the wider
 	case kString:
-		return a.minLen == b.minLen && a.maxLen == b.maxLen
+		return a.minLen == b.minLen && a.maxLen == b.maxLen && a.pat == b.pat
 	case kArray:
 		return a.items == b.items && a.minItems == b.minItems && a.maxItems == b.maxItems
 	case kObject:
@@ -661,7 +708,7 @@ func whole(a *node, k uint8, anyN *node) bool {
 	case kInteger | kNumber:
 		return a.kinds&kNumber != 0
 	case kString:
-		return a.kinds&kString != 0 && a.minLen == 0 && a.maxLen < 0
+		return a.kinds&kString != 0 && a.minLen == 0 && a.maxLen < 0 && a.pat == nil
 	case kArray:
 		return a.kinds&kArray != 0 && a.items == anyN && a.minItems == 0 && a.maxItems < 0
 	case kObject:
@@ -687,6 +734,9 @@ func (c *compiler) admits(n *node, l string) bool {
 		var s string
 		if json.Unmarshal([]byte(l), &s) != nil {
 			return false
+		}
+		if n.pat != nil {
+			return n.pat.matches(s) // lengths included
 		}
 		r := utf8.RuneCountInString(s)
 		return r >= n.minLen && (n.maxLen < 0 || r <= n.maxLen)
@@ -716,7 +766,7 @@ func (n *node) satisfiable() bool {
 	if len(n.lits) > 0 || n.kinds&(kNull|kBool|kNumber) != 0 || n.kinds&kInteger != 0 && n.lo <= n.hi {
 		return true
 	}
-	if n.kinds&kString != 0 && (n.maxLen < 0 || n.minLen <= n.maxLen) {
+	if n.kinds&kString != 0 && n.strings() {
 		return true
 	}
 	if n.kinds&kArray != 0 && (n.maxItems < 0 || n.minItems <= n.maxItems) && (n.minItems == 0 || n.items.sat) {
@@ -733,11 +783,19 @@ func (n *node) satisfiable() bool {
 	return false
 }
 
+// strings reports whether n's string constraints admit a string.
+func (n *node) strings() bool {
+	if n.pat != nil {
+		return !n.pat.none
+	}
+	return n.maxLen < 0 || n.minLen <= n.maxLen
+}
+
 func (n *node) prune() {
 	if n.kinds&kNumber == 0 && n.lo > n.hi {
 		n.kinds &^= kInteger
 	}
-	if n.kinds&kString != 0 && n.maxLen >= 0 && n.minLen > n.maxLen {
+	if n.kinds&kString != 0 && !n.strings() {
 		n.kinds &^= kString
 	}
 	if n.kinds&kArray != 0 {

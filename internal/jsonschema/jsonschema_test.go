@@ -38,6 +38,9 @@ var schemas = map[string]string{
 	"nonneg":  `{"type":"integer","minimum":0,"maximum":3}`,
 	"refunion": `{"$defs":{"U":{"anyOf":[{"type":"string","maxLength":3},{"type":"null"}]}},"type":"object",
 		"properties":{"a":{"$ref":"#/$defs/U"},"b":{"$ref":"#/$defs/U"}},"additionalProperties":false}`,
+	"patterned": `{"type":"object","properties":{"day":{"type":"string","format":"date"},"id":{"type":"string","format":"uuid"},
+		"code":{"type":"string","pattern":"^[A-Z]{2}-[0-9]+$","maxLength":6},"ip":{"anyOf":[{"type":"string","format":"ipv4"},{"type":"null"}]},
+		"note":{"type":"string","pattern":"ab","minLength":3},"at":{"type":"string","format":"date-time"}},"required":["day","code"],"additionalProperties":false}`,
 	"absorb": `{"anyOf":[{"type":"string","maxLength":2},{"type":"string"},{"type":"string","maxLength":1},{"type":"integer"},{"type":"number"},{"enum":["abc",7,"x\"y"]},{"type":"array","maxItems":1},{"type":"array"}]}`,
 }
 
@@ -194,7 +197,11 @@ func walk(t *testing.T, s *Schema, r *rand.Rand, budget int) (string, bool) {
 			// short ways on (at random, so that a key is spelled).
 			b = []byte{ok[r.IntN(len(ok))]}
 			var short []byte
+			inString := st.cur.mode == mString || st.cur.mode == mKeyString
 			for _, want := range []byte(`"]}0n,:ab`) {
+				if inString && (want == ']' || want == '}') {
+					continue // in a string they only make it longer
+				}
 				if strings.IndexByte(string(ok), want) >= 0 {
 					short = append(short, want)
 				}
@@ -316,9 +323,22 @@ func TestCompileErrors(t *testing.T) {
 		err  error
 		want string
 	}{
-		{`{"type":"string","pattern":"a+"}`, ErrUnsupported, `#: keyword "pattern"`},
-		{`{"properties":{"a/b":{"type":"string","format":"uuid"}}}`, ErrUnsupported, `#/properties/a~1b: keyword "format"`},
-		{`{"type":"string","format":"date-time"}`, ErrUnsupported, `"format"`},
+		{`{"type":"string","pattern":"(?=a)"}`, ErrUnsupported, `#/pattern "(?=a)": `},
+		{`{"properties":{"a/b":{"type":"string","format":"uri"}}}`, ErrUnsupported, `#/properties/a~1b/format "uri"`},
+		{`{"type":"string","pattern":"\\bword"}`, ErrUnsupported, "word boundaries"},
+		{`{"type":"string","pattern":"(?m)^a"}`, ErrUnsupported, "line anchors"},
+		{`{"type":"string","pattern":"[\\S]"}`, ErrUnsupported, `\S inside`},
+		{`{"type":"string","pattern":"[]a]"}`, ErrUnsupported, "empty character class"},
+		{`{"type":"string","pattern":"[[:alpha:]]"}`, ErrUnsupported, "POSIX"},
+		{`{"type":"string","pattern":"^(a|b)*a(a|b){12}$"}`, ErrUnsupported, "4096 automaton states"},
+		{`{"type":"string","pattern":"^[a-z]*$","maxLength":5000}`, ErrUnsupported, "length bound of 5000"},
+		{`{"type":"string","pattern":"^(?:.|..){500}$"}`, ErrUnsupported, "steps to build"},
+		{`{"type":"string","pattern":"\\p{L}{40}"}`, ErrUnsupported, "automaton nodes"},
+		{`{"type":"string","pattern":7}`, ErrInvalid, "pattern: want a string"},
+		{`{"type":"string","pattern":"^\"$"}`, ErrInvalid, "admits no value"},
+		{`{"type":"string","pattern":"^\n$"}`, ErrInvalid, "admits no value"},
+		{`{"type":"string","format":"date","maxLength":9}`, ErrInvalid, "admits no value"},
+		{`{"type":"integer","format":"int32"}`, ErrUnsupported, `format "int32"`},
 		{`{"anyOf":[{"type":"object","properties":{"a":{}}},{"type":"object","properties":{"b":{}}}]}`, ErrUnsupported, "different object schemas"},
 		{`{"oneOf":[{"type":"integer"},{"type":"number"}]}`, ErrUnsupported, "two branches admit a number"},
 		{`{"anyOf":[{"type":"string","maxLength":2},{"const":"long"}]}`, ErrUnsupported, `"long"`},
@@ -394,7 +414,7 @@ func FuzzFeed(f *testing.F) {
 	f.Add(0, []byte(`{"name":"Al","age":30}`), 3)
 	f.Add(5, []byte(`{"v":"ab","kids":[{"v":"xyz"}]}`), 1)
 	f.Add(3, []byte(`[1.5,2]`), 2)
-	names := []string{"person", "open", "scalars", "numlits", "mixed", "tree", "oneof", "extra", "any", "strict"}
+	names := []string{"person", "open", "scalars", "numlits", "mixed", "tree", "oneof", "extra", "any", "strict", "patterned"}
 	compiled := make([]*Schema, len(names))
 	oracles := make([]validator, len(names))
 	for i, n := range names {
@@ -494,10 +514,16 @@ func BenchmarkMask(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	patterned, err := Compile([]byte(schemas["patterned"]))
+	if err != nil {
+		b.Fatal(err)
+	}
 	for _, at := range []struct {
 		name, text string
 		s          *Schema
 	}{
+		{"pattern", `{"day": "2024-01-01", "note": "x`, patterned},
+		{"date", `{"day": "2024-0`, patterned},
 		{"object/string", `{"a": "text`, Object()},
 		{"object/items", `{"a": [1, 2`, Object()},
 		{"string", `{"name": "Al`, person},
@@ -534,6 +560,8 @@ func FuzzCompile(f *testing.F) {
 	}
 	f.Add([]byte(`{"anyOf":[{"type":"string","minLength":2},{"enum":[1,"a",null]},{"type":"array","items":{"$ref":"#"},"maxItems":2}]}`), uint64(2))
 	f.Add([]byte(`{"type":"array","items":{"type":"integer","minimum":-120,"exclusiveMaximum":7.5},"maxItems":3}`), uint64(4))
+	f.Add([]byte(`{"type":"array","items":{"anyOf":[{"type":"string","pattern":"^[a-c]+x?$","maxLength":4},{"type":"null"}]},"maxItems":3}`), uint64(5))
+	f.Add([]byte(`{"type":"object","properties":{"d":{"type":"string","format":"date-time"},"e":{"type":"string","format":"email","minLength":7}}}`), uint64(6))
 	f.Add([]byte(`{"type":"object","properties":{"a":false,"b":{"type":"array","minItems":1,"items":false}},"additionalProperties":{"type":"null"}}`), uint64(3))
 	f.Fuzz(func(t *testing.T, doc []byte, seed uint64) {
 		s, err := Compile(doc)

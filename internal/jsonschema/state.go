@@ -49,10 +49,11 @@ type cursor struct {
 	hex     uint8
 	ws      uint8 // white-space bytes just taken outside strings
 	word    string
-	bounded bool  // the string has a length bound
+	bounded bool  // the string has a length bound, a pattern or a format
 	inKey   bool  // mEscape, mHex: the escape is in a key
 	neg     bool  // a bounded integer's sign
 	val     int64 // its digits so far (saturating at maxBound)
+	dfa     int32 // a patterned string's automaton state
 }
 
 // State is the text read so far against a schema. A copy shares the
@@ -169,7 +170,8 @@ func Plain(toks [][]byte) []bool {
 // never drawn) and plain[id] whether it has no quote, backslash or
 // control byte (Plain). A token whose first byte cannot follow is out at
 // once, a plain token inside a free string in at once, a plain ASCII one
-// inside a bounded string by its length; the rest run the machine.
+// inside a bounded string by its length, a plain one inside a patterned
+// string by its automaton alone; the rest run the machine.
 func (s *State) Mask(dst []bool, toks [][]byte, plain []bool) {
 	var sm sim // one trial's space for every token
 	var first [256]bool
@@ -177,7 +179,11 @@ func (s *State) Mask(dst []bool, toks [][]byte, plain []bool) {
 		first[c] = s.run(&sm, []byte{byte(c)})
 	}
 	free := s.InFreeString()
-	bounded := s.cur.mode == mString && s.cur.bounded && s.cur.need == 0
+	bounded := s.cur.mode == mString && s.cur.bounded && s.cur.need == 0 && s.cur.n.pat == nil
+	var pat *dfa // a patterned string's automaton
+	if s.cur.mode == mString {
+		pat = s.cur.n.pat
+	}
 	room := -1 // code points a bounded string may still take (-1: any)
 	if bounded && s.cur.n.maxLen >= 0 {
 		room = s.cur.n.maxLen - s.cur.chars
@@ -190,6 +196,8 @@ func (s *State) Mask(dst []bool, toks [][]byte, plain []bool) {
 			dst[id] = true
 		case bounded && plain[id] && ascii(t):
 			dst[id] = room < 0 || len(t) <= room
+		case pat != nil && plain[id]:
+			dst[id] = pat.run(s.cur.dfa, t) >= 0
 		default:
 			dst[id] = s.run(&sm, t)
 		}
@@ -465,8 +473,8 @@ func (m *sim) value(c byte) bool {
 		m.push(frame{n: n})
 		cur.mode = mValueOrEnd
 	case c == '"' && n.kinds&kString != 0:
-		cur.mode, cur.chars, cur.need, cur.inKey = mString, 0, 0, false
-		cur.bounded = n.minLen > 0 || n.maxLen >= 0
+		cur.mode, cur.chars, cur.need, cur.inKey, cur.dfa = mString, 0, 0, false, 0
+		cur.bounded = n.minLen > 0 || n.maxLen >= 0 || n.pat != nil
 	case c == '-' && n.kinds&(kInteger|kNumber) != 0:
 		cur.mode, cur.neg, cur.val = mMinus, true, 0
 		return cur.reachable(false)
@@ -589,6 +597,18 @@ func (m *sim) str(c byte) bool {
 		return c >= 0x20
 	}
 	n := cur.n
+	if n.pat != nil {
+		if c == '"' {
+			if !n.pat.accept[cur.dfa] {
+				return false
+			}
+			m.valueEnd()
+			return true
+		}
+		next := n.pat.step(cur.dfa, c)
+		cur.dfa = next
+		return next >= 0
+	}
 	if cur.need > 0 {
 		if c < cur.u8lo || c > cur.u8hi {
 			return false

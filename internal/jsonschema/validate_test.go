@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"math/big"
+	"net/mail"
+	"net/netip"
+	"regexp"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -129,6 +133,17 @@ func (vd validator) validObject(s map[string]any, v any) bool {
 		if mx, ok := num(s, "maxLength"); ok && n > mx {
 			return false
 		}
+		if p, ok := s["pattern"].(string); ok {
+			// ECMA-262's classes spelled in RE2's syntax; the search is
+			// package regexp's.
+			src, err := ecma(p)
+			if err != nil || !regexp.MustCompile(src).MatchString(v) {
+				return false
+			}
+		}
+		if f, ok := s["format"].(string); ok && !validFormat(f, v) {
+			return false
+		}
 	case []any:
 		if mn, ok := num(s, "minItems"); ok && len(v) < mn {
 			return false
@@ -163,6 +178,43 @@ func (vd validator) validObject(s map[string]any, v any) bool {
 		}
 	}
 	return true
+}
+
+// validFormat checks a format by the standard library's parsers.
+func validFormat(f, v string) bool {
+	switch f {
+	case "date":
+		_, err := time.Parse(time.DateOnly, v)
+		return err == nil
+	case "time":
+		_, err := time.Parse("15:04:05Z07:00", v)
+		return err == nil
+	case "date-time":
+		_, err := time.Parse(time.RFC3339Nano, v)
+		return err == nil
+	case "ipv4":
+		a, err := netip.ParseAddr(v)
+		return err == nil && a.Is4()
+	case "email":
+		a, err := mail.ParseAddress(v)
+		return err == nil && a.Name == "" && a.Address == v
+	case "uuid":
+		if len(v) != 36 {
+			return false
+		}
+		for i, c := range v {
+			switch {
+			case i == 8 || i == 13 || i == 18 || i == 23:
+				if c != '-' {
+					return false
+				}
+			case !strings.ContainsRune("0123456789abcdefABCDEF", c):
+				return false
+			}
+		}
+		return true
+	}
+	panic("format " + f)
 }
 
 func num(s map[string]any, k string) (int, bool) {

@@ -313,7 +313,7 @@ func TestErrors(t *testing.T) {
 		{"tool call without id", "/v1/chat/completions", map[string]any{"messages": []map[string]any{{"role": "assistant", "tool_calls": []map[string]any{{"type": "function", "function": map[string]any{"name": "f", "arguments": "{}"}}}}}}, 400, "messages[0].tool_calls[0].id"},
 		{"json_schema without a schema", "/v1/chat/completions", map[string]any{"messages": msgs, "response_format": map[string]any{"type": "json_schema"}}, 400, "response_format.json_schema.schema"},
 		{"json_schema keyword", "/v1/chat/completions", map[string]any{"messages": msgs, "response_format": map[string]any{"type": "json_schema",
-			"json_schema": map[string]any{"name": "n", "schema": map[string]any{"type": "object", "properties": map[string]any{"a": map[string]any{"type": "string", "pattern": "x"}}}}}}, 400, "response_format.json_schema.schema"},
+			"json_schema": map[string]any{"name": "n", "schema": map[string]any{"type": "object", "properties": map[string]any{"a": map[string]any{"type": "string", "pattern": "(?=x)"}}}}}}, 400, "response_format.json_schema.schema"},
 		{"json_schema type", "/v1/completions", map[string]any{"prompt": "a", "response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"schema": 3}}}, 400, "response_format.json_schema.schema"},
 		{"tool_choice with json_schema", "/v1/chat/completions", map[string]any{"messages": msgs, "tools": []map[string]any{{"type": "function", "function": map[string]any{"name": "f"}}},
 			"tool_choice": "required", "response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"schema": map[string]any{}}}}, 400, "response_format"},

@@ -363,11 +363,11 @@ func TestForcedArguments(t *testing.T) {
 	}
 	assert.Positive(t, whole, "no whole call")
 	bad := map[string]any{"type": "function", "function": map[string]any{"name": "f", "strict": true,
-		"parameters": map[string]any{"type": "object", "properties": map[string]any{"n": map[string]any{"type": "string", "format": "date"}}}}}
+		"parameters": map[string]any{"type": "object", "properties": map[string]any{"n": map[string]any{"type": "string", "format": "uri"}}}}}
 	code, out := post(t, hs.URL+"/v1/chat/completions", map[string]any{"messages": msgs, "tools": []any{bad}, "tool_choice": "required"})
 	require.Equal(t, 400, code, "%v", out)
 	assert.Equal(t, "tools[0].function.parameters", out["error"].(map[string]any)["param"])
-	assert.Contains(t, out["error"].(map[string]any)["message"], `"format"`)
+	assert.Contains(t, out["error"].(map[string]any)["message"], `format "uri"`)
 	delete(bad["function"].(map[string]any), "strict") // without strict, held to a JSON object only
 	code, out = post(t, hs.URL+"/v1/chat/completions", map[string]any{"messages": msgs, "tools": []any{bad}, "tool_choice": "required", "max_tokens": 4})
 	require.Equal(t, 200, code, "%v", out)

@@ -148,7 +148,10 @@ const checks = {
     // it): an answer that stops is a value of the schema.
     const schema = {
       type: "object", additionalProperties: false, required: ["city", "days"],
-      properties: { city: { type: "string", maxLength: 12 }, days: { type: "integer" }, unit: { enum: ["C", "F"] } },
+      properties: {
+        city: { type: "string", maxLength: 12 }, days: { type: "integer" }, unit: { enum: ["C", "F"] },
+        from: { type: "string", format: "date" }, code: { type: "string", pattern: "^[A-Z]{3}$" },
+      },
     };
     let stopped = 0;
     for (const seed of [0, 1, 2, 3]) {
@@ -161,15 +164,18 @@ const checks = {
       if (c.finish_reason !== "stop") continue;
       stopped++;
       const v = JSON.parse(c.message.content);
-      assert.deepEqual(Object.keys(v).filter((k) => !["city", "days", "unit"].includes(k)), [], c.message.content);
+      assert.deepEqual(Object.keys(v).filter((k) => !["city", "days", "unit", "from", "code"].includes(k)), [], c.message.content);
       assert.equal(typeof v.city, "string");
       assert.ok([...v.city].length <= 12, c.message.content);
       assert.ok(Number.isInteger(v.days), c.message.content);
       assert.ok(v.unit === undefined || ["C", "F"].includes(v.unit), c.message.content);
+      // A calendar date: Date reads it back to the same day.
+      assert.ok(v.from === undefined || /^\d{4}-\d{2}-\d{2}$/.test(v.from) && new Date(v.from + "T00:00:00Z").toISOString().startsWith(v.from), c.message.content);
+      assert.ok(v.code === undefined || /^[A-Z]{3}$/.test(v.code), c.message.content);
     }
     assert.ok(stopped > 0, "no structured answer finished within 120 tokens");
     await assert.rejects(
-      client.chat.completions.create({ model, messages, response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "string", format: "email" } } } }),
+      client.chat.completions.create({ model, messages, response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "string", format: "hostname" } } } }),
       (err) => err instanceof OpenAI.BadRequestError && /format/.test(err.message),
     );
   },
