@@ -56,13 +56,14 @@ type event struct {
 // or as a stream of events.
 func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 	start := time.Now()
-	if !s.sem.TryAcquire(int64(j.n)) {
+	total := j.choices()
+	if !s.sem.TryAcquire(int64(total)) {
 		s.met.failed("rejected")
 		writeError(w, &apiError{status: 429, typ: "rate_limit_error",
 			msg: fmt.Sprintf("server busy: %d sequences decode at once and %d may wait; try again", s.cfg.MaxSequences, s.cfg.MaxQueue)})
 		return
 	}
-	defer s.sem.Release(int64(j.n))
+	defer s.sem.Release(int64(total))
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 
@@ -79,15 +80,20 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 		}
 		return ss, err
 	}
-	seqs := make([]iter.Seq2[k3.Token, error], j.n)
-	cached := -1           // taken from the last token's usage unless the prompt was prefilled here
-	var failed atomic.Bool // a generation failed: a kept session may be unusable
+	seqs := make([]iter.Seq2[k3.Token, error], total)
+	cached := make([]int, len(j.prompts)) // per prompt; -1: its first choice's usage says
+	var failed atomic.Bool                // a generation failed: a kept session may be unusable
 	if id := r.Header.Get(SessionHeader); id != "" {
-		if j.n > 1 {
+		if total > 1 {
 			s.met.failed("rejected")
-			writeError(w, badParam("n", "n = %d with %s: a kept session holds one conversation, so n must be 1", j.n, SessionHeader))
+			param, what := "n", fmt.Sprintf("n = %d", j.n)
+			if len(j.prompts) > 1 {
+				param, what = "prompt", fmt.Sprintf("%d prompts", len(j.prompts))
+			}
+			writeError(w, badParam(param, "%s with %s: a kept session holds one conversation, so a request on it has one prompt and n = 1", what, SessionHeader))
 			return
 		}
+		cached[0] = -1
 		ss, err := s.store.take(id)
 		if err != nil {
 			s.fail(w, err)
@@ -96,43 +102,49 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 		// Given back once the generation has let go of it (deferred
 		// before the wait below, so it runs after).
 		defer func() { s.store.put(id, ss, !failed.Load()) }()
-		feed, err := continueFrom(ctx, ss, j.prompt)
+		feed, err := continueFrom(ctx, ss, j.prompts[0])
 		if err != nil {
 			failed.Store(true)
 			s.fail(w, err)
 			return
 		}
 		seqs[0] = s.b.GenerateTokens(ctx, ss, feed, j.choiceOpts(0)...)
-	} else if j.n == 1 {
-		ss, err := newSession()
-		if err != nil {
-			s.fail(w, err)
-			return
-		}
-		seqs[0] = s.b.GenerateTokens(ctx, ss, j.prompt, j.choiceOpts(0)...)
 	} else {
-		// The prompt prefills once; the choices fork its state.
-		base, err := newSession()
-		if err != nil {
-			s.fail(w, err)
-			return
-		}
-		if cached, err = s.b.Prefill(ctx, base, j.prompt); err != nil {
-			s.fail(w, err)
-			return
-		}
-		for i := range seqs {
-			f, err := base.Fork()
+		for p, prompt := range j.prompts {
+			k := p * j.n // the prompt's first choice
+			if j.n == 1 {
+				ss, err := newSession()
+				if err != nil {
+					s.fail(w, err)
+					return
+				}
+				cached[p] = -1
+				seqs[k] = s.b.GenerateTokens(ctx, ss, prompt, j.choiceOpts(k)...)
+				continue
+			}
+			// The prompt prefills once; its choices fork its state.
+			base, err := newSession()
 			if err != nil {
 				s.fail(w, err)
 				return
 			}
-			sessions = append(sessions, f)
-			seqs[i] = s.b.GenerateTokens(ctx, f, nil, j.choiceOpts(i)...)
+			if cached[p], err = s.b.Prefill(ctx, base, prompt); err != nil {
+				s.fail(w, err)
+				return
+			}
+			for i := range j.n {
+				f, err := base.Fork()
+				if err != nil {
+					s.fail(w, err)
+					return
+				}
+				sessions = append(sessions, f)
+				seqs[k+i] = s.b.GenerateTokens(ctx, f, nil, j.choiceOpts(k+i)...)
+			}
 		}
 	}
 
-	events := make(chan event, 4*j.n)
+	events := make(chan event, 4*total)
 	var wg sync.WaitGroup
 	for i, seq := range seqs {
 		wg.Add(1)
@@ -166,7 +178,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 	defer cancel()
 
 	a := &answer{j: j, s: s, id: newID(j.chat), created: time.Now().Unix(), start: start,
-		choices: make([]choice, j.n), cached: cached}
+		choices: make([]choice, total), cached: cached}
 	if j.stream {
 		a.stream(ctx, w, events)
 	} else {
@@ -196,10 +208,9 @@ type answer struct {
 	created int64
 	start   time.Time
 	choices []choice
-	cached  int
-	first   bool // a token has arrived
-	prompt  int
-	done    int // choices finished
+	cached  []int // per prompt: tokens resumed from the prefix cache (-1: its first choice's usage says)
+	first   bool  // a token has arrived
+	done    int   // choices finished
 }
 
 type choice struct {
@@ -294,7 +305,6 @@ func (a *answer) take(ev event) (text string, lp []tokenLogprob, legacy *legacyL
 		a.done++
 		if u := tok.Usage; u != nil {
 			c.generated, c.cached = u.GeneratedTokens, u.CachedTokens
-			a.prompt = len(a.j.prompt)
 			a.s.met.generated.Add(int64(u.GeneratedTokens))
 			a.s.met.drafts.Add(int64(u.DraftTokens))
 			a.s.met.accepted.Add(int64(u.AcceptedTokens))
@@ -322,16 +332,21 @@ type usage struct {
 	} `json:"prompt_tokens_details"`
 }
 
+// usage counts each prompt once, whatever its n.
 func (a *answer) usage() *usage {
-	u := &usage{PromptTokens: len(a.j.prompt)}
+	u := &usage{}
+	for p, prompt := range a.j.prompts {
+		u.PromptTokens += len(prompt)
+		if c := a.cached[p]; c >= 0 {
+			u.Details.CachedTokens += c
+		} else {
+			u.Details.CachedTokens += a.choices[p*a.j.n].cached
+		}
+	}
 	for _, c := range a.choices {
 		u.CompletionTokens += c.generated
 	}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
-	u.Details.CachedTokens = a.cached
-	if a.cached < 0 {
-		u.Details.CachedTokens = a.choices[0].cached
-	}
 	a.s.met.promptTokens(u.PromptTokens, u.Details.CachedTokens)
 	return u
 }

@@ -98,10 +98,12 @@ func badParam(param, format string, args ...any) *apiError {
 }
 
 // job is a validated request: what to feed and how to draw each choice.
+// Choice k answers prompt k/n (a completion request may hold several
+// prompts; a chat has one) as its choice k%n.
 type job struct {
 	chat         bool
-	prompt       []int32
-	n            int
+	prompts      [][]int32
+	n            int // choices per prompt
 	stream       bool
 	includeUsage bool
 	logprobs     bool
@@ -109,14 +111,18 @@ type job struct {
 	tools        bool                // read tool calls back from the text (tools.go)
 	reasoning    bool                // split reasoning from content (reasoning.go)
 	opts         []k3.GenerateOption // shared by every choice
-	seed         uint64
-	sampled      bool // temperature > 0: choices draw with seeds seed+i
+	maxTokens    []int               // per prompt
+	seeds        []uint64            // per prompt: its choice i draws with seed+i
 }
 
-// choiceOpts are the generation options of choice i.
-func (j *job) choiceOpts(i int) []k3.GenerateOption {
+// choices is how many generations the request runs.
+func (j *job) choices() int { return len(j.prompts) * j.n }
+
+// choiceOpts are the generation options of choice k.
+func (j *job) choiceOpts(k int) []k3.GenerateOption {
+	p := k / j.n
 	o := append([]k3.GenerateOption(nil), j.opts...)
-	return append(o, k3.WithSeed(j.seed+uint64(i)))
+	return append(o, k3.WithMaxTokens(j.maxTokens[p]), k3.WithSeed(j.seeds[p]+uint64(k%j.n)))
 }
 
 func (s *Server) chatJob(req *chatRequest) (*job, error) {
@@ -174,7 +180,7 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 			}
 		}
 	}
-	j.prompt = s.m.Encode(prompt)
+	j.prompts = [][]int32{s.m.Encode(prompt)}
 	// tool_choice required, or naming a function, holds the answer to
 	// tool calls (k3.WithToolCalls).
 	var forced []string
@@ -234,7 +240,7 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 }
 
 func (s *Server) completionJob(req *completionRequest) (*job, error) {
-	prompt, err := s.promptTokens(req.Prompt)
+	prompts, err := s.promptList(req.Prompt)
 	if err != nil {
 		return nil, err
 	}
@@ -246,7 +252,7 @@ func (s *Server) completionJob(req *completionRequest) (*job, error) {
 	case req.Suffix != nil && *req.Suffix != "":
 		return nil, badParam("suffix", "suffix is not served by k3")
 	}
-	j := &job{prompt: prompt}
+	j := &job{prompts: prompts}
 	if len(req.Logprobs) > 0 && string(req.Logprobs) != "null" {
 		var n int
 		if err := json.Unmarshal(req.Logprobs, &n); err != nil || n < 0 || n > 20 {
@@ -257,31 +263,54 @@ func (s *Server) completionJob(req *completionRequest) (*job, error) {
 	return j, s.sampling(&req.sampling, j)
 }
 
-// promptTokens reads a completion prompt: a string, a list of token ids,
-// or a list holding one of either.
-func (s *Server) promptTokens(raw json.RawMessage) ([]int32, error) {
+// promptList reads a completion's prompts: a string or a list of token
+// ids is one prompt, a list of either several.
+func (s *Server) promptList(raw json.RawMessage) ([][]int32, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, badParam("prompt", "prompt is missing")
 	}
+	if p, err := s.promptTokens(raw, "prompt"); err == nil || !errors.Is(err, errNotPrompt) {
+		return [][]int32{p}, err
+	}
+	var list []json.RawMessage
+	if json.Unmarshal(raw, &list) != nil {
+		return nil, badParam("prompt", "prompt must be a string, a list of token ids, or a list of either")
+	}
+	if len(list) == 0 {
+		return nil, badParam("prompt", "prompt is an empty list")
+	}
+	prompts := make([][]int32, len(list))
+	for i, r := range list {
+		param := fmt.Sprintf("prompt[%d]", i)
+		p, err := s.promptTokens(r, param)
+		if errors.Is(err, errNotPrompt) {
+			return nil, badParam(param, "%s must be a string or a list of token ids", param)
+		}
+		if err != nil {
+			return nil, err
+		}
+		prompts[i] = p
+	}
+	return prompts, nil
+}
+
+var errNotPrompt = errors.New("not a prompt")
+
+// promptTokens reads one prompt: a string or a list of token ids
+// (errNotPrompt if raw is neither).
+func (s *Server) promptTokens(raw json.RawMessage, param string) ([]int32, error) {
 	var text string
 	if json.Unmarshal(raw, &text) == nil {
 		if text == "" {
-			return nil, badParam("prompt", "prompt is empty")
+			return nil, badParam(param, "%s is empty", param)
 		}
 		return s.m.Encode(text), nil
 	}
 	var ids []int64
 	if json.Unmarshal(raw, &ids) == nil {
-		return s.tokenIDs(ids, "prompt")
+		return s.tokenIDs(ids, param)
 	}
-	var list []json.RawMessage
-	if json.Unmarshal(raw, &list) == nil {
-		if len(list) != 1 {
-			return nil, badParam("prompt", "prompt holds %d prompts; k3 serves one prompt per request", len(list))
-		}
-		return s.promptTokens(list[0])
-	}
-	return nil, badParam("prompt", "prompt must be a string or a list of token ids")
+	return nil, errNotPrompt
 }
 
 func (s *Server) tokenIDs(ids []int64, param string) ([]int32, error) {
@@ -345,30 +374,41 @@ func (s *Server) sampling(req *sampling, j *job) error {
 	j.stream = req.Stream
 	j.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 
-	room := s.m.ContextLength() - len(j.prompt)
-	if room < 1 {
-		return badParam("messages", "the prompt has %d tokens; the model's context holds %d, leaving no room to generate", len(j.prompt), s.m.ContextLength())
-	}
-	maxTokens := min(s.cfg.MaxTokens, room)
-	for _, f := range []struct {
-		name string
-		v    *int
-	}{{"max_tokens", req.MaxTokens}, {"max_completion_tokens", req.MaxCompletionTokens}} {
-		if f.v == nil {
-			continue
+	for i, p := range j.prompts {
+		// A prompt of several is named by its index.
+		param, what := "messages", "the prompt"
+		if !j.chat {
+			param = "prompt"
+			if len(j.prompts) > 1 {
+				param = fmt.Sprintf("prompt[%d]", i)
+				what = param
+			}
 		}
-		switch {
-		case *f.v < 1:
-			return badParam(f.name, "%s = %d, want >= 1", f.name, *f.v)
-		case *f.v > s.cfg.MaxTokens:
-			return badParam(f.name, "%s = %d, past this server's limit of %d", f.name, *f.v, s.cfg.MaxTokens)
-		case *f.v > room:
-			return badParam(f.name, "%s = %d, but the prompt's %d tokens leave room for %d in the model's context of %d",
-				f.name, *f.v, len(j.prompt), room, s.m.ContextLength())
+		room := s.m.ContextLength() - len(p)
+		if room < 1 {
+			return badParam(param, "%s has %d tokens; the model's context holds %d, leaving no room to generate", what, len(p), s.m.ContextLength())
 		}
-		maxTokens = *f.v // max_completion_tokens, the newer name, wins
+		maxTokens := min(s.cfg.MaxTokens, room)
+		for _, f := range []struct {
+			name string
+			v    *int
+		}{{"max_tokens", req.MaxTokens}, {"max_completion_tokens", req.MaxCompletionTokens}} {
+			if f.v == nil {
+				continue
+			}
+			switch {
+			case *f.v < 1:
+				return badParam(f.name, "%s = %d, want >= 1", f.name, *f.v)
+			case *f.v > s.cfg.MaxTokens:
+				return badParam(f.name, "%s = %d, past this server's limit of %d", f.name, *f.v, s.cfg.MaxTokens)
+			case *f.v > room:
+				return badParam(f.name, "%s = %d, but %s's %d tokens leave room for %d in the model's context of %d",
+					f.name, *f.v, what, len(p), room, s.m.ContextLength())
+			}
+			maxTokens = *f.v // max_completion_tokens, the newer name, wins
+		}
+		j.maxTokens = append(j.maxTokens, maxTokens)
 	}
-	j.opts = append(j.opts, k3.WithMaxTokens(maxTokens))
 
 	j.n = 1
 	if req.N != nil {
@@ -376,6 +416,10 @@ func (s *Server) sampling(req *sampling, j *job) error {
 			return badParam("n", "n = %d, want in 1..%d", *req.N, s.cfg.MaxN)
 		}
 		j.n = *req.N
+	}
+	if most := s.cfg.MaxSequences + s.cfg.MaxQueue; j.choices() > most {
+		return badParam("prompt", "%d prompts with n = %d make %d sequences; this server decodes and queues at most %d at once",
+			len(j.prompts), j.n, j.choices(), most)
 	}
 
 	// OpenAI's defaults: temperature 1, top_p 1, and a different draw per
@@ -387,7 +431,6 @@ func (s *Server) sampling(req *sampling, j *job) error {
 			return badParam("temperature", "temperature = %v, want in 0..2", temp)
 		}
 	}
-	j.sampled = temp > 0
 	j.opts = append(j.opts, k3.WithTemperature(float32(temp)))
 	if req.TopP != nil {
 		if !(*req.TopP > 0 && *req.TopP <= 1) {
@@ -464,10 +507,14 @@ func (s *Server) sampling(req *sampling, j *job) error {
 	if s.cfg.Speculation != nil {
 		j.opts = append(j.opts, s.cfg.Speculation)
 	}
-	if req.Seed != nil {
-		j.seed = uint64(*req.Seed)
-	} else {
-		j.seed = rand.Uint64()
+	// With a seed each prompt draws as it would alone; without, each
+	// draws its own.
+	for range j.prompts {
+		seed := rand.Uint64()
+		if req.Seed != nil {
+			seed = uint64(*req.Seed)
+		}
+		j.seeds = append(j.seeds, seed)
 	}
 	return nil
 }

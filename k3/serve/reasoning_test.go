@@ -60,7 +60,7 @@ func TestReasoningAnswers(t *testing.T) {
 	pieces := []string{"<thi", "nk>I should", " call it.</th", "ink>Sure. <|tool_calls_sec", "tion_begin|><|tool_call_begin|>functions.f:0",
 		"<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>"}
 	job := func(stream bool) *job {
-		return &job{chat: true, tools: true, reasoning: true, stream: stream, prompt: []int32{1}, n: 1}
+		return &job{chat: true, tools: true, reasoning: true, stream: stream, prompts: [][]int32{{1}}, n: 1}
 	}
 	var whole map[string]any
 	require.NoError(t, json.Unmarshal(runJob(t, s, job(false), k3.FinishStop, pieces...), &whole))

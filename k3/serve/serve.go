@@ -268,7 +268,7 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 			writeError(w, err)
 			return
 		}
-		ids = j.prompt
+		ids = j.prompts[0]
 	default:
 		writeError(w, badParam("prompt", "prompt (or messages) is missing"))
 		return

@@ -247,6 +247,60 @@ func TestNChoices(t *testing.T) {
 	assert.Greater(t, len(texts), 1, "the choices drew the same text")
 }
 
+// TestSeveralPrompts: a completion request with a list of prompts answers
+// each prompt's n choices at index prompt*n + i, each bitwise the
+// prompt's own request with the same seed, whole and streamed; usage
+// counts each prompt once.
+func TestSeveralPrompts(t *testing.T) {
+	_, hs, m := newTestServer(t, Config{})
+	prompts := []any{"func (b *Buffer) ", m.Encode("package main\n"), "x := "}
+	ids := [][]int32{m.Encode("func (b *Buffer) "), m.Encode("package main\n"), m.Encode("x := ")}
+	req := map[string]any{"prompt": prompts, "max_tokens": 10, "temperature": 0.9, "seed": 11, "n": 2}
+	code, out := post(t, hs.URL+"/v1/completions", req)
+	require.Equal(t, 200, code, "%v", out)
+	choices := out["choices"].([]any)
+	require.Len(t, choices, 6)
+	texts := make([]string, 6)
+	for k, c := range choices {
+		ch := c.(map[string]any)
+		assert.EqualValues(t, k, ch["index"])
+		want, _ := direct(t, m, ids[k/2], k3.WithMaxTokens(10), k3.WithTemperature(0.9), k3.WithSeed(11+uint64(k%2)))
+		assert.Equal(t, want, ch["text"], "choice %d", k)
+		texts[k] = ch["text"].(string)
+	}
+	u := out["usage"].(map[string]any)
+	assert.EqualValues(t, len(ids[0])+len(ids[1])+len(ids[2]), u["prompt_tokens"])
+	assert.EqualValues(t, u["prompt_tokens"].(float64)+u["completion_tokens"].(float64), u["total_tokens"])
+	assert.LessOrEqual(t, u["completion_tokens"].(float64), float64(6*10))
+
+	// Streamed: the same texts by index, and one usage chunk.
+	req["stream"], req["stream_options"] = true, map[string]any{"include_usage": true}
+	resp := postStream(t, context.Background(), hs.URL+"/v1/completions", req)
+	defer resp.Body.Close()
+	events, done := sse(t, resp.Body)
+	require.True(t, done)
+	got := make([]string, 6)
+	var streamed map[string]any
+	for _, e := range events {
+		if u, ok := e["usage"].(map[string]any); ok {
+			streamed = u
+		}
+		for _, c := range e["choices"].([]any) {
+			ch := c.(map[string]any)
+			got[int(ch["index"].(float64))] += ch["text"].(string)
+		}
+	}
+	assert.Equal(t, texts, got)
+	require.NotNil(t, streamed)
+	assert.Equal(t, u["prompt_tokens"], streamed["prompt_tokens"])
+	assert.Equal(t, u["completion_tokens"], streamed["completion_tokens"])
+
+	// A kept session holds one conversation: one prompt.
+	code, out = postSession(t, hs.URL+"/v1/completions", "s1", map[string]any{"prompt": []string{"a", "b"}, "max_tokens": 2})
+	require.Equal(t, 400, code, "%v", out)
+	assert.Equal(t, "prompt", out["error"].(map[string]any)["param"])
+}
+
 // TestSecondTurnHitsPrefixCache: a chat's second turn, whose prompt holds
 // the first turn, reports cached prompt tokens.
 func TestSecondTurnHitsPrefixCache(t *testing.T) {
@@ -323,7 +377,11 @@ func TestErrors(t *testing.T) {
 		{"unknown model", "/v1/chat/completions", map[string]any{"model": "gpt-4", "messages": msgs}, 404, "model"},
 		{"prompt missing", "/v1/completions", map[string]any{"max_tokens": 3}, 400, "prompt"},
 		{"prompt ids", "/v1/completions", map[string]any{"prompt": []int{1, -2}}, 400, "prompt"},
-		{"several prompts", "/v1/completions", map[string]any{"prompt": []string{"a", "b"}}, 400, "prompt"},
+		{"empty prompt list", "/v1/completions", map[string]any{"prompt": []string{}}, 400, "prompt"},
+		{"bad prompt in a list", "/v1/completions", map[string]any{"prompt": []any{"a", 5}}, 400, "prompt[1]"},
+		{"empty prompt in a list", "/v1/completions", map[string]any{"prompt": []any{"a", ""}}, 400, "prompt[1]"},
+		{"bad ids in a list", "/v1/completions", map[string]any{"prompt": []any{"a", []int{1, -2}}}, 400, "prompt[1]"},
+		{"too many prompts", "/v1/completions", map[string]any{"prompt": strings.Split("abcdefghijk", ""), "n": 8, "max_tokens": 1}, 400, "prompt"}, // 88 sequences, 80 at most
 		{"echo", "/v1/completions", map[string]any{"prompt": "a", "echo": true}, 400, "echo"},
 		{"too long", "/v1/completions", map[string]any{"prompt": strings.Repeat("x", 5000)}, 413, ""},
 		{"detokenize", "/detokenize", map[string]any{"tokens": []int{1 << 20}}, 400, "tokens"},

@@ -86,13 +86,13 @@ func TestParseToolCalls(t *testing.T) {
 // returns what the client reads.
 func runAnswer(t *testing.T, s *Server, stream bool, finish k3.FinishReason, pieces ...string) []byte {
 	t.Helper()
-	return runJob(t, s, &job{chat: true, tools: true, stream: stream, prompt: []int32{1, 2, 3}, n: 1}, finish, pieces...)
+	return runJob(t, s, &job{chat: true, tools: true, stream: stream, prompts: [][]int32{{1, 2, 3}}, n: 1}, finish, pieces...)
 }
 
 func runJob(t *testing.T, s *Server, j *job, finish k3.FinishReason, pieces ...string) []byte {
 	t.Helper()
 	stream := j.stream
-	a := &answer{j: j, s: s, id: "chatcmpl-test", choices: make([]choice, 1)}
+	a := &answer{j: j, s: s, id: "chatcmpl-test", choices: make([]choice, 1), cached: []int{-1}}
 	events := make(chan event, len(pieces))
 	for i, p := range pieces {
 		tok := k3.Token{ID: int32(i + 5), Text: p}

@@ -85,6 +85,15 @@ const checks = {
     assert.equal(typeof c.text, "string");
     assert.equal(c.logprobs.tokens.length, r.usage.completion_tokens);
     assert.equal(c.logprobs.tokens.join(""), c.text, "the tokens spell the text");
+    // Several prompts: prompt p's choice i at index p*n + i, each as the
+    // prompt alone answers with the same seed.
+    const prompts = ["package main\n", "func main() {"];
+    const many = await client.completions.create({ model, prompt: prompts, n: 2, max_tokens: 6, temperature: 1, seed: 5 });
+    assert.deepEqual(many.choices.map((c) => c.index), [0, 1, 2, 3]);
+    for (const [p, prompt] of prompts.entries()) {
+      const alone = await client.completions.create({ model, prompt, n: 2, max_tokens: 6, temperature: 1, seed: 5 });
+      assert.deepEqual(many.choices.slice(2 * p, 2 * p + 2).map((c) => c.text), alone.choices.map((c) => c.text), prompt);
+    }
   },
 
   async choices(model) {
