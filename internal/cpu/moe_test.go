@@ -191,9 +191,12 @@ func testExpertsOnTiles(t *testing.T, din, inter int) {
 func TestExpertSchedules(t *testing.T) {
 	defer func(f func(int, int) bool) { expertPasses = f }(expertPasses)
 	for _, fast := range []bool{false, true} {
-		for _, sh := range []struct{ din, inter int }{{256, 64}, {384, 64}, {128, 384}, {384, 512}, {100, 400}} {
+		for i, sh := range []struct{ din, inter int }{{256, 64}, {100, 400}, {384, 64}, {128, 384}, {384, 512}} {
 			for _, c := range []struct{ tok, topk int }{{1, 1}, {1, 2}, {3, 2}, {8, 2}, {40, 2}, {130, 2}} {
 				t.Run(fmt.Sprintf("fast=%v/din=%d/inter=%d/tok=%d/topk=%d", fast, sh.din, sh.inter, c.tok, c.topk), func(t *testing.T) {
+					if raceEnabled && i >= 2 {
+						t.Skip("two shapes (even and odd widths) hold the schedules' concurrency under the race detector")
+					}
 					testExpertSchedules(t, fast, sh.din, sh.inter, c.tok, c.topk)
 				})
 			}
