@@ -17,7 +17,8 @@
 // WithJSONObject, WithJSONSchema and WithToolCalls hold a generation to
 // one JSON object, to a value of a JSON Schema (CompileJSONSchema) or to
 // a Kimi tool calls section (its arguments to each function's schema
-// with WithToolArguments) by masking each draw. A
+// with WithToolArguments) by masking each draw; WithOptionalToolCalls
+// lets the model write text first and holds a section once it begins. A
 // Sampler applies the generation options to logits a program drives
 // itself. Close waits for running passes; afterwards every call fails with
 // ErrClosed. Errors name the problem and wrap sentinels (ErrBadToken,

@@ -109,7 +109,8 @@ type genOptions struct {
 	adaptive    bool                          // WithAdaptiveSpeculation
 	rejection   bool                          // WithRejectionSampling
 	json        bool                          // WithJSONObject
-	toolNames   []string                      // WithToolCalls
+	toolNames   []string                      // WithToolCalls, WithOptionalToolCalls
+	toolText    bool                          // WithOptionalToolCalls: text may come first
 	toolArgs    map[string]*jsonschema.Schema // WithToolArguments
 	schema      *jsonschema.Schema            // WithJSONSchema
 	parallel    bool
@@ -418,13 +419,13 @@ func (s *Session) prepareGeneration(prompt []int32, opts []GenerateOption) (*gen
 		g.con = c
 		sm.SetMask(c.mask)
 	case o.toolArgs != nil && o.toolNames == nil:
-		return nil, fmt.Errorf("%w: WithToolArguments without WithToolCalls", ErrInvalidOption)
+		return nil, fmt.Errorf("%w: WithToolArguments without WithToolCalls or WithOptionalToolCalls", ErrInvalidOption)
 	case o.toolNames != nil:
 		schemas, err := argSchemas(o.toolNames, o.toolArgs)
 		if err != nil {
 			return nil, err
 		}
-		c := newToolConstraint(s.m, o.toolNames, schemas, o.parallel, o.stopTokens)
+		c := newToolConstraint(s.m, o.toolNames, schemas, o.parallel, o.toolText, o.stopTokens)
 		g.con = c
 		sm.SetMask(c.mask)
 	}

@@ -148,13 +148,17 @@ type Model struct {
 	ck     *safetensors.Checkpoint
 	fpOnce sync.Once // fingerprint, for saved sessions
 
-	grammarOnce sync.Once // WithJSONObject's and WithToolCalls' tables (grammarTables)
+	grammarOnce sync.Once // the grammar options' tables (grammarTables)
 	tokBytes    [][]byte
 	tokSpecial  []bool
 	jsonToks    [][]byte
 	jsonPlain   []bool
-	fp          [32]byte
-	chunk       int
+
+	toolTextOnce  sync.Once // WithOptionalToolCalls' free-text mask (toolTextTables)
+	toolText      []bool
+	toolTextTrial []int32
+	fp            [32]byte
+	chunk         int
 
 	embed, norm, lmHead compute.Tensor
 	layers              []*layer

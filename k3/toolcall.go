@@ -1,6 +1,7 @@
 package k3
 
 import (
+	"bytes"
 	"fmt"
 	"slices"
 	"strings"
@@ -35,7 +36,21 @@ func WithToolCalls(names []string, parallel bool) GenerateOption {
 	}
 }
 
-// WithToolArguments holds the arguments of a forced call (WithToolCalls)
+// WithOptionalToolCalls lets the generation answer in text or call
+// tools, as an OpenAI tool_choice of "auto" does, and holds the calls if
+// it makes them: any token may be drawn (the section's inner markers
+// aside) until the model draws <|tool_calls_section_begin|>; from there
+// the section is held as WithToolCalls holds it (names, parallel,
+// WithToolArguments), then only the stop tokens. A generation held this
+// way does not speculate.
+func WithOptionalToolCalls(names []string, parallel bool) GenerateOption {
+	return func(o *genOptions) {
+		WithToolCalls(names, parallel)(o)
+		o.toolText = true
+	}
+}
+
+// WithToolArguments holds the arguments of a call (WithToolCalls, WithOptionalToolCalls)
 // to a function named in schemas to a JSON object its schema admits, as
 // WithJSONSchema holds a generation; a function without a schema takes
 // any JSON object. Every name must be one WithToolCalls lists.
@@ -81,7 +96,8 @@ const maxIndexDigits = 3
 type callPhase uint8
 
 const (
-	pSectionBegin callPhase = iota
+	pText callPhase = iota // WithOptionalToolCalls: text before any section
+	pSectionBegin
 	pCallBegin
 	pFunctions
 	pName
@@ -123,23 +139,70 @@ type callState struct {
 // toolConstraint is a generation's tool calls state and the mask its
 // sampler reads.
 type toolConstraint struct {
-	names    []string
-	schemas  []*jsonschema.Schema // per name; nil: any JSON object
-	parallel bool
-	st       callState
-	toks     [][]byte // every token's bytes, special tokens' their names
-	special  []bool
-	plain    []bool // which ordinary tokens stay inside a JSON string
-	stops    []int32
-	mask     []bool
+	text      []bool  // WithOptionalToolCalls: the mask in text that holds no part of the marker
+	textTrial []int32 // the tokens that text mask leaves to a trial
+	names     []string
+	schemas   []*jsonschema.Schema // per name; nil: any JSON object
+	parallel  bool
+	st        callState
+	toks      [][]byte // every token's bytes, special tokens' their names
+	special   []bool
+	plain     []bool // which ordinary tokens stay inside a JSON string
+	stops     []int32
+	mask      []bool
 }
 
-func newToolConstraint(m *Model, names []string, schemas []*jsonschema.Schema, parallel bool, stops []int32) *toolConstraint {
+func newToolConstraint(m *Model, names []string, schemas []*jsonschema.Schema, parallel, text bool, stops []int32) *toolConstraint {
 	toks, special, _, plain := m.grammarTables()
 	c := &toolConstraint{names: names, schemas: schemas, parallel: parallel, stops: stops, mask: make([]bool, m.Config.VocabSize),
 		toks: toks, special: special, plain: plain}
 	c.enter(&c.st, pSectionBegin)
+	if text {
+		c.enter(&c.st, pText)
+		c.text, c.textTrial = m.toolTextTables()
+	}
 	return c
+}
+
+// toolTextTables returns, made once a model, the mask of free text when
+// the text ends in no part of the section's marker (every token but
+// empty ones, the section's inner markers and ordinary tokens holding
+// the whole marker) and those last tokens, which fill tries.
+func (m *Model) toolTextTables() ([]bool, []int32) {
+	m.toolTextOnce.Do(func() {
+		toks, special, _, _ := m.grammarTables()
+		m.toolText, m.toolTextTrial = textTables(toks, special)
+	})
+	return m.toolText, m.toolTextTrial
+}
+
+func textTables(toks [][]byte, special []bool) (mask []bool, trial []int32) {
+	lit := []byte(alts[pSectionBegin][0].lit)
+	mask = make([]bool, len(toks))
+	for id, b := range toks {
+		switch {
+		case len(b) == 0:
+		case special[id]:
+			mask[id] = bytes.Equal(b, lit) || !marker(b)
+		case bytes.Contains(b, lit):
+			trial = append(trial, int32(id))
+		default:
+			mask[id] = true
+		}
+	}
+	return mask, trial
+}
+
+// marker reports whether b is one of the section's markers.
+func marker(b []byte) bool {
+	for _, l := range alts {
+		for _, a := range l {
+			if string(b) == a.lit && a.lit[0] == '<' {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // enter starts phase p; the arguments take the called function's schema
@@ -168,6 +231,36 @@ func (s *callState) enter(p callPhase, parallel bool) {
 // commit false s.args is only read (a trial); s's other fields are
 // always a value the caller may throw away.
 func (c *toolConstraint) run(s *callState, b []byte, special, commit bool) bool {
+	if s.phase == pText {
+		lit := alts[pSectionBegin][0].lit
+		switch {
+		case special && string(b) == lit:
+			c.enter(s, pCallBegin)
+			return true
+		case special:
+			s.off = 0
+			return !marker(b) // the section's inner markers only inside it
+		}
+		// The marker may also come as ordinary bytes (a tokenizer without
+		// it as a special token): off is how much of it the text ends
+		// with. '<' begins it and appears in it once, so a mismatch
+		// restarts the match at '<' or not at all.
+		for i, ch := range b {
+			switch {
+			case lit[s.off] == ch:
+				s.off++
+			case ch == '<':
+				s.off = 1
+			default:
+				s.off = 0
+			}
+			if s.off == len(lit) {
+				c.enter(s, pCallBegin)
+				return c.run(s, b[i+1:], false, commit)
+			}
+		}
+		return true
+	}
 	if special {
 		if s.phase >= pDone || s.phase == pName || s.phase == pIndex && s.digits == 0 || s.phase == pArgs || s.off != 0 {
 			return false
@@ -258,8 +351,21 @@ func (c *toolConstraint) run(s *callState, b []byte, special, commit bool) bool 
 
 // fill sets the mask for the next draw. As JSON mode's mask: an ordinary
 // token whose first byte cannot follow is out at once, and inside the
-// arguments' strings a plain one is in at once.
+// arguments' strings a plain one is in at once. In free text only the
+// special tokens are tried.
 func (c *toolConstraint) fill() {
+	if c.st.phase == pText && c.st.off == 0 && c.text != nil {
+		copy(c.mask, c.text)
+		for _, id := range c.textTrial {
+			trial := c.st
+			c.mask[id] = c.run(&trial, c.toks[id], false, false)
+		}
+		for _, id := range c.stops {
+			c.mask[id] = true
+		}
+		return
+	}
+	text := c.st.phase == pText
 	done := c.st.phase == pDone
 	var first [256]bool
 	for ch := range first {
@@ -274,6 +380,8 @@ func (c *toolConstraint) fill() {
 		case c.special[id]:
 			trial := c.st
 			c.mask[id] = c.run(&trial, b, true, false)
+		case text && c.st.off == 0 && !bytes.Contains(b, []byte{'<'}):
+			c.mask[id] = true // cannot begin the section
 		case !first[b[0]]:
 			c.mask[id] = false
 		case inString && c.plain[id]:
@@ -284,7 +392,7 @@ func (c *toolConstraint) fill() {
 		}
 	}
 	for _, id := range c.stops {
-		c.mask[id] = done
+		c.mask[id] = done || text
 	}
 }
 

@@ -174,21 +174,23 @@ func BenchmarkToolCallMask(b *testing.B) {
 		}
 		toks[i] = t
 	}
-	for _, at := range []string{
-		"<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Par",
-		"<|tool_calls_section_begin|><|tool_call_begin|>functions.",
+	for _, at := range []struct{ name, text string }{
+		{"arguments", "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Par"},
+		{"name", "<|tool_calls_section_begin|><|tool_call_begin|>functions."},
+		{"text", "x := 1"},                         // WithOptionalToolCalls before the section
+		{"marker", "x := 1 <|tool_calls_section_"}, // and inside its marker
 	} {
 		c := &toolConstraint{names: []string{"get_weather", "get_time"}, toks: toks, special: make([]bool, len(toks)),
 			plain: jsonschema.Plain(toks), mask: make([]bool, len(toks))}
 		c.st.enter(pSectionBegin, false)
-		if !c.run(&c.st, []byte(at), false, true) {
+		if !strings.HasPrefix(at.text, "<|") {
+			c.st.enter(pText, false)
+			c.text, c.textTrial = textTables(c.toks, c.special)
+		}
+		if !c.run(&c.st, []byte(at.text), false, true) {
 			b.Fatal(at)
 		}
-		name := "name"
-		if strings.HasSuffix(at, "Par") {
-			name = "arguments"
-		}
-		b.Run(name, func(b *testing.B) {
+		b.Run(at.name, func(b *testing.B) {
 			for b.Loop() {
 				c.fill()
 			}
@@ -251,6 +253,16 @@ func TestToolCallMask(t *testing.T) {
 	}
 }
 
+// weatherSchema is get_weather's parameters: a city of at most 10
+// characters and an optional integer of days, nothing else.
+func weatherSchema(t *testing.T) *JSONSchema {
+	t.Helper()
+	s, err := CompileJSONSchema([]byte(`{"type":"object","additionalProperties":false,"required":["city"],
+		"properties":{"city":{"type":"string","maxLength":10},"days":{"type":"integer"}}}`))
+	require.NoError(t, err)
+	return s
+}
+
 // TestToolArguments: with WithToolArguments each call's arguments are an
 // object of its function's schema (read back by Go types with unknown
 // fields refused), each its own.
@@ -262,9 +274,7 @@ func TestToolArguments(t *testing.T) {
 	m, err := LoadTiny(ctx)
 	require.NoError(t, err)
 	defer m.Close()
-	weather, err := CompileJSONSchema([]byte(`{"type":"object","additionalProperties":false,"required":["city"],
-		"properties":{"city":{"type":"string","maxLength":10},"days":{"type":"integer"}}}`))
-	require.NoError(t, err)
+	weather := weatherSchema(t)
 	get, err := CompileJSONSchema([]byte(`{"type":"object","properties":{"q":{"const":1}},"required":["q"],"additionalProperties":false}`))
 	require.NoError(t, err)
 	prompt := m.Encode(m.ChatPrompt([]Message{{Role: "user", Content: "func main() {"}}))
@@ -317,5 +327,134 @@ func TestToolArguments(t *testing.T) {
 	} {
 		_, err := genText(ctx, s, prompt, opts...)
 		assert.ErrorIs(t, err, ErrInvalidOption)
+	}
+}
+
+// TestOptionalToolCalls: with tool_choice auto's option any text may
+// come (stop tokens too, the section's inner markers never as special
+// tokens) until the text spells the section's marker, as a special token
+// or in ordinary ones; from there the mask is bitwise that of a forced
+// section read to the same point, along random walks. Until then a
+// generation is bitwise the unheld one.
+func TestOptionalToolCalls(t *testing.T) {
+	if raceEnabled {
+		t.Skip("one goroutine's grammar work (as TestToolCalls)")
+	}
+	ctx := context.Background()
+	m, err := LoadTiny(ctx)
+	require.NoError(t, err)
+	defer m.Close()
+	weather := weatherSchema(t)
+	obj, err := weather.s.Objects()
+	require.NoError(t, err)
+	names := []string{"get_weather", "get"}
+	schemas, err := argSchemas(names, map[string]*jsonschema.Schema{"get_weather": obj})
+	require.NoError(t, err)
+	o, err := m.genOptions(nil)
+	require.NoError(t, err)
+	const marker = "<|tool_calls_section_begin|>"
+	enter := m.Encode(marker) // ordinary tokens in the tiny model's vocabulary
+	require.Greater(t, len(enter), 1)
+	r := rand.New(rand.NewPCG(9, 9))
+	for walk := range 6 {
+		opt := newToolConstraint(m, names, schemas, walk%2 == 0, true, o.stopTokens)
+		forced := newToolConstraint(m, names, schemas, walk%2 == 0, false, o.stopTokens)
+		// Text first, partial markers among it.
+		for _, text := range []string{"x := 1", "<|tool_calls", " a <", "|tool_calls_section_begin|", "b", "<"} {
+			opt.fill()
+			for _, id := range o.stopTokens {
+				require.True(t, opt.mask[id])
+			}
+			for id, b := range opt.toks {
+				if len(b) > 0 && !opt.special[id] && !strings.Contains(string(b), "<") && opt.st.off == 0 {
+					require.True(t, opt.mask[id], "token %q", b)
+				}
+			}
+			for _, id := range m.Encode(text) {
+				require.True(t, opt.mask[id], "%q after %q", opt.toks[id], text)
+				require.False(t, opt.closed(id))
+			}
+			require.Equal(t, pText, opt.st.phase, "after %q", text)
+		}
+		for _, id := range enter {
+			opt.fill()
+			forced.fill()
+			require.True(t, opt.mask[id])
+			require.False(t, opt.closed(id))
+			require.False(t, forced.closed(id))
+		}
+		require.Equal(t, pCallBegin, opt.st.phase)
+		for step := 0; step < 200 && forced.st.phase != pDone; step++ {
+			opt.fill()
+			forced.fill()
+			require.Equal(t, forced.mask, opt.mask, "walk %d step %d", walk, step)
+			var allowed []int32
+			for id, ok := range forced.mask {
+				if ok {
+					allowed = append(allowed, int32(id))
+				}
+			}
+			require.NotEmpty(t, allowed)
+			id := allowed[r.IntN(len(allowed))]
+			require.Equal(t, forced.closed(id), opt.closed(id))
+		}
+	}
+	// A token that completes the marker must go on as the section does:
+	// the mask says so token by token.
+	opt := newToolConstraint(m, names, schemas, true, true, o.stopTokens)
+	for _, ch := range marker[:len(marker)-1] {
+		require.False(t, opt.closed(m.Encode(string(ch))[0]))
+	}
+	// The tiny vocabulary has no token that completes the marker and goes
+	// on; three are written in.
+	opt.toks = slices.Clone(opt.toks)
+	opt.toks[200], opt.toks[201], opt.toks[202] = []byte(">x"), []byte("><|tool_call_begin|>"), []byte("x")
+	opt.fill()
+	for id, b := range opt.toks {
+		if len(b) == 0 || opt.special[id] {
+			continue
+		}
+		trial := opt.st
+		require.Equal(t, opt.run(&trial, b, false, false), opt.mask[id], "token %q", b)
+	}
+	require.Equal(t, []bool{false, true, true}, opt.mask[200:203])
+	trial := opt.st
+	assert.True(t, opt.run(&trial, []byte(">"), false, false))
+	trial = opt.st
+	assert.False(t, opt.run(&trial, []byte(">x"), false, false))
+	trial = opt.st
+	assert.True(t, opt.run(&trial, []byte("><|tool_call_begin|>functions.get"), false, false))
+	// Where the markers are special tokens, the section's begins it and
+	// its inner ones are not drawn in text.
+	sp := newToolConstraint(m, names, schemas, true, true, o.stopTokens)
+	sp.toks, sp.special = slices.Clone(sp.toks), slices.Clone(sp.special)
+	sp.toks[200], sp.toks[201] = []byte(marker), []byte("<|tool_call_begin|>")
+	sp.special[200], sp.special[201] = true, true
+	sp.toks[202] = []byte("x" + marker + "<|tool_call_begin|>") // ordinary, the whole marker inside
+	sp.toks[203] = []byte("x" + marker + "zz")                  // and a section that cannot go on
+	sp.text, sp.textTrial = textTables(sp.toks, sp.special)
+	// The text mask's shortcut (copied, the marker's holders tried) is
+	// the mask without it.
+	sp.fill()
+	fast := slices.Clone(sp.mask)
+	sp.text = nil
+	sp.fill()
+	require.Equal(t, sp.mask, fast)
+	require.Equal(t, []bool{true, false}, fast[202:204])
+	sp.fill()
+	require.Equal(t, []bool{true, false}, sp.mask[200:202])
+	require.False(t, sp.closed(200))
+	require.Equal(t, pCallBegin, sp.st.phase)
+	sp.fill()
+	require.Equal(t, []bool{false, true}, sp.mask[200:202])
+
+	prompt := m.Encode(m.ChatPrompt([]Message{{Role: "user", Content: "func main() {"}}))
+	for seed := range uint64(4) {
+		opts := []GenerateOption{WithTemperature(1), WithSeed(seed), WithMaxTokens(60)}
+		free, _, _ := heldGeneration(t, m, prompt, opts...)
+		require.NotContains(t, free, marker)
+		held, _, _ := heldGeneration(t, m, prompt, append(opts, WithOptionalToolCalls(names, true),
+			WithToolArguments(map[string]*JSONSchema{"get_weather": weather}))...)
+		assert.Equal(t, free, held, "seed %d", seed)
 	}
 }

@@ -208,18 +208,35 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 		}
 		forced = []string{named.Function.Name}
 	}
-	if forced != nil {
-		if req.ResponseFormat != nil && (req.ResponseFormat.Type == "json_object" || req.ResponseFormat.Type == "json_schema") {
+	parallel := req.ParallelToolCalls == nil || *req.ParallelToolCalls
+	formatted := req.ResponseFormat != nil && (req.ResponseFormat.Type == "json_object" || req.ResponseFormat.Type == "json_schema")
+	switch {
+	case forced != nil:
+		if formatted {
 			return nil, badParam("response_format", "response_format %s with a forced tool call: the call's arguments are JSON already", req.ResponseFormat.Type)
 		}
 		j.tools = true
-		j.opts = append(j.opts, k3.WithToolCalls(forced, req.ParallelToolCalls == nil || *req.ParallelToolCalls))
-		schemas, err := toolSchemas(req.Tools, forced)
+		j.opts = append(j.opts, k3.WithToolCalls(forced, parallel))
+		schemas, _, err := toolSchemas(req.Tools, forced)
 		if err != nil {
 			return nil, err
 		}
 		if len(schemas) > 0 {
 			j.opts = append(j.opts, k3.WithToolArguments(schemas))
+		}
+	case j.tools:
+		// auto: the calls the model chooses to make are held only when a
+		// function asks for it (strict), and not beside a response_format
+		// (one grammar holds a generation).
+		schemas, strict, err := toolSchemas(req.Tools, names)
+		if err != nil {
+			return nil, err
+		}
+		if strict && !formatted {
+			j.opts = append(j.opts, k3.WithOptionalToolCalls(names, parallel))
+			if len(schemas) > 0 {
+				j.opts = append(j.opts, k3.WithToolArguments(schemas))
+			}
 		}
 	}
 	if len(req.Logprobs) > 0 && string(req.Logprobs) != "null" {

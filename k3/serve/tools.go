@@ -86,12 +86,12 @@ func toolDeclaration(raw json.RawMessage) (decl string, names []string, err erro
 	return strings.TrimSuffix(b.String(), "\n"), names, nil
 }
 
-// toolSchemas compiles the parameters of the forced functions, which
-// then hold the calls' arguments. A function with "strict": true whose
-// schema k3 cannot hold is an error; without strict its arguments are
-// held to a JSON object only (OpenAI promises adherence only with
-// strict).
-func toolSchemas(raw json.RawMessage, forced []string) (map[string]*k3.JSONSchema, error) {
+// toolSchemas compiles the parameters of the named functions, which
+// then hold the calls' arguments, and reports whether one of them is
+// strict. A function with "strict": true whose schema k3 cannot hold is
+// an error; without strict its arguments are held to a JSON object only
+// (OpenAI promises adherence only with strict).
+func toolSchemas(raw json.RawMessage, named []string) (map[string]*k3.JSONSchema, bool, error) {
 	var tools []struct {
 		Function struct {
 			Name       string          `json:"name"`
@@ -100,12 +100,17 @@ func toolSchemas(raw json.RawMessage, forced []string) (map[string]*k3.JSONSchem
 		} `json:"function"`
 	}
 	if err := json.Unmarshal(raw, &tools); err != nil {
-		return nil, badParam("tools", "tools must be a list of objects")
+		return nil, false, badParam("tools", "tools must be a list of objects")
 	}
 	out := map[string]*k3.JSONSchema{}
+	strict := false
 	for i, t := range tools {
 		f := t.Function
-		if !slices.Contains(forced, f.Name) || len(f.Parameters) == 0 || string(f.Parameters) == "null" {
+		if !slices.Contains(named, f.Name) {
+			continue
+		}
+		strict = strict || f.Strict
+		if len(f.Parameters) == 0 || string(f.Parameters) == "null" {
 			continue
 		}
 		param := fmt.Sprintf("tools[%d].function.parameters", i)
@@ -117,10 +122,10 @@ func toolSchemas(raw json.RawMessage, forced []string) (map[string]*k3.JSONSchem
 		case err == nil:
 			out[f.Name] = s
 		case f.Strict:
-			return nil, badParam(param, "%s: %s", param, strings.TrimPrefix(err.Error(), k3.ErrInvalidOption.Error()+": "))
+			return nil, false, badParam(param, "%s: %s", param, strings.TrimPrefix(err.Error(), k3.ErrInvalidOption.Error()+": "))
 		}
 	}
-	return out, nil
+	return out, strict, nil
 }
 
 func jsonText(v any) string {
