@@ -74,8 +74,9 @@ type node struct {
 
 	lo, hi int64 // an integer's bounds (noLo, noHi: none); numbers with a fraction take none
 
-	items              *node // nil: no item is admitted
-	minItems, maxItems int   // maxItems < 0: no bound
+	prefix             []*node // prefixItems: the first items' schemas
+	items              *node   // the items after them; nil: none is admitted
+	minItems, maxItems int     // maxItems < 0: no bound
 
 	names      []string // property names, encoded without quotes, sorted
 	props      []*node  // their schemas (nil: the property admits no value)
@@ -166,7 +167,7 @@ var annotations = map[string]bool{
 var keywords = map[string]string{
 	"type": "", "enum": "", "const": "", "anyOf": "", "oneOf": "", "allOf": "", "$ref": "",
 	"properties": "object", "required": "object", "additionalProperties": "object",
-	"items": "array", "minItems": "array", "maxItems": "array",
+	"items": "array", "minItems": "array", "maxItems": "array", "prefixItems": "array", "additionalItems": "array",
 	"minLength": "string", "maxLength": "string", "pattern": "string", "format": "string",
 	"minimum": "integer", "maximum": "integer", "exclusiveMinimum": "integer", "exclusiveMaximum": "integer",
 }
@@ -463,15 +464,57 @@ func (c *compiler) arrays(n *node, m map[string]any, at string) error {
 		return err
 	}
 	n.items = c.any
-	if it, ok := m["items"]; ok {
-		if _, isList := it.([]any); isList {
-			return fmt.Errorf("%w: %s/items: a list of schemas (tuple form)", ErrUnsupported, at)
+	it, hasItems := m["items"]
+	tuple, isTuple := it.([]any) // draft-07's tuple: items a list, additionalItems after it
+	prefix, hasPrefix := m["prefixItems"]
+	switch {
+	case hasPrefix && isTuple:
+		return fmt.Errorf("%w: %s: prefixItems beside a list of items", ErrInvalid, at)
+	case hasPrefix:
+		l, ok := prefix.([]any)
+		if !ok {
+			return fmt.Errorf("%w: %s/prefixItems: want an array of schemas", ErrInvalid, at)
 		}
+		if n.prefix, err = c.list(l, at+"/prefixItems"); err != nil {
+			return err
+		}
+	case isTuple:
+		if n.prefix, err = c.list(tuple, at+"/items"); err != nil {
+			return err
+		}
+		hasItems = false
+		if a, ok := m["additionalItems"]; ok {
+			if n.items, err = c.compile(a, at+"/additionalItems"); err != nil {
+				return err
+			}
+		}
+	}
+	if hasItems {
 		if n.items, err = c.compile(it, at+"/items"); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// list compiles a list of schemas.
+func (c *compiler) list(l []any, at string) ([]*node, error) {
+	out := make([]*node, len(l))
+	for i, s := range l {
+		var err error
+		if out[i], err = c.compile(s, fmt.Sprintf("%s/%d", at, i)); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// item is the schema of item i (nil: none is admitted there).
+func (n *node) item(i int) *node {
+	if i < len(n.prefix) {
+		return n.prefix[i]
+	}
+	return n.items
 }
 
 func (c *compiler) objects(n *node, m map[string]any, at string) error {
@@ -653,7 +696,7 @@ func (c *compiler) merge(alts []*node, one bool, at string) (*node, error) {
 		case "string":
 			n.minLen, n.maxLen, n.pat = pick.minLen, pick.maxLen, pick.pat
 		case "array":
-			n.items, n.minItems, n.maxItems = pick.items, pick.minItems, pick.maxItems
+			n.prefix, n.items, n.minItems, n.maxItems = pick.prefix, pick.items, pick.minItems, pick.maxItems
 		case "object":
 			n.names, n.props, n.required, n.additional = pick.names, pick.props, pick.required, pick.additional
 		}
@@ -693,7 +736,7 @@ func sameKind(a, b *node, k uint8) bool {
 	case kString:
 		return a.minLen == b.minLen && a.maxLen == b.maxLen && a.pat == b.pat
 	case kArray:
-		return a.items == b.items && a.minItems == b.minItems && a.maxItems == b.maxItems
+		return a.items == b.items && slices.Equal(a.prefix, b.prefix) && a.minItems == b.minItems && a.maxItems == b.maxItems
 	case kObject:
 		return a.additional == b.additional && a.required == b.required && slices.Equal(a.names, b.names) && slices.Equal(a.props, b.props)
 	}
@@ -710,7 +753,7 @@ func whole(a *node, k uint8, anyN *node) bool {
 	case kString:
 		return a.kinds&kString != 0 && a.minLen == 0 && a.maxLen < 0 && a.pat == nil
 	case kArray:
-		return a.kinds&kArray != 0 && a.items == anyN && a.minItems == 0 && a.maxItems < 0
+		return a.kinds&kArray != 0 && a.items == anyN && len(a.prefix) == 0 && a.minItems == 0 && a.maxItems < 0
 	case kObject:
 		return a.kinds&kObject != 0 && len(a.names) == 0 && a.additional == anyN
 	}
@@ -769,7 +812,7 @@ func (n *node) satisfiable() bool {
 	if n.kinds&kString != 0 && n.strings() {
 		return true
 	}
-	if n.kinds&kArray != 0 && (n.maxItems < 0 || n.minItems <= n.maxItems) && (n.minItems == 0 || n.items.sat) {
+	if n.kinds&kArray != 0 && (n.maxItems < 0 || n.minItems <= n.maxItems) && n.firstItemsSat() {
 		return true
 	}
 	if n.kinds&kObject != 0 {
@@ -791,6 +834,19 @@ func (n *node) strings() bool {
 	return n.maxLen < 0 || n.minLen <= n.maxLen
 }
 
+// firstItemsSat reports whether the first minItems items can be had.
+func (n *node) firstItemsSat() bool {
+	for i := range n.minItems {
+		if it := n.item(i); it == nil || !it.sat {
+			return false
+		}
+		if i >= len(n.prefix) {
+			break // the rest share items' schema
+		}
+	}
+	return true
+}
+
 func (n *node) prune() {
 	if n.kinds&kNumber == 0 && n.lo > n.hi {
 		n.kinds &^= kInteger
@@ -799,9 +855,18 @@ func (n *node) prune() {
 		n.kinds &^= kString
 	}
 	if n.kinds&kArray != 0 {
+		// The first item that admits nothing ends every array there.
+		for i, p := range n.prefix {
+			if p == nil || !p.sat {
+				n.prefix, n.items = n.prefix[:i:i], nil
+				break
+			}
+		}
 		if n.items != nil && !n.items.sat {
 			n.items = nil
-			n.maxItems = 0
+		}
+		if n.items == nil && (n.maxItems < 0 || n.maxItems > len(n.prefix)) {
+			n.maxItems = len(n.prefix)
 		}
 		if n.maxItems >= 0 && n.minItems > n.maxItems {
 			n.kinds &^= kArray

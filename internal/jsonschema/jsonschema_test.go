@@ -41,6 +41,9 @@ var schemas = map[string]string{
 	"patterned": `{"type":"object","properties":{"day":{"type":"string","format":"date"},"id":{"type":"string","format":"uuid"},
 		"code":{"type":"string","pattern":"^[A-Z]{2}-[0-9]+$","maxLength":6},"ip":{"anyOf":[{"type":"string","format":"ipv4"},{"type":"null"}]},
 		"note":{"type":"string","pattern":"ab","minLength":3},"at":{"type":"string","format":"date-time"}},"required":["day","code"],"additionalProperties":false}`,
+	"tuple": `{"type":"object","properties":{"pt":{"type":"array","prefixItems":[{"type":"integer","minimum":0,"maximum":9},{"enum":["a","b"]}],
+		"items":{"type":"boolean"},"minItems":1,"maxItems":4},"old":{"type":"array","items":[{"type":"string","maxLength":2},{"type":"null"}],"additionalItems":false},
+		"gone":{"type":"array","prefixItems":[{"type":"null"},false]}},"required":["pt","old"],"additionalProperties":false}`,
 	"absorb": `{"anyOf":[{"type":"string","maxLength":2},{"type":"string"},{"type":"string","maxLength":1},{"type":"integer"},{"type":"number"},{"enum":["abc",7,"x\"y"]},{"type":"array","maxItems":1},{"type":"array"}]}`,
 }
 
@@ -76,6 +79,16 @@ func TestInstances(t *testing.T) {
 		{"person", `{"name":"Al","age":1,"tags":["abc"]}`, false, false},
 		{"person", `{"name":"Al","age":1,}`, false, false},
 		{"open", `{"id":1,"zzz":[{}],"idx":"q","i":1}`, true, false},
+		{"tuple", `{"pt":[3],"old":[]}`, true, false},
+		{"tuple", `{"pt":[3,"b",true,false],"old":["ab",null],"gone":[null]}`, true, false},
+		{"tuple", `{"pt":[],"old":[]}`, false, false},
+		{"tuple", `{"pt":[10],"old":[]}`, false, false},
+		{"tuple", `{"pt":[3,"c"],"old":[]}`, false, false},
+		{"tuple", `{"pt":[3,"a",1],"old":[]}`, false, false},
+		{"tuple", `{"pt":[3,"a",true,true,true],"old":[]}`, false, false},
+		{"tuple", `{"pt":[3],"old":["abc"]}`, false, false},
+		{"tuple", `{"pt":[3],"old":["a",null,null]}`, false, false},
+		{"tuple", `{"pt":[3],"old":[],"gone":[null,null]}`, false, false},
 		{"open", `{"i":1}`, false, false},
 		{"open", `{"id":1,"i":2}`, false, false},
 		{"open", `{"id":1,"id":2}`, false, false},
@@ -350,7 +363,12 @@ func TestCompileErrors(t *testing.T) {
 		{`{"anyOf":[{"$ref":"#"},{"type":"null"}]}`, ErrUnsupported, "the union itself"},
 		{`{"type":"strin"}`, ErrInvalid, "unknown type"},
 		{`{"type":"string","maxLength":-1}`, ErrInvalid, "maxLength = -1"},
-		{`{"type":"array","items":[{"type":"string"}]}`, ErrUnsupported, "tuple"},
+		{`{"type":"array","items":[{"type":"string"}],"prefixItems":[]}`, ErrInvalid, "prefixItems beside a list of items"},
+		{`{"type":"array","prefixItems":{"type":"string"}}`, ErrInvalid, "prefixItems: want an array"},
+		{`{"type":"array","prefixItems":[{"type":"string"},false],"minItems":2}`, ErrInvalid, "admits no value"},
+		{`{"type":"array","prefixItems":[{"type":"string"}],"items":false,"minItems":2}`, ErrInvalid, "admits no value"},
+		{`{"type":"array","prefixItems":[{"foo":1}]}`, ErrUnsupported, `#/prefixItems/0: keyword "foo"`},
+		{`{"anyOf":[{"type":"array","prefixItems":[{"type":"string"}]},{"type":"array","prefixItems":[{"type":"integer"}]}]}`, ErrUnsupported, "different array schemas"},
 		{`{"type":"object","required":["a"],"additionalProperties":false}`, ErrInvalid, "admits no value"},
 		{`{"type":"string","minLength":3,"maxLength":2}`, ErrInvalid, "admits no value"},
 		{`{"$defs":{"L":{"type":"object","properties":{"next":{"$ref":"#/$defs/L"}},"required":["next"]}},"$ref":"#/$defs/L"}`, ErrInvalid, "admits no value"},
@@ -414,7 +432,7 @@ func FuzzFeed(f *testing.F) {
 	f.Add(0, []byte(`{"name":"Al","age":30}`), 3)
 	f.Add(5, []byte(`{"v":"ab","kids":[{"v":"xyz"}]}`), 1)
 	f.Add(3, []byte(`[1.5,2]`), 2)
-	names := []string{"person", "open", "scalars", "numlits", "mixed", "tree", "oneof", "extra", "any", "strict", "patterned"}
+	names := []string{"person", "open", "scalars", "numlits", "mixed", "tree", "oneof", "extra", "any", "strict", "patterned", "tuple"}
 	compiled := make([]*Schema, len(names))
 	oracles := make([]validator, len(names))
 	for i, n := range names {
@@ -562,6 +580,8 @@ func FuzzCompile(f *testing.F) {
 	f.Add([]byte(`{"type":"array","items":{"type":"integer","minimum":-120,"exclusiveMaximum":7.5},"maxItems":3}`), uint64(4))
 	f.Add([]byte(`{"type":"array","items":{"anyOf":[{"type":"string","pattern":"^[a-c]+x?$","maxLength":4},{"type":"null"}]},"maxItems":3}`), uint64(5))
 	f.Add([]byte(`{"type":"object","properties":{"d":{"type":"string","format":"date-time"},"e":{"type":"string","format":"email","minLength":7}}}`), uint64(6))
+	f.Add([]byte(`{"type":"array","prefixItems":[{"type":"integer"},{"anyOf":[{"type":"string"},{"type":"null"}]}],"items":false,"minItems":1}`), uint64(7))
+	f.Add([]byte(`{"type":"array","items":[{"const":1},{"type":"array","items":[true,{"type":"boolean"}]}],"additionalItems":{"type":"null"},"maxItems":3}`), uint64(8))
 	f.Add([]byte(`{"type":"object","properties":{"a":false,"b":{"type":"array","minItems":1,"items":false}},"additionalProperties":{"type":"null"}}`), uint64(3))
 	f.Fuzz(func(t *testing.T, doc []byte, seed uint64) {
 		s, err := Compile(doc)

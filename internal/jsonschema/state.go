@@ -302,8 +302,8 @@ func (m *sim) take(c byte) bool {
 		if !f.roomForItem() {
 			return false
 		}
+		cur.n = f.n.item(f.count)
 		f.count++
-		cur.n = f.n.items
 		return m.value(c)
 	case mKeyOrEnd, mKey:
 		f := m.top()
@@ -440,7 +440,7 @@ func (cur *cursor) escaped() mode {
 
 // roomForItem reports whether an array may take another item.
 func (f *frame) roomForItem() bool {
-	return f.n.items != nil && (f.n.maxItems < 0 || f.count < f.n.maxItems)
+	return f.n.item(f.count) != nil && (f.n.maxItems < 0 || f.count < f.n.maxItems)
 }
 
 // roomForKey reports whether an object may take another property.
@@ -751,8 +751,8 @@ func (m *sim) after(c byte) bool {
 	case f.obj && c == '}':
 		return f.used&f.n.required == f.n.required && m.close()
 	case !f.obj && c == ',' && f.roomForItem():
+		cur.mode, cur.n = mValue, f.n.item(f.count)
 		f.count++
-		cur.mode, cur.n = mValue, f.n.items
 		return true
 	case !f.obj && c == ']':
 		return f.count >= f.n.minItems && m.close()

@@ -151,9 +151,22 @@ func (vd validator) validObject(s map[string]any, v any) bool {
 		if mx, ok := num(s, "maxItems"); ok && len(v) > mx {
 			return false
 		}
-		if it, ok := s["items"]; ok {
-			for _, e := range v {
-				if !vd.valid(it, e) {
+		// 2020-12's prefixItems then items; draft-07's list of items then
+		// additionalItems.
+		prefix, _ := s["prefixItems"].([]any)
+		rest, hasRest := s["items"]
+		if l, ok := rest.([]any); ok {
+			prefix = l
+			rest, hasRest = s["additionalItems"]
+		}
+		for i, e := range v {
+			switch {
+			case i < len(prefix):
+				if !vd.valid(prefix[i], e) {
+					return false
+				}
+			case hasRest:
+				if !vd.valid(rest, e) {
 					return false
 				}
 			}
