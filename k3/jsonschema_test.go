@@ -96,7 +96,8 @@ func TestJSONSchema(t *testing.T) {
 }
 
 // TestJSONSchemaFormats: strings held to a format and a pattern come out
-// as the standard library's parsers and package regexp read them.
+// as the standard library's parsers and package regexp read them, a
+// bounded number within its bounds.
 func TestJSONSchemaFormats(t *testing.T) {
 	if raceEnabled {
 		t.Skip("one goroutine's grammar work (as TestJSONSchema)")
@@ -107,20 +108,23 @@ func TestJSONSchemaFormats(t *testing.T) {
 	defer m.Close()
 	schema, err := CompileJSONSchema([]byte(`{"type":"object","additionalProperties":false,"required":["day","id"],
 		"properties":{"day":{"type":"string","format":"date"},"id":{"type":"string","pattern":"^[A-Z]{2}[0-9]{3}$"},
-		"at":{"type":"string","format":"date-time"}}}`))
+		"at":{"type":"string","format":"date-time"},"p":{"type":"number","exclusiveMinimum":0,"maximum":0.5}}}`))
 	require.NoError(t, err)
 	prompt := m.Encode(m.ChatPrompt([]Message{{Role: "user", Content: "func main() {"}}))
 	id := regexp.MustCompile(`^[A-Z]{2}[0-9]{3}$`)
 	stopped := 0
-	for seed := range uint64(4) {
-		out, finish, special := heldGeneration(t, m, prompt, WithJSONSchema(schema), WithTemperature(1), WithSeed(seed), WithMaxTokens(120))
+	for seed := range uint64(6) {
+		out, finish, special := heldGeneration(t, m, prompt, WithJSONSchema(schema), WithTemperature(1), WithSeed(seed), WithMaxTokens(240))
 		assert.Zero(t, special, "seed %d: special tokens drawn", seed)
 		t.Logf("seed %d (%v): %q", seed, finish, out)
 		if finish != FinishStop {
 			continue
 		}
 		stopped++
-		var v struct{ Day, ID, At *string }
+		var v struct {
+			Day, ID, At *string
+			P           *float64
+		}
 		require.NoError(t, json.Unmarshal([]byte(out), &v), out)
 		require.NotNil(t, v.Day, out)
 		require.NotNil(t, v.ID, out)
@@ -131,8 +135,11 @@ func TestJSONSchemaFormats(t *testing.T) {
 			_, err := time.Parse(time.RFC3339Nano, *v.At)
 			assert.NoError(t, err, out)
 		}
+		if v.P != nil {
+			assert.True(t, *v.P > 0 && *v.P <= 0.5, out)
+		}
 	}
-	assert.Positive(t, stopped, "no generation finished its value within 120 tokens")
+	assert.Positive(t, stopped, "no generation finished its value within 240 tokens")
 }
 
 // TestJSONSchemaScalar: a schema whose value is a number at the top

@@ -14,7 +14,8 @@
 //
 // The text is written in a subset of each value's encodings: keys and
 // enum/const values compactly as encoding/json writes them (without HTML
-// escapes), integers without fraction or exponent, strings under a length
+// escapes), integers without fraction or exponent, bounded numbers without
+// exponent (number.go), strings under a length
 // bound as valid UTF-8 without \u escapes, strings under a pattern or a
 // format without escapes at all (pattern.go). White space outside strings
 // and literals is allowed, at most MaxSpace bytes in a row.
@@ -72,7 +73,9 @@ type node struct {
 	minLen, maxLen int  // string code points; maxLen < 0: no bound
 	pat            *dfa // with pattern or format: the strings admitted, length bounds included
 
-	lo, hi int64 // an integer's bounds (noLo, noHi: none); numbers with a fraction take none
+	lo, hi         int64 // a number's bounds in units of 10^-digits (noLo, noHi: none; number.go)
+	digits         uint8
+	loOpen, hiOpen bool
 
 	prefix             []*node // prefixItems: the first items' schemas
 	items              *node   // the items after them; nil: none is admitted
@@ -169,7 +172,7 @@ var keywords = map[string]string{
 	"properties": "object", "required": "object", "additionalProperties": "object",
 	"items": "array", "minItems": "array", "maxItems": "array", "prefixItems": "array", "additionalItems": "array",
 	"minLength": "string", "maxLength": "string", "pattern": "string", "format": "string",
-	"minimum": "integer", "maximum": "integer", "exclusiveMinimum": "integer", "exclusiveMaximum": "integer",
+	"minimum": "number", "maximum": "number", "exclusiveMinimum": "number", "exclusiveMaximum": "number",
 }
 
 func (c *compiler) newNode() *node {
@@ -413,17 +416,17 @@ const (
 	maxBound = 1 << 62
 )
 
-// bounds reads minimum, maximum and their exclusive forms as the integers
-// they admit. They are held on integers only: on a number that may have
-// a fraction they are refused.
+// bounds reads minimum, maximum and their exclusive forms. On an integer
+// they become the integers admitted (closed); on a number that may have a
+// fraction they are counted in units of its bounds' last fraction digit
+// (at most maxDigits), exclusive ones open.
 func (c *compiler) bounds(n *node, m map[string]any, at string) error {
-	for _, k := range []string{"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"} {
+	keys := []string{"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}
+	var vals [4]*big.Rat
+	for i, k := range keys {
 		v, ok := m[k]
 		if !ok {
 			continue
-		}
-		if n.kinds&kNumber != 0 {
-			return fmt.Errorf("%w: %s: %q on a number that may have a fraction (held on integers only)", ErrUnsupported, at, k)
 		}
 		num, isNum := v.(json.Number)
 		r, ok := new(big.Rat).SetString(string(num))
@@ -433,9 +436,31 @@ func (c *compiler) bounds(n *node, m map[string]any, at string) error {
 		if r.Cmp(big.NewRat(maxBound, 1)) >= 0 || r.Cmp(big.NewRat(-maxBound, 1)) <= 0 {
 			return fmt.Errorf("%w: %s/%s = %v: bounds from ±2^62 on", ErrUnsupported, at, k, v)
 		}
-		// The integers admitted: ceil(minimum), floor(exclusiveMinimum)+1,
+		vals[i] = r
+		if n.kinds&kNumber == 0 {
+			continue
+		}
+		d := 0 // fraction digits: the denominator divides 10^d
+		for new(big.Int).Rem(pow10Big(d), r.Denom()).Sign() != 0 {
+			if d++; d > maxDigits {
+				return fmt.Errorf("%w: %s/%s = %v: more than %d fraction digits", ErrUnsupported, at, k, v, maxDigits)
+			}
+		}
+		n.digits = max(n.digits, uint8(d))
+	}
+	unit := big.NewRat(pow10[n.digits], 1)
+	for i, r := range vals {
+		if r == nil {
+			continue
+		}
+		scaled := new(big.Rat).Mul(r, unit)
+		if scaled.Cmp(big.NewRat(maxBound, 1)) >= 0 || scaled.Cmp(big.NewRat(-maxBound, 1)) <= 0 {
+			return fmt.Errorf("%w: %s/%s = %v: bounds from ±2^62 units of 10^-%d on", ErrUnsupported, at, keys[i], r.RatString(), n.digits)
+		}
+		// Exact on a number (scaled is whole); on an integer the integers
+		// admitted: ceil(minimum), floor(exclusiveMinimum)+1,
 		// floor(maximum), ceil(exclusiveMaximum)-1.
-		q, rem := new(big.Int).QuoRem(r.Num(), r.Denom(), new(big.Int))
+		q, rem := new(big.Int).QuoRem(scaled.Num(), scaled.Denom(), new(big.Int))
 		floor := q.Int64()
 		if rem.Sign() < 0 {
 			floor--
@@ -444,18 +469,48 @@ func (c *compiler) bounds(n *node, m map[string]any, at string) error {
 		if rem.Sign() != 0 {
 			ceil = floor + 1
 		}
-		switch k {
+		exclusive := n.kinds&kNumber != 0
+		switch keys[i] {
 		case "minimum":
-			n.lo = max(n.lo, ceil)
+			n.setLo(ceil, false)
 		case "exclusiveMinimum":
-			n.lo = max(n.lo, floor+1)
+			if exclusive {
+				n.setLo(floor, true)
+			} else {
+				n.setLo(floor+1, false)
+			}
 		case "maximum":
-			n.hi = min(n.hi, floor)
+			n.setHi(floor, false)
 		case "exclusiveMaximum":
-			n.hi = min(n.hi, ceil-1)
+			if exclusive {
+				n.setHi(ceil, true)
+			} else {
+				n.setHi(ceil-1, false)
+			}
 		}
 	}
 	return nil
+}
+
+func pow10Big(d int) *big.Int { return new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(d)), nil) }
+
+// setLo tightens the lower bound (at one value, open is the tighter).
+func (n *node) setLo(v int64, open bool) {
+	if v > n.lo || v == n.lo && open {
+		n.lo, n.loOpen = v, open
+	}
+}
+
+// setHi tightens the upper bound.
+func (n *node) setHi(v int64, open bool) {
+	if v < n.hi || v == n.hi && open {
+		n.hi, n.hiOpen = v, open
+	}
+}
+
+// numbers reports whether n's bounds admit a number.
+func (n *node) numbers() bool {
+	return n.lo < n.hi || n.lo == n.hi && !n.loOpen && !n.hiOpen
 }
 
 func (c *compiler) arrays(n *node, m map[string]any, at string) error {
@@ -692,7 +747,7 @@ func (c *compiler) merge(alts []*node, one bool, at string) (*node, error) {
 		}
 		switch g.name {
 		case "number":
-			n.lo, n.hi = pick.lo, pick.hi
+			n.lo, n.hi, n.digits, n.loOpen, n.hiOpen = pick.lo, pick.hi, pick.digits, pick.loOpen, pick.hiOpen
 		case "string":
 			n.minLen, n.maxLen, n.pat = pick.minLen, pick.maxLen, pick.pat
 		case "array":
@@ -732,7 +787,7 @@ func sameKind(a, b *node, k uint8) bool {
 	case kNull, kBool:
 		return true
 	case kInteger | kNumber:
-		return a.kinds&kNumber != 0 || b.kinds&kNumber != 0 || a.lo == b.lo && a.hi == b.hi // a number is the wider
+		return a.kinds&kNumber == b.kinds&kNumber && a.lo == b.lo && a.hi == b.hi && a.digits == b.digits && a.loOpen == b.loOpen && a.hiOpen == b.hiOpen
 	case kString:
 		return a.minLen == b.minLen && a.maxLen == b.maxLen && a.pat == b.pat
 	case kArray:
@@ -749,7 +804,7 @@ func whole(a *node, k uint8, anyN *node) bool {
 	case kNull, kBool:
 		return a.kinds&k != 0
 	case kInteger | kNumber:
-		return a.kinds&kNumber != 0
+		return a.kinds&kNumber != 0 && a.lo == noLo && a.hi == noHi
 	case kString:
 		return a.kinds&kString != 0 && a.minLen == 0 && a.maxLen < 0 && a.pat == nil
 	case kArray:
@@ -768,11 +823,13 @@ func (c *compiler) admits(n *node, l string) bool {
 	case kNull, kBool:
 		return true
 	case kNumber:
-		if n.kinds&kNumber != 0 {
-			return true
+		r, ok := new(big.Rat).SetString(l)
+		if !ok || n.kinds&kNumber == 0 && !r.IsInt() {
+			return false
 		}
-		i, ok := new(big.Int).SetString(l, 10)
-		return ok && i.Cmp(big.NewInt(n.lo)) >= 0 && i.Cmp(big.NewInt(n.hi)) <= 0
+		r.Mul(r, big.NewRat(pow10[n.digits], 1))
+		lo, hi := big.NewRat(n.lo, 1), big.NewRat(n.hi, 1)
+		return (n.lo == noLo || r.Cmp(lo) > 0 || r.Cmp(lo) == 0 && !n.loOpen) && (n.hi == noHi || r.Cmp(hi) < 0 || r.Cmp(hi) == 0 && !n.hiOpen)
 	case kString:
 		var s string
 		if json.Unmarshal([]byte(l), &s) != nil {
@@ -806,7 +863,7 @@ func (c *compiler) settle() {
 }
 
 func (n *node) satisfiable() bool {
-	if len(n.lits) > 0 || n.kinds&(kNull|kBool|kNumber) != 0 || n.kinds&kInteger != 0 && n.lo <= n.hi {
+	if len(n.lits) > 0 || n.kinds&(kNull|kBool) != 0 || n.kinds&(kInteger|kNumber) != 0 && n.numbers() {
 		return true
 	}
 	if n.kinds&kString != 0 && n.strings() {
@@ -848,8 +905,8 @@ func (n *node) firstItemsSat() bool {
 }
 
 func (n *node) prune() {
-	if n.kinds&kNumber == 0 && n.lo > n.hi {
-		n.kinds &^= kInteger
+	if !n.numbers() {
+		n.kinds &^= kInteger | kNumber
 	}
 	if n.kinds&kString != 0 && !n.strings() {
 		n.kinds &^= kString

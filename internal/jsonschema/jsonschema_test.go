@@ -44,6 +44,11 @@ var schemas = map[string]string{
 	"tuple": `{"type":"object","properties":{"pt":{"type":"array","prefixItems":[{"type":"integer","minimum":0,"maximum":9},{"enum":["a","b"]}],
 		"items":{"type":"boolean"},"minItems":1,"maxItems":4},"old":{"type":"array","items":[{"type":"string","maxLength":2},{"type":"null"}],"additionalItems":false},
 		"gone":{"type":"array","prefixItems":[{"type":"null"},false]}},"required":["pt","old"],"additionalProperties":false}`,
+	"scores": `{"type":"object","properties":{"p":{"type":"number","minimum":0,"maximum":1},"t":{"type":"number","exclusiveMinimum":-2.5,"exclusiveMaximum":37.25},
+		"q":{"type":"number","minimum":0.001},"n":{"type":"number","maximum":-0.5},"k":{"type":"integer","minimum":-3,"maximum":3},
+		"x":{"minimum":10,"maximum":10},"e":{"type":"number","exclusiveMinimum":0,"exclusiveMaximum":0.01},
+		"m":{"type":"number","exclusiveMinimum":-1,"maximum":-0.25},"w":{"type":"number","minimum":1,"exclusiveMinimum":1,"maximum":2},
+		"v":{"type":"number","maximum":3,"exclusiveMaximum":3}},"required":["p"],"additionalProperties":false}`,
 	"absorb": `{"anyOf":[{"type":"string","maxLength":2},{"type":"string"},{"type":"string","maxLength":1},{"type":"integer"},{"type":"number"},{"enum":["abc",7,"x\"y"]},{"type":"array","maxItems":1},{"type":"array"}]}`,
 }
 
@@ -151,6 +156,33 @@ func TestInstances(t *testing.T) {
 		{"between", `-5`, true, false},
 		{"between", `1200`, false, false},
 		{"between", `-6`, false, false},
+		{"scores", `{"p":0}`, true, false},
+		{"scores", `{"p":1.000,"t":-2.49,"q":0.001,"n":-0.5,"k":-3,"x":10.00,"e":0.0099999}`, true, false},
+		{"scores", `{"p":0.5,"t":37.2499999,"q":0.00100001,"n":-1,"k":3,"x":"s","e":0.000001}`, true, false},
+		{"scores", `{"p":-0.0,"q":5}`, true, false},
+		{"scores", `{"p":1.0001}`, false, false},
+		{"scores", `{"p":-0.1}`, false, false},
+		{"scores", `{"p":1e0}`, false, true},
+		{"scores", `{"p":0,"t":-2.5}`, false, false},
+		{"scores", `{"p":0,"t":37.25}`, false, false},
+		{"scores", `{"p":0,"t":37.250000001}`, false, false},
+		{"scores", `{"p":0,"q":0.0009}`, false, false},
+		{"scores", `{"p":0,"q":0.0009999999999}`, false, false},
+		{"scores", `{"p":0,"n":-0.49}`, false, false},
+		{"scores", `{"p":0,"n":0}`, false, false},
+		{"scores", `{"p":0,"k":1.5}`, false, false},
+		{"scores", `{"p":0,"x":10.001}`, false, false},
+		{"scores", `{"p":0,"x":9.9999}`, false, false},
+		{"scores", `{"p":0,"m":-0.25,"w":1.5}`, true, false},
+		{"scores", `{"p":0,"m":-0.999,"w":2}`, true, false},
+		{"scores", `{"p":0,"m":-1}`, false, false},
+		{"scores", `{"p":0,"m":-0.24}`, false, false},
+		{"scores", `{"p":0,"w":1}`, false, false},
+		{"scores", `{"p":0,"v":2.99}`, true, false},
+		{"scores", `{"p":0,"v":3}`, false, false},
+		{"scores", `{"p":0,"e":0}`, false, false},
+		{"scores", `{"p":0,"e":0.01}`, false, false},
+		{"scores", `{"p":0,"e":0.0100000001}`, false, false},
 		{"absorb", `"abcd"`, true, false},
 		{"absorb", `"x\"y"`, true, false},
 		{"absorb", `1.5`, true, false},
@@ -232,7 +264,7 @@ func walk(t *testing.T, s *Schema, r *rand.Rand, budget int) (string, bool) {
 				b = keys[r.IntN(len(keys))]
 			case len(short) > 0 && (short[0] == ']' || short[0] == '}' || short[0] == '"' && r.IntN(2) == 0):
 				b = short[:1]
-			case len(short) > 0:
+			case len(short) > 0 && r.IntN(4) != 0: // else any byte: a fraction may need a nonzero digit
 				b = []byte{short[r.IntN(len(short))]}
 			}
 		case r.IntN(3) == 0:
@@ -375,8 +407,12 @@ func TestCompileErrors(t *testing.T) {
 		{`{"enum":[]}`, ErrInvalid, "admits no value"},
 		{`{"type":"integer","enum":["a"]}`, ErrInvalid, "admits no value"},
 		{`{"type":"string","enum":["a"],"maxLength":3}`, ErrUnsupported, "beside enum"},
-		{`{"type":"number","minimum":0}`, ErrUnsupported, `"minimum" on a number`},
-		{`{"minimum":0}`, ErrUnsupported, `"minimum" on a number`},
+		{`{"type":"number","minimum":0.0000000001}`, ErrUnsupported, "more than 9 fraction digits"},
+		{`{"type":"number","minimum":1,"exclusiveMaximum":1}`, ErrInvalid, "admits no value"},
+		{`{"type":"number","exclusiveMinimum":0.5,"maximum":0.5}`, ErrInvalid, "admits no value"},
+		{`{"type":"number","maximum":1e18,"minimum":0.5}`, ErrUnsupported, "units of 10^-1"},
+		{`{"anyOf":[{"type":"integer","minimum":0,"maximum":5},{"type":"number","minimum":0,"maximum":5}]}`, ErrUnsupported, "different number schemas"},
+		{`{"anyOf":[{"type":"number","maximum":1},{"const":2}]}`, ErrUnsupported, "2"},
 		{`{"type":"integer","maximum":1e19}`, ErrUnsupported, "2^62"},
 		{`{"type":"integer","exclusiveMinimum":true}`, ErrInvalid, "want a number"},
 		{`{"type":"integer","minimum":3,"maximum":2.5}`, ErrInvalid, "admits no value"},
@@ -397,6 +433,8 @@ func TestCompileErrors(t *testing.T) {
 	for _, src := range []string{
 		`{"anyOf":[{"type":"integer"},{"type":"number"},{"enum":[1,"a"]},{"type":"string"}]}`,
 		`{"oneOf":[{"type":"object"},{"type":"array"},{"const":"x"}]}`,
+		`{"anyOf":[{"type":"number","maximum":1},{"const":0.5},{"type":"number","maximum":1}]}`,
+		`{"anyOf":[{"type":"number"},{"type":"integer","minimum":3}]}`,
 		`{"anyOf":[{"$ref":"#/$defs/A"},{"type":"null"}],"$defs":{"A":{"type":"object","properties":{"a":{"anyOf":[{"$ref":"#/$defs/A"},{"type":"null"}]}}}}}`,
 		`{"$defs":{"L":{"type":"object","properties":{"next":{"$ref":"#/$defs/L"}}}},"$ref":"#/$defs/L"}`,
 	} {
@@ -432,7 +470,7 @@ func FuzzFeed(f *testing.F) {
 	f.Add(0, []byte(`{"name":"Al","age":30}`), 3)
 	f.Add(5, []byte(`{"v":"ab","kids":[{"v":"xyz"}]}`), 1)
 	f.Add(3, []byte(`[1.5,2]`), 2)
-	names := []string{"person", "open", "scalars", "numlits", "mixed", "tree", "oneof", "extra", "any", "strict", "patterned", "tuple"}
+	names := []string{"person", "open", "scalars", "numlits", "mixed", "tree", "oneof", "extra", "any", "strict", "patterned", "tuple", "scores"}
 	compiled := make([]*Schema, len(names))
 	oracles := make([]validator, len(names))
 	for i, n := range names {
@@ -582,6 +620,8 @@ func FuzzCompile(f *testing.F) {
 	f.Add([]byte(`{"type":"object","properties":{"d":{"type":"string","format":"date-time"},"e":{"type":"string","format":"email","minLength":7}}}`), uint64(6))
 	f.Add([]byte(`{"type":"array","prefixItems":[{"type":"integer"},{"anyOf":[{"type":"string"},{"type":"null"}]}],"items":false,"minItems":1}`), uint64(7))
 	f.Add([]byte(`{"type":"array","items":[{"const":1},{"type":"array","items":[true,{"type":"boolean"}]}],"additionalItems":{"type":"null"},"maxItems":3}`), uint64(8))
+	f.Add([]byte(`{"type":"array","items":{"type":"number","minimum":-1.25,"exclusiveMaximum":3},"maxItems":3}`), uint64(9))
+	f.Add([]byte(`{"anyOf":[{"type":"number","exclusiveMinimum":0,"maximum":0.001},{"type":"null"}]}`), uint64(10))
 	f.Add([]byte(`{"type":"object","properties":{"a":false,"b":{"type":"array","minItems":1,"items":false}},"additionalProperties":{"type":"null"}}`), uint64(3))
 	f.Fuzz(func(t *testing.T, doc []byte, seed uint64) {
 		s, err := Compile(doc)

@@ -51,8 +51,11 @@ type cursor struct {
 	word    string
 	bounded bool  // the string has a length bound, a pattern or a format
 	inKey   bool  // mEscape, mHex: the escape is in a key
-	neg     bool  // a bounded integer's sign
-	val     int64 // its digits so far (saturating at maxBound)
+	neg     bool  // a bounded number's sign
+	val     int64 // its integer digits so far (saturating at maxBound)
+	frac    int64 // its first fraction digits (as many as its bounds have)
+	fd      uint8 // fraction digits read, at most one more than those
+	extra   bool  // a nonzero fraction digit past those
 	dfa     int32 // a patterned string's automaton state
 }
 
@@ -83,9 +86,9 @@ func (s *State) Complete() bool {
 		return false
 	}
 	switch s.cur.mode {
-	case mZero, mInt:
-		return s.cur.inRange()
-	case mFrac, mExp:
+	case mZero, mInt, mFrac:
+		return s.cur.within()
+	case mExp:
 		return true
 	case mLiteral:
 		return s.cur.exact() >= 0
@@ -360,10 +363,10 @@ func (m *sim) take(c byte) bool {
 		switch {
 		case c == '0':
 			cur.mode = mZero
-			return cur.reachable(true)
+			return cur.fits()
 		case digit(c):
 			cur.mode, cur.val = mInt, int64(c-'0')
-			return cur.reachable(false)
+			return cur.fits()
 		}
 		return false
 	case mZero, mInt:
@@ -371,11 +374,11 @@ func (m *sim) take(c byte) bool {
 		switch {
 		case digit(c) && cur.mode == mInt:
 			cur.val = appendDigit(cur.val, c)
-			return cur.reachable(false)
+			return cur.fits()
 		case c == '.' && fraction:
-			cur.mode = mFracStart
-			return true
-		case (c == 'e' || c == 'E') && fraction:
+			cur.mode, cur.frac, cur.fd, cur.extra = mFracStart, 0, 0, false
+			return cur.fits()
+		case (c == 'e' || c == 'E') && fraction && !cur.ranged(): // a bounded number is written without exponent
 			cur.mode = mExpStart
 			return true
 		}
@@ -383,14 +386,16 @@ func (m *sim) take(c byte) bool {
 	case mFracStart:
 		if digit(c) {
 			cur.mode = mFrac
-			return true
+			cur.fracDigit(c)
+			return cur.fits()
 		}
 		return false
 	case mFrac:
 		switch {
 		case digit(c):
-			return true
-		case c == 'e' || c == 'E':
+			cur.fracDigit(c)
+			return cur.fits()
+		case (c == 'e' || c == 'E') && !cur.ranged():
 			cur.mode = mExpStart
 			return true
 		}
@@ -477,13 +482,13 @@ func (m *sim) value(c byte) bool {
 		cur.bounded = n.minLen > 0 || n.maxLen >= 0 || n.pat != nil
 	case c == '-' && n.kinds&(kInteger|kNumber) != 0:
 		cur.mode, cur.neg, cur.val = mMinus, true, 0
-		return cur.reachable(false)
+		return cur.fits()
 	case c == '0' && n.kinds&(kInteger|kNumber) != 0:
 		cur.mode, cur.neg, cur.val = mZero, false, 0
-		return cur.reachable(true)
+		return cur.fits()
 	case digit(c) && n.kinds&(kInteger|kNumber) != 0:
 		cur.mode, cur.neg, cur.val = mInt, false, int64(c-'0')
-		return cur.reachable(false)
+		return cur.fits()
 	case c == 't' && n.kinds&kBool != 0:
 		cur.mode, cur.word = mWord, "rue"
 	case c == 'f' && n.kinds&kBool != 0:
@@ -662,72 +667,10 @@ func (m *sim) valueEnd() {
 	}
 }
 
-// ranged reports whether the number read has integer bounds.
-func (cur *cursor) ranged() bool {
-	return cur.n.kinds&kNumber == 0 && (cur.n.lo != noLo || cur.n.hi != noHi)
-}
-
-// inRange reports whether the integer read so far is within its bounds.
-func (cur *cursor) inRange() bool {
-	if !cur.ranged() {
-		return true
-	}
-	v := cur.val
-	if cur.neg {
-		v = -v
-	}
-	return cur.n.lo <= v && v <= cur.n.hi
-}
-
-// reachable reports whether the integer read so far can still end within
-// its bounds: zero (a lone 0 or -0) is whole; "-" may become -0 or any
-// negative; digits p may become p itself or p followed by k more digits,
-// [p*10^k, p*10^k + 10^k - 1], negated after a minus.
-func (cur *cursor) reachable(zero bool) bool {
-	if !cur.ranged() {
-		return true
-	}
-	lo, hi := cur.n.lo, cur.n.hi
-	if zero {
-		return lo <= 0 && 0 <= hi
-	}
-	if cur.neg && cur.mode == mMinus {
-		return lo <= 0 && 0 <= hi || lo <= min(hi, -1)
-	}
-	if cur.neg { // mirror: -v in [lo, hi] iff v in [-hi, -lo]
-		lo, hi = neg(hi), neg(lo)
-	}
-	for a, span := cur.val, int64(1); a <= hi; a, span = appendDigit(a, '0'), appendDigit(span, '0') {
-		if span == maxBound || a+span-1 >= lo { // no overflow: both at most 2^62
-			return true
-		}
-	}
-	return false
-}
-
-// appendDigit is v*10 + c's digit, saturating at maxBound.
-func appendDigit(v int64, c byte) int64 {
-	if v >= maxBound/10 {
-		return maxBound
-	}
-	return min(v*10+int64(c-'0'), maxBound)
-}
-
-// neg negates a bound, a missing one staying missing on the other side.
-func neg(b int64) int64 {
-	switch b {
-	case noLo:
-		return noHi
-	case noHi:
-		return noLo
-	}
-	return -b
-}
-
 // ended takes c after a value that ended without a closing byte (a
 // number).
 func (m *sim) ended(c byte) bool {
-	if (m.cur.mode == mZero || m.cur.mode == mInt) && !m.cur.inRange() {
+	if !m.cur.within() {
 		return false
 	}
 	m.valueEnd()

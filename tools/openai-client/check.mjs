@@ -160,12 +160,13 @@ const checks = {
       properties: {
         city: { type: "string", maxLength: 12 }, days: { type: "integer" }, unit: { enum: ["C", "F"] },
         from: { type: "string", format: "date" }, code: { type: "string", pattern: "^[A-Z]{3}$" },
+        chance: { type: "number", minimum: 0, maximum: 1 },
       },
     };
     let stopped = 0;
     for (const seed of [0, 1, 2, 3]) {
       const r = await client.chat.completions.create({
-        model, messages, max_tokens: 120, temperature: 1, seed,
+        model, messages, max_tokens: 240, temperature: 1, seed,
         response_format: { type: "json_schema", json_schema: { name: "forecast", strict: true, schema } },
       });
       const c = r.choices[0];
@@ -173,7 +174,7 @@ const checks = {
       if (c.finish_reason !== "stop") continue;
       stopped++;
       const v = JSON.parse(c.message.content);
-      assert.deepEqual(Object.keys(v).filter((k) => !["city", "days", "unit", "from", "code"].includes(k)), [], c.message.content);
+      assert.deepEqual(Object.keys(v).filter((k) => !["city", "days", "unit", "from", "code", "chance"].includes(k)), [], c.message.content);
       assert.equal(typeof v.city, "string");
       assert.ok([...v.city].length <= 12, c.message.content);
       assert.ok(Number.isInteger(v.days), c.message.content);
@@ -181,8 +182,9 @@ const checks = {
       // A calendar date: Date reads it back to the same day.
       assert.ok(v.from === undefined || /^\d{4}-\d{2}-\d{2}$/.test(v.from) && new Date(v.from + "T00:00:00Z").toISOString().startsWith(v.from), c.message.content);
       assert.ok(v.code === undefined || /^[A-Z]{3}$/.test(v.code), c.message.content);
+      assert.ok(v.chance === undefined || typeof v.chance === "number" && v.chance >= 0 && v.chance <= 1, c.message.content);
     }
-    assert.ok(stopped > 0, "no structured answer finished within 120 tokens");
+    assert.ok(stopped > 0, "no structured answer finished within 240 tokens");
     await assert.rejects(
       client.chat.completions.create({ model, messages, response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "string", format: "hostname" } } } }),
       (err) => err instanceof OpenAI.BadRequestError && /format/.test(err.message),
