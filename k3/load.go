@@ -157,8 +157,9 @@ type Model struct {
 	toolTextOnce  sync.Once // WithOptionalToolCalls' free-text mask (toolTextTables)
 	toolText      []bool
 	toolTextTrial []int32
-	fp            [32]byte
-	chunk         int
+
+	fp    [32]byte
+	chunk int
 
 	embed, norm, lmHead compute.Tensor
 	layers              []*layer

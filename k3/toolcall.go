@@ -50,10 +50,11 @@ func WithOptionalToolCalls(names []string, parallel bool) GenerateOption {
 	}
 }
 
-// WithToolArguments holds the arguments of a call (WithToolCalls, WithOptionalToolCalls)
-// to a function named in schemas to a JSON object its schema admits, as
-// WithJSONSchema holds a generation; a function without a schema takes
-// any JSON object. Every name must be one WithToolCalls lists.
+// WithToolArguments holds the arguments of a call (WithToolCalls,
+// WithOptionalToolCalls) to a function named in schemas to a JSON object
+// its schema admits, as WithJSONSchema holds a generation; a function
+// without a schema takes any JSON object. Every name must be one those
+// options list.
 func WithToolArguments(schemas map[string]*JSONSchema) GenerateOption {
 	return func(o *genOptions) {
 		o.toolArgs = make(map[string]*jsonschema.Schema, len(schemas))
@@ -139,15 +140,15 @@ type callState struct {
 // toolConstraint is a generation's tool calls state and the mask its
 // sampler reads.
 type toolConstraint struct {
-	text      []bool  // WithOptionalToolCalls: the mask in text that holds no part of the marker
-	textTrial []int32 // the tokens that text mask leaves to a trial
 	names     []string
 	schemas   []*jsonschema.Schema // per name; nil: any JSON object
 	parallel  bool
 	st        callState
 	toks      [][]byte // every token's bytes, special tokens' their names
 	special   []bool
-	plain     []bool // which ordinary tokens stay inside a JSON string
+	plain     []bool  // which ordinary tokens stay inside a JSON string
+	text      []bool  // WithOptionalToolCalls: the mask in text that ends in no part of the marker
+	textTrial []int32 // the tokens that mask leaves to a trial
 	stops     []int32
 	mask      []bool
 }
