@@ -384,7 +384,7 @@ func strs(n *node, m map[string]any, at string) error {
 		f, _ := v.(string)
 		d, ok := formatDFA(f)
 		if !ok {
-			return fmt.Errorf("%w: %s/format %v (held: date, date-time, email, ipv4, time, uuid)", ErrUnsupported, at, encode(v))
+			return fmt.Errorf("%w: %s/format %v (held: date, date-time, duration, email, hostname, ipv4, ipv6, time, uuid)", ErrUnsupported, at, encode(v))
 		}
 		parts = append(parts, d)
 	}

@@ -565,6 +565,19 @@ const (
 	octet      = `(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])`
 	atom       = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
 	label      = `[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?`
+	// A host name of at most 8 labels of at most 30 characters stays
+	// within RFC 1123's 253 (8*31-1 = 247) without counting.
+	hostLabel = `[A-Za-z0-9](?:[A-Za-z0-9-]{0,28}[A-Za-z0-9])?`
+	hex16     = `[0-9a-fA-F]{1,4}`
+	// RFC 4291's text forms, "::" compression included (no embedded
+	// IPv4, no zone).
+	formatIPv6 = `(?:(?:` + hex16 + `:){7}` + hex16 + `|(?:` + hex16 + `:){1,7}:|(?:` + hex16 + `:){1,6}:` + hex16 +
+		`|(?:` + hex16 + `:){1,5}(?::` + hex16 + `){1,2}|(?:` + hex16 + `:){1,4}(?::` + hex16 + `){1,3}` +
+		`|(?:` + hex16 + `:){1,3}(?::` + hex16 + `){1,4}|(?:` + hex16 + `:){1,2}(?::` + hex16 + `){1,5}` +
+		`|` + hex16 + `:(?::` + hex16 + `){1,6}|:(?:(?::` + hex16 + `){1,7}|:))`
+	// RFC 3339 appendix A's duration.
+	durTime        = `T(?:[0-9]+H(?:[0-9]+M(?:[0-9]+S)?)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)`
+	formatDuration = `P(?:(?:[0-9]+Y(?:[0-9]+M(?:[0-9]+D)?)?|[0-9]+M(?:[0-9]+D)?|[0-9]+D)(?:` + durTime + `)?|` + durTime + `|[0-9]+W)`
 )
 
 // formats are the patterns "format" holds, each a subset of the format's
@@ -576,6 +589,9 @@ var formats = map[string]string{
 	"uuid":      `^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`,
 	"ipv4":      `^` + octet + `(?:\.` + octet + `){3}$`,
 	"email":     `^` + atom + `(?:\.` + atom + `)*@` + label + `(?:\.` + label + `)+$`,
+	"hostname":  `^` + hostLabel + `(?:\.` + hostLabel + `){0,7}$`,
+	"ipv6":      `^` + formatIPv6 + `$`,
+	"duration":  `^` + formatDuration + `$`,
 }
 
 var formatDFAs sync.Map // format name -> *dfa, built once

@@ -1,6 +1,7 @@
 package jsonschema
 
 import (
+	"bytes"
 	"math/rand/v2"
 	"regexp"
 	"strconv"
@@ -174,7 +175,13 @@ func TestFormats(t *testing.T) {
 		"date-time": {[]string{"2024-02-29T12:30:00Z", "1985-04-12T23:20:50.52+01:00"}, []string{"2024-02-29 12:30:00Z", "2024-02-29t12:30:00Z", "2023-02-29T00:00:00Z"}},
 		"uuid":      {[]string{"123e4567-e89b-12d3-a456-426614174000", "123E4567-E89B-12D3-A456-426614174000"}, []string{"123e4567e89b12d3a456426614174000", "123e4567-e89b-12d3-a456-42661417400g"}},
 		"ipv4":      {[]string{"0.0.0.0", "255.255.255.255", "192.168.1.10"}, []string{"256.1.1.1", "01.2.3.4", "1.2.3", "1.2.3.4.5"}},
-		"email":     {[]string{"a@b.co", "first.last+tag@sub.example.org", "x!#$%&'*+/=?^_`{|}~-@a-b.c"}, []string{"a@b", "a..b@c.d", ".a@b.c", "a@-b.c", "a@b-.c", "@b.c", "a b@c.d"}},
+		"hostname": {[]string{"localhost", "a-b.example.org", "x1.y2.z3", strings.Repeat("a", 30) + ".b"},
+			[]string{"-a.b", "a-.b", "a..b", "a.b.", "a_b.c", strings.Repeat("a", 31), "a.b.c.d.e.f.g.h.i", ""}},
+		"ipv6": {[]string{"::", "::1", "1::", "2001:db8::8a2e:370:7334", "2001:0db8:0000:0000:0000:ff00:0042:8329", "fe80::1:2:3:4:5:6", "1:2:3:4:5:6:7::"},
+			[]string{"1:2:3:4:5:6:7:8:9", "1::2::3", "12345::", "::ffff:1.2.3.4", "fe80::1%eth0", ":1", "1:"}},
+		"duration": {[]string{"P1Y", "P1Y2M3D", "P3DT4H5M6S", "PT1H", "PT5M", "PT10S", "P2W", "P1M2D", "PT1H30M"},
+			[]string{"P", "PT", "P1Y2D", "P1H", "PT1D", "P1W2D", "1Y", "P1.5Y", "PT1S2M"}},
+		"email": {[]string{"a@b.co", "first.last+tag@sub.example.org", "x!#$%&'*+/=?^_`{|}~-@a-b.c"}, []string{"a@b", "a..b@c.d", ".a@b.c", "a@-b.c", "a@b-.c", "@b.c", "a b@c.d"}},
 	}
 	r := rand.New(rand.NewPCG(7, 8))
 	for f, c := range cases {
@@ -196,26 +203,36 @@ func TestFormats(t *testing.T) {
 }
 
 // shortWalk draws random bytes the machine accepts until the value is
-// whole, past budget bytes the first of a few that end a string sooner
-// (the close, an email's '@' and '.', a letter, a digit) it accepts.
+// whole; past budget bytes it prefers those that end a string sooner:
+// the close, an email's '@' and '.', then any byte but a digit (a
+// duration's designator, a host's letter), then '0'.
 func shortWalk(t *testing.T, s *Schema, r *rand.Rand, budget int) string {
 	st := s.Start()
 	var text []byte
 	for !st.Done() {
-		var ok []byte
+		var ok, other []byte
 		for c := range 256 {
 			if st.Accepts([]byte{byte(c)}) {
 				ok = append(ok, byte(c))
+				if !digit(byte(c)) {
+					other = append(other, byte(c))
+				}
 			}
 		}
 		require.NotEmpty(t, ok, "dead end after %q", text)
 		c := ok[r.IntN(len(ok))]
 		if len(text) > budget {
-			for _, want := range []byte(`"@.a0`) {
-				if st.Accepts([]byte{want}) {
-					c = want
-					break
-				}
+			switch {
+			case bytes.IndexByte(ok, '"') >= 0:
+				c = '"'
+			case bytes.IndexByte(ok, '@') >= 0:
+				c = '@'
+			case bytes.IndexByte(ok, '.') >= 0:
+				c = '.'
+			case len(other) > 0:
+				c = other[r.IntN(len(other))]
+			case bytes.IndexByte(ok, '0') >= 0:
+				c = '0'
 			}
 		}
 		require.Less(t, len(text), 4*budget, "%q runs on", text)

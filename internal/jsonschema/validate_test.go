@@ -211,6 +211,22 @@ func validFormat(f, v string) bool {
 	case "email":
 		a, err := mail.ParseAddress(v)
 		return err == nil && a.Name == "" && a.Address == v
+	case "ipv6":
+		a, err := netip.ParseAddr(v)
+		return err == nil && a.Is6() && a.Zone() == ""
+	case "hostname": // RFC 1123: dot-separated labels of 1-63 letters, digits, '-', not at either end; 253 at most
+		if len(v) > 253 {
+			return false
+		}
+		for _, l := range strings.Split(v, ".") {
+			if len(l) == 0 || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' ||
+				strings.Trim(l, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-") != "" {
+				return false
+			}
+		}
+		return true
+	case "duration":
+		return validDuration(v)
 	case "uuid":
 		if len(v) != 36 {
 			return false
@@ -228,6 +244,62 @@ func validFormat(f, v string) bool {
 		return true
 	}
 	panic("format " + f)
+}
+
+// validDuration reads RFC 3339 appendix A's duration by its ABNF, one
+// production at a time: "P" then date [time], time, or weeks.
+func validDuration(v string) bool {
+	rest, ok := strings.CutPrefix(v, "P")
+	if !ok {
+		return false
+	}
+	// unit reads 1*DIGIT then the designator, if there.
+	unit := func(s string, d byte) (string, bool) {
+		i := 0
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			i++
+		}
+		if i == 0 || i == len(s) || s[i] != d {
+			return s, false
+		}
+		return s[i+1:], true
+	}
+	// chain reads units in order, each optional only after the first
+	// read: Y [M [D]], or starting later in the chain.
+	chain := func(s string, ds string) (string, bool) {
+		for k := 0; k < len(ds); k++ {
+			if r, ok := unit(s, ds[k]); ok {
+				for k++; k < len(ds); k++ {
+					r2, ok := unit(r, ds[k])
+					if !ok {
+						break
+					}
+					r = r2
+				}
+				return r, true
+			}
+		}
+		return s, false
+	}
+	if r, ok := unit(rest, 'W'); ok {
+		return r == ""
+	}
+	timePart := func(s string) bool {
+		s, ok := strings.CutPrefix(s, "T")
+		if !ok {
+			return false
+		}
+		r, ok := chain(s, "HMS")
+		return ok && r == ""
+	}
+	if strings.HasPrefix(rest, "T") {
+		return timePart(rest)
+	}
+	r, ok := chain(rest, "YMD")
+	if !ok {
+		return false
+	}
+	return r == "" || timePart(r)
 }
 
 func num(s map[string]any, k string) (int, bool) {

@@ -186,7 +186,7 @@ const checks = {
     }
     assert.ok(stopped > 0, "no structured answer finished within 240 tokens");
     await assert.rejects(
-      client.chat.completions.create({ model, messages, response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "string", format: "hostname" } } } }),
+      client.chat.completions.create({ model, messages, response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "string", format: "uri" } } } }),
       (err) => err instanceof OpenAI.BadRequestError && /format/.test(err.message),
     );
   },
