@@ -80,6 +80,8 @@ type node struct {
 	prefix             []*node // prefixItems: the first items' schemas
 	items              *node   // the items after them; nil: none is admitted
 	minItems, maxItems int     // maxItems < 0: no bound
+	unique             bool    // uniqueItems: items is an enum or const of at most 64 values
+	uniqueAt           string
 
 	names      []string // property names, encoded without quotes, sorted
 	props      []*node  // their schemas (nil: the property admits no value)
@@ -145,6 +147,13 @@ func Compile(doc []byte) (*Schema, error) {
 			return nil, err
 		}
 	}
+	for _, n := range c.nodes {
+		// uniqueItems is held where each item is one of a few literals:
+		// the array's frame marks those written.
+		if n.unique && (len(n.prefix) > 0 || n.items.kinds != 0 || len(n.items.lits) > 64) {
+			return nil, fmt.Errorf("%w: %s: uniqueItems on items that are not an enum or const of at most 64 values (without prefixItems)", ErrUnsupported, n.uniqueAt)
+		}
+	}
 	c.settle()
 	if !root.sat {
 		return nil, fmt.Errorf("%w: the schema admits no value", ErrInvalid)
@@ -170,7 +179,7 @@ var annotations = map[string]bool{
 var keywords = map[string]string{
 	"type": "", "enum": "", "const": "", "anyOf": "", "oneOf": "", "allOf": "", "$ref": "",
 	"properties": "object", "required": "object", "additionalProperties": "object",
-	"items": "array", "minItems": "array", "maxItems": "array", "prefixItems": "array", "additionalItems": "array",
+	"items": "array", "minItems": "array", "maxItems": "array", "prefixItems": "array", "additionalItems": "array", "uniqueItems": "array",
 	"minLength": "string", "maxLength": "string", "pattern": "string", "format": "string",
 	"minimum": "number", "maximum": "number", "exclusiveMinimum": "number", "exclusiveMaximum": "number",
 }
@@ -549,6 +558,13 @@ func (c *compiler) arrays(n *node, m map[string]any, at string) error {
 			return err
 		}
 	}
+	if u, ok := m["uniqueItems"]; ok {
+		b, isBool := u.(bool)
+		if !isBool {
+			return fmt.Errorf("%w: %s/uniqueItems = %v, want true or false", ErrInvalid, at, u)
+		}
+		n.unique, n.uniqueAt = b, at
+	}
 	return nil
 }
 
@@ -751,7 +767,7 @@ func (c *compiler) merge(alts []*node, one bool, at string) (*node, error) {
 		case "string":
 			n.minLen, n.maxLen, n.pat = pick.minLen, pick.maxLen, pick.pat
 		case "array":
-			n.prefix, n.items, n.minItems, n.maxItems = pick.prefix, pick.items, pick.minItems, pick.maxItems
+			n.prefix, n.items, n.minItems, n.maxItems, n.unique = pick.prefix, pick.items, pick.minItems, pick.maxItems, pick.unique
 		case "object":
 			n.names, n.props, n.required, n.additional = pick.names, pick.props, pick.required, pick.additional
 		}
@@ -791,7 +807,7 @@ func sameKind(a, b *node, k uint8) bool {
 	case kString:
 		return a.minLen == b.minLen && a.maxLen == b.maxLen && a.pat == b.pat
 	case kArray:
-		return a.items == b.items && slices.Equal(a.prefix, b.prefix) && a.minItems == b.minItems && a.maxItems == b.maxItems
+		return a.items == b.items && slices.Equal(a.prefix, b.prefix) && a.minItems == b.minItems && a.maxItems == b.maxItems && a.unique == b.unique
 	case kObject:
 		return a.additional == b.additional && a.required == b.required && slices.Equal(a.names, b.names) && slices.Equal(a.props, b.props)
 	}
@@ -808,7 +824,7 @@ func whole(a *node, k uint8, anyN *node) bool {
 	case kString:
 		return a.kinds&kString != 0 && a.minLen == 0 && a.maxLen < 0 && a.pat == nil
 	case kArray:
-		return a.kinds&kArray != 0 && a.items == anyN && len(a.prefix) == 0 && a.minItems == 0 && a.maxItems < 0
+		return a.kinds&kArray != 0 && a.items == anyN && len(a.prefix) == 0 && a.minItems == 0 && a.maxItems < 0 && !a.unique
 	case kObject:
 		return a.kinds&kObject != 0 && len(a.names) == 0 && a.additional == anyN
 	}
@@ -869,7 +885,7 @@ func (n *node) satisfiable() bool {
 	if n.kinds&kString != 0 && n.strings() {
 		return true
 	}
-	if n.kinds&kArray != 0 && (n.maxItems < 0 || n.minItems <= n.maxItems) && n.firstItemsSat() {
+	if n.kinds&kArray != 0 && (n.maxItems < 0 || n.minItems <= n.maxItems) && n.firstItemsSat() && (!n.unique || n.minItems <= len(n.items.lits)) {
 		return true
 	}
 	if n.kinds&kObject != 0 {
@@ -924,6 +940,9 @@ func (n *node) prune() {
 		}
 		if n.items == nil && (n.maxItems < 0 || n.maxItems > len(n.prefix)) {
 			n.maxItems = len(n.prefix)
+		}
+		if n.unique && n.items != nil && (n.maxItems < 0 || n.maxItems > len(n.items.lits)) {
+			n.maxItems = len(n.items.lits) // each at most once
 		}
 		if n.maxItems >= 0 && n.minItems > n.maxItems {
 			n.kinds &^= kArray

@@ -49,6 +49,8 @@ var schemas = map[string]string{
 		"x":{"minimum":10,"maximum":10},"e":{"type":"number","exclusiveMinimum":0,"exclusiveMaximum":0.01},
 		"m":{"type":"number","exclusiveMinimum":-1,"maximum":-0.25},"w":{"type":"number","minimum":1,"exclusiveMinimum":1,"maximum":2},
 		"v":{"type":"number","maximum":3,"exclusiveMaximum":3}},"required":["p"],"additionalProperties":false}`,
+	"unique": `{"type":"object","properties":{"tags":{"type":"array","items":{"enum":["a","ab","abc","b",1,12,null,{"k":[1]}]},"uniqueItems":true,"minItems":1},
+		"two":{"type":"array","items":{"enum":["x","y"]},"uniqueItems":true},"any":{"type":"array","uniqueItems":false}},"required":["tags"],"additionalProperties":false}`,
 	"absorb": `{"anyOf":[{"type":"string","maxLength":2},{"type":"string"},{"type":"string","maxLength":1},{"type":"integer"},{"type":"number"},{"enum":["abc",7,"x\"y"]},{"type":"array","maxItems":1},{"type":"array"}]}`,
 }
 
@@ -183,6 +185,15 @@ func TestInstances(t *testing.T) {
 		{"scores", `{"p":0,"e":0}`, false, false},
 		{"scores", `{"p":0,"e":0.01}`, false, false},
 		{"scores", `{"p":0,"e":0.0100000001}`, false, false},
+		{"unique", `{"tags":["ab","a","abc",12,1,null,{"k":[1]},"b"],"two":["y","x"],"any":[1,1]}`, true, false},
+		{"unique", `{"tags":["a","a"]}`, false, false},
+		{"unique", `{"tags":["ab","ab"]}`, false, false},
+		{"unique", `{"tags":[12,1,12]}`, false, false},
+		{"unique", `{"tags":[1,1]}`, false, false},
+		{"unique", `{"tags":[null,null]}`, false, false},
+		{"unique", `{"tags":[{"k":[1]},{"k":[1]}]}`, false, false},
+		{"unique", `{"tags":[]}`, false, false},
+		{"unique", `{"tags":["a"],"two":["x","y","x"]}`, false, false},
 		{"absorb", `"abcd"`, true, false},
 		{"absorb", `"x\"y"`, true, false},
 		{"absorb", `1.5`, true, false},
@@ -401,6 +412,9 @@ func TestCompileErrors(t *testing.T) {
 		{`{"type":"array","prefixItems":[{"type":"string"}],"items":false,"minItems":2}`, ErrInvalid, "admits no value"},
 		{`{"type":"array","prefixItems":[{"foo":1}]}`, ErrUnsupported, `#/prefixItems/0: keyword "foo"`},
 		{`{"anyOf":[{"type":"array","prefixItems":[{"type":"string"}]},{"type":"array","prefixItems":[{"type":"integer"}]}]}`, ErrUnsupported, "different array schemas"},
+		{`{"type":"array","items":{"type":"string"},"uniqueItems":true}`, ErrUnsupported, "#: uniqueItems on items that are not an enum"},
+		{`{"type":"array","uniqueItems":1}`, ErrInvalid, "uniqueItems = 1"},
+		{`{"type":"array","items":{"enum":["a","b"]},"uniqueItems":true,"minItems":3}`, ErrInvalid, "admits no value"},
 		{`{"type":"object","required":["a"],"additionalProperties":false}`, ErrInvalid, "admits no value"},
 		{`{"type":"string","minLength":3,"maxLength":2}`, ErrInvalid, "admits no value"},
 		{`{"$defs":{"L":{"type":"object","properties":{"next":{"$ref":"#/$defs/L"}},"required":["next"]}},"$ref":"#/$defs/L"}`, ErrInvalid, "admits no value"},
@@ -470,7 +484,7 @@ func FuzzFeed(f *testing.F) {
 	f.Add(0, []byte(`{"name":"Al","age":30}`), 3)
 	f.Add(5, []byte(`{"v":"ab","kids":[{"v":"xyz"}]}`), 1)
 	f.Add(3, []byte(`[1.5,2]`), 2)
-	names := []string{"person", "open", "scalars", "numlits", "mixed", "tree", "oneof", "extra", "any", "strict", "patterned", "tuple", "scores"}
+	names := []string{"person", "open", "scalars", "numlits", "mixed", "tree", "oneof", "extra", "any", "strict", "patterned", "tuple", "scores", "unique"}
 	compiled := make([]*Schema, len(names))
 	oracles := make([]validator, len(names))
 	for i, n := range names {
@@ -622,6 +636,7 @@ func FuzzCompile(f *testing.F) {
 	f.Add([]byte(`{"type":"array","items":[{"const":1},{"type":"array","items":[true,{"type":"boolean"}]}],"additionalItems":{"type":"null"},"maxItems":3}`), uint64(8))
 	f.Add([]byte(`{"type":"array","items":{"type":"number","minimum":-1.25,"exclusiveMaximum":3},"maxItems":3}`), uint64(9))
 	f.Add([]byte(`{"anyOf":[{"type":"number","exclusiveMinimum":0,"maximum":0.001},{"type":"null"}]}`), uint64(10))
+	f.Add([]byte(`{"type":"array","items":{"enum":[1,12,"a","ab",[true],null]},"uniqueItems":true,"maxItems":4}`), uint64(11))
 	f.Add([]byte(`{"type":"object","properties":{"a":false,"b":{"type":"array","minItems":1,"items":false}},"additionalProperties":{"type":"null"}}`), uint64(3))
 	f.Fuzz(func(t *testing.T, doc []byte, seed uint64) {
 		s, err := Compile(doc)

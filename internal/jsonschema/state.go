@@ -1,5 +1,7 @@
 package jsonschema
 
+import "math/bits"
+
 // mode is what the next byte may be.
 type mode uint8
 
@@ -31,7 +33,7 @@ const (
 type frame struct {
 	n     *node
 	obj   bool
-	used  uint64 // an object's properties taken (bits of n.names)
+	used  uint64 // an object's properties taken (bits of n.names); a unique array's literals
 	count int    // an array's items begun
 }
 
@@ -57,6 +59,7 @@ type cursor struct {
 	fd      uint8 // fraction digits read, at most one more than those
 	extra   bool  // a nonzero fraction digit past those
 	dfa     int32 // a patterned string's automaton state
+	uniq    bool  // the value is an item of an array under uniqueItems
 }
 
 // State is the text read so far against a schema. A copy shares the
@@ -305,7 +308,7 @@ func (m *sim) take(c byte) bool {
 		if !f.roomForItem() {
 			return false
 		}
-		cur.n = f.n.item(f.count)
+		cur.n, cur.uniq = f.n.item(f.count), f.n.unique
 		f.count++
 		return m.value(c)
 	case mKeyOrEnd, mKey:
@@ -328,7 +331,7 @@ func (m *sim) take(c byte) bool {
 		case space(c):
 			return true
 		case c == ':':
-			cur.mode = mValue
+			cur.mode, cur.uniq = mValue, false
 			return true
 		}
 		return false
@@ -445,7 +448,8 @@ func (cur *cursor) escaped() mode {
 
 // roomForItem reports whether an array may take another item.
 func (f *frame) roomForItem() bool {
-	return f.n.item(f.count) != nil && (f.n.maxItems < 0 || f.count < f.n.maxItems)
+	return f.n.item(f.count) != nil && (f.n.maxItems < 0 || f.count < f.n.maxItems) &&
+		(!f.n.unique || bits.OnesCount64(f.used) < len(f.n.items.lits))
 }
 
 // roomForKey reports whether an object may take another property.
@@ -465,7 +469,7 @@ func (f *frame) roomForKey() bool {
 func (m *sim) value(c byte) bool {
 	cur := &m.cur
 	n := cur.n
-	if lo, hi := litRange(n.lits, 0, len(n.lits), 0, c); lo < hi {
+	if lo, hi := litRange(n.lits, 0, len(n.lits), 0, c); lo < hi && m.free(lo, hi) {
 		cur.mode, cur.lo, cur.hi, cur.off = mLiteral, lo, hi, 1
 		m.literalTaken()
 		return true
@@ -527,19 +531,66 @@ func (cur *cursor) exact() int {
 // bytes matched.
 func (m *sim) literalTaken() {
 	cur := &m.cur
-	if len(cur.n.lits[cur.hi-1]) == cur.off && cur.exact() >= 0 {
+	if e := cur.exact(); e >= 0 && !m.longer() && m.mark(e) {
 		m.valueEnd()
 	}
 }
 
+// The literals of an array under uniqueItems are its items' enum or
+// const (compile.go): the array's frame marks those written, which its
+// items may not write again.
+
+// free reports whether a candidate in lits[lo:hi] may still be written.
+func (m *sim) free(lo, hi int) bool {
+	if !m.cur.uniq {
+		return true
+	}
+	used := m.top().used
+	for i := lo; i < hi; i++ {
+		if used&(1<<i) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// longer reports whether a candidate longer than the bytes matched may
+// still be written.
+func (m *sim) longer() bool {
+	cur := &m.cur
+	if !cur.uniq {
+		return len(cur.n.lits[cur.hi-1]) > cur.off // sorted: the longest is last
+	}
+	used := m.top().used
+	for i := cur.lo; i < cur.hi; i++ {
+		if len(cur.n.lits[i]) > cur.off && used&(1<<i) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// mark marks literal e written, if it may be.
+func (m *sim) mark(e int) bool {
+	if !m.cur.uniq {
+		return true
+	}
+	f := m.top()
+	if f.used&(1<<e) != 0 {
+		return false
+	}
+	f.used |= 1 << e
+	return true
+}
+
 func (m *sim) literal(c byte) bool {
 	cur := &m.cur
-	if lo, hi := litRange(cur.n.lits, cur.lo, cur.hi, cur.off, c); lo < hi {
+	if lo, hi := litRange(cur.n.lits, cur.lo, cur.hi, cur.off, c); lo < hi && m.free(lo, hi) {
 		cur.lo, cur.hi, cur.off = lo, hi, cur.off+1
 		m.literalTaken()
 		return true
 	}
-	if cur.exact() < 0 {
+	if e := cur.exact(); e < 0 || !m.mark(e) {
 		return false
 	}
 	return m.ended(c) // a number literal another one extends ("1" of 1 and 12)
@@ -694,7 +745,7 @@ func (m *sim) after(c byte) bool {
 	case f.obj && c == '}':
 		return f.used&f.n.required == f.n.required && m.close()
 	case !f.obj && c == ',' && f.roomForItem():
-		cur.mode, cur.n = mValue, f.n.item(f.count)
+		cur.mode, cur.n, cur.uniq = mValue, f.n.item(f.count), f.n.unique
 		f.count++
 		return true
 	case !f.obj && c == ']':

@@ -151,6 +151,15 @@ func (vd validator) validObject(s map[string]any, v any) bool {
 		if mx, ok := num(s, "maxItems"); ok && len(v) > mx {
 			return false
 		}
+		if u, _ := s["uniqueItems"].(bool); u {
+			for i := range v {
+				for j := range i {
+					if same(v[i], v[j]) {
+						return false
+					}
+				}
+			}
+		}
 		// 2020-12's prefixItems then items; draft-07's list of items then
 		// additionalItems.
 		prefix, _ := s["prefixItems"].([]any)
