@@ -29,6 +29,7 @@ import (
 	"maps"
 	"math"
 	"math/big"
+	"math/bits"
 	"slices"
 	"strings"
 	"unicode/utf8"
@@ -88,6 +89,8 @@ type node struct {
 	required   uint64   // bits of names
 	additional *node    // other properties' schema; nil: none admitted
 
+	minProps, maxProps int // maxProps < 0: no bound; minProps counts declared properties only
+
 	union    *union // anyOf/oneOf branches not merged yet
 	building bool   // compile in progress (a $ref cycle reaches it)
 	sat      bool   // admits at least one value
@@ -109,7 +112,7 @@ type Schema struct {
 
 // anyNode admits every JSON value.
 func anyNode() *node {
-	n := &node{kinds: kNull | kBool | kInteger | kNumber | kString | kArray | kObject, maxLen: -1, maxItems: -1, lo: noLo, hi: noHi}
+	n := &node{kinds: kNull | kBool | kInteger | kNumber | kString | kArray | kObject, maxLen: -1, maxItems: -1, maxProps: -1, lo: noLo, hi: noHi}
 	n.items, n.additional = n, n
 	return n
 }
@@ -178,14 +181,14 @@ var annotations = map[string]bool{
 // read keywords, by the kind they constrain ("" for several).
 var keywords = map[string]string{
 	"type": "", "enum": "", "const": "", "anyOf": "", "oneOf": "", "allOf": "", "$ref": "",
-	"properties": "object", "required": "object", "additionalProperties": "object",
+	"properties": "object", "required": "object", "additionalProperties": "object", "minProperties": "object", "maxProperties": "object",
 	"items": "array", "minItems": "array", "maxItems": "array", "prefixItems": "array", "additionalItems": "array", "uniqueItems": "array",
 	"minLength": "string", "maxLength": "string", "pattern": "string", "format": "string",
 	"minimum": "number", "maximum": "number", "exclusiveMinimum": "number", "exclusiveMaximum": "number",
 }
 
 func (c *compiler) newNode() *node {
-	n := &node{maxLen: -1, maxItems: -1, lo: noLo, hi: noHi}
+	n := &node{maxLen: -1, maxItems: -1, maxProps: -1, lo: noLo, hi: noHi}
 	c.nodes = append(c.nodes, n)
 	return n
 }
@@ -589,6 +592,15 @@ func (n *node) item(i int) *node {
 }
 
 func (c *compiler) objects(n *node, m map[string]any, at string) error {
+	var err error
+	if n.minProps, n.maxProps, err = counts(m, "minProperties", "maxProperties", at); err != nil {
+		return err
+	}
+	if n.minProps > 0 && m["additionalProperties"] != false {
+		// Undeclared keys are not checked for repeats, which a decoder
+		// folds into one: only declared properties can be counted.
+		return fmt.Errorf("%w: %s: minProperties without \"additionalProperties\": false", ErrUnsupported, at)
+	}
 	n.additional = c.any
 	if a, ok := m["additionalProperties"]; ok {
 		var err error
@@ -770,6 +782,7 @@ func (c *compiler) merge(alts []*node, one bool, at string) (*node, error) {
 			n.prefix, n.items, n.minItems, n.maxItems, n.unique = pick.prefix, pick.items, pick.minItems, pick.maxItems, pick.unique
 		case "object":
 			n.names, n.props, n.required, n.additional = pick.names, pick.props, pick.required, pick.additional
+			n.minProps, n.maxProps = pick.minProps, pick.maxProps
 		}
 	}
 	for i, a := range alts {
@@ -809,7 +822,8 @@ func sameKind(a, b *node, k uint8) bool {
 	case kArray:
 		return a.items == b.items && slices.Equal(a.prefix, b.prefix) && a.minItems == b.minItems && a.maxItems == b.maxItems && a.unique == b.unique
 	case kObject:
-		return a.additional == b.additional && a.required == b.required && slices.Equal(a.names, b.names) && slices.Equal(a.props, b.props)
+		return a.additional == b.additional && a.required == b.required && slices.Equal(a.names, b.names) && slices.Equal(a.props, b.props) &&
+			a.minProps == b.minProps && a.maxProps == b.maxProps
 	}
 	return false
 }
@@ -826,7 +840,7 @@ func whole(a *node, k uint8, anyN *node) bool {
 	case kArray:
 		return a.kinds&kArray != 0 && a.items == anyN && len(a.prefix) == 0 && a.minItems == 0 && a.maxItems < 0 && !a.unique
 	case kObject:
-		return a.kinds&kObject != 0 && len(a.names) == 0 && a.additional == anyN
+		return a.kinds&kObject != 0 && len(a.names) == 0 && a.additional == anyN && a.minProps == 0 && a.maxProps < 0
 	}
 	return false
 }
@@ -888,15 +902,24 @@ func (n *node) satisfiable() bool {
 	if n.kinds&kArray != 0 && (n.maxItems < 0 || n.minItems <= n.maxItems) && n.firstItemsSat() && (!n.unique || n.minItems <= len(n.items.lits)) {
 		return true
 	}
-	if n.kinds&kObject != 0 {
-		for i, p := range n.props {
-			if n.required&(1<<i) != 0 && !p.sat {
-				return false
-			}
+	return n.kinds&kObject != 0 && n.objects()
+}
+
+// objects reports whether n's object constraints admit an object: its
+// required properties admit values, and minProperties and maxProperties
+// leave room for them (minProperties counts declared properties).
+func (n *node) objects() bool {
+	sat := 0
+	for i, p := range n.props {
+		switch {
+		case p != nil && p.sat:
+			sat++
+		case n.required&(1<<i) != 0:
+			return false
 		}
-		return true
 	}
-	return false
+	req := bits.OnesCount64(n.required)
+	return sat >= n.minProps && (n.maxProps < 0 || max(req, n.minProps) <= n.maxProps)
 }
 
 // strings reports whether n's string constraints admit a string.
@@ -947,6 +970,9 @@ func (n *node) prune() {
 		if n.maxItems >= 0 && n.minItems > n.maxItems {
 			n.kinds &^= kArray
 		}
+	}
+	if n.kinds&kObject != 0 && !n.objects() {
+		n.kinds &^= kObject
 	}
 	if n.kinds&kObject != 0 {
 		if n.additional != nil && !n.additional.sat {

@@ -51,6 +51,10 @@ var schemas = map[string]string{
 		"v":{"type":"number","maximum":3,"exclusiveMaximum":3}},"required":["p"],"additionalProperties":false}`,
 	"unique": `{"type":"object","properties":{"tags":{"type":"array","items":{"enum":["a","ab","abc","b",1,12,null,{"k":[1]}]},"uniqueItems":true,"minItems":1},
 		"two":{"type":"array","items":{"enum":["x","y"]},"uniqueItems":true},"any":{"type":"array","uniqueItems":false}},"required":["tags"],"additionalProperties":false}`,
+	"props": `{"type":"object","properties":{"a":{"type":"null"},"b":{"type":"null"},"c":{"type":"null"},"d":{"type":"null"}},
+		"required":["a"],"minProperties":2,"maxProperties":3,"additionalProperties":false}`,
+	"pair":   `{"type":"object","properties":{"a":{"type":"null"},"b":{"type":"null"},"c":{"type":"null"}},"required":["a"],"minProperties":2,"maxProperties":2,"additionalProperties":false}`,
+	"capped": `{"type":"object","properties":{"r":{"type":"null"},"s":{"type":"null"}},"required":["r","s"],"maxProperties":3}`,
 	"absorb": `{"anyOf":[{"type":"string","maxLength":2},{"type":"string"},{"type":"string","maxLength":1},{"type":"integer"},{"type":"number"},{"enum":["abc",7,"x\"y"]},{"type":"array","maxItems":1},{"type":"array"}]}`,
 }
 
@@ -194,6 +198,18 @@ func TestInstances(t *testing.T) {
 		{"unique", `{"tags":[{"k":[1]},{"k":[1]}]}`, false, false},
 		{"unique", `{"tags":[]}`, false, false},
 		{"unique", `{"tags":["a"],"two":["x","y","x"]}`, false, false},
+		{"props", `{"a":null,"b":null}`, true, false},
+		{"props", `{"d":null,"a":null,"c":null}`, true, false},
+		{"props", `{"a":null}`, false, false},
+		{"props", `{"b":null,"c":null}`, false, false},
+		{"props", `{"b":null,"c":null,"d":null}`, false, false},
+		{"props", `{"a":null,"b":null,"c":null,"d":null}`, false, false},
+		{"pair", `{"b":null,"a":null}`, true, false},
+		{"pair", `{"b":null,"c":null}`, false, false},
+		{"capped", `{"r":null,"s":null,"x":1}`, true, false},
+		{"capped", `{"x":1,"r":null,"s":null}`, true, false},
+		{"capped", `{"x":1,"y":2,"r":null}`, false, false},
+		{"capped", `{"r":null,"s":null,"x":1,"y":1}`, false, false},
 		{"absorb", `"abcd"`, true, false},
 		{"absorb", `"x\"y"`, true, false},
 		{"absorb", `1.5`, true, false},
@@ -414,6 +430,10 @@ func TestCompileErrors(t *testing.T) {
 		{`{"anyOf":[{"type":"array","prefixItems":[{"type":"string"}]},{"type":"array","prefixItems":[{"type":"integer"}]}]}`, ErrUnsupported, "different array schemas"},
 		{`{"type":"array","items":{"type":"string"},"uniqueItems":true}`, ErrUnsupported, "#: uniqueItems on items that are not an enum"},
 		{`{"type":"array","uniqueItems":1}`, ErrInvalid, "uniqueItems = 1"},
+		{`{"type":"object","minProperties":1}`, ErrUnsupported, `minProperties without "additionalProperties": false`},
+		{`{"type":"object","required":["a","b"],"maxProperties":1}`, ErrInvalid, "admits no value"},
+		{`{"type":"object","properties":{"a":{}},"minProperties":2,"additionalProperties":false}`, ErrInvalid, "admits no value"},
+		{`{"type":"object","maxProperties":-1}`, ErrInvalid, "maxProperties = -1"},
 		{`{"type":"array","items":{"enum":["a","b"]},"uniqueItems":true,"minItems":3}`, ErrInvalid, "admits no value"},
 		{`{"type":"object","required":["a"],"additionalProperties":false}`, ErrInvalid, "admits no value"},
 		{`{"type":"string","minLength":3,"maxLength":2}`, ErrInvalid, "admits no value"},
@@ -484,7 +504,7 @@ func FuzzFeed(f *testing.F) {
 	f.Add(0, []byte(`{"name":"Al","age":30}`), 3)
 	f.Add(5, []byte(`{"v":"ab","kids":[{"v":"xyz"}]}`), 1)
 	f.Add(3, []byte(`[1.5,2]`), 2)
-	names := []string{"person", "open", "scalars", "numlits", "mixed", "tree", "oneof", "extra", "any", "strict", "patterned", "tuple", "scores", "unique"}
+	names := []string{"person", "open", "scalars", "numlits", "mixed", "tree", "oneof", "extra", "any", "strict", "patterned", "tuple", "scores", "unique", "pair", "capped"}
 	compiled := make([]*Schema, len(names))
 	oracles := make([]validator, len(names))
 	for i, n := range names {
@@ -637,6 +657,8 @@ func FuzzCompile(f *testing.F) {
 	f.Add([]byte(`{"type":"array","items":{"type":"number","minimum":-1.25,"exclusiveMaximum":3},"maxItems":3}`), uint64(9))
 	f.Add([]byte(`{"anyOf":[{"type":"number","exclusiveMinimum":0,"maximum":0.001},{"type":"null"}]}`), uint64(10))
 	f.Add([]byte(`{"type":"array","items":{"enum":[1,12,"a","ab",[true],null]},"uniqueItems":true,"maxItems":4}`), uint64(11))
+	f.Add([]byte(`{"type":"object","properties":{"a":{"type":"null"},"b":{"type":"integer"},"c":{}},"required":["b"],"minProperties":2,"maxProperties":2,"additionalProperties":false}`), uint64(12))
+	f.Add([]byte(`{"type":"object","properties":{"r":{"type":"null"}},"required":["r"],"maxProperties":2,"additionalProperties":{"type":"boolean"}}`), uint64(13))
 	f.Add([]byte(`{"type":"object","properties":{"a":false,"b":{"type":"array","minItems":1,"items":false}},"additionalProperties":{"type":"null"}}`), uint64(3))
 	f.Fuzz(func(t *testing.T, doc []byte, seed uint64) {
 		s, err := Compile(doc)

@@ -35,6 +35,7 @@ type frame struct {
 	obj   bool
 	used  uint64 // an object's properties taken (bits of n.names); a unique array's literals
 	count int    // an array's items begun
+	keys  int    // an object's properties taken, declared or not
 }
 
 // cursor is everything but the stack.
@@ -317,9 +318,9 @@ func (m *sim) take(c byte) bool {
 		case space(c):
 			return true
 		case c == '}' && cur.mode == mKeyOrEnd:
-			return f.used&f.n.required == f.n.required && m.close()
+			return f.closable() && m.close()
 		case c == '"' && f.roomForKey():
-			cur.mode, cur.lo, cur.hi, cur.off, cur.free = mKeyString, 0, len(f.n.names), 0, f.n.additional != nil
+			cur.mode, cur.lo, cur.hi, cur.off, cur.free = mKeyString, 0, len(f.n.names), 0, f.n.additional != nil && !f.tight()
 			cur.bounded = false
 			return true
 		}
@@ -454,15 +455,53 @@ func (f *frame) roomForItem() bool {
 
 // roomForKey reports whether an object may take another property.
 func (f *frame) roomForKey() bool {
-	if f.n.additional != nil {
+	if f.n.maxProps >= 0 && f.keys >= f.n.maxProps {
+		return false
+	}
+	if f.n.additional != nil && !f.tight() {
 		return true
 	}
 	for i, p := range f.n.props {
-		if p != nil && f.used&(1<<i) == 0 {
+		if p != nil && f.used&(1<<i) == 0 && f.allowed(i) {
 			return true
 		}
 	}
 	return false
+}
+
+// closable reports whether an object may close: its required properties
+// and minProperties are there.
+func (f *frame) closable() bool {
+	return f.used&f.n.required == f.n.required && bits.OnesCount64(f.used) >= f.n.minProps
+}
+
+// owed is what the object still needs of its declared properties: the
+// missing required ones, and how many more minProperties asks for.
+func (f *frame) owed() (missing, more int) {
+	missing = bits.OnesCount64(f.n.required &^ f.used)
+	return missing, f.n.minProps - bits.OnesCount64(f.used)
+}
+
+// tight reports whether maxProperties leaves room only for what the
+// object still needs: then each key must lower it.
+func (f *frame) tight() bool {
+	if f.n.maxProps < 0 {
+		return false
+	}
+	missing, more := f.owed()
+	return f.n.maxProps-f.keys <= max(missing, more)
+}
+
+// allowed reports whether unused declared property i may be the next
+// key: any, or when the room is tight one that lowers what is owed (a
+// missing required one, or any while minProperties asks for more than
+// the required ones).
+func (f *frame) allowed(i int) bool {
+	if !f.tight() {
+		return true
+	}
+	missing, more := f.owed()
+	return f.n.required&(1<<i) != 0 || more > missing
 }
 
 // value starts a value of cur.n with c.
@@ -604,10 +643,11 @@ func (m *sim) key(c byte) bool {
 	if c == '"' {
 		for i := cur.lo; i < cur.hi; i++ {
 			if len(n.names[i]) == cur.off {
-				if f.used&(1<<i) != 0 || n.props[i] == nil {
-					return false // taken, or admits no value
+				if f.used&(1<<i) != 0 || n.props[i] == nil || !f.allowed(i) {
+					return false // taken, admits no value, or no room for it
 				}
 				f.used |= 1 << i
+				f.keys++
 				cur.mode, cur.n = mColon, n.props[i]
 				return true
 			}
@@ -615,6 +655,7 @@ func (m *sim) key(c byte) bool {
 		if !cur.free {
 			return false
 		}
+		f.keys++
 		cur.mode, cur.n = mColon, n.additional
 		return true
 	}
@@ -627,7 +668,7 @@ func (m *sim) key(c byte) bool {
 	lo, hi := litRange(n.names, cur.lo, cur.hi, cur.off, c)
 	open := false
 	for i := lo; i < hi; i++ {
-		if f.used&(1<<i) == 0 && n.props[i] != nil {
+		if f.used&(1<<i) == 0 && n.props[i] != nil && f.allowed(i) {
 			open = true
 			break
 		}
@@ -743,7 +784,7 @@ func (m *sim) after(c byte) bool {
 		cur.mode = mKey
 		return true
 	case f.obj && c == '}':
-		return f.used&f.n.required == f.n.required && m.close()
+		return f.closable() && m.close()
 	case !f.obj && c == ',' && f.roomForItem():
 		cur.mode, cur.n, cur.uniq = mValue, f.n.item(f.count), f.n.unique
 		f.count++

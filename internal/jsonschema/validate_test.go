@@ -181,6 +181,12 @@ func (vd validator) validObject(s map[string]any, v any) bool {
 			}
 		}
 	case map[string]any:
+		if mn, ok := num(s, "minProperties"); ok && len(v) < mn {
+			return false
+		}
+		if mx, ok := num(s, "maxProperties"); ok && len(v) > mx {
+			return false
+		}
 		props, _ := s["properties"].(map[string]any)
 		if r, ok := s["required"].([]any); ok {
 			for _, name := range r {
