@@ -110,6 +110,9 @@ const (
 	pDone
 )
 
+// sectionBegin opens a tool calls section.
+const sectionBegin = "<|tool_calls_section_begin|>"
+
 type alt struct {
 	lit  string
 	next callPhase
@@ -118,7 +121,7 @@ type alt struct {
 // alts are the literals each phase may read (pNext's second only when
 // calls are parallel).
 var alts = [...][]alt{
-	pSectionBegin: {{"<|tool_calls_section_begin|>", pCallBegin}},
+	pSectionBegin: {{sectionBegin, pCallBegin}},
 	pCallBegin:    {{"<|tool_call_begin|>", pFunctions}},
 	pFunctions:    {{"functions.", pName}},
 	pArgBegin:     {{"<|tool_call_argument_begin|>", pArgs}},
@@ -178,7 +181,7 @@ func (m *Model) toolTextTables() ([]bool, []int32) {
 }
 
 func textTables(toks [][]byte, special []bool) (mask []bool, trial []int32) {
-	lit := []byte(alts[pSectionBegin][0].lit)
+	lit := []byte(sectionBegin)
 	mask = make([]bool, len(toks))
 	for id, b := range toks {
 		switch {
@@ -233,7 +236,7 @@ func (s *callState) enter(p callPhase, parallel bool) {
 // always a value the caller may throw away.
 func (c *toolConstraint) run(s *callState, b []byte, special, commit bool) bool {
 	if s.phase == pText {
-		lit := alts[pSectionBegin][0].lit
+		const lit = sectionBegin
 		switch {
 		case special && string(b) == lit:
 			c.enter(s, pCallBegin)
@@ -381,7 +384,7 @@ func (c *toolConstraint) fill() {
 		case c.special[id]:
 			trial := c.st
 			c.mask[id] = c.run(&trial, b, true, false)
-		case text && c.st.off == 0 && !bytes.Contains(b, []byte{'<'}):
+		case text && c.st.off == 0 && bytes.IndexByte(b, '<') < 0:
 			c.mask[id] = true // cannot begin the section
 		case !first[b[0]]:
 			c.mask[id] = false

@@ -114,8 +114,7 @@ func ecma(p string) (string, error) {
 
 func hex4(s string) bool {
 	for i := 0; i < 4; i++ {
-		c := s[i]
-		if !digit(c) && !(c >= 'a' && c <= 'f') && !(c >= 'A' && c <= 'F') {
+		if !hexDigit(s[i]) {
 			return false
 		}
 	}

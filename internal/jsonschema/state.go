@@ -272,6 +272,8 @@ func space(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r'
 
 func digit(c byte) bool { return c >= '0' && c <= '9' }
 
+func hexDigit(c byte) bool { return digit(c) || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' }
+
 // outside reports whether the mode reads white space as such.
 func outside(md mode) bool {
 	switch md {
@@ -356,7 +358,7 @@ func (m *sim) take(c byte) bool {
 		}
 		return false
 	case mHex:
-		if !digit(c) && !(c >= 'a' && c <= 'f') && !(c >= 'A' && c <= 'F') {
+		if !hexDigit(c) {
 			return false
 		}
 		if cur.hex--; cur.hex == 0 {
