@@ -70,6 +70,10 @@ type prefixCache struct {
 	root   prefixNode
 	clock  uint64
 	stats  PrefixStats
+
+	watchers  map[int]func([]KVEvent) // WatchPrefixCache's
+	nextWatch int
+	pending   []KVEvent // this operation's events, for the watchers
 }
 
 type prefixNode struct {
@@ -82,6 +86,8 @@ type prefixNode struct {
 	snap   [][]float32 // per layer: the KDA state then conv window at pos; nil without a snapshot
 	used   uint64
 	model  *Model
+	hash   uint64 // chainHash: the block's name in KV events
+	snaps  int    // snapshots at this node and below it; announced while > 0
 }
 
 func newPrefixCache(budget int64, mem *ledger) *prefixCache {
@@ -98,6 +104,7 @@ func (c *prefixCache) evictOne() bool {
 		return false
 	}
 	c.evictTo(c.stats.Bytes - 1)
+	c.flush()
 	return true
 }
 
@@ -210,6 +217,7 @@ func (c *prefixCache) restore(s *Session, hit *prefixNode) error {
 func (c *prefixCache) insert(s *Session, upto int, snap [][]float32) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	defer c.flush()
 	c.clock++
 	n := &c.root
 	for p := PrefixBlock; p <= upto; p += PrefixBlock {
@@ -225,7 +233,7 @@ func (c *prefixCache) insert(s *Session, upto int, snap [][]float32) error {
 			if _, taken := n.kids[key]; taken {
 				return nil
 			}
-			next = &prefixNode{parent: n, pos: p, pages: make([]*dsa.Page, len(s.caches)), model: s.m}
+			next = &prefixNode{parent: n, pos: p, pages: make([]*dsa.Page, len(s.caches)), model: s.m, hash: chainHash(n.hash, toks)}
 			copy(next.toks[:], toks)
 			for l, ca := range s.caches {
 				if ca == nil {
@@ -251,6 +259,7 @@ func (c *prefixCache) insert(s *Session, upto int, snap [][]float32) error {
 		c.stats.Snapshots++
 		c.stats.Bytes += floats(snap)
 		c.mem.add(floats(snap))
+		c.gainSnapshot(n)
 	}
 	// The cache fits its own budget, and yields to sessions when the
 	// model's is exceeded.
@@ -289,6 +298,7 @@ func (c *prefixCache) evictTo(limit int64) {
 		c.stats.Blocks--
 		c.stats.Bytes -= lru.share
 		if lru.snap != nil {
+			c.loseSnapshot(lru)
 			c.stats.Snapshots--
 			c.stats.Bytes -= floats(lru.snap)
 			c.mem.add(-floats(lru.snap))
