@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -38,6 +39,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&spec.draftDepth, "draft-depth", "auto", "with -speculate: drafts per verify pass (1..15), or auto")
 	sessionIdle := fs.Duration("session-idle", 5*time.Minute, "how long a kept session stays in memory unused")
 	reasoning := fs.Bool("reasoning", false, "a thinking model (Kimi K2 Thinking, K3): answer its <think> reasoning as reasoning_content")
+	kvEvents := fs.String("kv-events", "", "publish KV-cache events for llm-d: tcp://*:PORT listens, tcp://HOST:PORT connects")
+	kvTopic := fs.String("kv-events-topic", "", `the KV events' topic (default "kv@HOSTNAME@NAME")`)
 	synopsis := "serve [-model DIR] [-addr 127.0.0.1:8080] [-api-key KEY] ...\n\nServes the OpenAI-compatible API (/v1/chat/completions, /v1/completions,\n/v1/models, /tokenize, /detokenize, /health, /metrics) until interrupted;\nsee docs/SERVING.md."
 	if err := parseFlags(fs, synopsis, args, stdout, stderr); err != nil {
 		return err
@@ -49,12 +52,21 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *memory <= 0 || *prefix < 0 || *prefix >= *memory {
 		return fmt.Errorf("-memory-mb %d and -prefix-cache-mb %d: want 0 <= prefix < memory", *memory, *prefix)
 	}
+	if *kvEvents != "" && *prefix == 0 {
+		return errors.New("-kv-events needs a prefix cache (-prefix-cache-mb above 0)")
+	}
+	if *kvEvents != "" {
+		if _, _, err := serve.KVEventsEndpoint(*kvEvents); err != nil {
+			return err
+		}
+	}
 	key := *apiKey
 	if key == "" {
 		key = os.Getenv("K3_API_KEY")
 	}
 	cfg := serve.Config{Name: *name, MaxSequences: *seqs, MaxQueue: *queue, MaxTokens: *maxTokens, MaxBodyBytes: *maxBody << 10, APIKey: key,
-		SessionDir: *sessionDir, SessionIdle: *sessionIdle, Reasoning: *reasoning}
+		SessionDir: *sessionDir, SessionIdle: *sessionIdle, Reasoning: *reasoning,
+		KVEvents: *kvEvents, KVEventsTopic: *kvTopic, Logf: lockedLogf(stderr)}
 	if cfg.Name == "" {
 		cfg.Name = "k3-tiny"
 		if *model != "" {
@@ -153,4 +165,15 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	return srv.Close()
+}
+
+// lockedLogf writes the server's background reports to w, a line each,
+// one at a time.
+func lockedLogf(w io.Writer) func(string, ...any) {
+	var mu sync.Mutex
+	return func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(w, "k3 "+format+"\n", args...)
+	}
 }

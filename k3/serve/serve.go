@@ -24,11 +24,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/semaphore"
 
+	"k3/internal/zmtp"
 	"k3/k3"
 )
 
@@ -78,6 +80,17 @@ type Config struct {
 	// reasoning_content; a request's chat_template_kwargs {"thinking":
 	// false} then pre-fills an empty reasoning instead (docs/SERVING.md).
 	Reasoning bool
+	// KVEvents, when set, publishes the prefix cache's KV-cache events
+	// for llm-d's precise prefix routing, as vLLM's ZMQ publisher does:
+	// "tcp://*:PORT" listens for subscribers, "tcp://HOST:PORT" connects
+	// to one (docs/SERVING.md). The model needs a prefix cache.
+	KVEvents string
+	// KVEventsTopic is the messages' topic (default "kv@HOSTNAME@Name",
+	// the form llm-d reads the pod and model from).
+	KVEventsTopic string
+	// Logf, when set, reports what happens outside requests (KV-event
+	// subscribers).
+	Logf func(format string, args ...any)
 }
 
 func (c *Config) defaults() {
@@ -105,6 +118,13 @@ func (c *Config) defaults() {
 	if c.MaxSessions <= 0 {
 		c.MaxSessions = 64
 	}
+	if c.KVEventsTopic == "" {
+		host, _ := os.Hostname()
+		c.KVEventsTopic = "kv@" + host + "@" + c.Name
+	}
+	if c.Logf == nil {
+		c.Logf = func(string, ...any) {}
+	}
 }
 
 // Server serves one model over HTTP. Create it with New; Close it after
@@ -120,6 +140,7 @@ type Server struct {
 	store   *sessionStore
 	closed  atomic.Bool
 	created int64
+	kv      *zmtp.Publisher // nil without Config.KVEvents
 }
 
 // New starts serving m: it starts the scheduler (a k3.Batcher), which
@@ -141,14 +162,24 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	var kv *zmtp.Publisher
+	if cfg.KVEvents != "" {
+		if kv, err = startKVEvents(m, cfg.KVEvents, cfg.KVEventsTopic, cfg.Name, cfg.Logf); err != nil {
+			store.close()
+			return nil, err
+		}
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	if err := b.Start(ctx); err != nil {
 		stop()
 		store.close()
+		if kv != nil {
+			kv.Close()
+		}
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	s := &Server{m: m, cfg: cfg, b: b, stop: stop, sem: semaphore.NewWeighted(int64(cfg.MaxSequences + cfg.MaxQueue)),
-		mux: http.NewServeMux(), met: newMetrics(cfg.Name), store: store, created: time.Now().Unix()}
+		mux: http.NewServeMux(), met: newMetrics(cfg.Name), store: store, created: time.Now().Unix(), kv: kv}
 	s.mux.HandleFunc("POST /v1/chat/completions", s.authorized(s.chatCompletions))
 	s.mux.HandleFunc("POST /v1/completions", s.authorized(s.completions))
 	s.mux.HandleFunc("GET /v1/models", s.authorized(s.models))
@@ -183,6 +214,9 @@ func (s *Server) Close() error {
 	}
 	s.stop()
 	defer s.store.close()
+	if s.kv != nil {
+		defer s.kv.Close()
+	}
 	if err := s.b.Wait(); err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
