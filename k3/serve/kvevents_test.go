@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"k3/k3"
 )
@@ -363,4 +364,90 @@ func TestKVEventsConfig(t *testing.T) {
 	defer m.Close()
 	_, err = New(m, Config{KVEvents: "tcp://127.0.0.1:5557"})
 	require.ErrorIs(t, err, k3.ErrNoPrefixCache)
+}
+
+// The shapes llm-d's vLLM adapter decodes with vmihailenco/msgpack
+// (array-encoded structs, which refuse any other field count).
+type llmdBatch struct {
+	_      struct{} `msgpack:",array"`
+	TS     float64
+	Events []msgpack.RawMessage
+	Rank   *int `msgpack:",omitempty"`
+}
+
+type llmdStored struct {
+	_           struct{} `msgpack:",array"`
+	Tag         string
+	BlockHashes []any
+	Parent      any
+	TokenIDs    []uint32
+	BlockSize   int
+	LoraID      *int    `msgpack:",omitempty"`
+	Medium      *string `msgpack:",omitempty"`
+	LoraName    *string `msgpack:",omitempty"`
+}
+
+type llmdRemoved struct {
+	_           struct{} `msgpack:",array"`
+	Tag         string
+	BlockHashes []any
+	Medium      *string `msgpack:",omitempty"`
+}
+
+// TestKVEncoderLLMD: a batch of each event kind decodes with the
+// library and struct shapes llm-d uses, hashes as uint64, values intact.
+func TestKVEncoderLLMD(t *testing.T) {
+	toks := make([]int32, 2*k3.PrefixBlock)
+	for i := range toks {
+		toks[i] = int32(i * 4099) // past one, two and three bytes
+	}
+	evs := []k3.KVEvent{
+		{Kind: k3.AllBlocksCleared},
+		{Kind: k3.BlockStored, Hashes: []uint64{5, 1 << 63}, Tokens: toks},
+		{Kind: k3.BlockStored, Hashes: []uint64{9}, Parent: 1 << 63, Tokens: toks[:k3.PrefixBlock]},
+		{Kind: k3.BlockRemoved, Hashes: []uint64{9, 5}},
+	}
+	enc := kvEncoder{salt: 0x0123456789abcdef}
+	now := time.Unix(1796471953, 500_000_000)
+	var b llmdBatch
+	require.NoError(t, msgpack.Unmarshal(enc.batch(evs, now), &b))
+	assert.InDelta(t, 1796471953.5, b.TS, 1e-6)
+	require.NotNil(t, b.Rank)
+	assert.Equal(t, 0, *b.Rank)
+	require.Len(t, b.Events, 4)
+	mixed := func(h uint64) uint64 { return h ^ enc.salt }
+
+	var tags []any
+	require.NoError(t, msgpack.Unmarshal(b.Events[0], &tags))
+	assert.Equal(t, []any{"AllBlocksCleared"}, tags)
+
+	var s llmdStored
+	require.NoError(t, msgpack.Unmarshal(b.Events[1], &s))
+	assert.Equal(t, "BlockStored", s.Tag)
+	assert.Equal(t, []any{mixed(5), mixed(1 << 63)}, s.BlockHashes, "uint64 hashes")
+	assert.Nil(t, s.Parent)
+	want := make([]uint32, len(toks))
+	for i, x := range toks {
+		want[i] = uint32(x)
+	}
+	assert.Equal(t, want, s.TokenIDs)
+	assert.Equal(t, k3.PrefixBlock, s.BlockSize)
+	assert.Nil(t, s.LoraID)
+	assert.Nil(t, s.Medium)
+	assert.Nil(t, s.LoraName)
+	var s2 llmdStored // a fresh value, as llm-d decodes each event
+	require.NoError(t, msgpack.Unmarshal(b.Events[2], &s2))
+	assert.Equal(t, mixed(1<<63), s2.Parent)
+
+	var r llmdRemoved
+	require.NoError(t, msgpack.Unmarshal(b.Events[3], &r))
+	assert.Equal(t, "BlockRemoved", r.Tag)
+	assert.Equal(t, []any{mixed(9), mixed(5)}, r.BlockHashes)
+	assert.Nil(t, r.Medium)
+
+	// The hash that would mix to 0, the root's parent, takes the salt,
+	// which no hash mixes to (the model's hashes are never 0).
+	enc.b = enc.b[:0]
+	enc.hash(enc.salt)
+	assert.Equal(t, enc.salt, binary.BigEndian.Uint64(enc.b[1:]))
 }
