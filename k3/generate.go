@@ -345,6 +345,7 @@ type generation struct {
 	one     [1]int32  // the backing of a one-token pass (feedPass)
 	spec    *speculation
 	con     constraint // WithJSONObject, WithJSONSchema, WithToolCalls
+	mask    []bool     // con's, which the sampler reads
 }
 
 // constraint holds a generation to a grammar: fill sets the mask its
@@ -416,7 +417,7 @@ func (s *Session) prepareGeneration(prompt []int32, opts []GenerateOption) (*gen
 			schema = jsonschema.Object()
 		}
 		c := newSchemaConstraint(s.m, schema, o.stopTokens)
-		g.con = c
+		g.con, g.mask = c, c.mask
 		sm.SetMask(c.mask)
 	case o.toolArgs != nil && o.toolNames == nil:
 		return nil, fmt.Errorf("%w: WithToolArguments without WithToolCalls or WithOptionalToolCalls", ErrInvalidOption)
@@ -426,10 +427,12 @@ func (s *Session) prepareGeneration(prompt []int32, opts []GenerateOption) (*gen
 			return nil, err
 		}
 		c := newToolConstraint(s.m, o.toolNames, schemas, o.parallel, o.toolText, o.stopTokens)
-		g.con = c
+		g.con, g.mask = c, c.mask
 		sm.SetMask(c.mask)
 	}
-	if o.drafter != nil && g.con == nil {
+	// A constrained generation speculates too: every draw, a draft's
+	// confirmation included, reads the mask filled for its own position.
+	if o.drafter != nil {
 		g.spec = &speculation{drafter: o.drafter, depth: o.depth, adaptive: o.adaptive}
 		if o.rejection && o.Temperature != 0 {
 			g.spec.rejection = true

@@ -10,8 +10,9 @@ import (
 // the stop tokens (with none, WithoutDefaultStops, the generation ends
 // there). Special tokens other than the stop tokens are never drawn.
 // max_tokens may still cut the object short (FinishLength). A generation
-// held this way does not speculate. It is WithJSONSchema with the schema
-// {"type": "object"}.
+// held this way speculates as any other (WithSpeculation): each draw, a
+// draft's confirmation included, reads its own position's mask. It is
+// WithJSONSchema with the schema {"type": "object"}.
 func WithJSONObject() GenerateOption { return func(o *genOptions) { o.json = true } }
 
 // grammarTables returns, made once a model, what the grammar options

@@ -51,8 +51,8 @@ func (s *JSONSchema) Objects() (*JSONSchema, error) {
 // compactly, integers without fraction or exponent; white space outside
 // strings is allowed, at most 32 bytes in a row. Special tokens other
 // than the stop tokens are never drawn. max_tokens may still cut the
-// value short (FinishLength). A generation held this way does not
-// speculate.
+// value short (FinishLength). A generation held this way may speculate,
+// as WithJSONObject's.
 func WithJSONSchema(s *JSONSchema) GenerateOption {
 	return func(o *genOptions) {
 		if s == nil {

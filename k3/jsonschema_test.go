@@ -75,7 +75,7 @@ func TestJSONSchema(t *testing.T) {
 		{WithTemperature(1.5), WithSeed(2)},
 		{WithTemperature(1), WithSeed(3), WithoutDefaultStops()},
 		{WithTemperature(2), WithSeed(4), WithTopK(50)},
-		{WithTemperature(1), WithSeed(5), WithSpeculation(specdec.NGram{}, 4)}, // ignored: a held generation does not speculate
+		{WithTemperature(1), WithSeed(5), WithSpeculation(specdec.NGram{}, 4)}, // held while speculating
 	} {
 		out, finish, special := heldGeneration(t, m, prompt, append(opts, WithJSONSchema(schema), WithMaxTokens(200))...)
 		assert.Zero(t, special, "case %d: special tokens drawn", i)

@@ -506,7 +506,13 @@ func (g *generation) draftPass(ctx context.Context, id int32) ([]int32, error) {
 		start := time.Now()
 		if sm, ok := sp.drafter.(specdec.Sampler); ok && sp.rejection {
 			sp.picked = sp.picked[:0]
+			// The constraint's mask is that of the position just drawn,
+			// not of the drafts': they are drawn from the drafter's own
+			// distribution, which the verifying draws hold to the mask of
+			// each position (exact for any proposal distribution).
+			g.sampler.SetMask(nil)
 			sp.drafts = sm.SampleDraft(sp.hist, n, sp.drafts, sp.pick)
+			g.sampler.SetMask(g.mask)
 			// The drafts' penalties counted each pick as it was drawn;
 			// the draws that confirm the drafts count them again.
 			g.sampler.Forget(sp.picked...)

@@ -19,7 +19,8 @@ import (
 // is what an OpenAI tool_choice of "required" or of a named function
 // asks. Special tokens are drawn only as the section's markers; the JSON
 // is held as WithJSONObject holds it. max_tokens may still cut the
-// section short. A generation held this way does not speculate.
+// section short. A generation held this way may speculate, as
+// WithJSONObject's.
 func WithToolCalls(names []string, parallel bool) GenerateOption {
 	return func(o *genOptions) {
 		if len(names) == 0 {
@@ -42,7 +43,7 @@ func WithToolCalls(names []string, parallel bool) GenerateOption {
 // aside) until the model draws <|tool_calls_section_begin|>; from there
 // the section is held as WithToolCalls holds it (names, parallel,
 // WithToolArguments), then only the stop tokens. A generation held this
-// way does not speculate.
+// way may speculate, as WithJSONObject's.
 func WithOptionalToolCalls(names []string, parallel bool) GenerateOption {
 	return func(o *genOptions) {
 		WithToolCalls(names, parallel)(o)

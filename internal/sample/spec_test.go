@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"testing"
 
@@ -123,7 +124,8 @@ var chiSquare1e4 = []float64{0, 15.137, 18.421, 21.108, 23.513, 25.745, 27.856, 
 // drafter's stays, and a token of zero target probability never comes out.
 func TestVerifyDistribution(t *testing.T) {
 	for _, c := range specCases {
-		for _, fixed := range []bool{false, true} {
+		for _, mode := range []int{0, 1, 2} {
+			fixed, masked := mode == 1, mode == 2
 			name := c.name
 			if fixed {
 				name += ", a fixed draft"
@@ -133,7 +135,26 @@ func TestVerifyDistribution(t *testing.T) {
 			s, err := New(p, len(c.target))
 			require.NoError(t, err)
 			s.Observe(c.seen...)
-			want := reference(c.target, c.p, c.seen)
+			target := c.target
+			var mask []bool
+			if masked {
+				// A constrained generation: the mask bars the target's
+				// favourite and its least likely token at the verified
+				// position;
+				// the drafts are drawn without it (k3 lifts it for the
+				// drafter). The reference is the target with those
+				// logits at -Inf.
+				name += ", masked"
+				mask = make([]bool, len(c.target))
+				target = slices.Clone(c.target)
+				for i := range mask {
+					mask[i] = i != Argmax(c.target) && i != slices.Index(c.target, slices.Min(c.target))
+					if !mask[i] {
+						target[i] = float32(math.Inf(-1))
+					}
+				}
+			}
+			want := reference(target, c.p, c.seen)
 			qWant := reference(c.draft, c.p, c.seen)
 			q := make([]float64, len(c.target))
 			counts := make([]float64, len(c.target))
@@ -147,11 +168,13 @@ func TestVerifyDistribution(t *testing.T) {
 					if fixed {
 						d = int32(Argmax(c.draft))
 					} else {
+						s.SetMask(nil)
 						d, err = s.Draft(c.draft, q)
 						require.NoError(t, err)
 						s.Forget(d) // the block was drafted
 						qq = q
 					}
+					s.SetMask(mask)
 					tok, err := s.Verify(c.target, qq, d)
 					require.NoError(t, err)
 					s.Forget(tok) // keep the penalties where they were

@@ -626,18 +626,27 @@ func TestManyClients(t *testing.T) {
 	require.Eventually(t, func() bool { return held(m) <= base }, 20*time.Second, 5*time.Millisecond, "memory %+v, base %d", m.MemoryUsage(), base)
 }
 
+// speculativeServer serves the tiny model with n-gram speculation.
+func speculativeServer(t *testing.T) (*k3.Model, *httptest.Server) {
+	t.Helper()
+	m, err := k3.LoadTiny(context.Background(), k3.WithRollback(4), k3.WithMemoryBudget(testBudget))
+	require.NoError(t, err)
+	s, err := New(m, Config{Speculation: k3.WithSpeculation(specdec.NGram{}, 4)})
+	require.NoError(t, err)
+	hs := httptest.NewServer(s)
+	t.Cleanup(func() {
+		hs.Close()
+		require.NoError(t, s.Close())
+		require.NoError(t, m.Close())
+	})
+	return m, hs
+}
+
 // TestSpeculativeServer: a server started with speculation answers what
 // plain decoding answers, for whole and streamed requests at once, and
 // counts the drafts.
 func TestSpeculativeServer(t *testing.T) {
-	m, err := k3.LoadTiny(context.Background(), k3.WithRollback(4), k3.WithMemoryBudget(testBudget))
-	require.NoError(t, err)
-	defer m.Close()
-	s, err := New(m, Config{Speculation: k3.WithSpeculation(specdec.NGram{}, 4)})
-	require.NoError(t, err)
-	defer s.Close()
-	hs := httptest.NewServer(s)
-	defer hs.Close()
+	m, hs := speculativeServer(t)
 	prompt := "\tcase 1:\n\t\treturn 1\n\tcase 2:\n\t\treturn 2\n\tcase 3:\n" // the model goes on repeating itself
 	want, _ := direct(t, m, m.Encode(prompt), k3.WithMaxTokens(40), k3.WithoutDefaultStops())
 	var wg sync.WaitGroup
@@ -670,4 +679,24 @@ func TestSpeculativeServer(t *testing.T) {
 	assert.Positive(t, met["vllm:spec_decode_num_draft_tokens_total"])
 	assert.Positive(t, met["vllm:spec_decode_num_accepted_tokens_total"])
 	assert.LessOrEqual(t, met["vllm:spec_decode_num_accepted_tokens_total"], met["vllm:spec_decode_num_draft_tokens_total"])
+}
+
+// TestSpeculativeStructured: on a speculating server a request held to a
+// JSON schema answers what plain decoding held to it answers, and its
+// drafts are counted.
+func TestSpeculativeStructured(t *testing.T) {
+	m, hs := speculativeServer(t)
+	schema := `{"type":"object","properties":{"cases":{"type":"array","items":{"type":"integer"}}},"required":["cases"],"additionalProperties":false}`
+	compiled, err := k3.CompileJSONSchema([]byte(schema))
+	require.NoError(t, err)
+	prompt := "\tcase 1:\n\t\treturn 1\n\tcase 2:\n\t\treturn 2\n\tcase 3:\n"
+	want, _ := direct(t, m, m.Encode(prompt), k3.WithMaxTokens(40), k3.WithJSONSchema(compiled))
+	var format map[string]any
+	require.NoError(t, json.Unmarshal([]byte(`{"type":"json_schema","json_schema":{"name":"c","strict":true,"schema":`+schema+`}}`), &format))
+	body := map[string]any{"prompt": prompt, "max_tokens": 40, "temperature": 0, "response_format": format}
+	code, out := post(t, hs.URL+"/v1/completions", body)
+	require.Equal(t, 200, code, "%v", out)
+	assert.Equal(t, want, out["choices"].([]any)[0].(map[string]any)["text"])
+	met := scrape(t, hs.URL)
+	assert.Positive(t, met["vllm:spec_decode_num_draft_tokens_total"], "the held request speculated")
 }
