@@ -177,11 +177,23 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 	defer wg.Wait()
 	defer cancel()
 
-	a := &answer{j: j, s: s, id: newID(j.chat), created: time.Now().Unix(), start: start,
+	prefix := "cmpl-"
+	switch {
+	case j.resp != nil:
+		prefix = "resp_"
+	case j.chat:
+		prefix = "chatcmpl-"
+	}
+	a := &answer{j: j, s: s, id: newID(prefix), created: time.Now().Unix(), start: start,
 		choices: make([]choice, total), cached: cached}
-	if j.stream {
+	switch {
+	case j.resp != nil && j.stream:
+		a.responseStream(ctx, w, events)
+	case j.resp != nil:
+		a.responseWhole(w, events)
+	case j.stream:
 		a.stream(ctx, w, events)
-	} else {
+	default:
 		a.whole(w, events)
 	}
 }
@@ -191,13 +203,10 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 	writeError(w, err)
 }
 
-func newID(chat bool) string {
+func newID(prefix string) string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
-	if chat {
-		return "chatcmpl-" + hex.EncodeToString(b[:])
-	}
-	return "cmpl-" + hex.EncodeToString(b[:])
+	return prefix + hex.EncodeToString(b[:])
 }
 
 // answer gathers a request's choices as their tokens arrive.
@@ -351,19 +360,28 @@ func (a *answer) usage() *usage {
 	return u
 }
 
-// whole answers once every choice has finished.
-func (a *answer) whole(w http.ResponseWriter, events <-chan event) {
+// collect takes every event; false when one was an error (answered) or
+// the client went away.
+func (a *answer) collect(w http.ResponseWriter, events <-chan event) bool {
 	for ev := range events {
 		if ev.err != nil {
 			a.s.abandoned(ev.err)
 			writeError(w, ev.err)
-			return
+			return false
 		}
 		a.take(ev)
 	}
 	if a.done < len(a.choices) {
 		a.s.met.failed("abort")
-		return // the client went away
+		return false
+	}
+	return true
+}
+
+// whole answers once every choice has finished.
+func (a *answer) whole(w http.ResponseWriter, events <-chan event) {
+	if !a.collect(w, events) {
+		return
 	}
 	u := a.usage()
 	choices := make([]map[string]any, len(a.choices))
@@ -527,23 +545,7 @@ func (a *answer) stream(ctx context.Context, w http.ResponseWriter, events <-cha
 // a chunk of its own.
 func (a *answer) streamParsed(send func(any) bool, i int, text string, lp []tokenLogprob) bool {
 	c := &a.choices[i]
-	reasoning, content := "", text
-	if a.j.reasoning {
-		reasoning, content = c.reason.next(text)
-		if c.finish != "" {
-			r, s := c.reason.end()
-			reasoning, content = reasoning+r, content+s
-		}
-	}
-	var calls []toolCall
-	if a.j.tools {
-		content = c.tools.next(content)
-		if c.finish != "" {
-			var rest string
-			rest, calls = c.tools.end()
-			content += rest
-		}
-	}
+	reasoning, content, calls := a.split(c, text)
 	delta := map[string]any{}
 	if reasoning != "" {
 		delta["reasoning_content"] = reasoning
@@ -569,6 +571,29 @@ func (a *answer) streamParsed(send func(any) bool, i int, text string, lp []toke
 		finish = toolFinish(finish)
 	}
 	return send(a.chunk(i, map[string]any{}, nil, nil, "", finish))
+}
+
+// split divides a choice's next piece of text into reasoning, content and
+// (once the choice has finished) tool calls, as the request asks; text
+// that may begin a marker is held back until it is known.
+func (a *answer) split(c *choice, text string) (reasoning, content string, calls []toolCall) {
+	content = text
+	if a.j.reasoning {
+		reasoning, content = c.reason.next(text)
+		if c.finish != "" {
+			r, s := c.reason.end()
+			reasoning, content = reasoning+r, content+s
+		}
+	}
+	if a.j.tools {
+		content = c.tools.next(content)
+		if c.finish != "" {
+			var rest string
+			rest, calls = c.tools.end()
+			content += rest
+		}
+	}
+	return reasoning, content, calls
 }
 
 // toolFinish is the finish reason of a choice that ended with tool calls:

@@ -37,11 +37,20 @@ func FuzzRequests(f *testing.F) {
 		f.Add("/v1/chat/completions", seed)
 		f.Add("/v1/completions", seed)
 	}
+	for _, seed := range []string{
+		`{"input":"hi","max_output_tokens":2}`,
+		`{"instructions":"x","input":[{"role":"user","content":[{"type":"input_text","text":"a"}]}],"stream":true}`,
+		`{"input":[{"role":"user","content":"w?"},{"type":"function_call","call_id":"functions.f:0","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"functions.f:0","output":"1"}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],"tool_choice":{"type":"function","name":"f"},"stream":true}`,
+		`{"input":"x","text":{"format":{"type":"json_schema","name":"a","schema":{"type":"object"}}},"reasoning":{"effort":"none"}}`,
+		`{"input":[{"type":"reasoning"}]}`, `{"input":7}`,
+	} {
+		f.Add("/v1/responses", seed)
+	}
 	f.Add("/tokenize", `{"prompt":"a b c"}`)
 	f.Add("/detokenize", `{"tokens":[1,2]}`)
 	f.Fuzz(func(t *testing.T, path, body string) {
 		switch path {
-		case "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize":
+		case "/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize":
 		default:
 			path = "/v1/completions"
 		}
@@ -59,6 +68,15 @@ func FuzzRequests(f *testing.F) {
 		switch w.Code {
 		case 200:
 			if strings.HasPrefix(w.Header().Get("Content-Type"), "text/event-stream") {
+				if path == "/v1/responses" {
+					// The last event ends the response (or is an error).
+					b := w.Body.String()
+					last := b[max(strings.LastIndex(b, "event: "), 0):]
+					if !strings.HasPrefix(last, "event: response.completed\n") && !strings.HasPrefix(last, "event: response.incomplete\n") && !strings.HasPrefix(last, "event: error\n") {
+						t.Fatalf("a Responses stream whose last event is not the response's end: %q", last)
+					}
+					return
+				}
 				if !strings.HasSuffix(w.Body.String(), "data: [DONE]\n\n") && !strings.Contains(w.Body.String(), `"error"`) {
 					t.Fatalf("stream without [DONE]: %q", w.Body.String())
 				}

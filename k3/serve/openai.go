@@ -42,14 +42,18 @@ type sampling struct {
 	// Features k3 does not serve; a request that asks for them is refused
 	// rather than answered as if it had not.
 	Functions      json.RawMessage `json:"functions"`
-	ResponseFormat *struct {
-		Type       string `json:"type"`
-		JSONSchema *struct {
-			Name   string          `json:"name"`
-			Schema json.RawMessage `json:"schema"`
-			Strict *bool           `json:"strict"` // read and ignored: the schema is always held
-		} `json:"json_schema"`
-	} `json:"response_format"`
+	ResponseFormat *responseFormat `json:"response_format"`
+}
+
+type responseFormat struct {
+	Type       string          `json:"type"`
+	JSONSchema *responseSchema `json:"json_schema"`
+}
+
+type responseSchema struct {
+	Name   string          `json:"name"`
+	Schema json.RawMessage `json:"schema"`
+	Strict *bool           `json:"strict"` // read and ignored: the schema is always held
 }
 
 type chatRequest struct {
@@ -113,6 +117,7 @@ type job struct {
 	opts         []k3.GenerateOption // shared by every choice
 	maxTokens    []int               // per prompt
 	seeds        []uint64            // per prompt: its choice i draws with seed+i
+	resp         *responseEcho       // answered in the Responses API's shapes (responses.go)
 }
 
 // choices is how many generations the request runs.
@@ -350,6 +355,12 @@ func contentText(raw json.RawMessage, param string) (string, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return "", nil
 	}
+	return partsText(raw, param, "text")
+}
+
+// partsText reads a string, or a list of parts of the given text types
+// ({"type", "text"}), as one text.
+func partsText(raw json.RawMessage, param string, types ...string) (string, error) {
 	var text string
 	if json.Unmarshal(raw, &text) == nil {
 		return text, nil
@@ -363,8 +374,8 @@ func contentText(raw json.RawMessage, param string) (string, error) {
 	}
 	var b strings.Builder
 	for i, p := range parts {
-		if p.Type != "text" || p.Text == nil {
-			return "", badParam(fmt.Sprintf("%s[%d].type", param, i), "%s[%d].type = %q; k3 serves text parts only", param, i, p.Type)
+		if !slices.Contains(types, p.Type) || p.Text == nil {
+			return "", badParam(fmt.Sprintf("%s[%d].type", param, i), "%s[%d].type = %q; k3 serves text parts only (%s)", param, i, p.Type, strings.Join(types, ", "))
 		}
 		b.WriteString(*p.Text)
 	}

@@ -182,6 +182,7 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 		mux: http.NewServeMux(), met: newMetrics(cfg.Name), store: store, created: time.Now().Unix(), kv: kv}
 	s.mux.HandleFunc("POST /v1/chat/completions", s.authorized(s.chatCompletions))
 	s.mux.HandleFunc("POST /v1/completions", s.authorized(s.completions))
+	s.mux.HandleFunc("POST /v1/responses", s.authorized(s.responses))
 	s.mux.HandleFunc("GET /v1/models", s.authorized(s.models))
 	s.mux.HandleFunc("GET /v1/models/{id...}", s.authorized(s.model))
 	s.mux.HandleFunc("POST /tokenize", s.authorized(s.tokenize))

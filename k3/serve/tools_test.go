@@ -92,7 +92,11 @@ func runAnswer(t *testing.T, s *Server, stream bool, finish k3.FinishReason, pie
 func runJob(t *testing.T, s *Server, j *job, finish k3.FinishReason, pieces ...string) []byte {
 	t.Helper()
 	stream := j.stream
-	a := &answer{j: j, s: s, id: "chatcmpl-test", choices: make([]choice, 1), cached: []int{-1}}
+	id := "chatcmpl-test"
+	if j.resp != nil {
+		id = "resp_test"
+	}
+	a := &answer{j: j, s: s, id: id, choices: make([]choice, 1), cached: []int{-1}}
 	events := make(chan event, len(pieces))
 	for i, p := range pieces {
 		tok := k3.Token{ID: int32(i + 5), Text: p}
@@ -104,9 +108,14 @@ func runJob(t *testing.T, s *Server, j *job, finish k3.FinishReason, pieces ...s
 	}
 	close(events)
 	w := httptest.NewRecorder()
-	if stream {
+	switch {
+	case j.resp != nil && stream:
+		a.responseStream(context.Background(), w, events)
+	case j.resp != nil:
+		a.responseWhole(w, events)
+	case stream:
 		a.stream(context.Background(), w, events)
-	} else {
+	default:
 		a.whole(w, events)
 	}
 	require.Equal(t, 200, w.Code, w.Body.String())

@@ -191,6 +191,54 @@ const checks = {
     );
   },
 
+  async responses(model, whole) {
+    // The Responses API: instructions and a user input item are the
+    // chat's system and user messages, so the greedy answer is the chat's,
+    // whole (the client's output_text) and through the client's stream
+    // helper, which builds the response from the events.
+    const req = { model, instructions: "You complete Go code.", input: [{ role: "user", content: "func main() {" }], max_output_tokens: 24, temperature: 0 };
+    const r = await client.responses.create(req);
+    assert.equal(r.object, "response");
+    assert.ok(["completed", "incomplete"].includes(r.status), r.status);
+    assert.equal(r.output_text, whole, "the Responses answer is the chat's");
+    assert.ok(r.usage.input_tokens > 0 && r.usage.output_tokens > 0);
+    assert.equal(r.usage.total_tokens, r.usage.input_tokens + r.usage.output_tokens);
+    let deltas = "", last = null;
+    const stream = client.responses.stream(req);
+    stream.on("response.output_text.delta", (e) => { deltas += e.delta; });
+    // The helper's snapshot takes response.completed only; an answer the
+    // limit cut ends with response.incomplete.
+    stream.on("response.completed", (e) => { last = e.response; });
+    stream.on("response.incomplete", (e) => { last = e.response; });
+    const final = await stream.finalResponse();
+    assert.equal(deltas, whole, "the streamed deltas");
+    const finalText = final.output.filter((i) => i.type === "message").flatMap((i) => i.content).map((c) => c.text).join("");
+    assert.equal(finalText, whole, "the stream's final response");
+    assert.ok(last, "a response.completed or response.incomplete event");
+    assert.equal(last.status, r.status);
+    assert.equal(last.usage.output_tokens, r.usage.output_tokens);
+    assert.equal(last.usage.input_tokens, r.usage.input_tokens);
+    // A function-call round trip in the Responses shapes, then a forced
+    // call (within 300 tokens the tiny model may not finish it).
+    const tools = [{ type: "function", name: "get_weather", description: "Weather of a city", strict: false,
+      parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] } }];
+    const input = [...req.input,
+      { type: "function_call", call_id: "functions.get_weather:0", name: "get_weather", arguments: '{"city":"Paris"}' },
+      { type: "function_call_output", call_id: "functions.get_weather:0", output: "18 C" }];
+    const t = await client.responses.create({ model, input, tools, max_output_tokens: 8, temperature: 0 });
+    assert.ok(t.output.length > 0);
+    const f = await client.responses.create({ model, input: req.input, tools, tool_choice: "required", max_output_tokens: 300, temperature: 1 });
+    for (const item of f.output) {
+      if (item.type !== "function_call") continue;
+      assert.equal(item.name, "get_weather");
+      JSON.parse(item.arguments);
+    }
+    await assert.rejects(
+      client.responses.create({ ...req, previous_response_id: "resp_0" }),
+      (err) => err instanceof OpenAI.BadRequestError && /previous_response_id/.test(err.message),
+    );
+  },
+
   async invalid(model) {
     await assert.rejects(
       client.chat.completions.create({ model, messages, temperature: 5 }),
