@@ -60,8 +60,8 @@ func (g *genFlags) register(fs *flag.FlagSet, maxTokens int) {
 	fs.Var(&g.stops, "stop", "stop when the text reaches this string (repeatable)")
 	fs.BoolVar(&g.noDefaultStops, "no-default-stops", false, "do not stop at the model's end-of-sequence tokens")
 	fs.Uint64Var(&g.seed, "seed", 0, "random seed (reproducible sampling)")
-	fs.BoolVar(&g.json, "json", false, "hold the answer to one JSON object (JSON mode; it does not speculate)")
-	fs.StringVar(&g.jsonSchema, "json-schema", "", "hold the answer to a value of the JSON Schema in this file (structured output; it does not speculate)")
+	fs.BoolVar(&g.json, "json", false, "hold the answer to one JSON object (JSON mode)")
+	fs.StringVar(&g.jsonSchema, "json-schema", "", "hold the answer to a value of the JSON Schema in this file (structured output)")
 	g.backend = addBackendFlags(fs)
 	fs.StringVar(&g.speculate, "speculate", "", "speculative decoding with this drafter: ngram (prompt lookup), self:N (the model's own first N layers and its head), model:DIR (a smaller checkpoint's greedy tokens, same vocabulary) or dspark (the checkpoint's draft module); the output is plain decoding's")
 	fs.StringVar(&g.draftDepth, "draft-depth", "auto", "drafts per verify pass with -speculate: 1..15, or auto (chosen per pass from the drafts' acceptance and this machine's measured pass costs, up to 7)")
@@ -170,15 +170,9 @@ func (g *genFlags) load(ctx context.Context, stderr io.Writer) (*k3.Model, error
 	if _, err := g.drafter(); err != nil {
 		return nil, err
 	}
-	if g.json && g.speculate != "" {
-		return nil, fmt.Errorf("-json and -speculate: a generation held to JSON does not speculate")
-	}
 	if g.jsonSchema != "" {
-		switch {
-		case g.json:
+		if g.json {
 			return nil, fmt.Errorf("-json and -json-schema: choose one")
-		case g.speculate != "":
-			return nil, fmt.Errorf("-json-schema and -speculate: a generation held to a schema does not speculate")
 		}
 		doc, err := os.ReadFile(g.jsonSchema)
 		if err != nil {

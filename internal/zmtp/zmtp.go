@@ -139,12 +139,13 @@ func (p *Publisher) accept() {
 				return
 			default:
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				return
 			}
+			// Out of file descriptors, say: the subscribers come back.
 			p.logf("zmtp: accept: %v", err)
-			return
+			time.Sleep(100 * time.Millisecond)
+			continue
 		}
 		p.mu.Lock()
 		full := len(p.conns) >= maxConns

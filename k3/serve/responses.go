@@ -109,7 +109,7 @@ func (s *Server) responsesJob(req *responsesRequest) (*job, error) {
 	if chat.ToolChoice, err = chatToolChoice(req.ToolChoice); err != nil {
 		return nil, err
 	}
-	echo := &responseEcho{instructions: nil, maxOutput: nil, parallel: req.ParallelToolCalls == nil || *req.ParallelToolCalls,
+	echo := &responseEcho{parallel: req.ParallelToolCalls == nil || *req.ParallelToolCalls,
 		temperature: 1, topP: 1, toolChoice: "auto", tools: []any{}, format: map[string]any{"type": "text"}}
 	if req.Instructions != nil {
 		echo.instructions = *req.Instructions
