@@ -71,6 +71,7 @@ type schemaConstraint struct {
 	plain []bool
 	stops []int32
 	mask  []bool
+	draft [][]byte // admits' scratch
 }
 
 func newSchemaConstraint(m *Model, s *jsonschema.Schema, stops []int32) *schemaConstraint {
@@ -91,6 +92,16 @@ func (c *schemaConstraint) fill() {
 	for _, id := range c.stops {
 		c.mask[id] = complete
 	}
+}
+
+// admits reports how many of drafts the grammar takes in a row from
+// here; a special token (a stop token too) ends the count.
+func (c *schemaConstraint) admits(drafts []int32) int {
+	c.draft = c.draft[:0]
+	for _, d := range drafts {
+		c.draft = append(c.draft, c.toks[d])
+	}
+	return c.state.Admits(c.draft)
 }
 
 // closed advances over the drawn token and reports whether the value is

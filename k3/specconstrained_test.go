@@ -150,3 +150,43 @@ func TestConstrainedRejectionSampling(t *testing.T) {
 	}
 	assert.Positive(t, accepted, "no draft accepted")
 }
+
+// constant drafts the same token every time.
+type constant struct{ id int32 }
+
+func (c constant) Draft(history []int32, n int, dst []int32) []int32 {
+	for range n {
+		dst = append(dst, c.id)
+	}
+	return dst
+}
+
+// TestConstrainedDraftsTruncated: drafts the grammar forbids are not
+// verified (a schema's generation drafting only special tokens verifies
+// none), and the answer stays plain decoding's.
+func TestConstrainedDraftsTruncated(t *testing.T) {
+	if raceEnabled {
+		t.Skip("one goroutine's grammar work")
+	}
+	m, err := LoadTiny(context.Background(), WithRollback(4))
+	require.NoError(t, err)
+	defer m.Close()
+	prompt := m.Encode(m.ChatPrompt([]Message{{Role: "user", Content: "func main() {"}}))
+	special := int32(-1)
+	for id := range int32(m.Config.VocabSize) {
+		if m.tok.IsSpecial(id) {
+			special = id
+			break
+		}
+	}
+	require.GreaterOrEqual(t, special, int32(0))
+	opts := []GenerateOption{WithJSONObject(), WithMaxTokens(40), WithTemperature(0)}
+	want := genTokensIn(t, m, prompt, opts...)
+	got := genTokensIn(t, m, prompt, append(opts, WithSpeculation(constant{special}, 4))...)
+	sameGeneration(t, want, got, true, "a drafter of special tokens")
+	assert.Zero(t, got[len(got)-1].Usage.DraftTokens, "forbidden drafts were verified")
+	// The n-gram drafter's drafts that the grammar takes are verified.
+	got = genTokensIn(t, m, prompt, append(opts, WithSpeculation(specdec.NGram{}, 4))...)
+	sameGeneration(t, want, got, true, "the n-gram drafter")
+	assert.Positive(t, got[len(got)-1].Usage.AcceptedTokens)
+}

@@ -545,6 +545,11 @@ func (g *generation) draftPass(ctx context.Context, id int32) ([]int32, error) {
 			sp.draftSec = 0.9*sp.draftSec + 0.1*d
 		}
 		sp.drafts = sp.drafts[:min(len(sp.drafts), n)]
+		// Drafts past the first the grammar forbids cannot be confirmed:
+		// they are not verified.
+		if a, ok := g.con.(interface{ admits([]int32) int }); ok {
+			sp.drafts = sp.drafts[:a.admits(sp.drafts)]
+		}
 	}
 	if confident {
 		conf := sp.drafter.(confidencer).blockConfidences()

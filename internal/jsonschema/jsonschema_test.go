@@ -700,3 +700,39 @@ func FuzzCompile(f *testing.F) {
 		}
 	})
 }
+
+// TestAdmits: Admits counts the tokens that Feed, one after another on a
+// state of its own, takes before the first it refuses (an empty token
+// ends the count), and leaves the state as it was.
+func TestAdmits(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	pieces := []string{"{", "}", "[", "]", `"`, `"a`, `":`, ",", "1", "2.", "5", " ", "null", "tr", "ue", "x", `\`, "", `{"`, `"}`}
+	for name, src := range schemas {
+		s, _ := compile(t, src)
+		for trial := range 200 {
+			st := s.Start()
+			// A prefix fed first, so Admits starts from inside a value.
+			for range rng.IntN(4) {
+				st.Feed([]byte(pieces[rng.IntN(len(pieces))]))
+			}
+			toks := make([][]byte, 1+rng.IntN(6))
+			for i := range toks {
+				toks[i] = []byte(pieces[rng.IntN(len(pieces))])
+			}
+			before := st.Complete()
+			got := st.Admits(toks)
+			want := 0
+			ref := s.Start()
+			ref.stack = append([]frame(nil), st.stack...)
+			ref.cur = st.cur
+			for _, tok := range toks {
+				if len(tok) == 0 || !ref.Feed(tok) {
+					break
+				}
+				want++
+			}
+			require.Equal(t, want, got, "%s, trial %d: %q", name, trial, toks)
+			require.Equal(t, before, st.Complete(), "%s: Admits changed the state", name)
+		}
+	}
+}

@@ -133,6 +133,26 @@ func (s *State) run(m *sim, b []byte) bool {
 	return true
 }
 
+// Admits reports how many of toks, one after another, may follow the
+// text read so far: the count of those before the first whose bytes
+// cannot (an empty one counts as one that cannot). The state is
+// unchanged.
+func (s *State) Admits(toks [][]byte) int {
+	var sm sim
+	s.run(&sm, nil)
+	for i, t := range toks {
+		if len(t) == 0 {
+			return i
+		}
+		for _, c := range t {
+			if !sm.step(c) {
+				return i
+			}
+		}
+	}
+	return len(toks)
+}
+
 // Span reports how many bytes of b the value takes: with done, n is where
 // it becomes whole with nothing more to read (the bytes after it are not
 // its); else b leaves it open (n = len(b)). ok is false when b cannot
