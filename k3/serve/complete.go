@@ -81,9 +81,26 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 		return ss, err
 	}
 	seqs := make([]iter.Seq2[k3.Token, error], total)
+	// fork starts choice k on a fork of base (false: failed, answered).
+	fork := func(base *k3.Session, k int) bool {
+		f, err := base.Fork()
+		if err != nil {
+			s.fail(w, err)
+			return false
+		}
+		sessions = append(sessions, f)
+		seqs[k] = s.b.GenerateTokens(ctx, f, nil, j.choiceOpts(k)...)
+		return true
+	}
 	cached := make([]int, len(j.prompts)) // per prompt; -1: its first choice's usage says
-	var failed atomic.Bool                // a generation failed: a kept session may be unusable
+	echoes := make([]*echoed, len(j.prompts))
+	var failed atomic.Bool // a generation failed: a kept session may be unusable
 	if id := r.Header.Get(SessionHeader); id != "" {
+		if j.echo {
+			s.met.failed("rejected")
+			writeError(w, badParam("echo", "echo with %s: a kept session's prompt is not scored", SessionHeader))
+			return
+		}
 		if total > 1 {
 			s.met.failed("rejected")
 			param, what := "n", fmt.Sprintf("n = %d", j.n)
@@ -112,6 +129,32 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 	} else {
 		for p, prompt := range j.prompts {
 			k := p * j.n // the prompt's first choice
+			if j.echo {
+				// The prompt is scored first (every position's logits, a
+				// chunk at a time), then the choices go on from it.
+				base, err := newSession()
+				if err != nil {
+					s.fail(w, err)
+					return
+				}
+				if echoes[p], err = s.scorePrompt(ctx, base, prompt, j.logprobs, j.top); err != nil {
+					s.fail(w, err)
+					return
+				}
+				for i := range j.n {
+					switch {
+					case j.maxTokens[p] == 0:
+						seqs[k+i] = finished(len(prompt))
+					case i == j.n-1:
+						seqs[k+i] = s.b.GenerateTokens(ctx, base, nil, j.choiceOpts(k+i)...)
+					default:
+						if !fork(base, k+i) {
+							return
+						}
+					}
+				}
+				continue
+			}
 			if j.n == 1 {
 				ss, err := newSession()
 				if err != nil {
@@ -133,13 +176,9 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 				return
 			}
 			for i := range j.n {
-				f, err := base.Fork()
-				if err != nil {
-					s.fail(w, err)
+				if !fork(base, k+i) {
 					return
 				}
-				sessions = append(sessions, f)
-				seqs[k+i] = s.b.GenerateTokens(ctx, f, nil, j.choiceOpts(k+i)...)
 			}
 		}
 	}
@@ -185,7 +224,12 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 		prefix = "chatcmpl-"
 	}
 	a := &answer{j: j, s: s, id: newID(prefix), created: time.Now().Unix(), start: start,
-		choices: make([]choice, total), cached: cached}
+		choices: make([]choice, total), cached: cached, echoes: echoes}
+	for k := range a.choices {
+		if e := echoes[k/j.n]; e != nil {
+			a.choices[k].offsets = len(e.text) // text_offset counts the echoed prompt
+		}
+	}
 	switch {
 	case j.resp != nil && j.stream:
 		a.responseStream(ctx, w, events)
@@ -217,9 +261,10 @@ type answer struct {
 	created int64
 	start   time.Time
 	choices []choice
-	cached  []int // per prompt: tokens resumed from the prefix cache (-1: its first choice's usage says)
-	first   bool  // a token has arrived
-	done    int   // choices finished
+	cached  []int     // per prompt: tokens resumed from the prefix cache (-1: its first choice's usage says)
+	echoes  []*echoed // per prompt, with echo: the prompt as the answer repeats it
+	first   bool      // a token has arrived
+	done    int       // choices finished
 }
 
 type choice struct {
@@ -252,9 +297,17 @@ type topLogprobEn struct {
 // legacyLogprobs is a completion choice's logprobs.
 type legacyLogprobs struct {
 	Tokens        []string             `json:"tokens"`
-	TokenLogprobs []float32            `json:"token_logprobs"`
+	TokenLogprobs []*float32           `json:"token_logprobs"` // nil: an echoed prompt's first token
 	TopLogprobs   []map[string]float32 `json:"top_logprobs"`
 	TextOffset    []int                `json:"text_offset"`
+}
+
+// echoOf is choice k's echoed prompt (nil without echo).
+func (a *answer) echoOf(k int) *echoed {
+	if a.echoes == nil {
+		return nil
+	}
+	return a.echoes[k/a.j.n]
 }
 
 func (a *answer) tokenBytes(id int32) []byte { return a.s.m.Tokenizer().TokenBytes(id) }
@@ -299,11 +352,12 @@ func (a *answer) take(ev event) (text string, lp []tokenLogprob, legacy *legacyL
 				}
 				l := &c.legacy
 				l.Tokens = append(l.Tokens, string(b))
-				l.TokenLogprobs = append(l.TokenLogprobs, tok.Logprob)
+				lp := tok.Logprob
+				l.TokenLogprobs = append(l.TokenLogprobs, &lp)
 				l.TopLogprobs = append(l.TopLogprobs, top)
 				l.TextOffset = append(l.TextOffset, c.offsets)
 				c.offsets += len(b)
-				legacy = &legacyLogprobs{Tokens: []string{string(b)}, TokenLogprobs: []float32{tok.Logprob},
+				legacy = &legacyLogprobs{Tokens: []string{string(b)}, TokenLogprobs: []*float32{&lp},
 					TopLogprobs: []map[string]float32{top}, TextOffset: []int{c.offsets - len(b)}}
 			}
 		}
@@ -414,6 +468,12 @@ func (a *answer) whole(w http.ResponseWriter, events <-chan event) {
 			if a.j.logprobs {
 				ch["logprobs"] = c.legacy
 			}
+			if e := a.echoOf(i); e != nil {
+				ch["text"] = e.text + string(c.text)
+				if a.j.logprobs {
+					ch["logprobs"] = e.legacy.then(&c.legacy)
+				}
+			}
 		}
 		choices[i] = ch
 	}
@@ -463,9 +523,18 @@ func (a *answer) stream(ctx context.Context, w http.ResponseWriter, events <-cha
 		h.Set("Cache-Control", "no-cache")
 		h.Set("X-Accel-Buffering", "no")
 		w.WriteHeader(200)
-		if a.j.chat {
-			for i := range a.choices {
+		for i := range a.choices {
+			switch e := a.echoOf(i); {
+			case a.j.chat:
 				if !send(a.chunk(i, map[string]any{"role": "assistant", "content": ""}, nil, nil, "", "")) {
+					return false
+				}
+			case e != nil:
+				var lp *legacyLogprobs
+				if a.j.logprobs {
+					lp = &e.legacy
+				}
+				if !send(a.chunk(i, nil, nil, lp, e.text, "")) {
 					return false
 				}
 			}

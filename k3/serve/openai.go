@@ -118,6 +118,7 @@ type job struct {
 	maxTokens    []int               // per prompt
 	seeds        []uint64            // per prompt: its choice i draws with seed+i
 	resp         *responseEcho       // answered in the Responses API's shapes (responses.go)
+	echo         bool                // completions: the prompt is scored and repeated before the text (echo.go)
 }
 
 // choices is how many generations the request runs.
@@ -267,14 +268,12 @@ func (s *Server) completionJob(req *completionRequest) (*job, error) {
 		return nil, err
 	}
 	switch {
-	case req.Echo:
-		return nil, badParam("echo", "echo is not served by k3")
 	case req.BestOf != nil && *req.BestOf != 1:
 		return nil, badParam("best_of", "best_of = %d is not served by k3 (use n)", *req.BestOf)
 	case req.Suffix != nil && *req.Suffix != "":
 		return nil, badParam("suffix", "suffix is not served by k3")
 	}
-	j := &job{prompts: prompts}
+	j := &job{prompts: prompts, echo: req.Echo}
 	if len(req.Logprobs) > 0 && string(req.Logprobs) != "null" {
 		var n int
 		if err := json.Unmarshal(req.Logprobs, &n); err != nil || n < 0 || n > 20 {
@@ -413,8 +412,14 @@ func (s *Server) sampling(req *sampling, j *job) error {
 			}
 		}
 		room := s.m.ContextLength() - len(p)
-		if room < 1 {
+		// An echoing completion may ask for no tokens: it scores its prompt.
+		scoreOnly := j.echo && (req.MaxTokens != nil && *req.MaxTokens == 0 || req.MaxCompletionTokens != nil && *req.MaxCompletionTokens == 0)
+		switch {
+		case room < 0 || room == 0 && !scoreOnly:
 			return badParam(param, "%s has %d tokens; the model's context holds %d, leaving no room to generate", what, len(p), s.m.ContextLength())
+		case scoreOnly:
+			j.maxTokens = append(j.maxTokens, 0)
+			continue
 		}
 		maxTokens := min(s.cfg.MaxTokens, room)
 		for _, f := range []struct {

@@ -382,7 +382,7 @@ func TestErrors(t *testing.T) {
 		{"empty prompt in a list", "/v1/completions", map[string]any{"prompt": []any{"a", ""}}, 400, "prompt[1]"},
 		{"bad ids in a list", "/v1/completions", map[string]any{"prompt": []any{"a", []int{1, -2}}}, 400, "prompt[1]"},
 		{"too many prompts", "/v1/completions", map[string]any{"prompt": strings.Split("abcdefghijk", ""), "n": 8, "max_tokens": 1}, 400, "prompt"}, // 88 sequences, 80 at most
-		{"echo", "/v1/completions", map[string]any{"prompt": "a", "echo": true}, 400, "echo"},
+		{"max_tokens 0 without echo", "/v1/completions", map[string]any{"prompt": "a", "max_tokens": 0}, 400, "max_tokens"},
 		{"too long", "/v1/completions", map[string]any{"prompt": strings.Repeat("x", 5000)}, 413, ""},
 		{"detokenize", "/detokenize", map[string]any{"tokens": []int{1 << 20}}, 400, "tokens"},
 	} {

@@ -94,6 +94,18 @@ const checks = {
       const alone = await client.completions.create({ model, prompt, n: 2, max_tokens: 6, temperature: 1, seed: 5 });
       assert.deepEqual(many.choices.slice(2 * p, 2 * p + 2).map((c) => c.text), alone.choices.map((c) => c.text), prompt);
     }
+    // echo with max_tokens 0 scores the prompts (an evaluation harness's
+    // log-likelihood request): the text is the prompt, one entry a token,
+    // the first without a log-probability.
+    const scored = await client.completions.create({ model, prompt: prompts, echo: true, max_tokens: 0, logprobs: 1, temperature: 0 });
+    assert.equal(scored.usage.completion_tokens, 0);
+    for (const [p, prompt] of prompts.entries()) {
+      const lp = scored.choices[p].logprobs;
+      assert.equal(scored.choices[p].text, prompt);
+      assert.equal(lp.tokens.join(""), prompt);
+      assert.equal(lp.token_logprobs[0], null);
+      assert.ok(lp.token_logprobs.slice(1).every((x) => x <= 0), "log-probabilities");
+    }
   },
 
   async choices(model) {
