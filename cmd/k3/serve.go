@@ -41,7 +41,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	reasoning := fs.Bool("reasoning", false, "a thinking model (Kimi K2 Thinking, K3): answer its <think> reasoning as reasoning_content")
 	kvEvents := fs.String("kv-events", "", "publish KV-cache events for llm-d: tcp://*:PORT listens, tcp://HOST:PORT connects")
 	kvTopic := fs.String("kv-events-topic", "", `the KV events' topic (default "kv@HOSTNAME@NAME")`)
-	synopsis := "serve [-model DIR] [-addr 127.0.0.1:8080] [-api-key KEY] ...\n\nServes the OpenAI-compatible API (/v1/chat/completions, /v1/completions,\n/v1/models, /tokenize, /detokenize, /health, /metrics) until interrupted;\nsee docs/SERVING.md."
+	synopsis := "serve [-model DIR] [-addr 127.0.0.1:8080] [-api-key KEY] ...\n\nServes the OpenAI-compatible API (/v1/chat/completions, /v1/completions,\n/v1/responses, /v1/models, /tokenize, /detokenize, /health, /metrics) until interrupted;\nsee docs/SERVING.md."
 	if err := parseFlags(fs, synopsis, args, stdout, stderr); err != nil {
 		return err
 	}

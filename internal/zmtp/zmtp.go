@@ -13,6 +13,7 @@ package zmtp
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -57,6 +59,21 @@ type Publisher struct {
 	closed bool
 	done   chan struct{}
 	wg     sync.WaitGroup
+
+	joined         atomic.Int64 // connections that joined and have not left
+	sent, laggards atomic.Uint64
+}
+
+// Stats are a Publisher's counters.
+type Stats struct {
+	Subscribers int64  // connections joined now
+	Sent        uint64 // messages written
+	Laggards    uint64 // connections closed for falling Config.Queue messages behind
+}
+
+// Stats returns the Publisher's counters.
+func (p *Publisher) Stats() Stats {
+	return Stats{Subscribers: p.joined.Load(), Sent: p.sent.Load(), Laggards: p.laggards.Load()}
 }
 
 // maxConns bounds a listening Publisher's subscribers.
@@ -168,7 +185,16 @@ func (p *Publisher) dial(addr string) {
 	pause := 100 * time.Millisecond
 	for {
 		d := net.Dialer{Timeout: 5 * time.Second}
-		nc, err := d.Dial("tcp", addr)
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() {
+			select {
+			case <-p.done: // Close does not wait out a dial
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		nc, err := d.DialContext(ctx, "tcp", addr)
+		cancel()
 		if err == nil {
 			start := time.Now()
 			p.serve(nc)
@@ -212,6 +238,7 @@ func (c *Conn) Send(frames ...[]byte) bool {
 		return true
 	default:
 		c.p.logf("zmtp: %v fell %d messages behind; closing it", c.nc.RemoteAddr(), cap(c.queue))
+		c.p.laggards.Add(1)
 		c.close()
 		return false
 	}
@@ -268,7 +295,14 @@ func (p *Publisher) serve(nc net.Conn) {
 		c.write(w)
 	}()
 	var leave func()
+	matching := false
 	err := readSubscriptions(r, p.cfg.Topic, func(joined bool) {
+		matching = joined
+		if joined {
+			p.joined.Add(1)
+		} else {
+			p.joined.Add(-1)
+		}
 		switch {
 		case joined && p.cfg.Join != nil:
 			leave = p.cfg.Join(c)
@@ -282,6 +316,9 @@ func (p *Publisher) serve(nc net.Conn) {
 		default: // pings beyond a few unanswered ones are dropped
 		}
 	})
+	if matching {
+		p.joined.Add(-1)
+	}
 	if leave != nil {
 		leave()
 	}
@@ -299,10 +336,13 @@ func (c *Conn) write(w *bufio.Writer) {
 			return
 		case msg := <-c.queue:
 			writeMessage(w, c.p.cfg.Topic, msg)
+			n := uint64(1)
 			// More queued messages go out in the same flush.
 			for len(c.queue) > 0 {
 				writeMessage(w, c.p.cfg.Topic, <-c.queue)
+				n++
 			}
+			c.p.sent.Add(n)
 		case ctx := <-c.pong:
 			writeFrame(w, 4, append([]byte("\x04PONG"), ctx...))
 		}

@@ -184,6 +184,9 @@ func TestSubscribeForms(t *testing.T) {
 		assert.Equal(t, [][]byte{[]byte("kv@pod@model"), {1, 2}, long}, s.message())
 	}
 	assert.Equal(t, 2, rec.joins, "the foreign subscription joined nobody")
+	st := p.Stats()
+	assert.Equal(t, int64(2), st.Subscribers)
+	assert.Equal(t, uint64(4), st.Sent, "two messages to each")
 
 	b.send(frame(4, []byte("\x06CANCEL")))
 	select {
@@ -197,6 +200,7 @@ func TestSubscribeForms(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the unsubscribe message did not leave")
 	}
+	require.Eventually(t, func() bool { return p.Stats().Subscribers == 0 }, 10*time.Second, time.Millisecond)
 	// Subscribing again joins again (and gets a fresh greeting).
 	a.send(frame(0, []byte("\x01kv")))
 	waitJoins(t, rec, 3)
@@ -233,6 +237,8 @@ func TestSlowSubscriber(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no leave")
 	}
+	assert.Equal(t, uint64(1), p.Stats().Laggards)
+	require.Eventually(t, func() bool { return p.Stats().Subscribers == 0 }, 10*time.Second, time.Millisecond)
 }
 
 // TestBadPeers: peers that break the protocol are closed without a join.

@@ -29,6 +29,7 @@ func (s *Server) scorePrompt(ctx context.Context, ss *k3.Session, prompt []int32
 	tk := s.m.Tokenizer()
 	v := s.m.Config.VocabSize
 	prev := make([]float32, v) // the row before the chunk's first token
+	scratch := make([]float32, v)
 	idx := make([]int32, max(top, 1))
 	offset := 0
 	for start := 0; start < len(prompt); start += echoChunk {
@@ -55,7 +56,7 @@ func (s *Server) scorePrompt(ctx context.Context, ss *k3.Session, prompt []int32
 			if i > 0 {
 				row = logits[(i-1)*v : i*v]
 			}
-			lse := logSumExp(row)
+			lse := logSumExp(row, scratch)
 			lp := float32(float64(row[id]) - lse)
 			l.TokenLogprobs = append(l.TokenLogprobs, &lp)
 			alts := map[string]float32{}
@@ -78,14 +79,21 @@ func (l *legacyLogprobs) then(m *legacyLogprobs) *legacyLogprobs {
 		TextOffset:    append(l.TextOffset[:len(l.TextOffset):len(l.TextOffset)], m.TextOffset...)}
 }
 
-// logSumExp is log Σ exp(x), in float64 after the largest is taken out.
-func logSumExp(x []float32) float64 {
-	m := float64(kernel.Max(x))
-	var z float64
-	for _, v := range x {
-		z += math.Exp(float64(v) - m)
+// logSumExp is log Σ exp(x), computed as the generated tokens'
+// log-probabilities are (the exponentials in float32 after the largest is
+// taken out, summed in float64); scratch holds len(x) floats.
+func logSumExp(x, scratch []float32) float64 {
+	m := kernel.Max(x)
+	e := scratch[:len(x)]
+	for i, v := range x {
+		e[i] = v - m
 	}
-	return m + math.Log(z)
+	kernel.ExpSlice(e)
+	var z float64
+	for _, v := range e {
+		z += float64(v)
+	}
+	return float64(m) + math.Log(z)
 }
 
 // finished is a generation of no tokens: an echoing completion with

@@ -314,8 +314,12 @@ func TestKVEvents(t *testing.T) {
 	require.Eventually(t, func() bool { return x.match(prompt2) > shared }, 10*time.Second, time.Millisecond,
 		"the branch was announced under the shared blocks")
 
+	met := scrape(t, hs.URL)
+	assert.Equal(t, 1.0, met["k3:kv_events_subscribers"])
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	assert.GreaterOrEqual(t, met["k3:kv_events_messages_total"], float64(x.messages))
+	assert.Zero(t, met["k3:kv_events_laggards_total"])
 	require.NoError(t, x.err)
 	host, _ := os.Hostname()
 	assert.Equal(t, "kv@"+host+"@k3", x.topic)

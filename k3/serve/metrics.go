@@ -185,6 +185,12 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 		p.counter("vllm:spec_decode_num_draft_tokens_total", "Draft tokens proposed by speculative decoding.", float64(s.met.drafts.Load()))
 		p.counter("vllm:spec_decode_num_accepted_tokens_total", "Draft tokens accepted (each a token decoded without a pass of its own).", float64(s.met.accepted.Load()))
 	}
+	if s.kv != nil {
+		st := s.kv.Stats()
+		p.gauge("k3:kv_events_subscribers", "KV-event subscribers connected and subscribed.", float64(st.Subscribers))
+		p.counter("k3:kv_events_messages_total", "KV-event messages sent, over all subscribers.", float64(st.Sent))
+		p.counter("k3:kv_events_laggards_total", "KV-event subscribers disconnected for falling 1,024 messages behind.", float64(st.Laggards))
+	}
 	live, parked := s.store.counts()
 	p.gauge("k3:sessions_live", "Sessions kept in memory for requests that name one (K3-Session).", float64(live))
 	p.counter("k3:sessions_parked_total", "Idle kept sessions saved to the session directory.", float64(parked))

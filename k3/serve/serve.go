@@ -2,10 +2,11 @@
 // http.Handler that an application mounts on its own mux, and what the
 // `k3 serve` command runs.
 //
-// Routes: POST /v1/chat/completions and /v1/completions (streaming as
-// server-sent events), GET /v1/models, POST /tokenize and /detokenize,
-// GET /health and GET /metrics (Prometheus text format, under the names an
-// inference gateway's endpoint picker reads). Every generation goes
+// Routes: POST /v1/chat/completions, /v1/completions and /v1/responses
+// (streaming as server-sent events), GET /v1/models, POST /tokenize and
+// /detokenize, GET /health and GET /metrics (Prometheus text format, under
+// the names an inference gateway's endpoint picker reads); with
+// Config.KVEvents, the prefix cache's KV-cache events over ZeroMQ. Every generation goes
 // through one k3.Batcher, so concurrent requests share forward passes
 // (and speculate, with Config.Speculation). A client that disconnects ends
 // its generation at the next pass. A request with the K3-Session header
