@@ -24,7 +24,9 @@ var sessionID = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // sessionStore keeps the sessions of requests that named one: live in
 // memory while in use or recently used, parked on disk (Session.Save)
-// once idle when a directory is configured, dropped otherwise.
+// once idle when a directory is configured, dropped otherwise. Files are
+// written and read outside the store's lock, so a large session's save
+// or load holds up only the requests for that session.
 type sessionStore struct {
 	m    *k3.Model
 	dir  string        // where idle sessions are parked ("" : dropped instead)
@@ -33,10 +35,14 @@ type sessionStore struct {
 
 	mu     sync.Mutex
 	live   map[string]*keptSession
-	parked int  // sessions parked this run (a counter for /metrics)
-	closed bool // close has run: sessions given back are parked at once
+	moving map[string]chan struct{} // sessions being parked or loaded: closed when done
+	parked int                      // sessions parked this run (a counter for /metrics)
+	closed bool                     // close has run: sessions given back are parked at once
+	writes sync.WaitGroup           // parking writes in flight
 	stop   chan struct{}
 	done   chan struct{}
+
+	beforeSave func(id string) // tests: called before a parking write
 }
 
 type keptSession struct {
@@ -55,12 +61,26 @@ func newSessionStore(m *k3.Model, dir string, idle time.Duration, max int) (*ses
 		}
 	}
 	st := &sessionStore{m: m, dir: dir, idle: idle, max: max, live: map[string]*keptSession{},
-		stop: make(chan struct{}), done: make(chan struct{})}
+		moving: map[string]chan struct{}{}, stop: make(chan struct{}), done: make(chan struct{})}
 	go st.sweep()
 	return st, nil
 }
 
 func (st *sessionStore) path(id string) string { return filepath.Join(st.dir, id+".k3session") }
+
+// settledLocked waits (releasing the lock meanwhile) until id is neither
+// being parked nor loaded.
+func (st *sessionStore) settledLocked(id string) {
+	for {
+		ch, ok := st.moving[id]
+		if !ok {
+			return
+		}
+		st.mu.Unlock()
+		<-ch
+		st.mu.Lock()
+	}
+}
 
 // take returns id's session for one request: live, loaded from where it
 // was parked, or new.
@@ -69,58 +89,81 @@ func (st *sessionStore) take(id string) (*k3.Session, error) {
 		return nil, badParam(SessionHeader, "%s = %q, want 1 to 64 letters, digits, '-' or '_'", SessionHeader, id)
 	}
 	st.mu.Lock()
-	defer st.mu.Unlock()
+	st.settledLocked(id)
 	if k, ok := st.live[id]; ok {
+		defer st.mu.Unlock()
 		if k.busy {
 			return nil, errSessionBusy
 		}
 		k.busy = true
 		return k.s, nil
 	}
-	var s *k3.Session
+	ch := make(chan struct{})
+	st.moving[id] = ch
+	st.evictLocked()
+	st.mu.Unlock()
+
+	s, err := st.load(id)
+
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	delete(st.moving, id)
+	close(ch)
+	if err != nil {
+		return nil, err
+	}
+	st.live[id] = &keptSession{s: s, busy: true}
+	return s, nil
+}
+
+// load reads id's parked session, or starts a new one.
+func (st *sessionStore) load(id string) (*k3.Session, error) {
 	if st.dir != "" {
 		f, err := os.Open(st.path(id))
 		switch {
 		case err == nil:
-			s, err = st.m.LoadSession(f)
+			s, err := st.m.LoadSession(f)
 			f.Close()
 			if err != nil {
 				return nil, fmt.Errorf("serve: session %s: %w", id, err)
 			}
 			os.Remove(st.path(id))
+			return s, nil
 		case !errors.Is(err, os.ErrNotExist):
 			return nil, err
 		}
 	}
-	if s == nil {
-		var err error
-		if s, err = st.m.NewSession(); err != nil {
-			return nil, err
-		}
-	}
-	st.evictLocked()
-	st.live[id] = &keptSession{s: s, busy: true}
-	return s, nil
+	return st.m.NewSession()
 }
 
 // put gives id's session back after a request; a session left unusable
 // (a failed pass) is dropped.
 func (st *sessionStore) put(id string, s *k3.Session, usable bool) {
 	st.mu.Lock()
-	defer st.mu.Unlock()
 	k, ok := st.live[id]
 	switch {
 	case !ok || k.s != s:
 		// The store was closed while the request ran: nothing keeps it.
+		st.mu.Unlock()
 		s.Close()
 	case st.closed:
-		k.busy = false
-		st.parkLocked(id)
+		// close has waited out the writes already: this one is written
+		// now, before the request ends.
+		delete(st.live, id)
+		st.mu.Unlock()
+		if st.save(id, s) {
+			st.mu.Lock()
+			st.parked++
+			st.mu.Unlock()
+		}
+		s.Close()
 	case !usable:
 		delete(st.live, id)
+		st.mu.Unlock()
 		s.Close()
 	default:
 		k.busy, k.used = false, time.Now()
+		st.mu.Unlock()
 	}
 }
 
@@ -131,6 +174,7 @@ func (st *sessionStore) drop(id string) (bool, error) {
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	st.settledLocked(id)
 	found := false
 	if k, ok := st.live[id]; ok {
 		if k.busy {
@@ -165,22 +209,45 @@ func (st *sessionStore) evictLocked() {
 	}
 }
 
-// parkLocked saves id's idle session to the directory (when there is one)
-// and closes it. A session that fails to save is dropped; the next request
-// for it starts afresh.
+// parkLocked takes id's idle session out of the live ones and, when there
+// is a directory, saves it in the background (a request for it waits for
+// the file); without one it is dropped.
 func (st *sessionStore) parkLocked(id string) {
 	k := st.live[id]
 	delete(st.live, id)
-	defer k.s.Close()
 	if st.dir == "" {
+		k.s.Close()
 		return
+	}
+	ch := make(chan struct{})
+	st.moving[id] = ch
+	st.writes.Add(1)
+	go func() {
+		defer st.writes.Done()
+		ok := st.save(id, k.s)
+		k.s.Close()
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		if ok {
+			st.parked++
+		}
+		delete(st.moving, id)
+		close(ch)
+	}()
+}
+
+// save writes s to id's file; a session that fails to save is dropped
+// (the next request for it starts afresh).
+func (st *sessionStore) save(id string, s *k3.Session) bool {
+	if st.beforeSave != nil {
+		st.beforeSave(id)
 	}
 	tmp := st.path(id) + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
-		return
+		return false
 	}
-	err = k.s.Save(f)
+	err = s.Save(f)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -189,9 +256,9 @@ func (st *sessionStore) parkLocked(id string) {
 	}
 	if err != nil {
 		os.Remove(tmp)
-		return
+		return false
 	}
-	st.parked++
+	return true
 }
 
 // sweep parks sessions idle past st.idle.
@@ -216,19 +283,20 @@ func (st *sessionStore) sweep() {
 }
 
 // close parks every live session that no request holds (the server is
-// stopping: with a directory, they resume after a restart); one still
-// held is parked when its request gives it back.
+// stopping: with a directory, they resume after a restart) and waits for
+// the writes; one still held is parked when its request gives it back.
 func (st *sessionStore) close() {
 	close(st.stop)
 	<-st.done
 	st.mu.Lock()
-	defer st.mu.Unlock()
 	st.closed = true
 	for id, k := range st.live {
 		if !k.busy {
 			st.parkLocked(id)
 		}
 	}
+	st.mu.Unlock()
+	st.writes.Wait()
 }
 
 func (st *sessionStore) counts() (live, parked int) {

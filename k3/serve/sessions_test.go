@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -172,4 +173,70 @@ func TestCloseWhileKeptSessionRuns(t *testing.T) {
 	}, 10*time.Second, 5*time.Millisecond, "the session was parked once its request let go")
 	live, _ := s.store.counts()
 	assert.Zero(t, live)
+}
+
+// TestParkingOutsideLock: a session's parking write holds up no other
+// session's request; a request for the session being parked waits for
+// its file and resumes it whole.
+func TestParkingOutsideLock(t *testing.T) {
+	m, err := k3.LoadTiny(context.Background(), k3.WithMemoryBudget(testBudget))
+	require.NoError(t, err)
+	defer m.Close()
+	st, err := newSessionStore(m, t.TempDir(), time.Hour, 1)
+	require.NoError(t, err)
+	started, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	st.beforeSave = func(id string) {
+		if id == "a" {
+			once.Do(func() { close(started) })
+			<-release
+		}
+	}
+	a, err := st.take("a")
+	require.NoError(t, err)
+	_, err = a.Forward(context.Background(), m.Encode("func main() {"))
+	require.NoError(t, err)
+	want := a.Tokens()
+	st.put("a", a, true)
+
+	// Taking b parks a (one live session at most); its write blocks, b
+	// does not wait for it.
+	taken := make(chan *k3.Session, 1)
+	go func() {
+		b, err := st.take("b")
+		assert.NoError(t, err)
+		taken <- b
+	}()
+	<-started
+	var b *k3.Session
+	select {
+	case b = <-taken:
+	case <-time.After(10 * time.Second):
+		close(release)
+		t.Fatal("taking b waited for a's parking write")
+	}
+	require.NotNil(t, b)
+	st.put("b", b, true)
+	live, _ := st.counts()
+	assert.Equal(t, 1, live)
+
+	got := make(chan *k3.Session, 1)
+	go func() {
+		s, err := st.take("a")
+		assert.NoError(t, err)
+		got <- s
+	}()
+	select {
+	case <-got:
+		t.Fatal("a was taken while its parking write had not finished")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	s := <-got
+	require.NotNil(t, s)
+	assert.Equal(t, want, s.Tokens(), "a came back from its file whole")
+	// a was parked, then b to make room for it (written in the background).
+	require.Eventually(t, func() bool { _, parked := st.counts(); return parked == 2 }, 10*time.Second, time.Millisecond)
+	st.put("a", s, true)
+	st.close()
 }
