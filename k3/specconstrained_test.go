@@ -3,6 +3,7 @@ package k3
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 
@@ -189,4 +190,57 @@ func TestConstrainedDraftsTruncated(t *testing.T) {
 	got = genTokensIn(t, m, prompt, append(opts, WithSpeculation(specdec.NGram{}, 4))...)
 	sameGeneration(t, want, got, true, "the n-gram drafter")
 	assert.Positive(t, got[len(got)-1].Usage.AcceptedTokens)
+}
+
+// TestToolDraftsAdmitted: a tool-call grammar takes a section's tokens in
+// a row (one call, then its end), stops at the first token it forbids,
+// and leaves its own state where it was.
+func TestToolDraftsAdmitted(t *testing.T) {
+	m, err := LoadTiny(context.Background())
+	require.NoError(t, err)
+	defer m.Close()
+	weather, err := CompileJSONSchema([]byte(`{"type":"object","properties":{"city":{"type":"string"}},"required":["city"],"additionalProperties":false}`))
+	require.NoError(t, err)
+	obj, err := weather.s.Objects()
+	require.NoError(t, err)
+	section := m.Encode(`<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>`)
+	bad := m.Encode(`{"town"`)
+	for _, text := range []bool{false, true} {
+		c := newToolConstraint(m, []string{"get_weather"}, []*jsonschema.Schema{obj}, false, text, nil)
+		assert.Equal(t, len(section), c.admits(section), "text %v: the whole section", text)
+		// Into the arguments: the first token of a wrong key is refused.
+		args := 0
+		for c.st.phase != pArgs {
+			require.False(t, c.closed(section[args]))
+			args++
+		}
+		before := c.st.phase
+		drafts := append(slices.Clone(section[args:args+3]), bad...)
+		got := c.admits(drafts)
+		assert.Less(t, got, len(drafts), "text %v: %q taken", text, m.Decode(drafts))
+		assert.Equal(t, before, c.st.phase, "admits moved the grammar")
+		assert.Equal(t, len(section)-args, c.admits(section[args:]), "text %v: the rest, after the trial", text)
+	}
+}
+
+// TestToolDraftsTrialIsolated: a trial that closes a container and opens
+// another where it was leaves the grammar's own stack intact.
+func TestToolDraftsTrialIsolated(t *testing.T) {
+	m, err := LoadTiny(context.Background())
+	require.NoError(t, err)
+	defer m.Close()
+	s, err := CompileJSONSchema([]byte(`{"type":"object","properties":{"a":{"type":"array"},"b":{"type":"object"}},"additionalProperties":false}`))
+	require.NoError(t, err)
+	obj, err := s.s.Objects()
+	require.NoError(t, err)
+	c := newToolConstraint(m, []string{"f"}, []*jsonschema.Schema{obj}, false, false, nil)
+	for _, id := range m.Encode(`<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{"a": [1`) {
+		require.False(t, c.closed(id))
+	}
+	trial := m.Encode(`], "b": {"x": 2}`)
+	require.Equal(t, len(trial), c.admits(trial))
+	for _, id := range m.Encode(`, 2]}<|tool_call_end|><|tool_calls_section_end|>`) {
+		c.closed(id)
+	}
+	assert.Equal(t, pDone, c.st.phase, "the arguments read on after the trial as before it")
 }

@@ -401,6 +401,19 @@ func (c *toolConstraint) fill() {
 	}
 }
 
+// admits reports how many of drafts the grammar takes in a row from
+// here; a stop token ends the count.
+func (c *toolConstraint) admits(drafts []int32) int {
+	trial := c.st
+	trial.args = c.st.args.Clone()
+	for i, d := range drafts {
+		if len(c.toks[d]) == 0 || slices.Contains(c.stops, d) || !c.run(&trial, c.toks[d], c.special[d], true) {
+			return i
+		}
+	}
+	return len(drafts)
+}
+
 // closed advances over the drawn token and reports whether the section
 // is now whole.
 func (c *toolConstraint) closed(id int32) bool {

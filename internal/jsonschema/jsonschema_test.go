@@ -722,9 +722,7 @@ func TestAdmits(t *testing.T) {
 			before := st.Complete()
 			got := st.Admits(toks)
 			want := 0
-			ref := s.Start()
-			ref.stack = append([]frame(nil), st.stack...)
-			ref.cur = st.cur
+			ref := st.Clone()
 			for _, tok := range toks {
 				if len(tok) == 0 || !ref.Feed(tok) {
 					break

@@ -1,6 +1,9 @@
 package jsonschema
 
-import "math/bits"
+import (
+	"math/bits"
+	"slices"
+)
 
 // mode is what the next byte may be.
 type mode uint8
@@ -132,6 +135,9 @@ func (s *State) run(m *sim, b []byte) bool {
 	}
 	return true
 }
+
+// Clone returns a copy of s that can be fed without touching s.
+func (s *State) Clone() State { return State{stack: slices.Clone(s.stack), cur: s.cur} }
 
 // Admits reports how many of toks, one after another, may follow the
 // text read so far: the count of those before the first whose bytes
