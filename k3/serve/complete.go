@@ -276,8 +276,10 @@ type choice struct {
 	lps       []tokenLogprob // chat
 	tools     toolStream     // chat with tools, streamed
 	reason    reasoningStream
-	offsets   int            // completions: bytes of text so far, for text_offset
-	legacy    legacyLogprobs // completions
+	thinking  reasoningStream // counts the reasoning tokens, whole answers too
+	reasoned  int             // tokens generated before the reasoning ended
+	offsets   int             // completions: bytes of text so far, for text_offset
+	legacy    legacyLogprobs  // completions
 }
 
 // tokenLogprob is one entry of a chat choice's logprobs.content.
@@ -363,6 +365,14 @@ func (a *answer) take(ev event) (text string, lp []tokenLogprob, legacy *legacyL
 		}
 	}
 	c.text = append(c.text, tok.Text...)
+	if a.j.reasoning && tok.ID >= 0 {
+		// A token drawn while the reasoning is open is reasoning, the one
+		// that closes it included.
+		if c.thinking.phase != 2 {
+			c.reasoned++
+		}
+		c.thinking.next(tok.Text)
+	}
 	if tok.Finish != k3.FinishNone {
 		c.finish = finishReason(tok.Finish)
 		a.done++
@@ -393,6 +403,10 @@ type usage struct {
 	Details          struct {
 		CachedTokens int `json:"cached_tokens"`
 	} `json:"prompt_tokens_details"`
+	// With a thinking model's reasoning split off: the tokens of it.
+	Completion *struct {
+		ReasoningTokens int `json:"reasoning_tokens"`
+	} `json:"completion_tokens_details,omitempty"`
 }
 
 // usage counts each prompt once, whatever its n.
@@ -408,6 +422,14 @@ func (a *answer) usage() *usage {
 	}
 	for _, c := range a.choices {
 		u.CompletionTokens += c.generated
+	}
+	if a.j.reasoning {
+		u.Completion = &struct {
+			ReasoningTokens int `json:"reasoning_tokens"`
+		}{}
+		for _, c := range a.choices {
+			u.Completion.ReasoningTokens += c.reasoned
+		}
 	}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
 	a.s.met.promptTokens(u.PromptTokens, u.Details.CachedTokens)

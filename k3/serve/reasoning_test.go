@@ -70,6 +70,9 @@ func TestReasoningAnswers(t *testing.T) {
 	assert.Equal(t, "Sure. ", msg["content"])
 	assert.Len(t, msg["tool_calls"], 1)
 	assert.Equal(t, "tool_calls", ch["finish_reason"])
+	// "<thi", "nk>I should", " call it.</th" and "ink>Sure. ..." (which
+	// closes the reasoning) are reasoning tokens.
+	assert.Equal(t, map[string]any{"reasoning_tokens": 4.0}, whole["usage"].(map[string]any)["completion_tokens_details"])
 
 	events, done := sse(t, strings.NewReader(string(runJob(t, s, job(true), k3.FinishStop, pieces...))))
 	require.True(t, done)

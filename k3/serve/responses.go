@@ -392,8 +392,12 @@ func (a *answer) responseObject(status string, output []map[string]any, u *usage
 		obj["incomplete_details"] = map[string]any{"reason": "max_output_tokens"}
 	}
 	if u != nil {
+		reasoning := 0
+		if u.Completion != nil {
+			reasoning = u.Completion.ReasoningTokens
+		}
 		obj["usage"] = map[string]any{"input_tokens": u.PromptTokens, "input_tokens_details": map[string]any{"cached_tokens": u.Details.CachedTokens},
-			"output_tokens": u.CompletionTokens, "output_tokens_details": map[string]any{"reasoning_tokens": 0}, "total_tokens": u.TotalTokens}
+			"output_tokens": u.CompletionTokens, "output_tokens_details": map[string]any{"reasoning_tokens": reasoning}, "total_tokens": u.TotalTokens}
 	}
 	return obj
 }

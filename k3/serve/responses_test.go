@@ -152,6 +152,11 @@ func TestResponsesAnswers(t *testing.T) {
 			assert.Nil(t, whole["incomplete_details"], tc.name)
 		}
 		u := whole["usage"].(map[string]any)
+		reasoned := 0
+		if tc.reasoning {
+			reasoned = 4 // "<think>", "plan ", "it</th", "ink>"
+		}
+		assert.EqualValues(t, reasoned, u["output_tokens_details"].(map[string]any)["reasoning_tokens"], tc.name)
 		assert.EqualValues(t, 3, u["input_tokens"], tc.name)
 		assert.EqualValues(t, len(tc.pieces), u["output_tokens"], tc.name)
 		assert.EqualValues(t, 3+len(tc.pieces), u["total_tokens"], tc.name)
