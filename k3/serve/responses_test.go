@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -238,6 +239,17 @@ func TestResponsesRequest(t *testing.T) {
 // Responses request's own field names.
 func TestResponsesErrors(t *testing.T) {
 	_, hs, _ := newTestServer(t, Config{Name: "tiny"})
+	for _, method := range []string{"GET", "DELETE"} {
+		req, err := http.NewRequest(method, hs.URL+"/v1/responses/resp_1", nil)
+		require.NoError(t, err)
+		resp, err := hs.Client().Do(req)
+		require.NoError(t, err)
+		var out map[string]any
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+		resp.Body.Close()
+		assert.Equal(t, 404, resp.StatusCode, method)
+		assert.Contains(t, out["error"].(map[string]any)["message"], "keeps no responses", method)
+	}
 	for _, tc := range []struct{ body, param string }{
 		{`{"input":"x","previous_response_id":"resp_1"}`, "previous_response_id"},
 		{`{"input":"x","background":true}`, "background"},

@@ -184,6 +184,10 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST /v1/chat/completions", s.authorized(s.chatCompletions))
 	s.mux.HandleFunc("POST /v1/completions", s.authorized(s.completions))
 	s.mux.HandleFunc("POST /v1/responses", s.authorized(s.responses))
+	s.mux.HandleFunc("/v1/responses/{id...}", s.authorized(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &apiError{status: 404, typ: "invalid_request_error", param: "response_id",
+			msg: fmt.Sprintf("no response %q: k3 keeps no responses (store is not served)", r.PathValue("id"))})
+	}))
 	s.mux.HandleFunc("GET /v1/models", s.authorized(s.models))
 	s.mux.HandleFunc("GET /v1/models/{id...}", s.authorized(s.model))
 	s.mux.HandleFunc("POST /tokenize", s.authorized(s.tokenize))
