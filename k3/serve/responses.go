@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 )
 
@@ -31,13 +32,16 @@ type responsesRequest struct {
 		Effort *string `json:"effort"`
 	} `json:"reasoning"`
 	Stream bool `json:"stream"`
+	// Log-probabilities of the message's tokens: with
+	// "message.output_text.logprobs" in include or top_logprobs above 0.
+	Include     []string `json:"include"`
+	TopLogprobs *int     `json:"top_logprobs"`
 	// Refused: state k3 does not keep, work it does not do.
 	PreviousResponseID *string         `json:"previous_response_id"`
 	Conversation       json.RawMessage `json:"conversation"`
 	Background         bool            `json:"background"`
 	Prompt             json.RawMessage `json:"prompt"`
 	Truncation         *string         `json:"truncation"`
-	TopLogprobs        *int            `json:"top_logprobs"`
 }
 
 // responseItem is one element of input.
@@ -61,6 +65,7 @@ type responseEcho struct {
 	toolChoice   any
 	tools        any
 	format       any
+	topLogprobs  int
 }
 
 func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
@@ -89,8 +94,6 @@ func (s *Server) responsesJob(req *responsesRequest) (*job, error) {
 		return nil, badParam("prompt", "prompt: k3 keeps no stored prompts")
 	case req.Truncation != nil && *req.Truncation != "disabled":
 		return nil, badParam("truncation", "truncation = %q: k3 does not drop input to fit the context, want \"disabled\"", *req.Truncation)
-	case req.TopLogprobs != nil && *req.TopLogprobs != 0:
-		return nil, badParam("top_logprobs", "top_logprobs: log-probabilities are served on /v1/chat/completions")
 	}
 	chat := chatRequest{}
 	chat.Model, chat.MaxTokens, chat.Temperature, chat.TopP, chat.Stream = req.Model, req.MaxOutputTokens, req.Temperature, req.TopP, req.Stream
@@ -138,9 +141,19 @@ func (s *Server) responsesJob(req *responsesRequest) (*job, error) {
 	if req.Reasoning != nil && req.Reasoning.Effort != nil && *req.Reasoning.Effort == "none" {
 		chat.ChatTemplateKwargs = map[string]any{"thinking": false}
 	}
+	if slices.Contains(req.Include, "message.output_text.logprobs") || req.TopLogprobs != nil && *req.TopLogprobs > 0 {
+		chat.Logprobs, chat.TopLogprobs = json.RawMessage("true"), req.TopLogprobs
+		if req.TopLogprobs != nil {
+			echo.topLogprobs = *req.TopLogprobs
+		}
+	}
 	j, err := s.chatJob(&chat)
 	if err != nil {
 		return nil, renameParams(err)
+	}
+	if j.logprobs && (j.tools || j.reasoning) {
+		// The message's tokens are then not all of the answer's.
+		return nil, badParam("include", "log-probabilities with tools or a thinking model's reasoning (set reasoning.effort \"none\") are not served on /v1/responses")
 	}
 	j.resp = echo
 	return j, nil
@@ -343,7 +356,7 @@ func (a *answer) responseOutput(c *choice, id string) (items []map[string]any, i
 		items = append(items, reasoningItem(id, reasoning, status))
 	}
 	if text != "" || len(calls) == 0 {
-		items = append(items, messageItem(id, text, status))
+		items = append(items, messageItem(id, text, status, c.lps))
 	}
 	for k, call := range calls {
 		items = append(items, callItem(id, k, call, call.Function.Arguments, "completed"))
@@ -359,16 +372,22 @@ func reasoningItem(id, text, status string) map[string]any {
 	return map[string]any{"type": "reasoning", "id": "rs_" + id, "summary": []any{}, "content": content, "status": status}
 }
 
-func messageItem(id, text, status string) map[string]any {
+func messageItem(id, text, status string, lps []tokenLogprob) map[string]any {
 	content := []any{}
 	if status != "in_progress" {
-		content = append(content, outputText(text))
+		content = append(content, outputText(text, lps))
 	}
 	return map[string]any{"type": "message", "id": "msg_" + id, "status": status, "role": "assistant", "content": content}
 }
 
-func outputText(text string) map[string]any {
-	return map[string]any{"type": "output_text", "text": text, "annotations": []any{}, "logprobs": []any{}}
+// outputText is a message's text part, with its tokens' log-probabilities
+// when the request asked for them.
+func outputText(text string, lps []tokenLogprob) map[string]any {
+	var lp any = []any{}
+	if lps != nil {
+		lp = lps
+	}
+	return map[string]any{"type": "output_text", "text": text, "annotations": []any{}, "logprobs": lp}
 }
 
 func callItem(id string, k int, call toolCall, args, status string) map[string]any {
@@ -384,7 +403,7 @@ func (a *answer) responseObject(status string, output []map[string]any, u *usage
 		"instructions": e.instructions, "max_output_tokens": e.maxOutput, "parallel_tool_calls": e.parallel,
 		"temperature": e.temperature, "top_p": e.topP, "tool_choice": e.toolChoice, "tools": e.tools,
 		"text": map[string]any{"format": e.format}, "previous_response_id": nil, "store": false,
-		"truncation": "disabled", "metadata": map[string]any{}, "usage": nil}
+		"truncation": "disabled", "metadata": map[string]any{}, "usage": nil, "top_logprobs": e.topLogprobs}
 	if output == nil {
 		obj["output"] = []any{}
 	}
@@ -441,9 +460,9 @@ func (a *answer) responseStream(ctx context.Context, w http.ResponseWriter, even
 			a.s.met.failed("abort")
 			return
 		}
-		text, _, _ := a.take(ev)
+		text, lps, _ := a.take(ev)
 		reasoning, content, calls := a.split(c, text)
-		if !rs.reasoning(reasoning) || !rs.content(content) {
+		if !rs.reasoning(reasoning) || !rs.content(content, lps) {
 			a.s.met.failed("abort")
 			return
 		}
@@ -511,8 +530,8 @@ func (rs *respStream) openItem(typ string) bool {
 	}
 	rs.open = typ
 	idx := len(rs.output)
-	item := messageItem(rs.id, "", "in_progress")
-	part := outputText("")
+	item := messageItem(rs.id, "", "in_progress", nil)
+	part := outputText("", nil)
 	if typ == "reasoning" {
 		item = reasoningItem(rs.id, "", "in_progress")
 		part = map[string]any{"type": "reasoning_text", "text": ""}
@@ -527,7 +546,8 @@ func (rs *respStream) closeItem(status string) bool {
 		return true
 	}
 	idx, text := len(rs.output), rs.text.String()
-	item, part, done := messageItem(rs.id, text, status), outputText(text), "response.output_text.done"
+	lps := rs.a.choices[0].lps
+	item, part, done := messageItem(rs.id, text, status, lps), outputText(text, lps), "response.output_text.done"
 	if rs.open == "reasoning" {
 		item, part, done = reasoningItem(rs.id, text, status), map[string]any{"type": "reasoning_text", "text": text}, "response.reasoning_text.done"
 	}
@@ -539,8 +559,8 @@ func (rs *respStream) closeItem(status string) bool {
 		rs.send("response.output_item.done", map[string]any{"output_index": idx, "item": item})
 }
 
-func (rs *respStream) delta(typ, kind, text string) bool {
-	if text == "" {
+func (rs *respStream) delta(typ, kind, text string, lps []tokenLogprob) bool {
+	if text == "" && lps == nil {
 		return true
 	}
 	if !rs.openItem(kind) {
@@ -551,15 +571,22 @@ func (rs *respStream) delta(typ, kind, text string) bool {
 	if kind == "reasoning" {
 		id = "rs_" + rs.id
 	}
-	return rs.send(typ, map[string]any{"item_id": id, "output_index": len(rs.output), "content_index": 0, "delta": text})
+	ev := map[string]any{"item_id": id, "output_index": len(rs.output), "content_index": 0, "delta": text}
+	if kind == "message" {
+		ev["logprobs"] = []tokenLogprob{}
+		if lps != nil {
+			ev["logprobs"] = lps
+		}
+	}
+	return rs.send(typ, ev)
 }
 
 func (rs *respStream) reasoning(text string) bool {
-	return rs.delta("response.reasoning_text.delta", "reasoning", text)
+	return rs.delta("response.reasoning_text.delta", "reasoning", text, nil)
 }
 
-func (rs *respStream) content(text string) bool {
-	return rs.delta("response.output_text.delta", "message", text)
+func (rs *respStream) content(text string, lps []tokenLogprob) bool {
+	return rs.delta("response.output_text.delta", "message", text, lps)
 }
 
 // finish closes the open item, sends the calls and the final response.

@@ -208,6 +208,29 @@ func TestResponsesRequest(t *testing.T) {
 	assert.Equal(t, []string{"message " + want}, texts(built["output"].([]any)))
 	assert.Equal(t, resp["output"].([]any)[0].(map[string]any)["content"], final["output"].([]any)[0].(map[string]any)["content"])
 
+	// Log-probabilities: the chat's, whole and streamed.
+	code, chatLP := post(t, hs.URL+"/v1/chat/completions", map[string]any{"model": "tiny", "max_tokens": 8, "temperature": 0, "logprobs": true, "top_logprobs": 2,
+		"messages": []any{map[string]any{"role": "user", "content": "func main() {"}}})
+	require.Equal(t, 200, code, "%v", chatLP)
+	wantLP := chatLP["choices"].([]any)[0].(map[string]any)["logprobs"].(map[string]any)["content"]
+	lpBody := map[string]any{"model": "tiny", "max_output_tokens": 8, "temperature": 0, "top_logprobs": 2,
+		"include": []string{"message.output_text.logprobs"}, "input": "func main() {"}
+	code, resp = post(t, hs.URL+"/v1/responses", lpBody)
+	require.Equal(t, 200, code, "%v", resp)
+	assert.EqualValues(t, 2, resp["top_logprobs"])
+	part := resp["output"].([]any)[0].(map[string]any)["content"].([]any)[0].(map[string]any)
+	assert.Equal(t, wantLP, part["logprobs"])
+	lpBody["stream"] = true
+	r2 := postStream(t, context.Background(), hs.URL+"/v1/responses", lpBody)
+	defer r2.Body.Close()
+	var streamed []any
+	for _, ev := range respEvents(t, r2.Body) {
+		if ev["type"] == "response.output_text.delta" {
+			streamed = append(streamed, ev["logprobs"].([]any)...)
+		}
+	}
+	assert.Equal(t, wantLP, streamed)
+
 	// A tool round trip in the Responses shapes is the chat's prompt.
 	tools := `[{"type":"function","name":"get_weather","description":"Weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}]`
 	var rreq responsesRequest
@@ -256,7 +279,8 @@ func TestResponsesErrors(t *testing.T) {
 		{`{"input":"x","conversation":"conv_1"}`, "conversation"},
 		{`{"input":"x","prompt":{"id":"pmpt_1"}}`, "prompt"},
 		{`{"input":"x","truncation":"auto"}`, "truncation"},
-		{`{"input":"x","top_logprobs":2}`, "top_logprobs"},
+		{`{"input":"x","top_logprobs":2,"tools":[{"type":"function","name":"f"}]}`, "include"},
+		{`{"input":"x","top_logprobs":21}`, "top_logprobs"},
 		{`{}`, "input"},
 		{`{"input":[]}`, "input"},
 		{`{"input":[3]}`, "input[0]"},
