@@ -245,6 +245,12 @@ const checks = {
       assert.equal(item.name, "get_weather");
       JSON.parse(item.arguments);
     }
+    // Log-probabilities of the message's tokens.
+    const lp = await client.responses.create({ ...req, include: ["message.output_text.logprobs"], top_logprobs: 2 });
+    const part = lp.output.find((i) => i.type === "message").content[0];
+    assert.equal(part.logprobs.length, lp.usage.output_tokens);
+    assert.equal(part.logprobs.map((e) => e.token).join(""), part.text);
+    assert.ok(part.logprobs.every((e) => e.top_logprobs.length === 2 && e.logprob <= 0));
     await assert.rejects(
       client.responses.create({ ...req, previous_response_id: "resp_0" }),
       (err) => err instanceof OpenAI.BadRequestError && /previous_response_id/.test(err.message),
