@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"iter"
-	"math"
 	"strings"
 
 	"k3/internal/jsonschema"
@@ -555,20 +554,10 @@ func (g *generation) finish(t *Token) {
 // was drawn from (the session's last logits, not yet replaced).
 func (g *generation) logprobs(t *Token) {
 	x := g.s.last
-	mx := kernel.Max(x)
 	if cap(g.scratch) < len(x) {
 		g.scratch = make([]float32, len(x))
 	}
-	e := g.scratch[:len(x)]
-	for i, v := range x {
-		e[i] = v - mx
-	}
-	kernel.ExpSlice(e)
-	var z float64
-	for _, v := range e {
-		z += float64(v)
-	}
-	lse := float64(mx) + math.Log(z)
+	lse := kernel.LogSumExp(x, g.scratch)
 	t.Logprob = float32(float64(x[t.ID]) - lse)
 	if k := g.o.topLogprobs; k > 0 {
 		idx := make([]int32, k)

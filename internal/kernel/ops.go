@@ -219,6 +219,24 @@ func tanhExp(x, e2 float32) float32 {
 
 func abs32(x float32) float32 { return math.Float32frombits(math.Float32bits(x) &^ (1 << 31)) }
 
+// LogSumExp returns log Σ exp(x): the exponentials in float32 after the
+// largest is taken out, summed in float64 (the log-probabilities a
+// generation reports are computed so). scratch holds at least len(x)
+// floats.
+func LogSumExp(x, scratch []float32) float64 {
+	m := Max(x)
+	e := scratch[:len(x)]
+	for i, v := range x {
+		e[i] = v - m
+	}
+	ExpSlice(e)
+	var z float64
+	for _, v := range e {
+		z += float64(v)
+	}
+	return float64(m) + math.Log(z)
+}
+
 // Softmax replaces x by softmax(x), subtracting the maximum first. A row of
 // all -Inf becomes all zeros.
 func Softmax(x []float32) {

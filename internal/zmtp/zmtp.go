@@ -53,6 +53,7 @@ type Config struct {
 // A Publisher is a PUB socket: its subscribers' connections.
 type Publisher struct {
 	cfg    Config
+	topic  []byte       // cfg.Topic, every message's first frame
 	ln     net.Listener // Listen's; nil for Dial
 	mu     sync.Mutex
 	conns  map[*Conn]bool
@@ -107,7 +108,7 @@ func newPublisher(cfg Config) *Publisher {
 	if cfg.Queue <= 0 {
 		cfg.Queue = 1024
 	}
-	return &Publisher{cfg: cfg, conns: map[*Conn]bool{}, done: make(chan struct{})}
+	return &Publisher{cfg: cfg, topic: []byte(cfg.Topic), conns: map[*Conn]bool{}, done: make(chan struct{})}
 }
 
 // Addr is the address a listening Publisher accepts on (nil for Dial).
@@ -335,11 +336,11 @@ func (c *Conn) write(w *bufio.Writer) {
 		case <-c.gone:
 			return
 		case msg := <-c.queue:
-			writeMessage(w, c.p.cfg.Topic, msg)
+			writeMessage(w, c.p.topic, msg)
 			n := uint64(1)
 			// More queued messages go out in the same flush.
 			for len(c.queue) > 0 {
-				writeMessage(w, c.p.cfg.Topic, <-c.queue)
+				writeMessage(w, c.p.topic, <-c.queue)
 				n++
 			}
 			c.p.sent.Add(n)
@@ -563,12 +564,12 @@ func indexOf(subs []string, s string) int {
 }
 
 // writeMessage writes the topic and frames as one message.
-func writeMessage(w *bufio.Writer, topic string, frames [][]byte) {
+func writeMessage(w *bufio.Writer, topic []byte, frames [][]byte) {
 	flags := byte(0)
 	if len(frames) > 0 {
 		flags = 1
 	}
-	writeFrame(w, flags, []byte(topic))
+	writeFrame(w, flags, topic)
 	for i, f := range frames {
 		flags = 0
 		if i < len(frames)-1 {

@@ -2,7 +2,6 @@ package serve
 
 import (
 	"context"
-	"math"
 
 	"k3/internal/kernel"
 	"k3/k3"
@@ -56,7 +55,7 @@ func (s *Server) scorePrompt(ctx context.Context, ss *k3.Session, prompt []int32
 			if i > 0 {
 				row = logits[(i-1)*v : i*v]
 			}
-			lse := logSumExp(row, scratch)
+			lse := kernel.LogSumExp(row, scratch)
 			lp := float32(float64(row[id]) - lse)
 			l.TokenLogprobs = append(l.TokenLogprobs, &lp)
 			alts := map[string]float32{}
@@ -77,23 +76,6 @@ func (l *legacyLogprobs) then(m *legacyLogprobs) *legacyLogprobs {
 		TokenLogprobs: append(l.TokenLogprobs[:len(l.TokenLogprobs):len(l.TokenLogprobs)], m.TokenLogprobs...),
 		TopLogprobs:   append(l.TopLogprobs[:len(l.TopLogprobs):len(l.TopLogprobs)], m.TopLogprobs...),
 		TextOffset:    append(l.TextOffset[:len(l.TextOffset):len(l.TextOffset)], m.TextOffset...)}
-}
-
-// logSumExp is log Σ exp(x), computed as the generated tokens'
-// log-probabilities are (the exponentials in float32 after the largest is
-// taken out, summed in float64); scratch holds len(x) floats.
-func logSumExp(x, scratch []float32) float64 {
-	m := kernel.Max(x)
-	e := scratch[:len(x)]
-	for i, v := range x {
-		e[i] = v - m
-	}
-	kernel.ExpSlice(e)
-	var z float64
-	for _, v := range e {
-		z += float64(v)
-	}
-	return float64(m) + math.Log(z)
 }
 
 // finished is a generation of no tokens: an echoing completion with

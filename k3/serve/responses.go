@@ -270,8 +270,7 @@ func chatTools(raw json.RawMessage) (json.RawMessage, error) {
 		}
 		out[i] = map[string]any{"type": "function", "function": fn}
 	}
-	b, err := json.Marshal(out)
-	return b, err
+	return json.Marshal(out)
 }
 
 // chatToolChoice rewrites a named function choice in the chat form.
