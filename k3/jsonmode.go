@@ -15,22 +15,29 @@ import (
 // WithJSONSchema with the schema {"type": "object"}.
 func WithJSONObject() GenerateOption { return func(o *genOptions) { o.json = true } }
 
-// grammarTables returns, made once a model, what the grammar options
-// read: every token's bytes (a special token's, its name), which tokens
-// are special, and the JSON view of the vocabulary: the bytes with
-// special tokens empty (never drawn) and which tokens stay inside a JSON
-// string (jsonschema.Plain).
-func (m *Model) grammarTables() (toks [][]byte, special []bool, jsonToks [][]byte, plain []bool) {
+// grammarTables is what the grammar options read, made once a model.
+type grammarTables struct {
+	toks     [][]byte          // every token's bytes (a special token's, its name)
+	special  []bool            // which tokens are special
+	jsonToks [][]byte          // the JSON view: special tokens empty (never drawn)
+	plain    []bool            // which tokens stay inside a JSON string (jsonschema.Plain)
+	vocab    *jsonschema.Vocab // jsonToks arranged for jsonschema.State.Mask
+}
+
+// grammar returns the model's grammarTables, made on first use.
+func (m *Model) grammar() *grammarTables {
 	m.grammarOnce.Do(func() {
 		n := m.Config.VocabSize
-		m.tokBytes, m.tokSpecial, m.jsonToks = make([][]byte, n), make([]bool, n), make([][]byte, n)
+		g := &grammarTables{toks: make([][]byte, n), special: make([]bool, n), jsonToks: make([][]byte, n)}
 		for id := range n {
-			m.tokBytes[id] = m.tok.TokenBytes(int32(id))
-			if m.tokSpecial[id] = m.tok.IsSpecial(int32(id)); !m.tokSpecial[id] {
-				m.jsonToks[id] = m.tokBytes[id]
+			g.toks[id] = m.tok.TokenBytes(int32(id))
+			if g.special[id] = m.tok.IsSpecial(int32(id)); !g.special[id] {
+				g.jsonToks[id] = g.toks[id]
 			}
 		}
-		m.jsonPlain = jsonschema.Plain(m.jsonToks)
+		g.plain = jsonschema.Plain(g.jsonToks)
+		g.vocab = jsonschema.NewVocab(g.jsonToks)
+		m.grammarT = g
 	})
-	return m.tokBytes, m.tokSpecial, m.jsonToks, m.jsonPlain
+	return m.grammarT
 }

@@ -68,15 +68,15 @@ func WithJSONSchema(s *JSONSchema) GenerateOption {
 type schemaConstraint struct {
 	state jsonschema.State
 	toks  [][]byte // special tokens empty: never drawn
-	plain []bool
+	vocab *jsonschema.Vocab
 	stops []int32
 	mask  []bool
 	draft [][]byte // admits' scratch
 }
 
 func newSchemaConstraint(m *Model, s *jsonschema.Schema, stops []int32) *schemaConstraint {
-	_, _, toks, plain := m.grammarTables()
-	return &schemaConstraint{state: s.Start(), toks: toks, plain: plain, stops: stops,
+	g := m.grammar()
+	return &schemaConstraint{state: s.Start(), toks: g.jsonToks, vocab: g.vocab, stops: stops,
 		mask: make([]bool, m.Config.VocabSize)}
 }
 
@@ -86,7 +86,7 @@ func (c *schemaConstraint) fill() {
 	if c.state.Done() {
 		clear(c.mask)
 	} else {
-		c.state.Mask(c.mask, c.toks, c.plain)
+		c.state.Mask(c.mask, c.vocab)
 	}
 	complete := c.state.Complete()
 	for _, id := range c.stops {

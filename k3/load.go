@@ -148,11 +148,8 @@ type Model struct {
 	ck     *safetensors.Checkpoint
 	fpOnce sync.Once // fingerprint, for saved sessions
 
-	grammarOnce sync.Once // the grammar options' tables (grammarTables)
-	tokBytes    [][]byte
-	tokSpecial  []bool
-	jsonToks    [][]byte
-	jsonPlain   []bool
+	grammarOnce sync.Once // the grammar options' tables (grammar)
+	grammarT    *grammarTables
 
 	toolTextOnce  sync.Once // WithOptionalToolCalls' free-text mask (toolTextTables)
 	toolText      []bool

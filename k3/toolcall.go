@@ -158,9 +158,9 @@ type toolConstraint struct {
 }
 
 func newToolConstraint(m *Model, names []string, schemas []*jsonschema.Schema, parallel, text bool, stops []int32) *toolConstraint {
-	toks, special, _, plain := m.grammarTables()
+	g := m.grammar()
 	c := &toolConstraint{names: names, schemas: schemas, parallel: parallel, stops: stops, mask: make([]bool, m.Config.VocabSize),
-		toks: toks, special: special, plain: plain}
+		toks: g.toks, special: g.special, plain: g.plain}
 	c.enter(&c.st, pSectionBegin)
 	if text {
 		c.enter(&c.st, pText)
@@ -175,8 +175,8 @@ func newToolConstraint(m *Model, names []string, schemas []*jsonschema.Schema, p
 // the whole marker) and those last tokens, which fill tries.
 func (m *Model) toolTextTables() ([]bool, []int32) {
 	m.toolTextOnce.Do(func() {
-		toks, special, _, _ := m.grammarTables()
-		m.toolText, m.toolTextTrial = textTables(toks, special)
+		g := m.grammar()
+		m.toolText, m.toolTextTrial = textTables(g.toks, g.special)
 	})
 	return m.toolText, m.toolTextTrial
 }

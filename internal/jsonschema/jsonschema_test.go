@@ -3,12 +3,16 @@ package jsonschema
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
 )
 
 // schemas the tests walk: each kind, unions, literals, bounds, recursion.
@@ -370,7 +374,8 @@ func TestMask(t *testing.T) {
 		toks = append(toks, []byte(p))
 	}
 	toks = append(toks, []byte("plain words"), []byte("with\"quote"), []byte(`abcdefghij`))
-	plain := Plain(toks)
+	toks = append(toks, maskEdges...)
+	v := NewVocab(toks)
 	dst := make([]bool, len(toks))
 	r := rand.New(rand.NewPCG(3, 4))
 	for name, src := range schemas {
@@ -378,7 +383,7 @@ func TestMask(t *testing.T) {
 		text, _ := walk(t, s, r, 60)
 		st := s.Start()
 		for i := 0; i <= len(text); i++ {
-			st.Mask(dst, toks, plain)
+			st.Mask(dst, v)
 			for id, tok := range toks {
 				require.Equal(t, len(tok) > 0 && st.Accepts(tok), dst[id], "%s after %q: token %q", name, text[:i], tok)
 			}
@@ -387,6 +392,93 @@ func TestMask(t *testing.T) {
 			}
 		}
 	}
+}
+
+// maskEdges are tokens that take every branch of Mask's walks: shared
+// prefixes, a duplicate, prefixes of one another, plain bytes before a
+// quote or backslash or control byte, cut and invalid UTF-8, a character
+// whose bytes are three tokens, long runs.
+var maskEdges = [][]byte{
+	[]byte(`ab`), []byte(`abc`), []byte(`abc`), []byte(`abcd"`), []byte(`abc",`), []byte(`ab":`), []byte(`ab\n`),
+	[]byte(`a\u00e9`), []byte("ab\nc"), []byte(`2024-01-0`), []byte(`-01-01"`), []byte(`01","`), []byte(`AB-12"`),
+	[]byte(`ab"}`), []byte(`"}`), []byte(`",`), []byte(`"`), []byte(`":"`), []byte(`,"`), []byte(`x"`),
+	[]byte("é"), []byte("éé\""), []byte("中文"), []byte("中\xe6"), []byte("\xe6\x96"), []byte("\x87"), []byte("\xff"),
+	[]byte("\xc0\x80"), []byte("\xed\xa0\x80"), []byte("\xf4\x90"), []byte("a\xffb"),
+	[]byte(strings.Repeat("a", 40)), []byte(strings.Repeat(" ", 40)), []byte(strings.Repeat("é", 20) + `"`),
+	[]byte(`true,`), []byte(`null]`), []byte(`12.5e`), []byte(`1]`), []byte(`}]`), []byte(" \n\t"),
+}
+
+// TestVocabMask: Mask equals Accepts over a vocabulary made as a
+// byte-pair one is, at every position of walks through each schema and
+// in JSON mode, with masks taken from several goroutines at once (the
+// patterned strings' cached masks among them).
+func TestVocabMask(t *testing.T) {
+	toks := append(bpeVocab(3000), maskEdges...)
+	toks = append(toks, nil, []byte{})
+	v := NewVocab(toks)
+	r := rand.New(rand.NewPCG(9, 10))
+	type at struct {
+		name string
+		st   State
+	}
+	var states []at
+	for _, name := range []string{"person", "patterned", "open", "scalars", "numlits", "tuple", "unique", "capped"} {
+		s, _ := compile(t, schemas[name])
+		for range 2 {
+			text, _ := walk(t, s, r, 40)
+			st := s.Start()
+			for i := 0; i <= len(text); i++ {
+				states = append(states, at{fmt.Sprintf("%s after %q", name, text[:i]), st.Clone()})
+				if i < len(text) {
+					require.True(t, st.Feed([]byte{text[i]}))
+				}
+			}
+		}
+	}
+	t.Logf("%d states, %d tokens", len(states), len(toks))
+	var g errgroup.Group
+	for w := range 4 {
+		g.Go(func() error {
+			dst := make([]bool, len(toks))
+			for k := w; k < len(states); k += 4 {
+				st := &states[k].st
+				st.Mask(dst, v)
+				for id, tok := range toks {
+					if want := len(tok) > 0 && st.Accepts(tok); dst[id] != want {
+						return fmt.Errorf("%s: token %q: mask %v, Accepts %v", states[k].name, tok, dst[id], want)
+					}
+				}
+			}
+			return nil
+		})
+	}
+	require.NoError(t, g.Wait())
+}
+
+// TestMaskCache: the patterned strings' masks kept by automaton state
+// are read back as made, the oldest dropped once the cache is full.
+func TestMaskCache(t *testing.T) {
+	var c maskCache
+	d := []*dfa{{}, {}}
+	masks := make([][]bool, maskCacheSize+1)
+	r := rand.New(rand.NewPCG(11, 12))
+	for i := range masks {
+		masks[i] = make([]bool, 130)
+		for j := range masks[i] {
+			masks[i][j] = r.IntN(2) == 0
+		}
+		c.store(masks[i], d[i%2], int32(i/2))
+	}
+	got := make([]bool, 130)
+	assert.False(t, c.load(got, d[0], 0), "the oldest is dropped")
+	for i := 1; i < len(masks); i++ {
+		require.True(t, c.load(got, d[i%2], int32(i/2)), "mask %d", i)
+		require.Equal(t, masks[i], got, "mask %d", i)
+	}
+	assert.False(t, c.load(got, d[1], int32(len(masks))), "a state never kept")
+	c.store(masks[0], d[1], 1) // already kept: unchanged
+	require.True(t, c.load(got, d[1], 1))
+	require.Equal(t, masks[3], got)
 }
 
 func TestCompileErrors(t *testing.T) {
@@ -590,8 +682,35 @@ func repeatsKey(text string) bool {
 // item, and the person schema inside a free string, inside a bounded
 // one, at a key, after an item.
 func BenchmarkMask(b *testing.B) {
+	for _, vocab := range []struct {
+		name string
+		toks [][]byte
+	}{{"random", randVocab(163840)}, {"merged", bpeVocab(163840)}} {
+		b.Run(vocab.name, func(b *testing.B) { benchmarkMask(b, vocab.toks) })
+	}
+}
+
+// BenchmarkNewVocab: arranging 163,840 tokens for Mask, once a model.
+func BenchmarkNewVocab(b *testing.B) {
+	for _, vocab := range []struct {
+		name string
+		toks [][]byte
+	}{{"random", randVocab(163840)}, {"merged", bpeVocab(163840)}} {
+		b.Run(vocab.name, func(b *testing.B) {
+			var v *Vocab
+			for b.Loop() {
+				v = NewVocab(vocab.toks)
+			}
+			b.ReportMetric(float64(len(v.all.c)), "nodes")
+		})
+	}
+}
+
+// randVocab is n tokens of 1-8 random printable bytes: little shared
+// beyond the first two bytes.
+func randVocab(n int) [][]byte {
 	r := rand.New(rand.NewPCG(3, 4))
-	toks := make([][]byte, 163840)
+	toks := make([][]byte, n)
 	for i := range toks {
 		t := make([]byte, 1+r.IntN(8))
 		for j := range t {
@@ -599,7 +718,81 @@ func BenchmarkMask(b *testing.B) {
 		}
 		toks[i] = t
 	}
-	plain := Plain(toks)
+	return toks
+}
+
+// bpeVocab is n tokens shaped as a byte-pair vocabulary's are: the 256
+// bytes, then merges of two tokens of one class (the earlier ones
+// likelier), the classes split as a pre-tokenizer splits text: words
+// (some with a leading space or punctuation byte, a quote among them),
+// punctuation runs (quotes and backslashes among them, some with a
+// leading space or trailing newlines), runs of CJK characters (3,000,
+// or n/50 when fewer), white space, digits. Up to 16 bytes a token.
+func bpeVocab(n int) [][]byte {
+	r := rand.New(rand.NewPCG(7, 8))
+	seen := map[string]bool{}
+	var toks [][]byte
+	add := func(t []byte) bool {
+		if len(t) > 16 || seen[string(t)] {
+			return false
+		}
+		seen[string(t)] = true
+		toks = append(toks, t)
+		return true
+	}
+	for c := range 256 {
+		add([]byte{byte(c)})
+	}
+	pools := make([][][]byte, 5)
+	for k, base := range []string{"etaoinshrdlcumwfgypbvkjxqzETAOINSHRDLCUMWFGYPBVKJXQZ", ".,:;!?()[]{}<>=+-*/_'\"\\&|%", "", "  \n\t", "0123456789"} {
+		for _, c := range base {
+			pools[k] = append(pools[k], []byte(string(c)))
+		}
+	}
+	for i := range min(3000, n/50) {
+		t := []byte(string(rune(0x4E00 + i)))
+		add(t)
+		pools[2] = append(pools[2], t)
+	}
+	pick := func(p [][]byte) []byte { return p[int(float64(len(p))*math.Pow(r.Float64(), 2))] }
+	for len(toks) < n {
+		var k int
+		switch x := r.IntN(100); {
+		case x < 50:
+			k = 0
+		case x < 62:
+			k = 1
+		case x < 95:
+			k = 2
+		case x < 98:
+			k = 3
+		default:
+			k = 4
+		}
+		a, b := pick(pools[k]), pick(pools[k])
+		t := append(a[:len(a):len(a)], b...)
+		if k == 4 && len(t) > 3 {
+			continue
+		}
+		if add(t) {
+			pools[k] = append(pools[k], t)
+		}
+		switch x := r.IntN(10); {
+		case k == 0 && x < 3:
+			add(append([]byte{' '}, t...))
+		case k == 0 && x < 4:
+			add(append([]byte{".\"'(_$@#"[r.IntN(8)]}, t...))
+		case k == 1 && x < 2:
+			add(append([]byte{' '}, t...))
+		case k == 1 && x < 4:
+			add(append(t, []string{"\n", "\n\n", "\r\n"}[r.IntN(3)]...))
+		}
+	}
+	return toks[:n]
+}
+
+func benchmarkMask(b *testing.B, toks [][]byte) {
+	v := NewVocab(toks)
 	person, err := Compile([]byte(schemas["person"]))
 	if err != nil {
 		b.Fatal(err)
@@ -628,7 +821,7 @@ func BenchmarkMask(b *testing.B) {
 			}
 			mask := make([]bool, len(toks))
 			for b.Loop() {
-				st.Mask(mask, toks, plain)
+				st.Mask(mask, v)
 			}
 			n := 0
 			for _, ok := range mask {

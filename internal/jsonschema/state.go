@@ -41,29 +41,74 @@ type frame struct {
 	keys  int    // an object's properties taken, declared or not
 }
 
+// utf8Count is a bounded string's length so far and the UTF-8 character in
+// progress.
+type utf8Count struct {
+	chars int   // code points
+	need  uint8 // continuation bytes the character still needs
+	u8lo  byte  // the next continuation byte's range
+	u8hi  byte
+}
+
+// take reads byte c, not a quote, of a string of at most maxLen code
+// points (-1: any) written as valid UTF-8 (a backslash counts as the
+// code point its escape writes).
+func (k *utf8Count) take(c byte, maxLen int) bool {
+	if k.need > 0 {
+		if c < k.u8lo || c > k.u8hi {
+			return false
+		}
+		k.need--
+		k.u8lo, k.u8hi = 0x80, 0xBF
+		return true
+	}
+	if c < 0x20 || maxLen >= 0 && k.chars == maxLen {
+		return false
+	}
+	k.u8lo, k.u8hi = 0x80, 0xBF
+	switch {
+	case c < 0x80:
+	case c >= 0xC2 && c <= 0xDF:
+		k.need = 1
+	case c == 0xE0:
+		k.need, k.u8lo = 2, 0xA0
+	case c >= 0xE1 && c <= 0xEC, c == 0xEE, c == 0xEF:
+		k.need = 2
+	case c == 0xED:
+		k.need, k.u8hi = 2, 0x9F
+	case c == 0xF0:
+		k.need, k.u8lo = 3, 0x90
+	case c >= 0xF1 && c <= 0xF3:
+		k.need = 3
+	case c == 0xF4:
+		k.need, k.u8hi = 3, 0x8F
+	default:
+		return false
+	}
+	k.chars++
+	return true
+}
+
 // cursor is everything but the stack.
 type cursor struct {
-	mode    mode
-	n       *node
-	lo, hi  int
-	off     int
-	free    bool
-	chars   int   // a bounded string's code points so far
-	need    uint8 // continuation bytes the UTF-8 character still needs
-	u8lo    byte  // the next continuation byte's range
-	u8hi    byte
-	hex     uint8
-	ws      uint8 // white-space bytes just taken outside strings
-	word    string
-	bounded bool  // the string has a length bound, a pattern or a format
-	inKey   bool  // mEscape, mHex: the escape is in a key
-	neg     bool  // a bounded number's sign
-	val     int64 // its integer digits so far (saturating at maxBound)
-	frac    int64 // its first fraction digits (as many as its bounds have)
-	fd      uint8 // fraction digits read, at most one more than those
-	extra   bool  // a nonzero fraction digit past those
-	dfa     int32 // a patterned string's automaton state
-	uniq    bool  // the value is an item of an array under uniqueItems
+	mode      mode
+	n         *node
+	lo, hi    int
+	off       int
+	free      bool
+	utf8Count // a bounded string's
+	hex       uint8
+	ws        uint8 // white-space bytes just taken outside strings
+	word      string
+	bounded   bool  // the string has a length bound, a pattern or a format
+	inKey     bool  // mEscape, mHex: the escape is in a key
+	neg       bool  // a bounded number's sign
+	val       int64 // its integer digits so far (saturating at maxBound)
+	frac      int64 // its first fraction digits (as many as its bounds have)
+	fd        uint8 // fraction digits read, at most one more than those
+	extra     bool  // a nonzero fraction digit past those
+	dfa       int32 // a patterned string's automaton state
+	uniq      bool  // the value is an item of an array under uniqueItems
 }
 
 // State is the text read so far against a schema. A copy shares the
@@ -198,54 +243,6 @@ func Plain(toks [][]byte) []bool {
 	return plain
 }
 
-// Mask sets dst[id] (len(dst) >= len(toks)) to whether token id may
-// follow the text read so far; toks[id] is the token's bytes (empty:
-// never drawn) and plain[id] whether it has no quote, backslash or
-// control byte (Plain). A token whose first byte cannot follow is out at
-// once, a plain token inside a free string in at once, a plain ASCII one
-// inside a bounded string by its length, a plain one inside a patterned
-// string by its automaton alone; the rest run the machine.
-func (s *State) Mask(dst []bool, toks [][]byte, plain []bool) {
-	var sm sim // one trial's space for every token
-	var first [256]bool
-	for c := range first {
-		first[c] = s.run(&sm, []byte{byte(c)})
-	}
-	free := s.InFreeString()
-	bounded := s.cur.mode == mString && s.cur.bounded && s.cur.need == 0 && s.cur.n.pat == nil
-	var pat *dfa // a patterned string's automaton
-	if s.cur.mode == mString {
-		pat = s.cur.n.pat
-	}
-	room := -1 // code points a bounded string may still take (-1: any)
-	if bounded && s.cur.n.maxLen >= 0 {
-		room = s.cur.n.maxLen - s.cur.chars
-	}
-	for id, t := range toks {
-		switch {
-		case len(t) == 0 || !first[t[0]]:
-			dst[id] = false
-		case free && plain[id]:
-			dst[id] = true
-		case bounded && plain[id] && ascii(t):
-			dst[id] = room < 0 || len(t) <= room
-		case pat != nil && plain[id]:
-			dst[id] = pat.run(s.cur.dfa, t) >= 0
-		default:
-			dst[id] = s.run(&sm, t)
-		}
-	}
-}
-
-func ascii(t []byte) bool {
-	for _, c := range t {
-		if c >= 0x80 {
-			return false
-		}
-	}
-	return true
-}
-
 // sim runs bytes over a state without changing it: the stack is the
 // first depth frames of base under the frames pushed (or copied to be
 // changed) since, local[:n] then spill, so that a trial allocates
@@ -257,6 +254,13 @@ type sim struct {
 	local [16]frame
 	n     int
 	spill []frame
+}
+
+// set makes m a copy of src that can be stepped without changing it.
+func (m *sim) set(src *sim) {
+	m.cur, m.base, m.depth, m.n = src.cur, src.base, src.depth, src.n
+	copy(m.local[:src.n], src.local[:src.n])
+	m.spill = append(m.spill[:0], src.spill...)
 }
 
 func (m *sim) empty() bool { return len(m.spill) == 0 && m.n == 0 && m.depth == 0 }
@@ -734,47 +738,19 @@ func (m *sim) str(c byte) bool {
 		cur.dfa = next
 		return next >= 0
 	}
-	if cur.need > 0 {
-		if c < cur.u8lo || c > cur.u8hi {
-			return false
-		}
-		cur.need--
-		cur.u8lo, cur.u8hi = 0x80, 0xBF
-		return true
-	}
 	if c == '"' {
-		if cur.chars < n.minLen {
+		if cur.need > 0 || cur.chars < n.minLen {
 			return false
 		}
 		m.valueEnd()
 		return true
 	}
-	if c < 0x20 || n.maxLen >= 0 && cur.chars == n.maxLen {
+	if !cur.take(c, n.maxLen) {
 		return false
 	}
-	cur.u8lo, cur.u8hi = 0x80, 0xBF
-	switch {
-	case c == '\\':
+	if c == '\\' {
 		cur.mode = mEscape
-	case c < 0x80:
-	case c >= 0xC2 && c <= 0xDF:
-		cur.need = 1
-	case c == 0xE0:
-		cur.need, cur.u8lo = 2, 0xA0
-	case c >= 0xE1 && c <= 0xEC, c == 0xEE, c == 0xEF:
-		cur.need = 2
-	case c == 0xED:
-		cur.need, cur.u8hi = 2, 0x9F
-	case c == 0xF0:
-		cur.need, cur.u8lo = 3, 0x90
-	case c >= 0xF1 && c <= 0xF3:
-		cur.need = 3
-	case c == 0xF4:
-		cur.need, cur.u8hi = 3, 0x8F
-	default:
-		return false
 	}
-	cur.chars++
 	return true
 }
 

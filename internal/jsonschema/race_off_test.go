@@ -1,0 +1,5 @@
+//go:build !race
+
+package jsonschema
+
+const raceEnabled = false

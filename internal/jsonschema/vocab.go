@@ -1,0 +1,393 @@
+package jsonschema
+
+import (
+	"bytes"
+	"slices"
+	"sync"
+)
+
+// Kinds of token, as bits: which fast path of Mask a token can take.
+const (
+	tASCII uint8 = 1 << iota // plain (Plain) and ASCII
+	tWide                    // plain, with a byte past ASCII
+	tOther                   // a quote, backslash or control byte
+	tPlain = tASCII | tWide
+	tAny   = tASCII | tWide | tOther
+)
+
+// Vocab is a vocabulary arranged for Mask, made once a model and read
+// by any number of generations at once.
+//
+// A loop that tries every token reads each token's bytes from the first
+// even where a shared prefix already failed; Vocab sorts the tokens by
+// their bytes into a trie, so that a walk takes a prefix's bytes once for
+// every token under it and skips a prefix that cannot follow with
+// everything under it in one jump.
+type Vocab struct {
+	toks  [][]byte
+	kind  []uint8 // per token; 0 for an empty one
+	plain []bool  // Plain(toks)
+	all   trie    // every non-empty token
+	// tOther tokens keyed by their bytes from the first quote, backslash
+	// or control byte: inside a free string the plain bytes before it
+	// leave the state as it was.
+	rest trie
+	// The plain tokens that are valid UTF-8 from a character's start
+	// (the last character may be cut) by their count of code points:
+	// those of at most l are fit[:fitUpTo[l]] (l < len(fitUpTo)),
+	// fitMask their set.
+	fit      []int32
+	fitUpTo  []int32
+	fitMask  []bool
+	walkers  sync.Pool // *walker
+	patterns maskCache
+}
+
+// trie holds tokens sorted by a key, one node a distinct prefix of the
+// keys, in depth-first order: node i's subtree is nodes i to skip[i]-1.
+type trie struct {
+	c        []byte  // the node's last byte
+	depth    []int32 // its prefix's length (1 under the root)
+	skip     []int32
+	has      []uint8 // the kinds of the tokens in its subtree
+	at       []int32 // the tokens whose key ends at node i: ids[at[i]:at[i+1]]
+	ids      []int32
+	kinds    []uint8 // kinds[j] is ids[j]'s kind
+	maxDepth int
+}
+
+// walker is one Mask's scratch: a trial state per depth of a trie.
+type walker struct {
+	sims   []sim
+	counts []utf8Count
+	dfas   []int32
+}
+
+// NewVocab arranges toks (toks[id] a token's bytes; empty: never drawn)
+// for Mask. It keeps toks, which must not change.
+func NewVocab(toks [][]byte) *Vocab {
+	v := &Vocab{toks: toks, kind: make([]uint8, len(toks)), plain: Plain(toks)}
+	all, rest := make([]keyed, 0, len(toks)), []keyed(nil)
+	chars := make([]int32, len(toks)) // a fit token's code points; -1: not fit
+	maxChars := 0
+	for id, t := range toks {
+		chars[id] = -1
+		if len(t) == 0 {
+			continue
+		}
+		k := tokenKind(t)
+		v.kind[id] = k
+		all = append(all, keyed{int32(id), t})
+		if k == tOther {
+			rest = append(rest, keyed{int32(id), t[firstOther(t):]})
+		}
+		if k&tPlain != 0 {
+			var u utf8Count
+			for _, c := range t {
+				if !u.take(c, -1) {
+					u.chars = -1
+					break
+				}
+			}
+			chars[id] = int32(u.chars)
+			maxChars = max(maxChars, u.chars)
+		}
+	}
+	v.all = buildTrie(all, v.kind)
+	v.rest = buildTrie(rest, v.kind)
+
+	// A counting sort of the fit tokens by their code points.
+	v.fitUpTo = make([]int32, maxChars+1)
+	for _, n := range chars {
+		if n >= 0 {
+			v.fitUpTo[n]++
+		}
+	}
+	for l := 1; l <= maxChars; l++ {
+		v.fitUpTo[l] += v.fitUpTo[l-1]
+	}
+	v.fit = make([]int32, v.fitUpTo[maxChars])
+	next := make([]int32, maxChars+1)
+	copy(next[1:], v.fitUpTo[:maxChars])
+	v.fitMask = make([]bool, len(toks))
+	for id, n := range chars {
+		if n >= 0 {
+			v.fit[next[n]] = int32(id)
+			next[n]++
+			v.fitMask[id] = true
+		}
+	}
+
+	depth := v.all.maxDepth + 1
+	v.walkers.New = func() any {
+		return &walker{sims: make([]sim, depth), counts: make([]utf8Count, depth), dfas: make([]int32, depth)}
+	}
+	return v
+}
+
+func tokenKind(t []byte) uint8 {
+	k := tASCII
+	for _, c := range t {
+		switch {
+		case c == '"' || c == '\\' || c < 0x20:
+			return tOther
+		case c >= 0x80:
+			k = tWide
+		}
+	}
+	return k
+}
+
+// firstOther is the index of t's first quote, backslash or control byte.
+func firstOther(t []byte) int {
+	for i, c := range t {
+		if c == '"' || c == '\\' || c < 0x20 {
+			return i
+		}
+	}
+	return len(t)
+}
+
+type keyed struct {
+	id  int32
+	key []byte
+}
+
+func buildTrie(toks []keyed, kind []uint8) trie {
+	slices.SortFunc(toks, func(a, b keyed) int {
+		if c := bytes.Compare(a.key, b.key); c != 0 {
+			return c
+		}
+		return int(a.id - b.id)
+	})
+	lcps := make([]int, len(toks)) // the bytes a key shares with the one before
+	nodes := 0
+	for i, tok := range toks {
+		if i > 0 {
+			prev := toks[i-1].key
+			for lcps[i] < len(prev) && lcps[i] < len(tok.key) && prev[lcps[i]] == tok.key[lcps[i]] {
+				lcps[i]++
+			}
+		}
+		nodes += len(tok.key) - lcps[i]
+	}
+	t := trie{c: make([]byte, 0, nodes), depth: make([]int32, 0, nodes), skip: make([]int32, 0, nodes),
+		has: make([]uint8, 0, nodes), at: make([]int32, 0, nodes+1), ids: make([]int32, 0, len(toks)), kinds: make([]uint8, 0, len(toks))}
+	var path []int32 // the nodes of the previous key's prefixes
+	for i, tok := range toks {
+		lcp := lcps[i]
+		// The nodes deeper than the shared prefix end here.
+		for len(path) > lcp {
+			t.skip[path[len(path)-1]] = int32(len(t.c))
+			path = path[:len(path)-1]
+		}
+		for d := lcp; d < len(tok.key); d++ {
+			path = append(path, int32(len(t.c)))
+			t.c = append(t.c, tok.key[d])
+			t.depth = append(t.depth, int32(d+1))
+			t.skip = append(t.skip, 0)
+			t.has = append(t.has, 0)
+			t.at = append(t.at, int32(len(t.ids)))
+		}
+		t.ids = append(t.ids, tok.id)
+		t.kinds = append(t.kinds, kind[tok.id])
+		for _, n := range path {
+			t.has[n] |= kind[tok.id]
+		}
+		t.maxDepth = max(t.maxDepth, len(tok.key))
+	}
+	for _, n := range path {
+		t.skip[n] = int32(len(t.c))
+	}
+	t.at = append(t.at, int32(len(t.ids)))
+	return t
+}
+
+// Mask sets dst[id] (len(dst) >= the vocabulary's size) to whether
+// token id may follow the text read so far: whether its bytes are a
+// prefix the machine takes (Accepts), found by walking the vocabulary's
+// trie. Inside a string without a bound every plain token is in, and the
+// others walk their bytes from the first quote, backslash or control
+// byte, since the plain ones before it leave the state as it was. Inside
+// a bounded or patterned string the plain bytes walk on the string's
+// count or automaton state alone (a plain ASCII token in a bounded
+// string is in by its length); anywhere else, and from a quote,
+// backslash or control byte on, the walk runs the machine.
+func (s *State) Mask(dst []bool, v *Vocab) {
+	dst = dst[:len(v.toks)]
+	w := v.walkers.Get().(*walker)
+	defer v.walkers.Put(w)
+	cur := &s.cur
+	switch {
+	case cur.mode != mString:
+		clear(dst)
+		s.run(&w.sims[0], nil)
+		v.all.walk(dst, 0, len(v.all.c), w.sims)
+	case !cur.bounded:
+		copy(dst, v.plain)
+		s.run(&w.sims[0], nil)
+		v.rest.walk(dst, 0, len(v.rest.c), w.sims)
+	case cur.n.pat != nil:
+		// Plain tokens depend on the automaton's state alone; a mask
+		// whose walk took longer than reading it back is kept.
+		if !v.patterns.load(dst, cur.n.pat, cur.dfa) {
+			clear(dst)
+			if s.walkString(dst, v, tPlain, w) > len(dst)/4 {
+				v.patterns.store(dst, cur.n.pat, cur.dfa)
+			}
+		}
+		s.walkString(dst, v, tOther, w)
+	case cur.need == 0:
+		// A plain token is in if it is valid UTF-8 of at most the code
+		// points left.
+		room := len(v.fitUpTo) - 1
+		if cur.n.maxLen >= 0 {
+			room = min(room, cur.n.maxLen-cur.chars)
+		}
+		if upTo := v.fitUpTo[room]; int(upTo) > len(v.fit)/2 {
+			copy(dst, v.fitMask)
+			for _, id := range v.fit[upTo:] {
+				dst[id] = false
+			}
+		} else {
+			clear(dst)
+			for _, id := range v.fit[:upTo] {
+				dst[id] = true
+			}
+		}
+		s.walkString(dst, v, tOther, w)
+	default:
+		clear(dst)
+		s.walkString(dst, v, tAny, w)
+	}
+}
+
+// walk sets dst for the tokens among nodes lo to hi-1 (a node and its
+// subtree, or the whole trie) whose keys the machine takes from
+// sims[depth[lo]-1], stepping one trial state a depth.
+func (t *trie) walk(dst []bool, lo, hi int, sims []sim) {
+	for i := lo; i < hi; {
+		d := t.depth[i]
+		m := &sims[d]
+		m.set(&sims[d-1])
+		if !m.step(t.c[i]) {
+			i = int(t.skip[i])
+			continue
+		}
+		t.mark(dst, i, tAny)
+		i++
+	}
+}
+
+// mark sets dst for node i's tokens of the kinds want.
+func (t *trie) mark(dst []bool, i int, want uint8) {
+	lo, hi := t.at[i], t.at[i+1]
+	for j, id := range t.ids[lo:hi] {
+		if t.kinds[int(lo)+j]&want != 0 {
+			dst[id] = true
+		}
+	}
+}
+
+// walkString sets dst for the tokens of the kinds want that may follow
+// inside a bounded or patterned string and returns the nodes it stepped. A plain byte changes only the
+// string's count (or automaton state), so plain prefixes walk on that
+// alone; at a quote, backslash or control byte the state is made whole
+// (the cursor with the prefix's count or automaton state) and the
+// subtree walks the machine.
+func (s *State) walkString(dst []bool, v *Vocab, want uint8, w *walker) (steps int) {
+	t := &v.all
+	n := s.cur.n
+	pat := n.pat
+	counts, dfas := w.counts, w.dfas
+	counts[0], dfas[0] = s.cur.utf8Count, s.cur.dfa
+	for i := 0; i < len(t.c); {
+		if t.has[i]&want == 0 {
+			i = int(t.skip[i])
+			continue
+		}
+		d, c := t.depth[i], t.c[i]
+		if c == '"' || c == '\\' || c < 0x20 {
+			if want&tOther != 0 {
+				m := &w.sims[d-1]
+				s.run(m, nil)
+				m.cur.utf8Count, m.cur.dfa = counts[d-1], dfas[d-1]
+				t.walk(dst, i, int(t.skip[i]), w.sims)
+			}
+			i = int(t.skip[i])
+			continue
+		}
+		steps++
+		if pat != nil {
+			dfas[d] = pat.step(dfas[d-1], c)
+			if dfas[d] < 0 {
+				i = int(t.skip[i])
+				continue
+			}
+		} else {
+			counts[d] = counts[d-1]
+			if !counts[d].take(c, n.maxLen) {
+				i = int(t.skip[i])
+				continue
+			}
+		}
+		t.mark(dst, i, want)
+		i++
+	}
+	return steps
+}
+
+// maskCache holds the masks of the plain tokens inside patterned strings
+// by automaton state, the last maskCacheSize made: a generation inside
+// such a string revisits few states, and a mask where most tokens are
+// in takes the walk through most of the trie.
+type maskCache struct {
+	mu    sync.Mutex
+	masks map[maskKey][]uint64 // a bit a token
+	order [maskCacheSize]maskKey
+	next  int
+}
+
+const maskCacheSize = 64
+
+type maskKey struct {
+	pat *dfa
+	st  int32
+}
+
+// load sets dst to the mask of pat's state st if it is held.
+func (c *maskCache) load(dst []bool, pat *dfa, st int32) bool {
+	c.mu.Lock()
+	bits, ok := c.masks[maskKey{pat, st}]
+	c.mu.Unlock()
+	if !ok {
+		return false
+	}
+	for i := range dst {
+		dst[i] = bits[i/64]&(1<<(i%64)) != 0
+	}
+	return true
+}
+
+// store keeps dst as the mask of pat's state st.
+func (c *maskCache) store(dst []bool, pat *dfa, st int32) {
+	bits := make([]uint64, (len(dst)+63)/64)
+	for i, in := range dst {
+		if in {
+			bits[i/64] |= 1 << (i % 64)
+		}
+	}
+	k := maskKey{pat, st}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.masks == nil {
+		c.masks = make(map[maskKey][]uint64)
+	}
+	if _, ok := c.masks[k]; ok {
+		return
+	}
+	delete(c.masks, c.order[c.next]) // the oldest, once full
+	c.order[c.next] = k
+	c.next = (c.next + 1) % maskCacheSize
+	c.masks[k] = bits
+}
