@@ -20,7 +20,6 @@ type grammarTables struct {
 	toks     [][]byte          // every token's bytes (a special token's, its name)
 	special  []bool            // which tokens are special
 	jsonToks [][]byte          // the JSON view: special tokens empty (never drawn)
-	plain    []bool            // which tokens stay inside a JSON string (jsonschema.Plain)
 	vocab    *jsonschema.Vocab // jsonToks arranged for jsonschema.State.Mask
 }
 
@@ -28,16 +27,23 @@ type grammarTables struct {
 func (m *Model) grammar() *grammarTables {
 	m.grammarOnce.Do(func() {
 		n := m.Config.VocabSize
-		g := &grammarTables{toks: make([][]byte, n), special: make([]bool, n), jsonToks: make([][]byte, n)}
+		toks, special := make([][]byte, n), make([]bool, n)
 		for id := range n {
-			g.toks[id] = m.tok.TokenBytes(int32(id))
-			if g.special[id] = m.tok.IsSpecial(int32(id)); !g.special[id] {
-				g.jsonToks[id] = g.toks[id]
-			}
+			toks[id] = m.tok.TokenBytes(int32(id))
+			special[id] = m.tok.IsSpecial(int32(id))
 		}
-		g.plain = jsonschema.Plain(g.jsonToks)
-		g.vocab = jsonschema.NewVocab(g.jsonToks)
-		m.grammarT = g
+		m.grammarT = newGrammarTables(toks, special)
 	})
 	return m.grammarT
+}
+
+func newGrammarTables(toks [][]byte, special []bool) *grammarTables {
+	g := &grammarTables{toks: toks, special: special, jsonToks: make([][]byte, len(toks))}
+	for id, b := range toks {
+		if !special[id] {
+			g.jsonToks[id] = b
+		}
+	}
+	g.vocab = jsonschema.NewVocab(g.jsonToks)
+	return g
 }

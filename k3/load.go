@@ -154,6 +154,7 @@ type Model struct {
 	toolTextOnce  sync.Once // WithOptionalToolCalls' free-text mask (toolTextTables)
 	toolText      []bool
 	toolTextTrial []int32
+	toolTextEnd   []int32
 
 	fp    [32]byte
 	chunk int

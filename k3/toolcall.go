@@ -150,9 +150,11 @@ type toolConstraint struct {
 	st        callState
 	toks      [][]byte // every token's bytes, special tokens' their names
 	special   []bool
-	plain     []bool  // which ordinary tokens stay inside a JSON string
-	text      []bool  // WithOptionalToolCalls: the mask in text that ends in no part of the marker
-	textTrial []int32 // the tokens that mask leaves to a trial
+	vocab     *jsonschema.Vocab
+	afterArgs func([]byte) bool // the bytes after the arguments in a token (mask's)
+	text      []bool            // WithOptionalToolCalls: the mask in text that ends in no part of the marker
+	textTrial []int32           // the tokens that mask leaves to a trial
+	textEnd   []int32           // the ordinary tokens holding the marker's last byte
 	stops     []int32
 	mask      []bool
 }
@@ -160,11 +162,12 @@ type toolConstraint struct {
 func newToolConstraint(m *Model, names []string, schemas []*jsonschema.Schema, parallel, text bool, stops []int32) *toolConstraint {
 	g := m.grammar()
 	c := &toolConstraint{names: names, schemas: schemas, parallel: parallel, stops: stops, mask: make([]bool, m.Config.VocabSize),
-		toks: g.toks, special: g.special, plain: g.plain}
+		toks: g.toks, special: g.special, vocab: g.vocab}
+	c.afterArgs = c.argsEnd
 	c.enter(&c.st, pSectionBegin)
 	if text {
 		c.enter(&c.st, pText)
-		c.text, c.textTrial = m.toolTextTables()
+		c.text, c.textTrial, c.textEnd = m.toolTextTables()
 	}
 	return c
 }
@@ -172,16 +175,18 @@ func newToolConstraint(m *Model, names []string, schemas []*jsonschema.Schema, p
 // toolTextTables returns, made once a model, the mask of free text when
 // the text ends in no part of the section's marker (every token but
 // empty ones, the section's inner markers and ordinary tokens holding
-// the whole marker) and those last tokens, which fill tries.
-func (m *Model) toolTextTables() ([]bool, []int32) {
+// the whole marker), those last tokens, which fill tries, and the
+// ordinary tokens holding the marker's last byte, which fill tries when
+// the text ends in part of the marker.
+func (m *Model) toolTextTables() (mask []bool, trial, end []int32) {
 	m.toolTextOnce.Do(func() {
 		g := m.grammar()
-		m.toolText, m.toolTextTrial = textTables(g.toks, g.special)
+		m.toolText, m.toolTextTrial, m.toolTextEnd = textTables(g.toks, g.special)
 	})
-	return m.toolText, m.toolTextTrial
+	return m.toolText, m.toolTextTrial, m.toolTextEnd
 }
 
-func textTables(toks [][]byte, special []bool) (mask []bool, trial []int32) {
+func textTables(toks [][]byte, special []bool) (mask []bool, trial, end []int32) {
 	lit := []byte(sectionBegin)
 	mask = make([]bool, len(toks))
 	for id, b := range toks {
@@ -194,8 +199,11 @@ func textTables(toks [][]byte, special []bool) (mask []bool, trial []int32) {
 		default:
 			mask[id] = true
 		}
+		if !special[id] && bytes.IndexByte(b, lit[len(lit)-1]) >= 0 {
+			end = append(end, int32(id))
+		}
 	}
-	return mask, trial
+	return mask, trial, end
 }
 
 // marker reports whether b is one of the section's markers.
@@ -354,14 +362,38 @@ func (c *toolConstraint) run(s *callState, b []byte, special, commit bool) bool 
 	return true
 }
 
-// fill sets the mask for the next draw. As JSON mode's mask: an ordinary
-// token whose first byte cannot follow is out at once, and inside the
-// arguments' strings a plain one is in at once. In free text only the
-// special tokens are tried.
+// argsEnd reports whether b may follow a call's arguments in a token.
+func (c *toolConstraint) argsEnd(b []byte) bool {
+	var s callState
+	c.enter(&s, pCallEnd)
+	return c.run(&s, b, false, false)
+}
+
+// fill sets the mask for the next draw. Inside the arguments an ordinary
+// token is in where the JSON machine takes it, the bytes after the object
+// read as the call's end (jsonschema.State.MaskThen); a special token
+// cannot follow. In free text the tables made once a model give the mask
+// but for the tokens that may complete the marker. Elsewhere an ordinary
+// token whose first byte cannot follow is out at once.
 func (c *toolConstraint) fill() {
-	if c.st.phase == pText && c.st.off == 0 && c.text != nil {
+	if c.st.phase == pArgs {
+		c.st.args.MaskThen(c.mask, c.vocab, c.afterArgs) // special tokens are empty there: out
+		for _, id := range c.stops {
+			c.mask[id] = false
+		}
+		return
+	}
+	if c.st.phase == pText && c.text != nil {
+		// An ordinary token in text is in unless it completes the marker
+		// and what follows it in the token cannot begin the section:
+		// with no part of the marker read only a token holding all of it
+		// can complete it, with part of it only one holding its last byte.
 		copy(c.mask, c.text)
-		for _, id := range c.textTrial {
+		try := c.textTrial
+		if c.st.off > 0 {
+			try = c.textEnd
+		}
+		for _, id := range try {
 			trial := c.st
 			c.mask[id] = c.run(&trial, c.toks[id], false, false)
 		}
@@ -377,7 +409,6 @@ func (c *toolConstraint) fill() {
 		trial := c.st
 		first[ch] = !done && c.run(&trial, []byte{byte(ch)}, false, false)
 	}
-	inString := c.st.phase == pArgs && c.st.args.InFreeString()
 	for id, b := range c.toks {
 		switch {
 		case done || len(b) == 0:
@@ -389,8 +420,6 @@ func (c *toolConstraint) fill() {
 			c.mask[id] = true // cannot begin the section
 		case !first[b[0]]:
 			c.mask[id] = false
-		case inString && c.plain[id]:
-			c.mask[id] = true
 		default:
 			trial := c.st
 			c.mask[id] = c.run(&trial, b, false, false)

@@ -180,12 +180,11 @@ func BenchmarkToolCallMask(b *testing.B) {
 		{"text", "x := 1"},                         // WithOptionalToolCalls before the section
 		{"marker", "x := 1 <|tool_calls_section_"}, // and inside its marker
 	} {
-		c := &toolConstraint{names: []string{"get_weather", "get_time"}, toks: toks, special: make([]bool, len(toks)),
-			plain: jsonschema.Plain(toks), mask: make([]bool, len(toks))}
+		c := maskedToolConstraint([]string{"get_weather", "get_time"}, false, newGrammarTables(toks, make([]bool, len(toks))))
 		c.st.enter(pSectionBegin, false)
 		if !strings.HasPrefix(at.text, "<|") {
 			c.st.enter(pText, false)
-			c.text, c.textTrial = textTables(c.toks, c.special)
+			c.text, c.textTrial, c.textEnd = textTables(c.toks, c.special)
 		}
 		if !c.run(&c.st, []byte(at.text), false, true) {
 			b.Fatal(at)
@@ -196,6 +195,15 @@ func BenchmarkToolCallMask(b *testing.B) {
 			}
 		})
 	}
+}
+
+// maskedToolConstraint is a tool calls constraint over g's vocabulary,
+// made without a model.
+func maskedToolConstraint(names []string, parallel bool, g *grammarTables) *toolConstraint {
+	c := &toolConstraint{names: names, parallel: parallel, toks: g.toks, special: g.special, vocab: g.vocab,
+		mask: make([]bool, len(g.toks))}
+	c.afterArgs = c.argsEnd
+	return c
 }
 
 // TestToolCallMask: the mask's shortcuts give what running the grammar on
@@ -225,10 +233,11 @@ func TestToolCallMask(t *testing.T) {
 	prefix := "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:12<|tool_call_argument_begin|>{\"a\": [1, \"x\\u00e9y\"], \"b\": {}}<|tool_call_end|><|tool_calls_section_end|>"
 	args, err := CompileJSONSchema([]byte(`{"type":"object","properties":{"a":{"type":"array","items":{"type":["integer","string"]}},"b":{"type":"object"}},"additionalProperties":false}`))
 	require.NoError(t, err)
+	g := newGrammarTables(toks, special)
 	for _, parallel := range []bool{false, true} {
 		for cut := 0; cut <= len(prefix); cut++ {
-			c := &toolConstraint{names: []string{"get_weather", "get_time", "get"}, parallel: parallel, toks: toks, special: special,
-				plain: jsonschema.Plain(toks), stops: []int32{int32(len(toks) - 1)}, mask: make([]bool, len(toks))}
+			c := maskedToolConstraint([]string{"get_weather", "get_time", "get"}, parallel, g)
+			c.stops = []int32{int32(len(toks) - 1)}
 			if parallel { // the arguments held to a schema
 				c.schemas = []*jsonschema.Schema{args.s, nil, nil}
 			}
@@ -409,6 +418,7 @@ func TestOptionalToolCalls(t *testing.T) {
 	// on; three are written in.
 	opt.toks = slices.Clone(opt.toks)
 	opt.toks[200], opt.toks[201], opt.toks[202] = []byte(">x"), []byte("><|tool_call_begin|>"), []byte("x")
+	opt.text, opt.textTrial, opt.textEnd = textTables(opt.toks, opt.special)
 	opt.fill()
 	for id, b := range opt.toks {
 		if len(b) == 0 || opt.special[id] {
@@ -432,7 +442,7 @@ func TestOptionalToolCalls(t *testing.T) {
 	sp.special[200], sp.special[201] = true, true
 	sp.toks[202] = []byte("x" + marker + "<|tool_call_begin|>") // ordinary, the whole marker inside
 	sp.toks[203] = []byte("x" + marker + "zz")                  // and a section that cannot go on
-	sp.text, sp.textTrial = textTables(sp.toks, sp.special)
+	sp.text, sp.textTrial, sp.textEnd = textTables(sp.toks, sp.special)
 	// The text mask's shortcut (copied, the marker's holders tried) is
 	// the mask without it.
 	sp.fill()

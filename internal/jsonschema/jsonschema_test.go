@@ -406,12 +406,14 @@ var maskEdges = [][]byte{
 	[]byte("\xc0\x80"), []byte("\xed\xa0\x80"), []byte("\xf4\x90"), []byte("a\xffb"),
 	[]byte(strings.Repeat("a", 40)), []byte(strings.Repeat(" ", 40)), []byte(strings.Repeat("é", 20) + `"`),
 	[]byte(`true,`), []byte(`null]`), []byte(`12.5e`), []byte(`1]`), []byte(`}]`), []byte(" \n\t"),
+	[]byte(`"}]}<e`), []byte(`"]}<end>`), []byte(`}]}<end>x`), []byte(`} `), []byte(`]}`), []byte(`"}` + "\n"), []byte(`1}]}<`),
 }
 
-// TestVocabMask: Mask equals Accepts over a vocabulary made as a
-// byte-pair one is, at every position of walks through each schema and
-// in JSON mode, with masks taken from several goroutines at once (the
-// patterned strings' cached masks among them).
+// TestVocabMask: Mask equals Accepts, and MaskThen Span with the bytes
+// after the value read by its function, over a vocabulary made as a
+// byte-pair one is, at every position of walks through several schemas,
+// with masks taken from several goroutines at once (the patterned
+// strings' cached masks among them).
 func TestVocabMask(t *testing.T) {
 	toks := append(bpeVocab(3000), maskEdges...)
 	toks = append(toks, nil, []byte{})
@@ -436,6 +438,9 @@ func TestVocabMask(t *testing.T) {
 		}
 	}
 	t.Logf("%d states, %d tokens", len(states), len(toks))
+	// MaskThen's bytes after the value: a prefix of "]}<end>".
+	const after = "]}<end>"
+	then := func(rest []byte) bool { return strings.HasPrefix(after, string(rest)) }
 	var g errgroup.Group
 	for w := range 4 {
 		g.Go(func() error {
@@ -446,6 +451,14 @@ func TestVocabMask(t *testing.T) {
 				for id, tok := range toks {
 					if want := len(tok) > 0 && st.Accepts(tok); dst[id] != want {
 						return fmt.Errorf("%s: token %q: mask %v, Accepts %v", states[k].name, tok, dst[id], want)
+					}
+				}
+				st.MaskThen(dst, v, then)
+				for id, tok := range toks {
+					n, done, ok := st.Span(tok)
+					want := len(tok) > 0 && ok && (!done || then(tok[n:]))
+					if dst[id] != want {
+						return fmt.Errorf("%s: token %q: MaskThen %v, Span %d %v %v", states[k].name, tok, dst[id], n, done, ok)
 					}
 				}
 			}

@@ -225,24 +225,6 @@ func (s *State) Span(b []byte) (n int, done, ok bool) {
 	return len(b), false, true
 }
 
-// Plain reports, for each token, whether it has no quote, backslash or
-// control byte (inside a free string it stays inside the string): what
-// Mask reads beside the tokens.
-func Plain(toks [][]byte) []bool {
-	plain := make([]bool, len(toks))
-	for id, t := range toks {
-		p := len(t) > 0
-		for _, c := range t {
-			if c == '"' || c == '\\' || c < 0x20 {
-				p = false
-				break
-			}
-		}
-		plain[id] = p
-	}
-	return plain
-}
-
 // sim runs bytes over a state without changing it: the stack is the
 // first depth frames of base under the frames pushed (or copied to be
 // changed) since, local[:n] then spill, so that a trial allocates

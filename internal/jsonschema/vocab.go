@@ -26,7 +26,7 @@ const (
 type Vocab struct {
 	toks  [][]byte
 	kind  []uint8 // per token; 0 for an empty one
-	plain []bool  // Plain(toks)
+	plain []bool  // the tokens without a quote, backslash or control byte
 	all   trie    // every non-empty token
 	// tOther tokens keyed by their bytes from the first quote, backslash
 	// or control byte: inside a free string the plain bytes before it
@@ -54,6 +54,7 @@ type trie struct {
 	ids      []int32
 	kinds    []uint8 // kinds[j] is ids[j]'s kind
 	maxDepth int
+	suffix   bool // keys are the tokens from their first quote, backslash or control byte
 }
 
 // walker is one Mask's scratch: a trial state per depth of a trie.
@@ -61,12 +62,14 @@ type walker struct {
 	sims   []sim
 	counts []utf8Count
 	dfas   []int32
+	then   func([]byte) bool // MaskThen's
+	toks   [][]byte
 }
 
 // NewVocab arranges toks (toks[id] a token's bytes; empty: never drawn)
 // for Mask. It keeps toks, which must not change.
 func NewVocab(toks [][]byte) *Vocab {
-	v := &Vocab{toks: toks, kind: make([]uint8, len(toks)), plain: Plain(toks)}
+	v := &Vocab{toks: toks, kind: make([]uint8, len(toks)), plain: make([]bool, len(toks))}
 	all, rest := make([]keyed, 0, len(toks)), []keyed(nil)
 	chars := make([]int32, len(toks)) // a fit token's code points; -1: not fit
 	maxChars := 0
@@ -76,7 +79,7 @@ func NewVocab(toks [][]byte) *Vocab {
 			continue
 		}
 		k := tokenKind(t)
-		v.kind[id] = k
+		v.kind[id], v.plain[id] = k, k&tPlain != 0
 		all = append(all, keyed{int32(id), t})
 		if k == tOther {
 			rest = append(rest, keyed{int32(id), t[firstOther(t):]})
@@ -95,6 +98,7 @@ func NewVocab(toks [][]byte) *Vocab {
 	}
 	v.all = buildTrie(all, v.kind)
 	v.rest = buildTrie(rest, v.kind)
+	v.rest.suffix = true
 
 	// A counting sort of the fit tokens by their code points.
 	v.fitUpTo = make([]int32, maxChars+1)
@@ -213,20 +217,37 @@ func buildTrie(toks []keyed, kind []uint8) trie {
 // count or automaton state alone (a plain ASCII token in a bounded
 // string is in by its length); anywhere else, and from a quote,
 // backslash or control byte on, the walk runs the machine.
-func (s *State) Mask(dst []bool, v *Vocab) {
+func (s *State) Mask(dst []bool, v *Vocab) { s.MaskThen(dst, v, nil) }
+
+// MaskThen is Mask with the bytes after the value read by then instead
+// of the machine (which takes white space there): a token in which the
+// value becomes whole after its first n bytes is in if then(token[n:])
+// (a tool call's arguments followed by the call's end marker). With then
+// nil it is Mask.
+func (s *State) MaskThen(dst []bool, v *Vocab, then func(rest []byte) bool) {
 	dst = dst[:len(v.toks)]
+	if then != nil && s.Done() {
+		for id, t := range v.toks {
+			dst[id] = len(t) > 0 && then(t)
+		}
+		return
+	}
 	w := v.walkers.Get().(*walker)
-	defer v.walkers.Put(w)
+	w.then, w.toks = then, v.toks
+	defer func() {
+		w.then, w.toks = nil, nil
+		v.walkers.Put(w)
+	}()
 	cur := &s.cur
 	switch {
 	case cur.mode != mString:
 		clear(dst)
 		s.run(&w.sims[0], nil)
-		v.all.walk(dst, 0, len(v.all.c), w.sims)
+		v.all.walk(dst, 0, len(v.all.c), w)
 	case !cur.bounded:
 		copy(dst, v.plain)
 		s.run(&w.sims[0], nil)
-		v.rest.walk(dst, 0, len(v.rest.c), w.sims)
+		v.rest.walk(dst, 0, len(v.rest.c), w)
 	case cur.n.pat != nil:
 		// Plain tokens depend on the automaton's state alone; a mask
 		// whose walk took longer than reading it back is kept.
@@ -265,7 +286,8 @@ func (s *State) Mask(dst []bool, v *Vocab) {
 // walk sets dst for the tokens among nodes lo to hi-1 (a node and its
 // subtree, or the whole trie) whose keys the machine takes from
 // sims[depth[lo]-1], stepping one trial state a depth.
-func (t *trie) walk(dst []bool, lo, hi int, sims []sim) {
+func (t *trie) walk(dst []bool, lo, hi int, w *walker) {
+	sims := w.sims
 	for i := lo; i < hi; {
 		d := t.depth[i]
 		m := &sims[d]
@@ -274,8 +296,27 @@ func (t *trie) walk(dst []bool, lo, hi int, sims []sim) {
 			i = int(t.skip[i])
 			continue
 		}
+		if w.then != nil && m.cur.mode == mDone {
+			t.finish(dst, i, int(d), w)
+			i = int(t.skip[i])
+			continue
+		}
 		t.mark(dst, i, tAny)
 		i++
+	}
+}
+
+// finish sets dst for the tokens under node i, in whose keys the value
+// became whole at the node's byte (depth d): each is in if then takes
+// the rest of its bytes.
+func (t *trie) finish(dst []bool, i, d int, w *walker) {
+	for _, id := range t.ids[t.at[i]:t.at[t.skip[i]]] {
+		tok := w.toks[id]
+		off := d
+		if t.suffix {
+			off += firstOther(tok)
+		}
+		dst[id] = w.then(tok[off:])
 	}
 }
 
@@ -312,7 +353,7 @@ func (s *State) walkString(dst []bool, v *Vocab, want uint8, w *walker) (steps i
 				m := &w.sims[d-1]
 				s.run(m, nil)
 				m.cur.utf8Count, m.cur.dfa = counts[d-1], dfas[d-1]
-				t.walk(dst, i, int(t.skip[i]), w.sims)
+				t.walk(dst, i, int(t.skip[i]), w)
 			}
 			i = int(t.skip[i])
 			continue
