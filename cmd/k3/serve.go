@@ -41,6 +41,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	reasoning := fs.Bool("reasoning", false, "a thinking model (Kimi K2 Thinking, K3): answer its <think> reasoning as reasoning_content")
 	kvEvents := fs.String("kv-events", "", "publish KV-cache events for llm-d: tcp://*:PORT listens, tcp://HOST:PORT connects")
 	kvTopic := fs.String("kv-events-topic", "", `the KV events' topic (default "kv@HOSTNAME@NAME")`)
+	storeMB := fs.Int64("responses-store-mb", 64, "memory in MiB for finished /v1/responses kept for previous_response_id and GET (0: none kept)")
 	synopsis := "serve [-model DIR] [-addr 127.0.0.1:8080] [-api-key KEY] ...\n\nServes the OpenAI-compatible API (/v1/chat/completions, /v1/completions,\n/v1/responses, /v1/models, /tokenize, /detokenize, /health, /metrics) until interrupted;\nsee docs/SERVING.md."
 	if err := parseFlags(fs, synopsis, args, stdout, stderr); err != nil {
 		return err
@@ -51,6 +52,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if *memory <= 0 || *prefix < 0 || *prefix >= *memory {
 		return fmt.Errorf("-memory-mb %d and -prefix-cache-mb %d: want 0 <= prefix < memory", *memory, *prefix)
+	}
+	if *storeMB < 0 {
+		return fmt.Errorf("-responses-store-mb %d: want 0 or more", *storeMB)
 	}
 	if *kvEvents != "" && *prefix == 0 {
 		return errors.New("-kv-events needs a prefix cache (-prefix-cache-mb above 0)")
@@ -66,7 +70,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	cfg := serve.Config{Name: *name, MaxSequences: *seqs, MaxQueue: *queue, MaxTokens: *maxTokens, MaxBodyBytes: *maxBody << 10, APIKey: key,
 		SessionDir: *sessionDir, SessionIdle: *sessionIdle, Reasoning: *reasoning,
-		KVEvents: *kvEvents, KVEventsTopic: *kvTopic, Logf: lockedLogf(stderr)}
+		KVEvents: *kvEvents, KVEventsTopic: *kvTopic, Logf: lockedLogf(stderr), ResponseStoreBytes: *storeMB << 20}
+	if *storeMB == 0 {
+		cfg.ResponseStoreBytes = -1
+	}
 	if cfg.Name == "" {
 		cfg.Name = "k3-tiny"
 		if *model != "" {

@@ -44,9 +44,16 @@ func FuzzRequests(f *testing.F) {
 		`{"input":[{"role":"user","content":"w?"},{"type":"function_call","call_id":"functions.f:0","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"functions.f:0","output":"1"}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],"tool_choice":{"type":"function","name":"f"},"stream":true}`,
 		`{"input":"x","text":{"format":{"type":"json_schema","name":"a","schema":{"type":"object"}}},"reasoning":{"effort":"none"}}`,
 		`{"input":[{"type":"reasoning"}]}`, `{"input":7}`,
+		`{"previous_response_id":"resp_fuzz","input":[{"type":"function_call_output","call_id":"functions.f:0","output":"1"}],"tools":[{"type":"function","name":"f"}]}`,
+		`{"previous_response_id":"resp_fuzz","input":"more","store":false,"stream":true}`, `{"previous_response_id":"","input":"x"}`,
 	} {
 		f.Add("/v1/responses", seed)
 	}
+	// A kept response the seeds continue.
+	var call toolCall
+	call.ID, call.Type, call.Function.Name, call.Function.Arguments = "functions.f:0", "function", "f", "{}"
+	s.kept.put("resp_fuzz", map[string]any{"id": "resp_fuzz", "object": "response"},
+		[]chatMessage{{Role: "user", Content: jsonString("w?")}, {Role: "assistant", Content: jsonString(""), ToolCalls: []toolCall{call}}})
 	f.Add("/tokenize", `{"prompt":"a b c"}`)
 	f.Add("/detokenize", `{"tokens":[1,2]}`)
 	f.Fuzz(func(t *testing.T, path, body string) {

@@ -191,6 +191,11 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 		p.counter("k3:kv_events_messages_total", "KV-event messages sent, over all subscribers.", float64(st.Sent))
 		p.counter("k3:kv_events_laggards_total", "KV-event subscribers disconnected for falling 1,024 messages behind.", float64(st.Laggards))
 	}
+	if s.kept.enabled() {
+		n, bytes := s.kept.stats()
+		p.gauge("k3:responses_kept", "Finished /v1/responses kept for previous_response_id and GET.", float64(n))
+		p.gauge("k3:responses_kept_bytes", "Bytes those responses hold (objects and conversations, as JSON).", float64(bytes))
+	}
 	live, parked := s.store.counts()
 	p.gauge("k3:sessions_live", "Sessions kept in memory for requests that name one (K3-Session).", float64(live))
 	p.counter("k3:sessions_parked_total", "Idle kept sessions saved to the session directory.", float64(parked))

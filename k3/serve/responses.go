@@ -13,7 +13,9 @@ import (
 // OpenAI's Responses API (POST /v1/responses; docs/SERVING.md): a request
 // is read into the chat request it amounts to and runs as one, so the
 // chat's validation, tools, formats and reasoning hold; the answer is
-// written in the Responses shapes.
+// written in the Responses shapes. A finished response is kept
+// (store.go) unless the request says store false, and a request naming
+// it in previous_response_id continues its conversation.
 
 type responsesRequest struct {
 	Model             string          `json:"model"`
@@ -36,12 +38,14 @@ type responsesRequest struct {
 	// "message.output_text.logprobs" in include or top_logprobs above 0.
 	Include     []string `json:"include"`
 	TopLogprobs *int     `json:"top_logprobs"`
+	// Store false keeps the response out of the server's store.
+	Store              *bool   `json:"store"`
+	PreviousResponseID *string `json:"previous_response_id"`
 	// Refused: state k3 does not keep, work it does not do.
-	PreviousResponseID *string         `json:"previous_response_id"`
-	Conversation       json.RawMessage `json:"conversation"`
-	Background         bool            `json:"background"`
-	Prompt             json.RawMessage `json:"prompt"`
-	Truncation         *string         `json:"truncation"`
+	Conversation json.RawMessage `json:"conversation"`
+	Background   bool            `json:"background"`
+	Prompt       json.RawMessage `json:"prompt"`
+	Truncation   *string         `json:"truncation"`
 }
 
 // responseItem is one element of input.
@@ -66,6 +70,9 @@ type responseEcho struct {
 	tools        any
 	format       any
 	topLogprobs  int
+	prev         any           // previous_response_id, or nil
+	store        bool          // the response is to be kept
+	history      []chatMessage // what it continues: the stored conversation and its input
 }
 
 func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
@@ -84,8 +91,8 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) responsesJob(req *responsesRequest) (*job, error) {
 	switch {
-	case req.PreviousResponseID != nil:
-		return nil, badParam("previous_response_id", "previous_response_id: k3 keeps no responses; send the conversation in input")
+	case req.PreviousResponseID != nil && !s.kept.enabled():
+		return nil, badParam("previous_response_id", "previous_response_id: this server keeps no responses (k3 serve -responses-store-mb 0); send the conversation in input")
 	case len(req.Conversation) > 0 && string(req.Conversation) != "null":
 		return nil, badParam("conversation", "conversation: k3 keeps no conversations; send the conversation in input")
 	case req.Background:
@@ -101,11 +108,20 @@ func (s *Server) responsesJob(req *responsesRequest) (*job, error) {
 	if req.Instructions != nil && *req.Instructions != "" {
 		chat.Messages = append(chat.Messages, chatMessage{Role: "system", Content: jsonString(*req.Instructions)})
 	}
-	msgs, err := responseMessages(req.Input)
+	var history []chatMessage
+	if id := req.PreviousResponseID; id != nil {
+		prev, ok := s.kept.get(*id)
+		if !ok {
+			return nil, &apiError{status: 400, typ: "invalid_request_error", param: "previous_response_id", code: "previous_response_not_found",
+				msg: fmt.Sprintf("previous_response_id: no response %q is kept (never stored, deleted, or dropped as the least recently used)", *id)}
+		}
+		history = prev.msgs
+	}
+	msgs, err := responseMessages(req.Input, history)
 	if err != nil {
 		return nil, err
 	}
-	chat.Messages = append(chat.Messages, msgs...)
+	chat.Messages = append(append(chat.Messages, history...), msgs...)
 	if chat.Tools, err = chatTools(req.Tools); err != nil {
 		return nil, err
 	}
@@ -113,7 +129,11 @@ func (s *Server) responsesJob(req *responsesRequest) (*job, error) {
 		return nil, err
 	}
 	echo := &responseEcho{parallel: req.ParallelToolCalls == nil || *req.ParallelToolCalls,
-		temperature: 1, topP: 1, toolChoice: "auto", tools: []any{}, format: map[string]any{"type": "text"}}
+		temperature: 1, topP: 1, toolChoice: "auto", tools: []any{}, format: map[string]any{"type": "text"},
+		store: (req.Store == nil || *req.Store) && s.kept.enabled(), history: slices.Concat(history, msgs)}
+	if req.PreviousResponseID != nil {
+		echo.prev = *req.PreviousResponseID
+	}
 	if req.Instructions != nil {
 		echo.instructions = *req.Instructions
 	}
@@ -164,10 +184,11 @@ func jsonString(s string) json.RawMessage {
 	return b
 }
 
-// responseMessages reads input into chat messages. Every field the chat
-// request checks is checked here, so the chat's errors never name its
-// messages.
-func responseMessages(raw json.RawMessage) (msgs []chatMessage, err error) {
+// responseMessages reads input into chat messages, continuing history (a
+// stored conversation, whose calls a function_call_output may answer).
+// Every field the chat request checks is checked here, so the chat's
+// errors never name its messages.
+func responseMessages(raw json.RawMessage, history []chatMessage) (msgs []chatMessage, err error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, badParam("input", "input is missing")
 	}
@@ -179,6 +200,11 @@ func responseMessages(raw json.RawMessage) (msgs []chatMessage, err error) {
 		return nil, badParam("input", "input is neither a string nor a list of items")
 	}
 	names := map[string]string{} // call_id -> the function's name
+	for _, m := range history {
+		for _, c := range m.ToolCalls {
+			names[c.ID] = c.Function.Name
+		}
+	}
 	for i, rawItem := range items {
 		param := fmt.Sprintf("input[%d]", i)
 		var it responseItem
@@ -333,24 +359,45 @@ func renameParams(err error) error {
 	return &out
 }
 
-// responseOutput is a finished choice as the Responses API's output
-// items: reasoning, the message, the calls.
-func (a *answer) responseOutput(c *choice, id string) (items []map[string]any, incomplete bool) {
-	text := string(c.text)
-	status := "completed"
-	if c.finish == "length" {
-		incomplete, status = true, "incomplete"
-	}
-	var reasoning string
+// parts splits a finished choice into its reasoning, its message's text
+// and its tool calls.
+func (a *answer) parts(c *choice) (reasoning, text string, calls []toolCall) {
+	text = string(c.text)
 	if a.j.reasoning {
 		reasoning, text = splitReasoning(text)
 	}
-	var calls []toolCall
 	if a.j.tools {
 		if content, cs, ok := parseToolCalls(text); ok {
 			text, calls = content, cs
 		}
 	}
+	return reasoning, text, calls
+}
+
+// keep stores the finished response obj, as GET answers it and as the
+// conversation a response following it continues (its answer as an
+// assistant turn, reasoning dropped), when its request lets it be kept;
+// obj's store says whether it was.
+func (a *answer) keep(obj map[string]any) {
+	e := a.j.resp
+	if !e.store {
+		return
+	}
+	_, text, calls := a.parts(&a.choices[0])
+	turn := chatMessage{Role: "assistant", Content: jsonString(text), ToolCalls: calls}
+	if !a.s.kept.put(a.id, obj, append(slices.Clip(e.history), turn)) {
+		obj["store"] = false
+	}
+}
+
+// responseOutput is a finished choice as the Responses API's output
+// items: reasoning, the message, the calls.
+func (a *answer) responseOutput(c *choice, id string) (items []map[string]any, incomplete bool) {
+	status := "completed"
+	if c.finish == "length" {
+		incomplete, status = true, "incomplete"
+	}
+	reasoning, text, calls := a.parts(c)
 	if reasoning != "" {
 		items = append(items, reasoningItem(id, reasoning, status))
 	}
@@ -401,7 +448,7 @@ func (a *answer) responseObject(status string, output []map[string]any, u *usage
 		"model": a.s.cfg.Name, "output": output, "error": nil, "incomplete_details": nil,
 		"instructions": e.instructions, "max_output_tokens": e.maxOutput, "parallel_tool_calls": e.parallel,
 		"temperature": e.temperature, "top_p": e.topP, "tool_choice": e.toolChoice, "tools": e.tools,
-		"text": map[string]any{"format": e.format}, "previous_response_id": nil, "store": false,
+		"text": map[string]any{"format": e.format}, "previous_response_id": e.prev, "store": e.store,
 		"truncation": "disabled", "metadata": map[string]any{}, "usage": nil, "top_logprobs": e.topLogprobs}
 	if output == nil {
 		obj["output"] = []any{}
@@ -430,7 +477,42 @@ func (a *answer) responseWhole(w http.ResponseWriter, events <-chan event) {
 	if incomplete {
 		status = "incomplete"
 	}
-	writeJSON(w, 200, a.responseObject(status, items, a.usage()))
+	obj := a.responseObject(status, items, a.usage())
+	a.keep(obj)
+	writeJSON(w, 200, obj)
+}
+
+// getResponse answers GET /v1/responses/{id} with a kept response.
+func (s *Server) getResponse(w http.ResponseWriter, r *http.Request) {
+	if v := r.URL.Query().Get("stream"); v != "" && v != "false" {
+		writeError(w, badParam("stream", "stream = %q: k3 answers a kept response whole", v))
+		return
+	}
+	r0, ok := s.kept.get(r.PathValue("id"))
+	if !ok {
+		writeError(w, s.responseNotFound(r.PathValue("id")))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(r0.obj)
+}
+
+// deleteResponse answers DELETE /v1/responses/{id}.
+func (s *Server) deleteResponse(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if !s.kept.drop(id) {
+		writeError(w, s.responseNotFound(id))
+		return
+	}
+	writeJSON(w, 200, map[string]any{"id": id, "object": "response.deleted", "deleted": true})
+}
+
+func (s *Server) responseNotFound(id string) *apiError {
+	why := "never stored, deleted, or dropped as the least recently used"
+	if !s.kept.enabled() {
+		why = "this server keeps no responses: k3 serve -responses-store-mb 0"
+	}
+	return &apiError{status: 404, typ: "invalid_request_error", param: "response_id", msg: fmt.Sprintf("no response %q is kept (%s)", id, why)}
 }
 
 // itemID is the part of the response's id its items' ids share.
@@ -621,7 +703,9 @@ func (rs *respStream) finish(calls []toolCall, incomplete bool) bool {
 	if incomplete {
 		ev = "response.incomplete"
 	}
-	return rs.send(ev, map[string]any{"response": rs.a.responseObject(status, rs.output, rs.a.usage())})
+	obj := rs.a.responseObject(status, rs.output, rs.a.usage())
+	rs.a.keep(obj)
+	return rs.send(ev, map[string]any{"response": obj})
 }
 
 func (rs *respStream) hasMessage() bool {

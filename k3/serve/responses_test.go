@@ -243,18 +243,15 @@ func TestResponsesRequest(t *testing.T) {
 		{"type":"function_call_output","call_id":"functions.get_weather:1","output":[{"type":"input_text","text":"21 C"}]}]}`), &rreq))
 	rj, err := s.responsesJob(&rreq)
 	require.NoError(t, err)
-	var creq chatRequest
-	require.NoError(t, json.Unmarshal([]byte(`{"tools":[{"type":"function","function":{"name":"get_weather","description":"Weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}],"messages":[
+	chatPrompt := chatPrompts(t, s, `{"tools":[{"type":"function","function":{"name":"get_weather","description":"Weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}],"messages":[
 		{"role":"system","content":"Be brief."},
 		{"role":"user","content":"weather?"},
 		{"role":"assistant","content":"","tool_calls":[
 			{"id":"functions.get_weather:0","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}},
 			{"id":"functions.get_weather:1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Rome\"}"}}]},
 		{"role":"tool","tool_call_id":"functions.get_weather:0","name":"get_weather","content":"18 C"},
-		{"role":"tool","tool_call_id":"functions.get_weather:1","name":"get_weather","content":"21 C"}]}`), &creq))
-	cj, err := s.chatJob(&creq)
-	require.NoError(t, err)
-	assert.Equal(t, cj.prompts, rj.prompts)
+		{"role":"tool","tool_call_id":"functions.get_weather:1","name":"get_weather","content":"21 C"}]}`)
+	assert.Equal(t, chatPrompt, rj.prompts)
 	assert.True(t, rj.tools)
 }
 
@@ -271,7 +268,7 @@ func TestResponsesErrors(t *testing.T) {
 		require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
 		resp.Body.Close()
 		assert.Equal(t, 404, resp.StatusCode, method)
-		assert.Contains(t, out["error"].(map[string]any)["message"], "keeps no responses", method)
+		assert.Contains(t, out["error"].(map[string]any)["message"], `no response "resp_1" is kept`, method)
 	}
 	for _, tc := range []struct{ body, param string }{
 		{`{"input":"x","previous_response_id":"resp_1"}`, "previous_response_id"},
@@ -333,4 +330,179 @@ func TestResponsesReasoningEffort(t *testing.T) {
 	high := job(`{"input":"x","reasoning":{"effort":"high"}}`)
 	assert.True(t, high.reasoning)
 	assert.NotEqual(t, want.prompts, high.prompts)
+}
+
+// respond sends a Responses request and returns the status and body.
+func respond(t *testing.T, method, url string, body any) (int, map[string]any) {
+	t.Helper()
+	if method == "POST" {
+		return post(t, url, body)
+	}
+	req, err := http.NewRequest(method, url, nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var out map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+	return resp.StatusCode, out
+}
+
+// TestResponsesStore: a finished response is kept unless store is false:
+// GET answers it as it was answered (whole or streamed), DELETE drops
+// it, and previous_response_id continues its conversation: the prompt
+// is the chat of the stored turns (instructions not carried over), its
+// answer and the new input.
+func TestResponsesStore(t *testing.T) {
+	s, hs, _ := newTestServer(t, Config{Name: "tiny"})
+	first := map[string]any{"model": "tiny", "max_output_tokens": 12, "temperature": 0, "instructions": "You write Go.", "input": "func main() {"}
+	code, r1 := post(t, hs.URL+"/v1/responses", first)
+	require.Equal(t, 200, code, "%v", r1)
+	assert.Equal(t, true, r1["store"])
+	assert.Nil(t, r1["previous_response_id"])
+	id := r1["id"].(string)
+	code, got := respond(t, "GET", hs.URL+"/v1/responses/"+id, nil)
+	require.Equal(t, 200, code, "%v", got)
+	assert.Equal(t, r1, got)
+	answer := r1["output"].([]any)[0].(map[string]any)["content"].([]any)[0].(map[string]any)["text"].(string)
+
+	// The next turn's prompt is the chat of both turns.
+	var next responsesRequest
+	require.NoError(t, json.Unmarshal([]byte(`{"previous_response_id":"`+id+`","instructions":"Be brief.","input":"again"}`), &next))
+	nj, err := s.responsesJob(&next)
+	require.NoError(t, err)
+	msgs := mustJSON(t, []map[string]any{{"role": "system", "content": "Be brief."}, {"role": "user", "content": "func main() {"},
+		{"role": "assistant", "content": answer}, {"role": "user", "content": "again"}})
+	assert.Equal(t, chatPrompts(t, s, `{"messages":`+string(msgs)+`}`), nj.prompts)
+
+	// Streamed: GET answers the final response the stream ended with.
+	body := map[string]any{"model": "tiny", "max_output_tokens": 6, "temperature": 0, "previous_response_id": id, "input": "more", "stream": true}
+	r := postStream(t, context.Background(), hs.URL+"/v1/responses", body)
+	_, final := accumulate(t, respEvents(t, r.Body))
+	r.Body.Close()
+	assert.Equal(t, id, final["previous_response_id"])
+	assert.Equal(t, "incomplete", final["status"], "cut by max_output_tokens, and kept")
+	code, got = respond(t, "GET", hs.URL+"/v1/responses/"+final["id"].(string), nil)
+	require.Equal(t, 200, code, "%v", got)
+	assert.Equal(t, final, got)
+
+	// store false keeps nothing.
+	code, r3 := post(t, hs.URL+"/v1/responses", map[string]any{"model": "tiny", "max_output_tokens": 4, "input": "x", "store": false})
+	require.Equal(t, 200, code)
+	assert.Equal(t, false, r3["store"])
+	code, got = respond(t, "GET", hs.URL+"/v1/responses/"+r3["id"].(string), nil)
+	assert.Equal(t, 404, code, "%v", got)
+	code, got = post(t, hs.URL+"/v1/responses", map[string]any{"model": "tiny", "input": "x", "previous_response_id": r3["id"]})
+	require.Equal(t, 400, code, "%v", got)
+	e := got["error"].(map[string]any)
+	assert.Equal(t, "previous_response_id", e["param"])
+	assert.Equal(t, "previous_response_not_found", e["code"])
+
+	// DELETE drops it once.
+	code, got = respond(t, "DELETE", hs.URL+"/v1/responses/"+id, nil)
+	require.Equal(t, 200, code, "%v", got)
+	assert.Equal(t, map[string]any{"id": id, "object": "response.deleted", "deleted": true}, got)
+	for _, method := range []string{"GET", "DELETE"} {
+		code, got = respond(t, method, hs.URL+"/v1/responses/"+id, nil)
+		assert.Equal(t, 404, code, "%s %v", method, got)
+	}
+	code, got = respond(t, "GET", hs.URL+"/v1/responses/"+final["id"].(string)+"?stream=true", nil)
+	assert.Equal(t, 400, code, "%v", got)
+	code, _ = respond(t, "GET", hs.URL+"/v1/responses/"+final["id"].(string)+"/input_items", nil)
+	assert.Equal(t, 404, code)
+}
+
+// TestResponsesStoreToolCalls: a kept response whose answer is tool
+// calls continues with their outputs: the calls stay in the stored
+// conversation as the assistant's tool_calls, and each output is
+// rendered as the chat's tool message named after its function.
+func TestResponsesStoreToolCalls(t *testing.T) {
+	s, _, _ := newTestServer(t, Config{Name: "tiny"})
+	tools := `[{"type":"function","name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}]`
+	var req responsesRequest
+	require.NoError(t, json.Unmarshal([]byte(`{"tools":`+tools+`,"instructions":"Be brief.","input":"weather in Paris and Rome?"}`), &req))
+	j, err := s.responsesJob(&req)
+	require.NoError(t, err)
+	require.True(t, j.resp.store)
+	var whole map[string]any
+	require.NoError(t, json.Unmarshal(runJob(t, s, j, k3.FinishStop, "Checking.", "<|tool_calls_section_begin|>",
+		`<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>`,
+		`<|tool_call_begin|>functions.get_weather:1<|tool_call_argument_begin|>{"city": "Rome"}<|tool_call_end|>`,
+		"<|tool_calls_section_end|>"), &whole))
+	assert.Equal(t, true, whole["store"])
+
+	var next responsesRequest
+	require.NoError(t, json.Unmarshal([]byte(`{"previous_response_id":"resp_test","tools":`+tools+`,"input":[
+		{"type":"function_call_output","call_id":"functions.get_weather:0","output":"18 C"},
+		{"type":"function_call_output","call_id":"functions.get_weather:1","output":"21 C"}]}`), &next))
+	nj, err := s.responsesJob(&next)
+	require.NoError(t, err)
+	want := chatPrompts(t, s, `{"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}],"messages":[
+		{"role":"user","content":"weather in Paris and Rome?"},
+		{"role":"assistant","content":"Checking.","tool_calls":[
+			{"id":"functions.get_weather:0","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}},
+			{"id":"functions.get_weather:1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Rome\"}"}}]},
+		{"role":"tool","tool_call_id":"functions.get_weather:0","name":"get_weather","content":"18 C"},
+		{"role":"tool","tool_call_id":"functions.get_weather:1","name":"get_weather","content":"21 C"}]}`)
+	assert.Equal(t, want, nj.prompts)
+}
+
+// chatPrompts is the prompt a chat request (JSON) runs.
+func chatPrompts(t *testing.T, s *Server, body string) [][]int32 {
+	t.Helper()
+	var req chatRequest
+	require.NoError(t, json.Unmarshal([]byte(body), &req))
+	j, err := s.chatJob(&req)
+	require.NoError(t, err)
+	return j.prompts
+}
+
+// TestResponseStoreBudget: past its budget the store drops the least
+// recently used responses (a read counts as a use); a response larger
+// than the budget is not kept; a server without a store says so.
+func TestResponseStoreBudget(t *testing.T) {
+	msgs := []chatMessage{{Role: "user", Content: jsonString("hello")}}
+	obj := func(id string) map[string]any { return map[string]any{"id": id, "pad": strings.Repeat("x", 100)} }
+	one := int64(len(mustJSON(t, obj("a"))) + len(mustJSON(t, msgs)))
+	st := newResponseStore(3 * one)
+	for _, id := range []string{"a", "b", "c"} {
+		require.True(t, st.put(id, obj(id), msgs))
+	}
+	_, ok := st.get("a") // a is now the most recently used
+	require.True(t, ok)
+	require.True(t, st.put("d", obj("d"), msgs))
+	_, ok = st.get("b")
+	assert.False(t, ok, "b, the least recently used, is dropped")
+	for _, id := range []string{"a", "c", "d"} {
+		r, ok := st.get(id)
+		require.True(t, ok, id)
+		assert.JSONEq(t, string(mustJSON(t, obj(id))), string(r.obj), id)
+		assert.Equal(t, msgs, r.msgs)
+	}
+	n, used := st.stats()
+	assert.Equal(t, 3, n)
+	assert.Equal(t, 3*one, used)
+	big := map[string]any{"id": "e", "pad": strings.Repeat("x", int(3*one))}
+	assert.False(t, st.put("e", big, msgs), "larger than the budget")
+	require.True(t, st.put("c", obj("c"), msgs), "kept again: replaced, not counted twice")
+	n, used = st.stats()
+	assert.Equal(t, 3, n)
+	assert.Equal(t, 3*one, used)
+	for _, id := range []string{"a", "c", "d"} {
+		_, ok := st.get(id)
+		assert.True(t, ok, "%s: nothing else dropped", id)
+	}
+	assert.True(t, st.drop("c"))
+	assert.False(t, st.drop("c"))
+
+	_, hs, _ := newTestServer(t, Config{Name: "tiny", ResponseStoreBytes: -1})
+	code, r := post(t, hs.URL+"/v1/responses", map[string]any{"model": "tiny", "max_output_tokens": 3, "input": "x"})
+	require.Equal(t, 200, code)
+	assert.Equal(t, false, r["store"])
+	code, got := respond(t, "GET", hs.URL+"/v1/responses/"+r["id"].(string), nil)
+	assert.Equal(t, 404, code)
+	assert.Contains(t, got["error"].(map[string]any)["message"], "-responses-store-mb 0")
+	code, got = post(t, hs.URL+"/v1/responses", map[string]any{"model": "tiny", "input": "x", "previous_response_id": r["id"]})
+	assert.Equal(t, 400, code)
+	assert.Equal(t, "previous_response_id", got["error"].(map[string]any)["param"])
 }

@@ -3,7 +3,9 @@
 // `k3 serve` command runs.
 //
 // Routes: POST /v1/chat/completions, /v1/completions and /v1/responses
-// (streaming as server-sent events), GET /v1/models, POST /tokenize and
+// (streaming as server-sent events), GET and DELETE /v1/responses/{id}
+// (finished responses kept in memory, Config.ResponseStoreBytes, for
+// previous_response_id), GET /v1/models, POST /tokenize and
 // /detokenize, GET /health and GET /metrics (Prometheus text format, under
 // the names an inference gateway's endpoint picker reads); with
 // Config.KVEvents, the prefix cache's KV-cache events over ZeroMQ. Every generation goes
@@ -81,6 +83,10 @@ type Config struct {
 	// reasoning_content; a request's chat_template_kwargs {"thinking":
 	// false} then pre-fills an empty reasoning instead (docs/SERVING.md).
 	Reasoning bool
+	// ResponseStoreBytes bounds the finished responses kept in memory for
+	// previous_response_id and GET /v1/responses/{id}, the least recently
+	// used dropped past it (default 64 MiB; negative: none are kept).
+	ResponseStoreBytes int64
 	// KVEvents, when set, publishes the prefix cache's KV-cache events
 	// for llm-d's precise prefix routing, as vLLM's ZMQ publisher does:
 	// "tcp://*:PORT" listens for subscribers, "tcp://HOST:PORT" connects
@@ -119,6 +125,9 @@ func (c *Config) defaults() {
 	if c.MaxSessions <= 0 {
 		c.MaxSessions = 64
 	}
+	if c.ResponseStoreBytes == 0 {
+		c.ResponseStoreBytes = 64 << 20
+	}
 	if c.KVEventsTopic == "" {
 		host, _ := os.Hostname()
 		c.KVEventsTopic = "kv@" + host + "@" + c.Name
@@ -139,6 +148,7 @@ type Server struct {
 	mux     *http.ServeMux
 	met     *metrics
 	store   *sessionStore
+	kept    *responseStore // finished responses (store.go)
 	closed  atomic.Bool
 	created int64
 	kv      *zmtp.Publisher // nil without Config.KVEvents
@@ -180,13 +190,15 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	s := &Server{m: m, cfg: cfg, b: b, stop: stop, sem: semaphore.NewWeighted(int64(cfg.MaxSequences + cfg.MaxQueue)),
-		mux: http.NewServeMux(), met: newMetrics(cfg.Name), store: store, created: time.Now().Unix(), kv: kv}
+		mux: http.NewServeMux(), met: newMetrics(cfg.Name), store: store, created: time.Now().Unix(), kv: kv,
+		kept: newResponseStore(max(cfg.ResponseStoreBytes, 0))}
 	s.mux.HandleFunc("POST /v1/chat/completions", s.authorized(s.chatCompletions))
 	s.mux.HandleFunc("POST /v1/completions", s.authorized(s.completions))
 	s.mux.HandleFunc("POST /v1/responses", s.authorized(s.responses))
+	s.mux.HandleFunc("GET /v1/responses/{id}", s.authorized(s.getResponse))
+	s.mux.HandleFunc("DELETE /v1/responses/{id}", s.authorized(s.deleteResponse))
 	s.mux.HandleFunc("/v1/responses/{id...}", s.authorized(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, &apiError{status: 404, typ: "invalid_request_error", param: "response_id",
-			msg: fmt.Sprintf("no response %q: k3 keeps no responses (store is not served)", r.PathValue("id"))})
+		writeError(w, &apiError{status: 404, typ: "invalid_request_error", msg: fmt.Sprintf("no route %s %s: k3 serves GET and DELETE /v1/responses/{id}", r.Method, r.URL.Path)})
 	}))
 	s.mux.HandleFunc("GET /v1/models", s.authorized(s.models))
 	s.mux.HandleFunc("GET /v1/models/{id...}", s.authorized(s.model))

@@ -251,10 +251,27 @@ const checks = {
     assert.equal(part.logprobs.length, lp.usage.output_tokens);
     assert.equal(part.logprobs.map((e) => e.token).join(""), part.text);
     assert.ok(part.logprobs.every((e) => e.top_logprobs.length === 2 && e.logprob <= 0));
+    // Kept responses: retrieved as answered, continued by
+    // previous_response_id as the chat of both turns (the instructions
+    // not carried over), deleted.
+    assert.equal(r.store, true);
+    const got = await client.responses.retrieve(r.id);
+    assert.equal(got.output_text, whole);
+    assert.equal(got.id, r.id);
+    const next = await client.responses.create({ model, previous_response_id: r.id, input: "// again", max_output_tokens: 12, temperature: 0 });
+    assert.equal(next.previous_response_id, r.id);
+    const chat = await client.chat.completions.create({ model, max_tokens: 12, temperature: 0, messages: [
+      { role: "user", content: "func main() {" }, { role: "assistant", content: whole }, { role: "user", content: "// again" }] });
+    assert.equal(next.output_text, chat.choices[0].message.content, "the continued response is the chat of both turns");
+    await client.responses.delete(r.id);
+    await assert.rejects(client.responses.retrieve(r.id), (err) => err instanceof OpenAI.NotFoundError);
     await assert.rejects(
-      client.responses.create({ ...req, previous_response_id: "resp_0" }),
+      client.responses.create({ ...req, previous_response_id: r.id }),
       (err) => err instanceof OpenAI.BadRequestError && /previous_response_id/.test(err.message),
     );
+    const unkept = await client.responses.create({ ...req, max_output_tokens: 2, store: false });
+    assert.equal(unkept.store, false);
+    await assert.rejects(client.responses.retrieve(unkept.id), (err) => err instanceof OpenAI.NotFoundError);
   },
 
   async invalid(model) {
