@@ -41,7 +41,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	reasoning := fs.Bool("reasoning", false, "a thinking model (Kimi K2 Thinking, K3): answer its <think> reasoning as reasoning_content")
 	kvEvents := fs.String("kv-events", "", "publish KV-cache events for llm-d: tcp://*:PORT listens, tcp://HOST:PORT connects")
 	kvTopic := fs.String("kv-events-topic", "", `the KV events' topic (default "kv@HOSTNAME@NAME")`)
-	storeMB := fs.Int64("responses-store-mb", 64, "memory in MiB for finished /v1/responses kept for previous_response_id and GET (0: none kept)")
+	storeMB := fs.Int64("responses-store-mb", 64, "memory in MiB for finished /v1/responses kept for previous_response_id and GET (0: none in memory)")
+	storeDir := fs.String("responses-dir", "", "also keep every finished /v1/responses in this directory: they outlive the server, and servers sharing it continue each other's chains")
+	storeTTL := fs.Duration("responses-ttl", 30*24*time.Hour, "with -responses-dir: how long a kept response's file lasts")
 	synopsis := "serve [-model DIR] [-addr 127.0.0.1:8080] [-api-key KEY] ...\n\nServes the OpenAI-compatible API (/v1/chat/completions, /v1/completions,\n/v1/responses, /v1/models, /tokenize, /detokenize, /health, /metrics) until interrupted;\nsee docs/SERVING.md."
 	if err := parseFlags(fs, synopsis, args, stdout, stderr); err != nil {
 		return err
@@ -55,6 +57,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if *storeMB < 0 {
 		return fmt.Errorf("-responses-store-mb %d: want 0 or more", *storeMB)
+	}
+	if *storeTTL <= 0 {
+		return fmt.Errorf("-responses-ttl %v: want a positive duration", *storeTTL)
 	}
 	if *kvEvents != "" && *prefix == 0 {
 		return errors.New("-kv-events needs a prefix cache (-prefix-cache-mb above 0)")
@@ -70,7 +75,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	cfg := serve.Config{Name: *name, MaxSequences: *seqs, MaxQueue: *queue, MaxTokens: *maxTokens, MaxBodyBytes: *maxBody << 10, APIKey: key,
 		SessionDir: *sessionDir, SessionIdle: *sessionIdle, Reasoning: *reasoning,
-		KVEvents: *kvEvents, KVEventsTopic: *kvTopic, Logf: lockedLogf(stderr), ResponseStoreBytes: *storeMB << 20}
+		KVEvents: *kvEvents, KVEventsTopic: *kvTopic, Logf: lockedLogf(stderr), ResponseStoreBytes: *storeMB << 20,
+		ResponseDir: *storeDir, ResponseTTL: *storeTTL}
 	if *storeMB == 0 {
 		cfg.ResponseStoreBytes = -1
 	}

@@ -464,7 +464,8 @@ func TestResponseStoreBudget(t *testing.T) {
 	msgs := []chatMessage{{Role: "user", Content: jsonString("hello")}}
 	obj := func(id string) map[string]any { return map[string]any{"id": id, "pad": strings.Repeat("x", 100)} }
 	one := int64(len(mustJSON(t, obj("a"))) + len(mustJSON(t, msgs)))
-	st := newResponseStore(3 * one)
+	st, err := newResponseStore(3*one, "", 0, t.Logf)
+	require.NoError(t, err)
 	for _, id := range []string{"a", "b", "c"} {
 		require.True(t, st.put(id, obj(id), msgs))
 	}

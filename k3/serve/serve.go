@@ -85,8 +85,14 @@ type Config struct {
 	Reasoning bool
 	// ResponseStoreBytes bounds the finished responses kept in memory for
 	// previous_response_id and GET /v1/responses/{id}, the least recently
-	// used dropped past it (default 64 MiB; negative: none are kept).
+	// used dropped past it (default 64 MiB; negative: none in memory).
 	ResponseStoreBytes int64
+	// ResponseDir, when set, also keeps every finished response there as
+	// a file, read when memory misses: responses outlive the process,
+	// and servers that mount one directory continue each other's chains.
+	// ResponseTTL is how long a file lasts (default 30 days).
+	ResponseDir string
+	ResponseTTL time.Duration
 	// KVEvents, when set, publishes the prefix cache's KV-cache events
 	// for llm-d's precise prefix routing, as vLLM's ZMQ publisher does:
 	// "tcp://*:PORT" listens for subscribers, "tcp://HOST:PORT" connects
@@ -127,6 +133,9 @@ func (c *Config) defaults() {
 	}
 	if c.ResponseStoreBytes == 0 {
 		c.ResponseStoreBytes = 64 << 20
+	}
+	if c.ResponseTTL <= 0 {
+		c.ResponseTTL = 30 * 24 * time.Hour
 	}
 	if c.KVEventsTopic == "" {
 		host, _ := os.Hostname()
@@ -169,14 +178,20 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
+	kept, err := newResponseStore(max(cfg.ResponseStoreBytes, 0), cfg.ResponseDir, cfg.ResponseTTL, cfg.Logf)
+	if err != nil {
+		return nil, err
+	}
 	store, err := newSessionStore(m, cfg.SessionDir, cfg.SessionIdle, cfg.MaxSessions)
 	if err != nil {
+		kept.close()
 		return nil, err
 	}
 	var kv *zmtp.Publisher
 	if cfg.KVEvents != "" {
 		if kv, err = startKVEvents(m, cfg.KVEvents, cfg.KVEventsTopic, cfg.Name, cfg.Logf); err != nil {
 			store.close()
+			kept.close()
 			return nil, err
 		}
 	}
@@ -184,6 +199,7 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 	if err := b.Start(ctx); err != nil {
 		stop()
 		store.close()
+		kept.close()
 		if kv != nil {
 			kv.Close()
 		}
@@ -191,7 +207,7 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 	}
 	s := &Server{m: m, cfg: cfg, b: b, stop: stop, sem: semaphore.NewWeighted(int64(cfg.MaxSequences + cfg.MaxQueue)),
 		mux: http.NewServeMux(), met: newMetrics(cfg.Name), store: store, created: time.Now().Unix(), kv: kv,
-		kept: newResponseStore(max(cfg.ResponseStoreBytes, 0))}
+		kept: kept}
 	s.mux.HandleFunc("POST /v1/chat/completions", s.authorized(s.chatCompletions))
 	s.mux.HandleFunc("POST /v1/completions", s.authorized(s.completions))
 	s.mux.HandleFunc("POST /v1/responses", s.authorized(s.responses))
@@ -232,6 +248,7 @@ func (s *Server) Close() error {
 	}
 	s.stop()
 	defer s.store.close()
+	defer s.kept.close()
 	if s.kv != nil {
 		defer s.kv.Close()
 	}
