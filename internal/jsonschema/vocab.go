@@ -8,7 +8,7 @@ import (
 
 // Kinds of token, as bits: which fast path of Mask a token can take.
 const (
-	tASCII uint8 = 1 << iota // plain (Plain) and ASCII
+	tASCII uint8 = 1 << iota // no quote, backslash or control byte, and ASCII
 	tWide                    // plain, with a byte past ASCII
 	tOther                   // a quote, backslash or control byte
 	tPlain = tASCII | tWide
@@ -213,10 +213,11 @@ func buildTrie(toks []keyed, kind []uint8) trie {
 // trie. Inside a string without a bound every plain token is in, and the
 // others walk their bytes from the first quote, backslash or control
 // byte, since the plain ones before it leave the state as it was. Inside
-// a bounded or patterned string the plain bytes walk on the string's
-// count or automaton state alone (a plain ASCII token in a bounded
-// string is in by its length); anywhere else, and from a quote,
-// backslash or control byte on, the walk runs the machine.
+// a bounded string a plain token is in by its count of code points (if
+// it is valid UTF-8), inside a patterned string by the automaton alone
+// (its masks kept by state when most of the trie was walked); anywhere
+// else, and from a quote, backslash or control byte on, the walk runs
+// the machine.
 func (s *State) Mask(dst []bool, v *Vocab) { s.MaskThen(dst, v, nil) }
 
 // MaskThen is Mask with the bytes after the value read by then instead
