@@ -236,7 +236,7 @@ func dot4x8F32ZMM(x *float32, xstride int, w *float32, wstride, k int, out *floa
 	panic("kernel: no assembly on this platform")
 }
 
-func kmaj8(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int) {
+func kmaj8(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int, ahead int) {
 	panic("kernel: no assembly on this platform")
 }
 

@@ -435,6 +435,28 @@ func kmajFewAhead() int {
 	return 0
 }
 
+// kmaj8AheadBytes forces kmaj8Ahead's answer for benchmarks; -1 follows
+// the rule.
+var kmaj8AheadBytes = -1
+
+// kmaj8Ahead returns how many bytes ahead of its panel the eight-row tile
+// prefetches (two lines a step): 6,144 where 512-bit FMAs run at full
+// width and VDPBF16PS at about twice their rate, which of the CPUs
+// measured is the Zen 5: a step's 24 FMAs there take half their time on
+// the Zen 4, and 1,536 bytes (16 steps) did not hide the memory's
+// latency (docs/bench: eight cold rows 1.15-1.2x as fast, 64 and 256
+// rows 1.03x, 12,288 bytes no faster); elsewhere 1,536 (the Zen 4, and
+// the Intel Xeon with AMX, where no other distance was measured).
+func kmaj8Ahead() int {
+	switch {
+	case kmaj8AheadBytes >= 0:
+		return kmaj8AheadBytes
+	case wideFMA() && fastBF16Pays():
+		return 6144
+	}
+	return 1536
+}
+
 // rows runs rows x rows from element xo of j's x (or its bf16 rows)
 // against the panel block at element wo of its weight, kn elements of k.
 func (j *kmajJob) rows(xo, rows, wo, kn int, out []float32, os int, acc bool) {
@@ -458,8 +480,11 @@ func kmajRows(x []float32, xs, rows int, w []uint16, kn int, out []float32, os i
 		ac = 1
 	}
 	r := 0
-	for ; r+8 <= rows; r += 8 {
-		kmaj8(&x[r*xs], xs, &w[0], kn, &out[r*os], os, ac)
+	if rows >= 8 {
+		ahead := kmaj8Ahead()
+		for ; r+8 <= rows; r += 8 {
+			kmaj8(&x[r*xs], xs, &w[0], kn, &out[r*os], os, ac, ahead)
+		}
 	}
 	if r+4 <= rows {
 		kmaj4(&x[r*xs], xs, &w[0], kn, &out[r*os], os, ac)

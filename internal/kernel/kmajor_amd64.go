@@ -6,7 +6,7 @@ package kernel
 // of k-major bf16 weights for k steps; acc != 0 continues from out.
 
 //go:noescape
-func kmaj8(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int)
+func kmaj8(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int, ahead int)
 
 //go:noescape
 func kmaj4(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int)

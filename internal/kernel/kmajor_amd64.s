@@ -30,7 +30,8 @@
 	VMOVUPS a0, (DX); VMOVUPS a1, 64(DX); VMOVUPS a2, 128(DX); ADDQ R10, DX
 
 // PF2 prefetches the two lines R14 bytes past base: 1536 in the
-// single-panel tiles, the caller's choice in the multi-stream ones.
+// single-panel tiles but kmaj8, the caller's choice in kmaj8 and the
+// multi-stream ones.
 #define PF2(base) PREFETCHT0 (base)(R14*1); PREFETCHT0 64(base)(R14*1)
 
 // ARGS loads the common arguments: SI x, R11 x stride in bytes, DI w,
@@ -58,9 +59,10 @@
 	MOVQ acc+48(FP), AX; \
 	MOVQ ahead+56(FP), R14
 
-// func kmaj8(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int)
-TEXT ·kmaj8(SB), NOSPLIT, $0-56
+// func kmaj8(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int, ahead int)
+TEXT ·kmaj8(SB), NOSPLIT, $0-64
 	ARGS
+	MOVQ ahead+56(FP), R14
 	LEAQ (SI)(R11*2), R12
 	ADDQ R11, R12         // row 3
 	LEAQ (R12)(R11*2), R13
