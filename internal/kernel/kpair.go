@@ -140,17 +140,21 @@ func kpairRows(x []uint16, xs, rows int, w []uint16, kn int, out []float32, os i
 }
 
 // kpair8Ahead returns how many bytes ahead of its weight stream kpair8
-// prefetches: 1,536 where 512-bit FMAs run at full width (the distance
-// the single-panel tiles were tuned with); where they run as two halves
-// (Zen 4) 0, the prefetches falling on the lines each step loads. There
-// eight rows of VDPBF16PS against cold panels ran up to 8% faster on the
-// hardware prefetchers alone, while kmaj8, which issues twice the
-// instructions per weight, still gains from its prefetch; long products,
-// whose panels come from cache, ran the same either way (docs/bench).
+// prefetches: 6,144 where 512-bit FMAs run at full width and VDPBF16PS at
+// twice their rate (the Zen 5, as kmaj8Ahead: eight cold rows 1.2x as
+// fast as at 1,536, docs/bench); 1,536 where only the FMAs do (the
+// distance the single-panel tiles were tuned with); where they run as
+// two halves (Zen 4) 0, the prefetches falling on the lines each step
+// loads. There eight rows of VDPBF16PS against cold panels ran up to 8%
+// faster on the hardware prefetchers alone, while kmaj8, which issues
+// twice the instructions per weight, still gains from its prefetch; long
+// products, whose panels come from cache, ran the same either way.
 func kpair8Ahead() int {
 	switch {
 	case kpair8AheadBytes >= 0:
 		return kpair8AheadBytes
+	case wideFMA() && fastBF16Pays():
+		return 6144
 	case wideFMA():
 		return 1536
 	}
