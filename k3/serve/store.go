@@ -39,10 +39,11 @@ type responseStore struct {
 // chat messages a response that follows it continues (the conversation
 // up to and including its answer; no instructions).
 type storedResponse struct {
-	id   string
-	obj  json.RawMessage
-	msgs []chatMessage
-	size int64
+	id    string
+	obj   json.RawMessage
+	msgs  []chatMessage
+	size  int64
+	filed bool // its file was written (or it was read from one)
 }
 
 // storedFile is a response's file: zstd-compressed JSON.
@@ -134,15 +135,14 @@ func (st *responseStore) put(id string, obj map[string]any, msgs []chatMessage) 
 		return false
 	}
 	r := &storedResponse{id: id, obj: raw, msgs: msgs, size: int64(len(raw) + len(m))}
-	filed := false
 	if st.dir != "" && validResponseID(id) {
 		if err := st.write(r); err != nil {
 			st.logf("serve: keeping response %s: %v", id, err)
 		} else {
-			filed = true
+			r.filed = true
 		}
 	}
-	return st.hold(r) || filed
+	return st.hold(r) || r.filed
 }
 
 // hold puts r in memory, if it fits the budget.
@@ -172,8 +172,18 @@ func (st *responseStore) remove(e *list.Element) {
 // get returns a kept response and marks it used; one in the directory
 // but not in memory is read from its file. With a directory the file is
 // what counts: a response whose file another server deleted, or that
-// passed the TTL, is gone from memory too.
+// passed the TTL, is gone from memory too (one whose file could not be
+// written is kept in memory alone).
 func (st *responseStore) get(id string) (*storedResponse, bool) {
+	st.mu.Lock()
+	e, ok := st.byID[id]
+	if ok {
+		st.order.MoveToFront(e)
+	}
+	st.mu.Unlock()
+	if ok && !e.Value.(*storedResponse).filed {
+		return e.Value.(*storedResponse), true
+	}
 	if st.dir != "" && validResponseID(id) {
 		info, err := os.Stat(st.path(id))
 		if err == nil && st.expired(info) {
@@ -188,12 +198,6 @@ func (st *responseStore) get(id string) (*storedResponse, bool) {
 			return nil, false
 		}
 	}
-	st.mu.Lock()
-	e, ok := st.byID[id]
-	if ok {
-		st.order.MoveToFront(e)
-	}
-	st.mu.Unlock()
 	if ok {
 		return e.Value.(*storedResponse), true
 	}
@@ -311,7 +315,7 @@ func decodeStored(id string, data []byte) (*storedResponse, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &storedResponse{id: id, obj: f.Object, msgs: f.Messages, size: int64(len(f.Object) + len(m))}, nil
+	return &storedResponse{id: id, obj: f.Object, msgs: f.Messages, size: int64(len(f.Object) + len(m)), filed: true}, nil
 }
 
 func (st *responseStore) expired(info fs.FileInfo) bool {

@@ -95,6 +95,23 @@ func TestResponseDir(t *testing.T) {
 	}
 }
 
+// TestResponseDirUnwritable: a response whose file cannot be written is
+// kept in memory alone, and found there.
+func TestResponseDirUnwritable(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "kept")
+	var logs []string
+	st, err := newResponseStore(1<<20, dir, time.Hour, func(f string, _ ...any) { logs = append(logs, f) })
+	require.NoError(t, err)
+	defer st.close()
+	require.NoError(t, os.RemoveAll(dir))
+	id := newID("resp_")
+	require.True(t, st.put(id, map[string]any{"id": id}, nil))
+	assert.NotEmpty(t, logs, "the failed write is reported")
+	r, ok := st.get(id)
+	require.True(t, ok)
+	assert.JSONEq(t, `{"id":"`+id+`"}`, string(r.obj))
+}
+
 func TestValidResponseID(t *testing.T) {
 	assert.True(t, validResponseID(newID("resp_")))
 	for _, id := range []string{"", "resp_", "resp_0123456789abcdef0123456", "resp_0123456789abcdef012345678", "resp_0123456789abcdef0123456g",
