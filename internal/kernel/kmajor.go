@@ -451,11 +451,16 @@ func kmaj8Ahead() int {
 	switch {
 	case kmaj8AheadBytes >= 0:
 		return kmaj8AheadBytes
-	case wideFMA() && fastBF16Pays():
+	case farAhead():
 		return 6144
 	}
 	return 1536
 }
+
+// farAhead reports whether the eight-row tiles prefetch 6,144 bytes
+// ahead (kmaj8Ahead, kpair8Ahead): where 512-bit FMAs run at full width
+// and VDPBF16PS at twice their rate.
+func farAhead() bool { return wideFMA() && fastBF16Pays() }
 
 // rows runs rows x rows from element xo of j's x (or its bf16 rows)
 // against the panel block at element wo of its weight, kn elements of k.

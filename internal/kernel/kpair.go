@@ -153,7 +153,7 @@ func kpair8Ahead() int {
 	switch {
 	case kpair8AheadBytes >= 0:
 		return kpair8AheadBytes
-	case wideFMA() && fastBF16Pays():
+	case farAhead():
 		return 6144
 	case wideFMA():
 		return 1536
