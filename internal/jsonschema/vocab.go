@@ -8,11 +8,9 @@ import (
 
 // Kinds of token, as bits: which fast path of Mask a token can take.
 const (
-	tASCII uint8 = 1 << iota // no quote, backslash or control byte, and ASCII
-	tWide                    // plain, with a byte past ASCII
+	tPlain uint8 = 1 << iota // no quote, backslash or control byte
 	tOther                   // a quote, backslash or control byte
-	tPlain = tASCII | tWide
-	tAny   = tASCII | tWide | tOther
+	tAny   = tPlain | tOther
 )
 
 // Vocab is a vocabulary arranged for Mask, made once a model and read
@@ -25,9 +23,8 @@ const (
 // everything under it in one jump.
 type Vocab struct {
 	toks  [][]byte
-	kind  []uint8 // per token; 0 for an empty one
-	plain []bool  // the tokens without a quote, backslash or control byte
-	all   trie    // every non-empty token
+	plain []bool // the tokens without a quote, backslash or control byte
+	all   trie   // every non-empty token
 	// tOther tokens keyed by their bytes from the first quote, backslash
 	// or control byte: inside a free string the plain bytes before it
 	// leave the state as it was.
@@ -69,7 +66,8 @@ type walker struct {
 // NewVocab arranges toks (toks[id] a token's bytes; empty: never drawn)
 // for Mask. It keeps toks, which must not change.
 func NewVocab(toks [][]byte) *Vocab {
-	v := &Vocab{toks: toks, kind: make([]uint8, len(toks)), plain: make([]bool, len(toks))}
+	v := &Vocab{toks: toks, plain: make([]bool, len(toks))}
+	kind := make([]uint8, len(toks)) // 0 for an empty token
 	all, rest := make([]keyed, 0, len(toks)), []keyed(nil)
 	chars := make([]int32, len(toks)) // a fit token's code points; -1: not fit
 	maxChars := 0
@@ -79,12 +77,12 @@ func NewVocab(toks [][]byte) *Vocab {
 			continue
 		}
 		k := tokenKind(t)
-		v.kind[id], v.plain[id] = k, k&tPlain != 0
+		kind[id], v.plain[id] = k, k == tPlain
 		all = append(all, keyed{int32(id), t})
 		if k == tOther {
 			rest = append(rest, keyed{int32(id), t[firstOther(t):]})
 		}
-		if k&tPlain != 0 {
+		if k == tPlain {
 			var u utf8Count
 			for _, c := range t {
 				if !u.take(c, -1) {
@@ -96,8 +94,8 @@ func NewVocab(toks [][]byte) *Vocab {
 			maxChars = max(maxChars, u.chars)
 		}
 	}
-	v.all = buildTrie(all, v.kind)
-	v.rest = buildTrie(rest, v.kind)
+	v.all = buildTrie(all, kind)
+	v.rest = buildTrie(rest, kind)
 	v.rest.suffix = true
 
 	// A counting sort of the fit tokens by their code points.
@@ -130,16 +128,10 @@ func NewVocab(toks [][]byte) *Vocab {
 }
 
 func tokenKind(t []byte) uint8 {
-	k := tASCII
-	for _, c := range t {
-		switch {
-		case c == '"' || c == '\\' || c < 0x20:
-			return tOther
-		case c >= 0x80:
-			k = tWide
-		}
+	if firstOther(t) < len(t) {
+		return tOther
 	}
-	return k
+	return tPlain
 }
 
 // firstOther is the index of t's first quote, backslash or control byte.
