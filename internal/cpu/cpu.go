@@ -30,6 +30,10 @@ type buffer struct {
 	// tiles is set on a narrow bf16 weight kept in u16 whose long
 	// products run on the AMX tiles (PrepareMatMul).
 	tiles *tileCopy
+	// gateUp is set on a narrow expert's w1 and w3 that PrepareExperts
+	// laid out as one weight; up marks w3's.
+	gateUp *gateUp
+	up     bool
 	// aliased is set when the storage is the caller's bytes (FromHost
 	// without a copy, such as a mapped checkpoint): Write refuses it.
 	aliased bool
@@ -416,6 +420,12 @@ func readU16(d []uint16, src compute.Tensor) error {
 // bf16Bits returns a bf16 tensor's values in row-major order: its storage,
 // or a prepared weight's unpacked into a new slice.
 func bf16Bits(src compute.Tensor) ([]uint16, error) {
+	if p, up := gateUpOf(src); p != nil {
+		if err := checkHalf(src, p); err != nil {
+			return nil, err
+		}
+		return halfBits(p, up), nil
+	}
 	wp, how, err := packedOf(src)
 	if wp == nil || err != nil {
 		return U16(src), err

@@ -248,9 +248,13 @@ func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 
 // expertItem is the length of one work item of the products' passes:
 // the expert's index in active, which of its weights (0: the first list,
-// 1: the second), and the range of the weight's panels [p0, p1), or
+// 1: the second, itemPair: both as one), and the range of the weight's panels [p0, p1), or
 // p1 = -1 for the whole weight.
 const expertItem = 4
+
+// itemPair is the weight an item names for an expert's gate and up
+// weights laid out as one (gateUp).
+const itemPair = 2
 
 // expertPanels is how many k-major panels one work item of an expert's
 // product takes: the four streams kmajFew reads.
@@ -266,6 +270,17 @@ func (j *expertJob) split(items []int32, ws, vs []compute.Tensor) []int32 {
 				continue
 			}
 			w := list[e]
+			if vs != nil {
+				if p := gateUpPair(ws[e], vs[e]); p != nil {
+					if which == 0 {
+						panels := (2*p.n + kernel.KMajorPanel - 1) / kernel.KMajorPanel
+						for q := 0; q < panels; q += expertPanels {
+							items = append(items, int32(i), itemPair, int32(q), int32(min(panels, q+expertPanels)))
+						}
+					}
+					continue
+				}
+			}
 			panels := j.panelsOf(w)
 			if panels == 0 {
 				items = append(items, int32(i), int32(which), 0, -1)
@@ -314,7 +329,7 @@ func (j *expertJob) laidOut() bool {
 		return false
 	}
 	e := j.sc.active[0]
-	return j.panelsOf(j.a.W1[e]) > 0 || j.panelsOf(j.a.W2[e]) > 0
+	return gateUpPair(j.a.W1[e], j.a.W3[e]) != nil || j.panelsOf(j.a.W1[e]) > 0 || j.panelsOf(j.a.W2[e]) > 0
 }
 
 // rowsOf returns expert e's first grouped row and row count.
@@ -396,6 +411,10 @@ func expertProducts(args *kernel.Args, lo, hi int) {
 		switch {
 		case j.down:
 			dst, x, w = sc.out[r0*din:(r0+m)*din], gate, a.W2[e]
+		case item[1] == itemPair:
+			p := gateUpPair(a.W1[e], a.W3[e])
+			kernel.MatMulKMajorPanels(sc.h[2*r0*inter:2*(r0+m)*inter], x, p.packed, m, 2*inter, din, int(item[2]), int(item[3]))
+			continue
 		case item[1] == 1:
 			dst, w = sc.h[2*r0*inter+m*inter:2*(r0+m)*inter], a.W3[e] // up
 		}
@@ -414,6 +433,13 @@ func expertAct(args *kernel.Args, lo, hi int) {
 	for _, e := range sc.active[lo:hi] {
 		r0, m := j.rowsOf(e)
 		gate := sc.h[2*r0*inter : 2*r0*inter+m*inter]
+		if gateUpPair(j.a.W1[e], j.a.W3[e]) != nil {
+			if err := j.activatePair(sc.h[2*r0*inter:2*(r0+m)*inter], m); err != nil {
+				j.fail(err)
+				return
+			}
+			continue
+		}
 		if err := j.activate(gate, sc.h[2*r0*inter+m*inter:2*(r0+m)*inter]); err != nil {
 			j.fail(err)
 			return
@@ -425,14 +451,39 @@ func expertAct(args *kernel.Args, lo, hi int) {
 }
 
 // activate writes act(gate)·up into gate.
-func (j *expertJob) activate(gate, up []float32) error {
+func (j *expertJob) activate(gate, up []float32) error { return j.activateInto(gate, gate, up) }
+
+// activateInto writes act(gate)·up into dst (gate itself, or apart).
+func (j *expertJob) activateInto(dst, gate, up []float32) error {
 	switch act := j.a.Act; act.Kind {
 	case compute.SwiGLU:
-		kernel.SwiGLU(gate, gate, up)
+		kernel.SwiGLU(dst, gate, up)
 	case compute.SiTU:
-		kernel.SiTU(gate, gate, up, act.Beta, act.LinearBeta)
+		kernel.SiTU(dst, gate, up, act.Beta, act.LinearBeta)
 	default:
 		return fmt.Errorf("cpu: experts: activation %d: %w", act.Kind, compute.ErrUnsupported)
+	}
+	return nil
+}
+
+// activatePair applies the activation to the m rows of a pair's
+// product h ([m, 2I]: each row gate then up) and leaves act(gate)·up
+// compact in h's first m·I floats, where the down product reads it. Row
+// r's result lands on floats a row before r has already consumed (row 0's
+// on its own gate, element by element), so it runs in place.
+func (j *expertJob) activatePair(h []float32, m int) error {
+	in := j.inter
+	for r := range m {
+		row := h[2*r*in : 2*(r+1)*in]
+		if r == 0 {
+			if err := j.activate(row[:in], row[in:]); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := j.activateInto(h[r*in:(r+1)*in], row[:in], row[in:]); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -447,12 +498,19 @@ func expertRange(args *kernel.Args, lo, hi int) {
 		xs, xb := j.gather(e, args.X), j.xbOf(e)
 		gate := sc.h[2*r0*inter : 2*r0*inter+m*inter]
 		up := sc.h[2*r0*inter+m*inter : 2*(r0+m)*inter]
-		err := serialMatMul(gate, xs, xb, a.W1[e], m, j.long)
-		if err == nil {
-			err = serialMatMul(up, xs, xb, a.W3[e], m, j.long)
-		}
-		if err == nil {
-			err = j.activate(gate, up)
+		var err error
+		if p := gateUpPair(a.W1[e], a.W3[e]); p != nil {
+			h := sc.h[2*r0*inter : 2*(r0+m)*inter]
+			kernel.MatMulKMajorSerial(h, xs, p.packed, m, 2*inter, j.din)
+			err = j.activatePair(h, m)
+		} else {
+			err = serialMatMul(gate, xs, xb, a.W1[e], m, j.long)
+			if err == nil {
+				err = serialMatMul(up, xs, xb, a.W3[e], m, j.long)
+			}
+			if err == nil {
+				err = j.activate(gate, up)
+			}
 		}
 		if err == nil {
 			err = serialMatMul(sc.out[r0*j.din:(r0+m)*j.din], gate, xb, a.W2[e], m, j.long)
@@ -473,6 +531,13 @@ func expertRange(args *kernel.Args, lo, hi int) {
 // (docs/bench). A pair-interleaved weight's product rounds x into xb.
 func serialMatMul(dst, x []float32, xb []uint16, w compute.Tensor, m int, long bool) error {
 	n, k := w.Dims[0], w.Dims[1]
+	if p, up := gateUpOf(w); p != nil {
+		if err := checkHalf(w, p); err != nil {
+			return err
+		}
+		halfMatMul(nil, dst, x, p, up, m)
+		return nil
+	}
 	if wp, how, err := packedOf(w); wp != nil || err != nil {
 		switch {
 		case err != nil:
@@ -504,6 +569,13 @@ func serialMatMul(dst, x []float32, xb []uint16, w compute.Tensor, m int, long b
 // matmulHost computes dst[m, N] = x[m, K] · wᵀ on host slices.
 func (b *Backend) matmulHost(dst, x []float32, w compute.Tensor, m int) error {
 	n, k := w.Dims[0], w.Dims[1]
+	if p, up := gateUpOf(w); p != nil {
+		if err := checkHalf(w, p); err != nil {
+			return err
+		}
+		halfMatMul(b.pool, dst, x, p, up, m)
+		return nil
+	}
 	if wp, how, err := packedOf(w); wp != nil || err != nil {
 		switch {
 		case err != nil:

@@ -52,6 +52,7 @@ func testExpertsOnTiles(t *testing.T, din, inter int) {
 		w, v = weight(din, inter)
 		w2, v2 = append(w2, w), append(v2, v)
 	}
+	require.NoError(t, b.PrepareExperts(w1, w3, w2))
 	// Tokens, their experts (distinct, in no order) and weights.
 	route := func(n int) ([]float32, []int32, []float32) {
 		x := make([]float32, n*din)
@@ -184,14 +185,15 @@ func testExpertsOnTiles(t *testing.T, din, inter int) {
 // TestExpertSchedules: MoEExperts gives the same bits whether each worker
 // takes whole experts or the call runs as passes over the products'
 // panel ranges (expertPasses), on the exact and the fast backend, for
-// stored-layout, k-major and pair-interleaved experts, SwiGLU and SiTU,
+// stored-layout, k-major (gate and up as one weight where narrow, from 48
+// rows) and pair-interleaved experts, SwiGLU and SiTU,
 // one token routed to one expert and calls of up to a prefill chunk's
 // length (where the AMX tiles run, long calls keep whole products on
 // them).
 func TestExpertSchedules(t *testing.T) {
 	defer func(f func(int, int) bool) { expertPasses = f }(expertPasses)
 	for _, fast := range []bool{false, true} {
-		for i, sh := range []struct{ din, inter int }{{256, 64}, {100, 400}, {384, 64}, {128, 384}, {384, 512}} {
+		for i, sh := range []struct{ din, inter int }{{256, 64}, {100, 400}, {384, 64}, {128, 384}, {384, 512}, {256, 40}, {100, 48}} {
 			for _, c := range []struct{ tok, topk int }{{1, 1}, {1, 2}, {3, 2}, {8, 2}, {40, 2}, {130, 2}} {
 				t.Run(fmt.Sprintf("fast=%v/din=%d/inter=%d/tok=%d/topk=%d", fast, sh.din, sh.inter, c.tok, c.topk), func(t *testing.T) {
 					if raceEnabled && i >= 2 {
@@ -243,7 +245,8 @@ func testExpertSchedules(t *testing.T, fast bool, din, inter, tok, topk int) {
 }
 
 // preparedExperts makes ne experts' bf16 weights (w1 and w3 [inter, din],
-// w2 [din, inter]) laid out as b lays out a model's.
+// w2 [din, inter]) laid out as b lays out a model's (PrepareMatMul, then
+// PrepareExperts).
 func preparedExperts(t testing.TB, b *Backend, r *rand.Rand, ne, din, inter int) (w1, w3, w2 []compute.Tensor) {
 	t.Helper()
 	weight := func(n, k int) compute.Tensor {
@@ -255,6 +258,7 @@ func preparedExperts(t testing.TB, b *Backend, r *rand.Rand, ne, din, inter int)
 	for range ne {
 		w1, w3, w2 = append(w1, weight(inter, din)), append(w3, weight(inter, din)), append(w2, weight(din, inter))
 	}
+	require.NoError(t, b.PrepareExperts(w1, w3, w2))
 	return w1, w3, w2
 }
 
@@ -300,13 +304,17 @@ func TestExpertAllocs(t *testing.T) {
 		t.Skip("the race detector allocates")
 	}
 	defer func(f func(int, int) bool) { expertPasses = f }(expertPasses)
-	for _, fast := range []bool{false, true} {
+	for _, c := range []struct {
+		fast  bool
+		inter int
+	}{{false, 384}, {true, 384}, {false, 64}} {
+		fast, inter := c.fast, c.inter
 		b := New(2)
 		if fast {
 			b = NewFastBF16(2)
 		}
 		r := rand.New(rand.NewPCG(5, 6))
-		const ne, din, inter, tok, topk = 4, 256, 384, 3, 2
+		const ne, din, tok, topk = 4, 256, 3, 2
 		w1, w3, w2 := preparedExperts(t, b, r, ne, din, inter)
 		it := must(b.Alloc(compute.I32, tok, topk))
 		require.NoError(t, b.Write(it, []int32{0, 1, 2, 3, 1, 2}))
@@ -320,7 +328,7 @@ func TestExpertAllocs(t *testing.T) {
 					t.Fatal(err)
 				}
 			})
-			require.Zero(t, allocs, "fast %v, passes %v", fast, passes)
+			require.Zero(t, allocs, "fast %v, inter %d, passes %v", fast, inter, passes)
 		}
 		b.Close()
 	}
@@ -425,6 +433,88 @@ func BenchmarkMoEExperts(b *testing.B) {
 			b.ReportMetric(bytes/took[0].Seconds()/bw, "whole_of_bandwidth")
 			b.ReportMetric(bytes/took[1].Seconds()/bw, "passes_of_bandwidth")
 			b.ReportMetric(float64(took[0])/float64(took[1]), "whole/passes")
+		})
+		be.Close()
+	}
+}
+
+// BenchmarkMoEExpertsPrefill times MoEExperts on a prefill chunk's shape:
+// 256 tokens routed top-k over the experts (about 16 rows an expert at
+// the 100M preset's 64 experts top-4), cold (rotated over copies of the
+// experts holding at least 256 MB, as a model's MoE layers are), laid out
+// as a model's (PrepareMatMul, then PrepareExperts: narrow experts' gate
+// and up as one weight) and, alternating call by call, with
+// PrepareMatMul's layout alone. It reports each one's GFLOP/s as a share
+// of the FMA peak probed in the same run (the 512-bit one where the CPU
+// has it) and paired/alone, the time of the experts laid out alone over
+// the model's layout.
+func BenchmarkMoEExpertsPrefill(b *testing.B) {
+	for _, c := range []struct {
+		name                      string
+		din, inter, ne, tok, topk int
+	}{
+		{"100m/tokens=256/top4", 384, 64, 64, 256, 4},
+		{"1b/tokens=256/top6", 2048, 512, 16, 256, 6},
+	} {
+		be := New(0)
+		r := rand.New(rand.NewPCG(7, 9))
+		idx := make([]int32, c.tok*c.topk)
+		for i := range c.tok {
+			for s, e := range r.Perm(c.ne)[:c.topk] {
+				idx[i*c.topk+s] = int32(e)
+			}
+		}
+		per := 3 * c.din * c.inter * 2 * c.ne
+		copies := max(2, (256<<20)/per)
+		type layer struct{ w1, w3, w2 []compute.Tensor }
+		var layers [2][]layer // PrepareExperts'd, PrepareMatMul alone
+		weight := func(n, k int) compute.Tensor {
+			w, _ := bf16Weight(b, be, r, n, k)
+			return must(be.PrepareMatMul(w))
+		}
+		for v := range layers {
+			layers[v] = make([]layer, copies)
+			for l := range layers[v] {
+				ly := &layers[v][l]
+				for range c.ne {
+					ly.w1 = append(ly.w1, weight(c.inter, c.din))
+					ly.w3 = append(ly.w3, weight(c.inter, c.din))
+					ly.w2 = append(ly.w2, weight(c.din, c.inter))
+				}
+				if v == 0 {
+					must(0, be.PrepareExperts(ly.w1, ly.w3, ly.w2))
+				}
+			}
+		}
+		it := must(be.Alloc(compute.I32, c.tok, c.topk))
+		must(0, be.Write(it, idx))
+		a := compute.ExpertArgs{X: upload(be, normals(r, c.tok*c.din), c.tok, c.din), Indices: it,
+			Weights: upload(be, normals(r, c.tok*c.topk), c.tok, c.topk), Act: compute.Activation{Kind: compute.SwiGLU},
+			Out: must(be.Alloc(compute.F32, c.tok, c.din))}
+		b.Run(c.name, func(b *testing.B) {
+			peak := be.Pool().PeakWideFLOPS()
+			if peak == 0 {
+				peak = be.Pool().PeakFLOPS()
+			}
+			var took [2]time.Duration
+			b.ResetTimer()
+			for i := range b.N {
+				for v := range layers {
+					l := layers[v][i%copies]
+					a.W1, a.W3, a.W2 = l.w1, l.w3, l.w2
+					start := time.Now()
+					if err := be.MoEExperts(&a); err != nil {
+						b.Fatal(err)
+					}
+					took[v] += time.Since(start)
+				}
+			}
+			flops := 2 * 3 * float64(c.din*c.inter) * float64(c.tok*c.topk) * float64(b.N)
+			if peak > 0 {
+				b.ReportMetric(flops/took[0].Seconds()/peak, "paired_of_peak")
+				b.ReportMetric(flops/took[1].Seconds()/peak, "alone_of_peak")
+			}
+			b.ReportMetric(float64(took[1])/float64(took[0]), "alone/paired")
 		})
 		be.Close()
 	}

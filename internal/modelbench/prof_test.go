@@ -66,8 +66,29 @@ func (b *timed) PrepareMatMul(w compute.Tensor) (compute.Tensor, error) {
 	return compute.PrepareMatMul(b.Backend, w)
 }
 
+// PrepareExperts passes the experts' layout through too.
+func (b *timed) PrepareExperts(w1, w3, w2 []compute.Tensor) error {
+	return compute.PrepareExperts(b.Backend, w1, w3, w2)
+}
+
+// unpaired is a backend whose experts keep PrepareMatMul's layout alone
+// (it hides PrepareExperts), for TestProfileLayouts.
+type unpaired struct{ compute.Backend }
+
+func (b unpaired) PrepareMatMul(w compute.Tensor) (compute.Tensor, error) {
+	return compute.PrepareMatMul(b.Backend, w)
+}
+
 func (b *timed) Attention(a *compute.AttnArgs) error {
-	defer b.rec("Attention", time.Now())
+	name := "Attention"
+	if os.Getenv("K3_PROFILE_SHAPES") != "" {
+		form := "dense"
+		if !a.Indices.IsZero() {
+			form = "sparse"
+		}
+		name += fmt.Sprintf(" %s %dx%d", form, a.Q.Dim(0), a.Q.Dim(1))
+	}
+	defer b.rec(name, time.Now())
 	return b.Backend.Attention(a)
 }
 
@@ -265,7 +286,8 @@ func TestProfileVerify(t *testing.T) {
 // TestProfilePrefill prints where a 512-token prefill of the 100M preset
 // spends its time, per backend operation. With K3_PROFILE_REPEAT=n the
 // prompt is one token n times, as the scheduler's long prompt in
-// `k3 bench model`.
+// `k3 bench model`; K3_PROFILE_RUNS=n times n prefills (for a CPU
+// profile's sake) and reports their mean.
 func TestProfilePrefill(t *testing.T) {
 	m, tb := loadTimed(t)
 	ctx := context.Background()
@@ -284,13 +306,22 @@ func TestProfilePrefill(t *testing.T) {
 	s.Reset()
 	s.Forward(ctx, prompt[:16])
 	s.Reset()
-	tb.reset()
-	start := time.Now()
-	if _, err := s.Forward(ctx, prompt); err != nil {
-		t.Fatal(err)
+	runs := 1
+	if v, err := strconv.Atoi(os.Getenv("K3_PROFILE_RUNS")); err == nil && v > 0 {
+		runs = v
 	}
-	total := time.Since(start)
-	tb.report(t, fmt.Sprintf("prefill of %d tokens (%.0f tokens/s)", len(prompt), float64(len(prompt))/total.Seconds()), total, 1)
+	tb.reset()
+	var total time.Duration
+	for range runs {
+		s.Reset()
+		start := time.Now()
+		if _, err := s.Forward(ctx, prompt); err != nil {
+			t.Fatal(err)
+		}
+		total += time.Since(start)
+	}
+	per := total / time.Duration(runs)
+	tb.report(t, fmt.Sprintf("prefill of %d tokens (%.0f tokens/s)", len(prompt), float64(len(prompt))/per.Seconds()), total, runs)
 }
 
 // TestProfileLayouts loads the preset twice in one process, once with
@@ -303,8 +334,9 @@ func TestProfilePrefill(t *testing.T) {
 // host's drift hits both alike, which separate runs cannot promise.
 // K3_PROFILE_VS names the two backends instead ("go,fast": the exact
 // default against the fast bf16 backend; "fast,stored"; one name is
-// "go,NAME"), of go (cpu.New), stored (cpu.NewStoredLayout) and fast
-// (cpu.NewFastBF16).
+// "go,NAME"), of go (cpu.New), stored (cpu.NewStoredLayout), unpaired
+// (cpu.New with PrepareExperts hidden: narrow experts' gate and up apart)
+// and fast (cpu.NewFastBF16).
 func TestProfileLayouts(t *testing.T) {
 	dir := profilePreset(t)
 	ctx := context.Background()
@@ -325,8 +357,10 @@ func TestProfileLayouts(t *testing.T) {
 			backends[i] = cpu.NewStoredLayout(0)
 		case "fast":
 			backends[i] = cpu.NewFastBF16(0)
+		case "unpaired":
+			backends[i] = unpaired{cpu.New(0)}
 		default:
-			t.Fatalf("K3_PROFILE_VS: unknown backend %q (go, stored, fast)", name)
+			t.Fatalf("K3_PROFILE_VS: unknown backend %q (go, stored, fast, unpaired)", name)
 		}
 	}
 	var models [2]*k3.Model
