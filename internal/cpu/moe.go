@@ -3,6 +3,7 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 
 	"k3/compute"
@@ -38,6 +39,35 @@ func (b *Backend) MoERoute(a *compute.RouteArgs) error {
 	if a.Indices.DType != compute.I32 || len(idx) != t*k || len(wts) != t*k {
 		return shapeErr("router outputs indices %v weights %v, want [%d, %d]", a.Indices, a.Weights, t, k)
 	}
+	j := routeJobPool.Get().(*routeJob)
+	defer routeJobPool.Put(j)
+	*j = routeJob{a: a, logits: logits, bias: bias, idx: idx, wts: wts, e: e, g: g, kg: kg}
+	if t < moeSplitMin {
+		j.route(0, t)
+		return nil
+	}
+	b.pool.Run(routeRange, kernel.Args{Job: j}, t, 8)
+	return nil
+}
+
+// routeJob is one MoERoute call's tokens; each token's selection is its
+// own, so they route on the caller or split over the workers alike.
+type routeJob struct {
+	a            *compute.RouteArgs
+	logits, bias []float32
+	idx          []int32
+	wts          []float32
+	e, g, kg     int
+}
+
+var routeJobPool = sync.Pool{New: func() any { return new(routeJob) }}
+
+func routeRange(a *kernel.Args, lo, hi int) { a.Job.(*routeJob).route(lo, hi) }
+
+// route selects the experts of tokens [lo, hi).
+func (j *routeJob) route(lo, hi int) {
+	a, logits, bias, idx, wts, e, g, kg := j.a, j.logits, j.bias, j.idx, j.wts, j.e, j.g, j.kg
+	k := a.TopK
 	sc := moeScratchPool.Get().(*moeScratch)
 	defer moeScratchPool.Put(sc)
 	sc.x = grow(sc.x, 2*e+2*g)
@@ -46,7 +76,7 @@ func (b *Backend) MoERoute(a *compute.RouteArgs) error {
 		sc.rows = make([]int32, g)
 	}
 	gidx := sc.rows[:g]
-	for tok := 0; tok < t; tok++ {
+	for tok := lo; tok < hi; tok++ {
 		scores, sel := scratch[:e], scratch[e:2*e]
 		copy(scores, logits[tok*e:(tok+1)*e])
 		kernel.SigmoidSlice(scores) // Sigmoid's bits, sixteen or eight at a time
@@ -90,7 +120,6 @@ func (b *Backend) MoERoute(a *compute.RouteArgs) error {
 		}
 		kernel.Scale(tw, scale)
 	}
-	return nil
 }
 
 // moeScratch holds one MoEExperts call's grouping and intermediates.
@@ -101,8 +130,10 @@ type moeScratch struct {
 	w         []float32 // routing weight of each grouped row
 	start     []int32   // first grouped row of each expert (E+1)
 	cur       []int32   // placement cursor per expert
-	active    []int32   // experts with rows
-	items     []int32   // a pass's work items, expertItem each
+	pos       []int32   // grouped row of each (token, slot) of a long call
+	combine   combineJob
+	active    []int32 // experts with rows
+	items     []int32 // a pass's work items, expertItem each
 	job       expertJob
 }
 
@@ -238,12 +269,71 @@ func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 	if sc.job.err != nil {
 		return sc.job.err
 	}
-	clear(out)
-	for p := 0; p < n; p++ {
-		r := int(sc.rows[p])
-		kernel.Axpy(out[r*din:(r+1)*din], sc.w[p], sc.out[p*din:(p+1)*din])
+	// Each token's output adds its slots' expert outputs in grouped order
+	// (expert by expert), whether the call adds them in one sweep or
+	// token by token on the workers.
+	if t < moeSplitMin {
+		clear(out)
+		for p := 0; p < n; p++ {
+			r := int(sc.rows[p])
+			kernel.Axpy(out[r*din:(r+1)*din], sc.w[p], sc.out[p*din:(p+1)*din])
+		}
+		return nil
 	}
+	sc.pos = growI(sc.pos, t*k)
+	for i := range sc.pos {
+		sc.pos[i] = -1
+	}
+	copy(sc.cur, sc.start[:ne])
+	for i, ex := range idx {
+		if ex >= 0 {
+			sc.pos[i] = sc.cur[ex]
+			sc.cur[ex]++
+		}
+	}
+	sc.combine = combineJob{out: out, pos: sc.pos, sc: sc, din: din, k: k}
+	b.pool.Run(combineRange, kernel.Args{Job: &sc.combine}, t, 8)
 	return nil
+}
+
+// moeSplitMin is the fewest tokens from which MoERoute routes, and
+// MoEExperts adds the experts' outputs, token by token on the workers
+// (a prefill chunk's call); fewer go on the caller in one sweep.
+const moeSplitMin = 64
+
+// combineJob adds a long call's expert outputs per token.
+type combineJob struct {
+	out []float32
+	pos []int32 // grouped row of each (token, slot), -1 for none
+	sc  *moeScratch
+	din int
+	k   int
+}
+
+// combineRange writes tokens [lo, hi): each token's slots in grouped
+// order (ascending grouped rows), the order of MoEExperts' one sweep, so
+// the bits are the same.
+func combineRange(a *kernel.Args, lo, hi int) {
+	j := a.Job.(*combineJob)
+	var buf [16]int32
+	order := buf[:0]
+	if j.k > len(buf) {
+		order = make([]int32, 0, j.k)
+	}
+	for r := lo; r < hi; r++ {
+		o := j.out[r*j.din : (r+1)*j.din]
+		clear(o)
+		rows := order[:0]
+		for _, p := range j.pos[r*j.k : (r+1)*j.k] {
+			if p >= 0 {
+				rows = append(rows, p)
+			}
+		}
+		slices.Sort(rows)
+		for _, p := range rows {
+			kernel.Axpy(o, j.sc.w[p], j.sc.out[int(p)*j.din:(int(p)+1)*j.din])
+		}
+	}
 }
 
 // expertItem is the length of one work item of the products' passes:

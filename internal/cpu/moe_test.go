@@ -262,6 +262,70 @@ func preparedExperts(t testing.TB, b *Backend, r *rand.Rand, ne, din, inter int)
 	return w1, w3, w2
 }
 
+// TestMoESplit: calls of moeSplitMin tokens or more route and add the
+// experts' outputs token by token on the workers, each token getting the
+// bits it gets in a short call (routed alone; among five tokens, whose
+// outputs MoEExperts adds in one sweep), with and without expert groups
+// and bias, and with slots of experts another rank holds (-1).
+func TestMoESplit(t *testing.T) {
+	b := New(2)
+	defer b.Close()
+	r := rand.New(rand.NewPCG(41, 42))
+	const tok, e, topk = 130, 64, 4
+	require.GreaterOrEqual(t, tok, moeSplitMin)
+	logits := normals(r, tok*e)
+	for _, c := range []compute.RouteArgs{
+		{TopK: topk, Renormalize: true, Scale: 2.5},
+		{TopK: topk, NumGroups: 8, TopKGroup: 3, Scale: 1, Bias: upload(b, normals(r, e), e)},
+	} {
+		route := func(rows []float32) ([]int32, []float32) {
+			n := len(rows) / e
+			a := c
+			a.Logits = upload(b, rows, n, e)
+			a.Indices, a.Weights = must(b.Alloc(compute.I32, n, topk)), must(b.Alloc(compute.F32, n, topk))
+			require.NoError(t, b.MoERoute(&a))
+			idx, wts := make([]int32, n*topk), make([]float32, n*topk)
+			require.NoError(t, b.Read(idx, a.Indices))
+			require.NoError(t, b.Read(wts, a.Weights))
+			return idx, wts
+		}
+		idx, wts := route(logits)
+		for i := range tok {
+			ai, aw := route(logits[i*e : (i+1)*e])
+			require.Equal(t, ai, idx[i*topk:(i+1)*topk], "groups %d: token %d's experts", c.NumGroups, i)
+			require.Equal(t, aw, wts[i*topk:(i+1)*topk], "groups %d: token %d's weights", c.NumGroups, i)
+		}
+	}
+
+	const din, inter = 128, 384
+	w1, w3, w2 := preparedExperts(t, b, r, e, din, inter)
+	x := normals(r, tok*din)
+	idx, wts := make([]int32, tok*topk), normals(r, tok*topk)
+	for i := range tok {
+		for s, ex := range r.Perm(e)[:topk] {
+			idx[i*topk+s] = int32(ex)
+		}
+	}
+	idx[3*topk+1], idx[7*topk] = -1, -1
+	run := func(n int) []float32 {
+		it := must(b.Alloc(compute.I32, n, topk))
+		require.NoError(t, b.Write(it, idx[:n*topk]))
+		out := must(b.Alloc(compute.F32, n, din))
+		require.NoError(t, b.Fill(out, float32(math.NaN()))) // Out is overwritten, not added to
+		a := compute.ExpertArgs{X: upload(b, x[:n*din], n, din), Indices: it, Weights: upload(b, wts[:n*topk], n, topk),
+			W1: w1, W3: w3, W2: w2, Act: compute.Activation{Kind: compute.SwiGLU}, Out: out}
+		require.NoError(t, b.MoEExperts(&a))
+		got := make([]float32, n*din)
+		require.NoError(t, b.Read(got, out))
+		return got
+	}
+	long := run(tok)
+	if longOnTiles(b.packing(), din) {
+		t.Skip("a long call's experts run on the AMX tiles here, with other bits than a short call's")
+	}
+	require.Equal(t, run(8), long[:8*din], "the first eight tokens in a short call and in a long one")
+}
+
 // TestExpertActivationUnsupported: an unknown activation is an error
 // naming it under either schedule, not a panic.
 func TestExpertActivationUnsupported(t *testing.T) {
