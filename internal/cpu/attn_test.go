@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -135,6 +136,35 @@ func BenchmarkAttnDense(b *testing.B) {
 	}
 }
 
+// BenchmarkAttnSparse times an index-sparse MLA prefill chunk in the
+// absorbed form at the 100M preset's shape (256 rows at positions
+// 256-511, 6 heads on one latent head of 256 plus 32 rope dims, top-256
+// lists), with few heads' logits scored as the keys' product with the
+// queries (attnSwapHeads) and as the queries' product with the keys, the
+// two alternating call by call; it reports the queries-first time over
+// the keys-first one.
+func BenchmarkAttnSparse(b *testing.B) {
+	be := New(0)
+	defer be.Close()
+	defer func(v int) { attnSwapHeads = v }(attnSwapHeads)
+	c := attnCase{t: 256, l: 512, hq: 6, hkv: 1, dk: 256, dr: 32, dv: 256, k: 256, mqa: true}
+	a := attnArgs(b, be, c, 1)
+	var took [2]time.Duration
+	b.ResetTimer()
+	for range b.N {
+		for i, heads := range []int{8, 0} {
+			attnSwapHeads = heads
+			start := time.Now()
+			if err := be.Attention(a); err != nil {
+				b.Fatal(err)
+			}
+			took[i] += time.Since(start)
+		}
+	}
+	b.ReportMetric(float64(took[0].Microseconds())/float64(b.N), "keys_first_us")
+	b.ReportMetric(float64(took[1])/float64(took[0]), "queries_first/keys_first")
+}
+
 // TestAttnGroupedHeads compares the grouped-head path (a gathered key block
 // scored for all heads of a kv head at once) with the key-by-key path on
 // index-sparse attention: unsorted lists with -1 padding, future entries,
@@ -149,6 +179,10 @@ func TestAttnGroupedHeads(t *testing.T) {
 		{t: 3, l: 300, hq: 16, hkv: 1, dk: 64, dr: 16, dv: 64, k: 100, mqa: true},
 		{t: 2, l: 90, hq: 8, hkv: 2, dk: 24, dv: 16, k: 70},
 		{t: 5, l: 40, hq: 4, hkv: 1, dk: 33, dr: 5, dv: 33, k: 16, mqa: true},
+		// 6 heads (the 100M preset's): scored as the keys' product with
+		// the queries (attnSwapHeads), a last block of fewer than 8 keys
+		// as the queries' product with the keys.
+		{t: 4, l: 300, hq: 6, hkv: 1, dk: 64, dr: 32, dv: 64, k: 140, mqa: true},
 		// 13 heads: two full six-head tiles and one of one in the values
 		// product; 130 value dims: two 64-wide vector parts and a tail.
 		{t: 2, l: 200, hq: 13, hkv: 1, dk: 130, dr: 8, dv: 130, k: 64, mqa: true},

@@ -1363,11 +1363,34 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 	}
 	q0 := row*j.hq + g*hg // the group's first query head
 	z := sc.zb[:hg*nk]
+	scaled := false
 	switch {
 	case j.qp != nil:
 		j.logitsBF16(sc, z, item, kb, krb, nk)
 	case j.qt != nil:
 		j.logits(sc, z, item, kb, krb, nk)
+	case hg < attnSwapHeads && nk >= 8:
+		// Fewer heads than the eight-row tiles take: the keys' product
+		// with the queries instead, transposed. The dot-form tiles give
+		// every output the same FMA chains and sum whichever operand is
+		// x, so the logits have the bits of the queries' product with
+		// the keys (kernel.TestMatMulSwapBits).
+		sc.zt = grow32(sc.zt, 2*nk*hg)
+		zt := sc.zt[:nk*hg]
+		kernel.MatMulSerial(zt, kb[:nk*dk], j.q[q0*dk:(q0+hg)*dk], nk, hg, dk)
+		if dr > 0 {
+			zr := sc.zt[nk*hg : 2*nk*hg]
+			kernel.MatMulSerial(zr, krb[:nk*dr], j.qr[q0*dr:(q0+hg)*dr], nk, hg, dr)
+			kernel.Add(zt, zt, zr)
+		}
+		// Transposed and scaled in one pass (Scale's product, so the
+		// same bits).
+		for x := range nk {
+			for hh, v := range zt[x*hg : (x+1)*hg] {
+				z[hh*nk+x] = v * j.scale
+			}
+		}
+		scaled = true
 	default:
 		kernel.MatMulSerial(z, j.q[q0*dk:(q0+hg)*dk], kb[:nk*dk], hg, nk, dk)
 		if dr > 0 {
@@ -1376,7 +1399,9 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 			kernel.Add(z, z, zr)
 		}
 	}
-	kernel.Scale(z, j.scale)
+	if !scaled {
+		kernel.Scale(z, j.scale)
+	}
 	// With many heads the values go in as one product for all of them
 	// (each value loaded once per six heads), after each head's rescale;
 	// the arithmetic is RankUpdate's either way.
@@ -1450,6 +1475,14 @@ func (j *attnJob) valuesBF16(sc *attnScratch, acc []float32, hg, nk int, vb []fl
 	kernel.PairRowsBF16(sc.vp2, vb, dv, nk, dv)
 	kernel.MatAccumulatePairs(acc, dv+2, sc.eb, 2*kp, sc.vp2, hg, dv, kp)
 }
+
+// attnSwapHeads is the number of heads sharing a kv head below which
+// groupBlock scores a block of eight keys or more as the keys' product
+// with the queries: the eight-row tiles then take the keys, where the
+// queries alone took the four-by-two tiles (the 100M preset's 6 heads:
+// 1.6x the product's speed; BenchmarkAttnSparse). The bits are the same
+// either way. A variable so that the benchmark can take both.
+var attnSwapHeads = 8
 
 // attnValuesTogether is the number of heads sharing a kv head from which
 // the grouped path adds a block's values with one product for all of them

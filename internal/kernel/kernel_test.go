@@ -59,6 +59,32 @@ func TestMatMulShapes(t *testing.T) {
 	}
 }
 
+// TestMatMulSwapBits: MatMulSerial with float32 weights gives each output
+// the same bits whichever operand is x: y = a·bᵀ and z = b·aᵀ have
+// y[i][j] == z[j][i], whatever tiles the two shapes take (grouped
+// attention scores few heads as the keys' product with the queries,
+// cpu's groupBlock).
+func TestMatMulSwapBits(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, m := range []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 24, 63} {
+		for _, n := range []int{1, 2, 3, 5, 6, 7, 8, 12, 33, 64} {
+			for _, k := range []int{1, 7, 8, 16, 32, 33, 96, 256, 288} {
+				a, b := randSlice(r, m*k), randSlice(r, n*k)
+				y, z := make([]float32, m*n), make([]float32, n*m)
+				MatMulSerial(y, a, b, m, n, k)
+				MatMulSerial(z, b, a, n, m, k)
+				for i := range m {
+					for j := range n {
+						if math.Float32bits(y[i*n+j]) != math.Float32bits(z[j*m+i]) {
+							t.Fatalf("m=%d n=%d k=%d (%d,%d): %g against %g swapped", m, n, k, i, j, y[i*n+j], z[j*m+i])
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
 func TestMatMulUnalignedStart(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	p := NewPool(2)
