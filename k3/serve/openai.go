@@ -223,7 +223,7 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 		}
 		j.tools = true
 		j.opts = append(j.opts, k3.WithToolCalls(forced, parallel))
-		schemas, _, err := toolSchemas(req.Tools, forced)
+		schemas, _, err := s.toolSchemas(req.Tools, forced)
 		if err != nil {
 			return nil, err
 		}
@@ -234,7 +234,7 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 		// auto: the calls the model chooses to make are held only when a
 		// function asks for it (strict), and not beside a response_format
 		// (one grammar holds a generation).
-		schemas, strict, err := toolSchemas(req.Tools, names)
+		schemas, strict, err := s.toolSchemas(req.Tools, names)
 		if err != nil {
 			return nil, err
 		}
@@ -531,7 +531,7 @@ func (s *Server) sampling(req *sampling, j *job) error {
 		if js == nil || len(js.Schema) == 0 || string(js.Schema) == "null" {
 			return badParam("response_format.json_schema.schema", "response_format json_schema needs response_format.json_schema.schema")
 		}
-		schema, err := k3.CompileJSONSchema(js.Schema)
+		schema, err := s.schemas.compile(js.Schema)
 		if err != nil {
 			return badParam("response_format.json_schema.schema", "response_format.json_schema.schema: %s", strings.TrimPrefix(err.Error(), k3.ErrInvalidOption.Error()+": "))
 		}

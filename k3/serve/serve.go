@@ -158,6 +158,7 @@ type Server struct {
 	met     *metrics
 	store   *sessionStore
 	kept    *responseStore // finished responses (store.go)
+	schemas *schemaCache   // compiled JSON Schemas by document (schemas.go)
 	closed  atomic.Bool
 	created int64
 	kv      *zmtp.Publisher // nil without Config.KVEvents
@@ -207,7 +208,7 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 	}
 	s := &Server{m: m, cfg: cfg, b: b, stop: stop, sem: semaphore.NewWeighted(int64(cfg.MaxSequences + cfg.MaxQueue)),
 		mux: http.NewServeMux(), met: newMetrics(cfg.Name), store: store, created: time.Now().Unix(), kv: kv,
-		kept: kept}
+		kept: kept, schemas: newSchemaCache(schemaCacheEntries)}
 	s.mux.HandleFunc("POST /v1/chat/completions", s.authorized(s.chatCompletions))
 	s.mux.HandleFunc("POST /v1/completions", s.authorized(s.completions))
 	s.mux.HandleFunc("POST /v1/responses", s.authorized(s.responses))

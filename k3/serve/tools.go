@@ -86,12 +86,13 @@ func toolDeclaration(raw json.RawMessage) (decl string, names []string, err erro
 	return strings.TrimSuffix(b.String(), "\n"), names, nil
 }
 
-// toolSchemas compiles the parameters of the named functions, which
+// toolSchemas compiles the parameters of the named functions (through
+// the server's schema cache), which
 // then hold the calls' arguments, and reports whether one of them is
 // strict. A function with "strict": true whose schema k3 cannot hold is
 // an error; without strict its arguments are held to a JSON object only
 // (OpenAI promises adherence only with strict).
-func toolSchemas(raw json.RawMessage, named []string) (map[string]*k3.JSONSchema, bool, error) {
+func (srv *Server) toolSchemas(raw json.RawMessage, named []string) (map[string]*k3.JSONSchema, bool, error) {
 	var tools []struct {
 		Function struct {
 			Name       string          `json:"name"`
@@ -114,7 +115,7 @@ func toolSchemas(raw json.RawMessage, named []string) (map[string]*k3.JSONSchema
 			continue
 		}
 		param := fmt.Sprintf("tools[%d].function.parameters", i)
-		s, err := k3.CompileJSONSchema(f.Parameters)
+		s, err := srv.schemas.compile(f.Parameters)
 		if err == nil {
 			_, err = s.Objects()
 		}
