@@ -616,9 +616,12 @@ func expertRange(args *kernel.Args, lo, hi int) {
 // A product of a long call (long: amxMinRows tokens or more) of a k-major
 // weight that longOnTiles admits runs on the AMX tiles, the weight
 // repacked for it alone. Weights in the stored layout (narrower than
-// kernel.KMajorMinN, such as the 100M preset's 64x384 experts) stay on
-// the dot-form tiles: packing them for every product did not pay
-// (docs/bench). A pair-interleaved weight's product rounds x into xb.
+// kernel.KMajorMinN, such as the 100M preset's 64x384 experts where the
+// AMX tiles run; elsewhere PrepareExperts lays those out as gate and up
+// pairs) stay on the dot-form tiles: packing them for every product did
+// not pay (docs/bench). A half of a gate and up pair gives its half of
+// the pair's product. A pair-interleaved weight's product rounds x into
+// xb.
 func serialMatMul(dst, x []float32, xb []uint16, w compute.Tensor, m int, long bool) error {
 	n, k := w.Dims[0], w.Dims[1]
 	if p, up := gateUpOf(w); p != nil {
