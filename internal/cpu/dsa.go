@@ -1480,8 +1480,9 @@ func (j *attnJob) valuesBF16(sc *attnScratch, acc []float32, hg, nk int, vb []fl
 // groupBlock scores a block of eight keys or more as the keys' product
 // with the queries: the eight-row tiles then take the keys, where the
 // queries alone took the four-by-two tiles (the 100M preset's 6 heads:
-// 1.6x the product's speed; BenchmarkAttnSparse). The bits are the same
-// either way. A variable so that the benchmark can take both.
+// the products 1.7-1.9x as fast, the call 1.13-1.19x; BenchmarkAttnSparse,
+// docs/bench). The bits are the same either way. A variable so that the
+// benchmark can take both.
 var attnSwapHeads = 8
 
 // attnValuesTogether is the number of heads sharing a kv head from which

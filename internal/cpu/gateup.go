@@ -33,7 +33,7 @@ const gateUpMinI = kernel.KMajorPanel
 // read once for both. The entries of w1 and w3 are replaced by tensors of
 // the same shapes over the pair, which still answer MatMul and Read as
 // the weights they were. Experts that do not qualify keep their weights;
-// nothing is refused.
+// only lists of different lengths are refused.
 func (b *Backend) PrepareExperts(w1, w3, w2 []compute.Tensor) error {
 	if len(w1) != len(w3) || len(w1) != len(w2) {
 		return shapeErr("experts: %d w1, %d w3, %d w2 tensors", len(w1), len(w3), len(w2))

@@ -338,8 +338,8 @@ func combineRange(a *kernel.Args, lo, hi int) {
 
 // expertItem is the length of one work item of the products' passes:
 // the expert's index in active, which of its weights (0: the first list,
-// 1: the second, itemPair: both as one), and the range of the weight's panels [p0, p1), or
-// p1 = -1 for the whole weight.
+// 1: the second, itemPair: both as one), and the range of the weight's
+// panels [p0, p1), or p1 = -1 for the whole weight.
 const expertItem = 4
 
 // itemPair is the weight an item names for an expert's gate and up
