@@ -41,6 +41,8 @@ func TestPrepareExperts(t *testing.T) {
 				w2 = append(w2, must(b.PrepareMatMul(w)))
 			}
 			plain := [][]compute.Tensor{append([]compute.Tensor(nil), w1...), append([]compute.Tensor(nil), w3...)}
+			require.ErrorIs(t, b.PrepareExperts(w1[:ne-1], w3, w2), compute.ErrShape, "lists of different lengths")
+			require.Equal(t, plain[0], w1, "a refused call moves nothing")
 			require.NoError(t, b.PrepareExperts(w1, w3, w2))
 			want := pairs && inter >= gateUpMinI && inter < kernel.KMajorMinN
 			for e := range ne {
