@@ -21,6 +21,7 @@ type grammarTables struct {
 	special  []bool            // which tokens are special
 	jsonToks [][]byte          // the JSON view: special tokens empty (never drawn)
 	vocab    *jsonschema.Vocab // jsonToks arranged for jsonschema.State.Mask
+	specials []int32           // the special tokens with bytes
 }
 
 // grammar returns the model's grammarTables, made on first use.
@@ -40,8 +41,11 @@ func (m *Model) grammar() *grammarTables {
 func newGrammarTables(toks [][]byte, special []bool) *grammarTables {
 	g := &grammarTables{toks: toks, special: special, jsonToks: make([][]byte, len(toks))}
 	for id, b := range toks {
-		if !special[id] {
+		switch {
+		case !special[id]:
 			g.jsonToks[id] = b
+		case len(b) > 0:
+			g.specials = append(g.specials, int32(id))
 		}
 	}
 	g.vocab = jsonschema.NewVocab(g.jsonToks)

@@ -150,8 +150,10 @@ type toolConstraint struct {
 	st        callState
 	toks      [][]byte // every token's bytes, special tokens' their names
 	special   []bool
+	specials  []int32 // the special tokens with bytes
 	vocab     *jsonschema.Vocab
 	afterArgs func([]byte) bool // the bytes after the arguments in a token (mask's)
+	takes     func([]byte) bool // whether the section takes bytes from here (Vocab.Select's)
 	text      []bool            // WithOptionalToolCalls: the mask in text that ends in no part of the marker
 	textTrial []int32           // the tokens that mask leaves to a trial
 	textEnd   []int32           // the ordinary tokens holding the marker's last byte
@@ -162,8 +164,8 @@ type toolConstraint struct {
 func newToolConstraint(m *Model, names []string, schemas []*jsonschema.Schema, parallel, text bool, stops []int32) *toolConstraint {
 	g := m.grammar()
 	c := &toolConstraint{names: names, schemas: schemas, parallel: parallel, stops: stops, mask: make([]bool, m.Config.VocabSize),
-		toks: g.toks, special: g.special, vocab: g.vocab}
-	c.afterArgs = c.argsEnd
+		toks: g.toks, special: g.special, specials: g.specials, vocab: g.vocab}
+	c.afterArgs, c.takes = c.argsEnd, c.takesFromHere
 	c.enter(&c.st, pSectionBegin)
 	if text {
 		c.enter(&c.st, pText)
@@ -362,6 +364,13 @@ func (c *toolConstraint) run(s *callState, b []byte, special, commit bool) bool 
 	return true
 }
 
+// takesFromHere reports whether the section takes ordinary bytes b from
+// its state, without moving it.
+func (c *toolConstraint) takesFromHere(b []byte) bool {
+	trial := c.st
+	return c.run(&trial, b, false, false)
+}
+
 // argsEnd reports whether b may follow a call's arguments in a token.
 func (c *toolConstraint) argsEnd(b []byte) bool {
 	var s callState
@@ -373,8 +382,9 @@ func (c *toolConstraint) argsEnd(b []byte) bool {
 // token is in where the JSON machine takes it, the bytes after the object
 // read as the call's end (jsonschema.State.MaskThen); a special token
 // cannot follow. In free text the tables made once a model give the mask
-// but for the tokens that may complete the marker. Elsewhere an ordinary
-// token whose first byte cannot follow is out at once.
+// but for the tokens that may complete the marker. Elsewhere in the
+// section the vocabulary's trie selects the ordinary tokens
+// (jsonschema.Vocab.Select).
 func (c *toolConstraint) fill() {
 	if c.st.phase == pArgs {
 		c.st.args.MaskThen(c.mask, c.vocab, c.afterArgs) // special tokens are empty there: out
@@ -404,6 +414,25 @@ func (c *toolConstraint) fill() {
 	}
 	text := c.st.phase == pText
 	done := c.st.phase == pDone
+	if !text {
+		// Past the text few tokens may follow (a literal, a name from the
+		// list, an index): the vocabulary's trie runs the section on the
+		// tokens' prefixes and skips every token under a refused one,
+		// since the section never takes what extends bytes it refused.
+		if done {
+			clear(c.mask)
+		} else {
+			c.vocab.Select(c.mask, c.takes)
+		}
+		for _, id := range c.specials {
+			trial := c.st
+			c.mask[id] = !done && c.run(&trial, c.toks[id], true, false)
+		}
+		for _, id := range c.stops {
+			c.mask[id] = done
+		}
+		return
+	}
 	var first [256]bool
 	for ch := range first {
 		trial := c.st

@@ -200,9 +200,9 @@ func BenchmarkToolCallMask(b *testing.B) {
 // maskedToolConstraint is a tool calls constraint over g's vocabulary,
 // made without a model.
 func maskedToolConstraint(names []string, parallel bool, g *grammarTables) *toolConstraint {
-	c := &toolConstraint{names: names, parallel: parallel, toks: g.toks, special: g.special, vocab: g.vocab,
+	c := &toolConstraint{names: names, parallel: parallel, toks: g.toks, special: g.special, specials: g.specials, vocab: g.vocab,
 		mask: make([]bool, len(g.toks))}
-	c.afterArgs = c.argsEnd
+	c.afterArgs, c.takes = c.argsEnd, c.takesFromHere
 	return c
 }
 
@@ -443,6 +443,8 @@ func TestOptionalToolCalls(t *testing.T) {
 	sp.toks[202] = []byte("x" + marker + "<|tool_call_begin|>") // ordinary, the whole marker inside
 	sp.toks[203] = []byte("x" + marker + "zz")                  // and a section that cannot go on
 	sp.text, sp.textTrial, sp.textEnd = textTables(sp.toks, sp.special)
+	g := newGrammarTables(sp.toks, sp.special) // the edited vocabulary's trie and special tokens
+	sp.vocab, sp.specials = g.vocab, g.specials
 	// The text mask's shortcut (copied, the marker's holders tried) is
 	// the mask without it.
 	sp.fill()

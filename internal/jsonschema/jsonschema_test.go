@@ -940,3 +940,54 @@ func TestAdmits(t *testing.T) {
 		}
 	}
 }
+
+// TestVocabSelect: Select gives every token what the acceptor says of
+// its bytes, for acceptors that never take what extends bytes they
+// refused (a set of literals' prefixes, a bounded run of digits, none,
+// all), asking about each prefix at most once and, where few tokens
+// pass, about far fewer prefixes than the trie has nodes.
+func TestVocabSelect(t *testing.T) {
+	toks := append(bpeVocab(3000), nil, []byte("get_weather:12"), []byte("get"), []byte("_weather"), []byte(":"), []byte("12345"))
+	v := NewVocab(toks)
+	lits := []string{"get_weather:", "get_time:", "functions."}
+	for name, alive := range map[string]func([]byte) bool{
+		"literals": func(p []byte) bool {
+			for _, l := range lits {
+				if strings.HasPrefix(l, string(p)) {
+					return true
+				}
+			}
+			return false
+		},
+		"digits": func(p []byte) bool {
+			for _, c := range p {
+				if c < '0' || c > '9' {
+					return false
+				}
+			}
+			return len(p) <= 3
+		},
+		"none": func([]byte) bool { return false },
+		"all":  func([]byte) bool { return true },
+	} {
+		asked := map[string]int{}
+		dst := make([]bool, len(toks))
+		for i := range dst {
+			dst[i] = i%2 == 0 // overwritten
+		}
+		v.Select(dst, func(p []byte) bool {
+			asked[string(p)]++
+			return alive(p)
+		})
+		for id, tok := range toks {
+			want := len(tok) > 0 && alive(tok)
+			require.Equal(t, want, dst[id], "%s: token %d %q", name, id, tok)
+		}
+		for p, n := range asked {
+			require.Equal(t, 1, n, "%s: prefix %q asked %d times", name, p, n)
+		}
+		if name == "literals" || name == "digits" {
+			require.Less(t, len(asked), len(v.all.c)/10, "%s: the walk skips refused subtrees", name)
+		}
+	}
+}

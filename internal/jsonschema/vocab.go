@@ -61,6 +61,7 @@ type walker struct {
 	dfas   []int32
 	then   func([]byte) bool // MaskThen's
 	toks   [][]byte
+	prefix []byte // Select's: the node's prefix
 }
 
 // NewVocab arranges toks (toks[id] a token's bytes; empty: never drawn)
@@ -320,6 +321,36 @@ func (t *trie) mark(dst []bool, i int, want uint8) {
 		if t.kinds[int(lo)+j]&want != 0 {
 			dst[id] = true
 		}
+	}
+}
+
+// Select sets dst[id] (len(dst) >= the vocabulary's size) to whether
+// alive takes token id's bytes, for a reader of bytes in order that
+// never takes what extends bytes it refused (a literal, a name from a
+// list, a machine without going back): alive is asked about the
+// prefixes of the tokens under prefixes it took, each once, in
+// depth-first order, and a refused prefix's tokens are all out, so where
+// few tokens may follow it costs a few of alive's runs per byte taken
+// rather than a run over every token. Empty tokens are out. The prefix
+// alive gets is valid only during its call.
+func (v *Vocab) Select(dst []bool, alive func(prefix []byte) bool) {
+	clear(dst[:len(v.toks)])
+	t := &v.all
+	w := v.walkers.Get().(*walker)
+	defer v.walkers.Put(w)
+	if len(w.prefix) < t.maxDepth {
+		w.prefix = make([]byte, t.maxDepth)
+	}
+	p := w.prefix
+	for i := 0; i < len(t.c); {
+		d := int(t.depth[i])
+		p[d-1] = t.c[i]
+		if !alive(p[:d]) {
+			i = int(t.skip[i])
+			continue
+		}
+		t.mark(dst, i, tAny)
+		i++
 	}
 }
 
