@@ -44,6 +44,9 @@ type storedResponse struct {
 	msgs  []chatMessage
 	size  int64
 	filed bool // its file was written (or it was read from one)
+	// msgsJSON is msgs encoded, from put until its file is written, so
+	// that the messages are encoded once.
+	msgsJSON json.RawMessage
 }
 
 // storedFile is a response's file: zstd-compressed JSON.
@@ -134,7 +137,7 @@ func (st *responseStore) put(id string, obj map[string]any, msgs []chatMessage) 
 	if err != nil {
 		return false
 	}
-	r := &storedResponse{id: id, obj: raw, msgs: msgs, size: int64(len(raw) + len(m))}
+	r := &storedResponse{id: id, obj: raw, msgs: msgs, size: int64(len(raw) + len(m)), msgsJSON: m}
 	if st.dir != "" && validResponseID(id) {
 		if err := st.write(r); err != nil {
 			st.logf("serve: keeping response %s: %v", id, err)
@@ -142,6 +145,7 @@ func (st *responseStore) put(id string, obj map[string]any, msgs []chatMessage) 
 			r.filed = true
 		}
 	}
+	r.msgsJSON = nil
 	return st.hold(r) || r.filed
 }
 
@@ -268,7 +272,17 @@ func encodeStored(w io.Writer, r *storedResponse) error {
 	if err != nil {
 		return err
 	}
-	if err := json.NewEncoder(zw).Encode(storedFile{Version: storedVersion, Object: r.obj, Messages: r.msgs}); err != nil {
+	var f any = storedFile{Version: storedVersion, Object: r.obj, Messages: r.msgs}
+	if r.msgsJSON != nil {
+		// The same bytes: the encoder writes a raw message compacted and
+		// HTML-escaped, as json.Marshal wrote it.
+		f = struct {
+			Version  int             `json:"version"`
+			Object   json.RawMessage `json:"object"`
+			Messages json.RawMessage `json:"messages"`
+		}{storedVersion, r.obj, r.msgsJSON}
+	}
+	if err := json.NewEncoder(zw).Encode(f); err != nil {
 		zw.Close()
 		return err
 	}

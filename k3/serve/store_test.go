@@ -2,6 +2,8 @@ package serve
 
 import (
 	"bytes"
+	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -118,6 +121,33 @@ func TestValidResponseID(t *testing.T) {
 		"chatcmpl-0123456789abcdef01234567", "resp_/123456789abcdef01234567", "resp_0123456789ABCDEF01234567"} {
 		assert.False(t, validResponseID(id), id)
 	}
+}
+
+// TestStoredEncodingOnce: a response's file written from its messages
+// encoded once (put's) holds the bytes of encoding the messages there,
+// HTML characters, non-ASCII text and tool calls included.
+func TestStoredEncodingOnce(t *testing.T) {
+	id := "resp_0123456789abcdef01234567"
+	msgs := []chatMessage{
+		{Role: "user", Content: jsonString("<b>a & b</b> é \u2028 \"q\"")},
+		{Role: "assistant", Content: json.RawMessage(`  {"k" : [1, 2]} `), ToolCalls: []toolCall{{ID: "call_1", Type: "function"}}},
+		{Role: "tool", ToolCallID: "call_1", Content: jsonString("42 < 43")},
+	}
+	m, err := json.Marshal(msgs)
+	require.NoError(t, err)
+	plain := func(r *storedResponse) []byte {
+		var b bytes.Buffer
+		require.NoError(t, encodeStored(&b, r))
+		zr, err := zstd.NewReader(&b)
+		require.NoError(t, err)
+		defer zr.Close()
+		out, err := io.ReadAll(zr)
+		require.NoError(t, err)
+		return out
+	}
+	obj := json.RawMessage(`{"id":"` + id + `","x":"<&>"}`)
+	want := plain(&storedResponse{id: id, obj: obj, msgs: msgs})
+	require.Equal(t, string(want), string(plain(&storedResponse{id: id, obj: obj, msgs: msgs, msgsJSON: m})))
 }
 
 // FuzzStoredResponse: a response file, whatever its bytes, decodes to
