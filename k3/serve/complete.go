@@ -16,32 +16,23 @@ import (
 	"k3/k3"
 )
 
-func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
-	var req chatRequest
-	if !s.decode(w, r, &req) {
-		return
+// generation returns the handler of a generating route: it decodes a
+// request body of type R, makes its job (an error answers the request,
+// counted as rejected) and completes it.
+func generation[R any](s *Server, makeJob func(*R) (*job, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req R
+		if !s.decode(w, r, &req) {
+			return
+		}
+		j, err := makeJob(&req)
+		if err != nil {
+			s.met.failed("rejected")
+			writeError(w, err)
+			return
+		}
+		s.complete(w, r, j)
 	}
-	j, err := s.chatJob(&req)
-	if err != nil {
-		s.met.failed("rejected")
-		writeError(w, err)
-		return
-	}
-	s.complete(w, r, j)
-}
-
-func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
-	var req completionRequest
-	if !s.decode(w, r, &req) {
-		return
-	}
-	j, err := s.completionJob(&req)
-	if err != nil {
-		s.met.failed("rejected")
-		writeError(w, err)
-		return
-	}
-	s.complete(w, r, j)
 }
 
 // event is one step of one choice: a token or the error that ended it.

@@ -75,20 +75,6 @@ type responseEcho struct {
 	history      []chatMessage // what it continues: the stored conversation and its input
 }
 
-func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
-	var req responsesRequest
-	if !s.decode(w, r, &req) {
-		return
-	}
-	j, err := s.responsesJob(&req)
-	if err != nil {
-		s.met.failed("rejected")
-		writeError(w, err)
-		return
-	}
-	s.complete(w, r, j)
-}
-
 func (s *Server) responsesJob(req *responsesRequest) (*job, error) {
 	switch {
 	case req.PreviousResponseID != nil && !s.kept.enabled():

@@ -209,9 +209,9 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 	s := &Server{m: m, cfg: cfg, b: b, stop: stop, sem: semaphore.NewWeighted(int64(cfg.MaxSequences + cfg.MaxQueue)),
 		mux: http.NewServeMux(), met: newMetrics(cfg.Name), store: store, created: time.Now().Unix(), kv: kv,
 		kept: kept, schemas: newSchemaCache(schemaCacheEntries)}
-	s.mux.HandleFunc("POST /v1/chat/completions", s.authorized(s.chatCompletions))
-	s.mux.HandleFunc("POST /v1/completions", s.authorized(s.completions))
-	s.mux.HandleFunc("POST /v1/responses", s.authorized(s.responses))
+	s.mux.HandleFunc("POST /v1/chat/completions", s.authorized(generation(s, s.chatJob)))
+	s.mux.HandleFunc("POST /v1/completions", s.authorized(generation(s, s.completionJob)))
+	s.mux.HandleFunc("POST /v1/responses", s.authorized(generation(s, s.responsesJob)))
 	s.mux.HandleFunc("GET /v1/responses/{id}", s.authorized(s.getResponse))
 	s.mux.HandleFunc("DELETE /v1/responses/{id}", s.authorized(s.deleteResponse))
 	s.mux.HandleFunc("/v1/responses/{id...}", s.authorized(func(w http.ResponseWriter, r *http.Request) {
