@@ -244,6 +244,18 @@ func testExpertSchedules(t *testing.T, fast bool, din, inter, tok, topk int) {
 	require.Equal(t, got[0], got[1], "whole experts (want) against passes over panel ranges")
 }
 
+// routes returns tok tokens' top-k expert indices, each token's k
+// distinct experts of ne in no order.
+func routes(r *rand.Rand, tok, ne, topk int) []int32 {
+	idx := make([]int32, tok*topk)
+	for i := range tok {
+		for s, e := range r.Perm(ne)[:topk] {
+			idx[i*topk+s] = int32(e)
+		}
+	}
+	return idx
+}
+
 // preparedExperts makes ne experts' bf16 weights (w1 and w3 [inter, din],
 // w2 [din, inter]) laid out as b lays out a model's (PrepareMatMul, then
 // PrepareExperts).
@@ -300,12 +312,8 @@ func TestMoESplit(t *testing.T) {
 	const din, inter = 128, 384
 	w1, w3, w2 := preparedExperts(t, b, r, e, din, inter)
 	x := normals(r, tok*din)
-	idx, wts := make([]int32, tok*topk), normals(r, tok*topk)
-	for i := range tok {
-		for s, ex := range r.Perm(e)[:topk] {
-			idx[i*topk+s] = int32(ex)
-		}
-	}
+	wts := normals(r, tok*topk)
+	idx := routes(r, tok, e, topk)
 	idx[3*topk+1], idx[7*topk] = -1, -1
 	run := func(n int) []float32 {
 		it := must(b.Alloc(compute.I32, n, topk))
@@ -423,12 +431,7 @@ func BenchmarkMoEExperts(b *testing.B) {
 	} {
 		be := New(0)
 		r := rand.New(rand.NewPCG(7, 8))
-		idx := make([]int32, c.tok*c.topk)
-		for i := range c.tok {
-			for s, e := range r.Perm(c.ne)[:c.topk] {
-				idx[i*c.topk+s] = int32(e)
-			}
-		}
+		idx := routes(r, c.tok, c.ne, c.topk)
 		active := map[int32]bool{}
 		for _, e := range idx {
 			active[e] = true
@@ -522,12 +525,7 @@ func BenchmarkMoEExpertsPrefill(b *testing.B) {
 	} {
 		be := New(0)
 		r := rand.New(rand.NewPCG(7, 9))
-		idx := make([]int32, c.tok*c.topk)
-		for i := range c.tok {
-			for s, e := range r.Perm(c.ne)[:c.topk] {
-				idx[i*c.topk+s] = int32(e)
-			}
-		}
+		idx := routes(r, c.tok, c.ne, c.topk)
 		per := 3 * c.din * c.inter * 2 * c.ne
 		copies := max(2, (256<<20)/per)
 		type layer struct{ w1, w3, w2 []compute.Tensor }
