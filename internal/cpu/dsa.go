@@ -476,7 +476,9 @@ func (sc *indexerScratch) check(a *compute.IndexerArgs) error {
 // indexerRun runs the job's wave: its score items, then its rows' top k.
 func (b *Backend) indexerRun(j *indexerJob) {
 	b.pool.Run(indexerScore, kernel.Args{Job: j}, len(j.items), 1)
-	b.pool.Run(indexerSelect, kernel.Args{Job: j}, len(j.rows), 1)
+	// A causal wave's later rows select among more positions: one row at
+	// a time evens the goroutines out.
+	b.pool.RunEach(indexerSelect, kernel.Args{Job: j}, len(j.rows), 1)
 	j.items, j.rows = j.items[:0], j.rows[:0]
 }
 

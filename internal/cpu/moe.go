@@ -249,22 +249,16 @@ func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 		sc.xb = sc.xb[:need]
 	}
 	sc.job = expertJob{a: a, sc: sc, din: din, inter: inter, long: t >= amxMinRows}
-	if !sc.job.laidOut() || !expertPasses(len(sc.active), b.pool.Size()) {
+	switch {
+	case sc.job.laidOut() && expertPasses(len(sc.active), b.pool.Size()):
+		sc.job.passes(b, x)
+	case t >= moeSplitMin:
+		// A long call's experts differ in rows several times over: the
+		// goroutines take them one at a time, so that the last to finish
+		// waits for one expert, not a range of them.
+		b.pool.RunEach(expertRange, kernel.Args{Job: &sc.job, X: x}, len(sc.active), 1)
+	default:
 		b.pool.Run(expertRange, kernel.Args{Job: &sc.job, X: x}, len(sc.active), 1)
-	} else {
-		j := &sc.job
-		args := kernel.Args{Job: j, X: x}
-		b.pool.Run(expertGather, args, len(sc.active), 1)
-		sc.items = j.split(sc.items[:0], a.W1, a.W3)
-		b.pool.Run(expertProducts, args, len(sc.items)/expertItem, 1)
-		if j.err == nil {
-			b.pool.Run(expertAct, args, len(sc.active), 1)
-		}
-		if j.err == nil {
-			j.down = true
-			sc.items = j.split(sc.items[:0], a.W2, nil)
-			b.pool.Run(expertProducts, args, len(sc.items)/expertItem, 1)
-		}
 	}
 	if sc.job.err != nil {
 		return sc.job.err
@@ -294,6 +288,24 @@ func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 	sc.combine = combineJob{out: out, pos: sc.pos, sc: sc, din: din, k: k}
 	b.pool.Run(combineRange, kernel.Args{Job: &sc.combine}, t, 8)
 	return nil
+}
+
+// passes runs the call as passes over the active experts: gather; gate
+// and up products cut into panel ranges; activation; down products.
+func (j *expertJob) passes(b *Backend, x []float32) {
+	sc, a := j.sc, j.a
+	args := kernel.Args{Job: j, X: x}
+	b.pool.Run(expertGather, args, len(sc.active), 1)
+	sc.items = j.split(sc.items[:0], a.W1, a.W3)
+	b.pool.Run(expertProducts, args, len(sc.items)/expertItem, 1)
+	if j.err == nil {
+		b.pool.Run(expertAct, args, len(sc.active), 1)
+	}
+	if j.err == nil {
+		j.down = true
+		sc.items = j.split(sc.items[:0], a.W2, nil)
+		b.pool.Run(expertProducts, args, len(sc.items)/expertItem, 1)
+	}
 }
 
 // moeSplitMin is the fewest tokens from which MoERoute routes, and

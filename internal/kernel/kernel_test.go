@@ -310,6 +310,61 @@ func TestPoolRangesFixed(t *testing.T) {
 	}
 }
 
+// TestPoolRunEach: RunEach covers [0, n) once in ranges of exactly grain
+// items (the last one shorter), whatever their number, on a pool of one
+// goroutine too, and a goroutine stalled in one range leaves the others
+// to take every other range.
+func TestPoolRunEach(t *testing.T) {
+	for _, size := range []int{1, 2, 3} {
+		p := NewPool(size)
+		for _, n := range []int{0, 1, 5, 17, 64, 1000} {
+			for _, grain := range []int{1, 3, 16} {
+				var mu sync.Mutex
+				var got [][2]int
+				hits := make([]float32, n)
+				p.RunEach(func(a *Args, lo, hi int) {
+					for i := lo; i < hi; i++ {
+						a.Dst[i]++
+					}
+					mu.Lock()
+					got = append(got, [2]int{lo, hi})
+					mu.Unlock()
+				}, Args{Dst: hits}, n, grain)
+				for i, h := range hits {
+					require.Equal(t, float32(1), h, "size=%d n=%d grain=%d: element %d", size, n, grain, i)
+				}
+				if size == 1 || n <= grain {
+					continue // one call for the whole range
+				}
+				slices.SortFunc(got, func(a, b [2]int) int { return a[0] - b[0] })
+				require.Len(t, got, (n+grain-1)/grain, "size=%d n=%d grain=%d: ranges %v", size, n, grain, got)
+				for _, r := range got {
+					require.True(t, r[1]-r[0] == grain || r[1] == n && r[1]-r[0] < grain, "size=%d n=%d grain=%d: range %v", size, n, grain, r)
+				}
+			}
+		}
+		p.Close()
+	}
+	p := NewPool(2)
+	defer p.Close()
+	const n = 40
+	for range 10 {
+		var done atomic.Int64
+		stalled := false
+		p.RunEach(func(a *Args, lo, hi int) {
+			if lo == 0 {
+				deadline := time.Now().Add(10 * time.Second)
+				for done.Load() < n-1 && time.Now().Before(deadline) {
+					runtime.Gosched()
+				}
+				stalled = done.Load() < n-1
+			}
+			done.Add(int64(hi - lo))
+		}, Args{}, n, 1)
+		require.False(t, stalled, "the other goroutine left ranges of the stalled one's share")
+	}
+}
+
 // TestPoolTakesStalledShare: a goroutine stalled inside a range does not
 // hold up the rest of its share. The range holding the middle item (in
 // the second goroutine's share of three, a share of several ranges) waits

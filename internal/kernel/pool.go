@@ -190,6 +190,20 @@ func (p *Pool) Close() {
 // only on n, grain and the pool's size. fn must not call Run on the same
 // pool.
 func (p *Pool) Run(fn func(a *Args, lo, hi int), a Args, n, grain int) {
+	p.run(fn, a, n, grain, false)
+}
+
+// RunEach is Run with ranges of exactly grain items (the last one
+// shorter), however many that makes, rather than about claimsPer a
+// goroutine: for items whose costs differ widely (an MoE call's experts,
+// causal attention's rows), where a goroutine that finishes its share
+// early then takes the others' items one range at a time instead of a
+// few ranges' worth of uneven items.
+func (p *Pool) RunEach(fn func(a *Args, lo, hi int), a Args, n, grain int) {
+	p.run(fn, a, n, grain, true)
+}
+
+func (p *Pool) run(fn func(a *Args, lo, hi int), a Args, n, grain int, each bool) {
 	if grain < 1 {
 		grain = 1
 	}
@@ -205,6 +219,9 @@ func (p *Pool) Run(fn func(a *Args, lo, hi int), a Args, n, grain int) {
 	}
 	p.fn, p.n = fn, n
 	p.piece = (chunks + p.Size()*claimsPer - 1) / (p.Size() * claimsPer) * grain
+	if each {
+		p.piece = grain
+	}
 	pieces := (n + p.piece - 1) / p.piece
 	per := (pieces + p.Size() - 1) / p.Size()
 	for i := range p.shares {
