@@ -59,6 +59,8 @@ var schemas = map[string]string{
 		"required":["a"],"minProperties":2,"maxProperties":3,"additionalProperties":false}`,
 	"pair":   `{"type":"object","properties":{"a":{"type":"null"},"b":{"type":"null"},"c":{"type":"null"}},"required":["a"],"minProperties":2,"maxProperties":2,"additionalProperties":false}`,
 	"capped": `{"type":"object","properties":{"r":{"type":"null"},"s":{"type":"null"}},"required":["r","s"],"maxProperties":3}`,
+	"word":   `{"type":"string","minLength":2,"maxLength":6}`,
+	"code":   `{"type":"string","pattern":"^[a-c]+$"}`,
 	"absorb": `{"anyOf":[{"type":"string","maxLength":2},{"type":"string"},{"type":"string","maxLength":1},{"type":"integer"},{"type":"number"},{"enum":["abc",7,"x\"y"]},{"type":"array","maxItems":1},{"type":"array"}]}`,
 }
 
@@ -396,13 +398,13 @@ func TestMask(t *testing.T) {
 
 // maskEdges are tokens that take every branch of Mask's walks: shared
 // prefixes, a duplicate, prefixes of one another, plain bytes before a
-// quote or backslash or control byte, cut and invalid UTF-8, a character
-// whose bytes are three tokens, long runs.
+// quote or backslash or control byte, cut and invalid UTF-8 (before a
+// quote too), a character whose bytes are three tokens, long runs.
 var maskEdges = [][]byte{
 	[]byte(`ab`), []byte(`abc`), []byte(`abc`), []byte(`abcd"`), []byte(`abc",`), []byte(`ab":`), []byte(`ab\n`),
 	[]byte(`a\u00e9`), []byte("ab\nc"), []byte(`2024-01-0`), []byte(`-01-01"`), []byte(`01","`), []byte(`AB-12"`),
 	[]byte(`ab"}`), []byte(`"}`), []byte(`",`), []byte(`"`), []byte(`":"`), []byte(`,"`), []byte(`x"`),
-	[]byte("é"), []byte("éé\""), []byte("中文"), []byte("中\xe6"), []byte("\xe6\x96"), []byte("\x87"), []byte("\xff"),
+	[]byte("é"), []byte("éé\""), []byte("中文"), []byte("中\xe6"), []byte("\xe6\x96"), []byte("\xe6\x96\""), []byte("\x87"), []byte("\xff"),
 	[]byte("\xc0\x80"), []byte("\xed\xa0\x80"), []byte("\xf4\x90"), []byte("a\xffb"),
 	[]byte(strings.Repeat("a", 40)), []byte(strings.Repeat(" ", 40)), []byte(strings.Repeat("é", 20) + `"`),
 	[]byte(`true,`), []byte(`null]`), []byte(`12.5e`), []byte(`1]`), []byte(`}]`), []byte(" \n\t"),
@@ -424,7 +426,7 @@ func TestVocabMask(t *testing.T) {
 		st   State
 	}
 	var states []at
-	for _, name := range []string{"person", "patterned", "open", "scalars", "numlits", "tuple", "unique", "capped"} {
+	for _, name := range []string{"person", "patterned", "open", "scalars", "numlits", "tuple", "unique", "capped", "absorb", "word", "code"} {
 		s, _ := compile(t, schemas[name])
 		for range 2 {
 			text, _ := walk(t, s, r, 40)
@@ -466,6 +468,26 @@ func TestVocabMask(t *testing.T) {
 		})
 	}
 	require.NoError(t, g.Wait())
+}
+
+// TestMaskWithoutQuotes: inside bounded and patterned strings, a
+// vocabulary none of whose tokens holds a quote (the string cannot close
+// within a token) still gets every token's answer from Accepts.
+func TestMaskWithoutQuotes(t *testing.T) {
+	toks := [][]byte{[]byte("a"), []byte("ab"), []byte(`\n`), []byte(`a\t`), []byte("\n"), []byte("é"), []byte("AB-1"), []byte("12")}
+	v := NewVocab(toks)
+	dst := make([]bool, len(toks))
+	for _, c := range []struct{ schema, text string }{
+		{"word", `"a`}, {"word", `"abcde`}, {"word", `"`}, {"code", `"ab`}, {"person", `{"name": "Al", "age": 3, "email": "x`},
+	} {
+		s, _ := compile(t, schemas[c.schema])
+		st := s.Start()
+		require.True(t, st.Feed([]byte(c.text)))
+		st.Mask(dst, v)
+		for id, tok := range toks {
+			require.Equal(t, st.Accepts(tok), dst[id], "%s after %q: token %q", c.schema, c.text, tok)
+		}
+	}
 }
 
 // TestMaskCache: the patterned strings' masks kept by automaton state

@@ -8,9 +8,12 @@ import (
 
 // Kinds of token, as bits: which fast path of Mask a token can take.
 const (
-	tPlain uint8 = 1 << iota // no quote, backslash or control byte
-	tOther                   // a quote, backslash or control byte
-	tAny   = tPlain | tOther
+	tPlain   uint8 = 1 << iota // no quote, backslash or control byte
+	tQuote                     // the first of those is a quote
+	tEscape                    // a backslash
+	tControl                   // a control byte
+	tOther   = tQuote | tEscape | tControl
+	tAny     = tPlain | tOther
 )
 
 // Vocab is a vocabulary arranged for Mask, made once a model and read
@@ -29,15 +32,24 @@ type Vocab struct {
 	// or control byte: inside a free string the plain bytes before it
 	// leave the state as it was.
 	rest trie
+	// quote is rest's node of the keys that begin with a quote, -1 if
+	// none does: inside a bounded or patterned string what follows a
+	// closing quote is read from there (State.closedAfter).
+	quote int32
 	// The plain tokens that are valid UTF-8 from a character's start
 	// (the last character may be cut) by their count of code points:
 	// those of at most l are fit[:fitUpTo[l]] (l < len(fitUpTo)),
 	// fitMask their set.
-	fit      []int32
-	fitUpTo  []int32
-	fitMask  []bool
-	walkers  sync.Pool // *walker
-	patterns maskCache
+	fit     []int32
+	fitUpTo []int32
+	fitMask []bool
+	// The same for the tQuote tokens by the code points before their
+	// quote, where those bytes are valid UTF-8 from a character's start
+	// and whole.
+	quoteFit     []int32
+	quoteFitUpTo []int32
+	walkers      sync.Pool // *walker
+	patterns     maskCache
 }
 
 // trie holds tokens sorted by a key, one node a distinct prefix of the
@@ -62,6 +74,10 @@ type walker struct {
 	then   func([]byte) bool // MaskThen's
 	toks   [][]byte
 	prefix []byte // Select's: the node's prefix
+	// closed[id] is whether what follows the first quote of token id may
+	// follow a string's close (walkString's, once a walk: closedSet).
+	closed    []bool
+	closedSet bool
 }
 
 // NewVocab arranges toks (toks[id] a token's bytes; empty: never drawn)
@@ -80,7 +96,7 @@ func NewVocab(toks [][]byte) *Vocab {
 		k := tokenKind(t)
 		kind[id], v.plain[id] = k, k == tPlain
 		all = append(all, keyed{int32(id), t})
-		if k == tOther {
+		if k&tOther != 0 {
 			rest = append(rest, keyed{int32(id), t[firstOther(t):]})
 		}
 		if k == tPlain {
@@ -98,28 +114,38 @@ func NewVocab(toks [][]byte) *Vocab {
 	v.all = buildTrie(all, kind)
 	v.rest = buildTrie(rest, kind)
 	v.rest.suffix = true
+	v.quote = -1
+	for i := 0; i < len(v.rest.c); i = int(v.rest.skip[i]) {
+		if v.rest.c[i] == '"' {
+			v.quote = int32(i)
+		}
+	}
 
-	// A counting sort of the fit tokens by their code points.
-	v.fitUpTo = make([]int32, maxChars+1)
-	for _, n := range chars {
-		if n >= 0 {
-			v.fitUpTo[n]++
-		}
-	}
-	for l := 1; l <= maxChars; l++ {
-		v.fitUpTo[l] += v.fitUpTo[l-1]
-	}
-	v.fit = make([]int32, v.fitUpTo[maxChars])
-	next := make([]int32, maxChars+1)
-	copy(next[1:], v.fitUpTo[:maxChars])
+	v.fit, v.fitUpTo = byChars(chars, maxChars)
 	v.fitMask = make([]bool, len(toks))
-	for id, n := range chars {
-		if n >= 0 {
-			v.fit[next[n]] = int32(id)
-			next[n]++
-			v.fitMask[id] = true
+	for _, id := range v.fit {
+		v.fitMask[id] = true
+	}
+	// The quote tokens' prefixes, counted as the plain tokens are.
+	maxChars = 0
+	for id, t := range toks {
+		chars[id] = -1
+		if kind[id] != tQuote {
+			continue
+		}
+		var u utf8Count
+		ok := true
+		for _, c := range t[:firstOther(t)] {
+			if ok = u.take(c, -1); !ok {
+				break
+			}
+		}
+		if ok && u.need == 0 {
+			chars[id] = int32(u.chars)
+			maxChars = max(maxChars, u.chars)
 		}
 	}
+	v.quoteFit, v.quoteFitUpTo = byChars(chars, maxChars)
 
 	depth := v.all.maxDepth + 1
 	v.walkers.New = func() any {
@@ -128,11 +154,41 @@ func NewVocab(toks [][]byte) *Vocab {
 	return v
 }
 
-func tokenKind(t []byte) uint8 {
-	if firstOther(t) < len(t) {
-		return tOther
+// byChars sorts the ids whose chars[id] >= 0 by it (a counting sort):
+// those of at most l are ids[:upTo[l]].
+func byChars(chars []int32, maxChars int) (ids, upTo []int32) {
+	upTo = make([]int32, maxChars+1)
+	for _, n := range chars {
+		if n >= 0 {
+			upTo[n]++
+		}
 	}
-	return tPlain
+	for l := 1; l <= maxChars; l++ {
+		upTo[l] += upTo[l-1]
+	}
+	ids = make([]int32, upTo[maxChars])
+	next := make([]int32, maxChars+1)
+	copy(next[1:], upTo[:maxChars])
+	for id, n := range chars {
+		if n >= 0 {
+			ids[next[n]] = int32(id)
+			next[n]++
+		}
+	}
+	return ids, upTo
+}
+
+func tokenKind(t []byte) uint8 {
+	i := firstOther(t)
+	switch {
+	case i == len(t):
+		return tPlain
+	case t[i] == '"':
+		return tQuote
+	case t[i] == '\\':
+		return tEscape
+	}
+	return tControl
 }
 
 // firstOther is the index of t's first quote, backslash or control byte.
@@ -228,6 +284,7 @@ func (s *State) MaskThen(dst []bool, v *Vocab, then func(rest []byte) bool) {
 	}
 	w := v.walkers.Get().(*walker)
 	w.then, w.toks = then, v.toks
+	w.closedSet = false
 	defer func() {
 		w.then, w.toks = nil, nil
 		v.walkers.Put(w)
@@ -270,7 +327,12 @@ func (s *State) MaskThen(dst []bool, v *Vocab, then func(rest []byte) bool) {
 				dst[id] = true
 			}
 		}
-		s.walkString(dst, v, tOther, w)
+		// A token whose first quote closes the string is in if the
+		// code points before it fit and what follows may follow the
+		// string; a backslash's escape walks the machine; a control
+		// byte never fits.
+		s.quotes(dst, v, w)
+		s.walkString(dst, v, tEscape, w)
 	default:
 		clear(dst)
 		s.walkString(dst, v, tAny, w)
@@ -372,6 +434,23 @@ func (s *State) walkString(dst []bool, v *Vocab, want uint8, w *walker) (steps i
 			continue
 		}
 		d, c := t.depth[i], t.c[i]
+		if c == '"' && want&tQuote != 0 {
+			// The close leaves one state whatever the string held: the
+			// tokens under every quote take what follows it from one
+			// reading of those bytes, rather than the machine once a
+			// prefix.
+			closes := pat != nil && pat.accept[dfas[d-1]] || pat == nil && counts[d-1].need == 0 && counts[d-1].chars >= n.minLen
+			if closes {
+				closed := s.closedAfter(v, w)
+				for _, id := range t.ids[t.at[i]:t.at[t.skip[i]]] {
+					if closed[id] {
+						dst[id] = true
+					}
+				}
+			}
+			i = int(t.skip[i])
+			continue
+		}
 		if c == '"' || c == '\\' || c < 0x20 {
 			if want&tOther != 0 {
 				m := &w.sims[d-1]
@@ -400,6 +479,60 @@ func (s *State) walkString(dst []bool, v *Vocab, want uint8, w *walker) (steps i
 		i++
 	}
 	return steps
+}
+
+// quotes sets dst for the tQuote tokens inside a counted string s is in
+// with no character cut: those whose code points before the quote reach
+// the string's minLength and fit its maxLength, and whose bytes after it
+// closedAfter takes.
+func (s *State) quotes(dst []bool, v *Vocab, w *walker) {
+	n, chars := s.cur.n, s.cur.chars
+	lo, hi := max(n.minLen-chars, 0), len(v.quoteFitUpTo)-1
+	if n.maxLen >= 0 {
+		hi = min(hi, n.maxLen-chars)
+	}
+	if lo > hi || len(v.quoteFit) == 0 {
+		return
+	}
+	from := int32(0)
+	if lo > 0 {
+		from = v.quoteFitUpTo[lo-1]
+	}
+	closed := s.closedAfter(v, w)
+	for _, id := range v.quoteFit[from:v.quoteFitUpTo[hi]] {
+		if closed[id] {
+			dst[id] = true
+		}
+	}
+}
+
+// closedAfter returns w.closed set, for the tokens whose first quote,
+// backslash or control byte is a quote, to whether their bytes after it
+// may follow the close of the bounded or patterned string s is in (the
+// string's own checks at the close aside): the bytes from the quote on,
+// keys of v.rest, are walked once from the state the close leaves.
+func (s *State) closedAfter(v *Vocab, w *walker) []bool {
+	if w.closedSet {
+		return w.closed
+	}
+	w.closedSet = true
+	if len(w.closed) < len(v.toks) {
+		w.closed = make([]bool, len(v.toks))
+	}
+	t, r := &v.rest, int(v.quote)
+	for _, id := range t.ids[t.at[r]:t.at[t.skip[r]]] {
+		w.closed[id] = false
+	}
+	m := &w.sims[1]
+	s.run(m, nil)
+	m.valueEnd() // what the string's closing quote does
+	if w.then != nil && m.cur.mode == mDone {
+		t.finish(w.closed, r, 1, w)
+		return w.closed
+	}
+	t.mark(w.closed, r, tAny)
+	t.walk(w.closed, r+1, int(t.skip[r]), w)
+	return w.closed
 }
 
 // maskCache holds the masks of the plain tokens inside patterned strings
