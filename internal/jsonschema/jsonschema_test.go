@@ -490,30 +490,40 @@ func TestMaskWithoutQuotes(t *testing.T) {
 	}
 }
 
-// TestMaskCache: the patterned strings' masks kept by automaton state
-// are read back as made, the oldest dropped once the cache is full.
+// TestMaskCache: the patterned strings' masks and quote lists kept by
+// automaton state are read back as made (the list a copy of the one
+// stored), the oldest dropped once the cache is full.
 func TestMaskCache(t *testing.T) {
 	var c maskCache
 	d := []*dfa{{}, {}}
 	masks := make([][]bool, maskCacheSize+1)
+	quotes := make([][]int32, len(masks))
 	r := rand.New(rand.NewPCG(11, 12))
 	for i := range masks {
 		masks[i] = make([]bool, 130)
 		for j := range masks[i] {
 			masks[i][j] = r.IntN(2) == 0
 		}
-		c.store(masks[i], d[i%2], int32(i/2))
+		quotes[i] = []int32{int32(i), int32(r.IntN(130))}
+		c.store(masks[i], quotes[i], d[i%2], int32(i/2))
+		quotes[i][0] = -1 // the caller's scratch, reused
 	}
 	got := make([]bool, 130)
-	assert.False(t, c.load(got, d[0], 0), "the oldest is dropped")
+	_, ok := c.load(got, d[0], 0)
+	assert.False(t, ok, "the oldest is dropped")
 	for i := 1; i < len(masks); i++ {
-		require.True(t, c.load(got, d[i%2], int32(i/2)), "mask %d", i)
+		q, ok := c.load(got, d[i%2], int32(i/2))
+		require.True(t, ok, "mask %d", i)
 		require.Equal(t, masks[i], got, "mask %d", i)
+		require.Equal(t, []int32{int32(i), quotes[i][1]}, q, "mask %d's quote tokens", i)
 	}
-	assert.False(t, c.load(got, d[1], int32(len(masks))), "a state never kept")
-	c.store(masks[0], d[1], 1) // already kept: unchanged
-	require.True(t, c.load(got, d[1], 1))
+	_, ok = c.load(got, d[1], int32(len(masks)))
+	assert.False(t, ok, "a state never kept")
+	c.store(masks[0], nil, d[1], 1) // already kept: unchanged
+	q, ok := c.load(got, d[1], 1)
+	require.True(t, ok)
 	require.Equal(t, masks[3], got)
+	require.Equal(t, []int32{3, quotes[3][1]}, q)
 }
 
 func TestCompileErrors(t *testing.T) {

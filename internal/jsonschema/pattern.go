@@ -30,6 +30,10 @@ type dfa struct {
 	next   []int32 // [state*width + class]: the next state; -1: the byte cannot follow
 	accept []bool  // the string may close here
 	none   bool    // the start cannot reach an accepting state: no string is admitted
+	// special: some state takes a backslash or a control byte (a
+	// pattern's never does: it admits unescaped text; a length
+	// counter's alone does).
+	special bool
 }
 
 func (d *dfa) step(s int32, c byte) int32 { return d.next[int(s)*d.width+int(d.class[c])] }
@@ -496,6 +500,16 @@ func (d *dfa) prune() {
 		}
 	}
 	d.none = !live[0]
+	d.special = false
+	for c := 0; c <= 0x20; c++ {
+		b := byte(c)
+		if c == 0x20 {
+			b = '\\'
+		}
+		for s := 0; s < n && !d.special; s++ {
+			d.special = d.step(int32(s), b) >= 0
+		}
+	}
 }
 
 // intersect is the automaton of the strings both a and b admit.

@@ -270,6 +270,28 @@ func TestLengthAndPattern(t *testing.T) {
 	require.True(t, st.Accepts([]byte(`null`)))
 }
 
+// TestSpecialBytes: a pattern's automaton takes no backslash or control
+// byte (it admits unescaped text, so Mask skips those tokens inside a
+// patterned string), alone or with a length bound; a length counter's
+// alone does.
+func TestSpecialBytes(t *testing.T) {
+	for _, p := range []string{"^.*$", "ab", `^[^a]+$`, `\s`, "^[ -~]*$", formatDate} {
+		d, err := compilePattern(p)
+		require.NoError(t, err, p)
+		require.False(t, d.special, "%q", p)
+		c, err := counter(1, 5)
+		require.NoError(t, err)
+		both, err := intersect(d, c)
+		require.NoError(t, err)
+		require.False(t, both.special, "%q with a length bound", p)
+	}
+	for _, b := range [][2]int{{0, 3}, {0, -1}, {2, -1}} {
+		c, err := counter(b[0], b[1])
+		require.NoError(t, err)
+		require.True(t, c.special, "%d..%d code points", b[0], b[1])
+	}
+}
+
 // TestPatternUnions: patterned strings merge like other string schemas.
 func TestPatternUnions(t *testing.T) {
 	s, _ := compile(t, `{"anyOf":[{"type":"string","format":"date"},{"type":"null"}]}`)

@@ -78,6 +78,10 @@ type walker struct {
 	// follow a string's close (walkString's, once a walk: closedSet).
 	closed    []bool
 	closedSet bool
+	// collect: walkString lists the tQuote tokens whose string may close
+	// at their quote in quoteIDs instead of marking them.
+	collect  bool
+	quoteIDs []int32
 }
 
 // NewVocab arranges toks (toks[id] a token's bytes; empty: never drawn)
@@ -300,15 +304,34 @@ func (s *State) MaskThen(dst []bool, v *Vocab, then func(rest []byte) bool) {
 		s.run(&w.sims[0], nil)
 		v.rest.walk(dst, 0, len(v.rest.c), w)
 	case cur.n.pat != nil:
-		// Plain tokens depend on the automaton's state alone; a mask
-		// whose walk took longer than reading it back is kept.
-		if !v.patterns.load(dst, cur.n.pat, cur.dfa) {
+		// Plain tokens depend on the automaton's state alone, and so
+		// does which tokens' bytes before their first quote the
+		// automaton takes to a state where the string may close: a
+		// mask and list whose walk took longer than reading them back
+		// are kept. The quote's tokens are then in where what follows
+		// their quote may follow the string.
+		quotes, ok := v.patterns.load(dst, cur.n.pat, cur.dfa)
+		if !ok {
 			clear(dst)
-			if s.walkString(dst, v, tPlain, w) > len(dst)/4 {
-				v.patterns.store(dst, cur.n.pat, cur.dfa)
+			w.quoteIDs, w.collect = w.quoteIDs[:0], true
+			steps := s.walkString(dst, v, tPlain|tQuote, w)
+			w.collect = false
+			quotes = w.quoteIDs
+			if steps > len(dst)/4 {
+				v.patterns.store(dst, quotes, cur.n.pat, cur.dfa)
 			}
 		}
-		s.walkString(dst, v, tOther, w)
+		if len(quotes) > 0 {
+			closed := s.closedAfter(v, w)
+			for _, id := range quotes {
+				if closed[id] {
+					dst[id] = true
+				}
+			}
+		}
+		if cur.n.pat.special {
+			s.walkString(dst, v, tEscape|tControl, w)
+		}
 	case cur.need == 0:
 		// A plain token is in if it is valid UTF-8 of at most the code
 		// points left.
@@ -440,7 +463,10 @@ func (s *State) walkString(dst []bool, v *Vocab, want uint8, w *walker) (steps i
 			// reading of those bytes, rather than the machine once a
 			// prefix.
 			closes := pat != nil && pat.accept[dfas[d-1]] || pat == nil && counts[d-1].need == 0 && counts[d-1].chars >= n.minLen
-			if closes {
+			switch {
+			case closes && w.collect:
+				w.quoteIDs = append(w.quoteIDs, t.ids[t.at[i]:t.at[t.skip[i]]]...)
+			case closes:
 				closed := s.closedAfter(v, w)
 				for _, id := range t.ids[t.at[i]:t.at[t.skip[i]]] {
 					if closed[id] {
@@ -541,9 +567,14 @@ func (s *State) closedAfter(v *Vocab, w *walker) []bool {
 // in takes the walk through most of the trie.
 type maskCache struct {
 	mu    sync.Mutex
-	masks map[maskKey][]uint64 // a bit a token
+	masks map[maskKey]maskEntry
 	order [maskCacheSize]maskKey
 	next  int
+}
+
+type maskEntry struct {
+	bits   []uint64 // the plain tokens' mask, a bit a token
+	quotes []int32  // the quote tokens whose string may close at their quote
 }
 
 const maskCacheSize = 64
@@ -553,22 +584,23 @@ type maskKey struct {
 	st  int32
 }
 
-// load sets dst to the mask of pat's state st if it is held.
-func (c *maskCache) load(dst []bool, pat *dfa, st int32) bool {
+// load sets dst to the plain tokens' mask of pat's state st and returns
+// its quote tokens, if they are held. The list is shared: read only.
+func (c *maskCache) load(dst []bool, pat *dfa, st int32) ([]int32, bool) {
 	c.mu.Lock()
-	bits, ok := c.masks[maskKey{pat, st}]
+	e, ok := c.masks[maskKey{pat, st}]
 	c.mu.Unlock()
 	if !ok {
-		return false
+		return nil, false
 	}
 	for i := range dst {
-		dst[i] = bits[i/64]&(1<<(i%64)) != 0
+		dst[i] = e.bits[i/64]&(1<<(i%64)) != 0
 	}
-	return true
+	return e.quotes, true
 }
 
-// store keeps dst as the mask of pat's state st.
-func (c *maskCache) store(dst []bool, pat *dfa, st int32) {
+// store keeps dst and a copy of quotes as pat's state st's.
+func (c *maskCache) store(dst []bool, quotes []int32, pat *dfa, st int32) {
 	bits := make([]uint64, (len(dst)+63)/64)
 	for i, in := range dst {
 		if in {
@@ -579,7 +611,7 @@ func (c *maskCache) store(dst []bool, pat *dfa, st int32) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.masks == nil {
-		c.masks = make(map[maskKey][]uint64)
+		c.masks = make(map[maskKey]maskEntry)
 	}
 	if _, ok := c.masks[k]; ok {
 		return
@@ -587,5 +619,5 @@ func (c *maskCache) store(dst []bool, pat *dfa, st int32) {
 	delete(c.masks, c.order[c.next]) // the oldest, once full
 	c.order[c.next] = k
 	c.next = (c.next + 1) % maskCacheSize
-	c.masks[k] = bits
+	c.masks[k] = maskEntry{bits, slices.Clone(quotes)}
 }
