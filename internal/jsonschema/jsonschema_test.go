@@ -939,6 +939,74 @@ func FuzzCompile(f *testing.F) {
 	})
 }
 
+// FuzzMask: for any schema that compiles, at every position of a random
+// walk through it, Mask gives each token of a small vocabulary (single
+// bytes, pieces of JSON, tokens holding quotes, backslashes and cut
+// characters after plain bytes) the answer of Accepts, and MaskThen that
+// of Span with the bytes after the value read by its function.
+func FuzzMask(f *testing.F) {
+	for _, src := range schemas {
+		f.Add([]byte(src), uint64(1))
+	}
+	f.Add([]byte(`{"type":"array","items":{"anyOf":[{"type":"string","pattern":"^[a-c]+x?$","maxLength":4},{"type":"null"}]},"maxItems":3}`), uint64(5))
+	f.Add([]byte(`{"type":"object","properties":{"d":{"type":"string","format":"date-time"},"e":{"type":"string","format":"email","minLength":7}}}`), uint64(6))
+	f.Add([]byte(`{"type":"array","items":{"type":"string","minLength":1,"maxLength":3},"maxItems":4}`), uint64(7))
+	toks := [][]byte{nil}
+	for c := range 256 {
+		toks = append(toks, []byte{byte(c)})
+	}
+	for _, p := range pieces {
+		toks = append(toks, []byte(p))
+	}
+	toks = append(toks, maskEdges...)
+	for _, p := range []string{`a"`, `ab",`, `é"]`, `x"}`, `a\n"`, `\"a`, `ab\u00e9`, "a\"\n", `"]}<end>`, `12"`, `-"`, `  "`} {
+		toks = append(toks, []byte(p))
+	}
+	v := NewVocab(toks)
+	const after = "]}<end>"
+	then := func(rest []byte) bool { return strings.HasPrefix(after, string(rest)) }
+	f.Fuzz(func(t *testing.T, doc []byte, seed uint64) {
+		s, err := Compile(doc)
+		if err != nil {
+			return
+		}
+		r := rand.New(rand.NewPCG(seed, 9))
+		st := s.Start()
+		dst := make([]bool, len(toks))
+		var text []byte
+		for range 60 {
+			st.Mask(dst, v)
+			for id, tok := range toks {
+				if want := len(tok) > 0 && st.Accepts(tok); dst[id] != want {
+					t.Fatalf("%s after %q: token %q: Mask %v, Accepts %v", doc, text, tok, dst[id], want)
+				}
+			}
+			st.MaskThen(dst, v, then)
+			for id, tok := range toks {
+				n, done, ok := st.Span(tok)
+				if want := len(tok) > 0 && ok && (!done || then(tok[n:])); dst[id] != want {
+					t.Fatalf("%s after %q: token %q: MaskThen %v, Span %d %v %v", doc, text, tok, dst[id], n, done, ok)
+				}
+			}
+			if st.Done() {
+				return
+			}
+			var ok []byte
+			for c := range 256 {
+				if st.Accepts([]byte{byte(c)}) {
+					ok = append(ok, byte(c))
+				}
+			}
+			if len(ok) == 0 {
+				return
+			}
+			c := ok[r.IntN(len(ok))]
+			st.Feed([]byte{c})
+			text = append(text, c)
+		}
+	})
+}
+
 // TestAdmits: Admits counts the tokens that Feed, one after another on a
 // state of its own, takes before the first it refuses (an empty token
 // ends the count), and leaves the state as it was.
