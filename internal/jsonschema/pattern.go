@@ -501,13 +501,10 @@ func (d *dfa) prune() {
 	}
 	d.none = !live[0]
 	d.special = false
-	for c := 0; c <= 0x20; c++ {
-		b := byte(c)
-		if c == 0x20 {
-			b = '\\'
-		}
-		for s := 0; s < n && !d.special; s++ {
-			d.special = d.step(int32(s), b) >= 0
+	for s := 0; s < n && !d.special; s++ {
+		d.special = d.step(int32(s), '\\') >= 0
+		for c := byte(0); c < 0x20 && !d.special; c++ {
+			d.special = d.step(int32(s), c) >= 0
 		}
 	}
 }

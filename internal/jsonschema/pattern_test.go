@@ -290,6 +290,13 @@ func TestSpecialBytes(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, c.special, "%d..%d code points", b[0], b[1])
 	}
+	// Automata of one state that take one byte (and nothing else).
+	for _, c := range []byte{'\\', 0, 0x1f, 'a'} {
+		d := &dfa{width: 2, next: []int32{-1, 0}, accept: []bool{true}}
+		d.class[c] = 1
+		d.prune()
+		require.Equal(t, c != 'a', d.special, "an automaton that takes %q", c)
+	}
 }
 
 // TestPatternUnions: patterned strings merge like other string schemas.

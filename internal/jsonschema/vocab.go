@@ -75,7 +75,7 @@ type walker struct {
 	toks   [][]byte
 	prefix []byte // Select's: the node's prefix
 	// closed[id] is whether what follows the first quote of token id may
-	// follow a string's close (walkString's, once a walk: closedSet).
+	// follow a string's close (closedAfter's, once a mask: closedSet).
 	closed    []bool
 	closedSet bool
 	// collect: walkString lists the tQuote tokens whose string may close
@@ -440,11 +440,13 @@ func (v *Vocab) Select(dst []bool, alive func(prefix []byte) bool) {
 }
 
 // walkString sets dst for the tokens of the kinds want that may follow
-// inside a bounded or patterned string and returns the nodes it stepped. A plain byte changes only the
-// string's count (or automaton state), so plain prefixes walk on that
-// alone; at a quote, backslash or control byte the state is made whole
-// (the cursor with the prefix's count or automaton state) and the
-// subtree walks the machine.
+// inside a bounded or patterned string and returns the plain nodes it
+// stepped. A plain byte changes only the string's count (or automaton
+// state), so plain prefixes walk on that alone. At a quote where the
+// string may close, the tokens under it take closedAfter's answer (or,
+// with w.collect, are listed in w.quoteIDs); at a backslash or control
+// byte the state is made whole (the cursor with the prefix's count or
+// automaton state) and the subtree walks the machine.
 func (s *State) walkString(dst []bool, v *Vocab, want uint8, w *walker) (steps int) {
 	t := &v.all
 	n := s.cur.n
@@ -562,7 +564,8 @@ func (s *State) closedAfter(v *Vocab, w *walker) []bool {
 }
 
 // maskCache holds the masks of the plain tokens inside patterned strings
-// by automaton state, the last maskCacheSize made: a generation inside
+// by automaton state, each with its list of the quote tokens whose
+// string may close at their quote, the last maskCacheSize made: a generation inside
 // such a string revisits few states, and a mask where most tokens are
 // in takes the walk through most of the trie.
 type maskCache struct {

@@ -196,7 +196,7 @@ func (p *Pool) Run(fn func(a *Args, lo, hi int), a Args, n, grain int) {
 // RunEach is Run with ranges of exactly grain items (the last one
 // shorter), however many that makes, rather than about claimsPer a
 // goroutine: for items whose costs differ widely (an MoE call's experts,
-// causal attention's rows), where a goroutine that finishes its share
+// the indexer's causal rows), where a goroutine that finishes its share
 // early then takes the others' items one range at a time instead of a
 // few ranges' worth of uneven items.
 func (p *Pool) RunEach(fn func(a *Args, lo, hi int), a Args, n, grain int) {
