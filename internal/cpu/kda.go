@@ -456,6 +456,10 @@ func (j *kdaJob) unsafeTerms(sc *kdaScratch, hd, t0, c0, c1 int) {
 			decays = decays && sc.ug[i*n+x] <= 0
 		}
 	}
+	if n < unsafeFew {
+		unsafeFewTerms(sc, c, n, beta, decays)
+		return
+	}
 	for i := 0; i < c; i++ {
 		// Rows j0..i of ue: the spans G_i - G_j of pairs (i, j).
 		ue := sc.ue
@@ -480,6 +484,67 @@ func (j *kdaJob) unsafeTerms(sc *kdaScratch, hd, t0, c0, c1 int) {
 			sc.mqk[i*c+j0+x] += mq[x]
 		}
 	}
+}
+
+// unsafeFew is the channel count below which unsafeTerms runs
+// unsafeFewTerms: a chunk seldom has more than one or two unsafe
+// channels, and the general loop then makes hundreds of kernel calls on
+// vectors of that length. A variable so that tests can take either.
+var unsafeFew = 8
+
+// unsafeFewTerms is unsafeTerms' loop for n < 8 gathered channels, with
+// the same arithmetic: the spans summed backwards in the same order, the
+// flushed exponential (kernel.Exp, the vector one's bits), the two
+// matrix-vector products as the dot-form tiles sum fewer than eight
+// terms (fewDot).
+func unsafeFewTerms(sc *kdaScratch, c, n int, beta []float32, decays bool) {
+	var span, kd [8]float32
+	for i := 0; i < c; i++ {
+		uki, uqi := sc.uk[i*n:(i+1)*n], sc.uq[i*n:(i+1)*n]
+		clear(span[:n])
+		for jj := i; jj >= 0; jj-- {
+			if jj < i {
+				for x := range n {
+					span[x] += sc.ug[(jj+1)*n+x]
+				}
+				top := span[0] // kernel.Max's
+				for _, s := range span[1:n] {
+					if s > top {
+						top = s
+					}
+				}
+				if decays && top < decayFlush {
+					break
+				}
+			}
+			for x := range n {
+				e := float32(0)
+				if !(span[x] < decayFlush) { // as ExpSliceFlush: NaN stays NaN
+					e = kernel.Exp(span[x])
+				}
+				kd[x] = e * sc.uk[jj*n+x] // k_j e^{G_i-G_j}
+			}
+			sc.lm[i*c+jj] += beta[i] * fewDot(uki, kd[:n])
+			sc.mqk[i*c+jj] += fewDot(uqi, kd[:n])
+		}
+	}
+}
+
+// fewDot is the dot-form tiles' sum of fewer than eight products
+// (kernel's dot4): even and odd terms in two chains, then their sum (the
+// tiles add it to a zero, which changes nothing: neither chain can be
+// -0).
+func fewDot(x, w []float32) float32 {
+	var a, b float32
+	i := 0
+	for ; i+2 <= len(x); i += 2 {
+		a += x[i] * w[i]
+		b += x[i+1] * w[i+1]
+	}
+	if i < len(x) {
+		a += x[i] * w[i]
+	}
+	return a + b
 }
 
 // decayGate writes one head's log decay for tokens from the raw gate

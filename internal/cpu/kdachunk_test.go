@@ -3,6 +3,7 @@ package cpu
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -69,6 +70,85 @@ func TestChunkOperandsNormal(t *testing.T) {
 						}
 					}
 				}
+			}
+		}
+	}
+}
+
+// TestUnsafeFewTerms: the few-channel loop of the chunks' unsafe terms
+// gives the general loop's bits, output and state, with 1 to 12 channels
+// decaying past safeSpan within every chunk (gates given; some keys and
+// queries zeros of either sign; with grow, a gate above zero, where the
+// early stop of the span walk does not apply).
+func TestUnsafeFewTerms(t *testing.T) {
+	defaultFew := unsafeFew
+	defer func() { unsafeFew = defaultFew }()
+	require.Greater(t, defaultFew, 2, "the few-channel loop takes the common chunks: one or two channels")
+	b := New(2)
+	defer b.Close()
+	const T, h, dk, dv, chunk = 96, 2, 16, 8, 16
+	for _, strong := range []int{1, 2, 3, 5, 7, 8, 12} {
+		for _, grow := range []bool{false, true} {
+			r := rand.New(rand.NewPCG(uint64(strong), 9))
+			vals := func(n int, f func(i int) float32) []float32 {
+				v := make([]float32, n)
+				for i := range v {
+					v[i] = f(i)
+				}
+				return v
+			}
+			signedZero := func(x float64) float32 {
+				switch r.IntN(8) {
+				case 0:
+					return 0
+				case 1:
+					return float32(math.Copysign(0, -1))
+				}
+				return float32(x)
+			}
+			q := vals(T*h*dk, func(int) float32 { return signedZero(r.NormFloat64()) })
+			k := vals(T*h*dk, func(int) float32 { return signedZero(r.NormFloat64()) })
+			v := vals(T*h*dv, func(int) float32 { return float32(r.NormFloat64()) })
+			beta := vals(T*h, func(int) float32 { return float32(r.Float64()) })
+			state0 := vals(h*dv*dk, func(int) float32 { return float32(0.1 * r.NormFloat64()) })
+			g := vals(T*h*dk, func(i int) float32 {
+				switch ch := i % dk; {
+				case ch < strong:
+					return float32(-6 - 2*r.Float64())
+				case grow && ch == dk-1 && r.IntN(3) == 0:
+					return 0.5
+				}
+				return float32(-0.05 * r.Float64())
+			})
+			// Every chunk has strong channels past safeSpan (cumulative
+			// gates from its first token to its last).
+			unsafe := 0
+			for c0 := 0; c0 < T; c0 += chunk {
+				for hd := range h {
+					for ch := range dk {
+						var span float64
+						for i := c0 + 1; i < c0+chunk; i++ {
+							span += float64(g[(i*h+hd)*dk+ch])
+						}
+						if -span > safeSpan {
+							unsafe++
+						}
+					}
+				}
+			}
+			require.Equal(t, strong*h*T/chunk, unsafe)
+			var got [2][]float32
+			for run, few := range []int{defaultFew, 0} {
+				unsafeFew = few
+				a := compute.KDAArgs{Q: upload(b, q, T, h, dk), K: upload(b, k, T, h, dk), V: upload(b, v, T, h, dv),
+					G: upload(b, g, T, h, dk), Beta: upload(b, beta, T, h), Gate: compute.GateGiven, Scale: 0.25,
+					ChunkSize: chunk, State: upload(b, state0, 1, h, dv, dk), Out: must(b.Alloc(compute.F32, T, h, dv))}
+				require.NoError(t, b.KDAChunk(&a))
+				got[run] = append(slices.Clone(F32(a.Out)), F32(a.State)...)
+			}
+			for i := range got[0] {
+				require.Equal(t, math.Float32bits(got[1][i]), math.Float32bits(got[0][i]),
+					"%d strong channels (grow %v): value %d: %g few, %g general", strong, grow, i, got[0][i], got[1][i])
 			}
 		}
 	}
