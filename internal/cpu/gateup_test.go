@@ -92,22 +92,9 @@ func TestPrepareExperts(t *testing.T) {
 			// expert 1's w1 and w3 halves of different pairs (each half's
 			// own product).
 			const tok, topk = 40, 2
-			idx, wts := make([]int32, tok*topk), make([]float32, tok*topk)
-			for i := range tok {
-				for s, e := range r.Perm(ne)[:topk] {
-					idx[i*topk+s], wts[i*topk+s] = int32(e), float32(0.2+r.Float64())
-				}
-			}
+			idx, wts := weightedRoutes(r, tok, ne, topk)
 			run := func(w1, w3 []compute.Tensor) []float32 {
-				it := must(b.Alloc(compute.I32, tok, topk))
-				require.NoError(t, b.Write(it, idx))
-				out := must(b.Alloc(compute.F32, tok, din))
-				a := compute.ExpertArgs{X: upload(b, x, tok, din), Indices: it, Weights: upload(b, wts, tok, topk),
-					W1: w1, W3: w3, W2: w2, Act: compute.Activation{Kind: compute.SwiGLU}, Out: out}
-				require.NoError(t, b.MoEExperts(&a))
-				got := make([]float32, tok*din)
-				require.NoError(t, b.Read(got, out))
-				return got
+				return runExperts(t, b, x[:tok*din], idx, wts, topk, w1, w3, w2)
 			}
 			// The float64 experts (hidden rows rounded to float32 as the
 			// kernels hold them), within 1e-5 of the sum of the terms'

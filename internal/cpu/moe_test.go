@@ -59,26 +59,11 @@ func testExpertsOnTiles(t *testing.T, din, inter int) {
 		for i := range x {
 			x[i] = float32(r.NormFloat64() * 0.5)
 		}
-		idx := make([]int32, n*topk)
-		wts := make([]float32, n*topk)
-		for i := range n {
-			for s, e := range r.Perm(ne)[:topk] {
-				idx[i*topk+s], wts[i*topk+s] = int32(e), float32(0.2+r.Float64())
-			}
-		}
+		idx, wts := weightedRoutes(r, n, ne, topk)
 		return x, idx, wts
 	}
 	run := func(x []float32, idx []int32, wts []float32) []float32 {
-		n := len(x) / din
-		out := must(b.Alloc(compute.F32, n, din))
-		it := must(b.Alloc(compute.I32, n, topk))
-		require.NoError(t, b.Write(it, idx))
-		a := compute.ExpertArgs{X: upload(b, x, n, din), Indices: it, Weights: upload(b, wts, n, topk),
-			W1: w1, W3: w3, W2: w2, Act: compute.Activation{Kind: compute.SwiGLU}, Out: out}
-		require.NoError(t, b.MoEExperts(&a))
-		got := make([]float32, n*din)
-		require.NoError(t, b.Read(got, out))
-		return got
+		return runExperts(t, b, x, idx, wts, topk, w1, w3, w2)
 	}
 	x, idx, wts := route(tok)
 	got := run(x, idx, wts)
@@ -244,6 +229,37 @@ func testExpertSchedules(t *testing.T, fast bool, din, inter, tok, topk int) {
 	require.Equal(t, got[0], got[1], "whole experts (want) against passes over panel ranges")
 }
 
+// weightedRoutes is routes with a weight in [0.2, 1.2) a slot, drawn
+// after the slot's expert.
+func weightedRoutes(r *rand.Rand, tok, ne, topk int) ([]int32, []float32) {
+	idx, wts := make([]int32, tok*topk), make([]float32, tok*topk)
+	for i := range tok {
+		for s, e := range r.Perm(ne)[:topk] {
+			idx[i*topk+s], wts[i*topk+s] = int32(e), float32(0.2+r.Float64())
+		}
+	}
+	return idx, wts
+}
+
+// runExperts runs b's MoEExperts (SwiGLU) over x's tokens, routed topk a
+// token to idx with weights wts, and returns the output read back. The
+// output starts as NaN: Out is overwritten, not added to.
+func runExperts(t testing.TB, b *Backend, x []float32, idx []int32, wts []float32, topk int, w1, w3, w2 []compute.Tensor) []float32 {
+	t.Helper()
+	n := len(idx) / topk
+	din := len(x) / n
+	it := must(b.Alloc(compute.I32, n, topk))
+	require.NoError(t, b.Write(it, idx))
+	out := must(b.Alloc(compute.F32, n, din))
+	require.NoError(t, b.Fill(out, float32(math.NaN())))
+	a := compute.ExpertArgs{X: upload(b, x, n, din), Indices: it, Weights: upload(b, wts, n, topk),
+		W1: w1, W3: w3, W2: w2, Act: compute.Activation{Kind: compute.SwiGLU}, Out: out}
+	require.NoError(t, b.MoEExperts(&a))
+	got := make([]float32, n*din)
+	require.NoError(t, b.Read(got, out))
+	return got
+}
+
 // routes returns tok tokens' top-k expert indices, each token's k
 // distinct experts of ne in no order.
 func routes(r *rand.Rand, tok, ne, topk int) []int32 {
@@ -316,16 +332,7 @@ func TestMoESplit(t *testing.T) {
 	idx := routes(r, tok, e, topk)
 	idx[3*topk+1], idx[7*topk] = -1, -1
 	run := func(n int) []float32 {
-		it := must(b.Alloc(compute.I32, n, topk))
-		require.NoError(t, b.Write(it, idx[:n*topk]))
-		out := must(b.Alloc(compute.F32, n, din))
-		require.NoError(t, b.Fill(out, float32(math.NaN()))) // Out is overwritten, not added to
-		a := compute.ExpertArgs{X: upload(b, x[:n*din], n, din), Indices: it, Weights: upload(b, wts[:n*topk], n, topk),
-			W1: w1, W3: w3, W2: w2, Act: compute.Activation{Kind: compute.SwiGLU}, Out: out}
-		require.NoError(t, b.MoEExperts(&a))
-		got := make([]float32, n*din)
-		require.NoError(t, b.Read(got, out))
-		return got
+		return runExperts(t, b, x[:n*din], idx[:n*topk], wts[:n*topk], topk, w1, w3, w2)
 	}
 	long := run(tok)
 	if longOnTiles(b.packing(), din) {

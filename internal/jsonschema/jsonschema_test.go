@@ -251,6 +251,17 @@ var pieces = []string{`{"`, `":`, `",`, `"}`, `]}`, `},{`, `[[`, `null`, `true`,
 // prefer (a required key is seldom spelled at random).
 var finishers = []string{`"name":`, `"age":`, `"id":`, `"a":`, `"v":`, `"kind":`, `"r":`, `"x":`, `"rating":`}
 
+// followers returns the bytes that may follow the text st has read.
+func followers(st *State) []byte {
+	var ok []byte
+	for c := range 256 {
+		if st.Accepts([]byte{byte(c)}) {
+			ok = append(ok, byte(c))
+		}
+	}
+	return ok
+}
+
 // walk draws random accepted bytes and pieces from the start until the
 // value is whole, checking at every step that something may follow. Past
 // budget bytes it prefers closing bytes so that walks end.
@@ -261,12 +272,7 @@ func walk(t *testing.T, s *Schema, r *rand.Rand, budget int) (string, bool) {
 		if st.Done() || st.Complete() && r.IntN(8) == 0 {
 			return string(text), true
 		}
-		var ok []byte
-		for c := range 256 {
-			if st.Accepts([]byte{byte(c)}) {
-				ok = append(ok, byte(c))
-			}
-		}
+		ok := followers(&st)
 		require.NotEmpty(t, ok, "dead end after %q", text)
 		var b []byte
 		switch {
@@ -917,12 +923,7 @@ func FuzzCompile(f *testing.F) {
 			if st.Done() || st.Complete() && r.IntN(4) == 0 {
 				break
 			}
-			var ok []byte
-			for c := range 256 {
-				if st.Accepts([]byte{byte(c)}) {
-					ok = append(ok, byte(c))
-				}
-			}
+			ok := followers(&st)
 			if len(ok) == 0 {
 				t.Fatalf("%s: dead end after %q", doc, text)
 			}
@@ -991,12 +992,7 @@ func FuzzMask(f *testing.F) {
 			if st.Done() {
 				return
 			}
-			var ok []byte
-			for c := range 256 {
-				if st.Accepts([]byte{byte(c)}) {
-					ok = append(ok, byte(c))
-				}
-			}
+			ok := followers(&st)
 			if len(ok) == 0 {
 				return
 			}

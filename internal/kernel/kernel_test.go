@@ -312,8 +312,7 @@ func TestPoolRangesFixed(t *testing.T) {
 
 // TestPoolRunEach: RunEach covers [0, n) once in ranges of exactly grain
 // items (the last one shorter), whatever their number, on a pool of one
-// goroutine too, and a goroutine stalled in one range leaves the others
-// to take every other range.
+// goroutine too. (TestPoolTakesStalledShare stalls a range of it.)
 func TestPoolRunEach(t *testing.T) {
 	for _, size := range []int{1, 2, 3} {
 		p := NewPool(size)
@@ -345,52 +344,37 @@ func TestPoolRunEach(t *testing.T) {
 		}
 		p.Close()
 	}
-	p := NewPool(2)
-	defer p.Close()
-	const n = 40
-	for range 10 {
-		var done atomic.Int64
-		stalled := false
-		p.RunEach(func(a *Args, lo, hi int) {
-			if lo == 0 {
-				deadline := time.Now().Add(10 * time.Second)
-				for done.Load() < n-1 && time.Now().Before(deadline) {
-					runtime.Gosched()
-				}
-				stalled = done.Load() < n-1
-			}
-			done.Add(int64(hi - lo))
-		}, Args{}, n, 1)
-		require.False(t, stalled, "the other goroutine left ranges of the stalled one's share")
-	}
 }
 
 // TestPoolTakesStalledShare: a goroutine stalled inside a range does not
-// hold up the rest of its share. The range holding the middle item (in
-// the second goroutine's share of three, a share of several ranges) waits
-// until every item outside it is done, which happens only if the other
-// goroutines take up that share's remaining ranges.
+// hold up the rest of its share, under Run and RunEach. The range holding
+// the middle item (in the second goroutine's share of three, a share of
+// several ranges) waits until every item outside it is done, which
+// happens only if the other goroutines take up that share's remaining
+// ranges.
 func TestPoolTakesStalledShare(t *testing.T) {
 	p := NewPool(3)
 	defer p.Close()
 	const n = 48
-	for range 20 {
-		var done atomic.Int64
-		stalled := false
-		p.Run(func(a *Args, lo, hi int) {
-			for i := lo; i < hi; i++ {
-				if i == n/2 {
-					deadline := time.Now().Add(10 * time.Second)
-					for done.Load() < int64(n-(hi-lo)) && time.Now().Before(deadline) {
-						runtime.Gosched()
+	for _, run := range []func(func(a *Args, lo, hi int), Args, int, int){p.Run, p.RunEach} {
+		for range 20 {
+			var done atomic.Int64
+			stalled := false
+			run(func(a *Args, lo, hi int) {
+				for i := lo; i < hi; i++ {
+					if i == n/2 {
+						deadline := time.Now().Add(10 * time.Second)
+						for done.Load() < int64(n-(hi-lo)) && time.Now().Before(deadline) {
+							runtime.Gosched()
+						}
+						stalled = done.Load() < int64(n-(hi-lo))
 					}
-					stalled = done.Load() < int64(n-(hi-lo))
 				}
-			}
-			done.Add(int64(hi - lo))
-		}, Args{}, n, 1)
-		require.False(t, stalled, "the stalled range's share was not taken up")
-		require.Equal(t, int64(n), done.Load())
+				done.Add(int64(hi - lo))
+			}, Args{}, n, 1)
+			require.False(t, stalled, "the stalled range's share was not taken up")
+			require.Equal(t, int64(n), done.Load())
+		}
 	}
 }
 
