@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -203,5 +204,33 @@ func TestTopKRadix(t *testing.T) {
 	idx := make([]int32, 256)
 	if a := testing.AllocsPerRun(10, func() { TopK(idx, nil, x, 256) }); a != 0 && !raceEnabled {
 		t.Fatalf("TopK allocates %v times", a)
+	}
+}
+
+// BenchmarkTopK times the Lightning Indexer's selection: the k best of n
+// scores, ranked, at a prefill chunk's context lengths and a long
+// decode's.
+func BenchmarkTopK(b *testing.B) {
+	r := rand.New(rand.NewPCG(11, 12))
+	for _, n := range []int{512, 2048, 8192, 32768} {
+		for _, k := range []int{256, 2048} {
+			if k >= n {
+				continue
+			}
+			b.Run(fmt.Sprintf("n%d/k%d", n, k), func(b *testing.B) {
+				// Scores as the indexer's: weighted sums of ReLUs, so
+				// mostly positive with many near zero.
+				x := make([]float32, n)
+				for i := range x {
+					x[i] = float32(math.Max(r.NormFloat64(), 0)*2 + r.NormFloat64()*0.1)
+				}
+				idx := make([]int32, k)
+				b.ResetTimer()
+				for range b.N {
+					TopK(idx, nil, x, k)
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/score")
+			})
+		}
 	}
 }

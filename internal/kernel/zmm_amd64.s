@@ -748,7 +748,10 @@ gzdone:
 // apart. Each product is rounded before its sum and every operation has
 // the operand order of MulAdd's (mulAddAVX2), sigmoidZMM's and Mul's
 // (mulAVX2), so the bits are those of clearing a row, four MulAdds and
-// SiLUInPlace.
+// SiLUInPlace. Each block prefetches its columns of the x row five rows
+// on: the rows lie a whole row of q|k|v apart (9 KB at 2,304 channels),
+// a stride the hardware prefetchers did not follow in a prefill, where x
+// comes from the projection just written by both cores (docs/bench).
 TEXT ·convSiLU4ZMM(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), DI
 	MOVQ x+8(FP), SI
@@ -773,6 +776,7 @@ cvblock:
 	JGE  cvnext
 	LEAQ (DX)(R12*1), R13
 	LEAQ (SI)(R12*1), R10
+	PREFETCHT0 (R10)(R9*8)
 	VMOVUPS (R13), Z9
 	VMULPS (R10), Z9, Z15
 	VADDPS Z14, Z15, Z13
