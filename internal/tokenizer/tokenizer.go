@@ -18,7 +18,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
-	"strings"
 )
 
 // ErrFormat is wrapped by errors about malformed tokenizer files.
@@ -58,7 +57,15 @@ func Decode(t Tokenizer, ids []int32) string {
 type specials struct {
 	byName map[string]int32
 	byID   map[int32]string
-	names  []string // longest first, for matching in text
+	names  []string // longest first
+	trie   *specialNode
+	first  [256]bool // the names' first bytes
+}
+
+// specialNode is a node of the names' trie: name is set where a name ends.
+type specialNode struct {
+	next map[byte]*specialNode
+	name string
 }
 
 func newSpecials(m map[string]int32) specials {
@@ -75,28 +82,67 @@ func newSpecials(m map[string]int32) specials {
 		}
 		return s.names[i] < s.names[j]
 	})
+	s.trie = &specialNode{}
+	for _, name := range s.names {
+		s.first[name[0]] = true
+		n := s.trie
+		for i := 0; i < len(name); i++ {
+			c := n.next[name[i]]
+			if c == nil {
+				if n.next == nil {
+					n.next = map[byte]*specialNode{}
+				}
+				c = &specialNode{}
+				n.next[name[i]] = c
+			}
+			n = c
+		}
+		n.name = name
+	}
 	return s
+}
+
+// match returns the longest name that text starts with, or "".
+func (s *specials) match(text string) string {
+	best := ""
+	n := s.trie
+	for i := 0; i < len(text); i++ {
+		if n = n.next[text[i]]; n == nil {
+			break
+		}
+		if n.name != "" {
+			best = n.name
+		}
+	}
+	return best
 }
 
 // split calls plain for the text between special tokens and special for
 // each special token found (leftmost, longest).
+//
+// Each byte is looked at once, and a special token's first byte walks the
+// names' trie from there: a text of many special tokens, or of many
+// bytes that begin one, costs in proportion to its length and the longest
+// name, not to its length times the number of tokens found.
 func (s *specials) split(text string, plain func(string), special func(int32)) {
-	for len(text) > 0 {
-		at, name := -1, ""
-		for _, n := range s.names {
-			if i := strings.Index(text, n); i >= 0 && (at < 0 || i < at) {
-				at, name = i, n
-			}
+	from := 0 // the first byte not yet handed on
+	for i := 0; i < len(text); i++ {
+		if !s.first[text[i]] {
+			continue
 		}
-		if at < 0 {
-			plain(text)
-			return
+		name := s.match(text[i:])
+		if name == "" {
+			continue
 		}
-		if at > 0 {
-			plain(text[:at])
+		if i > from {
+			plain(text[from:i])
 		}
 		special(s.byName[name])
-		text = text[at+len(name):]
+		from = i + len(name)
+		i = from - 1
+	}
+	if from < len(text) {
+		plain(text[from:])
 	}
 }
 
@@ -201,32 +247,17 @@ func (t *BPE) Encode(text string, allowSpecial bool) []int32 {
 	return out
 }
 
-// encodePiece merges the lowest-ranked adjacent pair until none remains.
+// encodePiece appends the tokens of one pre-tokenized piece: the piece
+// itself where it is a token, else its bytes merged pair by pair, the
+// lowest rank first (mergeScan, mergeHeap).
 func (t *BPE) encodePiece(out []int32, piece string) []int32 {
 	if id, ok := t.ranks[piece]; ok {
 		return append(out, id)
 	}
-	// parts[i] is the byte offset where part i starts.
-	parts := make([]int, len(piece)+1)
-	for i := range parts {
-		parts[i] = i
+	if len(piece) <= scanMax {
+		return t.mergeScan(out, piece)
 	}
-	for len(parts) > 2 {
-		best, at := int32(-1), -1
-		for i := 0; i+2 < len(parts); i++ {
-			if r, ok := t.ranks[piece[parts[i]:parts[i+2]]]; ok && (best < 0 || r < best) {
-				best, at = r, i
-			}
-		}
-		if at < 0 {
-			break
-		}
-		parts = append(parts[:at+1], parts[at+2:]...)
-	}
-	for i := 0; i+1 < len(parts); i++ {
-		out = append(out, t.ranks[piece[parts[i]:parts[i+1]]])
-	}
-	return out
+	return t.mergeHeap(out, piece)
 }
 
 // TokenBytes implements Tokenizer.
