@@ -334,8 +334,9 @@ type generation struct {
 	sampler *sample.Sampler
 	dec     *tokenizer.StreamDecoder
 	held    string // text held back while it may be the start of a stop string
-	n       int    // tokens generated
-	prev    Token  // the last token drawn, not yielded yet (valid when hasPrev)
+	stops   *stopMatcher
+	n       int   // tokens generated
+	prev    Token // the last token drawn, not yielded yet (valid when hasPrev)
 	hasPrev bool
 	done    bool
 	usage   Usage
@@ -407,6 +408,9 @@ func (s *Session) prepareGeneration(prompt []int32, opts []GenerateOption) (*gen
 	sm.Observe(prompt...)
 	usage := Usage{PromptTokens: len(prompt), CachedTokens: s.pos}
 	g := &generation{s: s, o: o, sampler: sm, dec: tokenizer.NewStreamDecoder(s.m.tok), usage: usage}
+	if len(o.stopStrings) > 0 {
+		g.stops = newStopMatcher(o.stopStrings)
+	}
 	switch {
 	case o.json && o.toolNames != nil, o.json && o.schema != nil, o.schema != nil && o.toolNames != nil:
 		return nil, fmt.Errorf("%w: more than one of WithJSONObject, WithJSONSchema and WithToolCalls", ErrInvalidOption)
@@ -497,15 +501,16 @@ func (g *generation) advance(ctx context.Context) (stepResult, error) {
 		r.ready = append(r.ready, g.prev)
 	}
 	g.n++
-	text := g.held + g.dec.Next(id)
+	piece := g.dec.Next(id)
+	text := g.held + piece
 	g.held = ""
 	tok := Token{ID: id}
 	if g.o.logprobs {
 		g.logprobs(&tok)
 	}
 	stop := false
-	if len(g.o.stopStrings) > 0 {
-		text, g.held, stop = cutStop(text, g.o.stopStrings)
+	if g.stops != nil {
+		text, g.held, stop = g.cutStop(text, piece)
 	}
 	tok.Text = text
 	whole := g.con != nil && g.con.closed(id)
@@ -592,21 +597,18 @@ func indexAny(text string, subs []string) int {
 	return first
 }
 
-// cutStop returns the text before the first stop string (stop = true), or
-// the text that can be released and the suffix to hold back because it is
-// a prefix of some stop string.
-func cutStop(text string, stops []string) (out, held string, stop bool) {
-	if first := indexAny(text, stops); first >= 0 {
-		return text[:indexAny(text, stops)], "", true
-	}
-	keep := 0
-	for _, s := range stops {
-		for k := min(len(s)-1, len(text)); k > keep; k-- {
-			if strings.HasSuffix(text, s[:k]) {
-				keep = k
-				break
-			}
+// cutStop returns the text (the held text, then piece, the token's)
+// before the first stop string (stop = true), or the text that can be
+// released and the suffix to hold back because it is a prefix of some
+// stop string.
+func (g *generation) cutStop(text, piece string) (out, held string, stop bool) {
+	if g.stops.feed(piece) {
+		// A string ended in piece; it began in the text held back, which
+		// holds every start a string may have. The first to begin cuts.
+		if i := indexAny(text, g.o.stopStrings); i >= 0 {
+			return text[:i], "", true
 		}
 	}
+	keep := min(g.stops.pending(), len(text))
 	return text[:len(text)-keep], text[len(text)-keep:], false
 }
