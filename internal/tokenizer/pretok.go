@@ -137,8 +137,15 @@ func matchAt(rs []rune, i int) int {
 			return end + contraction(rs, end) - i
 		}
 	}
-	if n := runWhile(rs, i, unicode.IsNumber); n > 0 {
-		return min(n, 3)
+	// "\p{N}{1,3}": at most three, looking no further (a long run of
+	// digits is many pieces; scanning the whole run for each made it
+	// quadratic).
+	n := 0
+	for n < 3 && i+n < len(rs) && rs[i+n] >= 0 && unicode.IsNumber(rs[i+n]) {
+		n++
+	}
+	if n > 0 {
+		return n
 	}
 	// " ?[^\s\p{L}\p{N}]+[\r\n]*"
 	for _, sp := range []int{1, 0} {

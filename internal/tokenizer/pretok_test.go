@@ -30,6 +30,8 @@ func TestSplitKimi(t *testing.T) {
 		"a\r\nb":               {"a", "\r\n", "b"},
 		"...\n":                {"...\n"},
 		"naïve ÉCOLE":          {"naïve", " ÉCOLE"},
+		"12\xff345678":         {"12", "\xff", "345", "678"},
+		"٣٤٥٦x":                {"٣٤٥", "٦", "x"},
 	}
 	for in, want := range cases {
 		if got := split(in); !reflect.DeepEqual(got, want) {
