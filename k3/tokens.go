@@ -41,7 +41,10 @@ func (m *Model) Encode(text string) []int32 { return m.tok.Encode(text, true) }
 func (m *Model) Decode(ids []int32) string { return tokenizer.Decode(m.tok, ids) }
 
 // ChatPrompt renders a conversation in the Kimi chat format, ending with an
-// open assistant turn for the model to complete.
+// open assistant turn for the model to complete. Encode (or Generate) then
+// reads special-token strings anywhere in it as those tokens, including
+// inside a message's content: strip them from text that must not open or
+// close turns.
 func (m *Model) ChatPrompt(msgs []Message) string {
 	turns := make([]tokenizer.Message, len(msgs))
 	for i, msg := range msgs {
