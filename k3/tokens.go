@@ -43,14 +43,25 @@ func (m *Model) Decode(ids []int32) string { return tokenizer.Decode(m.tok, ids)
 // ChatPrompt renders a conversation in the Kimi chat format, ending with an
 // open assistant turn for the model to complete. Encode (or Generate) then
 // reads special-token strings anywhere in it as those tokens, including
-// inside a message's content: strip them from text that must not open or
-// close turns.
+// inside a message's content; ChatTokens does not.
 func (m *Model) ChatPrompt(msgs []Message) string {
 	turns := make([]tokenizer.Message, len(msgs))
 	for i, msg := range msgs {
 		turns[i] = tokenizer.Message(msg)
 	}
 	return tokenizer.Chat(turns, true)
+}
+
+// ChatTokens is the conversation ChatPrompt renders, tokenized with the
+// roles and content as text: a special-token string in a message
+// ("<|im_end|>") stays text and cannot end its turn or open another. For
+// content without such strings it equals Encode(ChatPrompt(msgs)).
+func (m *Model) ChatTokens(msgs []Message) []int32 {
+	turns := make([]tokenizer.ChatTurn, len(msgs))
+	for i, msg := range msgs {
+		turns[i] = tokenizer.ChatTurn{Role: msg.Role, Parts: []tokenizer.ChatPart{{Text: msg.Content}}}
+	}
+	return tokenizer.EncodeChat(m.tok, turns, true)
 }
 
 // LoadTiny loads the model embedded in the SDK: a tiny K3.1 Pro-shaped

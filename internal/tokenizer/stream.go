@@ -124,19 +124,99 @@ type Message struct {
 func Chat(msgs []Message, generation bool) string {
 	var b strings.Builder
 	for _, m := range msgs {
-		marker := "<|im_system|>"
-		switch m.Role {
-		case "user":
-			marker = "<|im_user|>"
-		case "assistant":
-			marker = "<|im_assistant|>"
-		}
-		b.WriteString(marker + m.Role + "<|im_middle|>" + m.Content + "<|im_end|>")
+		b.WriteString(chatMarker(m.Role) + m.Role + "<|im_middle|>" + m.Content + "<|im_end|>")
 	}
 	if generation {
 		b.WriteString("<|im_assistant|>assistant<|im_middle|>")
 	}
 	return b.String()
+}
+
+// ChatPart is a piece of a chat turn's content: text, or markup whose
+// special-token strings are those tokens (the markers of a tool calls
+// section that a server writes back into an assistant turn).
+type ChatPart struct {
+	Text   string
+	Markup bool
+}
+
+// ChatTurn is one turn of a conversation with its content in parts.
+type ChatTurn struct {
+	Role  string
+	Parts []ChatPart
+}
+
+// EncodeChat tokenizes turns in Chat's format with the format's markers
+// and the markup parts' special tokens as tokens, and the roles and text
+// parts as plain text: no text can open or close a turn. Where the text
+// holds no special-token string the tokens are those of t.Encode(Chat(…),
+// true), the text of the messages being the turns' parts joined: the
+// plain runs between special tokens are the same and encode alike.
+func EncodeChat(t Tokenizer, turns []ChatTurn, generation bool) []int32 {
+	var out []int32
+	var plain strings.Builder // the plain run since the last special token
+	flush := func() {
+		if plain.Len() > 0 {
+			out = append(out, t.Encode(plain.String(), false)...)
+			plain.Reset()
+		}
+	}
+	sp := specialsOf(t)
+	markup := func(s string) {
+		if sp == nil {
+			flush()
+			out = append(out, t.Encode(s, true)...)
+			return
+		}
+		sp.split(s, func(p string) { plain.WriteString(p) }, func(id int32) {
+			flush()
+			out = append(out, id)
+		})
+	}
+	open := func(role string) {
+		markup(chatMarker(role))
+		plain.WriteString(role)
+		markup("<|im_middle|>")
+	}
+	for _, turn := range turns {
+		open(turn.Role)
+		for _, p := range turn.Parts {
+			if p.Markup {
+				markup(p.Text)
+			} else {
+				plain.WriteString(p.Text)
+			}
+		}
+		markup("<|im_end|>")
+	}
+	if generation {
+		open("assistant")
+	}
+	flush()
+	return out
+}
+
+// specialsOf returns the special tokens of this package's tokenizers, or
+// nil for another.
+func specialsOf(t Tokenizer) *specials {
+	switch t := t.(type) {
+	case *BPE:
+		return &t.sp
+	case *ByteLevel:
+		return &t.sp
+	}
+	return nil
+}
+
+// chatMarker is the special token that opens a turn of role.
+func chatMarker(role string) string {
+	switch role {
+	case "user":
+		return "<|im_user|>"
+	case "assistant":
+		return "<|im_assistant|>"
+	}
+	return "<|im_system|>"
 }
 
 // ChatSpecials are the special tokens the chat format needs.

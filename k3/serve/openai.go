@@ -11,6 +11,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"k3/internal/tokenizer"
 	"k3/k3"
 )
 
@@ -139,9 +140,12 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 	if err != nil {
 		return nil, err
 	}
-	var msgs []k3.Message
+	// The turns' text is the client's: it is encoded as text, so that a
+	// special-token string in it cannot open or close a turn; only the
+	// format's markers and the tool calls' section markers are tokens.
+	var turns []tokenizer.ChatTurn
 	if decl != "" {
-		msgs = append(msgs, k3.Message{Role: "tool_declare", Content: decl})
+		turns = append(turns, tokenizer.ChatTurn{Role: "tool_declare", Parts: []tokenizer.ChatPart{{Text: decl}}})
 	}
 	for i, m := range req.Messages {
 		param := fmt.Sprintf("messages[%d]", i)
@@ -149,29 +153,29 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 		if err != nil {
 			return nil, err
 		}
-		msg := k3.Message{Role: m.Role, Content: text}
+		turn := tokenizer.ChatTurn{Role: m.Role, Parts: []tokenizer.ChatPart{{Text: text}}}
 		switch m.Role {
 		case "system", "user":
 		case "assistant":
 			if len(m.ToolCalls) > 0 {
-				calls, err := toolCallsText(m.ToolCalls, param+".tool_calls")
+				calls, err := toolCallsParts(m.ToolCalls, param+".tool_calls")
 				if err != nil {
 					return nil, err
 				}
-				msg.Content += calls
+				turn.Parts = append(turn.Parts, calls...)
 			}
 		case "tool":
-			if msg, err = toolResult(m, text, param); err != nil {
+			if turn, err = toolResult(m, text, param); err != nil {
 				return nil, err
 			}
 		case "developer":
-			msg.Role = "system"
+			turn.Role = "system"
 		default:
 			return nil, badParam(param+".role", "%s.role = %q, want system, developer, user, assistant or tool", param, m.Role)
 		}
-		msgs = append(msgs, msg)
+		turns = append(turns, turn)
 	}
-	prompt := s.m.ChatPrompt(msgs)
+	prompt := tokenizer.EncodeChat(s.m.Tokenizer(), turns, true)
 	j := &job{chat: true}
 	if s.cfg.Reasoning {
 		j.reasoning = true
@@ -181,12 +185,13 @@ func (s *Server) chatJob(req *chatRequest) (*job, error) {
 				return nil, badParam("chat_template_kwargs", "chat_template_kwargs.thinking = %s, want true or false", jsonText(v))
 			}
 			if !think {
-				prompt += thinkBegin + thinkEnd // the template's empty reasoning
+				// The template's empty reasoning.
+				prompt = append(prompt, s.m.Tokenizer().Encode(thinkBegin+thinkEnd, true)...)
 				j.reasoning = false
 			}
 		}
 	}
-	j.prompts = [][]int32{s.m.Encode(prompt)}
+	j.prompts = [][]int32{prompt}
 	// tool_choice required, or naming a function, holds the answer to
 	// tool calls (k3.WithToolCalls).
 	var forced []string

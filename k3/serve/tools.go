@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"k3/internal/tokenizer"
 	"k3/k3"
 )
 
@@ -134,35 +135,36 @@ func jsonText(v any) string {
 	return string(b)
 }
 
-// toolCallsText renders an assistant message's tool calls after its
-// content.
-func toolCallsText(calls []toolCall, param string) (string, error) {
-	var b strings.Builder
-	b.WriteString(toolSectionBegin)
+// toolCallsParts renders an assistant message's tool calls after its
+// content: the section's markers as markup, each call's id and arguments
+// as text.
+func toolCallsParts(calls []toolCall, param string) ([]tokenizer.ChatPart, error) {
+	parts := []tokenizer.ChatPart{{Text: toolSectionBegin, Markup: true}}
 	for i, c := range calls {
 		p := fmt.Sprintf("%s[%d]", param, i)
 		switch {
 		case c.Type != "" && c.Type != "function":
-			return "", badParam(p+".type", "%s.type = %q, want \"function\"", p, c.Type)
+			return nil, badParam(p+".type", "%s.type = %q, want \"function\"", p, c.Type)
 		case c.ID == "":
-			return "", badParam(p+".id", "%s.id is missing", p)
+			return nil, badParam(p+".id", "%s.id is missing", p)
 		}
-		b.WriteString(toolCallBegin + c.ID + toolArgsBegin + c.Function.Arguments + toolCallEnd)
+		parts = append(parts, tokenizer.ChatPart{Text: toolCallBegin, Markup: true}, tokenizer.ChatPart{Text: c.ID},
+			tokenizer.ChatPart{Text: toolArgsBegin, Markup: true}, tokenizer.ChatPart{Text: c.Function.Arguments},
+			tokenizer.ChatPart{Text: toolCallEnd, Markup: true})
 	}
-	b.WriteString(toolSectionEnd)
-	return b.String(), nil
+	return append(parts, tokenizer.ChatPart{Text: toolSectionEnd, Markup: true}), nil
 }
 
 // toolResult renders a tool message.
-func toolResult(m chatMessage, content, param string) (k3.Message, error) {
+func toolResult(m chatMessage, content, param string) (tokenizer.ChatTurn, error) {
 	if m.ToolCallID == "" {
-		return k3.Message{}, badParam(param+".tool_call_id", "%s.tool_call_id is missing", param)
+		return tokenizer.ChatTurn{}, badParam(param+".tool_call_id", "%s.tool_call_id is missing", param)
 	}
 	role := "tool"
 	if m.Name != "" && m.Name != "user" && m.Name != "assistant" {
 		role = m.Name
 	}
-	return k3.Message{Role: role, Content: "## Return of " + m.ToolCallID + "\n" + content}, nil
+	return tokenizer.ChatTurn{Role: role, Parts: []tokenizer.ChatPart{{Text: "## Return of " + m.ToolCallID + "\n" + content}}}, nil
 }
 
 // parseToolCalls reads generated text back: the content before the tool
