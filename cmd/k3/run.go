@@ -286,14 +286,18 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		text = string(b)
 	}
+	// A chat's message is text: a special-token string in it stays text.
+	var promptIDs []int32
 	if *chat {
-		text = m.ChatPrompt([]k3.Message{{Role: "user", Content: text}})
+		promptIDs = m.ChatTokens([]k3.Message{{Role: "user", Content: text}})
+	} else {
+		promptIDs = m.Encode(text)
 	}
 	s, err := m.NewSession()
 	if err != nil {
 		return err
 	}
-	promptToks := len(m.Encode(text))
+	promptToks := len(promptIDs)
 	start := time.Now()
 	var first time.Duration
 	n := 0
@@ -301,7 +305,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	var genErr error
 	var usage k3.Usage
 	var ids []int32
-	for tok, err := range s.Generate(ctx, text, g.options()...) {
+	for tok, err := range s.GenerateTokens(ctx, promptIDs, g.options()...) {
 		if err != nil {
 			genErr = err
 			break
@@ -476,7 +480,7 @@ func chatLoop(ctx context.Context, m *k3.Model, g *genFlags, system string, in i
 			fmt.Fprintln(out, "(conversation cleared)")
 			continue
 		}
-		prompt := m.ChatPrompt(append(pending, k3.Message{Role: "user", Content: line}))
+		prompt := m.ChatTokens(append(pending, k3.Message{Role: "user", Content: line}))
 		pending = nil
 		turn, cancel := context.WithCancel(ctx)
 		stopWatch := make(chan struct{})
@@ -489,7 +493,7 @@ func chatLoop(ctx context.Context, m *k3.Model, g *genFlags, system string, in i
 		}()
 		var finish k3.FinishReason
 		var genErr error
-		for tok, err := range s.Generate(turn, prompt, g.options()...) {
+		for tok, err := range s.GenerateTokens(turn, prompt, g.options()...) {
 			if err != nil {
 				genErr = err
 				break
