@@ -148,10 +148,11 @@ type ChatTurn struct {
 
 // EncodeChat tokenizes turns in Chat's format with the format's markers
 // and the markup parts' special tokens as tokens, and the roles and text
-// parts as plain text: no text can open or close a turn. Where the text
-// holds no special-token string the tokens are those of t.Encode(Chat(…),
-// true), the text of the messages being the turns' parts joined: the
-// plain runs between special tokens are the same and encode alike.
+// parts as plain text: no text can open or close a turn. Where the roles
+// and text parts hold no special-token string (nor spell one where parts
+// meet), the tokens are those of t.Encode(Chat(…), true) for messages
+// whose content is their turn's parts joined: the plain runs between
+// special tokens are the same and encode alike.
 func EncodeChat(t Tokenizer, turns []ChatTurn, generation bool) []int32 {
 	var out []int32
 	var plain strings.Builder // the plain run since the last special token
