@@ -58,8 +58,9 @@ func (t *BPE) mergeHeap(out []int32, piece string) []int32 {
 		if i < 0 || next[i] >= n {
 			return
 		}
-		if r, ok := t.ranks[piece[i:end[next[i]]]]; ok {
-			m.push(pair{rank: r, start: int32(i), end: int32(end[next[i]])})
+		e := end[next[i]]
+		if r, ok := t.ranks[piece[i:e]]; ok {
+			m.push(pair{rank: r, start: int32(i), end: int32(e)})
 		}
 	}
 	for i := 0; i+1 < n; i++ {

@@ -16,7 +16,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 )
 
@@ -57,7 +56,6 @@ func Decode(t Tokenizer, ids []int32) string {
 type specials struct {
 	byName map[string]int32
 	byID   map[int32]string
-	names  []string // longest first
 	trie   *specialNode
 	first  [256]bool // the names' first bytes
 }
@@ -69,21 +67,12 @@ type specialNode struct {
 }
 
 func newSpecials(m map[string]int32) specials {
-	s := specials{byName: m, byID: map[int32]string{}}
+	s := specials{byName: m, byID: map[int32]string{}, trie: &specialNode{}}
 	for name, id := range m {
 		s.byID[id] = name
-		if name != "" { // an empty name would match everywhere; constructors reject it
-			s.names = append(s.names, name)
+		if name == "" {
+			continue // it would match everywhere; constructors reject it
 		}
-	}
-	sort.Slice(s.names, func(i, j int) bool {
-		if len(s.names[i]) != len(s.names[j]) {
-			return len(s.names[i]) > len(s.names[j])
-		}
-		return s.names[i] < s.names[j]
-	})
-	s.trie = &specialNode{}
-	for _, name := range s.names {
 		s.first[name[0]] = true
 		n := s.trie
 		for i := 0; i < len(name); i++ {

@@ -242,7 +242,7 @@ func splitByIndex(s *specials, text string) []string {
 	var parts []string
 	for len(text) > 0 {
 		at, name := -1, ""
-		for _, n := range s.names {
+		for n := range s.byName {
 			if i := strings.Index(text, n); i >= 0 && (at < 0 || i < at || i == at && len(n) > len(name)) {
 				at, name = i, n
 			}
