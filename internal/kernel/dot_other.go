@@ -252,6 +252,18 @@ func kmaj1(x *float32, xstride int, w *uint16, k int, out *float32, ostride int,
 	panic("kernel: no assembly on this platform")
 }
 
+func kmaj8e1(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func kmaj16e1(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int) {
+	panic("kernel: no assembly on this platform")
+}
+
+func kmaj8e2(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int) {
+	panic("kernel: no assembly on this platform")
+}
+
 func kmaj4x2(x *float32, xstride int, w *[2]*uint16, k int, out *[2]*float32, ostride, acc, ahead int) {
 	panic("kernel: no assembly on this platform")
 }

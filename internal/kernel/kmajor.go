@@ -249,12 +249,36 @@ func kmajBlock(j *kmajJob, r0, r1, p0, p1 int) {
 		}
 	}
 	if p < p1 {
-		// The last panel, narrower than 48 columns: through a buffer.
+		// The last panel, narrower than 48 columns: eight rows at a time
+		// on the edge tiles where it has 16 or 32, else through a buffer.
 		var edge [8 * KMajorPanel]float32
 		c0 := p * KMajorPanel
 		cols := n - c0
+		edgeTile := hasZMM && !kmajGo && !j.pairs && cols%16 == 0
 		for r := 0; r < rows; r += 8 {
 			rr := min(8, rows-r)
+			if rr == 8 && edgeTile {
+				sixteen := cols == 16 && r+16 <= rows
+				for kb := 0; kb < k; kb += kmajKC {
+					ac := 0
+					if kb > 0 {
+						ac = 1
+					}
+					xp, wp, op := &j.x[x+r*k+kb], &j.w[c0*k+kb*KMajorPanel], &out[r*n+c0]
+					switch {
+					case sixteen:
+						kmaj16e1(xp, k, wp, min(kmajKC, k-kb), op, n, ac)
+					case cols == 16:
+						kmaj8e1(xp, k, wp, min(kmajKC, k-kb), op, n, ac)
+					default:
+						kmaj8e2(xp, k, wp, min(kmajKC, k-kb), op, n, ac)
+					}
+				}
+				if sixteen {
+					r += 8
+				}
+				continue
+			}
 			for kb := 0; kb < k; kb += kmajKC {
 				j.rows(x+r*k+kb, rr, c0*k+kb*KMajorPanel, min(kmajKC, k-kb), edge[:], KMajorPanel, kb > 0)
 			}

@@ -17,6 +17,19 @@ func kmaj2(x *float32, xstride int, w *uint16, k int, out *float32, ostride int,
 //go:noescape
 func kmaj1(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int)
 
+// The edge tiles run eight or sixteen x rows against the first 16
+// (kmaj8e1, kmaj16e1) or 32 (kmaj8e2) columns of a panel, writing only
+// those.
+
+//go:noescape
+func kmaj8e1(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int)
+
+//go:noescape
+func kmaj16e1(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int)
+
+//go:noescape
+func kmaj8e2(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int)
+
 // The multi-stream tiles run R x rows against one panel in each of S
 // streams: w holds the S panels' pointers, out the S output pointers.
 

@@ -244,6 +244,187 @@ done1:
 	VZEROUPPER
 	RET
 
+// The edge tiles run eight x rows against the first 16 (kmaj8e1) or 32
+// (kmaj8e2) columns of a panel, the last panel of a weight whose row
+// count leaves that many: the same chains as the 48-column tiles, without
+// the padding's FMAs or a buffer. X rows 0-7 at SI, SI+R11, SI+2·R11,
+// R12, SI+4·R11, R12+2·R11, R13, R13+R11.
+#define XROWS \
+	LEAQ (SI)(R11*2), R12; ADDQ R11, R12; \
+	LEAQ (R12)(R11*2), R13; ADDQ R11, R13
+
+#define ROWS1(op) \
+	op(Z16); op(Z17); op(Z18); op(Z19); op(Z20); op(Z21); op(Z22); op(Z23)
+
+#define LD1(a) VMOVUPS (DX), a; ADDQ R10, DX
+#define ST1(a) VMOVUPS a, (DX); ADDQ R10, DX
+#define ZR1(a) VPXORD a, a, a
+
+// FMAE(w, a0..a7) adds the eight rows' x[k] times the widened weights w.
+#define FMAE(w, a0, a1, a2, a3, a4, a5, a6, a7) \
+	VFMADD231PS.BCST (SI), w, a0; \
+	VFMADD231PS.BCST (SI)(R11*1), w, a1; \
+	VFMADD231PS.BCST (SI)(R11*2), w, a2; \
+	VFMADD231PS.BCST (R12), w, a3; \
+	VFMADD231PS.BCST (SI)(R11*4), w, a4; \
+	VFMADD231PS.BCST (R12)(R11*2), w, a5; \
+	VFMADD231PS.BCST (R13), w, a6; \
+	VFMADD231PS.BCST (R13)(R11*1), w, a7
+
+// func kmaj8e1(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int)
+TEXT ·kmaj8e1(SB), NOSPLIT, $0-56
+	ARGS
+	XROWS
+	MOVQ DX, R9
+	TESTQ AX, AX
+	JZ    zeroe1
+	ROWS1(LD1)
+	MOVQ R9, DX
+	JMP  loope1
+
+zeroe1:
+	ROWS1(ZR1)
+
+loope1:
+	TESTQ CX, CX
+	JZ    donee1
+	PREFETCHT0 (DI)(R14*1)
+	VPMOVZXWD (DI), Z0
+	VPSLLD $16, Z0, Z0
+	FMAE(Z0, Z16, Z17, Z18, Z19, Z20, Z21, Z22, Z23)
+	ADDQ $96, DI
+	ADDQ $4, SI
+	ADDQ $4, R12
+	ADDQ $4, R13
+	DECQ CX
+	JMP  loope1
+
+donee1:
+	ROWS1(ST1)
+	VZEROUPPER
+	RET
+
+// func kmaj16e1(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int)
+//
+// Sixteen rows against 16 columns: eight chains in flight are too few
+// to cover the FMA latency. X rows 0-15 from five bases: SI row 0, R12
+// row 3, R13 row 6, R8 row 7, R15 row 12.
+TEXT ·kmaj16e1(SB), NOSPLIT, $0-56
+	ARGS
+	XROWS
+	LEAQ (R13)(R11*1), R8
+	LEAQ (R13)(R11*4), R15
+	LEAQ (R15)(R11*2), R15
+	MOVQ DX, R9
+	TESTQ AX, AX
+	JZ    zero16e1
+	ROWS1(LD1)
+	LD1(Z24); LD1(Z25); LD1(Z26); LD1(Z27); LD1(Z28); LD1(Z29); LD1(Z30); LD1(Z31)
+	MOVQ R9, DX
+	JMP  loop16e1
+
+zero16e1:
+	ROWS1(ZR1)
+	ZR1(Z24); ZR1(Z25); ZR1(Z26); ZR1(Z27); ZR1(Z28); ZR1(Z29); ZR1(Z30); ZR1(Z31)
+
+loop16e1:
+	TESTQ CX, CX
+	JZ    done16e1
+	PREFETCHT0 (DI)(R14*1)
+	VPMOVZXWD (DI), Z0
+	VPSLLD $16, Z0, Z0
+	FMAE(Z0, Z16, Z17, Z18, Z19, Z20, Z21, Z22, Z23)
+	VFMADD231PS.BCST (SI)(R11*8), Z0, Z24
+	VFMADD231PS.BCST (R8)(R11*2), Z0, Z25
+	VFMADD231PS.BCST (R13)(R11*4), Z0, Z26
+	VFMADD231PS.BCST (R12)(R11*8), Z0, Z27
+	VFMADD231PS.BCST (R15), Z0, Z28
+	VFMADD231PS.BCST (R15)(R11*1), Z0, Z29
+	VFMADD231PS.BCST (R13)(R11*8), Z0, Z30
+	VFMADD231PS.BCST (R8)(R11*8), Z0, Z31
+	ADDQ $96, DI
+	ADDQ $4, SI
+	ADDQ $4, R12
+	ADDQ $4, R13
+	ADDQ $4, R8
+	ADDQ $4, R15
+	DECQ CX
+	JMP  loop16e1
+
+done16e1:
+	ROWS1(ST1)
+	ST1(Z24); ST1(Z25); ST1(Z26); ST1(Z27); ST1(Z28); ST1(Z29); ST1(Z30); ST1(Z31)
+	VZEROUPPER
+	RET
+
+#define LDE2(a, b) VMOVUPS (DX), a; VMOVUPS 64(DX), b; ADDQ R10, DX
+#define STE2(a, b) VMOVUPS a, (DX); VMOVUPS b, 64(DX); ADDQ R10, DX
+
+// func kmaj8e2(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int)
+TEXT ·kmaj8e2(SB), NOSPLIT, $0-56
+	ARGS
+	XROWS
+	MOVQ DX, R9
+	TESTQ AX, AX
+	JZ    zeroe2
+	LDE2(Z16, Z24)
+	LDE2(Z17, Z25)
+	LDE2(Z18, Z26)
+	LDE2(Z19, Z27)
+	LDE2(Z20, Z28)
+	LDE2(Z21, Z29)
+	LDE2(Z22, Z30)
+	LDE2(Z23, Z31)
+	MOVQ R9, DX
+	JMP  loope2
+
+zeroe2:
+	ROWS1(ZR1)
+	ZR1(Z24); ZR1(Z25); ZR1(Z26); ZR1(Z27); ZR1(Z28); ZR1(Z29); ZR1(Z30); ZR1(Z31)
+
+loope2:
+	TESTQ CX, CX
+	JZ    donee2
+	PREFETCHT0 (DI)(R14*1)
+	VPMOVZXWD (DI), Z0
+	VPSLLD $16, Z0, Z0
+	VPMOVZXWD 32(DI), Z1
+	VPSLLD $16, Z1, Z1
+	VBROADCASTSS (SI), Z2
+	VFMADD231PS Z2, Z0, Z16; VFMADD231PS Z2, Z1, Z24
+	VBROADCASTSS (SI)(R11*1), Z3
+	VFMADD231PS Z3, Z0, Z17; VFMADD231PS Z3, Z1, Z25
+	VBROADCASTSS (SI)(R11*2), Z4
+	VFMADD231PS Z4, Z0, Z18; VFMADD231PS Z4, Z1, Z26
+	VBROADCASTSS (R12), Z5
+	VFMADD231PS Z5, Z0, Z19; VFMADD231PS Z5, Z1, Z27
+	VBROADCASTSS (SI)(R11*4), Z6
+	VFMADD231PS Z6, Z0, Z20; VFMADD231PS Z6, Z1, Z28
+	VBROADCASTSS (R12)(R11*2), Z7
+	VFMADD231PS Z7, Z0, Z21; VFMADD231PS Z7, Z1, Z29
+	VBROADCASTSS (R13), Z8
+	VFMADD231PS Z8, Z0, Z22; VFMADD231PS Z8, Z1, Z30
+	VBROADCASTSS (R13)(R11*1), Z9
+	VFMADD231PS Z9, Z0, Z23; VFMADD231PS Z9, Z1, Z31
+	ADDQ $96, DI
+	ADDQ $4, SI
+	ADDQ $4, R12
+	ADDQ $4, R13
+	DECQ CX
+	JMP  loope2
+
+donee2:
+	STE2(Z16, Z24)
+	STE2(Z17, Z25)
+	STE2(Z18, Z26)
+	STE2(Z19, Z27)
+	STE2(Z20, Z28)
+	STE2(Z21, Z29)
+	STE2(Z22, Z30)
+	STE2(Z23, Z31)
+	VZEROUPPER
+	RET
+
 #define WIDEN3AT(base) \
 	VPMOVZXWD (base), Z0; VPSLLD $16, Z0, Z0; \
 	VPMOVZXWD 32(base), Z1; VPSLLD $16, Z1, Z1; \

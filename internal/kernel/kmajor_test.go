@@ -88,6 +88,10 @@ func TestMatMulKMajor(t *testing.T) {
 			// tiles, some blocked over k.
 			{1, 48 * 9, 64}, {2, 480, kmajKC + 9}, {3, 48*17 + 5, kmajKC + 1}, {5, 48 * 12, 16},
 			{6, 48 * 8, 24}, {7, 48*16 + 47, 40}, {5, 48 * 9, kmajKC + 5},
+			// Last panels of 16 and 32 columns, which eight rows take on
+			// the edge tiles (and the rows past a multiple of eight
+			// through the buffer).
+			{8, 64, 96}, {16, 32, kmajKC + 3}, {19, 48*2 + 32, 40}, {70, 16, 24}, {67, 48*5 + 16, 2*kmajKC + 5},
 		} {
 			m, n, k := sh[0], sh[1], sh[2]
 			x, w := randSlice(r, m*k), kmajWeights(r, n*k)
@@ -122,8 +126,9 @@ func TestKMajorRowsAlone(t *testing.T) {
 		// Rows alone take the four-stream tiles; k 72 is one k block, k
 		// 2·kmajKC+24 three, the last short (three rows go through the
 		// four-row tiles a k block at a time).
-		for _, c := range []struct{ k, most int }{{72, 300}, {2*kmajKC + 24, 40}} {
-			n, k, most := 48*9+7, c.k, c.most
+		// The last panels hold 7, 32 and 16 columns.
+		for _, c := range []struct{ n, k, most int }{{48*9 + 7, 72, 300}, {48*9 + 7, 2*kmajKC + 24, 40}, {48*4 + 32, 72, 140}, {64, kmajKC + 24, 70}} {
+			n, k, most := c.n, c.k, c.most
 			w := kmajWeights(r, n*k)
 			wp := make([]uint16, KMajorLen(n, k))
 			PackKMajor(wp, w, n, k)
