@@ -63,10 +63,12 @@ func (b *Backend) PrepareExperts(w1, w3, w2 []compute.Tensor) error {
 }
 
 // storedBF16 returns the values of a whole bf16 matrix kept in the stored
-// layout (no packing, no tile copy), or nil.
+// layout (no packing, no tile copy but a k-major one, which the pair
+// replaces), or nil.
 func storedBF16(w compute.Tensor) []uint16 {
 	buf, ok := w.Mem.(*buffer)
-	if !ok || w.DType != compute.BF16 || w.Rank != 2 || w.Off != 0 || buf.packed != nil || buf.tiles != nil || buf.gateUp != nil {
+	if !ok || w.DType != compute.BF16 || w.Rank != 2 || w.Off != 0 || buf.packed != nil || buf.gateUp != nil ||
+		buf.tiles != nil && buf.tiles.form != kMajor {
 		return nil
 	}
 	if len(buf.u16) != w.Dims[0]*w.Dims[1] {

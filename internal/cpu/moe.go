@@ -710,8 +710,10 @@ func (b *Backend) matmulHost(dst, x []float32, w compute.Tensor, m int) error {
 		switch {
 		case tiles == nil:
 			b.matMulBF16(dst, x, U16(w), m, n, k)
-		case pairCopy(w):
+		case copyForm(w) == kPairs:
 			b.pool.MatMulKPairs(dst, x, tiles, m, n, k)
+		case copyForm(w) == kMajor:
+			b.pool.MatMulKMajor(dst, x, tiles, m, n, k)
 		case b.roundsX(m):
 			b.pool.MatMulAMXFast(dst, x, tiles, m, n, k)
 		default:

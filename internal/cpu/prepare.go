@@ -38,6 +38,9 @@ var _ compute.WeightPreparer = (*Backend)(nil)
 // narrower weight of at least pairsMinN rows and even k keeps w for its
 // products of fewer than amxMinRows rows (the dot-form tiles, x exact) and
 // runs the longer ones on a pair-interleaved copy (tileCopy), x rounded.
+// Where weights are laid out k-major and a narrow one's long products do
+// not take the tiles, they run on a k-major copy (kmajCopy), one FMA
+// chain per output as the wide weights' products.
 //
 // A weight laid out anew keeps w's shape and answers Read; it is not a
 // view other operations can read (F32 and U16 return nil for it).
@@ -56,9 +59,11 @@ func (b *Backend) PrepareMatMul(w compute.Tensor) (compute.Tensor, error) {
 		whole := w.Off == 0 && len(buf.u16) == n*k
 		switch {
 		case longOnTiles(how, k) && n >= amxMinN && whole:
-			buf.tiles = &tileCopy{n: n, k: k}
+			buf.tiles = &tileCopy{n: n, k: k, form: amxTiles}
 		case how == kPairs && n >= pairsMinN && k%2 == 0 && whole:
-			buf.tiles = &tileCopy{n: n, k: k, pairs: true}
+			buf.tiles = &tileCopy{n: n, k: k, form: kPairs}
+		case how == kMajor && kmajCopy(n) && whole:
+			buf.tiles = &tileCopy{n: n, k: k, form: kMajor}
 		}
 		return w, nil
 	}
@@ -118,15 +123,27 @@ const amxMinN = 2 * kernel.AMXPanel
 // take a pair-interleaved copy on the fast backend: a panel's width.
 const pairsMinN = kernel.KMajorPanel
 
-// tileCopy is the AMX form (or, with pairs, the pair-interleaved form) of
-// a narrow weight kept in its stored layout, made by the weight's first
-// product of amxMinRows rows or more: only prefill products are that
-// long, so weights read only by decode or by MoEExperts (the experts'
-// products stay on the stored layout) never take the memory.
+// kmajCopy reports whether a narrow weight of n rows takes a k-major copy
+// for its long products where weights are laid out k-major and its
+// products stay on FMAs: where the copy's last panel runs on the edge
+// tiles (n a multiple of 16) or its padding is under a third of the
+// copy. Those products run 1.4-2.3x the dot-form tiles at 40 and 256
+// rows from 16 weight rows up (docs/bench); the six to eight rows of a
+// gate or an indexer's weights would be mostly padding.
+func kmajCopy(n int) bool {
+	return n >= 16 && (n%16 == 0 || n >= 2*kernel.KMajorPanel)
+}
+
+// tileCopy is the AMX form, the pair-interleaved form or the k-major form
+// (form) of a narrow weight kept in its stored layout, made by the
+// weight's first product of amxMinRows rows or more: only prefill
+// products are that long, so weights read only by decode or by
+// MoEExperts (the experts' products stay on the stored layout) never
+// take the memory.
 type tileCopy struct {
 	once   sync.Once
 	n, k   int
-	pairs  bool
+	form   packing
 	packed []uint16
 }
 
@@ -142,21 +159,28 @@ func tilesFor(w compute.Tensor) []uint16 {
 		return nil
 	}
 	tc.once.Do(func() {
-		if tc.pairs {
+		switch tc.form {
+		case kPairs:
 			tc.packed = make([]uint16, kernel.KPairLen(tc.n, tc.k))
 			kernel.PackKPairs(tc.packed, buf.u16, tc.n, tc.k)
-			return
+		case kMajor:
+			tc.packed = make([]uint16, kernel.KMajorLen(tc.n, tc.k))
+			kernel.PackKMajor(tc.packed, buf.u16, tc.n, tc.k)
+		default:
+			tc.packed = make([]uint16, kernel.AMXLen(tc.n, tc.k))
+			kernel.PackAMX(tc.packed, buf.u16, tc.n, tc.k)
 		}
-		tc.packed = make([]uint16, kernel.AMXLen(tc.n, tc.k))
-		kernel.PackAMX(tc.packed, buf.u16, tc.n, tc.k)
 	})
 	return tc.packed
 }
 
-// pairCopy reports whether w's tile copy is pair-interleaved.
-func pairCopy(w compute.Tensor) bool {
+// copyForm returns the form of w's tile copy (0 for none).
+func copyForm(w compute.Tensor) packing {
 	buf, ok := w.Mem.(*buffer)
-	return ok && buf.tiles != nil && buf.tiles.pairs
+	if !ok || buf.tiles == nil {
+		return 0
+	}
+	return buf.tiles.form
 }
 
 // packing is a prepared weight's layout.

@@ -211,7 +211,7 @@ func requireProduct(t *testing.T, got, x, w []float32, n, k int, roundsX bool, w
 }
 
 // TestPrepareMatMulNarrowTiles: where the AMX tiles run (or the fast
-// backend lays weights out pair-interleaved), a
+// backend lays weights out pair-interleaved, or the exact one k-major), a
 // narrow weight keeps its stored layout for products of fewer than
 // amxMinRows rows (bit for bit those of an unprepared copy) and
 // runs longer ones on a tile copy of its values (bit for bit the tile
@@ -237,16 +237,26 @@ func TestPrepareMatMulNarrowTiles(t *testing.T) {
 		// The fast backend's pair-interleaved copy where it lays weights
 		// out so (VDPBF16PS pays, no AMX).
 		pairs := b.packing() == kPairs
-		if !longOnTiles(b.packing(), k) && !pairs {
-			require.Nil(t, tiles, "no tile copy off the AMX path")
+		form := amxTiles
+		switch {
+		case pairs:
+			form = kPairs
+		case !longOnTiles(b.packing(), k) && b.packing() == kMajor:
+			form = kMajor
+		case !longOnTiles(b.packing(), k):
+			require.Nil(t, tiles, "no tile copy where weights keep their stored layout")
 			continue
 		}
 		ran = true
 		require.NotNil(t, tiles)
-		require.Equal(t, pairs, tiles.pairs)
+		require.Equal(t, form, tiles.form)
 		none := [][2]int{{amxMinN - 1, k}, {n, amxMinK - 32}}
-		if pairs {
+		switch form {
+		case kPairs:
 			none = [][2]int{{pairsMinN - 1, k}, {n, k + 1}}
+		case kMajor:
+			// Too few rows, or a last panel mostly padding.
+			none = [][2]int{{15, k}, {8, k}, {40, k}, {95, k}}
 		}
 		for _, nk := range none {
 			o, _ := bf16Weight(t, b, r, nk[0], nk[1])
@@ -267,11 +277,17 @@ func TestPrepareMatMulNarrowTiles(t *testing.T) {
 		for i, v := range vals {
 			wb[i] = floatx.BF16(v)
 		}
-		packed := make([]uint16, kernel.AMXLen(n, k))
-		kernel.PackAMX(packed, wb, n, k)
-		if pairs {
+		var packed []uint16
+		switch form {
+		case kPairs:
 			packed = make([]uint16, kernel.KPairLen(n, k))
 			kernel.PackKPairs(packed, wb, n, k)
+		case kMajor:
+			packed = make([]uint16, kernel.KMajorLen(n, k))
+			kernel.PackKMajor(packed, wb, n, k)
+		default:
+			packed = make([]uint16, kernel.AMXLen(n, k))
+			kernel.PackAMX(packed, wb, n, k)
 		}
 
 		const most = 150
@@ -300,6 +316,8 @@ func TestPrepareMatMulNarrowTiles(t *testing.T) {
 				// Every long product on the pair copy rounds x.
 				rounds = true
 				b.pool.MatMulKPairs(want, xs, packed, rows, n, k)
+			} else if form == kMajor {
+				b.pool.MatMulKMajor(want, xs, packed, rows, n, k)
 			} else if rounds {
 				b.pool.MatMulAMXFast(want, xs, packed, rows, n, k)
 			} else {
@@ -320,7 +338,7 @@ func TestPrepareMatMulNarrowTiles(t *testing.T) {
 		require.Equal(t, vals, back)
 	}
 	if !ran {
-		t.Skip("no AMX tiles or pair copies for long products here")
+		t.Skip("no AMX tiles, pair or k-major copies for long products here")
 	}
 }
 
