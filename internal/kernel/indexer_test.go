@@ -225,6 +225,23 @@ func TestTopKRadix(t *testing.T) {
 	if a := testing.AllocsPerRun(10, func() { TopK(idx, nil, x, 256) }); a != 0 && !raceEnabled {
 		t.Fatalf("TopK allocates %v times", a)
 	}
+	// A decode's scores grow by one a step: its scratch grows with room.
+	// (Longer than any row before, whose scratch the pool keeps;
+	// AllocsPerRun's first call warms up and the measured one goes on.)
+	long := make([]float32, 8192)
+	for i := range long {
+		long[i] = float32(r.NormFloat64())
+	}
+	from := 7001
+	grow := func() {
+		for n := from; n < from+200; n++ {
+			TopK(idx, nil, long[:n], 256)
+		}
+		from += 200
+	}
+	if a := testing.AllocsPerRun(1, grow); a > 4 && !raceEnabled {
+		t.Fatalf("TopK over 200 growing rows allocates %v times", a)
+	}
 }
 
 // BenchmarkTopK times the Lightning Indexer's selection: the k best of n

@@ -105,7 +105,7 @@ func topKRadix(idx []int32, x []float32) {
 	bin, need := binOf(h[0][:], &h[1], k) // need: how many of the keys under the prefix to take
 	prefix := uint32(bin) << 21
 	if cap(sc.cand) < len(x) {
-		sc.cand = make([]int32, len(x))
+		sc.cand = make([]int32, len(x), 2*len(x)) // room for a decode's growing context
 	}
 	cand := sc.cand[:len(x)]
 	c := 0
@@ -144,8 +144,8 @@ func topKRadix(idx []int32, x []float32) {
 	// need how many of them to take. Key descending, then index
 	// ascending, is one integer order.
 	if cap(sc.sort) < len(x)+1 {
-		sc.sort = make([]uint64, len(x)+1)
-		sc.tmp = make([]uint64, len(x)+1)
+		sc.sort = make([]uint64, len(x)+1, 2*len(x)+2)
+		sc.tmp = make([]uint64, len(x)+1, 2*len(x)+2)
 	}
 	s := sc.sort[:len(x)+1]
 	n := 0
