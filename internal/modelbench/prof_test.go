@@ -182,7 +182,11 @@ func loadTimed(t *testing.T) (*k3.Model, *timed) {
 		be = cpu.NewFastBF16(0) // the opt-in fast bf16 products
 	}
 	tb := &timed{Backend: be, t: map[string]time.Duration{}, n: map[string]int{}, flops: map[string]float64{}}
-	m, err := k3.Load(context.Background(), dir, k3.WithComputeBackend(tb))
+	opts := []k3.Option{k3.WithComputeBackend(tb)}
+	if v, err := strconv.Atoi(os.Getenv("K3_PROFILE_CHUNK")); err == nil && v > 0 {
+		opts = append(opts, k3.WithPrefillChunk(v)) // the prefill's chunk (default 256)
+	}
+	m, err := k3.Load(context.Background(), dir, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,14 +288,20 @@ func TestProfileVerify(t *testing.T) {
 }
 
 // TestProfilePrefill prints where a 512-token prefill of the 100M preset
-// spends its time, per backend operation. With K3_PROFILE_REPEAT=n the
+// spends its time, per backend operation (K3_PROFILE_TOKENS=n: n tokens
+// of the same varied pattern instead; K3_PROFILE_CHUNK=n: prefill chunks
+// of n tokens instead of 256). With K3_PROFILE_REPEAT=n the
 // prompt is one token n times, as the scheduler's long prompt in
 // `k3 bench model`; K3_PROFILE_RUNS=n times n prefills (for a CPU
 // profile's sake, or a best of n) and reports their mean and the best.
 func TestProfilePrefill(t *testing.T) {
 	m, tb := loadTimed(t)
 	ctx := context.Background()
-	prompt := make([]int32, 512)
+	n := 512
+	if v, err := strconv.Atoi(os.Getenv("K3_PROFILE_TOKENS")); err == nil && v > 0 {
+		n = v
+	}
+	prompt := make([]int32, n)
 	for i := range prompt {
 		prompt[i] = int32(3 + (i*31)%256)
 	}
