@@ -271,7 +271,16 @@ func pageCount(pages []compute.Tensor, table compute.Tensor) int {
 	return table.Len()
 }
 
-var indexerScratches freeList[indexerScratch]
+// indexerScratches keeps a wave's scratch (indexerScratchBytes): a
+// prefill chunk of a long prompt fills whole waves, and scores written
+// into fresh memory each call took twice as long as into kept memory
+// (docs/bench).
+var indexerScratches = freeList[indexerScratch]{limit: indexerScratchBytes}
+
+// indexerScratchBytes is the largest indexer scratch kept: a whole wave's
+// scores (indexerWave floats) and as much again for its rows' queries
+// and plan.
+const indexerScratchBytes = 8 * (1 << 20)
 
 // bytes is what the scratch's buffers hold.
 func (sc *indexerScratch) bytes() int {

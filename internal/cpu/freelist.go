@@ -6,11 +6,13 @@ import "sync"
 // none to the garbage collector and parks none in another P's private
 // slot, where a goroutine that has moved cannot take it back: a decode
 // step that takes and returns its scratch allocates nothing once warm.
-// An object whose buffers outgrew maxScratchBytes (a long prefill's) is
-// dropped instead of kept, and at most maxFree objects are kept.
+// An object whose buffers outgrew maxScratchBytes, or the list's own
+// limit where it sets one (a long prefill's), is dropped instead of
+// kept, and at most maxFree objects are kept.
 type freeList[T any] struct {
-	mu   sync.Mutex
-	free []*T
+	mu    sync.Mutex
+	free  []*T
+	limit int // bytes; 0: maxScratchBytes
 }
 
 // maxFree bounds the objects a free list keeps: a batch's calls and the
@@ -34,7 +36,7 @@ func (l *freeList[T]) get() *T {
 
 // put returns t, whose buffers hold bytes bytes, to the list.
 func (l *freeList[T]) put(t *T, bytes int) {
-	if bytes > maxScratchBytes {
+	if limit := l.limit; bytes > maxScratchBytes && (limit == 0 || bytes > limit) {
 		return
 	}
 	l.mu.Lock()

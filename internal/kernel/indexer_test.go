@@ -14,7 +14,7 @@ import (
 // the same key in every slot of the block gives bitwise the same score.
 func TestIndexerBlock(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
-	for _, hi := range []int{1, 3, 8, 64} {
+	for _, hi := range []int{1, 3, 5, 6, 7, 8, 64} {
 		for _, di := range []int{1, 7, 64, 128} {
 			q, w := randSlice(r, hi*di), randSlice(r, hi)
 			keys := randSlice(r, IndexerKeys*di) // [s][d]

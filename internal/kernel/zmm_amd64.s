@@ -482,9 +482,10 @@ TEXT ·store4x8ZMM(SB), NOSPLIT|NOFRAME, $0-0
 	VMOVUPS a0, (DI); VMOVUPS a1, 64(DI); VMOVUPS a2, 128(DI); VMOVUPS a3, 192(DI)
 
 // func indexerBlockZMM(t, kt, q, w *float32, hi, di int)
-// indexerBlockAVX2 on zmm registers, two heads at a time so that eight
-// FMA chains are in flight: each key's score gets the same FMA chain and
-// the same head-ordered sum, so the bits are the AVX2 tile's.
+// indexerBlockAVX2 on zmm registers, four heads at a time so that
+// sixteen FMA chains are in flight (two, then one, for the last heads):
+// each key's score gets the same FMA chain and the same head-ordered sum,
+// so the bits are the AVX2 tile's.
 TEXT ·indexerBlockZMM(SB), NOSPLIT, $0-48
 	MOVQ t+0(FP), DI
 	MOVQ q+16(FP), SI
@@ -497,6 +498,76 @@ TEXT ·indexerBlockZMM(SB), NOSPLIT, $0-48
 	VMOVUPS Z15, 64(DI)
 	VMOVUPS Z15, 128(DI)
 	VMOVUPS Z15, 192(DI)
+
+izquad:
+	CMPQ R8, $4
+	JL   izpair
+	MOVQ kt+8(FP), BX
+	MOVQ R9, CX
+	LEAQ (R10)(R9*4), R11 // the third head's q
+	LEAQ (R11)(R9*4), R12 // the fourth's
+	VPXORD Z16, Z16, Z16
+	VPXORD Z17, Z17, Z17
+	VPXORD Z18, Z18, Z18
+	VPXORD Z19, Z19, Z19
+	VPXORD Z20, Z20, Z20
+	VPXORD Z21, Z21, Z21
+	VPXORD Z22, Z22, Z22
+	VPXORD Z23, Z23, Z23
+	VPXORD Z24, Z24, Z24
+	VPXORD Z25, Z25, Z25
+	VPXORD Z26, Z26, Z26
+	VPXORD Z27, Z27, Z27
+	VPXORD Z28, Z28, Z28
+	VPXORD Z29, Z29, Z29
+	VPXORD Z30, Z30, Z30
+	VPXORD Z31, Z31, Z31
+
+izqdim:
+	VMOVUPS (BX), Z10
+	VMOVUPS 64(BX), Z11
+	VMOVUPS 128(BX), Z12
+	VMOVUPS 192(BX), Z13
+	VBROADCASTSS (SI), Z8
+	VBROADCASTSS (R10), Z9
+	VBROADCASTSS (R11), Z4
+	VBROADCASTSS (R12), Z5
+	VFMADD231PS Z10, Z8, Z16
+	VFMADD231PS Z11, Z8, Z17
+	VFMADD231PS Z12, Z8, Z18
+	VFMADD231PS Z13, Z8, Z19
+	VFMADD231PS Z10, Z9, Z20
+	VFMADD231PS Z11, Z9, Z21
+	VFMADD231PS Z12, Z9, Z22
+	VFMADD231PS Z13, Z9, Z23
+	VFMADD231PS Z10, Z4, Z24
+	VFMADD231PS Z11, Z4, Z25
+	VFMADD231PS Z12, Z4, Z26
+	VFMADD231PS Z13, Z4, Z27
+	VFMADD231PS Z10, Z5, Z28
+	VFMADD231PS Z11, Z5, Z29
+	VFMADD231PS Z12, Z5, Z30
+	VFMADD231PS Z13, Z5, Z31
+	ADDQ $4, SI
+	ADDQ $4, R10
+	ADDQ $4, R11
+	ADDQ $4, R12
+	ADDQ $256, BX
+	DECQ CX
+	JNZ  izqdim
+
+	IB_EPILOGUE(Z16, Z17, Z18, Z19)
+	ADDQ $4, DX
+	IB_EPILOGUE(Z20, Z21, Z22, Z23)
+	ADDQ $4, DX
+	IB_EPILOGUE(Z24, Z25, Z26, Z27)
+	ADDQ $4, DX
+	IB_EPILOGUE(Z28, Z29, Z30, Z31)
+	ADDQ $4, DX
+	MOVQ R12, SI // past the fourth head's q: the next group's first
+	LEAQ (SI)(R9*4), R10
+	SUBQ $4, R8
+	JMP  izquad
 
 izpair:
 	CMPQ R8, $2
