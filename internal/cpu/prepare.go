@@ -127,7 +127,7 @@ const pairsMinN = kernel.KMajorPanel
 // for its long products where weights are laid out k-major and its
 // products stay on FMAs: where the copy's last panel runs on the edge
 // tiles (n a multiple of 16) or its padding is under a third of the
-// copy. Those products run 1.4-2.3x the dot-form tiles at 40 and 256
+// copy. Those products run 1.1-2.3x the dot-form tiles at 40 and 256
 // rows from 16 weight rows up (docs/bench); the six to eight rows of a
 // gate or an indexer's weights would be mostly padding.
 func kmajCopy(n int) bool {
