@@ -105,12 +105,14 @@ func topKRadix(idx []int32, x []float32) {
 	}
 	bin, need := binOf(h[0][:], &h[1], k) // need: how many of the keys under the prefix to take
 	prefix := uint32(bin) << 21
-	if cap(sc.cand) < len(x) {
-		sc.cand = make([]int32, len(x), 2*len(x)) // room for a decode's growing context
+	// The filters write one entry past the last they keep.
+	inBin := int(h[0][bin])
+	if cap(sc.cand) < inBin+1 {
+		sc.cand = make([]int32, inBin+1, 2*inBin+2) // room for a decode's growing context
 	}
-	cand := sc.cand[:len(x)]
+	cand := sc.cand[:inBin+1]
 	c := 0
-	if rare(int(h[0][bin]), len(x)) {
+	if rare(inBin, len(x)) {
 		for i, key := range keys {
 			if key>>21 == uint32(bin) {
 				cand[c] = int32(i)
@@ -145,11 +147,11 @@ func topKRadix(idx []int32, x []float32) {
 	// need how many of them to take. The greater keys go into s in index
 	// order, then the first need of those: a stable sort by key ranks
 	// them, ties by index.
-	if cap(sc.sort) < len(x)+1 {
-		sc.sort = make([]uint64, len(x)+1, 2*len(x)+2)
-		sc.tmp = make([]uint64, len(x)+1, 2*len(x)+2)
+	if cap(sc.sort) < k+1 {
+		sc.sort = make([]uint64, k+1, 2*k+2)
+		sc.tmp = make([]uint64, k+1, 2*k+2)
 	}
-	s := sc.sort[:len(x)+1]
+	s := sc.sort[:k+1]
 	n := 0
 	if rare(k, len(x)) {
 		for i, key := range keys {
