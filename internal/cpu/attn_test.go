@@ -20,6 +20,10 @@ import (
 type attnCase struct {
 	t, l, hq, hkv, dk, dr, dv, k int
 	mqa                          bool
+	// causal: every list entry a distinct visible position (at most the
+	// row's), as a model's indexer selects; else one in ten is -1 and
+	// the rest fall anywhere in the cache, future ones included.
+	causal bool
 }
 
 // runAttn runs the case's attention and returns the output and lse.
@@ -56,14 +60,18 @@ func attnArgs(tb testing.TB, b *Backend, c attnCase, seed uint64) *compute.AttnA
 	}
 	if c.k > 0 {
 		idx := make([]int32, c.t*c.hkv*c.k)
-		for l := 0; l < c.t*c.hkv; l++ { // distinct entries within a list, one in ten -1
+		for l := 0; l < c.t*c.hkv; l++ { // distinct entries within a list
 			seen := map[int32]bool{}
+			span := c.l
+			if c.causal {
+				span = int(pos[l/c.hkv]) + 1
+			}
 			for i := l * c.k; i < (l+1)*c.k; i++ {
-				if r.IntN(10) == 0 {
+				if !c.causal && r.IntN(10) == 0 || len(seen) == span {
 					idx[i] = -1
 					continue
 				}
-				for idx[i] = int32(r.IntN(c.l)); seen[idx[i]]; idx[i] = int32(r.IntN(c.l)) {
+				for idx[i] = int32(r.IntN(span)); seen[idx[i]]; idx[i] = int32(r.IntN(span)) {
 				}
 				seen[idx[i]] = true
 			}
@@ -139,7 +147,8 @@ func BenchmarkAttnDense(b *testing.B) {
 // BenchmarkAttnSparse times an index-sparse MLA prefill chunk in the
 // absorbed form at the 100M preset's shape (256 rows at positions
 // 256-511, 6 heads on one latent head of 256 plus 32 rope dims, top-256
-// lists), with few heads' logits scored as the keys' product with the
+// lists of visible positions, as the model's indexer gives them), with
+// few heads' logits scored as the keys' product with the
 // queries (attnSwapHeads) and as the queries' product with the keys, the
 // two alternating call by call; it reports the queries-first time over
 // the keys-first one.
@@ -147,7 +156,7 @@ func BenchmarkAttnSparse(b *testing.B) {
 	be := New(0)
 	defer be.Close()
 	defer func(v int) { attnSwapHeads = v }(attnSwapHeads)
-	c := attnCase{t: 256, l: 512, hq: 6, hkv: 1, dk: 256, dr: 32, dv: 256, k: 256, mqa: true}
+	c := attnCase{t: 256, l: 512, hq: 6, hkv: 1, dk: 256, dr: 32, dv: 256, k: 256, mqa: true, causal: true}
 	a := attnArgs(b, be, c, 1)
 	var took [2]time.Duration
 	b.ResetTimer()
