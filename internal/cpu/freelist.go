@@ -36,7 +36,11 @@ func (l *freeList[T]) get() *T {
 
 // put returns t, whose buffers hold bytes bytes, to the list.
 func (l *freeList[T]) put(t *T, bytes int) {
-	if limit := l.limit; bytes > maxScratchBytes && (limit == 0 || bytes > limit) {
+	limit := l.limit
+	if limit == 0 {
+		limit = maxScratchBytes
+	}
+	if bytes > limit {
 		return
 	}
 	l.mu.Lock()

@@ -255,38 +255,54 @@ func kmajBlock(j *kmajJob, r0, r1, p0, p1 int) {
 		c0 := p * KMajorPanel
 		cols := n - c0
 		edgeTile := hasZMM && !kmajGo && !j.pairs && cols%16 == 0
-		for r := 0; r < rows; r += 8 {
-			rr := min(8, rows-r)
-			if rr == 8 && edgeTile {
-				sixteen := cols == 16 && r+16 <= rows
-				for kb := 0; kb < k; kb += kmajKC {
-					ac := 0
-					if kb > 0 {
-						ac = 1
-					}
-					xp, wp, op := &j.x[x+r*k+kb], &j.w[c0*k+kb*KMajorPanel], &out[r*n+c0]
-					switch {
-					case sixteen:
-						kmaj16e1(xp, k, wp, min(kmajKC, k-kb), op, n, ac)
-					case cols == 16:
-						kmaj8e1(xp, k, wp, min(kmajKC, k-kb), op, n, ac)
-					default:
-						kmaj8e2(xp, k, wp, min(kmajKC, k-kb), op, n, ac)
-					}
+		for r := 0; r < rows; {
+			if edgeTile {
+				if took := kmajEdge(j, x+r*k, out[r*n+c0:], rows-r, c0, cols); took > 0 {
+					r += took
+					continue
 				}
-				if sixteen {
-					r += 8
-				}
-				continue
 			}
+			rr := min(8, rows-r)
 			for kb := 0; kb < k; kb += kmajKC {
 				j.rows(x+r*k+kb, rr, c0*k+kb*KMajorPanel, min(kmajKC, k-kb), edge[:], KMajorPanel, kb > 0)
 			}
 			for q := 0; q < rr; q++ {
 				copy(out[(r+q)*n+c0:(r+q)*n+c0+cols], edge[q*KMajorPanel:])
 			}
+			r += rr
 		}
 	}
+}
+
+// kmajEdge runs the first sixteen (where cols is 16) or eight of rows x
+// rows (from x; out at their first output of the panel) against the last
+// panel, of cols (16 or 32) columns from c0, on the edge tiles, and
+// returns how many rows it took: none under eight.
+func kmajEdge(j *kmajJob, x int, out []float32, rows, c0, cols int) int {
+	took := 8
+	switch {
+	case rows < 8:
+		return 0
+	case cols == 16 && rows >= 16:
+		took = 16
+	}
+	k, n := j.k, j.n
+	for kb := 0; kb < k; kb += kmajKC {
+		ac := 0
+		if kb > 0 {
+			ac = 1
+		}
+		xp, wp, kn := &j.x[x+kb], &j.w[c0*k+kb*KMajorPanel], min(kmajKC, k-kb)
+		switch {
+		case took == 16:
+			kmaj16e1(xp, k, wp, kn, &out[0], n, ac)
+		case cols == 16:
+			kmaj8e1(xp, k, wp, kn, &out[0], n, ac)
+		default:
+			kmaj8e2(xp, k, wp, kn, &out[0], n, ac)
+		}
+	}
+	return took
 }
 
 // kmajFew computes fewer than eight x rows (x, out from the first) against

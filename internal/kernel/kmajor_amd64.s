@@ -256,6 +256,14 @@ done1:
 #define ROWS1(op) \
 	op(Z16); op(Z17); op(Z18); op(Z19); op(Z20); op(Z21); op(Z22); op(Z23)
 
+// ROWS1HI applies op to the accumulators of rows 8-15 (kmaj16e1) or of
+// the second column group (kmaj8e2); ROWS2 to both of a row's groups.
+#define ROWS1HI(op) \
+	op(Z24); op(Z25); op(Z26); op(Z27); op(Z28); op(Z29); op(Z30); op(Z31)
+#define ROWS2(op) \
+	op(Z16, Z24); op(Z17, Z25); op(Z18, Z26); op(Z19, Z27); \
+	op(Z20, Z28); op(Z21, Z29); op(Z22, Z30); op(Z23, Z31)
+
 #define LD1(a) VMOVUPS (DX), a; ADDQ R10, DX
 #define ST1(a) VMOVUPS a, (DX); ADDQ R10, DX
 #define ZR1(a) VPXORD a, a, a
@@ -319,13 +327,13 @@ TEXT ·kmaj16e1(SB), NOSPLIT, $0-56
 	TESTQ AX, AX
 	JZ    zero16e1
 	ROWS1(LD1)
-	LD1(Z24); LD1(Z25); LD1(Z26); LD1(Z27); LD1(Z28); LD1(Z29); LD1(Z30); LD1(Z31)
+	ROWS1HI(LD1)
 	MOVQ R9, DX
 	JMP  loop16e1
 
 zero16e1:
 	ROWS1(ZR1)
-	ZR1(Z24); ZR1(Z25); ZR1(Z26); ZR1(Z27); ZR1(Z28); ZR1(Z29); ZR1(Z30); ZR1(Z31)
+	ROWS1HI(ZR1)
 
 loop16e1:
 	TESTQ CX, CX
@@ -353,7 +361,7 @@ loop16e1:
 
 done16e1:
 	ROWS1(ST1)
-	ST1(Z24); ST1(Z25); ST1(Z26); ST1(Z27); ST1(Z28); ST1(Z29); ST1(Z30); ST1(Z31)
+	ROWS1HI(ST1)
 	VZEROUPPER
 	RET
 
@@ -367,20 +375,13 @@ TEXT ·kmaj8e2(SB), NOSPLIT, $0-56
 	MOVQ DX, R9
 	TESTQ AX, AX
 	JZ    zeroe2
-	LDE2(Z16, Z24)
-	LDE2(Z17, Z25)
-	LDE2(Z18, Z26)
-	LDE2(Z19, Z27)
-	LDE2(Z20, Z28)
-	LDE2(Z21, Z29)
-	LDE2(Z22, Z30)
-	LDE2(Z23, Z31)
+	ROWS2(LDE2)
 	MOVQ R9, DX
 	JMP  loope2
 
 zeroe2:
 	ROWS1(ZR1)
-	ZR1(Z24); ZR1(Z25); ZR1(Z26); ZR1(Z27); ZR1(Z28); ZR1(Z29); ZR1(Z30); ZR1(Z31)
+	ROWS1HI(ZR1)
 
 loope2:
 	TESTQ CX, CX
@@ -414,14 +415,7 @@ loope2:
 	JMP  loope2
 
 donee2:
-	STE2(Z16, Z24)
-	STE2(Z17, Z25)
-	STE2(Z18, Z26)
-	STE2(Z19, Z27)
-	STE2(Z20, Z28)
-	STE2(Z21, Z29)
-	STE2(Z22, Z30)
-	STE2(Z23, Z31)
+	ROWS2(STE2)
 	VZEROUPPER
 	RET
 
