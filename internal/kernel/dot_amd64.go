@@ -112,6 +112,9 @@ func fmaLoopAVX512(n int)
 func gemm32x6AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, xoff, ooff, ostride int, scale *float32)
 
 //go:noescape
+func gemm32x12AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, xoff, ooff, ostride int, scale *float32)
+
+//go:noescape
 func tileBF16AVX512(x *uint16, xstride int, w *uint16, wstride, k int, out *float32, ostride int)
 
 // toBF16ZMM is ToBF16 over the first n&^15 elements (fastbf16_amd64.s).

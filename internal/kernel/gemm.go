@@ -274,6 +274,15 @@ func gemmTilePairMode(xp []float32, xoff int, w []float32, xstride, wstride, kc 
 	gemm32x6AVX512(&xp[0], &w[0], wstride, kc, &out[0], mode, xstride, xoff, ooff, ostride, scale)
 }
 
+// gemmTile12 is gemmTilePairMode on twelve weight rows (gemm32x12AVX512),
+// scale (mode 2) holding twelve row scales.
+func gemmTile12(xp []float32, xoff int, w []float32, xstride, wstride, kc int, out []float32, ooff, ostride, mode int, scale *float32) {
+	_ = out[ooff+(2*gemmTileW-1)*ostride+gemmPanel-1]
+	_ = w[(2*gemmTileW-1)*wstride+kc-1]
+	_ = xp[xoff+(kc-1)*xstride+gemmPanel-1]
+	gemm32x12AVX512(&xp[0], &w[0], wstride, kc, &out[0], mode, xstride, xoff, ooff, ostride, scale)
+}
+
 // gemmTileGo is gemmTile in Go (separate roundings where the assembly
 // fuses the multiply-add).
 func gemmTileGo(xp, w []float32, xstride, wstride, kc int, out []float32, load bool) {
@@ -365,6 +374,18 @@ func matAccumulate(c []float32, ldc int, s, a, b []float32, ldb, m, n, k int, sc
 		step = 2 * gemmPanel
 	}
 	for r0 := 0; r0 < m; r0 += gemmTileW {
+		if wide && m-r0 >= 2*gemmTileW && xv > 0 {
+			// Twelve whole rows on c in place, on the twelve-row tile.
+			mode, sp := 1, (*float32)(nil)
+			if s != nil {
+				mode, sp = 2, &s[r0]
+			}
+			for x0 := 0; x0 < xv; x0 += step {
+				gemmTile12(b[x0:], gemmPanel, a[r0*k:], ldb, k, k, c[r0*ldc+x0:], gemmPanel, ldc, mode, sp)
+			}
+			r0 += gemmTileW
+			continue
+		}
 		rows := min(gemmTileW, m-r0)
 		w := a[r0*k:]
 		if rows < gemmTileW {

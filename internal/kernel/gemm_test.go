@@ -172,7 +172,7 @@ func TestMatAccumulate(t *testing.T) { atTileWidths(t, &packedTile, testMatAccum
 
 func testMatAccumulate(t *testing.T) {
 	r := rand.New(rand.NewPCG(27, 28))
-	for _, m := range []int{1, 5, 6, 7, 13, 32} {
+	for _, m := range []int{1, 5, 6, 7, 12, 13, 25, 32, 48} {
 		for _, n := range []int{1, 17, 64, 100, 128, 512} {
 			for _, k := range []int{1, 7, 64} {
 				ldb, ldc := n+3, n+2
@@ -207,7 +207,7 @@ func TestMatAccumulateScaled(t *testing.T) { atTileWidths(t, &packedTile, testMa
 
 func testMatAccumulateScaled(t *testing.T) {
 	r := rand.New(rand.NewPCG(41, 42))
-	for _, m := range []int{1, 5, 6, 7, 13, 128} {
+	for _, m := range []int{1, 5, 6, 7, 12, 13, 25, 128} {
 		for _, n := range []int{1, 17, 64, 100, 128} {
 			for _, k := range []int{0, 1, 7, 16} {
 				ldb, ldc := n+3, n+2

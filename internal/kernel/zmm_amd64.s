@@ -244,6 +244,137 @@ zdone:
 	VZEROUPPER
 	RET
 
+// func gemm32x12AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, xoff, ooff, ostride int, scale *float32)
+// gemm32x6AVX512 on twelve weight rows: 24 accumulators (Z8-Z31, row r's
+// panels in Z(8+2r) and Z(9+2r)), so that each x vector loaded serves
+// twelve FMAs and the FMA ports' latency is covered three times over.
+// Every output is the same FMA chain as in gemm32x6AVX512. Weight rows
+// 0-2 at DI, 3-5 at R12, 6-8 at BX, 9-11 at R9 (each +0, +R11, +2·R11).
+
+// G12LOAD and G12STORE move one output row's two panels (DX and R15 at
+// that row) and step both a row on; G12SCALE multiplies a row's two by its
+// scale (AX the scales); G12FMA adds a weight row's element times both x
+// vectors (Z0, Z1).
+#define G12LOAD(a0, a1) VMOVUPS (DX), a0; VMOVUPS (R15), a1; ADDQ R8, DX; ADDQ R8, R15
+#define G12SCALE(off, a0, a1) VBROADCASTSS off(AX), Z2; VMULPS Z2, a0, a0; VMULPS Z2, a1, a1
+#define G12STORE(a0, a1) VMOVUPS a0, (DX); VMOVUPS a1, (R15); ADDQ R8, DX; ADDQ R8, R15
+#define G12ZERO(a0, a1) VPXORD a0, a0, a0; VPXORD a1, a1, a1
+#define G12FMA(row, b, a0, a1) VBROADCASTSS row, b; VFMADD231PS b, Z0, a0; VFMADD231PS b, Z1, a1
+
+TEXT ·gemm32x12AVX512(SB), NOSPLIT, $0-88
+	MOVQ xp+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ wstride+16(FP), R11
+	SHLQ $2, R11
+	LEAQ (DI)(R11*2), R12
+	ADDQ R11, R12            // weight row 3
+	LEAQ (R12)(R11*2), BX
+	ADDQ R11, BX             // weight row 6
+	LEAQ (BX)(R11*2), R9
+	ADDQ R11, R9             // weight row 9
+	MOVQ kc+24(FP), CX
+	MOVQ out+32(FP), DX
+	MOVQ xstride+48(FP), R13
+	SHLQ $2, R13
+	MOVQ xoff+56(FP), R14
+	SHLQ $2, R14
+	MOVQ ooff+64(FP), R15
+	SHLQ $2, R15
+	ADDQ DX, R15             // second panel's outputs
+	MOVQ ostride+72(FP), R8
+	SHLQ $2, R8
+	MOVQ load+40(FP), AX
+	TESTQ AX, AX
+	JZ   g12zero
+	MOVQ DX, R10
+	G12LOAD(Z8, Z9)
+	G12LOAD(Z10, Z11)
+	G12LOAD(Z12, Z13)
+	G12LOAD(Z14, Z15)
+	G12LOAD(Z16, Z17)
+	G12LOAD(Z18, Z19)
+	G12LOAD(Z20, Z21)
+	G12LOAD(Z22, Z23)
+	G12LOAD(Z24, Z25)
+	G12LOAD(Z26, Z27)
+	G12LOAD(Z28, Z29)
+	G12LOAD(Z30, Z31)
+	MOVQ R10, DX
+	MOVQ ooff+64(FP), R15
+	SHLQ $2, R15
+	ADDQ DX, R15
+	CMPQ AX, $2
+	JNE  g12loop
+	MOVQ scale+80(FP), AX
+	G12SCALE(0, Z8, Z9)
+	G12SCALE(4, Z10, Z11)
+	G12SCALE(8, Z12, Z13)
+	G12SCALE(12, Z14, Z15)
+	G12SCALE(16, Z16, Z17)
+	G12SCALE(20, Z18, Z19)
+	G12SCALE(24, Z20, Z21)
+	G12SCALE(28, Z22, Z23)
+	G12SCALE(32, Z24, Z25)
+	G12SCALE(36, Z26, Z27)
+	G12SCALE(40, Z28, Z29)
+	G12SCALE(44, Z30, Z31)
+	JMP  g12loop
+
+g12zero:
+	G12ZERO(Z8, Z9)
+	G12ZERO(Z10, Z11)
+	G12ZERO(Z12, Z13)
+	G12ZERO(Z14, Z15)
+	G12ZERO(Z16, Z17)
+	G12ZERO(Z18, Z19)
+	G12ZERO(Z20, Z21)
+	G12ZERO(Z22, Z23)
+	G12ZERO(Z24, Z25)
+	G12ZERO(Z26, Z27)
+	G12ZERO(Z28, Z29)
+	G12ZERO(Z30, Z31)
+
+g12loop:
+	TESTQ CX, CX
+	JZ    g12done
+	VMOVUPS (SI), Z0
+	VMOVUPS (SI)(R14*1), Z1
+	G12FMA((DI), Z2, Z8, Z9)
+	G12FMA((DI)(R11*1), Z3, Z10, Z11)
+	G12FMA((DI)(R11*2), Z4, Z12, Z13)
+	G12FMA((R12), Z5, Z14, Z15)
+	G12FMA((R12)(R11*1), Z6, Z16, Z17)
+	G12FMA((R12)(R11*2), Z7, Z18, Z19)
+	G12FMA((BX), Z2, Z20, Z21)
+	G12FMA((BX)(R11*1), Z3, Z22, Z23)
+	G12FMA((BX)(R11*2), Z4, Z24, Z25)
+	G12FMA((R9), Z5, Z26, Z27)
+	G12FMA((R9)(R11*1), Z6, Z28, Z29)
+	G12FMA((R9)(R11*2), Z7, Z30, Z31)
+	ADDQ R13, SI
+	ADDQ $4, DI
+	ADDQ $4, R12
+	ADDQ $4, BX
+	ADDQ $4, R9
+	DECQ CX
+	JMP  g12loop
+
+g12done:
+	G12STORE(Z8, Z9)
+	G12STORE(Z10, Z11)
+	G12STORE(Z12, Z13)
+	G12STORE(Z14, Z15)
+	G12STORE(Z16, Z17)
+	G12STORE(Z18, Z19)
+	G12STORE(Z20, Z21)
+	G12STORE(Z22, Z23)
+	G12STORE(Z24, Z25)
+	G12STORE(Z26, Z27)
+	G12STORE(Z28, Z29)
+	G12STORE(Z30, Z31)
+	VZEROUPPER
+	RET
+
 // func dot2x8BF16ZMM(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int)
 // dot2x8BF16AVX512 with both weight rows in one zmm register (lanes 0-7 row 0,
 // 8-15 row 1) against each x chunk broadcast to both halves: every lane is
