@@ -92,9 +92,11 @@ func assertClose(t *testing.T, what string, got, want []float32) {
 	}
 }
 
-// TestAttnDenseBlocked compares the blocked dense path (row blocks, matrix
-// logits, rank updates) with the row-by-row path on shapes that cover
-// partial row and key blocks, grouped heads and rope parts.
+// TestAttnDenseBlocked compares the blocked dense paths (row blocks,
+// matrix logits, rank updates; for heads that share a kv head, blocks of
+// rows times heads, matrix logits and values) with the row-by-row path on
+// shapes that cover partial row and key blocks, grouped heads and rope
+// parts.
 func TestAttnDenseBlocked(t *testing.T) {
 	b := New(2)
 	defer b.Close()
@@ -105,6 +107,13 @@ func TestAttnDenseBlocked(t *testing.T) {
 		{t: 70, l: 150, hq: 6, hkv: 6, dk: 64, dr: 32, dv: 64},
 		{t: 33, l: 200, hq: 4, hkv: 1, dk: 40, dr: 8, dv: 40},
 		{t: 130, l: 130, hq: 2, hkv: 2, dk: 128, dv: 130},
+		// The grouped path (attnDenseGroupRange): MLA's MQA form with rope
+		// parts, GQA with values apart (8 heads a kv head: blocks of 6
+		// rows), 64 heads a kv head (a row a block), 130 value dims.
+		{t: 100, l: 300, hq: 6, hkv: 1, dk: 64, dr: 32, dv: 64, mqa: true},
+		{t: 40, l: 90, hq: 16, hkv: 2, dk: 24, dr: 8, dv: 40},
+		{t: 9, l: 70, hq: 64, hkv: 1, dk: 16, dv: 16},
+		{t: 20, l: 20, hq: 4, hkv: 1, dk: 130, dv: 130, mqa: true},
 	} {
 		attnDenseMin = denseRows
 		got, gotL := runAttn(t, b, c, uint64(i))
@@ -115,32 +124,126 @@ func TestAttnDenseBlocked(t *testing.T) {
 	}
 }
 
-// BenchmarkAttnDense times a 512-token MHA-form prefill pass (6 heads,
-// 64+32 key dims, 64 value dims) on the blocked path and the row path.
+// TestAttnMaskedDense compares index-sparse passes on the dense blocked
+// path with masks (attnMaskedPays) with the sparse path: causal lists as
+// an indexer makes them, lists with -1 pads and entries past a row's
+// position or the cache, lists per kv head and shared, MLA's MQA form
+// with rope parts, and rows whose lists hold none of their positions
+// (output 0, lse -Inf, as the sparse path gives them). A pass whose lists
+// repeat a position stays on the sparse path.
+func TestAttnMaskedDense(t *testing.T) {
+	b := New(2)
+	defer b.Close()
+	defer func(v float64) { attnMaskedRatio = v }(attnMaskedRatio)
+	cases := []attnCase{
+		{t: 40, l: 100, hq: 6, hkv: 1, dk: 32, dr: 8, dv: 32, k: 30, mqa: true, causal: true},
+		{t: 70, l: 150, hq: 6, hkv: 1, dk: 64, dr: 32, dv: 64, k: 80, mqa: true},
+		{t: 33, l: 200, hq: 4, hkv: 2, dk: 24, dv: 16, k: 50},
+		{t: 50, l: 60, hq: 8, hkv: 2, dk: 16, dr: 4, dv: 24, k: 200, causal: true},
+		{t: 40, l: 120, hq: 4, hkv: 2, dk: 24, dv: 16, k: 40, causal: true},
+	}
+	for i, c := range cases {
+		a := attnArgs(t, b, c, uint64(i))
+		if i == 2 {
+			// Lists shared by the kv heads ([t, 1, K]), the first row's all
+			// -1 and the second's all in its future.
+			idx := make([]int32, c.t*c.k)
+			r := rand.New(rand.NewPCG(9, uint64(i)))
+			for row := range c.t {
+				perm := r.Perm(c.l)
+				for e := range c.k {
+					idx[row*c.k+e] = int32(perm[e])
+				}
+			}
+			for e := range c.k {
+				idx[e], idx[c.k+e] = -1, int32(c.l-c.t+2+e%(c.t-2))
+			}
+			a.Indices = must(b.Alloc(compute.I32, c.t, 1, c.k))
+			must(0, b.Write(a.Indices, idx))
+		}
+		run := func(ratio float64) ([]float32, []float32, bool) {
+			attnMaskedRatio = ratio
+			sc := attnScratches.get()
+			defer putAttnScratch(sc)
+			require.NoError(t, b.attnSetup(sc, a))
+			masked := sc.job.masked
+			require.NoError(t, b.Attention(a))
+			out, lse := make([]float32, c.t*c.hq*c.dv), make([]float32, c.t*c.hq)
+			must(0, b.Read(out, a.Out))
+			must(0, b.Read(lse, a.LSE))
+			return out, lse, masked
+		}
+		got, gotL, masked := run(math.Inf(1))
+		require.Truef(t, masked, "case %d: not masked", i)
+		want, wantL, sparse := run(0)
+		require.Falsef(t, sparse, "case %d: masked at ratio 0", i)
+		assertClose(t, fmt.Sprintf("case %d %+v: out (sparse as want)", i, c), got, want)
+		assertClose(t, fmt.Sprintf("case %d %+v: lse (sparse as want)", i, c), gotL, wantL)
+		if i == 2 {
+			for h := range c.hq {
+				require.True(t, math.IsInf(float64(gotL[h]), -1), "empty row's lse")
+				require.True(t, math.IsInf(float64(gotL[c.hq+h]), -1), "future-only row's lse")
+			}
+			for x := range 2 * c.hq * c.dv {
+				require.Zero(t, got[x], "empty rows' output")
+			}
+		}
+	}
+	// A repeated position keeps the sparse path.
+	c := cases[0]
+	a := attnArgs(t, b, c, 0)
+	idx := make([]int32, c.t*c.hkv*c.k)
+	must(0, b.Read(idx, a.Indices))
+	require.GreaterOrEqual(t, idx[5*c.k], int32(0))
+	idx[5*c.k+1] = idx[5*c.k]
+	must(0, b.Write(a.Indices, idx))
+	attnMaskedRatio = math.Inf(1)
+	sc := attnScratches.get()
+	defer putAttnScratch(sc)
+	require.NoError(t, b.attnSetup(sc, a))
+	require.False(t, sc.job.masked, "a list with a repeated position ran masked")
+}
+
+// BenchmarkAttnDense times dense prefill passes: a 512-token MHA-form
+// pass (6 heads, 64+32 key dims, 64 value dims) on the blocked path and
+// the row path, and a 256-token pass in MLA's absorbed MQA form at the
+// 100M preset's shape (6 heads on one latent head of 256 plus 32 rope
+// dims) on the grouped blocked path, the per-head one and the row path.
 func BenchmarkAttnDense(b *testing.B) {
 	be := New(0)
 	defer be.Close()
-	c := attnCase{t: 512, l: 512, hq: 6, hkv: 6, dk: 64, dr: 32, dv: 64}
-	flops := 0.0
-	for r := 0; r < c.t; r++ {
-		flops += 2 * float64((r+1)*c.hq*(c.dk+c.dr+c.dv))
-	}
 	defer func(v int) { attnDenseMin = v }(attnDenseMin)
-	for _, path := range []struct {
+	defer func(v int) { attnGroupMin = v }(attnGroupMin)
+	for _, c := range []struct {
 		name string
-		min  int
-	}{{"blocked", denseRows}, {"rows", math.MaxInt}} {
-		b.Run(fmt.Sprint(path.name), func(b *testing.B) {
-			attnDenseMin = path.min
-			a := attnArgs(b, be, c, 1)
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				if err := be.Attention(a); err != nil {
-					b.Fatal(err)
-				}
+		attnCase
+	}{
+		{"mha", attnCase{t: 512, l: 512, hq: 6, hkv: 6, dk: 64, dr: 32, dv: 64}},
+		{"mqa", attnCase{t: 256, l: 256, hq: 6, hkv: 1, dk: 256, dr: 32, dv: 256, mqa: true}},
+	} {
+		flops := 0.0
+		for r := 0; r < c.t; r++ {
+			flops += 2 * float64((r+1)*c.hq*(c.dk+c.dr+c.dv))
+		}
+		for _, path := range []struct {
+			name       string
+			min, heads int
+		}{{"blocked", denseRows, 4}, {"heads", denseRows, math.MaxInt}, {"rows", math.MaxInt, 4}} {
+			if c.hkv == c.hq && path.name == "heads" {
+				continue // the blocked path is the per-head one
 			}
-			b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
-		})
+			b.Run(c.name+"/"+path.name, func(b *testing.B) {
+				attnDenseMin, attnGroupMin = path.min, path.heads
+				a := attnArgs(b, be, c.attnCase, 1)
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					if err := be.Attention(a); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			})
+		}
 	}
 }
 
@@ -172,6 +275,46 @@ func BenchmarkAttnSparse(b *testing.B) {
 	}
 	b.ReportMetric(float64(took[0].Microseconds())/float64(b.N), "keys_first_us")
 	b.ReportMetric(float64(took[1])/float64(took[0]), "queries_first/keys_first")
+}
+
+// BenchmarkAttnMasked times index-sparse MLA prefill chunks in the
+// absorbed form at the 100M preset's shape (256 rows, 6 heads on one
+// latent head of 256 plus 32 rope dims, top-256 lists of visible
+// positions) at the end of contexts of 512 to 1,536 positions, on the
+// dense blocked path with masks and on the sparse path, the two
+// alternating call by call. It reports the positions the rows see over
+// those their lists hold (what attnMaskedPays compares with
+// attnMaskedRatio) and the masked time over the sparse one.
+func BenchmarkAttnMasked(b *testing.B) {
+	be := New(0)
+	defer be.Close()
+	defer func(v float64) { attnMaskedRatio = v }(attnMaskedRatio)
+	for _, l := range []int{512, 768, 1024, 1536} {
+		b.Run(fmt.Sprintf("context=%d", l), func(b *testing.B) {
+			c := attnCase{t: 256, l: l, hq: 6, hkv: 1, dk: 256, dr: 32, dv: 256, k: 256, mqa: true, causal: true}
+			a := attnArgs(b, be, c, 1)
+			seen := 0
+			for r := range c.t {
+				seen += l - c.t + r + 1
+			}
+			var took [2]time.Duration
+			b.ResetTimer()
+			for range b.N {
+				for i, ratio := range []float64{math.Inf(1), 0} {
+					attnMaskedRatio = ratio
+					start := time.Now()
+					if err := be.Attention(a); err != nil {
+						b.Fatal(err)
+					}
+					took[i] += time.Since(start)
+				}
+			}
+			b.ReportMetric(float64(seen)/float64(c.t*c.k), "seen/listed")
+			b.ReportMetric(float64(took[0].Microseconds())/float64(b.N), "masked_us")
+			b.ReportMetric(float64(took[1].Microseconds())/float64(b.N), "sparse_us")
+			b.ReportMetric(float64(took[0])/float64(took[1]), "masked/sparse")
+		})
+	}
 }
 
 // TestAttnGroupedHeads compares the grouped-head path (a gathered key block

@@ -575,7 +575,10 @@ type attnJob struct {
 	dv, kn, parts      int
 	items              int  // t·hkv (row, kv head) items, each in parts pieces
 	dense              bool // the dense blocked path (attnDense) instead
-	scale              float32
+	// masked: an index-sparse call on the dense blocked path, each row's
+	// logits outside its list masked (attnMaskedPays).
+	masked bool
+	scale  float32
 	// partial results per item and query head: max, sum, then dv values.
 	part []float32
 	// A paged cache (AttnArgs.KPages): the pages' rows, nil otherwise;
@@ -629,8 +632,13 @@ type attnScratch struct {
 	// positions [0, khLen) (khHead -1: none yet), and a vector of ones.
 	kh, ones      []float32
 	khHead, khLen int
-	eAll, macc    []float32 // groupBlock: every head's weights, MatAccumulate's scratch
-	kp, vp, krp   [][]float32
+	// A masked call's row block: which of positions [0, last] each row's
+	// list holds; attend: the positions one list holds (attnMaskedPays).
+	mask        []bool
+	maskf       []float32
+	seen        []uint64
+	eAll, macc  []float32 // groupBlock: every head's weights, MatAccumulate's scratch
+	kp, vp, krp [][]float32
 	// groupBlock with kernel.AttnLogits: the tiles' logits, and a last
 	// tile's keys padded to whole tiles; attend: the items' queries
 	// transposed (attnJob.qt).
@@ -646,8 +654,8 @@ var attnScratches freeList[attnScratch]
 
 // bytes is what the scratch's buffers hold.
 func (sc *attnScratch) bytes() int {
-	return 4*cap(sc.pos) + 24*(cap(sc.kp)+cap(sc.vp)+cap(sc.krp)) + capBytes(sc.z, sc.qb, sc.qrb, sc.kb, sc.krb, sc.vb, sc.zb,
-		sc.e, sc.rv, sc.acc, sc.m, sc.l, sc.kh, sc.ones, sc.eAll, sc.macc, sc.zt, sc.ktail, sc.qt) + 4*(cap(sc.qp)+cap(sc.vp2)) + 2*(cap(sc.kbb)+cap(sc.eb))
+	return 4*cap(sc.pos) + cap(sc.mask) + 8*cap(sc.seen) + 24*(cap(sc.kp)+cap(sc.vp)+cap(sc.krp)) + capBytes(sc.z, sc.qb, sc.qrb, sc.kb, sc.krb, sc.vb, sc.zb,
+		sc.e, sc.rv, sc.acc, sc.m, sc.l, sc.kh, sc.maskf, sc.ones, sc.eAll, sc.macc, sc.zt, sc.ktail, sc.qt) + 4*(cap(sc.qp)+cap(sc.vp2)) + 2*(cap(sc.kbb)+cap(sc.eb))
 }
 
 // putAttnScratch returns sc to its free list, without the call's tensors.
@@ -891,6 +899,10 @@ func (b *Backend) attend(sc *attnScratch, l int) error {
 		j.dense = true
 		return nil
 	}
+	if j.idx != nil && j.t >= attnDenseMin && attnMaskedPays(sc, j) {
+		j.dense, j.masked = true, true
+		return nil
+	}
 	// A row whose kv heads are fewer than the workers has its positions
 	// split over all of them, and the parts merged in order. Passes of up
 	// to compute.InvariantRows rows split every row as it is split alone,
@@ -1103,17 +1115,249 @@ const denseRows = 8
 // compare the blocked path with the row-by-row one on small passes.
 var attnDenseMin = compute.InvariantRows + 1
 
+// attnMaskedRatio is how many more positions the dense blocked path may
+// score than an index-sparse call's lists hold and still run it faster,
+// with the positions outside each row's list masked: the sparse path
+// gathers each row's keys and values apart, the dense one a kv head's
+// once for all rows (BenchmarkAttnSparse: docs/bench).
+var attnMaskedRatio = 2.0
+
+// attnMaskedPays reports whether an index-sparse pass of j runs on the
+// dense blocked path with masks ("masked MHA", as DeepSeek-V3.2 runs
+// short prefills): where the positions its rows see, up to their own,
+// are at most attnMaskedRatio times the positions their lists hold, and
+// no list holds a position twice (a mask counts it once, the sparse path
+// twice).
+func attnMaskedPays(sc *attnScratch, j *attnJob) bool {
+	limit := j.a.KVLen
+	words := (limit + 63) / 64
+	sc.seen = slices.Grow(sc.seen[:0], words)[:words]
+	clear(sc.seen)
+	var seen, listed int
+	for row := range j.t {
+		last := min(int(j.qpos[row]), limit-1)
+		seen += last + 1
+		for g := range j.idxHeads {
+			list := j.idx[(row*j.idxHeads+g)*j.kn : (row*j.idxHeads+g+1)*j.kn]
+			dup := false
+			for _, s := range list {
+				if s < 0 || int(s) > last {
+					continue
+				}
+				w, bit := s>>6, uint64(1)<<(s&63)
+				dup = dup || sc.seen[w]&bit != 0
+				sc.seen[w] |= bit
+				listed++
+			}
+			for _, s := range list {
+				if s >= 0 && int(s) <= last {
+					sc.seen[s>>6] = 0
+				}
+			}
+			if dup {
+				return false
+			}
+		}
+	}
+	return float64(seen)*float64(j.idxHeads) <= attnMaskedRatio*float64(listed)
+}
+
 // attnDense runs dense causal attention for passes of at least denseRows
 // query rows (prefill): work items are (head, block of rows), so that the
 // logits of a row block against a key block are one matrix product and each
 // row's accumulator takes the block's values as one rank update.
 func (b *Backend) attnDense(j *attnJob) error {
+	if hg := j.hq / j.hkv; hg >= attnGroupMin {
+		// Most expensive first (the last row blocks see the most
+		// positions), one item a claim, so that the causal triangle's
+		// cost splits evenly however few kv heads there are.
+		b.pool.RunEach(attnDenseGroupRange, kernel.Args{Job: j}, j.hkv*j.groupBlocks(), 1)
+		return nil
+	}
 	nb := (j.t + denseRows - 1) / denseRows
 	// Head-major items: with as many heads as workers or more, each
 	// worker's contiguous share is made of whole heads, so the causal
 	// triangle's cost splits evenly.
 	b.pool.Run(attnDenseRange, kernel.Args{Job: j}, j.hq*nb, 1)
 	return nil
+}
+
+// attnGroupQueries is about how many query rows (rows times the query
+// heads of a kv head) one item of the grouped dense path holds: its
+// logits and values are matrix products of that many rows.
+const attnGroupQueries = 48
+
+// groupBlocks is the number of row blocks of the grouped dense path.
+func (j *attnJob) groupBlocks() int {
+	rows := j.groupRows()
+	return (j.t + rows - 1) / rows
+}
+
+// groupRows is the rows of one block of the grouped dense path.
+func (j *attnJob) groupRows() int { return max(1, attnGroupQueries/(j.hq/j.hkv)) }
+
+// maskRows sets sc.mask's rows [0, r1-r0), span positions each, to the
+// positions of rows [r0, r1)'s lists for kv head g that the rows see.
+func (j *attnJob) maskRows(sc *attnScratch, r0, r1, g, span int) {
+	sc.mask = slices.Grow(sc.mask[:0], (r1-r0)*span)[:(r1-r0)*span]
+	clear(sc.mask)
+	if j.idxHeads == 1 {
+		g = 0
+	}
+	for r := r0; r < r1; r++ {
+		see := min(int(j.qpos[r]), j.a.KVLen-1)
+		mask := sc.mask[(r-r0)*span : (r-r0+1)*span]
+		for _, s := range j.idx[(r*j.idxHeads+g)*j.kn : (r*j.idxHeads+g+1)*j.kn] {
+			if s >= 0 && int(s) <= see {
+				mask[s] = true
+			}
+		}
+	}
+}
+
+// attnDenseGroupRange runs items [lo, hi) of the grouped dense path: for
+// kv heads whose query heads share them (MLA's MQA form), an item is a
+// kv head and a block of rows, and its queries (rows times heads) meet
+// each block of 64 positions as matrix products: the logits against the
+// block's keys transposed, then the values with every query row's
+// accumulator rescaled to its new maximum as the tile loads it
+// (kernel.MatAccumulateScaled). Each logit is one FMA chain over the
+// latent then the rope dimensions. Items run from the last row block to
+// the first (attnDense).
+func attnDenseGroupRange(args *kernel.Args, lo, hi int) {
+	const block = 64
+	j := args.Job.(*attnJob)
+	a := j.a
+	sc := attnScratches.get()
+	defer putAttnScratch(sc)
+	hg, dk, dr, dv := j.hq/j.hkv, j.dk, j.dr, j.dv
+	rows, nb := j.groupRows(), j.groupBlocks()
+	nq := rows * hg
+	sc.qb, sc.qrb = grow32(sc.qb, nq*dk), grow32(sc.qrb, nq*max(dr, 1))
+	sc.zb, sc.kb, sc.krb = grow32(sc.zb, nq*block), grow32(sc.kb, dk*block), grow32(sc.krb, max(dr, 1)*block)
+	sc.acc, sc.m, sc.l, sc.rv = grow32(sc.acc, nq*dv), grow32(sc.m, nq), grow32(sc.l, nq), grow32(sc.rv, nq)
+	sc.macc = grow32(sc.macc, kernel.MatAccumulateScratch(max(dk, block)))
+	sc.ktail = grow32(sc.ktail, block*max(dk, dr))
+	if len(sc.ones) != block {
+		sc.ones = grow32(sc.ones, block)
+		for x := range sc.ones {
+			sc.ones[x] = 1
+		}
+	}
+	out := F32(a.Out)
+	var lse []float32
+	if !a.LSE.IsZero() {
+		lse = F32(a.LSE)
+	}
+	for it := lo; it < hi; it++ {
+		g, rb := it%j.hkv, nb-1-it/j.hkv
+		r0, r1 := rb*rows, min((rb+1)*rows, j.t)
+		n := (r1 - r0) * hg // query rows: row r's heads from (r-r0)·hg
+		last := 0
+		for r := r0; r < r1; r++ {
+			q0 := (r*j.hq + g*hg)
+			copy(sc.qb[(r-r0)*hg*dk:(r-r0+1)*hg*dk], j.q[q0*dk:(q0+hg)*dk])
+			if dr > 0 {
+				copy(sc.qrb[(r-r0)*hg*dr:(r-r0+1)*hg*dr], j.qr[q0*dr:(q0+hg)*dr])
+			}
+			last = max(last, min(int(j.qpos[r]), a.KVLen-1))
+		}
+		// The scale folded into the queries: the logits come out scaled.
+		kernel.Scale(sc.qb[:n*dk], j.scale)
+		if dr > 0 {
+			kernel.Scale(sc.qrb[:n*dr], j.scale)
+		}
+		for q := range n {
+			sc.m[q], sc.l[q] = float32(math.Inf(-1)), 0
+		}
+		acc := sc.acc[:n*dv]
+		clear(acc)
+		span := last + 1
+		if j.masked {
+			j.maskRows(sc, r0, r1, g, span)
+			// Added to the logits: 0 where a row's list holds the
+			// position, -Inf where not.
+			sc.maskf = grow32(sc.maskf, len(sc.mask))
+			for x, in := range sc.mask {
+				sc.maskf[x] = float32(math.Inf(-1))
+				if in {
+					sc.maskf[x] = 0
+				}
+			}
+		}
+		for s0 := 0; s0 <= last; s0 += block {
+			nk := min(block, span-s0)
+			// The block's keys transposed, [dk][64] then [dr][64], zero
+			// past nk (the logits' tile takes whole 64s of columns); a
+			// block of 64 positions lies within one page.
+			keys := j.run(j.k, j.kp, s0, nk, j.hkv*dk)
+			if j.hkv > 1 || nk < block {
+				kr := sc.ktail[:block*dk]
+				for x := range nk {
+					copy(kr[x*dk:(x+1)*dk], keys[x*j.hkv*dk+g*dk:])
+				}
+				clear(kr[nk*dk:])
+				kernel.Transpose(sc.kb, kr, block, dk)
+			} else {
+				kernel.Transpose(sc.kb, keys, block, dk)
+			}
+			z := sc.zb[:n*block]
+			clear(z)
+			kernel.MatAccumulate(z, block, sc.qb[:n*dk], sc.kb, block, n, block, dk, sc.macc)
+			if dr > 0 {
+				ropes := j.run(j.kr, j.krp, s0, nk, dr)
+				if nk < block {
+					kr := sc.ktail[:block*dr]
+					copy(kr, ropes)
+					clear(kr[nk*dr:])
+					ropes = kr
+				}
+				kernel.Transpose(sc.krb, ropes, block, dr)
+				kernel.MatAccumulate(z, block, sc.qrb[:n*dr], sc.krb, block, n, block, dr, sc.macc)
+			}
+			// Each query row's softmax step: positions past its row's own
+			// (or outside its list) weigh 0.
+			rr := sc.rv[:n]
+			for q := range n {
+				r := r0 + q/hg
+				see := min(int(j.qpos[r]), a.KVLen-1) - s0 + 1 // positions of the block it sees
+				zq := z[q*block : (q+1)*block]
+				for x := max(see, 0); x < block; x++ {
+					zq[x] = float32(math.Inf(-1))
+				}
+				if j.masked && see > 0 {
+					w := min(see, nk)
+					kernel.Add(zq[:w], zq[:w], sc.maskf[(q/hg)*span+s0:(q/hg)*span+s0+w])
+				}
+				m := max(sc.m[q], kernel.Max(zq))
+				rr[q] = 1
+				if math.IsInf(float64(m), -1) {
+					continue // none of the row's positions yet: all weigh 0
+				}
+				if !math.IsInf(float64(sc.m[q]), -1) && m > sc.m[q] {
+					rr[q] = kernel.Exp(sc.m[q] - m)
+				}
+				sc.m[q] = m
+				kernel.Axpy(zq, -m, sc.ones) // z - m, rounded once
+			}
+			kernel.ExpSlice(z)
+			for q := range n {
+				sc.l[q] = sc.l[q]*rr[q] + kernel.Dot(z[q*block:(q+1)*block], sc.ones)
+			}
+			if nk < block {
+				// The weights' rows nk apart, as the values product reads
+				// them (the values stop at the block's last position).
+				for q := range n {
+					copy(z[q*nk:(q+1)*nk], z[q*block:q*block+nk])
+				}
+			}
+			vals := j.run(j.v, j.vp, s0, nk, j.hkv*dv)[g*dv:]
+			kernel.MatAccumulateScaled(acc, dv, rr, z[:n*nk], vals, j.hkv*dv, n, dv, nk, sc.macc)
+		}
+		for q := range n {
+			j.finish(out, lse, acc[q*dv:(q+1)*dv], r0+q/hg, g*hg+q%hg, sc.m[q], sc.l[q])
+		}
+	}
 }
 
 func attnDenseRange(args *kernel.Args, lo, hi int) {
@@ -1159,6 +1403,24 @@ func attnDenseRange(args *kernel.Args, lo, hi int) {
 		}
 		acc := sc.acc[:nr*dv]
 		clear(acc)
+		span := last + 1
+		if j.masked {
+			sc.mask = slices.Grow(sc.mask[:0], nr*span)[:nr*span]
+			clear(sc.mask)
+			gi := 0
+			if j.idxHeads > 1 {
+				gi = g
+			}
+			for r := r0; r < r1; r++ {
+				see := min(int(j.qpos[r]), a.KVLen-1)
+				mask := sc.mask[(r-r0)*span : (r-r0+1)*span]
+				for _, s := range j.idx[(r*j.idxHeads+gi)*j.kn : (r*j.idxHeads+gi+1)*j.kn] {
+					if s >= 0 && int(s) <= see {
+						mask[s] = true
+					}
+				}
+			}
+		}
 		if sc.khHead != g {
 			sc.khHead, sc.khLen = g, 0
 		}
@@ -1188,7 +1450,17 @@ func attnDenseRange(args *kernel.Args, lo, hi int) {
 					continue
 				}
 				zr := z[i*nk : i*nk+n]
+				if j.masked {
+					for x, in := range sc.mask[i*span+s0 : i*span+s0+n] {
+						if !in {
+							zr[x] = float32(math.Inf(-1))
+						}
+					}
+				}
 				m := max(sc.m[i], kernel.Max(zr))
+				if math.IsInf(float64(m), -1) {
+					continue // masked: none of the row's positions yet
+				}
 				rr := float32(1)
 				if !math.IsInf(float64(sc.m[i]), -1) && m > sc.m[i] {
 					rr = kernel.Exp(sc.m[i] - m)
@@ -1217,13 +1489,28 @@ func attnDenseRange(args *kernel.Args, lo, hi int) {
 		}
 		for r := r0; r < r1; r++ {
 			i := r - r0
-			o := out[(r*j.hq+h)*dv : (r*j.hq+h+1)*dv]
-			copy(o, acc[i*dv:(i+1)*dv])
-			kernel.Scale(o, 1/sc.l[i])
-			if lse != nil {
-				lse[r*j.hq+h] = sc.m[i] + float32(math.Log(float64(sc.l[i])))
-			}
+			j.finish(out, lse, acc[i*dv:(i+1)*dv], r, h, sc.m[i], sc.l[i])
 		}
+	}
+}
+
+// finish writes row r's head h output (acc over its softmax sum l) and
+// lse (its maximum m plus log l) for the dense paths; a masked row whose
+// list holds none of its positions (l 0) gets no output and an lse of
+// -Inf, as the sparse path gives it.
+func (j *attnJob) finish(out, lse, acc []float32, r, h int, m, l float32) {
+	o := out[(r*j.hq+h)*j.dv : (r*j.hq+h+1)*j.dv]
+	if l == 0 {
+		clear(o)
+		if lse != nil {
+			lse[r*j.hq+h] = float32(math.Inf(-1))
+		}
+		return
+	}
+	copy(o, acc)
+	kernel.Scale(o, 1/l)
+	if lse != nil {
+		lse[r*j.hq+h] = m + float32(math.Log(float64(l)))
 	}
 }
 
