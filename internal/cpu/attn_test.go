@@ -92,15 +92,16 @@ func assertClose(t *testing.T, what string, got, want []float32) {
 	}
 }
 
-// TestAttnDenseBlocked compares the blocked dense paths (row blocks,
-// matrix logits, rank updates; for heads that share a kv head, blocks of
-// rows times heads, matrix logits and values) with the row-by-row path on
-// shapes that cover partial row and key blocks, grouped heads and rope
-// parts.
+// TestAttnDenseBlocked compares the blocked dense paths, the per-head one
+// (row blocks, matrix logits, rank updates) and the grouped one (blocks of
+// rows times heads, matrix logits and values), each forced, with the
+// row-by-row path on shapes that cover partial row and key blocks, grouped
+// heads and rope parts.
 func TestAttnDenseBlocked(t *testing.T) {
 	b := New(2)
 	defer b.Close()
 	defer func(v int) { attnDenseMin = v }(attnDenseMin)
+	defer func(f func(int) bool) { attnDenseGrouped = f }(attnDenseGrouped)
 	for i, c := range []attnCase{
 		{t: 8, l: 8, hq: 1, hkv: 1, dk: 16, dv: 16},
 		{t: 13, l: 13, hq: 4, hkv: 2, dk: 24, dv: 16},
@@ -115,12 +116,15 @@ func TestAttnDenseBlocked(t *testing.T) {
 		{t: 9, l: 70, hq: 64, hkv: 1, dk: 16, dv: 16},
 		{t: 20, l: 20, hq: 4, hkv: 1, dk: 130, dv: 130, mqa: true},
 	} {
-		attnDenseMin = denseRows
-		got, gotL := runAttn(t, b, c, uint64(i))
 		attnDenseMin = math.MaxInt
 		want, wantL := runAttn(t, b, c, uint64(i))
-		assertClose(t, fmt.Sprintf("case %+v: out (row path as want)", c), got, want)
-		assertClose(t, fmt.Sprintf("case %+v: lse (row path as want)", c), gotL, wantL)
+		for _, grouped := range []bool{false, true} {
+			attnDenseMin = denseRows
+			attnDenseGrouped = func(int) bool { return grouped }
+			got, gotL := runAttn(t, b, c, uint64(i))
+			assertClose(t, fmt.Sprintf("case %+v grouped %v: out (row path as want)", c, grouped), got, want)
+			assertClose(t, fmt.Sprintf("case %+v grouped %v: lse (row path as want)", c, grouped), gotL, wantL)
+		}
 	}
 }
 
@@ -129,12 +133,14 @@ func TestAttnDenseBlocked(t *testing.T) {
 // an indexer makes them, lists with -1 pads and entries past a row's
 // position or the cache, lists per kv head and shared, MLA's MQA form
 // with rope parts, and rows whose lists hold none of their positions
-// (output 0, lse -Inf, as the sparse path gives them). A pass whose lists
-// repeat a position stays on the sparse path.
+// (output 0, lse -Inf, as the sparse path gives them), on the per-head and
+// the grouped dense path each. A pass whose lists repeat a position stays
+// on the sparse path.
 func TestAttnMaskedDense(t *testing.T) {
 	b := New(2)
 	defer b.Close()
 	defer func(v float64) { attnMaskedRatio = v }(attnMaskedRatio)
+	defer func(f func(int) bool) { attnDenseGrouped = f }(attnDenseGrouped)
 	cases := []attnCase{
 		{t: 40, l: 100, hq: 6, hkv: 1, dk: 32, dr: 8, dv: 32, k: 30, mqa: true, causal: true},
 		{t: 70, l: 150, hq: 6, hkv: 1, dk: 64, dr: 32, dv: 64, k: 80, mqa: true},
@@ -173,19 +179,23 @@ func TestAttnMaskedDense(t *testing.T) {
 			must(0, b.Read(lse, a.LSE))
 			return out, lse, masked
 		}
-		got, gotL, masked := run(math.Inf(1))
-		require.Truef(t, masked, "case %d: not masked", i)
 		want, wantL, sparse := run(0)
 		require.Falsef(t, sparse, "case %d: masked at ratio 0", i)
-		assertClose(t, fmt.Sprintf("case %d %+v: out (sparse as want)", i, c), got, want)
-		assertClose(t, fmt.Sprintf("case %d %+v: lse (sparse as want)", i, c), gotL, wantL)
-		if i == 2 {
-			for h := range c.hq {
-				require.True(t, math.IsInf(float64(gotL[h]), -1), "empty row's lse")
-				require.True(t, math.IsInf(float64(gotL[c.hq+h]), -1), "future-only row's lse")
-			}
-			for x := range 2 * c.hq * c.dv {
-				require.Zero(t, got[x], "empty rows' output")
+		for _, grouped := range []bool{false, true} {
+			attnDenseGrouped = func(int) bool { return grouped }
+			got, gotL, masked := run(math.Inf(1))
+			require.Truef(t, masked, "case %d: not masked", i)
+			what := fmt.Sprintf("case %d %+v grouped %v", i, c, grouped)
+			assertClose(t, what+": out (sparse as want)", got, want)
+			assertClose(t, what+": lse (sparse as want)", gotL, wantL)
+			if i == 2 {
+				for h := range c.hq {
+					require.True(t, math.IsInf(float64(gotL[h]), -1), "%s: empty row's lse", what)
+					require.True(t, math.IsInf(float64(gotL[c.hq+h]), -1), "%s: future-only row's lse", what)
+				}
+				for x := range 2 * c.hq * c.dv {
+					require.Zero(t, got[x], "%s: empty rows' output", what)
+				}
 			}
 		}
 	}
@@ -204,16 +214,16 @@ func TestAttnMaskedDense(t *testing.T) {
 	require.False(t, sc.job.masked, "a list with a repeated position ran masked")
 }
 
-// BenchmarkAttnDense times dense prefill passes: a 512-token MHA-form
-// pass (6 heads, 64+32 key dims, 64 value dims) on the blocked path and
-// the row path, and a 256-token pass in MLA's absorbed MQA form at the
-// 100M preset's shape (6 heads on one latent head of 256 plus 32 rope
-// dims) on the grouped blocked path, the per-head one and the row path.
+// BenchmarkAttnDense times dense prefill passes, a 512-token MHA-form
+// pass (6 heads, 64+32 key dims, 64 value dims) and a 256-token pass in
+// MLA's absorbed MQA form at the 100M preset's shape (6 heads on one
+// latent head of 256 plus 32 rope dims), on the grouped blocked path, the
+// per-head one and the row path.
 func BenchmarkAttnDense(b *testing.B) {
 	be := New(0)
 	defer be.Close()
 	defer func(v int) { attnDenseMin = v }(attnDenseMin)
-	defer func(v int) { attnGroupMin = v }(attnGroupMin)
+	defer func(f func(int) bool) { attnDenseGrouped = f }(attnDenseGrouped)
 	for _, c := range []struct {
 		name string
 		attnCase
@@ -226,14 +236,13 @@ func BenchmarkAttnDense(b *testing.B) {
 			flops += 2 * float64((r+1)*c.hq*(c.dk+c.dr+c.dv))
 		}
 		for _, path := range []struct {
-			name       string
-			min, heads int
-		}{{"blocked", denseRows, 4}, {"heads", denseRows, math.MaxInt}, {"rows", math.MaxInt, 4}} {
-			if c.hkv == c.hq && path.name == "heads" {
-				continue // the blocked path is the per-head one
-			}
+			name    string
+			min     int
+			grouped bool
+		}{{"grouped", denseRows, true}, {"heads", denseRows, false}, {"rows", math.MaxInt, false}} {
 			b.Run(c.name+"/"+path.name, func(b *testing.B) {
-				attnDenseMin, attnGroupMin = path.min, path.heads
+				attnDenseMin = path.min
+				attnDenseGrouped = func(int) bool { return path.grouped }
 				a := attnArgs(b, be, c.attnCase, 1)
 				b.ResetTimer()
 				for i := 0; i < b.N; i++ {

@@ -1167,7 +1167,7 @@ func attnMaskedPays(sc *attnScratch, j *attnJob) bool {
 // logits of a row block against a key block are one matrix product and each
 // row's accumulator takes the block's values as one rank update.
 func (b *Backend) attnDense(j *attnJob) error {
-	if hg := j.hq / j.hkv; hg >= attnGroupMin {
+	if attnDenseGrouped(j.hq / j.hkv) {
 		// Most expensive first (the last row blocks see the most
 		// positions), one item a claim, so that the causal triangle's
 		// cost splits evenly however few kv heads there are.
@@ -1181,6 +1181,14 @@ func (b *Backend) attnDense(j *attnJob) error {
 	b.pool.Run(attnDenseRange, kernel.Args{Job: j}, j.hq*nb, 1)
 	return nil
 }
+
+// attnDenseGrouped reports whether a dense pass with hg query heads a kv
+// head takes the grouped path (attnDenseGroupRange): from attnGroupMin
+// heads, and for any heads where MatAccumulate runs its 512-bit tiles
+// (the 100M preset's MHA-form prefill, one head a kv head, ran 1.5x as
+// fast as on the per-head path, BenchmarkAttnDense; on the 256-bit tile
+// the two ran alike). Tests set it to run either path.
+var attnDenseGrouped = func(hg int) bool { return hg >= attnGroupMin || kernel.MatAccumulateWide() }
 
 // attnGroupQueries is about how many query rows (rows times the query
 // heads of a kv head) one item of the grouped dense path holds: its

@@ -301,6 +301,10 @@ func gemmTileGo(xp, w []float32, xstride, wstride, kc int, out []float32, load b
 	}
 }
 
+// MatAccumulateWide reports whether MatAccumulate runs its 512-bit tiles
+// (else the 256-bit one, or plain Go).
+func MatAccumulateWide() bool { return useAVX2 && accWide() }
+
 // MatAccumulateScratch is the scratch MatAccumulate needs for depth k.
 func MatAccumulateScratch(k int) int { return gemmTileW*k + 2*gemmTileW*gemmPanel }
 
