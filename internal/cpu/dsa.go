@@ -1118,8 +1118,8 @@ var attnDenseMin = compute.InvariantRows + 1
 // attnMaskedRatio is how many more positions the dense blocked path may
 // score than an index-sparse call's lists hold and still run it faster,
 // with the positions outside each row's list masked: the sparse path
-// gathers each row's keys and values apart, the dense one a kv head's
-// once for all rows (BenchmarkAttnSparse: docs/bench).
+// gathers each row's keys and values apart, the dense one reads a kv
+// head's once for a block of rows (BenchmarkAttnMasked: docs/bench).
 var attnMaskedRatio = 2.0
 
 // attnMaskedPays reports whether an index-sparse pass of j runs on the
@@ -1162,10 +1162,12 @@ func attnMaskedPays(sc *attnScratch, j *attnJob) bool {
 	return float64(seen)*float64(j.idxHeads) <= attnMaskedRatio*float64(listed)
 }
 
-// attnDense runs dense causal attention for passes of at least denseRows
-// query rows (prefill): work items are (head, block of rows), so that the
-// logits of a row block against a key block are one matrix product and each
-// row's accumulator takes the block's values as one rank update.
+// attnDense runs dense causal attention (or masked, j.masked) for passes
+// of at least denseRows query rows (prefill): on the grouped path
+// (attnDenseGrouped, attnDenseGroupRange) or with work items (head, block
+// of rows), so that the logits of a row block against a key block are one
+// matrix product and each row's accumulator takes the block's values as
+// one rank update.
 func (b *Backend) attnDense(j *attnJob) error {
 	if attnDenseGrouped(j.hq / j.hkv) {
 		// Most expensive first (the last row blocks see the most
@@ -1413,21 +1415,7 @@ func attnDenseRange(args *kernel.Args, lo, hi int) {
 		clear(acc)
 		span := last + 1
 		if j.masked {
-			sc.mask = slices.Grow(sc.mask[:0], nr*span)[:nr*span]
-			clear(sc.mask)
-			gi := 0
-			if j.idxHeads > 1 {
-				gi = g
-			}
-			for r := r0; r < r1; r++ {
-				see := min(int(j.qpos[r]), a.KVLen-1)
-				mask := sc.mask[(r-r0)*span : (r-r0+1)*span]
-				for _, s := range j.idx[(r*j.idxHeads+gi)*j.kn : (r*j.idxHeads+gi+1)*j.kn] {
-					if s >= 0 && int(s) <= see {
-						mask[s] = true
-					}
-				}
-			}
+			j.maskRows(sc, r0, r1, g, span)
 		}
 		if sc.khHead != g {
 			sc.khHead, sc.khLen = g, 0
