@@ -78,6 +78,20 @@
 	VMOVAPS yc, Y4; VEXTRACTF64X4 $1, zc, Y5; VMOVAPS yd, Y6; VEXTRACTF64X4 $1, zd, Y7; \
 	CALL ·reduce2x4(SB)
 
+// GEMM_TILE_ARGS loads the 512-bit tiles' common arguments: SI xp, DI w
+// (weight row 0), R11 its stride in bytes, R12 weight row 3, CX kc, DX
+// out, R13 the x stride and R14 the second panel's offset in bytes, R15
+// the second panel's outputs, R8 the output stride in bytes.
+#define GEMM_TILE_ARGS \
+	MOVQ xp+0(FP), SI; MOVQ w+8(FP), DI; \
+	MOVQ wstride+16(FP), R11; SHLQ $2, R11; \
+	LEAQ (DI)(R11*2), R12; ADDQ R11, R12; \
+	MOVQ kc+24(FP), CX; MOVQ out+32(FP), DX; \
+	MOVQ xstride+48(FP), R13; SHLQ $2, R13; \
+	MOVQ xoff+56(FP), R14; SHLQ $2, R14; \
+	MOVQ ooff+64(FP), R15; SHLQ $2, R15; ADDQ DX, R15; \
+	MOVQ ostride+72(FP), R8; SHLQ $2, R8
+
 // func fmaLoopAVX512(n int)
 // The 512-bit FMA peak probe: n iterations of 12 independent 16-wide FMAs,
 // 384 flops each (fmaLoopAVX2's loop on zmm registers).
@@ -126,23 +140,7 @@ zploop:
 // chains start from out's row r multiplied by scale[r] (one rounded
 // product, as Scale makes it).
 TEXT ·gemm32x6AVX512(SB), NOSPLIT, $0-88
-	MOVQ xp+0(FP), SI
-	MOVQ w+8(FP), DI
-	MOVQ wstride+16(FP), R11
-	SHLQ $2, R11
-	LEAQ (DI)(R11*2), R12
-	ADDQ R11, R12            // weight row 3
-	MOVQ kc+24(FP), CX
-	MOVQ out+32(FP), DX
-	MOVQ xstride+48(FP), R13
-	SHLQ $2, R13
-	MOVQ xoff+56(FP), R14
-	SHLQ $2, R14
-	MOVQ ooff+64(FP), R15
-	SHLQ $2, R15
-	ADDQ DX, R15             // second panel's outputs
-	MOVQ ostride+72(FP), R8
-	SHLQ $2, R8
+	GEMM_TILE_ARGS
 	LEAQ (DX)(R8*2), R9
 	ADDQ R8, R9              // output row 3
 	LEAQ (R15)(R8*2), R10
@@ -262,27 +260,11 @@ zdone:
 #define G12FMA(row, b, a0, a1) VBROADCASTSS row, b; VFMADD231PS b, Z0, a0; VFMADD231PS b, Z1, a1
 
 TEXT ·gemm32x12AVX512(SB), NOSPLIT, $0-88
-	MOVQ xp+0(FP), SI
-	MOVQ w+8(FP), DI
-	MOVQ wstride+16(FP), R11
-	SHLQ $2, R11
-	LEAQ (DI)(R11*2), R12
-	ADDQ R11, R12            // weight row 3
+	GEMM_TILE_ARGS
 	LEAQ (R12)(R11*2), BX
 	ADDQ R11, BX             // weight row 6
 	LEAQ (BX)(R11*2), R9
 	ADDQ R11, R9             // weight row 9
-	MOVQ kc+24(FP), CX
-	MOVQ out+32(FP), DX
-	MOVQ xstride+48(FP), R13
-	SHLQ $2, R13
-	MOVQ xoff+56(FP), R14
-	SHLQ $2, R14
-	MOVQ ooff+64(FP), R15
-	SHLQ $2, R15
-	ADDQ DX, R15             // second panel's outputs
-	MOVQ ostride+72(FP), R8
-	SHLQ $2, R8
 	MOVQ load+40(FP), AX
 	TESTQ AX, AX
 	JZ   g12zero
