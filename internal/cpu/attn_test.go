@@ -199,6 +199,24 @@ func TestAttnMaskedDense(t *testing.T) {
 			}
 		}
 	}
+	// At the default ratio: rows that see 1.35 times the positions their
+	// lists hold run masked; rows that see 12.7 times run sparse, and so
+	// do rows whose lists' pads and future entries leave them seeing
+	// about 2.5 times what the lists hold.
+	attnMaskedRatio = 2
+	for _, rc := range []struct {
+		c      attnCase
+		masked bool
+	}{
+		{attnCase{t: 40, l: 60, hq: 6, hkv: 1, dk: 16, dv: 16, k: 30, mqa: true, causal: true}, true},
+		{attnCase{t: 40, l: 400, hq: 6, hkv: 1, dk: 16, dv: 16, k: 30, mqa: true, causal: true}, false},
+		{attnCase{t: 40, l: 100, hq: 6, hkv: 1, dk: 16, dv: 16, k: 45, mqa: true}, false},
+	} {
+		sc := attnScratches.get()
+		require.NoError(t, b.attnSetup(sc, attnArgs(t, b, rc.c, 5)))
+		require.Equal(t, rc.masked, sc.job.masked, "%+v", rc.c)
+		putAttnScratch(sc)
+	}
 	// A repeated position keeps the sparse path.
 	c := cases[0]
 	a := attnArgs(t, b, c, 0)

@@ -1130,13 +1130,19 @@ var attnMaskedRatio = 2.0
 // twice).
 func attnMaskedPays(sc *attnScratch, j *attnJob) bool {
 	limit := j.a.KVLen
+	seen := 0
+	for _, p := range j.qpos {
+		seen += min(int(p), limit-1) + 1
+	}
+	if float64(seen) > attnMaskedRatio*float64(j.t*j.kn) {
+		return false // more than the ratio even with every entry listed
+	}
 	words := (limit + 63) / 64
 	sc.seen = slices.Grow(sc.seen[:0], words)[:words]
 	clear(sc.seen)
-	var seen, listed int
+	listed := 0
 	for row := range j.t {
 		last := min(int(j.qpos[row]), limit-1)
-		seen += last + 1
 		for g := range j.idxHeads {
 			list := j.idx[(row*j.idxHeads+g)*j.kn : (row*j.idxHeads+g+1)*j.kn]
 			dup := false
