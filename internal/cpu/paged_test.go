@@ -52,11 +52,17 @@ func testPagedAttention(t *testing.T, b *Backend) {
 	for _, c := range []attnCase{
 		{t: 1, l: 200, hq: 4, hkv: 2, dk: 16, dr: 8, dv: 12},                     // row by row, decode
 		{t: 3, l: 300, hq: 8, hkv: 1, dk: 32, dr: 8, dv: 32, mqa: true},          // grouped heads, MQA
-		{t: 20, l: 150, hq: 4, hkv: 2, dk: 16, dr: 8, dv: 16},                    // dense blocked
-		{t: 12, l: 190, hq: 8, hkv: 1, dk: 24, dv: 24, mqa: true},                // dense blocked, MQA, no rope
+		{t: 20, l: 150, hq: 4, hkv: 2, dk: 16, dr: 8, dv: 16},                    // row by row, a short pass
+		{t: 12, l: 190, hq: 8, hkv: 1, dk: 24, dv: 24, mqa: true},                // grouped heads, MQA, no rope
 		{t: 2, l: 260, hq: 8, hkv: 1, dk: 16, dr: 4, dv: 16, k: 40, mqa: true},   // sparse, grouped
 		{t: 5, l: 130, hq: 2, hkv: 2, dk: 8, dr: 4, dv: 8, k: 30},                // sparse, per-head lists
 		{t: 2, l: 300, hq: 32, hkv: 1, dk: 64, dr: 16, dv: 64, k: 70, mqa: true}, // sparse, the logits tile
+		// Passes of more than compute.InvariantRows rows: the dense blocked
+		// paths (grouped where MatAccumulate runs its 512-bit tiles or a kv
+		// head serves 4+ query heads) and a short sparse pass masked on them.
+		{t: 40, l: 150, hq: 4, hkv: 2, dk: 16, dr: 8, dv: 16},
+		{t: 40, l: 190, hq: 8, hkv: 1, dk: 24, dv: 64, mqa: false},
+		{t: 40, l: 100, hq: 6, hkv: 1, dk: 16, dr: 4, dv: 16, k: 60, mqa: true, causal: true},
 	} {
 		for _, size := range []int{64, 128} {
 			a := attnArgs(t, b, c, 11)
