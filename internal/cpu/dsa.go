@@ -632,10 +632,10 @@ type attnScratch struct {
 	// positions [0, khLen) (khHead -1: none yet), and a vector of ones.
 	kh, ones      []float32
 	khHead, khLen int
-	// A masked call's row block: which of positions [0, last] each row's
-	// list holds; attend: the positions one list holds (attnMaskedPays).
-	mask        []bool
-	maskf       []float32
+	// A masked call's row block: added to each row's logits of positions
+	// [0, last], 0 where its list holds the position, -Inf where not
+	// (maskRows); attend: the positions one list holds (attnMaskedPays).
+	mask        []float32
 	seen        []uint64
 	eAll, macc  []float32 // groupBlock: every head's weights, MatAccumulate's scratch
 	kp, vp, krp [][]float32
@@ -654,8 +654,8 @@ var attnScratches freeList[attnScratch]
 
 // bytes is what the scratch's buffers hold.
 func (sc *attnScratch) bytes() int {
-	return 4*cap(sc.pos) + cap(sc.mask) + 8*cap(sc.seen) + 24*(cap(sc.kp)+cap(sc.vp)+cap(sc.krp)) + capBytes(sc.z, sc.qb, sc.qrb, sc.kb, sc.krb, sc.vb, sc.zb,
-		sc.e, sc.rv, sc.acc, sc.m, sc.l, sc.kh, sc.maskf, sc.ones, sc.eAll, sc.macc, sc.zt, sc.ktail, sc.qt) + 4*(cap(sc.qp)+cap(sc.vp2)) + 2*(cap(sc.kbb)+cap(sc.eb))
+	return 4*cap(sc.pos) + 8*cap(sc.seen) + 24*(cap(sc.kp)+cap(sc.vp)+cap(sc.krp)) + capBytes(sc.z, sc.qb, sc.qrb, sc.kb, sc.krb, sc.vb, sc.zb,
+		sc.e, sc.rv, sc.acc, sc.m, sc.l, sc.kh, sc.mask, sc.ones, sc.eAll, sc.macc, sc.zt, sc.ktail, sc.qt) + 4*(cap(sc.qp)+cap(sc.vp2)) + 2*(cap(sc.kbb)+cap(sc.eb))
 }
 
 // putAttnScratch returns sc to its free list, without the call's tensors.
@@ -1212,11 +1212,15 @@ func (j *attnJob) groupBlocks() int {
 // groupRows is the rows of one block of the grouped dense path.
 func (j *attnJob) groupRows() int { return max(1, attnGroupQueries/(j.hq/j.hkv)) }
 
-// maskRows sets sc.mask's rows [0, r1-r0), span positions each, to the
-// positions of rows [r0, r1)'s lists for kv head g that the rows see.
+// maskRows sets sc.mask's rows [0, r1-r0), span positions each, to 0 at
+// the positions of rows [r0, r1)'s lists for kv head g that the rows see
+// and to -Inf elsewhere: added to the logits, it leaves the listed ones
+// as they are.
 func (j *attnJob) maskRows(sc *attnScratch, r0, r1, g, span int) {
-	sc.mask = slices.Grow(sc.mask[:0], (r1-r0)*span)[:(r1-r0)*span]
-	clear(sc.mask)
+	sc.mask = grow32(sc.mask, (r1-r0)*span)
+	for x := range sc.mask {
+		sc.mask[x] = float32(math.Inf(-1))
+	}
 	if j.idxHeads == 1 {
 		g = 0
 	}
@@ -1225,7 +1229,7 @@ func (j *attnJob) maskRows(sc *attnScratch, r0, r1, g, span int) {
 		mask := sc.mask[(r-r0)*span : (r-r0+1)*span]
 		for _, s := range j.idx[(r*j.idxHeads+g)*j.kn : (r*j.idxHeads+g+1)*j.kn] {
 			if s >= 0 && int(s) <= see {
-				mask[s] = true
+				mask[s] = 0
 			}
 		}
 	}
@@ -1291,15 +1295,6 @@ func attnDenseGroupRange(args *kernel.Args, lo, hi int) {
 		span := last + 1
 		if j.masked {
 			j.maskRows(sc, r0, r1, g, span)
-			// Added to the logits: 0 where a row's list holds the
-			// position, -Inf where not.
-			sc.maskf = grow32(sc.maskf, len(sc.mask))
-			for x, in := range sc.mask {
-				sc.maskf[x] = float32(math.Inf(-1))
-				if in {
-					sc.maskf[x] = 0
-				}
-			}
 		}
 		for s0 := 0; s0 <= last; s0 += block {
 			nk := min(block, span-s0)
@@ -1343,7 +1338,7 @@ func attnDenseGroupRange(args *kernel.Args, lo, hi int) {
 				}
 				if j.masked && see > 0 {
 					w := min(see, nk)
-					kernel.Add(zq[:w], zq[:w], sc.maskf[(q/hg)*span+s0:(q/hg)*span+s0+w])
+					kernel.Add(zq[:w], zq[:w], sc.mask[(q/hg)*span+s0:(q/hg)*span+s0+w])
 				}
 				m := max(sc.m[q], kernel.Max(zq))
 				rr[q] = 1
@@ -1453,11 +1448,7 @@ func attnDenseRange(args *kernel.Args, lo, hi int) {
 				}
 				zr := z[i*nk : i*nk+n]
 				if j.masked {
-					for x, in := range sc.mask[i*span+s0 : i*span+s0+n] {
-						if !in {
-							zr[x] = float32(math.Inf(-1))
-						}
-					}
+					kernel.Add(zr, zr, sc.mask[i*span+s0:i*span+s0+n])
 				}
 				m := max(sc.m[i], kernel.Max(zr))
 				if math.IsInf(float64(m), -1) {
