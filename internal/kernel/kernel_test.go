@@ -901,15 +901,20 @@ func TestMax(t *testing.T) {
 	}
 }
 
-// TestSiTUVectorMatchesScalar checks SiTU, whose last step runs eight at a
-// time in assembly, against the scalar loop it replaces, to the bit: both
-// branches of tanh (the 0.3 boundary on either side), signed zeros,
-// overflowing exponentials, tails of every length, both up-branch modes.
-func TestSiTUVectorMatchesScalar(t *testing.T) {
+// TestSiTUVectorMatchesScalar checks SiTU, which runs sixteen lanes at a
+// time in one pass (situZMM) or its last step eight at a time after the
+// vector exponentials (situAVX2), against the scalar loop, to the bit, at
+// both register widths: both branches of tanh (the 0.3 boundary on either
+// side), signed zeros, infinities, overflowing exponentials, tails of
+// every length, both up-branch modes.
+func TestSiTUVectorMatchesScalar(t *testing.T) { atTileWidths(t, &expTileBits, testSiTUVector) }
+
+func testSiTUVector(t *testing.T) {
 	r := rand.New(rand.NewPCG(61, 62))
 	var g, u []float32
-	for _, v := range []float32{0, float32(math.Copysign(0, -1)), 1e-30, -1e-6, 0.29, 1.2, 1.2000001, 1.1999999, -1.2, -1.2000001, 3, -7, 40, 100, -200, 1e4, -1e30} {
-		for _, w := range []float32{0, -1e-5, 7.5, 7.4999995, -7.5000005, -30, 500, 1e20} {
+	inf := float32(math.Inf(1))
+	for _, v := range []float32{0, float32(math.Copysign(0, -1)), 1e-30, -1e-6, 0.29, 1.2, 1.2000001, 1.1999999, -1.2, -1.2000001, 3, -7, 40, 100, -200, 1e4, -1e30, inf, -inf} {
+		for _, w := range []float32{0, -1e-5, 7.5, 7.4999995, -7.5000005, -30, 500, 1e20, inf, -inf} {
 			g, u = append(g, v), append(u, w)
 		}
 	}
@@ -938,13 +943,13 @@ func TestSiTUVectorMatchesScalar(t *testing.T) {
 		}
 	}
 	for _, lin := range []float32{25, 0} {
-		for _, n := range []int{len(g), 1, 7, 8, 9, 63, 64, 65, 130} {
+		for _, n := range []int{len(g), 1, 7, 8, 9, 15, 16, 17, 24, 31, 32, 63, 64, 65, 130} {
 			got, want := make([]float32, n), make([]float32, n)
 			SiTU(got, g[:n], u[:n], 4, lin)
 			scalar(want, g[:n], u[:n], 4, lin)
 			for i := range want {
 				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-					t.Fatalf("lin %g n %d: situ(%g, %g) = %g (%#x), scalar %g (%#x)", lin, n, g[i], u[i], got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
+					t.Fatalf("%d bits, lin %g n %d: situ(%g, %g) = %g (%#x), scalar %g (%#x)", expTileBits, lin, n, g[i], u[i], got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
 				}
 			}
 		}

@@ -146,14 +146,26 @@ func SwiGLU(dst, gate, up []float32) {
 
 // SiTU writes dst[i] = beta*tanh(g/beta)*sigmoid(g) * linBeta*tanh(u/linBeta),
 // Kimi K3's gated activation; linBeta 0 leaves the up branch unclipped.
-// The exponentials run eight at a time (ExpSlice, SigmoidSlice), 64
-// elements per round in stack buffers, and so does the last step where
-// there is assembly (situAVX2, bitwise the scalar loop), so the activation
-// costs little next to the expert products it sits between.
+// Where the 512-bit exponential runs, sixteen lanes at a time go through
+// the whole activation in registers (situZMM: three exponentials, two
+// tanh and the products, with no pass through memory between them).
+// Elsewhere, and for the last few elements, the exponentials run eight at
+// a time (ExpSlice, SigmoidSlice), 64 elements per round in stack buffers,
+// and so does the last step where there is assembly (situAVX2). Every
+// path gives the scalar loop's bits.
 func SiTU(dst, gate, up []float32, beta, linBeta float32) {
 	up, dst = up[:len(gate)], dst[:len(gate)]
 	var sg, eg, eu [64]float32
 	k := situConsts(beta, linBeta)
+	i := 0
+	if len(gate) >= 16 && expWide() {
+		i = len(gate) &^ 15
+		situZMM(&dst[0], &gate[0], &up[0], i, &expConsts, &k)
+		if i == len(gate) {
+			return
+		}
+		dst, gate, up = dst[i:], gate[i:], up[i:]
+	}
 	for i0 := 0; i0 < len(gate); i0 += len(sg) {
 		c := min(len(sg), len(gate)-i0)
 		g, u := gate[i0:i0+c], up[i0:i0+c]

@@ -892,6 +892,88 @@ gzdone:
 	VZEROUPPER
 	RET
 
+// TANH_Z10 sets Z6 to tanhExp(Z10, Z0) lane-wise (Z0 = exp(2|x|)), with
+// tanhBody's operations in its order: 1 - 2/(e2+1) negated for x < 0, the
+// Taylor polynomial below |x| 0.3. The polynomial's coefficients and 0.3
+// come from situ's constants at DX; 1 and 2 from EXP_CONSTS (Z28, Z30);
+// Z14 holds zeros and Z15 the sign bit. Clobbers Z5, Z7, Z8, K6, K7.
+#define TANH_Z10 \
+	VADDPS Z28, Z0, Z5; \
+	VDIVPS Z5, Z30, Z6; \
+	VSUBPS Z6, Z28, Z6; \
+	VCMPPS $1, Z14, Z10, K6; \
+	VXORPS Z15, Z6, K6, Z6; \
+	VMULPS Z10, Z10, Z7; \
+	VMULPS.BCST 20(DX), Z7, Z8; \
+	VADDPS.BCST 24(DX), Z8, Z8; \
+	VMULPS Z8, Z7, Z8; \
+	VADDPS.BCST 28(DX), Z8, Z8; \
+	VMULPS Z8, Z7, Z8; \
+	VADDPS.BCST 32(DX), Z8, Z8; \
+	VMULPS Z8, Z7, Z8; \
+	VADDPS Z8, Z28, Z8; \
+	VMULPS Z8, Z10, Z8; \
+	VANDNPS Z10, Z15, Z7; \
+	VCMPPS.BCST $1, 8(DX), Z7, K7; \
+	VMOVAPS Z8, K7, Z6
+
+// TWICE_ABS_Z10 sets Z0 = 2·|Z10| (|x| + |x|, exact), as
+// twiceAbsQuotient doubles its quotient.
+#define TWICE_ABS_Z10 \
+	VANDNPS Z10, Z15, Z0; \
+	VADDPS Z0, Z0, Z0
+
+// func situZMM(dst, gate, up *float32, n int, k, c *[16]float32)
+// SiTU sixteen lanes at a time (n % 16 == 0) in one pass: sigmoidZMM's
+// sigmoid of the gate, the quotients by beta and linBeta and their
+// doubled magnitudes as twiceAbsQuotientAVX2 forms them, expZMM's
+// exponentials and situAVX2's last step, so the bits are those of SiTU's
+// passes through its buffers. k is expConsts, c situConsts' table.
+TEXT ·situZMM(SB), NOSPLIT, $0-48
+	MOVQ k+32(FP), R8
+	EXP_CONSTS
+	MOVQ dst+0(FP), DI
+	MOVQ gate+8(FP), SI
+	MOVQ up+16(FP), R9
+	MOVQ n+24(FP), CX
+	MOVQ c+40(FP), DX
+	MOVL 4(DX), BX           // linBeta's bits: 0 leaves u as it is
+	VPXORD Z14, Z14, Z14
+	VPTERNLOGD $0xff, Z15, Z15, Z15
+	VPSLLD $31, Z15, Z15     // the sign bit
+	XORQ AX, AX
+
+suloop:
+	CMPQ AX, CX
+	JGE  sudone
+	VMOVUPS (SI)(AX*4), Z13
+	SIGMOID_Z13
+	VMOVAPS Z0, Z9           // sigmoid(g)
+	VDIVPS.BCST 0(DX), Z13, Z10 // x = g/beta
+	TWICE_ABS_Z10
+	EXP_Z0
+	TANH_Z10
+	VMULPS.BCST 0(DX), Z6, Z12 // beta·tanh
+	VMULPS Z9, Z12, Z12        // ·sigmoid(g)
+	VMOVUPS (R9)(AX*4), Z11    // w = u
+	TESTL BX, BX
+	JZ    sunolin
+	VDIVPS.BCST 4(DX), Z11, Z10 // x = u/linBeta
+	TWICE_ABS_Z10
+	EXP_Z0
+	TANH_Z10
+	VMULPS.BCST 4(DX), Z6, Z11 // linBeta·tanh
+
+sunolin:
+	VMULPS Z11, Z12, Z12
+	VMOVUPS Z12, (DI)(AX*4)
+	ADDQ $16, AX
+	JMP  suloop
+
+sudone:
+	VZEROUPPER
+	RET
+
 // func convSiLU4ZMM(out, x, w *float32, stride, rows, cols int, k *[16]float32)
 //
 // KDA's short conv of width four with SiLU, cols channels (a multiple of
