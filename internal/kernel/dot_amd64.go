@@ -168,6 +168,9 @@ func expScaleZMM(d1, d2, x1, x2, a *float32, as int, b *float32, bs, rows, n int
 func twiceAbsQuotientAVX2(dst, x *float32, n int, c float32)
 
 //go:noescape
+func mulScaleZMM(dst, x, w *float32, s float32, n int)
+
+//go:noescape
 func situZMM(dst, gate, up *float32, n int, k, c *[16]float32)
 
 //go:noescape

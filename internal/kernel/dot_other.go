@@ -68,6 +68,9 @@ func expScaleZMM(d1, d2, x1, x2, a *float32, as int, b *float32, bs, rows, n int
 func twiceAbsQuotientAVX2(dst, x *float32, n int, c float32) {
 	panic("kernel: no assembly on this platform")
 }
+func mulScaleZMM(dst, x, w *float32, s float32, n int) {
+	panic("kernel: no assembly on this platform")
+}
 func situZMM(dst, gate, up *float32, n int, k, c *[16]float32) {
 	panic("kernel: no assembly on this platform")
 }

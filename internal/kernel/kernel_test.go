@@ -668,6 +668,75 @@ func testMatMulBF16BatchInvariant(t *testing.T) {
 	}
 }
 
+// TestMulScale checks MulScale, Scale and RMSNorm, whose products run
+// sixteen lanes at a time where the 512-bit kernels do, against scalar
+// loops to the bit at both register widths: lengths across the 32- and
+// 16-float rounds and the tails, unaligned starts, a weight or none, in
+// place, infinities and signed zeros.
+func TestMulScale(t *testing.T) { atTileWidths(t, &expTileBits, testMulScale) }
+
+func testMulScale(t *testing.T) {
+	r := rand.New(rand.NewPCG(47, 48))
+	same := func(a, b float32) bool { return math.Float32bits(a) == math.Float32bits(b) || a != a && b != b }
+	for _, n := range []int{0, 1, 7, 8, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 100, 768} {
+		for _, off := range []int{0, 1} {
+			x, w := randSlice(r, n+off)[off:], randSlice(r, n+off)[off:]
+			if n > 20 {
+				x[3], x[4], x[19], w[5] = float32(math.Inf(1)), float32(math.Copysign(0, -1)), float32(math.Inf(-1)), 0
+			}
+			for _, s := range []float32{0.37, -3, float32(math.Inf(1))} {
+				for _, weighted := range []bool{true, false} {
+					want := make([]float32, n)
+					for i := range want {
+						v := x[i]
+						if weighted {
+							v = float32(x[i] * w[i])
+						}
+						want[i] = v * s
+					}
+					var wv []float32
+					if weighted {
+						wv = w
+					}
+					got := make([]float32, n)
+					MulScale(got, x, wv, s)
+					inPlace := slices.Clone(x)
+					MulScale(inPlace, inPlace, wv, s)
+					for i := range want {
+						if !same(got[i], want[i]) || !same(inPlace[i], want[i]) {
+							t.Fatalf("%d bits n=%d off=%d s=%g weighted=%v [%d]: %g (in place %g), want %g", expTileBits, n, off, s, weighted, i, got[i], inPlace[i], want[i])
+						}
+					}
+					if !weighted {
+						sc := slices.Clone(x)
+						Scale(sc, s)
+						for i := range want {
+							if !same(sc[i], want[i]) {
+								t.Fatalf("%d bits n=%d off=%d s=%g: Scale [%d] %g, want %g", expTileBits, n, off, s, i, sc[i], want[i])
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	// RMSNorm: rows of 768 and 40, the scale from Dot as RMSNorm takes it.
+	for _, d := range []int{768, 40} {
+		x, w := randSlice(r, 3*d), randSlice(r, d)
+		got := make([]float32, len(x))
+		RMSNorm(got, x, w, d, 1e-6)
+		for row := range 3 {
+			xr := x[row*d : (row+1)*d]
+			inv := float32(1 / math.Sqrt(float64(Dot(xr, xr))/float64(d)+float64(float32(1e-6))))
+			for i, v := range xr {
+				if want := float32(v*w[i]) * inv; !same(got[row*d+i], want) {
+					t.Fatalf("%d bits RMSNorm d=%d row %d [%d]: %g, want %g", expTileBits, d, row, i, got[row*d+i], want)
+				}
+			}
+		}
+	}
+}
+
 func TestMulAdd(t *testing.T) {
 	r := rand.New(rand.NewPCG(43, 44))
 	for _, n := range []int{0, 1, 7, 8, 15, 16, 17, 63, 65, 100} {

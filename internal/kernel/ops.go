@@ -10,13 +10,40 @@ func RMSNorm(dst, x, w []float32, d int, eps float32) {
 		ss := float64(Dot(row, row))
 		inv := float32(1 / math.Sqrt(ss/float64(d)+float64(eps)))
 		if w == nil {
-			copy(out, row)
-			Scale(out, inv)
+			MulScale(out, row, nil, inv)
 			continue
 		}
-		Mul(out, row, w[:d])
-		Scale(out, inv)
+		MulScale(out, row, w[:d], inv)
 	}
+}
+
+// MulScale writes dst[i] = (x[i]·w[i])·s, each product rounded as Mul and
+// then Scale round them, or x[i]·s where w is nil; dst may be x. Where
+// the 512-bit kernels run it is one pass (mulScaleZMM), so a row is read
+// and written once.
+func MulScale(dst, x, w []float32, s float32) {
+	dst = dst[:len(x)]
+	if w != nil {
+		w = w[:len(x)]
+	}
+	i := 0
+	if len(x) >= 16 && wideElementwise() {
+		i = len(x) &^ 15
+		var wp *float32
+		if w != nil {
+			wp = &w[0]
+		}
+		mulScaleZMM(&dst[0], &x[0], wp, s, i)
+	}
+	if i == len(x) {
+		return
+	}
+	if w != nil {
+		Mul(dst[i:], x[i:], w[i:])
+	} else {
+		copy(dst[i:], x[i:])
+	}
+	Scale(dst[i:], s)
 }
 
 // LayerNorm writes dst[r] = (x[r] - mean) / sqrt(var + eps) * w + b for each
@@ -302,9 +329,14 @@ func Mul(dst, a, b []float32) {
 // Scale multiplies every element of x by s.
 func Scale(x []float32, s float32) {
 	i := 0
-	if useAVX2 && len(x) >= 8 {
-		i = len(x) &^ 7
-		scaleAVX2(&x[0], s, i)
+	if len(x) >= 16 && wideElementwise() {
+		i = len(x) &^ 15
+		mulScaleZMM(&x[0], &x[0], nil, s, i)
+	}
+	if useAVX2 && len(x)-i >= 8 {
+		n := (len(x) - i) &^ 7
+		scaleAVX2(&x[i], s, n)
+		i += n
 	}
 	for ; i < len(x); i++ {
 		x[i] *= s

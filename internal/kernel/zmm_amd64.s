@@ -892,6 +892,74 @@ gzdone:
 	VZEROUPPER
 	RET
 
+// func mulScaleZMM(dst, x, w *float32, s float32, n int)
+// dst = (x·w)·s, each product rounded (Mul, then Scale), or x·s where w
+// is nil, for n % 16 == 0, 32 floats a round while they last.
+TEXT ·mulScaleZMM(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ w+16(FP), DX
+	VBROADCASTSS s+24(FP), Z4
+	MOVQ n+32(FP), CX
+	TESTQ DX, DX
+	JZ    msnow
+
+msloop32:
+	CMPQ CX, $32
+	JL   msloop16
+	VMOVUPS (SI), Z0
+	VMOVUPS 64(SI), Z1
+	VMULPS (DX), Z0, Z0
+	VMULPS 64(DX), Z1, Z1
+	VMULPS Z4, Z0, Z0
+	VMULPS Z4, Z1, Z1
+	VMOVUPS Z0, (DI)
+	VMOVUPS Z1, 64(DI)
+	ADDQ $128, SI
+	ADDQ $128, DX
+	ADDQ $128, DI
+	SUBQ $32, CX
+	JMP  msloop32
+
+msloop16:
+	CMPQ CX, $16
+	JL   msdone
+	VMOVUPS (SI), Z0
+	VMULPS (DX), Z0, Z0
+	VMULPS Z4, Z0, Z0
+	VMOVUPS Z0, (DI)
+	ADDQ $64, SI
+	ADDQ $64, DX
+	ADDQ $64, DI
+	SUBQ $16, CX
+	JMP  msloop16
+
+msnow:
+	CMPQ CX, $32
+	JL   msnow16
+	VMULPS (SI), Z4, Z0
+	VMULPS 64(SI), Z4, Z1
+	VMOVUPS Z0, (DI)
+	VMOVUPS Z1, 64(DI)
+	ADDQ $128, SI
+	ADDQ $128, DI
+	SUBQ $32, CX
+	JMP  msnow
+
+msnow16:
+	CMPQ CX, $16
+	JL   msdone
+	VMULPS (SI), Z4, Z0
+	VMOVUPS Z0, (DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	SUBQ $16, CX
+	JMP  msnow16
+
+msdone:
+	VZEROUPPER
+	RET
+
 // TANH_Z10 sets Z6 to tanhExp(Z10, Z0) lane-wise (Z0 = exp(2|x|)), with
 // tanhBody's operations in its order: 1 - 2/(e2+1) negated for x < 0, the
 // Taylor polynomial below |x| 0.3. The polynomial's coefficients and 0.3
