@@ -130,8 +130,25 @@ func (b *Backend) AttnResPrepare(a *compute.AttnResPrepareArgs) error {
 // · q joins the statistics: m = max(Max, s), e1 = exp(Max − m), e2 =
 // exp(s − m), H = (Num·e1 + P·e2) / (Sum·e1 + e2). A token with neither
 // a history nor a partial divides by zero on the device instead of the
-// pure-Go backend's error.
+// pure-Go backend's error. A pre-norm asked for (Normed) runs after it as
+// RMSNorm.
 func (b *Backend) AttnResUpdate(a *compute.AttnResUpdateArgs) error {
+	if !a.Normed.IsZero() {
+		D := a.Query.Len()
+		if a.Normed.DType != compute.F32 || a.Normed.Len() != a.H.Len() || a.H.Len()%max(D, 1) != 0 {
+			return fmt.Errorf("%w: attnres normed output %v for h %v", compute.ErrShape, a.Normed, a.H)
+		}
+		if err := b.attnResUpdate(a); err != nil {
+			return err
+		}
+		T := a.H.Len() / max(D, 1)
+		return b.RMSNorm(a.Normed.Reshape(T, D), a.H.Reshape(T, D), a.NormWeight, a.NormEps)
+	}
+	return b.attnResUpdate(a)
+}
+
+// attnResUpdate is AttnResUpdate without the pre-norm.
+func (b *Backend) attnResUpdate(a *compute.AttnResUpdateArgs) error {
 	if a.Query.DType != compute.F32 || a.H.DType != compute.F32 || a.Num.DType != compute.F32 || a.Max.DType != compute.F32 || a.Sum.DType != compute.F32 {
 		return fmt.Errorf("%w: attnres update operands", compute.ErrShape)
 	}

@@ -48,17 +48,31 @@ func TestAttnRes(t *testing.T) {
 				Num: na.Rows(1, 2).Reshape(T, D), Max: ma.Rows(1, 2).Reshape(T), Sum: sa.Rows(1, 2).Reshape(T), H: ha}
 			uc := &compute.AttnResUpdateArgs{Partial: pc, Query: qc.Rows(0, 1).Reshape(D), Eps: 1e-6,
 				Num: nc.Rows(1, 2).Reshape(T, D), Max: mc.Rows(1, 2).Reshape(T), Sum: sc.Rows(1, 2).Reshape(T), H: hc}
+			// The update's pre-norm: asked for on the second step (with a
+			// weight) and the third (without).
+			oa, oc := alloc(T, D)
+			wa, wc := both(t, a, c, compute.F32, randF32(rng, D), D)
 			for step := range 3 {
 				if step > 0 { // a sublayer's output joins the partial
 					ua.Delta, uc.Delta = both(t, a, c, compute.F32, randF32(rng, T*D), T, D)
 				} else if nb == 0 {
 					continue // nothing to attend to: the pure-Go backend's error case
 				}
+				switch step {
+				case 1:
+					ua.Normed, ua.NormWeight, ua.NormEps = oa, wa, 1e-5
+					uc.Normed, uc.NormWeight, uc.NormEps = oc, wc, 1e-5
+				case 2:
+					ua.NormWeight, uc.NormWeight = compute.Tensor{}, compute.Tensor{}
+				}
 				require.NoError(t, a.AttnResUpdate(ua))
 				require.NoError(t, c.AttnResUpdate(uc))
 				require.Equal(t, uc.HasPartial, ua.HasPartial)
 				closeRel(t, read(t, c, hc), read(t, a, ha), 1e-5, 1e-4, "h", nb, step)
 				closeRel(t, read(t, c, pc), read(t, a, pa), 0, 0, "partial", nb, step)
+				if step > 0 {
+					closeRel(t, read(t, c, oc), read(t, a, oa), 1e-5, 1e-4, "pre-norm", nb, step)
+				}
 			}
 		}
 	})

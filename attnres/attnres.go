@@ -148,9 +148,19 @@ func (s *Stream) Begin(embedding compute.Tensor) error {
 	return s.b.Copy(s.partial.Rows(0, t), embedding)
 }
 
-// Next computes into h [T, D] the input of the next sublayer; delta is the
-// output of the previous sublayer (the zero Tensor before sublayer 0).
-func (s *Stream) Next(delta, h compute.Tensor) error {
+// Norm is the pre-norm of the sublayer a Stream step feeds: where Out is
+// set, the step also writes RMSNorm(h) with Weight (zero: none) and Eps
+// into it, fused into the step's AttnResUpdate on a backend that fuses it
+// (compute.AttnResUpdateArgs.Normed).
+type Norm struct {
+	Out, Weight compute.Tensor
+	Eps         float32
+}
+
+// Next computes into h [T, D] the input of the next sublayer, and its
+// pre-norm where norm asks for it; delta is the output of the previous
+// sublayer (the zero Tensor before sublayer 0).
+func (s *Stream) Next(delta, h compute.Tensor, norm Norm) error {
 	if s.j >= s.queries.Dims[0] {
 		return fmt.Errorf("attnres: all %d sublayers already done", s.j)
 	}
@@ -175,30 +185,34 @@ func (s *Stream) Next(delta, h compute.Tensor) error {
 		s.has = false
 		s.j0 = j
 		s.plan(s.queries.Rows(j, min(j+s.per, s.queries.Dims[0])))
-		s.planUpdate(0, compute.Tensor{}, s.queries.Rows(j, j+1), h)
+		s.planUpdate(0, compute.Tensor{}, s.queries.Rows(j, j+1), h, norm)
 	} else {
-		s.planUpdate(j-s.j0, delta, s.queries.Rows(j, j+1), h)
+		s.planUpdate(j-s.j0, delta, s.queries.Rows(j, j+1), h, norm)
 	}
-	return s.run(j, delta, h)
+	return s.run(j, delta, h, norm)
 }
 
 // Final computes into h the output aggregation over the committed blocks
-// and the partial (after adding the last sublayer's output delta).
-func (s *Stream) Final(delta, h compute.Tensor) error {
+// and the partial (after adding the last sublayer's output delta), and
+// the final norm where norm asks for it.
+func (s *Stream) Final(delta, h compute.Tensor, norm Norm) error {
 	st := &s.step
 	st.copy, st.add, st.commit = false, false, false
 	s.plan(s.outQuery)
-	s.planUpdate(0, delta, s.outQuery, h)
-	return s.run(s.queries.Dims[0], delta, h)
+	s.planUpdate(0, delta, s.outQuery, h, norm)
+	return s.run(s.queries.Dims[0], delta, h, norm)
 }
 
 // run does step j's device work, through Capture when set.
-func (s *Stream) run(j int, delta, h compute.Tensor) error {
+func (s *Stream) run(j int, delta, h compute.Tensor, norm Norm) error {
 	if s.Capture == nil {
 		return s.device()
 	}
 	st := &s.step
 	st.deps = append(st.deps[:0], delta, h, s.partial, s.blocks)
+	if !norm.Out.IsZero() {
+		st.deps = append(st.deps, norm.Out, norm.Weight)
+	}
 	return s.Capture(j, s.t, st.deps, s.device)
 }
 
@@ -257,8 +271,9 @@ func (s *Stream) plan(queries compute.Tensor) {
 }
 
 // planUpdate sets phase 2's arguments: query qi's statistics merged with
-// the partial (plus delta) into h. A non-zero delta leaves a partial.
-func (s *Stream) planUpdate(qi int, delta, query, h compute.Tensor) {
+// the partial (plus delta) into h, and h's pre-norm where norm asks for
+// it. A non-zero delta leaves a partial.
+func (s *Stream) planUpdate(qi int, delta, query, h compute.Tensor, norm Norm) {
 	num, mx, sum := s.stats(s.nq)
 	s.upd = compute.AttnResUpdateArgs{
 		Partial:    s.partial.Rows(0, s.t),
@@ -270,6 +285,9 @@ func (s *Stream) planUpdate(qi int, delta, query, h compute.Tensor) {
 		Max:        mx.Rows(qi, qi+1).Reshape(s.t),
 		Sum:        sum.Rows(qi, qi+1).Reshape(s.t),
 		H:          h,
+		Normed:     norm.Out,
+		NormWeight: norm.Weight,
+		NormEps:    norm.Eps,
 	}
 	s.has = s.has || !delta.IsZero()
 }

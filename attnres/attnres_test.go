@@ -1,6 +1,7 @@
 package attnres
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -9,18 +10,34 @@ import (
 	"k3/internal/cpu"
 )
 
+// unfused hides a backend's fused AttnRes phases, so that the Stream
+// runs their composition.
+type unfused struct{ compute.Backend }
+
+func (unfused) AttnResPrepare(*compute.AttnResPrepareArgs) error { return compute.ErrUnsupported }
+func (unfused) AttnResUpdate(*compute.AttnResUpdateArgs) error   { return compute.ErrUnsupported }
+
 // TestStreamMatchesOracle runs random block and full stacks through the
-// two-phase Stream and checks every sublayer input and the output against
-// the direct aggregation over the bookkept sources.
+// two-phase Stream, fused and composed, and checks every sublayer input
+// and the output against the direct aggregation over the bookkept
+// sources, and the pre-norms asked for against RMSNorm of those inputs,
+// bit for bit.
 func TestStreamMatchesOracle(t *testing.T) {
-	b := cpu.New(2)
-	defer b.Close()
+	cb := cpu.New(2)
+	defer cb.Close()
 	r := rand.New(rand.NewPCG(1, 2))
-	for trial := 0; trial < 12; trial++ {
+	for trial := 0; trial < 16; trial++ {
+		var b compute.Backend = cb
+		if trial%2 == 1 {
+			b = unfused{cb}
+		}
 		layers := 1 + r.IntN(7)
 		j := 2 * layers
 		per := []int{1, 2, 4, 6}[r.IntN(4)]
 		tok, d := 1+r.IntN(4), 8*(1+r.IntN(3))
+		if trial >= 12 { // past the fused update's split over the pool
+			tok, d = 300+r.IntN(40), 128
+		}
 		const eps = 1e-6
 		rnd := func(n int, s float64) []float32 {
 			v := make([]float32, n)
@@ -56,6 +73,36 @@ func TestStreamMatchesOracle(t *testing.T) {
 		partial := append([]float32(nil), emb...)
 		has := true
 		h, _ := b.Alloc(compute.F32, tok, d)
+		normed, _ := b.Alloc(compute.F32, tok, d)
+		sep, _ := b.Alloc(compute.F32, tok, d)
+		// norm asks sublayer s for its pre-norm on most steps, with a
+		// weight or without.
+		norm := func(s int) Norm {
+			switch (s + trial) % 3 {
+			case 0:
+				return Norm{}
+			case 1:
+				return Norm{Out: normed, Weight: up(rnd(d, 1), d), Eps: 1e-5}
+			}
+			return Norm{Out: normed, Eps: 1e-6}
+		}
+		checkNorm := func(what string, n Norm) {
+			t.Helper()
+			if n.Out.IsZero() {
+				return
+			}
+			if err := cb.RMSNorm(sep, h, n.Weight, n.Eps); err != nil {
+				t.Fatal(err)
+			}
+			got, want := make([]float32, tok*d), make([]float32, tok*d)
+			b.Read(got, normed)
+			b.Read(want, sep)
+			for i := range want {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("trial %d %s: pre-norm [%d] %g, RMSNorm of the input %g", trial, what, i, got[i], want[i])
+				}
+			}
+		}
 		var delta compute.Tensor
 		var deltaHost []float32
 		for s := 0; s < j; s++ {
@@ -78,9 +125,11 @@ func TestStreamMatchesOracle(t *testing.T) {
 			}
 			want := make([]float32, tok*d)
 			Aggregate(want, srcs, w[s*d:(s+1)*d], g[s*d:(s+1)*d], tok, d, eps)
-			if err := st.Next(delta, h); err != nil {
+			n := norm(s)
+			if err := st.Next(delta, h, n); err != nil {
 				t.Fatal(err)
 			}
+			checkNorm(fmt.Sprintf("sublayer %d", s), n)
 			got := make([]float32, tok*d)
 			b.Read(got, h)
 			for i := range want {
@@ -100,9 +149,11 @@ func TestStreamMatchesOracle(t *testing.T) {
 		}
 		want := make([]float32, tok*d)
 		Aggregate(want, append(blocks, partial), ow, og, tok, d, eps)
-		if err := st.Final(delta, h); err != nil {
+		n := norm(j)
+		if err := st.Final(delta, h, n); err != nil {
 			t.Fatal(err)
 		}
+		checkNorm("output", n)
 		got := make([]float32, tok*d)
 		b.Read(got, h)
 		for i := range want {

@@ -27,6 +27,17 @@ func Update(b compute.Backend, a *compute.AttnResUpdateArgs) error {
 	return UpdateComposed(b, a)
 }
 
+// normAfter writes a's pre-norm of H into Normed, where asked
+// (compute.AttnResUpdateArgs), for an update that did not fuse it.
+func normAfter(b compute.Backend, a *compute.AttnResUpdateArgs) error {
+	if a.Normed.IsZero() {
+		return nil
+	}
+	d := a.Query.Len()
+	t := a.H.Len() / max(d, 1)
+	return b.RMSNorm(a.Normed.Reshape(t, d), a.H.Reshape(t, d), a.NormWeight, a.NormEps)
+}
+
 // PrepareComposed is phase 1 from RMSNorm, MatMul, Copy, Fill and the
 // elementwise operations, in two passes over the blocks instead of the
 // fused operation's online softmax:
@@ -121,8 +132,9 @@ func PrepareComposed(b compute.Backend, a *compute.AttnResPrepareArgs) error {
 //	m = max(Max, s),  e1 = exp(Max − m),  e2 = exp(s − m)
 //	H = (Num ⊙ e1 + P ⊙ e2) / (Sum ⊙ e1 + e2)
 //
-// (per token). A token with neither a history nor a partial divides by
-// zero here; the fused operation reports it.
+// (per token), and where Normed is set, RMSNorm(H) into it. A token with
+// neither a history nor a partial divides by zero here; the fused
+// operation reports it.
 func UpdateComposed(b compute.Backend, a *compute.AttnResUpdateArgs) error {
 	d, t := a.Query.Len(), a.Max.Len()
 	if a.H.Len() != t*d || a.Num.Len() != t*d || a.Sum.Len() != t {
@@ -147,7 +159,10 @@ func UpdateComposed(b compute.Backend, a *compute.AttnResUpdateArgs) error {
 		a.HasPartial = true
 	}
 	if !a.HasPartial {
-		return b.Binary(compute.Div, h, num, col(a.Sum))
+		if err := b.Binary(compute.Div, h, num, col(a.Sum)); err != nil {
+			return err
+		}
+		return normAfter(b, a)
 	}
 	if a.Partial.Len() != t*d {
 		return fmt.Errorf("%w: attnres partial %v, want [%d, %d]", compute.ErrShape, a.Partial, t, d)
@@ -184,5 +199,5 @@ func UpdateComposed(b compute.Backend, a *compute.AttnResUpdateArgs) error {
 			return fmt.Errorf("attnres: update: %w", err)
 		}
 	}
-	return nil
+	return normAfter(b, a)
 }

@@ -525,6 +525,11 @@ type AttnResPrepareArgs struct {
 // partial yet), and HasPartial is set. Then the partial is merged with one
 // query's phase-1 statistics Num [T, D], Max [T], Sum [T] into H [T, D];
 // without a partial, H = Num / Sum.
+//
+// A non-zero Normed [T, D] also receives the next sublayer's pre-norm,
+// RMSNorm(H) with NormWeight [D] (the zero Tensor: none) and NormEps,
+// with the bits of the backend's RMSNorm: a fused backend normalises each
+// row of H while it is in cache instead of reading H back.
 type AttnResUpdateArgs struct {
 	Partial       Tensor
 	HasPartial    bool
@@ -533,6 +538,9 @@ type AttnResUpdateArgs struct {
 	Eps           float32
 	Num, Max, Sum Tensor
 	H             Tensor
+
+	Normed, NormWeight Tensor
+	NormEps            float32
 }
 
 // RouteArgs: sigmoid scores of Logits [T, E], plus Bias [E] for selection

@@ -176,17 +176,18 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int3
 	var prev compute.Tensor // the previous sublayer's output (AttnRes)
 	for l, ly := range m.layers {
 		// Attention sublayer.
+		// With AttnRes the stream's update writes the pre-norm too, each
+		// row normalised as it is merged.
 		in := x
 		if useRes {
-			if err := p.stream.Next(prev, h); err != nil {
+			if err := p.stream.Next(prev, h, attnres.Norm{Out: normed, Weight: ly.attnNorm, Eps: eps}); err != nil {
 				return fmt.Errorf("k3: layer %d attnres: %w", l, err)
 			}
 			in = h
 			if tr != nil {
 				tr.AttnInput = append(tr.AttnInput, p.readF32(in))
 			}
-		}
-		if err := b.RMSNorm(normed, in, ly.attnNorm, eps); err != nil {
+		} else if err := b.RMSNorm(normed, in, ly.attnNorm, eps); err != nil {
 			return err
 		}
 		if err := mix(l, normed, attnOut); err != nil {
@@ -199,9 +200,16 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int3
 		if tr != nil {
 			tr.AttnOutput = append(tr.AttnOutput, p.readF32(attnOut))
 		}
-		// Feed-forward sublayer.
+		// Feed-forward sublayer: one graph with its pre-norm where the
+		// model replays graphs, else the pre-norm from the stream's update
+		// (AttnRes) or RMSNorm.
+		graphStep := m.graphs != nil && tr == nil && t <= graphMaxRows
+		var preNorm attnres.Norm
+		if !graphStep {
+			preNorm = attnres.Norm{Out: normed, Weight: ly.mlpNorm, Eps: eps}
+		}
 		if useRes {
-			if err := p.stream.Next(attnOut, h); err != nil {
+			if err := p.stream.Next(attnOut, h, preNorm); err != nil {
 				return fmt.Errorf("k3: layer %d attnres: %w", l, err)
 			}
 			in = h
@@ -218,7 +226,7 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int3
 				}
 			}
 		}
-		if m.graphs != nil && tr == nil && t <= graphMaxRows {
+		if graphStep {
 			// The norm, the feed-forward and the residual add in one graph.
 			if err := p.feedForwardStep(l, t, useRes); err != nil {
 				return fmt.Errorf("k3: layer %d feed-forward: %w", l, err)
@@ -228,8 +236,10 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int3
 			}
 			continue
 		}
-		if err := b.RMSNorm(normed, in, ly.mlpNorm, eps); err != nil {
-			return err
+		if !useRes {
+			if err := b.RMSNorm(normed, in, ly.mlpNorm, eps); err != nil {
+				return err
+			}
 		}
 		var err error
 		for _, r := range p.ranges(t) {
@@ -279,15 +289,12 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int3
 			}
 		}
 	}
-	final := x
+	fh := p.fh.Rows(0, t)
 	if useRes {
-		if err := p.stream.Final(prev, h); err != nil {
+		if err := p.stream.Final(prev, h, attnres.Norm{Out: fh, Weight: m.norm, Eps: eps}); err != nil {
 			return err
 		}
-		final = h
-	}
-	fh := p.fh.Rows(0, t)
-	if err := b.RMSNorm(fh, final, m.norm, eps); err != nil {
+	} else if err := b.RMSNorm(fh, x, m.norm, eps); err != nil {
 		return err
 	}
 	if tr != nil {

@@ -325,7 +325,7 @@ func runAttnResStack(ctx context.Context, b compute.Backend, path string, chk *c
 	normed, _ := b.Alloc(compute.F32, t, d)
 	var y compute.Tensor
 	for i := 0; i < j; i++ {
-		if err := st.Next(y, h); err != nil {
+		if err := st.Next(y, h, attnres.Norm{}); err != nil {
 			return err
 		}
 		got, err := download(b, h)
@@ -354,7 +354,7 @@ func runAttnResStack(ctx context.Context, b compute.Backend, path string, chk *c
 		}
 		chk.close(fmt.Sprintf("sublayer_outputs[%d]", i), got, wantOut[i*t*d:(i+1)*t*d], attnResAtol, attnResRtol)
 	}
-	if err := st.Final(y, h); err != nil {
+	if err := st.Final(y, h, attnres.Norm{}); err != nil {
 		return err
 	}
 	blocks := st.Blocks()

@@ -142,7 +142,8 @@ func rmsInv(row []float32, eps float32) float32 {
 }
 
 // AttnResUpdate adds the sublayer delta to the partial and merges it with
-// one query's phase-1 statistics.
+// one query's phase-1 statistics; where asked, it normalises each merged
+// row as it is written (the next sublayer's pre-norm).
 func (b *Backend) AttnResUpdate(a *compute.AttnResUpdateArgs) error {
 	q, err := f32Of("attnres query", a.Query)
 	if err != nil {
@@ -179,6 +180,23 @@ func (b *Backend) AttnResUpdate(a *compute.AttnResUpdateArgs) error {
 		}
 	}
 	j := elementwiseJob{q: q, h: h, num: num, mx: mx, sum: sum, p: p, width: d, eps: a.Eps}
+	if !a.Normed.IsZero() {
+		if j.normed, err = f32Of("attnres normed output", a.Normed); err != nil {
+			return err
+		}
+		if len(j.normed) != t*d {
+			return shapeErr("attnres normed output %v, want [%d, %d]", a.Normed, t, d)
+		}
+		if !a.NormWeight.IsZero() {
+			if j.normW, err = f32Of("attnres norm weight", a.NormWeight); err != nil {
+				return err
+			}
+			if len(j.normW) != d {
+				return shapeErr("attnres norm weight %v for rows of %d", a.NormWeight, d)
+			}
+		}
+		j.normEps = a.NormEps
+	}
 	if !a.Delta.IsZero() {
 		delta, err := f32Of("attnres delta", a.Delta)
 		if err != nil {
@@ -209,7 +227,8 @@ func (b *Backend) AttnResUpdate(a *compute.AttnResUpdateArgs) error {
 func updateRange(a *kernel.Args, lo, hi int) { updateTokens(a.Job.(*elementwiseJob), lo, hi) }
 
 // updateTokens is AttnResUpdate for tokens [lo, hi): the delta into the
-// partial, then each token's output.
+// partial, then each token's output and, where asked, its pre-norm
+// (kernel.RMSNorm on the row just written, as RMSNorm's rows get it).
 func updateTokens(j *elementwiseJob, lo, hi int) {
 	d := j.width
 	if j.delta != nil {
@@ -225,15 +244,18 @@ func updateTokens(j *elementwiseJob, lo, hi int) {
 		if !j.merge {
 			copy(out, n)
 			kernel.Scale(out, 1/j.sum[tok])
-			continue
+		} else {
+			row := j.p[tok*d : (tok+1)*d]
+			s := kernel.Dot(j.q, row) * rmsInv(row, j.eps)
+			m := max(j.mx[tok], s)
+			e1 := float32(math.Exp(float64(j.mx[tok] - m)))
+			e2 := float32(math.Exp(float64(s - m)))
+			inv := 1 / (j.sum[tok]*e1 + e2)
+			kernel.Mix(out, n, row, e1, e2, inv)
 		}
-		row := j.p[tok*d : (tok+1)*d]
-		s := kernel.Dot(j.q, row) * rmsInv(row, j.eps)
-		m := max(j.mx[tok], s)
-		e1 := float32(math.Exp(float64(j.mx[tok] - m)))
-		e2 := float32(math.Exp(float64(s - m)))
-		inv := 1 / (j.sum[tok]*e1 + e2)
-		kernel.Mix(out, n, row, e1, e2, inv)
+		if j.normed != nil {
+			kernel.RMSNorm(j.normed[tok*d:(tok+1)*d], out, j.normW, d, j.normEps)
+		}
 	}
 }
 

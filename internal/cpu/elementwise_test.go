@@ -99,22 +99,55 @@ func TestElementwiseSplit(t *testing.T) {
 				randSlice(r, rows, 1),   // sum
 				randSlice(r, rows*d, 2), // partial
 				randSlice(r, rows*d, 2), // delta
+				randSlice(r, d, 1),      // pre-norm weight
 			}
 			for i := range inputs[3] {
 				inputs[3][i] += 2 // sums stay positive
 			}
 			two, one := splitPair(t, inputs, func(b *Backend, in []compute.Tensor) []compute.Tensor {
 				h, _ := b.Alloc(compute.F32, rows, d)
+				normed, _ := b.Alloc(compute.F32, rows, d)
 				a := &compute.AttnResUpdateArgs{Query: in[0], Num: in[1].Reshape(rows, d), Max: in[2], Sum: in[3],
-					Partial: in[4].Reshape(rows, d), HasPartial: c.hasPartial, H: h, Eps: 1e-6}
+					Partial: in[4].Reshape(rows, d), HasPartial: c.hasPartial, H: h, Eps: 1e-6,
+					Normed: normed, NormWeight: in[6], NormEps: 1e-5}
 				if c.delta {
 					a.Delta = in[5].Reshape(rows, d)
 				}
 				require.NoError(t, b.AttnResUpdate(a))
 				require.Equal(t, c.delta || c.hasPartial, a.HasPartial)
-				return []compute.Tensor{h, in[4]}
+				// The pre-norm has RMSNorm's bits.
+				sep, _ := b.Alloc(compute.F32, rows, d)
+				require.NoError(t, b.RMSNorm(sep, h, in[6], 1e-5))
+				require.True(t, bitsEqual(F32(sep), F32(normed)), "pre-norm against RMSNorm of h")
+				return []compute.Tensor{h, in[4], normed}
 			})
 			require.Equal(t, one, two)
 		})
+	}
+}
+
+// TestAttnResUpdateNormErrors: a pre-norm output or weight of the wrong
+// size is an error naming it, and the update then changes nothing.
+func TestAttnResUpdateNormErrors(t *testing.T) {
+	b := New(1)
+	defer b.Close()
+	r := rand.New(rand.NewPCG(7, 8))
+	const rows, d = 4, 16
+	for _, c := range []struct {
+		name           string
+		normed, weight int // lengths
+		want           string
+	}{{"short output", rows*d - 1, d, "normed output"}, {"long weight", rows * d, d + 1, "norm weight"}} {
+		partial := randSlice(r, rows*d, 1)
+		p := upload(b, partial, rows, d)
+		a := &compute.AttnResUpdateArgs{Query: upload(b, randSlice(r, d, 1), d), Num: upload(b, randSlice(r, rows*d, 1), rows, d),
+			Max: upload(b, randSlice(r, rows, 1), rows), Sum: upload(b, make([]float32, rows), rows), Partial: p,
+			Delta: upload(b, randSlice(r, rows*d, 1), rows, d), H: must(b.Alloc(compute.F32, rows, d)),
+			Normed: must(b.Alloc(compute.F32, c.normed)), NormWeight: must(b.Alloc(compute.F32, c.weight))}
+		err := b.AttnResUpdate(a)
+		require.ErrorIs(t, err, compute.ErrShape, c.name)
+		require.ErrorContains(t, err, c.want, c.name)
+		require.False(t, a.HasPartial, "%s: HasPartial set by a failed update", c.name)
+		require.Equal(t, partial, F32(p), "%s: partial changed by a failed update", c.name)
 	}
 }

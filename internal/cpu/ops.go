@@ -156,7 +156,9 @@ type elementwiseJob struct {
 	mx, sum, p      []float32
 	delta           []float32
 	eps             float32
-	addDelta, merge bool // add the delta to the partial (else copy it); merge the partial
+	addDelta, merge bool      // add the delta to the partial (else copy it); merge the partial
+	normed, normW   []float32 // the pre-norm's output (nil: none) and weight
+	normEps         float32
 }
 
 var elementwisePool = sync.Pool{New: func() any { return new(elementwiseJob) }}
