@@ -125,8 +125,7 @@ func prepareTokens(j *prepareJob, lo, hi int) {
 				sum += e
 				row := blk[tok*d : (tok+1)*d]
 				if n == 0 {
-					copy(acc, row)
-					kernel.Scale(acc, e)
+					kernel.MulScale(acc, row, nil, e)
 				} else {
 					kernel.Axpy(acc, e, row)
 				}
@@ -242,8 +241,7 @@ func updateTokens(j *elementwiseJob, lo, hi int) {
 	for tok := lo; tok < hi; tok++ {
 		out, n := j.h[tok*d:(tok+1)*d], j.num[tok*d:(tok+1)*d]
 		if !j.merge {
-			copy(out, n)
-			kernel.Scale(out, 1/j.sum[tok])
+			kernel.MulScale(out, n, nil, 1/j.sum[tok])
 		} else {
 			row := j.p[tok*d : (tok+1)*d]
 			s := kernel.Dot(j.q, row) * rmsInv(row, j.eps)

@@ -1500,8 +1500,7 @@ func (j *attnJob) finish(out, lse, acc []float32, r, h int, m, l float32) {
 		}
 		return
 	}
-	copy(o, acc)
-	kernel.Scale(o, 1/l)
+	kernel.MulScale(o, acc, nil, 1/l)
 	if lse != nil {
 		lse[r*j.hq+h] = m + float32(math.Log(float64(l)))
 	}
