@@ -45,6 +45,7 @@ type Backend struct {
 
 	tapsMu   sync.Mutex
 	taps     map[tapsKey][]float32 // conv taps transposed, by weight (convTaps)
+	heads    map[headKey]*headCopy // per-head weights' k-major copies (headCopyOf)
 	fastBF16 bool                  // NewFastBF16
 	bf16Idx  bool                  // NewFastBF16Indexer
 	stored   bool                  // NewStoredLayout

@@ -497,7 +497,11 @@ func (b *Backend) HeadMatMul(dst, x, w compute.Tensor) error {
 	j := headJobPool.Get().(*headJob)
 	defer headJobPool.Put(j)
 	*j = headJob{xs: xs, ds: ds, w: w, t: t, h: h, k: k, n: n}
+	if t >= amxMinRows {
+		j.kmaj = b.headCopyOf(w)
+	}
 	b.pool.Run(headHeads, kernel.Args{Job: j}, h, 1)
+	*j = headJob{}
 	return nil
 }
 
@@ -506,6 +510,57 @@ type headJob struct {
 	xs, ds     []float32
 	w          compute.Tensor
 	t, h, k, n int
+	kmaj       []uint16 // the heads' k-major copy for a long call, or nil
+}
+
+// headCopy is the k-major form of a per-head bf16 weight [H, N, K], head
+// after head, made by its first call of amxMinRows rows or more (a
+// prefill chunk's absorbed queries and lifted values): such a call then
+// runs each head as a k-major product, one FMA chain per output as the
+// prepared weights' long products (PrepareMatMul's kmajCopy), where the
+// dot-form tiles ran at about a third of the FMA peak. Shorter calls keep
+// the stored weight, so decode batches and scheduler passes keep their
+// bits.
+type headCopy struct {
+	once   sync.Once
+	packed []uint16
+}
+
+// headCopyOf returns the k-major copy of head weight w where the backend
+// lays bf16 weights out k-major and w's heads are wide enough for it
+// (kmajCopy), making it on first use; else nil.
+func (b *Backend) headCopyOf(w compute.Tensor) []uint16 {
+	h, n, k := w.Dims[0], w.Dims[1], w.Dims[2]
+	src := U16(w)
+	if b.packing() != kMajor || w.DType != compute.BF16 || src == nil || len(src) != h*n*k || !kmajCopy(n) {
+		return nil
+	}
+	b.tapsMu.Lock()
+	if b.heads == nil {
+		b.heads = map[headKey]*headCopy{}
+	}
+	key := headKey{w.Mem, w.Off, h, n, k}
+	hc := b.heads[key]
+	if hc == nil {
+		hc = new(headCopy)
+		b.heads[key] = hc
+	}
+	b.tapsMu.Unlock()
+	hc.once.Do(func() {
+		per := kernel.KMajorLen(n, k)
+		hc.packed = make([]uint16, h*per)
+		for hh := range h {
+			kernel.PackKMajor(hc.packed[hh*per:(hh+1)*per], src[hh*n*k:(hh+1)*n*k], n, k)
+		}
+	})
+	return hc.packed
+}
+
+// headKey names a head weight by its storage and shape.
+type headKey struct {
+	mem     any
+	off     int
+	h, n, k int
 }
 
 var headJobPool = sync.Pool{New: func() any { return new(headJob) }}
@@ -524,7 +579,10 @@ func headHeads(args *kernel.Args, lo, hi int) {
 			copy(sc.x[r*k:(r+1)*k], j.xs[(r*h+hh)*k:])
 		}
 		wh := j.w.Rows(hh, hh+1).Reshape(n, k)
-		if j.w.DType == compute.BF16 {
+		if j.kmaj != nil {
+			per := kernel.KMajorLen(n, k)
+			kernel.MatMulKMajorSerial(sc.y, sc.x, j.kmaj[hh*per:(hh+1)*per], t, n, k)
+		} else if j.w.DType == compute.BF16 {
 			kernel.MatMulBF16Serial(sc.y, sc.x, U16(wh), t, n, k)
 		} else {
 			kernel.MatMulSerial(sc.y, sc.x, F32(wh), t, n, k)

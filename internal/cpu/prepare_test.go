@@ -411,3 +411,67 @@ func TestFastBF16Width(t *testing.T) {
 		require.Equal(t, want, F32(y), "n %d", n)
 	}
 }
+
+// TestHeadMatMulKMajor: HeadMatMul with bf16 head weights keeps the
+// stored layout's products for calls of fewer than amxMinRows rows (bit
+// for bit) and runs longer calls, where weights are laid out k-major and
+// the heads are wide enough, on a k-major copy of each head (bit for bit
+// that head's k-major product, each row as it would be alone); every
+// result is within float32 summation error of the float64 product.
+func TestHeadMatMulKMajor(t *testing.T) {
+	b := New(2)
+	defer b.Close()
+	r := rand.New(rand.NewPCG(11, 12))
+	const h = 3
+	for _, nk := range [][2]int{{256, 64}, {64, 256}, {40, 64}} {
+		n, k := nk[0], nk[1]
+		data := make([]byte, 2*h*n*k)
+		wb := make([]uint16, h*n*k)
+		for i := range wb {
+			wb[i] = floatx.BF16(float32(r.NormFloat64()))
+			data[2*i], data[2*i+1] = byte(wb[i]), byte(wb[i]>>8)
+		}
+		w, err := b.FromHost(compute.BF16, compute.BF16, data, h, n, k)
+		require.NoError(t, err)
+		copied := b.packing() == kMajor && kmajCopy(n)
+		for _, rows := range []int{8, amxMinRows - 1, amxMinRows, 150} {
+			xs := make([]float32, rows*h*k)
+			for i := range xs {
+				xs[i] = float32(r.NormFloat64())
+			}
+			x := upload(b, xs, rows, h, k)
+			d := must(b.Alloc(compute.F32, rows, h, n))
+			require.NoError(t, b.HeadMatMul(d, x, w))
+			got := F32(d)
+			name := fmt.Sprintf("[%d %d %d] weight, %d rows", h, n, k, rows)
+			for hh := range h {
+				wh := wb[hh*n*k : (hh+1)*n*k]
+				xh := make([]float32, rows*k)
+				for row := range rows {
+					copy(xh[row*k:(row+1)*k], xs[(row*h+hh)*k:])
+				}
+				want := make([]float32, rows*n)
+				if copied && rows >= amxMinRows {
+					packed := make([]uint16, kernel.KMajorLen(n, k))
+					kernel.PackKMajor(packed, wh, n, k)
+					for row := range rows { // each row's bits alone
+						kernel.MatMulKMajorSerial(want[row*n:(row+1)*n], xh[row*k:(row+1)*k], packed, 1, n, k)
+					}
+				} else {
+					kernel.MatMulBF16Serial(want, xh, wh, rows, n, k)
+				}
+				for row := range rows {
+					for c := range n {
+						g := got[(row*h+hh)*n+c]
+						require.Equal(t, math.Float32bits(want[row*n+c]), math.Float32bits(g), "%s: head %d row %d column %d", name, hh, row, c)
+						var ref float64
+						for i := range k {
+							ref += float64(xh[row*k+i]) * float64(floatx.FromBF16(wh[c*k+i]))
+						}
+						require.InDelta(t, ref, float64(g), 1e-4*(1+math.Sqrt(float64(k))), "%s: against float64", name)
+					}
+				}
+			}
+		}
+	}
+}
