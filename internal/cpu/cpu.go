@@ -30,6 +30,9 @@ type buffer struct {
 	// tiles is set on a narrow bf16 weight kept in u16 whose long
 	// products run on the AMX tiles (PrepareMatMul).
 	tiles *tileCopy
+	// heads is a per-head weight's k-major copy (headCopyOf), kept with
+	// the weight.
+	heads *headCopy
 	// gateUp is set on a narrow expert's w1 and w3 that PrepareExperts
 	// laid out as one weight; up marks w3's.
 	gateUp *gateUp
@@ -43,9 +46,8 @@ type buffer struct {
 type Backend struct {
 	pool *kernel.Pool
 
-	tapsMu   sync.Mutex
+	tapsMu   sync.Mutex            // guards taps and the buffers' head copies (headCopyOf)
 	taps     map[tapsKey][]float32 // conv taps transposed, by weight (convTaps)
-	heads    map[headKey]*headCopy // per-head weights' k-major copies (headCopyOf)
 	fastBF16 bool                  // NewFastBF16
 	bf16Idx  bool                  // NewFastBF16Indexer
 	stored   bool                  // NewStoredLayout

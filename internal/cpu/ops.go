@@ -517,50 +517,44 @@ type headJob struct {
 // after head, made by its first call of amxMinRows rows or more (a
 // prefill chunk's absorbed queries and lifted values): such a call then
 // runs each head as a k-major product, one FMA chain per output as the
-// prepared weights' long products (PrepareMatMul's kmajCopy), where the
-// dot-form tiles ran at about a third of the FMA peak. Shorter calls keep
+// prepared weights' long products (PrepareMatMul's kmajCopy), faster than
+// the dot-form tiles at those row counts (docs/bench). Shorter calls keep
 // the stored weight, so decode batches and scheduler passes keep their
 // bits.
 type headCopy struct {
-	once   sync.Once
-	packed []uint16
+	once    sync.Once
+	h, n, k int
+	packed  []uint16
 }
 
 // headCopyOf returns the k-major copy of head weight w where the backend
 // lays bf16 weights out k-major and w's heads are wide enough for it
-// (kmajCopy), making it on first use; else nil.
+// (kmajCopy), making it on first use; else nil. The copy belongs to w's
+// storage, whole: a view of part of it, or of another shape than the
+// first one asked for, gets none.
 func (b *Backend) headCopyOf(w compute.Tensor) []uint16 {
 	h, n, k := w.Dims[0], w.Dims[1], w.Dims[2]
-	src := U16(w)
-	if b.packing() != kMajor || w.DType != compute.BF16 || src == nil || len(src) != h*n*k || !kmajCopy(n) {
+	buf, ok := w.Mem.(*buffer)
+	if !ok || b.packing() != kMajor || w.DType != compute.BF16 || len(buf.u16) != h*n*k || !kmajCopy(n) {
 		return nil
 	}
 	b.tapsMu.Lock()
-	if b.heads == nil {
-		b.heads = map[headKey]*headCopy{}
+	if buf.heads == nil {
+		buf.heads = &headCopy{h: h, n: n, k: k}
 	}
-	key := headKey{w.Mem, w.Off, h, n, k}
-	hc := b.heads[key]
-	if hc == nil {
-		hc = new(headCopy)
-		b.heads[key] = hc
-	}
+	hc := buf.heads
 	b.tapsMu.Unlock()
+	if hc.h != h || hc.n != n || hc.k != k {
+		return nil
+	}
 	hc.once.Do(func() {
 		per := kernel.KMajorLen(n, k)
 		hc.packed = make([]uint16, h*per)
 		for hh := range h {
-			kernel.PackKMajor(hc.packed[hh*per:(hh+1)*per], src[hh*n*k:(hh+1)*n*k], n, k)
+			kernel.PackKMajor(hc.packed[hh*per:(hh+1)*per], buf.u16[hh*n*k:(hh+1)*n*k], n, k)
 		}
 	})
 	return hc.packed
-}
-
-// headKey names a head weight by its storage and shape.
-type headKey struct {
-	mem     any
-	off     int
-	h, n, k int
 }
 
 var headJobPool = sync.Pool{New: func() any { return new(headJob) }}

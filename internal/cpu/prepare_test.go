@@ -460,18 +460,44 @@ func TestHeadMatMulKMajor(t *testing.T) {
 				} else {
 					kernel.MatMulBF16Serial(want, xh, wh, rows, n, k)
 				}
-				for row := range rows {
-					for c := range n {
-						g := got[(row*h+hh)*n+c]
-						require.Equal(t, math.Float32bits(want[row*n+c]), math.Float32bits(g), "%s: head %d row %d column %d", name, hh, row, c)
-						var ref float64
-						for i := range k {
-							ref += float64(xh[row*k+i]) * float64(floatx.FromBF16(wh[c*k+i]))
-						}
-						require.InDelta(t, ref, float64(g), 1e-4*(1+math.Sqrt(float64(k))), "%s: against float64", name)
-					}
-				}
+				checkHead(t, name, got, want, xh, wh, rows, h, hh, n, k)
 			}
+		}
+		// A view of the last two heads (not the whole storage) keeps
+		// the stored weight even in a long call.
+		const rows = 40
+		xs := make([]float32, rows*2*k)
+		for i := range xs {
+			xs[i] = float32(r.NormFloat64())
+		}
+		d := must(b.Alloc(compute.F32, rows, 2, n))
+		require.NoError(t, b.HeadMatMul(d, upload(b, xs, rows, 2, k), w.Rows(1, 3)))
+		for hh := range 2 {
+			wh := wb[(hh+1)*n*k : (hh+2)*n*k]
+			xh := make([]float32, rows*k)
+			for row := range rows {
+				copy(xh[row*k:(row+1)*k], xs[(row*2+hh)*k:])
+			}
+			want := make([]float32, rows*n)
+			kernel.MatMulBF16Serial(want, xh, wh, rows, n, k)
+			checkHead(t, fmt.Sprintf("[%d %d] heads 1-2 of [%d %d %d]", n, k, h, n, k), F32(d), want, xh, wh, rows, 2, hh, n, k)
+		}
+	}
+}
+
+// checkHead compares head hh of HeadMatMul's output got ([rows, h, n]) with
+// want ([rows, n]) bit for bit and with the float64 product of xh and wh.
+func checkHead(t *testing.T, name string, got, want, xh []float32, wh []uint16, rows, h, hh, n, k int) {
+	t.Helper()
+	for row := range rows {
+		for c := range n {
+			g := got[(row*h+hh)*n+c]
+			require.Equal(t, math.Float32bits(want[row*n+c]), math.Float32bits(g), "%s: head %d row %d column %d", name, hh, row, c)
+			var ref float64
+			for i := range k {
+				ref += float64(xh[row*k+i]) * float64(floatx.FromBF16(wh[c*k+i]))
+			}
+			require.InDelta(t, ref, float64(g), 1e-4*(1+math.Sqrt(float64(k))), "%s: against float64", name)
 		}
 	}
 }
