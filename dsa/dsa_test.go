@@ -188,13 +188,27 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
-// TestMHAEqualsAbsorbed runs the same prefill in both attention forms.
+// TestMHAEqualsAbsorbed runs the same prefill in both attention forms,
+// the chunks dense, or index-sparse with selections covering at least
+// half of what each row sees (mhaPays), and checks which form each chunk
+// took.
 func TestMHAEqualsAbsorbed(t *testing.T) {
 	b := cpu.New(2)
 	defer b.Close()
-	for _, nope := range []bool{false, true} {
+	for _, c := range []struct {
+		nope bool
+		topK int
+		mha  [2]bool // the chunks' forms where MHAMin admits both
+	}{
+		{false, 4, [2]bool{true, false}}, // the first chunk masked, the second too sparse
+		{true, 4, [2]bool{true, false}},
+		{false, 12, [2]bool{true, true}}, // dense, then masked after a cached prefix
+		{false, 32, [2]bool{true, true}}, // both dense
+	} {
+		nope := c.nope
 		cfg := testConfig()
 		cfg.NoPE = nope
+		cfg.Indexer.TopK = c.topK
 		cfg.Yarn = &Yarn{Factor: 4, OriginalMaxPositions: 8, MaxPositions: 64, BetaFast: 32, BetaSlow: 1, MScale: 1, MScaleAllDim: 0.7}
 		w, err := LoadWeights(b, cfg, randomSource(cfg, 9))
 		if err != nil {
@@ -212,21 +226,31 @@ func TestMHAEqualsAbsorbed(t *testing.T) {
 		for i, mhaMin := range []int{1, n + 1} {
 			l, _ := NewLayer(b, cfg, w, n)
 			l.MHAMin = mhaMin
-			c, _ := NewCache(NewPool(b, cfg), 64)
+			cache, _ := NewCache(NewPool(b, cfg), 64)
 			y, _ := b.Alloc(compute.F32, n, cfg.Hidden)
 			// Two chunks, so the second attends to the first's cache too.
-			if err := l.Forward(x.Rows(0, 7), chunkOf(c, 7), y.Rows(0, 7)); err != nil {
+			var forms [2]bool
+			if err := l.Forward(x.Rows(0, 7), chunkOf(cache, 7), y.Rows(0, 7)); err != nil {
 				t.Fatal(err)
 			}
-			if err := l.Forward(x.Rows(7, n), chunkOf(c, n-7), y.Rows(7, n)); err != nil {
+			forms[0] = l.mha[0]
+			if err := l.Forward(x.Rows(7, n), chunkOf(cache, n-7), y.Rows(7, n)); err != nil {
 				t.Fatal(err)
+			}
+			forms[1] = l.mha[0]
+			want := c.mha
+			if mhaMin > n {
+				want = [2]bool{}
+			}
+			if forms != want {
+				t.Fatalf("top %d, MHAMin %d: chunks in MHA form %v, want %v", c.topK, mhaMin, forms, want)
 			}
 			outs[i] = make([]float32, n*cfg.Hidden)
 			b.Read(outs[i], y)
 		}
 		for i := range outs[0] {
 			if d := math.Abs(float64(outs[0][i] - outs[1][i])); d > 1e-4*(1+math.Abs(float64(outs[1][i]))) {
-				t.Fatalf("nope=%v element %d: MHA %g, absorbed %g", nope, i, outs[0][i], outs[1][i])
+				t.Fatalf("nope=%v top %d element %d: MHA %g, absorbed %g", nope, c.topK, i, outs[0][i], outs[1][i])
 			}
 		}
 	}

@@ -254,9 +254,11 @@ type Layer struct {
 	ropeScale, scale float64
 	// MHAMin is the prefill length from which dense attention runs in MHA
 	// form (keys and values decompressed from the latent once per pass,
-	// cheaper than the absorbed form when many queries share them); decode,
-	// shorter passes and index-sparse passes use the absorbed form. Both
-	// compute the same values.
+	// cheaper than the absorbed form when many queries share them), and
+	// index-sparse attention too where each row sees at most twice the
+	// positions selected and the MHA form costs fewer multiply-adds
+	// (mhaPays); decode, shorter passes and sparser passes use the
+	// absorbed form. Both compute the same values.
 	MHAMin int
 	// Overlap runs the indexer's key and head-weight projections beside
 	// the query and latent ones (for measuring; the backend already
@@ -443,7 +445,8 @@ func (l *Layer) idxRows(r0, r1 int) compute.Tensor {
 // tokens one by one, alone or beside any other rows (as long as the exact
 // rows number at most compute.InvariantRows). The remaining sequences are
 // prefill chunks: blocked attention over the whole chunk, the MHA form when
-// dense and long, within the conformance tolerance of the exact arithmetic.
+// long and dense or nearly so (MHAMin), within the conformance tolerance
+// of the exact arithmetic.
 type Seqs struct {
 	Cu     []int32
 	Caches []*Cache
@@ -610,7 +613,8 @@ func (l *Layer) chunks(x compute.Tensor, caches []*Cache, cu []int32, idx, y com
 		n := int(cu[i+1] - cu[i])
 		seen := c.Len + n
 		dense := cfg.Indexer == nil || seen <= cfg.Indexer.TopK
-		l.mha = append(l.mha, n >= l.MHAMin && dense && seen*cfg.NumHeads*(cfg.NopeDim+cfg.VDim) <= mhaBudget)
+		masked := !dense && seen <= 2*cfg.Indexer.TopK && l.mhaPays(n, c.Len)
+		l.mha = append(l.mha, n >= l.MHAMin && (dense || masked) && seen*cfg.NumHeads*(cfg.NopeDim+cfg.VDim) <= mhaBudget)
 	}
 	qa := l.qa.Rows(0, t)
 	if err := l.absorbedRuns(cu, func(r0, r1 int) error {
@@ -641,7 +645,7 @@ func (l *Layer) chunks(x compute.Tensor, caches []*Cache, cu []int32, idx, y com
 			indices = l.attnIndices(sel, p0+n)
 		}
 		if l.mha[i] {
-			if err := l.attendMHA(qn.Rows(r0, r1), qri, c, pos, l.o.Rows(r0, r1)); err != nil {
+			if err := l.attendMHA(qn.Rows(r0, r1), qri, c, pos, indices, l.o.Rows(r0, r1)); err != nil {
 				return err
 			}
 			continue
@@ -664,6 +668,22 @@ func (l *Layer) chunks(x compute.Tensor, caches []*Cache, cu []int32, idx, y com
 		return err
 	}
 	return l.gateAndProject(x, t, y)
+}
+
+// mhaPays reports whether a chunk of n rows after p0 cached positions,
+// every row seeing its whole causal span (dense, or index-sparse with
+// selections covering at least half of it, which the backends attend as
+// masked dense passes), costs fewer multiply-adds in MHA form
+// (decompressing the keys and values of all p0+n positions, then
+// H·(dn+dr+dv) a query-key pair) than absorbed (absorbing the n queries
+// and lifting their outputs, then H·(2·Dc+dr) a pair).
+func (l *Layer) mhaPays(n, p0 int) bool {
+	cfg := l.cfg
+	h, dc, dn, dr, dv := cfg.NumHeads, cfg.KVLoRARank, cfg.NopeDim, cfg.RopeDim, cfg.VDim
+	pairs := n*p0 + n*(n+1)/2
+	mha := pairs*h*(dn+dr+dv) + (p0+n)*h*dc*(dn+dv)
+	absorbed := pairs*h*(2*dc+dr) + n*h*dc*(dn+dv)
+	return mha < absorbed
 }
 
 // absorbedRuns calls f on each maximal run of rows (relative to cu[0])
@@ -689,10 +709,12 @@ func (l *Layer) absorbedRuns(cu []int32, f func(r0, r1 int) error) error {
 // attendMHA attends in multi-head form for one chunk's rows (queries qn,
 // qr at positions pos, already in cache) into o: the keys' nope part and
 // the values of every cached position are decompressed from the latent
-// once (c·W_UKᵀ, c·W_UVᵀ), and each head attends over them directly. For a
-// long prefill this costs H·(dn+dr+dv) per query-key pair instead of the
-// absorbed form's H·(2·Dc+dr); the results are the same.
-func (l *Layer) attendMHA(qn, qr compute.Tensor, cache *Cache, pos []int32, o compute.Tensor) error {
+// once (c·W_UKᵀ, c·W_UVᵀ), and each head attends over them directly, to
+// the positions indices lists (one list a row for all heads), or to all
+// (the zero Tensor). For a long prefill this costs H·(dn+dr+dv) per
+// query-key pair instead of the absorbed form's H·(2·Dc+dr); the results
+// are the same.
+func (l *Layer) attendMHA(qn, qr compute.Tensor, cache *Cache, pos []int32, indices, o compute.Tensor) error {
 	cfg, w, b := l.cfg, l.W, l.b
 	h, dn, dv, n := cfg.NumHeads, cfg.NopeDim, cfg.VDim, cache.Len
 	if l.kn.IsZero() || l.kn.Dims[0] < n {
@@ -733,7 +755,7 @@ func (l *Layer) attendMHA(qn, qr compute.Tensor, cache *Cache, pos []int32, o co
 		return fmt.Errorf("dsa: value decompression: %w", err)
 	}
 	l.attn = compute.AttnArgs{Q: qn, K: kn, V: vn, QPos: l.posT.Rows(0, len(pos)), MaxPos: l.posMax, KVLen: n, Causal: true,
-		Scale: float32(l.scale), Out: o}
+		Indices: indices, Scale: float32(l.scale), Out: o}
 	if cfg.RopeDim > 0 {
 		pe := l.peAll.Rows(0, n)
 		if err := cache.gather(pe, 1, n); err != nil {
