@@ -136,7 +136,10 @@ func WithBackendOptions(bo BackendOptions) Option {
 func WithProgress(f func(done, total int64)) Option { return func(o *options) { o.progress = f } }
 
 // WithPrefillChunk sets how many prompt tokens one forward pass takes at
-// most (default 256): longer prompts run in chunks, bounding memory.
+// most (default 512): longer prompts run in chunks, bounding memory. A
+// Batcher's default token budget carries a whole chunk beside its
+// sequences, so a smaller chunk (or WithTokenBudget) also shortens the
+// passes that carry a prompt beside running streams.
 func WithPrefillChunk(n int) Option { return func(o *options) { o.chunk = n } }
 
 // Model is a loaded checkpoint. It is safe for concurrent use by many
@@ -290,7 +293,7 @@ func LoadFS(ctx context.Context, fsys fs.FS, name string, opts ...Option) (*Mode
 }
 
 func newModel(ctx context.Context, cfg *config.Config, ck *safetensors.Checkpoint, tok tokenizer.Tokenizer, opts []Option) (*Model, error) {
-	o := options{backend: "go", chunk: 256}
+	o := options{backend: "go", chunk: 512}
 	for _, f := range opts {
 		f(&o)
 	}

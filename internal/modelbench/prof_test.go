@@ -184,7 +184,7 @@ func loadTimed(t *testing.T) (*k3.Model, *timed) {
 	tb := &timed{Backend: be, t: map[string]time.Duration{}, n: map[string]int{}, flops: map[string]float64{}}
 	opts := []k3.Option{k3.WithComputeBackend(tb)}
 	if v, err := strconv.Atoi(os.Getenv("K3_PROFILE_CHUNK")); err == nil && v > 0 {
-		opts = append(opts, k3.WithPrefillChunk(v)) // the prefill's chunk (default 256)
+		opts = append(opts, k3.WithPrefillChunk(v)) // the prefill's chunk (default 512)
 	}
 	m, err := k3.Load(context.Background(), dir, opts...)
 	if err != nil {
