@@ -1275,7 +1275,7 @@ func attnDenseGroupRange(args *kernel.Args, lo, hi int) {
 		n := (r1 - r0) * hg // query rows: row r's heads from (r-r0)·hg
 		last := 0
 		for r := r0; r < r1; r++ {
-			q0 := (r*j.hq + g*hg)
+			q0 := r*j.hq + g*hg
 			copy(sc.qb[(r-r0)*hg*dk:(r-r0+1)*hg*dk], j.q[q0*dk:(q0+hg)*dk])
 			if dr > 0 {
 				copy(sc.qrb[(r-r0)*hg*dr:(r-r0+1)*hg*dr], j.qr[q0*dr:(q0+hg)*dr])

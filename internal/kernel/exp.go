@@ -177,12 +177,6 @@ var expTileBits int
 // 512-bit kernels, whatever its FMA width: on Zen 4, whose 512-bit FMAs
 // run as two halves, ExpSlice still runs 1.9x its 256-bit twin (fewer
 // instructions, no constant reloads; docs/bench).
-// wideElementwise reports whether the elementwise kernels that have a
-// 512-bit form (MulScale, Scale) take sixteen lanes at a time: where the
-// vector exponential does (tests force both widths through expTileBits).
-// Each lane's arithmetic is the 256-bit kernels', so the bits are theirs.
-func wideElementwise() bool { return expWide() }
-
 func expWide() bool {
 	switch expTileBits {
 	case 256:
@@ -192,3 +186,9 @@ func expWide() bool {
 	}
 	return hasZMM
 }
+
+// wideElementwise reports whether the elementwise kernels that have a
+// 512-bit form (MulScale, Scale) take sixteen lanes at a time: where the
+// vector exponential does (tests force both widths through expTileBits).
+// Each lane's arithmetic is the 256-bit kernels', so the bits are theirs.
+func wideElementwise() bool { return expWide() }

@@ -9,11 +9,7 @@ func RMSNorm(dst, x, w []float32, d int, eps float32) {
 		row, out := x[r:r+d], dst[r:r+d]
 		ss := float64(Dot(row, row))
 		inv := float32(1 / math.Sqrt(ss/float64(d)+float64(eps)))
-		if w == nil {
-			MulScale(out, row, nil, inv)
-			continue
-		}
-		MulScale(out, row, w[:d], inv)
+		MulScale(out, row, w, inv)
 	}
 }
 
