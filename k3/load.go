@@ -29,9 +29,9 @@ import (
 
 // kdaPrefillChunk is the chunk size of KDA prefill: the chunked (WY) form,
 // which on the go backend is at least as fast as the token-by-token
-// recurrence (docs/bench/README.md, "KDA prefill chunk"). Chunk 64 is
-// slower: K3's bounded gates span more than the factorised form's 60 nats
-// over 64 tokens, so most channels take the exact pairwise path.
+// recurrence (docs/bench/README.md, "KDA prefill chunk"). Chunk 64 (its
+// local stage in blocks of 16) is slower: the longer state products gain
+// less than the blocks below the diagonal and the larger Mqk·U cost.
 const kdaPrefillChunk = 16
 
 // ErrCheckpoint is wrapped by every error about a checkpoint's files other

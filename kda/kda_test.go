@@ -99,6 +99,11 @@ func TestChunkedEqualsRecurrent(t *testing.T) {
 		// Values 64 wide: the triangular solve takes the rows before each
 		// block of eight as one product.
 		{lens: []int{100}, h: 2, dk: 32, dv: 64, gate: compute.GateLowerBound, gateScale: 1},
+		// Log decays given, some of them above zero (growth): chunks
+		// longer than 16 keep the whole-chunk factors there, the others
+		// take blocks of 16.
+		{lens: []int{150}, h: 2, dk: 16, dv: 16, gate: compute.GateGiven, gateScale: 0.3, gateShift: -0.1},
+		{lens: []int{150}, h: 2, dk: 16, dv: 16, gate: compute.GateGiven, gateScale: 2, gateShift: -3},
 	}
 	for i, c := range cases {
 		want, wantS := runCore(t, b, c, uint64(i), 0)

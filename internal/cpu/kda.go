@@ -38,6 +38,9 @@ type kdaScratch struct {
 	unsafe           []int32
 	uk, uq, ug, ue   []float32 // the unsafe channels' keys, queries, gates and pair terms [C, U]
 	ur               []float32 // one row's pair sums for L and Mqk [2C]
+	lmc, mqkc        []float32 // blockedLocal's L and Mqk [C, C] (swapped into lm, mqk)
+	cgb, sb          []float32 // blockedLocal: a block's gates summed from its start, spans back to its anchor
+	kbo, ko, lo      []float32 // blockedLocal: the earlier rows' factors, the block's, their products
 	tmp              []float32
 	macc             []float32 // MatAccumulate's scratch
 	nl               []float32 // a block's rows of -L over the rows before it
@@ -326,8 +329,6 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, sk []float32, hd, t0, c0, c1 int) {
 	dk, dv, c := j.dk, j.dv, c1-c0
 	sc.kq, sc.uo = grow32(sc.kq, 2*c*dk), grow32(sc.uo, 2*c*dv)
 	sc.kd, sc.qd = sc.kq[:c*dk], sc.kq[c*dk:2*c*dk]
-	sc.ka, sc.kb, sc.qa = grow32(sc.ka, c*dk), grow32(sc.kb, c*dk), grow32(sc.qa, c*dk)
-	sc.lm, sc.mqk = grow32(sc.lm, c*c), grow32(sc.mqk, c*c)
 	sc.tmp = grow32(sc.tmp, 2*dk)
 	gLast := sc.tmp[dk:] // cumulative gate of the chunk's last token
 	q, k, g := sc.q[c0*dk:c1*dk], sc.k[c0*dk:c1*dk], sc.g[c0*dk:c1*dk]
@@ -344,35 +345,13 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, sk []float32, hd, t0, c0, c1 int) {
 		prev = row
 	}
 	copy(gLast, prev)
-	sc.unsafe = sc.unsafe[:0]
-	for ch := 0; ch < dk; ch++ {
-		if sc.cg[ch]-gLast[ch] > safeSpan {
-			sc.unsafe = append(sc.unsafe, int32(ch))
-		}
-	}
 	// e^{G_i} <= 1, relative to the chunk start: kd = k e^G, qd = q e^G.
 	// (kernel.ExpScale forms each factor and its products in one pass.)
-	noFlush := float32(math.Inf(-1))
 	kernel.ExpScale(sc.kd, sc.qd, k, q, sc.cg, dk, nil, 0, c, dk, decayFlush, sc.e)
-	// Factorised decays for safe channels, anchored at the first token:
-	// ka_i = k_i e^{G_i - G_0}, qa_i = q_i e^{G_i - G_0}, kb_j = k_j e^{G_0 - G_j}.
-	kernel.ExpScale(sc.ka, sc.qa, k, q, sc.cg, dk, sc.cg[:dk], 0, c, dk, noFlush, sc.e)
-	kernel.ExpScale(sc.kb, nil, k, nil, sc.cg[:dk], 0, sc.cg, dk, c, dk, noFlush, sc.e)
-	// Zero the unsafe channels of the factors; their terms are added exactly.
-	for _, ch := range sc.unsafe {
-		for i := 0; i < c; i++ {
-			sc.ka[i*dk+int(ch)], sc.qa[i*dk+int(ch)], sc.kb[i*dk+int(ch)] = 0, 0, 0
-		}
-	}
-	// L (strictly lower part used) and Mqk (lower with the diagonal) as
-	// full products: the unused upper halves cost less than pairwise dots.
-	kernel.MatMulSerial(sc.lm, sc.ka, sc.kb, c, c, dk)
-	kernel.MatMulSerial(sc.mqk, sc.qa, sc.kb, c, c, dk)
-	for i := 0; i < c; i++ {
-		kernel.Scale(sc.lm[i*c:i*c+i+1], beta[i])
-	}
-	if len(sc.unsafe) > 0 {
-		j.unsafeTerms(sc, hd, t0, c0, c1)
+	if c > subChunk && kernel.Max(g) <= 0 {
+		j.blockedLocal(sc, hd, t0, c0, c1)
+	} else {
+		j.local(sc, hd, t0, c0, c1, sc.cg)
 	}
 
 	// State stage: P = (k e^G)·S into u and O = (q e^G)·S into o, one
@@ -432,6 +411,109 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, sk []float32, hd, t0, c0, c1 int) {
 	sc.kdt = grow32(sc.kdt, dk*c)
 	kernel.Transpose(sc.kdt, sc.kd, c, dk)
 	kernel.MatAccumulateScaled(sk, dv, gLast, sc.kdt, sc.u, dv, dk, dv, c, sc.macc)
+}
+
+// subChunk is the row block of a longer chunk's local stage
+// (blockedLocal).
+const subChunk = 16
+
+// local fills L (β-scaled, strictly lower part used) and Mqk (lower with
+// the diagonal) of rows [c0, c1) as [C, C] in sc.lm and sc.mqk, C =
+// c1-c0, from cg, the rows' gates summed from c0 (row i: G_i - G_{c0-1}).
+// Channels whose decay over the rows spans at most safeSpan take the
+// factorised form anchored at the first row; the others' terms are
+// exponentiated pair by pair (unsafeTerms).
+func (j *kdaJob) local(sc *kdaScratch, hd, t0, c0, c1 int, cg []float32) {
+	dk, c := j.dk, c1-c0
+	q, k, beta := sc.q[c0*dk:c1*dk], sc.k[c0*dk:c1*dk], sc.beta[c0:c1]
+	sc.ka, sc.kb, sc.qa = grow32(sc.ka, c*dk), grow32(sc.kb, c*dk), grow32(sc.qa, c*dk)
+	sc.lm, sc.mqk = grow32(sc.lm, c*c), grow32(sc.mqk, c*c)
+	last := cg[(c-1)*dk : c*dk]
+	sc.unsafe = sc.unsafe[:0]
+	for ch := 0; ch < dk; ch++ {
+		if cg[ch]-last[ch] > safeSpan {
+			sc.unsafe = append(sc.unsafe, int32(ch))
+		}
+	}
+	// Factorised decays for safe channels, anchored at the first token:
+	// ka_i = k_i e^{G_i - G_0}, qa_i = q_i e^{G_i - G_0}, kb_j = k_j e^{G_0 - G_j}.
+	noFlush := float32(math.Inf(-1))
+	kernel.ExpScale(sc.ka, sc.qa, k, q, cg, dk, cg[:dk], 0, c, dk, noFlush, sc.e)
+	kernel.ExpScale(sc.kb, nil, k, nil, cg[:dk], 0, cg, dk, c, dk, noFlush, sc.e)
+	// Zero the unsafe channels of the factors; their terms are added exactly.
+	for _, ch := range sc.unsafe {
+		for i := 0; i < c; i++ {
+			sc.ka[i*dk+int(ch)], sc.qa[i*dk+int(ch)], sc.kb[i*dk+int(ch)] = 0, 0, 0
+		}
+	}
+	// L (strictly lower part used) and Mqk (lower with the diagonal) as
+	// full products: the unused upper halves cost less than pairwise dots.
+	kernel.MatMulSerial(sc.lm, sc.ka, sc.kb, c, c, dk)
+	kernel.MatMulSerial(sc.mqk, sc.qa, sc.kb, c, c, dk)
+	for i := 0; i < c; i++ {
+		kernel.Scale(sc.lm[i*c:i*c+i+1], beta[i])
+	}
+	if len(sc.unsafe) > 0 {
+		j.unsafeTerms(sc, hd, t0, c0, c1)
+	}
+}
+
+// blockedLocal is local for a chunk longer than subChunk whose gates all
+// decay (g <= 0), in blocks of subChunk rows, so that no channel's
+// factors span the whole chunk: the diagonal blocks are local's, with
+// gates summed from the block's start; block (I, J) below them, I > J,
+// takes e^{G_i-G_j} = e^{G_i-G_a}·e^{G_a-G_j} anchored at a, the last row
+// before block I, where both factors are at most 1 for any span, so no
+// channel needs the pair-by-pair path there, and factors below e^-40
+// (decayFlush) are 0. A chunk of 64 then costs the chunk-16 form's local
+// work and a quarter of its state passes, each a longer product.
+func (j *kdaJob) blockedLocal(sc *kdaScratch, hd, t0, c0, c1 int) {
+	dk, c := j.dk, c1-c0
+	q, k, g, beta := sc.q[c0*dk:c1*dk], sc.k[c0*dk:c1*dk], sc.g[c0*dk:c1*dk], sc.beta[c0:c1]
+	sc.lmc, sc.mqkc = grow32(sc.lmc, c*c), grow32(sc.mqkc, c*c)
+	sc.cgb, sc.sb = grow32(sc.cgb, subChunk*dk), grow32(sc.sb, c*dk)
+	sc.kbo, sc.ko = grow32(sc.kbo, c*dk), grow32(sc.ko, 2*subChunk*dk)
+	sc.lo = grow32(sc.lo, 2*subChunk*c)
+	for r0 := 0; r0 < c; r0 += subChunk {
+		r1 := min(r0+subChunk, c)
+		n := r1 - r0
+		// Gates summed from the block's start, as local takes them: row i
+		// holds G_{r0+i} - G_{r0-1}.
+		cgb := sc.cgb[:n*dk]
+		copy(cgb[:dk], g[r0*dk:(r0+1)*dk])
+		for i := 1; i < n; i++ {
+			kernel.Add(cgb[i*dk:(i+1)*dk], cgb[(i-1)*dk:i*dk], g[(r0+i)*dk:(r0+i+1)*dk])
+		}
+		j.local(sc, hd, t0, c0+r0, c0+r1, cgb)
+		for i := 0; i < n; i++ {
+			copy(sc.lmc[(r0+i)*c+r0:(r0+i)*c+r1], sc.lm[i*n:(i+1)*n])
+			copy(sc.mqkc[(r0+i)*c+r0:(r0+i)*c+r1], sc.mqk[i*n:(i+1)*n])
+		}
+		if r0 == 0 {
+			continue
+		}
+		// Rows of block I: k_i e^{G_i-G_a} and q_i e^{G_i-G_a} (cgb);
+		// the rows before it: k_j e^{G_a-G_j}, each span summed back from a.
+		ka, qa := sc.ko[:n*dk], sc.ko[n*dk:2*n*dk]
+		kernel.ExpScale(ka, qa, k[r0*dk:r1*dk], q[r0*dk:r1*dk], cgb, dk, nil, 0, n, dk, decayFlush, sc.e)
+		sb := sc.sb[:r0*dk]
+		clear(sb[(r0-1)*dk:])
+		for jj := r0 - 2; jj >= 0; jj-- {
+			kernel.Add(sb[jj*dk:(jj+1)*dk], sb[(jj+1)*dk:(jj+2)*dk], g[(jj+1)*dk:(jj+2)*dk])
+		}
+		kb := sc.kbo[:r0*dk]
+		kernel.ExpScale(kb, nil, k[:r0*dk], nil, sb, dk, nil, 0, r0, dk, decayFlush, sc.e)
+		// Both products at once: [ka; qa] against the earlier rows.
+		lo := sc.lo[:2*n*r0]
+		kernel.MatMulSerial(lo, sc.ko[:2*n*dk], kb, 2*n, r0, dk)
+		for i := 0; i < n; i++ {
+			row := (r0 + i) * c
+			kernel.MulScale(sc.lmc[row:row+r0], lo[i*r0:(i+1)*r0], nil, beta[r0+i])
+			copy(sc.mqkc[row:row+r0], lo[(n+i)*r0:(n+i+1)*r0])
+		}
+	}
+	sc.lm, sc.lmc = sc.lmc, sc.lm
+	sc.mqk, sc.mqkc = sc.mqkc, sc.mqk
 }
 
 // unsafeTerms adds to L and Mqk the contributions of channels whose decay
