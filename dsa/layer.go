@@ -327,9 +327,11 @@ type Layer struct {
 	// posT [maxT] (I32) holds a run's positions for its rotations and its
 	// indexer, written once a run from posHost (a pointer to it is what
 	// Write takes without allocating); posMax bounds them.
-	posT    compute.Tensor
-	posHost []int32
-	posMax  int
+	posT compute.Tensor
+	// seenHost holds the selections writeAllSeen writes.
+	seenHost []int32
+	posHost  []int32
+	posMax   int
 	// When a captured exact pass's runs have all their pages in one slab
 	// (slab): the rows' slots in the slab (the first rows of tabT), then
 	// the runs' page tables, run j's at tabRun[2j] with tabRun[2j+1]
@@ -637,9 +639,15 @@ func (l *Layer) chunks(x compute.Tensor, caches []*Cache, cu []int32, idx, y com
 			return err
 		}
 		var indices compute.Tensor
+		d := 0 // the first rows, which attend to all they have seen (allSeen)
 		if cfg.Indexer != nil && l.selects(p0+n) {
 			sel := idx.Rows(r0, r1)
-			if err := l.indexSelect(c, pos, r0, 0, sel); err != nil {
+			if d = l.allSeen(p0, n); d > 0 {
+				if err := l.writeAllSeen(sel.Rows(0, d), p0); err != nil {
+					return err
+				}
+			}
+			if err := l.indexSelect(c, pos[d:], r0+d, d, sel.Rows(d, n)); err != nil {
 				return err
 			}
 			indices = l.attnIndices(sel, p0+n)
@@ -648,15 +656,22 @@ func (l *Layer) chunks(x compute.Tensor, caches []*Cache, cu []int32, idx, y com
 			if err := l.attendMHA(qn.Rows(r0, r1), qri, c, pos, indices, l.o.Rows(r0, r1)); err != nil {
 				return err
 			}
-			continue
+		} else {
+			l.attn = compute.AttnArgs{Q: qa.Rows(r0, r1), KPages: c.lat, PageSize: PageSize, Indices: indices, QPos: l.posT.Rows(0, n),
+				MaxPos: l.posMax, KVLen: c.Len, Causal: true, Scale: float32(l.scale), Out: l.ol.Rows(r0, r1)}
+			if dr > 0 {
+				l.attn.QRope, l.attn.KRopePages = qri, c.pe
+			}
+			if err := b.Attention(&l.attn); err != nil {
+				return fmt.Errorf("dsa: attention: %w", err)
+			}
 		}
-		l.attn = compute.AttnArgs{Q: qa.Rows(r0, r1), KPages: c.lat, PageSize: PageSize, Indices: indices, QPos: l.posT.Rows(0, n),
-			MaxPos: l.posMax, KVLen: c.Len, Causal: true, Scale: float32(l.scale), Out: l.ol.Rows(r0, r1)}
-		if dr > 0 {
-			l.attn.QRope, l.attn.KRopePages = qri, c.pe
-		}
-		if err := b.Attention(&l.attn); err != nil {
-			return fmt.Errorf("dsa: attention: %w", err)
+		if d > 0 && l.DenseSelections {
+			// Indices reports the indexer's selections of those rows too;
+			// they attended through the lists of all they had seen.
+			if err := l.indexSelect(c, pos[:d], r0, 0, idx.Rows(r0, r0+d)); err != nil {
+				return err
+			}
 		}
 	}
 	if err := l.absorbedRuns(cu, func(r0, r1 int) error {
@@ -668,6 +683,47 @@ func (l *Layer) chunks(x compute.Tensor, caches []*Cache, cu []int32, idx, y com
 		return err
 	}
 	return l.gateAndProject(x, t, y)
+}
+
+// allSeen is how many of the first rows of a prefill chunk of n rows
+// after p0 cached positions attend through the list of every position
+// they have seen, ascending, instead of the indexer's selection: those
+// that have seen at most TopK, whose top K is every position they have
+// seen (in score order), so only the summation order differs, as between
+// any two prefill paths, for a chunk that crosses TopK (one whose rows
+// all see at most TopK attends densely). The indexer scores only the chunk's later rows
+// (the rows of a 512-token chunk that crosses TopK 256 are a quarter of
+// its scoring and half its sorts). With DenseSelections the skipped rows
+// are scored after attending, for Indices. None where a captured pass
+// (StaticTopK) or a split indexer's ranks (which meet in the exchange)
+// select every row.
+func (l *Layer) allSeen(p0, n int) int {
+	k := l.cfg.Indexer.TopK
+	if l.StaticTopK || l.SplitIndexer != nil || p0+n <= k {
+		return 0 // the chunk's rows attend densely, or every row selects
+	}
+	return max(0, k-p0)
+}
+
+// writeAllSeen writes the selections of allSeen's rows (sel [d, 1, K]),
+// the first at position p0: every position up to the row's own,
+// ascending, -1 padded.
+func (l *Layer) writeAllSeen(sel compute.Tensor, p0 int) error {
+	d, k := sel.Dim(0), l.cfg.Indexer.TopK
+	l.seenHost = slices.Grow(l.seenHost[:0], d*k)[:d*k]
+	for r := range d {
+		row := l.seenHost[r*k : (r+1)*k]
+		for j := range row {
+			row[j] = -1
+			if j <= p0+r {
+				row[j] = int32(j)
+			}
+		}
+	}
+	if err := l.b.Write(sel, &l.seenHost); err != nil {
+		return fmt.Errorf("dsa: selections of rows that see at most top-k: %w", err)
+	}
+	return nil
 }
 
 // mhaPays reports whether a chunk of n rows after p0 cached positions,
