@@ -68,6 +68,58 @@ func TestCausalConvRows(t *testing.T) {
 	}
 }
 
+// TestConvTapsFollowWeights: the transposed taps CausalConv keeps with a
+// conv weight's storage are the weight's own: two views of one buffer
+// (different offsets) each get theirs, and writing new values into a
+// weight drops them, so the next call convolves with the new values.
+func TestConvTapsFollowWeights(t *testing.T) {
+	b := New(1)
+	defer b.Close()
+	const ch, w, n = 32, 4, 5
+	r := rand.New(rand.NewPCG(33, 34))
+	both, _ := b.Alloc(compute.F32, 2, ch, w)
+	xv := randSlice(r, n*ch, 1)
+	x, _ := b.Alloc(compute.F32, n, ch)
+	require.NoError(t, b.Write(x, xv))
+	conv := func(wt compute.Tensor) []float32 {
+		st, _ := b.Alloc(compute.F32, 1, w-1, ch)
+		out, _ := b.Alloc(compute.F32, n, ch)
+		require.NoError(t, b.CausalConv(&compute.ConvArgs{X: x, Weight: wt, State: st, Out: out}))
+		got := make([]float32, n*ch)
+		require.NoError(t, b.Read(got, out))
+		return got
+	}
+	// want convolves x (zero state) with weights wv, as convSeq's general
+	// path does.
+	want := func(wv []float32) []float32 {
+		taps := make([]float32, w*ch)
+		for c := range ch {
+			for tap := range w {
+				taps[tap*ch+c] = wv[c*w+tap]
+			}
+		}
+		out := make([]float32, n*ch)
+		j := &convJob{out: out, x: xv, wT: taps, state: make([]float32, (w-1)*ch), t: n, ch: ch, w: w}
+		convRows(j, 0, ch, 0, n)
+		return out
+	}
+	first, second := both.Rows(0, 1).Reshape(ch, w), both.Rows(1, 2).Reshape(ch, w)
+	var cur []float32 // both's values
+	for round := range 3 {
+		wv := randSlice(r, 2*ch*w, 1)
+		if round < 2 {
+			require.NoError(t, b.Write(both, wv))
+			cur = wv
+		} else {
+			// A view's write drops the buffer's taps.
+			require.NoError(t, b.Write(second, wv[ch*w:]))
+			copy(cur[ch*w:], wv[ch*w:])
+		}
+		require.Equal(t, want(cur[:ch*w]), conv(first), "round %d: the first view", round)
+		require.Equal(t, want(cur[ch*w:]), conv(second), "round %d: the second view", round)
+	}
+}
+
 // BenchmarkCausalConv times the 100M preset's short conv over a 256-token
 // prefill chunk (q|k|v, 2304 channels, four taps).
 func BenchmarkCausalConv(b *testing.B) {

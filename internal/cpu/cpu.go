@@ -33,6 +33,9 @@ type buffer struct {
 	// heads is a per-head weight's k-major copy (headCopyOf), kept with
 	// the weight.
 	heads *headCopy
+	// taps holds the transposed taps of the conv weights stored here
+	// (convTaps), one entry per weight view; Write drops them.
+	taps []convTaps
 	// gateUp is set on a narrow expert's w1 and w3 that PrepareExperts
 	// laid out as one weight; up marks w3's.
 	gateUp *gateUp
@@ -46,17 +49,11 @@ type buffer struct {
 type Backend struct {
 	pool *kernel.Pool
 
-	tapsMu   sync.Mutex            // guards taps and the buffers' head copies (headCopyOf)
-	taps     map[tapsKey][]float32 // conv taps transposed, by weight (convTaps)
-	fastBF16 bool                  // NewFastBF16
-	bf16Idx  bool                  // NewFastBF16Indexer
-	stored   bool                  // NewStoredLayout
-	host     hostRefs              // tensors over the caller's bytes (ReadsHost)
-}
-
-type tapsKey struct {
-	mem any
-	off int
+	tapsMu   sync.Mutex // guards the buffers' conv taps (convTaps) and head copies (headCopyOf)
+	fastBF16 bool       // NewFastBF16
+	bf16Idx  bool       // NewFastBF16Indexer
+	stored   bool       // NewStoredLayout
+	host     hostRefs   // tensors over the caller's bytes (ReadsHost)
 }
 
 var _ compute.Backend = (*Backend)(nil)
@@ -307,6 +304,11 @@ func (b *Backend) Write(dst compute.Tensor, src any) error {
 		return fmt.Errorf("cpu: write into %v: its storage is the caller's bytes (FromHost), read only here: %w", dst, compute.ErrUnsupported)
 	case buf.packed != nil || buf.tiles != nil:
 		return shapeErr("write into %v: a prepared matmul weight", dst)
+	}
+	if buf.taps != nil {
+		b.tapsMu.Lock()
+		buf.taps = nil // the conv taps transposed from the old values
+		b.tapsMu.Unlock()
 	}
 	switch s := src.(type) {
 	case []float32:

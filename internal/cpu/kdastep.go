@@ -106,14 +106,17 @@ type convScratch struct{ job convJob }
 
 // convTaps returns the conv taps wt ([ch, w], the checkpoint's layout)
 // transposed to [w, ch], so that each tap is a vector over channels. The
-// transpose is kept per weight tensor: weights do not change after loading,
-// and a decode step would otherwise redo it for every token.
+// transpose is kept with the weight's storage (buffer.taps): weights do
+// not change after loading, and a decode step would otherwise redo it for
+// every token.
 func (b *Backend) convTaps(t compute.Tensor, wt []float32, ch, w int) []float32 {
+	buf := t.Mem.(*buffer) // wt is F32(t)
 	b.tapsMu.Lock()
 	defer b.tapsMu.Unlock()
-	key := tapsKey{t.Mem, t.Off}
-	if v, ok := b.taps[key]; ok && len(v) == w*ch {
-		return v
+	for _, c := range buf.taps {
+		if c.off == t.Off && c.ch == ch && c.w == w {
+			return c.v
+		}
 	}
 	v := make([]float32, w*ch)
 	for c := 0; c < ch; c++ {
@@ -121,11 +124,15 @@ func (b *Backend) convTaps(t compute.Tensor, wt []float32, ch, w int) []float32 
 			v[tap*ch+c] = wt[c*w+tap]
 		}
 	}
-	if b.taps == nil {
-		b.taps = map[tapsKey][]float32{}
-	}
-	b.taps[key] = v
+	buf.taps = append(buf.taps, convTaps{off: t.Off, ch: ch, w: w, v: v})
 	return v
+}
+
+// convTaps is one conv weight's taps transposed, [w, ch], for the view at
+// element off of its storage.
+type convTaps struct {
+	off, ch, w int
+	v          []float32
 }
 
 var convScratchPool = sync.Pool{New: func() any { return new(convScratch) }}
