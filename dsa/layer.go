@@ -327,11 +327,11 @@ type Layer struct {
 	// posT [maxT] (I32) holds a run's positions for its rotations and its
 	// indexer, written once a run from posHost (a pointer to it is what
 	// Write takes without allocating); posMax bounds them.
-	posT compute.Tensor
+	posT    compute.Tensor
+	posHost []int32
+	posMax  int
 	// seenHost holds the selections writeAllSeen writes.
 	seenHost []int32
-	posHost  []int32
-	posMax   int
 	// When a captured exact pass's runs have all their pages in one slab
 	// (slab): the rows' slots in the slab (the first rows of tabT), then
 	// the runs' page tables, run j's at tabRun[2j] with tabRun[2j+1]
@@ -686,17 +686,17 @@ func (l *Layer) chunks(x compute.Tensor, caches []*Cache, cu []int32, idx, y com
 }
 
 // allSeen is how many of the first rows of a prefill chunk of n rows
-// after p0 cached positions attend through the list of every position
-// they have seen, ascending, instead of the indexer's selection: those
-// that have seen at most TopK, whose top K is every position they have
-// seen (in score order), so only the summation order differs, as between
-// any two prefill paths, for a chunk that crosses TopK (one whose rows
-// all see at most TopK attends densely). The indexer scores only the chunk's later rows
-// (the rows of a 512-token chunk that crosses TopK 256 are a quarter of
-// its scoring and half its sorts). With DenseSelections the skipped rows
-// are scored after attending, for Indices. None where a captured pass
-// (StaticTopK) or a split indexer's ranks (which meet in the exchange)
-// select every row.
+// after p0 cached positions skip the indexer, in a chunk that crosses
+// TopK (one whose rows all see at most TopK attends densely): the rows
+// that have seen at most TopK, whose top K holds every position they have
+// seen. They attend through the ascending list of those positions instead
+// (writeAllSeen): the indexer's set in another order, so only the
+// summation order differs, as between any two prefill paths. The indexer
+// then scores the chunk's later rows alone (in a 512-token chunk that
+// crosses TopK 256, a quarter of its scoring and half its sorts). With
+// DenseSelections those rows are scored after they attend, for Indices.
+// None where a captured pass (StaticTopK) or a split indexer's ranks
+// (which meet in the exchange) select every row.
 func (l *Layer) allSeen(p0, n int) int {
 	k := l.cfg.Indexer.TopK
 	if l.StaticTopK || l.SplitIndexer != nil || p0+n <= k {

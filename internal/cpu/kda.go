@@ -465,8 +465,9 @@ func (j *kdaJob) local(sc *kdaScratch, hd, t0, c0, c1 int, cg []float32) {
 // takes e^{G_i-G_j} = e^{G_i-G_a}·e^{G_a-G_j} anchored at a, the last row
 // before block I, where both factors are at most 1 for any span, so no
 // channel needs the pair-by-pair path there, and factors below e^-40
-// (decayFlush) are 0. A chunk of 64 then costs the chunk-16 form's local
-// work and a quarter of its state passes, each a longer product.
+// (decayFlush) are 0. A chunk of 64 so does the chunk-16 form's
+// diagonal work, the blocks below it and a quarter of its state passes
+// (still slower than chunks of 16 on the CPUs measured: docs/bench).
 func (j *kdaJob) blockedLocal(sc *kdaScratch, hd, t0, c0, c1 int) {
 	dk, c := j.dk, c1-c0
 	q, k, g, beta := sc.q[c0*dk:c1*dk], sc.k[c0*dk:c1*dk], sc.g[c0*dk:c1*dk], sc.beta[c0:c1]
