@@ -13,7 +13,10 @@
 // the figures in docs/bench. Beside the model it writes NAME.json, the
 // products' parameter count, from which bench.mjs reports GFLOP/s (two a
 // parameter and token); divided by the peak `k3 bench kernels` probes in
-// the same sitting, that is the share to set beside k3's.
+// the same sitting, that is the share to set beside k3's. The rounds
+// command (go run ./tools/llamacpp/rounds -gguf /tmp/dense.gguf) times
+// k3's prefill and llama.cpp's in alternating rounds and prints the
+// ratios and their medians.
 package main
 
 import (
