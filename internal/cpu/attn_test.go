@@ -128,6 +128,49 @@ func TestAttnDenseBlocked(t *testing.T) {
 	}
 }
 
+// TestAttnMaskedRowBlocks: one goroutine runs every item of a masked
+// grouped pass, row block after row block, each block's kv heads in a
+// row: the mask a block's first head builds serves its other heads where
+// the lists are shared ([T, 1, K]), and the next block builds its own;
+// with a list per kv head each head builds its own. Both match the
+// sparse path.
+func TestAttnMaskedRowBlocks(t *testing.T) {
+	b := New(1)
+	defer b.Close()
+	defer func(v float64) { attnMaskedRatio = v }(attnMaskedRatio)
+	defer func(f func(int) bool) { attnDenseGrouped = f }(attnDenseGrouped)
+	attnDenseGrouped = func(int) bool { return true }
+	for ci, shared := range []bool{true, false} {
+		c := attnCase{t: 150, l: 200, hq: 6, hkv: 3, dk: 16, dr: 8, dv: 16, k: 120, causal: true}
+		a := attnArgs(t, b, c, uint64(50+ci))
+		if shared {
+			// The first kv head's lists for all of them.
+			idx := make([]int32, c.t*c.hkv*c.k)
+			must(0, b.Read(idx, a.Indices))
+			one := make([]int32, c.t*c.k)
+			for r := range c.t {
+				copy(one[r*c.k:(r+1)*c.k], idx[r*c.hkv*c.k:])
+			}
+			a.Indices = must(b.Alloc(compute.I32, c.t, 1, c.k))
+			must(0, b.Write(a.Indices, one))
+		}
+		run := func(ratio float64) []float32 {
+			attnMaskedRatio = ratio
+			sc := attnScratches.get()
+			require.NoError(t, b.attnSetup(sc, a))
+			masked := sc.job.masked
+			putAttnScratch(sc)
+			require.Equal(t, ratio > 0, masked, "shared %v: masked", shared)
+			require.NoError(t, b.Attention(a))
+			out := make([]float32, c.t*c.hq*c.dv)
+			must(0, b.Read(out, a.Out))
+			return out
+		}
+		want := run(0)
+		assertClose(t, fmt.Sprintf("shared lists %v", shared), run(math.Inf(1)), want)
+	}
+}
+
 // TestAttnMaskedDense compares index-sparse passes on the dense blocked
 // path with masks (attnMaskedPays) with the sparse path: causal lists as
 // an indexer makes them, lists with -1 pads and entries past a row's

@@ -1212,15 +1212,28 @@ func (j *attnJob) groupBlocks() int {
 // groupRows is the rows of one block of the grouped dense path.
 func (j *attnJob) groupRows() int { return max(1, attnGroupQueries/(j.hq/j.hkv)) }
 
+// negInfs is a run of -Inf that fillNegInf copies from.
+var negInfs = func() (v [512]float32) {
+	for i := range v {
+		v[i] = float32(math.Inf(-1))
+	}
+	return v
+}()
+
+// fillNegInf sets every element of x to -Inf, a run at a time.
+func fillNegInf(x []float32) {
+	for len(x) > 0 {
+		x = x[copy(x, negInfs[:]):]
+	}
+}
+
 // maskRows sets sc.mask's rows [0, r1-r0), span positions each, to 0 at
 // the positions of rows [r0, r1)'s lists for kv head g that the rows see
 // and to -Inf elsewhere: added to the logits, it leaves the listed ones
 // as they are.
 func (j *attnJob) maskRows(sc *attnScratch, r0, r1, g, span int) {
 	sc.mask = grow32(sc.mask, (r1-r0)*span)
-	for x := range sc.mask {
-		sc.mask[x] = float32(math.Inf(-1))
-	}
+	fillNegInf(sc.mask)
 	if j.idxHeads == 1 {
 		g = 0
 	}
@@ -1269,6 +1282,7 @@ func attnDenseGroupRange(args *kernel.Args, lo, hi int) {
 	if !a.LSE.IsZero() {
 		lse = F32(a.LSE)
 	}
+	maskRB, maskG := -1, -1 // the row block and kv head sc.mask holds
 	for it := lo; it < hi; it++ {
 		g, rb := it%j.hkv, nb-1-it/j.hkv
 		r0, r1 := rb*rows, min((rb+1)*rows, j.t)
@@ -1293,8 +1307,11 @@ func attnDenseGroupRange(args *kernel.Args, lo, hi int) {
 		acc := sc.acc[:n*dv]
 		clear(acc)
 		span := last + 1
-		if j.masked {
+		// Consecutive items are one row block's kv heads: lists shared by
+		// the heads make one mask for all of them.
+		if j.masked && (rb != maskRB || j.idxHeads != 1 && g != maskG) {
 			j.maskRows(sc, r0, r1, g, span)
+			maskRB, maskG = rb, g
 		}
 		for s0 := 0; s0 <= last; s0 += block {
 			nk := min(block, span-s0)
