@@ -300,7 +300,9 @@ type Layer struct {
 	// projections (its keys are still cached): such rows
 	// attend to every position they have seen, which their top K would
 	// be, so their outputs do not change, and their rows of Indices are
-	// left as they were.
+	// left as they were; in a prefill chunk that crosses TopK the rows
+	// that have seen at most TopK attend through, and Indices holds, the
+	// ascending list of those positions (allSeen).
 	DenseSelections bool
 	// noQueries is set while a pass none of whose rows selects projects
 	// its rows: wq_b, weights_proj and the queries' rotation are skipped.
