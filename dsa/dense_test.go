@@ -30,6 +30,28 @@ func (b *countingBackend) MatMul(dst, x, w compute.Tensor) error {
 	return b.Backend.MatMul(dst, x, w)
 }
 
+// countingLayer makes a layer of cfg with random weights (seed) on a
+// one-goroutine backend that counts its indexer calls and products, with
+// DenseSelections as dense, and caches fresh caches of 64 positions; the
+// backend closes when the test ends.
+func countingLayer(t *testing.T, cfg Config, seed uint64, dense bool, caches int) (*countingBackend, *Layer, []*Cache) {
+	t.Helper()
+	base := cpu.New(1)
+	t.Cleanup(func() { base.Close() })
+	b := &countingBackend{Backend: base}
+	w, err := LoadWeights(b, cfg, randomSource(cfg, seed))
+	require.NoError(t, err)
+	l, err := NewLayer(b, cfg, w, 8)
+	require.NoError(t, err)
+	l.DenseSelections = dense
+	cs := make([]*Cache, caches)
+	for i := range cs {
+		cs[i], err = NewCache(NewPool(b, cfg), 64)
+		require.NoError(t, err)
+	}
+	return b, l, cs
+}
+
 // TestDenseRowsSkipIndexer: without DenseSelections, a run or chunk whose
 // rows have all seen at most TopK positions skips the indexer, and a pass
 // none of whose rows selects skips wq_b and weights_proj; the outputs are
@@ -56,19 +78,7 @@ func TestDenseRowsSkipIndexer(t *testing.T) {
 		indexer, matmuls int
 	}
 	run := func(dense bool) result {
-		base := cpu.New(1)
-		defer base.Close()
-		b := &countingBackend{Backend: base}
-		w, err := LoadWeights(b, cfg, randomSource(cfg, 5))
-		require.NoError(t, err)
-		l, err := NewLayer(b, cfg, w, 8)
-		require.NoError(t, err)
-		l.DenseSelections = dense
-		var cs [2]*Cache
-		for i := range cs {
-			cs[i], err = NewCache(NewPool(b, cfg), 64)
-			require.NoError(t, err)
-		}
+		b, l, cs := countingLayer(t, cfg, 5, dense, 2)
 		r := rand.New(rand.NewPCG(5, 5))
 		var res result
 		b.indexer, b.matmuls = 0, 0
@@ -130,19 +140,7 @@ func TestChunkRowsSkipIndexer(t *testing.T) {
 		{0, 1, true, 1}, {1, 2, true, 2}, {2, 1, true, 1},
 	}
 	run := func(dense bool) ([]float32, [][]int32) {
-		base := cpu.New(1)
-		defer base.Close()
-		b := &countingBackend{Backend: base}
-		w, err := LoadWeights(b, cfg, randomSource(cfg, 6))
-		require.NoError(t, err)
-		l, err := NewLayer(b, cfg, w, 8)
-		require.NoError(t, err)
-		l.DenseSelections = dense
-		var cs [3]*Cache
-		for i := range cs {
-			cs[i], err = NewCache(NewPool(b, cfg), 64)
-			require.NoError(t, err)
-		}
+		b, l, cs := countingLayer(t, cfg, 6, dense, 3)
 		r := rand.New(rand.NewPCG(6, 6))
 		var out []float32
 		var sels [][]int32

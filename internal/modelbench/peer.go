@@ -48,9 +48,10 @@ func NewPrefiller(ctx context.Context, dir, backend string, tokens int) (*Prefil
 	}
 	s, err := m.NewSession()
 	if err == nil {
-		_, err = s.Forward(ctx, p.prompt)
-		state := stateKDABytes(s)
-		p.FLOPsPerToken = stepBytes(m.Config, m.WeightBytes(), state, 1) - 2*float64(state)
+		if _, err = s.Forward(ctx, p.prompt); err == nil {
+			state := stateKDABytes(s)
+			p.FLOPsPerToken = stepBytes(m.Config, m.WeightBytes(), state, 1) - 2*float64(state)
+		}
 		s.Close()
 	}
 	if err != nil {
