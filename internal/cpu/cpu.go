@@ -34,7 +34,7 @@ type buffer struct {
 	// the weight.
 	heads *headCopy
 	// taps holds the transposed taps of the conv weights stored here
-	// (convTaps), one entry per weight view; Write drops them.
+	// (convTaps), one entry per weight view. Write drops them and heads.
 	taps []convTaps
 	// gateUp is set on a narrow expert's w1 and w3 that PrepareExperts
 	// laid out as one weight; up marks w3's.
@@ -305,9 +305,11 @@ func (b *Backend) Write(dst compute.Tensor, src any) error {
 	case buf.packed != nil || buf.tiles != nil:
 		return shapeErr("write into %v: a prepared matmul weight", dst)
 	}
-	if buf.taps != nil {
+	if buf.taps != nil || buf.heads != nil {
+		// What was made from the old values: the conv taps transposed,
+		// the heads' k-major copy.
 		b.tapsMu.Lock()
-		buf.taps = nil // the conv taps transposed from the old values
+		buf.taps, buf.heads = nil, nil
 		b.tapsMu.Unlock()
 	}
 	switch s := src.(type) {

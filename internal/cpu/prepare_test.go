@@ -418,6 +418,38 @@ func TestFastBF16Width(t *testing.T) {
 // the heads are wide enough, on a k-major copy of each head (bit for bit
 // that head's k-major product, each row as it would be alone); every
 // result is within float32 summation error of the float64 product.
+// TestHeadCopyFollowsWrites: a long HeadMatMul after new values were
+// written into its weight uses them (the k-major copy made from the old
+// ones is dropped), bit for bit what a weight holding them from the start
+// gives.
+func TestHeadCopyFollowsWrites(t *testing.T) {
+	b := New(2)
+	defer b.Close()
+	r := rand.New(rand.NewPCG(13, 14))
+	const h, n, k, rows = 2, 64, 48, 40
+	bf16s := func() []uint16 {
+		v := make([]uint16, h*n*k)
+		for i := range v {
+			v[i] = floatx.BF16(float32(r.NormFloat64()))
+		}
+		return v
+	}
+	x := upload(b, normals(r, rows*h*k), rows, h, k)
+	product := func(w compute.Tensor) []float32 {
+		d := must(b.Alloc(compute.F32, rows, h, n))
+		require.NoError(t, b.HeadMatMul(d, x, w))
+		return slices.Clone(F32(d))
+	}
+	w := must(b.Alloc(compute.BF16, h, n, k))
+	require.NoError(t, b.Write(w, bf16s()))
+	product(w) // makes the copy where the backend lays weights out k-major
+	next := bf16s()
+	require.NoError(t, b.Write(w, next))
+	fresh := must(b.Alloc(compute.BF16, h, n, k))
+	require.NoError(t, b.Write(fresh, next))
+	require.Equal(t, product(fresh), product(w))
+}
+
 func TestHeadMatMulKMajor(t *testing.T) {
 	b := New(2)
 	defer b.Close()
