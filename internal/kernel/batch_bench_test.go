@@ -297,3 +297,57 @@ func BenchmarkTile2x8Wide(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkOneShare runs one-row products, cold (weights rotated over
+// 768 MB), with RunShares' one range a goroutine and with Run's pieces,
+// in alternating batches, and reports the median time of each and
+// shares/pieces (below 1: one range a goroutine is faster): the dot-form
+// tiles' narrow weights and the k-major few-row tile's.
+func BenchmarkOneShare(b *testing.B) {
+	p := NewPool(0)
+	defer p.Close()
+	defer func() { oneShare = true }()
+	for _, c := range []struct {
+		n, k   int
+		layout benchLayout
+	}{{64, 768, stored}, {256, 768, stored}, {768, 64, kmajor}, {768, 384, kmajor}, {2304, 768, kmajor}} {
+		b.Run(fmt.Sprintf("n%d/k%d/%s", c.n, c.k, []string{"dot", "kmajor"}[c.layout]), func(b *testing.B) {
+			n, k := c.n, c.k
+			size := n * k
+			if c.layout == kmajor {
+				size = KMajorLen(n, k)
+			}
+			copies := max(2, (768<<20)/(2*size))
+			ws := make([][]uint16, copies)
+			for i := range ws {
+				w := make([]uint16, n*k)
+				for e := range w {
+					w[e] = 0x3f80 + uint16((e+i)&63)
+				}
+				if c.layout == kmajor {
+					ws[i] = make([]uint16, size)
+					PackKMajor(ws[i], w, n, k)
+				} else {
+					ws[i] = w
+				}
+			}
+			x, y := benchX(1, k), make([]float32, n)
+			const calls = 20
+			it := 0
+			med := alternateMedians(b, 2, func(mode int) {
+				oneShare = mode == 0
+				for range calls {
+					if c.layout == kmajor {
+						p.MatMulKMajor(y, x, ws[it%copies], 1, n, k)
+					} else {
+						p.MatMulBF16(y, x, ws[it%copies], 1, n, k)
+					}
+					it++
+				}
+			})
+			b.ReportMetric(med[0]/calls/1e3, "µs_shares")
+			b.ReportMetric(med[1]/calls/1e3, "µs_pieces")
+			b.ReportMetric(med[0]/med[1], "shares/pieces")
+		})
+	}
+}

@@ -310,6 +310,27 @@ func TestPoolRangesFixed(t *testing.T) {
 	}
 }
 
+// coveredOnce runs a kernel over n items through run, requires that it
+// visited every item once and returns the ranges it was called with.
+func coveredOnce(t *testing.T, run func(func(a *Args, lo, hi int), Args, int, int), n, grain int) [][2]int {
+	t.Helper()
+	var mu sync.Mutex
+	var got [][2]int
+	hits := make([]float32, n)
+	run(func(a *Args, lo, hi int) {
+		for i := lo; i < hi; i++ {
+			a.Dst[i]++
+		}
+		mu.Lock()
+		got = append(got, [2]int{lo, hi})
+		mu.Unlock()
+	}, Args{Dst: hits}, n, grain)
+	for i, h := range hits {
+		require.Equal(t, float32(1), h, "n=%d grain=%d: element %d", n, grain, i)
+	}
+	return got
+}
+
 // TestPoolRunEach: RunEach covers [0, n) once in ranges of exactly grain
 // items (the last one shorter), whatever their number, on a pool of one
 // goroutine too. (TestPoolTakesStalledShare stalls a range of it.)
@@ -318,20 +339,7 @@ func TestPoolRunEach(t *testing.T) {
 		p := NewPool(size)
 		for _, n := range []int{0, 1, 5, 17, 64, 1000} {
 			for _, grain := range []int{1, 3, 16} {
-				var mu sync.Mutex
-				var got [][2]int
-				hits := make([]float32, n)
-				p.RunEach(func(a *Args, lo, hi int) {
-					for i := lo; i < hi; i++ {
-						a.Dst[i]++
-					}
-					mu.Lock()
-					got = append(got, [2]int{lo, hi})
-					mu.Unlock()
-				}, Args{Dst: hits}, n, grain)
-				for i, h := range hits {
-					require.Equal(t, float32(1), h, "size=%d n=%d grain=%d: element %d", size, n, grain, i)
-				}
+				got := coveredOnce(t, p.RunEach, n, grain)
 				if size == 1 || n <= grain {
 					continue // one call for the whole range
 				}
@@ -339,6 +347,32 @@ func TestPoolRunEach(t *testing.T) {
 				require.Len(t, got, (n+grain-1)/grain, "size=%d n=%d grain=%d: ranges %v", size, n, grain, got)
 				for _, r := range got {
 					require.True(t, r[1]-r[0] == grain || r[1] == n && r[1]-r[0] < grain, "size=%d n=%d grain=%d: range %v", size, n, grain, r)
+				}
+			}
+		}
+		p.Close()
+	}
+}
+
+// TestPoolRunShares: RunShares covers [0, n) once in at most one range a
+// goroutine, each a multiple of grain but the last, as even as grain
+// allows: the ranges are ceil(ceil(n/size)/grain)·grain long.
+func TestPoolRunShares(t *testing.T) {
+	for _, size := range []int{1, 2, 3, 5} {
+		p := NewPool(size)
+		for _, n := range []int{0, 1, 5, 17, 64, 100, 1000} {
+			for _, grain := range []int{0, 1, 4, 16} {
+				got := coveredOnce(t, p.RunShares, n, grain)
+				g := max(grain, 1)
+				share := ((n+size-1)/size + g - 1) / g * g
+				if size == 1 || n <= share {
+					continue // one call for the whole range
+				}
+				slices.SortFunc(got, func(a, b [2]int) int { return a[0] - b[0] })
+				require.Len(t, got, (n+share-1)/share, "size=%d n=%d grain=%d: ranges %v", size, n, grain, got)
+				require.LessOrEqual(t, len(got), size, "size=%d n=%d grain=%d: ranges %v", size, n, grain, got)
+				for _, r := range got {
+					require.True(t, r[1]-r[0] == share || r[1] == n && r[1]-r[0] <= share, "size=%d n=%d grain=%d: range %v", size, n, grain, r)
 				}
 			}
 		}

@@ -152,11 +152,13 @@ func (p *Pool) kmajRun(j *kmajJob, dst, x []float32, wp []uint16, m, n, k int) {
 	j.dst, j.x, j.w, j.m, j.n, j.k = dst, x, wp, m, n, k
 	j.panels = (n + KMajorPanel - 1) / KMajorPanel
 	blocks := (m + kmajMC - 1) / kmajMC
-	grain := 1
 	if m < 8 {
-		grain = kmajStreams // kmajFew reads its range's panels as four streams
+		// kmajFew reads its range's panels as four streams, each
+		// restarted with every range.
+		p.RunShares(kmajRange, Args{Job: j}, blocks*j.panels, kmajStreams)
+	} else {
+		p.Run(kmajRange, Args{Job: j}, blocks*j.panels, 1)
 	}
-	p.Run(kmajRange, Args{Job: j}, blocks*j.panels, grain)
 	j.dst, j.x, j.w = nil, nil, nil
 }
 

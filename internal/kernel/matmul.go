@@ -45,7 +45,14 @@ func (p *Pool) MatMulBF16(dst, x []float32, w []uint16, m, n, k int) {
 		p.matMulPacked(dst, x, nil, w, m, n, k)
 		return
 	}
-	p.Run(matMulBF16Range, Args{Dst: dst, X: x, WB: w, M: m, N: n, K: k}, n, 16)
+	args := Args{Dst: dst, X: x, WB: w, M: m, N: n, K: k}
+	if m == 1 {
+		// One row reads the weight as four spaced streams
+		// (streams4x1BF16AVX2), restarted with every range.
+		p.RunShares(matMulBF16Range, args, n, 16)
+		return
+	}
+	p.Run(matMulBF16Range, args, n, 16)
 }
 
 func checkMatMul(nd, nx, nw, m, n, k int) {
