@@ -310,24 +310,42 @@ func BenchmarkOneShare(b *testing.B) {
 	for _, c := range []struct {
 		n, k   int
 		layout benchLayout
-	}{{64, 768, stored}, {256, 768, stored}, {768, 64, kmajor}, {768, 384, kmajor}, {2304, 768, kmajor}} {
-		b.Run(fmt.Sprintf("n%d/k%d/%s", c.n, c.k, []string{"dot", "kmajor"}[c.layout]), func(b *testing.B) {
+		f32    bool // float32 weights (MatMul) instead of bf16
+	}{{64, 768, stored, false}, {256, 768, stored, false}, {768, 64, kmajor, false}, {768, 384, kmajor, false}, {2304, 768, kmajor, false},
+		{64, 768, stored, true}, {256, 768, stored, true}, {768, 768, stored, true}} {
+		name := []string{"dot", "kmajor"}[c.layout]
+		if c.f32 {
+			name = "f32"
+		}
+		b.Run(fmt.Sprintf("n%d/k%d/%s", c.n, c.k, name), func(b *testing.B) {
 			n, k := c.n, c.k
 			size := n * k
 			if c.layout == kmajor {
 				size = KMajorLen(n, k)
 			}
-			copies := max(2, (768<<20)/(2*size))
+			elem := 2
+			if c.f32 {
+				elem = 4
+			}
+			copies := max(2, (768<<20)/(elem*size))
 			ws := make([][]uint16, copies)
+			var wf [][]float32
 			for i := range ws {
 				w := make([]uint16, n*k)
 				for e := range w {
 					w[e] = 0x3f80 + uint16((e+i)&63)
 				}
-				if c.layout == kmajor {
+				switch {
+				case c.f32:
+					f := make([]float32, n*k)
+					for e, v := range w {
+						f[e] = float32(v&63) / 64
+					}
+					wf = append(wf, f)
+				case c.layout == kmajor:
 					ws[i] = make([]uint16, size)
 					PackKMajor(ws[i], w, n, k)
-				} else {
+				default:
 					ws[i] = w
 				}
 			}
@@ -337,9 +355,12 @@ func BenchmarkOneShare(b *testing.B) {
 			med := alternateMedians(b, 2, func(mode int) {
 				oneShare = mode == 0
 				for range calls {
-					if c.layout == kmajor {
+					switch {
+					case c.f32:
+						p.MatMul(y, x, wf[it%copies], 1, n, k)
+					case c.layout == kmajor:
 						p.MatMulKMajor(y, x, ws[it%copies], 1, n, k)
-					} else {
+					default:
 						p.MatMulBF16(y, x, ws[it%copies], 1, n, k)
 					}
 					it++

@@ -35,7 +35,14 @@ func (p *Pool) MatMul(dst, x, w []float32, m, n, k int) {
 		p.matMulPacked(dst, x, w, nil, m, n, k)
 		return
 	}
-	p.Run(matMulRange, Args{Dst: dst, X: x, W: w, M: m, N: n, K: k}, n, 16)
+	args := Args{Dst: dst, X: x, W: w, M: m, N: n, K: k}
+	if m == 1 {
+		// One row reads the weight as four spaced streams
+		// (streams4x1F32AVX2), restarted with every range.
+		p.RunShares(matMulRange, args, n, 16)
+		return
+	}
+	p.Run(matMulRange, args, n, 16)
 }
 
 // MatMulBF16 is MatMul with bfloat16 weights, widened in registers.
