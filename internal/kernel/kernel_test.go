@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"runtime"
@@ -111,9 +112,12 @@ func TestMatMulNoAlloc(t *testing.T) {
 	defer p.Close()
 	x, w, y := make([]float32, 256), make([]float32, 256*512), make([]float32, 512)
 	wb := make([]uint16, len(w))
+	xs, ys := make([]float32, 128*256), make([]float32, 128*6)
 	if n := testing.AllocsPerRun(20, func() {
 		p.MatMul(y, x, w, 1, 512, 256)
 		p.MatMulBF16(y, x, wb, 1, 512, 256)
+		p.MatMul(ys, xs, w, 128, 6, 256) // split by x rows (byRows)
+		p.MatMulBF16(ys, xs, wb, 128, 6, 256)
 	}); n != 0 && !raceEnabled {
 		t.Errorf("MatMul allocates %v times per call", n)
 	}
@@ -697,6 +701,53 @@ func testMatMulBF16BatchInvariant(t *testing.T) {
 						}
 					}
 				}
+			}
+		}
+	}
+}
+
+// requireSameBits requires got to hold want's floats bit for bit.
+func requireSameBits(t *testing.T, want, got []float32, msg string, args ...any) {
+	t.Helper()
+	require.Len(t, got, len(want))
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("%s: element %d is %g, want %g", fmt.Sprintf(msg, args...), i, got[i], want[i])
+		}
+	}
+}
+
+// TestMatMulByRows: a product whose weight is too narrow to split over
+// the pool by weight rows splits by x rows (byRows), and every output
+// keeps the bits of the product on one goroutine, float32 and bf16
+// weights (where the packed GEMM does not take the product).
+func TestMatMulByRows(t *testing.T) {
+	r := rand.New(rand.NewPCG(15, 16))
+	p := NewPool(2)
+	defer p.Close()
+	require.True(t, p.byRows(64, 6), "a 64-row product of a 6-row weight splits by x rows")
+	require.False(t, p.byRows(63, 6), "fewer x rows than byRowsMin")
+	require.False(t, p.byRows(512, 17), "a weight of two ranges of sixteen splits by weight rows")
+	for _, m := range []int{64, 71, 130, 512} {
+		for _, n := range []int{1, 3, 6, 16} {
+			for _, k := range []int{8, 24, 136, 384} {
+				if usePacked(m, n, k) {
+					continue
+				}
+				x := randSlice(r, m*k)
+				wb := make([]uint16, n*k)
+				for i := range wb {
+					wb[i] = uint16(math.Float32bits(float32(r.NormFloat64())) >> 16)
+				}
+				w := make([]float32, n*k)
+				WidenBF16(w, wb)
+				got, want := make([]float32, m*n), make([]float32, m*n)
+				p.MatMulBF16(got, x, wb, m, n, k)
+				MatMulBF16Serial(want, x, wb, m, n, k)
+				requireSameBits(t, want, got, "bf16 m=%d n=%d k=%d", m, n, k)
+				p.MatMul(got, x, w, m, n, k)
+				MatMulSerial(want, x, w, m, n, k)
+				requireSameBits(t, want, got, "f32 m=%d n=%d k=%d", m, n, k)
 			}
 		}
 	}

@@ -36,13 +36,16 @@ func (p *Pool) MatMul(dst, x, w []float32, m, n, k int) {
 		return
 	}
 	args := Args{Dst: dst, X: x, W: w, M: m, N: n, K: k}
-	if m == 1 {
+	switch {
+	case m == 1:
 		// One row reads the weight as four spaced streams
 		// (streams4x1F32AVX2), restarted with every range.
 		p.RunShares(matMulRange, args, n, 16)
-		return
+	case p.byRows(m, n):
+		p.RunShares(matMulRows, args, m, 8)
+	default:
+		p.Run(matMulRange, args, n, 16)
 	}
-	p.Run(matMulRange, args, n, 16)
 }
 
 // MatMulBF16 is MatMul with bfloat16 weights, widened in registers.
@@ -53,13 +56,45 @@ func (p *Pool) MatMulBF16(dst, x []float32, w []uint16, m, n, k int) {
 		return
 	}
 	args := Args{Dst: dst, X: x, WB: w, M: m, N: n, K: k}
-	if m == 1 {
+	switch {
+	case m == 1:
 		// One row reads the weight as four spaced streams
 		// (streams4x1BF16AVX2), restarted with every range.
 		p.RunShares(matMulBF16Range, args, n, 16)
-		return
+	case p.byRows(m, n):
+		p.RunShares(matMulBF16Rows, args, m, 8)
+	default:
+		p.Run(matMulBF16Range, args, n, 16)
 	}
-	p.Run(matMulBF16Range, args, n, 16)
+}
+
+// byRows reports whether a product of m x rows against a weight of n rows
+// splits over the pool by x rows rather than by weight rows: where the
+// weight has too few rows for a range of sixteen a goroutine (KDA's b_proj
+// of a head's six rows, the indexer's weights) and x enough rows that each
+// goroutine still takes a prefill-sized block (the tiles walk x rows in
+// groups of eight). Every output keeps its arithmetic (the tiles'
+// per-output chains do not depend on the rows beside it), so the bits are
+// those of the split by weight rows.
+func (p *Pool) byRows(m, n int) bool {
+	return m >= byRowsMin && (n+15)/16 < p.Size()
+}
+
+// byRowsMin is the fewest x rows byRows splits by.
+const byRowsMin = 64
+
+// matMulRows and matMulBF16Rows compute x rows [lo, hi) against the whole
+// weight.
+func matMulRows(a *Args, lo, hi int) {
+	b := *a
+	b.X, b.Dst, b.M = a.X[lo*a.K:], a.Dst[lo*a.N:], hi-lo
+	matMulRange(&b, 0, a.N)
+}
+
+func matMulBF16Rows(a *Args, lo, hi int) {
+	b := *a
+	b.X, b.Dst, b.M = a.X[lo*a.K:], a.Dst[lo*a.N:], hi-lo
+	matMulBF16Range(&b, 0, a.N)
 }
 
 func checkMatMul(nd, nx, nw, m, n, k int) {
