@@ -735,12 +735,7 @@ func TestMatMulByRows(t *testing.T) {
 					continue
 				}
 				x := randSlice(r, m*k)
-				wb := make([]uint16, n*k)
-				for i := range wb {
-					wb[i] = uint16(math.Float32bits(float32(r.NormFloat64())) >> 16)
-				}
-				w := make([]float32, n*k)
-				WidenBF16(w, wb)
+				wb, w := randBF16(r, n*k)
 				got, want := make([]float32, m*n), make([]float32, m*n)
 				p.MatMulBF16(got, x, wb, m, n, k)
 				MatMulBF16Serial(want, x, wb, m, n, k)
