@@ -35,17 +35,7 @@ func (p *Pool) MatMul(dst, x, w []float32, m, n, k int) {
 		p.matMulPacked(dst, x, w, nil, m, n, k)
 		return
 	}
-	args := Args{Dst: dst, X: x, W: w, M: m, N: n, K: k}
-	switch {
-	case m == 1:
-		// One row reads the weight as four spaced streams
-		// (streams4x1F32AVX2), restarted with every range.
-		p.RunShares(matMulRange, args, n, 16)
-	case p.byRows(m, n):
-		p.RunShares(matMulRows, args, m, 8)
-	default:
-		p.Run(matMulRange, args, n, 16)
-	}
+	p.splitMatMul(Args{Dst: dst, X: x, W: w, M: m, N: n, K: k}, matMulRange, matMulRows)
 }
 
 // MatMulBF16 is MatMul with bfloat16 weights, widened in registers.
@@ -55,16 +45,23 @@ func (p *Pool) MatMulBF16(dst, x []float32, w []uint16, m, n, k int) {
 		p.matMulPacked(dst, x, nil, w, m, n, k)
 		return
 	}
-	args := Args{Dst: dst, X: x, WB: w, M: m, N: n, K: k}
+	p.splitMatMul(Args{Dst: dst, X: x, WB: w, M: m, N: n, K: k}, matMulBF16Range, matMulBF16Rows)
+}
+
+// splitMatMul runs a product of the dot-form tiles over the pool: cols
+// computes a range of weight rows (output columns) for every x row, rows a
+// range of x rows against the whole weight. One x row reads the weight as
+// four spaced streams (streams4x1), which every range restarts, so it runs
+// as one range a goroutine; a weight too narrow to split (byRows) splits
+// by x rows; any other product by weight rows in Run's pieces.
+func (p *Pool) splitMatMul(a Args, cols, rows func(a *Args, lo, hi int)) {
 	switch {
-	case m == 1:
-		// One row reads the weight as four spaced streams
-		// (streams4x1BF16AVX2), restarted with every range.
-		p.RunShares(matMulBF16Range, args, n, 16)
-	case p.byRows(m, n):
-		p.RunShares(matMulBF16Rows, args, m, 8)
+	case a.M == 1:
+		p.RunShares(cols, a, a.N, 16)
+	case p.byRows(a.M, a.N):
+		p.RunShares(rows, a, a.M, 8)
 	default:
-		p.Run(matMulBF16Range, args, n, 16)
+		p.Run(cols, a, a.N, 16)
 	}
 }
 
@@ -86,15 +83,20 @@ const byRowsMin = 64
 // matMulRows and matMulBF16Rows compute x rows [lo, hi) against the whole
 // weight.
 func matMulRows(a *Args, lo, hi int) {
-	b := *a
-	b.X, b.Dst, b.M = a.X[lo*a.K:], a.Dst[lo*a.N:], hi-lo
+	b := rowsOf(a, lo, hi)
 	matMulRange(&b, 0, a.N)
 }
 
 func matMulBF16Rows(a *Args, lo, hi int) {
+	b := rowsOf(a, lo, hi)
+	matMulBF16Range(&b, 0, a.N)
+}
+
+// rowsOf returns a's product restricted to x rows [lo, hi).
+func rowsOf(a *Args, lo, hi int) Args {
 	b := *a
 	b.X, b.Dst, b.M = a.X[lo*a.K:], a.Dst[lo*a.N:], hi-lo
-	matMulBF16Range(&b, 0, a.N)
+	return b
 }
 
 func checkMatMul(nd, nx, nw, m, n, k int) {
