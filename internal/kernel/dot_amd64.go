@@ -112,6 +112,9 @@ func fmaLoopAVX512(n int)
 func gemm32x6AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, xoff, ooff, ostride int, scale *float32)
 
 //go:noescape
+func gemm32x8AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, xoff, ooff, ostride int, scale *float32)
+
+//go:noescape
 func gemm32x12AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, xoff, ooff, ostride int, scale *float32)
 
 //go:noescape

@@ -24,6 +24,10 @@ func gemm32x6AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load
 	panic("kernel: no assembly on this platform")
 }
 
+func gemm32x8AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, xoff, ooff, ostride int, scale *float32) {
+	panic("kernel: no assembly on this platform")
+}
+
 func gemm32x12AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, xoff, ooff, ostride int, scale *float32) {
 	panic("kernel: no assembly on this platform")
 }

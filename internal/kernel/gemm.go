@@ -274,13 +274,48 @@ func gemmTilePairMode(xp []float32, xoff int, w []float32, xstride, wstride, kc 
 	gemm32x6AVX512(&xp[0], &w[0], wstride, kc, &out[0], mode, xstride, xoff, ooff, ostride, scale)
 }
 
-// gemmTile12 is gemmTilePairMode on twelve weight rows (gemm32x12AVX512),
-// scale (mode 2) holding twelve row scales.
-func gemmTile12(xp []float32, xoff int, w []float32, xstride, wstride, kc int, out []float32, ooff, ostride, mode int, scale *float32) {
-	_ = out[ooff+(2*gemmTileW-1)*ostride+gemmPanel-1]
-	_ = w[(2*gemmTileW-1)*wstride+kc-1]
+// gemmTileRows is gemmTilePairMode on rows (12 or 8) weight rows
+// (gemm32x12AVX512, gemm32x8AVX512), scale (mode 2) holding as many row
+// scales.
+func gemmTileRows(rows int, xp []float32, xoff int, w []float32, xstride, wstride, kc int, out []float32, ooff, ostride, mode int, scale *float32) {
+	_ = out[ooff+(rows-1)*ostride+gemmPanel-1]
+	_ = w[(rows-1)*wstride+kc-1]
 	_ = xp[xoff+(kc-1)*xstride+gemmPanel-1]
-	gemm32x12AVX512(&xp[0], &w[0], wstride, kc, &out[0], mode, xstride, xoff, ooff, ostride, scale)
+	if rows == 2*gemmTileW {
+		gemm32x12AVX512(&xp[0], &w[0], wstride, kc, &out[0], mode, xstride, xoff, ooff, ostride, scale)
+		return
+	}
+	gemm32x8AVX512(&xp[0], &w[0], wstride, kc, &out[0], mode, xstride, xoff, ooff, ostride, scale)
+}
+
+// accGroup returns how many of the rest rows of a 512-bit MatAccumulate
+// the next group takes: twelve, eight, or six (whole or, fewer left,
+// padded). Even counts go in whole groups where twelves, eights and a six
+// cover them (14 = 8+6, 16 = 8+8, 22 = 8+8+6): a padded group costs
+// more than a whole twelve (docs/bench), and a six-row group issues half
+// a twelve's FMAs for the same loads of x.
+func accGroup(rest int) int {
+	switch {
+	case accEight && (rest == 14 || rest == 16 || rest == 22 || rest == 8):
+		return 8
+	case rest >= 2*gemmTileW:
+		return 2 * gemmTileW
+	}
+	return gemmTileW
+}
+
+// accEight false leaves the eight-row groups out of accGroup's plan, for
+// the benchmark that compares the two (BenchmarkMatAccumulateRows).
+var accEight = true
+
+// accWhole returns how many of m rows the 512-bit MatAccumulate covers
+// with whole groups (accGroup's plan); the rest go through a padded one.
+func accWhole(m int) int {
+	r0 := 0
+	for m-r0 >= gemmTileW {
+		r0 += accGroup(m - r0)
+	}
+	return r0
 }
 
 // gemmTileGo is gemmTile in Go (separate roundings where the assembly
@@ -338,7 +373,7 @@ func MatAccumulateScaled(c []float32, ldc int, s, a, b []float32, ldb, m, n, k i
 	if useAVX2 && accWide() && k > 0 {
 		fused = n &^ 63
 	}
-	groups := m / gemmTileW * gemmTileW
+	groups := accWhole(m)
 	for r := range m {
 		lo := fused
 		if r >= groups {
@@ -378,16 +413,16 @@ func matAccumulate(c []float32, ldc int, s, a, b []float32, ldb, m, n, k int, sc
 		step = 2 * gemmPanel
 	}
 	for r0 := 0; r0 < m; r0 += gemmTileW {
-		if wide && m-r0 >= 2*gemmTileW && xv > 0 {
-			// Twelve whole rows on c in place, on the twelve-row tile.
+		if g := accGroup(m - r0); wide && g > gemmTileW && xv > 0 {
+			// Twelve or eight whole rows on c in place, on those tiles.
 			mode, sp := 1, (*float32)(nil)
 			if s != nil {
 				mode, sp = 2, &s[r0]
 			}
 			for x0 := 0; x0 < xv; x0 += step {
-				gemmTile12(b[x0:], gemmPanel, a[r0*k:], ldb, k, k, c[r0*ldc+x0:], gemmPanel, ldc, mode, sp)
+				gemmTileRows(g, b[x0:], gemmPanel, a[r0*k:], ldb, k, k, c[r0*ldc+x0:], gemmPanel, ldc, mode, sp)
 			}
-			r0 += gemmTileW
+			r0 += g - gemmTileW
 			continue
 		}
 		rows := min(gemmTileW, m-r0)

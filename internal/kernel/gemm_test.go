@@ -165,6 +165,53 @@ func BenchmarkPackedVsTiles(b *testing.B) {
 	}
 }
 
+// BenchmarkMatAccumulateRows runs MatAccumulate at the row counts where
+// accGroup's plan takes eight-row groups (KDA's chunk of 16: 32 rows of
+// keys and queries against the 128x128 state, Mqk·U of 16 rows, the
+// solve's blocks of 8, the state update of 128 rows scaled), with and
+// without them, alternating call by call on warm operands, and reports
+// each as a share of one core's FMA peak probed in the same run.
+func BenchmarkMatAccumulateRows(b *testing.B) {
+	p := NewPool(0)
+	defer p.Close()
+	defer func() { accEight = true }()
+	peak := p.PeakWideFLOPS()
+	if peak == 0 {
+		peak = p.PeakFLOPS()
+	}
+	peak /= float64(p.Size())
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, c := range []struct {
+		m, n, k int
+		scaled  bool
+	}{{32, 128, 128, false}, {16, 128, 16, false}, {8, 128, 8, false}, {128, 128, 16, true}, {24, 128, 128, false}} {
+		b.Run(fmt.Sprintf("m%d/n%d/k%d", c.m, c.n, c.k), func(b *testing.B) {
+			a, bm, cm, s := randSlice(r, c.m*c.k), randSlice(r, c.k*c.n), randSlice(r, c.m*c.n), make([]float32, c.m)
+			for i := range s {
+				s[i] = 1
+			}
+			scratch := make([]float32, MatAccumulateScratch(c.k))
+			const calls = 50
+			med := alternateMedians(b, 2, func(mode int) {
+				accEight = mode == 0
+				for range calls {
+					if c.scaled {
+						MatAccumulateScaled(cm, c.n, s, a, bm, c.n, c.m, c.n, c.k, scratch)
+					} else {
+						MatAccumulate(cm, c.n, a, bm, c.n, c.m, c.n, c.k, scratch)
+					}
+				}
+			})
+			flop := 2 * float64(c.m*c.n*c.k) * calls
+			if peak > 0 {
+				b.ReportMetric(flop/(med[0]/1e9)/peak, "eights_of_peak")
+				b.ReportMetric(flop/(med[1]/1e9)/peak, "sixes_of_peak")
+			}
+			b.ReportMetric(med[0]/med[1], "eights/sixes")
+		})
+	}
+}
+
 // TestMatAccumulate checks MatAccumulate against RankUpdate row by row, to
 // the bit, with each tile width: the grouped attention path and KDA's
 // chunk state update may use either.
@@ -172,7 +219,7 @@ func TestMatAccumulate(t *testing.T) { atTileWidths(t, &packedTile, testMatAccum
 
 func testMatAccumulate(t *testing.T) {
 	r := rand.New(rand.NewPCG(27, 28))
-	for _, m := range []int{1, 5, 6, 7, 12, 13, 25, 32, 48} {
+	for _, m := range []int{1, 5, 6, 7, 8, 12, 13, 14, 16, 22, 25, 32, 34, 48} {
 		for _, n := range []int{1, 17, 64, 100, 128, 512} {
 			for _, k := range []int{1, 7, 64} {
 				ldb, ldc := n+3, n+2
@@ -207,7 +254,7 @@ func TestMatAccumulateScaled(t *testing.T) { atTileWidths(t, &packedTile, testMa
 
 func testMatAccumulateScaled(t *testing.T) {
 	r := rand.New(rand.NewPCG(41, 42))
-	for _, m := range []int{1, 5, 6, 7, 12, 13, 25, 128} {
+	for _, m := range []int{1, 5, 6, 7, 8, 12, 13, 14, 16, 22, 25, 32, 128} {
 		for _, n := range []int{1, 17, 64, 100, 128} {
 			for _, k := range []int{0, 1, 7, 16} {
 				ldb, ldc := n+3, n+2

@@ -357,6 +357,88 @@ g12done:
 	VZEROUPPER
 	RET
 
+// func gemm32x8AVX512(xp *float32, w *float32, wstride, kc int, out *float32, load, xstride, xoff, ooff, ostride int, scale *float32)
+// gemm32x12AVX512 on eight weight rows (16 accumulators, Z8-Z23): a
+// product whose rows leave eight after its twelve-row groups (KDA's
+// chunk of 16 keys and queries against the state, 32 rows) runs them
+// here instead of as a six-row group and a padded one. Every output is
+// the same FMA chain as in gemm32x6AVX512. Weight rows 0-2 at DI, 3-5 at
+// R12, 6-7 at BX (each +0, +R11, +2·R11).
+TEXT ·gemm32x8AVX512(SB), NOSPLIT, $0-88
+	GEMM_TILE_ARGS
+	LEAQ (R12)(R11*2), BX
+	ADDQ R11, BX             // weight row 6
+	MOVQ load+40(FP), AX
+	TESTQ AX, AX
+	JZ   g8zero
+	MOVQ DX, R10
+	G12LOAD(Z8, Z9)
+	G12LOAD(Z10, Z11)
+	G12LOAD(Z12, Z13)
+	G12LOAD(Z14, Z15)
+	G12LOAD(Z16, Z17)
+	G12LOAD(Z18, Z19)
+	G12LOAD(Z20, Z21)
+	G12LOAD(Z22, Z23)
+	MOVQ R10, DX
+	MOVQ ooff+64(FP), R15
+	SHLQ $2, R15
+	ADDQ DX, R15
+	CMPQ AX, $2
+	JNE  g8loop
+	MOVQ scale+80(FP), AX
+	G12SCALE(0, Z8, Z9)
+	G12SCALE(4, Z10, Z11)
+	G12SCALE(8, Z12, Z13)
+	G12SCALE(12, Z14, Z15)
+	G12SCALE(16, Z16, Z17)
+	G12SCALE(20, Z18, Z19)
+	G12SCALE(24, Z20, Z21)
+	G12SCALE(28, Z22, Z23)
+	JMP  g8loop
+
+g8zero:
+	G12ZERO(Z8, Z9)
+	G12ZERO(Z10, Z11)
+	G12ZERO(Z12, Z13)
+	G12ZERO(Z14, Z15)
+	G12ZERO(Z16, Z17)
+	G12ZERO(Z18, Z19)
+	G12ZERO(Z20, Z21)
+	G12ZERO(Z22, Z23)
+
+g8loop:
+	TESTQ CX, CX
+	JZ    g8done
+	VMOVUPS (SI), Z0
+	VMOVUPS (SI)(R14*1), Z1
+	G12FMA((DI), Z2, Z8, Z9)
+	G12FMA((DI)(R11*1), Z3, Z10, Z11)
+	G12FMA((DI)(R11*2), Z4, Z12, Z13)
+	G12FMA((R12), Z5, Z14, Z15)
+	G12FMA((R12)(R11*1), Z6, Z16, Z17)
+	G12FMA((R12)(R11*2), Z7, Z18, Z19)
+	G12FMA((BX), Z2, Z20, Z21)
+	G12FMA((BX)(R11*1), Z3, Z22, Z23)
+	ADDQ R13, SI
+	ADDQ $4, DI
+	ADDQ $4, R12
+	ADDQ $4, BX
+	DECQ CX
+	JMP  g8loop
+
+g8done:
+	G12STORE(Z8, Z9)
+	G12STORE(Z10, Z11)
+	G12STORE(Z12, Z13)
+	G12STORE(Z14, Z15)
+	G12STORE(Z16, Z17)
+	G12STORE(Z18, Z19)
+	G12STORE(Z20, Z21)
+	G12STORE(Z22, Z23)
+	VZEROUPPER
+	RET
+
 // func dot2x8BF16ZMM(x *float32, xstride int, w *uint16, wstride, k int, out *float32, ostride int)
 // dot2x8BF16AVX512 with both weight rows in one zmm register (lanes 0-7 row 0,
 // 8-15 row 1) against each x chunk broadcast to both halves: every lane is
