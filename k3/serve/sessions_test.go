@@ -114,6 +114,9 @@ func TestParkedSessions(t *testing.T) {
 	file := filepath.Join(dir, "a.k3session")
 	require.Eventually(t, func() bool { _, err := os.Stat(file); return err == nil }, 10*time.Second, 5*time.Millisecond)
 	require.Eventually(t, func() bool { live, _ := s.store.counts(); return live == 0 }, 10*time.Second, 5*time.Millisecond)
+	// The counter counts saves done: the file is renamed into place just
+	// before the save is counted.
+	require.Eventually(t, func() bool { _, parked := s.store.counts(); return parked > 0 }, 10*time.Second, 5*time.Millisecond)
 	assert.Positive(t, scrape(t, hs.URL)["k3:sessions_parked_total"])
 
 	p2 := p1 + text(out) + "\ntype Writer interface {"
