@@ -171,6 +171,43 @@ func TestAttnMaskedRowBlocks(t *testing.T) {
 	}
 }
 
+// TestAttnMaskedCallsApart: a worker's scratch keeps its row block's mask
+// from one claim to the next, and a later call with other lists (same
+// shapes, so the same row blocks) must not take it for its own.
+func TestAttnMaskedCallsApart(t *testing.T) {
+	b := New(2)
+	defer b.Close()
+	defer func(v float64) { attnMaskedRatio = v }(attnMaskedRatio)
+	defer func(f func(int) bool) { attnDenseGrouped = f }(attnDenseGrouped)
+	attnDenseGrouped = func(int) bool { return true }
+	// One row block (48 rows of one head a kv head), lists shared by the
+	// kv heads: every claim of the second call would find the first's.
+	c := attnCase{t: 40, l: 200, hq: 6, hkv: 6, dk: 16, dr: 8, dv: 16, k: 120, causal: true}
+	shared := func(seed uint64) *compute.AttnArgs {
+		a := attnArgs(t, b, c, seed)
+		idx := make([]int32, c.t*c.hkv*c.k)
+		must(0, b.Read(idx, a.Indices))
+		one := make([]int32, c.t*c.k)
+		for r := range c.t {
+			copy(one[r*c.k:(r+1)*c.k], idx[r*c.hkv*c.k:])
+		}
+		a.Indices = must(b.Alloc(compute.I32, c.t, 1, c.k))
+		must(0, b.Write(a.Indices, one))
+		return a
+	}
+	first, second := shared(70), shared(71)
+	run := func(a *compute.AttnArgs, ratio float64) []float32 {
+		attnMaskedRatio = ratio
+		require.NoError(t, b.Attention(a))
+		out := make([]float32, c.t*c.hq*c.dv)
+		must(0, b.Read(out, a.Out))
+		return out
+	}
+	want := run(second, 0)
+	run(first, math.Inf(1))
+	assertClose(t, "the second call's masks", run(second, math.Inf(1)), want)
+}
+
 // TestAttnMaskedDense compares index-sparse passes on the dense blocked
 // path with masks (attnMaskedPays) with the sparse path: causal lists as
 // an indexer makes them, lists with -1 pads and entries past a row's

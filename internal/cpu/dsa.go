@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync/atomic"
 
 	"k3/compute"
 	"k3/internal/kernel"
@@ -564,6 +565,9 @@ func (b *Backend) indexerPlan(j *indexerJob) {
 	}
 }
 
+// maskCalls numbers the masked calls (attnJob.maskCall).
+var maskCalls atomic.Uint64
+
 // attnJob is one Attention call split over (row, kv head, part) items.
 type attnJob struct {
 	a                  *compute.AttnArgs
@@ -578,7 +582,10 @@ type attnJob struct {
 	// masked: an index-sparse call on the dense blocked path, each row's
 	// logits outside its list masked (attnMaskedPays).
 	masked bool
-	scale  float32
+	// maskCall numbers a masked call, so that a worker's scratch knows
+	// whose row block its mask holds (maskRows).
+	maskCall uint64
+	scale    float32
 	// partial results per item and query head: max, sum, then dv values.
 	part []float32
 	// A paged cache (AttnArgs.KPages): the pages' rows, nil otherwise;
@@ -635,10 +642,16 @@ type attnScratch struct {
 	// A masked call's row block: added to each row's logits of positions
 	// [0, last], 0 where its list holds the position, -Inf where not
 	// (maskRows); attend: the positions one list holds (attnMaskedPays).
-	mask        []float32
-	seen        []uint64
-	eAll, macc  []float32 // groupBlock: every head's weights, MatAccumulate's scratch
-	kp, vp, krp [][]float32
+	mask []float32
+	seen []uint64
+	// The call (attnJob.maskCall), row block and kv head mask was built
+	// for: the grouped dense path claims one kv head's row block at a
+	// time, and the scratch that the next claim takes from the free list
+	// often holds that row block's mask already.
+	maskCall            uint64
+	maskBlock, maskHead int
+	eAll, macc          []float32 // groupBlock: every head's weights, MatAccumulate's scratch
+	kp, vp, krp         [][]float32
 	// groupBlock with kernel.AttnLogits: the tiles' logits, and a last
 	// tile's keys padded to whole tiles; attend: the items' queries
 	// transposed (attnJob.qt).
@@ -901,6 +914,7 @@ func (b *Backend) attend(sc *attnScratch, l int) error {
 	}
 	if j.idx != nil && j.t >= attnDenseMin && attnMaskedPays(sc, j) {
 		j.dense, j.masked = true, true
+		j.maskCall = maskCalls.Add(1)
 		return nil
 	}
 	// A row whose kv heads are fewer than the workers has its positions
@@ -1282,7 +1296,6 @@ func attnDenseGroupRange(args *kernel.Args, lo, hi int) {
 	if !a.LSE.IsZero() {
 		lse = F32(a.LSE)
 	}
-	maskRB, maskG := -1, -1 // the row block and kv head sc.mask holds
 	for it := lo; it < hi; it++ {
 		g, rb := it%j.hkv, nb-1-it/j.hkv
 		r0, r1 := rb*rows, min((rb+1)*rows, j.t)
@@ -1308,10 +1321,11 @@ func attnDenseGroupRange(args *kernel.Args, lo, hi int) {
 		clear(acc)
 		span := last + 1
 		// Consecutive items are one row block's kv heads: lists shared by
-		// the heads make one mask for all of them.
-		if j.masked && (rb != maskRB || j.idxHeads != 1 && g != maskG) {
+		// the heads make one mask for all of them, kept in the scratch
+		// from one claim to the next.
+		if j.masked && (sc.maskCall != j.maskCall || rb != sc.maskBlock || j.idxHeads != 1 && g != sc.maskHead) {
 			j.maskRows(sc, r0, r1, g, span)
-			maskRB, maskG = rb, g
+			sc.maskCall, sc.maskBlock, sc.maskHead = j.maskCall, rb, g
 		}
 		for s0 := 0; s0 <= last; s0 += block {
 			nk := min(block, span-s0)
