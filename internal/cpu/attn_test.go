@@ -144,15 +144,7 @@ func TestAttnMaskedRowBlocks(t *testing.T) {
 		c := attnCase{t: 150, l: 200, hq: 6, hkv: 3, dk: 16, dr: 8, dv: 16, k: 120, causal: true}
 		a := attnArgs(t, b, c, uint64(50+ci))
 		if shared {
-			// The first kv head's lists for all of them.
-			idx := make([]int32, c.t*c.hkv*c.k)
-			must(0, b.Read(idx, a.Indices))
-			one := make([]int32, c.t*c.k)
-			for r := range c.t {
-				copy(one[r*c.k:(r+1)*c.k], idx[r*c.hkv*c.k:])
-			}
-			a.Indices = must(b.Alloc(compute.I32, c.t, 1, c.k))
-			must(0, b.Write(a.Indices, one))
+			shareLists(b, c, a)
 		}
 		run := func(ratio float64) []float32 {
 			attnMaskedRatio = ratio
@@ -171,6 +163,19 @@ func TestAttnMaskedRowBlocks(t *testing.T) {
 	}
 }
 
+// shareLists replaces a's index lists, one per kv head, by the first kv
+// head's for all of them ([T, 1, K]).
+func shareLists(b *Backend, c attnCase, a *compute.AttnArgs) {
+	idx := make([]int32, c.t*c.hkv*c.k)
+	must(0, b.Read(idx, a.Indices))
+	one := make([]int32, c.t*c.k)
+	for r := range c.t {
+		copy(one[r*c.k:(r+1)*c.k], idx[r*c.hkv*c.k:])
+	}
+	a.Indices = must(b.Alloc(compute.I32, c.t, 1, c.k))
+	must(0, b.Write(a.Indices, one))
+}
+
 // TestAttnMaskedCallsApart: a worker's scratch keeps its row block's mask
 // from one claim to the next, and a later call with other lists (same
 // shapes, so the same row blocks) must not take it for its own.
@@ -185,14 +190,7 @@ func TestAttnMaskedCallsApart(t *testing.T) {
 	c := attnCase{t: 40, l: 200, hq: 6, hkv: 6, dk: 16, dr: 8, dv: 16, k: 120, causal: true}
 	shared := func(seed uint64) *compute.AttnArgs {
 		a := attnArgs(t, b, c, seed)
-		idx := make([]int32, c.t*c.hkv*c.k)
-		must(0, b.Read(idx, a.Indices))
-		one := make([]int32, c.t*c.k)
-		for r := range c.t {
-			copy(one[r*c.k:(r+1)*c.k], idx[r*c.hkv*c.k:])
-		}
-		a.Indices = must(b.Alloc(compute.I32, c.t, 1, c.k))
-		must(0, b.Write(a.Indices, one))
+		shareLists(b, c, a)
 		return a
 	}
 	first, second := shared(70), shared(71)
