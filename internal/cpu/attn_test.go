@@ -176,6 +176,17 @@ func shareLists(b *Backend, c attnCase, a *compute.AttnArgs) {
 	must(0, b.Write(a.Indices, one))
 }
 
+// attnWithRatio runs a with attnMaskedRatio set to ratio (0: the sparse
+// path; +Inf: masked wherever the lists allow) and returns its output.
+func attnWithRatio(t *testing.T, b *Backend, c attnCase, a *compute.AttnArgs, ratio float64) []float32 {
+	t.Helper()
+	attnMaskedRatio = ratio
+	require.NoError(t, b.Attention(a))
+	out := make([]float32, c.t*c.hq*c.dv)
+	must(0, b.Read(out, a.Out))
+	return out
+}
+
 // TestAttnMaskedCallsApart: a worker's scratch keeps its row block's mask
 // from one claim to the next, and a later call with other lists (same
 // shapes, so the same row blocks) must not take it for its own.
@@ -194,16 +205,45 @@ func TestAttnMaskedCallsApart(t *testing.T) {
 		return a
 	}
 	first, second := shared(70), shared(71)
-	run := func(a *compute.AttnArgs, ratio float64) []float32 {
-		attnMaskedRatio = ratio
-		require.NoError(t, b.Attention(a))
-		out := make([]float32, c.t*c.hq*c.dv)
-		must(0, b.Read(out, a.Out))
-		return out
+	want := attnWithRatio(t, b, c, second, 0)
+	attnWithRatio(t, b, c, first, math.Inf(1))
+	assertClose(t, "the second call's masks", attnWithRatio(t, b, c, second, math.Inf(1)), want)
+}
+
+// TestAttnMaskedRowsAlike: two row blocks at the same positions (rows of
+// two drafts of one sequence, say) with other lists span the same
+// positions; a mask kept for one must not serve the other.
+func TestAttnMaskedRowsAlike(t *testing.T) {
+	b := New(1)
+	defer b.Close()
+	defer func(v float64) { attnMaskedRatio = v }(attnMaskedRatio)
+	defer func(f func(int) bool) { attnDenseGrouped = f }(attnDenseGrouped)
+	const half, l, k = 48, 200, 100
+	c := attnCase{t: 2 * half, l: l, hq: 6, hkv: 6, dk: 16, dr: 8, dv: 16, causal: true}
+	a := attnArgs(t, b, c, 80)
+	pos := make([]int32, c.t)
+	idx := make([]int32, c.t*k)
+	for r := range c.t {
+		pos[r] = int32(l - half + r%half)
+		// The first half's lists take the even positions, the second's
+		// the odd ones, from the row's own down.
+		list := idx[r*k : (r+1)*k]
+		n, p := 0, int(pos[r])-(int(pos[r])+r/half)%2
+		for ; n < k && p >= 0; n, p = n+1, p-2 {
+			list[n] = int32(p)
+		}
+		for ; n < k; n++ {
+			list[n] = -1
+		}
 	}
-	want := run(second, 0)
-	run(first, math.Inf(1))
-	assertClose(t, "the second call's masks", run(second, math.Inf(1)), want)
+	a.QPos = uploadI32(b, pos)
+	a.Indices = must(b.Alloc(compute.I32, c.t, 1, k))
+	must(0, b.Write(a.Indices, idx))
+	for _, grouped := range []bool{true, false} {
+		attnDenseGrouped = func(int) bool { return grouped }
+		want := attnWithRatio(t, b, c, a, 0)
+		assertClose(t, fmt.Sprintf("grouped %v", grouped), attnWithRatio(t, b, c, a, math.Inf(1)), want)
+	}
 }
 
 // TestAttnMaskedDense compares index-sparse passes on the dense blocked

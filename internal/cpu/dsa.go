@@ -565,8 +565,16 @@ func (b *Backend) indexerPlan(j *indexerJob) {
 	}
 }
 
-// maskCalls numbers the masked calls (attnJob.maskCall).
+// maskCalls numbers the masked calls (attnJob.maskCall), from 1.
 var maskCalls atomic.Uint64
+
+// maskKey names the mask maskRows built: the masked call, its rows
+// [r0, r1), the kv head whose lists (0 where they are shared) and the
+// positions a row spans.
+type maskKey struct {
+	call               uint64
+	r0, r1, head, span int
+}
 
 // attnJob is one Attention call split over (row, kv head, part) items.
 type attnJob struct {
@@ -583,7 +591,7 @@ type attnJob struct {
 	// logits outside its list masked (attnMaskedPays).
 	masked bool
 	// maskCall numbers a masked call, so that a worker's scratch knows
-	// whose row block its mask holds (maskRows).
+	// whose rows its mask holds (maskRows).
 	maskCall uint64
 	scale    float32
 	// partial results per item and query head: max, sum, then dv values.
@@ -642,16 +650,11 @@ type attnScratch struct {
 	// A masked call's row block: added to each row's logits of positions
 	// [0, last], 0 where its list holds the position, -Inf where not
 	// (maskRows); attend: the positions one list holds (attnMaskedPays).
-	mask []float32
-	seen []uint64
-	// The call (attnJob.maskCall), row block and kv head mask was built
-	// for: the grouped dense path claims one kv head's row block at a
-	// time, and the scratch that the next claim takes from the free list
-	// often holds that row block's mask already.
-	maskCall            uint64
-	maskBlock, maskHead int
-	eAll, macc          []float32 // groupBlock: every head's weights, MatAccumulate's scratch
-	kp, vp, krp         [][]float32
+	mask        []float32
+	maskKey     maskKey // what mask holds
+	seen        []uint64
+	eAll, macc  []float32 // groupBlock: every head's weights, MatAccumulate's scratch
+	kp, vp, krp [][]float32
 	// groupBlock with kernel.AttnLogits: the tiles' logits, and a last
 	// tile's keys padded to whole tiles; attend: the items' queries
 	// transposed (attnJob.qt).
@@ -1244,13 +1247,22 @@ func fillNegInf(x []float32) {
 // maskRows sets sc.mask's rows [0, r1-r0), span positions each, to 0 at
 // the positions of rows [r0, r1)'s lists for kv head g that the rows see
 // and to -Inf elsewhere: added to the logits, it leaves the listed ones
-// as they are.
+// as they are. A mask the scratch already holds for the same call, rows,
+// lists and span is kept: the grouped dense path claims one kv head's
+// row block at a time, and the scratch the next claim takes from the
+// free list often holds that row block's mask (lists shared by the kv
+// heads make one mask for all of them).
 func (j *attnJob) maskRows(sc *attnScratch, r0, r1, g, span int) {
-	sc.mask = grow32(sc.mask, (r1-r0)*span)
-	fillNegInf(sc.mask)
 	if j.idxHeads == 1 {
 		g = 0
 	}
+	key := maskKey{call: j.maskCall, r0: r0, r1: r1, head: g, span: span}
+	if sc.maskKey == key {
+		return
+	}
+	sc.maskKey = key
+	sc.mask = grow32(sc.mask, (r1-r0)*span)
+	fillNegInf(sc.mask)
 	for r := r0; r < r1; r++ {
 		see := min(int(j.qpos[r]), j.a.KVLen-1)
 		mask := sc.mask[(r-r0)*span : (r-r0+1)*span]
@@ -1320,12 +1332,8 @@ func attnDenseGroupRange(args *kernel.Args, lo, hi int) {
 		acc := sc.acc[:n*dv]
 		clear(acc)
 		span := last + 1
-		// Consecutive items are one row block's kv heads: lists shared by
-		// the heads make one mask for all of them, kept in the scratch
-		// from one claim to the next.
-		if j.masked && (sc.maskCall != j.maskCall || rb != sc.maskBlock || j.idxHeads != 1 && g != sc.maskHead) {
+		if j.masked {
 			j.maskRows(sc, r0, r1, g, span)
-			sc.maskCall, sc.maskBlock, sc.maskHead = j.maskCall, rb, g
 		}
 		for s0 := 0; s0 <= last; s0 += block {
 			nk := min(block, span-s0)
