@@ -85,6 +85,23 @@ func topKRadix(idx []int32, x []float32) {
 	sc := topKPool.Get().(*topKScratch)
 	defer topKPool.Put(sc)
 	k := len(idx)
+	if k == len(x) {
+		// Every score is kept (an indexer's row that sees no more
+		// positions than its list holds): no threshold to find, only the
+		// order, which a stable sort of them all in index order gives.
+		if cap(sc.sort) < k {
+			sc.sort = make([]uint64, k, 2*k)
+			sc.tmp = make([]uint64, k, 2*k)
+		}
+		s := sc.sort[:k]
+		for i, v := range x {
+			s[i] = uint64(rankKey(v))<<32 | uint64(uint32(i))
+		}
+		for i, v := range radixDesc(s, sc.tmp[:k]) {
+			idx[i] = int32(uint32(v))
+		}
+		return
+	}
 	if cap(sc.keys) < len(x) {
 		sc.keys = make([]uint32, len(x), 2*len(x))
 	}
