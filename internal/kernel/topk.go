@@ -80,7 +80,7 @@ var topKPool = sync.Pool{New: func() any { return new(topKScratch) }}
 // mispredict, its loops take none: a row's scores are new to the branch
 // predictor, and a comparison sort and branching filters over them took
 // 11-17 µs a row of 300 to 2,048 scores where this takes 3-8
-// (docs/bench).
+// (docs/bench). Where k is every score, it only sorts them.
 func topKRadix(idx []int32, x []float32) {
 	sc := topKPool.Get().(*topKScratch)
 	defer topKPool.Put(sc)
