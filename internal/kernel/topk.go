@@ -89,17 +89,11 @@ func topKRadix(idx []int32, x []float32) {
 		// Every score is kept (an indexer's row that sees no more
 		// positions than its list holds): no threshold to find, only the
 		// order, which a stable sort of them all in index order gives.
-		if cap(sc.sort) < k {
-			sc.sort = make([]uint64, k, 2*k)
-			sc.tmp = make([]uint64, k, 2*k)
-		}
-		s := sc.sort[:k]
+		s := sc.entries(k)
 		for i, v := range x {
 			s[i] = uint64(rankKey(v))<<32 | uint64(uint32(i))
 		}
-		for i, v := range radixDesc(s, sc.tmp[:k]) {
-			idx[i] = int32(uint32(v))
-		}
+		sc.sortInto(idx, s)
 		return
 	}
 	if cap(sc.keys) < len(x) {
@@ -164,11 +158,7 @@ func topKRadix(idx []int32, x []float32) {
 	// need how many of them to take. The greater keys go into s in index
 	// order, then the first need of those: a stable sort by key ranks
 	// them, ties by index.
-	if cap(sc.sort) < k+1 {
-		sc.sort = make([]uint64, k+1, 2*k+2)
-		sc.tmp = make([]uint64, k+1, 2*k+2)
-	}
-	s := sc.sort[:k+1]
+	s := sc.entries(k + 1)
 	n := 0
 	if rare(k, len(x)) {
 		for i, key := range keys {
@@ -187,8 +177,22 @@ func topKRadix(idx []int32, x []float32) {
 		s[n] = uint64(prefix)<<32 | uint64(uint32(i))
 		n++
 	}
-	s = radixDesc(s[:n], sc.tmp[:n])
-	for i, v := range s {
+	sc.sortInto(idx, s[:n])
+}
+
+// entries returns the scratch for n sort entries (key<<32 | index).
+func (sc *topKScratch) entries(n int) []uint64 {
+	if cap(sc.sort) < n {
+		sc.sort = make([]uint64, n, 2*n)
+		sc.tmp = make([]uint64, n, 2*n)
+	}
+	return sc.sort[:n]
+}
+
+// sortInto sorts s (radixDesc, with the scratch's other buffer) and
+// writes its indices, best first, to idx.
+func (sc *topKScratch) sortInto(idx []int32, s []uint64) {
+	for i, v := range radixDesc(s, sc.tmp[:len(s)]) {
 		idx[i] = int32(uint32(v))
 	}
 }
