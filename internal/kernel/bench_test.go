@@ -111,3 +111,39 @@ func benchMatMul(b *testing.B, m, n, k int, bf16w bool) {
 func BenchmarkMatMulF32_256x2048x2048(b *testing.B)  { benchMatMul(b, 256, 2048, 2048, false) }
 func BenchmarkMatMulF32_1024x1024x1024(b *testing.B) { benchMatMul(b, 1024, 1024, 1024, false) }
 func BenchmarkMatMulBF16_256x2048x2048(b *testing.B) { benchMatMul(b, 256, 2048, 2048, true) }
+
+// BenchmarkVectorExp times the vector exponential and the kernels built on
+// it over 4,096 floats that stay in L1, in ns per sixteen floats (compare
+// builds side by side: the figure is the arithmetic's alone).
+func BenchmarkVectorExp(b *testing.B) {
+	r := rand.New(rand.NewPCG(3, 4))
+	const n = 4096
+	x, y := make([]float32, n), make([]float32, n)
+	for i := range x {
+		x[i] = float32(r.NormFloat64() * 4)
+	}
+	per := func(b *testing.B) {
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/(n/16), "ns/vector")
+	}
+	b.Run("exp", func(b *testing.B) {
+		for range b.N {
+			copy(y, x)
+			ExpSlice(y)
+		}
+		per(b)
+	})
+	b.Run("sigmoid", func(b *testing.B) {
+		for range b.N {
+			copy(y, x)
+			SigmoidSlice(y)
+		}
+		per(b)
+	})
+	b.Run("silu", func(b *testing.B) {
+		for range b.N {
+			copy(y, x)
+			SiLUInPlace(y)
+		}
+		per(b)
+	})
+}

@@ -550,6 +550,13 @@ func TestVectorExpMatchesScalar(t *testing.T) {
 	for i := 0; i < 5000; i++ {
 		xs = append(xs, float32(r.NormFloat64()*30))
 	}
+	// Every float32 at both ends of the range: the flush to 0 below
+	// -87.3, and the powers 2^127 and 2^128 above 87.68.
+	for _, span := range [][2]float32{{-87.35, -86.5}, {87.9, 88.75}} {
+		for x := span[0]; x <= span[1]; x = math.Nextafter32(x, 100) {
+			xs = append(xs, x)
+		}
+	}
 	for len(xs)%16 != 8 { // sixteen-lane blocks, then eight lanes, then a tail
 		xs = append(xs, 3)
 	}

@@ -765,7 +765,11 @@ izdone:
 	VBROADCASTSS 48(R8), Z28; VBROADCASTSS 52(R8), Z29; VBROADCASTSS 56(R8), Z30; \
 	MOVL $127, AX; VPBROADCASTD AX, Z31
 
-// EXP_Z0 replaces Z0 by Exp(Z0) lane-wise; clobbers Z1-Z8 and K1-K4.
+// EXP_Z0 replaces Z0 by Exp(Z0) lane-wise; clobbers Z1-Z4, Z7, Z8 and
+// K1-K3. The last step, p·2^n, is one VSCALEFPS: Exp's two forms of
+// 2^n (2·p·2^127 where n = 128, whose power is not a float32) multiply
+// by a power of two, and on [-87.3, 88.72] every result is a normal
+// float32, so the product and the scaling are both exact.
 #define EXP_Z0 \
 	VCMPPS $0x11, Z16, Z0, K1; \
 	VCMPPS $0x1e, Z17, Z0, K2; \
@@ -784,15 +788,7 @@ izdone:
 	VADDPS Z26, Z4, Z4; VMULPS Z3, Z4, Z4; \
 	VADDPS Z27, Z4, Z4; VMULPS Z3, Z4, Z4; \
 	VADDPS Z28, Z4, Z4; \
-	VCVTPS2DQ Z1, Z5; \
-	VPCMPGTD Z31, Z5, K4; \
-	VMOVDQA32 Z31, Z2; \
-	VPTERNLOGD $0xff, Z8, Z8, Z8; \
-	VPADDD Z8, Z2, K4, Z2; \
-	VPADDD Z2, Z5, Z5; \
-	VPSLLD $23, Z5, Z5; \
-	VMULPS Z30, Z4, K4, Z4; \
-	VMULPS Z5, Z4, Z0; \
+	VSCALEFPS Z1, Z4, Z0; \
 	VPXORD Z8, Z8, Z8; \
 	VMOVAPS Z8, K1, Z0; \
 	VMOVAPS Z29, K2, Z0; \
