@@ -1118,10 +1118,10 @@ func (b *Backend) Binary(op compute.BinaryOp, dst, x, y compute.Tensor) error {
 
 // GatedAct implements compute.Backend: SwiGLU as aclnnSilu into a scratch
 // span, then aclnnMul (aclnnSwiGlu wants gate and up concatenated in one
-// tensor, which the seam does not promise); SiTU from Muls, Tanh, Sigmoid
-// and Mul.
+// tensor, which the seam does not promise); SigmoidGate as aclnnSigmoid
+// into the scratch, then aclnnMul; SiTU from Muls, Tanh, Sigmoid and Mul.
 func (b *Backend) GatedAct(act compute.Activation, dst, gate, up compute.Tensor) error {
-	if act.Kind != compute.SwiGLU && act.Kind != compute.SiTU {
+	if act.Kind != compute.SwiGLU && act.Kind != compute.SiTU && act.Kind != compute.SigmoidGate {
 		return fmt.Errorf("ascend: activation %d: %w", act.Kind, compute.ErrUnsupported)
 	}
 	if act.Kind == compute.SiTU && !(act.Beta > 0) {
@@ -1156,8 +1156,14 @@ func (b *Backend) gatedAct(act compute.Activation, dst, gate, up compute.Tensor)
 	mul := func(x, y, out operand) error {
 		return b.runAs("aclnnMul", func(ts []tensorDesc) (prepared, error) { return b.drv.binary("aclnnMul", ts[0], ts[1], ts[2]) }, x, y, out)
 	}
-	if act.Kind == compute.SwiGLU {
+	switch act.Kind {
+	case compute.SwiGLU:
 		if err := unary("aclnnSilu", flat(gate, D), t0); err != nil {
+			return err
+		}
+		return mul(t0, flat(up, D), flat(dst, D))
+	case compute.SigmoidGate:
+		if err := unary("aclnnSigmoid", flat(gate, D), t0); err != nil {
 			return err
 		}
 		return mul(t0, flat(up, D), flat(dst, D))

@@ -319,6 +319,13 @@ func testBackendMoreOps(t *testing.T, a *Backend) {
 		require.NoError(t, c.GatedAct(situ, oc, gc, uc))
 		check(oa, oc, 1e-5, "situ")
 	}
+	gate := compute.Activation{Kind: compute.SigmoidGate}
+	require.NoError(t, a.GatedAct(gate, oa, ga, ua))
+	require.NoError(t, c.GatedAct(gate, oc, gc, uc))
+	check(oa, oc, 1e-6, "sigmoid gate")
+	require.NoError(t, a.GatedAct(gate, ua, ga, ua)) // in place, as the layers run it
+	require.NoError(t, c.GatedAct(gate, uc, gc, uc))
+	check(ua, uc, 1e-6, "sigmoid gate in place")
 
 	const V = 50
 	for _, dt := range []compute.DType{compute.F32, compute.BF16} {

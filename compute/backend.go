@@ -56,7 +56,8 @@ type Backend interface {
 	// more than one element) whose value for each row broadcasts over
 	// that row. dst may be a.
 	Binary(op BinaryOp, dst, a, b Tensor) error
-	// GatedAct computes dst = act(gate) * up, the SwiGLU/SiTU feed-forward core.
+	// GatedAct computes dst = act(gate) * up: the SwiGLU/SiTU feed-forward
+	// core, or an output gate (SigmoidGate).
 	GatedAct(act Activation, dst, gate, up Tensor) error
 	// RoPE rotates the leading dimensions of every row of X in place.
 	RoPE(a *RopeArgs) error
@@ -308,6 +309,10 @@ type ActKind uint8
 const (
 	SwiGLU ActKind = iota + 1
 	SiTU
+	// SigmoidGate is sigmoid(gate)·up: the output gates of KDA and of
+	// gated attention, in one pass (GatedAct only; MoEExperts take SwiGLU
+	// and SiTU). Its bits are those of Unary(Sigmoid), then Binary(Mul).
+	SigmoidGate
 )
 
 // KDAGate selects how KDAArgs.G becomes the log decay g.

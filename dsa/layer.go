@@ -1431,10 +1431,7 @@ func (l *Layer) gateAndProject(x compute.Tensor, t int, y compute.Tensor) error 
 		if err := b.MatMul(g, x, w.G); err != nil {
 			return fmt.Errorf("dsa: g_proj: %w", err)
 		}
-		if err := b.Unary(compute.Sigmoid, g, g); err != nil {
-			return err
-		}
-		if err := b.Binary(compute.Mul, o2, o2, g); err != nil {
+		if err := b.GatedAct(compute.Activation{Kind: compute.SigmoidGate}, o2, g, o2); err != nil {
 			return err
 		}
 	}

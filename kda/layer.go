@@ -483,10 +483,7 @@ func (l *Layer) coreRows(r0, r1 int, states []*State, pool pooled, cu []int32, c
 	if err := b.RMSNorm(rows, rows, l.W.ONorm, l.W.Eps); err != nil {
 		return fmt.Errorf("kda: o_norm: %w", err)
 	}
-	if err := b.Unary(compute.Sigmoid, gate, gate); err != nil {
-		return err
-	}
-	return b.Binary(compute.Mul, core, core, gate)
+	return b.GatedAct(compute.Activation{Kind: compute.SigmoidGate}, core, gate, core)
 }
 
 func (l *Layer) outputGate(x, gate compute.Tensor, t int) error {

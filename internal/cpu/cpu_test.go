@@ -118,7 +118,9 @@ func TestInvariantRows(t *testing.T) {
 
 // TestGatedActParallel checks that GatedAct on the pool (past
 // gatedParallel elements, split at any multiple of 64) gives the serial
-// kernels' values to the bit, for both activations.
+// kernels' values to the bit, for every activation; the output gate
+// (SigmoidGate) also in place, as the layers run it, against the
+// scalar sigmoid and one product.
 func TestGatedActParallel(t *testing.T) {
 	b := New(3)
 	defer b.Close()
@@ -135,7 +137,7 @@ func TestGatedActParallel(t *testing.T) {
 	if err := b.Write(ut, u); err != nil {
 		t.Fatal(err)
 	}
-	for _, act := range []compute.Activation{{Kind: compute.SwiGLU}, {Kind: compute.SiTU, Beta: 4, LinearBeta: 25}, {Kind: compute.SiTU, Beta: 4}} {
+	for _, act := range []compute.Activation{{Kind: compute.SwiGLU}, {Kind: compute.SiTU, Beta: 4, LinearBeta: 25}, {Kind: compute.SiTU, Beta: 4}, {Kind: compute.SigmoidGate}} {
 		dt := must(b.Alloc(compute.F32, n))
 		if err := b.GatedAct(act, dt, gt, ut); err != nil {
 			t.Fatal(err)
@@ -145,9 +147,21 @@ func TestGatedActParallel(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := make([]float32, n)
-		if act.Kind == compute.SwiGLU {
+		switch act.Kind {
+		case compute.SwiGLU:
 			kernel.SwiGLU(want, g, u)
-		} else {
+		case compute.SigmoidGate:
+			for i := range want {
+				want[i] = kernel.Sigmoid(g[i]) * u[i]
+			}
+			// In place, as KDA and gated attention run it.
+			it := must(b.Alloc(compute.F32, n))
+			require.NoError(t, b.Write(it, u))
+			require.NoError(t, b.GatedAct(act, it, gt, it))
+			inPlace := make([]float32, n)
+			require.NoError(t, b.Read(inPlace, it))
+			require.Equal(t, want, inPlace, "sigmoid gate in place")
+		default:
 			kernel.SiTU(want, g, u, act.Beta, act.LinearBeta)
 		}
 		for i := range want {

@@ -322,7 +322,7 @@ func (b *Backend) GatedAct(act compute.Activation, dst, gate, up compute.Tensor)
 	if len(gs) != len(us) || len(ds) != len(gs) {
 		return shapeErr("gate %v, up %v, dst %v", gate, up, dst)
 	}
-	if act.Kind != compute.SwiGLU && act.Kind != compute.SiTU {
+	if act.Kind != compute.SwiGLU && act.Kind != compute.SiTU && act.Kind != compute.SigmoidGate {
 		return fmt.Errorf("cpu: activation %d: %w", act.Kind, compute.ErrUnsupported)
 	}
 	if len(gs) < gatedParallel {
@@ -350,11 +350,14 @@ func gatedRange(a *kernel.Args, lo, hi int) {
 }
 
 func gated(act compute.Activation, dst, gate, up []float32) {
-	if act.Kind == compute.SwiGLU {
+	switch act.Kind {
+	case compute.SwiGLU:
 		kernel.SwiGLU(dst, gate, up)
-		return
+	case compute.SigmoidGate:
+		kernel.SigmoidMul(dst, gate, up)
+	default:
+		kernel.SiTU(dst, gate, up, act.Beta, act.LinearBeta)
 	}
-	kernel.SiTU(dst, gate, up, act.Beta, act.LinearBeta)
 }
 
 // Embedding gathers table rows.

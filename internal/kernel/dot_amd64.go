@@ -177,6 +177,9 @@ func mulScaleZMM(dst, x, w *float32, s float32, n int)
 func situZMM(dst, gate, up *float32, n int, k, c *[16]float32)
 
 //go:noescape
+func sigmoidMulZMM(dst, gate, up *float32, n int, k *[16]float32)
+
+//go:noescape
 func convSiLU4ZMM(out, x, w *float32, stride, rows, cols int, k *[16]float32)
 
 // expBody is the shared vector exponential called by expAVX2 and

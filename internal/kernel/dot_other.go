@@ -66,6 +66,10 @@ func sigmoidAVX2(x *float32, n int, k *[16]float32) { panic("kernel: no assembly
 func expZMM(x *float32, n int, k *[16]float32)      { panic("kernel: no assembly on this platform") }
 func sigmoidZMM(x *float32, n int, k *[16]float32)  { panic("kernel: no assembly on this platform") }
 
+func sigmoidMulZMM(dst, gate, up *float32, n int, k *[16]float32) {
+	panic("kernel: no assembly on this platform")
+}
+
 func expScaleZMM(d1, d2, x1, x2, a *float32, as int, b *float32, bs, rows, n int, k *[16]float32) {
 	panic("kernel: no assembly on this platform")
 }

@@ -1267,3 +1267,37 @@ func testExpScale(t *testing.T) {
 		}
 	}
 }
+
+// TestSigmoidMul checks SigmoidMul against the scalar Sigmoid and one
+// product per element, to the bit, at both register widths, for tails of
+// every length, in place (dst = up) and apart, with infinities, NaN and
+// gates whose exponentials overflow or flush.
+func TestSigmoidMul(t *testing.T) { atTileWidths(t, &expTileBits, testSigmoidMul) }
+
+func testSigmoidMul(t *testing.T) {
+	r := rand.New(rand.NewPCG(71, 72))
+	inf := float32(math.Inf(1))
+	g := []float32{0, float32(math.Copysign(0, -1)), 1e-30, -3, 3, 40, -40, 88, -88, 100, -100, 1e30, -1e30, inf, -inf, float32(math.NaN())}
+	u := []float32{1, -1, 2, 1e-3, -7, 5, 5, 0.5, 0.5, -2, 3, 4, 4, 1, 1, 1}
+	for range 3000 {
+		g = append(g, float32(r.NormFloat64()*8))
+		u = append(u, float32(r.NormFloat64()*3))
+	}
+	for _, n := range []int{len(g), 0, 1, 15, 16, 17, 31, 32, 33, 255, 256, 257, 300, 1000} {
+		want := make([]float32, n)
+		for i := range n {
+			want[i] = Sigmoid(g[i]) * u[i]
+		}
+		apart := make([]float32, n)
+		SigmoidMul(apart, g[:n], u[:n])
+		inPlace := slices.Clone(u[:n])
+		SigmoidMul(inPlace, g[:n], inPlace)
+		for i := range n {
+			for _, got := range []float32{apart[i], inPlace[i]} {
+				if math.Float32bits(got) != math.Float32bits(want[i]) && !(got != got && want[i] != want[i]) {
+					t.Fatalf("%d bits, n %d: sigmoid(%g)·%g = %g, want %g", expTileBits, n, g[i], u[i], got, want[i])
+				}
+			}
+		}
+	}
+}

@@ -167,6 +167,27 @@ func SwiGLU(dst, gate, up []float32) {
 	}
 }
 
+// SigmoidMul writes dst[i] = Sigmoid(gate[i]) * up[i], the output gate of
+// KDA and of gated attention; dst may be up. The bits are those of
+// SigmoidSlice then Mul on every path; where the 512-bit exponential runs
+// the sigmoid stays in registers (sigmoidMulZMM), one pass over memory.
+func SigmoidMul(dst, gate, up []float32) {
+	up, dst = up[:len(gate)], dst[:len(gate)]
+	i := 0
+	if len(gate) >= 16 && expWide() {
+		i = len(gate) &^ 15
+		sigmoidMulZMM(&dst[0], &gate[0], &up[0], i, &expConsts)
+	}
+	var buf [256]float32
+	for off := i; off < len(gate); off += len(buf) {
+		n := min(len(gate)-off, len(buf))
+		s := buf[:n]
+		copy(s, gate[off:off+n])
+		SigmoidSlice(s)
+		Mul(dst[off:off+n], s, up[off:off+n])
+	}
+}
+
 // SiTU writes dst[i] = beta*tanh(g/beta)*sigmoid(g) * linBeta*tanh(u/linBeta),
 // Kimi K3's gated activation; linBeta 0 leaves the up branch unclipped.
 // Where the 512-bit exponential runs, sixteen lanes at a time go through

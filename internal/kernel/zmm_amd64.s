@@ -920,6 +920,35 @@ gzdone:
 	VZEROUPPER
 	RET
 
+// func sigmoidMulZMM(dst, gate, up *float32, n int, k *[16]float32)
+// dst = sigmoid(gate)·up sixteen lanes at a time (n % 16 == 0):
+// sigmoidZMM's sigmoid kept in registers, then mulAVX2's product (one
+// rounding, and a product's bits do not depend on its operands' order),
+// so the bits are those of SigmoidSlice, then Mul. dst may be up.
+TEXT ·sigmoidMulZMM(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ gate+8(FP), SI
+	MOVQ up+16(FP), R9
+	MOVQ n+24(FP), CX
+	MOVQ k+32(FP), R8
+	EXP_CONSTS
+	VPXORD Z14, Z14, Z14
+	XORQ AX, AX
+
+smloop:
+	CMPQ AX, CX
+	JGE  smdone
+	VMOVUPS (SI)(AX*4), Z13
+	SIGMOID_Z13
+	VMULPS (R9)(AX*4), Z0, Z0
+	VMOVUPS Z0, (DI)(AX*4)
+	ADDQ $16, AX
+	JMP  smloop
+
+smdone:
+	VZEROUPPER
+	RET
+
 // func mulScaleZMM(dst, x, w *float32, s float32, n int)
 // dst = (x·w)·s, each product rounded (Mul, then Scale), or x·s where w
 // is nil, for n % 16 == 0, 32 floats a round while they last.
