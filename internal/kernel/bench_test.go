@@ -146,4 +146,10 @@ func BenchmarkVectorExp(b *testing.B) {
 		}
 		per(b)
 	})
+	b.Run("situ", func(b *testing.B) {
+		for range b.N {
+			SiTU(y, x, x, 4, 25)
+		}
+		per(b)
+	})
 }
