@@ -440,8 +440,9 @@ func (j *expertJob) rowsOf(e int32) (r0, m int) {
 	return int(j.sc.start[e]), int(j.sc.start[e+1] - j.sc.start[e])
 }
 
-// xbOf returns expert e's share of the rounded-x buffer (nil unless the
-// weights are pair-interleaved, where MoEExperts sizes it).
+// xbOf returns expert e's share of the passes' rounded-x buffer (nil
+// unless the weights are pair-interleaved, where MoEExperts sizes it for
+// the passes).
 func (j *expertJob) xbOf(e int32) []uint16 {
 	if len(j.sc.xb) == 0 {
 		return nil

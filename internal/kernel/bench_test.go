@@ -122,34 +122,21 @@ func BenchmarkVectorExp(b *testing.B) {
 	for i := range x {
 		x[i] = float32(r.NormFloat64() * 4)
 	}
-	per := func(b *testing.B) {
-		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/(n/16), "ns/vector")
+	for _, k := range []struct {
+		name string
+		f    func()
+	}{
+		{"exp", func() { copy(y, x); ExpSlice(y) }},
+		{"sigmoid", func() { copy(y, x); SigmoidSlice(y) }},
+		{"silu", func() { copy(y, x); SiLUInPlace(y) }},
+		{"situ", func() { SiTU(y, x, x, 4, 25) }},
+		{"sigmoid-mul", func() { SigmoidMul(y, x, x) }},
+	} {
+		b.Run(k.name, func(b *testing.B) {
+			for range b.N {
+				k.f()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/(n/16), "ns/vector")
+		})
 	}
-	b.Run("exp", func(b *testing.B) {
-		for range b.N {
-			copy(y, x)
-			ExpSlice(y)
-		}
-		per(b)
-	})
-	b.Run("sigmoid", func(b *testing.B) {
-		for range b.N {
-			copy(y, x)
-			SigmoidSlice(y)
-		}
-		per(b)
-	})
-	b.Run("silu", func(b *testing.B) {
-		for range b.N {
-			copy(y, x)
-			SiLUInPlace(y)
-		}
-		per(b)
-	})
-	b.Run("situ", func(b *testing.B) {
-		for range b.N {
-			SiTU(y, x, x, 4, 25)
-		}
-		per(b)
-	})
 }

@@ -756,14 +756,13 @@ izdone:
 // operations in the same order, no FMA), sixteen lanes at a time with the
 // constants held in registers. EXP_CONSTS loads them from the table at R8
 // (its layout is expBody's): Z16 low, Z17 high, Z18 log2e, Z19 ln2hi,
-// Z20 ln2lo, Z21-Z28 c7..c0, Z29 +Inf, Z30 2, Z31 the int32 127.
+// Z20 ln2lo, Z21-Z28 c7..c0, Z29 +Inf, Z30 2 (SiTU's tanh reads it).
 #define EXP_CONSTS \
 	VBROADCASTSS 0(R8), Z16; VBROADCASTSS 4(R8), Z17; VBROADCASTSS 8(R8), Z18; \
 	VBROADCASTSS 12(R8), Z19; VBROADCASTSS 16(R8), Z20; VBROADCASTSS 20(R8), Z21; \
 	VBROADCASTSS 24(R8), Z22; VBROADCASTSS 28(R8), Z23; VBROADCASTSS 32(R8), Z24; \
 	VBROADCASTSS 36(R8), Z25; VBROADCASTSS 40(R8), Z26; VBROADCASTSS 44(R8), Z27; \
-	VBROADCASTSS 48(R8), Z28; VBROADCASTSS 52(R8), Z29; VBROADCASTSS 56(R8), Z30; \
-	MOVL $127, AX; VPBROADCASTD AX, Z31
+	VBROADCASTSS 48(R8), Z28; VBROADCASTSS 52(R8), Z29; VBROADCASTSS 56(R8), Z30
 
 // EXP_Z0 replaces Z0 by Exp(Z0) lane-wise; clobbers Z1-Z4, Z7, Z8 and
 // K1-K3. The last step, p·2^n, is one VSCALEFPS: Exp's two forms of
