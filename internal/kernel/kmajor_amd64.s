@@ -59,6 +59,107 @@
 	MOVQ acc+48(FP), AX; \
 	MOVQ ahead+56(FP), R14
 
+// kmaj8 widens a step's first 32 weights without a shuffle (VPMOVZXWD
+// is one, and in the prefill's products, where the tile runs from cache,
+// shuffles take issue slots its FMAs need: docs/bench): one 64-byte
+// load holds them as 16 dwords of two bf16 each; shifting each dword left
+// by 16 gives the even columns as float32, masking its low half off the
+// odd ones (the last 16 weights take VPMOVZXWD as the other tiles do).
+// Each x row's first two accumulators therefore hold its even and odd
+// columns of 0-31; they are formed from out (acc) and written back
+// through VPERMI2PS, once per call. Each output is still one FMA chain
+// over k in order, the same bits.
+DATA kmajEven<>+0(SB)/4, $0
+DATA kmajEven<>+4(SB)/4, $2
+DATA kmajEven<>+8(SB)/4, $4
+DATA kmajEven<>+12(SB)/4, $6
+DATA kmajEven<>+16(SB)/4, $8
+DATA kmajEven<>+20(SB)/4, $10
+DATA kmajEven<>+24(SB)/4, $12
+DATA kmajEven<>+28(SB)/4, $14
+DATA kmajEven<>+32(SB)/4, $16
+DATA kmajEven<>+36(SB)/4, $18
+DATA kmajEven<>+40(SB)/4, $20
+DATA kmajEven<>+44(SB)/4, $22
+DATA kmajEven<>+48(SB)/4, $24
+DATA kmajEven<>+52(SB)/4, $26
+DATA kmajEven<>+56(SB)/4, $28
+DATA kmajEven<>+60(SB)/4, $30
+GLOBL kmajEven<>(SB), RODATA|NOPTR, $64
+DATA kmajOdd<>+0(SB)/4, $1
+DATA kmajOdd<>+4(SB)/4, $3
+DATA kmajOdd<>+8(SB)/4, $5
+DATA kmajOdd<>+12(SB)/4, $7
+DATA kmajOdd<>+16(SB)/4, $9
+DATA kmajOdd<>+20(SB)/4, $11
+DATA kmajOdd<>+24(SB)/4, $13
+DATA kmajOdd<>+28(SB)/4, $15
+DATA kmajOdd<>+32(SB)/4, $17
+DATA kmajOdd<>+36(SB)/4, $19
+DATA kmajOdd<>+40(SB)/4, $21
+DATA kmajOdd<>+44(SB)/4, $23
+DATA kmajOdd<>+48(SB)/4, $25
+DATA kmajOdd<>+52(SB)/4, $27
+DATA kmajOdd<>+56(SB)/4, $29
+DATA kmajOdd<>+60(SB)/4, $31
+GLOBL kmajOdd<>(SB), RODATA|NOPTR, $64
+DATA kmajLow<>+0(SB)/4, $0
+DATA kmajLow<>+4(SB)/4, $16
+DATA kmajLow<>+8(SB)/4, $1
+DATA kmajLow<>+12(SB)/4, $17
+DATA kmajLow<>+16(SB)/4, $2
+DATA kmajLow<>+20(SB)/4, $18
+DATA kmajLow<>+24(SB)/4, $3
+DATA kmajLow<>+28(SB)/4, $19
+DATA kmajLow<>+32(SB)/4, $4
+DATA kmajLow<>+36(SB)/4, $20
+DATA kmajLow<>+40(SB)/4, $5
+DATA kmajLow<>+44(SB)/4, $21
+DATA kmajLow<>+48(SB)/4, $6
+DATA kmajLow<>+52(SB)/4, $22
+DATA kmajLow<>+56(SB)/4, $7
+DATA kmajLow<>+60(SB)/4, $23
+GLOBL kmajLow<>(SB), RODATA|NOPTR, $64
+DATA kmajHigh<>+0(SB)/4, $8
+DATA kmajHigh<>+4(SB)/4, $24
+DATA kmajHigh<>+8(SB)/4, $9
+DATA kmajHigh<>+12(SB)/4, $25
+DATA kmajHigh<>+16(SB)/4, $10
+DATA kmajHigh<>+20(SB)/4, $26
+DATA kmajHigh<>+24(SB)/4, $11
+DATA kmajHigh<>+28(SB)/4, $27
+DATA kmajHigh<>+32(SB)/4, $12
+DATA kmajHigh<>+36(SB)/4, $28
+DATA kmajHigh<>+40(SB)/4, $13
+DATA kmajHigh<>+44(SB)/4, $29
+DATA kmajHigh<>+48(SB)/4, $14
+DATA kmajHigh<>+52(SB)/4, $30
+DATA kmajHigh<>+56(SB)/4, $15
+DATA kmajHigh<>+60(SB)/4, $31
+GLOBL kmajHigh<>(SB), RODATA|NOPTR, $64
+
+// WIDEN_EO widens a step's 48 weights into Z0 (even columns of 0-31), Z1
+// (odd columns of 0-31) and Z2 (columns 32-47); Z7 holds 0xffff0000.
+#define WIDEN_EO \
+	VMOVDQU32 (DI), Z0; VPANDD Z7, Z0, Z1; VPSLLD $16, Z0, Z0; \
+	VPMOVZXWD 64(DI), Z2; VPSLLD $16, Z2, Z2
+
+// LOAD_EO loads a row's 48 outputs at DX into accumulators a0 (even
+// columns of 0-31), a1 (odd) and a2 (32-47), Z4 and Z5 holding kmajEven
+// and kmajOdd; clobbers Z2, Z3.
+#define LOAD_EO(a0, a1, a2) \
+	VMOVUPS (DX), Z2; VMOVUPS 64(DX), Z3; \
+	VMOVAPS Z4, a0; VPERMI2PS Z3, Z2, a0; \
+	VMOVAPS Z5, a1; VPERMI2PS Z3, Z2, a1; \
+	VMOVUPS 128(DX), a2; ADDQ R10, DX
+
+// STORE_EO writes a row's accumulators back in column order, Z4 and Z5
+// holding kmajLow and kmajHigh; clobbers Z2.
+#define STORE_EO(a0, a1, a2) \
+	VMOVAPS Z4, Z2; VPERMI2PS a1, a0, Z2; VMOVUPS Z2, (DX); \
+	VMOVAPS Z5, Z2; VPERMI2PS a1, a0, Z2; VMOVUPS Z2, 64(DX); \
+	VMOVUPS a2, 128(DX); ADDQ R10, DX
+
 // func kmaj8(x *float32, xstride int, w *uint16, k int, out *float32, ostride int, acc int, ahead int)
 TEXT ·kmaj8(SB), NOSPLIT, $0-64
 	ARGS
@@ -70,16 +171,18 @@ TEXT ·kmaj8(SB), NOSPLIT, $0-64
 	MOVQ DX, R9
 	TESTQ AX, AX
 	JZ    zero8
-	LOAD3(Z8, Z9, Z10)
-	LOAD3(Z11, Z12, Z13)
-	LOAD3(Z14, Z15, Z16)
-	LOAD3(Z17, Z18, Z19)
-	LOAD3(Z20, Z21, Z22)
-	LOAD3(Z23, Z24, Z25)
-	LOAD3(Z26, Z27, Z28)
-	LOAD3(Z29, Z30, Z31)
+	VMOVDQU32 kmajEven<>(SB), Z4
+	VMOVDQU32 kmajOdd<>(SB), Z5
+	LOAD_EO(Z8, Z9, Z10)
+	LOAD_EO(Z11, Z12, Z13)
+	LOAD_EO(Z14, Z15, Z16)
+	LOAD_EO(Z17, Z18, Z19)
+	LOAD_EO(Z20, Z21, Z22)
+	LOAD_EO(Z23, Z24, Z25)
+	LOAD_EO(Z26, Z27, Z28)
+	LOAD_EO(Z29, Z30, Z31)
 	MOVQ R9, DX
-	JMP  loop8
+	JMP  mask8
 
 zero8:
 	ZERO3(Z8, Z9, Z10)
@@ -91,11 +194,15 @@ zero8:
 	ZERO3(Z26, Z27, Z28)
 	ZERO3(Z29, Z30, Z31)
 
+mask8:
+	MOVL $0xffff0000, AX
+	VPBROADCASTD AX, Z7
+
 loop8:
 	TESTQ CX, CX
 	JZ    done8
 	PF2(DI)
-	WIDEN3
+	WIDEN_EO
 	VBROADCASTSS (SI), Z3
 	FMA3(Z3, Z8, Z9, Z10)
 	VBROADCASTSS (SI)(R11*1), Z4
@@ -104,14 +211,14 @@ loop8:
 	FMA3(Z5, Z14, Z15, Z16)
 	VBROADCASTSS (R12), Z6
 	FMA3(Z6, Z17, Z18, Z19)
-	VBROADCASTSS (SI)(R11*4), Z7
-	FMA3(Z7, Z20, Z21, Z22)
-	VBROADCASTSS (R12)(R11*2), Z3
-	FMA3(Z3, Z23, Z24, Z25)
-	VBROADCASTSS (R13), Z4
-	FMA3(Z4, Z26, Z27, Z28)
-	VBROADCASTSS (R13)(R11*1), Z5
-	FMA3(Z5, Z29, Z30, Z31)
+	VBROADCASTSS (SI)(R11*4), Z3
+	FMA3(Z3, Z20, Z21, Z22)
+	VBROADCASTSS (R12)(R11*2), Z4
+	FMA3(Z4, Z23, Z24, Z25)
+	VBROADCASTSS (R13), Z5
+	FMA3(Z5, Z26, Z27, Z28)
+	VBROADCASTSS (R13)(R11*1), Z6
+	FMA3(Z6, Z29, Z30, Z31)
 	ADDQ $96, DI
 	ADDQ $4, SI
 	ADDQ $4, R12
@@ -120,14 +227,16 @@ loop8:
 	JMP  loop8
 
 done8:
-	STORE3(Z8, Z9, Z10)
-	STORE3(Z11, Z12, Z13)
-	STORE3(Z14, Z15, Z16)
-	STORE3(Z17, Z18, Z19)
-	STORE3(Z20, Z21, Z22)
-	STORE3(Z23, Z24, Z25)
-	STORE3(Z26, Z27, Z28)
-	STORE3(Z29, Z30, Z31)
+	VMOVDQU32 kmajLow<>(SB), Z4
+	VMOVDQU32 kmajHigh<>(SB), Z5
+	STORE_EO(Z8, Z9, Z10)
+	STORE_EO(Z11, Z12, Z13)
+	STORE_EO(Z14, Z15, Z16)
+	STORE_EO(Z17, Z18, Z19)
+	STORE_EO(Z20, Z21, Z22)
+	STORE_EO(Z23, Z24, Z25)
+	STORE_EO(Z26, Z27, Z28)
+	STORE_EO(Z29, Z30, Z31)
 	VZEROUPPER
 	RET
 
