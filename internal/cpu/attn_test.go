@@ -153,10 +153,7 @@ func TestAttnMaskedRowBlocks(t *testing.T) {
 			masked := sc.job.masked
 			putAttnScratch(sc)
 			require.Equal(t, ratio > 0, masked, "shared %v: masked", shared)
-			require.NoError(t, b.Attention(a))
-			out := make([]float32, c.t*c.hq*c.dv)
-			must(0, b.Read(out, a.Out))
-			return out
+			return attnWithRatio(t, b, c, a, ratio)
 		}
 		want := run(0)
 		assertClose(t, fmt.Sprintf("shared lists %v", shared), run(math.Inf(1)), want)

@@ -101,7 +101,7 @@ func (j *indexerJob) score(lo, hi int) {
 	} else {
 		ktp := indexerKTs.get()
 		defer func() { indexerKTs.put(ktp, capBytes(*ktp)) }()
-		*ktp = grow32(*ktp, j.di*nk)
+		*ktp = grow(*ktp, j.di*nk)
 		kt = *ktp
 	}
 	items := j.items[lo:hi]
@@ -527,7 +527,7 @@ func (b *Backend) indexerPlan(j *indexerJob) {
 				used = 0
 			}
 			// Nothing is scored before run, so growing drops nothing.
-			j.scores = grow32(j.scores, used+size)
+			j.scores = grow(j.scores, used+size)
 			g := int32(len(j.groups))
 			// A row alone in its group (a decode step's) is scored from
 			// the keys as stored, its queries transposed instead: where
@@ -932,7 +932,7 @@ func (b *Backend) attend(sc *attnScratch, l int) error {
 	}
 	hg := j.hq / j.hkv
 	need := items * j.parts * hg * (j.dv + 2)
-	sc.z = grow32(sc.z, need)
+	sc.z = grow(sc.z, need)
 	j.part = sc.z
 	j.qt, j.qp = nil, nil
 	if b.bf16Attention(j, hg) {
@@ -952,7 +952,7 @@ func (b *Backend) attend(sc *attnScratch, l int) error {
 		// Every head of a group in the lanes: the logits read each key
 		// element once for all of them (groupBlock).
 		per := (j.dk + j.dr) * hg
-		sc.qt = grow32(sc.qt, items*per)
+		sc.qt = grow(sc.qt, items*per)
 		for item := range items {
 			q0 := item/j.hkv*j.hq + item%j.hkv*hg // the group's first query head
 			qt := sc.qt[item*per : (item+1)*per]
@@ -1067,7 +1067,7 @@ func (j *attnJob) pieces(sc *attnScratch, lo, hi int) {
 		n := len(sc.pos)
 		per := (n + j.parts - 1) / j.parts
 		pos := sc.pos[min(p*per, n):min((p+1)*per, n)]
-		sc.z = grow32(sc.z, hg*block)
+		sc.z = grow(sc.z, hg*block)
 		for hh := 0; hh < hg; hh++ {
 			off := j.partOff(item, p, hh)
 			j.part[off], j.part[off+1] = float32(math.Inf(-1)), 0
@@ -1261,7 +1261,7 @@ func (j *attnJob) maskRows(sc *attnScratch, r0, r1, g, span int) {
 		return
 	}
 	sc.maskKey = key
-	sc.mask = grow32(sc.mask, (r1-r0)*span)
+	sc.mask = grow(sc.mask, (r1-r0)*span)
 	fillNegInf(sc.mask)
 	for r := r0; r < r1; r++ {
 		see := min(int(j.qpos[r]), j.a.KVLen-1)
@@ -1292,13 +1292,13 @@ func attnDenseGroupRange(args *kernel.Args, lo, hi int) {
 	hg, dk, dr, dv := j.hq/j.hkv, j.dk, j.dr, j.dv
 	rows, nb := j.groupRows(), j.groupBlocks()
 	nq := rows * hg
-	sc.qb, sc.qrb = grow32(sc.qb, nq*dk), grow32(sc.qrb, nq*max(dr, 1))
-	sc.zb, sc.kb, sc.krb = grow32(sc.zb, nq*block), grow32(sc.kb, dk*block), grow32(sc.krb, max(dr, 1)*block)
-	sc.acc, sc.m, sc.l, sc.rv = grow32(sc.acc, nq*dv), grow32(sc.m, nq), grow32(sc.l, nq), grow32(sc.rv, nq)
-	sc.macc = grow32(sc.macc, kernel.MatAccumulateScratch(max(dk, block)))
-	sc.ktail = grow32(sc.ktail, block*max(dk, dr))
+	sc.qb, sc.qrb = grow(sc.qb, nq*dk), grow(sc.qrb, nq*max(dr, 1))
+	sc.zb, sc.kb, sc.krb = grow(sc.zb, nq*block), grow(sc.kb, dk*block), grow(sc.krb, max(dr, 1)*block)
+	sc.acc, sc.m, sc.l, sc.rv = grow(sc.acc, nq*dv), grow(sc.m, nq), grow(sc.l, nq), grow(sc.rv, nq)
+	sc.macc = grow(sc.macc, kernel.MatAccumulateScratch(max(dk, block)))
+	sc.ktail = grow(sc.ktail, block*max(dk, dr))
 	if len(sc.ones) != block {
-		sc.ones = grow32(sc.ones, block)
+		sc.ones = grow(sc.ones, block)
 		for x := range sc.ones {
 			sc.ones[x] = 1
 		}
@@ -1419,11 +1419,11 @@ func attnDenseRange(args *kernel.Args, lo, hi int) {
 	nb := (j.t + denseRows - 1) / denseRows
 	hg := j.hq / j.hkv
 	dk, dr, dv := j.dk, j.dr, j.dv
-	sc.qb, sc.qrb = grow32(sc.qb, denseRows*dk), grow32(sc.qrb, denseRows*max(dr, 1))
-	sc.zb, sc.e, sc.rv = grow32(sc.zb, 2*denseRows*block), grow32(sc.e, block), grow32(sc.rv, dv)
-	sc.acc, sc.m, sc.l = grow32(sc.acc, denseRows*dv), grow32(sc.m, denseRows), grow32(sc.l, denseRows)
+	sc.qb, sc.qrb = grow(sc.qb, denseRows*dk), grow(sc.qrb, denseRows*max(dr, 1))
+	sc.zb, sc.e, sc.rv = grow(sc.zb, 2*denseRows*block), grow(sc.e, block), grow(sc.rv, dv)
+	sc.acc, sc.m, sc.l = grow(sc.acc, denseRows*dv), grow(sc.m, denseRows), grow(sc.l, denseRows)
 	if len(sc.ones) != dv {
-		sc.ones = grow32(sc.ones, dv)
+		sc.ones = grow(sc.ones, dv)
 		for x := range sc.ones {
 			sc.ones[x] = 1
 		}
@@ -1554,7 +1554,7 @@ func (j *attnJob) logits(sc *attnScratch, z []float32, item int, kb, krb []float
 	const tk = kernel.AttnLogitsKeys
 	per := hg * tk
 	tiles := (nk + tk - 1) / tk
-	sc.zt = grow32(sc.zt, tiles*per)
+	sc.zt = grow(sc.zt, tiles*per)
 	qt := j.qt[item*(dk+dr)*hg : (item+1)*(dk+dr)*hg]
 	for tile := range tiles {
 		s0 := tile * tk
@@ -1564,7 +1564,7 @@ func (j *attnJob) logits(sc *attnScratch, z []float32, item int, kb, krb []float
 			kr = krb[s0*dr:]
 		}
 		if s0+tk > nk {
-			sc.ktail = grow32(sc.ktail, tk*(dk+dr))
+			sc.ktail = grow(sc.ktail, tk*(dk+dr))
 			clear(sc.ktail)
 			k = sc.ktail[:tk*dk]
 			copy(k, kb[s0*dk:nk*dk])
@@ -1590,7 +1590,7 @@ func (j *attnJob) logitsBF16(sc *attnScratch, z []float32, item int, kb, krb []f
 	per := hg * tk
 	tiles := (nk + tk - 1) / tk
 	n := tiles * tk
-	sc.zt = grow32(sc.zt, tiles*per)
+	sc.zt = grow(sc.zt, tiles*per)
 	sc.kbb = slices.Grow(sc.kbb[:0], n*(dk+dr))[:n*(dk+dr)]
 	k, kr := sc.kbb[:n*dk], sc.kbb[n*dk:]
 	kernel.RoundBF16DAZ(k[:nk*dk], kb[:nk*dk])
@@ -1646,10 +1646,10 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 	// Scratch is sized for a whole block, so that blocks growing with the
 	// cache do not reallocate it step after step.
 	const most = 64 // attnRange's block
-	sc.kb, sc.zb = grow32(sc.kb, most*dk), grow32(sc.zb, 2*hg*most)
-	sc.e, sc.rv = grow32(sc.e, most), grow32(sc.rv, dv)
+	sc.kb, sc.zb = grow(sc.kb, most*dk), grow(sc.zb, 2*hg*most)
+	sc.e, sc.rv = grow(sc.e, most), grow(sc.rv, dv)
 	if len(sc.ones) != dv {
-		sc.ones = grow32(sc.ones, dv)
+		sc.ones = grow(sc.ones, dv)
 		for x := range sc.ones {
 			sc.ones[x] = 1
 		}
@@ -1657,10 +1657,10 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 	// MLA's MQA form reads the latent as both key and value.
 	shared := j.vShared
 	if !shared {
-		sc.vb = grow32(sc.vb, most*dv)
+		sc.vb = grow(sc.vb, most*dv)
 	}
 	if dr > 0 {
-		sc.krb = grow32(sc.krb, most*dr)
+		sc.krb = grow(sc.krb, most*dr)
 	}
 	kb, krb, vb := sc.kb, sc.krb, sc.vb
 	contiguous := j.hkv == 1
@@ -1704,7 +1704,7 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 		// every output the same FMA chains and sum whichever operand is
 		// x, so the logits have the bits of the queries' product with
 		// the keys (kernel.TestMatMulSwapBits).
-		sc.zt = grow32(sc.zt, 2*nk*hg)
+		sc.zt = grow(sc.zt, 2*nk*hg)
 		zt := sc.zt[:nk*hg]
 		kernel.MatMulSerial(zt, kb[:nk*dk], j.q[q0*dk:(q0+hg)*dk], nk, hg, dk)
 		if dr > 0 {
@@ -1736,8 +1736,8 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 	// the arithmetic is RankUpdate's either way.
 	together := hg >= attnValuesTogether
 	if together {
-		sc.eAll = grow32(sc.eAll, hg*most)
-		sc.macc = grow32(sc.macc, kernel.MatAccumulateScratch(most))
+		sc.eAll = grow(sc.eAll, hg*most)
+		sc.macc = grow(sc.macc, kernel.MatAccumulateScratch(most))
 	}
 	for hh := 0; hh < hg; hh++ {
 		off := j.partOff(item, p, hh)
@@ -1819,7 +1819,7 @@ var attnSwapHeads = 8
 // (kernel.MatAccumulate) instead of one rank update per head.
 const attnValuesTogether = 6
 
-// growKeep is grow32 that keeps the contents when it reallocates.
+// growKeep is grow that keeps the contents when it reallocates.
 func growKeep(b []float32, n int) []float32 {
 	if cap(b) >= n {
 		return b[:n]

@@ -106,7 +106,7 @@ var halfScratch = sync.Pool{New: func() any { return new([]float32) }}
 func halfMatMul(pool *kernel.Pool, dst, x []float32, p *gateUp, up bool, m int) {
 	s := halfScratch.Get().(*[]float32)
 	defer halfScratch.Put(s)
-	*s = grow32(*s, m*2*p.n)
+	*s = grow(*s, m*2*p.n)
 	whole := *s
 	if pool == nil {
 		kernel.MatMulKMajorSerial(whole, x, p.packed, m, 2*p.n, p.k)

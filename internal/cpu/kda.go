@@ -180,12 +180,12 @@ func (b *Backend) kdaPrepare(a *compute.KDAArgs) (*kdaJob, error) {
 	return j, nil
 }
 
-// grow32 returns s resized to n, reallocating with room to spare so that
+// grow returns s resized to n, reallocating with room to spare so that
 // a buffer that grows with the context (one more key per decode step)
 // reallocates only logarithmically often.
-func grow32(s []float32, n int) []float32 {
+func grow[T any](s []T, n int) []T {
 	if cap(s) < n {
-		return make([]float32, n, max(n, 2*cap(s)))
+		return make([]T, n, max(n, 2*cap(s)))
 	}
 	return s[:n]
 }
@@ -223,7 +223,7 @@ func kdaRange(args *kernel.Args, lo, hi int) {
 		// The chunks run on the state K-first (row k = S[k, :]), where
 		// both of a chunk's state products are register-tiled GEMMs
 		// (kernel.MatAccumulate) with the state as their B operand.
-		sc.sk = grow32(sc.sk, j.dk*j.dv)
+		sc.sk = grow(sc.sk, j.dk*j.dv)
 		kernel.Transpose(sc.sk, st, j.dv, j.dk)
 		for b0 := t0; b0 < t1; b0 += blk {
 			b1 := min(b0+blk, t1)
@@ -251,8 +251,8 @@ const kdaLoadBlock = 256
 // arithmetic (stepHead), whole rows at a time.
 func (j *kdaJob) load(sc *kdaScratch, hd, t0, t1 int) {
 	n, dk, dv := t1-t0, j.dk, j.dv
-	sc.q, sc.k, sc.g = grow32(sc.q, n*dk), grow32(sc.k, n*dk), grow32(sc.g, n*dk)
-	sc.v, sc.beta = grow32(sc.v, n*dv), grow32(sc.beta, n)
+	sc.q, sc.k, sc.g = grow(sc.q, n*dk), grow(sc.k, n*dk), grow(sc.g, n*dk)
+	sc.v, sc.beta = grow(sc.v, n*dv), grow(sc.beta, n)
 	qk := t0*j.qStride + hd*dk
 	kernel.GatherRows(sc.q, j.q[qk:], n, dk, j.qStride)
 	kernel.GatherRows(sc.k, j.k[qk:], n, dk, j.qStride)
@@ -284,7 +284,7 @@ func l2norm(x []float32) {
 // the state per token.
 func (j *kdaJob) recurrent(sc *kdaScratch, st []float32, hd, t0, t1 int) {
 	dk, dv := j.dk, j.dv
-	sc.tmp = grow32(sc.tmp, 2*dv+dk)
+	sc.tmp = grow(sc.tmp, 2*dv+dk)
 	o, u, ke := sc.tmp[:dv], sc.tmp[dv:2*dv], sc.tmp[2*dv:]
 	w := j.h * dk // a record part's width
 	for i := 0; i < t1-t0; i++ {
@@ -327,16 +327,16 @@ func kdaToken(st, q, k, g, v []float32, beta float32, o, u, ke []float32, dk, dv
 // S1 = diag(e^{G_last}) S0 + Σ_j (k_j e^{G_last-G_j}) u_jᵀ.
 func (j *kdaJob) chunkStep(sc *kdaScratch, sk []float32, hd, t0, c0, c1 int) {
 	dk, dv, c := j.dk, j.dv, c1-c0
-	sc.kq, sc.uo = grow32(sc.kq, 2*c*dk), grow32(sc.uo, 2*c*dv)
+	sc.kq, sc.uo = grow(sc.kq, 2*c*dk), grow(sc.uo, 2*c*dv)
 	sc.kd, sc.qd = sc.kq[:c*dk], sc.kq[c*dk:2*c*dk]
-	sc.tmp = grow32(sc.tmp, 2*dk)
+	sc.tmp = grow(sc.tmp, 2*dk)
 	gLast := sc.tmp[dk:] // cumulative gate of the chunk's last token
 	q, k, g := sc.q[c0*dk:c1*dk], sc.k[c0*dk:c1*dk], sc.g[c0*dk:c1*dk]
 	v, beta := sc.v[c0*dv:c1*dv], sc.beta[c0:c1]
 
 	// Chunk-local stage. Cumulative gates stay in log space; every factor
 	// is an exponential of a difference, computed eight at a time.
-	sc.cg, sc.e = grow32(sc.cg, c*dk), grow32(sc.e, c*dk)
+	sc.cg, sc.e = grow(sc.cg, c*dk), grow(sc.e, c*dk)
 	clear(sc.cg[:dk])
 	prev := sc.cg[:dk]
 	for i := 0; i < c; i++ {
@@ -356,7 +356,7 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, sk []float32, hd, t0, c0, c1 int) {
 
 	// State stage: P = (k e^G)·S into u and O = (q e^G)·S into o, one
 	// product over the state for both, so the state is read once.
-	sc.macc = grow32(sc.macc, kernel.MatAccumulateScratch(max(dk, c)))
+	sc.macc = grow(sc.macc, kernel.MatAccumulateScratch(max(dk, c)))
 	clear(sc.uo)
 	kernel.MatAccumulate(sc.uo, dv, sc.kq, sk, dv, 2*c, dv, dk, sc.macc)
 	// (I + L) U = β(V - P) by forward substitution, in place in P; then
@@ -378,7 +378,7 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, sk []float32, hd, t0, c0, c1 int) {
 			kernel.Scale(sc.u[i*dv:(i+1)*dv], beta[i])
 		}
 		if b0 > 0 {
-			sc.nl = grow32(sc.nl, (b1-b0)*b0)
+			sc.nl = grow(sc.nl, (b1-b0)*b0)
 			for i := b0; i < b1; i++ {
 				for jj, l := range sc.lm[i*c : i*c+b0] {
 					sc.nl[(i-b0)*b0+jj] = -l
@@ -408,7 +408,7 @@ func (j *kdaJob) chunkStep(sc *kdaScratch, sk []float32, hd, t0, c0, c1 int) {
 	// per element over the chunk: the decayed keys transposed, each
 	// element broadcast against a row of U, six state rows at a time.
 	kernel.ExpSliceFlush(gLast, decayFlush)
-	sc.kdt = grow32(sc.kdt, dk*c)
+	sc.kdt = grow(sc.kdt, dk*c)
 	kernel.Transpose(sc.kdt, sc.kd, c, dk)
 	kernel.MatAccumulateScaled(sk, dv, gLast, sc.kdt, sc.u, dv, dk, dv, c, sc.macc)
 }
@@ -426,8 +426,8 @@ const subChunk = 16
 func (j *kdaJob) local(sc *kdaScratch, hd, t0, c0, c1 int, cg []float32) {
 	dk, c := j.dk, c1-c0
 	q, k, beta := sc.q[c0*dk:c1*dk], sc.k[c0*dk:c1*dk], sc.beta[c0:c1]
-	sc.ka, sc.kb, sc.qa = grow32(sc.ka, c*dk), grow32(sc.kb, c*dk), grow32(sc.qa, c*dk)
-	sc.lm, sc.mqk = grow32(sc.lm, c*c), grow32(sc.mqk, c*c)
+	sc.ka, sc.kb, sc.qa = grow(sc.ka, c*dk), grow(sc.kb, c*dk), grow(sc.qa, c*dk)
+	sc.lm, sc.mqk = grow(sc.lm, c*c), grow(sc.mqk, c*c)
 	last := cg[(c-1)*dk : c*dk]
 	sc.unsafe = sc.unsafe[:0]
 	for ch := 0; ch < dk; ch++ {
@@ -471,10 +471,10 @@ func (j *kdaJob) local(sc *kdaScratch, hd, t0, c0, c1 int, cg []float32) {
 func (j *kdaJob) blockedLocal(sc *kdaScratch, hd, t0, c0, c1 int) {
 	dk, c := j.dk, c1-c0
 	q, k, g, beta := sc.q[c0*dk:c1*dk], sc.k[c0*dk:c1*dk], sc.g[c0*dk:c1*dk], sc.beta[c0:c1]
-	sc.lmc, sc.mqkc = grow32(sc.lmc, c*c), grow32(sc.mqkc, c*c)
-	sc.cgb, sc.sb = grow32(sc.cgb, subChunk*dk), grow32(sc.sb, c*dk)
-	sc.kbo, sc.ko = grow32(sc.kbo, c*dk), grow32(sc.ko, 2*subChunk*dk)
-	sc.lo = grow32(sc.lo, 2*subChunk*c)
+	sc.lmc, sc.mqkc = grow(sc.lmc, c*c), grow(sc.mqkc, c*c)
+	sc.cgb, sc.sb = grow(sc.cgb, subChunk*dk), grow(sc.sb, c*dk)
+	sc.kbo, sc.ko = grow(sc.kbo, c*dk), grow(sc.ko, 2*subChunk*dk)
+	sc.lo = grow(sc.lo, 2*subChunk*c)
 	for r0 := 0; r0 < c; r0 += subChunk {
 		r1 := min(r0+subChunk, c)
 		n := r1 - r0
@@ -530,8 +530,8 @@ func (j *kdaJob) unsafeTerms(sc *kdaScratch, hd, t0, c0, c1 int) {
 	dk, c, n := j.dk, c1-c0, len(sc.unsafe)
 	q, k, g := sc.q[c0*dk:c1*dk], sc.k[c0*dk:c1*dk], sc.g[c0*dk:c1*dk]
 	beta := sc.beta[c0:c1]
-	sc.uk, sc.uq, sc.ug = grow32(sc.uk, c*n), grow32(sc.uq, c*n), grow32(sc.ug, c*n)
-	sc.ue, sc.ur = grow32(sc.ue, c*n), grow32(sc.ur, 2*c)
+	sc.uk, sc.uq, sc.ug = grow(sc.uk, c*n), grow(sc.uq, c*n), grow(sc.ug, c*n)
+	sc.ue, sc.ur = grow(sc.ue, c*n), grow(sc.ur, 2*c)
 	decays := true
 	for i := 0; i < c; i++ {
 		for x, ch := range sc.unsafe {

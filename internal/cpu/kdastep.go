@@ -253,7 +253,7 @@ func stepHeads(args *kernel.Args, lo, hi int) {
 	h, d := j.h, j.d
 	hs := headScratchPool.Get().(*headScratch)
 	defer headScratchPool.Put(hs)
-	hs.v = grow32(hs.v, 6*d)
+	hs.v = grow(hs.v, 6*d)
 	q, k, g := hs.v[:d], hs.v[d:2*d], hs.v[2*d:3*d]
 	o, ke, u := hs.v[3*d:4*d], hs.v[4*d:5*d], hs.v[5*d:6*d]
 	for item := j.bounds[lo]; item < j.bounds[hi]; item++ {
@@ -392,9 +392,9 @@ func (b *Backend) KDAStep(a *compute.KDAStepArgs) error {
 	if w.QKV.Dims[0] != 3*hd || w.Conv.Dims[0] != 3*hd {
 		return shapeErr("kda step: qkv %v conv %v for %d heads of %d", w.QKV, w.Conv, h, d)
 	}
-	sc.raw, sc.conv = grow32(sc.raw, rows*3*hd), grow32(sc.conv, rows*3*hd)
-	sc.fa, sc.graw, sc.braw = grow32(sc.fa, rows*d), grow32(sc.graw, rows*hd), grow32(sc.braw, rows*h)
-	sc.gate, sc.core = grow32(sc.gate, rows*hd), grow32(sc.core, rows*hd)
+	sc.raw, sc.conv = grow(sc.raw, rows*3*hd), grow(sc.conv, rows*3*hd)
+	sc.fa, sc.graw, sc.braw = grow(sc.fa, rows*d), grow(sc.graw, rows*hd), grow(sc.braw, rows*h)
+	sc.gate, sc.core = grow(sc.gate, rows*hd), grow(sc.core, rows*hd)
 	x := F32(a.X)
 	mm := func(dst, src []float32, wt compute.Tensor, m int) error { return b.matmulHost(dst, src, wt, m) }
 	given := !a.QKVIn.IsZero()
@@ -457,7 +457,7 @@ func stepProjections(sc *stepScratch, mm func(dst, src []float32, wt compute.Ten
 	if !w.G.IsZero() {
 		return mm(sc.gate, x, w.G, rows)
 	}
-	sc.ga = grow32(sc.ga, rows*d)
+	sc.ga = grow(sc.ga, rows*d)
 	if err := mm(sc.ga, x, w.GA, rows); err != nil {
 		return err
 	}

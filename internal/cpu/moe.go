@@ -142,20 +142,6 @@ type moeScratch struct {
 
 var moeScratchPool = sync.Pool{New: func() any { return new(moeScratch) }}
 
-func grow(s []float32, n int) []float32 {
-	if cap(s) < n {
-		return make([]float32, n, max(n, 2*cap(s)))
-	}
-	return s[:n]
-}
-
-func growI(s []int32, n int) []int32 {
-	if cap(s) < n {
-		return make([]int32, n, max(n, 2*cap(s)))
-	}
-	return s[:n]
-}
-
 // expertJob is one MoEExperts call's work on the workers.
 type expertJob struct {
 	a          *compute.ExpertArgs
@@ -207,7 +193,7 @@ func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 	sc := moeScratchPool.Get().(*moeScratch)
 	defer moeScratchPool.Put(sc)
 	// Counting sort of the (token, slot) pairs by expert.
-	sc.start = growI(sc.start, ne+1)
+	sc.start = grow(sc.start, ne+1)
 	clear(sc.start)
 	for _, ex := range idx {
 		if ex == -1 {
@@ -230,9 +216,9 @@ func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 		sc.start[e+1] += sc.start[e]
 	}
 	n := int(sc.start[ne])
-	sc.rows, sc.w = growI(sc.rows, n), grow(sc.w, n)
+	sc.rows, sc.w = grow(sc.rows, n), grow(sc.w, n)
 	// Place the pairs in expert order, token order within an expert.
-	sc.cur = growI(sc.cur, ne)
+	sc.cur = grow(sc.cur, ne)
 	copy(sc.cur, sc.start[:ne])
 	for i, ex := range idx {
 		if ex < 0 {
@@ -250,7 +236,7 @@ func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 	case sc.job.laidOut() && expertPasses(len(sc.active), b.pool.Size()):
 		sc.x, sc.h = grow(sc.x, n*din), grow(sc.h, 2*n*inter)
 		if sc.job.pairs {
-			sc.xb = growU16(sc.xb, n*max(din, inter))
+			sc.xb = grow(sc.xb, n*max(din, inter))
 		}
 		sc.job.passes(b, x)
 	case t >= moeSplitMin:
@@ -275,7 +261,7 @@ func (b *Backend) MoEExperts(a *compute.ExpertArgs) error {
 		}
 		return nil
 	}
-	sc.pos = growI(sc.pos, t*k)
+	sc.pos = grow(sc.pos, t*k)
 	for i := range sc.pos {
 		sc.pos[i] = -1
 	}
@@ -605,13 +591,6 @@ type expertScratch struct {
 
 var expertScratchPool = sync.Pool{New: func() any { return new(expertScratch) }}
 
-func growU16(s []uint16, n int) []uint16 {
-	if cap(s) < n {
-		return make([]uint16, n, max(n, 2*cap(s)))
-	}
-	return s[:n]
-}
-
 // expertRange runs experts [lo, hi) of active whole: gather, gate and up
 // products, activation, down product.
 func expertRange(args *kernel.Args, lo, hi int) {
@@ -625,7 +604,7 @@ func expertRange(args *kernel.Args, lo, hi int) {
 		xs := j.gather(e, es.x, args.X)
 		var xb []uint16
 		if j.pairs {
-			es.xb = growU16(es.xb, m*max(j.din, inter))
+			es.xb = grow(es.xb, m*max(j.din, inter))
 			xb = es.xb
 		}
 		gate, up := es.h[:m*inter], es.h[m*inter:2*m*inter]

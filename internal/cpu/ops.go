@@ -570,7 +570,7 @@ func headHeads(args *kernel.Args, lo, hi int) {
 	t, h, k, n := j.t, j.h, j.k, j.n
 	sc := headMMPool.Get().(*headMMScratch)
 	defer headMMPool.Put(sc)
-	sc.x, sc.y = grow32(sc.x, t*k), grow32(sc.y, t*n)
+	sc.x, sc.y = grow(sc.x, t*k), grow(sc.y, t*n)
 	for hh := lo; hh < hi; hh++ {
 		for r := 0; r < t; r++ {
 			copy(sc.x[r*k:(r+1)*k], j.xs[(r*h+hh)*k:])
