@@ -632,6 +632,25 @@ func (j *attnJob) valRow(s, g int) []float32 {
 
 func (j *attnJob) ropeRow(s int) []float32 { return j.run(j.kr, j.krp, s, 1, j.dr) }
 
+// gatherAhead is how many rows ahead of its copy a gather of selected
+// keys prefetches: each row starts its own misses (rows lie anywhere in
+// the cache), and a copy that waits for them one row at a time leaves
+// the memory idle (docs/bench: 4 and 8 rows ahead against none, 16 no
+// better than 8).
+const gatherAhead = 8
+
+// prefetchRow prefetches position s's key of kv head g, its value unless
+// shared, and its rope key when dr > 0.
+func (j *attnJob) prefetchRow(s, g int, shared bool, dr int) {
+	kernel.Prefetch(j.keyRow(s, g))
+	if !shared {
+		kernel.Prefetch(j.valRow(s, g))
+	}
+	if dr > 0 {
+		kernel.Prefetch(j.ropeRow(s))
+	}
+}
+
 // samePage reports whether positions s and e lie in one page (always,
 // for a contiguous cache).
 func (j *attnJob) samePage(s, e int) bool { return j.kp == nil || s>>j.pshift == e>>j.pshift }
@@ -1677,7 +1696,13 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 			krb = j.run(j.kr, j.krp, s0, nk, dr)
 		}
 	} else {
+		for bi := range min(gatherAhead, nk) {
+			j.prefetchRow(int(blk[bi]), g, shared, dr)
+		}
 		for bi, s := range blk {
+			if bi+gatherAhead < nk {
+				j.prefetchRow(int(blk[bi+gatherAhead]), g, shared, dr)
+			}
 			copy(kb[bi*dk:(bi+1)*dk], j.keyRow(int(s), g))
 			if !shared {
 				copy(vb[bi*dv:(bi+1)*dv], j.valRow(int(s), g))

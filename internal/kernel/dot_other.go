@@ -365,3 +365,5 @@ func splitBF16AVX512(hi, mid, lo *uint16, x *float32, n int) {
 func sum3AVX512(dst, a, b, c *float32, n int) { panic("kernel: no assembly on this platform") }
 
 func roundBF16AVX512(dst *uint16, x *float32, n int) { panic("kernel: no assembly on this platform") }
+
+func prefetchFloats(p *float32, n int) {}

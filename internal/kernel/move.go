@@ -49,3 +49,15 @@ func GatherRows(dst, src []float32, rows, width, stride int) {
 		copy(dst[r*width:(r+1)*width], src[r*stride:r*stride+width])
 	}
 }
+
+// Prefetch asks the CPU to bring x into its caches without waiting for
+// it: a gather of rows from scattered addresses (a sparse attention's
+// selected keys) prefetches the rows it copies a few rows later, so that
+// their misses overlap instead of each starting when the copy reaches it.
+// It does nothing where the kernels have no assembly.
+func Prefetch(x []float32) {
+	if len(x) == 0 {
+		return
+	}
+	prefetchFloats(&x[0], len(x))
+}

@@ -12,3 +12,6 @@ func transpose16AVX512(dst, src *float32, sstride, dstride int)
 
 //go:noescape
 func gatherRowsAVX512(dst, src *float32, rows, width, stride int)
+
+//go:noescape
+func prefetchFloats(p *float32, n int)

@@ -61,3 +61,23 @@ func TestGatherRows(t *testing.T) {
 		}
 	}
 }
+
+// TestPrefetch calls Prefetch on slices of every length up to a few lines
+// at every offset within a line, the last one ending at the end of its
+// backing array: a hint must return and leave the memory as it was.
+func TestPrefetch(t *testing.T) {
+	buf := make([]float32, 256)
+	for i := range buf {
+		buf[i] = float32(i)
+	}
+	Prefetch(nil)
+	for off := range 16 {
+		for n := 1; off+n <= len(buf); n += 1 + n/8 {
+			Prefetch(buf[off : off+n])
+		}
+		Prefetch(buf[len(buf)-1-off:])
+	}
+	for i, v := range buf {
+		require.Equal(t, float32(i), v, "element %d", i)
+	}
+}
