@@ -633,11 +633,18 @@ func (j *attnJob) valRow(s, g int) []float32 {
 func (j *attnJob) ropeRow(s int) []float32 { return j.run(j.kr, j.krp, s, 1, j.dr) }
 
 // gatherAhead is how many rows ahead of its copy a gather of selected
-// keys prefetches: each row starts its own misses (rows lie anywhere in
-// the cache), and a copy that waits for them one row at a time leaves
-// the memory idle (docs/bench: 4 and 8 rows ahead against none, 16 no
-// better than 8).
-const gatherAhead = 8
+// keys prefetches, in a call of at most gatherColdRows rows a sequence
+// (a decode step, a verification pass). There each selected row comes
+// from memory, wherever it lies in the cache, and a copy that waited for
+// one row's misses after another left the memory idle (docs/bench: 4
+// and 8 rows ahead against none, 16 no better than 8). A prefill chunk's
+// rows share their selections, which the first reader brings into the
+// caches, and the prefetches only cost it (2-8% of a 512-row sparse
+// call).
+const (
+	gatherAhead    = 8
+	gatherColdRows = 16
+)
 
 // prefetchRow prefetches position s's key of kv head g, its value unless
 // shared, and its rope key when dr > 0.
@@ -1696,11 +1703,15 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 			krb = j.run(j.kr, j.krp, s0, nk, dr)
 		}
 	} else {
-		for bi := range min(gatherAhead, nk) {
+		ahead := 0
+		if j.t <= gatherColdRows {
+			ahead = min(gatherAhead, nk)
+		}
+		for bi := range ahead {
 			j.prefetchRow(int(blk[bi]), g, shared, dr)
 		}
 		for bi, s := range blk {
-			if bi+gatherAhead < nk {
+			if ahead > 0 && bi+ahead < nk {
 				j.prefetchRow(int(blk[bi+gatherAhead]), g, shared, dr)
 			}
 			copy(kb[bi*dk:(bi+1)*dk], j.keyRow(int(s), g))
