@@ -1712,7 +1712,7 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 		}
 		for bi, s := range blk {
 			if ahead > 0 && bi+ahead < nk {
-				j.prefetchRow(int(blk[bi+gatherAhead]), g, shared, dr)
+				j.prefetchRow(int(blk[bi+ahead]), g, shared, dr)
 			}
 			copy(kb[bi*dk:(bi+1)*dk], j.keyRow(int(s), g))
 			if !shared {
