@@ -646,14 +646,14 @@ const (
 	gatherColdRows = 16
 )
 
-// prefetchRow prefetches position s's key of kv head g, its value unless
-// shared, and its rope key when dr > 0.
-func (j *attnJob) prefetchRow(s, g int, shared bool, dr int) {
+// prefetchRow prefetches position s's key of kv head g, its value
+// unless the values are the keys, and its rope key if any.
+func (j *attnJob) prefetchRow(s, g int) {
 	kernel.Prefetch(j.keyRow(s, g))
-	if !shared {
+	if !j.vShared {
 		kernel.Prefetch(j.valRow(s, g))
 	}
-	if dr > 0 {
+	if j.dr > 0 {
 		kernel.Prefetch(j.ropeRow(s))
 	}
 }
@@ -1708,11 +1708,11 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 			ahead = min(gatherAhead, nk)
 		}
 		for bi := range ahead {
-			j.prefetchRow(int(blk[bi]), g, shared, dr)
+			j.prefetchRow(int(blk[bi]), g)
 		}
 		for bi, s := range blk {
 			if ahead > 0 && bi+ahead < nk {
-				j.prefetchRow(int(blk[bi+ahead]), g, shared, dr)
+				j.prefetchRow(int(blk[bi+ahead]), g)
 			}
 			copy(kb[bi*dk:(bi+1)*dk], j.keyRow(int(s), g))
 			if !shared {
