@@ -22,14 +22,15 @@ import (
 // and the call cut into waves of one row, give bitwise the same indices
 // and scores.
 //
-// With 16 heads, where the CPU has the 512-bit kernels, a row alone in its
+// With 16 and 32 heads (the second taking the row tile's 32-head form),
+// where the CPU has the 512-bit kernels, a row alone in its
 // sequence (the decode row; every row alone and in waves of one row) is
 // scored from the keys as stored (kernel.IndexerRows) and the chunk's rows
 // from transposed blocks, so the bitwise checks hold the two tiles to the
 // same bits; the last, partial block of a sequence takes the transposed
 // block either way.
 func TestLightningIndexer(t *testing.T) {
-	for _, hi := range []int{8, 16} {
+	for _, hi := range []int{8, 16, 32} {
 		t.Run(fmt.Sprintf("heads=%d", hi), func(t *testing.T) {
 			b := New(2)
 			defer b.Close()

@@ -255,6 +255,9 @@ func attnLogitsZMM(zt, k *float32, kstride int, qt *float32, hg, d, acc int)
 func indexerRowsZMM(t, k *float32, kstride int, qt, w *float32, hi, di int, ahead *float32, step int)
 
 //go:noescape
+func indexerRows32ZMM(t, k *float32, kstride int, qt, w *float32, hi, di int, ahead *float32, step int, acc *float32)
+
+//go:noescape
 func indexerRowsBF16ZMM(t, k *float32, kstride int, kb *uint16, qp *uint32, w *float32, hi, di int, ahead *float32, step int)
 
 //go:noescape

@@ -142,6 +142,10 @@ func indexerRowsZMM(t, k *float32, kstride int, qt, w *float32, hi, di int, ahea
 	panic("kernel: no assembly on this platform")
 }
 
+func indexerRows32ZMM(t, k *float32, kstride int, qt, w *float32, hi, di int, ahead *float32, step int, acc *float32) {
+	panic("kernel: no assembly on this platform")
+}
+
 func indexerRowsBF16ZMM(t, k *float32, kstride int, kb *uint16, qp *uint32, w *float32, hi, di int, ahead *float32, step int) {
 	panic("kernel: no assembly on this platform")
 }

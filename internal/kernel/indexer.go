@@ -74,11 +74,21 @@ func IndexerRows(t, k []float32, stride int, qt, w []float32, hi, di int, ahead 
 		}
 		// One line a dimension, over the next keys' rows as stored.
 		step := IndexerRowKeys * stride * 4 / di
+		if hi%32 == 0 && indexerPairs {
+			var acc [2 * IndexerRowKeys * 16]float32 // [chunk][key][head]
+			indexerRows32ZMM(&t[0], &k[0], stride, &qt[0], &w[0], hi, di, &ahead[0], step, &acc[0])
+			return
+		}
 		indexerRowsZMM(&t[0], &k[0], stride, &qt[0], &w[0], hi, di, &ahead[0], step)
 		return
 	}
 	indexerRowsGo(t, k, stride, qt, w, hi, di)
 }
+
+// indexerPairs lets IndexerRows take heads 32 at a time where they are a
+// multiple of 32 (indexerRows32ZMM, the same bits); tests turn it off to
+// hold the two forms to each other.
+var indexerPairs = true
 
 // indexerRowsGo is IndexerRows in Go, with indexerBlockGo's arithmetic.
 func indexerRowsGo(t, k []float32, stride int, qt, w []float32, hi, di int) {

@@ -66,14 +66,14 @@ func TestIndexerBlock(t *testing.T) {
 // TestIndexerRows checks the row-at-a-time tile, which reads the keys in
 // their stored layout, against IndexerBlock over the same keys transposed:
 // bit for bit where the tile runs in assembly (on either width of the
-// block tile), within the reference's tolerance in Go; and both against a
-// float64 reference. Some keys and heads score zero or below, so that
-// the ReLU and negative head weights take part, and a NaN in a key
-// reaches its score in assembly (the Go twins skip it, as their ReLU
-// does).
+// block tile, and heads 32 at a time against 16), within the reference's
+// tolerance in Go; and both against a float64 reference. Some keys and
+// heads score zero or below, so that the ReLU and negative head weights
+// take part, and a NaN in a key reaches its score in assembly (the Go
+// twins skip it, as their ReLU does).
 func TestIndexerRows(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
-	for _, hi := range []int{8, 16, 32, 64} {
+	for _, hi := range []int{8, 16, 32, 48, 64, 96} {
 		for _, di := range []int{1, 7, 64, 128} {
 			stride := di + 5
 			q, w := randSlice(r, hi*di), randSlice(r, hi)
@@ -96,6 +96,16 @@ func TestIndexerRows(t *testing.T) {
 				got[i] = float32(i) // overwritten, not added to
 			}
 			IndexerRows(got, keys, stride, qt, w, hi, di, nil)
+			if IndexerRowsFast(hi) && hi%32 == 0 {
+				// Heads 32 at a time against 16 at a time: the same bits.
+				indexerPairs = false
+				sixteens := make([]float32, IndexerRowKeys)
+				IndexerRows(sixteens, keys, stride, qt, w, hi, di, nil)
+				indexerPairs = true
+				for s := range IndexerRowKeys {
+					require.Equal(t, math.Float32bits(sixteens[s]), math.Float32bits(got[s]), "heads by 16 and by 32: hi %d di %d key %d", hi, di, s)
+				}
+			}
 			for _, bits := range []int{256, 512} {
 				if !IndexerRowsFast(hi) || bits == 512 && !hasZMM || bits == 256 && !useAVX2 {
 					continue

@@ -78,6 +78,25 @@
 	VMOVAPS yc, Y4; VEXTRACTF64X4 $1, zc, Y5; VMOVAPS yd, Y6; VEXTRACTF64X4 $1, zd, Y7; \
 	CALL ·reduce2x4(SB)
 
+// IR_ARGS loads the indexer's row tiles' common arguments: DI t, R14 k,
+// R11 the key stride in bytes, R12 three strides, R15 qt, DX w, R10 and
+// R8 hi.
+#define IR_ARGS \
+	MOVQ t+0(FP), DI; MOVQ k+8(FP), R14; \
+	MOVQ kstride+16(FP), R11; SHLQ $2, R11; LEAQ (R11)(R11*2), R12; \
+	MOVQ qt+24(FP), R15; MOVQ w+32(FP), DX; \
+	MOVQ hi+40(FP), R10; MOVQ R10, R8
+
+// IR_PASS starts a pass over the dimensions: R13 the chunk's query
+// elements, R9 the dimensions, DI the next keys to prefetch, the
+// accumulators cleared.
+#define IR_PASS \
+	MOVQ R15, R13; MOVQ di+48(FP), R9; MOVQ ahead+56(FP), DI; ZERO_Z0_15
+
+// IR_PREFETCH prefetches a dimension step's line of the next keys.
+#define IR_PREFETCH \
+	PREFETCHT0 (DI); ADDQ step+64(FP), DI
+
 // GEMM_TILE_ARGS loads the 512-bit tiles' common arguments: SI xp, DI w
 // (weight row 0), R11 its stride in bytes, R12 weight row 3, CX kc, DX
 // out, R13 the x stride and R14 the second panel's offset in bytes, R15
@@ -1449,15 +1468,7 @@ zkend:
 // dimension's step prefetches one line of the next keys (ahead, step
 // bytes apart), which come from memory while these are scored.
 TEXT ·indexerRowsZMM(SB), NOSPLIT, $0-72
-	MOVQ t+0(FP), DI
-	MOVQ k+8(FP), R14
-	MOVQ kstride+16(FP), R11
-	SHLQ $2, R11              // one key's stride in bytes
-	LEAQ (R11)(R11*2), R12    // three
-	MOVQ qt+24(FP), R15
-	MOVQ w+32(FP), DX
-	MOVQ hi+40(FP), R10
-	MOVQ R10, R8
+	IR_ARGS
 	SHRQ $4, R8               // head chunks of 16
 	SHLQ $2, R10              // one dimension's row of qt in bytes
 	VPXORD Z31, Z31, Z31
@@ -1468,14 +1479,10 @@ irchunk:
 	LEAQ (SI)(R11*4), AX      // key 4
 	LEAQ (AX)(R11*4), BX      // key 8
 	LEAQ (BX)(R11*4), CX      // key 12
-	MOVQ R15, R13
-	MOVQ di+48(FP), R9
-	MOVQ ahead+56(FP), DI
-	ZERO_Z0_15
+	IR_PASS
 
 irdim:
-	PREFETCHT0 (DI)
-	ADDQ step+64(FP), DI
+	IR_PREFETCH
 	VMOVUPS (R13), Z16
 	IR_FMA4(SI, Z0, Z1, Z2, Z3)
 	IR_FMA4(AX, Z4, Z5, Z6, Z7)
@@ -1497,6 +1504,114 @@ irdim:
 	ADDQ $64, R15
 	DECQ R8
 	JNZ  irchunk
+	VZEROUPPER
+	RET
+
+// AL_KEY broadcasts dimension d of the key at addr into tmp and adds its
+// products with the 32 heads' queries (Z16, Z17) to a0 and a1.
+#define AL_KEY(addr, tmp, a0, a1) \
+	VBROADCASTSS addr, tmp; \
+	VFMADD231PS Z16, tmp, a0; \
+	VFMADD231PS Z17, tmp, a1
+
+// KEYS8_BY32 runs one dimension of 8 keys (SI: keys 0-3, AX: keys 4-7,
+// R11 the key stride, R12 three strides) against 32 heads' queries (Z16,
+// Z17): key s's accumulators are Z(2s) and Z(2s+1); Z18-Z25 hold the
+// broadcasts.
+#define KEYS8_BY32 \
+	AL_KEY((SI), Z18, Z0, Z1); \
+	AL_KEY((SI)(R11*1), Z19, Z2, Z3); \
+	AL_KEY((SI)(R11*2), Z20, Z4, Z5); \
+	AL_KEY((SI)(R12*1), Z21, Z6, Z7); \
+	AL_KEY((AX), Z22, Z8, Z9); \
+	AL_KEY((AX)(R11*1), Z23, Z10, Z11); \
+	AL_KEY((AX)(R11*2), Z24, Z12, Z13); \
+	AL_KEY((AX)(R12*1), Z25, Z14, Z15)
+
+// STEP8_BY32 is one dimension's step of KEYS8_BY32: the 32 heads' query
+// elements loaded from R13, then the keys' and the queries' pointers
+// advanced (R10 bytes a query row).
+#define STEP8_BY32 \
+	VMOVUPS (R13), Z16; VMOVUPS 64(R13), Z17; \
+	KEYS8_BY32; \
+	ADDQ $4, SI; ADDQ $4, AX; ADDQ R10, R13
+
+// IR32_LOAD loads the accumulators of the 16 keys of one chunk (heads in
+// the lanes) from the scratch at base into Z0-Z15.
+#define IR32_LOAD(base) \
+	VMOVUPS 0(base), Z0; VMOVUPS 64(base), Z1; VMOVUPS 128(base), Z2; VMOVUPS 192(base), Z3; \
+	VMOVUPS 256(base), Z4; VMOVUPS 320(base), Z5; VMOVUPS 384(base), Z6; VMOVUPS 448(base), Z7; \
+	VMOVUPS 512(base), Z8; VMOVUPS 576(base), Z9; VMOVUPS 640(base), Z10; VMOVUPS 704(base), Z11; \
+	VMOVUPS 768(base), Z12; VMOVUPS 832(base), Z13; VMOVUPS 896(base), Z14; VMOVUPS 960(base), Z15
+
+// func indexerRows32ZMM(t, k *float32, kstride int, qt, w *float32, hi, di int, ahead *float32, step int, acc *float32)
+// indexerRowsZMM for hi a multiple of 32: per pair of 16-head chunks, the
+// keys in two halves of 8, each key's element broadcast once against both
+// chunks' query elements (two loads and eight broadcasts for 16 FMAs,
+// where the 16-key loop makes 17 loads); each accumulator is the same FMA
+// chain over the dimensions in order. The halves' accumulators are stored
+// in acc ([2 chunks][16 keys][16 heads]) and reloaded, one chunk at a
+// time, for IR_EPILOGUE, which adds the chunk's heads in order as
+// indexerRowsZMM does: a key's score has that tile's bits.
+TEXT ·indexerRows32ZMM(SB), NOSPLIT, $0-80
+	IR_ARGS
+	SHRQ $5, R8               // pairs of head chunks
+	SHLQ $2, R10              // one dimension's row of qt in bytes
+	MOVQ acc+72(FP), BX
+	VPXORD Z31, Z31, Z31
+	VMOVUPS Z31, (DI)
+
+ir32pair:
+	MOVQ BX, CX               // the first half's scratch rows
+	MOVQ R14, SI
+
+ir32half:
+	LEAQ (SI)(R11*4), AX      // key 4 of the half
+	IR_PASS
+
+ir32dim:
+	IR_PREFETCH
+	STEP8_BY32
+	DECQ R9
+	JNZ  ir32dim
+
+	// Key s of the half: its first chunk's heads at s·64 from CX, its
+	// second chunk's 1,024 bytes on.
+	VMOVUPS Z0, (CX)
+	VMOVUPS Z1, 1024(CX)
+	VMOVUPS Z2, 64(CX)
+	VMOVUPS Z3, 1088(CX)
+	VMOVUPS Z4, 128(CX)
+	VMOVUPS Z5, 1152(CX)
+	VMOVUPS Z6, 192(CX)
+	VMOVUPS Z7, 1216(CX)
+	VMOVUPS Z8, 256(CX)
+	VMOVUPS Z9, 1280(CX)
+	VMOVUPS Z10, 320(CX)
+	VMOVUPS Z11, 1344(CX)
+	VMOVUPS Z12, 384(CX)
+	VMOVUPS Z13, 1408(CX)
+	VMOVUPS Z14, 448(CX)
+	VMOVUPS Z15, 1472(CX)
+	CMPQ CX, BX
+	JNE  ir32sum
+	LEAQ 512(BX), CX          // the second half: keys 8-15
+	LEAQ (R14)(R11*8), SI
+	JMP  ir32half
+
+ir32sum:
+	// w·max(acc, 0) of each chunk in turn, its heads in order.
+	MOVQ t+0(FP), DI
+	IR32_LOAD(BX)
+	IR_EPILOGUE
+	ADDQ $64, DX
+	LEAQ 1024(BX), CX
+	IR32_LOAD(CX)
+	IR_EPILOGUE
+	ADDQ $64, DX
+	ADDQ $128, R15
+	DECQ R8
+	JNZ  ir32pair
 	VZEROUPPER
 	RET
 
@@ -1742,12 +1857,6 @@ ibbdone:
 	VMOVUPS Z14, 896(DX); \
 	VMOVUPS Z15, 960(DX)
 
-// AL_KEY broadcasts dimension d of the key at addr into tmp and adds its
-// products with the 32 heads' queries (Z16, Z17) to a0 and a1.
-#define AL_KEY(addr, tmp, a0, a1) \
-	VBROADCASTSS addr, tmp; \
-	VFMADD231PS Z16, tmp, a0; \
-	VFMADD231PS Z17, tmp, a1
 
 // func attnLogitsZMM(zt, k *float32, kstride int, qt *float32, hg, d, acc int)
 // Attention logits of 8 keys (key s at k + s·kstride floats, d dims) for
@@ -1782,19 +1891,7 @@ alload:
 	AL_LOAD16
 
 aldim:
-	VMOVUPS (R13), Z16
-	VMOVUPS 64(R13), Z17
-	AL_KEY((SI), Z18, Z0, Z1)
-	AL_KEY((SI)(R11*1), Z19, Z2, Z3)
-	AL_KEY((SI)(R11*2), Z20, Z4, Z5)
-	AL_KEY((SI)(R12*1), Z21, Z6, Z7)
-	AL_KEY((AX), Z22, Z8, Z9)
-	AL_KEY((AX)(R11*1), Z23, Z10, Z11)
-	AL_KEY((AX)(R11*2), Z24, Z12, Z13)
-	AL_KEY((AX)(R12*1), Z25, Z14, Z15)
-	ADDQ $4, SI
-	ADDQ $4, AX
-	ADDQ R10, R13
+	STEP8_BY32
 	DECQ R9
 	JNZ  aldim
 
