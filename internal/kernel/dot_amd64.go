@@ -258,7 +258,7 @@ func indexerRowsZMM(t, k *float32, kstride int, qt, w *float32, hi, di int, ahea
 func indexerRows32ZMM(t, k *float32, kstride int, qt, w *float32, hi, di int, ahead *float32, step int, acc *float32)
 
 //go:noescape
-func indexerRowsBF16ZMM(t, k *float32, kstride int, kb *uint16, qp *uint32, w *float32, hi, di int, ahead *float32, step int)
+func indexerRowsBF16ZMM(t, k *float32, kstride int, kb *uint16, qp *uint32, w *float32, hi, di int, ahead *float32, step int, acc *float32)
 
 //go:noescape
 func indexerBlockBF16ZMM(t *float32, kt *uint32, qb *uint16, w *float32, hi, di int)

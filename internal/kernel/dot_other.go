@@ -146,7 +146,7 @@ func indexerRows32ZMM(t, k *float32, kstride int, qt, w *float32, hi, di int, ah
 	panic("kernel: no assembly on this platform")
 }
 
-func indexerRowsBF16ZMM(t, k *float32, kstride int, kb *uint16, qp *uint32, w *float32, hi, di int, ahead *float32, step int) {
+func indexerRowsBF16ZMM(t, k *float32, kstride int, kb *uint16, qp *uint32, w *float32, hi, di int, ahead *float32, step int, acc *float32) {
 	panic("kernel: no assembly on this platform")
 }
 

@@ -85,9 +85,9 @@ func IndexerRows(t, k []float32, stride int, qt, w []float32, hi, di int, ahead 
 	indexerRowsGo(t, k, stride, qt, w, hi, di)
 }
 
-// indexerPairs lets IndexerRows take heads 32 at a time where they are a
-// multiple of 32 (indexerRows32ZMM, the same bits); tests turn it off to
-// hold the two forms to each other.
+// indexerPairs lets IndexerRows and IndexerRowsBF16 take heads 32 at a
+// time where they are a multiple of 32 (the same bits); tests turn it off
+// to hold the two forms to each other.
 var indexerPairs = true
 
 // indexerRowsGo is IndexerRows in Go, with indexerBlockGo's arithmetic.

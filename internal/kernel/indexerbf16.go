@@ -78,7 +78,12 @@ func IndexerRowsBF16(t, k []float32, stride int, qp []uint32, w []float32, hi, d
 		}
 		// Two lines a pair, over the next keys' rows as stored.
 		step := IndexerRowKeys * stride * 4 / (di / 2)
-		indexerRowsBF16ZMM(&t[0], &k[0], stride, &kb[0], &qp[0], &w[0], hi, di, &ahead[0], step)
+		if hi%32 == 0 && indexerPairs {
+			var acc [2 * IndexerRowKeys * 16]float32 // [chunk][key][head]
+			indexerRowsBF16ZMM(&t[0], &k[0], stride, &kb[0], &qp[0], &w[0], hi, di, &ahead[0], step, &acc[0])
+			return
+		}
+		indexerRowsBF16ZMM(&t[0], &k[0], stride, &kb[0], &qp[0], &w[0], hi, di, &ahead[0], step, nil)
 		return
 	}
 	indexerRowsBF16Go(t, k, stride, qp, w, hi, di, kb)

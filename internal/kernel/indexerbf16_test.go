@@ -60,12 +60,12 @@ func indexerRefBF16(q, key, w []float32, hi, di int) (want, tol float64) {
 
 // TestIndexerBF16 checks the bf16 tiles: each against its Go twin bit for
 // bit, the rows tile against the block tile bit for bit (a row may be
-// scored either way), both against the float64 scores of the rounded
-// operands, a key's score independent of its slot, and both within
-// bf16's rounding of the exact scores.
+// scored either way) and with heads 32 at a time against 16, both against
+// the float64 scores of the rounded operands, a key's score independent of
+// its slot, and both within bf16's rounding of the exact scores.
 func TestIndexerBF16(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
-	for _, hi := range []int{1, 3, 5, 16, 64} {
+	for _, hi := range []int{1, 3, 5, 16, 32, 64, 96} {
 		for _, di := range []int{2, 6, 16, 64, 128} {
 			stride := di + 3
 			q, w := randSlice(r, hi*di), randSlice(r, hi)
@@ -85,9 +85,13 @@ func TestIndexerBF16(t *testing.T) {
 			IndexerBlockBF16(block, kt, qb, w, hi, di)
 			indexerBlockBF16Go(blockTwin, kt, qb, w, hi, di)
 			rows, rowsTwin := make([]float32, IndexerKeys), make([]float32, IndexerKeys)
+			sixteens := make([]float32, IndexerKeys)
 			for s := 0; s < IndexerKeys; s += IndexerRowKeys {
 				IndexerRowsBF16(rows[s:], keys[s*stride:], stride, qp, w, hi, di, ahead, kb)
 				indexerRowsBF16Go(rowsTwin[s:], keys[s*stride:], stride, qp, w, hi, di, kb)
+				indexerPairs = false // heads 16 at a time where they are a multiple of 32
+				IndexerRowsBF16(sixteens[s:], keys[s*stride:], stride, qp, w, hi, di, ahead, kb)
+				indexerPairs = true
 			}
 			for s := range IndexerKeys {
 				key := keys[s*stride : s*stride+di]
@@ -95,6 +99,7 @@ func TestIndexerBF16(t *testing.T) {
 				require.Equal(t, math.Float32bits(blockTwin[s]), math.Float32bits(block[s]), at("block tile against its twin"))
 				require.Equal(t, math.Float32bits(rowsTwin[s]), math.Float32bits(rows[s]), at("rows tile against its twin"))
 				require.Equal(t, math.Float32bits(block[s]), math.Float32bits(rows[s]), at("rows against block"))
+				require.Equal(t, math.Float32bits(sixteens[s]), math.Float32bits(rows[s]), at("rows by 32 heads against by 16"))
 				want, tol := indexerRefBF16(q, key, w, hi, di)
 				require.InDelta(t, want, float64(block[s]), tol, at("against the rounded operands"))
 				exact, _ := indexerRef(q, key, w, hi, di)

@@ -97,6 +97,30 @@
 #define IR_PREFETCH \
 	PREFETCHT0 (DI); ADDQ step+64(FP), DI
 
+// IR32_STORE stores the 32-head tiles' accumulators of 8 keys (key s's
+// first chunk in Z(2s), its second in Z(2s+1)) to the scratch at CX: key
+// s's first chunk at s·64 bytes, its second 1,024 bytes on.
+#define IR32_STORE \
+	VMOVUPS Z0, (CX); VMOVUPS Z1, 1024(CX); VMOVUPS Z2, 64(CX); VMOVUPS Z3, 1088(CX); \
+	VMOVUPS Z4, 128(CX); VMOVUPS Z5, 1152(CX); VMOVUPS Z6, 192(CX); VMOVUPS Z7, 1216(CX); \
+	VMOVUPS Z8, 256(CX); VMOVUPS Z9, 1280(CX); VMOVUPS Z10, 320(CX); VMOVUPS Z11, 1344(CX); \
+	VMOVUPS Z12, 384(CX); VMOVUPS Z13, 1408(CX); VMOVUPS Z14, 448(CX); VMOVUPS Z15, 1472(CX)
+
+// IR32_SUM adds to t the terms of the two chunks whose 16 keys' scratch
+// is at BX (weights at DX, advanced past both), one chunk after the
+// other, each through IR_EPILOGUE's head-ordered sum; clobbers CX.
+#define IR32_SUM \
+	MOVQ t+0(FP), DI; \
+	IR32_LOAD(BX); IR_EPILOGUE; ADDQ $64, DX; \
+	LEAQ 1024(BX), CX; IR32_LOAD(CX); IR_EPILOGUE; ADDQ $64, DX
+
+// IRB_PASS and IRB_PREFETCH are IR_PASS and IR_PREFETCH for the bf16 row
+// tile (R14 its pairs, two lines a pair step).
+#define IRB_PASS \
+	MOVQ R15, R13; MOVQ R14, R9; MOVQ ahead+64(FP), DI; ZERO_Z0_15
+#define IRB_PREFETCH \
+	PREFETCHT0 (DI); PREFETCHT0 64(DI); ADDQ step+72(FP), DI
+
 // GEMM_TILE_ARGS loads the 512-bit tiles' common arguments: SI xp, DI w
 // (weight row 0), R11 its stride in bytes, R12 weight row 3, CX kc, DX
 // out, R13 the x stride and R14 the second panel's offset in bytes, R15
@@ -1577,22 +1601,7 @@ ir32dim:
 
 	// Key s of the half: its first chunk's heads at s·64 from CX, its
 	// second chunk's 1,024 bytes on.
-	VMOVUPS Z0, (CX)
-	VMOVUPS Z1, 1024(CX)
-	VMOVUPS Z2, 64(CX)
-	VMOVUPS Z3, 1088(CX)
-	VMOVUPS Z4, 128(CX)
-	VMOVUPS Z5, 1152(CX)
-	VMOVUPS Z6, 192(CX)
-	VMOVUPS Z7, 1216(CX)
-	VMOVUPS Z8, 256(CX)
-	VMOVUPS Z9, 1280(CX)
-	VMOVUPS Z10, 320(CX)
-	VMOVUPS Z11, 1344(CX)
-	VMOVUPS Z12, 384(CX)
-	VMOVUPS Z13, 1408(CX)
-	VMOVUPS Z14, 448(CX)
-	VMOVUPS Z15, 1472(CX)
+	IR32_STORE
 	CMPQ CX, BX
 	JNE  ir32sum
 	LEAQ 512(BX), CX          // the second half: keys 8-15
@@ -1601,14 +1610,7 @@ ir32dim:
 
 ir32sum:
 	// w·max(acc, 0) of each chunk in turn, its heads in order.
-	MOVQ t+0(FP), DI
-	IR32_LOAD(BX)
-	IR_EPILOGUE
-	ADDQ $64, DX
-	LEAQ 1024(BX), CX
-	IR32_LOAD(CX)
-	IR_EPILOGUE
-	ADDQ $64, DX
+	IR32_SUM
 	ADDQ $128, R15
 	DECQ R8
 	JNZ  ir32pair
@@ -1624,7 +1626,29 @@ ir32sum:
 	VPBROADCASTD (base)(R11*2), Z19; DPBF(16, 19, a2); \
 	VPBROADCASTD (base)(R12*1), Z20; DPBF(16, 20, a3)
 
-// func indexerRowsBF16ZMM(t, k *float32, kstride int, kb *uint16, qp *uint32, w *float32, hi, di int, ahead *float32, step int)
+// ALB_KEY broadcasts the current pair of the rounded key at addr into tz
+// (register number tn) and adds its pair products with the 32 heads'
+// query pairs (Z16, Z17) to a0 and a1 (register numbers).
+#define ALB_KEY(addr, tz, tn, a0, a1) \
+	VPBROADCASTD addr, tz; \
+	DPBF(16, tn, a0); \
+	DPBF(17, tn, a1)
+
+// STEP8_BY32_BF16 is STEP8_BY32 over rounded keys' pairs: one pair step
+// of 8 keys (SI, AX) against 32 heads' query pairs loaded from R13.
+#define STEP8_BY32_BF16 \
+	VMOVDQU32 (R13), Z16; VMOVDQU32 64(R13), Z17; \
+	ALB_KEY((SI), Z18, 18, 0, 1); \
+	ALB_KEY((SI)(R11*1), Z19, 19, 2, 3); \
+	ALB_KEY((SI)(R11*2), Z20, 20, 4, 5); \
+	ALB_KEY((SI)(R12*1), Z21, 21, 6, 7); \
+	ALB_KEY((AX), Z22, 22, 8, 9); \
+	ALB_KEY((AX)(R11*1), Z23, 23, 10, 11); \
+	ALB_KEY((AX)(R11*2), Z24, 24, 12, 13); \
+	ALB_KEY((AX)(R12*1), Z25, 25, 14, 15); \
+	ADDQ $4, SI; ADDQ $4, AX; ADDQ R10, R13
+
+// func indexerRowsBF16ZMM(t, k *float32, kstride int, kb *uint16, qp *uint32, w *float32, hi, di int, ahead *float32, step int, acc *float32)
 // indexerRowsZMM in bf16: the 16 keys (key s at k + s·kstride floats)
 // are first rounded into kb ([16][di] bf16; di a multiple of 16) by
 // VCVTNEPS2BF16; then per 16 heads (hi a multiple of 16), 16 accumulators
@@ -1632,8 +1656,10 @@ ir32sum:
 // dimensions' pairs in order (qp[p·hi+h] is head h's pair p), and
 // indexerRowsZMM's epilogue. Each pair's step prefetches two lines of the
 // next keys (ahead, step bytes apart): a burst of prefetches while the
-// keys are rounded stalled on the misses in flight.
-TEXT ·indexerRowsBF16ZMM(SB), NOSPLIT, $0-80
+// keys are rounded stalled on the misses in flight. With acc (hi a
+// multiple of 32) the heads go 32 at a time against 8 keys, as
+// indexerRows32ZMM takes them, through acc's scratch: the same bits.
+TEXT ·indexerRowsBF16ZMM(SB), NOSPLIT, $0-88
 	MOVQ k+8(FP), SI
 	MOVQ kstride+16(FP), R11
 	SHLQ $2, R11              // a key's stride in bytes
@@ -1674,21 +1700,19 @@ irbconv:
 	LEAQ (R11)(R11*2), R12
 	MOVQ R9, R14
 	SHRQ $1, R14              // pairs
+	MOVQ acc+80(FP), BX
+	TESTQ BX, BX
+	JNZ  irb32
 
 irbchunk:
 	MOVQ kb+24(FP), SI
 	LEAQ (SI)(R11*4), AX      // key 4
 	LEAQ (AX)(R11*4), BX      // key 8
 	LEAQ (BX)(R11*4), CX      // key 12
-	MOVQ R15, R13
-	MOVQ R14, R9
-	MOVQ ahead+64(FP), DI
-	ZERO_Z0_15
+	IRB_PASS
 
 irbpair:
-	PREFETCHT0 (DI)
-	PREFETCHT0 64(DI)
-	ADDQ step+72(FP), DI
+	IRB_PREFETCH
 	VMOVDQU32 (R13), Z16
 	IRB_DP4(SI, 0, 1, 2, 3)
 	IRB_DP4(AX, 4, 5, 6, 7)
@@ -1708,6 +1732,39 @@ irbpair:
 	ADDQ $64, R15
 	DECQ R8
 	JNZ  irbchunk
+	VZEROUPPER
+	RET
+
+irb32:
+	SHRQ $1, R8               // pairs of head chunks
+
+irb32pair:
+	MOVQ BX, CX               // the first half's scratch rows
+	MOVQ kb+24(FP), SI
+
+irb32half:
+	LEAQ (SI)(R11*4), AX      // key 4 of the half
+	IRB_PASS
+
+irb32dim:
+	IRB_PREFETCH
+	STEP8_BY32_BF16
+	DECQ R9
+	JNZ  irb32dim
+
+	IR32_STORE
+	CMPQ CX, BX
+	JNE  irb32sum
+	LEAQ 512(BX), CX          // the second half: keys 8-15
+	MOVQ kb+24(FP), SI
+	LEAQ (SI)(R11*8), SI
+	JMP  irb32half
+
+irb32sum:
+	IR32_SUM
+	ADDQ $128, R15
+	DECQ R8
+	JNZ  irb32pair
 	VZEROUPPER
 	RET
 
@@ -1903,13 +1960,6 @@ aldim:
 	VZEROUPPER
 	RET
 
-// ALB_KEY broadcasts the current pair of the rounded key at addr into tz
-// (register number tn) and adds its pair products with the 32 heads'
-// query pairs (Z16, Z17) to a0 and a1 (register numbers).
-#define ALB_KEY(addr, tz, tn, a0, a1) \
-	VPBROADCASTD addr, tz; \
-	DPBF(16, tn, a0); \
-	DPBF(17, tn, a1)
 
 // func attnLogitsBF16ZMM(zt *float32, k *uint16, kstride int, qp *uint32, hg, d, acc int)
 // attnLogitsZMM in bf16: 8 keys rounded to bf16 (key s at k + s·kstride
@@ -1944,19 +1994,7 @@ albload:
 	AL_LOAD16
 
 albpair:
-	VMOVDQU32 (R13), Z16
-	VMOVDQU32 64(R13), Z17
-	ALB_KEY((SI), Z18, 18, 0, 1)
-	ALB_KEY((SI)(R11*1), Z19, 19, 2, 3)
-	ALB_KEY((SI)(R11*2), Z20, 20, 4, 5)
-	ALB_KEY((SI)(R12*1), Z21, 21, 6, 7)
-	ALB_KEY((AX), Z22, 22, 8, 9)
-	ALB_KEY((AX)(R11*1), Z23, 23, 10, 11)
-	ALB_KEY((AX)(R11*2), Z24, 24, 12, 13)
-	ALB_KEY((AX)(R12*1), Z25, 25, 14, 15)
-	ADDQ $4, SI
-	ADDQ $4, AX
-	ADDQ R10, R13
+	STEP8_BY32_BF16
 	DECQ R9
 	JNZ  albpair
 
