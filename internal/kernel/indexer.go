@@ -111,12 +111,7 @@ func indexerRowsGo(t, k []float32, stride int, qt, w []float32, hi, di int) {
 // TransposeQuery writes a query row's hi head vectors of di floats (q,
 // [hi][di]) transposed into qt ([di][hi]), as IndexerRows reads them.
 func TransposeQuery(qt, q []float32, hi, di int) {
-	qt, q = qt[:hi*di], q[:hi*di]
-	for h := range hi {
-		for d, v := range q[h*di : (h+1)*di] {
-			qt[d*hi+h] = v
-		}
-	}
+	Transpose(qt[:hi*di], q[:hi*di], hi, di)
 }
 
 // TransposeKeys8 writes eight keys, key s being src[s·stride:][:di], into
