@@ -133,7 +133,7 @@ func TestStreamMatchesOracle(t *testing.T) {
 			got := make([]float32, tok*d)
 			b.Read(got, h)
 			for i := range want {
-				if math.Abs(float64(got[i]-want[i])) > 1e-4*(1+math.Abs(float64(want[i]))) {
+				if !(math.Abs(float64(got[i]-want[i])) <= 1e-4*(1+math.Abs(float64(want[i])))) {
 					t.Fatalf("trial %d sublayer %d: %g want %g", trial, s, got[i], want[i])
 				}
 			}
@@ -157,7 +157,7 @@ func TestStreamMatchesOracle(t *testing.T) {
 		got := make([]float32, tok*d)
 		b.Read(got, h)
 		for i := range want {
-			if math.Abs(float64(got[i]-want[i])) > 1e-4*(1+math.Abs(float64(want[i]))) {
+			if !(math.Abs(float64(got[i]-want[i])) <= 1e-4*(1+math.Abs(float64(want[i])))) {
 				t.Fatalf("trial %d output: %g want %g", trial, got[i], want[i])
 			}
 		}

@@ -91,7 +91,7 @@ func TestIncrementalEqualsPrefill(t *testing.T) {
 			}
 			b.Read(got, y2)
 			for j := range got {
-				if w := want[i*cfg.Hidden+j]; math.Abs(float64(got[j]-w)) > 1e-4*(1+math.Abs(float64(w))) {
+				if w := want[i*cfg.Hidden+j]; !(math.Abs(float64(got[j]-w)) <= 1e-4*(1+math.Abs(float64(w)))) {
 					t.Fatalf("token %d channel %d: %g, prefill %g", i, j, got[j], w)
 				}
 			}

@@ -115,7 +115,7 @@ func TestChunkedEqualsRecurrent(t *testing.T) {
 					if math.IsNaN(g) || math.IsInf(g, 0) {
 						t.Fatalf("case %d chunk %d: non-finite value %g at %d", i, chunk, g, j)
 					}
-					if math.Abs(g-w) > 1e-4+1e-4*math.Abs(w) {
+					if !(math.Abs(g-w) <= 1e-4+1e-4*math.Abs(w)) {
 						t.Fatalf("case %d chunk %d: element %d = %g, recurrent %g", i, chunk, j, g, w)
 					}
 				}

@@ -1219,9 +1219,9 @@ func attnMaskedPays(sc *attnScratch, j *attnJob) bool {
 // one rank update.
 func (b *Backend) attnDense(j *attnJob) error {
 	if attnDenseGrouped(j.hq / j.hkv) {
-		// Most expensive first (the last row blocks see the most
-		// positions), one item a claim, so that the causal triangle's
-		// cost splits evenly however few kv heads there are.
+		// A kv head's most expensive row blocks first (the last see the
+		// most positions), one item a claim, so that the causal
+		// triangle's cost splits evenly however few kv heads there are.
 		b.pool.RunEach(attnDenseGroupRange, kernel.Args{Job: j}, j.hkv*j.groupBlocks(), 1)
 		return nil
 	}
@@ -1307,8 +1307,11 @@ func (j *attnJob) maskRows(sc *attnScratch, r0, r1, g, span int) {
 // block's keys transposed, then the values with every query row's
 // accumulator rescaled to its new maximum as the tile loads it
 // (kernel.MatAccumulateScaled). Each logit is one FMA chain over the
-// latent then the rope dimensions. Items run from the last row block to
-// the first (attnDense).
+// latent then the rope dimensions. Items run kv head by kv head, each
+// head's row blocks from the last to the first (attnDense), so that the
+// keys all of a head's row blocks read stay in the cache from one to the
+// next; a masked pass's run row block by row block, each block's kv
+// heads in turn, so that the block's mask serves them all (maskRows).
 func attnDenseGroupRange(args *kernel.Args, lo, hi int) {
 	const block = 64
 	j := args.Job.(*attnJob)
@@ -1335,7 +1338,10 @@ func attnDenseGroupRange(args *kernel.Args, lo, hi int) {
 		lse = F32(a.LSE)
 	}
 	for it := lo; it < hi; it++ {
-		g, rb := it%j.hkv, nb-1-it/j.hkv
+		g, rb := it/nb, nb-1-it%nb // kv head by kv head: its keys stay cached
+		if j.masked {
+			g, rb = it%j.hkv, nb-1-it/j.hkv // row block by row block: its mask serves the kv heads
+		}
 		r0, r1 := rb*rows, min((rb+1)*rows, j.t)
 		n := (r1 - r0) * hg // query rows: row r's heads from (r-r0)·hg
 		last := 0
@@ -1367,7 +1373,7 @@ func attnDenseGroupRange(args *kernel.Args, lo, hi int) {
 			// past nk (the logits' tile takes whole 64s of columns); a
 			// block of 64 positions lies within one page.
 			keys := j.run(j.k, j.kp, s0, nk, j.hkv*dk)
-			if j.hkv > 1 || nk < block {
+			if nk < block {
 				kr := sc.ktail[:block*dk]
 				for x := range nk {
 					copy(kr[x*dk:(x+1)*dk], keys[x*j.hkv*dk+g*dk:])
@@ -1375,7 +1381,7 @@ func attnDenseGroupRange(args *kernel.Args, lo, hi int) {
 				clear(kr[nk*dk:])
 				kernel.Transpose(sc.kb, kr, block, dk)
 			} else {
-				kernel.Transpose(sc.kb, keys, block, dk)
+				kernel.TransposeFrom(sc.kb, keys[g*dk:], block, dk, j.hkv*dk)
 			}
 			z := sc.zb[:n*block]
 			clear(z)

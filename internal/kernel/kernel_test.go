@@ -47,10 +47,10 @@ func TestMatMulShapes(t *testing.T) {
 							mag += math.Abs(float64(x[i*k+q]) * float64(w[j*k+q]))
 						}
 						tol := 1e-6*mag + 1e-7
-						if d := math.Abs(float64(got[i*n+j]) - want); d > tol {
+						if d := math.Abs(float64(got[i*n+j]) - want); !(d <= tol) {
 							t.Fatalf("f32 m=%d n=%d k=%d (%d,%d): %g want %g", m, n, k, i, j, got[i*n+j], want)
 						}
-						if d := math.Abs(float64(gotB[i*n+j]) - want); d > tol {
+						if d := math.Abs(float64(gotB[i*n+j]) - want); !(d <= tol) {
 							t.Fatalf("bf16 m=%d n=%d k=%d (%d,%d): %g want %g", m, n, k, i, j, gotB[i*n+j], want)
 						}
 					}
@@ -101,7 +101,7 @@ func TestMatMulUnalignedStart(t *testing.T) {
 		for q := 0; q < k; q++ {
 			want += float64(x[q]) * float64(w[j*k+q])
 		}
-		if math.Abs(float64(got[j])-want) > 1e-4 {
+		if !(math.Abs(float64(got[j])-want) <= 1e-4) {
 			t.Fatalf("row %d: %g want %g", j, got[j], want)
 		}
 	}
@@ -144,11 +144,11 @@ func TestNorms(t *testing.T) {
 		vr /= float64(d)
 		for i := range v {
 			want := float64(v[i]) / math.Sqrt(ss/float64(d)+1e-5) * float64(w[i])
-			if math.Abs(float64(rms[row*d+i])-want) > 1e-5 {
+			if !(math.Abs(float64(rms[row*d+i])-want) <= 1e-5) {
 				t.Fatalf("rmsnorm %d,%d: %g want %g", row, i, rms[row*d+i], want)
 			}
 			want = (float64(v[i])-mean)/math.Sqrt(vr+1e-6)*float64(w[i]) + float64(b[i])
-			if math.Abs(float64(ln[row*d+i])-want) > 1e-5 {
+			if !(math.Abs(float64(ln[row*d+i])-want) <= 1e-5) {
 				t.Fatalf("layernorm %d,%d: %g want %g", row, i, ln[row*d+i], want)
 			}
 		}
@@ -178,7 +178,7 @@ func TestActivations(t *testing.T) {
 	for i := range g {
 		gg, uu := float64(g[i]), float64(u[i])
 		want := 4 * math.Tanh(gg/4) / (1 + math.Exp(-gg)) * 25 * math.Tanh(uu/25)
-		if math.Abs(float64(dst[i])-want) > 1e-4*math.Max(1, math.Abs(want)) {
+		if !(math.Abs(float64(dst[i])-want) <= 1e-4*math.Max(1, math.Abs(want))) {
 			t.Errorf("situ(%g,%g) = %g want %g", g[i], u[i], dst[i], want)
 		}
 	}
@@ -483,13 +483,13 @@ func TestDotAxpy(t *testing.T) {
 				want += float64(x[i]) * float64(y[i])
 				mag += math.Abs(float64(x[i]) * float64(y[i]))
 			}
-			if got := Dot(x, y); math.Abs(float64(got)-want) > 1e-6*mag+1e-7 {
+			if got := Dot(x, y); !(math.Abs(float64(got)-want) <= 1e-6*mag+1e-7) {
 				t.Errorf("Dot n=%d: %g want %g", n, got, want)
 			}
 			y2 := append([]float32(nil), y...)
 			Axpy(y2, 0.5, x)
 			for i := range y2 {
-				if w := y[i] + 0.5*x[i]; math.Abs(float64(y2[i]-w)) > 1e-6*math.Abs(float64(w))+1e-7 {
+				if w := y[i] + 0.5*x[i]; !(math.Abs(float64(y2[i]-w)) <= 1e-6*math.Abs(float64(w))+1e-7) {
 					t.Fatalf("Axpy n=%d [%d]: %g want %g", n, i, y2[i], w)
 				}
 			}
@@ -534,7 +534,7 @@ func TestRowUpdate(t *testing.T) {
 		}
 		RowUpdate(row, u, o, 0.9, 0.3, 0.7)
 		for i := range row {
-			if math.Abs(float64(row[i]-wantRow[i])) > 1e-6 || math.Abs(float64(o[i]-wantO[i])) > 1e-6 {
+			if !(math.Abs(float64(row[i]-wantRow[i])) <= 1e-6) || !(math.Abs(float64(o[i]-wantO[i])) <= 1e-6) {
 				t.Fatalf("n=%d [%d]: row %g want %g, o %g want %g", n, i, row[i], wantRow[i], o[i], wantO[i])
 			}
 		}
@@ -630,11 +630,11 @@ func TestRowUpdateDot(t *testing.T) {
 		}
 		got := RowUpdateDot(row, e, k, q, 0.3)
 		for i := range row {
-			if math.Abs(float64(row[i]-want[i])) > 1e-6 {
+			if !(math.Abs(float64(row[i]-want[i])) <= 1e-6) {
 				t.Fatalf("n=%d row[%d] = %g want %g", n, i, row[i], want[i])
 			}
 		}
-		if math.Abs(float64(got)-dot) > 1e-5*float64(n) {
+		if !(math.Abs(float64(got)-dot) <= 1e-5*float64(n)) {
 			t.Fatalf("n=%d dot %g want %g", n, got, dot)
 		}
 	}

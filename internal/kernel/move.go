@@ -6,16 +6,24 @@ package kernel
 // AVX-512 (the flag the repacking kernels share); the edges go element by
 // element.
 func Transpose(dst, src []float32, rows, cols int) {
+	TransposeFrom(dst, src, rows, cols, cols)
+}
+
+// TransposeFrom is Transpose of a [rows, cols] matrix whose rows lie
+// stride elements apart in src (stride >= cols): dst[c*rows+r] =
+// src[r*stride+c]. One head's keys of a cache whose heads interleave are
+// transposed so without a gathered copy.
+func TransposeFrom(dst, src []float32, rows, cols, stride int) {
 	if rows == 0 || cols == 0 {
 		return
 	}
-	_, _ = src[rows*cols-1], dst[rows*cols-1]
+	_, _ = src[(rows-1)*stride+cols-1], dst[rows*cols-1]
 	rv, cv := 0, 0
 	if hasAVX512BW {
 		rv, cv = rows&^15, cols&^15
 		for r0 := 0; r0 < rv; r0 += 16 {
 			for c0 := 0; c0 < cv; c0 += 16 {
-				transpose16AVX512(&dst[c0*rows+r0], &src[r0*cols+c0], 4*cols, 4*rows)
+				transpose16AVX512(&dst[c0*rows+r0], &src[r0*stride+c0], 4*stride, 4*rows)
 			}
 		}
 	}
@@ -25,7 +33,7 @@ func Transpose(dst, src []float32, rows, cols int) {
 			c0 = cv
 		}
 		for c := c0; c < cols; c++ {
-			dst[c*rows+r] = src[r*cols+c]
+			dst[c*rows+r] = src[r*stride+c]
 		}
 	}
 }

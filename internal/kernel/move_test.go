@@ -32,6 +32,17 @@ func TestTranspose(t *testing.T) {
 					}
 				}
 				require.Equal(t, float32(7), dst[rows*cols], "wrote past dst")
+				// The same rows stride apart, inside a wider matrix whose
+				// last row ends at the matrix's end.
+				const off = 3
+				stride := cols + 5
+				wide := make([]float32, off+(rows-1)*stride+cols)
+				for i := range rows {
+					copy(wide[off+i*stride:], src[i*cols:(i+1)*cols])
+				}
+				from := make([]float32, rows*cols)
+				TransposeFrom(from, wide[off:], rows, cols, stride)
+				require.Equal(t, dst[:rows*cols], from, "stride %d", stride)
 			})
 		}
 	}

@@ -160,7 +160,7 @@ func TestLayerMatchesNaive(t *testing.T) {
 			}
 			for c := 0; c < d; c++ {
 				want := final[c] + dot(sh, sd[c*inter:(c+1)*inter])
-				if g := float64(got[ti*d+c]); math.Abs(g-want) > 1e-4*(1+math.Abs(want)) {
+				if g := float64(got[ti*d+c]); !(math.Abs(g-want) <= 1e-4*(1+math.Abs(want))) {
 					t.Fatalf("latent width %d token %d channel %d: %g want %g", lat, ti, c, g, want)
 				}
 			}
@@ -231,7 +231,7 @@ func TestExpertsSkipUnheldSlots(t *testing.T) {
 	}
 	got, want := run(skipIdx, wts), run(idx, zeroW)
 	for i := range want {
-		if math.Abs(float64(got[i]-want[i])) > 1e-6 {
+		if !(math.Abs(float64(got[i]-want[i])) <= 1e-6) {
 			t.Fatalf("element %d: %g with the slots skipped, %g with their weights zero", i, got[i], want[i])
 		}
 	}
