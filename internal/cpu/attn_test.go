@@ -359,8 +359,9 @@ func TestAttnMaskedDense(t *testing.T) {
 // BenchmarkAttnDense times dense prefill passes, a 512-token MHA-form
 // pass (6 heads, 64+32 key dims, 64 value dims) and a 256-token pass in
 // MLA's absorbed MQA form at the 100M preset's shape (6 heads on one
-// latent head of 256 plus 32 rope dims), on the grouped blocked path, the
-// per-head one and the row path.
+// latent head of 256 plus 32 rope dims), and a 512-token MHA-form pass at
+// K3.1 Pro's (96 heads, 128+64 key dims, 128 value dims), on the grouped
+// blocked path, the per-head one and the row path.
 func BenchmarkAttnDense(b *testing.B) {
 	be := New(0)
 	defer be.Close()
@@ -372,6 +373,7 @@ func BenchmarkAttnDense(b *testing.B) {
 	}{
 		{"mha", attnCase{t: 512, l: 512, hq: 6, hkv: 6, dk: 64, dr: 32, dv: 64}},
 		{"mqa", attnCase{t: 256, l: 256, hq: 6, hkv: 1, dk: 256, dr: 32, dv: 256, mqa: true}},
+		{"k3mha", attnCase{t: 512, l: 512, hq: 96, hkv: 96, dk: 128, dr: 64, dv: 128}},
 	} {
 		flops := 0.0
 		for r := 0; r < c.t; r++ {
