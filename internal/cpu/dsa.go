@@ -679,7 +679,8 @@ type attnScratch struct {
 	mask        []float32
 	maskKey     maskKey // what mask holds
 	seen        []uint64
-	eAll, macc  []float32 // groupBlock: every head's weights, MatAccumulate's scratch
+	macc        []float32 // MatAccumulate's scratch
+	sums        []float32 // softmaxTogether: the heads' running sums
 	kp, vp, krp [][]float32
 	// groupBlock with kernel.AttnLogits: the tiles' logits, and a last
 	// tile's keys padded to whole tiles; attend: the items' queries
@@ -697,7 +698,7 @@ var attnScratches freeList[attnScratch]
 // bytes is what the scratch's buffers hold.
 func (sc *attnScratch) bytes() int {
 	return 4*cap(sc.pos) + 8*cap(sc.seen) + 24*(cap(sc.kp)+cap(sc.vp)+cap(sc.krp)) + capBytes(sc.z, sc.qb, sc.qrb, sc.kb, sc.krb, sc.vb, sc.zb,
-		sc.e, sc.rv, sc.acc, sc.m, sc.l, sc.kh, sc.mask, sc.ones, sc.eAll, sc.macc, sc.zt, sc.ktail, sc.qt) + 4*(cap(sc.qp)+cap(sc.vp2)) + 2*(cap(sc.kbb)+cap(sc.eb))
+		sc.e, sc.rv, sc.acc, sc.m, sc.l, sc.kh, sc.mask, sc.ones, sc.sums, sc.macc, sc.zt, sc.ktail, sc.qt) + 4*(cap(sc.qp)+cap(sc.vp2)) + 2*(cap(sc.kbb)+cap(sc.eb))
 }
 
 // putAttnScratch returns sc to its free list, without the call's tensors.
@@ -1776,10 +1777,9 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 	// With many heads the values go in as one product for all of them
 	// (each value loaded once per six heads), after each head's rescale;
 	// the arithmetic is RankUpdate's either way.
-	together := hg >= attnValuesTogether
-	if together {
-		sc.eAll = grow(sc.eAll, hg*most)
-		sc.macc = grow(sc.macc, kernel.MatAccumulateScratch(most))
+	if hg >= attnValuesTogether {
+		j.softmaxTogether(sc, z, item, p, nk, vb)
+		return
 	}
 	for hh := 0; hh < hg; hh++ {
 		off := j.partOff(item, p, hh)
@@ -1791,9 +1791,6 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 		}
 		j.part[off] = m
 		e := sc.e[:nk]
-		if together {
-			e = sc.eAll[hh*nk : (hh+1)*nk]
-		}
 		for x, v := range zh {
 			e[x] = v - m
 		}
@@ -1803,12 +1800,6 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 			sum += w
 		}
 		j.part[off+1] = sum
-		if together {
-			if r != 1 {
-				kernel.Scale(j.part[off+2:off+2+dv], r)
-			}
-			continue
-		}
 		rv := sc.ones // the running maximum held: no rescaling (times 1 is exact)
 		if r != 1 {
 			rv = sc.rv[:dv]
@@ -1818,28 +1809,74 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 		}
 		kernel.RankUpdate(j.part[off+2:off+2+dv], rv, e, vb[:nk*dv], dv)
 	}
-	if together {
-		off := j.partOff(item, p, 0)
-		if j.qp != nil {
-			j.valuesBF16(sc, j.part[off+2:], hg, nk, vb)
-			return
-		}
-		kernel.MatAccumulate(j.part[off+2:], dv+2, sc.eAll[:hg*nk], vb, dv, hg, dv, nk, sc.macc)
-	}
 }
 
+// softmaxTogether is groupBlock's online softmax step and values product
+// for hg heads of a kv head at once (hg >= attnValuesTogether), z holding
+// the block's logits [hg][nk]: each head's new maximum, its weights
+// exp(z - m) in place (one exponential over all of them), its running
+// sum and accumulator rescaled, then the values as one product of the
+// weights with vb. Each head's sum adds its weights in position order, as
+// one chain, but the heads' chains run side by side: one head's 64
+// dependent adds at a time left the core waiting on each.
+func (j *attnJob) softmaxTogether(sc *attnScratch, z []float32, item, p, nk int, vb []float32) {
+	hg, dv := j.hq/j.hkv, j.dv
+	sc.sums = grow(sc.sums, hg)
+	sums := sc.sums[:hg]
+	for hh := range hg {
+		off := j.partOff(item, p, hh)
+		zh := z[hh*nk : (hh+1)*nk]
+		m := max(j.part[off], kernel.Max(zh))
+		r := float32(1)
+		if !math.IsInf(float64(j.part[off]), -1) && m > j.part[off] {
+			r = kernel.Exp(j.part[off] - m)
+		}
+		j.part[off] = m
+		kernel.Axpy(zh, -m, blockOnes[:nk]) // z - m, rounded once
+		sums[hh] = j.part[off+1] * r
+		if r != 1 {
+			kernel.Scale(j.part[off+2:off+2+dv], r)
+		}
+	}
+	e := z[:hg*nk]
+	kernel.ExpSlice(e)
+	for x := range nk {
+		for hh := range sums {
+			sums[hh] += e[hh*nk+x]
+		}
+	}
+	for hh, sum := range sums {
+		j.part[j.partOff(item, p, hh)+1] = sum
+	}
+	off := j.partOff(item, p, 0)
+	if j.qp != nil {
+		j.valuesBF16(sc, j.part[off+2:], e, hg, nk, vb)
+		return
+	}
+	sc.macc = grow(sc.macc, kernel.MatAccumulateScratch(64))
+	kernel.MatAccumulate(j.part[off+2:], dv+2, e, vb, dv, hg, dv, nk, sc.macc)
+}
+
+// blockOnes is a block of ones for Axpy's subtraction of a constant.
+var blockOnes = func() (v [64]float32) {
+	for i := range v {
+		v[i] = 1
+	}
+	return v
+}()
+
 // valuesBF16 adds the block's values to the hg heads' accumulators (acc,
-// dv+2 floats apart) in bf16 (attnJob.qp): the weights sc.eAll and the
+// dv+2 floats apart) in bf16 (attnJob.qp): the weights e ([hg][nk]) and the
 // values vb rounded, the values paired by rows (kernel.PairRowsBF16), one
 // kernel.MatAccumulatePairs chain over the positions' pairs; an odd last
 // position pairs with zeros.
-func (j *attnJob) valuesBF16(sc *attnScratch, acc []float32, hg, nk int, vb []float32) {
+func (j *attnJob) valuesBF16(sc *attnScratch, acc, e []float32, hg, nk int, vb []float32) {
 	dv := j.dv
 	kp := (nk + 1) / 2
 	sc.eb = slices.Grow(sc.eb[:0], hg*2*kp)[:hg*2*kp]
 	for h := range hg {
 		row := sc.eb[h*2*kp : (h+1)*2*kp]
-		kernel.RoundBF16DAZ(row[:nk], sc.eAll[h*nk:(h+1)*nk])
+		kernel.RoundBF16DAZ(row[:nk], e[h*nk:(h+1)*nk])
 		clear(row[nk:])
 	}
 	sc.vp2 = slices.Grow(sc.vp2[:0], kp*dv)[:kp*dv]
