@@ -1311,7 +1311,7 @@ func (j *attnJob) maskRows(sc *attnScratch, r0, r1, g, span int) {
 // latent then the rope dimensions. Items run kv head by kv head, each
 // head's row blocks from the last to the first (attnDense), so that the
 // keys all of a head's row blocks read stay in the cache from one to the
-// next; a masked pass's run row block by row block, each block's kv
+// next; a masked pass's items run row block by row block, each block's kv
 // heads in turn, so that the block's mask serves them all (maskRows).
 func attnDenseGroupRange(args *kernel.Args, lo, hi int) {
 	const block = 64
@@ -1784,12 +1784,7 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 	for hh := 0; hh < hg; hh++ {
 		off := j.partOff(item, p, hh)
 		zh := z[hh*nk : (hh+1)*nk]
-		m := max(j.part[off], kernel.Max(zh))
-		r := float32(1)
-		if !math.IsInf(float64(j.part[off]), -1) && m > j.part[off] {
-			r = kernel.Exp(j.part[off] - m)
-		}
-		j.part[off] = m
+		m, r := j.newMax(off, zh)
 		e := sc.e[:nk]
 		for x, v := range zh {
 			e[x] = v - m
@@ -1811,6 +1806,19 @@ func (j *attnJob) groupBlock(sc *attnScratch, item, p, row, g int, blk []int32) 
 	}
 }
 
+// newMax takes the block's logits zh into the running maximum of the
+// head whose part starts at off and returns the new maximum m and the
+// factor r (1 where it held) by which the head's earlier sum and
+// accumulator are rescaled.
+func (j *attnJob) newMax(off int, zh []float32) (m, r float32) {
+	m, r = max(j.part[off], kernel.Max(zh)), 1
+	if !math.IsInf(float64(j.part[off]), -1) && m > j.part[off] {
+		r = kernel.Exp(j.part[off] - m)
+	}
+	j.part[off] = m
+	return m, r
+}
+
 // softmaxTogether is groupBlock's online softmax step and values product
 // for hg heads of a kv head at once (hg >= attnValuesTogether), z holding
 // the block's logits [hg][nk]: each head's new maximum, its weights
@@ -1826,12 +1834,7 @@ func (j *attnJob) softmaxTogether(sc *attnScratch, z []float32, item, p, nk int,
 	for hh := range hg {
 		off := j.partOff(item, p, hh)
 		zh := z[hh*nk : (hh+1)*nk]
-		m := max(j.part[off], kernel.Max(zh))
-		r := float32(1)
-		if !math.IsInf(float64(j.part[off]), -1) && m > j.part[off] {
-			r = kernel.Exp(j.part[off] - m)
-		}
-		j.part[off] = m
+		m, r := j.newMax(off, zh)
 		kernel.Axpy(zh, -m, blockOnes[:nk]) // z - m, rounded once
 		sums[hh] = j.part[off+1] * r
 		if r != 1 {

@@ -17,6 +17,9 @@ func TransposeFrom(dst, src []float32, rows, cols, stride int) {
 	if rows == 0 || cols == 0 {
 		return
 	}
+	if stride < cols {
+		panic("kernel: TransposeFrom's rows overlap (stride below cols)")
+	}
 	_, _ = src[(rows-1)*stride+cols-1], dst[rows*cols-1]
 	rv, cv := 0, 0
 	if hasAVX512BW {
