@@ -608,6 +608,31 @@ type attnJob struct {
 	// (NewFastBF16Indexer, kernel.AttnLogitsBF16): each item's query heads
 	// as pairs transposed, [dk/2][hg] then [dr/2][hg].
 	qp []uint32
+	// qLazy: each item's qt (qp) is written by the piece that runs the
+	// item (a call whose items run whole, one piece each), not by the
+	// caller before the pool run.
+	qLazy bool
+}
+
+// transposeQuery writes item's query heads into its share of qt (or qp).
+func (j *attnJob) transposeQuery(item int) {
+	hg := j.hq / j.hkv
+	q0 := item/j.hkv*j.hq + item%j.hkv*hg // the group's first query head
+	if j.qp != nil {
+		per := (j.dk + j.dr) / 2 * hg
+		qp := j.qp[item*per : (item+1)*per]
+		kernel.TransposeQueryBF16(qp, j.q[q0*j.dk:(q0+hg)*j.dk], hg, j.dk)
+		if j.dr > 0 {
+			kernel.TransposeQueryBF16(qp[j.dk/2*hg:], j.qr[q0*j.dr:(q0+hg)*j.dr], hg, j.dr)
+		}
+		return
+	}
+	per := (j.dk + j.dr) * hg
+	qt := j.qt[item*per : (item+1)*per]
+	kernel.TransposeQuery(qt, j.q[q0*j.dk:(q0+hg)*j.dk], hg, j.dk)
+	if j.dr > 0 {
+		kernel.TransposeQuery(qt[j.dk*hg:], j.qr[q0*j.dr:(q0+hg)*j.dr], hg, j.dr)
+	}
 }
 
 // run returns the rows of positions [s, s+n) of a cache of width floats a
@@ -961,34 +986,30 @@ func (b *Backend) attend(sc *attnScratch, l int) error {
 	need := items * j.parts * hg * (j.dv + 2)
 	sc.z = grow(sc.z, need)
 	j.part = sc.z
-	j.qt, j.qp = nil, nil
-	if b.bf16Attention(j, hg) {
+	j.qt, j.qp, j.qLazy = nil, nil, false
+	switch {
+	case b.bf16Attention(j, hg):
 		// The bf16 logits of an index-sparse call (groupBlock).
 		per := (j.dk + j.dr) / 2 * hg
 		sc.qp = slices.Grow(sc.qp[:0], items*per)[:items*per]
-		for item := range items {
-			q0 := item/j.hkv*j.hq + item%j.hkv*hg
-			qp := sc.qp[item*per : (item+1)*per]
-			kernel.TransposeQueryBF16(qp, j.q[q0*j.dk:(q0+hg)*j.dk], hg, j.dk)
-			if j.dr > 0 {
-				kernel.TransposeQueryBF16(qp[j.dk/2*hg:], j.qr[q0*j.dr:(q0+hg)*j.dr], hg, j.dr)
-			}
-		}
 		j.qp = sc.qp
-	} else if hg >= attnGroupMin && kernel.AttnLogitsFast(hg) {
+	case hg >= attnGroupMin && kernel.AttnLogitsFast(hg):
 		// Every head of a group in the lanes: the logits read each key
 		// element once for all of them (groupBlock).
 		per := (j.dk + j.dr) * hg
 		sc.qt = grow(sc.qt, items*per)
-		for item := range items {
-			q0 := item/j.hkv*j.hq + item%j.hkv*hg // the group's first query head
-			qt := sc.qt[item*per : (item+1)*per]
-			kernel.TransposeQuery(qt, j.q[q0*j.dk:(q0+hg)*j.dk], hg, j.dk)
-			if j.dr > 0 {
-				kernel.TransposeQuery(qt[j.dk*hg:], j.qr[q0*j.dr:(q0+hg)*j.dr], hg, j.dr)
-			}
-		}
 		j.qt = sc.qt
+	default:
+		return nil
+	}
+	// Where each item runs whole in one piece (a prefill chunk's rows),
+	// that piece transposes its queries, on the workers; where an item's
+	// positions are split over the workers the caller does it first.
+	j.qLazy = j.parts == 1
+	if !j.qLazy {
+		for item := range items {
+			j.transposeQuery(item)
+		}
 	}
 	return nil
 }
@@ -1090,6 +1111,9 @@ func (j *attnJob) pieces(sc *attnScratch, lo, hi int) {
 	for it := lo; it < hi; it++ {
 		item, p := it/j.parts, it%j.parts
 		row, g := item/j.hkv, item%j.hkv
+		if j.qLazy {
+			j.transposeQuery(item)
+		}
 		sc.pos = j.positions(sc.pos[:0], row, g)
 		n := len(sc.pos)
 		per := (n + j.parts - 1) / j.parts
