@@ -133,10 +133,10 @@ func TestAttnDenseBlocked(t *testing.T) {
 }
 
 // TestAttnMaskedRowBlocks: one goroutine runs every item of a masked
-// grouped pass, row block after row block, each block's kv heads in a
-// row: the mask a block's first head builds serves its other heads where
-// the lists are shared ([T, 1, K]), and the next block builds its own;
-// with a list per kv head each head builds its own. Both match the
+// grouped pass, kv head by kv head, each head's row blocks in turn: each
+// claim builds its row block's mask over the one its scratch held, from
+// lists shared by the kv heads ([T, 1, K]) or a list per kv head, and
+// reuses the key blocks its key cache holds for the head. Both match the
 // sparse path.
 func TestAttnMaskedRowBlocks(t *testing.T) {
 	b := New(1)

@@ -565,8 +565,9 @@ func (b *Backend) indexerPlan(j *indexerJob) {
 	}
 }
 
-// maskCalls numbers the masked calls (attnJob.maskCall), from 1.
-var maskCalls atomic.Uint64
+// denseCalls numbers the calls on the dense blocked path (attnJob.call),
+// from 1.
+var denseCalls atomic.Uint64
 
 // maskKey names the mask maskRows built: the masked call, its rows
 // [r0, r1), the kv head whose lists (0 where they are shared) and the
@@ -590,10 +591,11 @@ type attnJob struct {
 	// masked: an index-sparse call on the dense blocked path, each row's
 	// logits outside its list masked (attnMaskedPays).
 	masked bool
-	// maskCall numbers a masked call, so that a worker's scratch knows
-	// whose rows its mask holds (maskRows).
-	maskCall uint64
-	scale    float32
+	// call numbers a call on the dense blocked path, so that a claim's
+	// scratch and key cache know whose rows they hold (maskRows,
+	// keyBlocks).
+	call  uint64
+	scale float32
 	// partial results per item and query head: max, sum, then dv values.
 	part []float32
 	// A paged cache (AttnArgs.KPages): the pages' rows, nil otherwise;
@@ -965,11 +967,12 @@ func (b *Backend) attend(sc *attnScratch, l int) error {
 	}
 	if j.idx == nil && j.t >= attnDenseMin {
 		j.dense = true
+		j.call = denseCalls.Add(1)
 		return nil
 	}
 	if j.idx != nil && j.t >= attnDenseMin && attnMaskedPays(sc, j) {
 		j.dense, j.masked = true, true
-		j.maskCall = maskCalls.Add(1)
+		j.call = denseCalls.Add(1)
 		return nil
 	}
 	// A row whose kv heads are fewer than the workers has its positions
@@ -1307,7 +1310,7 @@ func (j *attnJob) maskRows(sc *attnScratch, r0, r1, g, span int) {
 	if j.idxHeads == 1 {
 		g = 0
 	}
-	key := maskKey{call: j.maskCall, r0: r0, r1: r1, head: g, span: span}
+	key := maskKey{call: j.call, r0: r0, r1: r1, head: g, span: span}
 	if sc.maskKey == key {
 		return
 	}
@@ -1362,11 +1365,10 @@ func attnDenseGroupRange(args *kernel.Args, lo, hi int) {
 	if !a.LSE.IsZero() {
 		lse = F32(a.LSE)
 	}
+	kcache := keyCaches.get()
+	defer func() { keyCaches.put(kcache, kcache.bytes()) }()
 	for it := lo; it < hi; it++ {
 		g, rb := it/nb, nb-1-it%nb // kv head by kv head: its keys stay cached
-		if j.masked {
-			g, rb = it%j.hkv, nb-1-it/j.hkv // row block by row block: its mask serves the kv heads
-		}
 		r0, r1 := rb*rows, min((rb+1)*rows, j.t)
 		n := (r1 - r0) * hg // query rows: row r's heads from (r-r0)·hg
 		last := 0
@@ -1392,35 +1394,20 @@ func attnDenseGroupRange(args *kernel.Args, lo, hi int) {
 		if j.masked {
 			j.maskRows(sc, r0, r1, g, span)
 		}
+		kc := j.keyBlocks(kcache, sc, g, span)
 		for s0 := 0; s0 <= last; s0 += block {
 			nk := min(block, span-s0)
-			// The block's keys transposed, [dk][64] then [dr][64], zero
-			// past nk (the logits' tile takes whole 64s of columns); a
-			// block of 64 positions lies within one page.
-			keys := j.run(j.k, j.kp, s0, nk, j.hkv*dk)
-			if nk < block {
-				kr := sc.ktail[:block*dk]
-				for x := range nk {
-					copy(kr[x*dk:(x+1)*dk], keys[x*j.hkv*dk+g*dk:])
-				}
-				clear(kr[nk*dk:])
-				kernel.Transpose(sc.kb, kr, block, dk)
+			kb, krb := sc.kb, sc.krb
+			if kc != nil {
+				kb, krb = kc.keys[s0*dk:(s0+block)*dk], kc.ropes[s0*dr:(s0+block)*dr]
 			} else {
-				kernel.TransposeFrom(sc.kb, keys[g*dk:], block, dk, j.hkv*dk)
+				j.transposeBlock(sc, kb, krb, g, s0, nk)
 			}
 			z := sc.zb[:n*block]
 			clear(z)
-			kernel.MatAccumulate(z, block, sc.qb[:n*dk], sc.kb, block, n, block, dk, sc.macc)
+			kernel.MatAccumulate(z, block, sc.qb[:n*dk], kb, block, n, block, dk, sc.macc)
 			if dr > 0 {
-				ropes := j.run(j.kr, j.krp, s0, nk, dr)
-				if nk < block {
-					kr := sc.ktail[:block*dr]
-					copy(kr, ropes)
-					clear(kr[nk*dr:])
-					ropes = kr
-				}
-				kernel.Transpose(sc.krb, ropes, block, dr)
-				kernel.MatAccumulate(z, block, sc.qrb[:n*dr], sc.krb, block, n, block, dr, sc.macc)
+				kernel.MatAccumulate(z, block, sc.qrb[:n*dr], krb, block, n, block, dr, sc.macc)
 			}
 			// Each query row's softmax step: positions past its row's own
 			// (or outside its list) weigh 0.
@@ -1464,6 +1451,98 @@ func attnDenseGroupRange(args *kernel.Args, lo, hi int) {
 		for q := range n {
 			j.finish(out, lse, acc[q*dv:(q+1)*dv], r0+q/hg, g*hg+q%hg, sc.m[q], sc.l[q])
 		}
+	}
+}
+
+// keyCache holds one call's kv head's key blocks transposed as the
+// grouped dense path's logits read them ([dk][64] a block) for positions
+// [0, span), and the call's rope key blocks ([dr][64] a block, shared by
+// every head) for [0, ropeSpan).
+type keyCache struct {
+	call, ropeCall uint64
+	head           int
+	span, ropeSpan int
+	keys, ropes    []float32
+}
+
+func (c *keyCache) bytes() int { return capBytes(c.keys, c.ropes) }
+
+// keyCaches keeps the key caches between claims: a kv head's row blocks
+// (attnDenseGroupRange's consecutive items) read the same key blocks.
+var keyCaches = freeList[keyCache]{limit: keyCacheBytes + 1<<20}
+
+// keyCacheBytes bounds a key cache; a longer span's blocks are
+// transposed one at a time into the claim's scratch instead.
+const keyCacheBytes = 8 << 20
+
+// keyBlocks returns c holding kv head g's key blocks (and the rope ones)
+// transposed for positions [0, span), transposing those past the span it
+// held for the same call and head, or nil where they would not fit.
+// Columns past span in its last block may hold later keys, not zeros:
+// the logits of positions past a row's own are -Inf either way.
+func (j *attnJob) keyBlocks(c *keyCache, sc *attnScratch, g, span int) *keyCache {
+	const block = 64
+	dk, dr := j.dk, j.dr
+	n := (span + block - 1) / block * block
+	if 4*n*(dk+dr) > keyCacheBytes {
+		return nil
+	}
+	if c.call != j.call || c.head != g || cap(c.keys) < n*dk {
+		c.call, c.head, c.span = j.call, g, 0
+	}
+	if c.ropeCall != j.call || cap(c.ropes) < n*dr {
+		c.ropeCall, c.ropeSpan = j.call, 0
+	}
+	if cap(c.keys) < n*dk {
+		c.keys = make([]float32, n*dk, max(n*dk, 2*cap(c.keys)))
+	}
+	if cap(c.ropes) < n*dr {
+		c.ropes = make([]float32, n*dr, max(n*dr, 2*cap(c.ropes)))
+	}
+	c.keys, c.ropes = c.keys[:cap(c.keys)], c.ropes[:cap(c.ropes)]
+	// From the block the held span ends in (it may have been partial).
+	for s0 := c.span / block * block; s0 < span && c.span < span; s0 += block {
+		nk := min(block, span-s0)
+		j.transposeBlock(sc, c.keys[s0*dk:(s0+block)*dk], nil, g, s0, nk)
+	}
+	c.span = max(c.span, span)
+	for s0 := c.ropeSpan / block * block; dr > 0 && s0 < span && c.ropeSpan < span; s0 += block {
+		nk := min(block, span-s0)
+		j.transposeBlock(sc, nil, c.ropes[s0*dr:(s0+block)*dr], g, s0, nk)
+	}
+	c.ropeSpan = max(c.ropeSpan, span)
+	return c
+}
+
+// transposeBlock writes the block of positions [s0, s0+nk) of kv head
+// g's keys transposed into kb ([dk][64]) and the rope keys into krb
+// ([dr][64]; either nil to skip it), zero past nk (the logits' tile takes
+// whole 64s of columns); a block of 64 positions lies within one page.
+func (j *attnJob) transposeBlock(sc *attnScratch, kb, krb []float32, g, s0, nk int) {
+	const block = 64
+	dk, dr := j.dk, j.dr
+	if kb != nil {
+		keys := j.run(j.k, j.kp, s0, nk, j.hkv*dk)
+		if nk < block {
+			kr := sc.ktail[:block*dk]
+			for x := range nk {
+				copy(kr[x*dk:(x+1)*dk], keys[x*j.hkv*dk+g*dk:])
+			}
+			clear(kr[nk*dk:])
+			kernel.Transpose(kb, kr, block, dk)
+		} else {
+			kernel.TransposeFrom(kb, keys[g*dk:], block, dk, j.hkv*dk)
+		}
+	}
+	if krb != nil && dr > 0 {
+		ropes := j.run(j.kr, j.krp, s0, nk, dr)
+		if nk < block {
+			kr := sc.ktail[:block*dr]
+			copy(kr, ropes)
+			clear(kr[nk*dr:])
+			ropes = kr
+		}
+		kernel.Transpose(krb, ropes, block, dr)
 	}
 }
 
