@@ -1469,11 +1469,15 @@ func (c *keyCache) bytes() int { return capBytes(c.keys, c.ropes) }
 
 // keyCaches keeps the key caches between claims: a kv head's row blocks
 // (attnDenseGroupRange's consecutive items) read the same key blocks.
-var keyCaches = freeList[keyCache]{limit: keyCacheBytes + 1<<20}
+var keyCaches = freeList[keyCache]{limit: keyCacheBytes + 64<<10}
 
-// keyCacheBytes bounds a key cache; a longer span's blocks are
-// transposed one at a time into the claim's scratch instead.
-const keyCacheBytes = 8 << 20
+// keyCacheBytes bounds a key cache, as maxScratchBytes bounds the other
+// scratch a free list keeps (a list holds a cache for each goroutine that
+// ran the path at once): K3's MHA-form keys (128 + 64 floats a
+// position) fit for 5,461 positions, past the masked passes' reach; a
+// longer span's blocks are transposed one at a time into the claim's
+// scratch instead.
+const keyCacheBytes = 4 << 20
 
 // keyBlocks returns c holding kv head g's key blocks (and the rope ones)
 // transposed for positions [0, span), transposing those past the span it
@@ -1493,11 +1497,12 @@ func (j *attnJob) keyBlocks(c *keyCache, sc *attnScratch, g, span int) *keyCache
 	if c.ropeCall != j.call || cap(c.ropes) < n*dr {
 		c.ropeCall, c.ropeSpan = j.call, 0
 	}
+	// Sized to the need: doubling could pass the free list's limit.
 	if cap(c.keys) < n*dk {
-		c.keys = make([]float32, n*dk, max(n*dk, 2*cap(c.keys)))
+		c.keys = make([]float32, n*dk)
 	}
 	if cap(c.ropes) < n*dr {
-		c.ropes = make([]float32, n*dr, max(n*dr, 2*cap(c.ropes)))
+		c.ropes = make([]float32, n*dr)
 	}
 	c.keys, c.ropes = c.keys[:cap(c.keys)], c.ropes[:cap(c.ropes)]
 	// From the block the held span ends in (it may have been partial).
