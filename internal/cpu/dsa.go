@@ -1302,10 +1302,9 @@ func fillNegInf(x []float32) {
 // the positions of rows [r0, r1)'s lists for kv head g that the rows see
 // and to -Inf elsewhere: added to the logits, it leaves the listed ones
 // as they are. A mask the scratch already holds for the same call, rows,
-// lists and span is kept: the grouped dense path claims one kv head's
-// row block at a time, and the scratch the next claim takes from the
-// free list often holds that row block's mask (lists shared by the kv
-// heads make one mask for all of them).
+// lists and span is kept (lists shared by the kv heads make one mask for
+// all of them), though the grouped dense path's claims, kv head by kv
+// head, seldom find one: its keys cost more than its masks.
 func (j *attnJob) maskRows(sc *attnScratch, r0, r1, g, span int) {
 	if j.idxHeads == 1 {
 		g = 0
@@ -1337,9 +1336,9 @@ func (j *attnJob) maskRows(sc *attnScratch, r0, r1, g, span int) {
 // (kernel.MatAccumulateScaled). Each logit is one FMA chain over the
 // latent then the rope dimensions. Items run kv head by kv head, each
 // head's row blocks from the last to the first (attnDense), so that the
-// keys all of a head's row blocks read stay in the cache from one to the
-// next; a masked pass's items run row block by row block, each block's kv
-// heads in turn, so that the block's mask serves them all (maskRows).
+// keys all of a head's row blocks read stay cached from one to the next
+// (keyBlocks), masked passes' too (each claim builds its row block's
+// mask, maskRows).
 func attnDenseGroupRange(args *kernel.Args, lo, hi int) {
 	const block = 64
 	j := args.Job.(*attnJob)
