@@ -144,8 +144,9 @@ func (p *Pool) peakIters(loop func(a *Args, lo, hi int), flops float64, iters in
 
 // Limits measures, once per process, the memory bandwidth (the higher of a
 // STREAM-style read and a STREAM triad over arrays far past the last-level
-// cache) and the FMA peak of a default pool. Benchmarks report their
-// figures as shares of these, measured in the same run.
+// cache) and the FMA peak of a default pool: the 512-bit one where the
+// kernels run 512-bit FMAs (hasZMM), else the 256-bit one. Benchmarks
+// report their figures as shares of these, measured in the same run.
 var Limits = sync.OnceValues(func() (bandwidth, peakFLOPS float64) {
 	p := NewPool(0)
 	defer p.Close()
@@ -155,6 +156,9 @@ var Limits = sync.OnceValues(func() (bandwidth, peakFLOPS float64) {
 		b[i], c[i] = 1, 2
 	}
 	bw := max(p.ReadBandwidth(b, 7), p.Triad(a, b, c, 7))
+	if wide := p.PeakWideFLOPS(); wide > 0 {
+		return bw, wide
+	}
 	return bw, p.PeakFLOPS()
 })
 
