@@ -430,6 +430,59 @@ func BenchmarkAttnSparse(b *testing.B) {
 	b.ReportMetric(float64(took[1])/float64(took[0]), "queries_first/keys_first")
 }
 
+// BenchmarkAttnSparseK3 times index-sparse MLA attention in the absorbed
+// form at K3.1 Pro's shape (96 heads on one latent head of 512 plus 64
+// rope dims, 2,048 positions a row): a 64-row prefill chunk at the end of
+// 16,384 positions and a decode row at the end of 65,536. Each row's list
+// holds its 512 latest positions and random earlier ones, in no order (as
+// an indexer gives them, by score). It reports GFLOP/s (the logits' and
+// the values' products) and their share of the FMA peak the backend's
+// pool probes in the same run (the 512-bit one where the CPU has it).
+func BenchmarkAttnSparseK3(b *testing.B) {
+	be := New(0)
+	defer be.Close()
+	peak := be.Pool().PeakWideFLOPS()
+	if peak == 0 {
+		peak = be.Pool().PeakFLOPS()
+	}
+	for _, c := range []attnCase{
+		{t: 64, l: 16384, hq: 96, hkv: 1, dk: 512, dr: 64, dv: 512, k: 2048, mqa: true, causal: true},
+		{t: 1, l: 65536, hq: 96, hkv: 1, dk: 512, dr: 64, dv: 512, k: 2048, mqa: true, causal: true},
+	} {
+		a := attnArgs(b, be, c, 1)
+		r := rand.New(rand.NewPCG(3, 4))
+		idx := make([]int32, c.t*c.k)
+		for row := range c.t {
+			qpos := c.l - c.t + row
+			list := idx[row*c.k : (row+1)*c.k]
+			seen := map[int32]bool{}
+			for i := range list {
+				p := int32(qpos - i)
+				if i >= 512 {
+					for p = int32(r.IntN(qpos + 1)); seen[p]; p = int32(r.IntN(qpos + 1)) {
+					}
+				}
+				list[i], seen[p] = p, true
+			}
+			r.Shuffle(len(list), func(x, y int) { list[x], list[y] = list[y], list[x] })
+		}
+		must(0, be.Write(a.Indices, idx))
+		flops := 2 * float64(c.t*c.hq*c.k*(c.dk+c.dr+c.dv))
+		b.Run(fmt.Sprintf("rows=%d/positions=%d", c.t, c.l), func(b *testing.B) {
+			for range b.N {
+				if err := be.Attention(a); err != nil {
+					b.Fatal(err)
+				}
+			}
+			rate := flops * float64(b.N) / b.Elapsed().Seconds()
+			b.ReportMetric(rate/1e9, "GFLOP/s")
+			if peak > 0 {
+				b.ReportMetric(rate/peak, "of_peak")
+			}
+		})
+	}
+}
+
 // BenchmarkAttnMasked times index-sparse MLA prefill chunks in the
 // absorbed form at the 100M preset's shape (256 rows, 6 heads on one
 // latent head of 256 plus 32 rope dims, top-256 lists of visible
