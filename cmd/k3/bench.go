@@ -42,6 +42,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintln(stdout, benchUsage)
 		return errHelp
 	}
+	if kernel.AMXEmulated() {
+		return fmt.Errorf("bench: K3_AMX=emulate runs the AMX tiles' plain-Go twin, a correctness mode: unset it to measure")
+	}
 	switch args[0] {
 	case "dsa":
 		return benchDSA(ctx, args[1:], stdout, stderr)

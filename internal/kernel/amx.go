@@ -41,6 +41,11 @@ const amxParts = 3
 // K3_KERNEL does not cap the path below it.
 func AMXAvailable() bool { return hasAMX }
 
+// AMXEmulated reports that the AMX paths run without AMX tiles, their
+// tile products on the plain-Go twin (K3_AMX=emulate; tests only, far
+// too slow to measure anything).
+func AMXEmulated() bool { return amxEmulated }
+
 // AMXPreferred reports whether a backend should lay bf16 weights out for
 // the AMX product (PackAMX): where it runs and K3_KERNEL=amx asks for it.
 func AMXPreferred() bool { return amxPreferred }
@@ -384,7 +389,7 @@ func (j *amxJob) tiles(s []float32, cs int, w []uint16, r0, r1, groups int) {
 	kb := j.kp / amxKBlock
 	a := j.parts[j.np*r0*j.kp:]
 	prows := j.np * (r1 - r0)
-	if !hasAMX || amxGo {
+	if !hasAMX || amxGo || amxEmulated {
 		amxTilesGo(a, j.kp, w, kb, prows, s, cs, groups)
 		return
 	}
@@ -447,7 +452,7 @@ func (c *amxConfig) set(rows0, rows1 int) {
 	}
 }
 
-// amxTilesGo is the tile kernels' specification: for each of prows part
+// amxTilesGo is the tile kernels' plain-Go twin: for each of prows part
 // rows (at a, row stride as elements) and each column of the groups, one
 // float32 accumulator from zero over k-blocks, adding each tile dot
 // product as TDPBF16PS computes it: the products of the even elements of
@@ -458,26 +463,40 @@ func (c *amxConfig) set(rows0, rows1 int) {
 // results below it are flushed to zero. (The chain structure is the
 // instruction's description in Intel's SDM; the flushing and the order of
 // the pairs within a chain were checked against the hardware by
-// TestMatMulAMX.)
+// TestMatMulAMX.) It widens each block's operands once (what
+// amxTilesSpec, its one-loop statement in the tests, does per product),
+// since K3_AMX=emulate runs whole models on it.
 func amxTilesGo(a []uint16, as int, w []uint16, kb, prows int, c []float32, cs, groups int) {
 	kp := kb * amxKBlock
+	var wt [2 * AMXPanel][amxKBlock]float32 // a block's weights, column by column: pair i at 2i, 2i+1
+	var ar [amxKBlock]float32
 	for g := range groups {
-		for col := range 2 * AMXPanel {
-			pan := w[(2*g+col/AMXPanel)*AMXPanel*kp:]
-			cc := col % AMXPanel
+		for r := range prows {
+			clear(c[r*cs+g*2*AMXPanel : r*cs+(g+1)*2*AMXPanel])
+		}
+		for b := range kb {
+			for col := range 2 * AMXPanel {
+				tile := w[(2*g+col/AMXPanel)*AMXPanel*kp+b*512:]
+				cc := col % AMXPanel
+				for i := range 16 {
+					wt[col][2*i] = dazBF16(tile[i*32+2*cc])
+					wt[col][2*i+1] = dazBF16(tile[i*32+2*cc+1])
+				}
+			}
 			for r := range prows {
-				var acc float32
-				for b := range kb {
-					wt := pan[b*512:]
-					ar := a[r*as+b*amxKBlock:]
+				for e, v := range a[r*as+b*amxKBlock : r*as+(b+1)*amxKBlock] {
+					ar[e] = dazBF16(v)
+				}
+				out := c[r*cs+g*2*AMXPanel : r*cs+(g+1)*2*AMXPanel]
+				for col := range out {
+					wc := &wt[col]
 					var even, odd float32
 					for i := range 16 {
-						even = ftz(even + dazBF16(ar[2*i])*dazBF16(wt[i*32+2*cc]))
-						odd = ftz(odd + dazBF16(ar[2*i+1])*dazBF16(wt[i*32+2*cc+1]))
+						even = ftz(even + ar[2*i]*wc[2*i])
+						odd = ftz(odd + ar[2*i+1]*wc[2*i+1])
 					}
-					acc = ftz(acc + ftz(even+odd))
+					out[col] = ftz(out[col] + ftz(even+odd))
 				}
-				c[r*cs+g*2*AMXPanel+col] = acc
 			}
 		}
 	}

@@ -3,6 +3,7 @@
 package kernel
 
 import (
+	"os"
 	"sync"
 	"syscall"
 
@@ -16,7 +17,15 @@ var amxCPU = cpu.X86.HasAMXTile && cpu.X86.HasAMXBF16 && hasBF16Dot
 // hasAMX reports that the AMX product runs here: the CPU has AMX-BF16,
 // Linux granted the process the tile data state, and K3_KERNEL does not
 // cap the path (go, avx2, avx512 and zmm all do).
-var hasAMX = amxCPU && forced != "zmm" && amxPermission()
+var hasAMX = amxCPU && forced != "zmm" && amxPermission() || amxEmulated
+
+// amxEmulated reports that the AMX paths run here without AMX tiles
+// (K3_AMX=emulate, on a CPU with AVX512_BF16 and BW, which the paths'
+// other kernels use): the backends choose them as on an AMX CPU and every
+// tile product runs its plain-Go twin (amxTilesGo), so that the tests and
+// k3 conform check the AMX paths' callers on a machine without AMX. It is
+// slow, a correctness mode only; K3_KERNEL caps it as it caps the tiles.
+var amxEmulated = os.Getenv("K3_AMX") == "emulate" && !amxCPU && hasBF16Dot && hasAVX512BW && forced != "zmm"
 
 // amxPreferred reports that the backend lays bf16 weights out for the
 // tiles, so that every product runs there: opt-in, with K3_KERNEL=amx.

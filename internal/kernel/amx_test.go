@@ -166,6 +166,122 @@ func TestAMXSubnormals(t *testing.T) {
 	}
 }
 
+// TestAMXTilesTwin holds amxTilesGo, which widens each block's operands
+// once, to amxTilesSpec bit for bit: random part rows and weights with
+// subnormals, signed zeros, infinities and NaNs among them, over several
+// row counts, k-blocks and column groups, written into a wider c.
+func TestAMXTilesTwin(t *testing.T) {
+	r := rand.New(rand.NewPCG(31, 32))
+	special := []uint16{0x0000, 0x8000, 0x0001, 0x807f, 0x0080, 0x7f7f}
+	word := func(tiny bool) uint16 {
+		switch {
+		case r.IntN(2000) == 0:
+			return []uint16{0x7f80, 0xff80, 0x7fc1}[r.IntN(3)] // infinities, a NaN
+		case r.IntN(8) == 0:
+			return special[r.IntN(len(special))]
+		}
+		// Exponents near the bottom of the range as well as the middle,
+		// so that chains and sums fall below it.
+		e := uint16(1 + r.IntN(12))
+		if !tiny && r.IntN(2) == 0 {
+			e = uint16(120 + r.IntN(16))
+		}
+		return uint16(r.IntN(2))<<15 | e<<7 | uint16(r.IntN(128))
+	}
+	for _, sh := range [][3]int{{1, 1, 1}, {3, 2, 1}, {15, 1, 3}, {30, 2, 2}, {7, 3, 5}} {
+		prows, kb, groups := sh[0], sh[1], sh[2]
+		as := kb*amxKBlock + 5
+		a := make([]uint16, prows*as)
+		for i := range a {
+			// Every third part row tiny throughout, so that whole chains
+			// and sums fall below the normal range and are flushed.
+			a[i] = word(i/as%3 == 2)
+		}
+		w := make([]uint16, 2*groups*AMXPanel*kb*amxKBlock)
+		for i := range w {
+			w[i] = word(false)
+		}
+		cs := groups*2*AMXPanel + 3
+		got, want := make([]float32, prows*cs), make([]float32, prows*cs)
+		for i := range got {
+			got[i], want[i] = 7, 7
+		}
+		amxTilesGo(a, as, w, kb, prows, got, cs, groups)
+		amxTilesSpec(a, as, w, kb, prows, want, cs, groups)
+		finite := 0
+		for i := range got {
+			if want[i] != want[i] {
+				// Which NaN's payload survives a sum follows the
+				// compiler's operand order; that it is NaN does not.
+				require.True(t, got[i] != got[i], "%d part rows, %d k-blocks, %d groups: c[%d] = %g, want NaN", prows, kb, groups, i, got[i])
+				continue
+			}
+			require.Equal(t, math.Float32bits(want[i]), math.Float32bits(got[i]), "%d part rows, %d k-blocks, %d groups: c[%d] = %g, want %g", prows, kb, groups, i, got[i], want[i])
+			finite++
+		}
+		require.Greater(t, finite, len(got)*3/4, "most outputs are numbers")
+	}
+
+	// Sums of normal numbers that cancel to below the normal range are
+	// flushed to zero: the even and odd chains' (row 0, block 1:
+	// 1.5·2⁻¹²⁵ − 1.25·2⁻¹²⁵, added to 2⁻¹²⁰ from block 0, which 2⁻¹²⁷
+	// unflushed would change) and the accumulator's (row 1: the same
+	// across blocks 0 and 1).
+	bits := func(v float32) uint16 { return uint16(math.Float32bits(v) >> 16) }
+	a := make([]uint16, 2*2*amxKBlock)
+	w := make([]uint16, 2*AMXPanel*2*amxKBlock)
+	w[0], w[1], w[512], w[513] = bits(0x1p-62), bits(0x1p-62), bits(0x1p-62), bits(0x1p-62)
+	a[0] = bits(0x1p-58)
+	a[amxKBlock], a[amxKBlock+1] = bits(1.5*0x1p-63), bits(-1.25*0x1p-63)
+	a[2*amxKBlock], a[3*amxKBlock] = bits(1.5*0x1p-63), bits(-1.25*0x1p-63)
+	want := make([]float32, 2*2*AMXPanel)
+	want[0] = 0x1p-120
+	for _, tiles := range []func(a []uint16, as int, w []uint16, kb, prows int, c []float32, cs, groups int){amxTilesGo, amxTilesSpec} {
+		c := make([]float32, 2*2*AMXPanel)
+		for i := range c {
+			c[i] = 7
+		}
+		tiles(a, 2*amxKBlock, w, 2, 2, c, 2*AMXPanel, 1)
+		require.Equal(t, want, c, "cancelled sums flushed")
+	}
+}
+
+// amxTilesSpec is the tile kernels' specification: for each of prows part
+// rows (at a, row stride as elements) and each column of the groups, one
+// float32 accumulator from zero over k-blocks, adding each tile dot
+// product as TDPBF16PS computes it: the products of the even elements of
+// the block's sixteen pairs summed in one float32 chain from zero, those
+// of the odd elements in another (the products are exact), the two chains
+// added, and that added to the accumulator, every sum rounded to nearest
+// even; bf16 inputs below the normal range count as zero and float32
+// results below it are flushed to zero. (The chain structure is the
+// instruction's description in Intel's SDM; the flushing and the order of
+// the pairs within a chain were checked against the hardware by
+// TestMatMulAMX.)
+func amxTilesSpec(a []uint16, as int, w []uint16, kb, prows int, c []float32, cs, groups int) {
+	kp := kb * amxKBlock
+	for g := range groups {
+		for col := range 2 * AMXPanel {
+			pan := w[(2*g+col/AMXPanel)*AMXPanel*kp:]
+			cc := col % AMXPanel
+			for r := range prows {
+				var acc float32
+				for b := range kb {
+					wt := pan[b*512:]
+					ar := a[r*as+b*amxKBlock:]
+					var even, odd float32
+					for i := range 16 {
+						even = ftz(even + dazBF16(ar[2*i])*dazBF16(wt[i*32+2*cc]))
+						odd = ftz(odd + dazBF16(ar[2*i+1])*dazBF16(wt[i*32+2*cc+1]))
+					}
+					acc = ftz(acc + ftz(even+odd))
+				}
+				c[r*cs+g*2*AMXPanel+col] = acc
+			}
+		}
+	}
+}
+
 // amxOperands returns x [m, k] (not bf16-representable, times scale) and
 // bf16 weights [n, k].
 func amxOperands(r *rand.Rand, m, n, k int, scale float64) ([]float32, []uint16) {
@@ -294,7 +410,7 @@ func TestMatMulAMXFast(t *testing.T) {
 // bandwidth probed before and after: what keeps the AMX layout opt-in
 // (docs/bench).
 func BenchmarkAMXRow(b *testing.B) {
-	if !hasAMX {
+	if !hasAMX || amxEmulated {
 		b.Skip("no AMX here")
 	}
 	for _, sh := range [][2]int{{2304, 768}, {768, 2048}, {2048, 8192}} {
@@ -353,7 +469,7 @@ func BenchmarkAMXRow(b *testing.B) {
 // product's tiles can reach on this core is a third of the last figure
 // (ARCHITECTURE, "AMX tiles"; docs/bench).
 func BenchmarkAMXStep(b *testing.B) {
-	if !hasAMX {
+	if !hasAMX || amxEmulated {
 		b.Skip("no AMX here")
 	}
 	r := rand.New(rand.NewPCG(3, 4))
@@ -399,7 +515,7 @@ func BenchmarkAMXStep(b *testing.B) {
 // the tiles' first instructions stall longer than the FMAs' (ARCHITECTURE,
 // "AMX tiles"). The weight stays in L2, so the time is the core's alone.
 func BenchmarkAMXAfterIdle(b *testing.B) {
-	if !hasAMX {
+	if !hasAMX || amxEmulated {
 		b.Skip("the AMX tiles do not run here")
 	}
 	const n, k = 384, 768

@@ -105,7 +105,7 @@ func TestMatMulKMajorAMX(t *testing.T) {
 // k-major on the tiles (MatMulKMajorAMX, the default prefill product where
 // the tiles run).
 func BenchmarkKMajorAMX(b *testing.B) {
-	if !hasAMX {
+	if !hasAMX || amxEmulated {
 		b.Skip("the AMX tiles do not run here")
 	}
 	for _, sh := range [][3]int{{256, 2304, 768}, {256, 768, 768}, {256, 384, 768}, {256, 768, 384}, {128, 768, 768}, {64, 768, 768}, {40, 768, 768}} {

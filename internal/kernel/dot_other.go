@@ -328,6 +328,8 @@ func kpair1x4(x *uint16, xstride int, w *[4]*uint16, kp int, out *[4]*float32, o
 
 const hasAMX = false
 
+const amxEmulated = false
+
 var hasAVX512BW = false
 
 const amxPreferred = false

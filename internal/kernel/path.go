@@ -14,7 +14,8 @@ import "fmt"
 // twice the 256-bit rate, or K3_KERNEL=zmm forces them) and "+bf16" where the opt-in fast
 // product has VDPBF16PS, then "+amx" where the AMX tiles run the long
 // products of bf16 weights (AMXAvailable: the CPU has AMX-BF16 and the
-// path is not capped). K3_KERNEL=go, avx2 or avx512 caps the path below
+// path is not capped), or "+amx-emulated" where K3_AMX=emulate stands the
+// tiles' plain-Go twin in for them (AMXEmulated). K3_KERNEL=go, avx2 or avx512 caps the path below
 // what the CPU has; zmm forces the 512-bit tile on any AVX-512 CPU and
 // keeps the AMX tiles off; amx (opt-in) lays bf16 weights out for the
 // tiles, so that every product runs there ("+amxweights", AMXPreferred).
@@ -37,7 +38,10 @@ func Path() string {
 	if hasBF16Dot {
 		p += "+bf16"
 	}
-	if hasAMX {
+	switch {
+	case amxEmulated:
+		p += "+amx-emulated"
+	case hasAMX:
 		p += "+amx"
 	}
 	if amxPreferred {

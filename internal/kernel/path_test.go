@@ -65,3 +65,40 @@ func TestPathForced(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, string(out), `K3_KERNEL="avx-2" not understood`)
 }
+
+// TestAMXEmulate: K3_AMX=emulate turns the AMX paths on where the CPU has
+// AVX512_BF16 and BW but no AMX (and K3_KERNEL does not cap them), and
+// changes nothing on a CPU with AMX or without AVX-512 BF16.
+func TestAMXEmulate(t *testing.T) {
+	if os.Getenv("K3_PATH_CHILD") != "" || os.Getenv("K3_KERNEL") != "" || os.Getenv("K3_AMX") != "" {
+		t.Skip("run without K3_KERNEL and K3_AMX: the test sets them in child processes")
+	}
+	emulates := !amxCPU && hasBF16Dot && hasAVX512BW
+	for _, env := range []string{"", "amx", "zmm", "avx512"} {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestPathForced$")
+		cmd.Env = append(os.Environ(), "K3_PATH_CHILD=1", "K3_KERNEL="+env, "K3_AMX=emulate")
+		out, err := cmd.Output()
+		require.NoError(t, err)
+		_, got, ok := strings.Cut(string(out), "path=")
+		require.True(t, ok, "%s", out)
+		got, _, _ = strings.Cut(got, "\n")
+		on := emulates && (env == "" || env == "amx")
+		assert.Equal(t, on, strings.Contains(got, "+amx-emulated"), "K3_KERNEL=%q K3_AMX=emulate: %s", env, got)
+		assert.Equal(t, on && env == "amx", emulates && strings.Contains(got, "+amxweights"), "K3_KERNEL=%q K3_AMX=emulate: %s", env, got)
+		if !emulates {
+			assert.NotContains(t, got, "emulated", "K3_KERNEL=%q: nothing to emulate here", env)
+		}
+	}
+}
+
+// TestAMXEmulated: under K3_AMX=emulate the backends see the AMX paths
+// and nothing probes the tiles' peak.
+func TestAMXEmulated(t *testing.T) {
+	if !amxEmulated {
+		t.Skip("K3_AMX=emulate is not in effect")
+	}
+	assert.True(t, AMXAvailable())
+	p := NewPool(1)
+	defer p.Close()
+	assert.Zero(t, p.PeakAMXFLOPS(), "no peak to probe on the twin")
+}

@@ -110,7 +110,7 @@ func (p *Pool) PeakBF16DotFLOPS() float64 {
 // the best of a few runs, in FLOP/s), or 0 where the AMX product does not
 // run (AMXAvailable). The AMX product's shares are of it.
 func (p *Pool) PeakAMXFLOPS() float64 {
-	if !hasAMX {
+	if !hasAMX || amxEmulated {
 		return 0
 	}
 	return p.peakIters(amxPeakRange, 4*16*16*32*2, 500_000)
