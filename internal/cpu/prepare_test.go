@@ -250,7 +250,7 @@ func TestPrepareMatMulNarrowTiles(t *testing.T) {
 		ran = true
 		require.NotNil(t, tiles)
 		require.Equal(t, form, tiles.form)
-		none := [][2]int{{amxMinN - 1, k}, {n, amxMinK - 32}}
+		none := [][2]int{{amxMinN - 1, k}}
 		switch form {
 		case kPairs:
 			none = [][2]int{{pairsMinN - 1, k}, {n, k + 1}}
@@ -263,6 +263,20 @@ func TestPrepareMatMulNarrowTiles(t *testing.T) {
 			_, err := b.PrepareMatMul(o)
 			require.NoError(t, err)
 			require.Nil(t, o.Mem.(*buffer).tiles, "a [%d %d] weight takes no tile copy", nk[0], nk[1])
+		}
+		if form == amxTiles {
+			// Too shallow for the tiles: a k-major copy where the wide
+			// weights are laid out k-major, none where they take the
+			// tiles' layout (K3_KERNEL=amx).
+			o, _ := bf16Weight(t, b, r, n, amxMinK-32)
+			_, err := b.PrepareMatMul(o)
+			require.NoError(t, err)
+			if b.packing() == kMajor {
+				require.NotNil(t, o.Mem.(*buffer).tiles, "a [%d %d] weight takes a k-major copy", n, amxMinK-32)
+				require.Equal(t, kMajor, o.Mem.(*buffer).tiles.form)
+			} else {
+				require.Nil(t, o.Mem.(*buffer).tiles, "a [%d %d] weight takes no tile copy", n, amxMinK-32)
+			}
 		}
 
 		// An unprepared copy of the same bits: a tensor over another buffer.
