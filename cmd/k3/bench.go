@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -42,15 +43,15 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintln(stdout, benchUsage)
 		return errHelp
 	}
-	if kernel.AMXEmulated() {
-		return fmt.Errorf("bench: K3_AMX=emulate runs the AMX tiles' plain-Go twin, a correctness mode: unset it to measure")
-	}
 	switch args[0] {
 	case "dsa":
 		return benchDSA(ctx, args[1:], stdout, stderr)
 	case "kernels":
 		fs := flag.NewFlagSet("bench kernels", flag.ContinueOnError)
 		if err := parseFlags(fs, "bench kernels\n\nGEMM and matrix-vector products against the probed FLOP peak and bandwidth (a minute or two).", args[1:], stdout, stderr); err != nil {
+			return err
+		}
+		if err := measurable(); err != nil {
 			return err
 		}
 		bench.Kernels(stdout)
@@ -71,6 +72,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 				return fmt.Errorf("bench model: -presets %q: want 100m, 1b or both, comma-separated", *presets)
 			}
 			want[p] = true
+		}
+		if err := measurable(); err != nil {
+			return err
 		}
 		logf := func(s string) { fmt.Fprintln(stderr, s) }
 		if want["100m"] {
@@ -97,6 +101,15 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return errUsage
 }
 
+// measurable refuses a benchmark where K3_AMX=emulate stands the AMX
+// tiles' plain-Go twin in for them: it would time the twin.
+func measurable() error {
+	if kernel.AMXEmulated() {
+		return errors.New("K3_AMX=emulate runs the AMX tiles' plain-Go twin, a correctness mode: unset it to measure")
+	}
+	return nil
+}
+
 func benchDSA(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench dsa", flag.ContinueOnError)
 	ctxs := fs.String("contexts", "4096,16384,65536,131072", "context lengths, comma separated")
@@ -121,6 +134,9 @@ func benchDSA(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if *iters <= 0 {
 		return fmt.Errorf("-iters %d must be positive", *iters)
+	}
+	if err := measurable(); err != nil {
+		return err
 	}
 	b, err := backends.OpenWith(backend.name, backend.options())
 	if err != nil {
@@ -231,6 +247,9 @@ func benchSpec(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	if *batch < 1 || *batch > 64 {
 		return fmt.Errorf("-batch %d: want 1..64", *batch)
+	}
+	if err := measurable(); err != nil {
+		return err
 	}
 	// A kernel monitor sampling memory stalls the passes it lands on; a
 	// run it overlapped says so, whether it was on at the start or the end.

@@ -45,6 +45,9 @@ func benchServe(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *perClient < 1 || *promptTokens < 1 || *maxTokens < 2 {
 		return fmt.Errorf("-requests %d, -prompt %d, -tokens %d: want >= 1, >= 1, >= 2", *perClient, *promptTokens, *maxTokens)
 	}
+	if err := measurable(); err != nil {
+		return err
+	}
 	dir, label := *model, *model
 	if dir == "" {
 		label = "the k31pro-100m preset (bf16, random weights)"
