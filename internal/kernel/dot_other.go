@@ -330,6 +330,8 @@ const hasAMX = false
 
 const amxEmulated = false
 
+const amxCPU = false
+
 var hasAVX512BW = false
 
 const amxPreferred = false
