@@ -42,7 +42,7 @@ var hasZMM = useAVX512 && forced != "avx512"
 // the zmm 2x8 and 4x8 tiles): where the CPU has them and either
 // K3_KERNEL=zmm forces them or a probe finds a 512-bit FMA at least 1.5
 // times as fast as a 256-bit one (2.0x on Zen 5; Zen 4 runs it as two
-// halves, about 1x). Each of those kernels gives the same bits as its
+// halves, about 1x); K3_KERNEL=halfzmm answers no without the probe. Each of those kernels gives the same bits as its
 // 256-bit twin, but the answer also moves the packed GEMM's range
 // (usePacked), whose roundings differ from the dot-form tiles'. The probe
 // runs once, at the first use, so the answer is fixed for the process.
@@ -50,8 +50,11 @@ var wideFMA = sync.OnceValue(func() bool {
 	if !hasZMM {
 		return false
 	}
-	if forced == "zmm" {
+	switch forced {
+	case "zmm":
 		return true
+	case "halfzmm":
+		return false
 	}
 	return zmmRatio() >= 1.5
 })

@@ -17,7 +17,10 @@ import "fmt"
 // path is not capped), or "+amx-emulated" where K3_AMX=emulate stands the
 // tiles' plain-Go twin in for them (AMXEmulated). K3_KERNEL=go, avx2 or avx512 caps the path below
 // what the CPU has; zmm forces the 512-bit tile on any AVX-512 CPU and
-// keeps the AMX tiles off; amx (opt-in) lays bf16 weights out for the
+// keeps the AMX tiles off; halfzmm keeps the 512-bit kernels that pay at
+// any FMA width and takes the 256-bit ones where the choice follows it
+// (wideFMA false: what a CPU that runs 512-bit FMAs as two halves, such
+// as the Zen 4, chooses, so that a full-width CPU can test that path); amx (opt-in) lays bf16 weights out for the
 // tiles, so that every product runs there ("+amxweights", AMXPreferred).
 // A value it does not understand is reported here and otherwise ignored;
 // a path the CPU (or a purego build) cannot run is reported too, so that
@@ -52,12 +55,12 @@ func Path() string {
 	case "", "go":
 	case "avx2":
 		runs = useAVX2
-	case "avx512", "zmm":
+	case "avx512", "zmm", "halfzmm":
 		runs = useAVX512
 	case "amx":
 		runs = hasAMX
 	default:
-		return fmt.Sprintf("%s (K3_KERNEL=%q not understood: want go, avx2, avx512, zmm or amx)", p, f)
+		return fmt.Sprintf("%s (K3_KERNEL=%q not understood: want go, avx2, avx512, zmm, halfzmm or amx)", p, f)
 	}
 	if !runs {
 		return fmt.Sprintf("%s (K3_KERNEL=%s does not run here)", p, forcedPath())

@@ -25,23 +25,31 @@ func TestPathForced(t *testing.T) {
 	if hasBF16Dot {
 		bf16 = "+bf16"
 	}
-	want := map[string]string{"go": "go", "avx2": "go", "avx512": "go", "zmm": "go", "": Path(), "amx": Path()}
+	want := map[string]string{"go": "go", "avx2": "go", "avx512": "go", "zmm": "go", "halfzmm": "go", "": Path(), "amx": Path()}
 	if hasAMX {
 		want["amx"] = Path() + "+amxweights" // opt-in: the uncapped path runs only the long products on the tiles
 	}
 	if useAVX2 {
-		want["avx2"], want["avx512"], want["zmm"] = "avx2", "avx2", "avx2"
+		want["avx2"], want["avx512"], want["zmm"], want["halfzmm"] = "avx2", "avx2", "avx2", "avx2"
 	}
 	if useAVX512 {
 		want["avx512"], want["zmm"] = "avx512-ymm", "avx512+zmm"+bf16
+		// The half-width choices keep the AMX tiles (emulated or not).
+		want["halfzmm"] = "avx512" + bf16
+		switch {
+		case amxEmulated:
+			want["halfzmm"] += "+amx-emulated"
+		case hasAMX:
+			want["halfzmm"] += "+amx"
+		}
 	}
 	// A cap the CPU cannot run is said so.
-	for env, runs := range map[string]bool{"avx2": useAVX2, "avx512": useAVX512, "zmm": useAVX512, "amx": hasAMX} {
+	for env, runs := range map[string]bool{"avx2": useAVX2, "avx512": useAVX512, "zmm": useAVX512, "halfzmm": useAVX512, "amx": hasAMX} {
 		if !runs {
 			want[env] += " (K3_KERNEL=" + env + " does not run here)"
 		}
 	}
-	for _, env := range []string{"go", "avx2", "avx512", "zmm", "", "amx"} {
+	for _, env := range []string{"go", "avx2", "avx512", "zmm", "halfzmm", "", "amx"} {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestPathForced$")
 		cmd.Env = append(os.Environ(), "K3_PATH_CHILD=1", "K3_KERNEL="+env)
 		out, err := cmd.Output()
@@ -74,7 +82,7 @@ func TestAMXEmulate(t *testing.T) {
 		t.Skip("run without K3_KERNEL and K3_AMX: the test sets them in child processes")
 	}
 	emulates := !amxCPU && hasBF16Dot && hasAVX512BW
-	for _, env := range []string{"", "amx", "zmm", "avx512"} {
+	for _, env := range []string{"", "amx", "halfzmm", "zmm", "avx512"} {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestPathForced$")
 		cmd.Env = append(os.Environ(), "K3_PATH_CHILD=1", "K3_KERNEL="+env, "K3_AMX=emulate")
 		out, err := cmd.Output()
@@ -82,7 +90,7 @@ func TestAMXEmulate(t *testing.T) {
 		_, got, ok := strings.Cut(string(out), "path=")
 		require.True(t, ok, "%s", out)
 		got, _, _ = strings.Cut(got, "\n")
-		on := emulates && (env == "" || env == "amx")
+		on := emulates && (env == "" || env == "amx" || env == "halfzmm")
 		assert.Equal(t, on, strings.Contains(got, "+amx-emulated"), "K3_KERNEL=%q K3_AMX=emulate: %s", env, got)
 		assert.Equal(t, on && env == "amx", emulates && strings.Contains(got, "+amxweights"), "K3_KERNEL=%q K3_AMX=emulate: %s", env, got)
 		if !emulates {
