@@ -63,9 +63,11 @@ var wideFMA = sync.OnceValue(func() bool {
 // least 1.25 times the FLOP rate of the FMAs the exact products issue
 // (512-bit where wideFMA, else 256-bit): 1.8-1.9x on Zen 4 and Zen 5,
 // about 0.5x on an Intel Xeon with AMX, where the fast product ran at 0.6x
-// the exact one (docs/bench). Probed once, at the first use.
+// the exact one (docs/bench). Probed once, at the first use; under
+// K3_AMX=emulate the answer is the Xeon's, no, so that the emulated run
+// makes an AMX CPU's choices in the fast backend too.
 var fastBF16Pays = sync.OnceValue(func() bool {
-	return hasBF16Dot && bf16DotRatio() >= 1.25
+	return hasBF16Dot && !amxEmulated && bf16DotRatio() >= 1.25
 })
 
 // bf16DotRatio measures on the calling goroutine the FLOP rate of a
