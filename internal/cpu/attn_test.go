@@ -441,10 +441,7 @@ func BenchmarkAttnSparse(b *testing.B) {
 func BenchmarkAttnSparseK3(b *testing.B) {
 	be := New(0)
 	defer be.Close()
-	peak := be.Pool().PeakWideFLOPS()
-	if peak == 0 {
-		peak = be.Pool().PeakFLOPS()
-	}
+	peak := be.Pool().PeakKernelFLOPS()
 	for _, c := range []attnCase{
 		{t: 64, l: 16384, hq: 96, hkv: 1, dk: 512, dr: 64, dv: 512, k: 2048, mqa: true, causal: true},
 		{t: 1, l: 65536, hq: 96, hkv: 1, dk: 512, dr: 64, dv: 512, k: 2048, mqa: true, causal: true},

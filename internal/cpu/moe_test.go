@@ -561,10 +561,7 @@ func BenchmarkMoEExpertsPrefill(b *testing.B) {
 			Weights: upload(be, normals(r, c.tok*c.topk), c.tok, c.topk), Act: compute.Activation{Kind: compute.SwiGLU},
 			Out: must(be.Alloc(compute.F32, c.tok, c.din))}
 		b.Run(c.name, func(b *testing.B) {
-			peak := be.Pool().PeakWideFLOPS()
-			if peak == 0 {
-				peak = be.Pool().PeakFLOPS()
-			}
+			peak := be.Pool().PeakKernelFLOPS()
 			var took [2]time.Duration
 			b.ResetTimer()
 			for i := range b.N {

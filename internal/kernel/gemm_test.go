@@ -175,11 +175,7 @@ func BenchmarkMatAccumulateRows(b *testing.B) {
 	p := NewPool(0)
 	defer p.Close()
 	defer func() { accEight = true }()
-	peak := p.PeakWideFLOPS()
-	if peak == 0 {
-		peak = p.PeakFLOPS()
-	}
-	peak /= float64(p.Size())
+	peak := p.PeakKernelFLOPS() / float64(p.Size())
 	r := rand.New(rand.NewPCG(5, 6))
 	for _, c := range []struct {
 		m, n, k int

@@ -89,6 +89,16 @@ func (p *Pool) PeakWideFLOPS() float64 {
 	return p.peak(fma512Range, 12*32)
 }
 
+// PeakKernelFLOPS is the FMA peak of the path's kernels: PeakWideFLOPS
+// where they run 512-bit FMAs (AVX-512, not capped below it), else
+// PeakFLOPS.
+func (p *Pool) PeakKernelFLOPS() float64 {
+	if wide := p.PeakWideFLOPS(); wide > 0 {
+		return wide
+	}
+	return p.PeakFLOPS()
+}
+
 // WideFMA reports whether the packed GEMM and the decode tiles run
 // 512-bit FMAs on this CPU (probed once; see Path).
 func WideFMA() bool { return wideFMA() }
@@ -144,8 +154,8 @@ func (p *Pool) peakIters(loop func(a *Args, lo, hi int), flops float64, iters in
 
 // Limits measures, once per process, the memory bandwidth (the higher of a
 // STREAM-style read and a STREAM triad over arrays far past the last-level
-// cache) and the FMA peak of a default pool: the 512-bit one where the
-// kernels run 512-bit FMAs (hasZMM), else the 256-bit one. Benchmarks
+// cache) and the FMA peak of a default pool's kernels (PeakKernelFLOPS).
+// Benchmarks
 // report their figures as shares of these, measured in the same run.
 var Limits = sync.OnceValues(func() (bandwidth, peakFLOPS float64) {
 	p := NewPool(0)
@@ -155,11 +165,7 @@ var Limits = sync.OnceValues(func() (bandwidth, peakFLOPS float64) {
 	for i := range b {
 		b[i], c[i] = 1, 2
 	}
-	bw := max(p.ReadBandwidth(b, 7), p.Triad(a, b, c, 7))
-	if wide := p.PeakWideFLOPS(); wide > 0 {
-		return bw, wide
-	}
-	return bw, p.PeakFLOPS()
+	return max(p.ReadBandwidth(b, 7), p.Triad(a, b, c, 7)), p.PeakKernelFLOPS()
 })
 
 // triadRange runs the triad with ordinary stores, triadNTRange with
