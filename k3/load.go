@@ -498,7 +498,7 @@ func (m *Model) load(ctx context.Context, progress func(done, total int64)) erro
 	vr := v
 	if p := m.par; p != nil && p.layout.TP > 1 {
 		lo, hi, _ := part(v, p.layout.TP, p.tpIndex())
-		r := cutRule{block: 1, lo: lo, hi: hi, scale: 1}
+		r := cutRule{block: 1, lo: lo, hi: hi}
 		vocab = map[string]cutRule{"model.embed_tokens.weight": r, "lm_head.weight": r}
 		p.vocabLo, p.vocabHi, vr = lo, hi, hi-lo
 	}
@@ -627,8 +627,8 @@ func (m *Model) loadLayer(src *source, l int) (*layer, []float32, error) {
 		k := cfg.KDA
 		heads := k.NumHeads
 		if p := m.par; p != nil {
-			lo, hi, scale := part(k.NumHeads, p.layout.TP, p.tpIndex())
-			attn, heads = m.cut(attn, kdaRules(k.NumHeads, k.HeadDim, lo, hi, scale)), hi-lo
+			lo, hi, dup := part(k.NumHeads, p.layout.TP, p.tpIndex())
+			attn, heads = m.cut(attn, kdaRules(k.NumHeads, k.HeadDim, lo, hi, dup)), hi-lo
 		} else {
 			attn = m.cut(attn, nil)
 		}
@@ -649,11 +649,11 @@ func (m *Model) loadLayer(src *source, l int) (*layer, []float32, error) {
 			ixHeads = cfg.Indexer.NumHeads
 		}
 		if p := m.par; p != nil {
-			lo, hi, scale := part(c.NumHeads, p.layout.TP, p.tpIndex())
-			rules := mlaRules(c, lo, hi, scale)
+			lo, hi, dup := part(c.NumHeads, p.layout.TP, p.tpIndex())
+			rules := mlaRules(c, lo, hi, dup)
 			if ly.kind == config.DSA && p.splitIndexer() {
-				lo, hi, scale := part(ixHeads, p.layout.TP, p.tpIndex())
-				maps.Copy(rules, indexerRules(cfg.Indexer.HeadDim, lo, hi, scale))
+				lo, hi, dup := part(ixHeads, p.layout.TP, p.tpIndex())
+				maps.Copy(rules, indexerRules(cfg.Indexer.HeadDim, lo, hi, dup))
 				ixHeads = hi - lo
 			}
 			attn, heads = m.cut(attn, rules), hi-lo

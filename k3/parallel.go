@@ -5,14 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"iter"
-	"math"
 	"sync"
 
 	"k3/comm"
 	"k3/compute"
 	"k3/config"
 	"k3/internal/backends"
-	"k3/internal/floatx"
 	"k3/internal/moe"
 	"k3/internal/weights"
 )
@@ -144,21 +142,19 @@ func (p *rankPar) tpIndex() int { return p.rank % p.layout.TP }
 // heads.
 func (p *rankPar) splitIndexer() bool { return p != nil && p.layout.SplitIndexer && p.layout.TP > 1 }
 
-// part returns the units [lo, hi) of n that TP rank i of ranks holds, and
-// the weight of its contribution: with at least as many units as ranks,
-// consecutive blocks of one; with fewer, unit i mod n, scaled by one over
-// the number of ranks holding it so that a sum over the ranks adds it once.
-func part(n, ranks, i int) (lo, hi int, scale float32) {
+// part returns the units [lo, hi) of n that TP rank i of ranks holds:
+// with at least as many units as ranks, consecutive blocks; with fewer,
+// unit i mod n, which the first rank holding it (i < n) counts and the
+// others hold as a duplicate whose contribution to the sum over ranks
+// must be zero, so that the sum adds the unit once and exactly. (Weighting
+// each holder by one over their count instead rounds the weights unless
+// the count is a power of two: a bf16 weight times 1/3 moved logits by
+// 1e-3 and flipped top-k picks.)
+func part(n, ranks, i int) (lo, hi int, dup bool) {
 	if n >= ranks {
-		return i * n / ranks, (i + 1) * n / ranks, 1
+		return i * n / ranks, (i + 1) * n / ranks, false
 	}
-	u, c := i%n, 0
-	for r := range ranks {
-		if r%n == u {
-			c++
-		}
-	}
-	return u, u + 1, 1 / float32(c)
+	return i % n, i%n + 1, i >= n
 }
 
 // experts returns the routed experts [lo, hi) this rank holds: those of
@@ -207,12 +203,13 @@ func (p *rankPar) moeSplit() *moe.Split {
 
 // cutRule says how a tensor splits over TP ranks: by its first dimension
 // (or, with cols, its last) in blocks of block elements per unit (a head,
-// or one MLP column), keeping units [lo, hi) scaled by scale.
+// or one MLP column), keeping units [lo, hi); zero serves them as zeros
+// (a duplicate's output projection: see part).
 type cutRule struct {
 	cols   bool
 	block  int
 	lo, hi int
-	scale  float32
+	zero   bool
 	flat   int // > 0: the tensor is read as its first flat values (A_log's padding)
 }
 
@@ -261,7 +258,7 @@ func (r cutRule) apply(name string, dt compute.DType, shape []int, data []byte) 
 		}
 		out := append([]int{(r.hi - r.lo) * r.block}, shape[1:]...)
 		kept := data[r.lo*r.block*rowElems*es : r.hi*r.block*rowElems*es]
-		return dt, out, scaled(dt, kept, r.scale), nil
+		return dt, out, r.zeroed(kept), nil
 	}
 	if len(shape) != 2 || shape[1]%r.block != 0 || shape[1] < r.hi*r.block {
 		return dt, shape, data, fmt.Errorf("tensor %s has shape %v, whose columns do not hold unit %d of %d columns each", name, shape, r.hi-1, r.block)
@@ -273,43 +270,25 @@ func (r cutRule) apply(name string, dt compute.DType, shape []int, data []byte) 
 		row := data[(i*cols+r.lo*r.block)*es : (i*cols+r.hi*r.block)*es]
 		out = append(out, row...)
 	}
-	return dt, []int{rows, w}, scaled(dt, out, r.scale), nil
+	return dt, []int{rows, w}, r.zeroed(out), nil
 }
 
-// scaled returns data (little-endian values of dt) times s, in a copy
-// when s is not 1.
-func scaled(dt compute.DType, data []byte, s float32) []byte {
-	if s == 1 {
-		return data
+// zeroed returns data, or zeros in its place under r.zero (all-zero
+// bits are +0 in every float format the source serves).
+func (r cutRule) zeroed(data []byte) []byte {
+	if r.zero {
+		return make([]byte, len(data))
 	}
-	out := make([]byte, len(data))
-	for i := 0; i < len(data); i += dt.Size() {
-		switch dt {
-		case compute.F32:
-			v := uint32(data[i]) | uint32(data[i+1])<<8 | uint32(data[i+2])<<16 | uint32(data[i+3])<<24
-			u := math.Float32bits(math.Float32frombits(v) * s)
-			out[i], out[i+1], out[i+2], out[i+3] = byte(u), byte(u>>8), byte(u>>16), byte(u>>24)
-		case compute.BF16, compute.F16:
-			h := uint16(data[i]) | uint16(data[i+1])<<8
-			var r uint16
-			if dt == compute.BF16 {
-				r = floatx.BF16(floatx.FromBF16(h) * s)
-			} else {
-				r = floatx.F16(floatx.FromF16(h) * s)
-			}
-			out[i], out[i+1] = byte(r), byte(r>>8)
-		}
-	}
-	return out
+	return data
 }
 
 // kdaRules cuts a KDA layer's tensors to heads [lo, hi) of dk channels.
-func kdaRules(h, dk, lo, hi int, scale float32) map[string]cutRule {
-	rows := cutRule{block: dk, lo: lo, hi: hi, scale: 1}
+func kdaRules(h, dk, lo, hi int, dup bool) map[string]cutRule {
+	rows := cutRule{block: dk, lo: lo, hi: hi}
 	r := map[string]cutRule{
-		"b_proj.weight": {block: 1, lo: lo, hi: hi, scale: 1},
-		"A_log":         {block: 1, lo: lo, hi: hi, scale: 1, flat: h},
-		"o_proj.weight": {cols: true, block: dk, lo: lo, hi: hi, scale: scale},
+		"b_proj.weight": {block: 1, lo: lo, hi: hi},
+		"A_log":         {block: 1, lo: lo, hi: hi, flat: h},
+		"o_proj.weight": {cols: true, block: dk, lo: lo, hi: hi, zero: dup},
 	}
 	for _, n := range []string{"q_proj.weight", "k_proj.weight", "v_proj.weight", "q_conv1d.weight", "k_conv1d.weight",
 		"v_conv1d.weight", "f_b_proj.weight", "g_b_proj.weight", "g_proj.weight", "dt_bias"} {
@@ -319,36 +298,36 @@ func kdaRules(h, dk, lo, hi int, scale float32) map[string]cutRule {
 }
 
 // indexerRules cuts a DSA layer's indexer to heads [lo, hi) of dim
-// channels: the query rows and the head weights (scaled by scale when
-// ranks share a head, so that the sum of the scores adds it once).
-func indexerRules(dim, lo, hi int, scale float32) map[string]cutRule {
+// channels: the query rows and the head weights (zeros on a duplicate,
+// so that the sum of the scores adds a shared head once).
+func indexerRules(dim, lo, hi int, dup bool) map[string]cutRule {
 	return map[string]cutRule{
-		"indexer.wq_b.weight":         {block: dim, lo: lo, hi: hi, scale: 1},
-		"indexer.weights_proj.weight": {block: 1, lo: lo, hi: hi, scale: scale},
+		"indexer.wq_b.weight":         {block: dim, lo: lo, hi: hi},
+		"indexer.weights_proj.weight": {block: 1, lo: lo, hi: hi, zero: dup},
 	}
 }
 
 // mlaRules cuts an MLA/DSA layer's tensors to heads [lo, hi); the
 // indexer and the low-rank projections stay whole.
-func mlaRules(c config.MLAConfig, lo, hi int, scale float32) map[string]cutRule {
-	q := cutRule{block: c.QKNopeHeadDim + c.QKRopeHeadDim, lo: lo, hi: hi, scale: 1}
+func mlaRules(c config.MLAConfig, lo, hi int, dup bool) map[string]cutRule {
+	q := cutRule{block: c.QKNopeHeadDim + c.QKRopeHeadDim, lo: lo, hi: hi}
 	return map[string]cutRule{
 		"q_b_proj.weight":  q,
 		"q_proj.weight":    q,
-		"kv_b_proj.weight": {block: c.QKNopeHeadDim + c.VHeadDim, lo: lo, hi: hi, scale: 1},
-		"g_proj.weight":    {block: c.VHeadDim, lo: lo, hi: hi, scale: 1},
-		"o_proj.weight":    {cols: true, block: c.VHeadDim, lo: lo, hi: hi, scale: scale},
+		"kv_b_proj.weight": {block: c.QKNopeHeadDim + c.VHeadDim, lo: lo, hi: hi},
+		"g_proj.weight":    {block: c.VHeadDim, lo: lo, hi: hi},
+		"o_proj.weight":    {cols: true, block: c.VHeadDim, lo: lo, hi: hi, zero: dup},
 	}
 }
 
 // mlpRules cuts a gated MLP of width inter (tensors gate, up, down) to
 // the columns rank i of ranks holds, and returns that width.
 func mlpRules(inter, ranks, i int, gate, up, down string) (map[string]cutRule, int) {
-	lo, hi, scale := part(inter, ranks, i)
+	lo, hi, dup := part(inter, ranks, i)
 	return map[string]cutRule{
-		gate: {block: 1, lo: lo, hi: hi, scale: 1},
-		up:   {block: 1, lo: lo, hi: hi, scale: 1},
-		down: {cols: true, block: 1, lo: lo, hi: hi, scale: scale},
+		gate: {block: 1, lo: lo, hi: hi},
+		up:   {block: 1, lo: lo, hi: hi},
+		down: {cols: true, block: 1, lo: lo, hi: hi, zero: dup},
 	}, hi - lo
 }
 

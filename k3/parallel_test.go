@@ -15,7 +15,9 @@ import (
 
 // parallelLayouts are the layouts of issue 19's point 3.
 var parallelLayouts = []Layout{{TP: 2}, {TP: 4}, {EP: 2}, {EP: 4}, {TP: 2, EP: 2}, {TP: 2, EP: 4}, {TP: 4, EP: 2}, {TP: 4, EP: 4},
-	{EP: 2, Dispatch: true}, {EP: 4, Dispatch: true}, {TP: 2, EP: 4, Dispatch: true}}
+	{EP: 2, Dispatch: true}, {EP: 4, Dispatch: true}, {TP: 2, EP: 4, Dispatch: true},
+	// Three ranks share one head, or one of two, where a model has fewer.
+	{TP: 3}, {TP: 3, SplitIndexer: true}}
 
 // run feeds a prompt and decodes greedily with caches, one token a step,
 // returning every logit row and the tokens.
@@ -179,17 +181,19 @@ func TestLayoutErrors(t *testing.T) {
 }
 
 func TestPart(t *testing.T) {
-	for _, c := range []struct{ n, ranks int }{{8, 2}, {8, 4}, {3, 2}, {3, 4}, {1, 4}, {96, 4}, {5, 3}} {
-		held := make([]float64, c.n)
+	for _, c := range []struct{ n, ranks int }{{8, 2}, {8, 4}, {3, 2}, {3, 4}, {1, 4}, {96, 4}, {5, 3}, {1, 3}, {2, 3}, {2, 5}} {
+		counted := make([]int, c.n)
 		for i := range c.ranks {
-			lo, hi, s := part(c.n, c.ranks, i)
+			lo, hi, dup := part(c.n, c.ranks, i)
 			require.Less(t, lo, hi, "%+v rank %d holds nothing", c, i)
-			for u := lo; u < hi; u++ {
-				held[u] += float64(s)
+			if !dup {
+				for u := lo; u < hi; u++ {
+					counted[u]++
+				}
 			}
 		}
-		for u, h := range held {
-			assert.InDelta(t, 1, h, 1e-6, "%+v: unit %d counted %.3f times", c, u, h)
+		for u, n := range counted {
+			assert.Equal(t, 1, n, "%+v: unit %d counted %d times", c, u, n)
 		}
 	}
 }
