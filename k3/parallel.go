@@ -107,6 +107,11 @@ func (l Layout) Validate() error {
 	return nil
 }
 
+// ErrLayoutMismatch is wrapped, beside ErrInvalidOption, by LoadGroup's
+// errors about a valid layout that a checkpoint cannot take: expert ranks
+// for a model without routed experts, or more of them than experts.
+var ErrLayoutMismatch = errors.New("layout does not fit the model")
+
 // check reports a layout the config cannot take.
 func (l Layout) check(cfg *config.Config) error {
 	if err := l.Validate(); err != nil {
@@ -115,10 +120,10 @@ func (l Layout) check(cfg *config.Config) error {
 	l = l.norm()
 	if l.EP > 1 {
 		if cfg.MoE == nil || cfg.MoE.NumExperts == 0 {
-			return fmt.Errorf("%w: layout %v: the model has no routed experts to split", ErrInvalidOption, l)
+			return fmt.Errorf("%w: %w: layout %v: the model has no routed experts to split", ErrInvalidOption, ErrLayoutMismatch, l)
 		}
 		if l.EP > cfg.MoE.NumExperts {
-			return fmt.Errorf("%w: layout %v: %d experts over %d ranks", ErrInvalidOption, l, cfg.MoE.NumExperts, l.EP)
+			return fmt.Errorf("%w: %w: layout %v: %d experts over %d ranks", ErrInvalidOption, ErrLayoutMismatch, l, cfg.MoE.NumExperts, l.EP)
 		}
 	}
 	return nil

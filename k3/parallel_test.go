@@ -2,8 +2,11 @@ package k3
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -172,7 +175,25 @@ func TestLayoutErrors(t *testing.T) {
 	for _, l := range []Layout{{TP: 3, EP: 2}, {EP: 16}, {TP: -1}, {TP: 4, EP: 2, Dispatch: true}} {
 		_, err := LoadGroup(ctx, dir, l)
 		require.ErrorIs(t, err, ErrInvalidOption, "%+v", l)
+		// Only the layout a valid checkpoint cannot take (8 experts over
+		// 16 ranks) is a mismatch; the others are wrong for any model.
+		assert.Equal(t, l.EP == 16, errors.Is(err, ErrLayoutMismatch), "%+v: %v", l, err)
 	}
+	// Expert ranks for a model without routed experts: only config.json
+	// is read before the layout is checked.
+	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	require.NoError(t, err)
+	var cfg map[string]any
+	require.NoError(t, json.Unmarshal(raw, &cfg))
+	text := cfg["text_config"].(map[string]any)
+	text["num_experts"] = nil
+	dense := t.TempDir()
+	raw, err = json.Marshal(cfg)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dense, "config.json"), raw, 0o644))
+	_, err = LoadGroup(ctx, dense, Layout{TP: 2, EP: 4})
+	require.ErrorIs(t, err, ErrLayoutMismatch)
+	require.ErrorContains(t, err, "no routed experts")
 	b, err := OpenBackend("go")
 	require.NoError(t, err)
 	defer b.Close()

@@ -71,9 +71,17 @@ func TestConformLayout(t *testing.T) {
 	if code, _, errOut := runCLI("conform", "-tp", "3", "-ep", "2", "../../testdata/model/tiny_k31pro"); code == 0 || !strings.Contains(errOut, "does not divide") {
 		t.Errorf("-tp 3 -ep 2: exit %d %s", code, errOut)
 	}
-	// A layout the checkpoint cannot take fails each case, naming why.
-	if code, out, _ := runCLI("conform", "-ep", "16", "../../testdata/model/tiny_k31pro"); code == 0 || !strings.Contains(out, "FAIL") || !strings.Contains(out, "8 experts over 16 ranks") {
+	// A checkpoint the layout cannot split is skipped, naming why; a run
+	// where nothing passed fails.
+	if code, out, _ := runCLI("conform", "-ep", "16", "../../testdata/model/tiny_k31pro"); code == 0 || !strings.Contains(out, "SKIP") ||
+		!strings.Contains(out, "8 experts over 16 ranks") || !strings.Contains(out, "0 passed, 0 failed, 1 skipped") {
 		t.Errorf("-ep 16: exit %d %s", code, out)
+	}
+	// testdata/configs/case00 has 4 routed experts, case01 8.
+	code, out, _ = runCLI("conform", "-ep", "8", "../../testdata/configs/case00", "../../testdata/configs/case01")
+	if code != 0 || !strings.Contains(out, "SKIP ../../testdata/configs/case00") || !strings.Contains(out, "4 experts over 8 ranks") ||
+		!strings.Contains(out, "PASS ../../testdata/configs/case01") || !strings.Contains(out, "1 passed, 0 failed, 1 skipped") {
+		t.Errorf("-ep 8: exit %d %s", code, out)
 	}
 }
 

@@ -35,16 +35,23 @@ type Case struct {
 // Result is the outcome of one case.
 type Result struct {
 	Case
-	Pass      bool
+	Pass bool
+	// Skipped is set on a model case that a parallel layout cannot split
+	// (k3.ErrLayoutMismatch: expert ranks beyond its routed experts): it
+	// neither passes nor fails.
+	Skipped   bool
 	MaxAbsErr float64
 	Tol       float64
-	Reason    string // why it failed
+	Reason    string // why it failed or was skipped
 }
 
 // String formats the result as the runner's report line.
 func (r Result) String() string {
 	status := "PASS"
-	if !r.Pass {
+	switch {
+	case r.Skipped:
+		status = "SKIP"
+	case !r.Pass:
 		status = "FAIL"
 	}
 	op := r.Op
@@ -190,6 +197,8 @@ func runCase(ctx context.Context, b compute.Backend, c Case) (res Result) {
 	switch {
 	case errors.Is(err, compute.ErrUnsupported):
 		res.Reason = "unsupported op: " + err.Error()
+	case errors.Is(err, k3.ErrLayoutMismatch):
+		res.Skipped, res.Reason = true, err.Error()
 	case err != nil:
 		res.Reason = err.Error()
 	case len(chk.fails) > 0:
