@@ -71,12 +71,12 @@ func TestGroupContextParallel(t *testing.T) {
 		}
 		gen.Close()
 		hasKDA, hasAttn, hasMoE := kinds(one.Config)
+		cfg := one.Config
 		one.Close()
 		scale := maxAbsF(want)
 		for _, l := range layouts {
 			t.Run(fmt.Sprintf("%s/%v", filepath.Base(dir), l), func(t *testing.T) {
-				g, err := LoadGroup(ctx, dir, l)
-				require.NoError(t, err)
+				g := loadGroupFitting(t, dir, cfg, l)
 				defer g.Close()
 				gs, err := g.NewSession()
 				require.NoError(t, err)

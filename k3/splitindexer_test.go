@@ -81,8 +81,7 @@ func TestSplitIndexer(t *testing.T) {
 				for i, split := range []bool{false, true} {
 					l := l
 					l.SplitIndexer = split
-					g, err := LoadGroup(ctx, dir, l)
-					require.NoError(t, err)
+					g := loadGroupFitting(t, dir, cfg, l)
 					gs, err := g.NewSession()
 					require.NoError(t, err)
 					got, toks, sel := run(gs)

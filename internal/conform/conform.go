@@ -58,6 +58,9 @@ func (r Result) String() string {
 	if op == "" {
 		op = "?"
 	}
+	if r.Skipped {
+		return fmt.Sprintf("%s %s %s (%s)", status, r.Path, op, r.Reason)
+	}
 	s := fmt.Sprintf("%s %s %s max_abs_err=%.3g tol=%.3g", status, r.Path, op, r.MaxAbsErr, r.Tol)
 	if r.Reason != "" {
 		s += " (" + r.Reason + ")"

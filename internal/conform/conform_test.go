@@ -68,9 +68,9 @@ func TestDiscoverFindsEveryArea(t *testing.T) {
 		}
 		ops[c.Op]++
 	}
-	// model.forward: the four goldens of testdata/model and the nineteen
+	// model.forward: the four goldens of testdata/model and the twenty
 	// layouts of testdata/configs.
-	if ops["model.forward"] != 23 || ops["kda.core"] != 2 || ops["moe.router"] != 5 || ops["dsa.indexer"] != 1 {
+	if ops["model.forward"] != 24 || ops["kda.core"] != 2 || ops["moe.router"] != 5 || ops["dsa.indexer"] != 1 {
 		t.Errorf("ops found: %v", ops)
 	}
 }
