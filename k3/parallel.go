@@ -109,7 +109,8 @@ func (l Layout) Validate() error {
 
 // ErrLayoutMismatch is wrapped, beside ErrInvalidOption, by LoadGroup's
 // errors about a valid layout that a checkpoint cannot take: expert ranks
-// for a model without routed experts, or more of them than experts.
+// for a model without routed experts, more of them than experts, or more
+// TP ranks than vocabulary entries.
 var ErrLayoutMismatch = errors.New("layout does not fit the model")
 
 // check reports a layout the config cannot take.
@@ -118,6 +119,11 @@ func (l Layout) check(cfg *config.Config) error {
 		return err
 	}
 	l = l.norm()
+	if l.TP > cfg.VocabSize {
+		// Each TP rank holds a slice of the vocabulary (vocabulary
+		// parallelism); a slice cannot be empty.
+		return fmt.Errorf("%w: %w: layout %v: a vocabulary of %d over %d TP ranks", ErrInvalidOption, ErrLayoutMismatch, l, cfg.VocabSize, l.TP)
+	}
 	if l.EP > 1 {
 		if cfg.MoE == nil || cfg.MoE.NumExperts == 0 {
 			return fmt.Errorf("%w: %w: layout %v: the model has no routed experts to split", ErrInvalidOption, ErrLayoutMismatch, l)

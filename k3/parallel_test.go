@@ -208,6 +208,16 @@ func TestLayoutErrors(t *testing.T) {
 	_, err = LoadGroup(ctx, dense, Layout{TP: 2, EP: 4})
 	require.ErrorIs(t, err, ErrLayoutMismatch)
 	require.ErrorContains(t, err, "no routed experts")
+	// More TP ranks than vocabulary entries: a rank's slice would be empty.
+	text["vocab_size"], text["bos_token_id"], text["eos_token_id"], text["pad_token_id"] = 3, 1, 2, 0
+	raw, err = json.Marshal(cfg)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dense, "config.json"), raw, 0o644))
+	_, err = LoadConfig(dense)
+	require.NoError(t, err)
+	_, err = LoadGroup(ctx, dense, Layout{TP: 4})
+	require.ErrorIs(t, err, ErrLayoutMismatch)
+	require.ErrorContains(t, err, "a vocabulary of 3 over 4 TP ranks")
 	b, err := OpenBackend("go")
 	require.NoError(t, err)
 	defer b.Close()
