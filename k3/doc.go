@@ -22,8 +22,9 @@
 // Sampler applies the generation options to logits a program drives
 // itself. Close waits for running passes; afterwards every call fails with
 // ErrClosed. Errors name the problem and wrap sentinels (ErrBadToken,
-// ErrContextFull, ErrEmptyPrompt, ErrInvalidOption, ErrInvalidConfig,
-// ErrCheckpoint, ErrOutOfRange, ErrClosed, ErrSessionClosed) for
+// ErrContextFull, ErrEmptyPrompt, ErrInvalidOption, ErrLayoutMismatch,
+// ErrInvalidConfig, ErrCheckpoint, ErrOutOfRange, ErrClosed,
+// ErrSessionClosed) for
 // errors.Is; bad input leaves the model and the session usable.
 package k3
 
