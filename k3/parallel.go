@@ -159,8 +159,7 @@ func (p *rankPar) splitIndexer() bool { return p != nil && p.layout.SplitIndexer
 // others hold as a duplicate whose contribution to the sum over ranks
 // must be zero, so that the sum adds the unit once and exactly. (Weighting
 // each holder by one over their count instead rounds the weights unless
-// the count is a power of two: a bf16 weight times 1/3 moved logits by
-// 1e-3 and flipped top-k picks.)
+// the count is a power of two: see ARCHITECTURE, "Parallel inference".)
 func part(n, ranks, i int) (lo, hi int, dup bool) {
 	if n >= ranks {
 		return i * n / ranks, (i + 1) * n / ranks, false
