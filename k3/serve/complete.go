@@ -218,7 +218,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 		choices: make([]choice, total), cached: cached, echoes: echoes}
 	for k := range a.choices {
 		if e := echoes[k/j.n]; e != nil {
-			a.choices[k].offsets = len(e.text) // text_offset counts the echoed prompt
+			a.choices[k].offsets = e.chars // text_offset counts the echoed prompt
 		}
 	}
 	switch {
@@ -269,7 +269,7 @@ type choice struct {
 	reason    reasoningStream
 	thinking  reasoningStream // counts the reasoning tokens, whole answers too
 	reasoned  int             // tokens generated before the reasoning ended
-	offsets   int             // completions: bytes of text so far, for text_offset
+	offsets   int             // completions: text_offset of the next token (tokenChars of those before)
 	legacy    legacyLogprobs  // completions
 }
 
@@ -349,9 +349,9 @@ func (a *answer) take(ev event) (text string, lp []tokenLogprob, legacy *legacyL
 				l.TokenLogprobs = append(l.TokenLogprobs, &lp)
 				l.TopLogprobs = append(l.TopLogprobs, top)
 				l.TextOffset = append(l.TextOffset, c.offsets)
-				c.offsets += len(b)
 				legacy = &legacyLogprobs{Tokens: []string{string(b)}, TokenLogprobs: []*float32{&lp},
-					TopLogprobs: []map[string]float32{top}, TextOffset: []int{c.offsets - len(b)}}
+					TopLogprobs: []map[string]float32{top}, TextOffset: []int{c.offsets}}
+				c.offsets += tokenChars(b)
 			}
 		}
 	}

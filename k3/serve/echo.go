@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"unicode/utf8"
 
 	"k3/internal/kernel"
 	"k3/k3"
@@ -17,7 +18,18 @@ const echoChunk = 64
 type echoed struct {
 	text   string
 	legacy legacyLogprobs
+	// chars is the prompt tokens' length in text_offset's unit (see
+	// tokenChars): where the generated tokens' offsets start.
+	chars int
 }
+
+// tokenChars is a token's length in text_offset's unit: the characters
+// (code points) of its string as the JSON answer renders it, each byte
+// that is not part of a whole UTF-8 character being one U+FFFD. So a
+// token's offset is the length of the tokens before it, joined, as vLLM
+// counts it, and for text of whole characters its character offset in
+// the text, as OpenAI documents it.
+func tokenChars(b []byte) int { return utf8.RuneCount(b) }
 
 // scorePrompt feeds prompt to ss, a new session, a chunk at a time, and
 // returns the prompt's echo: each token's log-probability under the
@@ -45,7 +57,8 @@ func (s *Server) scorePrompt(ctx context.Context, ss *k3.Session, prompt []int32
 			l := &e.legacy
 			l.Tokens = append(l.Tokens, string(b))
 			l.TextOffset = append(l.TextOffset, offset)
-			offset += len(b)
+			offset += tokenChars(b)
+			e.chars = offset
 			if start+i == 0 {
 				l.TokenLogprobs = append(l.TokenLogprobs, nil)
 				l.TopLogprobs = append(l.TopLogprobs, nil)

@@ -5,6 +5,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -71,7 +72,7 @@ func TestEcho(t *testing.T) {
 		b := string(m.Tokenizer().TokenBytes(id))
 		assert.Equal(t, b, toks[i], "token %d", i)
 		assert.EqualValues(t, off, offs[i], "token %d's offset", i)
-		off += len(b)
+		off += utf8.RuneCountInString(b)
 		if i == 0 {
 			continue
 		}
@@ -87,7 +88,7 @@ func TestEcho(t *testing.T) {
 		// The prompt ran in other chunks than the plain request's prefill:
 		// equal within the conformance tolerance, not bitwise.
 		assert.InDelta(t, gen["token_logprobs"].([]any)[i], tlps[len(prompt)+i], 1e-4)
-		assert.EqualValues(t, len(text)+int(gen["text_offset"].([]any)[i].(float64)), offs[len(prompt)+i])
+		assert.EqualValues(t, off+int(gen["text_offset"].([]any)[i].(float64)), offs[len(prompt)+i])
 	}
 
 	// Streamed: the prompt first, then the text.
@@ -136,4 +137,31 @@ func TestEcho(t *testing.T) {
 	code, out = postSession(t, hs.URL+"/v1/completions", "s1", map[string]any{"prompt": "x", "echo": true, "max_tokens": 1})
 	assert.Equal(t, 400, code)
 	assert.Equal(t, "echo", out["error"].(map[string]any)["param"])
+}
+
+// TestTextOffsetCharacters: text_offset counts characters, not bytes: a
+// token's offset is the length in code points of the tokens before it as
+// the answer renders them (a byte of a split character as one U+FFFD),
+// echoed prompt and generated tokens alike.
+func TestTextOffsetCharacters(t *testing.T) {
+	_, hs, m := newTestServer(t, Config{Name: "tiny"})
+	text := "naïve café — ッ 😊 “quoted” مم\n" // the tiny tokenizer holds م whole
+	prompt := m.Encode(text)
+	bytes, chars := 0, 0
+	for _, id := range prompt {
+		b := m.Tokenizer().TokenBytes(id)
+		bytes, chars = bytes+len(b), chars+utf8.RuneCount(b)
+	}
+	require.NotEqual(t, bytes, chars, "the prompt's tokens hold multi-byte characters")
+	code, out := post(t, hs.URL+"/v1/completions", map[string]any{"prompt": text, "max_tokens": 6, "temperature": 0, "logprobs": 1, "echo": true})
+	require.Equal(t, 200, code, "%v", out)
+	lp := out["choices"].([]any)[0].(map[string]any)["logprobs"].(map[string]any)
+	toks, offs := lp["tokens"].([]any), lp["text_offset"].([]any)
+	require.Len(t, toks, len(prompt)+6)
+	joined := ""
+	for i, tok := range toks {
+		assert.EqualValues(t, utf8.RuneCountInString(joined), offs[i], "token %d's offset", i)
+		joined += tok.(string)
+	}
+	assert.EqualValues(t, chars, offs[len(prompt)], "the first generated token's offset")
 }
