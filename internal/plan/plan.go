@@ -155,9 +155,12 @@ func count(c *config.Config) counts {
 	return n
 }
 
-// Layouts lists the layouts of cards cards: TP, CP and DP powers of two
-// (or the whole count) whose product is cards, EP a divisor of cards no
-// larger than the expert count.
+// Layouts lists the layouts of cards cards: TP, CP and DP divisors of
+// cards whose product is cards, TP no larger than the
+// attention heads of any layer kind (k3 gives a TP rank beyond them a
+// duplicate head, which computes for nothing and which the estimate's
+// per-card shares do not model), EP a divisor of cards no larger than the
+// expert count.
 func Layouts(c *config.Config, cards int) []Layout {
 	var divs []int
 	for d := 1; d <= cards; d++ {
@@ -169,8 +172,19 @@ func Layouts(c *config.Config, cards int) []Layout {
 	if c.MoE != nil {
 		experts = c.MoE.NumExperts
 	}
+	heads := cards
+	for _, kind := range c.Layers {
+		if kind == config.KDA {
+			heads = min(heads, c.KDA.NumHeads)
+		} else {
+			heads = min(heads, c.MLA.NumHeads)
+		}
+	}
 	var out []Layout
 	for _, tp := range divs {
+		if tp > heads {
+			continue
+		}
 		for _, cp := range divs {
 			if cards%(tp*cp) != 0 {
 				continue

@@ -62,6 +62,29 @@ func TestPlanShape(t *testing.T) {
 	assert.Error(t, err)
 }
 
+// No layout splits a kind of layer's heads over more TP cards than it
+// has: tiny_k3 has 3 KDA and 3 MLA heads, tiny_k31pro 4 of each.
+func TestLayoutsBoundTPByHeads(t *testing.T) {
+	for dir, most := range map[string]int{"tiny_k3": 2, "tiny_k31pro": 4} {
+		c, err := config.Load("../../testdata/model/" + dir)
+		require.NoError(t, err)
+		largest := 0
+		for _, l := range Layouts(c, 8) {
+			largest = max(largest, l.TP)
+			assert.Equal(t, 8, l.TP*l.CP*l.DP, "%s %v", dir, l)
+		}
+		assert.Equal(t, most, largest, dir)
+	}
+	// Not powers of two only: 12 cards take TP 3 where the heads allow.
+	c, err := config.Load("../../testdata/model/tiny_k3")
+	require.NoError(t, err)
+	tps := map[int]bool{}
+	for _, l := range Layouts(c, 12) {
+		tps[l.TP] = true
+	}
+	assert.Equal(t, map[int]bool{1: true, 2: true, 3: true}, tps)
+}
+
 // DeepSeek-V3.2 and its dense-MLA twin (R1's shape): the categories give
 // the config's 672B parameters.
 func TestCountsDeepSeek(t *testing.T) {
