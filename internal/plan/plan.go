@@ -156,11 +156,10 @@ func count(c *config.Config) counts {
 }
 
 // Layouts lists the layouts of cards cards: TP, CP and DP divisors of
-// cards whose product is cards, TP no larger than the
-// attention heads of any layer kind (k3 gives a TP rank beyond them a
-// duplicate head, which computes for nothing and which the estimate's
-// per-card shares do not model), EP a divisor of cards no larger than the
-// expert count.
+// cards whose product is cards, TP no larger than the attention heads of
+// any layer kind (k3 gives a TP rank beyond them a duplicate head, which
+// computes for nothing and which the estimate's per-card shares do not
+// model), EP a divisor of cards no larger than the expert count.
 func Layouts(c *config.Config, cards int) []Layout {
 	var divs []int
 	for d := 1; d <= cards; d++ {

@@ -42,7 +42,6 @@ func (s *Server) scorePrompt(ctx context.Context, ss *k3.Session, prompt []int32
 	prev := make([]float32, v) // the row before the chunk's first token
 	scratch := make([]float32, v)
 	idx := make([]int32, max(top, 1))
-	offset := 0
 	for start := 0; start < len(prompt); start += echoChunk {
 		chunk := prompt[start:min(start+echoChunk, len(prompt))]
 		logits, err := ss.Forward(ctx, chunk)
@@ -56,9 +55,8 @@ func (s *Server) scorePrompt(ctx context.Context, ss *k3.Session, prompt []int32
 			b := tk.TokenBytes(id)
 			l := &e.legacy
 			l.Tokens = append(l.Tokens, string(b))
-			l.TextOffset = append(l.TextOffset, offset)
-			offset += tokenChars(b)
-			e.chars = offset
+			l.TextOffset = append(l.TextOffset, e.chars)
+			e.chars += tokenChars(b)
 			if start+i == 0 {
 				l.TokenLogprobs = append(l.TokenLogprobs, nil)
 				l.TopLogprobs = append(l.TopLogprobs, nil)
