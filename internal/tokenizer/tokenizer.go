@@ -347,8 +347,9 @@ const ByteLevelClass = "K3ByteLevelTokenizer"
 
 // Load reads the tokenizer of a checkpoint directory: tiktoken.model with
 // tokenizer_config.json, or a byte-level tokenizer_config.json. A directory
-// with neither gets a byte-level tokenizer with bytes at ids 3..258 (ids 0-2
-// left to pad, bos and eos), so the tiny test checkpoints can take text.
+// with neither (nor a Hugging Face tokenizer.json, which is an error) gets
+// a byte-level tokenizer with bytes at ids 3..258 (ids 0-2 left to pad, bos
+// and eos), so the tiny test checkpoints can take text.
 func Load(dir string, vocab int) (Tokenizer, error) { return LoadFS(os.DirFS(dir), dir, vocab) }
 
 // LoadFS is Load reading from fsys; name is used in error messages.
@@ -385,6 +386,14 @@ func LoadFS(fsys fs.FS, name string, vocab int) (Tokenizer, error) {
 			return nil, fmt.Errorf("%w: %s has ids up to %d, beyond the model's vocabulary of %d", ErrVocabMismatch, rankPath, t.VocabSize()-1, vocab)
 		}
 		return t, nil
+	}
+	if cfg.TokenizerClass == "" {
+		// A Hugging Face tokenizer.json with no tiktoken.model beside it
+		// would otherwise load as the byte-level fallback: ids that mean
+		// other text than the checkpoint's, silently.
+		if _, err := fs.Stat(fsys, "tokenizer.json"); err == nil {
+			return nil, fmt.Errorf("%w: %s: k3 reads tiktoken.model (with tokenizer_config.json), not a Hugging Face tokenizer.json, and tiktoken.model is missing", ErrFormat, filepath.Join(name, "tokenizer.json"))
+		}
 	}
 	offset := int32(3)
 	if cfg.ByteOffset != nil {

@@ -180,6 +180,35 @@ func FuzzReadRanks(f *testing.F) {
 	})
 }
 
+// TestLoadRefusesTokenizerJSON: a directory with a Hugging Face
+// tokenizer.json and no tiktoken.model is an error naming the file, not the
+// byte-level fallback; the fallback stays for directories without either,
+// and tiktoken.model wins where both are present.
+func TestLoadRefusesTokenizerJSON(t *testing.T) {
+	hf := &fstest.MapFile{Data: []byte(`{"model": {"type": "BPE"}}`)}
+	_, err := LoadFS(fstest.MapFS{"tokenizer.json": hf}, "ckpt", 1024)
+	require.ErrorIs(t, err, ErrFormat)
+	require.ErrorContains(t, err, "ckpt/tokenizer.json")
+
+	_, err = LoadFS(fstest.MapFS{"tokenizer.json": hf, "tokenizer_config.json": {Data: []byte(`{}`)}}, "ckpt", 1024)
+	require.ErrorIs(t, err, ErrFormat)
+
+	tok, err := LoadFS(fstest.MapFS{}, "ckpt", 1024)
+	require.NoError(t, err)
+	require.IsType(t, &ByteLevel{}, tok)
+
+	var ranks bytes.Buffer
+	for s, rank := range testRanks() {
+		fmt.Fprintf(&ranks, "%s %d\n", base64.StdEncoding.EncodeToString([]byte(s)), rank)
+	}
+	tok, err = LoadFS(fstest.MapFS{"tokenizer.json": hf, "tiktoken.model": {Data: ranks.Bytes()}}, "ckpt", 1024)
+	require.NoError(t, err)
+	require.IsType(t, &BPE{}, tok)
+
+	_, err = LoadFS(fstest.MapFS{"tokenizer.json": hf, "tokenizer_config.json": {Data: []byte(`{"tokenizer_class": "` + ByteLevelClass + `"}`)}}, "ckpt", 1024)
+	require.NoError(t, err, "k3's own byte-level class beside a tokenizer.json")
+}
+
 // FuzzLoadFS feeds a tokenizer_config.json and, optionally, a tiktoken.model
 // to LoadFS: an error or a tokenizer, never a panic; a tokenizer that loads
 // must encode and decode within the model's vocabulary.
