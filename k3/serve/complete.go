@@ -464,8 +464,11 @@ func (a *answer) whole(w http.ResponseWriter, events <-chan event) {
 			}
 			msg["content"] = text
 			if a.j.tools {
-				if content, calls, ok := parseToolCalls(text); ok {
-					msg["content"], msg["tool_calls"] = nullIfEmpty(content), calls
+				if content, calls, ok := parseToolCalls(text, c.finish == "length"); ok {
+					msg["content"] = nullIfEmpty(content)
+					if len(calls) > 0 {
+						msg["tool_calls"] = calls
+					}
 					ch["finish_reason"] = toolFinish(c.finish)
 				}
 			}
@@ -671,7 +674,7 @@ func (a *answer) split(c *choice, text string) (reasoning, content string, calls
 		content = c.tools.next(content)
 		if c.finish != "" {
 			var rest string
-			rest, calls = c.tools.end()
+			rest, calls = c.tools.end(c.finish == "length")
 			content += rest
 		}
 	}

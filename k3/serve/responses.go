@@ -353,7 +353,7 @@ func (a *answer) parts(c *choice) (reasoning, text string, calls []toolCall) {
 		reasoning, text = splitReasoning(text)
 	}
 	if a.j.tools {
-		if content, cs, ok := parseToolCalls(text); ok {
+		if content, cs, ok := parseToolCalls(text, c.finish == "length"); ok {
 			text, calls = content, cs
 		}
 	}
@@ -391,7 +391,7 @@ func (a *answer) responseOutput(c *choice, id string) (items []map[string]any, i
 		items = append(items, messageItem(id, text, status, c.lps))
 	}
 	for k, call := range calls {
-		items = append(items, callItem(id, k, call, call.Function.Arguments, "completed"))
+		items = append(items, callItem(id, k, call, call.Function.Arguments, callStatus(call)))
 	}
 	return items, incomplete
 }
@@ -420,6 +420,15 @@ func outputText(text string, lps []tokenLogprob) map[string]any {
 		lp = lps
 	}
 	return map[string]any{"type": "output_text", "text": text, "annotations": []any{}, "logprobs": lp}
+}
+
+// callStatus is a finished call's item status: incomplete where
+// max_tokens or the context cut its arguments short.
+func callStatus(call toolCall) string {
+	if call.cut {
+		return "incomplete"
+	}
+	return "completed"
 }
 
 func callItem(id string, k int, call toolCall, args, status string) map[string]any {
@@ -679,7 +688,7 @@ func (rs *respStream) finish(calls []toolCall, incomplete bool) bool {
 			!rs.send("response.function_call_arguments.done", map[string]any{"item_id": item["id"], "output_index": idx, "arguments": call.Function.Arguments}) {
 			return false
 		}
-		done := callItem(rs.id, k, call, call.Function.Arguments, "completed")
+		done := callItem(rs.id, k, call, call.Function.Arguments, callStatus(call))
 		rs.output = append(rs.output, done)
 		if !rs.send("response.output_item.done", map[string]any{"output_index": idx, "item": done}) {
 			return false

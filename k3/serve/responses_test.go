@@ -137,6 +137,8 @@ func TestResponsesAnswers(t *testing.T) {
 				"response.output_text.delta", "response.output_text.delta", "response.output_text.done", "response.content_part.done",
 				"response.output_item.done", "response.incomplete"}},
 		{"nothing", false, k3.FinishStop, []string{""}, []string{"message "}, "completed", nil},
+		{"a call cut by the limit", false, k3.FinishLength, []string{"Let me ", "<|tool_calls_section_begin|>", "<|tool_call_begin|>functions.get_weather:0",
+			"<|tool_call_argument_begin|>", `{"city": `}, []string{"message Let me ", `call functions.get_weather:0 get_weather {"city": `}, "incomplete", nil},
 	} {
 		j := func(stream bool) *job {
 			return &job{chat: true, tools: true, reasoning: tc.reasoning, stream: stream, prompts: [][]int32{{1, 2, 3}}, n: 1,
@@ -147,6 +149,15 @@ func TestResponsesAnswers(t *testing.T) {
 		assert.Equal(t, "response", whole["object"], tc.name)
 		assert.Equal(t, tc.status, whole["status"], tc.name)
 		assert.Equal(t, tc.want, texts(whole["output"].([]any)), tc.name)
+		callStatus := "completed"
+		if tc.name == "a call cut by the limit" {
+			callStatus = "incomplete"
+		}
+		for _, it := range whole["output"].([]any) {
+			if it := it.(map[string]any); it["type"] == "function_call" {
+				assert.Equal(t, callStatus, it["status"], tc.name)
+			}
+		}
 		if tc.status == "incomplete" {
 			assert.Equal(t, map[string]any{"reason": "max_output_tokens"}, whole["incomplete_details"], tc.name)
 		} else {

@@ -36,6 +36,7 @@ type toolCall struct {
 		Name      string `json:"name"`
 		Arguments string `json:"arguments"`
 	} `json:"function"`
+	cut bool // max_tokens or the context cut its arguments short
 }
 
 // toolDeclaration validates a request's tools and renders the turn that
@@ -168,22 +169,28 @@ func toolResult(m chatMessage, content, param string) (tokenizer.ChatTurn, error
 }
 
 // parseToolCalls reads generated text back: the content before the tool
-// calls section and the section's complete calls. ok is false when the
-// text holds no complete call, in which case all of it is content.
-func parseToolCalls(text string) (content string, calls []toolCall, ok bool) {
+// calls section and the section's calls, each complete at its
+// <|tool_call_end|>. cut says that max_tokens or the context ended the
+// generation: then a last call whose arguments had begun is kept with the
+// arguments written so far (as OpenAI answers a call cut short, beside
+// finish_reason length), marked cut, and a section holding no call is
+// dropped, so that the section's markup never reaches the content. ok is
+// false when all of the text is content: it has no section or, not cut,
+// no complete call.
+func parseToolCalls(text string, cut bool) (content string, calls []toolCall, ok bool) {
 	before, section, found := strings.Cut(text, toolSectionBegin)
 	if !found {
 		return text, nil, false
 	}
-	section, _, _ = strings.Cut(section, toolSectionEnd)
+	section, _, closed := strings.Cut(section, toolSectionEnd)
 	for {
 		_, rest, found := strings.Cut(section, toolCallBegin)
 		if !found {
 			break
 		}
-		call, after, found := strings.Cut(rest, toolCallEnd)
-		if !found {
-			break // cut short
+		call, after, complete := strings.Cut(rest, toolCallEnd)
+		if !complete && (!cut || closed) {
+			break // the model stopped inside a call: not one
 		}
 		section = after
 		id, args, found := strings.Cut(call, toolArgsBegin)
@@ -194,9 +201,13 @@ func parseToolCalls(text string) (content string, calls []toolCall, ok bool) {
 		c.ID, c.Type = strings.TrimSpace(id), "function"
 		c.Function.Name = toolCallName(c.ID)
 		c.Function.Arguments = strings.TrimSpace(args)
+		if !complete {
+			// Trailing white space may be inside a string the cut left open.
+			c.Function.Arguments, c.cut = strings.TrimLeft(args, " \t\r\n"), true
+		}
 		calls = append(calls, c)
 	}
-	if len(calls) == 0 {
+	if len(calls) == 0 && !cut {
 		return text, nil, false
 	}
 	return before, calls, true
@@ -241,9 +252,10 @@ func (t *toolStream) next(text string) string {
 }
 
 // end returns the content still held and the calls, once the generation
-// has ended. Without a complete call, everything not yet sent is content.
-func (t *toolStream) end() (content string, calls []toolCall) {
-	_, calls, ok := parseToolCalls(string(t.all))
+// has ended (cut: by max_tokens or the context), as parseToolCalls reads
+// them. Where that finds no call, everything not yet sent is content.
+func (t *toolStream) end(cut bool) (content string, calls []toolCall) {
+	_, calls, ok := parseToolCalls(string(t.all), cut)
 	if ok {
 		return t.held, calls
 	}

@@ -53,29 +53,44 @@ func TestParseToolCalls(t *testing.T) {
 		return toolCallBegin + id + toolArgsBegin + args + toolCallEnd
 	}
 	for _, tc := range []struct {
-		name, text, content string
-		ids, names, args    []string
+		name, text string
+		cut        bool // by max_tokens or the context
+		content    string
+		ok         bool
+		ids, names []string
+		args       []string
+		cutLast    bool // the last call's arguments were cut short
 	}{
-		{"none", "plain <|tool text", "plain <|tool text", nil, nil, nil},
-		{"one", "Let me look." + toolSectionBegin + call("functions.get_weather:0", ` {"city": "Paris"} `) + toolSectionEnd,
-			"Let me look.", []string{"functions.get_weather:0"}, []string{"get_weather"}, []string{`{"city": "Paris"}`}},
-		{"two, no prefix", toolSectionBegin + "\n" + call("a_b:0", "{}") + "\n" + call("functions.c-d:1", `{"x":1}`) + "\n" + toolSectionEnd + "after",
-			"", []string{"a_b:0", "functions.c-d:1"}, []string{"a_b", "c-d"}, []string{"{}", `{"x":1}`}},
-		{"cut short", "x" + toolSectionBegin + call("functions.f:0", "{}") + toolCallBegin + "functions.g:1" + toolArgsBegin + `{"y"`,
-			"x", []string{"functions.f:0"}, []string{"f"}, []string{"{}"}},
-		{"nothing complete", "x" + toolSectionBegin + toolCallBegin + "functions.g:1" + toolArgsBegin,
-			"x" + toolSectionBegin + toolCallBegin + "functions.g:1" + toolArgsBegin, nil, nil, nil},
+		{"none", "plain <|tool text", false, "plain <|tool text", false, nil, nil, nil, false},
+		{"none, cut", "plain <|tool text", true, "plain <|tool text", false, nil, nil, nil, false},
+		{"one", "Let me look." + toolSectionBegin + call("functions.get_weather:0", ` {"city": "Paris"} `) + toolSectionEnd, false,
+			"Let me look.", true, []string{"functions.get_weather:0"}, []string{"get_weather"}, []string{`{"city": "Paris"}`}, false},
+		{"two, no prefix", toolSectionBegin + "\n" + call("a_b:0", "{}") + "\n" + call("functions.c-d:1", `{"x":1}`) + "\n" + toolSectionEnd + "after", false,
+			"", true, []string{"a_b:0", "functions.c-d:1"}, []string{"a_b", "c-d"}, []string{"{}", `{"x":1}`}, false},
+		{"stopped inside a call", "x" + toolSectionBegin + call("functions.f:0", "{}") + toolCallBegin + "functions.g:1" + toolArgsBegin + `{"y"`, false,
+			"x", true, []string{"functions.f:0"}, []string{"f"}, []string{"{}"}, false},
+		{"cut inside a call", "x" + toolSectionBegin + call("functions.f:0", "{}") + toolCallBegin + "functions.g:1" + toolArgsBegin + ` {"y": "a `, true,
+			"x", true, []string{"functions.f:0", "functions.g:1"}, []string{"f", "g"}, []string{"{}", `{"y": "a `}, true},
+		{"stopped, nothing complete", "x" + toolSectionBegin + toolCallBegin + "functions.g:1" + toolArgsBegin, false,
+			"x" + toolSectionBegin + toolCallBegin + "functions.g:1" + toolArgsBegin, false, nil, nil, nil, false},
+		{"cut as the arguments begin", "x" + toolSectionBegin + toolCallBegin + "functions.g:1" + toolArgsBegin, true,
+			"x", true, []string{"functions.g:1"}, []string{"g"}, []string{""}, true},
+		{"cut inside the id", "x" + toolSectionBegin + toolCallBegin + "functions.g", true, "x", true, nil, nil, nil, false},
+		{"cut after the marker", "x" + toolSectionBegin, true, "x", true, nil, nil, nil, false},
+		{"cut after a closed section", "x" + toolSectionBegin + toolCallBegin + "functions.g:1" + toolArgsBegin + "{" + toolSectionEnd + "more", true,
+			"x", true, nil, nil, nil, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			content, calls, ok := parseToolCalls(tc.text)
+			content, calls, ok := parseToolCalls(tc.text, tc.cut)
 			assert.Equal(t, tc.content, content)
-			assert.Equal(t, tc.ids != nil, ok)
+			assert.Equal(t, tc.ok, ok)
 			require.Len(t, calls, len(tc.ids))
 			for i, c := range calls {
 				assert.Equal(t, tc.ids[i], c.ID)
 				assert.Equal(t, "function", c.Type)
 				assert.Equal(t, tc.names[i], c.Function.Name)
 				assert.Equal(t, tc.args[i], c.Function.Arguments)
+				assert.Equal(t, tc.cutLast && i == len(calls)-1, c.cut, "call %d's cut", i)
 			}
 		})
 	}
@@ -171,21 +186,64 @@ func TestToolCallAnswers(t *testing.T) {
 	assert.Equal(t, wantCalls, calls)
 	assert.Equal(t, []any{"tool_calls"}, finishes)
 
-	// Cut short by max_tokens inside the only call: all text, length.
-	cut := []string{"x <|tool_calls_section_begin|>", "<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{"}
+	// Cut short by max_tokens inside the only call: the call with the
+	// arguments so far, length, and no markup in the content.
+	cut := []string{"x <|tool_calls_section_begin|>", "<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>", ` {"a": "b `}
+	wantCut := []any{map[string]any{"id": "functions.f:0", "type": "function", "function": map[string]any{"name": "f", "arguments": `{"a": "b `}}}
 	require.NoError(t, json.Unmarshal(runAnswer(t, s, false, k3.FinishLength, cut...), &whole))
 	ch = whole["choices"].([]any)[0].(map[string]any)
 	assert.Equal(t, "length", ch["finish_reason"])
-	assert.Equal(t, strings.Join(cut, ""), ch["message"].(map[string]any)["content"])
-	assert.Nil(t, ch["message"].(map[string]any)["tool_calls"])
+	assert.Equal(t, "x ", ch["message"].(map[string]any)["content"])
+	assert.Equal(t, wantCut, ch["message"].(map[string]any)["tool_calls"])
 	events, _ = sse(t, strings.NewReader(string(runAnswer(t, s, true, k3.FinishLength, cut...))))
 	content.Reset()
+	calls, finishes = nil, nil
 	for _, ev := range events {
-		if v, ok := ev["choices"].([]any)[0].(map[string]any)["delta"].(map[string]any)["content"].(string); ok {
+		c := ev["choices"].([]any)[0].(map[string]any)
+		d := c["delta"].(map[string]any)
+		if v, ok := d["content"].(string); ok {
 			content.WriteString(v)
 		}
+		if v, ok := d["tool_calls"].([]any); ok {
+			for _, x := range v {
+				delete(x.(map[string]any), "index")
+				calls = append(calls, x)
+			}
+		}
+		if c["finish_reason"] != nil {
+			finishes = append(finishes, c["finish_reason"])
+		}
 	}
-	assert.Equal(t, strings.Join(cut, ""), content.String())
+	assert.Equal(t, "x ", content.String())
+	assert.Equal(t, wantCut, calls)
+	assert.Equal(t, []any{"length"}, finishes)
+
+	// Cut before a call's arguments begin: no call, and the section's
+	// markup dropped from the content.
+	cutEarly := []string{"x <|tool_calls_section_begin|>", "<|tool_call_begin|>functions.f"}
+	require.NoError(t, json.Unmarshal(runAnswer(t, s, false, k3.FinishLength, cutEarly...), &whole))
+	ch = whole["choices"].([]any)[0].(map[string]any)
+	assert.Equal(t, "length", ch["finish_reason"])
+	assert.Equal(t, "x ", ch["message"].(map[string]any)["content"])
+	assert.NotContains(t, ch["message"].(map[string]any), "tool_calls")
+	events, _ = sse(t, strings.NewReader(string(runAnswer(t, s, true, k3.FinishLength, cutEarly...))))
+	content.Reset()
+	for _, ev := range events {
+		d := ev["choices"].([]any)[0].(map[string]any)["delta"].(map[string]any)
+		if v, ok := d["content"].(string); ok {
+			content.WriteString(v)
+		}
+		assert.NotContains(t, d, "tool_calls")
+	}
+	assert.Equal(t, "x ", content.String())
+
+	// The same text ended by a stop token is all content: the model
+	// stopped without a call.
+	require.NoError(t, json.Unmarshal(runAnswer(t, s, false, k3.FinishStop, cut...), &whole))
+	ch = whole["choices"].([]any)[0].(map[string]any)
+	assert.Equal(t, "stop", ch["finish_reason"])
+	assert.Equal(t, strings.Join(cut, ""), ch["message"].(map[string]any)["content"])
+	assert.NotContains(t, ch["message"].(map[string]any), "tool_calls")
 
 	// A marker's start that never completes is content, at the end.
 	events, _ = sse(t, strings.NewReader(string(runAnswer(t, s, true, k3.FinishStop, "a <|tool_calls", "_sec"))))
@@ -233,10 +291,11 @@ func mustJSON(t *testing.T, v any) json.RawMessage {
 }
 
 func FuzzParseToolCalls(f *testing.F) {
-	f.Add("a" + toolSectionBegin + toolCallBegin + "functions.f:0" + toolArgsBegin + "{}" + toolCallEnd + toolSectionEnd)
-	f.Add("<|tool_calls_sec")
-	f.Fuzz(func(t *testing.T, text string) {
-		content, calls, ok := parseToolCalls(text)
+	f.Add("a"+toolSectionBegin+toolCallBegin+"functions.f:0"+toolArgsBegin+"{}"+toolCallEnd+toolSectionEnd, false)
+	f.Add("<|tool_calls_sec", true)
+	f.Add("x"+toolSectionBegin+toolCallBegin+"functions.f:0"+toolArgsBegin+`{"a": `, true)
+	f.Fuzz(func(t *testing.T, text string, cut bool) {
+		content, calls, ok := parseToolCalls(text, cut)
 		if !ok && (content != text || calls != nil) {
 			t.Fatalf("no calls, but content %q of %q", content, text)
 		}
@@ -249,7 +308,7 @@ func FuzzParseToolCalls(f *testing.F) {
 		for i := 0; i < len(text); i += 3 {
 			got.WriteString(ts.next(text[i:min(i+3, len(text))]))
 		}
-		rest, scalls := ts.end()
+		rest, scalls := ts.end(cut)
 		got.WriteString(rest)
 		if got.String() != content || len(scalls) != len(calls) {
 			t.Fatalf("streamed %q and %d calls, whole %q and %d", got.String(), len(scalls), content, len(calls))
@@ -340,7 +399,7 @@ func TestForcedArguments(t *testing.T) {
 		want, toks := direct(t, m, prompt, k3.WithMaxTokens(200), k3.WithTemperature(1), k3.WithSeed(seed),
 			k3.WithToolCalls([]string{"get_weather"}, true), k3.WithToolArguments(map[string]*k3.JSONSchema{"get_weather": schema}))
 		ch := out["choices"].([]any)[0].(map[string]any)
-		_, calls, ok := parseToolCalls(want)
+		_, calls, ok := parseToolCalls(want, toks[len(toks)-1].Finish == k3.FinishLength)
 		if !ok {
 			assert.Equal(t, want, ch["message"].(map[string]any)["content"])
 			continue
@@ -402,13 +461,13 @@ func TestAutoStrictArguments(t *testing.T) {
 	for seed := range uint64(3) {
 		code, out := post(t, hs.URL+"/v1/chat/completions", map[string]any{"messages": msgs, "tools": []any{tool}, "max_tokens": 40, "temperature": 1, "seed": seed})
 		require.Equal(t, 200, code, "%v", out)
-		want, _ := direct(t, m, prompt, k3.WithMaxTokens(40), k3.WithTemperature(1), k3.WithSeed(seed),
+		want, toks := direct(t, m, prompt, k3.WithMaxTokens(40), k3.WithTemperature(1), k3.WithSeed(seed),
 			k3.WithOptionalToolCalls([]string{"get_weather"}, true), k3.WithToolArguments(map[string]*k3.JSONSchema{"get_weather": schema}))
-		content, calls, _ := parseToolCalls(want)
+		content, calls, ok := parseToolCalls(want, toks[len(toks)-1].Finish == k3.FinishLength)
 		msg := out["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)
 		got, _ := msg["tool_calls"].([]any)
 		require.Len(t, got, len(calls), "%q", want)
-		if len(calls) == 0 {
+		if !ok {
 			assert.Equal(t, want, msg["content"])
 		} else {
 			assert.Equal(t, nullIfEmpty(content), msg["content"])
@@ -455,7 +514,7 @@ func TestForcedToolCalls(t *testing.T) {
 		want, toks := direct(t, m, prompt, k3.WithMaxTokens(300), k3.WithTemperature(1), k3.WithSeed(tc.seed), k3.WithToolCalls(tc.names, tc.parallel))
 		ch := out["choices"].([]any)[0].(map[string]any)
 		msg := ch["message"].(map[string]any)
-		content, calls, ok := parseToolCalls(want)
+		content, calls, ok := parseToolCalls(want, toks[len(toks)-1].Finish == k3.FinishLength)
 		if !ok {
 			assert.Equal(t, "length", ch["finish_reason"], "case %d", i)
 			assert.Equal(t, want, msg["content"], "case %d", i)
