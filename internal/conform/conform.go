@@ -40,7 +40,7 @@ type Result struct {
 	// (k3.ErrLayoutMismatch: expert ranks beyond its routed experts): it
 	// neither passes nor fails.
 	Skipped   bool
-	MaxAbsErr float64
+	MaxAbsErr float64 // NaN where nothing was compared (the case failed first)
 	Tol       float64
 	Reason    string // why it failed or was skipped
 }
@@ -61,7 +61,10 @@ func (r Result) String() string {
 	if r.Skipped {
 		return fmt.Sprintf("%s %s %s (%s)", status, r.Path, op, r.Reason)
 	}
-	s := fmt.Sprintf("%s %s %s max_abs_err=%.3g tol=%.3g", status, r.Path, op, r.MaxAbsErr, r.Tol)
+	s := fmt.Sprintf("%s %s %s", status, r.Path, op)
+	if !math.IsNaN(r.MaxAbsErr) {
+		s += fmt.Sprintf(" max_abs_err=%.3g tol=%.3g", r.MaxAbsErr, r.Tol)
+	}
 	if r.Reason != "" {
 		s += " (" + r.Reason + ")"
 	}
@@ -196,7 +199,9 @@ func runCase(ctx context.Context, b compute.Backend, c Case) (res Result) {
 	}()
 	chk := &checker{maxErr: 0}
 	err := h(ctx, b, c.Path, chk)
-	res.MaxAbsErr, res.Tol = chk.maxErr, chk.tol
+	if chk.compared > 0 {
+		res.MaxAbsErr, res.Tol = chk.maxErr, chk.tol
+	}
 	switch {
 	case errors.Is(err, compute.ErrUnsupported):
 		res.Reason = "unsupported op: " + err.Error()

@@ -105,9 +105,17 @@ func TestDetectsWrongValues(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "garbage.safetensors"), []byte("not a tensor file"), 0o644)
 	meta2 := map[string]string{"op": "no.such_op"}
 	safetensors.WriteFile(filepath.Join(dir, "unknown.safetensors"), nil, meta2)
+	// A model case without its checkpoint fails in its handler, before
+	// anything is compared.
+	exp, err := os.ReadFile("../../testdata/model/tiny_k31pro/expected.safetensors")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Mkdir(filepath.Join(dir, "nockpt"), 0o755)
+	os.WriteFile(filepath.Join(dir, "nockpt", "expected.safetensors"), exp, 0o644)
 
 	res := runAll(t, dir)
-	if len(res) != 4 {
+	if len(res) != 5 {
 		t.Fatalf("%d results: %v", len(res), res)
 	}
 	for _, r := range res {
@@ -116,6 +124,13 @@ func TestDetectsWrongValues(t *testing.T) {
 		}
 		if r.Reason == "" {
 			t.Errorf("%s: no reason", r.Path)
+		}
+		// Figures only where something was compared: not for a case that
+		// could not be read or run.
+		line := r.String()
+		compared := strings.HasSuffix(r.Path, "bad_weight.safetensors")
+		if strings.Contains(line, "max_abs_err=") != compared {
+			t.Errorf("report line %q: figures shown %v, want %v", line, !compared, compared)
 		}
 		if strings.HasSuffix(r.Path, "unknown.safetensors") && !strings.Contains(r.Reason, "unsupported op") {
 			t.Errorf("unknown op reason: %s", r.Reason)
