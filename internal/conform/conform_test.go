@@ -135,6 +135,9 @@ func TestDetectsWrongValues(t *testing.T) {
 		if strings.HasSuffix(r.Path, "unknown.safetensors") && !strings.Contains(r.Reason, "unsupported op") {
 			t.Errorf("unknown op reason: %s", r.Reason)
 		}
+		if strings.Contains(r.Path, "nockpt") && !strings.Contains(r.Reason, filepath.Join(dir, "nockpt", "config.json")) {
+			t.Errorf("a model case without its checkpoint: reason %q does not name its config.json", r.Reason)
+		}
 		if strings.HasSuffix(r.Path, "bad_weight.safetensors") && !strings.Contains(r.Reason, "topk_weight") {
 			t.Errorf("corrupted weight reason: %s", r.Reason)
 		}
