@@ -387,10 +387,11 @@ func LoadFS(fsys fs.FS, name string, vocab int) (Tokenizer, error) {
 		}
 		return t, nil
 	}
-	if cfg.TokenizerClass == "" {
+	if cfg.TokenizerClass != ByteLevelClass {
 		// A Hugging Face tokenizer.json with no tiktoken.model beside it
-		// would otherwise load as the byte-level fallback: ids that mean
-		// other text than the checkpoint's, silently.
+		// would otherwise load as the byte-level fallback (ids that mean
+		// other text than the checkpoint's, silently) or fail naming the
+		// missing tiktoken.model alone.
 		if _, err := fs.Stat(fsys, "tokenizer.json"); err == nil {
 			return nil, fmt.Errorf("%w: %s: k3 reads tiktoken.model (with tokenizer_config.json), not a Hugging Face tokenizer.json, and tiktoken.model is missing", ErrFormat, filepath.Join(name, "tokenizer.json"))
 		}

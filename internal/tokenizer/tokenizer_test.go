@@ -192,6 +192,9 @@ func TestLoadRefusesTokenizerJSON(t *testing.T) {
 
 	_, err = LoadFS(fstest.MapFS{"tokenizer.json": hf, "tokenizer_config.json": {Data: []byte(`{}`)}}, "ckpt", 1024)
 	require.ErrorIs(t, err, ErrFormat)
+	_, err = LoadFS(fstest.MapFS{"tokenizer.json": hf, "tokenizer_config.json": {Data: []byte(`{"tokenizer_class": "PreTrainedTokenizerFast"}`)}}, "ckpt", 1024)
+	require.ErrorIs(t, err, ErrFormat)
+	require.ErrorContains(t, err, "ckpt/tokenizer.json")
 
 	tok, err := LoadFS(fstest.MapFS{}, "ckpt", 1024)
 	require.NoError(t, err)
