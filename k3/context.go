@@ -366,6 +366,10 @@ func (gs *GroupSession) forwardCP(ctx context.Context, tokens []int32, all bool,
 		gs.shell.last = make([]float32, v)
 	}
 	final := int32(base + len(tokens) - 1)
+	var mark traceMark
+	if tr != nil {
+		mark = tr.mark()
+	}
 	for i := range res[0] {
 		for r := range res {
 			pr := res[r][i]
@@ -380,7 +384,9 @@ func (gs *GroupSession) forwardCP(ctx context.Context, tokens []int32, all bool,
 			}
 		}
 		if tr != nil {
-			mergeTrace(tr, res, i)
+			var pass Trace
+			mergeTrace(&pass, res, i)
+			tr.fold(mark, &pass)
 		}
 	}
 	gs.shell.tokens = append(gs.shell.tokens, tokens...)

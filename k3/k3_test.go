@@ -10,6 +10,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"k3/internal/safetensors"
 )
 
@@ -253,5 +256,87 @@ func TestConcurrentSessions(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// TestTraceAcrossChunks: a Forward cut into prefill chunks records one
+// Trace entry a layer holding every token's rows, as one pass does, so
+// the goldens' per-layer tensors compare whatever the chunk (the
+// conformance runner's long prompts); a second Forward into the same
+// Trace appends entries of its own.
+func TestTraceAcrossChunks(t *testing.T) {
+	prompt, _ := goldenIDs(t)
+	f, err := safetensors.Open(filepath.Join(tinyDir, "expected.safetensors"))
+	require.NoError(t, err)
+	defer f.Close()
+	wantMoE, moeInfo, err := f.Int32s("moe_topk_idx")
+	require.NoError(t, err)
+	wantDSA, dsaInfo, err := f.Int32s("dsa_topk_indices")
+	require.NoError(t, err)
+	wantHidden, hiddenInfo, err := f.Float32s("hidden_after_layer")
+	require.NoError(t, err)
+	layers, moeLayers, dsaLayers := hiddenInfo.Shape[0], moeInfo.Shape[0], dsaInfo.Shape[0]
+	T, d := len(prompt), hiddenInfo.Shape[2]
+	flat := func(e [][]int32) []int32 { return slices.Concat(e...) }
+	for _, chunk := range []int{256, 17, 7} {
+		m := load(t, WithPrefillChunk(chunk))
+		s, err := m.NewSession()
+		require.NoError(t, err)
+		var tr Trace
+		_, err = s.Forward(WithTrace(context.Background(), &tr), prompt)
+		require.NoError(t, err)
+		require.Len(t, tr.MoEIndices, moeLayers, "chunk %d", chunk)
+		require.Len(t, tr.DSAIndices, dsaLayers, "chunk %d", chunk)
+		require.Len(t, tr.HiddenAfterLayer, layers, "chunk %d", chunk)
+		assert.Equal(t, wantMoE, flat(tr.MoEIndices), "chunk %d: MoE picks", chunk)
+		assert.Equal(t, wantDSA, flat(tr.DSAIndices), "chunk %d: DSA lists", chunk)
+		require.Len(t, tr.FinalHidden, T*d, "chunk %d", chunk)
+		for l, h := range tr.HiddenAfterLayer {
+			require.Len(t, h, T*d, "chunk %d layer %d", chunk, l)
+			want := wantHidden[l*T*d : (l+1)*T*d]
+			scale := float32(0)
+			for _, w := range want {
+				scale = max(scale, w, -w)
+			}
+			for i := range h {
+				require.InDelta(t, want[i], h[i], float64(1e-4*scale), "chunk %d layer %d value %d", chunk, l, i)
+			}
+		}
+		// A second call appends its own entries.
+		_, err = s.Forward(WithTrace(context.Background(), &tr), prompt[:3])
+		require.NoError(t, err)
+		require.Len(t, tr.MoEIndices, 2*moeLayers, "chunk %d", chunk)
+		require.Len(t, tr.HiddenAfterLayer, 2*layers, "chunk %d", chunk)
+		assert.Len(t, tr.HiddenAfterLayer[layers], 3*d, "chunk %d", chunk)
+		assert.Len(t, tr.HiddenAfterLayer[0], T*d, "chunk %d: the first call's entry", chunk)
+		s.Close()
+	}
+}
+
+// TestTraceAcrossChunksCP: the same under context parallelism, whose
+// passes each merge the ranks' rows by position.
+func TestTraceAcrossChunksCP(t *testing.T) {
+	prompt, _ := goldenIDs(t)
+	f, err := safetensors.Open(filepath.Join(tinyDir, "expected.safetensors"))
+	require.NoError(t, err)
+	defer f.Close()
+	wantMoE, moeInfo, err := f.Int32s("moe_topk_idx")
+	require.NoError(t, err)
+	wantDSA, _, err := f.Int32s("dsa_topk_indices")
+	require.NoError(t, err)
+	for _, chunk := range []int{256, 7} {
+		g, err := LoadGroup(context.Background(), tinyDir, Layout{CP: 2}, WithPrefillChunk(chunk))
+		require.NoError(t, err)
+		s, err := g.NewSession()
+		require.NoError(t, err)
+		var tr Trace
+		_, err = s.Forward(WithTrace(context.Background(), &tr), prompt)
+		require.NoError(t, err)
+		require.Len(t, tr.MoEIndices, moeInfo.Shape[0], "chunk %d", chunk)
+		assert.Equal(t, wantMoE, slices.Concat(tr.MoEIndices...), "chunk %d: MoE picks", chunk)
+		assert.Equal(t, wantDSA, slices.Concat(tr.DSAIndices...), "chunk %d: DSA lists", chunk)
+		require.Len(t, tr.FinalHidden, len(prompt)*g.Ranks()[0].Config.HiddenSize, "chunk %d", chunk)
+		s.Close()
+		g.Close()
 	}
 }

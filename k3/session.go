@@ -174,7 +174,10 @@ func (s *Session) Len() int { return s.pos }
 
 // Trace collects per-layer intermediate tensors of a forward pass (host
 // copies, row-major over the pass's tokens) for debugging and conformance.
-// Slices are indexed by layer, or by DSA/MoE layer in layer order.
+// Slices are indexed by layer, or by DSA/MoE layer in layer order; a
+// Forward that runs as several prefill chunks still records one entry a
+// layer, its rows those of every token of the call. Each further Forward
+// recording into the same Trace appends entries of its own.
 type Trace struct {
 	HiddenAfterLayer      [][]float32
 	AttnInput, MLPInput   [][]float32
@@ -183,6 +186,40 @@ type Trace struct {
 	DSAIndices            [][]int32
 	MoEIndices            [][]int32
 	MoEWeights            [][]float32
+}
+
+// traceMark is where a call's entries begin in a Trace: the entry counts
+// before it.
+type traceMark [8]int
+
+func (t *Trace) mark() traceMark {
+	return traceMark{len(t.HiddenAfterLayer), len(t.AttnInput), len(t.MLPInput), len(t.AttnOutput),
+		len(t.MLPOutput), len(t.DSAIndices), len(t.MoEIndices), len(t.MoEWeights)}
+}
+
+// fold records pass c, which continues the tokens of the call whose
+// entries begin at m: its entries are the call's first, or their rows
+// follow the earlier passes' rows of the same entries.
+func (t *Trace) fold(m traceMark, c *Trace) {
+	t.HiddenAfterLayer = foldEntries(t.HiddenAfterLayer, m[0], c.HiddenAfterLayer)
+	t.AttnInput = foldEntries(t.AttnInput, m[1], c.AttnInput)
+	t.MLPInput = foldEntries(t.MLPInput, m[2], c.MLPInput)
+	t.AttnOutput = foldEntries(t.AttnOutput, m[3], c.AttnOutput)
+	t.MLPOutput = foldEntries(t.MLPOutput, m[4], c.MLPOutput)
+	t.FinalHidden = append(t.FinalHidden, c.FinalHidden...)
+	t.DSAIndices = foldEntries(t.DSAIndices, m[5], c.DSAIndices)
+	t.MoEIndices = foldEntries(t.MoEIndices, m[6], c.MoEIndices)
+	t.MoEWeights = foldEntries(t.MoEWeights, m[7], c.MoEWeights)
+}
+
+func foldEntries[E any](dst [][]E, from int, pass [][]E) [][]E {
+	if len(dst) == from {
+		return append(dst, pass...)
+	}
+	for i, rows := range pass {
+		dst[from+i] = append(dst[from+i], rows...)
+	}
+	return dst
 }
 
 // Forward appends tokens to the sequence and returns the logits of every
@@ -297,6 +334,10 @@ func (s *Session) runTo(ctx context.Context, tokens []int32, out []float32, trac
 		s.last = make([]float32, v)
 	}
 	base := s.pos - s.resumed // the position of tokens[0]
+	var mark traceMark
+	if trace != nil {
+		mark = trace.mark()
+	}
 	for c0 := s.resumed; c0 < len(tokens); {
 		// Between chunks the state is consistent: it holds c0 tokens.
 		if err := ctx.Err(); err != nil {
@@ -306,9 +347,16 @@ func (s *Session) runTo(ctx context.Context, tokens []int32, out []float32, trac
 			return ErrClosed
 		}
 		c1 := s.nextCut(s.pos, base+len(tokens), s.m.chunk, pts) - base
-		if err := s.step(tokens[c0:c1], trace, all); err != nil {
+		var pass *Trace
+		if trace != nil {
+			pass = new(Trace)
+		}
+		if err := s.step(tokens[c0:c1], pass, all); err != nil {
 			s.broken = err
 			return err
+		}
+		if trace != nil {
+			trace.fold(mark, pass)
 		}
 		rows := 1
 		if all {
