@@ -259,6 +259,29 @@ func TestConcurrentSessions(t *testing.T) {
 	}
 }
 
+// golden is the tiny_k31pro golden's expected file and its MoE picks and
+// DSA lists, flat, with their layer counts.
+type golden struct {
+	f                    *safetensors.File
+	moe, dsa             []int32
+	moeLayers, dsaLayers int
+}
+
+func goldenTrace(t *testing.T) golden {
+	t.Helper()
+	f, err := safetensors.Open(filepath.Join(tinyDir, "expected.safetensors"))
+	require.NoError(t, err)
+	t.Cleanup(func() { f.Close() })
+	g := golden{f: f}
+	var moe, dsa safetensors.TensorInfo
+	g.moe, moe, err = f.Int32s("moe_topk_idx")
+	require.NoError(t, err)
+	g.dsa, dsa, err = f.Int32s("dsa_topk_indices")
+	require.NoError(t, err)
+	g.moeLayers, g.dsaLayers = moe.Shape[0], dsa.Shape[0]
+	return g
+}
+
 // TestTraceAcrossChunks: a Forward cut into prefill chunks records one
 // Trace entry a layer holding every token's rows, as one pass does, so
 // the goldens' per-layer tensors compare whatever the chunk (the
@@ -266,17 +289,11 @@ func TestConcurrentSessions(t *testing.T) {
 // Trace appends entries of its own.
 func TestTraceAcrossChunks(t *testing.T) {
 	prompt, _ := goldenIDs(t)
-	f, err := safetensors.Open(filepath.Join(tinyDir, "expected.safetensors"))
+	g := goldenTrace(t)
+	wantHidden, hiddenInfo, err := g.f.Float32s("hidden_after_layer")
 	require.NoError(t, err)
-	defer f.Close()
-	wantMoE, moeInfo, err := f.Int32s("moe_topk_idx")
-	require.NoError(t, err)
-	wantDSA, dsaInfo, err := f.Int32s("dsa_topk_indices")
-	require.NoError(t, err)
-	wantHidden, hiddenInfo, err := f.Float32s("hidden_after_layer")
-	require.NoError(t, err)
-	layers, moeLayers, dsaLayers := hiddenInfo.Shape[0], moeInfo.Shape[0], dsaInfo.Shape[0]
-	T, d := len(prompt), hiddenInfo.Shape[2]
+	wantMoE, wantDSA, moeLayers, dsaLayers := g.moe, g.dsa, g.moeLayers, g.dsaLayers
+	layers, T, d := hiddenInfo.Shape[0], len(prompt), hiddenInfo.Shape[2]
 	flat := func(e [][]int32) []int32 { return slices.Concat(e...) }
 	for _, chunk := range []int{256, 17, 7} {
 		m := load(t, WithPrefillChunk(chunk))
@@ -317,13 +334,8 @@ func TestTraceAcrossChunks(t *testing.T) {
 // passes each merge the ranks' rows by position.
 func TestTraceAcrossChunksCP(t *testing.T) {
 	prompt, _ := goldenIDs(t)
-	f, err := safetensors.Open(filepath.Join(tinyDir, "expected.safetensors"))
-	require.NoError(t, err)
-	defer f.Close()
-	wantMoE, moeInfo, err := f.Int32s("moe_topk_idx")
-	require.NoError(t, err)
-	wantDSA, _, err := f.Int32s("dsa_topk_indices")
-	require.NoError(t, err)
+	gt := goldenTrace(t)
+	wantMoE, wantDSA := gt.moe, gt.dsa
 	for _, chunk := range []int{256, 7} {
 		g, err := LoadGroup(context.Background(), tinyDir, Layout{CP: 2}, WithPrefillChunk(chunk))
 		require.NoError(t, err)
@@ -332,7 +344,7 @@ func TestTraceAcrossChunksCP(t *testing.T) {
 		var tr Trace
 		_, err = s.Forward(WithTrace(context.Background(), &tr), prompt)
 		require.NoError(t, err)
-		require.Len(t, tr.MoEIndices, moeInfo.Shape[0], "chunk %d", chunk)
+		require.Len(t, tr.MoEIndices, gt.moeLayers, "chunk %d", chunk)
 		assert.Equal(t, wantMoE, slices.Concat(tr.MoEIndices...), "chunk %d: MoE picks", chunk)
 		assert.Equal(t, wantDSA, slices.Concat(tr.DSAIndices...), "chunk %d: DSA lists", chunk)
 		require.Len(t, tr.FinalHidden, len(prompt)*g.Ranks()[0].Config.HiddenSize, "chunk %d", chunk)
