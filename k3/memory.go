@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"k3/config"
 	"k3/dsa"
 )
 
@@ -45,6 +46,13 @@ type MemoryUsage struct {
 	// attention state grows by each PageTokens tokens.
 	PageTokens int
 	PageBytes  int64
+	// PrefixPages is the most the prefix cache holds, in pages' worth of
+	// tokens (PageTokens each): its budget, or the model's if smaller,
+	// over PageBytes plus the share of a page's tokens in the KDA
+	// snapshot it keeps every 512 tokens inside a prompt. Prompts that
+	// end sooner keep a snapshot each and fit fewer. 0 without a prefix
+	// cache or without attention layers.
+	PrefixPages int64
 }
 
 // Fraction is Used over Budget (0 without a budget).
@@ -74,9 +82,30 @@ func (m *Model) MemoryUsage() MemoryUsage {
 		}
 	}
 	m.mem.mu.Lock()
-	defer m.mem.mu.Unlock()
 	u.Used, u.Budget = m.mem.used, m.mem.budget
+	m.mem.mu.Unlock()
+	if m.prefix != nil && u.PageBytes > 0 {
+		room := m.prefix.budget
+		if u.Budget > 0 {
+			room = min(room, u.Budget)
+		}
+		perPage := u.PageBytes + m.snapshotBytes()*int64(u.PageTokens)/prefixInterior
+		u.PrefixPages = room / perPage
+	}
 	return u
+}
+
+// snapshotBytes is the memory of one KDA snapshot: every KDA layer's
+// state and conv window (Session.KDAStateBytes of any session).
+func (m *Model) snapshotBytes() int64 {
+	var n int64
+	for _, ly := range m.layers {
+		if ly.kind == config.KDA {
+			c := ly.kdaCfg
+			n += 4 * int64(c.NumHeads*c.HeadDim*(c.HeadDim+3*(c.ConvKernel-1)))
+		}
+	}
+	return n
 }
 
 // ledger counts the bytes of all sequence state against the budget.

@@ -240,3 +240,37 @@ func TestBatcherPrefixHit(t *testing.T) {
 	sameGeneration(t, want, got, true, "the batcher against Generate, both resumed")
 	assert.Equal(t, want[len(want)-1].Usage, got[len(got)-1].Usage)
 }
+
+// TestPrefixPages: MemoryUsage.PrefixPages is what a prefix cache filled
+// by long prompts holds (within 5%), a snapshot is a session's KDA
+// states, and the figure follows the smaller budget and is 0 without a
+// cache.
+func TestPrefixPages(t *testing.T) {
+	ctx := context.Background()
+	m, err := LoadTiny(ctx, WithPrefixCache(8<<20), WithMemoryBudget(64<<20))
+	require.NoError(t, err)
+	defer m.Close()
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	require.Equal(t, s.KDAStateBytes(), m.snapshotBytes())
+	require.NoError(t, s.Close())
+
+	for i := range 5 {
+		genTokens(t, m, words(1000, fmt.Sprintf("p%dq", i)), WithMaxTokens(1))
+	}
+	u, st := m.MemoryUsage(), m.PrefixCacheStats()
+	held := float64(st.Blocks*PrefixBlock) / float64(u.PageTokens)
+	t.Logf("held %.1f pages' worth in %d blocks and %d snapshots (%d bytes); PrefixPages %d", held, st.Blocks, st.Snapshots, st.Bytes, u.PrefixPages)
+	require.Positive(t, u.PrefixPages)
+	require.InEpsilon(t, float64(u.PrefixPages), held, 0.05)
+
+	small, err := LoadTiny(ctx, WithPrefixCache(8<<20), WithMemoryBudget(4<<20))
+	require.NoError(t, err)
+	defer small.Close()
+	require.InDelta(t, float64(u.PrefixPages)/2, float64(small.MemoryUsage().PrefixPages), 1, "a 4 MiB budget holds half an 8 MiB cache")
+
+	none, err := LoadTiny(ctx, WithMemoryBudget(64<<20))
+	require.NoError(t, err)
+	defer none.Close()
+	require.Zero(t, none.MemoryUsage().PrefixPages)
+}

@@ -160,16 +160,16 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	p.gauge("vllm:num_requests_running", "Sequences in the scheduler's passes.", float64(st.Running))
 	p.gauge("vllm:num_requests_waiting", "Sequences submitted and waiting for a place in the passes.", float64(st.Waiting))
 	usage := 0.0
-	blocks := int64(0)
 	if mem.Budget > 0 {
 		usage = float64(mem.Used-mem.FreePages-mem.FreeStates) / float64(mem.Budget)
-		if mem.PageBytes > 0 {
-			blocks = mem.Budget / mem.PageBytes
-		}
 	}
 	p.gauge("vllm:kv_cache_usage_perc", "Fraction of the sequence-state budget held (attention pages, KDA states and snapshots, the prefix cache); 0 without a budget.", usage)
-	p.gauge("vllm:cache_config_info", "The state store's layout: block_size is the attention page in tokens, num_gpu_blocks the pages (of every attention layer) the budget holds.", 1,
-		"block_size", strconv.Itoa(mem.PageTokens), "num_gpu_blocks", strconv.FormatInt(blocks, 10))
+	// num_gpu_blocks sizes the endpoint picker's index of each server's
+	// cached blocks, so it is the prefix cache's capacity: in vLLM freed
+	// pages stay cached and the pool is the cache, here the cache has a
+	// budget of its own and KDA snapshots besides pages.
+	p.gauge("vllm:cache_config_info", "The prefix cache's layout: block_size is the attention page in tokens, num_gpu_blocks the pages' worth of tokens the prefix cache holds at most.", 1,
+		"block_size", strconv.Itoa(mem.PageTokens), "num_gpu_blocks", strconv.FormatInt(mem.PrefixPages, 10))
 	p.gauge("k3:memory_used_bytes", "Bytes of sequence state held.", float64(mem.Used))
 	p.gauge("k3:memory_budget_bytes", "The sequence-state budget in bytes (0: none).", float64(mem.Budget))
 	p.counter("vllm:prompt_tokens_total", "Prompt tokens of finished requests.", float64(s.met.prompt.Load()))

@@ -21,11 +21,14 @@ import (
 	"k3/specdec"
 )
 
-const testBudget = 256 << 20
+const (
+	testBudget = 256 << 20
+	testPrefix = 32 << 20
+)
 
 func newTestServer(t *testing.T, cfg Config) (*Server, *httptest.Server, *k3.Model) {
 	t.Helper()
-	m, err := k3.LoadTiny(context.Background(), k3.WithMemoryBudget(testBudget), k3.WithPrefixCache(32<<20))
+	m, err := k3.LoadTiny(context.Background(), k3.WithMemoryBudget(testBudget), k3.WithPrefixCache(testPrefix))
 	require.NoError(t, err)
 	s, err := New(m, cfg)
 	require.NoError(t, err)
@@ -538,9 +541,13 @@ func TestMetrics(t *testing.T) {
 		assert.Contains(t, before, name)
 	}
 	mem := m.MemoryUsage()
-	info := fmt.Sprintf(`vllm:cache_config_info{block_size="%d",num_gpu_blocks="%d"}`, mem.PageTokens, testBudget/mem.PageBytes)
+	// num_gpu_blocks is the prefix cache's capacity (its own budget, not
+	// the pool's), which k3's TestPrefixPages holds to a filled cache.
+	info := fmt.Sprintf(`vllm:cache_config_info{block_size="%d",num_gpu_blocks="%d"}`, mem.PageTokens, mem.PrefixPages)
 	assert.Equal(t, 1.0, before[info], "no %s in %v", info, before)
 	assert.Positive(t, mem.PageTokens)
+	assert.Positive(t, mem.PrefixPages)
+	assert.Less(t, mem.PrefixPages, int64(testPrefix)/mem.PageBytes, "a snapshot's share counts beside each page")
 
 	prompt := strings.Repeat("func main() {}\n", 8) // blocks the prefix cache keeps
 	code, out := post(t, hs.URL+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": true})
