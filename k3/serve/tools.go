@@ -173,7 +173,8 @@ func toolResult(m chatMessage, content, param string) (tokenizer.ChatTurn, error
 // <|tool_call_end|>. cut says that max_tokens or the context ended the
 // generation: then a last call whose arguments had begun is kept with the
 // arguments written so far (as OpenAI answers a call cut short, beside
-// finish_reason length), marked cut, and a section holding no call is
+// finish_reason length), marked cut unless they are whole (cutArguments:
+// only the end marker was cut), and a section holding no call is
 // dropped, so that the section's markup never reaches the content. ok is
 // false when all of the text is content: it has no section or, not cut,
 // no complete call.
@@ -202,8 +203,7 @@ func parseToolCalls(text string, cut bool) (content string, calls []toolCall, ok
 		c.Function.Name = toolCallName(c.ID)
 		c.Function.Arguments = strings.TrimSpace(args)
 		if !complete {
-			// Trailing white space may be inside a string the cut left open.
-			c.Function.Arguments, c.cut = strings.TrimLeft(args, " \t\r\n"), true
+			c.Function.Arguments, c.cut = cutArguments(args)
 		}
 		calls = append(calls, c)
 	}
@@ -211,6 +211,20 @@ func parseToolCalls(text string, cut bool) (content string, calls []toolCall, ok
 		return text, nil, false
 	}
 	return before, calls, true
+}
+
+// cutArguments reads the arguments of a call the generation ended in.
+// Arguments that are a whole JSON object, followed by nothing or by the
+// start of <|tool_call_end|> (all that the grammar lets follow them), make
+// a complete call. Otherwise they are kept as written, marked cut; their
+// trailing white space may be inside a string the cut left open.
+func cutArguments(args string) (string, bool) {
+	args = strings.TrimLeft(args, " \t\r\n")
+	whole := strings.TrimSpace(args[:len(args)-partialSuffix(args, toolCallEnd)])
+	if strings.HasPrefix(whole, "{") && json.Valid([]byte(whole)) {
+		return whole, false
+	}
+	return args, true
 }
 
 // toolCallName is the function a call's id names: functions.NAME:INDEX
