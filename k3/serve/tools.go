@@ -175,12 +175,17 @@ func toolResult(m chatMessage, content, param string) (tokenizer.ChatTurn, error
 // arguments written so far (as OpenAI answers a call cut short, beside
 // finish_reason length), marked cut unless they are whole (cutArguments:
 // only the end marker was cut), and a section holding no call is
-// dropped, so that the section's markup never reaches the content. ok is
+// dropped, so that the section's markup never reaches the content; nor
+// does the start of its marker where the cut fell in it ("<|" and on: a
+// lone "<" is kept as text, which it more likely is). ok is
 // false when all of the text is content: it has no section or, not cut,
 // no complete call.
 func parseToolCalls(text string, cut bool) (content string, calls []toolCall, ok bool) {
 	before, section, found := strings.Cut(text, toolSectionBegin)
 	if !found {
+		if n := partialSuffix(text, toolSectionBegin); cut && n >= 2 {
+			return text[:len(text)-n], nil, true // the section's marker, cut as it began
+		}
 		return text, nil, false
 	}
 	section, _, closed := strings.Cut(section, toolSectionEnd)
@@ -270,6 +275,9 @@ func (t *toolStream) next(text string) string {
 // them. Where that finds no call, everything not yet sent is content.
 func (t *toolStream) end(cut bool) (content string, calls []toolCall) {
 	_, calls, ok := parseToolCalls(string(t.all), cut)
+	if ok && !t.section { // the cut fell in the marker, which t.held ends with
+		return t.held[:len(t.held)-partialSuffix(t.held, toolSectionBegin)], nil
+	}
 	if ok {
 		return t.held, calls
 	}

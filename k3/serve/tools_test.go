@@ -85,6 +85,10 @@ func TestParseToolCalls(t *testing.T) {
 			"x", true, []string{"functions.g:1"}, []string{"g"}, []string{`{"y": 12`}, true},
 		{"cut inside the id", "x" + toolSectionBegin + toolCallBegin + "functions.g", true, "x", true, nil, nil, nil, false},
 		{"cut after the marker", "x" + toolSectionBegin, true, "x", true, nil, nil, nil, false},
+		{"cut in the marker", "x" + toolSectionBegin[:9], true, "x", true, nil, nil, nil, false},
+		{"cut in the marker, nothing before", toolSectionBegin[:2], true, "", true, nil, nil, nil, false},
+		{"stopped in the marker", "x" + toolSectionBegin[:9], false, "x" + toolSectionBegin[:9], false, nil, nil, nil, false},
+		{"cut after a lone <", "a <", true, "a <", false, nil, nil, nil, false},
 		{"cut after a closed section", "x" + toolSectionBegin + toolCallBegin + "functions.g:1" + toolArgsBegin + "{" + toolSectionEnd + "more", true,
 			"x", true, nil, nil, nil, false},
 	} {
@@ -226,24 +230,28 @@ func TestToolCallAnswers(t *testing.T) {
 	assert.Equal(t, wantCut, calls)
 	assert.Equal(t, []any{"length"}, finishes)
 
-	// Cut before a call's arguments begin: no call, and the section's
-	// markup dropped from the content.
-	cutEarly := []string{"x <|tool_calls_section_begin|>", "<|tool_call_begin|>functions.f"}
-	require.NoError(t, json.Unmarshal(runAnswer(t, s, false, k3.FinishLength, cutEarly...), &whole))
-	ch = whole["choices"].([]any)[0].(map[string]any)
-	assert.Equal(t, "length", ch["finish_reason"])
-	assert.Equal(t, "x ", ch["message"].(map[string]any)["content"])
-	assert.NotContains(t, ch["message"].(map[string]any), "tool_calls")
-	events, _ = sse(t, strings.NewReader(string(runAnswer(t, s, true, k3.FinishLength, cutEarly...))))
-	content.Reset()
-	for _, ev := range events {
-		d := ev["choices"].([]any)[0].(map[string]any)["delta"].(map[string]any)
-		if v, ok := d["content"].(string); ok {
-			content.WriteString(v)
+	// Cut before a call's arguments begin, or inside the section's first
+	// marker: no call, and the section's markup dropped from the content.
+	for _, cutEarly := range [][]string{
+		{"x <|tool_calls_section_begin|>", "<|tool_call_begin|>functions.f"},
+		{"x <|tool_", "calls_sec"},
+	} {
+		require.NoError(t, json.Unmarshal(runAnswer(t, s, false, k3.FinishLength, cutEarly...), &whole))
+		ch = whole["choices"].([]any)[0].(map[string]any)
+		assert.Equal(t, "length", ch["finish_reason"])
+		assert.Equal(t, "x ", ch["message"].(map[string]any)["content"], "%q", cutEarly)
+		assert.NotContains(t, ch["message"].(map[string]any), "tool_calls")
+		events, _ = sse(t, strings.NewReader(string(runAnswer(t, s, true, k3.FinishLength, cutEarly...))))
+		content.Reset()
+		for _, ev := range events {
+			d := ev["choices"].([]any)[0].(map[string]any)["delta"].(map[string]any)
+			if v, ok := d["content"].(string); ok {
+				content.WriteString(v)
+			}
+			assert.NotContains(t, d, "tool_calls")
 		}
-		assert.NotContains(t, d, "tool_calls")
+		assert.Equal(t, "x ", content.String(), "%q streamed", cutEarly)
 	}
-	assert.Equal(t, "x ", content.String())
 
 	// The same text ended by a stop token is all content: the model
 	// stopped without a call.
