@@ -236,6 +236,21 @@ func (p *Pool) newSlab(n int) (*Slab, error) {
 	return sl, nil
 }
 
+// HeldOnly counts the pages of held that have no holders beyond the
+// number held gives for each: the pages that letting go of those holds
+// would free.
+func (p *Pool) HeldOnly(held map[*Page]int) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for pg, k := range held {
+		if pg.refs <= k {
+			n++
+		}
+	}
+	return n
+}
+
 // share adds a holder to pg.
 func (p *Pool) share(pg *Page) {
 	p.mu.Lock()

@@ -33,6 +33,10 @@ type MemoryUsage struct {
 	// sessions may hold some of them too), and attention-cache pages
 	// released and kept for reuse (dsa.MaxFree a layer at most).
 	PrefixCache, FreePages int64
+	// PrefixAlone is the part of PrefixCache no session holds too: its
+	// snapshots and the pages only its blocks hold, which emptying the
+	// cache would give back.
+	PrefixAlone int64
 	// FreeSlots is the bytes of the free slots of the KDA state slabs
 	// (on a backend that captures graphs, sessions' KDA states are slots
 	// of slabs of 32, each counted in Used whole); empty slabs are given
@@ -67,7 +71,7 @@ func (u MemoryUsage) Fraction() float64 {
 func (m *Model) MemoryUsage() MemoryUsage {
 	var u MemoryUsage
 	if m.prefix != nil {
-		u.PrefixCache = m.prefix.footprint()
+		u.PrefixCache, u.PrefixAlone = m.prefix.footprint()
 	}
 	if m.slabs != nil {
 		u.FreeSlots = m.slabs.spare()

@@ -428,25 +428,41 @@ func (n *prefixNode) release() {
 }
 
 // footprint is the memory the cache's snapshots and the pages its blocks
-// hold take, each page counted once.
-func (c *prefixCache) footprint() int64 {
+// hold take, each page counted once, and of it what the cache alone
+// holds: its snapshots and the pages no session holds too.
+func (c *prefixCache) footprint() (all, alone int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	seen := map[*dsa.Page]bool{}
-	var n int64
+	var held []map[*dsa.Page]int // per layer: the cache's holds of each page
+	var m *Model
 	var walk func(x *prefixNode)
 	walk = func(x *prefixNode) {
 		for _, k := range x.kids {
-			n += floats(k.snap)
+			all += floats(k.snap)
+			alone += floats(k.snap)
 			for l, pg := range k.pages {
-				if pg != nil && !seen[pg] {
-					seen[pg] = true
-					n += k.model.layers[l].pages.PageBytes()
+				if pg == nil {
+					continue
 				}
+				if held == nil {
+					held, m = make([]map[*dsa.Page]int, len(k.pages)), k.model
+				}
+				if held[l] == nil {
+					held[l] = map[*dsa.Page]int{}
+				}
+				held[l][pg]++
 			}
 			walk(k)
 		}
 	}
 	walk(&c.root)
-	return n
+	for l, h := range held {
+		if h == nil {
+			continue
+		}
+		pool := m.layers[l].pages
+		all += int64(len(h)) * pool.PageBytes()
+		alone += int64(pool.HeldOnly(h)) * pool.PageBytes()
+	}
+	return all, alone
 }

@@ -274,3 +274,33 @@ func TestPrefixPages(t *testing.T) {
 	defer none.Close()
 	require.Zero(t, none.MemoryUsage().PrefixPages)
 }
+
+// TestPrefixAlone: MemoryUsage.PrefixAlone is the whole cache while no
+// session holds its pages, and leaves out the full pages a session that
+// resumed from it shares with it.
+func TestPrefixAlone(t *testing.T) {
+	ctx := context.Background()
+	m, err := LoadTiny(ctx, WithPrefixCache(8<<20), WithMemoryBudget(64<<20))
+	require.NoError(t, err)
+	defer m.Close()
+	prompt := words(150, "alone")
+	genTokens(t, m, prompt, WithMaxTokens(1))
+	u := m.MemoryUsage()
+	require.Positive(t, u.PrefixCache)
+	require.Equal(t, u.PrefixCache, u.PrefixAlone, "no session holds the cache's pages")
+
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	before := m.PrefixCacheStats().ReusedTokens
+	for _, err := range s.Generate(ctx, prompt, WithMaxTokens(1)) {
+		require.NoError(t, err)
+	}
+	hit := m.PrefixCacheStats().ReusedTokens - before
+	require.Greater(t, hit, int64(2*u.PageTokens), "the prompt resumed from the cache")
+	u = m.MemoryUsage()
+	assert.Equal(t, hit/int64(u.PageTokens)*u.PageBytes, u.PrefixCache-u.PrefixAlone, "the full pages of the %d tokens resumed are shared", hit)
+
+	require.NoError(t, s.Close())
+	u = m.MemoryUsage()
+	require.Equal(t, u.PrefixCache, u.PrefixAlone)
+}

@@ -159,11 +159,14 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	mem := s.m.MemoryUsage()
 	p.gauge("vllm:num_requests_running", "Sequences in the scheduler's passes.", float64(st.Running))
 	p.gauge("vllm:num_requests_waiting", "Sequences submitted and waiting for a place in the passes.", float64(st.Waiting))
+	// As vLLM's, the fraction excludes what the prefix cache alone holds,
+	// which yields to requests: the endpoint picker reads it as load (its
+	// saturation threshold, 0.8 by default, and its KV-cache scorer).
 	usage := 0.0
 	if mem.Budget > 0 {
-		usage = float64(mem.Used-mem.FreePages-mem.FreeStates) / float64(mem.Budget)
+		usage = float64(mem.Used-mem.FreePages-mem.FreeStates-mem.PrefixAlone) / float64(mem.Budget)
 	}
-	p.gauge("vllm:kv_cache_usage_perc", "Fraction of the sequence-state budget held (attention pages, KDA states and snapshots, the prefix cache); 0 without a budget.", usage)
+	p.gauge("vllm:kv_cache_usage_perc", "Fraction of the sequence-state budget requests hold (attention pages, KDA states and snapshots; not what only the prefix cache holds); 0 without a budget.", usage)
 	// num_gpu_blocks sizes the endpoint picker's index of each server's
 	// cached blocks, so it is the prefix cache's capacity: in vLLM freed
 	// pages stay cached and the pool is the cache, here the cache has a

@@ -560,8 +560,20 @@ func TestMetrics(t *testing.T) {
 	assert.Equal(t, u["completion_tokens"].(float64)-1, after["vllm:inter_token_latency_seconds_count"]-before["vllm:inter_token_latency_seconds_count"])
 	assert.Equal(t, 1.0, after[`vllm:request_success_total{finished_reason="length"}`])
 	assert.Equal(t, 0.0, after["vllm:num_requests_running"])
-	assert.Positive(t, after["vllm:kv_cache_usage_perc"], "the prefix cache holds the request's state")
-	assert.LessOrEqual(t, after["vllm:kv_cache_usage_perc"], 1.0)
+	// What only the prefix cache holds yields to requests: not load, as in
+	// vLLM, whose cached blocks no request holds count as free.
+	assert.Positive(t, after["k3:prefix_cache_bytes"], "the prefix cache holds the request's state")
+	assert.Zero(t, after["vllm:kv_cache_usage_perc"], "an idle server")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	resp := postStream(t, ctx, hs.URL+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 2000, "stream": true, "temperature": 0, "ignore_eos": true})
+	defer resp.Body.Close()
+	line, err := bufio.NewReader(resp.Body).ReadString('\n') // the first token is out: the request holds its state
+	require.NoError(t, err, line)
+	during := scrape(t, hs.URL)["vllm:kv_cache_usage_perc"]
+	assert.Positive(t, during, "a running request")
+	assert.LessOrEqual(t, during, 1.0)
 }
 
 // TestQueueFull: past the sequences and the queue a request is answered
