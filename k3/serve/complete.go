@@ -459,7 +459,7 @@ func (a *answer) whole(w http.ResponseWriter, events <-chan event) {
 			msg := map[string]any{"role": "assistant"}
 			if a.j.reasoning {
 				var r string
-				r, text = splitReasoning(text)
+				r, text = splitReasoning(text, c.finish == "length")
 				msg["reasoning_content"] = nullIfEmpty(r)
 			}
 			msg["content"] = text
@@ -666,7 +666,7 @@ func (a *answer) split(c *choice, text string) (reasoning, content string, calls
 	if a.j.reasoning {
 		reasoning, content = c.reason.next(text)
 		if c.finish != "" {
-			r, s := c.reason.end()
+			r, s := c.reason.end(c.finish == "length")
 			reasoning, content = reasoning+r, content+s
 		}
 	}

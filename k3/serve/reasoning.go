@@ -12,11 +12,12 @@ const (
 	thinkEnd   = "</think>"
 )
 
-// splitReasoning splits a whole answer into its reasoning and content.
-func splitReasoning(text string) (reasoning, content string) {
+// splitReasoning splits a whole answer into its reasoning and content;
+// cut says max_tokens or the context ended it.
+func splitReasoning(text string, cut bool) (reasoning, content string) {
 	var r reasoningStream
 	a, b := r.next(text)
-	c, d := r.end()
+	c, d := r.end(cut)
 	return a + c, b + d
 }
 
@@ -58,13 +59,19 @@ func (r *reasoningStream) next(text string) (reasoning, content string) {
 	return reasoning, content
 }
 
-// end returns what is still held once the generation has ended: a
-// marker's start that never completed belongs to the phase it came in.
-func (r *reasoningStream) end() (reasoning, content string) {
+// end returns what is still held once the generation has ended (cut: by
+// max_tokens or the context): a marker's start that never completed
+// belongs to the phase it came in, but where the cut fell inside a marker
+// that ends the reasoning ("</" or "<|" and on; a lone "<" is more likely
+// text) it is dropped, as parseToolCalls drops the tool section's.
+func (r *reasoningStream) end(cut bool) (reasoning, content string) {
 	held := r.held
 	r.held = ""
 	if r.phase == 2 {
 		return "", held
+	}
+	if cut && len(strings.TrimLeft(held, " \t\r\n")) >= 2 {
+		return "", ""
 	}
 	return held, ""
 }

@@ -12,21 +12,30 @@ import (
 )
 
 func TestSplitReasoning(t *testing.T) {
-	for _, tc := range []struct{ text, reasoning, content string }{
-		{"<think>plan</think>answer", "plan", "answer"},
-		{"plan</think>answer", "plan", "answer"},
-		{"\n <think>x</think>", "x", ""},
-		{"<think></think>hi", "", "hi"},
-		{"<think>plan" + toolSectionBegin + "calls", "plan", toolSectionBegin + "calls"},
-		{"plan</think>a " + toolSectionBegin + "b", "plan", "a " + toolSectionBegin + "b"},
-		{"all reasoning, cut short </thi", "all reasoning, cut short </thi", ""},
-		{"<thi", "<thi", ""},
-		{"", "", ""},
-		{"<thinking>x</think>y", "<thinking>x", "y"},
+	for _, tc := range []struct {
+		text               string
+		cut                bool // by max_tokens or the context
+		reasoning, content string
+	}{
+		{"<think>plan</think>answer", false, "plan", "answer"},
+		{"plan</think>answer", false, "plan", "answer"},
+		{"\n <think>x</think>", false, "x", ""},
+		{"<think></think>hi", false, "", "hi"},
+		{"<think>plan" + toolSectionBegin + "calls", false, "plan", toolSectionBegin + "calls"},
+		{"plan</think>a " + toolSectionBegin + "b", false, "plan", "a " + toolSectionBegin + "b"},
+		{"all reasoning, stopped </thi", false, "all reasoning, stopped </thi", ""},
+		{"all reasoning, cut short </thi", true, "all reasoning, cut short ", ""},
+		{"reasoning cut in a call's marker <|tool_ca", true, "reasoning cut in a call's marker ", ""},
+		{"reasoning cut after a lone <", true, "reasoning cut after a lone <", ""},
+		{"plan</think>answer cut </thi", true, "plan", "answer cut </thi"},
+		{"<thi", false, "<thi", ""},
+		{" <thi", true, "", ""},
+		{"", true, "", ""},
+		{"<thinking>x</think>y", false, "<thinking>x", "y"},
 	} {
-		r, c := splitReasoning(tc.text)
-		assert.Equal(t, tc.reasoning, r, "%q", tc.text)
-		assert.Equal(t, tc.content, c, "%q", tc.text)
+		r, c := splitReasoning(tc.text, tc.cut)
+		assert.Equal(t, tc.reasoning, r, "%q cut %v", tc.text, tc.cut)
+		assert.Equal(t, tc.content, c, "%q cut %v", tc.text, tc.cut)
 	}
 }
 
@@ -35,8 +44,9 @@ func FuzzSplitReasoning(f *testing.F) {
 	f.Add(" <thin", 1)
 	f.Add("x<|tool_calls_section_begin|>y</think>", 5)
 	f.Fuzz(func(t *testing.T, text string, step int) {
+		cut := step%2 == 0
 		step = max(1, step%8+1)
-		r, c := splitReasoning(text)
+		r, c := splitReasoning(text, cut)
 		var s reasoningStream
 		var gr, gc strings.Builder
 		for i := 0; i < len(text); i += step {
@@ -44,7 +54,7 @@ func FuzzSplitReasoning(f *testing.F) {
 			gr.WriteString(a)
 			gc.WriteString(b)
 		}
-		a, b := s.end()
+		a, b := s.end(cut)
 		gr.WriteString(a)
 		gc.WriteString(b)
 		if gr.String() != r || gc.String() != c {
@@ -95,6 +105,26 @@ func TestReasoningAnswers(t *testing.T) {
 	assert.Equal(t, "I should call it.", reasoning.String())
 	assert.Equal(t, "Sure. ", content.String())
 	assert.Equal(t, 1, calls)
+
+	// Cut by max_tokens inside </think>: no part of the marker, whole or
+	// streamed.
+	cut := []string{"<think>I should", " call </th"}
+	require.NoError(t, json.Unmarshal(runJob(t, s, job(false), k3.FinishLength, cut...), &whole))
+	msg = whole["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)
+	assert.Equal(t, "I should call ", msg["reasoning_content"])
+	assert.Equal(t, "", msg["content"])
+	events, _ = sse(t, strings.NewReader(string(runJob(t, s, job(true), k3.FinishLength, cut...))))
+	reasoning.Reset()
+	for _, ev := range events {
+		d := ev["choices"].([]any)[0].(map[string]any)["delta"].(map[string]any)
+		if v, ok := d["reasoning_content"].(string); ok {
+			reasoning.WriteString(v)
+		}
+		if v, ok := d["content"].(string); ok {
+			assert.Empty(t, v)
+		}
+	}
+	assert.Equal(t, "I should call ", reasoning.String())
 }
 
 // TestReasoningRequest: with Config.Reasoning the tiny model's text (no

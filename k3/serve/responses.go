@@ -350,7 +350,7 @@ func renameParams(err error) error {
 func (a *answer) parts(c *choice) (reasoning, text string, calls []toolCall) {
 	text = string(c.text)
 	if a.j.reasoning {
-		reasoning, text = splitReasoning(text)
+		reasoning, text = splitReasoning(text, c.finish == "length")
 	}
 	if a.j.tools {
 		if content, cs, ok := parseToolCalls(text, c.finish == "length"); ok {
