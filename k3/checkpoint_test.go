@@ -224,3 +224,13 @@ func TestVisionTowerLeftUnread(t *testing.T) {
 	require.ErrorIs(t, err, ErrCheckpoint)
 	assert.ErrorContains(t, err, "unexpected tensors mm_projector.proj.0.weight, vision_tower.encoder.blocks.0.wqkv.weight")
 }
+
+// TestLoadNamesAFile: a checkpoint named by one of its files is an error
+// saying so, not a missing config.json under it.
+func TestLoadNamesAFile(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "config.json")
+	require.NoError(t, os.WriteFile(file, []byte("{}"), 0o644))
+	_, err := Load(context.Background(), file)
+	require.ErrorIs(t, err, ErrCheckpoint)
+	assert.ErrorContains(t, err, file+" is a file; want the checkpoint's directory")
+}

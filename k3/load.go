@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"iter"
 	"maps"
+	"os"
 	"path"
 	"runtime"
 	"sort"
@@ -221,6 +222,9 @@ type layer struct {
 // dtype are mapped, not copied. Every expected tensor must be present with
 // its shape, and no unexpected tensor may be left over.
 func Load(ctx context.Context, dir string, opts ...Option) (*Model, error) {
+	if fi, err := os.Stat(dir); err == nil && !fi.IsDir() {
+		return nil, fmt.Errorf("%w: %s is a file; want the checkpoint's directory (config.json and the weights)", ErrCheckpoint, dir)
+	}
 	cfg, err := config.Load(dir)
 	if err != nil {
 		return nil, fmt.Errorf("k3: %w", err)

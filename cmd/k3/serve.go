@@ -52,6 +52,22 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(stderr, "k3 serve: unexpected argument %q\n", fs.Arg(0))
 		return errUsage
 	}
+	for _, f := range []struct {
+		name string
+		bad  bool
+		want string
+	}{
+		{"sequences", *seqs < 1, "1 or more"},
+		{"queue", *queue < 0, "0 (4 x -sequences) or more"},
+		{"max-tokens", *maxTokens < 1, "1 or more"},
+		{"max-body-kb", *maxBody < 1, "1 or more"},
+		{"drain", *drain < 0, "0 or more"},
+		{"session-idle", *sessionIdle <= 0, "a positive duration"},
+	} {
+		if f.bad {
+			return fmt.Errorf("-%s %s: want %s", f.name, fs.Lookup(f.name).Value, f.want)
+		}
+	}
 	if *memory <= 0 || *prefix < 0 || *prefix >= *memory {
 		return fmt.Errorf("-memory-mb %d and -prefix-cache-mb %d: want 0 <= prefix < memory", *memory, *prefix)
 	}

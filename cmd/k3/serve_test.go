@@ -111,6 +111,12 @@ func TestServeFlags(t *testing.T) {
 	code, _, errOut = runCLI("serve", "-addr", "127.0.0.1:0", "-kv-events", "ipc:///tmp/kv")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errOut, `"ipc:///tmp/kv"`)
+	for _, bad := range [][]string{{"-sequences", "0"}, {"-sequences", "-3"}, {"-queue", "-1"}, {"-max-tokens", "0"},
+		{"-max-body-kb", "0"}, {"-drain", "-1s"}, {"-session-idle", "0s"}} {
+		code, _, errOut = runCLI("serve", "-addr", "127.0.0.1:0", bad[0], bad[1])
+		assert.Equal(t, 1, code, "%v", bad)
+		assert.Contains(t, errOut, bad[0]+" "+bad[1]+": want", "%v", bad)
+	}
 	code, out, _ := runCLI("serve", "-h")
 	assert.Equal(t, 0, code)
 	assert.Contains(t, out, "-api-key")
