@@ -47,6 +47,7 @@ func FuzzRequests(f *testing.F) {
 		`{"input":[{"type":"reasoning"}]}`, `{"input":7}`,
 		`{"previous_response_id":"resp_fuzz","input":[{"type":"function_call_output","call_id":"functions.f:0","output":"1"}],"tools":[{"type":"function","name":"f"}]}`,
 		`{"previous_response_id":"resp_fuzz","input":"more","store":false,"stream":true}`, `{"previous_response_id":"","input":"x"}`,
+		`{"input":[{"type":"function_call","call_id":"c1","name":"f","namespace":"ns","arguments":"{}"}],"tools":[{"type":"web_search"},{"type":"namespace","name":"ns","tools":[{"type":"function","name":"f"},{"type":"custom","name":"p"}]}],"tool_choice":"required","max_output_tokens":3}`,
 	} {
 		f.Add("/v1/responses", seed)
 	}

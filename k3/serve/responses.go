@@ -55,6 +55,7 @@ type responseItem struct {
 	Content   json.RawMessage `json:"content"`
 	CallID    string          `json:"call_id"`
 	Name      string          `json:"name"`
+	Namespace string          `json:"namespace"`
 	Arguments *string         `json:"arguments"`
 	Output    json.RawMessage `json:"output"`
 }
@@ -70,10 +71,19 @@ type responseEcho struct {
 	tools        any
 	format       any
 	topLogprobs  int
-	prev         any           // previous_response_id, or nil
-	store        bool          // the response is to be kept
-	history      []chatMessage // what it continues: the stored conversation and its input
+	prev         any                       // previous_response_id, or nil
+	store        bool                      // the response is to be kept
+	history      []chatMessage             // what it continues: the stored conversation and its input
+	namespaced   map[string]namespacedName // a namespace tool's functions by their flat names
 }
+
+// namespacedName is a function of a namespace tool: the model sees it as
+// NAMESPACE__NAME, a call names it back as name and namespace.
+type namespacedName struct{ namespace, name string }
+
+// flatToolName is the name the model sees for a namespace's function (as
+// vLLM and llama.cpp flatten them).
+func flatToolName(namespace, name string) string { return namespace + "__" + name }
 
 func (s *Server) responsesJob(req *responsesRequest) (*job, error) {
 	switch {
@@ -108,7 +118,9 @@ func (s *Server) responsesJob(req *responsesRequest) (*job, error) {
 		return nil, err
 	}
 	chat.Messages = append(append(chat.Messages, history...), msgs...)
-	if chat.Tools, err = chatTools(req.Tools); err != nil {
+	var namespaced map[string]namespacedName
+	var toolParams []string
+	if chat.Tools, namespaced, toolParams, err = chatTools(req.Tools); err != nil {
 		return nil, err
 	}
 	if chat.ToolChoice, err = chatToolChoice(req.ToolChoice); err != nil {
@@ -116,7 +128,7 @@ func (s *Server) responsesJob(req *responsesRequest) (*job, error) {
 	}
 	echo := &responseEcho{parallel: req.ParallelToolCalls == nil || *req.ParallelToolCalls,
 		temperature: 1, topP: 1, toolChoice: "auto", tools: []any{}, format: map[string]any{"type": "text"},
-		store: (req.Store == nil || *req.Store) && s.kept.enabled(), history: slices.Concat(history, msgs)}
+		store: (req.Store == nil || *req.Store) && s.kept.enabled(), history: slices.Concat(history, msgs), namespaced: namespaced}
 	if req.PreviousResponseID != nil {
 		echo.prev = *req.PreviousResponseID
 	}
@@ -155,7 +167,7 @@ func (s *Server) responsesJob(req *responsesRequest) (*job, error) {
 	}
 	j, err := s.chatJob(&chat)
 	if err != nil {
-		return nil, renameParams(err)
+		return nil, renameParams(err, toolParams)
 	}
 	if j.logprobs && (j.tools || j.reasoning) {
 		// The message's tokens are then not all of the answer's.
@@ -213,9 +225,13 @@ func responseMessages(raw json.RawMessage, history []chatMessage) (msgs []chatMe
 			if it.CallID == "" || it.Name == "" || it.Arguments == nil {
 				return nil, badParam(param, "%s: a function_call needs call_id, name and arguments", param)
 			}
+			name := it.Name
+			if it.Namespace != "" {
+				name = flatToolName(it.Namespace, it.Name)
+			}
 			var call toolCall
-			call.ID, call.Type, call.Function.Name, call.Function.Arguments = it.CallID, "function", it.Name, *it.Arguments
-			names[it.CallID] = it.Name
+			call.ID, call.Type, call.Function.Name, call.Function.Arguments = it.CallID, "function", name, *it.Arguments
+			names[it.CallID] = name
 			// Calls that follow an assistant message (or each other) are
 			// that message's.
 			if n := len(msgs); n > 0 && msgs[n-1].Role == "assistant" {
@@ -254,35 +270,90 @@ func responseText(raw json.RawMessage, param string) (string, error) {
 	return partsText(raw, param, "input_text", "output_text")
 }
 
-// chatTools rewrites the Responses API's flat function tools in the chat
-// form ({"type": "function", "function": {...}}).
-func chatTools(raw json.RawMessage) (json.RawMessage, error) {
+// chatTools rewrites the Responses API's function tools in the chat form
+// ({"type": "function", "function": {...}}). A namespace tool's functions
+// become functions named NAMESPACE__NAME (namespaced maps them back for
+// the calls). Tools k3 cannot offer the model, hosted ones (web_search,
+// file_search, mcp, ...) and custom ones, are left out: clients such as
+// Codex send them with every request.
+func chatTools(raw json.RawMessage) (json.RawMessage, map[string]namespacedName, []string, error) {
 	if len(raw) == 0 || string(raw) == "null" {
-		return nil, nil
+		return nil, nil, nil, nil
 	}
 	var tools []map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &tools); err != nil {
-		return nil, badParam("tools", "tools is not a list of tool objects")
+		return nil, nil, nil, badParam("tools", "tools is not a list of tool objects")
 	}
-	if len(tools) == 0 {
-		return nil, nil
-	}
-	out := make([]map[string]any, len(tools))
-	for i, t := range tools {
-		var typ string
-		_ = json.Unmarshal(t["type"], &typ)
-		if typ != "function" {
-			return nil, badParam(fmt.Sprintf("tools[%d].type", i), "tools[%d].type = %q: k3 serves function tools only", i, typ)
+	var out []map[string]any
+	var params []string // each function's place in tools
+	var namespaced map[string]namespacedName
+	seen := map[string]string{} // a function's name (flat) -> where it was declared
+	add := func(t map[string]json.RawMessage, name, param string) error {
+		if prev, ok := seen[name]; ok {
+			return badParam(param+".name", "%s.name: a second function named %q (the first is %s)", param, name, prev)
 		}
+		seen[name] = param
 		fn := map[string]json.RawMessage{}
 		for k, v := range t {
 			if k != "type" {
 				fn[k] = v
 			}
 		}
-		out[i] = map[string]any{"type": "function", "function": fn}
+		fn["name"], _ = json.Marshal(name)
+		out = append(out, map[string]any{"type": "function", "function": fn})
+		params = append(params, param)
+		return nil
 	}
-	return json.Marshal(out)
+	for i, t := range tools {
+		param := fmt.Sprintf("tools[%d]", i)
+		var typ, name string
+		_ = json.Unmarshal(t["type"], &typ)
+		_ = json.Unmarshal(t["name"], &name)
+		switch typ {
+		case "function":
+			if name == "" {
+				return nil, nil, nil, badParam(param+".name", "%s.name is missing", param)
+			}
+			if err := add(t, name, param); err != nil {
+				return nil, nil, nil, err
+			}
+		case "namespace":
+			if name == "" {
+				return nil, nil, nil, badParam(param+".name", "%s.name is missing", param)
+			}
+			var inner []map[string]json.RawMessage
+			if err := json.Unmarshal(t["tools"], &inner); err != nil {
+				return nil, nil, nil, badParam(param+".tools", "%s.tools is not a list of tool objects", param)
+			}
+			for j, f := range inner {
+				fparam := fmt.Sprintf("%s.tools[%d]", param, j)
+				var ftyp, fname string
+				_ = json.Unmarshal(f["type"], &ftyp)
+				_ = json.Unmarshal(f["name"], &fname)
+				if ftyp != "function" {
+					continue // a custom tool: left out, as at the top level
+				}
+				if fname == "" {
+					return nil, nil, nil, badParam(fparam+".name", "%s.name is missing", fparam)
+				}
+				flat := flatToolName(name, fname)
+				if err := add(f, flat, fparam); err != nil {
+					return nil, nil, nil, err
+				}
+				if namespaced == nil {
+					namespaced = map[string]namespacedName{}
+				}
+				namespaced[flat] = namespacedName{namespace: name, name: fname}
+			}
+		case "":
+			return nil, nil, nil, badParam(param+".type", "%s.type is missing", param)
+		}
+	}
+	if len(out) == 0 {
+		return nil, nil, nil, nil
+	}
+	b, err := json.Marshal(out)
+	return b, namespaced, params, err
 }
 
 // chatToolChoice rewrites a named function choice in the chat form.
@@ -326,13 +397,17 @@ func chatFormat(raw json.RawMessage) (*responseFormat, error) {
 }
 
 // renameParams names the Responses request's fields in an error about
-// the chat request it became.
-func renameParams(err error) error {
+// the chat request it became; toolParams gives each chat tool's place in
+// the request's tools.
+func renameParams(err error, toolParams []string) error {
 	var ae *apiError
 	if !errors.As(err, &ae) {
 		return err
 	}
 	rename := func(s string) string {
+		for i := len(toolParams) - 1; i >= 0; i-- { // tools[12] before tools[1]
+			s = strings.ReplaceAll(s, fmt.Sprintf("tools[%d].function.", i), toolParams[i]+".")
+		}
 		for _, r := range [][2]string{{".function.", "."}, {"response_format.json_schema.schema", "text.format.schema"},
 			{"response_format", "text.format"}, {"max_completion_tokens", "max_output_tokens"}, {"max_tokens", "max_output_tokens"},
 		} {
@@ -391,7 +466,7 @@ func (a *answer) responseOutput(c *choice, id string) (items []map[string]any, i
 		items = append(items, messageItem(id, text, status, c.lps))
 	}
 	for k, call := range calls {
-		items = append(items, callItem(id, k, call, call.Function.Arguments, callStatus(call)))
+		items = append(items, a.j.resp.callItem(id, k, call, call.Function.Arguments, callStatus(call)))
 	}
 	return items, incomplete
 }
@@ -431,9 +506,15 @@ func callStatus(call toolCall) string {
 	return "completed"
 }
 
-func callItem(id string, k int, call toolCall, args, status string) map[string]any {
-	return map[string]any{"type": "function_call", "id": fmt.Sprintf("fc_%s_%d", id, k), "call_id": call.ID,
+// callItem is a call's function_call item; a namespace's function is
+// named back as its name and namespace.
+func (e *responseEcho) callItem(id string, k int, call toolCall, args, status string) map[string]any {
+	item := map[string]any{"type": "function_call", "id": fmt.Sprintf("fc_%s_%d", id, k), "call_id": call.ID,
 		"name": call.Function.Name, "arguments": args, "status": status}
+	if n, ok := e.namespaced[call.Function.Name]; ok {
+		item["name"], item["namespace"] = n.name, n.namespace
+	}
+	return item
 }
 
 // responseObject is the response: status, output and usage so far.
@@ -682,13 +763,13 @@ func (rs *respStream) finish(calls []toolCall, incomplete bool) bool {
 	}
 	for k, call := range calls {
 		idx := len(rs.output)
-		item := callItem(rs.id, k, call, "", "in_progress")
+		item := rs.a.j.resp.callItem(rs.id, k, call, "", "in_progress")
 		if !rs.send("response.output_item.added", map[string]any{"output_index": idx, "item": item}) ||
 			!rs.send("response.function_call_arguments.delta", map[string]any{"item_id": item["id"], "output_index": idx, "delta": call.Function.Arguments}) ||
 			!rs.send("response.function_call_arguments.done", map[string]any{"item_id": item["id"], "output_index": idx, "arguments": call.Function.Arguments}) {
 			return false
 		}
-		done := callItem(rs.id, k, call, call.Function.Arguments, callStatus(call))
+		done := rs.a.j.resp.callItem(rs.id, k, call, call.Function.Arguments, callStatus(call))
 		rs.output = append(rs.output, done)
 		if !rs.send("response.output_item.done", map[string]any{"output_index": idx, "item": done}) {
 			return false

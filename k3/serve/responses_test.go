@@ -297,7 +297,10 @@ func TestResponsesErrors(t *testing.T) {
 		{`{"input":[{"type":"file_search_call"}]}`, "input[0].type"},
 		{`{"input":[{"type":"function_call","name":"f"}]}`, "input[0]"},
 		{`{"input":[{"type":"function_call_output","output":"x"}]}`, "input[0].call_id"},
-		{`{"input":"x","tools":[{"type":"web_search"}]}`, "tools[0].type"},
+		{`{"input":"x","tools":[{}]}`, "tools[0].type"},
+		{`{"input":"x","tools":[{"type":"namespace","name":"ns","tools":[{"type":"function","name":"a b"}]}]}`, "tools[0].tools[0].name"},
+		{`{"input":"x","tools":[{"type":"function","name":"ns__f"},{"type":"namespace","name":"ns","tools":[{"type":"function","name":"f"}]}]}`, "tools[1].tools[0].name"},
+		{`{"input":"x","tools":[{"type":"web_search"},{"type":"namespace","name":"ns","tools":[{"type":"function","name":"f"},{"type":"function","name":"g","strict":true,"parameters":{"type":"object","not":{}}}]}]}`, "tools[1].tools[1].parameters"},
 		{`{"input":"x","tools":[{"type":"function","name":"a b"}]}`, "tools[0].name"},
 		{`{"input":"x","tool_choice":{"type":"file_search"}}`, "tool_choice"},
 		{`{"input":"x","text":{"format":{"type":"yaml"}}}`, "text.format.type"},
@@ -517,4 +520,58 @@ func TestResponseStoreBudget(t *testing.T) {
 	code, got = post(t, hs.URL+"/v1/responses", map[string]any{"model": "tiny", "input": "x", "previous_response_id": r["id"]})
 	assert.Equal(t, 400, code)
 	assert.Equal(t, "previous_response_id", got["error"].(map[string]any)["param"])
+}
+
+// TestResponsesNamespaceTools: a namespace tool's functions reach the
+// model as NAMESPACE__NAME and come back as name and namespace, whole and
+// streamed; hosted and custom tools (which Codex sends with every request)
+// are left out; a function_call item of the history keeps its namespace.
+func TestResponsesNamespaceTools(t *testing.T) {
+	_, hs, _ := newTestServer(t, Config{Name: "tiny"})
+	tools := []any{
+		map[string]any{"type": "web_search", "external_web_access": false},
+		map[string]any{"type": "custom", "name": "apply_patch", "format": map[string]any{"type": "text"}},
+		map[string]any{"type": "namespace", "name": "agents", "description": "sub-agents", "tools": []any{
+			map[string]any{"type": "function", "name": "close_agent", "strict": true, "parameters": map[string]any{"type": "object",
+				"properties": map[string]any{"id": map[string]any{"type": "string"}}, "required": []any{"id"}, "additionalProperties": false}},
+			map[string]any{"type": "custom", "name": "freeform"},
+		}},
+	}
+	body := map[string]any{"model": "tiny", "max_output_tokens": 400, "temperature": 0, "input": "Close the agent.", "tools": tools, "tool_choice": "required"}
+	code, resp := post(t, hs.URL+"/v1/responses", body)
+	require.Equal(t, 200, code, "%v", resp)
+	var call map[string]any
+	for _, it := range resp["output"].([]any) {
+		if it.(map[string]any)["type"] == "function_call" {
+			call = it.(map[string]any)
+		}
+	}
+	require.NotNil(t, call, "%v", resp["output"])
+	assert.Equal(t, "close_agent", call["name"])
+	assert.Equal(t, "agents", call["namespace"])
+	assert.Len(t, resp["tools"], 3, "the tools as sent")
+
+	body["stream"] = true
+	r := postStream(t, context.Background(), hs.URL+"/v1/responses", body)
+	defer r.Body.Close()
+	_, final := accumulate(t, respEvents(t, r.Body))
+	var streamed map[string]any
+	for _, it := range final["output"].([]any) {
+		if it.(map[string]any)["type"] == "function_call" {
+			streamed = it.(map[string]any)
+		}
+	}
+	require.NotNil(t, streamed)
+	assert.Equal(t, call["name"], streamed["name"])
+	assert.Equal(t, call["namespace"], streamed["namespace"])
+	assert.Equal(t, call["arguments"], streamed["arguments"])
+
+	// The call and its output sent back: accepted, and answered.
+	body = map[string]any{"model": "tiny", "max_output_tokens": 4, "temperature": 0, "tools": tools, "input": []any{
+		map[string]any{"role": "user", "content": "Close the agent."},
+		map[string]any{"type": "function_call", "call_id": call["call_id"], "name": "close_agent", "namespace": "agents", "arguments": call["arguments"]},
+		map[string]any{"type": "function_call_output", "call_id": call["call_id"], "output": "closed"},
+	}}
+	code, resp = post(t, hs.URL+"/v1/responses", body)
+	require.Equal(t, 200, code, "%v", resp)
 }
