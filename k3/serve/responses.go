@@ -417,6 +417,9 @@ func renameParams(err error, toolParams []string) error {
 	}
 	out := *ae
 	out.param, out.msg = rename(ae.param), rename(ae.msg)
+	if out.param == "messages" { // the whole prompt (its length), not one message
+		out.param = "input"
+	}
 	return &out
 }
 
