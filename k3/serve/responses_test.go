@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -520,6 +521,21 @@ func TestResponseStoreBudget(t *testing.T) {
 	code, got = post(t, hs.URL+"/v1/responses", map[string]any{"model": "tiny", "input": "x", "previous_response_id": r["id"]})
 	assert.Equal(t, 400, code)
 	assert.Equal(t, "previous_response_id", got["error"].(map[string]any)["param"])
+}
+
+// TestResponsesLongInput: a prompt longer than the context is an error
+// naming input (the chat request it becomes names its messages).
+func TestResponsesLongInput(t *testing.T) {
+	_, hs, m := newTestServer(t, Config{Name: "tiny"})
+	var sb strings.Builder
+	for i := 0; len(m.Encode(sb.String())) <= m.ContextLength(); i += 1000 {
+		for j := range 1000 {
+			fmt.Fprintf(&sb, "w%d ", i+j)
+		}
+	}
+	code, out := post(t, hs.URL+"/v1/responses", map[string]any{"input": sb.String(), "max_output_tokens": 4})
+	require.Equal(t, 400, code, "%v", out)
+	assert.Equal(t, "input", out["error"].(map[string]any)["param"])
 }
 
 // TestResponsesNamespaceTools: a namespace tool's functions reach the
