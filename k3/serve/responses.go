@@ -405,8 +405,8 @@ func renameParams(err error, toolParams []string) error {
 		return err
 	}
 	rename := func(s string) string {
-		for i := len(toolParams) - 1; i >= 0; i-- { // tools[12] before tools[1]
-			s = strings.ReplaceAll(s, fmt.Sprintf("tools[%d].function.", i), toolParams[i]+".")
+		for i, p := range toolParams {
+			s = strings.ReplaceAll(s, fmt.Sprintf("tools[%d].function.", i), p+".")
 		}
 		for _, r := range [][2]string{{".function.", "."}, {"response_format.json_schema.schema", "text.format.schema"},
 			{"response_format", "text.format"}, {"max_completion_tokens", "max_output_tokens"}, {"max_tokens", "max_output_tokens"},
