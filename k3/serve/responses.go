@@ -126,6 +126,10 @@ func (s *Server) responsesJob(req *responsesRequest) (*job, error) {
 	if chat.ToolChoice, err = chatToolChoice(req.ToolChoice); err != nil {
 		return nil, err
 	}
+	var sent []json.RawMessage
+	if _ = json.Unmarshal(req.Tools, &sent); chat.Tools == nil && len(sent) > 0 && strings.TrimSpace(string(chat.ToolChoice)) == `"required"` {
+		return nil, badParam("tool_choice", `tool_choice = "required" needs function tools; hosted and custom tools are not offered to the model`)
+	}
 	echo := &responseEcho{parallel: req.ParallelToolCalls == nil || *req.ParallelToolCalls,
 		temperature: 1, topP: 1, toolChoice: "auto", tools: []any{}, format: map[string]any{"type": "text"},
 		store: (req.Store == nil || *req.Store) && s.kept.enabled(), history: slices.Concat(history, msgs), namespaced: namespaced}

@@ -299,6 +299,7 @@ func TestResponsesErrors(t *testing.T) {
 		{`{"input":[{"type":"function_call","name":"f"}]}`, "input[0]"},
 		{`{"input":[{"type":"function_call_output","output":"x"}]}`, "input[0].call_id"},
 		{`{"input":"x","tools":[{}]}`, "tools[0].type"},
+		{`{"input":"x","tools":[{"type":"web_search"}],"tool_choice":"required"}`, "tool_choice"},
 		{`{"input":"x","tools":[{"type":"namespace","name":"ns","tools":[{"type":"function","name":"a b"}]}]}`, "tools[0].tools[0].name"},
 		{`{"input":"x","tools":[{"type":"function","name":"ns__f"},{"type":"namespace","name":"ns","tools":[{"type":"function","name":"f"}]}]}`, "tools[1].tools[0].name"},
 		{`{"input":"x","tools":[{"type":"web_search"},{"type":"namespace","name":"ns","tools":[{"type":"function","name":"f"},{"type":"function","name":"g","strict":true,"parameters":{"type":"object","not":{}}}]}]}`, "tools[1].tools[1].parameters"},
