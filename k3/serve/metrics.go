@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // metrics are the server's counters and histograms; gauges are read from
@@ -173,6 +174,12 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	// budget of its own and KDA snapshots besides pages.
 	p.gauge("vllm:cache_config_info", "The prefix cache's layout: block_size is the attention page in tokens, num_gpu_blocks the pages' worth of tokens the prefix cache holds at most.", 1,
 		"block_size", strconv.Itoa(mem.PageTokens), "num_gpu_blocks", strconv.FormatInt(mem.PrefixPages, 10))
+	// The endpoint picker's default mapping reads this too, and logs its
+	// absence: k3 serves no LoRA adapters, so none can be loaded (max_lora
+	// 0), which its LoRA scorer reads as it reads a server without the
+	// series. The value is the time of the reading, as vLLM's.
+	p.gauge("vllm:lora_requests_info", "LoRA adapters: k3 serves none.", float64(time.Now().Unix()),
+		"max_lora", "0", "running_lora_adapters", "", "waiting_lora_adapters", "")
 	p.gauge("k3:memory_used_bytes", "Bytes of sequence state held.", float64(mem.Used))
 	p.gauge("k3:memory_budget_bytes", "The sequence-state budget in bytes (0: none).", float64(mem.Budget))
 	p.counter("vllm:prompt_tokens_total", "Prompt tokens of finished requests.", float64(s.met.prompt.Load()))

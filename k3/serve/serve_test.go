@@ -547,6 +547,8 @@ func TestMetrics(t *testing.T) {
 	assert.Equal(t, 1.0, before[info], "no %s in %v", info, before)
 	assert.Positive(t, mem.PageTokens)
 	assert.Positive(t, mem.PrefixPages)
+	lora := `vllm:lora_requests_info{max_lora="0",running_lora_adapters="",waiting_lora_adapters=""}`
+	assert.InDelta(t, float64(time.Now().Unix()), before[lora], 60, "no %s in %v", lora, before)
 	assert.Less(t, mem.PrefixPages, int64(testPrefix)/mem.PageBytes, "a snapshot's share counts beside each page")
 
 	prompt := strings.Repeat("func main() {}\n", 8) // blocks the prefix cache keeps
