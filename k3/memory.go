@@ -99,14 +99,14 @@ func (m *Model) MemoryUsage() MemoryUsage {
 	return u
 }
 
-// snapshotBytes is the memory of one KDA snapshot: every KDA layer's
-// state and conv window (Session.KDAStateBytes of any session).
+// snapshotBytes is the memory of one sequence's KDA states and conv
+// windows, every layer's: a snapshot's size (Session.KDAStateBytes of any
+// session).
 func (m *Model) snapshotBytes() int64 {
 	var n int64
 	for _, ly := range m.layers {
 		if ly.kind == config.KDA {
-			c := ly.kdaCfg
-			n += 4 * int64(c.NumHeads*c.HeadDim*(c.HeadDim+3*(c.ConvKernel-1)))
+			n += ly.kdaCfg.StateBytes()
 		}
 	}
 	return n

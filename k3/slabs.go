@@ -129,13 +129,7 @@ func (p *slabs) free() (*slab, int) {
 // alloc makes an empty slab, its bytes taken from the budget.
 func (p *slabs) alloc() (*slab, error) {
 	m := p.m
-	sl := &slab{pools: make([]*kda.State, len(m.layers))}
-	for _, ly := range m.layers {
-		if ly.kind == config.KDA {
-			c := ly.kdaCfg
-			sl.bytes += 4 * slabSize * int64((c.ConvKernel-1)*3*c.NumHeads*c.HeadDim+c.NumHeads*c.HeadDim*c.HeadDim)
-		}
-	}
+	sl := &slab{pools: make([]*kda.State, len(m.layers)), bytes: slabSize * m.snapshotBytes()}
 	if err := m.mem.take(sl.bytes, "a slab of KDA states"); err != nil {
 		return nil, err
 	}
