@@ -42,8 +42,10 @@ type MemoryUsage struct {
 	// of slabs of 32, each counted in Used whole); empty slabs are given
 	// back when sessions need the memory.
 	FreeSlots int64
-	// FreeStates is the bytes of closed sessions' KDA states kept for new
-	// sessions on a backend without slabs (at most four sessions' worth).
+	// FreeStates is the bytes of KDA states kept for reuse: closed
+	// sessions' states for new sessions on a backend without slabs, and
+	// the buffers of snapshots the prefix cache let go for new snapshots
+	// (at most four of each).
 	FreeStates int64
 	// PageTokens is the attention caches' page size in tokens, PageBytes
 	// the memory of one page in every attention layer: what a sequence's
@@ -77,6 +79,9 @@ func (m *Model) MemoryUsage() MemoryUsage {
 		u.FreeSlots = m.slabs.spare()
 	}
 	u.FreeStates = m.free.spare()
+	if m.prefix != nil {
+		u.FreeStates += m.prefix.spareBytes()
+	}
 	for _, ly := range m.layers {
 		if ly.pages != nil {
 			_, free := ly.pages.Pages()
@@ -172,8 +177,9 @@ func (l *ledger) add(n int64) {
 }
 
 // spare frees reclaimable memory for sessions that need n bytes: the
-// pools' free pages and the empty slabs first, then the prefix cache's
-// blocks, least recently used first, with the pages they leave free.
+// kept KDA states and snapshot buffers, the pools' free pages and the
+// empty slabs first, then the prefix cache's blocks, least recently used
+// first, with the pages they leave free.
 func (m *Model) spare(n int64) {
 	used := func() int64 {
 		m.mem.mu.Lock()
@@ -182,6 +188,9 @@ func (m *Model) spare(n int64) {
 	}
 	target := used() - n
 	m.free.trim(m, n)
+	if m.prefix != nil {
+		m.prefix.trimSpares()
+	}
 	for {
 		for _, ly := range m.layers {
 			if ly.pages != nil {

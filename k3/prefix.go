@@ -71,6 +71,11 @@ type prefixCache struct {
 	clock  uint64
 	stats  PrefixStats
 
+	// spare holds buffers of snapshots the cache let go, counted in the
+	// ledger, for new snapshots: a copy into memory already touched
+	// skips the first touch's page faults (ARCHITECTURE).
+	spare [][][]float32
+
 	watchers  map[int]func([]KVEvent) // WatchPrefixCache's
 	nextWatch int
 	pending   []KVEvent // this operation's events, for the watchers
@@ -103,9 +108,69 @@ func (c *prefixCache) evictOne() bool {
 	if c.stats.Blocks == 0 {
 		return false
 	}
-	c.evictTo(c.stats.Bytes - 1)
+	c.evictTo(c.stats.Bytes-1, false)
 	c.flush()
 	return true
+}
+
+// maxSpareSnapshots is the most buffers of let-go snapshots the prefix
+// cache keeps for new ones.
+const maxSpareSnapshots = 4
+
+// drop lets go of a snapshot buffer (with c.mu held): it is kept for a
+// new snapshot when keep allows and the spare list and the budget have
+// room, else left to the garbage collector. counted says whether the
+// ledger counts it already (a cached snapshot's buffer); a kept buffer
+// is counted, a dropped one not.
+func (c *prefixCache) drop(snap [][]float32, counted, keep bool) {
+	n := floats(snap)
+	switch {
+	case keep && n > 0 && len(c.spare) < maxSpareSnapshots && (counted || c.mem.tryAdd(n)):
+		c.spare = append(c.spare, snap)
+	case counted:
+		c.mem.add(-n)
+	}
+}
+
+// takeSpare returns a kept snapshot buffer, no longer counted, or nil
+// (also without a cache).
+func (c *prefixCache) takeSpare() [][]float32 {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i := len(c.spare) - 1
+	if i < 0 {
+		return nil
+	}
+	snap := c.spare[i]
+	c.spare[i] = nil
+	c.spare = c.spare[:i]
+	c.mem.add(-floats(snap))
+	return snap
+}
+
+// spareBytes returns the memory of the kept snapshot buffers.
+func (c *prefixCache) spareBytes() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var n int64
+	for _, snap := range c.spare {
+		n += floats(snap)
+	}
+	return n
+}
+
+// trimSpares gives back every kept snapshot buffer.
+func (c *prefixCache) trimSpares() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, snap := range c.spare {
+		c.mem.add(-floats(snap))
+		c.spare[i] = nil
+	}
+	c.spare = c.spare[:0]
 }
 
 // blockKey hashes a block's tokens (FNV-1a); a match is confirmed
@@ -213,11 +278,17 @@ func (c *prefixCache) restore(s *Session, hit *prefixNode) error {
 
 // insert caches s's blocks up to upto (a multiple of PrefixBlock, at most
 // s.pos) and, when snap is not nil, the KDA snapshot at upto, taking snap
-// over. Then it evicts down to the budget.
+// over (or keeping its buffer as a spare). Then it evicts down to the
+// budget.
 func (c *prefixCache) insert(s *Session, upto int, snap [][]float32) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	defer c.flush()
+	defer func() {
+		if snap != nil {
+			c.drop(snap, false, true) // not taken
+		}
+	}()
 	c.clock++
 	n := &c.root
 	for p := PrefixBlock; p <= upto; p += PrefixBlock {
@@ -255,26 +326,27 @@ func (c *prefixCache) insert(s *Session, upto int, snap [][]float32) error {
 		n = next
 	}
 	if snap != nil && upto > 0 && n.snap == nil {
-		n.snap = snap
+		n.snap, snap = snap, nil
 		c.stats.Snapshots++
-		c.stats.Bytes += floats(snap)
-		c.mem.add(floats(snap))
+		c.stats.Bytes += floats(n.snap)
+		c.mem.add(floats(n.snap))
 		c.gainSnapshot(n)
 	}
 	// The cache fits its own budget, and yields to sessions when the
-	// model's is exceeded.
+	// model's is exceeded (keeping no spare buffers then).
 	limit := c.budget
-	if over := c.mem.over(); over > 0 {
+	over := c.mem.over()
+	if over > 0 {
 		limit = min(limit, c.stats.Bytes-over)
 	}
-	c.evictTo(limit)
+	c.evictTo(limit, over == 0)
 	return nil
 }
 
 // evictTo drops least recently used leaf blocks until the cache holds at
 // most limit bytes: a block's descendants need its attention rows, so
-// leaves go first.
-func (c *prefixCache) evictTo(limit int64) {
+// leaves go first. keep lets their snapshots' buffers become spares.
+func (c *prefixCache) evictTo(limit int64, keep bool) {
 	for c.stats.Bytes > limit {
 		var lru *prefixNode
 		var walk func(n *prefixNode)
@@ -301,7 +373,8 @@ func (c *prefixCache) evictTo(limit int64) {
 			c.loseSnapshot(lru)
 			c.stats.Snapshots--
 			c.stats.Bytes -= floats(lru.snap)
-			c.mem.add(-floats(lru.snap))
+			c.drop(lru.snap, true, keep)
+			lru.snap = nil
 		}
 	}
 }
@@ -348,7 +421,7 @@ func (s *Session) atPoint(pts []int) error {
 	if s.m.prefix == nil || s.uncached || !slices.Contains(pts, s.pos) {
 		return nil
 	}
-	snap, err := s.snapshotState(nil)
+	snap, err := s.snapshotState(s.m.prefix.takeSpare())
 	if err != nil {
 		return err
 	}
@@ -394,6 +467,7 @@ func (s *Session) trackTurn() error {
 		into = s.turn.data
 	} else {
 		s.turn = &snapshot{}
+		into = s.m.prefix.takeSpare()
 	}
 	data, err := s.snapshotState(into)
 	if err != nil {

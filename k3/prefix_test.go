@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"k3/config"
 )
 
 // genTokens runs a generation and returns its tokens.
@@ -211,6 +214,75 @@ func TestPrefixEviction(t *testing.T) {
 	assert.Equal(t, a.Hits+1, b.Hits, "the newest prompt hits, the oldest misses")
 	_, err = Load(ctx, tinyDir, WithPrefixCache(-1))
 	assert.ErrorContains(t, err, "prefix cache")
+}
+
+// TestPrefixSpareSnapshots: the buffers of snapshots the cache evicts
+// are kept (at most maxSpareSnapshots, counted in FreeStates) and a new
+// snapshot is copied into one; a hit on that snapshot gives the cold
+// run's tokens bitwise; the budget's eviction keeps none, and
+// Model.spare gives them back.
+func TestPrefixSpareSnapshots(t *testing.T) {
+	probe := load(t, WithPrefixCache(1<<30))
+	genTokens(t, probe, words(20, "a"), WithMaxTokens(1), WithoutDefaultStops())
+	one := probe.PrefixCacheStats().Bytes // one prompt's blocks and snapshot
+
+	m := load(t, WithPrefixCache(2*one))
+	c := m.prefix
+	opts := []GenerateOption{WithMaxTokens(4), WithoutDefaultStops(), WithLogprobs(1)}
+	for i := range 8 {
+		genTokens(t, m, words(20, fmt.Sprintf("s%d-", i)), opts...)
+	}
+	snapBytes := m.snapshotBytes()
+	require.NotEmpty(t, c.spare, "evicted snapshots' buffers are kept")
+	assert.LessOrEqual(t, len(c.spare), maxSpareSnapshots)
+	assert.Equal(t, int64(len(c.spare))*snapBytes, c.spareBytes())
+	u := m.MemoryUsage()
+	assert.Equal(t, m.free.spare()+c.spareBytes(), u.FreeStates, "the spares are reported with the kept states")
+	assert.Equal(t, u.PrefixCache+u.FreePages+u.FreeStates, u.Used, "and counted in the ledger")
+
+	l := slices.IndexFunc(m.layers, func(ly *layer) bool { return ly.kind == config.KDA })
+	require.GreaterOrEqual(t, l, 0)
+	spares := map[*float32]bool{}
+	for _, snap := range c.spare {
+		spares[&snap[l][0]] = true
+	}
+	prompt := words(20, "reused-")
+	want := genTokens(t, m, prompt, opts...)
+	reused := false
+	var walk func(n *prefixNode)
+	walk = func(n *prefixNode) {
+		for _, k := range n.kids {
+			if k.snap != nil && spares[&k.snap[l][0]] {
+				reused = true
+			}
+			walk(k)
+		}
+	}
+	c.mu.Lock()
+	walk(&c.root)
+	c.mu.Unlock()
+	assert.True(t, reused, "a new snapshot was copied into a kept buffer")
+	hits := m.PrefixCacheStats().Hits
+	got := genTokens(t, m, prompt, opts...)
+	require.Equal(t, hits+1, m.PrefixCacheStats().Hits, "the prompt hits its snapshot")
+	sameGeneration(t, want, got, true, "a hit on a snapshot in a reused buffer against the cold run")
+
+	before := m.MemoryUsage()
+	m.spare(1)
+	assert.Zero(t, len(c.spare), "Model.spare gives the spares back")
+	assert.Zero(t, c.spareBytes())
+	u = m.MemoryUsage()
+	assert.Equal(t, u.PrefixCache+u.FreePages+u.FreeStates, u.Used)
+	assert.Less(t, u.Used, before.Used)
+
+	// Eviction for the model's budget keeps none.
+	require.Positive(t, m.PrefixCacheStats().Snapshots)
+	for c.evictOne() {
+	}
+	assert.Zero(t, m.PrefixCacheStats().Snapshots)
+	assert.Zero(t, len(c.spare), "the budget's eviction keeps no spares")
+	u = m.MemoryUsage()
+	assert.Equal(t, u.FreePages+u.FreeStates, u.Used)
 }
 
 // TestBatcherPrefixHit: the batcher resumes prompts from the prefix cache
