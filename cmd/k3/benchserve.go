@@ -29,8 +29,9 @@ func benchServe(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	maxTokens := fs.Int("tokens", 32, "tokens generated per request")
 	timeout := fs.Duration("timeout", 5*time.Minute, "bound on each level")
 	model := fs.String("model", "", "checkpoint directory (default: the 100M K3.1 Pro-shaped preset, written to a temporary directory)")
+	prefixMB := fs.Int64("prefix-cache-mb", 1024, "the prefix cache's budget in MiB (0: none)")
 	out := fs.String("out", "", "path prefix of the table (.txt) and plot (.png) (default: a temporary directory)")
-	synopsis := "bench serve [-clients 1,8,32] [-requests 4] [-prompt 64] [-tokens 32] [-model DIR] [-out PATH]\n\nStreaming clients on loopback against k3 serve at each level, beside the same generations\nthrough a Batcher in process; a table and a PNG of latency against concurrency (a few minutes)."
+	synopsis := "bench serve [-clients 1,8,32] [-requests 4] [-prompt 64] [-tokens 32] [-prefix-cache-mb 1024] [-model DIR] [-out PATH]\n\nStreaming clients on loopback against k3 serve at each level, beside the same generations\nthrough a Batcher in process; a table and a PNG of latency against concurrency (a few minutes)."
 	if err := parseFlags(fs, synopsis, args, stdout, stderr); err != nil {
 		return err
 	}
@@ -44,6 +45,9 @@ func benchServe(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	if *perClient < 1 || *promptTokens < 1 || *maxTokens < 2 {
 		return fmt.Errorf("-requests %d, -prompt %d, -tokens %d: want >= 1, >= 1, >= 2", *perClient, *promptTokens, *maxTokens)
+	}
+	if *prefixMB < 0 || *prefixMB > 1<<20 {
+		return fmt.Errorf("-prefix-cache-mb %d: want 0..%d", *prefixMB, 1<<20)
 	}
 	if err := measurable(); err != nil {
 		return err
@@ -62,7 +66,7 @@ func benchServe(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		dir = tmp
 	}
-	m, err := k3.Load(ctx, dir, k3.WithMemoryBudget(16<<30), k3.WithPrefixCache(1<<30))
+	m, err := k3.Load(ctx, dir, k3.WithMemoryBudget(16<<30), k3.WithPrefixCache(*prefixMB<<20))
 	if err != nil {
 		return err
 	}
@@ -73,8 +77,8 @@ func benchServe(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	var table strings.Builder
-	fmt.Fprintf(&table, "k3 bench serve: %s, %d cores, %s; %s; streaming completions of %d prompt + %d generated tokens on loopback\n\n",
-		cpuModel(), runtime.NumCPU(), time.Now().Format("2006-01-02"), label, *promptTokens, *maxTokens)
+	fmt.Fprintf(&table, "k3 bench serve: %s, %d cores, %s; %s, a %d MiB prefix cache; streaming completions of %d prompt + %d generated tokens on loopback\n\n",
+		cpuModel(), runtime.NumCPU(), time.Now().Format("2006-01-02"), label, *prefixMB, *promptTokens, *maxTokens)
 	tw := tabwriter.NewWriter(&table, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "clients\trequests\terrors\treq/s\tout tok/s\tdirect tok/s\tserver/direct\tTTFT p50 ms\tTTFT p99 ms\tITL p50 ms\tITL p99 ms\tgoroutines left\t")
 	ms := func(d time.Duration) float64 { return d.Seconds() * 1e3 }

@@ -24,7 +24,7 @@ func TestHelp(t *testing.T) {
 	for _, args := range [][]string{
 		{"-h"}, {"--help"}, {"help"},
 		{"run", "-h"}, {"chat", "--help"}, {"new-tiny", "-help"}, {"conform", "-h"}, {"inspect", "-h"},
-		{"bench", "-h"}, {"bench", "dsa", "-h"}, {"bench", "kernels", "-h"}, {"bench", "model", "--help"}, {"bench", "spec", "-h"},
+		{"bench", "-h"}, {"bench", "dsa", "-h"}, {"bench", "kernels", "-h"}, {"bench", "model", "--help"}, {"bench", "spec", "-h"}, {"bench", "serve", "-h"},
 		{"run", "-max-tokens", "3", "-h"},
 	} {
 		code, out, errOut := runCLI(args...)
@@ -190,6 +190,8 @@ func TestBenchSpecFlags(t *testing.T) {
 		{[]string{"bench", "spec", "-tokens", "2"}, "-tokens"},
 		{[]string{"bench", "model", "-backend", "ascend"}, "-backend"},
 		{[]string{"bench", "model", "-presets", "7b"}, "-presets"},
+		{[]string{"bench", "serve", "-prefix-cache-mb", "-1"}, "-prefix-cache-mb"},
+		{[]string{"bench", "serve", "-clients", "0"}, "-clients"},
 	} {
 		code, _, errOut := runCLI(c.args...)
 		assert.NotEqual(t, 0, code, "%v", c.args)
