@@ -234,10 +234,15 @@ func (c *prefixCache) lookup(tokens []int32) (hit *prefixNode, matched int) {
 
 // restore puts the cached state of hit's path into s (an empty session):
 // its attention pages (shared; the partial last one copied), its KDA
-// snapshot, its tokens.
-func (c *prefixCache) restore(s *Session, hit *prefixNode) error {
+// snapshot, its tokens. It reports false, changing nothing, when hit was
+// evicted since lookup (the memory its session reserved in between may
+// have emptied the cache; its snapshot's buffer may serve another).
+func (c *prefixCache) restore(s *Session, hit *prefixNode) (bool, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if hit.snap == nil {
+		return false, nil
+	}
 	c.stats.Hits++
 	c.stats.ReusedTokens += int64(hit.pos)
 	var path []*prefixNode
@@ -259,11 +264,11 @@ func (c *prefixCache) restore(s *Session, hit *prefixNode) error {
 			}
 		}
 		if err := ca.Adopt(pages, hit.pos); err != nil {
-			return fmt.Errorf("k3: prefix cache: %w", err)
+			return false, fmt.Errorf("k3: prefix cache: %w", err)
 		}
 	}
 	if err := s.loadState(hit.pos, hit.snap); err != nil {
-		return err
+		return false, err
 	}
 	s.tokens = s.tokens[:0]
 	for _, m := range path {
@@ -273,7 +278,7 @@ func (c *prefixCache) restore(s *Session, hit *prefixNode) error {
 	if iv := s.m.snapInterval; iv > 0 {
 		s.nextSnap = (s.pos/iv + 1) * iv
 	}
-	return nil
+	return true, nil
 }
 
 // insert caches s's blocks up to upto (a multiple of PrefixBlock, at most
@@ -449,9 +454,13 @@ func (s *Session) resume(prompt []int32) (held, matched int, err error) {
 			s.charge()
 		}()
 	}
-	if err := s.m.prefix.restore(s, hit); err != nil {
+	ok, err := s.m.prefix.restore(s, hit)
+	if err != nil {
 		s.broken = err
 		return 0, 0, err
+	}
+	if !ok {
+		return 0, matched, nil // evicted meanwhile: prefilled instead
 	}
 	return hit.pos, matched, nil
 }

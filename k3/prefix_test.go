@@ -285,6 +285,47 @@ func TestPrefixSpareSnapshots(t *testing.T) {
 	assert.Equal(t, u.FreePages+u.FreeStates, u.Used)
 }
 
+// TestPrefixHitEvictedBeforeRestore: a hit the cache evicts between its
+// lookup and its restore (the memory its session reserves in between can
+// empty the cache) is a miss: the session prefills, with the cold run's
+// tokens.
+func TestPrefixHitEvictedBeforeRestore(t *testing.T) {
+	ctx := context.Background()
+	m := load(t, WithPrefixCache(64<<20))
+	c := m.prefix
+	prompt := make([]int32, 40)
+	for i := range prompt {
+		prompt[i] = int32(3 + i*7%50)
+	}
+	gen := func(s *Session) []Token {
+		var out []Token
+		for tok, err := range s.GenerateTokens(ctx, prompt, WithMaxTokens(3), WithoutDefaultStops(), WithLogprobs(1)) {
+			require.NoError(t, err)
+			out = append(out, tok)
+		}
+		return out
+	}
+	first, err := m.NewSession()
+	require.NoError(t, err)
+	want := gen(first)
+	require.NoError(t, first.Close())
+
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	defer s.Close()
+	hit, _ := c.lookup(prompt)
+	require.NotNil(t, hit, "the prompt is cached")
+	for c.evictOne() {
+	}
+	hits := m.PrefixCacheStats().Hits
+	ok, err := c.restore(s, hit)
+	require.NoError(t, err)
+	assert.False(t, ok, "an evicted hit is not restored")
+	assert.Zero(t, s.Len())
+	assert.Equal(t, hits, m.PrefixCacheStats().Hits)
+	sameGeneration(t, want, gen(s), true, "the session prefilled instead")
+}
+
 // TestBatcherPrefixHit: the batcher resumes prompts from the prefix cache
 // too, with the tokens Generate gets from the same hit.
 func TestBatcherPrefixHit(t *testing.T) {
