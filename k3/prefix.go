@@ -70,6 +70,12 @@ type prefixCache struct {
 	root   prefixNode
 	clock  uint64
 	stats  PrefixStats
+	// The recency list of every cached node, newest first. A lookup or
+	// an insert marks a whole path from the root, so no node was used
+	// longer ago than its descendants, and touch keeps a node ahead of
+	// its descendants: the oldest node is always a leaf, the block
+	// eviction drops, found without walking the tree.
+	newest, oldest *prefixNode
 
 	// spare holds buffers of snapshots the cache let go, counted in the
 	// ledger, for new snapshots: a copy into memory already touched
@@ -90,9 +96,11 @@ type prefixNode struct {
 	share  int64       // the block's share of its pages' bytes, counted as the cache's
 	snap   [][]float32 // per layer: the KDA state then conv window at pos; nil without a snapshot
 	used   uint64
-	model  *Model
-	hash   uint64 // chainHash: the block's name in KV events
-	snaps  int    // snapshots at this node and below it; announced while > 0
+	// newer and older link the cache's recency list (prefixCache.touch).
+	newer, older *prefixNode
+	model        *Model
+	hash         uint64 // chainHash: the block's name in KV events
+	snaps        int    // snapshots at this node and below it; announced while > 0
 }
 
 func newPrefixCache(budget int64, mem *ledger) *prefixCache {
@@ -225,11 +233,41 @@ func (c *prefixCache) lookup(tokens []int32) (hit *prefixNode, matched int) {
 	}
 	if hit != nil {
 		c.clock++
-		for m := hit; m != &c.root; m = m.parent {
-			m.used = c.clock
-		}
+		c.touch(hit)
 	}
 	return hit, matched
+}
+
+// touch marks n and its ancestors used now: each moves to the front of
+// the recency list, n first, so that every node stays ahead of its
+// descendants.
+func (c *prefixCache) touch(n *prefixNode) {
+	for m := n; m != &c.root; m = m.parent {
+		m.used = c.clock
+		c.unlink(m)
+		m.older = c.newest
+		if c.newest != nil {
+			c.newest.newer = m
+		} else {
+			c.oldest = m
+		}
+		c.newest = m
+	}
+}
+
+// unlink takes m off the recency list (nothing for a node not on it).
+func (c *prefixCache) unlink(m *prefixNode) {
+	if m.newer != nil {
+		m.newer.older = m.older
+	} else if c.newest == m {
+		c.newest = m.older
+	}
+	if m.older != nil {
+		m.older.newer = m.newer
+	} else if c.oldest == m {
+		c.oldest = m.newer
+	}
+	m.newer, m.older = nil, nil
 }
 
 // restore puts the cached state of hit's path into s (an empty session):
@@ -296,6 +334,9 @@ func (c *prefixCache) insert(s *Session, upto int, snap [][]float32) error {
 	}()
 	c.clock++
 	n := &c.root
+	var err error
+	stopped := false
+blocks:
 	for p := PrefixBlock; p <= upto; p += PrefixBlock {
 		toks := s.tokens[p-PrefixBlock : p]
 		next := n.child(toks)
@@ -307,7 +348,8 @@ func (c *prefixCache) insert(s *Session, upto int, snap [][]float32) error {
 			// cached (and neither is anything after it).
 			key := blockKey(toks)
 			if _, taken := n.kids[key]; taken {
-				return nil
+				stopped = true
+				break
 			}
 			next = &prefixNode{parent: n, pos: p, pages: make([]*dsa.Page, len(s.caches)), model: s.m, hash: chainHash(n.hash, toks)}
 			copy(next.toks[:], toks)
@@ -315,10 +357,11 @@ func (c *prefixCache) insert(s *Session, upto int, snap [][]float32) error {
 				if ca == nil {
 					continue
 				}
-				pg, err := ca.Hold(p - 1)
-				if err != nil {
+				var pg *dsa.Page
+				if pg, err = ca.Hold(p - 1); err != nil {
 					next.release()
-					return fmt.Errorf("k3: prefix cache: %w", err)
+					err = fmt.Errorf("k3: prefix cache: %w", err)
+					break blocks
 				}
 				next.pages[l] = pg
 				next.share += s.m.layers[l].pages.PageBytes() * PrefixBlock / dsa.PageSize
@@ -327,8 +370,11 @@ func (c *prefixCache) insert(s *Session, upto int, snap [][]float32) error {
 			c.stats.Blocks++
 			c.stats.Bytes += next.share
 		}
-		next.used = c.clock
 		n = next
+	}
+	c.touch(n)
+	if stopped || err != nil {
+		return err
 	}
 	if snap != nil && upto > 0 && n.snap == nil {
 		n.snap, snap = snap, nil
@@ -350,26 +396,15 @@ func (c *prefixCache) insert(s *Session, upto int, snap [][]float32) error {
 
 // evictTo drops least recently used leaf blocks until the cache holds at
 // most limit bytes: a block's descendants need its attention rows, so
-// leaves go first. keep lets their snapshots' buffers become spares.
+// leaves go first (the recency list's oldest node is one). keep lets
+// their snapshots' buffers become spares.
 func (c *prefixCache) evictTo(limit int64, keep bool) {
 	for c.stats.Bytes > limit {
-		var lru *prefixNode
-		var walk func(n *prefixNode)
-		walk = func(n *prefixNode) {
-			for _, k := range n.kids {
-				if len(k.kids) == 0 {
-					if lru == nil || k.used < lru.used {
-						lru = k
-					}
-				} else {
-					walk(k)
-				}
-			}
-		}
-		walk(&c.root)
+		lru := c.oldest
 		if lru == nil {
 			return
 		}
+		c.unlink(lru)
 		delete(lru.parent.kids, blockKey(lru.toks[:]))
 		lru.release()
 		c.stats.Blocks--

@@ -3,6 +3,7 @@ package k3
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -324,6 +325,78 @@ func TestPrefixHitEvictedBeforeRestore(t *testing.T) {
 	assert.Zero(t, s.Len())
 	assert.Equal(t, hits, m.PrefixCacheStats().Hits)
 	sameGeneration(t, want, gen(s), true, "the session prefilled instead")
+}
+
+// TestPrefixRecencyList: the recency list holds every cached block, and
+// its oldest is the least recently used leaf a walk of the tree finds,
+// after random prompts with shared heads, hits and evictions.
+func TestPrefixRecencyList(t *testing.T) {
+	ctx := context.Background()
+	m := load(t, WithPrefixCache(2<<20))
+	c := m.prefix
+	walkLRU := func() (lru *prefixNode, n int) {
+		var walk func(x *prefixNode)
+		walk = func(x *prefixNode) {
+			for _, k := range x.kids {
+				n++
+				if len(k.kids) == 0 && (lru == nil || k.used < lru.used) {
+					lru = k
+				}
+				walk(k)
+			}
+		}
+		walk(&c.root)
+		return lru, n
+	}
+	check := func(when string) {
+		t.Helper()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		lru, n := walkLRU()
+		listed := 0
+		for x := c.newest; x != nil; x = x.older {
+			listed++
+			require.LessOrEqual(t, listed, n, "%s: the list is longer than the tree", when)
+			if x.older != nil {
+				require.GreaterOrEqual(t, x.used, x.older.used, "%s: the list is in order of use", when)
+			}
+		}
+		require.Equal(t, n, listed, "%s: every cached block is listed", when)
+		require.Equal(t, c.stats.Blocks, n, when)
+		require.Same(t, lru, c.oldest, "%s: the oldest listed block is the least recently used leaf", when)
+	}
+	r := rand.New(rand.NewPCG(7, 11))
+	heads := make([][]int32, 4)
+	for i := range heads {
+		heads[i] = make([]int32, 16*(1+r.IntN(4)))
+		for j := range heads[i] {
+			heads[i][j] = int32(3 + r.IntN(60))
+		}
+	}
+	for i := range 60 {
+		prompt := slices.Clone(heads[r.IntN(len(heads))])
+		for range 1 + r.IntN(40) {
+			prompt = append(prompt, int32(3+r.IntN(60)))
+		}
+		s, err := m.NewSession()
+		require.NoError(t, err)
+		for _, err := range s.GenerateTokens(ctx, prompt, WithMaxTokens(1+r.IntN(20)), WithoutDefaultStops()) {
+			require.NoError(t, err)
+		}
+		require.NoError(t, s.Close())
+		check(fmt.Sprintf("after prompt %d", i))
+	}
+	st := m.PrefixCacheStats()
+	require.Positive(t, st.Hits, "some prompts hit")
+	require.Positive(t, st.Blocks)
+	for c.stats.Blocks > 0 {
+		c.mu.Lock()
+		c.evictTo(c.stats.Bytes-1, true)
+		c.mu.Unlock()
+		check(fmt.Sprintf("with %d blocks left", c.stats.Blocks))
+	}
+	assert.Nil(t, c.newest)
+	assert.Nil(t, c.oldest)
 }
 
 // TestBatcherPrefixHit: the batcher resumes prompts from the prefix cache
