@@ -76,6 +76,12 @@ type prefixCache struct {
 	// its descendants: the oldest node is always a leaf, the block
 	// eviction drops, found without walking the tree.
 	newest, oldest *prefixNode
+	// held counts, per layer, the cache's holds of each attention page,
+	// and snapBytes its snapshots' bytes, kept as blocks come and go so
+	// that footprint (read by every metrics scrape) walks no tree.
+	held      []map[*dsa.Page]int
+	snapBytes int64
+	model     *Model
 
 	// spare holds buffers of snapshots the cache let go, counted in the
 	// ledger, for new snapshots: a copy into memory already touched
@@ -367,6 +373,7 @@ blocks:
 				next.share += s.m.layers[l].pages.PageBytes() * PrefixBlock / dsa.PageSize
 			}
 			n.kids[key] = next
+			c.hold(next, 1)
 			c.stats.Blocks++
 			c.stats.Bytes += next.share
 		}
@@ -379,6 +386,7 @@ blocks:
 	if snap != nil && upto > 0 && n.snap == nil {
 		n.snap, snap = snap, nil
 		c.stats.Snapshots++
+		c.snapBytes += floats(n.snap)
 		c.stats.Bytes += floats(n.snap)
 		c.mem.add(floats(n.snap))
 		c.gainSnapshot(n)
@@ -406,12 +414,14 @@ func (c *prefixCache) evictTo(limit int64, keep bool) {
 		}
 		c.unlink(lru)
 		delete(lru.parent.kids, blockKey(lru.toks[:]))
+		c.hold(lru, -1)
 		lru.release()
 		c.stats.Blocks--
 		c.stats.Bytes -= lru.share
 		if lru.snap != nil {
 			c.loseSnapshot(lru)
 			c.stats.Snapshots--
+			c.snapBytes -= floats(lru.snap)
 			c.stats.Bytes -= floats(lru.snap)
 			c.drop(lru.snap, true, keep)
 			lru.snap = nil
@@ -545,40 +555,39 @@ func (n *prefixNode) release() {
 	}
 }
 
+// hold counts n's pages into the cache's holds (by 1 when it is cached,
+// -1 when it goes; with c.mu held).
+func (c *prefixCache) hold(n *prefixNode, by int) {
+	if c.held == nil {
+		c.held, c.model = make([]map[*dsa.Page]int, len(n.pages)), n.model
+	}
+	for l, pg := range n.pages {
+		if pg == nil {
+			continue
+		}
+		if c.held[l] == nil {
+			c.held[l] = map[*dsa.Page]int{}
+		}
+		if k := c.held[l][pg] + by; k > 0 {
+			c.held[l][pg] = k
+		} else {
+			delete(c.held[l], pg)
+		}
+	}
+}
+
 // footprint is the memory the cache's snapshots and the pages its blocks
 // hold take, each page counted once, and of it what the cache alone
 // holds: its snapshots and the pages no session holds too.
 func (c *prefixCache) footprint() (all, alone int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var held []map[*dsa.Page]int // per layer: the cache's holds of each page
-	var m *Model
-	var walk func(x *prefixNode)
-	walk = func(x *prefixNode) {
-		for _, k := range x.kids {
-			all += floats(k.snap)
-			alone += floats(k.snap)
-			for l, pg := range k.pages {
-				if pg == nil {
-					continue
-				}
-				if held == nil {
-					held, m = make([]map[*dsa.Page]int, len(k.pages)), k.model
-				}
-				if held[l] == nil {
-					held[l] = map[*dsa.Page]int{}
-				}
-				held[l][pg]++
-			}
-			walk(k)
-		}
-	}
-	walk(&c.root)
-	for l, h := range held {
-		if h == nil {
+	all, alone = c.snapBytes, c.snapBytes
+	for l, h := range c.held {
+		if len(h) == 0 {
 			continue
 		}
-		pool := m.layers[l].pages
+		pool := c.model.layers[l].pages
 		all += int64(len(h)) * pool.PageBytes()
 		alone += int64(pool.HeldOnly(h)) * pool.PageBytes()
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"k3/config"
+	"k3/dsa"
 )
 
 // genTokens runs a generation and returns its tokens.
@@ -329,6 +330,7 @@ func TestPrefixHitEvictedBeforeRestore(t *testing.T) {
 
 // TestPrefixRecencyList: the recency list holds every cached block, and
 // its oldest is the least recently used leaf a walk of the tree finds,
+// and the footprint kept as blocks come and go is the one a walk counts,
 // after random prompts with shared heads, hits and evictions.
 func TestPrefixRecencyList(t *testing.T) {
 	ctx := context.Background()
@@ -348,8 +350,40 @@ func TestPrefixRecencyList(t *testing.T) {
 		walk(&c.root)
 		return lru, n
 	}
+	walkFootprint := func() (all, alone int64) {
+		held := map[int]map[*dsa.Page]int{}
+		var walk func(x *prefixNode)
+		walk = func(x *prefixNode) {
+			for _, k := range x.kids {
+				all += floats(k.snap)
+				for l, pg := range k.pages {
+					if pg != nil {
+						if held[l] == nil {
+							held[l] = map[*dsa.Page]int{}
+						}
+						held[l][pg]++
+					}
+				}
+				walk(k)
+			}
+		}
+		walk(&c.root)
+		alone = all
+		for l, h := range held {
+			pool := m.layers[l].pages
+			all += int64(len(h)) * pool.PageBytes()
+			alone += int64(pool.HeldOnly(h)) * pool.PageBytes()
+		}
+		return all, alone
+	}
 	check := func(when string) {
 		t.Helper()
+		c.mu.Lock()
+		wantAll, wantAlone := walkFootprint()
+		c.mu.Unlock()
+		all, alone := c.footprint()
+		require.Equal(t, wantAll, all, "%s: the cache's footprint", when)
+		require.Equal(t, wantAlone, alone, "%s: what the cache alone holds", when)
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		lru, n := walkLRU()
@@ -383,6 +417,7 @@ func TestPrefixRecencyList(t *testing.T) {
 		for _, err := range s.GenerateTokens(ctx, prompt, WithMaxTokens(1+r.IntN(20)), WithoutDefaultStops()) {
 			require.NoError(t, err)
 		}
+		check(fmt.Sprintf("prompt %d, its session open", i))
 		require.NoError(t, s.Close())
 		check(fmt.Sprintf("after prompt %d", i))
 	}
