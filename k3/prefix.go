@@ -77,11 +77,10 @@ type prefixCache struct {
 	// eviction drops, found without walking the tree.
 	newest, oldest *prefixNode
 	// held counts, per layer, the cache's holds of each attention page,
-	// and snapBytes its snapshots' bytes, kept as blocks come and go so
-	// that footprint (read by every metrics scrape) walks no tree.
-	held      []map[*dsa.Page]int
-	snapBytes int64
-	model     *Model
+	// kept as blocks come and go so that footprint (read by every
+	// metrics scrape) walks no tree; model is set with it.
+	held  []map[*dsa.Page]int
+	model *Model
 
 	// spare holds buffers of snapshots the cache let go, counted in the
 	// ledger, for new snapshots: a copy into memory already touched
@@ -386,7 +385,6 @@ blocks:
 	if snap != nil && upto > 0 && n.snap == nil {
 		n.snap, snap = snap, nil
 		c.stats.Snapshots++
-		c.snapBytes += floats(n.snap)
 		c.stats.Bytes += floats(n.snap)
 		c.mem.add(floats(n.snap))
 		c.gainSnapshot(n)
@@ -421,7 +419,6 @@ func (c *prefixCache) evictTo(limit int64, keep bool) {
 		if lru.snap != nil {
 			c.loseSnapshot(lru)
 			c.stats.Snapshots--
-			c.snapBytes -= floats(lru.snap)
 			c.stats.Bytes -= floats(lru.snap)
 			c.drop(lru.snap, true, keep)
 			lru.snap = nil
@@ -582,7 +579,11 @@ func (c *prefixCache) hold(n *prefixNode, by int) {
 func (c *prefixCache) footprint() (all, alone int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	all, alone = c.snapBytes, c.snapBytes
+	if c.model == nil {
+		return 0, 0 // nothing cached yet
+	}
+	all = int64(c.stats.Snapshots) * c.model.snapshotBytes() // every snapshot is a sequence's KDA states
+	alone = all
 	for l, h := range c.held {
 		if len(h) == 0 {
 			continue

@@ -154,13 +154,13 @@ func (st *State) Seq(i int) *State {
 	return &State{Conv: st.Conv.Rows(i, i+1), S: st.S.Rows(i, i+1)}
 }
 
-// NewState allocates zeroed state for n sequences.
 // StateBytes is the memory of one sequence's State: its conv window and
 // its recurrent state, in float32.
 func (c Config) StateBytes() int64 {
 	return 4 * int64((c.ConvKernel-1)*3*c.NumHeads*c.HeadDim+c.NumHeads*c.HeadDim*c.HeadDim)
 }
 
+// NewState allocates zeroed state for n sequences.
 func NewState(b compute.Backend, cfg Config, n int) (*State, error) {
 	conv, err := b.Alloc(compute.F32, n, cfg.ConvKernel-1, 3*cfg.NumHeads*cfg.HeadDim)
 	if err != nil {
