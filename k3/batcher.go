@@ -548,6 +548,9 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 			abandoned := false
 			if sp := r.g.spec; sp != nil {
 				sp.batch = decoding // the adaptive depth prices its verify run at this batch
+				// A verify run is one sequence's rows, which one pass must
+				// hold: under a small token budget it drafts less.
+				sp.passRows = b.batch.max
 			}
 			for {
 				st, err = r.g.advance(r.ctx)

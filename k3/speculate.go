@@ -20,7 +20,9 @@ import (
 // The rollback uses the sessions' replay logs, so the model must be
 // loaded WithRollback(n) with n >= depth; depth is at most ExactTokens-1.
 // The Batcher speculates too, each sequence at its own depth, the verify
-// rows of several sequences in one pass.
+// rows of several sequences in one pass; a sequence's verify rows stay
+// within one pass's token budget (WithTokenBudget), so a budget of n rows
+// drafts at most n-1 tokens.
 func WithSpeculation(d specdec.Drafter, depth int) GenerateOption {
 	return func(o *genOptions) {
 		switch {
@@ -311,8 +313,11 @@ type speculation struct {
 	// batch is how many sequences decode beside this one (set by the
 	// Batcher each round; 0 or 1 alone), costsBatch the batch costs is for.
 	batch, costsBatch int
-	probe             int32
-	hasProbe          bool
+	// passRows bounds a verify pass's rows where a Batcher runs it (its
+	// pass's row limit, the token budget); 0 alone, where depth does.
+	passRows int
+	probe    int32
+	hasProbe bool
 	// draftSec is the drafter's time per token asked for (seconds, a
 	// moving average), which the adaptive depth adds to a pass's cost.
 	draftSec float64
@@ -441,6 +446,9 @@ func (g *generation) draftPass(ctx context.Context, id int32) ([]int32, error) {
 	s, sp := g.s, g.spec
 	v := s.m.Config.VocabSize
 	n := min(sp.depth, s.limit-s.pos-1, g.o.maxTokens-g.n)
+	if sp.passRows > 0 {
+		n = min(n, sp.passRows-1)
+	}
 	sp.drafts, sp.next = sp.drafts[:0], 0
 	probe, confident := false, false
 	if sp.adaptive && n > 0 {

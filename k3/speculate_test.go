@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -401,6 +402,55 @@ func TestSpeculationErrors(t *testing.T) {
 	cancel()
 	br.Wait()
 	assert.ErrorContains(t, berr, "outside the vocabulary", "batcher")
+}
+
+// TestBatcherSpeculationWithinBudget: under a token budget smaller than a
+// verify run (one sequence, budget 3, depth 8), a speculating generation
+// in the Batcher drafts at most two tokens a pass instead of failing the
+// pass (and every generation in it), and still draws plain decoding's
+// tokens and log-probabilities.
+func TestBatcherSpeculationWithinBudget(t *testing.T) {
+	ctx := context.Background()
+	m, err := LoadTiny(ctx, WithRollback(8))
+	require.NoError(t, err)
+	defer m.Close()
+	prompt := m.Encode("func main() { fmt.Println(")
+	opts := []GenerateOption{WithMaxTokens(24), WithoutDefaultStops(), WithLogprobs(1)}
+	plain, err := m.NewSession()
+	require.NoError(t, err)
+	defer plain.Close()
+	var want []Token
+	for tok, err := range plain.GenerateTokens(ctx, prompt, opts...) {
+		require.NoError(t, err)
+		tok.Usage = nil
+		want = append(want, tok)
+	}
+	full := append(slices.Clone(prompt), idsOf(want)...)
+
+	br, err := m.NewBatcher(1, WithTokenBudget(3))
+	require.NoError(t, err)
+	bctx, stop := context.WithCancel(ctx)
+	require.NoError(t, br.Start(bctx))
+	defer func() { stop(); br.Wait() }()
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	defer s.Close()
+	var got []Token
+	var usage Usage
+	for tok, err := range br.GenerateTokens(ctx, s, prompt, append(opts, WithSpeculation(perfect{full}, 8))...) {
+		require.NoError(t, err)
+		if tok.Usage != nil {
+			usage = *tok.Usage
+		}
+		tok.Usage = nil
+		got = append(got, tok)
+	}
+	require.Equal(t, want, got)
+	// 23 tokens after the first draw, at most two drafts a pass: at least
+	// eight verify passes, every draft right.
+	assert.Equal(t, usage.DraftTokens, usage.AcceptedTokens)
+	assert.GreaterOrEqual(t, usage.AcceptedTokens, 15, "usage %+v", usage)
+	assert.LessOrEqual(t, usage.DraftTokens, 2*(len(want)-1)/3+2, "usage %+v", usage)
 }
 
 // TestBatcherSpeculation: generations that speculate inside the Batcher,
