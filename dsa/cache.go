@@ -448,6 +448,20 @@ func (c *Cache) Fork(src *Cache) error {
 // with forks counts in each).
 func (c *Cache) Bytes() int64 { return int64(len(c.pages)) * c.pool.PageBytes() }
 
+// AddPages adds the cache's pages to seen and returns the memory of
+// those seen did not hold: summed over several caches of one pool, the
+// memory of their pages with each shared page once.
+func (c *Cache) AddPages(seen map[*Page]bool) int64 {
+	n := 0
+	for _, pg := range c.pages {
+		if !seen[pg] {
+			seen[pg] = true
+			n++
+		}
+	}
+	return int64(n) * c.pool.PageBytes()
+}
+
 // RowLen is the floats one position takes across the cache's tensors
 // (latent, rope key, index key), as ReadRows lays them out.
 func (c *Cache) RowLen() int { return c.pool.rowLen() }

@@ -7,6 +7,8 @@ import (
 	"iter"
 	"sync/atomic"
 	"time"
+
+	"k3/dsa"
 )
 
 // ErrBatcherClosed is returned for requests a stopped Batcher cannot serve.
@@ -442,6 +444,9 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 					continue
 				}
 				if b.m.mem.take(need, "admission") != nil {
+					if len(active) == 0 {
+						waiting = b.unblock(waiting, need, finish)
+					}
 					return // it waits for memory to come back
 				}
 				b.m.mem.add(-need)
@@ -649,6 +654,50 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 
 // worstGrowth is what r's session may still grow by: its prompt's rest
 // and every token it may still generate.
+// unblock handles an oldest request that nothing running can make room
+// for (need bytes, its growth; the ledger has given back all it could).
+// When the memory outside the queue (the ledger's count less what the
+// waiting requests' sessions hold) would leave too little room even if
+// it all came back, the waiting requests wait on each other: the newest
+// fails with ErrMemoryBudget, and its caller's Close gives its session's
+// memory back. Otherwise that memory may come back from sessions outside
+// the queue, and the request waits for it.
+func (b *Batcher) unblock(waiting []*batchReq, need int64, finish func(*batchReq, error)) []*batchReq {
+	if len(waiting) < 2 {
+		return waiting
+	}
+	held := queuedBytes(waiting)
+	if need+held <= b.m.mem.budget {
+		return waiting
+	}
+	last := len(waiting) - 1
+	finish(waiting[last], fmt.Errorf("%w: the sessions of the %d requests waiting hold %d of %d bytes, and the oldest needs %d more to run: the newest gives way", ErrMemoryBudget, len(waiting), held, b.m.mem.budget, need))
+	return waiting[:last]
+}
+
+// queuedBytes returns the memory the sessions of reqs hold: the ledger's
+// charges, KDA state slots and attention pages, each page once.
+func queuedBytes(reqs []*batchReq) int64 {
+	var n int64
+	var seen []map[*dsa.Page]bool
+	for _, r := range reqs {
+		n += r.s.charged + r.s.slabBytes()
+		if seen == nil {
+			seen = make([]map[*dsa.Page]bool, len(r.s.caches))
+		}
+		for l, c := range r.s.caches {
+			if c == nil {
+				continue
+			}
+			if seen[l] == nil {
+				seen[l] = map[*dsa.Page]bool{}
+			}
+			n += c.AddPages(seen[l])
+		}
+	}
+	return n
+}
+
 func (b *Batcher) worstGrowth(r *batchReq) int64 {
 	n := len(r.prompt) - r.fed
 	if r.g != nil {

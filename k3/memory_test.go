@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -190,6 +191,90 @@ func TestBatcherMemoryBudget(t *testing.T) {
 	for _, err := range br.Generate(ctx, s, words(90, "m"), WithMaxTokens(4000), WithoutDefaultStops()) {
 		require.ErrorIs(t, err, ErrMemoryBudget)
 	}
+}
+
+// TestBatcherWaitingGiveWay: when the sessions of the requests waiting
+// hold the memory the oldest needs, and nothing running or outside the
+// queue could give it back, the newest waiting request fails with
+// ErrMemoryBudget instead of every one waiting on the others for ever;
+// once its session is closed the others run, each as it would alone.
+// Before that, while a session outside the queue could still give the
+// memory back, none fails.
+func TestBatcherWaitingGiveWay(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a hang fails, it does not stall the run
+	defer cancel()
+	plain := load(t)
+	opts := []GenerateOption{WithMaxTokens(12), WithoutDefaultStops()}
+	// Each session holds attention pages before it joins the queue (an
+	// earlier turn), which the ledger counts in their pools, not in the
+	// session's charge.
+	turn := plain.Encode(words(30, "v"))
+	prompt := plain.Encode(words(150, "w"))
+	probe, err := plain.NewSession()
+	require.NoError(t, err)
+	_, err = probe.Forward(ctx, turn)
+	require.NoError(t, err)
+	state := probe.StateBytes()
+	growth := probe.growth(len(prompt) + 12) // what the Batcher reserves for one request
+	require.Positive(t, growth)
+	// Two sessions and one request's growth fit; three sessions and one
+	// request's growth do not.
+	budget := 2*state + growth + state/2
+	m := load(t, WithMemoryBudget(budget))
+	br, err := m.NewBatcher(3)
+	require.NoError(t, err)
+	require.NoError(t, br.Start(ctx))
+	var sessions []*Session
+	for range 3 {
+		s, err := m.NewSession()
+		require.NoError(t, err, "three sessions fit the budget")
+		_, err = s.Forward(ctx, turn)
+		require.NoError(t, err, "three sessions fit the budget")
+		require.Equal(t, state, s.StateBytes())
+		sessions = append(sessions, s)
+	}
+	require.Less(t, sessions[0].charged, state, "the ledger counts the pages apart")
+	require.Greater(t, 3*state+growth, budget)
+
+	type result struct {
+		ids []int32
+		err error
+	}
+	results := make([]result, len(sessions))
+	run := func(i int) {
+		defer sessions[i].Close() // as a server's handler does, on success or failure
+		for tok, err := range br.GenerateTokens(ctx, sessions[i], prompt, opts...) {
+			if err != nil {
+				results[i].err = err
+				return
+			}
+			results[i].ids = append(results[i].ids, tok.ID)
+		}
+	}
+	// Two requests wait while the third session, outside the queue,
+	// could still be closed: neither fails.
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Add(1)
+		go func() { defer wg.Done(); run(i) }()
+	}
+	require.Eventually(t, func() bool { return br.Stats().Waiting == 2 }, 10*time.Second, time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // ten of the loop's looks at its queue
+	assert.Equal(t, BatcherStats{Waiting: 2}, br.Stats(), "both wait for the session outside the queue")
+	// The third joins them: the three wait on each other, and the newest
+	// gives way.
+	wg.Add(1)
+	go func() { defer wg.Done(); run(2) }()
+	wg.Wait()
+	want := collect(t, probe.GenerateTokens(ctx, prompt, opts...))
+	require.Len(t, want, 12)
+	for i, r := range results[:2] {
+		require.NoError(t, r.err, "request %d", i)
+		assert.Equal(t, want, r.ids, "request %d against its lone run", i)
+	}
+	require.ErrorIs(t, results[2].err, ErrMemoryBudget, "the newest request gives way")
+	assert.Empty(t, results[2].ids)
+	assert.Zero(t, m.MemoryUsage().Used-m.MemoryUsage().FreePages-m.MemoryUsage().FreeStates, "every session closed")
 }
 
 // TestFreeStates: a closed session's KDA states serve the next new
