@@ -424,6 +424,7 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 	// the memory budget holds what every admitted sequence may still grow
 	// by; a request that cannot fit even alone fails at once.
 	var waiting []*batchReq
+	var stalled time.Time // since when nothing has run while the oldest waited for memory
 	admit := func() {
 		for len(waiting) > 0 && len(active) < b.max {
 			r := waiting[0]
@@ -445,12 +446,19 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 				}
 				if b.m.mem.take(need, "admission") != nil {
 					if len(active) == 0 {
-						waiting = b.unblock(waiting, need, finish)
+						if stalled.IsZero() {
+							stalled = time.Now()
+						}
+						waiting = b.unblock(waiting, need, time.Since(stalled) >= stallLimit, finish)
+						if time.Since(stalled) >= stallLimit {
+							stalled = time.Now() // the next gives way a limit later
+						}
 					}
 					return // it waits for memory to come back
 				}
 				b.m.mem.add(-need)
 			}
+			stalled = time.Time{}
 			waiting = waiting[1:]
 			join(r)
 		}
@@ -654,6 +662,12 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 
 // worstGrowth is what r's session may still grow by: its prompt's rest
 // and every token it may still generate.
+// stallLimit is how long the oldest waiting request waits for memory
+// from outside the queue while nothing runs before the newest gives way
+// (the memory may be held by a caller who waits on the queue itself, as
+// a request that forks its prompt's session does).
+var stallLimit = 2 * time.Second
+
 // unblock handles an oldest request that nothing running can make room
 // for (need bytes, its growth; the ledger has given back all it could).
 // When the memory outside the queue (the ledger's count less what the
@@ -661,8 +675,15 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 // it all came back, the waiting requests wait on each other: the newest
 // fails with ErrMemoryBudget, and its caller's Close gives its session's
 // memory back. Otherwise that memory may come back from sessions outside
-// the queue, and the request waits for it.
-func (b *Batcher) unblock(waiting []*batchReq, need int64, finish func(*batchReq, error)) []*batchReq {
+// the queue, and the request waits for it, until stallLimit has passed
+// (late): then the newest gives way too, the oldest itself when it waits
+// alone.
+func (b *Batcher) unblock(waiting []*batchReq, need int64, late bool, finish func(*batchReq, error)) []*batchReq {
+	last := len(waiting) - 1
+	if late {
+		finish(waiting[last], fmt.Errorf("%w: nothing has run for %v while the oldest request waited for %d bytes, held outside the queue: the newest gives way", ErrMemoryBudget, stallLimit, need))
+		return waiting[:last]
+	}
 	if len(waiting) < 2 {
 		return waiting
 	}
@@ -670,7 +691,6 @@ func (b *Batcher) unblock(waiting []*batchReq, need int64, finish func(*batchReq
 	if need+held <= b.m.mem.budget {
 		return waiting
 	}
-	last := len(waiting) - 1
 	finish(waiting[last], fmt.Errorf("%w: the sessions of the %d requests waiting hold %d of %d bytes, and the oldest needs %d more to run: the newest gives way", ErrMemoryBudget, len(waiting), held, b.m.mem.budget, need))
 	return waiting[:last]
 }

@@ -20,10 +20,10 @@ var ErrMemoryBudget = errors.New("k3: memory budget exceeded")
 // is refused. A call that would pass the budget fails with
 // ErrMemoryBudget before it changes anything; the Batcher holds prompts
 // back instead, and fails a running sequence only when the others cannot
-// go on without its memory, and the newest waiting request only when
-// nothing runs and the waiting requests' own sessions hold the memory the
-// oldest needs. bytes 0, the default, sets no bound; Model.MemoryUsage
-// reports the use either way.
+// go on without its memory, and the newest waiting request when nothing
+// runs and either the waiting requests' own sessions hold the memory the
+// oldest needs or none has come back for two seconds. bytes 0, the
+// default, sets no bound; Model.MemoryUsage reports the use either way.
 func WithMemoryBudget(bytes int64) Option { return func(o *options) { o.budget = bytes } }
 
 // MemoryUsage is the sequence state a model holds against its budget.

@@ -277,6 +277,42 @@ func TestBatcherWaitingGiveWay(t *testing.T) {
 	assert.Zero(t, m.MemoryUsage().Used-m.MemoryUsage().FreePages-m.MemoryUsage().FreeStates, "every session closed")
 }
 
+// TestBatcherStallLimit: a request that waits for memory a session
+// outside the queue holds, while nothing runs, fails with
+// ErrMemoryBudget once stallLimit has passed, rather than waiting for
+// ever; once that session is closed, the same request runs.
+func TestBatcherStallLimit(t *testing.T) {
+	defer func(d time.Duration) { stallLimit = d }(stallLimit)
+	stallLimit = 100 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	plain := load(t)
+	prompt := plain.Encode(words(150, "w"))
+	opts := []GenerateOption{WithMaxTokens(12), WithoutDefaultStops()}
+	probe, err := plain.NewSession()
+	require.NoError(t, err)
+	state := probe.StateBytes()
+	growth := probe.growth(len(prompt) + 12)
+	m := load(t, WithMemoryBudget(state+growth+state/2)) // one request's session and growth, not a second session beside them
+	br, err := m.NewBatcher(2)
+	require.NoError(t, err)
+	require.NoError(t, br.Start(ctx))
+	outside, err := m.NewSession()
+	require.NoError(t, err)
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	defer s.Close()
+	start := time.Now()
+	var last error
+	for _, err := range br.GenerateTokens(ctx, s, prompt, opts...) {
+		last = err
+	}
+	require.ErrorIs(t, last, ErrMemoryBudget)
+	assert.GreaterOrEqual(t, time.Since(start), stallLimit, "it waited first")
+	require.NoError(t, outside.Close())
+	assert.Equal(t, collect(t, probe.GenerateTokens(ctx, prompt, opts...)), collect(t, br.GenerateTokens(ctx, s, prompt, opts...)))
+}
+
 // TestFreeStates: a closed session's KDA states serve the next new
 // session, zeroed (its logits are a fresh session's, bit for bit); at most
 // maxFreeStates sets are kept, counted in the ledger; the budget takes
