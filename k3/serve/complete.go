@@ -166,11 +166,15 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 				s.fail(w, err)
 				return
 			}
-			for i := range j.n {
+			// The last choice goes on in the prompt's own session: a
+			// session left idle beside its forks would hold memory they
+			// may wait for under the budget.
+			for i := range j.n - 1 {
 				if !fork(base, k+i) {
 					return
 				}
 			}
+			seqs[k+j.n-1] = s.b.GenerateTokens(ctx, base, nil, j.choiceOpts(k+j.n-1)...)
 		}
 	}
 

@@ -183,7 +183,11 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	store, err := newSessionStore(m, cfg.SessionDir, cfg.SessionIdle, cfg.MaxSessions)
+	store, err := newSessionStore(m, cfg.SessionDir, cfg.SessionIdle, cfg.MaxSessions, func() bool {
+		// Nothing runs while requests wait: only memory holds them back.
+		st := b.Stats()
+		return st.Running == 0 && st.Waiting > 0
+	})
 	if err != nil {
 		kept.close()
 		return nil, err

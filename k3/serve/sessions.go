@@ -42,6 +42,10 @@ type sessionStore struct {
 	stop   chan struct{}
 	done   chan struct{}
 
+	// starved reports that requests wait for memory while nothing runs
+	// (the Batcher's gauges); idle sessions then leave before their time.
+	starved func() bool
+
 	beforeSave func(id string) // tests: called before a parking write
 }
 
@@ -54,14 +58,14 @@ type keptSession struct {
 var errSessionBusy = &apiError{status: 409, typ: "invalid_request_error", param: SessionHeader,
 	msg: "the session is answering another request; send one request per session at a time"}
 
-func newSessionStore(m *k3.Model, dir string, idle time.Duration, max int) (*sessionStore, error) {
+func newSessionStore(m *k3.Model, dir string, idle time.Duration, max int, starved func() bool) (*sessionStore, error) {
 	if dir != "" {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("serve: session directory: %w", err)
 		}
 	}
 	st := &sessionStore{m: m, dir: dir, idle: idle, max: max, live: map[string]*keptSession{},
-		moving: map[string]chan struct{}{}, stop: make(chan struct{}), done: make(chan struct{})}
+		moving: map[string]chan struct{}{}, stop: make(chan struct{}), done: make(chan struct{}), starved: starved}
 	go st.sweep()
 	return st, nil
 }
@@ -196,17 +200,26 @@ func (st *sessionStore) drop(id string) (bool, error) {
 // recently used idle one is parked (or dropped).
 func (st *sessionStore) evictLocked() {
 	for len(st.live) >= st.max {
-		var oldest string
-		for id, k := range st.live {
-			if !k.busy && (oldest == "" || k.used.Before(st.live[oldest].used)) {
-				oldest = id
-			}
-		}
-		if oldest == "" {
+		if !st.parkOldestLocked() {
 			return // all busy: the memory budget is the bound then
 		}
-		st.parkLocked(oldest)
 	}
+}
+
+// parkOldestLocked parks the least recently used idle session, and
+// reports whether there was one.
+func (st *sessionStore) parkOldestLocked() bool {
+	var oldest string
+	for id, k := range st.live {
+		if !k.busy && (oldest == "" || k.used.Before(st.live[oldest].used)) {
+			oldest = id
+		}
+	}
+	if oldest == "" {
+		return false
+	}
+	st.parkLocked(oldest)
+	return true
 }
 
 // parkLocked takes id's idle session out of the live ones and, when there
@@ -261,15 +274,38 @@ func (st *sessionStore) save(id string, s *k3.Session) bool {
 	return true
 }
 
-// sweep parks sessions idle past st.idle.
+// starvedEvery is how often the store looks for requests starved of
+// memory; it parks an idle session once it has seen them twice running.
+const starvedEvery = 20 * time.Millisecond
+
+// sweep parks sessions idle past st.idle, and the least recently used
+// idle session whenever requests are starved of memory: the memory of
+// idle sessions yields to requests, as the prefix cache's does (a kept
+// session is a cache of its conversation, which its next request can
+// rebuild).
 func (st *sessionStore) sweep() {
 	defer close(st.done)
 	t := time.NewTicker(max(st.idle/4, 10*time.Millisecond))
 	defer t.Stop()
+	var starved <-chan time.Time
+	if st.starved != nil {
+		tick := time.NewTicker(starvedEvery)
+		defer tick.Stop()
+		starved = tick.C
+	}
+	seen := false
 	for {
 		select {
 		case <-st.stop:
 			return
+		case <-starved:
+			now := st.starved()
+			if now && seen {
+				st.mu.Lock()
+				st.parkOldestLocked()
+				st.mu.Unlock()
+			}
+			seen = now
 		case now := <-t.C:
 			st.mu.Lock()
 			for id, k := range st.live {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -185,7 +186,7 @@ func TestParkingOutsideLock(t *testing.T) {
 	m, err := k3.LoadTiny(context.Background(), k3.WithMemoryBudget(testBudget))
 	require.NoError(t, err)
 	defer m.Close()
-	st, err := newSessionStore(m, t.TempDir(), time.Hour, 1)
+	st, err := newSessionStore(m, t.TempDir(), time.Hour, 1, nil)
 	require.NoError(t, err)
 	started, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
@@ -242,4 +243,43 @@ func TestParkingOutsideLock(t *testing.T) {
 	require.Eventually(t, func() bool { _, parked := st.counts(); return parked == 2 }, 10*time.Second, time.Millisecond)
 	st.put("a", s, true)
 	st.close()
+}
+
+// TestIdleSessionsYieldToStarvedRequests: while requests are starved of
+// memory (the Batcher runs nothing and some wait), the store parks its
+// idle sessions, least recently used first, long before their idle
+// time; a session a request holds stays, and nothing leaves while no
+// request is starved.
+func TestIdleSessionsYieldToStarvedRequests(t *testing.T) {
+	m, err := k3.LoadTiny(context.Background(), k3.WithMemoryBudget(testBudget))
+	require.NoError(t, err)
+	defer m.Close()
+	var starved atomic.Bool
+	dir := t.TempDir()
+	st, err := newSessionStore(m, dir, time.Hour, 8, starved.Load)
+	require.NoError(t, err)
+	defer st.close()
+	for _, id := range []string{"old", "new", "busy"} {
+		s, err := st.take(id)
+		require.NoError(t, err)
+		_, err = s.Forward(context.Background(), m.Encode("func main() {"))
+		require.NoError(t, err)
+		if id != "busy" {
+			st.put(id, s, true)
+		}
+		time.Sleep(time.Millisecond) // distinct use times
+	}
+	time.Sleep(5 * starvedEvery)
+	live, _ := st.counts()
+	require.Equal(t, 3, live, "nothing leaves while no request is starved")
+
+	starved.Store(true)
+	require.Eventually(t, func() bool { _, parked := st.counts(); return parked == 1 }, 10*time.Second, time.Millisecond)
+	_, err = os.Stat(st.path("old"))
+	assert.NoError(t, err, "the least recently used goes first")
+	require.Eventually(t, func() bool { live, parked := st.counts(); return parked == 2 && live == 1 }, 10*time.Second, time.Millisecond)
+	time.Sleep(5 * starvedEvery)
+	live, parked := st.counts()
+	assert.Equal(t, 1, live, "the session a request holds stays")
+	assert.Equal(t, 2, parked)
 }
