@@ -660,8 +660,6 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 	}
 }
 
-// worstGrowth is what r's session may still grow by: its prompt's rest
-// and every token it may still generate.
 // stallLimit is how long the oldest waiting request waits for memory
 // from outside the queue while nothing runs before the newest gives way
 // (the memory may be held by a caller who waits on the queue itself, as
@@ -718,6 +716,8 @@ func queuedBytes(reqs []*batchReq) int64 {
 	return n
 }
 
+// worstGrowth is what r's session may still grow by: its prompt's rest
+// and every token it may still generate.
 func (b *Batcher) worstGrowth(r *batchReq) int64 {
 	n := len(r.prompt) - r.fed
 	if r.g != nil {
