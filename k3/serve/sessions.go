@@ -275,7 +275,8 @@ func (st *sessionStore) save(id string, s *k3.Session) bool {
 }
 
 // starvedEvery is how often the store looks for requests starved of
-// memory; it parks an idle session once it has seen them twice running.
+// memory; it parks an idle session once it has seen them twice running,
+// and none while a session is being parked or loaded.
 const starvedEvery = 20 * time.Millisecond
 
 // sweep parks sessions idle past st.idle, and the least recently used
@@ -302,7 +303,9 @@ func (st *sessionStore) sweep() {
 			now := st.starved()
 			if now && seen {
 				st.mu.Lock()
-				st.parkOldestLocked()
+				if len(st.moving) == 0 { // a parking write frees its session's memory when it ends
+					st.parkOldestLocked()
+				}
 				st.mu.Unlock()
 			}
 			seen = now
