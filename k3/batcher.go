@@ -449,8 +449,9 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 						if stalled.IsZero() {
 							stalled = time.Now()
 						}
-						waiting = b.unblock(waiting, need, time.Since(stalled) >= stallLimit, finish)
-						if time.Since(stalled) >= stallLimit {
+						late := time.Since(stalled) >= stallLimit
+						waiting = b.unblock(waiting, need, late, finish)
+						if late {
 							stalled = time.Now() // the next gives way a limit later
 						}
 					}
