@@ -19,6 +19,7 @@ import (
 // the next (continuous batching). A Batch is not safe for concurrent use.
 type Batch struct {
 	m       *Model
+	tapRows []float32 // keepTaps' view of a session's new taps (read by pointer: no allocation)
 	max     int
 	kdaL    []*kda.Layer
 	mlaL    []*dsa.Layer
@@ -484,9 +485,12 @@ func (bt *Batch) kdaForward(l int, kl *kda.Layer, normed, out compute.Tensor) er
 
 // keepTaps copies the last rows of r0..r1 of the pass's DSpark taps (the
 // session's new positions) to the session, where a DSpark drafter reads
-// its anchor: the last position, or after a verify pass of at most
+// its anchor: the last position, or after a verify run of at most
 // ExactTokens rows and its rollback, one of them; so ExactTokens rows
-// suffice.
+// suffice. A run may be cut into several passes (with the prefix cache,
+// at multiples of the prefill chunk), so the rows kept from the passes
+// before it stay below the new ones, up to ExactTokens in all, where they
+// end at the pass's first position.
 func (bt *Batch) keepTaps(s *Session, r0, r1 int) error {
 	taps := bt.p.taps
 	if taps == nil {
@@ -494,19 +498,31 @@ func (bt *Batch) keepTaps(s *Session, r0, r1 int) error {
 	}
 	d := bt.m.Config.HiddenSize
 	k0 := max(r0, r1-ExactTokens)
+	n := r1 - k0
 	if len(s.taps) != len(taps) {
-		s.taps = make([][]float32, len(taps))
-	}
-	for i, t := range taps {
-		if cap(s.taps[i]) < ExactTokens*d {
+		s.taps, s.tapsRows = make([][]float32, len(taps)), 0
+		for i := range s.taps {
 			s.taps[i] = make([]float32, 0, ExactTokens*d)
 		}
-		s.taps[i] = s.taps[i][:(r1-k0)*d]
-		if err := bt.m.b.Read(&s.taps[i], t.Rows(k0, r1)); err != nil {
+	}
+	// The rows kept before s.pos (a rollback may have taken back the
+	// rest) that end where the pass begins.
+	old, end := 0, s.pos-s.tapsPos
+	if end > 0 && end <= s.tapsRows {
+		old = min(end, ExactTokens-n)
+	}
+	for i, t := range taps {
+		tp := s.taps[i][:(old+n)*d]
+		if old > 0 {
+			copy(tp, s.taps[i][(end-old)*d:end*d])
+		}
+		bt.tapRows = tp[old*d:]
+		if err := bt.m.b.Read(&bt.tapRows, t.Rows(k0, r1)); err != nil {
 			return err
 		}
+		s.taps[i] = tp
 	}
-	s.tapsPos, s.tapsRows = s.pos+k0-r0, r1-k0
+	s.tapsPos, s.tapsRows = s.pos+k0-r0-old, old+n
 	return nil
 }
 

@@ -26,16 +26,31 @@ import (
 // and a truncation within the tolerance of a fresh prefill. K3_CONFIGS=N
 // runs N configurations instead of the default 24 (K3_CONFIGS_SEED the
 // first seed).
-func TestRandomConfigs(t *testing.T) {
-	n, first := 24, 1
-	if v, err := strconv.Atoi(os.Getenv("K3_CONFIGS")); err == nil && v > 0 {
+func TestRandomConfigs(t *testing.T) { runSeeds(t, "K3_CONFIGS", 24, checkRandomConfig) }
+
+// randomPrompt returns n random token ids from 3 to 252 (past the ids the
+// presets give their special tokens, within the smallest vocabulary).
+func randomPrompt(r *rand.Rand, m *Model, n int) []int32 {
+	p := make([]int32, n)
+	for i := range p {
+		p[i] = int32(3 + r.IntN(min(m.VocabSize()-3, 250)))
+	}
+	return p
+}
+
+// runSeeds runs check as subtests named by their seeds: n of them from
+// seed 1, or as many as the environment variable env says, from the seed
+// env_SEED says.
+func runSeeds(t *testing.T, env string, n int, check func(t *testing.T, seed uint64)) {
+	first := 1
+	if v, err := strconv.Atoi(os.Getenv(env)); err == nil && v > 0 {
 		n = v
 	}
-	if v, err := strconv.Atoi(os.Getenv("K3_CONFIGS_SEED")); err == nil {
+	if v, err := strconv.Atoi(os.Getenv(env + "_SEED")); err == nil {
 		first = v
 	}
 	for seed := uint64(first); seed < uint64(first+n); seed++ {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { checkRandomConfig(t, seed) })
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { check(t, seed) })
 	}
 }
 
@@ -133,13 +148,7 @@ func checkRandomConfig(t *testing.T, seed uint64) {
 	m, err := Load(ctx, dir, opts...)
 	require.NoError(t, err, desc)
 	defer m.Close()
-	prompt := func(n int) []int32 {
-		p := make([]int32, n)
-		for i := range p {
-			p[i] = int32(3 + r.IntN(min(m.VocabSize()-3, 250)))
-		}
-		return p
-	}
+	prompt := func(n int) []int32 { return randomPrompt(r, m, n) }
 	session := func(p []int32) *Session {
 		s, err := m.NewSession()
 		require.NoError(t, err, desc)

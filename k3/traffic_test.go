@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"iter"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -31,16 +29,7 @@ import (
 // memory the oldest needed waiting for ever. K3_TRAFFIC=N runs N
 // configurations instead of the default 8 (K3_TRAFFIC_SEED the first).
 func TestBatcherRandomTraffic(t *testing.T) {
-	n, first := 8, 1
-	if v, err := strconv.Atoi(os.Getenv("K3_TRAFFIC")); err == nil && v > 0 {
-		n = v
-	}
-	if v, err := strconv.Atoi(os.Getenv("K3_TRAFFIC_SEED")); err == nil {
-		first = v
-	}
-	for seed := uint64(first); seed < uint64(first+n); seed++ {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { randomTraffic(t, seed) })
-	}
+	runSeeds(t, "K3_TRAFFIC", 8, randomTraffic)
 }
 
 // trafficRequest is one caller's turns on one session.
