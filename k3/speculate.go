@@ -44,7 +44,9 @@ func WithSpeculation(d specdec.Drafter, depth int) GenerateOption {
 // decoding. While it decodes plainly it still asks the drafter for one
 // token after each and compares it with the next draw, so the estimate
 // follows the drafts without a verify pass (free for the n-gram drafter,
-// one draft for a model drafter).
+// one draft for a model drafter). Where the memory budget leaves no room
+// for the measurement's scratch sessions it goes by the costs measured
+// before, or decodes plainly with none.
 func WithAdaptiveSpeculation(d specdec.Drafter, maxDepth int) GenerateOption {
 	return func(o *genOptions) {
 		WithSpeculation(d, maxDepth)(o)
@@ -279,6 +281,21 @@ func (m *Model) SpeculationCostsAt(ctx context.Context, batch int) (specdec.Cost
 	return c, nil
 }
 
+// measuredCosts returns the costs measured so far nearest a batch of
+// batch sequences: the largest batch measured that is not larger, else a
+// lone session's; zero Costs when nothing was measured.
+func (m *Model) measuredCosts(batch int) specdec.Costs {
+	m.specMu.Lock()
+	defer m.specMu.Unlock()
+	c, near := m.specCosts, 1
+	for b, bc := range m.specBatch {
+		if b <= batch && b > near {
+			c, near = bc, b
+		}
+	}
+	return c
+}
+
 func medianOf(v []float64) float64 {
 	v = slices.Clone(v)
 	slices.Sort(v)
@@ -311,8 +328,11 @@ type speculation struct {
 	acc      specdec.Acceptance
 	costs    specdec.Costs
 	// batch is how many sequences decode beside this one (set by the
-	// Batcher each round; 0 or 1 alone), costsBatch the batch costs is for.
+	// Batcher each round; 0 or 1 alone), costsBatch the batch costs were
+	// sought for (sought: they were; costs may still be zero, when no
+	// room was left to measure them and nothing had been).
 	batch, costsBatch int
+	sought            bool
 	// passRows bounds a verify pass's rows where a Batcher runs it (its
 	// pass's row limit, the token budget); 0 alone, where depth does.
 	passRows int
@@ -451,14 +471,25 @@ func (g *generation) draftPass(ctx context.Context, id int32) ([]int32, error) {
 	}
 	sp.drafts, sp.next = sp.drafts[:0], 0
 	probe, confident := false, false
-	if sp.adaptive && n > 0 {
-		if sp.costs.Pass == nil || sp.costsBatch != sp.batch {
-			c, err := s.m.SpeculationCostsAt(ctx, sp.batch)
-			if err != nil {
-				return nil, err
-			}
-			sp.costs, sp.costsBatch = c, sp.batch
+	if sp.adaptive && n > 0 && (!sp.sought || sp.costsBatch != sp.batch) {
+		c, err := s.m.SpeculationCostsAt(ctx, sp.batch)
+		if errors.Is(err, ErrMemoryBudget) {
+			// The measurement's scratch sessions do not fit the budget
+			// beside the sequences that hold it: the depth goes by what
+			// was measured before (a smaller batch, a lone session) or,
+			// with nothing, the generation decodes plainly, and looks
+			// again when the batch changes.
+			c, err = s.m.measuredCosts(sp.batch), nil
 		}
+		if err != nil {
+			return nil, err
+		}
+		sp.costs, sp.costsBatch, sp.sought = c, sp.batch, true
+	}
+	if sp.adaptive && sp.costs.Pass == nil {
+		n = 0
+	}
+	if sp.adaptive && n > 0 {
 		c := sp.costs
 		if c.Step > 0 {
 			// The batch's drafters run one after another between passes.

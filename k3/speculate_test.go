@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -138,6 +139,80 @@ func TestAdaptiveSpeculation(t *testing.T) {
 	assert.Equal(t, want, got)
 	assert.Equal(t, u.DraftTokens, u.AcceptedTokens)
 	assert.Greater(t, u.AcceptedTokens, len(want)/2, "a perfect drafter's drafts were not used")
+}
+
+// TestAdaptiveSpeculationUnderBudget: where the memory budget leaves no
+// room for the scratch sessions that measure verify passes' costs, an
+// adaptive generation does not fail: it takes the costs measured before
+// (a lone session's, here set by hand) or, with none, decodes plainly; the
+// tokens are plain decoding's either way (found by a random HTTP traffic
+// run: requests failed mid-stream with ErrMemoryBudget).
+func TestAdaptiveSpeculationUnderBudget(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	opts := []GenerateOption{WithMaxTokens(24), WithoutDefaultStops()}
+	plain := load(t, WithRollback(8))
+	prompt := plain.Encode("the adaptive depth under a budget")
+	probe, err := plain.NewSession()
+	require.NoError(t, err)
+	want, _ := genIDs(t, probe, prompt, opts...)
+	full := append(slices.Clone(prompt), want...)
+	// Two sessions that have generated fit; a third, fresh, does not.
+	state := probe.StateBytes()
+	budget := 2*state + state/4
+	require.NoError(t, probe.Close())
+
+	for _, measured := range []bool{false, true} {
+		m := load(t, WithRollback(8), WithMemoryBudget(budget))
+		if measured {
+			m.specCosts = specdec.Costs{Pass: make([]float64, ExactTokens+1), Rollback: 0.2}
+			for n := 1; n <= ExactTokens; n++ {
+				m.specCosts.Pass[n] = 1 + 0.2*float64(n-1)
+			}
+		}
+		// Alone: a scratch session beside the generation's fits, but not
+		// one beside two sessions.
+		other, err := m.NewSession()
+		require.NoError(t, err)
+		s, err := m.NewSession()
+		require.NoError(t, err)
+		got, u := genIDs(t, s, prompt, append(opts, WithAdaptiveSpeculation(perfect{full}, 4))...)
+		assert.Equal(t, want, got, "measured %v", measured)
+		if measured {
+			assert.Positive(t, u.AcceptedTokens, "the costs measured before chose a depth")
+		} else {
+			assert.Zero(t, u.DraftTokens, "nothing measured: plain decoding")
+		}
+		require.NoError(t, s.Close())
+		require.NoError(t, other.Close())
+
+		// In a Batcher of two: batch costs need two scratch sessions.
+		br, err := m.NewBatcher(2)
+		require.NoError(t, err)
+		bctx, stop := context.WithCancel(ctx)
+		require.NoError(t, br.Start(bctx))
+		var wg sync.WaitGroup
+		for range 2 {
+			s, err := m.NewSession()
+			require.NoError(t, err)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer s.Close()
+				var got []int32
+				for tok, err := range br.GenerateTokens(ctx, s, prompt, append(opts, WithAdaptiveSpeculation(perfect{full}, 4))...) {
+					if !assert.NoError(t, err, "measured %v", measured) {
+						return
+					}
+					got = append(got, tok.ID)
+				}
+				assert.Equal(t, want, got, "in the Batcher, measured %v", measured)
+			}()
+		}
+		wg.Wait()
+		stop()
+		_ = br.Wait()
+	}
 }
 
 func TestSpeculationCosts(t *testing.T) {

@@ -159,7 +159,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		// Measured now, for every batch the scheduler may run, not in its
 		// loop at the first request of each.
 		for b := 1; b <= max(cfg.MaxSequences, 16); b *= 2 {
-			if _, err := m.SpeculationCostsAt(ctx, b); err != nil {
+			_, err := m.SpeculationCostsAt(ctx, b)
+			if errors.Is(err, k3.ErrMemoryBudget) {
+				// Larger batches take their depths from the largest
+				// measured (or decode plainly, with none).
+				fmt.Fprintf(stderr, "k3 serve: speculation costs measured below a batch of %d: %v\n", b, err)
+				break
+			}
+			if err != nil {
 				hs.Close()
 				return err
 			}

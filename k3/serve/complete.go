@@ -533,6 +533,12 @@ func (a *answer) stream(ctx context.Context, w http.ResponseWriter, events <-cha
 		}
 		return true
 	}
+	end := func() {
+		fmt.Fprint(w, "data: [DONE]\n\n")
+		if flusher != nil {
+			flusher.Flush()
+		}
+	}
 	begin := func() bool {
 		if started {
 			return true
@@ -571,7 +577,12 @@ func (a *answer) stream(ctx context.Context, w http.ResponseWriter, events <-cha
 				writeError(w, ev.err)
 				return
 			}
-			send(asAPIError(ev.err).body())
+			// The error object as a chunk, then [DONE], as vLLM ends a
+			// stream that fails: OpenAI's clients raise the error, and a
+			// client that reads to [DONE] still finds it.
+			if send(asAPIError(ev.err).body()) {
+				end()
+			}
 			return
 		}
 		if !begin() {
@@ -622,10 +633,7 @@ func (a *answer) stream(ctx context.Context, w http.ResponseWriter, events <-cha
 	} else {
 		a.usage() // the counters
 	}
-	fmt.Fprint(w, "data: [DONE]\n\n")
-	if flusher != nil {
-		flusher.Flush()
-	}
+	end()
 }
 
 // streamParsed sends a chat choice's piece of text when the request

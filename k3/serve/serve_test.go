@@ -764,3 +764,28 @@ func TestSpeculativeStructured(t *testing.T) {
 	met := scrape(t, hs.URL)
 	assert.Positive(t, met["vllm:spec_decode_num_draft_tokens_total"], "the held request speculated")
 }
+
+// TestStreamError: a generation that fails after its stream has begun
+// ends the stream with the error object as a chunk, then [DONE], as
+// vLLM ends one.
+func TestStreamError(t *testing.T) {
+	s, _, _ := newTestServer(t, Config{})
+	for _, chat := range []bool{true, false} {
+		j := &job{chat: chat, stream: true, prompts: [][]int32{{1, 2, 3}}, n: 1}
+		a := &answer{j: j, s: s, id: "test", choices: make([]choice, 1), cached: []int{-1}}
+		events := make(chan event, 2)
+		events <- event{tok: k3.Token{ID: 5, Text: "a"}}
+		events <- event{err: fmt.Errorf("%w: a test's", k3.ErrMemoryBudget)}
+		close(events)
+		w := httptest.NewRecorder()
+		a.stream(context.Background(), w, events)
+		require.Equal(t, 200, w.Code)
+		evs, done := sse(t, w.Body)
+		assert.True(t, done, "chat %v: no [DONE] after the error", chat)
+		require.NotEmpty(t, evs)
+		e, ok := evs[len(evs)-1]["error"].(map[string]any)
+		require.True(t, ok, "chat %v: the last chunk %v", chat, evs[len(evs)-1])
+		assert.Equal(t, "server_error", e["type"])
+		assert.Contains(t, e["message"], "memory budget")
+	}
+}
