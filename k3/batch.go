@@ -20,24 +20,27 @@ import (
 type Batch struct {
 	m       *Model
 	tapRows []float32 // keepTaps' view of a session's new taps (read by pointer: no allocation)
-	max     int
-	kdaL    []*kda.Layer
-	mlaL    []*dsa.Layer
-	p       *pass
-	mix     mixer
-	cur     []*Session // the sessions of the running step
-	states  []*kda.State
-	caches  []*dsa.Cache // one per session of the running pass
-	kdaSeqs kda.Seqs
-	dsaSeqs dsa.Seqs
-	rec     *recorder
-	cu      []int32 // the running pass's row offsets per session
-	cuAll   []int32 // Step's offsets: one row per session
-	ids     []int32 // the running pass's tokens
-	picked  []int32 // the running pass's rows that get logits, without all
-	nExact  int     // sessions of the running pass that are exact runs
-	passes  []batchPass
-	trace   *Trace // a single session's trace, while it runs
+	// promised is the room the Batcher that runs the batch keeps for its
+	// sequences' growth (Batcher.keep; 0 for other batches).
+	promised int64
+	max      int
+	kdaL     []*kda.Layer
+	mlaL     []*dsa.Layer
+	p        *pass
+	mix      mixer
+	cur      []*Session // the sessions of the running step
+	states   []*kda.State
+	caches   []*dsa.Cache // one per session of the running pass
+	kdaSeqs  kda.Seqs
+	dsaSeqs  dsa.Seqs
+	rec      *recorder
+	cu       []int32 // the running pass's row offsets per session
+	cuAll    []int32 // Step's offsets: one row per session
+	ids      []int32 // the running pass's tokens
+	picked   []int32 // the running pass's rows that get logits, without all
+	nExact   int     // sessions of the running pass that are exact runs
+	passes   []batchPass
+	trace    *Trace // a single session's trace, while it runs
 
 	// With state slabs: the running pass's exact sessions' slots (I32
 	// [slabSize], written before the pass) and their slab, nil when they
@@ -221,11 +224,14 @@ func (bt *Batch) run(ctx context.Context, sessions []*Session, cu, ids []int32, 
 		}
 	}
 	// The state the call will grow by is reserved first: past the budget
-	// the call fails before anything changes.
+	// the call fails before anything changes. A Batcher's pass grows into
+	// the room it keeps for its sequences, which the ledger already
+	// counts; only what goes past it is taken.
 	var grow int64
 	for i, s := range sessions {
 		grow += s.growth(int(cu[i+1] - cu[i]))
 	}
+	grow = max(0, grow-bt.promised)
 	if err := bt.m.mem.take(grow, "a batch pass"); err != nil {
 		return err
 	}

@@ -41,6 +41,9 @@ type Batcher struct {
 	// What Stats reports: sequences in the loop's passes, requests the
 	// loop holds back, and requests not yet handed to the loop.
 	gauges gauges
+	// promised is the memory the loop keeps for what its admitted
+	// sequences may still grow by (keep).
+	promised int64
 }
 
 // BatcherStats is what a Batcher holds at one moment.
@@ -326,6 +329,7 @@ func (b *Batcher) Run(ctx context.Context) error {
 // serve is the batcher's loop; its result is also kept for Wait.
 func (b *Batcher) serve(ctx context.Context) (err error) {
 	defer func() {
+		b.keep(nil, 0)
 		b.err = err
 		b.gauges.set(0, 0)
 		b.state.Store(batcherStopped)
@@ -435,16 +439,12 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 			}
 			if b.m.mem.budget > 0 {
 				worst := b.worstGrowth(r)
-				need := worst
-				for _, a := range active {
-					need += b.worstGrowth(a)
-				}
 				if worst+r.s.charged > b.m.mem.budget {
 					waiting = waiting[1:]
 					finish(r, fmt.Errorf("%w: the request may grow by %d bytes, past the budget of %d", ErrMemoryBudget, worst, b.m.mem.budget))
 					continue
 				}
-				if b.m.mem.take(need, "admission") != nil {
+				if need, ok := b.keep(active, worst); !ok {
 					if len(active) == 0 {
 						if stalled.IsZero() {
 							stalled = time.Now()
@@ -457,7 +457,6 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 					}
 					return // it waits for memory to come back
 				}
-				b.m.mem.add(-need)
 			}
 			stalled = time.Time{}
 			waiting = waiting[1:]
@@ -651,8 +650,11 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 			}
 		}
 		// The gauges first: a caller that sees its stream end and then
-		// reads Stats must not count itself still running.
+		// reads Stats must not count itself still running. The promise
+		// shrinks to what the sequences still running may grow by before
+		// the finished ones' callers, or anyone, look for room.
 		b.gauges.set(len(active), len(waiting))
+		b.keep(active, 0)
 		// Only now do the finished sessions belong to their callers again.
 		for _, r := range ending {
 			r.s.endTurn()
@@ -715,6 +717,26 @@ func queuedBytes(reqs []*batchReq) int64 {
 		}
 	}
 	return n
+}
+
+// keep makes the memory the Batcher keeps for its sequences (counted in
+// the ledger's use, and which its passes grow into) what the active ones
+// may still grow by, plus extra (a request being admitted). It returns
+// that sum and whether it fits the budget beside the memory in use;
+// when it does not, the promise stays as it was.
+func (b *Batcher) keep(active []*batchReq, extra int64) (int64, bool) {
+	if b.m.mem.budget <= 0 {
+		return 0, true
+	}
+	n := extra
+	for _, a := range active {
+		n += b.worstGrowth(a)
+	}
+	if !b.m.mem.promise(b.promised, n) {
+		return n, false
+	}
+	b.promised, b.batch.promised = n, n
+	return n, true
 }
 
 // worstGrowth is what r's session may still grow by: its prompt's rest

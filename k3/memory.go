@@ -19,17 +19,22 @@ var ErrMemoryBudget = errors.New("k3: memory budget exceeded")
 // cache, which gives up its least recently used blocks before a session
 // is refused. A call that would pass the budget fails with
 // ErrMemoryBudget before it changes anything; the Batcher holds prompts
-// back instead, and fails a running sequence only when the others cannot
-// go on without its memory, and the newest waiting request when nothing
-// runs and either the waiting requests' own sessions hold the memory the
-// oldest needs or none has come back for two seconds. bytes 0, the
-// default, sets no bound; Model.MemoryUsage reports the use either way.
+// back instead, and keeps room for what the sequences it admits may
+// still grow by, which their passes grow into (a new session that would
+// take that room fails). It fails the newest waiting request when
+// nothing runs and either the waiting requests' own sessions hold the
+// memory the oldest needs or none has come back for two seconds. bytes 0, the default, sets no
+// bound; Model.MemoryUsage reports the use either way.
 func WithMemoryBudget(bytes int64) Option { return func(o *options) { o.budget = bytes } }
 
 // MemoryUsage is the sequence state a model holds against its budget.
 type MemoryUsage struct {
-	Used   int64 // bytes of sessions' state, the prefix cache, free pages and kept states
+	Used   int64 // bytes of sessions' state, the prefix cache, free pages and kept states, and Promised
 	Budget int64 // 0: no bound
+	// Promised is the part of Used that running Batchers keep for what
+	// their admitted sequences may still grow by (under a budget), so
+	// that memory taken outside them cannot stop a sequence once admitted.
+	Promised int64
 	// Of Used, what can be given back for sessions: the prefix cache (its
 	// snapshots and the pages its blocks hold, each page once, though
 	// sessions may hold some of them too), and attention-cache pages
@@ -93,7 +98,7 @@ func (m *Model) MemoryUsage() MemoryUsage {
 		}
 	}
 	m.mem.mu.Lock()
-	u.Used, u.Budget = m.mem.used, m.mem.budget
+	u.Used, u.Budget, u.Promised = m.mem.used, m.mem.budget, m.mem.promised
 	m.mem.mu.Unlock()
 	if m.prefix != nil && u.PageBytes > 0 {
 		room := m.prefix.budget
@@ -124,6 +129,10 @@ type ledger struct {
 	mu     sync.Mutex
 	used   int64
 	budget int64
+	// promised is the part of used that Batchers keep for what their
+	// admitted sequences may still grow by (Batcher.keep); their own
+	// passes grow into it.
+	promised int64
 	// spare, when set, frees reclaimable memory (the prefix cache) of at
 	// least n bytes if it can; called without mu held.
 	spare func(n int64)
@@ -155,6 +164,35 @@ func (l *ledger) take(n int64, what string) error {
 			}
 		}
 		return fmt.Errorf("%w: %s needs %d bytes, %d of %d in use", ErrMemoryBudget, what, n, used, budget)
+	}
+}
+
+// promise changes a Batcher's promise from old to n bytes, first asking
+// spare for room when it grows past the budget; it reports whether n
+// fits, changing nothing when it does not. A promise can always shrink
+// (the count may be past the budget for a moment, while a pass's growth
+// is counted both in its sessions and in the promise).
+func (l *ledger) promise(old, n int64) bool {
+	for {
+		l.mu.Lock()
+		if l.budget <= 0 || n <= old || l.used-old+n <= l.budget {
+			l.used += n - old
+			l.promised += n - old
+			l.mu.Unlock()
+			return true
+		}
+		short, used := l.used-old+n-l.budget, l.used
+		l.mu.Unlock()
+		if l.spare == nil {
+			return false
+		}
+		l.spare(short)
+		l.mu.Lock()
+		freed := l.used < used
+		l.mu.Unlock()
+		if !freed {
+			return false
+		}
 	}
 }
 

@@ -371,3 +371,60 @@ func TestFreeStates(t *testing.T) {
 	require.NoError(t, small.Close())
 	assert.Zero(t, small.free.spare(), "Close frees the kept states")
 }
+
+// TestBatcherKeepsItsPromise: the room a Batcher keeps for what an
+// admitted request may still grow by is not taken by sessions made
+// outside it while the request runs: those fail with ErrMemoryBudget, and
+// the request completes as it would alone. Without the promise the
+// outside sessions took the room and the request's next pass failed
+// (found by a randomised run of k3 serve under a 3 MiB budget).
+func TestBatcherKeepsItsPromise(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	plain := load(t)
+	prompt := plain.Encode(words(10, "k"))
+	opts := []GenerateOption{WithMaxTokens(150), WithoutDefaultStops()}
+	probe, err := plain.NewSession()
+	require.NoError(t, err)
+	state := probe.StateBytes()
+	growth := probe.growth(len(prompt) + 150)
+	want := collect(t, probe.GenerateTokens(ctx, prompt, opts...))
+	require.NoError(t, probe.Close())
+	require.Greater(t, growth, state, "the request grows by more than a session's state")
+
+	// The request's session, its growth, and four more sessions.
+	budget := 5*state + growth
+	m := load(t, WithMemoryBudget(budget))
+	br, err := m.NewBatcher(2)
+	require.NoError(t, err)
+	require.NoError(t, br.Start(ctx))
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	defer s.Close()
+	var got []int32
+	var outside []*Session
+	defer func() {
+		for _, o := range outside {
+			o.Close()
+		}
+	}()
+	for tok, err := range br.GenerateTokens(ctx, s, prompt, opts...) {
+		require.NoError(t, err, "after %d tokens, beside %d sessions made outside", len(got), len(outside))
+		got = append(got, tok.ID)
+		if len(got) == 1 {
+			// Sessions outside the Batcher until the budget refuses one.
+			for len(outside) < 20 {
+				o, err := m.NewSession()
+				if err != nil {
+					require.ErrorIs(t, err, ErrMemoryBudget)
+					break
+				}
+				outside = append(outside, o)
+			}
+			assert.Less(t, len(outside), 5, "the promised room was given to sessions outside")
+			assert.Positive(t, m.MemoryUsage().Promised)
+		}
+	}
+	assert.Equal(t, want, got)
+	require.Eventually(t, func() bool { return m.MemoryUsage().Promised == 0 }, 10*time.Second, time.Millisecond, "the promise outlived its request")
+}

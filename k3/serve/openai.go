@@ -456,6 +456,9 @@ func (s *Server) sampling(req *sampling, j *job) error {
 		j.n = *req.N
 	}
 	if most := s.cfg.MaxSequences + s.cfg.MaxQueue; j.choices() > most {
+		if len(j.prompts) == 1 {
+			return badParam("n", "n = %d makes %d sequences; this server decodes and queues at most %d at once", j.n, j.n, most)
+		}
 		return badParam("prompt", "%d prompts with n = %d make %d sequences; this server decodes and queues at most %d at once",
 			len(j.prompts), j.n, j.choices(), most)
 	}

@@ -537,9 +537,11 @@ func TestMetrics(t *testing.T) {
 	before := scrape(t, hs.URL)
 	for _, name := range []string{"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
 		"vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-		"vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count"} {
+		"vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count",
+		"k3:memory_used_bytes", "k3:memory_budget_bytes", "k3:memory_promised_bytes"} {
 		assert.Contains(t, before, name)
 	}
+	assert.Zero(t, before["k3:memory_promised_bytes"], "nothing runs: nothing is kept for growth")
 	mem := m.MemoryUsage()
 	// num_gpu_blocks is the prefix cache's capacity (its own budget, not
 	// the pool's), which k3's TestPrefixPages holds to a filled cache.
@@ -788,4 +790,25 @@ func TestStreamError(t *testing.T) {
 		assert.Equal(t, "server_error", e["type"])
 		assert.Contains(t, e["message"], "memory budget")
 	}
+}
+
+// TestTooManySequences: a request whose sequences (prompts × n) cannot
+// all decode or wait at once is refused, naming n for one prompt and
+// prompt for several.
+func TestTooManySequences(t *testing.T) {
+	_, hs, _ := newTestServer(t, Config{MaxSequences: 1, MaxQueue: 1})
+	for _, tc := range []struct {
+		body  map[string]any
+		param string
+	}{
+		{map[string]any{"prompt": "a", "n": 3}, "n"},
+		{map[string]any{"prompt": []string{"a", "b"}, "n": 2}, "prompt"},
+		{map[string]any{"prompt": []string{"a", "b", "c"}}, "prompt"},
+	} {
+		code, out := post(t, hs.URL+"/v1/completions", tc.body)
+		require.Equal(t, 400, code, "%v: %v", tc.body, out)
+		assert.Equal(t, tc.param, out["error"].(map[string]any)["param"], "%v", tc.body)
+	}
+	code, out := post(t, hs.URL+"/v1/completions", map[string]any{"prompt": "a", "n": 2, "max_tokens": 2})
+	assert.Equal(t, 200, code, "two sequences fit: %v", out)
 }
