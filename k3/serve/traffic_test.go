@@ -1,0 +1,362 @@
+package serve
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"k3/k3"
+	"k3/specdec"
+)
+
+// TestRandomTraffic runs random clients against servers of random
+// configuration: sequences, queue, token budget, memory budget (none, 64,
+// 8 or 3 MiB), prefix cache, kept sessions (in memory or parked to a
+// directory, few and soon idle) and n-gram speculation (none, fixed or
+// adaptive). Four to sixteen clients at once each send one to three
+// requests: chat completions, completions (one prompt or two) and
+// Responses (some continuing the client's last), whole or streamed,
+// greedy or seeded, some with n > 1, stop strings, log-probabilities,
+// JSON mode, echo or a kept session (three ids shared by all, so some
+// collide), and some streams abandoned after a few lines. It checks:
+//   - every answer is 200, or 400 for more choices than the server holds,
+//     409 for a kept session in use, 429 for a full queue, or 503 naming
+//     the memory budget, with OpenAI's error object;
+//   - a stream read to its end ends with [DONE] (chat, completions) or
+//     response.completed or response.incomplete (Responses), with no
+//     error in it;
+//   - a whole answer has prompts × n choices, its usage adds up, and a
+//     choice cut by max_tokens has that many tokens;
+//   - greedy answers without a kept session, stop strings, JSON mode or
+//     echo, from a server with the default token budget and no prefix
+//     cache, are the text of the same generation run directly, every
+//     choice;
+//   - afterwards nothing runs, waits or is promised, and once the kept
+//     sessions are deleted the sessions' memory is what it was.
+//
+// It found requests failing mid-stream under a memory budget: an
+// adaptive depth's cost measurement that did not fit, and sessions made
+// for new requests taking the room a running request's next pass needed.
+// K3_HTTP_TRAFFIC=N runs N configurations instead of the default 6
+// (K3_HTTP_TRAFFIC_SEED the first).
+func TestRandomTraffic(t *testing.T) {
+	n, first := 6, 1
+	if v, err := strconv.Atoi(os.Getenv("K3_HTTP_TRAFFIC")); err == nil && v > 0 {
+		n = v
+	}
+	if v, err := strconv.Atoi(os.Getenv("K3_HTTP_TRAFFIC_SEED")); err == nil {
+		first = v
+	}
+	for seed := uint64(first); seed < uint64(first+n); seed++ {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { randomTraffic(t, seed) })
+	}
+}
+
+// greedyAnswer is a whole greedy answer to check against the generation
+// run directly: its prompt's tokens, max_tokens, and the choices' texts.
+type greedyAnswer struct {
+	prompt    []int32
+	maxTokens int
+	texts     []string
+	request   string
+}
+
+func randomTraffic(t *testing.T, seed uint64) {
+	ctx := context.Background()
+	r := rand.New(rand.NewPCG(seed, 77))
+	var mu sync.Mutex // r is shared by the clients
+	rnd := func(n int) int { mu.Lock(); defer mu.Unlock(); return r.IntN(n) }
+
+	opts := []k3.Option{k3.WithRollback(4)}
+	budget := []int64{0, 64 << 20, 8 << 20, 3 << 20}[rnd(4)]
+	if budget > 0 {
+		opts = append(opts, k3.WithMemoryBudget(budget))
+	}
+	cached := rnd(3) == 0
+	if cached {
+		opts = append(opts, k3.WithPrefixCache(8<<20))
+	}
+	m, err := k3.LoadTiny(ctx, opts...)
+	require.NoError(t, err)
+	cfg := Config{MaxSequences: 1 + rnd(4), MaxQueue: 1 + rnd(16), MaxSessions: 1 + rnd(4),
+		SessionIdle: time.Duration(20+rnd(500)) * time.Millisecond}
+	if rnd(3) == 0 {
+		cfg.TokenBudget = cfg.MaxSequences + 1 + rnd(40)
+	}
+	if rnd(2) == 0 {
+		cfg.SessionDir = t.TempDir()
+	}
+	spec := []string{"none", "fixed", "adaptive"}[rnd(3)]
+	switch spec {
+	case "fixed":
+		cfg.Speculation = k3.WithSpeculation(specdec.NGram{}, 1+rnd(4))
+	case "adaptive":
+		cfg.Speculation = k3.WithAdaptiveSpeculation(specdec.NGram{}, 1+rnd(4))
+	}
+	desc := fmt.Sprintf("memory budget %d, prefix cache %v, speculation %s, sequences %d, queue %d, token budget %d, kept sessions %d (directory %v, idle %v)",
+		budget, cached, spec, cfg.MaxSequences, cfg.MaxQueue, cfg.TokenBudget, cfg.MaxSessions, cfg.SessionDir != "", cfg.SessionIdle)
+	s, err := New(m, cfg)
+	require.NoError(t, err, desc)
+	hs := httptest.NewServer(s)
+	defer func() {
+		hs.Close()
+		require.NoError(t, s.Close())
+		require.NoError(t, m.Close())
+	}()
+	base := held(m)
+	exact := cfg.TokenBudget == 0 && !cached // the Batcher gives a lone run's tokens bitwise
+
+	words := []string{"func", "main", "type", "struct", "x", "the cat", "{", "}", "import", "fmt", "return", "if err != nil"}
+	text := func() string {
+		var b strings.Builder
+		for range 1 + rnd(12) {
+			b.WriteString(words[rnd(len(words))])
+			b.WriteByte(' ')
+		}
+		return b.String()
+	}
+	var greedy []greedyAnswer
+	var wg sync.WaitGroup
+	for c := range 4 + rnd(12) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			session := ""
+			if rnd(3) == 0 {
+				session = fmt.Sprint("s", rnd(3))
+			}
+			var prev string // the client's last response, for previous_response_id
+			for turn := range 1 + rnd(3) {
+				what := fmt.Sprintf("client %d, request %d, %s", c, turn, desc)
+				g := clientRequest(rnd, text, session, prev)
+				raw, err := json.Marshal(g.body)
+				require.NoError(t, err)
+				what += fmt.Sprintf(": %s %s", g.path, raw)
+				rctx, cancel := context.WithTimeout(ctx, 2*time.Minute) // a hang fails, it does not stall the run
+				req, err := http.NewRequestWithContext(rctx, "POST", hs.URL+g.path, bytes.NewReader(raw))
+				require.NoError(t, err)
+				req.Header.Set("Content-Type", "application/json")
+				if session != "" {
+					req.Header.Set(SessionHeader, session)
+				}
+				resp, err := http.DefaultClient.Do(req)
+				if !assert.NoError(t, err, what) {
+					cancel()
+					return
+				}
+				if g.abandon {
+					br := bufio.NewReader(resp.Body)
+					for range 1 + rnd(4) {
+						if _, err := br.ReadString('\n'); err != nil {
+							break
+						}
+					}
+					cancel()
+					resp.Body.Close()
+					continue
+				}
+				out, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				cancel()
+				if !assert.NoError(t, err, what) {
+					return
+				}
+				switch resp.StatusCode {
+				case 200:
+				case 400, 409, 429, 503:
+					var e struct {
+						Error struct{ Message, Type string }
+					}
+					assert.NoError(t, json.Unmarshal(out, &e), "%s: %s", what, out)
+					switch resp.StatusCode {
+					case 400:
+						assert.Contains(t, e.Error.Message, "decodes and queues at most", what)
+					case 503:
+						assert.Contains(t, e.Error.Message, "memory budget", what)
+					}
+					continue
+				default:
+					t.Errorf("status %d: %s; %s", resp.StatusCode, out, what)
+					continue
+				}
+				if g.stream {
+					if g.path == "/v1/responses" {
+						assert.NotContains(t, string(out), "event: error", what)
+						if assert.Regexp(t, "event: response.(completed|incomplete)", string(out), what) {
+							prev = lastResponseID(out)
+						}
+					} else {
+						assert.NotContains(t, string(out), `data: {"error"`, what)
+						assert.True(t, bytes.HasSuffix(out, []byte("data: [DONE]\n\n")), "%s: ends %q", what, out[max(0, len(out)-200):])
+					}
+					continue
+				}
+				var v map[string]any
+				if !assert.NoError(t, json.Unmarshal(out, &v), "%s: %s", what, out) {
+					continue
+				}
+				if g.path == "/v1/responses" {
+					prev, _ = v["id"].(string)
+					continue
+				}
+				choices, _ := v["choices"].([]any)
+				assert.Len(t, choices, g.choices, "%s: %s", what, out)
+				u := v["usage"].(map[string]any)
+				assert.Equal(t, u["prompt_tokens"].(float64)+u["completion_tokens"].(float64), u["total_tokens"], what)
+				var texts []string
+				for _, ch := range choices {
+					ch := ch.(map[string]any)
+					if g.choices == 1 && ch["finish_reason"] == "length" {
+						assert.EqualValues(t, g.maxTokens, u["completion_tokens"], "%s: cut by max_tokens", what)
+					}
+					if msg, ok := ch["message"].(map[string]any); ok {
+						texts = append(texts, msg["content"].(string))
+					} else {
+						texts = append(texts, ch["text"].(string))
+					}
+				}
+				if exact && g.plain && len(choices) == g.choices {
+					mu.Lock()
+					greedy = append(greedy, greedyAnswer{prompt: g.tokens(m), maxTokens: g.maxTokens, texts: texts, request: what})
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+
+	require.Eventually(t, func() bool { return s.b.Stats() == k3.BatcherStats{} }, 30*time.Second, 5*time.Millisecond, desc)
+	for i := range 3 {
+		req, err := http.NewRequest("DELETE", hs.URL+"/v1/sessions/s"+fmt.Sprint(i), nil)
+		require.NoError(t, err)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+	}
+	require.Eventually(t, func() bool { return held(m) <= base && m.MemoryUsage().Promised == 0 }, 30*time.Second, 5*time.Millisecond,
+		"memory %+v, at the start %d; %s", m.MemoryUsage(), base, desc)
+	for _, a := range greedy {
+		want, _ := direct(t, m, a.prompt, k3.WithMaxTokens(a.maxTokens), k3.WithTemperature(0))
+		for i, got := range a.texts {
+			assert.Equal(t, want, got, "choice %d of %s", i, a.request)
+		}
+	}
+}
+
+// trafficRequest is one random request of TestRandomTraffic.
+type trafficRequest struct {
+	path      string
+	body      map[string]any
+	stream    bool
+	abandon   bool // read a few lines of the stream, then leave
+	choices   int  // prompts × n
+	maxTokens int
+	// plain: greedy, one prompt, no stop strings, JSON mode, echo or
+	// kept session: its text is the generation's run directly.
+	plain bool
+	chat  string // the chat's message, or
+	raw   string // the completion's prompt
+}
+
+// tokens returns the prompt as the server tokenizes it.
+func (g *trafficRequest) tokens(m *k3.Model) []int32 {
+	if g.chat != "" {
+		return chatPrompt(m, g.chat)
+	}
+	return m.Encode(g.raw)
+}
+
+func clientRequest(rnd func(int) int, text func() string, session, prev string) *trafficRequest {
+	g := &trafficRequest{stream: rnd(2) == 0, maxTokens: 1 + rnd(20), choices: 1}
+	g.abandon = g.stream && rnd(4) == 0
+	body := map[string]any{"stream": g.stream}
+	g.body = body
+	greedy := rnd(3) > 0
+	if greedy {
+		body["temperature"] = 0
+	} else {
+		body["temperature"], body["seed"] = 0.8, rnd(100)
+	}
+	g.plain = greedy && session == ""
+	n := 1
+	if session == "" && rnd(3) == 0 {
+		n = 1 + rnd(3)
+		body["n"] = n
+	}
+	if rnd(4) == 0 {
+		body["stop"] = []string{"\n", "}"}[rnd(2)]
+		g.plain = false
+	}
+	switch rnd(3) {
+	case 0:
+		g.path = "/v1/chat/completions"
+		g.chat = text()
+		body["messages"] = []map[string]any{{"role": "user", "content": g.chat}}
+		body["max_tokens"] = g.maxTokens
+		if g.stream && rnd(2) == 0 {
+			body["stream_options"] = map[string]any{"include_usage": true}
+		}
+		if rnd(3) == 0 {
+			body["logprobs"], body["top_logprobs"] = true, rnd(3)
+		}
+		if rnd(5) == 0 {
+			body["response_format"] = map[string]any{"type": "json_object"}
+			g.plain = false
+		}
+		g.choices = n
+	case 1:
+		g.path = "/v1/completions"
+		g.raw = text()
+		body["prompt"] = g.raw
+		body["max_tokens"] = g.maxTokens
+		g.choices = n
+		if session == "" && n == 1 && rnd(3) == 0 {
+			body["prompt"] = []string{g.raw, text()}
+			g.choices, g.plain = 2, false
+		}
+		if rnd(3) == 0 {
+			body["logprobs"] = rnd(3)
+		}
+		if session == "" && !g.stream && rnd(4) == 0 {
+			body["echo"] = true
+			g.plain = false
+		}
+	default:
+		g.path = "/v1/responses"
+		delete(body, "stop")
+		delete(body, "n")
+		body["input"] = text()
+		body["max_output_tokens"] = g.maxTokens
+		if prev != "" && rnd(2) == 0 {
+			body["previous_response_id"] = prev
+		}
+		g.plain = false
+	}
+	return g
+}
+
+// lastResponseID returns the id of the response a Responses stream
+// describes.
+func lastResponseID(stream []byte) string {
+	i := bytes.LastIndex(stream, []byte(`"id":"resp_`))
+	if i < 0 {
+		return ""
+	}
+	id := stream[i+len(`"id":"`):]
+	return string(id[:bytes.IndexByte(id, '"')])
+}
