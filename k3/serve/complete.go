@@ -72,6 +72,9 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 		return ss, err
 	}
 	seqs := make([]iter.Seq2[k3.Token, error], total)
+	// own[k] is the session choice k generates in, when the request made
+	// it: it closes as soon as the choice ends (below).
+	own := make([]*k3.Session, total)
 	// fork starts choice k on a fork of base (false: failed, answered).
 	fork := func(base *k3.Session, k int) bool {
 		f, err := base.Fork()
@@ -80,7 +83,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 			return false
 		}
 		sessions = append(sessions, f)
-		seqs[k] = s.b.GenerateTokens(ctx, f, nil, j.choiceOpts(k)...)
+		seqs[k], own[k] = s.b.GenerateTokens(ctx, f, nil, j.choiceOpts(k)...), f
 		return true
 	}
 	cached := make([]int, len(j.prompts)) // per prompt; -1: its first choice's usage says
@@ -137,7 +140,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 					case j.maxTokens[p] == 0:
 						seqs[k+i] = finished(len(prompt))
 					case i == j.n-1:
-						seqs[k+i] = s.b.GenerateTokens(ctx, base, nil, j.choiceOpts(k+i)...)
+						seqs[k+i], own[k+i] = s.b.GenerateTokens(ctx, base, nil, j.choiceOpts(k+i)...), base
 					default:
 						if !fork(base, k+i) {
 							return
@@ -153,7 +156,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 					return
 				}
 				cached[p] = -1
-				seqs[k] = s.b.GenerateTokens(ctx, ss, prompt, j.choiceOpts(k)...)
+				seqs[k], own[k] = s.b.GenerateTokens(ctx, ss, prompt, j.choiceOpts(k)...), ss
 				continue
 			}
 			// The prompt prefills once; its choices fork its state.
@@ -174,7 +177,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 					return
 				}
 			}
-			seqs[k+j.n-1] = s.b.GenerateTokens(ctx, base, nil, j.choiceOpts(k+j.n-1)...)
+			seqs[k+j.n-1], own[k+j.n-1] = s.b.GenerateTokens(ctx, base, nil, j.choiceOpts(k+j.n-1)...), base
 		}
 	}
 
@@ -184,6 +187,13 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			if ss := own[i]; ss != nil {
+				// A choice that ended gives its memory back at once (the
+				// batcher has let go of the session when seq returns):
+				// the request's other choices may be waiting for it
+				// under the memory budget.
+				defer ss.Close()
+			}
 			for tok, err := range seq {
 				// A generation the client or the server's stop cut short
 				// (the batcher ends requests between passes) leaves its

@@ -812,3 +812,50 @@ func TestTooManySequences(t *testing.T) {
 	code, out := post(t, hs.URL+"/v1/completions", map[string]any{"prompt": "a", "n": 2, "max_tokens": 2})
 	assert.Equal(t, 200, code, "two sequences fit: %v", out)
 }
+
+// TestChoicesGiveBackMemory: a choice that has ended gives its session's
+// memory back at once, so the request's other choices, waiting for that
+// memory under the budget, run: before, its sessions closed only with
+// the whole request, its last prompt waited for its first prompt's memory
+// until the batcher's stall limit, and failed (found by TestRandomTraffic).
+func TestChoicesGiveBackMemory(t *testing.T) {
+	ctx := context.Background()
+	prompts := []string{strings.Repeat("func main() { fmt.Println(1) }\n", 6), strings.Repeat("type T struct{ a, b int }\n", 6)}
+	opts := []k3.GenerateOption{k3.WithMaxTokens(120), k3.WithoutDefaultStops(), k3.WithTemperature(0)}
+	probe, err := k3.LoadTiny(ctx)
+	require.NoError(t, err)
+	s0, err := probe.NewSession()
+	require.NoError(t, err)
+	state := s0.StateBytes()
+	var want []string
+	for _, p := range prompts {
+		text, _ := direct(t, probe, probe.Encode(p), opts...)
+		want = append(want, text)
+	}
+	for range s0.GenerateTokens(ctx, probe.Encode(prompts[0]), opts...) {
+	}
+	growth := s0.StateBytes() - state
+	require.NoError(t, probe.Close())
+	require.Greater(t, growth, int64(0))
+
+	// Both prompts' sessions and one generation's growth, not two.
+	m, err := k3.LoadTiny(ctx, k3.WithMemoryBudget(2*state+growth+growth/2))
+	require.NoError(t, err)
+	srv, err := New(m, Config{MaxSequences: 2})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv)
+	defer func() {
+		hs.Close()
+		require.NoError(t, srv.Close())
+		require.NoError(t, m.Close())
+	}()
+	start := time.Now()
+	code, out := post(t, hs.URL+"/v1/completions", map[string]any{"prompt": prompts, "max_tokens": 120, "ignore_eos": true, "temperature": 0})
+	require.Equal(t, 200, code, "%v", out)
+	choices := out["choices"].([]any)
+	require.Len(t, choices, 2)
+	for i, c := range choices {
+		assert.Equal(t, want[i], c.(map[string]any)["text"], "prompt %d", i)
+	}
+	t.Logf("answered in %v", time.Since(start))
+}

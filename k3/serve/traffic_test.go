@@ -221,6 +221,12 @@ func randomTraffic(t *testing.T, seed uint64) {
 				var texts []string
 				for _, ch := range choices {
 					ch := ch.(map[string]any)
+					if g.held != "" {
+						if _, cut := g.body["stop"]; !cut { // a stop string may end the value anywhere
+							checkHeld(t, g.held, ch, what)
+						}
+						continue
+					}
 					if g.choices == 1 && ch["finish_reason"] == "length" {
 						assert.EqualValues(t, g.maxTokens, u["completion_tokens"], "%s: cut by max_tokens", what)
 					}
@@ -271,6 +277,54 @@ type trafficRequest struct {
 	plain bool
 	chat  string // the chat's message, or
 	raw   string // the completion's prompt
+	// held is what the answer is held to: "json_object", "json_schema"
+	// (pairSchema), "tools" (a forced call of pair), or nothing.
+	held string
+}
+
+// pairSchema is the schema TestRandomTraffic's structured requests hold
+// answers and tool arguments to.
+var pairSchema = map[string]any{"type": "object", "additionalProperties": false, "required": []string{"a", "b"},
+	"properties": map[string]any{"a": map[string]any{"type": "integer", "minimum": 0, "maximum": 999}, "b": map[string]any{"type": "string", "maxLength": 8}}}
+
+// checkHeld checks a whole chat choice against what its request held it
+// to: finished by a stop, a JSON object (of pairSchema); finished by a
+// tool call, calls of pair with its arguments.
+func checkHeld(t *testing.T, held string, choice map[string]any, what string) {
+	t.Helper()
+	msg := choice["message"].(map[string]any)
+	finish := choice["finish_reason"]
+	pair := func(text string) {
+		var v map[string]any
+		if !assert.NoError(t, json.Unmarshal([]byte(text), &v), "%s: %q", what, text) {
+			return
+		}
+		if held == "json_object" {
+			return
+		}
+		assert.Len(t, v, 2, "%s: %q", what, text)
+		a, ok := v["a"].(float64)
+		assert.True(t, ok && a == float64(int64(a)) && a >= 0 && a <= 999, "%s: a in %q", what, text)
+		b, ok := v["b"].(string)
+		assert.True(t, ok && len([]rune(b)) <= 8, "%s: b in %q", what, text)
+	}
+	switch {
+	case held == "tools":
+		if finish == "length" {
+			return
+		}
+		assert.Equal(t, "tool_calls", finish, what)
+		calls, _ := msg["tool_calls"].([]any)
+		if assert.NotEmpty(t, calls, what) {
+			for _, c := range calls {
+				f := c.(map[string]any)["function"].(map[string]any)
+				assert.Equal(t, "pair", f["name"], what)
+				pair(f["arguments"].(string))
+			}
+		}
+	case finish == "stop":
+		pair(msg["content"].(string))
+	}
 }
 
 // tokens returns the prompt as the server tokenizes it.
@@ -314,9 +368,23 @@ func clientRequest(rnd func(int) int, text func() string, session, prev string) 
 		if rnd(3) == 0 {
 			body["logprobs"], body["top_logprobs"] = true, rnd(3)
 		}
-		if rnd(5) == 0 {
+		switch rnd(8) {
+		case 0:
 			body["response_format"] = map[string]any{"type": "json_object"}
-			g.plain = false
+			g.held, g.plain = "json_object", false
+		case 1:
+			body["response_format"] = map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "pair", "schema": pairSchema}}
+			g.held, g.plain = "json_schema", false
+		case 2:
+			// A forced call, its arguments held to the parameters.
+			body["tools"] = []map[string]any{{"type": "function", "function": map[string]any{"name": "pair", "parameters": pairSchema}}}
+			body["tool_choice"] = []any{"required", map[string]any{"type": "function", "function": map[string]any{"name": "pair"}}}[rnd(2)]
+			g.held, g.plain = "tools", false
+		}
+		if g.held != "" {
+			// Room to close the value.
+			g.maxTokens = 40 + rnd(60)
+			body["max_tokens"] = g.maxTokens
 		}
 		g.choices = n
 	case 1:
