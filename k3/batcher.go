@@ -628,7 +628,12 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 			if len(verifying) == 0 {
 				rows = nil
 			}
+			testHookBeforePass()
 			if err := b.batch.run(ctx, sessions, cu, tokens, nil, rows); err != nil {
+				if ctx.Err() != nil {
+					// Stopped in the pass: as a stop between passes ends them.
+					err = ErrBatcherClosed
+				}
 				err = fmt.Errorf("k3: batched step: %w", err)
 				for _, r := range active {
 					finish(r, err)
@@ -662,6 +667,10 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 		}
 	}
 }
+
+// testHookBeforePass is called before each of the loop's passes (tests
+// stop the loop there).
+var testHookBeforePass = func() {}
 
 // stallLimit is how long the oldest waiting request waits for memory
 // from outside the queue while nothing runs before the newest gives way

@@ -489,3 +489,44 @@ func TestBatcherGauges(t *testing.T) {
 	r, w, s = g.load()
 	assert.Equal(t, [3]int{3999 % 7, 3999%5 + 4000, 0}, [3]int{r, w, s})
 }
+
+// TestBatcherStopMidGeneration: generations running when the Batcher's
+// context ends fail with ErrBatcherClosed, the stop falling between
+// passes or just before one (where it came out as the pass's context
+// error, which k3 serve answered as an internal error), and their
+// sessions stay usable.
+func TestBatcherStopMidGeneration(t *testing.T) {
+	m := load(t)
+	defer func() { testHookBeforePass = func() {} }()
+	for round := range 8 {
+		br, err := m.NewBatcher(2)
+		require.NoError(t, err)
+		ctx, stop := context.WithCancel(context.Background())
+		passes := 0
+		testHookBeforePass = func() {
+			// Rounds 0-3 stop just before their first to fourth pass.
+			if passes++; round < 4 && passes == round+1 {
+				stop()
+			}
+		}
+		require.NoError(t, br.Start(ctx))
+		s, err := m.NewSession()
+		require.NoError(t, err)
+		n := 0
+		var last error
+		for _, err := range br.Generate(context.Background(), s, "func main() {", WithMaxTokens(500), WithoutDefaultStops()) {
+			if err != nil {
+				last = err
+				break
+			}
+			if n++; round >= 4 && n == round-3 {
+				stop() // from the consumer, between passes
+			}
+		}
+		require.ErrorIs(t, last, ErrBatcherClosed, "round %d, after %d tokens", round, n)
+		_ = br.Wait()
+		_, err = s.Forward(context.Background(), []int32{5})
+		require.NoError(t, err, "round %d: the session after the stop", round)
+		require.NoError(t, s.Close())
+	}
+}

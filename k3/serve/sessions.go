@@ -150,6 +150,11 @@ func (st *sessionStore) put(id string, s *k3.Session, usable bool) {
 		// The store was closed while the request ran: nothing keeps it.
 		st.mu.Unlock()
 		s.Close()
+	case st.closed && st.dir == "":
+		// Closed, and nowhere to park it: dropped.
+		delete(st.live, id)
+		st.mu.Unlock()
+		s.Close()
 	case st.closed:
 		// close has waited out the writes already: this one is written
 		// now, before the request ends.

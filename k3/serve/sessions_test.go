@@ -152,31 +152,50 @@ func TestParkedSessions(t *testing.T) {
 
 // TestCloseWhileKeptSessionRuns: closing the server while a kept session
 // answers ends that answer, and the session is parked when the request
-// lets go of it rather than while it runs.
+// lets go of it rather than while it runs; without a session directory
+// it is dropped then, no file written (one was written to the working
+// directory, found by TestRandomTraffic).
 func TestCloseWhileKeptSessionRuns(t *testing.T) {
-	dir := t.TempDir()
-	m, err := k3.LoadTiny(context.Background(), k3.WithMemoryBudget(testBudget))
-	require.NoError(t, err)
-	defer m.Close()
-	s, err := New(m, Config{SessionDir: dir})
-	require.NoError(t, err)
-	hs := httptest.NewServer(s)
-	defer hs.Close()
-	b, _ := json.Marshal(map[string]any{"prompt": "x", "max_tokens": 2000, "ignore_eos": true, "stream": true})
-	req, _ := http.NewRequest("POST", hs.URL+"/v1/completions", bytes.NewReader(b))
-	req.Header.Set(SessionHeader, "running")
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, 200, resp.StatusCode)
-	require.NoError(t, s.Close())
-	io.Copy(io.Discard, resp.Body) // the stream ends (with an error event)
-	require.Eventually(t, func() bool {
-		_, err := os.Stat(filepath.Join(dir, "running.k3session"))
-		return err == nil
-	}, 10*time.Second, 5*time.Millisecond, "the session was parked once its request let go")
-	live, _ := s.store.counts()
-	assert.Zero(t, live)
+	for _, parked := range []bool{true, false} {
+		dir := ""
+		if parked {
+			dir = t.TempDir()
+		}
+		m, err := k3.LoadTiny(context.Background(), k3.WithMemoryBudget(testBudget))
+		require.NoError(t, err)
+		defer m.Close()
+		s, err := New(m, Config{SessionDir: dir})
+		require.NoError(t, err)
+		saved := make(chan string, 1)
+		s.store.beforeSave = func(id string) { saved <- id }
+		hs := httptest.NewServer(s)
+		defer hs.Close()
+		b, _ := json.Marshal(map[string]any{"prompt": "x", "max_tokens": 2000, "ignore_eos": true, "stream": true})
+		req, _ := http.NewRequest("POST", hs.URL+"/v1/completions", bytes.NewReader(b))
+		req.Header.Set(SessionHeader, "running")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		require.Equal(t, 200, resp.StatusCode)
+		require.NoError(t, s.Close())
+		io.Copy(io.Discard, resp.Body) // the stream ends (with an error event)
+		if parked {
+			require.Eventually(t, func() bool {
+				_, err := os.Stat(filepath.Join(dir, "running.k3session"))
+				return err == nil
+			}, 10*time.Second, 5*time.Millisecond, "the session was parked once its request let go")
+			assert.Equal(t, "running", <-saved)
+		} else {
+			require.Eventually(t, func() bool { live, _ := s.store.counts(); return live == 0 }, 10*time.Second, 5*time.Millisecond)
+			select {
+			case id := <-saved:
+				t.Errorf("session %s written without a session directory", id)
+			default:
+			}
+		}
+		live, _ := s.store.counts()
+		assert.Zero(t, live)
+	}
 }
 
 // TestParkingOutsideLock: a session's parking write holds up no other
