@@ -33,8 +33,10 @@ import (
 // requests: chat completions, completions (one prompt or two) and
 // Responses (some continuing the client's last), whole or streamed,
 // greedy or seeded, some with n > 1, stop strings, log-probabilities,
-// JSON mode, echo or a kept session (three ids shared by all, so some
-// collide), and some streams abandoned after a few lines. It checks:
+// JSON mode, a JSON schema, a forced tool call, echo or a kept session
+// (three ids shared by all, so some collide); some streams are read
+// slowly and some abandoned after a few lines, and some clients
+// tokenize. It checks:
 //   - every answer is 200, or 400 for more choices than the server holds,
 //     409 for a kept session in use, 429 for a full queue, or 503 naming
 //     the memory budget, with OpenAI's error object;
@@ -42,7 +44,11 @@ import (
 //     response.completed or response.incomplete (Responses), with no
 //     error in it;
 //   - a whole answer has prompts × n choices, its usage adds up, and a
-//     choice cut by max_tokens has that many tokens;
+//     choice cut by max_tokens has that many tokens; a structured one
+//     that ended by itself holds its format, or calls its tool with
+//     arguments that hold its parameters;
+//   - a whole response is kept as answered (GET), and gone once deleted;
+//   - /detokenize gives back the text /tokenize read;
 //   - greedy answers without a kept session, stop strings, JSON mode or
 //     echo, from a server with the default token budget and no prefix
 //     cache, are the text of the same generation run directly, every
@@ -159,6 +165,9 @@ func randomTraffic(t *testing.T, seed uint64) {
 				session = fmt.Sprint("s", rnd(3))
 			}
 			var prev string // the client's last response, for previous_response_id
+			if rnd(5) == 0 && closing == nil {
+				checkTokenize(t, hs.URL, text(), fmt.Sprintf("client %d, %s", c, desc))
+			}
 			for turn := range 1 + rnd(3) {
 				what := fmt.Sprintf("client %d, request %d, %s", c, turn, desc)
 				g := clientRequest(rnd, text, session, prev)
@@ -188,7 +197,14 @@ func randomTraffic(t *testing.T, seed uint64) {
 					resp.Body.Close()
 					continue
 				}
-				out, err := io.ReadAll(resp.Body)
+				var out []byte
+				if g.stream && rnd(4) == 0 {
+					// A slow reader: the stream fills and its sequence
+					// waits for it.
+					out, err = slowRead(resp.Body, func() time.Duration { return time.Duration(rnd(3)) * time.Millisecond })
+				} else {
+					out, err = io.ReadAll(resp.Body)
+				}
 				resp.Body.Close()
 				cancel()
 				if !assert.NoError(t, err, what) {
@@ -237,6 +253,13 @@ func randomTraffic(t *testing.T, seed uint64) {
 				}
 				if g.path == "/v1/responses" {
 					prev, _ = v["id"].(string)
+					if closing == nil && prev != "" {
+						remove := rnd(4) == 0
+						checkKeptResponse(t, hs.URL, prev, v, remove, what)
+						if remove {
+							prev = ""
+						}
+					}
 					continue
 				}
 				choices, _ := v["choices"].([]any)
@@ -469,4 +492,67 @@ func lastResponseID(stream []byte) string {
 	}
 	id := stream[i+len(`"id":"`):]
 	return string(id[:bytes.IndexByte(id, '"')])
+}
+
+// slowRead reads r a line at a time, pausing between lines.
+func slowRead(r io.Reader, pause func() time.Duration) ([]byte, error) {
+	var out []byte
+	br := bufio.NewReader(r)
+	for {
+		line, err := br.ReadBytes('\n')
+		out = append(out, line...)
+		if err == io.EOF {
+			return out, nil
+		}
+		if err != nil {
+			return out, err
+		}
+		time.Sleep(pause())
+	}
+}
+
+// checkKeptResponse requires GET /v1/responses/ID to answer the response
+// v as it was answered; with remove, it deletes it, and a GET then
+// answers 404.
+func checkKeptResponse(t *testing.T, url, id string, v map[string]any, remove bool, what string) {
+	t.Helper()
+	get := func() (int, map[string]any) {
+		resp, err := http.Get(url + "/v1/responses/" + id)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var kept map[string]any
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&kept), what)
+		return resp.StatusCode, kept
+	}
+	code, kept := get()
+	if assert.Equal(t, 200, code, "%s: GET %s: %v", what, id, kept) {
+		assert.Equal(t, v, kept, "%s: the kept response", what)
+	}
+	if !remove {
+		return
+	}
+	req, err := http.NewRequest("DELETE", url+"/v1/responses/"+id, nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, 200, resp.StatusCode, "%s: DELETE %s", what, id)
+	code, _ = get()
+	assert.Equal(t, 404, code, "%s: GET %s after its DELETE", what, id)
+}
+
+// checkTokenize requires /detokenize to give back the text /tokenize
+// read.
+func checkTokenize(t *testing.T, url, text, what string) {
+	t.Helper()
+	code, out := post(t, url+"/tokenize", map[string]any{"prompt": text})
+	if !assert.Equal(t, 200, code, "%s: %v", what, out) {
+		return
+	}
+	ids := out["tokens"].([]any)
+	assert.EqualValues(t, len(ids), out["count"], what)
+	code, out = post(t, url+"/detokenize", map[string]any{"tokens": ids})
+	if assert.Equal(t, 200, code, "%s: %v", what, out) {
+		assert.Equal(t, text, out["prompt"], what)
+	}
 }
