@@ -616,8 +616,20 @@ func (a *answer) responseStream(ctx context.Context, w http.ResponseWriter, even
 				writeError(w, ev.err)
 				return
 			}
+			// The error, then the terminal event a client waiting for one
+			// reads (Codex takes a failed response's error from it): the
+			// response, failed, with the output items finished before
+			// it. It is not kept.
 			ae := asAPIError(ev.err)
-			rs.send("error", map[string]any{"code": nullIfEmpty(ae.code), "message": ae.msg, "param": nullIfEmpty(ae.param)})
+			if rs.send("error", map[string]any{"code": nullIfEmpty(ae.code), "message": ae.msg, "param": nullIfEmpty(ae.param)}) {
+				obj := a.responseObject("failed", rs.output, nil)
+				code := ae.code
+				if code == "" {
+					code = "server_error"
+				}
+				obj["error"] = map[string]any{"code": code, "message": ae.msg}
+				rs.send("response.failed", map[string]any{"response": obj})
+			}
 			return
 		}
 		if !rs.begin() {

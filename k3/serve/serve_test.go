@@ -790,6 +790,30 @@ func TestStreamError(t *testing.T) {
 		assert.Equal(t, "server_error", e["type"])
 		assert.Contains(t, e["message"], "memory budget")
 	}
+
+	// The Responses API: an error event, then response.failed with the
+	// output so far, and nothing kept.
+	j := &job{chat: true, stream: true, prompts: [][]int32{{1, 2, 3}}, n: 1,
+		resp: &responseEcho{toolChoice: "auto", tools: []any{}, format: map[string]any{"type": "text"}, temperature: 1, topP: 1, store: true}}
+	a := &answer{j: j, s: s, id: "resp_test", choices: make([]choice, 1), cached: []int{-1}}
+	events := make(chan event, 2)
+	events <- event{tok: k3.Token{ID: 5, Text: "a"}}
+	events <- event{err: fmt.Errorf("%w: a test's", k3.ErrMemoryBudget)}
+	close(events)
+	w := httptest.NewRecorder()
+	a.responseStream(context.Background(), w, events)
+	evs := respEvents(t, w.Body)
+	require.GreaterOrEqual(t, len(evs), 2)
+	assert.Equal(t, "error", evs[len(evs)-2]["type"])
+	last := evs[len(evs)-1]
+	require.Equal(t, "response.failed", last["type"])
+	r := last["response"].(map[string]any)
+	assert.Equal(t, "failed", r["status"])
+	assert.Equal(t, "resp_test", r["id"])
+	assert.Contains(t, r["error"].(map[string]any)["message"], "memory budget")
+	assert.Equal(t, "server_error", r["error"].(map[string]any)["code"])
+	_, kept := s.kept.get("resp_test")
+	assert.False(t, kept, "a failed response is not kept")
 }
 
 // TestTooManySequences: a request whose sequences (prompts × n) cannot
