@@ -55,6 +55,8 @@ type keptSession struct {
 	used time.Time
 }
 
+var errStoreClosed = &apiError{status: 503, typ: "server_error", msg: "the server is shutting down"}
+
 var errSessionBusy = &apiError{status: 409, typ: "invalid_request_error", param: SessionHeader,
 	msg: "the session is answering another request; send one request per session at a time"}
 
@@ -94,6 +96,10 @@ func (st *sessionStore) take(id string) (*k3.Session, error) {
 	}
 	st.mu.Lock()
 	st.settledLocked(id)
+	if st.closed {
+		st.mu.Unlock()
+		return nil, errStoreClosed
+	}
 	if k, ok := st.live[id]; ok {
 		defer st.mu.Unlock()
 		if k.busy {
@@ -157,15 +163,21 @@ func (st *sessionStore) put(id string, s *k3.Session, usable bool) {
 		s.Close()
 	case st.closed:
 		// close has waited out the writes already: this one is written
-		// now, before the request ends.
+		// now, before the request ends, as moving (a request for it
+		// waits, then is refused).
 		delete(st.live, id)
+		ch := make(chan struct{})
+		st.moving[id] = ch
 		st.mu.Unlock()
-		if st.save(id, s) {
-			st.mu.Lock()
-			st.parked++
-			st.mu.Unlock()
-		}
+		ok := st.save(id, s)
 		s.Close()
+		st.mu.Lock()
+		if ok {
+			st.parked++
+		}
+		delete(st.moving, id)
+		close(ch)
+		st.mu.Unlock()
 	case !usable:
 		delete(st.live, id)
 		st.mu.Unlock()

@@ -302,3 +302,43 @@ func TestIdleSessionsYieldToStarvedRequests(t *testing.T) {
 	assert.Equal(t, 1, live, "the session a request holds stays")
 	assert.Equal(t, 2, parked)
 }
+
+// TestKeptSessionAfterClose: a request for a kept session after the
+// server has closed is refused without the store making, loading or
+// writing the session. Before, it made one and wrote it when the request
+// failed, and two such requests for one id wrote its file at once,
+// interleaved (found by TestRandomTraffic: a later request read "bad
+// session file").
+func TestKeptSessionAfterClose(t *testing.T) {
+	dir := t.TempDir()
+	m, err := k3.LoadTiny(context.Background(), k3.WithMemoryBudget(testBudget))
+	require.NoError(t, err)
+	defer m.Close()
+	s, err := New(m, Config{SessionDir: dir})
+	require.NoError(t, err)
+	hs := httptest.NewServer(s)
+	defer hs.Close()
+	require.NoError(t, s.Close())
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b, _ := json.Marshal(map[string]any{"prompt": "x", "max_tokens": 4})
+			req, _ := http.NewRequest("POST", hs.URL+"/v1/completions", bytes.NewReader(b))
+			req.Header.Set(SessionHeader, "late")
+			resp, err := http.DefaultClient.Do(req)
+			if !assert.NoError(t, err) {
+				return
+			}
+			defer resp.Body.Close()
+			out, _ := io.ReadAll(resp.Body)
+			assert.Equal(t, 503, resp.StatusCode, "%s", out)
+			assert.Contains(t, string(out), "shutting down")
+		}()
+	}
+	wg.Wait()
+	files, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Empty(t, files, "the store wrote sessions after it closed")
+}

@@ -63,9 +63,10 @@ import (
 // adaptive depth's cost measurement that did not fit; sessions made for
 // new requests taking the room a running request's next pass needed; a
 // request's later choices waiting for its finished ones' memory), a
-// shutdown just before a pass answered as an internal error, and kept
+// shutdown just before a pass answered as an internal error, kept
 // sessions written to the working directory at shutdown by a server
-// without a session directory.
+// without a session directory, and, after shutdown, a kept session's
+// file written by two requests at once.
 // K3_HTTP_TRAFFIC=N runs N configurations instead of the default 6
 // (K3_HTTP_TRAFFIC_SEED the first).
 func TestRandomTraffic(t *testing.T) {
