@@ -19,28 +19,28 @@ import (
 // the next (continuous batching). A Batch is not safe for concurrent use.
 type Batch struct {
 	m       *Model
+	max     int
+	kdaL    []*kda.Layer
+	mlaL    []*dsa.Layer
+	p       *pass
+	mix     mixer
+	cur     []*Session // the sessions of the running step
+	states  []*kda.State
+	caches  []*dsa.Cache // one per session of the running pass
+	kdaSeqs kda.Seqs
+	dsaSeqs dsa.Seqs
+	rec     *recorder
+	cu      []int32 // the running pass's row offsets per session
+	cuAll   []int32 // Step's offsets: one row per session
+	ids     []int32 // the running pass's tokens
+	picked  []int32 // the running pass's rows that get logits, without all
+	nExact  int     // sessions of the running pass that are exact runs
+	passes  []batchPass
+	trace   *Trace    // a single session's trace, while it runs
 	tapRows []float32 // keepTaps' view of a session's new taps (read by pointer: no allocation)
 	// promised is the room the Batcher that runs the batch keeps for its
 	// sequences' growth (Batcher.keep; 0 for other batches).
 	promised int64
-	max      int
-	kdaL     []*kda.Layer
-	mlaL     []*dsa.Layer
-	p        *pass
-	mix      mixer
-	cur      []*Session // the sessions of the running step
-	states   []*kda.State
-	caches   []*dsa.Cache // one per session of the running pass
-	kdaSeqs  kda.Seqs
-	dsaSeqs  dsa.Seqs
-	rec      *recorder
-	cu       []int32 // the running pass's row offsets per session
-	cuAll    []int32 // Step's offsets: one row per session
-	ids      []int32 // the running pass's tokens
-	picked   []int32 // the running pass's rows that get logits, without all
-	nExact   int     // sessions of the running pass that are exact runs
-	passes   []batchPass
-	trace    *Trace // a single session's trace, while it runs
 
 	// With state slabs: the running pass's exact sessions' slots (I32
 	// [slabSize], written before the pass) and their slab, nil when they

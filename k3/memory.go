@@ -23,8 +23,9 @@ var ErrMemoryBudget = errors.New("k3: memory budget exceeded")
 // still grow by, which their passes grow into (a new session that would
 // take that room fails). It fails the newest waiting request when
 // nothing runs and either the waiting requests' own sessions hold the
-// memory the oldest needs or none has come back for two seconds. bytes 0, the default, sets no
-// bound; Model.MemoryUsage reports the use either way.
+// memory the oldest needs or none has come back for two seconds. bytes
+// 0, the default, sets no bound; Model.MemoryUsage reports the use
+// either way.
 func WithMemoryBudget(bytes int64) Option { return func(o *options) { o.budget = bytes } }
 
 // MemoryUsage is the sequence state a model holds against its budget.
