@@ -21,12 +21,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"k3/internal/tiny"
 	"k3/k3"
 	"k3/specdec"
 )
 
 // TestRandomTraffic runs random clients against servers of random
-// configuration: sequences, queue, token budget, memory budget (none, 64,
+// configuration, of the embedded model or (a quarter) of a random-weight
+// checkpoint of a preset: sequences, queue, token budget, memory budget (none, 64,
 // 8 or 3 MiB), prefix cache, kept sessions (in memory or parked to a
 // directory, few and soon idle) and n-gram speculation (none, fixed or
 // adaptive). Four to sixteen clients at once each send one to three
@@ -106,7 +108,20 @@ func randomTraffic(t *testing.T, seed uint64) {
 	if cached {
 		opts = append(opts, k3.WithPrefixCache(8<<20))
 	}
-	m, err := k3.LoadTiny(ctx, opts...)
+	// The embedded model, or a random-weight checkpoint of a preset (a
+	// byte-level tokenizer, other shapes).
+	model := "the embedded model"
+	var m *k3.Model
+	var err error
+	if rnd(4) == 0 {
+		preset := []string{"k31pro", "k3", "kimi_linear"}[rnd(3)]
+		model = "a random " + preset
+		dir := t.TempDir()
+		require.NoError(t, tiny.Write(dir, preset, tiny.Options{Seed: seed, BF16: rnd(2) == 0}))
+		m, err = k3.Load(ctx, dir, opts...)
+	} else {
+		m, err = k3.LoadTiny(ctx, opts...)
+	}
 	require.NoError(t, err)
 	cfg := Config{MaxSequences: 1 + rnd(4), MaxQueue: 1 + rnd(16), MaxSessions: 1 + rnd(4),
 		SessionIdle: time.Duration(20+rnd(500)) * time.Millisecond}
@@ -123,8 +138,8 @@ func randomTraffic(t *testing.T, seed uint64) {
 	case "adaptive":
 		cfg.Speculation = k3.WithAdaptiveSpeculation(specdec.NGram{}, 1+rnd(4))
 	}
-	desc := fmt.Sprintf("memory budget %d, prefix cache %v, speculation %s, sequences %d, queue %d, token budget %d, kept sessions %d (directory %v, idle %v)",
-		budget, cached, spec, cfg.MaxSequences, cfg.MaxQueue, cfg.TokenBudget, cfg.MaxSessions, cfg.SessionDir != "", cfg.SessionIdle)
+	desc := fmt.Sprintf("%s, memory budget %d, prefix cache %v, speculation %s, sequences %d, queue %d, token budget %d, kept sessions %d (directory %v, idle %v)",
+		model, budget, cached, spec, cfg.MaxSequences, cfg.MaxQueue, cfg.TokenBudget, cfg.MaxSessions, cfg.SessionDir != "", cfg.SessionIdle)
 	s, err := New(m, cfg)
 	require.NoError(t, err, desc)
 	hs := httptest.NewServer(s)
