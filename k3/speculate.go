@@ -67,8 +67,11 @@ func WithAdaptiveSpeculation(d specdec.Drafter, maxDepth int) GenerateOption {
 // with probability Σ min(p, q), often more than the p of one fixed draft
 // that the default (coupled) mode keeps; but they are not the tokens
 // plain sampling draws for the same seed, which the coupled mode
-// guarantees. Greedy generations ignore the option: their verification
-// is already exact token for token.
+// guarantees. For a seed they are the same alone and in a Batcher at a
+// fixed depth; at an adaptive one the depths, chosen from costs measured
+// per batch shape, may differ, and so may the draws. Greedy generations
+// ignore the option: their verification is already exact token for
+// token.
 func WithRejectionSampling() GenerateOption {
 	return func(o *genOptions) { o.rejection = true }
 }
