@@ -772,15 +772,19 @@ func TestSpeculativeStructured(t *testing.T) {
 // vLLM ends one.
 func TestStreamError(t *testing.T) {
 	s, _, _ := newTestServer(t, Config{})
-	for _, chat := range []bool{true, false} {
-		j := &job{chat: chat, stream: true, prompts: [][]int32{{1, 2, 3}}, n: 1}
-		a := &answer{j: j, s: s, id: "test", choices: make([]choice, 1), cached: []int{-1}}
+	// failing is a generation's events: a token, then a failure.
+	failing := func() chan event {
 		events := make(chan event, 2)
 		events <- event{tok: k3.Token{ID: 5, Text: "a"}}
 		events <- event{err: fmt.Errorf("%w: a test's", k3.ErrMemoryBudget)}
 		close(events)
+		return events
+	}
+	for _, chat := range []bool{true, false} {
+		j := &job{chat: chat, stream: true, prompts: [][]int32{{1, 2, 3}}, n: 1}
+		a := &answer{j: j, s: s, id: "test", choices: make([]choice, 1), cached: []int{-1}}
 		w := httptest.NewRecorder()
-		a.stream(context.Background(), w, events)
+		a.stream(context.Background(), w, failing())
 		require.Equal(t, 200, w.Code)
 		evs, done := sse(t, w.Body)
 		assert.True(t, done, "chat %v: no [DONE] after the error", chat)
@@ -796,12 +800,8 @@ func TestStreamError(t *testing.T) {
 	j := &job{chat: true, stream: true, prompts: [][]int32{{1, 2, 3}}, n: 1,
 		resp: &responseEcho{toolChoice: "auto", tools: []any{}, format: map[string]any{"type": "text"}, temperature: 1, topP: 1, store: true}}
 	a := &answer{j: j, s: s, id: "resp_test", choices: make([]choice, 1), cached: []int{-1}}
-	events := make(chan event, 2)
-	events <- event{tok: k3.Token{ID: 5, Text: "a"}}
-	events <- event{err: fmt.Errorf("%w: a test's", k3.ErrMemoryBudget)}
-	close(events)
 	w := httptest.NewRecorder()
-	a.responseStream(context.Background(), w, events)
+	a.responseStream(context.Background(), w, failing())
 	evs := respEvents(t, w.Body)
 	require.GreaterOrEqual(t, len(evs), 2)
 	assert.Equal(t, "error", evs[len(evs)-2]["type"])

@@ -156,8 +156,8 @@ func (st *sessionStore) put(id string, s *k3.Session, usable bool) {
 		// The store was closed while the request ran: nothing keeps it.
 		st.mu.Unlock()
 		s.Close()
-	case st.closed && st.dir == "":
-		// Closed, and nowhere to park it: dropped.
+	case !usable || st.closed && st.dir == "":
+		// Unusable, or closed with nowhere to park it: dropped.
 		delete(st.live, id)
 		st.mu.Unlock()
 		s.Close()
@@ -169,19 +169,7 @@ func (st *sessionStore) put(id string, s *k3.Session, usable bool) {
 		ch := make(chan struct{})
 		st.moving[id] = ch
 		st.mu.Unlock()
-		ok := st.save(id, s)
-		s.Close()
-		st.mu.Lock()
-		if ok {
-			st.parked++
-		}
-		delete(st.moving, id)
-		close(ch)
-		st.mu.Unlock()
-	case !usable:
-		delete(st.live, id)
-		st.mu.Unlock()
-		s.Close()
+		st.write(id, s, ch)
 	default:
 		k.busy, k.used = false, time.Now()
 		st.mu.Unlock()
@@ -254,16 +242,22 @@ func (st *sessionStore) parkLocked(id string) {
 	st.writes.Add(1)
 	go func() {
 		defer st.writes.Done()
-		ok := st.save(id, k.s)
-		k.s.Close()
-		st.mu.Lock()
-		defer st.mu.Unlock()
-		if ok {
-			st.parked++
-		}
-		delete(st.moving, id)
-		close(ch)
+		st.write(id, k.s, ch)
 	}()
+}
+
+// write parks s, which is moving under ch: it saves and closes it, then
+// settles it (ch closes).
+func (st *sessionStore) write(id string, s *k3.Session, ch chan struct{}) {
+	ok := st.save(id, s)
+	s.Close()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if ok {
+		st.parked++
+	}
+	delete(st.moving, id)
+	close(ch)
 }
 
 // save writes s to id's file; a session that fails to save is dropped
