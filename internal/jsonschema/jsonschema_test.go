@@ -60,6 +60,10 @@ var schemas = map[string]string{
 	"pair":   `{"type":"object","properties":{"a":{"type":"null"},"b":{"type":"null"},"c":{"type":"null"}},"required":["a"],"minProperties":2,"maxProperties":2,"additionalProperties":false}`,
 	"capped": `{"type":"object","properties":{"r":{"type":"null"},"s":{"type":"null"}},"required":["r","s"],"maxProperties":3}`,
 	"word":   `{"type":"string","minLength":2,"maxLength":6}`,
+	// Magnitudes from 2^62 units of the bounds' last digit on, where the
+	// digits read saturate: past every bound.
+	"huge": `{"type":"object","properties":{"p":{"type":"number","minimum":0.000000001},"n":{"type":"array","items":{"type":"number","exclusiveMinimum":4611686018427387903},"minItems":1},
+		"i":{"type":"integer","maximum":-4611686018427387903},"h":{"type":"number","minimum":0.5,"maximum":4611686018427387}},"additionalProperties":false}`,
 	"code":   `{"type":"string","pattern":"^[a-c]+$"}`,
 	"absorb": `{"anyOf":[{"type":"string","maxLength":2},{"type":"string"},{"type":"string","maxLength":1},{"type":"integer"},{"type":"number"},{"enum":["abc",7,"x\"y"]},{"type":"array","maxItems":1},{"type":"array"}]}`,
 }
@@ -216,6 +220,15 @@ func TestInstances(t *testing.T) {
 		{"capped", `{"x":1,"r":null,"s":null}`, true, false},
 		{"capped", `{"x":1,"y":2,"r":null}`, false, false},
 		{"capped", `{"r":null,"s":null,"x":1,"y":1}`, false, false},
+		{"huge", `{"p":5000000000,"n":[4611686018427387904,99999999999999999999.5],"i":-4611686018427387904,"h":4611686018427387}`, true, false},
+		{"huge", `{"p":0.000000001,"i":-99999999999999999999}`, true, false},
+		{"huge", `{"p":0.0000000009}`, false, false},
+		{"huge", `{"n":[4611686018427387903]}`, false, false},
+		{"huge", `{"n":[-4611686018427387905]}`, false, false},
+		{"huge", `{"i":-4611686018427387902}`, false, false},
+		{"huge", `{"i":99999999999999999999}`, false, false},
+		{"huge", `{"h":4611686018427387.1}`, false, false},
+		{"huge", `{"h":99999999999999999999}`, false, false},
 		{"absorb", `"abcd"`, true, false},
 		{"absorb", `"x\"y"`, true, false},
 		{"absorb", `1.5`, true, false},

@@ -66,8 +66,13 @@ func (s span) has(x int64) bool {
 }
 
 // meets reports whether some x with a <= x < b (a < x if aOpen) is
-// within s.
+// within s. An a saturated at maxBound stands for magnitudes from
+// maxBound on, past every bound: they meet s only if it has no upper
+// bound.
 func (s span) meets(a, b int64, aOpen bool) bool {
+	if a >= maxBound {
+		return s.hi == noHi
+	}
 	lower, open := a, aOpen
 	switch {
 	case s.lo > a:

@@ -7,6 +7,7 @@ import (
 	"net/mail"
 	"net/netip"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -113,13 +114,13 @@ func (vd validator) validObject(s map[string]any, v any) bool {
 	}
 	switch v := v.(type) {
 	case json.Number:
-		x, _ := new(big.Rat).SetString(string(v))
+		x := rat(v)
 		for k, cmp := range map[string]func(int) bool{
 			"minimum": func(c int) bool { return c >= 0 }, "exclusiveMinimum": func(c int) bool { return c > 0 },
 			"maximum": func(c int) bool { return c <= 0 }, "exclusiveMaximum": func(c int) bool { return c < 0 },
 		} {
 			if b, ok := s[k].(json.Number); ok {
-				y, _ := new(big.Rat).SetString(string(b))
+				y := rat(b)
 				if !cmp(x.Cmp(y)) {
 					return false
 				}
@@ -317,6 +318,29 @@ func validDuration(v string) bool {
 	return r == "" || timePart(r)
 }
 
+// rat is a JSON number's value. An exponent past ±1000 is taken as ±1000
+// (big.Rat refuses the huge ones a random walk writes): with the walks'
+// short mantissas that keeps the value's sign, whether it is an integer
+// and its order against any bound a schema here has.
+func rat(n json.Number) *big.Rat {
+	s := string(n)
+	if i := strings.IndexAny(s, "eE"); i >= 0 {
+		e, err := strconv.ParseInt(s[i+1:], 10, 64)
+		if err != nil { // beyond int64: its sign is enough
+			e = 1001
+			if s[i+1] == '-' {
+				e = -1001
+			}
+		}
+		s = s[:i] + "e" + strconv.FormatInt(max(min(e, 1000), -1000), 10)
+	}
+	x, ok := new(big.Rat).SetString(s)
+	if !ok {
+		panic("not a number: " + string(n))
+	}
+	return x
+}
+
 func num(s map[string]any, k string) (int, bool) {
 	n, ok := s[k].(json.Number)
 	if !ok {
@@ -336,8 +360,7 @@ func hasType(name string, v any) bool {
 		if name == "number" {
 			return true
 		}
-		r, ok := new(big.Rat).SetString(string(v))
-		return name == "integer" && ok && r.IsInt()
+		return name == "integer" && rat(v).IsInt()
 	case string:
 		return name == "string"
 	case []any:
@@ -356,9 +379,7 @@ func same(a, b any) bool {
 		if !ok {
 			return false
 		}
-		x, ok1 := new(big.Rat).SetString(string(a))
-		y, ok2 := new(big.Rat).SetString(string(bn))
-		return ok1 && ok2 && x.Cmp(y) == 0
+		return rat(a).Cmp(rat(bn)) == 0
 	case []any:
 		bl, ok := b.([]any)
 		if !ok || len(a) != len(bl) {
