@@ -265,6 +265,9 @@ func (g *schemaMaker) schema(depth int) any {
 	if depth > 0 && len(g.refs) > 0 && r.IntN(5) == 0 {
 		return obj{"$ref": "#/$defs/" + g.refs[r.IntN(len(g.refs))]}
 	}
+	if depth > 1 && r.IntN(20) == 0 {
+		return obj{"$ref": "#"} // the whole document
+	}
 	var s obj
 	switch k := r.IntN(15); {
 	case k == 0:
@@ -525,8 +528,10 @@ func (g *valueMaker) value(s any, depth int) any {
 	}
 	if ref, ok := m["$ref"].(string); ok {
 		t := g.doc
-		for _, tok := range strings.Split(strings.TrimPrefix(ref, "#/"), "/") {
-			t = t.(obj)[tok]
+		if ref != "#" {
+			for _, tok := range strings.Split(strings.TrimPrefix(ref, "#/"), "/") {
+				t = t.(obj)[tok]
+			}
 		}
 		return g.value(t, depth+1)
 	}
