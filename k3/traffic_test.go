@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"iter"
 	"math/rand/v2"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -27,7 +29,8 @@ import (
 // cancellation (for memory, before its pass: a caller outside making
 // sessions meanwhile, as some runs have, takes no room an admitted
 // request may grow into); and once every session is closed the
-// sessions' memory is what it was. It found a verify run longer than the token budget
+// sessions' memory is what it was, and nothing of the Batcher's or the
+// models' is left running once they are stopped and closed. It found a verify run longer than the token budget
 // failing its whole pass, and waiting requests whose sessions held the
 // memory the oldest needed waiting for ever. K3_TRAFFIC=N runs N
 // configurations instead of the default 8 (K3_TRAFFIC_SEED the first).
@@ -82,8 +85,37 @@ func (q trafficRequest) generate(ctx context.Context, m *Model, s *Session, gen 
 	return toks, nil
 }
 
+// running returns the stacks of the goroutines running k3's code other
+// than the test's own.
+func running() []string {
+	var b strings.Builder
+	if err := pprof.Lookup("goroutine").WriteTo(&b, 2); err != nil {
+		return []string{err.Error()}
+	}
+	var out []string
+	for _, g := range strings.Split(b.String(), "\n\n") {
+		if strings.Contains(g, "\nk3/") && !strings.Contains(g, "k3.randomTraffic") && !strings.Contains(g, "k3.TestBatcherRandomTraffic") {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
 func randomTraffic(t *testing.T, seed uint64) {
 	r := rand.New(rand.NewPCG(seed, 0x747266))
+	desc := ""
+	// Run last: once the Batcher has stopped and the models are closed,
+	// nothing of theirs is left running (polled here: assert.Eventually's
+	// checks run in goroutines of their own).
+	defer func() {
+		deadline := time.Now().Add(10 * time.Second)
+		left := running()
+		for len(left) > 0 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+			left = running()
+		}
+		assert.Empty(t, left, "goroutines left running (%s)", desc)
+	}()
 	ctx, stop := context.WithTimeout(context.Background(), 2*time.Minute) // a hang fails
 	defer stop()
 	chunk := 1 + r.IntN(40)
@@ -91,7 +123,7 @@ func randomTraffic(t *testing.T, seed uint64) {
 		chunk = 1 + r.IntN(4) // passes of few rows, beside verify runs
 	}
 	opts := []Option{WithPrefillChunk(chunk)}
-	desc := fmt.Sprintf("prefill chunk %d", chunk)
+	desc = fmt.Sprintf("prefill chunk %d", chunk)
 	cached := r.IntN(2) == 0
 	if cached {
 		opts = append(opts, WithPrefixCache(int64(1+r.IntN(8))<<20))

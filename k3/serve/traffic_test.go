@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -56,8 +57,9 @@ import (
 //     cache, are the text of the same generation run directly, every
 //     choice;
 //   - afterwards nothing runs, waits or is promised, once the kept
-//     sessions are deleted the sessions' memory is what it was, and no
-//     session file lies outside the session directory.
+//     sessions are deleted the sessions' memory is what it was, no
+//     session file lies outside the session directory, and once the
+//     server and the model are closed no goroutine of theirs is left.
 //
 // A quarter of the servers close while their clients are at it; their
 // answers may also be 503s, and streams may end with the shutdown's
@@ -82,6 +84,22 @@ func TestRandomTraffic(t *testing.T) {
 	for seed := uint64(first); seed < uint64(first+n); seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) { randomTraffic(t, seed) })
 	}
+}
+
+// running returns the stacks of the goroutines running k3's code other
+// than the test's own.
+func running() []string {
+	var b strings.Builder
+	if err := pprof.Lookup("goroutine").WriteTo(&b, 2); err != nil {
+		return []string{err.Error()}
+	}
+	var out []string
+	for _, g := range strings.Split(b.String(), "\n\n") {
+		if strings.Contains(g, "\nk3/") && !strings.Contains(g, "serve.randomTraffic") && !strings.Contains(g, "serve.TestRandomTraffic") {
+			out = append(out, g)
+		}
+	}
+	return out
 }
 
 // greedyAnswer is a whole greedy answer to check against the generation
@@ -147,6 +165,13 @@ func randomTraffic(t *testing.T, seed uint64) {
 		hs.Close()
 		require.NoError(t, s.Close())
 		require.NoError(t, m.Close())
+		// Closed, the server, its Batcher and the model leave nothing
+		// of theirs running.
+		var left []string
+		if !assert.Eventually(t, func() bool { left = running(); return len(left) == 0 }, 10*time.Second, 5*time.Millisecond,
+			"goroutines left running; %s", desc) {
+			t.Log(strings.Join(left, "\n\n"))
+		}
 	}()
 	base := held(m)
 	exact := cfg.TokenBudget == 0 && !cached // the Batcher gives a lone run's tokens bitwise
