@@ -319,3 +319,29 @@ func TestConfidenceScheduledPrefix(t *testing.T) {
 	assert.Less(t, u.DraftTokens, d.drafted-d.drafted/4, "the prefixes cut the blocks")
 	t.Logf("%d drafts verified of %d drafted, all accepted", u.DraftTokens, d.drafted)
 }
+
+// TestDSparkFork: a fork continues as the session it copies, DSpark's
+// drafts included: the same tokens under rejection sampling for a seed,
+// and as many drafts (a fork once started without the module's rows, so
+// its first draft was empty and its draws went another way).
+func TestDSparkFork(t *testing.T) {
+	m, err := LoadTiny(context.Background(), WithRollback(8))
+	require.NoError(t, err)
+	defer m.Close()
+	ds, err := m.NewDSpark()
+	require.NoError(t, err)
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	defer s.Close()
+	genIDs(t, s, m.Encode("func (b *Buffer) Write(p []byte) (n int, err error) {\n"), WithMaxTokens(9), WithoutDefaultStops(), WithSpeculation(ds, 4))
+	f, err := s.Fork()
+	require.NoError(t, err)
+	defer f.Close()
+	opts := []GenerateOption{WithMaxTokens(24), WithoutDefaultStops(), WithSpeculation(ds, 4), WithRejectionSampling(), WithTemperature(1), WithSeed(5)}
+	want, wantUsage := genIDs(t, s, nil, opts...)
+	got, gotUsage := genIDs(t, f, nil, opts...)
+	require.Equal(t, want, got)
+	require.Positive(t, wantUsage.DraftTokens)
+	require.Equal(t, wantUsage.DraftTokens, gotUsage.DraftTokens)
+	require.Equal(t, wantUsage.AcceptedTokens, gotUsage.AcceptedTokens)
+}

@@ -465,7 +465,8 @@ func (s *Session) Truncate(ctx context.Context, n int) error {
 // of it from then on (a conversation's branch, n completions of one
 // prompt): the KDA states are copied, the attention caches share every
 // full page with s and copy only the partial last one, and either
-// session copies a shared page before it writes into it.
+// session copies a shared page before it writes into it. The rows a
+// DSpark drafter reads are copied too: the fork drafts as s would.
 func (s *Session) Fork() (*Session, error) { return s.Clone() }
 
 // Clone is Fork, by its older name.
@@ -510,6 +511,16 @@ func (s *Session) Clone() (*Session, error) {
 	c.pos, c.tokens = s.pos, append([]int32(nil), s.tokens...)
 	if s.last != nil {
 		c.last = append([]float32(nil), s.last...)
+	}
+	// A DSpark module's rows, so that the fork's first draft is the one
+	// the session would draft (keepTaps reslices them up to their
+	// capacity).
+	if s.taps != nil {
+		c.taps = make([][]float32, len(s.taps))
+		for i, tp := range s.taps {
+			c.taps[i] = append(make([]float32, 0, cap(tp)), tp...)
+		}
+		c.tapsPos, c.tapsRows = s.tapsPos, s.tapsRows
 	}
 	return c, nil
 }
