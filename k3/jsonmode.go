@@ -8,7 +8,8 @@ import (
 // mode): before each draw only the tokens whose bytes keep the text a
 // prefix of a JSON object may be drawn, and once the object closes only
 // the stop tokens (with none, WithoutDefaultStops, the generation ends
-// there). Special tokens other than the stop tokens are never drawn.
+// there). Special tokens other than the stop tokens are never drawn, and
+// numbers stay below 10^308 in magnitude (float64's range).
 // max_tokens may still cut the object short (FinishLength). A generation
 // held this way speculates as any other (WithSpeculation): each draw, a
 // draft's confirmation included, reads its own position's mask. It is

@@ -48,7 +48,8 @@ func (s *JSONSchema) Objects() (*JSONSchema, error) {
 // bytes keep the text a prefix of such a value may be drawn, and once it
 // is whole only the stop tokens (with none, WithoutDefaultStops, the
 // generation ends there). Keys, enum and const values are written
-// compactly, integers without fraction or exponent; white space outside
+// compactly, integers without fraction or exponent, numbers below 10^308
+// in magnitude (float64's range); white space outside
 // strings is allowed, at most 32 bytes in a row. Special tokens other
 // than the stop tokens are never drawn. max_tokens may still cut the
 // value short (FinishLength). A generation held this way may speculate,

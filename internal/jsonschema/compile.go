@@ -17,7 +17,8 @@
 // escapes), integers without fraction or exponent, bounded numbers without
 // exponent (number.go), strings under a length
 // bound as valid UTF-8 without \u escapes, strings under a pattern or a
-// format without escapes at all (pattern.go). White space outside strings
+// format without escapes at all (pattern.go), numbers below 10^308 in
+// magnitude (maxMagnitude). White space outside strings
 // and literals is allowed, at most MaxSpace bytes in a row.
 package jsonschema
 

@@ -115,6 +115,18 @@ func TestInstances(t *testing.T) {
 		{"open", `{"id":1,"id":2}`, false, false},
 		{"scalars", `-0.5e+3`, true, false},
 		{"scalars", `true`, true, false},
+		// Numbers below 10^308 (float64's range): d integer digits and
+		// exponent e with d+e at most 308.
+		{"scalars", `9.99e307`, true, false},
+		{"scalars", `-0.5e308`, true, false},
+		{"scalars", `1e-99999`, true, false},
+		{"scalars", strings.Repeat("9", 308) + `.5`, true, false},
+		{"scalars", `1e308`, false, true},
+		{"scalars", `-12e307`, false, true},
+		{"scalars", `0e309`, false, true},
+		{"scalars", `1` + strings.Repeat("0", 308), false, true},
+		{"ranged", `{"rating":1,"big":1` + strings.Repeat("0", 307) + `}`, true, false},
+		{"ranged", `{"rating":1,"big":1` + strings.Repeat("0", 308) + `}`, false, true},
 		{"scalars", `"s"`, false, false},
 		{"numlits", `12`, true, false},
 		{"numlits", `1`, true, false},

@@ -104,6 +104,8 @@ type cursor struct {
 	inKey     bool  // mEscape, mHex: the escape is in a key
 	neg       bool  // a bounded number's sign
 	val       int64 // its integer digits so far (saturating at maxBound)
+	digits    int16 // a number's integer digits (none for a leading 0), at most maxMagnitude
+	exp       int16 // its exponent so far while not negative (-1 once it is)
 	frac      int64 // its first fraction digits (as many as its bounds have)
 	fd        uint8 // fraction digits read, at most one more than those
 	extra     bool  // a nonzero fraction digit past those
@@ -383,7 +385,7 @@ func (m *sim) take(c byte) bool {
 			cur.mode = mZero
 			return cur.fits()
 		case digit(c):
-			cur.mode, cur.val = mInt, int64(c-'0')
+			cur.mode, cur.val, cur.digits = mInt, int64(c-'0'), 1
 			return cur.fits()
 		}
 		return false
@@ -391,7 +393,10 @@ func (m *sim) take(c byte) bool {
 		fraction := cur.n.kinds&kNumber != 0
 		switch {
 		case digit(c) && cur.mode == mInt:
-			cur.val = appendDigit(cur.val, c)
+			if cur.digits >= maxMagnitude {
+				return false
+			}
+			cur.val, cur.digits = appendDigit(cur.val, c), cur.digits+1
 			return cur.fits()
 		case c == '.' && fraction:
 			cur.mode, cur.frac, cur.fd, cur.extra = mFracStart, 0, 0, false
@@ -421,22 +426,25 @@ func (m *sim) take(c byte) bool {
 	case mExpStart:
 		switch {
 		case c == '+' || c == '-':
-			cur.mode = mExpSign
+			cur.mode, cur.exp = mExpSign, 0
+			if c == '-' {
+				cur.exp = -1
+			}
 			return true
 		case digit(c):
-			cur.mode = mExp
-			return true
+			cur.mode, cur.exp = mExp, 0
+			return cur.expDigit(c)
 		}
 		return false
 	case mExpSign:
 		if digit(c) {
 			cur.mode = mExp
-			return true
+			return cur.expDigit(c)
 		}
 		return false
 	case mExp:
 		if digit(c) {
-			return true
+			return cur.expDigit(c)
 		}
 		return m.ended(c)
 	case mWord:
@@ -454,6 +462,28 @@ func (m *sim) take(c byte) bool {
 }
 
 // escaped is the mode an escape returns to.
+// maxMagnitude bounds the numbers written: below 10^maxMagnitude, within
+// float64's range (I-JSON, RFC 7493: a number beyond it is valid JSON
+// that many readers refuse, Go's encoding/json among them). A number of
+// d integer digits (none for a leading 0) and exponent e is below
+// 10^(d+e): its integer digits and positive exponent keep d+e at most
+// maxMagnitude.
+const maxMagnitude = 308
+
+// expDigit takes an exponent's digit: a negative exponent any, a positive
+// one while the number stays below 10^maxMagnitude.
+func (cur *cursor) expDigit(c byte) bool {
+	if cur.exp < 0 {
+		return true
+	}
+	e := cur.exp*10 + int16(c-'0')
+	if cur.digits+e > maxMagnitude {
+		return false
+	}
+	cur.exp = e
+	return true
+}
+
 func (cur *cursor) escaped() mode {
 	if cur.inKey {
 		return mKeyString
@@ -538,13 +568,13 @@ func (m *sim) value(c byte) bool {
 		cur.mode, cur.chars, cur.need, cur.inKey, cur.dfa = mString, 0, 0, false, 0
 		cur.bounded = n.minLen > 0 || n.maxLen >= 0 || n.pat != nil
 	case c == '-' && n.kinds&(kInteger|kNumber) != 0:
-		cur.mode, cur.neg, cur.val = mMinus, true, 0
+		cur.mode, cur.neg, cur.val, cur.digits = mMinus, true, 0, 0
 		return cur.fits()
 	case c == '0' && n.kinds&(kInteger|kNumber) != 0:
-		cur.mode, cur.neg, cur.val = mZero, false, 0
+		cur.mode, cur.neg, cur.val, cur.digits = mZero, false, 0, 0
 		return cur.fits()
 	case digit(c) && n.kinds&(kInteger|kNumber) != 0:
-		cur.mode, cur.neg, cur.val = mInt, false, int64(c-'0')
+		cur.mode, cur.neg, cur.val, cur.digits = mInt, false, int64(c-'0'), 1
 		return cur.fits()
 	case c == 't' && n.kinds&kBool != 0:
 		cur.mode, cur.word = mWord, "rue"
