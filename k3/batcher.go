@@ -145,10 +145,13 @@ type batcherOptions struct{ budget int }
 // WithTokenBudget bounds the rows of one pass: a decode row for each
 // running sequence plus one prompt chunk. The chunk is the model's prefill
 // chunk (WithPrefillChunk) or, when the budget leaves less room beside the
-// batcher's sequences, that room; the default budget has room for the
-// whole chunk. Smaller chunks shorten the passes that carry them, which
-// bounds the running sequences' inter-token latency while a long prompt
-// prefills.
+// batcher's sequences, that room; the default budget, the sequences plus
+// the larger of the chunk and ExactTokens-1, has room for the whole chunk
+// and for the deepest speculation's verify run. A speculating sequence's
+// verify run is one pass's rows, so under a budget of n it drafts at most
+// n-1 tokens a run. Smaller chunks shorten the passes that carry them,
+// which bounds the running sequences' inter-token latency while a long
+// prompt prefills.
 func WithTokenBudget(n int) BatcherOption { return func(o *batcherOptions) { o.budget = n } }
 
 // NewBatcher makes a batcher for up to max concurrent generations; call
@@ -165,7 +168,12 @@ func (m *Model) NewBatcher(max int, opts ...BatcherOption) (*Batcher, error) {
 	if max <= 0 {
 		return nil, fmt.Errorf("k3: batcher for %d sequences", max)
 	}
+	// The default has room for the whole chunk, and for the deepest
+	// verify run (ExactTokens rows): a smaller one drafts less.
 	o := batcherOptions{budget: max + m.chunk}
+	if m.chunk < ExactTokens-1 {
+		o.budget = max + ExactTokens - 1
+	}
 	for _, opt := range opts {
 		opt(&o)
 	}

@@ -206,11 +206,24 @@ func chiSquare(joint, counts map[[3]int32]float64, runs int) (float64, int) {
 }
 
 // TestRejectionSamplingSeeded: rejection mode is deterministic for a seed,
-// alone and in a Batcher beside other sequences at other depths.
+// alone and in a Batcher beside other sequences at other depths, also
+// where the prefill chunk is smaller than a verify run (the Batcher's
+// default token budget once capped its verify runs at the chunk: drafted
+// less, they drew other tokens).
 func TestRejectionSamplingSeeded(t *testing.T) {
+	for _, chunk := range []int{0, 2} {
+		t.Run(fmt.Sprint("chunk ", chunk), func(t *testing.T) { rejectionSeeded(t, chunk) })
+	}
+}
+
+func rejectionSeeded(t *testing.T, chunk int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	m, err := Load(ctx, tinyDir, WithRollback(8))
+	load := []Option{WithRollback(8)}
+	if chunk > 0 {
+		load = append(load, WithPrefillChunk(chunk))
+	}
+	m, err := Load(ctx, tinyDir, load...)
 	require.NoError(t, err)
 	defer m.Close()
 	prompts := []string{"one two one two", "abc abc abc", "the cat the cat the"}

@@ -68,8 +68,10 @@ func WithAdaptiveSpeculation(d specdec.Drafter, maxDepth int) GenerateOption {
 // that the default (coupled) mode keeps; but they are not the tokens
 // plain sampling draws for the same seed, which the coupled mode
 // guarantees. For a seed they are the same alone and in a Batcher at a
-// fixed depth; at an adaptive one the depths, chosen from costs measured
-// per batch shape, may differ, and so may the draws. Greedy generations
+// fixed depth whose verify run fits the Batcher's token budget (the
+// default budget's does; WithTokenBudget); at an adaptive one the depths,
+// chosen from costs measured per batch shape, may differ, and so may the
+// draws. Greedy generations
 // ignore the option: their verification is already exact token for
 // token.
 func WithRejectionSampling() GenerateOption {
