@@ -24,7 +24,9 @@ import (
 // byte, exactly when the oracle validates them; random walks never reach
 // a dead end and end only in values the oracle validates; a schema
 // refused as admitting no value admits none of the values built for it;
-// along a walk, Mask and MaskThen agree with Accepts and Span;
+// along a walk, Mask and MaskThen agree with Accepts and Span; Objects'
+// walks end in objects of the schema, and it is refused only where no
+// valid value built is an object;
 // every other refusal wraps ErrUnsupported or ErrInvalid. K3_SCHEMAS=N
 // runs N schemas instead of the default 300 (K3_SCHEMAS_SEED the first
 // seed).
@@ -85,6 +87,7 @@ func checkRandomSchema(t *testing.T, seed int) (compiled bool, valid, walked int
 		return false, 0, 0
 	}
 	g := &valueMaker{r: r, doc: doc}
+	validObject := false // a valid value built was an object
 	for range 60 {
 		text := encodeValue(g.value(doc, 0))
 		v, err := decode(text)
@@ -92,6 +95,8 @@ func checkRandomSchema(t *testing.T, seed int) (compiled bool, valid, walked int
 		want := vd.valid(doc, v)
 		if want {
 			valid++
+			_, isObject := v.(map[string]any)
+			validObject = validObject || isObject
 		}
 		st := s.Start()
 		whole := st.Feed([]byte(text)) && st.Complete()
@@ -115,6 +120,24 @@ func checkRandomSchema(t *testing.T, seed int) (compiled bool, valid, walked int
 		v, err := decode(text)
 		require.NoError(t, err, "walk %q", text)
 		require.True(t, vd.valid(doc, v), "walk %q breaks the schema", text)
+	}
+	// Restricted to objects (a tool call's arguments): walks end in
+	// objects of the schema; refused, no valid value built was one.
+	o, err := s.Objects()
+	if err != nil {
+		require.ErrorIs(t, err, ErrInvalid)
+		require.False(t, validObject, "Objects refused, yet the schema admits an object")
+		return true, valid, walked
+	}
+	for range 5 {
+		text, done := walk(t, o, r, 30+r.IntN(60))
+		if !done {
+			continue
+		}
+		v, err := decode(text)
+		require.NoError(t, err, "walk %q", text)
+		_, isObject := v.(map[string]any)
+		require.True(t, isObject && vd.valid(doc, v), "walk %q of Objects", text)
 	}
 	return true, valid, walked
 }
