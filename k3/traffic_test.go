@@ -31,9 +31,10 @@ import (
 // sessions meanwhile, as some runs have, takes no room an admitted
 // request may grow into); and once every session is closed the
 // sessions' memory is what it was, and nothing of the Batcher's or the
-// models' is left running once they are stopped and closed. It found a verify run longer than the token budget
-// failing its whole pass, and waiting requests whose sessions held the
-// memory the oldest needed waiting for ever. K3_TRAFFIC=N runs N
+// models' is left running once they are stopped and closed. It found a
+// verify run longer than the token budget failing its whole pass, and
+// waiting requests whose sessions held the memory the oldest needed
+// waiting for ever. K3_TRAFFIC=N runs N
 // configurations instead of the default 8 (K3_TRAFFIC_SEED the first).
 func TestBatcherRandomTraffic(t *testing.T) {
 	runSeeds(t, "K3_TRAFFIC", 8, randomTraffic)

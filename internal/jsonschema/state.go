@@ -461,7 +461,6 @@ func (m *sim) take(c byte) bool {
 	return false
 }
 
-// escaped is the mode an escape returns to.
 // maxMagnitude bounds the numbers written: below 10^maxMagnitude, within
 // float64's range (I-JSON, RFC 7493: a number beyond it is valid JSON
 // that many readers refuse, Go's encoding/json among them). A number of
@@ -484,6 +483,7 @@ func (cur *cursor) expDigit(c byte) bool {
 	return true
 }
 
+// escaped is the mode an escape returns to.
 func (cur *cursor) escaped() mode {
 	if cur.inKey {
 		return mKeyString
