@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"iter"
 	"math/rand/v2"
-	"runtime/pprof"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"k3/internal/goroutines"
 )
 
 // TestBatcherRandomTraffic runs random traffic through a Batcher of the
@@ -87,38 +87,20 @@ func (q trafficRequest) generate(ctx context.Context, m *Model, s *Session, gen 
 	return toks, nil
 }
 
-// running returns the stacks of the goroutines running k3's code, other
-// than the test's own and those whose first lines ("goroutine 12 [...")
-// before holds (what ran before the test: models other tests keep).
-func running(before []string) []string {
-	var b strings.Builder
-	if err := pprof.Lookup("goroutine").WriteTo(&b, 2); err != nil {
-		return []string{err.Error()}
-	}
-	var out []string
-	for _, g := range strings.Split(b.String(), "\n\n") {
-		id, _, _ := strings.Cut(g, " [")
-		if strings.Contains(g, "\nk3/") && !strings.Contains(g, "k3.randomTraffic") && !strings.Contains(g, "k3.TestBatcherRandomTraffic") &&
-			!slices.ContainsFunc(before, func(b string) bool { x, _, _ := strings.Cut(b, " ["); return x == id }) {
-			out = append(out, g)
-		}
-	}
-	return out
-}
-
 func randomTraffic(t *testing.T, seed uint64) {
 	r := rand.New(rand.NewPCG(seed, 0x747266))
 	desc := ""
 	// Run last: once the Batcher has stopped and the models are closed,
 	// nothing of theirs is left running (polled here: assert.Eventually's
 	// checks run in goroutines of their own).
-	others := running(nil) // what other tests left: not this test's
+	own := []string{"k3.randomTraffic", "k3.TestBatcherRandomTraffic"}
+	others := goroutines.Running(nil, own...) // what other tests left: not this test's
 	defer func() {
 		deadline := time.Now().Add(10 * time.Second)
-		left := running(others)
+		left := goroutines.Running(others, own...)
 		for len(left) > 0 && time.Now().Before(deadline) {
 			time.Sleep(5 * time.Millisecond)
-			left = running(others)
+			left = goroutines.Running(others, own...)
 		}
 		assert.Empty(t, left, "goroutines left running (%s)", desc)
 	}()

@@ -12,8 +12,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"runtime/pprof"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +21,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"k3/internal/goroutines"
 	"k3/internal/tiny"
 	"k3/k3"
 	"k3/specdec"
@@ -87,25 +86,6 @@ func TestRandomTraffic(t *testing.T) {
 	}
 }
 
-// running returns the stacks of the goroutines running k3's code, other
-// than the test's own and those whose first lines ("goroutine 12 [...")
-// before holds (what ran before the test: models other tests keep).
-func running(before []string) []string {
-	var b strings.Builder
-	if err := pprof.Lookup("goroutine").WriteTo(&b, 2); err != nil {
-		return []string{err.Error()}
-	}
-	var out []string
-	for _, g := range strings.Split(b.String(), "\n\n") {
-		id, _, _ := strings.Cut(g, " [")
-		if strings.Contains(g, "\nk3/") && !strings.Contains(g, "serve.randomTraffic") && !strings.Contains(g, "serve.TestRandomTraffic") &&
-			!slices.ContainsFunc(before, func(b string) bool { x, _, _ := strings.Cut(b, " ["); return x == id }) {
-			out = append(out, g)
-		}
-	}
-	return out
-}
-
 // greedyAnswer is a whole greedy answer to check against the generation
 // run directly: its prompt's tokens, max_tokens, and the choices' texts.
 type greedyAnswer struct {
@@ -117,7 +97,8 @@ type greedyAnswer struct {
 
 func randomTraffic(t *testing.T, seed uint64) {
 	ctx := context.Background()
-	others := running(nil) // what other tests left: not this server's
+	own := []string{"serve.randomTraffic", "serve.TestRandomTraffic"}
+	others := goroutines.Running(nil, own...) // what other tests left: not this server's
 	r := rand.New(rand.NewPCG(seed, 77))
 	var mu sync.Mutex // r is shared by the clients
 	rnd := func(n int) int { mu.Lock(); defer mu.Unlock(); return r.IntN(n) }
@@ -173,7 +154,7 @@ func randomTraffic(t *testing.T, seed uint64) {
 		// Closed, the server, its Batcher and the model leave nothing
 		// of theirs running.
 		var left []string
-		if !assert.Eventually(t, func() bool { left = running(others); return len(left) == 0 }, 10*time.Second, 5*time.Millisecond,
+		if !assert.Eventually(t, func() bool { left = goroutines.Running(others, own...); return len(left) == 0 }, 10*time.Second, 5*time.Millisecond,
 			"goroutines left running; %s", desc) {
 			t.Log(strings.Join(left, "\n\n"))
 		}
