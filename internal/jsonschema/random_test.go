@@ -193,7 +193,8 @@ var keyPool = []string{"a", "x", "v", "r", "id", "name"}
 // patternPool are the patterns schemas take. None matches a string with
 // a quote or a backslash: the machine writes such strings without
 // escapes, and a wild value's "c\"d" must stay invalid there.
-var patternPool = []string{`^[a-c]+$`, `^a(b|cd)*e?$`, `ab`, `^[0-9]{2,3}$`, `x|y`, `^é+$`, `^$|^a+$`, `^[a-z]*[0-9]$`}
+var patternPool = []string{`^[a-c]+$`, `^a(b|cd)*e?$`, `ab`, `^[0-9]{2,3}$`, `x|y`, `^é+$`, `^$|^a+$`, `^[a-z]*[0-9]$`,
+	`^[^"\\]{2,3}$`, `^[^a"\\]*$`, `^\d+$`, `^(é|€|𝄞)+$`, `^\w{1,2}\s?$`}
 
 var formatPool = []string{"date", "time", "date-time", "uuid", "ipv4", "ipv6", "hostname", "duration", "email"}
 
@@ -363,7 +364,9 @@ func (g *schemaMaker) str() obj {
 		s["pattern"] = patternPool[r.IntN(len(patternPool))]
 	case 1:
 		s["format"] = formatPool[r.IntN(len(formatPool))]
-		return s
+		if r.IntN(2) == 0 {
+			return s
+		}
 	}
 	g.counts(s, "minLength", "maxLength", 4, 6)
 	return s
@@ -655,7 +658,7 @@ func (g *valueMaker) str(m obj) any {
 	_, pattern := m["pattern"]
 	_, format := m["format"]
 	if pattern && r.IntN(4) != 0 {
-		alphabet := []string{"a", "b", "c", "d", "e", "x", "y", "é", "0", "1", "9"}
+		alphabet := []string{"a", "b", "c", "d", "e", "x", "y", "é", "€", "𝄞", " ", "0", "1", "9"}
 		var b strings.Builder
 		for range r.IntN(6) {
 			b.WriteString(alphabet[r.IntN(len(alphabet))])
@@ -664,7 +667,11 @@ func (g *valueMaker) str(m obj) any {
 	}
 	if format && r.IntN(6) != 0 {
 		l := formatSamples[m["format"].(string)]
-		return l[r.IntN(len(l))]
+		v := l[r.IntN(len(l))]
+		if r.IntN(3) == 0 { // near a length bound
+			v = v[:len(v)-r.IntN(min(len(v), 3))]
+		}
+		return v
 	}
 	lo := max(countOf(m, "minLength", 0)-1, 0)
 	hi := countOf(m, "maxLength", 5) + 1
