@@ -71,9 +71,8 @@ func WithAdaptiveSpeculation(d specdec.Drafter, maxDepth int) GenerateOption {
 // fixed depth whose verify run fits the Batcher's token budget (the
 // default budget's does; WithTokenBudget); at an adaptive one the depths,
 // chosen from costs measured per batch shape, may differ, and so may the
-// draws. Greedy generations
-// ignore the option: their verification is already exact token for
-// token.
+// draws. Greedy generations ignore the option: their verification is
+// already exact token for token.
 func WithRejectionSampling() GenerateOption {
 	return func(o *genOptions) { o.rejection = true }
 }
