@@ -30,11 +30,12 @@ var ErrSessionFile = errors.New("k3: bad session file")
 // the token count and tokens, the next-token logits, then each layer's
 // state in order: a KDA layer's conv window and recurrent state and, when
 // the session kept them, its replay log's checkpoint and committed
-// records; an attention layer's cache rows. Every length is written and
-// checked against the model before anything is allocated.
+// records; an attention layer's cache rows; then (version 2) the DSpark
+// taps the session keeps. Every length is written and checked against the
+// model before anything is allocated. LoadSession reads version 1 too.
 const (
 	sessionMagic   = "K3SESSN\n"
-	sessionVersion = 1
+	sessionVersion = 2
 )
 
 const (
@@ -70,8 +71,8 @@ func (m *Model) fingerprint() [32]byte {
 }
 
 // Save writes the session's state to w: its tokens, next-token logits,
-// KDA states (with their replay logs, WithRollback) and attention caches,
-// zstd-compressed with a format version and a checksum. Model.LoadSession
+// KDA states (with their replay logs, WithRollback), attention caches and
+// the hidden states a DSpark drafter reads, zstd-compressed with a format version and a checksum. Model.LoadSession
 // reads it back into a session that continues exactly as this one would.
 // Snapshots (WithSnapshots) and the prefix cache's references are not
 // saved. A speculation in flight cannot be saved (Save is called between
@@ -180,7 +181,28 @@ func (s *Session) writeBody(sw *sessionWriter) error {
 			sw.raw(part)
 		}
 	}
+	s.writeTaps(sw)
 	return sw.err
+}
+
+// writeTaps writes the DSpark taps the session keeps at positions below
+// its own (a rollback leaves the others unread): the row count, then, if
+// any, the number of target layers, the row width, the first row's
+// position and each layer's rows.
+func (s *Session) writeTaps(sw *sessionWriter) {
+	rows := min(s.tapsRows, s.pos-s.tapsPos)
+	if len(s.taps) == 0 || rows <= 0 {
+		sw.u32(0)
+		return
+	}
+	d := s.m.Config.HiddenSize
+	sw.u32(uint32(rows))
+	sw.u32(uint32(len(s.taps)))
+	sw.u32(uint32(d))
+	sw.u32(uint32(s.tapsPos))
+	for _, tp := range s.taps {
+		sw.raw(tp[:rows*d])
+	}
 }
 
 // sessionWriter writes little-endian values and keeps the body's CRC; the
@@ -241,8 +263,9 @@ func (m *Model) LoadSession(r io.Reader) (*Session, error) {
 	if string(head[:8]) != sessionMagic {
 		return nil, fmt.Errorf("%w: not a k3 session (it starts %q)", ErrSessionFile, head[:8])
 	}
-	if v := binary.LittleEndian.Uint16(head[8:]); v != sessionVersion {
-		return nil, fmt.Errorf("%w: format version %d; this k3 reads version %d", ErrSessionFile, v, sessionVersion)
+	version := binary.LittleEndian.Uint16(head[8:])
+	if version < 1 || version > sessionVersion {
+		return nil, fmt.Errorf("%w: format version %d; this k3 reads versions 1 to %d", ErrSessionFile, version, sessionVersion)
 	}
 	// A window bound keeps a forged frame header from asking for memory.
 	zr, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(sessionWindow))
@@ -259,7 +282,7 @@ func (m *Model) LoadSession(r io.Reader) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.readBody(sr); err != nil {
+	if err := s.readBody(sr, version); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -292,7 +315,7 @@ func streamErr(err error) error {
 	return err
 }
 
-func (s *Session) readBody(sr *sessionReader) error {
+func (s *Session) readBody(sr *sessionReader, version uint16) error {
 	m := s.m
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrSessionFile}, args...)...)
@@ -399,9 +422,58 @@ func (s *Session) readBody(sr *sessionReader) error {
 			}
 		}
 	}
+	if version >= 2 {
+		if err := s.readTaps(sr, int(n)); err != nil {
+			return err
+		}
+	}
 	s.pos, s.tokens, s.last = int(n), tokens, last
 	if iv := m.snapInterval; iv > 0 {
 		s.nextSnap = (s.pos/iv + 1) * iv
+	}
+	return nil
+}
+
+// readTaps reads the DSpark taps section of a session of n tokens. A
+// model without a draft module (a Group's rank) reads the rows and drops
+// them.
+func (s *Session) readTaps(sr *sessionReader, n int) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrSessionFile}, args...)...)
+	}
+	rows, err := sr.u32("the DSpark row count")
+	if err != nil || rows == 0 {
+		return err
+	}
+	var head [3]uint32
+	for i, what := range []string{"the DSpark target layer count", "the DSpark row width", "the DSpark rows' position"} {
+		if head[i], err = sr.u32(what); err != nil {
+			return err
+		}
+	}
+	layers, width, at := head[0], head[1], head[2]
+	d, dr := s.m.Config.HiddenSize, s.m.draft
+	switch {
+	case rows > ExactTokens:
+		return bad("%d DSpark rows; a session keeps at most %d", rows, ExactTokens)
+	case int(width) != d:
+		return bad("DSpark rows of %d floats; the model's hidden size is %d", width, d)
+	case uint64(at)+uint64(rows) > uint64(n):
+		return bad("DSpark rows at positions %d to %d of a session of %d tokens", at, uint64(at)+uint64(rows)-1, n)
+	case dr != nil && int(layers) != dr.numTargetTaps:
+		return bad("DSpark rows of %d target layers; the model's draft module reads %d", layers, dr.numTargetTaps)
+	case layers == 0 || int(layers) > len(s.m.Config.Layers):
+		return bad("DSpark rows of %d target layers; the model has %d layers", layers, len(s.m.Config.Layers))
+	}
+	taps := make([][]float32, layers)
+	for i := range taps {
+		taps[i] = make([]float32, int(rows)*d, ExactTokens*d) // keepTaps reslices up to ExactTokens rows
+		if err := sr.raw(taps[i], fmt.Sprintf("the DSpark rows of target layer %d", i)); err != nil {
+			return err
+		}
+	}
+	if dr != nil {
+		s.taps, s.tapsPos, s.tapsRows = taps, int(at), int(rows)
 	}
 	return nil
 }

@@ -3,11 +3,16 @@ package k3
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
 	"math/rand/v2"
 	"path/filepath"
 	"testing"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -26,6 +31,26 @@ func savedSession(t *testing.T, m *Model, seed uint64) (*Session, []byte) {
 	var buf bytes.Buffer
 	require.NoError(t, s.Save(&buf))
 	return s, buf.Bytes()
+}
+
+// rewriteSession returns the session file data with its body rewritten by
+// edit and its version set, its checksum made anew: a file as another
+// writer (another format version, or a forger) would write it.
+func rewriteSession(t *testing.T, data []byte, version uint16, edit func(body []byte) []byte) []byte {
+	t.Helper()
+	zr, err := zstd.NewReader(bytes.NewReader(data[10:]))
+	require.NoError(t, err)
+	defer zr.Close()
+	plain, err := io.ReadAll(zr)
+	require.NoError(t, err)
+	body := edit(bytes.Clone(plain[:len(plain)-4]))
+	out := bytes.NewBuffer(append([]byte(sessionMagic), byte(version), byte(version>>8)))
+	zw, err := zstd.NewWriter(out, zstd.WithWindowSize(sessionWindow))
+	require.NoError(t, err)
+	_, err = zw.Write(binary.LittleEndian.AppendUint32(body, crc32.Checksum(body, castagnoli)))
+	require.NoError(t, err)
+	require.NoError(t, zw.Close())
+	return out.Bytes()
 }
 
 // TestSaveLoadContinues: a loaded session holds the saved one's tokens,
@@ -116,6 +141,41 @@ func TestLoadSessionRejects(t *testing.T) {
 	v[8] = 9
 	assert.Contains(t, try("version", v).Error(), "version 9")
 	assert.Contains(t, try("trailing", append(bytes.Clone(data), data[10:]...)).Error(), "after the checksum")
+
+	// The DSpark rows' section, forged (this model has no draft module, so
+	// the file's section is a zero count): each field out of range.
+	n, d, layers := s.Len(), m.Config.HiddenSize, len(m.Config.Layers)
+	taps := func(rows, count, width, at, floats int) []byte {
+		return rewriteSession(t, data, sessionVersion, func(body []byte) []byte {
+			require.Equal(t, []byte{0, 0, 0, 0}, body[len(body)-4:], "no rows saved")
+			body = body[:len(body)-4]
+			for _, v := range []int{rows, count, width, at} {
+				body = binary.LittleEndian.AppendUint32(body, uint32(v))
+			}
+			return append(body, make([]byte, 4*floats)...)
+		})
+	}
+	for _, c := range []struct {
+		what string
+		file []byte
+		want string
+	}{
+		{"too many rows", taps(ExactTokens+1, 1, d, 0, (ExactTokens+1)*d), "at most"},
+		{"another width", taps(2, 1, d+1, 0, 2*(d+1)), "hidden size"},
+		{"past the tokens", taps(2, 1, d, n-1, 2*d), "of a session of"},
+		{"no layers", taps(2, 0, d, 0, 0), "0 target layers"},
+		{"more layers than the model", taps(1, layers+1, d, 0, (layers+1)*d), "the model has"},
+		{"rows cut short", taps(2, 2, d, 0, 3*d), "DSpark rows of target layer 1"},
+		{"a version to come", rewriteSession(t, data, sessionVersion+1, func(b []byte) []byte { return b }), fmt.Sprint("version ", sessionVersion+1)},
+	} {
+		assert.Contains(t, try(c.what, c.file).Error(), c.want, c.what)
+	}
+	// Rows this model has no drafter for are read and dropped.
+	dropped, err := m.LoadSession(bytes.NewReader(taps(2, 2, d, n-2, 4*d)))
+	require.NoError(t, err)
+	assert.Nil(t, dropped.taps)
+	assert.Equal(t, s.Tokens(), dropped.Tokens())
+	require.NoError(t, dropped.Close())
 
 	other, err := LoadTiny(context.Background())
 	require.NoError(t, err)
