@@ -72,8 +72,9 @@ func (m *Model) fingerprint() [32]byte {
 
 // Save writes the session's state to w: its tokens, next-token logits,
 // KDA states (with their replay logs, WithRollback), attention caches and
-// the hidden states a DSpark drafter reads, zstd-compressed with a format version and a checksum. Model.LoadSession
-// reads it back into a session that continues exactly as this one would.
+// the hidden states a DSpark drafter reads, zstd-compressed with a format
+// version and a checksum. Model.LoadSession reads it back into a session
+// that continues exactly as this one would.
 // Snapshots (WithSnapshots) and the prefix cache's references are not
 // saved. A speculation in flight cannot be saved (Save is called between
 // generations).
