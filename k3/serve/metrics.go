@@ -20,7 +20,7 @@ type metrics struct {
 	drafts, accepted     atomic.Int64 // speculative decoding's draft tokens, and those accepted
 	prompt, promptCached atomic.Int64
 	mu                   sync.Mutex
-	finishes             map[string]int64 // finished_reason -> requests
+	finishes             map[string]int64 // finished_reason -> choices (a request for n counts n, as vLLM's child requests do)
 	failures             map[string]int64 // rejected, abort, error -> requests
 	ttft, itl, e2e       *histogram
 }
@@ -214,7 +214,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	finishes := copyCounts(s.met.finishes)
 	failures := copyCounts(s.met.failures)
 	s.met.mu.Unlock()
-	p.head("vllm:request_success_total", "counter", "Requests that finished, by finish reason.")
+	p.head("vllm:request_success_total", "counter", "Choices that finished, by finish reason (a request for n choices counts n).")
 	for _, reason := range []string{"stop", "length"} {
 		p.sample("vllm:request_success_total", float64(finishes[reason]), "finished_reason", reason)
 	}

@@ -568,6 +568,10 @@ func TestMetrics(t *testing.T) {
 	// vLLM, whose cached blocks no request holds count as free.
 	assert.Positive(t, after["k3:prefix_cache_bytes"], "the prefix cache holds the request's state")
 	assert.Zero(t, after["vllm:kv_cache_usage_perc"], "an idle server")
+	// A request for n choices counts each.
+	code, out = post(t, hs.URL+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 3, "n": 3, "ignore_eos": true})
+	require.Equal(t, 200, code, "%v", out)
+	assert.Equal(t, 4.0, scrape(t, hs.URL)[`vllm:request_success_total{finished_reason="length"}`])
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
