@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -57,6 +58,10 @@ func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		total.add(s)
 	}
+	if total.Tokens == 0 {
+		// No prediction was made: 0 bits/token would read as a perfect score.
+		return errors.New("nothing to score: the files hold no text")
+	}
 	fmt.Fprintln(stdout, total)
 	return nil
 }
@@ -71,13 +76,10 @@ type score struct {
 func (s *score) add(o score) { s.Bits += o.Bits; s.Tokens += o.Tokens; s.Bytes += o.Bytes }
 
 func (s score) String() string {
-	perTok, perByte := 0.0, 0.0
-	if s.Tokens > 0 {
-		perTok = s.Bits / float64(s.Tokens)
+	if s.Tokens == 0 {
+		return "empty: nothing to score"
 	}
-	if s.Bytes > 0 {
-		perByte = s.Bits / float64(s.Bytes)
-	}
+	perTok, perByte := s.Bits/float64(s.Tokens), s.Bits/float64(s.Bytes)
 	return fmt.Sprintf("%d tokens, %.4f bits/token, %.4f bits/byte", s.Tokens, perTok, perByte)
 }
 

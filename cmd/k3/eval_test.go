@@ -78,6 +78,15 @@ func TestEvalCommand(t *testing.T) {
 	require.Len(t, lines, 3)
 	assert.Regexp(t, `^\d+ tokens, \d+\.\d{4} bits/token, \d+\.\d{4} bits/byte$`, string(lines[2]))
 
+	empty := filepath.Join(t.TempDir(), "empty.go")
+	require.NoError(t, os.WriteFile(empty, nil, 0o600))
+	out.Reset()
+	require.Equal(t, 0, run(context.Background(), []string{"eval", "-v", empty, args[2]}, &out, &errb), errb.String())
+	assert.Contains(t, out.String(), empty+": empty: nothing to score\n", "an empty file among others")
+	errb.Reset()
+	require.NotEqual(t, 0, run(context.Background(), []string{"eval", empty}, &out, &errb))
+	assert.Contains(t, errb.String(), "nothing to score", "only empty files: no figure (0 bits/token would read as a perfect score)")
+
 	for _, bad := range [][]string{{"eval"}, {"eval", "-window", "0", args[2]}, {"eval", "/nonexistent/file.go"}} {
 		errb.Reset()
 		assert.NotEqual(t, 0, run(context.Background(), bad, &out, &errb), "%v", bad)
