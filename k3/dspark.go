@@ -25,7 +25,7 @@ type dsparkWeights struct {
 	markovOut     compute.Tensor
 	confW         []float32 // [D + r]
 	confB         float32
-	tapOf         []int // per layer: its slot among the target layers, -1 for the others
+	tapSlots      [][]int // per layer: its slots among the target layers (a layer may be listed twice)
 	eps           float32
 	hidden, rank  int
 	vocab, block  int
@@ -64,12 +64,9 @@ func loadDSpark(m *Model, src *source, d *config.DraftConfig) (*dsparkWeights, e
 		return nil, ld.Err
 	}
 	w.confB = b[0]
-	w.tapOf = make([]int, len(cfg.Layers))
-	for i := range w.tapOf {
-		w.tapOf[i] = -1
-	}
+	w.tapSlots = make([][]int, len(cfg.Layers))
 	for i, l := range d.TargetLayers {
-		w.tapOf[l] = i
+		w.tapSlots[l] = append(w.tapSlots[l], i)
 	}
 	return w, nil
 }

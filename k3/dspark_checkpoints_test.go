@@ -172,3 +172,51 @@ func TestDSparkOnCheckpoints(t *testing.T) {
 		})
 	}
 }
+
+// TestDSparkRepeatedTargetLayer: a draft module may list a layer twice
+// (the training framework concatenates the listed layers' inputs as
+// given); each of its slots then holds that layer's MLP-sublayer input.
+func TestDSparkRepeatedTargetLayer(t *testing.T) {
+	ctx := context.Background()
+	dir := withDraftModule(t, tinyDir, 4, []int32{1, 2, 3})
+	m, err := Load(ctx, dir)
+	require.NoError(t, err)
+	defer m.Close()
+	layers := m.Config.NumLayers
+	require.Equal(t, []int{0, layers - 1}, m.Config.Draft.TargetLayers)
+
+	// The same module reading layer 0 twice.
+	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	require.NoError(t, err)
+	var cfg map[string]any
+	require.NoError(t, json.Unmarshal(raw, &cfg))
+	tc := cfg
+	if c, ok := cfg["text_config"].(map[string]any); ok {
+		tc = c
+	}
+	tc["dspark_config"].(map[string]any)["target_layers"] = []int{0, 0}
+	raw, err = json.Marshal(cfg)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.json"), raw, 0o644))
+	twice, err := Load(ctx, dir)
+	require.NoError(t, err)
+	defer twice.Close()
+	require.Equal(t, []int{0, 0}, twice.Config.Draft.TargetLayers)
+
+	prompt := []int32{5, 9, 2, 7, 7, 1, 30, 4}
+	a, err := m.NewSession()
+	require.NoError(t, err)
+	defer a.Close()
+	b, err := twice.NewSession()
+	require.NoError(t, err)
+	defer b.Close()
+	_, err = a.Forward(ctx, prompt)
+	require.NoError(t, err)
+	_, err = b.Forward(ctx, prompt)
+	require.NoError(t, err)
+	require.Equal(t, a.tapsRows, b.tapsRows)
+	require.Len(t, b.taps, 2)
+	assert.NotEqual(t, make([]float32, len(a.taps[0])), a.taps[0], "layer 0's input is not all zeros")
+	assert.Equal(t, a.taps[0], b.taps[0], "slot 0: layer 0's input")
+	assert.Equal(t, a.taps[0], b.taps[1], "slot 1: layer 0's input again")
+}

@@ -403,4 +403,29 @@ func TestDSparkSaveLoad(t *testing.T) {
 	want, _ = genIDs(t, again, nil, greedy...)
 	got, _ = genIDs(t, old, nil, greedy...)
 	require.Equal(t, want, got)
+
+	// A section forged for another module, or cut short, is refused.
+	section := 16 + 4*len(s.taps)*rows*d
+	for _, c := range []struct {
+		what string
+		file []byte
+		want string
+	}{
+		{"another module", forgeTaps(t, buf.Bytes(), section, 1, len(s.taps)+1, d, 0, (len(s.taps)+1)*d), fmt.Sprintf("reads %d", len(s.taps))},
+		{"rows cut short", forgeTaps(t, buf.Bytes(), section, 2, len(s.taps), d, 0, 3*d), "DSpark rows of target layer 1"},
+	} {
+		_, err := m.LoadSession(bytes.NewReader(c.file))
+		require.ErrorIs(t, err, ErrSessionFile, c.what)
+		assert.Contains(t, err.Error(), c.want, c.what)
+	}
+	// A Group's rank has the module's config but not the module: it reads
+	// the rows and drops them.
+	draft := m.draft
+	m.draft = nil
+	rank, err := m.LoadSession(bytes.NewReader(buf.Bytes()))
+	m.draft = draft
+	require.NoError(t, err)
+	defer rank.Close()
+	assert.Nil(t, rank.taps)
+	assert.Equal(t, s.Tokens()[:len(rank.Tokens())], rank.Tokens())
 }

@@ -220,7 +220,7 @@ func (p *pass) run(tokens []int32, mix mixer, tr *Trace, all bool, picked []int3
 			return err
 		}
 		if p.taps != nil {
-			if slot := m.draft.tapOf[l]; slot >= 0 {
+			for _, slot := range m.draft.tapSlots[l] {
 				if err := b.Copy(p.taps[slot].Rows(0, t), in); err != nil {
 					return err
 				}

@@ -436,8 +436,8 @@ func (s *Session) readBody(sr *sessionReader, version uint16) error {
 }
 
 // readTaps reads the DSpark taps section of a session of n tokens. A
-// model without a draft module (a Group's rank) reads the rows and drops
-// them.
+// Group's rank, which has the draft module's config but leaves the module
+// alone, reads the rows and drops them.
 func (s *Session) readTaps(sr *sessionReader, n int) error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrSessionFile}, args...)...)
@@ -453,7 +453,10 @@ func (s *Session) readTaps(sr *sessionReader, n int) error {
 		}
 	}
 	layers, width, at := head[0], head[1], head[2]
-	d, dr := s.m.Config.HiddenSize, s.m.draft
+	d, want := s.m.Config.HiddenSize, 0
+	if c := s.m.Config.Draft; c != nil {
+		want = len(c.TargetLayers) // a Group's rank has the module's config, not the module
+	}
 	switch {
 	case rows > ExactTokens:
 		return bad("%d DSpark rows; a session keeps at most %d", rows, ExactTokens)
@@ -461,10 +464,10 @@ func (s *Session) readTaps(sr *sessionReader, n int) error {
 		return bad("DSpark rows of %d floats; the model's hidden size is %d", width, d)
 	case uint64(at)+uint64(rows) > uint64(n):
 		return bad("DSpark rows at positions %d to %d of a session of %d tokens", at, uint64(at)+uint64(rows)-1, n)
-	case dr != nil && int(layers) != dr.numTargetTaps:
-		return bad("DSpark rows of %d target layers; the model's draft module reads %d", layers, dr.numTargetTaps)
-	case layers == 0 || int(layers) > len(s.m.Config.Layers):
-		return bad("DSpark rows of %d target layers; the model has %d layers", layers, len(s.m.Config.Layers))
+	case want == 0:
+		return bad("DSpark rows, but the model has no DSpark draft module")
+	case int(layers) != want:
+		return bad("DSpark rows of %d target layers; the model's draft module reads %d", layers, want)
 	}
 	taps := make([][]float32, layers)
 	for i := range taps {
@@ -473,7 +476,7 @@ func (s *Session) readTaps(sr *sessionReader, n int) error {
 			return err
 		}
 	}
-	if dr != nil {
+	if s.m.draft != nil {
 		s.taps, s.tapsPos, s.tapsRows = taps, int(at), int(rows)
 	}
 	return nil

@@ -1,6 +1,7 @@
 package k3
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -27,7 +28,8 @@ import (
 // state (the logits of one more token), bitwise. With rejection sampling
 // (exact in distribution, not token for token) each generation must give
 // the same tokens for the same seed alone, again, and in the Batcher.
-// K3_SPECS=N runs N configurations instead of the default 12
+// A session saved after a speculating generation and loaded must go on
+// as the saved one does, bitwise. K3_SPECS=N runs N configurations instead of the default 12
 // (K3_SPECS_SEED the first).
 func TestRandomSpeculation(t *testing.T) {
 	runSeeds(t, "K3_SPECS", 12, randomSpeculation)
@@ -191,6 +193,26 @@ func randomSpeculation(t *testing.T, seed uint64) {
 	for i, p := range prompts {
 		require.Equal(t, want[i], generate(target, p, speculate(i)), "prompt %d speculating alone, %s", i, desc)
 	}
+
+	// Saved after a speculating generation and loaded, a session goes on
+	// as the saved one does: the same tokens, log-probabilities and state
+	// (with rejection sampling, the same draws, which follow the drafts).
+	saved, err := target.NewSession()
+	require.NoError(t, err, desc)
+	defer saved.Close()
+	_, err = run(saved, saved.GenerateTokens(ctx, prompts[0], speculate(0)...))
+	require.NoError(t, err, desc)
+	var file bytes.Buffer
+	require.NoError(t, saved.Save(&file), desc)
+	loaded, err := target.LoadSession(&file)
+	require.NoError(t, err, desc)
+	defer loaded.Close()
+	more := prompt(1 + r.IntN(4))
+	a, err := run(saved, saved.GenerateTokens(ctx, more, speculate(0)...))
+	require.NoError(t, err, desc)
+	b, err := run(loaded, loaded.GenerateTokens(ctx, more, speculate(0)...))
+	require.NoError(t, err, desc)
+	require.Equal(t, a, b, "a loaded session going on, %s", desc)
 
 	// In a Batcher, every prompt but the last speculating.
 	bc, err := target.NewBatcher(1 + r.IntN(3))
