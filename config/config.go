@@ -499,6 +499,7 @@ func (c *Config) fillLayers(r *rawText) error {
 		c.Layers[l-1] = KDA
 	}
 	if lin.FullAttnLayers != nil {
+		full := map[int]bool{}
 		for _, l := range lin.FullAttnLayers {
 			if l < 1 || l > c.NumLayers {
 				return fieldErr("linear_attn_config.full_attn_layers", l, "outside 1..%d", c.NumLayers)
@@ -506,6 +507,10 @@ func (c *Config) fillLayers(r *rawText) error {
 			if seen[l] {
 				return fieldErr("linear_attn_config.full_attn_layers", l, "also listed in kda_layers")
 			}
+			if full[l] {
+				return fieldErr("linear_attn_config.full_attn_layers", l, "listed twice")
+			}
+			full[l] = true
 		}
 		if len(lin.FullAttnLayers)+len(lin.KDALayers) != c.NumLayers {
 			return fieldErr("linear_attn_config.full_attn_layers", lin.FullAttnLayers, "with kda_layers it must cover all %d layers", c.NumLayers)

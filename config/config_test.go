@@ -97,6 +97,8 @@ func TestInvalid(t *testing.T) {
 	cases := []struct{ json, field string }{
 		{`{` + base + `,"linear_attn_config":{"kda_layers":[3],"num_heads":2,"head_dim":8,"short_conv_kernel_size":4}}`, "kda_layers = 3"},
 		{`{` + base + `,"linear_attn_config":{"kda_layers":[1,1],"num_heads":2,"head_dim":8,"short_conv_kernel_size":4}}`, "kda_layers = 1"},
+		// Three entries for three layers, but layer 3 in neither list.
+		{`{` + strings.Replace(base, `"num_hidden_layers":2`, `"num_hidden_layers":3`, 1) + `,"linear_attn_config":{"kda_layers":[1],"full_attn_layers":[2,2],"num_heads":2,"head_dim":8,"short_conv_kernel_size":4}}`, "full_attn_layers = 2: listed twice"},
 		{`{` + base + `,"linear_attn_config":{"kda_layers":[1],"num_heads":2,"head_dim":8,"short_conv_kernel_size":0}}`, "short_conv_kernel_size = 0"},
 		{`{` + base + `,"linear_attn_config":{"kda_layers":[1],"num_heads":2,"head_dim":8,"short_conv_kernel_size":4,"gate_lower_bound":-7}}`, "gate_lower_bound = -7"},
 		{`{` + base + `,` + kda + `,"num_experts":8,"num_experts_per_token":9,"moe_intermediate_size":8}`, "num_experts_per_token = 9"},
