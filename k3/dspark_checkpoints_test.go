@@ -15,14 +15,11 @@ import (
 	"k3/internal/safetensors"
 )
 
-// withDraftModule writes into a new directory a copy of checkpoint dir
-// (its shards linked, not copied) with a DSpark draft module of block
-// size block added: random weights, except a Markov head that favours
-// the token after the previous one in text (a bigram table), so drafts
-// are kept wherever the model's greedy text follows it.
-func withDraftModule(t *testing.T, dir string, block int, text []int32) string {
+// editConfig reads the config.json of checkpoint dir, lets edit change its
+// text config (the whole file where it has no text_config) and writes it
+// to out.
+func editConfig(t *testing.T, dir, out string, edit func(tc map[string]any)) {
 	t.Helper()
-	out := t.TempDir()
 	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
 	require.NoError(t, err)
 	var cfg map[string]any
@@ -31,13 +28,28 @@ func withDraftModule(t *testing.T, dir string, block int, text []int32) string {
 	if c, ok := cfg["text_config"].(map[string]any); ok {
 		tc = c
 	}
-	d, v, layers := int(tc["hidden_size"].(float64)), int(tc["vocab_size"].(float64)), int(tc["num_hidden_layers"].(float64))
-	const inter = 16
-	tc["dspark_config"] = map[string]any{"target_layers": []int{0, layers - 1}, "block_size": block,
-		"markov_rank": v, "num_layers": 1, "intermediate_size": inter, "tensor_prefix": "dspark."}
+	edit(tc)
 	raw, err = json.Marshal(cfg)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(out, "config.json"), raw, 0o644))
+}
+
+// withDraftModule writes into a new directory a copy of checkpoint dir
+// (its shards linked, not copied) with a DSpark draft module of block
+// size block added: random weights, except a Markov head that favours
+// the token after the previous one in text (a bigram table), so drafts
+// are kept wherever the model's greedy text follows it.
+func withDraftModule(t *testing.T, dir string, block int, text []int32) string {
+	t.Helper()
+	out := t.TempDir()
+	var d, v int
+	const inter = 16
+	editConfig(t, dir, out, func(tc map[string]any) {
+		layers := int(tc["num_hidden_layers"].(float64))
+		d, v = int(tc["hidden_size"].(float64)), int(tc["vocab_size"].(float64))
+		tc["dspark_config"] = map[string]any{"target_layers": []int{0, layers - 1}, "block_size": block,
+			"markov_rank": v, "num_layers": 1, "intermediate_size": inter, "tensor_prefix": "dspark."}
+	})
 
 	// The model's tensors, by shard, and their naming prefix.
 	weightMap := map[string]string{}
@@ -113,7 +125,7 @@ func withDraftModule(t *testing.T, dir string, block int, text []int32) string {
 	for _, ts := range tensors {
 		weightMap[ts.Name] = "draft.safetensors"
 	}
-	raw, err = json.Marshal(map[string]any{"metadata": map[string]any{}, "weight_map": weightMap})
+	raw, err := json.Marshal(map[string]any{"metadata": map[string]any{}, "weight_map": weightMap})
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(out, safetensors.IndexName), raw, 0o644))
 	return out
@@ -186,18 +198,9 @@ func TestDSparkRepeatedTargetLayer(t *testing.T) {
 	require.Equal(t, []int{0, layers - 1}, m.Config.Draft.TargetLayers)
 
 	// The same module reading layer 0 twice.
-	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
-	require.NoError(t, err)
-	var cfg map[string]any
-	require.NoError(t, json.Unmarshal(raw, &cfg))
-	tc := cfg
-	if c, ok := cfg["text_config"].(map[string]any); ok {
-		tc = c
-	}
-	tc["dspark_config"].(map[string]any)["target_layers"] = []int{0, 0}
-	raw, err = json.Marshal(cfg)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "config.json"), raw, 0o644))
+	editConfig(t, dir, dir, func(tc map[string]any) {
+		tc["dspark_config"].(map[string]any)["target_layers"] = []int{0, 0}
+	})
 	twice, err := Load(ctx, dir)
 	require.NoError(t, err)
 	defer twice.Close()

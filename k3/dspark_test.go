@@ -326,21 +326,38 @@ func TestConfidenceScheduledPrefix(t *testing.T) {
 // and as many drafts (a fork once started without the module's rows, so
 // its first draft was empty and its draws went another way).
 func TestDSparkFork(t *testing.T) {
+	_, ds, s := dsparkSession(t)
+	f, err := s.Fork()
+	require.NoError(t, err)
+	defer f.Close()
+	requireSameDraws(t, ds, s, f)
+}
+
+// dsparkSession loads the embedded model with a DSpark drafter and returns
+// them with a session that has speculated through a prompt; the test's
+// cleanup closes them.
+func dsparkSession(t *testing.T) (*Model, *DSpark, *Session) {
+	t.Helper()
 	m, err := LoadTiny(context.Background(), WithRollback(8))
 	require.NoError(t, err)
-	defer m.Close()
+	t.Cleanup(func() { m.Close() })
 	ds, err := m.NewDSpark()
 	require.NoError(t, err)
 	s, err := m.NewSession()
 	require.NoError(t, err)
-	defer s.Close()
+	t.Cleanup(func() { s.Close() })
 	genIDs(t, s, m.Encode("func (b *Buffer) Write(p []byte) (n int, err error) {\n"), WithMaxTokens(9), WithoutDefaultStops(), WithSpeculation(ds, 4))
-	f, err := s.Fork()
-	require.NoError(t, err)
-	defer f.Close()
+	return m, ds, s
+}
+
+// requireSameDraws generates under rejection sampling, whose draws follow
+// the drafts, with one seed on a and on b: the same tokens, drafts and
+// acceptances.
+func requireSameDraws(t *testing.T, ds *DSpark, a, b *Session) {
+	t.Helper()
 	opts := []GenerateOption{WithMaxTokens(24), WithoutDefaultStops(), WithSpeculation(ds, 4), WithRejectionSampling(), WithTemperature(1), WithSeed(5)}
-	want, wantUsage := genIDs(t, s, nil, opts...)
-	got, gotUsage := genIDs(t, f, nil, opts...)
+	want, wantUsage := genIDs(t, a, nil, opts...)
+	got, gotUsage := genIDs(t, b, nil, opts...)
 	require.Equal(t, want, got)
 	require.Positive(t, wantUsage.DraftTokens)
 	require.Equal(t, wantUsage.DraftTokens, gotUsage.DraftTokens)
@@ -353,17 +370,9 @@ func TestDSparkFork(t *testing.T) {
 // same tokens, drafts and acceptances. A file without the rows (format
 // version 1) still loads, and then drafts nothing at first.
 func TestDSparkSaveLoad(t *testing.T) {
-	m, err := LoadTiny(context.Background(), WithRollback(8))
-	require.NoError(t, err)
-	defer m.Close()
-	ds, err := m.NewDSpark()
-	require.NoError(t, err)
-	s, err := m.NewSession()
-	require.NoError(t, err)
-	defer s.Close()
 	// Speculating leaves rows past the session's position behind (a
 	// rejected draft's), which the file leaves out.
-	genIDs(t, s, m.Encode("func (b *Buffer) Write(p []byte) (n int, err error) {\n"), WithMaxTokens(9), WithoutDefaultStops(), WithSpeculation(ds, 4))
+	m, ds, s := dsparkSession(t)
 	require.NotZero(t, s.tapsRows)
 	var buf bytes.Buffer
 	require.NoError(t, s.Save(&buf))
@@ -377,13 +386,7 @@ func TestDSparkSaveLoad(t *testing.T) {
 		require.Equal(t, s.taps[i][:rows*m.Config.HiddenSize], loaded.taps[i], "target layer %d", i)
 	}
 
-	opts := []GenerateOption{WithMaxTokens(24), WithoutDefaultStops(), WithSpeculation(ds, 4), WithRejectionSampling(), WithTemperature(1), WithSeed(5)}
-	want, wantUsage := genIDs(t, s, nil, opts...)
-	got, gotUsage := genIDs(t, loaded, nil, opts...)
-	require.Equal(t, want, got)
-	require.Positive(t, wantUsage.DraftTokens)
-	require.Equal(t, wantUsage.DraftTokens, gotUsage.DraftTokens)
-	require.Equal(t, wantUsage.AcceptedTokens, gotUsage.AcceptedTokens)
+	requireSameDraws(t, ds, s, loaded)
 
 	// The same file in format version 1: no rows, so the first draft is
 	// empty; greedy decoding, which does not follow the drafts, gives the
@@ -400,8 +403,8 @@ func TestDSparkSaveLoad(t *testing.T) {
 	require.NoError(t, err)
 	defer again.Close()
 	greedy := []GenerateOption{WithMaxTokens(12), WithoutDefaultStops(), WithSpeculation(ds, 4)}
-	want, _ = genIDs(t, again, nil, greedy...)
-	got, _ = genIDs(t, old, nil, greedy...)
+	want, _ := genIDs(t, again, nil, greedy...)
+	got, _ := genIDs(t, old, nil, greedy...)
 	require.Equal(t, want, got)
 
 	// A section forged for another module, or cut short, is refused.
