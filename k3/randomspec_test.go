@@ -28,8 +28,8 @@ import (
 // state (the logits of one more token), bitwise. With rejection sampling
 // (exact in distribution, not token for token) each generation must give
 // the same tokens for the same seed alone, again, and in the Batcher.
-// A session saved after a speculating generation and loaded must go on
-// as the saved one does, bitwise. K3_SPECS=N runs N configurations instead of the default 12
+// A session saved after a speculating generation and loaded, or forked,
+// must go on as the original does, bitwise. K3_SPECS=N runs N configurations instead of the default 12
 // (K3_SPECS_SEED the first).
 func TestRandomSpeculation(t *testing.T) {
 	runSeeds(t, "K3_SPECS", 12, randomSpeculation)
@@ -194,9 +194,10 @@ func randomSpeculation(t *testing.T, seed uint64) {
 		require.Equal(t, want[i], generate(target, p, speculate(i)), "prompt %d speculating alone, %s", i, desc)
 	}
 
-	// Saved after a speculating generation and loaded, a session goes on
-	// as the saved one does: the same tokens, log-probabilities and state
-	// (with rejection sampling, the same draws, which follow the drafts).
+	// Saved after a speculating generation and loaded, or forked, a
+	// session goes on as the original does: the same tokens,
+	// log-probabilities and state (with rejection sampling, the same
+	// draws, which follow the drafts).
 	saved, err := target.NewSession()
 	require.NoError(t, err, desc)
 	defer saved.Close()
@@ -207,12 +208,19 @@ func randomSpeculation(t *testing.T, seed uint64) {
 	loaded, err := target.LoadSession(&file)
 	require.NoError(t, err, desc)
 	defer loaded.Close()
-	more := prompt(1 + r.IntN(4))
+	fork, err := saved.Fork()
+	require.NoError(t, err, desc)
+	defer fork.Close()
+	// Half the time no new prompt: the first draft then reads the rows
+	// the original's last pass left (a pass over new tokens makes its own).
+	more := prompt(r.IntN(2) * (1 + r.IntN(4)))
 	a, err := run(saved, saved.GenerateTokens(ctx, more, speculate(0)...))
 	require.NoError(t, err, desc)
-	b, err := run(loaded, loaded.GenerateTokens(ctx, more, speculate(0)...))
-	require.NoError(t, err, desc)
-	require.Equal(t, a, b, "a loaded session going on, %s", desc)
+	for what, s := range map[string]*Session{"a loaded session": loaded, "a fork": fork} {
+		b, err := run(s, s.GenerateTokens(ctx, more, speculate(0)...))
+		require.NoError(t, err, desc)
+		require.Equal(t, a, b, "%s going on, %s", what, desc)
+	}
 
 	// In a Batcher, every prompt but the last speculating.
 	bc, err := target.NewBatcher(1 + r.IntN(3))
