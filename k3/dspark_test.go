@@ -376,6 +376,9 @@ func TestDSparkSaveLoad(t *testing.T) {
 	require.NotZero(t, s.tapsRows)
 	var buf bytes.Buffer
 	require.NoError(t, s.Save(&buf))
+	f, err := s.Fork()
+	require.NoError(t, err)
+	defer f.Close()
 	loaded, err := m.LoadSession(bytes.NewReader(buf.Bytes()))
 	require.NoError(t, err)
 	defer loaded.Close()
@@ -406,6 +409,15 @@ func TestDSparkSaveLoad(t *testing.T) {
 	want, _ := genIDs(t, again, nil, greedy...)
 	got, _ := genIDs(t, old, nil, greedy...)
 	require.Equal(t, want, got)
+
+	// Rolled back after loading (through the replay logs), a loaded session
+	// drafts as the original rolled back as far.
+	back, err := m.LoadSession(bytes.NewReader(buf.Bytes()))
+	require.NoError(t, err)
+	defer back.Close()
+	require.NoError(t, f.Truncate(context.Background(), f.Len()-3))
+	require.NoError(t, back.Truncate(context.Background(), back.Len()-3))
+	requireSameDraws(t, ds, f, back)
 
 	// A section forged for another module, or cut short, is refused.
 	section := 16 + 4*len(s.taps)*rows*d
