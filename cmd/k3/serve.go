@@ -17,6 +17,7 @@ import (
 
 	"k3/k3"
 	"k3/k3/serve"
+	"k3/specdec"
 )
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -35,7 +36,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	drain := fs.Duration("drain", 30*time.Second, "how long shutdown waits for running requests")
 	sessionDir := fs.String("session-dir", "", "park idle kept sessions (K3-Session header) in this directory, and resume them after a restart")
 	var spec genFlags
-	fs.StringVar(&spec.speculate, "speculate", "", "speculative decoding with this drafter (ngram); outputs stay those of plain decoding")
+	fs.StringVar(&spec.speculate, "speculate", "", "speculative decoding with this drafter: ngram (one for every request), dspark (the checkpoint's draft module) or self:N (the model's first N layers and its head), one for each generation; outputs stay those of plain decoding")
 	fs.StringVar(&spec.draftDepth, "draft-depth", "auto", "with -speculate: drafts per verify pass (1..15), or auto")
 	sessionIdle := fs.Duration("session-idle", 5*time.Minute, "how long a kept session stays in memory unused")
 	reasoning := fs.Bool("reasoning", false, "a thinking model (Kimi K2 Thinking, K3): answer its <think> reasoning as reasoning_content")
@@ -104,20 +105,28 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 
 	opts := append(backend.loadOptions(), k3.WithMemoryBudget(*memory<<20))
-	if strings.HasPrefix(spec.speculate, "model:") || strings.HasPrefix(spec.speculate, "self:") || spec.speculate == "dspark" {
-		// One drafter serves every request, and a draft model's session
-		// follows one sequence: the requests would cut each other back.
-		return fmt.Errorf("-speculate %s is for k3 run and k3 chat; k3 serve speculates with ngram", spec.speculate)
+	if strings.HasPrefix(spec.speculate, "model:") {
+		return fmt.Errorf("-speculate %s is for k3 run and k3 chat; k3 serve speculates with ngram, dspark or self:N", spec.speculate)
 	}
+	var m *k3.Model // loaded below; the drafters of each generation are made from it
 	if d, err := spec.drafter(); err != nil {
 		return err
-	} else if d != nil {
+	} else if spec.speculate != "" {
 		k, auto, _ := spec.depth()
 		opts = append(opts, k3.WithRollback(k)) // speculation rolls back through the replay logs
-		cfg.Speculation = k3.WithSpeculation(d, k)
-		if auto {
-			cfg.Speculation = k3.WithAdaptiveSpeculation(d, k)
+		switch {
+		case d != nil: // ngram: one drafter serves every request
+			cfg.Speculation = k3.WithSpeculation(d, k)
+			if auto {
+				cfg.Speculation = k3.WithAdaptiveSpeculation(d, k)
+			}
+		case spec.speculate == "dspark":
+			cfg.NewDrafter = func() (specdec.Drafter, error) { return m.NewDSpark() }
+		default: // self:N, checked by drafter
+			n, _ := spec.selfLayers(strings.TrimPrefix(spec.speculate, "self:"))
+			cfg.NewDrafter = func() (specdec.Drafter, error) { return m.NewSelfDraft(n) }
 		}
+		cfg.DraftDepth, cfg.AdaptiveDraft = k, auto && cfg.NewDrafter != nil
 	}
 	if *prefix > 0 {
 		opts = append(opts, k3.WithPrefixCache(*prefix<<20))
@@ -144,7 +153,6 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	go func() { served <- hs.Serve(ln) }()
 	fmt.Fprintf(stderr, "k3 serve: listening on http://%s (model %q loading)\n", ln.Addr(), cfg.Name)
 
-	var m *k3.Model
 	if *model == "" {
 		m, err = k3.LoadTiny(ctx, opts...)
 	} else {
@@ -155,7 +163,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer m.Close()
-	if cfg.Speculation != nil && spec.draftDepth == "auto" {
+	if (cfg.Speculation != nil || cfg.NewDrafter != nil) && spec.draftDepth == "auto" {
 		// Measured now, for every batch the scheduler may run, not in its
 		// loop at the first request of each.
 		for b := 1; b <= max(cfg.MaxSequences, 16); b *= 2 {

@@ -83,7 +83,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 			return false
 		}
 		sessions = append(sessions, f)
-		seqs[k], own[k] = s.b.GenerateTokens(ctx, f, nil, j.choiceOpts(k)...), f
+		seqs[k], own[k] = s.generate(ctx, f, nil, j.choiceOpts(k)), f
 		return true
 	}
 	cached := make([]int, len(j.prompts)) // per prompt; -1: its first choice's usage says
@@ -119,7 +119,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 			s.fail(w, err)
 			return
 		}
-		seqs[0] = s.b.GenerateTokens(ctx, ss, feed, j.choiceOpts(0)...)
+		seqs[0] = s.generate(ctx, ss, feed, j.choiceOpts(0))
 	} else {
 		for p, prompt := range j.prompts {
 			k := p * j.n // the prompt's first choice
@@ -140,7 +140,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 					case j.maxTokens[p] == 0:
 						seqs[k+i] = finished(len(prompt))
 					case i == j.n-1:
-						seqs[k+i], own[k+i] = s.b.GenerateTokens(ctx, base, nil, j.choiceOpts(k+i)...), base
+						seqs[k+i], own[k+i] = s.generate(ctx, base, nil, j.choiceOpts(k+i)), base
 					default:
 						if !fork(base, k+i) {
 							return
@@ -156,7 +156,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 					return
 				}
 				cached[p] = -1
-				seqs[k], own[k] = s.b.GenerateTokens(ctx, ss, prompt, j.choiceOpts(k)...), ss
+				seqs[k], own[k] = s.generate(ctx, ss, prompt, j.choiceOpts(k)), ss
 				continue
 			}
 			// The prompt prefills once; its choices fork its state.
@@ -177,7 +177,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 					return
 				}
 			}
-			seqs[k+j.n-1], own[k+j.n-1] = s.b.GenerateTokens(ctx, base, nil, j.choiceOpts(k+j.n-1)...), base
+			seqs[k+j.n-1], own[k+j.n-1] = s.generate(ctx, base, nil, j.choiceOpts(k+j.n-1)), base
 		}
 	}
 

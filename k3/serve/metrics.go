@@ -192,7 +192,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	p.counter("k3:prefix_cache_hit_lookups_total", "Prompt lookups that resumed from a cached KDA snapshot.", float64(ps.Hits))
 	p.gauge("k3:prefix_cache_bytes", "Bytes the prefix cache holds.", float64(ps.Bytes))
 
-	if s.cfg.Speculation != nil {
+	if s.cfg.Speculation != nil || s.drafters != nil {
 		p.counter("vllm:spec_decode_num_draft_tokens_total", "Draft tokens proposed by speculative decoding.", float64(s.met.drafts.Load()))
 		p.counter("vllm:spec_decode_num_accepted_tokens_total", "Draft tokens accepted (each a token decoded without a pass of its own).", float64(s.met.accepted.Load()))
 	}

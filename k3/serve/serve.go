@@ -35,6 +35,7 @@ import (
 
 	"k3/internal/zmtp"
 	"k3/k3"
+	"k3/specdec"
 )
 
 // Config sets a Server's limits. The zero value of each field selects its
@@ -76,8 +77,20 @@ type Config struct {
 	MaxSessions int
 	// Speculation, when set, is added to every generation's options:
 	// k3.WithSpeculation or k3.WithAdaptiveSpeculation (the model loaded
-	// WithRollback deep enough). Outputs are those of plain decoding.
+	// WithRollback deep enough). Outputs are those of plain decoding. Its
+	// drafter serves every generation at once, as specdec.NGram can.
 	Speculation k3.GenerateOption
+	// NewDrafter, instead of Speculation, gives each generation a drafter
+	// of its own, for drafters that follow one sequence at a time
+	// (k3.DSpark, a self-draft, a draft model): it speculates at
+	// DraftDepth tokens a verify pass (k3.WithSpeculation), or with
+	// AdaptiveDraft up to DraftDepth (k3.WithAdaptiveSpeculation). A
+	// generation takes a drafter an earlier one gave back, else one
+	// NewDrafter makes; the server keeps as many as generations ran at
+	// once and closes them (io.Closer) on Close.
+	NewDrafter    func() (specdec.Drafter, error)
+	DraftDepth    int
+	AdaptiveDraft bool
 	// Reasoning, for a thinking model (Kimi K2 Thinking, K3), splits a
 	// chat answer's reasoning (<think>…</think>) from its content into
 	// reasoning_content; a request's chat_template_kwargs {"thinking":
@@ -162,6 +175,9 @@ type Server struct {
 	closed  atomic.Bool
 	created int64
 	kv      *zmtp.Publisher // nil without Config.KVEvents
+	// drafters lends each generation a drafter (Config.NewDrafter; nil
+	// without).
+	drafters *drafters
 }
 
 // New starts serving m: it starts the scheduler (a k3.Batcher), which
@@ -171,6 +187,16 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 		return nil, errors.New("serve: nil model")
 	}
 	cfg.defaults()
+	var pool *drafters
+	if cfg.NewDrafter != nil {
+		switch {
+		case cfg.Speculation != nil:
+			return nil, errors.New("serve: Config.Speculation and Config.NewDrafter both set: one drafter for all generations, or one each")
+		case cfg.DraftDepth < 1 || cfg.DraftDepth >= k3.ExactTokens:
+			return nil, fmt.Errorf("serve: Config.DraftDepth = %d, want 1..%d with NewDrafter", cfg.DraftDepth, k3.ExactTokens-1)
+		}
+		pool = &drafters{make: cfg.NewDrafter, depth: cfg.DraftDepth, adaptive: cfg.AdaptiveDraft}
+	}
 	var bopts []k3.BatcherOption
 	if cfg.TokenBudget > 0 {
 		bopts = append(bopts, k3.WithTokenBudget(cfg.TokenBudget))
@@ -212,7 +238,7 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 	}
 	s := &Server{m: m, cfg: cfg, b: b, stop: stop, sem: semaphore.NewWeighted(int64(cfg.MaxSequences + cfg.MaxQueue)),
 		mux: http.NewServeMux(), met: newMetrics(cfg.Name), store: store, created: time.Now().Unix(), kv: kv,
-		kept: kept, schemas: newSchemaCache(schemaCacheEntries)}
+		kept: kept, schemas: newSchemaCache(schemaCacheEntries), drafters: pool}
 	s.mux.HandleFunc("POST /v1/chat/completions", s.authorized(generation(s, s.chatJob)))
 	s.mux.HandleFunc("POST /v1/completions", s.authorized(generation(s, s.completionJob)))
 	s.mux.HandleFunc("POST /v1/responses", s.authorized(generation(s, s.responsesJob)))
@@ -231,6 +257,16 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{status: 404, typ: "invalid_request_error", msg: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)})
 	})
+	if pool != nil {
+		// The first drafter now: a drafter the model cannot make (no
+		// draft module) fails here, not in every request.
+		d, err := cfg.NewDrafter()
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("serve: Config.NewDrafter: %w", err)
+		}
+		pool.put(d)
+	}
 	return s, nil
 }
 
@@ -256,6 +292,9 @@ func (s *Server) Close() error {
 	defer s.kept.close()
 	if s.kv != nil {
 		defer s.kv.Close()
+	}
+	if s.drafters != nil {
+		defer s.drafters.close() // generations still ending close theirs as they give them back
 	}
 	if err := s.b.Wait(); err != nil && !errors.Is(err, context.Canceled) {
 		return err

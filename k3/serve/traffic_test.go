@@ -31,8 +31,9 @@ import (
 // configuration, of the embedded model or (a quarter) of a random-weight
 // checkpoint of a preset: sequences, queue, token budget, memory budget (none, 64,
 // 8 or 3 MiB), prefix cache, kept sessions (in memory or parked to a
-// directory, few and soon idle) and n-gram speculation (none, fixed or
-// adaptive). Four to sixteen clients at once each send one to three
+// directory, few and soon idle) and speculation (none; one n-gram
+// drafter, fixed or adaptive; or a drafter for each generation, the
+// embedded model's DSpark module or a self-draft, Config.NewDrafter). Four to sixteen clients at once each send one to three
 // requests: chat completions, completions (one prompt or two) and
 // Responses (some continuing the client's last), whole or streamed,
 // greedy or seeded, some with n > 1, stop strings, log-probabilities,
@@ -135,12 +136,21 @@ func randomTraffic(t *testing.T, seed uint64) {
 	if rnd(2) == 0 {
 		cfg.SessionDir = t.TempDir()
 	}
-	spec := []string{"none", "fixed", "adaptive"}[rnd(3)]
+	spec := []string{"none", "fixed", "adaptive", "a drafter each"}[rnd(4)]
 	switch spec {
 	case "fixed":
 		cfg.Speculation = k3.WithSpeculation(specdec.NGram{}, 1+rnd(4))
 	case "adaptive":
 		cfg.Speculation = k3.WithAdaptiveSpeculation(specdec.NGram{}, 1+rnd(4))
+	case "a drafter each":
+		// The embedded model's DSpark module, or a self-draft of the
+		// first layer; a fixed depth or an adaptive one.
+		cfg.DraftDepth, cfg.AdaptiveDraft = 1+rnd(4), rnd(2) == 0
+		cfg.NewDrafter = func() (specdec.Drafter, error) { return m.NewSelfDraft(1) }
+		if model == "the embedded model" {
+			cfg.NewDrafter = func() (specdec.Drafter, error) { return m.NewDSpark() }
+		}
+		spec += fmt.Sprintf(" (depth %d, adaptive %v)", cfg.DraftDepth, cfg.AdaptiveDraft)
 	}
 	desc := fmt.Sprintf("%s, memory budget %d, prefix cache %v, speculation %s, sequences %d, queue %d, token budget %d, kept sessions %d (directory %v, idle %v)",
 		model, budget, cached, spec, cfg.MaxSequences, cfg.MaxQueue, cfg.TokenBudget, cfg.MaxSessions, cfg.SessionDir != "", cfg.SessionIdle)

@@ -1,0 +1,110 @@
+package serve
+
+import (
+	"context"
+	"io"
+	"iter"
+	"sync"
+
+	"k3/k3"
+	"k3/specdec"
+)
+
+// drafters lends each generation a drafter of its own (Config.NewDrafter):
+// one that a finished generation gave back, or a new one. A drafter such
+// as k3.DSpark follows one sequence at a time, so the server holds as
+// many as generations ran at once, and closes them with the server.
+type drafters struct {
+	make     func() (specdec.Drafter, error)
+	depth    int
+	adaptive bool
+
+	mu     sync.Mutex
+	free   []specdec.Drafter
+	closed bool
+
+	// watch, when set (by tests), sees each drafter a generation takes
+	// and gives back.
+	watch func(d specdec.Drafter, taken bool)
+}
+
+func (p *drafters) get() (specdec.Drafter, error) {
+	p.mu.Lock()
+	if n := len(p.free); n > 0 {
+		d := p.free[n-1]
+		p.free = p.free[:n-1]
+		p.mu.Unlock()
+		return d, nil
+	}
+	p.mu.Unlock()
+	return p.make()
+}
+
+// put gives d back; after close it is closed instead.
+func (p *drafters) put(d specdec.Drafter) {
+	p.mu.Lock()
+	if !p.closed {
+		p.free = append(p.free, d)
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	closeDrafter(d)
+}
+
+// close closes the drafters given back, and those given back later.
+func (p *drafters) close() {
+	p.mu.Lock()
+	free := p.free
+	p.free, p.closed = nil, true
+	p.mu.Unlock()
+	for _, d := range free {
+		closeDrafter(d)
+	}
+}
+
+func closeDrafter(d specdec.Drafter) {
+	if c, ok := d.(io.Closer); ok {
+		c.Close()
+	}
+}
+
+// option is the speculation option of a generation that drafts with d.
+func (p *drafters) option(d specdec.Drafter) k3.GenerateOption {
+	if p.adaptive {
+		return k3.WithAdaptiveSpeculation(d, p.depth)
+	}
+	return k3.WithSpeculation(d, p.depth)
+}
+
+// generate runs a generation of session ss in the batcher. With
+// per-generation drafters it takes one when the generation starts (the
+// batcher submits it when its tokens are first asked for) and gives it
+// back when the generation ends, however it ends.
+func (s *Server) generate(ctx context.Context, ss *k3.Session, prompt []int32, opts []k3.GenerateOption) iter.Seq2[k3.Token, error] {
+	p := s.drafters
+	if p == nil {
+		return s.b.GenerateTokens(ctx, ss, prompt, opts...)
+	}
+	return func(yield func(k3.Token, error) bool) {
+		d, err := p.get()
+		if err != nil {
+			yield(k3.Token{}, err)
+			return
+		}
+		if p.watch != nil {
+			p.watch(d, true)
+		}
+		defer func() {
+			if p.watch != nil {
+				p.watch(d, false)
+			}
+			p.put(d)
+		}()
+		for tok, err := range s.b.GenerateTokens(ctx, ss, prompt, append(opts, p.option(d))...) {
+			if !yield(tok, err) {
+				return
+			}
+		}
+	}
+}
