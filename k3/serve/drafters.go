@@ -13,14 +13,20 @@ import (
 // drafters lends each generation a drafter of its own (Config.NewDrafter):
 // one that a finished generation gave back, or a new one. A drafter such
 // as k3.DSpark follows one sequence at a time, so the server holds as
-// many as generations ran at once, and closes them with the server.
+// many as generations ran at once, up to limit (the sequences the
+// scheduler runs: a DSpark holds a block of logits over the vocabulary,
+// megabytes on a large model, outside the memory budget), and closes them
+// with the server. A generation that finds none to take decodes plainly:
+// the server does not sample by rejection, so its tokens are the same.
 type drafters struct {
 	make     func() (specdec.Drafter, error)
 	depth    int
 	adaptive bool
+	limit    int
 
 	mu     sync.Mutex
 	free   []specdec.Drafter
+	made   int
 	closed bool
 
 	// watch, when set (by tests), sees each drafter a generation takes
@@ -28,6 +34,7 @@ type drafters struct {
 	watch func(d specdec.Drafter, taken bool)
 }
 
+// get takes a drafter given back, or makes one; nil when limit are out.
 func (p *drafters) get() (specdec.Drafter, error) {
 	p.mu.Lock()
 	if n := len(p.free); n > 0 {
@@ -36,8 +43,19 @@ func (p *drafters) get() (specdec.Drafter, error) {
 		p.mu.Unlock()
 		return d, nil
 	}
+	if p.made >= p.limit {
+		p.mu.Unlock()
+		return nil, nil
+	}
+	p.made++
 	p.mu.Unlock()
-	return p.make()
+	d, err := p.make()
+	if err != nil {
+		p.mu.Lock()
+		p.made--
+		p.mu.Unlock()
+	}
+	return d, err
 }
 
 // put gives d back; after close it is closed instead.
@@ -90,6 +108,14 @@ func (s *Server) generate(ctx context.Context, ss *k3.Session, prompt []int32, o
 		d, err := p.get()
 		if err != nil {
 			yield(k3.Token{}, err)
+			return
+		}
+		if d == nil {
+			for tok, err := range s.b.GenerateTokens(ctx, ss, prompt, opts...) {
+				if !yield(tok, err) {
+					return
+				}
+			}
 			return
 		}
 		if p.watch != nil {

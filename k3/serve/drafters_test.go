@@ -131,6 +131,39 @@ func TestDraftersLent(t *testing.T) {
 	assert.Equal(t, made.Load(), closed.Load(), "Close closes every drafter made")
 }
 
+// TestDraftersBounded: the server makes at most MaxSequences drafters;
+// generations past them decode plainly, with the same tokens.
+func TestDraftersBounded(t *testing.T) {
+	m, err := k3.LoadTiny(context.Background(), k3.WithRollback(4), k3.WithMemoryBudget(testBudget))
+	require.NoError(t, err)
+	t.Cleanup(func() { m.Close() })
+	var made, closed atomic.Int32
+	s, err := New(m, Config{MaxSequences: 2, DraftDepth: 3, NewDrafter: func() (specdec.Drafter, error) {
+		made.Add(1)
+		return &closingNGram{closed: &closed}, nil
+	}})
+	require.NoError(t, err)
+	hs := httptestServer(t, s)
+	prompt := "\tcase 1:\n\t\treturn 1\n\tcase 2:\n\t\treturn 2\n\tcase 3:\n"
+	want, _ := direct(t, m, m.Encode(prompt), k3.WithMaxTokens(24), k3.WithoutDefaultStops())
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			code, out := post(t, hs.URL+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": true, "n": 2})
+			if assert.Equal(t, 200, code, "%v", out) {
+				for _, c := range out["choices"].([]any) {
+					assert.Equal(t, want, c.(map[string]any)["text"])
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	assert.LessOrEqual(t, made.Load(), int32(2), "eight generations, two sequences at a time")
+	assert.Positive(t, scrape(t, hs.URL)["vllm:spec_decode_num_draft_tokens_total"])
+}
+
 // TestDrafterConfig: NewDrafter with Speculation, or without a depth, is
 // refused, and so is a drafter the model cannot make.
 func TestDrafterConfig(t *testing.T) {

@@ -86,8 +86,9 @@ type Config struct {
 	// DraftDepth tokens a verify pass (k3.WithSpeculation), or with
 	// AdaptiveDraft up to DraftDepth (k3.WithAdaptiveSpeculation). A
 	// generation takes a drafter an earlier one gave back, else one
-	// NewDrafter makes; the server keeps as many as generations ran at
-	// once and closes them (io.Closer) on Close.
+	// NewDrafter makes, up to MaxSequences of them (past that it decodes
+	// plainly, with the same tokens); the server closes them (io.Closer)
+	// on Close.
 	NewDrafter    func() (specdec.Drafter, error)
 	DraftDepth    int
 	AdaptiveDraft bool
@@ -195,7 +196,7 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 		case cfg.DraftDepth < 1 || cfg.DraftDepth >= k3.ExactTokens:
 			return nil, fmt.Errorf("serve: Config.DraftDepth = %d, want 1..%d with NewDrafter", cfg.DraftDepth, k3.ExactTokens-1)
 		}
-		pool = &drafters{make: cfg.NewDrafter, depth: cfg.DraftDepth, adaptive: cfg.AdaptiveDraft}
+		pool = &drafters{make: cfg.NewDrafter, depth: cfg.DraftDepth, adaptive: cfg.AdaptiveDraft, limit: cfg.MaxSequences}
 	}
 	var bopts []k3.BatcherOption
 	if cfg.TokenBudget > 0 {
@@ -265,6 +266,7 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 			s.Close()
 			return nil, fmt.Errorf("serve: Config.NewDrafter: %w", err)
 		}
+		pool.made = 1
 		pool.put(d)
 	}
 	return s, nil
