@@ -110,24 +110,20 @@ func (s *Server) generate(ctx context.Context, ss *k3.Session, prompt []int32, o
 			yield(k3.Token{}, err)
 			return
 		}
-		if d == nil {
-			for tok, err := range s.b.GenerateTokens(ctx, ss, prompt, opts...) {
-				if !yield(tok, err) {
-					return
-				}
-			}
-			return
-		}
-		if p.watch != nil {
-			p.watch(d, true)
-		}
-		defer func() {
+		o := opts
+		if d != nil { // else none is free: plain decoding
 			if p.watch != nil {
-				p.watch(d, false)
+				p.watch(d, true)
 			}
-			p.put(d)
-		}()
-		for tok, err := range s.b.GenerateTokens(ctx, ss, prompt, append(opts, p.option(d))...) {
+			defer func() {
+				if p.watch != nil {
+					p.watch(d, false)
+				}
+				p.put(d)
+			}()
+			o = append(o[:len(o):len(o)], p.option(d))
+		}
+		for tok, err := range s.b.GenerateTokens(ctx, ss, prompt, o...) {
 			if !yield(tok, err) {
 				return
 			}
