@@ -5,6 +5,9 @@
 // token and its drafts in one exact pass, keeps the drafts the target's
 // own draws confirm, and rolls the rest back through the ReplaySSM logs.
 //
-// DSpark's drafter, the self-speculative and small-model drafters and the
-// confidence-scheduled depth are not built yet (docs/ARCHITECTURE.md).
+// The drafters that run a model live in package k3, since they need one:
+// DSpark's draft module (k3.Model.NewDSpark), the self-speculative early
+// exit (NewSelfDraft) and a smaller model (NewDraftModel). So does the
+// depth chosen per pass from measured costs (k3.WithAdaptiveSpeculation),
+// which uses BestDepth here (docs/ARCHITECTURE.md, "Speculative decoding").
 package specdec

@@ -36,7 +36,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	drain := fs.Duration("drain", 30*time.Second, "how long shutdown waits for running requests")
 	sessionDir := fs.String("session-dir", "", "park idle kept sessions (K3-Session header) in this directory, and resume them after a restart")
 	var spec genFlags
-	fs.StringVar(&spec.speculate, "speculate", "", "speculative decoding with this drafter: ngram (one for every request), dspark (the checkpoint's draft module) or self:N (the model's first N layers and its head), one for each generation; outputs stay those of plain decoding")
+	fs.StringVar(&spec.speculate, "speculate", "", "speculative decoding with this drafter: ngram (one for every request), dspark (the checkpoint's draft module), self:N (the model's first N layers and its head) or model:DIR (a smaller checkpoint's greedy tokens, same vocabulary), these three one for each generation; outputs stay those of plain decoding")
 	fs.StringVar(&spec.draftDepth, "draft-depth", "auto", "with -speculate: drafts per verify pass (1..15), or auto")
 	sessionIdle := fs.Duration("session-idle", 5*time.Minute, "how long a kept session stays in memory unused")
 	reasoning := fs.Bool("reasoning", false, "a thinking model (Kimi K2 Thinking, K3): answer its <think> reasoning as reasoning_content")
@@ -105,10 +105,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 
 	opts := append(backend.loadOptions(), k3.WithMemoryBudget(*memory<<20))
-	if strings.HasPrefix(spec.speculate, "model:") {
-		return fmt.Errorf("-speculate %s is for k3 run and k3 chat; k3 serve speculates with ngram, dspark or self:N", spec.speculate)
-	}
-	var m *k3.Model // loaded below; the drafters of each generation are made from it
+	// Loaded below; the drafters of each generation are made from them.
+	var m, draft *k3.Model
 	if d, err := spec.drafter(); err != nil {
 		return err
 	} else if spec.speculate != "" {
@@ -122,6 +120,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			}
 		case spec.speculate == "dspark":
 			cfg.NewDrafter = func() (specdec.Drafter, error) { return m.NewDSpark() }
+		case strings.HasPrefix(spec.speculate, "model:"):
+			cfg.NewDrafter = func() (specdec.Drafter, error) { return m.NewDraftModel(draft) }
 		default: // self:N, checked by drafter
 			n, _ := spec.selfLayers(strings.TrimPrefix(spec.speculate, "self:"))
 			cfg.NewDrafter = func() (specdec.Drafter, error) { return m.NewSelfDraft(n) }
@@ -163,6 +163,23 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer m.Close()
+	if dir, ok := strings.CutPrefix(spec.speculate, "model:"); ok {
+		// Each generation's drafter holds a session of the draft model,
+		// which rolls back the drafts the target rejects: its logs are as
+		// deep as the drafts. Closed after the server, which closes the
+		// drafters.
+		k, _, _ := spec.depth()
+		draft, err = k3.Load(ctx, dir, append(backend.loadOptions(), k3.WithRollback(k))...)
+		if err != nil {
+			hs.Close()
+			return fmt.Errorf("-speculate %s: %w", spec.speculate, err)
+		}
+		defer draft.Close()
+		if draft.VocabSize() != m.VocabSize() {
+			hs.Close()
+			return fmt.Errorf("-speculate %s: the draft model scores %d tokens, the target %d", spec.speculate, draft.VocabSize(), m.VocabSize())
+		}
+	}
 	if (cfg.Speculation != nil || cfg.NewDrafter != nil) && spec.draftDepth == "auto" {
 		// Measured now, for every batch the scheduler may run, not in its
 		// loop at the first request of each.

@@ -3,9 +3,11 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -104,7 +106,13 @@ func TestServeFlags(t *testing.T) {
 	assert.Contains(t, errOut, "-draft-depth")
 	code, _, errOut = runCLI("serve", "-addr", "127.0.0.1:0", "-speculate", "model:../../testdata/model/tiny_k3")
 	assert.Equal(t, 1, code)
-	assert.Contains(t, errOut, "k3 serve speculates with ngram")
+	assert.Contains(t, errOut, "-speculate model:../../testdata/model/tiny_k3: the draft model scores 512 tokens, the target 4096")
+	code, _, errOut = runCLI("serve", "-addr", "127.0.0.1:0", "-speculate", "model:/no/such/dir")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, "-speculate model:/no/such/dir")
+	code, _, errOut = runCLI("serve", "-addr", "127.0.0.1:0", "-speculate", "model:")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, `-speculate "model:"`)
 	code, _, errOut = runCLI("serve", "-addr", "127.0.0.1:0", "-speculate", "self:0")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errOut, "self:0")
@@ -126,4 +134,84 @@ func TestServeFlags(t *testing.T) {
 	code, out, _ := runCLI("serve", "-h")
 	assert.Equal(t, 0, code)
 	assert.Contains(t, out, "-api-key")
+}
+
+// startServe runs k3 serve with args on a free loopback port until the
+// test ends, and returns its URL once it is ready.
+func startServe(t *testing.T, args ...string) string {
+	t.Helper()
+	ctx, stop := context.WithCancel(context.Background())
+	var stderr lockedBuffer
+	exited := make(chan int, 1)
+	go func() {
+		exited <- run(ctx, append([]string{"serve", "-addr", "127.0.0.1:0"}, args...), io.Discard, &stderr)
+	}()
+	t.Cleanup(func() {
+		stop()
+		select {
+		case code := <-exited:
+			assert.Equal(t, 0, code, "stderr: %s", stderr.String())
+		case <-time.After(30 * time.Second):
+			t.Error("k3 serve did not exit")
+		}
+	})
+	addr := regexp.MustCompile(`http://127\.0\.0\.1:[0-9]+`)
+	var url string
+	require.Eventually(t, func() bool {
+		url = addr.FindString(stderr.String())
+		return url != "" && strings.Contains(stderr.String(), "ready")
+	}, 30*time.Second, 10*time.Millisecond, "stderr: %s", stderr.String())
+	return url
+}
+
+// metric reads one counter from the server's /metrics.
+func metric(t *testing.T, url, name string) float64 {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(body), "\n") {
+		if rest, ok := strings.CutPrefix(line, name); ok && (strings.HasPrefix(rest, " ") || strings.HasPrefix(rest, "{")) {
+			f, err := strconv.ParseFloat(rest[strings.LastIndexByte(rest, ' ')+1:], 64)
+			require.NoError(t, err, line)
+			return f
+		}
+	}
+	t.Fatalf("no %s in /metrics", name)
+	return 0
+}
+
+// TestServeDraftModel: k3 serve -speculate model:DIR drafts with a second
+// checkpoint (here the target's own, whose greedy drafts are all
+// accepted) and answers what plain decoding answers.
+func TestServeDraftModel(t *testing.T) {
+	const target = "../../testdata/model/tiny_k31pro"
+	body := `{"prompt":[5,9,14,200,3],"max_tokens":40,"ignore_eos":true,"temperature":0}`
+	complete := func(url string) string {
+		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		out, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.Equal(t, 200, resp.StatusCode, "%s", out)
+		var c struct {
+			Choices []struct{ Text string }
+			Usage   struct {
+				CompletionTokens int `json:"completion_tokens"`
+			}
+		}
+		require.NoError(t, json.Unmarshal(out, &c))
+		require.Len(t, c.Choices, 1)
+		require.Equal(t, 40, c.Usage.CompletionTokens)
+		return c.Choices[0].Text
+	}
+	plain := complete(startServe(t, "-model", target, "-sequences", "2"))
+	url := startServe(t, "-model", target, "-sequences", "2", "-speculate", "model:"+target, "-draft-depth", "4")
+	assert.Equal(t, plain, complete(url), "speculation changed the answer")
+	drafts := metric(t, url, "vllm:spec_decode_num_draft_tokens_total")
+	assert.GreaterOrEqual(t, drafts, 30.0, "the draft model drafted")
+	assert.Equal(t, drafts, metric(t, url, "vllm:spec_decode_num_accepted_tokens_total"), "a model's own greedy drafts are all accepted")
+	assert.Equal(t, plain, complete(url), "a drafter given back and lent again")
 }
