@@ -33,7 +33,8 @@ import (
 // 8 or 3 MiB), prefix cache, kept sessions (in memory or parked to a
 // directory, few and soon idle) and speculation (none; one n-gram
 // drafter, fixed or adaptive; or a drafter for each generation, the
-// embedded model's DSpark module or a self-draft, Config.NewDrafter). Four to sixteen clients at once each send one to three
+// embedded model's DSpark module, a self-draft or a second load of the
+// checkpoint as a draft model, Config.NewDrafter). Four to sixteen clients at once each send one to three
 // requests: chat completions, completions (one prompt or two) and
 // Responses (some continuing the client's last), whole or streamed,
 // greedy or seeded, some with n > 1, stop strings, log-probabilities,
@@ -116,18 +117,17 @@ func randomTraffic(t *testing.T, seed uint64) {
 	// The embedded model, or a random-weight checkpoint of a preset (a
 	// byte-level tokenizer, other shapes).
 	model := "the embedded model"
-	var m *k3.Model
-	var err error
+	load := func(opts ...k3.Option) (*k3.Model, error) { return k3.LoadTiny(ctx, opts...) }
 	if rnd(4) == 0 {
 		preset := []string{"k31pro", "k3", "kimi_linear"}[rnd(3)]
 		model = "a random " + preset
 		dir := t.TempDir()
 		require.NoError(t, tiny.Write(dir, preset, tiny.Options{Seed: seed, BF16: rnd(2) == 0}))
-		m, err = k3.Load(ctx, dir, opts...)
-	} else {
-		m, err = k3.LoadTiny(ctx, opts...)
+		load = func(opts ...k3.Option) (*k3.Model, error) { return k3.Load(ctx, dir, opts...) }
 	}
+	m, err := load(opts...)
 	require.NoError(t, err)
+	var draft *k3.Model // a draft model's second load of the checkpoint
 	cfg := Config{MaxSequences: 1 + rnd(4), MaxQueue: 1 + rnd(16), MaxSessions: 1 + rnd(4),
 		SessionIdle: time.Duration(20+rnd(500)) * time.Millisecond}
 	if rnd(3) == 0 {
@@ -143,12 +143,27 @@ func randomTraffic(t *testing.T, seed uint64) {
 	case "adaptive":
 		cfg.Speculation = k3.WithAdaptiveSpeculation(specdec.NGram{}, 1+rnd(4))
 	case "a drafter each":
-		// The embedded model's DSpark module, or a self-draft of the
-		// first layer; a fixed depth or an adaptive one.
+		// The embedded model's DSpark module, a self-draft of the first
+		// layer, or a second load of the checkpoint as a draft model
+		// (k3 serve -speculate model:DIR); a fixed depth or an adaptive
+		// one.
 		cfg.DraftDepth, cfg.AdaptiveDraft = 1+rnd(4), rnd(2) == 0
-		cfg.NewDrafter = func() (specdec.Drafter, error) { return m.NewSelfDraft(1) }
-		if model == "the embedded model" {
+		switch rnd(3) {
+		case 0:
+			spec += ", a self-draft"
+			cfg.NewDrafter = func() (specdec.Drafter, error) { return m.NewSelfDraft(1) }
+		case 1:
+			spec += ", a draft model"
+			draft, err = load(k3.WithRollback(cfg.DraftDepth))
+			require.NoError(t, err)
+			cfg.NewDrafter = func() (specdec.Drafter, error) { return m.NewDraftModel(draft) }
+		default:
+			spec += ", DSpark"
 			cfg.NewDrafter = func() (specdec.Drafter, error) { return m.NewDSpark() }
+			if model != "the embedded model" {
+				spec = "a drafter each, a self-draft"
+				cfg.NewDrafter = func() (specdec.Drafter, error) { return m.NewSelfDraft(1) }
+			}
 		}
 		spec += fmt.Sprintf(" (depth %d, adaptive %v)", cfg.DraftDepth, cfg.AdaptiveDraft)
 	}
@@ -160,6 +175,9 @@ func randomTraffic(t *testing.T, seed uint64) {
 	defer func() {
 		hs.Close()
 		require.NoError(t, s.Close())
+		if draft != nil {
+			require.NoError(t, draft.Close())
+		}
 		require.NoError(t, m.Close())
 		// Closed, the server, its Batcher and the model leave nothing
 		// of theirs running.
