@@ -51,12 +51,18 @@ const sessionWindow = 1 << 22
 
 // fingerprint identifies the model a session belongs to: a hash of its
 // configuration, every tensor's name, type and shape, and the first bytes
-// of every tensor's data (so that two checkpoints of one shape differ).
+// of every tensor's data (so that two checkpoints of one shape differ);
+// for a Group's rank also the rank and what the layout gives it to hold
+// (TP ranks hold shards of one shape).
 func (m *Model) fingerprint() [32]byte {
 	m.fpOnce.Do(func() {
 		h := sha256.New()
 		cfg, _ := json.Marshal(m.Config)
 		h.Write(cfg)
+		if p := m.par; p != nil {
+			l := p.layout.norm()
+			fmt.Fprintf(h, "\x00rank %d of tp%d ep%d cp%d split-indexer %v", p.rank, l.TP, l.EP, l.CP, l.SplitIndexer)
+		}
 		for _, name := range m.ck.Names() {
 			data, t, err := m.ck.Bytes(name)
 			if err != nil {

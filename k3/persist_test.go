@@ -202,6 +202,18 @@ func TestLoadSessionBudget(t *testing.T) {
 	assert.Zero(t, u.Used-u.FreePages-u.FreeStates)
 }
 
+// checkLoadFailed fails t unless a failed load returned no session
+// (none) and an error wrapping ErrSessionFile (or ErrMemoryBudget).
+func checkLoadFailed(t *testing.T, none bool, err error) {
+	t.Helper()
+	if !none {
+		t.Fatal("a session with an error")
+	}
+	if !errors.Is(err, ErrSessionFile) && !errors.Is(err, ErrMemoryBudget) {
+		t.Fatalf("error not wrapping ErrSessionFile: %v", err)
+	}
+}
+
 // FuzzLoadSession: no input crashes LoadSession; what it does not load is
 // an ErrSessionFile, and what it loads is a usable session.
 func FuzzLoadSession(f *testing.F) {
@@ -233,12 +245,7 @@ func FuzzLoadSession(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		got, err := m.LoadSession(bytes.NewReader(b))
 		if err != nil {
-			if got != nil {
-				t.Fatal("a session with an error")
-			}
-			if !errors.Is(err, ErrSessionFile) && !errors.Is(err, ErrMemoryBudget) {
-				t.Fatalf("error not wrapping ErrSessionFile: %v", err)
-			}
+			checkLoadFailed(t, got == nil, err)
 			return
 		}
 		defer got.Close()

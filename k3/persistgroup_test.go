@@ -1,0 +1,200 @@
+package k3
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"k3/compute"
+)
+
+const groupTestDir = "../testdata/model/tiny_k31pro"
+
+// groupSession feeds prompt to a new session of g.
+func groupSession(t *testing.T, g *Group, prompt []int32) *GroupSession {
+	t.Helper()
+	gs, err := g.NewSession()
+	require.NoError(t, err)
+	t.Cleanup(func() { gs.Close() })
+	_, err = gs.Forward(context.Background(), prompt)
+	require.NoError(t, err)
+	return gs
+}
+
+// saveGroup returns gs's file.
+func saveGroup(t *testing.T, gs *GroupSession) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	require.NoError(t, gs.Save(&buf))
+	return buf.Bytes()
+}
+
+// groupRanks splits a group file into its header and its ranks' files.
+func groupRanks(t *testing.T, file []byte) (head []byte, ranks [][]byte) {
+	t.Helper()
+	const headLen = 8 + 2 + 12 + 1 + 4
+	head, rest := file[:headLen], file[headLen:]
+	for len(rest) > 0 {
+		n := int(binary.LittleEndian.Uint64(rest))
+		ranks = append(ranks, rest[8:8+n])
+		rest = rest[8+n:]
+	}
+	return head, ranks
+}
+
+// bitsOf returns v's bits, so that equal means bitwise equal (NaN too).
+func bitsOf(v []float32) []uint32 {
+	out := make([]uint32, len(v))
+	for i, x := range v {
+		out[i] = math.Float32bits(x)
+	}
+	return out
+}
+
+// joinGroup is groupRanks' inverse.
+func joinGroup(head []byte, ranks ...[]byte) []byte {
+	out := append([]byte(nil), head...)
+	for _, r := range ranks {
+		out = binary.LittleEndian.AppendUint64(out, uint64(len(r)))
+		out = append(out, r...)
+	}
+	return out
+}
+
+// TestGroupSaveLoad: a TP, an EP and a TP×EP group's sequence saved and
+// loaded gives the saved one's logits bitwise, step after step, and the
+// same generation; a file of another layout, with its ranks swapped or
+// taken from two sequences, cut short or padded, or a lone session's
+// file, is refused with ErrSessionFile naming the problem.
+func TestGroupSaveLoad(t *testing.T) {
+	ctx := context.Background()
+	prompt := []int32{5, 9, 17, 33, 65, 129, 257, 3, 11, 200, 7}
+	files := map[string][]byte{}
+	for _, l := range []Layout{{TP: 2}, {EP: 2}, {TP: 2, EP: 2, Dispatch: true}} {
+		g, err := LoadGroup(ctx, groupTestDir, l)
+		require.NoError(t, err, "%v", l)
+		defer g.Close()
+		gs := groupSession(t, g, prompt)
+		file := saveGroup(t, gs)
+		files[l.String()] = file
+		loaded, err := g.LoadSession(bytes.NewReader(file))
+		require.NoError(t, err, "%v", l)
+		defer loaded.Close()
+		for _, tok := range []int32{4, 300, 19} {
+			want, err := gs.Forward(ctx, []int32{tok})
+			require.NoError(t, err)
+			got, err := loaded.Forward(ctx, []int32{tok})
+			require.NoError(t, err)
+			require.Equal(t, bitsOf(want), bitsOf(got), "%v: logits after %d", l, tok)
+		}
+		var want, got []int32
+		for tok, err := range gs.Generate(ctx, nil, WithMaxTokens(5), WithTemperature(0), WithoutDefaultStops()) {
+			require.NoError(t, err)
+			want = append(want, tok.ID)
+		}
+		for tok, err := range loaded.Generate(ctx, nil, WithMaxTokens(5), WithTemperature(0), WithoutDefaultStops()) {
+			require.NoError(t, err)
+			got = append(got, tok.ID)
+		}
+		require.Len(t, want, 5)
+		require.Equal(t, want, got, "%v", l)
+	}
+
+	g, err := LoadGroup(ctx, groupTestDir, Layout{TP: 2})
+	require.NoError(t, err)
+	defer g.Close()
+	tp2 := files["tp2 ep1"]
+	head, ranks := groupRanks(t, tp2)
+	require.Len(t, ranks, 2)
+	other := saveGroup(t, groupSession(t, g, prompt[:4]))
+	_, otherRanks := groupRanks(t, other)
+	lone, err := g.Ranks()[0].NewSession()
+	require.NoError(t, err)
+	defer lone.Close()
+	var loneFile bytes.Buffer
+	require.NoError(t, lone.Save(&loneFile))
+	version := bytes.Clone(head)
+	version[8] = 2
+	for _, c := range []struct {
+		what, want string
+		file       []byte
+	}{
+		{"another layout", "saved by a group of layout tp1 ep2; this group is tp2 ep1", files["tp1 ep2"]},
+		{"a lone session", `not a k3 group session (it starts "K3SESSN\n")`, loneFile.Bytes()},
+		{"a later version", "group format version 2", joinGroup(version, ranks...)},
+		{"ranks swapped", "rank 0: k3: bad session file: saved from another model", joinGroup(head, ranks[1], ranks[0])},
+		{"two sequences", "rank 1 holds another sequence than rank 0", joinGroup(head, ranks[0], otherRanks[1])},
+		{"one rank", "rank 1's length", joinGroup(head, ranks[0])},
+		{"a rank cut short", "rank 1:", joinGroup(head, ranks[0], ranks[1][:len(ranks[1])-3])},
+		{"a rank padded", "rank 0:", joinGroup(head, append(bytes.Clone(ranks[0]), 0, 0, 0, 0), ranks[1])},
+		{"the header cut short", "the layout and rank count", tp2[:15]},
+		{"nothing", "10-byte header", nil},
+	} {
+		gs, err := g.LoadSession(bytes.NewReader(c.file))
+		assert.Nil(t, gs, c.what)
+		assert.ErrorIs(t, err, ErrSessionFile, c.what)
+		assert.ErrorContains(t, err, c.want, c.what)
+	}
+	// Every cut of a file fails, and a failed load leaves the group
+	// usable.
+	for n := 0; n < len(tp2); n += 1 + len(tp2)/97 {
+		_, err := g.LoadSession(bytes.NewReader(tp2[:n]))
+		require.ErrorIs(t, err, ErrSessionFile, "cut at %d of %d", n, len(tp2))
+	}
+	gs, err := g.LoadSession(bytes.NewReader(tp2))
+	require.NoError(t, err)
+	require.NoError(t, gs.Close())
+
+	cp, err := LoadGroup(ctx, groupTestDir, Layout{CP: 2})
+	require.NoError(t, err)
+	defer cp.Close()
+	cs, err := cp.NewSession()
+	require.NoError(t, err)
+	defer cs.Close()
+	assert.ErrorIs(t, cs.Save(&bytes.Buffer{}), compute.ErrUnsupported)
+	_, err = cp.LoadSession(bytes.NewReader(tp2))
+	assert.ErrorIs(t, err, compute.ErrUnsupported)
+}
+
+// FuzzLoadGroupSession: any bytes either load as a group session that
+// runs, or fail with ErrSessionFile; nothing panics.
+func FuzzLoadGroupSession(f *testing.F) {
+	ctx := context.Background()
+	g, err := LoadGroup(ctx, groupTestDir, Layout{TP: 2})
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer g.Close()
+	gs, err := g.NewSession()
+	if err != nil {
+		f.Fatal(err)
+	}
+	if _, err := gs.Forward(ctx, []int32{1, 2, 3}); err != nil {
+		f.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := gs.Save(&buf); err != nil {
+		f.Fatal(err)
+	}
+	gs.Close()
+	file := buf.Bytes()
+	f.Add(file)
+	f.Add(file[:8+2+12+1+4])
+	f.Add(file[:len(file)/2])
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, err := g.LoadSession(bytes.NewReader(b))
+		if err != nil {
+			checkLoadFailed(t, got == nil, err)
+			return
+		}
+		defer got.Close()
+		if _, err := got.Forward(ctx, []int32{1}); err != nil {
+			t.Fatalf("a loaded session cannot run: %v", err)
+		}
+	})
+}
