@@ -624,6 +624,96 @@ func (gs *GroupSession) Forward(ctx context.Context, tokens []int32) ([]float32,
 	return out, nil
 }
 
+// lead is the session whose tokens and logits stand for the group's:
+// rank 0's, or under context parallelism the shell.
+func (gs *GroupSession) lead() *Session {
+	if gs.shell != nil {
+		return gs.shell
+	}
+	return gs.ranks[0]
+}
+
+// Len is the number of tokens the sequence holds.
+func (gs *GroupSession) Len() int { return gs.lead().pos }
+
+// Tokens returns a copy of the tokens fed so far.
+func (gs *GroupSession) Tokens() []int32 { return gs.lead().Tokens() }
+
+// Logits returns a copy of the next-token logits (every rank holds them
+// alike), nil before the sequence holds a token.
+func (gs *GroupSession) Logits() []float32 { return gs.lead().Logits() }
+
+// Truncate is Session.Truncate on every rank: it keeps the first n
+// tokens, a cursor move within the ranks' rollback depth (WithRollback
+// given to LoadGroup). Under context parallelism it returns
+// compute.ErrUnsupported.
+func (gs *GroupSession) Truncate(ctx context.Context, n int) error {
+	if gs.g.layout.CP > 1 {
+		return fmt.Errorf("%w: truncating a sequence split over context-parallel ranks", compute.ErrUnsupported)
+	}
+	if err := gs.ranks[0].usable(); err != nil {
+		return err
+	}
+	// Checked once here: a refusal on every rank would abort the group.
+	if held := gs.Len(); n < 0 || n > held {
+		return fmt.Errorf("%w: truncate to %d tokens, the session holds %d", ErrOutOfRange, n, held)
+	}
+	// A truncation may run a pass, whose collectives need every rank.
+	return gs.onRanks(func(_ int, s *Session) error { return s.Truncate(ctx, n) })
+}
+
+// Reset empties the sequence on every rank.
+func (gs *GroupSession) Reset() error {
+	if gs.g.layout.CP == 1 {
+		var errs []error
+		for _, s := range gs.ranks {
+			errs = append(errs, s.Reset())
+		}
+		return errors.Join(errs...)
+	}
+	if gs.cp == nil {
+		return ErrSessionClosed
+	}
+	fresh := make([]*cpSeq, 0, len(gs.cp))
+	for r, m := range gs.g.ranks {
+		tp := gs.g.layout.TP
+		q, err := m.newCPSeq(gs.g.cp[r%tp][r/tp])
+		if err != nil {
+			for _, q := range fresh {
+				q.close()
+			}
+			return err
+		}
+		fresh = append(fresh, q)
+	}
+	for _, q := range gs.cp {
+		q.close()
+	}
+	gs.cp = fresh
+	gs.shell.pos, gs.shell.tokens, gs.shell.last = 0, gs.shell.tokens[:0], nil
+	gs.broken = nil
+	return nil
+}
+
+// Fork returns a copy of the sequence on every rank (Session.Fork: the
+// attention caches share their full pages). Under context parallelism it
+// returns compute.ErrUnsupported.
+func (gs *GroupSession) Fork() (*GroupSession, error) {
+	if gs.g.layout.CP > 1 {
+		return nil, fmt.Errorf("%w: forking a sequence split over context-parallel ranks", compute.ErrUnsupported)
+	}
+	c := &GroupSession{g: gs.g}
+	for _, s := range gs.ranks {
+		f, err := s.Fork()
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		c.ranks = append(c.ranks, f)
+	}
+	return c, nil
+}
+
 // Generate is Session.GenerateTokens on every rank in lockstep; the
 // stream is rank 0's. Every rank samples the same token from the same
 // logits (the seed is part of opts), and when the caller stops reading

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"k3/compute"
 	"k3/internal/tiny"
 )
 
@@ -56,6 +57,13 @@ func randomGroup(t *testing.T, seed uint64) {
 	want, toks := runAlone(t, s, prompt, 6)
 	require.NoError(t, s.Close())
 
+	// Half the groups without CP keep replay logs deeper than the steps
+	// below, so that their truncations are cursor moves, bitwise exact.
+	logged := l.norm().CP == 1 && r.IntN(2) == 0
+	if logged {
+		opts = append(opts, WithRollback(16))
+		desc += ", rollback 16"
+	}
 	g, err := LoadGroup(ctx, dir, l, opts...)
 	if err != nil {
 		require.ErrorIs(t, err, ErrLayoutMismatch, desc)
@@ -92,6 +100,7 @@ func randomGroup(t *testing.T, seed uint64) {
 		worst = max(worst, math.Abs(float64(got[i]-want[i])))
 	}
 	require.LessOrEqual(t, worst, 1e-4*scale, "the largest logit difference (logit scale %.3g), %s", scale, desc)
+	groupEdits(t, r, g, gs, prompt, toks, got, logged, desc)
 
 	gen, err := g.NewSession()
 	require.NoError(t, err, desc)
@@ -102,4 +111,65 @@ func randomGroup(t *testing.T, seed uint64) {
 		ids = append(ids, tok.ID)
 	}
 	require.Len(t, ids, 4, desc)
+}
+
+// groupEdits checks a group session's Fork, Truncate and Reset: gs holds
+// prompt and toks, fed one at a time after it, and rows their logits.
+// A fork continues bitwise as gs does; cut back to a random length and
+// fed the same tokens again, gs gives the same rows (bitwise where its
+// replay logs restore the states, logged; else rebuilt by a prefill,
+// within 1e-4 of the logit scale); reset and fed the prompt again, it
+// gives the prompt's rows bitwise. Under CP, Fork and Truncate are
+// unsupported.
+func groupEdits(t *testing.T, r *rand.Rand, g *Group, gs *GroupSession, prompt, toks []int32, rows []float32, logged bool, desc string) {
+	ctx := context.Background()
+	v := g.Ranks()[0].Config.VocabSize
+	n := len(prompt) + len(toks)
+	require.Equal(t, n, gs.Len(), desc)
+	require.Equal(t, append(append([]int32(nil), prompt...), toks...), gs.Tokens(), desc)
+	require.Equal(t, bitsOf(rows[(n-1)*v:]), bitsOf(gs.Logits()), desc)
+	if g.Layout().CP > 1 {
+		_, err := gs.Fork()
+		require.ErrorIs(t, err, compute.ErrUnsupported, desc)
+		require.ErrorIs(t, gs.Truncate(ctx, 1), compute.ErrUnsupported, desc)
+	} else {
+		f, err := gs.Fork()
+		require.NoError(t, err, desc)
+		defer f.Close()
+		extra := toks[r.IntN(len(toks))]
+		a, err := gs.Forward(ctx, []int32{extra})
+		require.NoError(t, err, desc)
+		b, err := f.Forward(ctx, []int32{extra})
+		require.NoError(t, err, desc)
+		require.Equal(t, bitsOf(a), bitsOf(b), "the fork, %s", desc)
+		require.ErrorIs(t, gs.Truncate(ctx, n+2), ErrOutOfRange, desc)
+
+		j := 1 + r.IntN(len(toks)) // the steps kept
+		require.NoError(t, gs.Truncate(ctx, len(prompt)+j), desc)
+		require.Equal(t, len(prompt)+j, gs.Len(), desc)
+		same := func(want, got []float32, what string) {
+			if logged {
+				require.Equal(t, bitsOf(want), bitsOf(got), "%s, %s", what, desc)
+				return
+			}
+			scale, worst := maxAbsF(want), 0.0
+			for i := range want {
+				worst = max(worst, math.Abs(float64(got[i]-want[i])))
+			}
+			require.LessOrEqual(t, worst, 1e-4*scale, "%s (logit scale %.3g), %s", what, scale, desc)
+		}
+		row := func(p int) []float32 { return rows[p*v : (p+1)*v] }
+		same(row(len(prompt)+j-1), gs.Logits(), fmt.Sprintf("the logits after a cut to %d", len(prompt)+j))
+		for i := j; i < len(toks); i++ {
+			got, err := gs.Forward(ctx, toks[i:i+1])
+			require.NoError(t, err, desc)
+			same(row(len(prompt)+i), got, fmt.Sprintf("step %d after the cut", i))
+		}
+	}
+	require.NoError(t, gs.Reset(), desc)
+	require.Zero(t, gs.Len(), desc)
+	require.Nil(t, gs.Logits(), desc)
+	again, err := gs.Forward(ctx, prompt)
+	require.NoError(t, err, desc)
+	require.Equal(t, bitsOf(rows[:len(prompt)*v]), bitsOf(again), "the prompt after Reset, %s", desc)
 }
