@@ -20,12 +20,25 @@
 // with WithToolArguments) by masking each draw; WithOptionalToolCalls
 // lets the model write text first and holds a section once it begins. A
 // Sampler applies the generation options to logits a program drives
-// itself. Close waits for running passes; afterwards every call fails with
+// itself.
+//
+// WithSpeculation and WithAdaptiveSpeculation make a generation draft
+// tokens and verify them in one pass, its tokens those of plain decoding
+// (WithRejectionSampling: distributed as plain sampling's): with
+// specdec.NGram, the checkpoint's DSpark module (Model.NewDSpark),
+// the model's own first layers (NewSelfDraft) or a smaller model
+// (NewDraftModel); WithRollback makes a rejected draft's rollback a
+// cursor move. Session.Save and Model.LoadSession keep a session in a
+// file. LoadGroup splits a model over ranks (tensor, expert and context
+// parallel), whose GroupSession runs a sequence on all of them.
+//
+// Close waits for running passes; afterwards every call fails with
 // ErrClosed. Errors name the problem and wrap sentinels (ErrBadToken,
 // ErrContextFull, ErrEmptyPrompt, ErrInvalidOption, ErrLayoutMismatch,
 // ErrInvalidConfig, ErrCheckpoint, ErrOutOfRange, ErrClosed,
-// ErrSessionClosed) for
-// errors.Is; bad input leaves the model and the session usable.
+// ErrSessionClosed, ErrSessionFile, ErrMemoryBudget, ErrNoPrefixCache,
+// ErrBatcherClosed, ErrBatcherNotRunning) for errors.Is; bad input leaves
+// the model and the session usable.
 package k3
 
 import "k3/config"
