@@ -601,10 +601,17 @@ func (gs *GroupSession) each(n int, f func(r int) error) error {
 
 // Forward is Session.Forward on every rank; it returns rank 0's logits,
 // which every rank computed bitwise alike. A Trace on ctx records rank 0.
+// Bad input (no tokens, a token outside the vocabulary, more than the
+// context holds) is refused before any rank runs; a failure inside the
+// ranks' pass (ErrMemoryBudget on a rank, a backend error) aborts the
+// group.
 func (gs *GroupSession) Forward(ctx context.Context, tokens []int32) ([]float32, error) {
 	if gs.g.layout.CP > 1 {
 		tr, _ := ctx.Value(traceKey{}).(*Trace)
 		return gs.forwardCP(ctx, tokens, true, tr)
+	}
+	if err := gs.checkFeed(tokens); err != nil {
+		return nil, err
 	}
 	var out []float32
 	err := gs.onRanks(func(r int, s *Session) error {
@@ -622,6 +629,17 @@ func (gs *GroupSession) Forward(ctx context.Context, tokens []int32) ([]float32,
 		return nil, err
 	}
 	return out, nil
+}
+
+// checkFeed refuses what every rank would refuse at the start of a
+// pass, before any rank starts: each would abort the group's collectives
+// for the others (which share the ranks' state), and the group would
+// have to be loaded again.
+func (gs *GroupSession) checkFeed(tokens []int32) error {
+	if err := gs.ranks[0].usable(); err != nil {
+		return err
+	}
+	return gs.ranks[0].checkFeed(tokens)
 }
 
 // lead is the session whose tokens and logits stand for the group's:
@@ -717,8 +735,17 @@ func (gs *GroupSession) Fork() (*GroupSession, error) {
 // Generate is Session.GenerateTokens on every rank in lockstep; the
 // stream is rank 0's. Every rank samples the same token from the same
 // logits (the seed is part of opts), and when the caller stops reading
-// every rank stops at the same token. Speculation is not supported on a
-// group yet.
+// every rank stops at the same token. Options and the prompt are checked
+// before any rank starts, so that bad ones leave the group usable.
+//
+// WithSpeculation speculates at its fixed depth (not under context
+// parallelism): every rank calls the drafter with the same history,
+// concurrently, so it must be safe for concurrent use and propose the
+// same drafts for the same history (specdec.NGram, a DraftModel of a
+// model outside the group); each rank verifies them as a session alone
+// would, so the tokens are plain decoding's. The adaptive depth, which
+// each rank would choose from its own measured costs, and drafters that
+// read the session's own state (DSpark) are not supported on a group.
 func (gs *GroupSession) Generate(ctx context.Context, prompt []int32, opts ...GenerateOption) iter.Seq2[Token, error] {
 	return func(yield func(Token, error) bool) {
 		var o genOptions
@@ -726,12 +753,34 @@ func (gs *GroupSession) Generate(ctx context.Context, prompt []int32, opts ...Ge
 			f(&o)
 		}
 		if o.drafter != nil {
-			yield(Token{}, fmt.Errorf("%w: speculation on a Group", compute.ErrUnsupported))
-			return
+			_, binds := o.drafter.(interface{ bind(*Session) })
+			switch {
+			case gs.g.layout.CP > 1:
+				yield(Token{}, fmt.Errorf("%w: speculation under context parallelism", compute.ErrUnsupported))
+				return
+			case o.adaptive:
+				yield(Token{}, fmt.Errorf("%w: an adaptive draft depth on a Group (each rank would choose its own from its own costs); use WithSpeculation", compute.ErrUnsupported))
+				return
+			case binds:
+				yield(Token{}, fmt.Errorf("%w: a drafter that reads the session's own state (DSpark) on a Group", compute.ErrUnsupported))
+				return
+			}
 		}
 		if gs.g.layout.CP > 1 {
 			gs.generateCP(ctx, prompt, opts, yield)
 			return
+		}
+		// Rank 0 stands for every rank: what it refuses at the start,
+		// each would, aborting the group's collectives.
+		if _, err := gs.ranks[0].prepareGeneration(prompt, opts); err != nil {
+			yield(Token{}, err)
+			return
+		}
+		if len(prompt) > 0 {
+			if err := gs.ranks[0].checkFeed(prompt); err != nil {
+				yield(Token{}, err)
+				return
+			}
 		}
 		n := len(gs.ranks)
 		// next[r] carries rank 0's word after each token: go on or stop;

@@ -5,12 +5,14 @@ import (
 	"context"
 	"encoding/binary"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"k3/compute"
+	"k3/specdec"
 )
 
 const groupTestDir = "../testdata/model/tiny_k31pro"
@@ -197,4 +199,83 @@ func FuzzLoadGroupSession(f *testing.F) {
 			t.Fatalf("a loaded session cannot run: %v", err)
 		}
 	})
+}
+
+// TestGroupBadInput: what a session refuses (no tokens, a token outside
+// the vocabulary, more than the context, bad options, speculation a group
+// cannot run) a TP group refuses with the same sentinel, and stays usable:
+// no rank aborted the group's collectives.
+func TestGroupBadInput(t *testing.T) {
+	ctx := context.Background()
+	g, err := LoadGroup(ctx, groupTestDir, Layout{TP: 2}, WithRollback(4))
+	require.NoError(t, err)
+	defer g.Close()
+	gs := groupSession(t, g, []int32{5, 9, 17})
+	_, err = gs.Forward(ctx, nil)
+	assert.ErrorIs(t, err, ErrEmptyPrompt)
+	_, err = gs.Forward(ctx, []int32{1, -1})
+	assert.ErrorIs(t, err, ErrBadToken)
+	_, err = gs.Forward(ctx, make([]int32, g.Ranks()[0].ContextLength()))
+	assert.ErrorIs(t, err, ErrContextFull)
+	gen := func(prompt []int32, opts ...GenerateOption) error {
+		for _, err := range gs.Generate(ctx, prompt, opts...) {
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	assert.ErrorIs(t, gen(nil, WithTemperature(-1)), ErrInvalidOption)
+	assert.ErrorIs(t, gen([]int32{512}), ErrBadToken)
+	assert.ErrorIs(t, gen(nil, WithSpeculation(specdec.NGram{}, 8)), ErrInvalidOption, "deeper than the rollback")
+	assert.ErrorIs(t, gen(nil, WithAdaptiveSpeculation(specdec.NGram{}, 2)), compute.ErrUnsupported)
+	assert.ErrorIs(t, gen(nil, WithSpeculation(&DSpark{}, 2)), compute.ErrUnsupported)
+	assert.ErrorIs(t, gs.Truncate(ctx, 4), ErrOutOfRange)
+	assert.Equal(t, 3, gs.Len(), "nothing changed")
+
+	_, err = gs.Forward(ctx, []int32{7})
+	require.NoError(t, err, "the group still runs")
+	n := 0
+	for _, err := range gs.Generate(ctx, []int32{3}, WithMaxTokens(3)) {
+		require.NoError(t, err)
+		n++
+	}
+	assert.Equal(t, 3, n)
+}
+
+// TestGroupSpeculation: a TP×EP group speculating at a fixed depth gives
+// the tokens its plain generation gives, greedy and sampled with a seed,
+// with drafts that are partly right (so that ranks roll back alike).
+func TestGroupSpeculation(t *testing.T) {
+	ctx := context.Background()
+	g, err := LoadGroup(ctx, groupTestDir, Layout{TP: 2, EP: 2}, WithRollback(4))
+	require.NoError(t, err)
+	defer g.Close()
+	prompt := []int32{5, 9, 17, 33, 65, 129}
+	for _, opts := range [][]GenerateOption{
+		{WithMaxTokens(14), WithTemperature(0), WithoutDefaultStops()},
+		{WithMaxTokens(14), WithTemperature(0.9), WithSeed(7), WithoutDefaultStops()},
+	} {
+		run := func(more ...GenerateOption) ([]int32, Usage) {
+			gs, err := g.NewSession()
+			require.NoError(t, err)
+			defer gs.Close()
+			var ids []int32
+			var u Usage
+			for tok, err := range gs.Generate(ctx, prompt, append(slices.Clone(opts), more...)...) {
+				require.NoError(t, err)
+				ids = append(ids, tok.ID)
+				if tok.Usage != nil {
+					u = *tok.Usage
+				}
+			}
+			return ids, u
+		}
+		want, _ := run()
+		require.Len(t, want, 14)
+		got, u := run(WithSpeculation(oracle{append(slices.Clone(prompt), want...)}, 3))
+		require.Equal(t, want, got)
+		assert.Positive(t, u.AcceptedTokens, "drafts were kept")
+		assert.Less(t, u.AcceptedTokens, u.DraftTokens, "drafts were rejected")
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -21,7 +22,8 @@ import (
 // the group's logits, over a prompt and greedy steps fed alike, stay
 // within 1e-4 of the logit scale of one rank's, a copy saved and loaded
 // after the prompt gives the same logits bitwise (without CP), and
-// Generate streams the tokens asked for. K3_GROUPS=N runs N configurations instead of the
+// Generate streams the tokens asked for (and, where the group keeps
+// replay logs, the same tokens speculating). K3_GROUPS=N runs N configurations instead of the
 // default 16 (K3_GROUPS_SEED the first).
 func TestRandomGroups(t *testing.T) {
 	runSeeds(t, "K3_GROUPS", 16, randomGroup)
@@ -111,6 +113,20 @@ func randomGroup(t *testing.T, seed uint64) {
 		ids = append(ids, tok.ID)
 	}
 	require.Len(t, ids, 4, desc)
+	if logged {
+		// Speculating at a fixed depth, with drafts right but for the
+		// last of each, the group gives the same tokens.
+		spec, err := g.NewSession()
+		require.NoError(t, err, desc)
+		defer spec.Close()
+		var got []int32
+		d := oracle{append(slices.Clone(prompt), ids...)}
+		for tok, err := range spec.Generate(ctx, prompt, WithMaxTokens(4), WithTemperature(0), WithoutDefaultStops(), WithSpeculation(d, 1+r.IntN(4))) {
+			require.NoError(t, err, desc)
+			got = append(got, tok.ID)
+		}
+		require.Equal(t, ids, got, "speculating, %s", desc)
+	}
 }
 
 // groupEdits checks a group session's Fork, Truncate and Reset: gs holds

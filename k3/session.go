@@ -268,6 +268,28 @@ func (s *Session) runInto(ctx context.Context, tokens []int32, out []float32) er
 	return s.runTo(ctx, tokens, out, nil)
 }
 
+// checkFeed says why tokens cannot be fed to s, before anything changes:
+// a broken session, no tokens, a token outside the vocabulary, or more
+// than the context holds.
+func (s *Session) checkFeed(tokens []int32) error {
+	if s.broken != nil {
+		return fmt.Errorf("k3: session unusable after an earlier failure (Reset or Truncate it): %w", s.broken)
+	}
+	if len(tokens) == 0 {
+		return ErrEmptyPrompt
+	}
+	v := s.m.Config.VocabSize
+	for i, t := range tokens {
+		if t < 0 || int(t) >= v {
+			return fmt.Errorf("%w: token %d at index %d (vocabulary %d)", ErrBadToken, t, i, v)
+		}
+	}
+	if s.pos+len(tokens) > s.limit {
+		return fmt.Errorf("%w: %d tokens after %d exceed %d", ErrContextFull, len(tokens), s.pos, s.limit)
+	}
+	return nil
+}
+
 // runTo feeds tokens, keeps the last position's logits and, when out is
 // not nil, writes every position's logits to it.
 func (s *Session) runTo(ctx context.Context, tokens []int32, out []float32, trace *Trace) error {
@@ -279,21 +301,10 @@ func (s *Session) runTo(ctx context.Context, tokens []int32, out []float32, trac
 		return err
 	}
 	defer s.m.life.exit()
-	if s.broken != nil {
-		return fmt.Errorf("k3: session unusable after an earlier failure (Reset or Truncate it): %w", s.broken)
+	if err := s.checkFeed(tokens); err != nil {
+		return err
 	}
 	v := s.m.Config.VocabSize
-	if len(tokens) == 0 {
-		return ErrEmptyPrompt
-	}
-	for i, t := range tokens {
-		if t < 0 || int(t) >= v {
-			return fmt.Errorf("%w: token %d at index %d (vocabulary %d)", ErrBadToken, t, i, v)
-		}
-	}
-	if s.pos+len(tokens) > s.limit {
-		return fmt.Errorf("%w: %d tokens after %d exceed %d", ErrContextFull, len(tokens), s.pos, s.limit)
-	}
 	// The whole run's growth is reserved first (a prefix-cache hit only
 	// grows the caches to the same length): past the budget the run fails
 	// before anything changes.
