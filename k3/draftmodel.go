@@ -139,6 +139,11 @@ func (d *DraftModel) SampleDraft(history []int32, n int, dst []int32, pick func(
 // by before it takes the target's state instead of running them.
 const catchUp = ExactTokens
 
+// readsSession reports whether the drafter takes state from the session
+// bound to it (a self drafter adopts the target's layers), not from the
+// history alone.
+func (d *DraftModel) readsSession() bool { return d.self }
+
 // bind makes a self drafter follow s, the target's session for the
 // generation that uses it.
 func (d *DraftModel) bind(s *Session) {

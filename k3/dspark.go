@@ -151,6 +151,10 @@ func (ds *DSpark) Close() error {
 	return nil
 }
 
+// readsSession reports that the drafts come from the state of the
+// session bound to the drafter (its rows), not from the history alone.
+func (ds *DSpark) readsSession() bool { return true }
+
 // bind makes the drafter follow s (the generation that uses it).
 func (ds *DSpark) bind(s *Session) {
 	ds.mu.Lock()

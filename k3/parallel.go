@@ -745,7 +745,8 @@ func (gs *GroupSession) Fork() (*GroupSession, error) {
 // model outside the group); each rank verifies them as a session alone
 // would, so the tokens are plain decoding's. The adaptive depth, which
 // each rank would choose from its own measured costs, and drafters that
-// read the session's own state (DSpark) are not supported on a group.
+// read the session's own state (DSpark, a self-draft) are not supported
+// on a group.
 func (gs *GroupSession) Generate(ctx context.Context, prompt []int32, opts ...GenerateOption) iter.Seq2[Token, error] {
 	return func(yield func(Token, error) bool) {
 		var o genOptions
@@ -753,7 +754,8 @@ func (gs *GroupSession) Generate(ctx context.Context, prompt []int32, opts ...Ge
 			f(&o)
 		}
 		if o.drafter != nil {
-			_, binds := o.drafter.(interface{ bind(*Session) })
+			r, ok := o.drafter.(interface{ readsSession() bool })
+			binds := ok && r.readsSession()
 			switch {
 			case gs.g.layout.CP > 1:
 				yield(Token{}, fmt.Errorf("%w: speculation under context parallelism", compute.ErrUnsupported))
@@ -762,7 +764,7 @@ func (gs *GroupSession) Generate(ctx context.Context, prompt []int32, opts ...Ge
 				yield(Token{}, fmt.Errorf("%w: an adaptive draft depth on a Group (each rank would choose its own from its own costs); use WithSpeculation", compute.ErrUnsupported))
 				return
 			case binds:
-				yield(Token{}, fmt.Errorf("%w: a drafter that reads the session's own state (DSpark) on a Group", compute.ErrUnsupported))
+				yield(Token{}, fmt.Errorf("%w: a drafter that reads the session's own state (DSpark, a self-draft) on a Group", compute.ErrUnsupported))
 				return
 			}
 		}

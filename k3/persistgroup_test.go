@@ -245,13 +245,30 @@ func TestGroupBadInput(t *testing.T) {
 
 // TestGroupSpeculation: a TP×EP group speculating at a fixed depth gives
 // the tokens its plain generation gives, greedy and sampled with a seed,
-// with drafts that are partly right (so that ranks roll back alike).
+// with drafts that are partly right (so that ranks roll back alike), and
+// with a draft model outside the group; a self-draft is refused.
 func TestGroupSpeculation(t *testing.T) {
 	ctx := context.Background()
 	g, err := LoadGroup(ctx, groupTestDir, Layout{TP: 2, EP: 2}, WithRollback(4))
 	require.NoError(t, err)
 	defer g.Close()
 	prompt := []int32{5, 9, 17, 33, 65, 129}
+	alone, err := Load(ctx, groupTestDir, WithRollback(4))
+	require.NoError(t, err)
+	defer alone.Close()
+	dm, err := g.Ranks()[0].NewDraftModel(alone)
+	require.NoError(t, err)
+	defer dm.Close()
+	// A self-draft takes the state of the session it drafts for: refused.
+	self, err := alone.NewSelfDraft(1)
+	require.NoError(t, err)
+	defer self.Close()
+	gs, err := g.NewSession()
+	require.NoError(t, err)
+	defer gs.Close()
+	for _, err := range gs.Generate(ctx, prompt, WithSpeculation(self, 2)) {
+		require.ErrorIs(t, err, compute.ErrUnsupported)
+	}
 	for _, opts := range [][]GenerateOption{
 		{WithMaxTokens(14), WithTemperature(0), WithoutDefaultStops()},
 		{WithMaxTokens(14), WithTemperature(0.9), WithSeed(7), WithoutDefaultStops()},
@@ -277,5 +294,10 @@ func TestGroupSpeculation(t *testing.T) {
 		require.Equal(t, want, got)
 		assert.Positive(t, u.AcceptedTokens, "drafts were kept")
 		assert.Less(t, u.AcceptedTokens, u.DraftTokens, "drafts were rejected")
+		// A model outside the group as the drafter, which every rank
+		// calls: here the same checkpoint alone.
+		got, u = run(WithSpeculation(dm, 3))
+		require.Equal(t, want, got, "a draft model")
+		assert.Positive(t, u.AcceptedTokens, "a draft model's drafts were kept")
 	}
 }
