@@ -341,6 +341,8 @@ func (gs *GroupSession) forwardCP(ctx context.Context, tokens []int32, all bool,
 		return nil, fmt.Errorf("%w: %d tokens after %d exceed %d", ErrContextFull, len(tokens), base, gs.cp[0].limit)
 	}
 	res := make([][]cpResult, len(gs.cp))
+	gs.g.pass.Lock()
+	defer gs.g.pass.Unlock()
 	err := gs.each(len(gs.cp), func(r int) error {
 		var err error
 		res[r], err = gs.cp[r].forward(ctx, tokens, all, tr != nil)

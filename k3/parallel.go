@@ -357,6 +357,11 @@ type Group struct {
 	cp       [][]*comm.Local // CP groups, by TP index: rank c·TP+i is member c of cp[i]
 	closeMu  sync.Mutex
 	closed   bool
+	// pass is held while a session's ranks run a pass: the ranks share
+	// the communicators, so two sessions' collectives must not
+	// interleave (they would pair one session's partial sums with the
+	// other's).
+	pass sync.Mutex
 }
 
 // LoadGroup loads the checkpoint in dir split by layout: one Model per
@@ -613,6 +618,8 @@ func (gs *GroupSession) Forward(ctx context.Context, tokens []int32) ([]float32,
 	if err := gs.checkFeed(tokens); err != nil {
 		return nil, err
 	}
+	gs.g.pass.Lock()
+	defer gs.g.pass.Unlock()
 	var out []float32
 	err := gs.onRanks(func(r int, s *Session) error {
 		c := ctx
@@ -677,6 +684,8 @@ func (gs *GroupSession) Truncate(ctx context.Context, n int) error {
 		return fmt.Errorf("%w: truncate to %d tokens, the session holds %d", ErrOutOfRange, n, held)
 	}
 	// A truncation may run a pass, whose collectives need every rank.
+	gs.g.pass.Lock()
+	defer gs.g.pass.Unlock()
 	return gs.onRanks(func(_ int, s *Session) error { return s.Truncate(ctx, n) })
 }
 
@@ -789,11 +798,24 @@ func (gs *GroupSession) Generate(ctx context.Context, prompt []int32, opts ...Ge
 		// ended[r] closes when rank r's generation returned. One advance
 		// of a generation may yield several tokens (text held back), so
 		// each word waits for its rank rather than queueing.
-		next, ended := make([]chan bool, n), make([]chan struct{}, n)
+		// stepped[r] says that rank r holds its next token, so its pass
+		// is over: the group's pass lock (one sequence's pass at a time,
+		// so that the collectives of two sessions never interleave) is
+		// held from the word to go on until every rank has said so.
+		next, ended, stepped := make([]chan bool, n), make([]chan struct{}, n), make([]chan struct{}, n)
 		for r := 1; r < n; r++ {
-			next[r], ended[r] = make(chan bool), make(chan struct{})
+			next[r], ended[r], stepped[r] = make(chan bool), make(chan struct{}), make(chan struct{}, 1)
 		}
 		errs := make([]error, n)
+		gs.g.pass.Lock()
+		held := true
+		release := func() {
+			if held {
+				gs.g.pass.Unlock()
+				held = false
+			}
+		}
+		defer release()
 		var wg sync.WaitGroup
 		for r := 1; r < n; r++ {
 			wg.Add(1)
@@ -806,6 +828,7 @@ func (gs *GroupSession) Generate(ctx context.Context, prompt []int32, opts ...Ge
 						gs.g.abort(fmt.Errorf("rank %d: %w", r, err))
 						return
 					}
+					stepped[r] <- struct{}{}
 					if !<-next[r] {
 						return
 					}
@@ -820,19 +843,31 @@ func (gs *GroupSession) Generate(ctx context.Context, prompt []int32, opts ...Ge
 				}
 			}
 		}
+		settled := func() {
+			for r := 1; r < n; r++ {
+				select {
+				case <-stepped[r]:
+				case <-ended[r]:
+				}
+			}
+		}
 		stopped := false
 		for tok, err := range gs.ranks[0].GenerateTokens(ctx, prompt, opts...) {
 			if err != nil {
 				gs.g.abort(fmt.Errorf("rank 0: %w", err))
 				tell(false)
 				wg.Wait()
+				release()
 				yield(tok, err)
 				return
 			}
+			settled()
+			release()
 			if !yield(tok, nil) || ctx.Err() != nil {
 				// A context that ended while the caller held the token
 				// stops every rank here, between passes, rather than
-				// inside the next one's collectives.
+				// inside the next one's collectives. What the ranks do
+				// as they stop (drafts rolled back) runs no pass.
 				stopped = true
 				tell(false)
 				wg.Wait()
@@ -841,12 +876,17 @@ func (gs *GroupSession) Generate(ctx context.Context, prompt []int32, opts ...Ge
 				}
 				return
 			}
+			gs.g.pass.Lock()
+			held = true
 			tell(true)
 		}
+		// Rank 0's generation ended with its final feed; the others end
+		// with theirs.
 		if !stopped {
 			tell(false)
 		}
 		wg.Wait()
+		release()
 		if !stopped {
 			for _, err := range errs {
 				if err != nil {

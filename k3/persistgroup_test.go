@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"math"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -299,5 +300,74 @@ func TestGroupSpeculation(t *testing.T) {
 		got, u = run(WithSpeculation(dm, 3))
 		require.Equal(t, want, got, "a draft model")
 		assert.Positive(t, u.AcceptedTokens, "a draft model's drafts were kept")
+	}
+}
+
+// TestGroupConcurrentSessions: sessions of one group used from several
+// goroutines at once (a Forward beside generations, speculating or not)
+// give what each gives alone, bitwise, under TP×EP and CP: the ranks'
+// collectives of two sessions never pair up (they once did: the group
+// aborted, or summed one session's partials with another's).
+func TestGroupConcurrentSessions(t *testing.T) {
+	ctx := context.Background()
+	for _, l := range []Layout{{TP: 2, EP: 2}, {CP: 2}} {
+		g, err := LoadGroup(ctx, groupTestDir, l, WithRollback(4))
+		require.NoError(t, err)
+		defer g.Close()
+		prompts := [][]int32{{1, 2, 3, 4, 5}, {9, 8, 7, 6, 5}, {40, 41, 42, 43, 44, 45, 46, 47}}
+		opts := func(i int) []GenerateOption {
+			o := []GenerateOption{WithMaxTokens(6), WithTemperature(0.8), WithSeed(uint64(i)), WithoutDefaultStops()}
+			if i == 2 && l.CP == 0 {
+				o = append(o, WithSpeculation(specdec.NGram{}, 2))
+			}
+			return o
+		}
+		// What each does alone: the prompt's logits, then a generation.
+		type result struct {
+			logits []float32
+			ids    []int32
+		}
+		run := func(i int) (result, error) {
+			gs, err := g.NewSession()
+			if err != nil {
+				return result{}, err
+			}
+			defer gs.Close()
+			var r result
+			if r.logits, err = gs.Forward(ctx, prompts[i]); err != nil {
+				return r, err
+			}
+			for tok, err := range gs.Generate(ctx, nil, opts(i)...) {
+				if err != nil {
+					return r, err
+				}
+				r.ids = append(r.ids, tok.ID)
+			}
+			return r, nil
+		}
+		want := make([]result, len(prompts))
+		for i := range prompts {
+			want[i], err = run(i)
+			require.NoError(t, err, "%v", l)
+			require.Len(t, want[i].ids, 6)
+		}
+		for round := range 8 {
+			got := make([]result, len(prompts))
+			errs := make([]error, len(prompts))
+			var wg sync.WaitGroup
+			for i := range prompts {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					got[i], errs[i] = run(i)
+				}()
+			}
+			wg.Wait()
+			for i := range prompts {
+				require.NoError(t, errs[i], "%v round %d session %d", l, round, i)
+				require.Equal(t, bitsOf(want[i].logits), bitsOf(got[i].logits), "%v round %d session %d", l, round, i)
+				require.Equal(t, want[i].ids, got[i].ids, "%v round %d session %d", l, round, i)
+			}
+		}
 	}
 }
