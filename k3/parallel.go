@@ -367,7 +367,8 @@ type Group struct {
 // LoadGroup loads the checkpoint in dir split by layout: one Model per
 // rank, each reading only its part of the weights (WithBackend chooses
 // the ranks' backend; WithComputeBackend is refused, since every rank
-// needs one of its own). Bad layouts fail with ErrInvalidOption.
+// needs one of its own). Bad layouts fail with ErrInvalidOption, and so
+// does WithPrefixCache, which a group does not have yet.
 func LoadGroup(ctx context.Context, dir string, layout Layout, opts ...Option) (*Group, error) {
 	var o options
 	for _, f := range opts {
@@ -375,6 +376,13 @@ func LoadGroup(ctx context.Context, dir string, layout Layout, opts ...Option) (
 	}
 	if o.be != nil {
 		return nil, fmt.Errorf("%w: a group opens one backend per rank; use WithBackend, not WithComputeBackend", ErrInvalidOption)
+	}
+	if o.prefixBytes > 0 {
+		// Each rank would keep a cache of its own and resume from it: where
+		// the ranks hold shares of unequal size (heads that do not divide),
+		// their budgets fill apart, they evict apart, and one rank would
+		// resume a prompt where another runs it.
+		return nil, fmt.Errorf("%w: WithPrefixCache on a group (not built)", ErrInvalidOption)
 	}
 	cfg, err := config.Load(dir)
 	if err != nil {

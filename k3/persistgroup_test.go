@@ -232,6 +232,8 @@ func TestGroupBadInput(t *testing.T) {
 	assert.ErrorIs(t, gen(nil, WithAdaptiveSpeculation(specdec.NGram{}, 2)), compute.ErrUnsupported)
 	assert.ErrorIs(t, gen(nil, WithSpeculation(&DSpark{}, 2)), compute.ErrUnsupported)
 	assert.ErrorIs(t, gs.Truncate(ctx, 4), ErrOutOfRange)
+	_, err = LoadGroup(ctx, groupTestDir, Layout{TP: 2}, WithPrefixCache(1<<20))
+	assert.ErrorIs(t, err, ErrInvalidOption, "no prefix cache on a group")
 	assert.Equal(t, 3, gs.Len(), "nothing changed")
 
 	_, err = gs.Forward(ctx, []int32{7})
