@@ -62,6 +62,10 @@ type cpSeq struct {
 }
 
 func (m *Model) newCPSeq(c comm.Communicator) (*cpSeq, error) {
+	if err := m.life.enter(); err != nil {
+		return nil, err
+	}
+	defer m.life.exit()
 	q := &cpSeq{m: m, c: c, place: dsa.NewPlacement(c.Size()), ex: dsa.NewExchange(m.b), limit: m.Config.MaxPositionEmbeddings}
 	if q.limit <= 0 {
 		q.limit = 1 << 20
@@ -125,6 +129,12 @@ type cpResult struct {
 // 2n tokens. Each pass's result keeps every row's logits with all, else
 // the last row's.
 func (q *cpSeq) forward(ctx context.Context, tokens []int32, all, traced bool) ([]cpResult, error) {
+	// The rank's model may have closed (Group.Close): its weights and
+	// backend are gone then.
+	if err := q.m.life.enter(); err != nil {
+		return nil, err
+	}
+	defer q.m.life.exit()
 	n := q.c.Size()
 	q.ctx = ctx
 	defer func() { q.ctx, q.tr = nil, nil }()

@@ -373,3 +373,41 @@ func TestGroupConcurrentSessions(t *testing.T) {
 		}
 	}
 }
+
+// TestGroupClosed: a closed group session, and a session of a closed
+// group, fail every call with ErrSessionClosed or ErrClosed (or, under
+// CP, ErrUnsupported where CP has no such call), and nothing touches
+// the ranks' freed weights (a CP session's pass once did: a fault).
+func TestGroupClosed(t *testing.T) {
+	ctx := context.Background()
+	for _, l := range []Layout{{TP: 2}, {CP: 2}} {
+		g, err := LoadGroup(ctx, groupTestDir, l)
+		require.NoError(t, err)
+		closed := groupSession(t, g, []int32{1, 2})
+		require.NoError(t, closed.Close())
+		orphan := groupSession(t, g, []int32{1, 2})
+		require.NoError(t, g.Close())
+		for _, c := range []struct {
+			gs   *GroupSession
+			want error
+		}{{closed, ErrSessionClosed}, {orphan, ErrClosed}} {
+			_, err := c.gs.Forward(ctx, []int32{1})
+			assert.ErrorIs(t, err, c.want, "%v Forward", l)
+			for _, err := range c.gs.Generate(ctx, []int32{1}) {
+				assert.ErrorIs(t, err, c.want, "%v Generate", l)
+			}
+			assert.ErrorIs(t, c.gs.Reset(), c.want, "%v Reset", l)
+			if l.CP > 1 {
+				assert.ErrorIs(t, c.gs.Truncate(ctx, 1), compute.ErrUnsupported, "%v Truncate", l)
+				continue
+			}
+			assert.ErrorIs(t, c.gs.Truncate(ctx, 1), c.want, "%v Truncate", l)
+			_, err = c.gs.Fork()
+			assert.ErrorIs(t, err, c.want, "%v Fork", l)
+			assert.ErrorIs(t, c.gs.Save(&bytes.Buffer{}), c.want, "%v Save", l)
+		}
+		_, err = g.NewSession()
+		assert.ErrorIs(t, err, ErrClosed, "%v NewSession", l)
+		assert.NoError(t, orphan.Close())
+	}
+}
