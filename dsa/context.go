@@ -47,6 +47,15 @@ func (p *Placement) Add(r, n int) {
 	}
 }
 
+// Clone returns a copy of p that changes apart from it.
+func (p *Placement) Clone() *Placement {
+	c := &Placement{rank: slices.Clone(p.rank), row: slices.Clone(p.row), pos: make([][]int32, len(p.pos))}
+	for r := range p.pos {
+		c.pos[r] = slices.Clone(p.pos[r])
+	}
+	return c
+}
+
 // Fewest is the rank holding the fewest positions, the lowest on a tie: the
 // rank that keeps the next decoded position, so the shares stay even.
 func (p *Placement) Fewest() int {

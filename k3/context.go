@@ -101,6 +101,42 @@ func (m *Model) newCPSeq(c comm.Communicator) (*cpSeq, error) {
 	return q, nil
 }
 
+// fork returns a new sequence of q's rank holding what q holds: the KDA
+// states copied, the attention caches sharing their full pages, the
+// placement copied.
+func (q *cpSeq) fork() (*cpSeq, error) {
+	c, err := q.m.newCPSeq(q.c)
+	if err != nil {
+		return nil, err
+	}
+	if err := q.m.life.enter(); err != nil {
+		c.close()
+		return nil, err
+	}
+	defer q.m.life.exit()
+	b := q.m.b
+	for l, st := range q.st {
+		if st != nil {
+			if err := b.Copy(c.st[l].Conv, st.Conv); err != nil {
+				c.close()
+				return nil, err
+			}
+			if err := b.Copy(c.st[l].S, st.S); err != nil {
+				c.close()
+				return nil, err
+			}
+		}
+		if src := q.cache[l]; src != nil {
+			if err := c.cache[l].Fork(src); err != nil {
+				c.close()
+				return nil, err
+			}
+		}
+	}
+	c.place = q.place.Clone()
+	return c, nil
+}
+
 func (q *cpSeq) close() {
 	for _, s := range q.st {
 		if s != nil {

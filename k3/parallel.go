@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"slices"
 	"sync"
 
 	"k3/comm"
@@ -678,11 +679,22 @@ func (gs *GroupSession) Logits() []float32 { return gs.lead().Logits() }
 
 // Truncate is Session.Truncate on every rank: it keeps the first n
 // tokens, a cursor move within the ranks' rollback depth (WithRollback
-// given to LoadGroup). Under context parallelism it returns
-// compute.ErrUnsupported.
+// given to LoadGroup). Under context parallelism, which keeps no replay
+// logs, the ranks start afresh and run the n tokens again.
 func (gs *GroupSession) Truncate(ctx context.Context, n int) error {
 	if gs.g.layout.CP > 1 {
-		return fmt.Errorf("%w: truncating a sequence split over context-parallel ranks", compute.ErrUnsupported)
+		if gs.cp == nil {
+			return ErrSessionClosed
+		}
+		if held := gs.Len(); n < 0 || n > held {
+			return fmt.Errorf("%w: truncate to %d tokens, the session holds %d", ErrOutOfRange, n, held)
+		}
+		keep := slices.Clone(gs.shell.tokens[:n])
+		if err := gs.Reset(); err != nil || n == 0 {
+			return err
+		}
+		_, err := gs.forwardCP(ctx, keep, false, nil)
+		return err
 	}
 	if err := gs.ranks[0].usable(); err != nil {
 		return err
@@ -731,11 +743,28 @@ func (gs *GroupSession) Reset() error {
 }
 
 // Fork returns a copy of the sequence on every rank (Session.Fork: the
-// attention caches share their full pages). Under context parallelism it
-// returns compute.ErrUnsupported.
+// attention caches share their full pages), under context parallelism
+// too (each rank's share of the keys and the placement copied).
 func (gs *GroupSession) Fork() (*GroupSession, error) {
 	if gs.g.layout.CP > 1 {
-		return nil, fmt.Errorf("%w: forking a sequence split over context-parallel ranks", compute.ErrUnsupported)
+		if gs.cp == nil {
+			return nil, ErrSessionClosed
+		}
+		if gs.broken != nil {
+			return nil, fmt.Errorf("k3: cannot fork a failed group session: %w", gs.broken)
+		}
+		c := &GroupSession{g: gs.g}
+		for _, q := range gs.cp {
+			f, err := q.fork()
+			if err != nil {
+				c.Close()
+				return nil, err
+			}
+			c.cp = append(c.cp, f)
+		}
+		sh := gs.shell
+		c.shell = &Session{m: sh.m, limit: sh.limit, pos: sh.pos, tokens: slices.Clone(sh.tokens), last: slices.Clone(sh.last)}
+		return c, nil
 	}
 	c := &GroupSession{g: gs.g}
 	for _, s := range gs.ranks {

@@ -11,7 +11,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"k3/compute"
 	"k3/internal/tiny"
 )
 
@@ -135,8 +134,7 @@ func randomGroup(t *testing.T, seed uint64) {
 // fed the same tokens again, gs gives the same rows (bitwise where its
 // replay logs restore the states, logged; else rebuilt by a prefill,
 // within 1e-4 of the logit scale); reset and fed the prompt again, it
-// gives the prompt's rows bitwise. Under CP, Fork and Truncate are
-// unsupported.
+// gives the prompt's rows bitwise. (Under CP a cut always rebuilds.)
 func groupEdits(t *testing.T, r *rand.Rand, g *Group, gs *GroupSession, prompt, toks []int32, rows []float32, logged bool, desc string) {
 	ctx := context.Background()
 	v := g.Ranks()[0].Config.VocabSize
@@ -144,11 +142,7 @@ func groupEdits(t *testing.T, r *rand.Rand, g *Group, gs *GroupSession, prompt, 
 	require.Equal(t, n, gs.Len(), desc)
 	require.Equal(t, append(append([]int32(nil), prompt...), toks...), gs.Tokens(), desc)
 	require.Equal(t, bitsOf(rows[(n-1)*v:]), bitsOf(gs.Logits()), desc)
-	if g.Layout().CP > 1 {
-		_, err := gs.Fork()
-		require.ErrorIs(t, err, compute.ErrUnsupported, desc)
-		require.ErrorIs(t, gs.Truncate(ctx, 1), compute.ErrUnsupported, desc)
-	} else {
+	{
 		f, err := gs.Fork()
 		require.NoError(t, err, desc)
 		defer f.Close()
