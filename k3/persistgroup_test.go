@@ -353,7 +353,7 @@ func TestGroupConcurrentSessions(t *testing.T) {
 			require.NoError(t, err, "%v", l)
 			require.Len(t, want[i].ids, 6)
 		}
-		for round := range 8 {
+		for round := range 4 {
 			got := make([]result, len(prompts))
 			errs := make([]error, len(prompts))
 			var wg sync.WaitGroup
