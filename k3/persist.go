@@ -95,9 +95,15 @@ func (s *Session) Save(w io.Writer) error {
 	if s.broken != nil {
 		return fmt.Errorf("k3: cannot save a failed session: %w", s.broken)
 	}
+	return saveFramed(w, sessionMagic, sessionVersion, s.writeBody)
+}
+
+// saveFramed writes the frame every saved state shares: an 8-byte magic
+// and a uint16 version, then one zstd stream of the body and its CRC-32C.
+func saveFramed(w io.Writer, magic string, version uint16, body func(*sessionWriter) error) error {
 	var head [10]byte
-	copy(head[:], sessionMagic)
-	binary.LittleEndian.PutUint16(head[8:], sessionVersion)
+	copy(head[:], magic)
+	binary.LittleEndian.PutUint16(head[8:], version)
 	if _, err := w.Write(head[:]); err != nil {
 		return err
 	}
@@ -107,7 +113,7 @@ func (s *Session) Save(w io.Writer) error {
 		return err
 	}
 	sw := &sessionWriter{w: bufio.NewWriterSize(zw, 1<<16), crc: crc32.New(castagnoli)}
-	if err := s.writeBody(sw); err != nil {
+	if err := body(sw); err != nil {
 		zw.Close()
 		return err
 	}
@@ -263,54 +269,67 @@ func (sw *sessionWriter) raw(v []float32) {
 // then. The session's memory counts against the budget as a session's
 // tokens would (ErrMemoryBudget).
 func (m *Model) LoadSession(r io.Reader) (*Session, error) {
-	var head [10]byte
-	if _, err := io.ReadFull(r, head[:]); err != nil {
-		return nil, fmt.Errorf("%w: %d-byte header: %v", ErrSessionFile, len(head), err)
-	}
-	if string(head[:8]) != sessionMagic {
-		return nil, fmt.Errorf("%w: not a k3 session (it starts %q)", ErrSessionFile, head[:8])
-	}
-	version := binary.LittleEndian.Uint16(head[8:])
-	if version < 1 || version > sessionVersion {
-		return nil, fmt.Errorf("%w: format version %d; this k3 reads versions 1 to %d", ErrSessionFile, version, sessionVersion)
-	}
-	// A window bound keeps a forged frame header from asking for memory.
-	zr, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(sessionWindow))
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrSessionFile, err)
-	}
-	defer zr.Close()
 	if err := m.life.enter(); err != nil {
 		return nil, err
 	}
 	defer m.life.exit()
-	sr := &sessionReader{r: bufio.NewReaderSize(zr, 1<<16), crc: crc32.New(castagnoli)}
-	s, err := m.NewSession()
+	var s *Session
+	err := loadFramed(r, sessionMagic, "a k3 session", 1, sessionVersion, func(sr *sessionReader, version uint16) error {
+		var err error
+		if s, err = m.NewSession(); err != nil {
+			return err
+		}
+		return s.readBody(sr, version)
+	})
 	if err != nil {
+		if s != nil {
+			s.Close()
+		}
 		return nil, err
 	}
-	if err := s.readBody(sr, version); err != nil {
-		s.Close()
-		return nil, err
+	return s, nil
+}
+
+// loadFramed reads what saveFramed wrote, with body reading the body of a
+// version from oldest to newest; the frame's failures wrap ErrSessionFile
+// (body's own say what they are).
+func loadFramed(r io.Reader, magic, what string, oldest, newest uint16, body func(*sessionReader, uint16) error) error {
+	var head [10]byte
+	if _, err := io.ReadFull(r, head[:]); err != nil {
+		return fmt.Errorf("%w: %d-byte header: %v", ErrSessionFile, len(head), err)
+	}
+	if string(head[:8]) != magic {
+		return fmt.Errorf("%w: not %s (it starts %q)", ErrSessionFile, what, head[:8])
+	}
+	version := binary.LittleEndian.Uint16(head[8:])
+	if version < oldest || version > newest {
+		return fmt.Errorf("%w: format version %d; this k3 reads versions %d to %d", ErrSessionFile, version, oldest, newest)
+	}
+	// A window bound keeps a forged frame header from asking for memory.
+	zr, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(sessionWindow))
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrSessionFile, err)
+	}
+	defer zr.Close()
+	sr := &sessionReader{r: bufio.NewReaderSize(zr, 1<<16), crc: crc32.New(castagnoli)}
+	if err := body(sr, version); err != nil {
+		return err
 	}
 	want := sr.crc.Sum32()
 	var sum [4]byte
 	if _, err := io.ReadFull(sr.r, sum[:]); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("%w: truncated before the checksum: %v", ErrSessionFile, streamErr(err))
+		return fmt.Errorf("%w: truncated before the checksum: %v", ErrSessionFile, streamErr(err))
 	}
 	if got := binary.LittleEndian.Uint32(sum[:]); got != want {
-		s.Close()
-		return nil, fmt.Errorf("%w: checksum %08x, the contents give %08x (corrupted)", ErrSessionFile, got, want)
+		return fmt.Errorf("%w: checksum %08x, the contents give %08x (corrupted)", ErrSessionFile, got, want)
 	}
 	if _, err := sr.r.ReadByte(); err != io.EOF {
-		s.Close()
 		if err == nil {
-			return nil, fmt.Errorf("%w: data after the checksum", ErrSessionFile)
+			return fmt.Errorf("%w: data after the checksum", ErrSessionFile)
 		}
-		return nil, fmt.Errorf("%w: after the checksum: %v", ErrSessionFile, streamErr(err))
+		return fmt.Errorf("%w: after the checksum: %v", ErrSessionFile, streamErr(err))
 	}
-	return s, nil
+	return nil
 }
 
 // streamErr names a read failure: the end of the data, or what the
