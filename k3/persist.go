@@ -14,8 +14,10 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
+	"k3/compute"
 	"k3/config"
 	"k3/dsa"
+	"k3/kda"
 	"k3/replay"
 )
 
@@ -143,16 +145,9 @@ func (s *Session) writeBody(sw *sessionWriter) error {
 	for l, ly := range s.m.layers {
 		if ly.kind == config.KDA {
 			sw.byte(layerKDA)
-			st := s.kdaSt[l]
-			conv, state := make([]float32, st.Conv.Len()), make([]float32, st.S.Len())
-			if err := b.Read(conv, st.Conv); err != nil {
+			if err := sw.kdaState(b, s.kdaSt[l]); err != nil {
 				return err
 			}
-			if err := b.Read(state, st.S); err != nil {
-				return err
-			}
-			sw.floats(conv)
-			sw.floats(state)
 			var lg *replay.Log
 			if l < len(s.logs) {
 				lg = s.logs[l]
@@ -181,21 +176,43 @@ func (s *Session) writeBody(sw *sessionWriter) error {
 			continue
 		}
 		sw.byte(layerAttn)
-		c := s.caches[l]
-		sw.u32(uint32(c.Len))
-		sw.u32(uint32(c.RowLen()))
-		rows := make([]float32, dsa.PageSize*c.RowLen())
-		for lo := 0; lo < c.Len; lo += dsa.PageSize {
-			hi := min(c.Len, lo+dsa.PageSize)
-			part := rows[:(hi-lo)*c.RowLen()]
-			if err := c.ReadRows(part, lo, hi); err != nil {
-				return err
-			}
-			sw.raw(part)
+		if err := sw.cacheRows(s.caches[l]); err != nil {
+			return err
 		}
 	}
 	s.writeTaps(sw)
 	return sw.err
+}
+
+// kdaState writes a KDA layer's conv window and recurrent state.
+func (sw *sessionWriter) kdaState(b compute.Backend, st *kda.State) error {
+	conv, state := make([]float32, st.Conv.Len()), make([]float32, st.S.Len())
+	if err := b.Read(conv, st.Conv); err != nil {
+		return err
+	}
+	if err := b.Read(state, st.S); err != nil {
+		return err
+	}
+	sw.floats(conv)
+	sw.floats(state)
+	return nil
+}
+
+// cacheRows writes an attention cache's row count, row width and rows, a
+// page at a time.
+func (sw *sessionWriter) cacheRows(c *dsa.Cache) error {
+	sw.u32(uint32(c.Len))
+	sw.u32(uint32(c.RowLen()))
+	rows := make([]float32, dsa.PageSize*c.RowLen())
+	for lo := 0; lo < c.Len; lo += dsa.PageSize {
+		hi := min(c.Len, lo+dsa.PageSize)
+		part := rows[:(hi-lo)*c.RowLen()]
+		if err := c.ReadRows(part, lo, hi); err != nil {
+			return err
+		}
+		sw.raw(part)
+	}
+	return nil
 }
 
 // writeTaps writes the DSpark taps the session keeps at positions below
@@ -401,19 +418,8 @@ func (s *Session) readBody(sr *sessionReader, version uint16) error {
 			if kind != layerKDA {
 				return bad("layer %d is a KDA layer; the file holds kind %d there", l, kind)
 			}
-			st := s.kdaSt[l]
-			conv, err := sr.floats(st.Conv.Len(), fmt.Sprintf("layer %d's conv window", l))
+			conv, state, err := sr.kdaState(b, s.kdaSt[l], l)
 			if err != nil {
-				return err
-			}
-			state, err := sr.floats(st.S.Len(), fmt.Sprintf("layer %d's recurrent state", l))
-			if err != nil {
-				return err
-			}
-			if err := b.Write(st.Conv, conv); err != nil {
-				return err
-			}
-			if err := b.Write(st.S, state); err != nil {
 				return err
 			}
 			if err := s.readLog(sr, l, int(n), state, conv); err != nil {
@@ -424,28 +430,8 @@ func (s *Session) readBody(sr *sessionReader, version uint16) error {
 		if kind != layerAttn {
 			return bad("layer %d is an attention layer; the file holds kind %d there", l, kind)
 		}
-		c := s.caches[l]
-		rows, err := sr.u32(fmt.Sprintf("layer %d's cache length", l))
-		if err != nil {
+		if err := sr.cacheRows(s.caches[l], int(n), l); err != nil {
 			return err
-		}
-		width, err := sr.u32(fmt.Sprintf("layer %d's row width", l))
-		if err != nil {
-			return err
-		}
-		if rows != n || int(width) != c.RowLen() {
-			return bad("layer %d's cache holds %d rows of %d floats; want %d rows of %d", l, rows, width, n, c.RowLen())
-		}
-		buf := make([]float32, dsa.PageSize*c.RowLen())
-		for lo := 0; lo < int(n); lo += dsa.PageSize {
-			k := min(int(n)-lo, dsa.PageSize)
-			part := buf[:k*c.RowLen()]
-			if err := sr.raw(part, fmt.Sprintf("layer %d's cache rows", l)); err != nil {
-				return err
-			}
-			if err := c.AppendRows(part, k); err != nil {
-				return err
-			}
 		}
 	}
 	if version >= 2 {
@@ -511,6 +497,49 @@ func (s *Session) readTaps(sr *sessionReader, n int) error {
 // record by record; a session saved without logs, or a model that keeps
 // none, starts its log at the loaded state (rollback then reaches back to
 // the load).
+// kdaState reads what sessionWriter.kdaState wrote into st, layer l's
+// state, and returns the floats read.
+func (sr *sessionReader) kdaState(b compute.Backend, st *kda.State, l int) (conv, state []float32, err error) {
+	if conv, err = sr.floats(st.Conv.Len(), fmt.Sprintf("layer %d's conv window", l)); err != nil {
+		return nil, nil, err
+	}
+	if state, err = sr.floats(st.S.Len(), fmt.Sprintf("layer %d's recurrent state", l)); err != nil {
+		return nil, nil, err
+	}
+	if err := b.Write(st.Conv, conv); err != nil {
+		return nil, nil, err
+	}
+	return conv, state, b.Write(st.S, state)
+}
+
+// cacheRows reads what sessionWriter.cacheRows wrote into c, layer l's
+// empty cache, which must receive n rows of its width.
+func (sr *sessionReader) cacheRows(c *dsa.Cache, n, l int) error {
+	rows, err := sr.u32(fmt.Sprintf("layer %d's cache length", l))
+	if err != nil {
+		return err
+	}
+	width, err := sr.u32(fmt.Sprintf("layer %d's row width", l))
+	if err != nil {
+		return err
+	}
+	if int(rows) != n || int(width) != c.RowLen() {
+		return fmt.Errorf("%w: layer %d's cache holds %d rows of %d floats; want %d rows of %d", ErrSessionFile, l, rows, width, n, c.RowLen())
+	}
+	buf := make([]float32, dsa.PageSize*c.RowLen())
+	for lo := 0; lo < n; lo += dsa.PageSize {
+		k := min(n-lo, dsa.PageSize)
+		part := buf[:k*c.RowLen()]
+		if err := sr.raw(part, fmt.Sprintf("layer %d's cache rows", l)); err != nil {
+			return err
+		}
+		if err := c.AppendRows(part, k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func (s *Session) readLog(sr *sessionReader, l, pos int, state, conv []float32) error {
 	has, err := sr.byte(fmt.Sprintf("layer %d's log flag", l))
 	if err != nil {
