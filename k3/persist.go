@@ -130,17 +130,7 @@ func saveFramed(w io.Writer, magic string, version uint16, body func(*sessionWri
 }
 
 func (s *Session) writeBody(sw *sessionWriter) error {
-	fp := s.m.fingerprint()
-	sw.bytes(fp[:])
-	sw.u32(uint32(len(s.tokens)))
-	for _, t := range s.tokens {
-		sw.u32(uint32(t))
-	}
-	if s.last == nil {
-		sw.u32(0)
-	} else {
-		sw.floats(s.last)
-	}
+	sw.sequence(s.m, s.tokens, s.last)
 	b := s.m.b
 	for l, ly := range s.m.layers {
 		if ly.kind == config.KDA {
@@ -182,6 +172,21 @@ func (s *Session) writeBody(sw *sessionWriter) error {
 	}
 	s.writeTaps(sw)
 	return sw.err
+}
+
+// sequence writes m's fingerprint, the tokens and the next-token logits.
+func (sw *sessionWriter) sequence(m *Model, tokens []int32, last []float32) {
+	fp := m.fingerprint()
+	sw.bytes(fp[:])
+	sw.u32(uint32(len(tokens)))
+	for _, t := range tokens {
+		sw.u32(uint32(t))
+	}
+	if last == nil {
+		sw.u32(0)
+	} else {
+		sw.floats(last)
+	}
 }
 
 // kdaState writes a KDA layer's conv window and recurrent state.
@@ -363,42 +368,11 @@ func (s *Session) readBody(sr *sessionReader, version uint16) error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrSessionFile}, args...)...)
 	}
-	var fp [32]byte
-	if err := sr.full(fp[:], "the model fingerprint"); err != nil {
-		return err
-	}
-	if want := m.fingerprint(); fp != want {
-		return bad("saved from another model (fingerprint %x, this model's %x)", fp[:8], want[:8])
-	}
-	n, err := sr.u32("the token count")
+	tokens, last, err := sr.sequence(m, s.limit)
 	if err != nil {
 		return err
 	}
-	if int(n) > s.limit {
-		return bad("%d tokens; the model's context holds %d", n, s.limit)
-	}
-	tokens := make([]int32, n)
-	for i := range tokens {
-		v, err := sr.u32("the tokens")
-		if err != nil {
-			return err
-		}
-		if int(v) >= m.Config.VocabSize {
-			return bad("token %d is %d, outside the vocabulary of %d", i, v, m.Config.VocabSize)
-		}
-		tokens[i] = int32(v)
-	}
-	var last []float32
-	want := 0
-	if n > 0 {
-		want = m.Config.VocabSize
-	}
-	if last, err = sr.floats(want, "the next-token logits"); err != nil {
-		return err
-	}
-	if n == 0 {
-		last = nil
-	}
+	n := uint32(len(tokens))
 	// The state grows as the tokens' would: reserve it first.
 	grow := s.growth(int(n))
 	if err := m.mem.take(grow, "a loaded session"); err != nil {
@@ -497,6 +471,51 @@ func (s *Session) readTaps(sr *sessionReader, n int) error {
 // record by record; a session saved without logs, or a model that keeps
 // none, starts its log at the loaded state (rollback then reaches back to
 // the load).
+// sequence reads what sessionWriter.sequence wrote, checked against m
+// (its fingerprint, vocabulary) and a context of limit tokens.
+func (sr *sessionReader) sequence(m *Model, limit int) ([]int32, []float32, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrSessionFile}, args...)...)
+	}
+	var fp [32]byte
+	if err := sr.full(fp[:], "the model fingerprint"); err != nil {
+		return nil, nil, err
+	}
+	if want := m.fingerprint(); fp != want {
+		return nil, nil, bad("saved from another model (fingerprint %x, this model's %x)", fp[:8], want[:8])
+	}
+	n, err := sr.u32("the token count")
+	if err != nil {
+		return nil, nil, err
+	}
+	if int(n) > limit {
+		return nil, nil, bad("%d tokens; the model's context holds %d", n, limit)
+	}
+	tokens := make([]int32, n)
+	for i := range tokens {
+		v, err := sr.u32("the tokens")
+		if err != nil {
+			return nil, nil, err
+		}
+		if int(v) >= m.Config.VocabSize {
+			return nil, nil, bad("token %d is %d, outside the vocabulary of %d", i, v, m.Config.VocabSize)
+		}
+		tokens[i] = int32(v)
+	}
+	want := 0
+	if n > 0 {
+		want = m.Config.VocabSize
+	}
+	last, err := sr.floats(want, "the next-token logits")
+	if err != nil {
+		return nil, nil, err
+	}
+	if n == 0 {
+		last = nil
+	}
+	return tokens, last, nil
+}
+
 // kdaState reads what sessionWriter.kdaState wrote into st, layer l's
 // state, and returns the floats read.
 func (sr *sessionReader) kdaState(b compute.Backend, st *kda.State, l int) (conv, state []float32, err error) {

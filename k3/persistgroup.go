@@ -11,7 +11,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"k3/compute"
+	"k3/config"
+	"k3/dsa"
 )
 
 // The saved-group-session format: an 8-byte magic and a little-endian
@@ -24,6 +25,17 @@ const (
 	groupVersion = 1
 )
 
+// Under context parallelism each rank's file holds its share of the
+// sequence in a frame of its own (saveFramed): the model's fingerprint,
+// the tokens and next-token logits, the placement (the CP rank holding
+// each position), the rank's index in its CP group, then per layer the
+// KDA state or the attention cache's rows of the positions the rank
+// holds.
+const (
+	cpMagic   = "K3CPSEQ\n"
+	cpVersion = 1
+)
+
 const (
 	groupSplitIndexer byte = 1 << iota
 	groupDispatch
@@ -31,20 +43,33 @@ const (
 )
 
 // Save writes the sequence every rank holds to w, a file that
-// Group.LoadSession reads back on a group of the same layout (TP, EP and
-// split indexer). Each rank's state is a session file of its own
-// (Session.Save), written by the ranks at once. Under context
-// parallelism it returns compute.ErrUnsupported.
+// Group.LoadSession reads back on a group of the same layout (TP, EP, CP
+// and split indexer). Each rank's state is a file of its own
+// (Session.Save's, or under context parallelism the rank's share of the
+// positions), written by the ranks at once.
 func (gs *GroupSession) Save(w io.Writer) error {
 	l := gs.g.layout.norm()
+	save := func(r int, w io.Writer) error { return gs.ranks[r].Save(w) }
+	n := len(gs.ranks)
 	if l.CP > 1 {
-		return fmt.Errorf("%w: saving a sequence split over context-parallel ranks", compute.ErrUnsupported)
+		if gs.cp == nil {
+			return ErrSessionClosed
+		}
+		if gs.broken != nil {
+			return fmt.Errorf("k3: cannot save a failed group session: %w", gs.broken)
+		}
+		save = func(r int, w io.Writer) error {
+			return saveFramed(w, cpMagic, cpVersion, func(sw *sessionWriter) error {
+				return gs.cp[r].writeBody(sw, gs.shell.tokens, gs.shell.last)
+			})
+		}
+		n = len(gs.cp)
 	}
-	files := make([]bytes.Buffer, len(gs.ranks))
+	files := make([]bytes.Buffer, n)
 	var eg errgroup.Group
-	for r, s := range gs.ranks {
+	for r := range n {
 		eg.Go(func() error {
-			if err := s.Save(&files[r]); err != nil {
+			if err := save(r, &files[r]); err != nil {
 				return fmt.Errorf("rank %d: %w", r, err)
 			}
 			return nil
@@ -82,18 +107,14 @@ func (gs *GroupSession) Save(w io.Writer) error {
 }
 
 // LoadSession reads a group session that GroupSession.Save wrote, on a
-// group of the same TP, EP and split indexer (Dispatch and Serial change
-// how the ranks talk, not what they hold). A file that is not a group
-// session, was saved under another layout or from another checkpoint, is
-// truncated or corrupted, or whose ranks hold different sequences fails
-// with an error wrapping ErrSessionFile that names the rank; no session
-// is returned then. Under context parallelism it returns
-// compute.ErrUnsupported.
+// group of the same TP, EP, CP and split indexer (Dispatch and Serial
+// change how the ranks talk, not what they hold). A file that is not a
+// group session, was saved under another layout or from another
+// checkpoint, is truncated or corrupted, or whose ranks hold different
+// sequences fails with an error wrapping ErrSessionFile that names the
+// rank; no session is returned then.
 func (g *Group) LoadSession(r io.Reader) (*GroupSession, error) {
 	l := g.layout.norm()
-	if l.CP > 1 {
-		return nil, fmt.Errorf("%w: loading a sequence split over context-parallel ranks", compute.ErrUnsupported)
-	}
 	var head [8 + 2 + 12 + 1 + 4]byte
 	if n, err := io.ReadFull(r, head[:10]); err != nil {
 		return nil, fmt.Errorf("%w: %d-byte header: %v (%d bytes)", ErrSessionFile, 10, err, n)
@@ -122,28 +143,165 @@ func (g *Group) LoadSession(r io.Reader) (*GroupSession, error) {
 		gs.Close()
 		return nil, err
 	}
+	var tokens []int32 // rank 0's, which every rank must hold
+	var last []float32
 	for rank, m := range g.ranks {
 		var size [8]byte
 		if _, err := io.ReadFull(r, size[:]); err != nil {
 			return fail(fmt.Errorf("%w: rank %d's length: %v", ErrSessionFile, rank, streamErr(err)))
 		}
 		lr := &io.LimitedReader{R: r, N: int64(min(binary.LittleEndian.Uint64(size[:]), 1<<62))}
-		s, err := m.LoadSession(lr)
-		if err != nil {
-			return fail(fmt.Errorf("rank %d: %w", rank, err))
+		var toks []int32
+		var logits []float32
+		if l.CP > 1 {
+			q, err := m.newCPSeq(g.cp[rank%l.TP][rank/l.TP])
+			if err != nil {
+				return fail(err)
+			}
+			gs.cp = append(gs.cp, q)
+			err = loadFramed(lr, cpMagic, "a k3 context-parallel share", 1, cpVersion, func(sr *sessionReader, _ uint16) error {
+				var err error
+				toks, logits, err = q.readBody(sr)
+				return err
+			})
+			if err != nil {
+				return fail(fmt.Errorf("rank %d: %w", rank, err))
+			}
+			if p := gs.cp[0].place; !samePlacement(q.place, p) {
+				return fail(fmt.Errorf("%w: rank %d places the positions otherwise than rank 0", ErrSessionFile, rank))
+			}
+		} else {
+			s, err := m.LoadSession(lr)
+			if err != nil {
+				return fail(fmt.Errorf("rank %d: %w", rank, err))
+			}
+			gs.ranks = append(gs.ranks, s)
+			toks, logits = s.tokens, s.last
 		}
-		gs.ranks = append(gs.ranks, s)
 		if lr.N != 0 {
-			return fail(fmt.Errorf("%w: rank %d's session ends %d bytes before its length", ErrSessionFile, rank, lr.N))
+			return fail(fmt.Errorf("%w: rank %d's state ends %d bytes before its length", ErrSessionFile, rank, lr.N))
+		}
+		if rank == 0 {
+			tokens, last = toks, logits
+		} else if !slices.Equal(toks, tokens) || !slices.EqualFunc(logits, last, sameBits) {
+			return fail(fmt.Errorf("%w: rank %d holds another sequence than rank 0", ErrSessionFile, rank))
 		}
 	}
-	first := gs.ranks[0]
-	for rank, s := range gs.ranks[1:] {
-		if !slices.Equal(s.tokens, first.tokens) || !slices.EqualFunc(s.last, first.last, sameBits) {
-			return fail(fmt.Errorf("%w: rank %d holds another sequence than rank 0", ErrSessionFile, rank+1))
-		}
+	if l.CP > 1 {
+		gs.shell = &Session{m: g.ranks[0], limit: gs.cp[0].limit, pos: len(tokens), tokens: tokens, last: last}
 	}
 	return gs, nil
+}
+
+// samePlacement reports whether a and b place every position alike.
+func samePlacement(a, b *dsa.Placement) bool {
+	if a.Len() != b.Len() || a.Ranks() != b.Ranks() {
+		return false
+	}
+	for i := range a.Len() {
+		if a.Rank(i) != b.Rank(i) {
+			return false
+		}
+	}
+	return true
+}
+
+// writeBody writes rank q's share of the sequence whose tokens and
+// next-token logits are tokens and last (the group session's shell).
+func (q *cpSeq) writeBody(sw *sessionWriter, tokens []int32, last []float32) error {
+	m := q.m
+	if err := m.life.enter(); err != nil {
+		return err
+	}
+	defer m.life.exit()
+	sw.sequence(m, tokens, last)
+	sw.u32(uint32(q.place.Ranks()))
+	for i := range q.place.Len() {
+		sw.u32(uint32(q.place.Rank(i)))
+	}
+	// The ranks of a CP group may be whole models alike, their
+	// fingerprints too: the share names its rank.
+	sw.u32(uint32(q.c.Rank()))
+	for l, ly := range m.layers {
+		if ly.kind == config.KDA {
+			sw.byte(layerKDA)
+			if err := sw.kdaState(m.b, q.st[l]); err != nil {
+				return err
+			}
+			continue
+		}
+		sw.byte(layerAttn)
+		if err := sw.cacheRows(q.cache[l]); err != nil {
+			return err
+		}
+	}
+	return sw.err
+}
+
+// readBody reads what writeBody wrote into q, a new sequence of its rank,
+// and returns the tokens and logits; every length is checked before
+// anything is allocated.
+func (q *cpSeq) readBody(sr *sessionReader) ([]int32, []float32, error) {
+	m := q.m
+	if err := m.life.enter(); err != nil {
+		return nil, nil, err
+	}
+	defer m.life.exit()
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrSessionFile}, args...)...)
+	}
+	tokens, last, err := sr.sequence(m, q.limit)
+	if err != nil {
+		return nil, nil, err
+	}
+	n := len(tokens)
+	ranks, err := sr.u32("the placement's rank count")
+	if err != nil {
+		return nil, nil, err
+	}
+	if int(ranks) != q.place.Ranks() {
+		return nil, nil, bad("positions placed over %d ranks; this group's CP groups have %d", ranks, q.place.Ranks())
+	}
+	for i := range n {
+		r, err := sr.u32("the placement")
+		if err != nil {
+			return nil, nil, err
+		}
+		if r >= ranks {
+			return nil, nil, bad("position %d placed on rank %d of %d", i, r, ranks)
+		}
+		q.place.Add(int(r), 1)
+	}
+	me, err := sr.u32("the share's rank")
+	if err != nil {
+		return nil, nil, err
+	}
+	if int(me) != q.c.Rank() {
+		return nil, nil, bad("the share of CP rank %d, read by rank %d", me, q.c.Rank())
+	}
+	held := q.place.Held(q.c.Rank())
+	for l, ly := range m.layers {
+		kind, err := sr.byte(fmt.Sprintf("layer %d's kind", l))
+		if err != nil {
+			return nil, nil, err
+		}
+		if ly.kind == config.KDA {
+			if kind != layerKDA {
+				return nil, nil, bad("layer %d is a KDA layer; the file holds kind %d there", l, kind)
+			}
+			if _, _, err := sr.kdaState(m.b, q.st[l], l); err != nil {
+				return nil, nil, err
+			}
+			continue
+		}
+		if kind != layerAttn {
+			return nil, nil, bad("layer %d is an attention layer; the file holds kind %d there", l, kind)
+		}
+		if err := sr.cacheRows(q.cache[l], held, l); err != nil {
+			return nil, nil, err
+		}
+	}
+	return tokens, last, nil
 }
 
 func sameBits(a, b float32) bool { return math.Float32bits(a) == math.Float32bits(b) }

@@ -78,7 +78,7 @@ func TestGroupSaveLoad(t *testing.T) {
 	ctx := context.Background()
 	prompt := []int32{5, 9, 17, 33, 65, 129, 257, 3, 11, 200, 7}
 	files := map[string][]byte{}
-	for _, l := range []Layout{{TP: 2}, {EP: 2}, {TP: 2, EP: 2, Dispatch: true}} {
+	for _, l := range []Layout{{TP: 2}, {EP: 2}, {TP: 2, EP: 2, Dispatch: true}, {CP: 2}, {TP: 2, CP: 2}} {
 		g, err := LoadGroup(ctx, groupTestDir, l)
 		require.NoError(t, err, "%v", l)
 		defer g.Close()
@@ -153,51 +153,74 @@ func TestGroupSaveLoad(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, gs.Close())
 
+	// Under CP the ranks are whole models alike: each share names its
+	// rank, and all must place the positions alike.
 	cp, err := LoadGroup(ctx, groupTestDir, Layout{CP: 2})
 	require.NoError(t, err)
 	defer cp.Close()
-	cs, err := cp.NewSession()
-	require.NoError(t, err)
-	defer cs.Close()
-	assert.ErrorIs(t, cs.Save(&bytes.Buffer{}), compute.ErrUnsupported)
-	_, err = cp.LoadSession(bytes.NewReader(tp2))
-	assert.ErrorIs(t, err, compute.ErrUnsupported)
+	cpFile := files["tp1 ep1 cp2"]
+	cpHead, cpRanks := groupRanks(t, cpFile)
+	require.Len(t, cpRanks, 2)
+	longer := saveGroup(t, groupSession(t, cp, append(slices.Clone(prompt), 1, 2)))
+	_, longerRanks := groupRanks(t, longer)
+	for _, c := range []struct {
+		what, want string
+		file       []byte
+	}{
+		{"a TP file", "saved by a group of layout tp2 ep1; this group is tp1 ep1 cp2", tp2},
+		{"CP ranks swapped", "rank 0: k3: bad session file: the share of CP rank 1, read by rank 0", joinGroup(cpHead, cpRanks[1], cpRanks[0])},
+		{"CP ranks of two sequences", "rank 1", joinGroup(cpHead, cpRanks[0], longerRanks[1])},
+		{"a CP rank cut short", "rank 1:", joinGroup(cpHead, cpRanks[0], cpRanks[1][:len(cpRanks[1])/2])},
+	} {
+		gs, err := cp.LoadSession(bytes.NewReader(c.file))
+		assert.Nil(t, gs, c.what)
+		assert.ErrorIs(t, err, ErrSessionFile, c.what)
+		assert.ErrorContains(t, err, c.want, c.what)
+	}
+	_, err = g.LoadSession(bytes.NewReader(cpFile))
+	assert.ErrorContains(t, err, "saved by a group of layout tp1 ep1 cp2; this group is tp2 ep1")
 }
 
 // FuzzLoadGroupSession: any bytes either load as a group session that
 // runs, or fail with ErrSessionFile; nothing panics.
 func FuzzLoadGroupSession(f *testing.F) {
 	ctx := context.Background()
-	g, err := LoadGroup(ctx, groupTestDir, Layout{TP: 2})
-	if err != nil {
-		f.Fatal(err)
-	}
-	defer g.Close()
-	gs, err := g.NewSession()
-	if err != nil {
-		f.Fatal(err)
-	}
-	if _, err := gs.Forward(ctx, []int32{1, 2, 3}); err != nil {
-		f.Fatal(err)
-	}
-	var buf bytes.Buffer
-	if err := gs.Save(&buf); err != nil {
-		f.Fatal(err)
-	}
-	gs.Close()
-	file := buf.Bytes()
-	f.Add(file)
-	f.Add(file[:8+2+12+1+4])
-	f.Add(file[:len(file)/2])
-	f.Fuzz(func(t *testing.T, b []byte) {
-		got, err := g.LoadSession(bytes.NewReader(b))
+	var groups []*Group
+	for _, l := range []Layout{{TP: 2}, {CP: 2}} {
+		g, err := LoadGroup(ctx, groupTestDir, l)
 		if err != nil {
-			checkLoadFailed(t, got == nil, err)
-			return
+			f.Fatal(err)
 		}
-		defer got.Close()
-		if _, err := got.Forward(ctx, []int32{1}); err != nil {
-			t.Fatalf("a loaded session cannot run: %v", err)
+		defer g.Close()
+		groups = append(groups, g)
+		gs, err := g.NewSession()
+		if err != nil {
+			f.Fatal(err)
+		}
+		if _, err := gs.Forward(ctx, []int32{1, 2, 3}); err != nil {
+			f.Fatal(err)
+		}
+		var buf bytes.Buffer
+		if err := gs.Save(&buf); err != nil {
+			f.Fatal(err)
+		}
+		gs.Close()
+		file := buf.Bytes()
+		f.Add(file)
+		f.Add(file[:8+2+12+1+4])
+		f.Add(file[:len(file)/2])
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, g := range groups {
+			got, err := g.LoadSession(bytes.NewReader(b))
+			if err != nil {
+				checkLoadFailed(t, got == nil, err)
+				continue
+			}
+			if _, err := got.Forward(ctx, []int32{1}); err != nil {
+				t.Fatalf("a loaded session cannot run: %v", err)
+			}
+			got.Close()
 		}
 	})
 }
@@ -375,8 +398,8 @@ func TestGroupConcurrentSessions(t *testing.T) {
 }
 
 // TestGroupClosed: a closed group session, and a session of a closed
-// group, fail every call with ErrSessionClosed or ErrClosed (or, under
-// CP, ErrUnsupported for Save, which CP has not), and nothing touches
+// group, fail every call with ErrSessionClosed or ErrClosed, and
+// nothing touches
 // the ranks' freed weights (a CP session's pass once did: a fault).
 func TestGroupClosed(t *testing.T) {
 	ctx := context.Background()
@@ -400,10 +423,6 @@ func TestGroupClosed(t *testing.T) {
 			assert.ErrorIs(t, c.gs.Truncate(ctx, 1), c.want, "%v Truncate", l)
 			_, err = c.gs.Fork()
 			assert.ErrorIs(t, err, c.want, "%v Fork", l)
-			if l.CP > 1 {
-				assert.ErrorIs(t, c.gs.Save(&bytes.Buffer{}), compute.ErrUnsupported, "%v Save", l)
-				continue
-			}
 			assert.ErrorIs(t, c.gs.Save(&bytes.Buffer{}), c.want, "%v Save", l)
 		}
 		_, err = g.NewSession()

@@ -20,7 +20,7 @@ import (
 // chunk. LoadGroup either refuses the layout with ErrLayoutMismatch or
 // the group's logits, over a prompt and greedy steps fed alike, stay
 // within 1e-4 of the logit scale of one rank's, a copy saved and loaded
-// after the prompt gives the same logits bitwise (without CP), and
+// after the prompt gives the same logits bitwise, and
 // Generate streams the tokens asked for (and, where the group keeps
 // replay logs, the same tokens speculating). K3_GROUPS=N runs N configurations instead of the
 // default 16 (K3_GROUPS_SEED the first).
@@ -76,24 +76,19 @@ func randomGroup(t *testing.T, seed uint64) {
 	defer gs.Close()
 	got, err := gs.Forward(ctx, prompt)
 	require.NoError(t, err, desc)
-	// Without CP, a copy saved and loaded here continues bitwise alike.
-	var loaded *GroupSession
-	if l.norm().CP == 1 {
-		loaded, err = g.LoadSession(bytes.NewReader(saveGroup(t, gs)))
-		require.NoError(t, err, desc)
-		defer loaded.Close()
-	}
+	// A copy saved and loaded here continues bitwise alike.
+	loaded, err := g.LoadSession(bytes.NewReader(saveGroup(t, gs)))
+	require.NoError(t, err, desc)
+	defer loaded.Close()
 	// The one rank's greedy tokens, fed alike (the group's own argmax
 	// may part from them at a near tie).
 	for _, tok := range toks {
 		row, err := gs.Forward(ctx, []int32{tok})
 		require.NoError(t, err, desc)
 		got = append(got, row...)
-		if loaded != nil {
-			again, err := loaded.Forward(ctx, []int32{tok})
-			require.NoError(t, err, desc)
-			require.Equal(t, bitsOf(row), bitsOf(again), "the loaded copy, %s", desc)
-		}
+		again, err := loaded.Forward(ctx, []int32{tok})
+		require.NoError(t, err, desc)
+		require.Equal(t, bitsOf(row), bitsOf(again), "the loaded copy, %s", desc)
 	}
 	require.Len(t, got, len(want), desc)
 	scale, worst := maxAbsF(want), 0.0
