@@ -50,6 +50,23 @@ func groupRanks(t *testing.T, file []byte) (head []byte, ranks [][]byte) {
 	return head, ranks
 }
 
+// refusal is a group file LoadSession must refuse with ErrSessionFile,
+// its error containing want.
+type refusal struct {
+	what, want string
+	file       []byte
+}
+
+func refused(t *testing.T, g *Group, cases []refusal) {
+	t.Helper()
+	for _, c := range cases {
+		gs, err := g.LoadSession(bytes.NewReader(c.file))
+		assert.Nil(t, gs, c.what)
+		assert.ErrorIs(t, err, ErrSessionFile, c.what)
+		assert.ErrorContains(t, err, c.want, c.what)
+	}
+}
+
 // bitsOf returns v's bits, so that equal means bitwise equal (NaN too).
 func bitsOf(v []float32) []uint32 {
 	out := make([]uint32, len(v))
@@ -123,10 +140,7 @@ func TestGroupSaveLoad(t *testing.T) {
 	require.NoError(t, lone.Save(&loneFile))
 	version := bytes.Clone(head)
 	version[8] = 2
-	for _, c := range []struct {
-		what, want string
-		file       []byte
-	}{
+	refused(t, g, []refusal{
 		{"another layout", "saved by a group of layout tp1 ep2; this group is tp2 ep1", files["tp1 ep2"]},
 		{"a lone session", `not a k3 group session (it starts "K3SESSN\n")`, loneFile.Bytes()},
 		{"a later version", "group format version 2", joinGroup(version, ranks...)},
@@ -137,12 +151,7 @@ func TestGroupSaveLoad(t *testing.T) {
 		{"a rank padded", "rank 0:", joinGroup(head, append(bytes.Clone(ranks[0]), 0, 0, 0, 0), ranks[1])},
 		{"the header cut short", "the layout and rank count", tp2[:15]},
 		{"nothing", "10-byte header", nil},
-	} {
-		gs, err := g.LoadSession(bytes.NewReader(c.file))
-		assert.Nil(t, gs, c.what)
-		assert.ErrorIs(t, err, ErrSessionFile, c.what)
-		assert.ErrorContains(t, err, c.want, c.what)
-	}
+	})
 	// Every cut of a file fails, and a failed load leaves the group
 	// usable.
 	for n := 0; n < len(tp2); n += 1 + len(tp2)/97 {
@@ -163,20 +172,12 @@ func TestGroupSaveLoad(t *testing.T) {
 	require.Len(t, cpRanks, 2)
 	longer := saveGroup(t, groupSession(t, cp, append(slices.Clone(prompt), 1, 2)))
 	_, longerRanks := groupRanks(t, longer)
-	for _, c := range []struct {
-		what, want string
-		file       []byte
-	}{
+	refused(t, cp, []refusal{
 		{"a TP file", "saved by a group of layout tp2 ep1; this group is tp1 ep1 cp2", tp2},
 		{"CP ranks swapped", "rank 0: k3: bad session file: the share of CP rank 1, read by rank 0", joinGroup(cpHead, cpRanks[1], cpRanks[0])},
 		{"CP ranks of two sequences", "rank 1", joinGroup(cpHead, cpRanks[0], longerRanks[1])},
 		{"a CP rank cut short", "rank 1:", joinGroup(cpHead, cpRanks[0], cpRanks[1][:len(cpRanks[1])/2])},
-	} {
-		gs, err := cp.LoadSession(bytes.NewReader(c.file))
-		assert.Nil(t, gs, c.what)
-		assert.ErrorIs(t, err, ErrSessionFile, c.what)
-		assert.ErrorContains(t, err, c.want, c.what)
-	}
+	})
 	_, err = g.LoadSession(bytes.NewReader(cpFile))
 	assert.ErrorContains(t, err, "saved by a group of layout tp1 ep1 cp2; this group is tp2 ep1")
 }
