@@ -17,9 +17,10 @@ import (
 
 // The saved-group-session format: an 8-byte magic and a little-endian
 // uint16 version; the layout's TP, EP and CP counts (uint32 each) and a
-// flags byte; the rank count (uint32); then each rank's session file
-// (Session.Save's bytes, compressed and checksummed on their own),
-// preceded by its length (uint64).
+// flags byte; the rank count (uint32); then each rank's file (Session.Save's
+// bytes, or under context parallelism the rank's share below, each
+// compressed and checksummed on its own), preceded by its length
+// (uint64).
 const (
 	groupMagic   = "K3GROUP\n"
 	groupVersion = 1
