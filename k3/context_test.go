@@ -169,7 +169,7 @@ func TestGroupContextParallel(t *testing.T) {
 				require.NoError(t, err)
 				defer gs2.Close()
 				var gotGen []int32
-				for tok, err := range gs2.Generate(ctx, tokens[:at], WithMaxTokens(steps), WithoutDefaultStops()) {
+				for tok, err := range gs2.GenerateTokens(ctx, tokens[:at], WithMaxTokens(steps), WithoutDefaultStops()) {
 					require.NoError(t, err)
 					gotGen = append(gotGen, tok.ID)
 				}

@@ -778,7 +778,13 @@ func (gs *GroupSession) Fork() (*GroupSession, error) {
 	return c, nil
 }
 
-// Generate is Session.GenerateTokens on every rank in lockstep; the
+// Generate is GenerateTokens with a text prompt, which the model's
+// tokenizer encodes as Session.Generate's.
+func (gs *GroupSession) Generate(ctx context.Context, prompt string, opts ...GenerateOption) iter.Seq2[Token, error] {
+	return gs.GenerateTokens(ctx, gs.g.ranks[0].tok.Encode(prompt, true), opts...)
+}
+
+// GenerateTokens is Session.GenerateTokens on every rank in lockstep; the
 // stream is rank 0's. Every rank samples the same token from the same
 // logits (the seed is part of opts), and when the caller stops reading
 // every rank stops at the same token. Options and the prompt are checked
@@ -793,7 +799,7 @@ func (gs *GroupSession) Fork() (*GroupSession, error) {
 // each rank would choose from its own measured costs, and drafters that
 // read the session's own state (DSpark, a self-draft) are not supported
 // on a group.
-func (gs *GroupSession) Generate(ctx context.Context, prompt []int32, opts ...GenerateOption) iter.Seq2[Token, error] {
+func (gs *GroupSession) GenerateTokens(ctx context.Context, prompt []int32, opts ...GenerateOption) iter.Seq2[Token, error] {
 	return func(yield func(Token, error) bool) {
 		var o genOptions
 		for _, f := range opts {

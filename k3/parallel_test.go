@@ -164,7 +164,7 @@ func TestGroupGenerate(t *testing.T) {
 	gs, err := g.NewSession()
 	require.NoError(t, err)
 	n := 0
-	for tok, err := range gs.Generate(ctx, prompt, WithMaxTokens(12), WithTemperature(0.8), WithSeed(3)) {
+	for tok, err := range gs.GenerateTokens(ctx, prompt, WithMaxTokens(12), WithTemperature(0.8), WithSeed(3)) {
 		require.NoError(t, err)
 		require.Equal(t, want[n], tok.ID, "token %d", n)
 		if n++; n == 5 {
@@ -176,7 +176,7 @@ func TestGroupGenerate(t *testing.T) {
 	require.NoError(t, err)
 	defer gs.Close()
 	var got []int32
-	for tok, err := range gs.Generate(ctx, prompt, WithMaxTokens(12), WithTemperature(0.8), WithSeed(3)) {
+	for tok, err := range gs.GenerateTokens(ctx, prompt, WithMaxTokens(12), WithTemperature(0.8), WithSeed(3)) {
 		require.NoError(t, err)
 		got = append(got, tok.ID)
 	}

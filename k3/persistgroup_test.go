@@ -113,11 +113,11 @@ func TestGroupSaveLoad(t *testing.T) {
 			require.Equal(t, bitsOf(want), bitsOf(got), "%v: logits after %d", l, tok)
 		}
 		var want, got []int32
-		for tok, err := range gs.Generate(ctx, nil, WithMaxTokens(5), WithTemperature(0), WithoutDefaultStops()) {
+		for tok, err := range gs.GenerateTokens(ctx, nil, WithMaxTokens(5), WithTemperature(0), WithoutDefaultStops()) {
 			require.NoError(t, err)
 			want = append(want, tok.ID)
 		}
-		for tok, err := range loaded.Generate(ctx, nil, WithMaxTokens(5), WithTemperature(0), WithoutDefaultStops()) {
+		for tok, err := range loaded.GenerateTokens(ctx, nil, WithMaxTokens(5), WithTemperature(0), WithoutDefaultStops()) {
 			require.NoError(t, err)
 			got = append(got, tok.ID)
 		}
@@ -243,7 +243,7 @@ func TestGroupBadInput(t *testing.T) {
 	_, err = gs.Forward(ctx, make([]int32, g.Ranks()[0].ContextLength()))
 	assert.ErrorIs(t, err, ErrContextFull)
 	gen := func(prompt []int32, opts ...GenerateOption) error {
-		for _, err := range gs.Generate(ctx, prompt, opts...) {
+		for _, err := range gs.GenerateTokens(ctx, prompt, opts...) {
 			if err != nil {
 				return err
 			}
@@ -263,11 +263,24 @@ func TestGroupBadInput(t *testing.T) {
 	_, err = gs.Forward(ctx, []int32{7})
 	require.NoError(t, err, "the group still runs")
 	n := 0
-	for _, err := range gs.Generate(ctx, []int32{3}, WithMaxTokens(3)) {
+	for _, err := range gs.GenerateTokens(ctx, []int32{3}, WithMaxTokens(3)) {
 		require.NoError(t, err)
 		n++
 	}
 	assert.Equal(t, 3, n)
+
+	// The text form encodes as the model does.
+	var text, ids []int32
+	for tok, err := range groupSession(t, g, []int32{5}).Generate(ctx, "ab c", WithMaxTokens(4), WithTemperature(0)) {
+		require.NoError(t, err)
+		text = append(text, tok.ID)
+	}
+	for tok, err := range groupSession(t, g, []int32{5}).GenerateTokens(ctx, g.Ranks()[0].Encode("ab c"), WithMaxTokens(4), WithTemperature(0)) {
+		require.NoError(t, err)
+		ids = append(ids, tok.ID)
+	}
+	assert.Len(t, text, 4)
+	assert.Equal(t, ids, text)
 }
 
 // TestGroupSpeculation: a TP×EP group speculating at a fixed depth gives
@@ -293,7 +306,7 @@ func TestGroupSpeculation(t *testing.T) {
 	gs, err := g.NewSession()
 	require.NoError(t, err)
 	defer gs.Close()
-	for _, err := range gs.Generate(ctx, prompt, WithSpeculation(self, 2)) {
+	for _, err := range gs.GenerateTokens(ctx, prompt, WithSpeculation(self, 2)) {
 		require.ErrorIs(t, err, compute.ErrUnsupported)
 	}
 	for _, opts := range [][]GenerateOption{
@@ -306,7 +319,7 @@ func TestGroupSpeculation(t *testing.T) {
 			defer gs.Close()
 			var ids []int32
 			var u Usage
-			for tok, err := range gs.Generate(ctx, prompt, append(slices.Clone(opts), more...)...) {
+			for tok, err := range gs.GenerateTokens(ctx, prompt, append(slices.Clone(opts), more...)...) {
 				require.NoError(t, err)
 				ids = append(ids, tok.ID)
 				if tok.Usage != nil {
@@ -363,7 +376,7 @@ func TestGroupConcurrentSessions(t *testing.T) {
 			if r.logits, err = gs.Forward(ctx, prompts[i]); err != nil {
 				return r, err
 			}
-			for tok, err := range gs.Generate(ctx, nil, opts(i)...) {
+			for tok, err := range gs.GenerateTokens(ctx, nil, opts(i)...) {
 				if err != nil {
 					return r, err
 				}
@@ -417,7 +430,7 @@ func TestGroupClosed(t *testing.T) {
 		}{{closed, ErrSessionClosed}, {orphan, ErrClosed}} {
 			_, err := c.gs.Forward(ctx, []int32{1})
 			assert.ErrorIs(t, err, c.want, "%v Forward", l)
-			for _, err := range c.gs.Generate(ctx, []int32{1}) {
+			for _, err := range c.gs.GenerateTokens(ctx, []int32{1}) {
 				assert.ErrorIs(t, err, c.want, "%v Generate", l)
 			}
 			assert.ErrorIs(t, c.gs.Reset(), c.want, "%v Reset", l)

@@ -102,7 +102,7 @@ func randomGroup(t *testing.T, seed uint64) {
 	require.NoError(t, err, desc)
 	defer gen.Close()
 	var ids []int32
-	for tok, err := range gen.Generate(ctx, prompt, WithMaxTokens(4), WithTemperature(0), WithoutDefaultStops()) {
+	for tok, err := range gen.GenerateTokens(ctx, prompt, WithMaxTokens(4), WithTemperature(0), WithoutDefaultStops()) {
 		require.NoError(t, err, desc)
 		ids = append(ids, tok.ID)
 	}
@@ -115,7 +115,7 @@ func randomGroup(t *testing.T, seed uint64) {
 		defer spec.Close()
 		var got []int32
 		d := oracle{append(slices.Clone(prompt), ids...)}
-		for tok, err := range spec.Generate(ctx, prompt, WithMaxTokens(4), WithTemperature(0), WithoutDefaultStops(), WithSpeculation(d, 1+r.IntN(4))) {
+		for tok, err := range spec.GenerateTokens(ctx, prompt, WithMaxTokens(4), WithTemperature(0), WithoutDefaultStops(), WithSpeculation(d, 1+r.IntN(4))) {
 			require.NoError(t, err, desc)
 			got = append(got, tok.ID)
 		}

@@ -71,7 +71,7 @@ func main() {
 	defer gs.Close()
 	before := g.Stats()
 	var got []int32
-	for tok, err := range gs.Generate(ctx, prompt, k3.WithMaxTokens(*tokens)) {
+	for tok, err := range gs.GenerateTokens(ctx, prompt, k3.WithMaxTokens(*tokens)) {
 		if err != nil {
 			log.Fatal(err)
 		}
