@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -238,6 +239,36 @@ func TestRunSpeculate(t *testing.T) {
 		{[]string{"run", "-speculate", "self:6"}, "drafter of 6 layers (the model has 6"},
 		{[]string{"run", "-model", "../../testdata/model/tiny_k3", "-speculate", "model:"}, `-speculate "model:"`},
 		{[]string{"run", "-speculate", "model:../../testdata/model/tiny_k3"}, "draft model scores 512 tokens"},
+	} {
+		code, _, errOut := runCLI(c.args...)
+		assert.Equal(t, 1, code, "%v", c.args)
+		assert.Contains(t, errOut, c.want, "%v", c.args)
+	}
+}
+
+// TestRunGroup: k3 run -tp/-ep/-cp splits the checkpoint over ranks and
+// prints the greedy completion one rank prints, with the ranks' shares;
+// what a split model cannot do is refused by name.
+func TestRunGroup(t *testing.T) {
+	const model = "../../testdata/model/tiny_k31pro"
+	args := []string{"run", "-model", model, "-prompt", "the cat", "-max-tokens", "12", "-temperature", "0", "-no-default-stops"}
+	code, want, errOut := runCLI(args...)
+	require.Equal(t, 0, code, errOut)
+	for _, split := range [][]string{{"-tp", "2", "-ep", "2"}, {"-cp", "2"}, {"-tp", "2", "-speculate", "ngram", "-draft-depth", "3"}} {
+		code, out, errOut := runCLI(append(slices.Clone(args), split...)...)
+		require.Equal(t, 0, code, "%v: %s", split, errOut)
+		assert.Equal(t, want, out, "%v", split)
+		assert.Contains(t, errOut, "12 generated in all", "%v", split)
+		assert.Contains(t, errOut, "ranks: ", "%v", split)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "-tp", "2"}, "give -model DIR"},
+		{[]string{"run", "-model", model, "-tp", "2", "-speculate", "ngram"}, "at a fixed -draft-depth only"},
+		{[]string{"run", "-model", model, "-ep", "2", "-speculate", "dspark", "-draft-depth", "2"}, "with ngram at a fixed -draft-depth only"},
+		{[]string{"run", "-model", model, "-tp", "2", "-ep", "3"}, "layout tp2 ep3: 2 does not divide 3"},
 	} {
 		code, _, errOut := runCLI(c.args...)
 		assert.Equal(t, 1, code, "%v", c.args)

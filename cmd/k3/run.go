@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"iter"
 	"os"
 	"os/signal"
 	"slices"
@@ -262,21 +263,17 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	g.register(fs, 64)
 	prompt := fs.String("prompt", "Hello", `prompt text ("-": read stdin)`)
 	chat := fs.Bool("chat", false, "wrap the prompt as one user turn of the chat format")
-	synopsis := "run [-model DIR] [-prompt TEXT] [-chat] [-speculate ngram|self:N|model:DIR|dspark [-draft-depth K|auto]] [sampling flags]\n\nStreams a completion to stdout, then prints why it stopped, the token counts, speed and memory on stderr; with -speculate also the drafts' acceptance and the speed of the same generation without speculation."
+	var layout k3.Layout
+	fs.IntVar(&layout.TP, "tp", 1, "split the model over this many tensor-parallel ranks (heads, MLP columns); needs -model")
+	fs.IntVar(&layout.EP, "ep", 1, "expert-parallel ranks (routed experts); needs -model")
+	fs.IntVar(&layout.CP, "cp", 1, "context-parallel ranks (positions); needs -model")
+	synopsis := "run [-model DIR] [-prompt TEXT] [-chat] [-speculate ngram|self:N|model:DIR|dspark [-draft-depth K|auto]] [-tp N] [-ep N] [-cp N] [sampling flags]\n\nStreams a completion to stdout, then prints why it stopped, the token counts, speed and memory on stderr; with -speculate also the drafts' acceptance and the speed of the same generation without speculation; with -tp, -ep or -cp the model runs split over that many ranks (k3.LoadGroup)."
 	if err := parseFlags(fs, synopsis, args, stdout, stderr); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "k3 run: unexpected argument %q (the prompt goes in -prompt)\n", fs.Arg(0))
 		return errUsage
-	}
-	m, err := g.load(ctx, stderr)
-	if err != nil {
-		return err
-	}
-	defer m.Close()
-	if g.closeDraft != nil {
-		defer g.closeDraft()
 	}
 	text := *prompt
 	if text == "-" {
@@ -287,63 +284,134 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		text = string(b)
 	}
 	// A chat's message is text: a special-token string in it stays text.
-	var promptIDs []int32
-	if *chat {
-		promptIDs = m.ChatTokens([]k3.Message{{Role: "user", Content: text}})
-	} else {
-		promptIDs = m.Encode(text)
+	encode := func(m *k3.Model) []int32 {
+		if *chat {
+			return m.ChatTokens([]k3.Message{{Role: "user", Content: text}})
+		}
+		return m.Encode(text)
 	}
+	if layout.TP > 1 || layout.EP > 1 || layout.CP > 1 {
+		return runGroup(ctx, g, layout, encode, stdout, stderr)
+	}
+	m, err := g.load(ctx, stderr)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	if g.closeDraft != nil {
+		defer g.closeDraft()
+	}
+	promptIDs := encode(m)
 	s, err := m.NewSession()
 	if err != nil {
 		return err
 	}
-	promptToks := len(promptIDs)
+	st, err := streamRun(s.GenerateTokens(ctx, promptIDs, g.options()...), len(promptIDs), g.maxTokens, stdout, stderr)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "memory: weights %s, session state %s\n", humanBytes(m.WeightBytes()), humanBytes(s.StateBytes()))
+	if g.speculate != "" && st.err == nil && len(st.ids) > 1 {
+		return compareSpeculation(ctx, m, text, g, st.ids, st.usage, st.decode, stderr)
+	}
+	return nil
+}
+
+// runStats is what streamRun saw of a generation.
+type runStats struct {
+	ids    []int32
+	usage  k3.Usage
+	decode time.Duration // from the first token to the last
+	err    error         // the generation's, when the caller interrupted it
+}
+
+// streamRun prints a generation's text to stdout as it comes, then why
+// it stopped and its speed to stderr. A failure is returned; an
+// interruption (context.Canceled) is reported and kept in the stats.
+func streamRun(gen iter.Seq2[k3.Token, error], promptToks, maxTokens int, stdout, stderr io.Writer) (runStats, error) {
+	var st runStats
 	start := time.Now()
 	var first time.Duration
-	n := 0
 	var finish k3.FinishReason
-	var genErr error
-	var usage k3.Usage
-	var ids []int32
-	for tok, err := range s.GenerateTokens(ctx, promptIDs, g.options()...) {
+	for tok, err := range gen {
 		if err != nil {
-			genErr = err
+			st.err = err
 			break
 		}
-		if n == 0 {
+		if len(st.ids) == 0 {
 			first = time.Since(start)
 		}
 		if tok.ID >= 0 {
-			n++
-			ids = append(ids, tok.ID)
+			st.ids = append(st.ids, tok.ID)
 		}
 		if tok.Usage != nil {
-			usage = *tok.Usage
+			st.usage = *tok.Usage
 		}
 		finish = tok.Finish
 		fmt.Fprint(stdout, tok.Text)
 	}
 	total := time.Since(start)
+	n := len(st.ids)
 	if n > 0 {
 		fmt.Fprintln(stdout)
 	}
-	if genErr != nil && !errors.Is(genErr, context.Canceled) {
-		return genErr
+	if st.err != nil && !errors.Is(st.err, context.Canceled) {
+		return st, st.err
 	}
-	fmt.Fprintf(stderr, "stopped: %s\n", finishText(finish, genErr, g.maxTokens))
+	fmt.Fprintf(stderr, "stopped: %s\n", finishText(finish, st.err, maxTokens))
 	if first > 0 {
 		fmt.Fprintf(stderr, "prefill: %d tokens in %v (%.1f tokens/s, includes the first token)\n", promptToks, first.Round(time.Microsecond), float64(promptToks)/first.Seconds())
 	}
+	st.decode = total - first
 	if n > 1 {
-		dec := total - first
-		fmt.Fprintf(stderr, "decode: %d more tokens in %v (%.1f tokens/s); %d generated in all\n", n-1, dec.Round(time.Microsecond), float64(n-1)/dec.Seconds(), n)
+		fmt.Fprintf(stderr, "decode: %d more tokens in %v (%.1f tokens/s); %d generated in all\n", n-1, st.decode.Round(time.Microsecond), float64(n-1)/st.decode.Seconds(), n)
 	} else {
 		fmt.Fprintf(stderr, "decode: %d tokens generated\n", n)
 	}
-	fmt.Fprintf(stderr, "memory: weights %s, session state %s\n", humanBytes(m.WeightBytes()), humanBytes(s.StateBytes()))
-	if g.speculate != "" && genErr == nil && n > 1 {
-		return compareSpeculation(ctx, m, text, g, ids, usage, total-first, stderr)
+	return st, nil
+}
+
+// runGroup is k3 run on a model split over the layout's ranks. A group
+// speculates only at a fixed depth with a drafter every rank can call
+// alike: -speculate ngram with -draft-depth K.
+func runGroup(ctx context.Context, g genFlags, layout k3.Layout, encode func(*k3.Model) []int32, stdout, stderr io.Writer) error {
+	if g.model == "" {
+		return fmt.Errorf("-tp, -ep and -cp split a checkpoint: give -model DIR (the embedded model is not split)")
 	}
+	if _, auto, err := g.depth(); g.speculate != "" && (g.speculate != "ngram" || auto || err != nil) {
+		return fmt.Errorf("-speculate %s -draft-depth %s with -tp, -ep or -cp: a split model speculates with ngram at a fixed -draft-depth only", g.speculate, g.draftDepth)
+	}
+	if _, err := g.drafter(); err != nil {
+		return err
+	}
+	if g.jsonSchema != "" {
+		return fmt.Errorf("-json-schema with -tp, -ep or -cp: not built for a split model")
+	}
+	opts := g.backend.loadOptions()
+	if g.speculate != "" {
+		k, _, _ := g.depth()
+		opts = append(opts, k3.WithRollback(k))
+	}
+	grp, err := k3.LoadGroup(ctx, g.model, layout, opts...)
+	if err != nil {
+		return err
+	}
+	defer grp.Close()
+	gs, err := grp.NewSession()
+	if err != nil {
+		return err
+	}
+	defer gs.Close()
+	ranks := grp.Ranks()
+	promptIDs := encode(ranks[0])
+	if _, err := streamRun(gs.GenerateTokens(ctx, promptIDs, g.options()...), len(promptIDs), g.maxTokens, stdout, stderr); err != nil {
+		return err
+	}
+	var held int64
+	for _, m := range ranks {
+		held = max(held, m.ShardBytes())
+	}
+	fmt.Fprintf(stderr, "ranks: %d (%v), the largest holding %s of the weights' %s\n", len(ranks), grp.Layout(), humanBytes(held), humanBytes(ranks[0].WeightBytes()))
 	return nil
 }
 
