@@ -261,6 +261,12 @@ func TestRunGroup(t *testing.T) {
 		assert.Contains(t, errOut, "12 generated in all", "%v", split)
 		assert.Contains(t, errOut, "ranks: ", "%v", split)
 	}
+	// A schema holds every rank's draws alike.
+	schema := filepath.Join(t.TempDir(), "answer.json")
+	require.NoError(t, os.WriteFile(schema, []byte(`{"enum":["yes","no",7]}`), 0o644))
+	code, out, errOut := runCLI("run", "-model", model, "-tp", "2", "-prompt", "x", "-max-tokens", "20", "-json-schema", schema)
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, []string{`"yes"`, `"no"`, "7"}, strings.TrimSpace(out))
 	for _, c := range []struct {
 		args []string
 		want string

@@ -167,21 +167,30 @@ func (g *genFlags) options() []k3.GenerateOption {
 	return opts
 }
 
+// compileSchema reads and compiles -json-schema's file, if any.
+func (g *genFlags) compileSchema() error {
+	if g.jsonSchema == "" {
+		return nil
+	}
+	if g.json {
+		return fmt.Errorf("-json and -json-schema: choose one")
+	}
+	doc, err := os.ReadFile(g.jsonSchema)
+	if err != nil {
+		return fmt.Errorf("-json-schema: %w", err)
+	}
+	if g.schema, err = k3.CompileJSONSchema(doc); err != nil {
+		return fmt.Errorf("-json-schema %s: %w", g.jsonSchema, err)
+	}
+	return nil
+}
+
 func (g *genFlags) load(ctx context.Context, stderr io.Writer) (*k3.Model, error) {
 	if _, err := g.drafter(); err != nil {
 		return nil, err
 	}
-	if g.jsonSchema != "" {
-		if g.json {
-			return nil, fmt.Errorf("-json and -json-schema: choose one")
-		}
-		doc, err := os.ReadFile(g.jsonSchema)
-		if err != nil {
-			return nil, fmt.Errorf("-json-schema: %w", err)
-		}
-		if g.schema, err = k3.CompileJSONSchema(doc); err != nil {
-			return nil, fmt.Errorf("-json-schema %s: %w", g.jsonSchema, err)
-		}
+	if err := g.compileSchema(); err != nil {
+		return nil, err
 	}
 	opts := g.backend.loadOptions()
 	k, _, _ := g.depth()
@@ -384,8 +393,8 @@ func runGroup(ctx context.Context, g genFlags, layout k3.Layout, encode func(*k3
 	if _, err := g.drafter(); err != nil {
 		return err
 	}
-	if g.jsonSchema != "" {
-		return fmt.Errorf("-json-schema with -tp, -ep or -cp: not built for a split model")
+	if err := g.compileSchema(); err != nil {
+		return err
 	}
 	opts := g.backend.loadOptions()
 	if g.speculate != "" {
