@@ -120,6 +120,15 @@ func (w *interruptingWriter) Write(p []byte) (int, error) {
 	return w.buf.Write(p)
 }
 
+// newChat is a new session of m for chatLoop, closed with the test.
+func newChat(t *testing.T, m *k3.Model) *k3.Session {
+	t.Helper()
+	s, err := m.NewSession()
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
 func TestChatInterrupt(t *testing.T) {
 	ctx := context.Background()
 	m, err := k3.LoadTiny(ctx)
@@ -131,7 +140,7 @@ func TestChatInterrupt(t *testing.T) {
 	out := &interruptingWriter{interrupt: make(chan os.Signal, 1)}
 	done := make(chan error, 1)
 	go func() {
-		done <- chatLoop(ctx, m, g, "sys", strings.NewReader("hello\n/help\n/exit\n"), out, out.interrupt)
+		done <- chatLoop(ctx, m, newChat(t, m), g, "sys", strings.NewReader("hello\n/help\n/exit\n"), out, out.interrupt)
 	}()
 	select {
 	case err := <-done:
@@ -148,7 +157,7 @@ func TestChatInterrupt(t *testing.T) {
 	defer w.Close()
 	interrupts := make(chan os.Signal, 1)
 	var buf bytes.Buffer
-	go func() { done <- chatLoop(ctx, m, g, "sys", in, &buf, interrupts) }()
+	go func() { done <- chatLoop(ctx, m, newChat(t, m), g, "sys", in, &buf, interrupts) }()
 	time.Sleep(50 * time.Millisecond)
 	interrupts <- os.Interrupt
 	select {
@@ -161,7 +170,7 @@ func TestChatInterrupt(t *testing.T) {
 	// An answer cut by the token limit closes its turn and says so.
 	g = &genFlags{maxTokens: 3, noDefaultStops: true, topP: 1, repPen: 1}
 	buf.Reset()
-	require.NoError(t, chatLoop(ctx, m, g, "sys", strings.NewReader("a\nb\n"), &buf, make(chan os.Signal)))
+	require.NoError(t, chatLoop(ctx, m, newChat(t, m), g, "sys", strings.NewReader("a\nb\n"), &buf, make(chan os.Signal)))
 	assert.Equal(t, 2, strings.Count(buf.String(), "(answer cut at 3 tokens)"))
 
 	// An answer that fills the context says so and the chat goes on (on a
@@ -175,7 +184,7 @@ func TestChatInterrupt(t *testing.T) {
 	defer short.Close()
 	g = &genFlags{maxTokens: 100000, noDefaultStops: true, topP: 1, repPen: 1}
 	buf.Reset()
-	require.NoError(t, chatLoop(ctx, short, g, "sys", strings.NewReader("a\nb\n/reset\nc\n"), &buf, make(chan os.Signal)))
+	require.NoError(t, chatLoop(ctx, short, newChat(t, short), g, "sys", strings.NewReader("a\nb\n/reset\nc\n"), &buf, make(chan os.Signal)))
 	assert.Equal(t, 3, strings.Count(buf.String(), "fills the model's context"), buf.String()[max(0, buf.Len()-300):])
 }
 
@@ -280,4 +289,35 @@ func TestRunGroup(t *testing.T) {
 		assert.Equal(t, 1, code, "%v", c.args)
 		assert.Contains(t, errOut, c.want, "%v", c.args)
 	}
+}
+
+// TestChatGroup: k3 chat on a split model holds the conversation as one
+// rank does: the same answers turn after turn, /reset included.
+func TestChatGroup(t *testing.T) {
+	ctx := context.Background()
+	const model = "../../testdata/model/tiny_k31pro"
+	g := &genFlags{maxTokens: 6, noDefaultStops: true, topP: 1, repPen: 1}
+	script := "the cat\nsat on\n/reset\nthe cat\n"
+	one, err := k3.Load(ctx, model)
+	require.NoError(t, err)
+	defer one.Close()
+	var want bytes.Buffer
+	require.NoError(t, chatLoop(ctx, one, newChat(t, one), g, "sys", strings.NewReader(script), &want, make(chan os.Signal)))
+	grp, err := k3.LoadGroup(ctx, model, k3.Layout{TP: 2, EP: 2})
+	require.NoError(t, err)
+	defer grp.Close()
+	gs, err := grp.NewSession()
+	require.NoError(t, err)
+	defer gs.Close()
+	var got bytes.Buffer
+	require.NoError(t, chatLoop(ctx, grp.Ranks()[0], gs, g, "sys", strings.NewReader(script), &got, make(chan os.Signal)))
+	assert.Equal(t, want.String(), got.String())
+	assert.Equal(t, 3, strings.Count(got.String(), "(answer cut at 6 tokens)"), got.String())
+
+	code, out, errOut := runCLI("chat", "-model", model, "-tp", "2")
+	assert.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "over 2 ranks (tp2 ep1)")
+	code, _, errOut = runCLI("chat", "-tp", "2")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, "give -model DIR")
 }

@@ -5,7 +5,7 @@
 // Usage:
 //
 //	k3 run [-model DIR] [-prompt TEXT] [-max-tokens N] [-temperature T] [-tp N -ep N -cp N] ...
-//	k3 chat [-model DIR] [-system TEXT]
+//	k3 chat [-model DIR] [-system TEXT] [-tp N -ep N -cp N]
 //	k3 eval [-model DIR] [-window N] FILE...
 //	k3 new-tiny -preset k31pro|k3|kimi_linear|k31pro-100m|k31pro-1b -out DIR [-set JSON]
 //	k3 serve [-model DIR] [-addr 127.0.0.1:8080] [-api-key KEY]

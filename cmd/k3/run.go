@@ -380,28 +380,33 @@ func streamRun(gen iter.Seq2[k3.Token, error], promptToks, maxTokens int, stdout
 	return st, nil
 }
 
-// runGroup is k3 run on a model split over the layout's ranks. A group
-// speculates only at a fixed depth with a drafter every rank can call
-// alike: -speculate ngram with -draft-depth K.
-func runGroup(ctx context.Context, g genFlags, layout k3.Layout, encode func(*k3.Model) []int32, stdout, stderr io.Writer) error {
+// loadGroup loads -model split by layout, for k3 run and k3 chat. A
+// group speculates only at a fixed depth with a drafter every rank can
+// call alike: -speculate ngram with -draft-depth K.
+func (g *genFlags) loadGroup(ctx context.Context, layout k3.Layout) (*k3.Group, error) {
 	if g.model == "" {
-		return fmt.Errorf("-tp, -ep and -cp split a checkpoint: give -model DIR (the embedded model is not split)")
+		return nil, fmt.Errorf("-tp, -ep and -cp split a checkpoint: give -model DIR (the embedded model is not split)")
 	}
 	if _, auto, err := g.depth(); g.speculate != "" && (g.speculate != "ngram" || auto || err != nil) {
-		return fmt.Errorf("-speculate %s -draft-depth %s with -tp, -ep or -cp: a split model speculates with ngram at a fixed -draft-depth only", g.speculate, g.draftDepth)
+		return nil, fmt.Errorf("-speculate %s -draft-depth %s with -tp, -ep or -cp: a split model speculates with ngram at a fixed -draft-depth only", g.speculate, g.draftDepth)
 	}
 	if _, err := g.drafter(); err != nil {
-		return err
+		return nil, err
 	}
 	if err := g.compileSchema(); err != nil {
-		return err
+		return nil, err
 	}
 	opts := g.backend.loadOptions()
 	if g.speculate != "" {
 		k, _, _ := g.depth()
 		opts = append(opts, k3.WithRollback(k))
 	}
-	grp, err := k3.LoadGroup(ctx, g.model, layout, opts...)
+	return k3.LoadGroup(ctx, g.model, layout, opts...)
+}
+
+// runGroup is k3 run on a model split over the layout's ranks.
+func runGroup(ctx context.Context, g genFlags, layout k3.Layout, encode func(*k3.Model) []int32, stdout, stderr io.Writer) error {
+	grp, err := g.loadGroup(ctx, layout)
 	if err != nil {
 		return err
 	}
@@ -482,7 +487,11 @@ func runChat(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var g genFlags
 	g.register(fs, 512)
 	system := fs.String("system", "You are a helpful assistant.", "system message")
-	if err := parseFlags(fs, "chat [-model DIR] [-system TEXT] [sampling flags]\n\nInteractive multi-turn chat on stdin and stdout.", args, stdout, stderr); err != nil {
+	var layout k3.Layout
+	fs.IntVar(&layout.TP, "tp", 1, "split the model over this many tensor-parallel ranks; needs -model")
+	fs.IntVar(&layout.EP, "ep", 1, "expert-parallel ranks; needs -model")
+	fs.IntVar(&layout.CP, "cp", 1, "context-parallel ranks; needs -model")
+	if err := parseFlags(fs, "chat [-model DIR] [-system TEXT] [-tp N] [-ep N] [-cp N] [sampling flags]\n\nInteractive multi-turn chat on stdin and stdout.", args, stdout, stderr); err != nil {
 		return err
 	}
 	// Ctrl-C is the chat's own: it stops an answer, or leaves at the prompt.
@@ -490,6 +499,24 @@ func runChat(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	signal.Notify(interrupts, os.Interrupt)
 	defer signal.Stop(interrupts)
 	ctx = context.WithoutCancel(ctx)
+	label := g.model
+	if label == "" {
+		label = "the embedded tiny model (trained on Go source, not on conversations: its answers continue code)"
+	}
+	if layout.TP > 1 || layout.EP > 1 || layout.CP > 1 {
+		grp, err := g.loadGroup(ctx, layout)
+		if err != nil {
+			return err
+		}
+		defer grp.Close()
+		gs, err := grp.NewSession()
+		if err != nil {
+			return err
+		}
+		defer gs.Close()
+		fmt.Fprintf(stdout, "k3 chat with %s over %d ranks (%v); /help for commands.\n", label, len(grp.Ranks()), grp.Layout())
+		return chatLoop(ctx, grp.Ranks()[0], gs, &g, *system, os.Stdin, stdout, interrupts)
+	}
 	m, err := g.load(ctx, stderr)
 	if err != nil {
 		return err
@@ -498,22 +525,29 @@ func runChat(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if g.closeDraft != nil {
 		defer g.closeDraft()
 	}
-	label := g.model
-	if label == "" {
-		label = "the embedded tiny model (trained on Go source, not on conversations: its answers continue code)"
+	s, err := m.NewSession()
+	if err != nil {
+		return err
 	}
+	defer s.Close()
 	fmt.Fprintf(stdout, "k3 chat with %s; /help for commands.\n", label)
-	return chatLoop(ctx, m, &g, *system, os.Stdin, stdout, interrupts)
+	return chatLoop(ctx, m, s, &g, *system, os.Stdin, stdout, interrupts)
 }
 
 // chatLoop runs the conversation: lines from in, answers to out. A value
 // on interrupts stops the answer being generated, or ends the chat when
 // it arrives at the prompt.
-func chatLoop(ctx context.Context, m *k3.Model, g *genFlags, system string, in io.Reader, out io.Writer, interrupts <-chan os.Signal) error {
-	s, err := m.NewSession()
-	if err != nil {
-		return err
-	}
+// chatSession is the conversation's sequence: a k3.Session, or a
+// k3.GroupSession on a split model.
+type chatSession interface {
+	GenerateTokens(ctx context.Context, prompt []int32, opts ...k3.GenerateOption) iter.Seq2[k3.Token, error]
+	Forward(ctx context.Context, tokens []int32) ([]float32, error)
+	Reset() error
+}
+
+// chatLoop runs the conversation in s, with m's tokenizer and chat
+// format (a split model's rank 0).
+func chatLoop(ctx context.Context, m *k3.Model, s chatSession, g *genFlags, system string, in io.Reader, out io.Writer, interrupts <-chan os.Signal) error {
 	endTurn, hasEnd := m.Tokenizer().Special("<|im_end|>")
 	lines := make(chan string)
 	readErr := make(chan error, 1)
