@@ -36,6 +36,7 @@ type genFlags struct {
 	json                            bool
 	jsonSchema                      string
 	schema                          *k3.JSONSchema // -json-schema, compiled by load
+	layout                          k3.Layout      // -tp, -ep, -cp
 	// draft is the -speculate model:DIR drafter once load has made it,
 	// closeDraft what releases it and its model.
 	draft      specdec.Drafter
@@ -66,6 +67,9 @@ func (g *genFlags) register(fs *flag.FlagSet, maxTokens int) {
 	g.backend = addBackendFlags(fs)
 	fs.StringVar(&g.speculate, "speculate", "", "speculative decoding with this drafter: ngram (prompt lookup), self:N (the model's own first N layers and its head), model:DIR (a smaller checkpoint's greedy tokens, same vocabulary) or dspark (the checkpoint's draft module); the output is plain decoding's")
 	fs.StringVar(&g.draftDepth, "draft-depth", "auto", "drafts per verify pass with -speculate: 1..15, or auto (chosen per pass from the drafts' acceptance and this machine's measured pass costs, up to 7)")
+	fs.IntVar(&g.layout.TP, "tp", 1, "split the model over this many tensor-parallel ranks (heads, MLP columns); needs -model")
+	fs.IntVar(&g.layout.EP, "ep", 1, "expert-parallel ranks (routed experts); needs -model")
+	fs.IntVar(&g.layout.CP, "cp", 1, "context-parallel ranks (positions); needs -model")
 	fs.BoolVar(&g.rejection, "rejection", false, "with -speculate and a temperature: draw the drafts from the drafter's distribution and verify them by rejection sampling (the output is distributed as plain sampling, but not the tokens plain sampling draws for the seed)")
 }
 
@@ -272,10 +276,6 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	g.register(fs, 64)
 	prompt := fs.String("prompt", "Hello", `prompt text ("-": read stdin)`)
 	chat := fs.Bool("chat", false, "wrap the prompt as one user turn of the chat format")
-	var layout k3.Layout
-	fs.IntVar(&layout.TP, "tp", 1, "split the model over this many tensor-parallel ranks (heads, MLP columns); needs -model")
-	fs.IntVar(&layout.EP, "ep", 1, "expert-parallel ranks (routed experts); needs -model")
-	fs.IntVar(&layout.CP, "cp", 1, "context-parallel ranks (positions); needs -model")
 	synopsis := "run [-model DIR] [-prompt TEXT] [-chat] [-speculate ngram|self:N|model:DIR|dspark [-draft-depth K|auto]] [-tp N] [-ep N] [-cp N] [sampling flags]\n\nStreams a completion to stdout, then prints why it stopped, the token counts, speed and memory on stderr; with -speculate also the drafts' acceptance and the speed of the same generation without speculation; with -tp, -ep or -cp the model runs split over that many ranks (k3.LoadGroup)."
 	if err := parseFlags(fs, synopsis, args, stdout, stderr); err != nil {
 		return err
@@ -299,8 +299,8 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		return m.Encode(text)
 	}
-	if layout.TP > 1 || layout.EP > 1 || layout.CP > 1 {
-		return runGroup(ctx, g, layout, encode, stdout, stderr)
+	if g.split() {
+		return runGroup(ctx, g, encode, stdout, stderr)
 	}
 	m, err := g.load(ctx, stderr)
 	if err != nil {
@@ -380,41 +380,50 @@ func streamRun(gen iter.Seq2[k3.Token, error], promptToks, maxTokens int, stdout
 	return st, nil
 }
 
-// loadGroup loads -model split by layout, for k3 run and k3 chat. A
-// group speculates only at a fixed depth with a drafter every rank can
-// call alike: -speculate ngram with -draft-depth K.
-func (g *genFlags) loadGroup(ctx context.Context, layout k3.Layout) (*k3.Group, error) {
+// split reports whether -tp, -ep or -cp asks for more than one rank.
+func (g *genFlags) split() bool { return g.layout.TP > 1 || g.layout.EP > 1 || g.layout.CP > 1 }
+
+// openGroup loads -model split by -tp, -ep and -cp, for k3 run and k3
+// chat, and starts a sequence on it (close the sequence, then the
+// group). A group speculates only at a fixed depth with a drafter
+// every rank can call alike: -speculate ngram with -draft-depth K.
+func (g *genFlags) openGroup(ctx context.Context) (*k3.Group, *k3.GroupSession, error) {
 	if g.model == "" {
-		return nil, fmt.Errorf("-tp, -ep and -cp split a checkpoint: give -model DIR (the embedded model is not split)")
+		return nil, nil, fmt.Errorf("-tp, -ep and -cp split a checkpoint: give -model DIR (the embedded model is not split)")
 	}
 	if _, auto, err := g.depth(); g.speculate != "" && (g.speculate != "ngram" || auto || err != nil) {
-		return nil, fmt.Errorf("-speculate %s -draft-depth %s with -tp, -ep or -cp: a split model speculates with ngram at a fixed -draft-depth only", g.speculate, g.draftDepth)
+		return nil, nil, fmt.Errorf("-speculate %s -draft-depth %s with -tp, -ep or -cp: a split model speculates with ngram at a fixed -draft-depth only", g.speculate, g.draftDepth)
 	}
 	if _, err := g.drafter(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := g.compileSchema(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	opts := g.backend.loadOptions()
 	if g.speculate != "" {
 		k, _, _ := g.depth()
 		opts = append(opts, k3.WithRollback(k))
 	}
-	return k3.LoadGroup(ctx, g.model, layout, opts...)
+	grp, err := k3.LoadGroup(ctx, g.model, g.layout, opts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	gs, err := grp.NewSession()
+	if err != nil {
+		grp.Close()
+		return nil, nil, err
+	}
+	return grp, gs, nil
 }
 
-// runGroup is k3 run on a model split over the layout's ranks.
-func runGroup(ctx context.Context, g genFlags, layout k3.Layout, encode func(*k3.Model) []int32, stdout, stderr io.Writer) error {
-	grp, err := g.loadGroup(ctx, layout)
+// runGroup is k3 run on a model split over the ranks -tp, -ep and -cp ask for.
+func runGroup(ctx context.Context, g genFlags, encode func(*k3.Model) []int32, stdout, stderr io.Writer) error {
+	grp, gs, err := g.openGroup(ctx)
 	if err != nil {
 		return err
 	}
 	defer grp.Close()
-	gs, err := grp.NewSession()
-	if err != nil {
-		return err
-	}
 	defer gs.Close()
 	ranks := grp.Ranks()
 	promptIDs := encode(ranks[0])
@@ -487,10 +496,6 @@ func runChat(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var g genFlags
 	g.register(fs, 512)
 	system := fs.String("system", "You are a helpful assistant.", "system message")
-	var layout k3.Layout
-	fs.IntVar(&layout.TP, "tp", 1, "split the model over this many tensor-parallel ranks; needs -model")
-	fs.IntVar(&layout.EP, "ep", 1, "expert-parallel ranks; needs -model")
-	fs.IntVar(&layout.CP, "cp", 1, "context-parallel ranks; needs -model")
 	if err := parseFlags(fs, "chat [-model DIR] [-system TEXT] [-tp N] [-ep N] [-cp N] [sampling flags]\n\nInteractive multi-turn chat on stdin and stdout.", args, stdout, stderr); err != nil {
 		return err
 	}
@@ -503,16 +508,12 @@ func runChat(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if label == "" {
 		label = "the embedded tiny model (trained on Go source, not on conversations: its answers continue code)"
 	}
-	if layout.TP > 1 || layout.EP > 1 || layout.CP > 1 {
-		grp, err := g.loadGroup(ctx, layout)
+	if g.split() {
+		grp, gs, err := g.openGroup(ctx)
 		if err != nil {
 			return err
 		}
 		defer grp.Close()
-		gs, err := grp.NewSession()
-		if err != nil {
-			return err
-		}
 		defer gs.Close()
 		fmt.Fprintf(stdout, "k3 chat with %s over %d ranks (%v); /help for commands.\n", label, len(grp.Ranks()), grp.Layout())
 		return chatLoop(ctx, grp.Ranks()[0], gs, &g, *system, os.Stdin, stdout, interrupts)
