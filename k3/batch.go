@@ -232,7 +232,11 @@ func (bt *Batch) run(ctx context.Context, sessions []*Session, cu, ids []int32, 
 		grow += s.growth(int(cu[i+1] - cu[i]))
 	}
 	grow = max(0, grow-bt.promised)
-	if err := bt.m.mem.take(grow, "a batch pass"); err != nil {
+	taken := bt.m.mem.take(grow, "a batch pass")
+	if err := bt.m.par.agree(taken); err != nil {
+		if taken == nil {
+			bt.m.mem.add(-grow) // taken here, refused elsewhere
+		}
 		return err
 	}
 	defer func() {

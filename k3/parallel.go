@@ -146,6 +146,59 @@ type rankPar struct {
 	// vocabLo and vocabHi bound the token ids whose embedding and lm_head
 	// rows this rank holds (both 0 without vocabulary parallelism).
 	vocabLo, vocabHi int
+	// vote and voted carry agree's one number (a pass at a time runs on
+	// a rank, so one of each serves every pass).
+	be    compute.Backend
+	vote  compute.Tensor
+	voted [1]float32
+}
+
+// groupRefusal is a pass that every rank of a group refused together, before
+// any of the pass's collectives (agree): no rank changed, no rank waits,
+// so the group need not abort. own says whether this rank's state was
+// the one past its budget.
+type groupRefusal struct {
+	err error
+	own bool
+}
+
+func (e *groupRefusal) Error() string { return e.err.Error() }
+func (e *groupRefusal) Unwrap() error { return e.err }
+
+// agree tells every rank of the world whether this one can run the pass
+// it is about to start (err, what reserving the pass's memory returned)
+// and learns the same of the others. When any rank cannot, every rank
+// returns a groupRefusal (its own error, or ErrMemoryBudget naming another
+// rank's) instead of starting the pass: ranks hold shares of unequal size
+// (heads that do not divide, a split indexer), so one may pass its budget
+// where the others do not, and alone it would leave them waiting in the
+// pass's first collective. Every rank of the world reaches agree in every
+// pass, which is what makes it a collective like the others.
+func (p *rankPar) agree(err error) error {
+	if p == nil {
+		return err
+	}
+	p.voted[0] = 0
+	if err != nil {
+		p.voted[0] = 1
+	}
+	b := p.be
+	if werr := b.Write(p.vote, p.voted[:]); werr != nil {
+		return errors.Join(err, werr)
+	}
+	if cerr := p.world.AllReduce(context.Background(), p.vote); cerr != nil {
+		return errors.Join(err, cerr)
+	}
+	if rerr := b.Read(p.voted[:], p.vote); rerr != nil {
+		return errors.Join(err, rerr)
+	}
+	switch {
+	case err != nil:
+		return &groupRefusal{err: err, own: true}
+	case p.voted[0] > 0:
+		return &groupRefusal{err: fmt.Errorf("%w: %g other rank(s) of the group would pass their budget in this pass", ErrMemoryBudget, p.voted[0])}
+	}
+	return nil
 }
 
 func (p *rankPar) tpIndex() int { return p.rank % p.layout.TP }
@@ -443,7 +496,11 @@ func LoadGroup(ctx context.Context, dir string, layout Layout, opts ...Option) (
 			g.ranks = append(g.ranks, m)
 			continue
 		}
-		p := &rankPar{layout: layout, rank: r, world: g.world[r], tp: g.tp[r/layout.TP][r%layout.TP]}
+		p := &rankPar{layout: layout, rank: r, world: g.world[r], tp: g.tp[r/layout.TP][r%layout.TP], be: g.backends[r]}
+		if p.vote, err = p.be.Alloc(compute.F32, 1); err != nil {
+			g.Close()
+			return nil, fmt.Errorf("k3: rank %d of %v: %w", r, layout, err)
+		}
 		switch {
 		case layout.CP > 1 && layout.EP > 1:
 			// Every rank holds whole experts, and the MoE dispatches
@@ -598,13 +655,32 @@ func (gs *GroupSession) each(n int, f func(r int) error) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if errs[r] = f(r); errs[r] != nil {
+			if errs[r] = f(r); errs[r] != nil && !groupRefused(errs[r]) {
 				gs.g.abort(fmt.Errorf("rank %d: %w", r, errs[r]))
 			}
 		}()
 	}
 	wg.Wait()
-	// The first rank's own error, not the aborts it caused.
+	return firstCause(errs)
+}
+
+// groupRefused reports whether err is a pass every rank refused together
+// (agree), which leaves the group as it was.
+func groupRefused(err error) bool {
+	var r *groupRefusal
+	return errors.As(err, &r)
+}
+
+// firstCause picks, of the ranks' errors, the one that caused the others:
+// a rank's own error rather than the aborts it caused, and of a refusal
+// the rank whose budget it was.
+func firstCause(errs []error) error {
+	for _, err := range errs {
+		var r *groupRefusal
+		if err != nil && !errors.Is(err, comm.ErrAborted) && (!errors.As(err, &r) || r.own) {
+			return err
+		}
+	}
 	for _, err := range errs {
 		if err != nil && !errors.Is(err, comm.ErrAborted) {
 			return err
@@ -616,9 +692,10 @@ func (gs *GroupSession) each(n int, f func(r int) error) error {
 // Forward is Session.Forward on every rank; it returns rank 0's logits,
 // which every rank computed bitwise alike. A Trace on ctx records rank 0.
 // Bad input (no tokens, a token outside the vocabulary, more than the
-// context holds) is refused before any rank runs; a failure inside the
-// ranks' pass (ErrMemoryBudget on a rank, a backend error) aborts the
-// group.
+// context holds) is refused before any rank runs. A pass that passes
+// one rank's memory budget is refused by every rank (ErrMemoryBudget), and
+// the sequence and the group stay as they were; any other failure inside
+// the ranks' pass (a backend error) aborts the group.
 func (gs *GroupSession) Forward(ctx context.Context, tokens []int32) ([]float32, error) {
 	if gs.g.layout.CP > 1 {
 		tr, _ := ctx.Value(traceKey{}).(*Trace)
@@ -699,7 +776,7 @@ func (gs *GroupSession) Truncate(ctx context.Context, n int) error {
 	if err := gs.ranks[0].usable(); err != nil {
 		return err
 	}
-	// Checked once here: a refusal on every rank would abort the group.
+	// Checked once here: a groupRefusal on every rank would abort the group.
 	if held := gs.Len(); n < 0 || n > held {
 		return fmt.Errorf("%w: truncate to %d tokens, the session holds %d", ErrOutOfRange, n, held)
 	}
@@ -868,7 +945,9 @@ func (gs *GroupSession) GenerateTokens(ctx context.Context, prompt []int32, opts
 				for _, err := range gs.ranks[r].GenerateTokens(context.Background(), prompt, opts...) {
 					if err != nil {
 						errs[r] = err
-						gs.g.abort(fmt.Errorf("rank %d: %w", r, err))
+						if !groupRefused(err) {
+							gs.g.abort(fmt.Errorf("rank %d: %w", r, err))
+						}
 						return
 					}
 					stepped[r] <- struct{}{}
@@ -897,11 +976,14 @@ func (gs *GroupSession) GenerateTokens(ctx context.Context, prompt []int32, opts
 		stopped := false
 		for tok, err := range gs.ranks[0].GenerateTokens(ctx, prompt, opts...) {
 			if err != nil {
-				gs.g.abort(fmt.Errorf("rank 0: %w", err))
+				if !groupRefused(err) {
+					gs.g.abort(fmt.Errorf("rank 0: %w", err))
+				}
 				tell(false)
 				wg.Wait()
 				release()
-				yield(tok, err)
+				errs[0] = err
+				yield(tok, firstCause(errs))
 				return
 			}
 			settled()

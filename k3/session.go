@@ -309,7 +309,11 @@ func (s *Session) runTo(ctx context.Context, tokens []int32, out []float32, trac
 	// grows the caches to the same length): past the budget the run fails
 	// before anything changes.
 	grow := s.growth(len(tokens))
-	if err := s.m.mem.take(grow, "the session's tokens"); err != nil {
+	taken := s.m.mem.take(grow, "the session's tokens")
+	if err := s.m.par.agree(taken); err != nil {
+		if taken == nil {
+			s.m.mem.add(-grow) // taken here, refused elsewhere
+		}
 		return err
 	}
 	s.reserving = true
