@@ -41,6 +41,9 @@ type Batch struct {
 	// promised is the room the Batcher that runs the batch keeps for its
 	// sequences' growth (Batcher.keep; 0 for other batches).
 	promised int64
+	// fan, on rank 0's batch of a GroupBatcher, runs each pass on the
+	// group's other ranks too.
+	fan *batchFan
 
 	// With state slabs: the running pass's exact sessions' slots (I32
 	// [slabSize], written before the pass) and their slab, nil when they
@@ -179,8 +182,7 @@ func (bt *Batch) Forward(ctx context.Context, sessions []*Session, tokens [][]in
 // at most compute.InvariantRows rows, one pass each; prefill sessions join
 // the last pass while the rows fit the batch, else passes of their own.
 func (bt *Batch) run(ctx context.Context, sessions []*Session, cu, ids []int32, out []float32, rows [][]float32) error {
-	n := len(sessions)
-	if n == 0 {
+	if len(sessions) == 0 {
 		return errors.New("k3: batch step with no sessions")
 	}
 	if err := ctx.Err(); err != nil {
@@ -190,6 +192,17 @@ func (bt *Batch) run(ctx context.Context, sessions []*Session, cu, ids []int32, 
 		return err
 	}
 	defer bt.m.life.exit()
+	if err := bt.check(sessions, cu, ids); err != nil {
+		return err
+	}
+	if bt.fan != nil {
+		return bt.fan.run(bt, sessions, cu, ids, out, rows)
+	}
+	return bt.reserveAndExecute(sessions, cu, ids, out, rows)
+}
+
+// check refuses a call no pass can run.
+func (bt *Batch) check(sessions []*Session, cu, ids []int32) error {
 	m := bt.m
 	cfg := m.Config
 	for i, s := range sessions {
@@ -223,10 +236,15 @@ func (bt *Batch) run(ctx context.Context, sessions []*Session, cu, ids []int32, 
 			}
 		}
 	}
-	// The state the call will grow by is reserved first: past the budget
-	// the call fails before anything changes. A Batcher's pass grows into
-	// the room it keeps for its sequences, which the ledger already
-	// counts; only what goes past it is taken.
+	return nil
+}
+
+// reserveAndExecute runs a checked call: the state it will grow by is
+// reserved first, so that past the budget the call fails before anything
+// changes.
+func (bt *Batch) reserveAndExecute(sessions []*Session, cu, ids []int32, out []float32, rows [][]float32) error {
+	// A Batcher's pass grows into the room it keeps for its sequences,
+	// which the ledger already counts; only what goes past it is taken.
 	var grow int64
 	for i, s := range sessions {
 		grow += s.growth(int(cu[i+1] - cu[i]))

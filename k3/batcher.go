@@ -233,6 +233,11 @@ func (b *Batcher) Warm(ctx context.Context) error {
 		return err
 	}
 	defer s.Close()
+	return b.warm(ctx, s)
+}
+
+// warm runs Warm's request on s, a new session.
+func (b *Batcher) warm(ctx context.Context, s *Session) error {
 	s.uncached = true
 	prompt := make([]int32, max(1, min(b.chunk, b.m.ContextLength()-2)))
 	for i := range prompt {

@@ -60,6 +60,9 @@ type Session struct {
 	charged   int64          // the bytes the model's ledger counts for the session
 	reserving bool           // a run has reserved the memory it grows by
 	closed    bool
+	// group, on rank 0's session of a GroupSession that a GroupBatcher
+	// serves, is that GroupSession (the pass's other ranks' sessions).
+	group *GroupSession
 
 	// With a DSpark draft module: the last pass's rows of the target
 	// layers' MLP-sublayer inputs (per target layer, rows·D), from

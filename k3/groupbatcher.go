@@ -1,0 +1,185 @@
+package k3
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"sync"
+
+	"k3/compute"
+)
+
+// GroupBatcher is a Batcher on a Group: generations of many GroupSessions
+// share each pass, which every rank runs in lockstep. Its scheduling,
+// streams, budget and stop are the Batcher's (rank 0 admits against its
+// own memory budget); see ARCHITECTURE, "Parallel inference".
+//
+// Speculation is refused on a GroupBatcher, and so is a group under
+// context parallelism.
+type GroupBatcher struct {
+	g *Group
+	b *Batcher
+}
+
+// NewBatcher makes a GroupBatcher for up to max concurrent generations
+// (NewBatcher of Model: the options are the same); call Start (or Run)
+// to serve.
+func (g *Group) NewBatcher(max int, opts ...BatcherOption) (*GroupBatcher, error) {
+	if g.layout.CP > 1 {
+		return nil, fmt.Errorf("%w: a GroupBatcher under context parallelism", compute.ErrUnsupported)
+	}
+	b, err := g.ranks[0].NewBatcher(max, opts...)
+	if err != nil {
+		return nil, err
+	}
+	f := &batchFan{g: g, errs: make([]error, len(g.ranks)), sessions: make([][]*Session, len(g.ranks))}
+	for _, m := range g.ranks[1:] {
+		bt, err := m.NewBatch(b.batch.max)
+		if err != nil {
+			return nil, err
+		}
+		f.peers = append(f.peers, bt)
+	}
+	b.batch.fan = f
+	return &GroupBatcher{g: g, b: b}, nil
+}
+
+// Start runs the batcher's loop in a goroutine of its own (Batcher.Start).
+func (gb *GroupBatcher) Start(ctx context.Context) error { return gb.b.Start(ctx) }
+
+// Run serves requests until ctx is cancelled or the group is closed
+// (Batcher.Run).
+func (gb *GroupBatcher) Run(ctx context.Context) error { return gb.b.Run(ctx) }
+
+// Wait blocks until the batcher stops and returns why (Batcher.Wait).
+func (gb *GroupBatcher) Wait() error { return gb.b.Wait() }
+
+// Stats reports the batcher's running and waiting requests.
+func (gb *GroupBatcher) Stats() BatcherStats { return gb.b.Stats() }
+
+// Generate is GenerateTokens with a text prompt, which the model's
+// tokenizer encodes as Session.Generate's.
+func (gb *GroupBatcher) Generate(ctx context.Context, gs *GroupSession, prompt string, opts ...GenerateOption) iter.Seq2[Token, error] {
+	return gb.GenerateTokens(ctx, gs, gb.g.ranks[0].tok.Encode(prompt, true), opts...)
+}
+
+// GenerateTokens submits a generation for gs and yields its tokens, as
+// Batcher.GenerateTokens does for a session: gs belongs to the batcher
+// until the iteration returns. The tokens are those of
+// GroupSession.GenerateTokens with the same options.
+func (gb *GroupBatcher) GenerateTokens(ctx context.Context, gs *GroupSession, prompt []int32, opts ...GenerateOption) iter.Seq2[Token, error] {
+	s, err := gb.lead(gs)
+	if err == nil {
+		var o genOptions
+		for _, f := range opts {
+			f(&o)
+		}
+		if o.drafter != nil {
+			err = fmt.Errorf("%w: speculation on a GroupBatcher", compute.ErrUnsupported)
+		}
+	}
+	if err != nil {
+		return func(yield func(Token, error) bool) { yield(Token{}, err) }
+	}
+	return gb.b.submit(ctx, s, prompt, false, opts)
+}
+
+// Prefill feeds prompt to gs in the batcher's passes and generates
+// nothing (Batcher.Prefill).
+func (gb *GroupBatcher) Prefill(ctx context.Context, gs *GroupSession, prompt []int32) (cached int, err error) {
+	s, err := gb.lead(gs)
+	if err != nil {
+		return 0, err
+	}
+	return gb.b.Prefill(ctx, s, prompt)
+}
+
+// Warm runs one throwaway request through the batcher's passes
+// (Batcher.Warm), on a GroupSession of its own.
+func (gb *GroupBatcher) Warm(ctx context.Context) error {
+	gs, err := gb.g.NewSession()
+	if err != nil {
+		return err
+	}
+	defer gs.Close()
+	s, err := gb.lead(gs)
+	if err != nil {
+		return err
+	}
+	return gb.b.warm(ctx, s)
+}
+
+// lead returns gs's rank-0 session, pointed at gs for the passes.
+func (gb *GroupBatcher) lead(gs *GroupSession) (*Session, error) {
+	switch {
+	case gs == nil:
+		return nil, errors.New("k3: group batcher: nil session")
+	case gs.g != gb.g:
+		return nil, errors.New("k3: group batcher: the session belongs to another group")
+	case len(gs.ranks) == 0:
+		return nil, ErrSessionClosed
+	}
+	s := gs.ranks[0]
+	s.group = gs
+	return s, nil
+}
+
+// batchFan runs a GroupBatcher's passes: rank 0's batch, and a batch of
+// the same size on every other rank with that rank's sessions.
+type batchFan struct {
+	g        *Group
+	peers    []*Batch     // ranks 1..W-1
+	sessions [][]*Session // by rank: the pass's sessions (reused)
+	errs     []error      // by rank: the pass's result (reused)
+}
+
+// run runs a checked pass of lead, rank 0's batch, on every rank under
+// the group's pass lock. The ranks' sessions hold the same tokens and
+// their batches the same size, so every rank cuts the same passes and
+// meets the others in the same collectives.
+func (f *batchFan) run(lead *Batch, sessions []*Session, cu, ids []int32, out []float32, rows [][]float32) error {
+	if rows != nil {
+		return fmt.Errorf("%w: a verify pass on a GroupBatcher", compute.ErrUnsupported)
+	}
+	for i, s := range sessions {
+		if s.group == nil || s.group.g != f.g {
+			return fmt.Errorf("k3: group batch: session %d is not a session of the group", i)
+		}
+	}
+	for r := 1; r < len(f.g.ranks); r++ {
+		f.sessions[r] = f.sessions[r][:0]
+		for _, s := range sessions {
+			f.sessions[r] = append(f.sessions[r], s.group.ranks[r])
+		}
+	}
+	f.g.pass.Lock()
+	defer f.g.pass.Unlock()
+	var wg sync.WaitGroup
+	for r := range f.g.ranks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if r == 0 {
+				f.errs[0] = lead.reserveAndExecute(sessions, cu, ids, out, nil)
+			} else {
+				f.errs[r] = f.peers[r-1].runPeer(f.sessions[r], cu, ids)
+			}
+			if f.errs[r] != nil && !groupRefused(f.errs[r]) {
+				f.g.abort(fmt.Errorf("rank %d: %w", r, f.errs[r]))
+			}
+		}()
+	}
+	wg.Wait()
+	return firstCause(f.errs)
+}
+
+// runPeer runs a pass on another rank than 0: its sessions hold what rank
+// 0's do, which check has passed.
+func (bt *Batch) runPeer(sessions []*Session, cu, ids []int32) error {
+	if err := bt.m.life.enter(); err != nil {
+		return err
+	}
+	defer bt.m.life.exit()
+	return bt.reserveAndExecute(sessions, cu, ids, nil, nil)
+}

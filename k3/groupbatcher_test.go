@@ -1,0 +1,211 @@
+package k3
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"k3/compute"
+	"k3/specdec"
+)
+
+// genAll collects a generation's tokens (ids and log-probabilities) and
+// its error.
+func genAll(seq func(func(Token, error) bool)) ([]Token, error) {
+	var toks []Token
+	for tok, err := range seq {
+		if err != nil {
+			return toks, err
+		}
+		if tok.ID >= 0 {
+			toks = append(toks, Token{ID: tok.ID, Logprob: tok.Logprob, Finish: tok.Finish})
+		}
+	}
+	return toks, nil
+}
+
+// groupPrompt is a prompt of n tokens that differs with seed.
+func groupPrompt(n, seed int) []int32 {
+	p := make([]int32, n)
+	for i := range p {
+		p[i] = int32((i*13+seed*31)%500 + 3)
+	}
+	return p
+}
+
+// TestGroupBatcher: generations of several GroupSessions sharing a
+// GroupBatcher's passes (prompts prefilling in chunks beside the others'
+// decode steps) give bitwise the tokens and log-probabilities each gives
+// alone with GroupSession.GenerateTokens, greedy and sampled, and leave
+// every rank's session holding the same sequence: a lockstep generation
+// that continues one gives what continuing the lone one gives.
+func TestGroupBatcher(t *testing.T) {
+	for _, l := range []Layout{{TP: 2}, {EP: 2}, {TP: 2, EP: 2, Dispatch: true}, {TP: 3, SplitIndexer: true}} {
+		t.Run(l.String(), func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			g, err := LoadGroup(ctx, groupTestDir, l, WithPrefillChunk(8))
+			require.NoError(t, err)
+			defer g.Close()
+			gb, err := g.NewBatcher(3)
+			require.NoError(t, err)
+			require.NoError(t, gb.Start(ctx))
+			require.NoError(t, gb.Warm(ctx))
+
+			type job struct {
+				prompt []int32
+				opts   []GenerateOption
+			}
+			jobs := []job{
+				{groupPrompt(21, 1), []GenerateOption{WithMaxTokens(9), WithTemperature(0), WithoutDefaultStops(), WithLogprobs(0)}},
+				{groupPrompt(3, 2), []GenerateOption{WithMaxTokens(14), WithSeed(7), WithTemperature(0.9), WithoutDefaultStops(), WithLogprobs(0)}},
+				{groupPrompt(30, 3), []GenerateOption{WithMaxTokens(5), WithSeed(3), WithTopK(20), WithoutDefaultStops()}},
+				{groupPrompt(1, 4), []GenerateOption{WithMaxTokens(12), WithTemperature(0), WithoutDefaultStops()}},
+				{groupPrompt(17, 5), []GenerateOption{WithMaxTokens(7), WithSeed(11), WithoutDefaultStops(), WithLogprobs(0)}},
+			}
+			alone := make([]*GroupSession, len(jobs))
+			want := make([][]Token, len(jobs))
+			for i, j := range jobs {
+				alone[i], err = g.NewSession()
+				require.NoError(t, err)
+				defer alone[i].Close()
+				want[i], err = genAll(alone[i].GenerateTokens(ctx, j.prompt, j.opts...))
+				require.NoError(t, err)
+			}
+
+			shared := make([]*GroupSession, len(jobs))
+			got := make([][]Token, len(jobs))
+			errs := make([]error, len(jobs))
+			var wg sync.WaitGroup
+			for i, j := range jobs {
+				shared[i], err = g.NewSession()
+				require.NoError(t, err)
+				defer shared[i].Close()
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					got[i], errs[i] = genAll(gb.GenerateTokens(ctx, shared[i], j.prompt, j.opts...))
+				}()
+			}
+			wg.Wait()
+			for i := range jobs {
+				require.NoError(t, errs[i], "job %d", i)
+				assert.Equal(t, want[i], got[i], "job %d: batched on the group against alone", i)
+				assert.Equal(t, alone[i].Logits(), shared[i].Logits(), "job %d: the next logits", i)
+			}
+
+			// Every rank holds the sequence: a lockstep generation (each rank
+			// samples from its own logits) continues it as the lone one.
+			for i := range 2 {
+				opts := []GenerateOption{WithMaxTokens(4), WithTemperature(0), WithoutDefaultStops()}
+				a, err := genAll(alone[i].GenerateTokens(ctx, []int32{9}, opts...))
+				require.NoError(t, err)
+				b, err := genAll(shared[i].GenerateTokens(ctx, []int32{9}, opts...))
+				require.NoError(t, err)
+				assert.Equal(t, a, b, "job %d continued in lockstep", i)
+			}
+			assert.Equal(t, BatcherStats{}, gb.Stats())
+		})
+	}
+}
+
+// TestGroupBatcherRefusals: what a GroupBatcher refuses leaves the group
+// running.
+func TestGroupBatcherRefusals(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	g, err := LoadGroup(ctx, groupTestDir, Layout{TP: 2}, WithRollback(4))
+	require.NoError(t, err)
+	defer g.Close()
+	gb, err := g.NewBatcher(2)
+	require.NoError(t, err)
+	gs := groupSession(t, g, []int32{4, 5})
+
+	_, err = genAll(gb.GenerateTokens(ctx, gs, []int32{1}))
+	assert.ErrorIs(t, err, ErrBatcherNotRunning)
+	require.NoError(t, gb.Start(ctx))
+	_, err = genAll(gb.GenerateTokens(ctx, gs, []int32{1}, WithSpeculation(specdec.NGram{}, 2)))
+	assert.ErrorIs(t, err, compute.ErrUnsupported)
+	_, err = genAll(gb.GenerateTokens(ctx, nil, []int32{1}))
+	assert.ErrorContains(t, err, "nil session")
+	_, err = genAll(gb.GenerateTokens(ctx, gs, []int32{1, 600}))
+	assert.ErrorIs(t, err, ErrBadToken)
+	_, err = genAll(gb.GenerateTokens(ctx, gs, []int32{1}, WithTemperature(-1)))
+	assert.ErrorIs(t, err, ErrInvalidOption)
+
+	other, err := LoadGroup(ctx, groupTestDir, Layout{TP: 2})
+	require.NoError(t, err)
+	defer other.Close()
+	_, err = genAll(gb.GenerateTokens(ctx, groupSession(t, other, []int32{3}), []int32{1}))
+	assert.ErrorContains(t, err, "another group")
+
+	closed := groupSession(t, g, []int32{3})
+	require.NoError(t, closed.Close())
+	_, err = genAll(gb.GenerateTokens(ctx, closed, []int32{1}))
+	assert.ErrorIs(t, err, ErrSessionClosed)
+
+	cp, err := LoadGroup(ctx, groupTestDir, Layout{CP: 2})
+	require.NoError(t, err)
+	defer cp.Close()
+	_, err = cp.NewBatcher(2)
+	assert.ErrorIs(t, err, compute.ErrUnsupported)
+
+	// Prefill, then a generation from the prefilled state that the
+	// caller stops after its first token: every rank holds what a lone
+	// session fed the same tokens holds.
+	n, err := gb.Prefill(ctx, gs, []int32{8, 9, 10})
+	require.NoError(t, err)
+	assert.Equal(t, 2, n, "the tokens the session held")
+	assert.Equal(t, []int32{4, 5, 8, 9, 10}, gs.Tokens())
+	for _, err := range gb.GenerateTokens(ctx, gs, nil, WithTemperature(0), WithoutDefaultStops()) {
+		require.NoError(t, err)
+		break
+	}
+	lone := groupSession(t, g, gs.Tokens())
+	assert.Equal(t, lone.Logits(), gs.Logits())
+	opts := []GenerateOption{WithMaxTokens(5), WithTemperature(0), WithoutDefaultStops()}
+	want, err := genAll(lone.GenerateTokens(ctx, nil, opts...))
+	require.NoError(t, err)
+	got, err := genAll(gs.GenerateTokens(ctx, nil, opts...))
+	require.NoError(t, err)
+	assert.Equal(t, want, got, "continued in lockstep")
+}
+
+// TestGroupBatcherMemoryBudget: a pass that rank 0 admitted and another
+// rank's budget refuses (TP 3: that rank holds two KDA heads' states, rank
+// 0 one) ends the generations of that pass with ErrMemoryBudget; the group
+// goes on serving.
+func TestGroupBatcherMemoryBudget(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l := Layout{TP: 3}
+	long := groupPrompt(200, 9)
+	free, err := LoadGroup(ctx, groupTestDir, l)
+	require.NoError(t, err)
+	gs := groupSession(t, free, []int32{3})
+	var need []int64
+	for r, s := range gs.ranks {
+		need = append(need, free.ranks[r].mem.used+s.growth(len(long)))
+	}
+	require.NoError(t, free.Close())
+	require.Less(t, need[0], need[2])
+	budget := (need[0] + need[2]) / 2
+
+	g, err := LoadGroup(ctx, groupTestDir, l, WithMemoryBudget(budget))
+	require.NoError(t, err)
+	defer g.Close()
+	gb, err := g.NewBatcher(2)
+	require.NoError(t, err)
+	require.NoError(t, gb.Start(ctx))
+	gs = groupSession(t, g, []int32{3})
+	_, err = genAll(gb.GenerateTokens(ctx, gs, long, WithMaxTokens(1)))
+	require.ErrorIs(t, err, ErrMemoryBudget)
+
+	short := groupSession(t, g, []int32{3})
+	got, err := genAll(gb.GenerateTokens(ctx, short, []int32{4, 5}, WithMaxTokens(3), WithTemperature(0), WithoutDefaultStops()))
+	require.NoError(t, err, "the group goes on")
+	assert.Len(t, got, 3)
+}
