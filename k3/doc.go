@@ -30,7 +30,8 @@
 // (NewDraftModel); WithRollback makes a rejected draft's rollback a
 // cursor move. Session.Save and Model.LoadSession keep a session in a
 // file. LoadGroup splits a model over ranks (tensor, expert and context
-// parallel), whose GroupSession runs a sequence on all of them.
+// parallel), whose GroupSession runs a sequence on all of them and whose
+// GroupBatcher (Group.NewBatcher) batches many such sequences.
 //
 // Close waits for running passes; afterwards every call fails with
 // ErrClosed. Errors name the problem and wrap sentinels (ErrBadToken,

@@ -8,7 +8,7 @@
 //	k3 chat [-model DIR] [-system TEXT] [-tp N -ep N -cp N]
 //	k3 eval [-model DIR] [-window N] FILE...
 //	k3 new-tiny -preset k31pro|k3|kimi_linear|k31pro-100m|k31pro-1b -out DIR [-set JSON]
-//	k3 serve [-model DIR] [-addr 127.0.0.1:8080] [-api-key KEY]
+//	k3 serve [-model DIR] [-addr 127.0.0.1:8080] [-api-key KEY] [-tp N -ep N]
 //	k3 conform [-backend go] [-tp N] [-ep N] [-cp N] DIR|FILE...
 //	k3 inspect PATH
 //	k3 bench dsa [-contexts 4096,16384,65536,131072] [-iters 3] [-out dsa_decode]

@@ -38,6 +38,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var spec genFlags
 	fs.StringVar(&spec.speculate, "speculate", "", "speculative decoding with this drafter: ngram (one for every request), dspark (the checkpoint's draft module), self:N (the model's first N layers and its head) or model:DIR (a smaller checkpoint's greedy tokens, same vocabulary), these three one for each generation; outputs stay those of plain decoding")
 	fs.StringVar(&spec.draftDepth, "draft-depth", "auto", "with -speculate: drafts per verify pass (1..15), or auto")
+	fs.IntVar(&spec.layout.TP, "tp", 1, "split the model over this many tensor-parallel ranks (heads, MLP columns); needs -model, and runs without a prefix cache or speculation")
+	fs.IntVar(&spec.layout.EP, "ep", 1, "expert-parallel ranks (routed experts); needs -model, as -tp")
 	sessionIdle := fs.Duration("session-idle", 5*time.Minute, "how long a kept session stays in memory unused")
 	reasoning := fs.Bool("reasoning", false, "a thinking model (Kimi K2 Thinking, K3): answer its <think> reasoning as reasoning_content")
 	kvEvents := fs.String("kv-events", "", "publish KV-cache events for llm-d: tcp://*:PORT listens, tcp://HOST:PORT connects")
@@ -45,7 +47,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	storeMB := fs.Int64("responses-store-mb", 64, "memory in MiB for finished /v1/responses kept for previous_response_id and GET (0: none in memory)")
 	storeDir := fs.String("responses-dir", "", "also keep every finished /v1/responses in this directory: they outlive the server, and servers sharing it continue each other's chains")
 	storeTTL := fs.Duration("responses-ttl", 30*24*time.Hour, "with -responses-dir: how long a kept response's file lasts")
-	synopsis := "serve [-model DIR] [-addr 127.0.0.1:8080] [-api-key KEY] ...\n\nServes the OpenAI-compatible API (/v1/chat/completions, /v1/completions,\n/v1/responses, /v1/models, /tokenize, /detokenize, /health, /metrics) until interrupted;\nsee docs/SERVING.md."
+	synopsis := "serve [-model DIR] [-addr 127.0.0.1:8080] [-api-key KEY] [-tp N] [-ep N] ...\n\nServes the OpenAI-compatible API (/v1/chat/completions, /v1/completions,\n/v1/responses, /v1/models, /tokenize, /detokenize, /health, /metrics) until interrupted;\nwith -tp or -ep the model runs split over that many ranks (k3.LoadGroup). See docs/SERVING.md."
 	if err := parseFlags(fs, synopsis, args, stdout, stderr); err != nil {
 		return err
 	}
@@ -67,6 +69,26 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	} {
 		if f.bad {
 			return fmt.Errorf("-%s %s: want %s", f.name, fs.Lookup(f.name).Value, f.want)
+		}
+	}
+	if spec.split() {
+		// A group keeps no prefix cache and speculates with no drafter:
+		// the default prefix cache is off, an asked-for one refused.
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		switch {
+		case *model == "":
+			return errors.New("-tp and -ep split a checkpoint: give -model DIR (the embedded model is not split)")
+		case set["prefix-cache-mb"] && *prefix > 0:
+			return fmt.Errorf("-prefix-cache-mb %d with -tp or -ep: a split model keeps no prefix cache (give 0)", *prefix)
+		case spec.speculate != "":
+			return fmt.Errorf("-speculate %s with -tp or -ep: a split model's server does not speculate", spec.speculate)
+		case *kvEvents != "":
+			return errors.New("-kv-events with -tp or -ep: a split model keeps no prefix cache to report")
+		}
+		*prefix = 0
+		if err := spec.layout.Validate(); err != nil {
+			return err
 		}
 	}
 	if *memory <= 0 || *prefix < 0 || *prefix >= *memory {
@@ -153,16 +175,25 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	go func() { served <- hs.Serve(ln) }()
 	fmt.Fprintf(stderr, "k3 serve: listening on http://%s (model %q loading)\n", ln.Addr(), cfg.Name)
 
-	if *model == "" {
+	var grp *k3.Group
+	switch {
+	case spec.split():
+		if grp, err = k3.LoadGroup(ctx, *model, spec.layout, opts...); err == nil {
+			defer grp.Close()
+			m = grp.Ranks()[0]
+		}
+	case *model == "":
 		m, err = k3.LoadTiny(ctx, opts...)
-	} else {
+	default:
 		m, err = k3.Load(ctx, *model, opts...)
 	}
 	if err != nil {
 		hs.Close()
 		return err
 	}
-	defer m.Close()
+	if grp == nil {
+		defer m.Close()
+	}
 	if dir, ok := strings.CutPrefix(spec.speculate, "model:"); ok {
 		// Each generation's drafter holds a session of the draft model,
 		// which rolls back the drafts the target rejects: its logs are as
@@ -197,7 +228,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			}
 		}
 	}
-	srv, err := serve.New(m, cfg)
+	var srv *serve.Server
+	if grp != nil {
+		srv, err = serve.NewGroup(grp, cfg)
+	} else {
+		srv, err = serve.New(m, cfg)
+	}
 	if err != nil {
 		hs.Close()
 		return err
@@ -212,7 +248,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(stderr, "k3 serve: warmed up in %v\n", time.Since(start).Round(time.Millisecond))
 	}
 	ready.Store(srv)
-	fmt.Fprintf(stderr, "k3 serve: ready (%s, context %d tokens)\n", cfg.Name, m.ContextLength())
+	if grp != nil {
+		fmt.Fprintf(stderr, "k3 serve: ready (%s over %d ranks, %v, context %d tokens)\n", cfg.Name, len(grp.Ranks()), grp.Layout(), m.ContextLength())
+	} else {
+		fmt.Fprintf(stderr, "k3 serve: ready (%s, context %d tokens)\n", cfg.Name, m.ContextLength())
+	}
 
 	select {
 	case err := <-served:

@@ -131,9 +131,43 @@ func TestServeFlags(t *testing.T) {
 		assert.Equal(t, 1, code, "%v", bad)
 		assert.Contains(t, errOut, bad[0]+" "+bad[1]+": want", "%v", bad)
 	}
+	const split = "../../testdata/model/tiny_k31pro"
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-tp", "2"}, "give -model DIR"},
+		{[]string{"-model", split, "-tp", "2", "-prefix-cache-mb", "64"}, "keeps no prefix cache"},
+		{[]string{"-model", split, "-ep", "2", "-speculate", "ngram"}, "does not speculate"},
+		{[]string{"-model", split, "-tp", "2", "-kv-events", "tcp://*:5557"}, "-kv-events with -tp"},
+		{[]string{"-model", split, "-tp", "2", "-ep", "3"}, "layout tp2 ep3: 2 does not divide 3"},
+	} {
+		code, _, errOut = runCLI(append([]string{"serve", "-addr", "127.0.0.1:0"}, c.args...)...)
+		assert.Equal(t, 1, code, "%v", c.args)
+		assert.Contains(t, errOut, c.want, "%v", c.args)
+	}
 	code, out, _ := runCLI("serve", "-h")
 	assert.Equal(t, 0, code)
 	assert.Contains(t, out, "-api-key")
+}
+
+// TestServeGroup: k3 serve -tp 2 -ep 2 serves the model split over four
+// ranks, answering what k3 run -tp 2 -ep 2 generates.
+func TestServeGroup(t *testing.T) {
+	const model = "../../testdata/model/tiny_k31pro"
+	code, want, errOut := runCLI("run", "-model", model, "-tp", "2", "-ep", "2", "-prompt", "the cat", "-max-tokens", "12", "-temperature", "0", "-no-default-stops")
+	require.Equal(t, 0, code, errOut)
+	url := startServe(t, "-model", model, "-tp", "2", "-ep", "2", "-sequences", "2")
+	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"the cat","max_tokens":12,"temperature":0,"ignore_eos":true}`))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, 200, resp.StatusCode, "%s", out)
+	var c struct{ Choices []struct{ Text string } }
+	require.NoError(t, json.Unmarshal(out, &c))
+	require.Len(t, c.Choices, 1)
+	assert.Equal(t, strings.TrimSuffix(want, "\n"), c.Choices[0].Text)
 }
 
 // startServe runs k3 serve with args on a free loopback port until the

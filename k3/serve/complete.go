@@ -58,14 +58,14 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 
-	var sessions []*k3.Session
+	var sessions []seq
 	defer func() {
 		for _, ss := range sessions {
 			ss.Close()
 		}
 	}()
-	newSession := func() (*k3.Session, error) {
-		ss, err := s.m.NewSession()
+	newSession := func() (seq, error) {
+		ss, err := s.e.newSeq()
 		if err == nil {
 			sessions = append(sessions, ss)
 		}
@@ -74,10 +74,10 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 	seqs := make([]iter.Seq2[k3.Token, error], total)
 	// own[k] is the session choice k generates in, when the request made
 	// it: it closes as soon as the choice ends (below).
-	own := make([]*k3.Session, total)
+	own := make([]seq, total)
 	// fork starts choice k on a fork of base (false: failed, answered).
-	fork := func(base *k3.Session, k int) bool {
-		f, err := base.Fork()
+	fork := func(base seq, k int) bool {
+		f, err := base.fork()
 		if err != nil {
 			s.fail(w, err)
 			return false
@@ -165,7 +165,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, j *job) {
 				s.fail(w, err)
 				return
 			}
-			if cached[p], err = s.b.Prefill(ctx, base, prompt); err != nil {
+			if cached[p], err = s.e.prefill(ctx, base, prompt); err != nil {
 				s.fail(w, err)
 				return
 			}

@@ -99,10 +99,10 @@ func (p *drafters) option(d specdec.Drafter) k3.GenerateOption {
 // per-generation drafters it takes one when the generation starts (the
 // batcher submits it when its tokens are first asked for) and gives it
 // back when the generation ends, however it ends.
-func (s *Server) generate(ctx context.Context, ss *k3.Session, prompt []int32, opts []k3.GenerateOption) iter.Seq2[k3.Token, error] {
+func (s *Server) generate(ctx context.Context, ss seq, prompt []int32, opts []k3.GenerateOption) iter.Seq2[k3.Token, error] {
 	p := s.drafters
 	if p == nil {
-		return s.b.GenerateTokens(ctx, ss, prompt, opts...)
+		return s.e.generate(ctx, ss, prompt, opts)
 	}
 	return func(yield func(k3.Token, error) bool) {
 		d, err := p.get()
@@ -123,7 +123,7 @@ func (s *Server) generate(ctx context.Context, ss *k3.Session, prompt []int32, o
 			}()
 			o = append(o[:len(o):len(o)], p.option(d))
 		}
-		for tok, err := range s.b.GenerateTokens(ctx, ss, prompt, o...) {
+		for tok, err := range s.e.generate(ctx, ss, prompt, o) {
 			if !yield(tok, err) {
 				return
 			}

@@ -35,7 +35,7 @@ func tokenChars(b []byte) int { return utf8.RuneCount(b) }
 // returns the prompt's echo: each token's log-probability under the
 // model's logits before it (log-softmax of the raw logits, as generated
 // tokens' are), with the top alternatives.
-func (s *Server) scorePrompt(ctx context.Context, ss *k3.Session, prompt []int32, logprobs bool, top int) (*echoed, error) {
+func (s *Server) scorePrompt(ctx context.Context, ss seq, prompt []int32, logprobs bool, top int) (*echoed, error) {
 	e := &echoed{text: s.m.Decode(prompt)}
 	tk := s.m.Tokenizer()
 	v := s.m.Config.VocabSize

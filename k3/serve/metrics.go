@@ -156,7 +156,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	p := &promWriter{w: bufio.NewWriter(w), model: s.cfg.Name}
 	defer p.w.Flush()
-	st := s.b.Stats()
+	st := s.e.stats()
 	mem := s.m.MemoryUsage()
 	p.gauge("vllm:num_requests_running", "Sequences in the scheduler's passes.", float64(st.Running))
 	p.gauge("vllm:num_requests_waiting", "Sequences submitted and waiting for a place in the passes.", float64(st.Waiting))

@@ -9,8 +9,9 @@
 // /detokenize, GET /health and GET /metrics (Prometheus text format, under
 // the names an inference gateway's endpoint picker reads); with
 // Config.KVEvents, the prefix cache's KV-cache events over ZeroMQ. Every generation goes
-// through one k3.Batcher, so concurrent requests share forward passes
-// (and speculate, with Config.Speculation). A client that disconnects ends
+// through one k3.Batcher (a k3.GroupBatcher for a model split over ranks,
+// NewGroup), so concurrent requests share forward passes (and speculate,
+// with Config.Speculation). A client that disconnects ends
 // its generation at the next pass. A request with the K3-Session header
 // keeps its session between requests, parked on disk when idle
 // (Config.SessionDir).
@@ -160,12 +161,13 @@ func (c *Config) defaults() {
 	}
 }
 
-// Server serves one model over HTTP. Create it with New; Close it after
-// the http.Server that carries it has shut down.
+// Server serves one model over HTTP. Create it with New (or NewGroup, a
+// model split over ranks); Close it after the http.Server that carries it
+// has shut down.
 type Server struct {
-	m       *k3.Model
+	m       *k3.Model // the model, or a group's rank 0: its tokenizer, vocabulary, context and memory
 	cfg     Config
-	b       *k3.Batcher
+	e       engine
 	stop    context.CancelFunc
 	sem     *semaphore.Weighted // sequences running or queued
 	mux     *http.ServeMux
@@ -198,21 +200,55 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 		}
 		pool = &drafters{make: cfg.NewDrafter, depth: cfg.DraftDepth, adaptive: cfg.AdaptiveDraft, limit: cfg.MaxSequences}
 	}
-	var bopts []k3.BatcherOption
-	if cfg.TokenBudget > 0 {
-		bopts = append(bopts, k3.WithTokenBudget(cfg.TokenBudget))
-	}
-	b, err := m.NewBatcher(cfg.MaxSequences, bopts...)
+	b, err := m.NewBatcher(cfg.MaxSequences, cfg.batcherOptions()...)
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
+	return newServer(m, loneEngine{m, b}, cfg, pool)
+}
+
+// NewGroup starts serving a model split over the ranks of g
+// (k3.LoadGroup): every generation runs on all of them in lockstep,
+// batched by a k3.GroupBatcher. A group speculates with no drafter (it
+// refuses Config.Speculation and Config.NewDrafter), keeps no prefix
+// cache (it refuses Config.KVEvents), and does not run under context
+// parallelism. g stays the caller's; close it after the Server.
+func NewGroup(g *k3.Group, cfg Config) (*Server, error) {
+	if g == nil {
+		return nil, errors.New("serve: nil group")
+	}
+	cfg.defaults()
+	switch {
+	case cfg.Speculation != nil || cfg.NewDrafter != nil:
+		return nil, fmt.Errorf("serve: speculation on a group (not built): %w", k3.ErrInvalidOption)
+	case cfg.KVEvents != "":
+		return nil, fmt.Errorf("serve: KV events on a group, which keeps no prefix cache: %w", k3.ErrInvalidOption)
+	}
+	b, err := g.NewBatcher(cfg.MaxSequences, cfg.batcherOptions()...)
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	return newServer(g.Ranks()[0], groupEngine{g, b}, cfg, nil)
+}
+
+// batcherOptions are the batcher's options that cfg sets.
+func (cfg *Config) batcherOptions() []k3.BatcherOption {
+	if cfg.TokenBudget > 0 {
+		return []k3.BatcherOption{k3.WithTokenBudget(cfg.TokenBudget)}
+	}
+	return nil
+}
+
+// newServer serves e, whose tokenizer and limits are m's, with cfg (its
+// defaults set).
+func newServer(m *k3.Model, e engine, cfg Config, pool *drafters) (*Server, error) {
 	kept, err := newResponseStore(max(cfg.ResponseStoreBytes, 0), cfg.ResponseDir, cfg.ResponseTTL, cfg.Logf)
 	if err != nil {
 		return nil, err
 	}
-	store, err := newSessionStore(m, cfg.SessionDir, cfg.SessionIdle, cfg.MaxSessions, func() bool {
+	store, err := newSessionStore(e, cfg.SessionDir, cfg.SessionIdle, cfg.MaxSessions, func() bool {
 		// Nothing runs while requests wait: only memory holds them back.
-		st := b.Stats()
+		st := e.stats()
 		return st.Running == 0 && st.Waiting > 0
 	})
 	if err != nil {
@@ -228,7 +264,7 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 		}
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	if err := b.Start(ctx); err != nil {
+	if err := e.start(ctx); err != nil {
 		stop()
 		store.close()
 		kept.close()
@@ -237,7 +273,7 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 		}
 		return nil, fmt.Errorf("serve: %w", err)
 	}
-	s := &Server{m: m, cfg: cfg, b: b, stop: stop, sem: semaphore.NewWeighted(int64(cfg.MaxSequences + cfg.MaxQueue)),
+	s := &Server{m: m, cfg: cfg, e: e, stop: stop, sem: semaphore.NewWeighted(int64(cfg.MaxSequences + cfg.MaxQueue)),
 		mux: http.NewServeMux(), met: newMetrics(cfg.Name), store: store, created: time.Now().Unix(), kv: kv,
 		kept: kept, schemas: newSchemaCache(schemaCacheEntries), drafters: pool}
 	s.mux.HandleFunc("POST /v1/chat/completions", s.authorized(generation(s, s.chatJob)))
@@ -276,7 +312,7 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 // so that the first real request does not pay for the passes' first use;
 // it counts in no metric and leaves nothing in the prefix cache. Call it
 // before the server is reported ready.
-func (s *Server) Warm(ctx context.Context) error { return s.b.Warm(ctx) }
+func (s *Server) Warm(ctx context.Context) error { return s.e.warm(ctx) }
 
 // ServeHTTP serves the routes in the package doc.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
@@ -298,7 +334,7 @@ func (s *Server) Close() error {
 	if s.drafters != nil {
 		defer s.drafters.close() // generations still ending close theirs as they give them back
 	}
-	if err := s.b.Wait(); err != nil && !errors.Is(err, context.Canceled) {
+	if err := s.e.wait(); err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
 	return nil

@@ -603,7 +603,7 @@ func TestQueueFull(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	require.Eventually(t, func() bool { return s.b.Stats() == k3.BatcherStats{Running: 1, Waiting: 1} }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return s.e.stats() == k3.BatcherStats{Running: 1, Waiting: 1} }, 10*time.Second, time.Millisecond)
 	start := time.Now()
 	code, out := post(t, hs.URL+"/v1/completions", map[string]any{"prompt": "x", "max_tokens": 2})
 	assert.Equal(t, 429, code, "%v", out)
@@ -616,7 +616,7 @@ func TestQueueFull(t *testing.T) {
 	io.Copy(io.Discard, first.Body)
 	first.Body.Close()
 	<-second
-	require.Eventually(t, func() bool { return s.b.Stats() == k3.BatcherStats{} }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return s.e.stats() == k3.BatcherStats{} }, 10*time.Second, 5*time.Millisecond)
 	require.Eventually(t, func() bool {
 		code, _ := post(t, hs.URL+"/v1/completions", map[string]any{"prompt": "x", "max_tokens": 2})
 		return code == 200
@@ -635,10 +635,10 @@ func TestDisconnect(t *testing.T) {
 	br := bufio.NewReader(resp.Body)
 	_, err := br.ReadString('\n')
 	require.NoError(t, err)
-	require.Equal(t, 1, s.b.Stats().Running)
+	require.Equal(t, 1, s.e.stats().Running)
 	cancel()
 	resp.Body.Close()
-	require.Eventually(t, func() bool { return s.b.Stats() == k3.BatcherStats{} }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return s.e.stats() == k3.BatcherStats{} }, 10*time.Second, time.Millisecond)
 	require.Eventually(t, func() bool { return held(m) <= base }, 10*time.Second, time.Millisecond, "memory %+v, base %d", m.MemoryUsage(), base)
 	assert.Eventually(t, func() bool {
 		return scrape(t, hs.URL)[`k3:request_failures_total{reason="abort"}`] == 1
@@ -692,7 +692,7 @@ func TestManyClients(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	require.Eventually(t, func() bool { return s.b.Stats() == k3.BatcherStats{} }, 20*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return s.e.stats() == k3.BatcherStats{} }, 20*time.Second, 5*time.Millisecond)
 	require.Eventually(t, func() bool { return held(m) <= base }, 20*time.Second, 5*time.Millisecond, "memory %+v, base %d", m.MemoryUsage(), base)
 }
 

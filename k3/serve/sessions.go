@@ -10,8 +10,6 @@ import (
 	"regexp"
 	"sync"
 	"time"
-
-	"k3/k3"
 )
 
 // SessionHeader names the request header that keeps a conversation's
@@ -28,7 +26,7 @@ var sessionID = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 // written and read outside the store's lock, so a large session's save
 // or load holds up only the requests for that session.
 type sessionStore struct {
-	m    *k3.Model
+	e    engine
 	dir  string        // where idle sessions are parked ("" : dropped instead)
 	idle time.Duration // how long a session stays live unused
 	max  int           // live sessions at most; past it the oldest idle one leaves
@@ -50,7 +48,7 @@ type sessionStore struct {
 }
 
 type keptSession struct {
-	s    *k3.Session
+	s    seq
 	busy bool
 	used time.Time
 }
@@ -60,13 +58,13 @@ var errStoreClosed = &apiError{status: 503, typ: "server_error", msg: "the serve
 var errSessionBusy = &apiError{status: 409, typ: "invalid_request_error", param: SessionHeader,
 	msg: "the session is answering another request; send one request per session at a time"}
 
-func newSessionStore(m *k3.Model, dir string, idle time.Duration, max int, starved func() bool) (*sessionStore, error) {
+func newSessionStore(e engine, dir string, idle time.Duration, max int, starved func() bool) (*sessionStore, error) {
 	if dir != "" {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("serve: session directory: %w", err)
 		}
 	}
-	st := &sessionStore{m: m, dir: dir, idle: idle, max: max, live: map[string]*keptSession{},
+	st := &sessionStore{e: e, dir: dir, idle: idle, max: max, live: map[string]*keptSession{},
 		moving: map[string]chan struct{}{}, stop: make(chan struct{}), done: make(chan struct{}), starved: starved}
 	go st.sweep()
 	return st, nil
@@ -90,7 +88,7 @@ func (st *sessionStore) settledLocked(id string) {
 
 // take returns id's session for one request: live, loaded from where it
 // was parked, or new.
-func (st *sessionStore) take(id string) (*k3.Session, error) {
+func (st *sessionStore) take(id string) (seq, error) {
 	if !sessionID.MatchString(id) {
 		return nil, badParam(SessionHeader, "%s = %q, want 1 to 64 letters, digits, '-' or '_'", SessionHeader, id)
 	}
@@ -127,12 +125,12 @@ func (st *sessionStore) take(id string) (*k3.Session, error) {
 }
 
 // load reads id's parked session, or starts a new one.
-func (st *sessionStore) load(id string) (*k3.Session, error) {
+func (st *sessionStore) load(id string) (seq, error) {
 	if st.dir != "" {
 		f, err := os.Open(st.path(id))
 		switch {
 		case err == nil:
-			s, err := st.m.LoadSession(f)
+			s, err := st.e.loadSeq(f)
 			f.Close()
 			if err != nil {
 				return nil, fmt.Errorf("serve: session %s: %w", id, err)
@@ -143,12 +141,12 @@ func (st *sessionStore) load(id string) (*k3.Session, error) {
 			return nil, err
 		}
 	}
-	return st.m.NewSession()
+	return st.e.newSeq()
 }
 
 // put gives id's session back after a request; a session left unusable
 // (a failed pass) is dropped.
-func (st *sessionStore) put(id string, s *k3.Session, usable bool) {
+func (st *sessionStore) put(id string, s seq, usable bool) {
 	st.mu.Lock()
 	k, ok := st.live[id]
 	switch {
@@ -248,7 +246,7 @@ func (st *sessionStore) parkLocked(id string) {
 
 // write parks s, which is moving under ch: it saves and closes it, then
 // settles it (ch closes).
-func (st *sessionStore) write(id string, s *k3.Session, ch chan struct{}) {
+func (st *sessionStore) write(id string, s seq, ch chan struct{}) {
 	ok := st.save(id, s)
 	s.Close()
 	st.mu.Lock()
@@ -262,7 +260,7 @@ func (st *sessionStore) write(id string, s *k3.Session, ch chan struct{}) {
 
 // save writes s to id's file; a session that fails to save is dropped
 // (the next request for it starts afresh).
-func (st *sessionStore) save(id string, s *k3.Session) bool {
+func (st *sessionStore) save(id string, s seq) bool {
 	if st.beforeSave != nil {
 		st.beforeSave(id)
 	}
@@ -357,7 +355,7 @@ func (st *sessionStore) counts() (live, parked int) {
 
 // continueFrom cuts s back to where prompt departs from its tokens and
 // returns the part of prompt still to feed.
-func continueFrom(ctx context.Context, s *k3.Session, prompt []int32) ([]int32, error) {
+func continueFrom(ctx context.Context, s seq, prompt []int32) ([]int32, error) {
 	held := s.Tokens()
 	k := 0
 	for k < len(held) && k < len(prompt) && held[k] == prompt[k] {

@@ -205,7 +205,7 @@ func TestParkingOutsideLock(t *testing.T) {
 	m, err := k3.LoadTiny(context.Background(), k3.WithMemoryBudget(testBudget))
 	require.NoError(t, err)
 	defer m.Close()
-	st, err := newSessionStore(m, t.TempDir(), time.Hour, 1, nil)
+	st, err := newSessionStore(loneEngine{m: m}, t.TempDir(), time.Hour, 1, nil)
 	require.NoError(t, err)
 	started, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
@@ -224,14 +224,14 @@ func TestParkingOutsideLock(t *testing.T) {
 
 	// Taking b parks a (one live session at most); its write blocks, b
 	// does not wait for it.
-	taken := make(chan *k3.Session, 1)
+	taken := make(chan seq, 1)
 	go func() {
 		b, err := st.take("b")
 		assert.NoError(t, err)
 		taken <- b
 	}()
 	<-started
-	var b *k3.Session
+	var b seq
 	select {
 	case b = <-taken:
 	case <-time.After(10 * time.Second):
@@ -243,7 +243,7 @@ func TestParkingOutsideLock(t *testing.T) {
 	live, _ := st.counts()
 	assert.Equal(t, 1, live)
 
-	got := make(chan *k3.Session, 1)
+	got := make(chan seq, 1)
 	go func() {
 		s, err := st.take("a")
 		assert.NoError(t, err)
@@ -275,7 +275,7 @@ func TestIdleSessionsYieldToStarvedRequests(t *testing.T) {
 	defer m.Close()
 	var starved atomic.Bool
 	dir := t.TempDir()
-	st, err := newSessionStore(m, dir, time.Hour, 8, starved.Load)
+	st, err := newSessionStore(loneEngine{m: m}, dir, time.Hour, 8, starved.Load)
 	require.NoError(t, err)
 	defer st.close()
 	for _, id := range []string{"old", "new", "busy"} {

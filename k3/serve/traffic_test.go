@@ -360,7 +360,7 @@ func randomTraffic(t *testing.T, seed uint64) {
 		<-closed
 	}
 
-	require.Eventually(t, func() bool { return s.b.Stats() == k3.BatcherStats{} }, 30*time.Second, 5*time.Millisecond, desc)
+	require.Eventually(t, func() bool { return s.e.stats() == k3.BatcherStats{} }, 30*time.Second, 5*time.Millisecond, desc)
 	for i := range 3 {
 		req, err := http.NewRequest("DELETE", hs.URL+"/v1/sessions/s"+fmt.Sprint(i), nil)
 		require.NoError(t, err)
