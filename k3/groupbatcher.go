@@ -15,8 +15,11 @@ import (
 // streams, budget and stop are the Batcher's (rank 0 admits against its
 // own memory budget); see ARCHITECTURE, "Parallel inference".
 //
-// Speculation is refused on a GroupBatcher, and so is a group under
-// context parallelism.
+// It speculates at a fixed depth (WithSpeculation) with a drafter that
+// reads no session (specdec.NGram, a DraftModel of a model outside the
+// group): rank 0 drafts, once for every rank. The adaptive depth, DSpark
+// and self-drafts are refused, and so is a group under context
+// parallelism.
 type GroupBatcher struct {
 	g *Group
 	b *Batcher
@@ -33,7 +36,8 @@ func (g *Group) NewBatcher(max int, opts ...BatcherOption) (*GroupBatcher, error
 	if err != nil {
 		return nil, err
 	}
-	f := &batchFan{g: g, errs: make([]error, len(g.ranks)), sessions: make([][]*Session, len(g.ranks))}
+	n := len(g.ranks)
+	f := &batchFan{g: g, errs: make([]error, n), sessions: make([][]*Session, n), rows: make([][][]float32, n), bufs: make([][][]float32, n)}
 	for _, m := range g.ranks[1:] {
 		bt, err := m.NewBatch(b.batch.max)
 		if err != nil {
@@ -69,20 +73,36 @@ func (gb *GroupBatcher) Generate(ctx context.Context, gs *GroupSession, prompt s
 // until the iteration returns. The tokens are those of
 // GroupSession.GenerateTokens with the same options.
 func (gb *GroupBatcher) GenerateTokens(ctx context.Context, gs *GroupSession, prompt []int32, opts ...GenerateOption) iter.Seq2[Token, error] {
-	s, err := gb.lead(gs)
-	if err == nil {
+	return func(yield func(Token, error) bool) {
 		var o genOptions
 		for _, f := range opts {
 			f(&o)
 		}
 		if o.drafter != nil {
-			err = fmt.Errorf("%w: speculation on a GroupBatcher", compute.ErrUnsupported)
+			r, ok := o.drafter.(interface{ readsSession() bool })
+			switch {
+			case o.adaptive:
+				// Its costs would be measured on rank 0 alone, whose passes
+				// need every rank.
+				yield(Token{}, fmt.Errorf("%w: an adaptive draft depth on a GroupBatcher; use WithSpeculation", compute.ErrUnsupported))
+				return
+			case ok && r.readsSession():
+				yield(Token{}, fmt.Errorf("%w: a drafter that reads the session's own state (DSpark, a self-draft) on a GroupBatcher", compute.ErrUnsupported))
+				return
+			}
+		}
+		s, err := gb.lead(gs)
+		if err != nil {
+			yield(Token{}, err)
+			return
+		}
+		defer gs.letGo()
+		for tok, err := range gb.b.submit(ctx, s, prompt, false, opts) {
+			if !yield(tok, err) {
+				return
+			}
 		}
 	}
-	if err != nil {
-		return func(yield func(Token, error) bool) { yield(Token{}, err) }
-	}
-	return gb.b.submit(ctx, s, prompt, false, opts)
 }
 
 // Prefill feeds prompt to gs in the batcher's passes and generates
@@ -92,6 +112,7 @@ func (gb *GroupBatcher) Prefill(ctx context.Context, gs *GroupSession, prompt []
 	if err != nil {
 		return 0, err
 	}
+	defer gs.letGo()
 	return gb.b.Prefill(ctx, s, prompt)
 }
 
@@ -107,10 +128,12 @@ func (gb *GroupBatcher) Warm(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	defer gs.letGo()
 	return gb.b.warm(ctx, s)
 }
 
-// lead returns gs's rank-0 session, pointed at gs for the passes.
+// lead returns gs's rank-0 session, pointed at gs for the batcher's
+// passes and rollbacks until letGo.
 func (gb *GroupBatcher) lead(gs *GroupSession) (*Session, error) {
 	switch {
 	case gs == nil:
@@ -125,13 +148,51 @@ func (gb *GroupBatcher) lead(gs *GroupSession) (*Session, error) {
 	return s, nil
 }
 
+// letGo ends a GroupBatcher's hold on gs. Every rank's session then
+// holds what rank 0's does, its next-token logits too: a pass leaves the
+// same rows on every rank, and a generation that confirmed drafts
+// without a pass ends by dropping the rest (rollbackTo), which gives
+// every rank rank 0's logits; the last draft confirmed is the pass's
+// last row, which every rank holds.
+func (gs *GroupSession) letGo() { gs.ranks[0].group = nil }
+
+// rollbackTo drops the tokens past keep on every rank, for a generation
+// of a GroupBatcher whose drafts were rejected (generation.settle): from
+// the replay logs, which every rank holds alike, or by Truncate's passes
+// when they do not reach. The logits every rank keeps are those rank 0
+// kept, the row its last draw read.
+func (gs *GroupSession) rollbackTo(keep int) error {
+	last := gs.ranks[0].last
+	for r, s := range gs.ranks {
+		buf := s.last
+		ok, err := s.rollback(keep)
+		switch {
+		case err != nil:
+			s.broken = err
+			return err
+		case !ok && r == 0:
+			// Rank 0 stands for all: none rolled back, every rank runs
+			// the kept tokens again.
+			return gs.Truncate(context.Background(), keep)
+		case !ok:
+			s.broken = fmt.Errorf("k3: rank %d's replay logs do not reach position %d, rank 0's do", r, keep)
+			return s.broken
+		}
+		s.last = append(buf[:0], last...)
+		s.charge()
+	}
+	return nil
+}
+
 // batchFan runs a GroupBatcher's passes: rank 0's batch, and a batch of
 // the same size on every other rank with that rank's sessions.
 type batchFan struct {
 	g        *Group
-	peers    []*Batch     // ranks 1..W-1
-	sessions [][]*Session // by rank: the pass's sessions (reused)
-	errs     []error      // by rank: the pass's result (reused)
+	peers    []*Batch      // ranks 1..W-1
+	sessions [][]*Session  // by rank: the pass's sessions (reused)
+	rows     [][][]float32 // by rank: a verify pass's rows per session (reused)
+	bufs     [][][]float32 // by rank: the rows' scratch, by place in the pass
+	errs     []error       // by rank: the pass's result (reused)
 }
 
 // run runs a checked pass of lead, rank 0's batch, on every rank under
@@ -139,18 +200,34 @@ type batchFan struct {
 // their batches the same size, so every rank cuts the same passes and
 // meets the others in the same collectives.
 func (f *batchFan) run(lead *Batch, sessions []*Session, cu, ids []int32, out []float32, rows [][]float32) error {
-	if rows != nil {
-		return fmt.Errorf("%w: a verify pass on a GroupBatcher", compute.ErrUnsupported)
-	}
 	for i, s := range sessions {
 		if s.group == nil || s.group.g != f.g {
 			return fmt.Errorf("k3: group batch: session %d is not a session of the group", i)
 		}
 	}
+	v := lead.m.Config.VocabSize
 	for r := 1; r < len(f.g.ranks); r++ {
 		f.sessions[r] = f.sessions[r][:0]
 		for _, s := range sessions {
 			f.sessions[r] = append(f.sessions[r], s.group.ranks[r])
+		}
+		// A verify run's rows: every rank computes all of them (the
+		// vocabulary-split head gathers them), rank 0's generation takes
+		// them, the others' land in scratch.
+		f.rows[r] = f.rows[r][:0]
+		if rows == nil {
+			continue
+		}
+		for len(f.bufs[r]) < len(sessions) {
+			f.bufs[r] = append(f.bufs[r], nil)
+		}
+		for i := range sessions {
+			var b []float32
+			if rows[i] != nil {
+				b = growF32(f.bufs[r][i], int(cu[i+1]-cu[i])*v)
+				f.bufs[r][i] = b
+			}
+			f.rows[r] = append(f.rows[r], b)
 		}
 	}
 	f.g.pass.Lock()
@@ -161,9 +238,9 @@ func (f *batchFan) run(lead *Batch, sessions []*Session, cu, ids []int32, out []
 		go func() {
 			defer wg.Done()
 			if r == 0 {
-				f.errs[0] = lead.reserveAndExecute(sessions, cu, ids, out, nil)
+				f.errs[0] = lead.reserveAndExecute(sessions, cu, ids, out, rows)
 			} else {
-				f.errs[r] = f.peers[r-1].runPeer(f.sessions[r], cu, ids)
+				f.errs[r] = f.peers[r-1].runPeer(f.sessions[r], cu, ids, f.rows[r])
 			}
 			if f.errs[r] != nil && !groupRefused(f.errs[r]) {
 				f.g.abort(fmt.Errorf("rank %d: %w", r, f.errs[r]))
@@ -176,10 +253,13 @@ func (f *batchFan) run(lead *Batch, sessions []*Session, cu, ids []int32, out []
 
 // runPeer runs a pass on another rank than 0: its sessions hold what rank
 // 0's do, which check has passed.
-func (bt *Batch) runPeer(sessions []*Session, cu, ids []int32) error {
+func (bt *Batch) runPeer(sessions []*Session, cu, ids []int32, rows [][]float32) error {
 	if err := bt.m.life.enter(); err != nil {
 		return err
 	}
 	defer bt.m.life.exit()
-	return bt.reserveAndExecute(sessions, cu, ids, nil, nil)
+	if len(rows) == 0 {
+		rows = nil
+	}
+	return bt.reserveAndExecute(sessions, cu, ids, nil, rows)
 }

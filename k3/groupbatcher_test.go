@@ -127,7 +127,9 @@ func TestGroupBatcherRefusals(t *testing.T) {
 	_, err = genAll(gb.GenerateTokens(ctx, gs, []int32{1}))
 	assert.ErrorIs(t, err, ErrBatcherNotRunning)
 	require.NoError(t, gb.Start(ctx))
-	_, err = genAll(gb.GenerateTokens(ctx, gs, []int32{1}, WithSpeculation(specdec.NGram{}, 2)))
+	_, err = genAll(gb.GenerateTokens(ctx, gs, []int32{1}, WithAdaptiveSpeculation(specdec.NGram{}, 2)))
+	assert.ErrorIs(t, err, compute.ErrUnsupported)
+	_, err = genAll(gb.GenerateTokens(ctx, gs, []int32{1}, WithSpeculation(&DSpark{}, 2)))
 	assert.ErrorIs(t, err, compute.ErrUnsupported)
 	_, err = genAll(gb.GenerateTokens(ctx, nil, []int32{1}))
 	assert.ErrorContains(t, err, "nil session")
@@ -208,4 +210,96 @@ func TestGroupBatcherMemoryBudget(t *testing.T) {
 	got, err := genAll(gb.GenerateTokens(ctx, short, []int32{4, 5}, WithMaxTokens(3), WithTemperature(0), WithoutDefaultStops()))
 	require.NoError(t, err, "the group goes on")
 	assert.Len(t, got, 3)
+}
+
+// TestGroupBatcherSpeculation: generations speculating at a fixed depth on
+// a GroupBatcher, beside one that does not, with drafts partly right (so
+// that every rank rolls back) and with a draft model outside the group,
+// give the tokens of plain decoding bitwise; every rank then holds the
+// sequence, so a lockstep continuation gives what a lone one does.
+func TestGroupBatcherSpeculation(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	g, err := LoadGroup(ctx, groupTestDir, Layout{TP: 2, EP: 2}, WithRollback(4))
+	require.NoError(t, err)
+	defer g.Close()
+	alone, err := Load(ctx, groupTestDir, WithRollback(4))
+	require.NoError(t, err)
+	defer alone.Close()
+	gb, err := g.NewBatcher(3)
+	require.NoError(t, err)
+	require.NoError(t, gb.Start(ctx))
+
+	prompts := [][]int32{groupPrompt(6, 1), groupPrompt(11, 2), groupPrompt(4, 3)}
+	opts := func(i int) []GenerateOption {
+		return []GenerateOption{WithMaxTokens(16), WithTemperature(0.9), WithSeed(uint64(i)), WithoutDefaultStops(), WithLogprobs(0)}
+	}
+	want := make([][]Token, len(prompts))
+	plain := make([]*GroupSession, len(prompts))
+	for i, p := range prompts {
+		plain[i] = groupSession(t, g, []int32{2})
+		want[i], err = genAll(plain[i].GenerateTokens(ctx, p, opts(i)...))
+		require.NoError(t, err)
+		require.Len(t, want[i], 16)
+	}
+	ids := func(toks []Token) []int32 {
+		var out []int32
+		for _, tok := range toks {
+			out = append(out, tok.ID)
+		}
+		return out
+	}
+	dm, err := g.Ranks()[0].NewDraftModel(alone)
+	require.NoError(t, err)
+	defer dm.Close()
+	drafters := []GenerateOption{
+		WithSpeculation(oracle{append(append([]int32{2}, prompts[0]...), ids(want[0])...)}, 3), // partly right
+		WithSpeculation(dm, 3),
+		nil, // plain, in the same passes
+	}
+	shared := make([]*GroupSession, len(prompts))
+	got := make([][]Token, len(prompts))
+	usage := make([]Usage, len(prompts))
+	errs := make([]error, len(prompts))
+	var wg sync.WaitGroup
+	for i, p := range prompts {
+		shared[i] = groupSession(t, g, []int32{2})
+		o := opts(i)
+		if drafters[i] != nil {
+			o = append(o, drafters[i])
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for tok, err := range gb.GenerateTokens(ctx, shared[i], p, o...) {
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				got[i] = append(got[i], Token{ID: tok.ID, Logprob: tok.Logprob, Finish: tok.Finish})
+				if tok.Usage != nil {
+					usage[i] = *tok.Usage
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range prompts {
+		require.NoError(t, errs[i], "generation %d", i)
+		assert.Equal(t, want[i], got[i], "generation %d", i)
+	}
+	assert.Positive(t, usage[0].AcceptedTokens, "drafts were kept")
+	assert.Less(t, usage[0].AcceptedTokens, usage[0].DraftTokens, "drafts were rejected")
+	assert.Positive(t, usage[1].AcceptedTokens, "a draft model's drafts were kept")
+
+	for i := range 2 {
+		assert.Equal(t, plain[i].Tokens(), shared[i].Tokens(), "generation %d: the tokens held", i)
+		assert.Equal(t, plain[i].Logits(), shared[i].Logits(), "generation %d: the next logits", i)
+		o := []GenerateOption{WithMaxTokens(5), WithTemperature(0), WithoutDefaultStops()}
+		a, err := genAll(plain[i].GenerateTokens(ctx, nil, o...))
+		require.NoError(t, err)
+		b, err := genAll(shared[i].GenerateTokens(ctx, nil, o...))
+		require.NoError(t, err)
+		assert.Equal(t, a, b, "generation %d continued in lockstep", i)
+	}
 }

@@ -776,7 +776,8 @@ func (gs *GroupSession) Truncate(ctx context.Context, n int) error {
 	if err := gs.ranks[0].usable(); err != nil {
 		return err
 	}
-	// Checked once here: a groupRefusal on every rank would abort the group.
+	// Checked once here: the same error from every rank would abort the
+	// group (only a budget refusal is agreed on; see agree).
 	if held := gs.Len(); n < 0 || n > held {
 		return fmt.Errorf("%w: truncate to %d tokens, the session holds %d", ErrOutOfRange, n, held)
 	}

@@ -691,6 +691,9 @@ func (g *generation) settle() error {
 	}
 	keep := s.pos - (len(sp.drafts) - sp.next)
 	sp.drafts, sp.next = sp.drafts[:0], 0
+	if gs := s.group; gs != nil {
+		return gs.rollbackTo(keep) // a GroupBatcher's generation: every rank drops them
+	}
 	last := s.last
 	ok, err := s.rollback(keep)
 	if err != nil {

@@ -38,7 +38,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var spec genFlags
 	fs.StringVar(&spec.speculate, "speculate", "", "speculative decoding with this drafter: ngram (one for every request), dspark (the checkpoint's draft module), self:N (the model's first N layers and its head) or model:DIR (a smaller checkpoint's greedy tokens, same vocabulary), these three one for each generation; outputs stay those of plain decoding")
 	fs.StringVar(&spec.draftDepth, "draft-depth", "auto", "with -speculate: drafts per verify pass (1..15), or auto")
-	fs.IntVar(&spec.layout.TP, "tp", 1, "split the model over this many tensor-parallel ranks (heads, MLP columns); needs -model, and runs without a prefix cache or speculation")
+	fs.IntVar(&spec.layout.TP, "tp", 1, "split the model over this many tensor-parallel ranks (heads, MLP columns); needs -model, and runs without a prefix cache, speculating with ngram or model:DIR at a fixed -draft-depth only")
 	fs.IntVar(&spec.layout.EP, "ep", 1, "expert-parallel ranks (routed experts); needs -model, as -tp")
 	sessionIdle := fs.Duration("session-idle", 5*time.Minute, "how long a kept session stays in memory unused")
 	reasoning := fs.Bool("reasoning", false, "a thinking model (Kimi K2 Thinking, K3): answer its <think> reasoning as reasoning_content")
@@ -81,8 +81,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return errors.New("-tp and -ep split a checkpoint: give -model DIR (the embedded model is not split)")
 		case set["prefix-cache-mb"] && *prefix > 0:
 			return fmt.Errorf("-prefix-cache-mb %d with -tp or -ep: a split model keeps no prefix cache (give 0)", *prefix)
-		case spec.speculate != "":
-			return fmt.Errorf("-speculate %s with -tp or -ep: a split model's server does not speculate", spec.speculate)
+		case spec.speculate != "" && spec.speculate != "ngram" && !strings.HasPrefix(spec.speculate, "model:"):
+			return fmt.Errorf("-speculate %s with -tp or -ep: a split model's server speculates with ngram or model:DIR only", spec.speculate)
+		case spec.speculate != "" && spec.draftDepth == "auto":
+			return fmt.Errorf("-speculate %s with -tp or -ep: give a fixed -draft-depth K (a split model does not choose its depth)", spec.speculate)
 		case *kvEvents != "":
 			return errors.New("-kv-events with -tp or -ep: a split model keeps no prefix cache to report")
 		}

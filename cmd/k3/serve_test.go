@@ -138,7 +138,8 @@ func TestServeFlags(t *testing.T) {
 	}{
 		{[]string{"-tp", "2"}, "give -model DIR"},
 		{[]string{"-model", split, "-tp", "2", "-prefix-cache-mb", "64"}, "keeps no prefix cache"},
-		{[]string{"-model", split, "-ep", "2", "-speculate", "ngram"}, "does not speculate"},
+		{[]string{"-model", split, "-ep", "2", "-speculate", "ngram"}, "give a fixed -draft-depth K"},
+		{[]string{"-model", split, "-ep", "2", "-speculate", "dspark", "-draft-depth", "2"}, "ngram or model:DIR only"},
 		{[]string{"-model", split, "-tp", "2", "-kv-events", "tcp://*:5557"}, "-kv-events with -tp"},
 		{[]string{"-model", split, "-tp", "2", "-ep", "3"}, "layout tp2 ep3: 2 does not divide 3"},
 	} {
@@ -168,6 +169,21 @@ func TestServeGroup(t *testing.T) {
 	require.NoError(t, json.Unmarshal(out, &c))
 	require.Len(t, c.Choices, 1)
 	assert.Equal(t, strings.TrimSuffix(want, "\n"), c.Choices[0].Text)
+
+	// Speculating with a draft model (the same checkpoint, loaded whole):
+	// the same answer, every draft accepted.
+	url = startServe(t, "-model", model, "-tp", "2", "-sequences", "2", "-speculate", "model:"+model, "-draft-depth", "3")
+	resp, err = http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"the cat","max_tokens":12,"temperature":0,"ignore_eos":true}`))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	out, err = io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, 200, resp.StatusCode, "%s", out)
+	require.NoError(t, json.Unmarshal(out, &c))
+	assert.Equal(t, strings.TrimSuffix(want, "\n"), c.Choices[0].Text, "speculating")
+	drafts := metric(t, url, "vllm:spec_decode_num_draft_tokens_total")
+	assert.GreaterOrEqual(t, drafts, 6.0, "the draft model drafted")
+	assert.Equal(t, drafts, metric(t, url, "vllm:spec_decode_num_accepted_tokens_total"))
 }
 
 // startServe runs k3 serve with args on a free loopback port until the

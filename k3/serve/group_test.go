@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"k3/k3"
+	"k3/specdec"
 )
 
 const groupDir = "../../testdata/model/tiny_k31pro"
@@ -49,7 +50,7 @@ func directGroup(t *testing.T, g *k3.Group, prompt []int32, opts ...k3.GenerateO
 // next.
 func TestServeGroup(t *testing.T) {
 	ctx := context.Background()
-	g, err := k3.LoadGroup(ctx, groupDir, k3.Layout{TP: 2, EP: 2}, k3.WithMemoryBudget(testBudget))
+	g, err := k3.LoadGroup(ctx, groupDir, k3.Layout{TP: 2, EP: 2}, k3.WithMemoryBudget(testBudget), k3.WithRollback(3))
 	require.NoError(t, err)
 	t.Cleanup(func() { g.Close() }) // after the servers
 	_, hs := groupServer(t, g, Config{MaxSequences: 4})
@@ -115,6 +116,19 @@ func TestServeGroup(t *testing.T) {
 
 	m := scrape(t, hs.URL)
 	assert.Contains(t, m, "vllm:num_requests_running")
+
+	// Speculating with the n-gram drafter (a prompt holding nearly every
+	// token, so that whatever the model draws was seen and the drafter
+	// proposes what followed it): the answers of plain decoding.
+	_, hsp := groupServer(t, g, Config{Speculation: k3.WithSpeculation(specdec.NGram{}, 3)})
+	var rep []int32
+	for id := int32(3); id < 512; id++ {
+		rep = append(rep, id*37%509+3)
+	}
+	code, out = post(t, hsp.URL+"/v1/completions", map[string]any{"prompt": rep, "max_tokens": 10, "temperature": 0, "ignore_eos": true})
+	require.Equal(t, 200, code, "%v", out)
+	assert.Equal(t, directGroup(t, g, rep, k3.WithMaxTokens(10), k3.WithTemperature(0), k3.WithoutDefaultStops()), text(out))
+	assert.Positive(t, scrape(t, hsp.URL)["vllm:spec_decode_num_draft_tokens_total"], "the n-gram drafter drafted")
 }
 
 // TestServeGroupRefusals: what a group's server cannot do fails at New.
@@ -123,7 +137,7 @@ func TestServeGroupRefusals(t *testing.T) {
 	g, err := k3.LoadGroup(ctx, groupDir, k3.Layout{TP: 2})
 	require.NoError(t, err)
 	defer g.Close()
-	_, err = NewGroup(g, Config{Speculation: k3.WithSpeculation(nil, 2)})
+	_, err = NewGroup(g, Config{NewDrafter: func() (specdec.Drafter, error) { return specdec.NGram{}, nil }, DraftDepth: 2, AdaptiveDraft: true})
 	assert.ErrorIs(t, err, k3.ErrInvalidOption)
 	_, err = NewGroup(g, Config{KVEvents: "tcp://127.0.0.1:1"})
 	assert.ErrorIs(t, err, k3.ErrInvalidOption)

@@ -190,15 +190,9 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 		return nil, errors.New("serve: nil model")
 	}
 	cfg.defaults()
-	var pool *drafters
-	if cfg.NewDrafter != nil {
-		switch {
-		case cfg.Speculation != nil:
-			return nil, errors.New("serve: Config.Speculation and Config.NewDrafter both set: one drafter for all generations, or one each")
-		case cfg.DraftDepth < 1 || cfg.DraftDepth >= k3.ExactTokens:
-			return nil, fmt.Errorf("serve: Config.DraftDepth = %d, want 1..%d with NewDrafter", cfg.DraftDepth, k3.ExactTokens-1)
-		}
-		pool = &drafters{make: cfg.NewDrafter, depth: cfg.DraftDepth, adaptive: cfg.AdaptiveDraft, limit: cfg.MaxSequences}
+	pool, err := cfg.drafterPool()
+	if err != nil {
+		return nil, err
 	}
 	b, err := m.NewBatcher(cfg.MaxSequences, cfg.batcherOptions()...)
 	if err != nil {
@@ -209,26 +203,48 @@ func New(m *k3.Model, cfg Config) (*Server, error) {
 
 // NewGroup starts serving a model split over the ranks of g
 // (k3.LoadGroup): every generation runs on all of them in lockstep,
-// batched by a k3.GroupBatcher. A group speculates with no drafter (it
-// refuses Config.Speculation and Config.NewDrafter), keeps no prefix
-// cache (it refuses Config.KVEvents), and does not run under context
-// parallelism. g stays the caller's; close it after the Server.
+// batched by a k3.GroupBatcher. It speculates as the GroupBatcher does:
+// at a fixed depth (Config.Speculation must be k3.WithSpeculation; an
+// adaptive one fails each request with k3's ErrUnsupported) with a
+// drafter that reads no session (specdec.NGram, or through
+// Config.NewDrafter a DraftModel of a model outside the group, without
+// AdaptiveDraft). A group keeps no prefix cache (NewGroup refuses
+// Config.KVEvents), and does not run under context parallelism. g stays
+// the caller's; close it after the Server.
 func NewGroup(g *k3.Group, cfg Config) (*Server, error) {
 	if g == nil {
 		return nil, errors.New("serve: nil group")
 	}
 	cfg.defaults()
 	switch {
-	case cfg.Speculation != nil || cfg.NewDrafter != nil:
-		return nil, fmt.Errorf("serve: speculation on a group (not built): %w", k3.ErrInvalidOption)
+	case cfg.NewDrafter != nil && cfg.AdaptiveDraft:
+		return nil, fmt.Errorf("serve: Config.AdaptiveDraft on a group (a GroupBatcher drafts at a fixed depth): %w", k3.ErrInvalidOption)
 	case cfg.KVEvents != "":
 		return nil, fmt.Errorf("serve: KV events on a group, which keeps no prefix cache: %w", k3.ErrInvalidOption)
+	}
+	pool, err := cfg.drafterPool()
+	if err != nil {
+		return nil, err
 	}
 	b, err := g.NewBatcher(cfg.MaxSequences, cfg.batcherOptions()...)
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
-	return newServer(g.Ranks()[0], groupEngine{g, b}, cfg, nil)
+	return newServer(g.Ranks()[0], groupEngine{g, b}, cfg, pool)
+}
+
+// drafterPool is the pool of per-generation drafters cfg asks for, or nil.
+func (cfg *Config) drafterPool() (*drafters, error) {
+	if cfg.NewDrafter == nil {
+		return nil, nil
+	}
+	switch {
+	case cfg.Speculation != nil:
+		return nil, errors.New("serve: Config.Speculation and Config.NewDrafter both set: one drafter for all generations, or one each")
+	case cfg.DraftDepth < 1 || cfg.DraftDepth >= k3.ExactTokens:
+		return nil, fmt.Errorf("serve: Config.DraftDepth = %d, want 1..%d with NewDrafter", cfg.DraftDepth, k3.ExactTokens-1)
+	}
+	return &drafters{make: cfg.NewDrafter, depth: cfg.DraftDepth, adaptive: cfg.AdaptiveDraft, limit: cfg.MaxSequences}, nil
 }
 
 // batcherOptions are the batcher's options that cfg sets.
