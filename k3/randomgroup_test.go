@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -22,7 +23,8 @@ import (
 // within 1e-4 of the logit scale of one rank's, a copy saved and loaded
 // after the prompt gives the same logits bitwise, and
 // Generate streams the tokens asked for (and, where the group keeps
-// replay logs, the same tokens speculating). K3_GROUPS=N runs N configurations instead of the
+// replay logs, the same tokens speculating), and without CP a
+// GroupBatcher's generations give those of Generate (groupBatched). K3_GROUPS=N runs N configurations instead of the
 // default 16 (K3_GROUPS_SEED the first).
 func TestRandomGroups(t *testing.T) {
 	runSeeds(t, "K3_GROUPS", 16, randomGroup)
@@ -120,6 +122,65 @@ func randomGroup(t *testing.T, seed uint64) {
 			got = append(got, tok.ID)
 		}
 		require.Equal(t, ids, got, "speculating, %s", desc)
+	}
+	if l.norm().CP == 1 {
+		groupBatched(t, r, g, prompt, ids, logged, desc)
+	}
+}
+
+// groupBatched runs two to four generations on a GroupBatcher of g at
+// once, random prompts and sampling, the first speculating where g keeps
+// replay logs: each gives the tokens and log-probabilities of the same
+// generation in lockstep (GroupSession.GenerateTokens), bitwise.
+func groupBatched(t *testing.T, r *rand.Rand, g *Group, prompt, ids []int32, logged bool, desc string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m := g.Ranks()[0]
+	gb, err := g.NewBatcher(1 + r.IntN(3))
+	require.NoError(t, err, desc)
+	require.NoError(t, gb.Start(ctx), desc)
+	n := 2 + r.IntN(3)
+	prompts := make([][]int32, n)
+	opts := make([][]GenerateOption, n)
+	for i := range n {
+		prompts[i] = randomPrompt(r, m, 1+r.IntN(40))
+		opts[i] = []GenerateOption{WithMaxTokens(1 + r.IntN(8)), WithoutDefaultStops(), WithLogprobs(0)}
+		if r.IntN(2) == 0 {
+			opts[i] = append(opts[i], WithTemperature(0))
+		} else {
+			opts[i] = append(opts[i], WithSeed(r.Uint64()), WithTopK(r.IntN(50)))
+		}
+	}
+	if logged {
+		prompts[0] = prompt
+		opts[0] = []GenerateOption{WithMaxTokens(len(ids)), WithTemperature(0), WithoutDefaultStops(), WithLogprobs(0),
+			WithSpeculation(oracle{append(slices.Clone(prompt), ids...)}, 1+r.IntN(4))}
+	}
+	want := make([][]Token, n)
+	for i := range n {
+		gs, err := g.NewSession()
+		require.NoError(t, err, desc)
+		want[i], err = genAll(gs.GenerateTokens(ctx, prompts[i], opts[i]...))
+		require.NoError(t, err, desc)
+		require.NoError(t, gs.Close(), desc)
+	}
+	got := make([][]Token, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		gs, err := g.NewSession()
+		require.NoError(t, err, desc)
+		defer gs.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i], errs[i] = genAll(gb.GenerateTokens(ctx, gs, prompts[i], opts[i]...))
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		require.NoError(t, errs[i], "batched generation %d, %s", i, desc)
+		require.Equal(t, want[i], got[i], "batched generation %d, %s", i, desc)
 	}
 }
 
