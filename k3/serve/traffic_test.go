@@ -29,7 +29,9 @@ import (
 
 // TestRandomTraffic runs random clients against servers of random
 // configuration, of the embedded model or (a quarter) of a random-weight
-// checkpoint of a preset: sequences, queue, token budget, memory budget (none, 64,
+// checkpoint of a preset, half of those split over two or four ranks
+// (NewGroup, with no prefix cache and fixed-depth drafters that read no
+// session): sequences, queue, token budget, memory budget (none, 64,
 // 8 or 3 MiB), prefix cache, kept sessions (in memory or parked to a
 // directory, few and soon idle) and speculation (none; one n-gram
 // drafter, fixed or adaptive; or a drafter for each generation, the
@@ -73,10 +75,11 @@ import (
 // sessions written to the working directory at shutdown by a server
 // without a session directory, and, after shutdown, a kept session's
 // file written by two requests at once.
-// K3_HTTP_TRAFFIC=N runs N configurations instead of the default 6
-// (K3_HTTP_TRAFFIC_SEED the first).
+// K3_HTTP_TRAFFIC=N runs N configurations instead of the default 8 (of
+// which seed 7 serves a split checkpoint; K3_HTTP_TRAFFIC_SEED the
+// first).
 func TestRandomTraffic(t *testing.T) {
-	n, first := 6, 1
+	n, first := 8, 1
 	if v, err := strconv.Atoi(os.Getenv("K3_HTTP_TRAFFIC")); err == nil && v > 0 {
 		n = v
 	}
@@ -118,15 +121,33 @@ func randomTraffic(t *testing.T, seed uint64) {
 	// byte-level tokenizer, other shapes).
 	model := "the embedded model"
 	load := func(opts ...k3.Option) (*k3.Model, error) { return k3.LoadTiny(ctx, opts...) }
+	var g *k3.Group // a checkpoint split over ranks (NewGroup)
+	var m *k3.Model // the model, or the group's rank 0
+	var err error
 	if rnd(4) == 0 {
 		preset := []string{"k31pro", "k3", "kimi_linear"}[rnd(3)]
 		model = "a random " + preset
 		dir := t.TempDir()
 		require.NoError(t, tiny.Write(dir, preset, tiny.Options{Seed: seed, BF16: rnd(2) == 0}))
 		load = func(opts ...k3.Option) (*k3.Model, error) { return k3.Load(ctx, dir, opts...) }
+		if rnd(2) == 0 {
+			// A group keeps no prefix cache.
+			l := []k3.Layout{{TP: 2}, {EP: 2}, {TP: 2, EP: 2, Dispatch: true}}[rnd(3)]
+			model += fmt.Sprintf(" split %v", l)
+			cached = false
+			opts = []k3.Option{k3.WithRollback(4)}
+			if budget > 0 {
+				opts = append(opts, k3.WithMemoryBudget(budget))
+			}
+			g, err = k3.LoadGroup(ctx, dir, l, opts...)
+			require.NoError(t, err, model)
+			m = g.Ranks()[0]
+		}
 	}
-	m, err := load(opts...)
-	require.NoError(t, err)
+	if g == nil {
+		m, err = load(opts...)
+		require.NoError(t, err)
+	}
 	var draft *k3.Model // a draft model's second load of the checkpoint
 	cfg := Config{MaxSequences: 1 + rnd(4), MaxQueue: 1 + rnd(16), MaxSessions: 1 + rnd(4),
 		SessionIdle: time.Duration(20+rnd(500)) * time.Millisecond}
@@ -137,6 +158,9 @@ func randomTraffic(t *testing.T, seed uint64) {
 		cfg.SessionDir = t.TempDir()
 	}
 	spec := []string{"none", "fixed", "adaptive", "a drafter each"}[rnd(4)]
+	if g != nil && spec == "adaptive" {
+		spec = "fixed" // a GroupBatcher drafts at a fixed depth
+	}
 	switch spec {
 	case "fixed":
 		cfg.Speculation = k3.WithSpeculation(specdec.NGram{}, 1+rnd(4))
@@ -147,8 +171,12 @@ func randomTraffic(t *testing.T, seed uint64) {
 		// layer, or a second load of the checkpoint as a draft model
 		// (k3 serve -speculate model:DIR); a fixed depth or an adaptive
 		// one.
-		cfg.DraftDepth, cfg.AdaptiveDraft = 1+rnd(4), rnd(2) == 0
-		switch rnd(3) {
+		cfg.DraftDepth, cfg.AdaptiveDraft = 1+rnd(4), rnd(2) == 0 && g == nil
+		pick := rnd(3)
+		if g != nil {
+			pick = 1 // a GroupBatcher takes drafters that read no session
+		}
+		switch pick {
 		case 0:
 			spec += ", a self-draft"
 			cfg.NewDrafter = func() (specdec.Drafter, error) { return m.NewSelfDraft(1) }
@@ -169,7 +197,12 @@ func randomTraffic(t *testing.T, seed uint64) {
 	}
 	desc := fmt.Sprintf("%s, memory budget %d, prefix cache %v, speculation %s, sequences %d, queue %d, token budget %d, kept sessions %d (directory %v, idle %v)",
 		model, budget, cached, spec, cfg.MaxSequences, cfg.MaxQueue, cfg.TokenBudget, cfg.MaxSessions, cfg.SessionDir != "", cfg.SessionIdle)
-	s, err := New(m, cfg)
+	var s *Server
+	if g != nil {
+		s, err = NewGroup(g, cfg)
+	} else {
+		s, err = New(m, cfg)
+	}
 	require.NoError(t, err, desc)
 	hs := httptest.NewServer(s)
 	defer func() {
@@ -178,7 +211,11 @@ func randomTraffic(t *testing.T, seed uint64) {
 		if draft != nil {
 			require.NoError(t, draft.Close())
 		}
-		require.NoError(t, m.Close())
+		if g != nil {
+			require.NoError(t, g.Close())
+		} else {
+			require.NoError(t, m.Close())
+		}
 		// Closed, the server, its Batcher and the model leave nothing
 		// of theirs running.
 		var left []string
@@ -377,7 +414,12 @@ func randomTraffic(t *testing.T, seed uint64) {
 		return // the answers that came are checked; some may have been cut
 	}
 	for _, a := range greedy {
-		want, _ := direct(t, m, a.prompt, k3.WithMaxTokens(a.maxTokens), k3.WithTemperature(0))
+		var want string
+		if g != nil {
+			want = directGroup(t, g, a.prompt, k3.WithMaxTokens(a.maxTokens), k3.WithTemperature(0))
+		} else {
+			want, _ = direct(t, m, a.prompt, k3.WithMaxTokens(a.maxTokens), k3.WithTemperature(0))
+		}
 		for i, got := range a.texts {
 			assert.Equal(t, want, got, "choice %d of %s", i, a.request)
 		}
