@@ -148,9 +148,10 @@ type rankPar struct {
 	vocabLo, vocabHi int
 	// vote and voted carry agree's one number (a pass at a time runs on
 	// a rank, so one of each serves every pass).
-	be    compute.Backend
-	vote  compute.Tensor
-	voted [1]float32
+	be     compute.Backend
+	vote   compute.Tensor
+	voted  []float32 // one float
+	ballot any       // voted as Write and Read take it, boxed once
 }
 
 // groupRefusal is a pass that every rank of a group refused together, before
@@ -183,13 +184,13 @@ func (p *rankPar) agree(err error) error {
 		p.voted[0] = 1
 	}
 	b := p.be
-	if werr := b.Write(p.vote, p.voted[:]); werr != nil {
+	if werr := b.Write(p.vote, p.ballot); werr != nil {
 		return errors.Join(err, werr)
 	}
 	if cerr := p.world.AllReduce(context.Background(), p.vote); cerr != nil {
 		return errors.Join(err, cerr)
 	}
-	if rerr := b.Read(p.voted[:], p.vote); rerr != nil {
+	if rerr := b.Read(p.ballot, p.vote); rerr != nil {
 		return errors.Join(err, rerr)
 	}
 	switch {
@@ -497,6 +498,8 @@ func LoadGroup(ctx context.Context, dir string, layout Layout, opts ...Option) (
 			continue
 		}
 		p := &rankPar{layout: layout, rank: r, world: g.world[r], tp: g.tp[r/layout.TP][r%layout.TP], be: g.backends[r]}
+		p.voted = make([]float32, 1)
+		p.ballot = p.voted
 		if p.vote, err = p.be.Alloc(compute.F32, 1); err != nil {
 			g.Close()
 			return nil, fmt.Errorf("k3: rank %d of %v: %w", r, layout, err)
@@ -676,8 +679,10 @@ func groupRefused(err error) bool {
 // the rank whose budget it was.
 func firstCause(errs []error) error {
 	for _, err := range errs {
-		var r *groupRefusal
-		if err != nil && !errors.Is(err, comm.ErrAborted) && (!errors.As(err, &r) || r.own) {
+		if err == nil || errors.Is(err, comm.ErrAborted) {
+			continue
+		}
+		if r := (*groupRefusal)(nil); !errors.As(err, &r) || r.own {
 			return err
 		}
 	}
