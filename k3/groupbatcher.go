@@ -38,6 +38,9 @@ func (g *Group) NewBatcher(max int, opts ...BatcherOption) (*GroupBatcher, error
 	}
 	n := len(g.ranks)
 	f := &batchFan{g: g, errs: make([]error, n), sessions: make([][]*Session, n), rows: make([][][]float32, n), bufs: make([][][]float32, n)}
+	for r := range n {
+		f.work = append(f.work, func() { f.runRank(r) })
+	}
 	for _, m := range g.ranks[1:] {
 		bt, err := m.NewBatch(b.batch.max)
 		if err != nil {
@@ -193,6 +196,28 @@ type batchFan struct {
 	rows     [][][]float32 // by rank: a verify pass's rows per session (reused)
 	bufs     [][][]float32 // by rank: the rows' scratch, by place in the pass
 	errs     []error       // by rank: the pass's result (reused)
+
+	// The pass being run, which each rank's goroutine reads: rank r runs
+	// work[r] (made once, so that starting it allocates nothing).
+	lead    *Batch
+	cu, ids []int32
+	out     []float32
+	work    []func()
+	wg      sync.WaitGroup
+}
+
+// runRank runs the current pass on rank r and, on a failure other than
+// an agreed refusal, aborts the group's collectives.
+func (f *batchFan) runRank(r int) {
+	defer f.wg.Done()
+	if r == 0 {
+		f.errs[0] = f.lead.reserveAndExecute(f.sessions[0], f.cu, f.ids, f.out, f.rows[0])
+	} else {
+		f.errs[r] = f.peers[r-1].runPeer(f.sessions[r], f.cu, f.ids, f.rows[r])
+	}
+	if f.errs[r] != nil && !groupRefused(f.errs[r]) {
+		f.g.abort(fmt.Errorf("rank %d: %w", r, f.errs[r]))
+	}
 }
 
 // run runs a checked pass of lead, rank 0's batch, on every rank under
@@ -232,22 +257,14 @@ func (f *batchFan) run(lead *Batch, sessions []*Session, cu, ids []int32, out []
 	}
 	f.g.pass.Lock()
 	defer f.g.pass.Unlock()
-	var wg sync.WaitGroup
-	for r := range f.g.ranks {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if r == 0 {
-				f.errs[0] = lead.reserveAndExecute(sessions, cu, ids, out, rows)
-			} else {
-				f.errs[r] = f.peers[r-1].runPeer(f.sessions[r], cu, ids, f.rows[r])
-			}
-			if f.errs[r] != nil && !groupRefused(f.errs[r]) {
-				f.g.abort(fmt.Errorf("rank %d: %w", r, f.errs[r]))
-			}
-		}()
+	f.lead, f.sessions[0], f.cu, f.ids, f.out, f.rows[0] = lead, sessions, cu, ids, out, rows
+	defer func() { f.lead, f.sessions[0], f.out, f.rows[0] = nil, nil, nil, nil }()
+	f.wg.Add(len(f.work))
+	for _, w := range f.work[1:] {
+		go w()
 	}
-	wg.Wait()
+	f.work[0]() // rank 0 on the caller's goroutine
+	f.wg.Wait()
 	return firstCause(f.errs)
 }
 

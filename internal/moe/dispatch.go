@@ -138,13 +138,13 @@ func (l *Layer) forwardDispatch(x, out compute.Tensor, t int) error {
 				return fmt.Errorf("moe: routed_expert_down_proj: %w", err)
 			}
 		}
-		if err := b.Read(ds.idx, l.idx.Rows(r0, r1)); err != nil {
+		if err := b.Read(&ds.idx, l.idx.Rows(r0, r1)); err != nil {
 			return err
 		}
-		if err := b.Read(ds.wts, l.wts.Rows(r0, r1)); err != nil {
+		if err := b.Read(&ds.wts, l.wts.Rows(r0, r1)); err != nil {
 			return err
 		}
-		if err := b.Read(ds.in, in); err != nil {
+		if err := b.Read(&ds.in, in); err != nil {
 			return err
 		}
 	}
@@ -262,7 +262,7 @@ func (l *Layer) forwardDispatch(x, out compute.Tensor, t int) error {
 		if err := b.MoEExperts(&l.exp); err != nil {
 			return fmt.Errorf("moe: experts: %w", err)
 		}
-		if err := b.Read(ds.res, oT); err != nil {
+		if err := b.Read(&ds.res, oT); err != nil {
 			return err
 		}
 	}
@@ -289,7 +289,7 @@ func (l *Layer) forwardDispatch(x, out compute.Tensor, t int) error {
 	// Each row's slots, added in slot order.
 	ds.back = growf(ds.back, own*k*din)
 	if own > 0 {
-		if err := b.Read(ds.back, backT); err != nil {
+		if err := b.Read(&ds.back, backT); err != nil {
 			return err
 		}
 	}

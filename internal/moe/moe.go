@@ -7,8 +7,6 @@ package moe
 import (
 	"fmt"
 
-	"golang.org/x/sync/errgroup"
-
 	"k3/compute"
 )
 
@@ -132,6 +130,14 @@ type Layer struct {
 	disp    dispatchState
 	lidx    compute.Tensor // [maxT, k] I32: the rank's expert of each slot, -1 elsewhere
 	idxHost []int32
+	idxView []int32 // idxHost's rows of a pass, passed by pointer (no allocation)
+	// With Overlap, the shared experts' goroutine: its function, made
+	// once, the pass's input and output, its result and its end.
+	overlap     func()
+	overlapX    compute.Tensor
+	overlapOut  compute.Tensor
+	overlapErr  error
+	overlapDone chan struct{}
 }
 
 // NewLayer checks the weights and allocates intermediates for maxT tokens.
@@ -298,7 +304,20 @@ func (l *Layer) Share(w *Weights) *Layer {
 	if c.shared != nil && w.Shared != nil {
 		c.shared = c.shared.Share(w.Shared)
 	}
+	if c.overlap != nil {
+		c.makeOverlap() // the copy's own: l's reads l's fields
+	}
 	return &c
+}
+
+// makeOverlap makes the function that runs l's shared experts on a
+// goroutine of their own (Overlap).
+func (l *Layer) makeOverlap() {
+	l.overlapDone = make(chan struct{}, 1)
+	l.overlap = func() {
+		l.overlapErr = l.sharedForward(l.overlapX, l.overlapOut)
+		l.overlapDone <- struct{}{}
+	}
 }
 
 // SetSplit makes the layer one rank of a tensor- and expert-parallel
@@ -324,6 +343,9 @@ func (l *Layer) SetSplit(s *Split) error {
 		return err
 	}
 	l.idxHost = make([]int32, maxT*k)
+	if s.Overlap && l.shared != nil {
+		l.makeOverlap()
+	}
 	return nil
 }
 
@@ -345,31 +367,29 @@ func (l *Layer) forwardSplit(x, out compute.Tensor, t int, aside bool) error {
 	}
 	sp, b := l.split, l.b
 	sh := l.sh.Rows(0, t)
-	shared := func() error {
-		if l.shared == nil {
-			return nil
-		}
-		if aside {
-			return compute.Join(l.b, l.side)
-		}
-		if err := l.shared.Forward(x, sh); err != nil {
-			return fmt.Errorf("moe: shared experts: %w", err)
-		}
-		return nil
-	}
 	// The shared experts depend on x alone: with Overlap they run beside
 	// the routed part, including its wait for the other ranks in the
 	// latent sum. Collectives stay in one goroutine and in one order.
 	var err error
-	if sp.Overlap && l.shared != nil && !aside {
-		var g errgroup.Group
-		g.Go(shared)
+	switch {
+	case l.shared == nil:
 		err = l.routedSplit(x, out, t)
-		if serr := g.Wait(); err == nil {
-			err = serr
+	case aside:
+		if err = l.routedSplit(x, out, t); err == nil {
+			err = compute.Join(l.b, l.side)
 		}
-	} else if err = l.routedSplit(x, out, t); err == nil {
-		err = shared()
+	case l.overlap != nil:
+		l.overlapX, l.overlapOut = x, sh
+		go l.overlap()
+		err = l.routedSplit(x, out, t)
+		<-l.overlapDone
+		if err == nil {
+			err = l.overlapErr
+		}
+	default:
+		if err = l.routedSplit(x, out, t); err == nil {
+			err = l.sharedForward(x, sh)
+		}
 	}
 	if err != nil {
 		return err
@@ -394,6 +414,14 @@ func (l *Layer) forwardSplit(x, out compute.Tensor, t int, aside bool) error {
 	return nil
 }
 
+// sharedForward runs the shared experts of x into sh.
+func (l *Layer) sharedForward(x, sh compute.Tensor) error {
+	if err := l.shared.Forward(x, sh); err != nil {
+		return fmt.Errorf("moe: shared experts: %w", err)
+	}
+	return nil
+}
+
 // routedSplit writes the rank's routed part to out: for a latent layer
 // the whole routed output (reduced at latent width, normalised, projected
 // up), otherwise the rank's partial sum, which the caller reduces.
@@ -401,8 +429,9 @@ func (l *Layer) routedSplit(x, out compute.Tensor, t int) error {
 	sp, b := l.split, l.b
 	routed := l.routed.Rows(0, t)
 	idx := l.idx.Rows(0, t)
-	host := l.idxHost[:idx.Len()]
-	if err := b.Read(&host, idx); err != nil {
+	l.idxView = l.idxHost[:idx.Len()]
+	host := l.idxView
+	if err := b.Read(&l.idxView, idx); err != nil {
 		return err
 	}
 	lo, hi := int32(l.w.First), int32(l.w.First+len(l.w.W1))
@@ -414,7 +443,7 @@ func (l *Layer) routedSplit(x, out compute.Tensor, t int) error {
 		}
 	}
 	lidx := l.lidx.Rows(0, t)
-	if err := b.Write(lidx, &host); err != nil {
+	if err := b.Write(lidx, &l.idxView); err != nil {
 		return err
 	}
 	in := x
