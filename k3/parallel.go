@@ -148,10 +148,13 @@ type rankPar struct {
 	vocabLo, vocabHi int
 	// vote and voted carry agree's one number (a pass at a time runs on
 	// a rank, so one of each serves every pass).
-	be     compute.Backend
-	vote   compute.Tensor
-	voted  []float32 // one float
-	ballot any       // voted as Write and Read take it, boxed once
+	be compute.Backend
+	// budgeted: the ranks have a memory budget (all the same one), so a
+	// reservation may fail and agree votes; without one it cannot.
+	budgeted bool
+	vote     compute.Tensor
+	voted    []float32 // one float
+	ballot   any       // voted as Write and Read take it, boxed once
 }
 
 // groupRefusal is a pass that every rank of a group refused together, before
@@ -176,7 +179,7 @@ func (e *groupRefusal) Unwrap() error { return e.err }
 // pass's first collective. Every rank of the world reaches agree in every
 // pass, which is what makes it a collective like the others.
 func (p *rankPar) agree(err error) error {
-	if p == nil {
+	if p == nil || !p.budgeted {
 		return err
 	}
 	p.voted[0] = 0
@@ -497,7 +500,7 @@ func LoadGroup(ctx context.Context, dir string, layout Layout, opts ...Option) (
 			g.ranks = append(g.ranks, m)
 			continue
 		}
-		p := &rankPar{layout: layout, rank: r, world: g.world[r], tp: g.tp[r/layout.TP][r%layout.TP], be: g.backends[r]}
+		p := &rankPar{layout: layout, rank: r, world: g.world[r], tp: g.tp[r/layout.TP][r%layout.TP], be: g.backends[r], budgeted: o.budget > 0}
 		p.voted = make([]float32, 1)
 		p.ballot = p.voted
 		if p.vote, err = p.be.Alloc(compute.F32, 1); err != nil {
