@@ -17,6 +17,7 @@ type engine interface {
 	generate(ctx context.Context, s seq, prompt []int32, opts []k3.GenerateOption) iter.Seq2[k3.Token, error]
 	prefill(ctx context.Context, s seq, prompt []int32) (cached int, err error)
 	stats() k3.BatcherStats
+	memory() k3.MemoryUsage
 	start(ctx context.Context) error
 	warm(ctx context.Context) error
 	wait() error
@@ -84,6 +85,7 @@ func (e loneEngine) prefill(ctx context.Context, s seq, prompt []int32) (int, er
 }
 
 func (e loneEngine) stats() k3.BatcherStats          { return e.b.Stats() }
+func (e loneEngine) memory() k3.MemoryUsage          { return e.m.MemoryUsage() }
 func (e loneEngine) start(ctx context.Context) error { return e.b.Start(ctx) }
 func (e loneEngine) warm(ctx context.Context) error  { return e.b.Warm(ctx) }
 func (e loneEngine) wait() error                     { return e.b.Wait() }
@@ -118,7 +120,21 @@ func (e groupEngine) prefill(ctx context.Context, s seq, prompt []int32) (int, e
 	return e.b.Prefill(ctx, s.(grouped).GroupSession, prompt)
 }
 
-func (e groupEngine) stats() k3.BatcherStats          { return e.b.Stats() }
+func (e groupEngine) stats() k3.BatcherStats { return e.b.Stats() }
+
+// memory is the usage of the rank nearest its budget (the first to
+// refuse a pass), or without a budget rank 0's.
+func (e groupEngine) memory() k3.MemoryUsage {
+	var top k3.MemoryUsage
+	for r, m := range e.g.Ranks() {
+		u := m.MemoryUsage()
+		if r == 0 || u.Budget > 0 && top.Budget > 0 && float64(u.Used)/float64(u.Budget) > float64(top.Used)/float64(top.Budget) {
+			top = u
+		}
+	}
+	return top
+}
+
 func (e groupEngine) start(ctx context.Context) error { return e.b.Start(ctx) }
 func (e groupEngine) warm(ctx context.Context) error  { return e.b.Warm(ctx) }
 func (e groupEngine) wait() error                     { return e.b.Wait() }

@@ -149,3 +149,25 @@ func TestServeGroupRefusals(t *testing.T) {
 	_, err = NewGroup(cp, Config{})
 	assert.ErrorContains(t, err, "context parallelism")
 }
+
+// TestServeGroupMemory: a group's memory gauges report the rank nearest
+// its budget. Under TP 3 over four KDA heads one rank holds two heads'
+// states and the others one, so with a kept session held that rank's
+// usage is the largest.
+func TestServeGroupMemory(t *testing.T) {
+	ctx := context.Background()
+	g, err := k3.LoadGroup(ctx, groupDir, k3.Layout{TP: 3}, k3.WithMemoryBudget(testBudget))
+	require.NoError(t, err)
+	t.Cleanup(func() { g.Close() })
+	_, hs := groupServer(t, g, Config{})
+	code, out := postSession(t, hs.URL+"/v1/completions", "kept", map[string]any{"prompt": []int32{5, 9, 14}, "max_tokens": 4, "temperature": 0, "ignore_eos": true})
+	require.Equal(t, 200, code, "%v", out)
+	var most int64
+	for _, m := range g.Ranks() {
+		most = max(most, m.MemoryUsage().Used)
+	}
+	require.Greater(t, most, g.Ranks()[0].MemoryUsage().Used, "a rank holds more than rank 0")
+	got := scrape(t, hs.URL)
+	assert.Equal(t, float64(most), got["k3:memory_used_bytes"])
+	assert.Equal(t, float64(testBudget), got["k3:memory_budget_bytes"])
+}

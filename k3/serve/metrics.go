@@ -157,7 +157,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	p := &promWriter{w: bufio.NewWriter(w), model: s.cfg.Name}
 	defer p.w.Flush()
 	st := s.e.stats()
-	mem := s.m.MemoryUsage()
+	mem := s.e.memory()
 	p.gauge("vllm:num_requests_running", "Sequences in the scheduler's passes.", float64(st.Running))
 	p.gauge("vllm:num_requests_waiting", "Sequences submitted and waiting for a place in the passes.", float64(st.Waiting))
 	// As vLLM's, the fraction excludes what the prefix cache alone holds,
