@@ -303,3 +303,38 @@ func TestGroupBatcherSpeculation(t *testing.T) {
 		assert.Equal(t, a, b, "generation %d continued in lockstep", i)
 	}
 }
+
+// TestGroupBatcherClosed: closing the group while a GroupBatcher
+// generates ends the generation with an error, stops the batcher with
+// ErrClosed and leaves no goroutine waiting; a batcher made on a closed
+// group fails.
+func TestGroupBatcherClosed(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	g, err := LoadGroup(ctx, groupTestDir, Layout{TP: 2, EP: 2})
+	require.NoError(t, err)
+	gb, err := g.NewBatcher(2)
+	require.NoError(t, err)
+	require.NoError(t, gb.Start(ctx))
+	gs, err := g.NewSession()
+	require.NoError(t, err)
+	n := 0
+	var genErr error
+	for _, err := range gb.GenerateTokens(ctx, gs, []int32{3, 4}, WithMaxTokens(400), WithoutDefaultStops()) {
+		if err != nil {
+			genErr = err
+			break
+		}
+		if n++; n == 3 {
+			go g.Close()
+		}
+	}
+	require.Error(t, genErr, "the generation ended by the close")
+	assert.Less(t, n, 400)
+	assert.ErrorIs(t, gb.Wait(), ErrClosed)
+	_, err = genAll(gb.GenerateTokens(ctx, gs, []int32{1}))
+	assert.ErrorIs(t, err, ErrBatcherClosed)
+	_, err = g.NewBatcher(2)
+	assert.Error(t, err)
+	assert.NoError(t, gs.Close())
+}
