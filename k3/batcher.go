@@ -41,9 +41,10 @@ type Batcher struct {
 	// What Stats reports: sequences in the loop's passes, requests the
 	// loop holds back, and requests not yet handed to the loop.
 	gauges gauges
-	// promised is the memory the loop keeps for what its admitted
-	// sequences may still grow by (keep).
-	promised int64
+	// kept holds each rank's promise (Batch.promised, the memory the loop
+	// keeps for what its admitted sequences may still grow by) before
+	// keep changes it, to undo the change.
+	kept []int64
 }
 
 // BatcherStats is what a Batcher holds at one moment.
@@ -185,7 +186,7 @@ func (m *Model) NewBatcher(max int, opts ...BatcherOption) (*Batcher, error) {
 		return nil, err
 	}
 	return &Batcher{m: m, batch: bt, max: max, chunk: min(m.chunk, o.budget-max), reqs: make(chan *batchReq),
-		done: make(chan struct{}), wake: make(chan struct{}, 1)}, nil
+		done: make(chan struct{}), wake: make(chan struct{}, 1), kept: make([]int64, 1)}, nil
 }
 
 // Start runs the batcher's loop in a goroutine of its own and returns once
@@ -342,7 +343,7 @@ func (b *Batcher) Run(ctx context.Context) error {
 // serve is the batcher's loop; its result is also kept for Wait.
 func (b *Batcher) serve(ctx context.Context) (err error) {
 	defer func() {
-		b.keep(nil, 0)
+		b.keep(nil, nil)
 		b.err = err
 		b.gauges.set(0, 0)
 		b.state.Store(batcherStopped)
@@ -451,13 +452,12 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 				continue
 			}
 			if b.m.mem.budget > 0 {
-				worst := b.worstGrowth(r)
-				if worst+r.s.charged > b.m.mem.budget {
+				if err := b.fitsAlone(r); err != nil {
 					waiting = waiting[1:]
-					finish(r, fmt.Errorf("%w: the request may grow by %d bytes, past the budget of %d", ErrMemoryBudget, worst, b.m.mem.budget))
+					finish(r, err)
 					continue
 				}
-				if need, ok := b.keep(active, worst); !ok {
+				if need, ok := b.keep(active, r); !ok {
 					if len(active) == 0 {
 						if stalled.IsZero() {
 							stalled = time.Now()
@@ -672,7 +672,7 @@ func (b *Batcher) serve(ctx context.Context) (err error) {
 		// shrinks to what the sequences still running may grow by before
 		// the finished ones' callers, or anyone, look for room.
 		b.gauges.set(len(active), len(waiting))
-		b.keep(active, 0)
+		b.keep(active, nil)
 		// Only now do the finished sessions belong to their callers again.
 		for _, r := range ending {
 			r.s.endTurn()
@@ -746,29 +746,86 @@ func queuedBytes(reqs []*batchReq) int64 {
 // may still grow by, plus extra (a request being admitted). It returns
 // that sum and whether it fits the budget beside the memory in use;
 // when it does not, the promise stays as it was.
-func (b *Batcher) keep(active []*batchReq, extra int64) (int64, bool) {
+func (b *Batcher) keep(active []*batchReq, extra *batchReq) (int64, bool) {
 	if b.m.mem.budget <= 0 {
 		return 0, true
 	}
-	n := extra
-	for _, a := range active {
-		n += b.worstGrowth(a)
+	// On a GroupBatcher every rank keeps what its own sessions may grow
+	// by (ranks hold shares of unequal size), rank 0 first; when one
+	// cannot, those before it go back to what they kept.
+	for k := range b.ranks() {
+		bt := b.batchOn(k)
+		n := int64(0)
+		if extra != nil {
+			n = b.worstGrowth(extra, k)
+		}
+		for _, a := range active {
+			n += b.worstGrowth(a, k)
+		}
+		if !bt.m.mem.promise(bt.promised, n) {
+			for j := range k {
+				undo := b.batchOn(j)
+				undo.m.mem.promise(undo.promised, b.kept[j])
+				undo.promised = b.kept[j]
+			}
+			return n, false
+		}
+		b.kept[k], bt.promised = bt.promised, n
 	}
-	if !b.m.mem.promise(b.promised, n) {
-		return n, false
-	}
-	b.promised, b.batch.promised = n, n
-	return n, true
+	return b.batch.promised, true
 }
 
-// worstGrowth is what r's session may still grow by: its prompt's rest
-// and every token it may still generate.
-func (b *Batcher) worstGrowth(r *batchReq) int64 {
+// ranks is how many ranks the batcher's passes run on.
+func (b *Batcher) ranks() int {
+	if f := b.batch.fan; f != nil {
+		return 1 + len(f.peers)
+	}
+	return 1
+}
+
+// batchOn returns the batch of rank k (0 but on a GroupBatcher).
+func (b *Batcher) batchOn(k int) *Batch {
+	if k == 0 {
+		return b.batch
+	}
+	return b.batch.fan.peers[k-1]
+}
+
+// sessionOn returns r's session on rank k: r.s, or on a GroupBatcher the
+// rank's session of its GroupSession.
+func sessionOn(r *batchReq, k int) *Session {
+	if k == 0 {
+		return r.s
+	}
+	return r.s.group.ranks[k]
+}
+
+// fitsAlone refuses a request that could not run even alone: what its
+// session may grow by, beside what the session holds, passes the budget
+// (on a GroupBatcher, any rank's).
+func (b *Batcher) fitsAlone(r *batchReq) error {
+	for k := range b.ranks() {
+		s := sessionOn(r, k)
+		if worst := b.worstGrowth(r, k); worst+s.charged > s.m.mem.budget {
+			on := ""
+			if k > 0 {
+				on = fmt.Sprintf(" on rank %d", k)
+			}
+			return fmt.Errorf("%w: the request may grow by %d bytes%s, past the budget of %d", ErrMemoryBudget, worst, on, s.m.mem.budget)
+		}
+	}
+	return nil
+}
+
+// worstGrowth is what r's session on rank k may still grow by: its
+// prompt's rest and every token it may still generate.
+func (b *Batcher) worstGrowth(r *batchReq, k int) int64 {
 	n := len(r.prompt) - r.fed
 	if r.g != nil {
 		n += r.g.o.maxTokens - r.g.n
 	} else if o, err := b.m.genOptions(r.opts); err == nil {
 		n += o.maxTokens
 	}
-	return r.s.growth(max(0, min(n, r.s.limit-r.s.pos)))
+	s := sessionOn(r, k)
+	return s.growth(max(0, min(n, s.limit-s.pos)))
 }

@@ -12,8 +12,9 @@ import (
 
 // GroupBatcher is a Batcher on a Group: generations of many GroupSessions
 // share each pass, which every rank runs in lockstep. Its scheduling,
-// streams, budget and stop are the Batcher's (rank 0 admits against its
-// own memory budget); see ARCHITECTURE, "Parallel inference".
+// streams, budget and stop are the Batcher's (a request is admitted when
+// every rank's budget holds what it may grow by); see ARCHITECTURE,
+// "Parallel inference".
 //
 // It speculates at a fixed depth (WithSpeculation) with a drafter that
 // reads no session (specdec.NGram, a DraftModel of a model outside the
@@ -49,6 +50,7 @@ func (g *Group) NewBatcher(max int, opts ...BatcherOption) (*GroupBatcher, error
 		f.peers = append(f.peers, bt)
 	}
 	b.batch.fan = f
+	b.kept = make([]int64, n)
 	return &GroupBatcher{g: g, b: b}, nil
 }
 

@@ -2,8 +2,10 @@ package k3
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -176,10 +178,13 @@ func TestGroupBatcherRefusals(t *testing.T) {
 	assert.Equal(t, want, got, "continued in lockstep")
 }
 
-// TestGroupBatcherMemoryBudget: a pass that rank 0 admitted and another
-// rank's budget refuses (TP 3: that rank holds two KDA heads' states, rank
-// 0 one) ends the generations of that pass with ErrMemoryBudget; the group
-// goes on serving.
+// TestGroupBatcherMemoryBudget: a request that rank 0's budget holds and
+// another rank's does not, beside what that rank's sessions hold (TP 3:
+// it holds two KDA heads' states, rank 0 one), is not admitted: it waits
+// for memory to come back, as on a lone model, and gives way with
+// ErrMemoryBudget after stallLimit (before admission counted every rank,
+// rank 0 admitted it and the other rank's refusal of a pass ended it).
+// The group goes on serving.
 func TestGroupBatcherMemoryBudget(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -203,8 +208,11 @@ func TestGroupBatcherMemoryBudget(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, gb.Start(ctx))
 	gs = groupSession(t, g, []int32{3})
+	defer func(d time.Duration) { stallLimit = d }(stallLimit)
+	stallLimit = 100 * time.Millisecond
 	_, err = genAll(gb.GenerateTokens(ctx, gs, long, WithMaxTokens(1)))
 	require.ErrorIs(t, err, ErrMemoryBudget)
+	assert.ErrorContains(t, err, "gives way", "not admitted")
 
 	short := groupSession(t, g, []int32{3})
 	got, err := genAll(gb.GenerateTokens(ctx, short, []int32{4, 5}, WithMaxTokens(3), WithTemperature(0), WithoutDefaultStops()))
@@ -337,4 +345,61 @@ func TestGroupBatcherClosed(t *testing.T) {
 	_, err = g.NewBatcher(2)
 	assert.Error(t, err)
 	assert.NoError(t, gs.Close())
+}
+
+// TestGroupBatcherAdmitsOnEveryRank: two requests that rank 0's budget
+// holds together and another rank's holds one at a time (TP 3: that rank
+// holds two KDA heads' states, rank 0 one) both finish, the second
+// admitted once the first has closed its session: admission promises
+// each rank's own growth. With rank 0's alone both were admitted and a
+// pass the other rank could not hold failed them.
+func TestGroupBatcherAdmitsOnEveryRank(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l := Layout{TP: 3}
+	prompt := groupPrompt(100, 7)
+	const maxTokens = 28
+	free, err := LoadGroup(ctx, groupTestDir, l)
+	require.NoError(t, err)
+	a, err := free.NewSession()
+	require.NoError(t, err)
+	_, err = free.NewSession() // the second request's
+	require.NoError(t, err)
+	var need []int64 // per rank: both sessions' state and both requests' growth
+	for r, s := range a.ranks {
+		need = append(need, free.ranks[r].mem.used+2*s.growth(len(prompt)+maxTokens))
+	}
+	want, err := genAll(a.GenerateTokens(ctx, prompt, WithMaxTokens(maxTokens), WithTemperature(0), WithoutDefaultStops()))
+	require.NoError(t, err)
+	require.NoError(t, free.Close())
+	budget := slices.Max(need) - 1 // some rank cannot hold both at once
+	require.LessOrEqual(t, need[0], budget, "rank 0 holds both")
+
+	g, err := LoadGroup(ctx, groupTestDir, l, WithMemoryBudget(budget))
+	require.NoError(t, err)
+	defer g.Close()
+	gb, err := g.NewBatcher(2)
+	require.NoError(t, err)
+	require.NoError(t, gb.Start(ctx))
+	var sessions [2]*GroupSession
+	for i := range sessions {
+		sessions[i], err = g.NewSession()
+		require.NoError(t, err)
+	}
+	var got [2][]Token
+	var errs [2]error
+	var wg sync.WaitGroup
+	for i, gs := range sessions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i], errs[i] = genAll(gb.GenerateTokens(ctx, gs, prompt, WithMaxTokens(maxTokens), WithTemperature(0), WithoutDefaultStops()))
+			gs.Close() // its pages back, for the other request
+		}()
+	}
+	wg.Wait()
+	for i := range sessions {
+		require.NoError(t, errs[i], "request %d", i)
+		assert.Equal(t, want, got[i], "request %d", i)
+	}
 }
