@@ -79,22 +79,9 @@ func (gb *GroupBatcher) Generate(ctx context.Context, gs *GroupSession, prompt s
 // GroupSession.GenerateTokens with the same options.
 func (gb *GroupBatcher) GenerateTokens(ctx context.Context, gs *GroupSession, prompt []int32, opts ...GenerateOption) iter.Seq2[Token, error] {
 	return func(yield func(Token, error) bool) {
-		var o genOptions
-		for _, f := range opts {
-			f(&o)
-		}
-		if o.drafter != nil {
-			r, ok := o.drafter.(interface{ readsSession() bool })
-			switch {
-			case o.adaptive:
-				// Its costs would be measured on rank 0 alone, whose passes
-				// need every rank.
-				yield(Token{}, fmt.Errorf("%w: an adaptive draft depth on a GroupBatcher; use WithSpeculation", compute.ErrUnsupported))
-				return
-			case ok && r.readsSession():
-				yield(Token{}, fmt.Errorf("%w: a drafter that reads the session's own state (DSpark, a self-draft) on a GroupBatcher", compute.ErrUnsupported))
-				return
-			}
+		if err := groupSpeculation(opts, false, "a GroupBatcher (its costs would be measured on rank 0 alone, whose passes need every rank)"); err != nil {
+			yield(Token{}, err)
+			return
 		}
 		s, err := gb.lead(gs)
 		if err != nil {

@@ -887,24 +887,9 @@ func (gs *GroupSession) Generate(ctx context.Context, prompt string, opts ...Gen
 // on a group.
 func (gs *GroupSession) GenerateTokens(ctx context.Context, prompt []int32, opts ...GenerateOption) iter.Seq2[Token, error] {
 	return func(yield func(Token, error) bool) {
-		var o genOptions
-		for _, f := range opts {
-			f(&o)
-		}
-		if o.drafter != nil {
-			r, ok := o.drafter.(interface{ readsSession() bool })
-			binds := ok && r.readsSession()
-			switch {
-			case gs.g.layout.CP > 1:
-				yield(Token{}, fmt.Errorf("%w: speculation under context parallelism", compute.ErrUnsupported))
-				return
-			case o.adaptive:
-				yield(Token{}, fmt.Errorf("%w: an adaptive draft depth on a Group (each rank would choose its own from its own costs); use WithSpeculation", compute.ErrUnsupported))
-				return
-			case binds:
-				yield(Token{}, fmt.Errorf("%w: a drafter that reads the session's own state (DSpark, a self-draft) on a Group", compute.ErrUnsupported))
-				return
-			}
+		if err := groupSpeculation(opts, gs.g.layout.CP > 1, "a Group (each rank would choose its own from its own costs)"); err != nil {
+			yield(Token{}, err)
+			return
 		}
 		if gs.g.layout.CP > 1 {
 			gs.generateCP(ctx, prompt, opts, yield)
@@ -1030,6 +1015,29 @@ func (gs *GroupSession) GenerateTokens(ctx context.Context, prompt []int32, opts
 			}
 		}
 	}
+}
+
+// groupSpeculation refuses the speculation in opts that a group cannot
+// run: any under context parallelism (cp), an adaptive depth (on says
+// where, and why), and drafters that read the session's own state.
+func groupSpeculation(opts []GenerateOption, cp bool, on string) error {
+	var o genOptions
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.drafter == nil {
+		return nil
+	}
+	r, ok := o.drafter.(interface{ readsSession() bool })
+	switch {
+	case cp:
+		return fmt.Errorf("%w: speculation under context parallelism", compute.ErrUnsupported)
+	case o.adaptive:
+		return fmt.Errorf("%w: an adaptive draft depth on %s; use WithSpeculation", compute.ErrUnsupported, on)
+	case ok && r.readsSession():
+		return fmt.Errorf("%w: a drafter that reads the session's own state (DSpark, a self-draft) on a group", compute.ErrUnsupported)
+	}
+	return nil
 }
 
 // vocabSplit reports whether the model holds a slice of the vocabulary.
