@@ -827,19 +827,19 @@ func (b *Batcher) worstGrowth(r *batchReq, k int) int64 {
 		n += o.maxTokens
 	}
 	s := sessionOn(r, k)
-	w := s.growth(max(0, min(n, s.limit-s.pos)))
+	// A rollback of drafts (settle, between this promise and the next
+	// pass) gives pages back and drops the snapshots taken past the kept
+	// position (forgetAfter), which the next pass takes again: keep room
+	// for a verify run's drafts and for those snapshots.
+	var dropped int64
 	if r.g != nil && r.g.spec != nil {
-		// A rollback of drafts (settle, between this promise and the next
-		// pass) gives pages back and drops the snapshots taken past the
-		// kept position (forgetAfter), which the next pass takes again:
-		// keep room for a verify run's drafts and for those snapshots.
-		w = s.growth(max(0, min(n+r.g.spec.depth, s.limit-s.pos)))
+		n += r.g.spec.depth
 		if s.m.prefix != nil && !s.uncached {
-			w += s.KDAStateBytes()
+			dropped += s.KDAStateBytes()
 		}
 		if s.m.snapInterval > 0 {
-			w += s.KDAStateBytes()
+			dropped += s.KDAStateBytes()
 		}
 	}
-	return w
+	return s.growth(max(0, min(n, s.limit-s.pos))) + dropped
 }
