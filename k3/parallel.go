@@ -146,15 +146,15 @@ type rankPar struct {
 	// vocabLo and vocabHi bound the token ids whose embedding and lm_head
 	// rows this rank holds (both 0 without vocabulary parallelism).
 	vocabLo, vocabHi int
-	// vote and voted carry agree's one number (a pass at a time runs on
-	// a rank, so one of each serves every pass).
-	be compute.Backend
+	be               compute.Backend
 	// budgeted: the ranks have a memory budget (all the same one), so a
 	// reservation may fail and agree votes; without one it cannot.
 	budgeted bool
-	vote     compute.Tensor
-	voted    []float32 // one float
-	ballot   any       // voted as Write and Read take it, boxed once
+	// vote and voted carry agree's one number (a pass at a time runs on
+	// a rank, so one of each serves every pass).
+	vote   compute.Tensor
+	voted  []float32 // one float
+	ballot any       // voted as Write and Read take it, boxed once
 }
 
 // groupRefusal is a pass that every rank of a group refused together, before
